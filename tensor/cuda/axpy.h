@@ -1,0 +1,24 @@
+// The first CUDA code of tapegrad: a device count query and y = a*x + y on f32 device buffers.
+// It proves that the nvcc rule (tools/bazel/cuda.bzl) builds, links and runs; the CUDA backend
+// issue builds the real kernels beside it.
+//
+//   if (tg::cuda::DeviceCount() > 0) tg::cuda::AxpySync(2.0f, x_host, y_host);
+#ifndef TAPEGRAD_TENSOR_CUDA_AXPY_H_
+#define TAPEGRAD_TENSOR_CUDA_AXPY_H_
+
+#include <string>
+#include <vector>
+
+namespace tg::cuda {
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
+int DeviceCount();
+
+// y[i] = a * x[i] + y[i] computed on device 0: copies both vectors to the device, runs the
+// kernel, copies y back and synchronises. Returns an empty string on success, else the CUDA
+// error text with the call that failed.
+std::string AxpySync(float a, const std::vector<float>& x, std::vector<float>& y);
+
+}  // namespace tg::cuda
+
+#endif  // TAPEGRAD_TENSOR_CUDA_AXPY_H_
