@@ -1,0 +1,63 @@
+// Value conversion between element types, defined for every input (no undefined behaviour):
+// float -> integer truncates toward zero and saturates at the type's range, NaN becomes 0;
+// anything -> bool is `value != 0`; float -> f16/bf16 rounds to nearest even.
+#ifndef TAPEGRAD_TENSOR_CONVERT_H_
+#define TAPEGRAD_TENSOR_CONVERT_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "tensor/half.h"
+
+namespace tg {
+
+template <typename T>
+constexpr bool kIsReduced = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// Widens a stored value to the type kernels compute in (float for f16/bf16).
+template <typename T>
+inline auto Widen(T v) {
+  if constexpr (kIsReduced<T>) {
+    return static_cast<float>(v);
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return static_cast<int64_t>(v);
+  } else {
+    return v;
+  }
+}
+
+template <typename Dst, typename Src>
+inline Dst Convert(Src v) {
+  if constexpr (std::is_same_v<Dst, Src>) {
+    return v;
+  } else if constexpr (kIsReduced<Src>) {
+    return Convert<Dst>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<Dst, bool>) {
+    return v != Src(0);
+  } else if constexpr (kIsReduced<Dst>) {
+    return Dst(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<Dst> && std::is_floating_point_v<Src>) {
+    if (std::isnan(v)) return Dst(0);
+    // Compare in long double so that the bounds of int64 are represented exactly.
+    const long double x = static_cast<long double>(v);
+    if (x <= static_cast<long double>(std::numeric_limits<Dst>::min())) {
+      return std::numeric_limits<Dst>::min();
+    }
+    if (x >= static_cast<long double>(std::numeric_limits<Dst>::max())) {
+      return std::numeric_limits<Dst>::max();
+    }
+    return static_cast<Dst>(v);
+  } else if constexpr (std::is_integral_v<Dst> && std::is_integral_v<Src> &&
+                       !std::is_same_v<Src, bool>) {
+    // Integer narrowing wraps modulo 2^bits, as in C++20 and PyTorch.
+    return static_cast<Dst>(static_cast<std::make_unsigned_t<Dst>>(v));
+  } else {
+    return static_cast<Dst>(v);
+  }
+}
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_CONVERT_H_

@@ -1,0 +1,247 @@
+// Elementwise CPU kernels: one loop per (op, dtype), over rows given by ForEachRow.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/strided_loop.h"
+
+namespace tg::cpu {
+namespace {
+
+template <size_t N>
+std::array<Shape, N> RowStrides(const Tensor& out, const std::array<const Tensor*, N - 1>& in) {
+  std::array<Shape, N> s;
+  s[0] = BroadcastByteStrides(out, out.shape());
+  for (size_t k = 0; k + 1 < N; ++k) s[k + 1] = BroadcastByteStrides(*in[k], out.shape());
+  return s;
+}
+
+// out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
+template <typename Out, typename In, typename F>
+void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  ForEachRow<3>(out.shape(),
+                {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
+                 static_cast<char*>(b.raw_data())},
+                RowStrides<3>(out, {&a, &b}),
+                [&](std::array<char*, 3> p, int64_t n, std::array<int64_t, 3> step) {
+                  Out* o = reinterpret_cast<Out*>(p[0]);
+                  const In* x = reinterpret_cast<const In*>(p[1]);
+                  const In* y = reinterpret_cast<const In*>(p[2]);
+                  if (step[0] == sizeof(Out) && step[1] == sizeof(In) && step[2] == sizeof(In)) {
+                    for (int64_t i = 0; i < n; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+                    return;
+                  }
+                  const int64_t so = step[0] / int64_t{sizeof(Out)};
+                  const int64_t sx = step[1] / int64_t{sizeof(In)};
+                  const int64_t sy = step[2] / int64_t{sizeof(In)};
+                  for (int64_t i = 0; i < n; ++i) {
+                    o[i * so] = Convert<Out>(f(Widen(x[i * sx]), Widen(y[i * sy])));
+                  }
+                });
+}
+
+template <typename Out, typename In, typename F>
+void Map1(const Tensor& out, const Tensor& x, F f) {
+  ForEachRow<2>(out.shape(),
+                {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
+                RowStrides<2>(out, {&x}),
+                [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+                  Out* o = reinterpret_cast<Out*>(p[0]);
+                  const In* v = reinterpret_cast<const In*>(p[1]);
+                  if (step[0] == sizeof(Out) && step[1] == sizeof(In)) {
+                    for (int64_t i = 0; i < n; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+                    return;
+                  }
+                  const int64_t so = step[0] / int64_t{sizeof(Out)};
+                  const int64_t sv = step[1] / int64_t{sizeof(In)};
+                  for (int64_t i = 0; i < n; ++i) o[i * so] = Convert<Out>(f(Widen(v[i * sv])));
+                });
+}
+
+// Integer arithmetic wraps modulo 2^64 instead of overflowing (signed overflow is undefined).
+inline int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+inline int64_t WrapSub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+inline int64_t WrapMul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+template <typename C>
+C ApplyBinary(BinaryOp op, C a, C b) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case BinaryOp::kAdd: return a + b;
+      case BinaryOp::kSub: return a - b;
+      case BinaryOp::kMul: return a * b;
+      case BinaryOp::kDiv: return a / b;
+      case BinaryOp::kPow: return std::pow(a, b);
+      case BinaryOp::kMaximum: return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
+      case BinaryOp::kMinimum: return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::kAdd: return WrapAdd(a, b);
+      case BinaryOp::kSub: return WrapSub(a, b);
+      case BinaryOp::kMul: return WrapMul(a, b);
+      case BinaryOp::kMaximum: return a > b ? a : b;
+      case BinaryOp::kMinimum: return a < b ? a : b;
+      default: break;  // div and pow are rejected for integers by the dispatch
+    }
+  }
+  return C(0);
+}
+
+// Each op gets its own loop instantiation (the switch is hoisted out of the element loop).
+template <typename T, typename Fn>
+void ForBinaryOp(BinaryOp op, Fn&& run) {
+  using C = ComputeType<T>;
+  switch (op) {
+    case BinaryOp::kAdd: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kAdd, a, b); });
+    case BinaryOp::kSub: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kSub, a, b); });
+    case BinaryOp::kMul: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMul, a, b); });
+    case BinaryOp::kDiv: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kDiv, a, b); });
+    case BinaryOp::kPow: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kPow, a, b); });
+    case BinaryOp::kMaximum:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMaximum, a, b); });
+    case BinaryOp::kMinimum:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMinimum, a, b); });
+  }
+}
+
+template <typename C>
+C ApplyUnary(UnaryOp op, C x) {
+  if constexpr (std::is_floating_point_v<C>) {
+    constexpr C kSqrt2OverPi = C(0.7978845608028654);
+    constexpr C kInvSqrt2 = C(0.7071067811865476);
+    switch (op) {
+      case UnaryOp::kNeg: return -x;
+      case UnaryOp::kAbs: return std::abs(x);
+      case UnaryOp::kExp: return std::exp(x);
+      case UnaryOp::kLog: return std::log(x);
+      case UnaryOp::kSqrt: return std::sqrt(x);
+      case UnaryOp::kTanh: return std::tanh(x);
+      case UnaryOp::kSigmoid: return C(1) / (C(1) + std::exp(-x));
+      case UnaryOp::kRelu: return x > C(0) ? x : (std::isnan(x) ? x : C(0));
+      case UnaryOp::kGeluTanh:
+        return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+      case UnaryOp::kGelu: return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
+    }
+  } else {
+    switch (op) {
+      case UnaryOp::kNeg: return WrapSub(0, x);
+      case UnaryOp::kAbs: return x < 0 ? WrapSub(0, x) : x;
+      case UnaryOp::kRelu: return x > 0 ? x : 0;
+      default: break;  // floating-only ops are rejected by the dispatch
+    }
+  }
+  return C(0);
+}
+
+template <typename T, typename Fn>
+void ForUnaryOp(UnaryOp op, Fn&& run) {
+  using C = ComputeType<T>;
+  switch (op) {
+#define TG_UNARY_CASE(name) \
+  case UnaryOp::name: return run([](C x) { return ApplyUnary<C>(UnaryOp::name, x); });
+    TG_UNARY_CASE(kNeg)
+    TG_UNARY_CASE(kAbs)
+    TG_UNARY_CASE(kExp)
+    TG_UNARY_CASE(kLog)
+    TG_UNARY_CASE(kSqrt)
+    TG_UNARY_CASE(kTanh)
+    TG_UNARY_CASE(kSigmoid)
+    TG_UNARY_CASE(kRelu)
+    TG_UNARY_CASE(kGeluTanh)
+    TG_UNARY_CASE(kGelu)
+#undef TG_UNARY_CASE
+  }
+}
+
+template <typename C>
+bool ApplyCompare(CompareOp op, C a, C b) {
+  switch (op) {
+    case CompareOp::kEq: return a == b;
+    case CompareOp::kNe: return a != b;
+    case CompareOp::kLt: return a < b;
+    case CompareOp::kLe: return a <= b;
+    case CompareOp::kGt: return a > b;
+    case CompareOp::kGe: return a >= b;
+  }
+  return false;
+}
+
+// Visits the numeric (non-bool) dtypes.
+template <typename Fn>
+void VisitNumeric(DType dtype, Fn&& fn) {
+  Visit(dtype, [&](auto tag) {
+    if constexpr (!std::is_same_v<decltype(tag), bool>) fn(tag);
+  });
+}
+
+}  // namespace
+
+void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  VisitNumeric(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    ForBinaryOp<T>(op, [&](auto f) { Map2<T, T>(out, a, b, f); });
+  });
+}
+
+void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar) {
+  VisitNumeric(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const C s = static_cast<C>(scalar);
+    ForBinaryOp<T>(op, [&](auto f) { Map1<T, T>(out, x, [&](C v) { return f(v, s); }); });
+  });
+}
+
+void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  Visit(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    switch (op) {
+#define TG_COMPARE_CASE(name)                                                            \
+  case CompareOp::name:                                                                  \
+    return Map2<bool, T>(out, a, b, [](C x, C y) { return ApplyCompare(CompareOp::name, x, y); });
+      TG_COMPARE_CASE(kEq)
+      TG_COMPARE_CASE(kNe)
+      TG_COMPARE_CASE(kLt)
+      TG_COMPARE_CASE(kLe)
+      TG_COMPARE_CASE(kGt)
+      TG_COMPARE_CASE(kGe)
+#undef TG_COMPARE_CASE
+    }
+  });
+}
+
+void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
+  VisitNumeric(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    ForUnaryOp<T>(op, [&](auto f) { Map1<T, T>(out, x, f); });
+  });
+}
+
+void Where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Visit(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    ForEachRow<4>(out.shape(),
+                  {static_cast<char*>(out.raw_data()), static_cast<char*>(cond.raw_data()),
+                   static_cast<char*>(a.raw_data()), static_cast<char*>(b.raw_data())},
+                  RowStrides<4>(out, {&cond, &a, &b}),
+                  [](std::array<char*, 4> p, int64_t n, std::array<int64_t, 4> step) {
+                    for (int64_t i = 0; i < n; ++i) {
+                      const uint8_t c = *reinterpret_cast<const uint8_t*>(p[1] + i * step[1]);
+                      const char* src = c != 0 ? p[2] + i * step[2] : p[3] + i * step[3];
+                      *reinterpret_cast<T*>(p[0] + i * step[0]) = *reinterpret_cast<const T*>(src);
+                    }
+                  });
+  });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,95 @@
+// Matmul through OpenBLAS: one cblas GEMM per batch entry, transposed views passed as
+// transposes. f16/bf16 are converted to f32 first and the product rounded back once.
+#include <cblas.h>
+
+#include <array>
+
+#include "tensor/cpu/kernels.h"
+#include "tensor/strided_loop.h"
+
+namespace tg::cpu {
+namespace {
+
+// How one matrix operand [rows, cols] with element strides (row_stride, col_stride) is handed
+// to BLAS, or `ok == false` when its layout needs a copy.
+struct BlasLayout {
+  bool ok = false;
+  bool transposed = false;
+  int64_t ld = 0;
+};
+
+BlasLayout LayoutOf(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  const int64_t min_rows = std::max<int64_t>(rows, 1), min_cols = std::max<int64_t>(cols, 1);
+  if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= min_cols)) {
+    return {true, false, rows == 1 ? min_cols : row_stride};
+  }
+  if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= min_rows)) {
+    return {true, true, cols == 1 ? min_rows : col_stride};
+  }
+  return {};
+}
+
+BlasLayout MatrixLayout(const Tensor& t) {
+  const int64_t d = t.dim();
+  return LayoutOf(t.size(d - 2), t.size(d - 1), t.strides()[d - 2], t.strides()[d - 1]);
+}
+
+template <typename T>
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  } else {
+    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+  }
+}
+
+template <typename T>
+void BatchedGemm(const Tensor& out, Tensor a, Tensor b) {
+  if (!MatrixLayout(a).ok) a = a.contiguous();
+  if (!MatrixLayout(b).ok) b = b.contiguous();
+  const BlasLayout la = MatrixLayout(a), lb = MatrixLayout(b);
+  const int64_t d = out.dim();
+  const int64_t m = out.size(d - 2), n = out.size(d - 1), k = a.size(d - 1);
+  if (m == 0 || n == 0) return;
+  const Shape batch(out.shape().begin(), out.shape().end() - 2);
+  auto batch_strides = [&](const Tensor& t) {
+    Shape s = BroadcastByteStrides(t, t.shape());
+    return Shape(s.begin(), s.end() - 2);
+  };
+  const std::array<Shape, 3> strides = {batch_strides(out), batch_strides(a), batch_strides(b)};
+  ForEachRow<3>(batch, {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
+                        static_cast<char*>(b.raw_data())},
+                strides, [&](std::array<char*, 3> p, int64_t count, std::array<int64_t, 3> step) {
+                  for (int64_t i = 0; i < count; ++i) {
+                    T* c = reinterpret_cast<T*>(p[0] + i * step[0]);
+                    if (k == 0) {
+                      std::fill(c, c + m * n, T(0));
+                      continue;
+                    }
+                    Gemm<T>(la.transposed, lb.transposed, m, n, k,
+                            reinterpret_cast<const T*>(p[1] + i * step[1]), la.ld,
+                            reinterpret_cast<const T*>(p[2] + i * step[2]), lb.ld, c, n);
+                  }
+                });
+}
+
+}  // namespace
+
+void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  switch (out.dtype()) {
+    case DType::kF32:
+      return BatchedGemm<float>(out, a, b);
+    case DType::kF64:
+      return BatchedGemm<double>(out, a, b);
+    default: {  // f16/bf16: multiply in f32, round once
+      Tensor out32 = Tensor::Empty(out.shape(), kF32);
+      BatchedGemm<float>(out32, a.to(kF32), b.to(kF32));
+      out.copy_(out32);
+    }
+  }
+}
+
+}  // namespace tg::cpu

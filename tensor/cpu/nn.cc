@@ -1,0 +1,219 @@
+// Neural-network kernels over the last dim: softmax, layer norm, embedding, cross-entropy.
+// f16/bf16/f32 compute in f32 (f64 for f64) and round each output once.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/kernels.h"
+
+namespace tg::cpu {
+namespace {
+
+// Max and log(sum(exp(x - max))) of one row, in compute type C.
+template <typename C, typename T>
+void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
+  C max = -std::numeric_limits<C>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = Widen(row[i]);
+    if (std::isnan(v) || v > max) max = v;
+    if (std::isnan(max)) break;
+  }
+  // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
+  const C shift = std::isinf(max) ? C(0) : max;
+  C sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<C>(Widen(row[i])) - shift);
+  *max_out = shift;
+  *log_sum_out = std::log(sum);
+}
+
+}  // namespace
+
+void Softmax(const Tensor& out, const Tensor& x, bool log) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  VisitFloating("softmax", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = in + r * n;
+      C shift, log_sum;
+      RowLogSumExp<C>(row, n, &shift, &log_sum);
+      for (int64_t i = 0; i < n; ++i) {
+        const C z = static_cast<C>(Widen(row[i])) - shift - log_sum;
+        o[r * n + i] = Convert<T>(log ? z : std::exp(z));
+      }
+    }
+  });
+}
+
+void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+               const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  VisitFloating("layer_norm", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* in = x.data<T>();
+    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
+    const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+    const T* w = wc.defined() ? wc.data<T>() : nullptr;
+    const T* b = bc.defined() ? bc.data<T>() : nullptr;
+    T* o = out.data<T>();
+    C* mo = mean.data<C>();
+    C* ro = rstd.data<C>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = in + r * n;
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(Widen(row[i]));
+      const double mu = sum / static_cast<double>(n);
+      double sq = 0;  // two passes: no cancellation from E[x^2] - E[x]^2
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = static_cast<double>(Widen(row[i])) - mu;
+        sq += d * d;
+      }
+      const C m = static_cast<C>(mu);
+      const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
+      mo[r] = m;
+      ro[r] = rs;
+      for (int64_t i = 0; i < n; ++i) {
+        C y = (static_cast<C>(Widen(row[i])) - m) * rs;
+        if (w) y *= static_cast<C>(Widen(w[i]));
+        if (b) y += static_cast<C>(Widen(b[i]));
+        o[r * n + i] = Convert<T>(y);
+      }
+    }
+  });
+}
+
+void Embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {
+  const int64_t count = indices.numel(), rows = weight.size(0), dim = weight.size(1);
+  const int64_t* idx = indices.data<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    TG_CHECK(idx[i] >= 0 && idx[i] < rows, "embedding: index ", idx[i], " at position ", i,
+             " is out of range for ", rows, " rows");
+  }
+  const Tensor w = weight.contiguous();
+  const size_t row_bytes = static_cast<size_t>(dim) * w.element_size();
+  const char* src = static_cast<const char*>(w.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(dst + i * row_bytes, src + idx[i] * row_bytes, row_bytes);
+  }
+}
+
+void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indices) {
+  const int64_t count = indices.numel(), rows = out.size(0), dim = out.size(1);
+  const int64_t* idx = indices.data<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    TG_CHECK(idx[i] >= 0 && idx[i] < rows, "embedding_backward: index ", idx[i], " at position ",
+             i, " is out of range for ", rows, " rows");
+  }
+  VisitFloating("embedding_backward", grad.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = grad.data<T>();
+    std::vector<double> acc(static_cast<size_t>(rows * dim), 0.0);
+    for (int64_t i = 0; i < count; ++i) {
+      double* dst = acc.data() + idx[i] * dim;
+      for (int64_t j = 0; j < dim; ++j) dst[j] += static_cast<double>(Widen(g[i * dim + j]));
+    }
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < rows * dim; ++i) o[i] = Convert<T>(acc[i]);
+  });
+}
+
+int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                     int64_t ignore_index) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const int64_t* t = targets.data<int64_t>();
+  int64_t counted = 0;
+  VisitFloating("cross_entropy", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* in = logits.data<T>();
+    T* o = losses.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] == ignore_index) {
+        o[r] = Convert<T>(C(0));
+        continue;
+      }
+      TG_CHECK(t[r] >= 0 && t[r] < classes, "cross_entropy: target ", t[r], " at position ", r,
+               " is out of range for ", classes, " classes");
+      C shift, log_sum;
+      RowLogSumExp<C>(in + r * classes, classes, &shift, &log_sum);
+      o[r] = Convert<T>(shift + log_sum - static_cast<C>(Widen(in[r * classes + t[r]])));
+      ++counted;
+    }
+  });
+  return counted;
+}
+
+void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const Tensor& targets,
+                          const Tensor& row_scale, int64_t ignore_index) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const int64_t* t = targets.data<int64_t>();
+  const double* scale = row_scale.data<double>();
+  VisitFloating("cross_entropy_backward", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* in = logits.data<T>();
+    T* g = grad_logits.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      T* grow = g + r * classes;
+      if (t[r] == ignore_index) {
+        std::fill(grow, grow + classes, Convert<T>(C(0)));
+        continue;
+      }
+      TG_CHECK(t[r] >= 0 && t[r] < classes, "cross_entropy_backward: target ", t[r],
+               " at position ", r, " is out of range for ", classes, " classes");
+      const T* row = in + r * classes;
+      C shift, log_sum;
+      RowLogSumExp<C>(row, classes, &shift, &log_sum);
+      const C s = static_cast<C>(scale[r]);
+      for (int64_t i = 0; i < classes; ++i) {
+        const C p = std::exp(static_cast<C>(Widen(row[i])) - shift - log_sum);
+        grow[i] = Convert<T>((p - (i == t[r] ? C(1) : C(0))) * s);
+      }
+    }
+  });
+}
+
+bool AnyNonFinite(const Tensor& t) {
+  bool found = false;
+  VisitFloating("non_finite_check", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor c = t.contiguous();
+    const T* p = c.data<T>();
+    for (int64_t i = 0; i < c.numel() && !found; ++i) found = !std::isfinite(Widen(p[i]));
+  });
+  return found;
+}
+
+bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
+  bool found = false;
+  VisitFloating("mul_scalar_", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const C s = static_cast<C>(scale);
+    auto scale_row = [&](T* p, int64_t n, int64_t step) {
+      for (int64_t i = 0; i < n; ++i) {
+        const C v = Widen(p[i * step]);
+        if (check_finite && !std::isfinite(v)) found = true;
+        p[i * step] = Convert<T>(v * s);
+      }
+    };
+    if (t.is_contiguous()) {
+      scale_row(t.data<T>(), t.numel(), 1);
+    } else {
+      // A non-contiguous view: scale through a contiguous copy and write it back.
+      Tensor c = t.clone();
+      scale_row(c.data<T>(), c.numel(), 1);
+      t.copy_(c);
+    }
+  });
+  return found;
+}
+
+}  // namespace tg::cpu

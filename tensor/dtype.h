@@ -1,0 +1,104 @@
+// Element types of tapegrad tensors and the rules that combine them.
+//
+//   tg::DType t = tg::PromoteTypes(tg::kF16, tg::kBF16);   // kF32
+//   size_t bytes = tg::ElementSize(tg::kBF16);             // 2
+//
+// Visit(dtype, fn) calls fn with a value of the C++ storage type (float, double, Half, BFloat16,
+// int32_t, int64_t, uint8_t, bool); kernels use it to instantiate one loop per dtype.
+#ifndef TAPEGRAD_TENSOR_DTYPE_H_
+#define TAPEGRAD_TENSOR_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tensor/error.h"
+#include "tensor/half.h"
+
+namespace tg {
+
+enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8, kBool };
+
+inline constexpr DType kF32 = DType::kF32;
+inline constexpr DType kF64 = DType::kF64;
+inline constexpr DType kF16 = DType::kF16;
+inline constexpr DType kBF16 = DType::kBF16;
+inline constexpr DType kI32 = DType::kI32;
+inline constexpr DType kI64 = DType::kI64;
+inline constexpr DType kU8 = DType::kU8;
+inline constexpr DType kBool = DType::kBool;
+
+size_t ElementSize(DType dtype);
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool".
+const char* DTypeName(DType dtype);
+bool IsFloating(DType dtype);
+// Integer types, bool included.
+bool IsIntegral(DType dtype);
+// PyTorch's promotion lattice: bool < u8 < i32 < i64 < floating; f16 with bf16 gives f32;
+// f64 wins over every other type.
+DType PromoteTypes(DType a, DType b);
+
+// The C++ storage type of each dtype, and the type kernels compute in: float for f16/bf16/f32,
+// double for f64, int64_t for the integer types, bool for bool.
+template <typename T> struct ComputeTypeOf { using type = int64_t; };
+template <> struct ComputeTypeOf<float> { using type = float; };
+template <> struct ComputeTypeOf<Half> { using type = float; };
+template <> struct ComputeTypeOf<BFloat16> { using type = float; };
+template <> struct ComputeTypeOf<double> { using type = double; };
+template <> struct ComputeTypeOf<bool> { using type = bool; };
+template <typename T> using ComputeType = typename ComputeTypeOf<T>::type;
+
+template <typename Fn>
+decltype(auto) Visit(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(float{});
+    case DType::kF64: return fn(double{});
+    case DType::kF16: return fn(Half{});
+    case DType::kBF16: return fn(BFloat16{});
+    case DType::kI32: return fn(int32_t{});
+    case DType::kI64: return fn(int64_t{});
+    case DType::kU8: return fn(uint8_t{});
+    case DType::kBool: return fn(bool{});
+  }
+  throw Error("unknown dtype");
+}
+
+// Like Visit, restricted to the floating types; any other dtype throws
+// "<op>: expected a floating dtype (f32, f64, f16, bf16), got i64".
+template <typename Fn>
+decltype(auto) VisitFloating(const char* op, DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(float{});
+    case DType::kF64: return fn(double{});
+    case DType::kF16: return fn(Half{});
+    case DType::kBF16: return fn(BFloat16{});
+    default:
+      throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+                               DTypeName(dtype)));
+  }
+}
+
+// Integer dtypes used as indices (i32, i64); anything else throws naming the op.
+template <typename Fn>
+decltype(auto) VisitIndex(const char* op, DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kI32: return fn(int32_t{});
+    case DType::kI64: return fn(int64_t{});
+    default:
+      throw Error(absl::StrCat(op, ": expected an index dtype (i32 or i64), got ", DTypeName(dtype)));
+  }
+}
+
+template <typename T> constexpr DType DTypeOf();
+template <> constexpr DType DTypeOf<float>() { return kF32; }
+template <> constexpr DType DTypeOf<double>() { return kF64; }
+template <> constexpr DType DTypeOf<Half>() { return kF16; }
+template <> constexpr DType DTypeOf<BFloat16>() { return kBF16; }
+template <> constexpr DType DTypeOf<int32_t>() { return kI32; }
+template <> constexpr DType DTypeOf<int64_t>() { return kI64; }
+template <> constexpr DType DTypeOf<uint8_t>() { return kU8; }
+template <> constexpr DType DTypeOf<bool>() { return kBool; }
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_DTYPE_H_

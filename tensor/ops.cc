@@ -1,0 +1,417 @@
+// The dispatch point of every tensor op: validate (shapes, dtypes, devices), promote, allocate
+// the output, then call the kernel of the inputs' device.
+#include "tensor/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/cpu/kernels.h"
+
+namespace tg {
+namespace {
+
+void CheckDefined(const char* op, const Tensor& t, const char* what) {
+  TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+}
+
+// The device all inputs share (no implicit transfers); only the CPU has kernels in this build.
+Device CommonDevice(const char* op, std::initializer_list<const Tensor*> inputs) {
+  const Device d = (*inputs.begin())->device();
+  for (const Tensor* t : inputs) {
+    TG_CHECK(t->device() == d, op, ": expected all tensors on one device, got ", d.ToString(),
+             " and ", t->device().ToString());
+  }
+  TG_CHECK(d.is_cpu(), op, ": no kernel for device ", d.ToString(),
+           " in this build (the CUDA backend adds them)");
+  return d;
+}
+
+void CheckFloating(const char* op, DType dtype) {
+  TG_CHECK(IsFloating(dtype), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+           DTypeName(dtype));
+}
+
+bool IsFloatingOnly(UnaryOp op) {
+  return op != UnaryOp::kNeg && op != UnaryOp::kAbs && op != UnaryOp::kRelu;
+}
+
+// x with `dims` moved last and flattened: contiguous [rows, reduced]; also the result shape.
+struct RowsView {
+  Tensor rows;
+  Shape out_shape;
+};
+
+RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  const Tensor src = x.dim() == 0 ? x.reshape({1}) : x;
+  const int64_t nd = src.dim();
+  std::vector<bool> reduced(static_cast<size_t>(nd), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = WrapDim(op, d, nd);
+    TG_CHECK(!reduced[w], op, ": dim ", w, " appears more than once in ", ShapeToString(dims));
+    reduced[w] = true;
+  }
+  Shape perm, out_shape;
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (!reduced[d]) {
+      perm.push_back(d);
+      rows *= src.size(d);
+    }
+  }
+  for (int64_t d = 0; d < nd; ++d) {
+    if (reduced[d]) {
+      perm.push_back(d);
+      inner *= src.size(d);
+    }
+    if (!reduced[d]) out_shape.push_back(src.size(d));
+    else if (keepdim) out_shape.push_back(1);
+  }
+  if (x.dim() == 0) out_shape = keepdim ? Shape{} : Shape{};
+  return {src.permute(perm).contiguous().reshape({rows, inner}), out_shape};
+}
+
+// Last-dim ops see x as contiguous [rows, n].
+Tensor AsRows(const Tensor& x) {
+  const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
+  return x.contiguous().reshape({n == 0 ? 0 : x.numel() / n, n});
+}
+
+}  // namespace
+
+Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = BinaryOpName(op);
+  CheckDefined(name, a, "the first input");
+  CheckDefined(name, b, "the second input");
+  const Device device = CommonDevice(name, {&a, &b});
+  const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+  TG_CHECK(dtype != kBool, name, ": not defined for bool tensors; cast them first");
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow) {
+    TG_CHECK(IsFloating(dtype), name, ": expected floating inputs, got ", DTypeName(a.dtype()),
+             " and ", DTypeName(b.dtype()), "; cast them first");
+  }
+  Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), dtype, device);
+  cpu::Binary(op, out, a.to(dtype), b.to(dtype));
+  return out;
+}
+
+Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
+  const char* name = BinaryOpName(op);
+  CheckDefined(name, x, "the input");
+  const Device device = CommonDevice(name, {&x});
+  TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
+  if (IsIntegral(x.dtype())) {
+    TG_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kPow, name, ": expected a floating tensor, got ",
+             DTypeName(x.dtype()), "; cast it first");
+    TG_CHECK(std::trunc(scalar) == scalar && std::abs(scalar) < 9.2e18, name, ": scalar ", scalar,
+             " is not an integer, and the tensor is ", DTypeName(x.dtype()), "; cast it first");
+  }
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
+  cpu::BinaryScalar(op, out, x, scalar);
+  return out;
+}
+
+Tensor Compare(CompareOp op, const Tensor& a, const Tensor& b) {
+  const char* name = CompareOpName(op);
+  CheckDefined(name, a, "the first input");
+  CheckDefined(name, b, "the second input");
+  const Device device = CommonDevice(name, {&a, &b});
+  const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+  Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), kBool, device);
+  cpu::Compare(op, out, a.to(dtype), b.to(dtype));
+  return out;
+}
+
+Tensor Unary(UnaryOp op, const Tensor& x) {
+  const char* name = UnaryOpName(op);
+  CheckDefined(name, x, "the input");
+  const Device device = CommonDevice(name, {&x});
+  if (IsFloatingOnly(op)) CheckFloating(name, x.dtype());
+  TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
+  cpu::Unary(op, out, x);
+  return out;
+}
+
+Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  CheckDefined("where", cond, "the condition");
+  CheckDefined("where", a, "the first input");
+  CheckDefined("where", b, "the second input");
+  const Device device = CommonDevice("where", {&cond, &a, &b});
+  TG_CHECK(cond.dtype() == kBool || cond.dtype() == kU8, "where: the condition must be bool or u8, got ",
+           DTypeName(cond.dtype()));
+  const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+  const Shape shape =
+      BroadcastShapes("where", cond.shape(), BroadcastShapes("where", a.shape(), b.shape()));
+  Tensor out = Tensor::Empty(shape, dtype, device);
+  cpu::Where(out, cond, a.to(dtype), b.to(dtype));
+  return out;
+}
+
+Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  CheckDefined("sum", x, "the input");
+  const Device device = CommonDevice("sum", {&x});
+  RowsView v = ReduceToRows("sum", x, dims, keepdim);
+  const DType dtype = IsFloating(x.dtype()) ? x.dtype() : kI64;
+  Tensor out = Tensor::Empty({v.rows.size(0)}, dtype, device);
+  cpu::SumRows(out, v.rows);
+  return out.reshape(v.out_shape);
+}
+
+Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  CheckDefined("mean", x, "the input");
+  CheckFloating("mean", x.dtype());
+  const Tensor sum = Sum(x, dims, keepdim);
+  const int64_t count = sum.numel() == 0 ? 0 : x.numel() / sum.numel();
+  // Divide in f64 before rounding: sum/count rounded once for f32; NaN for an empty reduction.
+  Tensor out = Tensor::Empty(sum.shape(), kF64);
+  out.copy_(sum);
+  return BinaryScalar(BinaryOp::kMul, out, 1.0 / static_cast<double>(count)).to(x.dtype());
+}
+
+namespace {
+
+Tensor MaxImpl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool values) {
+  CheckDefined(op, x, "the input");
+  const Device device = CommonDevice(op, {&x});
+  const int64_t d = WrapDim(op, dim, x.dim());
+  const int64_t size = x.dim() == 0 ? 1 : x.size(d);
+  TG_CHECK(size > 0, op, ": dim ", d, " of shape ", ShapeToString(x.shape()),
+           " is empty; there is no maximum");
+  RowsView v = ReduceToRows(op, x, {d}, keepdim);
+  Tensor out = Tensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
+  cpu::MaxRows(values ? out : Tensor(), values ? Tensor() : out, v.rows);
+  return out.reshape(v.out_shape);
+}
+
+}  // namespace
+
+Tensor Max(const Tensor& x, int64_t dim, bool keepdim) {
+  return MaxImpl("max", x, dim, keepdim, true);
+}
+
+Tensor Argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  return MaxImpl("argmax", x, dim, keepdim, false);
+}
+
+Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
+  CheckDefined("matmul", a_in, "the first input");
+  CheckDefined("matmul", b_in, "the second input");
+  const Device device = CommonDevice("matmul", {&a_in, &b_in});
+  TG_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: shapes ", ShapeToString(a_in.shape()),
+           " and ", ShapeToString(b_in.shape()), ": 0-d tensors cannot be multiplied");
+  TG_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtypes ", DTypeName(a_in.dtype()), " and ",
+           DTypeName(b_in.dtype()), " differ");
+  CheckFloating("matmul", a_in.dtype());
+  // 1-D operands: a vector is a [1, k] row on the left and a [k, 1] column on the right.
+  const Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
+  const Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
+  TG_CHECK(k == k2, "matmul: shapes ", ShapeToString(a_in.shape()), " and ",
+           ShapeToString(b_in.shape()), " cannot be multiplied (", k, " != ", k2, ")");
+  const Shape batch = BroadcastShapes("matmul", Shape(a.shape().begin(), a.shape().end() - 2),
+                                      Shape(b.shape().begin(), b.shape().end() - 2));
+  Shape a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {m, k});
+  b_shape.insert(b_shape.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  Tensor out = Tensor::Empty(out_shape, a.dtype(), device);
+  cpu::Matmul(out, a.expand(a_shape), b.expand(b_shape));
+  if (a_in.dim() == 1) out = out.squeeze(-2);
+  if (b_in.dim() == 1) out = out.squeeze(-1);
+  return out;
+}
+
+Tensor Bmm(const Tensor& a, const Tensor& b) {
+  CheckDefined("bmm", a, "the first input");
+  CheckDefined("bmm", b, "the second input");
+  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
+           "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
+           ShapeToString(b.shape()));
+  return Matmul(a, b);
+}
+
+namespace {
+
+Tensor SoftmaxImpl(const char* op, const Tensor& x, bool log) {
+  CheckDefined(op, x, "the input");
+  const Device device = CommonDevice(op, {&x});
+  CheckFloating(op, x.dtype());
+  const Tensor rows = AsRows(x);
+  Tensor out = Tensor::Empty(rows.shape(), x.dtype(), device);
+  cpu::Softmax(out, rows, log);
+  return out.reshape(x.shape());
+}
+
+}  // namespace
+
+Tensor Softmax(const Tensor& x) { return SoftmaxImpl("softmax", x, false); }
+Tensor LogSoftmax(const Tensor& x) { return SoftmaxImpl("log_softmax", x, true); }
+
+LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  CheckDefined("layer_norm", x, "the input");
+  const Device device = CommonDevice("layer_norm", {&x});
+  CheckFloating("layer_norm", x.dtype());
+  TG_CHECK(x.dim() >= 1, "layer_norm: expected at least 1 dim, got a 0-d tensor");
+  TG_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
+  const int64_t n = x.size(-1);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    const char* what = p == &weight ? "weight" : "bias";
+    TG_CHECK(p->shape() == Shape{n}, "layer_norm: ", what, " of shape ", ShapeToString(p->shape()),
+             " does not match the last dim of input ", ShapeToString(x.shape()));
+    TG_CHECK(p->dtype() == x.dtype(), "layer_norm: ", what, " dtype ", DTypeName(p->dtype()),
+             " differs from input dtype ", DTypeName(x.dtype()));
+    CommonDevice("layer_norm", {&x, p});
+  }
+  const Tensor rows = AsRows(x);
+  const DType stat_dtype = x.dtype() == kF64 ? kF64 : kF32;
+  LayerNormResult r{Tensor::Empty(rows.shape(), x.dtype(), device),
+                    Tensor::Empty({rows.size(0)}, stat_dtype, device),
+                    Tensor::Empty({rows.size(0)}, stat_dtype, device)};
+  if (n > 0) cpu::LayerNorm(r.output, r.mean, r.rstd, rows, weight, bias, eps);
+  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  r.output = r.output.reshape(x.shape());
+  r.mean = r.mean.reshape(stat_shape);
+  r.rstd = r.rstd.reshape(stat_shape);
+  return r;
+}
+
+namespace {
+
+// Indices as contiguous i64 (validated dtype).
+Tensor IndicesI64(const char* op, const Tensor& indices) {
+  VisitIndex(op, indices.dtype(), [](auto) {});
+  return indices.to(kI64).contiguous();
+}
+
+}  // namespace
+
+Tensor Embedding(const Tensor& weight, const Tensor& indices) {
+  CheckDefined("embedding", weight, "the weight");
+  CheckDefined("embedding", indices, "the indices");
+  const Device device = CommonDevice("embedding", {&weight, &indices});
+  TG_CHECK(weight.dim() == 2, "embedding: expected a 2-D weight [rows, dim], got ",
+           ShapeToString(weight.shape()));
+  const Tensor idx = IndicesI64("embedding", indices);
+  Tensor out = Tensor::Empty({idx.numel(), weight.size(1)}, weight.dtype(), device);
+  cpu::Embedding(out, weight, idx);
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  return out.reshape(shape);
+}
+
+Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
+  CheckDefined("embedding_backward", grad, "the gradient");
+  CheckDefined("embedding_backward", indices, "the indices");
+  const Device device = CommonDevice("embedding_backward", {&grad, &indices});
+  CheckFloating("embedding_backward", grad.dtype());
+  TG_CHECK(num_rows >= 0, "embedding_backward: num_rows must be non-negative, got ", num_rows);
+  TG_CHECK(grad.dim() == indices.dim() + 1 &&
+               Shape(grad.shape().begin(), grad.shape().end() - 1) == indices.shape(),
+           "embedding_backward: gradient shape ", ShapeToString(grad.shape()),
+           " does not match indices shape ", ShapeToString(indices.shape()), " plus one dim");
+  const Tensor idx = IndicesI64("embedding_backward", indices);
+  const int64_t dim = grad.size(-1);
+  Tensor out = Tensor::Zeros({num_rows, dim}, grad.dtype(), device);
+  cpu::EmbeddingBackward(out, grad.contiguous().reshape({idx.numel(), dim}), idx);
+  return out;
+}
+
+namespace {
+
+void CheckCrossEntropyInputs(const char* op, const Tensor& logits, const Tensor& targets) {
+  CheckDefined(op, logits, "the logits");
+  CheckDefined(op, targets, "the targets");
+  CommonDevice(op, {&logits, &targets});
+  CheckFloating(op, logits.dtype());
+  TG_CHECK(logits.dim() == 2, op, ": expected logits [N, C], got ", ShapeToString(logits.shape()));
+  TG_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), op, ": targets of shape ",
+           ShapeToString(targets.shape()), " do not match logits of shape ",
+           ShapeToString(logits.shape()), " (expected [", logits.size(0), "])");
+}
+
+}  // namespace
+
+Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                    Reduction reduction) {
+  CheckCrossEntropyInputs("cross_entropy", logits, targets);
+  const Tensor t = IndicesI64("cross_entropy", targets);
+  Tensor losses = Tensor::Empty({logits.size(0)}, logits.dtype(), logits.device());
+  const int64_t counted = cpu::CrossEntropy(losses, logits.contiguous(), t, ignore_index);
+  if (reduction == Reduction::kNone) return losses;
+  // Reduce in f64 from the per-row losses' compute values, then round once.
+  const Tensor total = Sum(losses.to(kF64));
+  const double scale = reduction == Reduction::kMean ? 1.0 / static_cast<double>(counted) : 1.0;
+  return Tensor::Scalar(total.item() * scale, logits.dtype());
+}
+
+Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& grad_loss,
+                            int64_t ignore_index, Reduction reduction) {
+  CheckCrossEntropyInputs("cross_entropy_backward", logits, targets);
+  CheckDefined("cross_entropy_backward", grad_loss, "the loss gradient");
+  const int64_t n = logits.size(0);
+  const Tensor t = IndicesI64("cross_entropy_backward", targets);
+  Tensor row_scale;
+  if (reduction == Reduction::kNone) {
+    TG_CHECK(grad_loss.shape() == Shape{n}, "cross_entropy_backward: expected a loss gradient of shape [",
+             n, "] for reduction none, got ", ShapeToString(grad_loss.shape()));
+    row_scale = grad_loss.to(kF64).contiguous();
+  } else {
+    TG_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: expected a one-element loss gradient, got shape ",
+             ShapeToString(grad_loss.shape()));
+    double g = grad_loss.item();
+    if (reduction == Reduction::kMean) {
+      int64_t counted = 0;
+      const int64_t* p = t.data<int64_t>();
+      for (int64_t i = 0; i < n; ++i) counted += p[i] != ignore_index;
+      g /= static_cast<double>(counted);
+    }
+    row_scale = Tensor::Full({n}, g, kF64);
+  }
+  Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
+  cpu::CrossEntropyBackward(grad, logits.contiguous(), t, row_scale, ignore_index);
+  return grad;
+}
+
+bool AnyNonFinite(const std::vector<Tensor>& tensors) {
+  bool found = false;
+  for (const Tensor& t : tensors) {
+    CheckDefined("non_finite_check", t, "a list element");
+    CommonDevice("non_finite_check", {&t});
+    found = found || cpu::AnyNonFinite(t);
+  }
+  return found;
+}
+
+void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale) {
+  for (const Tensor& t : tensors) {
+    CheckDefined("mul_scalar_", t, "a list element");
+    CommonDevice("mul_scalar_", {&t});
+    CheckFloating("mul_scalar_", t.dtype());
+  }
+  for (const Tensor& t : tensors) cpu::ScaleInPlace(t, scale, false);
+}
+
+void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
+                              const Tensor& inv_scale) {
+  const char* op = "non_finite_check_and_unscale";
+  CheckDefined(op, found_inf, "found_inf");
+  CheckDefined(op, inv_scale, "inv_scale");
+  TG_CHECK(found_inf.numel() == 1 && found_inf.dtype() == kF32, op,
+           ": found_inf must be a one-element f32 tensor, got ", DTypeName(found_inf.dtype()), " ",
+           ShapeToString(found_inf.shape()));
+  TG_CHECK(inv_scale.numel() == 1 && inv_scale.dtype() == kF32, op,
+           ": inv_scale must be a one-element f32 tensor, got ", DTypeName(inv_scale.dtype()), " ",
+           ShapeToString(inv_scale.shape()));
+  for (const Tensor& t : tensors) {
+    CheckDefined(op, t, "a list element");
+    CommonDevice(op, {&t, &found_inf, &inv_scale});
+    CheckFloating(op, t.dtype());
+  }
+  const double inv = inv_scale.item();
+  bool found = false;
+  for (const Tensor& t : tensors) found = cpu::ScaleInPlace(t, inv, true) || found;
+  if (found) found_inf.fill_(1);
+}
+
+}  // namespace tg

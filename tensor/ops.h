@@ -1,0 +1,138 @@
+// The tensor op list: non-differentiable kernels, one dispatch point per op keyed by device.
+// CPU kernels live in tensor/cpu; the CUDA backend implements the same list. Every op validates
+// shapes, dtypes and devices first and throws tg::Error naming the op and the offending values.
+// Binary ops broadcast (numpy rules) and promote dtypes (PromoteTypes); f16/bf16 compute in f32
+// and round the result, so an overflowing f16 result is inf exactly as on a GPU.
+//
+//   tg::Tensor logits = tg::Matmul(x, w);                  // [batch, vocab]
+//   tg::Tensor loss = tg::CrossEntropy(logits, targets);   // 0-d, mean over non-ignored rows
+//   tg::Tensor p = tg::Softmax(logits);                    // over the last dim
+#ifndef TAPEGRAD_TENSOR_OPS_H_
+#define TAPEGRAD_TENSOR_OPS_H_
+
+#include <vector>
+
+#include "tensor/op_kinds.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+
+// ---- Elementwise, with broadcasting -----------------------------------------------------------
+Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// Result dtype kBool.
+Tensor Compare(CompareOp op, const Tensor& a, const Tensor& b);
+Tensor Unary(UnaryOp op, const Tensor& x);
+// op(x, scalar) with the scalar kept in the compute precision (f32 for f16/bf16, like PyTorch);
+// the result keeps x's dtype.
+Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar);
+
+inline Tensor Add(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kAdd, a, b); }
+inline Tensor Sub(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kSub, a, b); }
+inline Tensor Mul(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kMul, a, b); }
+// True division; integer inputs are rejected (cast them first).
+inline Tensor Div(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kDiv, a, b); }
+inline Tensor Pow(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kPow, a, b); }
+inline Tensor Pow(const Tensor& a, double exponent) {
+  return BinaryScalar(BinaryOp::kPow, a, exponent);
+}
+// Elementwise max/min; NaN in either input gives NaN (torch.maximum/minimum).
+inline Tensor Maximum(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kMaximum, a, b); }
+inline Tensor Minimum(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kMinimum, a, b); }
+inline Tensor AddScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kAdd, x, s); }
+inline Tensor MulScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kMul, x, s); }
+
+inline Tensor Neg(const Tensor& x) { return Unary(UnaryOp::kNeg, x); }
+inline Tensor Abs(const Tensor& x) { return Unary(UnaryOp::kAbs, x); }
+inline Tensor Exp(const Tensor& x) { return Unary(UnaryOp::kExp, x); }
+inline Tensor Log(const Tensor& x) { return Unary(UnaryOp::kLog, x); }
+inline Tensor Sqrt(const Tensor& x) { return Unary(UnaryOp::kSqrt, x); }
+inline Tensor Tanh(const Tensor& x) { return Unary(UnaryOp::kTanh, x); }
+inline Tensor Sigmoid(const Tensor& x) { return Unary(UnaryOp::kSigmoid, x); }
+inline Tensor Relu(const Tensor& x) { return Unary(UnaryOp::kRelu, x); }
+// gelu(x) = x/2 (1 + erf(x/sqrt 2)); the tanh approximation (GPT-2's) is
+// x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline Tensor Gelu(const Tensor& x) { return Unary(UnaryOp::kGelu, x); }
+inline Tensor GeluTanh(const Tensor& x) { return Unary(UnaryOp::kGeluTanh, x); }
+
+inline Tensor Eq(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kEq, a, b); }
+inline Tensor Ne(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kNe, a, b); }
+inline Tensor Lt(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kLt, a, b); }
+inline Tensor Le(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kLe, a, b); }
+inline Tensor Gt(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kGt, a, b); }
+inline Tensor Ge(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kGe, a, b); }
+
+// cond ? a : b, broadcasting all three; cond is bool (or u8, nonzero = true).
+Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// ---- Reductions -------------------------------------------------------------------------------
+// Floating inputs accumulate in f64 and round once; integer and bool inputs sum to i64.
+// An empty `dims` reduces every dim.
+Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Floating inputs only.
+Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Max over one dim (NaN wins, like torch.max); throws on an empty dim.
+Tensor Max(const Tensor& x, int64_t dim, bool keepdim = false);
+// Index (i64) of the first maximum over one dim; a NaN counts as the maximum.
+Tensor Argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// ---- Linear algebra ---------------------------------------------------------------------------
+// a [..., m, k] @ b [..., k, n] -> [..., m, n]; batch dims broadcast; 2-D @ 2-D is a GEMM.
+// f32/f64 go to OpenBLAS (transposed views are passed as transposes, not copied);
+// f16/bf16 convert to f32, multiply and round the result.
+Tensor Matmul(const Tensor& a, const Tensor& b);
+// Strict batched matmul: a [b, m, k], b [b, k, n].
+Tensor Bmm(const Tensor& a, const Tensor& b);
+
+// ---- Neural-network kernels (over the last dim) ------------------------------------------------
+// exp(x - max) / sum exp(x - max), computed in f32 (f64 for f64) and rounded to x's dtype.
+Tensor Softmax(const Tensor& x);
+Tensor LogSoftmax(const Tensor& x);
+
+struct LayerNormResult {
+  Tensor output;  // x's shape and dtype
+  Tensor mean;    // [x.shape[:-1]] f32 (f64 for f64 input), saved for the backward
+  Tensor rstd;    // [x.shape[:-1]] 1/sqrt(var + eps), biased variance
+};
+// Normalises over the last dim; weight and bias ([last dim], either may be undefined) scale and
+// shift.
+LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                          double eps = 1e-5);
+
+// weight [vocab, dim], indices i32/i64 of any shape -> [indices.shape..., dim].
+Tensor Embedding(const Tensor& weight, const Tensor& indices);
+// The gradient of Embedding: grad [indices.shape..., dim] scatter-added into zeros
+// [num_rows, dim] (accumulated in f32/f64, rounded once).
+Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_rows);
+
+// logits [N, C], targets [N] i32/i64 in [0, C) or == ignore_index. Mean averages over the
+// rows that are not ignored (NaN when all are ignored, as in PyTorch). kNone gives [N] with
+// zeros at ignored rows. Result in logits' dtype, computed in f32/f64.
+Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                    Reduction reduction = Reduction::kMean);
+// d loss / d logits for CrossEntropy with the gradient of the (reduced) loss `grad_loss`
+// (0-d for kMean/kSum, [N] for kNone): (softmax - onehot) * grad, zero rows where ignored.
+Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& grad_loss,
+                            int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
+
+// ---- Lists of tensors (mixed precision) -------------------------------------------------------
+// Whether any element of any floating tensor is inf or NaN (a host-side answer: on the CPU it is
+// free; the CUDA backend's version of this synchronises).
+bool AnyNonFinite(const std::vector<Tensor>& tensors);
+// t *= scale for each tensor, in place (computed in f32/f64, rounded to each tensor's dtype).
+void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale);
+// PyTorch's _amp_foreach_non_finite_check_and_unscale_: multiplies every tensor by inv_scale
+// (0-d f32) in place and sets found_inf (0-d f32) to 1 if any element was inf/NaN before
+// scaling; found_inf is never reset to 0 here, so it accumulates across calls.
+void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
+                              const Tensor& inv_scale);
+
+// Operators for readable formulas.
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return Add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return Sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return Mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return Div(a, b); }
+inline Tensor operator-(const Tensor& x) { return Neg(x); }
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_OPS_H_

@@ -1,0 +1,49 @@
+// Storage: one allocation that tensors (and their views) share, and the Allocator interface that
+// provides it. The CPU allocator returns 64-byte-aligned memory (a cache line, and the widest
+// AVX-512 load); the CUDA backend adds a caching device allocator behind the same interface.
+//
+//   auto s = std::make_shared<tg::Storage>(1024, tg::CpuAllocator());
+//   std::memset(s->data(), 0, s->nbytes());
+#ifndef TAPEGRAD_TENSOR_STORAGE_H_
+#define TAPEGRAD_TENSOR_STORAGE_H_
+
+#include <cstddef>
+
+#include "tensor/device.h"
+
+namespace tg {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for `nbytes` bytes (nbytes may be 0); throws tg::Error when it cannot.
+  virtual void* Allocate(size_t nbytes) = 0;
+  virtual void Deallocate(void* ptr, size_t nbytes) = 0;
+  virtual Device device() const = 0;
+};
+
+inline constexpr size_t kCpuAlignment = 64;
+
+// The process-wide CPU allocator (stateless; safe from any thread).
+Allocator* CpuAllocator();
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Allocator* allocator);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return allocator_->device(); }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Allocator* allocator_;
+};
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_STORAGE_H_

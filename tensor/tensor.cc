@@ -1,0 +1,485 @@
+#include "tensor/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_join.h"
+#include "tensor/convert.h"
+#include "tensor/strided_loop.h"
+
+namespace tg {
+
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    TG_CHECK(s >= 0, "shape ", ShapeToString(shape), " has a negative size");
+    TG_CHECK(s == 0 || n <= std::numeric_limits<int64_t>::max() / s, "shape ",
+             ShapeToString(shape), " has more elements than int64 can count");
+    n *= s;
+  }
+  return n;
+}
+
+Shape ContiguousStrides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+Shape BroadcastShapes(const char* op, const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    TG_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", ShapeToString(a), " and ",
+             ShapeToString(b), " cannot be broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int64_t WrapDim(const char* op, int64_t dim, int64_t ndim) {
+  const int64_t lo = ndim == 0 ? -1 : -ndim;
+  const int64_t hi = ndim == 0 ? 0 : ndim - 1;
+  TG_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
+           " dims");
+  return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
+}
+
+Shape BroadcastByteStrides(const Tensor& t, const Shape& shape) {
+  const size_t n = shape.size();
+  TG_CHECK(t.shape().size() <= n, "broadcast: cannot broadcast shape ", ShapeToString(t.shape()),
+           " to ", ShapeToString(shape));
+  const size_t lead = n - t.shape().size();
+  const int64_t esize = static_cast<int64_t>(t.element_size());
+  Shape out(n, 0);
+  for (size_t i = lead; i < n; ++i) {
+    const int64_t size = t.shape()[i - lead];
+    TG_CHECK(size == shape[i] || size == 1, "broadcast: cannot broadcast shape ",
+             ShapeToString(t.shape()), " to ", ShapeToString(shape));
+    out[i] = size == 1 ? 0 : t.strides()[i - lead] * esize;
+  }
+  return out;
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+               DType dtype)
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      numel_(NumElements(shape_)),
+      dtype_(dtype) {
+  TG_CHECK(storage_ != nullptr, "Tensor: null storage");
+  TG_CHECK(shape_.size() == strides_.size(), "Tensor: shape ", ShapeToString(shape_), " and strides ",
+           ShapeToString(strides_), " differ in length");
+  TG_CHECK(offset_ >= 0, "Tensor: negative offset ", offset_);
+  if (numel_ == 0) return;
+  // The lowest and highest element addressed must lie inside the storage.
+  int64_t lo = offset_, hi = offset_;
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    const int64_t span = (shape_[i] - 1) * strides_[i];
+    (span < 0 ? lo : hi) += span;
+  }
+  const int64_t capacity = static_cast<int64_t>(storage_->nbytes() / ElementSize(dtype_));
+  TG_CHECK(lo >= 0 && hi < capacity, "Tensor: view of shape ", ShapeToString(shape_),
+           " with strides ", ShapeToString(strides_), " and offset ", offset_,
+           " reaches outside a storage of ", capacity, " ", DTypeName(dtype_), " elements");
+}
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+  TG_CHECK(device.is_cpu(), "empty: no allocator for device ", device.ToString(),
+           " in this build (CUDA tensors come with the CUDA backend)");
+  const int64_t n = NumElements(shape);
+  TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, "empty: shape ", ShapeToString(shape),
+           " is too large");
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype),
+                                           CpuAllocator());
+  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+}
+
+Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Empty(shape, dtype, device);
+  std::memset(t.raw_data(), 0, static_cast<size_t>(t.numel()) * t.element_size());
+  return t;
+}
+
+Tensor Tensor::Ones(const Shape& shape, DType dtype, Device device) {
+  return Full(shape, 1, dtype, device);
+}
+
+Tensor Tensor::Full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = Empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::Scalar(double value, DType dtype) { return Full({}, value, dtype); }
+
+Tensor Tensor::Arange(double start, double end, double step, DType dtype) {
+  TG_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end),
+           "arange: start ", start, ", end ", end, " and step ", step,
+           " must be finite with a non-zero step");
+  const double count = std::ceil((end - start) / step);
+  TG_CHECK(count < 1e15, "arange: ", count, " elements is too many");
+  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(count));
+  Tensor values = Empty({n}, kF64);
+  double* p = values.data<double>();
+  for (int64_t i = 0; i < n; ++i) p[i] = start + static_cast<double>(i) * step;
+  return values.to(dtype);
+}
+
+Device Tensor::device() const {
+  CheckDefined("device");
+  return storage_->device();
+}
+
+int64_t Tensor::size(int64_t d) const { return shape_[WrapDim("size", d, dim())]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  CheckDefined("raw_data");
+  return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
+}
+
+void Tensor::CheckDefined(const char* op) const {
+  TG_CHECK(defined(), op, ": the tensor is undefined");
+}
+
+namespace {
+
+// Resolves one -1 in `shape` against `numel`.
+Shape InferShape(const char* op, const Shape& shape, int64_t numel) {
+  Shape out = shape;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      TG_CHECK(infer < 0, op, ": only one dimension can be -1 in ", ShapeToString(shape));
+      infer = static_cast<int>(i);
+    } else {
+      TG_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in ", ShapeToString(shape));
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    TG_CHECK(known != 0 && numel % known == 0, op, ": shape ", ShapeToString(shape),
+             " is invalid for ", numel, " elements");
+    out[infer] = numel / known;
+  }
+  TG_CHECK(NumElements(out) == numel, op, ": shape ", ShapeToString(shape), " is invalid for ",
+           numel, " elements");
+  return out;
+}
+
+// Strides that present data of (shape, strides) as `target` without copying, if possible
+// (the algorithm of torch's computeStride: split runs of dims that are contiguous among
+// themselves). Returns an empty optional-like flag through `ok`.
+Shape ViewStrides(const Shape& shape, const Shape& strides, const Shape& target, bool* ok) {
+  *ok = true;
+  Shape out(target.size());
+  if (NumElements(shape) == 0 || shape.empty()) {
+    out = ContiguousStrides(target);
+    return out;
+  }
+  int64_t view_d = static_cast<int64_t>(target.size()) - 1;
+  int64_t chunk_base_stride = strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || target[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= target[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) {
+        *ok = false;
+        return out;
+      }
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) *ok = false;
+  return out;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& shape) const {
+  CheckDefined("view");
+  const Shape target = InferShape("view", shape, numel_);
+  bool ok;
+  Shape strides = ViewStrides(shape_, strides_, target, &ok);
+  TG_CHECK(ok, "view: shape ", ShapeToString(target), " is not compatible with the strides ",
+           ShapeToString(strides_), " of a tensor of shape ", ShapeToString(shape_),
+           "; use reshape() to copy");
+  return Tensor(storage_, target, std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  CheckDefined("reshape");
+  const Shape target = InferShape("reshape", shape, numel_);
+  bool ok;
+  Shape strides = ViewStrides(shape_, strides_, target, &ok);
+  if (ok) return Tensor(storage_, target, std::move(strides), offset_, dtype_);
+  return contiguous().view(target);
+}
+
+Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
+  CheckDefined("slice");
+  const int64_t d = WrapDim("slice", dim, this->dim());
+  TG_CHECK(this->dim() > 0, "slice: cannot slice a 0-d tensor");
+  TG_CHECK(step > 0, "slice: step must be positive, got ", step);
+  const int64_t n = shape_[d];
+  auto clamp = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
+  start = clamp(start);
+  end = std::max(clamp(end), start);
+  Shape shape = shape_, strides = strides_;
+  shape[d] = (end - start + step - 1) / step;
+  strides[d] *= step;
+  const int64_t offset = shape[d] == 0 ? offset_ : offset_ + start * strides_[d];
+  return Tensor(storage_, std::move(shape), std::move(strides), offset, dtype_);
+}
+
+Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+  CheckDefined("narrow");
+  const int64_t d = WrapDim("narrow", dim, this->dim());
+  TG_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow: range [", start,
+           ", ", start + length, ") is out of bounds for dim ", d, " of size ", shape_[d]);
+  return slice(d, start, start + length);
+}
+
+Tensor Tensor::select(int64_t dim, int64_t index) const {
+  CheckDefined("select");
+  TG_CHECK(this->dim() > 0, "select: cannot select from a 0-d tensor");
+  const int64_t d = WrapDim("select", dim, this->dim());
+  const int64_t n = shape_[d];
+  TG_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dim ", d,
+           " of size ", n);
+  if (index < 0) index += n;
+  Shape shape = shape_, strides = strides_;
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_ + index * strides_[d],
+                dtype_);
+}
+
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+  CheckDefined("transpose");
+  if (this->dim() == 0) return *this;
+  Shape dims(shape_.size());
+  for (size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<int64_t>(i);
+  std::swap(dims[WrapDim("transpose", dim0, this->dim())],
+            dims[WrapDim("transpose", dim1, this->dim())]);
+  return permute(dims);
+}
+
+Tensor Tensor::permute(const Shape& dims) const {
+  CheckDefined("permute");
+  TG_CHECK(static_cast<int64_t>(dims.size()) == this->dim(), "permute: ", dims.size(),
+           " dims given for a tensor of shape ", ShapeToString(shape_));
+  Shape shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = WrapDim("permute", dims[i], this->dim());
+    TG_CHECK(!seen[d], "permute: dim ", d, " repeats in ", ShapeToString(dims));
+    seen[d] = true;
+    shape[i] = shape_[d];
+    strides[i] = strides_[d];
+  }
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  CheckDefined("expand");
+  TG_CHECK(shape.size() >= shape_.size(), "expand: cannot expand shape ", ShapeToString(shape_),
+           " to ", ShapeToString(shape));
+  const size_t lead = shape.size() - shape_.size();
+  Shape out_shape(shape.size()), out_strides(shape.size(), 0);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i < lead) {
+      TG_CHECK(shape[i] >= 0, "expand: invalid size ", shape[i], " in ", ShapeToString(shape));
+      out_shape[i] = shape[i];
+      continue;
+    }
+    const int64_t have = shape_[i - lead];
+    const int64_t want = shape[i] == -1 ? have : shape[i];
+    TG_CHECK(want == have || have == 1, "expand: cannot expand shape ", ShapeToString(shape_),
+             " to ", ShapeToString(shape));
+    out_shape[i] = want;
+    out_strides[i] = have == 1 && want != 1 ? 0 : strides_[i - lead];
+  }
+  return Tensor(storage_, std::move(out_shape), std::move(out_strides), offset_, dtype_);
+}
+
+Tensor Tensor::unsqueeze(int64_t dim) const {
+  CheckDefined("unsqueeze");
+  const int64_t d = WrapDim("unsqueeze", dim, this->dim() + 1);
+  Shape shape = shape_, strides = strides_;
+  const int64_t stride = d < this->dim() ? strides_[d] * shape_[d] : 1;
+  shape.insert(shape.begin() + d, 1);
+  strides.insert(strides.begin() + d, stride);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::squeeze(int64_t dim) const {
+  CheckDefined("squeeze");
+  if (this->dim() == 0) return *this;
+  const int64_t d = WrapDim("squeeze", dim, this->dim());
+  if (shape_[d] != 1) return *this;
+  Shape shape = shape_, strides = strides_;
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::contiguous() const {
+  CheckDefined("contiguous");
+  return is_contiguous() ? *this : clone();
+}
+
+Tensor Tensor::clone() const {
+  CheckDefined("clone");
+  Tensor out = Empty(shape_, dtype_, device());
+  CopyInto(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  CheckDefined("to");
+  if (dtype == dtype_) return *this;
+  Tensor out = Empty(shape_, dtype, device());
+  CopyInto(out, *this);
+  return out;
+}
+
+const Tensor& Tensor::fill_(double value) const {
+  CheckDefined("fill_");
+  CopyInto(*this, Scalar(value, kF64));
+  return *this;
+}
+
+const Tensor& Tensor::copy_(const Tensor& src) const {
+  CheckDefined("copy_");
+  CopyInto(*this, src);
+  return *this;
+}
+
+double Tensor::item() const {
+  CheckDefined("item");
+  TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ",
+           ShapeToString(shape_), "), expected 1");
+  return Visit(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    return Convert<double>(*static_cast<const T*>(raw_data()));
+  });
+}
+
+std::string Tensor::ToString(int64_t max_elements) const {
+  if (!defined()) return "tensor(undefined)";
+  const std::vector<double> v = numel_ <= max_elements ? to_vector<double>() : std::vector<double>{};
+  std::string body;
+  if (numel_ > max_elements) {
+    body = absl::StrCat("... ", numel_, " elements ...");
+  } else if (shape_.empty()) {
+    body = absl::StrCat(v[0]);
+  } else {
+    // Open a bracket at each dim boundary, row-major.
+    const Shape strides = ContiguousStrides(shape_);
+    for (int64_t i = 0; i < numel_; ++i) {
+      for (size_t d = 0; d < shape_.size(); ++d) {
+        if (i % (strides[d] * shape_[d]) == 0) body += "[";
+      }
+      absl::StrAppend(&body, v[i]);
+      int closed = 0;
+      for (size_t d = 0; d < shape_.size(); ++d) {
+        if ((i + 1) % (strides[d] * shape_[d]) == 0) ++closed;
+      }
+      body += std::string(closed, ']');
+      if (i + 1 < numel_) body += ", ";
+    }
+    if (numel_ == 0) body = "[]";
+  }
+  return absl::StrCat("tensor(", body, ", ", DTypeName(dtype_), ", shape=", ShapeToString(shape_),
+                      ")");
+}
+
+namespace {
+
+template <typename Dst, typename Src>
+void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const char* src,
+              const Shape& src_strides) {
+  ForEachRow<2>(shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
+                [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+                  if (std::is_same_v<Dst, Src> && step[0] == sizeof(Dst) &&
+                      step[1] == sizeof(Src)) {
+                    std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
+                    return;
+                  }
+                  for (int64_t i = 0; i < n; ++i) {
+                    Src v;
+                    std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
+                    const Dst out = Convert<Dst>(v);
+                    std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
+                  }
+                });
+}
+
+}  // namespace
+
+void CopyInto(const Tensor& dst, const Tensor& src) {
+  TG_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
+  TG_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_: from ",
+           src.device().ToString(), " to ", dst.device().ToString(),
+           " needs the CUDA backend");
+  // A destination that overlaps itself (an expanded view) would be written twice.
+  for (size_t i = 0; i < dst.shape().size(); ++i) {
+    TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1,
+             "copy_: the destination of shape ", ShapeToString(dst.shape()),
+             " is an expanded view (stride 0); writing to it is ambiguous");
+  }
+  Shape src_strides;
+  try {
+    src_strides = BroadcastByteStrides(src, dst.shape());
+  } catch (const Error&) {
+    throw Error(absl::StrCat("copy_: source shape ", ShapeToString(src.shape()),
+                             " cannot be broadcast to ", ShapeToString(dst.shape())));
+  }
+  Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
+  Visit(dst.dtype(), [&](auto dst_tag) {
+    Visit(src.dtype(), [&](auto src_tag) {
+      CopyRows<decltype(dst_tag), decltype(src_tag)>(dst.shape(), static_cast<char*>(dst.raw_data()),
+                                                     dst_strides,
+                                                     static_cast<const char*>(src.raw_data()),
+                                                     src_strides);
+    });
+  });
+}
+
+}  // namespace tg

@@ -1,0 +1,166 @@
+// Tensor: a cheap handle to a strided view of a shared Storage.
+//
+// A Tensor holds a shape, element strides, an element offset into its storage, a dtype and (via
+// the storage) a device. Copying a Tensor copies the handle, not the data. View methods
+// (reshape of viewable data, slice, select, transpose, permute, expand, squeeze, unsqueeze) share
+// storage with their source; contiguous(), clone() and to() copy when they must. Every view is
+// validated so that no element it addresses lies outside its storage.
+//
+//   tg::Tensor x = tg::Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+//   tg::Tensor xt = x.transpose(0, 1);          // [3, 2] view, strides {1, 3}
+//   tg::Tensor y = xt.contiguous().to(tg::kF16);
+//   float v = x.slice(1, 1, 3).select(0, 1).item();   // 5
+#ifndef TAPEGRAD_TENSOR_TENSOR_H_
+#define TAPEGRAD_TENSOR_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/storage.h"
+
+namespace tg {
+
+using Shape = std::vector<int64_t>;
+
+// "[2, 3]"
+std::string ShapeToString(const Shape& shape);
+// Product of the sizes; throws if a size is negative or the product overflows int64.
+int64_t NumElements(const Shape& shape);
+// Row-major (C-order) strides for `shape`, in elements.
+Shape ContiguousStrides(const Shape& shape);
+// The shape two shapes broadcast to (numpy rules); throws "<op>: shapes [..] and [..] cannot be
+// broadcast".
+Shape BroadcastShapes(const char* op, const Shape& a, const Shape& b);
+// Wraps a possibly negative dim into [0, ndim); throws naming the op when it is out of range.
+int64_t WrapDim(const char* op, int64_t dim, int64_t ndim);
+
+class Tensor {
+ public:
+  // An undefined tensor (defined() == false); most methods throw on it.
+  Tensor() = default;
+  // A view of `storage`; throws unless every addressed element lies inside the storage.
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
+
+  // Uninitialised memory of the given shape (contiguous).
+  static Tensor Empty(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static Tensor Zeros(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static Tensor Ones(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static Tensor Full(const Shape& shape, double value, DType dtype = kF32,
+                     Device device = Device::Cpu());
+  // A 0-d tensor holding `value`.
+  static Tensor Scalar(double value, DType dtype = kF32);
+  // [start, start + step, ...) below `end` (above it for a negative step), like torch.arange.
+  static Tensor Arange(double start, double end, double step = 1, DType dtype = kF32);
+  // Copies `values` (converted to `dtype`, default the dtype of T) into a tensor of `shape`.
+  template <typename T>
+  static Tensor FromVector(const std::vector<T>& values, const Shape& shape);
+  template <typename T>
+  static Tensor FromVector(const std::vector<T>& values, const Shape& shape, DType dtype) {
+    return FromVector(values, shape).to(dtype);
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t offset() const { return offset_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  // Size of dim `d` (negative counts from the end).
+  int64_t size(int64_t d) const;
+  int64_t numel() const { return numel_; }
+  size_t element_size() const { return ElementSize(dtype_); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Whether two tensors address the same storage.
+  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+  // Pointer to the first element (at offset()); T must match dtype().
+  template <typename T>
+  T* data() const;
+  void* raw_data() const;
+
+  // Views. Dims may be negative. reshape() returns a view when the strides allow it and a copy
+  // otherwise (like torch.reshape); view() throws instead of copying. One size may be -1.
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;
+  // Elements start, start+step, ... below end of `dim`; start/end are clamped like Python slices
+  // (negative values count from the end); step must be positive.
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // Index `index` of `dim`, removing that dim.
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor permute(const Shape& dims) const;
+  // Broadcast view: size-1 dims (or new leading dims) get stride 0. -1 keeps a size.
+  Tensor expand(const Shape& shape) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor flatten() const { return reshape({numel_}); }
+
+  // Copies: contiguous() returns *this when already contiguous.
+  Tensor contiguous() const;
+  Tensor clone() const;
+  // Converts to `dtype` (returns *this when equal). Float -> int truncates toward zero and
+  // saturates, NaN becomes 0; anything -> bool is `value != 0`.
+  Tensor to(DType dtype) const;
+
+  // In place (const like every handle method: they change the data, not the handle).
+  // copy_ broadcasts `src` to this shape and converts its dtype.
+  const Tensor& fill_(double value) const;
+  const Tensor& zero_() const { return fill_(0); }
+  const Tensor& copy_(const Tensor& src) const;
+
+  // The value of a one-element tensor, as double.
+  double item() const;
+  // All elements in row-major order, converted to T.
+  template <typename T>
+  std::vector<T> to_vector() const;
+  // "tensor([[1, 2], [3, 4]], f32)" (elements elided beyond `max_elements`).
+  std::string ToString(int64_t max_elements = 64) const;
+
+ private:
+  void CheckDefined(const char* op) const;
+
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  Shape strides_;
+  int64_t offset_ = 0;
+  int64_t numel_ = 0;
+  DType dtype_ = kF32;
+};
+
+// Copies src (broadcast to dst's shape) into dst with dtype conversion; both on the CPU.
+void CopyInto(const Tensor& dst, const Tensor& src);
+
+template <typename T>
+T* Tensor::data() const {
+  CheckDefined("data");
+  TG_CHECK(DTypeOf<T>() == dtype_, "data<", DTypeName(DTypeOf<T>()), ">: tensor has dtype ",
+           DTypeName(dtype_));
+  return static_cast<T*>(storage_->data()) + offset_;
+}
+
+template <typename T>
+Tensor Tensor::FromVector(const std::vector<T>& values, const Shape& shape) {
+  Tensor t = Empty(shape, DTypeOf<T>());
+  TG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "FromVector: ", values.size(),
+           " values do not fill shape ", ShapeToString(shape));
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = to(DTypeOf<T>()).contiguous();
+  const T* p = c.data<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_TENSOR_H_
