@@ -381,7 +381,9 @@ Tensor Tensor::to(DType dtype) const {
 
 const Tensor& Tensor::fill_(double value) const {
   CheckDefined("fill_");
-  CopyInto(*this, Scalar(value, kF64));
+  const Tensor v = Empty({}, kF64);
+  *v.data<double>() = value;
+  CopyInto(*this, v);
   return *this;
 }
 

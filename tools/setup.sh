@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package that tapegrad's build, tests and default training need.
+# Idempotent: when everything is present it changes nothing and touches no network.
+# The CUDA toolkit (nvcc, cuBLAS/cuBLASLt, cuDNN 9, NCCL) comes with the machine image.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap        # Bazel 4.2.3 (WORKSPACE mode, offline stand-ins in tools/bazel)
+  g++
+  libabsl-dev            # abseil: Status, StrCat, flags
+  libgtest-dev           # GoogleTest
+  libopenblas-dev        # CPU GEMM
+  zlib1g-dev             # gzip'd data files
+  libgloo-dev            # CPU collectives
+  dataset-fashion-mnist  # default training data
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: the CUDA toolkit is missing (expected at /usr/local/cuda); CUDA targets will not build" >&2
+  exit 1
+fi
