@@ -50,26 +50,21 @@ inline uint16_t FloatToHalfBits(float f) {
     if (rest > halfway || (rest == halfway && (result & 1u))) ++result;
     return sign | static_cast<uint16_t>(result);  // a carry gives the smallest normal: correct
   }
-  uint32_t result = ((exponent - 112) << 10) | ((abs >> 13) & 0x3ffu);
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (result & 1u))) ++result;
-  return sign | static_cast<uint16_t>(result);
+  // Rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even without a
+  // branch: add just under half, plus one more when the kept lowest bit is odd. A carry moves
+  // into the exponent, which is the correct result (up to 0x7bff; 65520 and above were handled).
+  const uint32_t rebiased = abs - (112u << 23);
+  return sign | static_cast<uint16_t>((rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13);
 }
 
 inline float HalfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
+  const uint32_t mantissa = h & 0x3ffu;
   if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
   if (exponent != 0) return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
-  if (mantissa == 0) return BitsToFloat(sign);
-  // Subnormal: normalise the mantissa into a float exponent.
-  uint32_t e = 113;
-  while ((mantissa & 0x400u) == 0) {
-    mantissa <<= 1;
-    --e;
-  }
-  return BitsToFloat(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
+  // Zero or subnormal: mantissa * 2^-24, exact in float.
+  return BitsToFloat(sign | FloatBits(static_cast<float>(mantissa) * 0x1.0p-24f));
 }
 
 inline uint16_t FloatToBFloat16Bits(float f) {
