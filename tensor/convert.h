@@ -1,6 +1,7 @@
 // Value conversion between element types, defined for every input (no undefined behaviour):
 // float -> integer truncates toward zero and saturates at the type's range, NaN becomes 0;
-// anything -> bool is `value != 0`; float -> f16/bf16 rounds to nearest even.
+// anything -> bool is `value != 0`; float and double -> f16/bf16 round once to nearest even
+// (integers beyond 2^24 reach f16/bf16 through float and may round twice).
 #ifndef TAPEGRAD_TENSOR_CONVERT_H_
 #define TAPEGRAD_TENSOR_CONVERT_H_
 
@@ -36,6 +37,8 @@ inline Dst Convert(Src v) {
     return Convert<Dst>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<Dst, bool>) {
     return v != Src(0);
+  } else if constexpr (kIsReduced<Dst> && std::is_same_v<Src, double>) {
+    return Dst(DoubleToFloatRoundToOdd(v));  // one rounding, not two
   } else if constexpr (kIsReduced<Dst>) {
     return Dst(static_cast<float>(v));
   } else if constexpr (std::is_integral_v<Dst> && std::is_floating_point_v<Src>) {

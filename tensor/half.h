@@ -11,6 +11,7 @@
 #ifndef TAPEGRAD_TENSOR_HALF_H_
 #define TAPEGRAD_TENSOR_HALF_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -76,6 +77,16 @@ inline uint16_t FloatToBFloat16Bits(float f) {
   }
   const uint32_t rounding_bias = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding_bias) >> 16);
+}
+
+// Rounds a double to float toward zero and sets the lowest bit when that was inexact ("round to
+// odd"). Rounding the result to f16/bf16 then equals rounding the double directly, because float
+// carries more than twice their precision plus two bits; f64 -> f16/bf16 thus rounds once.
+inline float DoubleToFloatRoundToOdd(double d) {
+  float f = static_cast<float>(d);
+  if (d != d || static_cast<double>(f) == d) return f;  // NaN or exact
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  return BitsToFloat(FloatBits(f) | 1u);
 }
 
 inline float BFloat16BitsToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }

@@ -73,7 +73,8 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
 // Last-dim ops see x as contiguous [rows, n].
 Tensor AsRows(const Tensor& x) {
   const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
-  return x.contiguous().reshape({n == 0 ? 0 : x.numel() / n, n});
+  const int64_t rows = x.dim() == 0 ? 1 : NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  return x.contiguous().reshape({rows, n});
 }
 
 }  // namespace
@@ -159,13 +160,15 @@ Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined("mean", x, "the input");
+  const Device device = CommonDevice("mean", {&x});
   CheckFloating("mean", x.dtype());
-  const Tensor sum = Sum(x, dims, keepdim);
-  const int64_t count = sum.numel() == 0 ? 0 : x.numel() / sum.numel();
-  // Divide in f64 before rounding: sum/count rounded once for f32; NaN for an empty reduction.
-  Tensor out = Tensor::Empty(sum.shape(), kF64);
-  out.copy_(sum);
-  return BinaryScalar(BinaryOp::kMul, out, 1.0 / static_cast<double>(count)).to(x.dtype());
+  // Sum in f64 and divide before rounding: sum/count rounded once to x's dtype, so a f16 sum
+  // that would overflow f16 still gives its finite mean; NaN for an empty reduction.
+  RowsView v = ReduceToRows("mean", x, dims, keepdim);
+  Tensor sum = Tensor::Empty({v.rows.size(0)}, kF64, device);
+  cpu::SumRows(sum, v.rows.to(kF64));
+  const double count = static_cast<double>(v.rows.size(1));
+  return BinaryScalar(BinaryOp::kDiv, sum, count).to(x.dtype()).reshape(v.out_shape);
 }
 
 namespace {
@@ -208,8 +211,15 @@ Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
   const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
   TG_CHECK(k == k2, "matmul: shapes ", ShapeToString(a_in.shape()), " and ",
            ShapeToString(b_in.shape()), " cannot be multiplied (", k, " != ", k2, ")");
-  const Shape batch = BroadcastShapes("matmul", Shape(a.shape().begin(), a.shape().end() - 2),
-                                      Shape(b.shape().begin(), b.shape().end() - 2));
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  Shape batch;
+  try {
+    batch = BroadcastShapes("matmul", a_batch, b_batch);
+  } catch (const Error&) {
+    throw Error(absl::StrCat("matmul: the batch dims of shapes ", ShapeToString(a_in.shape()),
+                             " and ", ShapeToString(b_in.shape()), " cannot be broadcast"));
+  }
   Shape a_shape = batch, b_shape = batch, out_shape = batch;
   a_shape.insert(a_shape.end(), {m, k});
   b_shape.insert(b_shape.end(), {k, n});
@@ -227,6 +237,8 @@ Tensor Bmm(const Tensor& a, const Tensor& b) {
   TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
            "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
            ShapeToString(b.shape()));
+  TG_CHECK(a.dtype() == b.dtype(), "bmm: dtypes ", DTypeName(a.dtype()), " and ",
+           DTypeName(b.dtype()), " differ");
   return Matmul(a, b);
 }
 
@@ -268,7 +280,8 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
   LayerNormResult r{Tensor::Empty(rows.shape(), x.dtype(), device),
                     Tensor::Empty({rows.size(0)}, stat_dtype, device),
                     Tensor::Empty({rows.size(0)}, stat_dtype, device)};
-  if (n > 0) cpu::LayerNorm(r.output, r.mean, r.rstd, rows, weight, bias, eps);
+  // An empty last dim gives NaN statistics (0/0), like a mean over nothing.
+  cpu::LayerNorm(r.output, r.mean, r.rstd, rows, weight, bias, eps);
   const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
   r.output = r.output.reshape(x.shape());
   r.mean = r.mean.reshape(stat_shape);
@@ -378,7 +391,7 @@ bool AnyNonFinite(const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors) {
     CheckDefined("non_finite_check", t, "a list element");
     CommonDevice("non_finite_check", {&t});
-    found = found || cpu::AnyNonFinite(t);
+    if (IsFloating(t.dtype())) found = found || cpu::AnyNonFinite(t);  // integers are finite
   }
   return found;
 }

@@ -115,8 +115,8 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
                             int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
 
 // ---- Lists of tensors (mixed precision) -------------------------------------------------------
-// Whether any element of any floating tensor is inf or NaN (a host-side answer: on the CPU it is
-// free; the CUDA backend's version of this synchronises).
+// Whether any element of any floating tensor is inf or NaN; integer tensors are skipped (a
+// host-side answer: on the CPU it is free; the CUDA backend's version of this synchronises).
 bool AnyNonFinite(const std::vector<Tensor>& tensors);
 // t *= scale for each tensor, in place (computed in f32/f64, rounded to each tensor's dtype).
 void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale);

@@ -134,7 +134,9 @@ Tensor Tensor::Arange(double start, double end, double step, DType dtype) {
            " must be finite with a non-zero step");
   const double count = std::ceil((end - start) / step);
   TG_CHECK(count < 1e15, "arange: ", count, " elements is too many");
-  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(count));
+  // Clamp before converting: a hugely negative count (an empty range such as
+  // Arange(0, 1e300, -1)) does not fit int64, and converting it would be undefined behaviour.
+  const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
   Tensor values = Empty({n}, kF64);
   double* p = values.data<double>();
   for (int64_t i = 0; i < n; ++i) p[i] = start + static_cast<double>(i) * step;
@@ -149,6 +151,9 @@ Device Tensor::device() const {
 int64_t Tensor::size(int64_t d) const { return shape_[WrapDim("size", d, dim())]; }
 
 bool Tensor::is_contiguous() const {
+  // Like torch: a tensor without elements is contiguous whatever its strides (the strides of
+  // Empty({3, 0}) are [1, 1], which the loop below would reject).
+  if (numel_ == 0) return true;
   int64_t expected = 1;
   for (size_t i = shape_.size(); i-- > 0;) {
     if (shape_[i] == 1) continue;

@@ -120,7 +120,8 @@ class Tensor {
   // All elements in row-major order, converted to T.
   template <typename T>
   std::vector<T> to_vector() const;
-  // "tensor([[1, 2], [3, 4]], f32)" (elements elided beyond `max_elements`).
+  // "tensor([[1, 2], [3, 4]], f32, shape=[2, 2])"; with more than `max_elements` elements the
+  // values are elided: "tensor(... 100 elements ..., f32, shape=[100])".
   std::string ToString(int64_t max_elements = 64) const;
 
  private:

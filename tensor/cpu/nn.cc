@@ -143,7 +143,9 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
                " is out of range for ", classes, " classes");
       C shift, log_sum;
       RowLogSumExp<C>(in + r * classes, classes, &shift, &log_sum);
-      o[r] = Convert<T>(shift + log_sum - static_cast<C>(Widen(in[r * classes + t[r]])));
+      // -log_softmax[t] = log_sum - (x[t] - shift): x[t] - shift first, as in the softmax, so
+      // that large logits (1000) do not cost the loss its precision.
+      o[r] = Convert<T>(log_sum - (static_cast<C>(Widen(in[r * classes + t[r]])) - shift));
       ++counted;
     }
   });

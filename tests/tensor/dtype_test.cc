@@ -92,7 +92,7 @@ TEST(DTypeTest, PromoteTypesFullTableIsPyTorchsAndSymmetric) {
 }
 
 TEST(DTypeTest, VisitHandsOutTheStorageType) {
-  EXPECT_TRUE((std::is_same_v<decltype(Visit(kF32, [](auto t) { return t; })), float>));
+  EXPECT_EQ(Visit(kF16, [](auto t) { return sizeof(t); }), 2u);
   EXPECT_EQ(Visit(kF16, [](auto t) { return DTypeOf<decltype(t)>(); }), kF16);
   for (DType d : kAll) {
     EXPECT_EQ(Visit(d, [](auto t) { return DTypeOf<decltype(t)>(); }), d) << DTypeName(d);
@@ -239,6 +239,31 @@ TEST(ConvertTest, ToReducedFloatRoundsToNearestEven) {
   EXPECT_EQ(Convert<BFloat16>(Half(1.5f)).bits, 0x3fc0u);
   EXPECT_EQ(Convert<Half>(BFloat16::FromBits(0x7f7fu)).bits, 0x7c00u);
   EXPECT_EQ(Convert<Half>(BFloat16(1.0f / 3)).bits, 0x3558u);  // bf16 0.333984375, exact in f16
+}
+
+TEST(ConvertTest, DoubleToReducedFloatRoundsOnce) {
+  // Through float these would round twice: 65519.9999999 -> 65520.0f -> inf, and
+  // 1 + 2^-11 + 2^-40 -> 1 + 2^-11 (a tie) -> 1.
+  EXPECT_EQ(Convert<Half>(65519.9999999).bits, 0x7bffu);
+  EXPECT_EQ(Convert<Half>(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)).bits, 0x3c01u);
+  EXPECT_EQ(Convert<Half>(1.0 + std::ldexp(1.0, -11)).bits, 0x3c00u);  // a true tie: even
+  EXPECT_EQ(Convert<BFloat16>(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30)).bits, 0x3f81u);
+  EXPECT_EQ(Convert<BFloat16>(1.0 + std::ldexp(1.0, -8)).bits, 0x3f80u);
+  EXPECT_EQ(Convert<Half>(1e300).bits, 0x7c00u);
+  EXPECT_EQ(Convert<Half>(-1e-300).bits, 0x8000u);
+  EXPECT_EQ(Convert<BFloat16>(1e300).bits, 0x7f80u);
+  EXPECT_TRUE(std::isnan(static_cast<float>(Convert<Half>(kNaN))));
+  // Every f16 value and every midpoint between neighbours, given as double, rounds like the
+  // float path (where float is exact, the two must agree). 0x7bff's upper neighbour is inf.
+  for (uint32_t h = 0; h < 0x7bffu; ++h) {
+    const double lo = HalfBitsToFloat(static_cast<uint16_t>(h));
+    const double hi = HalfBitsToFloat(static_cast<uint16_t>(h + 1));
+    ASSERT_EQ(Convert<Half>(lo).bits, h);
+    const double mid = (lo + hi) / 2;
+    ASSERT_EQ(Convert<Half>(mid).bits, FloatToHalfBits(static_cast<float>(mid))) << h;
+    ASSERT_EQ(Convert<Half>(std::nextafter(mid, 0.0)).bits, h) << h;
+    ASSERT_EQ(Convert<Half>(std::nextafter(mid, 1e9)).bits, h + 1) << h;
+  }
 }
 
 TEST(ConvertTest, FromReducedFloatIsExact) {
