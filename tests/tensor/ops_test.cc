@@ -20,6 +20,7 @@
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tests/tensor/throws.h"
 
 namespace tg {
 namespace {
@@ -31,26 +32,11 @@ const std::vector<DType> kFloatTypes = {kF32, kF64, kF16, kBF16};
 
 // ---- Error checking ---------------------------------------------------------------------------
 
-// The message of the tg::Error that `fn` throws, or a marker when it throws none.
-template <typename Fn>
-std::string ErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a tg::Error: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
-
-#define EXPECT_ERROR(stmt, text) EXPECT_EQ(ErrorOf([&] { (void)(stmt); }), std::string(text))
-
-#define EXPECT_ERROR_CONTAINS(stmt, text)                                               \
-  do {                                                                                  \
-    const std::string message_ = ErrorOf([&] { (void)(stmt); });                        \
-    EXPECT_NE(message_.find(text), std::string::npos) << "message: " << message_;       \
-  } while (false)
+// Exact and substring checks of the tg::Error a statement throws (tests/tensor/throws.h).
+#define EXPECT_ERROR(stmt, text) \
+  EXPECT_TRUE(::tg::testing::ThrowsErrorExactly([&] { (void)(stmt); }, text))
+#define EXPECT_ERROR_CONTAINS(stmt, text) \
+  EXPECT_TRUE(::tg::testing::ThrowsError([&] { (void)(stmt); }, text))
 
 // ---- Reading tensors independently of the library's copy kernels ------------------------------
 
