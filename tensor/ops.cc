@@ -66,7 +66,7 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
     if (!reduced[d]) out_shape.push_back(src.size(d));
     else if (keepdim) out_shape.push_back(1);
   }
-  if (x.dim() == 0) out_shape = keepdim ? Shape{} : Shape{};
+  if (x.dim() == 0) out_shape = {};  // a 0-d input reduces to 0-d, keepdim or not
   return {src.permute(perm).contiguous().reshape({rows, inner}), out_shape};
 }
 

@@ -41,7 +41,7 @@ const std::vector<DType> kFloatTypes = {kF32, kF64, kF16, kBF16};
 // ---- Reading tensors independently of the library's copy kernels ------------------------------
 
 template <typename T>
-double ToDouble(T v) {
+double AsDouble(T v) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
     return static_cast<double>(static_cast<float>(v));
   } else {
@@ -63,7 +63,7 @@ std::vector<double> Values(const Tensor& t) {
     for (int64_t i = 0; i < t.numel(); ++i) {
       int64_t off = 0;
       for (size_t d = 0; d < shape.size(); ++d) off += index[d] * strides[d];
-      out.push_back(ToDouble(base[off]));
+      out.push_back(AsDouble(base[off]));
       for (size_t d = shape.size(); d-- > 0;) {
         if (++index[d] < shape[d]) break;
         index[d] = 0;
