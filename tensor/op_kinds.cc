@@ -39,6 +39,7 @@ const char* UnaryOpName(UnaryOp op) {
     case UnaryOp::kRelu: return "relu";
     case UnaryOp::kGeluTanh: return "gelu_tanh";
     case UnaryOp::kGelu: return "gelu";
+    case UnaryOp::kErf: return "erf";
   }
   return "unary";
 }

@@ -53,6 +53,7 @@ inline Tensor Relu(const Tensor& x) { return Unary(UnaryOp::kRelu, x); }
 // x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 inline Tensor Gelu(const Tensor& x) { return Unary(UnaryOp::kGelu, x); }
 inline Tensor GeluTanh(const Tensor& x) { return Unary(UnaryOp::kGeluTanh, x); }
+inline Tensor Erf(const Tensor& x) { return Unary(UnaryOp::kErf, x); }
 
 inline Tensor Eq(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kEq, a, b); }
 inline Tensor Ne(const Tensor& a, const Tensor& b) { return Compare(CompareOp::kNe, a, b); }

@@ -8,6 +8,7 @@
 #define TAPEGRAD_TENSOR_STORAGE_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tensor/device.h"
 
@@ -38,7 +39,13 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return allocator_->device(); }
 
+  // Bumped by every in-place op of the autograd layer on any view of this storage, so that a
+  // tensor saved for backward can tell it was overwritten (all views share one counter).
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
  private:
+  uint64_t version_ = 0;
   void* data_;
   size_t nbytes_;
   Allocator* allocator_;

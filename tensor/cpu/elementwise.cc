@@ -130,6 +130,7 @@ C ApplyUnary(UnaryOp op, C x) {
       case UnaryOp::kGeluTanh:
         return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
       case UnaryOp::kGelu: return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
+      case UnaryOp::kErf: return std::erf(x);
     }
   } else {
     switch (op) {
@@ -158,6 +159,7 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     TG_UNARY_CASE(kRelu)
     TG_UNARY_CASE(kGeluTanh)
     TG_UNARY_CASE(kGelu)
+    TG_UNARY_CASE(kErf)
 #undef TG_UNARY_CASE
   }
 }

@@ -1,0 +1,440 @@
+#include "autograd/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace tg {
+namespace {
+
+std::atomic<int64_t> next_graph_task_id{0};
+std::atomic<bool> anomaly_enabled{false};
+
+// Per-node bookkeeping of one task: unmet dependencies, the gradient buffer (one slot per
+// node input), and whether the node must run (tasks with inputs run only what leads to them).
+struct NodeState {
+  int dependencies = 0;
+  bool needed = true;
+  VariableList buffer;
+};
+
+struct Capture {
+  Node* node;
+  uint32_t input_nr;
+  size_t index;  // position in Grad()'s result
+};
+
+struct GraphTask {
+  int64_t id = 0;
+  int depth = 0;
+  bool keep_graph = false;
+  bool create_graph = false;
+  bool partial = false;  // only nodes leading to `inputs` run
+  bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
+  std::unordered_map<Node*, NodeState> states;
+  std::vector<std::function<void()>> callbacks;
+  std::vector<Capture> captures;
+  VariableList captured;
+  // Keeps the graph of the roots alive while the task runs.
+  std::vector<std::shared_ptr<Node>> roots;
+};
+
+thread_local GraphTask* current_task = nullptr;
+thread_local int thread_nesting = 0;  // nested tasks running on this thread
+
+struct ReadyEntry {
+  uint64_t sequence_nr;
+  Node* node;
+  bool operator<(const ReadyEntry& o) const { return sequence_nr < o.sequence_nr; }
+};
+
+// a + b where either may be undefined; recorded (so differentiable) only under create_graph.
+Variable SumGrads(const Variable& a, const Variable& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  Tensor sum = tg::Add(a.data(), b.data());
+  if (!ShouldRecord({a, b})) return Variable(std::move(sum));
+  return Record("AddBackward", sum, {a, b}, {}, [](const BackwardContext& ctx) -> VariableList {
+    return {ctx.grads[0], ctx.grads[0]};
+  });
+}
+
+// Counts the edges into every node reachable from the roots (iteratively: graphs may be long).
+void ComputeDependencies(GraphTask& task) {
+  std::vector<Node*> stack;
+  for (const auto& root : task.roots) {
+    if (task.states.emplace(root.get(), NodeState{}).second) stack.push_back(root.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& e : node->next_edges()) {
+      if (!e.valid()) continue;
+      auto [it, inserted] = task.states.try_emplace(e.fn.get());
+      ++it->second.dependencies;
+      if (inserted) stack.push_back(e.fn.get());
+    }
+  }
+}
+
+// Marks as needed exactly the nodes from which some target is reachable (post-order, iterative).
+void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
+  for (auto& [node, state] : task.states) state.needed = false;
+  std::unordered_map<Node*, bool> done;
+  for (Node* t : targets) {
+    auto it = task.states.find(t);
+    if (it != task.states.end()) it->second.needed = true;
+  }
+  struct Frame {
+    Node* node;
+    size_t next;
+  };
+  for (const auto& root : task.roots) {
+    if (done.count(root.get())) continue;
+    std::vector<Frame> stack{{root.get(), 0}};
+    done[root.get()] = false;
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      const auto& edges = f.node->next_edges();
+      if (f.next < edges.size()) {
+        Node* child = edges[f.next++].fn.get();
+        if (child && !done.count(child)) {
+          done[child] = false;
+          stack.push_back({child, 0});
+        }
+        continue;
+      }
+      NodeState& state = task.states[f.node];
+      for (const Edge& e : edges) {
+        if (e.valid() && task.states[e.fn.get()].needed) state.needed = true;
+      }
+      done[f.node] = true;
+      stack.pop_back();
+    }
+  }
+}
+
+std::string NodeDescription(const Node& node) {
+  if (node.creation_trace().empty()) return node.name();
+  return absl::StrCat(node.name(), ", created at:", node.creation_trace());
+}
+
+void CheckFiniteForAnomaly(const Node& node, const VariableList& grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined() && IsFloating(grads[i].dtype()) && AnyNonFinite({grads[i].data()})) {
+      throw Error(absl::StrCat("anomaly detected: ", NodeDescription(node),
+                               " returned NaN or inf in its gradient for input ", i));
+    }
+  }
+}
+
+// Checks the gradients a node returned against what the next nodes expect; casts dtypes.
+void ValidateOutputs(const Node& node, VariableList& grads) {
+  const auto& edges = node.next_edges();
+  TG_CHECK(grads.size() == edges.size(), node.name(), " returned ", grads.size(),
+           " gradients, expected ", edges.size(), " (one per input)");
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!edges[i].valid() || !grads[i].defined()) continue;
+    const InputMetadata& m = edges[i].fn->input_metadata()[edges[i].input_nr];
+    TG_CHECK(grads[i].shape() == m.shape, node.name(), " returned a gradient of shape ",
+             ShapeToString(grads[i].shape()), " for input ", i, ", which has shape ",
+             ShapeToString(m.shape));
+    // The gradient of an input has the input's dtype (an f16 weight gets an f16 gradient).
+    if (grads[i].dtype() != m.dtype) grads[i] = Variable(grads[i].data().to(m.dtype));
+  }
+}
+
+void RunNode(GraphTask& task, Node* node, NodeState& state,
+             std::priority_queue<ReadyEntry>& ready) {
+  VariableList grads = std::move(state.buffer);
+  node->RunTensorHooks(grads);
+  node->RunRetainGrad(grads);
+  for (const Capture& c : task.captures) {
+    if (c.node == node) task.captured[c.index] = SumGrads(task.captured[c.index], grads[c.input_nr]);
+  }
+  const bool is_accumulate = dynamic_cast<AccumulateGrad*>(node) != nullptr;
+  if (!state.needed || (is_accumulate && !task.accumulate)) return;
+  node->RunPreHooks(grads);
+  VariableList outputs;
+  try {
+    outputs = node->Apply(grads);
+  } catch (const Error& e) {
+    if (dynamic_cast<FunctionNode*>(node) == nullptr && !is_accumulate) throw;
+    throw Error(absl::StrCat(e.what(), " [in ", node->name(), "]"));
+  }
+  if (!is_accumulate) ValidateOutputs(*node, outputs);
+  if (AnomalyMode::is_enabled()) CheckFiniteForAnomaly(*node, outputs);
+  if (node->has_post_hooks()) node->RunPostHooks(outputs, grads);
+  if (!task.keep_graph) node->ReleaseSaved();
+  const auto& edges = node->next_edges();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!edges[i].valid()) continue;
+    Node* next = edges[i].fn.get();
+    NodeState& next_state = task.states[next];
+    if (next_state.buffer.empty()) next_state.buffer.resize(next->num_inputs());
+    Variable& slot = next_state.buffer[edges[i].input_nr];
+    slot = SumGrads(slot, outputs[i]);
+    if (--next_state.dependencies == 0) ready.push({next->sequence_nr(), next});
+  }
+}
+
+// Whether `node` receives its gradient in the current task (its tensor hooks will run).
+bool GradientWillBeComputed(Node* node) {
+  auto it = current_task->states.find(node);
+  return it != current_task->states.end() && (!current_task->partial || it->second.needed);
+}
+
+void RunCallbacks(GraphTask& task) {
+  // Index loop: a callback may queue more callbacks, which run in the same pass.
+  for (size_t i = 0; i < task.callbacks.size(); ++i) {
+    std::function<void()> cb = std::move(task.callbacks[i]);
+    cb();
+  }
+  task.callbacks.clear();
+}
+
+// Runs the task on this thread: nodes, then callbacks.
+void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>& root_grads) {
+  GraphTask* parent = current_task;
+  current_task = &task;
+  ++thread_nesting;
+  struct Restore {
+    GraphTask* parent;
+    ~Restore() {
+      current_task = parent;
+      --thread_nesting;
+    }
+  } restore{parent};
+  AutoGradMode grad_mode(task.create_graph);
+
+  std::priority_queue<ReadyEntry> ready;
+  for (const auto& [node, grads] : root_grads) {
+    NodeState& state = task.states[node];
+    if (state.buffer.empty()) state.buffer.resize(node->num_inputs());
+    for (size_t i = 0; i < grads.size(); ++i) state.buffer[i] = SumGrads(state.buffer[i], grads[i]);
+  }
+  for (const auto& [node, grads] : root_grads) {
+    (void)grads;
+    if (task.states[node].dependencies == 0) {
+      task.states[node].dependencies = -1;  // queued once even if it is several roots
+      ready.push({node->sequence_nr(), node});
+    }
+  }
+  while (!ready.empty()) {
+    Node* node = ready.top().node;
+    ready.pop();
+    RunNode(task, node, task.states[node], ready);
+  }
+  RunCallbacks(task);
+}
+
+// Runs the task here, or on a fresh thread when this thread already nests too deeply.
+void ExecuteWithHandOff(GraphTask& task,
+                        const std::vector<std::pair<Node*, VariableList>>& root_grads) {
+  if (thread_nesting < Engine::kMaxDepthPerThread) {
+    Execute(task, root_grads);
+    return;
+  }
+  GraphTask* parent = current_task;
+  const bool grad_mode = GradMode::is_enabled();
+  std::exception_ptr error;
+  std::thread worker([&] {
+    current_task = parent;
+    GradMode::set_enabled(grad_mode);
+    try {
+      Execute(task, root_grads);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  worker.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Builds the task for roots/grad_outputs: validation, root gradients, dependencies.
+std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const char* op,
+                                                        const VariableList& roots,
+                                                        const VariableList& grad_outputs) {
+  TG_CHECK(!roots.empty(), op, ": no roots given");
+  TG_CHECK(grad_outputs.empty() || grad_outputs.size() == roots.size(), op, ": ", roots.size(),
+           " roots but ", grad_outputs.size(), " grad_outputs");
+  std::vector<std::pair<Node*, VariableList>> root_grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Variable& root = roots[i];
+    TG_CHECK(root.defined(), op, ": root ", i, " is undefined");
+    std::shared_ptr<Node> node = root.gradient_edge_node();
+    TG_CHECK(node != nullptr, op, ": root ", i, root.name().empty() ? "" : " (" + root.name() + ")",
+             " does not require grad and has no grad_fn");
+    Variable g = grad_outputs.empty() ? Variable() : grad_outputs[i];
+    if (g.defined()) {
+      TG_CHECK(g.shape() == root.shape(), op, ": grad_output ", i, " has shape ",
+               ShapeToString(g.shape()), " but root ", i, " has shape ", ShapeToString(root.shape()));
+      TG_CHECK(g.dtype() == root.dtype(), op, ": grad_output ", i, " has dtype ",
+               DTypeName(g.dtype()), " but root ", i, " has dtype ", DTypeName(root.dtype()));
+    } else {
+      TG_CHECK(root.numel() == 1, op, ": a gradient can be implied only for one-element roots; "
+               "root ", i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
+      g = Variable(Tensor::Ones(root.shape(), root.dtype()));
+    }
+    VariableList grads(node->num_inputs());
+    grads[root.output_nr()] = g;
+    root_grads.emplace_back(node.get(), std::move(grads));
+    task.roots.push_back(std::move(node));
+  }
+  ComputeDependencies(task);
+  return root_grads;
+}
+
+void InitTask(GraphTask& task, bool keep_graph, bool create_graph) {
+  task.id = next_graph_task_id.fetch_add(1);
+  task.depth = current_task ? current_task->depth + 1 : 0;
+  task.keep_graph = keep_graph;
+  task.create_graph = create_graph;
+}
+
+}  // namespace
+
+void Engine::Backward(const VariableList& roots, const VariableList& grad_outputs,
+                      const BackwardOptions& options) {
+  GraphTask task;
+  InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
+  auto root_grads = PrepareTask(task, "backward", roots, grad_outputs);
+  if (options.inputs != nullptr) {
+    TG_CHECK(!options.inputs->empty(), "backward: inputs was given but is empty");
+    task.partial = true;
+    std::vector<Node*> targets;
+    for (size_t i = 0; i < options.inputs->size(); ++i) {
+      const Variable& in = (*options.inputs)[i];
+      std::shared_ptr<Node> node = in.gradient_edge_node();
+      TG_CHECK(node != nullptr, "backward: input ", i, " does not require grad");
+      targets.push_back(node.get());
+      task.roots.push_back(node);  // keep accumulators created here alive
+      if (!in.is_leaf()) {
+        // A non-leaf input accumulates into its .grad, like a retained gradient.
+        task.captures.push_back({node.get(), in.output_nr(), task.captured.size()});
+        task.captured.emplace_back();
+      }
+    }
+    ComputeNeeded(task, targets);
+    ExecuteWithHandOff(task, root_grads);
+    for (size_t i = 0, c = 0; i < options.inputs->size(); ++i) {
+      const Variable& in = (*options.inputs)[i];
+      if (in.is_leaf()) continue;
+      const Variable& g = task.captured[c++];
+      if (g.defined()) {
+        in.set_grad(in.grad().defined() ? Variable(tg::Add(in.grad().data(), g.data())) : g);
+      }
+    }
+    return;
+  }
+  ExecuteWithHandOff(task, root_grads);
+}
+
+VariableList Engine::Grad(const VariableList& outputs, const VariableList& inputs,
+                          const VariableList& grad_outputs, const GradOptions& options) {
+  TG_CHECK(!inputs.empty(), "grad: no inputs given");
+  GraphTask task;
+  InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
+  auto root_grads = PrepareTask(task, "grad", outputs, grad_outputs);
+  task.partial = true;
+  task.accumulate = false;
+  std::vector<Node*> targets;
+  task.captured.resize(inputs.size());
+  std::vector<bool> reachable(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TG_CHECK(inputs[i].defined(), "grad: input ", i, " is undefined");
+    std::shared_ptr<Node> node = inputs[i].gradient_edge_node();
+    TG_CHECK(node != nullptr, "grad: input ", i, " does not require grad");
+    reachable[i] = task.states.count(node.get()) > 0;
+    task.roots.push_back(node);
+    targets.push_back(node.get());
+    task.captures.push_back({node.get(), inputs[i].output_nr(), i});
+  }
+  ComputeNeeded(task, targets);
+  ExecuteWithHandOff(task, root_grads);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TG_CHECK(reachable[i] || options.allow_unused, "grad: input ", i,
+             inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")",
+             " is not used by the outputs; pass allow_unused=true to get an undefined gradient");
+  }
+  return task.captured;
+}
+
+int64_t current_graph_task_id() { return current_task ? current_task->id : -1; }
+
+int current_reentrant_depth() { return current_task ? current_task->depth : -1; }
+
+void queue_callback(std::function<void()> callback) {
+  TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
+  current_task->callbacks.push_back(std::move(callback));
+}
+
+bool will_execute(const std::shared_ptr<Node>& node) {
+  TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");
+  auto it = current_task->states.find(node.get());
+  if (it == current_task->states.end()) return false;
+  if (!current_task->accumulate && dynamic_cast<AccumulateGrad*>(node.get())) return false;
+  return it->second.needed;
+}
+
+bool current_task_is_partial() {
+  TG_CHECK(current_task != nullptr, "current_task_is_partial can only be called during backward");
+  return current_task->partial;
+}
+
+HookHandle register_multi_grad_hook(const VariableList& vars,
+                                    std::function<void(const VariableList& grads)> fn) {
+  struct State {
+    int64_t task_id = -1;
+    size_t expected = 0;
+    size_t seen = 0;
+    VariableList grads;
+    std::function<void(const VariableList&)> fn;
+    std::vector<std::weak_ptr<VariableImpl>> vars;  // weak: the hooks live on the variables
+  };
+  auto state = std::make_shared<State>();
+  state->fn = std::move(fn);
+  state->grads.resize(vars.size());
+  for (const Variable& v : vars) state->vars.push_back(v.impl());
+  std::vector<HookHandle> handles;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    handles.push_back(vars[i].register_hook([state, i](const Variable& g) -> Variable {
+      State& s = *state;
+      if (s.task_id != current_graph_task_id()) {
+        // The first participating gradient of this backward: count how many will come.
+        s.task_id = current_graph_task_id();
+        s.seen = 0;
+        s.expected = 0;
+        std::fill(s.grads.begin(), s.grads.end(), Variable());
+        for (const auto& weak : s.vars) {
+          auto impl = weak.lock();
+          if (!impl) continue;
+          std::shared_ptr<Node> node = Variable(impl).gradient_edge_node();
+          if (node && GradientWillBeComputed(node.get())) ++s.expected;
+        }
+      }
+      s.grads[i] = g;
+      if (++s.seen == s.expected) {
+        s.task_id = -1;
+        s.fn(s.grads);
+      }
+      return Variable();
+    }));
+  }
+  return HookHandle([handles]() mutable {
+    for (HookHandle& h : handles) h.remove();
+  });
+}
+
+bool AnomalyMode::is_enabled() { return anomaly_enabled.load(std::memory_order_relaxed); }
+void AnomalyMode::set_enabled(bool enabled) { anomaly_enabled.store(enabled); }
+
+}  // namespace tg

@@ -1,0 +1,83 @@
+// Engine: runs the backward graph. Every Backward() / Grad() call is one GraphTask with an id
+// from a process-wide counter; nodes run in dependency order, later-created nodes first among
+// the ready ones; callbacks queued during the task run FIFO once every node ran and every
+// .grad was accumulated, before the call returns. A backward issued from inside a node, hook
+// or callback runs as a nested task (its own id and callbacks) that completes before the outer
+// task continues; deep nesting hands off to a fresh thread every kMaxDepthPerThread levels, so
+// recursion never overflows a stack.
+//
+//   loss.backward();                                     // Engine::Backward({loss}, {}, {})
+//   auto [gx] = Engine::Grad({y}, {x}, {}, {.create_graph = true});
+//   tg::queue_callback([] { /* after all .grad are final */ });   // only inside backward
+#ifndef TAPEGRAD_AUTOGRAD_ENGINE_H_
+#define TAPEGRAD_AUTOGRAD_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "autograd/node.h"
+#include "autograd/variable.h"
+
+namespace tg {
+
+struct GradOptions {
+  bool retain_graph = false;
+  bool create_graph = false;  // also implies retain_graph, as in PyTorch
+  bool allow_unused = false;  // an input the outputs do not depend on gets an undefined grad
+};
+
+class Engine {
+ public:
+  // Accumulates d(roots)/d(leaves) into the leaves' .grad. grad_outputs may be empty or hold
+  // undefined entries for one-element roots (implicit 1); otherwise each must match its root's
+  // shape and dtype. With options.inputs, only those variables accumulate.
+  static void Backward(const VariableList& roots, const VariableList& grad_outputs = {},
+                       const BackwardOptions& options = {});
+  // Returns d(outputs)/d(inputs) without touching any .grad. Tensor hooks of the inputs run;
+  // their AccumulateGrad nodes do not.
+  static VariableList Grad(const VariableList& outputs, const VariableList& inputs,
+                           const VariableList& grad_outputs = {}, const GradOptions& options = {});
+
+  // Nested tasks beyond this many on one thread continue on a fresh thread.
+  static constexpr int kMaxDepthPerThread = 48;
+};
+
+// The innermost running graph task's id on this thread, -1 outside backward.
+int64_t current_graph_task_id();
+// 0 for a task started outside backward, parent depth + 1 for a nested one; -1 outside.
+int current_reentrant_depth();
+// Appends to the current task's final callbacks; throws
+// "callbacks can only be queued during backward" outside backward.
+void queue_callback(std::function<void()> callback);
+// Inside backward: whether the current task will run `node`.
+bool will_execute(const std::shared_ptr<Node>& node);
+// Inside backward: whether the current task computes only some gradients (Grad(), or
+// Backward with inputs); reentrant checkpointing refuses to run under such a task.
+bool current_task_is_partial();
+
+// Calls `fn` once per backward with the gradients of `vars` (undefined for those that got
+// none), after the last of them that participates in that backward has been computed.
+HookHandle register_multi_grad_hook(const VariableList& vars,
+                                    std::function<void(const VariableList& grads)> fn);
+
+// Anomaly mode (process-wide): nodes record where they were created, and a backward whose
+// node produces NaN/inf throws naming that node's forward op and its creation site.
+class AnomalyMode {
+ public:
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+class DetectAnomalyGuard {
+ public:
+  DetectAnomalyGuard() : previous_(AnomalyMode::is_enabled()) { AnomalyMode::set_enabled(true); }
+  ~DetectAnomalyGuard() { AnomalyMode::set_enabled(previous_); }
+
+ private:
+  bool previous_;
+};
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_ENGINE_H_

@@ -1,0 +1,324 @@
+#include "autograd/node.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/debugging/stacktrace.h"
+#include "absl/debugging/symbolize.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace tg {
+namespace {
+
+// Sequence numbers only order nodes created on one thread (as in PyTorch), so a thread-local
+// counter is enough and costs no atomic.
+thread_local uint64_t next_sequence_nr = 0;
+
+std::string CaptureCreationTrace() {
+  void* frames[24];
+  const int depth = absl::GetStackTrace(frames, 24, /*skip_count=*/2);
+  std::string trace;
+  for (int i = 0; i < depth; ++i) {
+    char symbol[512];
+    const char* name = absl::Symbolize(frames[i], symbol, sizeof(symbol)) ? symbol : "(unknown)";
+    absl::StrAppend(&trace, "\n    #", i, " ", name);
+  }
+  return trace;
+}
+
+}  // namespace
+
+Node::Node() : sequence_nr_(next_sequence_nr++) {
+  if (AnomalyMode::is_enabled()) creation_trace_ = CaptureCreationTrace();
+}
+
+Node::~Node() = default;
+
+uint32_t Node::AddInputMetadata(const Tensor& t) {
+  input_metadata_.push_back(InputMetadata{t.shape(), t.dtype()});
+  return static_cast<uint32_t>(input_metadata_.size() - 1);
+}
+
+namespace {
+
+// Erases the entry with `id` from `list` (a vector of structs with an `id` member).
+template <typename List>
+void EraseId(List& list, uint64_t id) {
+  list.erase(std::remove_if(list.begin(), list.end(), [id](const auto& e) { return e.id == id; }),
+             list.end());
+}
+
+}  // namespace
+
+HookHandle Node::RegisterPreHook(NodePreHook hook) {
+  const uint64_t id = ++next_hook_id_;
+  pre_hooks_.push_back({id, std::move(hook)});
+  std::weak_ptr<Node> weak = weak_from_this();
+  return HookHandle([weak, id] {
+    if (auto n = weak.lock()) EraseId(n->pre_hooks_, id);
+  });
+}
+
+HookHandle Node::RegisterPostHook(NodePostHook hook) {
+  const uint64_t id = ++next_hook_id_;
+  post_hooks_.push_back({id, std::move(hook)});
+  std::weak_ptr<Node> weak = weak_from_this();
+  return HookHandle([weak, id] {
+    if (auto n = weak.lock()) EraseId(n->post_hooks_, id);
+  });
+}
+
+HookHandle Node::RegisterTensorHook(uint32_t output_nr, TensorHook hook) {
+  const uint64_t id = ++next_hook_id_;
+  tensor_hooks_.push_back({id, output_nr, std::move(hook)});
+  std::weak_ptr<Node> weak = weak_from_this();
+  return HookHandle([weak, id] {
+    if (auto n = weak.lock()) EraseId(n->tensor_hooks_, id);
+  });
+}
+
+void Node::SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& var) {
+  retain_grad_.emplace_back(output_nr, var);
+}
+
+namespace {
+
+// Runs one tensor hook on `grad`: a defined result replaces it (and must keep its shape).
+void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& where) {
+  if (!grad.defined()) return;
+  Variable result = hook(grad);
+  if (!result.defined()) return;
+  TG_CHECK(result.shape() == grad.shape(), "hook on ", where, " returned a gradient of shape ",
+           ShapeToString(result.shape()), ", expected ", ShapeToString(grad.shape()));
+  grad = std::move(result);
+}
+
+}  // namespace
+
+void Node::RunTensorHooks(VariableList& grads) const {
+  for (size_t i = 0; i < tensor_hooks_.size(); ++i) {
+    const TensorHook hook = tensor_hooks_[i].fn;  // a hook may remove itself
+    ApplyTensorHook(hook, grads[tensor_hooks_[i].output_nr], name());
+  }
+}
+
+void Node::RunRetainGrad(const VariableList& grads) const {
+  for (const auto& [output_nr, weak] : retain_grad_) {
+    auto impl = weak.lock();
+    if (!impl || !grads[output_nr].defined()) continue;
+    const Variable& g = grads[output_nr];
+    // Like PyTorch: the first gradient is copied, later backward calls accumulate.
+    if (!impl->grad.defined()) {
+      impl->grad = GradMode::is_enabled() ? g : Variable(g.data().clone());
+    } else {
+      impl->grad = Variable(tg::Add(impl->grad.data(), g.data()));
+    }
+  }
+}
+
+void Node::RunPreHooks(VariableList& grads) const {
+  for (size_t i = 0; i < pre_hooks_.size(); ++i) {
+    const NodePreHook hook = pre_hooks_[i].fn;
+    VariableList replaced = hook(grads);
+    if (replaced.empty()) continue;
+    TG_CHECK(replaced.size() == grads.size(), "pre-hook of ", name(), " returned ", replaced.size(),
+             " gradients, expected ", grads.size());
+    grads = std::move(replaced);
+  }
+}
+
+void Node::RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const {
+  for (size_t i = 0; i < post_hooks_.size(); ++i) {
+    const NodePostHook hook = post_hooks_[i].fn;
+    hook(grad_inputs, grad_outputs);
+  }
+}
+
+// ---- Saved variables --------------------------------------------------------------------------
+
+namespace {
+thread_local std::vector<std::pair<PackHook, UnpackHook>> saved_tensor_hooks;
+}  // namespace
+
+SavedTensorHooks::SavedTensorHooks(PackHook pack, UnpackHook unpack) {
+  saved_tensor_hooks.emplace_back(std::move(pack), std::move(unpack));
+}
+
+SavedTensorHooks::~SavedTensorHooks() { saved_tensor_hooks.pop_back(); }
+
+const std::pair<PackHook, UnpackHook>* SavedTensorHooks::Current() {
+  return saved_tensor_hooks.empty() ? nullptr : &saved_tensor_hooks.back();
+}
+
+SavedVariable::SavedVariable(const Variable& v, bool is_output) {
+  if (!v.defined()) return;
+  defined_ = true;
+  is_output_ = is_output;
+  version_ = v.version();
+  requires_grad_ = v.requires_grad();
+  if (const auto* hooks = SavedTensorHooks::Current()) {
+    packed_ = true;
+    packed_value_ = hooks->first(v);
+    unpack_hook_ = hooks->second;
+    if (is_output) {
+      grad_fn_ = v.grad_fn();
+      output_nr_ = v.output_nr();
+    }
+    return;
+  }
+  if (is_output) {
+    data_ = v.data();
+    grad_fn_ = v.grad_fn();
+    output_nr_ = v.output_nr();
+  } else {
+    variable_ = v;
+  }
+}
+
+Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
+  if (!defined_) return Variable();
+  TG_CHECK(!released_, owner.name(), ": the tensors it saved for backward were released after "
+           "an earlier backward through this graph; pass retain_graph=true to that backward to "
+           "run backward through the graph again");
+  Variable v;
+  if (packed_) {
+    Variable unpacked = unpack_hook_(packed_value_);
+    TG_CHECK(unpacked.defined(), owner.name(), ": the unpack hook returned an undefined variable "
+             "for saved tensor ", index);
+    v = is_output_ ? MakeNonLeaf(unpacked.data(), grad_fn_.lock(), output_nr_) : unpacked;
+    return v;  // the hooks own the storage now; version checks are theirs
+  }
+  if (is_output_) {
+    std::shared_ptr<Node> fn = grad_fn_.lock();
+    v = fn ? MakeNonLeaf(data_, std::move(fn), output_nr_) : Variable(data_);
+  } else {
+    v = variable_;
+  }
+  const uint64_t now = v.data().storage()->version();
+  TG_CHECK(now == version_, owner.name(), ": saved tensor ", index, " (",
+           DTypeName(v.dtype()), " ", ShapeToString(v.shape()),
+           v.name().empty() ? "" : ", " + v.name(), ") was modified in place after it was saved "
+           "(version ", version_, ", now ", now, "); its gradient would be wrong. Clone it before "
+           "the in-place op, or use the out-of-place op");
+  return v;
+}
+
+void SavedVariable::Release() {
+  if (!defined_) return;
+  released_ = true;
+  data_ = Tensor();
+  variable_ = Variable();
+  packed_value_.reset();
+  unpack_hook_ = nullptr;
+}
+
+// ---- FunctionNode ------------------------------------------------------------------------------
+
+VariableList FunctionNode::Apply(VariableList grads) {
+  TG_CHECK(!(released_ && !saved_.empty()), name_, ": the tensors it saved for backward were "
+           "released after an earlier backward through this graph; pass retain_graph=true to that "
+           "backward to run backward through the graph again");
+  // Outputs that received no gradient count as zeros.
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) {
+      const InputMetadata& m = input_metadata()[i];
+      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype));
+    }
+  }
+  VariableList saved;
+  saved.reserve(saved_.size());
+  for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].Unpack(*this, i));
+  std::vector<bool> needs(next_edges().size());
+  for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges()[i].valid();
+  return backward_(BackwardContext{grads, saved, needs});
+}
+
+void FunctionNode::ReleaseSaved() {
+  for (SavedVariable& s : saved_) s.Release();
+  released_ = true;
+}
+
+// ---- AccumulateGrad ----------------------------------------------------------------------------
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf) : leaf_(std::move(leaf)) {
+  AddInputMetadata(leaf_->data);
+}
+
+void AccumulateGrad::RunTensorHooks(VariableList& grads) const {
+  for (size_t i = 0; i < leaf_->tensor_hooks.size(); ++i) {
+    const TensorHook hook = leaf_->tensor_hooks[i].second;
+    ApplyTensorHook(hook, grads[0], leaf_->name.empty() ? "a leaf" : leaf_->name);
+  }
+}
+
+VariableList AccumulateGrad::Apply(VariableList grads) {
+  const Variable& g = grads[0];
+  if (!g.defined()) return {};
+  Variable& grad = leaf_->grad;
+  if (!grad.defined()) {
+    // Steal the incoming buffer when nothing else can see it; otherwise copy, so that later
+    // in-place accumulation never writes into another tensor.
+    const Tensor& d = g.data();
+    const bool exclusive = !GradMode::is_enabled() && d.storage().use_count() == 1 &&
+                           d.is_contiguous() && d.offset() == 0 &&
+                           d.storage()->nbytes() == static_cast<size_t>(d.numel()) * d.element_size();
+    grad = GradMode::is_enabled() ? g : Variable(exclusive ? d : d.clone());
+  } else if (GradMode::is_enabled()) {
+    grad = Variable(tg::Add(grad.data(), g.data()));  // create_graph: out of place
+  } else {
+    grad.data().copy_(tg::Add(grad.data(), g.data()));  // in place: same storage
+  }
+  const Variable leaf(leaf_);
+  for (size_t i = 0; i < leaf_->post_accumulate_hooks.size(); ++i) {
+    const PostAccumulateGradHook hook = leaf_->post_accumulate_hooks[i].second;
+    hook(leaf);
+  }
+  return {};
+}
+
+// ---- Recording ---------------------------------------------------------------------------------
+
+bool ShouldRecord(const VariableList& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Variable& v : inputs) {
+    if (v.requires_grad()) return true;
+  }
+  return false;
+}
+
+VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
+                         const VariableList& inputs, const VariableList& saved,
+                         BackwardFn backward) {
+  VariableList outputs;
+  outputs.reserve(results.size());
+  if (!ShouldRecord(inputs)) {
+    for (const Tensor& r : results) outputs.emplace_back(r);
+    return outputs;
+  }
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  auto& edges = node->mutable_next_edges();
+  edges.reserve(inputs.size());
+  for (const Variable& in : inputs) {
+    std::shared_ptr<Node> fn = in.gradient_edge_node();
+    edges.push_back(Edge{fn, in.output_nr()});
+  }
+  for (const Variable& s : saved) node->Save(s, false);
+  for (size_t i = 0; i < results.size(); ++i) {
+    node->AddInputMetadata(results[i]);
+    outputs.push_back(MakeNonLeaf(results[i], node, static_cast<uint32_t>(i)));
+  }
+  return outputs;
+}
+
+Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
+                const VariableList& saved, BackwardFn backward, bool save_output) {
+  if (!ShouldRecord(inputs)) return Variable(result);
+  Variable out = RecordMulti(name, {result}, inputs, saved, std::move(backward))[0];
+  if (save_output) static_cast<FunctionNode*>(out.grad_fn().get())->Save(out, true);
+  return out;
+}
+
+}  // namespace tg

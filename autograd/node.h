@@ -1,0 +1,206 @@
+// Node: one step of the backward graph. A node receives the gradients of the outputs of the
+// forward op that created it and returns the gradients of that op's inputs, which flow along
+// its next edges. Nodes carry a sequence number (later-created nodes run first among ready
+// nodes), the shape/dtype of each gradient they expect, hooks, and saved variables that detect
+// in-place modification and are released after the node runs unless retain_graph.
+//
+// Differentiable ops are written with Record(): the backward is a lambda over the saved
+// variables, composed of differentiable ops so that create_graph gives higher-order gradients.
+//
+//   Variable Mul(const Variable& a, const Variable& b) {
+//     return Record("MulBackward", tg::Mul(a.data(), b.data()), {a, b}, {a, b},
+//                   [](const BackwardContext& ctx) -> VariableList {
+//                     const Variable& g = ctx.grads[0];
+//                     return {Mul(g, ctx.saved[1]), Mul(g, ctx.saved[0])};   // (+ SumTo)
+//                   });
+//   }
+#ifndef TAPEGRAD_AUTOGRAD_NODE_H_
+#define TAPEGRAD_AUTOGRAD_NODE_H_
+
+#include <any>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/variable.h"
+
+namespace tg {
+
+using VariableList = std::vector<Variable>;
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: the input does not need a gradient
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// What a node expects for each gradient it receives (the forward output's shape and dtype).
+struct InputMetadata {
+  Shape shape;
+  DType dtype = kF32;
+};
+
+// Node pre-hook: sees the gradients of the node's outputs and may return replacements (an
+// empty list keeps them). Post-hook: sees the gradients it produced and received.
+using NodePreHook = std::function<VariableList(const VariableList& grad_outputs)>;
+using NodePostHook =
+    std::function<void(const VariableList& grad_inputs, const VariableList& grad_outputs)>;
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Gradients w.r.t. the forward outputs -> gradients w.r.t. the forward inputs (one per next
+  // edge; undefined means zero). Runs under grad mode == create_graph.
+  virtual VariableList Apply(VariableList grads) = 0;
+  virtual std::string name() const = 0;
+  // Drops saved tensors (after the node ran without retain_graph).
+  virtual void ReleaseSaved() {}
+
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  const std::vector<Edge>& next_edges() const { return next_edges_; }
+  std::vector<Edge>& mutable_next_edges() { return next_edges_; }
+  const std::vector<InputMetadata>& input_metadata() const { return input_metadata_; }
+  uint32_t AddInputMetadata(const Tensor& t);
+  size_t num_inputs() const { return input_metadata_.size(); }
+
+  HookHandle RegisterPreHook(NodePreHook hook);
+  HookHandle RegisterPostHook(NodePostHook hook);
+  // Tensor hooks of the forward output `output_nr` (run before node pre-hooks).
+  HookHandle RegisterTensorHook(uint32_t output_nr, TensorHook hook);
+  // retain_grad of output `output_nr`: the variable whose .grad receives the hooked gradient.
+  void SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& var);
+
+  // Hook runners used by the engine (in the documented order).
+  virtual void RunTensorHooks(VariableList& grads) const;
+  void RunRetainGrad(const VariableList& grads) const;
+  void RunPreHooks(VariableList& grads) const;
+  void RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const;
+  bool has_post_hooks() const { return !post_hooks_.empty(); }
+
+  // Where the node was created (a symbolised stack), recorded only in anomaly mode.
+  const std::string& creation_trace() const { return creation_trace_; }
+
+ private:
+  template <typename T>
+  struct Registered {
+    uint64_t id;
+    T fn;
+  };
+  uint64_t sequence_nr_;
+  std::vector<Edge> next_edges_;
+  std::vector<InputMetadata> input_metadata_;
+  std::vector<Registered<NodePreHook>> pre_hooks_;
+  std::vector<Registered<NodePostHook>> post_hooks_;
+  struct TensorHookEntry {
+    uint64_t id;
+    uint32_t output_nr;
+    TensorHook fn;
+  };
+  std::vector<TensorHookEntry> tensor_hooks_;
+  std::vector<std::pair<uint32_t, std::weak_ptr<VariableImpl>>> retain_grad_;
+  std::string creation_trace_;
+  uint64_t next_hook_id_ = 0;
+};
+
+// A variable saved for backward. It remembers the storage version at save time, and unpacking
+// after an in-place change or after release throws an error naming the node. Outputs of the
+// saving node are kept without their grad_fn (no reference cycle) and re-linked on unpack.
+// When a SavedTensorHooks guard is active, the pack hook decides what is stored.
+class SavedVariable {
+ public:
+  SavedVariable() = default;
+  SavedVariable(const Variable& v, bool is_output);
+  Variable Unpack(const Node& owner, size_t index) const;
+  void Release();
+  bool defined() const { return defined_; }
+
+ private:
+  bool defined_ = false;
+  bool released_ = false;
+  bool is_output_ = false;
+  Tensor data_;
+  Variable variable_;                // inputs: the variable itself (keeps its history)
+  std::weak_ptr<Node> grad_fn_;      // outputs: the producing node, held weakly
+  uint32_t output_nr_ = 0;
+  bool requires_grad_ = false;
+  uint64_t version_ = 0;
+  bool packed_ = false;
+  std::any packed_value_;
+  std::function<Variable(const std::any&)> unpack_hook_;
+};
+
+// Saved-tensor hooks (thread-local, nestable): while a guard lives, every variable saved for
+// backward goes through pack() and comes back through unpack() when the backward needs it.
+// Non-reentrant checkpointing is built on these; users may install their own (e.g. offload).
+using PackHook = std::function<std::any(const Variable&)>;
+using UnpackHook = std::function<Variable(const std::any&)>;
+class SavedTensorHooks {
+ public:
+  SavedTensorHooks(PackHook pack, UnpackHook unpack);
+  ~SavedTensorHooks();
+  SavedTensorHooks(const SavedTensorHooks&) = delete;
+  SavedTensorHooks& operator=(const SavedTensorHooks&) = delete;
+  // The innermost active pair, or null.
+  static const std::pair<PackHook, UnpackHook>* Current();
+};
+
+struct BackwardContext {
+  const VariableList& grads;           // one per forward output; zeros where none flowed
+  const VariableList& saved;           // the saved variables, in save order
+  const std::vector<bool>& needs_grad;  // one per forward input
+  bool needs(size_t i) const { return needs_grad[i]; }
+};
+using BackwardFn = std::function<VariableList(const BackwardContext& ctx)>;
+
+// The node of every built-in differentiable op: a named backward lambda over saved variables.
+class FunctionNode : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  VariableList Apply(VariableList grads) override;
+  std::string name() const override { return name_; }
+  void ReleaseSaved() override;
+  void Save(const Variable& v, bool is_output) { saved_.emplace_back(v, is_output); }
+
+ private:
+  std::string name_;
+  BackwardFn backward_;
+  std::vector<SavedVariable> saved_;
+  bool released_ = false;
+};
+
+// Accumulates the gradient of a leaf into its .grad, then runs its post-accumulate-grad hooks.
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<VariableImpl> leaf);
+  VariableList Apply(VariableList grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  // The leaf's own tensor hooks (registration order).
+  void RunTensorHooks(VariableList& grads) const override;
+  const std::shared_ptr<VariableImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<VariableImpl> leaf_;
+};
+
+// Whether any of `inputs` requires grad while grad mode is on: the op must record a node.
+bool ShouldRecord(const VariableList& inputs);
+
+// Records a differentiable op with one output. `inputs` get the edges (in order); `saved` are
+// kept for backward (and appear in ctx.saved); `save_output` also saves the result (appended
+// last to ctx.saved). Without recording (no grad needed) it only wraps `result`.
+Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
+                const VariableList& saved, BackwardFn backward, bool save_output = false);
+// The same with several outputs.
+VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
+                         const VariableList& inputs, const VariableList& saved,
+                         BackwardFn backward);
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_NODE_H_

@@ -1,0 +1,101 @@
+// Differentiable ops on Variables. Each runs the tensor op of the same name (tensor/ops.h)
+// and, when grad mode is on and an input requires grad, records a node whose backward is made
+// of these same ops, so create_graph gives higher-order gradients. Broadcasting inputs get
+// their gradients summed back to their own shapes.
+//
+//   tg::Variable y = tg::Matmul(x, w) + b;          // b broadcast over rows
+//   tg::Variable loss = tg::Mean(tg::Mul(y, y));
+//   loss.backward();                                 // b.grad() has b's shape
+#ifndef TAPEGRAD_AUTOGRAD_OPS_H_
+#define TAPEGRAD_AUTOGRAD_OPS_H_
+
+#include <vector>
+
+#include "autograd/variable.h"
+#include "tensor/ops.h"
+
+namespace tg {
+
+// ---- Elementwise ----
+Variable Add(const Variable& a, const Variable& b);
+Variable Sub(const Variable& a, const Variable& b);
+Variable Mul(const Variable& a, const Variable& b);
+Variable Div(const Variable& a, const Variable& b);
+Variable Pow(const Variable& a, const Variable& b);
+Variable Pow(const Variable& x, double exponent);
+Variable AddScalar(const Variable& x, double s);
+Variable MulScalar(const Variable& x, double s);
+Variable Neg(const Variable& x);
+Variable Exp(const Variable& x);
+Variable Log(const Variable& x);
+Variable Sqrt(const Variable& x);
+Variable Tanh(const Variable& x);
+Variable Sigmoid(const Variable& x);
+Variable Relu(const Variable& x);
+Variable Gelu(const Variable& x);
+Variable GeluTanh(const Variable& x);
+Variable Abs(const Variable& x);
+Variable Erf(const Variable& x);
+// cond is a plain (non-differentiable) bool tensor.
+Variable Where(const Tensor& cond, const Variable& a, const Variable& b);
+// Cast to `dtype`; the backward casts the gradient back to the input's dtype.
+Variable Cast(const Variable& x, DType dtype);
+
+// ---- Reductions ----
+Variable Sum(const Variable& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Variable Mean(const Variable& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Max over one dim; the gradient flows to the (first) arg-max.
+Variable Max(const Variable& x, int64_t dim, bool keepdim = false);
+// Sums `x` over broadcast dims so that it has `shape` (the adjoint of Expand).
+Variable SumTo(const Variable& x, const Shape& shape);
+
+// ---- Linear algebra ----
+Variable Matmul(const Variable& a, const Variable& b);
+Variable Bmm(const Variable& a, const Variable& b);
+
+// ---- Views and shape ops ----
+Variable Reshape(const Variable& x, const Shape& shape);
+Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1);
+Variable Permute(const Variable& x, const Shape& dims);
+Variable Expand(const Variable& x, const Shape& shape);
+Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Variable Select(const Variable& x, int64_t dim, int64_t index);
+Variable Unsqueeze(const Variable& x, int64_t dim);
+Variable Squeeze(const Variable& x, int64_t dim);
+Variable Cat(const std::vector<Variable>& xs, int64_t dim);
+Variable Stack(const std::vector<Variable>& xs, int64_t dim);
+std::vector<Variable> Split(const Variable& x, int64_t split_size, int64_t dim);
+// out[i][j] = x[i][index[i][j]] along `dim` (torch.gather); index is i64/i32 of x's rank.
+Variable Gather(const Variable& x, int64_t dim, const Tensor& index);
+// Rows of x [n, ...] selected by a 1-D index (torch.index_select on dim 0).
+Variable IndexSelect(const Variable& x, const Tensor& index);
+
+// ---- Neural-network ops ----
+Variable Softmax(const Variable& x);
+Variable LogSoftmax(const Variable& x);
+// weight/bias may be undefined.
+Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bias,
+                   double eps = 1e-5);
+Variable Embedding(const Variable& weight, const Tensor& indices);
+Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100,
+                      Reduction reduction = Reduction::kMean);
+class Generator;
+// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
+Variable Dropout(const Variable& x, double p, Generator& gen, bool training = true);
+
+// ---- In place (bump the version counter; PyTorch's rules: not on a leaf that requires grad
+// while grad mode is on) ----
+const Variable& AddInPlace(const Variable& self, const Variable& other);
+const Variable& MulInPlace(const Variable& self, const Variable& other);
+const Variable& MulScalarInPlace(const Variable& self, double s);
+const Variable& ReluInPlace(const Variable& self);
+
+inline Variable operator+(const Variable& a, const Variable& b) { return Add(a, b); }
+inline Variable operator-(const Variable& a, const Variable& b) { return Sub(a, b); }
+inline Variable operator*(const Variable& a, const Variable& b) { return Mul(a, b); }
+inline Variable operator/(const Variable& a, const Variable& b) { return Div(a, b); }
+inline Variable operator-(const Variable& x) { return Neg(x); }
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_OPS_H_

@@ -1,0 +1,228 @@
+// Differentiable elementwise ops. Backward formulas are written with the differentiable ops
+// themselves, so they record when create_graph is on.
+#include <cmath>
+
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+namespace tg {
+namespace {
+
+// The gradient of a broadcast input: summed back to the input's shape.
+Variable Reduce(const Variable& g, const Variable& input) { return SumTo(g, input.shape()); }
+
+Variable ScalarLike(const Variable& x, double v) { return Variable(Tensor::Scalar(v, x.dtype())); }
+
+}  // namespace
+
+Variable Add(const Variable& a, const Variable& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  return Record("AddBackward", tg::Add(a.data(), b.data()), {a, b}, {},
+                [sa, sb](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  return {ctx.needs(0) ? SumTo(g, sa) : Variable(),
+                          ctx.needs(1) ? SumTo(g, sb) : Variable()};
+                });
+}
+
+Variable Sub(const Variable& a, const Variable& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  return Record("SubBackward", tg::Sub(a.data(), b.data()), {a, b}, {},
+                [sa, sb](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  return {ctx.needs(0) ? SumTo(g, sa) : Variable(),
+                          ctx.needs(1) ? SumTo(Neg(g), sb) : Variable()};
+                });
+}
+
+Variable Mul(const Variable& a, const Variable& b) {
+  return Record("MulBackward", tg::Mul(a.data(), b.data()), {a, b}, {a, b},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  const Variable& a = ctx.saved[0];
+                  const Variable& b = ctx.saved[1];
+                  return {ctx.needs(0) ? Reduce(Mul(g, b), a) : Variable(),
+                          ctx.needs(1) ? Reduce(Mul(g, a), b) : Variable()};
+                });
+}
+
+Variable Div(const Variable& a, const Variable& b) {
+  return Record("DivBackward", tg::Div(a.data(), b.data()), {a, b}, {a, b},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  const Variable& a = ctx.saved[0];
+                  const Variable& b = ctx.saved[1];
+                  // d(a/b)/da = 1/b, d(a/b)/db = -a/b^2
+                  return {ctx.needs(0) ? Reduce(Div(g, b), a) : Variable(),
+                          ctx.needs(1) ? Reduce(Neg(Div(Mul(g, a), Mul(b, b))), b) : Variable()};
+                });
+}
+
+Variable Pow(const Variable& a, const Variable& b) {
+  return Record("PowBackward", tg::Pow(a.data(), b.data()), {a, b}, {a, b},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  const Variable& a = ctx.saved[0];
+                  const Variable& b = ctx.saved[1];
+                  // d/da = b a^(b-1); d/db = a^b log a (0 where a == 0, as in PyTorch)
+                  Variable ga, gb;
+                  if (ctx.needs(0)) ga = Reduce(Mul(g, Mul(b, Pow(a, Sub(b, ScalarLike(b, 1))))), a);
+                  if (ctx.needs(1)) {
+                    const Tensor zero = tg::Eq(a.data(), Tensor::Scalar(0, a.dtype()));
+                    Variable term = Mul(Pow(a, b), Log(a));
+                    term = Where(zero, Variable(Tensor::Zeros({}, term.dtype())), term);
+                    gb = Reduce(Mul(g, term), b);
+                  }
+                  return {ga, gb};
+                });
+}
+
+Variable Pow(const Variable& x, double exponent) {
+  return Record("PowScalarBackward", tg::Pow(x.data(), exponent), {x}, {x},
+                [exponent](const BackwardContext& ctx) -> VariableList {
+                  const Variable& x = ctx.saved[0];
+                  if (exponent == 0) return {MulScalar(ctx.grads[0], 0)};
+                  return {Mul(ctx.grads[0], MulScalar(Pow(x, exponent - 1), exponent))};
+                });
+}
+
+Variable AddScalar(const Variable& x, double s) {
+  return Record("AddScalarBackward", tg::AddScalar(x.data(), s), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList { return {ctx.grads[0]}; });
+}
+
+Variable MulScalar(const Variable& x, double s) {
+  return Record("MulScalarBackward", tg::MulScalar(x.data(), s), {x}, {},
+                [s](const BackwardContext& ctx) -> VariableList {
+                  return {MulScalar(ctx.grads[0], s)};
+                });
+}
+
+Variable Neg(const Variable& x) {
+  return Record("NegBackward", tg::Neg(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList { return {Neg(ctx.grads[0])}; });
+}
+
+Variable Exp(const Variable& x) {
+  return Record("ExpBackward", tg::Exp(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  return {Mul(ctx.grads[0], ctx.saved[0])};  // saved[0] is the result
+                },
+                /*save_output=*/true);
+}
+
+Variable Log(const Variable& x) {
+  return Record("LogBackward", tg::Log(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  return {Div(ctx.grads[0], ctx.saved[0])};
+                });
+}
+
+Variable Sqrt(const Variable& x) {
+  return Record("SqrtBackward", tg::Sqrt(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  // d sqrt(x) = 1 / (2 sqrt(x))
+                  return {Div(ctx.grads[0], MulScalar(ctx.saved[0], 2))};
+                },
+                /*save_output=*/true);
+}
+
+Variable Tanh(const Variable& x) {
+  return Record("TanhBackward", tg::Tanh(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& y = ctx.saved[0];
+                  return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
+                },
+                /*save_output=*/true);
+}
+
+Variable Sigmoid(const Variable& x) {
+  return Record("SigmoidBackward", tg::Sigmoid(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& y = ctx.saved[0];
+                  return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
+                },
+                /*save_output=*/true);
+}
+
+Variable Relu(const Variable& x) {
+  return Record("ReluBackward", tg::Relu(x.data()), {x}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& y = ctx.saved[0];
+                  const Tensor positive = tg::Gt(y.data(), Tensor::Scalar(0, y.dtype()));
+                  return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
+                },
+                /*save_output=*/true);
+}
+
+Variable Erf(const Variable& x) {
+  return Record("ErfBackward", tg::Erf(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& x = ctx.saved[0];
+                  const double k2OverSqrtPi = 1.1283791670955126;
+                  return {Mul(ctx.grads[0], MulScalar(Exp(Neg(Mul(x, x))), k2OverSqrtPi))};
+                });
+}
+
+Variable Gelu(const Variable& x) {
+  return Record("GeluBackward", tg::Gelu(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  // d/dx x Phi(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
+                  const Variable& x = ctx.saved[0];
+                  const double kInvSqrt2 = 0.7071067811865476, kInvSqrt2Pi = 0.3989422804014327;
+                  Variable cdf = MulScalar(AddScalar(Erf(MulScalar(x, kInvSqrt2)), 1), 0.5);
+                  Variable pdf = MulScalar(Exp(MulScalar(Mul(x, x), -0.5)), kInvSqrt2Pi);
+                  return {Mul(ctx.grads[0], Add(cdf, Mul(x, pdf)))};
+                });
+}
+
+Variable GeluTanh(const Variable& x) {
+  return Record("GeluTanhBackward", tg::GeluTanh(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  // y = x/2 (1 + tanh u), u = k (x + c x^3):
+                  // dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 c x^2)
+                  const Variable& x = ctx.saved[0];
+                  const double k = 0.7978845608028654, c = 0.044715;
+                  Variable x2 = Mul(x, x);
+                  Variable t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+                  Variable left = MulScalar(AddScalar(t, 1), 0.5);
+                  Variable du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+                  Variable right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+                  return {Mul(ctx.grads[0], Add(left, right))};
+                });
+}
+
+Variable Abs(const Variable& x) {
+  return Record("AbsBackward", tg::Abs(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  // sign(x), 0 at 0 (as in PyTorch)
+                  const Tensor& x = ctx.saved[0].data();
+                  const Tensor zero = Tensor::Scalar(0, x.dtype());
+                  const Tensor sign = tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
+                  return {Mul(ctx.grads[0], Variable(sign))};
+                });
+}
+
+Variable Where(const Tensor& cond, const Variable& a, const Variable& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  return Record("WhereBackward", tg::Where(cond, a.data(), b.data()), {a, b}, {Variable(cond)},
+                [sa, sb](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  const Tensor& c = ctx.saved[0].data();
+                  const Variable zero(Tensor::Zeros({}, g.dtype()));
+                  return {ctx.needs(0) ? SumTo(Where(c, g, zero), sa) : Variable(),
+                          ctx.needs(1) ? SumTo(Where(c, zero, g), sb) : Variable()};
+                });
+}
+
+Variable Cast(const Variable& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  if (!IsFloating(dtype)) return Variable(x.data().to(dtype));  // integers carry no gradient
+  const DType from = x.dtype();
+  return Record("CastBackward", x.data().to(dtype), {x}, {},
+                [from](const BackwardContext& ctx) -> VariableList {
+                  return {Cast(ctx.grads[0], from)};
+                });
+}
+
+}  // namespace tg

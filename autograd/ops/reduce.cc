@@ -1,0 +1,164 @@
+// Differentiable reductions and matmul.
+#include <algorithm>
+
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+namespace tg {
+namespace {
+
+// `shape` with the reduced `dims` kept as size 1 (for broadcasting a reduced gradient back).
+Shape KeptShape(const Shape& shape, const std::vector<int64_t>& dims) {
+  Shape kept = shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  if (dims.empty()) {
+    std::fill(kept.begin(), kept.end(), 1);
+    return kept;
+  }
+  for (int64_t d : dims) kept[WrapDim("sum", d, nd)] = 1;
+  return kept;
+}
+
+}  // namespace
+
+Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const Shape in_shape = x.shape();
+  const Shape kept = KeptShape(in_shape, dims);
+  return Record("SumBackward", tg::Sum(x.data(), dims, keepdim), {x}, {},
+                [in_shape, kept](const BackwardContext& ctx) -> VariableList {
+                  return {Expand(Reshape(ctx.grads[0], kept), in_shape)};
+                });
+}
+
+Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const Shape in_shape = x.shape();
+  const Shape kept = KeptShape(in_shape, dims);
+  const int64_t count = std::max<int64_t>(NumElements(kept), 1);
+  const double scale = NumElements(in_shape) == 0 ? 0.0 : static_cast<double>(count) /
+                                                               static_cast<double>(NumElements(in_shape));
+  return Record("MeanBackward", tg::Mean(x.data(), dims, keepdim), {x}, {},
+                [in_shape, kept, scale](const BackwardContext& ctx) -> VariableList {
+                  return {Expand(Reshape(MulScalar(ctx.grads[0], scale), kept), in_shape)};
+                });
+}
+
+Variable Max(const Variable& x, int64_t dim, bool keepdim) {
+  const Shape in_shape = x.shape();
+  const int64_t d = WrapDim("max", dim, x.dim());
+  const Tensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
+  return Record("MaxBackward", tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
+                [in_shape, d](const BackwardContext& ctx) -> VariableList {
+                  // Scatter the gradient to the arg-max: a one-hot mask times the broadcast grad.
+                  const Tensor& index = ctx.saved[0].data();
+                  Shape kept = in_shape;
+                  kept[d] = 1;
+                  const Tensor positions =
+                      Tensor::Arange(0, static_cast<double>(in_shape[d]), 1, kI64).reshape([&] {
+                        Shape s(in_shape.size(), 1);
+                        s[d] = in_shape[d];
+                        return s;
+                      }());
+                  const Tensor mask = tg::Eq(positions, index).to(ctx.grads[0].dtype());
+                  return {Mul(Expand(Reshape(ctx.grads[0], kept), in_shape), Variable(mask))};
+                });
+}
+
+Variable SumTo(const Variable& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
+  TG_CHECK(lead >= 0, "sum_to: cannot reduce shape ", ShapeToString(x.shape()), " to ",
+           ShapeToString(shape));
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (i < lead) {
+      dims.push_back(i);
+    } else if (shape[i - lead] == 1 && x.size(i) != 1) {
+      dims.push_back(i);
+    } else {
+      TG_CHECK(shape[i - lead] == x.size(i), "sum_to: cannot reduce shape ",
+               ShapeToString(x.shape()), " to ", ShapeToString(shape));
+    }
+  }
+  Variable summed = dims.empty() ? x : Sum(x, dims, /*keepdim=*/true);
+  return Reshape(summed, shape);
+}
+
+Variable Matmul(const Variable& a, const Variable& b) {
+  const Shape sa = a.shape(), sb = b.shape();
+  return Record("MatmulBackward", tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
+                [sa, sb](const BackwardContext& ctx) -> VariableList {
+                  Variable g = ctx.grads[0];
+                  Variable a = ctx.saved[0], b = ctx.saved[1];
+                  // Treat 1-D operands as a row (left) / column (right), as the forward did.
+                  if (sa.size() == 1) a = Unsqueeze(a, 0);
+                  if (sb.size() == 1) b = Unsqueeze(b, 1);
+                  if (sa.size() == 1) g = Unsqueeze(g, sb.size() == 1 ? 0 : -2);
+                  if (sb.size() == 1) g = Unsqueeze(g, -1);
+                  Variable ga, gb;
+                  if (ctx.needs(0)) ga = Reshape(SumTo(Matmul(g, Transpose(b, -1, -2)),
+                                                       sa.size() == 1 ? a.shape() : sa), sa);
+                  if (ctx.needs(1)) gb = Reshape(SumTo(Matmul(Transpose(a, -1, -2), g),
+                                                       sb.size() == 1 ? b.shape() : sb), sb);
+                  return {ga, gb};
+                });
+}
+
+Variable Bmm(const Variable& a, const Variable& b) {
+  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
+           "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
+           ShapeToString(b.shape()));
+  return Matmul(a, b);
+}
+
+// ---- Views ----
+
+Variable Reshape(const Variable& x, const Shape& shape) {
+  const Shape in_shape = x.shape();
+  return Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
+                [in_shape](const BackwardContext& ctx) -> VariableList {
+                  return {Reshape(ctx.grads[0], in_shape)};
+                });
+}
+
+Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
+  return Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
+                [dim0, dim1](const BackwardContext& ctx) -> VariableList {
+                  return {Transpose(ctx.grads[0], dim0, dim1)};
+                });
+}
+
+Variable Permute(const Variable& x, const Shape& dims) {
+  const Tensor out = x.data().permute(dims);
+  Shape inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
+  return Record("PermuteBackward", out, {x}, {},
+                [inverse](const BackwardContext& ctx) -> VariableList {
+                  return {Permute(ctx.grads[0], inverse)};
+                });
+}
+
+Variable Expand(const Variable& x, const Shape& shape) {
+  const Shape in_shape = x.shape();
+  return Record("ExpandBackward", x.data().expand(shape), {x}, {},
+                [in_shape](const BackwardContext& ctx) -> VariableList {
+                  return {SumTo(ctx.grads[0], in_shape)};
+                });
+}
+
+Variable Unsqueeze(const Variable& x, int64_t dim) {
+  const Shape in_shape = x.shape();
+  return Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
+                [in_shape](const BackwardContext& ctx) -> VariableList {
+                  return {Reshape(ctx.grads[0], in_shape)};
+                });
+}
+
+Variable Squeeze(const Variable& x, int64_t dim) {
+  const Shape in_shape = x.shape();
+  return Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
+                [in_shape](const BackwardContext& ctx) -> VariableList {
+                  return {Reshape(ctx.grads[0], in_shape)};
+                });
+}
+
+}  // namespace tg

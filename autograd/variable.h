@@ -1,0 +1,144 @@
+// Variable: a tensor that takes part in automatic differentiation.
+//
+// A Variable is a cheap handle (shared ownership) to its data Tensor and its autograd state:
+// requires_grad, the accumulated `grad`, `grad_fn` (the Node that produced it, null for a
+// leaf), its output index in that node, hooks, and a name used in error messages. Leaves that
+// require grad accumulate through an AccumulateGrad node, created on first use and held weakly
+// (the graph owns it, as in PyTorch).
+//
+//   tg::Variable w(tg::RandNormal({3, 3}, gen), /*requires_grad=*/true);
+//   tg::Variable loss = tg::Sum(tg::Mul(w, w));
+//   loss.backward();                       // w.grad() == 2 * w
+//   auto h = w.register_hook([](const tg::Variable& g) { return tg::MulScalar(g, 0.5); });
+//   h.remove();
+#ifndef TAPEGRAD_AUTOGRAD_VARIABLE_H_
+#define TAPEGRAD_AUTOGRAD_VARIABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace tg {
+
+class Node;
+class Variable;
+struct VariableImpl;
+
+// Removes a registered hook when remove() is called (idempotent). Dropping the handle without
+// calling remove() keeps the hook.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  explicit HookHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  void remove() {
+    if (remover_) {
+      auto r = std::move(remover_);
+      remover_ = nullptr;
+      r();
+    }
+  }
+
+ private:
+  std::function<void()> remover_;
+};
+
+// A tensor hook sees the gradient and may return a replacement (an undefined return keeps it).
+using TensorHook = std::function<Variable(const Variable& grad)>;
+// A post-accumulate-grad hook sees the leaf after its .grad was updated.
+using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;
+
+struct BackwardOptions {
+  bool retain_graph = false;  // keep saved tensors for another backward
+  bool create_graph = false;  // record the backward itself (higher-order gradients)
+  std::vector<Variable>* inputs = nullptr;  // accumulate only into these (all leaves if null)
+};
+
+class Variable {
+ public:
+  // An undefined variable (defined() == false), used as "no gradient" / zeros.
+  Variable() = default;
+  // A leaf wrapping `data`.
+  explicit Variable(Tensor data, bool requires_grad = false);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Tensor& data() const;
+  // The same Variable identity with new data (shape and dtype must stay the same); used by
+  // optimizers and in-place updates outside autograd.
+  void set_data(const Tensor& data) const;
+
+  // Shorthands for data().
+  const Shape& shape() const { return data().shape(); }
+  DType dtype() const { return data().dtype(); }
+  int64_t dim() const { return data().dim(); }
+  int64_t size(int64_t d) const { return data().size(d); }
+  int64_t numel() const { return data().numel(); }
+  double item() const { return data().item(); }
+
+  bool requires_grad() const;
+  // Only on leaves; requires a floating dtype.
+  const Variable& set_requires_grad(bool requires_grad) const;
+  bool is_leaf() const;
+  const std::shared_ptr<Node>& grad_fn() const;
+  uint32_t output_nr() const;
+
+  // The accumulated gradient (undefined until a backward reaches this leaf).
+  Variable grad() const;
+  void set_grad(const Variable& grad) const;
+  // Keep .grad on a non-leaf (sees the result of all tensor hooks). No-op on leaves.
+  void retain_grad() const;
+  bool retains_grad() const;
+
+  // A leaf sharing this data (and its version counter) without history.
+  Variable detach() const;
+
+  // Version of the underlying storage, bumped by in-place ops.
+  uint64_t version() const { return data().storage()->version(); }
+  void bump_version() const { data().storage()->bump_version(); }
+
+  const std::string& name() const;
+  const Variable& set_name(std::string name) const;
+
+  HookHandle register_hook(TensorHook hook) const;
+  // Leaf only; throws on a non-leaf.
+  HookHandle register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const;
+
+  // The node a gradient for this variable flows into: grad_fn for a non-leaf, the
+  // AccumulateGrad node for a leaf that requires grad (created on demand), null otherwise.
+  std::shared_ptr<Node> gradient_edge_node() const;
+
+  // Engine::Backward({*this}, {grad}, options).
+  void backward(const Variable& grad = Variable(), const BackwardOptions& options = {}) const;
+
+  // Identity of the handle (two Variables are the same tensor of the graph).
+  bool is_same(const Variable& other) const { return impl_ == other.impl_; }
+  const std::shared_ptr<VariableImpl>& impl() const { return impl_; }
+  explicit Variable(std::shared_ptr<VariableImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  void CheckDefined(const char* what) const;
+  std::shared_ptr<VariableImpl> impl_;
+};
+
+struct VariableImpl {
+  Tensor data;
+  bool requires_grad = false;  // leaves only; non-leaves require grad through grad_fn
+  std::shared_ptr<Node> grad_fn;
+  uint32_t output_nr = 0;
+  Variable grad;
+  std::weak_ptr<Node> grad_accumulator;
+  std::vector<std::pair<uint64_t, TensorHook>> tensor_hooks;  // leaves (non-leaves: on grad_fn)
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;
+  bool retains_grad = false;
+  std::string name;
+};
+
+// The variable produced by `grad_fn` (output `output_nr`) holding `data`.
+Variable MakeNonLeaf(Tensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_VARIABLE_H_
