@@ -167,7 +167,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   try {
     outputs = node->Apply(grads);
   } catch (const Error& e) {
-    if (dynamic_cast<FunctionNode*>(node) == nullptr && !is_accumulate) throw;
+    // Name the failing node; nested tasks add their own, giving the chain of nodes.
     throw Error(absl::StrCat(e.what(), " [in ", node->name(), "]"));
   }
   if (!is_accumulate) ValidateOutputs(*node, outputs);

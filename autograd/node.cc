@@ -35,7 +35,24 @@ Node::Node() : sequence_nr_(next_sequence_nr++) {
   if (AnomalyMode::is_enabled()) creation_trace_ = CaptureCreationTrace();
 }
 
-Node::~Node() = default;
+Node::~Node() {
+  // Destroying a long graph through nested destructors would overflow the stack (a chain of
+  // 10^5 nodes), so nodes owned only by this one are taken apart iteratively: release what
+  // they saved, move their edges onto a local stack, and let them die with nothing attached.
+  std::vector<std::shared_ptr<Node>> stack;
+  auto take_edges = [&stack](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.fn && e.fn.use_count() == 1) stack.push_back(std::move(e.fn));
+    }
+  };
+  take_edges(next_edges_);
+  while (!stack.empty()) {
+    std::shared_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    node->ReleaseSaved();
+    take_edges(node->next_edges_);
+  }
+}
 
 uint32_t Node::AddInputMetadata(const Tensor& t) {
   input_metadata_.push_back(InputMetadata{t.shape(), t.dtype()});

@@ -1,0 +1,123 @@
+// Custom autograd functions: a forward computed on plain data and a hand-written backward,
+// recorded as one node of the graph (PyTorch's torch.autograd.Function / the C++
+// torch::autograd::Function<T>).
+//
+// A function is a struct deriving from tg::Function<Self> with a name and two static members.
+// Forward receives the inputs (and any extra non-tensor arguments given to Apply) and runs
+// under no-grad; Backward receives one gradient per forward output and returns one gradient
+// (or an undefined Variable) per input.
+//
+//   struct Cube : tg::Function<Cube> {
+//     static constexpr const char* kName = "Cube";
+//     static tg::VariableList Forward(tg::FunctionCtx& ctx, const tg::VariableList& in) {
+//       ctx.save_for_backward({in[0]});
+//       return {tg::Variable(tg::Pow(in[0].data(), 3.0))};
+//     }
+//     static tg::VariableList Backward(tg::FunctionCtx& ctx, const tg::VariableList& grads) {
+//       tg::Variable x = ctx.saved_variables()[0];
+//       return {tg::Mul(grads[0], tg::MulScalar(tg::Mul(x, x), 3))};   // 3x^2 * g
+//     }
+//   };
+//   tg::Variable y = Cube::Apply({x})[0];   // y.grad_fn()->name() == "CubeBackward"
+//
+// Semantics follow PyTorch where DESIGN.md is silent:
+// - Backward runs with grad mode == create_graph, so a Backward composed of differentiable
+//   ops gives higher-order gradients; it may call Engine::Backward itself (a nested task).
+// - Gradients of outputs that received none (or are non-differentiable) arrive as zeros
+//   (PyTorch's default materialize_grads=True).
+// - A gradient returned for an input that does not require grad is ignored; one whose shape
+//   differs from its input's is an error, as is returning the wrong number of gradients.
+// - Saved variables are version-checked like those of built-in ops, go through active
+//   SavedTensorHooks, and are released after the backward unless retain_graph.
+// - Not supported (unlike PyTorch): mark_dirty (in-place forward on an input), undefined
+//   forward outputs, and saving/returning non-Variable outputs; pass non-tensor data through
+//   FunctionCtx::saved_data instead.
+#ifndef TAPEGRAD_AUTOGRAD_FUNCTION_H_
+#define TAPEGRAD_AUTOGRAD_FUNCTION_H_
+
+#include <any>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "autograd/node.h"
+#include "autograd/variable.h"
+
+namespace tg {
+
+class FunctionCtx;
+using CustomForwardFn = std::function<VariableList(FunctionCtx& ctx)>;
+using CustomBackwardFn = std::function<VariableList(FunctionCtx& ctx, const VariableList& grads)>;
+
+// What Forward and Backward share: saved variables, flags and arbitrary non-tensor data.
+class FunctionCtx {
+ public:
+  // In Forward: the variables Backward will need (inputs, outputs or intermediates; undefined
+  // entries are allowed). Replaces an earlier call, as in PyTorch.
+  void save_for_backward(VariableList variables);
+  // In Backward: the saved variables in save order. Throws if one was modified in place after
+  // it was saved, or if the graph was already released (a second backward without
+  // retain_graph).
+  VariableList saved_variables() const;
+  // Whether input `i` requires a gradient: it requires grad and grad mode was on when the
+  // function was applied (PyTorch's ctx.needs_input_grad). False for every input of a
+  // function that was not recorded.
+  bool needs_input_grad(size_t i) const;
+  // In Forward: these outputs (as returned by Forward) are not differentiable; they do not
+  // require grad and their gradient in Backward is always zeros.
+  void mark_non_differentiable(const VariableList& outputs);
+
+  // Non-tensor data for Backward (sizes, flags, closures, generator states, ...).
+  std::unordered_map<std::string, std::any> saved_data;
+
+ private:
+  friend class CustomFunctionNode;
+
+  std::vector<bool> needs_input_grad_;
+  VariableList to_save_;             // set by Forward, turned into saved_ once outputs exist
+  VariableList non_differentiable_;  // set by Forward
+  std::vector<SavedVariable> saved_;
+  const Node* node_ = nullptr;       // the owning node (named in errors); null if unrecorded
+};
+
+// The node a custom function records; its name is "<kName>Backward".
+class CustomFunctionNode : public Node {
+ public:
+  // The non-template core of Function<T>::Apply: runs `forward` under no-grad and, when grad
+  // mode is on and an input requires grad, records a node that calls `backward`.
+  static VariableList Apply(const char* name, const VariableList& inputs,
+                            const CustomForwardFn& forward, CustomBackwardFn backward);
+
+  CustomFunctionNode(std::string name, CustomBackwardFn backward);
+  VariableList Apply(VariableList grads) override;
+  std::string name() const override { return name_; }
+  void ReleaseSaved() override;
+  FunctionCtx& ctx() { return ctx_; }
+
+ private:
+  std::string name_;
+  CustomBackwardFn backward_;
+  FunctionCtx ctx_;  // PyTorch's ctx is the node itself; here the node owns it
+  std::vector<Shape> input_shapes_;  // checked against the returned gradients
+};
+
+// CRTP base: Derived provides kName, Forward(ctx, inputs, extra...) and Backward(ctx, grads).
+template <typename Derived>
+struct Function {
+  // Applies the function to `inputs`; `extra` (non-tensor arguments) are passed on to Forward.
+  template <typename... Extra>
+  static VariableList Apply(const VariableList& inputs, Extra&&... extra) {
+    return CustomFunctionNode::Apply(
+        Derived::kName, inputs,
+        [&](FunctionCtx& ctx) {
+          return Derived::Forward(ctx, inputs, std::forward<Extra>(extra)...);
+        },
+        [](FunctionCtx& ctx, const VariableList& grads) { return Derived::Backward(ctx, grads); });
+  }
+};
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_FUNCTION_H_
