@@ -6,8 +6,8 @@
 #include <exception>
 #include <queue>
 #include <thread>
-#include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -39,7 +39,8 @@ struct GraphTask {
   bool create_graph = false;
   bool partial = false;  // only nodes leading to `inputs` run
   bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
-  std::unordered_map<Node*, NodeState> states;
+  // Filled once by ComputeDependencies; later lookups never insert, so references stay valid.
+  absl::flat_hash_map<Node*, NodeState> states;
   std::vector<std::function<void()>> callbacks;
   std::vector<Capture> captures;
   VariableList captured;
@@ -88,7 +89,7 @@ void ComputeDependencies(GraphTask& task) {
 // Marks as needed exactly the nodes from which some target is reachable (post-order, iterative).
 void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
   for (auto& [node, state] : task.states) state.needed = false;
-  std::unordered_map<Node*, bool> done;
+  absl::flat_hash_map<Node*, bool> done;
   for (Node* t : targets) {
     auto it = task.states.find(t);
     if (it != task.states.end()) it->second.needed = true;
