@@ -37,7 +37,7 @@ struct GraphTask {
   int depth = 0;
   bool keep_graph = false;
   bool create_graph = false;
-  bool partial = false;  // only nodes leading to `inputs` run
+  bool partial = false;    // only nodes leading to `inputs` run
   bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
   // Filled once by ComputeDependencies; later lookups never insert, so references stay valid.
   absl::flat_hash_map<Node*, NodeState> states;
@@ -123,16 +123,12 @@ void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
   }
 }
 
-std::string NodeDescription(const Node& node) {
-  if (node.creation_trace().empty()) return node.name();
-  return absl::StrCat(node.name(), ", created at:", node.creation_trace());
-}
-
 void CheckFiniteForAnomaly(const Node& node, const VariableList& grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined() && IsFloating(grads[i].dtype()) && AnyNonFinite({grads[i].data()})) {
-      throw Error(absl::StrCat("anomaly detected: ", NodeDescription(node),
-                               " returned NaN or inf in its gradient for input ", i));
+      throw Error(absl::StrCat(
+          "anomaly detected: ", node.name(), " returned NaN or inf in its gradient for input ", i,
+          node.creation_trace().empty() ? "" : "; it was created at:", node.creation_trace()));
     }
   }
 }
@@ -159,7 +155,8 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   node->RunTensorHooks(grads);
   node->RunRetainGrad(grads);
   for (const Capture& c : task.captures) {
-    if (c.node == node) task.captured[c.index] = SumGrads(task.captured[c.index], grads[c.input_nr]);
+    if (c.node == node)
+      task.captured[c.index] = SumGrads(task.captured[c.index], grads[c.input_nr]);
   }
   const bool is_accumulate = dynamic_cast<AccumulateGrad*>(node) != nullptr;
   if (!state.needed || (is_accumulate && !task.accumulate)) return;
@@ -277,12 +274,15 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
     Variable g = grad_outputs.empty() ? Variable() : grad_outputs[i];
     if (g.defined()) {
       TG_CHECK(g.shape() == root.shape(), op, ": grad_output ", i, " has shape ",
-               ShapeToString(g.shape()), " but root ", i, " has shape ", ShapeToString(root.shape()));
+               ShapeToString(g.shape()), " but root ", i, " has shape ",
+               ShapeToString(root.shape()));
       TG_CHECK(g.dtype() == root.dtype(), op, ": grad_output ", i, " has dtype ",
                DTypeName(g.dtype()), " but root ", i, " has dtype ", DTypeName(root.dtype()));
     } else {
-      TG_CHECK(root.numel() == 1, op, ": a gradient can be implied only for one-element roots; "
-               "root ", i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
+      TG_CHECK(root.numel() == 1, op,
+               ": a gradient can be implied only for one-element roots; "
+               "root ",
+               i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
       g = Variable(Tensor::Ones(root.shape(), root.dtype()));
     }
     VariableList grads(node->num_inputs());

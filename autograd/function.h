@@ -29,9 +29,11 @@
 //   differs from its input's is an error, as is returning the wrong number of gradients.
 // - Saved variables are version-checked like those of built-in ops, go through active
 //   SavedTensorHooks, and are released after the backward unless retain_graph.
-// - Not supported (unlike PyTorch): mark_dirty (in-place forward on an input), undefined
-//   forward outputs, and saving/returning non-Variable outputs; pass non-tensor data through
-//   FunctionCtx::saved_data instead.
+// - Outputs are fresh variables sharing the data Forward returned (an input returned as is
+//   becomes a new non-leaf, like PyTorch's view of it); integer outputs never require grad.
+// - Not supported (unlike PyTorch): mark_dirty (Forward modifying an input in place),
+//   set_materialize_grads(false), and undefined outputs. Non-tensor results go in
+//   FunctionCtx::saved_data.
 #ifndef TAPEGRAD_AUTOGRAD_FUNCTION_H_
 #define TAPEGRAD_AUTOGRAD_FUNCTION_H_
 
@@ -79,7 +81,7 @@ class FunctionCtx {
   VariableList to_save_;             // set by Forward, turned into saved_ once outputs exist
   VariableList non_differentiable_;  // set by Forward
   std::vector<SavedVariable> saved_;
-  const Node* node_ = nullptr;       // the owning node (named in errors); null if unrecorded
+  const Node* node_ = nullptr;  // the owning node (named in errors); null if unrecorded
 };
 
 // The node a custom function records; its name is "<kName>Backward".
@@ -87,8 +89,8 @@ class CustomFunctionNode : public Node {
  public:
   // The non-template core of Function<T>::Apply: runs `forward` under no-grad and, when grad
   // mode is on and an input requires grad, records a node that calls `backward`.
-  static VariableList Apply(const char* name, const VariableList& inputs,
-                            const CustomForwardFn& forward, CustomBackwardFn backward);
+  static VariableList ApplyFunction(const char* name, const VariableList& inputs,
+                                    const CustomForwardFn& forward, CustomBackwardFn backward);
 
   CustomFunctionNode(std::string name, CustomBackwardFn backward);
   VariableList Apply(VariableList grads) override;
@@ -99,7 +101,7 @@ class CustomFunctionNode : public Node {
  private:
   std::string name_;
   CustomBackwardFn backward_;
-  FunctionCtx ctx_;  // PyTorch's ctx is the node itself; here the node owns it
+  FunctionCtx ctx_;                  // PyTorch's ctx is the node itself; here the node owns it
   std::vector<Shape> input_shapes_;  // checked against the returned gradients
 };
 
@@ -109,7 +111,7 @@ struct Function {
   // Applies the function to `inputs`; `extra` (non-tensor arguments) are passed on to Forward.
   template <typename... Extra>
   static VariableList Apply(const VariableList& inputs, Extra&&... extra) {
-    return CustomFunctionNode::Apply(
+    return CustomFunctionNode::ApplyFunction(
         Derived::kName, inputs,
         [&](FunctionCtx& ctx) {
           return Derived::Forward(ctx, inputs, std::forward<Extra>(extra)...);

@@ -51,8 +51,9 @@ GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn
   for (int64_t o = 0; o < n_out; ++o) {
     Tensor seed = Tensor::Zeros(output.shape(), kF64);
     static_cast<double*>(seed.raw_data())[o] = 1.0;
-    VariableList grads = Engine::Grad({output}, checked, {Variable(seed)},
-                                      GradOptions{/*retain_graph=*/true, false, /*allow_unused=*/true});
+    VariableList grads =
+        Engine::Grad({output}, checked, {Variable(seed)},
+                     GradOptions{/*retain_graph=*/true, false, /*allow_unused=*/true});
     for (size_t k = 0; k < checked.size(); ++k) {
       if (!grads[k].defined()) continue;
       const std::vector<double> g = grads[k].data().to_vector<double>();
@@ -76,10 +77,11 @@ GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn
         const bool bad = !(excess <= options.atol) || std::isnan(a) != std::isnan(numerical);
         if (excess > result.max_error || (bad && result.ok)) {
           result.max_error = excess;
-          result.message = absl::StrCat("gradcheck: input ", checked_index[k], " element ", j,
-                                        ", output element ", o, ": analytical ", a, ", numerical ",
-                                        numerical, " (|difference| ", std::abs(a - numerical),
-                                        ", allowed ", options.atol + options.rtol * std::abs(numerical), ")");
+          result.message =
+              absl::StrCat("gradcheck: input ", checked_index[k], " element ", j,
+                           ", output element ", o, ": analytical ", a, ", numerical ", numerical,
+                           " (|difference| ", std::abs(a - numerical), ", allowed ",
+                           options.atol + options.rtol * std::abs(numerical), ")");
         }
         if (bad) result.ok = false;
       }

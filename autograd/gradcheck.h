@@ -2,7 +2,8 @@
 // with central finite differences, in float64.
 //
 //   GradcheckResult r = Gradcheck([](const VariableList& in) { return Tanh(Mul(in[0], in[1])); },
-//                                 {x, y});           // f64 leaves; those requiring grad are checked
+//                                 {x, y});           // f64 leaves; those requiring grad are
+//                                 checked
 //   EXPECT_TRUE(r.ok) << r.message;                  // the message names the worst element
 #ifndef TAPEGRAD_AUTOGRAD_GRADCHECK_H_
 #define TAPEGRAD_AUTOGRAD_GRADCHECK_H_

@@ -101,6 +101,12 @@ void Node::SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& 
   retain_grad_.emplace_back(output_nr, var);
 }
 
+void Node::ClearRetainGrad(const VariableImpl* var) {
+  retain_grad_.erase(std::remove_if(retain_grad_.begin(), retain_grad_.end(),
+                                    [var](const auto& e) { return e.second.lock().get() == var; }),
+                     retain_grad_.end());
+}
+
 namespace {
 
 // Runs one tensor hook on `grad`: a defined result replaces it (and must keep its shape).
@@ -197,14 +203,17 @@ SavedVariable::SavedVariable(const Variable& v, bool is_output) {
 
 Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
   if (!defined_) return Variable();
-  TG_CHECK(!released_, owner.name(), ": the tensors it saved for backward were released after "
+  TG_CHECK(!released_, owner.name(),
+           ": the tensors it saved for backward were released after "
            "an earlier backward through this graph; pass retain_graph=true to that backward to "
            "run backward through the graph again");
   Variable v;
   if (packed_) {
     Variable unpacked = unpack_hook_(packed_value_);
-    TG_CHECK(unpacked.defined(), owner.name(), ": the unpack hook returned an undefined variable "
-             "for saved tensor ", index);
+    TG_CHECK(unpacked.defined(), owner.name(),
+             ": the unpack hook returned an undefined variable "
+             "for saved tensor ",
+             index);
     v = is_output_ ? MakeNonLeaf(unpacked.data(), grad_fn_.lock(), output_nr_) : unpacked;
     return v;  // the hooks own the storage now; version checks are theirs
   }
@@ -215,10 +224,12 @@ Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
     v = variable_;
   }
   const uint64_t now = v.data().storage()->version();
-  TG_CHECK(now == version_, owner.name(), ": saved tensor ", index, " (",
-           DTypeName(v.dtype()), " ", ShapeToString(v.shape()),
-           v.name().empty() ? "" : ", " + v.name(), ") was modified in place after it was saved "
-           "(version ", version_, ", now ", now, "); its gradient would be wrong. Clone it before "
+  TG_CHECK(now == version_, owner.name(), ": saved tensor ", index, " (", DTypeName(v.dtype()), " ",
+           ShapeToString(v.shape()), v.name().empty() ? "" : ", " + v.name(),
+           ") was modified in place after it was saved "
+           "(version ",
+           version_, ", now ", now,
+           "); its gradient would be wrong. Clone it before "
            "the in-place op, or use the out-of-place op");
   return v;
 }
@@ -235,7 +246,8 @@ void SavedVariable::Release() {
 // ---- FunctionNode ------------------------------------------------------------------------------
 
 VariableList FunctionNode::Apply(VariableList grads) {
-  TG_CHECK(!(released_ && !saved_.empty()), name_, ": the tensors it saved for backward were "
+  TG_CHECK(!(released_ && !saved_.empty()), name_,
+           ": the tensors it saved for backward were "
            "released after an earlier backward through this graph; pass retain_graph=true to that "
            "backward to run backward through the graph again");
   // Outputs that received no gradient count as zeros.
@@ -279,9 +291,10 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
     // Steal the incoming buffer when nothing else can see it; otherwise copy, so that later
     // in-place accumulation never writes into another tensor.
     const Tensor& d = g.data();
-    const bool exclusive = !GradMode::is_enabled() && d.storage().use_count() == 1 &&
-                           d.is_contiguous() && d.offset() == 0 &&
-                           d.storage()->nbytes() == static_cast<size_t>(d.numel()) * d.element_size();
+    const bool exclusive =
+        !GradMode::is_enabled() && d.storage().use_count() == 1 && d.is_contiguous() &&
+        d.offset() == 0 &&
+        d.storage()->nbytes() == static_cast<size_t>(d.numel()) * d.element_size();
     grad = GradMode::is_enabled() ? g : Variable(exclusive ? d : d.clone());
   } else if (GradMode::is_enabled()) {
     grad = Variable(tg::Add(grad.data(), g.data()));  // create_graph: out of place
@@ -297,6 +310,15 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
 }
 
 // ---- Recording ---------------------------------------------------------------------------------
+
+void RebaseHistory(const Variable& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr) {
+  TG_CHECK(self.defined() && grad_fn != nullptr, "RebaseHistory: undefined variable or node");
+  VariableImpl& impl = *self.impl();
+  if (impl.retains_grad && impl.grad_fn) impl.grad_fn->ClearRetainGrad(&impl);
+  impl.grad_fn = std::move(grad_fn);
+  impl.output_nr = output_nr;
+  if (impl.retains_grad) impl.grad_fn->SetRetainGrad(output_nr, self.impl());
+}
 
 bool ShouldRecord(const VariableList& inputs) {
   if (!GradMode::is_enabled()) return false;

@@ -75,6 +75,8 @@ class Node : public std::enable_shared_from_this<Node> {
   HookHandle RegisterTensorHook(uint32_t output_nr, TensorHook hook);
   // retain_grad of output `output_nr`: the variable whose .grad receives the hooked gradient.
   void SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& var);
+  // Forgets the retain_grad of `var` (it moved to another node: RebaseHistory).
+  void ClearRetainGrad(const VariableImpl* var);
 
   // Hook runners used by the engine (in the documented order).
   virtual void RunTensorHooks(VariableList& grads) const;
@@ -125,8 +127,8 @@ class SavedVariable {
   bool released_ = false;
   bool is_output_ = false;
   Tensor data_;
-  Variable variable_;                // inputs: the variable itself (keeps its history)
-  std::weak_ptr<Node> grad_fn_;      // outputs: the producing node, held weakly
+  Variable variable_;            // inputs: the variable itself (keeps its history)
+  std::weak_ptr<Node> grad_fn_;  // outputs: the producing node, held weakly
   uint32_t output_nr_ = 0;
   bool requires_grad_ = false;
   uint64_t version_ = 0;
@@ -151,8 +153,8 @@ class SavedTensorHooks {
 };
 
 struct BackwardContext {
-  const VariableList& grads;           // one per forward output; zeros where none flowed
-  const VariableList& saved;           // the saved variables, in save order
+  const VariableList& grads;            // one per forward output; zeros where none flowed
+  const VariableList& saved;            // the saved variables, in save order
   const std::vector<bool>& needs_grad;  // one per forward input
   bool needs(size_t i) const { return needs_grad[i]; }
 };
@@ -161,7 +163,8 @@ using BackwardFn = std::function<VariableList(const BackwardContext& ctx)>;
 // The node of every built-in differentiable op: a named backward lambda over saved variables.
 class FunctionNode : public Node {
  public:
-  FunctionNode(std::string name, BackwardFn backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  FunctionNode(std::string name, BackwardFn backward)
+      : name_(std::move(name)), backward_(std::move(backward)) {}
   VariableList Apply(VariableList grads) override;
   std::string name() const override { return name_; }
   void ReleaseSaved() override;
@@ -187,6 +190,12 @@ class AccumulateGrad : public Node {
  private:
   std::shared_ptr<VariableImpl> leaf_;
 };
+
+// After an in-place op recorded `grad_fn` (output `output_nr`) for self's new value, makes that
+// node self's history: self becomes a non-leaf. As in PyTorch, a retain_grad() of self moves to
+// the new node (.grad is the gradient of the latest value), while tensor hooks registered before
+// stay on the old node and see the gradient of the old value.
+void RebaseHistory(const Variable& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
 
 // Whether any of `inputs` requires grad while grad mode is on: the op must record a node.
 bool ShouldRecord(const VariableList& inputs);

@@ -83,6 +83,10 @@ class Generator;
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training = true);
 
+// Marks `out` and `base` as sharing storage through a recorded view op (see
+// VariableImpl::in_view_relation); every view op calls it. Returns `out`.
+Variable MarkView(Variable out, const Variable& base);
+
 // ---- In place (bump the version counter; PyTorch's rules: not on a leaf that requires grad
 // while grad mode is on) ----
 const Variable& AddInPlace(const Variable& self, const Variable& other);

@@ -53,7 +53,8 @@ void Variable::set_data(const Tensor& data) const {
   CheckDefined("set_data");
   TG_CHECK(data.shape() == impl_->data.shape() && data.dtype() == impl_->data.dtype(),
            "set_data: new data ", DTypeName(data.dtype()), " ", ShapeToString(data.shape()),
-           " differs from ", DTypeName(impl_->data.dtype()), " ", ShapeToString(impl_->data.shape()));
+           " differs from ", DTypeName(impl_->data.dtype()), " ",
+           ShapeToString(impl_->data.shape()));
   impl_->data = data;
 }
 
@@ -135,7 +136,8 @@ std::shared_ptr<Node> Variable::gradient_edge_node() const {
 
 HookHandle Variable::register_hook(TensorHook hook) const {
   CheckDefined("register_hook");
-  TG_CHECK(requires_grad(), "register_hook: cannot register a hook on a variable that does not "
+  TG_CHECK(requires_grad(),
+           "register_hook: cannot register a hook on a variable that does not "
            "require grad");
   if (!is_leaf()) return impl_->grad_fn->RegisterTensorHook(impl_->output_nr, std::move(hook));
   // A leaf keeps its tensor hooks itself (its AccumulateGrad node runs them), so hooks
@@ -147,9 +149,10 @@ HookHandle Variable::register_hook(TensorHook hook) const {
 
 HookHandle Variable::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
   CheckDefined("register_post_accumulate_grad_hook");
-  TG_CHECK(is_leaf(), "register_post_accumulate_grad_hook: post-accumulate-grad hooks can only "
-           "be registered on leaf variables; ", name().empty() ? "this one" : name(),
-           " has grad_fn ", impl_->grad_fn->name());
+  TG_CHECK(is_leaf(),
+           "register_post_accumulate_grad_hook: post-accumulate-grad hooks can only "
+           "be registered on leaf variables; ",
+           name().empty() ? "this one" : name(), " has grad_fn ", impl_->grad_fn->name());
   TG_CHECK(requires_grad(), "register_post_accumulate_grad_hook: the leaf does not require grad");
   const uint64_t id = NextHookId();
   impl_->post_accumulate_hooks.emplace_back(id, std::move(hook));

@@ -52,8 +52,8 @@ using TensorHook = std::function<Variable(const Variable& grad)>;
 using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;
 
 struct BackwardOptions {
-  bool retain_graph = false;  // keep saved tensors for another backward
-  bool create_graph = false;  // record the backward itself (higher-order gradients)
+  bool retain_graph = false;                // keep saved tensors for another backward
+  bool create_graph = false;                // record the backward itself (higher-order gradients)
   std::vector<Variable>* inputs = nullptr;  // accumulate only into these (all leaves if null)
 };
 
@@ -133,6 +133,10 @@ struct VariableImpl {
   std::vector<std::pair<uint64_t, TensorHook>> tensor_hooks;  // leaves (non-leaves: on grad_fn)
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;
   bool retains_grad = false;
+  // Set on both sides when a recorded view op (reshape, slice, transpose, ...) makes an output
+  // that shares this variable's storage. tapegrad does not track views, so an in-place op that
+  // records on such a variable would silently miss gradients; it is refused instead.
+  bool in_view_relation = false;
   std::string name;
 };
 

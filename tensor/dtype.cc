@@ -22,14 +22,22 @@ size_t ElementSize(DType dtype) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }
@@ -45,10 +53,14 @@ namespace {
 // Rank in the promotion lattice; floating types are handled separately.
 int IntegralRank(DType d) {
   switch (d) {
-    case DType::kBool: return 0;
-    case DType::kU8: return 1;
-    case DType::kI32: return 2;
-    default: return 3;  // i64
+    case DType::kBool:
+      return 0;
+    case DType::kU8:
+      return 1;
+    case DType::kI32:
+      return 2;
+    default:
+      return 3;  // i64
   }
 }
 

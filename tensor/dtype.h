@@ -40,25 +40,52 @@ DType PromoteTypes(DType a, DType b);
 
 // The C++ storage type of each dtype, and the type kernels compute in: float for f16/bf16/f32,
 // double for f64, int64_t for the integer types, bool for bool.
-template <typename T> struct ComputeTypeOf { using type = int64_t; };
-template <> struct ComputeTypeOf<float> { using type = float; };
-template <> struct ComputeTypeOf<Half> { using type = float; };
-template <> struct ComputeTypeOf<BFloat16> { using type = float; };
-template <> struct ComputeTypeOf<double> { using type = double; };
-template <> struct ComputeTypeOf<bool> { using type = bool; };
-template <typename T> using ComputeType = typename ComputeTypeOf<T>::type;
+template <typename T>
+struct ComputeTypeOf {
+  using type = int64_t;
+};
+template <>
+struct ComputeTypeOf<float> {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<BFloat16> {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<double> {
+  using type = double;
+};
+template <>
+struct ComputeTypeOf<bool> {
+  using type = bool;
+};
+template <typename T>
+using ComputeType = typename ComputeTypeOf<T>::type;
 
 template <typename Fn>
 decltype(auto) Visit(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: return fn(float{});
-    case DType::kF64: return fn(double{});
-    case DType::kF16: return fn(Half{});
-    case DType::kBF16: return fn(BFloat16{});
-    case DType::kI32: return fn(int32_t{});
-    case DType::kI64: return fn(int64_t{});
-    case DType::kU8: return fn(uint8_t{});
-    case DType::kBool: return fn(bool{});
+    case DType::kF32:
+      return fn(float{});
+    case DType::kF64:
+      return fn(double{});
+    case DType::kF16:
+      return fn(Half{});
+    case DType::kBF16:
+      return fn(BFloat16{});
+    case DType::kI32:
+      return fn(int32_t{});
+    case DType::kI64:
+      return fn(int64_t{});
+    case DType::kU8:
+      return fn(uint8_t{});
+    case DType::kBool:
+      return fn(bool{});
   }
   throw Error("unknown dtype");
 }
@@ -68,10 +95,14 @@ decltype(auto) Visit(DType dtype, Fn&& fn) {
 template <typename Fn>
 decltype(auto) VisitFloating(const char* op, DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: return fn(float{});
-    case DType::kF64: return fn(double{});
-    case DType::kF16: return fn(Half{});
-    case DType::kBF16: return fn(BFloat16{});
+    case DType::kF32:
+      return fn(float{});
+    case DType::kF64:
+      return fn(double{});
+    case DType::kF16:
+      return fn(Half{});
+    case DType::kBF16:
+      return fn(BFloat16{});
     default:
       throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
                                DTypeName(dtype)));
@@ -82,22 +113,50 @@ decltype(auto) VisitFloating(const char* op, DType dtype, Fn&& fn) {
 template <typename Fn>
 decltype(auto) VisitIndex(const char* op, DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kI32: return fn(int32_t{});
-    case DType::kI64: return fn(int64_t{});
+    case DType::kI32:
+      return fn(int32_t{});
+    case DType::kI64:
+      return fn(int64_t{});
     default:
-      throw Error(absl::StrCat(op, ": expected an index dtype (i32 or i64), got ", DTypeName(dtype)));
+      throw Error(
+          absl::StrCat(op, ": expected an index dtype (i32 or i64), got ", DTypeName(dtype)));
   }
 }
 
-template <typename T> constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return kF32; }
-template <> constexpr DType DTypeOf<double>() { return kF64; }
-template <> constexpr DType DTypeOf<Half>() { return kF16; }
-template <> constexpr DType DTypeOf<BFloat16>() { return kBF16; }
-template <> constexpr DType DTypeOf<int32_t>() { return kI32; }
-template <> constexpr DType DTypeOf<int64_t>() { return kI64; }
-template <> constexpr DType DTypeOf<uint8_t>() { return kU8; }
-template <> constexpr DType DTypeOf<bool>() { return kBool; }
+template <typename T>
+constexpr DType DTypeOf();
+template <>
+constexpr DType DTypeOf<float>() {
+  return kF32;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return kF64;
+}
+template <>
+constexpr DType DTypeOf<Half>() {
+  return kF16;
+}
+template <>
+constexpr DType DTypeOf<BFloat16>() {
+  return kBF16;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return kI32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return kI64;
+}
+template <>
+constexpr DType DTypeOf<uint8_t>() {
+  return kU8;
+}
+template <>
+constexpr DType DTypeOf<bool>() {
+  return kBool;
+}
 
 }  // namespace tg
 

@@ -21,8 +21,8 @@ class Error : public std::runtime_error {
 }  // namespace tg
 
 // Throws tg::Error with the arguments concatenated (absl::StrCat) when `cond` is false.
-#define TG_CHECK(cond, ...)                                   \
-  do {                                                        \
+#define TG_CHECK(cond, ...)                                      \
+  do {                                                           \
     if (!(cond)) throw ::tg::Error(::absl::StrCat(__VA_ARGS__)); \
   } while (false)
 

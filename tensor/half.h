@@ -41,7 +41,7 @@ inline uint16_t FloatToHalfBits(float f) {
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
   const uint32_t exponent = abs >> 23;
-  if (exponent < 113) {  // |f| < 2^-14: the result is subnormal or zero
+  if (exponent < 113) {               // |f| < 2^-14: the result is subnormal or zero
     if (exponent < 102) return sign;  // |f| < 2^-25 rounds to zero
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exponent;  // 14..24: units of 2^-24

@@ -8,7 +8,17 @@ namespace tg {
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum };
 enum class CompareOp { kEq, kNe, kLt, kLe, kGt, kGe };
 enum class UnaryOp {
-  kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kSigmoid, kRelu, kGeluTanh, kGelu, kErf
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kSqrt,
+  kTanh,
+  kSigmoid,
+  kRelu,
+  kGeluTanh,
+  kGelu,
+  kErf
 };
 enum class Reduction { kNone, kMean, kSum };
 

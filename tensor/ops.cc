@@ -63,8 +63,10 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
       perm.push_back(d);
       inner *= src.size(d);
     }
-    if (!reduced[d]) out_shape.push_back(src.size(d));
-    else if (keepdim) out_shape.push_back(1);
+    if (!reduced[d])
+      out_shape.push_back(src.size(d));
+    else if (keepdim)
+      out_shape.push_back(1);
   }
   if (x.dim() == 0) out_shape = {};  // a 0-d input reduces to 0-d, keepdim or not
   return {src.permute(perm).contiguous().reshape({rows, inner}), out_shape};
@@ -73,7 +75,8 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
 // Last-dim ops see x as contiguous [rows, n].
 Tensor AsRows(const Tensor& x) {
   const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
-  const int64_t rows = x.dim() == 0 ? 1 : NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const int64_t rows =
+      x.dim() == 0 ? 1 : NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
   return x.contiguous().reshape({rows, n});
 }
 
@@ -101,8 +104,8 @@ Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
   const Device device = CommonDevice(name, {&x});
   TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
   if (IsIntegral(x.dtype())) {
-    TG_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kPow, name, ": expected a floating tensor, got ",
-             DTypeName(x.dtype()), "; cast it first");
+    TG_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kPow, name,
+             ": expected a floating tensor, got ", DTypeName(x.dtype()), "; cast it first");
     TG_CHECK(std::trunc(scalar) == scalar && std::abs(scalar) < 9.2e18, name, ": scalar ", scalar,
              " is not an integer, and the tensor is ", DTypeName(x.dtype()), "; cast it first");
   }
@@ -138,8 +141,8 @@ Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   CheckDefined("where", a, "the first input");
   CheckDefined("where", b, "the second input");
   const Device device = CommonDevice("where", {&cond, &a, &b});
-  TG_CHECK(cond.dtype() == kBool || cond.dtype() == kU8, "where: the condition must be bool or u8, got ",
-           DTypeName(cond.dtype()));
+  TG_CHECK(cond.dtype() == kBool || cond.dtype() == kU8,
+           "where: the condition must be bool or u8, got ", DTypeName(cond.dtype()));
   const DType dtype = PromoteTypes(a.dtype(), b.dtype());
   const Shape shape =
       BroadcastShapes("where", cond.shape(), BroadcastShapes("where", a.shape(), b.shape()));
@@ -366,11 +369,13 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
   const Tensor t = IndicesI64("cross_entropy_backward", targets);
   Tensor row_scale;
   if (reduction == Reduction::kNone) {
-    TG_CHECK(grad_loss.shape() == Shape{n}, "cross_entropy_backward: expected a loss gradient of shape [",
-             n, "] for reduction none, got ", ShapeToString(grad_loss.shape()));
+    TG_CHECK(grad_loss.shape() == Shape{n},
+             "cross_entropy_backward: expected a loss gradient of shape [", n,
+             "] for reduction none, got ", ShapeToString(grad_loss.shape()));
     row_scale = grad_loss.to(kF64).contiguous();
   } else {
-    TG_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: expected a one-element loss gradient, got shape ",
+    TG_CHECK(grad_loss.numel() == 1,
+             "cross_entropy_backward: expected a one-element loss gradient, got shape ",
              ShapeToString(grad_loss.shape()));
     double g = grad_loss.item();
     if (reduction == Reduction::kMean) {
@@ -384,6 +389,105 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
   Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
   cpu::CrossEntropyBackward(grad, logits.contiguous(), t, row_scale, ignore_index);
   return grad;
+}
+
+Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  CheckDefined("gather", x, "the input");
+  CheckDefined("gather", index, "the index");
+  const Device device = CommonDevice("gather", {&x, &index});
+  const Tensor idx = IndicesI64("gather", index);
+  TG_CHECK(index.dim() == x.dim(), "gather: index of shape ", ShapeToString(index.shape()),
+           " and input of shape ", ShapeToString(x.shape()), " differ in rank");
+  const int64_t d = WrapDim("gather", dim, x.dim());
+  for (int64_t k = 0; k < x.dim(); ++k) {
+    TG_CHECK(k == d || index.size(k) <= x.size(k), "gather: index of shape ",
+             ShapeToString(index.shape()), " is larger than input of shape ",
+             ShapeToString(x.shape()), " at dim ", k, " (only dim ", d, " may be larger)");
+  }
+  Tensor out = Tensor::Empty(index.shape(), x.dtype(), device);
+  if (x.dim() == 0) {  // a 0-d input is one element along dim 0
+    cpu::Gather(out.reshape({1}), x.reshape({1}), idx.reshape({1}), 0);
+  } else {
+    cpu::Gather(out, x, idx, d);
+  }
+  return out;
+}
+
+Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_add";
+  CheckDefined(op, self, "self");
+  CheckDefined(op, index, "the index");
+  CheckDefined(op, src, "src");
+  CommonDevice(op, {&self, &index, &src});
+  const Tensor idx = IndicesI64(op, index);
+  TG_CHECK(self.dtype() != kBool, op, ": not defined for bool tensors; cast them first");
+  TG_CHECK(src.dtype() == self.dtype(), op, ": src dtype ", DTypeName(src.dtype()),
+           " differs from self dtype ", DTypeName(self.dtype()));
+  TG_CHECK(index.dim() == self.dim() && src.dim() == self.dim(), op, ": self ",
+           ShapeToString(self.shape()), ", index ", ShapeToString(index.shape()), " and src ",
+           ShapeToString(src.shape()), " must have the same rank");
+  const int64_t d = WrapDim(op, dim, self.dim());
+  for (int64_t k = 0; k < self.dim(); ++k) {
+    TG_CHECK(index.size(k) <= src.size(k) && (k == d || index.size(k) <= self.size(k)), op,
+             ": index of shape ", ShapeToString(index.shape()), " is larger than src of shape ",
+             ShapeToString(src.shape()), " or self of shape ", ShapeToString(self.shape()),
+             " at dim ", k);
+  }
+  Tensor out = self.clone();
+  if (self.dim() == 0) {
+    cpu::ScatterAdd(out.reshape({1}), idx.reshape({1}), src.reshape({1}), 0);
+  } else {
+    cpu::ScatterAdd(out, idx, src, d);
+  }
+  return out;
+}
+
+namespace {
+
+// The index of index_select / index_add: i32/i64, at most 1-D; returned as contiguous i64 [k].
+Tensor IndexList(const char* op, const Tensor& index) {
+  const Tensor idx = IndicesI64(op, index);
+  TG_CHECK(index.dim() <= 1, op, ": expected a 1-D index, got shape ",
+           ShapeToString(index.shape()));
+  return idx.reshape({idx.numel()});
+}
+
+}  // namespace
+
+Tensor IndexSelect(const Tensor& x, int64_t dim, const Tensor& index) {
+  CheckDefined("index_select", x, "the input");
+  CheckDefined("index_select", index, "the index");
+  const Device device = CommonDevice("index_select", {&x, &index});
+  TG_CHECK(x.dim() >= 1, "index_select: cannot index a 0-d tensor");
+  const Tensor idx = IndexList("index_select", index);
+  const int64_t d = WrapDim("index_select", dim, x.dim());
+  Shape shape = x.shape();
+  shape[d] = idx.numel();
+  Tensor out = Tensor::Empty(shape, x.dtype(), device);
+  cpu::IndexSelect(out, x, idx, d);
+  return out;
+}
+
+Tensor IndexAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "index_add";
+  CheckDefined(op, self, "self");
+  CheckDefined(op, index, "the index");
+  CheckDefined(op, src, "src");
+  CommonDevice(op, {&self, &index, &src});
+  TG_CHECK(self.dim() >= 1, op, ": cannot index a 0-d tensor");
+  TG_CHECK(self.dtype() != kBool, op, ": not defined for bool tensors; cast them first");
+  TG_CHECK(src.dtype() == self.dtype(), op, ": src dtype ", DTypeName(src.dtype()),
+           " differs from self dtype ", DTypeName(self.dtype()));
+  const Tensor idx = IndexList(op, index);
+  const int64_t d = WrapDim(op, dim, self.dim());
+  Shape expected = self.shape();
+  expected[d] = idx.numel();
+  TG_CHECK(src.shape() == expected, op, ": src of shape ", ShapeToString(src.shape()),
+           " does not match self of shape ", ShapeToString(self.shape()), " with ", idx.numel(),
+           " indices at dim ", d, " (expected ", ShapeToString(expected), ")");
+  Tensor out = self.clone();
+  cpu::IndexAdd(out, idx, src, d);
+  return out;
 }
 
 bool AnyNonFinite(const std::vector<Tensor>& tensors) {

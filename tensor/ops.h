@@ -115,6 +115,25 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_
 Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& grad_loss,
                             int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
 
+// ---- Indexing along one dim (PyTorch semantics) ------------------------------------------------
+// Indices are i32/i64 and must lie in [0, size of `dim`) (negative indices are rejected, as in
+// torch.gather). Scatter ops accumulate repeated indices (in f64 for floating dtypes, rounding
+// each output element once) and return a new tensor; bool tensors are rejected.
+//
+// torch.gather: for dim 1, out[i][j][k] = x[i][index[i][j][k]][k]. index has x's rank and
+// index.size(d) <= x.size(d) for d != dim; the result has index's shape and x's dtype.
+Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index);
+// torch.scatter_add: a copy of self with, for dim 1, src[i][j][k] added at
+// [i][index[i][j][k]][k]. index, self and src have one rank; index.size(d) <= src.size(d) for
+// every d and <= self.size(d) for d != dim; src has self's dtype. The adjoint of Gather.
+Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+// torch.index_select: the slices index[0], index[1], ... of `dim`; index is 1-D (or 0-d, one
+// index). The result is x's shape with index.numel() at dim.
+Tensor IndexSelect(const Tensor& x, int64_t dim, const Tensor& index);
+// torch.index_add: a copy of self with slice i of src added at slice index[i] of `dim`; src has
+// self's dtype and shape except index.numel() at dim. The adjoint of IndexSelect.
+Tensor IndexAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+
 // ---- Lists of tensors (mixed precision) -------------------------------------------------------
 // Whether any element of any floating tensor is inf or NaN; integer tensors are skipped (a
 // host-side answer: on the CPU it is free; the CUDA backend's version of this synchronises).

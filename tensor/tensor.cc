@@ -20,8 +20,8 @@ int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t s : shape) {
     TG_CHECK(s >= 0, "shape ", ShapeToString(shape), " has a negative size");
-    TG_CHECK(s == 0 || n <= std::numeric_limits<int64_t>::max() / s, "shape ",
-             ShapeToString(shape), " has more elements than int64 can count");
+    TG_CHECK(s == 0 || n <= std::numeric_limits<int64_t>::max() / s, "shape ", ShapeToString(shape),
+             " has more elements than int64 can count");
     n *= s;
   }
   return n;
@@ -83,8 +83,8 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
       numel_(NumElements(shape_)),
       dtype_(dtype) {
   TG_CHECK(storage_ != nullptr, "Tensor: null storage");
-  TG_CHECK(shape_.size() == strides_.size(), "Tensor: shape ", ShapeToString(shape_), " and strides ",
-           ShapeToString(strides_), " differ in length");
+  TG_CHECK(shape_.size() == strides_.size(), "Tensor: shape ", ShapeToString(shape_),
+           " and strides ", ShapeToString(strides_), " differ in length");
   TG_CHECK(offset_ >= 0, "Tensor: negative offset ", offset_);
   if (numel_ == 0) return;
   // The lowest and highest element addressed must lie inside the storage.
@@ -105,8 +105,8 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   const int64_t n = NumElements(shape);
   TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, "empty: shape ", ShapeToString(shape),
            " is too large");
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype),
-                                           CpuAllocator());
+  auto storage =
+      std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), CpuAllocator());
   return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
 }
 
@@ -275,8 +275,8 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   CheckDefined("narrow");
   const int64_t d = WrapDim("narrow", dim, this->dim());
-  TG_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow: range [", start,
-           ", ", start + length, ") is out of bounds for dim ", d, " of size ", shape_[d]);
+  TG_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow: range [", start, ", ",
+           start + length, ") is out of bounds for dim ", d, " of size ", shape_[d]);
   return slice(d, start, start + length);
 }
 
@@ -400,8 +400,8 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
 
 double Tensor::item() const {
   CheckDefined("item");
-  TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ",
-           ShapeToString(shape_), "), expected 1");
+  TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ", ShapeToString(shape_),
+           "), expected 1");
   return Visit(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return Convert<double>(*static_cast<const T*>(raw_data()));
@@ -410,7 +410,8 @@ double Tensor::item() const {
 
 std::string Tensor::ToString(int64_t max_elements) const {
   if (!defined()) return "tensor(undefined)";
-  const std::vector<double> v = numel_ <= max_elements ? to_vector<double>() : std::vector<double>{};
+  const std::vector<double> v =
+      numel_ <= max_elements ? to_vector<double>() : std::vector<double>{};
   std::string body;
   if (numel_ > max_elements) {
     body = absl::StrCat("... ", numel_, " elements ...");
@@ -442,33 +443,32 @@ namespace {
 template <typename Dst, typename Src>
 void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const char* src,
               const Shape& src_strides) {
-  ForEachRow<2>(shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
-                [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
-                  if (std::is_same_v<Dst, Src> && step[0] == sizeof(Dst) &&
-                      step[1] == sizeof(Src)) {
-                    std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
-                    return;
-                  }
-                  for (int64_t i = 0; i < n; ++i) {
-                    Src v;
-                    std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
-                    const Dst out = Convert<Dst>(v);
-                    std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
-                  }
-                });
+  ForEachRow<2>(
+      shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
+      [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+        if (std::is_same_v<Dst, Src> && step[0] == sizeof(Dst) && step[1] == sizeof(Src)) {
+          std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
+          return;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          Src v;
+          std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
+          const Dst out = Convert<Dst>(v);
+          std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
+        }
+      });
 }
 
 }  // namespace
 
 void CopyInto(const Tensor& dst, const Tensor& src) {
   TG_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
-  TG_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_: from ",
-           src.device().ToString(), " to ", dst.device().ToString(),
-           " needs the CUDA backend");
+  TG_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_: from ", src.device().ToString(),
+           " to ", dst.device().ToString(), " needs the CUDA backend");
   // A destination that overlaps itself (an expanded view) would be written twice.
   for (size_t i = 0; i < dst.shape().size(); ++i) {
-    TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1,
-             "copy_: the destination of shape ", ShapeToString(dst.shape()),
+    TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1, "copy_: the destination of shape ",
+             ShapeToString(dst.shape()),
              " is an expanded view (stride 0); writing to it is ambiguous");
   }
   Shape src_strides;
@@ -481,10 +481,9 @@ void CopyInto(const Tensor& dst, const Tensor& src) {
   Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
   Visit(dst.dtype(), [&](auto dst_tag) {
     Visit(src.dtype(), [&](auto src_tag) {
-      CopyRows<decltype(dst_tag), decltype(src_tag)>(dst.shape(), static_cast<char*>(dst.raw_data()),
-                                                     dst_strides,
-                                                     static_cast<const char*>(src.raw_data()),
-                                                     src_strides);
+      CopyRows<decltype(dst_tag), decltype(src_tag)>(
+          dst.shape(), static_cast<char*>(dst.raw_data()), dst_strides,
+          static_cast<const char*>(src.raw_data()), src_strides);
     });
   });
 }

@@ -17,12 +17,12 @@ Variable ScalarLike(const Variable& x, double v) { return Variable(Tensor::Scala
 
 Variable Add(const Variable& a, const Variable& b) {
   Shape sa = a.shape(), sb = b.shape();
-  return Record("AddBackward", tg::Add(a.data(), b.data()), {a, b}, {},
-                [sa, sb](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  return {ctx.needs(0) ? SumTo(g, sa) : Variable(),
-                          ctx.needs(1) ? SumTo(g, sb) : Variable()};
-                });
+  return Record(
+      "AddBackward", tg::Add(a.data(), b.data()), {a, b}, {},
+      [sa, sb](const BackwardContext& ctx) -> VariableList {
+        const Variable& g = ctx.grads[0];
+        return {ctx.needs(0) ? SumTo(g, sa) : Variable(), ctx.needs(1) ? SumTo(g, sb) : Variable()};
+      });
 }
 
 Variable Sub(const Variable& a, const Variable& b) {
@@ -66,7 +66,8 @@ Variable Pow(const Variable& a, const Variable& b) {
                   const Variable& b = ctx.saved[1];
                   // d/da = b a^(b-1); d/db = a^b log a (0 where a == 0, as in PyTorch)
                   Variable ga, gb;
-                  if (ctx.needs(0)) ga = Reduce(Mul(g, Mul(b, Pow(a, Sub(b, ScalarLike(b, 1))))), a);
+                  if (ctx.needs(0))
+                    ga = Reduce(Mul(g, Mul(b, Pow(a, Sub(b, ScalarLike(b, 1))))), a);
                   if (ctx.needs(1)) {
                     const Tensor zero = tg::Eq(a.data(), Tensor::Scalar(0, a.dtype()));
                     Variable term = Mul(Pow(a, b), Log(a));
@@ -92,10 +93,9 @@ Variable AddScalar(const Variable& x, double s) {
 }
 
 Variable MulScalar(const Variable& x, double s) {
-  return Record("MulScalarBackward", tg::MulScalar(x.data(), s), {x}, {},
-                [s](const BackwardContext& ctx) -> VariableList {
-                  return {MulScalar(ctx.grads[0], s)};
-                });
+  return Record(
+      "MulScalarBackward", tg::MulScalar(x.data(), s), {x}, {},
+      [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
 Variable Neg(const Variable& x) {
@@ -104,55 +104,59 @@ Variable Neg(const Variable& x) {
 }
 
 Variable Exp(const Variable& x) {
-  return Record("ExpBackward", tg::Exp(x.data()), {x}, {},
-                [](const BackwardContext& ctx) -> VariableList {
-                  return {Mul(ctx.grads[0], ctx.saved[0])};  // saved[0] is the result
-                },
-                /*save_output=*/true);
+  return Record(
+      "ExpBackward", tg::Exp(x.data()), {x}, {},
+      [](const BackwardContext& ctx) -> VariableList {
+        return {Mul(ctx.grads[0], ctx.saved[0])};  // saved[0] is the result
+      },
+      /*save_output=*/true);
 }
 
 Variable Log(const Variable& x) {
-  return Record("LogBackward", tg::Log(x.data()), {x}, {x},
-                [](const BackwardContext& ctx) -> VariableList {
-                  return {Div(ctx.grads[0], ctx.saved[0])};
-                });
+  return Record(
+      "LogBackward", tg::Log(x.data()), {x}, {x},
+      [](const BackwardContext& ctx) -> VariableList { return {Div(ctx.grads[0], ctx.saved[0])}; });
 }
 
 Variable Sqrt(const Variable& x) {
-  return Record("SqrtBackward", tg::Sqrt(x.data()), {x}, {},
-                [](const BackwardContext& ctx) -> VariableList {
-                  // d sqrt(x) = 1 / (2 sqrt(x))
-                  return {Div(ctx.grads[0], MulScalar(ctx.saved[0], 2))};
-                },
-                /*save_output=*/true);
+  return Record(
+      "SqrtBackward", tg::Sqrt(x.data()), {x}, {},
+      [](const BackwardContext& ctx) -> VariableList {
+        // d sqrt(x) = 1 / (2 sqrt(x))
+        return {Div(ctx.grads[0], MulScalar(ctx.saved[0], 2))};
+      },
+      /*save_output=*/true);
 }
 
 Variable Tanh(const Variable& x) {
-  return Record("TanhBackward", tg::Tanh(x.data()), {x}, {},
-                [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& y = ctx.saved[0];
-                  return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
-                },
-                /*save_output=*/true);
+  return Record(
+      "TanhBackward", tg::Tanh(x.data()), {x}, {},
+      [](const BackwardContext& ctx) -> VariableList {
+        const Variable& y = ctx.saved[0];
+        return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
+      },
+      /*save_output=*/true);
 }
 
 Variable Sigmoid(const Variable& x) {
-  return Record("SigmoidBackward", tg::Sigmoid(x.data()), {x}, {},
-                [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& y = ctx.saved[0];
-                  return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
-                },
-                /*save_output=*/true);
+  return Record(
+      "SigmoidBackward", tg::Sigmoid(x.data()), {x}, {},
+      [](const BackwardContext& ctx) -> VariableList {
+        const Variable& y = ctx.saved[0];
+        return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
+      },
+      /*save_output=*/true);
 }
 
 Variable Relu(const Variable& x) {
-  return Record("ReluBackward", tg::Relu(x.data()), {x}, {},
-                [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& y = ctx.saved[0];
-                  const Tensor positive = tg::Gt(y.data(), Tensor::Scalar(0, y.dtype()));
-                  return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
-                },
-                /*save_output=*/true);
+  return Record(
+      "ReluBackward", tg::Relu(x.data()), {x}, {},
+      [](const BackwardContext& ctx) -> VariableList {
+        const Variable& y = ctx.saved[0];
+        const Tensor positive = tg::Gt(y.data(), Tensor::Scalar(0, y.dtype()));
+        return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
+      },
+      /*save_output=*/true);
 }
 
 Variable Erf(const Variable& x) {
@@ -193,14 +197,14 @@ Variable GeluTanh(const Variable& x) {
 }
 
 Variable Abs(const Variable& x) {
-  return Record("AbsBackward", tg::Abs(x.data()), {x}, {x},
-                [](const BackwardContext& ctx) -> VariableList {
-                  // sign(x), 0 at 0 (as in PyTorch)
-                  const Tensor& x = ctx.saved[0].data();
-                  const Tensor zero = Tensor::Scalar(0, x.dtype());
-                  const Tensor sign = tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
-                  return {Mul(ctx.grads[0], Variable(sign))};
-                });
+  return Record(
+      "AbsBackward", tg::Abs(x.data()), {x}, {x}, [](const BackwardContext& ctx) -> VariableList {
+        // sign(x), 0 at 0 (as in PyTorch)
+        const Tensor& x = ctx.saved[0].data();
+        const Tensor zero = Tensor::Scalar(0, x.dtype());
+        const Tensor sign = tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
+        return {Mul(ctx.grads[0], Variable(sign))};
+      });
 }
 
 Variable Where(const Tensor& cond, const Variable& a, const Variable& b) {
@@ -219,10 +223,9 @@ Variable Cast(const Variable& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   if (!IsFloating(dtype)) return Variable(x.data().to(dtype));  // integers carry no gradient
   const DType from = x.dtype();
-  return Record("CastBackward", x.data().to(dtype), {x}, {},
-                [from](const BackwardContext& ctx) -> VariableList {
-                  return {Cast(ctx.grads[0], from)};
-                });
+  return Record(
+      "CastBackward", x.data().to(dtype), {x}, {},
+      [from](const BackwardContext& ctx) -> VariableList { return {Cast(ctx.grads[0], from)}; });
 }
 
 }  // namespace tg

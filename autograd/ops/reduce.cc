@@ -34,8 +34,9 @@ Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim)
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
   const int64_t count = std::max<int64_t>(NumElements(kept), 1);
-  const double scale = NumElements(in_shape) == 0 ? 0.0 : static_cast<double>(count) /
-                                                               static_cast<double>(NumElements(in_shape));
+  const double scale = NumElements(in_shape) == 0 ? 0.0
+                                                  : static_cast<double>(count) /
+                                                        static_cast<double>(NumElements(in_shape));
   return Record("MeanBackward", tg::Mean(x.data(), dims, keepdim), {x}, {},
                 [in_shape, kept, scale](const BackwardContext& ctx) -> VariableList {
                   return {Expand(Reshape(MulScalar(ctx.grads[0], scale), kept), in_shape)};
@@ -85,22 +86,23 @@ Variable SumTo(const Variable& x, const Shape& shape) {
 
 Variable Matmul(const Variable& a, const Variable& b) {
   const Shape sa = a.shape(), sb = b.shape();
-  return Record("MatmulBackward", tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
-                [sa, sb](const BackwardContext& ctx) -> VariableList {
-                  Variable g = ctx.grads[0];
-                  Variable a = ctx.saved[0], b = ctx.saved[1];
-                  // Treat 1-D operands as a row (left) / column (right), as the forward did.
-                  if (sa.size() == 1) a = Unsqueeze(a, 0);
-                  if (sb.size() == 1) b = Unsqueeze(b, 1);
-                  if (sa.size() == 1) g = Unsqueeze(g, sb.size() == 1 ? 0 : -2);
-                  if (sb.size() == 1) g = Unsqueeze(g, -1);
-                  Variable ga, gb;
-                  if (ctx.needs(0)) ga = Reshape(SumTo(Matmul(g, Transpose(b, -1, -2)),
-                                                       sa.size() == 1 ? a.shape() : sa), sa);
-                  if (ctx.needs(1)) gb = Reshape(SumTo(Matmul(Transpose(a, -1, -2), g),
-                                                       sb.size() == 1 ? b.shape() : sb), sb);
-                  return {ga, gb};
-                });
+  return Record(
+      "MatmulBackward", tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
+      [sa, sb](const BackwardContext& ctx) -> VariableList {
+        Variable g = ctx.grads[0];
+        Variable a = ctx.saved[0], b = ctx.saved[1];
+        // Treat 1-D operands as a row (left) / column (right), as the forward did.
+        if (sa.size() == 1) a = Unsqueeze(a, 0);
+        if (sb.size() == 1) b = Unsqueeze(b, 1);
+        if (sa.size() == 1) g = Unsqueeze(g, sb.size() == 1 ? 0 : -2);
+        if (sb.size() == 1) g = Unsqueeze(g, -1);
+        Variable ga, gb;
+        if (ctx.needs(0))
+          ga = Reshape(SumTo(Matmul(g, Transpose(b, -1, -2)), sa.size() == 1 ? a.shape() : sa), sa);
+        if (ctx.needs(1))
+          gb = Reshape(SumTo(Matmul(Transpose(a, -1, -2), g), sb.size() == 1 ? b.shape() : sb), sb);
+        return {ga, gb};
+      });
 }
 
 Variable Bmm(const Variable& a, const Variable& b) {
@@ -114,51 +116,58 @@ Variable Bmm(const Variable& a, const Variable& b) {
 
 Variable Reshape(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
-                [in_shape](const BackwardContext& ctx) -> VariableList {
-                  return {Reshape(ctx.grads[0], in_shape)};
-                });
+  return MarkView(Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
+                         [in_shape](const BackwardContext& ctx) -> VariableList {
+                           return {Reshape(ctx.grads[0], in_shape)};
+                         }),
+                  x);
 }
 
 Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
-  return Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
-                [dim0, dim1](const BackwardContext& ctx) -> VariableList {
-                  return {Transpose(ctx.grads[0], dim0, dim1)};
-                });
+  return MarkView(Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
+                         [dim0, dim1](const BackwardContext& ctx) -> VariableList {
+                           return {Transpose(ctx.grads[0], dim0, dim1)};
+                         }),
+                  x);
 }
 
 Variable Permute(const Variable& x, const Shape& dims) {
   const Tensor out = x.data().permute(dims);
   Shape inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
-  return Record("PermuteBackward", out, {x}, {},
-                [inverse](const BackwardContext& ctx) -> VariableList {
-                  return {Permute(ctx.grads[0], inverse)};
-                });
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
+  return MarkView(Record("PermuteBackward", out, {x}, {},
+                         [inverse](const BackwardContext& ctx) -> VariableList {
+                           return {Permute(ctx.grads[0], inverse)};
+                         }),
+                  x);
 }
 
 Variable Expand(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return Record("ExpandBackward", x.data().expand(shape), {x}, {},
-                [in_shape](const BackwardContext& ctx) -> VariableList {
-                  return {SumTo(ctx.grads[0], in_shape)};
-                });
+  return MarkView(Record("ExpandBackward", x.data().expand(shape), {x}, {},
+                         [in_shape](const BackwardContext& ctx) -> VariableList {
+                           return {SumTo(ctx.grads[0], in_shape)};
+                         }),
+                  x);
 }
 
 Variable Unsqueeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
-                [in_shape](const BackwardContext& ctx) -> VariableList {
-                  return {Reshape(ctx.grads[0], in_shape)};
-                });
+  return MarkView(Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
+                         [in_shape](const BackwardContext& ctx) -> VariableList {
+                           return {Reshape(ctx.grads[0], in_shape)};
+                         }),
+                  x);
 }
 
 Variable Squeeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
-                [in_shape](const BackwardContext& ctx) -> VariableList {
-                  return {Reshape(ctx.grads[0], in_shape)};
-                });
+  return MarkView(Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
+                         [in_shape](const BackwardContext& ctx) -> VariableList {
+                           return {Reshape(ctx.grads[0], in_shape)};
+                         }),
+                  x);
 }
 
 }  // namespace tg

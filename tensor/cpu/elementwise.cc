@@ -30,7 +30,8 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
                   const In* x = reinterpret_cast<const In*>(p[1]);
                   const In* y = reinterpret_cast<const In*>(p[2]);
                   if (step[0] == sizeof(Out) && step[1] == sizeof(In) && step[2] == sizeof(In)) {
-                    for (int64_t i = 0; i < n; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+                    for (int64_t i = 0; i < n; ++i)
+                      o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
                     return;
                   }
                   const int64_t so = step[0] / int64_t{sizeof(Out)};
@@ -44,8 +45,7 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
 
 template <typename Out, typename In, typename F>
 void Map1(const Tensor& out, const Tensor& x, F f) {
-  ForEachRow<2>(out.shape(),
-                {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
+  ForEachRow<2>(out.shape(), {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
                 RowStrides<2>(out, {&x}),
                 [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
                   Out* o = reinterpret_cast<Out*>(p[0]);
@@ -75,22 +75,35 @@ template <typename C>
 C ApplyBinary(BinaryOp op, C a, C b) {
   if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
-      case BinaryOp::kAdd: return a + b;
-      case BinaryOp::kSub: return a - b;
-      case BinaryOp::kMul: return a * b;
-      case BinaryOp::kDiv: return a / b;
-      case BinaryOp::kPow: return std::pow(a, b);
-      case BinaryOp::kMaximum: return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
-      case BinaryOp::kMinimum: return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
+      case BinaryOp::kAdd:
+        return a + b;
+      case BinaryOp::kSub:
+        return a - b;
+      case BinaryOp::kMul:
+        return a * b;
+      case BinaryOp::kDiv:
+        return a / b;
+      case BinaryOp::kPow:
+        return std::pow(a, b);
+      case BinaryOp::kMaximum:
+        return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
+      case BinaryOp::kMinimum:
+        return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
     }
   } else {
     switch (op) {
-      case BinaryOp::kAdd: return WrapAdd(a, b);
-      case BinaryOp::kSub: return WrapSub(a, b);
-      case BinaryOp::kMul: return WrapMul(a, b);
-      case BinaryOp::kMaximum: return a > b ? a : b;
-      case BinaryOp::kMinimum: return a < b ? a : b;
-      default: break;  // div and pow are rejected for integers by the dispatch
+      case BinaryOp::kAdd:
+        return WrapAdd(a, b);
+      case BinaryOp::kSub:
+        return WrapSub(a, b);
+      case BinaryOp::kMul:
+        return WrapMul(a, b);
+      case BinaryOp::kMaximum:
+        return a > b ? a : b;
+      case BinaryOp::kMinimum:
+        return a < b ? a : b;
+      default:
+        break;  // div and pow are rejected for integers by the dispatch
     }
   }
   return C(0);
@@ -101,11 +114,16 @@ template <typename T, typename Fn>
 void ForBinaryOp(BinaryOp op, Fn&& run) {
   using C = ComputeType<T>;
   switch (op) {
-    case BinaryOp::kAdd: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kAdd, a, b); });
-    case BinaryOp::kSub: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kSub, a, b); });
-    case BinaryOp::kMul: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMul, a, b); });
-    case BinaryOp::kDiv: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kDiv, a, b); });
-    case BinaryOp::kPow: return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kPow, a, b); });
+    case BinaryOp::kAdd:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kAdd, a, b); });
+    case BinaryOp::kSub:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kSub, a, b); });
+    case BinaryOp::kMul:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMul, a, b); });
+    case BinaryOp::kDiv:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kDiv, a, b); });
+    case BinaryOp::kPow:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kPow, a, b); });
     case BinaryOp::kMaximum:
       return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMaximum, a, b); });
     case BinaryOp::kMinimum:
@@ -119,25 +137,39 @@ C ApplyUnary(UnaryOp op, C x) {
     constexpr C kSqrt2OverPi = C(0.7978845608028654);
     constexpr C kInvSqrt2 = C(0.7071067811865476);
     switch (op) {
-      case UnaryOp::kNeg: return -x;
-      case UnaryOp::kAbs: return std::abs(x);
-      case UnaryOp::kExp: return std::exp(x);
-      case UnaryOp::kLog: return std::log(x);
-      case UnaryOp::kSqrt: return std::sqrt(x);
-      case UnaryOp::kTanh: return std::tanh(x);
-      case UnaryOp::kSigmoid: return C(1) / (C(1) + std::exp(-x));
-      case UnaryOp::kRelu: return x > C(0) ? x : (std::isnan(x) ? x : C(0));
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kAbs:
+        return std::abs(x);
+      case UnaryOp::kExp:
+        return std::exp(x);
+      case UnaryOp::kLog:
+        return std::log(x);
+      case UnaryOp::kSqrt:
+        return std::sqrt(x);
+      case UnaryOp::kTanh:
+        return std::tanh(x);
+      case UnaryOp::kSigmoid:
+        return C(1) / (C(1) + std::exp(-x));
+      case UnaryOp::kRelu:
+        return x > C(0) ? x : (std::isnan(x) ? x : C(0));
       case UnaryOp::kGeluTanh:
         return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
-      case UnaryOp::kGelu: return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
-      case UnaryOp::kErf: return std::erf(x);
+      case UnaryOp::kGelu:
+        return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
+      case UnaryOp::kErf:
+        return std::erf(x);
     }
   } else {
     switch (op) {
-      case UnaryOp::kNeg: return WrapSub(0, x);
-      case UnaryOp::kAbs: return x < 0 ? WrapSub(0, x) : x;
-      case UnaryOp::kRelu: return x > 0 ? x : 0;
-      default: break;  // floating-only ops are rejected by the dispatch
+      case UnaryOp::kNeg:
+        return WrapSub(0, x);
+      case UnaryOp::kAbs:
+        return x < 0 ? WrapSub(0, x) : x;
+      case UnaryOp::kRelu:
+        return x > 0 ? x : 0;
+      default:
+        break;  // floating-only ops are rejected by the dispatch
     }
   }
   return C(0);
@@ -148,7 +180,8 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
   using C = ComputeType<T>;
   switch (op) {
 #define TG_UNARY_CASE(name) \
-  case UnaryOp::name: return run([](C x) { return ApplyUnary<C>(UnaryOp::name, x); });
+  case UnaryOp::name:       \
+    return run([](C x) { return ApplyUnary<C>(UnaryOp::name, x); });
     TG_UNARY_CASE(kNeg)
     TG_UNARY_CASE(kAbs)
     TG_UNARY_CASE(kExp)
@@ -167,12 +200,18 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
 template <typename C>
 bool ApplyCompare(CompareOp op, C a, C b) {
   switch (op) {
-    case CompareOp::kEq: return a == b;
-    case CompareOp::kNe: return a != b;
-    case CompareOp::kLt: return a < b;
-    case CompareOp::kLe: return a <= b;
-    case CompareOp::kGt: return a > b;
-    case CompareOp::kGe: return a >= b;
+    case CompareOp::kEq:
+      return a == b;
+    case CompareOp::kNe:
+      return a != b;
+    case CompareOp::kLt:
+      return a < b;
+    case CompareOp::kLe:
+      return a <= b;
+    case CompareOp::kGt:
+      return a > b;
+    case CompareOp::kGe:
+      return a >= b;
   }
   return false;
 }
@@ -208,8 +247,8 @@ void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) 
     using T = decltype(tag);
     using C = ComputeType<T>;
     switch (op) {
-#define TG_COMPARE_CASE(name)                                                            \
-  case CompareOp::name:                                                                  \
+#define TG_COMPARE_CASE(name) \
+  case CompareOp::name:       \
     return Map2<bool, T>(out, a, b, [](C x, C y) { return ApplyCompare(CompareOp::name, x, y); });
       TG_COMPARE_CASE(kEq)
       TG_COMPARE_CASE(kNe)

@@ -21,7 +21,8 @@ void Where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 
 // Row reductions: x is contiguous [rows, n]; out is contiguous [rows].
 void SumRows(const Tensor& out, const Tensor& x);
-void MaxRows(const Tensor& values, const Tensor& indices, const Tensor& x);  // either may be undefined
+void MaxRows(const Tensor& values, const Tensor& indices,
+             const Tensor& x);  // either may be undefined
 
 // out [batch..., m, n] contiguous = a [batch..., m, k] @ b [batch..., k, n] (any strides,
 // batch dims equal to out's, stride 0 allowed for broadcast batch dims).
@@ -43,6 +44,16 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
 // grad_logits contiguous [N, C]; row_scale contiguous f64 [N]: the loss gradient of each row.
 void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const Tensor& targets,
                           const Tensor& row_scale, int64_t ignore_index);
+
+// Indexing along `dim` (tensor/cpu/index.cc); index is contiguous i64 and range-checked here.
+// out contiguous with index's shape; x any strides.
+void Gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim);
+// out contiguous, holding self's values; src any strides, index.size(d) <= src.size(d).
+void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);
+// out contiguous [x.shape with index.numel() at dim]; index [k].
+void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim);
+// out contiguous, holding self's values; src any strides with index.numel() at dim.
+void IndexAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);
 
 bool AnyNonFinite(const Tensor& t);
 // t = t * scale in place; returns whether any element was non-finite before scaling.

@@ -60,8 +60,9 @@ void BatchedGemm(const Tensor& out, Tensor a, Tensor b) {
     return Shape(s.begin(), s.end() - 2);
   };
   const std::array<Shape, 3> strides = {batch_strides(out), batch_strides(a), batch_strides(b)};
-  ForEachRow<3>(batch, {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
-                        static_cast<char*>(b.raw_data())},
+  ForEachRow<3>(batch,
+                {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
+                 static_cast<char*>(b.raw_data())},
                 strides, [&](std::array<char*, 3> p, int64_t count, std::array<int64_t, 3> step) {
                   for (int64_t i = 0; i < count; ++i) {
                     T* c = reinterpret_cast<T*>(p[0] + i * step[0]);

@@ -108,8 +108,8 @@ void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indi
   const int64_t count = indices.numel(), rows = out.size(0), dim = out.size(1);
   const int64_t* idx = indices.data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
-    TG_CHECK(idx[i] >= 0 && idx[i] < rows, "embedding_backward: index ", idx[i], " at position ",
-             i, " is out of range for ", rows, " rows");
+    TG_CHECK(idx[i] >= 0 && idx[i] < rows, "embedding_backward: index ", idx[i], " at position ", i,
+             " is out of range for ", rows, " rows");
   }
   VisitFloating("embedding_backward", grad.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -1,6 +1,6 @@
-#include "tensor/cuda/axpy.h"
-
 #include <cuda_runtime.h>
+
+#include "tensor/cuda/axpy.h"
 
 namespace tg::cuda {
 namespace {

@@ -152,14 +152,16 @@ TEST(CallbackTest, InnerOuterAndBothDepthCallbacksFireOnceInTheirOwnTask) {
   y.register_hook([&](const Variable&) {
     inner_id = current_graph_task_id();
     queue_callback([&] {
-      events.push_back("inner-callback task " + std::to_string(current_graph_task_id() == inner_id));
+      events.push_back("inner-callback task " +
+                       std::to_string(current_graph_task_id() == inner_id));
     });
     return Variable();
   });
   x.register_hook([&](const Variable&) {
     outer_id = current_graph_task_id();
     queue_callback([&] {
-      events.push_back("outer-callback task " + std::to_string(current_graph_task_id() == outer_id));
+      events.push_back("outer-callback task " +
+                       std::to_string(current_graph_task_id() == outer_id));
     });
     {
       EnableGradGuard grad;
@@ -194,20 +196,21 @@ TEST(CallbackTest, AFailingNodeMeansNoCallbacksRunAndTheErrorNamesIt) {
   EXPECT_EQ(current_graph_task_id(), -1);  // the task state was unwound
 }
 
-// ---- Hook order ----------------------------------------------------------------------------------
+// ---- Hook order
+// ----------------------------------------------------------------------------------
 
 TEST(HookOrderTest, LeafHooksRunInTheDocumentedOrder) {
   Variable x = Leaf({1, 2, 3, 4}, {4});
   Variable loss = Sum(x);
   std::shared_ptr<Node> acc = x.gradient_edge_node();
-  x.register_hook([](const Variable& g) { return AddScalar(g, -2); });                  // 1 -> -1
-  acc->RegisterPreHook([](const VariableList& g) -> VariableList {                         // -> -0.2
+  x.register_hook([](const Variable& g) { return AddScalar(g, -2); });  // 1 -> -1
+  acc->RegisterPreHook([](const VariableList& g) -> VariableList {      // -> -0.2
     return {MulScalar(g[0], 1.0 / 5)};
   });
-  x.register_post_accumulate_grad_hook([](const Variable& leaf) {                          // -> 0.3
+  x.register_post_accumulate_grad_hook([](const Variable& leaf) {  // -> 0.3
     leaf.grad().data().copy_(tg::AddScalar(leaf.grad().data(), 0.5));
   });
-  acc->RegisterPostHook([&x](const VariableList&, const VariableList&) {                  // -> 3
+  acc->RegisterPostHook([&x](const VariableList&, const VariableList&) {  // -> 3
     x.grad().data().copy_(tg::MulScalar(x.grad().data(), 10));
   });
   loss.backward();
@@ -318,17 +321,22 @@ TEST(RetainGraphTest, NodesThatSaveNothingCanRunTwice) {
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{6, 6}));
 }
 
-// ---- Roots and grad_outputs -----------------------------------------------------------------------
+// ---- Roots and grad_outputs
+// -----------------------------------------------------------------------
 
 TEST(RootsTest, NonScalarRootNeedsMatchingGradOutputs) {
   Variable x = Leaf({1, 2, 3, 4, 5, 6}, {2, 3});
   Variable y = MulScalar(x, 2);
   EXPECT_TRUE(ThrowsError([&] { y.backward(); }, "root 0 has shape [2, 3]"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { y.backward(Variable(Tensor::Ones({3, 2}, kF64))); },
+      [&] {
+        y.backward(Variable(Tensor::Ones({3, 2}, kF64)));
+      },
       "backward: grad_output 0 has shape [3, 2] but root 0 has shape [2, 3]"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { y.backward(Variable(Tensor::Ones({2, 3}, kF32))); },
+      [&] {
+        y.backward(Variable(Tensor::Ones({2, 3}, kF32)));
+      },
       "backward: grad_output 0 has dtype f32 but root 0 has dtype f64"));
   y.backward(Variable(Tensor::FromVector<double>({1, 0, 2, 0, 3, 0}, {2, 3})));
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2, 0, 4, 0, 6, 0}));
@@ -350,14 +358,15 @@ TEST(RootsTest, RootThatDoesNotRequireGradThrows) {
 
 TEST(RootsTest, ARootThatIsAlsoInsideTheGraphWaitsForItsDependencies) {
   Variable x = Leaf({3}, {1});
-  Variable y = MulScalar(x, 2);   // root 1
-  Variable z = Mul(y, y);         // root 0 depends on y
+  Variable y = MulScalar(x, 2);  // root 1
+  Variable z = Mul(y, y);        // root 0 depends on y
   Engine::Backward({z, y});
   // dz/dx = 2y * 2 = 24, dy/dx = 2
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{26}));
 }
 
-// ---- grad() and backward(inputs=) -----------------------------------------------------------------
+// ---- grad() and backward(inputs=)
+// -----------------------------------------------------------------
 
 TEST(GradTest, NeverTouchesGradAndRunsInputTensorHooksButNotAccumulation) {
   Variable x = Leaf({1, 2}, {2});
@@ -420,7 +429,8 @@ TEST(GradTest, WillExecuteTellsWhichNodesRun) {
   EXPECT_TRUE(ThrowsError([&] { will_execute(acc_a); }, "only be called during backward"));
 }
 
-// ---- Grad mode -----------------------------------------------------------------------------------
+// ---- Grad mode
+// -----------------------------------------------------------------------------------
 
 TEST(GradModeTest, NoGradRecordsNothingAndBackwardBodiesRunWithoutGrad) {
   Variable x = Leaf({1, 2}, {2});

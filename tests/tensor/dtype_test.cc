@@ -105,8 +105,9 @@ TEST(DTypeTest, VisitFloatingAndIndexErrors) {
   }
   EXPECT_TRUE(ThrowsErrorExactly([] { VisitFloating("myop", kI64, [](auto) {}); },
                                  "myop: expected a floating dtype (f32, f64, f16, bf16), got i64"));
-  EXPECT_TRUE(ThrowsErrorExactly([] { VisitFloating("myop", kBool, [](auto) {}); },
-                                 "myop: expected a floating dtype (f32, f64, f16, bf16), got bool"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([] { VisitFloating("myop", kBool, [](auto) {}); },
+                         "myop: expected a floating dtype (f32, f64, f16, bf16), got bool"));
   EXPECT_EQ(VisitIndex("op", kI32, [](auto t) { return DTypeOf<decltype(t)>(); }), kI32);
   EXPECT_EQ(VisitIndex("op", kI64, [](auto t) { return DTypeOf<decltype(t)>(); }), kI64);
   EXPECT_TRUE(ThrowsErrorExactly([] { VisitIndex("gather", kF32, [](auto) {}); },

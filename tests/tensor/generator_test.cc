@@ -59,9 +59,9 @@ TEST(PhiloxTest, MatchesReferenceForManyCountersAndKeys) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;  // any spread of values will do
     const uint64_t counter = i < 1000 ? static_cast<uint64_t>(i) : x;
     const uint64_t key = i % 3 == 0 ? 42 : (x >> 7) ^ (x << 29);
-    const U4 want = ReferencePhilox({static_cast<uint32_t>(counter),
-                                     static_cast<uint32_t>(counter >> 32), 0u, 0u},
-                                    {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
+    const U4 want = ReferencePhilox(
+        {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u},
+        {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
     ASSERT_EQ(Generator::Philox(counter, key), want) << "counter " << counter << " key " << key;
   }
 }

@@ -196,7 +196,7 @@ TEST(HalfTest, OrdinaryValues) {
   EXPECT_EQ(FloatToHalfBits(3.14159265f), 0x4248u);
   EXPECT_EQ(FloatToHalfBits(2049.0f), 0x6800u);  // tie between 2048 and 2050: even is 2048
   EXPECT_EQ(FloatToHalfBits(2051.0f), 0x6802u);  // tie between 2050 and 2052: even is 2052
-  EXPECT_EQ(FloatToHalfBits(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);  // tie: down to even
+  EXPECT_EQ(FloatToHalfBits(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);      // tie: down to even
   EXPECT_EQ(FloatToHalfBits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02u);  // tie: up to even
   EXPECT_EQ(HalfBitsToFloat(0x3555u), 0.333251953125f);
 }
@@ -242,8 +242,8 @@ TEST(HalfTest, HalfStruct) {
 
 TEST(BFloat16Test, BoundaryValues) {
   EXPECT_EQ(FloatToBFloat16Bits(1.0f), 0x3f80u);
-  EXPECT_EQ(FloatToBFloat16Bits(1.00390625f), 0x3f80u);   // 1 + 2^-8: tie, 0x3f80 is even
-  EXPECT_EQ(FloatToBFloat16Bits(1.01171875f), 0x3f82u);   // 1 + 3*2^-8: tie, 0x3f81 odd -> up
+  EXPECT_EQ(FloatToBFloat16Bits(1.00390625f), 0x3f80u);  // 1 + 2^-8: tie, 0x3f80 is even
+  EXPECT_EQ(FloatToBFloat16Bits(1.01171875f), 0x3f82u);  // 1 + 3*2^-8: tie, 0x3f81 odd -> up
   EXPECT_EQ(FloatToBFloat16Bits(std::nextafter(1.00390625f, 2.0f)), 0x3f81u);
   EXPECT_EQ(FloatToBFloat16Bits(std::nextafter(1.01171875f, 0.0f)), 0x3f81u);
   EXPECT_EQ(FloatToBFloat16Bits(-1.01171875f), 0xbf82u);

@@ -7,6 +7,8 @@
 // Tolerances: f64 ~1e-12 relative, f32 ~1e-5 relative. f16/bf16 kernels compute in f32 and round
 // once, so their result must equal the f64 reference rounded through the same dtype to within one
 // unit in the last place of the low type.
+#include "tensor/ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,7 +20,6 @@
 #include "gtest/gtest.h"
 #include "tensor/error.h"
 #include "tensor/generator.h"
-#include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/throws.h"
 
@@ -114,18 +115,23 @@ Shape Broadcast2(const Shape& a, const Shape& b) {
 // even), back as a double.
 double RoundTo(DType dtype, double v) {
   switch (dtype) {
-    case DType::kF64: return v;
-    case DType::kF32: return static_cast<float>(v);
-    case DType::kF16: return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::kBF16: return static_cast<float>(BFloat16(static_cast<float>(v)));
-    default: return v;
+    case DType::kF64:
+      return v;
+    case DType::kF32:
+      return static_cast<float>(v);
+    case DType::kF16:
+      return static_cast<float>(Half(static_cast<float>(v)));
+    case DType::kBF16:
+      return static_cast<float>(BFloat16(static_cast<float>(v)));
+    default:
+      return v;
   }
 }
 
 // Position of a finite or infinite value on the ordered line of the low type's bit patterns.
 int64_t OrderedBits(DType dtype, double v) {
-  const uint16_t bits = dtype == kF16 ? Half(static_cast<float>(v)).bits
-                                      : BFloat16(static_cast<float>(v)).bits;
+  const uint16_t bits =
+      dtype == kF16 ? Half(static_cast<float>(v)).bits : BFloat16(static_cast<float>(v)).bits;
   const int64_t magnitude = bits & 0x7fff;
   return (bits & 0x8000) ? -magnitude : magnitude;
 }
@@ -133,10 +139,14 @@ int64_t OrderedBits(DType dtype, double v) {
 // Integer results wrap to the width of their dtype.
 double WrapInt(DType dtype, int64_t v) {
   switch (dtype) {
-    case DType::kI32: return static_cast<int32_t>(static_cast<uint32_t>(v));
-    case DType::kU8: return static_cast<uint8_t>(v);
-    case DType::kBool: return v != 0;
-    default: return static_cast<double>(v);
+    case DType::kI32:
+      return static_cast<int32_t>(static_cast<uint32_t>(v));
+    case DType::kU8:
+      return static_cast<uint8_t>(v);
+    case DType::kBool:
+      return v != 0;
+    default:
+      return static_cast<double>(v);
   }
 }
 
@@ -231,10 +241,14 @@ enum class Layout { kContiguous, kTransposed, kStepped, kExpanded };
 
 const char* LayoutName(Layout l) {
   switch (l) {
-    case Layout::kContiguous: return "contiguous";
-    case Layout::kTransposed: return "transposed";
-    case Layout::kStepped: return "stepped";
-    case Layout::kExpanded: return "expanded";
+    case Layout::kContiguous:
+      return "contiguous";
+    case Layout::kTransposed:
+      return "transposed";
+    case Layout::kStepped:
+      return "stepped";
+    case Layout::kExpanded:
+      return "expanded";
   }
   return "?";
 }
@@ -276,8 +290,8 @@ Tensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
   return Tensor();
 }
 
-const std::vector<Layout> kAllLayouts = {Layout::kContiguous, Layout::kTransposed,
-                                         Layout::kStepped, Layout::kExpanded};
+const std::vector<Layout> kAllLayouts = {Layout::kContiguous, Layout::kTransposed, Layout::kStepped,
+                                         Layout::kExpanded};
 
 // Pairs of layouts for the two inputs of a binary op.
 const std::vector<std::pair<Layout, Layout>> kLayoutPairs = {
@@ -289,12 +303,12 @@ const std::vector<std::pair<Layout, Layout>> kLayoutPairs = {
 
 // Shape pairs that broadcast, including 0-d and empty tensors.
 const std::vector<std::pair<Shape, Shape>> kBroadcastPairs = {
-    {{3, 4}, {3, 4}},       {{2, 3, 4}, {4}},  {{2, 1, 4}, {3, 1}}, {{5}, {}},
-    {{}, {}},               {{0, 3}, {3}},     {{4, 1, 6}, {1, 5, 1}}, {{1}, {2, 3}},
+    {{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{2, 1, 4}, {3, 1}},    {{5}, {}},
+    {{}, {}},         {{0, 3}, {3}},    {{4, 1, 6}, {1, 5, 1}}, {{1}, {2, 3}},
 };
 
-std::string Describe(const std::string& op, DType dtype, const Shape& a, const Shape& b,
-                     Layout la, Layout lb) {
+std::string Describe(const std::string& op, DType dtype, const Shape& a, const Shape& b, Layout la,
+                     Layout lb) {
   return op + " " + DTypeName(dtype) + " " + ShapeToString(a) + " (" + LayoutName(la) + ") and " +
          ShapeToString(b) + " (" + LayoutName(lb) + ")";
 }
@@ -314,8 +328,7 @@ const std::vector<BinarySpec>& BinarySpecs() {
       {BinaryOp::kSub, [](double a, double b) { return a - b; }, 0, 2, 0, 2, true},
       {BinaryOp::kMul, [](double a, double b) { return a * b; }, 0, 2, 0, 2, true},
       {BinaryOp::kDiv, [](double a, double b) { return a / b; }, -3, 3, 0.25, 4, false},
-      {BinaryOp::kPow, [](double a, double b) { return std::pow(a, b); }, 0.1, 3, -2.5, 2.5,
-       false},
+      {BinaryOp::kPow, [](double a, double b) { return std::pow(a, b); }, 0.1, 3, -2.5, 2.5, false},
       {BinaryOp::kMaximum, [](double a, double b) { return std::max(a, b); }, 0, 2, 0, 2, true},
       {BinaryOp::kMinimum, [](double a, double b) { return std::min(a, b); }, 0, 2, 0, 2, true},
   };
@@ -358,12 +371,10 @@ TEST(BinaryOps, IntegerTypesAreExactAndWrap) {
     for (DType dtype : {kI32, kI64, kU8}) {
       for (const auto& [sa, sb] : kBroadcastPairs) {
         for (const auto& [la, lb] : kLayoutPairs) {
-          const Tensor a = WithLayout(sa, la, [&](const Shape& s) {
-            return Draw(s, dtype, gen, -40, 40);
-          });
-          const Tensor b = WithLayout(sb, lb, [&](const Shape& s) {
-            return Draw(s, dtype, gen, -40, 40);
-          });
+          const Tensor a =
+              WithLayout(sa, la, [&](const Shape& s) { return Draw(s, dtype, gen, -40, 40); });
+          const Tensor b =
+              WithLayout(sb, lb, [&](const Shape& s) { return Draw(s, dtype, gen, -40, 40); });
           const Shape out_shape = Broadcast2(sa, sb);
           const std::vector<double> av = BroadcastValues(a, out_shape);
           const std::vector<double> bv = BroadcastValues(b, out_shape);
@@ -372,12 +383,23 @@ TEST(BinaryOps, IntegerTypesAreExactAndWrap) {
             const auto x = static_cast<int64_t>(av[i]), y = static_cast<int64_t>(bv[i]);
             int64_t r = 0;
             switch (op) {
-              case BinaryOp::kAdd: r = x + y; break;
-              case BinaryOp::kSub: r = x - y; break;
-              case BinaryOp::kMul: r = x * y; break;
-              case BinaryOp::kMaximum: r = std::max(x, y); break;
-              case BinaryOp::kMinimum: r = std::min(x, y); break;
-              default: break;
+              case BinaryOp::kAdd:
+                r = x + y;
+                break;
+              case BinaryOp::kSub:
+                r = x - y;
+                break;
+              case BinaryOp::kMul:
+                r = x * y;
+                break;
+              case BinaryOp::kMaximum:
+                r = std::max(x, y);
+                break;
+              case BinaryOp::kMinimum:
+                r = std::min(x, y);
+                break;
+              default:
+                break;
             }
             ref[i] = WrapInt(dtype, r);
           }
@@ -412,8 +434,8 @@ TEST(BinaryOps, DtypePromotion) {
     DType a, b, out;
   };
   const std::vector<Case> cases = {
-      {kF16, kF32, kF32}, {kBF16, kF16, kF32}, {kI32, kF16, kF16}, {kI64, kBF16, kBF16},
-      {kF32, kF64, kF64}, {kU8, kI32, kI32},   {kI32, kI64, kI64}, {kBool, kI32, kI32},
+      {kF16, kF32, kF32},  {kBF16, kF16, kF32}, {kI32, kF16, kF16}, {kI64, kBF16, kBF16},
+      {kF32, kF64, kF64},  {kU8, kI32, kI32},   {kI32, kI64, kI64}, {kBool, kI32, kI32},
       {kBool, kF16, kF16}, {kU8, kF64, kF64},
   };
   for (const Case& c : cases) {
@@ -435,9 +457,8 @@ TEST(BinaryOps, ScalarOperandsKeepTheTensorDtype) {
   Generator gen(4);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x = WithLayout({3, 5}, layout, [&](const Shape& s) {
-        return Draw(s, dtype, gen, 0.2, 3);
-      });
+      const Tensor x =
+          WithLayout({3, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0.2, 3); });
       const std::vector<double> xv = Values(x);
       struct Case {
         BinaryOp op;
@@ -472,8 +493,8 @@ TEST(BinaryOps, PowWithTensorAndScalarExponents) {
   ExpectMatches(Pow(base, 3.0), {5}, kF64, {-8, -3.375, 0, 27, 64}, "pow(x, 3)");
   ExpectMatches(Pow(base, 2.0), {5}, kF64, {4, 2.25, 0, 9, 16}, "pow(x, 2)");
   ExpectMatches(Pow(base.to(kF32), 0.0), {5}, kF32, {1, 1, 1, 1, 1}, "pow(x, 0)");
-  ExpectMatches(Pow(Tensor::FromVector<float>({4, 9, 0.25f}, {3}), 0.5), {3}, kF32,
-                {2, 3, 0.5}, "pow(x, 0.5)");
+  ExpectMatches(Pow(Tensor::FromVector<float>({4, 9, 0.25f}, {3}), 0.5), {3}, kF32, {2, 3, 0.5},
+                "pow(x, 0.5)");
   const std::vector<double> neg_half = Values(Pow(Tensor::FromVector<float>({-4}, {1}), 0.5));
   EXPECT_TRUE(std::isnan(neg_half[0]));
   ExpectMatches(Pow(Tensor::FromVector<float>({0, 2}, {2}), -1.0), {2}, kF32, {kInf, 0.5},
@@ -481,14 +502,14 @@ TEST(BinaryOps, PowWithTensorAndScalarExponents) {
   // Tensor exponent broadcast over rows.
   const Tensor b = Tensor::FromVector<float>({2, 3, 4}, {3});
   const Tensor e = Tensor::FromVector<float>({1, 2, -1}, {3});
-  ExpectMatches(Pow(b.expand({2, 3}), e), {2, 3}, kF32, {2, 9, 0.25, 2, 9, 0.25},
-                "pow broadcast");
+  ExpectMatches(Pow(b.expand({2, 3}), e), {2, 3}, kF32, {2, 9, 0.25, 2, 9, 0.25}, "pow broadcast");
   // f16 and bf16 exponentiation rounds once.
   ExpectExact(Pow(Tensor::FromVector<float>({3, 10}, {2}, kF16), 2.0), {2}, kF16, {9, 100},
               "pow f16");
   // 3^7 = 2187 is a tie between 2186 and 2188 in f16 (spacing 2): the even 2188.
-  ExpectExact(Pow(Tensor::FromVector<float>({3}, {1}, kF16), Tensor::FromVector<float>({7}, {1}, kF16)),
-              {1}, kF16, {2188}, "pow f16 2187 -> 2188");
+  ExpectExact(
+      Pow(Tensor::FromVector<float>({3}, {1}, kF16), Tensor::FromVector<float>({7}, {1}, kF16)),
+      {1}, kF16, {2188}, "pow f16 2187 -> 2188");
   // 3^6 = 729 rounds to 728 in bf16 (spacing 4).
   ExpectExact(Pow(Tensor::FromVector<float>({3}, {1}, kBF16), 6.0), {1}, kBF16, {728},
               "pow bf16 729 -> 728");
@@ -530,8 +551,8 @@ TEST(BinaryOps, F16AndBF16RoundToNearestEvenAndOverflowToInf) {
   EXPECT_EQ(Div(Tensor::Full({1}, std::ldexp(1.0, -14), kF16), Tensor::Full({1}, 4, kF16)).item(),
             std::ldexp(1.0, -16));
   // Division by zero.
-  ExpectExact(Div(Tensor::FromVector<float>({1, -1, 0}, {3}, kF16), Tensor::Zeros({3}, kF16)),
-              {3}, kF16, {kInf, -kInf, kNaN}, "f16 x / 0");
+  ExpectExact(Div(Tensor::FromVector<float>({1, -1, 0}, {3}, kF16), Tensor::Zeros({3}, kF16)), {3},
+              kF16, {kInf, -kInf, kNaN}, "f16 x / 0");
 }
 
 TEST(BinaryOps, OperatorsMatchNamedOps) {
@@ -561,12 +582,14 @@ TEST(BinaryOps, Errors) {
                "add: scalar 0.5 is not an integer, and the tensor is i32; cast it first");
   EXPECT_ERROR(Add(Tensor::Zeros({2}, kBool), Tensor::Zeros({2}, kBool)),
                "add: not defined for bool tensors; cast them first");
-  EXPECT_ERROR(MulScalar(Tensor::Zeros({2}, kBool), 2), "mul: not defined for bool tensors; cast them first");
+  EXPECT_ERROR(MulScalar(Tensor::Zeros({2}, kBool), 2),
+               "mul: not defined for bool tensors; cast them first");
   EXPECT_ERROR(Add(Tensor(), a), "add: the first input is an undefined tensor");
   EXPECT_ERROR(Sub(a, Tensor()), "sub: the second input is an undefined tensor");
 }
 
-// ==== Unary ops ===================================================================================
+// ==== Unary ops
+// ===================================================================================
 
 struct UnarySpec {
   UnaryOp op;
@@ -630,9 +653,8 @@ TEST(UnaryOps, IntegerNegAbsRelu) {
     if (!spec.ints) continue;
     for (DType dtype : {kI32, kI64}) {
       for (Layout layout : kAllLayouts) {
-        const Tensor x = WithLayout({4, 5}, layout, [&](const Shape& s) {
-          return Draw(s, dtype, gen, -100, 100);
-        });
+        const Tensor x = WithLayout({4, 5}, layout,
+                                    [&](const Shape& s) { return Draw(s, dtype, gen, -100, 100); });
         const std::vector<double> xv = Values(x);
         std::vector<double> ref(xv.size());
         for (size_t i = 0; i < xv.size(); ++i) ref[i] = spec.ref(xv[i]);
@@ -699,7 +721,8 @@ TEST(UnaryOps, Errors) {
                "sigmoid: expected a floating dtype (f32, f64, f16, bf16), got u8");
   EXPECT_ERROR(Gelu(Tensor::Zeros({2}, kBool)),
                "gelu: expected a floating dtype (f32, f64, f16, bf16), got bool");
-  EXPECT_ERROR(Neg(Tensor::Zeros({2}, kBool)), "neg: not defined for bool tensors; cast them first");
+  EXPECT_ERROR(Neg(Tensor::Zeros({2}, kBool)),
+               "neg: not defined for bool tensors; cast them first");
   EXPECT_ERROR(Tanh(Tensor()), "tanh: the input is an undefined tensor");
 }
 
@@ -754,8 +777,8 @@ TEST(CompareOps, NaNAndMixedDtypes) {
   // f16 0.1 is 0.0999755859375, below f32 0.1 (0.100000001490116).
   ExpectExact(Gt(Tensor::Full({1}, 0.1, kF32), Tensor::Full({1}, 0.1, kF16)), {1}, kBool, {1},
               "f32 0.1 > f16 0.1");
-  ExpectExact(Eq(Tensor::Full({2}, 3, kI64), Tensor::FromVector<float>({3, 3.5}, {2}, kF16)),
-              {2}, kBool, {1, 0}, "i64 vs f16");
+  ExpectExact(Eq(Tensor::Full({2}, 3, kI64), Tensor::FromVector<float>({3, 3.5}, {2}, kF16)), {2},
+              kBool, {1, 0}, "i64 vs f16");
   EXPECT_ERROR(Lt(Tensor::Zeros({2, 3}), Tensor::Zeros({2})),
                "lt: shapes [2, 3] and [2] cannot be broadcast");
 }
@@ -778,12 +801,10 @@ TEST(WhereOp, MatchesReferenceWithBroadcasting) {
         const Tensor cond = WithLayout(c.cond, lb, [&](const Shape& s) {
           return cond_dtype == kU8 ? Draw(s, kU8, gen, 0, 2) : Draw(s, kBool, gen, 0, 1);
         });
-        const Tensor a = WithLayout(c.a, la, [&](const Shape& s) {
-          return Draw(s, dtype, gen, -50, 50);
-        });
-        const Tensor b = WithLayout(c.b, lb, [&](const Shape& s) {
-          return Draw(s, dtype, gen, -50, 50);
-        });
+        const Tensor a =
+            WithLayout(c.a, la, [&](const Shape& s) { return Draw(s, dtype, gen, -50, 50); });
+        const Tensor b =
+            WithLayout(c.b, lb, [&](const Shape& s) { return Draw(s, dtype, gen, -50, 50); });
         const Shape out_shape = Broadcast2(c.cond, Broadcast2(c.a, c.b));
         const std::vector<double> cv = BroadcastValues(cond, out_shape);
         const std::vector<double> av = BroadcastValues(a, out_shape);
@@ -808,7 +829,8 @@ TEST(WhereOp, PromotesAndRejectsBadConditions) {
   EXPECT_ERROR(Where(Tensor::Ones({3}), a, b), "where: the condition must be bool or u8, got f32");
   EXPECT_ERROR(Where(Tensor::Ones({3}, kI64), a, b),
                "where: the condition must be bool or u8, got i64");
-  EXPECT_ERROR(Where(Tensor::Ones({2}, kBool), a, b), "where: shapes [2] and [3] cannot be broadcast");
+  EXPECT_ERROR(Where(Tensor::Ones({2}, kBool), a, b),
+               "where: shapes [2] and [3] cannot be broadcast");
   EXPECT_ERROR(Where(Tensor(), a, b), "where: the condition is an undefined tensor");
 }
 
@@ -860,9 +882,8 @@ TEST(Reductions, SumAndMeanMatchReference) {
   Generator gen(9);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x = WithLayout({3, 4, 5}, layout, [&](const Shape& s) {
-        return Draw(s, dtype, gen, 0, 2, true);
-      });
+      const Tensor x = WithLayout({3, 4, 5}, layout,
+                                  [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
       for (const auto& dims : kDimLists) {
         for (bool keepdim : {false, true}) {
           const Reduced r = ReduceRef(x, dims, keepdim);
@@ -874,8 +895,8 @@ TEST(Reductions, SumAndMeanMatchReference) {
             mean.push_back(s / static_cast<double>(g.size()));
             slack.push_back(abs * 1e-15);
           }
-          const std::string what = std::string(ShapeToString(dims)) +
-                                   (keepdim ? " keepdim " : " ") + LayoutName(layout);
+          const std::string what =
+              std::string(ShapeToString(dims)) + (keepdim ? " keepdim " : " ") + LayoutName(layout);
           // f64 accumulation: for f32 the result is the correctly rounded sum.
           Tol tol;
           tol.slack = slack;
@@ -892,9 +913,8 @@ TEST(Reductions, IntegerAndBoolSumsGiveI64) {
   Generator gen(10);
   for (DType dtype : {kI32, kI64, kU8, kBool}) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x = WithLayout({3, 4, 5}, layout, [&](const Shape& s) {
-        return Draw(s, dtype, gen, -100, 200);
-      });
+      const Tensor x = WithLayout({3, 4, 5}, layout,
+                                  [&](const Shape& s) { return Draw(s, dtype, gen, -100, 200); });
       for (const auto& dims : kDimLists) {
         const Reduced r = ReduceRef(x, dims, true);
         std::vector<double> sum;
@@ -971,8 +991,8 @@ TEST(Reductions, MaxAndArgmaxMatchReference) {
             max.push_back(*it);
             arg.push_back(static_cast<double>(it - g.begin()));
           }
-          const std::string what = std::string(DTypeName(dtype)) + " dim " +
-                                   std::to_string(dim) + " " + LayoutName(layout);
+          const std::string what = std::string(DTypeName(dtype)) + " dim " + std::to_string(dim) +
+                                   " " + LayoutName(layout);
           ExpectExact(Max(x, dim, keepdim), r.shape, dtype, max, "max " + what);
           ExpectExact(Argmax(x, dim, keepdim), r.shape, kI64, arg, "argmax " + what);
         }
@@ -983,12 +1003,11 @@ TEST(Reductions, MaxAndArgmaxMatchReference) {
 
 TEST(Reductions, MaxLetsNaNWin) {
   for (DType dtype : kFloatTypes) {
-    const Tensor x = Tensor::FromVector<double>(
-        {1, kNaN, 5, kNaN,  //
-         -kInf, -kInf, -kInf, -kInf,  //
-         kNaN, 9, 2, 3,  //
-         0, 7, 7, kInf},
-        {4, 4}, dtype);
+    const Tensor x = Tensor::FromVector<double>({1, kNaN, 5, kNaN,            //
+                                                 -kInf, -kInf, -kInf, -kInf,  //
+                                                 kNaN, 9, 2, 3,               //
+                                                 0, 7, 7, kInf},
+                                                {4, 4}, dtype);
     ExpectExact(Max(x, 1), {4}, dtype, {kNaN, -kInf, kNaN, kInf}, "max rows");
     ExpectExact(Argmax(x, 1), {4}, kI64, {1, 0, 0, 3}, "argmax rows");
     ExpectExact(Argmax(x, 0), {4}, kI64, {2, 0, 3, 0}, "argmax cols");
@@ -1005,7 +1024,8 @@ TEST(Reductions, Errors) {
   EXPECT_ERROR(Max(x, 3), "max: dim 3 is out of range for a tensor with 3 dims");
   EXPECT_ERROR(Argmax(x, -4), "argmax: dim -4 is out of range for a tensor with 3 dims");
   EXPECT_ERROR(Max(Tensor::Scalar(1), 1), "max: dim 1 is out of range for a tensor with 0 dims");
-  EXPECT_ERROR(Max(Tensor::Zeros({2, 0}), 1), "max: dim 1 of shape [2, 0] is empty; there is no maximum");
+  EXPECT_ERROR(Max(Tensor::Zeros({2, 0}), 1),
+               "max: dim 1 of shape [2, 0] is empty; there is no maximum");
   EXPECT_ERROR(Argmax(Tensor::Zeros({0, 3}), 0),
                "argmax: dim 0 of shape [0, 3] is empty; there is no maximum");
   EXPECT_ERROR(Sum(Tensor()), "sum: the input is an undefined tensor");
@@ -1062,8 +1082,8 @@ void CheckMatmul(const Tensor& a, const Tensor& b, const std::string& what) {
 
 TEST(Matmul, TwoDimensionalWithStridedOperands) {
   Generator gen(12);
-  const std::vector<std::array<int64_t, 3>> sizes = {
-      {1, 1, 1}, {3, 4, 5}, {7, 2, 3}, {1, 6, 4}, {5, 8, 1}, {16, 9, 11}, {2, 33, 3}};
+  const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1}, {3, 4, 5},   {7, 2, 3}, {1, 6, 4},
+                                                     {5, 8, 1}, {16, 9, 11}, {2, 33, 3}};
   for (DType dtype : kFloatTypes) {
     for (const auto& [m, k, n] : sizes) {
       for (const auto& [la, lb] : kLayoutPairs) {
@@ -1074,8 +1094,8 @@ TEST(Matmul, TwoDimensionalWithStridedOperands) {
           const Tensor b = WithLayout({k, n}, b_layout, make);
           CheckMatmul(a, b,
                       std::string("matmul ") + DTypeName(dtype) + " " + std::to_string(m) + "x" +
-                          std::to_string(k) + "x" + std::to_string(n) + " " +
-                          LayoutName(a_layout) + "/" + LayoutName(b_layout));
+                          std::to_string(k) + "x" + std::to_string(n) + " " + LayoutName(a_layout) +
+                          "/" + LayoutName(b_layout));
         }
       }
     }
@@ -1165,10 +1185,10 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
       ExpectExact(Matmul(Tensor::Ones({0}, dtype), Tensor::Ones({0}, dtype)), {}, dtype, {0},
                   "empty dot");
     }
-    ExpectExact(Matmul(Tensor::Ones({0, 3}, dtype), Tensor::Ones({3, 4}, dtype)), {0, 4}, dtype,
-                {}, "m == 0");
-    ExpectExact(Matmul(Tensor::Ones({2, 3}, dtype), Tensor::Ones({3, 0}, dtype)), {2, 0}, dtype,
-                {}, "n == 0");
+    ExpectExact(Matmul(Tensor::Ones({0, 3}, dtype), Tensor::Ones({3, 4}, dtype)), {0, 4}, dtype, {},
+                "m == 0");
+    ExpectExact(Matmul(Tensor::Ones({2, 3}, dtype), Tensor::Ones({3, 0}, dtype)), {2, 0}, dtype, {},
+                "n == 0");
   }
 }
 
@@ -1195,7 +1215,8 @@ TEST(Matmul, Bmm) {
       const std::vector<double> ref = MatmulRef(a, b, &shape, &abs);
       Tol tol;
       tol.slack.resize(abs.size());
-      for (size_t i = 0; i < abs.size(); ++i) tol.slack[i] = abs[i] * (dtype == kF64 ? 1e-14 : 1e-6);
+      for (size_t i = 0; i < abs.size(); ++i)
+        tol.slack[i] = abs[i] * (dtype == kF64 ? 1e-14 : 1e-6);
       ExpectMatches(Bmm(a, b), {3, 4, 2}, dtype, ref, std::string("bmm ") + LayoutName(la), tol);
     }
   }
@@ -1224,7 +1245,8 @@ TEST(Matmul, Errors) {
                "matmul: the batch dims of shapes [2, 3, 4] and [3, 4, 5] cannot be broadcast");
   EXPECT_ERROR(Bmm(Tensor::Zeros({2, 3, 4}), Tensor::Zeros({2, 4, 5}, kF64)),
                "bmm: dtypes f32 and f64 differ");
-  EXPECT_ERROR(Matmul(Tensor(), Tensor::Zeros({3})), "matmul: the first input is an undefined tensor");
+  EXPECT_ERROR(Matmul(Tensor(), Tensor::Zeros({3})),
+               "matmul: the first input is an undefined tensor");
 }
 
 // ==== Softmax and log-softmax ====================================================================
@@ -1252,9 +1274,8 @@ TEST(Softmax, MatchesReferenceOverTheLastDim) {
   for (DType dtype : kFloatTypes) {
     for (const Shape& shape : shapes) {
       for (Layout layout : kAllLayouts) {
-        const Tensor x = WithLayout(shape, layout, [&](const Shape& s) {
-          return Draw(s, dtype, gen, 0, 3, true);
-        });
+        const Tensor x = WithLayout(
+            shape, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 3, true); });
         const std::vector<double> xv = Values(x);
         const int64_t n = shape.back();
         const std::string what = ShapeToString(shape) + " " + LayoutName(layout);
@@ -1271,21 +1292,27 @@ TEST(Softmax, MatchesReferenceOverTheLastDim) {
 
 TEST(Softmax, StableForLargeInputsAndInfinities) {
   for (DType dtype : kFloatTypes) {
-    const Tensor x = Tensor::FromVector<double>(
-        {1000, 999, -1000,  //
-         -kInf, 0, 1,       //
-         -kInf, -kInf, 2,   //
-         -1000, -1000, -1000},
-        {4, 3}, dtype);
+    const Tensor x = Tensor::FromVector<double>({1000, 999, -1000,  //
+                                                 -kInf, 0, 1,       //
+                                                 -kInf, -kInf, 2,   //
+                                                 -1000, -1000, -1000},
+                                                {4, 3}, dtype);
     const double e1 = std::exp(-1.0);
-    std::vector<double> soft = {1 / (1 + e1), e1 / (1 + e1), 0,
-                                0, 1 / (1 + std::exp(1.0)), 1 / (1 + e1),
-                                0, 0, 1,
-                                1.0 / 3, 1.0 / 3, 1.0 / 3};
-    std::vector<double> log_soft = {-std::log1p(e1), -1 - std::log1p(e1), -2000 - std::log1p(e1),
-                                    -kInf, -1 - std::log1p(e1), -std::log1p(e1),
-                                    -kInf, -kInf, 0,
-                                    -std::log(3.0), -std::log(3.0), -std::log(3.0)};
+    std::vector<double> soft = {
+        1 / (1 + e1), e1 / (1 + e1), 0,      0, 1 / (1 + std::exp(1.0)), 1 / (1 + e1), 0, 0, 1,
+        1.0 / 3,      1.0 / 3,       1.0 / 3};
+    std::vector<double> log_soft = {-std::log1p(e1),
+                                    -1 - std::log1p(e1),
+                                    -2000 - std::log1p(e1),
+                                    -kInf,
+                                    -1 - std::log1p(e1),
+                                    -std::log1p(e1),
+                                    -kInf,
+                                    -kInf,
+                                    0,
+                                    -std::log(3.0),
+                                    -std::log(3.0),
+                                    -std::log(3.0)};
     if (dtype == kBF16) {
       // 999 is not a bf16 value (it rounds to 1000): use the reference of the stored values.
       ASSERT_EQ(Values(x)[1], 1000);
@@ -1326,13 +1353,12 @@ TEST(LayerNorm, MatchesReferenceWithAndWithoutAffine) {
       const int64_t n = shape.back();
       for (Layout layout : kAllLayouts) {
         for (int affine = 0; affine < 4; ++affine) {
-          const Tensor x = WithLayout(shape, layout, [&](const Shape& s) {
-            return Draw(s, dtype, gen, 0, 2, true);
-          });
-          const Tensor w = affine & 1 ? WithLayout({n}, layout, [&](const Shape& s) {
-            return Draw(s, dtype, gen, 0.5, 1.5);
-          })
-                                      : Tensor();
+          const Tensor x = WithLayout(
+              shape, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
+          const Tensor w =
+              affine & 1 ? WithLayout({n}, layout,
+                                      [&](const Shape& s) { return Draw(s, dtype, gen, 0.5, 1.5); })
+                         : Tensor();
           const Tensor b = affine & 2 ? Draw({n}, dtype, gen, 0, 1, true) : Tensor();
           const double eps = 1e-5;
           const LayerNormResult r = LayerNorm(x, w, b, eps);
@@ -1354,8 +1380,8 @@ TEST(LayerNorm, MatchesReferenceWithAndWithoutAffine) {
           const Shape stat_shape(shape.begin(), shape.end() - 1);
           const DType stat_dtype = dtype == kF64 ? kF64 : kF32;
           const std::string what = std::string("layer_norm ") + DTypeName(dtype) + " " +
-                                   ShapeToString(shape) + " " + LayoutName(layout) +
-                                   " affine " + std::to_string(affine);
+                                   ShapeToString(shape) + " " + LayoutName(layout) + " affine " +
+                                   std::to_string(affine);
           Tol tol;
           if (dtype == kF32) tol.atol = 1e-5;
           // f16/bf16 outputs come from f32 arithmetic on normalised values of size ~3.
@@ -1420,12 +1446,10 @@ TEST(Embedding, GathersRowsExactly) {
   for (DType dtype : kFloatTypes) {
     for (DType index_dtype : {kI32, kI64}) {
       for (Layout layout : kAllLayouts) {
-        const Tensor weight = WithLayout({10, 6}, layout, [&](const Shape& s) {
-          return Draw(s, dtype, gen, 0, 1, true);
-        });
-        const Tensor idx = WithLayout({2, 3}, layout, [&](const Shape& s) {
-          return Draw(s, index_dtype, gen, 0, 9);
-        });
+        const Tensor weight = WithLayout(
+            {10, 6}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); });
+        const Tensor idx = WithLayout(
+            {2, 3}, layout, [&](const Shape& s) { return Draw(s, index_dtype, gen, 0, 9); });
         const std::vector<double> wv = Values(weight), iv = Values(idx);
         std::vector<double> want;
         for (double i : iv) {
@@ -1449,9 +1473,8 @@ TEST(Embedding, BackwardAccumulatesRepeatedIndices) {
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
       const Tensor idx = Draw({4, 5}, kI64, gen, 0, 6);  // 20 indices into 7 rows: repeats
-      const Tensor grad = WithLayout({4, 5, 3}, layout, [&](const Shape& s) {
-        return Draw(s, dtype, gen, 0, 1, true);
-      });
+      const Tensor grad = WithLayout(
+          {4, 5, 3}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); });
       const std::vector<double> iv = Values(idx), gv = Values(grad);
       std::vector<double> want(7 * 3, 0);
       for (size_t i = 0; i < iv.size(); ++i) {
@@ -1468,8 +1491,8 @@ TEST(Embedding, BackwardAccumulatesRepeatedIndices) {
   }
   // Exact accumulation: four times the same row, and a row never indexed stays zero.
   const Tensor g = Tensor::Full({4, 2}, 0.25, kF16);
-  ExpectExact(EmbeddingBackward(g, Tensor::Full({4}, 1, kI64), 3), {3, 2}, kF16,
-              {0, 0, 1, 1, 0, 0}, "repeated index");
+  ExpectExact(EmbeddingBackward(g, Tensor::Full({4}, 1, kI64), 3), {3, 2}, kF16, {0, 0, 1, 1, 0, 0},
+              "repeated index");
   // f16 sums that pass through values above 65504 are accumulated in f32/f64.
   const Tensor big = Tensor::FromVector<float>({60000, 60000, -60000}, {3, 1}, kF16);
   ExpectExact(EmbeddingBackward(big, Tensor::Zeros({3}, kI64), 1), {1, 1}, kF16, {60000},
@@ -1489,8 +1512,9 @@ TEST(Embedding, Errors) {
   EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::Zeros({3}, kI64), 5),
                "embedding_backward: gradient shape [2, 4] does not match indices shape [3] plus "
                "one dim");
-  EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::FromVector<int64_t>({0, 5}, {2}), 5),
-               "embedding_backward: index 5 at position 1 is out of range for 5 rows");
+  EXPECT_ERROR(
+      EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::FromVector<int64_t>({0, 5}, {2}), 5),
+      "embedding_backward: index 5 at position 1 is out of range for 5 rows");
   EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::Zeros({2}, kI64), -1),
                "embedding_backward: num_rows must be non-negative, got -1");
   EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}, kI32), Tensor::Zeros({2}, kI64), 5),
@@ -1529,9 +1553,8 @@ TEST(CrossEntropy, MatchesReferenceForEveryReduction) {
   for (DType dtype : kFloatTypes) {
     for (Layout layout : {Layout::kContiguous, Layout::kTransposed, Layout::kStepped}) {
       for (int64_t ignore_index : {int64_t{-100}, int64_t{2}}) {
-        const Tensor logits = WithLayout({8, 5}, layout, [&](const Shape& s) {
-          return Draw(s, dtype, gen, 0, 2, true);
-        });
+        const Tensor logits = WithLayout(
+            {8, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
         const std::vector<int64_t> t = {0, 4, 2, 1, ignore_index, 3, 2, 4};
         const Tensor targets = Tensor::FromVector<int64_t>(t, {8});
         const CrossEntropyRef r = ReferenceCrossEntropy(logits, targets, ignore_index);
@@ -1548,8 +1571,8 @@ TEST(CrossEntropy, MatchesReferenceForEveryReduction) {
         ExpectMatches(none, {8}, dtype, r.losses, "none " + what);
         ExpectMatches(CrossEntropy(logits, targets, ignore_index, Reduction::kSum), {}, dtype,
                       {total}, "sum " + what, tol);
-        ExpectMatches(CrossEntropy(logits, targets, ignore_index), {}, dtype,
-                      {total / r.counted}, "mean " + what, tol);
+        ExpectMatches(CrossEntropy(logits, targets, ignore_index), {}, dtype, {total / r.counted},
+                      "mean " + what, tol);
         ExpectMatches(CrossEntropy(logits, targets.to(kI32), ignore_index, Reduction::kMean), {},
                       dtype, {total / r.counted}, "mean i32 targets " + what, tol);
         // Ignored rows are exactly zero.
@@ -1592,9 +1615,8 @@ TEST(CrossEntropy, BackwardIsSoftmaxMinusOneHotScaled) {
   Generator gen(22);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : {Layout::kContiguous, Layout::kTransposed}) {
-      const Tensor logits = WithLayout({6, 4}, layout, [&](const Shape& s) {
-        return Draw(s, dtype, gen, 0, 2, true);
-      });
+      const Tensor logits = WithLayout(
+          {6, 4}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
       const Tensor targets = Tensor::FromVector<int64_t>({3, -100, 0, 1, 1, 2}, {6});
       const CrossEntropyRef r = ReferenceCrossEntropy(logits, targets, -100);
       ASSERT_EQ(r.counted, 5);
@@ -1612,19 +1634,19 @@ TEST(CrossEntropy, BackwardIsSoftmaxMinusOneHotScaled) {
       }
       ExpectMatches(CrossEntropyBackward(logits, targets, Tensor::Scalar(2.5, dtype)), {6, 4},
                     dtype, mean_grad, "mean " + what, tol);
-      ExpectMatches(CrossEntropyBackward(logits, targets, Tensor::Scalar(-1.5), -100,
-                                         Reduction::kSum),
-                    {6, 4}, dtype, sum_grad, "sum " + what, tol);
-      ExpectMatches(CrossEntropyBackward(logits, targets,
-                                         Tensor::FromVector<double>(row_g, {6}, dtype), -100,
-                                         Reduction::kNone),
-                    {6, 4}, dtype, none_grad, "none " + what, tol);
+      ExpectMatches(
+          CrossEntropyBackward(logits, targets, Tensor::Scalar(-1.5), -100, Reduction::kSum),
+          {6, 4}, dtype, sum_grad, "sum " + what, tol);
+      ExpectMatches(
+          CrossEntropyBackward(logits, targets, Tensor::FromVector<double>(row_g, {6}, dtype), -100,
+                               Reduction::kNone),
+          {6, 4}, dtype, none_grad, "none " + what, tol);
     }
   }
   // All rows ignored: zeros, not NaN.
-  ExpectExact(CrossEntropyBackward(Tensor::Ones({2, 3}), Tensor::Full({2}, 7, kI64),
-                                   Tensor::Scalar(1), 7),
-              {2, 3}, kF32, std::vector<double>(6, 0), "all ignored");
+  ExpectExact(
+      CrossEntropyBackward(Tensor::Ones({2, 3}), Tensor::Full({2}, 7, kI64), Tensor::Scalar(1), 7),
+      {2, 3}, kF32, std::vector<double>(6, 0), "all ignored");
 }
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
@@ -1632,8 +1654,8 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   const Tensor logits = Draw({3, 4}, kF64, gen, 0, 1, true);
   const Tensor targets = Tensor::FromVector<int32_t>({2, 0, 3}, {3});
   for (Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
-    const std::vector<double> analytic = Values(
-        CrossEntropyBackward(logits, targets, Tensor::Scalar(1, kF64), -100, reduction));
+    const std::vector<double> analytic =
+        Values(CrossEntropyBackward(logits, targets, Tensor::Scalar(1, kF64), -100, reduction));
     std::vector<double> lv = Values(logits);
     const double h = 1e-6;
     for (size_t i = 0; i < lv.size(); ++i) {
@@ -1655,10 +1677,12 @@ TEST(CrossEntropy, Errors) {
                "cross_entropy: target 5 at position 2 is out of range for 5 classes");
   EXPECT_ERROR(CrossEntropy(logits, Tensor::FromVector<int64_t>({0, -1, 1, 2}, {4})),
                "cross_entropy: target -1 at position 1 is out of range for 5 classes");
-  EXPECT_ERROR(CrossEntropy(logits, Tensor::Zeros({3}, kI64)),
-               "cross_entropy: targets of shape [3] do not match logits of shape [4, 5] (expected [4])");
-  EXPECT_ERROR(CrossEntropy(logits, Tensor::Zeros({4, 1}, kI64)),
-               "cross_entropy: targets of shape [4, 1] do not match logits of shape [4, 5] (expected [4])");
+  EXPECT_ERROR(
+      CrossEntropy(logits, Tensor::Zeros({3}, kI64)),
+      "cross_entropy: targets of shape [3] do not match logits of shape [4, 5] (expected [4])");
+  EXPECT_ERROR(
+      CrossEntropy(logits, Tensor::Zeros({4, 1}, kI64)),
+      "cross_entropy: targets of shape [4, 1] do not match logits of shape [4, 5] (expected [4])");
   EXPECT_ERROR(CrossEntropy(Tensor::Zeros({5}), Tensor::Zeros({5}, kI64)),
                "cross_entropy: expected logits [N, C], got [5]");
   EXPECT_ERROR(CrossEntropy(logits, Tensor::Zeros({4})),
@@ -1674,6 +1698,207 @@ TEST(CrossEntropy, Errors) {
                "got [1]");
   EXPECT_ERROR(CrossEntropyBackward(logits, Tensor::Zeros({4}, kI64), Tensor::Ones({4})),
                "cross_entropy_backward: expected a one-element loss gradient, got shape [4]");
+}
+
+// ==== Indexing: gather, scatter_add, index_select, index_add =====================================
+
+// Row-major linear index of `pos` in `shape`.
+int64_t LinearIndex(const std::vector<int64_t>& pos, const Shape& shape) {
+  int64_t i = 0;
+  for (size_t d = 0; d < shape.size(); ++d) i = i * shape[d] + pos[d];
+  return i;
+}
+
+// Every position of `shape` in row-major order.
+std::vector<std::vector<int64_t>> Positions(const Shape& shape) {
+  std::vector<std::vector<int64_t>> out;
+  std::vector<int64_t> pos(shape.size(), 0);
+  for (int64_t i = 0; i < NumElements(shape); ++i) {
+    out.push_back(pos);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++pos[d] < shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+  return out;
+}
+
+// Integer types wrap on overflow; the reference adds in f64 (exact for the small test values).
+const std::vector<DType> kScatterTypes = {kF32, kF64, kF16, kBF16, kI32, kI64, kU8};
+
+TEST(Indexing, GatherMatchesReference) {
+  Generator gen(31);
+  const Shape x_shape = {3, 4, 5};
+  for (DType dtype : {kF32, kF64, kF16, kBF16, kI32, kI64, kBool}) {
+    for (int64_t dim : {0, 1, 2, -1}) {
+      const int64_t d = dim < 0 ? dim + 3 : dim;
+      // index may be larger than x along dim and no larger elsewhere.
+      Shape index_shape = {2, 3, 4};
+      index_shape[d] = 6;
+      for (const auto& [lx, li] : kLayoutPairs) {
+        const Tensor x = WithLayout(x_shape, lx, [&](const Shape& s) {
+          return Draw(s, dtype, gen, -5, 5, IsFloating(dtype));
+        });
+        const Tensor index = WithLayout(
+            index_shape, li, [&](const Shape& s) { return Draw(s, kI64, gen, 0, x_shape[d] - 1); });
+        const std::vector<double> xv = Values(x), iv = Values(index);
+        std::vector<double> want;
+        for (const auto& pos : Positions(index_shape)) {
+          std::vector<int64_t> src = pos;
+          src[d] = static_cast<int64_t>(iv[LinearIndex(pos, index_shape)]);
+          want.push_back(xv[LinearIndex(src, x_shape)]);
+        }
+        const std::string what = std::string("gather ") + DTypeName(dtype) + " dim " +
+                                 std::to_string(dim) + " " + LayoutName(lx) + "/" + LayoutName(li);
+        ExpectExact(Gather(x, dim, index), index_shape, dtype, want, what);
+        ExpectExact(Gather(x, dim, index.to(kI32)), index_shape, dtype, want, what + " i32");
+      }
+    }
+  }
+  // 0-d input and index; an empty index gives an empty result.
+  ExpectExact(Gather(Tensor::Scalar(7.5, kF64), 0, Tensor::Zeros({}, kI64)), {}, kF64, {7.5},
+              "0-d");
+  ExpectExact(Gather(Tensor::Ones({2, 3}), 1, Tensor::Zeros({2, 0}, kI64)), {2, 0}, kF32, {},
+              "empty index");
+}
+
+TEST(Indexing, ScatterAddMatchesReferenceWithRepeatedIndices) {
+  Generator gen(32);
+  const Shape self_shape = {3, 4, 5};
+  for (DType dtype : kScatterTypes) {
+    for (int64_t dim : {0, 1, 2}) {
+      Shape index_shape = {2, 3, 4};
+      index_shape[dim] = 7;  // more entries than rows along dim: repeats
+      Shape src_shape = index_shape;
+      src_shape[0] += 1;  // src may be larger than index
+      for (const auto& [ls, lsrc] : kLayoutPairs) {
+        const Tensor self = WithLayout(self_shape, ls, [&](const Shape& s) {
+          return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
+        });
+        const Tensor src = WithLayout(src_shape, lsrc, [&](const Shape& s) {
+          return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
+        });
+        const Tensor index = Draw(index_shape, kI64, gen, 0, self_shape[dim] - 1);
+        const std::vector<double> sv = Values(self), srcv = Values(src), iv = Values(index);
+        std::vector<double> want = sv;
+        for (const auto& pos : Positions(index_shape)) {
+          std::vector<int64_t> at = pos;
+          at[dim] = static_cast<int64_t>(iv[LinearIndex(pos, index_shape)]);
+          want[LinearIndex(at, self_shape)] += srcv[LinearIndex(pos, src_shape)];
+        }
+        if (dtype == kU8) {
+          for (double& w : want) w = WrapInt(kU8, static_cast<int64_t>(w));
+        }
+        Tol tol;
+        if (dtype == kF32) tol.rtol = 2e-7;  // f64 accumulation, one rounding
+        const std::string what = std::string("scatter_add dim ") + std::to_string(dim) + " " +
+                                 LayoutName(ls) + "/" + LayoutName(lsrc);
+        ExpectMatches(ScatterAdd(self, dim, index, src), self_shape, dtype, want, what, tol);
+      }
+    }
+  }
+  // self is not modified; repeated f16 additions round once (2048 + 1 + 1 = 2050, while
+  // adding 1 to 2048 in f16 twice would stay 2048).
+  const Tensor self = Tensor::Full({1, 2}, 2048, kF16);
+  const Tensor out = ScatterAdd(self, 1, Tensor::Zeros({1, 2}, kI64), Tensor::Ones({1, 2}, kF16));
+  ExpectExact(out, {1, 2}, kF16, {2050, 2048}, "f16 rounds once");
+  ExpectExact(self, {1, 2}, kF16, {2048, 2048}, "self unchanged");
+}
+
+TEST(Indexing, IndexSelectAndIndexAddMatchReference) {
+  Generator gen(33);
+  const Shape x_shape = {5, 3, 4};
+  for (DType dtype : kScatterTypes) {
+    for (int64_t dim : {0, 1, -1}) {
+      const int64_t d = dim < 0 ? dim + 3 : dim;
+      for (Layout layout : kAllLayouts) {
+        const Tensor x = WithLayout(x_shape, layout, [&](const Shape& s) {
+          return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
+        });
+        const Tensor index = Draw({6}, kI32, gen, 0, x_shape[d] - 1);  // repeats
+        const std::vector<double> xv = Values(x), iv = Values(index);
+        Shape out_shape = x_shape;
+        out_shape[d] = 6;
+        std::vector<double> want;
+        for (const auto& pos : Positions(out_shape)) {
+          std::vector<int64_t> src = pos;
+          src[d] = static_cast<int64_t>(iv[pos[d]]);
+          want.push_back(xv[LinearIndex(src, x_shape)]);
+        }
+        const std::string what = std::string(DTypeName(dtype)) + " dim " + std::to_string(dim) +
+                                 " " + LayoutName(layout);
+        ExpectExact(IndexSelect(x, dim, index), out_shape, dtype, want, "index_select " + what);
+
+        // index_add of a src shaped like that result, into x.
+        const Tensor src = WithLayout(out_shape, layout, [&](const Shape& s) {
+          return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
+        });
+        const std::vector<double> srcv = Values(src);
+        std::vector<double> sum = xv;
+        for (const auto& pos : Positions(out_shape)) {
+          std::vector<int64_t> at = pos;
+          at[d] = static_cast<int64_t>(iv[pos[d]]);
+          sum[LinearIndex(at, x_shape)] += srcv[LinearIndex(pos, out_shape)];
+        }
+        if (dtype == kU8) {
+          for (double& w : sum) w = WrapInt(kU8, static_cast<int64_t>(w));
+        }
+        Tol tol;
+        if (dtype == kF32) tol.rtol = 2e-7;
+        ExpectMatches(IndexAdd(x, dim, index, src), x_shape, dtype, sum, "index_add " + what, tol);
+      }
+    }
+  }
+  // A 0-d index selects one slice and keeps the dim; an empty index gives an empty dim.
+  const Tensor x = Tensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
+  ExpectExact(IndexSelect(x, 0, Tensor::Full({}, 2, kI64)), {1, 2}, kF64, {20, 21}, "0-d index");
+  ExpectExact(IndexSelect(x, 0, Tensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "empty index");
+  ExpectExact(IndexAdd(x, 0, Tensor::Zeros({0}, kI64), Tensor::Zeros({0, 2}, kF64)), {3, 2}, kF64,
+              {0, 1, 10, 11, 20, 21}, "empty index_add");
+}
+
+TEST(Indexing, Errors) {
+  const Tensor x = Tensor::Zeros({2, 5});
+  EXPECT_ERROR(Gather(x, 1, Tensor::FromVector<int64_t>({0, 1, 2, 5}, {2, 2})),
+               "gather: index 5 at position [1, 1] is out of range for dim 1 of size 5");
+  EXPECT_ERROR(Gather(x, 1, Tensor::FromVector<int32_t>({0, -1}, {1, 2})),
+               "gather: index -1 at position [0, 1] is out of range for dim 1 of size 5");
+  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({2}, kI64)),
+               "gather: index of shape [2] and input of shape [2, 5] differ in rank");
+  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({1, 6}, kI64)),
+               "gather: index of shape [1, 6] is larger than input of shape [2, 5] at dim 1 (only "
+               "dim 0 may be larger)");
+  EXPECT_ERROR(Gather(x, 2, Tensor::Zeros({2, 5}, kI64)),
+               "gather: dim 2 is out of range for a tensor with 2 dims");
+  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({2, 5})),
+               "gather: expected an index dtype (i32 or i64), got f32");
+
+  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::FromVector<int64_t>({7}, {1, 1}), Tensor::Ones({1, 1})),
+               "scatter_add: index 7 at position [0, 0] is out of range for dim 1 of size 5");
+  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({1, 1}, kI64), Tensor::Ones({1, 1}, kF64)),
+               "scatter_add: src dtype f64 differs from self dtype f32");
+  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({2, 2}, kI64), Tensor::Ones({1, 2})),
+               "scatter_add: index of shape [2, 2] is larger than src of shape [1, 2] or self of "
+               "shape [2, 5] at dim 0");
+  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({2}, kI64), Tensor::Ones({2})),
+               "scatter_add: self [2, 5], index [2] and src [2] must have the same rank");
+  EXPECT_ERROR(
+      ScatterAdd(Tensor::Zeros({2}, kBool), 0, Tensor::Zeros({2}, kI64), Tensor::Zeros({2}, kBool)),
+      "scatter_add: not defined for bool tensors; cast them first");
+
+  EXPECT_ERROR(IndexSelect(x, 1, Tensor::FromVector<int64_t>({0, 4, 7}, {3})),
+               "index_select: index 7 at position 2 is out of range for dim 1 of size 5");
+  EXPECT_ERROR(IndexSelect(x, 0, Tensor::FromVector<int64_t>({-1}, {1})),
+               "index_select: index -1 at position 0 is out of range for dim 0 of size 2");
+  EXPECT_ERROR(IndexSelect(x, 0, Tensor::Zeros({1, 1}, kI64)),
+               "index_select: expected a 1-D index, got shape [1, 1]");
+  EXPECT_ERROR(IndexSelect(Tensor::Scalar(1), 0, Tensor::Zeros({1}, kI64)),
+               "index_select: cannot index a 0-d tensor");
+  EXPECT_ERROR(IndexAdd(x, 0, Tensor::Zeros({3}, kI64), Tensor::Ones({2, 5})),
+               "index_add: src of shape [2, 5] does not match self of shape [2, 5] with 3 indices "
+               "at dim 0 (expected [3, 5])");
+  EXPECT_ERROR(IndexAdd(x, 0, Tensor::FromVector<int64_t>({2}, {1}), Tensor::Ones({1, 5})),
+               "index_add: index 2 at position 0 is out of range for dim 0 of size 2");
 }
 
 // ==== Mixed-precision list ops ===================================================================
@@ -1767,16 +1992,19 @@ TEST(ListOps, NonFiniteCheckAndUnscale) {
 
 TEST(ListOps, Errors) {
   const Tensor t = Tensor::Ones({2});
-  EXPECT_ERROR(NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}, kF64), Tensor::Scalar(1)),
-               "non_finite_check_and_unscale: found_inf must be a one-element f32 tensor, got f64 []");
-  EXPECT_ERROR(NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}), Tensor::Ones({2})),
-               "non_finite_check_and_unscale: inv_scale must be a one-element f32 tensor, got f32 [2]");
-  EXPECT_ERROR(NonFiniteCheckAndUnscale({t, Tensor::Ones({2}, kI64)}, Tensor::Zeros({}),
-                                        Tensor::Scalar(2)),
-               "non_finite_check_and_unscale: expected a floating dtype (f32, f64, f16, bf16), got "
-               "i64");
+  EXPECT_ERROR(
+      NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}, kF64), Tensor::Scalar(1)),
+      "non_finite_check_and_unscale: found_inf must be a one-element f32 tensor, got f64 []");
+  EXPECT_ERROR(
+      NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}), Tensor::Ones({2})),
+      "non_finite_check_and_unscale: inv_scale must be a one-element f32 tensor, got f32 [2]");
+  EXPECT_ERROR(
+      NonFiniteCheckAndUnscale({t, Tensor::Ones({2}, kI64)}, Tensor::Zeros({}), Tensor::Scalar(2)),
+      "non_finite_check_and_unscale: expected a floating dtype (f32, f64, f16, bf16), got "
+      "i64");
   ExpectExact(t, {2}, kF32, {1, 1}, "unchanged after error");
-  EXPECT_ERROR(AnyNonFinite({t, Tensor()}), "non_finite_check: a list element is an undefined tensor");
+  EXPECT_ERROR(AnyNonFinite({t, Tensor()}),
+               "non_finite_check: a list element is an undefined tensor");
 }
 
 }  // namespace

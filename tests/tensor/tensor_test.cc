@@ -59,13 +59,22 @@ TEST(ShapeTest, NumElements) {
   EXPECT_EQ(NumElements({int64_t{1} << 31, int64_t{1} << 31}), int64_t{1} << 62);
   const int64_t max = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(NumElements({0, max, max}), 0);
-  EXPECT_TRUE(ThrowsErrorExactly([] { NumElements({int64_t{1} << 32, int64_t{1} << 32}); },
-                                 "shape [4294967296, 4294967296] has more elements than int64 "
-                                 "can count"));
-  EXPECT_TRUE(ThrowsError([] { NumElements({3, int64_t{1} << 62}); },
-                          "has more elements than int64 can count"));
-  EXPECT_TRUE(ThrowsErrorExactly([] { NumElements({2, -1}); },
-                                 "shape [2, -1] has a negative size"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        NumElements({int64_t{1} << 32, int64_t{1} << 32});
+      },
+      "shape [4294967296, 4294967296] has more elements than int64 "
+      "can count"));
+  EXPECT_TRUE(ThrowsError(
+      [] {
+        NumElements({3, int64_t{1} << 62});
+      },
+      "has more elements than int64 can count"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        NumElements({2, -1});
+      },
+      "shape [2, -1] has a negative size"));
 }
 
 TEST(ShapeTest, ContiguousStrides) {
@@ -82,8 +91,11 @@ TEST(ShapeTest, BroadcastShapes) {
   EXPECT_EQ(BroadcastShapes("add", {0}, {1}), Shape{0});
   EXPECT_EQ(BroadcastShapes("add", {1, 0}, {3, 1}), (Shape{3, 0}));
   EXPECT_EQ(BroadcastShapes("add", {2, 3}, {2, 3}), (Shape{2, 3}));
-  EXPECT_TRUE(ThrowsErrorExactly([] { BroadcastShapes("add", {2, 3}, {4}); },
-                                 "add: shapes [2, 3] and [4] cannot be broadcast"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        BroadcastShapes("add", {2, 3}, {4});
+      },
+      "add: shapes [2, 3] and [4] cannot be broadcast"));
   EXPECT_TRUE(ThrowsErrorExactly([] { BroadcastShapes("mul", {0}, {2}); },
                                  "mul: shapes [0] and [2] cannot be broadcast"));
 }
@@ -92,7 +104,7 @@ TEST(ShapeTest, WrapDim) {
   EXPECT_EQ(WrapDim("op", -1, 3), 2);
   EXPECT_EQ(WrapDim("op", -3, 3), 0);
   EXPECT_EQ(WrapDim("op", 2, 3), 2);
-  EXPECT_EQ(WrapDim("op", 0, 0), 0);   // a 0-d tensor accepts dim 0 and -1, like torch
+  EXPECT_EQ(WrapDim("op", 0, 0), 0);  // a 0-d tensor accepts dim 0 and -1, like torch
   EXPECT_EQ(WrapDim("op", -1, 0), 0);
   EXPECT_TRUE(ThrowsErrorExactly([] { WrapDim("op", 3, 3); },
                                  "op: dim 3 is out of range for a tensor with 3 dims"));
@@ -137,8 +149,11 @@ TEST(TensorTest, Empty) {
   EXPECT_EQ(s.dtype(), kF32);
   EXPECT_TRUE(s.strides().empty());
 
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({2, -1}); },
-                                 "shape [2, -1] has a negative size"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        Tensor::Empty({2, -1});
+      },
+      "shape [2, -1] has a negative size"));
   EXPECT_TRUE(ThrowsError([] { Tensor::Empty({int64_t{1} << 62}); },
                           "empty: shape [4611686018427387904] is too large"));
 }
@@ -217,9 +232,9 @@ TEST(TensorTest, Arange) {
             (std::vector<int64_t>{-2, -1, 0, 1}));
   EXPECT_EQ(Tensor::Arange(0, 3, 1, kI64).dtype(), kI64);
   // Empty ranges give shape [0].
-  for (auto [start, end, step] : {std::tuple{3.0, 3.0, 1.0}, std::tuple{5.0, 0.0, 1.0},
-                                  std::tuple{0.0, 5.0, -1.0}, std::tuple{0.0, 1e300, -1.0},
-                                  std::tuple{1e300, 0.0, 1.0}}) {
+  for (auto [start, end, step] :
+       {std::tuple{3.0, 3.0, 1.0}, std::tuple{5.0, 0.0, 1.0}, std::tuple{0.0, 5.0, -1.0},
+        std::tuple{0.0, 1e300, -1.0}, std::tuple{1e300, 0.0, 1.0}}) {
     const Tensor e = Tensor::Arange(start, end, step);
     EXPECT_EQ(e.shape(), Shape{0}) << start << " " << end << " " << step;
     EXPECT_EQ(e.numel(), 0);
@@ -248,8 +263,11 @@ TEST(TensorTest, FromVectorAndToVector) {
   const Tensor s = Tensor::FromVector<double>({4.25}, {});
   EXPECT_EQ(s.dim(), 0);
   EXPECT_EQ(s.item(), 4.25);
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::FromVector<float>({1, 2, 3, 4, 5}, {2, 3}); },
-                                 "FromVector: 5 values do not fill shape [2, 3]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        Tensor::FromVector<float>({1, 2, 3, 4, 5}, {2, 3});
+      },
+      "FromVector: 5 values do not fill shape [2, 3]"));
   // to_vector of a view gives the logical (row-major) order.
   EXPECT_EQ(t.transpose(0, 1).to_vector<float>(), (F{1, 4, 2, 5, 3, 6}));
 }
@@ -269,8 +287,11 @@ TEST(TensorTest, Item) {
   EXPECT_EQ(Iota({2, 3}).select(0, 1).select(0, 2).item(), 5.0);
   EXPECT_EQ(Tensor::Ones({1}, kBool).item(), 1.0);
   EXPECT_EQ(Tensor::Full({1}, -3, kI32).item(), -3.0);
-  EXPECT_TRUE(ThrowsErrorExactly([] { Iota({2, 3}).item(); },
-                                 "item: the tensor has 6 elements (shape [2, 3]), expected 1"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        Iota({2, 3}).item();
+      },
+      "item: the tensor has 6 elements (shape [2, 3]), expected 1"));
   EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({0}).item(); },
                                  "item: the tensor has 0 elements (shape [0]), expected 1"));
 }
@@ -360,7 +381,7 @@ TEST(TensorTest, ViewOfNonContiguousSplitsAndMergesCompatibleDims) {
   EXPECT_EQ(r.to_vector<float>(), t.contiguous().to_vector<float>());
 
   const Tensor s = x.slice(2, 0, 2);  // [2, 3, 2], strides [12, 4, 1]
-  const Tensor m = s.view({6, 2});   // dims 0 and 1 merge: 12 == 3 * 4
+  const Tensor m = s.view({6, 2});    // dims 0 and 1 merge: 12 == 3 * 4
   EXPECT_TRUE(m.shares_storage(x));
   EXPECT_EQ(m.strides(), (Shape{4, 1}));
   EXPECT_EQ(m.to_vector<float>(), (F{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21}));
@@ -369,14 +390,23 @@ TEST(TensorTest, ViewOfNonContiguousSplitsAndMergesCompatibleDims) {
 
 TEST(TensorTest, ReshapeErrors) {
   const Tensor x = Iota({2, 3});
-  EXPECT_TRUE(ThrowsErrorExactly([&] { x.reshape({4, -1}); },
-                                 "reshape: shape [4, -1] is invalid for 6 elements"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { x.reshape({-1, -1}); },
-                                 "reshape: only one dimension can be -1 in [-1, -1]"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { x.reshape({7}); },
-                                 "reshape: shape [7] is invalid for 6 elements"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { x.reshape({-2, 3}); },
-                                 "reshape: invalid size -2 in [-2, 3]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        x.reshape({4, -1});
+      },
+      "reshape: shape [4, -1] is invalid for 6 elements"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        x.reshape({-1, -1});
+      },
+      "reshape: only one dimension can be -1 in [-1, -1]"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { x.reshape({7}); }, "reshape: shape [7] is invalid for 6 elements"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        x.reshape({-2, 3});
+      },
+      "reshape: invalid size -2 in [-2, 3]"));
   EXPECT_TRUE(ThrowsError([&] { x.view({5}); }, "view: shape [5] is invalid for 6 elements"));
   EXPECT_TRUE(ThrowsError([] { Tensor::Empty({0, 3}).reshape({-1, 0}); }, "is invalid for 0"));
 }
@@ -410,8 +440,8 @@ TEST(TensorTest, Slice) {
   EXPECT_EQ(y.slice(0, -1, 3).to_vector<float>(), (F{8, 9, 10, 11}));
   EXPECT_EQ(y.slice(1, 1, 4, 2).slice(0, 0, 3, 2).to_vector<float>(), (F{1, 3, 9, 11}));
 
-  EXPECT_TRUE(ThrowsErrorExactly([&] { x.slice(0, 0, 5, 0); },
-                                 "slice: step must be positive, got 0"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { x.slice(0, 0, 5, 0); }, "slice: step must be positive, got 0"));
   EXPECT_TRUE(ThrowsError([&] { x.slice(0, 5, 0, -1); }, "slice: step must be positive, got -1"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { y.slice(2, 0, 1); },
                                  "slice: dim 2 is out of range for a tensor with 2 dims"));
@@ -429,8 +459,11 @@ TEST(TensorTest, Narrow) {
                                  "narrow: range [8, 11) is out of bounds for dim 0 of size 10"));
   EXPECT_TRUE(ThrowsError([&] { x.narrow(0, -1, 2); }, "narrow: range [-1, 1) is out of bounds"));
   EXPECT_TRUE(ThrowsError([&] { x.narrow(0, 2, -1); }, "narrow: range [2, 1) is out of bounds"));
-  EXPECT_TRUE(ThrowsError([&] { Iota({2, 3}).narrow(1, 1, 3); },
-                          "narrow: range [1, 4) is out of bounds for dim 1 of size 3"));
+  EXPECT_TRUE(ThrowsError(
+      [&] {
+        Iota({2, 3}).narrow(1, 1, 3);
+      },
+      "narrow: range [1, 4) is out of bounds for dim 1 of size 3"));
 }
 
 TEST(TensorTest, Select) {
@@ -486,12 +519,21 @@ TEST(TensorTest, Permute) {
     }
   }
   EXPECT_EQ(z.permute({-1, -3, -2}).shape(), (Shape{4, 2, 3}));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { z.permute({0, 0, 1}); },
-                                 "permute: dim 0 repeats in [0, 0, 1]"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { z.permute({0, -3, 1}); },
-                                 "permute: dim 0 repeats in [0, -3, 1]"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { z.permute({0, 1}); },
-                                 "permute: 2 dims given for a tensor of shape [2, 3, 4]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        z.permute({0, 0, 1});
+      },
+      "permute: dim 0 repeats in [0, 0, 1]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        z.permute({0, -3, 1});
+      },
+      "permute: dim 0 repeats in [0, -3, 1]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        z.permute({0, 1});
+      },
+      "permute: 2 dims given for a tensor of shape [2, 3, 4]"));
   EXPECT_TRUE(ThrowsError([&] { z.permute({0, 1, 3}); }, "permute: dim 3 is out of range"));
 }
 
@@ -516,12 +558,18 @@ TEST(TensorTest, Expand) {
   // Writing to the base shows up in every expanded position.
   c.fill_(8);
   EXPECT_EQ(e.to_vector<float>(), F(24, 8));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { c.expand({2, 4}); },
-                                 "expand: cannot expand shape [3, 1] to [2, 4]"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { c.expand({4}); },
-                                 "expand: cannot expand shape [3, 1] to [4]"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { c.expand({-1, 3, 1}); },
-                                 "expand: invalid size -1 in [-1, 3, 1]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        c.expand({2, 4});
+      },
+      "expand: cannot expand shape [3, 1] to [2, 4]"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { c.expand({4}); }, "expand: cannot expand shape [3, 1] to [4]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        c.expand({-1, 3, 1});
+      },
+      "expand: invalid size -1 in [-1, 3, 1]"));
   EXPECT_TRUE(ThrowsError([&] { row.expand({2, 3}); }, "expand: cannot expand shape [2] to"));
 }
 
@@ -602,22 +650,20 @@ TEST(TensorTest, CloneDoesNotShare) {
 }
 
 TEST(TensorTest, ToConvertsValues) {
-  const Tensor f = Tensor::FromVector<float>({1, 65504, 65519, 65520, 1e6f, -1e6f, 1e-8f, -0.0f,
-                                              std::ldexp(1.0f, -24), 0.1f},
-                                             {10});
+  const Tensor f = Tensor::FromVector<float>(
+      {1, 65504, 65519, 65520, 1e6f, -1e6f, 1e-8f, -0.0f, std::ldexp(1.0f, -24), 0.1f}, {10});
   const Tensor h = f.to(kF16);
   EXPECT_EQ(h.dtype(), kF16);
   EXPECT_EQ(h.shape(), Shape{10});
   EXPECT_EQ(HalfBits(h), (std::vector<uint16_t>{0x3c00, 0x7bff, 0x7bff, 0x7c00, 0x7c00, 0xfc00,
-                                                 0x0000, 0x8000, 0x0001, 0x2e66}));
+                                                0x0000, 0x8000, 0x0001, 0x2e66}));
   EXPECT_EQ(h.to(kF32).to_vector<float>()[3], kInf);
   const Tensor b = Tensor::FromVector<float>({1.01171875f, 1.00390625f}, {2}).to(kBF16);
   EXPECT_EQ(b.data<BFloat16>()[0].bits, 0x3f82u);
   EXPECT_EQ(b.data<BFloat16>()[1].bits, 0x3f80u);
 
-  const Tensor g = Tensor::FromVector<float>({-3.7f, 3.7f, static_cast<float>(kNaN), 1e30f,
-                                              -1e30f},
-                                             {5});
+  const Tensor g =
+      Tensor::FromVector<float>({-3.7f, 3.7f, static_cast<float>(kNaN), 1e30f, -1e30f}, {5});
   EXPECT_EQ(g.to(kI32).to_vector<int32_t>(),
             (std::vector<int32_t>{-3, 3, 0, std::numeric_limits<int32_t>::max(),
                                   std::numeric_limits<int32_t>::min()}));
@@ -648,8 +694,11 @@ TEST(TensorTest, CopyBroadcastsAndConverts) {
   EXPECT_EQ(dst.to_vector<double>(), (D{0, 1, 2, 3, 4, 5}));
   EXPECT_TRUE(ThrowsErrorExactly([&] { dst.copy_(Tensor::Zeros({4})); },
                                  "copy_: source shape [4] cannot be broadcast to [2, 3]"));
-  EXPECT_TRUE(ThrowsError([&] { dst.copy_(Tensor::Zeros({1, 2, 3})); },
-                          "copy_: source shape [1, 2, 3] cannot be broadcast to [2, 3]"));
+  EXPECT_TRUE(ThrowsError(
+      [&] {
+        dst.copy_(Tensor::Zeros({1, 2, 3}));
+      },
+      "copy_: source shape [1, 2, 3] cannot be broadcast to [2, 3]"));
 
   // Into a non-contiguous destination.
   const Tensor d2 = Tensor::Zeros({3, 2});
@@ -667,8 +716,11 @@ TEST(TensorTest, CopyBroadcastsAndConverts) {
 TEST(TensorTest, CopyIntoExpandedViewThrows) {
   const Tensor base = Tensor::Zeros({3, 1});
   const Tensor e = base.expand({3, 4});
-  EXPECT_TRUE(ThrowsError([&] { e.copy_(Tensor::Ones({3, 4})); },
-                          "copy_: the destination of shape [3, 4] is an expanded view (stride 0)"));
+  EXPECT_TRUE(ThrowsError(
+      [&] {
+        e.copy_(Tensor::Ones({3, 4}));
+      },
+      "copy_: the destination of shape [3, 4] is an expanded view (stride 0)"));
   EXPECT_TRUE(ThrowsError([&] { e.fill_(1); }, "expanded view"));
   EXPECT_EQ(base.to_vector<float>(), F(3, 0));
   // Size-1 dims with stride 0 are fine: no element is written twice.
@@ -709,9 +761,12 @@ TEST(TensorTest, ConstructorRejectsViewsOutsideStorage) {
   const Tensor ok(storage, {2, 3}, {3, 1}, 0, kF32);
   EXPECT_EQ(ok.numel(), 6);
   EXPECT_TRUE(ThrowsError([&] { Tensor(storage, {2, 3}, {3, 1}, 1, kF32); }, "reaches outside"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Tensor(storage, {2, 3}, {3, 1}, 1, kF32); },
-                                 "Tensor: view of shape [2, 3] with strides [3, 1] and offset 1 "
-                                 "reaches outside a storage of 6 f32 elements"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        Tensor(storage, {2, 3}, {3, 1}, 1, kF32);
+      },
+      "Tensor: view of shape [2, 3] with strides [3, 1] and offset 1 "
+      "reaches outside a storage of 6 f32 elements"));
   EXPECT_TRUE(ThrowsError([&] { Tensor(storage, {7}, {1}, 0, kF32); }, "reaches outside"));
   EXPECT_TRUE(ThrowsError([&] { Tensor(storage, {4}, {2}, 0, kF32); }, "reaches outside"));
   EXPECT_TRUE(ThrowsError([&] { Tensor(storage, {4}, {1}, 0, kF64); },
@@ -724,14 +779,13 @@ TEST(TensorTest, ConstructorRejectsViewsOutsideStorage) {
   base.copy_(Iota({6}));
   const Tensor rev(storage, {3}, {-1}, 2, kF32);
   EXPECT_EQ(rev.to_vector<float>(), (F{2, 1, 0}));
-  EXPECT_EQ(Tensor(storage, {2, 3}, {-3, -1}, 5, kF32).to_vector<float>(),
-            (F{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(Tensor(storage, {2, 3}, {-3, -1}, 5, kF32).to_vector<float>(), (F{5, 4, 3, 2, 1, 0}));
   // Other constructor checks.
   EXPECT_TRUE(ThrowsErrorExactly([&] { Tensor(storage, {2}, {1}, -1, kF32); },
                                  "Tensor: negative offset -1"));
   EXPECT_TRUE(ThrowsError([&] { Tensor(storage, {2, 3}, {1}, 0, kF32); }, "differ in length"));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor(nullptr, {1}, {1}, 0, kF32); },
-                                 "Tensor: null storage"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([] { Tensor(nullptr, {1}, {1}, 0, kF32); }, "Tensor: null storage"));
   // A view with no elements addresses nothing, wherever it points.
   EXPECT_EQ(Tensor(storage, {0, 5}, {5, 1}, 100, kF32).numel(), 0);
   // A storage that is not a multiple of the element size holds floor(nbytes / size) elements.
@@ -765,8 +819,7 @@ TEST(TensorTest, ToString) {
   EXPECT_EQ(Tensor::FromVector<float>({1.5f, -0.25f}, {2}).to(kF16).ToString(),
             "tensor([1.5, -0.25], f16, shape=[2])");
   EXPECT_EQ(Iota({2, 1, 2}).ToString(), "tensor([[[0, 1]], [[2, 3]]], f32, shape=[2, 1, 2])");
-  EXPECT_EQ(Iota({2, 2}).transpose(0, 1).ToString(),
-            "tensor([[0, 2], [1, 3]], f32, shape=[2, 2])");
+  EXPECT_EQ(Iota({2, 2}).transpose(0, 1).ToString(), "tensor([[0, 2], [1, 3]], f32, shape=[2, 2])");
   EXPECT_EQ(Iota({1, 3}, kI64).ToString(), "tensor([[0, 1, 2]], i64, shape=[1, 3])");
   EXPECT_EQ(Tensor::Ones({2}, kBool).ToString(), "tensor([1, 1], bool, shape=[2])");
   EXPECT_EQ(Tensor::FromVector<float>({kInf, -kInf, 0.1f, 1234567}, {4}).ToString(),
@@ -790,11 +843,11 @@ struct Row {
 std::vector<Row> Rows(const Shape& shape, const Shape& s0, const Shape& s1) {
   static char buffer[2][4096];
   std::vector<Row> rows;
-  ForEachRow<2>(shape, {buffer[0] + 2048, buffer[1] + 2048}, {s0, s1},
-                [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
-                  rows.push_back(Row{{p[0] - (buffer[0] + 2048), p[1] - (buffer[1] + 2048)}, n,
-                                     step});
-                });
+  ForEachRow<2>(
+      shape, {buffer[0] + 2048, buffer[1] + 2048}, {s0, s1},
+      [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+        rows.push_back(Row{{p[0] - (buffer[0] + 2048), p[1] - (buffer[1] + 2048)}, n, step});
+      });
   return rows;
 }
 
@@ -847,10 +900,10 @@ TEST(StridedLoopTest, VisitsEveryElementInRowMajorOrder) {
     Shape shape, s0, s1;
   };
   const Case cases[] = {
-      {{2, 3, 4}, {4, 32, 8}, {48, 16, 4}},      // permuted vs contiguous
+      {{2, 3, 4}, {4, 32, 8}, {48, 16, 4}},           // permuted vs contiguous
       {{4, 1, 3, 2}, {24, 99, 8, 4}, {0, 0, 2, -1}},  // broadcast and negative strides
-      {{3, 4, 5}, {-80, 20, 4}, {40, 10, 2}},     // partially mergeable
-      {{2, 2, 2, 2}, {8, 4, 2, 1}, {1, 2, 4, 8}},  // fully reversed strides
+      {{3, 4, 5}, {-80, 20, 4}, {40, 10, 2}},         // partially mergeable
+      {{2, 2, 2, 2}, {8, 4, 2, 1}, {1, 2, 4, 8}},     // fully reversed strides
   };
   for (const Case& c : cases) {
     std::vector<int64_t> got0, got1;
@@ -870,8 +923,11 @@ TEST(StridedLoopTest, BroadcastByteStrides) {
   EXPECT_EQ(BroadcastByteStrides(c, {2, 3, 4}), (Shape{0, 4, 0}));
   EXPECT_EQ(BroadcastByteStrides(Iota({2, 3}, kF64).transpose(0, 1), {3, 2}), (Shape{8, 24}));
   EXPECT_EQ(BroadcastByteStrides(Tensor::Scalar(1, kI64), {5}), Shape{0});
-  EXPECT_TRUE(ThrowsErrorExactly([&] { BroadcastByteStrides(c, {2, 4}); },
-                                 "broadcast: cannot broadcast shape [3, 1] to [2, 4]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        BroadcastByteStrides(c, {2, 4});
+      },
+      "broadcast: cannot broadcast shape [3, 1] to [2, 4]"));
   EXPECT_TRUE(ThrowsError([&] { BroadcastByteStrides(c, {3}); },
                           "broadcast: cannot broadcast shape [3, 1] to [3]"));
 }

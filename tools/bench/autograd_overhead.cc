@@ -103,11 +103,13 @@ int main() {
       if (hooks == 0) {
         base_ns = ns;
         std::printf("  %-52s %9.1f ns   (baseline: backward without hooks)\n",
-                    params == 148 ? "148 params, 0 hooks, whole backward" :
-                                    "10000 params, 0 hooks, whole backward", ns);
+                    params == 148 ? "148 params, 0 hooks, whole backward"
+                                  : "10000 params, 0 hooks, whole backward",
+                    ns);
       } else {
         char label[80];
-        std::snprintf(label, sizeof(label), "%d params, %d hooks each: per hook call", params, hooks);
+        std::snprintf(label, sizeof(label), "%d params, %d hooks each: per hook call", params,
+                      hooks);
         Report(label, (ns - base_ns) / (static_cast<double>(params) * hooks), 100);
       }
       (void)calls;

@@ -50,23 +50,29 @@ int main() {
   const tg::Tensor b = tg::RandNormal({n, n}, gen);
   tg::Tensor c = tg::Tensor::Empty({n, n});
   const double flops = 2.0 * n * n * n;
-  const double naive_s = BestSeconds(3, [&] { NaiveMatmul(a.data<float>(), b.data<float>(), c.data<float>(), n); });
+  const double naive_s =
+      BestSeconds(3, [&] { NaiveMatmul(a.data<float>(), b.data<float>(), c.data<float>(), n); });
   const double gemm_s = BestSeconds(10, [&] { c = tg::Matmul(a, b); });
   const double gemm_t_s = BestSeconds(10, [&] { c = tg::Matmul(a.transpose(0, 1), b); });
   const tg::Tensor ah = a.to(tg::kF16), bh = b.to(tg::kF16);
   const double gemm_h_s = BestSeconds(5, [&] { c = tg::Matmul(ah, bh); });
   std::printf("matmul 512x512x512\n");
-  std::printf("  %-28s %8.2f GFLOP/s  (baseline)\n", "naive i-k-j loop f32", flops / naive_s * 1e-9);
-  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f32", flops / gemm_s * 1e-9, naive_s / gemm_s);
-  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f32 (A transposed)", flops / gemm_t_s * 1e-9, naive_s / gemm_t_s);
-  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f16 (via f32)", flops / gemm_h_s * 1e-9, naive_s / gemm_h_s);
+  std::printf("  %-28s %8.2f GFLOP/s  (baseline)\n", "naive i-k-j loop f32",
+              flops / naive_s * 1e-9);
+  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f32", flops / gemm_s * 1e-9,
+              naive_s / gemm_s);
+  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f32 (A transposed)",
+              flops / gemm_t_s * 1e-9, naive_s / gemm_t_s);
+  std::printf("  %-28s %8.2f GFLOP/s  x%.1f\n", "tg::Matmul f16 (via f32)", flops / gemm_h_s * 1e-9,
+              naive_s / gemm_h_s);
 
   const int64_t m = 1000000;
   const tg::Tensor x = tg::RandUniform({m}, gen, 0.5, 2.0);
   const tg::Tensor y = tg::RandUniform({m}, gen, 0.5, 2.0);
   std::vector<float> dst(m);
   const double bytes2 = 2.0 * m * sizeof(float);  // read one, write one
-  const double copy_s = BestSeconds(50, [&] { std::memcpy(dst.data(), x.data<float>(), m * sizeof(float)); });
+  const double copy_s =
+      BestSeconds(50, [&] { std::memcpy(dst.data(), x.data<float>(), m * sizeof(float)); });
   const double copy_gbs = bytes2 / copy_s * 1e-9;
   std::printf("\nelementwise, 10^6 f32 elements (GB/s of memory traffic; ratio to memcpy)\n");
   std::printf("  %-28s %8.2f GB/s     (baseline)\n", "memcpy", copy_gbs);
@@ -81,7 +87,10 @@ int main() {
   const std::vector<Case> cases = {
       {"add", 3.0 * m * 4, [&] { out = tg::Add(x, y); }},
       {"mul", 3.0 * m * 4, [&] { out = tg::Mul(x, y); }},
-      {"add (row broadcast)", 2.0 * m * 4, [&] { out = tg::Add(x.reshape({1000, 1000}), y.slice(0, 0, 1000)); }},
+      {"add (row broadcast)", 2.0 * m * 4,
+       [&] {
+         out = tg::Add(x.reshape({1000, 1000}), y.slice(0, 0, 1000));
+       }},
       {"mul_scalar", 2.0 * m * 4, [&] { out = tg::MulScalar(x, 3.0); }},
       {"exp", 2.0 * m * 4, [&] { out = tg::Exp(x); }},
       {"gelu_tanh", 2.0 * m * 4, [&] { out = tg::GeluTanh(x); }},
@@ -89,7 +98,10 @@ int main() {
       {"add f16", 3.0 * m * 2, [&] { out = tg::Add(xh, yh); }},
       {"to(f16)", 1.0 * m * 4 + m * 2, [&] { out = x.to(tg::kF16); }},
       {"sum", 1.0 * m * 4, [&] { out = tg::Sum(x); }},
-      {"softmax [1000, 1000]", 2.0 * m * 4, [&] { out = tg::Softmax(x.reshape({1000, 1000})); }},
+      {"softmax [1000, 1000]", 2.0 * m * 4,
+       [&] {
+         out = tg::Softmax(x.reshape({1000, 1000}));
+       }},
   };
   for (const Case& cs : cases) {
     const double s = BestSeconds(20, cs.fn);

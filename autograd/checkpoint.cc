@@ -1,0 +1,228 @@
+#include "autograd/checkpoint.h"
+
+#include <any>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace {
+
+// The states of the generators `fn` draws from, captured before its forward.
+struct GeneratorStates {
+  std::vector<Generator*> generators;
+  std::vector<Generator::State> states;
+
+  static GeneratorStates Capture(const std::vector<Generator*>& generators) {
+    GeneratorStates s{generators, {}};
+    for (const Generator* g : generators) s.states.push_back(g->state());
+    return s;
+  }
+};
+
+// Rewinds the generators to `saved` for the recomputation and puts their current states back
+// afterwards (also when the recomputation throws), so the caller's stream is unaffected.
+class ScopedGeneratorStates {
+ public:
+  explicit ScopedGeneratorStates(const GeneratorStates& saved)
+      : current_(GeneratorStates::Capture(saved.generators)) {
+    for (size_t i = 0; i < saved.generators.size(); ++i) {
+      saved.generators[i]->set_state(saved.states[i]);
+    }
+  }
+  ~ScopedGeneratorStates() {
+    for (size_t i = 0; i < current_.generators.size(); ++i) {
+      current_.generators[i]->set_state(current_.states[i]);
+    }
+  }
+  ScopedGeneratorStates(const ScopedGeneratorStates&) = delete;
+  ScopedGeneratorStates& operator=(const ScopedGeneratorStates&) = delete;
+
+ private:
+  GeneratorStates current_;
+};
+
+// Leaves sharing the inputs' data (and version counters) with the inputs' requires_grad, so
+// that the recomputation records (and saves) exactly what the forward did.
+VariableList DetachInputs(const VariableList& inputs) {
+  VariableList detached;
+  detached.reserve(inputs.size());
+  for (const Variable& in : inputs) {
+    if (!in.defined()) {
+      detached.emplace_back();
+      continue;
+    }
+    Variable d = in.detach();
+    if (in.requires_grad()) d.set_requires_grad(true);
+    detached.push_back(std::move(d));
+  }
+  return detached;
+}
+
+Variable CheckedCall(const CheckpointFn& fn, const VariableList& inputs) {
+  Variable out = fn(inputs);
+  TG_CHECK(out.defined(), "checkpoint: the checkpointed function returned an undefined variable");
+  return out;
+}
+
+// ---- Reentrant -------------------------------------------------------------------------------
+
+struct CheckpointFunction : Function<CheckpointFunction> {
+  static constexpr const char* kName = "Checkpoint";
+
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& inputs, CheckpointFn fn,
+                              const std::vector<Generator*>& generators) {
+    // Captured before fn draws anything, so the recomputation sees the same random numbers.
+    ctx.saved_data["generators"] = GeneratorStates::Capture(generators);
+    // Autocast (added by the amp issue): capture its thread-local state (enabled, dtype) here too.
+    Variable out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
+    ctx.save_for_backward(inputs);           // version-checked when the backward recomputes
+    ctx.saved_data["fn"] = std::move(fn);
+    return {out};
+  }
+
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    // The nested Backward below accumulates into every leaf fn uses; a task that computes only
+    // some gradients (Grad(), or inputs=) must not see .grad change, so refuse, as PyTorch does.
+    TG_CHECK(!current_task_is_partial(),
+             "checkpoint: reentrant checkpointing does not work with Engine::Grad() or with "
+             "Backward() given inputs; use CheckpointOptions::reentrant = false");
+    const auto& fn = std::any_cast<const CheckpointFn&>(ctx.saved_data.at("fn"));
+    const auto& generators = std::any_cast<const GeneratorStates&>(ctx.saved_data.at("generators"));
+    const VariableList detached = DetachInputs(ctx.saved_variables());
+    Variable out;
+    {
+      ScopedGeneratorStates rng(generators);
+      // Autocast (added by the amp issue): re-establish the state captured in Forward for the
+      // recomputation (an AutocastStateGuard next to the generator states), and restore the
+      // caller's after; the backward itself runs outside autocast, as in PyTorch.
+      EnableGradGuard grad;
+      out = CheckedCall(fn, detached);
+    }
+    TG_CHECK(out.requires_grad(),
+             "checkpoint: the recomputed output does not require grad (none "
+             "of the inputs or parameters fn uses requires grad)");
+    // A nested graph task: parameters inside fn accumulate (and run their hooks) in it.
+    Engine::Backward({out}, {grads[0]});
+    VariableList input_grads;
+    input_grads.reserve(detached.size());
+    for (size_t i = 0; i < detached.size(); ++i) {
+      input_grads.push_back(ctx.needs_input_grad(i) ? detached[i].grad() : Variable());
+    }
+    return input_grads;
+  }
+};
+
+// ---- Non-reentrant ---------------------------------------------------------------------------
+
+struct SavedMetadata {
+  Shape shape;
+  DType dtype;
+};
+
+// Shared by the pack/unpack hooks of one checkpointed call; owned by the saved variables of
+// the segment's nodes (through their unpack hooks), so it lives as long as the graph does.
+struct NonReentrantState {
+  CheckpointFn fn;
+  VariableList inputs;  // detached (see DetachInputs)
+  std::vector<uint64_t> input_versions;
+  GeneratorStates generators;
+  std::vector<SavedMetadata> forward_saved;  // what the forward packed, by pack index
+  int64_t recomputed_task = -1;              // the graph task `recomputed` belongs to
+  VariableList recomputed;                   // by pack index; emptied as entries are unpacked
+};
+
+void Recompute(NonReentrantState& s) {
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    if (!s.inputs[i].defined()) continue;
+    TG_CHECK(s.inputs[i].version() == s.input_versions[i], "checkpoint: input ", i,
+             " was modified in place after the checkpointed forward (version ", s.input_versions[i],
+             ", now ", s.inputs[i].version(),
+             "); the recomputation would not reproduce the forward");
+  }
+  VariableList saved;
+  {
+    ScopedGeneratorStates rng(s.generators);
+    // Autocast (added by the amp issue): re-establish the state captured at the forward, as in the
+    // reentrant backward.
+    EnableGradGuard grad;  // the forward recorded (it saved something), so record again
+    // Innermost hooks: every tensor the recomputation saves lands here (detached: the
+    // recomputed graph itself is dropped when fn's output goes out of scope).
+    SavedTensorHooks recorder(
+        [&saved](const Variable& v) -> std::any {
+          saved.push_back(v.detach());
+          return std::any();
+        },
+        [](const std::any&) -> Variable {
+          throw Error(
+              "checkpoint: a tensor saved during the recomputation was unpacked; "
+              "backward through the recomputed graph is not supported");
+        });
+    CheckedCall(s.fn, s.inputs);
+  }
+  TG_CHECK(saved.size() == s.forward_saved.size(), "checkpoint: the recomputation saved ",
+           saved.size(), " tensors for backward, but the forward saved ", s.forward_saved.size(),
+           "; the checkpointed function must run the same ops on the same shapes both times "
+           "(pass the generators it draws from in CheckpointOptions::generators)");
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const SavedMetadata& f = s.forward_saved[i];
+    TG_CHECK(saved[i].shape() == f.shape && saved[i].dtype() == f.dtype,
+             "checkpoint: saved tensor ", i, " is ", DTypeName(saved[i].dtype()), " ",
+             ShapeToString(saved[i].shape()), " in the recomputation but ", DTypeName(f.dtype), " ",
+             ShapeToString(f.shape), " in the forward");
+  }
+  s.recomputed = std::move(saved);
+}
+
+Variable Unpack(NonReentrantState& s, size_t index) {
+  const int64_t task = current_graph_task_id();
+  // One recomputation per graph task serves all of the segment's saved tensors; a new task
+  // (a second backward with retain_graph, or Grad()) recomputes again. An entry is handed out
+  // once and then dropped, so memory goes back as the backward moves through the segment.
+  if (task < 0 || task != s.recomputed_task || !s.recomputed[index].defined()) {
+    Recompute(s);
+    s.recomputed_task = task;
+  }
+  Variable v = std::move(s.recomputed[index]);
+  s.recomputed[index] = Variable();
+  return v;
+}
+
+Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
+                                const std::vector<Generator*>& generators) {
+  auto state = std::make_shared<NonReentrantState>();
+  state->fn = std::move(fn);
+  state->inputs = DetachInputs(inputs);
+  for (const Variable& in : inputs) {
+    state->input_versions.push_back(in.defined() ? in.version() : 0);
+  }
+  state->generators = GeneratorStates::Capture(generators);
+  // Autocast (added by the amp issue): capture the autocast state here for the recomputation.
+  SavedTensorHooks hooks(
+      [state](const Variable& v) -> std::any {
+        state->forward_saved.push_back({v.shape(), v.dtype()});
+        return state->forward_saved.size() - 1;  // only the index is kept, not the tensor
+      },
+      [state](const std::any& packed) -> Variable {
+        return Unpack(*state, std::any_cast<size_t>(packed));
+      });
+  return CheckedCall(state->fn, inputs);
+}
+
+}  // namespace
+
+Variable Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointOptions& options) {
+  TG_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  for (size_t i = 0; i < options.generators.size(); ++i) {
+    TG_CHECK(options.generators[i] != nullptr, "checkpoint: generator ", i, " is null");
+  }
+  if (!options.reentrant) return NonReentrantCheckpoint(std::move(fn), inputs, options.generators);
+  return CheckpointFunction::Apply(inputs, std::move(fn), options.generators)[0];
+}
+
+}  // namespace tg

@@ -1,0 +1,58 @@
+// Activation checkpointing: trade compute for memory by not keeping the tensors a segment of
+// the model saves for backward, and recomputing the segment when the backward needs them.
+//
+//   tg::Generator dropout_gen(0);
+//   tg::Variable h = tg::Checkpoint(
+//       [&](const tg::VariableList& in) {
+//         return tg::Dropout(tg::GeluTanh(tg::Matmul(in[0], w1) + b1), 0.1, dropout_gen);
+//       },
+//       {x}, tg::CheckpointOptions{/*reentrant=*/false, /*generators=*/{&dropout_gen}});
+//   tg::Sum(h).backward();     // recomputes the segment once, with the same dropout mask
+//
+// Two modes (DESIGN.md, autograd), with PyTorch's torch.utils.checkpoint semantics:
+//
+// - Reentrant (use_reentrant=True): a custom Function ("CheckpointBackward") whose forward runs
+//   `fn` under no-grad, and whose backward recomputes `fn` under grad on detached inputs and
+//   runs a nested Engine::Backward through the recomputed graph. Consequences, as in PyTorch:
+//   parameters used inside `fn` accumulate their .grad (and fire their hooks) in that nested
+//   graph task (depth + 1), not in the caller's; if no input requires grad the output does
+//   not either and those parameters get no gradient (make an input require grad); it cannot
+//   run under Engine::Grad or Backward(inputs=...) (the nested backward would accumulate into
+//   every leaf), and create_graph does not reach through it.
+// - Non-reentrant (use_reentrant=False): `fn` runs normally under grad, with SavedTensorHooks
+//   that keep only an index for each saved tensor; the first unpack in a graph task recomputes
+//   `fn` once and serves every saved tensor of the segment from that recomputation. All
+//   gradients flow in the caller's graph task, and Engine::Grad, backward(inputs=) and
+//   retain_graph (a later backward recomputes again) work.
+//
+// In both modes the states of `generators` are captured before the forward and restored for
+// the recomputation (then put back, so the caller's random stream is unaffected): randomness
+// drawn from those generators inside `fn` (dropout) is reproduced exactly. `fn` must otherwise
+// be deterministic and must not modify its inputs in place.
+#ifndef TAPEGRAD_AUTOGRAD_CHECKPOINT_H_
+#define TAPEGRAD_AUTOGRAD_CHECKPOINT_H_
+
+#include <functional>
+#include <vector>
+
+#include "autograd/node.h"
+#include "autograd/variable.h"
+#include "tensor/generator.h"
+
+namespace tg {
+
+struct CheckpointOptions {
+  bool reentrant = true;
+  // Generators `fn` draws from; their states are restored for the recomputation.
+  std::vector<Generator*> generators;
+};
+
+using CheckpointFn = std::function<Variable(const VariableList& inputs)>;
+
+// Returns fn(inputs), recomputing fn during backward instead of keeping what it saves.
+Variable Checkpoint(CheckpointFn fn, const VariableList& inputs,
+                    const CheckpointOptions& options = {});
+
+}  // namespace tg
+
+#endif  // TAPEGRAD_AUTOGRAD_CHECKPOINT_H_

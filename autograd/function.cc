@@ -1,0 +1,150 @@
+#include "autograd/function.h"
+
+#include <algorithm>
+
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+
+namespace tg {
+
+// ---- FunctionCtx -------------------------------------------------------------------------------
+
+void FunctionCtx::save_for_backward(VariableList variables) { to_save_ = std::move(variables); }
+
+VariableList FunctionCtx::saved_variables() const {
+  TG_CHECK(node_ != nullptr,
+           "saved_variables: the function was not recorded (no input requires "
+           "grad or grad mode was off), so nothing was saved");
+  VariableList out;
+  out.reserve(saved_.size());
+  for (size_t i = 0; i < saved_.size(); ++i) out.push_back(saved_[i].Unpack(*node_, i));
+  return out;
+}
+
+bool FunctionCtx::needs_input_grad(size_t i) const {
+  TG_CHECK(i < needs_input_grad_.size(), "needs_input_grad: index ", i, " out of range for ",
+           needs_input_grad_.size(), " inputs");
+  return needs_input_grad_[i];
+}
+
+void FunctionCtx::mark_non_differentiable(const VariableList& outputs) {
+  non_differentiable_.insert(non_differentiable_.end(), outputs.begin(), outputs.end());
+}
+
+// ---- CustomFunctionNode ------------------------------------------------------------------------
+
+CustomFunctionNode::CustomFunctionNode(std::string name, CustomBackwardFn backward)
+    : name_(std::move(name)), backward_(std::move(backward)) {
+  ctx_.node_ = this;
+}
+
+VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableList& inputs,
+                                               const CustomForwardFn& forward,
+                                               CustomBackwardFn backward) {
+  const bool record = ShouldRecord(inputs);
+  // The node exists before Forward runs (as in PyTorch, where ctx is the node), so Forward
+  // fills the ctx that Backward will see; without recording a throwaway ctx serves.
+  std::shared_ptr<CustomFunctionNode> node;
+  FunctionCtx unrecorded;
+  FunctionCtx* ctx = &unrecorded;
+  if (record) {
+    node =
+        std::make_shared<CustomFunctionNode>(absl::StrCat(name, "Backward"), std::move(backward));
+    ctx = &node->ctx_;
+  }
+  ctx->needs_input_grad_.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ctx->needs_input_grad_[i] = record && inputs[i].requires_grad();
+  }
+
+  VariableList outputs;
+  {
+    // Forward computes on data: nothing it does is recorded, only the node below.
+    NoGradGuard no_grad;
+    outputs = forward(*ctx);
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TG_CHECK(outputs[i].defined(), "function ", name, ": Forward returned an undefined output ", i);
+  }
+  if (!record) return outputs;
+
+  auto& edges = node->mutable_next_edges();
+  edges.reserve(inputs.size());
+  node->input_shapes_.reserve(inputs.size());
+  for (const Variable& in : inputs) {
+    edges.push_back(in.defined() ? Edge{in.gradient_edge_node(), in.output_nr()} : Edge{});
+    node->input_shapes_.push_back(in.defined() ? in.shape() : Shape{});
+  }
+
+  // Outputs get fresh variables sharing the forward's data (so an input returned as is becomes
+  // a new non-leaf rather than having its own history rewritten).
+  auto is_marked = [&](const Variable& out) {
+    return std::any_of(ctx->non_differentiable_.begin(), ctx->non_differentiable_.end(),
+                       [&](const Variable& v) { return v.is_same(out); });
+  };
+  VariableList results;
+  results.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& data = outputs[i].data();
+    node->AddInputMetadata(data);
+    // Integer outputs cannot carry gradients (PyTorch treats them as non-differentiable too).
+    if (is_marked(outputs[i]) || !IsFloating(data.dtype())) {
+      results.emplace_back(data);
+    } else {
+      results.push_back(MakeNonLeaf(data, node, static_cast<uint32_t>(i)));
+    }
+  }
+
+  // Saved outputs are saved as outputs (their grad_fn held weakly: no node -> itself cycle).
+  // Saving happens after Forward, so the recorded versions are those Backward must see.
+  for (const Variable& v : ctx->to_save_) {
+    if (!v.defined()) {
+      ctx->saved_.emplace_back();
+      continue;
+    }
+    auto it = std::find_if(outputs.begin(), outputs.end(),
+                           [&](const Variable& out) { return out.is_same(v); });
+    if (it == outputs.end()) {
+      ctx->saved_.emplace_back(v, /*is_output=*/false);
+    } else {
+      const Variable& result = results[static_cast<size_t>(it - outputs.begin())];
+      ctx->saved_.emplace_back(result, /*is_output=*/result.grad_fn() == node);
+    }
+  }
+  ctx->to_save_.clear();
+  ctx->non_differentiable_.clear();
+  return results;
+}
+
+VariableList CustomFunctionNode::Apply(VariableList grads) {
+  // Outputs that received no gradient (or cannot) count as zeros (materialize_grads).
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) {
+      const InputMetadata& m = input_metadata()[i];
+      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype));
+    }
+  }
+  VariableList result = backward_(ctx_, grads);
+  const auto& edges = next_edges();
+  TG_CHECK(result.size() == edges.size(), "function ", name_,
+           " returned an incorrect number of gradients (expected ", edges.size(), ", got ",
+           result.size(), ")");
+  for (size_t i = 0; i < result.size(); ++i) {
+    if (!edges[i].valid()) {
+      result[i] = Variable();  // the input does not require grad: ignored, as in PyTorch
+      continue;
+    }
+    if (!result[i].defined()) continue;
+    // Checked here (not only by the engine) so the message names the function and the input.
+    TG_CHECK(result[i].shape() == input_shapes_[i], "function ", name_,
+             " returned a gradient of shape ", ShapeToString(result[i].shape()), " for input ", i,
+             ", which has shape ", ShapeToString(input_shapes_[i]));
+  }
+  return result;
+}
+
+void CustomFunctionNode::ReleaseSaved() {
+  for (SavedVariable& s : ctx_.saved_) s.Release();
+}
+
+}  // namespace tg

@@ -1,0 +1,174 @@
+// Differentiable ops that select or move elements: slice, select, cat, stack, split, gather and
+// index_select. Each backward is the adjoint op (write or scatter-add the gradient into zeros of
+// the input's shape), itself recorded with the forward op as its backward, so create_graph gives
+// higher-order gradients. Semantics follow PyTorch (torch.cat promotes dtypes, torch.split keeps
+// a shorter last chunk, gather/index_select reject negative indices).
+#include <algorithm>
+
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+namespace tg {
+namespace {
+
+// Zeros of `shape` with `g` written into slice (dim, start, end, step): the adjoint of Slice.
+Variable SliceScatter(const Variable& g, const Shape& shape, int64_t dim, int64_t start,
+                      int64_t end, int64_t step) {
+  Tensor out = Tensor::Zeros(shape, g.dtype(), g.data().device());
+  out.slice(dim, start, end, step).copy_(g.data());
+  return Record("SliceScatterBackward", out, {g}, {},
+                [dim, start, end, step](const BackwardContext& ctx) -> VariableList {
+                  return {Slice(ctx.grads[0], dim, start, end, step)};
+                });
+}
+
+// Zeros of `shape` with `g` written at `index` of `dim`: the adjoint of Select.
+Variable SelectScatter(const Variable& g, const Shape& shape, int64_t dim, int64_t index) {
+  Tensor out = Tensor::Zeros(shape, g.dtype(), g.data().device());
+  out.select(dim, index).copy_(g.data());
+  return Record("SelectScatterBackward", out, {g}, {},
+                [dim, index](const BackwardContext& ctx) -> VariableList {
+                  return {Select(ctx.grads[0], dim, index)};
+                });
+}
+
+// Zeros of `shape` with `g` scatter-added along `dim` at `index`: the adjoint of Gather.
+Variable ScatterAddInto(const Variable& g, const Shape& shape, int64_t dim, const Tensor& index) {
+  const Tensor zeros = Tensor::Zeros(shape, g.dtype(), g.data().device());
+  return Record("ScatterAddBackward", tg::ScatterAdd(zeros, dim, index, g.data()), {g},
+                {Variable(index)}, [dim](const BackwardContext& ctx) -> VariableList {
+                  return {Gather(ctx.grads[0], dim, ctx.saved[0].data())};
+                });
+}
+
+// Zeros of `shape` with the rows of `g` added at rows `index`: the adjoint of IndexSelect.
+Variable IndexAddInto(const Variable& g, const Shape& shape, const Tensor& index) {
+  const Tensor zeros = Tensor::Zeros(shape, g.dtype(), g.data().device());
+  return Record("IndexAddBackward", tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Variable(index)},
+                [](const BackwardContext& ctx) -> VariableList {
+                  return {IndexSelect(ctx.grads[0], ctx.saved[0].data())};
+                });
+}
+
+}  // namespace
+
+Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  const Tensor out = x.data().slice(dim, start, end, step);  // validates dim and step
+  const int64_t d = WrapDim("slice", dim, x.dim());
+  const Shape in_shape = x.shape();
+  return MarkView(
+      Record("SliceBackward", out, {x}, {},
+             [in_shape, d, start, end, step](const BackwardContext& ctx) -> VariableList {
+               return {SliceScatter(ctx.grads[0], in_shape, d, start, end, step)};
+             }),
+      x);
+}
+
+Variable Select(const Variable& x, int64_t dim, int64_t index) {
+  const Tensor out = x.data().select(dim, index);  // validates dim and index
+  const int64_t d = WrapDim("select", dim, x.dim());
+  const int64_t i = index < 0 ? index + x.size(d) : index;
+  const Shape in_shape = x.shape();
+  return MarkView(Record("SelectBackward", out, {x}, {},
+                         [in_shape, d, i](const BackwardContext& ctx) -> VariableList {
+                           return {SelectScatter(ctx.grads[0], in_shape, d, i)};
+                         }),
+                  x);
+}
+
+Variable Cat(const std::vector<Variable>& xs, int64_t dim) {
+  TG_CHECK(!xs.empty(), "cat: expected a non-empty list of tensors");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TG_CHECK(xs[i].defined(), "cat: tensor ", i, " is undefined");
+    TG_CHECK(xs[i].dim() > 0, "cat: tensor ", i, " is 0-d; 0-d tensors cannot be concatenated");
+  }
+  const Shape& first = xs[0].shape();
+  const int64_t d = WrapDim("cat", dim, xs[0].dim());
+  Shape out_shape = first;
+  out_shape[d] = 0;
+  DType dtype = xs[0].dtype();
+  std::vector<int64_t> sizes;
+  std::vector<DType> dtypes;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Shape& s = xs[i].shape();
+    bool match = s.size() == first.size();
+    for (size_t k = 0; match && k < s.size(); ++k) {
+      match = k == static_cast<size_t>(d) || s[k] == first[k];
+    }
+    TG_CHECK(match, "cat: tensor ", i, " has shape ", ShapeToString(s), " but tensor 0 has shape ",
+             ShapeToString(first), "; shapes must match except in dim ", d);
+    out_shape[d] += s[d];
+    sizes.push_back(s[d]);
+    dtypes.push_back(xs[i].dtype());
+    dtype = PromoteTypes(dtype, xs[i].dtype());  // torch.cat promotes like binary ops
+  }
+  Tensor out = Tensor::Empty(out_shape, dtype, xs[0].data().device());
+  for (size_t i = 0, offset = 0; i < xs.size(); offset += sizes[i], ++i) {
+    out.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
+        .copy_(xs[i].data());
+  }
+  return Record("CatBackward", out, xs, {},
+                [d, sizes, dtypes](const BackwardContext& ctx) -> VariableList {
+                  VariableList grads(sizes.size());
+                  int64_t offset = 0;
+                  for (size_t i = 0; i < sizes.size(); offset += sizes[i], ++i) {
+                    if (!ctx.needs(i)) continue;
+                    grads[i] = Cast(Slice(ctx.grads[0], d, offset, offset + sizes[i]), dtypes[i]);
+                  }
+                  return grads;
+                });
+}
+
+Variable Stack(const std::vector<Variable>& xs, int64_t dim) {
+  TG_CHECK(!xs.empty(), "stack: expected a non-empty list of tensors");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TG_CHECK(xs[i].defined(), "stack: tensor ", i, " is undefined");
+    TG_CHECK(xs[i].shape() == xs[0].shape(), "stack: tensor ", i, " has shape ",
+             ShapeToString(xs[i].shape()), " but tensor 0 has shape ", ShapeToString(xs[0].shape()),
+             "; stacked tensors must have equal shapes");
+  }
+  const int64_t d = WrapDim("stack", dim, xs[0].dim() + 1);
+  // stack = cat of the inputs unsqueezed at dim; the gradient flows back through both ops.
+  std::vector<Variable> unsqueezed;
+  unsqueezed.reserve(xs.size());
+  for (const Variable& x : xs) unsqueezed.push_back(Unsqueeze(x, d));
+  return Cat(unsqueezed, d);
+}
+
+std::vector<Variable> Split(const Variable& x, int64_t split_size, int64_t dim) {
+  TG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
+  TG_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
+  const int64_t d = WrapDim("split", dim, x.dim());
+  const int64_t n = x.size(d);
+  // Chunks of split_size, the last one shorter; an empty dim gives one empty chunk (PyTorch).
+  std::vector<Tensor> chunks;
+  for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
+    chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
+  }
+  return RecordMulti("SplitBackward", chunks, {x}, {},
+                     [d](const BackwardContext& ctx) -> VariableList {
+                       // Chunks that got no gradient arrive as zeros.
+                       return {Cat(ctx.grads, d)};
+                     });
+}
+
+Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
+  const Tensor out = tg::Gather(x.data(), dim, index);  // validates
+  const int64_t d = WrapDim("gather", dim, x.dim());
+  const Shape in_shape = x.shape();
+  return Record("GatherBackward", out, {x}, {Variable(index)},
+                [in_shape, d](const BackwardContext& ctx) -> VariableList {
+                  return {ScatterAddInto(ctx.grads[0], in_shape, d, ctx.saved[0].data())};
+                });
+}
+
+Variable IndexSelect(const Variable& x, const Tensor& index) {
+  const Tensor out = tg::IndexSelect(x.data(), 0, index);  // validates
+  const Shape in_shape = x.shape();
+  return Record("IndexSelectBackward", out, {x}, {Variable(index)},
+                [in_shape](const BackwardContext& ctx) -> VariableList {
+                  return {IndexAddInto(ctx.grads[0], in_shape, ctx.saved[0].data())};
+                });
+}
+
+}  // namespace tg

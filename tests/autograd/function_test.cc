@@ -1,0 +1,284 @@
+// Custom autograd functions (autograd/function.h): gradients, saved variables, error text,
+// needs_input_grad, non-differentiable outputs, higher order and reentrant backward.
+#include "autograd/function.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "gtest/gtest.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using testing::ThrowsError;
+using testing::ThrowsErrorExactly;
+
+Variable Leaf(std::vector<double> values, Shape shape, bool requires_grad = true) {
+  return Variable(Tensor::FromVector<double>(values, shape, kF64), requires_grad);
+}
+
+std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+
+// x^3 with the hand-written backward 3x^2 * g, made of differentiable ops (so create_graph
+// gives the second derivative).
+struct Cube : Function<Cube> {
+  static constexpr const char* kName = "Cube";
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    EXPECT_FALSE(GradMode::is_enabled());  // Forward computes on data
+    ctx.save_for_backward({in[0]});
+    return {Variable(tg::Pow(in[0].data(), 3.0))};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    const Variable x = ctx.saved_variables()[0];
+    return {Mul(grads[0], MulScalar(Mul(x, x), 3))};
+  }
+};
+
+TEST(FunctionTest, CubeRecordsOneNodeAndPassesGradcheck) {
+  Variable x = Leaf({0.5, -1.25, 2.0, 0.75}, {2, 2});
+  Variable y = Cube::Apply({x})[0];
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), "CubeBackward");
+  ASSERT_EQ(y.grad_fn()->next_edges().size(), 1u);
+  EXPECT_EQ(y.grad_fn()->next_edges()[0].fn, x.gradient_edge_node());
+  EXPECT_EQ(Values(y), (std::vector<double>{0.125, -1.953125, 8.0, 0.421875}));
+
+  GradcheckResult r =
+      Gradcheck([](const VariableList& in) { return Cube::Apply({in[0]})[0]; }, {x});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST(FunctionTest, BackwardRunsUnderCreateGraphForSecondDerivatives) {
+  Variable x = Leaf({1.5, -2.0}, {2});
+  Variable y = Sum(Cube::Apply({x})[0]);
+  Variable gx = Engine::Grad({y}, {x}, {}, GradOptions{false, /*create_graph=*/true})[0];
+  EXPECT_EQ(Values(gx), (std::vector<double>{3 * 1.5 * 1.5, 12.0}));
+  ASSERT_TRUE(gx.requires_grad());
+  Variable ggx = Engine::Grad({Sum(gx)}, {x})[0];
+  EXPECT_EQ(Values(ggx), (std::vector<double>{9.0, -12.0}));  // 6x
+}
+
+TEST(FunctionTest, NotRecordedWithoutGradOrUnderNoGrad) {
+  Variable plain = Leaf({2}, {1}, /*requires_grad=*/false);
+  Variable y = Cube::Apply({plain})[0];
+  EXPECT_FALSE(y.requires_grad());
+  Variable x = Leaf({2}, {1});
+  NoGradGuard no_grad;
+  Variable z = Cube::Apply({x})[0];
+  EXPECT_FALSE(z.requires_grad());
+  EXPECT_EQ(Values(z), (std::vector<double>{8}));
+}
+
+// Returns as many gradients as it is told to; for the count error.
+struct BadCount : Function<BadCount> {
+  static constexpr const char* kName = "BadCount";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    return {Variable(in[0].data().clone())};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    return {grads[0], grads[0]};
+  }
+};
+
+TEST(FunctionTest, WrongGradientCountNamesTheFunctionAndBothCounts) {
+  Variable x = Leaf({1, 2, 3}, {3});
+  Variable y = Sum(BadCount::Apply({x})[0]);
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { y.backward(); },
+      "function BadCountBackward returned an incorrect number of gradients (expected 1, got 2) "
+      "[in BadCountBackward]"));
+}
+
+// Returns a [2, 3] gradient for a [3] input.
+struct BadShape : Function<BadShape> {
+  static constexpr const char* kName = "BadShape";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    return {Variable(in[0].data().clone())};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList&) {
+    return {Variable(Tensor::Ones({2, 3}, kF64))};
+  }
+};
+
+TEST(FunctionTest, WrongGradientShapeNamesBothShapes) {
+  Variable x = Leaf({1, 2, 3}, {3});
+  Variable y = Sum(BadShape::Apply({x})[0]);
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { y.backward(); },
+      "function BadShapeBackward returned a gradient of shape [2, 3] for input 0, which has "
+      "shape [3] [in BadShapeBackward]"));
+}
+
+// a * b + c, recording needs_input_grad in Forward and Backward.
+struct MulAdd : Function<MulAdd> {
+  static constexpr const char* kName = "MulAdd";
+  static std::vector<bool> forward_needs, backward_needs;
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    forward_needs = {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
+    ctx.save_for_backward({in[0], in[1]});
+    return {Variable(tg::Add(tg::Mul(in[0].data(), in[1].data()), in[2].data()))};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    backward_needs = {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
+    const VariableList saved = ctx.saved_variables();
+    // Gradients for every input: those not needed are dropped by the node.
+    return {Mul(grads[0], saved[1]), Mul(grads[0], saved[0]), grads[0]};
+  }
+};
+std::vector<bool> MulAdd::forward_needs;
+std::vector<bool> MulAdd::backward_needs;
+
+TEST(FunctionTest, NeedsInputGradReflectsRequiresGrad) {
+  Variable a = Leaf({1, 2}, {2});
+  Variable b = Leaf({3, 4}, {2}, /*requires_grad=*/false);
+  Variable c = Leaf({5, 6}, {2}, /*requires_grad=*/false);
+  Variable y = MulAdd::Apply({a, b, c})[0];
+  EXPECT_EQ(MulAdd::forward_needs, (std::vector<bool>{true, false, false}));
+  Sum(y).backward();
+  EXPECT_EQ(MulAdd::backward_needs, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(Values(a.grad()), (std::vector<double>{3, 4}));
+  EXPECT_FALSE(b.grad().defined());
+  EXPECT_FALSE(c.grad().defined());
+
+  // Under no-grad nothing is recorded, so no input needs a gradient.
+  {
+    NoGradGuard no_grad;
+    MulAdd::Apply({a, b, c});
+  }
+  EXPECT_EQ(MulAdd::forward_needs, (std::vector<bool>{false, false, false}));
+}
+
+// Returns 2x and a "sign" output marked non-differentiable; records the gradients it got.
+struct TwiceAndSign : Function<TwiceAndSign> {
+  static constexpr const char* kName = "TwiceAndSign";
+  static VariableList seen_grads;
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    Variable twice(tg::MulScalar(in[0].data(), 2));
+    Variable sign(tg::Gt(in[0].data(), Tensor::Scalar(0, kF64)).to(kF64));
+    ctx.mark_non_differentiable({sign});
+    return {twice, sign};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    seen_grads = grads;
+    return {MulScalar(grads[0], 2)};
+  }
+};
+VariableList TwiceAndSign::seen_grads;
+
+TEST(FunctionTest, NonDifferentiableOutputsDoNotRequireGradAndGetZeroGradients) {
+  Variable x = Leaf({-1, 2, 3}, {3});
+  VariableList out = TwiceAndSign::Apply({x});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].requires_grad());
+  EXPECT_FALSE(out[1].requires_grad());
+  EXPECT_TRUE(out[1].is_leaf());
+  EXPECT_EQ(Values(out[1]), (std::vector<double>{0, 1, 1}));
+  Add(Sum(out[0]), Sum(out[1])).backward();
+  ASSERT_EQ(TwiceAndSign::seen_grads.size(), 2u);
+  EXPECT_EQ(Values(TwiceAndSign::seen_grads[0]), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(Values(TwiceAndSign::seen_grads[1]), (std::vector<double>{0, 0, 0}));  // materialized
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{2, 2, 2}));
+  TwiceAndSign::seen_grads.clear();
+}
+
+// exp(x), saving its own output (held without a node -> itself reference cycle).
+struct ExpFn : Function<ExpFn> {
+  static constexpr const char* kName = "ExpFn";
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    Variable y(tg::Exp(in[0].data()));
+    ctx.save_for_backward({y});
+    return {y};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    return {Mul(grads[0], ctx.saved_variables()[0])};
+  }
+};
+
+TEST(FunctionTest, SavedOutputAndNonTensorData) {
+  Variable x = Leaf({0, 1}, {2});
+  Variable y = ExpFn::Apply({x})[0];
+  Sum(y).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{1, std::exp(1.0)}));
+}
+
+struct ScaleBy : Function<ScaleBy> {
+  static constexpr const char* kName = "ScaleBy";
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in, double factor) {
+    ctx.saved_data["factor"] = factor;
+    return {Variable(tg::MulScalar(in[0].data(), factor))};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    return {MulScalar(grads[0], std::any_cast<double>(ctx.saved_data.at("factor")))};
+  }
+};
+
+TEST(FunctionTest, ExtraArgumentsReachForwardAndSavedDataReachesBackward) {
+  Variable x = Leaf({1, 2}, {2});
+  Variable y = ScaleBy::Apply({x}, 2.5)[0];
+  EXPECT_EQ(Values(y), (std::vector<double>{2.5, 5}));
+  Sum(y).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{2.5, 2.5}));
+}
+
+TEST(FunctionTest, SavedVariablesAreVersionCheckedAndReleased) {
+  Variable x = Leaf({1, 2}, {2});
+  Variable y = Sum(Cube::Apply({x})[0]);
+  x.bump_version();  // what an in-place op on x would do
+  EXPECT_TRUE(ThrowsError([&] { y.backward(); }, "was modified in place after it was saved"));
+
+  Variable x2 = Leaf({1, 2}, {2});
+  Variable y2 = Sum(Cube::Apply({x2})[0]);
+  y2.backward();
+  EXPECT_TRUE(ThrowsError([&] { y2.backward(); }, "pass retain_graph=true"));
+}
+
+struct Throwing : Function<Throwing> {
+  static constexpr const char* kName = "Throwing";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) { return {in[0].detach()}; }
+  static VariableList Backward(FunctionCtx&, const VariableList&) { throw Error("nope"); }
+};
+
+TEST(FunctionTest, ErrorsFromBackwardPropagate) {
+  Variable x = Leaf({1}, {1});
+  Variable y = Throwing::Apply({x})[0];
+  EXPECT_TRUE(ThrowsErrorExactly([&] { y.backward(); }, "nope [in ThrowingBackward]"));
+}
+
+// x^2 whose backward recomputes x*x on a detached leaf and runs a nested Engine::Backward
+// (the pattern of reentrant checkpointing).
+struct ReentrantSquare : Function<ReentrantSquare> {
+  static constexpr const char* kName = "ReentrantSquare";
+  static int nested_depth;
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    ctx.save_for_backward({in[0]});
+    return {Variable(tg::Mul(in[0].data(), in[0].data()))};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    Variable x = ctx.saved_variables()[0].detach().set_requires_grad(true);
+    x.register_hook([](const Variable&) {
+      nested_depth = current_reentrant_depth();
+      return Variable();
+    });
+    EnableGradGuard grad;
+    Engine::Backward({Mul(x, x)}, {grads[0]});
+    return {x.grad()};
+  }
+};
+int ReentrantSquare::nested_depth = -1;
+
+TEST(FunctionTest, BackwardMayRunANestedBackward) {
+  Variable x = Leaf({1, -3}, {2});
+  Variable y = Sum(MulScalar(ReentrantSquare::Apply({x})[0], 2));
+  y.backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{4, -12}));
+  EXPECT_EQ(ReentrantSquare::nested_depth, 1);
+}
+
+}  // namespace
+}  // namespace tg

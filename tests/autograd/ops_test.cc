@@ -1,0 +1,808 @@
+// Tests of the differentiable ops (autograd/ops.h).
+//
+// One table lists a case for every op (broadcasting inputs where the op broadcasts, several
+// dims/keepdim/reduction variants, in-place ops on non-leaves). Each case gets:
+//  - an f64 finite-difference gradcheck with the default tolerances;
+//  - a second-order gradcheck: the gradient of sum(w * f(x)^2), computed with create_graph, is
+//    itself gradchecked (gradient-penalty style), so every backward formula must be made of
+//    differentiable ops;
+//  - an f16 and a bf16 run whose gradients must have the inputs' dtypes and be close (2e-2 of
+//    the largest magnitude) to the f32 gradients of the same (rounded) inputs.
+// Then exact checks: second derivatives, broadcast gradients, Cast dtypes, dropout masks,
+// in-place version counters and history rebasing, and the error text for bad input.
+#include "autograd/ops.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
+#include "autograd/node.h"
+#include "gtest/gtest.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using testing::ThrowsError;
+using testing::ThrowsErrorExactly;
+using Fn = std::function<Variable(const VariableList&)>;
+using In = const VariableList&;  // the parameter of the table's lambdas
+
+#define EXPECT_ERROR(stmt, text) EXPECT_TRUE(ThrowsErrorExactly([&] { (void)(stmt); }, text))
+#define EXPECT_ERROR_CONTAINS(stmt, text) EXPECT_TRUE(ThrowsError([&] { (void)(stmt); }, text))
+
+Variable Leaf(const std::vector<double>& values, const Shape& shape, DType dtype = kF64) {
+  return Variable(Tensor::FromVector<double>(values, shape, dtype), /*requires_grad=*/true);
+}
+
+std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+
+// The message of the tg::Error that fn throws ("" when it throws none).
+template <typename F>
+std::string ErrorOf(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+std::vector<double> Values(const Tensor& t) { return t.to_vector<double>(); }
+
+Tensor I64(const std::vector<int64_t>& values, const Shape& shape) {
+  return Tensor::FromVector<int64_t>(values, shape);
+}
+
+// ---- The op table ------------------------------------------------------------------------------
+
+// An input of a case: uniform in [lo, hi), pushed away from 0 by min_abs (|x| >= min_abs) for
+// ops with a kink there (relu, abs).
+struct InputSpec {
+  Shape shape;
+  double lo = -1;
+  double hi = 1;
+  double min_abs = 0;
+};
+
+struct OpCase {
+  std::string name;
+  std::vector<InputSpec> inputs;
+  Fn fn;
+};
+
+Tensor MakeInput(const InputSpec& spec, Generator& gen) {
+  std::vector<double> v = RandUniform(spec.shape, gen, spec.lo, spec.hi, kF64).to_vector<double>();
+  for (double& x : v) {
+    if (spec.min_abs > 0) x = x >= 0 ? x + spec.min_abs : x - spec.min_abs;
+  }
+  return Tensor::FromVector<double>(v, spec.shape);
+}
+
+VariableList MakeInputs(const OpCase& c, uint64_t seed, DType dtype = kF64) {
+  Generator gen(seed);
+  VariableList in;
+  for (const InputSpec& spec : c.inputs) in.emplace_back(MakeInput(spec, gen).to(dtype), true);
+  return in;
+}
+
+// A fresh non-leaf copy of x (in-place ops may not modify a leaf that requires grad).
+Variable NonLeaf(const Variable& x) { return MulScalar(x, 1.0); }
+
+const Tensor& WhereCond() {
+  static const Tensor cond = Tensor::FromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3}).to(kBool);
+  return cond;
+}
+
+std::vector<OpCase> AllCases() {
+  const double kAway = 0.1;  // distance from kinks at 0
+  std::vector<OpCase> c;
+  // ---- Elementwise (binary ops with broadcasting inputs) ----
+  c.push_back({"Add", {{{2, 3}}, {{3}}}, [](In in) { return Add(in[0], in[1]); }});
+  c.push_back({"Add 0-d", {{{2, 3}}, {{}}}, [](In in) { return in[0] + in[1]; }});
+  c.push_back({"Sub", {{{2, 1, 3}}, {{4, 1}}}, [](In in) { return Sub(in[0], in[1]); }});
+  c.push_back({"Sub operator", {{{3}}, {{2, 3}}}, [](In in) { return in[0] - in[1]; }});
+  c.push_back({"Mul", {{{2, 3}}, {{2, 1}}}, [](In in) { return Mul(in[0], in[1]); }});
+  c.push_back({"Mul same input", {{{4}}}, [](In in) { return in[0] * in[0]; }});
+  c.push_back({"Div", {{{2, 3}}, {{3}, 0.5, 2}}, [](In in) { return Div(in[0], in[1]); }});
+  c.push_back(
+      {"Div operator", {{{2, 1}, 0.5, 2}, {{3}, 0.5, 2}}, [](In in) { return in[0] / in[1]; }});
+  c.push_back(
+      {"Pow tensor", {{{2, 3}, 0.5, 2}, {{3}, -1, 2}}, [](In in) { return Pow(in[0], in[1]); }});
+  c.push_back({"Pow 2.5", {{{2, 3}, 0.5, 2}}, [](In in) { return Pow(in[0], 2.5); }});
+  c.push_back({"Pow 3", {{{2, 3}}}, [](In in) { return Pow(in[0], 3.0); }});
+  c.push_back({"Pow -1", {{{4}, 0.5, 2}}, [](In in) { return Pow(in[0], -1.0); }});
+  c.push_back({"AddScalar", {{{2, 3}}}, [](In in) {
+                 return Mul(AddScalar(in[0], 0.75), in[0]);  // nonlinear: second order is nonzero
+               }});
+  c.push_back({"MulScalar", {{{2, 3}}}, [](In in) { return MulScalar(in[0], -1.5); }});
+  c.push_back({"Neg", {{{2, 3}}}, [](In in) { return Neg(in[0]); }});
+  c.push_back({"Neg operator", {{{3}}}, [](In in) { return -in[0]; }});
+  c.push_back({"Exp", {{{2, 3}}}, [](In in) { return Exp(in[0]); }});
+  c.push_back({"Log", {{{2, 3}, 0.5, 2}}, [](In in) { return Log(in[0]); }});
+  c.push_back({"Sqrt", {{{2, 3}, 0.5, 2}}, [](In in) { return Sqrt(in[0]); }});
+  c.push_back({"Tanh", {{{2, 3}, -2, 2}}, [](In in) { return Tanh(in[0]); }});
+  c.push_back({"Sigmoid", {{{2, 3}, -2, 2}}, [](In in) { return Sigmoid(in[0]); }});
+  c.push_back({"Relu", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Relu(in[0]); }});
+  c.push_back({"Gelu", {{{2, 3}, -2, 2}}, [](In in) { return Gelu(in[0]); }});
+  c.push_back({"GeluTanh", {{{2, 3}, -2, 2}}, [](In in) { return GeluTanh(in[0]); }});
+  c.push_back({"Abs", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Abs(in[0]); }});
+  c.push_back({"Erf", {{{2, 3}, -1.5, 1.5}}, [](In in) { return Erf(in[0]); }});
+  c.push_back({"Where", {{{2, 3}}, {{3}}}, [](In in) { return Where(WhereCond(), in[0], in[1]); }});
+  // ---- Reductions ----
+  c.push_back({"Sum all", {{{2, 3}}}, [](In in) { return Sum(in[0]); }});
+  c.push_back({"Sum all keepdim", {{{2, 3}}}, [](In in) { return Sum(in[0], {}, true); }});
+  c.push_back({"Sum dim keepdim", {{{2, 3, 2}}}, [](In in) { return Sum(in[0], {1}, true); }});
+  c.push_back({"Sum dims", {{{2, 3, 2}}}, [](In in) { return Sum(in[0], {0, -1}); }});
+  c.push_back({"Mean all", {{{2, 3}}}, [](In in) { return Mean(in[0]); }});
+  c.push_back({"Mean dim", {{{2, 3, 2}}}, [](In in) { return Mean(in[0], {-2}); }});
+  c.push_back({"Mean dims keepdim", {{{2, 3, 2}}}, [](In in) {
+                 return Mean(in[0], {0, 2}, true);
+               }});
+  c.push_back({"Max dim", {{{3, 4}}}, [](In in) { return Max(in[0], 1); }});
+  c.push_back({"Max dim keepdim", {{{3, 4}}}, [](In in) { return Max(in[0], 0, true); }});
+  c.push_back({"SumTo", {{{2, 3, 4}}}, [](In in) { return SumTo(in[0], {3, 1}); }});
+  // ---- Linear algebra ----
+  c.push_back({"Matmul 2-D", {{{2, 3}}, {{3, 4}}}, [](In in) { return Matmul(in[0], in[1]); }});
+  c.push_back({"Matmul 1-D @ 2-D", {{{3}}, {{3, 2}}}, [](In in) { return Matmul(in[0], in[1]); }});
+  c.push_back({"Matmul 2-D @ 1-D", {{{2, 3}}, {{3}}}, [](In in) { return Matmul(in[0], in[1]); }});
+  c.push_back({"Matmul 1-D @ 1-D", {{{3}}, {{3}}}, [](In in) { return Matmul(in[0], in[1]); }});
+  c.push_back({"Matmul batched broadcast", {{{2, 1, 2, 3}}, {{3, 3, 2}}}, [](In in) {
+                 return Matmul(in[0], in[1]);
+               }});
+  c.push_back(
+      {"Matmul 1-D @ batched", {{{3}}, {{2, 3, 2}}}, [](In in) { return Matmul(in[0], in[1]); }});
+  c.push_back({"Bmm", {{{2, 2, 3}}, {{2, 3, 2}}}, [](In in) { return Bmm(in[0], in[1]); }});
+  // ---- Views and shape ops ----
+  c.push_back({"Reshape", {{{2, 3}}}, [](In in) { return Reshape(in[0], {3, 2}); }});
+  c.push_back({"Transpose", {{{2, 3, 2}}}, [](In in) { return Transpose(in[0], 0, -1); }});
+  c.push_back({"Permute", {{{2, 3, 2}}}, [](In in) { return Permute(in[0], {2, 0, 1}); }});
+  c.push_back({"Expand", {{{3, 1}}}, [](In in) { return Expand(in[0], {2, 3, 4}); }});
+  c.push_back({"Unsqueeze", {{{2, 3}}}, [](In in) { return Unsqueeze(in[0], -1); }});
+  c.push_back({"Squeeze", {{{2, 1, 3}}}, [](In in) { return Squeeze(in[0], 1); }});
+  c.push_back({"Slice step", {{{5, 3}}}, [](In in) { return Slice(in[0], 0, 1, 5, 2); }});
+  c.push_back({"Slice negative", {{{2, 6}}}, [](In in) { return Slice(in[0], -1, -4, 100, 2); }});
+  c.push_back({"Select", {{{3, 4}}}, [](In in) { return Select(in[0], 1, -2); }});
+  c.push_back({"Cat", {{{2, 1}}, {{2, 3}}, {{2, 2}}}, [](In in) {
+                 return Cat({in[0], in[1], in[2]}, -1);
+               }});
+  c.push_back({"Cat dim 0", {{{1, 3}}, {{2, 3}}}, [](In in) {
+                 return Cat({in[0], in[1], in[0]}, 0);
+               }});
+  c.push_back({"Stack", {{{2, 3}}, {{2, 3}}}, [](In in) { return Stack({in[0], in[1]}, 1); }});
+  c.push_back({"Stack last", {{{3}}, {{3}}}, [](In in) {
+                 return Stack({in[0], in[1], in[0]}, -1);
+               }});
+  c.push_back({"Split", {{{7, 2}}}, [](In in) {
+                 std::vector<Variable> s = Split(in[0], 3, 0);  // [3, 2], [3, 2], [1, 2]
+                 return Cat({Mul(s[0], s[1]), Exp(s[2])}, 0);
+               }});
+  c.push_back({"Split unused chunks", {{{2, 5}}}, [](In in) {
+                 return Tanh(Split(in[0], 2, -1)[1]);  // the others get zero gradients
+               }});
+  c.push_back({"Gather", {{{3, 4}}}, [](In in) {
+                 return Gather(in[0], 1, I64({0, 3, 3, 1, 2, 2, 0, 0, 1}, {3, 3}));
+               }});
+  c.push_back({"Gather dim 0", {{{3, 2}}}, [](In in) {
+                 return Gather(in[0], 0, I64({2, 2, 0, 1}, {2, 2}));
+               }});
+  c.push_back({"IndexSelect", {{{4, 2}}}, [](In in) {
+                 return IndexSelect(in[0], I64({3, 0, 3, 1, 3}, {5}));
+               }});
+  // ---- Neural-network ops ----
+  c.push_back({"Softmax", {{{3, 4}, -2, 2}}, [](In in) { return Softmax(in[0]); }});
+  c.push_back({"Softmax 1-D", {{{5}, -2, 2}}, [](In in) { return Softmax(in[0]); }});
+  c.push_back({"LogSoftmax", {{{3, 4}, -2, 2}}, [](In in) { return LogSoftmax(in[0]); }});
+  c.push_back({"LayerNorm affine", {{{2, 2, 4}, -2, 2}, {{4}, 0.5, 1.5}, {{4}}}, [](In in) {
+                 return LayerNorm(in[0], in[1], in[2]);
+               }});
+  c.push_back({"LayerNorm no affine", {{{3, 4}, -2, 2}}, [](In in) {
+                 return LayerNorm(in[0], Variable(), Variable());
+               }});
+  c.push_back({"LayerNorm weight only 1-D", {{{5}, -2, 2}, {{5}, 0.5, 1.5}}, [](In in) {
+                 return LayerNorm(in[0], in[1], Variable(), 1e-3);
+               }});
+  c.push_back({"Embedding", {{{5, 3}}}, [](In in) {
+                 return Embedding(in[0], I64({4, 0, 4, 2, 1, 4}, {2, 3}));
+               }});
+  c.push_back({"CrossEntropy mean", {{{4, 5}, -2, 2}}, [](In in) {
+                 return CrossEntropy(in[0], I64({1, -100, 4, 1}, {4}));
+               }});
+  c.push_back({"CrossEntropy sum", {{{4, 5}, -2, 2}}, [](In in) {
+                 return CrossEntropy(in[0], I64({1, 0, -100, 3}, {4}), -100, Reduction::kSum);
+               }});
+  c.push_back({"CrossEntropy none", {{{4, 5}, -2, 2}}, [](In in) {
+                 return CrossEntropy(in[0], I64({2, 0, 4, -100}, {4}), -100, Reduction::kNone);
+               }});
+  c.push_back({"CrossEntropy ignore_index 3", {{{4, 5}, -2, 2}}, [](In in) {
+                 return CrossEntropy(in[0], I64({3, 0, 3, 2}, {4}), /*ignore_index=*/3);
+               }});
+  c.push_back({"Dropout", {{{4, 5}}}, [](In in) {
+                 Generator gen(1234);  // the same mask on every evaluation
+                 return Dropout(in[0], 0.4, gen);
+               }});
+  // ---- In place, on non-leaf copies ----
+  c.push_back({"AddInPlace", {{{2, 3}}, {{3}}}, [](In in) {
+                 Variable y = NonLeaf(in[0]);
+                 AddInPlace(y, in[1]);
+                 return Mul(y, y);
+               }});
+  c.push_back({"MulInPlace", {{{2, 3}}, {{2, 1}}}, [](In in) {
+                 Variable y = NonLeaf(in[0]);
+                 return MulInPlace(y, in[1]);
+               }});
+  c.push_back({"MulInPlace aliasing self", {{{4}}}, [](In in) {
+                 Variable y = NonLeaf(in[0]);
+                 return MulInPlace(y, y);
+               }});
+  c.push_back({"MulScalarInPlace", {{{2, 3}}}, [](In in) {
+                 Variable y = Mul(in[0], in[0]);  // saves its inputs, not y
+                 return MulScalarInPlace(y, -2.5);
+               }});
+  c.push_back({"ReluInPlace", {{{2, 3}, -1, 1, kAway}}, [](In in) {
+                 Variable y = NonLeaf(in[0]);
+                 return Mul(ReluInPlace(y), in[0]);
+               }});
+  c.push_back({"In-place chain", {{{2, 3}, -1, 1, kAway}, {{3}}, {{2, 1}}}, [](In in) {
+                 Variable y = MulScalar(in[0], 2);
+                 AddInPlace(y, in[1]);
+                 MulInPlace(y, in[2]);
+                 MulScalarInPlace(y, 1.5);
+                 ReluInPlace(y);
+                 return y;
+               }});
+  return c;
+}
+
+// ---- f64 gradcheck of every op ------------------------------------------------------------------
+
+TEST(OpsGradcheck, EveryOp) {
+  uint64_t seed = 100;
+  for (const OpCase& c : AllCases()) {
+    SCOPED_TRACE(c.name);
+    const VariableList inputs = MakeInputs(c, ++seed);
+    GradcheckResult r;
+    const std::string error = ErrorOf([&] { r = Gradcheck(c.fn, inputs); });
+    EXPECT_EQ(error, "");
+    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
+  }
+}
+
+// ---- Second order ------------------------------------------------------------------------------
+
+// The gradient of sum(w * fn(in)^2) with respect to every input, flattened and concatenated,
+// computed with create_graph so that it is differentiable itself (a gradient penalty). The
+// square makes the gradient depend on the inputs even for linear ops.
+Fn GradientOf(const Fn& fn) {
+  return [fn](const VariableList& in) {
+    EnableGradGuard
+        grad_mode;  // gradcheck evaluates under no-grad; the inner backward needs a graph
+    const Variable out = fn(in);
+    std::vector<double> w(static_cast<size_t>(out.numel()));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
+    const Variable loss =
+        Sum(Mul(Mul(out, out), Variable(Tensor::FromVector<double>(w, out.shape()))));
+    GradOptions options;
+    options.create_graph = true;
+    VariableList grads = Engine::Grad({loss}, in, {}, options);
+    VariableList flat;
+    for (const Variable& g : grads) flat.push_back(Reshape(g, {g.numel()}));
+    return Cat(flat, 0);
+  };
+}
+
+TEST(SecondOrder, GradcheckOfTheGradientOfEveryOp) {
+  uint64_t seed = 200;
+  for (const OpCase& c : AllCases()) {
+    SCOPED_TRACE(c.name);
+    const VariableList inputs = MakeInputs(c, ++seed);
+    GradcheckResult r;
+    const std::string error = ErrorOf([&] { r = Gradcheck(GradientOf(c.fn), inputs); });
+    EXPECT_EQ(error, "");
+    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
+  }
+}
+
+TEST(SecondOrder, SumOfCubesHasSecondDerivativeSixX) {
+  const Variable x = Leaf({1, -2, 3}, {3});
+  GradOptions create;
+  create.create_graph = true;
+  const Variable g = Engine::Grad({Sum(Pow(x, 3.0))}, {x}, {}, create)[0];
+  EXPECT_TRUE(g.requires_grad());
+  EXPECT_EQ(Values(g), (std::vector<double>{3, 12, 27}));
+  const Variable gg = Engine::Grad({Sum(g)}, {x}, {}, create)[0];
+  EXPECT_EQ(Values(gg), (std::vector<double>{6, -12, 18}));
+  const Variable ggg = Engine::Grad({Sum(gg)}, {x})[0];
+  EXPECT_EQ(Values(ggg), (std::vector<double>{6, 6, 6}));
+
+  // The same through products, with backward(create_graph) accumulating into .grad.
+  BackwardOptions backward_create;
+  backward_create.create_graph = true;
+  Sum(Mul(Mul(x, x), x)).backward(Variable(), backward_create);
+  const Variable first = x.grad();
+  EXPECT_EQ(Values(first), (std::vector<double>{3, 12, 27}));
+  ASSERT_TRUE(first.requires_grad()) << "create_graph must record the backward";
+  x.set_grad(Variable());
+  Sum(first).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{6, -12, 18}));
+}
+
+TEST(SecondOrder, MatmulHessianVectorProductIsExact) {
+  // f(A) = sum((A B)^2) / 2: grad = A B B^T, and d/dA <grad, V> = V B B^T.
+  const Variable a = Leaf({1, 2, 3, 4}, {2, 2});
+  const Variable b(Tensor::FromVector<double>({1, 0, 2, 1}, {2, 2}));  // B B^T = [[1, 2], [2, 5]]
+  const Variable v(Tensor::FromVector<double>({1, 0, 0, 1}, {2, 2}));
+  GradOptions create;
+  create.create_graph = true;
+  const Variable ab = Matmul(a, b);
+  const Variable g = Engine::Grad({MulScalar(Sum(Mul(ab, ab)), 0.5)}, {a}, {}, create)[0];
+  EXPECT_EQ(Values(g), (std::vector<double>{5, 12, 11, 26}));  // A B B^T
+  const Variable hv = Engine::Grad({Sum(Mul(g, v))}, {a})[0];
+  EXPECT_EQ(Values(hv), (std::vector<double>{1, 2, 2, 5}));
+}
+
+TEST(SecondOrder, ReductionsAndElementwiseExact) {
+  // d/dx of the gradient of mean(exp(x)) is diag(exp(x)) / n.
+  const Variable x = Leaf({0, 1, -1, 2}, {4});
+  GradOptions create;
+  create.create_graph = true;
+  const Variable g = Engine::Grad({Mean(Exp(x))}, {x}, {}, create)[0];
+  const Variable gg = Engine::Grad({Sum(g)}, {x})[0];
+  const std::vector<double> got = Values(gg);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_DOUBLE_EQ(got[i], std::exp(Values(x)[i]) / 4) << i;
+  }
+  // max over a dim: the gradient is a one-hot mask, so its derivative is zero but defined.
+  const Variable m = Leaf({1, 5, 2, 7, 3, 0}, {2, 3});
+  const Variable gm = Engine::Grad({Sum(Pow(Max(m, 1), 2.0))}, {m}, {}, create)[0];
+  EXPECT_EQ(Values(gm), (std::vector<double>{0, 10, 0, 14, 0, 0}));
+  const Variable ggm = Engine::Grad({Sum(gm)}, {m})[0];
+  EXPECT_EQ(Values(ggm), (std::vector<double>{0, 2, 0, 2, 0, 0}));
+}
+
+// ---- f16 / bf16 -------------------------------------------------------------------------------
+
+// Checks that `got` (low precision) has `dtype` and the shape of `ref` (f32), and is within
+// 2e-2 of ref's largest magnitude everywhere.
+void ExpectCloseToF32(const Variable& got, const Variable& ref, DType dtype,
+                      const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_TRUE(ref.defined()) << what;
+  EXPECT_EQ(got.dtype(), dtype) << what;
+  ASSERT_EQ(got.shape(), ref.shape()) << what;
+  const std::vector<double> g = Values(got), r = Values(ref);
+  double scale = 0;
+  for (double v : r) scale = std::max(scale, std::abs(v));
+  const double tol = 2e-2 * scale + 1e-6;
+  int failures = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!(std::abs(g[i] - r[i]) <= tol) && ++failures <= 3) {
+      ADD_FAILURE() << what << " [" << DTypeName(dtype) << "]: element " << i << " is " << g[i]
+                    << ", f32 gives " << r[i] << " (tolerance " << tol << ")";
+    }
+  }
+}
+
+// The gradients of sum(c * fn(inputs)) with respect to every input, with c a fixed weighting.
+VariableList LowPrecisionGrads(const Fn& fn, const VariableList& inputs) {
+  const Variable out = fn(inputs);
+  std::vector<double> c(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
+  const Variable weights(Tensor::FromVector<double>(c, out.shape(), out.dtype()));
+  return Engine::Grad({Sum(Mul(out, weights))}, inputs);
+}
+
+TEST(LowPrecision, EveryOpMatchesF32Gradients) {
+  uint64_t seed = 300;
+  for (const OpCase& c : AllCases()) {
+    ++seed;
+    for (DType dtype : {kF16, kBF16}) {
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype));
+      const VariableList low = MakeInputs(c, seed, dtype);
+      VariableList ref;  // the same rounded values in f32
+      for (const Variable& v : low) ref.emplace_back(v.data().to(kF32), true);
+      VariableList g_low, g_ref;
+      const std::string error = ErrorOf([&] {
+        g_low = LowPrecisionGrads(c.fn, low);
+        g_ref = LowPrecisionGrads(c.fn, ref);
+      });
+      EXPECT_EQ(error, "");
+      if (!error.empty()) continue;
+      for (size_t i = 0; i < low.size(); ++i) {
+        ExpectCloseToF32(g_low[i], g_ref[i], dtype, c.name + " input " + std::to_string(i));
+      }
+    }
+  }
+}
+
+// A small model: matmul -> gelu -> layer_norm -> matmul -> cross_entropy + softmax term.
+VariableList SmallModelGrads(DType dtype, const std::vector<Tensor>& params, const Tensor& x,
+                             const Tensor& targets, const Tensor& c) {
+  VariableList p;
+  for (const Tensor& t : params) p.emplace_back(t.to(dtype), true);
+  const Variable input(x.to(dtype));
+  Variable h = Gelu(Matmul(input, p[0]));
+  h = LayerNorm(h, p[1], p[2]);
+  const Variable logits = Matmul(h, p[3]);
+  const Variable loss =
+      Add(CrossEntropy(logits, targets), Sum(Mul(Softmax(logits), Variable(c.to(dtype)))));
+  EXPECT_EQ(loss.dtype(), dtype);
+  loss.backward();
+  VariableList grads;
+  for (const Variable& v : p) grads.push_back(v.grad());
+  return grads;
+}
+
+TEST(LowPrecision, SmallModelBackwardIsCloseToF32) {
+  Generator gen(7);
+  for (DType dtype : {kF16, kBF16}) {
+    // Parameters and inputs rounded to the low dtype first, so only the computation differs.
+    auto rounded = [&](Tensor t) { return t.to(dtype).to(kF32); };
+    const std::vector<Tensor> params = {
+        rounded(RandNormal({8, 16}, gen, 0, 0.5)), rounded(RandUniform({16}, gen, 0.5, 1.5)),
+        rounded(RandNormal({16}, gen, 0, 0.1)), rounded(RandNormal({16, 5}, gen, 0, 0.5))};
+    const Tensor x = rounded(RandNormal({4, 8}, gen));
+    const Tensor c = rounded(RandUniform({4, 5}, gen, -1, 1));
+    const Tensor targets = I64({1, 4, 0, 2}, {4});
+    const VariableList low = SmallModelGrads(dtype, params, x, targets, c);
+    const VariableList ref = SmallModelGrads(kF32, params, x, targets, c);
+    const char* names[] = {"w1", "ln weight", "ln bias", "w2"};
+    for (size_t i = 0; i < low.size(); ++i) ExpectCloseToF32(low[i], ref[i], dtype, names[i]);
+  }
+}
+
+// ---- Exact gradients: broadcasting, cast, cat promotion ---------------------------------------
+
+TEST(Broadcasting, GradientsAreSummedToTheInputShapes) {
+  const Variable a = Leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Variable b = Leaf({10, 20, 30}, {3});
+  const Variable c = Leaf({2, 3}, {2, 1});
+  const Variable s = Leaf({0.5}, {});
+  Sum(Mul(Add(Add(a, b), s), c)).backward();
+  EXPECT_EQ(a.grad().shape(), (Shape{2, 3}));
+  EXPECT_EQ(Values(a.grad()), (std::vector<double>{2, 2, 2, 3, 3, 3}));
+  EXPECT_EQ(b.grad().shape(), (Shape{3}));
+  EXPECT_EQ(Values(b.grad()), (std::vector<double>{5, 5, 5}));
+  EXPECT_EQ(c.grad().shape(), (Shape{2, 1}));
+  EXPECT_EQ(Values(c.grad()), (std::vector<double>{67.5, 76.5}));  // rows of a + b + s
+  EXPECT_EQ(s.grad().shape(), (Shape{}));
+  EXPECT_EQ(Values(s.grad()), (std::vector<double>{15}));  // sum of c over the broadcast
+
+  // Sub, Div and Where broadcast too.
+  const Variable d = Leaf({2, 4}, {2, 1});
+  const Variable e = Leaf({1, 2, 4}, {1, 3});
+  Sum(Sub(Div(e, d), Where(WhereCond(), d, e))).backward();
+  EXPECT_EQ(d.grad().shape(), (Shape{2, 1}));
+  EXPECT_EQ(e.grad().shape(), (Shape{1, 3}));
+  // d(e/d)/dd = -e/d^2 summed over the row; -1 for each cond position.
+  EXPECT_EQ(Values(d.grad()), (std::vector<double>{-7.0 / 4 - 2, -7.0 / 16 - 1}));
+  // d(e/d)/de = 1/2 + 1/4 per column; -1 for each false cond in the column (1, 2 and 0).
+  EXPECT_EQ(Values(e.grad()), (std::vector<double>{0.75 - 1, 0.75 - 2, 0.75}));
+
+  // Matmul with a broadcast batch dim sums the weight gradient over the batch.
+  const Variable x = Leaf({1, 2, 3, 4}, {2, 1, 2});
+  const Variable w = Leaf({1, 1, 1, 1}, {2, 2});
+  Sum(Matmul(x, w)).backward();
+  EXPECT_EQ(w.grad().shape(), (Shape{2, 2}));
+  EXPECT_EQ(Values(w.grad()), (std::vector<double>{4, 4, 6, 6}));
+}
+
+TEST(Cast, GradientsComeBackInTheInputDtype) {
+  const Variable x = Leaf({0.5, -1.25, 2}, {3});
+  const Variable y = Cast(Cast(Cast(x, kF32), kF16), kBF16);
+  EXPECT_EQ(y.dtype(), kBF16);
+  Sum(MulScalar(Cast(y, kF32), 3)).backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().dtype(), kF64);
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{3, 3, 3}));
+  // The same dtype is the identity; an integer dtype carries no gradient.
+  EXPECT_TRUE(Cast(x, kF64).is_same(x));
+  EXPECT_FALSE(Cast(x, kI64).requires_grad());
+  // Gradcheck through an f32 round trip: inputs and step are exact in f32, so the finite
+  // differences are exact too.
+  GradcheckOptions options;
+  options.eps = 1.0 / 1024;
+  const Variable a = Leaf({0.5, -1.25, 1.875}, {3});
+  const Variable b = Leaf({-0.75, 1.5, 0.125}, {3});
+  GradcheckResult r = Gradcheck(
+      [](const VariableList& in) { return Cast(Mul(Cast(in[0], kF32), Cast(in[1], kF32)), kF64); },
+      {a, b}, options);
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST(Cat, PromotesDtypesAndReturnsGradientsInEachInputDtype) {
+  const Variable a = Leaf({1, 2}, {2}, kF32);
+  const Variable b = Leaf({3}, {1}, kF64);
+  const Variable y = Cat({a, b}, 0);
+  EXPECT_EQ(y.dtype(), kF64);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 2, 3}));
+  Sum(Mul(y, Variable(Tensor::FromVector<double>({1, 2, 3}, {3})))).backward();
+  EXPECT_EQ(a.grad().dtype(), kF32);
+  EXPECT_EQ(Values(a.grad()), (std::vector<double>{1, 2}));
+  EXPECT_EQ(b.grad().dtype(), kF64);
+  EXPECT_EQ(Values(b.grad()), (std::vector<double>{3}));
+}
+
+TEST(Split, ChunksAndGradients) {
+  const Variable x = Leaf({0, 1, 2, 3, 4}, {5});
+  std::vector<Variable> chunks = Split(x, 2, 0);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(Values(chunks[2]), (std::vector<double>{4}));
+  Sum(MulScalar(chunks[1], 3)).backward();  // the other chunks get no gradient: zeros
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{0, 0, 3, 3, 0}));
+  // An empty dim gives one empty chunk, as in PyTorch.
+  EXPECT_EQ(Split(Variable(Tensor::Zeros({0, 2})), 3, 0).size(), 1u);
+}
+
+TEST(IndexOps, RepeatedIndicesAccumulate) {
+  const Variable w = Leaf({0, 1, 10, 11, 20, 21}, {3, 2});
+  Sum(Embedding(w, I64({2, 0, 2, 2}, {2, 2}))).backward();
+  EXPECT_EQ(Values(w.grad()), (std::vector<double>{1, 1, 0, 0, 3, 3}));
+  const Variable x = Leaf({1, 2, 3}, {3});
+  Sum(Gather(x, 0, I64({2, 2, 0}, {3}))).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{1, 0, 2}));
+  const Variable r = Leaf({1, 2, 3, 4}, {2, 2});
+  const Variable sel = IndexSelect(r, I64({1, 1, 1}, {3}));
+  EXPECT_EQ(Values(sel), (std::vector<double>{3, 4, 3, 4, 3, 4}));
+  Sum(sel).backward();
+  EXPECT_EQ(Values(r.grad()), (std::vector<double>{0, 0, 3, 3}));
+}
+
+TEST(CrossEntropy, AllIgnoredMeanIsNaNWithZeroGradient) {
+  const Variable logits = Leaf({1, 2, 3, 4}, {2, 2});
+  const Variable loss = CrossEntropy(logits, I64({-100, -100}, {2}));
+  EXPECT_TRUE(std::isnan(loss.item()));
+  loss.backward();
+  EXPECT_EQ(Values(logits.grad()), (std::vector<double>{0, 0, 0, 0}));
+}
+
+// ---- Dropout -----------------------------------------------------------------------------------
+
+TEST(Dropout, SeededMaskScalesKeptElements) {
+  std::vector<double> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 1 + static_cast<double>(i % 10);
+  const Variable x = Leaf(values, {100, 10});
+  Generator gen(42), ref(42);
+  const double p = 0.25;
+  const Variable y = Dropout(x, p, gen);
+  Sum(y).backward();
+  const std::vector<double> out = Values(y), grad = Values(x.grad());
+  int dropped = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const bool drop = ref.NextUniform() < p;  // the documented draw order: one per element
+    dropped += drop;
+    EXPECT_DOUBLE_EQ(out[i], drop ? 0.0 : values[i] / (1 - p)) << i;
+    EXPECT_DOUBLE_EQ(grad[i], drop ? 0.0 : 1 / (1 - p)) << i;
+  }
+  EXPECT_EQ(gen.state(), ref.state()) << "one draw per element";
+  EXPECT_GT(dropped, 200);
+  EXPECT_LT(dropped, 300);
+
+  // Evaluation mode and p == 0 are the identity and draw nothing.
+  const Generator::State before = gen.state();
+  EXPECT_TRUE(Dropout(x, 0.5, gen, /*training=*/false).is_same(x));
+  EXPECT_TRUE(Dropout(x, 0.0, gen).is_same(x));
+  EXPECT_EQ(gen.state(), before);
+
+  // The same seed gives the same mask, in every dtype.
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    Generator g1(9), g2(9);
+    const Variable a = Dropout(Variable(Tensor::Ones({50}, dtype)), 0.5, g1);
+    const Variable b = Dropout(Variable(Tensor::Ones({50}, kF64)), 0.5, g2);
+    EXPECT_EQ(a.dtype(), dtype);
+    EXPECT_EQ(Values(a), Values(b)) << DTypeName(dtype);  // 0 or 2, exact in every dtype
+  }
+}
+
+// ---- In place ----------------------------------------------------------------------------------
+
+TEST(InPlace, BumpsTheVersionAndWritesIntoTheStorage) {
+  const Variable x(Tensor::FromVector<double>({1, -2, 3}, {3}));
+  const Tensor alias = x.data();  // shares the storage
+  const uint64_t v0 = x.version();
+  AddInPlace(x, Variable(Tensor::Scalar(1, kF64)));
+  EXPECT_EQ(x.version(), v0 + 1);
+  MulInPlace(x, Variable(Tensor::FromVector<double>({2, 2, 0.5}, {3})));
+  EXPECT_EQ(x.version(), v0 + 2);
+  MulScalarInPlace(x, 3);
+  EXPECT_EQ(x.version(), v0 + 3);
+  ReluInPlace(x);
+  EXPECT_EQ(x.version(), v0 + 4);
+  EXPECT_EQ(Values(x), (std::vector<double>{12, 0, 6}));
+  EXPECT_EQ(Values(alias), (std::vector<double>{12, 0, 6}));
+  EXPECT_TRUE(x.is_leaf()) << "nothing required grad: no history";
+  // The result keeps self's dtype: an f32 tensor plus an f64 one stays f32.
+  const Variable f(Tensor::Ones({2}, kF32));
+  AddInPlace(f, Variable(Tensor::Full({2}, 0.5, kF64)));
+  EXPECT_EQ(f.dtype(), kF32);
+  EXPECT_EQ(Values(f), (std::vector<double>{1.5, 1.5}));
+}
+
+TEST(InPlace, OnALeafThatRequiresGradThrowsUnlessGradModeIsOff) {
+  const Variable w = Leaf({1, 2}, {2});
+  w.set_name("w");
+  const Variable one(Tensor::Ones({2}, kF64));
+  EXPECT_ERROR(AddInPlace(w, one),
+               "add_: a leaf variable that requires grad (w) cannot be modified in place while "
+               "grad mode is on; modify it under NoGradGuard, or apply the op to a clone");
+  EXPECT_ERROR_CONTAINS(MulInPlace(w, one), "mul_: a leaf variable that requires grad");
+  EXPECT_ERROR_CONTAINS(MulScalarInPlace(w, 2), "mul_: a leaf variable that requires grad");
+  EXPECT_ERROR_CONTAINS(ReluInPlace(w), "relu_: a leaf variable that requires grad");
+  EXPECT_EQ(Values(w), (std::vector<double>{1, 2})) << "unchanged after the error";
+  {
+    NoGradGuard no_grad;  // an optimizer step
+    const uint64_t v = w.version();
+    AddInPlace(w, one);
+    EXPECT_EQ(w.version(), v + 1);
+  }
+  EXPECT_TRUE(w.is_leaf());
+  EXPECT_EQ(Values(w), (std::vector<double>{2, 3}));
+}
+
+TEST(InPlace, OnANonLeafRebasesItsHistory) {
+  const Variable a = Leaf({1, -2, 3}, {3});
+  const Variable b = Leaf({0.5, 0.5, 0.5}, {3});
+  Variable h = MulScalar(a, 2);  // [2, -4, 6]
+  const std::shared_ptr<Node> old_fn = h.grad_fn();
+  AddInPlace(h, b);  // [2.5, -3.5, 6.5]
+  ASSERT_FALSE(h.is_leaf());
+  EXPECT_NE(h.grad_fn(), old_fn);
+  EXPECT_EQ(h.grad_fn()->name(), "AddInPlaceBackward");
+  MulInPlace(h, b);  // [1.25, -1.75, 3.25]: d/db = (2a + b) + b, d/da = 2b
+  EXPECT_EQ(h.grad_fn()->name(), "MulInPlaceBackward");
+  Sum(h).backward();
+  EXPECT_EQ(Values(a.grad()), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(Values(b.grad()), (std::vector<double>{3, -3, 7}));
+
+  // A leaf that does not require grad becomes a non-leaf when `other` requires grad.
+  const Variable c(Tensor::FromVector<double>({1, 2, 3}, {3}));
+  const Variable d = Leaf({4, 5, 6}, {3});
+  MulInPlace(c, d);
+  EXPECT_FALSE(c.is_leaf());
+  EXPECT_TRUE(c.requires_grad());
+  Sum(c).backward();
+  EXPECT_EQ(Values(d.grad()), (std::vector<double>{1, 2, 3}));  // the values before the write
+
+  // x.mul_(x) squares, with the gradient 2x.
+  const Variable e = Leaf({1.5, -2}, {2});
+  Variable sq = MulScalar(e, 1.0);
+  MulInPlace(sq, sq);
+  Sum(sq).backward();
+  EXPECT_EQ(Values(e.grad()), (std::vector<double>{3, -4}));
+}
+
+TEST(InPlace, RetainGradFollowsTheLatestValue) {
+  const Variable a = Leaf({1, 2}, {2});
+  Variable h = MulScalar(a, 2);
+  h.retain_grad();
+  MulScalarInPlace(h, 3);
+  Sum(h).backward();
+  EXPECT_EQ(Values(h.grad()), (std::vector<double>{1, 1}));  // d sum / d (new h)
+  EXPECT_EQ(Values(a.grad()), (std::vector<double>{6, 6}));
+}
+
+TEST(InPlace, ModifyingASavedTensorMakesBackwardThrow) {
+  const Variable a = Leaf({1, 2, 3}, {3});
+  Variable h = MulScalar(a, 2);
+  const Variable z = Mul(h, h);  // MulBackward saves h
+  MulScalarInPlace(h, 3);
+  std::string error = ErrorOf([&] { Sum(z).backward(); });
+  EXPECT_NE(error.find("MulBackward: saved tensor 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("was modified in place"), std::string::npos) << error;
+
+  // An op that saves its output (exp) detects a relu_ of that output.
+  Variable y = Exp(a);
+  const Variable kept = MulScalar(y, 1.0);
+  ReluInPlace(y);
+  error = ErrorOf([&] { Sum(Add(kept, y)).backward(); });
+  EXPECT_NE(error.find("ExpBackward: saved tensor 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("modified in place"), std::string::npos) << error;
+
+  // relu_ saves its result: modifying it again before backward is caught too.
+  Variable r = MulScalar(a, -1.0);
+  AddInPlace(r, Variable(Tensor::Full({3}, 2.5, kF64)));
+  ReluInPlace(r);
+  MulScalarInPlace(r, 2);
+  EXPECT_ERROR_CONTAINS(Sum(r).backward(), "ReluInPlaceBackward: saved tensor 0");
+
+  // Under no-grad a non-leaf may be modified; a node that saved it still refuses to run.
+  Variable n = MulScalar(a, 1.0);
+  const Variable uses_n = Mul(n, a);
+  {
+    NoGradGuard no_grad;
+    AddInPlace(n, Variable(Tensor::Ones({3}, kF64)));
+  }
+  EXPECT_ERROR_CONTAINS(Sum(uses_n).backward(), "modified in place");
+}
+
+// ---- Error text --------------------------------------------------------------------------------
+
+TEST(OpsErrors, BadInputsOfTheShapeAndNnOps) {
+  const Variable x(Tensor::Zeros({2, 3}));
+  EXPECT_ERROR(Cat({x, Variable(Tensor::Zeros({2, 4}))}, 0),
+               "cat: tensor 1 has shape [2, 4] but tensor 0 has shape [2, 3]; shapes must match "
+               "except in dim 0");
+  EXPECT_ERROR(Cat({x, Variable(Tensor::Zeros({6}))}, 1),
+               "cat: tensor 1 has shape [6] but tensor 0 has shape [2, 3]; shapes must match "
+               "except in dim 1");
+  EXPECT_ERROR(Cat({}, 0), "cat: expected a non-empty list of tensors");
+  EXPECT_ERROR(Cat({Variable(Tensor::Scalar(1))}, 0),
+               "cat: tensor 0 is 0-d; 0-d tensors cannot be concatenated");
+  EXPECT_ERROR(Cat({x}, 2), "cat: dim 2 is out of range for a tensor with 2 dims");
+  EXPECT_ERROR(Stack({x, Variable(Tensor::Zeros({3, 2}))}, 0),
+               "stack: tensor 1 has shape [3, 2] but tensor 0 has shape [2, 3]; stacked tensors "
+               "must have equal shapes");
+  EXPECT_ERROR(Split(x, 0, 1), "split: split_size must be positive, got 0");
+  EXPECT_ERROR(Split(x, -2, 1), "split: split_size must be positive, got -2");
+  EXPECT_ERROR(Split(Variable(Tensor::Scalar(1)), 1, 0), "split: cannot split a 0-d tensor");
+  EXPECT_ERROR(Slice(x, 1, 0, 3, 0), "slice: step must be positive, got 0");
+  EXPECT_ERROR(Select(x, 0, 2), "select: index 2 is out of range for dim 0 of size 2");
+  EXPECT_ERROR(Gather(x, 1, I64({0, 3}, {1, 2})),
+               "gather: index 3 at position [0, 1] is out of range for dim 1 of size 3");
+  EXPECT_ERROR(Gather(x, 1, I64({0, 1}, {2})),
+               "gather: index of shape [2] and input of shape [2, 3] differ in rank");
+  EXPECT_ERROR(IndexSelect(x, I64({1, 2}, {2})),
+               "index_select: index 2 at position 1 is out of range for dim 0 of size 2");
+  Generator gen(1);
+  EXPECT_ERROR(Dropout(x, 1.0, gen), "dropout: p must be in [0, 1), got 1");
+  EXPECT_ERROR(Dropout(x, -0.1, gen), "dropout: p must be in [0, 1), got -0.1");
+  EXPECT_ERROR(Dropout(x, std::numeric_limits<double>::quiet_NaN(), gen),
+               "dropout: p must be in [0, 1), got nan");
+  EXPECT_ERROR(Dropout(x, 2.0, gen, /*training=*/false),  // validated in eval mode too
+               "dropout: p must be in [0, 1), got 2");
+  EXPECT_ERROR(Dropout(Variable(Tensor::Zeros({2}, kI64)), 0.5, gen),
+               "dropout: expected a floating dtype (f32, f64, f16, bf16), got i64");
+  EXPECT_ERROR(Embedding(Variable(Tensor::Zeros({4, 2})), I64({4}, {1})),
+               "embedding: index 4 at position 0 is out of range for 4 rows");
+  EXPECT_ERROR(CrossEntropy(x, I64({0, 3}, {2})),
+               "cross_entropy: target 3 at position 1 is out of range for 3 classes");
+  EXPECT_ERROR(LayerNorm(x, Variable(Tensor::Ones({2})), Variable()),
+               "layer_norm: weight of shape [2] does not match the last dim of input [2, 3]");
+}
+
+TEST(OpsErrors, BadInputsOfTheInPlaceOps) {
+  const Variable x(Tensor::Zeros({3}));
+  EXPECT_ERROR(AddInPlace(x, Variable(Tensor::Zeros({2, 3}))),
+               "add_: the result of shape [2, 3] does not fit self of shape [3]");
+  EXPECT_ERROR(MulInPlace(x, Variable(Tensor::Zeros({2}))),
+               "mul: shapes [3] and [2] cannot be broadcast");
+  EXPECT_ERROR(AddInPlace(Variable(Tensor::Zeros({3}, kI64)), x),
+               "add_: the f32 result cannot be written into self of dtype i64");
+  EXPECT_ERROR(AddInPlace(x, Variable()), "add_: other is undefined");
+  EXPECT_ERROR(ReluInPlace(Variable()), "relu_: self is undefined");
+}
+
+}  // namespace
+}  // namespace tg
+
+namespace tg {
+namespace {
+
+TEST(InPlaceViewsTest, InPlaceOnARecordedViewOrItsBaseIsRefusedInsteadOfSilentlyWrong) {
+  Variable x(Tensor::FromVector<double>({1, 2, 3, 4}, {4}), true);
+  Variable b(Tensor::FromVector<double>({10, 20}, {2}), true);
+  Variable y = MulScalar(x, 2);
+  Variable v = Slice(y, 0, 0, 2);
+  EXPECT_TRUE(testing::ThrowsError([&] { AddInPlace(v, b); },
+                                   "add_: self shares storage with a view (or is one)"));
+  EXPECT_TRUE(testing::ThrowsError([&] { AddInPlace(y, y); }, "shares storage with a view"));
+  // Views that copy (reshape of a transposed tensor) share nothing and stay writable.
+  Variable m = Reshape(Transpose(Reshape(MulScalar(x, 1), {2, 2}), 0, 1), {4});
+  Variable t = Reshape(Transpose(Reshape(MulScalar(x, 1), {2, 2}), 0, 1), {4});
+  AddInPlace(m, t);
+  Sum(m).backward();
+  EXPECT_EQ(x.grad().data().to_vector<double>(), (std::vector<double>{2, 2, 2, 2}));
+  // Without grad nothing is recorded and views may be written.
+  NoGradGuard no_grad;
+  AddInPlace(v, b);
+  EXPECT_EQ(y.data().to_vector<double>(), (std::vector<double>{12, 24, 6, 8}));
+}
+
+}  // namespace
+}  // namespace tg
