@@ -40,7 +40,7 @@ Node::~Node() {
   // 10^5 nodes), so nodes owned only by this one are taken apart iteratively: release what
   // they saved, move their edges onto a local stack, and let them die with nothing attached.
   std::vector<std::shared_ptr<Node>> stack;
-  auto take_edges = [&stack](std::vector<Edge>& edges) {
+  auto take_edges = [&stack](EdgeList& edges) {
     for (Edge& e : edges) {
       if (e.fn && e.fn.use_count() == 1) stack.push_back(std::move(e.fn));
     }
@@ -260,9 +260,7 @@ VariableList FunctionNode::Apply(VariableList grads) {
   VariableList saved;
   saved.reserve(saved_.size());
   for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].Unpack(*this, i));
-  std::vector<bool> needs(next_edges().size());
-  for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges()[i].valid();
-  return backward_(BackwardContext{grads, saved, needs});
+  return backward_(BackwardContext{grads, saved, next_edges()});
 }
 
 void FunctionNode::ReleaseSaved() {

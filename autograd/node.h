@@ -24,11 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "autograd/variable.h"
 
 namespace tg {
-
-using VariableList = std::vector<Variable>;
 
 struct Edge {
   std::shared_ptr<Node> fn;  // null: the input does not need a gradient
@@ -41,6 +40,11 @@ struct InputMetadata {
   Shape shape;
   DType dtype = kF32;
 };
+
+// Inline storage for the common case of one or two inputs/outputs per node: one allocation
+// per recorded op (the node itself) instead of three.
+using EdgeList = absl::InlinedVector<Edge, 2>;
+using InputMetadataList = absl::InlinedVector<InputMetadata, 1>;
 
 // Node pre-hook: sees the gradients of the node's outputs and may return replacements (an
 // empty list keeps them). Post-hook: sees the gradients it produced and received.
@@ -63,9 +67,9 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void ReleaseSaved() {}
 
   uint64_t sequence_nr() const { return sequence_nr_; }
-  const std::vector<Edge>& next_edges() const { return next_edges_; }
-  std::vector<Edge>& mutable_next_edges() { return next_edges_; }
-  const std::vector<InputMetadata>& input_metadata() const { return input_metadata_; }
+  const EdgeList& next_edges() const { return next_edges_; }
+  EdgeList& mutable_next_edges() { return next_edges_; }
+  const InputMetadataList& input_metadata() const { return input_metadata_; }
   uint32_t AddInputMetadata(const Tensor& t);
   size_t num_inputs() const { return input_metadata_.size(); }
 
@@ -95,8 +99,8 @@ class Node : public std::enable_shared_from_this<Node> {
     T fn;
   };
   uint64_t sequence_nr_;
-  std::vector<Edge> next_edges_;
-  std::vector<InputMetadata> input_metadata_;
+  EdgeList next_edges_;
+  InputMetadataList input_metadata_;
   std::vector<Registered<NodePreHook>> pre_hooks_;
   std::vector<Registered<NodePostHook>> post_hooks_;
   struct TensorHookEntry {
@@ -153,25 +157,27 @@ class SavedTensorHooks {
 };
 
 struct BackwardContext {
-  const VariableList& grads;            // one per forward output; zeros where none flowed
-  const VariableList& saved;            // the saved variables, in save order
-  const std::vector<bool>& needs_grad;  // one per forward input
-  bool needs(size_t i) const { return needs_grad[i]; }
+  const VariableList& grads;  // one per forward output; zeros where none flowed
+  const VariableList& saved;  // the saved variables, in save order
+  const EdgeList& edges;      // one per forward input
+  // Whether forward input i needs a gradient (has a valid edge).
+  bool needs(size_t i) const { return edges[i].valid(); }
 };
 using BackwardFn = std::function<VariableList(const BackwardContext& ctx)>;
 
 // The node of every built-in differentiable op: a named backward lambda over saved variables.
 class FunctionNode : public Node {
  public:
-  FunctionNode(std::string name, BackwardFn backward)
-      : name_(std::move(name)), backward_(std::move(backward)) {}
+  // `name` must outlive the node (the ops pass string literals).
+  FunctionNode(const char* name, BackwardFn backward)
+      : name_(name), backward_(std::move(backward)) {}
   VariableList Apply(VariableList grads) override;
   std::string name() const override { return name_; }
   void ReleaseSaved() override;
   void Save(const Variable& v, bool is_output) { saved_.emplace_back(v, is_output); }
 
  private:
-  std::string name_;
+  const char* name_;
   BackwardFn backward_;
   std::vector<SavedVariable> saved_;
   bool released_ = false;

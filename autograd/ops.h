@@ -62,9 +62,9 @@ Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
 Variable Select(const Variable& x, int64_t dim, int64_t index);
 Variable Unsqueeze(const Variable& x, int64_t dim);
 Variable Squeeze(const Variable& x, int64_t dim);
-Variable Cat(const std::vector<Variable>& xs, int64_t dim);
-Variable Stack(const std::vector<Variable>& xs, int64_t dim);
-std::vector<Variable> Split(const Variable& x, int64_t split_size, int64_t dim);
+Variable Cat(const VariableList& xs, int64_t dim);
+Variable Stack(const VariableList& xs, int64_t dim);
+VariableList Split(const Variable& x, int64_t split_size, int64_t dim);
 // out[i][j] = x[i][index[i][j]] along `dim` (torch.gather); index is i64/i32 of x's rank.
 Variable Gather(const Variable& x, int64_t dim, const Tensor& index);
 // Rows of x [n, ...] selected by a 1-D index (torch.index_select on dim 0).

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "tensor/tensor.h"
 
 namespace tg {
@@ -27,6 +28,9 @@ namespace tg {
 class Node;
 class Variable;
 struct VariableImpl;
+
+// Gradients and inputs of one node: inline storage for the common one- and two-element lists.
+using VariableList = absl::InlinedVector<Variable, 2>;
 
 // Removes a registered hook when remove() is called (idempotent). Dropping the handle without
 // calling remove() keeps the hook.
@@ -52,9 +56,9 @@ using TensorHook = std::function<Variable(const Variable& grad)>;
 using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;
 
 struct BackwardOptions {
-  bool retain_graph = false;                // keep saved tensors for another backward
-  bool create_graph = false;                // record the backward itself (higher-order gradients)
-  std::vector<Variable>* inputs = nullptr;  // accumulate only into these (all leaves if null)
+  bool retain_graph = false;             // keep saved tensors for another backward
+  bool create_graph = false;             // record the backward itself (higher-order gradients)
+  const VariableList* inputs = nullptr;  // accumulate only into these (all leaves if null)
 };
 
 class Variable {

@@ -29,8 +29,8 @@ void ForEachRow(const Shape& shape, std::array<char*, N> base,
     if (s == 0) return;
   }
   // Kept dims, outermost first.
-  std::vector<int64_t> sizes;
-  std::vector<std::array<int64_t, N>> strides;
+  absl::InlinedVector<int64_t, 6> sizes;
+  absl::InlinedVector<std::array<int64_t, N>, 6> strides;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     std::array<int64_t, N> s;
@@ -54,7 +54,7 @@ void ForEachRow(const Shape& shape, std::array<char*, N> base,
   const size_t inner = sizes.size() - 1;
   const int64_t n = sizes[inner];
   const std::array<int64_t, N> step = strides[inner];
-  std::vector<int64_t> index(inner, 0);
+  absl::InlinedVector<int64_t, 6> index(inner, 0);
   std::array<char*, N> ptr = base;
   while (true) {
     fn(ptr, n, step);

@@ -12,7 +12,7 @@
 
 namespace tg {
 
-std::string ShapeToString(const Shape& shape) {
+std::string ShapeToString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 

@@ -18,16 +18,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 
 namespace tg {
 
-using Shape = std::vector<int64_t>;
+// Sizes, strides and dim lists. Inline storage for up to 6 dims keeps the copies that every
+// tensor handle and op makes off the heap (this is most of the cost of ops on small tensors).
+using Shape = absl::InlinedVector<int64_t, 6>;
 
-// "[2, 3]"
-std::string ShapeToString(const Shape& shape);
+// "[2, 3]"; takes a Shape or a std::vector<int64_t>.
+std::string ShapeToString(absl::Span<const int64_t> shape);
 // Product of the sizes; throws if a size is negative or the product overflows int64.
 int64_t NumElements(const Shape& shape);
 // Row-major (C-order) strides for `shape`, in elements.

@@ -76,7 +76,7 @@ Variable Select(const Variable& x, int64_t dim, int64_t index) {
                   x);
 }
 
-Variable Cat(const std::vector<Variable>& xs, int64_t dim) {
+Variable Cat(const VariableList& xs, int64_t dim) {
   TG_CHECK(!xs.empty(), "cat: expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
     TG_CHECK(xs[i].defined(), "cat: tensor ", i, " is undefined");
@@ -119,7 +119,7 @@ Variable Cat(const std::vector<Variable>& xs, int64_t dim) {
                 });
 }
 
-Variable Stack(const std::vector<Variable>& xs, int64_t dim) {
+Variable Stack(const VariableList& xs, int64_t dim) {
   TG_CHECK(!xs.empty(), "stack: expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
     TG_CHECK(xs[i].defined(), "stack: tensor ", i, " is undefined");
@@ -129,13 +129,13 @@ Variable Stack(const std::vector<Variable>& xs, int64_t dim) {
   }
   const int64_t d = WrapDim("stack", dim, xs[0].dim() + 1);
   // stack = cat of the inputs unsqueezed at dim; the gradient flows back through both ops.
-  std::vector<Variable> unsqueezed;
+  VariableList unsqueezed;
   unsqueezed.reserve(xs.size());
   for (const Variable& x : xs) unsqueezed.push_back(Unsqueeze(x, d));
   return Cat(unsqueezed, d);
 }
 
-std::vector<Variable> Split(const Variable& x, int64_t split_size, int64_t dim) {
+VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
   TG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
   TG_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
   const int64_t d = WrapDim("split", dim, x.dim());

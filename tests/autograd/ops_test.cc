@@ -180,7 +180,7 @@ std::vector<OpCase> AllCases() {
                  return Stack({in[0], in[1], in[0]}, -1);
                }});
   c.push_back({"Split", {{{7, 2}}}, [](In in) {
-                 std::vector<Variable> s = Split(in[0], 3, 0);  // [3, 2], [3, 2], [1, 2]
+                 VariableList s = Split(in[0], 3, 0);  // [3, 2], [3, 2], [1, 2]
                  return Cat({Mul(s[0], s[1]), Exp(s[2])}, 0);
                }});
   c.push_back({"Split unused chunks", {{{2, 5}}}, [](In in) {
@@ -531,7 +531,7 @@ TEST(Cat, PromotesDtypesAndReturnsGradientsInEachInputDtype) {
 
 TEST(Split, ChunksAndGradients) {
   const Variable x = Leaf({0, 1, 2, 3, 4}, {5});
-  std::vector<Variable> chunks = Split(x, 2, 0);
+  VariableList chunks = Split(x, 2, 0);
   ASSERT_EQ(chunks.size(), 3u);
   EXPECT_EQ(Values(chunks[2]), (std::vector<double>{4}));
   Sum(MulScalar(chunks[1], 3)).backward();  // the other chunks get no gradient: zeros
