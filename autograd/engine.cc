@@ -39,8 +39,16 @@ struct GraphTask {
   bool create_graph = false;
   bool partial = false;    // only nodes leading to `inputs` run
   bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
-  // Filled once by ComputeDependencies; later lookups never insert, so references stay valid.
-  absl::flat_hash_map<Node*, NodeState> states;
+  // One slot per node reached from the roots, filled once by ComputeDependencies (so pointers
+  // into it stay valid), found through Node::engine_mark or, if a nested task overwrote that,
+  // through `slots`.
+  std::vector<NodeState> states;
+  absl::flat_hash_map<Node*, uint32_t> slots;
+  NodeState* Find(Node* node) {
+    if (node->engine_mark.task == id) return &states[node->engine_mark.slot];
+    auto it = slots.find(node);
+    return it == slots.end() ? nullptr : &states[it->second];
+  }
   std::vector<std::function<void()>> callbacks;
   std::vector<Capture> captures;
   VariableList captured;
@@ -54,6 +62,7 @@ thread_local int thread_nesting = 0;  // nested tasks running on this thread
 struct ReadyEntry {
   uint64_t sequence_nr;
   Node* node;
+  NodeState* state;
   bool operator<(const ReadyEntry& o) const { return sequence_nr < o.sequence_nr; }
 };
 
@@ -68,31 +77,35 @@ Variable SumGrads(const Variable& a, const Variable& b) {
   });
 }
 
-// Counts the edges into every node reachable from the roots (iteratively: graphs may be long).
+// Gives every node reachable from the roots a slot and counts the edges into it (iteratively:
+// graphs may be long). No user code runs here, so the marks cannot be overwritten meanwhile.
 void ComputeDependencies(GraphTask& task) {
   std::vector<Node*> stack;
-  for (const auto& root : task.roots) {
-    if (task.states.emplace(root.get(), NodeState{}).second) stack.push_back(root.get());
-  }
+  auto visit = [&task, &stack](Node* node) -> uint32_t {
+    if (node->engine_mark.task == task.id) return node->engine_mark.slot;
+    const uint32_t slot = static_cast<uint32_t>(task.states.size());
+    task.states.emplace_back();
+    task.slots.emplace(node, slot);
+    node->engine_mark = Node::EngineMark{task.id, slot};
+    stack.push_back(node);
+    return slot;
+  };
+  for (const auto& root : task.roots) visit(root.get());
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
     for (const Edge& e : node->next_edges()) {
-      if (!e.valid()) continue;
-      auto [it, inserted] = task.states.try_emplace(e.fn.get());
-      ++it->second.dependencies;
-      if (inserted) stack.push_back(e.fn.get());
+      if (e.valid()) ++task.states[visit(e.fn.get())].dependencies;
     }
   }
 }
 
 // Marks as needed exactly the nodes from which some target is reachable (post-order, iterative).
 void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
-  for (auto& [node, state] : task.states) state.needed = false;
+  for (NodeState& state : task.states) state.needed = false;
   absl::flat_hash_map<Node*, bool> done;
   for (Node* t : targets) {
-    auto it = task.states.find(t);
-    if (it != task.states.end()) it->second.needed = true;
+    if (NodeState* state = task.Find(t)) state->needed = true;
   }
   struct Frame {
     Node* node;
@@ -113,9 +126,9 @@ void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
         }
         continue;
       }
-      NodeState& state = task.states[f.node];
+      NodeState& state = *task.Find(f.node);
       for (const Edge& e : edges) {
-        if (e.valid() && task.states[e.fn.get()].needed) state.needed = true;
+        if (e.valid() && task.Find(e.fn.get())->needed) state.needed = true;
       }
       done[f.node] = true;
       stack.pop_back();
@@ -158,7 +171,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
     if (c.node == node)
       task.captured[c.index] = SumGrads(task.captured[c.index], grads[c.input_nr]);
   }
-  const bool is_accumulate = dynamic_cast<AccumulateGrad*>(node) != nullptr;
+  const bool is_accumulate = node->IsAccumulateGrad();
   if (!state.needed || (is_accumulate && !task.accumulate)) return;
   node->RunPreHooks(grads);
   VariableList outputs;
@@ -176,18 +189,18 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!edges[i].valid()) continue;
     Node* next = edges[i].fn.get();
-    NodeState& next_state = task.states[next];
+    NodeState& next_state = *task.Find(next);
     if (next_state.buffer.empty()) next_state.buffer.resize(next->num_inputs());
     Variable& slot = next_state.buffer[edges[i].input_nr];
     slot = SumGrads(slot, outputs[i]);
-    if (--next_state.dependencies == 0) ready.push({next->sequence_nr(), next});
+    if (--next_state.dependencies == 0) ready.push({next->sequence_nr(), next, &next_state});
   }
 }
 
 // Whether `node` receives its gradient in the current task (its tensor hooks will run).
 bool GradientWillBeComputed(Node* node) {
-  auto it = current_task->states.find(node);
-  return it != current_task->states.end() && (!current_task->partial || it->second.needed);
+  const NodeState* state = current_task->Find(node);
+  return state != nullptr && (!current_task->partial || state->needed);
 }
 
 void RunCallbacks(GraphTask& task) {
@@ -215,21 +228,22 @@ void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>&
 
   std::priority_queue<ReadyEntry> ready;
   for (const auto& [node, grads] : root_grads) {
-    NodeState& state = task.states[node];
+    NodeState& state = *task.Find(node);
     if (state.buffer.empty()) state.buffer.resize(node->num_inputs());
     for (size_t i = 0; i < grads.size(); ++i) state.buffer[i] = SumGrads(state.buffer[i], grads[i]);
   }
   for (const auto& [node, grads] : root_grads) {
     (void)grads;
-    if (task.states[node].dependencies == 0) {
-      task.states[node].dependencies = -1;  // queued once even if it is several roots
-      ready.push({node->sequence_nr(), node});
+    NodeState& state = *task.Find(node);
+    if (state.dependencies == 0) {
+      state.dependencies = -1;  // queued once even if it is several roots
+      ready.push({node->sequence_nr(), node, &state});
     }
   }
   while (!ready.empty()) {
-    Node* node = ready.top().node;
+    const ReadyEntry entry = ready.top();
     ready.pop();
-    RunNode(task, node, task.states[node], ready);
+    RunNode(task, entry.node, *entry.state, ready);
   }
   RunCallbacks(task);
 }
@@ -354,7 +368,7 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
     TG_CHECK(inputs[i].defined(), "grad: input ", i, " is undefined");
     std::shared_ptr<Node> node = inputs[i].gradient_edge_node();
     TG_CHECK(node != nullptr, "grad: input ", i, " does not require grad");
-    reachable[i] = task.states.count(node.get()) > 0;
+    reachable[i] = task.Find(node.get()) != nullptr;
     task.roots.push_back(node);
     targets.push_back(node.get());
     task.captures.push_back({node.get(), inputs[i].output_nr(), i});
@@ -380,10 +394,10 @@ void queue_callback(std::function<void()> callback) {
 
 bool will_execute(const std::shared_ptr<Node>& node) {
   TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");
-  auto it = current_task->states.find(node.get());
-  if (it == current_task->states.end()) return false;
-  if (!current_task->accumulate && dynamic_cast<AccumulateGrad*>(node.get())) return false;
-  return it->second.needed;
+  const NodeState* state = current_task->Find(node.get());
+  if (state == nullptr) return false;
+  if (!current_task->accumulate && node->IsAccumulateGrad()) return false;
+  return state->needed;
 }
 
 bool current_task_is_partial() {

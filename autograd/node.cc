@@ -326,7 +326,22 @@ bool ShouldRecord(const VariableList& inputs) {
   return false;
 }
 
-VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
+namespace {
+
+// Records one node for an op whose forward produced `results` (ShouldRecord was true).
+std::shared_ptr<FunctionNode> MakeNode(const char* name, const VariableList& inputs,
+                                       const VariableList& saved, BackwardFn backward) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  auto& edges = node->mutable_next_edges();
+  edges.reserve(inputs.size());
+  for (const Variable& in : inputs) edges.push_back(Edge{in.gradient_edge_node(), in.output_nr()});
+  for (const Variable& s : saved) node->Save(s, false);
+  return node;
+}
+
+}  // namespace
+
+VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
                          const VariableList& inputs, const VariableList& saved,
                          BackwardFn backward) {
   VariableList outputs;
@@ -335,14 +350,7 @@ VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
     for (const Tensor& r : results) outputs.emplace_back(r);
     return outputs;
   }
-  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
-  auto& edges = node->mutable_next_edges();
-  edges.reserve(inputs.size());
-  for (const Variable& in : inputs) {
-    std::shared_ptr<Node> fn = in.gradient_edge_node();
-    edges.push_back(Edge{fn, in.output_nr()});
-  }
-  for (const Variable& s : saved) node->Save(s, false);
+  std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
   for (size_t i = 0; i < results.size(); ++i) {
     node->AddInputMetadata(results[i]);
     outputs.push_back(MakeNonLeaf(results[i], node, static_cast<uint32_t>(i)));
@@ -353,8 +361,11 @@ VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
 Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output) {
   if (!ShouldRecord(inputs)) return Variable(result);
-  Variable out = RecordMulti(name, {result}, inputs, saved, std::move(backward))[0];
-  if (save_output) static_cast<FunctionNode*>(out.grad_fn().get())->Save(out, true);
+  std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
+  node->AddInputMetadata(result);
+  FunctionNode* raw = node.get();
+  Variable out = MakeNonLeaf(result, std::move(node), 0);
+  if (save_output) raw->Save(out, true);
   return out;
 }
 

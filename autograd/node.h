@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "autograd/variable.h"
 
 namespace tg {
@@ -65,6 +66,8 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual std::string name() const = 0;
   // Drops saved tensors (after the node ran without retain_graph).
   virtual void ReleaseSaved() {}
+  // Whether this is a leaf's AccumulateGrad node (Grad() does not run those).
+  virtual bool IsAccumulateGrad() const { return false; }
 
   uint64_t sequence_nr() const { return sequence_nr_; }
   const EdgeList& next_edges() const { return next_edges_; }
@@ -91,6 +94,15 @@ class Node : public std::enable_shared_from_this<Node> {
 
   // Where the node was created (a symbolised stack), recorded only in anomaly mode.
   const std::string& creation_trace() const { return creation_trace_; }
+
+  // Scratch for the engine: the task that last reached this node and the node's slot in that
+  // task's state, so lookups during backward are an array access instead of a hash lookup.
+  // A nested task may overwrite it; the engine then falls back to its map.
+  struct EngineMark {
+    int64_t task = -1;
+    uint32_t slot = 0;
+  };
+  EngineMark engine_mark;
 
  private:
   template <typename T>
@@ -179,7 +191,7 @@ class FunctionNode : public Node {
  private:
   const char* name_;
   BackwardFn backward_;
-  std::vector<SavedVariable> saved_;
+  absl::InlinedVector<SavedVariable, 2> saved_;
   bool released_ = false;
 };
 
@@ -189,6 +201,7 @@ class AccumulateGrad : public Node {
   explicit AccumulateGrad(std::shared_ptr<VariableImpl> leaf);
   VariableList Apply(VariableList grads) override;
   std::string name() const override { return "AccumulateGrad"; }
+  bool IsAccumulateGrad() const override { return true; }
   // The leaf's own tensor hooks (registration order).
   void RunTensorHooks(VariableList& grads) const override;
   const std::shared_ptr<VariableImpl>& leaf() const { return leaf_; }
@@ -212,7 +225,7 @@ bool ShouldRecord(const VariableList& inputs);
 Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output = false);
 // The same with several outputs.
-VariableList RecordMulti(const char* name, const std::vector<Tensor>& results,
+VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
                          const VariableList& inputs, const VariableList& saved,
                          BackwardFn backward);
 
