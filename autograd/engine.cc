@@ -40,12 +40,17 @@ struct GraphTask {
   bool partial = false;    // only nodes leading to `inputs` run
   bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
   // One slot per node reached from the roots, filled once by ComputeDependencies (so pointers
-  // into it stay valid), found through Node::engine_mark or, if a nested task overwrote that,
-  // through `slots`.
+  // into it stay valid), found through Node::engine_mark. Only when a nested task overwrote a
+  // mark (or for nodes outside this task) is the node -> slot map needed; it is built then.
   std::vector<NodeState> states;
+  std::vector<Node*> nodes;  // nodes[slot]
   absl::flat_hash_map<Node*, uint32_t> slots;
   NodeState* Find(Node* node) {
     if (node->engine_mark.task == id) return &states[node->engine_mark.slot];
+    if (slots.empty() && !nodes.empty()) {
+      slots.reserve(nodes.size());
+      for (uint32_t i = 0; i < nodes.size(); ++i) slots.emplace(nodes[i], i);
+    }
     auto it = slots.find(node);
     return it == slots.end() ? nullptr : &states[it->second];
   }
@@ -85,7 +90,7 @@ void ComputeDependencies(GraphTask& task) {
     if (node->engine_mark.task == task.id) return node->engine_mark.slot;
     const uint32_t slot = static_cast<uint32_t>(task.states.size());
     task.states.emplace_back();
-    task.slots.emplace(node, slot);
+    task.nodes.push_back(node);
     node->engine_mark = Node::EngineMark{task.id, slot};
     stack.push_back(node);
     return slot;

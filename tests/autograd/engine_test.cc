@@ -479,6 +479,21 @@ TEST(ReentrantTest, TwoThousandLevelsCompleteWithoutOverflowingTheStack) {
   EXPECT_EQ(current_reentrant_depth(), -1);
 }
 
+TEST(ReentrantTest, NestedTaskThroughNodesOfTheOuterGraphLeavesTheOuterStateIntact) {
+  // The nested backward runs MulBackward and x's AccumulateGrad, which the outer task has not
+  // reached yet; the outer task must still find its own state for them afterwards.
+  Variable x = Leaf({1, 2}, {2});
+  Variable s = Mul(x, x);
+  Variable a = MulScalar(s, 3);
+  a.register_hook([&](const Variable&) {
+    EnableGradGuard grad;
+    Sum(s).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+    return Variable();
+  });
+  Sum(a).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{2 + 6, 4 + 12}));
+}
+
 TEST(ReentrantTest, ErrorsPropagateThroughHandOffThreads) {
   int deepest = -1;
   Variable x = Leaf({1}, {1});
