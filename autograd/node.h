@@ -191,7 +191,7 @@ class FunctionNode : public Node {
  private:
   const char* name_;
   BackwardFn backward_;
-  absl::InlinedVector<SavedVariable, 2> saved_;
+  std::vector<SavedVariable> saved_;  // most ops save 0-2; the node stays small
   bool released_ = false;
 };
 
