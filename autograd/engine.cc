@@ -57,8 +57,10 @@ struct GraphTask {
   std::vector<std::function<void()>> callbacks;
   std::vector<Capture> captures;
   VariableList captured;
-  // Keeps the graph of the roots alive while the task runs.
+  // The roots' nodes (keeping their graph alive while the task runs), and other nodes the task
+  // refers to (AccumulateGrad nodes of inputs, created on demand).
   std::vector<std::shared_ptr<Node>> roots;
+  std::vector<std::shared_ptr<Node>> keep_alive;
 };
 
 thread_local GraphTask* current_task = nullptr;
@@ -336,7 +338,7 @@ void Engine::Backward(const VariableList& roots, const VariableList& grad_output
       std::shared_ptr<Node> node = in.gradient_edge_node();
       TG_CHECK(node != nullptr, "backward: input ", i, " does not require grad");
       targets.push_back(node.get());
-      task.roots.push_back(node);  // keep accumulators created here alive
+      task.keep_alive.push_back(node);  // accumulators created here
       if (!in.is_leaf()) {
         // A non-leaf input accumulates into its .grad, like a retained gradient.
         task.captures.push_back({node.get(), in.output_nr(), task.captured.size()});
@@ -374,7 +376,7 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
     std::shared_ptr<Node> node = inputs[i].gradient_edge_node();
     TG_CHECK(node != nullptr, "grad: input ", i, " does not require grad");
     reachable[i] = task.Find(node.get()) != nullptr;
-    task.roots.push_back(node);
+    task.keep_alive.push_back(node);
     targets.push_back(node.get());
     task.captures.push_back({node.get(), inputs[i].output_nr(), i});
   }
