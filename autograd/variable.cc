@@ -40,8 +40,8 @@ Variable::Variable(Tensor data, bool requires_grad) : impl_(std::make_shared<Var
   if (requires_grad) set_requires_grad(true);
 }
 
-void Variable::CheckDefined(const char* what) const {
-  TG_CHECK(impl_ != nullptr, what, ": the variable is undefined");
+void Variable::ThrowUndefined(const char* what) {
+  throw Error(absl::StrCat(what, ": the variable is undefined"));
 }
 
 const Tensor& Variable::data() const {

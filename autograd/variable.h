@@ -123,7 +123,10 @@ class Variable {
   explicit Variable(std::shared_ptr<VariableImpl> impl) : impl_(std::move(impl)) {}
 
  private:
-  void CheckDefined(const char* what) const;
+  void CheckDefined(const char* what) const {
+    if (impl_ == nullptr) ThrowUndefined(what);
+  }
+  [[noreturn]] static void ThrowUndefined(const char* what);
   std::shared_ptr<VariableImpl> impl_;
 };
 

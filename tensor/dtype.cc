@@ -2,24 +2,6 @@
 
 namespace tg {
 
-size_t ElementSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF64:
-    case DType::kI64:
-      return 8;
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kU8:
-    case DType::kBool:
-      return 1;
-  }
-  throw Error("unknown dtype");
-}
-
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32:

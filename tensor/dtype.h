@@ -28,7 +28,23 @@ inline constexpr DType kI64 = DType::kI64;
 inline constexpr DType kU8 = DType::kU8;
 inline constexpr DType kBool = DType::kBool;
 
-size_t ElementSize(DType dtype);
+inline size_t ElementSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
+  }
+  return 1;
+}
 // "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool".
 const char* DTypeName(DType dtype);
 bool IsFloating(DType dtype);

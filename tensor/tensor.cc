@@ -168,8 +168,8 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
 }
 
-void Tensor::CheckDefined(const char* op) const {
-  TG_CHECK(defined(), op, ": the tensor is undefined");
+void Tensor::ThrowUndefined(const char* op) {
+  throw Error(absl::StrCat(op, ": the tensor is undefined"));
 }
 
 namespace {

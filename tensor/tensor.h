@@ -129,7 +129,10 @@ class Tensor {
   std::string ToString(int64_t max_elements = 64) const;
 
  private:
-  void CheckDefined(const char* op) const;
+  void CheckDefined(const char* op) const {
+    if (storage_ == nullptr) ThrowUndefined(op);
+  }
+  [[noreturn]] static void ThrowUndefined(const char* op);
 
   std::shared_ptr<Storage> storage_;
   Shape shape_;
