@@ -18,9 +18,27 @@ std::array<Shape, N> RowStrides(const Tensor& out, const std::array<const Tensor
   return s;
 }
 
+// The common case: every operand contiguous with out's shape, walked as one flat row without
+// computing broadcast strides (most of the cost of an op on a small tensor).
+bool FlatSameShape(const Tensor& out, std::initializer_list<const Tensor*> inputs) {
+  if (!out.is_contiguous()) return false;
+  for (const Tensor* t : inputs) {
+    if (t->shape() != out.shape() || !t->is_contiguous()) return false;
+  }
+  return true;
+}
+
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
 void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  if (FlatSameShape(out, {&a, &b})) {
+    Out* o = static_cast<Out*>(out.raw_data());
+    const In* x = static_cast<const In*>(a.raw_data());
+    const In* y = static_cast<const In*>(b.raw_data());
+    for (int64_t i = 0, n = out.numel(); i < n; ++i)
+      o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+    return;
+  }
   ForEachRow<3>(out.shape(),
                 {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
                  static_cast<char*>(b.raw_data())},
@@ -45,6 +63,12 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
 
 template <typename Out, typename In, typename F>
 void Map1(const Tensor& out, const Tensor& x, F f) {
+  if (FlatSameShape(out, {&x})) {
+    Out* o = static_cast<Out*>(out.raw_data());
+    const In* v = static_cast<const In*>(x.raw_data());
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+    return;
+  }
   ForEachRow<2>(out.shape(), {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
                 RowStrides<2>(out, {&x}),
                 [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
