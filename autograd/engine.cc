@@ -199,7 +199,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
     NodeState& next_state = *task.Find(next);
     if (next_state.buffer.empty()) next_state.buffer.resize(next->num_inputs());
     Variable& slot = next_state.buffer[edges[i].input_nr];
-    slot = SumGrads(slot, outputs[i]);
+    slot = slot.defined() ? SumGrads(slot, outputs[i]) : std::move(outputs[i]);
     if (--next_state.dependencies == 0) ready.push({next->sequence_nr(), next, &next_state});
   }
 }
