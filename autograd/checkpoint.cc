@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
@@ -79,7 +80,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
                               const std::vector<Generator*>& generators) {
     // Captured before fn draws anything, so the recomputation sees the same random numbers.
     ctx.saved_data["generators"] = GeneratorStates::Capture(generators);
-    // Autocast (added by the amp issue): capture its thread-local state (enabled, dtype) here too.
+    ctx.saved_data["autocast"] = amp::GetAutocastState();
     Variable out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
     ctx.save_for_backward(inputs);           // version-checked when the backward recomputes
     ctx.saved_data["fn"] = std::move(fn);
@@ -94,13 +95,14 @@ struct CheckpointFunction : Function<CheckpointFunction> {
              "Backward() given inputs; use CheckpointOptions::reentrant = false");
     const auto& fn = std::any_cast<const CheckpointFn&>(ctx.saved_data.at("fn"));
     const auto& generators = std::any_cast<const GeneratorStates&>(ctx.saved_data.at("generators"));
+    const auto& autocast = std::any_cast<const amp::AutocastState&>(ctx.saved_data.at("autocast"));
     const VariableList detached = DetachInputs(ctx.saved_variables());
     Variable out;
     {
       ScopedGeneratorStates rng(generators);
-      // Autocast (added by the amp issue): re-establish the state captured in Forward for the
-      // recomputation (an AutocastStateGuard next to the generator states), and restore the
-      // caller's after; the backward itself runs outside autocast, as in PyTorch.
+      // The recomputation runs under the forward's autocast state (so it makes the same casts);
+      // the nested backward below runs under the caller's, as in PyTorch.
+      amp::AutocastStateGuard autocast_state(autocast);
       EnableGradGuard grad;
       out = CheckedCall(fn, detached);
     }
@@ -132,6 +134,7 @@ struct NonReentrantState {
   VariableList inputs;  // detached (see DetachInputs)
   std::vector<uint64_t> input_versions;
   GeneratorStates generators;
+  amp::AutocastState autocast;               // at the forward, re-established for the recomputation
   std::vector<SavedMetadata> forward_saved;  // what the forward packed, by pack index
   int64_t recomputed_task = -1;              // the graph task `recomputed` belongs to
   VariableList recomputed;                   // by pack index; emptied as entries are unpacked
@@ -148,8 +151,7 @@ void Recompute(NonReentrantState& s) {
   VariableList saved;
   {
     ScopedGeneratorStates rng(s.generators);
-    // Autocast (added by the amp issue): re-establish the state captured at the forward, as in the
-    // reentrant backward.
+    amp::AutocastStateGuard autocast_state(s.autocast);
     EnableGradGuard grad;  // the forward recorded (it saved something), so record again
     // Innermost hooks: every tensor the recomputation saves lands here (detached: the
     // recomputed graph itself is dropped when fn's output goes out of scope).
@@ -202,7 +204,7 @@ Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
     state->input_versions.push_back(in.defined() ? in.version() : 0);
   }
   state->generators = GeneratorStates::Capture(generators);
-  // Autocast (added by the amp issue): capture the autocast state here for the recomputation.
+  state->autocast = amp::GetAutocastState();
   SavedTensorHooks hooks(
       [state](const Variable& v) -> std::any {
         state->forward_saved.push_back({v.shape(), v.dtype()});

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -271,10 +272,12 @@ void ExecuteWithHandOff(GraphTask& task,
   }
   GraphTask* parent = current_task;
   const bool grad_mode = GradMode::is_enabled();
+  const amp::AutocastState autocast = amp::GetAutocastState();
   std::exception_ptr error;
   std::thread worker([&] {
     current_task = parent;
     GradMode::set_enabled(grad_mode);
+    amp::AutocastStateGuard autocast_state(autocast);  // the caller's thread-local state
     try {
       Execute(task, root_grads);
     } catch (...) {

@@ -1,7 +1,9 @@
 // Differentiable ops on Variables. Each runs the tensor op of the same name (tensor/ops.h)
 // and, when grad mode is on and an input requires grad, records a node whose backward is made
 // of these same ops, so create_graph gives higher-order gradients. Broadcasting inputs get
-// their gradients summed back to their own shapes.
+// their gradients summed back to their own shapes. Under autocast (amp/autocast.h) matmul, bmm
+// and linear cast their inputs to the autocast dtype, and softmax, log_softmax, layer_norm,
+// cross_entropy, exp, log, pow, sum and mean cast theirs to f32.
 //
 //   tg::Variable y = tg::Matmul(x, w) + b;          // b broadcast over rows
 //   tg::Variable loss = tg::Mean(tg::Mul(y, y));
@@ -52,6 +54,8 @@ Variable SumTo(const Variable& x, const Shape& shape);
 // ---- Linear algebra ----
 Variable Matmul(const Variable& a, const Variable& b);
 Variable Bmm(const Variable& a, const Variable& b);
+// PyTorch's linear: x [..., in] times weight [out, in] transposed, plus bias [out] (optional).
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias = Variable());
 
 // ---- Views and shape ops ----
 Variable Reshape(const Variable& x, const Shape& shape);

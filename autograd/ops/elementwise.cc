@@ -4,6 +4,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/ops/autocast_inputs.h"
 
 namespace tg {
 namespace {
@@ -59,6 +60,8 @@ Variable Div(const Variable& a, const Variable& b) {
 }
 
 Variable Pow(const Variable& a, const Variable& b) {
+  constexpr auto kToF32 = amp::CastPolicy::kFloat32;
+  if (NeedsAutocast(kToF32, a, b)) return Pow(AutocastInput(a, kToF32), AutocastInput(b, kToF32));
   return Record("PowBackward", tg::Pow(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
@@ -79,6 +82,8 @@ Variable Pow(const Variable& a, const Variable& b) {
 }
 
 Variable Pow(const Variable& x, double exponent) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Pow(AutocastInput(x, amp::CastPolicy::kFloat32), exponent);
   return Record("PowScalarBackward", tg::Pow(x.data(), exponent), {x}, {x},
                 [exponent](const BackwardContext& ctx) -> VariableList {
                   const Variable& x = ctx.saved[0];
@@ -104,6 +109,8 @@ Variable Neg(const Variable& x) {
 }
 
 Variable Exp(const Variable& x) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Exp(AutocastInput(x, amp::CastPolicy::kFloat32));
   return Record(
       "ExpBackward", tg::Exp(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
@@ -113,6 +120,8 @@ Variable Exp(const Variable& x) {
 }
 
 Variable Log(const Variable& x) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Log(AutocastInput(x, amp::CastPolicy::kFloat32));
   return Record(
       "LogBackward", tg::Log(x.data()), {x}, {x},
       [](const BackwardContext& ctx) -> VariableList { return {Div(ctx.grads[0], ctx.saved[0])}; });

@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/ops/autocast_inputs.h"
 #include "tensor/generator.h"
 
 namespace tg {
@@ -39,6 +40,8 @@ Variable EmbeddingDense(const Variable& g, const Tensor& indices, int64_t rows) 
 }  // namespace
 
 Variable Softmax(const Variable& x) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Softmax(AutocastInput(x, amp::CastPolicy::kFloat32));
   return Record(
       "SoftmaxBackward", tg::Softmax(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
@@ -53,6 +56,8 @@ Variable Softmax(const Variable& x) {
 }
 
 Variable LogSoftmax(const Variable& x) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return LogSoftmax(AutocastInput(x, amp::CastPolicy::kFloat32));
   return Record(
       "LogSoftmaxBackward", tg::LogSoftmax(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
@@ -67,6 +72,11 @@ Variable LogSoftmax(const Variable& x) {
 }
 
 Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bias, double eps) {
+  constexpr auto kToF32 = amp::CastPolicy::kFloat32;
+  if (NeedsAutocast(kToF32, x, weight, bias)) {
+    return LayerNorm(AutocastInput(x, kToF32), AutocastInput(weight, kToF32),
+                     AutocastInput(bias, kToF32), eps);
+  }
   LayerNormResult r = tg::LayerNorm(x.data(), weight.defined() ? weight.data() : Tensor(),
                                     bias.defined() ? bias.data() : Tensor(), eps);
   return Record("LayerNormBackward", r.output, {x, weight, bias},
@@ -116,6 +126,10 @@ Variable Embedding(const Variable& weight, const Tensor& indices) {
 
 Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
                       Reduction reduction) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, logits)) {
+    return CrossEntropy(AutocastInput(logits, amp::CastPolicy::kFloat32), targets, ignore_index,
+                        reduction);
+  }
   const Tensor loss = tg::CrossEntropy(logits.data(), targets, ignore_index, reduction);
   return Record(
       "CrossEntropyBackward", loss, {logits}, {logits, Variable(targets)},

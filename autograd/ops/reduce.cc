@@ -3,6 +3,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/ops/autocast_inputs.h"
 
 namespace tg {
 namespace {
@@ -22,6 +23,8 @@ Shape KeptShape(const Shape& shape, const std::vector<int64_t>& dims) {
 }  // namespace
 
 Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Sum(AutocastInput(x, amp::CastPolicy::kFloat32), dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
   return Record("SumBackward", tg::Sum(x.data(), dims, keepdim), {x}, {},
@@ -31,6 +34,8 @@ Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) 
 }
 
 Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
+    return Mean(AutocastInput(x, amp::CastPolicy::kFloat32), dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
   const int64_t count = std::max<int64_t>(NumElements(kept), 1);
@@ -85,6 +90,9 @@ Variable SumTo(const Variable& x, const Shape& shape) {
 }
 
 Variable Matmul(const Variable& a, const Variable& b) {
+  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
+  if (NeedsAutocast(kToLow, a, b))
+    return Matmul(AutocastInput(a, kToLow), AutocastInput(b, kToLow));
   const Shape sa = a.shape(), sb = b.shape();
   return Record(
       "MatmulBackward", tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
@@ -110,6 +118,21 @@ Variable Bmm(const Variable& a, const Variable& b) {
            "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
            ShapeToString(b.shape()));
   return Matmul(a, b);
+}
+
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
+  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
+  if (NeedsAutocast(kToLow, x, weight, bias)) {
+    return Linear(AutocastInput(x, kToLow), AutocastInput(weight, kToLow),
+                  AutocastInput(bias, kToLow));
+  }
+  TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1),
+           "linear: expected x [..., in] and weight [out, in], got ", ShapeToString(x.shape()),
+           " and ", ShapeToString(weight.shape()));
+  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
+           "linear: expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
+  Variable y = Matmul(x, Transpose(weight, 0, 1));
+  return bias.defined() ? Add(y, bias) : y;
 }
 
 // ---- Views ----

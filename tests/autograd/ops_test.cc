@@ -159,6 +159,9 @@ std::vector<OpCase> AllCases() {
   c.push_back(
       {"Matmul 1-D @ batched", {{{3}}, {{2, 3, 2}}}, [](In in) { return Matmul(in[0], in[1]); }});
   c.push_back({"Bmm", {{{2, 2, 3}}, {{2, 3, 2}}}, [](In in) { return Bmm(in[0], in[1]); }});
+  c.push_back({"Linear with bias", {{{2, 4, 3}}, {{5, 3}}, {{5}}},
+               [](In in) { return Linear(in[0], in[1], in[2]); }});
+  c.push_back({"Linear without bias", {{{3}}, {{2, 3}}}, [](In in) { return Linear(in[0], in[1]); }});
   // ---- Views and shape ops ----
   c.push_back({"Reshape", {{{2, 3}}}, [](In in) { return Reshape(in[0], {3, 2}); }});
   c.push_back({"Transpose", {{{2, 3, 2}}}, [](In in) { return Transpose(in[0], 0, -1); }});
@@ -732,6 +735,10 @@ TEST(OpsErrors, BadInputsOfTheShapeAndNnOps) {
                "cat: tensor 1 has shape [6] but tensor 0 has shape [2, 3]; shapes must match "
                "except in dim 1");
   EXPECT_ERROR(Cat({}, 0), "cat: expected a non-empty list of tensors");
+  EXPECT_ERROR(Linear(x, Variable(Tensor::Zeros({5, 4}))),
+               "linear: expected x [..., in] and weight [out, in], got [2, 3] and [5, 4]");
+  EXPECT_ERROR(Linear(x, Variable(Tensor::Zeros({5, 3})), Variable(Tensor::Zeros({4}))),
+               "linear: expected bias [5], got [4]");
   EXPECT_ERROR(Cat({Variable(Tensor::Scalar(1))}, 0),
                "cat: tensor 0 is 0-d; 0-d tensors cannot be concatenated");
   EXPECT_ERROR(Cat({x}, 2), "cat: dim 2 is out of range for a tensor with 2 dims");

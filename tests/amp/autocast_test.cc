@@ -1,0 +1,184 @@
+// Autocast: which ops cast to what, that gradients reach the original dtypes, the weight-cast
+// cache's lifetime, module scopes, and checkpoint recomputation under the forward's state.
+#include "amp/autocast.h"
+
+#include <gtest/gtest.h>
+
+#include "autograd/checkpoint.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "tensor/generator.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using amp::AutocastGuard;
+
+Variable Param(const Shape& shape, uint64_t seed, DType dtype = kF32) {
+  Generator gen(seed);
+  return Variable(RandNormal(shape, gen).to(dtype), true);
+}
+
+TEST(AutocastTest, OpPolicy) {
+  const Variable x = Param({4, 3}, 1), w = Param({3, 5}, 2), b = Param({5}, 3);
+  const Variable w_lin = Param({5, 3}, 4);
+  const Tensor targets = Tensor::FromVector<int64_t>({0, 1, 2, 3}, {4});
+  for (DType low : {kF16, kBF16}) {
+    AutocastGuard autocast(low);
+    const Variable h = Matmul(x, w);
+    EXPECT_EQ(h.dtype(), low);
+    EXPECT_EQ(Linear(x, w_lin, b).dtype(), low);
+    EXPECT_EQ(Bmm(Reshape(x, {1, 4, 3}), Reshape(w, {1, 3, 5})).dtype(), low);
+    // f32 ops take the low-precision activation back to f32.
+    EXPECT_EQ(Softmax(h).dtype(), kF32);
+    EXPECT_EQ(LogSoftmax(h).dtype(), kF32);
+    EXPECT_EQ(LayerNorm(h, Variable(), Variable()).dtype(), kF32);
+    EXPECT_EQ(LayerNorm(h, Param({5}, 5, low), Param({5}, 6, low)).dtype(), kF32);
+    EXPECT_EQ(CrossEntropy(h, targets).dtype(), kF32);
+    EXPECT_EQ(Exp(h).dtype(), kF32);
+    EXPECT_EQ(Log(Abs(h)).dtype(), kF32);
+    EXPECT_EQ(Pow(h, 2.0).dtype(), kF32);
+    EXPECT_EQ(Pow(h, h).dtype(), kF32);
+    EXPECT_EQ(Sum(h).dtype(), kF32);
+    EXPECT_EQ(Mean(h, {0}).dtype(), kF32);
+    // Ops outside the lists keep their input dtype; mixed binary ops promote to the widest.
+    EXPECT_EQ(Relu(h).dtype(), low);
+    EXPECT_EQ(Add(h, b).dtype(), kF32);
+    EXPECT_EQ(Mul(h, h).dtype(), low);
+    // f64 and integer tensors are never cast.
+    const Variable x64 = Param({4, 3}, 7, kF64), w64 = Param({3, 5}, 8, kF64);
+    EXPECT_EQ(Matmul(x64, w64).dtype(), kF64);
+    EXPECT_EQ(Exp(x64).dtype(), kF64);
+    EXPECT_EQ(Sum(Variable(Tensor::FromVector<int64_t>({1, 2}, {2}))).dtype(), kI64);
+  }
+  // Outside the guard nothing is cast.
+  EXPECT_EQ(Matmul(x, w).dtype(), kF32);
+  EXPECT_EQ(Sum(Matmul(x.detach().data().to(kF16), w.data().to(kF16))).dtype(), kF16);
+}
+
+TEST(AutocastTest, GradientsReachTheF32LeavesInTheirDtype) {
+  const Variable x = Param({4, 3}, 1), w = Param({3, 5}, 2);
+  Variable loss;
+  {
+    AutocastGuard autocast(kF16);
+    loss = Sum(Matmul(x, w));
+  }
+  loss.backward();
+  ASSERT_EQ(w.grad().dtype(), kF32);
+  ASSERT_EQ(x.grad().dtype(), kF32);
+  // d sum(x w) / dw = x^T 1: the f16 matmul of the f16 casts, cast back to f32.
+  const Tensor expected_w =
+      tg::Matmul(x.data().to(kF16).transpose(0, 1), Tensor::Ones({4, 5}, kF16)).to(kF32);
+  EXPECT_EQ(w.grad().data().to_vector<float>(), expected_w.to_vector<float>());
+  const Tensor expected_x =
+      tg::Matmul(Tensor::Ones({4, 5}, kF16), w.data().to(kF16).transpose(0, 1)).to(kF32);
+  EXPECT_EQ(x.grad().data().to_vector<float>(), expected_x.to_vector<float>());
+}
+
+TEST(AutocastTest, WeightCastIsCachedUntilTheOutermostGuardExits) {
+  const Variable w = Param({3, 3}, 1);
+  const Variable x = Param({2, 3}, 2);
+  {
+    AutocastGuard outer(kBF16);
+    const Variable a = Matmul(x, w);
+    EXPECT_EQ(amp::CachedCastCount(), 2u);  // x and w are both f32 leaves requiring grad
+    {
+      AutocastGuard inner(kBF16);
+      const Variable b = Matmul(a, w);
+      // w's cast is reused: both matmuls point at the same CastBackward node.
+      EXPECT_EQ(amp::CachedCastCount(), 2u);
+      EXPECT_EQ(a.grad_fn()->next_edges()[1].fn, b.grad_fn()->next_edges()[1].fn);
+    }
+    EXPECT_EQ(amp::CachedCastCount(), 2u);  // the inner guard's exit does not clear it
+    {
+      NoGradGuard no_grad;  // casts under no_grad have no history: never cached
+      Matmul(Param({2, 3}, 3), Param({3, 3}, 4));
+      EXPECT_EQ(amp::CachedCastCount(), 2u);
+    }
+    Matmul(Matmul(x, w), Variable(Tensor::Ones({3, 3})));  // non-leaves and constants: no entry
+    EXPECT_EQ(amp::CachedCastCount(), 2u);
+    Sum(Matmul(x, w)).backward();
+    // Both uses of w fed one gradient through the cached cast.
+    EXPECT_EQ(w.grad().dtype(), kF32);
+  }
+  EXPECT_EQ(amp::CachedCastCount(), 0u);
+}
+
+TEST(AutocastTest, GuardsNestAndRestore) {
+  EXPECT_FALSE(amp::AutocastEnabled());
+  {
+    AutocastGuard f16(kF16);
+    EXPECT_TRUE(amp::AutocastEnabled());
+    EXPECT_EQ(amp::AutocastDType(), kF16);
+    {
+      AutocastGuard off(kF16, /*enabled=*/false);
+      EXPECT_FALSE(amp::AutocastEnabled());
+      EXPECT_EQ(Matmul(Param({2, 2}, 1), Param({2, 2}, 2)).dtype(), kF32);
+      AutocastGuard bf16(kBF16);
+      EXPECT_EQ(amp::AutocastDType(), kBF16);
+    }
+    EXPECT_TRUE(amp::AutocastEnabled());
+    EXPECT_EQ(amp::AutocastDType(), kF16);
+  }
+  EXPECT_FALSE(amp::AutocastEnabled());
+  EXPECT_TRUE(testing::ThrowsErrorExactly([] { AutocastGuard g(kF32); },
+                                          "AutocastGuard: the autocast dtype must be f16 or bf16, "
+                                          "got f32"));
+}
+
+TEST(AutocastTest, ModuleScopeRunsUnsafeModuleTypesInF32) {
+  const Variable x = Param({2, 3}, 1), w = Param({3, 3}, 2);
+  AutocastGuard autocast(kF16, true, {"Linear", "Attention"});
+  {
+    amp::AutocastModuleScope scope("Linear");
+    EXPECT_EQ(Matmul(x, w).dtype(), kF16);
+  }
+  {
+    amp::AutocastModuleScope scope("MyGatingNetwork");
+    EXPECT_EQ(Matmul(x, w).dtype(), kF32);
+    EXPECT_EQ(Matmul(x.data().to(kF16), w.data().to(kF16)).dtype(), kF16);  // tensor op: untouched
+    EXPECT_EQ(Matmul(Variable(x.data().to(kF16)), Variable(w.data().to(kF16))).dtype(), kF32);
+    amp::AutocastModuleScope inner("Linear");  // inside an unsafe module: stays f32
+    EXPECT_EQ(Matmul(x, w).dtype(), kF32);
+  }
+  amp::AutocastModuleScope scope("Attention");
+  EXPECT_EQ(Matmul(x, w).dtype(), kF16);
+}
+
+// The checkpointed segment recomputes under the forward's autocast state although backward runs
+// outside the guard: the gradients equal those of the plain autocast run, bit for bit.
+TEST(AutocastTest, CheckpointRecomputesUnderTheForwardsState) {
+  for (bool reentrant : {true, false}) {
+    SCOPED_TRACE(reentrant ? "reentrant" : "non-reentrant");
+    const Variable x = Param({4, 6}, 1), w1 = Param({6, 6}, 2), w2 = Param({6, 3}, 3);
+    auto segment = [&](const VariableList& in) {
+      return Softmax(Matmul(Tanh(Matmul(in[0], w1)), w2));
+    };
+    Variable plain_loss, ckpt_loss;
+    {
+      AutocastGuard autocast(kF16);
+      plain_loss = Sum(segment({x}));
+    }
+    plain_loss.backward();
+    const std::vector<float> g1 = w1.grad().data().to_vector<float>();
+    const std::vector<float> g2 = w2.grad().data().to_vector<float>();
+    const std::vector<float> gx = x.grad().data().to_vector<float>();
+    for (const Variable& v : {x, w1, w2}) v.set_grad(Variable());
+    {
+      AutocastGuard autocast(kF16);
+      ckpt_loss = Sum(Checkpoint(segment, {x}, CheckpointOptions{reentrant, {}}));
+    }
+    EXPECT_EQ(ckpt_loss.item(), plain_loss.item());
+    ckpt_loss.backward();
+    EXPECT_EQ(w1.grad().data().to_vector<float>(), g1);
+    EXPECT_EQ(w2.grad().data().to_vector<float>(), g2);
+    EXPECT_EQ(x.grad().data().to_vector<float>(), gx);
+    EXPECT_FALSE(amp::AutocastEnabled());  // the recomputation's state did not leak
+  }
+}
+
+}  // namespace
+}  // namespace tg
