@@ -37,6 +37,8 @@ struct Capture {
 struct GraphTask {
   int64_t id = 0;
   int depth = 0;
+  GraphTask* outermost = this;     // the depth-0 task this one is nested in (itself at depth 0)
+  bool issued_in_forward = false;  // the outermost task started inside a ForwardScope
   bool keep_graph = false;
   bool create_graph = false;
   bool partial = false;    // only nodes leading to `inputs` run
@@ -328,6 +330,8 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
 void InitTask(GraphTask& task, bool keep_graph, bool create_graph) {
   task.id = next_graph_task_id.fetch_add(1);
   task.depth = current_task ? current_task->depth + 1 : 0;
+  task.outermost = current_task ? current_task->outermost : &task;
+  task.issued_in_forward = current_task ? current_task->issued_in_forward : ForwardScope::active();
   task.keep_graph = keep_graph;
   task.create_graph = create_graph;
 }
@@ -408,6 +412,27 @@ void queue_callback(std::function<void()> callback) {
   TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
   current_task->callbacks.push_back(std::move(callback));
 }
+
+int64_t outermost_graph_task_id() { return current_task ? current_task->outermost->id : -1; }
+
+void queue_callback_on_outermost_task(std::function<void()> callback) {
+  TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
+  current_task->outermost->callbacks.push_back(std::move(callback));
+}
+
+bool backward_issued_in_forward() {
+  TG_CHECK(current_task != nullptr,
+           "backward_issued_in_forward can only be called during backward");
+  return current_task->issued_in_forward;
+}
+
+namespace {
+thread_local int forward_scope_depth = 0;
+}  // namespace
+
+ForwardScope::ForwardScope() { ++forward_scope_depth; }
+ForwardScope::~ForwardScope() { --forward_scope_depth; }
+bool ForwardScope::active() { return forward_scope_depth > 0; }
 
 bool will_execute(const std::shared_ptr<Node>& node) {
   TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");

@@ -50,6 +50,29 @@ int current_reentrant_depth();
 // Appends to the current task's final callbacks; throws
 // "callbacks can only be queued during backward" outside backward.
 void queue_callback(std::function<void()> callback);
+// The outermost task of the current nesting (the user's backward when the current task is a
+// reentrant one, e.g. inside a checkpoint); -1 outside backward.
+int64_t outermost_graph_task_id();
+// Appends to the outermost task's final callbacks: they run once the whole backward, nested
+// tasks included, is done (post-backward epilogues queued from hooks that may fire in nested
+// tasks). Throws "callbacks can only be queued during backward" outside backward.
+void queue_callback_on_outermost_task(std::function<void()> callback);
+
+// Marks code that computes a forward pass (nn modules enter one around forward). A backward
+// started inside it (an auxiliary backward issued by a model's forward) is flagged, and so are
+// the tasks nested in it, so that post-backward epilogues keyed to the user's backward
+// (mixed-precision master grads, DDP) can ignore it.
+class ForwardScope {
+ public:
+  ForwardScope();
+  ~ForwardScope();
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+  static bool active();
+};
+// Inside backward: whether the outermost task was started inside a ForwardScope.
+bool backward_issued_in_forward();
+
 // Inside backward: whether the current task will run `node`.
 bool will_execute(const std::shared_ptr<Node>& node);
 // Inside backward: whether the current task computes only some gradients (Grad(), or

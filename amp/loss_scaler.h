@@ -1,0 +1,158 @@
+// LossScaler: the loss scale of mixed-precision training and the state machine that moves it.
+// The loss is multiplied by scale() before backward so small f16 gradients do not flush to zero;
+// the optimizer step unscales the gradients, checks them for inf/NaN and calls update(found_inf)
+// once per step (a step with found_inf is skipped). One dynamic state machine (growth, backoff,
+// hysteresis, min/max scale) covers every preset; presets reproduce PyTorch GradScaler, Megatron
+// DynamicGradScaler / ConstantGradScaler and DeepSpeed DynamicLossScaler update by update.
+//
+//   tg::amp::LossScaler scaler = tg::amp::LossScaler::PyTorch();   // 65536, x2 every 2000
+//   loss_scaled = loss * scaler.scale();  ... backward, unscale, found_inf = any non-finite ...
+//   if (!found_inf) optimizer.step();
+//   scaler.update(found_inf);
+//   checkpoint.Merge("scaler.", scaler.state_dict());            // later: load_state_dict(Sub)
+//
+// The state machine (dynamic scalers), one update(found_inf) per optimizer step:
+//   overflow (found_inf):  growth_tracker = 0, clean_streak = 0. If hysteresis_tracker <= 1 the
+//       scale backs off: scale * backoff_factor (scale / growth_factor with
+//       backoff_by_division), rounded to f32 with f32_scale, then max(.., min_scale); with
+//       raise_at_min_scale an overflow that would back off while scale == min_scale throws
+//       tg::Error "Current loss scale already at minimum - cannot decrease scale anymore.
+//       Exiting run." and changes nothing. Then hysteresis_tracker -= 1 (with
+//       hysteresis_stops_at_one it never goes below 1; otherwise it goes on to 0, -1, ...).
+//   clean step:  growth_tracker += 1, clean_streak += 1; with consecutive_hysteresis
+//       hysteresis_tracker = hysteresis. When growth_tracker reaches growth_interval (+1 with
+//       first_growth_waits_one_more, for the first growth since the last overflow or the
+//       start) a growth step happens: growth_tracker = 0, hysteresis_tracker = hysteresis,
+//       scale = min(scale * growth_factor (f32-rounded with f32_scale), max_scale); with
+//       skip_nonfinite_growth a non-finite result is not applied (the scale stays).
+//   iteration += 1 after every update (constant scalers count iteration and clean_streak only).
+//
+// Presets (each reproduces the reference's scale after every update, bit for bit):
+//   PyTorch(init 65536, growth 2, backoff 0.5, interval 2000): torch.amp.GradScaler, i.e.
+//       amp_update_scale_cuda_kernel. The scale is an f32 tensor: every product is computed in
+//       double (float * double factor) and rounded to float; a growth whose f32 result is inf is
+//       not applied (the tracker still resets). No hysteresis, no lower bound (the scale can
+//       underflow to 0 after ~150 consecutive overflows, as in PyTorch).
+//   MegatronDynamic(initial, min, growth, backoff, interval, hysteresis): Megatron-LM
+//       DynamicGradScaler. f32 scale and f32 factors (the factors and min_scale are rounded to
+//       f32 when the preset is built, so each product is one f32 multiply); backoff to
+//       max(scale * backoff, min_scale) when the decremented hysteresis tracker is <= 0 (the
+//       tracker keeps decreasing: 1, 0, -1, ...; refilled only by a growth step); growth every
+//       growth_interval clean steps, never checked for inf (an f32 overflow makes the scale inf,
+//       as in Megatron). Never raises.
+//   MegatronConstant(scale) / Constant(scale): a scale that never changes (Megatron's rounded to
+//       f32, Constant's kept as given); update() only counts.
+//   DeepSpeedDynamic(init 2^32, scale_factor 2, window 1000, min 1, delayed_shift 1,
+//       consecutive_hysteresis false, raise_error_at_min_scale true): DeepSpeed
+//       DynamicLossScaler. Double scale; backoff is scale / scale_factor clamped to min_scale,
+//       only when the hysteresis tracker is 1 (it never goes below 1; it is refilled to
+//       delayed_shift by a growth step, or by every clean step with consecutive_hysteresis);
+//       raises at min_scale as described above.
+//       Growth follows the rule stated in our issue, which differs from DeepSpeed's source: with
+//       c = the number of consecutive clean updates since the last overflow (the start counts
+//       as an overflow), the update that makes c = scale_window + 1 grows the scale, and then
+//       every scale_window-th clean update after it (c = 2 * window + 1, 3 * window + 1, ...).
+//       E.g. window 2, no overflow: updates 3, 5, 7, ... grow. DeepSpeed's code grows when
+//       (cur_iter - last_overflow_iter) % scale_window == 0 with last_overflow_iter = -1 at the
+//       start, i.e. at c = window, 2 * window, ... (updates 2, 4, 6, ... for window 2), one
+//       update earlier than here, after an overflow as well as at the start.
+//
+// Numbers: the scale is a double; with f32_scale it holds an f32 value at all times (init_scale
+// and min_scale are rounded to nearest f32, max_scale down to an f32; products round to nearest
+// even, overflowing to inf as on the device).
+#ifndef TAPEGRAD_AMP_LOSS_SCALER_H_
+#define TAPEGRAD_AMP_LOSS_SCALER_H_
+
+#include <cstdint>
+#include <limits>
+
+#include "tensor/state_dict.h"
+
+namespace tg {
+namespace amp {
+
+struct LossScalerOptions {
+  // false: a constant scaler; the scale stays init_scale and update() only counts iteration and
+  // clean_streak. The other dynamic options are still validated.
+  bool dynamic = true;
+  double init_scale = 65536.0;     // > 0, finite
+  double growth_factor = 2.0;      // >= 1, finite
+  double backoff_factor = 0.5;     // in (0, 1]
+  int64_t growth_interval = 2000;  // >= 1: clean steps per growth step
+  int64_t hysteresis = 1;          // >= 1: overflows until (and including) the one that backs off
+  double min_scale = 0.0;          // >= 0, finite, <= init_scale: backoff never goes below it
+  double max_scale = std::numeric_limits<double>::infinity();  // >= init_scale: growth cap
+  bool raise_at_min_scale = false;                             // DeepSpeed raise_error_at_min_scale
+  bool consecutive_hysteresis = false;  // refill the hysteresis tracker on every clean step
+  // Preset-fidelity options (see the header comment):
+  bool f32_scale = false;                    // the scale is an f32 value (PyTorch, Megatron)
+  bool skip_nonfinite_growth = true;         // a growth to inf is not applied (PyTorch)
+  bool backoff_by_division = false;          // backoff is scale / growth_factor (DeepSpeed); then
+                                             // backoff_factor must be 1 / growth_factor
+  bool first_growth_waits_one_more = false;  // first growth after an overflow or the start at
+                                             // growth_interval + 1 clean updates (DeepSpeed)
+  bool hysteresis_stops_at_one = false;      // the hysteresis tracker never drops below 1
+};
+
+class LossScaler {
+ public:
+  using Options = LossScalerOptions;
+
+  // Throws tg::Error naming the first invalid option and its value.
+  explicit LossScaler(const Options& options = Options());
+
+  // Presets; see the header comment for their exact rules.
+  static LossScaler PyTorch(double init_scale = 65536.0, double growth_factor = 2.0,
+                            double backoff_factor = 0.5, int64_t growth_interval = 2000);
+  static LossScaler MegatronDynamic(double initial_scale, double min_scale, double growth_factor,
+                                    double backoff_factor, int64_t growth_interval,
+                                    int64_t hysteresis);
+  static LossScaler MegatronConstant(double scale);
+  static LossScaler DeepSpeedDynamic(double init_scale = 4294967296.0, double scale_factor = 2.0,
+                                     int64_t scale_window = 1000, double min_scale = 1.0,
+                                     int64_t delayed_shift = 1, bool consecutive_hysteresis = false,
+                                     bool raise_error_at_min_scale = true);
+  static LossScaler Constant(double scale);
+
+  double scale() const { return scale_; }
+  // One call per optimizer step. Throws only with raise_at_min_scale (then nothing changes).
+  void update(bool found_inf);
+
+  // Scalars "scale", "growth_tracker", "hysteresis_tracker", "clean_streak", "iteration" and
+  // "dynamic" (1 or 0); no tensors. Counters are exact in a double (< 2^53).
+  StateDict state_dict() const;
+  // Restores the state saved by state_dict(). Throws tg::Error (and changes nothing) naming every
+  // missing key, any unexpected key, a dynamic/constant mismatch, or a value that is not valid
+  // (scale NaN or negative; counters not integers; growth_tracker, clean_streak, iteration
+  // negative or out of order: growth_tracker <= clean_streak <= iteration). With f32_scale the
+  // saved scale is rounded to f32. A constant scaler keeps its configured scale (the saved one
+  // is validated, not applied), as Megatron's ConstantGradScaler keeps no state.
+  void load_state_dict(const StateDict& state);
+
+  const Options& options() const { return options_; }
+  // Clean updates since the last overflow, the last growth step or the start.
+  int64_t growth_tracker() const { return growth_tracker_; }
+  // Overflows still tolerated before one backs off, plus one (backoff when it is <= 1).
+  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  // Consecutive clean updates since the last overflow or the start.
+  int64_t clean_streak() const { return clean_streak_; }
+  // Number of update() calls.
+  int64_t iteration() const { return iteration_; }
+
+ private:
+  double Round(double value) const;  // to f32 with f32_scale, else unchanged
+
+  Options options_;
+  double min_scale_;  // options_.min_scale / max_scale as the scale's type holds them
+  double max_scale_;
+  double scale_;
+  int64_t growth_tracker_ = 0;
+  int64_t hysteresis_tracker_;
+  int64_t clean_streak_ = 0;
+  int64_t iteration_ = 0;
+};
+
+}  // namespace amp
+}  // namespace tg
+
+#endif  // TAPEGRAD_AMP_LOSS_SCALER_H_
