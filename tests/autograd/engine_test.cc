@@ -176,6 +176,62 @@ TEST(CallbackTest, InnerOuterAndBothDepthCallbacksFireOnceInTheirOwnTask) {
                                               "outer-callback task 1", "outer-callback-2"}));
 }
 
+TEST(CallbackTest, OutermostTaskCallbackQueuedInANestedTaskRunsAfterTheWholeBackward) {
+  Variable x = Leaf({1, 2}, {2});
+  Variable y = Leaf({5}, {1});
+  std::vector<std::string> events;
+  int64_t outer_id = -1;
+  y.register_hook([&](const Variable&) {
+    EXPECT_EQ(current_reentrant_depth(), 1);
+    EXPECT_EQ(outermost_graph_task_id(), outer_id);
+    queue_callback_on_outermost_task([&] {
+      events.push_back("outermost callback in task " +
+                       std::to_string(current_graph_task_id() == outer_id));
+    });
+    return Variable();
+  });
+  x.register_hook([&](const Variable&) {
+    outer_id = current_graph_task_id();
+    EXPECT_EQ(outermost_graph_task_id(), outer_id);
+    {
+      EnableGradGuard grad;
+      Sum(y).backward();
+    }
+    events.push_back("nested backward returned");
+    return Variable();
+  });
+  Sum(x).backward();
+  EXPECT_EQ(events,
+            (std::vector<std::string>{"nested backward returned", "outermost callback in task 1"}));
+  EXPECT_EQ(outermost_graph_task_id(), -1);
+  EXPECT_TRUE(ThrowsErrorExactly([] { queue_callback_on_outermost_task([] {}); },
+                                 "callbacks can only be queued during backward"));
+}
+
+TEST(CallbackTest, BackwardStartedInsideAForwardScopeIsFlaggedWithItsNestedTasks) {
+  Variable x = Leaf({1, 2}, {2});
+  Variable y = Leaf({5}, {1});
+  std::vector<int> flags;  // x's hook (outer), then y's (nested)
+  y.register_hook([&](const Variable&) {
+    flags.push_back(backward_issued_in_forward());
+    return Variable();
+  });
+  x.register_hook([&](const Variable&) {
+    flags.push_back(backward_issued_in_forward());
+    EnableGradGuard grad;
+    Sum(y).backward();
+    return Variable();
+  });
+  Sum(x).backward();
+  {
+    ForwardScope forward;
+    EXPECT_TRUE(ForwardScope::active());
+    Sum(x).backward();
+  }
+  EXPECT_FALSE(ForwardScope::active());
+  EXPECT_EQ(flags, (std::vector<int>{0, 0, 1, 1}));
+}
+
 TEST(CallbackTest, QueueingOutsideBackwardThrows) {
   EXPECT_TRUE(ThrowsErrorExactly([] { queue_callback([] {}); },
                                  "callbacks can only be queued during backward"));
