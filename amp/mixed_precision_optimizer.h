@@ -1,0 +1,158 @@
+// MixedPrecisionOptimizer: fp32 master weights and gradients for an f16/bf16 model, loss scaling
+// and overflow-skipping steps around any optimizer (Apex's FP16_Optimizer, Megatron's
+// MixedPrecisionOptimizer and DeepSpeed's FP16_Optimizer, as one C++ class).
+//
+//   auto adamw = std::make_unique<tg::optim::AdamW>(model_params, adamw_options);
+//   tg::amp::MixedPrecisionOptimizer opt(std::move(adamw));   // f16 params: PyTorch scaler
+//   for (...) {
+//     opt.zero_grad();
+//     opt.backward(loss);                  // scale, backward, master grads = grads / scale
+//     opt.clip_master_grads(1.0);          // true (unscaled) gradients
+//     tg::amp::StepResult r = opt.step();  // skipped on inf/NaN; the scaler moves either way
+//     schedule.step(r.skipped);            // a skipped step does not advance the schedule
+//   }
+//
+// How it works:
+// - At construction every f16/bf16 parameter of the wrapped optimizer's groups is replaced (in
+//   the optimizer) by an f32 master copy; f32 and f64 parameters are their own masters. The
+//   optimizer must not have stepped yet.
+// - Master gradients are f32 buffers owned here. update_master_grads() moves each model
+//   parameter's .grad into its master gradient (converted to f32, divided by the scale, in one
+//   fused non-finite check + unscale over all of them that also records found_inf) and releases
+//   the model .grad, so the next backward accumulates only its own contribution: gradient
+//   accumulation over micro-batches works with or without deferring the update, and master
+//   gradients accumulate until zero_grad(), like .grad in PyTorch.
+// - step() makes the master gradients current (the deferred update, if any), reads found_inf
+//   once (after the optional cross-rank max), and either skips (zeroing all gradients) or runs
+//   the wrapped optimizer on the masters and copies them back into the model parameters in their
+//   dtype; then the scaler is updated (unless Options::update_scaler is false, for several
+//   optimizers sharing one scaler: the caller updates it once with the OR of their found_inf).
+// - attach(): post-accumulate-grad hooks on the model parameters make a plain
+//   `opt.scale(loss).backward()` (or `y.backward(grad)` with a scaled grad) equivalent to
+//   opt.backward(loss): the first hook of the outermost user backward queues the master-grad
+//   update as a callback of that outermost graph task, so it runs exactly once per backward,
+//   after every gradient (also those accumulated in nested tasks of reentrant checkpointing);
+//   backward passes started inside a ForwardScope (issued by a model's forward) are ignored.
+// - found_inf and the scale live with the tensors (a 0-d f32 tensor); step() does one host read.
+//   (The CPU scaler state machine runs on the host; the CUDA issue moves it to the device.)
+// - bf16 (and f32) models default to a constant scale of 1 and no skipping (check_non_finite
+//   off); f16 models default to PyTorch's dynamic scaler with skipping.
+#ifndef TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_
+#define TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "amp/loss_scaler.h"
+#include "autograd/variable.h"
+#include "optim/optimizer.h"
+#include "tensor/state_dict.h"
+
+namespace tg {
+namespace amp {
+
+struct MixedPrecisionOptions {
+  // Null: LossScaler::PyTorch() when some parameter is f16, a constant scale of 1 otherwise.
+  // Shared so that several optimizers can use one scaler (then set update_scaler = false).
+  std::shared_ptr<LossScaler> scaler;
+  // Whether step() checks found_inf and skips on overflow. Default: on when some parameter is
+  // f16 or the scaler is dynamic; off otherwise (bf16: no skipping unless asked for).
+  std::optional<bool> check_non_finite;
+  // Whether step() calls scaler->update(found_inf).
+  bool update_scaler = true;
+  // Set by data-parallel training: makes found_inf (0-d f32, 0 or 1) the max over all ranks, in
+  // place, so that every rank skips the same steps.
+  std::function<void(const Tensor& found_inf)> reduce_found_inf;
+};
+
+struct MasterBackwardOptions {
+  bool update_master_grads = true;  // false: defer to update_master_grads() / step()
+  bool retain_graph = false;
+};
+
+struct StepResult {
+  bool skipped = false;  // found_inf: the parameters did not change
+  double scale = 0;      // the loss scale this step's gradients were computed with
+};
+
+class MixedPrecisionOptimizer {
+ public:
+  using Options = MixedPrecisionOptions;
+
+  explicit MixedPrecisionOptimizer(std::unique_ptr<optim::Optimizer> optimizer,
+                                   Options options = Options());
+  ~MixedPrecisionOptimizer();
+  MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
+  MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
+
+  // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
+  Variable scale(const Variable& loss) const;
+  // scale(loss), backward, then (unless deferred) update_master_grads().
+  void backward(const Variable& loss, const MasterBackwardOptions& options = {});
+  // Moves the model .grad into the master grads (f32, divided by the scale), recording found_inf.
+  // No-op when no model parameter has a .grad.
+  void update_master_grads();
+  // Makes the master grads final for this step (the deferred update). At most once per step:
+  // a second call throws tg::Error.
+  void unscale();
+  // See the header comment. Returns whether the step was skipped and the scale it used.
+  StepResult step();
+
+  // The master gradients (f32; undefined for parameters without one), by parameter number in
+  // group order; nullopt while they are not current (a backward's gradients are still in the
+  // model's .grad).
+  std::optional<std::vector<Tensor>> inspect_master_grads() const;
+  // clip_grad_norm over the master gradients (made current first); returns the total norm,
+  // inf/NaN when some gradient is (then nothing is scaled).
+  double clip_master_grads(double max_norm, double norm_type = 2.0);
+  // Clears model .grad, master gradients and found_inf.
+  void zero_grad();
+
+  // "master.<i>" (f32 masters of f16/bf16 parameters), "optimizer.*" (the wrapped optimizer's
+  // state, for the masters) and "scaler.*". load_state_dict restores all three and copies the
+  // masters into the model parameters, so a resumed run continues bit for bit.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
+
+  // See the header comment; detach() removes the hooks (also done by the destructor).
+  void attach();
+  void detach();
+
+  double loss_scale() const { return scaler_->scale(); }
+  LossScaler& scaler() { return *scaler_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  // The model parameters and their masters, by parameter number in group order.
+  const std::vector<Variable>& model_params() const { return model_; }
+  const std::vector<Variable>& master_params() const { return master_; }
+  // Counters for tests and logs.
+  int64_t master_grad_updates() const { return master_grad_updates_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+
+ private:
+  void MakeMasterGradsCurrent();
+  bool HasModelGrads() const;
+  void ClearAllGrads();
+
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<LossScaler> scaler_;
+  Options options_;
+  bool check_non_finite_;
+  std::vector<Variable> model_;       // the model's parameters
+  std::vector<Variable> master_;      // f32 copies for f16/bf16, else the same Variable
+  std::vector<Tensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
+  Tensor found_inf_;                  // 0-d f32
+  bool unscaled_ = false;             // unscale() was called since the last step()
+  bool in_facade_backward_ = false;   // backward() is running: the hooks stay quiet
+  int64_t armed_task_ = -1;           // outermost task whose epilogue is queued
+  std::vector<HookHandle> hooks_;
+  int64_t master_grad_updates_ = 0;
+  int64_t skipped_steps_ = 0;
+};
+
+}  // namespace amp
+}  // namespace tg
+
+#endif  // TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_

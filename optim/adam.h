@@ -1,0 +1,90 @@
+// Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay), with bias
+// correction and AMSGrad, in the order of PyTorch's _single_tensor_adam. For each parameter p
+// with gradient g, state m ("exp_avg"), v ("exp_avg_sq"), vmax ("max_exp_avg_sq", amsgrad
+// only) and the per-parameter step count t ("step"):
+//
+//   t = t + 1
+//   g = g + weight_decay * p                       (Adam, if weight_decay != 0)
+//   p = p * (1 - lr * weight_decay)                (AdamW, if weight_decay != 0)
+//   m = m * beta1 + g * (1 - beta1)
+//   v = v * beta2 + (g * (1 - beta2)) * g
+//   vmax = maximum(vmax, v); use vmax for v below  (amsgrad; NaN propagates)
+//   step_size = lr / (1 - beta1^t)                           (host, double)
+//   bias_correction2_sqrt = sqrt(1 - beta2^t)                (host, double)
+//   denom = sqrt(v) / bias_correction2_sqrt + eps
+//   p = p - (m * step_size) / denom
+//
+//   tg::optim::AdamWOptions o;
+//   o.lr = 6e-4;
+//   o.weight_decay = 0.1;
+//   tg::optim::AdamW opt({tg::optim::ParamGroup(decay_params),
+//                         tg::optim::ParamGroup(no_decay_params, {{"weight_decay", 0.0}})}, o);
+//   opt.step();
+//
+// Decisions:
+// - The moments use m*beta1 + g*(1-beta1), the form of PyTorch's fused CUDA Adam (and of the
+//   Adam paper), not _single_tensor_adam's m.lerp_(g, 1-beta1): one rounding fewer, and no
+//   branch on the weight. PyTorch's own CPU kernels use FMA in places, so no formula would
+//   match PyTorch's last bit on every path anyway.
+// - Host scalars (1 - beta^t, step_size, sqrt of bias correction, 1 - lr*wd, 1 - beta) are
+//   computed in double like Python floats and rounded once to the compute type (f32 for
+//   f16/bf16/f32 params, f64 for f64) where they meet a tensor; every tensor operation rounds
+//   to the compute type in the order above. The per-tensor and fused paths are bit-identical.
+// - Weight decay 0 skips the decay terms (PyTorch skips Adam's; AdamW's factor is exactly 1).
+// - Turning amsgrad on after a parameter has stepped starts its max_exp_avg_sq at zero.
+#ifndef TAPEGRAD_OPTIM_ADAM_H_
+#define TAPEGRAD_OPTIM_ADAM_H_
+
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace tg::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool amsgrad = false;
+  bool fused = true;  // the multi-tensor path; false: composed tensor ops per parameter
+
+  // The group options {lr, beta1, beta2, eps, weight_decay, amsgrad}; and back.
+  GroupOptions ToGroupOptions() const;
+  static AdamOptions FromGroup(const GroupOptions& options);
+};
+
+// AdamW's defaults differ only in weight_decay (PyTorch: 1e-2).
+struct AdamWOptions : AdamOptions {
+  AdamWOptions() { weight_decay = 1e-2; }
+};
+
+class Adam : public Optimizer {
+ public:
+  explicit Adam(std::vector<Variable> params, const AdamOptions& options = {});
+  explicit Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
+
+  bool decoupled_weight_decay() const { return decoupled_; }
+
+ protected:
+  Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
+       const AdamOptions& defaults);
+
+  void CheckOptions(const GroupOptions& options, const std::string& context) const override;
+  StateSpec ParamStateSpec(const GroupOptions& options) const override;
+  void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
+
+ private:
+  bool decoupled_;
+};
+
+class AdamW : public Adam {
+ public:
+  explicit AdamW(std::vector<Variable> params, const AdamWOptions& options = {});
+  explicit AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults = {});
+};
+
+}  // namespace tg::optim
+
+#endif  // TAPEGRAD_OPTIM_ADAM_H_

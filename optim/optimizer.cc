@@ -1,0 +1,332 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tensor/error.h"
+
+namespace tg::optim {
+namespace {
+
+std::string GroupName(size_t g) { return absl::StrCat("param group ", g); }
+
+std::string ParamName(size_t g, size_t i) {
+  return absl::StrCat("param ", i, " of param group ", g);
+}
+
+// Parses a decimal index ("0", "17"); false for anything else (signs, spaces, leading zeros,
+// more than 9 digits).
+bool ParseIndex(const std::string& s, int64_t* out) {
+  if (s.empty() || s.size() > 9 || (s.size() > 1 && s[0] == '0')) return false;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+// Splits "<index>.<name>" (the part of a key after "param_groups." or "state.").
+bool SplitIndexed(const std::string& rest, int64_t* index, std::string* name) {
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || dot + 1 == rest.size()) return false;
+  *name = rest.substr(dot + 1);
+  return ParseIndex(rest.substr(0, dot), index);
+}
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+double ParamGroup::option(const std::string& name) const {
+  auto it = options.find(name);
+  TG_CHECK(it != options.end(), "param group option '", name, "' is not set");
+  return it->second;
+}
+
+DType StateDType(DType param_dtype) {
+  TG_CHECK(IsFloating(param_dtype), "StateDType: expected a floating dtype, got ",
+           DTypeName(param_dtype));
+  return param_dtype == kF64 ? kF64 : kF32;
+}
+
+Optimizer::Optimizer(std::string name, GroupOptions defaults, bool fused)
+    : name_(std::move(name)), defaults_(std::move(defaults)), fused_(fused) {}
+
+void Optimizer::Init(std::vector<ParamGroup> groups) {
+  TG_CHECK(!groups.empty(), name_, ": got an empty list of param groups");
+  for (ParamGroup& group : groups) add_param_group(std::move(group));
+}
+
+GroupOptions Optimizer::CompleteOptions(const GroupOptions& options,
+                                        const std::string& context) const {
+  GroupOptions full = defaults_;
+  for (const auto& [key, value] : options) {
+    auto it = full.find(key);
+    if (it == full.end()) {
+      std::vector<std::string> known;
+      for (const auto& kv : defaults_) known.push_back(kv.first);
+      throw Error(absl::StrCat(context, "unknown option '", key, "' (", name_, " has ",
+                               absl::StrJoin(known, ", "), ")"));
+    }
+    it->second = value;
+  }
+  CheckValues(full, context);
+  return full;
+}
+
+void Optimizer::CheckValues(const GroupOptions& options, const std::string& context) const {
+  for (const auto& [key, value] : options) {
+    TG_CHECK(std::isfinite(value), context, "option '", key, "' is ", value);
+  }
+  CheckOptions(options, context);
+}
+
+void Optimizer::CheckParam(const Variable& p, size_t g, size_t i) const {
+  TG_CHECK(p.defined(), name_, ": ", ParamName(g, i), " is undefined");
+  TG_CHECK(p.is_leaf(), name_, ": ", ParamName(g, i),
+           " is not a leaf; optimizers update leaves (detach() it)");
+  TG_CHECK(IsFloating(p.dtype()), name_, ": ", ParamName(g, i), " has dtype ", DTypeName(p.dtype()),
+           "; only floating parameters can be optimized");
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  const size_t g = groups_.size();
+  group.options = CompleteOptions(group.options, absl::StrCat(name_, ": ", GroupName(g), ": "));
+  std::unordered_map<const VariableImpl*, std::pair<size_t, size_t>> seen;
+  for (size_t h = 0; h < groups_.size(); ++h) {
+    for (size_t i = 0; i < groups_[h].params.size(); ++i) {
+      if (groups_[h].params[i].defined())
+        seen.emplace(groups_[h].params[i].impl().get(), std::make_pair(h, i));
+    }
+  }
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    CheckParam(group.params[i], g, i);
+    auto [it, inserted] = seen.emplace(group.params[i].impl().get(), std::make_pair(g, i));
+    TG_CHECK(inserted, name_, ": ", ParamName(g, i), " is the same variable as ",
+             ParamName(it->second.first, it->second.second), "; a parameter may appear only once");
+  }
+  groups_.push_back(std::move(group));
+}
+
+const StateDict* Optimizer::param_state(const Variable& param) const {
+  if (!param.defined()) return nullptr;
+  auto it = state_.find(param.impl().get());
+  return it == state_.end() ? nullptr : &it->second.state;
+}
+
+void Optimizer::step() {
+  // Validate everything before changing anything.
+  std::unordered_map<const VariableImpl*, std::pair<size_t, size_t>> seen;
+  std::vector<std::vector<std::pair<Variable, Tensor>>> work(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = groups_[g];
+    const std::string context = absl::StrCat(name_, ".step: ", GroupName(g), ": ");
+    for (const auto& kv : defaults_) {
+      TG_CHECK(group.options.count(kv.first) != 0, context, "option '", kv.first, "' is not set");
+    }
+    CompleteOptions(group.options, context);  // unknown names and value ranges
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const Variable& p = group.params[i];
+      CheckParam(p, g, i);
+      auto [it, inserted] = seen.emplace(p.impl().get(), std::make_pair(g, i));
+      TG_CHECK(inserted, name_, ".step: ", ParamName(g, i), " is the same variable as ",
+               ParamName(it->second.first, it->second.second),
+               "; a parameter may appear only once");
+      const Variable grad = p.grad();
+      if (!grad.defined()) continue;
+      const Tensor& gd = grad.data();
+      TG_CHECK(IsFloating(gd.dtype()), name_, ".step: the gradient of ", ParamName(g, i),
+               " has dtype ", DTypeName(gd.dtype()), "; expected a floating dtype");
+      TG_CHECK(gd.shape() == p.shape(), name_, ".step: the gradient of ", ParamName(g, i),
+               " has shape ", ShapeToString(gd.shape()), " but the param has shape ",
+               ShapeToString(p.shape()));
+      TG_CHECK(gd.device() == p.data().device(), name_, ".step: the gradient of ", ParamName(g, i),
+               " is on ", gd.device().ToString(), " but the param is on ",
+               p.data().device().ToString());
+      work[g].emplace_back(p, gd);
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (work[g].empty()) continue;
+    std::vector<ParamUpdate> updates;
+    updates.reserve(work[g].size());
+    for (auto& [p, grad] : work[g]) {
+      Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict()}).first->second;
+      updates.push_back(ParamUpdate{p, grad, &entry.state});
+    }
+    StepGroup(groups_[g], updates);
+    for (const ParamUpdate& u : updates) u.param.bump_version();
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (const ParamGroup& group : groups_) {
+    for (const Variable& p : group.params) {
+      if (!p.defined()) continue;
+      Variable grad = p.grad();
+      if (!grad.defined()) continue;
+      if (set_to_none) {
+        p.set_grad(Variable());
+        continue;
+      }
+      // Like PyTorch's zero_grad(set_to_none=False): a grad with history (create_graph) is
+      // detached first, then zeroed in place.
+      if (!grad.is_leaf()) {
+        grad = grad.detach();
+        p.set_grad(grad);
+      }
+      grad.data().zero_();
+      grad.bump_version();
+    }
+  }
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict sd;
+  int64_t index = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = groups_[g];
+    const std::string gp = absl::StrCat("param_groups.", g, ".");
+    for (const auto& [key, value] : group.options) sd.scalars[gp + key] = value;
+    std::vector<int64_t> ids;
+    for (const Variable& p : group.params) {
+      const int64_t id = index++;
+      ids.push_back(id);
+      const StateDict* st = param_state(p);
+      if (st == nullptr) continue;
+      const std::string sp = absl::StrCat("state.", id, ".");
+      for (const auto& [key, t] : st->tensors) sd.tensors[sp + key] = t.clone();
+      for (const auto& [key, v] : st->scalars) sd.scalars[sp + key] = v;
+    }
+    sd.tensors[gp + "params"] =
+        Tensor::FromVector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
+  }
+  return sd;
+}
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  const std::string op = name_ + ".load_state_dict: ";
+  // Sort every key into its group or parameter.
+  std::map<int64_t, std::set<std::string>> group_scalars;  // g -> option names
+  std::set<int64_t> group_ids;
+  std::map<int64_t, std::set<std::string>> state_tensors, state_scalars;  // id -> names
+  auto classify = [&](const std::string& key, bool is_tensor) {
+    int64_t index;
+    std::string rest;
+    const char* kind = is_tensor ? "tensor" : "scalar";
+    if (StartsWith(key, "param_groups.")) {
+      TG_CHECK(SplitIndexed(key.substr(13), &index, &rest), op, "unexpected ", kind, " '", key,
+               "'");
+      group_ids.insert(index);
+      if (is_tensor) {
+        TG_CHECK(rest == "params", op, "unexpected tensor '", key, "'");
+      } else {
+        group_scalars[index].insert(rest);
+      }
+    } else if (StartsWith(key, "state.")) {
+      TG_CHECK(SplitIndexed(key.substr(6), &index, &rest), op, "unexpected ", kind, " '", key, "'");
+      (is_tensor ? state_tensors : state_scalars)[index].insert(rest);
+    } else {
+      throw Error(absl::StrCat(op, "unexpected ", kind, " '", key, "'"));
+    }
+  };
+  for (const auto& kv : sd.tensors) classify(kv.first, true);
+  for (const auto& kv : sd.scalars) classify(kv.first, false);
+
+  TG_CHECK(group_ids.size() == groups_.size(), op, "the state dict has ", group_ids.size(),
+           " param groups, the optimizer has ", groups_.size());
+  // Group options and the parameter numbering.
+  std::vector<GroupOptions> new_options(groups_.size());
+  std::map<int64_t, std::pair<size_t, size_t>> id_to_param;  // id -> (group, index)
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string gp = absl::StrCat("param_groups.", g, ".");
+    TG_CHECK(group_ids.count(static_cast<int64_t>(g)) != 0, op, "param group ", g,
+             " is missing from the state dict");
+    TG_CHECK(sd.has_tensor(gp + "params"), op, "missing tensor '", gp, "params'");
+    const Tensor& ids = sd.tensor(gp + "params");
+    TG_CHECK(ids.dtype() == kI64 && ids.dim() == 1, op, "'", gp,
+             "params' must be a 1-D i64 tensor, got ", DTypeName(ids.dtype()), " ",
+             ShapeToString(ids.shape()));
+    TG_CHECK(static_cast<size_t>(ids.numel()) == groups_[g].params.size(), op, GroupName(g),
+             " has ", ids.numel(), " params in the state dict, ", groups_[g].params.size(),
+             " in the optimizer");
+    const std::vector<int64_t> id_list = ids.to_vector<int64_t>();
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      auto [it, inserted] = id_to_param.emplace(id_list[i], std::make_pair(g, i));
+      TG_CHECK(inserted, op, "param id ", id_list[i], " appears twice in the param groups");
+    }
+    GroupOptions options;
+    for (const auto& kv : defaults_) {
+      TG_CHECK(sd.has_scalar(gp + kv.first), op, "missing scalar '", gp, kv.first, "'");
+      options[kv.first] = sd.scalar(gp + kv.first);
+    }
+    for (const std::string& key : group_scalars[static_cast<int64_t>(g)]) {
+      TG_CHECK(defaults_.count(key) != 0, op, "unexpected scalar '", gp, key, "'");
+    }
+    CheckValues(options, absl::StrCat(op, GroupName(g), ": "));
+    new_options[g] = std::move(options);
+  }
+
+  // Per-parameter state.
+  std::set<int64_t> state_ids;
+  for (const auto& kv : state_tensors) state_ids.insert(kv.first);
+  for (const auto& kv : state_scalars) state_ids.insert(kv.first);
+  std::unordered_map<const VariableImpl*, Entry> new_state;
+  for (int64_t id : state_ids) {
+    const std::string sp = absl::StrCat("state.", id, ".");
+    auto where = id_to_param.find(id);
+    TG_CHECK(where != id_to_param.end(), op, "state for param id ", id,
+             " but no param has that id ('", sp, "...')");
+    const auto [g, i] = where->second;
+    const Variable& p = groups_[g].params[i];
+    CheckParam(p, g, i);
+    const StateSpec spec = ParamStateSpec(new_options[g]);
+    const DType want = StateDType(p.dtype());
+    std::set<std::string> allowed_tensors(spec.tensors.begin(), spec.tensors.end());
+    allowed_tensors.insert(spec.optional_tensors.begin(), spec.optional_tensors.end());
+    for (const std::string& key : spec.tensors) {
+      TG_CHECK(state_tensors[id].count(key) != 0, op, "missing tensor '", sp, key, "'");
+    }
+    for (const std::string& key : spec.scalars) {
+      TG_CHECK(state_scalars[id].count(key) != 0, op, "missing scalar '", sp, key, "'");
+    }
+    Entry entry{p, StateDict()};
+    for (const std::string& key : state_tensors[id]) {
+      TG_CHECK(allowed_tensors.count(key) != 0, op, "unexpected tensor '", sp, key, "'");
+      const Tensor& t = sd.tensor(sp + key);
+      TG_CHECK(t.shape() == p.shape(), op, "'", sp, key, "' has shape ", ShapeToString(t.shape()),
+               " but ", ParamName(g, i), " has shape ", ShapeToString(p.shape()));
+      TG_CHECK(t.dtype() == want, op, "'", sp, key, "' has dtype ", DTypeName(t.dtype()),
+               ", expected ", DTypeName(want), " (the state dtype of a ", DTypeName(p.dtype()),
+               " param)");
+      Tensor copy = Tensor::Empty(t.shape(), t.dtype(), p.data().device());
+      copy.copy_(t);
+      entry.state.tensors[key] = copy;
+    }
+    for (const std::string& key : state_scalars[id]) {
+      const bool allowed =
+          std::find(spec.scalars.begin(), spec.scalars.end(), key) != spec.scalars.end();
+      TG_CHECK(allowed, op, "unexpected scalar '", sp, key, "'");
+      const double v = sd.scalar(sp + key);
+      TG_CHECK(v >= 0 && v <= 9007199254740992.0 && std::floor(v) == v, op, "'", sp, key, "' is ",
+               v, "; expected a non-negative integer");
+      entry.state.scalars[key] = v;
+    }
+    new_state.emplace(p.impl().get(), std::move(entry));
+  }
+
+  // Commit.
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(new_options[g]);
+  state_ = std::move(new_state);
+}
+
+}  // namespace tg::optim

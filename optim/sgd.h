@@ -1,0 +1,61 @@
+// SGD with momentum, dampening, Nesterov momentum and L2 weight decay, with PyTorch's
+// torch.optim.SGD update (for each parameter p with gradient g, in this order):
+//
+//   g = g + weight_decay * p                       (if weight_decay != 0)
+//   buf = g                                        (first step with momentum: no dampening)
+//   buf = momentum * buf + (1 - dampening) * g     (later steps, if momentum != 0)
+//   g = nesterov ? g + momentum * buf : buf        (if momentum != 0)
+//   p = p - lr * g
+//
+//   tg::optim::SGDOptions o;
+//   o.lr = 0.1;
+//   o.momentum = 0.9;
+//   tg::optim::SGD opt(model_params, o);
+//   opt.step();
+//
+// Arithmetic: f32 for f16/bf16/f32 params (f64 for f64); each scalar (lr, momentum,
+// 1 - dampening, weight_decay; computed in double) is rounded to the compute type and each
+// operation above rounds to it, in exactly this order, on both paths. The momentum buffer
+// ("momentum_buffer") has the compute dtype (see optimizer.h).
+#ifndef TAPEGRAD_OPTIM_SGD_H_
+#define TAPEGRAD_OPTIM_SGD_H_
+
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace tg::optim {
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0 (PyTorch)
+  bool fused = true;      // the multi-tensor path; false: composed tensor ops per parameter
+
+  // The group options {lr, momentum, dampening, weight_decay, nesterov}; and back.
+  GroupOptions ToGroupOptions() const;
+  static SGDOptions FromGroup(const GroupOptions& options);
+};
+
+class SGD : public Optimizer {
+ public:
+  // One group holding `params` (throws on an empty list).
+  explicit SGD(std::vector<Variable> params, const SGDOptions& options = {});
+  // Groups override any of the options; `defaults` fills in the rest.
+  explicit SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults = {});
+
+ protected:
+  void CheckOptions(const GroupOptions& options, const std::string& context) const override;
+  StateSpec ParamStateSpec(const GroupOptions& options) const override;
+  void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
+
+ private:
+  void StepPerTensor(const SGDOptions& o, const std::vector<ParamUpdate>& updates);
+  void StepFused(const SGDOptions& o, const std::vector<ParamUpdate>& updates);
+};
+
+}  // namespace tg::optim
+
+#endif  // TAPEGRAD_OPTIM_SGD_H_
