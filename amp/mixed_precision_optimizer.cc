@@ -171,8 +171,8 @@ void MixedPrecisionOptimizer::ClearAllGrads() {
   for (size_t i = 0; i < model_.size(); ++i) {
     model_[i].set_grad(Variable());
     master_[i].set_grad(Variable());
-    master_grads_[i] = Tensor();
   }
+  master_grads_.assign(master_grads_.size(), Tensor());
   found_inf_.zero_();
 }
 
