@@ -16,21 +16,11 @@
 #include "optim/adam.h"
 #include "tensor/generator.h"
 #include "tensor/tensor.h"
+#include "tools/bench/timing.h"
 
 namespace {
 
-// Best of `reps` runs of fn, in seconds (after one warm-up run).
-double BestSeconds(int reps, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start;
-    best = std::min(best, d.count());
-  }
-  return best;
-}
+using tg::bench::BestSeconds;
 
 // 10^7 parameters as a GPT-like mix of tensor sizes: 9 x 10^6 plus 10 x 10^5.
 std::vector<tg::Variable> MakeParams(tg::Generator& gen) {

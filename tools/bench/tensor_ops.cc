@@ -13,21 +13,11 @@
 
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+#include "tools/bench/timing.h"
 
 namespace {
 
-// Best of `reps` runs of fn, in seconds (after one warm-up run).
-double BestSeconds(int reps, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start;
-    best = std::min(best, d.count());
-  }
-  return best;
-}
+using tg::bench::BestSeconds;
 
 // The baseline GEMM: i-k-j loops over contiguous f32, what a C++ user writes by hand.
 void NaiveMatmul(const float* a, const float* b, float* c, int64_t n) {
