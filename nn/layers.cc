@@ -1,0 +1,208 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "amp/autocast.h"
+#include "autograd/ops.h"
+#include "nn/init.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace nn {
+
+namespace {
+const char* Bool(bool b) { return b ? "true" : "false"; }
+}  // namespace
+
+// ---- Linear ----------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias)
+    : Module("Linear", /*autocast_scope=*/true), in_(in_features), out_(out_features) {
+  TG_CHECK(in_features > 0 && out_features > 0,
+           "Linear: sizes must be positive, got in=", in_features, " out=", out_features);
+  double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  // kaiming_uniform(a = sqrt(5)) as PyTorch's reset_parameters: the same bound 1/sqrt(in).
+  weight_ = register_parameter("weight", Tensor::Empty({out_features, in_features}));
+  init::KaimingUniform(weight_, gen, std::sqrt(5.0));
+  if (bias) {
+    bias_ = register_parameter("bias", Tensor::Empty({out_features}));
+    init::Uniform(bias_, gen, -bound, bound);
+  }
+}
+
+Variable Linear::forward(const Variable& x) { return tg::Linear(x, weight_, bias_); }
+
+std::string Linear::extra_repr() const {
+  return absl::StrCat("in=", in_, ", out=", out_, ", bias=", Bool(bias_.defined()));
+}
+
+// ---- Embedding -------------------------------------------------------------------------------
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
+    : Module("Embedding"), num_(num_embeddings), dim_(dim) {
+  TG_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
+           " x ", dim);
+  weight_ = register_parameter("weight", Tensor::Empty({num_embeddings, dim}));
+  init::Normal(weight_, gen);
+}
+
+Variable Embedding::forward(const Variable& indices) { return tg::Embedding(weight_, indices.data()); }
+
+std::string Embedding::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
+
+// ---- Norms -----------------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t dim, double eps, bool affine, bool bias)
+    : Module("LayerNorm"), dim_(dim), eps_(eps) {
+  TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
+  if (affine) {
+    weight_ = register_parameter("weight", Tensor::Ones({dim}));
+    if (bias) bias_ = register_parameter("bias", Tensor::Zeros({dim}));
+  }
+}
+
+Variable LayerNorm::forward(const Variable& x) { return tg::LayerNorm(x, weight_, bias_, eps_); }
+
+std::string LayerNorm::extra_repr() const {
+  return absl::StrCat(dim_, ", eps=", eps_, ", affine=", Bool(weight_.defined()));
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
+  TG_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
+  weight_ = register_parameter("weight", Tensor::Ones({dim}));
+}
+
+Variable RMSNorm::forward(const Variable& x) {
+  TG_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "RMSNorm: input ", ShapeToString(x.shape()),
+           " does not end in ", dim_);
+  bool low = x.dtype() == kF16 || x.dtype() == kBF16;
+  Variable xf = low ? Cast(x, kF32) : x;
+  Variable ms = Mean(Mul(xf, xf), {-1}, /*keepdim=*/true);
+  Variable y = Mul(Mul(xf, Pow(AddScalar(ms, eps_), -0.5)), weight_);
+  if (low && !amp::AutocastEnabled()) y = Cast(y, x.dtype());
+  return y;
+}
+
+std::string RMSNorm::extra_repr() const { return absl::StrCat(dim_, ", eps=", eps_); }
+
+// ---- Dropout and activations -----------------------------------------------------------------
+
+Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen) {
+  TG_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
+}
+
+Variable Dropout::forward(const Variable& x) {
+  if (p_ == 0 || !is_training()) return x;
+  return tg::Dropout(x, p_, *gen_, /*training=*/true);
+}
+
+std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
+
+Variable ReLU::forward(const Variable& x) { return Relu(x); }
+Variable GELU::forward(const Variable& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
+std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
+Variable Tanh::forward(const Variable& x) { return tg::Tanh(x); }
+
+Variable Flatten::forward(const Variable& x) {
+  int64_t start = start_ < 0 ? start_ + x.dim() : start_;
+  TG_CHECK(start >= 0 && start < std::max<int64_t>(x.dim(), 1), "Flatten: start_dim ", start_,
+           " is out of range for input ", ShapeToString(x.shape()));
+  Shape shape(x.shape().begin(), x.shape().begin() + start);
+  int64_t rest = 1;
+  for (int64_t d = start; d < x.dim(); ++d) rest *= x.size(d);
+  shape.push_back(rest);
+  return Reshape(x, shape);
+}
+
+std::string Flatten::extra_repr() const { return absl::StrCat("start_dim=", start_); }
+
+Variable Activate(const Variable& x, Activation activation) {
+  switch (activation) {
+    case Activation::kRelu:
+      return Relu(x);
+    case Activation::kGelu:
+      return Gelu(x);
+    case Activation::kGeluTanh:
+      return GeluTanh(x);
+    case Activation::kTanh:
+      return tg::Tanh(x);
+  }
+  return x;
+}
+
+// ---- Containers ------------------------------------------------------------------------------
+
+Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) : Sequential() {
+  for (const auto& m : modules) push_back(m);
+}
+
+void Sequential::push_back(std::shared_ptr<Module> module) {
+  modules_.push_back(register_module(std::to_string(modules_.size()), std::move(module)));
+}
+
+const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
+  TG_CHECK(i < modules_.size(), "Sequential: index ", i, " out of range (size ", modules_.size(),
+           ")");
+  return modules_[i];
+}
+
+Variable Sequential::forward(const Variable& x) {
+  Variable h = x;
+  for (const auto& m : modules_) h = (*m)(h);
+  return h;
+}
+
+void ModuleList::push_back(std::shared_ptr<Module> module) {
+  modules_.push_back(register_module(std::to_string(modules_.size()), std::move(module)));
+}
+
+const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
+  TG_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range (size ", modules_.size(),
+           ")");
+  return modules_[i];
+}
+
+void ModuleList::CheckCast(size_t i, bool ok) const {
+  TG_CHECK(ok, "ModuleList: module ", i, " is a ", modules_[i]->type_name(),
+           ", not the requested type");
+}
+
+// ---- Mlp -------------------------------------------------------------------------------------
+
+Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& options)
+    : Module("Mlp"), options_(options) {
+  TG_CHECK(sizes.size() >= 2, "Mlp: needs at least an input and an output size, got ", sizes.size(),
+           " sizes");
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers_.push_back(
+        register_module(absl::StrCat("fc", i),
+                        std::make_shared<Linear>(sizes[i], sizes[i + 1], gen, options.bias)));
+  }
+  if (options.dropout > 0) {
+    TG_CHECK(options.dropout_gen != nullptr, "Mlp: dropout ", options.dropout,
+             " needs Options::dropout_gen");
+    dropout_ = register_module("dropout",
+                               std::make_shared<Dropout>(options.dropout, *options.dropout_gen));
+  }
+}
+
+Variable Mlp::forward(const Variable& x) {
+  Variable h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = (*layers_[i])(h);
+    if (i + 1 < layers_.size()) {
+      h = Activate(h, options_.activation);
+      if (dropout_ != nullptr) h = (*dropout_)(h);
+    }
+  }
+  return h;
+}
+
+std::string Mlp::extra_repr() const {
+  static const char* kNames[] = {"relu", "gelu", "gelu_tanh", "tanh"};
+  return absl::StrCat("activation=", kNames[static_cast<int>(options_.activation)]);
+}
+
+}  // namespace nn
+}  // namespace tg

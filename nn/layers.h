@@ -1,0 +1,193 @@
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, Flatten, and the
+// containers Sequential and ModuleList, plus an MLP. Initialisation follows PyTorch's defaults and
+// draws from the tg::Generator passed to the constructor.
+//
+//   tg::Generator gen(0);
+//   auto mlp = std::make_shared<tg::nn::Sequential>(std::vector<std::shared_ptr<tg::nn::Module>>{
+//       std::make_shared<tg::nn::Flatten>(), std::make_shared<tg::nn::Linear>(784, 256, gen),
+//       std::make_shared<tg::nn::ReLU>(), std::make_shared<tg::nn::Linear>(256, 10, gen)});
+//   tg::Variable logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
+#ifndef TAPEGRAD_NN_LAYERS_H_
+#define TAPEGRAD_NN_LAYERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "tensor/generator.h"
+
+namespace tg {
+namespace nn {
+
+// y = x W^T + b. weight [out, in], bias [out]; both U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
+// Runs in the autocast dtype when "Linear" is in the guard's lower-precision-safe list.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  Variable forward(const Variable& x) override;  // [..., in] -> [..., out]
+  std::string extra_repr() const override;
+  const Variable& weight() const { return weight_; }
+  const Variable& bias() const { return bias_; }  // undefined without bias
+
+ private:
+  int64_t in_, out_;
+  Variable weight_, bias_;
+};
+
+// Row lookup: weight [num, dim] ~ N(0, 1). The input holds i32/i64 indices (any shape; wrap a
+// Tensor in a Variable without grad) -> [indices..., dim].
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen);
+  Variable forward(const Variable& indices) override;
+  std::string extra_repr() const override;
+  const Variable& weight() const { return weight_; }
+
+ private:
+  int64_t num_, dim_;
+  Variable weight_;
+};
+
+// Normalises over the last dim; weight = 1, bias = 0 ([dim]); computed in f32 under autocast.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool affine = true, bool bias = true);
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  Variable weight_, bias_;
+};
+
+// x / sqrt(mean(x^2 over the last dim) + eps) * weight (weight = 1, [dim]). f16/bf16 inputs are
+// normalised in f32 (as LayerNorm is); the result is f32 under autocast (RMSNorm is on PyTorch's
+// autocast f32 list) and the input's dtype otherwise.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  Variable weight_;
+};
+
+// Zeroes elements with probability p in training mode and scales the rest by 1/(1-p); the
+// identity in eval mode or for p = 0. Draws from `gen`, which must outlive the module (the
+// training binary owns it and saves its state in checkpoints).
+class Dropout : public Module {
+ public:
+  Dropout(double p, Generator& gen);
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Variable forward(const Variable& x) override;
+};
+
+// Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate_tanh.
+class GELU : public Module {
+ public:
+  explicit GELU(bool approximate_tanh = false) : Module("GELU"), tanh_(approximate_tanh) {}
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  bool tanh_;
+};
+
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Variable forward(const Variable& x) override;
+};
+
+// [d0, d1, ..., dn] -> [d0, ..., d(start-1), product of the rest].
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1) : Module("Flatten"), start_(start_dim) {}
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t start_;
+};
+
+// Runs its children in order; they are named "0", "1", ...
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return modules_.size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  Variable forward(const Variable& x) override;
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+// A list of modules named "0", "1", ... with no forward of its own (the owner iterates).
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return modules_.size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  // The i-th module as M; throws tg::Error if it is another type.
+  template <class M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    CheckCast(i, m != nullptr);
+    return m;
+  }
+
+ private:
+  void CheckCast(size_t i, bool ok) const;
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+enum class Activation { kRelu, kGelu, kGeluTanh, kTanh };
+
+// Linear layers "fc0", "fc1", ... of sizes[0] -> sizes[1] -> ... with the activation between them
+// (not after the last), and dropout after each activation when p > 0. Mlp({C, 4C, C}, kGeluTanh)
+// is the GPT-2 block's MLP; Mlp({784, 256, 10}, kRelu) an image classifier.
+class Mlp : public Module {
+ public:
+  struct Options {
+    Activation activation = Activation::kRelu;
+    bool bias = true;
+    double dropout = 0;                // after each activation
+    Generator* dropout_gen = nullptr;  // required when dropout > 0
+  };
+  Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& options);
+  Variable forward(const Variable& x) override;
+  std::string extra_repr() const override;
+  const std::shared_ptr<Linear>& layer(size_t i) const { return layers_.at(i); }
+  size_t num_layers() const { return layers_.size(); }
+
+ private:
+  Options options_;
+  std::vector<std::shared_ptr<Linear>> layers_;
+  std::shared_ptr<Dropout> dropout_;
+};
+
+Variable Activate(const Variable& x, Activation activation);
+
+}  // namespace nn
+}  // namespace tg
+
+#endif  // TAPEGRAD_NN_LAYERS_H_

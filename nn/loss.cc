@@ -1,0 +1,64 @@
+#include "nn/loss.h"
+
+#include "amp/autocast.h"
+#include "autograd/ops.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace nn {
+
+Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
+                          const CrossEntropyOptions& options) {
+  TG_CHECK(logits.dim() >= 1, "CrossEntropyLoss: logits must have a class dim, got ",
+           ShapeToString(logits.shape()));
+  const double eps = options.label_smoothing;
+  TG_CHECK(eps >= 0 && eps <= 1, "CrossEntropyLoss: label_smoothing must be in [0, 1], got ", eps);
+  const int64_t classes = logits.size(-1);
+  const int64_t rows = logits.numel() / classes;
+  TG_CHECK(targets.numel() == rows, "CrossEntropyLoss: targets ", ShapeToString(targets.shape()),
+           " do not match the ", rows, " rows of logits ", ShapeToString(logits.shape()));
+  Variable flat = logits.dim() == 2 ? logits : Reshape(logits, {rows, classes});
+  Tensor flat_targets = targets.dim() == 1 ? targets : targets.reshape({rows});
+  if (eps == 0) return CrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
+
+  // Per-row pieces, then one reduction over the rows that are not ignored.
+  Variable nll = CrossEntropy(flat, flat_targets, options.ignore_index, Reduction::kNone);  // [N]
+  Variable smooth = MulScalar(Mean(LogSoftmax(flat), {-1}), -1.0);  // [N] mean_c(-log p)
+  Tensor keep = Ne(flat_targets, Tensor::Scalar(static_cast<double>(options.ignore_index),
+                                                flat_targets.dtype()))
+                    .to(smooth.dtype());  // [N] 1 for rows that count
+  Variable per_row = Add(MulScalar(nll, 1 - eps), MulScalar(Mul(smooth, Variable(keep)), eps));
+  switch (options.reduction) {
+    case Reduction::kNone:
+      return per_row;
+    case Reduction::kSum:
+      return Sum(per_row);
+    case Reduction::kMean:
+      break;
+  }
+  // NaN when every row is ignored, like the unsmoothed mean (0 / 0).
+  return MulScalar(Sum(per_row), 1.0 / Sum(keep).item());
+}
+
+Variable MseLoss(const Variable& prediction, const Tensor& target, Reduction reduction) {
+  TG_CHECK(prediction.shape() == target.shape(), "MseLoss: prediction ",
+           ShapeToString(prediction.shape()), " and target ", ShapeToString(target.shape()),
+           " differ in shape");
+  // On PyTorch's autocast f32 list: squares of f16 values overflow above 256.
+  bool low = prediction.dtype() == kF16 || prediction.dtype() == kBF16;
+  Variable pred = low && amp::AutocastEnabled() ? Cast(prediction, kF32) : prediction;
+  Variable diff = Sub(pred, Variable(target));
+  Variable sq = Mul(diff, diff);
+  switch (reduction) {
+    case Reduction::kNone:
+      return sq;
+    case Reduction::kSum:
+      return Sum(sq);
+    case Reduction::kMean:
+      break;
+  }
+  return Mean(sq);
+}
+
+}  // namespace nn
+}  // namespace tg

@@ -1,0 +1,36 @@
+// Losses: cross-entropy with ignore_index and label smoothing, and mean squared error (PyTorch's
+// torch.nn.functional semantics). Computed in f32 under autocast.
+//
+//   tg::Variable loss = tg::nn::CrossEntropyLoss(logits, targets, {.label_smoothing = 0.1});
+//   tg::Variable mse = tg::nn::MseLoss(prediction, target);
+#ifndef TAPEGRAD_NN_LOSS_H_
+#define TAPEGRAD_NN_LOSS_H_
+
+#include <cstdint>
+
+#include "autograd/variable.h"
+#include "tensor/op_kinds.h"
+
+namespace tg {
+namespace nn {
+
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  // eps: the target distribution is (1 - eps) one-hot + eps / C uniform, so
+  // loss_i = (1 - eps) * nll_i + eps * mean_c(-log p_ic); ignored rows count for nothing.
+  double label_smoothing = 0;
+  Reduction reduction = Reduction::kMean;  // mean over the rows that are not ignored
+};
+
+// logits [..., C], targets [...] i32/i64 (leading dims flattened into rows).
+Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
+                          const CrossEntropyOptions& options = {});
+
+// (prediction - target)^2, reduced; target is not differentiated.
+Variable MseLoss(const Variable& prediction, const Tensor& target,
+                 Reduction reduction = Reduction::kMean);
+
+}  // namespace nn
+}  // namespace tg
+
+#endif  // TAPEGRAD_NN_LOSS_H_

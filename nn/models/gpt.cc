@@ -1,0 +1,156 @@
+#include "nn/models/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "nn/init.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace nn {
+
+GptConfig GptConfig::Tiny(int64_t vocab_size) {
+  GptConfig c;
+  c.vocab_size = vocab_size;
+  c.block_size = 64;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 64;
+  return c;
+}
+
+GptConfig GptConfig::Gpt2Small() {
+  GptConfig c;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.block_size = 1024;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  return c;
+}
+
+int64_t GptConfig::NumParameters() const {
+  const int64_t c = n_embd;
+  const int64_t b = bias ? 1 : 0;
+  // Per block: two LayerNorms (weight + bias), qkv, proj, and the 4x MLP.
+  const int64_t block = 2 * 2 * c + (3 * c * c + b * 3 * c) + (c * c + b * c) +
+                        (4 * c * c + b * 4 * c) + (4 * c * c + b * c);
+  return padded_vocab() * c + block_size * c + n_layer * block + 2 * c;
+}
+
+Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
+    : Module("Gpt"), config_(config) {
+  TG_CHECK(config.vocab_size > 0 && config.padded_vocab() >= config.vocab_size &&
+               config.block_size > 0 && config.n_layer > 0,
+           "Gpt: bad config (vocab ", config.vocab_size, ", padded ", config.padded_vocab(),
+           ", block_size ", config.block_size, ", n_layer ", config.n_layer, ")");
+  TG_CHECK(config.dropout == 0 || dropout_gen != nullptr, "Gpt: dropout ", config.dropout,
+           " needs a dropout generator");
+  wte_ = register_module("wte",
+                         std::make_shared<Embedding>(config.padded_vocab(), config.n_embd, gen));
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen));
+  if (config.dropout > 0) {
+    drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout, *dropout_gen));
+  }
+  AttentionOptions attn{config.n_embd, config.n_head, config.bias, config.dropout, dropout_gen};
+  blocks_ = register_module("blocks", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    blocks_->push_back(std::make_shared<TransformerBlock>(attn, gen));
+  }
+  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd));
+
+  // GPT-2's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, and the two
+  // projections that write into the residual stream scaled by 1/sqrt(2 n_layer).
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
+  for (const auto& [name, p] : named_parameters()) {
+    const bool is_norm = name.find(".ln") != std::string::npos || name.rfind("ln_f", 0) == 0;
+    if (is_norm) continue;  // LayerNorms keep weight 1, bias 0
+    if (p.dim() == 1) {
+      init::Zeros(p);
+    } else if (absl::EndsWith(name, "attn.proj.weight") || absl::EndsWith(name, "mlp.fc1.weight")) {
+      init::Normal(p, gen, 0, residual_std);
+    } else {
+      init::Normal(p, gen, 0, 0.02);
+    }
+  }
+}
+
+Variable Gpt::forward(const Variable& tokens) {
+  TG_CHECK(tokens.dim() == 2, "Gpt: tokens must be [batch, seq], got ",
+           ShapeToString(tokens.shape()));
+  const int64_t t = tokens.size(1);
+  TG_CHECK(t >= 1 && t <= config_.block_size, "Gpt: sequence length ", t, " exceeds block_size ",
+           config_.block_size);
+  Variable positions(Tensor::Arange(0, static_cast<double>(t), 1, kI64));
+  Variable x = Add((*wte_)(tokens), (*wpe_)(positions));  // [b, t, c] + [t, c]
+  if (drop_ != nullptr) x = (*drop_)(x);
+  for (size_t i = 0; i < blocks_->size(); ++i) x = (*(*blocks_)[i])(x);
+  x = (*ln_f_)(x);
+  Variable logits = tg::Linear(x, wte_->weight());  // tied head: [b, t, padded_vocab]
+  if (config_.padded_vocab() != config_.vocab_size) {
+    logits = Slice(logits, 2, 0, config_.vocab_size);
+  }
+  return logits;
+}
+
+std::string Gpt::extra_repr() const {
+  return absl::StrCat("vocab=", config_.vocab_size, ", block_size=", config_.block_size,
+                      ", n_layer=", config_.n_layer, ", n_head=", config_.n_head,
+                      ", n_embd=", config_.n_embd);
+}
+
+std::vector<int64_t> Gpt::Generate(const std::vector<int64_t>& prompt, int64_t new_tokens,
+                                   Generator& gen, double temperature, int64_t top_k) {
+  TG_CHECK(!prompt.empty(), "Gpt::Generate: the prompt is empty");
+  TG_CHECK(temperature > 0, "Gpt::Generate: temperature must be positive, got ", temperature);
+  for (int64_t token : prompt) {
+    TG_CHECK(token >= 0 && token < config_.vocab_size, "Gpt::Generate: prompt token ", token,
+             " is outside the vocabulary [0, ", config_.vocab_size, ")");
+  }
+  const bool was_training = is_training();
+  eval();
+  NoGradGuard no_grad;
+  std::vector<int64_t> out = prompt;
+  const int64_t v = config_.vocab_size;
+  std::vector<double> probs(v);
+  std::vector<int64_t> order(v);
+  for (int64_t step = 0; step < new_tokens; ++step) {
+    const int64_t start =
+        std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
+    std::vector<int64_t> context(out.begin() + start, out.end());
+    const int64_t t = static_cast<int64_t>(context.size());
+    Tensor logits = forward(Variable(Tensor::FromVector(context, {1, t}))).data();
+    std::vector<float> last = logits.select(1, t - 1).to_vector<float>();  // [v]
+    // softmax(last / temperature) over the top_k entries (all when top_k <= 0).
+    std::iota(order.begin(), order.end(), 0);
+    int64_t keep = top_k > 0 ? std::min(top_k, v) : v;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                      [&](int64_t a, int64_t b) { return last[a] > last[b]; });
+    double max_logit = last[order[0]] / temperature, total = 0;
+    for (int64_t i = 0; i < keep; ++i) {
+      probs[i] = std::exp(last[order[i]] / temperature - max_logit);
+      total += probs[i];
+    }
+    double u = gen.NextUniformDouble() * total;
+    int64_t pick = keep - 1;
+    for (int64_t i = 0; i < keep; ++i) {
+      u -= probs[i];
+      if (u < 0) {
+        pick = i;
+        break;
+      }
+    }
+    out.push_back(order[pick]);
+  }
+  train(was_training);
+  return out;
+}
+
+}  // namespace nn
+}  // namespace tg

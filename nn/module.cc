@@ -1,0 +1,318 @@
+#include "nn/module.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "amp/autocast.h"
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace nn {
+
+struct Module::Hooks {
+  uint64_t next_id = 0;
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+  std::vector<std::pair<uint64_t, ForwardHook>> post;
+};
+
+namespace {
+
+// H is Module::Hooks (deduced, as the type is private to Module).
+template <class H, class List>
+HookHandle AddHook(const std::shared_ptr<H>& hooks, List* list,
+                   typename List::value_type::second_type hook) {
+  uint64_t id = hooks->next_id++;
+  list->emplace_back(id, std::move(hook));
+  std::weak_ptr<H> weak = hooks;
+  return HookHandle([weak, list, id] {
+    if (auto alive = weak.lock()) {
+      list->erase(std::remove_if(list->begin(), list->end(),
+                                 [id](const auto& entry) { return entry.first == id; }),
+                  list->end());
+    }
+  });
+}
+
+std::string WithThousands(int64_t n) {
+  std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+Module::Module(std::string type_name, bool autocast_scope)
+    : type_name_(std::move(type_name)), autocast_scope_(autocast_scope) {}
+
+Variable Module::forward(const Variable&) {
+  throw Error(absl::StrCat(type_name_, ": this module has no single-input forward(); call its ",
+                           "parts or its own methods"));
+}
+
+Variable Module::operator()(const Variable& input) {
+  Variable x = input;
+  if (hooks_ != nullptr) {
+    auto pre = hooks_->pre;  // a hook may remove itself
+    for (auto& [id, hook] : pre) {
+      Variable replaced = hook(*this, x);
+      if (replaced.defined()) x = std::move(replaced);
+    }
+  }
+  Variable out;
+  if (autocast_scope_) {
+    amp::AutocastModuleScope scope(type_name_);
+    out = forward(x);
+  } else {
+    out = forward(x);
+  }
+  if (hooks_ != nullptr) {
+    auto post = hooks_->post;
+    for (auto& [id, hook] : post) {
+      Variable replaced = hook(*this, x, out);
+      if (replaced.defined()) out = std::move(replaced);
+    }
+  }
+  return out;
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
+  return AddHook(hooks_, &hooks_->pre, std::move(hook));
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
+  return AddHook(hooks_, &hooks_->post, std::move(hook));
+}
+
+// ---- Registration ----------------------------------------------------------------------------
+
+void Module::CheckNewName(const std::string& name, const char* what) const {
+  TG_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": ", what, " name '",
+           name, "' must be non-empty and contain no '.'");
+  auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  };
+  TG_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": ", what,
+           " name '", name, "' is already registered");
+}
+
+Variable Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  CheckNewName(name, "parameter");
+  TG_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
+  Variable p(std::move(value), requires_grad);
+  p.set_name(name);
+  parameters_.emplace_back(name, p);
+  return p;
+}
+
+void Module::register_buffer(const std::string& name, Tensor value) {
+  CheckNewName(name, "buffer");
+  TG_CHECK(value.defined(), type_name_, ": buffer '", name, "' is undefined");
+  buffers_.emplace_back(name, std::move(value));
+}
+
+void Module::AddChild(const std::string& name, std::shared_ptr<Module> module) {
+  CheckNewName(name, "module");
+  TG_CHECK(module != nullptr, type_name_, ": module '", name, "' is null");
+  children_.emplace_back(name, std::move(module));
+}
+
+// ---- The tree --------------------------------------------------------------------------------
+
+void Module::CollectParameters(const std::string& prefix,
+                               std::vector<std::pair<std::string, Variable>>* out) const {
+  for (const auto& [name, p] : parameters_) out->emplace_back(prefix + name, p);
+  for (const auto& [name, child] : children_) child->CollectParameters(prefix + name + ".", out);
+}
+
+void Module::CollectBuffers(const std::string& prefix,
+                            std::vector<std::pair<std::string, Tensor>>* out) const {
+  for (const auto& [name, b] : buffers_) out->emplace_back(prefix + name, b);
+  for (const auto& [name, child] : children_) child->CollectBuffers(prefix + name + ".", out);
+}
+
+void Module::CollectModules(const std::string& prefix,
+                            std::vector<std::pair<std::string, std::shared_ptr<Module>>>* out) {
+  for (const auto& [name, child] : children_) {
+    std::string full = prefix.empty() ? name : prefix + "." + name;
+    out->emplace_back(full, child);
+    child->CollectModules(full, out);
+  }
+}
+
+std::vector<std::pair<std::string, Variable>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Variable>> all;
+  if (!recurse) return parameters_;
+  CollectParameters("", &all);
+  // A module reachable twice (shared) lists its parameters once, under the first name.
+  std::vector<std::pair<std::string, Variable>> unique;
+  std::set<const VariableImpl*> seen;
+  for (auto& entry : all) {
+    if (seen.insert(entry.second.impl().get()).second) unique.push_back(std::move(entry));
+  }
+  return unique;
+}
+
+std::vector<Variable> Module::parameters(bool recurse) const {
+  std::vector<Variable> out;
+  for (auto& entry : named_parameters(recurse)) out.push_back(std::move(entry.second));
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  if (!recurse) return buffers_;
+  std::vector<std::pair<std::string, Tensor>> out;
+  CollectBuffers("", &out);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  out.emplace_back("", shared_from_this());
+  CollectModules("", &out);
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+const Variable& Module::parameter(const std::string& name) const {
+  for (const auto& entry : parameters_) {
+    if (entry.first == name) return entry.second;
+  }
+  throw Error(absl::StrCat(type_name_, ": no parameter '", name, "'"));
+}
+
+const Tensor& Module::buffer(const std::string& name) const {
+  for (const auto& entry : buffers_) {
+    if (entry.first == name) return entry.second;
+  }
+  throw Error(absl::StrCat(type_name_, ": no buffer '", name, "'"));
+}
+
+// ---- Modes and conversion --------------------------------------------------------------------
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert) {
+  for (auto& [name, p] : parameters_) {
+    VariableImpl& impl = *p.impl();
+    TG_CHECK(impl.grad_fn == nullptr, type_name_, ": parameter '", name, "' is not a leaf");
+    Tensor converted = convert(impl.data);
+    if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
+    impl.data = converted;
+    if (impl.grad.defined()) impl.grad = Variable(convert(impl.grad.data()));
+  }
+  for (auto& [name, b] : buffers_) b = convert(b);
+  for (auto& [name, child] : children_) child->ConvertTensors(convert);
+}
+
+void Module::to(DType dtype) {
+  TG_CHECK(IsFloating(dtype), type_name_, ".to(", DTypeName(dtype),
+           "): the target must be a floating dtype");
+  ConvertTensors([dtype](const Tensor& t) {
+    return IsFloating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
+  });
+}
+
+void Module::to(Device device) {
+  ConvertTensors([&](const Tensor& t) {
+    TG_CHECK(t.device() == device, type_name_, ".to(", device.ToString(), "): copies from ",
+             t.device().ToString(), " to ", device.ToString(),
+             " need the CUDA backend, which this build does not have yet");
+    return t;
+  });
+}
+
+// ---- State -----------------------------------------------------------------------------------
+
+StateDict Module::state_dict() const {
+  StateDict sd;
+  for (const auto& [name, p] : named_parameters()) sd.tensors[name] = p.data();
+  for (const auto& [name, b] : named_buffers()) sd.tensors[name] = b;
+  return sd;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  std::map<std::string, Tensor> targets;  // destination tensors (share storage with the module)
+  for (const auto& [name, p] : named_parameters()) targets[name] = p.data();
+  for (const auto& [name, b] : named_buffers()) targets[name] = b;
+
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [name, t] : targets) {
+    auto it = state.tensors.find(name);
+    if (it == state.tensors.end()) {
+      missing.push_back(name);
+    } else if (it->second.shape() != t.shape()) {
+      mismatched.push_back(absl::StrCat(name, ": checkpoint ", ShapeToString(it->second.shape()),
+                                        " vs model ", ShapeToString(t.shape())));
+    }
+  }
+  for (const auto& [name, t] : state.tensors) {
+    if (targets.count(name) == 0) unexpected.push_back(name);
+  }
+  std::vector<std::string> problems;
+  if (strict && !missing.empty()) {
+    problems.push_back(absl::StrCat("missing keys: ", absl::StrJoin(missing, ", ")));
+  }
+  if (strict && !unexpected.empty()) {
+    problems.push_back(absl::StrCat("unexpected keys: ", absl::StrJoin(unexpected, ", ")));
+  }
+  if (!mismatched.empty()) {
+    problems.push_back(absl::StrCat("shape mismatch: ", absl::StrJoin(mismatched, "; ")));
+  }
+  TG_CHECK(problems.empty(), "load_state_dict(", type_name_, "): ", absl::StrJoin(problems, "; "));
+
+  NoGradGuard no_grad;
+  for (auto& [name, t] : targets) {
+    auto it = state.tensors.find(name);
+    if (it != state.tensors.end() && !it->second.shares_storage(t)) t.copy_(it->second);
+  }
+}
+
+// ---- Summary ---------------------------------------------------------------------------------
+
+void Module::AppendString(const std::string& name, int indent, std::string* out) const {
+  std::string pad(indent, ' ');
+  absl::StrAppend(out, pad, name.empty() ? "" : absl::StrCat("(", name, "): "), type_name_, "(",
+                  extra_repr());
+  int64_t params = num_parameters();
+  std::string count = params > 0 ? absl::StrCat("  # ", WithThousands(params), " params") : "";
+  if (children_.empty()) {
+    absl::StrAppend(out, ")", count, "\n");
+    return;
+  }
+  absl::StrAppend(out, count, "\n");
+  for (const auto& [child_name, child] : children_) {
+    child->AppendString(child_name, indent + 2, out);
+  }
+  absl::StrAppend(out, pad, ")\n");
+}
+
+std::string Module::to_string() const {
+  std::string out;
+  AppendString("", 0, &out);
+  return out;
+}
+
+}  // namespace nn
+}  // namespace tg

@@ -1,0 +1,157 @@
+// Module: the unit models are written in. A module registers its parameters, buffers and child
+// modules by name in its constructor and computes in forward(); names nest with dots
+// ("blocks.0.attn.qkv.weight"), so parameters(), state_dict() and to() reach the whole tree.
+// In the spirit of libtorch's C++ frontend, without the holder machinery: modules are plain
+// classes held by std::shared_ptr.
+//
+//   class TwoLayer : public tg::nn::Module {
+//    public:
+//     TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
+//       fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
+//       fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
+//     }
+//     tg::Variable forward(const tg::Variable& x) override {
+//       return (*fc2_)(tg::Relu((*fc1_)(x)));
+//     }
+//    private:
+//     std::shared_ptr<tg::nn::Linear> fc1_, fc2_;
+//   };
+//
+// Call a module with operator(), not forward(): operator() runs the forward pre-hooks, forward(),
+// then the forward hooks, and (for layers that opt in, see Options::autocast_scope) enters the
+// autocast module scope that implements amp's lower-precision-safe module list.
+#ifndef TAPEGRAD_NN_MODULE_H_
+#define TAPEGRAD_NN_MODULE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/state_dict.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+namespace nn {
+
+class Module;
+
+// A pre-hook sees the input and may return a replacement (an undefined return keeps it); a
+// forward hook sees input and output and may return a replacement output. PyTorch's order:
+// pre-hooks in registration order, forward, hooks in registration order.
+using ForwardPreHook = std::function<Variable(Module& module, const Variable& input)>;
+using ForwardHook =
+    std::function<Variable(Module& module, const Variable& input, const Variable& output)>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  // `type_name` names the class in to_string(), errors and amp's lower-precision-safe module list.
+  // `autocast_scope`: a layer that computes itself (Linear, Conv2d, CausalSelfAttention) enters
+  // amp::AutocastModuleScope(type_name) in operator(), so under autocast its matmuls run in low
+  // precision only if its type is in the guard's safe list. Containers and models leave it off
+  // and are transparent, as in PyTorch (which has no module list), so a user's model class needs
+  // no entry in the list.
+  explicit Module(std::string type_name, bool autocast_scope = false);
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The computation. The default throws: a module without a single-input forward (ModuleList) is
+  // used through its parts.
+  virtual Variable forward(const Variable& input);
+  // Hooks + forward (see the file comment).
+  Variable operator()(const Variable& input);
+
+  const std::string& type_name() const { return type_name_; }
+
+  // ---- The tree ----------------------------------------------------------------------------
+  // Own parameters, buffers and children in registration order; recurse = false for own only.
+  std::vector<Variable> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Variable>> named_parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  // This module (name "") and every descendant, depth first in registration order.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
+  // Number of parameter elements (shared parameters counted once).
+  int64_t num_parameters() const;
+
+  // Own parameter / buffer / child by name; throws tg::Error naming the module and the key.
+  const Variable& parameter(const std::string& name) const;
+  const Tensor& buffer(const std::string& name) const;
+
+  // ---- Modes and conversion ----------------------------------------------------------------
+  // Sets training mode on the whole tree (dropout is active only in training).
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Converts every floating parameter and buffer (and existing gradients) to `dtype`, in place
+  // on the same Variables, so handles held elsewhere stay valid. Integer buffers are kept.
+  void to(DType dtype);
+  // Moves parameters and buffers to `device`. Only the CPU exists until the CUDA backend lands;
+  // any other device throws tg::Error saying so.
+  void to(Device device);
+
+  // ---- State -------------------------------------------------------------------------------
+  // Parameters and buffers under their dotted names (tensors share storage with the module).
+  StateDict state_dict() const;
+  // Copies values into the existing parameters/buffers (converting dtype as copy_ does).
+  // strict: throws one tg::Error listing every missing key, unexpected key and shape mismatch
+  // before changing anything; non-strict: loads the keys that match, still rejecting shape
+  // mismatches.
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+  // ---- Hooks -------------------------------------------------------------------------------
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  HookHandle register_forward_hook(ForwardHook hook);
+
+  // A readable summary of the tree with each module's parameter count, e.g.
+  //   Sequential(  # 101,770 params
+  //     (0): Flatten()
+  //     (1): Linear(in=784, out=128, bias=true)  # 100,480 params
+  //     ...
+  //   )
+  std::string to_string() const;
+  // One line describing this module's own configuration ("in=784, out=128, bias=true").
+  virtual std::string extra_repr() const { return ""; }
+
+ protected:
+  // Registers a leaf parameter `name` holding `value` (requires grad); returns the Variable.
+  Variable register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  void register_buffer(const std::string& name, Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    AddChild(name, module);
+    return module;
+  }
+
+ private:
+  struct Hooks;
+  void CheckNewName(const std::string& name, const char* what) const;
+  void AddChild(const std::string& name, std::shared_ptr<Module> module);
+  void CollectParameters(const std::string& prefix,
+                         std::vector<std::pair<std::string, Variable>>* out) const;
+  void CollectBuffers(const std::string& prefix,
+                      std::vector<std::pair<std::string, Tensor>>* out) const;
+  void CollectModules(const std::string& prefix,
+                      std::vector<std::pair<std::string, std::shared_ptr<Module>>>* out);
+  void AppendString(const std::string& name, int indent, std::string* out) const;
+  void ConvertTensors(const std::function<Tensor(const Tensor&)>& convert);
+
+  std::string type_name_;
+  bool autocast_scope_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, Variable>> parameters_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::shared_ptr<Hooks> hooks_;
+};
+
+}  // namespace nn
+}  // namespace tg
+
+#endif  // TAPEGRAD_NN_MODULE_H_

@@ -1,0 +1,68 @@
+// Causal multi-head self-attention and the pre-LN transformer block of GPT-2.
+//
+//   tg::Generator gen(0);
+//   tg::nn::TransformerBlock block({/*n_embd=*/64, /*n_head=*/4}, gen);
+//   tg::Variable y = block(x);   // x, y: [batch, seq, 64]
+#ifndef TAPEGRAD_NN_TRANSFORMER_H_
+#define TAPEGRAD_NN_TRANSFORMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "tensor/generator.h"
+
+namespace tg {
+namespace nn {
+
+struct AttentionOptions {
+  int64_t n_embd = 0;
+  int64_t n_head = 0;
+  bool bias = true;
+  double dropout = 0;                // on the attention weights and the output (training only)
+  Generator* dropout_gen = nullptr;  // required when dropout > 0; must outlive the module
+};
+
+// softmax(q k^T / sqrt(d) + causal mask) v over n_head heads of size d = n_embd / n_head, with
+// children "qkv" (Linear n_embd -> 3 n_embd, q|k|v along the output) and "proj" (n_embd ->
+// n_embd). Under autocast the score and value matmuls run in the low dtype and the masked softmax
+// in f32. Scores and probabilities are materialised ([batch * n_head, seq, seq]); the CUDA backend
+// replaces this with cuDNN's fused attention.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const AttentionOptions& options, Generator& gen);
+  Variable forward(const Variable& x) override;  // [batch, seq, n_embd] -> same
+  std::string extra_repr() const override;
+  const std::shared_ptr<Linear>& qkv() const { return qkv_; }
+  const std::shared_ptr<Linear>& proj() const { return proj_; }
+
+ private:
+  const Tensor& CausalMask(int64_t seq);  // [seq, seq] f32: 0 on and below the diagonal, -inf above
+
+  AttentionOptions options_;
+  std::shared_ptr<Linear> qkv_, proj_;
+  std::shared_ptr<Dropout> attn_dropout_, resid_dropout_;
+  Tensor mask_;  // cached for the last sequence length
+};
+
+// x + attn(ln1(x)), then + mlp(ln2(x)) with Mlp({n_embd, 4 n_embd, n_embd}, gelu_tanh).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const AttentionOptions& options, Generator& gen);
+  Variable forward(const Variable& x) override;  // [batch, seq, n_embd] -> same
+  const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
+  const std::shared_ptr<Mlp>& mlp() const { return mlp_; }
+
+ private:
+  std::shared_ptr<LayerNorm> ln1_, ln2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<Mlp> mlp_;
+  std::shared_ptr<Dropout> mlp_dropout_;
+};
+
+}  // namespace nn
+}  // namespace tg
+
+#endif  // TAPEGRAD_NN_TRANSFORMER_H_

@@ -1,0 +1,219 @@
+// Module: registration and dotted names, modes, to(dtype), state_dict round trips and strict-load
+// errors, forward hooks, and the to_string summary.
+#include "nn/module.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "nn/layers.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace nn {
+namespace {
+
+using ::tg::testing::ThrowsError;
+using ::tg::testing::ThrowsErrorExactly;
+
+// A module with a parameter, a buffer and two children, the second a container.
+class Net : public Module {
+ public:
+  explicit Net(Generator& gen) : Module("Net") {
+    scale_ = register_parameter("scale", Tensor::Full({2}, 3.0));
+    register_buffer("steps", Tensor::Zeros({1}, kI64));
+    register_buffer("running", Tensor::Ones({2}));
+    encoder_ = register_module("encoder", std::make_shared<Linear>(3, 2, gen));
+    head_ = register_module(
+        "head",
+        std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+            std::make_shared<ReLU>(), std::make_shared<Linear>(2, 2, gen, /*bias=*/false)}));
+  }
+  Variable forward(const Variable& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
+  using Module::register_buffer;
+  using Module::register_parameter;
+
+  Variable scale_;
+  std::shared_ptr<Linear> encoder_;
+  std::shared_ptr<Sequential> head_;
+};
+
+std::vector<std::string> Names(const std::vector<std::pair<std::string, Variable>>& list) {
+  std::vector<std::string> out;
+  for (const auto& e : list) out.push_back(e.first);
+  return out;
+}
+
+TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  EXPECT_EQ(Names(net->named_parameters()),
+            (std::vector<std::string>{"scale", "encoder.weight", "encoder.bias", "head.1.weight"}));
+  EXPECT_EQ(Names(net->named_parameters(/*recurse=*/false)), std::vector<std::string>{"scale"});
+  std::vector<std::string> buffers;
+  for (const auto& e : net->named_buffers()) buffers.push_back(e.first);
+  EXPECT_EQ(buffers, (std::vector<std::string>{"steps", "running"}));
+  std::vector<std::string> modules;
+  for (const auto& e : net->named_modules()) modules.push_back(e.first);
+  EXPECT_EQ(modules, (std::vector<std::string>{"", "encoder", "head", "head.0", "head.1"}));
+  EXPECT_EQ(net->num_parameters(), 2 + 6 + 2 + 4);
+  // Parameters are the very Variables the layers use, and they require grad.
+  EXPECT_TRUE(net->parameters()[1].is_same(net->encoder_->weight()));
+  for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad() && p.is_leaf());
+  EXPECT_EQ(net->parameters()[1].name(), "weight");
+}
+
+TEST(ModuleTest, RegistrationErrorsNameTheModuleAndKey) {
+  Generator gen(0);
+  Net net(gen);
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("scale", Tensor::Ones({1})); },
+                                 "Net: parameter name 'scale' is already registered"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_buffer("encoder", Tensor::Ones({1})); },
+                                 "Net: buffer name 'encoder' is already registered"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("a.b", Tensor::Ones({1})); },
+                                 "Net: parameter name 'a.b' must be non-empty and contain no '.'"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.parameter("nope"); }, "Net: no parameter 'nope'"));
+  ModuleList list;
+  list.push_back(std::make_shared<ReLU>());
+  EXPECT_TRUE(ThrowsErrorExactly([&] { list.at<Linear>(0); },
+                                 "ModuleList: module 0 is a ReLU, not the requested type"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { list(Variable(Tensor::Ones({1}))); },
+                                 "ModuleList: this module has no single-input forward(); call "
+                                 "its parts or its own methods"));
+}
+
+TEST(ModuleTest, TrainEvalReachesEveryDescendant) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  net->eval();
+  for (const auto& [name, m] : net->named_modules()) EXPECT_FALSE(m->is_training()) << name;
+  net->train();
+  for (const auto& [name, m] : net->named_modules()) EXPECT_TRUE(m->is_training()) << name;
+}
+
+TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  Variable w = net->encoder_->weight();
+  std::vector<float> before = w.data().to_vector<float>();
+  Variable x(Tensor::Ones({4, 3}));
+  Sum((*net)(x)).backward();
+  net->to(kBF16);
+  EXPECT_EQ(w.dtype(), kBF16);                    // the handle held outside sees the change
+  EXPECT_EQ(w.grad().dtype(), kBF16);             // and its gradient too
+  EXPECT_EQ(net->buffer("steps").dtype(), kI64);  // integer buffers are kept
+  EXPECT_EQ(net->buffer("running").dtype(), kBF16);
+  net->to(kF32);
+  std::vector<float> after = w.data().to_vector<float>();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(after[i], Tensor::Scalar(before[i]).to(kBF16).item()) << i;  // one bf16 rounding
+  }
+  EXPECT_TRUE(ThrowsError([&] { net->to(Device::Cuda(0)); },
+                          "Net.to(cuda:0): copies from cpu to cuda:0 need the CUDA backend"));
+  EXPECT_TRUE(ThrowsError([&] { net->to(kI32); }, "the target must be a floating dtype"));
+}
+
+TEST(ModuleTest, StateDictRoundTripIsExact) {
+  Generator gen_a(1), gen_b(2);
+  auto a = std::make_shared<Net>(gen_a);
+  auto b = std::make_shared<Net>(gen_b);
+  a->buffer("steps").fill_(7);
+  StateDict sd = a->state_dict();
+  EXPECT_EQ(sd.tensors.size(), 6u);
+  Variable bw = b->encoder_->weight();
+  b->load_state_dict(sd);
+  EXPECT_TRUE(bw.is_same(b->encoder_->weight()));  // loaded in place
+  for (const auto& [name, t] : b->state_dict().tensors) {
+    EXPECT_EQ(t.to_vector<double>(), sd.tensor(name).to_vector<double>()) << name;
+    EXPECT_FALSE(t.shares_storage(sd.tensor(name))) << name;
+  }
+  Variable x(RandNormal({5, 3}, gen_a));
+  EXPECT_EQ((*a)(x).data().to_vector<float>(), (*b)(x).data().to_vector<float>());
+}
+
+TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  StateDict sd = net->state_dict();
+  std::vector<float> before = net->encoder_->weight().data().to_vector<float>();
+  StateDict bad;
+  bad.tensors = sd.tensors;
+  bad.tensors.erase("head.1.weight");
+  bad.tensors.erase("steps");
+  bad.tensors["extra.weight"] = Tensor::Ones({1});
+  bad.tensors["encoder.weight"] = Tensor::Zeros({3, 2});
+  bad.tensors["scale"] = Tensor::Zeros({3});
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { net->load_state_dict(bad); },
+      "load_state_dict(Net): missing keys: head.1.weight, steps; unexpected keys: extra.weight; "
+      "shape mismatch: encoder.weight: checkpoint [3, 2] vs model [2, 3]; scale: checkpoint [3] "
+      "vs model [2]"));
+  EXPECT_EQ(net->encoder_->weight().data().to_vector<float>(), before);
+  // Non-strict ignores missing and unexpected keys but never loads a wrong shape.
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { net->load_state_dict(bad, /*strict=*/false); },
+      "load_state_dict(Net): shape mismatch: encoder.weight: checkpoint [3, 2] vs model [2, 3]; "
+      "scale: checkpoint [3] vs model [2]"));
+  StateDict partial;
+  partial.tensors["scale"] = Tensor::Full({2}, 5.0, kF64);  // converted as copy_ does
+  partial.tensors["unknown"] = Tensor::Ones({1});
+  net->load_state_dict(partial, /*strict=*/false);
+  EXPECT_EQ(net->scale_.data().to_vector<float>(), (std::vector<float>{5, 5}));
+  EXPECT_EQ(net->encoder_->weight().data().to_vector<float>(), before);
+}
+
+TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
+  Generator gen(0);
+  Linear lin(2, 2, gen);
+  std::vector<std::string> events;
+  HookHandle pre1 = lin.register_forward_pre_hook([&](Module& m, const Variable& x) {
+    events.push_back("pre1 " + m.type_name());
+    return MulScalar(x, 2.0);  // replaces the input
+  });
+  HookHandle pre2 = lin.register_forward_pre_hook([&](Module&, const Variable& x) {
+    events.push_back("pre2 " + std::to_string(x.data().to_vector<float>()[0]));
+    return Variable();
+  });
+  HookHandle post = lin.register_forward_hook([&](Module&, const Variable& x, const Variable& y) {
+    events.push_back("post " + std::to_string(x.data().to_vector<float>()[0]));
+    return AddScalar(y, 100.0);
+  });
+  Variable x(Tensor::FromVector<float>({1, 1}, {1, 2}));
+  Variable expected = tg::Linear(MulScalar(x, 2.0), lin.weight(), lin.bias());
+  Variable y = lin(x);
+  EXPECT_EQ(events, (std::vector<std::string>{"pre1 Linear", "pre2 2.000000", "post 2.000000"}));
+  std::vector<float> got = y.data().to_vector<float>(), want = expected.data().to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i] + 100.0f);
+  pre1.remove();
+  post.remove();
+  post.remove();  // idempotent
+  events.clear();
+  y = lin(x);
+  EXPECT_EQ(events, std::vector<std::string>{"pre2 1.000000"});
+  EXPECT_EQ(y.data().to_vector<float>(),
+            tg::Linear(x, lin.weight(), lin.bias()).data().to_vector<float>());
+  // forward() called directly bypasses the hooks.
+  events.clear();
+  lin.forward(x);
+  EXPECT_TRUE(events.empty());
+}
+
+TEST(ModuleTest, ToStringShowsTheTreeAndParameterCounts) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  EXPECT_EQ(net->to_string(),
+            "Net(  # 14 params\n"
+            "  (encoder): Linear(in=3, out=2, bias=true)  # 8 params\n"
+            "  (head): Sequential(  # 4 params\n"
+            "    (0): ReLU()\n"
+            "    (1): Linear(in=2, out=2, bias=false)  # 4 params\n"
+            "  )\n"
+            ")\n");
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace tg
