@@ -1,0 +1,233 @@
+// Layers against reference formulas: Linear's init and forward, RMSNorm, Dropout, Flatten, Mlp,
+// causal attention (per-head f64 reference, causality, gradcheck), the transformer block, autocast.
+#include "nn/layers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "amp/autocast.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "nn/transformer.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace nn {
+namespace {
+
+using ::tg::testing::ThrowsErrorExactly;
+
+void ExpectNear(const Tensor& got, const std::vector<double>& want, double tol) {
+  std::vector<double> g = got.to_vector<double>();
+  ASSERT_EQ(g.size(), want.size());
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], want[i], tol) << "element " << i;
+}
+
+TEST(LinearTest, PyTorchInitBoundsAndSeededDeterminism) {
+  Generator gen_a(7), gen_b(7);
+  Linear a(300, 20, gen_a), b(300, 20, gen_b);
+  const double bound = 1 / std::sqrt(300.0);
+  double max_abs = 0;
+  for (float w : a.weight().data().to_vector<float>())
+    max_abs = std::max(max_abs, std::fabs(double(w)));
+  EXPECT_LE(max_abs, bound);
+  EXPECT_GT(max_abs, 0.95 * bound);  // uniform over the whole range
+  for (float v : a.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(v), bound);
+  EXPECT_EQ(a.weight().data().to_vector<float>(), b.weight().data().to_vector<float>());
+  EXPECT_EQ(a.bias().data().to_vector<float>(), b.bias().data().to_vector<float>());
+}
+
+TEST(LinearTest, ForwardIsXWTransposePlusB) {
+  Generator gen(1);
+  Linear lin(3, 2, gen);
+  lin.to(kF64);
+  Variable x(RandNormal({4, 3}, gen, 0, 1, kF64));
+  Variable want = Add(Matmul(x, Transpose(lin.weight(), 0, 1)), lin.bias());
+  ExpectNear(lin(x).data(), want.data().to_vector<double>(), 1e-15);
+}
+
+TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
+  RMSNorm norm(4, 1e-6);
+  norm.to(kF64);
+  Generator gen(2);
+  norm.parameter("weight").data().copy_(Tensor::FromVector<double>({0.5, 1, 2, -1}, {4}));
+  Tensor x = RandNormal({3, 4}, gen, 0, 1, kF64);
+  std::vector<double> xv = x.to_vector<double>(), want;
+  const double w[] = {0.5, 1, 2, -1};
+  for (int r = 0; r < 3; ++r) {
+    double ms = 0;
+    for (int c = 0; c < 4; ++c) ms += xv[r * 4 + c] * xv[r * 4 + c] / 4;
+    for (int c = 0; c < 4; ++c) want.push_back(xv[r * 4 + c] / std::sqrt(ms + 1e-6) * w[c]);
+  }
+  ExpectNear(norm(Variable(x)).data(), want, 1e-14);
+  GradcheckResult r =
+      Gradcheck([&](const VariableList& in) { return norm(in[0]); }, {Variable(x, true)});
+  EXPECT_TRUE(r.ok) << r.message;
+  // bf16 input: normalised in f32, returned in bf16 without autocast, f32 with it.
+  Variable xb(Tensor::Ones({2, 4}, kBF16));
+  RMSNorm norm32(4);
+  EXPECT_EQ(norm32(xb).dtype(), kBF16);
+  amp::AutocastGuard autocast(kBF16);
+  EXPECT_EQ(norm32(xb).dtype(), kF32);
+}
+
+TEST(DropoutTest, TrainingScalesSurvivorsAndEvalIsIdentity) {
+  Generator gen(3);
+  Dropout drop(0.25, gen);
+  Variable x(Tensor::Ones({10000}));
+  std::vector<float> y = drop(x).data().to_vector<float>();
+  int zeros = 0;
+  for (float v : y) {
+    if (v == 0) {
+      ++zeros;
+    } else {
+      EXPECT_FLOAT_EQ(v, 1 / 0.75f);
+    }
+  }
+  EXPECT_NEAR(zeros / 10000.0, 0.25, 0.02);
+  drop.eval();
+  EXPECT_TRUE(drop(x).is_same(x));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { Dropout(1.0, gen); }, "Dropout: p must be in [0, 1), got 1"));
+}
+
+TEST(FlattenTest, KeepsLeadingDims) {
+  Flatten flat;
+  EXPECT_EQ(flat(Variable(Tensor::Zeros({2, 1, 28, 28}))).shape(), (Shape{2, 784}));
+  Flatten from2(2);
+  EXPECT_EQ(from2(Variable(Tensor::Zeros({2, 3, 4, 5}))).shape(), (Shape{2, 3, 20}));
+}
+
+TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
+  Generator gen(4);
+  Mlp::Options options;
+  options.activation = Activation::kTanh;
+  Mlp mlp({4, 8, 3}, gen, options);
+  mlp.to(kF64);
+  Variable x(RandNormal({5, 4}, gen, 0, 1, kF64));
+  const Linear& l0 = *mlp.layer(0);
+  const Linear& l1 = *mlp.layer(1);
+  Variable want =
+      tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
+  ExpectNear(mlp(x).data(), want.data().to_vector<double>(), 0);
+  std::vector<std::string> names;
+  for (const auto& e : mlp.named_parameters()) names.push_back(e.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"}));
+}
+
+// Reference attention in f64 loops: per batch and head, causal softmax(q k^T / sqrt(d)) v.
+std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const Tensor& x,
+                                       int64_t h) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / h;
+  std::vector<double> qkv = tg::Linear(Variable(x), attn.qkv()->weight(), attn.qkv()->bias())
+                                .data()
+                                .to_vector<double>();  // [b, t, 3c]
+  std::vector<double> y(b * t * c, 0.0);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t hi = 0; hi < h; ++hi) {
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<double> s(i + 1);
+        double mx = -1e300, total = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e) {
+            dot +=
+                qkv[(bi * t + i) * 3 * c + hi * d + e] * qkv[(bi * t + j) * 3 * c + c + hi * d + e];
+          }
+          s[j] = dot / std::sqrt(double(d));
+          mx = std::max(mx, s[j]);
+        }
+        for (int64_t j = 0; j <= i; ++j) total += (s[j] = std::exp(s[j] - mx));
+        for (int64_t e = 0; e < d; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            acc += s[j] / total * qkv[(bi * t + j) * 3 * c + 2 * c + hi * d + e];
+          y[(bi * t + i) * c + hi * d + e] = acc;
+        }
+      }
+    }
+  }
+  Tensor yt = Tensor::FromVector<double>(y, {b, t, c});
+  return tg::Linear(Variable(yt), attn.proj()->weight(), attn.proj()->bias())
+      .data()
+      .to_vector<double>();
+}
+
+TEST(AttentionTest, MatchesPerHeadReferenceAndIsCausal) {
+  Generator gen(5);
+  CausalSelfAttention attn({/*n_embd=*/8, /*n_head=*/2}, gen);
+  attn.to(kF64);
+  Tensor x = RandNormal({2, 5, 8}, gen, 0, 1, kF64);
+  Tensor y = attn(Variable(x)).data();
+  ExpectNear(y, ReferenceAttention(attn, x, 2), 1e-13);
+  // Changing the last position changes no earlier output, bit for bit.
+  Tensor x2 = x.clone();
+  x2.select(1, 4).fill_(9.0);
+  std::vector<double> a = y.to_vector<double>(), b = attn(Variable(x2)).data().to_vector<double>();
+  for (int64_t bi = 0; bi < 2; ++bi) {
+    for (int64_t i = 0; i < 5 * 8; ++i) {
+      size_t k = bi * 40 + i;
+      if (i < 4 * 8) {
+        EXPECT_EQ(a[k], b[k]) << k;
+      } else {
+        EXPECT_NE(a[k], b[k]) << k;
+      }
+    }
+  }
+}
+
+TEST(AttentionTest, GradchecksInputAndWeights) {
+  Generator gen(6);
+  CausalSelfAttention attn({/*n_embd=*/4, /*n_head=*/2}, gen);
+  attn.to(kF64);
+  Variable x(RandNormal({2, 3, 4}, gen, 0, 1, kF64), true);
+  Variable w = attn.qkv()->weight();
+  GradcheckResult r = Gradcheck([&](const VariableList& in) { return attn(in[0]); }, {x, w});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST(TransformerBlockTest, GradchecksAndNamesItsParts) {
+  Generator gen(7);
+  TransformerBlock block({/*n_embd=*/4, /*n_head=*/2}, gen);
+  block.to(kF64);
+  Variable x(RandNormal({1, 3, 4}, gen, 0, 1, kF64), true);
+  GradcheckResult r = Gradcheck([&](const VariableList& in) { return block(in[0]); }, {x});
+  EXPECT_TRUE(r.ok) << r.message;
+  std::vector<std::string> names;
+  for (const auto& e : block.named_parameters()) names.push_back(e.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"ln1.weight", "ln1.bias", "attn.qkv.weight",
+                                             "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+                                             "ln2.weight", "ln2.bias", "mlp.fc0.weight",
+                                             "mlp.fc0.bias", "mlp.fc1.weight", "mlp.fc1.bias"}));
+}
+
+TEST(AutocastModulesTest, SafeListDecidesWhereMatmulsRunInLowPrecision) {
+  Generator gen(8);
+  CausalSelfAttention attn({/*n_embd=*/8, /*n_head=*/2}, gen);
+  Variable x(RandNormal({1, 4, 8}, gen));
+  {
+    amp::AutocastGuard autocast(kBF16);
+    EXPECT_EQ(attn(x).dtype(), kBF16);
+  }
+  {
+    // Linear is safe but the attention around it is not: everything inside runs in f32.
+    amp::AutocastGuard autocast(kBF16, true, {"Linear"});
+    EXPECT_EQ(attn(x).dtype(), kF32);
+    EXPECT_EQ((*attn.qkv())(x).dtype(), kBF16);
+  }
+  {
+    // A container (Sequential) is transparent: its Linear follows the list.
+    Sequential seq({std::make_shared<Linear>(8, 8, gen)});
+    amp::AutocastGuard autocast(kF16, true, {"Linear"});
+    EXPECT_EQ(seq(x).dtype(), kF16);
+    amp::AutocastGuard none(kF16, true, {});
+    EXPECT_EQ(seq(x).dtype(), kF32);
+  }
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace tg
