@@ -1,0 +1,87 @@
+// safetensors (https://github.com/huggingface/safetensors): read and write named CPU tensors and
+// a string -> string metadata map, and save / load a StateDict through them.
+//
+// Layout: an 8-byte little-endian u64 N, N bytes of UTF-8 JSON, then the data buffer. The JSON
+// maps each tensor name to {"dtype": "F32", "shape": [2, 2], "data_offsets": [begin, end]}
+// (offsets relative to the data buffer) and may hold "__metadata__": {string: string}.
+//
+// Writer: the header is padded with spaces to a multiple of 8 bytes and tensors are laid out
+// contiguously from offset 0 in the reference library's order (larger dtypes first, then by name),
+// so every tensor is aligned to its element size in the file and Python's safetensors reads the
+// result. Reader: every size and offset is validated before it is used, so no input crashes,
+// reads out of bounds or makes an allocation larger than the data the file actually holds; a bad
+// file gives a Status naming the file, the tensor and the expected and found values. Tensors may
+// leave gaps between them or trailing bytes (the reference rejects both); they may not overlap.
+//
+//   tg::io::Safetensors st;
+//   st.tensors["w"] = tg::Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+//   st.metadata["format"] = "pt";
+//   absl::Status s = tg::io::SaveSafetensors("/tmp/w.safetensors", st);
+//   absl::StatusOr<tg::io::Safetensors> back = tg::io::LoadSafetensors("/tmp/w.safetensors");
+//
+//   tg::StateDict sd = optimizer.state_dict();
+//   s = tg::io::SaveStateDict("/tmp/opt.safetensors", sd);      // scalars go into __metadata__
+//   absl::StatusOr<tg::StateDict> loaded = tg::io::LoadStateDict("/tmp/opt.safetensors");
+//
+// Status codes: NotFound (missing file), DataLoss (the file is shorter than its header says:
+// truncated), InvalidArgument (malformed header or content, or a tensor the writer cannot store),
+// and the errno-derived code of a failing system call.
+#ifndef TAPEGRAD_TENSOR_IO_SAFETENSORS_H_
+#define TAPEGRAD_TENSOR_IO_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "tensor/state_dict.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+namespace io {
+
+struct Safetensors {
+  // CPU tensors; the reader returns contiguous tensors, the writer takes any layout.
+  std::map<std::string, Tensor> tensors;
+  // The "__metadata__" object.
+  std::map<std::string, std::string> metadata;
+};
+
+// The reference library's limit on the JSON header (100 MB).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// The safetensors dtype names: "F32", "F64", "F16", "BF16", "I32", "I64", "U8", "BOOL".
+const char* SafetensorsDTypeName(DType dtype);
+
+// The whole file as bytes. InvalidArgument for an undefined or non-CPU tensor, a tensor named
+// "__metadata__", or a name / metadata string that is not valid UTF-8.
+absl::StatusOr<std::string> SerializeSafetensors(const Safetensors& st);
+// Parses a whole file held in memory; never reads outside `bytes`.
+absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view bytes);
+
+// Writes "<path>.tmp.<pid>.<n>", fsyncs it, renames it over `path` and fsyncs the directory, so
+// a crash or an error never leaves a half-written `path` behind; the temporary file is removed
+// on failure.
+absl::Status SaveSafetensors(const std::string& path, const Safetensors& st);
+// Reads the header, then each tensor straight into its storage (no copy of the whole file).
+absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path);
+
+// The __metadata__ key prefix of StateDict scalars: "scalar:<key>" -> "%.17g" text, which
+// parses back to the identical double (NaN keeps its sign, not its payload).
+inline constexpr char kScalarMetadataPrefix[] = "scalar:";
+
+// Tensors as tensors, scalars as kScalarMetadataPrefix entries of __metadata__, plus
+// `extra_metadata` (InvalidArgument if one of its keys uses the scalar prefix).
+absl::Status SaveStateDict(const std::string& path, const StateDict& sd,
+                           const std::map<std::string, std::string>& extra_metadata = {});
+// The inverse; the metadata entries that are not scalars go to `*metadata` when it is not null.
+// InvalidArgument names a scalar entry whose text is not a number.
+absl::StatusOr<StateDict> LoadStateDict(const std::string& path,
+                                        std::map<std::string, std::string>* metadata = nullptr);
+
+}  // namespace io
+}  // namespace tg
+
+#endif  // TAPEGRAD_TENSOR_IO_SAFETENSORS_H_

@@ -1,0 +1,726 @@
+#include "tensor/io/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace tg {
+namespace io {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+std::string U64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A safetensors file: length + header text (unpadded, as given) + data bytes.
+std::string MakeFile(const std::string& header, const std::string& data) {
+  return U64(header.size()) + header + data;
+}
+
+std::string BytesOf(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.raw_data()), c.numel() * c.element_size());
+}
+
+void ExpectSameTensor(const Tensor& expected, const Tensor& actual, const std::string& name) {
+  ASSERT_TRUE(actual.defined()) << name;
+  EXPECT_EQ(actual.dtype(), expected.dtype()) << name;
+  EXPECT_EQ(ShapeToString(actual.shape()), ShapeToString(expected.shape())) << name;
+  EXPECT_TRUE(actual.is_contiguous()) << name;
+  EXPECT_TRUE(actual.device().is_cpu()) << name;
+  EXPECT_EQ(BytesOf(actual), BytesOf(expected)) << name << " differs bitwise";
+}
+
+::testing::AssertionResult HasError(const absl::Status& status, absl::StatusCode code,
+                                    const std::string& substring) {
+  if (status.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
+  if (status.code() != code || status.message().find(substring) == absl::string_view::npos) {
+    return ::testing::AssertionFailure()
+           << "got " << status << "; expected code " << absl::StatusCodeToString(code) << " with \""
+           << substring << "\"";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+uint64_t DoubleBits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
+// A fresh, empty directory per test.
+std::string TestDir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("safetensors_", info->test_suite_name(), "_", info->name());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// Names of the entries of `dir` that look like our temporary files.
+std::vector<std::string> TempFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp") != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// One tensor of every dtype, with edge values, plus 0-d, empty and strided inputs.
+Safetensors EveryKind() {
+  Safetensors st;
+  std::vector<Half> halves;
+  std::vector<BFloat16> bhalves;
+  for (uint32_t b = 0; b < 65536; ++b) {  // every 16-bit pattern, NaN payloads included
+    halves.push_back(Half::FromBits(static_cast<uint16_t>(b)));
+    bhalves.push_back(BFloat16::FromBits(static_cast<uint16_t>(b)));
+  }
+  st.tensors["f16.all"] = Tensor::FromVector<Half>(halves, {256, 256});
+  st.tensors["bf16.all"] = Tensor::FromVector<BFloat16>(bhalves, {65536});
+  st.tensors["f32"] = Tensor::FromVector<float>(
+      {0.1f, -0.0f, std::numeric_limits<float>::infinity(), BitsToFloat(0x7fa00001u),
+       BitsToFloat(0xffc12345u), std::numeric_limits<float>::denorm_min(), 3.0f},
+      {7});
+  st.tensors["f64"] = Tensor::FromVector<double>(
+      {0.1, -0.0, 1e300, std::numeric_limits<double>::denorm_min(), -1.0 / 3.0, 4.0}, {3, 2});
+  st.tensors["i32"] = Tensor::FromVector<int32_t>(
+      {std::numeric_limits<int32_t>::min(), -1, 0, 1, std::numeric_limits<int32_t>::max()}, {5});
+  st.tensors["i64"] = Tensor::FromVector<int64_t>(
+      {std::numeric_limits<int64_t>::min(), -1, std::numeric_limits<int64_t>::max()}, {1, 3});
+  std::vector<uint8_t> bytes;
+  for (int i = 0; i < 256; ++i) bytes.push_back(static_cast<uint8_t>(i));
+  st.tensors["u8"] = Tensor::FromVector<uint8_t>(bytes, {2, 2, 64});
+  st.tensors["bool"] = Tensor::FromVector<bool>({true, false, false, true, true}, {5});
+  st.tensors["scalar.f64"] = Tensor::Scalar(-2.5, kF64);
+  st.tensors["scalar.bool"] = Tensor::Scalar(1, kBool);
+  st.tensors["empty.f32"] = Tensor::Empty({0, 3}, kF32);
+  st.tensors["empty.bf16"] = Tensor::Empty({4, 0}, kBF16);
+  st.tensors["empty.1d.i64"] = Tensor::Empty({0}, kI64);
+  const Tensor x = Tensor::Arange(0, 24, 1, kF32).view({2, 3, 4});
+  st.tensors["transposed"] = x.transpose(0, 2);             // [4, 3, 2], strided
+  st.tensors["sliced"] = x.slice(2, 1, 4, 2).select(0, 1);  // offset + strides
+  st.tensors["expanded"] = Tensor::FromVector<int32_t>({7, 8}, {2, 1}).expand({2, 3});
+  return st;
+}
+
+void ExpectSameSafetensors(const Safetensors& expected, const Safetensors& actual) {
+  ASSERT_EQ(actual.tensors.size(), expected.tensors.size());
+  for (const auto& [name, t] : expected.tensors) {
+    auto it = actual.tensors.find(name);
+    ASSERT_NE(it, actual.tensors.end()) << name;
+    ExpectSameTensor(t, it->second, name);
+  }
+  EXPECT_EQ(actual.metadata, expected.metadata);
+}
+
+// ---- the format's published example --------------------------------------------------------
+
+TEST(SafetensorsTest, PublishedExampleLoads) {
+  const std::string header = R"({"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})";
+  ASSERT_EQ(header.size(), 0x3cu);  // the example's length byte is '<'
+  const std::string bytes = std::string("<\0\0\0\0\0\0\0", 8) + header + std::string(16, '\0');
+  absl::StatusOr<Safetensors> st = ParseSafetensors(bytes);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->tensors.size(), 1u);
+  EXPECT_TRUE(st->metadata.empty());
+  const Tensor& t = st->tensors.at("test");
+  EXPECT_EQ(t.dtype(), kI32);
+  EXPECT_EQ(ShapeToString(t.shape()), "[2, 2]");
+  EXPECT_EQ(t.to_vector<int32_t>(), (std::vector<int32_t>{0, 0, 0, 0}));
+}
+
+// ---- round trips -----------------------------------------------------------------------------
+
+TEST(SafetensorsTest, RoundTripEveryDtypeBitExact) {
+  Safetensors st = EveryKind();
+  st.metadata["format"] = "pt";
+  st.metadata["quote\" backslash\\ newline\n tab\t"] = "ünïcødé ✓ \x01";
+  st.metadata[std::string("nul\0inside", 10)] = "";
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(st);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<Safetensors> back = ParseSafetensors(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameSafetensors(st, *back);
+  // The strided inputs come back as their contiguous values.
+  EXPECT_EQ(back->tensors.at("transposed").to_vector<float>()[1], 12.0f);
+  EXPECT_EQ(back->tensors.at("sliced").to_vector<float>(),
+            (std::vector<float>{13, 15, 17, 19, 21, 23}));
+  EXPECT_EQ(back->tensors.at("expanded").to_vector<int32_t>(),
+            (std::vector<int32_t>{7, 7, 7, 8, 8, 8}));
+  // Serialising the result again gives the same bytes (the writer is deterministic).
+  absl::StatusOr<std::string> again = SerializeSafetensors(*back);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *bytes);
+}
+
+TEST(SafetensorsTest, RoundTripThroughFile) {
+  const std::string path = TestDir() + "/every.safetensors";
+  Safetensors st = EveryKind();
+  st.metadata["step"] = "12";
+  ASSERT_TRUE(SaveSafetensors(path, st).ok());
+  absl::StatusOr<Safetensors> back = LoadSafetensors(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameSafetensors(st, *back);
+  EXPECT_EQ(ReadFile(path), *SerializeSafetensors(st));
+}
+
+TEST(SafetensorsTest, EmptyFileRoundTrips) {
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(Safetensors{});
+  ASSERT_TRUE(bytes.ok());
+  absl::StatusOr<Safetensors> back = ParseSafetensors(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->tensors.empty());
+  EXPECT_TRUE(back->metadata.empty());
+}
+
+// ---- the writer's bytes ----------------------------------------------------------------------
+
+// The reference library's own test vectors (safetensors/src/tensor.rs): our writer produces the
+// same bytes, so Python's safetensors reads what we write.
+TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
+  Safetensors empty;
+  EXPECT_EQ(*SerializeSafetensors(empty), U64(8) + "{}      ");
+
+  Safetensors meta;
+  meta.metadata["framework"] = "pt";
+  EXPECT_EQ(*SerializeSafetensors(meta),
+            U64(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
+
+  const Tensor values = Tensor::FromVector<float>({0, 1, 2, 3, 4, 5}, {6});
+  Safetensors one;
+  one.tensors["attn.0"] = values.view({1, 2, 3});
+  EXPECT_EQ(*SerializeSafetensors(one),
+            U64(64) + R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" +
+                BytesOf(values));
+
+  Safetensors padded;  // 65 bytes of JSON: padded with 7 spaces to 72
+  padded.tensors["attn0"] = values.view({1, 1, 2, 3});
+  EXPECT_EQ(*SerializeSafetensors(padded),
+            U64(72) + R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" +
+                "       " + BytesOf(values));
+}
+
+// Mixed dtypes: the header is 8-byte aligned, offsets run contiguously from 0 to the end of the
+// file with no gap, larger dtypes come first (then names), so each tensor is aligned to its
+// element size in the file.
+TEST(SafetensorsTest, WriterLayoutIsContiguousAndAligned) {
+  Safetensors st;
+  st.tensors["b"] = Tensor::Ones({3}, kBool);
+  st.tensors["u"] = Tensor::Ones({5}, kU8);
+  st.tensors["h"] = Tensor::Ones({3}, kF16);
+  st.tensors["bh"] = Tensor::Ones({1}, kBF16);
+  st.tensors["f"] = Tensor::Ones({3}, kF32);
+  st.tensors["i"] = Tensor::Ones({1}, kI32);
+  st.tensors["d"] = Tensor::Ones({1}, kF64);
+  st.tensors["l"] = Tensor::Ones({2}, kI64);
+  st.tensors["a_scalar"] = Tensor::Scalar(2, kF64);
+  st.tensors["z_empty"] = Tensor::Empty({0}, kF64);
+  st.metadata["k"] = "v";
+  const std::string bytes = *SerializeSafetensors(st);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_EQ(n % 8, 0u);
+  ASSERT_LE(8 + n, bytes.size());
+  const std::string header = bytes.substr(8, n);
+  EXPECT_EQ(header.find_first_not_of(' ', header.rfind('}') + 1), std::string::npos);
+  // Entries in file order: by descending reference dtype rank, then name.
+  const std::vector<std::string> order = {"l", "a_scalar", "d", "z_empty", "f",
+                                          "i", "bh",       "h", "u",       "b"};
+  size_t last = 0;
+  for (const std::string& name : order) {
+    const size_t at = header.find("\"" + name + "\":");
+    ASSERT_NE(at, std::string::npos) << name;
+    EXPECT_GT(at, last) << name << " is out of order";
+    last = at;
+  }
+  EXPECT_EQ(header.find("{\"__metadata__\":{\"k\":\"v\"},"), 0u);
+
+  const nlohmann::json j = nlohmann::json::parse(header);
+  uint64_t expected_begin = 0;
+  for (const std::string& name : order) {
+    const auto& entry = j.at(name);
+    const uint64_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
+    EXPECT_EQ(begin, expected_begin) << name;
+    EXPECT_EQ(begin % st.tensors.at(name).element_size(), 0u) << name;
+    expected_begin = end;
+  }
+  EXPECT_EQ(8 + n + expected_begin, bytes.size()) << "the data buffer ends with the last tensor";
+}
+
+TEST(SafetensorsTest, WriterRejectsWhatItCannotStore) {
+  Safetensors undefined;
+  undefined.tensors["w"] = Tensor();
+  EXPECT_TRUE(HasError(SerializeSafetensors(undefined).status(), absl::StatusCode::kInvalidArgument,
+                       "SerializeSafetensors: tensor 'w' is undefined"));
+  Safetensors reserved;
+  reserved.tensors["__metadata__"] = Tensor::Zeros({1});
+  EXPECT_TRUE(HasError(SerializeSafetensors(reserved).status(), absl::StatusCode::kInvalidArgument,
+                       "tensor '__metadata__': the name is reserved for the metadata object"));
+  Safetensors bad_name;
+  bad_name.tensors["w\xff"] = Tensor::Zeros({1});
+  EXPECT_TRUE(HasError(SerializeSafetensors(bad_name).status(), absl::StatusCode::kInvalidArgument,
+                       "the name is not valid UTF-8"));
+  Safetensors bad_meta;
+  bad_meta.metadata["k"] = "\xc0\x80";  // overlong NUL
+  EXPECT_TRUE(HasError(SerializeSafetensors(bad_meta).status(), absl::StatusCode::kInvalidArgument,
+                       "metadata entry 'k' is not valid UTF-8"));
+  bad_meta.metadata["k"] = "\xed\xa0\x80";  // a UTF-16 surrogate
+  EXPECT_FALSE(SerializeSafetensors(bad_meta).ok());
+  bad_meta.metadata["k"] = "\xf0\x9f\x98";  // cut short
+  EXPECT_FALSE(SerializeSafetensors(bad_meta).ok());
+  bad_meta.metadata["k"] = "\xf0\x9f\x98\x80";  // complete: fine
+  EXPECT_TRUE(SerializeSafetensors(bad_meta).ok());
+
+  const std::string dir = TestDir();
+  EXPECT_FALSE(SaveSafetensors(dir + "/x.safetensors", undefined).ok());
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
+// ---- StateDict -------------------------------------------------------------------------------
+
+TEST(SafetensorsTest, StateDictRoundTripIsBitExact) {
+  const std::string path = TestDir() + "/sd.safetensors";
+  StateDict sd;
+  const std::vector<double> values = {0.1,
+                                      1e300,
+                                      -0.0,
+                                      0.0,
+                                      9007199254740992.0,  // 2^53
+                                      9007199254740994.0,
+                                      1.0 / 3.0,
+                                      -2.718281828459045,
+                                      std::numeric_limits<double>::denorm_min(),
+                                      -std::numeric_limits<double>::denorm_min() * 12345,
+                                      std::numeric_limits<double>::min(),
+                                      std::numeric_limits<double>::max(),
+                                      -std::numeric_limits<double>::max(),
+                                      std::numeric_limits<double>::infinity(),
+                                      -std::numeric_limits<double>::infinity(),
+                                      65536.0,
+                                      static_cast<double>(1.0f / 3.0f)};
+  for (size_t i = 0; i < values.size(); ++i) sd.scalars[absl::StrCat("s.", i)] = values[i];
+  sd.scalars["nan"] = std::numeric_limits<double>::quiet_NaN();
+  sd.scalars["neg_nan"] = -std::numeric_limits<double>::quiet_NaN();
+  sd.tensors["state.0.exp_avg"] = Tensor::FromVector<float>({0.5f, -1e-30f}, {2});
+  sd.tensors["w16"] = Tensor::FromVector<float>({1.5f, 65504.0f}, {2}, kF16);
+  ASSERT_TRUE(SaveStateDict(path, sd, {{"format", "tapegrad"}}).ok());
+
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<StateDict> back = LoadStateDict(path, &metadata);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"format", "tapegrad"}}));
+  ASSERT_EQ(back->scalars.size(), sd.scalars.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string key = absl::StrCat("s.", i);
+    EXPECT_EQ(DoubleBits(back->scalar(key)), DoubleBits(values[i])) << key << " = " << values[i];
+  }
+  EXPECT_TRUE(std::isnan(back->scalar("nan")));
+  EXPECT_FALSE(std::signbit(back->scalar("nan")));
+  EXPECT_TRUE(std::isnan(back->scalar("neg_nan")));
+  EXPECT_TRUE(std::signbit(back->scalar("neg_nan")));
+  ASSERT_EQ(back->tensors.size(), 2u);
+  for (const auto& [name, t] : sd.tensors) ExpectSameTensor(t, back->tensor(name), name);
+
+  // The scalars are readable text in __metadata__.
+  absl::StatusOr<Safetensors> raw = LoadSafetensors(path);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(raw->metadata.at("scalar:s.0"), "0.10000000000000001");
+  EXPECT_EQ(raw->metadata.at("scalar:s.2"), "-0");
+  EXPECT_EQ(raw->metadata.at("scalar:s.4"), "9007199254740992");
+  EXPECT_EQ(raw->metadata.at("format"), "tapegrad");
+  // Without an out-parameter the other metadata is dropped.
+  EXPECT_TRUE(LoadStateDict(path).ok());
+}
+
+TEST(SafetensorsTest, StateDictErrors) {
+  const std::string dir = TestDir();
+  EXPECT_TRUE(
+      HasError(SaveStateDict(dir + "/a.safetensors", StateDict{}, {{"scalar:x", "1"}}),
+               absl::StatusCode::kInvalidArgument,
+               "SaveStateDict: metadata key 'scalar:x' uses the reserved prefix 'scalar:'"));
+  EXPECT_TRUE(fs::is_empty(dir));
+
+  Safetensors st;
+  st.metadata["scalar:lr"] = "fast";
+  ASSERT_TRUE(SaveSafetensors(dir + "/b.safetensors", st).ok());
+  EXPECT_TRUE(HasError(LoadStateDict(dir + "/b.safetensors").status(),
+                       absl::StatusCode::kInvalidArgument,
+                       "safetensors file '" + dir +
+                           "/b.safetensors': scalar 'scalar:lr' has the value 'fast'; expected a "
+                           "number"));
+  EXPECT_TRUE(HasError(LoadStateDict(dir + "/missing.safetensors").status(),
+                       absl::StatusCode::kNotFound, "missing.safetensors"));
+}
+
+// ---- corrupt input ---------------------------------------------------------------------------
+
+struct CorruptCase {
+  const char* what;
+  std::string bytes;
+  absl::StatusCode code;
+  std::string message;  // a substring of the error
+};
+
+TEST(SafetensorsTest, CorruptInputGivesClearErrors) {
+  using C = absl::StatusCode;
+  const std::string ok_header = R"({"x":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})";
+  const std::string ok_file = MakeFile(ok_header, std::string(16, '\1'));
+  auto entry = [](const std::string& body) {
+    return MakeFile("{\"x\":" + body + "}", "") + std::string(64, '\0');
+  };
+  const std::vector<CorruptCase> cases = {
+      {"shorter than the length field", "abc", C::kDataLoss,
+       "safetensors buffer: 3 bytes is too short for the 8-byte header length"},
+      {"cut in the header", ok_file.substr(0, 30), C::kDataLoss,
+       "safetensors buffer: header length 57 exceeds the 22 bytes that follow the length field"},
+      {"cut in the data", ok_file.substr(0, ok_file.size() - 3), C::kDataLoss,
+       "safetensors buffer: tensor 'x': data_offsets [0, 16] end beyond the data buffer of 13 "
+       "bytes"},
+      {"header length 0", U64(0) + "{}", C::kInvalidArgument,
+       "safetensors buffer: header length is 0"},
+      {"huge header length", U64(uint64_t{1} << 62) + "{}", C::kInvalidArgument,
+       "header length 4611686018427387904 exceeds the limit of 100000000 bytes"},
+      {"all-ones header length", U64(~uint64_t{0}) + "{}", C::kInvalidArgument,
+       "header length 18446744073709551615 exceeds the limit"},
+      {"bad JSON", MakeFile(R"({"x":)", ""), C::kInvalidArgument,
+       "safetensors buffer: header is not valid JSON: [json.exception.parse_error.101]"},
+      {"trailing garbage after the object", MakeFile("{} x", ""), C::kInvalidArgument,
+       "header is not valid JSON"},
+      {"invalid UTF-8 in a name", MakeFile("{\"\xff\":1}", ""), C::kInvalidArgument,
+       "header is not valid JSON"},
+      {"header not an object", MakeFile("[1,2]", ""), C::kInvalidArgument,
+       "safetensors buffer: header must be a JSON object, found array [1,2]"},
+      {"deep nesting",
+       MakeFile("{\"a\":" + std::string(1000, '[') + std::string(1000, ']') + "}", ""),
+       C::kInvalidArgument, "header JSON nests deeper than 16 levels"},
+      {"entry not an object", entry("3"), C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': expected an object with dtype, shape and data_offsets, "
+       "found number 3"},
+      {"missing dtype", entry(R"({"shape":[],"data_offsets":[0,4]})"), C::kInvalidArgument,
+       "tensor 'x': missing \"dtype\""},
+      {"missing shape", entry(R"({"dtype":"F32","data_offsets":[0,4]})"), C::kInvalidArgument,
+       "tensor 'x': missing \"shape\""},
+      {"missing data_offsets", entry(R"({"dtype":"F32","shape":[]})"), C::kInvalidArgument,
+       "tensor 'x': missing \"data_offsets\""},
+      {"dtype not a string", entry(R"({"dtype":32,"shape":[],"data_offsets":[0,4]})"),
+       C::kInvalidArgument, "tensor 'x': \"dtype\" must be a string, found number 32"},
+      {"wrong dtype name", entry(R"({"dtype":"F33","shape":[],"data_offsets":[0,4]})"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': unsupported dtype 'F33' (expected one of F32, F64, F16, "
+       "BF16, I32, I64, U8, BOOL)"},
+      {"lowercase dtype name", entry(R"({"dtype":"f32","shape":[],"data_offsets":[0,4]})"),
+       C::kInvalidArgument, "unsupported dtype 'f32'"},
+      {"shape not an array", entry(R"({"dtype":"F32","shape":4,"data_offsets":[0,16]})"),
+       C::kInvalidArgument,
+       "tensor 'x': \"shape\" must be an array of non-negative integers, found number 4"},
+      {"negative dim", entry(R"({"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]})"),
+       C::kInvalidArgument, "tensor 'x': shape[1] must be a non-negative integer, found number -2"},
+      {"fractional dim", entry(R"({"dtype":"F32","shape":[2.5],"data_offsets":[0,10]})"),
+       C::kInvalidArgument, "shape[0] must be a non-negative integer, found number 2.5"},
+      {"string dim", entry(R"({"dtype":"F32","shape":["2"],"data_offsets":[0,8]})"),
+       C::kInvalidArgument, "shape[0] must be a non-negative integer, found string \"2\""},
+      {"numel overflow",
+       entry(R"({"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]})"),
+       C::kInvalidArgument,
+       "tensor 'x': shape [4294967296,4294967296] has more elements than int64 can count"},
+      {"strides overflow behind a zero",
+       entry(R"({"dtype":"U8","shape":[0,4294967296,4294967296],"data_offsets":[0,0]})"),
+       C::kInvalidArgument, "has more elements than int64 can count"},
+      {"dim beyond int64",
+       entry(R"({"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,0]})"),
+       C::kInvalidArgument, "has more elements than int64 can count"},
+      {"byte size overflow",
+       entry(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]})"),
+       C::kInvalidArgument, "shape [4611686018427387904] of F64 needs more than 2^64 bytes"},
+      {"data_offsets of one number", entry(R"({"dtype":"F32","shape":[],"data_offsets":[0]})"),
+       C::kInvalidArgument,
+       "tensor 'x': \"data_offsets\" must be two non-negative integers [begin, end], found array "
+       "[0]"},
+      {"negative data_offsets", entry(R"({"dtype":"F32","shape":[],"data_offsets":[-4,0]})"),
+       C::kInvalidArgument, "found array [-4,0]"},
+      {"data_offsets begin after end", entry(R"({"dtype":"F32","shape":[],"data_offsets":[8,4]})"),
+       C::kInvalidArgument, "tensor 'x': data_offsets [8, 4] begin after end"},
+      {"offsets out of range", entry(R"({"dtype":"F32","shape":[],"data_offsets":[64,68]})"),
+       C::kDataLoss, "tensor 'x': data_offsets [64, 68] end beyond the data buffer of 64 bytes"},
+      {"huge offsets",
+       entry(
+           R"({"dtype":"F32","shape":[],"data_offsets":[18446744073709551612,18446744073709551615]})"),
+       C::kDataLoss, "end beyond the data buffer of 64 bytes"},
+      {"size mismatch", entry(R"({"dtype":"I32","shape":[2,2],"data_offsets":[0,12]})"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': data_offsets [0, 12] hold 12 bytes, but shape [2, 2] of "
+       "I32 needs 16"},
+      {"overlapping offsets",
+       MakeFile(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                std::string(12, '\0')),
+       C::kInvalidArgument,
+       "safetensors buffer: tensors 'a' (data_offsets [0, 8]) and 'b' (data_offsets [4, 12]) "
+       "overlap"},
+      {"range inside another",
+       MakeFile(R"({"a":{"dtype":"U8","shape":[16],"data_offsets":[0,16]},)"
+                R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},)"
+                R"("c":{"dtype":"U8","shape":[2],"data_offsets":[8,10]}})",
+                std::string(16, '\0')),
+       C::kInvalidArgument, "tensors 'a' (data_offsets [0, 16]) and 'b' (data_offsets [4, 6])"},
+      {"metadata not an object", MakeFile(R"({"__metadata__":["a"]})", ""), C::kInvalidArgument,
+       "safetensors buffer: \"__metadata__\" must be an object of strings, found array [\"a\"]"},
+      {"metadata non-string", MakeFile(R"({"__metadata__":{"k":1}})", ""), C::kInvalidArgument,
+       "safetensors buffer: \"__metadata__\" entry 'k' must be a string, found number 1"},
+      {"bool byte other than 0/1",
+       MakeFile(R"({"x":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})",
+                std::string("\1\2\0", 3)),
+       C::kInvalidArgument, "safetensors buffer: tensor 'x': BOOL element 1 is 2; expected 0 or 1"},
+  };
+  for (const CorruptCase& c : cases) {
+    absl::StatusOr<Safetensors> st;
+    ASSERT_NO_THROW(st = ParseSafetensors(c.bytes)) << c.what;
+    EXPECT_TRUE(HasError(st.status(), c.code, c.message)) << c.what;
+  }
+}
+
+TEST(SafetensorsTest, ReaderAcceptsWhatTheFormatAllows) {
+  // Gaps, trailing bytes, any order of entries, zero-length ranges anywhere, unknown fields,
+  // a null __metadata__ and whitespace around the JSON.
+  const std::string data =
+      std::string("\1\0\0\0", 4) + "gap!" + std::string("\2\0\0\0", 4) + "tail";
+  const std::string header =
+      R"(  {"__metadata__":null,"b":{"dtype":"I32","shape":[1],"data_offsets":[8,12]},)"
+      R"("e":{"dtype":"F64","shape":[0,5],"data_offsets":[3,3],"extra":{"x":[1]}},)"
+      R"("a":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}  )";
+  absl::StatusOr<Safetensors> st = ParseSafetensors(MakeFile(header, data));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->tensors.at("a").item(), 1);
+  EXPECT_EQ(st->tensors.at("a").dim(), 0);
+  EXPECT_EQ(st->tensors.at("b").to_vector<int32_t>(), (std::vector<int32_t>{2}));
+  EXPECT_EQ(ShapeToString(st->tensors.at("e").shape()), "[0, 5]");
+  EXPECT_TRUE(st->metadata.empty());
+}
+
+// Every prefix of a valid file, and random byte changes in its length field and header: each
+// parse returns a Status or succeeds, never crashes or throws (run under --config=asan too).
+TEST(SafetensorsTest, TruncationAndHeaderCorruptionNeverCrash) {
+  Safetensors st;
+  st.tensors["w"] = Tensor::Arange(0, 6, 1, kF32).view({2, 3});
+  st.tensors["b"] = Tensor::FromVector<bool>({true, false}, {2});
+  st.tensors["h"] = Tensor::Ones({3}, kBF16);
+  st.tensors["s"] = Tensor::Scalar(7, kI64);
+  st.tensors["e"] = Tensor::Empty({0, 2}, kF16);
+  st.metadata["k"] = "v";
+  const std::string bytes = *SerializeSafetensors(st);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    absl::StatusOr<Safetensors> r;
+    ASSERT_NO_THROW(r = ParseSafetensors(absl::string_view(bytes.data(), len)));
+    EXPECT_FALSE(r.ok()) << "a " << len << "-byte prefix of " << bytes.size() << " parsed";
+  }
+  ASSERT_TRUE(ParseSafetensors(bytes).ok());
+
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<size_t> position(0, 8 + n - 1);
+  const std::string interesting = "{}[]\",:-0123456789eE.\\ \xff\x80tfn";
+  int parsed = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string mutated = bytes;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = position(rng);
+      mutated[at] =
+          (rng() % 2) ? static_cast<char>(rng() & 0xff) : interesting[rng() % interesting.size()];
+    }
+    absl::StatusOr<Safetensors> r;
+    ASSERT_NO_THROW(r = ParseSafetensors(mutated)) << iter;
+    if (r.ok()) {
+      ++parsed;
+      for (const auto& [name, t] : r->tensors) EXPECT_TRUE(t.is_contiguous());
+    } else {
+      EXPECT_FALSE(r.status().message().empty());
+    }
+  }
+  EXPECT_LT(parsed, 20000);
+
+  // Mutations that keep the JSON valid, so that they reach the checks of shapes, dtypes and
+  // offsets: digits changed or inserted, dtype names swapped (the length field is rewritten).
+  const std::string header = bytes.substr(8, n), data = bytes.substr(8 + n);
+  const std::vector<std::string> dtypes = {"F32", "F64", "F16",  "BF16", "I32",
+                                           "I64", "U8",  "BOOL", "I8",   "F8_E4M3"};
+  int semantic_ok = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string h = header;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % h.size();
+      const size_t digit = h.find_first_of("0123456789", at);
+      switch (rng() % 4) {
+        case 0:
+        case 1:
+          if (digit != std::string::npos) h[digit] = static_cast<char>('0' + rng() % 10);
+          break;
+        case 2:
+          if (digit != std::string::npos) h.insert(digit, 1, static_cast<char>('0' + rng() % 10));
+          break;
+        case 3: {
+          const size_t quote = h.find("\"dtype\":\"", at);
+          if (quote == std::string::npos) break;
+          const size_t begin = quote + 9, end = h.find('"', begin);
+          h.replace(begin, end - begin, dtypes[rng() % dtypes.size()]);
+          break;
+        }
+      }
+    }
+    absl::StatusOr<Safetensors> r;
+    ASSERT_NO_THROW(r = ParseSafetensors(MakeFile(h, data))) << h;
+    if (r.ok()) ++semantic_ok;
+  }
+  EXPECT_GT(semantic_ok, 0);
+  EXPECT_LT(semantic_ok, 20000);
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+TEST(SafetensorsTest, LoadMissingFileIsNotFound) {
+  const std::string path = TestDir() + "/nope.safetensors";
+  EXPECT_TRUE(HasError(LoadSafetensors(path).status(), absl::StatusCode::kNotFound,
+                       "LoadSafetensors: cannot open '" + path + "': No such file or directory"));
+}
+
+TEST(SafetensorsTest, LoadDirectoryIsRejected) {
+  const std::string dir = TestDir();
+  EXPECT_TRUE(HasError(LoadSafetensors(dir).status(), absl::StatusCode::kInvalidArgument,
+                       "LoadSafetensors: '" + dir + "' is not a regular file"));
+}
+
+TEST(SafetensorsTest, CorruptFileNamesThePath) {
+  const std::string path = TestDir() + "/cut.safetensors";
+  Safetensors st;
+  st.tensors["w"] = Tensor::Ones({4}, kF32);
+  const std::string bytes = *SerializeSafetensors(st);
+  WriteFile(path, bytes.substr(0, bytes.size() - 1));
+  EXPECT_TRUE(HasError(LoadSafetensors(path).status(), absl::StatusCode::kDataLoss,
+                       "safetensors file '" + path +
+                           "': tensor 'w': data_offsets [0, 16] end beyond the data buffer of 15 "
+                           "bytes (truncated file?)"));
+  WriteFile(path, "");
+  EXPECT_TRUE(HasError(LoadSafetensors(path).status(), absl::StatusCode::kDataLoss,
+                       "safetensors file '" + path + "': 0 bytes is too short"));
+  WriteFile(path, bytes);
+  EXPECT_TRUE(LoadSafetensors(path).ok());
+}
+
+TEST(SafetensorsTest, SaveReplacesExistingFileAndLeavesNoTempFile) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/ckpt.safetensors";
+  Safetensors first;
+  first.tensors["w"] = Tensor::Full({1000}, 1.0, kF32);
+  first.metadata["v"] = "1";
+  ASSERT_TRUE(SaveSafetensors(path, first).ok());
+  Safetensors second;
+  second.tensors["w"] = Tensor::Full({3}, 2.0, kF64);
+  second.metadata["v"] = "2";
+  ASSERT_TRUE(SaveSafetensors(path, second).ok());
+  absl::StatusOr<Safetensors> back = LoadSafetensors(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameSafetensors(second, *back);
+  EXPECT_TRUE(TempFiles(dir).empty());
+  // A path without a directory part works too (relative to the working directory).
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  EXPECT_TRUE(SaveSafetensors("relative.safetensors", second).ok());
+  fs::current_path(cwd);
+  EXPECT_TRUE(fs::exists(dir + "/relative.safetensors"));
+  EXPECT_TRUE(TempFiles(dir).empty());
+}
+
+TEST(SafetensorsTest, SaveIntoMissingDirectoryFails) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/no/such/dir/ckpt.safetensors";
+  Safetensors st;
+  st.tensors["w"] = Tensor::Ones({2});
+  EXPECT_TRUE(HasError(SaveSafetensors(path, st), absl::StatusCode::kNotFound,
+                       "SaveSafetensors: cannot create '" + path + ".tmp."));
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
+// The rename fails (a directory sits at the target path) after the data was written: the
+// temporary file is removed and the directory is untouched.
+TEST(SafetensorsTest, FailedRenameRemovesTempFile) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/taken";
+  fs::create_directory(path);
+  Safetensors st;
+  st.tensors["w"] = Tensor::Ones({2});
+  const absl::Status status = SaveSafetensors(path, st);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("SaveSafetensors: rename '" + path + ".tmp."), std::string::npos)
+      << status;
+  EXPECT_TRUE(fs::is_directory(path));
+  EXPECT_TRUE(TempFiles(dir).empty());
+}
+
+// A write that fails midway (the file-size limit, as on a full disk) leaves the previous file
+// intact and no temporary file behind.
+TEST(SafetensorsTest, FailedWriteKeepsPreviousFile) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/ckpt.safetensors";
+  Safetensors old_st;
+  old_st.tensors["w"] = Tensor::Full({4}, 3.0, kF32);
+  ASSERT_TRUE(SaveSafetensors(path, old_st).ok());
+  const std::string old_bytes = ReadFile(path);
+
+  Safetensors big;
+  big.tensors["w"] = Tensor::Zeros({1 << 18}, kF32);  // 1 MiB
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit limited = saved;
+  limited.rlim_cur = 64 * 1024;
+  auto* previous_handler = signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  const absl::Status status = SaveSafetensors(path, big);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  signal(SIGXFSZ, previous_handler);
+
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("SaveSafetensors: writing '" + path + ".tmp."), std::string::npos)
+      << status;
+  EXPECT_EQ(ReadFile(path), old_bytes);
+  EXPECT_TRUE(TempFiles(dir).empty());
+  absl::StatusOr<Safetensors> back = LoadSafetensors(path);
+  ASSERT_TRUE(back.ok());
+  ExpectSameSafetensors(old_st, *back);
+}
+
+}  // namespace
+}  // namespace io
+}  // namespace tg

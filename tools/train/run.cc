@@ -1,0 +1,141 @@
+#include "tools/train/run.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "amp/loss_scaler.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tensor/io/safetensors.h"
+
+namespace tg::train {
+
+std::string ResolveUserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* base = std::getenv("BUILD_WORKING_DIRECTORY");  // set by `bazel run`
+  if (base != nullptr && base[0] != '\0') return absl::StrCat(base, "/", path);
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) != nullptr) return absl::StrCat(cwd, "/", path);
+  return path;
+}
+
+absl::StatusOr<DType> ParsePrecision(const std::string& name) {
+  if (name == "f32") return kF32;
+  if (name == "f16") return kF16;
+  if (name == "bf16") return kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown precision '", name, "' (expected f32, f16 or bf16)"));
+}
+
+absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
+    const std::vector<Variable>& params, const OptimizerConfig& config,
+    const PrecisionConfig& precision) {
+  std::unique_ptr<optim::Optimizer> opt;
+  if (config.name == "adamw" || config.name == "adam") {
+    optim::AdamWOptions o;
+    o.lr = config.lr;
+    o.weight_decay = config.weight_decay;
+    o.beta2 = config.beta2;
+    if (config.name == "adamw") {
+      opt = std::make_unique<optim::AdamW>(params, o);
+    } else {
+      opt = std::make_unique<optim::Adam>(params, static_cast<const optim::AdamOptions&>(o));
+    }
+  } else if (config.name == "sgd") {
+    optim::SGDOptions o;
+    o.lr = config.lr;
+    o.momentum = config.momentum;
+    o.weight_decay = config.weight_decay;
+    opt = std::make_unique<optim::SGD>(params, o);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
+  }
+  amp::MixedPrecisionOptions mp;
+  const std::string& s = precision.loss_scaler;
+  if (s == "pytorch") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch());
+  } else if (s == "megatron") {
+    // Megatron-LM's defaults for --fp16 with dynamic scaling.
+    mp.scaler = std::make_shared<amp::LossScaler>(
+        amp::LossScaler::MegatronDynamic(4294967296.0, 1.0, 2.0, 0.5, 1000, 2));
+  } else if (s == "deepspeed") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic());
+  } else if (s == "none") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::Constant(1.0));
+  } else if (s != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown loss scaler '", s, "' (expected auto, pytorch, megatron, deepspeed or none)"));
+  }
+  return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(opt), std::move(mp));
+}
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+
+void OnStopSignal(int sig) {
+  int expected = 0;
+  g_stop_signal.compare_exchange_strong(expected, sig);
+  // Restore the default action: a second Ctrl-C ends the process at once.
+  signal(sig, SIG_DFL);
+}
+}  // namespace
+
+void StopSignal::Install() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+bool StopSignal::requested() { return g_stop_signal.load() != 0; }
+int StopSignal::signal_number() { return g_stop_signal.load(); }
+
+std::string GeneratorStateToString(const Generator::State& state) {
+  return absl::StrCat(state.seed, ":", state.offset);
+}
+
+absl::StatusOr<Generator::State> GeneratorStateFromString(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  Generator::State state;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &state.seed) ||
+      !absl::SimpleAtoi(parts[1], &state.offset)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generator state '", text, "' is not <seed>:<offset>"));
+  }
+  return state;
+}
+
+std::string CheckpointPath(const std::string& dir) {
+  return absl::StrCat(dir, "/checkpoint.safetensors");
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const StateDict& state,
+                                           const std::map<std::string, std::string>& metadata) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint directory ", dir, ": ", std::strerror(errno)));
+  }
+  std::string path = CheckpointPath(dir);
+  absl::Status status = io::SaveStateDict(path, state, metadata);
+  if (!status.ok()) return status;
+  return path;
+}
+
+absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
+                                         std::map<std::string, std::string>* metadata) {
+  return io::LoadStateDict(CheckpointPath(dir), metadata);
+}
+
+}  // namespace tg::train

@@ -1,0 +1,84 @@
+// What every training binary shares: resolving user paths under `bazel run`, the precision and
+// loss-scaler choice, the optimizer by name, stop requests from Ctrl-C / SIGTERM, and checkpoints
+// (one safetensors file holding the model, the optimizer with its masters and scaler, the data
+// order and the generators, so a resumed run continues bit for bit).
+//
+//   tg::train::StopSignal::Install();
+//   auto mp = tg::train::MakeMixedPrecisionOptimizer(model->parameters(), {...});
+//   for (...) {
+//     ...
+//     if (tg::train::StopSignal::requested()) { SaveCheckpoint(...); return 128 + signal; }
+//   }
+#ifndef TAPEGRAD_TOOLS_TRAIN_RUN_H_
+#define TAPEGRAD_TOOLS_TRAIN_RUN_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "amp/mixed_precision_optimizer.h"
+#include "autograd/variable.h"
+#include "tensor/dtype.h"
+#include "tensor/generator.h"
+#include "tensor/state_dict.h"
+
+namespace tg::train {
+
+// A path given on the command line, made absolute against the directory where `bazel run` was
+// typed (BUILD_WORKING_DIRECTORY), or the current directory outside bazel run.
+std::string ResolveUserPath(const std::string& path);
+
+// "f32" | "f16" | "bf16".
+absl::StatusOr<DType> ParsePrecision(const std::string& name);
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // adamw | adam | sgd
+  double lr = 1e-3;
+  double weight_decay = 0;
+  double momentum = 0.9;  // sgd
+  double beta2 = 0.999;   // adam, adamw
+};
+
+struct PrecisionConfig {
+  DType dtype = kF32;
+  // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" | "none";
+  // each with its library's default settings.
+  std::string loss_scaler = "auto";
+};
+
+// The optimizer over `params` wrapped in a MixedPrecisionOptimizer (f32 masters for f16/bf16
+// parameters; f32 parameters are their own masters), with the scaler preset. InvalidArgument
+// names an unknown optimizer or scaler.
+absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
+    const std::vector<Variable>& params, const OptimizerConfig& optimizer,
+    const PrecisionConfig& precision);
+
+// SIGINT / SIGTERM set a flag (the first signal only; a second one kills the process as usual)
+// that the training loop polls between steps, so it can save a checkpoint and exit cleanly.
+class StopSignal {
+ public:
+  static void Install();
+  static bool requested();
+  static int signal_number();  // 0 while none was received
+};
+
+// The generator state as metadata text ("seed:offset", exact for every 64-bit value).
+std::string GeneratorStateToString(const Generator::State& state);
+absl::StatusOr<Generator::State> GeneratorStateFromString(const std::string& text);
+
+// One checkpoint file: tensors and scalars of `state` (prefixed by the caller: "model.",
+// "optim.", "data.", ...) and string metadata (configuration, generator states). Written to a
+// temporary file and renamed, creating `dir` if needed. Returns the file's path.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const StateDict& state,
+                                           const std::map<std::string, std::string>& metadata);
+// Reads "<dir>/checkpoint.safetensors"; NotFound when there is none.
+absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
+                                         std::map<std::string, std::string>* metadata);
+std::string CheckpointPath(const std::string& dir);
+
+}  // namespace tg::train
+
+#endif  // TAPEGRAD_TOOLS_TRAIN_RUN_H_
