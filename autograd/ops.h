@@ -11,6 +11,7 @@
 #ifndef TAPEGRAD_AUTOGRAD_OPS_H_
 #define TAPEGRAD_AUTOGRAD_OPS_H_
 
+#include <array>
 #include <vector>
 
 #include "autograd/variable.h"
@@ -83,6 +84,15 @@ Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bi
 Variable Embedding(const Variable& weight, const Tensor& indices);
 Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100,
                       Reduction reduction = Reduction::kMean);
+// 2-D convolution over x [N, C, H, W] with weight [O, C, kh, kw] and bias [O] (optional), and
+// max pooling (tensor/ops.h has the shapes and PyTorch's output-size rule). Under autocast
+// conv2d is a kLowPrecision op like linear (x, weight and bias are cast; the f32 weight's cast is
+// cached); max_pool2d keeps its input's dtype. The gradient of max_pool2d goes to the selected
+// element of each window. Both backwards are differentiable again (create_graph).
+Variable Conv2d(const Variable& x, const Variable& weight, const Variable& bias = Variable(),
+                Conv2dParams p = {});
+Variable MaxPool2d(const Variable& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                   std::array<int64_t, 2> padding = {0, 0});
 class Generator;
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training = true);

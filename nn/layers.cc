@@ -47,7 +47,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
   init::Normal(weight_, gen);
 }
 
-Variable Embedding::forward(const Variable& indices) { return tg::Embedding(weight_, indices.data()); }
+Variable Embedding::forward(const Variable& indices) {
+  return tg::Embedding(weight_, indices.data());
+}
 
 std::string Embedding::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
 

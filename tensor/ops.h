@@ -10,6 +10,7 @@
 #ifndef TAPEGRAD_TENSOR_OPS_H_
 #define TAPEGRAD_TENSOR_OPS_H_
 
+#include <array>
 #include <vector>
 
 #include "tensor/op_kinds.h"
@@ -114,6 +115,50 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_
 // (0-d for kMean/kSum, [N] for kNone): (softmax - onehot) * grad, zero rows where ignored.
 Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& grad_loss,
                             int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
+
+// ---- Convolution and pooling over [N, C, H, W] (tensor/cpu/conv.cc) ----------------------------
+// PyTorch semantics (torch.nn.functional.conv2d with groups = 1, max_pool2d with dilation 1 and
+// ceil_mode = false). Pairs are {height, width}. Each output size is
+//   floor((in + 2 * padding - dilation * (kernel - 1) - 1) / stride) + 1,
+// and must be at least 1 (a kernel larger than the padded input is an error). Only 4-D (batched)
+// inputs are accepted. f32/f64 compute natively; f16/bf16 convert to f32, compute and round once.
+struct Conv2dParams {
+  std::array<int64_t, 2> stride = {1, 1};    // positive
+  std::array<int64_t, 2> padding = {0, 0};   // zeros on both sides, non-negative
+  std::array<int64_t, 2> dilation = {1, 1};  // positive
+};
+// Cross-correlation: x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined, all of one
+// floating dtype -> [N, O, Ho, Wo]. im2col + OpenBLAS GEMMs (one per chunk of images, or per
+// image when C*kh*kw is small).
+Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Conv2dParams p = {});
+struct Conv2dGrads {
+  Tensor grad_input;   // x's shape; undefined unless need_input
+  Tensor grad_weight;  // weight's shape; undefined unless need_weight
+  Tensor grad_bias;    // [O]; undefined unless need_bias
+};
+// The gradients of Conv2d(x, weight, bias, p) for grad_out [N, O, Ho, Wo] (x's dtype). Only the
+// shapes and dtypes of x and weight are used, except that grad_weight reads x's values and
+// grad_input reads weight's. grad_input is col2im of weight^T @ grad_out (a transposed
+// convolution), grad_weight sums grad_out @ im2col(x)^T over the batch, grad_bias sums grad_out
+// over N, Ho, Wo (in f64, rounded once).
+Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                           Conv2dParams p, bool need_input = true, bool need_weight = true,
+                           bool need_bias = true);
+
+struct MaxPool2dResult {
+  Tensor output;   // [N, C, Ho, Wo], x's dtype
+  Tensor indices;  // [N, C, Ho, Wo] i64: the flat index h * W + w of the max in its H x W plane
+};
+// Max over each window of x [N, C, H, W] (floating). Padding counts as -inf (it is never
+// selected) and must be at most half the kernel, as in PyTorch. Ties pick the first maximum in
+// row-major window order; a NaN is always selected (the last NaN of the window, as PyTorch's
+// CPU kernel does).
+MaxPool2dResult MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel,
+                          std::array<int64_t, 2> stride, std::array<int64_t, 2> padding = {0, 0});
+// grad_out [N, C, Ho, Wo] scatter-added at `indices` (i64, grad_out's shape) into zeros of
+// input_shape [N, C, H, W] (accumulated in f32/f64 and rounded once).
+Tensor MaxPool2dBackward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
 
 // ---- Indexing along one dim (PyTorch semantics) ------------------------------------------------
 // Indices are i32/i64 and must lie in [0, size of `dim`) (negative indices are rejected, as in

@@ -55,6 +55,32 @@ void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_
 // out contiguous, holding self's values; src any strides with index.numel() at dim.
 void IndexAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);
 
+// Convolution and max pooling over [N, C, H, W] (tensor/cpu/conv.cc). The sizes of one 2-D
+// window op, validated by the dispatch (for pooling o == c and dilation 1).
+struct Window2d {
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // output channels, kernel
+  int64_t oh, ow;      // output plane
+  int64_t sh, sw;      // stride
+  int64_t ph, pw;      // padding
+  int64_t dh, dw;      // dilation
+};
+// out contiguous [N, O, Ho, Wo]; x, weight [O, C, kh, kw], bias [O] (or undefined) contiguous,
+// all of out's dtype.
+void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+            const Window2d& g);
+// Each gradient is contiguous and allocated by the caller, or undefined when not wanted;
+// grad_out, x and weight contiguous (x is read only for grad_weight, weight for grad_input).
+void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_bias,
+                    const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                    const Window2d& g);
+// out contiguous [N, C, Ho, Wo] (x's dtype), indices contiguous i64 of the same shape; x
+// contiguous.
+void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g);
+// grad_input contiguous [N, C, H, W]; grad_out and indices contiguous [N, C, Ho, Wo]; indices
+// are range-checked here.
+void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices);
+
 bool AnyNonFinite(const Tensor& t);
 // t = t * scale in place; returns whether any element was non-finite before scaling.
 bool ScaleInPlace(const Tensor& t, double scale, bool check_finite);

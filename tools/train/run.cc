@@ -1,11 +1,13 @@
 #include "tools/train/run.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,6 +20,11 @@
 #include "tensor/io/safetensors.h"
 
 namespace tg::train {
+
+void KeepFreedMemoryInProcess() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 std::string ResolveUserPath(const std::string& path) {
   if (path.empty() || path[0] == '/') return path;
@@ -39,6 +46,16 @@ absl::StatusOr<DType> ParsePrecision(const std::string& name) {
 absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
     const std::vector<Variable>& params, const OptimizerConfig& config,
     const PrecisionConfig& precision) {
+  std::vector<optim::ParamGroup> groups;
+  if (config.decay_matrices_only) {
+    std::vector<Variable> matrices, others;
+    for (const Variable& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
+    groups.emplace_back(std::move(matrices));
+    if (!others.empty())
+      groups.emplace_back(std::move(others), optim::GroupOptions{{"weight_decay", 0.0}});
+  } else {
+    groups.emplace_back(params);
+  }
   std::unique_ptr<optim::Optimizer> opt;
   if (config.name == "adamw" || config.name == "adam") {
     optim::AdamWOptions o;
@@ -46,16 +63,17 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
     o.weight_decay = config.weight_decay;
     o.beta2 = config.beta2;
     if (config.name == "adamw") {
-      opt = std::make_unique<optim::AdamW>(params, o);
+      opt = std::make_unique<optim::AdamW>(std::move(groups), o);
     } else {
-      opt = std::make_unique<optim::Adam>(params, static_cast<const optim::AdamOptions&>(o));
+      opt = std::make_unique<optim::Adam>(std::move(groups),
+                                          static_cast<const optim::AdamOptions&>(o));
     }
   } else if (config.name == "sgd") {
     optim::SGDOptions o;
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
-    opt = std::make_unique<optim::SGD>(params, o);
+    opt = std::make_unique<optim::SGD>(std::move(groups), o);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
@@ -77,6 +95,24 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
         "unknown loss scaler '", s, "' (expected auto, pytorch, megatron, deepspeed or none)"));
   }
   return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(opt), std::move(mp));
+}
+
+StepStats TrainStep(amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
+                    double max_grad_norm, const std::function<Variable()>& loss_fn) {
+  StepStats stats;
+  stats.lr = opt.optimizer().param_groups()[0].options.at("lr");
+  opt.zero_grad();
+  Variable loss;
+  {
+    PrecisionScope precision(dtype);
+    loss = loss_fn();
+  }
+  opt.backward(loss);
+  stats.loss = loss.item();
+  stats.grad_norm = opt.clip_master_grads(max_grad_norm > 0 ? max_grad_norm : INFINITY);
+  stats.result = opt.step();
+  schedule.step(stats.result.skipped);
+  return stats;
 }
 
 namespace {

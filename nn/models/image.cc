@@ -1,0 +1,46 @@
+#include "nn/models/image.h"
+
+#include "nn/conv.h"
+#include "tensor/error.h"
+
+namespace tg {
+namespace nn {
+
+std::shared_ptr<Sequential> MakeImageMlp(Generator& gen, const std::vector<int64_t>& hidden,
+                                         int64_t classes) {
+  auto net = std::make_shared<Sequential>();
+  net->push_back(std::make_shared<Flatten>());
+  int64_t in = 28 * 28;
+  for (int64_t h : hidden) {
+    net->push_back(std::make_shared<Linear>(in, h, gen));
+    net->push_back(std::make_shared<ReLU>());
+    in = h;
+  }
+  net->push_back(std::make_shared<Linear>(in, classes, gen));
+  return net;
+}
+
+std::shared_ptr<Sequential> MakeImageCnn(Generator& gen, const std::vector<int64_t>& channels,
+                                         int64_t classes) {
+  TG_CHECK(!channels.empty() && channels.size() <= 4, "MakeImageCnn: 1 to 4 conv stages, got ",
+           channels.size());
+  auto net = std::make_shared<Sequential>();
+  int64_t in = 1, side = 28;
+  Conv2dParams same;
+  same.padding = {1, 1};
+  for (int64_t c : channels) {
+    net->push_back(std::make_shared<Conv2d>(in, c, std::array<int64_t, 2>{3, 3}, gen, same));
+    net->push_back(std::make_shared<ReLU>());
+    net->push_back(std::make_shared<MaxPool2d>(std::array<int64_t, 2>{2, 2}));
+    in = c;
+    side /= 2;
+  }
+  net->push_back(std::make_shared<Flatten>());
+  net->push_back(std::make_shared<Linear>(in * side * side, 128, gen));
+  net->push_back(std::make_shared<ReLU>());
+  net->push_back(std::make_shared<Linear>(128, classes, gen));
+  return net;
+}
+
+}  // namespace nn
+}  // namespace tg

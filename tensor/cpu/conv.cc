@@ -1,0 +1,444 @@
+// 2-D convolution and max pooling over [N, C, H, W].
+//
+// Convolution is im2col + GEMM: the input patches of a chunk of images are unfolded into
+// cols [C*kh*kw, images*Ho*Wo] (one row per kernel tap, contiguous runs along the output width),
+// the forward multiplies weight [O, C*kh*kw] @ cols, the weight gradient accumulates
+// grad @ cols^T over the chunks, and the input gradient is col2im of weight^T @ grad. All GEMMs
+// go to OpenBLAS (threaded); the loops here are plain and contiguous along the output width.
+// f32/f64 compute natively; f16/bf16 go through f32 copies and round each result once.
+//
+// Max pooling compares each window's elements in row-major order with PyTorch's CPU rule.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/kernels.h"
+
+namespace tg::cpu {
+namespace {
+
+// How a batch is split into GEMMs (tuned on 2 cores with the Fashion-MNIST CNN: conv 1->32 and
+// 32->64, 3x3, batch 128). Images are unfolded in chunks of at most kColsBudget im2col elements
+// (4 MiB of f32; larger chunks were not reliably faster and keep more scratch memory). Within a
+// chunk, either one GEMM covers all its images (its output [O, images*L] is then copied into
+// [images, O, L], and the gradient gathered the other way), or each image gets a GEMM that reads
+// its block of columns in place and writes its output directly. The single GEMM keeps OpenBLAS's
+// threads busier (about 1.3x faster for the 32->64 conv), but the copies cost as much as a GEMM
+// with a short reduction (K = C*kh*kw = 9 for the 1->32 conv: 2-3x slower than per image), so
+// images get their own GEMM when K <= kPerImageMaxK.
+constexpr int64_t kColsBudget = int64_t{1} << 20;
+constexpr int64_t kPerImageMaxK = 32;
+
+int64_t ImagesPerChunk(const Window2d& g) {
+  // The larger of the im2col columns and the output rows of one image bounds the chunk.
+  const int64_t per_image = std::max<int64_t>(std::max(g.c * g.kh * g.kw, g.o) * g.oh * g.ow, 1);
+  return std::clamp<int64_t>(kColsBudget / per_image, 1, std::max<int64_t>(g.n, 1));
+}
+
+// Scratch memory (uninitialised), reused across calls on each thread: a fresh multi-megabyte
+// block per call costs a page fault per 4 KiB page (malloc hands large blocks back to the
+// system), which cost as much as the im2col itself. A slot keeps its largest block up to
+// kKeptScratchBytes; larger requests (one huge image) get a block of their own, freed after.
+enum ScratchSlot { kCols, kGradCols, kRows, kNumSlots };
+constexpr size_t kKeptScratchBytes = size_t{32} << 20;
+
+template <typename T>
+class Scratch {
+ public:
+  Scratch(ScratchSlot slot, int64_t count) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    if (bytes > kKeptScratchBytes) {
+      own_.reset(new char[bytes]);
+      data_ = reinterpret_cast<T*>(own_.get());
+      return;
+    }
+    struct Block {
+      std::unique_ptr<char[]> data;
+      size_t bytes = 0;
+    };
+    thread_local Block blocks[kNumSlots];
+    Block& b = blocks[slot];
+    if (bytes > b.bytes) {
+      b.data.reset();  // free before allocating the larger block
+      b.data.reset(new char[bytes]);
+      b.bytes = bytes;
+    }
+    data_ = reinterpret_cast<T*>(b.data.get());
+  }
+  T* get() const { return data_; }
+
+ private:
+  std::unique_ptr<char[]> own_;
+  T* data_ = nullptr;
+};
+
+// C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed.
+template <typename T>
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T* c, int64_t ldc, bool accumulate) {
+  const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
+                accumulate ? 1.0f : 0.0f, c, ldc);
+  } else {
+    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
+                c, ldc);
+  }
+}
+
+// The output positions [lo, hi) of one dim whose input index o * stride + offset lies in
+// [0, size).
+struct Range {
+  int64_t lo, hi;
+};
+
+Range ValidRange(int64_t offset, int64_t stride, int64_t size, int64_t out) {
+  const int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  const int64_t last = size - 1 - offset;  // the largest o * stride
+  const int64_t hi = std::min<int64_t>(last < 0 ? 0 : last / stride + 1, out);
+  return {std::min(lo, hi), hi};
+}
+
+// cols [C*kh*kw, images*L] <- the patches of x [images, C, H, W] (zeros where they read padding).
+template <typename T>
+void Im2Col(const T* x, int64_t images, const Window2d& g, T* cols) {
+  const int64_t L = g.oh * g.ow, row_len = images * L, plane = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      const int64_t off_y = i * g.dh - g.ph;
+      const Range ry = ValidRange(off_y, g.sh, g.h, g.oh);
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const int64_t off_x = j * g.dw - g.pw;
+        const Range rx = ValidRange(off_x, g.sw, g.w, g.ow);
+        T* row = cols + ((c * g.kh + i) * g.kw + j) * row_len;
+        for (int64_t b = 0; b < images; ++b) {
+          const T* src = x + (b * g.c + c) * plane;
+          T* dst = row + b * L;
+          std::fill(dst, dst + ry.lo * g.ow, T(0));
+          for (int64_t oy = ry.lo; oy < ry.hi; ++oy) {
+            const T* in = src + (oy * g.sh + off_y) * g.w;
+            T* d = dst + oy * g.ow;
+            std::fill(d, d + rx.lo, T(0));
+            if (g.sw == 1 && rx.lo < rx.hi) {
+              std::copy(in + rx.lo + off_x, in + rx.hi + off_x, d + rx.lo);
+            } else {
+              for (int64_t ox = rx.lo; ox < rx.hi; ++ox) d[ox] = in[ox * g.sw + off_x];
+            }
+            std::fill(d + rx.hi, d + g.ow, T(0));
+          }
+          std::fill(dst + ry.hi * g.ow, dst + L, T(0));
+        }
+      }
+    }
+  }
+}
+
+// grad_x [images, C, H, W] += the patches in cols [C*kh*kw, images*L] summed back where they
+// came from (the adjoint of Im2Col; padding positions are dropped).
+template <typename T>
+void Col2Im(const T* cols, int64_t images, const Window2d& g, T* grad_x) {
+  const int64_t L = g.oh * g.ow, row_len = images * L, plane = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      const int64_t off_y = i * g.dh - g.ph;
+      const Range ry = ValidRange(off_y, g.sh, g.h, g.oh);
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const int64_t off_x = j * g.dw - g.pw;
+        const Range rx = ValidRange(off_x, g.sw, g.w, g.ow);
+        const T* row = cols + ((c * g.kh + i) * g.kw + j) * row_len;
+        for (int64_t b = 0; b < images; ++b) {
+          T* dst = grad_x + (b * g.c + c) * plane;
+          const T* src = row + b * L;
+          for (int64_t oy = ry.lo; oy < ry.hi; ++oy) {
+            T* out = dst + (oy * g.sh + off_y) * g.w;
+            const T* s = src + oy * g.ow;
+            if (g.sw == 1) {
+              for (int64_t ox = rx.lo; ox < rx.hi; ++ox) out[ox + off_x] += s[ox];
+            } else {
+              for (int64_t ox = rx.lo; ox < rx.hi; ++ox) out[ox * g.sw + off_x] += s[ox];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void Conv2dImpl(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                const Window2d& g) {
+  const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
+  if (out.numel() == 0) return;
+  const T* xp = x.data<T>();
+  const T* wp = weight.data<T>();
+  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  T* op = out.data<T>();
+  if (K == 0) {  // no input channels: the output is the bias
+    for (int64_t i = 0; i < g.n * g.o; ++i)
+      std::fill(op + i * L, op + (i + 1) * L, bp ? bp[i % g.o] : T(0));
+    return;
+  }
+  const bool per_image = K <= kPerImageMaxK || chunk == 1;
+  const Scratch<T> cols_block(kCols, K * chunk * L);
+  const Scratch<T> rows_block(kRows, per_image ? 0 : g.o * chunk * L);
+  T* cols = cols_block.get();
+  T* rows = rows_block.get();
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t images = std::min(chunk, g.n - n0), row_len = images * L;
+    T* dst = op + n0 * g.o * L;
+    Im2Col(xp + n0 * g.c * g.h * g.w, images, g, cols);
+    if (per_image) {
+      for (int64_t b = 0; b < images; ++b) {
+        T* d = dst + b * g.o * L;
+        Gemm<T>(false, false, g.o, L, K, wp, K, cols + b * L, row_len, d, L, false);
+        if (bp) {
+          for (int64_t o = 0; o < g.o; ++o) {
+            const T add = bp[o];
+            for (int64_t l = 0; l < L; ++l) d[o * L + l] += add;
+          }
+        }
+      }
+    } else {
+      Gemm<T>(false, false, g.o, row_len, K, wp, K, cols, row_len, rows, row_len, false);
+      // rows [O, images*L] -> out [images, O, L], adding the bias.
+      for (int64_t b = 0; b < images; ++b) {
+        for (int64_t o = 0; o < g.o; ++o) {
+          const T* s = rows + o * row_len + b * L;
+          T* d = dst + (b * g.o + o) * L;
+          const T add = bp ? bp[o] : T(0);
+          for (int64_t l = 0; l < L; ++l) d[l] = s[l] + add;
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void Conv2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_out,
+                        const Tensor& x, const Tensor& weight, const Window2d& g) {
+  const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
+  const bool need_input = grad_input.defined(), need_weight = grad_weight.defined();
+  T* gip = need_input ? grad_input.data<T>() : nullptr;
+  T* gwp = need_weight ? grad_weight.data<T>() : nullptr;
+  if (gip) std::fill(gip, gip + grad_input.numel(), T(0));
+  if (gwp) std::fill(gwp, gwp + grad_weight.numel(), T(0));
+  if (K == 0 || g.o == 0 || g.n == 0 || (!need_input && !need_weight)) return;
+  const T* gop = grad_out.data<T>();
+  const T* xp = need_weight ? x.data<T>() : nullptr;
+  const T* wp = need_input ? weight.data<T>() : nullptr;
+  const bool per_image = K <= kPerImageMaxK || chunk == 1;
+  const Scratch<T> cols_block(kCols, need_weight ? K * chunk * L : 0);
+  const Scratch<T> dcols_block(kGradCols, need_input ? K * chunk * L : 0);
+  const Scratch<T> rows_block(kRows, per_image ? 0 : g.o * chunk * L);
+  T* cols = cols_block.get();
+  T* dcols = dcols_block.get();
+  T* rows = rows_block.get();
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t images = std::min(chunk, g.n - n0), row_len = images * L;
+    const T* go = gop + n0 * g.o * L;
+    // The GEMMs of this chunk: per image, grad_out's own [O, L] blocks against column blocks
+    // of cols (leading dimension row_len); otherwise one GEMM over the gradient gathered as
+    // [O, images*L].
+    const int64_t gemms = per_image ? images : 1, width = per_image ? L : row_len;
+    if (!per_image) {
+      for (int64_t b = 0; b < images; ++b) {
+        for (int64_t o = 0; o < g.o; ++o) {
+          std::copy(go + (b * g.o + o) * L, go + (b * g.o + o + 1) * L, rows + o * row_len + b * L);
+        }
+      }
+      go = rows;
+    }
+    if (need_weight) {  // grad_weight [O, K] += grad [O, width] @ cols^T
+      Im2Col(xp + n0 * g.c * g.h * g.w, images, g, cols);
+      for (int64_t b = 0; b < gemms; ++b) {
+        Gemm<T>(false, true, g.o, K, width, go + b * g.o * L, width, cols + b * L, row_len, gwp, K,
+                true);
+      }
+    }
+    if (need_input) {  // dcols [K, width] = weight^T @ grad [O, width], then col2im
+      for (int64_t b = 0; b < gemms; ++b) {
+        Gemm<T>(true, false, K, width, g.o, wp, K, go + b * g.o * L, width, dcols + b * L, row_len,
+                false);
+      }
+      Col2Im(dcols, images, g, gip + n0 * g.c * g.h * g.w);
+    }
+  }
+}
+
+// grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once.
+template <typename T>
+void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g) {
+  const int64_t L = g.oh * g.ow;
+  const T* go = grad_out.data<T>();
+  std::vector<double> acc(static_cast<size_t>(g.o), 0.0);
+  for (int64_t n = 0; n < g.n; ++n) {
+    for (int64_t o = 0; o < g.o; ++o) {
+      const T* s = go + (n * g.o + o) * L;
+      // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
+      double part[4] = {0, 0, 0, 0};
+      int64_t l = 0;
+      for (; l + 4 <= L; l += 4) {
+        for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(Widen(s[l + k]));
+      }
+      for (; l < L; ++l) part[0] += static_cast<double>(Widen(s[l]));
+      acc[static_cast<size_t>(o)] += (part[0] + part[1]) + (part[2] + part[3]);
+    }
+  }
+  T* gb = grad_bias.data<T>();
+  for (int64_t o = 0; o < g.o; ++o) gb[o] = Convert<T>(acc[static_cast<size_t>(o)]);
+}
+
+// One output row at a time, tap by tap: for each kernel tap (i, j) in row-major order, every
+// output of the row whose window holds that tap compares it with its current maximum, so each
+// window sees its elements in row-major order. The update is arithmetic (no jump): the
+// comparison is data-dependent, and a branch on it would be mispredicted half the time.
+template <typename T>
+void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
+  using C = ComputeType<T>;
+  const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
+  const int64_t width = g.w, ow = g.ow, sw = g.sw;
+  const T* xp = x.data<T>();
+  T* op = out.data<T>();
+  int64_t* ip = indices.data<int64_t>();
+  std::vector<Range> tap_range(static_cast<size_t>(g.kw));
+  for (int64_t j = 0; j < g.kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
+  for (int64_t p = 0; p < planes; ++p) {
+    const T* in = xp + p * plane;
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t y0 = oy * g.sh - g.ph;
+      const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
+      T* o = op + p * L + oy * ow;
+      int64_t* best = ip + p * L + oy * ow;  // the running arg-max of each window of the row
+      // PyTorch's rule: start from -inf at the window's first element, take the first strict
+      // maximum, except that every NaN is taken (so the last NaN of the window wins); padding
+      // never takes part (the validation guarantees non-empty windows). Starting from the first
+      // element's own value instead of -inf selects the same element.
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        best[ox] = y_lo * width + std::max<int64_t>(ox * sw - g.pw, 0);
+      }
+      for (int64_t yy = y_lo; yy < y_hi; ++yy) {
+        const T* row = in + yy * width;
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const int64_t off = j - g.pw;
+          const Range r = tap_range[j];
+          for (int64_t ox = r.lo; ox < r.hi; ++ox) {
+            const int64_t k = ox * sw + off;
+            const C v = Widen(row[k]);
+            const int64_t current = best[ox];
+            const C current_value = Widen(in[current]);
+            const int64_t take =
+                static_cast<int64_t>(v > current_value) | static_cast<int64_t>(v != v);
+            best[ox] = current + take * (yy * width + k - current);
+          }
+        }
+      }
+      for (int64_t ox = 0; ox < ow; ++ox) o[ox] = in[best[ox]];  // NaN payloads included
+    }
+  }
+}
+
+template <typename T>
+void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
+                           const Tensor& indices) {
+  using C = ComputeType<T>;
+  const int64_t planes = grad_input.size(0) * grad_input.size(1);
+  const int64_t plane = grad_input.size(2) * grad_input.size(3);
+  const int64_t L = grad_out.size(2) * grad_out.size(3);
+  const T* go = grad_out.data<T>();
+  const int64_t* ip = indices.data<int64_t>();
+  T* gi = grad_input.data<T>();
+  // Accumulate in C (f32 for f16/bf16: overlapping windows add up) and round once.
+  std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane));
+  for (int64_t p = 0; p < planes; ++p) {
+    C* dst;
+    if constexpr (std::is_same_v<T, C>) {
+      dst = gi + p * plane;
+    } else {
+      dst = acc.data();
+    }
+    std::fill(dst, dst + plane, C(0));
+    const T* s = go + p * L;
+    const int64_t* idx = ip + p * L;
+    for (int64_t l = 0; l < L; ++l) dst[idx[l]] += static_cast<C>(Widen(s[l]));
+    if constexpr (!std::is_same_v<T, C>) {
+      for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
+    }
+  }
+}
+
+}  // namespace
+
+void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+            const Window2d& g) {
+  switch (out.dtype()) {
+    case DType::kF32:
+      return Conv2dImpl<float>(out, x, weight, bias, g);
+    case DType::kF64:
+      return Conv2dImpl<double>(out, x, weight, bias, g);
+    default: {  // f16/bf16: compute in f32 (bias included), round once
+      VisitFloating("conv2d", out.dtype(), [](auto) {});
+      Tensor out32 = Tensor::Empty(out.shape(), kF32);
+      Conv2dImpl<float>(out32, x.to(kF32), weight.to(kF32),
+                        bias.defined() ? bias.to(kF32) : Tensor(), g);
+      out.copy_(out32);
+    }
+  }
+}
+
+void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_bias,
+                    const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                    const Window2d& g) {
+  const DType dtype = grad_out.dtype();
+  if (grad_bias.defined()) {
+    VisitFloating("conv2d_backward", dtype,
+                  [&](auto tag) { BiasGrad<decltype(tag)>(grad_bias, grad_out, g); });
+  }
+  switch (dtype) {
+    case DType::kF32:
+      return Conv2dBackwardImpl<float>(grad_input, grad_weight, grad_out, x, weight, g);
+    case DType::kF64:
+      return Conv2dBackwardImpl<double>(grad_input, grad_weight, grad_out, x, weight, g);
+    default: {  // f16/bf16: compute in f32, round each gradient once
+      VisitFloating("conv2d_backward", dtype, [](auto) {});
+      const Tensor gi32 = grad_input.defined() ? Tensor::Empty(grad_input.shape(), kF32) : Tensor();
+      const Tensor gw32 =
+          grad_weight.defined() ? Tensor::Empty(grad_weight.shape(), kF32) : Tensor();
+      Conv2dBackwardImpl<float>(gi32, gw32, grad_out.to(kF32),
+                                gw32.defined() ? x.to(kF32) : Tensor(),
+                                gi32.defined() ? weight.to(kF32) : Tensor(), g);
+      if (gi32.defined()) grad_input.copy_(gi32);
+      if (gw32.defined()) grad_weight.copy_(gw32);
+    }
+  }
+}
+
+void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
+  VisitFloating("max_pool2d", x.dtype(),
+                [&](auto tag) { MaxPool2dImpl<decltype(tag)>(out, indices, x, g); });
+}
+
+void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices) {
+  const int64_t plane = grad_input.size(2) * grad_input.size(3);
+  const int64_t* idx = indices.data<int64_t>();
+  bool bad = false;
+  for (int64_t i = 0; i < indices.numel(); ++i) bad |= idx[i] < 0 || idx[i] >= plane;
+  if (bad) {
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      TG_CHECK(idx[i] >= 0 && idx[i] < plane, "max_pool2d_backward: index ", idx[i],
+               " at position ", i, " is out of range for an input plane of ", grad_input.size(2),
+               " x ", grad_input.size(3), " elements");
+    }
+  }
+  VisitFloating("max_pool2d_backward", grad_out.dtype(), [&](auto tag) {
+    MaxPool2dBackwardImpl<decltype(tag)>(grad_input, grad_out, indices);
+  });
+}
+
+}  // namespace tg::cpu

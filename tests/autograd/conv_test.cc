@@ -1,0 +1,364 @@
+// Tests of the differentiable Conv2d and MaxPool2d (autograd/ops.h).
+//
+//  - f64 finite-difference gradcheck of conv2d in x, weight and bias over several strides,
+//    paddings, dilations and kernel shapes, and of max_pool2d (inputs without ties, so that the
+//    arg-max is stable under the finite-difference step);
+//  - second order: the gradient of sum(w * f(x)^2), computed with create_graph, gradchecked
+//    again (so the recorded backwards are differentiable);
+//  - the fused first-order backward equals the recorded one; only needed gradients are made;
+//  - f16/bf16 gradients have the inputs' dtypes and are close to f32 (2e-2 of the largest
+//    magnitude), and autocast runs conv2d in the low dtype with the weight's cast cached;
+//  - a small CNN (conv, relu, pool, conv, relu, pool, linear, cross-entropy) trains.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "amp/autocast.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "gtest/gtest.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using Fn = std::function<Variable(const VariableList&)>;
+
+Conv2dParams Params(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                    std::array<int64_t, 2> dilation) {
+  Conv2dParams p;
+  p.stride = stride;
+  p.padding = padding;
+  p.dilation = dilation;
+  return p;
+}
+
+std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+
+Variable Param(const Shape& shape, uint64_t seed, DType dtype = kF64, double scale = 1) {
+  Generator gen(seed);
+  return Variable(RandUniform(shape, gen, -scale, scale, kF64).to(dtype), /*requires_grad=*/true);
+}
+
+// A tensor of `shape` whose values are distinct and at least 0.01 apart (a shuffled grid), so
+// that max pooling has no ties, not even within a finite-difference step.
+Tensor DistinctValues(const Shape& shape, uint64_t seed) {
+  const int64_t n = NumElements(shape);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 0.01 * static_cast<double>(i) - 1;
+  Generator gen(seed);
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates
+    const int64_t j = static_cast<int64_t>(gen.NextUniformDouble() * static_cast<double>(i + 1));
+    std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(std::min(j, i))]);
+  }
+  return Tensor::FromVector<double>(v, shape);
+}
+
+struct ConvCase {
+  std::string name;
+  Shape x, w;
+  Conv2dParams p;
+  bool bias;
+};
+
+std::vector<ConvCase> ConvCases() {
+  return {
+      {"3x3", {2, 2, 5, 5}, {3, 2, 3, 3}, Params({1, 1}, {0, 0}, {1, 1}), true},
+      {"3x3 pad 1", {2, 2, 5, 4}, {3, 2, 3, 3}, Params({1, 1}, {1, 1}, {1, 1}), true},
+      {"stride 2 pad 2 non-square",
+       {1, 3, 6, 7},
+       {2, 3, 2, 3},
+       Params({2, 2}, {2, 1}, {1, 1}),
+       true},
+      {"dilation 2 no bias", {2, 2, 7, 6}, {2, 2, 3, 2}, Params({1, 2}, {1, 0}, {2, 2}), false},
+      {"1x1", {2, 3, 3, 3}, {2, 3, 1, 1}, Params({1, 1}, {0, 0}, {1, 1}), true},
+  };
+}
+
+VariableList ConvInputs(const ConvCase& c, uint64_t seed, DType dtype = kF64) {
+  VariableList in = {Param(c.x, seed, dtype), Param(c.w, seed + 1, dtype)};
+  if (c.bias) in.push_back(Param({c.w[0]}, seed + 2, dtype));
+  return in;
+}
+
+Fn ConvFn(const ConvCase& c) {
+  return [c](const VariableList& in) {
+    return Conv2d(in[0], in[1], c.bias ? in[2] : Variable(), c.p);
+  };
+}
+
+// The gradient of sum(w * fn(in)^2) with respect to every input, flattened and concatenated,
+// computed with create_graph (as tests/autograd/ops_test.cc does for every op).
+Fn GradientOf(const Fn& fn) {
+  return [fn](const VariableList& in) {
+    EnableGradGuard grad_mode;
+    const Variable out = fn(in);
+    std::vector<double> w(static_cast<size_t>(out.numel()));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
+    const Variable loss =
+        Sum(Mul(Mul(out, out), Variable(Tensor::FromVector<double>(w, out.shape()))));
+    GradOptions options;
+    options.create_graph = true;
+    VariableList grads = Engine::Grad({loss}, in, {}, options);
+    VariableList flat;
+    for (const Variable& g : grads) flat.push_back(Reshape(g, {g.numel()}));
+    return Cat(flat, 0);
+  };
+}
+
+Fn PoolFn(std::array<int64_t, 2> k, std::array<int64_t, 2> s, std::array<int64_t, 2> p) {
+  return [k, s, p](const VariableList& in) { return MaxPool2d(in[0], k, s, p); };
+}
+
+// ---- Gradcheck ---------------------------------------------------------------------------------
+
+TEST(Conv2dGrad, GradcheckInInputWeightAndBias) {
+  uint64_t seed = 10;
+  for (const ConvCase& c : ConvCases()) {
+    SCOPED_TRACE(c.name);
+    seed += 3;
+    const GradcheckResult r = Gradcheck(ConvFn(c), ConvInputs(c, seed));
+    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
+  }
+}
+
+TEST(Conv2dGrad, SecondOrderGradcheck) {
+  uint64_t seed = 50;
+  for (const ConvCase& c : ConvCases()) {
+    SCOPED_TRACE(c.name);
+    seed += 3;
+    const GradcheckResult r = Gradcheck(GradientOf(ConvFn(c)), ConvInputs(c, seed));
+    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
+  }
+}
+
+TEST(MaxPool2dGrad, Gradcheck) {
+  struct PoolCase {
+    Shape x;
+    std::array<int64_t, 2> k, s, p;
+  };
+  const std::vector<PoolCase> cases = {
+      {{2, 2, 4, 4}, {2, 2}, {2, 2}, {0, 0}},
+      {{1, 2, 5, 6}, {3, 3}, {2, 2}, {1, 1}},  // padding
+      {{2, 1, 5, 5}, {3, 2}, {1, 1}, {1, 0}},  // overlapping windows: gradients accumulate
+  };
+  uint64_t seed = 90;
+  for (const PoolCase& c : cases) {
+    SCOPED_TRACE(ShapeToString(c.x) + " kernel " + ShapeToString(c.k));
+    const VariableList in = {Variable(DistinctValues(c.x, ++seed), true)};
+    const GradcheckResult r = Gradcheck(PoolFn(c.k, c.s, c.p), in);
+    EXPECT_TRUE(r.ok) << r.message;
+    const GradcheckResult r2 = Gradcheck(GradientOf(PoolFn(c.k, c.s, c.p)), in);
+    EXPECT_TRUE(r2.ok) << r2.message;
+  }
+}
+
+// ---- Nodes, saved variables, needed gradients
+// ----------------------------------------------------
+
+TEST(Conv2dGrad, NodeNamesAndOnlyNeededGradients) {
+  const ConvCase c = ConvCases()[2];
+  const Variable x(Param(c.x, 1).data());  // does not require grad
+  const Variable w = Param(c.w, 2), b = Param({c.w[0]}, 3);
+  const Variable y = Conv2d(x, w, b, c.p);
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), "Conv2dBackward");
+  EXPECT_EQ(y.grad_fn()->next_edges().size(), 3u);
+  EXPECT_FALSE(y.grad_fn()->next_edges()[0].valid());
+  const Variable pooled = MaxPool2d(y, {2, 2}, {1, 1});
+  EXPECT_EQ(pooled.grad_fn()->name(), "MaxPool2dBackward");
+  Sum(y).backward();
+  EXPECT_FALSE(x.grad().defined());
+  ASSERT_TRUE(w.grad().defined());
+  ASSERT_TRUE(b.grad().defined());
+  const Conv2dGrads ref = Conv2dBackward(Tensor::Ones(y.shape(), kF64), x.data(), w.data(), c.p);
+  EXPECT_EQ(Values(w.grad()), ref.grad_weight.to_vector<double>());
+  EXPECT_EQ(Values(b.grad()), ref.grad_bias.to_vector<double>());
+
+  // No grad mode: nothing is recorded.
+  NoGradGuard no_grad;
+  EXPECT_EQ(Conv2d(x, w, b, c.p).grad_fn(), nullptr);
+  EXPECT_EQ(MaxPool2d(Variable(y.data()), {2, 2}, {2, 2}).grad_fn(), nullptr);
+}
+
+TEST(Conv2dGrad, FusedAndRecordedBackwardsAgree) {
+  for (const ConvCase& c : ConvCases()) {
+    SCOPED_TRACE(c.name);
+    const VariableList in = ConvInputs(c, 7);
+    const Variable g(Param(Conv2d(in[0].data(), in[1].data(), Tensor(), c.p).shape(), 9).data());
+    const Variable out = ConvFn(c)(in);
+    GradOptions retain;
+    retain.retain_graph = true;
+    const VariableList fused = Engine::Grad({out}, in, {g}, retain);
+    GradOptions create;
+    create.create_graph = true;
+    const VariableList recorded = Engine::Grad({out}, in, {g}, create);
+    ASSERT_EQ(fused.size(), recorded.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_FALSE(fused[i].requires_grad()) << i;
+      // The bias gradient sums the (constant) output gradient: nothing to record.
+      EXPECT_EQ(recorded[i].requires_grad(), i < 2) << i;
+      const std::vector<double> a = Values(fused[i]), b = Values(recorded[i]);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-12) << i << " " << j;
+    }
+  }
+}
+
+TEST(MaxPool2dGrad, GradientGoesToTheFirstMaximum) {
+  const Variable x(Tensor::FromVector<double>({1, 4, 3, 2, 4, 0, 1, 3}, {1, 1, 2, 4}), true);
+  const Variable y = MaxPool2d(x, {2, 2}, {2, 2});
+  EXPECT_EQ(Values(y), (std::vector<double>{4, 3}));
+  Sum(MulScalar(y, 2.0)).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{0, 2, 2, 0, 0, 0, 0, 0}));
+}
+
+// ---- Low precision and autocast -----------------------------------------------------------------
+
+void ExpectCloseToF32(const Variable& got, const Variable& ref, DType dtype,
+                      const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_TRUE(ref.defined()) << what;
+  EXPECT_EQ(got.dtype(), dtype) << what;
+  ASSERT_EQ(got.shape(), ref.shape()) << what;
+  const std::vector<double> g = Values(got), r = Values(ref);
+  double scale = 0;
+  for (double v : r) scale = std::max(scale, std::abs(v));
+  const double tol = 2e-2 * scale + 1e-6;
+  int failures = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!(std::abs(g[i] - r[i]) <= tol) && ++failures <= 3) {
+      ADD_FAILURE() << what << " [" << DTypeName(dtype) << "]: element " << i << " is " << g[i]
+                    << ", f32 gives " << r[i] << " (tolerance " << tol << ")";
+    }
+  }
+}
+
+// conv -> relu -> max pool, then sum(c * out): gradients for every input.
+VariableList ConvPoolGrads(const ConvCase& c, const VariableList& in) {
+  const Variable out = MaxPool2d(Relu(ConvFn(c)(in)), {2, 2}, {1, 1});
+  std::vector<double> w(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
+  return Engine::Grad(
+      {Sum(Mul(out, Variable(Tensor::FromVector<double>(w, out.shape(), out.dtype()))))}, in);
+}
+
+TEST(Conv2dLowPrecision, GradientsMatchF32) {
+  for (const ConvCase& c : ConvCases()) {
+    for (DType dtype : {kF16, kBF16}) {
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype));
+      const VariableList low = ConvInputs(c, 31, dtype);
+      VariableList ref;  // the same rounded values in f32
+      for (const Variable& v : low) ref.emplace_back(v.data().to(kF32), true);
+      EXPECT_EQ(ConvFn(c)(low).dtype(), dtype);
+      const VariableList g_low = ConvPoolGrads(c, low), g_ref = ConvPoolGrads(c, ref);
+      for (size_t i = 0; i < low.size(); ++i) {
+        ExpectCloseToF32(g_low[i], g_ref[i], dtype, "input " + std::to_string(i));
+      }
+    }
+  }
+}
+
+TEST(Conv2dAutocast, RunsInTheLowDtypeWithTheWeightCastCached) {
+  for (DType low : {kF16, kBF16}) {
+    SCOPED_TRACE(DTypeName(low));
+    const Variable x = Param({2, 3, 6, 6}, 1, kF32);
+    const Variable w = Param({4, 3, 3, 3}, 2, kF32), b = Param({4}, 3, kF32);
+    const Variable w2 = Param({4, 4, 3, 3}, 4, kF32);
+    Variable loss;
+    {
+      amp::AutocastGuard autocast(low);
+      const Variable y = Conv2d(x, w, b, Params({1, 1}, {1, 1}, {1, 1}));
+      EXPECT_EQ(y.dtype(), low);
+      EXPECT_EQ(y.grad_fn()->name(), "Conv2dBackward");
+      EXPECT_EQ(amp::CachedCastCount(), 3u);  // x, w and b are f32 leaves requiring grad
+      const Variable h = MaxPool2d(Relu(y), {2, 2}, {2, 2});
+      EXPECT_EQ(h.dtype(), low);  // pooling keeps its input's dtype
+      // A second use of w reuses its cast: both convs point at the same CastBackward node.
+      const Variable z = Conv2d(h, w2);
+      const Variable y2 = Conv2d(x, w);
+      EXPECT_EQ(z.dtype(), low);
+      EXPECT_EQ(y.grad_fn()->next_edges()[1].fn, y2.grad_fn()->next_edges()[1].fn);
+      EXPECT_EQ(amp::CachedCastCount(), 4u);  // + w2
+      // f64 is never cast.
+      EXPECT_EQ(Conv2d(Param({1, 3, 4, 4}, 5), Param({2, 3, 3, 3}, 6)).dtype(), kF64);
+      loss = Add(Sum(z), Sum(y2));
+      EXPECT_EQ(loss.dtype(), kF32);  // sum runs in f32
+    }
+    EXPECT_EQ(amp::CachedCastCount(), 0u);
+    loss.backward();
+    for (const Variable& v : {x, w, b, w2}) {
+      ASSERT_TRUE(v.grad().defined());
+      EXPECT_EQ(v.grad().dtype(), kF32);
+    }
+    // The same network in f32 on the rounded values gives close gradients.
+    auto rounded = [&](const Variable& v) { return Variable(v.data().to(low).to(kF32), true); };
+    const Variable xr = rounded(x), wr = rounded(w), br = rounded(b), w2r = rounded(w2);
+    const Variable y = Conv2d(xr, wr, br, Params({1, 1}, {1, 1}, {1, 1}));
+    const Variable z = Conv2d(MaxPool2d(Relu(y), {2, 2}, {2, 2}), w2r);
+    Add(Sum(z), Sum(Conv2d(xr, wr))).backward();
+    const std::pair<Variable, Variable> pairs[] = {{x, xr}, {w, wr}, {b, br}, {w2, w2r}};
+    for (const auto& [got, ref] : pairs) {
+      ExpectCloseToF32(got.grad(), ref.grad(), kF32, "autocast gradient");
+    }
+  }
+}
+
+// ---- A small CNN
+// ----------------------------------------------------------------------------------
+
+TEST(Conv2dTraining, SmallCnnLossDecreases) {
+  // conv 1->4 3x3 pad 1, relu, pool 2, conv 4->8 3x3 pad 1, relu, pool 2, linear 8*2*2 -> 3.
+  Generator gen(11);
+  const Tensor images = RandUniform({12, 1, 8, 8}, gen, 0, 1);
+  std::vector<int64_t> labels(12);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 3);
+  const Tensor targets = Tensor::FromVector<int64_t>(labels, {12});
+  const VariableList params = {
+      Variable(RandNormal({4, 1, 3, 3}, gen, 0, 0.5), true), Variable(Tensor::Zeros({4}), true),
+      Variable(RandNormal({8, 4, 3, 3}, gen, 0, 0.2), true), Variable(Tensor::Zeros({8}), true),
+      Variable(RandNormal({3, 32}, gen, 0, 0.2), true),      Variable(Tensor::Zeros({3}), true)};
+  const Conv2dParams same = Params({1, 1}, {1, 1}, {1, 1});
+  auto forward = [&] {
+    Variable h =
+        MaxPool2d(Relu(Conv2d(Variable(images), params[0], params[1], same)), {2, 2}, {2, 2});
+    h = MaxPool2d(Relu(Conv2d(h, params[2], params[3], same)), {2, 2}, {2, 2});
+    return CrossEntropy(Linear(Reshape(h, {12, 32}), params[4], params[5]), targets);
+  };
+  const double first = forward().item();
+  for (int step = 0; step < 30; ++step) {
+    const Variable loss = forward();
+    for (const Variable& p : params) p.set_grad(Variable());
+    loss.backward();
+    NoGradGuard no_grad;
+    for (const Variable& p : params) {
+      ASSERT_EQ(p.grad().shape(), p.shape());
+      p.data().copy_(tg::Sub(p.data(), tg::MulScalar(p.grad().data(), 0.5)));
+    }
+  }
+  EXPECT_LT(forward().item(), 0.8 * first);
+}
+
+TEST(Conv2dErrors, TensorValidationReachesTheVariableOps) {
+  EXPECT_TRUE(testing::ThrowsError(
+      [] {
+        Conv2d(Param({2, 3, 5, 5}, 1), Param({4, 2, 3, 3}, 2));
+      },
+      "conv2d: input [2, 3, 5, 5] has 3 channels but weight [4, 2, 3, 3] expects 2"));
+  EXPECT_TRUE(testing::ThrowsError(
+      [] {
+        MaxPool2d(Param({2, 3, 5}, 1), {2, 2}, {2, 2});
+      },
+      "max_pool2d: expected input [N, C, H, W], got shape [2, 3, 5]"));
+}
+
+}  // namespace
+}  // namespace tg

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Exact resume: a run stopped by SIGTERM (the Ctrl-C path: checkpoint, exit 128 + 15) and resumed
+# with --resume logs the same step, loss, lr, grad norm, loss scale and skip count at every step
+# as an uninterrupted run. Covers train_mnist in f32 and f16 (dynamic loss scaling) and train_gpt
+# with dropout in bf16.
+set -euo pipefail
+
+train_mnist="$1"
+train_gpt="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+
+# The columns that must match: everything but wall-clock time and throughput.
+columns() {
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+           { print $col["step"], $col["loss"], $col["lr"], $col["grad_norm"], $col["loss_scale"],
+                   $col["skipped_steps"] }' "$1"
+}
+
+check() {  # name binary args...
+  local name="$1" bin="$2"
+  shift 2
+  local dir="$tmp/$name"
+  mkdir -p "$dir"
+  "$bin" "$@" --metrics="$dir/full.csv" >"$dir/full.log" 2>&1 || {
+    echo "FAIL $name: the uninterrupted run failed"; cat "$dir/full.log"; failures=$((failures + 1)); return; }
+  local rc=0
+  "$bin" "$@" --metrics="$dir/resumed.csv" --checkpoint_dir="$dir/ckpt" --stop_at_step=7 \
+    >"$dir/stopped.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 143 ]; then
+    echo "FAIL $name: the stopped run exited $rc, expected 143"; cat "$dir/stopped.log"
+    failures=$((failures + 1)); return
+  fi
+  grep -q "stopped by signal 15 after step 7" "$dir/stopped.log" || {
+    echo "FAIL $name: no stop message"; failures=$((failures + 1)); return; }
+  "$bin" "$@" --metrics="$dir/resumed.csv" --checkpoint_dir="$dir/ckpt" --resume \
+    >"$dir/resumed.log" 2>&1 || {
+    echo "FAIL $name: the resumed run failed"; cat "$dir/resumed.log"; failures=$((failures + 1)); return; }
+  if diff <(columns "$dir/full.csv") <(columns "$dir/resumed.csv") >"$dir/diff.txt"; then
+    echo "ok   $name: $(columns "$dir/full.csv" | wc -l) steps identical after resuming at step 7"
+  else
+    echo "FAIL $name: trajectories differ"; head -20 "$dir/diff.txt"; failures=$((failures + 1))
+  fi
+}
+
+# A text with enough structure for a few steps of a tiny GPT.
+text="$tmp/text.txt"
+for i in $(seq 1 200); do echo "the quick brown fox $i jumps over the lazy dog"; done >"$text"
+check gpt_bf16_dropout "$train_gpt" --data="$text" --steps=16 --n_layer=1 --n_embd=32 \
+  --block_size=16 --batch_size=4 --dropout=0.1 --precision=bf16 --eval_every=5 --warmup_steps=4 \
+  --eval_batches=2 --sample_tokens=0 --checkpoint_every=0
+
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  check mnist_mlp_f32 "$train_mnist" --model=mlp --train_limit=640 --batch_size=64 --epochs=2
+  check mnist_cnn_f16 "$train_mnist" --model=cnn --train_limit=320 --batch_size=32 --epochs=2 \
+    --precision=f16 --loss_scaler=megatron
+else
+  echo "skip mnist: /usr/share/datasets/fashion-mnist is missing (tools/setup.sh installs it)"
+fi
+
+# A checkpoint of another configuration is refused with a clear message.
+if "$train_gpt" --data="$text" --steps=20 --warmup_steps=4 --n_layer=1 --n_embd=32 --block_size=16 \
+  --batch_size=4 --checkpoint_dir="$tmp/gpt_bf16_dropout/ckpt" --resume >"$tmp/other.log" 2>&1; then
+  echo "FAIL: resuming another configuration succeeded"; failures=$((failures + 1))
+elif grep -q "is of another run" "$tmp/other.log"; then
+  echo "ok   another configuration is refused"
+else
+  echo "FAIL: unexpected error"; cat "$tmp/other.log"; failures=$((failures + 1))
+fi
+exit "$failures"

@@ -1,0 +1,327 @@
+// Trains a GPT (a tiny character-level one by default) on a text file or on llm.c token shards,
+// evaluates on held-out tokens, and prints a sample at the end.
+//
+//   bazel run -c opt //tools:train_gpt -- --data=../shared/data/tinyshakespeare.txt
+//   bazel run -c opt //tools:train_gpt -- --data=train.bin --val_data=val.bin --n_layer=12 ...
+//   bazel run -c opt //tools:train_gpt -- --data=... --precision=bf16 --checkpoint_dir=ckpt
+//
+// A text file is tokenized by characters (vocabulary: its distinct bytes) and split 90/10 into
+// train/val as nanoGPT does; a .bin file is an llm.c shard of GPT-2 tokens (vocabulary 50257,
+// padded to 50304), with validation from --val_data or the shard's last 10%. Precision, loss
+// scaling, checkpoints, resume and metrics work as in train_mnist.
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "nn/loss.h"
+#include "nn/models/gpt.h"
+#include "optim/lr_schedule.h"
+#include "tools/data/loader.h"
+#include "tools/data/token_shard.h"
+#include "tools/train/metrics.h"
+#include "tools/train/progress.h"
+#include "tools/train/run.h"
+
+ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
+ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
+ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks");
+ABSL_FLAG(int64_t, n_head, 4, "attention heads");
+ABSL_FLAG(int64_t, n_embd, 64, "width");
+ABSL_FLAG(int64_t, block_size, 64, "context length");
+ABSL_FLAG(double, dropout, 0, "dropout probability");
+ABSL_FLAG(int64_t, batch_size, 32, "sequences per step");
+ABSL_FLAG(int64_t, steps, 1500, "optimizer steps");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule");
+ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
+ABSL_FLAG(double, beta2, 0.99, "AdamW beta2");
+ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this (0: no clipping)");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
+ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
+ABSL_FLAG(std::string, loss_scaler, "auto",
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
+ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
+ABSL_FLAG(int64_t, eval_every, 250, "evaluate on the validation tokens every N steps");
+ABSL_FLAG(int64_t, eval_batches, 16, "validation batches per evaluation (0: the whole split)");
+ABSL_FLAG(int64_t, sample_tokens, 300, "tokens sampled at the end");
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature");
+ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens (0: all)");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
+ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end)");
+ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
+ABSL_FLAG(std::string, device, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
+ABSL_FLAG(int64_t, stop_at_step, 0,
+          "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
+
+namespace tg {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "train_gpt: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+// Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
+double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t n =
+      batches > 0 ? std::min(batches, val.num_eval_batches()) : val.num_eval_batches();
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    data::TokenBatcher::Batch b = val.EvalBatch(i);
+    Variable logits;
+    {
+      train::PrecisionScope precision(dtype);
+      logits = model(Variable(b.x));
+    }
+    nn::CrossEntropyOptions sum;
+    sum.reduction = Reduction::kSum;
+    loss_sum += nn::CrossEntropyLoss(logits, b.y, sum).item();
+    tokens += b.y.numel();
+  }
+  model.train();
+  return loss_sum / tokens;
+}
+
+int Main() {
+  train::KeepFreedMemoryInProcess();
+  train::StopSignal::Install();
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
+                     ": only cpu is available until the CUDA backend lands")));
+  }
+  if (absl::GetFlag(FLAGS_data).empty()) {
+    return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
+  }
+  absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!dtype_or.ok()) return Fail(dtype_or.status());
+  const DType dtype = *dtype_or;
+
+  // ---- Data.
+  const std::string data_path = train::ResolveUserPath(absl::GetFlag(FLAGS_data));
+  absl::StatusOr<data::LoadedTokens> loaded = data::LoadTokens(data_path);
+  if (!loaded.ok()) return Fail(loaded.status());
+  data::TrainValTokens split;
+  if (!absl::GetFlag(FLAGS_val_data).empty()) {
+    absl::StatusOr<data::LoadedTokens> val =
+        data::LoadTokens(train::ResolveUserPath(absl::GetFlag(FLAGS_val_data)));
+    if (!val.ok()) return Fail(val.status());
+    split.train = std::move(loaded->tokens);
+    split.val = std::move(val->tokens);
+  } else {
+    split = data::SplitTrainVal(loaded->tokens);
+  }
+  const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
+
+  nn::GptConfig config;
+  if (tokenizer) {
+    config.vocab_size = tokenizer->vocab_size();
+  } else {
+    config.vocab_size = 50257;  // GPT-2's BPE
+    config.padded_vocab_size = 50304;
+  }
+  config.block_size = absl::GetFlag(FLAGS_block_size);
+  config.n_layer = absl::GetFlag(FLAGS_n_layer);
+  config.n_head = absl::GetFlag(FLAGS_n_head);
+  config.n_embd = absl::GetFlag(FLAGS_n_embd);
+  config.dropout = absl::GetFlag(FLAGS_dropout);
+  for (uint16_t t : split.train) {
+    if (t >= config.vocab_size) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          data_path, ": token ", t, " is outside the vocabulary of ", config.vocab_size)));
+    }
+  }
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  data::TokenBatcher batches(std::move(split.train), batch_size, config.block_size, seed + 1);
+  data::TokenBatcher val(std::move(split.val), batch_size, config.block_size, seed + 2);
+
+  // ---- Model and optimizer (weight decay on matrices only, as nanoGPT).
+  Generator init_gen(seed), dropout_gen(seed + 3);
+  auto model = std::make_shared<nn::Gpt>(config, init_gen, &dropout_gen);
+  model->to(dtype);
+  train::OptimizerConfig opt_config;
+  opt_config.name = absl::GetFlag(FLAGS_optimizer);
+  opt_config.lr = absl::GetFlag(FLAGS_lr);
+  opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  opt_config.beta2 = absl::GetFlag(FLAGS_beta2);
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler)};
+  auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
+  if (!opt_or.ok()) return Fail(opt_or.status());
+  amp::MixedPrecisionOptimizer& opt = **opt_or;
+  const int64_t total_steps = absl::GetFlag(FLAGS_steps);
+  optim::CosineWithWarmupLr schedule(opt.optimizer(), absl::GetFlag(FLAGS_warmup_steps),
+                                     total_steps, absl::GetFlag(FLAGS_min_lr));
+
+  // ---- Resume.
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  const std::string run_config =
+      absl::StrCat("data=", data_path, " vocab=", config.vocab_size, " n_layer=", config.n_layer,
+                   " n_head=", config.n_head, " n_embd=", config.n_embd,
+                   " block_size=", config.block_size, " batch_size=", batch_size,
+                   " steps=", total_steps, " precision=", absl::GetFlag(FLAGS_precision),
+                   " optimizer=", opt_config.name, " seed=", seed);
+  int64_t step = 0, skipped = 0;
+  if (absl::GetFlag(FLAGS_resume)) {
+    if (ckpt_dir.empty())
+      return Fail(absl::InvalidArgumentError("--resume needs --checkpoint_dir"));
+    std::map<std::string, std::string> meta;
+    absl::StatusOr<StateDict> ckpt = train::LoadCheckpoint(ckpt_dir, &meta);
+    if (!ckpt.ok()) return Fail(ckpt.status());
+    if (meta["config"] != run_config) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat("the checkpoint in ", ckpt_dir,
+                                                             " is of another run (", meta["config"],
+                                                             "; this run: ", run_config, ")")));
+    }
+    absl::StatusOr<Generator::State> batch_state = train::GeneratorStateFromString(meta["batches"]);
+    absl::StatusOr<Generator::State> drop_state = train::GeneratorStateFromString(meta["dropout"]);
+    if (!batch_state.ok()) return Fail(batch_state.status());
+    if (!drop_state.ok()) return Fail(drop_state.status());
+    try {
+      model->load_state_dict(ckpt->Sub("model."));
+      opt.load_state_dict(ckpt->Sub("optim."));
+      schedule.load_state_dict(ckpt->Sub("schedule."));
+      step = static_cast<int64_t>(ckpt->scalar("step"));
+      skipped = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
+    } catch (const Error& e) {
+      return Fail(
+          absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
+    }
+    batches.set_state(*batch_state);
+    dropout_gen.set_state(*drop_state);
+  }
+  auto save = [&]() -> absl::Status {
+    if (ckpt_dir.empty()) return absl::OkStatus();
+    StateDict state;
+    state.Merge("model.", model->state_dict());
+    state.Merge("optim.", opt.state_dict());
+    state.Merge("schedule.", schedule.state_dict());
+    state.scalars["step"] = static_cast<double>(step);
+    state.scalars["skipped_steps"] = static_cast<double>(skipped);
+    std::map<std::string, std::string> meta = {
+        {"config", run_config},
+        {"batches", train::GeneratorStateToString(batches.state())},
+        {"dropout", train::GeneratorStateToString(dropout_gen.state())}};
+    if (tokenizer) meta["vocab"] = tokenizer->vocab();
+    return train::SaveCheckpoint(ckpt_dir, state, meta).status();
+  };
+
+  // ---- Metrics and progress.
+  std::optional<train::MetricsWriter> metrics;
+  if (!absl::GetFlag(FLAGS_metrics).empty()) {
+    auto writer = train::MetricsWriter::Open(
+        train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
+        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(step) : std::nullopt, {"val_loss"});
+    if (!writer.ok()) return Fail(writer.status());
+    metrics.emplace(std::move(*writer));
+  }
+  train::ProgressOptions progress_options;
+  progress_options.total_steps = total_steps;
+  progress_options.print_every = absl::GetFlag(FLAGS_print_every);
+  progress_options.unit = "tok/s";
+  train::ProgressReporter progress(progress_options);
+  progress.Println(absl::StrCat(model->to_string(), "training ", run_config, " (",
+                                batches.num_tokens(), " train / ", val.num_tokens(), " val tokens)",
+                                step > 0 ? absl::StrCat(", resuming after step ", step) : ""));
+
+  // ---- Training.
+  const int64_t tokens_per_step = batch_size * config.block_size;
+  const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
+  const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
+  double last_time = progress.ElapsedSeconds(), val_loss = NAN;
+  while (step < total_steps) {
+    data::TokenBatcher::Batch batch = batches.Next();
+    train::StepStats stats = train::TrainStep(
+        opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip),
+        [&] { return nn::CrossEntropyLoss((*model)(Variable(batch.x)), batch.y); });
+    ++step;
+    skipped += stats.result.skipped;
+
+    train::StepRecord record;
+    record.step = step;
+    record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
+    record.loss = stats.loss;
+    record.lr = stats.lr;
+    record.grad_norm = stats.grad_norm;
+    record.loss_scale = stats.result.scale;
+    record.skipped_steps = skipped;
+    record.elapsed_seconds = progress.ElapsedSeconds();
+    record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
+    std::map<std::string, double> extras;
+    if ((eval_every > 0 && step % eval_every == 0) || step == total_steps) {
+      val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype);
+      extras["val_loss"] = val_loss;
+      progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
+    }
+    progress.Report(record);
+    last_time = progress.ElapsedSeconds();  // evaluation time is not training throughput
+    if (metrics) {
+      absl::Status s = metrics->Write(record, extras);
+      if (!s.ok()) return Fail(s);
+    }
+    const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
+    if ((every > 0 && step % every == 0) || step == total_steps) {
+      absl::Status s = save();
+      if (!s.ok()) return Fail(s);
+    }
+    if (stop_at > 0 && step == stop_at) raise(SIGTERM);
+    if (train::StopSignal::requested()) {
+      absl::Status s = save();
+      if (!s.ok()) return Fail(s);
+      progress.Println(absl::StrCat(
+          "stopped by signal ", train::StopSignal::signal_number(), " after step ", step,
+          ckpt_dir.empty()
+              ? " (no --checkpoint_dir: nothing saved)"
+              : absl::StrCat("; checkpoint in ", ckpt_dir, ", continue with --resume")));
+      progress.Finish();
+      return 128 + train::StopSignal::signal_number();
+    }
+  }
+  progress.Finish();
+  std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
+              static_cast<long long>(step), static_cast<long long>(skipped));
+
+  // ---- Sample, starting from the first validation token.
+  const int64_t n_sample = absl::GetFlag(FLAGS_sample_tokens);
+  if (n_sample > 0) {
+    Generator sample_gen(seed + 4);
+    std::vector<int64_t> prompt = {val.tokens().empty() ? 0 : val.tokens()[0]};
+    std::vector<int64_t> out = model->Generate(
+        prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k));
+    if (tokenizer) {
+      std::printf("---- sample ----\n%s\n----------------\n", tokenizer->Decode(out).c_str());
+    } else {
+      std::printf("---- sample (GPT-2 token ids) ----\n");
+      for (int64_t t : out) std::printf("%lld ", static_cast<long long>(t));
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tg
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  try {
+    return tg::Main();
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 1;
+  }
+}

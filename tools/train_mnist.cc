@@ -1,0 +1,296 @@
+// Trains an image classifier (a small CNN, or an MLP) on Fashion-MNIST on the CPU and reports
+// test accuracy: the README's main job.
+//
+//   bazel run -c opt //tools:train_mnist                                  # CNN, f32, 3 epochs
+//   bazel run -c opt //tools:train_mnist -- --model=mlp                   # MLP, 10 epochs
+//   bazel run -c opt //tools:train_mnist -- --model=mlp --precision=f16   # f16 + dynamic scaling
+//   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --metrics=mnist.csv
+//   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --resume  # after Ctrl-C
+//
+// Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
+// master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
+// (softmax/cross-entropy in f32), and for f16 scale the loss dynamically (PyTorch's scaler by
+// default; --loss_scaler picks Megatron's or DeepSpeed's).
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "amp/autocast.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "nn/loss.h"
+#include "nn/models/image.h"
+#include "optim/lr_schedule.h"
+#include "tensor/ops.h"
+#include "tools/data/loader.h"
+#include "tools/data/mnist.h"
+#include "tools/train/metrics.h"
+#include "tools/train/progress.h"
+#include "tools/train/run.h"
+
+ABSL_FLAG(std::string, model, "cnn", "cnn | mlp");
+ABSL_FLAG(int64_t, epochs, 0, "passes over the training set (0: 3 for the CNN, 10 for the MLP)");
+ABSL_FLAG(int64_t, batch_size, 128, "images per step");
+ABSL_FLAG(double, lr, 1e-3, "peak learning rate (cosine decay to lr/10 over the run)");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
+ABSL_FLAG(double, weight_decay, 1e-4, "weight decay");
+ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
+ABSL_FLAG(std::string, loss_scaler, "auto",
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "also checkpoint every N steps (0: at epoch ends only)");
+ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
+ABSL_FLAG(std::string, device, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
+ABSL_FLAG(int64_t, train_limit, 0, "train on the first N images only (0: all)");
+ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
+ABSL_FLAG(int64_t, stop_at_step, 0,
+          "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
+
+namespace tg {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "train_mnist: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+struct Eval {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Loss and accuracy over a whole split, in eval mode and without recording.
+Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t n = split.images.size(0), chunk = 1000;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    Tensor images = split.images.narrow(0, start, len).to(dtype);
+    Tensor labels = split.labels.narrow(0, start, len);
+    Variable logits;
+    {
+      train::PrecisionScope precision(dtype);
+      logits = model(Variable(images));
+    }
+    nn::CrossEntropyOptions sum;
+    sum.reduction = Reduction::kSum;
+    loss_sum += nn::CrossEntropyLoss(logits, labels, sum).item();
+    std::vector<int64_t> predicted = Argmax(logits.data(), 1).to_vector<int64_t>();
+    std::vector<int64_t> truth = labels.to_vector<int64_t>();
+    for (int64_t i = 0; i < len; ++i) correct += predicted[i] == truth[i];
+  }
+  model.train();
+  return {loss_sum / n, static_cast<double>(correct) / n};
+}
+
+int Main() {
+  train::KeepFreedMemoryInProcess();
+  train::StopSignal::Install();
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
+                     ": only cpu is available until the CUDA backend lands")));
+  }
+  absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!dtype_or.ok()) return Fail(dtype_or.status());
+  const DType dtype = *dtype_or;
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  if (model_name != "cnn" && model_name != "mlp") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("unknown --model=", model_name, " (expected cnn or mlp)")));
+  }
+
+  // ---- Data: pixels normalised with the training set's mean and std.
+  const std::string data_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_data_dir));
+  data::MnistOptions norm;
+  norm.mean = data::kFashionMnistMean;
+  norm.std = data::kFashionMnistStd;
+  absl::StatusOr<data::MnistData> train_set =
+      data::LoadMnist(data_dir, data::MnistSplit::kTrain, norm);
+  if (!train_set.ok()) return Fail(train_set.status());
+  absl::StatusOr<data::MnistData> test_set =
+      data::LoadMnist(data_dir, data::MnistSplit::kTest, norm);
+  if (!test_set.ok()) return Fail(test_set.status());
+  const int64_t limit = absl::GetFlag(FLAGS_train_limit);
+  if (limit > 0 && limit < train_set->images.size(0)) {
+    train_set->images = train_set->images.narrow(0, 0, limit);
+    train_set->labels = train_set->labels.narrow(0, 0, limit);
+  }
+  data::BatcherOptions batching;
+  batching.batch_size = absl::GetFlag(FLAGS_batch_size);
+  batching.seed = absl::GetFlag(FLAGS_seed) + 1;
+  data::ImageBatcher batches(train_set->images, train_set->labels, batching);
+
+  // ---- Model and optimizer.
+  Generator init_gen(absl::GetFlag(FLAGS_seed));
+  std::shared_ptr<nn::Sequential> model =
+      model_name == "cnn" ? nn::MakeImageCnn(init_gen) : nn::MakeImageMlp(init_gen);
+  model->to(dtype);
+  train::OptimizerConfig opt_config;
+  opt_config.name = absl::GetFlag(FLAGS_optimizer);
+  opt_config.lr = absl::GetFlag(FLAGS_lr);
+  opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler)};
+  auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
+  if (!opt_or.ok()) return Fail(opt_or.status());
+  amp::MixedPrecisionOptimizer& opt = **opt_or;
+  const int64_t epochs = absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs)
+                         : model_name == "cnn"           ? 3
+                                                         : 10;
+  const int64_t total_steps = epochs * batches.batches_per_epoch();
+  optim::CosineWithWarmupLr schedule(opt.optimizer(), /*warmup_steps=*/0, total_steps,
+                                     /*min_lr=*/opt_config.lr / 10);
+
+  // ---- Resume.
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  // The run's identity: a checkpoint of another configuration is refused.
+  const std::string config = absl::StrCat(
+      "model=", model_name, " precision=", absl::GetFlag(FLAGS_precision),
+      " batch_size=", batching.batch_size, " epochs=", epochs, " optimizer=", opt_config.name,
+      " train_limit=", limit, " seed=", absl::GetFlag(FLAGS_seed));
+  int64_t step = 0, skipped = 0;
+  if (absl::GetFlag(FLAGS_resume)) {
+    if (ckpt_dir.empty())
+      return Fail(absl::InvalidArgumentError("--resume needs --checkpoint_dir"));
+    std::map<std::string, std::string> meta;
+    absl::StatusOr<StateDict> ckpt = train::LoadCheckpoint(ckpt_dir, &meta);
+    if (!ckpt.ok()) return Fail(ckpt.status());
+    if (meta["config"] != config) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat("the checkpoint in ", ckpt_dir,
+                                                             " is of another run (", meta["config"],
+                                                             "; this run: ", config, ")")));
+    }
+    try {
+      model->load_state_dict(ckpt->Sub("model."));
+      opt.load_state_dict(ckpt->Sub("optim."));
+      schedule.load_state_dict(ckpt->Sub("schedule."));
+      batches.load_state_dict(ckpt->Sub("data."));
+      step = static_cast<int64_t>(ckpt->scalar("step"));
+      skipped = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
+    } catch (const Error& e) {
+      return Fail(
+          absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
+    }
+  }
+  auto save = [&]() -> absl::Status {
+    if (ckpt_dir.empty()) return absl::OkStatus();
+    StateDict state;
+    state.Merge("model.", model->state_dict());
+    state.Merge("optim.", opt.state_dict());
+    state.Merge("schedule.", schedule.state_dict());
+    state.Merge("data.", batches.state_dict());
+    state.scalars["step"] = static_cast<double>(step);
+    state.scalars["skipped_steps"] = static_cast<double>(skipped);
+    return train::SaveCheckpoint(ckpt_dir, state, {{"config", config}}).status();
+  };
+
+  // ---- Metrics and progress.
+  std::optional<train::MetricsWriter> metrics;
+  if (!absl::GetFlag(FLAGS_metrics).empty()) {
+    auto writer = train::MetricsWriter::Open(
+        train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
+        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(step) : std::nullopt,
+        {"test_loss", "test_acc"});
+    if (!writer.ok()) return Fail(writer.status());
+    metrics.emplace(std::move(*writer));
+  }
+  train::ProgressOptions progress_options;
+  progress_options.total_steps = total_steps;
+  progress_options.print_every = absl::GetFlag(FLAGS_print_every);
+  progress_options.unit = "img/s";
+  train::ProgressReporter progress(progress_options);
+  progress.Println(absl::StrCat(model->to_string(), "training ", config, ": ", total_steps,
+                                " steps",
+                                step > 0 ? absl::StrCat(", resuming after step ", step) : ""));
+
+  // ---- Training.
+  const int64_t per_epoch = batches.batches_per_epoch();
+  const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
+  double last_report = progress.ElapsedSeconds();
+  int64_t images_since = 0;
+  while (step < total_steps) {
+    data::ImageBatcher::Batch batch = batches.Next();
+    train::StepStats stats = train::TrainStep(opt, schedule, dtype, /*max_grad_norm=*/0, [&] {
+      return nn::CrossEntropyLoss((*model)(Variable(batch.images.to(dtype))), batch.labels);
+    });
+    amp::StepResult& result = stats.result;
+    ++step;
+    skipped += result.skipped;
+    images_since += batch.labels.numel();
+
+    train::StepRecord record;
+    record.step = step;
+    record.epoch = static_cast<double>(step) / per_epoch;
+    record.loss = stats.loss;
+    record.lr = stats.lr;
+    record.grad_norm = stats.grad_norm;
+    record.loss_scale = result.scale;
+    record.skipped_steps = skipped;
+    record.elapsed_seconds = progress.ElapsedSeconds();
+    record.items_per_second = images_since / std::max(1e-9, record.elapsed_seconds - last_report);
+    last_report = record.elapsed_seconds;
+    images_since = 0;
+    std::map<std::string, double> extras;
+    if (step % per_epoch == 0 || step == total_steps) {
+      Eval test = Evaluate(*model, *test_set, dtype);
+      extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
+      progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%%",
+                                       step / per_epoch, test.loss, 100 * test.accuracy));
+    }
+    progress.Report(record);
+    if (metrics) {
+      absl::Status s = metrics->Write(record, extras);
+      if (!s.ok()) return Fail(s);
+    }
+    const bool epoch_end = step % per_epoch == 0;
+    const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
+    if (epoch_end || (every > 0 && step % every == 0)) {
+      absl::Status s = save();
+      if (!s.ok()) return Fail(s);
+    }
+    if (stop_at > 0 && step == stop_at) raise(SIGTERM);
+    if (train::StopSignal::requested()) {
+      absl::Status s = save();
+      if (!s.ok()) return Fail(s);
+      progress.Println(absl::StrCat(
+          "stopped by signal ", train::StopSignal::signal_number(), " after step ", step,
+          ckpt_dir.empty()
+              ? " (no --checkpoint_dir: nothing saved)"
+              : absl::StrCat("; checkpoint in ", ckpt_dir, ", continue with --resume")));
+      progress.Finish();
+      return 128 + train::StopSignal::signal_number();
+    }
+  }
+  progress.Finish();
+  Eval test = Evaluate(*model, *test_set, dtype);
+  std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
+              100 * test.accuracy, test.loss, static_cast<long long>(step),
+              static_cast<long long>(skipped));
+  return 0;
+}
+
+}  // namespace
+}  // namespace tg
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  try {
+    return tg::Main();
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "train_mnist: %s\n", e.what());
+    return 1;
+  }
+}
