@@ -8,7 +8,6 @@
 // f32/f64 compute natively; f16/bf16 go through f32 copies and round each result once.
 //
 // Max pooling compares each window's elements in row-major order with PyTorch's CPU rule.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
 
 namespace tg::cpu {
@@ -77,21 +77,6 @@ class Scratch {
   std::unique_ptr<char[]> own_;
   T* data_ = nullptr;
 };
-
-// C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed.
-template <typename T>
-void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc, bool accumulate) {
-  const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
-                accumulate ? 1.0f : 0.0f, c, ldc);
-  } else {
-    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
-                c, ldc);
-  }
-}
 
 // The output positions [lo, hi) of one dim whose input index o * stride + offset lies in
 // [0, size).

@@ -1,9 +1,8 @@
 // Matmul through OpenBLAS: one cblas GEMM per batch entry, transposed views passed as
 // transposes. f16/bf16 are converted to f32 first and the product rounded back once.
-#include <cblas.h>
-
 #include <array>
 
+#include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/strided_loop.h"
 
@@ -32,18 +31,6 @@ BlasLayout LayoutOf(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_
 BlasLayout MatrixLayout(const Tensor& t) {
   const int64_t d = t.dim();
   return LayoutOf(t.size(d - 2), t.size(d - 1), t.strides()[d - 2], t.strides()[d - 1]);
-}
-
-template <typename T>
-void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc) {
-  const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-  } else {
-    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
-  }
 }
 
 template <typename T>
