@@ -1,0 +1,80 @@
+// Conv2d/MaxPool2d layers and the Fashion-MNIST models: PyTorch's init bounds, shapes, parameter
+// names and counts, the layer equals the op, autocast, and a few steps that learn.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "amp/autocast.h"
+#include "autograd/ops.h"
+#include "nn/conv.h"
+#include "nn/loss.h"
+#include "nn/models/image.h"
+#include "optim/adam.h"
+
+namespace tg {
+namespace nn {
+namespace {
+
+TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
+  Generator gen(0);
+  Conv2dParams p;
+  p.padding = {1, 1};
+  Conv2d conv(3, 8, {3, 3}, gen, p);
+  const double bound = 1 / std::sqrt(3.0 * 3 * 3);
+  for (float w : conv.weight().data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
+  for (float b : conv.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
+  EXPECT_EQ(conv.weight().shape(), (Shape{8, 3, 3, 3}));
+  Variable x(RandNormal({2, 3, 5, 5}, gen));
+  EXPECT_EQ(conv(x).data().to_vector<float>(),
+            tg::Conv2d(x, conv.weight(), conv.bias(), p).data().to_vector<float>());
+  EXPECT_EQ(conv.extra_repr(), "3, 8, kernel=(3, 3), stride=(1, 1), padding=(1, 1), bias=true");
+  amp::AutocastGuard autocast(kBF16);
+  EXPECT_EQ(conv(x).dtype(), kBF16);
+}
+
+TEST(MaxPool2dLayerTest, StrideDefaultsToTheKernel) {
+  MaxPool2d pool({2, 2});
+  Variable x(Tensor::Arange(0, 16).reshape({1, 1, 4, 4}));
+  EXPECT_EQ(pool(x).data().to_vector<float>(), (std::vector<float>{5, 7, 13, 15}));
+}
+
+TEST(ImageModelsTest, ShapesNamesAndCounts) {
+  Generator gen(1);
+  auto mlp = MakeImageMlp(gen);
+  auto cnn = MakeImageCnn(gen);
+  Variable images(RandNormal({4, 1, 28, 28}, gen));
+  EXPECT_EQ((*mlp)(images).shape(), (Shape{4, 10}));
+  EXPECT_EQ((*cnn)(images).shape(), (Shape{4, 10}));
+  EXPECT_EQ(mlp->num_parameters(), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_EQ(cnn->num_parameters(),
+            (32 * 9 + 32) + (64 * 32 * 9 + 64) + (64 * 7 * 7 * 128 + 128) + (128 * 10 + 10));
+  std::vector<std::string> names;
+  for (const auto& e : cnn->named_parameters()) names.push_back(e.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias", "7.weight",
+                                             "7.bias", "9.weight", "9.bias"}));
+}
+
+TEST(ImageModelsTest, CnnLearnsASmallBatch) {
+  Generator gen(2);
+  auto cnn = MakeImageCnn(gen, {4, 8});
+  Tensor images = RandNormal({16, 1, 28, 28}, gen);
+  Tensor labels =
+      Tensor::FromVector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16});
+  optim::AdamOptions o;
+  o.lr = 3e-3;
+  optim::Adam opt(cnn->parameters(), o);
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    opt.zero_grad();
+    Variable loss = CrossEntropyLoss((*cnn)(Variable(images)), labels);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item();
+  }
+  EXPECT_LT(last, 0.1 * first) << first << " -> " << last;  // memorises 16 random images
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace tg
