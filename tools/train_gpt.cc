@@ -67,10 +67,7 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
 namespace tg {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "train_gpt: %s\n", std::string(status.message()).c_str());
-  return 1;
-}
+int Fail(const absl::Status& status) { return train::Fail("train_gpt", status); }
 
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
 double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype) {
@@ -175,49 +172,25 @@ int Main() {
                    " block_size=", config.block_size, " batch_size=", batch_size,
                    " steps=", total_steps, " precision=", absl::GetFlag(FLAGS_precision),
                    " optimizer=", opt_config.name, " seed=", seed);
-  int64_t step = 0, skipped = 0;
+  train::RunState run(*model, opt, schedule, run_config);
   if (absl::GetFlag(FLAGS_resume)) {
-    if (ckpt_dir.empty())
-      return Fail(absl::InvalidArgumentError("--resume needs --checkpoint_dir"));
     std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = train::LoadCheckpoint(ckpt_dir, &meta);
+    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, &meta);
     if (!ckpt.ok()) return Fail(ckpt.status());
-    if (meta["config"] != run_config) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat("the checkpoint in ", ckpt_dir,
-                                                             " is of another run (", meta["config"],
-                                                             "; this run: ", run_config, ")")));
-    }
     absl::StatusOr<Generator::State> batch_state = train::GeneratorStateFromString(meta["batches"]);
-    absl::StatusOr<Generator::State> drop_state = train::GeneratorStateFromString(meta["dropout"]);
     if (!batch_state.ok()) return Fail(batch_state.status());
+    absl::StatusOr<Generator::State> drop_state = train::GeneratorStateFromString(meta["dropout"]);
     if (!drop_state.ok()) return Fail(drop_state.status());
-    try {
-      model->load_state_dict(ckpt->Sub("model."));
-      opt.load_state_dict(ckpt->Sub("optim."));
-      schedule.load_state_dict(ckpt->Sub("schedule."));
-      step = static_cast<int64_t>(ckpt->scalar("step"));
-      skipped = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
-    } catch (const Error& e) {
-      return Fail(
-          absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
-    }
     batches.set_state(*batch_state);
     dropout_gen.set_state(*drop_state);
   }
-  auto save = [&]() -> absl::Status {
-    if (ckpt_dir.empty()) return absl::OkStatus();
-    StateDict state;
-    state.Merge("model.", model->state_dict());
-    state.Merge("optim.", opt.state_dict());
-    state.Merge("schedule.", schedule.state_dict());
-    state.scalars["step"] = static_cast<double>(step);
-    state.scalars["skipped_steps"] = static_cast<double>(skipped);
+  // The data order and dropout draws live in generators, saved as exact "seed:offset" text.
+  auto metadata = [&] {
     std::map<std::string, std::string> meta = {
-        {"config", run_config},
         {"batches", train::GeneratorStateToString(batches.state())},
         {"dropout", train::GeneratorStateToString(dropout_gen.state())}};
     if (tokenizer) meta["vocab"] = tokenizer->vocab();
-    return train::SaveCheckpoint(ckpt_dir, state, meta).status();
+    return meta;
   };
 
   // ---- Metrics and progress.
@@ -225,7 +198,8 @@ int Main() {
   if (!absl::GetFlag(FLAGS_metrics).empty()) {
     auto writer = train::MetricsWriter::Open(
         train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
-        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(step) : std::nullopt, {"val_loss"});
+        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
+        {"val_loss"});
     if (!writer.ok()) return Fail(writer.status());
     metrics.emplace(std::move(*writer));
   }
@@ -234,32 +208,24 @@ int Main() {
   progress_options.print_every = absl::GetFlag(FLAGS_print_every);
   progress_options.unit = "tok/s";
   train::ProgressReporter progress(progress_options);
-  progress.Println(absl::StrCat(model->to_string(), "training ", run_config, " (",
-                                batches.num_tokens(), " train / ", val.num_tokens(), " val tokens)",
-                                step > 0 ? absl::StrCat(", resuming after step ", step) : ""));
+  progress.Println(
+      absl::StrCat(model->to_string(), "training ", run_config, " (", batches.num_tokens(),
+                   " train / ", val.num_tokens(), " val tokens)",
+                   run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
 
   // ---- Training.
   const int64_t tokens_per_step = batch_size * config.block_size;
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   double last_time = progress.ElapsedSeconds(), val_loss = NAN;
-  while (step < total_steps) {
+  while (run.step() < total_steps) {
     data::TokenBatcher::Batch batch = batches.Next();
     train::StepStats stats = train::TrainStep(
         opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip),
         [&] { return nn::CrossEntropyLoss((*model)(Variable(batch.x)), batch.y); });
-    ++step;
-    skipped += stats.result.skipped;
-
-    train::StepRecord record;
-    record.step = step;
+    train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
+    const int64_t step = run.step();
     record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
-    record.loss = stats.loss;
-    record.lr = stats.lr;
-    record.grad_norm = stats.grad_norm;
-    record.loss_scale = stats.result.scale;
-    record.skipped_steps = skipped;
-    record.elapsed_seconds = progress.ElapsedSeconds();
     record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
     std::map<std::string, double> extras;
     if ((eval_every > 0 && step % eval_every == 0) || step == total_steps) {
@@ -275,25 +241,15 @@ int Main() {
     }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if ((every > 0 && step % every == 0) || step == total_steps) {
-      absl::Status s = save();
+      absl::Status s = run.Save(ckpt_dir, {}, metadata());
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (train::StopSignal::requested()) {
-      absl::Status s = save();
-      if (!s.ok()) return Fail(s);
-      progress.Println(absl::StrCat(
-          "stopped by signal ", train::StopSignal::signal_number(), " after step ", step,
-          ckpt_dir.empty()
-              ? " (no --checkpoint_dir: nothing saved)"
-              : absl::StrCat("; checkpoint in ", ckpt_dir, ", continue with --resume")));
-      progress.Finish();
-      return 128 + train::StopSignal::signal_number();
-    }
+    if (train::StopSignal::requested()) return run.SaveAndStop(ckpt_dir, {}, metadata(), progress);
   }
   progress.Finish();
   std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
-              static_cast<long long>(step), static_cast<long long>(skipped));
+              static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
 
   // ---- Sample, starting from the first validation token.
   const int64_t n_sample = absl::GetFlag(FLAGS_sample_tokens);
@@ -318,10 +274,5 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  try {
-    return tg::Main();
-  } catch (const tg::Error& e) {
-    std::fprintf(stderr, "train_gpt: %s\n", e.what());
-    return 1;
-  }
+  return tg::train::RunMain("train_gpt", tg::Main);
 }

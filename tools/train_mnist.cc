@@ -59,10 +59,7 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
 namespace tg {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "train_mnist: %s\n", std::string(status.message()).c_str());
-  return 1;
-}
+int Fail(const absl::Status& status) { return train::Fail("train_mnist", status); }
 
 struct Eval {
   double loss = 0;
@@ -161,40 +158,22 @@ int Main() {
       "model=", model_name, " precision=", absl::GetFlag(FLAGS_precision),
       " batch_size=", batching.batch_size, " epochs=", epochs, " optimizer=", opt_config.name,
       " train_limit=", limit, " seed=", absl::GetFlag(FLAGS_seed));
-  int64_t step = 0, skipped = 0;
+  train::RunState run(*model, opt, schedule, config);
   if (absl::GetFlag(FLAGS_resume)) {
-    if (ckpt_dir.empty())
-      return Fail(absl::InvalidArgumentError("--resume needs --checkpoint_dir"));
     std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = train::LoadCheckpoint(ckpt_dir, &meta);
+    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, &meta);
     if (!ckpt.ok()) return Fail(ckpt.status());
-    if (meta["config"] != config) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat("the checkpoint in ", ckpt_dir,
-                                                             " is of another run (", meta["config"],
-                                                             "; this run: ", config, ")")));
-    }
     try {
-      model->load_state_dict(ckpt->Sub("model."));
-      opt.load_state_dict(ckpt->Sub("optim."));
-      schedule.load_state_dict(ckpt->Sub("schedule."));
       batches.load_state_dict(ckpt->Sub("data."));
-      step = static_cast<int64_t>(ckpt->scalar("step"));
-      skipped = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
     } catch (const Error& e) {
       return Fail(
           absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
     }
   }
-  auto save = [&]() -> absl::Status {
-    if (ckpt_dir.empty()) return absl::OkStatus();
-    StateDict state;
-    state.Merge("model.", model->state_dict());
-    state.Merge("optim.", opt.state_dict());
-    state.Merge("schedule.", schedule.state_dict());
-    state.Merge("data.", batches.state_dict());
-    state.scalars["step"] = static_cast<double>(step);
-    state.scalars["skipped_steps"] = static_cast<double>(skipped);
-    return train::SaveCheckpoint(ckpt_dir, state, {{"config", config}}).status();
+  auto extra = [&] {
+    StateDict d;
+    d.Merge("data.", batches.state_dict());
+    return d;
   };
 
   // ---- Metrics and progress.
@@ -202,7 +181,7 @@ int Main() {
   if (!absl::GetFlag(FLAGS_metrics).empty()) {
     auto writer = train::MetricsWriter::Open(
         train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
-        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(step) : std::nullopt,
+        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
         {"test_loss", "test_acc"});
     if (!writer.ok()) return Fail(writer.status());
     metrics.emplace(std::move(*writer));
@@ -212,73 +191,51 @@ int Main() {
   progress_options.print_every = absl::GetFlag(FLAGS_print_every);
   progress_options.unit = "img/s";
   train::ProgressReporter progress(progress_options);
-  progress.Println(absl::StrCat(model->to_string(), "training ", config, ": ", total_steps,
-                                " steps",
-                                step > 0 ? absl::StrCat(", resuming after step ", step) : ""));
+  progress.Println(
+      absl::StrCat(model->to_string(), "training ", config, ": ", total_steps, " steps",
+                   run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
 
   // ---- Training.
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   double last_report = progress.ElapsedSeconds();
-  int64_t images_since = 0;
-  while (step < total_steps) {
+  while (run.step() < total_steps) {
     data::ImageBatcher::Batch batch = batches.Next();
     train::StepStats stats = train::TrainStep(opt, schedule, dtype, /*max_grad_norm=*/0, [&] {
       return nn::CrossEntropyLoss((*model)(Variable(batch.images.to(dtype))), batch.labels);
     });
-    amp::StepResult& result = stats.result;
-    ++step;
-    skipped += result.skipped;
-    images_since += batch.labels.numel();
-
-    train::StepRecord record;
-    record.step = step;
+    train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
+    const int64_t step = run.step();
     record.epoch = static_cast<double>(step) / per_epoch;
-    record.loss = stats.loss;
-    record.lr = stats.lr;
-    record.grad_norm = stats.grad_norm;
-    record.loss_scale = result.scale;
-    record.skipped_steps = skipped;
-    record.elapsed_seconds = progress.ElapsedSeconds();
-    record.items_per_second = images_since / std::max(1e-9, record.elapsed_seconds - last_report);
-    last_report = record.elapsed_seconds;
-    images_since = 0;
+    record.items_per_second =
+        batch.labels.numel() / std::max(1e-9, record.elapsed_seconds - last_report);
     std::map<std::string, double> extras;
-    if (step % per_epoch == 0 || step == total_steps) {
+    const bool epoch_end = step % per_epoch == 0;
+    if (epoch_end || step == total_steps) {
       Eval test = Evaluate(*model, *test_set, dtype);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%%",
                                        step / per_epoch, test.loss, 100 * test.accuracy));
     }
     progress.Report(record);
+    last_report = progress.ElapsedSeconds();  // evaluation time is not training throughput
     if (metrics) {
       absl::Status s = metrics->Write(record, extras);
       if (!s.ok()) return Fail(s);
     }
-    const bool epoch_end = step % per_epoch == 0;
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if (epoch_end || (every > 0 && step % every == 0)) {
-      absl::Status s = save();
+      absl::Status s = run.Save(ckpt_dir, extra(), {});
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (train::StopSignal::requested()) {
-      absl::Status s = save();
-      if (!s.ok()) return Fail(s);
-      progress.Println(absl::StrCat(
-          "stopped by signal ", train::StopSignal::signal_number(), " after step ", step,
-          ckpt_dir.empty()
-              ? " (no --checkpoint_dir: nothing saved)"
-              : absl::StrCat("; checkpoint in ", ckpt_dir, ", continue with --resume")));
-      progress.Finish();
-      return 128 + train::StopSignal::signal_number();
-    }
+    if (train::StopSignal::requested()) return run.SaveAndStop(ckpt_dir, extra(), {}, progress);
   }
   progress.Finish();
   Eval test = Evaluate(*model, *test_set, dtype);
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
-              100 * test.accuracy, test.loss, static_cast<long long>(step),
-              static_cast<long long>(skipped));
+              100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
+              static_cast<long long>(run.skipped()));
   return 0;
 }
 
@@ -287,10 +244,5 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  try {
-    return tg::Main();
-  } catch (const tg::Error& e) {
-    std::fprintf(stderr, "train_mnist: %s\n", e.what());
-    return 1;
-  }
+  return tg::train::RunMain("train_mnist", tg::Main);
 }

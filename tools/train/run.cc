@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,6 +18,7 @@
 #include "amp/loss_scaler.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "tensor/error.h"
 #include "tensor/io/safetensors.h"
 
 namespace tg::train {
@@ -172,6 +174,87 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const StateDi
 absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
                                          std::map<std::string, std::string>* metadata) {
   return io::LoadStateDict(CheckpointPath(dir), metadata);
+}
+
+StepRecord RunState::Advance(const StepStats& stats, double elapsed_seconds) {
+  ++step_;
+  skipped_ += stats.result.skipped ? 1 : 0;
+  StepRecord record;
+  record.step = step_;
+  record.loss = stats.loss;
+  record.lr = stats.lr;
+  record.grad_norm = stats.grad_norm;
+  record.loss_scale = stats.result.scale;
+  record.skipped_steps = skipped_;
+  record.elapsed_seconds = elapsed_seconds;
+  return record;
+}
+
+absl::Status RunState::Save(const std::string& dir, const StateDict& extra,
+                            std::map<std::string, std::string> metadata) const {
+  if (dir.empty()) return absl::OkStatus();
+  StateDict state = extra;
+  state.Merge("model.", model_.state_dict());
+  state.Merge("optim.", optimizer_.state_dict());
+  state.Merge("schedule.", schedule_.state_dict());
+  state.scalars["step"] = static_cast<double>(step_);
+  state.scalars["skipped_steps"] = static_cast<double>(skipped_);
+  metadata["config"] = config_;
+  return SaveCheckpoint(dir, state, metadata).status();
+}
+
+absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
+                                           std::map<std::string, std::string>* metadata) {
+  if (dir.empty()) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  absl::StatusOr<StateDict> ckpt = LoadCheckpoint(dir, metadata);
+  if (!ckpt.ok()) return ckpt.status();
+  const std::string& saved = (*metadata)["config"];
+  if (saved != config_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint in ", dir, " is of another run (", saved, "; this run: ", config_, ")"));
+  }
+  try {
+    model_.load_state_dict(ckpt->Sub("model."));
+    optimizer_.load_state_dict(ckpt->Sub("optim."));
+    schedule_.load_state_dict(ckpt->Sub("schedule."));
+    step_ = static_cast<int64_t>(ckpt->scalar("step"));
+    skipped_ = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
+  } catch (const Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
+  }
+  return ckpt;
+}
+
+int RunState::SaveAndStop(const std::string& dir, const StateDict& extra,
+                          std::map<std::string, std::string> metadata,
+                          ProgressReporter& progress) const {
+  absl::Status saved = Save(dir, extra, std::move(metadata));
+  const int sig = StopSignal::signal_number();
+  if (!saved.ok()) {
+    progress.Println(absl::StrCat("stopped by signal ", sig, " after step ", step_,
+                                  "; the checkpoint could not be written: ", saved.message()));
+    progress.Finish();
+    return 1;
+  }
+  progress.Println(absl::StrCat(
+      "stopped by signal ", sig, " after step ", step_,
+      dir.empty() ? " (no --checkpoint_dir: nothing saved)"
+                  : absl::StrCat("; checkpoint in ", dir, ", continue with --resume")));
+  progress.Finish();
+  return 128 + sig;
+}
+
+int Fail(const char* name, const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", name, std::string(status.message()).c_str());
+  return 1;
+}
+
+int RunMain(const char* name, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    return Fail(name, absl::InternalError(e.what()));
+  }
 }
 
 }  // namespace tg::train

@@ -24,17 +24,20 @@
 #include "amp/autocast.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/variable.h"
+#include "nn/module.h"
 #include "optim/lr_schedule.h"
 #include "tensor/dtype.h"
 #include "tensor/generator.h"
 #include "tensor/state_dict.h"
+#include "tools/train/progress.h"
+#include "tools/train/step_record.h"
 
 namespace tg::train {
 
 // Allocator policy for a training process: glibc returns large freed blocks (activations,
 // gradients) to the kernel and page-faults them back in on the next step; this keeps them in the
-// process (the mmap threshold raised to glibc's 32 MiB maximum, the trim threshold to 1 GiB), which removes most of the system
-// time of a CPU training step. Call once at the start of main().
+// process (the mmap threshold raised to glibc's 32 MiB maximum, the trim threshold to 1 GiB), which
+// removes most of the system time of a CPU training step. Call once at the start of main().
 void KeepFreedMemoryInProcess();
 
 // A path given on the command line, made absolute against the directory where `bazel run` was
@@ -116,6 +119,51 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const StateDi
 absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
                                          std::map<std::string, std::string>* metadata);
 std::string CheckpointPath(const std::string& dir);
+
+// What every run checkpoints and counts: the model, the optimizer (masters, moments, scaler), the
+// schedule, the step and the skipped steps, under the run's configuration text (its identity: a
+// checkpoint of another configuration is refused). The binary adds its data state.
+class RunState {
+ public:
+  RunState(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer, optim::LrSchedule& schedule,
+           std::string config)
+      : model_(model), optimizer_(optimizer), schedule_(schedule), config_(std::move(config)) {}
+
+  int64_t step() const { return step_; }
+  int64_t skipped() const { return skipped_; }
+  const std::string& config() const { return config_; }
+
+  // Counts a finished step and returns its record (the caller fills epoch and throughput).
+  StepRecord Advance(const StepStats& stats, double elapsed_seconds);
+
+  // Writes <dir>/checkpoint.safetensors with "model.", "optim.", "schedule." and the counters,
+  // plus the caller's `extra` entries and metadata. Does nothing when dir is empty.
+  absl::Status Save(const std::string& dir, const StateDict& extra,
+                    std::map<std::string, std::string> metadata) const;
+  // Restores what Save wrote and returns the whole checkpoint (for the caller's entries) with its
+  // metadata. FailedPrecondition for another configuration, DataLoss for content that does not
+  // fit the model or optimizer; nothing is half-restored in the model on error.
+  absl::StatusOr<StateDict> Resume(const std::string& dir,
+                                   std::map<std::string, std::string>* metadata);
+
+  // After a stop signal: saves, prints where the checkpoint went (or that none was written), ends
+  // the progress line and returns the exit code 128 + signal (1 if saving failed).
+  int SaveAndStop(const std::string& dir, const StateDict& extra,
+                  std::map<std::string, std::string> metadata, ProgressReporter& progress) const;
+
+ private:
+  nn::Module& model_;
+  amp::MixedPrecisionOptimizer& optimizer_;
+  optim::LrSchedule& schedule_;
+  std::string config_;
+  int64_t step_ = 0;
+  int64_t skipped_ = 0;
+};
+
+// Prints "<name>: <message>" for a failed status and returns exit code 1.
+int Fail(const char* name, const absl::Status& status);
+// Runs a training binary's body; a tg::Error escaping it becomes Fail(name, ...).
+int RunMain(const char* name, const std::function<int()>& body);
 
 }  // namespace tg::train
 
