@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "autograd/grad_mode.h"
@@ -273,6 +274,8 @@ int Main() {
 }  // namespace tg
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "amp/autocast.h"
@@ -243,6 +244,8 @@ int Main() {
 }  // namespace tg
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:");
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_mnist", tg::Main);
 }
