@@ -97,11 +97,7 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
-                     ": only cpu is available until the CUDA backend lands")));
-  }
+  if (absl::Status s = train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_data).empty()) {
     return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
   }
@@ -196,13 +192,12 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  if (!absl::GetFlag(FLAGS_metrics).empty()) {
-    auto writer = train::MetricsWriter::Open(
-        train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
-        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-        {"val_loss"});
-    if (!writer.ok()) return Fail(writer.status());
-    metrics.emplace(std::move(*writer));
+  if (absl::Status s = train::OpenMetrics(
+          absl::GetFlag(FLAGS_metrics),
+          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
+          {"val_loss"}, &metrics);
+      !s.ok()) {
+    return Fail(s);
   }
   train::ProgressOptions progress_options;
   progress_options.total_steps = total_steps;

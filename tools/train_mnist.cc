@@ -97,11 +97,7 @@ Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype) {
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
-                     ": only cpu is available until the CUDA backend lands")));
-  }
+  if (absl::Status s = train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) return Fail(s);
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!dtype_or.ok()) return Fail(dtype_or.status());
   const DType dtype = *dtype_or;
@@ -179,13 +175,12 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  if (!absl::GetFlag(FLAGS_metrics).empty()) {
-    auto writer = train::MetricsWriter::Open(
-        train::ResolveUserPath(absl::GetFlag(FLAGS_metrics)),
-        absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-        {"test_loss", "test_acc"});
-    if (!writer.ok()) return Fail(writer.status());
-    metrics.emplace(std::move(*writer));
+  if (absl::Status s = train::OpenMetrics(
+          absl::GetFlag(FLAGS_metrics),
+          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
+          {"test_loss", "test_acc"}, &metrics);
+      !s.ok()) {
+    return Fail(s);
   }
   train::ProgressOptions progress_options;
   progress_options.total_steps = total_steps;

@@ -37,6 +37,23 @@ std::string ResolveUserPath(const std::string& path) {
   return path;
 }
 
+absl::Status CheckDevice(const std::string& device) {
+  if (device == "cpu") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device=", device, ": only cpu is available until the CUDA backend lands"));
+}
+
+absl::Status OpenMetrics(const std::string& path, std::optional<int64_t> resume_step,
+                         const std::vector<std::string>& extra_columns,
+                         std::optional<MetricsWriter>* out) {
+  if (path.empty()) return absl::OkStatus();
+  absl::StatusOr<MetricsWriter> writer =
+      MetricsWriter::Open(ResolveUserPath(path), resume_step, extra_columns);
+  if (!writer.ok()) return writer.status();
+  out->emplace(std::move(*writer));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DType> ParsePrecision(const std::string& name) {
   if (name == "f32") return kF32;
   if (name == "f16") return kF16;

@@ -29,6 +29,7 @@
 #include "tensor/dtype.h"
 #include "tensor/generator.h"
 #include "tensor/state_dict.h"
+#include "tools/train/metrics.h"
 #include "tools/train/progress.h"
 #include "tools/train/step_record.h"
 
@@ -43,6 +44,15 @@ void KeepFreedMemoryInProcess();
 // A path given on the command line, made absolute against the directory where `bazel run` was
 // typed (BUILD_WORKING_DIRECTORY), or the current directory outside bazel run.
 std::string ResolveUserPath(const std::string& path);
+
+// --device: only "cpu" until the CUDA backend lands (InvalidArgument otherwise).
+absl::Status CheckDevice(const std::string& device);
+
+// Opens the metrics CSV `path` (a user path; empty: leaves *out empty). When resuming, rows after
+// `resume_step` are dropped first.
+absl::Status OpenMetrics(const std::string& path, std::optional<int64_t> resume_step,
+                         const std::vector<std::string>& extra_columns,
+                         std::optional<MetricsWriter>* out);
 
 // "f32" | "f16" | "bf16".
 absl::StatusOr<DType> ParsePrecision(const std::string& name);
