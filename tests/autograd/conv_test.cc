@@ -25,10 +25,13 @@
 #include "gtest/gtest.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+#include "tests/autograd/low_precision.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
 namespace {
+
+using ::tg::testing::ExpectCloseToF32;
 
 using Fn = std::function<Variable(const VariableList&)>;
 
@@ -222,25 +225,6 @@ TEST(MaxPool2dGrad, GradientGoesToTheFirstMaximum) {
 }
 
 // ---- Low precision and autocast -----------------------------------------------------------------
-
-void ExpectCloseToF32(const Variable& got, const Variable& ref, DType dtype,
-                      const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_TRUE(ref.defined()) << what;
-  EXPECT_EQ(got.dtype(), dtype) << what;
-  ASSERT_EQ(got.shape(), ref.shape()) << what;
-  const std::vector<double> g = Values(got), r = Values(ref);
-  double scale = 0;
-  for (double v : r) scale = std::max(scale, std::abs(v));
-  const double tol = 2e-2 * scale + 1e-6;
-  int failures = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (!(std::abs(g[i] - r[i]) <= tol) && ++failures <= 3) {
-      ADD_FAILURE() << what << " [" << DTypeName(dtype) << "]: element " << i << " is " << g[i]
-                    << ", f32 gives " << r[i] << " (tolerance " << tol << ")";
-    }
-  }
-}
 
 // conv -> relu -> max pool, then sum(c * out): gradients for every input.
 VariableList ConvPoolGrads(const ConvCase& c, const VariableList& in) {

@@ -25,10 +25,13 @@
 #include "gtest/gtest.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+#include "tests/autograd/low_precision.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
 namespace {
+
+using ::tg::testing::ExpectCloseToF32;
 
 using testing::ThrowsError;
 using testing::ThrowsErrorExactly;
@@ -159,9 +162,11 @@ std::vector<OpCase> AllCases() {
   c.push_back(
       {"Matmul 1-D @ batched", {{{3}}, {{2, 3, 2}}}, [](In in) { return Matmul(in[0], in[1]); }});
   c.push_back({"Bmm", {{{2, 2, 3}}, {{2, 3, 2}}}, [](In in) { return Bmm(in[0], in[1]); }});
-  c.push_back({"Linear with bias", {{{2, 4, 3}}, {{5, 3}}, {{5}}},
-               [](In in) { return Linear(in[0], in[1], in[2]); }});
-  c.push_back({"Linear without bias", {{{3}}, {{2, 3}}}, [](In in) { return Linear(in[0], in[1]); }});
+  c.push_back({"Linear with bias", {{{2, 4, 3}}, {{5, 3}}, {{5}}}, [](In in) {
+                 return Linear(in[0], in[1], in[2]);
+               }});
+  c.push_back(
+      {"Linear without bias", {{{3}}, {{2, 3}}}, [](In in) { return Linear(in[0], in[1]); }});
   // ---- Views and shape ops ----
   c.push_back({"Reshape", {{{2, 3}}}, [](In in) { return Reshape(in[0], {3, 2}); }});
   c.push_back({"Transpose", {{{2, 3, 2}}}, [](In in) { return Transpose(in[0], 0, -1); }});
@@ -370,27 +375,6 @@ TEST(SecondOrder, ReductionsAndElementwiseExact) {
 }
 
 // ---- f16 / bf16 -------------------------------------------------------------------------------
-
-// Checks that `got` (low precision) has `dtype` and the shape of `ref` (f32), and is within
-// 2e-2 of ref's largest magnitude everywhere.
-void ExpectCloseToF32(const Variable& got, const Variable& ref, DType dtype,
-                      const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_TRUE(ref.defined()) << what;
-  EXPECT_EQ(got.dtype(), dtype) << what;
-  ASSERT_EQ(got.shape(), ref.shape()) << what;
-  const std::vector<double> g = Values(got), r = Values(ref);
-  double scale = 0;
-  for (double v : r) scale = std::max(scale, std::abs(v));
-  const double tol = 2e-2 * scale + 1e-6;
-  int failures = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (!(std::abs(g[i] - r[i]) <= tol) && ++failures <= 3) {
-      ADD_FAILURE() << what << " [" << DTypeName(dtype) << "]: element " << i << " is " << g[i]
-                    << ", f32 gives " << r[i] << " (tolerance " << tol << ")";
-    }
-  }
-}
 
 // The gradients of sum(c * fn(inputs)) with respect to every input, with c a fixed weighting.
 VariableList LowPrecisionGrads(const Fn& fn, const VariableList& inputs) {
