@@ -1,7 +1,9 @@
-// The kinds of elementwise ops and loss reductions, shared by the dispatch (tensor/ops.h) and the
-// kernels of every device.
+// The kinds of elementwise ops, loss reductions and window ops, shared by the dispatch
+// (tensor/ops.h) and the kernels of every device.
 #ifndef TAPEGRAD_TENSOR_OP_KINDS_H_
 #define TAPEGRAD_TENSOR_OP_KINDS_H_
+
+#include <cstdint>
 
 namespace tg {
 
@@ -25,6 +27,17 @@ enum class Reduction { kNone, kMean, kSum };
 const char* BinaryOpName(BinaryOp op);
 const char* CompareOpName(CompareOp op);
 const char* UnaryOpName(UnaryOp op);
+
+// The sizes of one 2-D window op over [N, C, H, W] (convolution, pooling), validated by the
+// dispatch (for pooling o == c and dilation 1).
+struct Window2d {
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // output channels, kernel
+  int64_t oh, ow;      // output plane
+  int64_t sh, sw;      // stride
+  int64_t ph, pw;      // padding
+  int64_t dh, dw;      // dilation
+};
 
 }  // namespace tg
 

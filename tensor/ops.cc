@@ -518,7 +518,7 @@ void CheckPair(const char* op, const char* what, const std::array<int64_t, 2>& v
 // kw and, for pooling, dilation 1 are set by the caller first).
 void FillWindow(const char* op, const Tensor& x, const std::array<int64_t, 2>& stride,
                 const std::array<int64_t, 2>& padding, const std::array<int64_t, 2>& dilation,
-                const std::string& kernel_owner, cpu::Window2d* g) {
+                const std::string& kernel_owner, Window2d* g) {
   CheckPair(op, "stride", stride, 1);
   CheckPair(op, "padding", padding, 0);
   CheckPair(op, "dilation", dilation, 1);
@@ -540,7 +540,7 @@ void FillWindow(const char* op, const Tensor& x, const std::array<int64_t, 2>& s
            ")");
 }
 
-cpu::Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dParams& p) {
   CheckDefined(op, x, "the input");
   CheckDefined(op, weight, "the weight");
@@ -564,7 +564,7 @@ cpu::Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, 
     TG_CHECK(bias.dtype() == x.dtype(), op, ": bias dtype ", DTypeName(bias.dtype()),
              " differs from input dtype ", DTypeName(x.dtype()));
   }
-  cpu::Window2d g;
+  Window2d g;
   g.o = weight.size(0);
   g.kh = weight.size(2);
   g.kw = weight.size(3);
@@ -578,7 +578,7 @@ cpu::Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, 
 }  // namespace
 
 Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dParams p) {
-  const cpu::Window2d g = ConvWindow("conv2d", x, weight, bias, p);
+  const Window2d g = ConvWindow("conv2d", x, weight, bias, p);
   Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow}, x.dtype(), x.device());
   cpu::Conv2d(out, x.contiguous(), weight.contiguous(),
               bias.defined() ? bias.contiguous() : Tensor(), g);
@@ -588,7 +588,7 @@ Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
 Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                            Conv2dParams p, bool need_input, bool need_weight, bool need_bias) {
   const char* op = "conv2d_backward";
-  const cpu::Window2d g = ConvWindow(op, x, weight, Tensor(), p);
+  const Window2d g = ConvWindow(op, x, weight, Tensor(), p);
   CheckDefined(op, grad_out, "the gradient");
   CommonDevice(op, {&x, &grad_out});
   const Shape out_shape = {g.n, g.o, g.oh, g.ow};
@@ -623,7 +623,7 @@ MaxPool2dResult MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel,
   // PyTorch's rule; it also guarantees that every window holds at least one input element.
   TG_CHECK(padding[0] <= kernel[0] / 2 && padding[1] <= kernel[1] / 2, op, ": padding ",
            Pair(padding), " must be at most half the kernel size ", Pair(kernel));
-  cpu::Window2d g;
+  Window2d g;
   g.o = x.size(1);
   g.kh = kernel[0];
   g.kw = kernel[1];

@@ -55,16 +55,7 @@ void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_
 // out contiguous, holding self's values; src any strides with index.numel() at dim.
 void IndexAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim);
 
-// Convolution and max pooling over [N, C, H, W] (tensor/cpu/conv.cc). The sizes of one 2-D
-// window op, validated by the dispatch (for pooling o == c and dilation 1).
-struct Window2d {
-  int64_t n, c, h, w;  // input
-  int64_t o, kh, kw;   // output channels, kernel
-  int64_t oh, ow;      // output plane
-  int64_t sh, sw;      // stride
-  int64_t ph, pw;      // padding
-  int64_t dh, dw;      // dilation
-};
+// Convolution and max pooling over [N, C, H, W] (tensor/cpu/conv.cc); Window2d is in op_kinds.h.
 // out contiguous [N, O, Ho, Wo]; x, weight [O, C, kh, kw], bias [O] (or undefined) contiguous,
 // all of out's dtype.
 void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
