@@ -32,7 +32,7 @@ std::string CaptureCreationTrace() {
 }  // namespace
 
 Node::Node() : sequence_nr_(next_sequence_nr++) {
-  if (AnomalyMode::is_enabled()) creation_trace_ = CaptureCreationTrace();
+  if (AnomalyMode::is_enabled()) extras().creation_trace = CaptureCreationTrace();
 }
 
 Node::~Node() {
@@ -54,6 +54,16 @@ Node::~Node() {
   }
 }
 
+Node::Extras& Node::extras() {
+  if (extras_ == nullptr) extras_ = std::make_unique<Extras>();
+  return *extras_;
+}
+
+const std::string& Node::creation_trace() const {
+  static const std::string kNone;
+  return extras_ ? extras_->creation_trace : kNone;
+}
+
 uint32_t Node::AddInputMetadata(const Tensor& t) {
   input_metadata_.push_back(InputMetadata{t.shape(), t.dtype()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
@@ -71,40 +81,42 @@ void EraseId(List& list, uint64_t id) {
 }  // namespace
 
 HookHandle Node::RegisterPreHook(NodePreHook hook) {
-  const uint64_t id = ++next_hook_id_;
-  pre_hooks_.push_back({id, std::move(hook)});
+  const uint64_t id = ++extras().next_hook_id;
+  extras().pre_hooks.push_back({id, std::move(hook)});
   std::weak_ptr<Node> weak = weak_from_this();
   return HookHandle([weak, id] {
-    if (auto n = weak.lock()) EraseId(n->pre_hooks_, id);
+    if (auto n = weak.lock()) EraseId(n->extras_->pre_hooks, id);
   });
 }
 
 HookHandle Node::RegisterPostHook(NodePostHook hook) {
-  const uint64_t id = ++next_hook_id_;
-  post_hooks_.push_back({id, std::move(hook)});
+  const uint64_t id = ++extras().next_hook_id;
+  extras().post_hooks.push_back({id, std::move(hook)});
   std::weak_ptr<Node> weak = weak_from_this();
   return HookHandle([weak, id] {
-    if (auto n = weak.lock()) EraseId(n->post_hooks_, id);
+    if (auto n = weak.lock()) EraseId(n->extras_->post_hooks, id);
   });
 }
 
 HookHandle Node::RegisterTensorHook(uint32_t output_nr, TensorHook hook) {
-  const uint64_t id = ++next_hook_id_;
-  tensor_hooks_.push_back({id, output_nr, std::move(hook)});
+  const uint64_t id = ++extras().next_hook_id;
+  extras().tensor_hooks.push_back({id, output_nr, std::move(hook)});
   std::weak_ptr<Node> weak = weak_from_this();
   return HookHandle([weak, id] {
-    if (auto n = weak.lock()) EraseId(n->tensor_hooks_, id);
+    if (auto n = weak.lock()) EraseId(n->extras_->tensor_hooks, id);
   });
 }
 
 void Node::SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& var) {
-  retain_grad_.emplace_back(output_nr, var);
+  extras().retain_grad.emplace_back(output_nr, var);
 }
 
 void Node::ClearRetainGrad(const VariableImpl* var) {
-  retain_grad_.erase(std::remove_if(retain_grad_.begin(), retain_grad_.end(),
-                                    [var](const auto& e) { return e.second.lock().get() == var; }),
-                     retain_grad_.end());
+  if (extras_ == nullptr) return;
+  auto& list = extras_->retain_grad;
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [var](const auto& e) { return e.second.lock().get() == var; }),
+             list.end());
 }
 
 namespace {
@@ -122,14 +134,17 @@ void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& 
 }  // namespace
 
 void Node::RunTensorHooks(VariableList& grads) const {
-  for (size_t i = 0; i < tensor_hooks_.size(); ++i) {
-    const TensorHook hook = tensor_hooks_[i].fn;  // a hook may remove itself
-    ApplyTensorHook(hook, grads[tensor_hooks_[i].output_nr], name());
+  if (extras_ == nullptr) return;
+  const auto& hooks = extras_->tensor_hooks;
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    const TensorHook hook = hooks[i].fn;  // a hook may remove itself
+    ApplyTensorHook(hook, grads[hooks[i].output_nr], name());
   }
 }
 
 void Node::RunRetainGrad(const VariableList& grads) const {
-  for (const auto& [output_nr, weak] : retain_grad_) {
+  if (extras_ == nullptr) return;
+  for (const auto& [output_nr, weak] : extras_->retain_grad) {
     auto impl = weak.lock();
     if (!impl || !grads[output_nr].defined()) continue;
     const Variable& g = grads[output_nr];
@@ -143,8 +158,10 @@ void Node::RunRetainGrad(const VariableList& grads) const {
 }
 
 void Node::RunPreHooks(VariableList& grads) const {
-  for (size_t i = 0; i < pre_hooks_.size(); ++i) {
-    const NodePreHook hook = pre_hooks_[i].fn;
+  if (extras_ == nullptr) return;
+  const auto& hooks = extras_->pre_hooks;
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    const NodePreHook hook = hooks[i].fn;
     VariableList replaced = hook(grads);
     if (replaced.empty()) continue;
     TG_CHECK(replaced.size() == grads.size(), "pre-hook of ", name(), " returned ", replaced.size(),
@@ -154,8 +171,10 @@ void Node::RunPreHooks(VariableList& grads) const {
 }
 
 void Node::RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const {
-  for (size_t i = 0; i < post_hooks_.size(); ++i) {
-    const NodePostHook hook = post_hooks_[i].fn;
+  if (extras_ == nullptr) return;
+  const auto& hooks = extras_->post_hooks;
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    const NodePostHook hook = hooks[i].fn;
     hook(grad_inputs, grad_outputs);
   }
 }
@@ -358,13 +377,13 @@ VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
   return outputs;
 }
 
-Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
+Variable Record(const char* name, Tensor result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output) {
-  if (!ShouldRecord(inputs)) return Variable(result);
+  if (!ShouldRecord(inputs)) return Variable(std::move(result));
   std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
   node->AddInputMetadata(result);
   FunctionNode* raw = node.get();
-  Variable out = MakeNonLeaf(result, std::move(node), 0);
+  Variable out = MakeNonLeaf(std::move(result), std::move(node), 0);
   if (save_output) raw->Save(out, true);
   return out;
 }

@@ -90,10 +90,10 @@ class Node : public std::enable_shared_from_this<Node> {
   void RunRetainGrad(const VariableList& grads) const;
   void RunPreHooks(VariableList& grads) const;
   void RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const;
-  bool has_post_hooks() const { return !post_hooks_.empty(); }
+  bool has_post_hooks() const { return extras_ && !extras_->post_hooks.empty(); }
 
   // Where the node was created (a symbolised stack), recorded only in anomaly mode.
-  const std::string& creation_trace() const { return creation_trace_; }
+  const std::string& creation_trace() const;
 
   // Scratch for the engine: the task that last reached this node and the node's slot in that
   // task's state, so lookups during backward are an array access instead of a hash lookup.
@@ -110,20 +110,28 @@ class Node : public std::enable_shared_from_this<Node> {
     uint64_t id;
     T fn;
   };
-  uint64_t sequence_nr_;
-  EdgeList next_edges_;
-  InputMetadataList input_metadata_;
-  std::vector<Registered<NodePreHook>> pre_hooks_;
-  std::vector<Registered<NodePostHook>> post_hooks_;
   struct TensorHookEntry {
     uint64_t id;
     uint32_t output_nr;
     TensorHook fn;
   };
-  std::vector<TensorHookEntry> tensor_hooks_;
-  std::vector<std::pair<uint32_t, std::weak_ptr<VariableImpl>>> retain_grad_;
-  std::string creation_trace_;
-  uint64_t next_hook_id_ = 0;
+  // What few nodes have (hooks, retain_grad, an anomaly-mode trace) lives behind one pointer
+  // allocated on first use: a node stays small (fewer cache lines per node in a backward over a
+  // large graph) and cheap to create and destroy.
+  struct Extras {
+    std::vector<Registered<NodePreHook>> pre_hooks;
+    std::vector<Registered<NodePostHook>> post_hooks;
+    std::vector<TensorHookEntry> tensor_hooks;
+    std::vector<std::pair<uint32_t, std::weak_ptr<VariableImpl>>> retain_grad;
+    std::string creation_trace;
+    uint64_t next_hook_id = 0;
+  };
+  Extras& extras();
+
+  uint64_t sequence_nr_;
+  EdgeList next_edges_;
+  InputMetadataList input_metadata_;
+  std::unique_ptr<Extras> extras_;
 };
 
 // A variable saved for backward. It remembers the storage version at save time, and unpacking
@@ -222,7 +230,7 @@ bool ShouldRecord(const VariableList& inputs);
 // Records a differentiable op with one output. `inputs` get the edges (in order); `saved` are
 // kept for backward (and appear in ctx.saved); `save_output` also saves the result (appended
 // last to ctx.saved). Without recording (no grad needed) it only wraps `result`.
-Variable Record(const char* name, const Tensor& result, const VariableList& inputs,
+Variable Record(const char* name, Tensor result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output = false);
 // The same with several outputs.
 VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,

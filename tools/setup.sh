@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev        # CPU GEMM
   zlib1g-dev             # gzip'd data files
   libgloo-dev            # CPU collectives
+  libgoogle-perftools-dev  # TCMalloc, the allocator of every binary (tools/bazel/BUILD)
   nlohmann-json3-dev     # JSON headers of safetensors checkpoints
   gnuplot-nox            # tools/plot_metrics.sh: loss and loss-scale curves as PNG
   dataset-fashion-mnist  # default training data
