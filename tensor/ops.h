@@ -191,6 +191,103 @@ void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale);
 void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
                               const Tensor& inv_scale);
 
+// ---- Fused ops -------------------------------------------------------------------------------
+// Compositions of the ops above that a training step runs often enough to fuse. On CUDA each is
+// a few library calls or kernels (cuBLASLt epilogues, cuDNN fused attention, one-pass loss and
+// norm kernels) that avoid writing intermediates; on the CPU, where fusion buys little, each is
+// the composition itself, computed in f32 (f64 for f64) and rounded once per output. The two
+// devices agree to within rounding order (tests/tensor/cuda/op_table_test.cc).
+
+// The activation a Linear applies to its pre-activation: none, or GELU in its tanh form
+// (GeluTanh), the form cuBLASLt's epilogue computes.
+enum class Activation { kNone, kGeluTanh };
+
+struct LinearResult {
+  Tensor output;          // [..., out], x's dtype
+  Tensor pre_activation;  // x W^T + b (output's shape and dtype), saved for the backward;
+                          // undefined for Activation::kNone
+};
+// output = act(x @ weight^T + bias) for x [..., in], weight [out, in] and bias [out] (or
+// undefined), all of one floating dtype and device. The product and bias add accumulate in f32
+// (f64 for f64); the activation reads the unrounded pre-activation, and each output rounds once.
+// On CUDA pre_activation may be a view with padded rows (cuBLASLt wants the GELU input's row
+// stride to be a multiple of 8): hand it back to LinearBackward as it is.
+LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    Activation act = Activation::kNone);
+
+struct LinearGrads {
+  Tensor grad_input;   // x's shape; undefined unless need_input
+  Tensor grad_weight;  // [out, in]; undefined unless need_weight
+  Tensor grad_bias;    // [out]; undefined unless need_bias
+};
+// The gradients of Linear(x, weight, bias, act) for grad_out (output's shape and dtype), with
+// pre_activation from the forward (ignored for kNone). g = grad_out * act'(pre_activation) is
+// computed in f32/f64 and rounded to the dtype once (as the CUDA epilogue stores it); then
+// grad_input = g @ weight, grad_weight = g^T @ x over all leading dims, and grad_bias = the sum
+// of g over all leading dims (accumulated in f32 or wider).
+LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                           const Tensor& pre_activation, Activation act, bool need_input = true,
+                           bool need_weight = true, bool need_bias = true);
+
+struct AttentionResult {
+  Tensor output;  // [B, H, Tq, D], q's dtype
+  Tensor stats;   // [B, H, Tq] f32 (f64 for f64): each query's log-sum-exp of its scaled, masked
+                  // scores, saved for the backward
+};
+// softmax(scale * q @ k^T + mask) @ v for heads q [B, H, Tq, D], k and v [B, H, Tk, D] of one
+// floating dtype and device; the mask is -inf above the diagonal when causal (which needs
+// Tq == Tk). Scores and softmax are computed in f32 (f64 for f64), and the probabilities are
+// rounded to the input dtype before they multiply v, as flash attention does. On CUDA it runs
+// cuDNN's fused kernel when tensor/cuda/attention.h says the tensors qualify (f16/bf16, head
+// size a multiple of 8 up to 128, aligned strides) and otherwise the composed cuBLASLt + row
+// kernel version; on the CPU (and for f64 on CUDA) it is this composition of the ops above.
+AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          bool causal, double scale);
+
+struct AttentionGrads {
+  Tensor grad_q, grad_k, grad_v;  // q's, k's and v's shapes and dtype
+};
+// The gradients of ScaledDotProductAttention for grad_out (output's shape and dtype), from the
+// forward's inputs, output and stats, with its causal and scale. The probabilities are
+// recomputed from the stats, p = exp(s - stats); with delta = sum_d grad_out * output,
+// grad_v = p^T @ grad_out, ds = p * (grad_out @ v^T - delta) * scale, grad_q = ds @ k and
+// grad_k = ds^T @ q (p and ds rounded to the input dtype before their products).
+AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const Tensor& q,
+                                                 const Tensor& k, const Tensor& v,
+                                                 const Tensor& output, const Tensor& stats,
+                                                 bool causal, double scale);
+
+struct LayerNormGrads {
+  Tensor grad_input;   // x's shape and dtype
+  Tensor grad_weight;  // [last dim]; undefined unless need_weight_bias
+  Tensor grad_bias;    // [last dim]; undefined unless need_weight_bias
+};
+// The gradients of LayerNorm from its saved statistics (LayerNormResult::mean and rstd), with
+// xhat = (x - mean) * rstd and dxhat = grad_out * weight (grad_out when weight is undefined):
+//   grad_input  = rstd * (dxhat - mean_n(dxhat) - xhat * mean_n(dxhat * xhat))
+//   grad_weight = sum of grad_out * xhat over all leading dims
+//   grad_bias   = sum of grad_out over all leading dims
+// computed in f32 (f64 for f64) and rounded once. grad_out has x's shape and dtype; weight is
+// [last dim] of x's dtype or undefined. The gradients of weight and bias are returned whenever
+// need_weight_bias, even if the forward had no weight or bias.
+LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& weight,
+                                 bool need_weight_bias = true);
+
+struct CrossEntropyResult {
+  Tensor loss;         // CrossEntropy(logits, targets, ignore_index, reduction)
+  Tensor grad_logits;  // [N, C], logits' dtype
+};
+// The loss and d(grad_scale * loss)/d(logits) in one call: for kMean and kSum the gradient of
+// the reduced loss, for kNone that of the sum of the per-row losses (every row's loss gradient
+// is grad_scale). Equal to CrossEntropy followed by CrossEntropyBackward with grad_loss =
+// grad_scale, which is what the CPU runs; CUDA reads each row of logits once for both, with no
+// host synchronisation (the mean's row count stays on the device).
+CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targets,
+                                        int64_t ignore_index = -100,
+                                        Reduction reduction = Reduction::kMean,
+                                        double grad_scale = 1.0);
+
 // Operators for readable formulas.
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return Add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return Sub(a, b); }

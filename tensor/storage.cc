@@ -35,8 +35,8 @@ Allocator* CpuAllocator() {
   return allocator;
 }
 
-Storage::Storage(size_t nbytes, Allocator* allocator)
-    : data_(allocator->Allocate(nbytes)), nbytes_(nbytes), allocator_(allocator) {}
+Storage::Storage(size_t nbytes, Allocator* allocator, Device device)
+    : data_(allocator->Allocate(nbytes)), nbytes_(nbytes), allocator_(allocator), device_(device) {}
 
 Storage::~Storage() { allocator_->Deallocate(data_, nbytes_); }
 

@@ -30,14 +30,19 @@ Allocator* CpuAllocator();
 
 class Storage {
  public:
-  Storage(size_t nbytes, Allocator* allocator);
+  Storage(size_t nbytes, Allocator* allocator) : Storage(nbytes, allocator, allocator->device()) {}
+  // `device` must be allocator->device(); callers that know it save a virtual call.
+  Storage(size_t nbytes, Allocator* allocator, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
-  Device device() const { return allocator_->device(); }
+  // Cached at construction: tensors ask for their device on every op, and a virtual call there
+  // would cost the CPU fast paths.
+  Device device() const { return device_; }
+  Allocator* allocator() const { return allocator_; }
 
   // Bumped by every in-place op of the autograd layer on any view of this storage, so that a
   // tensor saved for backward can tell it was overwritten (all views share one counter).
@@ -49,6 +54,7 @@ class Storage {
   void* data_;
   size_t nbytes_;
   Allocator* allocator_;
+  Device device_;
 };
 
 }  // namespace tg

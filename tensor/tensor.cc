@@ -6,8 +6,11 @@
 #include <limits>
 #include <utility>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/strings/str_join.h"
 #include "tensor/convert.h"
+#include "tensor/device_backend.h"
 #include "tensor/strided_loop.h"
 
 namespace tg {
@@ -74,6 +77,62 @@ Shape BroadcastByteStrides(const Tensor& t, const Shape& shape) {
   return out;
 }
 
+namespace {
+
+// The device dispatch. Its non-CPU paths are out of line so that each CPU path pays one branch.
+
+[[noreturn]] void ThrowNoBackend(const std::string& context, DeviceType type) {
+  try {
+    GetDeviceBackend(type);
+  } catch (const Error& e) {
+    throw Error(absl::StrCat(context, ": ", e.what()));
+  }
+  throw Error(absl::StrCat(context, ": no backend"));  // not reached: the lookup above failed
+}
+
+ABSL_ATTRIBUTE_NOINLINE Allocator* BackendAllocator(const char* op, Device device) {
+  DeviceBackend* backend = FindDeviceBackend(device.type);
+  if (backend == nullptr) {
+    ThrowNoBackend(absl::StrCat(op, ": cannot allocate on ", device.ToString()), device.type);
+  }
+  try {
+    return backend->allocator(device.index);
+  } catch (const Error& e) {
+    throw Error(absl::StrCat(op, ": cannot allocate on ", device.ToString(), ": ", e.what()));
+  }
+}
+
+ABSL_ATTRIBUTE_NOINLINE DeviceBackend* BackendFor(const char* op, Device device) {
+  DeviceBackend* backend = FindDeviceBackend(device.type);
+  if (backend == nullptr) {
+    ThrowNoBackend(absl::StrCat(op, ": tensor on ", device.ToString()), device.type);
+  }
+  return backend;
+}
+
+// Uninitialised contiguous memory; `op` names the caller in errors.
+Tensor NewTensor(const char* op, const Shape& shape, DType dtype, Device device) {
+  const int64_t n = NumElements(shape);
+  TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, op, ": shape ", ShapeToString(shape),
+           " is too large");
+  Allocator* allocator =
+      ABSL_PREDICT_TRUE(device.is_cpu()) ? CpuAllocator() : BackendAllocator(op, device);
+  auto storage =
+      std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), allocator, device);
+  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+}
+
+// A destination that overlaps itself (an expanded view) would be written twice.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CheckWritable(const char* op, const Tensor& dst) {
+  for (size_t i = 0; i < dst.shape().size(); ++i) {
+    TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1, op, ": the destination of shape ",
+             ShapeToString(dst.shape()),
+             " is an expanded view (stride 0); writing to it is ambiguous");
+  }
+}
+
+}  // namespace
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
                DType dtype)
     : storage_(std::move(storage)),
@@ -100,19 +159,16 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
 }
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
-  TG_CHECK(device.is_cpu(), "empty: no allocator for device ", device.ToString(),
-           " in this build (CUDA tensors come with the CUDA backend)");
-  const int64_t n = NumElements(shape);
-  TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, "empty: shape ", ShapeToString(shape),
-           " is too large");
-  auto storage =
-      std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), CpuAllocator());
-  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+  return NewTensor("empty", shape, dtype, device);
 }
 
 Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = Empty(shape, dtype, device);
-  std::memset(t.raw_data(), 0, static_cast<size_t>(t.numel()) * t.element_size());
+  if (ABSL_PREDICT_TRUE(device.is_cpu())) {
+    std::memset(t.raw_data(), 0, static_cast<size_t>(t.numel()) * t.element_size());
+  } else {
+    t.fill_(0);
+  }
   return t;
 }
 
@@ -371,7 +427,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   CheckDefined("clone");
-  Tensor out = Empty(shape_, dtype_, device());
+  Tensor out = NewTensor("clone", shape_, dtype_, device());
   CopyInto(out, *this);
   return out;
 }
@@ -379,13 +435,31 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType dtype) const {
   CheckDefined("to");
   if (dtype == dtype_) return *this;
-  Tensor out = Empty(shape_, dtype, device());
+  Tensor out = NewTensor("to", shape_, dtype, device());
+  CopyInto(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(Device device) const {
+  CheckDefined("to");
+  return to(device, dtype_);
+}
+
+Tensor Tensor::to(Device device, DType dtype) const {
+  CheckDefined("to");
+  if (device == storage_->device() && dtype == dtype_) return *this;
+  Tensor out = NewTensor("to", shape_, dtype, device);
   CopyInto(out, *this);
   return out;
 }
 
 const Tensor& Tensor::fill_(double value) const {
   CheckDefined("fill_");
+  if (ABSL_PREDICT_FALSE(!storage_->device().is_cpu())) {
+    CheckWritable("fill_", *this);
+    BackendFor("fill_", storage_->device())->Fill(*this, value);
+    return *this;
+  }
   const Tensor v = Empty({}, kF64);
   *v.data<double>() = value;
   CopyInto(*this, v);
@@ -402,6 +476,8 @@ double Tensor::item() const {
   CheckDefined("item");
   TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ", ShapeToString(shape_),
            "), expected 1");
+  // Copying to the host synchronises with the device's stream.
+  if (ABSL_PREDICT_FALSE(!storage_->device().is_cpu())) return to(Device::Cpu()).item();
   return Visit(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return Convert<double>(*static_cast<const T*>(raw_data()));
@@ -434,8 +510,9 @@ std::string Tensor::ToString(int64_t max_elements) const {
     }
     if (numel_ == 0) body = "[]";
   }
+  const Device device = storage_->device();
   return absl::StrCat("tensor(", body, ", ", DTypeName(dtype_), ", shape=", ShapeToString(shape_),
-                      ")");
+                      device.is_cpu() ? "" : absl::StrCat(", device=", device.ToString()), ")");
 }
 
 namespace {
@@ -459,24 +536,34 @@ void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const cha
       });
 }
 
+// copy_ with a non-CPU side: the backend of that side gets src broadcast to dst's shape.
+ABSL_ATTRIBUTE_NOINLINE void CopyOnBackend(const Tensor& dst, const Tensor& src) {
+  const Device to = dst.device(), from = src.device();
+  TG_CHECK(to.is_cpu() || from.is_cpu() || to.type == from.type, "copy_: from ", from.ToString(),
+           " to ", to.ToString(), ": copies between two kinds of device are not supported");
+  const DeviceType type = to.is_cpu() ? from.type : to.type;
+  DeviceBackend* backend = FindDeviceBackend(type);
+  if (backend == nullptr) {
+    ThrowNoBackend(absl::StrCat("copy_: from ", from.ToString(), " to ", to.ToString()), type);
+  }
+  backend->Copy(dst, src.expand(dst.shape()));
+}
+
 }  // namespace
 
 void CopyInto(const Tensor& dst, const Tensor& src) {
   TG_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
-  TG_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_: from ", src.device().ToString(),
-           " to ", dst.device().ToString(), " needs the CUDA backend");
-  // A destination that overlaps itself (an expanded view) would be written twice.
-  for (size_t i = 0; i < dst.shape().size(); ++i) {
-    TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1, "copy_: the destination of shape ",
-             ShapeToString(dst.shape()),
-             " is an expanded view (stride 0); writing to it is ambiguous");
-  }
+  CheckWritable("copy_", dst);
   Shape src_strides;
   try {
     src_strides = BroadcastByteStrides(src, dst.shape());
   } catch (const Error&) {
     throw Error(absl::StrCat("copy_: source shape ", ShapeToString(src.shape()),
                              " cannot be broadcast to ", ShapeToString(dst.shape())));
+  }
+  if (ABSL_PREDICT_FALSE(!dst.storage()->device().is_cpu() || !src.storage()->device().is_cpu())) {
+    CopyOnBackend(dst, src);
+    return;
   }
   Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
   Visit(dst.dtype(), [&](auto dst_tag) {

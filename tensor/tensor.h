@@ -6,10 +6,16 @@
 // storage with their source; contiguous(), clone() and to() copy when they must. Every view is
 // validated so that no element it addresses lies outside its storage.
 //
+// Tensors on a CUDA device allocate, copy and fill through the device backend registered in
+// tensor/device_backend.h (link //tensor/cuda:backend); without it those calls throw. Host
+// reads of device data (item(), to_vector(), ToString()) copy to the CPU first, which waits for
+// the device.
+//
 //   tg::Tensor x = tg::Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
 //   tg::Tensor xt = x.transpose(0, 1);          // [3, 2] view, strides {1, 3}
 //   tg::Tensor y = xt.contiguous().to(tg::kF16);
 //   float v = x.slice(1, 1, 3).select(0, 1).item();   // 5
+//   tg::Tensor g = x.to(tg::Device::Cuda(0));   // with //tensor/cuda:backend linked
 #ifndef TAPEGRAD_TENSOR_TENSOR_H_
 #define TAPEGRAD_TENSOR_TENSOR_H_
 
@@ -49,7 +55,8 @@ class Tensor {
   // A view of `storage`; throws unless every addressed element lies inside the storage.
   Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 
-  // Uninitialised memory of the given shape (contiguous).
+  // Uninitialised memory of the given shape (contiguous). A non-CPU device allocates through
+  // its backend; throws when the backend is not linked or the device does not exist.
   static Tensor Empty(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
   static Tensor Zeros(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
   static Tensor Ones(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
@@ -112,6 +119,9 @@ class Tensor {
   // Converts to `dtype` (returns *this when equal). Float -> int truncates toward zero and
   // saturates, NaN becomes 0; anything -> bool is `value != 0`.
   Tensor to(DType dtype) const;
+  // Copies to `device` (returns *this when equal); with a dtype, converts in the same copy.
+  Tensor to(Device device) const;
+  Tensor to(Device device, DType dtype) const;
 
   // In place (const like every handle method: they change the data, not the handle).
   // copy_ broadcasts `src` to this shape and converts its dtype.
@@ -119,13 +129,14 @@ class Tensor {
   const Tensor& zero_() const { return fill_(0); }
   const Tensor& copy_(const Tensor& src) const;
 
-  // The value of a one-element tensor, as double.
+  // The value of a one-element tensor, as double (a device tensor is copied to the host).
   double item() const;
   // All elements in row-major order, converted to T.
   template <typename T>
   std::vector<T> to_vector() const;
   // "tensor([[1, 2], [3, 4]], f32, shape=[2, 2])"; with more than `max_elements` elements the
-  // values are elided: "tensor(... 100 elements ..., f32, shape=[100])".
+  // values are elided: "tensor(... 100 elements ..., f32, shape=[100])". A device tensor
+  // ends with ", device=cuda:0".
   std::string ToString(int64_t max_elements = 64) const;
 
  private:
@@ -142,7 +153,8 @@ class Tensor {
   DType dtype_ = kF32;
 };
 
-// Copies src (broadcast to dst's shape) into dst with dtype conversion; both on the CPU.
+// Copies src (broadcast to dst's shape) into dst with dtype conversion. Both on the CPU runs
+// here; otherwise the device backend copies (same device, across devices, or host <-> device).
 void CopyInto(const Tensor& dst, const Tensor& src);
 
 template <typename T>
@@ -164,7 +176,7 @@ Tensor Tensor::FromVector(const std::vector<T>& values, const Shape& shape) {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = to(DTypeOf<T>()).contiguous();
+  Tensor c = to(Device::Cpu(), DTypeOf<T>()).contiguous();
   const T* p = c.data<T>();
   return std::vector<T>(p, p + c.numel());
 }

@@ -16,15 +16,6 @@ std::string Describe(const char* call, cudaError_t err) {
 
 }  // namespace
 
-int DeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
-  return count;
-}
-
 std::string AxpySync(float a, const std::vector<float>& x, std::vector<float>& y) {
   if (x.size() != y.size()) return "AxpySync: x and y differ in length";
   const size_t bytes = x.size() * sizeof(float);

@@ -1,8 +1,7 @@
-// The first CUDA code of tapegrad: a device count query and y = a*x + y on f32 device buffers.
-// It proves that the nvcc rule (tools/bazel/cuda.bzl) builds, links and runs; the CUDA backend
-// issue builds the real kernels beside it.
+// The first CUDA code of tapegrad: y = a*x + y on f32 device buffers. It proves that the nvcc
+// rule (tools/bazel/cuda.bzl) builds, links and runs; the real kernels live beside it.
 //
-//   if (tg::cuda::DeviceCount() > 0) tg::cuda::AxpySync(2.0f, x_host, y_host);
+//   if (tg::cuda::DeviceCount() > 0) tg::cuda::AxpySync(2.0f, x_host, y_host);  // runtime.h
 #ifndef TAPEGRAD_TENSOR_CUDA_AXPY_H_
 #define TAPEGRAD_TENSOR_CUDA_AXPY_H_
 
@@ -10,9 +9,6 @@
 #include <vector>
 
 namespace tg::cuda {
-
-// Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
-int DeviceCount();
 
 // y[i] = a * x[i] + y[i] computed on device 0: copies both vectors to the device, runs the
 // kernel, copies y back and synchronises. Returns an empty string on success, else the CUDA

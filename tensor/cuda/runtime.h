@@ -2,13 +2,20 @@
 // device, events, per-device cuBLASLt/cuDNN handles and the error checks that every call into
 // CUDA, cuBLAS(Lt), cuDNN and NCCL goes through.
 //
-// Errors: each TG_*_CHECK throws tg::Error "<file>:<line>: <call> failed: <library's error
-// string>" (plus the error code's name), so a failure names where it happened and why.
+// Errors: each TG_*_CHECK throws tg::Error "<file>:<line>: <call> failed: <error name>:
+// <library's error string>", e.g. "tensor/cuda/copy.cc:42: cudaMemcpyAsync(dst, src, n, kind,
+// stream) failed: cudaErrorInvalidValue: invalid argument", so a failure names where it
+// happened and why.
 //
-// Streams: every thread has a current stream per device (the legacy default stream until a
-// StreamGuard sets another). Kernels, copies and library calls of tapegrad enqueue on the
-// current stream of the device they run on; nothing synchronises the host except an explicit
-// Synchronize(), a device-to-host copy, or item().
+// Streams: every thread has a current stream per device: stream 0, the legacy default stream
+// (tapegrad is not compiled with --default-stream per-thread), until a StreamGuard sets another.
+// Kernels, copies and library calls of tapegrad enqueue on the current stream of the device
+// they run on; nothing synchronises the host except an explicit Synchronize(), a
+// device-to-host copy, or item(). Work on two streams is ordered only through Events.
+//
+// Memory: each device has one process-wide caching allocator (tensor/cuda/caching_allocator.h)
+// over cudaMalloc/cudaFree; freed blocks are reused at once, which is safe for work ordered on
+// one stream (see that header for cross-stream use).
 //
 //   if (tg::cuda::Available()) {
 //     tg::cuda::Stream side;                 // a new non-blocking stream on the current device
@@ -23,7 +30,9 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <cstdint>
 
+#include "tensor/cuda/caching_allocator.h"
 #include "tensor/error.h"
 
 namespace tg::cuda {
@@ -33,7 +42,9 @@ int DeviceCount();
 // Whether at least one device is usable. Tests use it to skip: if (!Available()) GTEST_SKIP().
 bool Available();
 
-// The calling thread's current device (cudaGetDevice) and a guard that switches it.
+// The calling thread's current device (cudaGetDevice) and a guard that switches it (no CUDA
+// call when it is already current; throws naming the device and DeviceCount() when it does not
+// exist).
 int CurrentDevice();
 class DeviceGuard {
  public:
@@ -44,9 +55,11 @@ class DeviceGuard {
 
  private:
   int previous_;
+  int device_;
 };
 
-// An owned, non-blocking stream on the device that was current at construction.
+// An owned, non-blocking stream on the device that was current at construction (it does not
+// synchronise with the legacy default stream: order the two with Events).
 class Stream {
  public:
   Stream();
@@ -61,7 +74,8 @@ class Stream {
   int device_ = 0;
 };
 
-// The stream ops of this thread enqueue on for `device` (default: the current device).
+// The stream ops of this thread enqueue on for `device` (default: the current device); stream
+// 0 (legacy default) unless a StreamGuard is active.
 cudaStream_t CurrentStream(int device = -1);
 // Makes `stream` the current stream of its device for this thread until destroyed.
 class StreamGuard {
@@ -78,6 +92,7 @@ class StreamGuard {
 
 // An event without timing (cudaEventDisableTiming), for ordering streams: a.Record(s1);
 // a.Block(s2) makes work enqueued on s2 afterwards wait for what s1 had enqueued before.
+// Created on the current device; Record takes a stream of that device, Block any stream.
 class Event {
  public:
   Event();
@@ -96,17 +111,28 @@ class Event {
 // Waits for all work on the current stream of `device` (default: the current device).
 void Synchronize(int device = -1);
 
-// Per-device library handles, created on first use; cuDNN's is bound to the current stream on
-// every call of CudnnHandle(). Calls with a cuBLASLt handle take the stream as an argument.
+// Library handles, created on first use. cuBLASLt: one per device, shared by all threads
+// (calls take the stream as an argument). cuDNN: one per device and thread (a cuDNN handle
+// carries a stream), bound to the current stream on every call of CudnnHandle().
 cublasLtHandle_t CublasLtHandle(int device = -1);
 cudnnHandle_t CudnnHandle(int device = -1);
 
-// A per-device scratch buffer for library workspaces (cuBLASLt, cuDNN): grows on demand, is
-// reused across calls on the same stream, and comes from the caching allocator.
+// A scratch buffer for library workspaces (cuBLASLt, cuDNN), one per thread, device and current
+// stream: grows on demand, is reused across calls on the same stream, and comes from the
+// caching allocator. The pointer stays valid until this thread asks for more bytes on the same
+// device and stream; nullptr while nothing was asked for.
 void* Workspace(size_t nbytes, int device = -1);
 
-// Launch geometry for elementwise kernels: enough blocks of `threads` to cover n items, capped
-// at a multiple of the SM count (grid-stride loops do the rest).
+// The process-wide caching allocator of `device` (never destroyed); throws tg::Error naming
+// the device and DeviceCount() when it does not exist.
+CachingAllocator* DeviceAllocator(int device);
+// Its statistics, peak reset and cache release (default: the current device).
+AllocatorStats MemoryStats(int device = -1);
+void ResetPeakMemoryStats(int device = -1);
+void EmptyCache(int device = -1);
+
+// Launch geometry for elementwise kernels on the current device: enough blocks of `threads` to
+// cover n items (at least 1), capped at 8192 threads per SM (grid-stride loops do the rest).
 int BlocksFor(int64_t n, int threads = 256);
 
 // Error text helpers behind the macros (file and line of the failing call).

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/cuda/runtime.h"
 
 namespace tg::cuda {
 namespace {

@@ -1,0 +1,170 @@
+// The CUDA device backend of the tensor core: registers itself (tensor/device_backend.h) when
+// //tensor/cuda:backend is linked, so that Tensor::Empty/Zeros/Full, copy_, fill_, to(Device),
+// contiguous(), clone() and item() work on CUDA tensors.
+//
+// Copies (dst and src have one shape; the core broadcast src already):
+//   - on one device: the Copy kernel (a cudaMemcpyAsync for same dtype and both contiguous);
+//     views of one storage that partly overlap go through a temporary (read all, then write);
+//   - host -> device: the host side converts and densifies (src.to(dtype).contiguous()), one
+//     cudaMemcpyAsync on the current stream (from pageable memory it returns once the driver has
+//     staged the bytes, so the host tensor may change or die right after), then a strided
+//     scatter kernel when dst is not contiguous;
+//   - device -> host: the device side converts and densifies, one cudaMemcpyAsync, then the
+//     stream is synchronised before the host reads (and scatters into a strided dst);
+//   - across devices: cudaMemcpyPeerAsync on the destination's current stream, ordered after
+//     the source's stream by an event, and the source's stream waits for the copy in turn so
+//     that the source's memory is not reused under it.
+//
+//   // BUILD: deps = ["//tensor/cuda:backend"]
+//   tg::Tensor x = tg::Tensor::Ones({2, 3}, tg::kF16, tg::Device::Cuda(0));
+//   double v = x.select(0, 1).select(0, 2).item();   // 1, read back through the host
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/device_backend.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace tg::cuda {
+namespace {
+
+size_t Bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+// src converted to `dtype` and densified on its device (the current one); src when it already
+// is both.
+Tensor DenseOnDevice(const Tensor& src, DType dtype) {
+  if (src.dtype() == dtype && src.is_contiguous()) return src;
+  Tensor out = Tensor::Empty(src.shape(), dtype, src.device());
+  tg::cuda::Copy(out, src);
+  return out;
+}
+
+// Whether dst and src share bytes in a way an elementwise copy could read after writing (an
+// exact alias, the same elements in place, is fine). Strides are never negative.
+bool PartialOverlap(const Tensor& dst, const Tensor& src) {
+  if (!dst.shares_storage(src)) return false;
+  if (dst.raw_data() == src.raw_data() && dst.strides() == src.strides() &&
+      dst.dtype() == src.dtype()) {
+    return false;
+  }
+  auto extent = [](const Tensor& t) {
+    int64_t last = 0;
+    for (size_t d = 0; d < t.shape().size(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+    const int64_t esize = static_cast<int64_t>(t.element_size());
+    const int64_t lo = t.offset() * esize;
+    return std::pair<int64_t, int64_t>(lo, lo + (last + 1) * esize);
+  };
+  const auto [dst_lo, dst_hi] = extent(dst);
+  const auto [src_lo, src_hi] = extent(src);
+  return dst_lo < src_hi && src_lo < dst_hi;
+}
+
+// dst itself when the bytes can land in it directly, else a contiguous tensor like it.
+Tensor Landing(const Tensor& dst) {
+  return dst.is_contiguous() ? dst : Tensor::Empty(dst.shape(), dst.dtype(), dst.device());
+}
+
+void HostToDevice(const Tensor& dst, const Tensor& src) {
+  const int device = dst.device().index;
+  DeviceGuard guard(device);
+  const Tensor host = src.to(dst.dtype()).contiguous();
+  const Tensor landing = Landing(dst);
+  TG_CUDA_CHECK(cudaMemcpyAsync(landing.raw_data(), host.raw_data(), Bytes(dst),
+                                cudaMemcpyHostToDevice, CurrentStream(device)));
+  if (!landing.shares_storage(dst)) tg::cuda::Copy(dst, landing);
+}
+
+void DeviceToHost(const Tensor& dst, const Tensor& src) {
+  const int device = src.device().index;
+  DeviceGuard guard(device);
+  const Tensor dense = DenseOnDevice(src, dst.dtype());
+  const Tensor landing = Landing(dst);
+  const cudaStream_t stream = CurrentStream(device);
+  TG_CUDA_CHECK(cudaMemcpyAsync(landing.raw_data(), dense.raw_data(), Bytes(dst),
+                                cudaMemcpyDeviceToHost, stream));
+  TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (!landing.shares_storage(dst)) CopyInto(dst, landing);
+}
+
+void AcrossDevices(const Tensor& dst, const Tensor& src) {
+  const int from = src.device().index, to = dst.device().index;
+  Tensor dense;
+  std::unique_ptr<Event> source_ready, copied;  // each created on the device it is recorded on
+  {
+    DeviceGuard guard(from);
+    dense = DenseOnDevice(src, dst.dtype());
+    source_ready = std::make_unique<Event>();
+    source_ready->Record(CurrentStream(from));
+  }
+  {
+    DeviceGuard guard(to);
+    const cudaStream_t stream = CurrentStream(to);
+    const Tensor landing = Landing(dst);
+    source_ready->Block(stream);
+    TG_CUDA_CHECK(
+        cudaMemcpyPeerAsync(landing.raw_data(), to, dense.raw_data(), from, Bytes(dst), stream));
+    if (!landing.shares_storage(dst)) tg::cuda::Copy(dst, landing);
+    copied = std::make_unique<Event>();
+    copied->Record(stream);
+  }
+  // Later work on the source's stream (which may reuse `dense` or overwrite src) waits for the
+  // copy to have read them.
+  DeviceGuard guard(from);
+  copied->Block(CurrentStream(from));
+}
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  Allocator* allocator(int index) override {
+    const int count = DeviceCount();
+    TG_CHECK(count > 0,
+             "no CUDA device is available (DeviceCount() = 0: no CUDA driver or no GPU)");
+    TG_CHECK(index >= 0 && index < count, "cuda:", index,
+             " does not exist (DeviceCount() = ", count, ")");
+    return DeviceAllocator(index);
+  }
+
+  void Copy(const Tensor& dst, const Tensor& src) override {
+    if (dst.numel() == 0) return;
+    const Device to = dst.device(), from = src.device();
+    if (to.is_cuda() && from.is_cuda()) {
+      if (to.index == from.index) {
+        DeviceGuard guard(to.index);
+        if (PartialOverlap(dst, src)) {
+          // Read everything before writing anything, as the CPU's memmove would.
+          const Tensor staged = Tensor::Empty(src.shape(), dst.dtype(), from);
+          tg::cuda::Copy(staged, src);
+          tg::cuda::Copy(dst, staged);
+        } else {
+          tg::cuda::Copy(dst, src);
+        }
+      } else {
+        AcrossDevices(dst, src);
+      }
+    } else if (to.is_cuda()) {
+      HostToDevice(dst, src);
+    } else {
+      DeviceToHost(dst, src);
+    }
+  }
+
+  void Fill(const Tensor& dst, double value) override {
+    if (dst.numel() == 0) return;
+    DeviceGuard guard(dst.device().index);
+    tg::cuda::Fill(dst, value);  // a memset where every element's bytes are equal
+  }
+
+  void Synchronize(int index) override { tg::cuda::Synchronize(index); }
+};
+
+[[maybe_unused]] const bool registered = [] {
+  RegisterDeviceBackend(DeviceType::kCuda, new CudaBackend());
+  return true;
+}();
+
+}  // namespace
+}  // namespace tg::cuda

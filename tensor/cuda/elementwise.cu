@@ -1,0 +1,443 @@
+// Elementwise CUDA kernels: Copy, Fill, Binary, BinaryScalar, Compare, Unary and Where, with the
+// formulas, integer wrap-around and f16/bf16 rounding of tensor/cpu/elementwise.cc.
+//
+// Compile time: one kernel per (op family, dtype, layout), with the op chosen by a switch inside
+// the kernel (the same op for every thread, so the branch costs a few instructions per element
+// of a memory-bound loop); kernels that only move bytes are instantiated per element size.
+//
+// Results: +, -, *, /, sqrt, max/min, neg/abs/relu and every conversion are IEEE-exact on both
+// devices, so they match the CPU bit for bit (the file is built with --fmad=false so that nvcc
+// does not fuse a*b+c into an FMA the CPU does not use). exp/log/tanh/erf/pow come from CUDA's
+// libdevice, whose last-bit rounding differs from glibc's (a few ulp at most).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "tensor/convert.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/cuda/tensor_args.cuh"
+
+namespace tg::cuda {
+namespace {
+
+// ---- Op definitions (tensor/cpu/elementwise.cc) -----------------------------------------------
+
+// Overloads that pick the f32 or f64 libdevice function.
+#define TG_MATH_OVERLOAD(name, f32, f64)                            \
+  __device__ __forceinline__ float name(float x) { return f32(x); } \
+  __device__ __forceinline__ double name(double x) { return f64(x); }
+TG_MATH_OVERLOAD(Exp, expf, exp)
+TG_MATH_OVERLOAD(Log, logf, log)
+TG_MATH_OVERLOAD(Sqrt, sqrtf, sqrt)
+TG_MATH_OVERLOAD(Tanh, tanhf, tanh)
+TG_MATH_OVERLOAD(Erf, erff, erf)
+TG_MATH_OVERLOAD(Fabs, fabsf, fabs)
+#undef TG_MATH_OVERLOAD
+__device__ __forceinline__ float Pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double Pow(double a, double b) { return pow(a, b); }
+
+// Integer arithmetic wraps modulo 2^64 instead of overflowing.
+__device__ __forceinline__ int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ int64_t WrapSub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+__device__ __forceinline__ int64_t WrapMul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+template <typename C>
+__device__ __forceinline__ C ApplyBinary(BinaryOp op, C a, C b) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case BinaryOp::kAdd:
+        return a + b;
+      case BinaryOp::kSub:
+        return a - b;
+      case BinaryOp::kMul:
+        return a * b;
+      case BinaryOp::kDiv:
+        return a / b;
+      case BinaryOp::kPow:
+        return Pow(a, b);
+      case BinaryOp::kMaximum:  // NaN in either input gives that NaN (the first one's if both)
+        return a != a ? a : b != b ? b : (a > b ? a : b);
+      case BinaryOp::kMinimum:
+        return a != a ? a : b != b ? b : (a < b ? a : b);
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::kAdd:
+        return WrapAdd(a, b);
+      case BinaryOp::kSub:
+        return WrapSub(a, b);
+      case BinaryOp::kMul:
+        return WrapMul(a, b);
+      case BinaryOp::kMaximum:
+        return a > b ? a : b;
+      case BinaryOp::kMinimum:
+        return a < b ? a : b;
+      default:
+        break;  // div and pow are rejected for integers by the dispatch
+    }
+  }
+  return C(0);
+}
+
+template <typename C>
+__device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
+  if constexpr (std::is_floating_point_v<C>) {
+    constexpr C kSqrt2OverPi = C(0.7978845608028654);
+    constexpr C kInvSqrt2 = C(0.7071067811865476);
+    switch (op) {
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kAbs:
+        return Fabs(x);
+      case UnaryOp::kExp:
+        return Exp(x);
+      case UnaryOp::kLog:
+        return Log(x);
+      case UnaryOp::kSqrt:
+        return Sqrt(x);
+      case UnaryOp::kTanh:
+        return Tanh(x);
+      case UnaryOp::kSigmoid:
+        return C(1) / (C(1) + Exp(-x));
+      case UnaryOp::kRelu:
+        return x > C(0) ? x : (x != x ? x : C(0));
+      case UnaryOp::kGeluTanh:
+        return C(0.5) * x * (C(1) + Tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+      case UnaryOp::kGelu:
+        return C(0.5) * x * (C(1) + Erf(x * kInvSqrt2));
+      case UnaryOp::kErf:
+        return Erf(x);
+    }
+  } else {
+    switch (op) {
+      case UnaryOp::kNeg:
+        return WrapSub(0, x);
+      case UnaryOp::kAbs:
+        return x < 0 ? WrapSub(0, x) : x;
+      case UnaryOp::kRelu:
+        return x > 0 ? x : 0;
+      default:
+        break;  // floating-only ops are rejected by the dispatch
+    }
+  }
+  return C(0);
+}
+
+template <typename C>
+__device__ __forceinline__ bool ApplyCompare(CompareOp op, C a, C b) {
+  switch (op) {
+    case CompareOp::kEq:
+      return a == b;
+    case CompareOp::kNe:
+      return a != b;
+    case CompareOp::kLt:
+      return a < b;
+    case CompareOp::kLe:
+      return a <= b;
+    case CompareOp::kGt:
+      return a > b;
+    case CompareOp::kGe:
+      return a >= b;
+  }
+  return false;
+}
+
+// ---- Functors (storage types in, storage type out) ----------------------------------------------
+
+template <typename T>
+struct BinaryFn {
+  BinaryOp op;
+  __device__ T operator()(T a, T b) const {
+    return ConvertTo<T>(ApplyBinary(op, ToCompute(a), ToCompute(b)));
+  }
+};
+
+template <typename T>
+struct BinaryScalarFn {
+  BinaryOp op;
+  DeviceCompute<T> scalar;
+  __device__ T operator()(T a) const { return ConvertTo<T>(ApplyBinary(op, ToCompute(a), scalar)); }
+};
+
+template <typename T>
+struct UnaryFn {
+  UnaryOp op;
+  __device__ T operator()(T x) const { return ConvertTo<T>(ApplyUnary(op, ToCompute(x))); }
+};
+
+template <typename T>
+struct CompareFn {
+  CompareOp op;
+  __device__ bool operator()(T a, T b) const {
+    return ApplyCompare(op, ToCompute(a), ToCompute(b));
+  }
+};
+
+// B: the unsigned integer of the element size; the condition is bool or u8 (nonzero = true).
+template <typename B>
+struct WhereFn {
+  __device__ B operator()(uint8_t cond, B a, B b) const { return cond != 0 ? a : b; }
+};
+
+template <typename B>
+struct FillFn {
+  B bits;
+  __device__ B operator()() const { return bits; }
+};
+
+template <typename B>
+struct IdentityFn {
+  __device__ B operator()(B v) const { return v; }
+};
+
+template <typename Dst, typename Src>
+struct ConvertFn {
+  __device__ Dst operator()(Src v) const { return ConvertTo<Dst>(v); }
+};
+
+// ---- Copy between any two dtypes ----------------------------------------------------------------
+// Pairs of floating dtypes (the casts of mixed precision) get typed, vectorised kernels. Every
+// other pair goes through one kernel that switches on both dtypes at run time: a value is loaded
+// exactly as f32 (f16/bf16/f32), f64, or i64 (integers, bool) and stored with the conversion that
+// tg::Convert applies to that source type, so 64 dtype pairs cost one kernel.
+
+struct AnyValue {
+  enum Kind : uint8_t { kFloat, kDouble, kInt } kind;
+  float f;
+  double d;
+  int64_t i;
+};
+
+__device__ __forceinline__ AnyValue LoadAny(DType dtype, const char* p) {
+  AnyValue v{};
+  switch (dtype) {
+    case DType::kF32:
+      v.kind = AnyValue::kFloat;
+      v.f = *reinterpret_cast<const float*>(p);
+      break;
+    case DType::kF16:
+      v.kind = AnyValue::kFloat;
+      v.f = HalfToFloat(*reinterpret_cast<const __half*>(p));
+      break;
+    case DType::kBF16:
+      v.kind = AnyValue::kFloat;
+      v.f = BFloat16ToFloat(*reinterpret_cast<const __nv_bfloat16*>(p));
+      break;
+    case DType::kF64:
+      v.kind = AnyValue::kDouble;
+      v.d = *reinterpret_cast<const double*>(p);
+      break;
+    case DType::kI32:
+      v.kind = AnyValue::kInt;
+      v.i = *reinterpret_cast<const int32_t*>(p);
+      break;
+    case DType::kI64:
+      v.kind = AnyValue::kInt;
+      v.i = *reinterpret_cast<const int64_t*>(p);
+      break;
+    case DType::kU8:
+      v.kind = AnyValue::kInt;
+      v.i = *reinterpret_cast<const uint8_t*>(p);
+      break;
+    case DType::kBool:
+      v.kind = AnyValue::kInt;
+      v.i = *reinterpret_cast<const uint8_t*>(p) != 0;
+      break;
+  }
+  return v;
+}
+
+template <typename Dst>
+__device__ __forceinline__ void StoreAnyAs(char* p, const AnyValue& v) {
+  Dst out;
+  switch (v.kind) {
+    case AnyValue::kFloat:
+      out = ConvertTo<Dst>(v.f);
+      break;
+    case AnyValue::kDouble:
+      out = ConvertTo<Dst>(v.d);
+      break;
+    default:
+      out = ConvertTo<Dst>(v.i);
+      break;
+  }
+  *reinterpret_cast<Dst*>(p) = out;
+}
+
+__device__ __forceinline__ void StoreAny(DType dtype, char* p, const AnyValue& v) {
+  switch (dtype) {
+    case DType::kF32:
+      return StoreAnyAs<float>(p, v);
+    case DType::kF64:
+      return StoreAnyAs<double>(p, v);
+    case DType::kF16:
+      return StoreAnyAs<__half>(p, v);
+    case DType::kBF16:
+      return StoreAnyAs<__nv_bfloat16>(p, v);
+    case DType::kI32:
+      return StoreAnyAs<int32_t>(p, v);
+    case DType::kI64:
+      return StoreAnyAs<int64_t>(p, v);
+    case DType::kU8:
+      return StoreAnyAs<uint8_t>(p, v);
+    case DType::kBool:
+      return StoreAnyAs<bool>(p, v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    AnyCopyKernel(int64_t n, DType dst, DType src, StridedArgs<2> args) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[2];
+    args.Offsets(i, off);
+    StoreAny(dst, args.base[0] + off[0], LoadAny(src, args.base[1] + off[1]));
+  }
+}
+
+// Calls fn with the device type of a floating dtype; returns false for the others.
+template <typename Fn>
+bool VisitFloatingIf(DType dtype, Fn&& fn) {
+  if (!IsFloating(dtype)) return false;
+  VisitDeviceFloating("copy", dtype, fn);
+  return true;
+}
+
+}  // namespace
+
+void Copy(const Tensor& dst, const Tensor& src) {
+  TG_CHECK(dst.device().is_cuda() && src.device() == dst.device(), "copy: from ",
+           src.device().ToString(), " to ", dst.device().ToString(),
+           " (the CUDA copy kernel needs both tensors on one CUDA device)");
+  if (dst.numel() == 0) return;
+  const DeviceGuard guard(dst.device().index);
+  if (dst.dtype() == src.dtype()) {
+    if (dst.is_contiguous() && src.is_contiguous() && src.shape() == dst.shape()) {
+      if (dst.raw_data() == src.raw_data()) return;
+      TG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(),
+                                    static_cast<size_t>(dst.numel()) * dst.element_size(),
+                                    cudaMemcpyDeviceToDevice, StreamOf(dst)));
+      return;
+    }
+    VisitBits(dst.element_size(), [&](auto bits) {
+      using B = decltype(bits);
+      LaunchElementwise<B, B>("copy", dst, {&src}, IdentityFn<B>{});
+    });
+    return;
+  }
+  bool typed = false;
+  if (IsFloating(src.dtype())) {
+    typed = VisitFloatingIf(dst.dtype(), [&](auto dst_tag) {
+      VisitDeviceFloating("copy", src.dtype(), [&](auto src_tag) {
+        using D = decltype(dst_tag);
+        using S = decltype(src_tag);
+        if constexpr (!std::is_same_v<D, S>) {
+          LaunchElementwise<D, S>("copy", dst, {&src}, ConvertFn<D, S>{});
+        }
+      });
+    });
+  }
+  if (typed) return;
+  const cudaStream_t stream = StreamOf(dst);
+  ForEachStridedSlice<2>(
+      dst.shape(), {static_cast<char*>(dst.raw_data()), static_cast<char*>(src.raw_data())},
+      {BroadcastByteStrides(dst, dst.shape()), BroadcastByteStrides(src, dst.shape())},
+      [&](const StridedArgs<2>& args, int64_t count) {
+        AnyCopyKernel<<<BlocksFor(count, kThreads), kThreads, 0, stream>>>(count, dst.dtype(),
+                                                                           src.dtype(), args);
+        TG_CUDA_CHECK_LAUNCH("copy");
+      });
+}
+
+void Fill(const Tensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  const DeviceGuard guard(dst.device().index);
+  // The stored bit pattern, converted on the host exactly as the CPU's fill_ does.
+  uint64_t bits = 0;
+  Visit(dst.dtype(), [&](auto tag) {
+    const auto v = Convert<decltype(tag)>(value);
+    std::memcpy(&bits, &v, sizeof(v));
+  });
+  const size_t size = dst.element_size();
+  bool same_bytes = true;  // e.g. zero: a memset
+  for (size_t k = 1; k < size; ++k) {
+    same_bytes = same_bytes && ((bits >> (8 * k)) & 0xff) == (bits & 0xff);
+  }
+  if (same_bytes && dst.is_contiguous()) {
+    TG_CUDA_CHECK(cudaMemsetAsync(dst.raw_data(), static_cast<int>(bits & 0xff),
+                                  static_cast<size_t>(dst.numel()) * size, StreamOf(dst)));
+    return;
+  }
+  VisitBits(size, [&](auto tag) {
+    using B = decltype(tag);
+    LaunchElementwise<B>("fill", dst, {}, FillFn<B>{static_cast<B>(bits)});
+  });
+}
+
+void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const DeviceGuard guard(out.device().index);
+  VisitDevice(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw Error(absl::StrCat(BinaryOpName(op), ": not defined for bool tensors"));
+    } else {
+      LaunchElementwise<T, T, T>(BinaryOpName(op), out, {&a, &b}, BinaryFn<T>{op});
+    }
+  });
+}
+
+void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar) {
+  const DeviceGuard guard(out.device().index);
+  VisitDevice(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw Error(absl::StrCat(BinaryOpName(op), ": not defined for bool tensors"));
+    } else {
+      // Rounded on the host exactly as the CPU does (f32 for f16/bf16/f32, i64 for integers).
+      const auto s = static_cast<DeviceCompute<T>>(scalar);
+      LaunchElementwise<T, T>(BinaryOpName(op), out, {&x}, BinaryScalarFn<T>{op, s});
+    }
+  });
+}
+
+void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const DeviceGuard guard(out.device().index);
+  VisitDevice(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    LaunchElementwise<bool, T, T>(CompareOpName(op), out, {&a, &b}, CompareFn<T>{op});
+  });
+}
+
+void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
+  const DeviceGuard guard(out.device().index);
+  VisitDevice(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw Error(absl::StrCat(UnaryOpName(op), ": not defined for bool tensors"));
+    } else {
+      LaunchElementwise<T, T>(UnaryOpName(op), out, {&x}, UnaryFn<T>{op});
+    }
+  });
+}
+
+void Where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  TG_CHECK(cond.element_size() == 1, "where: the condition must be bool or u8, got ",
+           DTypeName(cond.dtype()));
+  const DeviceGuard guard(out.device().index);
+  VisitBits(out.element_size(), [&](auto tag) {
+    using B = decltype(tag);
+    LaunchElementwise<B, uint8_t, B, B>("where", out, {&cond, &a, &b}, WhereFn<B>{});
+  });
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,433 @@
+// The fused kernels of tensor/cuda/nn_fused.h. They share the row machinery of nn.cu
+// (tensor/cuda/nn_common.cuh): one warp per row up to 1024 elements, one block per row beyond,
+// 128-bit loads after a scalar head, statistics in f32 (f64 for f64).
+//
+// Kernels that may write a buffer they also read (grad_logits == logits, residual_out == a)
+// never mark pointers __restrict__ (which would allow the non-coherent read-only cache), and
+// each thread only re-reads elements it wrote itself: ForRow maps elements to threads the same
+// way in every pass over a row.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/cuda/nn_common.cuh"
+#include "tensor/cuda/nn_fused.h"
+#include "tensor/cuda/runtime.h"
+
+namespace tg::cuda {
+namespace {
+
+using namespace nn_detail;  // NOLINT(build/namespaces): this target's own helpers
+
+// ---- Validation -------------------------------------------------------------------------------
+
+// Checks that `t` is defined, contiguous, on `device` (a CUDA device), of `shape` and `dtype`.
+void CheckTensor(const char* op, const char* what, const Tensor& t, const Device& device,
+                 const Shape& shape, DType dtype) {
+  TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", expected ",
+           device.ToString());
+  TG_CHECK(t.shape() == shape, op, ": ", what, " has shape ", ShapeToString(t.shape()),
+           ", expected ", ShapeToString(shape));
+  TG_CHECK(t.dtype() == dtype, op, ": ", what, " has dtype ", DTypeName(t.dtype()), ", expected ",
+           DTypeName(dtype));
+  TG_CHECK(t.is_contiguous(), op, ": ", what, " must be contiguous");
+}
+
+// The CUDA device of the defining tensor `t` ([rows, n], floating), checked.
+Device RowsDevice(const char* op, const char* what, const Tensor& t) {
+  TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  TG_CHECK(t.device().is_cuda(), op, ": ", what, " is on ", t.device().ToString(),
+           ", expected a CUDA device");
+  TG_CHECK(t.dim() == 2, op, ": expected ", what, " [rows, n], got shape ",
+           ShapeToString(t.shape()));
+  TG_CHECK(IsFloating(t.dtype()), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+           DTypeName(t.dtype()));
+  return t.device();
+}
+
+// An output may be one of the inputs (the very same elements) or separate from it, but not an
+// overlapping view: the kernels rely on each element being read before it is overwritten by the
+// same thread.
+void CheckAliasing(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                   const Tensor& in) {
+  TG_CHECK(!out.shares_storage(in) || out.raw_data() == in.raw_data(), op, ": ", out_name,
+           " must be ", in_name, " itself or not share memory with it");
+}
+
+DType StatDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
+
+// ---- Softmax cross-entropy --------------------------------------------------------------------
+
+__global__ void CountNotIgnoredKernel(unsigned long long* counted, const int64_t* targets,
+                                      int64_t rows, int64_t ignore_index) {
+  unsigned long long local = 0;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    local += targets[r] != ignore_index;
+  }
+  local = WarpAllReduce(local, SumOp{});
+  if (threadIdx.x % 32 == 0 && local != 0) atomicAdd(counted, local);
+}
+
+template <typename T, bool kWarp>
+__global__ void SoftmaxCrossEntropyFusedKernel(T* losses, T* grad, const T* logits,
+                                               const int64_t* targets, const double* row_scale,
+                                               const unsigned long long* counted, int64_t rows,
+                                               int64_t classes, int64_t ignore_index,
+                                               IndexErrorSink sink) {
+  using C = Acc<T>;
+  __shared__ SoftmaxStats<C> smem[32];
+  const RowGroup<kWarp> g{};
+  // The mean's gradient, 1 / count, in f64 and rounded once like the CPU's row_scale.
+  const double mean_scale = row_scale == nullptr ? 1.0 / static_cast<double>(*counted) : 0.0;
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const int64_t t = targets[r];
+    const T* row = logits + r * classes;
+    T* grow = grad + r * classes;
+    const int64_t head = RowHead(row, classes);
+    const bool bad = t != ignore_index && (t < 0 || t >= classes);
+    if (t == ignore_index || bad) {
+      if (g.tid() == 0) {
+        if (bad) RecordIndexError(sink, IndexOp::kSoftmaxCrossEntropyFused, t, r, 0, classes);
+        if (losses != nullptr) losses[r] = ConvertTo<T>(bad ? static_cast<C>(NAN) : C(0));
+      }
+      ForRow<T>(classes, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+        constexpr int W = decltype(width)::value;
+        C z[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) z[k] = C(0);
+        StoreN<W>(grow + i, z);
+      });
+      continue;
+    }
+    // x[t] is read before the statistics' reduction and every write below comes after it, so
+    // an in-place gradient cannot overwrite it first.
+    const C target_logit = g.tid() == 0 ? ToCompute(row[t]) : C(0);
+    C shift, log_sum;
+    RowStats<kWarp>(row, classes, head, g, smem).Finalize(&shift, &log_sum);
+    g.Sync();
+    if (g.tid() == 0 && losses != nullptr) {
+      losses[r] = ConvertTo<T>(log_sum - (target_logit - shift));
+    }
+    const C s = static_cast<C>(row_scale != nullptr ? row_scale[r] : mean_scale);
+    ForRow<T>(classes, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C v[W];
+      LoadN<W>(row + i, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const C p = DevExp(v[k] - shift - log_sum);
+        v[k] = (p - (i + k == t ? C(1) : C(0))) * s;
+      }
+      StoreN<W>(grow + i, v);
+    });
+  }
+}
+
+// ---- LayerNorm backward -----------------------------------------------------------------------
+
+// grad_x per row, plus this row group's running sums of grad_out * xhat and grad_out into its own
+// slice of `partial` ([groups, 2, n], zeroed by the caller), which no other group touches.
+template <typename T, bool kWarp>
+__global__ void LayerNormBackwardKernel(T* grad_x, Acc<T>* partial, const T* grad_out, const T* x,
+                                        const Acc<T>* mean, const Acc<T>* rstd, const T* w,
+                                        int64_t w_stride, int64_t rows, int64_t n) {
+  using C = Acc<T>;
+  __shared__ C smem[32];
+  const RowGroup<kWarp> g{};
+  C* part_w = partial != nullptr ? partial + g.first() * 2 * n : nullptr;
+  C* part_b = part_w != nullptr ? part_w + n : nullptr;
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const T* xrow = x + r * n;
+    const T* grow = grad_out + r * n;
+    const int64_t head = RowHead(xrow, n);
+    const C mu = mean[r], rs = rstd[r];
+    C sum_dxhat = 0, sum_dxhat_xhat = 0;
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C xv[W], gv[W], wv[W];
+      LoadN<W>(xrow + i, xv);
+      LoadN<W>(grow + i, gv);
+      if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
+      C pw[W], pb[W];
+      if (part_w != nullptr) {
+        LoadN<W>(part_w + i, pw);
+        LoadN<W>(part_b + i, pb);
+      } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) pw[k] = pb[k] = C(0);
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const C xhat = (xv[k] - mu) * rs;
+        const C dxhat = w != nullptr ? gv[k] * wv[k] : gv[k];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+        pw[k] += gv[k] * xhat;
+        pb[k] += gv[k];
+      }
+      if (part_w != nullptr) {
+        StoreN<W>(part_w + i, pw);
+        StoreN<W>(part_b + i, pb);
+      }
+    });
+    if (grad_x != nullptr) {
+      const C m1 = GroupAllReduce<kWarp>(sum_dxhat, SumOp{}, C(0), smem) / static_cast<C>(n);
+      const C m2 = GroupAllReduce<kWarp>(sum_dxhat_xhat, SumOp{}, C(0), smem) / static_cast<C>(n);
+      T* dxrow = grad_x + r * n;
+      ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+        constexpr int W = decltype(width)::value;
+        C xv[W], gv[W], wv[W];
+        LoadN<W>(xrow + i, xv);
+        LoadN<W>(grow + i, gv);
+        if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const C xhat = (xv[k] - mu) * rs;
+          const C dxhat = w != nullptr ? gv[k] * wv[k] : gv[k];
+          xv[k] = rs * ((dxhat - m1) - xhat * m2);
+        }
+        StoreN<W>(dxrow + i, xv);
+      });
+    }
+    // The next row's head may map a partial element to another thread of the group.
+    g.Sync();
+  }
+}
+
+constexpr int kParamCols = 32;   // columns per block of the parameter-gradient reduction
+constexpr int kParamLanes = 16;  // partial rows summed in parallel per column
+
+// grad_weight[j] / grad_bias[j] = the sums of the groups' partials, in a fixed order: lane y sums
+// groups y, y + 16, ...; then lane 0 adds the 16 lane sums in order. Deterministic.
+template <typename T>
+__global__ void LayerNormParamGradKernel(T* grad_weight, T* grad_bias, const Acc<T>* partial,
+                                         int64_t groups, int64_t n) {
+  using C = Acc<T>;
+  __shared__ C sums[2][kParamLanes][kParamCols];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kParamCols + threadIdx.x;
+  C sw = 0, sb = 0;
+  if (j < n) {
+    for (int64_t p = threadIdx.y; p < groups; p += kParamLanes) {
+      sw += partial[p * 2 * n + j];
+      sb += partial[p * 2 * n + n + j];
+    }
+  }
+  sums[0][threadIdx.y][threadIdx.x] = sw;
+  sums[1][threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= n) return;
+  C tw = 0, tb = 0;
+#pragma unroll
+  for (int y = 0; y < kParamLanes; ++y) {
+    tw += sums[0][y][threadIdx.x];
+    tb += sums[1][y][threadIdx.x];
+  }
+  if (grad_weight != nullptr) grad_weight[j] = ConvertTo<T>(tw);
+  if (grad_bias != nullptr) grad_bias[j] = ConvertTo<T>(tb);
+}
+
+// ---- Add + LayerNorm --------------------------------------------------------------------------
+
+template <typename T, bool kWarp>
+__global__ void AddLayerNormKernel(T* residual, T* out, Acc<T>* mean, Acc<T>* rstd, const T* a,
+                                   const T* b, const T* w, int64_t w_stride, const T* bias,
+                                   int64_t bias_stride, int64_t rows, int64_t n, double eps) {
+  using C = Acc<T>;
+  __shared__ double smem[32];
+  const RowGroup<kWarp> g{};
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    T* rrow = residual + r * n;
+    const T* arow = a + r * n;
+    const T* brow = b + r * n;
+    T* orow = out + r * n;
+    // The residual's head: the passes below re-read residual elements written by this thread.
+    const int64_t head = RowHead(rrow, n);
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C av[W], bv[W];
+      LoadN<W>(arow + i, av);
+      LoadN<W>(brow + i, bv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) av[k] = av[k] + bv[k];
+      StoreN<W>(rrow + i, av);  // rounded once, to what tg::Add would return
+    });
+    C mu, rs;
+    RowMeanRstd<kWarp>(static_cast<const T*>(rrow), n, head, g, eps, smem, &mu, &rs);
+    if (g.tid() == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C v[W], wv[W], bv[W];
+      LoadN<W>(rrow + i, v);
+      if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
+      if (bias != nullptr) LoadStrided<W>(bias + i * bias_stride, bias_stride, bv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        C y = (v[k] - mu) * rs;
+        if (w != nullptr) y *= wv[k];
+        if (bias != nullptr) y += bv[k];
+        v[k] = y;
+      }
+      StoreN<W>(orow + i, v);
+    });
+  }
+}
+
+}  // namespace
+
+void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, const Tensor& logits,
+                              const Tensor& targets, const Tensor& row_scale,
+                              int64_t ignore_index) {
+  const char* op = "softmax_cross_entropy_fused";
+  const Device device = RowsDevice(op, "logits", logits);
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  CheckTensor(op, "logits", logits, device, logits.shape(), logits.dtype());
+  CheckTensor(op, "grad_logits", grad_logits, device, logits.shape(), logits.dtype());
+  CheckTensor(op, "targets", targets, device, {rows}, kI64);
+  if (losses.defined()) CheckTensor(op, "losses", losses, device, {rows}, logits.dtype());
+  if (row_scale.defined()) CheckTensor(op, "row_scale", row_scale, device, {rows}, kF64);
+  CheckAliasing(op, "grad_logits", grad_logits, "logits", logits);
+  if (losses.defined()) {
+    TG_CHECK(!losses.shares_storage(logits) && !losses.shares_storage(grad_logits), op,
+             ": losses must not share memory with logits or grad_logits");
+  }
+  DeviceGuard guard(device.index);
+  ThrowIfIndexError(device.index);
+  if (rows == 0) return;
+  const cudaStream_t stream = CurrentStream(device.index);
+  const IndexErrorSink sink = IndexErrorSinkFor(device.index);
+  const int64_t* t = targets.data<int64_t>();
+  Tensor counted;
+  unsigned long long* counted_ptr = nullptr;
+  if (!row_scale.defined()) {
+    counted = Tensor::Empty({1}, kI64, device);
+    counted_ptr = static_cast<unsigned long long*>(counted.raw_data());
+    TG_CUDA_CHECK(cudaMemsetAsync(counted_ptr, 0, sizeof(unsigned long long), stream));
+    CountNotIgnoredKernel<<<BlocksFor(rows, 256), 256, 0, stream>>>(counted_ptr, t, rows,
+                                                                    ignore_index);
+    TG_CUDA_CHECK_LAUNCH("CountNotIgnoredKernel");
+  }
+  VisitDeviceFloating(op, logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* lo = losses.defined() ? static_cast<T*>(losses.raw_data()) : nullptr;
+    auto* gr = static_cast<T*>(grad_logits.raw_data());
+    const auto* in = static_cast<const T*>(logits.raw_data());
+    const double* s = row_scale.defined() ? row_scale.data<double>() : nullptr;
+    LaunchRows(PlanRows<T>(rows, classes), [&](auto warp, const RowPlan& plan) {
+      SoftmaxCrossEntropyFusedKernel<T, decltype(warp)::value>
+          <<<plan.blocks, plan.threads, 0, stream>>>(lo, gr, in, t, s, counted_ptr, rows, classes,
+                                                     ignore_index, sink);
+    });
+    TG_CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyFusedKernel");
+  });
+}
+
+void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& weight) {
+  const char* op = "layer_norm_backward";
+  const Device device = RowsDevice(op, "x", x);
+  const int64_t rows = x.size(0), n = x.size(1);
+  const DType dtype = x.dtype();
+  CheckTensor(op, "x", x, device, x.shape(), dtype);
+  CheckTensor(op, "grad_out", grad_out, device, x.shape(), dtype);
+  CheckTensor(op, "mean", mean, device, {rows}, StatDType(dtype));
+  CheckTensor(op, "rstd", rstd, device, {rows}, StatDType(dtype));
+  if (weight.defined()) CheckTensor(op, "weight", weight, device, {n}, dtype);
+  if (grad_x.defined()) CheckTensor(op, "grad_x", grad_x, device, x.shape(), dtype);
+  if (grad_weight.defined()) CheckTensor(op, "grad_weight", grad_weight, device, {n}, dtype);
+  if (grad_bias.defined()) CheckTensor(op, "grad_bias", grad_bias, device, {n}, dtype);
+  const bool params = grad_weight.defined() || grad_bias.defined();
+  if (n == 0 || (!grad_x.defined() && !params)) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = CurrentStream(device.index);
+  VisitDeviceFloating(op, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = Acc<T>;
+    T* gw = grad_weight.defined() ? static_cast<T*>(grad_weight.raw_data()) : nullptr;
+    T* gb = grad_bias.defined() ? static_cast<T*>(grad_bias.raw_data()) : nullptr;
+    if (rows == 0) {  // empty sums
+      if (gw != nullptr) TG_CUDA_CHECK(cudaMemsetAsync(gw, 0, n * sizeof(T), stream));
+      if (gb != nullptr) TG_CUDA_CHECK(cudaMemsetAsync(gb, 0, n * sizeof(T), stream));
+      return;
+    }
+    // Two resident blocks per multiprocessor bound the number of row groups and so the size of
+    // the partial sums ([groups, 2, n]) and the work of the final reduction.
+    const RowPlan plan =
+        PlanRows<T>(rows, n, 2 * static_cast<int64_t>(MultiProcessorCount(device.index)));
+    const int64_t groups = static_cast<int64_t>(plan.blocks) * (plan.warp ? plan.threads / 32 : 1);
+    Tensor partial;
+    C* part = nullptr;
+    if (params) {
+      partial = Tensor::Empty({groups * 2 * n}, StatDType(dtype), device);
+      part = static_cast<C*>(partial.raw_data());
+      TG_CUDA_CHECK(cudaMemsetAsync(part, 0, groups * 2 * n * sizeof(C), stream));
+    }
+    T* gx = grad_x.defined() ? static_cast<T*>(grad_x.raw_data()) : nullptr;
+    const auto* go = static_cast<const T*>(grad_out.raw_data());
+    const auto* xp = static_cast<const T*>(x.raw_data());
+    const auto* m = static_cast<const C*>(mean.raw_data());
+    const auto* rs = static_cast<const C*>(rstd.raw_data());
+    const T* w = weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr;
+    LaunchRows(plan, [&](auto warp, const RowPlan& p) {
+      LayerNormBackwardKernel<T, decltype(warp)::value>
+          <<<p.blocks, p.threads, 0, stream>>>(gx, part, go, xp, m, rs, w, 1, rows, n);
+    });
+    TG_CUDA_CHECK_LAUNCH("LayerNormBackwardKernel");
+    if (params) {
+      const unsigned blocks = static_cast<unsigned>((n + kParamCols - 1) / kParamCols);
+      LayerNormParamGradKernel<T>
+          <<<blocks, dim3(kParamCols, kParamLanes), 0, stream>>>(gw, gb, part, groups, n);
+      TG_CUDA_CHECK_LAUNCH("LayerNormParamGradKernel");
+    }
+  });
+}
+
+void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
+                  const Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const char* op = "add_layer_norm";
+  const Device device = RowsDevice(op, "a", a);
+  const int64_t rows = a.size(0), n = a.size(1);
+  const DType dtype = a.dtype();
+  CheckTensor(op, "a", a, device, a.shape(), dtype);
+  CheckTensor(op, "b", b, device, a.shape(), dtype);
+  CheckTensor(op, "residual_out", residual_out, device, a.shape(), dtype);
+  CheckTensor(op, "ln_out", ln_out, device, a.shape(), dtype);
+  CheckTensor(op, "mean", mean, device, {rows}, StatDType(dtype));
+  CheckTensor(op, "rstd", rstd, device, {rows}, StatDType(dtype));
+  if (weight.defined()) CheckTensor(op, "weight", weight, device, {n}, dtype);
+  if (bias.defined()) CheckTensor(op, "bias", bias, device, {n}, dtype);
+  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  CheckAliasing(op, "residual_out", residual_out, "a", a);
+  CheckAliasing(op, "residual_out", residual_out, "b", b);
+  TG_CHECK(!ln_out.shares_storage(a) && !ln_out.shares_storage(b) &&
+               !ln_out.shares_storage(residual_out),
+           op, ": ln_out must not share memory with a, b or residual_out");
+  if (rows == 0) return;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = CurrentStream(device.index);
+  VisitDeviceFloating(op, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = Acc<T>;
+    auto* res = static_cast<T*>(residual_out.raw_data());
+    auto* o = static_cast<T*>(ln_out.raw_data());
+    auto* m = static_cast<C*>(mean.raw_data());
+    auto* rs = static_cast<C*>(rstd.raw_data());
+    const auto* ap = static_cast<const T*>(a.raw_data());
+    const auto* bp = static_cast<const T*>(b.raw_data());
+    const T* w = weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr;
+    const T* bi = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
+    LaunchRows(PlanRows<T>(rows, n), [&](auto warp, const RowPlan& plan) {
+      AddLayerNormKernel<T, decltype(warp)::value><<<plan.blocks, plan.threads, 0, stream>>>(
+          res, o, m, rs, ap, bp, w, 1, bi, 1, rows, n, eps);
+    });
+    TG_CUDA_CHECK_LAUNCH("AddLayerNormKernel");
+  });
+}
+
+}  // namespace tg::cuda

@@ -1,0 +1,74 @@
+// Fused CUDA kernels for transformer training that have no single-op equivalent in the op list
+// (tensor/ops.h): softmax cross-entropy with its gradient in one kernel, the layer-norm
+// backward, and a residual add followed by layer norm. Each is the composition of tg ops named
+// in its comment, computed in f32 for f16/bf16/f32 (f64 for f64) and rounded to the tensors'
+// dtype once per output element; tests/tensor/cuda/nn_kernels_test.cc compares each with that
+// composition on the CPU.
+//
+// Unlike the kernels of tensor/cuda/kernels.h (which the dispatch feeds validated tensors),
+// these are called directly, so each validates its arguments and throws tg::Error naming the
+// op and the offending shape, dtype or device. All tensors must be contiguous and on one CUDA
+// device; kernels enqueue on that device's current stream (tensor/cuda/runtime.h) and never
+// wait for the device. Target range errors are reported as described in
+// tensor/cuda/index_errors.h.
+//
+//   // Classifier head of a GPT step: loss per token and d(mean loss)/d(logits), in place.
+//   tg::cuda::SoftmaxCrossEntropyFused(losses, logits, logits, targets, tg::Tensor(), -100);
+//   // Pre-norm block: x += attn_out; h = layer_norm(x), in one pass.
+//   tg::cuda::AddLayerNorm(x, h, mean, rstd, x, attn_out, ln_w, ln_b, 1e-5);
+#ifndef TAPEGRAD_TENSOR_CUDA_NN_FUSED_H_
+#define TAPEGRAD_TENSOR_CUDA_NN_FUSED_H_
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace tg::cuda {
+
+// Cross-entropy and its gradient for logits [N, C] (f32, f64, f16 or bf16) and targets [N] (i64,
+// each in [0, C) or == ignore_index), reading each row of logits twice in one kernel (statistics,
+// then gradient; the second read comes from cache) and never storing probabilities:
+//   losses[r]         = logsumexp(logits[r]) - logits[r][t_r]    (0 where t_r == ignore_index)
+//   grad_logits[r][i] = (softmax(logits[r])[i] - (i == t_r)) * scale_r   (0 rows where ignored)
+// which equals tg::CrossEntropy(logits, targets, ignore_index, Reduction::kNone) and
+// tg::CrossEntropyBackward(logits, targets, grad, ignore_index, ...) with the same row scales.
+// - losses: [N] of logits' dtype, or undefined when only the gradient is wanted.
+// - grad_logits: [N, C] of logits' dtype. It may be logits itself: the gradient then overwrites
+//   the logits in place (llm.c's fused classifier), saving an [N, C] buffer.
+// - row_scale: f64 [N], the loss gradient of each row (as for tg::cuda::CrossEntropyBackward),
+//   or undefined for the gradient of the mean over non-ignored rows: scale = 1 / count, where
+//   the count of rows with t_r != ignore_index is computed on the device (no host wait). An
+//   all-ignored batch gives zero gradients and zero losses (the mean itself, 0/0, is the
+//   caller's).
+void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, const Tensor& logits,
+                              const Tensor& targets, const Tensor& row_scale, int64_t ignore_index);
+
+// The backward of tg::LayerNorm for x [rows, n] (f32, f64, f16 or bf16) from its saved
+// statistics, with xhat = (x - mean) * rstd and dxhat = grad_out * weight (grad_out when weight
+// is undefined):
+//   grad_x      = rstd * (dxhat - mean_n(dxhat) - xhat * mean_n(dxhat * xhat))
+//   grad_weight = sum over rows of grad_out * xhat
+//   grad_bias   = sum over rows of grad_out
+// (the formulas of autograd/ops/nn.cc LayerNorm). grad_out and x are [rows, n] of x's dtype;
+// mean and rstd are [rows] f32 (f64 for f64 x), as tg::LayerNorm returns them; weight is [n] of
+// x's dtype or undefined. Each gradient is an output of x's dtype ([rows, n], [n], [n]) or
+// undefined when not wanted. grad_x takes one kernel (one warp or block per row); grad_weight
+// and grad_bias are accumulated by that same kernel into per-warp/per-block f32 (f64) partial
+// sums, which a second kernel adds up in a fixed order: deterministic, no atomics.
+void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& weight);
+
+// residual_out = a + b (rounded to the dtype), then ln_out, mean, rstd =
+// tg::LayerNorm(residual_out, weight, bias, eps), in one kernel: that is
+// tg::LayerNorm(tg::Add(a, b), weight, bias, eps) plus the sum itself. a, b, residual_out and
+// ln_out are [rows, n] of one floating dtype; residual_out may be a or b (an in-place residual
+// stream update); mean and rstd are [rows] f32 (f64 for f64); weight and bias are [n] of that
+// dtype or undefined; eps >= 0.
+void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
+                  const Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& weight,
+                  const Tensor& bias, double eps);
+
+}  // namespace tg::cuda
+
+#endif  // TAPEGRAD_TENSOR_CUDA_NN_FUSED_H_

@@ -1,0 +1,237 @@
+// The tensor core's device dispatch on the CPU: without a backend every CUDA path throws a
+// clear error; with a fake backend ("cuda" tensors in host memory) Empty/Zeros/Full, copy_,
+// fill_, to(Device), contiguous(), clone(), item(), to_vector() and ToString() reach it with
+// the arguments its contract promises (src broadcast to dst's shape), and CPU-only work never
+// does.
+#include "tensor/device_backend.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/convert.h"
+#include "tensor/storage.h"
+#include "tensor/tensor.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using ::tg::testing::ThrowsError;
+using ::tg::testing::ThrowsErrorExactly;
+
+// Host memory that claims to live on cuda:<index>.
+class FakeDeviceAllocator final : public Allocator {
+ public:
+  explicit FakeDeviceAllocator(int index) : index_(index) {}
+  void* Allocate(size_t nbytes) override { return CpuAllocator()->Allocate(nbytes); }
+  void Deallocate(void* ptr, size_t nbytes) override { CpuAllocator()->Deallocate(ptr, nbytes); }
+  Device device() const override { return Device::Cuda(index_); }
+
+ private:
+  int index_;
+};
+
+struct CopyCall {
+  Device dst_device, src_device;
+  Shape src_shape, src_strides;
+  DType dst_dtype, src_dtype;
+};
+
+// Elementwise through double (exact for the small values used here), any strides.
+void StridedCopy(const Tensor& dst, const Tensor& src) {
+  const Shape strides = ContiguousStrides(dst.shape());
+  for (int64_t i = 0; i < dst.numel(); ++i) {
+    int64_t d_off = 0, s_off = 0;
+    for (size_t d = 0; d < dst.shape().size(); ++d) {
+      const int64_t idx = i / strides[d] % dst.shape()[d];
+      d_off += idx * dst.strides()[d];
+      s_off += idx * src.strides()[d];
+    }
+    const double v = Visit(src.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      return Convert<double>(static_cast<const T*>(src.raw_data())[s_off]);
+    });
+    Visit(dst.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      static_cast<T*>(dst.raw_data())[d_off] = Convert<T>(v);
+    });
+  }
+}
+
+class FakeBackend final : public DeviceBackend {
+ public:
+  Allocator* allocator(int index) override {
+    TG_CHECK(index >= 0 && index < 2, "cuda:", index, " does not exist (fake)");
+    return &allocators_[index];
+  }
+  void Copy(const Tensor& dst, const Tensor& src) override {
+    copies.push_back(
+        {dst.device(), src.device(), src.shape(), src.strides(), dst.dtype(), src.dtype()});
+    EXPECT_EQ(dst.shape(), src.shape());
+    StridedCopy(dst, src);
+  }
+  void Fill(const Tensor& dst, double value) override {
+    fills.push_back(value);
+    const Tensor v = Tensor::Scalar(value, kF64).expand(dst.shape());
+    StridedCopy(dst, v);
+  }
+  void Synchronize(int) override {}
+
+  std::vector<CopyCall> copies;
+  std::vector<double> fills;
+
+ private:
+  FakeDeviceAllocator allocators_[2] = {FakeDeviceAllocator(0), FakeDeviceAllocator(1)};
+};
+
+constexpr char kNoBackend[] = "no CUDA backend in this binary: link //tensor/cuda:backend";
+
+TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
+  ASSERT_EQ(FindDeviceBackend(DeviceType::kCuda), nullptr);
+  EXPECT_TRUE(ThrowsErrorExactly([] { GetDeviceBackend(DeviceType::kCuda); }, kNoBackend));
+  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({2}, kF32, Device::Cuda(0)); },
+                                 std::string("empty: cannot allocate on cuda:0: ") + kNoBackend));
+  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Zeros({2}, kF16, Device::Cuda(1)); },
+                                 std::string("empty: cannot allocate on cuda:1: ") + kNoBackend));
+  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Ones({2}).to(Device::Cuda(0)); },
+                                 std::string("to: cannot allocate on cuda:0: ") + kNoBackend));
+
+  // A device tensor made without the registry (its allocator directly).
+  FakeDeviceAllocator fake(0);
+  const Tensor g(std::make_shared<Storage>(8, &fake), {2}, {1}, 0, kF32);
+  const Tensor h = Tensor::Zeros({2});
+  EXPECT_TRUE(ThrowsErrorExactly([&] { h.copy_(g); },
+                                 std::string("copy_: from cuda:0 to cpu: ") + kNoBackend));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { g.copy_(h); },
+                                 std::string("copy_: from cpu to cuda:0: ") + kNoBackend));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { g.fill_(1); },
+                                 std::string("fill_: tensor on cuda:0: ") + kNoBackend));
+  EXPECT_TRUE(ThrowsError([&] { g.select(0, 0).item(); }, kNoBackend));
+  EXPECT_TRUE(ThrowsError([&] { g.to_vector<float>(); }, kNoBackend));
+  // The CPU keeps working.
+  EXPECT_EQ(Tensor::Full({2}, 3).to_vector<float>(), (std::vector<float>{3, 3}));
+}
+
+class FakeBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override { RegisterDeviceBackend(DeviceType::kCuda, &backend_); }
+  void TearDown() override { RegisterDeviceBackend(DeviceType::kCuda, nullptr); }
+  FakeBackend backend_;
+};
+
+TEST_F(FakeBackendTest, EmptyAllocatesThroughTheBackend) {
+  const Tensor t = Tensor::Empty({2, 3}, kF16, Device::Cuda(1));
+  EXPECT_EQ(t.device(), Device::Cuda(1));
+  EXPECT_EQ(t.storage()->allocator(), backend_.allocator(1));
+  EXPECT_EQ(t.strides(), (Shape{3, 1}));
+  EXPECT_EQ(t.storage()->nbytes(), 12u);
+  EXPECT_TRUE(backend_.copies.empty());
+  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({2}, kF32, Device::Cuda(5)); },
+                                 "empty: cannot allocate on cuda:5: cuda:5 does not exist (fake)"));
+}
+
+TEST_F(FakeBackendTest, ZerosOnesAndFullFillOnTheBackend) {
+  const Tensor z = Tensor::Zeros({2, 2}, kF32, Device::Cuda(0));
+  const Tensor o = Tensor::Ones({3}, kBF16, Device::Cuda(0));
+  const Tensor f = Tensor::Full({2}, -2.5, kF64, Device::Cuda(1));
+  EXPECT_EQ(backend_.fills, (std::vector<double>{0, 1, -2.5}));
+  EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{0, 0, 0, 0}));
+  EXPECT_EQ(o.to_vector<float>(), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(f.to_vector<double>(), (std::vector<double>{-2.5, -2.5}));
+  EXPECT_EQ(f.device(), Device::Cuda(1));
+}
+
+TEST_F(FakeBackendTest, ToDeviceCopiesOnceAndReturnsSelfWhenEqual) {
+  const Tensor x = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor g = x.to(Device::Cuda(0));
+  EXPECT_EQ(g.device(), Device::Cuda(0));
+  ASSERT_EQ(backend_.copies.size(), 1u);
+  EXPECT_EQ(backend_.copies[0].dst_device, Device::Cuda(0));
+  EXPECT_EQ(backend_.copies[0].src_device, Device::Cpu());
+  EXPECT_TRUE(g.to(Device::Cuda(0)).shares_storage(g));
+  EXPECT_TRUE(g.to(Device::Cuda(0), kF32).shares_storage(g));
+  EXPECT_TRUE(x.to(Device::Cpu()).shares_storage(x));
+  EXPECT_EQ(backend_.copies.size(), 1u);
+
+  // Device and dtype change in one copy; the backend converts.
+  const Tensor h = x.to(Device::Cuda(1), kF16);
+  EXPECT_EQ(h.dtype(), kF16);
+  ASSERT_EQ(backend_.copies.size(), 2u);
+  EXPECT_EQ(backend_.copies[1].dst_dtype, kF16);
+  EXPECT_EQ(backend_.copies[1].src_dtype, kF32);
+  EXPECT_EQ(h.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(h.to(Device::Cpu()).device(), Device::Cpu());
+}
+
+TEST_F(FakeBackendTest, CopyHandsTheBackendABroadcastSource) {
+  const Tensor dst = Tensor::Zeros({2, 3}, kF32, Device::Cuda(0));
+  dst.copy_(Tensor::FromVector<double>({7, 8, 9}, {3}));
+  ASSERT_EQ(backend_.copies.size(), 1u);
+  EXPECT_EQ(backend_.copies[0].src_shape, (Shape{2, 3}));
+  EXPECT_EQ(backend_.copies[0].src_strides, (Shape{0, 1}));
+  EXPECT_EQ(backend_.copies[0].src_dtype, kF64);
+  EXPECT_EQ(dst.to_vector<float>(), (std::vector<float>{7, 8, 9, 7, 8, 9}));
+
+  EXPECT_TRUE(ThrowsErrorExactly([&] { dst.copy_(Tensor::Zeros({4})); },
+                                 "copy_: source shape [4] cannot be broadcast to [2, 3]"));
+  const Tensor row = Tensor::Zeros({3}, kF32, Device::Cuda(0));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        row.expand({2, 3}).copy_(dst);
+      },
+      "copy_: the destination of shape [2, 3] is an expanded view (stride 0); writing to it is "
+      "ambiguous"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        row.expand({2, 3}).fill_(1);
+      },
+      "fill_: the destination of shape [2, 3] is an expanded view (stride 0); writing to it is "
+      "ambiguous"));
+}
+
+TEST_F(FakeBackendTest, ViewsCopiesAndHostReads) {
+  const Tensor g = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).to(Device::Cuda(0));
+  backend_.copies.clear();
+  const Tensor t = g.transpose(0, 1).contiguous();
+  EXPECT_EQ(t.device(), Device::Cuda(0));
+  ASSERT_EQ(backend_.copies.size(), 1u);
+  EXPECT_EQ(backend_.copies[0].src_device, Device::Cuda(0));
+  EXPECT_EQ(backend_.copies[0].src_strides, (Shape{1, 3}));
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  EXPECT_TRUE(g.contiguous().shares_storage(g));
+
+  const Tensor c = g.clone();
+  EXPECT_FALSE(c.shares_storage(g));
+  EXPECT_EQ(c.device(), Device::Cuda(0));
+  const Tensor i = g.to(kI32);
+  EXPECT_EQ(i.device(), Device::Cuda(0));
+  EXPECT_EQ(i.dtype(), kI32);
+
+  EXPECT_EQ(g.select(0, 1).select(0, 2).item(), 6);
+  EXPECT_EQ(g.ToString(), "tensor([[1, 2, 3], [4, 5, 6]], f32, shape=[2, 3], device=cuda:0)");
+  EXPECT_EQ(g.ToString(2), "tensor(... 6 elements ..., f32, shape=[2, 3], device=cuda:0)");
+
+  const Tensor host = Tensor::Zeros({3, 2});
+  host.transpose(0, 1).copy_(g);  // device -> strided host view
+  EXPECT_EQ(host.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+
+  g.fill_(2);
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>(6, 2)));
+}
+
+TEST_F(FakeBackendTest, CpuWorkNeverReachesTheBackend) {
+  const Tensor x = Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+  const Tensor y = x.transpose(0, 1).contiguous().to(kF16).clone();
+  Tensor::Zeros({3}).fill_(4);
+  Tensor::Ones({2, 2}).copy_(y);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{1, 3, 2, 4}));
+  EXPECT_EQ(x.select(0, 1).select(0, 0).item(), 3);
+  EXPECT_EQ(x.ToString(), "tensor([[1, 2], [3, 4]], f32, shape=[2, 2])");
+  EXPECT_TRUE(backend_.copies.empty());
+  EXPECT_TRUE(backend_.fills.empty());
+}
+
+}  // namespace
+}  // namespace tg

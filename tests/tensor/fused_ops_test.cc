@@ -1,0 +1,673 @@
+// Tests of the fused ops of tensor/ops.h on the CPU: Linear (+ GELU) and LinearBackward,
+// ScaledDotProductAttention and its backward, LayerNormBackward and CrossEntropyWithGrad.
+//
+// Forward values are checked against straightforward f64 loops over the inputs' values (after
+// rounding to their dtype), backward values in f64 against central finite differences of the
+// forward op, and the f32/f16/bf16 gradients against the f64 op on the same values. The error
+// text for bad shapes, dtypes and devices is pinned exactly. tests/tensor/cuda/op_table_test.cc
+// compares the CUDA implementations with these.
+//
+// Tolerances, relative to the largest reference magnitude of the output (products and sums
+// cancel, so an element's error follows the magnitudes summed into it, not its own value):
+// f64 1e-12 (a few roundings of 2^-53); f32 1e-5 (f32 accumulation over at most a few dozen
+// terms); f16 and bf16 results are the f32 computation rounded once (half an ulp: 2^-11 and
+// 2^-8 relative) plus, where the op rounds an intermediate to the dtype (attention's
+// probabilities, the pre-activation gradient of Linear), that intermediate's half ulp again.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/error.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tensor/tensor.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+#define EXPECT_ERROR(stmt, text) \
+  EXPECT_TRUE(::tg::testing::ThrowsErrorExactly([&] { (void)(stmt); }, text))
+
+const std::vector<DType> kFloatTypes = {kF64, kF32, kF16, kBF16};
+
+// ---- Comparing with references ----------------------------------------------------------------
+
+struct Tol {
+  double rtol;  // of each element's own reference value
+  double atol;  // of the largest reference magnitude of the output (at least 1)
+};
+
+// One rounding of the f32 (f64) computation to the output dtype.
+Tol OutputTol(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+      return {1e-12, 1e-12};
+    case DType::kF32:
+      return {1e-5, 1e-5};
+    case DType::kF16:
+      return {1e-3, 1e-3};  // half an ulp is 2^-11 relative; 2^-10 with the f32 error
+    default:
+      return {8e-3, 8e-3};  // bf16: half an ulp is 2^-8
+  }
+}
+
+// Two roundings to the dtype in sequence (an intermediate and the output).
+Tol TwoRoundingsTol(DType dtype) {
+  const Tol t = OutputTol(dtype);
+  return {2 * t.rtol, 2 * t.atol};
+}
+
+void ExpectClose(const Tensor& got, const std::vector<double>& want, Tol tol,
+                 const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  const std::vector<double> g = got.to_vector<double>();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  double scale = 1;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  int reported = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double bound = tol.rtol * std::abs(want[i]) + tol.atol * scale;
+    if (!(std::abs(g[i] - want[i]) <= bound) && reported++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: got " << g[i] << ", want " << want[i] << " (bound "
+                    << bound << ")";
+    }
+  }
+}
+
+void ExpectClose(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
+  ASSERT_TRUE(want.defined()) << what;
+  EXPECT_EQ(got.shape(), want.shape()) << what;
+  ExpectClose(got, want.to_vector<double>(), tol, what);
+}
+
+std::string Name(const char* what, DType dtype) {
+  return std::string(what) + " " + DTypeName(dtype);
+}
+
+// ---- f64 references ---------------------------------------------------------------------------
+
+double GeluTanhRef(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+// pre [m, n] = x [m, k] w^T + b, out = act(pre).
+struct LinearRef {
+  std::vector<double> out, pre;
+};
+LinearRef LinearReference(const std::vector<double>& x, const std::vector<double>& w,
+                          const std::vector<double>& b, int64_t m, int64_t k, int64_t n,
+                          bool gelu) {
+  LinearRef r;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = b.empty() ? 0 : b[j];
+      for (int64_t l = 0; l < k; ++l) s += x[i * k + l] * w[j * k + l];
+      r.pre.push_back(s);
+      r.out.push_back(gelu ? GeluTanhRef(s) : s);
+    }
+  }
+  return r;
+}
+
+// out [B, H, Tq, D] and the log-sum-exp stats [B, H, Tq] of softmax(scale q k^T + mask) v.
+struct AttentionRef {
+  std::vector<double> out, lse;
+};
+AttentionRef AttentionReference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                double scale) {
+  const std::vector<double> qv = q.to_vector<double>(), kv = k.to_vector<double>(),
+                            vv = v.to_vector<double>();
+  const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
+  AttentionRef r;
+  for (int64_t z = 0; z < bh; ++z) {
+    for (int64_t i = 0; i < tq; ++i) {
+      std::vector<double> s(static_cast<size_t>(tk));
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < tk; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += qv[(z * tq + i) * d + c] * kv[(z * tk + j) * d + c];
+        s[j] = causal && j > i ? -std::numeric_limits<double>::infinity() : scale * dot;
+        max = std::max(max, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < tk; ++j) sum += std::exp(s[j] - max);
+      const double lse = max + std::log(sum);
+      r.lse.push_back(lse);
+      for (int64_t c = 0; c < d; ++c) {
+        double o = 0;
+        for (int64_t j = 0; j < tk; ++j) o += std::exp(s[j] - lse) * vv[(z * tk + j) * d + c];
+        r.out.push_back(o);
+      }
+    }
+  }
+  return r;
+}
+
+// Sum of a .* b over all elements, in f64.
+double Dot(const Tensor& a, const Tensor& b) {
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  EXPECT_EQ(av.size(), bv.size());
+  double s = 0;
+  for (size_t i = 0; i < av.size(); ++i) s += av[i] * bv[i];
+  return s;
+}
+
+// Central differences of loss() with respect to every element of `param` (a contiguous f64
+// tensor that loss() reads).
+std::vector<double> NumericGrad(const Tensor& param, const std::function<double()>& loss) {
+  EXPECT_TRUE(param.dtype() == kF64 && param.is_contiguous());
+  double* p = param.data<double>();
+  const double h = 1e-6;
+  std::vector<double> grad(static_cast<size_t>(param.numel()));
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    const double saved = p[i];
+    p[i] = saved + h;
+    const double up = loss();
+    p[i] = saved - h;
+    const double down = loss();
+    p[i] = saved;
+    grad[i] = (up - down) / (2 * h);
+  }
+  return grad;
+}
+
+// Finite differences in f64 carry h^2 truncation and eps/h cancellation: ~1e-9 of the scale.
+constexpr Tol kFiniteDifferenceTol = {1e-6, 1e-7};
+
+Tensor Randn(const Shape& shape, Generator& gen, DType dtype = kF64, double stddev = 1) {
+  return RandNormal(shape, gen, 0, stddev, dtype);
+}
+
+// ---- Linear -----------------------------------------------------------------------------------
+
+TEST(LinearTest, MatchesTheReferenceInEveryDtype) {
+  Generator gen(1);
+  for (DType dtype : kFloatTypes) {
+    for (bool gelu : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        // x [2, 3, 5] (m = 6 rows), weight [4, 5]: n is not a multiple of 8 (CUDA pads aux).
+        const Tensor x = Randn({2, 3, 5}, gen, dtype);
+        const Tensor w = Randn({4, 5}, gen, dtype, 0.5);
+        const Tensor b = with_bias ? Randn({4}, gen, dtype) : Tensor();
+        const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
+        const LinearResult r = Linear(x, w, b, act);
+        const LinearRef ref = LinearReference(
+            x.to_vector<double>(), w.to_vector<double>(),
+            with_bias ? b.to_vector<double>() : std::vector<double>(), 6, 5, 4, gelu);
+        const std::string what = Name(gelu ? "gelu" : "none", dtype) + (with_bias ? " bias" : "");
+        EXPECT_EQ(r.output.shape(), (Shape{2, 3, 4})) << what;
+        EXPECT_EQ(r.output.dtype(), dtype) << what;
+        ExpectClose(r.output, ref.out, OutputTol(dtype), "output " + what);
+        EXPECT_EQ(r.pre_activation.defined(), gelu) << what;
+        if (gelu) {
+          EXPECT_EQ(r.pre_activation.shape(), (Shape{2, 3, 4})) << what;
+          ExpectClose(r.pre_activation, ref.pre, OutputTol(dtype), "pre " + what);
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearTest, GeluReadsTheUnroundedPreActivation) {
+  // f16: gelu(pre) rounded once, not gelu(round(pre)). pre = 1.5 + 2^-10 + 2^-12 is not an f16
+  // value (it rounds to 1.5 + 2^-10), and the two orders give different f16 outputs.
+  const Tensor x = Tensor::FromVector<double>({1.5}, {1, 1}).to(kF16);
+  const Tensor w = Tensor::FromVector<double>({1.0}, {1, 1}).to(kF16);
+  const Tensor b = Tensor::FromVector<double>({0.0009765625 + 0.000244140625}, {1}).to(kF16);
+  const LinearResult r = Linear(x, w, b, Activation::kGeluTanh);
+  const double pre = 1.5 + b.item();
+  const auto to_f16 = [](double v) { return Tensor::Scalar(v, kF64).to(kF16).item(); };
+  ASSERT_NE(to_f16(GeluTanhRef(pre)), to_f16(GeluTanhRef(to_f16(pre))));
+  EXPECT_EQ(r.output.item(), to_f16(GeluTanhRef(pre)));
+  EXPECT_EQ(r.pre_activation.item(), to_f16(pre));
+}
+
+TEST(LinearTest, NonContiguousInputsAndWeights) {
+  Generator gen(2);
+  const Tensor x_base = Randn({5, 6}, gen, kF32);            // x = its transpose [6, 5]
+  const Tensor w_base = Randn({5, 4}, gen, kF32);            // weight = its transpose [4, 5]
+  const Tensor b = Randn({8}, gen, kF32).slice(0, 0, 8, 2);  // stepped bias [4]
+  const Tensor x = x_base.transpose(0, 1), w = w_base.transpose(0, 1);
+  const LinearResult r = Linear(x, w, b, Activation::kGeluTanh);
+  const LinearRef ref = LinearReference(x.to_vector<double>(), w.to_vector<double>(),
+                                        b.to_vector<double>(), 6, 5, 4, true);
+  ExpectClose(r.output, ref.out, OutputTol(kF32), "output");
+  ExpectClose(r.pre_activation, ref.pre, OutputTol(kF32), "pre");
+}
+
+TEST(LinearTest, EmptyInputsAndAnEmptyReduction) {
+  const Tensor w = Tensor::Ones({3, 2});
+  const LinearResult r = Linear(Tensor::Zeros({0, 2}), w, Tensor::Ones({3}));
+  EXPECT_EQ(r.output.shape(), (Shape{0, 3}));
+  // in_features == 0: the product is empty and the output is the bias.
+  const LinearResult e =
+      Linear(Tensor::Zeros({2, 0}), Tensor::Zeros({3, 0}), Tensor::Full({3}, 2.0));
+  EXPECT_EQ(e.output.to_vector<double>(), std::vector<double>(6, 2.0));
+}
+
+TEST(LinearBackwardTest, MatchesFiniteDifferencesInF64) {
+  Generator gen(3);
+  for (bool gelu : {false, true}) {
+    const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
+    const Tensor x = Randn({2, 3, 5}, gen), w = Randn({4, 5}, gen, kF64, 0.5);
+    const Tensor b = Randn({4}, gen), go = Randn({2, 3, 4}, gen);
+    const auto loss = [&] { return Dot(go, Linear(x, w, b, act).output); };
+    const LinearResult fwd = Linear(x, w, b, act);
+    const LinearGrads g = LinearBackward(go, x, w, fwd.pre_activation, act);
+    const std::string what = gelu ? " gelu" : " none";
+    EXPECT_EQ(g.grad_input.shape(), x.shape());
+    ExpectClose(g.grad_input, NumericGrad(x, loss), kFiniteDifferenceTol, "grad_input" + what);
+    ExpectClose(g.grad_weight, NumericGrad(w, loss), kFiniteDifferenceTol, "grad_weight" + what);
+    ExpectClose(g.grad_bias, NumericGrad(b, loss), kFiniteDifferenceTol, "grad_bias" + what);
+  }
+}
+
+TEST(LinearBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
+  Generator gen(4);
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    for (bool gelu : {false, true}) {
+      const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
+      const Tensor x = Randn({6, 5}, gen, dtype), w = Randn({4, 5}, gen, dtype, 0.5);
+      const Tensor b = Randn({4}, gen, dtype), go = Randn({6, 4}, gen, dtype);
+      const LinearResult fwd = Linear(x, w, b, act);
+      const LinearGrads g = LinearBackward(go, x, w, fwd.pre_activation, act);
+      // The reference: the f64 op on the same (rounded) values, from the f64 pre-activation.
+      const LinearResult fwd64 = Linear(x.to(kF64), w.to(kF64), b.to(kF64), act);
+      const LinearGrads want =
+          LinearBackward(go.to(kF64), x.to(kF64), w.to(kF64), fwd64.pre_activation, act);
+      const std::string what = Name(gelu ? "gelu" : "none", dtype);
+      // g is rounded to the dtype before the products, and each product rounds once.
+      const Tol tol = TwoRoundingsTol(dtype);
+      EXPECT_EQ(g.grad_input.dtype(), dtype);
+      ExpectClose(g.grad_input, want.grad_input, tol, "grad_input " + what);
+      ExpectClose(g.grad_weight, want.grad_weight, tol, "grad_weight " + what);
+      ExpectClose(g.grad_bias, want.grad_bias, tol, "grad_bias " + what);
+    }
+  }
+}
+
+TEST(LinearBackwardTest, OnlyTheRequestedGradients) {
+  Generator gen(5);
+  const Tensor x = Randn({3, 2}, gen), w = Randn({4, 2}, gen), go = Randn({3, 4}, gen);
+  const LinearGrads none =
+      LinearBackward(go, x, w, Tensor(), Activation::kNone, false, false, false);
+  EXPECT_FALSE(none.grad_input.defined() || none.grad_weight.defined() || none.grad_bias.defined());
+  const LinearGrads bias_only =
+      LinearBackward(go, x, w, Tensor(), Activation::kNone, false, false, true);
+  EXPECT_FALSE(bias_only.grad_input.defined() || bias_only.grad_weight.defined());
+  ExpectClose(bias_only.grad_bias, Sum(go, {0}), OutputTol(kF64), "grad_bias");
+}
+
+// ---- Scaled dot-product attention ---------------------------------------------------------------
+
+struct AttentionCase {
+  int64_t b, h, tq, tk, d;
+  bool causal;
+};
+const AttentionCase kAttentionCases[] = {
+    {2, 3, 5, 5, 4, false}, {2, 3, 5, 5, 4, true}, {1, 2, 3, 6, 8, false}, {1, 1, 1, 1, 2, true}};
+
+TEST(AttentionTest, MatchesTheReferenceInEveryDtype) {
+  Generator gen(6);
+  for (DType dtype : kFloatTypes) {
+    for (const AttentionCase& c : kAttentionCases) {
+      const Tensor q = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
+      const Tensor k = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
+      const Tensor v = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
+      const double scale = 1 / std::sqrt(static_cast<double>(c.d));
+      const AttentionResult r = ScaledDotProductAttention(q, k, v, c.causal, scale);
+      const AttentionRef ref = AttentionReference(q, k, v, c.causal, scale);
+      const std::string what =
+          Name(c.causal ? "causal" : "full", dtype) + " tq " + std::to_string(c.tq);
+      EXPECT_EQ(r.output.shape(), q.shape()) << what;
+      EXPECT_EQ(r.output.dtype(), dtype) << what;
+      EXPECT_EQ(r.stats.shape(), (Shape{c.b, c.h, c.tq})) << what;
+      EXPECT_EQ(r.stats.dtype(), dtype == kF64 ? kF64 : kF32) << what;
+      // The probabilities are rounded to the dtype before they multiply v.
+      ExpectClose(r.output, ref.out, TwoRoundingsTol(dtype), "output " + what);
+      ExpectClose(r.stats, ref.lse, OutputTol(dtype == kF64 ? kF64 : kF32), "stats " + what);
+    }
+  }
+}
+
+TEST(AttentionTest, IsStableForLargeScores) {
+  // Scores of +-1e4 overflow exp() unless the maximum is subtracted first.
+  const Tensor q = Tensor::FromVector<double>({100, 0, -100, 0}, {1, 1, 2, 2}).to(kF32);
+  const Tensor k = Tensor::FromVector<double>({100, 0, 99, 0}, {1, 1, 2, 2}).to(kF32);
+  const Tensor v = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}).to(kF32);
+  const AttentionResult r = ScaledDotProductAttention(q, k, v, false, 1.0);
+  const AttentionRef ref = AttentionReference(q, k, v, false, 1.0);
+  ExpectClose(r.output, ref.out, OutputTol(kF32), "output");
+  ExpectClose(r.stats, ref.lse, OutputTol(kF32), "stats");
+}
+
+TEST(AttentionTest, NonContiguousHeads) {
+  // Heads sliced out of a [B, T, 3, H, D] projection, as a transformer block does.
+  Generator gen(7);
+  const Tensor qkv = Randn({2, 4, 3, 2, 8}, gen, kF32);
+  const Tensor q = qkv.select(2, 0).permute({0, 2, 1, 3});
+  const Tensor k = qkv.select(2, 1).permute({0, 2, 1, 3});
+  const Tensor v = qkv.select(2, 2).permute({0, 2, 1, 3});
+  ASSERT_FALSE(q.is_contiguous());
+  const AttentionResult r = ScaledDotProductAttention(q, k, v, true, 0.25);
+  const AttentionRef ref = AttentionReference(q, k, v, true, 0.25);
+  ExpectClose(r.output, ref.out, OutputTol(kF32), "output");
+  const AttentionGrads g = ScaledDotProductAttentionBackward(Tensor::Ones(q.shape()), q, k, v,
+                                                             r.output, r.stats, true, 0.25);
+  const AttentionGrads want = ScaledDotProductAttentionBackward(
+      Tensor::Ones(q.shape(), kF64), q.to(kF64), k.to(kF64), v.to(kF64),
+      ScaledDotProductAttention(q.to(kF64), k.to(kF64), v.to(kF64), true, 0.25).output,
+      ScaledDotProductAttention(q.to(kF64), k.to(kF64), v.to(kF64), true, 0.25).stats, true, 0.25);
+  ExpectClose(g.grad_q, want.grad_q, TwoRoundingsTol(kF32), "grad_q");
+  ExpectClose(g.grad_k, want.grad_k, TwoRoundingsTol(kF32), "grad_k");
+  ExpectClose(g.grad_v, want.grad_v, TwoRoundingsTol(kF32), "grad_v");
+}
+
+TEST(AttentionBackwardTest, MatchesFiniteDifferencesInF64) {
+  Generator gen(8);
+  for (const AttentionCase& c : kAttentionCases) {
+    const Tensor q = Randn({c.b, c.h, c.tq, c.d}, gen), k = Randn({c.b, c.h, c.tk, c.d}, gen);
+    const Tensor v = Randn({c.b, c.h, c.tk, c.d}, gen), go = Randn({c.b, c.h, c.tq, c.d}, gen);
+    const double scale = 0.7;
+    const auto loss = [&] {
+      return Dot(go, ScaledDotProductAttention(q, k, v, c.causal, scale).output);
+    };
+    const AttentionResult fwd = ScaledDotProductAttention(q, k, v, c.causal, scale);
+    const AttentionGrads g =
+        ScaledDotProductAttentionBackward(go, q, k, v, fwd.output, fwd.stats, c.causal, scale);
+    const std::string what = std::string(c.causal ? " causal" : " full") + " tq " +
+                             std::to_string(c.tq) + " tk " + std::to_string(c.tk);
+    ExpectClose(g.grad_q, NumericGrad(q, loss), kFiniteDifferenceTol, "grad_q" + what);
+    ExpectClose(g.grad_k, NumericGrad(k, loss), kFiniteDifferenceTol, "grad_k" + what);
+    ExpectClose(g.grad_v, NumericGrad(v, loss), kFiniteDifferenceTol, "grad_v" + what);
+  }
+}
+
+TEST(AttentionBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
+  Generator gen(9);
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    for (bool causal : {false, true}) {
+      const Tensor q = Randn({2, 2, 6, 8}, gen, dtype), k = Randn({2, 2, 6, 8}, gen, dtype);
+      const Tensor v = Randn({2, 2, 6, 8}, gen, dtype), go = Randn({2, 2, 6, 8}, gen, dtype);
+      const AttentionResult fwd = ScaledDotProductAttention(q, k, v, causal, 0.35);
+      const AttentionGrads g =
+          ScaledDotProductAttentionBackward(go, q, k, v, fwd.output, fwd.stats, causal, 0.35);
+      const Tensor q64 = q.to(kF64), k64 = k.to(kF64), v64 = v.to(kF64);
+      const AttentionResult fwd64 = ScaledDotProductAttention(q64, k64, v64, causal, 0.35);
+      const AttentionGrads want = ScaledDotProductAttentionBackward(
+          go.to(kF64), q64, k64, v64, fwd64.output, fwd64.stats, causal, 0.35);
+      const std::string what = Name(causal ? "causal" : "full", dtype);
+      // p and ds are rounded to the dtype before their products, and the forward's output
+      // (rounded) enters delta: up to three roundings.
+      const Tol tol = {3 * OutputTol(dtype).rtol, 3 * OutputTol(dtype).atol};
+      ExpectClose(g.grad_q, want.grad_q, tol, "grad_q " + what);
+      ExpectClose(g.grad_k, want.grad_k, tol, "grad_k " + what);
+      ExpectClose(g.grad_v, want.grad_v, tol, "grad_v " + what);
+    }
+  }
+}
+
+TEST(AttentionTest, EmptyQueries) {
+  const AttentionResult r =
+      ScaledDotProductAttention(Tensor::Zeros({1, 2, 0, 4}), Tensor::Zeros({1, 2, 3, 4}),
+                                Tensor::Zeros({1, 2, 3, 4}), false, 1.0);
+  EXPECT_EQ(r.output.shape(), (Shape{1, 2, 0, 4}));
+  EXPECT_EQ(r.stats.shape(), (Shape{1, 2, 0}));
+  const AttentionGrads g = ScaledDotProductAttentionBackward(
+      r.output, Tensor::Zeros({1, 2, 0, 4}), Tensor::Ones({1, 2, 3, 4}), Tensor::Ones({1, 2, 3, 4}),
+      r.output, r.stats, false, 1.0);
+  EXPECT_EQ(g.grad_k.to_vector<double>(), std::vector<double>(24, 0.0));
+  EXPECT_EQ(g.grad_v.shape(), (Shape{1, 2, 3, 4}));
+}
+
+// ---- Layer norm backward ------------------------------------------------------------------------
+
+TEST(LayerNormBackwardTest, MatchesFiniteDifferencesInF64) {
+  Generator gen(10);
+  for (bool affine : {false, true}) {
+    const Tensor x = Randn({2, 3, 6}, gen, kF64, 2.0), go = Randn({2, 3, 6}, gen);
+    const Tensor w = affine ? Randn({6}, gen) : Tensor(), b = Randn({6}, gen);
+    const auto loss = [&] { return Dot(go, LayerNorm(x, w, b, 1e-5).output); };
+    const LayerNormResult fwd = LayerNorm(x, w, b, 1e-5);
+    const LayerNormGrads g = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w);
+    const std::string what = affine ? " affine" : " plain";
+    EXPECT_EQ(g.grad_input.shape(), x.shape());
+    ExpectClose(g.grad_input, NumericGrad(x, loss), kFiniteDifferenceTol, "grad_input" + what);
+    ExpectClose(g.grad_bias, NumericGrad(b, loss), kFiniteDifferenceTol, "grad_bias" + what);
+    if (affine) {
+      ExpectClose(g.grad_weight, NumericGrad(w, loss), kFiniteDifferenceTol, "grad_weight");
+    } else {
+      // The weight gradient of an affine layer norm at weight 1: sum of go * xhat.
+      const Tensor ones = Tensor::Ones({6}, kF64);
+      const auto loss_w = [&] { return Dot(go, LayerNorm(x, ones, b, 1e-5).output); };
+      ExpectClose(g.grad_weight, NumericGrad(ones, loss_w), kFiniteDifferenceTol, "grad_weight");
+    }
+  }
+}
+
+TEST(LayerNormBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
+  Generator gen(11);
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    const Tensor x = Randn({4, 16}, gen, dtype), go = Randn({4, 16}, gen, dtype);
+    const Tensor w = Randn({16}, gen, dtype);
+    const LayerNormResult fwd = LayerNorm(x, w, Tensor(), 1e-5);
+    const LayerNormGrads g = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w);
+    // The reference reads the same f32 statistics, widened.
+    const LayerNormGrads want = LayerNormBackward(go.to(kF64), x.to(kF64), fwd.mean.to(kF64),
+                                                  fwd.rstd.to(kF64), w.to(kF64));
+    EXPECT_EQ(g.grad_input.dtype(), dtype);
+    ExpectClose(g.grad_input, want.grad_input, OutputTol(dtype), Name("grad_input", dtype));
+    ExpectClose(g.grad_weight, want.grad_weight, OutputTol(dtype), Name("grad_weight", dtype));
+    ExpectClose(g.grad_bias, want.grad_bias, OutputTol(dtype), Name("grad_bias", dtype));
+  }
+}
+
+TEST(LayerNormBackwardTest, WeightAndBiasGradientsOnlyWhenAsked) {
+  const Tensor x = Tensor::FromVector<double>({1, 2, 4, 8}, {2, 2});
+  const LayerNormResult fwd = LayerNorm(x, Tensor(), Tensor());
+  const LayerNormGrads g = LayerNormBackward(Tensor::Ones({2, 2}, kF64), x, fwd.mean, fwd.rstd,
+                                             Tensor(), /*need_weight_bias=*/false);
+  EXPECT_FALSE(g.grad_weight.defined() || g.grad_bias.defined());
+  // A constant upstream gradient has no component across a normalised row.
+  ExpectClose(g.grad_input, std::vector<double>(4, 0.0), OutputTol(kF64), "grad_input");
+}
+
+// ---- Cross-entropy with its gradient ------------------------------------------------------------
+
+TEST(CrossEntropyWithGradTest, EqualsCrossEntropyAndItsBackward) {
+  Generator gen(12);
+  const Tensor targets = Tensor::FromVector<int64_t>({2, -100, 0, 4, 1}, {5});
+  for (DType dtype : kFloatTypes) {
+    for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      const Tensor logits = Randn({5, 6}, gen, dtype, 3.0);
+      const CrossEntropyResult r = CrossEntropyWithGrad(logits, targets, -100, reduction, 0.25);
+      const Tensor loss = CrossEntropy(logits, targets, -100, reduction);
+      const Tensor grad_loss = reduction == Reduction::kNone ? Tensor::Full({5}, 0.25, kF64)
+                                                             : Tensor::Scalar(0.25, kF64);
+      const Tensor grad = CrossEntropyBackward(logits, targets, grad_loss, -100, reduction);
+      EXPECT_EQ(r.loss.shape(), loss.shape());
+      EXPECT_EQ(r.loss.to_vector<double>(), loss.to_vector<double>()) << DTypeName(dtype);
+      EXPECT_EQ(r.grad_logits.to_vector<double>(), grad.to_vector<double>()) << DTypeName(dtype);
+    }
+  }
+}
+
+TEST(CrossEntropyWithGradTest, GradientMatchesFiniteDifferencesInF64) {
+  Generator gen(13);
+  const Tensor targets = Tensor::FromVector<int32_t>({3, 0, -1, 2}, {4});
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    const Tensor logits = Randn({4, 5}, gen);
+    const double grad_scale = 1024;  // a loss scale
+    const auto loss = [&] {
+      const Tensor l = CrossEntropy(logits, targets, -1, reduction);
+      return grad_scale * Sum(l).item();
+    };
+    const CrossEntropyResult r = CrossEntropyWithGrad(logits, targets, -1, reduction, grad_scale);
+    ExpectClose(r.grad_logits, NumericGrad(logits, loss), kFiniteDifferenceTol,
+                "grad_logits reduction " + std::to_string(static_cast<int>(reduction)));
+    // The ignored row has no gradient.
+    const std::vector<double> g = r.grad_logits.to_vector<double>();
+    for (int i = 10; i < 15; ++i) EXPECT_EQ(g[i], 0.0);
+  }
+}
+
+TEST(CrossEntropyWithGradTest, AllRowsIgnored) {
+  const CrossEntropyResult r = CrossEntropyWithGrad(
+      Tensor::Ones({2, 3}), Tensor::FromVector<int64_t>({-100, -100}, {2}), -100);
+  EXPECT_TRUE(std::isnan(r.loss.item()));  // 0 / 0, as in PyTorch
+  EXPECT_EQ(r.grad_logits.to_vector<double>(), std::vector<double>(6, 0.0));
+}
+
+// ---- Errors -----------------------------------------------------------------------------------
+
+// A CPU buffer that calls itself cuda:0: enough to build a tensor whose device differs from the
+// CPU's (the ops must reject the mix before any kernel reads it).
+class ForeignDeviceAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t nbytes) override { return std::malloc(nbytes == 0 ? 1 : nbytes); }
+  void Deallocate(void* ptr, size_t) override { std::free(ptr); }
+  Device device() const override { return Device::Cuda(0); }
+};
+
+Tensor OnForeignDevice(const Shape& shape, DType dtype = kF32) {
+  static ForeignDeviceAllocator* allocator = new ForeignDeviceAllocator;
+  auto storage = std::make_shared<Storage>(
+      static_cast<size_t>(NumElements(shape)) * ElementSize(dtype), allocator);
+  return Tensor(storage, shape, ContiguousStrides(shape), 0, dtype);
+}
+
+TEST(FusedOpErrorsTest, Linear) {
+  const Tensor x = Tensor::Zeros({2, 3}), w = Tensor::Zeros({4, 3});
+  EXPECT_ERROR(Linear(x, Tensor::Zeros({4, 5}), Tensor()),
+               "linear: input of shape [2, 3] and weight of shape [4, 5] do not match (expected "
+               "weight [out_features, 3])");
+  EXPECT_ERROR(Linear(x, Tensor::Zeros({3}), Tensor()),
+               "linear: input of shape [2, 3] and weight of shape [3] do not match (expected "
+               "weight [out_features, 3])");
+  EXPECT_ERROR(Linear(x, w.to(kF16), Tensor()),
+               "linear: weight dtype f16 differs from input dtype f32");
+  EXPECT_ERROR(Linear(x, w, Tensor::Zeros({3})),
+               "linear: bias of shape [3] does not match weight of shape [4, 3] (expected [4])");
+  EXPECT_ERROR(Linear(x, w, Tensor::Zeros({4}, kF64)),
+               "linear: bias dtype f64 differs from input dtype f32");
+  EXPECT_ERROR(Linear(Tensor::Scalar(1), w, Tensor()),
+               "linear: expected input [..., in_features], got a 0-d tensor");
+  EXPECT_ERROR(Linear(x.to(kI64), w.to(kI64), Tensor()),
+               "linear: expected a floating dtype (f32, f64, f16, bf16), got i64");
+  EXPECT_ERROR(Linear(Tensor(), w, Tensor()), "linear: the input is an undefined tensor");
+  EXPECT_ERROR(Linear(x, OnForeignDevice({4, 3}), Tensor()),
+               "linear: expected all tensors on one device, got cpu and cuda:0");
+  EXPECT_ERROR(Linear(x, w, OnForeignDevice({4})),
+               "linear: expected all tensors on one device, got cpu and cuda:0");
+}
+
+TEST(FusedOpErrorsTest, LinearBackward) {
+  const Tensor x = Tensor::Zeros({2, 3}), w = Tensor::Zeros({4, 3}), go = Tensor::Zeros({2, 4});
+  EXPECT_ERROR(LinearBackward(Tensor::Zeros({2, 3}), x, w, Tensor(), Activation::kNone),
+               "linear_backward: gradient of shape [2, 3] does not match the output shape [2, 4] "
+               "of input [2, 3] and weight [4, 3]");
+  EXPECT_ERROR(LinearBackward(go.to(kBF16), x, w, Tensor(), Activation::kNone),
+               "linear_backward: gradient dtype bf16 differs from input dtype f32");
+  EXPECT_ERROR(LinearBackward(go, x, w, Tensor(), Activation::kGeluTanh),
+               "linear_backward: the pre-activation is an undefined tensor");
+  EXPECT_ERROR(LinearBackward(go, x, w, Tensor::Zeros({2, 4}, kF16), Activation::kGeluTanh),
+               "linear_backward: pre-activation [2, 4] f16 does not match the output [2, 4] f32");
+  EXPECT_ERROR(LinearBackward(OnForeignDevice({2, 4}), x, w, Tensor(), Activation::kNone),
+               "linear_backward: expected all tensors on one device, got cpu and cuda:0");
+}
+
+TEST(FusedOpErrorsTest, Attention) {
+  const Tensor q = Tensor::Zeros({1, 2, 3, 4}), k = Tensor::Zeros({1, 2, 5, 4});
+  EXPECT_ERROR(ScaledDotProductAttention(Tensor::Zeros({2, 3, 4}), k, k, false, 1),
+               "scaled_dot_product_attention: expected q, k and v as [B, H, T, D], got [2, 3, 4], "
+               "[1, 2, 5, 4] and [1, 2, 5, 4]");
+  EXPECT_ERROR(ScaledDotProductAttention(q, k, Tensor::Zeros({1, 2, 5, 8}), false, 1),
+               "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 2, 5, 4] and v [1, 2, 5, 8] "
+               "do not match (expected k and v [1, 2, Tk, 4])");
+  EXPECT_ERROR(ScaledDotProductAttention(q, Tensor::Zeros({1, 3, 5, 4}),
+                                         Tensor::Zeros({1, 3, 5, 4}), false, 1),
+               "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 3, 5, 4] and v [1, 3, 5, 4] "
+               "do not match (expected k and v [1, 2, Tk, 4])");
+  EXPECT_ERROR(ScaledDotProductAttention(q, k, k, true, 1),
+               "scaled_dot_product_attention: causal attention needs as many queries as keys, got "
+               "3 and 5");
+  EXPECT_ERROR(ScaledDotProductAttention(q, k.to(kF16), k, false, 1),
+               "scaled_dot_product_attention: q, k and v dtypes f32, f16 and f32 differ");
+  EXPECT_ERROR(ScaledDotProductAttention(q, Tensor::Zeros({1, 2, 0, 4}),
+                                         Tensor::Zeros({1, 2, 0, 4}), false, 1),
+               "scaled_dot_product_attention: 3 queries attend to no keys (k is [1, 2, 0, 4])");
+  EXPECT_ERROR(ScaledDotProductAttention(q, k, k, false, std::numeric_limits<double>::infinity()),
+               "scaled_dot_product_attention: scale inf is not finite");
+  EXPECT_ERROR(ScaledDotProductAttention(q, OnForeignDevice({1, 2, 5, 4}), k, false, 1),
+               "scaled_dot_product_attention: expected all tensors on one device, got cpu and "
+               "cuda:0");
+}
+
+TEST(FusedOpErrorsTest, AttentionBackward) {
+  const Tensor q = Tensor::Zeros({1, 2, 3, 4}), k = Tensor::Zeros({1, 2, 5, 4});
+  const Tensor stats = Tensor::Zeros({1, 2, 3});
+  EXPECT_ERROR(
+      ScaledDotProductAttentionBackward(Tensor::Zeros({1, 2, 3, 5}), q, k, k, q, stats, false, 1),
+      "scaled_dot_product_attention_backward: gradient of shape [1, 2, 3, 5] does not match q of "
+      "shape [1, 2, 3, 4]");
+  EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q.to(kF64), stats, false, 1),
+               "scaled_dot_product_attention_backward: output dtype f64 differs from q dtype f32");
+  EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q, stats.to(kF64), false, 1),
+               "scaled_dot_product_attention_backward: stats [1, 2, 3] f64 do not match [1, 2, 3] "
+               "f32 (as the forward returns them)");
+  EXPECT_ERROR(
+      ScaledDotProductAttentionBackward(q, q, k, k, q, Tensor::Zeros({1, 2, 3, 1}), false, 1),
+      "scaled_dot_product_attention_backward: stats [1, 2, 3, 1] f32 do not match "
+      "[1, 2, 3] f32 (as the forward returns them)");
+  EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q, Tensor(), false, 1),
+               "scaled_dot_product_attention_backward: stats is an undefined tensor");
+  EXPECT_ERROR(
+      ScaledDotProductAttentionBackward(OnForeignDevice({1, 2, 3, 4}), q, k, k, q, stats, false, 1),
+      "scaled_dot_product_attention_backward: expected all tensors on one device, got "
+      "cpu and cuda:0");
+}
+
+TEST(FusedOpErrorsTest, LayerNormBackward) {
+  const Tensor x = Tensor::Zeros({2, 3}), mean = Tensor::Zeros({2});
+  EXPECT_ERROR(LayerNormBackward(Tensor::Zeros({3, 2}), x, mean, mean, Tensor()),
+               "layer_norm_backward: gradient of shape [3, 2] does not match input of shape "
+               "[2, 3]");
+  EXPECT_ERROR(LayerNormBackward(x.to(kF16), x, mean, mean, Tensor()),
+               "layer_norm_backward: gradient dtype f16 differs from input dtype f32");
+  EXPECT_ERROR(LayerNormBackward(x, x, Tensor::Zeros({3}), mean, Tensor()),
+               "layer_norm_backward: mean [3] f32 does not match input of shape [2, 3] (expected "
+               "[2] f32)");
+  EXPECT_ERROR(LayerNormBackward(x.to(kF64), x.to(kF64), mean.to(kF64), mean, Tensor()),
+               "layer_norm_backward: rstd [2] f32 does not match input of shape [2, 3] (expected "
+               "[2] f64)");
+  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, Tensor::Zeros({2})),
+               "layer_norm_backward: weight of shape [2] does not match the last dim of input "
+               "[2, 3]");
+  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, Tensor::Zeros({3}, kBF16)),
+               "layer_norm_backward: weight dtype bf16 differs from input dtype f32");
+  EXPECT_ERROR(LayerNormBackward(x, x, OnForeignDevice({2}), mean, Tensor()),
+               "layer_norm_backward: expected all tensors on one device, got cpu and cuda:0");
+}
+
+TEST(FusedOpErrorsTest, CrossEntropyWithGrad) {
+  const Tensor logits = Tensor::Zeros({2, 3});
+  EXPECT_ERROR(CrossEntropyWithGrad(logits, Tensor::Zeros({3}, kI64)),
+               "cross_entropy_with_grad: targets of shape [3] do not match logits of shape "
+               "[2, 3] (expected [2])");
+  EXPECT_ERROR(CrossEntropyWithGrad(logits, Tensor::Zeros({2}, kF32)),
+               "cross_entropy_with_grad: expected an index dtype (i32 or i64), got f32");
+  EXPECT_ERROR(CrossEntropyWithGrad(Tensor::Zeros({2}), Tensor::Zeros({2}, kI64)),
+               "cross_entropy_with_grad: expected logits [N, C], got [2]");
+  EXPECT_ERROR(CrossEntropyWithGrad(logits, OnForeignDevice({2}, kI64)),
+               "cross_entropy_with_grad: expected all tensors on one device, got cpu and cuda:0");
+}
+
+}  // namespace
+}  // namespace tg
