@@ -23,9 +23,8 @@ int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t s : shape) {
     TG_CHECK(s >= 0, "shape ", ShapeToString(shape), " has a negative size");
-    TG_CHECK(s == 0 || n <= std::numeric_limits<int64_t>::max() / s, "shape ", ShapeToString(shape),
+    TG_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", ShapeToString(shape),
              " has more elements than int64 can count");
-    n *= s;
   }
   return n;
 }
@@ -110,16 +109,18 @@ ABSL_ATTRIBUTE_NOINLINE DeviceBackend* BackendFor(const char* op, Device device)
   return backend;
 }
 
-// Uninitialised contiguous memory; `op` names the caller in errors.
-Tensor NewTensor(const char* op, const Shape& shape, DType dtype, Device device) {
-  const int64_t n = NumElements(shape);
-  TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, op, ": shape ", ShapeToString(shape),
-           " is too large");
-  Allocator* allocator =
-      ABSL_PREDICT_TRUE(device.is_cpu()) ? CpuAllocator() : BackendAllocator(op, device);
-  auto storage =
-      std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), allocator, device);
-  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+// Row-major layout check behind is_contiguous(). Like torch: a tensor without elements is
+// contiguous whatever its strides (the strides of Empty({3, 0}) are [1, 1], which the loop
+// would reject), and size-1 dims may have any stride.
+bool ComputeContiguous(const Shape& shape, const Shape& strides, int64_t numel) {
+  if (numel == 0) return true;
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
 }
 
 // A destination that overlaps itself (an expanded view) would be written twice.
@@ -145,6 +146,7 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
   TG_CHECK(shape_.size() == strides_.size(), "Tensor: shape ", ShapeToString(shape_),
            " and strides ", ShapeToString(strides_), " differ in length");
   TG_CHECK(offset_ >= 0, "Tensor: negative offset ", offset_);
+  contiguous_ = ComputeContiguous(shape_, strides_, numel_);
   if (numel_ == 0) return;
   // The lowest and highest element addressed must lie inside the storage.
   int64_t lo = offset_, hi = offset_;
@@ -158,8 +160,29 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
            " reaches outside a storage of ", capacity, " ", DTypeName(dtype_), " elements");
 }
 
+Tensor Tensor::NewContiguous(const char* op, const Shape& shape, DType dtype, Device device) {
+  const int64_t n = NumElements(shape);
+  TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, op, ": shape ", ShapeToString(shape),
+           " is too large");
+  Allocator* allocator =
+      ABSL_PREDICT_TRUE(device.is_cpu()) ? CpuAllocator() : BackendAllocator(op, device);
+  Tensor t;
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), allocator, device);
+  t.shape_ = shape;
+  t.strides_.resize(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {  // ContiguousStrides, without a second Shape
+    t.strides_[i] = stride;
+    stride *= std::max<int64_t>(shape[i], 1);
+  }
+  t.numel_ = n;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
-  return NewTensor("empty", shape, dtype, device);
+  return NewContiguous("empty", shape, dtype, device);
 }
 
 Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
@@ -205,19 +228,6 @@ Device Tensor::device() const {
 }
 
 int64_t Tensor::size(int64_t d) const { return shape_[WrapDim("size", d, dim())]; }
-
-bool Tensor::is_contiguous() const {
-  // Like torch: a tensor without elements is contiguous whatever its strides (the strides of
-  // Empty({3, 0}) are [1, 1], which the loop below would reject).
-  if (numel_ == 0) return true;
-  int64_t expected = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] == 1) continue;
-    if (strides_[i] != expected) return false;
-    expected *= shape_[i];
-  }
-  return true;
-}
 
 void* Tensor::raw_data() const {
   CheckDefined("raw_data");
@@ -427,7 +437,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   CheckDefined("clone");
-  Tensor out = NewTensor("clone", shape_, dtype_, device());
+  Tensor out = NewContiguous("clone", shape_, dtype_, device());
   CopyInto(out, *this);
   return out;
 }
@@ -435,7 +445,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType dtype) const {
   CheckDefined("to");
   if (dtype == dtype_) return *this;
-  Tensor out = NewTensor("to", shape_, dtype, device());
+  Tensor out = NewContiguous("to", shape_, dtype, device());
   CopyInto(out, *this);
   return out;
 }
@@ -448,7 +458,7 @@ Tensor Tensor::to(Device device) const {
 Tensor Tensor::to(Device device, DType dtype) const {
   CheckDefined("to");
   if (device == storage_->device() && dtype == dtype_) return *this;
-  Tensor out = NewTensor("to", shape_, dtype, device);
+  Tensor out = NewContiguous("to", shape_, dtype, device);
   CopyInto(out, *this);
   return out;
 }

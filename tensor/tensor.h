@@ -85,7 +85,7 @@ class Tensor {
   int64_t size(int64_t d) const;
   int64_t numel() const { return numel_; }
   size_t element_size() const { return ElementSize(dtype_); }
-  bool is_contiguous() const;
+  bool is_contiguous() const { return contiguous_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Whether two tensors address the same storage.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
@@ -140,6 +140,11 @@ class Tensor {
   std::string ToString(int64_t max_elements = 64) const;
 
  private:
+  // Uninitialised contiguous memory; `op` names the caller in errors. Skips the view checks of
+  // the public constructor (the storage is sized for the shape): this is the allocation every
+  // op makes, and its cost dominates ops on small tensors.
+  static Tensor NewContiguous(const char* op, const Shape& shape, DType dtype, Device device);
+
   void CheckDefined(const char* op) const {
     if (storage_ == nullptr) ThrowUndefined(op);
   }
@@ -151,6 +156,7 @@ class Tensor {
   int64_t offset_ = 0;
   int64_t numel_ = 0;
   DType dtype_ = kF32;
+  bool contiguous_ = true;  // computed once at construction (kernels ask on every call)
 };
 
 // Copies src (broadcast to dst's shape) into dst with dtype conversion. Both on the CPU runs
