@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/amp_kernels.h"

@@ -13,11 +13,13 @@
 // terms); f16 and bf16 results are the f32 computation rounded once (half an ulp: 2^-11 and
 // 2^-8 relative) plus, where the op rounds an intermediate to the dtype (attention's
 // probabilities, the pre-activation gradient of Linear), that intermediate's half ulp again.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -94,7 +96,8 @@ std::string Name(const char* what, DType dtype) {
 // ---- f64 references ---------------------------------------------------------------------------
 
 double GeluTanhRef(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  const double k = 0.7978845608028654;  // sqrt(2 / pi)
+  return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
 // pre [m, n] = x [m, k] w^T + b, out = act(pre).

@@ -1,0 +1,1099 @@
+// Every op of tensor/ops.h on CUDA against the same op on the CPU, from one table.
+//
+// Each row names the op it exercises, builds its inputs on the CPU from a seeded generator,
+// runs the op on those inputs and on copies of them moved to the GPU, and compares every output
+// in f32, f64, f16 and bf16 (and i32/i64 where the op takes integers). Views (transposes,
+// slices with a step, stride-0 broadcasts, offsets) are taken inside the row's run function, so
+// both devices see the same non-contiguous layout. Forward and backward ops have rows of their
+// own; backward rows get their saved tensors from the CPU forward, so both devices run them on
+// identical inputs.
+//
+// Tolerances live in the table next to each row, with the reason. A CUDA output matches when,
+// element by element, |cuda - cpu| <= rtol * |cpu| + atol * max(1, max |cpu|): rtol covers
+// rounding relative to the element itself, atol (relative to the output's largest magnitude)
+// covers sums and products whose terms cancel, where the error follows the magnitudes summed
+// rather than the result. NaN must match NaN (any payload: x86 and CUDA make different default
+// NaNs), infinities must match exactly, and integer and bool outputs are compared exactly. The
+// tolerance of an output is chosen by that output's dtype (attention's f32 statistics of f16
+// heads get the f32 tolerance).
+//
+// Without a GPU the comparison skips; the table is still built and checked against the
+// declarations of tensor/ops.h, so a new op without a row fails here in CI.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+namespace {
+
+using Tensors = std::vector<Tensor>;
+
+const Device kGpu = Device::Cuda(0);
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+const std::vector<DType> kFloats = {kF32, kF64, kF16, kBF16};
+const std::vector<DType> kFloatsAndInts = {kF32, kF64, kF16, kBF16, kI32, kI64};
+
+// ---- Tolerances -------------------------------------------------------------------------------
+
+struct Tol {
+  double rtol = 0;  // of the element's CPU value
+  double atol = 0;  // of max(1, the output's largest |CPU value|)
+};
+
+struct Tols {
+  Tol f64, f32, f16, bf16;  // integer and bool outputs are always exact
+  std::string why;
+
+  Tol For(DType dtype) const {
+    switch (dtype) {
+      case DType::kF64:
+        return f64;
+      case DType::kF32:
+        return f32;
+      case DType::kF16:
+        return f16;
+      case DType::kBF16:
+        return bf16;
+      default:
+        return Tol{};
+    }
+  }
+};
+
+// One ulp of the 16-bit types relative to the value (at most: the spacing is 2^-11..2^-10 of a
+// normal f16 value and 2^-8..2^-7 of a bf16 one), and f16's subnormal spacing.
+constexpr double kF16Ulp = 1.0 / 1024;
+constexpr double kBF16Ulp = 1.0 / 128;
+constexpr double kF16Subnormal = 5.960464477539063e-08;  // 2^-24
+
+// Bit-exact on both devices.
+Tols Exact(const std::string& why) { return {{}, {}, {}, {}, why}; }
+
+// f64 and f32 results that may differ by the given relative amounts; f16/bf16 results are f32
+// results rounded once, so where the f32 values differ they may round to neighbouring 16-bit
+// values: one 16-bit ulp on top.
+Tols Computed(double f64, double f32, const std::string& why) {
+  return {{f64, f64},
+          {f32, f32},
+          {kF16Ulp + f32, f32 + kF16Subnormal},
+          {kBF16Ulp + f32, f32},
+          why + "; f16/bf16: that f32 result rounded once (+1 ulp: 2^-10 / 2^-7 relative)"};
+}
+
+// As Computed, for ops that also round an intermediate to the 16-bit dtype before a product
+// (attention's probabilities, Linear's pre-activation gradient): one 16-bit ulp of each term,
+// summed, which is bounded by the magnitude of the output's terms.
+Tols RoundedIntermediate(Tols t, double f16_terms, double bf16_terms, const std::string& why) {
+  t.f16.atol += f16_terms * kF16Ulp;
+  t.bf16.atol += bf16_terms * kBF16Ulp;
+  t.why += "; " + why;
+  return t;
+}
+
+const Tols& ExactTol() {
+  static const Tols* t = new Tols(
+      Exact("copies, selections, comparisons and IEEE-754 + - * / sqrt max min (correctly rounded "
+            "on both devices: nvcc without fast math, --fmad=false): bit-exact; f16/bf16 round "
+            "the same f32 value"));
+  return *t;
+}
+
+const Tols& TranscendentalTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-13, 2e-6,
+      "exp/log/tanh/sigmoid/erf/gelu/pow: CUDA libdevice (expf, tanhf, erff 2 ulp, powf 4 ulp) vs "
+      "glibc (1-2 ulp), compounded in gelu/sigmoid, and cancelling in 1 + tanh/erf near -1, "
+      "where an ulp of the function is all that is left: 2e-6 for f32 (~16 ulp), 1e-13 for f64"));
+  return *t;
+}
+
+const Tols& SumTol() {
+  static const Tols* t = new Tols(
+      Computed(1e-13, 2.4e-7,
+               "sum/mean accumulate in f64 on both devices, in different orders: the f64 result's "
+               "last bits (1e-13), and one ulp (2^-22 relative) for the rare f32 result whose f64 "
+               "sums straddle a rounding boundary"));
+  return *t;
+}
+
+const Tols& ScaleTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-15, 2.4e-7,
+      "x * scale rounded once; 1 ulp (2^-22 relative) if a device rounds the scale to f32 first"));
+  return *t;
+}
+
+const Tols& AccumulateTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-13, 1e-6,
+      "scatter-adds of a few repeated indices: f64 (index ops) or f32 (embedding backward, "
+      "overlapping max-pool windows) accumulation in different orders, atomics on the GPU: a few "
+      "f32 ulp of the summed magnitudes (1e-6)"));
+  return *t;
+}
+
+const Tols& MatmulTol() {
+  static const Tols* t = new Tols(
+      Computed(1e-12, 1e-5,
+               "matmul with k <= 64: f32 accumulation in different orders (OpenBLAS blocks vs "
+               "cuBLASLt tiles, no TF32) differs by up to k * 2^-24 of sum |a b|: 1e-5 of the "
+               "largest output; f64 1e-12"));
+  return *t;
+}
+
+const Tols& SoftmaxTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-12, 1e-5,
+      "softmax / log_softmax / cross-entropy: exp and log from libdevice (2 ulp) vs glibc, and "
+      "online (rescaled running sums) vs two-pass row statistics over up to 1000 classes: 1e-5"));
+  return *t;
+}
+
+const Tols& NormTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-12, 1e-5,
+      "layer norm and its backward: row means and variances over up to 257 elements and column "
+      "sums over the rows, accumulated in f32 (f64) in different orders (warp shuffles vs "
+      "sequential), then rsqrt: 1e-5 of the largest value"));
+  return *t;
+}
+
+const Tols& ConvTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-12, 2e-5,
+      "convolution: cuDNN engines vs im2col + OpenBLAS, f32 accumulation (no TF32) over "
+      "C*kh*kw = 27 (forward, input grad) and N*Ho*Wo <= 162 (weight grad) terms in different "
+      "orders: 2e-5 of the largest output"));
+  return *t;
+}
+
+const Tols& LinearTol() {
+  static const Tols* t = new Tols(Computed(
+      1e-12, 1e-5,
+      "linear: cuBLASLt with the bias/GELU epilogue vs OpenBLAS + the elementwise ops, k = 64 in "
+      "f32 (the matmul bound, 1e-5), and the epilogue's tanh vs glibc's (transcendental bound, "
+      "included)"));
+  return *t;
+}
+
+const Tols& LinearBackwardTol() {
+  static const Tols* t = new Tols(RoundedIntermediate(
+      Computed(1e-12, 1e-5,
+               "linear backward: products over k = 48 or m = 10 rows in f32 in different orders "
+               "(1e-5); dGELU from cuBLASLt's epilogue vs the composed tanh formula"),
+      1, 1,
+      "f16/bf16: the pre-activation gradient g is rounded to the dtype before its products, so "
+      "g may differ by one 16-bit ulp per term"));
+  return *t;
+}
+
+const Tols& AttentionTol() {
+  static const Tols* t = new Tols(RoundedIntermediate(
+      Computed(1e-12, 2e-5,
+               "attention: scores over D <= 64 and probability-weighted sums over T <= 16 keys in "
+               "f32 in different orders, exp in libdevice vs glibc: 2e-5 of the largest value"),
+      2, 2,
+      "f16/bf16: the probabilities (and, backward, ds) are rounded to the dtype before their "
+      "products, and cuDNN's flash kernel rounds them blockwise against a running maximum rather "
+      "than after the full softmax: up to two 16-bit ulp per term of the largest output"));
+  return *t;
+}
+
+// ---- The table --------------------------------------------------------------------------------
+
+struct OpRow {
+  std::string op;    // the function of tensor/ops.h this row exercises
+  std::string name;  // what the row runs
+  std::vector<DType> dtypes;
+  // The inputs, on the CPU (undefined entries stand for absent optional tensors).
+  std::function<Tensors(DType, Generator&)> inputs;
+  // The op on those inputs, on whatever device they are on; returns every output.
+  std::function<Tensors(const Tensors&)> run;
+  const Tols* tol;
+};
+
+// Inputs. Integers draw from a normal with a wider spread and truncate (values in about
+// [-30, 30], small enough that no product overflows).
+Tensor Normal(const Shape& shape, DType dtype, Generator& gen, double stddev = 1) {
+  if (IsFloating(dtype)) return RandNormal(shape, gen, 0, stddev, dtype);
+  return RandNormal(shape, gen, 0, 10 * stddev, kF64).to(dtype);
+}
+Tensor Uniform(const Shape& shape, DType dtype, Generator& gen, double low, double high) {
+  return RandUniform(shape, gen, low, high, kF64).to(dtype);
+}
+// Small integers (as `dtype`): many equal values, for comparisons and ties.
+Tensor Grid(const Shape& shape, DType dtype, Generator& gen, int64_t levels = 5) {
+  return Uniform(shape, kF64, gen, 0, static_cast<double>(levels)).to(kI64).to(dtype);
+}
+// Indices in [0, bound) as `dtype` (i32/i64).
+Tensor Indices(const Shape& shape, int64_t bound, Generator& gen, DType dtype = kI64) {
+  return Uniform(shape, kF64, gen, 0, static_cast<double>(bound)).to(kI64).to(dtype);
+}
+// Nonzero values of either sign with |v| in [0.5, 2] (divisors).
+Tensor AwayFromZero(const Shape& shape, DType dtype, Generator& gen) {
+  const Tensor sign = Sub(MulScalar(Grid(shape, kF64, gen, 2), 2), Tensor::Scalar(1, kF64));
+  return Mul(sign, Uniform(shape, kF64, gen, 0.5, 2)).to(dtype);
+}
+// The special values of floating arithmetic, and ordinary ones, as `dtype` [2, 8].
+Tensor Specials(DType dtype) {
+  return Tensor::FromVector<double>({kNaN, kInf, -kInf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 65504,
+                                     1e-6, -0.75, 7, kInf, kNaN},
+                                    {2, 8})
+      .to(dtype);
+}
+
+// A copy of `t` with element `i` (row-major) set to `value`.
+Tensor WithValueAt(const Tensor& t, int64_t i, double value) {
+  const Tensor c = t.to(kF64).contiguous().clone();
+  c.data<double>()[i] = value;
+  return c.to(t.dtype());
+}
+// Softmax rows with infinities and NaN, as `dtype` [5, 4]: a -inf entry, an inf entry, an
+// all -inf row, a NaN entry, and an ordinary row.
+Tensor SoftmaxSpecials(DType dtype) {
+  return Tensor::FromVector<double>({-kInf, 0,     1,    2, kInf, 0, 1,  2, -kInf, -kInf,
+                                     -kInf, -kInf, kNaN, 0, 1,    2, -1, 3, 0.5,   2},
+                                    {5, 4})
+      .to(dtype);
+}
+
+// The elementwise layouts: two operand shapes on the CPU and the views run() takes of them.
+struct Layout {
+  std::string name;
+  Shape a, b;
+  std::function<Tensor(const Tensor&)> view_a, view_b;
+};
+
+const std::vector<Layout>& Layouts() {
+  static const auto* layouts = new std::vector<Layout>{
+      {"contiguous [4, 33]",
+       {4, 33},
+       {4, 33},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t; }},
+      {"broadcast [4, 1, 33] with [5, 1]",
+       {4, 1, 33},
+       {5, 1},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t; }},
+      {"transposed with a stepped slice",
+       {33, 4},
+       {4, 66},
+       [](const Tensor& t) { return t.transpose(0, 1); },
+       [](const Tensor& t) { return t.slice(1, 0, 66, 2); }},
+      {"offset by one with a stride-0 expand",
+       {5, 34},
+       {1, 33},
+       [](const Tensor& t) { return t.narrow(1, 1, 33); },
+       [](const Tensor& t) {
+         return t.expand({5, 33});
+       }},
+  };
+  return *layouts;
+}
+
+bool TakesIntegers(BinaryOp op) { return op != BinaryOp::kDiv && op != BinaryOp::kPow; }
+bool TakesIntegers(UnaryOp op) {
+  return op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kRelu;
+}
+bool IsTranscendental(UnaryOp op) { return !(TakesIntegers(op) || op == UnaryOp::kSqrt); }
+
+// Operands for `op` that stay in its domain (positive bases and logs, divisors away from 0).
+Tensor FirstOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+  return op == BinaryOp::kPow ? Uniform(shape, dtype, gen, 0.25, 3) : Normal(shape, dtype, gen);
+}
+Tensor SecondOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+  return op == BinaryOp::kDiv ? AwayFromZero(shape, dtype, gen) : Normal(shape, dtype, gen);
+}
+Tensor UnaryOperand(UnaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+  if (op == UnaryOp::kLog || op == UnaryOp::kSqrt) return Uniform(shape, dtype, gen, 0.01, 5);
+  return Normal(shape, dtype, gen, 2);
+}
+
+void AddElementwiseRows(std::vector<OpRow>* rows) {
+  const BinaryOp binary_ops[] = {BinaryOp::kAdd,    BinaryOp::kSub, BinaryOp::kMul,
+                                 BinaryOp::kDiv,    BinaryOp::kPow, BinaryOp::kMaximum,
+                                 BinaryOp::kMinimum};
+  for (BinaryOp op : binary_ops) {
+    const Tols* tol = op == BinaryOp::kPow ? &TranscendentalTol() : &ExactTol();
+    const std::vector<DType> dtypes = TakesIntegers(op) ? kFloatsAndInts : kFloats;
+    for (const Layout& l : Layouts()) {
+      rows->push_back(
+          {"Binary", absl::StrCat(BinaryOpName(op), " ", l.name), dtypes,
+           [op, l](DType dtype, Generator& gen) -> Tensors {
+             return {FirstOperand(op, l.a, dtype, gen), SecondOperand(op, l.b, dtype, gen)};
+           },
+           [op, l](const Tensors& in) -> Tensors {
+             return {Binary(op, l.view_a(in[0]), l.view_b(in[1]))};
+           },
+           tol});
+    }
+    rows->push_back({"Binary", absl::StrCat(BinaryOpName(op), " special values"), kFloats,
+                     [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
+                     [op](const Tensors& in) -> Tensors {
+                       // Every pair of the 16 values: [16, 1] against [1, 16].
+                       return {Binary(op, in[0].reshape({16, 1}), in[0].reshape({1, 16}))};
+                     },
+                     tol});
+    // f16 op f32 promotes to f32 (the conversion runs on the device too).
+    rows->push_back(
+        {"Binary",
+         absl::StrCat(BinaryOpName(op), " promoted from f16 and f32"),
+         {kF32},
+         [op](DType, Generator& gen) -> Tensors {
+           return {FirstOperand(op, {3, 17}, kF16, gen), SecondOperand(op, {17}, kF32, gen)};
+         },
+         [op](const Tensors& in) -> Tensors { return {Binary(op, in[0], in[1])}; },
+         tol});
+    const std::vector<DType> scalar_dtypes = TakesIntegers(op) ? kFloatsAndInts : kFloats;
+    rows->push_back({"BinaryScalar", absl::StrCat(BinaryOpName(op), " 3 on a transposed view"),
+                     scalar_dtypes,
+                     [op](DType dtype, Generator& gen) -> Tensors {
+                       return {FirstOperand(op, {9, 20}, dtype, gen)};
+                     },
+                     [op](const Tensors& in) -> Tensors {
+                       // An integral scalar, so that integer tensors take it too.
+                       return {BinaryScalar(op, in[0].transpose(0, 1), 3)};
+                     },
+                     tol});
+    rows->push_back({"BinaryScalar", absl::StrCat(BinaryOpName(op), " 0.37"), kFloats,
+                     [op](DType dtype, Generator& gen) -> Tensors {
+                       return {FirstOperand(op, {7, 33}, dtype, gen)};
+                     },
+                     [op](const Tensors& in) -> Tensors { return {BinaryScalar(op, in[0], 0.37)}; },
+                     tol});
+  }
+  const CompareOp compare_ops[] = {CompareOp::kEq, CompareOp::kNe, CompareOp::kLt,
+                                   CompareOp::kLe, CompareOp::kGt, CompareOp::kGe};
+  for (CompareOp op : compare_ops) {
+    for (const Layout& l : Layouts()) {
+      rows->push_back({"Compare", absl::StrCat(CompareOpName(op), " ", l.name), kFloatsAndInts,
+                       [l](DType dtype, Generator& gen) -> Tensors {
+                         return {Grid(l.a, dtype, gen), Grid(l.b, dtype, gen)};
+                       },
+                       [op, l](const Tensors& in) -> Tensors {
+                         return {Compare(op, l.view_a(in[0]), l.view_b(in[1]))};
+                       },
+                       &ExactTol()});
+    }
+    rows->push_back({"Compare", absl::StrCat(CompareOpName(op), " special values"), kFloats,
+                     [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
+                     [op](const Tensors& in) -> Tensors {
+                       return {Compare(op, in[0].reshape({16, 1}), in[0].reshape({1, 16}))};
+                     },
+                     &ExactTol()});
+  }
+  const UnaryOp unary_ops[] = {UnaryOp::kNeg,     UnaryOp::kAbs,  UnaryOp::kExp,
+                               UnaryOp::kLog,     UnaryOp::kSqrt, UnaryOp::kTanh,
+                               UnaryOp::kSigmoid, UnaryOp::kRelu, UnaryOp::kGeluTanh,
+                               UnaryOp::kGelu,    UnaryOp::kErf};
+  for (UnaryOp op : unary_ops) {
+    const Tols* tol = IsTranscendental(op) ? &TranscendentalTol() : &ExactTol();
+    const std::vector<DType> dtypes = TakesIntegers(op) ? kFloatsAndInts : kFloats;
+    rows->push_back({"Unary", absl::StrCat(UnaryOpName(op), " contiguous [6, 129]"), dtypes,
+                     [op](DType dtype, Generator& gen) -> Tensors {
+                       return {UnaryOperand(op, {6, 129}, dtype, gen)};
+                     },
+                     [op](const Tensors& in) -> Tensors { return {Unary(op, in[0])}; }, tol});
+    rows->push_back({"Unary", absl::StrCat(UnaryOpName(op), " transposed, offset by one"), dtypes,
+                     [op](DType dtype, Generator& gen) -> Tensors {
+                       return {UnaryOperand(op, {34, 6}, dtype, gen)};
+                     },
+                     [op](const Tensors& in) -> Tensors {
+                       return {Unary(op, in[0].narrow(0, 1, 33).transpose(0, 1))};
+                     },
+                     tol});
+    rows->push_back({"Unary", absl::StrCat(UnaryOpName(op), " special values"), kFloats,
+                     [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
+                     [op](const Tensors& in) -> Tensors { return {Unary(op, in[0])}; }, tol});
+  }
+  rows->push_back({"Where", "bool [4, 1, 33] picks from [5, 33] and a stride-0 [5, 33]",
+                   kFloatsAndInts,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({4, 1, 33}, kBool, gen, 2), Normal({5, 33}, dtype, gen),
+                             Normal({1, 33}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Where(in[0], in[1], in[2].expand({5, 33}))};
+                   },
+                   &ExactTol()});
+  rows->push_back(
+      {"Where", "u8 condition, transposed operands", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Grid({7, 9}, kU8, gen, 3), Normal({9, 7}, dtype, gen),
+                 Specials(dtype).reshape({16}).narrow(0, 0, 9)};
+       },
+       [](const Tensors& in) -> Tensors { return {Where(in[0], in[1].transpose(0, 1), in[2])}; },
+       &ExactTol()});
+}
+
+void AddReductionRows(std::vector<OpRow>* rows) {
+  struct Dims {
+    std::vector<int64_t> dims;
+    bool keepdim;
+  };
+  const Dims reductions[] = {{{}, false}, {{1}, false}, {{0, 2}, true}, {{-1}, true}};
+  for (const Dims& r : reductions) {
+    const std::string what = absl::StrCat("over ", ShapeToString(r.dims),
+                                          r.keepdim ? " keepdim" : "", " of a permuted [6, 7, 33]");
+    rows->push_back({"Sum", what, kFloatsAndInts,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({7, 33, 6}, dtype, gen)};
+                     },
+                     [r](const Tensors& in) -> Tensors {
+                       return {Sum(in[0].permute({2, 0, 1}), r.dims, r.keepdim)};
+                     },
+                     &SumTol()});
+    rows->push_back({"Mean", what, kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({7, 33, 6}, dtype, gen)};
+                     },
+                     [r](const Tensors& in) -> Tensors {
+                       return {Mean(in[0].permute({2, 0, 1}), r.dims, r.keepdim)};
+                     },
+                     &SumTol()});
+  }
+  rows->push_back(
+      {"Sum", "a full reduction of 100003 elements (several blocks per row)", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors { return {Normal({100003}, dtype, gen)}; },
+       [](const Tensors& in) -> Tensors { return {Sum(in[0])}; }, &SumTol()});
+  for (int64_t dim : {0, 1, -1}) {
+    rows->push_back({"Max", absl::StrCat("dim ", dim, " with ties"), kFloatsAndInts,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Grid({5, 6, 40}, dtype, gen, 7)};
+                     },
+                     [dim](const Tensors& in) -> Tensors { return {Max(in[0], dim, dim == 1)}; },
+                     &ExactTol()});
+    rows->push_back({"Argmax", absl::StrCat("dim ", dim, " with ties (the first maximum)"),
+                     kFloatsAndInts,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Grid({5, 6, 40}, dtype, gen, 7)};
+                     },
+                     [dim](const Tensors& in) -> Tensors {
+                       return {Argmax(in[0].transpose(0, 2), dim, dim == 0)};
+                     },
+                     &ExactTol()});
+  }
+  rows->push_back({"Max", "NaN and infinities (NaN wins)", kFloats,
+                   [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
+                   [](const Tensors& in) -> Tensors {
+                     return {Max(in[0], 1), Max(in[0], 0)};
+                   },
+                   &ExactTol()});
+  rows->push_back({"Argmax", "NaN and infinities (a NaN is the maximum)", kFloats,
+                   [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
+                   [](const Tensors& in) -> Tensors {
+                     return {Argmax(in[0], 1), Argmax(in[0], 0)};
+                   },
+                   &ExactTol()});
+}
+
+void AddMatmulRows(std::vector<OpRow>* rows) {
+  rows->push_back({"Matmul", "[2, 3, 17, 64] @ [64, 19] (batch broadcast)", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 3, 17, 64}, dtype, gen), Normal({64, 19}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Matmul(in[0], in[1])}; },
+                   &MatmulTol()});
+  rows->push_back({"Matmul", "[33, 48] @ transposed [48, 40], both views", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({48, 33}, dtype, gen), Normal({40, 48}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Matmul(in[0].transpose(0, 1), in[1].transpose(0, 1))};
+                   },
+                   &MatmulTol()});
+  rows->push_back({"Matmul", "vector @ [3, 64, 5] and [3, 5, 64] @ vector", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({64}, dtype, gen), Normal({3, 64, 5}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Matmul(in[0], in[1]), Matmul(in[1].transpose(1, 2), in[0])};
+                   },
+                   &MatmulTol()});
+  rows->push_back({"Bmm", "[4, 16, 64] @ [4, 64, 8]", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({4, 16, 64}, dtype, gen), Normal({4, 64, 8}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Bmm(in[0], in[1])}; }, &MatmulTol()});
+}
+
+// Targets [n] in [0, classes) with rows 1 and n - 2 ignored (ignore_index -100).
+Tensor Targets(int64_t n, int64_t classes, Generator& gen, DType dtype = kI64) {
+  std::vector<int64_t> t = Indices({n}, classes, gen).to_vector<int64_t>();
+  t[1] = -100;
+  t[n - 2] = -100;
+  return Tensor::FromVector<int64_t>(t, {n}).to(dtype);
+}
+
+const char* ReductionName(Reduction r) {
+  return r == Reduction::kMean ? "mean" : r == Reduction::kSum ? "sum" : "none";
+}
+
+void AddNnRows(std::vector<OpRow>* rows) {
+  for (bool log : {false, true}) {
+    const std::string op = log ? "LogSoftmax" : "Softmax";
+    rows->push_back(
+        {op, "[7, 1000] rows, scale 3", kFloats,
+         [](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({7, 1000}, dtype, gen, 3)};
+         },
+         [log](const Tensors& in) -> Tensors { return {log ? LogSoftmax(in[0]) : Softmax(in[0])}; },
+         &SoftmaxTol()});
+    rows->push_back({op, "over dim 0 of a transposed [5, 33] (a strided last dim)", kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({5, 33}, dtype, gen, 3)};
+                     },
+                     [log](const Tensors& in) -> Tensors {
+                       const Tensor x = in[0].transpose(0, 1);
+                       return {log ? LogSoftmax(x) : Softmax(x)};
+                     },
+                     &SoftmaxTol()});
+    rows->push_back(
+        {op, "rows with -inf, inf and NaN", kFloats,
+         [](DType dtype, Generator&) -> Tensors { return {SoftmaxSpecials(dtype)}; },
+         [log](const Tensors& in) -> Tensors { return {log ? LogSoftmax(in[0]) : Softmax(in[0])}; },
+         &SoftmaxTol()});
+  }
+  rows->push_back({"LayerNorm", "[6, 257] with weight and bias", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({6, 257}, dtype, gen, 2), Normal({257}, dtype, gen),
+                             Normal({257}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const LayerNormResult r = LayerNorm(in[0], in[1], in[2], 1e-5);
+                     return {r.output, r.mean, r.rstd};
+                   },
+                   &NormTol()});
+  rows->push_back({"LayerNorm", "[2, 3, 64] transposed view, no weight or bias", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 64, 3}, dtype, gen, 2)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const LayerNormResult r =
+                         LayerNorm(in[0].transpose(1, 2), Tensor(), Tensor(), 1e-3);
+                     return {r.output, r.mean, r.rstd};
+                   },
+                   &NormTol()});
+  for (bool affine : {true, false}) {
+    rows->push_back({"LayerNormBackward",
+                     affine ? "[6, 257] with weight" : "[2, 3, 64] without weight", kFloats,
+                     [affine](DType dtype, Generator& gen) -> Tensors {
+                       const Shape shape = affine ? Shape{6, 257} : Shape{2, 3, 64};
+                       const Tensor x = Normal(shape, dtype, gen, 2);
+                       const Tensor w = affine ? Normal({shape.back()}, dtype, gen) : Tensor();
+                       const LayerNormResult fwd = LayerNorm(x, w, Tensor(), 1e-5);
+                       return {Normal(shape, dtype, gen), x, fwd.mean, fwd.rstd, w};
+                     },
+                     [](const Tensors& in) -> Tensors {
+                       const LayerNormGrads g =
+                           LayerNormBackward(in[0], in[1], in[2], in[3], in[4]);
+                       return {g.grad_input, g.grad_weight, g.grad_bias};
+                     },
+                     &NormTol()});
+  }
+  for (DType index : {kI64, kI32}) {
+    rows->push_back({"Embedding", absl::StrCat("[50, 16] rows at ", DTypeName(index), " [3, 7]"),
+                     kFloatsAndInts,
+                     [index](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({50, 16}, dtype, gen), Indices({3, 7}, 50, gen, index)};
+                     },
+                     [](const Tensors& in) -> Tensors { return {Embedding(in[0], in[1])}; },
+                     &ExactTol()});
+  }
+  rows->push_back(
+      {"EmbeddingBackward", "[3, 7, 16] into 12 rows (repeated indices)", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({3, 7, 16}, dtype, gen), Indices({3, 7}, 10, gen)};
+       },
+       [](const Tensors& in) -> Tensors { return {EmbeddingBackward(in[0], in[1], 12)}; },
+       &AccumulateTol()});
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    const std::string what =
+        absl::StrCat(ReductionName(reduction), ", [9, 1000] logits, two rows ignored");
+    rows->push_back({"CrossEntropy", what, kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({9, 1000}, dtype, gen, 3), Targets(9, 1000, gen)};
+                     },
+                     [reduction](const Tensors& in) -> Tensors {
+                       return {CrossEntropy(in[0], in[1], -100, reduction)};
+                     },
+                     &SoftmaxTol()});
+    rows->push_back({"CrossEntropyBackward", what, kFloats,
+                     [reduction](DType dtype, Generator& gen) -> Tensors {
+                       const Shape grad_shape = reduction == Reduction::kNone ? Shape{9} : Shape{};
+                       return {Normal({9, 1000}, dtype, gen, 3), Targets(9, 1000, gen, kI32),
+                               Normal(grad_shape, dtype, gen)};
+                     },
+                     [reduction](const Tensors& in) -> Tensors {
+                       return {CrossEntropyBackward(in[0], in[1], in[2], -100, reduction)};
+                     },
+                     &SoftmaxTol()});
+    rows->push_back({"CrossEntropyWithGrad", what + ", grad_scale 1024", kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({9, 1000}, dtype, gen, 3), Targets(9, 1000, gen)};
+                     },
+                     [reduction](const Tensors& in) -> Tensors {
+                       const CrossEntropyResult r =
+                           CrossEntropyWithGrad(in[0], in[1], -100, reduction, 1024);
+                       return {r.loss, r.grad_logits};
+                     },
+                     &SoftmaxTol()});
+  }
+  rows->push_back(
+      {"CrossEntropyWithGrad", "all rows ignored (NaN mean, zero gradient)", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({3, 10}, dtype, gen), Tensor::FromVector<int64_t>({-1, -1, -1}, {3})};
+       },
+       [](const Tensors& in) -> Tensors {
+         const CrossEntropyResult r = CrossEntropyWithGrad(in[0], in[1], -1);
+         return {r.loss, r.grad_logits};
+       },
+       &SoftmaxTol()});
+}
+
+void AddIndexRows(std::vector<OpRow>* rows) {
+  for (DType index : {kI64, kI32}) {
+    const std::string idx = DTypeName(index);
+    rows->push_back(
+        {"Gather", absl::StrCat("dim 1 of [5, 7, 6] at ", idx, " [5, 4, 6]"), kFloatsAndInts,
+         [index](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({5, 7, 6}, dtype, gen), Indices({5, 4, 6}, 7, gen, index)};
+         },
+         [](const Tensors& in) -> Tensors { return {Gather(in[0], 1, in[1])}; }, &ExactTol()});
+    rows->push_back(
+        {"ScatterAdd", absl::StrCat("[5, 9, 6] into dim 1 of [5, 7, 6] at ", idx, " (repeats)"),
+         kFloatsAndInts,
+         [index](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({5, 7, 6}, dtype, gen), Indices({5, 9, 6}, 7, gen, index),
+                   Normal({5, 9, 6}, dtype, gen)};
+         },
+         [](const Tensors& in) -> Tensors { return {ScatterAdd(in[0], 1, in[1], in[2])}; },
+         &AccumulateTol()});
+    rows->push_back({"IndexSelect", absl::StrCat("dim 2 of a transposed [5, 7, 6] at ", idx),
+                     kFloatsAndInts,
+                     [index](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({5, 6, 7}, dtype, gen), Indices({8}, 6, gen, index)};
+                     },
+                     [](const Tensors& in) -> Tensors {
+                       return {IndexSelect(in[0].transpose(1, 2), 2, in[1])};
+                     },
+                     &ExactTol()});
+    rows->push_back(
+        {"IndexAdd", absl::StrCat("[9, 7, 6] into dim 0 of [5, 7, 6] at ", idx), kFloatsAndInts,
+         [index](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({5, 7, 6}, dtype, gen), Indices({9}, 5, gen, index),
+                   Normal({9, 7, 6}, dtype, gen)};
+         },
+         [](const Tensors& in) -> Tensors { return {IndexAdd(in[0], 0, in[1], in[2])}; },
+         &AccumulateTol()});
+  }
+}
+
+void AddWindowRows(std::vector<OpRow>* rows) {
+  struct ConvCase {
+    std::string name;
+    Shape x, w;
+    bool bias;
+    Conv2dParams p;
+  };
+  const ConvCase cases[] = {
+      {"[2, 3, 9, 10] * [4, 3, 3, 3] + bias, stride 2, padding 1",
+       {2, 3, 9, 10},
+       {4, 3, 3, 3},
+       true,
+       {{2, 2}, {1, 1}, {1, 1}}},
+      {"[2, 3, 9, 10] * [5, 3, 3, 2], dilation [2, 1], padding [2, 0]",
+       {2, 3, 9, 10},
+       {5, 3, 3, 2},
+       false,
+       {{1, 1}, {2, 0}, {2, 1}}},
+  };
+  for (const ConvCase& c : cases) {
+    rows->push_back(
+        {"Conv2d", c.name, kFloats,
+         [c](DType dtype, Generator& gen) -> Tensors {
+           return {Normal(c.x, dtype, gen), Normal(c.w, dtype, gen),
+                   c.bias ? Normal({c.w[0]}, dtype, gen) : Tensor()};
+         },
+         [c](const Tensors& in) -> Tensors { return {Conv2d(in[0], in[1], in[2], c.p)}; },
+         &ConvTol()});
+    rows->push_back({"Conv2dBackward", c.name, kFloats,
+                     [c](DType dtype, Generator& gen) -> Tensors {
+                       const Tensor x = Normal(c.x, dtype, gen), w = Normal(c.w, dtype, gen);
+                       return {Normal(Conv2d(x, w, Tensor(), c.p).shape(), dtype, gen), x, w};
+                     },
+                     [c](const Tensors& in) -> Tensors {
+                       const Conv2dGrads g = Conv2dBackward(in[0], in[1], in[2], c.p);
+                       return {g.grad_input, g.grad_weight, g.grad_bias};
+                     },
+                     &ConvTol()});
+  }
+  rows->push_back({"Conv2dBackward", "only the weight gradient", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 4, 7, 8}, dtype, gen), Normal({2, 3, 9, 10}, dtype, gen),
+                             Normal({4, 3, 3, 3}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const Conv2dGrads g =
+                         Conv2dBackward(in[0], in[1], in[2], {}, false, true, false);
+                     return {g.grad_input, g.grad_weight, g.grad_bias};
+                   },
+                   &ConvTol()});
+  rows->push_back({"MaxPool2d", "[2, 3, 9, 10], kernel 3, stride 2, padding 1, with ties", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({2, 3, 9, 10}, dtype, gen, 6)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const MaxPool2dResult r = MaxPool2d(in[0], {3, 3}, {2, 2}, {1, 1});
+                     return {r.output, r.indices};
+                   },
+                   &ExactTol()});
+  rows->push_back({"MaxPool2d", "NaN and infinities in the windows", kFloats,
+                   [](DType dtype, Generator&) -> Tensors {
+                     return {Specials(dtype).reshape({1, 1, 4, 4})};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const MaxPool2dResult r = MaxPool2d(in[0], {2, 2}, {1, 1});
+                     return {r.output, r.indices};
+                   },
+                   &ExactTol()});
+  rows->push_back({"MaxPool2dBackward", "overlapping windows (kernel 3, stride 2)", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     const Tensor x = Normal({2, 3, 9, 10}, dtype, gen);
+                     const MaxPool2dResult fwd = MaxPool2d(x, {3, 3}, {2, 2}, {1, 1});
+                     return {Normal(fwd.output.shape(), dtype, gen), fwd.indices};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {MaxPool2dBackward(in[0], in[1], {2, 3, 9, 10})};
+                   },
+                   &AccumulateTol()});
+}
+
+void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
+  for (bool finite : {true, false}) {
+    const std::string what = finite ? "finite tensors" : "an inf in the second tensor";
+    rows->push_back({"AnyNonFinite", what + " and an integer one", kFloats,
+                     [finite](DType dtype, Generator& gen) -> Tensors {
+                       Tensor b = Normal({5, 3}, dtype, gen);
+                       if (!finite) b = WithValueAt(b, 7, kInf);
+                       return {Normal({37}, dtype, gen), b, Grid({4}, kI32, gen)};
+                     },
+                     [](const Tensors& in) -> Tensors {
+                       // The host answer, as a tensor on the inputs' device.
+                       return {Tensor::Scalar(AnyNonFinite(in) ? 1 : 0, kI64).to(in[0].device())};
+                     },
+                     &ExactTol()});
+    rows->push_back({"NonFiniteCheckAndUnscale", what + ", inv_scale 1/1024", kFloats,
+                     [finite](DType dtype, Generator& gen) -> Tensors {
+                       Tensor b = Normal({5, 3}, dtype, gen);
+                       if (!finite) b = WithValueAt(b, 7, kInf);
+                       return {Normal({37}, dtype, gen), b, Tensor::Zeros({}, kF32),
+                               Tensor::Full({}, 1.0 / 1024, kF32)};
+                     },
+                     [](const Tensors& in) -> Tensors {
+                       const Tensor a = in[0].clone(), b = in[1].clone(), found = in[2].clone();
+                       NonFiniteCheckAndUnscale({a, b}, found, in[3]);
+                       return {a, b, found};
+                     },
+                     &ScaleTol()});
+  }
+  rows->push_back({"MulScalarInPlace", "two tensors times 0.37, one a transposed view", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const Tensor a = in[0].clone(), b = in[1].clone();
+                     MulScalarInPlace({a, b.transpose(0, 1)}, 0.37);
+                     return {a, b};
+                   },
+                   &ScaleTol()});
+}
+
+void AddFusedRows(std::vector<OpRow>* rows) {
+  struct LinearCase {
+    std::string name;
+    int64_t out;
+    bool bias;
+    Activation act;
+    bool transposed_x;
+  };
+  const LinearCase cases[] = {
+      {"[2, 5, 64] -> 48 with bias", 48, true, Activation::kNone, false},
+      {"[2, 5, 64] -> 48 with bias and GELU", 48, true, Activation::kGeluTanh, false},
+      {"[2, 5, 64] -> 20 with GELU, no bias (padded pre-activation rows)", 20, false,
+       Activation::kGeluTanh, false},
+      {"transposed [10, 64] -> 20, no bias", 20, false, Activation::kNone, true},
+  };
+  for (const LinearCase& c : cases) {
+    rows->push_back({"Linear", c.name, kFloats,
+                     [c](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen),
+                               Normal({c.out, 64}, dtype, gen, 0.125),
+                               c.bias ? Normal({c.out}, dtype, gen) : Tensor()};
+                     },
+                     [c](const Tensors& in) -> Tensors {
+                       const Tensor x = c.transposed_x ? in[0].transpose(0, 1) : in[0];
+                       const LinearResult r = Linear(x, in[1], in[2], c.act);
+                       return {r.output, r.pre_activation};
+                     },
+                     &LinearTol()});
+    for (bool all : {true, false}) {
+      rows->push_back(
+          {"LinearBackward", c.name + (all ? "" : ", only the bias and input gradients"), kFloats,
+           [c](DType dtype, Generator& gen) -> Tensors {
+             const Tensor x = Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen);
+             const Tensor w = Normal({c.out, 64}, dtype, gen, 0.125);
+             const Tensor xv = c.transposed_x ? x.transpose(0, 1) : x;
+             const LinearResult fwd =
+                 Linear(xv, w, c.bias ? Normal({c.out}, dtype, gen) : Tensor(), c.act);
+             return {Normal(fwd.output.shape(), dtype, gen), x, w, fwd.pre_activation};
+           },
+           [c, all](const Tensors& in) -> Tensors {
+             const Tensor x = c.transposed_x ? in[1].transpose(0, 1) : in[1];
+             const LinearGrads g = LinearBackward(in[0], x, in[2], in[3], c.act, true, all, true);
+             return {g.grad_input, g.grad_weight, g.grad_bias};
+           },
+           &LinearBackwardTol()});
+    }
+  }
+  struct AttentionCase {
+    std::string name;
+    int64_t b, h, tq, tk, d;
+    bool causal;
+    bool packed;  // heads sliced out of a [B, T, 3, H, D] projection
+  };
+  const AttentionCase attention[] = {
+      {"[2, 3, 16, 64] causal (cuDNN-eligible in f16/bf16)", 2, 3, 16, 16, 64, true, false},
+      {"[2, 3, 16, 64] full", 2, 3, 16, 16, 64, false, false},
+      {"[1, 2, 7, 12] queries over 9 keys (head size 12: composed)", 1, 2, 7, 9, 12, false, false},
+      {"heads sliced from a packed [2, 16, 3, 2, 64] projection, causal", 2, 2, 16, 16, 64, true,
+       true},
+  };
+  for (const AttentionCase& c : attention) {
+    // q, k, v (and, for the backward, grad_out) from one set of CPU tensors.
+    const auto heads = [c](DType dtype, Generator& gen) -> Tensors {
+      if (c.packed) return {Normal({c.b, c.tq, 3, c.h, c.d}, dtype, gen)};
+      return {Normal({c.b, c.h, c.tq, c.d}, dtype, gen), Normal({c.b, c.h, c.tk, c.d}, dtype, gen),
+              Normal({c.b, c.h, c.tk, c.d}, dtype, gen)};
+    };
+    const auto qkv = [c](const Tensors& in) -> Tensors {
+      if (!c.packed) return {in[0], in[1], in[2]};
+      return {in[0].select(2, 0).permute({0, 2, 1, 3}), in[0].select(2, 1).permute({0, 2, 1, 3}),
+              in[0].select(2, 2).permute({0, 2, 1, 3})};
+    };
+    const double scale = 1 / std::sqrt(static_cast<double>(c.d));
+    rows->push_back({"ScaledDotProductAttention", c.name, kFloats, heads,
+                     [c, qkv, scale](const Tensors& in) -> Tensors {
+                       const Tensors h = qkv(in);
+                       const AttentionResult r =
+                           ScaledDotProductAttention(h[0], h[1], h[2], c.causal, scale);
+                       return {r.output, r.stats};
+                     },
+                     &AttentionTol()});
+    rows->push_back({"ScaledDotProductAttentionBackward", c.name, kFloats,
+                     [c, heads, qkv, scale](DType dtype, Generator& gen) -> Tensors {
+                       Tensors in = heads(dtype, gen);
+                       const Tensors h = qkv(in);
+                       const AttentionResult fwd =
+                           ScaledDotProductAttention(h[0], h[1], h[2], c.causal, scale);
+                       in.push_back(Normal(fwd.output.shape(), dtype, gen));
+                       in.push_back(fwd.output);
+                       in.push_back(fwd.stats);
+                       return in;
+                     },
+                     [c, qkv, scale](const Tensors& in) -> Tensors {
+                       const Tensors h = qkv(in);
+                       const size_t n = in.size();
+                       const AttentionGrads g = ScaledDotProductAttentionBackward(
+                           in[n - 3], h[0], h[1], h[2], in[n - 2], in[n - 1], c.causal, scale);
+                       return {g.grad_q, g.grad_k, g.grad_v};
+                     },
+                     &AttentionTol()});
+  }
+}
+
+const std::vector<OpRow>& Table() {
+  static const auto* table = [] {
+    auto* rows = new std::vector<OpRow>;
+    AddElementwiseRows(rows);
+    AddReductionRows(rows);
+    AddMatmulRows(rows);
+    AddNnRows(rows);
+    AddIndexRows(rows);
+    AddWindowRows(rows);
+    AddMixedPrecisionRows(rows);
+    AddFusedRows(rows);
+    return rows;
+  }();
+  return *table;
+}
+
+// ---- Comparison -------------------------------------------------------------------------------
+
+Tensors ToDevice(const Tensors& in, Device device) {
+  Tensors out;
+  for (const Tensor& t : in) out.push_back(t.defined() ? t.to(device) : t);
+  return out;
+}
+
+// Checks one CUDA output against the CPU's; returns a description of the first mismatches.
+std::string Mismatches(const Tensor& cpu, const Tensor& gpu, const Tols& tols) {
+  if (cpu.defined() != gpu.defined()) {
+    return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on CUDA: ", gpu.defined());
+  }
+  if (!cpu.defined()) return "";
+  if (!gpu.device().is_cuda())
+    return "the CUDA run returned a tensor on " + gpu.device().ToString();
+  if (cpu.shape() != gpu.shape() || cpu.dtype() != gpu.dtype()) {
+    return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", CUDA ",
+                        ShapeToString(gpu.shape()), " ", DTypeName(gpu.dtype()));
+  }
+  const std::vector<double> want = cpu.to_vector<double>(), got = gpu.to_vector<double>();
+  const Tol tol = tols.For(cpu.dtype());
+  double scale = 1;
+  for (double w : want) {
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+  }
+  std::string out;
+  int reported = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i], g = got[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = std::isnan(w) && std::isnan(g);
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = w == g;
+    } else {
+      ok = std::abs(g - w) <= tol.rtol * std::abs(w) + tol.atol * scale;
+    }
+    if (!ok && reported++ < 5) {
+      absl::StrAppend(&out, "\n  [", i, "] CPU ", w, ", CUDA ", g, " (rtol ", tol.rtol, ", atol ",
+                      tol.atol, " x ", scale, ")");
+    }
+  }
+  if (reported > 5) absl::StrAppend(&out, "\n  ... ", reported - 5, " more");
+  return out;
+}
+
+TEST(OpTableTest, EveryOpMatchesTheCpu) {
+  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<OpRow>& table = Table();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    for (DType dtype : row.dtypes) {
+      const std::string what = absl::StrCat(row.op, ": ", row.name, " (", DTypeName(dtype), ")");
+      try {
+        Generator gen(1000 + r);
+        const Tensors in = row.inputs(dtype, gen);
+        const Tensors cpu = row.run(in);
+        const Tensors gpu = row.run(ToDevice(in, kGpu));
+        ASSERT_EQ(cpu.size(), gpu.size()) << what;
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          const std::string m = Mismatches(cpu[i], gpu[i], *row.tol);
+          EXPECT_TRUE(m.empty()) << what << ", output " << i << ": " << m
+                                 << "\n  tolerance: " << row.tol->why;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << what << " threw: " << e.what();
+      }
+    }
+  }
+}
+
+// ---- The table itself (runs without a GPU)
+// -------------------------------------------------------
+
+// Every row builds its inputs and runs on the CPU, twice from the same seed with the same result
+// (a row that throws or draws differently would make the CUDA comparison meaningless).
+TEST(OpTableTest, EveryRowRunsOnTheCpu) {
+  const std::vector<OpRow>& table = Table();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    for (DType dtype : row.dtypes) {
+      const std::string what = absl::StrCat(row.op, ": ", row.name, " (", DTypeName(dtype), ")");
+      try {
+        Generator gen(1000 + r), again(1000 + r);
+        const Tensors first = row.run(row.inputs(dtype, gen));
+        const Tensors second = row.run(row.inputs(dtype, again));
+        ASSERT_EQ(first.size(), second.size()) << what;
+        for (size_t i = 0; i < first.size(); ++i) {
+          ASSERT_EQ(first[i].defined(), second[i].defined()) << what;
+          if (!first[i].defined()) continue;
+          const std::vector<double> a = first[i].to_vector<double>(),
+                                    b = second[i].to_vector<double>();
+          for (size_t j = 0; j < a.size(); ++j) {
+            EXPECT_TRUE(a[j] == b[j] || (std::isnan(a[j]) && std::isnan(b[j])))
+                << what << ", output " << i << " [" << j << "]";
+          }
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << what << " threw: " << e.what();
+      }
+    }
+  }
+}
+
+// ---- Coverage (runs without a GPU) ------------------------------------------------------------
+
+// The functions tensor/ops.h declares at namespace level (not the inline wrappers and operators,
+// which call these).
+std::set<std::string> DeclaredOps() {
+  std::ifstream file("tensor/ops.h");
+  EXPECT_TRUE(file.good()) << "tensor/ops.h is not in the test's runfiles";
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::regex declaration(R"(^[A-Za-z_][A-Za-z0-9_:]* ([A-Z][A-Za-z0-9_]*)\()");
+  std::set<std::string> ops;
+  std::string line;
+  while (std::getline(text, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
+  }
+  return ops;
+}
+
+TEST(OpTableTest, HasARowForEveryOpInOpsH) {
+  const std::set<std::string> declared = DeclaredOps();
+  EXPECT_GE(declared.size(), 30u) << "the declarations of tensor/ops.h were not recognised";
+  std::set<std::string> covered;
+  for (const OpRow& row : Table()) covered.insert(row.op);
+  for (const std::string& op : declared) {
+    EXPECT_TRUE(covered.count(op) > 0) << op << " (tensor/ops.h) has no row in the op table";
+  }
+  for (const std::string& op : covered) {
+    EXPECT_TRUE(declared.count(op) > 0) << "the table names " << op << ", not in tensor/ops.h";
+  }
+}
+
+TEST(OpTableTest, EveryFloatingRowRunsF32F16AndBf16) {
+  for (const OpRow& row : Table()) {
+    const std::set<DType> dtypes(row.dtypes.begin(), row.dtypes.end());
+    if (row.name.find("promoted") != std::string::npos) continue;  // one fixed dtype pair
+    for (DType dtype : {kF32, kF16, kBF16}) {
+      EXPECT_TRUE(dtypes.count(dtype) > 0)
+          << row.op << ": " << row.name << " does not run " << DTypeName(dtype);
+    }
+    EXPECT_TRUE(row.tol != nullptr && !row.tol->why.empty()) << row.op << ": " << row.name;
+  }
+}
+
+}  // namespace
+}  // namespace tg
