@@ -3,10 +3,12 @@
 #include <string>
 #include <utility>
 
+#include "amp/cuda/device_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "optim/clip_grad.h"
+#include "tensor/cuda/amp_kernels.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -30,6 +32,10 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
   bool any_f16 = false;
   for (optim::ParamGroup& group : optimizer_->param_groups()) {
     for (Variable& p : group.params) {
+      if (model_.empty()) device_ = p.data().device();
+      TG_CHECK(p.data().device() == device_, kName, ": parameter ", model_.size(), " is on ",
+               p.data().device().ToString(), " but parameter 0 is on ", device_.ToString(),
+               "; move the whole model to one device (Module::to) before making the optimizer");
       model_.push_back(p);
       if (IsLowPrecision(p.dtype())) {
         any_f16 = any_f16 || p.dtype() == kF16;
@@ -47,7 +53,40 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
         std::make_shared<LossScaler>(any_f16 ? LossScaler::PyTorch() : LossScaler::Constant(1));
   }
   check_non_finite_ = options_.check_non_finite.value_or(any_f16 || scaler_->options().dynamic);
-  found_inf_ = Tensor::Zeros({}, kF32);
+  found_inf_ = Tensor::Zeros({}, kF32, device_);
+  // On CUDA a dynamic scaler that this optimizer updates also lives on the device (see the
+  // header); a shared scaler (update_scaler = false) is updated by its owner on the host.
+  device_scaler_ = device_.is_cuda() && options_.update_scaler && scaler_->options().dynamic;
+  if (device_scaler_) {
+    scale_t_ = Tensor::Empty({}, kF32, device_);
+    inv_scale_t_ = Tensor::Empty({}, kF32, device_);
+    found_one_ = Tensor::Ones({}, kF32, device_);
+    SyncDeviceScaler();
+  }
+}
+
+MixedPrecisionOptimizer::ScalerCounters MixedPrecisionOptimizer::HostCounters() const {
+  return {scaler_->scale(), scaler_->growth_tracker(), scaler_->hysteresis_tracker(),
+          scaler_->clean_streak(), scaler_->iteration()};
+}
+
+void MixedPrecisionOptimizer::SyncDeviceScaler() {
+  const ScalerCounters now = HostCounters();
+  if (scaler_state_.defined() && now == mirrored_) return;
+  // The host scaler changed outside step() (load_state_dict, or a caller's own update): upload
+  // it. An upload of host memory may wait for the device; steps themselves never get here.
+  scaler_state_ = cuda::UploadScalerState(ToDeviceScalerState(*scaler_), device_);
+  cuda::WriteScaleOnDevice(scaler_state_, scale_t_, inv_scale_t_);
+  mirrored_ = now;
+}
+
+Tensor MixedPrecisionOptimizer::InvScale() {
+  if (device_scaler_) {
+    SyncDeviceScaler();
+    return inv_scale_t_;
+  }
+  // A fill on the device (a kernel argument, not an upload) or a host scalar.
+  return Tensor::Full({}, 1.0 / scaler_->scale(), kF32, device_);
 }
 
 MixedPrecisionOptimizer::~MixedPrecisionOptimizer() { detach(); }
@@ -94,7 +133,7 @@ void MixedPrecisionOptimizer::update_master_grads() {
   }
   if (fresh.empty()) return;
   // One fused pass: divide by the scale and record inf/NaN (found_inf accumulates until step).
-  NonFiniteCheckAndUnscale(fresh, found_inf_, Tensor::Scalar(1.0 / scaler_->scale(), kF32));
+  NonFiniteCheckAndUnscale(fresh, found_inf_, InvScale());
   for (size_t k = 0; k < index.size(); ++k) {
     Tensor& master_grad = master_grads_[index[k]];
     master_grad = master_grad.defined() ? tg::Add(master_grad, fresh[k]) : std::move(fresh[k]);
@@ -119,15 +158,21 @@ StepResult MixedPrecisionOptimizer::step() {
   bool found_inf = false;
   if (check_non_finite_) {
     if (options_.reduce_found_inf) options_.reduce_found_inf(found_inf_);
-    found_inf = found_inf_.item() != 0;  // the step's one host read
+    found_inf = found_inf_.item() != 0;  // the step's one host read (a device sync on CUDA)
   }
   if (found_inf) {
     ClearAllGrads();
     ++skipped_steps_;
     result.skipped = true;
   } else {
+    const bool cuda = device_.is_cuda();
     for (size_t i = 0; i < master_.size(); ++i) {
       master_[i].set_grad(master_grads_[i].defined() ? Variable(master_grads_[i]) : Variable());
+      // On CUDA the optimizer writes the model's copy: cuda::FusedAdamW in the pass that updates
+      // the master, other updates right after it.
+      if (cuda && !master_[i].is_same(model_[i])) {
+        optimizer_->set_model_copy(master_[i], model_[i].data());
+      }
     }
     optimizer_->step();
     NoGradGuard no_grad;
@@ -136,11 +181,21 @@ StepResult MixedPrecisionOptimizer::step() {
       // free for the next backward.
       master_[i].set_grad(Variable());
       if (master_[i].is_same(model_[i]) || !master_grads_[i].defined()) continue;
-      model_[i].data().copy_(master_[i].data());  // rounded to the model's dtype
+      if (!cuda) model_[i].data().copy_(master_[i].data());  // rounded to the model's dtype
       model_[i].bump_version();
     }
   }
-  if (options_.update_scaler) scaler_->update(found_inf);
+  if (options_.update_scaler) {
+    if (device_scaler_) SyncDeviceScaler();  // no-op unless changed outside step()
+    scaler_->update(found_inf);  // throws (changing nothing) at DeepSpeed's min-scale error
+    if (device_scaler_) {
+      // The same state machine on the device, bit for bit (amp_kernels.h), so the next step's
+      // inverse scale is already there; the host scaler stays current for logs and checkpoints.
+      cuda::UpdateScaleOnDevice(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_,
+                                inv_scale_t_);
+      mirrored_ = HostCounters();
+    }
+  }
   found_inf_.zero_();
   unscaled_ = false;
   return result;

@@ -33,8 +33,22 @@
 //   update as a callback of that outermost graph task, so it runs exactly once per backward,
 //   after every gradient (also those accumulated in nested tasks of reentrant checkpointing);
 //   backward passes started inside a ForwardScope (issued by a model's forward) are ignored.
-// - found_inf and the scale live with the tensors (a 0-d f32 tensor); step() does one host read.
-//   (The CPU scaler state machine runs on the host; the CUDA issue moves it to the device.)
+// - found_inf and the scale live with the tensors (a 0-d f32 tensor); step() does one host read
+//   of found_inf, and only when it checks for overflow (check_non_finite): bf16 runs read nothing.
+// - CUDA (every parameter on one CUDA device; build the optimizer after Module::to): masters,
+//   master gradients and found_inf live on the device. The check + unscale is one multi-tensor
+//   launch (cuda::NonFiniteCheckAndUnscale); AdamW (and Adam without weight decay) updates all
+//   masters of a group in one cuda::FusedAdamW launch that also writes the f16/bf16 model
+//   parameters in the same pass (other optimizers update the masters with tensor ops and copy).
+//   A dynamic scaler that this optimizer updates is mirrored on the device
+//   (amp/cuda/device_scaler.h): cuda::UpdateScaleOnDevice moves it in step() exactly as
+//   LossScaler::update moves the host scaler (bit for bit), and the next unscale reads the new
+//   1/scale on the device. The host scaler is updated alongside from the one found_inf read, so
+//   loss_scale(), scaler() and state_dict() never wait for the device; a change of the host
+//   scaler made outside step() (load_state_dict, a caller's own update) is uploaded before the
+//   next use. The only host<->device synchronisation of a step is that found_inf read (skip
+//   reporting, the LR schedule's skip rule); clip_master_grads adds one read of the norm.
+//   Constant scalers need no device state: the scale is a kernel argument.
 // - bf16 (and f32) models default to a constant scale of 1 and no skipping (check_non_finite
 //   off); f16 models default to PyTorch's dynamic scaler with skipping.
 #ifndef TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_
@@ -49,6 +63,7 @@
 #include "amp/loss_scaler.h"
 #include "autograd/variable.h"
 #include "optim/optimizer.h"
+#include "tensor/device.h"
 #include "tensor/state_dict.h"
 
 namespace tg {
@@ -127,6 +142,11 @@ class MixedPrecisionOptimizer {
   // The model parameters and their masters, by parameter number in group order.
   const std::vector<Variable>& model_params() const { return model_; }
   const std::vector<Variable>& master_params() const { return master_; }
+  // The parameters' device (every parameter is on it).
+  Device device() const { return device_; }
+  // CUDA with a dynamic scaler updated here: the device copy of the scaler's state
+  // (cuda::DownloadScalerState reads it; a synchronisation). Undefined otherwise. For tests.
+  const Tensor& device_scaler_state() const { return scaler_state_; }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -135,6 +155,22 @@ class MixedPrecisionOptimizer {
   void MakeMasterGradsCurrent();
   bool HasModelGrads() const;
   void ClearAllGrads();
+  // 1 / scale as a 0-d f32 tensor on the parameters' device (the device scaler's when there is
+  // one).
+  Tensor InvScale();
+  // The host scaler's state that the device state was last made equal to.
+  struct ScalerCounters {
+    double scale = 0;
+    int64_t growth_tracker = 0, hysteresis_tracker = 0, clean_streak = 0, iteration = 0;
+    bool operator==(const ScalerCounters& o) const {
+      return scale == o.scale && growth_tracker == o.growth_tracker &&
+             hysteresis_tracker == o.hysteresis_tracker && clean_streak == o.clean_streak &&
+             iteration == o.iteration;
+    }
+  };
+  ScalerCounters HostCounters() const;
+  // Uploads the host scaler to the device unless the device state already mirrors it.
+  void SyncDeviceScaler();
 
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<LossScaler> scaler_;
@@ -143,10 +179,17 @@ class MixedPrecisionOptimizer {
   std::vector<Variable> model_;       // the model's parameters
   std::vector<Variable> master_;      // f32 copies for f16/bf16, else the same Variable
   std::vector<Tensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
-  Tensor found_inf_;                  // 0-d f32
-  bool unscaled_ = false;             // unscale() was called since the last step()
-  bool in_facade_backward_ = false;   // backward() is running: the hooks stay quiet
-  int64_t armed_task_ = -1;           // outermost task whose epilogue is queued
+  Device device_;                     // of every parameter
+  Tensor found_inf_;                  // 0-d f32 on device_
+  // CUDA with a dynamic scaler updated here: the scaler's state (cuda::UploadScalerState's u8
+  // tensor), the scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and
+  // the host state they mirror.
+  bool device_scaler_ = false;
+  Tensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
+  ScalerCounters mirrored_;
+  bool unscaled_ = false;            // unscale() was called since the last step()
+  bool in_facade_backward_ = false;  // backward() is running: the hooks stay quiet
+  int64_t armed_task_ = -1;          // outermost task whose epilogue is queued
   std::vector<HookHandle> hooks_;
   int64_t master_grad_updates_ = 0;
   int64_t skipped_steps_ = 0;

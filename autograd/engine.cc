@@ -168,6 +168,14 @@ void ValidateOutputs(const Node& node, VariableList& grads) {
     TG_CHECK(grads[i].shape() == m.shape, node.name(), " returned a gradient of shape ",
              ShapeToString(grads[i].shape()), " for input ", i, ", which has shape ",
              ShapeToString(m.shape));
+    // PyTorch's validate_outputs: a 0-d gradient on another device is moved (a CPU scalar
+    // meeting a CUDA input); any other device mismatch is a bug in the node and is reported.
+    if (grads[i].data().device() != m.device) {
+      TG_CHECK(grads[i].dim() == 0, node.name(), " returned a gradient on ",
+               grads[i].data().device().ToString(), " for input ", i, ", which is on ",
+               m.device.ToString());
+      grads[i] = Variable(grads[i].data().to(m.device));
+    }
     // The gradient of an input has the input's dtype (an f16 weight gets an f16 gradient).
     if (grads[i].dtype() != m.dtype) grads[i] = Variable(grads[i].data().to(m.dtype));
   }
@@ -311,12 +319,17 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
                ShapeToString(root.shape()));
       TG_CHECK(g.dtype() == root.dtype(), op, ": grad_output ", i, " has dtype ",
                DTypeName(g.dtype()), " but root ", i, " has dtype ", DTypeName(root.dtype()));
+      TG_CHECK(g.data().device() == root.data().device(), op, ": grad_output ", i, " is on ",
+               g.data().device().ToString(), " but root ", i, " is on ",
+               root.data().device().ToString());
     } else {
       TG_CHECK(root.numel() == 1, op,
                ": a gradient can be implied only for one-element roots; "
                "root ",
                i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
-      g = Variable(Tensor::Ones(root.shape(), root.dtype()));
+      // On the root's device: the whole backward then runs there (a CPU seed would make the
+      // first node mix devices).
+      g = Variable(Tensor::Ones(root.shape(), root.dtype(), root.data().device()));
     }
     VariableList grads(node->num_inputs());
     grads[root.output_nr()] = g;

@@ -121,7 +121,7 @@ VariableList CustomFunctionNode::Apply(VariableList grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
-      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype));
+      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
   VariableList result = backward_(ctx_, grads);

@@ -65,7 +65,7 @@ const std::string& Node::creation_trace() const {
 }
 
 uint32_t Node::AddInputMetadata(const Tensor& t) {
-  input_metadata_.push_back(InputMetadata{t.shape(), t.dtype()});
+  input_metadata_.push_back(InputMetadata{t.shape(), t.dtype(), t.device()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
 }
 
@@ -273,7 +273,7 @@ VariableList FunctionNode::Apply(VariableList grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
-      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype));
+      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
   VariableList saved;

@@ -36,10 +36,12 @@ struct Edge {
   bool valid() const { return fn != nullptr; }
 };
 
-// What a node expects for each gradient it receives (the forward output's shape and dtype).
+// What a node expects for each gradient it receives (the forward output's shape, dtype and
+// device): a gradient that no output received is materialised as zeros of exactly this.
 struct InputMetadata {
   Shape shape;
   DType dtype = kF32;
+  Device device;
 };
 
 // Inline storage for the common case of one or two inputs/outputs per node: one allocation

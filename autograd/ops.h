@@ -56,7 +56,13 @@ Variable SumTo(const Variable& x, const Shape& shape);
 Variable Matmul(const Variable& a, const Variable& b);
 Variable Bmm(const Variable& a, const Variable& b);
 // PyTorch's linear: x [..., in] times weight [out, in] transposed, plus bias [out] (optional).
+// On the CPU a Matmul and an Add; for CUDA tensors the fused op below with Activation::kNone.
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias = Variable());
+// act(x W^T + b) as one fused op (tensor/ops.h Linear / LinearBackward): on CUDA one cuBLASLt
+// product with the bias (+ tanh-GELU) epilogue forward, and dGELU + bias-gradient epilogues
+// backward; on the CPU the same composition, rounded once. The pre-activation is saved for the
+// GELU's backward. Autocast: like linear.
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act);
 
 // ---- Views and shape ops ----
 Variable Reshape(const Variable& x, const Shape& shape);
@@ -84,6 +90,18 @@ Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bi
 Variable Embedding(const Variable& weight, const Tensor& indices);
 Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index = -100,
                       Reduction reduction = Reduction::kMean);
+// The same loss computed together with d loss / d logits in one pass (tensor/ops.h
+// CrossEntropyWithGrad: on CUDA one kernel, no host synchronisation), which the node keeps
+// instead of the logits; the backward scales it by the loss gradient. First order only: a
+// create_graph backward through it throws (use CrossEntropy). Autocast: like cross_entropy.
+Variable FusedCrossEntropy(const Variable& logits, const Tensor& targets,
+                           int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
+// softmax(scale * q k^T + causal mask) v over heads q [B, H, Tq, D], k and v [B, H, Tk, D]
+// (tensor/ops.h ScaledDotProductAttention): on CUDA cuDNN's fused flash attention where the
+// tensors qualify; the backward recomputes the probabilities from the saved log-sum-exps.
+// Autocast: a low-precision op like matmul. No dropout on the probabilities.
+Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const Variable& v,
+                                   bool causal, double scale);
 // 2-D convolution over x [N, C, H, W] with weight [O, C, kh, kw] and bias [O] (optional), and
 // max pooling (tensor/ops.h has the shapes and PyTorch's output-size rule). Under autocast
 // conv2d is a kLowPrecision op like linear (x, weight and bias are cast; the f32 weight's cast is

@@ -17,6 +17,7 @@
 
 #include "nn/module.h"
 #include "tensor/generator.h"
+#include "tensor/ops.h"
 
 namespace tg {
 namespace nn {
@@ -27,6 +28,10 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
   Variable forward(const Variable& x) override;  // [..., in] -> [..., out]
+  // act(forward(x)) as one fused op (tg::Linear with an Activation: the GELU in the cuBLASLt
+  // epilogue on CUDA), in the layer's autocast module scope like operator(). Forward hooks do
+  // not run: containers use it only for layers without hooks (has_forward_hooks()).
+  Variable ForwardActivated(const Variable& x, tg::Activation act);
   std::string extra_repr() const override;
   const Variable& weight() const { return weight_; }
   const Variable& bias() const { return bias_; }  // undefined without bias
@@ -164,7 +169,9 @@ enum class Activation { kRelu, kGelu, kGeluTanh, kTanh };
 
 // Linear layers "fc0", "fc1", ... of sizes[0] -> sizes[1] -> ... with the activation between them
 // (not after the last), and dropout after each activation when p > 0. Mlp({C, 4C, C}, kGeluTanh)
-// is the GPT-2 block's MLP; Mlp({784, 256, 10}, kRelu) an image classifier.
+// is the GPT-2 block's MLP; Mlp({784, 256, 10}, kRelu) an image classifier. On CUDA a kGeluTanh
+// activation is fused into the product of the layer before it (Linear::ForwardActivated) unless
+// that layer has forward hooks.
 class Mlp : public Module {
  public:
   struct Options {

@@ -19,13 +19,18 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
            " do not match the ", rows, " rows of logits ", ShapeToString(logits.shape()));
   Variable flat = logits.dim() == 2 ? logits : Reshape(logits, {rows, classes});
   Tensor flat_targets = targets.dim() == 1 ? targets : targets.reshape({rows});
-  if (eps == 0) return CrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
+  if (eps == 0) {
+    if (options.fused && flat.data().device().is_cuda()) {
+      return FusedCrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
+    }
+    return CrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
+  }
 
   // Per-row pieces, then one reduction over the rows that are not ignored.
   Variable nll = CrossEntropy(flat, flat_targets, options.ignore_index, Reduction::kNone);  // [N]
   Variable smooth = MulScalar(Mean(LogSoftmax(flat), {-1}), -1.0);  // [N] mean_c(-log p)
-  Tensor keep = Ne(flat_targets, Tensor::Scalar(static_cast<double>(options.ignore_index),
-                                                flat_targets.dtype()))
+  Tensor keep = Ne(flat_targets, Tensor::Full({}, static_cast<double>(options.ignore_index),
+                                              flat_targets.dtype(), flat_targets.device()))
                     .to(smooth.dtype());  // [N] 1 for rows that count
   Variable per_row = Add(MulScalar(nll, 1 - eps), MulScalar(Mul(smooth, Variable(keep)), eps));
   switch (options.reduction) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "amp/autocast.h"
 #include "autograd/grad_mode.h"
+#include "tensor/device_backend.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -91,6 +92,10 @@ HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
 HookHandle Module::register_forward_hook(ForwardHook hook) {
   if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
   return AddHook(hooks_, &hooks_->post, std::move(hook));
+}
+
+bool Module::has_forward_hooks() const {
+  return hooks_ != nullptr && (!hooks_->pre.empty() || !hooks_->post.empty());
 }
 
 // ---- Registration ----------------------------------------------------------------------------
@@ -221,6 +226,10 @@ void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert)
     if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
     impl.data = converted;
     if (impl.grad.defined()) impl.grad = Variable(convert(impl.grad.data()));
+    // As PyTorch's set_data when the type changes: a graph recorded before keeps its old
+    // accumulator (whose metadata says the old dtype and device); new graphs get a fresh one.
+    // The leaf's hooks live on the leaf, not on the accumulator, so none is lost.
+    impl.grad_accumulator.reset();
   }
   for (auto& [name, b] : buffers_) b = convert(b);
   for (auto& [name, child] : children_) child->ConvertTensors(convert);
@@ -235,12 +244,15 @@ void Module::to(DType dtype) {
 }
 
 void Module::to(Device device) {
-  ConvertTensors([&](const Tensor& t) {
-    TG_CHECK(t.device() == device, type_name_, ".to(", device.ToString(), "): copies from ",
-             t.device().ToString(), " to ", device.ToString(),
-             " need the CUDA backend, which this build does not have yet");
-    return t;
-  });
+  // Fail before anything moves: a half-moved model would only fail later, inside an op.
+  if (!device.is_cpu()) {
+    try {
+      GetDeviceBackend(device.type)->allocator(device.index);
+    } catch (const Error& e) {
+      throw Error(absl::StrCat(type_name_, ".to(", device.ToString(), "): ", e.what()));
+    }
+  }
+  ConvertTensors([device](const Tensor& t) { return t.to(device); });
 }
 
 // ---- State -----------------------------------------------------------------------------------

@@ -92,8 +92,13 @@ class Module : public std::enable_shared_from_this<Module> {
   // Converts every floating parameter and buffer (and existing gradients) to `dtype`, in place
   // on the same Variables, so handles held elsewhere stay valid. Integer buffers are kept.
   void to(DType dtype);
-  // Moves parameters and buffers to `device`. Only the CPU exists until the CUDA backend lands;
-  // any other device throws tg::Error saying so.
+  // Moves every parameter, buffer and existing gradient to `device` (copies; dtypes kept), in
+  // place on the same Variables like to(dtype): an optimizer built afterwards sees the device
+  // tensors. Models are built on the CPU (initialisation draws from the host generator, so a
+  // model has the same weights on every device) and then moved. Throws tg::Error
+  // "<Type>.to(cuda:1): ..." before changing anything when the device cannot be used (no CUDA
+  // backend linked, no GPU, no such device). An optimizer made before the move still holds
+  // state on the old device: make it afterwards.
   void to(Device device);
 
   // ---- State -------------------------------------------------------------------------------
@@ -108,6 +113,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- Hooks -------------------------------------------------------------------------------
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
+  // Whether any forward pre-hook or hook is registered (a container may then not fuse this
+  // module's output with the next op, since the hooks must see it).
+  bool has_forward_hooks() const;
 
   // A readable summary of the tree with each module's parameter count, e.g.
   //   Sequential(  # 101,770 params

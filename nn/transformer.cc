@@ -29,14 +29,16 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
   }
 }
 
-const Tensor& CausalSelfAttention::CausalMask(int64_t seq) {
-  if (!mask_.defined() || mask_.size(0) != seq) {
-    mask_ = Tensor::Zeros({seq, seq});
-    float* m = mask_.data<float>();
+const Tensor& CausalSelfAttention::CausalMask(int64_t seq, Device device) {
+  if (!mask_.defined() || mask_.size(0) != seq || mask_.device() != device) {
+    Tensor mask = Tensor::Zeros({seq, seq});
+    float* m = mask.data<float>();
     for (int64_t i = 0; i < seq; ++i) {
       for (int64_t j = i + 1; j < seq; ++j)
         m[i * seq + j] = -std::numeric_limits<float>::infinity();
     }
+    // Built on the host, uploaded once per length and device (not once per step).
+    mask_ = mask.to(device);
   }
   return mask_;
 }
@@ -47,12 +49,29 @@ Variable CausalSelfAttention::forward(const Variable& x) {
   const int64_t b = x.size(0), t = x.size(1), c = options_.n_embd, h = options_.n_head;
   const int64_t d = c / h;
   Variable qkv = (*qkv_)(x);  // [b, t, 3c]
+  const bool attn_dropout = attn_dropout_ != nullptr && is_training();
+  if (x.data().device().is_cuda() && !attn_dropout) {
+    // CUDA: one fused attention (cuDNN's flash attention where the heads qualify) on strided
+    // views of the projection: q, k, v [b, h, t, d] = qkv [b, t, 3, h, d] split and permuted,
+    // no copies; the scores never reach memory. Attention dropout (training with p > 0) needs
+    // the probabilities, so it keeps the composed path below.
+    const VariableList parts = Split(qkv, c, 2);  // 3 x [b, t, c]
+    auto heads = [&](const Variable& part) {
+      return Permute(Reshape(part, {b, t, h, d}), {0, 2, 1, 3});  // [b, h, t, d]
+    };
+    Variable y = ScaledDotProductAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                           /*causal=*/true, 1.0 / std::sqrt(double(d)));
+    y = Reshape(Permute(y, {0, 2, 1, 3}), {b, t, c});
+    y = (*proj_)(y);
+    if (resid_dropout_ != nullptr) y = (*resid_dropout_)(y);
+    return y;
+  }
   // [b, t, 3, h, d] -> [3, b, h, t, d]; each of q, k, v as [b*h, t, d].
   Variable heads = Permute(Reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4});
   auto part = [&](int64_t i) { return Reshape(Select(heads, 0, i), {b * h, t, d}); };
   Variable q = part(0), k = part(1), v = part(2);
   Variable scores = MulScalar(Bmm(q, Transpose(k, 1, 2)), 1.0 / std::sqrt(double(d)));
-  scores = Add(scores, Variable(CausalMask(t)));  // [b*h, t, t]
+  scores = Add(scores, Variable(CausalMask(t, x.data().device())));  // [b*h, t, t]
   Variable att = Softmax(scores);
   if (attn_dropout_ != nullptr) att = (*attn_dropout_)(att);
   Variable y = Bmm(att, v);  // [b*h, t, d]

@@ -28,8 +28,9 @@ struct AttentionOptions {
 // softmax(q k^T / sqrt(d) + causal mask) v over n_head heads of size d = n_embd / n_head, with
 // children "qkv" (Linear n_embd -> 3 n_embd, q|k|v along the output) and "proj" (n_embd ->
 // n_embd). Under autocast the score and value matmuls run in the low dtype and the masked softmax
-// in f32. Scores and probabilities are materialised ([batch * n_head, seq, seq]); the CUDA backend
-// replaces this with cuDNN's fused attention.
+// in f32. On the CPU scores and probabilities are materialised ([batch * n_head, seq, seq]); on
+// CUDA one ScaledDotProductAttention op (cuDNN's fused attention) replaces them, except with
+// attention dropout in training, which needs the probabilities.
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const AttentionOptions& options, Generator& gen);
@@ -39,12 +40,13 @@ class CausalSelfAttention : public Module {
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
  private:
-  const Tensor& CausalMask(int64_t seq);  // [seq, seq] f32: 0 on and below the diagonal, -inf above
+  // [seq, seq] f32 on `device`: 0 on and below the diagonal, -inf above.
+  const Tensor& CausalMask(int64_t seq, Device device);
 
   AttentionOptions options_;
   std::shared_ptr<Linear> qkv_, proj_;
   std::shared_ptr<Dropout> attn_dropout_, resid_dropout_;
-  Tensor mask_;  // cached for the last sequence length
+  Tensor mask_;  // cached for the last sequence length and device
 };
 
 // x + attn(ln1(x)), then + mlp(ln2(x)) with Mlp({n_embd, 4 n_embd, n_embd}, gelu_tanh).

@@ -1,10 +1,12 @@
 #include "optim/adam.h"
 
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "optim/foreach.h"
 #include "tensor/convert.h"
+#include "tensor/cuda/amp_kernels.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -94,6 +96,16 @@ void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const LoopScalar
   }
 }
 
+// Whether cuda::FusedAdamW does an update: an f32 parameter (its own master, or an f32 master
+// whose low-precision model copy the kernel writes too), no L2 decay, contiguous tensors.
+bool FusedAdamWApplies(const Tensor& param, const Tensor& grad, const Tensor& model_copy,
+                       Decay decay) {
+  const DType g = grad.dtype();
+  return decay != Decay::kL2 && param.dtype() == kF32 && param.is_contiguous() &&
+         (g == kF32 || g == kF16 || g == kBF16) &&
+         (!model_copy.defined() || model_copy.is_contiguous());
+}
+
 }  // namespace
 
 GroupOptions AdamOptions::ToGroupOptions() const {
@@ -160,11 +172,19 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
   const Decay decay = o.weight_decay == 0 ? Decay::kNone
                       : decoupled_        ? Decay::kDecoupled
                                           : Decay::kL2;
+  std::vector<const ParamUpdate*> on_device;  // for cuda::FusedAdamW, after this loop
   for (const ParamUpdate& u : updates) {
     const Tensor& param = u.param.data();
+    const bool cuda = param.device().is_cuda();
+    if (cuda && fused() && FusedAdamWApplies(param, u.grad, u.model_copy, decay)) {
+      on_device.push_back(&u);
+      continue;
+    }
     const AdamState st = PrepareState(u.state, param, o.amsgrad);
     const AdamScalars hs = HostScalars(o, st.step);
-    if (!fused()) {
+    // The host loop below cannot touch device memory: the other CUDA cases (f64 or f16/bf16
+    // params without masters, Adam's L2 decay) take the composed tensor ops, which run there.
+    if (!fused() || cuda) {
       // PyTorch's _single_tensor_adam with composed tensor ops: several passes per parameter.
       const DType cd = StateDType(param.dtype());
       Tensor p = param.to(cd);  // [param shape] compute dtype
@@ -222,6 +242,42 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
       });
     });
     f.WriteBack(param);
+  }
+  if (!on_device.empty()) StepFusedCuda(o, on_device);
+}
+
+void Adam::StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpdate*>& updates) {
+  // One launch per distinct step count (all parameters share it unless some were added later or
+  // skipped steps without a gradient), over every parameter of the group.
+  std::map<double, cuda::AdamWTensorLists> by_step;
+  std::map<double, bool> has_copies;
+  for (const ParamUpdate* u : updates) {
+    const Tensor& param = u->param.data();
+    const AdamState st = PrepareState(u->state, param, o.amsgrad);
+    cuda::AdamWTensorLists& lists = by_step[st.step];
+    lists.grads.push_back(u->grad.contiguous());
+    lists.masters.push_back(param);
+    lists.exp_avgs.push_back(st.exp_avg);
+    lists.exp_avg_sqs.push_back(st.exp_avg_sq);
+    if (o.amsgrad) lists.max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
+    lists.model_params.push_back(u->model_copy);  // undefined: no low-precision copy
+    if (u->model_copy.defined()) {
+      has_copies[st.step] = true;
+      u->model_copy_written = true;  // written by the same pass
+    }
+  }
+  for (auto& [step, lists] : by_step) {
+    if (!has_copies[step]) lists.model_params.clear();
+    cuda::FusedAdamWOptions f;
+    f.lr = o.lr;
+    f.beta1 = o.beta1;
+    f.beta2 = o.beta2;
+    f.eps = o.eps;
+    // Adam without weight decay is AdamW with decay 0 (a factor of exactly 1, see amp_kernels.h).
+    f.weight_decay = o.weight_decay;
+    f.amsgrad = o.amsgrad;
+    f.step = static_cast<int64_t>(step);
+    cuda::FusedAdamW(lists, f);
   }
 }
 

@@ -32,6 +32,12 @@
 //   to the compute type in the order above. The per-tensor and fused paths are bit-identical.
 // - Weight decay 0 skips the decay terms (PyTorch skips Adam's; AdamW's factor is exactly 1).
 // - Turning amsgrad on after a parameter has stepped starts its max_exp_avg_sq at zero.
+// - CUDA parameters: with `fused`, f32 parameters (an f32 model, or the f32 masters of
+//   amp::MixedPrecisionOptimizer, whose f16/bf16 model copies are written in the same pass)
+//   are updated by cuda::FusedAdamW, one launch per group, with the same f32 operations in the
+//   same order as the CPU's fused loop (bit-identical). Adam's L2 decay and f64 or f16/bf16
+//   parameters without masters take the composed tensor ops on the device; so does fused =
+//   false.
 #ifndef TAPEGRAD_OPTIM_ADAM_H_
 #define TAPEGRAD_OPTIM_ADAM_H_
 
@@ -76,6 +82,9 @@ class Adam : public Optimizer {
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
 
  private:
+  // The CUDA parameters that cuda::FusedAdamW updates (see the header comment).
+  void StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpdate*>& updates);
+
   bool decoupled_;
 };
 

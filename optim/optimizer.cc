@@ -117,6 +117,21 @@ void Optimizer::add_param_group(ParamGroup group) {
   groups_.push_back(std::move(group));
 }
 
+void Optimizer::set_model_copy(const Variable& param, const Tensor& copy) {
+  TG_CHECK(param.defined(), name_, ".set_model_copy: the parameter is undefined");
+  if (!copy.defined()) {
+    model_copies_.erase(param.impl().get());
+    return;
+  }
+  TG_CHECK(copy.shape() == param.shape() && copy.device() == param.data().device() &&
+               IsFloating(copy.dtype()),
+           name_, ".set_model_copy: the copy (", DTypeName(copy.dtype()), " ",
+           ShapeToString(copy.shape()), " on ", copy.device().ToString(),
+           ") must be a floating tensor of the parameter's shape ", ShapeToString(param.shape()),
+           " on its device ", param.data().device().ToString());
+  model_copies_[param.impl().get()] = copy;
+}
+
 const StateDict* Optimizer::param_state(const Variable& param) const {
   if (!param.defined()) return nullptr;
   auto it = state_.find(param.impl().get());
@@ -161,10 +176,18 @@ void Optimizer::step() {
     updates.reserve(work[g].size());
     for (auto& [p, grad] : work[g]) {
       Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict()}).first->second;
-      updates.push_back(ParamUpdate{p, grad, &entry.state});
+      ParamUpdate u{p, grad, &entry.state};
+      if (!model_copies_.empty()) {
+        auto it = model_copies_.find(p.impl().get());
+        if (it != model_copies_.end()) u.model_copy = it->second;
+      }
+      updates.push_back(std::move(u));
     }
     StepGroup(groups_[g], updates);
-    for (const ParamUpdate& u : updates) u.param.bump_version();
+    for (const ParamUpdate& u : updates) {
+      u.param.bump_version();
+      if (u.model_copy.defined() && !u.model_copy_written) u.model_copy.copy_(u.param.data());
+    }
   }
 }
 

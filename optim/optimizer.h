@@ -105,6 +105,13 @@ class Optimizer {
   // dtype) and then leaves the optimizer unchanged.
   void load_state_dict(const StateDict& state_dict);
 
+  // Mixed precision: after every update of `param` (an f32 master), its new value rounded to
+  // copy's dtype is written into `copy` (the model's f16/bf16 parameter: param's shape and
+  // device). The fused CUDA AdamW writes it in the same pass as the update; every other path
+  // copies it when the update is done. An undefined `copy` removes the entry. Copies are not
+  // part of state_dict().
+  void set_model_copy(const Variable& param, const Tensor& copy);
+
   // "SGD", "Adam", "AdamW": the prefix of every error message.
   const std::string& name() const { return name_; }
   bool fused() const { return fused_; }
@@ -114,8 +121,11 @@ class Optimizer {
   // One parameter of a step: its data is updated in place.
   struct ParamUpdate {
     Variable param;
-    Tensor grad;       // param's shape, any floating dtype
-    StateDict* state;  // this parameter's state; empty at its first step
+    Tensor grad;        // param's shape, any floating dtype
+    StateDict* state;   // this parameter's state; empty at its first step
+    Tensor model_copy;  // set_model_copy's tensor, or undefined
+    // Set by a StepGroup that wrote model_copy itself; otherwise step() copies afterwards.
+    mutable bool model_copy_written = false;
   };
   // The state entries a parameter of `group` has once it stepped (checked by load_state_dict):
   // required ones must all be present; optional ones may be.
@@ -152,6 +162,7 @@ class Optimizer {
   bool fused_;
   std::vector<ParamGroup> groups_;
   std::unordered_map<const VariableImpl*, Entry> state_;
+  std::unordered_map<const VariableImpl*, Tensor> model_copies_;
 };
 
 }  // namespace tg::optim

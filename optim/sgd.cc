@@ -96,11 +96,21 @@ Optimizer::StateSpec SGD::ParamStateSpec(const GroupOptions& options) const {
 
 void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
   const SGDOptions o = SGDOptions::FromGroup(group.options);
-  if (fused()) {
-    StepFused(o, updates);
-  } else {
+  if (!fused()) {
     StepPerTensor(o, updates);
+    return;
   }
+  // The fused loop runs on the host; CUDA parameters take the composed ops, which run there.
+  std::vector<ParamUpdate> host, device;
+  for (const ParamUpdate& u : updates) {
+    (u.param.data().device().is_cpu() ? host : device).push_back(u);
+  }
+  if (device.empty()) {
+    StepFused(o, updates);
+    return;
+  }
+  if (!host.empty()) StepFused(o, host);
+  StepPerTensor(o, device);
 }
 
 // PyTorch's _single_tensor_sgd with composed tensor ops: several passes over memory per param.

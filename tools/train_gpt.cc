@@ -8,7 +8,7 @@
 // A text file is tokenized by characters (vocabulary: its distinct bytes) and split 90/10 into
 // train/val as nanoGPT does; a .bin file is an llm.c shard of GPT-2 tokens (vocabulary 50257,
 // padded to 50304), with validation from --val_data or the shard's last 10%. Precision, loss
-// scaling, checkpoints, resume and metrics work as in train_mnist.
+// scaling, checkpoints, resume, metrics and --device=cuda work as in train_mnist.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -60,7 +60,7 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is writ
 ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end)");
 ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
-ABSL_FLAG(std::string, device, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
@@ -71,7 +71,8 @@ namespace {
 int Fail(const absl::Status& status) { return train::Fail("train_gpt", status); }
 
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
-double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype) {
+double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype,
+                Device device) {
   NoGradGuard no_grad;
   model.eval();
   const int64_t n =
@@ -83,11 +84,11 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
     Variable logits;
     {
       train::PrecisionScope precision(dtype);
-      logits = model(Variable(b.x));
+      logits = model(Variable(b.x.to(device)));
     }
     nn::CrossEntropyOptions sum;
     sum.reduction = Reduction::kSum;
-    loss_sum += nn::CrossEntropyLoss(logits, b.y, sum).item();
+    loss_sum += nn::CrossEntropyLoss(logits, b.y.to(device), sum).item();
     tokens += b.y.numel();
   }
   model.train();
@@ -97,7 +98,9 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
-  if (absl::Status s = train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) return Fail(s);
+  absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
+  if (!device_or.ok()) return Fail(device_or.status());
+  const Device device = *device_or;
   if (absl::GetFlag(FLAGS_data).empty()) {
     return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
   }
@@ -146,8 +149,11 @@ int Main() {
 
   // ---- Model and optimizer (weight decay on matrices only, as nanoGPT).
   Generator init_gen(seed), dropout_gen(seed + 3);
+  // Built on the CPU (the same initial weights on every device), then moved; the optimizer
+  // made afterwards keeps its masters and moments on the device too.
   auto model = std::make_shared<nn::Gpt>(config, init_gen, &dropout_gen);
   model->to(dtype);
+  model->to(device);
   train::OptimizerConfig opt_config;
   opt_config.name = absl::GetFlag(FLAGS_optimizer);
   opt_config.lr = absl::GetFlag(FLAGS_lr);
@@ -216,16 +222,18 @@ int Main() {
   double last_time = progress.ElapsedSeconds(), val_loss = NAN;
   while (run.step() < total_steps) {
     data::TokenBatcher::Batch batch = batches.Next();
-    train::StepStats stats = train::TrainStep(
-        opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip),
-        [&] { return nn::CrossEntropyLoss((*model)(Variable(batch.x)), batch.y); });
+    train::StepStats stats =
+        train::TrainStep(opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip), [&] {
+          // Read on the host, copied to the device per step.
+          return nn::CrossEntropyLoss((*model)(Variable(batch.x.to(device))), batch.y.to(device));
+        });
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
     record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
     std::map<std::string, double> extras;
     if ((eval_every > 0 && step % eval_every == 0) || step == total_steps) {
-      val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype);
+      val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype, device);
       extras["val_loss"] = val_loss;
       progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
     }

@@ -43,7 +43,8 @@ Variable Conv2dGradInput(const Variable& g, const Variable& w, const Tensor& x, 
 Variable Conv2dGradWeight(const Variable& g, const Variable& x, const Shape& weight_shape,
                           Conv2dParams p) {
   // Only the weight's shape and dtype are read: a broadcast zero stands in for it.
-  const Tensor w_like = Tensor::Zeros({1, 1, 1, 1}, x.dtype()).expand(weight_shape);
+  const Tensor w_like =
+      Tensor::Zeros({1, 1, 1, 1}, x.dtype(), x.data().device()).expand(weight_shape);
   const Tensor gw = tg::Conv2dBackward(g.data(), x.data(), w_like, p, /*need_input=*/false,
                                        /*need_weight=*/true, /*need_bias=*/false)
                         .grad_weight;

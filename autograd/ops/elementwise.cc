@@ -12,7 +12,12 @@ namespace {
 // The gradient of a broadcast input: summed back to the input's shape.
 Variable Reduce(const Variable& g, const Variable& input) { return SumTo(g, input.shape()); }
 
-Variable ScalarLike(const Variable& x, double v) { return Variable(Tensor::Scalar(v, x.dtype())); }
+// A 0-d constant of x's dtype on x's device (binary ops take no implicit device transfers).
+Tensor ScalarTensor(double v, const Tensor& like) {
+  return Tensor::Full({}, v, like.dtype(), like.device());
+}
+
+Variable ScalarLike(const Variable& x, double v) { return Variable(ScalarTensor(v, x.data())); }
 
 }  // namespace
 
@@ -72,9 +77,9 @@ Variable Pow(const Variable& a, const Variable& b) {
                   if (ctx.needs(0))
                     ga = Reduce(Mul(g, Mul(b, Pow(a, Sub(b, ScalarLike(b, 1))))), a);
                   if (ctx.needs(1)) {
-                    const Tensor zero = tg::Eq(a.data(), Tensor::Scalar(0, a.dtype()));
+                    const Tensor zero = tg::Eq(a.data(), ScalarTensor(0, a.data()));
                     Variable term = Mul(Pow(a, b), Log(a));
-                    term = Where(zero, Variable(Tensor::Zeros({}, term.dtype())), term);
+                    term = Where(zero, Variable(ScalarTensor(0, term.data())), term);
                     gb = Reduce(Mul(g, term), b);
                   }
                   return {ga, gb};
@@ -162,7 +167,7 @@ Variable Relu(const Variable& x) {
       "ReluBackward", tg::Relu(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         const Variable& y = ctx.saved[0];
-        const Tensor positive = tg::Gt(y.data(), Tensor::Scalar(0, y.dtype()));
+        const Tensor positive = tg::Gt(y.data(), ScalarTensor(0, y.data()));
         return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
       },
       /*save_output=*/true);
@@ -210,7 +215,7 @@ Variable Abs(const Variable& x) {
       "AbsBackward", tg::Abs(x.data()), {x}, {x}, [](const BackwardContext& ctx) -> VariableList {
         // sign(x), 0 at 0 (as in PyTorch)
         const Tensor& x = ctx.saved[0].data();
-        const Tensor zero = Tensor::Scalar(0, x.dtype());
+        const Tensor zero = ScalarTensor(0, x);
         const Tensor sign = tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
         return {Mul(ctx.grads[0], Variable(sign))};
       });
@@ -222,7 +227,7 @@ Variable Where(const Tensor& cond, const Variable& a, const Variable& b) {
                 [sa, sb](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Tensor& c = ctx.saved[0].data();
-                  const Variable zero(Tensor::Zeros({}, g.dtype()));
+                  const Variable zero(ScalarTensor(0, g.data()));
                   return {ctx.needs(0) ? SumTo(Where(c, g, zero), sa) : Variable(),
                           ctx.needs(1) ? SumTo(Where(c, zero, g), sb) : Variable()};
                 });

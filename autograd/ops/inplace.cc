@@ -138,7 +138,7 @@ const Variable& ReluInPlace(const Variable& self) {
       "ReluInPlaceBackward", self, value, {self}, {},
       [](const BackwardContext& ctx) -> VariableList {
         const Variable& y = ctx.saved[0];
-        const Tensor positive = tg::Gt(y.data(), Tensor::Scalar(0, y.dtype()));
+        const Tensor positive = tg::Gt(y.data(), Tensor::Full({}, 0, y.dtype(), y.data().device()));
         return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
       },
       /*save_output=*/true);

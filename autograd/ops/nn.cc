@@ -3,9 +3,9 @@
 //
 // f16/bf16 backward formulas compute in f32 (f64 stays f64), like the forward kernels, and cast
 // the gradient back to the input's dtype. Backwards that have a fused tensor kernel (layer_norm
-// statistics, embedding, cross_entropy) use it on the plain path; when the backward itself is
-// recorded (create_graph), they switch to the same formula written with differentiable ops so
-// that second derivatives are right rather than silently missing terms.
+// through LayerNormBackward, embedding, cross_entropy) use it on the plain path; when the
+// backward itself is recorded (create_graph), they switch to the same formula written with
+// differentiable ops so that second derivatives are right rather than silently missing terms.
 #include <cmath>
 
 #include "autograd/grad_mode.h"
@@ -84,21 +84,25 @@ Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bi
                 [eps](const BackwardContext& ctx) -> VariableList {
                   const Variable& x = ctx.saved[0];
                   const Variable& w = ctx.saved[1];
+                  if (!GradMode::is_enabled()) {
+                    // The fused tensor op: the formulas below in the same order of operations
+                    // (so the same values on the CPU), one kernel on CUDA.
+                    const LayerNormGrads r = tg::LayerNormBackward(
+                        ctx.grads[0].data(), x.data(), ctx.saved[2].data(), ctx.saved[3].data(),
+                        w.defined() ? w.data() : Tensor(), ctx.needs(1) || ctx.needs(2));
+                    return {ctx.needs(0) ? Variable(r.grad_input) : Variable(),
+                            ctx.needs(1) ? Variable(r.grad_weight) : Variable(),
+                            ctx.needs(2) ? Variable(r.grad_bias) : Variable()};
+                  }
                   const DType ct = ComputeDType(x.dtype());
                   const Variable xc = Cast(x, ct);
                   const Variable g = Cast(ctx.grads[0], ct);
-                  Variable mean, rstd;
-                  if (GradMode::is_enabled()) {
-                    // create_graph: recompute the statistics with differentiable ops, so that
-                    // second derivatives see how they depend on x (the saved ones are constants).
-                    mean = Mean(xc, {-1}, /*keepdim=*/true);
-                    const Variable centered = Sub(xc, mean);
-                    rstd = Pow(AddScalar(Mean(Mul(centered, centered), {-1}, true), eps), -0.5);
-                  } else {
-                    // The forward kernel's statistics (f32/f64), broadcast over the last dim.
-                    mean = Unsqueeze(ctx.saved[2], -1);
-                    rstd = Unsqueeze(ctx.saved[3], -1);
-                  }
+                  // create_graph: recompute the statistics with differentiable ops, so that
+                  // second derivatives see how they depend on x (the saved ones are constants).
+                  const Variable mean = Mean(xc, {-1}, /*keepdim=*/true);
+                  const Variable centered_x = Sub(xc, mean);
+                  const Variable rstd =
+                      Pow(AddScalar(Mean(Mul(centered_x, centered_x), {-1}, true), eps), -0.5);
                   const Variable xhat = Mul(Sub(xc, mean), rstd);
                   Variable gx, gw, gb;
                   if (ctx.needs(0)) {
@@ -131,36 +135,40 @@ Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ign
                         reduction);
   }
   const Tensor loss = tg::CrossEntropy(logits.data(), targets, ignore_index, reduction);
-  return Record(
-      "CrossEntropyBackward", loss, {logits}, {logits, Variable(targets)},
-      [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
-        const Variable& logits = ctx.saved[0];
-        const Tensor& targets = ctx.saved[1].data();
-        const Variable& g = ctx.grads[0];
-        if (!GradMode::is_enabled()) {
-          // The fused kernel: (softmax - onehot) * the loss gradient of each row.
-          return {Variable(
-              tg::CrossEntropyBackward(logits.data(), targets, g.data(), ignore_index, reduction))};
-        }
-        // create_graph: the same formula with differentiable ops (softmax depends on logits).
-        const DType ct = ComputeDType(logits.dtype());
-        const int64_t n = logits.size(0), c = logits.size(1);
-        const Tensor t = targets.to(kI64).reshape({n, 1});
-        const Tensor valid = tg::Ne(t, Tensor::Scalar(static_cast<double>(ignore_index), kI64));
-        const Tensor classes = Tensor::Arange(0, static_cast<double>(c), 1, kI64).reshape({1, c});
-        const Tensor onehot = tg::Eq(classes, t).to(ct);
-        Variable scale = Cast(g, ct);
-        if (reduction == Reduction::kNone) {
-          scale = Reshape(scale, {n, 1});
-        } else if (reduction == Reduction::kMean) {
-          const double counted = tg::Sum(valid).item();
-          // No counted rows: every row is ignored and gets zeros, as in the kernel.
-          scale = MulScalar(scale, counted > 0 ? 1.0 / counted : 0.0);
-        }
-        const Variable p = Softmax(Cast(logits, ct));
-        const Variable grad = Mul(Mul(Sub(p, Variable(onehot)), Variable(valid.to(ct))), scale);
-        return {Cast(grad, logits.dtype())};
-      });
+  return Record("CrossEntropyBackward", loss, {logits}, {logits, Variable(targets)},
+                [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
+                  const Variable& logits = ctx.saved[0];
+                  const Tensor& targets = ctx.saved[1].data();
+                  const Variable& g = ctx.grads[0];
+                  if (!GradMode::is_enabled()) {
+                    // The fused kernel: (softmax - onehot) * the loss gradient of each row.
+                    return {Variable(tg::CrossEntropyBackward(logits.data(), targets, g.data(),
+                                                              ignore_index, reduction))};
+                  }
+                  // create_graph: the same formula with differentiable ops (softmax depends on
+                  // logits).
+                  const DType ct = ComputeDType(logits.dtype());
+                  const int64_t n = logits.size(0), c = logits.size(1);
+                  const Tensor t = targets.to(kI64).reshape({n, 1});
+                  const Device device = logits.data().device();
+                  const Tensor valid =
+                      tg::Ne(t, Tensor::Full({}, static_cast<double>(ignore_index), kI64, device));
+                  const Tensor classes =
+                      Tensor::Arange(0, static_cast<double>(c), 1, kI64).to(device).reshape({1, c});
+                  const Tensor onehot = tg::Eq(classes, t).to(ct);
+                  Variable scale = Cast(g, ct);
+                  if (reduction == Reduction::kNone) {
+                    scale = Reshape(scale, {n, 1});
+                  } else if (reduction == Reduction::kMean) {
+                    const double counted = tg::Sum(valid).item();
+                    // No counted rows: every row is ignored and gets zeros, as in the kernel.
+                    scale = MulScalar(scale, counted > 0 ? 1.0 / counted : 0.0);
+                  }
+                  const Variable p = Softmax(Cast(logits, ct));
+                  const Variable grad =
+                      Mul(Mul(Sub(p, Variable(onehot)), Variable(valid.to(ct))), scale);
+                  return {Cast(grad, logits.dtype())};
+                });
 }
 
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
@@ -170,10 +178,13 @@ Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
   if (!training || p == 0) return x;  // identity, and no draws from the generator
   // One uniform per element in row-major order: u < p drops the element. The mask is 0/1 in
   // x's dtype; the 1/(1-p) scale is applied as a scalar in the compute precision.
+  // The draws come from the host generator on every device, so a CUDA run drops exactly the
+  // elements a CPU run drops (and checkpoints resume it); on CUDA the mask is uploaded, which
+  // waits for the device (one synchronisation per dropout call).
   Tensor keep = Tensor::Empty(x.shape(), kF32);
   float* k = keep.data<float>();
   for (int64_t i = 0; i < keep.numel(); ++i) k[i] = gen.NextUniform() < p ? 0.0f : 1.0f;
-  const Tensor mask = keep.to(x.dtype());
+  const Tensor mask = keep.to(x.data().device(), x.dtype());
   const double scale = 1.0 / (1.0 - p);
   return Record("DropoutBackward", tg::MulScalar(tg::Mul(x.data(), mask), scale), {x},
                 {Variable(mask)}, [scale](const BackwardContext& ctx) -> VariableList {

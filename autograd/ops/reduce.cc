@@ -58,12 +58,16 @@ Variable Max(const Variable& x, int64_t dim, bool keepdim) {
                   const Tensor& index = ctx.saved[0].data();
                   Shape kept = in_shape;
                   kept[d] = 1;
+                  // Made on the host (there is no device arange) and copied to the index's
+                  // device: one small upload per backward on CUDA.
                   const Tensor positions =
-                      Tensor::Arange(0, static_cast<double>(in_shape[d]), 1, kI64).reshape([&] {
-                        Shape s(in_shape.size(), 1);
-                        s[d] = in_shape[d];
-                        return s;
-                      }());
+                      Tensor::Arange(0, static_cast<double>(in_shape[d]), 1, kI64)
+                          .to(index.device())
+                          .reshape([&] {
+                            Shape s(in_shape.size(), 1);
+                            s[d] = in_shape[d];
+                            return s;
+                          }());
                   const Tensor mask = tg::Eq(positions, index).to(ctx.grads[0].dtype());
                   return {Mul(Expand(Reshape(ctx.grads[0], kept), in_shape), Variable(mask))};
                 });
@@ -131,6 +135,11 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
            " and ", ShapeToString(weight.shape()));
   TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
            "linear: expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
+  // CUDA: one cuBLASLt product with the bias epilogue (and its bias-gradient epilogue in the
+  // backward). The CPU keeps the composition: the fused op is the same work there, and an
+  // f16/bf16 Matmul + Add rounds twice where the fused op rounds once, so CPU results stay
+  // exactly what they were.
+  if (x.data().device().is_cuda()) return Linear(x, weight, bias, Activation::kNone);
   Variable y = Matmul(x, Transpose(weight, 0, 1));
   return bias.defined() ? Add(y, bias) : y;
 }

@@ -48,7 +48,8 @@ class Gpt : public Module {
  public:
   // `dropout_gen` is required when config.dropout > 0 and must outlive the model.
   Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen = nullptr);
-  // tokens [batch, seq] i32/i64 (seq <= block_size) -> logits [batch, seq, vocab_size].
+  // tokens [batch, seq] i32/i64 (seq <= block_size) on the model's device -> logits
+  // [batch, seq, vocab_size].
   Variable forward(const Variable& tokens) override;
   std::string extra_repr() const override;
   const GptConfig& config() const { return config_; }
@@ -60,7 +61,11 @@ class Gpt : public Module {
                                 Generator& gen, double temperature = 1.0, int64_t top_k = 0);
 
  private:
+  // [t] i64 0, 1, ..., t - 1 on the model's device, cached for the last length.
+  const Tensor& Positions(int64_t t);
+
   GptConfig config_;
+  Tensor positions_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<Dropout> drop_;
   std::shared_ptr<ModuleList> blocks_;

@@ -167,6 +167,23 @@ std::vector<OpCase> AllCases() {
                }});
   c.push_back(
       {"Linear without bias", {{{3}}, {{2, 3}}}, [](In in) { return Linear(in[0], in[1]); }});
+  // The fused Linear (CUDA's path of Linear and Mlp; on the CPU the same composition).
+  c.push_back({"Linear fused", {{{2, 4, 3}}, {{5, 3}}, {{5}}}, [](In in) {
+                 return Linear(in[0], in[1], in[2], Activation::kNone);
+               }});
+  c.push_back({"Linear fused GELU", {{{2, 4, 3}, -2, 2}, {{5, 3}}, {{5}}}, [](In in) {
+                 return Linear(in[0], in[1], in[2], Activation::kGeluTanh);
+               }});
+  c.push_back({"Linear fused GELU no bias 1-D", {{{3}, -2, 2}, {{4, 3}}}, [](In in) {
+                 return Linear(in[0], in[1], Variable(), Activation::kGeluTanh);
+               }});
+  // Attention over [B, H, T, D] heads (CUDA's path of CausalSelfAttention).
+  c.push_back({"ScaledDotProductAttention causal",
+               {{{2, 2, 3, 4}}, {{2, 2, 3, 4}}, {{2, 2, 3, 4}}},
+               [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], true, 0.5); }});
+  c.push_back({"ScaledDotProductAttention cross",
+               {{{1, 2, 2, 3}}, {{1, 2, 4, 3}}, {{1, 2, 4, 3}}},
+               [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], false, 0.7); }});
   // ---- Views and shape ops ----
   c.push_back({"Reshape", {{{2, 3}}}, [](In in) { return Reshape(in[0], {3, 2}); }});
   c.push_back({"Transpose", {{{2, 3, 2}}}, [](In in) { return Transpose(in[0], 0, -1); }});
@@ -547,6 +564,41 @@ TEST(CrossEntropy, AllIgnoredMeanIsNaNWithZeroGradient) {
   EXPECT_TRUE(std::isnan(loss.item()));
   loss.backward();
   EXPECT_EQ(Values(logits.grad()), (std::vector<double>{0, 0, 0, 0}));
+}
+
+// FusedCrossEntropy (CUDA's path of nn::CrossEntropyLoss): the CPU computes the same loss and
+// gradient with the composed kernels, so its gradcheck proves the node's wiring and reductions.
+TEST(FusedCrossEntropy, GradcheckEveryReductionWithIgnoredRows) {
+  const Tensor targets = I64({1, -100, 4, 0}, {4});
+  Generator gen(3);
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    SCOPED_TRACE(static_cast<int>(reduction));
+    const Variable logits(RandUniform({4, 5}, gen, -2, 2, kF64), true);
+    const GradcheckResult r = Gradcheck(
+        [&](In in) { return FusedCrossEntropy(in[0], targets, -100, reduction); }, {logits});
+    EXPECT_TRUE(r.ok) << r.message;
+    // The same values and gradients as the composed loss.
+    const Variable a(logits.data(), true), b(logits.data(), true);
+    const Variable fused = FusedCrossEntropy(a, targets, -100, reduction);
+    const Variable composed = CrossEntropy(b, targets, -100, reduction);
+    EXPECT_EQ(Values(fused), Values(composed));
+    Sum(fused).backward();
+    Sum(composed).backward();
+    EXPECT_EQ(Values(a.grad()), Values(b.grad()));
+  }
+}
+
+TEST(FusedCrossEntropy, HasNoSecondDerivative) {
+  const Variable logits = Leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Variable loss = FusedCrossEntropy(logits, I64({0, 2}, {2}));
+  GradOptions create;
+  create.create_graph = true;
+  EXPECT_ERROR_CONTAINS(Engine::Grad({loss}, {logits}, {}, create),
+                        "FusedCrossEntropyBackward: a create_graph backward needs the logits");
+  // Without logits that require grad it is the plain loss (nothing is recorded).
+  const Variable plain = FusedCrossEntropy(Variable(logits.data()), I64({0, 2}, {2}));
+  EXPECT_FALSE(plain.requires_grad());
+  EXPECT_EQ(plain.item(), CrossEntropy(logits, I64({0, 2}, {2})).item());
 }
 
 // ---- Dropout -----------------------------------------------------------------------------------

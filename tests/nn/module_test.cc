@@ -1,5 +1,6 @@
-// Module: registration and dotted names, modes, to(dtype), state_dict round trips and strict-load
-// errors, forward hooks, and the to_string summary.
+// Module: registration and dotted names, modes, to(dtype), to(device) errors, state_dict round
+// trips and strict-load errors, forward hooks, and the to_string summary (to(cuda) round trips are
+// in cuda_gpt_test).
 #include "nn/module.h"
 
 #include <gtest/gtest.h>
@@ -111,9 +112,21 @@ TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
   for (size_t i = 0; i < before.size(); ++i) {
     EXPECT_EQ(after[i], Tensor::Scalar(before[i]).to(kBF16).item()) << i;  // one bf16 rounding
   }
-  EXPECT_TRUE(ThrowsError([&] { net->to(Device::Cuda(0)); },
-                          "Net.to(cuda:0): copies from cpu to cuda:0 need the CUDA backend"));
   EXPECT_TRUE(ThrowsError([&] { net->to(kI32); }, "the target must be a floating dtype"));
+}
+
+TEST(ModuleTest, ToAnUnusableDeviceThrowsBeforeMovingAnything) {
+  Generator gen(0);
+  auto net = std::make_shared<Net>(gen);
+  Variable w = net->encoder_->weight();
+  const Tensor before = w.data();
+  // No machine has 100 GPUs; without a GPU (or without the CUDA backend) cuda:0 fails the same
+  // way, with the reason after the prefix.
+  EXPECT_TRUE(ThrowsError([&] { net->to(Device::Cuda(99)); }, "Net.to(cuda:99): "));
+  EXPECT_TRUE(w.data().shares_storage(before));
+  for (const auto& [name, p] : net->named_parameters()) EXPECT_TRUE(p.data().device().is_cpu());
+  net->to(Device::Cpu());  // already there: nothing is copied
+  EXPECT_TRUE(w.data().shares_storage(before));
 }
 
 TEST(ModuleTest, StateDictRoundTripIsExact) {

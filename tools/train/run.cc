@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "amp/loss_scaler.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "tensor/device_backend.h"
 #include "tensor/error.h"
 #include "tensor/io/safetensors.h"
 
@@ -37,10 +39,33 @@ std::string ResolveUserPath(const std::string& path) {
   return path;
 }
 
-absl::Status CheckDevice(const std::string& device) {
-  if (device == "cpu") return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device=", device, ": only cpu is available until the CUDA backend lands"));
+absl::StatusOr<Device> CheckDevice(const std::string& device) {
+  if (device == "cpu") return Device::Cpu();
+  int index = 0;
+  if (device != "cuda") {
+    const absl::string_view prefix = "cuda:";
+    const absl::string_view rest = absl::string_view(device).substr(
+        absl::StartsWith(device, prefix) ? prefix.size() : device.size());
+    if (!absl::StartsWith(device, prefix) || rest.empty() || rest.size() > 4 ||
+        !absl::SimpleAtoi(rest, &index) || index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device=", device, ": expected cpu, cuda or cuda:N"));
+    }
+  }
+  const Device d = Device::Cuda(index);
+  try {
+    GetDeviceBackend(DeviceType::kCuda)->allocator(index);  // throws naming why not
+  } catch (const Error& e) {
+    return absl::FailedPreconditionError(absl::StrCat("--device=", device, ": ", e.what()));
+  }
+  return d;
+}
+
+StateDict ToHost(const StateDict& state) {
+  StateDict out;
+  out.scalars = state.scalars;
+  for (const auto& [key, t] : state.tensors) out.tensors[key] = t.to(Device::Cpu());
+  return out;
 }
 
 absl::Status OpenMetrics(const std::string& path, std::optional<int64_t> resume_step,
@@ -217,7 +242,7 @@ absl::Status RunState::Save(const std::string& dir, const StateDict& extra,
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
   metadata["config"] = config_;
-  return SaveCheckpoint(dir, state, metadata).status();
+  return SaveCheckpoint(dir, ToHost(state), metadata).status();
 }
 
 absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,

@@ -26,6 +26,7 @@
 #include "autograd/variable.h"
 #include "nn/module.h"
 #include "optim/lr_schedule.h"
+#include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/generator.h"
 #include "tensor/state_dict.h"
@@ -45,8 +46,15 @@ void KeepFreedMemoryInProcess();
 // typed (BUILD_WORKING_DIRECTORY), or the current directory outside bazel run.
 std::string ResolveUserPath(const std::string& path);
 
-// --device: only "cpu" until the CUDA backend lands (InvalidArgument otherwise).
-absl::Status CheckDevice(const std::string& device);
+// --device: "cpu", "cuda" (= cuda:0) or "cuda:N". InvalidArgument for another name,
+// FailedPrecondition naming the reason when the CUDA device cannot be used (no GPU, no such
+// device). The training binaries then build the model on the CPU, move it with Module::to and
+// make the optimizer afterwards, so masters and moments live on the device too; batches are
+// read on the host and copied per step.
+absl::StatusOr<Device> CheckDevice(const std::string& device);
+
+// The same tensors on the CPU (device tensors copied, host ones shared): what checkpoints write.
+StateDict ToHost(const StateDict& state);
 
 // Opens the metrics CSV `path` (a user path; empty: leaves *out empty). When resuming, rows after
 // `resume_step` are dropped first.
@@ -147,7 +155,8 @@ class RunState {
   StepRecord Advance(const StepStats& stats, double elapsed_seconds);
 
   // Writes <dir>/checkpoint.safetensors with "model.", "optim.", "schedule." and the counters,
-  // plus the caller's `extra` entries and metadata. Does nothing when dir is empty.
+  // plus the caller's `extra` entries and metadata (device tensors are copied to the host, so
+  // a checkpoint of a CUDA run resumes on either device). Does nothing when dir is empty.
   absl::Status Save(const std::string& dir, const StateDict& extra,
                     std::map<std::string, std::string> metadata) const;
   // Restores what Save wrote and returns the whole checkpoint (for the caller's entries) with its

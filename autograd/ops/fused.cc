@@ -1,0 +1,161 @@
+// Differentiable fused ops over the fused tensor ops of tensor/ops.h: Linear with its bias and
+// tanh-GELU, scaled dot-product attention, and cross-entropy computed together with its
+// gradient. Each records one node. Its first-order backward is the fused tensor backward (on
+// CUDA: cuBLASLt's dGELU/bias-gradient epilogues, cuDNN's attention backward); when the backward
+// itself is recorded (create_graph) it is written with differentiable ops instead, so second
+// derivatives are exact, as for the fused kernels of autograd/ops/nn.cc. FusedCrossEntropy is the
+// exception: it keeps d loss / d logits instead of the logits (the memory of one [N, C] buffer,
+// not two), so it has no second derivative and says so.
+//
+// The modules choose where these pay: nn::Linear, nn::Mlp, CausalSelfAttention and
+// nn::CrossEntropyLoss use them for CUDA tensors and keep the composed ops on the CPU (where the
+// fused tensor ops are the same composition, rounded once at the end).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "autograd/ops/autocast_inputs.h"
+
+namespace tg {
+namespace {
+
+DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
+
+Variable Wrap(const Tensor& t) { return t.defined() ? Variable(t) : Variable(); }
+
+// d gelu_tanh(x) / dx with differentiable ops (the formula of GeluTanh's backward).
+Variable GeluTanhDerivative(const Variable& x) {
+  const double k = 0.7978845608028654, c = 0.044715;
+  const Variable x2 = Mul(x, x);
+  const Variable t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const Variable left = MulScalar(AddScalar(t, 1), 0.5);
+  const Variable du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const Variable right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  return Add(left, right);
+}
+
+// [t, t] of `dtype` on `device`: 0 on and below the diagonal, -inf above it.
+Tensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
+  Tensor mask = Tensor::Zeros({t, t}, kF64);
+  double* m = mask.data<double>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = i + 1; j < t; ++j) m[i * t + j] = -std::numeric_limits<double>::infinity();
+  }
+  return mask.to(device, dtype);
+}
+
+}  // namespace
+
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act) {
+  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
+  if (NeedsAutocast(kToLow, x, weight, bias)) {
+    return Linear(AutocastInput(x, kToLow), AutocastInput(weight, kToLow),
+                  AutocastInput(bias, kToLow), act);
+  }
+  LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(),
+                              act);  // validates
+  return Record(
+      "LinearBackward", r.output, {x, weight, bias}, {x, weight, bias, Wrap(r.pre_activation)},
+      [act](const BackwardContext& ctx) -> VariableList {
+        const Variable& x = ctx.saved[0];
+        const Variable& w = ctx.saved[1];
+        const Variable& b = ctx.saved[2];
+        const Variable& g = ctx.grads[0];
+        if (!GradMode::is_enabled()) {
+          // One fused backward: g * act'(pre) (with the bias gradient) in one pass, then the
+          // input and weight products.
+          const Variable& pre = ctx.saved[3];
+          const LinearGrads r = tg::LinearBackward(g.data(), x.data(), w.data(),
+                                                   pre.defined() ? pre.data() : Tensor(), act,
+                                                   ctx.needs(0), ctx.needs(1), ctx.needs(2));
+          return {Wrap(r.grad_input), Wrap(r.grad_weight), Wrap(r.grad_bias)};
+        }
+        // create_graph: the same gradients with differentiable ops; the pre-activation is
+        // recomputed so that second derivatives see how it depends on x, w and b.
+        const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
+        Variable gpre = g;
+        if (act == Activation::kGeluTanh) {
+          Variable pre = Matmul(x, Transpose(w, 0, 1));
+          if (b.defined()) pre = Add(pre, b);
+          gpre = Mul(g, GeluTanhDerivative(pre));
+        }
+        Variable gx, gw, gb;
+        if (ctx.needs(0)) gx = Matmul(gpre, w);
+        if (ctx.needs(1)) gw = Matmul(Transpose(Reshape(gpre, {m, n}), 0, 1), Reshape(x, {m, k}));
+        if (ctx.needs(2)) gb = Sum(Reshape(gpre, {m, n}), {0});
+        return {gx, gw, gb};
+      });
+}
+
+Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const Variable& v,
+                                   bool causal, double scale) {
+  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
+  if (NeedsAutocast(kToLow, q, k, v)) {
+    return ScaledDotProductAttention(AutocastInput(q, kToLow), AutocastInput(k, kToLow),
+                                     AutocastInput(v, kToLow), causal, scale);
+  }
+  AttentionResult r = tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale);
+  return Record(
+      "ScaledDotProductAttentionBackward", r.output, {q, k, v}, {q, k, v, Variable(r.stats)},
+      [causal, scale](const BackwardContext& ctx) -> VariableList {
+        const Variable& q = ctx.saved[0];
+        const Variable& k = ctx.saved[1];
+        const Variable& v = ctx.saved[2];
+        const Variable& g = ctx.grads[0];
+        if (!GradMode::is_enabled()) {
+          // The probabilities are recomputed from the saved log-sum-exps (flash attention's
+          // backward; cuDNN's fused kernel on CUDA).
+          const AttentionGrads r = tg::ScaledDotProductAttentionBackward(
+              g.data(), q.data(), k.data(), v.data(), ctx.saved[4].data(), ctx.saved[3].data(),
+              causal, scale);
+          return {ctx.needs(0) ? Variable(r.grad_q) : Variable(),
+                  ctx.needs(1) ? Variable(r.grad_k) : Variable(),
+                  ctx.needs(2) ? Variable(r.grad_v) : Variable()};
+        }
+        // create_graph: softmax attention's backward with differentiable ops, in the compute
+        // dtype, from probabilities recomputed with differentiable ops.
+        const DType dtype = q.dtype(), ct = ComputeDType(dtype);
+        const Variable qc = Cast(q, ct), kc = Cast(k, ct), vc = Cast(v, ct), gc = Cast(g, ct);
+        Variable s = MulScalar(Matmul(qc, Transpose(kc, 2, 3)), scale);
+        if (causal) s = Add(s, Variable(CausalMaskTensor(q.size(2), ct, q.data().device())));
+        const Variable p = Softmax(s);
+        const Variable dp = Matmul(gc, Transpose(vc, 2, 3));
+        const Variable ds =
+            MulScalar(Mul(p, Sub(dp, Sum(Mul(dp, p), {-1}, /*keepdim=*/true))), scale);
+        return {Cast(Matmul(ds, kc), dtype), Cast(Matmul(Transpose(ds, 2, 3), qc), dtype),
+                Cast(Matmul(Transpose(p, 2, 3), gc), dtype)};
+      },
+      /*save_output=*/true);
+}
+
+Variable FusedCrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
+                           Reduction reduction) {
+  if (NeedsAutocast(amp::CastPolicy::kFloat32, logits)) {
+    return FusedCrossEntropy(AutocastInput(logits, amp::CastPolicy::kFloat32), targets,
+                             ignore_index, reduction);
+  }
+  // Without a gradient to compute this is the plain loss.
+  if (!ShouldRecord({logits})) {
+    return Variable(tg::CrossEntropy(logits.data(), targets, ignore_index, reduction));
+  }
+  // d loss / d logits for a loss gradient of 1, computed by the same pass as the loss; the
+  // backward only scales it. Saving it instead of the logits lets the logits go right away.
+  CrossEntropyResult r =
+      tg::CrossEntropyWithGrad(logits.data(), targets, ignore_index, reduction, 1.0);
+  return Record(
+      "FusedCrossEntropyBackward", r.loss, {logits}, {Variable(r.grad_logits)},
+      [reduction](const BackwardContext& ctx) -> VariableList {
+        TG_CHECK(!GradMode::is_enabled(),
+                 "FusedCrossEntropyBackward: a create_graph backward needs the logits, "
+                 "which the fused loss does not keep; use tg::CrossEntropy (or "
+                 "nn::CrossEntropyLoss with CrossEntropyOptions::fused = false)");
+        const Tensor& unit = ctx.saved[0].data();  // [N, C]
+        const Tensor& g = ctx.grads[0].data();     // 0-d, or [N] for kNone
+        return {Variable(tg::Mul(unit, reduction == Reduction::kNone ? g.unsqueeze(1) : g))};
+      });
+}
+
+}  // namespace tg

@@ -1,0 +1,648 @@
+// The CUDA kernels of mixed precision (tensor/cuda/amp_kernels.h) against the CPU code they
+// mirror: the loss-scale update of every LossScaler preset (bit for bit, on the host through
+// UpdateScaleOnHost and on the device), the non-finite check + unscale (tensor/ops.h), FusedAdamW
+// (optim::AdamW, fused path, and MixedPrecisionOptimizer's skip/backoff steps), and the global
+// grad norm with clipping (optim::clip_grad_norm). Tests that need a GPU skip without one; the
+// host-side tests (state machine, the LossScaler bridge, argument checks) run everywhere.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "amp/cuda/device_scaler.h"
+#include "amp/loss_scaler.h"
+#include "amp/mixed_precision_optimizer.h"
+#include "autograd/variable.h"
+#include "gtest/gtest.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "tensor/cuda/amp_kernels.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using amp::LossScaler;
+using ::tg::testing::ThrowsError;
+using ::tg::testing::ThrowsErrorExactly;
+
+constexpr char kAtMinimum[] =
+    "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.";
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device"
+
+const Device kGpu = Device::Cuda(0);
+
+Tensor ToGpu(const Tensor& t) { return t.to(kGpu); }
+Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()); }
+
+// Same dtype, shape and bit pattern element by element (any two NaNs count as equal: the CPU
+// keeps NaN payloads through f16/bf16 rounding, the GPU's conversions make a canonical NaN).
+::testing::AssertionResult SameBits(const Tensor& expected, const Tensor& actual) {
+  if (expected.dtype() != actual.dtype() || expected.shape() != actual.shape()) {
+    return ::testing::AssertionFailure()
+           << "expected " << DTypeName(expected.dtype()) << " " << ShapeToString(expected.shape())
+           << ", got " << DTypeName(actual.dtype()) << " " << ShapeToString(actual.shape());
+  }
+  const Tensor e = ToCpu(expected).contiguous();
+  const Tensor a = ToCpu(actual).contiguous();
+  const std::vector<double> ev = e.to_vector<double>();
+  const std::vector<double> av = a.to_vector<double>();
+  const size_t size = e.element_size();
+  const auto* eb = static_cast<const unsigned char*>(e.raw_data());
+  const auto* ab = static_cast<const unsigned char*>(a.raw_data());
+  int64_t mismatches = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < e.numel(); ++i) {
+    if (std::isnan(ev[i]) && std::isnan(av[i])) continue;
+    if (std::memcmp(eb + i * size, ab + i * size, size) != 0) {
+      if (first < 0) first = i;
+      ++mismatches;
+    }
+  }
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << mismatches << " of " << e.numel() << " elements differ; first at " << first
+         << ": expected " << ev[first] << ", got " << av[first] << " (" << DTypeName(e.dtype())
+         << ")";
+}
+
+// ---- Loss scaler -------------------------------------------------------------------------------
+
+// 'T' = found_inf, 'F' = clean: mostly clean with overflows at random and some long clean runs.
+std::string MixedFlags(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string flags;
+  while (static_cast<int>(flags.size()) < n) {
+    const uint32_t r = rng() % 100;
+    if (r < 8) {
+      flags += std::string(1 + rng() % 12, 'F');  // long enough for growth steps
+    } else {
+      flags += r < 30 ? 'T' : 'F';
+    }
+  }
+  flags.resize(n);
+  return flags;
+}
+
+struct ScalerCase {
+  std::string name;
+  std::function<LossScaler()> make;
+  std::string flags;
+};
+
+std::vector<ScalerCase> ScalerCases() {
+  const std::string mixed = MixedFlags(400, 7);
+  amp::LossScalerOptions custom;  // every generic option at once, bounds not f32 values
+  custom.init_scale = 1000.1;
+  custom.growth_factor = 3;
+  custom.backoff_factor = 0.25;
+  custom.growth_interval = 2;
+  custom.hysteresis = 2;
+  custom.min_scale = 0.1;
+  custom.max_scale = 1e5;
+  custom.f32_scale = true;
+  custom.skip_nonfinite_growth = false;
+  custom.consecutive_hysteresis = true;
+  return {
+      {"PyTorch", [] { return LossScaler::PyTorch(65536, 2.0, 0.5, 3); }, mixed},
+      // Double factors: every product is rounded from double to f32.
+      {"PyTorchOddFactors", [] { return LossScaler::PyTorch(1000.3, 1.7, 0.3, 2); }, mixed},
+      {"PyTorchGrowthToInfNotApplied", [] { return LossScaler::PyTorch(0x1p126, 2.0, 0.5, 1); },
+       "FFFFTFFF"},
+      {"PyTorchUnderflowsToZero", [] { return LossScaler::PyTorch(1.0, 2.0, 0.5, 2000); },
+       std::string(160, 'T') + "FF"},
+      {"MegatronDynamic", [] { return LossScaler::MegatronDynamic(65536, 1, 2, 0.5, 3, 2); },
+       mixed},
+      {"MegatronOddFactors",
+       [] { return LossScaler::MegatronDynamic(3000.7, 0.1, 1.1, 0.7, 2, 3); }, mixed},
+      {"MegatronGrowsToInf", [] { return LossScaler::MegatronDynamic(0x1p126, 1, 2, 0.5, 1, 1); },
+       "FFFFTF"},
+      {"MegatronHitsMinScale", [] { return LossScaler::MegatronDynamic(16, 1, 2, 0.5, 1000, 1); },
+       std::string(20, 'T') + "F"},
+      {"MegatronConstant", [] { return LossScaler::MegatronConstant(3.3); }, mixed},
+      {"Constant", [] { return LossScaler::Constant(1024.5); }, mixed},
+      {"DeepSpeed", [] { return LossScaler::DeepSpeedDynamic(65536, 2, 3, 1, 2, false, true); },
+       mixed},
+      {"DeepSpeedConsecutiveHysteresis",
+       [] { return LossScaler::DeepSpeedDynamic(65536, 2, 2, 1, 3, true, false); }, mixed},
+      {"DeepSpeedOddFactor",
+       [] { return LossScaler::DeepSpeedDynamic(1000.1, 1.5, 2, 0.01, 1, false, false); }, mixed},
+      {"DeepSpeedRaisesAtMinScale",
+       [] { return LossScaler::DeepSpeedDynamic(4, 2, 1000, 1, 1, false, true); }, "TTTTF"},
+      {"CustomF32WithBounds", [custom] { return LossScaler(custom); }, mixed},
+  };
+}
+
+::testing::AssertionResult SameState(const cuda::DeviceScalerState& e,
+                                     const cuda::DeviceScalerState& a) {
+  auto fail = [](const char* field, auto expected, auto actual) {
+    return ::testing::AssertionFailure()
+           << field << ": expected " << expected << ", got " << actual;
+  };
+  if (std::memcmp(&e.scale, &a.scale, sizeof(double)) != 0) return fail("scale", e.scale, a.scale);
+  if (e.growth_tracker != a.growth_tracker) {
+    return fail("growth_tracker", e.growth_tracker, a.growth_tracker);
+  }
+  if (e.hysteresis_tracker != a.hysteresis_tracker) {
+    return fail("hysteresis_tracker", e.hysteresis_tracker, a.hysteresis_tracker);
+  }
+  if (e.clean_streak != a.clean_streak) return fail("clean_streak", e.clean_streak, a.clean_streak);
+  if (e.iteration != a.iteration) return fail("iteration", e.iteration, a.iteration);
+  return ::testing::AssertionSuccess();
+}
+
+// Runs `update` (host or device) beside LossScaler::update over the case's flags and compares
+// the whole state after every update. The min-scale error: the host throws at some update; the
+// device must then hold the state from before it with min_scale_error set, ignore later updates,
+// and LoadDeviceScalerState must throw the host's message.
+void RunScalerCase(const ScalerCase& c,
+                   const std::function<cuda::DeviceScalerState(bool found_inf)>& update,
+                   const cuda::DeviceScalerState& initial) {
+  SCOPED_TRACE(c.name);
+  LossScaler host = c.make();
+  EXPECT_TRUE(SameState(amp::ToDeviceScalerState(host), initial));
+  for (size_t k = 0; k < c.flags.size(); ++k) {
+    SCOPED_TRACE(::testing::Message() << "update " << k << " (" << c.flags[k] << ")");
+    const bool found_inf = c.flags[k] == 'T';
+    bool raised = false;
+    try {
+      host.update(found_inf);
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), kAtMinimum);
+      raised = true;
+    }
+    const cuda::DeviceScalerState device = update(found_inf);
+    ASSERT_TRUE(SameState(amp::ToDeviceScalerState(host), device));
+    ASSERT_EQ(device.min_scale_error, raised ? 1 : 0);
+    if (raised) {
+      const cuda::DeviceScalerState again = update(false);  // a no-op from now on
+      EXPECT_TRUE(SameState(device, again));
+      LossScaler loaded = c.make();
+      EXPECT_TRUE(
+          ThrowsErrorExactly([&] { amp::LoadDeviceScalerState(again, &loaded); }, kAtMinimum));
+      EXPECT_TRUE(SameState(amp::ToDeviceScalerState(host), amp::ToDeviceScalerState(loaded)));
+      return;
+    }
+  }
+  // The end state loads into a fresh scaler of the same preset: it continues as `host` does.
+  LossScaler loaded = c.make();
+  amp::LoadDeviceScalerState(update(false), &loaded);
+  host.update(false);
+  EXPECT_EQ(loaded.state_dict().scalars, host.state_dict().scalars);
+}
+
+TEST(CudaAmpKernelsTest, ScalerUpdateOnHostMatchesLossScalerForEveryPreset) {
+  for (const ScalerCase& c : ScalerCases()) {
+    const cuda::DeviceScalerState initial = amp::ToDeviceScalerState(c.make());
+    cuda::DeviceScalerState state = initial;
+    RunScalerCase(
+        c,
+        [&](bool found_inf) {
+          cuda::UpdateScaleOnHost(&state, found_inf);
+          return state;
+        },
+        initial);
+  }
+}
+
+TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
+  SKIP_WITHOUT_GPU();
+  for (const ScalerCase& c : ScalerCases()) {
+    const cuda::DeviceScalerState initial = amp::ToDeviceScalerState(c.make());
+    const Tensor state = cuda::UploadScalerState(initial, kGpu);
+    const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
+    const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
+    const Tensor inv_scale = Tensor::Zeros({}, kF32, kGpu);
+    cuda::WriteScaleOnDevice(state, scale, inv_scale);
+    EXPECT_EQ(scale.item(), static_cast<float>(initial.scale));
+    RunScalerCase(
+        c,
+        [&](bool flag) {
+          found_inf.fill_(flag ? 1 : 0);
+          cuda::UpdateScaleOnDevice(state, found_inf, scale, inv_scale);
+          const cuda::DeviceScalerState s = cuda::DownloadScalerState(state);
+          // What the host facade hands to the loss multiply and to the unscale.
+          EXPECT_EQ(scale.item(), static_cast<float>(s.scale));
+          EXPECT_EQ(inv_scale.item(), static_cast<float>(1.0 / s.scale));
+          return s;
+        },
+        initial);
+  }
+}
+
+TEST(CudaAmpKernelsTest, DeviceStateRoundTripsThroughTheLossScaler) {
+  LossScaler scaler = LossScaler::DeepSpeedDynamic(1024, 2, 2, 1, 3, false, true);
+  for (char flag : std::string("TFFFTFFFFT")) scaler.update(flag == 'T');
+  const cuda::DeviceScalerState state = amp::ToDeviceScalerState(scaler);
+  EXPECT_EQ(state.scale, scaler.scale());
+  EXPECT_EQ(state.hysteresis_tracker, scaler.hysteresis_tracker());
+  EXPECT_TRUE(state.raise_at_min_scale && state.backoff_by_division &&
+              state.first_growth_waits_one_more && state.hysteresis_stops_at_one);
+  LossScaler fresh = LossScaler::DeepSpeedDynamic(1024, 2, 2, 1, 3, false, true);
+  amp::LoadDeviceScalerState(state, &fresh);
+  EXPECT_EQ(fresh.state_dict().scalars, scaler.state_dict().scalars);
+  // Another preset's state is refused, and nothing changes.
+  LossScaler other = LossScaler::PyTorch();
+  EXPECT_TRUE(ThrowsError([&] { amp::LoadDeviceScalerState(state, &other); },
+                          "LoadDeviceScalerState: the device state was made from a scaler with "
+                          "other options"));
+  EXPECT_EQ(other.scale(), 65536);
+  // Megatron's f32 state keeps its bounds as the scaler holds them.
+  const cuda::DeviceScalerState megatron =
+      amp::ToDeviceScalerState(LossScaler::MegatronDynamic(65536, 0.1, 2, 0.5, 10, 2));
+  EXPECT_EQ(megatron.min_scale, static_cast<double>(0.1f));
+  EXPECT_EQ(megatron.hysteresis_tracker, 2);
+}
+
+// ---- Non-finite check and unscale ---------------------------------------------------------------
+
+// Tensors of every floating dtype and of sizes around the 64K-element chunk; normal values times
+// `magnitude` (with f16 overflow to inf for large magnitudes, as in real scaled gradients).
+std::vector<Tensor> GradList(uint64_t seed, double magnitude) {
+  Generator gen(seed);
+  std::vector<Tensor> out;
+  const int64_t sizes[] = {1, 1000, 65536, 65537, 200003, 0, 77};
+  const DType dtypes[] = {kF32, kF16, kBF16, kF64, kF16, kF32, kBF16};
+  for (size_t i = 0; i < 7; ++i) {
+    out.push_back(RandNormal({sizes[i]}, gen, 0, magnitude).to(dtypes[i]));
+  }
+  return out;
+}
+
+std::vector<Tensor> Clones(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(t.clone());
+  return out;
+}
+
+std::vector<Tensor> ToGpu(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(ToGpu(t));
+  return out;
+}
+
+void Set(const Tensor& t, int64_t index, double value) {
+  t.flatten().slice(0, index, index + 1).fill_(value);
+}
+
+TEST(CudaAmpKernelsTest, NonFiniteCheckAndUnscaleMatchesTheCpuOp) {
+  SKIP_WITHOUT_GPU();
+  for (int poison = 0; poison < 3; ++poison) {
+    SCOPED_TRACE(::testing::Message() << "poison " << poison);
+    std::vector<Tensor> cpu = GradList(11, 1000);
+    if (poison == 1) Set(cpu[4], 70000, std::numeric_limits<double>::infinity());
+    if (poison == 2) Set(cpu[2], 65535, std::nan(""));
+    std::vector<Tensor> gpu = ToGpu(cpu);
+    // 1/3 is not a power of two: every product rounds.
+    const Tensor inv = Tensor::Scalar(1.0 / 3.0, kF32);
+    const Tensor found_cpu = Tensor::Zeros({}, kF32);
+    const Tensor found_gpu = Tensor::Zeros({}, kF32, kGpu);
+    NonFiniteCheckAndUnscale(cpu, found_cpu, inv);
+    cuda::NonFiniteCheckAndUnscale(gpu, found_gpu, ToGpu(inv));
+    EXPECT_EQ(found_gpu.item(), poison == 0 ? 0 : 1);
+    EXPECT_EQ(found_gpu.item(), found_cpu.item());
+    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(cpu[i], gpu[i])) << i;
+  }
+}
+
+TEST(CudaAmpKernelsTest, NonFiniteCheckAccumulatesAndReadsOnly) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Tensor> cpu = GradList(12, 1e5);  // 1e5 overflows f16: inf in the f16 ones
+  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const Tensor found = Tensor::Zeros({}, kF32, kGpu);
+  cuda::NonFiniteCheck({gpu[0], gpu[3]}, found);  // f32 and f64: finite
+  EXPECT_EQ(found.item(), 0);
+  cuda::NonFiniteCheck(gpu, found);
+  EXPECT_EQ(found.item(), 1);
+  cuda::NonFiniteCheck({gpu[0]}, found);  // never reset here
+  EXPECT_EQ(found.item(), 1);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(cpu[i], gpu[i])) << i;
+}
+
+TEST(CudaAmpKernelsTest, ManyTensorsSpanSeveralLaunches) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(13);
+  std::vector<Tensor> cpu;
+  for (int i = 0; i < 400; ++i) cpu.push_back(RandNormal({1 + (i * 37) % 3000}, gen).to(kF16));
+  Set(cpu[399], 5, std::numeric_limits<double>::infinity());  // in the last launch only
+  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const Tensor inv = Tensor::Scalar(0.125, kF32);
+  const Tensor found = Tensor::Zeros({}, kF32, kGpu);
+  NonFiniteCheckAndUnscale(cpu, Tensor::Zeros({}, kF32), inv);
+  cuda::NonFiniteCheckAndUnscale(gpu, found, ToGpu(inv));
+  EXPECT_EQ(found.item(), 1);
+  for (size_t i = 0; i < cpu.size(); ++i) ASSERT_TRUE(SameBits(cpu[i], gpu[i])) << i;
+}
+
+// ---- FusedAdamW ---------------------------------------------------------------------------------
+
+// Plain AdamW on f32 parameters (the master is the parameter): host step numbers, with and
+// without weight decay and amsgrad, f32 gradients.
+TEST(CudaAmpKernelsTest, FusedAdamWMatchesCpuAdamW) {
+  SKIP_WITHOUT_GPU();
+  for (bool amsgrad : {false, true}) {
+    for (double wd : {0.0, 0.1}) {
+      SCOPED_TRACE(::testing::Message() << "amsgrad " << amsgrad << " wd " << wd);
+      Generator gen(21);
+      std::vector<Variable> params;
+      for (int64_t n : {3, 65536 + 100, 1000}) params.emplace_back(RandNormal({n}, gen), true);
+      optim::AdamWOptions o;
+      o.lr = 1e-2;
+      o.beta1 = 0.9;
+      o.beta2 = 0.95;
+      o.eps = 1e-8;
+      o.weight_decay = wd;
+      o.amsgrad = amsgrad;
+      optim::AdamW cpu(params, o);
+      cuda::AdamWTensorLists lists;
+      for (const Variable& p : params) {
+        lists.masters.push_back(ToGpu(p.data()));
+        lists.exp_avgs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
+        lists.exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
+        if (amsgrad) lists.max_exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
+      }
+      cuda::FusedAdamWOptions g;
+      g.lr = o.lr;
+      g.beta1 = o.beta1;
+      g.beta2 = o.beta2;
+      g.eps = o.eps;
+      g.weight_decay = wd;
+      g.amsgrad = amsgrad;
+      for (int step = 1; step <= 5; ++step) {
+        lists.grads.clear();
+        for (const Variable& p : params) {
+          // Shrinking gradients from step 3 on: amsgrad's max then differs from v.
+          const Tensor grad = RandNormal(p.shape(), gen, 0, step < 3 ? 1.0 : 0.1);
+          p.set_grad(Variable(grad));
+          lists.grads.push_back(ToGpu(grad));
+        }
+        cpu.step();
+        g.step = step;
+        cuda::FusedAdamW(lists, g);
+        for (size_t i = 0; i < params.size(); ++i) {
+          const StateDict& s = *cpu.param_state(params[i]);
+          ASSERT_TRUE(SameBits(params[i].data(), lists.masters[i])) << "param " << i;
+          ASSERT_TRUE(SameBits(s.tensor("exp_avg"), lists.exp_avgs[i])) << i;
+          ASSERT_TRUE(SameBits(s.tensor("exp_avg_sq"), lists.exp_avg_sqs[i])) << i;
+          if (amsgrad) {
+            ASSERT_TRUE(SameBits(s.tensor("max_exp_avg_sq"), lists.max_exp_avg_sqs[i])) << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A model of f16, bf16 and f32 parameters under MixedPrecisionOptimizer(AdamW) with a PyTorch
+// scaler on the CPU, and the same steps driven by the device kernels with no host decision:
+// NonFiniteCheck on the scaled low-precision gradients, FusedAdamW (unscaling in f32, skipping on
+// found_inf, the step count on the device), UpdateScaleOnDevice. Step 3 overflows (an inf in an
+// f16 gradient), step 6 has a NaN in the f32 parameter's gradient: both are skipped and back the
+// scale off; growth happens after two clean steps. Masters, model parameters, moments, step
+// counts and the scaler agree bit for bit after every step (the bias corrections come from
+// CUDA's pow here, which matches glibc's after rounding to f32 for these steps; see
+// FusedAdamWOptions::device_step).
+TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(31);
+  const std::vector<Variable> params = {
+      Variable(RandNormal({300, 257}, gen).to(kF16), true),  // two chunks
+      Variable(RandNormal({257}, gen).to(kF16), true),
+      Variable(RandNormal({1000}, gen).to(kBF16), true),
+      Variable(RandNormal({7}, gen), true),  // f32: its own master
+  };
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  amp::MixedPrecisionOptimizer::Options mo;
+  mo.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2.0, 0.5, 2));
+  amp::MixedPrecisionOptimizer cpu(std::make_unique<optim::AdamW>(params, o), mo);
+
+  cuda::AdamWTensorLists lists;
+  std::vector<Tensor> model;  // the device copies of the model parameters
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Variable& master = cpu.master_params()[i];
+    lists.masters.push_back(ToGpu(master.data()));
+    lists.exp_avgs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
+    lists.exp_avg_sqs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
+    model.push_back(ToGpu(params[i].data()));
+    lists.model_params.push_back(master.is_same(params[i]) ? Tensor() : model.back());
+  }
+  const Tensor state = cuda::UploadScalerState(amp::ToDeviceScalerState(cpu.scaler()), kGpu);
+  const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
+  const Tensor inv_scale = Tensor::Zeros({}, kF32, kGpu);
+  const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
+  const Tensor step = Tensor::Zeros({}, kF64, kGpu);
+  cuda::WriteScaleOnDevice(state, scale, inv_scale);
+  cuda::FusedAdamWOptions g;
+  g.lr = o.lr;
+  g.beta1 = o.beta1;
+  g.beta2 = o.beta2;
+  g.eps = o.eps;
+  g.weight_decay = o.weight_decay;
+  g.device_step = step;
+  g.inv_scale = inv_scale;
+  g.found_inf = found_inf;
+
+  int64_t applied = 0;
+  for (int k = 1; k <= 9; ++k) {
+    SCOPED_TRACE(::testing::Message() << "step " << k);
+    // The scaled gradients a backward would leave in the model's .grad, in the model dtype.
+    const double loss_scale = cpu.loss_scale();
+    ASSERT_EQ(scale.item(), static_cast<float>(loss_scale));
+    lists.grads.clear();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor grad =
+          RandNormal(params[i].shape(), gen, 0, 0.01 * loss_scale).to(params[i].dtype());
+      if (k == 3 && i == 0) Set(grad, 70000, std::numeric_limits<double>::infinity());
+      if (k == 6 && i == 3) Set(grad, 2, std::nan(""));
+      params[i].set_grad(Variable(grad.clone()));
+      lists.grads.push_back(ToGpu(grad));
+    }
+    const amp::StepResult r = cpu.step();
+    EXPECT_EQ(r.skipped, k == 3 || k == 6);
+    applied += r.skipped ? 0 : 1;
+
+    found_inf.zero_();
+    cuda::NonFiniteCheck(lists.grads, found_inf);
+    cuda::FusedAdamW(lists, g);
+    cuda::UpdateScaleOnDevice(state, found_inf, scale, inv_scale);
+
+    EXPECT_EQ(found_inf.item(), r.skipped ? 1 : 0);
+    EXPECT_EQ(step.item(), applied);
+    EXPECT_TRUE(
+        SameState(amp::ToDeviceScalerState(cpu.scaler()), cuda::DownloadScalerState(state)));
+    for (size_t i = 0; i < params.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      const Variable& master = cpu.master_params()[i];
+      ASSERT_TRUE(SameBits(master.data(), lists.masters[i]));
+      ASSERT_TRUE(
+          SameBits(params[i].data(), master.is_same(params[i]) ? lists.masters[i] : model[i]));
+      const StateDict* s = cpu.optimizer().param_state(master);
+      if (s == nullptr) continue;  // no step applied yet: the device moments are still zero
+      EXPECT_EQ(s->scalar("step"), applied);
+      ASSERT_TRUE(SameBits(s->tensor("exp_avg"), lists.exp_avgs[i]));
+      ASSERT_TRUE(SameBits(s->tensor("exp_avg_sq"), lists.exp_avg_sqs[i]));
+    }
+  }
+  EXPECT_EQ(cpu.skipped_steps(), 2);
+}
+
+// bf16 gradients straight into f32 masters with host step numbers and inv_scale: the same as
+// unscaling f32 copies first and running the CPU AdamW on the masters.
+TEST(CudaAmpKernelsTest, FusedAdamWUnscalesLowPrecisionGradsInF32) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(41);
+  const Variable master(RandNormal({5000}, gen), true);
+  optim::AdamWOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.05;
+  optim::AdamW cpu(std::vector<Variable>{master}, o);
+  cuda::AdamWTensorLists lists;
+  lists.masters = {ToGpu(master.data())};
+  lists.exp_avgs = {Tensor::Zeros({5000}, kF32, kGpu)};
+  lists.exp_avg_sqs = {Tensor::Zeros({5000}, kF32, kGpu)};
+  const Tensor model = ToGpu(master.data().to(kBF16));
+  lists.model_params = {model};
+  cuda::FusedAdamWOptions g;
+  g.lr = o.lr;
+  g.beta1 = o.beta1;
+  g.beta2 = o.beta2;
+  g.eps = o.eps;
+  g.weight_decay = o.weight_decay;
+  const Tensor inv = Tensor::Scalar(1.0 / 384.0, kF32);  // not a power of two
+  g.inv_scale = ToGpu(inv);
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor scaled = RandNormal({5000}, gen, 0, 384).to(kBF16);
+    Tensor grad = scaled.to(kF32);
+    NonFiniteCheckAndUnscale({grad}, Tensor::Zeros({}, kF32), inv);
+    master.set_grad(Variable(grad));
+    cpu.step();
+    lists.grads = {ToGpu(scaled)};
+    g.step = step;
+    cuda::FusedAdamW(lists, g);
+    ASSERT_TRUE(SameBits(master.data(), lists.masters[0])) << step;
+    ASSERT_TRUE(SameBits(master.data().to(kBF16), model)) << step;
+  }
+}
+
+// ---- Gradient norm and clipping -----------------------------------------------------------------
+
+std::vector<Variable> WithGrads(const std::vector<Tensor>& grads) {
+  std::vector<Variable> params;
+  for (const Tensor& g : grads) {
+    params.emplace_back(Tensor::Zeros(g.shape(), g.dtype()), true);
+    params.back().set_grad(Variable(g.clone()));
+  }
+  return params;
+}
+
+TEST(CudaAmpKernelsTest, GlobalGradNormMatchesClipGradNorm) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Tensor> cpu = GradList(51, 3);
+  const std::vector<Tensor> gpu = ToGpu(cpu);
+  // 2-norm: f32 partial sums, so a few f32 ulps from the all-double CPU sum.
+  const double two = optim::clip_grad_norm(WithGrads(cpu), 1e30);
+  const Tensor norm2 = cuda::GlobalGradNorm(gpu, 2);
+  EXPECT_EQ(norm2.dtype(), kF32);
+  EXPECT_EQ(norm2.dim(), 0);
+  EXPECT_NEAR(norm2.item(), two, two * 1e-6);
+  // The inf norm is exact: the max of values that f32 holds (f64 elements rounded once).
+  const double inf = optim::clip_grad_norm(WithGrads(cpu), 1e30, optim::kInfNorm);
+  EXPECT_EQ(cuda::GlobalGradNorm(gpu, optim::kInfNorm).item(), static_cast<float>(inf));
+  // NaN anywhere: NaN for both norms.
+  Set(gpu[4], 100, std::nan(""));
+  EXPECT_TRUE(std::isnan(cuda::GlobalGradNorm(gpu, 2).item()));
+  EXPECT_TRUE(std::isnan(cuda::GlobalGradNorm(gpu, optim::kInfNorm).item()));
+  EXPECT_TRUE(ThrowsError([&] { cuda::GlobalGradNorm(gpu, 1); },
+                          "GlobalGradNorm: norm_type must be 2 or inf, got 1"));
+}
+
+TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Tensor> cpu = GradList(52, 3);
+  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const Tensor norm = cuda::GlobalGradNorm(gpu, 2);
+  const double total = norm.item();
+  // Not clipped: max_norm above the norm.
+  cuda::ClipByNorm(gpu, norm, total * 2);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(cpu[i], gpu[i])) << i;
+  // Clipped: clip_grad_norm's coefficient computed from the device norm, applied as the CPU's
+  // MulScalarInPlace does.
+  const double max_norm = total / 4;
+  cuda::ClipByNorm(gpu, norm, max_norm);
+  const std::vector<Tensor> expected = Clones(cpu);
+  MulScalarInPlace(expected, max_norm / (total + 1e-6));
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(expected[i], gpu[i])) << i;
+  // And close to what clip_grad_norm itself leaves: its coefficient comes from the f64 norm, so
+  // it may round differently in f32, and then an element may round to the neighbouring value of
+  // its dtype (bf16: up to 2^-7 relative).
+  const std::vector<Variable> params = WithGrads(cpu);
+  optim::clip_grad_norm(params, max_norm);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::vector<double> e = params[i].grad().data().to_vector<double>();
+    const std::vector<double> a = ToCpu(gpu[i]).to_vector<double>();
+    for (size_t k = 0; k < e.size(); ++k) {
+      ASSERT_NEAR(a[k], e[k], std::fabs(e[k]) * 0x1p-7) << i << " " << k;
+    }
+  }
+  // A non-finite norm leaves the gradients alone (clip_grad_norm's refusal).
+  const std::vector<Tensor> before = Clones(cpu);
+  const std::vector<Tensor> gpu2 = ToGpu(cpu);
+  Set(gpu2[1], 3, std::numeric_limits<double>::infinity());
+  const Tensor clipped_norm = cuda::ClipGradNorm(gpu2, 1.0);
+  EXPECT_TRUE(std::isinf(clipped_norm.item()));
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (i == 1) continue;
+    EXPECT_TRUE(SameBits(before[i], gpu2[i])) << i;
+  }
+}
+
+// ---- Argument checks (no GPU needed: they throw before any CUDA call) ---------------------------
+
+TEST(CudaAmpKernelsTest, RejectsHostTensorsAndBadArguments) {
+  const Tensor x = Tensor::Zeros({4});
+  const Tensor found = Tensor::Zeros({});
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { cuda::NonFiniteCheckAndUnscale({x}, found, found); },
+      "non_finite_check_and_unscale: tensors[0] is on cpu; expected a CUDA tensor"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::NonFiniteCheck({Tensor()}, found); },
+                                 "non_finite_check: tensors[0] is an undefined tensor"));
+  cuda::NonFiniteCheck({}, found);  // nothing to check
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { cuda::GlobalGradNorm({}, 2); }, "GlobalGradNorm: tensors is empty"));
+  EXPECT_TRUE(ThrowsError([&] { cuda::GlobalGradNorm({x}, 3); },
+                          "GlobalGradNorm: norm_type must be 2 or inf, got 3"));
+  EXPECT_TRUE(ThrowsError([&] { cuda::UpdateScaleOnDevice(x, found, Tensor(), Tensor()); },
+                          "UpdateScaleOnDevice: expected the scaler state of UploadScalerState"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { cuda::UploadScalerState(cuda::DeviceScalerState{}, Device::Cpu()); },
+                         "UploadScalerState: expected a CUDA device, got cpu"));
+  cuda::AdamWTensorLists lists;
+  lists.masters = {x};
+  lists.grads = {x, x};
+  lists.exp_avgs = {x};
+  lists.exp_avg_sqs = {x};
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::FusedAdamW(lists, {}); },
+                                 "FusedAdamW: grads has 2 tensors, masters has 1"));
+  lists.grads = {x};
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::FusedAdamW(lists, {}); },
+                                 "FusedAdamW: masters[0] is on cpu; expected a CUDA tensor"));
+  cuda::FusedAdamWOptions bad;
+  bad.beta1 = 1;
+  EXPECT_TRUE(ThrowsError([&] { cuda::FusedAdamW(lists, bad); }, "FusedAdamW: invalid options"));
+}
+
+}  // namespace
+}  // namespace tg

@@ -1,0 +1,393 @@
+// MixedPrecisionOptimizer with its model on CUDA, step by step against the same run on the CPU:
+// the overflow / skip / backoff scenarios of mixed_precision_optimizer_test (every scaler preset,
+// with hysteresis and growth, a fused AdamW and a generic SGD, gradient accumulation with an
+// overflowing micro-batch, bf16 without scaling) must skip the same steps with the same scales,
+// keep the device scaler equal to the host's after every step, and leave parameters within a
+// tolerance of the CPU run's (the forward's matmuls round differently on the two devices). Also:
+// optim::AdamW on f32 CUDA parameters (cuda::FusedAdamW) is bit-identical to the CPU for the same
+// gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes on either
+// device. Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "amp/loss_scaler.h"
+#include "amp/mixed_precision_optimizer.h"
+#include "autograd/ops.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
+#include "tensor/cuda/amp_kernels.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/generator.h"
+
+namespace tg {
+namespace amp {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device"
+
+const Device kCpu = Device::Cpu();
+const Device kGpu = Device::Cuda(0);
+
+// y = (x w + b) * s: w, b in the model dtype, s an f32 parameter (its own master). Made on the
+// CPU from the seed, then moved, so both devices start from the same bits.
+struct Model {
+  Variable w, b, s;
+  Model(DType dtype, uint64_t seed, Device device) {
+    Generator gen(seed);
+    w = Variable(RandNormal({8, 6}, gen).to(dtype).to(device), true);
+    b = Variable(RandNormal({6}, gen).to(dtype).to(device), true);
+    s = Variable(RandNormal({6}, gen).to(device), true);
+  }
+  std::vector<Variable> params() const { return {w, b, s}; }
+  Variable Forward(const Variable& x) const { return Mul(Add(Matmul(x, w), b), s); }
+};
+
+Variable Inputs(DType dtype, uint64_t seed, Device device) {
+  Generator gen(seed);
+  return Variable(RandNormal({5, 8}, gen).to(dtype).to(device));
+}
+
+Variable Loss(const Variable& y) { return Mean(Mul(y, y)); }
+
+std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
+
+// Equal element by element, any two NaNs counting as equal (an overflowed run's NaN payloads
+// depend on the conversion that made them).
+::testing::AssertionResult SameValues(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
+    return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+enum class Opt { kAdamW, kSgd };
+
+std::unique_ptr<optim::Optimizer> MakeOptimizer(Opt which, const Model& m) {
+  if (which == Opt::kAdamW) {
+    optim::AdamWOptions o;
+    o.lr = 1e-3;
+    o.weight_decay = 0.1;
+    return std::make_unique<optim::AdamW>(m.params(), o);
+  }
+  optim::SGDOptions o;
+  o.lr = 1e-2;
+  o.momentum = 0.9;
+  return std::make_unique<optim::SGD>(m.params(), o);
+}
+
+// What one step left behind, for the comparison of the two devices.
+struct StepState {
+  bool skipped = false;
+  double scale_used = 0;
+  double scale_after = 0;
+  int64_t skipped_steps = 0;
+  int64_t iteration = 0;
+  std::vector<std::vector<float>> masters;
+  std::vector<float> model_w;  // the f16/bf16 model weight, as f32
+};
+
+struct Scenario {
+  DType dtype = kF16;
+  std::function<LossScaler()> scaler;  // null: the optimizer's default for the dtype
+  std::optional<bool> check_non_finite;
+  Opt optimizer = Opt::kAdamW;
+  int steps = 10;
+  int micro_batches = 1;
+  // Whether micro-batch `micro` of step `step` gets a loss large enough to overflow f16.
+  std::function<bool(int step, int micro)> overflow = [](int, int) { return false; };
+  double overflow_factor = 1e8;
+};
+
+// Runs the scenario on `device`; after every step on CUDA also checks that the device scaler
+// equals the host's.
+std::vector<StepState> RunScenario(const Scenario& sc, Device device) {
+  Model m(sc.dtype, 1, device);
+  MixedPrecisionOptimizer::Options o;
+  if (sc.scaler) o.scaler = std::make_shared<LossScaler>(sc.scaler());
+  o.check_non_finite = sc.check_non_finite;
+  MixedPrecisionOptimizer opt(MakeOptimizer(sc.optimizer, m), o);
+  EXPECT_EQ(opt.device(), device);
+  std::vector<StepState> out;
+  for (int step = 0; step < sc.steps; ++step) {
+    opt.zero_grad();
+    for (int micro = 0; micro < sc.micro_batches; ++micro) {
+      Variable loss = Loss(m.Forward(Inputs(sc.dtype, 100 * step + micro, device)));
+      if (sc.overflow(step, micro)) loss = MulScalar(loss, sc.overflow_factor);
+      opt.backward(loss);
+    }
+    const StepResult r = opt.step();
+    StepState s;
+    s.skipped = r.skipped;
+    s.scale_used = r.scale;
+    s.scale_after = opt.loss_scale();
+    s.skipped_steps = opt.skipped_steps();
+    s.iteration = opt.scaler().iteration();
+    for (const Variable& p : opt.master_params()) s.masters.push_back(Values(p.data()));
+    s.model_w = Values(m.w.data());
+    if (sc.dtype != kF32) {
+      // The model weight is its master rounded once (on CUDA: written by the update's own pass).
+      EXPECT_TRUE(SameValues(s.model_w, Values(opt.master_params()[0].data().to(sc.dtype))))
+          << "step " << step;
+    }
+    if (device.is_cuda() && opt.device_scaler_state().defined()) {
+      const cuda::DeviceScalerState d = cuda::DownloadScalerState(opt.device_scaler_state());
+      const LossScaler& h = opt.scaler();
+      EXPECT_EQ(d.scale, h.scale()) << "step " << step;
+      EXPECT_EQ(d.growth_tracker, h.growth_tracker()) << "step " << step;
+      EXPECT_EQ(d.hysteresis_tracker, h.hysteresis_tracker()) << "step " << step;
+      EXPECT_EQ(d.clean_streak, h.clean_streak()) << "step " << step;
+      EXPECT_EQ(d.iteration, h.iteration()) << "step " << step;
+      EXPECT_EQ(d.min_scale_error, 0) << "step " << step;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The same skips and scales exactly; parameters within `atol` (the forward rounds differently
+// on the two devices, but a step applied on one device and skipped on the other would differ by
+// a whole update, far more than atol).
+void ExpectSameRun(const Scenario& sc, double atol = 2e-4) {
+  const std::vector<StepState> cpu = RunScenario(sc, kCpu);
+  const std::vector<StepState> gpu = RunScenario(sc, kGpu);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  int skipped = 0;
+  for (size_t step = 0; step < cpu.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    EXPECT_EQ(gpu[step].skipped, cpu[step].skipped);
+    EXPECT_EQ(gpu[step].scale_used, cpu[step].scale_used);
+    EXPECT_EQ(gpu[step].scale_after, cpu[step].scale_after);
+    EXPECT_EQ(gpu[step].skipped_steps, cpu[step].skipped_steps);
+    EXPECT_EQ(gpu[step].iteration, cpu[step].iteration);
+    skipped += cpu[step].skipped;
+    ASSERT_EQ(gpu[step].masters.size(), cpu[step].masters.size());
+    for (size_t p = 0; p < cpu[step].masters.size(); ++p) {
+      const std::vector<float>& c = cpu[step].masters[p];
+      const std::vector<float>& g = gpu[step].masters[p];
+      ASSERT_EQ(c.size(), g.size());
+      for (size_t i = 0; i < c.size(); ++i) {
+        EXPECT_NEAR(g[i], c[i], atol + 1e-4 * std::fabs(c[i])) << "param " << p << " elem " << i;
+      }
+    }
+  }
+  if (sc.overflow(1, 0)) EXPECT_GT(skipped, 0) << "the scenario was meant to overflow";
+}
+
+// Overflows at steps 1, 2 (consecutive: hysteresis) and 6, clean steps between them long enough
+// for growth (interval 3).
+bool Overflows(int step, int) { return step == 1 || step == 2 || step == 6; }
+
+TEST(CudaMixedPrecisionTest, PyTorchScalerSkipsBacksOffAndGrowsLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (Opt opt : {Opt::kAdamW, Opt::kSgd}) {
+    SCOPED_TRACE(opt == Opt::kAdamW ? "AdamW (fused on the device)" : "SGD (tensor ops)");
+    Scenario sc;
+    sc.scaler = [] { return LossScaler::PyTorch(1024, 2, 0.5, 3); };
+    sc.optimizer = opt;
+    sc.overflow = Overflows;
+    ExpectSameRun(sc);
+  }
+}
+
+TEST(CudaMixedPrecisionTest, MegatronScalerWithHysteresisMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Scenario sc;
+  sc.scaler = [] { return LossScaler::MegatronDynamic(1024, 1, 2, 0.5, 3, 2); };
+  sc.overflow = Overflows;
+  ExpectSameRun(sc);
+}
+
+TEST(CudaMixedPrecisionTest, DeepSpeedScalerMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Scenario sc;
+  sc.scaler = [] { return LossScaler::DeepSpeedDynamic(1024, 2, 3, 1, 2); };
+  sc.overflow = Overflows;
+  ExpectSameRun(sc);
+}
+
+TEST(CudaMixedPrecisionTest, AnOverflowInOneMicroBatchSkipsTheEffectiveBatch) {
+  SKIP_WITHOUT_GPU();
+  Scenario sc;
+  sc.scaler = [] { return LossScaler::PyTorch(1024, 2, 0.5, 3); };
+  sc.micro_batches = 3;
+  sc.steps = 6;
+  sc.overflow = [](int step, int micro) { return (step == 1 && micro == 2) || step == 3; };
+  ExpectSameRun(sc);
+}
+
+TEST(CudaMixedPrecisionTest, Bf16WithoutScalingSkipsOnlyWhenAskedToCheck) {
+  SKIP_WITHOUT_GPU();
+  for (bool check : {false, true}) {
+    SCOPED_TRACE(check ? "check_non_finite" : "no check (the default)");
+    Scenario sc;
+    sc.dtype = kBF16;
+    if (check) sc.check_non_finite = true;
+    sc.steps = 4;
+    sc.overflow = [](int step, int) { return step == 2; };
+    sc.overflow_factor = HUGE_VAL;  // bf16 has f32's range: only an inf loss overflows it
+    const std::vector<StepState> cpu = RunScenario(sc, kCpu);
+    const std::vector<StepState> gpu = RunScenario(sc, kGpu);
+    for (size_t step = 0; step < cpu.size(); ++step) {
+      EXPECT_EQ(gpu[step].skipped, cpu[step].skipped) << step;
+      EXPECT_EQ(gpu[step].scale_after, 1.0) << step;
+    }
+    EXPECT_EQ(gpu[2].skipped, check);
+    // Without the check the inf gradients reach the masters on both devices.
+    EXPECT_EQ(std::isfinite(gpu[3].masters[0][0]), check);
+  }
+}
+
+TEST(CudaMixedPrecisionTest, StateDictSavedOnCudaResumesOnEitherDevice) {
+  SKIP_WITHOUT_GPU();
+  const auto scaler = [] {
+    return std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2, 0.5, 2));
+  };
+  auto run = [](MixedPrecisionOptimizer& opt, const Model& m, Device device, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      opt.zero_grad();
+      Variable loss = Loss(m.Forward(Inputs(kF16, 100 + step, device)));
+      if (step == 1) loss = MulScalar(loss, 1e8);
+      opt.backward(loss);
+      opt.step();
+    }
+  };
+  MixedPrecisionOptimizer::Options o;
+  o.scaler = scaler();
+  Model straight_model(kF16, 1, kGpu);
+  MixedPrecisionOptimizer straight(MakeOptimizer(Opt::kAdamW, straight_model), o);
+  run(straight, straight_model, kGpu, 0, 6);
+
+  o.scaler = scaler();
+  Model first_model(kF16, 1, kGpu);
+  MixedPrecisionOptimizer first(MakeOptimizer(Opt::kAdamW, first_model), o);
+  run(first, first_model, kGpu, 0, 3);
+  StateDict saved = first.state_dict();
+  for (auto& [key, t] : saved.tensors) t = t.to(kCpu);  // as a checkpoint file holds it
+
+  for (Device device : {kGpu, kCpu}) {
+    SCOPED_TRACE("resumed on " + device.ToString());
+    o.scaler = scaler();
+    Model resumed_model(kF16, 7, device);
+    MixedPrecisionOptimizer resumed(MakeOptimizer(Opt::kAdamW, resumed_model), o);
+    resumed_model.s.data().copy_(first_model.s.data());  // f32 params come with the model
+    resumed.load_state_dict(saved);
+    run(resumed, resumed_model, device, 3, 6);
+    EXPECT_EQ(resumed.loss_scale(), straight.loss_scale());
+    EXPECT_EQ(resumed.skipped_steps() + first.skipped_steps(), straight.skipped_steps());
+    for (size_t p = 0; p < 3; ++p) {
+      const std::vector<float> got = Values(resumed.master_params()[p].data());
+      const std::vector<float> want = Values(straight.master_params()[p].data());
+      for (size_t i = 0; i < got.size(); ++i) {
+        // Bit for bit on the same device; within the forward's rounding across devices.
+        EXPECT_NEAR(got[i], want[i], device.is_cuda() ? 0.0 : 2e-4) << p << " " << i;
+      }
+    }
+  }
+}
+
+// ---- Optimizers on CUDA parameters --------------------------------------------------------------
+
+// f32 parameters on `device` with the same values, and the same gradients for `steps` steps.
+std::vector<Variable> Params(Device device) {
+  Generator gen(5);
+  return {Variable(RandNormal({64, 33}, gen).to(device), true),
+          Variable(RandNormal({33}, gen).to(device), true),
+          Variable(RandNormal({7, 3, 5}, gen).to(device), true)};
+}
+
+void SetGrads(const std::vector<Variable>& params, int step) {
+  Generator gen(1000 + step);
+  for (const Variable& p : params) {
+    p.set_grad(Variable(RandNormal(p.shape(), gen).to(p.data().device())));
+  }
+}
+
+TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (bool amsgrad : {false, true}) {
+    optim::AdamWOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    o.amsgrad = amsgrad;
+    const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+    // Two groups, one without decay, as the training binaries make them.
+    optim::AdamW cpu_opt(
+        {optim::ParamGroup({cpu[0], cpu[2]}), optim::ParamGroup({cpu[1]}, {{"weight_decay", 0.0}})},
+        o);
+    optim::AdamW gpu_opt(
+        {optim::ParamGroup({gpu[0], gpu[2]}), optim::ParamGroup({gpu[1]}, {{"weight_decay", 0.0}})},
+        o);
+    for (int step = 0; step < 4; ++step) {
+      SetGrads(cpu, step);
+      SetGrads(gpu, step);
+      cpu_opt.step();
+      gpu_opt.step();
+    }
+    for (size_t p = 0; p < cpu.size(); ++p) {
+      EXPECT_EQ(Values(gpu[p].data()), Values(cpu[p].data())) << "param " << p;
+      EXPECT_EQ(Values(gpu_opt.param_state(gpu[p])->tensor("exp_avg_sq")),
+                Values(cpu_opt.param_state(cpu[p])->tensor("exp_avg_sq")));
+      EXPECT_EQ(gpu_opt.param_state(gpu[p])->scalar("step"), 4);
+    }
+  }
+}
+
+TEST(CudaOptimizerTest, SgdAndAdamWithL2TakeTheTensorOpsOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  optim::SGDOptions so;
+  so.lr = 0.1;
+  so.momentum = 0.9;
+  so.nesterov = true;
+  so.weight_decay = 1e-2;
+  optim::AdamOptions ao;
+  ao.weight_decay = 1e-2;  // L2: not the fused kernel's decoupled decay
+  const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+  optim::SGD cpu_sgd(std::vector<Variable>{cpu[0], cpu[1]}, so);
+  optim::SGD gpu_sgd(std::vector<Variable>{gpu[0], gpu[1]}, so);
+  optim::Adam cpu_adam(std::vector<Variable>{cpu[2]}, ao);
+  optim::Adam gpu_adam(std::vector<Variable>{gpu[2]}, ao);
+  for (int step = 0; step < 3; ++step) {
+    SetGrads(cpu, step);
+    SetGrads(gpu, step);
+    cpu_sgd.step();
+    gpu_sgd.step();
+    cpu_adam.step();
+    gpu_adam.step();
+  }
+  for (size_t p = 0; p < cpu.size(); ++p) {
+    const std::vector<float> c = Values(cpu[p].data()), g = Values(gpu[p].data());
+    for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(g[i], c[i], 1e-6 * (1 + std::fabs(c[i])));
+  }
+}
+
+TEST(CudaOptimizerTest, ClipGradNormOnTheDeviceMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (double norm_type : {2.0, optim::kInfNorm, 1.0}) {
+    SCOPED_TRACE(norm_type);
+    const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+    SetGrads(cpu, 0);
+    SetGrads(gpu, 0);
+    const double want = optim::clip_grad_norm(cpu, 0.5, norm_type);
+    const double got = optim::clip_grad_norm(gpu, 0.5, norm_type);
+    EXPECT_NEAR(got, want, 1e-5 * want);
+    for (size_t p = 0; p < cpu.size(); ++p) {
+      const std::vector<float> c = Values(cpu[p].grad().data()), g = Values(gpu[p].grad().data());
+      for (size_t i = 0; i < c.size(); ++i)
+        EXPECT_NEAR(g[i], c[i], 1e-5 * (1e-3 + std::fabs(c[i])));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace amp
+}  // namespace tg
