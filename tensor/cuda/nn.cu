@@ -80,34 +80,13 @@ template <typename T, bool kWarp>
 __global__ void LayerNormKernel(T* out, Acc<T>* mean, Acc<T>* rstd, const T* x, const T* w,
                                 int64_t w_stride, const T* b, int64_t b_stride, int64_t rows,
                                 int64_t n, double eps) {
-  using C = Acc<T>;
   __shared__ double smem[32];
   const RowGroup<kWarp> g{};
   for (int64_t r = g.first(); r < rows; r += g.stride()) {
     const T* row = x + r * n;
     T* orow = out + r * n;
-    const int64_t head = RowHead(row, n);
-    C mu, rs;
-    RowMeanRstd<kWarp>(row, n, head, g, eps, smem, &mu, &rs);
-    if (g.tid() == 0) {
-      mean[r] = mu;
-      rstd[r] = rs;
-    }
-    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
-      constexpr int W = decltype(width)::value;
-      C v[W], wv[W], bv[W];
-      LoadN<W>(row + i, v);
-      if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
-      if (b != nullptr) LoadStrided<W>(b + i * b_stride, b_stride, bv);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        C y = (v[k] - mu) * rs;
-        if (w != nullptr) y *= wv[k];
-        if (b != nullptr) y += bv[k];
-        v[k] = y;
-      }
-      StoreN<W>(orow + i, v);
-    });
+    LayerNormRow<kWarp>(row, orow, n, RowHead(row, n), g, eps, smem, &mean[r], &rstd[r], w,
+                        w_stride, b, b_stride);
   }
 }
 

@@ -304,6 +304,38 @@ __device__ __forceinline__ void RowMeanRstd(const T* row, int64_t n, int64_t hea
   *rstd = static_cast<Acc<T>>(1.0 / sqrt(sq / static_cast<double>(n) + eps));
 }
 
+// Layer norm of one row (shared by LayerNorm and AddLayerNorm): the statistics of `row`
+// (written to mean[r] / rstd[r] by thread 0), then out = (x - mean) * rstd * w + b per element,
+// w and b optional (null) and strided.
+template <bool kWarp, typename T>
+__device__ __forceinline__ void LayerNormRow(const T* row, T* orow, int64_t n, int64_t head,
+                                             const RowGroup<kWarp>& g, double eps, double* smem,
+                                             Acc<T>* mean_r, Acc<T>* rstd_r, const T* w,
+                                             int64_t w_stride, const T* b, int64_t b_stride) {
+  using C = Acc<T>;
+  C mu, rs;
+  RowMeanRstd<kWarp>(row, n, head, g, eps, smem, &mu, &rs);
+  if (g.tid() == 0) {
+    *mean_r = mu;
+    *rstd_r = rs;
+  }
+  ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    C v[W], wv[W], bv[W];
+    LoadN<W>(row + i, v);
+    if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
+    if (b != nullptr) LoadStrided<W>(b + i * b_stride, b_stride, bv);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      C y = (v[k] - mu) * rs;
+      if (w != nullptr) y *= wv[k];
+      if (b != nullptr) y += bv[k];
+      v[k] = y;
+    }
+    StoreN<W>(orow + i, v);
+  });
+}
+
 // ---- Index errors -----------------------------------------------------------------------------
 
 // The ops whose index errors a record can describe (the messages are the CPU kernels').

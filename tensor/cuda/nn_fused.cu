@@ -253,27 +253,8 @@ __global__ void AddLayerNormKernel(T* residual, T* out, Acc<T>* mean, Acc<T>* rs
       for (int k = 0; k < W; ++k) av[k] = av[k] + bv[k];
       StoreN<W>(rrow + i, av);  // rounded once, to what tg::Add would return
     });
-    C mu, rs;
-    RowMeanRstd<kWarp>(static_cast<const T*>(rrow), n, head, g, eps, smem, &mu, &rs);
-    if (g.tid() == 0) {
-      mean[r] = mu;
-      rstd[r] = rs;
-    }
-    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
-      constexpr int W = decltype(width)::value;
-      C v[W], wv[W], bv[W];
-      LoadN<W>(rrow + i, v);
-      if (w != nullptr) LoadStrided<W>(w + i * w_stride, w_stride, wv);
-      if (bias != nullptr) LoadStrided<W>(bias + i * bias_stride, bias_stride, bv);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        C y = (v[k] - mu) * rs;
-        if (w != nullptr) y *= wv[k];
-        if (bias != nullptr) y += bv[k];
-        v[k] = y;
-      }
-      StoreN<W>(orow + i, v);
-    });
+    LayerNormRow<kWarp>(static_cast<const T*>(rrow), orow, n, head, g, eps, smem, &mean[r],
+                        &rstd[r], w, w_stride, bias, bias_stride);
   }
 }
 
