@@ -12,6 +12,8 @@ packages=(
   libopenblas-dev        # CPU GEMM
   zlib1g-dev             # gzip'd data files
   libgloo-dev            # CPU collectives
+  libhiredis-dev         # gloo's RedisStore header includes <hiredis.h>
+  redis-server           # multi-machine rendezvous; tests start one on loopback
   libgoogle-perftools-dev  # TCMalloc, the allocator of every binary (tools/bazel/BUILD)
   nlohmann-json3-dev     # JSON headers of safetensors checkpoints
   gnuplot-nox            # tools/plot_metrics.sh: loss and loss-scale curves as PNG

@@ -1,0 +1,59 @@
+// GlooProcessGroup: the ProcessGroup of CPU tensors, on gloo's TCP transport.
+//
+// Collectives run on one worker thread per group, in call order (so every rank's sequence
+// matches), and their Work completes when the data is in place. gloo's algorithms: ring
+// all-reduce, all-gather and broadcast, and a dissemination barrier. reduce_scatter is an
+// all-to-all of the chunks followed by a local reduction in rank order: correct for any world
+// size (gloo's halving-doubling reduce-scatter needs extra care off powers of two), as little
+// traffic as a ring reduce-scatter, and its results do not depend on the arrival order.
+// f16 and bf16 travel as 2-byte values: all_reduce adds pairs in f32 and rounds each partial
+// sum (as NCCL does); reduce_scatter reduces all chunks in f32 and rounds once. kAvg divides the
+// sum by the world size.
+//
+//   auto pg = tg::dist::GlooProcessGroup::Create(rank, size, "default", timeout, store).value();
+#ifndef TAPEGRAD_DISTRIBUTED_GLOO_PROCESS_GROUP_H_
+#define TAPEGRAD_DISTRIBUTED_GLOO_PROCESS_GROUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+
+namespace tg::dist {
+
+struct GlooOptions {
+  // The address this rank listens on: 127.0.0.1 for one machine, the host's name or address
+  // otherwise.
+  std::string hostname = "127.0.0.1";
+};
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Meets the other ranks through `group_store` (a store view private to this group): every
+  // rank announces itself under "rank/<r>"; when some rank does not within `timeout`,
+  // DeadlineExceeded names the missing ranks. Then gloo connects a full TCP mesh.
+  static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(
+      int rank, int size, const std::string& name, absl::Duration timeout,
+      std::shared_ptr<Store> group_store, const GlooOptions& options = {});
+  ~GlooProcessGroup() override;
+
+  const char* backend() const override { return "gloo"; }
+  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
+                                       ReduceOp op) override;
+  std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) override;
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override;
+  std::shared_ptr<Work> barrier() override;
+
+  struct Impl;
+
+ private:
+  GlooProcessGroup(int rank, int size, std::string name, absl::Duration timeout);
+  std::shared_ptr<Impl> impl_;  // shared with the Works (a timed-out wait breaks the group)
+};
+
+}  // namespace tg::dist
+
+#endif  // TAPEGRAD_DISTRIBUTED_GLOO_PROCESS_GROUP_H_
