@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "distributed/gloo_process_group.h"
-// NCCL_WIRING #include "distributed/nccl_process_group.h"
+#include "distributed/nccl_process_group.h"
 
 namespace tg::dist {
 namespace {
@@ -110,7 +110,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewProcessGroup(const DistEnv& env
                                     std::move(group_store), gloo);
   }
   if (backend == "nccl") {
-    return absl::UnimplementedError("NCCL_WIRING");
+    return NewNcclProcessGroup(env.rank, env.world_size, group_name, env.timeout,
+                               std::move(group_store), Device::Cuda(env.local_rank));
   }
   return absl::InvalidArgumentError(absl::StrCat("distributed init: unknown backend '", backend,
                                                  "' (gloo or nccl)"));

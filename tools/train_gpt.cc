@@ -8,7 +8,8 @@
 // A text file is tokenized by characters (vocabulary: its distinct bytes) and split 90/10 into
 // train/val as nanoGPT does; a .bin file is an llm.c shard of GPT-2 tokens (vocabulary 50257,
 // padded to 50304), with validation from --val_data or the shard's last 10%. Precision, loss
-// scaling, checkpoints, resume, metrics and --device=cuda work as in train_mnist.
+// scaling, checkpoints, resume, metrics, --device=cuda and data parallelism (--world_size under
+// tools:launch) work as in train_mnist.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "optim/lr_schedule.h"
 #include "tools/data/loader.h"
 #include "tools/data/token_shard.h"
+#include "tools/train/data_parallel.h"
 #include "tools/train/metrics.h"
 #include "tools/train/progress.h"
 #include "tools/train/run.h"
@@ -61,6 +63,8 @@ ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the 
 ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
+ABSL_FLAG(int64_t, world_size, 1,
+          "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
@@ -100,7 +104,11 @@ int Main() {
   train::StopSignal::Install();
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
-  const Device device = *device_or;
+  auto dp_or = train::DataParallel::Start(absl::GetFlag(FLAGS_world_size),
+                                          absl::GetFlag(FLAGS_batch_size), *device_or);
+  if (!dp_or.ok()) return Fail(dp_or.status());
+  train::DataParallel& dp = **dp_or;
+  const Device device = dp.device();
   if (absl::GetFlag(FLAGS_data).empty()) {
     return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
   }
@@ -154,12 +162,14 @@ int Main() {
   auto model = std::make_shared<nn::Gpt>(config, init_gen, &dropout_gen);
   model->to(dtype);
   model->to(device);
+  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::OptimizerConfig opt_config;
   opt_config.name = absl::GetFlag(FLAGS_optimizer);
   opt_config.lr = absl::GetFlag(FLAGS_lr);
   opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   opt_config.beta2 = absl::GetFlag(FLAGS_beta2);
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler)};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
   auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::MixedPrecisionOptimizer& opt = **opt_or;
@@ -195,11 +205,13 @@ int Main() {
     if (tokenizer) meta["vocab"] = tokenizer->vocab();
     return meta;
   };
+  // Every rank resumes from the checkpoint; only rank 0 writes them.
+  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
   if (absl::Status s = train::OpenMetrics(
-          absl::GetFlag(FLAGS_metrics),
+          dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
           absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
           {"val_loss"}, &metrics);
       !s.ok()) {
@@ -209,6 +221,7 @@ int Main() {
   progress_options.total_steps = total_steps;
   progress_options.print_every = absl::GetFlag(FLAGS_print_every);
   progress_options.unit = "tok/s";
+  progress_options.out = dp.log();
   train::ProgressReporter progress(progress_options);
   progress.Println(
       absl::StrCat(model->to_string(), "training ", run_config, " (", batches.num_tokens(),
@@ -224,15 +237,19 @@ int Main() {
     data::TokenBatcher::Batch batch = batches.Next();
     train::StepStats stats =
         train::TrainStep(opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip), [&] {
-          // Read on the host, copied to the device per step.
-          return nn::CrossEntropyLoss((*model)(Variable(batch.x.to(device))), batch.y.to(device));
+          // Read on the host, copied to the device per step; each rank takes its rows.
+          return nn::CrossEntropyLoss(dp.Forward(*model, Variable(dp.Local(batch.x).to(device))),
+                                      dp.Local(batch.y).to(device));
         });
+    const train::DataParallel::Agreement agreed =
+        dp.Agree(stats.loss, train::StopSignal::requested());
+    stats.loss = agreed.mean_loss;
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
     record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
     std::map<std::string, double> extras;
-    if ((eval_every > 0 && step % eval_every == 0) || step == total_steps) {
+    if (dp.is_main() && ((eval_every > 0 && step % eval_every == 0) || step == total_steps)) {
       val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype, device);
       extras["val_loss"] = val_loss;
       progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
@@ -245,13 +262,16 @@ int Main() {
     }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if ((every > 0 && step % every == 0) || step == total_steps) {
-      absl::Status s = run.Save(ckpt_dir, {}, metadata());
+      absl::Status s = run.Save(save_dir, {}, metadata());
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (train::StopSignal::requested()) return run.SaveAndStop(ckpt_dir, {}, metadata(), progress);
+    if (agreed.stop || (!dp.distributed() && train::StopSignal::requested())) {
+      return run.SaveAndStop(save_dir, {}, metadata(), progress);
+    }
   }
   progress.Finish();
+  if (!dp.is_main()) return 0;
   std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
               static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
 

@@ -6,6 +6,11 @@
 //   bazel run -c opt //tools:train_mnist -- --model=mlp --precision=f16   # f16 + dynamic scaling
 //   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --metrics=mnist.csv
 //   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --resume  # after Ctrl-C
+//   bazel run -c opt //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
+//
+// Data parallel (--world_size=N under tools:launch): each rank trains on its rows of every
+// global batch of --batch_size images, gradients averaged by DistributedDataParallel, so the run
+// follows the single-process one; rank 0 prints, writes metrics and checkpoints.
 //
 // Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
 // master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
@@ -32,6 +37,7 @@
 #include "tensor/ops.h"
 #include "tools/data/loader.h"
 #include "tools/data/mnist.h"
+#include "tools/train/data_parallel.h"
 #include "tools/train/metrics.h"
 #include "tools/train/progress.h"
 #include "tools/train/run.h"
@@ -51,6 +57,8 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "also checkpoint every N steps (0: at ep
 ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
+ABSL_FLAG(int64_t, world_size, 1,
+          "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N images only (0: all)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
@@ -99,7 +107,11 @@ int Main() {
   train::StopSignal::Install();
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
-  const Device device = *device_or;
+  auto dp_or = train::DataParallel::Start(absl::GetFlag(FLAGS_world_size),
+                                          absl::GetFlag(FLAGS_batch_size), *device_or);
+  if (!dp_or.ok()) return Fail(dp_or.status());
+  train::DataParallel& dp = **dp_or;
+  const Device device = dp.device();
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!dtype_or.ok()) return Fail(dtype_or.status());
   const DType dtype = *dtype_or;
@@ -137,11 +149,13 @@ int Main() {
   // Built on the CPU, then moved (see train::CheckDevice); the optimizer comes after the move.
   model->to(dtype);
   model->to(device);
+  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::OptimizerConfig opt_config;
   opt_config.name = absl::GetFlag(FLAGS_optimizer);
   opt_config.lr = absl::GetFlag(FLAGS_lr);
   opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler)};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
   auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::MixedPrecisionOptimizer& opt = **opt_or;
@@ -176,11 +190,13 @@ int Main() {
     d.Merge("data.", batches.state_dict());
     return d;
   };
+  // Every rank resumes from the checkpoint; only rank 0 writes them.
+  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
   if (absl::Status s = train::OpenMetrics(
-          absl::GetFlag(FLAGS_metrics),
+          dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
           absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
           {"test_loss", "test_acc"}, &metrics);
       !s.ok()) {
@@ -190,6 +206,7 @@ int Main() {
   progress_options.total_steps = total_steps;
   progress_options.print_every = absl::GetFlag(FLAGS_print_every);
   progress_options.unit = "img/s";
+  progress_options.out = dp.log();
   train::ProgressReporter progress(progress_options);
   progress.Println(
       absl::StrCat(model->to_string(), "training ", config, ": ", total_steps, " steps",
@@ -202,10 +219,15 @@ int Main() {
   while (run.step() < total_steps) {
     data::ImageBatcher::Batch batch = batches.Next();
     train::StepStats stats = train::TrainStep(opt, schedule, dtype, /*max_grad_norm=*/0, [&] {
-      // The batch is read on the host and copied (converted) to the device per step.
-      return nn::CrossEntropyLoss((*model)(Variable(batch.images.to(device, dtype))),
-                                  batch.labels.to(device));
+      // The batch is read on the host and copied (converted) to the device per step; each
+      // rank takes its rows.
+      return nn::CrossEntropyLoss(
+          dp.Forward(*model, Variable(dp.Local(batch.images).to(device, dtype))),
+          dp.Local(batch.labels).to(device));
     });
+    const train::DataParallel::Agreement agreed =
+        dp.Agree(stats.loss, train::StopSignal::requested());
+    stats.loss = agreed.mean_loss;
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step) / per_epoch;
@@ -213,7 +235,7 @@ int Main() {
         batch.labels.numel() / std::max(1e-9, record.elapsed_seconds - last_report);
     std::map<std::string, double> extras;
     const bool epoch_end = step % per_epoch == 0;
-    if (epoch_end || step == total_steps) {
+    if (dp.is_main() && (epoch_end || step == total_steps)) {
       Eval test = Evaluate(*model, *test_set, dtype, device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%%",
@@ -227,13 +249,16 @@ int Main() {
     }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if (epoch_end || (every > 0 && step % every == 0)) {
-      absl::Status s = run.Save(ckpt_dir, extra(), {});
+      absl::Status s = run.Save(save_dir, extra(), {});
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (train::StopSignal::requested()) return run.SaveAndStop(ckpt_dir, extra(), {}, progress);
+    if (agreed.stop || (!dp.distributed() && train::StopSignal::requested())) {
+      return run.SaveAndStop(save_dir, extra(), {}, progress);
+    }
   }
   progress.Finish();
+  if (!dp.is_main()) return 0;
   Eval test = Evaluate(*model, *test_set, dtype, device);
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
         absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
   }
   amp::MixedPrecisionOptions mp;
+  mp.reduce_found_inf = precision.reduce_found_inf;
   const std::string& s = precision.loss_scaler;
   if (s == "pytorch") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch());

@@ -81,6 +81,8 @@ struct PrecisionConfig {
   // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" | "none";
   // each with its library's default settings.
   std::string loss_scaler = "auto";
+  // Data-parallel runs: makes found_inf the max over the ranks (DataParallel::ReduceFoundInf).
+  std::function<void(const Tensor& found_inf)> reduce_found_inf;
 };
 
 // The optimizer over `params` wrapped in a MixedPrecisionOptimizer (f32 masters for f16/bf16

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Acceptance: train_mnist and train_gpt accept --world_size under tools:launch and train data
+# parallel on the CPU (Gloo over loopback). Each rank trains on its rows of the same global
+# batch and DDP averages the gradients, so the run must end where the single-process run ends:
+# the same final loss, test accuracy / validation loss as printed (4 digits). Also: a world size
+# that does not match the launcher's, and a batch that does not split across the ranks, are
+# refused with messages that say so.
+set -euo pipefail
+
+launch="$1"
+train_mnist="$2"
+train_gpt="$3"
+tmp="${TEST_TMPDIR:-/tmp}"
+
+summary() { grep -E "^(\[rank 0\] )?(test accuracy|val loss|done:)" "$1" | sed -e 's/^\[rank 0\] //' -e 's/ | [0-9]* img\/s mean//' -e 's/ | [0-9]* tok\/s mean//' -e 's/ in [0-9]*s//'; }
+
+echo "== train_mnist: 2 ranks vs 1 process (MLP, 16 steps of 128 images)"
+mnist_args=(--model=mlp --epochs=1 --train_limit=2048 --batch_size=128 --print_every=8)
+"$train_mnist" "${mnist_args[@]}" >"$tmp/m1.log" 2>&1
+"$launch" --nproc=2 -- "$train_mnist" --world_size=2 "${mnist_args[@]}" >"$tmp/m2.log" 2>&1
+summary "$tmp/m1.log" | tee "$tmp/m1.sum"
+summary "$tmp/m2.log" >"$tmp/m2.sum"
+diff "$tmp/m1.sum" "$tmp/m2.sum"
+# Only rank 0 reports.
+if grep -q "^\[rank 1\] test accuracy" "$tmp/m2.log"; then
+  echo "rank 1 printed a result"; exit 1
+fi
+
+echo "== train_gpt: 3 ranks vs 1 process (tiny GPT, 12 steps of 6 x 32 characters)"
+text="$tmp/text.txt"
+for i in $(seq 1 300); do echo "the quick brown fox $i jumps over the lazy dog; all good men $((i * 7))"; done >"$text"
+gpt_args=(--data="$text" --steps=12 --warmup_steps=2 --batch_size=6 --block_size=32 --n_layer=1
+          --eval_every=0 --eval_batches=4 --sample_tokens=0 --print_every=6)
+"$train_gpt" "${gpt_args[@]}" >"$tmp/g1.log" 2>&1
+"$launch" --nproc=3 -- "$train_gpt" --world_size=3 "${gpt_args[@]}" >"$tmp/g3.log" 2>&1
+summary "$tmp/g1.log" | tee "$tmp/g1.sum"
+summary "$tmp/g3.log" >"$tmp/g3.sum"
+diff "$tmp/g1.sum" "$tmp/g3.sum"
+
+echo "== misuse"
+set +e
+"$launch" --nproc=2 -- "$train_mnist" --world_size=3 "${mnist_args[@]}" >"$tmp/bad1.log" 2>&1
+status=$?
+"$train_mnist" --world_size=2 "${mnist_args[@]}" >"$tmp/bad2.log" 2>&1
+status2=$?
+"$launch" --nproc=3 -- "$train_mnist" --world_size=3 "${mnist_args[@]}" >"$tmp/bad3.log" 2>&1
+status3=$?
+set -e
+[ "$status" -ne 0 ] && [ "$status2" -ne 0 ] && [ "$status3" -ne 0 ]
+grep -F "train_mnist: --world_size=3 but the environment has WORLD_SIZE=2" "$tmp/bad1.log"
+grep -F "train_mnist: --world_size=2 but the environment has WORLD_SIZE=1 (start the ranks with: bazel run //tools:launch -- --nproc=2 -- <binary> --world_size=2)" "$tmp/bad2.log"
+grep -F "train_mnist: the batch size 128 does not split evenly across 3 ranks" "$tmp/bad3.log"
+echo "PASS"

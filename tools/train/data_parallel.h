@@ -1,0 +1,79 @@
+// Data-parallel training for the training binaries (--world_size through tools:launch):
+// every rank builds the same model from the same seed, reads the same global batch and trains on
+// its rows of it; DistributedDataParallel averages the gradients during backward, so each step
+// equals a single-process step on the global batch. Rank 0 alone prints, writes metrics and
+// checkpoints (every rank can resume from them).
+//
+//   bazel run //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
+//
+//   auto dp = tg::train::DataParallel::Start(absl::GetFlag(FLAGS_world_size), batch_size);
+//   dp->Wrap(model);                        // before the optimizer (DDP's epilogue runs first)
+//   precision.reduce_found_inf = dp->ReduceFoundInf();
+//   ... loss_fn: nn::CrossEntropyLoss(dp->Forward(Variable(dp->Local(images))), dp->Local(labels))
+#ifndef TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
+#define TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "autograd/variable.h"
+#include "distributed/ddp.h"
+#include "distributed/process_group.h"
+#include "nn/module.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace tg::train {
+
+class DataParallel {
+ public:
+  // world_size: the --world_size flag. 1 (the default) without a launcher environment: a single
+  // process. Otherwise it must match WORLD_SIZE of the launcher's environment (InvalidArgument
+  // naming both), and the global batch must split evenly across the ranks. Joins the default
+  // Gloo process group (its errors name missing ranks).
+  // A CUDA `device` uses the NCCL backend and each rank's cuda:LOCAL_RANK (device() says which).
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Start(int64_t world_size,
+                                                             int64_t global_batch, Device device);
+  ~DataParallel();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  bool is_main() const { return rank_ == 0; }
+  bool distributed() const { return group_ != nullptr; }
+  // The device this rank trains on.
+  Device device() const { return device_; }
+  // Where this rank prints progress: stderr on rank 0, /dev/null elsewhere.
+  std::FILE* log() const { return log_; }
+
+  // Wraps the model in DistributedDataParallel (rank 0's weights broadcast); no-op for one
+  // process. Call before building the optimizer.
+  void Wrap(std::shared_ptr<nn::Module> model);
+  // The model's forward (through DDP when distributed).
+  Variable Forward(nn::Module& model, const Variable& input);
+  // This rank's rows of a global batch [B, ...]: rows [rank * B / world, (rank + 1) * B / world).
+  Tensor Local(const Tensor& global) const;
+  // After each step, on every rank: the mean of `loss` over the ranks (the loss of the global
+  // batch, for reports) and whether any rank wants to stop (a signal reaches the ranks at
+  // different steps; they must stop after the same one). One 2-element all_reduce.
+  struct Agreement {
+    double mean_loss = 0;
+    bool stop = false;
+  };
+  Agreement Agree(double loss, bool stop) const;
+  // For MixedPrecisionOptions::reduce_found_inf (null for one process).
+  std::function<void(const Tensor&)> ReduceFoundInf() const;
+
+ private:
+  int rank_ = 0;
+  int world_size_ = 1;
+  Device device_;
+  std::FILE* log_ = stderr;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;
+};
+
+}  // namespace tg::train
+
+#endif  // TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
