@@ -65,6 +65,8 @@ ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, world_size, 1,
           "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
+ABSL_FLAG(int64_t, rank, -1, "this process's rank when started by hand (-1: from the launcher)");
+ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
@@ -104,8 +106,9 @@ int Main() {
   train::StopSignal::Install();
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
-  auto dp_or = train::DataParallel::Start(absl::GetFlag(FLAGS_world_size),
-                                          absl::GetFlag(FLAGS_batch_size), *device_or);
+  auto dp_or = train::DataParallel::Start(
+      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv)},
+      absl::GetFlag(FLAGS_batch_size), *device_or);
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();

@@ -59,6 +59,8 @@ ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, world_size, 1,
           "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
+ABSL_FLAG(int64_t, rank, -1, "this process's rank when started by hand (-1: from the launcher)");
+ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N images only (0: all)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
@@ -107,8 +109,9 @@ int Main() {
   train::StopSignal::Install();
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
-  auto dp_or = train::DataParallel::Start(absl::GetFlag(FLAGS_world_size),
-                                          absl::GetFlag(FLAGS_batch_size), *device_or);
+  auto dp_or = train::DataParallel::Start(
+      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv)},
+      absl::GetFlag(FLAGS_batch_size), *device_or);
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();

@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/checkpoint.h"
@@ -691,6 +694,59 @@ TEST(DdpTest, MaxFoundInfAcrossRanks) {
     EXPECT_EQ(found_inf.item(), 0.0);
   });
   ExpectAllSucceeded(results);
+}
+
+}  // namespace
+}  // namespace tg::dist
+
+namespace tg::dist {
+namespace {
+
+// A rank killed mid-training: the survivors' backward fails (tg::Error out of backward, naming
+// the all_reduce) within the configured timeout instead of hanging.
+TEST(DdpTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
+  testing::RunOptions options;
+  options.dist_timeout = absl::Seconds(5);
+  auto results = RunRanks(
+      3,
+      [](const Rank& r) {
+        auto pg = InitProcessGroup().value();
+        auto model = MakeMlp(kInitSeed);
+        DistributedDataParallel ddp(model, pg);
+        optim::SGD opt(model->parameters(), Sgd());
+        const absl::Time start = absl::Now();
+        absl::Time killed_at = absl::InfiniteFuture();
+        std::string error;
+        for (int step = 0; step < 1000 && error.empty(); ++step) {
+          if (step == 5) {
+            if (r.rank == 1) raise(SIGKILL);
+            killed_at = absl::Now();
+          }
+          const Batch global = GlobalBatch(12, step);
+          opt.zero_grad();
+          try {
+            MseOf(ddp, Rows(global, r.rank * 4, 4)).backward();
+          } catch (const Error& e) {
+            error = e.what();
+          }
+          opt.step();
+        }
+        ASSERT_FALSE(error.empty()) << "training went on without rank 1";
+        EXPECT_NE(error.find("all_reduce on group 'default' (rank " + std::to_string(r.rank) +
+                             " of 3, gloo)"),
+                  std::string::npos)
+            << error;
+        EXPECT_LT(absl::Now() - killed_at, absl::Seconds(5 + 3)) << error;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+        std::fflush(stdout);
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);  // skip the broken group's teardown
+      },
+      options);
+  if (testing::IsRankProcess()) return;
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok()) << results[0].output;
+  EXPECT_TRUE(results[2].ok()) << results[2].output;
+  EXPECT_EQ(results[1].signal, SIGKILL);
 }
 
 }  // namespace

@@ -26,6 +26,16 @@ if grep -q "^\[rank 1\] test accuracy" "$tmp/m2.log"; then
   echo "rank 1 printed a result"; exit 1
 fi
 
+echo "== train_mnist: 2 ranks started by hand (--rank, --rdzv=file://)"
+rdzv_dir="$(mktemp -d "$tmp/rdzv.XXXXXX")"
+"$train_mnist" --world_size=2 --rank=1 --rdzv="file://$rdzv_dir" "${mnist_args[@]}" >"$tmp/h1.log" 2>&1 &
+rank1=$!
+"$train_mnist" --world_size=2 --rank=0 --rdzv="file://$rdzv_dir" "${mnist_args[@]}" >"$tmp/h0.log" 2>&1
+wait "$rank1"
+summary "$tmp/h0.log" >"$tmp/h0.sum"
+diff "$tmp/m1.sum" "$tmp/h0.sum"
+[ ! -s "$tmp/h1.log" ] || { echo "rank 1 printed:"; cat "$tmp/h1.log"; exit 1; }
+
 echo "== train_gpt: 3 ranks vs 1 process (tiny GPT, 12 steps of 6 x 32 characters)"
 text="$tmp/text.txt"
 for i in $(seq 1 300); do echo "the quick brown fox $i jumps over the lazy dog; all good men $((i * 7))"; done >"$text"

@@ -12,15 +12,22 @@ DataParallel::~DataParallel() {
   if (log_ != stderr) std::fclose(log_);
 }
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(int64_t world_size,
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& flags,
                                                                   int64_t global_batch,
                                                                   Device device) {
   auto dp = std::make_unique<DataParallel>();
   dp->device_ = device;
+  const int64_t world_size = flags.world_size;
   if (world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--world_size must be >= 1, got ", world_size));
   }
-  absl::StatusOr<dist::DistEnv> env = dist::ResolveDistEnv({});
+  dist::DistOptions options;
+  options.rdzv = flags.rdzv;
+  if (flags.rank >= 0) {  // by hand: the flags decide, not a launcher's environment
+    options.rank = static_cast<int>(flags.rank);
+    options.world_size = static_cast<int>(world_size);
+  }
+  absl::StatusOr<dist::DistEnv> env = dist::ResolveDistEnv(options);
   if (!env.ok()) return env.status();
   if (env->world_size != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -36,7 +43,6 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(int64_t world_
                                                    " ranks"));
   }
   if (world_size == 1) return dp;
-  dist::DistOptions options;
   if (device.is_cuda()) {
     options.backend = "nccl";
     dp->device_ = Device::Cuda(env->local_rank);

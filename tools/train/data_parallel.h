@@ -5,8 +5,9 @@
 // checkpoints (every rank can resume from them).
 //
 //   bazel run //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
+//   train_mnist --world_size=2 --rank=1 --rdzv=redis://host0:6379   # by hand, on each machine
 //
-//   auto dp = tg::train::DataParallel::Start(absl::GetFlag(FLAGS_world_size), batch_size);
+//   auto dp = tg::train::DataParallel::Start({world_size, rank, rdzv}, batch_size, device);
 //   dp->Wrap(model);                        // before the optimizer (DDP's epilogue runs first)
 //   precision.reduce_found_inf = dp->ReduceFoundInf();
 //   ... loss_fn: nn::CrossEntropyLoss(dp->Forward(Variable(dp->Local(images))), dp->Local(labels))
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "autograd/variable.h"
@@ -29,12 +31,18 @@ namespace tg::train {
 
 class DataParallel {
  public:
-  // world_size: the --world_size flag. 1 (the default) without a launcher environment: a single
-  // process. Otherwise it must match WORLD_SIZE of the launcher's environment (InvalidArgument
-  // naming both), and the global batch must split evenly across the ranks. Joins the default
-  // Gloo process group (its errors name missing ranks).
-  // A CUDA `device` uses the NCCL backend and each rank's cuda:LOCAL_RANK (device() says which).
-  static absl::StatusOr<std::unique_ptr<DataParallel>> Start(int64_t world_size,
+  // The binaries' flags.
+  struct Flags {
+    int64_t world_size = 1;  // --world_size
+    int64_t rank = -1;       // --rank: without a launcher (each process started by hand)
+    std::string rdzv;        // --rdzv: file:///dir or redis://host:port (default: TG_RDZV)
+  };
+  // world_size 1 (the default) without a launcher environment: a single process. Under the
+  // launcher it must match its WORLD_SIZE (InvalidArgument naming both); with --rank the flags
+  // alone say who is who (--rdzv then names the rendezvous). The global batch must split evenly
+  // across the ranks. Joins the default process group (its errors name missing ranks); a CUDA
+  // `device` uses NCCL and each rank's cuda:LOCAL_RANK (device() says which).
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Start(const Flags& flags,
                                                              int64_t global_batch, Device device);
   ~DataParallel();
 
