@@ -1,0 +1,756 @@
+// ZeroOptimizer on 1, 2 and 4 real ranks (Gloo over loopback): stages 1, 2 and 3 train exactly
+// like DDP (the single-process reference: the MixedPrecisionOptimizer over every rank's
+// micro-batch, each loss divided by the number of micro-batches) and like DDP itself; f16/bf16
+// models; two param groups and a plain backward of the scaled loss; the exact
+// bytes of masters + optimizer state per rank; an overflow on one rank skips the step on all;
+// the clip norm is the global norm; stage 3 keeps no full parameter after forward and backward;
+// stage 2 releases every .grad at once and bounds its bucket memory; the error text.
+#include "distributed/zero.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "amp/loss_scaler.h"
+#include "amp/mixed_precision_optimizer.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "distributed/ddp.h"
+#include "distributed/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "optim/adam.h"
+#include "tensor/generator.h"
+#include "tests/distributed/multiprocess.h"
+#include "tests/tensor/throws.h"
+
+namespace tg::dist {
+namespace {
+
+using ::tg::dist::testing::ExpectAllSucceeded;
+using ::tg::dist::testing::Rank;
+using ::tg::dist::testing::RankResult;
+using ::tg::dist::testing::RunRanks;
+using ::tg::testing::ThrowsErrorExactly;
+
+// 7*13 + 13 + 13*5 + 5 = 174 parameters: 174 = 2 * 87, and 4 ranks pad to 176 = 4 * 44.
+constexpr int64_t kIn = 7, kHidden = 13, kOut = 5;
+constexpr int64_t kNumParams = 174;
+constexpr int64_t kRows = 4;  // rows of one micro-batch
+
+std::shared_ptr<ProcessGroup> Init() {
+  auto pg = InitProcessGroup();
+  if (!pg.ok()) {
+    ADD_FAILURE() << pg.status();
+    std::abort();
+  }
+  return *pg;
+}
+
+std::shared_ptr<nn::Mlp> MakeMlp(DType dtype) {
+  Generator gen(7);
+  auto model =
+      std::make_shared<nn::Mlp>(std::vector<int64_t>{kIn, kHidden, kOut}, gen, nn::Mlp::Options{});
+  if (dtype != kF32) model->to(dtype);
+  return model;
+}
+
+std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Variable>& params) {
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.01;
+  return std::make_unique<optim::AdamW>(params, o);
+}
+
+// Two groups: weights with decay 0.1, biases without (and a larger lr).
+std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
+  std::vector<Variable> weights, biases;
+  for (size_t i = 0; i < model.num_layers(); ++i) {
+    weights.push_back(model.layer(i)->weight());
+    biases.push_back(model.layer(i)->bias());
+  }
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  return std::make_unique<optim::AdamW>(
+      std::vector<optim::ParamGroup>{
+          optim::ParamGroup(weights),
+          optim::ParamGroup(biases, {{"weight_decay", 0.0}, {"lr", 2e-2}})},
+      o);
+}
+
+// Micro-batch k of step `step`: rank r's m-th micro-batch is k = m * world + r.
+Variable Loss(nn::Module& model, int step, int k, DType dtype) {
+  Generator gen(1000 + 100 * step + k);
+  const Tensor x = RandNormal({kRows, kIn}, gen).to(dtype);
+  const Tensor y = RandNormal({kRows, kOut}, gen);
+  return nn::MseLoss(Cast(model(Variable(x)), kF32), y);
+}
+
+struct Config {
+  int stage = 1;
+  DType dtype = kF32;
+  int micro = 1;  // micro-batches per rank per step
+  int steps = 20;
+  bool reduce_in_f32 = false;
+  int64_t bucket_cap_bytes = int64_t{16} << 20;
+  int max_inflight_buckets = 2;
+  double init_scale = 0;  // > 0: a PyTorch scaler starting there
+  // clip_master_grads(clip) every step; the default (inf) only measures the gradient norm.
+  double clip = std::numeric_limits<double>::infinity();
+  // Overflow injection: at this step, the gradient of fc0.weight's last element becomes inf in
+  // the micro-batch of this rank (k = rank, m = 0).
+  int inf_step = -1;
+  int inf_rank = 0;
+  bool two_groups = false;      // MakeGroupedAdamW
+  bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
+};
+
+std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
+  return c.two_groups ? MakeGroupedAdamW(model) : MakeAdamW(model.parameters());
+}
+
+struct Outcome {
+  std::vector<float> params;   // all parameters, f32, concatenated in optimizer order
+  std::vector<float> initial;  // the same before training (reference only)
+  std::vector<double> norms;
+  int64_t skipped = 0;
+  double scale = 0;
+};
+
+std::vector<float> Concat(const std::vector<Tensor>& tensors) {
+  std::vector<float> out;
+  for (const Tensor& t : tensors) {
+    const std::vector<float> v = t.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::vector<float> Concat(const std::vector<Variable>& vars) {
+  std::vector<Tensor> data;
+  for (const Variable& v : vars) data.push_back(v.data());
+  return Concat(data);
+}
+
+amp::MixedPrecisionOptions MixedOptions(const Config& c) {
+  amp::MixedPrecisionOptions o;
+  if (c.init_scale > 0) {
+    o.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch(c.init_scale));
+  }
+  return o;
+}
+
+// A tensor hook on fc0.weight that makes its last element inf while *armed.
+HookHandle InjectInf(nn::Mlp& model, const bool* armed) {
+  return model.layer(0)->weight().register_hook([armed](const Variable& g) -> Variable {
+    if (!*armed) return Variable();
+    Tensor t = g.data().clone();
+    t.view({t.numel()}).narrow(0, t.numel() - 1, 1).fill_(std::numeric_limits<double>::infinity());
+    return Variable(t);
+  });
+}
+
+ZeroOptions MakeZeroOptions(const Config& c, std::shared_ptr<nn::Module> model) {
+  ZeroOptions zo;
+  zo.stage = c.stage;
+  zo.module = std::move(model);
+  zo.reduce_in_f32 = c.reduce_in_f32;
+  zo.bucket_cap_bytes = c.bucket_cap_bytes;
+  zo.max_inflight_buckets = c.max_inflight_buckets;
+  zo.mixed_precision = MixedOptions(c);
+  return zo;
+}
+
+Outcome TrainZero(const std::shared_ptr<ProcessGroup>& pg, const Config& c) {
+  auto model = MakeMlp(c.dtype);
+  ZeroOptimizer opt(pg, MakeOptimizer(*model, c), MakeZeroOptions(c, model));
+  bool armed = false;
+  HookHandle inject = InjectInf(*model, &armed);
+  Outcome out;
+  for (int s = 0; s < c.steps; ++s) {
+    opt.zero_grad();
+    for (int m = 0; m < c.micro; ++m) {
+      Variable loss = Loss(*model, s, m * pg->size() + pg->rank(), c.dtype);
+      if (c.micro > 1) loss = MulScalar(loss, 1.0 / c.micro);
+      armed = s == c.inf_step && m == 0 && pg->rank() == c.inf_rank;
+      if (c.plain_backward) {
+        opt.scale(loss).backward();  // the hooks run the same epilogue
+      } else {
+        opt.backward(loss);
+      }
+      armed = false;
+    }
+    out.norms.push_back(opt.clip_master_grads(c.clip));
+    opt.step();
+  }
+  inject.remove();
+  out.params = Concat(opt.full_parameters());
+  out.skipped = opt.skipped_steps();
+  out.scale = opt.loss_scale();
+  return out;
+}
+
+// What DDP computes, in one process: every micro-batch of every rank, each loss divided by the
+// number of micro-batches of the step, accumulated by the MixedPrecisionOptimizer.
+Outcome TrainReference(int world, const Config& c) {
+  auto model = MakeMlp(c.dtype);
+  amp::MixedPrecisionOptimizer opt(MakeOptimizer(*model, c), MixedOptions(c));
+  bool armed = false;
+  HookHandle inject = InjectInf(*model, &armed);
+  Outcome out;
+  out.initial = Concat(opt.model_params());
+  for (int s = 0; s < c.steps; ++s) {
+    opt.zero_grad();
+    for (int m = 0; m < c.micro; ++m) {
+      for (int r = 0; r < world; ++r) {
+        armed = s == c.inf_step && m == 0 && r == c.inf_rank;
+        opt.backward(MulScalar(Loss(*model, s, m * world + r, c.dtype), 1.0 / (world * c.micro)));
+        armed = false;
+      }
+    }
+    out.norms.push_back(opt.clip_master_grads(c.clip));
+    opt.step();
+  }
+  inject.remove();
+  out.params = Concat(opt.model_params());
+  out.skipped = opt.skipped_steps();
+  out.scale = opt.loss_scale();
+  return out;
+}
+
+// Copies the rank processes' lines that start with `prefix` into this process's log.
+void PrintRankLines(const std::vector<RankResult>& results, const std::string& prefix) {
+  for (const RankResult& res : results) {
+    std::istringstream lines(res.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(prefix, 0) == 0) std::cout << line << "\n";
+    }
+  }
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+// Trains with ZeRO on every rank and compares with the reference (computed on each rank).
+// Every step's gradient norm (over all shards) must agree within the relative `norm_rtol`:
+// AdamW hardly reacts to a wrong gradient scale, the norm does.
+void ExpectMatchesReference(int world, const Config& c, double tol, double norm_rtol) {
+  auto results = RunRanks(world, [&](const Rank& r) {
+    auto pg = Init();
+    const Outcome zero = TrainZero(pg, c);
+    const Outcome ref = TrainReference(world, c);
+    const double diff = MaxAbsDiff(zero.params, ref.params);
+    if (r.rank == 0) {
+      std::printf(
+          "ZeRO parity: stage %d, world %d, %s, micro %d%s: max |param - reference| = "
+          "%.3g\n",
+          c.stage, world, DTypeName(c.dtype), c.micro,
+          c.two_groups ? ", two groups, plain backward" : "", diff);
+    }
+    EXPECT_LE(diff, tol) << "rank " << r.rank;
+    ASSERT_EQ(zero.norms.size(), ref.norms.size());
+    for (size_t s = 0; s < ref.norms.size(); ++s) {
+      EXPECT_NEAR(zero.norms[s], ref.norms[s], norm_rtol * ref.norms[s]) << "step " << s;
+    }
+    EXPECT_EQ(zero.skipped, ref.skipped);
+    EXPECT_EQ(zero.scale, ref.scale);
+    // The parameters moved (the comparison is not vacuous).
+    EXPECT_GT(MaxAbsDiff(ref.params, ref.initial), 0.05);
+  });
+  ExpectAllSucceeded(results);
+  PrintRankLines(results, "ZeRO parity:");
+}
+
+// ---- Parity with data-parallel training -------------------------------------------------------
+
+// f32: a power-of-two world makes the reduce-scatter's (g0 + g1 + ...) / W equal, bit for bit,
+// to the reference's g0 / W + g1 / W + ..., so the parameters match exactly.
+// Two param groups (stage 1/2: a flat buffer each; with the reverse order every parameter
+// starts a bucket) and a plain backward of the scaled loss.
+TEST(ZeroTest, Stage1MatchesDataParallelTraining) {
+  Config c;
+  c.stage = 1;
+  ExpectMatchesReference(2, c, 0.0, 1e-12);
+  ExpectMatchesReference(4, c, 0.0, 1e-12);
+  c.two_groups = true;
+  c.plain_backward = true;
+  ExpectMatchesReference(2, c, 0.0, 1e-12);
+}
+
+// Stage 2 with one bucket per parameter (64-byte cap) and one reduction in flight, and with
+// gradient accumulation over two micro-batches per rank (summation order differs: f32 tolerance).
+TEST(ZeroTest, Stage2MatchesDataParallelTraining) {
+  Config c;
+  c.stage = 2;
+  c.bucket_cap_bytes = 64;
+  c.max_inflight_buckets = 1;
+  ExpectMatchesReference(2, c, 0.0, 1e-12);
+  ExpectMatchesReference(4, c, 0.0, 1e-12);
+  c.micro = 2;
+  ExpectMatchesReference(2, c, 1e-5, 1e-6);
+}
+
+TEST(ZeroTest, Stage3MatchesDataParallelTraining) {
+  Config c;
+  c.stage = 3;
+  ExpectMatchesReference(2, c, 0.0, 1e-12);
+  ExpectMatchesReference(4, c, 0.0, 1e-12);
+  c.micro = 2;
+  ExpectMatchesReference(2, c, 1e-5, 1e-6);
+  c.micro = 1;
+  c.two_groups = true;  // two flat buffers per unit
+  c.plain_backward = true;
+  ExpectMatchesReference(4, c, 0.0, 1e-12);
+}
+
+// The same against DistributedDataParallel itself (its all_reduce of two ranks adds the same
+// two numbers): equal parameters after 20 steps for every stage.
+TEST(ZeroTest, MatchesDistributedDataParallel) {
+  auto results = RunRanks(2, [](const Rank& r) {
+    auto pg = Init();
+    Outcome ddp_out;
+    {
+      auto model = MakeMlp(kF32);
+      DistributedDataParallel ddp(model, pg);
+      amp::MixedPrecisionOptimizer opt(MakeAdamW(model->parameters()));
+      for (int s = 0; s < 20; ++s) {
+        opt.zero_grad();
+        Generator gen(1000 + 100 * s + r.rank);  // Loss()'s micro-batch k = rank
+        const Tensor x = RandNormal({kRows, kIn}, gen);
+        const Tensor y = RandNormal({kRows, kOut}, gen);
+        opt.backward(nn::MseLoss(Cast(ddp(Variable(x)), kF32), y));
+        opt.step();
+      }
+      ddp_out.params = Concat(opt.model_params());
+    }
+    for (int stage = 1; stage <= 3; ++stage) {
+      Config c;
+      c.stage = stage;
+      EXPECT_EQ(MaxAbsDiff(TrainZero(pg, c).params, ddp_out.params), 0.0) << "stage " << stage;
+    }
+  });
+  ExpectAllSucceeded(results);
+}
+
+// f16 and bf16 models: f32 masters, the scaled f16 gradients reduced in f16 (one rounding of
+// the f32 sum) or in f32; the reference divides each loss by the world size before backward.
+TEST(ZeroTest, LowPrecisionModelsMatchDataParallelTraining) {
+  Config c;
+  c.dtype = kF16;
+  c.init_scale = 1024;
+  c.stage = 1;
+  ExpectMatchesReference(2, c, 2e-3, 1e-3);
+  c.stage = 3;
+  c.reduce_in_f32 = true;
+  ExpectMatchesReference(2, c, 2e-3, 1e-3);
+  Config b;
+  b.dtype = kBF16;
+  b.stage = 2;
+  ExpectMatchesReference(2, b, 1e-2, 1e-2);
+}
+
+// ---- Memory ------------------------------------------------------------------------------------
+
+// Masters (f32) + AdamW's exp_avg and exp_avg_sq (f32): 12 bytes per element this rank owns.
+// Stage 1/2: one bucket of 174 elements, padded to 176 for 4 ranks. Stage 3: units fc0 (104
+// elements: 52 / 26 per rank) and fc1 (70: 35 / 18 after padding to 72).
+TEST(ZeroTest, ShardedBytesFallAsOneOverWorldSize) {
+  struct Case {
+    int stage;
+    DType dtype;
+    int world;
+    int64_t shard;        // elements per rank
+    int64_t param_bytes;  // model parameter storage held after the step
+  };
+  const std::vector<Case> cases = {
+      {1, kF32, 1, 174, 174 * 4}, {1, kF32, 2, 87, 174 * 4}, {1, kF32, 4, 44, 176 * 4},
+      {2, kF32, 4, 44, 176 * 4},  {3, kF32, 1, 174, 0},      {3, kF32, 2, 87, 0},
+      {3, kF32, 4, 44, 0},        {3, kF16, 4, 44, 44 * 2},  {1, kBF16, 4, 44, 176 * 2},
+  };
+  for (const Case& cs : cases) {
+    auto results = RunRanks(cs.world, [&](const Rank& r) {
+      auto pg = Init();
+      Config c;
+      c.stage = cs.stage;
+      c.dtype = cs.dtype;
+      auto model = MakeMlp(cs.dtype);
+      ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
+      EXPECT_EQ(opt.shard_numel(), cs.shard);
+      opt.backward(Loss(*model, 0, r.rank, cs.dtype));
+      opt.step();
+      const ZeroMemory m = opt.memory();
+      EXPECT_EQ(m.master_bytes, cs.shard * 4);
+      EXPECT_EQ(m.optimizer_state_bytes, cs.shard * 8);
+      EXPECT_EQ(m.master_grad_bytes, cs.shard * 4);
+      EXPECT_EQ(m.param_bytes, cs.param_bytes);
+      if (r.rank == 0) {
+        std::printf(
+            "ZeRO bytes: stage %d %s world %d: masters %lld + optimizer state %lld = %lld "
+            "bytes per rank (master grads %lld, model params %lld)\n",
+            cs.stage, DTypeName(cs.dtype), cs.world, static_cast<long long>(m.master_bytes),
+            static_cast<long long>(m.optimizer_state_bytes),
+            static_cast<long long>(m.sharded_bytes()), static_cast<long long>(m.master_grad_bytes),
+            static_cast<long long>(m.param_bytes));
+      }
+    });
+    ExpectAllSucceeded(results);
+    PrintRankLines(results, "ZeRO bytes:");  // the figures in the parent's log too
+  }
+}
+
+// ---- Overflow on one rank ----------------------------------------------------------------------
+
+// Rank 0 makes one gradient element inf at step 3. That element is owned by rank 1 in every
+// stage's layout, so only rank 1's shard sees it; the max-reduced found_inf makes both ranks
+// skip step 3, back the scale off identically, and keep identical parameters (also equal to
+// the reference, which skips the same step).
+TEST(ZeroTest, OverflowOnOneRankSkipsTheSameStepOnEveryRank) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    auto results = RunRanks(2, [&](const Rank& r) {
+      auto pg = Init();
+      Config c;
+      c.stage = stage;
+      c.steps = 6;
+      c.init_scale = 1024;
+      c.inf_step = 3;
+      c.inf_rank = 0;
+      auto model = MakeMlp(kF32);
+      ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
+      bool armed = false;
+      HookHandle inject = InjectInf(*model, &armed);
+      std::vector<int> skipped_at;
+      for (int s = 0; s < c.steps; ++s) {
+        opt.zero_grad();
+        armed = s == c.inf_step && r.rank == c.inf_rank;
+        opt.backward(Loss(*model, s, r.rank, kF32));
+        armed = false;
+        if (opt.step().skipped) skipped_at.push_back(s);
+      }
+      EXPECT_EQ(skipped_at, std::vector<int>{3});
+      EXPECT_EQ(opt.skipped_steps(), 1);
+      EXPECT_EQ(opt.loss_scale(), 512.0);
+      // Only the owner of the element saw the overflow in its own shard.
+      EXPECT_EQ(opt.stats().local_overflow_steps, r.rank == 1 ? 1 : 0) << "stage " << stage;
+      // Identical parameters on both ranks, and equal to the reference.
+      const std::vector<float> mine = Concat(opt.full_parameters());
+      Tensor all = Tensor::Empty({2 * static_cast<int64_t>(mine.size())});
+      TG_DIST_CHECK_OK(
+          pg->all_gather(all, Tensor::FromVector<float>(mine, {static_cast<int64_t>(mine.size())}))
+              ->wait());
+      const std::vector<float> both = all.to_vector<float>();
+      EXPECT_TRUE(std::equal(both.begin(), both.begin() + mine.size(), both.begin() + mine.size()));
+      const Outcome ref = TrainReference(2, c);
+      EXPECT_EQ(ref.skipped, 1);
+      EXPECT_EQ(MaxAbsDiff(mine, ref.params), 0.0);
+    });
+    ExpectAllSucceeded(results);
+  }
+}
+
+// ---- Gradient clipping -------------------------------------------------------------------------
+
+// clip_master_grads returns the norm of the whole gradient (every rank's shard), equal to the
+// single-process norm, and clips to the same parameters.
+TEST(ZeroTest, ClipNormIsTheGlobalNorm) {
+  for (int stage : {2, 3}) {
+    const int world = stage == 2 ? 2 : 4;
+    auto results = RunRanks(world, [&](const Rank&) {
+      auto pg = Init();
+      Config c;
+      c.stage = stage;
+      c.steps = 6;
+      c.clip = 0.05;
+      const Outcome zero = TrainZero(pg, c);
+      const Outcome ref = TrainReference(world, c);
+      ASSERT_EQ(zero.norms.size(), ref.norms.size());
+      for (size_t s = 0; s < ref.norms.size(); ++s) {
+        EXPECT_GT(ref.norms[s], c.clip);  // it clips
+        EXPECT_NEAR(zero.norms[s], ref.norms[s], 1e-12 * ref.norms[s]) << "step " << s;
+      }
+      EXPECT_LE(MaxAbsDiff(zero.params, ref.params), 1e-6);
+    });
+    ExpectAllSucceeded(results);
+  }
+}
+
+// ---- Stage 3: what is resident ------------------------------------------------------------------
+
+TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
+  auto results = RunRanks(2, [](const Rank& r) {
+    auto pg = Init();
+    Config c;
+    c.stage = 3;
+    auto model = MakeMlp(kF32);
+    ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
+    const std::shared_ptr<nn::Linear>& fc0 = model->layer(0);
+    const Variable weight = fc0->weight();
+    // Between uses: a 1-element NaN placeholder expanded to [13, 7].
+    EXPECT_EQ(weight.shape(), (Shape{kHidden, kIn}));
+    EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
+    EXPECT_TRUE(std::isnan(weight.data().to_vector<float>()[0]));
+
+    std::weak_ptr<Storage> in_forward, in_backward;
+    HookHandle pre = fc0->register_forward_pre_hook([&](nn::Module&, const Variable&) -> Variable {
+      in_forward = weight.data().storage();  // after the gather: the unit's flat buffer
+      EXPECT_EQ(weight.data().storage()->nbytes(), 104u * 4);  // 91 + 13, padded to 104
+      return Variable();
+    });
+    HookHandle grad_hook = weight.register_hook([&](const Variable&) -> Variable {
+      in_backward = weight.data().storage();  // gathered again for fc0's backward
+      EXPECT_EQ(weight.data().storage()->nbytes(), 104u * 4);
+      return Variable();
+    });
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      Variable loss = Loss(*model, s, r.rank, kF32);
+      // The forward freed both units: nothing (saved tensors included) holds the buffer.
+      EXPECT_TRUE(in_forward.expired());
+      EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
+      EXPECT_EQ(opt.memory().param_bytes, 0);
+      opt.backward(loss);
+      EXPECT_TRUE(in_backward.expired());
+      EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
+      EXPECT_FALSE(weight.grad().defined());  // reduce-scattered and released
+      EXPECT_EQ(opt.memory().param_bytes, 0);
+      EXPECT_EQ(opt.stats().grad_buffer_bytes, 0);
+      opt.step();
+    }
+    // Every step: each unit gathered once in forward and once in backward; one reduce-scatter
+    // per unit, launched from the hooks.
+    EXPECT_EQ(opt.stats().forward_gathers, 6);
+    EXPECT_EQ(opt.stats().backward_gathers, 6);
+    EXPECT_EQ(opt.stats().reduce_scatters, 6);
+    EXPECT_EQ(opt.stats().launched_from_hooks, 6);
+    // A forward without grad gathers and frees too.
+    {
+      NoGradGuard no_grad;
+      (void)(*model)(Variable(Tensor::Zeros({1, kIn})));
+    }
+    EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
+    EXPECT_EQ(opt.stats().forward_gathers, 8);
+    pre.remove();
+    grad_hook.remove();
+  });
+  ExpectAllSucceeded(results);
+}
+
+// A module with a parameter of its own around a Linear: by default each is a unit of its own
+// parameters, and the outer unit's forward (whose saved-tensor hooks are active around the inner
+// unit's) nests correctly. One process: the result equals the MixedPrecisionOptimizer's exactly.
+class ScaledLinear : public nn::Module {
+ public:
+  explicit ScaledLinear(uint64_t seed) : Module("ScaledLinear") {
+    Generator gen(seed);
+    fc_ = register_module("fc", std::make_shared<nn::Linear>(kIn, kOut, gen));
+    scale_ = register_parameter("scale", RandNormal({kOut}, gen));
+  }
+  Variable forward(const Variable& x) override { return Mul(Relu((*fc_)(x)), scale_); }
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+  Variable scale_;
+};
+
+TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
+  auto pg = Init();  // one process
+  auto model = std::make_shared<ScaledLinear>(3);
+  auto ref_model = std::make_shared<ScaledLinear>(3);
+  ZeroOptions o;
+  o.stage = 3;
+  o.module = model;
+  ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), o);
+  amp::MixedPrecisionOptimizer ref(MakeAdamW(ref_model->parameters()));
+  const std::vector<ZeroFlatLayout> layout = opt.layout();
+  ASSERT_EQ(layout.size(), 2u);
+  EXPECT_EQ(layout[0].unit, 0);
+  EXPECT_EQ(layout[0].param_names, (std::vector<std::string>{"scale"}));
+  EXPECT_EQ(layout[1].unit, 1);
+  EXPECT_EQ(layout[1].param_names, (std::vector<std::string>{"fc.weight", "fc.bias"}));
+  EXPECT_EQ(layout[1].numel, kIn * kOut + kOut);
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    ref.zero_grad();
+    opt.backward(Loss(*model, s, 0, kF32));
+    ref.backward(Loss(*ref_model, s, 0, kF32));
+    EXPECT_EQ(opt.clip_master_grads(std::numeric_limits<double>::infinity()),
+              ref.clip_master_grads(std::numeric_limits<double>::infinity()));
+    opt.step();
+    ref.step();
+  }
+  EXPECT_EQ(opt.stats().backward_gathers, 6);
+  EXPECT_EQ(Concat(opt.full_parameters()), Concat(ref.model_params()));
+  EXPECT_EQ(model->parameters()[0].data().storage()->nbytes(), 4u);  // freed again
+}
+
+// ---- Stage 2: no full gradient ------------------------------------------------------------------
+
+TEST(ZeroTest, Stage2ReleasesEveryGradAndBoundsItsBuckets) {
+  auto results = RunRanks(2, [](const Rank& r) {
+    auto pg = Init();
+    Config c;
+    c.stage = 2;
+    c.bucket_cap_bytes = 64;  // fc1.bias | fc1.weight | fc0.bias | fc0.weight
+    c.max_inflight_buckets = 1;
+    auto model = MakeMlp(kF32);
+    ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
+    const std::vector<ZeroFlatLayout> layout = opt.layout();
+    ASSERT_EQ(layout.size(), 1u);
+    EXPECT_EQ(layout[0].bucket_numels, (std::vector<int64_t>{6, 66, 14, 92}));
+    EXPECT_EQ(layout[0].param_names,
+              (std::vector<std::string>{"bias", "weight", "bias", "weight"}));
+    EXPECT_EQ(opt.shard_numel(), 3 + 33 + 7 + 46);
+    // Hooks registered after the optimizer's: the .grad is already gone.
+    int seen = 0;
+    std::vector<HookHandle> hooks;
+    for (const Variable& p : model->parameters()) {
+      hooks.push_back(p.register_post_accumulate_grad_hook([&seen](const Variable& leaf) {
+        EXPECT_FALSE(leaf.grad().defined());
+        ++seen;
+      }));
+    }
+    opt.backward(Loss(*model, 0, r.rank, kF32));
+    EXPECT_EQ(seen, 4);
+    EXPECT_EQ(opt.stats().reduce_scatters, 4);
+    EXPECT_EQ(opt.stats().launched_from_hooks, 4);
+    // At most two buckets (one in flight, one filling) and their shard outputs at once, below
+    // the 696 bytes of the full f32 gradient.
+    EXPECT_LE(opt.stats().peak_grad_buffer_bytes, (92 + 66 + 46 + 33) * 4);
+    EXPECT_LT(opt.stats().peak_grad_buffer_bytes, kNumParams * 4);
+    EXPECT_EQ(opt.stats().grad_buffer_bytes, 0);
+    EXPECT_FALSE(opt.step().skipped);
+    for (HookHandle& h : hooks) h.remove();
+  });
+  ExpectAllSucceeded(results);
+}
+
+// ---- Errors ------------------------------------------------------------------------------------
+
+// A group on cuda:0 without collectives (no GPU needed): for the device check.
+class CudaFakeGroup final : public ProcessGroup {
+ public:
+  CudaFakeGroup() : ProcessGroup(0, 1, "fake", absl::Seconds(1), Device::Cuda(0)) {}
+  const char* backend() const override { return "fake"; }
+  std::shared_ptr<Work> all_reduce(const Tensor&, ReduceOp) override { return Fail(); }
+  std::shared_ptr<Work> reduce_scatter(const Tensor&, const Tensor&, ReduceOp) override {
+    return Fail();
+  }
+  std::shared_ptr<Work> all_gather(const Tensor&, const Tensor&) override { return Fail(); }
+  std::shared_ptr<Work> broadcast(const Tensor&, int) override { return Fail(); }
+  std::shared_ptr<Work> barrier() override { return Fail(); }
+
+ private:
+  static std::shared_ptr<Work> Fail() { throw Error("CudaFakeGroup: no collectives"); }
+};
+
+TEST(ZeroTest, ErrorsNameTheProblem) {
+  {
+    auto m = MakeMlp(kF32);
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] { ZeroOptimizer opt(std::make_shared<CudaFakeGroup>(), MakeAdamW(m->parameters())); },
+        "ZeroOptimizer: parameter 0 ('weight', f32 [13, 7]) is on cpu but the process group "
+        "'fake' (fake) works on cuda:0; move the model (Module::to) before making the "
+        "optimizer"));
+  }
+  auto pg = Init();  // one process, world size 1
+  auto model = MakeMlp(kF32);
+  auto make = [&](ZeroOptions o) {
+    return std::make_unique<ZeroOptimizer>(pg, MakeAdamW(model->parameters()), std::move(o));
+  };
+  ZeroOptions bad_stage;
+  bad_stage.stage = 4;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { make(bad_stage); },
+                                 "ZeroOptimizer: stage must be 1, 2 or 3, got 4"));
+  ZeroOptions no_module;
+  no_module.stage = 3;
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { make(no_module); },
+      "ZeroOptimizer: stage 3 shards the parameters of a module; set ZeroOptions::module"));
+  ZeroOptions reduce;
+  reduce.mixed_precision.reduce_found_inf = [](const Tensor&) {};
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { make(reduce); },
+      "ZeroOptimizer: MixedPrecisionOptions::reduce_found_inf must be empty; ZeroOptimizer "
+      "max-reduces found_inf over its process group itself"));
+  {
+    Variable extra(Tensor::Zeros({3}), true);
+    extra.set_name("extra");
+    std::vector<Variable> params = model->parameters();
+    params.push_back(extra);
+    ZeroOptions o;
+    o.stage = 3;
+    o.module = model;
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] { ZeroOptimizer opt(pg, MakeAdamW(params), o); },
+        "ZeroOptimizer: stage 3: parameter 4 of the optimizer ('extra', f32 [3]) is not a "
+        "parameter of any unit of the module; every parameter the optimizer updates must "
+        "belong to a module whose forward gathers it"));
+  }
+  {
+    Variable w(Tensor::Ones({2}), true);
+    auto adamw = MakeAdamW({w});
+    w.set_grad(Variable(Tensor::Ones({2})));
+    adamw->step();
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] { ZeroOptimizer opt(pg, std::move(adamw)); },
+        "ZeroOptimizer: the wrapped optimizer already has state; wrap it before its first step "
+        "(its parameters are replaced by the f32 master shards)"));
+  }
+  {
+    auto m = MakeMlp(kF32);
+    ZeroOptions o;
+    o.stage = 2;
+    ZeroOptimizer opt(pg, MakeAdamW(m->parameters()), o);
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] { opt.step(); },
+        "ZeroOptimizer: step() found no gradients; run a backward (opt.backward(loss) or "
+        "opt.scale(loss).backward()) between zero_grad() and step()"));
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] {
+          opt.backward(Loss(*m, 0, 0, kF32), amp::MasterBackwardOptions{false, false});
+        },
+        "ZeroOptimizer: backward with update_master_grads=false needs stage 1; stage 2 "
+        "reduce-scatters the gradients during backward"));
+    // After a backward (and after zero_grad, again not).
+    opt.backward(Loss(*m, 0, 0, kF32));
+    EXPECT_FALSE(opt.step().skipped);
+    opt.zero_grad();
+    EXPECT_TRUE(ThrowsErrorExactly(
+        [&] { opt.step(); },
+        "ZeroOptimizer: step() found no gradients; run a backward (opt.backward(loss) or "
+        "opt.scale(loss).backward()) between zero_grad() and step()"));
+  }
+  {
+    // Stage 1 defers the reduction: the .grad accumulates over two backward calls and step()
+    // reduces it once.
+    auto m = MakeMlp(kF32);
+    ZeroOptimizer opt(pg, MakeAdamW(m->parameters()));
+    opt.backward(Loss(*m, 0, 0, kF32), amp::MasterBackwardOptions{false, false});
+    opt.backward(Loss(*m, 0, 1, kF32), amp::MasterBackwardOptions{false, false});
+    EXPECT_TRUE(m->layer(0)->weight().grad().defined());
+    EXPECT_EQ(opt.stats().reduce_scatters, 0);
+    EXPECT_FALSE(opt.step().skipped);
+    EXPECT_EQ(opt.stats().reduce_scatters, 1);
+    EXPECT_FALSE(m->layer(0)->weight().grad().defined());
+  }
+}
+
+}  // namespace
+}  // namespace tg::dist
