@@ -7,7 +7,9 @@
 //
 // Rank r of local rank l gets RANK = node_rank * nproc + l, WORLD_SIZE = nnodes * nproc,
 // LOCAL_RANK = l, LOCAL_WORLD_SIZE = nproc, TG_RDZV, TG_JOB_ID (and TG_DIST_TIMEOUT_S with
-// --timeout_s) on top of the launcher's own environment; distributed/init.h reads them. On one
+// --timeout_s) on top of the launcher's own environment; distributed/init.h reads them. Unless
+// set already, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS give each rank cores / nproc threads
+// (at least 1), so that the ranks' BLAS pools do not oversubscribe the machine. On one
 // node the rendezvous defaults to a fresh file store directory (file://$TMPDIR/tg_launch_XXXXXX,
 // removed at the end); several nodes need --rdzv (redis://host:port or a shared file:///dir) and
 // an explicit --job_id that every node agrees on.
@@ -44,6 +46,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -365,6 +368,13 @@ class Launcher {
     };
     if (config_.timeout_s > 0)
       vars.emplace_back("TG_DIST_TIMEOUT_S", absl::StrCat(config_.timeout_s));
+    // N ranks each starting one BLAS/OpenMP thread per core would oversubscribe the machine N
+    // times over: unless the user set them, give each rank its share of the cores.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const std::string share = absl::StrCat(std::max<int64_t>(1, cores / config_.nproc));
+    for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+      if (std::getenv(name) == nullptr) vars.emplace_back(name, share);
+    }
     return vars;
   }
 

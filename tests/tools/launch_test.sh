@@ -69,6 +69,18 @@ elif [ -e "$(cat "$tmp/rdzv_dir")" ]; then
   fail "env: the rendezvous directory $(cat "$tmp/rdzv_dir") was not removed"
 fi
 
+# Each rank's share of the cores for OpenMP/OpenBLAS, unless the user set it.
+share=$(( $(nproc) / 2 )); [ "$share" -ge 1 ] || share=1
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS
+run threads --nproc=2 -- /bin/sh -c 'echo "omp=$OMP_NUM_THREADS blas=$OPENBLAS_NUM_THREADS"'
+expect threads 0 "[rank 0] omp=$share blas=$share
+[rank 1] omp=$share blas=$share
+" ""
+OMP_NUM_THREADS=7 run threads_set --nproc=2 -- /bin/sh -c 'echo "omp=$OMP_NUM_THREADS blas=$OPENBLAS_NUM_THREADS"'
+expect threads_set 0 "[rank 0] omp=7 blas=$share
+[rank 1] omp=7 blas=$share
+" ""
+
 # The second node of two: global ranks, the given rendezvous, job id and timeout.
 run node1 --nnodes=2 --node_rank=1 --nproc=2 --rdzv=redis://head:6379 --job_id=run7 \
   --timeout_s=2.5 -- /bin/sh -c 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK $TG_RDZV $TG_JOB_ID $TG_DIST_TIMEOUT_S"'
