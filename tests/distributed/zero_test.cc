@@ -321,33 +321,51 @@ TEST(ZeroTest, Stage3MatchesDataParallelTraining) {
   ExpectMatchesReference(4, c, 0.0, 1e-12);
 }
 
-// The same against DistributedDataParallel itself (its all_reduce of two ranks adds the same
-// two numbers): equal parameters after 20 steps for every stage.
+// A world size that is not a power of two (3 ranks: one flat buffer of 174 elements in shards of
+// 58; in stage 2 one bucket per parameter, each padded to a multiple of 3): summation and
+// division orders differ from the reference, so within f32 rounding.
+TEST(ZeroTest, EveryStageOnThreeRanks) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    Config c;
+    c.stage = stage;
+    if (stage == 2) c.bucket_cap_bytes = 64;
+    ExpectMatchesReference(3, c, 1e-5, 1e-5);
+  }
+}
+
+// The same against DistributedDataParallel itself: equal parameters after 20 steps for every
+// stage; bit for bit on 2 ranks (its all_reduce of two ranks adds the same two numbers), within
+// f32 summation order on 4 (gloo's ring adds in another order than the rank-ordered
+// reduce-scatter).
 TEST(ZeroTest, MatchesDistributedDataParallel) {
-  auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = Init();
-    Outcome ddp_out;
-    {
-      auto model = MakeMlp(kF32);
-      DistributedDataParallel ddp(model, pg);
-      amp::MixedPrecisionOptimizer opt(MakeAdamW(model->parameters()));
-      for (int s = 0; s < 20; ++s) {
-        opt.zero_grad();
-        Generator gen(1000 + 100 * s + r.rank);  // Loss()'s micro-batch k = rank
-        const Tensor x = RandNormal({kRows, kIn}, gen);
-        const Tensor y = RandNormal({kRows, kOut}, gen);
-        opt.backward(nn::MseLoss(Cast(ddp(Variable(x)), kF32), y));
-        opt.step();
+  for (const int world : {2, 4}) {
+    auto results = RunRanks(world, [](const Rank& r) {
+      auto pg = Init();
+      Outcome ddp_out;
+      {
+        auto model = MakeMlp(kF32);
+        DistributedDataParallel ddp(model, pg);
+        amp::MixedPrecisionOptimizer opt(MakeAdamW(model->parameters()));
+        for (int s = 0; s < 20; ++s) {
+          opt.zero_grad();
+          Generator gen(1000 + 100 * s + r.rank);  // Loss()'s micro-batch k = rank
+          const Tensor x = RandNormal({kRows, kIn}, gen);
+          const Tensor y = RandNormal({kRows, kOut}, gen);
+          opt.backward(nn::MseLoss(Cast(ddp(Variable(x)), kF32), y));
+          opt.step();
+        }
+        ddp_out.params = Concat(opt.model_params());
       }
-      ddp_out.params = Concat(opt.model_params());
-    }
-    for (int stage = 1; stage <= 3; ++stage) {
-      Config c;
-      c.stage = stage;
-      EXPECT_EQ(MaxAbsDiff(TrainZero(pg, c).params, ddp_out.params), 0.0) << "stage " << stage;
-    }
-  });
-  ExpectAllSucceeded(results);
+      for (int stage = 1; stage <= 3; ++stage) {
+        Config c;
+        c.stage = stage;
+        EXPECT_LE(MaxAbsDiff(TrainZero(pg, c).params, ddp_out.params),
+                  r.world_size == 2 ? 0.0 : 1e-5)
+            << "stage " << stage;
+      }
+    });
+    ExpectAllSucceeded(results);
+  }
 }
 
 // f16 and bf16 models: f32 masters, the scaled f16 gradients reduced in f16 (one rounding of
