@@ -99,6 +99,17 @@ absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url) {
       return absl::InvalidArgumentError(
           absl::StrCat("store: no host in redis rendezvous '", url, "' (redis://host:port)"));
     }
+    // Probe first, with a connect timeout: gloo's RedisStore connects without one (an unreachable
+    // host would hang) and leaks hiredis's context when the connection fails.
+    const timeval connect_timeout{10, 0};
+    redisContext* probe = redisConnectWithTimeout(host.c_str(), port, connect_timeout);
+    if (probe == nullptr || probe->err != 0) {
+      const std::string why = probe == nullptr ? "out of memory" : probe->errstr;
+      if (probe != nullptr) redisFree(probe);
+      return absl::UnavailableError(absl::StrCat("store: cannot connect to the Redis server at ",
+                                                 host, ":", port, ": ", why));
+    }
+    redisFree(probe);
     try {
       return std::shared_ptr<Store>(new Store(std::make_shared<RedisStoreImpl>(host, port), ""));
     } catch (const std::exception& e) {

@@ -30,14 +30,6 @@ using testing::RunOptions;
 using testing::RunRanks;
 using tg::testing::ThrowsErrorExactly;
 
-std::shared_ptr<ProcessGroup> Init() {
-  auto pg = InitProcessGroup();
-  if (!pg.ok()) {
-    ADD_FAILURE() << pg.status();
-    std::exit(3);
-  }
-  return *pg;
-}
 
 // Rank r's value at i: small integers (and halves) so that sums of up to 4 ranks are exact in
 // every dtype, bf16 included; the sign varies so max and min differ from sum.
@@ -82,7 +74,7 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, Red
 constexpr DType kFloatTypes[] = {kF32, kF64, kF16, kBF16};
 
 void CheckEveryCollective(const Rank& me) {
-  auto pg = Init();
+  auto pg = testing::JoinDefaultGroup();
   ASSERT_EQ(pg->rank(), me.rank);
   ASSERT_EQ(pg->size(), me.world_size);
   ASSERT_STREQ(pg->backend(), "gloo");
@@ -156,7 +148,7 @@ TEST(Collectives, EveryOpDtypeAndWorldSize) {
 // f32 rounding; f16/bf16 all_reduce rounds each partial sum, reduce_scatter once.
 TEST(Collectives, InexactValuesWithinRounding) {
   testing::ExpectAllSucceeded(RunRanks(3, [](const Rank& me) {
-    auto pg = Init();
+    auto pg = testing::JoinDefaultGroup();
     const int64_t n = 3 * 100;
     auto value = [](int r, int64_t i) { return std::sin(0.37 * i + r) * 3.1 + 0.01 * r; };
     for (DType dtype : kFloatTypes) {
@@ -186,7 +178,7 @@ TEST(Collectives, InexactValuesWithinRounding) {
 // forms (the shard is a view of the flat buffer) work.
 TEST(Collectives, AsyncQueueAndInPlaceViews) {
   testing::ExpectAllSucceeded(RunRanks(2, [](const Rank& me) {
-    auto pg = Init();
+    auto pg = testing::JoinDefaultGroup();
     std::vector<Tensor> ts;
     std::vector<std::shared_ptr<Work>> works;
     for (int k = 0; k < 8; ++k) {
@@ -286,7 +278,7 @@ TEST(Collectives, KilledRankFailsTheOthersWithinTheTimeout) {
   auto results = RunRanks(
       3,
       [](const Rank& me) {
-        auto pg = Init();
+        auto pg = testing::JoinDefaultGroup();
         Tensor t = Tensor::Ones({1 << 12}, kF32);
         for (int step = 0; step < 5; ++step) TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
         if (me.rank == 2) raise(SIGKILL);
@@ -452,7 +444,7 @@ TEST(Collectives, RedisRendezvous) {
   auto results = RunRanks(
       3,
       [](const Rank& me) {
-        auto pg = Init();
+        auto pg = testing::JoinDefaultGroup();
         Tensor t = Tensor::Full({10}, me.rank, kF32);
         TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kMax)->wait());
         EXPECT_EQ(t.to_vector<float>()[9], 2);

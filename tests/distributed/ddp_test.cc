@@ -387,7 +387,7 @@ Trained TrainAgainstReference(const Rank& r, const std::shared_ptr<ProcessGroup>
 TEST(DdpTest, TrainsMlpLikeOneProcessOnTheGlobalBatch) {
   for (const int world : {2, 3}) {
     auto results = RunRanks(world, [](const Rank& r) {
-      auto pg = InitProcessGroup().value();
+      auto pg = testing::JoinDefaultGroup();
       auto model = MakeMlp(SeedOf(r.rank));
       auto reference = MakeMlp(kInitSeed);
       DistributedDataParallel ddp(model, pg);
@@ -418,7 +418,7 @@ TEST(DdpTest, TrainsMlpLikeOneProcessOnTheGlobalBatch) {
 
 TEST(DdpTest, SeveralBucketsGiveTheSameResult) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     DdpOptions o;
     o.bucket_cap_bytes = 300;
     o.find_unused_parameters = true;  // Net's `extra` is unused
@@ -440,7 +440,7 @@ TEST(DdpTest, SeveralBucketsGiveTheSameResult) {
 
 TEST(DdpTest, FirstBucketIsLaunchedWhileBackwardStillRuns) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     auto model = MakeMlp(SeedOf(r.rank));
     DdpOptions o;
     o.bucket_cap_bytes = 300;  // 5 buckets, see DdpLayoutTest
@@ -474,7 +474,7 @@ TEST(DdpTest, FirstBucketIsLaunchedWhileBackwardStillRuns) {
 
 TEST(DdpTest, NoSyncAccumulationEqualsOneStepOnTheCombinedBatch) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     auto model = MakeMlp(SeedOf(r.rank));
     auto reference = MakeMlp(kInitSeed);
     DistributedDataParallel ddp(model, pg);
@@ -505,7 +505,7 @@ TEST(DdpTest, NoSyncAccumulationEqualsOneStepOnTheCombinedBatch) {
 
 TEST(DdpTest, UnusedParameters) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     const Batch b = Rows(GlobalBatch(12, 0), r.rank * 6, 6);
     {  // Without find_unused_parameters: the finaliser's error, on every rank.
       DistributedDataParallel ddp(std::make_shared<Net>(SeedOf(r.rank), Net::Options{}), pg);
@@ -546,7 +546,7 @@ TEST(DdpTest, ParameterUsedOnSomeRanksOnly) {
   // `extra` takes part on rank 1 only: its averaged gradient is rank 1's / world size. The
   // reference sums each rank's loss (with that rank's switch) over the world size.
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     Net::Options mine;
     mine.use_extra = r.rank == 1;
     auto model = std::make_shared<Net>(SeedOf(r.rank), mine);
@@ -583,7 +583,7 @@ TEST(DdpTest, ParameterUsedOnSomeRanksOnly) {
 
 TEST(DdpTest, ReentrantCheckpointReducesEachParameterOnce) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     Net::Options checkpointed, plain;
     checkpointed.checkpoint_fc1 = true;
     checkpointed.use_extra = plain.use_extra = true;
@@ -606,7 +606,7 @@ TEST(DdpTest, ReentrantCheckpointReducesEachParameterOnce) {
 
 TEST(DdpTest, ParameterUsedInsideAndOutsideAReentrantCheckpoint) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     Net::Options both;
     both.checkpoint_fc1 = true;
     both.reuse_fc1 = true;
@@ -637,7 +637,7 @@ TEST(DdpTest, ParameterUsedInsideAndOutsideAReentrantCheckpoint) {
 
 TEST(DdpTest, F16OverflowOnOneRankSkipsTheStepOnEveryRank) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     for (const bool reduce_found_inf : {false, true}) {
       auto model = MakeMlp(SeedOf(r.rank));
       model->to(kF16);
@@ -684,7 +684,7 @@ TEST(DdpTest, F16OverflowOnOneRankSkipsTheStepOnEveryRank) {
 
 TEST(DdpTest, MaxFoundInfAcrossRanks) {
   auto results = RunRanks(3, [](const Rank& r) {
-    auto pg = InitProcessGroup().value();
+    auto pg = testing::JoinDefaultGroup();
     const auto reduce = MaxFoundInfAcrossRanks(pg);
     Tensor found_inf = Tensor::Scalar(r.rank == 1 ? 1.0 : 0.0);
     reduce(found_inf);
@@ -710,7 +710,7 @@ TEST(DdpTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
   auto results = RunRanks(
       3,
       [](const Rank& r) {
-        auto pg = InitProcessGroup().value();
+        auto pg = testing::JoinDefaultGroup();
         auto model = MakeMlp(kInitSeed);
         DistributedDataParallel ddp(model, pg);
         optim::SGD opt(model->parameters(), Sgd());

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/init.h"
 #include "gtest/gtest.h"
 
 extern char** environ;
@@ -213,6 +214,16 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
   }
   nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
   return results;
+}
+
+std::shared_ptr<ProcessGroup> JoinDefaultGroup() {
+  auto pg = InitProcessGroup();
+  if (!pg.ok()) {
+    ADD_FAILURE() << "rank " << std::getenv("RANK") << ": " << pg.status();
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  return *pg;
 }
 
 void ExpectAllSucceeded(const std::vector<RankResult>& results) {

@@ -7,7 +7,7 @@
 //
 //   TEST(Collectives, AllReduce) {
 //     auto results = tg::dist::testing::RunRanks(3, [](const tg::dist::testing::Rank& r) {
-//       auto pg = tg::dist::InitProcessGroup().value();
+//       auto pg = tg::dist::testing::JoinDefaultGroup();
 //       ...EXPECT_*...                       // a failure makes that rank's process exit non-zero
 //     });
 //     tg::dist::testing::ExpectAllSucceeded(results);
@@ -21,11 +21,13 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "distributed/process_group.h"
 
 namespace tg::dist::testing {
 
@@ -66,6 +68,10 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
 
 // ADD_FAILURE for every rank that did not exit 0, with the tail of its output.
 void ExpectAllSucceeded(const std::vector<RankResult>& results);
+
+// For a rank body: InitProcessGroup() from the rank's environment; on failure the rank reports
+// the Status as a test failure and exits with status 3.
+std::shared_ptr<ProcessGroup> JoinDefaultGroup();
 
 }  // namespace tg::dist::testing
 

@@ -47,14 +47,6 @@ constexpr int64_t kIn = 7, kHidden = 13, kOut = 5;
 constexpr int64_t kNumParams = 174;
 constexpr int64_t kRows = 4;  // rows of one micro-batch
 
-std::shared_ptr<ProcessGroup> Init() {
-  auto pg = InitProcessGroup();
-  if (!pg.ok()) {
-    ADD_FAILURE() << pg.status();
-    std::abort();
-  }
-  return *pg;
-}
 
 std::shared_ptr<nn::Mlp> MakeMlp(DType dtype) {
   Generator gen(7);
@@ -254,7 +246,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // AdamW hardly reacts to a wrong gradient scale, the norm does.
 void ExpectMatchesReference(int world, const Config& c, double tol, double norm_rtol) {
   auto results = RunRanks(world, [&](const Rank& r) {
-    auto pg = Init();
+    auto pg = testing::JoinDefaultGroup();
     const Outcome zero = TrainZero(pg, c);
     const Outcome ref = TrainReference(world, c);
     const double diff = MaxAbsDiff(zero.params, ref.params);
@@ -340,7 +332,7 @@ TEST(ZeroTest, EveryStageOnThreeRanks) {
 TEST(ZeroTest, MatchesDistributedDataParallel) {
   for (const int world : {2, 4}) {
     auto results = RunRanks(world, [](const Rank& r) {
-      auto pg = Init();
+      auto pg = testing::JoinDefaultGroup();
       Outcome ddp_out;
       {
         auto model = MakeMlp(kF32);
@@ -405,7 +397,7 @@ TEST(ZeroTest, ShardedBytesFallAsOneOverWorldSize) {
   };
   for (const Case& cs : cases) {
     auto results = RunRanks(cs.world, [&](const Rank& r) {
-      auto pg = Init();
+      auto pg = testing::JoinDefaultGroup();
       Config c;
       c.stage = cs.stage;
       c.dtype = cs.dtype;
@@ -443,7 +435,7 @@ TEST(ZeroTest, ShardedBytesFallAsOneOverWorldSize) {
 TEST(ZeroTest, OverflowOnOneRankSkipsTheSameStepOnEveryRank) {
   for (int stage = 1; stage <= 3; ++stage) {
     auto results = RunRanks(2, [&](const Rank& r) {
-      auto pg = Init();
+      auto pg = testing::JoinDefaultGroup();
       Config c;
       c.stage = stage;
       c.steps = 6;
@@ -491,7 +483,7 @@ TEST(ZeroTest, ClipNormIsTheGlobalNorm) {
   for (int stage : {2, 3}) {
     const int world = stage == 2 ? 2 : 4;
     auto results = RunRanks(world, [&](const Rank&) {
-      auto pg = Init();
+      auto pg = testing::JoinDefaultGroup();
       Config c;
       c.stage = stage;
       c.steps = 6;
@@ -513,7 +505,7 @@ TEST(ZeroTest, ClipNormIsTheGlobalNorm) {
 
 TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = Init();
+    auto pg = testing::JoinDefaultGroup();
     Config c;
     c.stage = 3;
     auto model = MakeMlp(kF32);
@@ -588,7 +580,7 @@ class ScaledLinear : public nn::Module {
 };
 
 TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
-  auto pg = Init();  // one process
+  auto pg = testing::JoinDefaultGroup();  // one process
   auto model = std::make_shared<ScaledLinear>(3);
   auto ref_model = std::make_shared<ScaledLinear>(3);
   ZeroOptions o;
@@ -622,7 +614,7 @@ TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
 
 TEST(ZeroTest, Stage2ReleasesEveryGradAndBoundsItsBuckets) {
   auto results = RunRanks(2, [](const Rank& r) {
-    auto pg = Init();
+    auto pg = testing::JoinDefaultGroup();
     Config c;
     c.stage = 2;
     c.bucket_cap_bytes = 64;  // fc1.bias | fc1.weight | fc0.bias | fc0.weight
@@ -687,7 +679,7 @@ TEST(ZeroTest, ErrorsNameTheProblem) {
         "'fake' (fake) works on cuda:0; move the model (Module::to) before making the "
         "optimizer"));
   }
-  auto pg = Init();  // one process, world size 1
+  auto pg = testing::JoinDefaultGroup();  // one process, world size 1
   auto model = MakeMlp(kF32);
   auto make = [&](ZeroOptions o) {
     return std::make_unique<ZeroOptimizer>(pg, MakeAdamW(model->parameters()), std::move(o));
