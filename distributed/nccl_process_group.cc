@@ -548,6 +548,12 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
                                                 line, issued + s.timeout, op);
   if (!enqueued.ok()) {
     s.BreakLocked(enqueued);
+    // An enqueue that NCCL left in progress until the deadline may have put kernels on the
+    // stream before the abort: hold the tensors until the stream has passed them, as for a
+    // queued collective (nothing waits on the host; the destructor synchronises the stream).
+    std::shared_ptr<cuda::Event> end = s.events->Get();
+    end->Record(comm_stream);
+    s.held.push_back(Held{std::move(end), std::move(tensors), op, issued});
     return std::make_shared<NcclWork>(s.timeout, s.error);
   }
   std::shared_ptr<cuda::Event> end = s.events->Get();

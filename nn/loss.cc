@@ -41,8 +41,9 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
     case Reduction::kMean:
       break;
   }
-  // NaN when every row is ignored, like the unsmoothed mean (0 / 0).
-  return MulScalar(Sum(per_row), 1.0 / Sum(keep).item());
+  // Divided by the count on the tensor's device (no host read, so no device sync on CUDA); NaN
+  // when every row is ignored, like the unsmoothed mean (0 / 0).
+  return Div(Sum(per_row), Variable(tg::Sum(keep)));
 }
 
 Variable MseLoss(const Variable& prediction, const Tensor& target, Reduction reduction) {

@@ -20,8 +20,8 @@
 //   (error_if_nonfinite=false) multiplies them by a NaN or zero coefficient; we refuse to corrupt
 //   the grads and let the caller see the norm and skip the step.
 // - CUDA gradients (all on one device, contiguous): the norm and the scaling run on the device
-//   (cuda::ClipGradNorm for the 2-norm and the inf norm: each thread sums squares in f32, the
-//   rest in f64, so the 2-norm agrees with the CPU's to a few f32 ulps), with the same clip rule
+//   (cuda::ClipGradNorm for the 2-norm and the inf norm, accumulated in f64 and returned in f32,
+//   so the 2-norm agrees with the CPU's to about an f32 ulp), with the same clip rule
 //   decided on the device; returning the norm reads it on the host (one synchronisation).
 // Throws tg::Error for max_norm < 0 or NaN, norm_type <= 0 or NaN, or an undefined parameter.
 #ifndef TAPEGRAD_OPTIM_CLIP_GRAD_H_

@@ -477,10 +477,14 @@ template <typename T, bool kInfNorm>
 __global__ void __launch_bounds__(kThreads)
     NormPartialKernel(const __grid_constant__ ChunkTable<1> table, double* partials,
                       int first_block) {
-  using C = Compute<T>;
   const ChunkRef c = Locate(table);
   const T* x = static_cast<const T*>(table.ptr[0][c.tensor]) + c.begin;
-  C acc = 0;  // sum of squares, or max |x| (NaN once one is seen)
+  // Max |x| (NaN once one is seen; exact in the element's own compute type), or the sum of
+  // squares in double as clip_grad_norm sums them: an f32 square overflows from |x| ~ 1.8e19 on,
+  // where the CPU's double sum (and so its decision to clip) stays finite. The kernel is bound
+  // by memory bandwidth, so the f64 FMAs cost nothing measurable on sm_90.
+  using C = std::conditional_t<kInfNorm, Compute<T>, double>;
+  C acc = 0;
 #pragma unroll 4
   for (int i = threadIdx.x; i < c.n; i += kThreads) {
     const C v = Load(x + i);

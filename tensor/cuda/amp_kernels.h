@@ -163,11 +163,12 @@ void FusedAdamW(const AdamWTensorLists& lists, const FusedAdamWOptions& options)
 // ---- Gradient norm and clipping --------------------------------------------------------------
 
 // The joint norm of all elements of `tensors` (f32, f64, f16, bf16) as a new 0-d f32 device
-// tensor: norm_type 2 (each thread sums squares in f32 over its part of a chunk, blocks and the
-// final reduction in f64, then the square root, rounded to f32) or infinity (max |x|, exact).
-// NaN anywhere gives NaN. No host sync. optim::clip_grad_norm accumulates every element in
-// double in list order, so the 2-norm agrees to a few f32 ulps, not bit for bit. Other norm
-// types and an empty list (no device to put the result on) throw.
+// tensor: norm_type 2 (squares summed in f64 per thread, block and final reduction, then the
+// square root, rounded to f32) or infinity (max |x|, exact). NaN anywhere gives NaN; a norm
+// above FLT_MAX is inf (the CPU's double norm stays finite there). No host sync.
+// optim::clip_grad_norm accumulates every element in double in list order, so the 2-norm
+// agrees to about one f32 ulp (another summation order), not bit for bit. Other norm types and
+// an empty list (no device to put the result on) throw.
 Tensor GlobalGradNorm(const std::vector<Tensor>& tensors, double norm_type = 2.0);
 // optim::clip_grad_norm's scaling with the norm read on the device: clip_coef = max_norm /
 // (norm + 1e-6) in double; when the norm is finite and clip_coef < 1 every tensor is multiplied

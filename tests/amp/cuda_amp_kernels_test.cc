@@ -552,7 +552,7 @@ TEST(CudaAmpKernelsTest, GlobalGradNormMatchesClipGradNorm) {
   SKIP_WITHOUT_GPU();
   const std::vector<Tensor> cpu = GradList(51, 3);
   const std::vector<Tensor> gpu = ToGpu(cpu);
-  // 2-norm: f32 partial sums, so a few f32 ulps from the all-double CPU sum.
+  // 2-norm: f64 sums in another order than the CPU's, so about one f32 ulp from it.
   const double two = optim::clip_grad_norm(WithGrads(cpu), 1e30);
   const Tensor norm2 = cuda::GlobalGradNorm(gpu, 2);
   EXPECT_EQ(norm2.dtype(), kF32);
@@ -607,6 +607,35 @@ TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
     if (i == 1) continue;
     EXPECT_TRUE(SameBits(before[i], gpu2[i])) << i;
   }
+}
+
+// f32 gradients whose squares overflow f32 (|x| > 1.8e19) but whose norm does not: the CPU sums
+// the squares in double, so its norm is finite and it clips; the device must agree (a sum of
+// squares kept in f32 would make the norm inf and leave the gradients unclipped).
+TEST(CudaAmpKernelsTest, HugeF32GradsHaveTheCpusFiniteNormAndAreClipped) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(53);
+  const std::vector<Tensor> cpu = {Tensor::FromVector<float>({1e20f, -3e20f, 2.0f}, {3}),
+                                   RandNormal({70000}, gen, 0, 1e18),
+                                   RandNormal({100}, gen).to(kBF16)};
+  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const double expected = optim::clip_grad_norm(WithGrads(cpu), 1e30);  // not clipped
+  ASSERT_TRUE(std::isfinite(expected));
+  const Tensor norm = cuda::GlobalGradNorm(gpu, 2);
+  ASSERT_TRUE(std::isfinite(norm.item()));
+  EXPECT_NEAR(norm.item(), expected, expected * 1e-6);
+  // Both clip to max_norm 1 (coefficients from the f64 and the f32 norm: a few ulps apart).
+  const std::vector<Variable> params = WithGrads(cpu);
+  optim::clip_grad_norm(params, 1.0);
+  cuda::ClipByNorm(gpu, norm, 1.0);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::vector<double> e = params[i].grad().data().to_vector<double>();
+    const std::vector<double> a = ToCpu(gpu[i]).to_vector<double>();
+    for (size_t k = 0; k < e.size(); ++k) {
+      ASSERT_NEAR(a[k], e[k], std::fabs(e[k]) * 0x1p-7) << i << " " << k;  // bf16's ulp
+    }
+  }
+  EXPECT_LT(ToCpu(gpu[0]).to_vector<double>()[1], -0.9);  // -3e20 / 3.16e20
 }
 
 // ---- Argument checks (no GPU needed: they throw before any CUDA call) ---------------------------
