@@ -63,14 +63,15 @@ const char* EpilogueName(Epilogue epilogue);
 //   entry; flatten the batch into m to sum over it, as a Linear layer does).
 // - aux: out's dtype and shape, unit stride along n, and a row stride (and batch stride) that is
 //   a multiple of 8 elements (a cuBLASLt requirement; pad the row stride when n is not a
-//   multiple of 8 and pass a narrow() view). Required by kDGelu/kDGeluBgrad.
+//   multiple of 8 and pass a narrow() view). Required by kDGelu/kDGeluBgrad (which may read a
+//   broadcast aux, stride 0 along a batch dim); kGelu/kBiasGelu write it, so not broadcast.
 // - k == 0 gives out = beta * out with beta 0 or 1 and epilogue kNone (cuBLASLt has no empty
 //   products).
 // When cuBLASLt has no fused kernel for an epilogue (its epilogue kernels have type, layout and
 // alignment limits), kBias, kBgrad and kDGeluBgrad fall back to unfused products with a vector
 // of ones: the same sums, but kBias then adds the bias to the already rounded product (one more
-// rounding for f16/bf16 outputs) and kDGeluBgrad sums the rounded dGELU output. The GELU
-// epilogues have no fallback.
+// rounding for f16/bf16 outputs) and kDGeluBgrad sums the rounded dGELU output; those sums and
+// broadcasts run in full f32 also under AllowTf32Scope. The GELU epilogues have no fallback.
 // Throws tg::Error ("matmul_ex: ...", with the shapes) on invalid input, and when cuBLASLt has no
 // algorithm for the combination (e.g. a GELU epilogue with f64).
 void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,

@@ -239,19 +239,26 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
   SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, p.op_a);
   SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, p.op_b);
   SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue);
-  if (bias != nullptr) {
-    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    if (p.bias_batch_stride != 0) {
-      SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, p.bias_batch_stride);
-    }
+  if (bias != nullptr && p.bias_batch_stride != 0) {
+    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, p.bias_batch_stride);
   }
   if (aux != nullptr) {
-    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld);
     if (p.aux_batch_stride != 0) {
       SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, p.aux_batch_stride);
     }
   }
+  // The bias and aux pointers go into the descriptor itself, and the heuristic reads their
+  // values for the alignment they promise (cublasLt.h: "Routines that don't dereference this
+  // pointer, like cublasLtMatmulAlgoGetHeuristic() depend on its value to determine expected
+  // pointer alignment"). The algorithm is cached per key and reused for every batch entry and
+  // later call with that key, whose pointers may be less aligned than this call's, so the
+  // heuristic is shown addresses with exactly the key's alignments (never dereferenced), and
+  // the real pointers are set for the product.
+  auto set_pointers = [&](void* bias_value, void* aux_value) {
+    if (bias != nullptr) SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_value);
+    if (aux != nullptr) SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_value);
+  };
   const LayoutDesc la = MakeLayout(p.a), lb = MakeLayout(p.b), ld = MakeLayout(p.d);
   cublasLtHandle_t handle = CublasLtHandle(p.device);
 
@@ -267,6 +274,8 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
     }
   }
   if (!found) {
+    set_pointers(reinterpret_cast<void*>(static_cast<uintptr_t>(p.align_bias)),
+                 reinterpret_cast<void*>(static_cast<uintptr_t>(p.align_aux)));
     cublasLtMatmulPreference_t raw_pref = nullptr;
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
     PreferenceDesc pref(raw_pref);
@@ -295,6 +304,7 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
     std::lock_guard<std::mutex> lock(AlgoCacheMutex());
     AlgoCache().emplace(key, algo);
   }
+  set_pointers(bias, aux);
 
   void* workspace = algo.workspace > 0 ? Workspace(kWorkspaceBytes, p.device) : nullptr;
   const size_t workspace_bytes = algo.workspace > 0 ? kWorkspaceBytes : 0;
@@ -553,6 +563,12 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
              " needs unit stride along n and row and batch strides that are multiples of 8 "
              "(cuBLASLt's rule for the GELU input; pad the row stride and pass a narrow() view)",
              ep);
+    // The forward GELU epilogues write aux: every batch entry needs its own (the backward ones
+    // only read it, so a broadcast aux is fine there).
+    for (int64_t i = 0; i < nd - 2 && !NeedsAux(epilogue); ++i) {
+      TG_CHECK(aux.size(i) == 1 || aux.strides()[i] != 0, op, ": aux ", ShapeToString(aux.shape()),
+               " is broadcast along batch dim ", i, ", but the epilogue writes it", ep);
+    }
   }
   if (k == 0) {
     TG_CHECK(epilogue == Epilogue::kNone && (beta == 0 || beta == 1), op, ": ", Shapes(out, a, b),
@@ -560,12 +576,19 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
              "none and beta 0 or 1",
              ep);
   }
+  // An empty out (n == 0) still has a bias gradient under kBgrad: the sums of op(a) over k, not
+  // zeros (TryGemm only zeroes the bias of an empty out), so that goes to the unfused form.
+  const bool empty_out_bgrad = epilogue == Epilogue::kBgrad && n == 0 && m > 0 && k > 0;
   const std::string failure =
-      TryGemm(op, out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta);
+      empty_out_bgrad
+          ? std::string("empty out")
+          : TryGemm(op, out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta);
   if (failure.empty()) return;
   // No fused kernel for this epilogue here (cuBLASLt's epilogue kernels have layout, type and
   // alignment limits). The bias epilogues have exact unfused forms as products with a vector of
   // ones, so they fall back to those; the GELU epilogues need elementwise kernels and throw.
+  // The products with ones run in full f32 even where TF32 is allowed: they are sums and
+  // broadcasts, which TF32 would round to 11 bits (the fused epilogues work in f32).
   const int device = out.device().index;
   auto with_matrix = [&](int64_t r, int64_t c) {
     Shape s = batch;
@@ -573,26 +596,32 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
     return s;
   };
   switch (epilogue) {
-    case Epilogue::kBias:  // out = P, then out += ones [m, 1] @ bias [1, n]
+    case Epilogue::kBias: {  // out = P, then out += ones [m, 1] @ bias [1, n]
       Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, Tensor(), Tensor(), alpha,
            beta);
+      AllowTf32Scope exact(false);
       Gemm(op, out, BroadcastTo(OnesVector(m, out.dtype(), device).view({m, 1}), batch), false,
            BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, Tensor(), Tensor(), 1.0,
            1.0);
       return;
-    case Epilogue::kBgrad:  // out = P, and bias [.., m, 1] = op(a) [m, k] @ ones [k, 1]
+    }
+    case Epilogue::kBgrad: {  // out = P, and bias [.., m, 1] = op(a) [m, k] @ ones [k, 1]
       Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, Tensor(), Tensor(), alpha,
            beta);
+      AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(m, 1)), a, transpose_a,
            BroadcastTo(OnesVector(k, in, device).view({k, 1}), batch), false, Epilogue::kNone,
            Tensor(), Tensor(), 1.0, 0.0);
       return;
-    case Epilogue::kDGeluBgrad:  // out = dgelu(P), and bias [.., 1, n] = ones [1, m] @ out
+    }
+    case Epilogue::kDGeluBgrad: {  // out = dgelu(P), and bias [.., 1, n] = ones [1, m] @ out
       Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, Tensor(), aux, alpha, beta);
+      AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(1, n)),
            BroadcastTo(OnesVector(m, out.dtype(), device).view({1, m}), batch), false, out, false,
            Epilogue::kNone, Tensor(), Tensor(), 1.0, 0.0);
       return;
+    }
     default:
       throw Error(failure);
   }
@@ -609,7 +638,11 @@ Tensor OnesVector(int64_t n, DType dtype, int device) {
     // retired vectors cost at most as much as the current one).
     if (ones.defined()) retired->push_back(ones);
     const int64_t size = std::max<int64_t>(n, ones.defined() ? 2 * ones.numel() : int64_t{1} << 16);
+    DeviceGuard guard(device);
     ones = Tensor::Full({size}, 1.0, dtype, Device::Cuda(device));
+    // The fill is enqueued on this thread's current stream, but the vector is handed to work on
+    // any stream (and thread): wait for it once here, so no reader needs an event.
+    TG_CUDA_CHECK(cudaStreamSynchronize(CurrentStream(device)));
   }
   return ones.narrow(0, 0, n);
 }

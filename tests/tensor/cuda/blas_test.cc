@@ -376,6 +376,85 @@ TEST_P(CudaBlasTest, BatchedEpilogues) {
                "batched bgrad");
 }
 
+TEST_P(CudaBlasTest, DGeluOfAnAccumulatedOutputAsLinearBackwardUsesIt) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  if (dt == kF64) GTEST_SKIP() << "cuBLASLt epilogues are for f32/f16/bf16";
+  // LinearBackward (tensor/ops.cc) gets dpre = dy * gelu'(pre) from the dGELU epilogue of a
+  // rank-1 product that contributes zero, with dy in out and beta = 1:
+  // out = dgelu(0 * (zeros [m, 1] @ ones [1, n]) + 1 * dy). That relies on cuBLASLt applying
+  // the epilogue to alpha * A B + beta * C (its documented order), not to the product alone.
+  const int64_t m = 23, n = 40;
+  const Tensor dy = Randn({m, n}, dt, 121), pre_host = Randn({m, n}, dt, 122);
+  const Tensor pre = AuxLike(m, n, dt);
+  pre.copy_(Dev(pre_host));
+  const Tensor ref = Mul(F64(dy), Map(F64(pre_host), GeluTanhGradRef));
+  // dy is exact in f32; the approximate derivative (1e-4 of |dy|), the f32 product and the
+  // output rounding.
+  const Tensor bound = Add(Add(Scale(Abs(F64(dy)), 1e-4), Scale(Abs(ref), AccRoundoff(dt))),
+                           Scale(Abs(ref), OutRoundoff(dt)));
+  const Tensor zeros = Tensor::Zeros({m, 1}, dt, Device::Cuda(0));
+  const Tensor ones = OnesVector(n, dt, 0).view({1, n});
+  for (bool with_bgrad : {true, false}) {
+    const Tensor g = Dev(dy).contiguous();
+    const Tensor db = with_bgrad ? Tensor::Empty({n}, dt, Device::Cuda(0)) : Tensor();
+    MatmulEx(g, zeros, false, ones, false, with_bgrad ? Epilogue::kDGeluBgrad : Epilogue::kDGelu,
+             db, pre, 1.0f, 1.0f);
+    ExpectWithin(g, ref, bound, absl::StrCat("dgelu of beta * C, bgrad ", with_bgrad));
+    if (with_bgrad) {
+      const Tensor db_ref = tg::Sum(ref, {0});
+      const Tensor db_bound =
+          Add(Add(tg::Sum(bound, {0}), Scale(tg::Sum(Abs(ref), {0}), m * AccRoundoff(dt))),
+              Scale(Abs(db_ref), OutRoundoff(dt)));
+      ExpectWithin(db, db_ref, db_bound, "dgelu_bgrad of beta * C");
+    }
+  }
+}
+
+TEST_P(CudaBlasTest, BgradOfAnEmptyOutputSumsOpA) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  // n == 0: out is empty, but the bias gradient (the row sums of op(a) over k) is not zero.
+  const int64_t m = 6, k = 9;
+  for (bool ta : {false, true}) {
+    const Tensor a = Randn(ta ? Shape{k, m} : Shape{m, k}, dt, 131);
+    const Tensor out = Tensor::Empty({m, 0}, dt, Device::Cuda(0));
+    const Tensor b = Tensor::Empty(Shape{k, 0}, dt, Device::Cuda(0));
+    const Tensor db = Tensor::Full({m}, 7.0, dt, Device::Cuda(0));
+    MatmulEx(out, Dev(a), ta, b, false, Epilogue::kBgrad, db, Tensor());
+    const Tensor a64 = ta ? T(F64(a)) : F64(a);
+    const Tensor db_ref = tg::Sum(a64, {1});
+    ExpectWithin(db, db_ref,
+                 Add(Scale(tg::Sum(Abs(a64), {1}), 2.0 * k * AccRoundoff(dt)),
+                     Scale(Abs(db_ref), OutRoundoff(dt))),
+                 absl::StrCat("bgrad of an empty out, transpose_a ", ta));
+  }
+}
+
+TEST_P(CudaBlasTest, LoopedBatchesWithLessAlignedBiasGradients) {
+  SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  if (dt == kF64) GTEST_SKIP() << "cuBLASLt epilogues are for f32/f16/bf16";
+  // a is broadcast along dim 0 only, so the batch dims do not merge: two host calls of a
+  // 3-matrix strided batch. m = 5 makes the bias gradient's batch steps (5 elements) only
+  // element-aligned, while the first call's bias pointer is the allocation's (256 bytes): the
+  // algorithm picked for the first call must also suit the second.
+  const int64_t m = 5, k = 24, n = 16;
+  const Tensor a = Randn({1, 3, m, k}, dt, 141), b = Randn({2, 3, k, n}, dt, 142);
+  const Tensor out = Tensor::Empty({2, 3, m, n}, dt, Device::Cuda(0));
+  const Tensor db = Tensor::Empty({2, 3, m}, dt, Device::Cuda(0));
+  MatmulEx(out, Dev(a).expand({2, 3, m, k}), false, Dev(b), false, Epilogue::kBgrad, db,
+           Tensor());
+  const Reference r = Product(a.expand({2, 3, m, k}), false, b, false);
+  ExpectWithin(out, r.value, ProductBound(r, k, dt, dt), "looped batches, product");
+  const Tensor a64 = F64(a.expand({2, 3, m, k}));
+  const Tensor db_ref = tg::Sum(a64, {3});
+  ExpectWithin(db, db_ref,
+               Add(Scale(tg::Sum(Abs(a64), {3}), 2.0 * k * AccRoundoff(dt)),
+                   Scale(Abs(db_ref), OutRoundoff(dt))),
+               "looped batches, bias gradient");
+}
+
 TEST_P(CudaBlasTest, EmptyProducts) {
   SKIP_WITHOUT_GPU();
   const DType dt = GetParam();
@@ -466,6 +545,14 @@ TEST(CudaBlasValidationTest, RejectsBadShapesAndEpilogueOperands) {
                  Tensor());
       },
       "matmul_ex: out is bf16 for f16 inputs");
+  // A forward GELU epilogue writes aux: a batch-broadcast aux is rejected.
+  const Tensor a3 = Tensor::Zeros({2, 4, 8}, kF16, d), b3 = Tensor::Zeros({2, 8, 8}, kF16, d);
+  throws(
+      [&] {
+        MatmulEx(Tensor::Empty({2, 4, 8}, kF16, d), a3, false, b3, false, Epilogue::kGelu,
+                 Tensor(), Tensor::Empty({1, 4, 8}, kF16, d).expand({2, 4, 8}));
+      },
+      "matmul_ex: aux [2, 4, 8] is broadcast along batch dim 0, but the epilogue writes it");
 }
 
 }  // namespace
