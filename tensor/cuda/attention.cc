@@ -5,29 +5,34 @@
 // The cuDNN graphs. cuDNN 9 runs attention as one fused "flash" kernel when the operation graph
 // has the shape its attention engines recognise; the graph is the specification, the engine
 // the implementation. cudnn_graph.h also declares single-operation SDPA descriptors
-// (CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR), but they have no causal attribute and
-// their contract is undocumented here, so we build the pattern graph, which is what
-// cudnn-frontend builds for its sdpa() node:
+// (CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR, new in late 9.x releases), but they have no
+// causal attribute (only a block mask) and older 9.x libraries lack them, so we build the
+// pattern graph, which is what cudnn-frontend builds for its sdpa() node on cuDNN 9:
 //
 //   forward:  S = Q @ K^T              (matmul; K enters transposed: dims [B, H, D, Tk])
 //             S = S * scale            (pointwise MUL with a by-value scalar)
-//             S = select(S, lowest, row >= col)   (causal: GEN_INDEX on axes 2 and 3, CMP_GE,
-//                                                   BINARY_SELECT; lowest, not -inf, so that no
-//                                                   inf - inf appears)
+//             S = select(S, -inf, row >= col)   (causal: GEN_INDEX on axes 2 and 3, CMP_GE,
+//                                                BINARY_SELECT; the masked value is MaskValue())
 //             M = max_k S; E = exp(S - M); Z = sum_k E          (reductions over the last dim)
 //             stats = M + log(Z)       (the only row output, f32 [B, H, Tq, 1])
-//             O = (E / Z) @ V
-//   backward: Delta = sum_d dO * O     (a non-virtual f32 [B, H, Tq, 1] row vector in workspace)
-//             P = exp(mask(scale * Q @ K^T) - stats)
-//             dV = P^T @ dO            (P^T: a RESHAPE with swapped dims and strides)
-//             dS = P * (dO @ V^T - Delta) * scale
-//             dK = dS^T @ Q;  dQ = dS @ K   (K from K^T by a RESHAPE)
+//             O = (E / Z) @ V          (E / Z in the input type: the engines want bmm2's A so)
+//   backward: Delta = (sum_d dO * O) * 1   (a non-virtual f32 [B, H, Tq, 1] row vector in
+//                                           workspace; the * 1 is the frontend's dropout slot)
+//             P = exp(mask(scale * Q @ K^T - stats))
+//             dV = P^T @ dO            (P^T: a RESHAPE with swapped dims and strides, in the
+//                                       input type; P itself stays f32)
+//             dS = P * (dO @ V^T - Delta) * scale      (f32)
+//             dK = dS^T @ Q;  dQ = dS @ K   (dS^T in the input type; K from K^T by a RESHAPE;
+//                                            dQ accumulated in an f32 workspace tensor, then
+//                                            converted by an IDENTITY)
 //
-// What is not certain without running it (documented in the report of this change and checked
-// by tests/tensor/cuda/cudnn_test.cc): the data types the engines want for the intermediate
-// tensors (f32, or the input type for the probabilities that feed a matmul) and whether the
-// backward wants dQ accumulated in an f32 workspace tensor. BuildPlan therefore tries a short
-// list of graph "flavours" in order and keeps the first one cuDNN accepts (per problem, once).
+// What is not certain without running it (checked by tests/tensor/cuda/cudnn_test.cc): whether
+// the installed cuDNN accepts exactly these intermediate types and this order of the backward's
+// mask and stats subtraction (cudnn-frontend moved the mask after the subtraction in later
+// releases). BuildPlan therefore tries a short list of graph "flavours" in order, the frontend's
+// first, and keeps the first one cuDNN accepts (per problem, once). A graph no flavour of which
+// cuDNN accepts, or whose descriptors it rejects, fails with "cuDNN has no fused attention
+// engine", which tensor/ops.cc answers with the composed implementation.
 // Plans are cached per thread (a cuDNN handle belongs to one thread), keyed by every shape,
 // stride, dtype, the causal flag and the device.
 #include "tensor/cuda/attention.h"
@@ -277,16 +282,27 @@ enum Uid : int64_t {
   kDV,
   kDelta,
   kDQAccum,
+  kOne,  // backward: the by-value 1 that scales Delta
 };
 
 // Graph choices tried in order until cuDNN accepts one (see the file comment).
 struct Flavour {
-  bool io_probabilities;  // P (and dS) in the input dtype where they feed a matmul, else f32
-  bool dq_accumulator;    // backward: dQ accumulated in an f32 workspace tensor, then converted
+  // Forward: the probabilities that feed bmm2 in the input dtype (else f32). Backward: P and dS
+  // themselves in the input dtype (else f32).
+  bool io_probabilities;
+  // Backward: the transposed P^T and dS^T (the reshape outputs that feed dV and dK) in the input
+  // dtype while P and dS stay f32, as cudnn-frontend builds them.
+  bool io_transposes;
+  // Backward: dQ accumulated in an f32 workspace tensor, then converted.
+  bool dq_accumulator;
+  // Backward: the causal mask applied to S - stats (later cudnn-frontend) rather than to S.
+  bool mask_after_stats;
 };
-constexpr Flavour kForwardFlavours[] = {{false, false}, {true, false}};
-constexpr Flavour kBackwardFlavours[] = {
-    {false, false}, {true, false}, {false, true}, {true, true}};
+constexpr Flavour kForwardFlavours[] = {{true, false, false, false}, {false, false, false, false}};
+constexpr Flavour kBackwardFlavours[] = {{false, true, true, true},   {false, true, true, false},
+                                         {false, true, false, true},  {false, false, false, false},
+                                         {true, false, false, false}, {false, false, true, false},
+                                         {true, false, true, false}};
 
 struct Problem {
   Sizes z;
@@ -308,9 +324,35 @@ Problem MakeProblem(const Sizes& z, const Tensor& q, const Tensor& k, const Tens
   return p;
 }
 
-// scale * Q @ K^T with the causal mask: the scores both directions start from.
+// The value masked scores take: cudnn-frontend passes the lowest finite float to cuDNN before
+// 9.10 and -inf from 9.10 on. Either gives probability 0 (the diagonal is never masked, so no
+// row maximum is masked and no inf - inf appears).
+float MaskValue() {
+  return cudnnGetVersion() < 91000 ? std::numeric_limits<float>::lowest()
+                                   : -std::numeric_limits<float>::infinity();
+}
+
+// x [B, H, Tq, Tk] with the entries above the diagonal (key > query) replaced by MaskValue().
+const dnn::Descriptor& CausalMasked(SdpaGraph& g, const Problem& p, const dnn::Descriptor& x) {
+  const Sizes& z = p.z;
+  const std::vector<int64_t> dims = {z.b, z.h, z.tq, z.tk},
+                             strides = {z.h * z.tq * z.tk, z.tq * z.tk, z.tk, 1};
+  const dnn::Descriptor& row = g.Virtual(CUDNN_DATA_INT32, dims, strides);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_INT32, 2);
+  const dnn::Descriptor& col = g.Virtual(CUDNN_DATA_INT32, dims, strides);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, CUDNN_DATA_INT32, 3);
+  const dnn::Descriptor& keep = g.Virtual(CUDNN_DATA_BOOLEAN, dims, strides);
+  g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  const dnn::Descriptor& neg =
+      g.Input(kNegInf, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, /*by_value=*/true);
+  const dnn::Descriptor& y = g.Virtual(CUDNN_DATA_FLOAT, dims, strides);
+  g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, &neg, &keep, y);
+  return y;
+}
+
+// scale * Q @ K^T, causally masked when `mask`: the scores both directions start from.
 const dnn::Descriptor& Scores(SdpaGraph& g, const Problem& p, const dnn::Descriptor& q,
-                              const dnn::Descriptor& kt, const dnn::Descriptor& scale) {
+                              const dnn::Descriptor& kt, const dnn::Descriptor& scale, bool mask) {
   const Sizes& z = p.z;
   const std::vector<int64_t> dims = {z.b, z.h, z.tq, z.tk},
                              strides = {z.h * z.tq * z.tk, z.tq * z.tk, z.tk, 1};
@@ -318,18 +360,7 @@ const dnn::Descriptor& Scores(SdpaGraph& g, const Problem& p, const dnn::Descrip
   g.Matmul(q, kt, s1);
   const dnn::Descriptor& s2 = g.Virtual(CUDNN_DATA_FLOAT, dims, strides);
   g.Pointwise(CUDNN_POINTWISE_MUL, s1, &scale, nullptr, s2);
-  if (!p.causal) return s2;
-  const dnn::Descriptor& row = g.Virtual(CUDNN_DATA_INT32, dims, strides);
-  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, s2, nullptr, nullptr, row, CUDNN_DATA_INT32, 2);
-  const dnn::Descriptor& col = g.Virtual(CUDNN_DATA_INT32, dims, strides);
-  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, s2, nullptr, nullptr, col, CUDNN_DATA_INT32, 3);
-  const dnn::Descriptor& keep = g.Virtual(CUDNN_DATA_BOOLEAN, dims, strides);
-  g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  const dnn::Descriptor& neg =
-      g.Input(kNegInf, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, /*by_value=*/true);
-  const dnn::Descriptor& s3 = g.Virtual(CUDNN_DATA_FLOAT, dims, strides);
-  g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, s2, &neg, &keep, s3);
-  return s3;
+  return mask && p.causal ? CausalMasked(g, p, s2) : s2;
 }
 
 SdpaGraph ForwardGraph(const Problem& p, const Flavour& f) {
@@ -345,7 +376,7 @@ SdpaGraph ForwardGraph(const Problem& p, const Flavour& f) {
   const dnn::Descriptor& stats = g.Input(kStats, CUDNN_DATA_FLOAT, rdims, rstr);
   const dnn::Descriptor& scale =
       g.Input(kScale, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, /*by_value=*/true);
-  const dnn::Descriptor& s = Scores(g, p, q, kt, scale);
+  const dnn::Descriptor& s = Scores(g, p, q, kt, scale, /*mask=*/true);
   // Softmax with statistics.
   const dnn::Descriptor& mx = g.Virtual(CUDNN_DATA_FLOAT, rdims, rstr);
   g.Reduce(CUDNN_REDUCE_TENSOR_MAX, s, mx);
@@ -376,6 +407,7 @@ SdpaGraph BackwardGraph(const Problem& p, const Flavour& f) {
   const std::vector<int64_t> rdims = {z.b, z.h, z.tq, 1}, rstr = {z.h * z.tq, z.tq, 1, 1};
   const std::vector<int64_t> qdims = {z.b, z.h, z.tq, z.d}, kdims = {z.b, z.h, z.tk, z.d};
   const cudnnDataType_t prob_type = f.io_probabilities ? p.io : CUDNN_DATA_FLOAT;
+  const cudnnDataType_t trans_type = f.io_transposes ? p.io : prob_type;
 
   const dnn::Descriptor& q = g.Input(kQ, p.io, qdims, p.q);
   const dnn::Descriptor& kt = g.Input(kK, p.io, {z.b, z.h, z.d, z.tk}, SwapLast(p.k));
@@ -389,20 +421,26 @@ SdpaGraph BackwardGraph(const Problem& p, const Flavour& f) {
   const dnn::Descriptor& dk = g.Input(kDK, p.io, kdims, p.dk);
   const dnn::Descriptor& dv = g.Input(kDV, p.io, kdims, p.dv);
   const dnn::Descriptor& delta = g.Input(kDelta, CUDNN_DATA_FLOAT, rdims, rstr);
+  const dnn::Descriptor& one =
+      g.Input(kOne, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, /*by_value=*/true);
 
-  // Delta = sum_d dO * O
+  // Delta = (sum_d dO * O) * 1
   const dnn::Descriptor& do_o =
       g.Virtual(CUDNN_DATA_FLOAT, qdims, {z.h * z.tq * z.d, z.tq * z.d, z.d, 1});
   g.Pointwise(CUDNN_POINTWISE_MUL, d_o, &o, nullptr, do_o);
-  g.Reduce(CUDNN_REDUCE_TENSOR_ADD, do_o, delta);
-  // P = exp(S - stats)
-  const dnn::Descriptor& s = Scores(g, p, q, kt, scale);
+  const dnn::Descriptor& do_o_sum = g.Virtual(CUDNN_DATA_FLOAT, rdims, rstr);
+  g.Reduce(CUDNN_REDUCE_TENSOR_ADD, do_o, do_o_sum);
+  g.Pointwise(CUDNN_POINTWISE_MUL, do_o_sum, &one, nullptr, delta);
+  // P = exp(mask(S) - stats), or exp(mask(S - stats))
+  const dnn::Descriptor& s = Scores(g, p, q, kt, scale, /*mask=*/!f.mask_after_stats);
   const dnn::Descriptor& centred = g.Virtual(CUDNN_DATA_FLOAT, sdims, sstr);
   g.Pointwise(CUDNN_POINTWISE_SUB, s, &stats, nullptr, centred);
+  const dnn::Descriptor& exponent =
+      f.mask_after_stats && p.causal ? CausalMasked(g, p, centred) : centred;
   const dnn::Descriptor& prob = g.Virtual(prob_type, sdims, sstr);
-  g.Pointwise(CUDNN_POINTWISE_EXP, centred, nullptr, nullptr, prob);
+  g.Pointwise(CUDNN_POINTWISE_EXP, exponent, nullptr, nullptr, prob);
   // dV = P^T @ dO
-  const dnn::Descriptor& prob_t = g.Virtual(prob_type, tdims, tstr);
+  const dnn::Descriptor& prob_t = g.Virtual(trans_type, tdims, tstr);
   g.Reshape(prob, prob_t);
   g.Matmul(prob_t, d_o, dv);
   // dS = P * (dO @ V^T - Delta) * scale
@@ -415,7 +453,7 @@ SdpaGraph BackwardGraph(const Problem& p, const Flavour& f) {
   const dnn::Descriptor& ds = g.Virtual(prob_type, sdims, sstr);
   g.Pointwise(CUDNN_POINTWISE_MUL, ds_unscaled, &scale, nullptr, ds);
   // dK = dS^T @ Q
-  const dnn::Descriptor& ds_t = g.Virtual(prob_type, tdims, tstr);
+  const dnn::Descriptor& ds_t = g.Virtual(trans_type, tdims, tstr);
   g.Reshape(ds, ds_t);
   g.Matmul(ds_t, q, dk);
   // dQ = dS @ K, with K read through the K^T input
@@ -449,6 +487,24 @@ std::vector<int64_t> Key(bool backward, int device, const Problem& p) {
   return key;
 }
 
+// Why cuDNN's fused kernel must not be used for this problem, or "" when it may: releases whose
+// fused attention cudnn-frontend refuses for known wrong results. cuDNN 9.10.0 and 9.10.1 have
+// forward bugs; before 9.15.1 the backward can produce NaN or wrong gradients when the key length
+// is not a multiple of 128 and the graph has no padding mask (cudnn-frontend issue #160; the
+// frontend adds a padding mask with the full lengths for those versions). The composed
+// implementation takes these instead.
+std::string Declined(bool backward, const Problem& p) {
+  const size_t version = cudnnGetVersion();
+  if (!backward && (version == 91000 || version == 91001)) {
+    return absl::StrCat("cuDNN ", version, " has known fused attention forward bugs");
+  }
+  if (backward && version < 91501 && p.z.tk % 128 != 0) {
+    return absl::StrCat("cuDNN ", version, " < 9.15.1 miscomputes the backward for Tk = ", p.z.tk,
+                        ", not a multiple of 128");
+  }
+  return "";
+}
+
 const CachedPlan& SdpaPlan(const char* op, bool backward, int device, const Problem& p) {
   // Per thread: plans are built on this thread's cuDNN handle.
   thread_local std::map<std::vector<int64_t>, CachedPlan> cache;
@@ -456,17 +512,27 @@ const CachedPlan& SdpaPlan(const char* op, bool backward, int device, const Prob
   auto it = cache.find(key);
   if (it == cache.end()) {
     CachedPlan entry;
-    std::string failures;
+    std::string failures = Declined(backward, p);
     const Flavour* flavours = backward ? kBackwardFlavours : kForwardFlavours;
-    const size_t count = backward ? std::size(kBackwardFlavours) : std::size(kForwardFlavours);
+    const size_t count =
+        failures.empty() ? (backward ? std::size(kBackwardFlavours) : std::size(kForwardFlavours))
+                         : 0;
     for (size_t i = 0; i < count && entry.plan == nullptr; ++i) {
       std::string why;
-      SdpaGraph g = backward ? BackwardGraph(p, flavours[i]) : ForwardGraph(p, flavours[i]);
-      dnn::PlanOptions options;
-      // Fused attention engines may carry these notes; the graph fixes the precision anyway.
-      options.exclude_down_convert = false;
-      options.exclude_reduced_precision = false;
-      entry.plan = dnn::BuildPlan(CudnnHandle(device), std::move(g.graph), options, &why);
+      // A descriptor cuDNN rejects while the graph is built (an attribute or type this version
+      // does not take) rules out this flavour like an engine that does not apply: both end in
+      // the composed fallback, not in an error of the op.
+      try {
+        SdpaGraph g = backward ? BackwardGraph(p, flavours[i]) : ForwardGraph(p, flavours[i]);
+        dnn::PlanOptions options;
+        // Fused attention engines may carry these notes; the graph fixes the precision anyway.
+        options.exclude_down_convert = false;
+        options.exclude_reduced_precision = false;
+        entry.plan = dnn::BuildPlan(CudnnHandle(device), std::move(g.graph), options, &why);
+      } catch (const Error& e) {
+        entry.plan = nullptr;
+        why = e.what();
+      }
       entry.flavour = flavours[i];
       if (entry.plan == nullptr) {
         absl::StrAppend(&failures, failures.empty() ? "" : "; ", "graph ", i, ": ", why);
@@ -499,14 +565,15 @@ void CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const
   const int device = q.device().index;
   const Problem p = MakeProblem(z, q, k, v, out, causal);
   const CachedPlan& plan = SdpaPlan(op, false, device, p);
+  // By-value scalars: host pointers that cudnnBackendExecute reads before it returns.
   float scale_f = static_cast<float>(scale);
-  float lowest = std::numeric_limits<float>::lowest();
+  float masked = MaskValue();
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs = {q.raw_data(),   k.raw_data(),     v.raw_data(),
                              out.raw_data(), stats.raw_data(), &scale_f};
   if (causal) {
     uids.push_back(kNegInf);
-    ptrs.push_back(&lowest);
+    ptrs.push_back(&masked);
   }
   const int64_t ws = plan.plan->workspace_bytes();
   void* workspace = ws > 0 ? Workspace(static_cast<size_t>(ws), device) : nullptr;
@@ -536,14 +603,15 @@ void CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   const cudaStream_t stream = CurrentStream(device);
   TG_CUDA_CHECK(cudaMemsetAsync(workspace + engine, 0, delta_bytes + acc_bytes, stream));
   float scale_f = static_cast<float>(scale);
-  float lowest = std::numeric_limits<float>::lowest();
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kScale, kDQ, kDK, kDV, kDelta};
-  std::vector<void*> ptrs = {q.raw_data(),    k.raw_data(),     v.raw_data(),      out.raw_data(),
-                             dout.raw_data(), stats.raw_data(), &scale_f,          dq.raw_data(),
-                             dk.raw_data(),   dv.raw_data(),    workspace + engine};
+  float one = 1.0f;
+  float masked = MaskValue();
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kScale, kDQ, kDK, kDV, kDelta, kOne};
+  std::vector<void*> ptrs = {q.raw_data(),    k.raw_data(),     v.raw_data(),       out.raw_data(),
+                             dout.raw_data(), stats.raw_data(), &scale_f,           dq.raw_data(),
+                             dk.raw_data(),   dv.raw_data(),    workspace + engine, &one};
   if (causal) {
     uids.push_back(kNegInf);
-    ptrs.push_back(&lowest);
+    ptrs.push_back(&masked);
   }
   if (plan.flavour.dq_accumulator) {
     uids.push_back(kDQAccum);

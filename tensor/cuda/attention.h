@@ -17,7 +17,10 @@
 //   along D and other strides multiples of 8 elements (any permutation of [B, H, T], e.g. heads
 //   sliced out of a [B, T, 3, H, D] projection). It is opt-in because it has not yet been
 //   validated against kComposed on a GPU (see tests/tensor/cuda/cudnn_test.cc); it throws
-//   tg::Error when cuDNN has no engine for the graph. CudnnAttentionSupported() says whether the
+//   tg::Error with "cuDNN has no fused attention engine" when cuDNN has no engine for the graph
+//   (or rejects its descriptors), and on cuDNN releases with known wrong results (the forward
+//   on 9.10.0/9.10.1; the backward with Tk not a multiple of 128 before 9.15.1); callers fall
+//   back to kComposed on that message (tensor/ops.cc). CudnnAttentionSupported() says whether the
 //   tensors qualify.
 //
 //   // q, k, v: [B, H, T, D] bf16 views; out like q; stats f32 [B, H, T, 1]
