@@ -194,6 +194,7 @@ void RunConv(const char* op, ConvKind kind, DType dtype, const Window2d& g, int 
 
 // out [N, O, L] += bias [O] broadcast over images and positions.
 void AddBias(const Tensor& out, const Tensor& bias, const Window2d& g, int device) {
+  AllowTf32Scope exact(false);  // the bias is added in full f32 also under a TF32 scope
   const int64_t L = g.oh * g.ow;
   const Tensor ones =
       OnesVector(L, out.dtype(), device).view({1, L}).unsqueeze(0).expand({g.n, 1, L});
@@ -203,6 +204,7 @@ void AddBias(const Tensor& out, const Tensor& bias, const Window2d& g, int devic
 
 // grad_bias [O] = the sum of grad_out [N, O, L] over images and positions.
 void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g, int device) {
+  AllowTf32Scope exact(false);  // sums of f32 values, not of their TF32 roundings
   const int64_t L = g.oh * g.ow;
   const DType dtype = grad_out.dtype();
   const DType acc = dtype == kF64 ? kF64 : kF32;

@@ -13,9 +13,10 @@
 //
 // Embedding backward is deterministic: the indices are sorted with their positions (CUB's stable
 // radix sort over the bits that the row count needs), and one thread block per distinct row sums
-// that row's gradient rows in position order in registers and writes the row once (f32
-// accumulation for f16/bf16/f32, f64 for f64). No atomics, so the result is bitwise the same on
-// every run; a token that occurs k times costs one block k row reads.
+// that row's gradient rows in position order in f64 registers and writes the row once, rounded
+// to the dtype: the CPU kernel's additions in the CPU's order, so the result is bitwise the CPU's
+// (and the same on every run). No atomics; a token that occurs k times costs one block k row
+// reads.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -185,15 +186,16 @@ __global__ void EmbeddingSegmentSumKernel(T* out, const T* grad, const int32_t* 
     const int64_t end = segment_end;
     __syncthreads();  // segment_end is rewritten for the next run
     if (col >= dim) continue;
-    C acc[W];
+    // f64 sums in position order, rounded once: the CPU kernel's arithmetic exactly.
+    double acc[W];
 #pragma unroll
-    for (int c = 0; c < W; ++c) acc[c] = C(0);
+    for (int c = 0; c < W; ++c) acc[c] = 0.0;
 #pragma unroll 4
     for (int64_t p = k; p < end; ++p) {
       C v[W];
       LoadN<W>(grad + static_cast<int64_t>(positions[p]) * dim + col, v);
 #pragma unroll
-      for (int c = 0; c < W; ++c) acc[c] += v[c];
+      for (int c = 0; c < W; ++c) acc[c] += static_cast<double>(v[c]);
     }
     StoreN<W>(out + static_cast<int64_t>(key) * dim + col, acc);
   }

@@ -53,15 +53,20 @@ __device__ __forceinline__ bool Aligned16(const T* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-// Loads W consecutive elements at p into compute values: one 128-bit load when W is the vector
-// width and p is 16-byte aligned, element loads otherwise (so any pointer is safe).
+// Loads W consecutive elements at p into compute values: W / kVec 128-bit loads when W is a
+// multiple of the vector width and p is 16-byte aligned (one for a row piece of T; two for the
+// f32 partial sums that go with an 8-wide f16/bf16 piece), element loads otherwise (so any
+// pointer is safe).
 template <int W, typename T>
 __device__ __forceinline__ void LoadN(const T* p, Acc<T> (&out)[W]) {
-  if constexpr (W == kVec<T>) {
+  if constexpr (W % kVec<T> == 0) {
     if (Aligned16(p)) {
-      const VecOf<T> v = *reinterpret_cast<const VecOf<T>*>(p);
 #pragma unroll
-      for (int k = 0; k < W; ++k) out[k] = ToCompute(v.v[k]);
+      for (int j = 0; j < W / kVec<T>; ++j) {
+        const VecOf<T> v = reinterpret_cast<const VecOf<T>*>(p)[j];
+#pragma unroll
+        for (int k = 0; k < kVec<T>; ++k) out[j * kVec<T> + k] = ToCompute(v.v[k]);
+      }
       return;
     }
   }
@@ -80,14 +85,19 @@ __device__ __forceinline__ void LoadStrided(const T* p, int64_t stride, Acc<T> (
   for (int k = 0; k < W; ++k) out[k] = ToCompute(p[k * stride]);
 }
 
-template <int W, typename T>
-__device__ __forceinline__ void StoreN(T* p, const Acc<T> (&in)[W]) {
-  if constexpr (W == kVec<T>) {
+// Stores W values (of the compute type, or f64 for sums kept in f64) at p, each converted to T
+// once; vectorised like LoadN.
+template <int W, typename T, typename A>
+__device__ __forceinline__ void StoreN(T* p, const A (&in)[W]) {
+  if constexpr (W % kVec<T> == 0) {
     if (Aligned16(p)) {
-      VecOf<T> v;
 #pragma unroll
-      for (int k = 0; k < W; ++k) v.v[k] = ConvertTo<T>(in[k]);
-      *reinterpret_cast<VecOf<T>*>(p) = v;
+      for (int j = 0; j < W / kVec<T>; ++j) {
+        VecOf<T> v;
+#pragma unroll
+        for (int k = 0; k < kVec<T>; ++k) v.v[k] = ConvertTo<T>(in[j * kVec<T> + k]);
+        reinterpret_cast<VecOf<T>*>(p)[j] = v;
+      }
       return;
     }
   }

@@ -322,6 +322,10 @@ void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Te
   if (grad_x.defined()) CheckTensor(op, "grad_x", grad_x, device, x.shape(), dtype);
   if (grad_weight.defined()) CheckTensor(op, "grad_weight", grad_weight, device, {n}, dtype);
   if (grad_bias.defined()) CheckTensor(op, "grad_bias", grad_bias, device, {n}, dtype);
+  if (grad_x.defined()) {
+    CheckAliasing(op, "grad_x", grad_x, "x", x);
+    CheckAliasing(op, "grad_x", grad_x, "grad_out", grad_out);
+  }
   const bool params = grad_weight.defined() || grad_bias.defined();
   if (n == 0 || (!grad_x.defined() && !params)) return;
   DeviceGuard guard(device.index);

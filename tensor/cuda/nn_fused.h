@@ -52,9 +52,10 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
 // (the formulas of autograd/ops/nn.cc LayerNorm). grad_out and x are [rows, n] of x's dtype;
 // mean and rstd are [rows] f32 (f64 for f64 x), as tg::LayerNorm returns them; weight is [n] of
 // x's dtype or undefined. Each gradient is an output of x's dtype ([rows, n], [n], [n]) or
-// undefined when not wanted. grad_x takes one kernel (one warp or block per row); grad_weight
-// and grad_bias are accumulated by that same kernel into per-warp/per-block f32 (f64) partial
-// sums, which a second kernel adds up in a fixed order: deterministic, no atomics.
+// undefined when not wanted; grad_x may be grad_out or x itself (in place) but no other view of
+// their memory. grad_x takes one kernel (one warp or block per row); grad_weight and grad_bias
+// are accumulated by that same kernel into per-warp/per-block f32 (f64) partial sums, which a
+// second kernel adds up in a fixed order: deterministic, no atomics.
 void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                        const Tensor& grad_out, const Tensor& x, const Tensor& mean,
                        const Tensor& rstd, const Tensor& weight);

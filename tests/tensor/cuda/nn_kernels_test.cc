@@ -8,8 +8,9 @@
 // Tolerances, written next to each comparison with the reason:
 //  - Copies (embedding, gather, index_select, max-pool values and indices) are bit-exact.
 //  - Sums whose terms are multiples of a power of two small enough to be exact in the
-//    accumulator (embedding backward, scatter_add, index_add, max-pool backward) are bit-exact
-//    too: the order of additions then cannot matter, and both devices round the exact sum once.
+//    accumulator (scatter_add, index_add, max-pool backward) are bit-exact too: the order of
+//    additions then cannot matter, and both devices round the exact sum once. Embedding backward
+//    is bit-exact for any values: both devices add in f64 in position order.
 //  - exp/log come from CUDA's libdevice (2 ulp) on the GPU and glibc on the CPU, and the softmax
 //    statistics are built online (rescaled running sums) on the GPU and in two passes on the
 //    CPU, so softmax, cross-entropy and their gradients agree to a few f32 ulp of the values
@@ -20,6 +21,8 @@
 //
 // Every test that needs a GPU skips without one; the argument checks of the fused kernels run
 // everywhere (they throw before touching the device).
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -307,27 +310,31 @@ TEST_F(CudaNnTest, EmbeddingCopiesRowsExactly) {
 }
 
 TEST_F(CudaNnTest, EmbeddingBackwardMatchesCpuAndIsDeterministic) {
-  // Gradients are multiples of 2^-8 in [-4, 4): any sum of up to 3000 of them is exact in f32,
-  // so the GPU's f32 accumulation and the CPU's f64 one give the same value, rounded once to
-  // the dtype: bit-exact. Row 3 takes 3000 of the 4096 positions (one long run after the sort),
-  // rows 0..99 the rest, rows 100..149 none (they stay zero).
+  // Both devices add a row's gradients in f64 in position order (the stable sort keeps equal
+  // indices in order) and round the sum once to the dtype: bit-exact. Gradients on the 2^-8
+  // grid give sums exact in any accumulator; 24-bit values give sums of the long run that f32
+  // could not hold (an f32 accumulator differed from the CPU in the last bits). Row 3 takes
+  // 3000 of the 4096 positions (one long run after the sort), rows 0..99 the rest, rows
+  // 100..149 none (they stay zero).
   for (DType dtype : kFloatDTypes) {
     for (int64_t dim : {7, 8, 768}) {
-      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim));
-      std::vector<int64_t> v = Indices({4096}, 100, 17).to_vector<int64_t>();
-      for (size_t i = 0; i < v.size(); i += 4) v[i] = v[i + 1] = v[i + 2] = 3;
-      const Tensor idx = Tensor::FromVector<int64_t>(v, {4096});
-      const Tensor grad = Uniform({4096, dim}, dtype, 23, -4, 4, 11);
-      const Tensor expected = EmbeddingBackward(grad, idx, 150);
-      Tensor first;
-      for (int run = 0; run < 2; ++run) {
-        const Tensor out = Tensor::Zeros({150, dim}, dtype, kGpu);
-        cuda::EmbeddingBackward(out, Gpu(grad), Gpu(idx));
-        EXPECT_TRUE(BitEqual(Cpu(out), expected));
-        if (run == 0) {
-          first = Cpu(out);
-        } else {
-          EXPECT_TRUE(BitEqual(Cpu(out), first)) << "not deterministic";
+      for (int bits : {11, 24}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim, " bits ", bits));
+        std::vector<int64_t> v = Indices({4096}, 100, 17).to_vector<int64_t>();
+        for (size_t i = 0; i < v.size(); i += 4) v[i] = v[i + 1] = v[i + 2] = 3;
+        const Tensor idx = Tensor::FromVector<int64_t>(v, {4096});
+        const Tensor grad = Uniform({4096, dim}, dtype, 23, -4, 4, bits);
+        const Tensor expected = EmbeddingBackward(grad, idx, 150);
+        Tensor first;
+        for (int run = 0; run < 2; ++run) {
+          const Tensor out = Tensor::Zeros({150, dim}, dtype, kGpu);
+          cuda::EmbeddingBackward(out, Gpu(grad), Gpu(idx));
+          EXPECT_TRUE(BitEqual(Cpu(out), expected));
+          if (run == 0) {
+            first = Cpu(out);
+          } else {
+            EXPECT_TRUE(BitEqual(Cpu(out), first)) << "not deterministic";
+          }
         }
       }
     }
@@ -491,6 +498,60 @@ TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedAllIgnoredGivesZeros) {
     EXPECT_TRUE(BitEqual(Cpu(losses), Tensor::Zeros({3}, dtype)));
     EXPECT_TRUE(BitEqual(Cpu(lg), Tensor::Zeros({3, 50257}, dtype)));
   }
+}
+
+// GPT-2-sized logits past 2^31 elements (42693 rows of 50304 bf16 values, 4.3 GB): element
+// offsets of the last rows do not fit in int32. Rows 42689..42692 hold data (42690 straddles
+// element 2^31; one of them is ignored), every other row is constant; those four rows must get
+// their own losses and gradients from the unfused loss and from the fused kernel in place.
+TEST_F(CudaNnTest, CrossEntropyIndexesLogitsPast2To31Elements) {
+  constexpr int64_t kClasses = 50304;
+  const int64_t rows = (int64_t{1} << 31) / kClasses + 3;
+  const int64_t tail = 4;
+  const DType dtype = kBF16;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess ||
+      free_bytes < (size_t{6} << 30)) {
+    GTEST_SKIP() << "needs 6 GiB of free device memory";
+  }
+  {
+    const Tensor lg = Tensor::Empty({rows, kClasses}, dtype, kGpu);
+    cuda::Fill(lg, 0.5);
+    const Tensor data = Uniform({tail, kClasses}, dtype, 77, -8, 8);
+    lg.narrow(0, rows - tail, tail).copy_(Gpu(data));
+    std::vector<int64_t> tv(static_cast<size_t>(rows), 1);
+    const std::vector<int64_t> tail_targets = {kClasses - 1, 12345, -100, 50000};
+    std::copy(tail_targets.begin(), tail_targets.end(), tv.end() - tail);
+    const Tensor targets = Tensor::FromVector<int64_t>(tv, {rows});
+    const Tensor tt = Tensor::FromVector<int64_t>(tail_targets, {tail});
+    const Tensor tg = Gpu(targets);
+    const int64_t counted = rows - 1;
+
+    const Tensor losses = EmptyGpu({rows}, dtype);
+    EXPECT_EQ(cuda::CrossEntropy(losses, lg, tg, -100), counted);
+    const Tensor fused_losses = EmptyGpu({rows}, dtype);
+    cuda::SoftmaxCrossEntropyFused(fused_losses, lg, lg, tg, Tensor(), -100);
+
+    const Tensor row_scale = Tensor::Full({tail}, 1.0 / counted, kF64);
+    const CrossEntropyReference ref = ReferenceSoftmaxCrossEntropy(data, tt, row_scale, -100);
+    EXPECT_TRUE(AllClose(Cpu(losses.narrow(0, rows - tail, tail)), ref.losses, LossTol(dtype)));
+    EXPECT_TRUE(
+        AllClose(Cpu(fused_losses.narrow(0, rows - tail, tail)), ref.losses, LossTol(dtype)));
+    EXPECT_TRUE(AllClose(Cpu(lg.narrow(0, rows - tail, tail)), ref.grad,
+                         ForDType(dtype, {1e-5, 1e-12}, {1e-12, 1e-17}),
+                         TargetSlack(dtype, tt, kClasses, row_scale)));
+    // A constant row just before the data: log(C) and (1 / C - onehot) / count.
+    const Tensor flat = Tensor::Full({1, kClasses}, 0.5, dtype);
+    const Tensor t1 = Tensor::FromVector<int64_t>({1}, {1});
+    const Tensor s1 = Tensor::Full({1}, 1.0 / counted, kF64);
+    const CrossEntropyReference ref1 = ReferenceSoftmaxCrossEntropy(flat, t1, s1, -100);
+    EXPECT_TRUE(AllClose(Cpu(fused_losses.narrow(0, rows - tail - 1, 1)), ref1.losses,
+                         LossTol(dtype)));
+    EXPECT_TRUE(AllClose(Cpu(lg.narrow(0, rows - tail - 1, 1)), ref1.grad,
+                         ForDType(dtype, {1e-5, 1e-12}, {1e-12, 1e-17}),
+                         TargetSlack(dtype, t1, kClasses, s1)));
+  }
+  cuda::EmptyCache();
 }
 
 // ---- Layer-norm backward ------------------------------------------------------------------------
