@@ -1,13 +1,19 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "tensor/cuda/axpy.h"
 
 namespace tg::cuda {
 namespace {
 
-__global__ void AxpyKernel(int n, float a, const float* x, float* y) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
+// Grid-stride with 64-bit indices, so that any length fits a grid of at most 65535 blocks.
+__global__ void AxpyKernel(int64_t n, float a, const float* x, float* y) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = a * x[i] + y[i];
+  }
 }
 
 std::string Describe(const char* call, cudaError_t err) {
@@ -18,6 +24,8 @@ std::string Describe(const char* call, cudaError_t err) {
 
 std::string AxpySync(float a, const std::vector<float>& x, std::vector<float>& y) {
   if (x.size() != y.size()) return "AxpySync: x and y differ in length";
+  // Nothing to do; a launch of 0 blocks would fail with cudaErrorInvalidConfiguration.
+  if (x.empty()) return "";
   const size_t bytes = x.size() * sizeof(float);
   float* dx = nullptr;
   float* dy = nullptr;
@@ -31,8 +39,9 @@ std::string AxpySync(float a, const std::vector<float>& x, std::vector<float>& y
              (err = cudaMemcpy(dy, y.data(), bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
     result = Describe("cudaMemcpy to device", err);
   } else {
-    const int n = static_cast<int>(x.size());
-    AxpyKernel<<<(n + 255) / 256, 256>>>(n, a, dx, dy);
+    const int64_t n = static_cast<int64_t>(x.size());
+    const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535));
+    AxpyKernel<<<blocks, 256>>>(n, a, dx, dy);
     if ((err = cudaGetLastError()) != cudaSuccess) {
       result = Describe("AxpyKernel launch", err);
     } else if ((err = cudaMemcpy(y.data(), dy, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess) {

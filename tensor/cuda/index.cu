@@ -120,7 +120,12 @@ IndexErrorSink IndexErrorSinkFor(int device) {
     std::memset(host, 0, sizeof(IndexErrorRecord));
     void* claim = nullptr;
     TG_CUDA_CHECK(cudaMalloc(&claim, sizeof(int)));
+    // cudaMemset on device memory returns before it completes, on the legacy default stream,
+    // which does not order work on non-blocking streams (tg::cuda::Stream): wait for it, or a
+    // kernel on such a stream could claim the word first and have its claim wiped (or see
+    // cudaMalloc's garbage and never record). Once per device and process.
     TG_CUDA_CHECK(cudaMemset(claim, 0, sizeof(int)));
+    TG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     void* mapped = nullptr;
     TG_CUDA_CHECK(cudaHostGetDevicePointer(&mapped, host, 0));
     s.host = static_cast<IndexErrorRecord*>(host);

@@ -19,6 +19,8 @@
 // value: one ulp of the 16-bit type, or the same absolute bound.
 //
 // Every test skips without a CUDA device.
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -552,6 +554,62 @@ TEST_F(CudaKernelTest, MaxRowsTiesAndNaNs) {
       ExpectExact(Max(x, 1), values, /*any_nan=*/false);
       ExpectExact(Argmax(x, 1), indices);
     }
+  }
+}
+
+// ---- More than 2^32 elements --------------------------------------------------------------------
+
+// One i64 / u8 element of a one-element device tensor.
+int64_t Item(const Tensor& t) { return static_cast<int64_t>(ToCpu(t).to_vector<double>()[0]); }
+
+// u8 tensors of 2^32 + 38 elements (4 GiB each, 2.5 of them): every element index and byte
+// offset overflows int32 and uint32, the strided path divides 64-bit indices, the vector path
+// has a tail of 6, and the reductions cut the one row into chunks. Checked on the device through
+// SumRows / MaxRows (an element-by-element host comparison would copy 30 GiB).
+TEST_F(CudaKernelTest, IndexesBeyond32Bits) {
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  if (free_bytes < (size_t{16} << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
+  const int64_t n = (int64_t{1} << 32) + 38;
+  const Tensor a = Tensor::Empty({n}, kU8, kGpu), b = Tensor::Empty({n}, kU8, kGpu);
+  const Tensor sum = Tensor::Empty({1}, kI64, kGpu);
+  const Tensor max_value = Tensor::Empty({1}, kU8, kGpu), argmax = Tensor::Empty({1}, kI64, kGpu);
+  auto expect_reductions = [&](const Tensor& t, int64_t want_sum, int64_t want_max,
+                               int64_t want_argmax) {
+    const Tensor row = t.view({1, t.numel()});
+    cuda::SumRows(sum, row);
+    cuda::MaxRows(max_value, argmax, row);
+    EXPECT_EQ(Item(sum), want_sum);
+    EXPECT_EQ(Item(max_value), want_max);
+    EXPECT_EQ(Item(argmax), want_argmax);
+  };
+  {
+    SCOPED_TRACE("vectorised, contiguous");
+    cuda::Fill(a, 1);
+    cuda::Binary(BinaryOp::kAdd, b, a, a);  // 2 everywhere
+    cuda::Fill(b.slice(0, n - 1, n), 7);
+    expect_reductions(b, 2 * n + 5, 7, n - 1);
+  }
+  {
+    SCOPED_TRACE("strided 1-D, misaligned");
+    // a[k] = b[k] + b[k - 1] for k >= 1: 4, and 7 + 2 at the end; a[0] stays 1.
+    cuda::Binary(BinaryOp::kAdd, a.slice(0, 1, n), b.slice(0, 1, n), b.slice(0, 0, n - 1));
+    expect_reductions(a, 4 * n + 2, 9, n - 1);
+  }
+  {
+    SCOPED_TRACE("strided 2-D (transposed copy), 64-bit division");
+    const int64_t half = n / 2;
+    cuda::Fill(b.slice(0, 0, half), 1);
+    cuda::Fill(b.slice(0, half - 1, half), 5);
+    cuda::Fill(b.slice(0, half, n), 2);
+    cuda::Fill(b.slice(0, n - 1, n), 9);
+    // a viewed [half, 2] holds b viewed [2, half] transposed: a[2r + c] = b[c * half + r].
+    cuda::Copy(a.view({half, 2}), b.view({2, half}).transpose(0, 1));
+    expect_reductions(a, half * 3 + 4 + 7, 9, n - 1);
+    // Column 0 of that (a stride-2 view) is b's first half again.
+    const Tensor column = Tensor::Empty({half}, kU8, kGpu);
+    cuda::Copy(column, a.view({half, 2}).select(1, 0));
+    expect_reductions(column, half + 4, 5, half - 1);
   }
 }
 

@@ -2,7 +2,8 @@
 //
 // Each row names the op it exercises, builds its inputs on the CPU from a seeded generator,
 // runs the op on those inputs and on copies of them moved to the GPU, and compares every output
-// in f32, f64, f16 and bf16 (and i32/i64 where the op takes integers). Views (transposes,
+// in f32, f64, f16 and bf16 (and i32/i64 where the op takes integers; u8 and bool in rows of
+// their own). Views (transposes,
 // slices with a step, stride-0 broadcasts, offsets) are taken inside the row's run function, so
 // both devices see the same non-contiguous layout. Forward and backward ops have rows of their
 // own; backward rows get their saved tensors from the CPU forward, so both devices run them on
@@ -442,6 +443,133 @@ void AddElementwiseRows(std::vector<OpRow>* rows) {
        },
        [](const Tensors& in) -> Tensors { return {Where(in[0], in[1].transpose(0, 1), in[2])}; },
        &ExactTol()});
+  // Mixed dtypes promote before the kernel (f16 with f32 -> f32, f16 with bf16 -> f32).
+  rows->push_back(
+      {"Compare",
+       "lt and eq promoted from f16 and f32",
+       {kF32},
+       [](DType, Generator& gen) -> Tensors {
+         return {Grid({3, 17}, kF16, gen), Grid({17}, kF32, gen)};
+       },
+       [](const Tensors& in) -> Tensors {
+         return {Compare(CompareOp::kLt, in[0], in[1]), Compare(CompareOp::kEq, in[0], in[1])};
+       },
+       &ExactTol()});
+  rows->push_back({"Where",
+                   "promoted from f16 and bf16",
+                   {kF32},
+                   [](DType, Generator& gen) -> Tensors {
+                     return {Grid({3, 17}, kBool, gen, 2), Normal({3, 17}, kF16, gen),
+                             Normal({17}, kBF16, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Where(in[0], in[1], in[2])}; },
+                   &ExactTol()});
+}
+
+// The 1-byte dtypes (u8 and bool), which the floating rows above do not take: u8 arithmetic
+// wraps modulo 256, bool sums to i64, and the 1-byte paths of where, gather and index_select.
+// All outputs are integers or bool and compare exactly.
+void AddByteRows(std::vector<OpRow>* rows) {
+  const std::vector<DType> bytes = {kU8, kBool};
+  for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kMul, BinaryOp::kMaximum}) {
+    rows->push_back({"Binary",
+                     absl::StrCat(BinaryOpName(op), " u8 (wrapping), broadcast"),
+                     {kU8},
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Grid({4, 1, 33}, dtype, gen, 256), Grid({5, 1}, dtype, gen, 256)};
+                     },
+                     [op](const Tensors& in) -> Tensors { return {Binary(op, in[0], in[1])}; },
+                     &ExactTol()});
+  }
+  rows->push_back({"Unary",
+                   "neg and relu of u8 (wrapping)",
+                   {kU8},
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({6, 35}, dtype, gen, 256)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Unary(UnaryOp::kNeg, in[0]), Unary(UnaryOp::kRelu, in[0])};
+                   },
+                   &ExactTol()});
+  rows->push_back({"BinaryScalar",
+                   "u8 plus 200 (wrapping) on a transposed view",
+                   {kU8},
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({9, 20}, dtype, gen, 256)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {BinaryScalar(BinaryOp::kAdd, in[0].transpose(0, 1), 200)};
+                   },
+                   &ExactTol()});
+  rows->push_back(
+      {"Compare", "le and ne, broadcast", bytes,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Grid({4, 1, 33}, dtype, gen, 3), Grid({5, 1}, dtype, gen, 3)};
+       },
+       [](const Tensors& in) -> Tensors {
+         return {Compare(CompareOp::kLe, in[0], in[1]), Compare(CompareOp::kNe, in[0], in[1])};
+       },
+       &ExactTol()});
+  rows->push_back({"Where", "bool picks from a transposed view and a stride-0 row", bytes,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({7, 9}, kBool, gen, 2), Grid({9, 7}, dtype, gen, 256),
+                             Grid({1, 9}, dtype, gen, 256)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Where(in[0], in[1].transpose(0, 1), in[2].expand({7, 9}))};
+                   },
+                   &ExactTol()});
+  rows->push_back({"Sum", "over dim 1 of a permuted [6, 7, 33] (to i64)", bytes,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({7, 33, 6}, dtype, gen, 256)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Sum(in[0].permute({2, 0, 1}), {1}), Sum(in[0])};
+                   },
+                   &ExactTol()});
+  for (const char* op : {"Max", "Argmax"}) {
+    rows->push_back({op, "dim 1 of [5, 40] and of [2, 40000] (chunks), with ties", bytes,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Grid({5, 40}, dtype, gen, 7), Grid({2, 40000}, dtype, gen, 7)};
+                     },
+                     [op](const Tensors& in) -> Tensors {
+                       if (std::string(op) == "Max") return {Max(in[0], 1), Max(in[1], 1)};
+                       return {Argmax(in[0], 1), Argmax(in[1], 1)};
+                     },
+                     &ExactTol()});
+  }
+  rows->push_back({"Gather", "dim 1 of [5, 7, 6] at [5, 4, 6]", bytes,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({5, 7, 6}, dtype, gen, 256), Indices({5, 4, 6}, 7, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Gather(in[0], 1, in[1])}; },
+                   &ExactTol()});
+  rows->push_back(
+      {"IndexSelect", "dim 2 of a transposed [5, 7, 6]", bytes,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Grid({5, 6, 7}, dtype, gen, 256), Indices({8}, 6, gen)};
+       },
+       [](const Tensors& in) -> Tensors { return {IndexSelect(in[0].transpose(1, 2), 2, in[1])}; },
+       &ExactTol()});
+  rows->push_back(
+      {"ScatterAdd",
+       "u8 [5, 9, 6] into dim 1 of [5, 7, 6] (repeats, wrapping)",
+       {kU8},
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Grid({5, 7, 6}, dtype, gen, 256), Indices({5, 9, 6}, 7, gen),
+                 Grid({5, 9, 6}, dtype, gen, 256)};
+       },
+       [](const Tensors& in) -> Tensors { return {ScatterAdd(in[0], 1, in[1], in[2])}; },
+       &ExactTol()});
+  rows->push_back({"IndexAdd",
+                   "u8 [9, 7, 6] into dim 0 of [5, 7, 6] (wrapping)",
+                   {kU8},
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Grid({5, 7, 6}, dtype, gen, 256), Indices({9}, 5, gen),
+                             Grid({9, 7, 6}, dtype, gen, 256)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {IndexAdd(in[0], 0, in[1], in[2])}; },
+                   &ExactTol()});
 }
 
 void AddReductionRows(std::vector<OpRow>* rows) {
@@ -490,6 +618,51 @@ void AddReductionRows(std::vector<OpRow>* rows) {
                        return {Argmax(in[0].transpose(0, 2), dim, dim == 0)};
                      },
                      &ExactTol()});
+  }
+  // Few long rows: cut into chunks reduced by separate blocks, then a second pass (reduce.cu).
+  rows->push_back({"Sum", "over dim -1 of [3, 40000] (rows cut into chunks)", kFloatsAndInts,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({3, 40000}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Sum(in[0], {-1})}; }, &SumTol()});
+  for (const char* op : {"Max", "Argmax"}) {
+    rows->push_back({op, "dim -1 of [3, 40000] (rows cut into chunks, ties across chunks)",
+                     kFloatsAndInts,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Grid({3, 40000}, dtype, gen, 7)};
+                     },
+                     [op](const Tensors& in) -> Tensors {
+                       return {std::string(op) == "Max" ? Max(in[0], -1) : Argmax(in[0], -1)};
+                     },
+                     &ExactTol()});
+  }
+  // Empty reductions (a sum of nothing is 0, a mean of nothing NaN) and 0-d inputs.
+  rows->push_back({"Sum", "over dim 0 of an empty [0, 5], and every dim of an empty [3, 0]",
+                   kFloatsAndInts,
+                   [](DType dtype, Generator&) -> Tensors {
+                     return {Tensor::Zeros({0, 5}, dtype), Tensor::Zeros({3, 0}, dtype)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {Sum(in[0], {0}), Sum(in[1])};
+                   },
+                   &SumTol()});
+  rows->push_back({"Mean", "over dim 0 of an empty [0, 5] (NaN)", kFloats,
+                   [](DType dtype, Generator&) -> Tensors {
+                     return {Tensor::Zeros({0, 5}, dtype)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {Mean(in[0], {0})}; }, &SumTol()});
+  for (const char* op : {"Sum", "Mean", "Max", "Argmax"}) {
+    rows->push_back(
+        {op, "of a 0-d tensor", kFloats,
+         [](DType dtype, Generator& gen) -> Tensors { return {Normal({}, dtype, gen)}; },
+         [op](const Tensors& in) -> Tensors {
+           const std::string name = op;
+           if (name == "Sum") return {Sum(in[0]), Sum(in[0], {0}, true)};
+           if (name == "Mean") return {Mean(in[0])};
+           if (name == "Max") return {Max(in[0], 0)};
+           return {Argmax(in[0], -1, true)};
+         },
+         std::string(op) == "Sum" || std::string(op) == "Mean" ? &SumTol() : &ExactTol()});
   }
   rows->push_back({"Max", "NaN and infinities (NaN wins)", kFloats,
                    [](DType dtype, Generator&) -> Tensors { return {Specials(dtype)}; },
@@ -941,6 +1114,7 @@ const std::vector<OpRow>& Table() {
     AddWindowRows(rows);
     AddMixedPrecisionRows(rows);
     AddFusedRows(rows);
+    AddByteRows(rows);
     return rows;
   }();
   return *table;
@@ -1086,12 +1260,14 @@ TEST(OpTableTest, HasARowForEveryOpInOpsH) {
 TEST(OpTableTest, EveryFloatingRowRunsF32F16AndBf16) {
   for (const OpRow& row : Table()) {
     const std::set<DType> dtypes(row.dtypes.begin(), row.dtypes.end());
+    EXPECT_TRUE(row.tol != nullptr && !row.tol->why.empty()) << row.op << ": " << row.name;
     if (row.name.find("promoted") != std::string::npos) continue;  // one fixed dtype pair
+    // The rows of the 1-byte dtypes (AddByteRows) take no floating dtype.
+    if (std::none_of(dtypes.begin(), dtypes.end(), IsFloating)) continue;
     for (DType dtype : {kF32, kF16, kBF16}) {
       EXPECT_TRUE(dtypes.count(dtype) > 0)
           << row.op << ": " << row.name << " does not run " << DTypeName(dtype);
     }
-    EXPECT_TRUE(row.tol != nullptr && !row.tol->why.empty()) << row.op << ": " << row.name;
   }
 }
 
