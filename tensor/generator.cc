@@ -2,23 +2,19 @@
 
 #include <cmath>
 
+#include "tensor/philox.h"
+
 namespace tg {
 
 std::array<uint32_t, 4> Generator::Philox(uint64_t counter, uint64_t key) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  std::array<uint32_t, 4> c = {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-                               0u, 0u};
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
-    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0, static_cast<uint32_t>(p1),
-         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k1, static_cast<uint32_t>(p0)};
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  return c;
+  const PhiloxBlock b = Philox4x32(counter, key);
+  return {b.v[0], b.v[1], b.v[2], b.v[3]};
+}
+
+Generator::State Generator::Reserve(uint64_t draws) {
+  const State start = state_;
+  state_.offset += draws;
+  return start;
 }
 
 uint32_t Generator::NextU32() {

@@ -40,6 +40,11 @@ class Generator {
   // Standard normal (Box-Muller on two 53-bit uniforms; uses four 32-bit draws).
   double NextNormal();
 
+  // Skips the next `draws` 32-bit draws and returns the state before them: a kernel that draws
+  // value k (0 <= k < draws) of the returned stream (tensor/philox.h) gets the bits the k-th
+  // NextU32() would have returned.
+  State Reserve(uint64_t draws);
+
   // The four 32-bit outputs of Philox4x32-10 for a 128-bit counter and 64-bit key.
   static std::array<uint32_t, 4> Philox(uint64_t counter, uint64_t key);
 

@@ -163,6 +163,15 @@ Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+Tensor DropoutMask(const Shape& shape, double p, Generator& gen, DType dtype, Device device) {
+  TG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  CheckFloating("dropout", dtype);
+  Tensor out = Tensor::Empty(shape, dtype, device);
+  const Generator::State start = gen.Reserve(static_cast<uint64_t>(out.numel()));
+  TG_KERNEL(device, DropoutMask, out, start.seed, start.offset, p);
+  return out;
+}
+
 Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined("sum", x, "the input");
   const Device device = CommonDevice("sum", {&x});

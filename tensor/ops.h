@@ -13,6 +13,7 @@
 #include <array>
 #include <vector>
 
+#include "tensor/generator.h"
 #include "tensor/op_kinds.h"
 #include "tensor/tensor.h"
 
@@ -65,6 +66,14 @@ inline Tensor Ge(const Tensor& a, const Tensor& b) { return Compare(CompareOp::k
 
 // cond ? a : b, broadcasting all three; cond is bool (or u8, nonzero = true).
 Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// Dropout's keep mask on `device`: 0 where the element is dropped, 1 where it is kept, in
+// `dtype` (floating), with element i (row-major) decided by the generator's i-th next draw:
+// dropped iff gen.NextUniform() < p. The draws are made where the mask lives (a CUDA kernel
+// computes the generator's Philox stream itself; nothing is uploaded) and the generator
+// advances by numel draws, so CPU and CUDA masks are equal for the same generator state.
+// p in [0, 1).
+Tensor DropoutMask(const Shape& shape, double p, Generator& gen, DType dtype, Device device);
 
 // ---- Reductions -------------------------------------------------------------------------------
 // Floating inputs accumulate in f64 and round once; integer and bool inputs sum to i64.

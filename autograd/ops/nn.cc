@@ -176,15 +176,11 @@ Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
   TG_CHECK(IsFloating(x.dtype()), "dropout: expected a floating dtype (f32, f64, f16, bf16), got ",
            DTypeName(x.dtype()));
   if (!training || p == 0) return x;  // identity, and no draws from the generator
-  // One uniform per element in row-major order: u < p drops the element. The mask is 0/1 in
-  // x's dtype; the 1/(1-p) scale is applied as a scalar in the compute precision.
-  // The draws come from the host generator on every device, so a CUDA run drops exactly the
-  // elements a CPU run drops (and checkpoints resume it); on CUDA the mask is uploaded, which
-  // waits for the device (one synchronisation per dropout call).
-  Tensor keep = Tensor::Empty(x.shape(), kF32);
-  float* k = keep.data<float>();
-  for (int64_t i = 0; i < keep.numel(); ++i) k[i] = gen.NextUniform() < p ? 0.0f : 1.0f;
-  const Tensor mask = keep.to(x.data().device(), x.dtype());
+  // One uniform per element in row-major order: u < p drops the element (tg::DropoutMask). The
+  // mask is 0/1 in x's dtype; the 1/(1-p) scale is applied as a scalar in the compute precision.
+  // The mask is drawn where x lives from the generator's stream, so a CUDA run drops exactly the
+  // elements a CPU run drops (and checkpoints resume it), without an upload.
+  const Tensor mask = tg::DropoutMask(x.shape(), p, gen, x.dtype(), x.data().device());
   const double scale = 1.0 / (1.0 - p);
   return Record("DropoutBackward", tg::MulScalar(tg::Mul(x.data(), mask), scale), {x},
                 {Variable(mask)}, [scale](const BackwardContext& ctx) -> VariableList {

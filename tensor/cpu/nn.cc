@@ -1,4 +1,5 @@
-// Neural-network kernels over the last dim: softmax, layer norm, embedding, cross-entropy.
+// Neural-network kernels over the last dim: softmax, layer norm, embedding, cross-entropy; and
+// dropout masks.
 // f16/bf16/f32 compute in f32 (f64 for f64) and round each output once.
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/philox.h"
 
 namespace tg::cpu {
 namespace {
@@ -177,6 +179,24 @@ void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const
       for (int64_t i = 0; i < classes; ++i) {
         const C p = std::exp(static_cast<C>(Widen(row[i])) - shift - log_sum);
         grow[i] = Convert<T>((p - (i == t[r] ? C(1) : C(0))) * s);
+      }
+    }
+  });
+}
+
+void DropoutMask(const Tensor& out, uint64_t seed, uint64_t offset, double p) {
+  const uint32_t threshold = DropoutThreshold(p);
+  const uint64_t n = static_cast<uint64_t>(out.numel());
+  VisitFloating("dropout", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = out.data<T>();
+    const T zero = Convert<T>(0.0), one = Convert<T>(1.0);
+    // One Philox block per four draws (Generator::NextU32 recomputes the block for each).
+    for (uint64_t i = 0; i < n;) {
+      const uint64_t draw = offset + i;
+      const PhiloxBlock block = Philox4x32(draw / 4, seed);
+      for (uint64_t w = draw % 4; w < 4 && i < n; ++w, ++i) {
+        o[i] = DropoutKeeps(block.v[w], threshold) ? one : zero;
       }
     }
   });

@@ -10,9 +10,9 @@
 
 namespace tg::cuda {
 
-// y[i] = a * x[i] + y[i] computed on device 0: copies both vectors to the device, runs the
-// kernel, copies y back and synchronises. Returns an empty string on success, else the CUDA
-// error text with the call that failed.
+// y[i] = a * x[i] + y[i] computed on the current device: copies both vectors to the device,
+// runs the kernel, copies y back and synchronises. Returns an empty string on success, else the
+// CUDA error text with the call that failed. Empty vectors launch nothing.
 std::string AxpySync(float a, const std::vector<float>& x, std::vector<float>& y);
 
 }  // namespace tg::cuda

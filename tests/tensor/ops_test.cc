@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tensor/error.h"
 #include "tensor/generator.h"
+#include "tensor/philox.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/throws.h"
 
@@ -2005,6 +2006,64 @@ TEST(ListOps, Errors) {
   ExpectExact(t, {2}, kF32, {1, 1}, "unchanged after error");
   EXPECT_ERROR(AnyNonFinite({t, Tensor()}),
                "non_finite_check: a list element is an undefined tensor");
+}
+
+// ---- DropoutMask ---------------------------------------------------------------------------------
+
+// The documented rule drawn one by one: element i is dropped iff the generator's i-th next
+// NextUniform() is below p.
+std::vector<double> SequentialMask(int64_t n, double p, Generator& gen) {
+  std::vector<double> out(static_cast<size_t>(n));
+  for (double& v : out) v = gen.NextUniform() < p ? 0.0 : 1.0;
+  return out;
+}
+
+TEST(DropoutMaskTest, EqualsTheSequentialDrawsFromAnyOffset) {
+  // Offsets 0..7 start inside a Philox block of four draws at every position; the sizes end
+  // inside one; p covers tiny, common and nearly-one rates.
+  for (double p : {1e-9, 0.1, 0.25, 0.5, 0.9, 1 - 0x1.0p-24}) {
+    for (uint64_t skip : {0, 1, 2, 3, 4, 5, 6, 7}) {
+      for (int64_t n : {1, 2, 3, 5, 13, 1000}) {
+        Generator gen(1234), ref(1234);
+        gen.Reserve(skip);
+        ref.Reserve(skip);
+        const Tensor mask = DropoutMask({n}, p, gen, kF32, Device::Cpu());
+        EXPECT_EQ(Values(mask), SequentialMask(n, p, ref)) << "p " << p << " skip " << skip;
+        EXPECT_EQ(gen.state(), ref.state()) << "one draw per element";
+      }
+    }
+  }
+}
+
+TEST(DropoutMaskTest, ThresholdIsExactAtTheEdgesOfA24BitUniform) {
+  // u = k * 2^-24 is dropped iff u < p: p exactly on a grid point keeps that point, the next
+  // double above it drops it.
+  for (uint32_t k : {0u, 1u, 12345u, 8388608u, 16777215u}) {
+    const double on = k * 0x1.0p-24;
+    EXPECT_EQ(DropoutThreshold(on), k);
+    EXPECT_EQ(DropoutThreshold(std::nextafter(on, 1.0)), k + 1);
+    const uint32_t draw = k << 8;  // the draw whose uniform is exactly `on`
+    EXPECT_TRUE(DropoutKeeps(draw, DropoutThreshold(on)));
+    EXPECT_FALSE(DropoutKeeps(draw, DropoutThreshold(std::nextafter(on, 1.0))));
+  }
+  EXPECT_EQ(DropoutThreshold(0), 0u);  // p = 0 keeps everything
+}
+
+TEST(DropoutMaskTest, EveryFloatingDtypeShapeAndBadInput) {
+  for (DType dtype : {kF32, kF64, kF16, kBF16}) {
+    Generator gen(5), ref(5);
+    const Tensor mask = DropoutMask({3, 4, 5}, 0.3, gen, dtype, Device::Cpu());
+    EXPECT_EQ(mask.dtype(), dtype);
+    EXPECT_EQ(mask.shape(), (Shape{3, 4, 5}));
+    EXPECT_EQ(Values(mask), SequentialMask(60, 0.3, ref)) << DTypeName(dtype);
+  }
+  Generator gen(5);
+  EXPECT_EQ(DropoutMask({0, 3}, 0.5, gen, kF32, Device::Cpu()).numel(), 0);
+  EXPECT_EQ(gen.state().offset, 0u) << "an empty mask draws nothing";
+  EXPECT_ERROR(DropoutMask({2}, 1.0, gen, kF32, Device::Cpu()),
+                       "dropout: p must be in [0, 1), got 1");
+  EXPECT_ERROR(DropoutMask({2}, 0.5, gen, kI64, Device::Cpu()),
+                       "dropout: expected a floating dtype (f32, f64, f16, bf16), got i64");
 }
 
 }  // namespace

@@ -20,6 +20,12 @@ TEST(CudaAxpyTest, MatchesHostLoop) {
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(y[i], expected[i]) << i;
 }
 
+TEST(CudaAxpyTest, EmptyVectorsLaunchNothing) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> x, y;
+  EXPECT_EQ(AxpySync(1.0f, x, y), "");  // a 0-block grid would be an invalid configuration
+}
+
 TEST(CudaAxpyTest, RejectsLengthMismatch) {
   std::vector<float> x(3), y(4);
   EXPECT_EQ(AxpySync(1.0f, x, y), "AxpySync: x and y differ in length");

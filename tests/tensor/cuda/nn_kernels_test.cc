@@ -39,6 +39,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/nn_fused.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/generator.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/throws.h"
@@ -187,6 +188,39 @@ Tol ForDType(DType dtype, Tol f32, Tol f64) {
 
 std::string Label(DType dtype, int64_t rows, int64_t n, int64_t misalign = 0) {
   return absl::StrCat(DTypeName(dtype), " [", rows, ", ", n, "] misalign ", misalign);
+}
+
+// ---- Dropout masks ------------------------------------------------------------------------------
+
+// tensor/cuda/random.cu draws the generator's Philox stream on the device: the mask is the
+// CPU's bit for bit (many grid-stride iterations, every start position inside a block of four
+// draws) and the generator advances by the same count.
+TEST_F(CudaNnTest, DropoutMaskIsTheCpusMask) {
+  struct Case {
+    DType dtype;
+    uint64_t skip;
+    double p;
+    Shape shape;
+  };
+  std::vector<Case> cases;
+  for (DType dtype : kFloatDTypes) {
+    for (uint64_t skip : {0, 1, 2, 3}) {
+      for (double p : {0.1, 0.5, 0.97}) cases.push_back({dtype, skip, p, {37, 1031}});
+    }
+  }
+  // 17.2M elements = 4.3M blocks of four draws: more than one launch's grid on an H100/H200
+  // (32 blocks of 256 threads per SM), so threads take several blocks each.
+  cases.push_back({kF16, 3, 0.5, {4099, 4201}});
+  for (const Case& c : cases) {
+    Generator on_gpu(2024), on_cpu(2024);
+    on_gpu.Reserve(c.skip);
+    on_cpu.Reserve(c.skip);
+    const Tensor gpu = DropoutMask(c.shape, c.p, on_gpu, c.dtype, kGpu);
+    const Tensor cpu = DropoutMask(c.shape, c.p, on_cpu, c.dtype, Device::Cpu());
+    EXPECT_TRUE(BitEqual(gpu, cpu)) << DTypeName(c.dtype) << ShapeToString(c.shape) << " skip "
+                                    << c.skip << " p " << c.p;
+    EXPECT_EQ(on_gpu.state(), on_cpu.state());
+  }
 }
 
 // ---- Softmax / LogSoftmax -----------------------------------------------------------------------

@@ -464,6 +464,16 @@ void AddElementwiseRows(std::vector<OpRow>* rows) {
                    },
                    [](const Tensors& in) -> Tensors { return {Where(in[0], in[1], in[2])}; },
                    &ExactTol()});
+  // The device draws the generator's Philox stream itself: the same 0/1 mask bit for bit, from
+  // an offset inside a block of four draws, over a length that ends inside one.
+  rows->push_back({"DropoutMask", "p 0.3, [7, 33] from draw 5 of seed 77", kFloats,
+                   [](DType dtype, Generator&) -> Tensors { return {Tensor::Zeros({}, dtype)}; },
+                   [](const Tensors& in) -> Tensors {
+                     Generator gen(77);
+                     gen.Reserve(5);
+                     return {DropoutMask({7, 33}, 0.3, gen, in[0].dtype(), in[0].device())};
+                   },
+                   &ExactTol()});
 }
 
 // The 1-byte dtypes (u8 and bool), which the floating rows above do not take: u8 arithmetic
