@@ -4,7 +4,7 @@
 # prints nvidia-smi, then runs every test binary and every benchmark binary that
 # tools/gpu/stage.sh put into the binary folder. There is no Bazel and no network there.
 #
-#   tools/gpu/run_on_device.sh [BIN_DIR]        # default gpu_bin
+#   tools/gpu/run_on_device.sh [BIN_DIR | ARCHIVE.tar.xz]   # default gpu_bin
 #   env: OUT (logs; default ./gpu_out), TEST_TIMEOUT (s per test, 300),
 #        BENCH_TIMEOUT (s per benchmark, 300), GTEST_FILTER (passed through to the tests)
 #
@@ -39,10 +39,22 @@ SUMMARY=$OUT/summary.txt
 
 say() { echo "$@" | tee -a "$ENV_LOG"; }
 
+if [[ -f $BIN && $BIN == *.tar.xz ]]; then  # stage.sh's archive (gpu_pack/gpu_bin.tar.xz)
+  unpack=$(mktemp -d)
+  # tar needs xz(1); python3's tarfile (lzma) is the fallback where the image lacks it.
+  if ! { command -v xz >/dev/null && tar -xJf "$BIN" -C "$unpack"; } &&
+     ! python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+       "$BIN" "$unpack"; then
+    echo "run_on_device: cannot unpack $BIN" >&2
+    exit 2
+  fi
+  BIN=$(find "$unpack" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+fi
 if [[ ! -d $BIN ]]; then
   echo "run_on_device: no binary folder '$BIN' (make it here with tools/gpu/stage.sh and name it in carry)" >&2
   exit 2
 fi
+BIN=$(cd "$BIN" && pwd)  # absolute: the tests run from the repository root
 
 # ---- Library folders: site-packages/nvidia/*/lib of the python3 that holds PyTorch -------------
 PY=$(command -v python3 || true)
@@ -76,7 +88,7 @@ for sp in "${site_dirs[@]}"; do
   done
 done
 [[ -d /usr/local/cuda/lib64 ]] && lib_dirs+=(/usr/local/cuda/lib64)
-path="$PWD/$BIN/lib"
+path="$BIN/lib"
 for d in "${lib_dirs[@]}"; do path="$path:$d"; done
 export LD_LIBRARY_PATH="$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
