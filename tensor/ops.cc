@@ -190,7 +190,7 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   // that would overflow f16 still gives its finite mean; NaN for an empty reduction.
   RowsView v = ReduceToRows("mean", x, dims, keepdim);
   Tensor sum = Tensor::Empty({v.rows.size(0)}, kF64, device);
-  TG_KERNEL(device, SumRows, sum, v.rows.to(kF64));
+  TG_KERNEL(device, SumRows, sum, v.rows);  // the f64 sums, read from x's dtype
   const double count = static_cast<double>(v.rows.size(1));
   return BinaryScalar(BinaryOp::kDiv, sum, count).to(x.dtype()).reshape(v.out_shape);
 }

@@ -13,11 +13,17 @@ void SumRows(const Tensor& out, const Tensor& x) {
     using T = decltype(tag);
     const T* in = x.data<T>();
     if constexpr (std::is_floating_point_v<ComputeType<T>>) {
-      T* o = out.data<T>();
+      const bool to_f64 = out.dtype() == kF64;  // the f64 sum itself (Mean divides it first)
+      T* o = to_f64 ? nullptr : out.data<T>();
+      double* o64 = to_f64 ? out.data<double>() : nullptr;
       for (int64_t r = 0; r < rows; ++r) {
         double acc = 0;  // f64 accumulation, one rounding at the end
         for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(Widen(in[r * n + i]));
-        o[r] = Convert<T>(acc);
+        if (to_f64) {
+          o64[r] = acc;
+        } else {
+          o[r] = Convert<T>(acc);
+        }
       }
     } else {
       int64_t* o = out.data<int64_t>();  // integers and bool sum to i64, wrapping on overflow

@@ -374,21 +374,33 @@ void SumRows(const Tensor& out, const Tensor& x) {
   VisitDevice(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using Acc = SumAcc<T>;
-    using Out = std::conditional_t<std::is_same_v<Acc, double>, T, int64_t>;  // ints sum to i64
-    const T* in = static_cast<const T*>(x.raw_data());
-    Out* o = static_cast<Out*>(out.raw_data());
-    if (seg.chunks == 1) {
-      LaunchSum<T, Acc, Out>(in, seg, o, stream);
-      return;
+    // Floating x: out in x's dtype (rounded once) or f64 (the sum itself); ints sum to i64.
+    auto run = [&](auto out_tag) {
+      using Out = decltype(out_tag);
+      const T* in = static_cast<const T*>(x.raw_data());
+      Out* o = static_cast<Out*>(out.raw_data());
+      if (seg.chunks == 1) {
+        LaunchSum<T, Acc, Out>(in, seg, o, stream);
+        return;
+      }
+      // Chunk sums in the accumulator type (8 bytes either way), then one sum per row. The
+      // scratch goes back to the caching allocator at the end of this scope, which is safe: the
+      // allocator hands it out again only to work ordered after these kernels on this stream.
+      const Tensor partial = Tensor::Empty({seg.count()}, kI64, x.device());
+      Acc* p = static_cast<Acc*>(partial.raw_data());
+      LaunchSum<T, Acc, Acc>(in, seg, p, stream);
+      const Segments second = MakeSegments(rows, seg.chunks, x.device().index);
+      LaunchSum<Acc, Acc, Out>(p, second, o, stream);
+    };
+    if constexpr (std::is_same_v<Acc, double>) {
+      if (out.dtype() == kF64) {
+        run(double{});
+      } else {
+        run(T{});
+      }
+    } else {
+      run(int64_t{});
     }
-    // Chunk sums in the accumulator type (8 bytes either way), then one sum per row. The
-    // scratch goes back to the caching allocator at the end of this scope, which is safe: the
-    // allocator hands it out again only to work ordered after these kernels on this stream.
-    const Tensor partial = Tensor::Empty({seg.count()}, kI64, x.device());
-    Acc* p = static_cast<Acc*>(partial.raw_data());
-    LaunchSum<T, Acc, Acc>(in, seg, p, stream);
-    const Segments second = MakeSegments(rows, seg.chunks, x.device().index);
-    LaunchSum<Acc, Acc, Out>(p, second, o, stream);
   });
 }
 
