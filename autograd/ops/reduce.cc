@@ -55,20 +55,15 @@ Variable Max(const Variable& x, int64_t dim, bool keepdim) {
   return Record("MaxBackward", tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   // Scatter the gradient to the arg-max: a one-hot mask times the broadcast grad.
+                  // The mask is scattered where the index lives (ones at the arg-max along d),
+                  // so CUDA uploads nothing.
                   const Tensor& index = ctx.saved[0].data();
                   Shape kept = in_shape;
                   kept[d] = 1;
-                  // Made on the host (there is no device arange) and copied to the index's
-                  // device: one small upload per backward on CUDA.
-                  const Tensor positions =
-                      Tensor::Arange(0, static_cast<double>(in_shape[d]), 1, kI64)
-                          .to(index.device())
-                          .reshape([&] {
-                            Shape s(in_shape.size(), 1);
-                            s[d] = in_shape[d];
-                            return s;
-                          }());
-                  const Tensor mask = tg::Eq(positions, index).to(ctx.grads[0].dtype());
+                  const DType dtype = ctx.grads[0].dtype();
+                  const Tensor mask =
+                      tg::ScatterAdd(Tensor::Zeros(in_shape, dtype, index.device()), d, index,
+                                     Tensor::Ones(kept, dtype, index.device()));
                   return {Mul(Expand(Reshape(ctx.grads[0], kept), in_shape), Variable(mask))};
                 });
 }
