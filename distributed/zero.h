@@ -122,7 +122,8 @@
 //   DistributedDataParallel. Stage 2/3 release every .grad in their hook, so hooks registered
 //   after the optimizer's, and the caller after backward, see no .grad (stage 1: until the
 //   epilogue of the backward).
-// - No state_dict round trip yet (the masters and optimizer state are per-rank shards).
+// - state_dict() is world-size independent (amp::MixedPrecisionOptimizer's format, gathered from
+//   the shards), so a checkpoint moves between world sizes, stages and a single process.
 #ifndef TAPEGRAD_DISTRIBUTED_ZERO_H_
 #define TAPEGRAD_DISTRIBUTED_ZERO_H_
 
@@ -140,6 +141,7 @@
 #include "distributed/process_group.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "tensor/state_dict.h"
 #include "tensor/tensor.h"
 
 namespace tg::dist {
@@ -229,6 +231,22 @@ class ZeroOptimizer {
   // The model parameters' full values, in optimizer order (copies). A collective in stage 3.
   std::vector<Tensor> full_parameters();
 
+  // The whole optimizer state in amp::MixedPrecisionOptimizer's format, the same for every world
+  // size and stage: "master.<i>" (the f32 master of each f16/bf16 parameter i, optimizer order),
+  // "optimizer.*" (the wrapped optimizer's state_dict as if it stepped the full parameters:
+  // state.<i>.* in each parameter's shape, the original param groups) and "scaler.*". Every rank
+  // returns the same dictionary, on the group's device. A collective (it all-gathers the shards):
+  // every rank calls it.
+  StateDict state_dict();
+  // Loads a state_dict() of this or any other world size and stage, or a MixedPrecisionOptimizer's
+  // over the same parameters and groups; each rank takes its own shard (no communication).
+  // Everything is validated before anything changes (tg::Error naming the key). f32/f64
+  // parameters have no master entry: their masters are the model's current values, so load the
+  // model's state first (stage 3: before constructing the ZeroOptimizer, which shards the model).
+  // The parameters of one flat buffer step together, so their optimizer state must agree (the
+  // same step count). Clears the gradients, as zero_grad().
+  void load_state_dict(const StateDict& state);
+
   int stage() const { return options_.stage; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
   double loss_scale() const { return scaler_->scale(); }
@@ -266,6 +284,8 @@ class ZeroOptimizer {
   void FinishBucket(int b);
   void FinishAll();
   void ReduceModelGrads();  // stage 1
+  Tensor GatherFlat(const Flat& f, const Tensor& shard);  // [shard_numel] -> [numel], collective
+  Tensor ShardOf(const Flat& f, const Tensor& full) const;  // [numel] -> this rank's [shard_numel]
   void AllocateGradBuffer(Bucket& bucket);
   void FreeGradBuffer(Bucket& bucket);
   bool HasModelGrads() const;

@@ -4,7 +4,8 @@
 // models; two param groups and a plain backward of the scaled loss; the exact
 // bytes of masters + optimizer state per rank; an overflow on one rank skips the step on all;
 // the clip norm is the global norm; stage 3 keeps no full parameter after forward and backward;
-// stage 2 releases every .grad at once and bounds its bucket memory; the error text.
+// stage 2 releases every .grad at once and bounds its bucket memory; state_dict round trips
+// (exact resume, the single-process format, across world sizes and stages); the error text.
 #include "distributed/zero.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/engine.h"
@@ -30,6 +33,7 @@
 #include "nn/loss.h"
 #include "optim/adam.h"
 #include "tensor/generator.h"
+#include "tensor/io/safetensors.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/tensor/throws.h"
 
@@ -669,6 +673,217 @@ class CudaFakeGroup final : public ProcessGroup {
  private:
   static std::shared_ptr<Work> Fail() { throw Error("CudaFakeGroup: no collectives"); }
 };
+
+// ---- state_dict / load_state_dict ------------------------------------------------------------
+
+// Steps [from, to) of TrainZero's loop (no overflow injection, no clipping).
+void TrainZeroSteps(ZeroOptimizer& opt, nn::Module& model, const ProcessGroup& pg,
+                    const Config& c, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    opt.zero_grad();
+    for (int m = 0; m < c.micro; ++m) {
+      opt.backward(MulScalar(Loss(model, s, m * pg.size() + pg.rank(), c.dtype), 1.0 / c.micro));
+    }
+    opt.step();
+  }
+}
+
+// The same for the single-process reference over `world` micro-batches per step.
+void TrainReferenceSteps(amp::MixedPrecisionOptimizer& opt, nn::Module& model, int world,
+                         const Config& c, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    opt.zero_grad();
+    for (int k = 0; k < world; ++k) {
+      opt.backward(MulScalar(Loss(model, s, k, c.dtype), 1.0 / world));
+    }
+    opt.step();
+  }
+}
+
+void LoadParameters(nn::Module& model, const std::vector<Tensor>& values) {
+  NoGradGuard no_grad;
+  const std::vector<Variable> params = model.parameters();
+  ASSERT_EQ(params.size(), values.size());
+  for (size_t i = 0; i < params.size(); ++i) params[i].data().copy_(values[i]);
+}
+
+// Every key, dtype, shape and scalar of two state dicts, and every tensor value bit for bit
+// (tol 0) or within `tol` of the largest magnitude of the tensor.
+void ExpectSameState(const StateDict& a, const StateDict& b, const std::string& what,
+                     double tol = 0) {
+  std::vector<std::string> ka, kb;
+  for (const auto& [k, t] : a.tensors) ka.push_back(k);
+  for (const auto& [k, t] : b.tensors) kb.push_back(k);
+  ASSERT_EQ(ka, kb) << what;
+  EXPECT_EQ(a.scalars, b.scalars) << what;
+  for (const auto& [k, t] : a.tensors) {
+    const Tensor& u = b.tensor(k);
+    ASSERT_EQ(t.dtype(), u.dtype()) << what << " " << k;
+    ASSERT_EQ(t.shape(), u.shape()) << what << " " << k;
+    const std::vector<double> x = t.to(kF64).to_vector<double>(), y = u.to(kF64).to_vector<double>();
+    if (tol == 0) {
+      EXPECT_EQ(x, y) << what << " " << k;
+      continue;
+    }
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      scale = std::max(scale, std::abs(y[i]));
+      diff = std::max(diff, std::abs(x[i] - y[i]));
+    }
+    EXPECT_LE(diff, tol * scale) << what << " " << k;
+  }
+}
+
+// A checkpoint taken after 4 steps and loaded into a fresh model and optimizer of the same
+// stage and world size continues exactly like the uninterrupted run (with a dynamic scaler, and
+// in f16 with masters, so masters, AdamW state and the scaler all travel). On 2 ranks the
+// dictionary is also, key for key, the single-process MixedPrecisionOptimizer's after the same
+// steps: bit for bit in f32 (see Stage1MatchesDataParallelTraining), within the f16 reduction's
+// rounding in f16.
+TEST(ZeroTest, StateDictResumesExactlyAndIsTheSingleProcessOne) {
+  for (int run = 0; run < 6; ++run) {
+    const int stage = 1 + run % 3;
+    const DType dtype = run < 3 ? kF32 : kF16;
+    auto results = RunRanks(2, [stage, dtype](const Rank&) {
+      auto pg = testing::JoinDefaultGroup();
+      Config c;
+      c.stage = stage;
+      c.dtype = dtype;
+      c.init_scale = 1024;
+      if (stage == 2) c.bucket_cap_bytes = 64;  // several buckets: shards are not contiguous
+      auto whole_model = MakeMlp(c.dtype);
+      ZeroOptimizer whole(pg, MakeOptimizer(*whole_model, c), MakeZeroOptions(c, whole_model));
+      TrainZeroSteps(whole, *whole_model, *pg, c, 0, 8);
+
+      auto first_model = MakeMlp(c.dtype);
+      ZeroOptimizer first(pg, MakeOptimizer(*first_model, c), MakeZeroOptions(c, first_model));
+      TrainZeroSteps(first, *first_model, *pg, c, 0, 4);
+      const StateDict saved = first.state_dict();
+      const std::vector<Tensor> saved_params = first.full_parameters();
+
+      auto ref_model = MakeMlp(c.dtype);
+      amp::MixedPrecisionOptimizer ref(MakeOptimizer(*ref_model, c), MixedOptions(c));
+      TrainReferenceSteps(ref, *ref_model, 2, c, 0, 4);
+      ExpectSameState(saved, ref.state_dict(), "ZeRO vs single process", dtype == kF32 ? 0 : 2e-3);
+
+      auto resumed_model = MakeMlp(c.dtype);
+      LoadParameters(*resumed_model, saved_params);  // before: stage 3 shards at construction
+      ZeroOptimizer resumed(pg, MakeOptimizer(*resumed_model, c),
+                            MakeZeroOptions(c, resumed_model));
+      resumed.load_state_dict(saved);
+      ExpectSameState(resumed.state_dict(), saved, "after load_state_dict");
+      TrainZeroSteps(resumed, *resumed_model, *pg, c, 4, 8);
+      EXPECT_EQ(Concat(resumed.full_parameters()), Concat(whole.full_parameters()))
+          << "stage " << stage << " " << DTypeName(dtype);
+      EXPECT_EQ(resumed.loss_scale(), whole.loss_scale());
+    });
+    ExpectAllSucceeded(results);
+  }
+}
+
+// A checkpoint moves between world sizes and stages and to a single process. The global batch
+// is the same six micro-batches throughout (2 ranks x 3, then 3 ranks x 2), so 4 steps on 2 ranks
+// (stage 1) + 4 steps on 3 ranks (stage 3) from the checkpoint equal 8 single-process steps,
+// within f32 summation order; so do 4 single-process steps resumed from the same checkpoint.
+TEST(ZeroTest, StateDictMovesBetweenWorldSizesStagesAndOneProcess) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/zero_checkpoint.safetensors");
+  Config c;
+  c.dtype = kBF16;
+  ExpectAllSucceeded(RunRanks(2, [&](const Rank& r) {
+    auto pg = testing::JoinDefaultGroup();
+    Config two = c;
+    two.stage = 1;
+    two.micro = 3;
+    auto model = MakeMlp(c.dtype);
+    ZeroOptimizer opt(pg, MakeOptimizer(*model, two), MakeZeroOptions(two, model));
+    TrainZeroSteps(opt, *model, *pg, two, 0, 4);
+    StateDict sd = opt.state_dict();
+    const std::vector<Tensor> params = opt.full_parameters();
+    for (size_t i = 0; i < params.size(); ++i) sd.tensors[absl::StrCat("model.", i)] = params[i];
+    if (r.rank == 0) ASSERT_TRUE(io::SaveStateDict(path, sd).ok());
+  }));
+
+  // The single-process reference: 8 steps of the six micro-batches.
+  auto ref_model = MakeMlp(c.dtype);
+  amp::MixedPrecisionOptimizer ref(MakeOptimizer(*ref_model, c), MixedOptions(c));
+  TrainReferenceSteps(ref, *ref_model, 6, c, 0, 8);
+  const std::vector<float> expected = Concat(ref.model_params());
+
+  absl::StatusOr<StateDict> loaded = io::LoadStateDict(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<Tensor> params;
+  for (size_t i = 0; loaded->has_tensor(absl::StrCat("model.", i)); ++i) {
+    params.push_back(loaded->tensor(absl::StrCat("model.", i)));
+  }
+  StateDict opt_state = *loaded;
+  for (size_t i = 0; i < params.size(); ++i) opt_state.tensors.erase(absl::StrCat("model.", i));
+
+  auto three_ranks = RunRanks(3, [&](const Rank& r) {
+    auto pg = testing::JoinDefaultGroup();
+    Config three = c;
+    three.stage = 3;
+    three.micro = 2;
+    auto model = MakeMlp(c.dtype);
+    LoadParameters(*model, params);
+    ZeroOptimizer opt(pg, MakeOptimizer(*model, three), MakeZeroOptions(three, model));
+    opt.load_state_dict(opt_state);
+    TrainZeroSteps(opt, *model, *pg, three, 4, 8);
+    const double diff = MaxAbsDiff(Concat(opt.full_parameters()), expected);
+    EXPECT_LE(diff, 1e-2) << "bf16 parameters: within a few bf16 ulps of the reference";
+    if (r.rank == 0) {
+      std::printf("ZeRO checkpoint: 2 ranks stage 1 -> 3 ranks stage 3: max |diff| %.3g\n", diff);
+    }
+  });
+  ExpectAllSucceeded(three_ranks);
+  PrintRankLines(three_ranks, "ZeRO checkpoint:");
+
+  auto one_model = MakeMlp(c.dtype);
+  LoadParameters(*one_model, params);
+  amp::MixedPrecisionOptimizer one(MakeOptimizer(*one_model, c), MixedOptions(c));
+  one.load_state_dict(opt_state);
+  TrainReferenceSteps(one, *one_model, 6, c, 4, 8);
+  const double one_diff = MaxAbsDiff(Concat(one.model_params()), expected);
+  EXPECT_LE(one_diff, 1e-2);
+  std::printf("ZeRO checkpoint: 2 ranks stage 1 -> one process: max |diff| %.3g\n", one_diff);
+  EXPECT_GT(MaxAbsDiff(expected, Concat(MakeMlp(c.dtype)->parameters())), 0.05)
+      << "the parameters moved: the comparison is not vacuous";
+}
+
+TEST(ZeroTest, LoadStateDictValidatesBeforeChangingAnything) {
+  auto pg = testing::JoinDefaultGroup();  // one process, world size 1
+  Config c;
+  c.dtype = kBF16;
+  c.two_groups = true;
+  auto model = MakeMlp(c.dtype);
+  ZeroOptimizer opt(pg, MakeOptimizer(*model, c), MakeZeroOptions(c, model));
+  TrainZeroSteps(opt, *model, *pg, c, 0, 2);
+  const StateDict good = opt.state_dict();
+  auto expect_error = [&](const StateDict& sd, const std::string& text) {
+    EXPECT_TRUE(ThrowsErrorExactly([&] { opt.load_state_dict(sd); }, text));
+    ExpectSameState(opt.state_dict(), good, "after a refused load: " + text);
+  };
+  StateDict missing = good;
+  missing.tensors.erase("master.1");
+  expect_error(missing, "ZeroOptimizer: load_state_dict: missing 'master.1'");
+  StateDict shape = good;
+  shape.tensors["master.0"] = Tensor::Zeros({7, 13}, kF32);
+  expect_error(shape,
+               "ZeroOptimizer: load_state_dict: 'master.0' is f32 [7, 13] but parameter 0 "
+               "'weight' has an f32 master of shape [13, 7]");
+  StateDict steps = good;  // the biases (parameters 2 and 3) are one flat buffer
+  steps.scalars["optimizer.state.3.step"] = 5;
+  expect_error(steps,
+               "ZeroOptimizer: load_state_dict: the optimizer state of parameter 3 'bias' "
+               "differs in its keys or scalars (e.g. the step count) from that of parameter 2 "
+               "'bias'; ZeroOptimizer steps them together in one flat buffer");
+  StateDict extra = good;
+  extra.tensors["optimizer.state.9.exp_avg"] = Tensor::Zeros({1}, kF32);
+  expect_error(extra,
+               "ZeroOptimizer: load_state_dict: unexpected tensor 'optimizer.state.9.exp_avg' "
+               "(this optimizer has 4 parameters in 2 groups)");
+  opt.load_state_dict(good);  // the untouched dictionary still loads
+  ExpectSameState(opt.state_dict(), good, "after a good load");
+}
 
 TEST(ZeroTest, ErrorsNameTheProblem) {
   {
