@@ -219,20 +219,45 @@ void Module::train(bool on) {
 }
 
 void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert) {
-  for (auto& [name, p] : parameters_) {
-    VariableImpl& impl = *p.impl();
-    TG_CHECK(impl.grad_fn == nullptr, type_name_, ": parameter '", name, "' is not a leaf");
-    Tensor converted = convert(impl.data);
-    if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
-    impl.data = converted;
-    if (impl.grad.defined()) impl.grad = Variable(convert(impl.grad.data()));
+  // Every tensor is converted first and the results are committed only when all conversions
+  // succeeded: an error halfway (out of device memory, a non-leaf parameter) leaves the whole
+  // module as it was, never half moved. The new tensors exist next to the old ones until the
+  // commit (on the target device that is the model's final size; to(dtype) on one device holds
+  // both copies for a moment).
+  struct NewParam {
+    VariableImpl* impl;
+    Tensor data;
+    Tensor grad;  // undefined: the parameter has no gradient
+  };
+  std::vector<NewParam> params;
+  std::vector<std::pair<Tensor*, Tensor>> buffers;
+  std::set<const VariableImpl*> seen_params;  // a parameter shared by two modules: once
+  std::set<const Tensor*> seen_buffers;       // a module reachable twice: its buffers once
+  std::function<void(Module&)> collect = [&](Module& m) {
+    for (auto& [name, p] : m.parameters_) {
+      VariableImpl& impl = *p.impl();
+      if (!seen_params.insert(&impl).second) continue;
+      TG_CHECK(impl.grad_fn == nullptr, m.type_name_, ": parameter '", name, "' is not a leaf");
+      Tensor converted = convert(impl.data);
+      if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
+      Tensor grad = impl.grad.defined() ? convert(impl.grad.data()) : Tensor();
+      params.push_back({&impl, std::move(converted), std::move(grad)});
+    }
+    for (auto& [name, b] : m.buffers_) {
+      if (seen_buffers.insert(&b).second) buffers.emplace_back(&b, convert(b));
+    }
+    for (auto& [name, child] : m.children_) collect(*child);
+  };
+  collect(*this);
+  for (NewParam& np : params) {
+    np.impl->data = std::move(np.data);
+    if (np.grad.defined()) np.impl->grad = Variable(std::move(np.grad));
     // As PyTorch's set_data when the type changes: a graph recorded before keeps its old
     // accumulator (whose metadata says the old dtype and device); new graphs get a fresh one.
     // The leaf's hooks live on the leaf, not on the accumulator, so none is lost.
-    impl.grad_accumulator.reset();
+    np.impl->grad_accumulator.reset();
   }
-  for (auto& [name, b] : buffers_) b = convert(b);
-  for (auto& [name, child] : children_) child->ConvertTensors(convert);
+  for (auto& [slot, t] : buffers) *slot = std::move(t);
 }
 
 void Module::to(DType dtype) {

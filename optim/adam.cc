@@ -97,13 +97,15 @@ void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const LoopScalar
 }
 
 // Whether cuda::FusedAdamW does an update: an f32 parameter (its own master, or an f32 master
-// whose low-precision model copy the kernel writes too), no L2 decay, contiguous tensors.
+// whose f16/bf16/f32 model copy the kernel writes too), no L2 decay, contiguous tensors. Anything
+// the kernel would reject takes the composed ops instead (FusedAdamW throws after the state's
+// step counts have moved).
 bool FusedAdamWApplies(const Tensor& param, const Tensor& grad, const Tensor& model_copy,
                        Decay decay) {
   const DType g = grad.dtype();
   return decay != Decay::kL2 && param.dtype() == kF32 && param.is_contiguous() &&
          (g == kF32 || g == kF16 || g == kBF16) &&
-         (!model_copy.defined() || model_copy.is_contiguous());
+         (!model_copy.defined() || (model_copy.is_contiguous() && model_copy.dtype() != kF64));
 }
 
 }  // namespace
@@ -247,14 +249,17 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
 }
 
 void Adam::StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpdate*>& updates) {
-  // One launch per distinct step count (all parameters share it unless some were added later or
-  // skipped steps without a gradient), over every parameter of the group.
-  std::map<double, cuda::AdamWTensorLists> by_step;
-  std::map<double, bool> has_copies;
+  // One launch per device and distinct step count (all parameters share the count unless some
+  // were added later or skipped steps without a gradient), over every parameter of the group:
+  // cuda::FusedAdamW takes the tensors of one device and one step number.
+  using Key = std::pair<int, double>;  // (CUDA device index, step)
+  std::map<Key, cuda::AdamWTensorLists> by_step;
+  std::map<Key, bool> has_copies;
   for (const ParamUpdate* u : updates) {
     const Tensor& param = u->param.data();
     const AdamState st = PrepareState(u->state, param, o.amsgrad);
-    cuda::AdamWTensorLists& lists = by_step[st.step];
+    const Key key(param.device().index, st.step);
+    cuda::AdamWTensorLists& lists = by_step[key];
     lists.grads.push_back(u->grad.contiguous());
     lists.masters.push_back(param);
     lists.exp_avgs.push_back(st.exp_avg);
@@ -262,12 +267,12 @@ void Adam::StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpda
     if (o.amsgrad) lists.max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
     lists.model_params.push_back(u->model_copy);  // undefined: no low-precision copy
     if (u->model_copy.defined()) {
-      has_copies[st.step] = true;
+      has_copies[key] = true;
       u->model_copy_written = true;  // written by the same pass
     }
   }
-  for (auto& [step, lists] : by_step) {
-    if (!has_copies[step]) lists.model_params.clear();
+  for (auto& [key, lists] : by_step) {
+    if (!has_copies[key]) lists.model_params.clear();
     cuda::FusedAdamWOptions f;
     f.lr = o.lr;
     f.beta1 = o.beta1;
@@ -276,7 +281,7 @@ void Adam::StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpda
     // Adam without weight decay is AdamW with decay 0 (a factor of exactly 1, see amp_kernels.h).
     f.weight_decay = o.weight_decay;
     f.amsgrad = o.amsgrad;
-    f.step = static_cast<int64_t>(step);
+    f.step = static_cast<int64_t>(key.second);
     cuda::FusedAdamW(lists, f);
   }
 }

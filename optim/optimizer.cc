@@ -167,6 +167,18 @@ void Optimizer::step() {
       TG_CHECK(gd.device() == p.data().device(), name_, ".step: the gradient of ", ParamName(g, i),
                " is on ", gd.device().ToString(), " but the param is on ",
                p.data().device().ToString());
+      // State made before the parameter moved (an optimizer built before Module::to) would
+      // meet the parameter in a kernel that takes one device: say so now, before any update.
+      auto st = state_.find(p.impl().get());
+      if (st != state_.end()) {
+        for (const auto& [key, t] : st->second.state.tensors) {
+          TG_CHECK(t.device() == p.data().device(), name_, ".step: the state '", key, "' of ",
+                   ParamName(g, i), " is on ", t.device().ToString(), " but the param is on ",
+                   p.data().device().ToString(),
+                   "; make the optimizer after moving the model (Module::to), or load a "
+                   "state_dict into one made there");
+        }
+      }
       work[g].emplace_back(p, gd);
     }
   }

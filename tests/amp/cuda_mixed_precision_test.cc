@@ -180,7 +180,9 @@ void ExpectSameRun(const Scenario& sc, double atol = 2e-4) {
       }
     }
   }
-  if (sc.overflow(1, 0)) EXPECT_GT(skipped, 0) << "the scenario was meant to overflow";
+  if (sc.overflow(1, 0)) {
+    EXPECT_GT(skipped, 0) << "the scenario was meant to overflow";
+  }
 }
 
 // Overflows at steps 1, 2 (consecutive: hysteresis) and 6, clean steps between them long enough
@@ -338,6 +340,60 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
       EXPECT_EQ(Values(gpu_opt.param_state(gpu[p])->tensor("exp_avg_sq")),
                 Values(cpu_opt.param_state(cpu[p])->tensor("exp_avg_sq")));
       EXPECT_EQ(gpu_opt.param_state(gpu[p])->scalar("step"), 4);
+    }
+  }
+}
+
+// Parameters of one group at different step counts (one skipped a step without a gradient) go
+// to cuda::FusedAdamW in one launch per count; in each launch some masters have a bf16 model
+// copy and others none, and one gradient is bf16. Everything stays bit-identical to the CPU's
+// fused loop, the state is f32 on the device, and each copy is its master rounded once.
+TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
+  SKIP_WITHOUT_GPU();
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+  optim::AdamW cpu_opt(cpu, o), gpu_opt(gpu, o);
+  // Copies for params 0 and 2; param 1 is its own model parameter.
+  const Tensor cpu_copies[] = {cpu[0].data().to(kBF16), cpu[2].data().to(kBF16)};
+  const Tensor gpu_copies[] = {gpu[0].data().to(kBF16), gpu[2].data().to(kBF16)};
+  cpu_opt.set_model_copy(cpu[0], cpu_copies[0]);
+  cpu_opt.set_model_copy(cpu[2], cpu_copies[1]);
+  gpu_opt.set_model_copy(gpu[0], gpu_copies[0]);
+  gpu_opt.set_model_copy(gpu[2], gpu_copies[1]);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    SetGrads(cpu, step);
+    SetGrads(gpu, step);
+    // Param 2's gradient in bf16 (the kernel reads it in its own format).
+    cpu[2].set_grad(Variable(cpu[2].grad().data().to(kBF16)));
+    gpu[2].set_grad(Variable(gpu[2].grad().data().to(kBF16)));
+    if (step == 1) {  // param 0 skips this step: from now on it is one step behind
+      cpu[0].set_grad(Variable());
+      gpu[0].set_grad(Variable());
+    }
+    cpu_opt.step();
+    gpu_opt.step();
+    for (size_t p = 0; p < cpu.size(); ++p) {
+      EXPECT_EQ(Values(gpu[p].data()), Values(cpu[p].data())) << "param " << p;
+    }
+    for (int c = 0; c < 2; ++c) {
+      EXPECT_EQ(Values(gpu_copies[c]), Values(cpu_copies[c])) << "copy " << c;
+      EXPECT_EQ(Values(gpu_copies[c]), Values(gpu[c == 0 ? 0 : 2].data().to(kBF16)))
+          << "copy " << c;
+    }
+  }
+  const double want_steps[] = {3, 4, 4};
+  for (size_t p = 0; p < gpu.size(); ++p) {
+    const StateDict* st = gpu_opt.param_state(gpu[p]);
+    ASSERT_NE(st, nullptr);
+    EXPECT_EQ(st->scalar("step"), want_steps[p]) << "param " << p;
+    for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+      const Tensor& t = st->tensor(key);
+      EXPECT_TRUE(t.device() == kGpu) << key;
+      EXPECT_EQ(t.dtype(), kF32) << key;
+      EXPECT_EQ(Values(t), Values(cpu_opt.param_state(cpu[p])->tensor(key))) << key << " " << p;
     }
   }
 }

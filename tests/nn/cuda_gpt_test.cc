@@ -19,6 +19,7 @@
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
 #include "tensor/generator.h"
 
 namespace tg {
@@ -79,6 +80,72 @@ TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {
   }
   EXPECT_EQ(m->buffer("steps").to_vector<int64_t>(), std::vector<int64_t>{7});
   EXPECT_EQ(Values(m->buffer("running")), std::vector<float>(3, 0.5f));
+}
+
+// A parameter, then one whose device copy cannot be allocated: 2^38 f32 elements (1 TiB, more
+// than any GPU has) held on the host as an expanded scalar.
+class TooLargeForTheDevice : public Module {
+ public:
+  TooLargeForTheDevice() : Module("TooLargeForTheDevice") {
+    small_ = register_parameter("small", Tensor::Full({3}, 1.5));
+    huge_ = register_parameter("huge", Tensor::Scalar(0.25f).expand({int64_t{1} << 38}));
+    register_buffer("running", Tensor::Full({2}, 0.5));
+  }
+  Variable small_, huge_;
+};
+
+TEST(CudaModuleTest, ToAnUnusableDeviceOrOutOfMemoryMovesNothing) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(0);
+  auto m = std::make_shared<WithBuffers>(gen);
+  const Tensor weight = m->parameters()[0].data();
+  const Device missing = Device::Cuda(cuda::DeviceCount());
+  EXPECT_THROW(m->to(missing), Error);
+  EXPECT_TRUE(m->parameters()[0].data().shares_storage(weight));
+  for (const auto& [name, b] : m->named_buffers()) EXPECT_TRUE(b.device().is_cpu()) << name;
+
+  // The allocation of the second parameter fails after the first one's copy was made: the
+  // module is left as it was, not half moved, and the device stays usable.
+  auto big = std::make_shared<TooLargeForTheDevice>();
+  const Tensor small = big->small_.data();
+  try {
+    big->to(kGpu);
+    ADD_FAILURE() << "moving 1 TiB to the device did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(big->small_.data().shares_storage(small));
+  EXPECT_TRUE(big->huge_.data().device().is_cpu());
+  EXPECT_TRUE(big->buffer("running").device().is_cpu());
+  EXPECT_EQ(Values(Tensor::Full({4}, 2, kF32, kGpu)), std::vector<float>(4, 2.0f));
+  m->to(kGpu);
+  EXPECT_TRUE(m->parameters()[0].data().device() == kGpu);
+}
+
+// An optimizer that stepped before the model moved holds its state on the old device: step()
+// says so before it changes anything.
+TEST(CudaModuleTest, AnOptimizerMadeBeforeTheMoveRefusesToStep) {
+  SKIP_WITHOUT_GPU();
+  Generator gen(0);
+  auto m = std::make_shared<WithBuffers>(gen);
+  optim::AdamW opt(m->parameters());
+  Sum((*m)(Variable(Tensor::Ones({2, 4})))).backward();
+  opt.step();
+  opt.zero_grad();
+  m->to(kGpu);
+  Sum((*m)(Variable(Tensor::Ones({2, 4}, kF32, kGpu)))).backward();
+  std::vector<std::vector<float>> before;
+  for (const Variable& p : m->parameters()) before.push_back(Values(p.data()));
+  try {
+    opt.step();
+    ADD_FAILURE() << "step() with CPU state and CUDA parameters did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("make the optimizer after moving the model"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::vector<Variable> params = m->parameters();
+  for (size_t p = 0; p < params.size(); ++p) EXPECT_EQ(Values(params[p].data()), before[p]);
 }
 
 GptConfig TinyConfig(double dropout = 0) {
