@@ -5,8 +5,9 @@
 //   bazel run -c opt //tools/bench:gpt2_gpu -- --batches=8,16 --steps=30
 //   bazel run -c opt //tools/bench:gpt2_gpu -- --pytorch_json=pytorch.jsonl   # side by side
 //
-// The model: GPT-2 small (12 layers, 12 heads, width 768, vocabulary 50257 padded to 50304,
-// context 1024, tied embedding, tanh GELU, pre-LN; nn::GptConfig::Gpt2Small()), built on the CPU
+// The model: GPT-2 small (12 layers, 12 heads, width 768, vocabulary 50304 -- GPT-2's 50257
+// padded, used whole as the PyTorch baseline does -- context 1024, tied embedding, tanh GELU,
+// pre-LN; nn::GptConfig::Gpt2Small()), built on the CPU
 // from a seed and moved to the GPU. The step: bf16 autocast (matmuls and attention in bf16,
 // layer norm and the loss in f32), the loss on synthetic random tokens (made once, on the
 // device), backward, and AdamW (lr 6e-4, betas 0.9 / 0.95, eps 1e-8, weight decay 0.1 on the
@@ -14,7 +15,8 @@
 // --weights=bf16 (the default) the model's weights are bf16 copies of the masters, written by
 // the fused AdamW pass (amp::MixedPrecisionOptimizer, as train_gpt --precision=bf16 runs);
 // --weights=f32 keeps f32 weights that autocast casts every step (PyTorch's usual recipe, which
-// the PyTorch baseline uses). No loss scaling (bf16), no gradient clipping (neither does the
+// the PyTorch baseline uses: run both to compare the same recipe and to see what bf16 weights
+// save). No loss scaling (bf16), no gradient clipping (neither does the
 // baseline), no host synchronisation inside a step.
 //
 // Each micro-batch size runs `--warmup` untimed steps, then `--steps` steps between two device
@@ -93,7 +95,11 @@ struct Result {
 Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   Result r;
   r.batch = batch;
-  const nn::GptConfig config = nn::GptConfig::Gpt2Small();
+  nn::GptConfig config = nn::GptConfig::Gpt2Small();
+  // All 50304 rows are the vocabulary, as in gpt2_pytorch.py (and nanoGPT's benchmark): no
+  // slice of the logits to 50257 before the loss, so both sides do exactly the same work.
+  config.vocab_size = config.padded_vocab();
+  config.padded_vocab_size = 0;
   Generator init(1337);
   nn::Gpt model(config, init);  // on the CPU: the same initial weights as a CPU run
   if (bf16_weights) model.to(kBF16);
