@@ -14,6 +14,8 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
   const double eps = options.label_smoothing;
   TG_CHECK(eps >= 0 && eps <= 1, "CrossEntropyLoss: label_smoothing must be in [0, 1], got ", eps);
   const int64_t classes = logits.size(-1);
+  TG_CHECK(classes > 0, "CrossEntropyLoss: logits ", ShapeToString(logits.shape()),
+           " have an empty class dim");
   const int64_t rows = logits.numel() / classes;
   TG_CHECK(targets.numel() == rows, "CrossEntropyLoss: targets ", ShapeToString(targets.shape()),
            " do not match the ", rows, " rows of logits ", ShapeToString(logits.shape()));

@@ -388,6 +388,8 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
                             int64_t ignore_index, Reduction reduction) {
   CheckCrossEntropyInputs("cross_entropy_backward", logits, targets);
   CheckDefined("cross_entropy_backward", grad_loss, "the loss gradient");
+  // The row scales are built from grad_loss where it lives and read by the logits' kernel.
+  CommonDevice("cross_entropy_backward", {&logits, &grad_loss});
   const int64_t n = logits.size(0);
   const Tensor t = IndicesI64("cross_entropy_backward", targets);
   Tensor row_scale;
@@ -400,12 +402,13 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
     TG_CHECK(grad_loss.numel() == 1,
              "cross_entropy_backward: expected a one-element loss gradient, got shape ",
              ShapeToString(grad_loss.shape()));
-    // The same double arithmetic as a host loop, kept on the logits' device.
+    // The same double arithmetic as a host loop, kept on the logits' device: the count of rows
+    // that are not ignored stays there too (no host read, so no wait for a CUDA device), and
+    // g / count is the one IEEE division the host would do.
     Tensor g = grad_loss.to(kF64).reshape({1});
     if (reduction == Reduction::kMean) {
-      const Tensor ignore = Tensor::Full({1}, static_cast<double>(ignore_index), kI64, t.device());
-      const double counted = Sum(Compare(CompareOp::kNe, t, ignore).to(kI64)).item();
-      g = BinaryScalar(BinaryOp::kDiv, g, counted);
+      const Tensor ignore = Tensor::Full({}, static_cast<double>(ignore_index), kI64, t.device());
+      g = Div(g, Sum(Ne(t, ignore)).to(kF64));
     }
     row_scale = g.expand({n}).contiguous();
   }
@@ -713,8 +716,24 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
     CheckFloating(op, t.dtype());
   }
   if (found_inf.device().is_cuda()) {
-    // One multi-tensor launch; found_inf and the scale stay on the device (no host sync).
-    cuda::NonFiniteCheckAndUnscale(tensors, found_inf, inv_scale);
+    // One multi-tensor launch; found_inf and the scale stay on the device (no host sync). The
+    // kernel takes a non-empty list of contiguous tensors: empty ones have nothing to scale, and
+    // a strided one is scaled in a contiguous copy that is written back (the CPU scales views in
+    // place, so both devices accept any list).
+    std::vector<Tensor> dense;
+    std::vector<std::pair<Tensor, Tensor>> write_back;  // {view, its contiguous copy}
+    for (const Tensor& t : tensors) {
+      if (t.numel() == 0) continue;
+      if (t.is_contiguous()) {
+        dense.push_back(t);
+      } else {
+        write_back.emplace_back(t, t.clone());
+        dense.push_back(write_back.back().second);
+      }
+    }
+    if (dense.empty()) return;
+    cuda::NonFiniteCheckAndUnscale(dense, found_inf, inv_scale);
+    for (const auto& [view, copy] : write_back) view.copy_(copy);
     return;
   }
   const double inv = inv_scale.item();

@@ -528,6 +528,28 @@ TEST(CrossEntropyWithGradTest, AllRowsIgnored) {
   EXPECT_EQ(r.grad_logits.to_vector<double>(), std::vector<double>(6, 0.0));
 }
 
+// The mean's divisor is counted where the targets live (no host read on CUDA) and divides the
+// loss gradient once in f64: exactly the sum's gradient for grad_loss / count.
+TEST(CrossEntropyBackwardTest, MeanDividesTheLossGradientByTheCountOnce) {
+  Generator gen(14);
+  const Tensor targets = Tensor::FromVector<int32_t>({1, 7, 0, 7, 2, 3, 7}, {7});
+  for (DType dtype : kFloatTypes) {
+    const Tensor logits = Randn({7, 4}, gen, dtype, 2.0);
+    for (double g : {1.0, 0.1, -3.0, 65536.0}) {
+      const Tensor mean = CrossEntropyBackward(logits, targets, Tensor::Scalar(g, dtype), 7);
+      const double g_rounded = Tensor::Scalar(g, dtype).item();
+      const Tensor sum = CrossEntropyBackward(logits, targets, Tensor::Scalar(g_rounded / 4, kF64),
+                                              7, Reduction::kSum);
+      EXPECT_EQ(mean.dtype(), dtype);
+      EXPECT_EQ(mean.to_vector<double>(), sum.to_vector<double>()) << Name("g", dtype) << " " << g;
+    }
+  }
+  // Every row ignored: zero rows (the 1 / 0 scale never reaches a row).
+  const Tensor all_ignored = CrossEntropyBackward(
+      Tensor::Ones({2, 3}), Tensor::FromVector<int32_t>({7, 7}, {2}), Tensor::Scalar(1), 7);
+  EXPECT_EQ(all_ignored.to_vector<double>(), std::vector<double>(6, 0.0));
+}
+
 // ---- Errors -----------------------------------------------------------------------------------
 
 // A CPU buffer that calls itself cuda:0: enough to build a tensor whose device differs from the
@@ -670,6 +692,17 @@ TEST(FusedOpErrorsTest, CrossEntropyWithGrad) {
                "cross_entropy_with_grad: expected logits [N, C], got [2]");
   EXPECT_ERROR(CrossEntropyWithGrad(logits, OnForeignDevice({2}, kI64)),
                "cross_entropy_with_grad: expected all tensors on one device, got cpu and cuda:0");
+}
+
+TEST(FusedOpErrorsTest, CrossEntropyBackwardGradientDevice) {
+  // The row scales come from grad_loss; on another device the logits' kernel could not read them.
+  const Tensor logits = Tensor::Zeros({2, 3}), targets = Tensor::Zeros({2}, kI64);
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
+    EXPECT_ERROR(CrossEntropyBackward(logits, targets, OnForeignDevice({}), -100, reduction),
+                 "cross_entropy_backward: expected all tensors on one device, got cpu and cuda:0");
+  }
+  EXPECT_ERROR(CrossEntropyBackward(logits, targets, OnForeignDevice({2}), -100, Reduction::kNone),
+               "cross_entropy_backward: expected all tensors on one device, got cpu and cuda:0");
 }
 
 }  // namespace
