@@ -1090,7 +1090,8 @@ AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, cons
   AttentionResult r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
                     Tensor::Empty({q.size(0), q.size(1), q.size(2)}, kF32, q.device())};
   const Tensor stats = r.stats.view({q.size(0), q.size(1), q.size(2), 1});
-  if (cuda::CudnnAttentionSupported({&r.output, &q, &k, &v}, nullptr)) {
+  if (cuda::CudnnAttentionEnabled() &&
+      cuda::CudnnAttentionSupported({&r.output, &q, &k, &v}, nullptr)) {
     try {
       cuda::AttentionForward(r.output, stats, q, k, v, causal, scale, 0,
                              cuda::AttentionImpl::kCudnn);
@@ -1137,7 +1138,8 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
   // next to the products.
   const Tensor dout = grad_out.contiguous();
   const Tensor stats4 = stats.contiguous().view({q.size(0), q.size(1), q.size(2), 1});
-  if (cuda::CudnnAttentionSupported({&r.grad_q, &r.grad_k, &r.grad_v, &dout, &q, &k, &v, &output},
+  if (cuda::CudnnAttentionEnabled() &&
+      cuda::CudnnAttentionSupported({&r.grad_q, &r.grad_k, &r.grad_v, &dout, &q, &k, &v, &output},
                                     nullptr)) {
     try {
       cuda::AttentionBackward(r.grad_q, r.grad_k, r.grad_v, dout, q, k, v, output, stats4, causal,

@@ -39,6 +39,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -621,6 +622,14 @@ void CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 }
 
 }  // namespace
+
+bool CudnnAttentionEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TG_CUDNN_ATTENTION");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
 
 bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why) {
   auto fail = [&](const std::string& reason) {

@@ -15,8 +15,10 @@
 //   (matmul -> scale -> causal mask -> softmax with statistics -> matmul, and its backward).
 //   f16/bf16 only; D a multiple of 8, at most 128; every tensor 16-byte aligned with unit stride
 //   along D and other strides multiples of 8 elements (any permutation of [B, H, T], e.g. heads
-//   sliced out of a [B, T, 3, H, D] projection). It is opt-in because it has not yet been
-//   validated against kComposed on a GPU (see tests/tensor/cuda/cudnn_test.cc); it throws
+//   sliced out of a [B, T, 3, H, D] projection). tg::ScaledDotProductAttention takes it whenever
+//   the tensors qualify and CudnnAttentionEnabled() (the environment variable
+//   TG_CUDNN_ATTENTION=0 turns it off, e.g. to validate a new machine or cuDNN against kComposed:
+//   tests/tensor/cuda/cudnn_test.cc does that comparison itself); it throws
 //   tg::Error with "cuDNN has no fused attention engine" when cuDNN has no engine for the graph
 //   (or rejects its descriptors), and on cuDNN releases with known wrong results (the forward
 //   on 9.10.0/9.10.1; the backward with Tk not a multiple of 128 before 9.15.1); callers fall
@@ -62,6 +64,9 @@ void AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, con
 // when not, *why (if given) says which rule fails. Pass every tensor of the call (forward: out,
 // q, k, v; backward: also dq, dk, dv, dout); undefined ones are skipped.
 bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why);
+// False when the environment variable TG_CUDNN_ATTENTION is "0" (read once per process): the
+// dispatch in tensor/ops.cc then uses kComposed only.
+bool CudnnAttentionEnabled();
 
 }  // namespace tg::cuda
 

@@ -90,6 +90,11 @@ TEST(CrossEntropyLossTest, AllIgnoredIsNaNAndBadInputsThrow) {
         CrossEntropyLoss(logits, Tensor::FromVector<int64_t>({0, 1}, {2}), o);
       },
       "CrossEntropyLoss: label_smoothing must be in [0, 1], got 1.5"));
+  EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
+      [&] {
+        CrossEntropyLoss(Variable(Tensor::Zeros({2, 0})), Tensor::FromVector<int64_t>({0, 1}, {2}));
+      },
+      "CrossEntropyLoss: logits [2, 0] have an empty class dim"));
 }
 
 TEST(MseLossTest, MeanSumNone) {
