@@ -800,7 +800,9 @@ TEST(ZeroTest, StateDictMovesBetweenWorldSizesStagesAndOneProcess) {
     StateDict sd = opt.state_dict();
     const std::vector<Tensor> params = opt.full_parameters();
     for (size_t i = 0; i < params.size(); ++i) sd.tensors[absl::StrCat("model.", i)] = params[i];
-    if (r.rank == 0) ASSERT_TRUE(io::SaveStateDict(path, sd).ok());
+    if (r.rank == 0) {
+      ASSERT_TRUE(io::SaveStateDict(path, sd).ok());
+    }
   }));
 
   // The single-process reference: 8 steps of the six micro-batches.
