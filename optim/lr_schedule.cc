@@ -35,6 +35,17 @@ StateDict LrSchedule::state_dict() const {
   return sd;
 }
 
+void LrSchedule::set_base_lrs(const std::vector<double>& base_lrs) {
+  TG_CHECK(base_lrs.size() == optimizer_.param_groups().size(), "LrSchedule.set_base_lrs: ",
+           base_lrs.size(), " lrs for ", optimizer_.param_groups().size(), " param groups");
+  for (double lr : base_lrs) {
+    TG_CHECK(std::isfinite(lr) && lr >= 0, "LrSchedule.set_base_lrs: lr ", lr,
+             " is not finite and >= 0");
+  }
+  base_lrs_ = base_lrs;
+  Apply();
+}
+
 void LrSchedule::load_state_dict(const StateDict& sd) {
   const char* op = "LrSchedule.load_state_dict: ";
   TG_CHECK(sd.has_scalar("last_step"), op, "missing scalar 'last_step'");

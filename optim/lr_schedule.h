@@ -55,6 +55,9 @@ class LrSchedule {
   // come from its constructor.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state_dict);
+  // Replaces the base lrs (one per group, finite and >= 0) and sets every group's lr from them:
+  // a resumed run that changes its peak lr.
+  void set_base_lrs(const std::vector<double>& base_lrs);
 
  protected:
   // Records the base lrs (each group's current lr). Subclass constructors validate their

@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
@@ -35,41 +36,55 @@
 
 ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
 ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
-ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks");
-ABSL_FLAG(int64_t, n_head, 4, "attention heads");
-ABSL_FLAG(int64_t, n_embd, 64, "width");
-ABSL_FLAG(int64_t, block_size, 64, "context length");
-ABSL_FLAG(double, dropout, 0, "dropout probability");
-ABSL_FLAG(int64_t, batch_size, 32, "sequences per step");
-ABSL_FLAG(int64_t, steps, 1500, "optimizer steps");
-ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
-ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule");
-ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps");
-ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
-ABSL_FLAG(double, beta2, 0.99, "AdamW beta2");
-ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this (0: no clipping)");
+ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
+ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
+ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
+ABSL_FLAG(int64_t, block_size, 64, "context length, 1..1000000");
+ABSL_FLAG(double, dropout, 0, "dropout probability, [0, 1)");
+ABSL_FLAG(int64_t, batch_size, 32, "sequences per step, 1..1000000");
+ABSL_FLAG(int64_t, steps, 1500, "optimizer steps, 1..1e12");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate, (0, 1e3]");
+ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule, [0, lr]");
+ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps, 0..steps");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay, [0, 1e3]");
+ABSL_FLAG(double, beta2, 0.99, "AdamW beta2, [0, 1)");
+ABSL_FLAG(double, grad_clip, 1.0,
+          "clip the global gradient norm to this, [0, 1e12] (0: no clipping)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
           "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
-ABSL_FLAG(int64_t, eval_every, 250, "evaluate on the validation tokens every N steps");
-ABSL_FLAG(int64_t, eval_batches, 16, "validation batches per evaluation (0: the whole split)");
-ABSL_FLAG(int64_t, sample_tokens, 300, "tokens sampled at the end");
-ABSL_FLAG(double, temperature, 0.8, "sampling temperature");
-ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens (0: all)");
+ABSL_FLAG(int64_t, eval_every, 250,
+          "evaluate on the validation tokens every N >= 0 steps (0: at the end only)");
+ABSL_FLAG(int64_t, eval_batches, 16,
+          "validation batches per evaluation, >= 0 (0: the whole split)");
+ABSL_FLAG(int64_t, sample_tokens, 300, "tokens sampled at the end, 0..1000000");
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature, (0, 100]");
+ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens, 0..vocabulary (0: all)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
-ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end)");
+ABSL_FLAG(int64_t, checkpoint_every, 500,
+          "checkpoint every N >= 0 steps and at the end (0: at the end only)");
 ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(std::string, override, "",
+          "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
+          "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
+          "grad_clip); any other difference is refused");
+ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
+          "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
+          "(0: never)");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
-ABSL_FLAG(int64_t, rank, -1, "this process's rank when started by hand (-1: from the launcher)");
+          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
+          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, rank, -1,
+          "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
-ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
+ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
-          "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
+          "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
+          "0: never)");
 
 namespace tg {
 namespace {
@@ -101,9 +116,47 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
   return loss_sum / tokens;
 }
 
+// Every numeric flag against its documented range (the flags' help texts). top_k's upper bound,
+// the vocabulary, is checked once the data is read.
+absl::Status CheckFlags() {
+  using Open = train::FlagRange::Open;
+  constexpr double kMaxCount = 1e12;
+  auto count = [](const absl::Flag<int64_t>& flag) {
+    return static_cast<double>(absl::GetFlag(flag));
+  };
+  const double steps = count(FLAGS_steps), lr = absl::GetFlag(FLAGS_lr);
+  return train::CheckFlagRanges({
+      {"n_layer", count(FLAGS_n_layer), 1, 1024},
+      {"n_head", count(FLAGS_n_head), 1, 1024},
+      {"n_embd", count(FLAGS_n_embd), 1, 65536},
+      {"block_size", count(FLAGS_block_size), 1, 1e6},
+      {"dropout", absl::GetFlag(FLAGS_dropout), 0, 1, Open::kMax},
+      {"batch_size", count(FLAGS_batch_size), 1, 1e6},
+      {"steps", steps, 1, kMaxCount},
+      {"lr", lr, 0, 1e3, Open::kMin},
+      {"min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0},
+      {"warmup_steps", count(FLAGS_warmup_steps), 0, steps},
+      {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
+      {"beta2", absl::GetFlag(FLAGS_beta2), 0, 1, Open::kMax},
+      {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, kMaxCount},
+      {"eval_every", count(FLAGS_eval_every), 0, kMaxCount},
+      {"eval_batches", count(FLAGS_eval_batches), 0, kMaxCount},
+      {"sample_tokens", count(FLAGS_sample_tokens), 0, 1e6},
+      {"temperature", absl::GetFlag(FLAGS_temperature), 0, 100, Open::kMin},
+      {"top_k", count(FLAGS_top_k), 0, kMaxCount},
+      {"checkpoint_every", count(FLAGS_checkpoint_every), 0, kMaxCount},
+      {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
+      {"world_size", count(FLAGS_world_size), 1, 65536},
+      {"rank", count(FLAGS_rank), -1, 65535},
+      {"print_every", count(FLAGS_print_every), 1, kMaxCount},
+      {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
+  });
+}
+
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
+  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   auto dp_or = train::DataParallel::Start(
@@ -147,6 +200,15 @@ int Main() {
   config.n_head = absl::GetFlag(FLAGS_n_head);
   config.n_embd = absl::GetFlag(FLAGS_n_embd);
   config.dropout = absl::GetFlag(FLAGS_dropout);
+  if (absl::GetFlag(FLAGS_top_k) > config.vocab_size) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--top_k=", absl::GetFlag(FLAGS_top_k), " is outside its valid range [0, ",
+                     config.vocab_size, "] (the vocabulary)")));
+  }
+  if (config.n_embd % config.n_head != 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head)));
+  }
   for (uint16_t t : split.train) {
     if (t >= config.vocab_size) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -165,40 +227,82 @@ int Main() {
   auto model = std::make_shared<nn::Gpt>(config, init_gen, &dropout_gen);
   model->to(dtype);
   model->to(device);
-  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::OptimizerConfig opt_config;
   opt_config.name = absl::GetFlag(FLAGS_optimizer);
   opt_config.lr = absl::GetFlag(FLAGS_lr);
   opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   opt_config.beta2 = absl::GetFlag(FLAGS_beta2);
+  const int64_t total_steps = absl::GetFlag(FLAGS_steps);
+
+  // The run's settings: what a checkpoint and the other ranks must agree with.
+  train::RunSettings settings;
+  settings.Add("vocab", static_cast<double>(config.vocab_size), /*fixed=*/true);
+  settings.Add("n_layer", static_cast<double>(config.n_layer), true);
+  settings.Add("n_head", static_cast<double>(config.n_head), true);
+  settings.Add("n_embd", static_cast<double>(config.n_embd), true);
+  settings.Add("block_size", static_cast<double>(config.block_size), true);
+  settings.Add("batch_size", static_cast<double>(batch_size), true);
+  settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
+  settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
+  settings.Add("optimizer", opt_config.name, true);
+  settings.Add("seed", absl::StrCat(seed), true);
+  settings.Add("data", data_path, /*fixed=*/false);
+  settings.Add("val_data", train::ResolveUserPath(absl::GetFlag(FLAGS_val_data)), false);
+  settings.Add("dropout", config.dropout, false);
+  settings.Add("steps", static_cast<double>(total_steps), false);
+  settings.Add("lr", opt_config.lr, false);
+  settings.Add("min_lr", absl::GetFlag(FLAGS_min_lr), false);
+  settings.Add("warmup_steps", static_cast<double>(absl::GetFlag(FLAGS_warmup_steps)), false);
+  settings.Add("weight_decay", opt_config.weight_decay, false);
+  settings.Add("beta2", opt_config.beta2, false);
+  settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override));
+  if (!overrides.ok()) return Fail(overrides.status());
+  // Ranks that disagree would fail inside a collective (or train different things): compared
+  // before DDP's first broadcast.
+  if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(
+          settings, *model, {absl::StrCat("train_tokens=", batches.num_tokens()),
+                             absl::StrCat("val_tokens=", val.num_tokens())}));
+      !s.ok()) {
+    return Fail(s);
+  }
+  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
                                    dp.ReduceFoundInf()};
   auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::MixedPrecisionOptimizer& opt = **opt_or;
-  const int64_t total_steps = absl::GetFlag(FLAGS_steps);
   optim::CosineWithWarmupLr schedule(opt.optimizer(), absl::GetFlag(FLAGS_warmup_steps),
                                      total_steps, absl::GetFlag(FLAGS_min_lr));
 
-  // ---- Resume.
+  // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
+  // them, into a directory checked before the first step.
   const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  const std::string run_config =
-      absl::StrCat("data=", data_path, " vocab=", config.vocab_size, " n_layer=", config.n_layer,
-                   " n_head=", config.n_head, " n_embd=", config.n_embd,
-                   " block_size=", config.block_size, " batch_size=", batch_size,
-                   " steps=", total_steps, " precision=", absl::GetFlag(FLAGS_precision),
-                   " optimizer=", opt_config.name, " seed=", seed);
-  train::RunState run(*model, opt, schedule, run_config);
+  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
+  if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
+  train::RunState run(*model, opt, schedule, settings, total_steps);
+  std::vector<std::string> changes;
   if (absl::GetFlag(FLAGS_resume)) {
     std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, &meta);
+    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
-    absl::StatusOr<Generator::State> batch_state = train::GeneratorStateFromString(meta["batches"]);
+    // The generators' states; their seeds must be this run's (the offset is any position).
+    auto generator_state = [&](const char* key,
+                               uint64_t gen_seed) -> absl::StatusOr<Generator::State> {
+      absl::StatusOr<Generator::State> state = train::GeneratorStateFromString(meta[key]);
+      if (state.ok() && state->seed == gen_seed) return state;
+      return absl::DataLossError(absl::StrCat(
+          "cannot resume from ", ckpt_dir, ": metadata '", key, "' is '", meta[key],
+          "'; expected a generator state <seed>:<offset> with seed ", gen_seed));
+    };
+    absl::StatusOr<Generator::State> batch_state = generator_state("batches", seed + 1);
     if (!batch_state.ok()) return Fail(batch_state.status());
-    absl::StatusOr<Generator::State> drop_state = train::GeneratorStateFromString(meta["dropout"]);
+    absl::StatusOr<Generator::State> drop_state = generator_state("dropout", seed + 3);
     if (!drop_state.ok()) return Fail(drop_state.status());
     batches.set_state(*batch_state);
     dropout_gen.set_state(*drop_state);
+    train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
   }
   // The data order and dropout draws live in generators, saved as exact "seed:offset" text.
   auto metadata = [&] {
@@ -208,8 +312,6 @@ int Main() {
     if (tokenizer) meta["vocab"] = tokenizer->vocab();
     return meta;
   };
-  // Every rank resumes from the checkpoint; only rank 0 writes them.
-  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
@@ -226,10 +328,16 @@ int Main() {
   progress_options.unit = "tok/s";
   progress_options.out = dp.log();
   train::ProgressReporter progress(progress_options);
+  if (!changes.empty()) {
+    progress.Println(absl::StrCat("resuming with changed settings (--override): ",
+                                  absl::StrJoin(changes, ", ")));
+  }
   progress.Println(
-      absl::StrCat(model->to_string(), "training ", run_config, " (", batches.num_tokens(),
-                   " train / ", val.num_tokens(), " val tokens)",
+      absl::StrCat(model->to_string(), "training ", settings.ToString(), " (",
+                   batches.num_tokens(), " train / ", val.num_tokens(), " val tokens)",
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
+  train::DivergenceCheck divergence(opt.scaler().options().dynamic,
+                                    absl::GetFlag(FLAGS_max_skipped_in_a_row));
 
   // ---- Training.
   const int64_t tokens_per_step = batch_size * config.block_size;
@@ -245,7 +353,7 @@ int Main() {
                                       dp.Local(batch.y).to(device));
         });
     const train::DataParallel::Agreement agreed =
-        dp.Agree(stats.loss, train::StopSignal::requested());
+        dp.Agree(stats.loss, train::StopSignal::signal_number());
     stats.loss = agreed.mean_loss;
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
@@ -263,15 +371,20 @@ int Main() {
       absl::Status s = metrics->Write(record, extras);
       if (!s.ok()) return Fail(s);
     }
+    // A diverged run stops before its state could overwrite the last good checkpoint.
+    if (absl::Status s = divergence.Check(step, stats.loss, stats.result.skipped); !s.ok()) {
+      progress.Finish();
+      return Fail(s);
+    }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if ((every > 0 && step % every == 0) || step == total_steps) {
       absl::Status s = run.Save(save_dir, {}, metadata());
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (agreed.stop || (!dp.distributed() && train::StopSignal::requested())) {
-      return run.SaveAndStop(save_dir, {}, metadata(), progress);
-    }
+    train::StopRequest stop = agreed.stop;  // a single process also stops at once on its own
+    if (!dp.distributed()) stop.signal = train::StopSignal::signal_number();
+    if (stop.signal != 0) return run.SaveAndStop(save_dir, {}, metadata(), progress, stop);
   }
   progress.Finish();
   if (!dp.is_main()) return 0;
@@ -283,8 +396,13 @@ int Main() {
   if (n_sample > 0) {
     Generator sample_gen(seed + 4);
     std::vector<int64_t> prompt = {val.tokens().empty() ? 0 : val.tokens()[0]};
-    std::vector<int64_t> out = model->Generate(
-        prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k));
+    std::vector<int64_t> out;
+    {
+      // A low-precision model runs under autocast, as in training and evaluation.
+      train::PrecisionScope precision(dtype);
+      out = model->Generate(prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature),
+                            absl::GetFlag(FLAGS_top_k));
+    }
     if (tokenizer) {
       std::printf("---- sample ----\n%s\n----------------\n", tokenizer->Decode(out).c_str());
     } else {

@@ -28,6 +28,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -43,29 +44,40 @@
 #include "tools/train/run.h"
 
 ABSL_FLAG(std::string, model, "cnn", "cnn | mlp");
-ABSL_FLAG(int64_t, epochs, 0, "passes over the training set (0: 4 for the CNN, 10 for the MLP)");
-ABSL_FLAG(int64_t, batch_size, 128, "images per step");
-ABSL_FLAG(double, lr, 1e-3, "peak learning rate (cosine decay to lr/10 over the run)");
+ABSL_FLAG(int64_t, epochs, 0,
+          "passes over the training set, 0..100000 (0: 4 for the CNN, 10 for the MLP)");
+ABSL_FLAG(int64_t, batch_size, 128, "images per step, 1..1000000");
+ABSL_FLAG(double, lr, 1e-3, "peak learning rate, (0, 1e3] (cosine decay to lr/10 over the run)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
-ABSL_FLAG(double, weight_decay, 1e-4, "weight decay");
+ABSL_FLAG(double, weight_decay, 1e-4, "weight decay, [0, 1e3]");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
           "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
-ABSL_FLAG(int64_t, checkpoint_every, 0, "also checkpoint every N steps (0: at epoch ends only)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "also checkpoint every N >= 0 steps (0: at epoch ends only)");
 ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(std::string, override, "",
+          "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
+          "epochs, lr, weight_decay); any other difference is refused");
+ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
+          "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
+          "(0: never)");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks (start them with tools:launch --nproc=N; must match WORLD_SIZE)");
-ABSL_FLAG(int64_t, rank, -1, "this process's rank when started by hand (-1: from the launcher)");
+          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
+          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, rank, -1,
+          "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
-ABSL_FLAG(int64_t, train_limit, 0, "train on the first N images only (0: all)");
-ABSL_FLAG(int64_t, print_every, 50, "status line period when stderr is not a terminal");
+ABSL_FLAG(int64_t, train_limit, 0, "train on the first N >= 0 images only (0: all)");
+ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
-          "testing: send SIGTERM to this process after step N (exercises the Ctrl-C path)");
+          "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
+          "0: never)");
 
 namespace tg {
 namespace {
@@ -104,9 +116,30 @@ Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype, Devi
   return {loss_sum / n, static_cast<double>(correct) / n};
 }
 
+// Every numeric flag against its documented range (the flags' help texts).
+absl::Status CheckFlags() {
+  constexpr double kMaxCount = 1e12;
+  return train::CheckFlagRanges({
+      {"epochs", static_cast<double>(absl::GetFlag(FLAGS_epochs)), 0, 1e5},
+      {"batch_size", static_cast<double>(absl::GetFlag(FLAGS_batch_size)), 1, 1e6},
+      {"lr", absl::GetFlag(FLAGS_lr), 0, 1e3, train::FlagRange::Open::kMin},
+      {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
+      {"checkpoint_every", static_cast<double>(absl::GetFlag(FLAGS_checkpoint_every)), 0,
+       kMaxCount},
+      {"max_skipped_in_a_row", static_cast<double>(absl::GetFlag(FLAGS_max_skipped_in_a_row)), 0,
+       kMaxCount},
+      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 1, 65536},
+      {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
+      {"train_limit", static_cast<double>(absl::GetFlag(FLAGS_train_limit)), 0, kMaxCount},
+      {"print_every", static_cast<double>(absl::GetFlag(FLAGS_print_every)), 1, kMaxCount},
+      {"stop_at_step", static_cast<double>(absl::GetFlag(FLAGS_stop_at_step)), 0, kMaxCount},
+  });
+}
+
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
+  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   auto dp_or = train::DataParallel::Start(
@@ -152,34 +185,58 @@ int Main() {
   // Built on the CPU, then moved (see train::CheckDevice); the optimizer comes after the move.
   model->to(dtype);
   model->to(device);
-  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::OptimizerConfig opt_config;
   opt_config.name = absl::GetFlag(FLAGS_optimizer);
   opt_config.lr = absl::GetFlag(FLAGS_lr);
   opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  const int64_t default_epochs = model_name == "cnn" ? 4 : 10;
+  const int64_t epochs =
+      absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs) : default_epochs;
+
+  // The run's settings: what a checkpoint and the other ranks must agree with.
+  train::RunSettings settings;
+  settings.Add("model", model_name, /*fixed=*/true);
+  settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
+  settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
+  settings.Add("optimizer", opt_config.name, true);
+  settings.Add("batch_size", static_cast<double>(batching.batch_size), true);
+  settings.Add("train_limit", static_cast<double>(limit), true);
+  settings.Add("seed", absl::StrCat(absl::GetFlag(FLAGS_seed)), true);
+  settings.Add("epochs", static_cast<double>(epochs), /*fixed=*/false);
+  settings.Add("lr", opt_config.lr, false);
+  settings.Add("weight_decay", opt_config.weight_decay, false);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override));
+  if (!overrides.ok()) return Fail(overrides.status());
+  // Ranks that disagree would fail inside a collective (or train different things): compared
+  // before DDP's first broadcast.
+  if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(
+          settings, *model, {absl::StrCat("train_images=", train_set->images.size(0)),
+                             absl::StrCat("test_images=", test_set->images.size(0))}));
+      !s.ok()) {
+    return Fail(s);
+  }
+  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
   train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
                                    dp.ReduceFoundInf()};
   auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::MixedPrecisionOptimizer& opt = **opt_or;
-  const int64_t default_epochs = model_name == "cnn" ? 4 : 10;
-  const int64_t epochs =
-      absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs) : default_epochs;
   const int64_t total_steps = epochs * batches.batches_per_epoch();
   optim::CosineWithWarmupLr schedule(opt.optimizer(), /*warmup_steps=*/0, total_steps,
                                      /*min_lr=*/opt_config.lr / 10);
 
-  // ---- Resume.
+  // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
+  // them, into a directory checked before the first step.
   const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  // The run's identity: a checkpoint of another configuration is refused.
-  const std::string config = absl::StrCat(
-      "model=", model_name, " precision=", absl::GetFlag(FLAGS_precision),
-      " batch_size=", batching.batch_size, " epochs=", epochs, " optimizer=", opt_config.name,
-      " train_limit=", limit, " seed=", absl::GetFlag(FLAGS_seed));
-  train::RunState run(*model, opt, schedule, config);
+  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
+  if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
+  train::RunState run(*model, opt, schedule, settings, total_steps);
+  const int64_t per_epoch = batches.batches_per_epoch();
+  std::vector<std::string> changes;
   if (absl::GetFlag(FLAGS_resume)) {
     std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, &meta);
+    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
     try {
       batches.load_state_dict(ckpt->Sub("data."));
@@ -187,14 +244,21 @@ int Main() {
       return Fail(
           absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
     }
+    // The data position must be the one the step count says (one batch per step).
+    const data::IndexBatcher::State at = batches.state();
+    const int64_t data_step = at.epoch * per_epoch + at.position / batching.batch_size;
+    if (data_step != run.step()) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          "cannot resume from ", ckpt_dir, ": the data position (epoch ", at.epoch, ", example ",
+          at.position, ") is that of step ", data_step, ", but 'step' is ", run.step())));
+    }
+    train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
   }
   auto extra = [&] {
     StateDict d;
     d.Merge("data.", batches.state_dict());
     return d;
   };
-  // Every rank resumes from the checkpoint; only rank 0 writes them.
-  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
@@ -211,12 +275,19 @@ int Main() {
   progress_options.unit = "img/s";
   progress_options.out = dp.log();
   train::ProgressReporter progress(progress_options);
-  progress.Println(
-      absl::StrCat(model->to_string(), "training ", config, ": ", total_steps, " steps",
-                   run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
+  if (!changes.empty()) {
+    progress.Println(absl::StrCat("resuming with changed settings (--override): ",
+                                  absl::StrJoin(changes, ", ")));
+  }
+  progress.Println(absl::StrCat(model->to_string(), "training ", settings.ToString(), ": ",
+                                total_steps, " steps",
+                                run.step() > 0
+                                    ? absl::StrCat(", resuming after step ", run.step())
+                                    : ""));
 
   // ---- Training.
-  const int64_t per_epoch = batches.batches_per_epoch();
+  train::DivergenceCheck divergence(opt.scaler().options().dynamic,
+                                    absl::GetFlag(FLAGS_max_skipped_in_a_row));
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   double last_report = progress.ElapsedSeconds();
   while (run.step() < total_steps) {
@@ -229,7 +300,7 @@ int Main() {
           dp.Local(batch.labels).to(device));
     });
     const train::DataParallel::Agreement agreed =
-        dp.Agree(stats.loss, train::StopSignal::requested());
+        dp.Agree(stats.loss, train::StopSignal::signal_number());
     stats.loss = agreed.mean_loss;
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
@@ -250,15 +321,20 @@ int Main() {
       absl::Status s = metrics->Write(record, extras);
       if (!s.ok()) return Fail(s);
     }
+    // A diverged run stops before its state could overwrite the last good checkpoint.
+    if (absl::Status s = divergence.Check(step, stats.loss, stats.result.skipped); !s.ok()) {
+      progress.Finish();
+      return Fail(s);
+    }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if (epoch_end || (every > 0 && step % every == 0)) {
       absl::Status s = run.Save(save_dir, extra(), {});
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    if (agreed.stop || (!dp.distributed() && train::StopSignal::requested())) {
-      return run.SaveAndStop(save_dir, extra(), {}, progress);
-    }
+    train::StopRequest stop = agreed.stop;  // a single process also stops at once on its own
+    if (!dp.distributed()) stop.signal = train::StopSignal::signal_number();
+    if (stop.signal != 0) return run.SaveAndStop(save_dir, extra(), {}, progress, stop);
   }
   progress.Finish();
   if (!dp.is_main()) return 0;

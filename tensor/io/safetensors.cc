@@ -1,8 +1,11 @@
 #include "tensor/io/safetensors.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +13,9 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -19,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -139,11 +145,41 @@ std::string JsonString(const std::string& s) {
   return Json(s).dump();
 }
 
+// zlib's CRC-32 (the one of gzip and PNG) of `n` bytes.
+uint32_t Crc32(const void* data, uint64_t n) {
+  return static_cast<uint32_t>(::crc32_z(0, static_cast<const Bytef*>(data), n));
+}
+
+// A kChecksumMetadataPrefix value: 8 lowercase hex digits.
+std::string CrcText(uint32_t crc) { return absl::StrFormat("%08x", crc); }
+
+bool ParseCrcText(absl::string_view text, uint32_t* crc) {
+  if (text.size() != 8) return false;
+  *crc = 0;
+  for (const char c : text) {
+    uint32_t digit;
+    if (c >= '0' && c <= '9') {
+      digit = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      digit = c - 'a' + 10;
+    } else {
+      return false;
+    }
+    *crc = (*crc << 4) | digit;
+  }
+  return true;
+}
+
 absl::StatusOr<WritePlan> PlanWrite(const Safetensors& st) {
   for (const auto& [key, value] : st.metadata) {
     if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
       return absl::InvalidArgumentError(
           absl::StrCat("SerializeSafetensors: metadata entry ", Quote(key), " is not valid UTF-8"));
+    }
+    if (absl::StartsWith(key, kChecksumMetadataPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SerializeSafetensors: metadata key ", Quote(key), " uses the reserved prefix '",
+          kChecksumMetadataPrefix, "' (the writer records each tensor's checksum there)"));
     }
   }
   struct Item {
@@ -174,11 +210,19 @@ absl::StatusOr<WritePlan> PlanWrite(const Safetensors& st) {
     return *a.name < *b.name;
   });
 
+  // The caller's entries plus one checksum per tensor (a pass over all the data: about a second
+  // per few GB).
+  std::map<std::string, std::string> metadata = st.metadata;
+  for (const Item& item : items) {
+    metadata[absl::StrCat(kChecksumMetadataPrefix, *item.name)] =
+        CrcText(Crc32(item.tensor.raw_data(), NumBytes(item.tensor)));
+  }
+
   std::string json = "{";
-  if (!st.metadata.empty()) {
+  if (!metadata.empty()) {
     absl::StrAppend(&json, "\"", kMetadataKey, "\":{");
     bool first = true;
-    for (const auto& [key, value] : st.metadata) {
+    for (const auto& [key, value] : metadata) {
       absl::StrAppend(&json, first ? "" : ",", JsonString(key), ":", JsonString(value));
       first = false;
     }
@@ -214,8 +258,13 @@ struct HeaderEntry {
   std::string name;
   const DTypeEntry* dtype = nullptr;
   Shape shape;
+  // What the shape and dtype need; data_offsets must hold exactly this many bytes.
+  uint64_t nbytes = 0;
   uint64_t begin = 0;
   uint64_t end = 0;
+  // The CRC-32 that __metadata__ records for the tensor, if any.
+  bool has_crc = false;
+  uint32_t crc = 0;
 };
 
 // Rejects JSON that nests deeper than kMaxJsonDepth before the parser builds it. Brackets inside
@@ -284,8 +333,9 @@ bool AsUnsigned(const Json& j, uint64_t* out) {
   return false;
 }
 
+// Reads one tensor's entry. Its offsets are checked against the others' in CheckLayout.
 absl::Status ParseEntry(const std::string& where, const std::string& name, const Json& j,
-                        uint64_t data_size, HeaderEntry* out) {
+                        HeaderEntry* out) {
   const std::string at = absl::StrCat(where, ": tensor ", Quote(name), ": ");
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -347,40 +397,175 @@ absl::Status ParseEntry(const std::string& where, const std::string& name, const
         absl::StrCat(at, "\"data_offsets\" must be two non-negative integers [begin, end], found ",
                      Describe(*offsets_it)));
   }
-  if (begin > end) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(at, "data_offsets [", begin, ", ", end, "] begin after end"));
-  }
-  if (end > data_size) {
-    return absl::DataLossError(absl::StrCat(at, "data_offsets [", begin, ", ", end,
-                                            "] end beyond the data buffer of ", data_size,
-                                            " bytes (truncated file?)"));
-  }
   const uint64_t element_size = ElementSize(out->dtype->dtype);
-  uint64_t nbytes;
-  if (__builtin_mul_overflow(numel, element_size, &nbytes)) {
+  if (__builtin_mul_overflow(numel, element_size, &out->nbytes)) {
     return absl::InvalidArgumentError(absl::StrCat(at, "shape ", ShapeToString(out->shape), " of ",
                                                    out->dtype->name,
                                                    " needs more than 2^64 bytes"));
-  }
-  if (nbytes != end - begin) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        at, "data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes, but shape ",
-        ShapeToString(out->shape), " of ", out->dtype->name, " needs ", nbytes));
   }
   out->begin = begin;
   out->end = end;
   return absl::OkStatus();
 }
 
+// The reference's rules for the data buffer: taken in (begin, end) order, the first tensor begins
+// at offset 0 and each next one where the previous one ends (no gaps, no overlaps; zero-size
+// tensors fit anywhere on that chain), each holds exactly the bytes its shape and dtype need, and
+// the last one ends where the file ends. `data_size` is what the file holds after the header.
+absl::Status CheckLayout(const std::string& where, const std::vector<HeaderEntry>& entries,
+                         uint64_t data_size) {
+  std::vector<const HeaderEntry*> order;
+  for (const HeaderEntry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const HeaderEntry* a, const HeaderEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  const HeaderEntry* previous = nullptr;
+  uint64_t start = 0;  // where the next tensor must begin: the end of `previous`
+  for (const HeaderEntry* e : order) {
+    const std::string at = absl::StrCat(where, ": tensor ", Quote(e->name), ": data_offsets [",
+                                        e->begin, ", ", e->end, "]");
+    if (e->end < e->begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, " begin after end; begin <= end (safetensors rule)"));
+    }
+    if (e->begin > start && previous == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, " leave a gap of ", e->begin, " bytes at the start of the data buffer; the first "
+          "tensor must begin at offset 0 (safetensors rule)"));
+    }
+    if (e->begin > start) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, " leave a gap of ", e->begin - start, " bytes after tensor ", Quote(previous->name),
+          " (which ends at ", start, "); the data buffer must be covered exactly, without gaps "
+          "(safetensors rule)"));
+    }
+    if (e->begin < start) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": tensors ", Quote(previous->name), " (data_offsets [", previous->begin, ", ",
+          previous->end, "]) and ", Quote(e->name), " (data_offsets [", e->begin, ", ", e->end,
+          "]) overlap; each tensor must begin where the previous one ends (safetensors rule)"));
+    }
+    if (e->end - e->begin != e->nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, " hold ", e->end - e->begin, " bytes, but shape ", ShapeToString(e->shape), " of ",
+          e->dtype->name, " needs ", e->nbytes));
+    }
+    previous = e;
+    start = e->end;
+  }
+  if (start > data_size) {  // `previous` ends beyond the file
+    return absl::DataLossError(absl::StrCat(where, ": tensor ", Quote(previous->name),
+                                            ": data_offsets [", previous->begin, ", ",
+                                            previous->end, "] end beyond the data buffer of ",
+                                            data_size, " bytes (truncated file?)"));
+  }
+  if (start < data_size) {
+    const std::string covered =
+        previous == nullptr ? std::string("the header lists no tensor")
+                            : absl::StrCat("the tensors cover ", start, " (up to the end of tensor ",
+                                           Quote(previous->name), ")");
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the data buffer holds ", data_size, " bytes after the header, but ", covered,
+        ": ", data_size - start, " left over (trailing bytes, or a header length that is too "
+        "small); the file must end where the last tensor ends (safetensors rule)"));
+  }
+  return absl::OkStatus();
+}
+
+// Finds the first key that appears twice in one of the objects whose keys the reader uses: the
+// top level (tensor names, "__metadata__"), a tensor's entry and __metadata__. The DOM would keep
+// one of them silently. Keys are compared unescaped. Objects nested deeper (inside unknown fields,
+// which are ignored) are not checked. Used as nlohmann's parser callback.
+class DuplicateKeyFinder {
+ public:
+  // The first duplicate, or "" if there is none.
+  const std::string& message() const { return message_; }
+
+  bool operator()(int depth, Json::parse_event_t event, Json& parsed) {
+    // `depth` of an object_start is its parent's, of a key its object's.
+    if (event == Json::parse_event_t::object_start && depth < 2) keys_[depth + 1].clear();
+    if (event != Json::parse_event_t::key || depth > 2 || depth < 1) return true;
+    const std::string& key = parsed.get_ref<const std::string&>();
+    if (depth == 1) top_level_key_ = key;
+    if (keys_[depth].insert(key).second || !message_.empty()) return true;
+    if (depth == 1 && key == kMetadataKey) {
+      message_ = "the header holds \"__metadata__\" twice";
+    } else if (depth == 1) {
+      message_ = absl::StrCat("the header names tensor ", Quote(key), " twice");
+    } else if (top_level_key_ == kMetadataKey) {
+      message_ = absl::StrCat("\"__metadata__\" holds the key ", Quote(key), " twice");
+    } else {
+      message_ = absl::StrCat("tensor ", Quote(top_level_key_), ": field \"", key,
+                              "\" appears twice");
+    }
+    absl::StrAppend(&message_, "; each key of an object must be unique");
+    return true;
+  }
+
+ private:
+  // keys_[1]: the top level's so far; keys_[2]: those of the current second-level object.
+  std::set<std::string> keys_[3];
+  std::string top_level_key_;
+  std::string message_;
+};
+
+// Moves the kChecksumMetadataPrefix entries of `metadata` into the entries they name.
+absl::Status TakeChecksums(const std::string& where, std::map<std::string, std::string>* metadata,
+                           std::vector<HeaderEntry>* entries) {
+  std::map<absl::string_view, HeaderEntry*> by_name;
+  for (HeaderEntry& e : *entries) by_name[e.name] = &e;
+  for (auto it = metadata->begin(); it != metadata->end();) {
+    const std::string& key = it->first;
+    if (!absl::StartsWith(key, kChecksumMetadataPrefix)) {
+      ++it;
+      continue;
+    }
+    const absl::string_view name =
+        absl::string_view(key).substr(sizeof(kChecksumMetadataPrefix) - 1);
+    const auto entry = by_name.find(name);
+    if (entry == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"__metadata__\" entry ", Quote(key),
+                       " records a checksum of tensor ", Quote(name), ", which the file does "
+                       "not hold"));
+    }
+    if (!ParseCrcText(it->second, &entry->second->crc)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" entry ",
+                                                     Quote(key), " has the value ",
+                                                     Quote(it->second),
+                                                     "; expected a CRC-32 as 8 lowercase hex "
+                                                     "digits"));
+    }
+    entry->second->has_crc = true;
+    it = metadata->erase(it);
+  }
+  return absl::OkStatus();
+}
+
+// Parses and validates the header; `data_size` is what the file holds after it.
 absl::Status ParseHeader(const std::string& where, absl::string_view text, uint64_t data_size,
                          std::vector<HeaderEntry>* entries,
                          std::map<std::string, std::string>* metadata) {
+  // nlohmann's parser stops at a NUL byte as at the end of the input, so "{}\0junk" would pass.
+  // JSON text holds no NUL (not even inside strings, where it must be escaped).
+  const size_t nul = text.find('\0');
+  if (nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": header byte ", nul, " (of ", text.size(), ") is NUL; the header must be JSON "
+        "text with only whitespace around it: pad it with spaces, not NUL bytes (safetensors "
+        "rule)"));
+  }
   if (NestsTooDeep(text)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": header JSON nests deeper than ", kMaxJsonDepth, " levels"));
   }
-  const Json root = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  DuplicateKeyFinder duplicates;
+  const Json root = Json::parse(
+      text.begin(), text.end(),
+      [&duplicates](int depth, Json::parse_event_t event, Json& parsed) {
+        return duplicates(depth, event, parsed);
+      },
+      /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": header is not valid JSON: ", JsonErrorMessage(text)));
@@ -388,6 +573,9 @@ absl::Status ParseHeader(const std::string& where, absl::string_view text, uint6
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": header must be a JSON object, found ", Describe(root)));
+  }
+  if (!duplicates.message().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", duplicates.message()));
   }
   for (const auto& [key, value] : root.items()) {
     if (key == kMetadataKey) {
@@ -407,30 +595,13 @@ absl::Status ParseHeader(const std::string& where, absl::string_view text, uint6
       continue;
     }
     HeaderEntry entry;
-    absl::Status status = ParseEntry(where, key, value, data_size, &entry);
+    absl::Status status = ParseEntry(where, key, value, &entry);
     if (!status.ok()) return status;
     entries->push_back(std::move(entry));
   }
-  // Overlaps: sorted by begin, each non-empty range must start at or after the furthest end so
-  // far. (Gaps and trailing bytes are accepted.)
-  std::vector<const HeaderEntry*> order;
-  for (const HeaderEntry& e : *entries) {
-    if (e.end > e.begin) order.push_back(&e);
-  }
-  std::sort(order.begin(), order.end(), [](const HeaderEntry* a, const HeaderEntry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  const HeaderEntry* furthest = nullptr;
-  for (const HeaderEntry* e : order) {
-    if (furthest != nullptr && e->begin < furthest->end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensors ", Quote(furthest->name), " (data_offsets [",
-                       furthest->begin, ", ", furthest->end, "]) and ", Quote(e->name),
-                       " (data_offsets [", e->begin, ", ", e->end, "]) overlap"));
-    }
-    if (furthest == nullptr || e->end > furthest->end) furthest = e;
-  }
-  return absl::OkStatus();
+  absl::Status status = CheckLayout(where, *entries, data_size);
+  if (!status.ok()) return status;
+  return TakeChecksums(where, metadata, entries);
 }
 
 // Parses a safetensors source of `total` bytes that `read` gives access to; `where` names it in
@@ -481,6 +652,15 @@ absl::StatusOr<Safetensors> Read(const std::string& where, uint64_t total, const
     if (e.end > e.begin) {
       status = read(data_start + e.begin, e.end - e.begin, t.raw_data());
       if (!status.ok()) return status;
+    }
+    if (e.has_crc) {
+      const uint32_t crc = Crc32(t.raw_data(), e.nbytes);
+      if (crc != e.crc) {
+        return absl::DataLossError(absl::StrCat(where, ": tensor ", Quote(e.name),
+                                                ": CRC-32 of its ", e.nbytes, " bytes is ",
+                                                CrcText(crc), ", the header records ",
+                                                CrcText(e.crc), " (the data is corrupt)"));
+      }
     }
     if (e.dtype->dtype == kBool) {
       // A bool holding anything but 0 or 1 is undefined behaviour in C++.
@@ -540,6 +720,23 @@ std::string DirName(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+// The writer's pid if `name` is exactly "<prefix><pid>.<n>" (digits only, pid a possible pid_t
+// above 0), else 0.
+pid_t TemporaryOwner(absl::string_view name, absl::string_view prefix) {
+  if (!absl::ConsumePrefix(&name, prefix)) return 0;
+  const size_t dot = name.find('.');
+  if (dot == absl::string_view::npos) return 0;
+  const absl::string_view pid_text = name.substr(0, dot), n_text = name.substr(dot + 1);
+  auto all_digits = [](absl::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (!all_digits(pid_text) || !all_digits(n_text) || pid_text.size() > 10) return 0;
+  uint64_t pid = 0;
+  for (const char c : pid_text) pid = pid * 10 + static_cast<uint64_t>(c - '0');
+  if (pid > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) return 0;
+  return static_cast<pid_t>(pid);
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const WritePlan& plan) {
@@ -618,10 +815,68 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view bytes) {
   });
 }
 
+absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = DirName(path);
+  // "<path>.tmp." relative to `dir`; a candidate's path is `path` with the name's tail appended.
+  const std::string prefix =
+      absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp.");
+  if (prefix.size() == 5) {
+    return absl::InvalidArgumentError(absl::StrCat("RemoveStaleTemporaries: ", QuotePath(path),
+                                                   " names a directory, not a file"));
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(dir.c_str()), &::closedir);
+  if (listing == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("RemoveStaleTemporaries: cannot list ",
+                                                   QuotePath(dir)));
+  }
+  // Collected first: removing entries while readdir() walks the directory is allowed but muddy.
+  std::vector<std::pair<std::string, pid_t>> candidates;  // (path, owner)
+  for (;;) {
+    errno = 0;
+    const dirent* entry = ::readdir(listing.get());
+    if (entry == nullptr) break;
+    const pid_t owner = TemporaryOwner(entry->d_name, prefix);
+    if (owner > 0) {
+      candidates.emplace_back(absl::StrCat(path, ".tmp.", entry->d_name + prefix.size()), owner);
+    }
+  }
+  if (errno != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("RemoveStaleTemporaries: cannot list ",
+                                                   QuotePath(dir)));
+  }
+  int removed = 0;
+  absl::Status first_error;
+  for (const auto& [candidate, owner] : candidates) {
+    // EPERM means the process exists (another user's): kept, like any live writer's file.
+    if (::kill(owner, 0) == 0 || errno != ESRCH) continue;
+    struct stat info;
+    if (::lstat(candidate.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+    if (::unlink(candidate.c_str()) == 0) {
+      ++removed;
+    } else if (errno != ENOENT && first_error.ok()) {  // ENOENT: someone else removed it
+      first_error = absl::ErrnoToStatus(
+          errno, absl::StrCat("RemoveStaleTemporaries: cannot remove ", QuotePath(candidate),
+                              ", left by process ", owner, " which no longer runs"));
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  return removed;
+}
+
 absl::Status SaveSafetensors(const std::string& path, const Safetensors& st) {
   absl::StatusOr<WritePlan> plan = PlanWrite(st);
   if (!plan.ok()) return plan.status();
-  return WriteFileAtomically(path, *plan);
+  // Before writing, so that the space of a crashed save's temporary is free again. Its failure
+  // does not stop the save (a temporary that cannot be removed takes space, no correctness); it
+  // is reported only with a failing save, where it likely shares the cause.
+  const absl::StatusOr<int> cleanup = RemoveStaleTemporaries(path);
+  const absl::Status status = WriteFileAtomically(path, *plan);
+  if (!status.ok() && !cleanup.ok()) {
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (and before the save: ",
+                                                    cleanup.status().message(), ")"));
+  }
+  return status;
 }
 
 absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path) {
@@ -666,10 +921,11 @@ absl::Status SaveStateDict(const std::string& path, const StateDict& sd,
   Safetensors st;
   st.tensors = sd.tensors;
   for (const auto& [key, value] : extra_metadata) {
-    if (absl::StartsWith(key, kScalarMetadataPrefix)) {
-      return absl::InvalidArgumentError(absl::StrCat("SaveStateDict: metadata key ", Quote(key),
-                                                     " uses the reserved prefix '",
-                                                     kScalarMetadataPrefix, "'"));
+    for (const char* prefix : {kScalarMetadataPrefix, kChecksumMetadataPrefix}) {
+      if (absl::StartsWith(key, prefix)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SaveStateDict: metadata key ", Quote(key), " uses the reserved prefix '", prefix, "'"));
+      }
     }
     st.metadata[key] = value;
   }

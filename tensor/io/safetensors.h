@@ -8,10 +8,27 @@
 // Writer: the header is padded with spaces to a multiple of 8 bytes and tensors are laid out
 // contiguously from offset 0 in the reference library's order (larger dtypes first, then by name),
 // so every tensor is aligned to its element size in the file and Python's safetensors reads the
-// result. Reader: every size and offset is validated before it is used, so no input crashes,
-// reads out of bounds or makes an allocation larger than the data the file actually holds; a bad
-// file gives a Status naming the file, the tensor and the expected and found values. Tensors may
-// leave gaps between them or trailing bytes (the reference rejects both); they may not overlap.
+// result. It records each tensor's CRC-32 (zlib's) in __metadata__ as "crc32:<name>" -> 8
+// lowercase hex digits; computing it, and checking it on load, is one pass over the data.
+//
+// Reader: the reference library's rules (huggingface/safetensors, read_metadata and validate),
+// plus a few of ours, every size and offset checked before it is used, so no input crashes, reads
+// out of bounds or makes an allocation larger than the data the file actually holds:
+// - 8 + the header length lies within the file; the header is UTF-8 JSON text: one object, only
+//   JSON whitespace around it (no NUL padding, nothing after it);
+// - no key appears twice in the top-level object, in a tensor's entry or in __metadata__ (the
+//   reference rejects some duplicates and silently keeps the last tensor of the same name; we
+//   refuse them all);
+// - __metadata__ (optional, may be null) maps strings to strings; every other key is a tensor:
+//   {"dtype", "shape", "data_offsets"} (extra fields are ignored);
+// - taken in (begin, end) order the tensors cover the data buffer exactly: the first begins at 0,
+//   each next one where the previous one ends (no gaps, no overlaps; zero-size tensors sit on that
+//   chain), each holds exactly what its shape and dtype need, and the last one ends at the end of
+//   the file (no trailing bytes: this also catches a header length that is off);
+// - a "crc32:<name>" entry names a tensor of the file and matches its data; such entries are
+//   removed from the metadata returned. Tensors without one (files of other writers) load too.
+// A bad file gives a Status naming the file, the tensor, the expected and found values and, where
+// the check is one of the format's, "(safetensors rule)".
 //
 //   tg::io::Safetensors st;
 //   st.tensors["w"] = tg::Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
@@ -24,8 +41,9 @@
 //   absl::StatusOr<tg::StateDict> loaded = tg::io::LoadStateDict("/tmp/opt.safetensors");
 //
 // Status codes: NotFound (missing file), DataLoss (the file is shorter than its header says:
-// truncated), InvalidArgument (malformed header or content, or a tensor the writer cannot store),
-// and the errno-derived code of a failing system call.
+// truncated; or a tensor's data does not match its CRC-32), InvalidArgument (malformed header or
+// content, or a tensor the writer cannot store), and the errno-derived code of a failing system
+// call.
 #ifndef TAPEGRAD_TENSOR_IO_SAFETENSORS_H_
 #define TAPEGRAD_TENSOR_IO_SAFETENSORS_H_
 
@@ -55,16 +73,32 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 // The safetensors dtype names: "F32", "F64", "F16", "BF16", "I32", "I64", "U8", "BOOL".
 const char* SafetensorsDTypeName(DType dtype);
 
+// The __metadata__ key prefix of the checksums: "crc32:<tensor name>" -> "%08x" of the CRC-32 of
+// the tensor's bytes. Written and consumed by this file alone.
+inline constexpr char kChecksumMetadataPrefix[] = "crc32:";
+
 // The whole file as bytes. InvalidArgument for an undefined or non-CPU tensor, a tensor named
-// "__metadata__", or a name / metadata string that is not valid UTF-8.
+// "__metadata__", a name / metadata string that is not valid UTF-8, or a metadata key with the
+// kChecksumMetadataPrefix.
 absl::StatusOr<std::string> SerializeSafetensors(const Safetensors& st);
 // Parses a whole file held in memory; never reads outside `bytes`.
 absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view bytes);
 
 // Writes "<path>.tmp.<pid>.<n>", fsyncs it, renames it over `path` and fsyncs the directory, so
 // a crash or an error never leaves a half-written `path` behind; the temporary file is removed
-// on failure.
+// on failure. First removes the temporaries of crashed saves (RemoveStaleTemporaries: one
+// directory listing); that cleanup never fails the save: its error is only appended to the
+// message of a save that fails anyway.
 absl::Status SaveSafetensors(const std::string& path, const Safetensors& st);
+// Removes "<path>.tmp.<pid>.<n>" files left by a writer that no longer runs (its pid is not a
+// live process: kill(pid, 0) fails with ESRCH), and nothing else: only names of exactly that pattern
+// (digits only for pid and n). Returns how many were removed; errors as Status.
+// A reused pid keeps a stale file until that process ends; entries that are not regular files
+// are left alone. Assumes the writers of `path` run on this machine and in this pid namespace:
+// on a filesystem shared between machines or containers a live writer elsewhere looks dead and
+// its temporary would be removed. A failing removal does not stop the others; the first one is
+// returned after all were tried.
+absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path);
 // Reads the header, then each tensor straight into its storage (no copy of the whole file).
 absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path);
 
@@ -73,7 +107,7 @@ absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path);
 inline constexpr char kScalarMetadataPrefix[] = "scalar:";
 
 // Tensors as tensors, scalars as kScalarMetadataPrefix entries of __metadata__, plus
-// `extra_metadata` (InvalidArgument if one of its keys uses the scalar prefix).
+// `extra_metadata` (InvalidArgument if one of its keys uses the scalar or checksum prefix).
 absl::Status SaveStateDict(const std::string& path, const StateDict& sd,
                            const std::map<std::string, std::string>& extra_metadata = {});
 // The inverse; the metadata entries that are not scalars go to `*metadata` when it is not null.

@@ -1,10 +1,21 @@
-// tools/train/run.h: --device parsing (CheckDevice) and the host copies checkpoints are made of
-// (ToHost).
+// tools/train/run.h: --device parsing (CheckDevice), the host copies checkpoints are made of
+// (ToHost), flag ranges, run settings and --override, the checkpoint directory check, the
+// divergence stop, and RunState::Resume's validation of every counter a checkpoint holds.
 #include "tools/train/run.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cmath>
+#include <fstream>
+
+#include "autograd/ops.h"
+#include "nn/layers.h"
+#include "optim/lr_schedule.h"
 #include "tensor/generator.h"
+#include "tensor/io/safetensors.h"
 
 namespace tg::train {
 namespace {
@@ -34,6 +45,247 @@ TEST(ToHostTest, KeepsScalarsAndHostTensors) {
   const StateDict host = ToHost(sd);
   EXPECT_TRUE(host.tensor("w").shares_storage(sd.tensor("w")));  // already on the host
   EXPECT_EQ(host.scalar("step"), 7);
+}
+
+TEST(FormatNumberTest, ShortestRoundTrip) {
+  EXPECT_EQ(FormatNumber(0.001), "0.001");
+  EXPECT_EQ(FormatNumber(128), "128");
+  EXPECT_EQ(FormatNumber(-0.1), "-0.1");
+  EXPECT_EQ(FormatNumber(1e300), "1e+300");
+  EXPECT_EQ(FormatNumber(NAN), "nan");
+  EXPECT_EQ(FormatNumber(-INFINITY), "-inf");
+  EXPECT_EQ(FormatNumber(0.1 + 0.2), "0.30000000000000004");
+}
+
+TEST(CheckFlagRangesTest, NamesTheFirstFlagOutsideItsRange) {
+  using Open = FlagRange::Open;
+  EXPECT_TRUE(CheckFlagRanges({{"epochs", 0, 0, 10}, {"dropout", 0.5, 0, 1, Open::kMax}}).ok());
+  auto message = [](const FlagRange& f) {
+    return std::string(CheckFlagRanges({{"ok", 1, 0, 2}, f}).message());
+  };
+  EXPECT_EQ(message({"epochs", -1, 0, 1e5}), "--epochs=-1 is outside its valid range [0, 100000]");
+  EXPECT_EQ(message({"dropout", -0.1, 0, 1, Open::kMax}),
+            "--dropout=-0.1 is outside its valid range [0, 1)");
+  EXPECT_EQ(message({"dropout", 1, 0, 1, Open::kMax}),
+            "--dropout=1 is outside its valid range [0, 1)");
+  EXPECT_EQ(message({"lr", 0, 0, 1e3, Open::kMin}), "--lr=0 is outside its valid range (0, 1000]");
+  EXPECT_EQ(message({"grad_clip", NAN, 0, 1e12}),
+            "--grad_clip=nan is outside its valid range [0, 1000000000000]");
+  EXPECT_EQ(message({"grad_clip", INFINITY, 0, 1e12}),
+            "--grad_clip=inf is outside its valid range [0, 1000000000000]");
+  EXPECT_EQ(CheckFlagRanges({{"top_k", -1, 0, 65}}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+RunSettings ExampleSettings(double lr) {
+  RunSettings s;
+  s.Add("model", "mlp", /*fixed=*/true);
+  s.Add("batch_size", 64.0, true);
+  s.Add("lr", lr, /*fixed=*/false);
+  s.Add("weight_decay", 0.1, false);
+  return s;
+}
+
+TEST(RunSettingsTest, MetadataAndText) {
+  const RunSettings s = ExampleSettings(0.001);
+  EXPECT_EQ(s.ToString(), "model=mlp batch_size=64 lr=0.001 weight_decay=0.1");
+  const std::map<std::string, std::string> meta = s.ToMetadata();
+  EXPECT_EQ(meta.at("setting.lr"), "0.001");
+  EXPECT_EQ(meta.size(), 4u);
+  EXPECT_TRUE(s.CheckResume("d", meta, {})->empty());
+}
+
+TEST(RunSettingsTest, ChangedSettingIsRefusedUnlessOverridden) {
+  const std::map<std::string, std::string> saved = ExampleSettings(0.001).ToMetadata();
+  const RunSettings now = ExampleSettings(0.002);
+  absl::StatusOr<std::vector<std::string>> refused = now.CheckResume("ckpt", saved, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "cannot resume from ckpt: the checkpoint was written with lr=0.001, this run has "
+            "lr=0.002 (pass --override=lr to continue with the new value)");
+  absl::StatusOr<std::vector<std::string>> overrides = now.ParseOverrides("lr");
+  ASSERT_TRUE(overrides.ok());
+  absl::StatusOr<std::vector<std::string>> allowed = now.CheckResume("ckpt", saved, *overrides);
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(*allowed, std::vector<std::string>{"lr 0.001 -> 0.002"});
+
+  RunSettings other = ExampleSettings(0.001);
+  other = RunSettings();
+  other.Add("model", "cnn", true);
+  EXPECT_EQ(other.CheckResume("ckpt", saved, {}).status().message(),
+            "cannot resume from ckpt: the checkpoint was written with model=mlp, this run has "
+            "model=cnn (this setting cannot change when resuming)");
+  RunSettings more = ExampleSettings(0.001);
+  more.Add("dropout", 0.0, false);
+  EXPECT_EQ(more.CheckResume("ckpt", saved, {}).status().message(),
+            "cannot resume from ckpt: the checkpoint does not record the setting 'dropout' "
+            "(written by another program or an older version)");
+}
+
+TEST(RunSettingsTest, OverrideNamesOnlyOverridableSettings) {
+  const RunSettings s = ExampleSettings(0.001);
+  EXPECT_EQ(*s.ParseOverrides(""), std::vector<std::string>{});
+  EXPECT_EQ(*s.ParseOverrides("lr,weight_decay"),
+            (std::vector<std::string>{"lr", "weight_decay"}));
+  EXPECT_EQ(s.ParseOverrides("lr,momentum").status().message(),
+            "--override=lr,momentum: there is no setting 'momentum' (settings that can: lr, "
+            "weight_decay)");
+  EXPECT_EQ(s.ParseOverrides("model").status().message(),
+            "--override=model: 'model' cannot change when resuming (settings that can: lr, "
+            "weight_decay)");
+}
+
+TEST(PrepareCheckpointDirTest, CreatesParentsAndRemovesStaleTemporaries) {
+  const std::string root = ::testing::TempDir() + "/prepare";
+  const std::string dir = root + "/a/b/ckpt";
+  ASSERT_TRUE(PrepareCheckpointDir(dir).ok());
+  struct stat info;
+  ASSERT_EQ(stat(dir.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISDIR(info.st_mode));
+  EXPECT_TRUE(PrepareCheckpointDir(dir).ok());  // again: nothing to do
+  // A temporary of an interrupted save by a process that no longer runs goes; others stay.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const std::string stale = CheckpointPath(dir) + ".tmp." + std::to_string(child) + ".0";
+  const std::string other = dir + "/notes.txt";
+  std::ofstream(stale) << "partial";
+  std::ofstream(other) << "keep";
+  ASSERT_TRUE(PrepareCheckpointDir(dir).ok());
+  EXPECT_NE(access(stale.c_str(), F_OK), 0);
+  EXPECT_EQ(access(other.c_str(), F_OK), 0);
+}
+
+TEST(PrepareCheckpointDirTest, RefusesAPathThroughAFile) {
+  const std::string file = ::testing::TempDir() + "/plain_file";
+  std::ofstream(file) << "x";
+  const absl::Status s = PrepareCheckpointDir(file + "/ckpt");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "--checkpoint_dir=" + file + "/ckpt: cannot create " + file +
+                             "/ckpt: Not a directory");
+  EXPECT_EQ(PrepareCheckpointDir(file).message(),
+            "--checkpoint_dir=" + file + ": exists and is not a directory");
+  EXPECT_TRUE(PrepareCheckpointDir("").ok());
+}
+
+TEST(DivergenceCheckTest, NonFiniteLossWithoutDynamicScalerStops) {
+  DivergenceCheck fixed(/*dynamic_scaler=*/false, /*max_skipped_in_a_row=*/100);
+  EXPECT_TRUE(fixed.Check(1, 2.5, false).ok());
+  const absl::Status s = fixed.Check(2, NAN, true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the run diverged: the loss of step 2 is nan and no dynamic loss scaler can absorb it "
+            "(the weights are not updated from a non-finite gradient, but training cannot "
+            "recover; lower --lr or use another precision)");
+  DivergenceCheck dynamic(/*dynamic_scaler=*/true, /*max_skipped_in_a_row=*/3);
+  EXPECT_TRUE(dynamic.Check(1, INFINITY, true).ok());  // the scaler backs off
+  EXPECT_TRUE(dynamic.Check(2, INFINITY, true).ok());
+  EXPECT_TRUE(dynamic.Check(3, 1.0, false).ok());  // a clean step resets the count
+  EXPECT_TRUE(dynamic.Check(4, INFINITY, true).ok());
+  EXPECT_TRUE(dynamic.Check(5, INFINITY, true).ok());
+  EXPECT_EQ(dynamic.Check(6, INFINITY, true).message(),
+            "the run diverged: 3 consecutive steps were skipped (steps 4 to 6 had non-finite "
+            "gradients at every loss scale tried; --max_skipped_in_a_row=3)");
+  DivergenceCheck never(true, 0);
+  for (int i = 1; i < 1000; ++i) EXPECT_TRUE(never.Check(i, NAN, true).ok());
+}
+
+// A one-layer model with its optimizer and schedule, checkpointed after `steps` steps.
+struct TinyRun {
+  Generator gen{0};
+  std::shared_ptr<nn::Linear> model = std::make_shared<nn::Linear>(3, 2, gen);
+  std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
+      *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
+  optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
+  RunState run{*model, *opt, schedule, ExampleSettings(0.001), /*total_steps=*/10};
+
+  void Train(int steps) {
+    Tensor x = RandNormal({4, 3}, gen);
+    for (int i = 0; i < steps; ++i) {
+      StepStats stats = TrainStep(*opt, schedule, kF32, 0, [&] {
+        return Sum((*model)(Variable(x)) * (*model)(Variable(x)));
+      });
+      run.Advance(stats, 0);
+    }
+  }
+};
+
+class ResumeValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/resume_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_TRUE(PrepareCheckpointDir(dir_).ok());
+    TinyRun saved;
+    saved.Train(3);
+    ASSERT_TRUE(saved.run.Save(dir_, {}, {}).ok());
+  }
+  // Rewrites the checkpoint with scalar `key` set to `value`, then resumes a fresh run.
+  absl::Status ResumeWith(const std::string& key, double value) {
+    std::map<std::string, std::string> meta;
+    absl::StatusOr<StateDict> sd = io::LoadStateDict(CheckpointPath(dir_), &meta);
+    EXPECT_TRUE(sd.ok());
+    sd->scalars[key] = value;
+    EXPECT_TRUE(io::SaveStateDict(CheckpointPath(dir_), *sd, meta).ok());
+    const std::vector<float> before = fresh_.model->weight().data().to_vector<float>();
+    std::vector<std::string> changes;
+    absl::StatusOr<StateDict> r = fresh_.run.Resume(dir_, {}, &meta, &changes);
+    if (!r.ok()) {  // nothing restored
+      EXPECT_EQ(fresh_.run.step(), 0);
+      EXPECT_EQ(fresh_.model->weight().data().to_vector<float>(), before);
+    }
+    return r.status();
+  }
+  std::string dir_;
+  TinyRun fresh_;
+};
+
+TEST_F(ResumeValidationTest, ValidCheckpointResumes) {
+  std::map<std::string, std::string> meta;
+  std::vector<std::string> changes;
+  ASSERT_TRUE(fresh_.run.Resume(dir_, {}, &meta, &changes).ok());
+  EXPECT_EQ(fresh_.run.step(), 3);
+  EXPECT_EQ(fresh_.run.skipped(), 0);
+}
+
+TEST_F(ResumeValidationTest, BadStepIsRefusedNamingKeyAndValue) {
+  const std::string at = "cannot resume from " + dir_ + ": ";
+  for (const auto& [value, text] : std::vector<std::pair<double, std::string>>{
+           {NAN, "nan"}, {1e300, "1e+300"}, {-1, "-1"}, {2.5, "2.5"}, {11, "11"},
+           {INFINITY, "inf"}}) {
+    const absl::Status s = ResumeWith("step", value);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << text;
+    EXPECT_EQ(s.message(), at + "'step' is " + text +
+                               "; expected an integer in [0, 10] (the run's step count)");
+  }
+}
+
+TEST_F(ResumeValidationTest, BadSkippedStepsIsRefused) {
+  const std::string at = "cannot resume from " + dir_ + ": ";
+  EXPECT_EQ(ResumeWith("skipped_steps", NAN).message(),
+            at + "'skipped_steps' is nan; expected an integer in [0, 3] (at most 'step')");
+  EXPECT_EQ(ResumeWith("skipped_steps", 4).message(),
+            at + "'skipped_steps' is 4; expected an integer in [0, 3] (at most 'step')");
+  // One skipped step more than the schedule and the scaler counted: inconsistent.
+  EXPECT_EQ(ResumeWith("skipped_steps", 1).message(),
+            at + "'schedule.last_step' is 3 but 'step' - 'skipped_steps' is 2 (the counters of "
+                 "the checkpoint disagree)");
+}
+
+TEST_F(ResumeValidationTest, CountersMustAgree) {
+  const std::string at = "cannot resume from " + dir_ + ": ";
+  EXPECT_EQ(ResumeWith("step", 2).message(),
+            at + "'schedule.last_step' is 3; expected an integer in [0, 2] (at most 'step')");
+  EXPECT_EQ(ResumeWith("step", 4).message(),
+            at + "'schedule.last_step' is 3 but 'step' - 'skipped_steps' is 4 (the counters of "
+                 "the checkpoint disagree)");
+}
+
+TEST_F(ResumeValidationTest, ScalerIterationsMustEqualSteps) {
+  EXPECT_EQ(ResumeWith("optim.scaler.iteration", 2).message(),
+            "cannot resume from " + dir_ +
+                ": 'optim.scaler.iteration' is 2 but 'step' is 3 (the counters of the checkpoint "
+                "disagree)");
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "tools/train/data_parallel.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "distributed/init.h"
 #include "tensor/error.h"
 
@@ -82,14 +84,93 @@ Tensor DataParallel::Local(const Tensor& global) const {
   return global.narrow(0, rank_ * rows, rows);
 }
 
-DataParallel::Agreement DataParallel::Agree(double loss, bool stop) const {
-  if (group_ == nullptr) return {loss, stop};
-  // [loss sum, stop count], reduced with one sum.
-  Tensor t = Tensor::FromVector(std::vector<double>{loss, stop ? 1.0 : 0.0}, {2})
-                 .to(group_->device());
+DataParallel::Agreement DataParallel::Agree(double loss, int signal) const {
+  if (group_ == nullptr) return {loss, StopRequest{signal, -1, 0}};
+  // [loss sum, the signal of rank 0, ..., of rank world-1], reduced with one sum.
+  std::vector<double> v(1 + world_size_, 0.0);
+  v[0] = loss;
+  v[1 + rank_] = signal;
+  Tensor t = Tensor::FromVector(v, {static_cast<int64_t>(v.size())}).to(group_->device());
   TG_DIST_CHECK_OK(group_->all_reduce(t, dist::ReduceOp::kSum)->wait());
-  const std::vector<double> v = t.to_vector<double>();
-  return {v[0] / world_size_, v[1] > 0};
+  v = t.to_vector<double>();
+  Agreement agreed;
+  agreed.mean_loss = v[0] / world_size_;
+  agreed.stop.this_rank = rank_;
+  for (int r = 0; r < world_size_ && agreed.stop.signal == 0; ++r) {
+    if (v[1 + r] != 0) agreed.stop = StopRequest{static_cast<int>(v[1 + r]), r, rank_};
+  }
+  return agreed;
+}
+
+namespace {
+
+// FNV-1a of the fingerprint text; it travels as two 32-bit halves in an i64 tensor.
+uint64_t Fingerprint(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) const {
+  if (group_ == nullptr) return absl::OkStatus();
+  std::string text;
+  for (const std::string& line : lines) absl::StrAppend(&text, line, "\n");
+  const int world = world_size_;
+  auto gather = [&](const Tensor& mine) -> absl::StatusOr<Tensor> {
+    Tensor all = Tensor::Empty({world * mine.numel()}, mine.dtype(), group_->device());
+    absl::Status s = group_->all_gather(all, mine.to(group_->device()))->wait();
+    if (!s.ok()) return s;
+    return all.to(Device::Cpu());
+  };
+  // 1. The hash and the length: equal everywhere is the common case, one small collective.
+  const uint64_t h = Fingerprint(text);
+  absl::StatusOr<Tensor> heads = gather(Tensor::FromVector(
+      std::vector<int64_t>{static_cast<int64_t>(h >> 32), static_cast<int64_t>(h & 0xffffffffu),
+                           static_cast<int64_t>(text.size())},
+      {3}));
+  if (!heads.ok()) return heads.status();
+  const std::vector<int64_t> head = heads->to_vector<int64_t>();
+  int64_t longest = 0;
+  bool same = true;
+  for (int r = 0; r < world; ++r) {
+    same = same && head[3 * r] == head[0] && head[3 * r + 1] == head[1] &&
+           head[3 * r + 2] == head[2];
+    longest = std::max(longest, head[3 * r + 2]);
+  }
+  if (same) return absl::OkStatus();
+  // 2. The texts, padded to the longest (the same size on every rank), a byte per i32 (the
+  // collectives take no u8).
+  std::vector<int32_t> padded(static_cast<size_t>(std::max<int64_t>(longest, 1)), 0);
+  std::copy(text.begin(), text.end(), padded.begin());
+  absl::StatusOr<Tensor> texts =
+      gather(Tensor::FromVector(padded, {static_cast<int64_t>(padded.size())}));
+  if (!texts.ok()) return texts.status();
+  const std::vector<int32_t> chars = texts->to_vector<int32_t>();
+  auto lines_of = [&](int r) -> std::vector<std::string> {
+    const auto begin = chars.begin() + static_cast<int64_t>(r * padded.size());
+    const std::string rank_text(begin, begin + head[3 * r + 2]);
+    return absl::StrSplit(rank_text, '\n', absl::SkipEmpty());
+  };
+  // Every rank computes the same message: the first rank that differs from rank 0, at the first
+  // line where it differs.
+  const std::vector<std::string> first = lines_of(0);
+  for (int r = 1; r < world; ++r) {
+    const std::vector<std::string> other = lines_of(r);
+    if (other == first) continue;
+    size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+    const std::string mine = i < other.size() ? other[i] : "nothing more";
+    const std::string theirs = i < first.size() ? first[i] : "nothing more";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks disagree on the run: rank ", r, " has ", mine, ", rank 0 has ", theirs,
+        " (start every rank with the same flags and data)"));
+  }
+  return absl::OkStatus();  // equal texts with a hash collision: impossible, but not an error
 }
 
 std::function<void(const Tensor&)> DataParallel::ReduceFoundInf() const {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "autograd/variable.h"
@@ -26,6 +27,7 @@
 #include "nn/module.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
+#include "tools/train/run.h"
 
 namespace tg::train {
 
@@ -63,13 +65,22 @@ class DataParallel {
   // This rank's rows of a global batch [B, ...]: rows [rank * B / world, (rank + 1) * B / world).
   Tensor Local(const Tensor& global) const;
   // After each step, on every rank: the mean of `loss` over the ranks (the loss of the global
-  // batch, for reports) and whether any rank wants to stop (a signal reaches the ranks at
-  // different steps; they must stop after the same one). One 2-element all_reduce.
+  // batch, for reports) and whether a rank wants to stop (`signal` != 0: a signal reaches the
+  // ranks at different steps; they must stop after the same one), with the signal and the lowest
+  // rank that received one. One all_reduce of 1 + world_size numbers.
   struct Agreement {
     double mean_loss = 0;
-    bool stop = false;
+    StopRequest stop;  // stop.signal == 0: go on
   };
-  Agreement Agree(double loss, bool stop) const;
+  Agreement Agree(double loss, int signal) const;
+
+  // At start, on every rank: the ranks compare a fingerprint of their run (`lines`: "name=value"
+  // for the settings, every parameter's name, shape and dtype, the data size, ...). Ranks that
+  // disagree would crash inside a collective or silently train different things; here every rank
+  // gets the same FailedPrecondition naming the first difference from rank 0's fingerprint:
+  // "the ranks disagree: rank 1 has batch_size=32, rank 0 has batch_size=64". Exchanged with
+  // fixed-size collectives only (a hash, then the lengths, then the padded texts).
+  absl::Status CheckSameRun(const std::vector<std::string>& lines) const;
   // For MixedPrecisionOptions::reduce_found_inf (null for one process).
   std::function<void(const Tensor&)> ReduceFoundInf() const;
 

@@ -2,19 +2,24 @@
 
 #include <malloc.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "amp/loss_scaler.h"
 #include "optim/adam.h"
@@ -85,6 +90,183 @@ absl::StatusOr<DType> ParsePrecision(const std::string& name) {
   if (name == "bf16") return kBF16;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown precision '", name, "' (expected f32, f16 or bf16)"));
+}
+
+std::string FormatNumber(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  // Whole numbers of up to 15 digits as integers ("100000", not "1e+05").
+  if (std::floor(value) == value && std::fabs(value) < 1e15) {
+    return absl::StrCat(static_cast<int64_t>(value));
+  }
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
+absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags) {
+  for (const FlagRange& f : flags) {
+    const bool min_open = f.open == FlagRange::Open::kMin;
+    const bool max_open = f.open == FlagRange::Open::kMax;
+    const bool ok = (min_open ? f.value > f.min : f.value >= f.min) &&
+                    (max_open ? f.value < f.max : f.value <= f.max);
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, "=", FormatNumber(f.value), " is outside its valid range ",
+                       min_open ? "(" : "[", FormatNumber(f.min), ", ", FormatNumber(f.max),
+                       max_open ? ")" : "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr char kSettingPrefix[] = "setting.";
+}  // namespace
+
+void RunSettings::Add(const std::string& name, const std::string& value, bool fixed) {
+  for (const Setting& s : items_) TG_CHECK(s.name != name, "RunSettings: '", name, "' added twice");
+  items_.push_back({name, value, fixed});
+}
+
+std::map<std::string, std::string> RunSettings::ToMetadata() const {
+  std::map<std::string, std::string> out;
+  for (const Setting& s : items_) out[absl::StrCat(kSettingPrefix, s.name)] = s.value;
+  return out;
+}
+
+std::string RunSettings::ToString() const {
+  return absl::StrJoin(items_, " ", [](std::string* out, const Setting& s) {
+    absl::StrAppend(out, s.name, "=", s.value);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> RunSettings::ParseOverrides(
+    const std::string& flag) const {
+  std::vector<std::string> names = absl::StrSplit(flag, ',', absl::SkipEmpty());
+  std::vector<std::string> overridable;
+  for (const Setting& s : items_) {
+    if (!s.fixed) overridable.push_back(s.name);
+  }
+  for (const std::string& name : names) {
+    auto it = std::find_if(items_.begin(), items_.end(),
+                           [&](const Setting& s) { return s.name == name; });
+    if (it == items_.end() || it->fixed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--override=", flag, ": ",
+          it == items_.end() ? absl::StrCat("there is no setting '", name, "'")
+                             : absl::StrCat("'", name, "' cannot change when resuming"),
+          " (settings that can: ", absl::StrJoin(overridable, ", "), ")"));
+    }
+  }
+  return names;
+}
+
+absl::StatusOr<std::vector<std::string>> RunSettings::CheckResume(
+    const std::string& dir, const std::map<std::string, std::string>& metadata,
+    const std::vector<std::string>& overrides) const {
+  std::vector<std::string> changes;
+  for (const Setting& s : items_) {
+    auto it = metadata.find(absl::StrCat(kSettingPrefix, s.name));
+    if (it == metadata.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", dir, ": the checkpoint does not record the setting '", s.name,
+          "' (written by another program or an older version)"));
+    }
+    if (it->second == s.value) continue;
+    const bool allowed = std::find(overrides.begin(), overrides.end(), s.name) != overrides.end();
+    if (!allowed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=",
+          it->second, ", this run has ", s.name, "=", s.value,
+          s.fixed ? " (this setting cannot change when resuming)"
+                  : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
+    }
+    changes.push_back(absl::StrCat(s.name, " ", it->second, " -> ", s.value));
+  }
+  return changes;
+}
+
+std::vector<std::string> RunFingerprint(const RunSettings& settings, const nn::Module& model,
+                                        const std::vector<std::string>& extra) {
+  std::vector<std::string> lines;
+  for (const RunSettings::Setting& s : settings.items()) {
+    lines.push_back(absl::StrCat(s.name, "=", s.value));
+  }
+  for (const auto& [name, p] : model.named_parameters()) {
+    lines.push_back(
+        absl::StrCat("param ", name, " ", DTypeName(p.dtype()), " ", ShapeToString(p.shape())));
+  }
+  lines.insert(lines.end(), extra.begin(), extra.end());
+  return lines;
+}
+
+void ApplyOptimizerOverrides(const OptimizerConfig& config,
+                             const std::vector<std::string>& overrides,
+                             amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule) {
+  auto overridden = [&](const char* name) {
+    return std::find(overrides.begin(), overrides.end(), name) != overrides.end();
+  };
+  std::vector<optim::ParamGroup>& groups = opt.optimizer().param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // With decay_matrices_only, group 1 holds the parameters that are never decayed.
+    if (overridden("weight_decay") && !(config.decay_matrices_only && g > 0)) {
+      groups[g].options["weight_decay"] = config.weight_decay;
+    }
+    if (overridden("beta2") && groups[g].options.count("beta2") != 0) {
+      groups[g].options["beta2"] = config.beta2;
+    }
+  }
+  if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
+}
+
+absl::Status PrepareCheckpointDir(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  // mkdir -p: each prefix ending before a '/', then the whole path.
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/') continue;
+    const std::string prefix = dir.substr(0, i);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ",
+                                                     prefix));
+    }
+  }
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--checkpoint_dir=", dir, ": exists and is not a directory"));
+  }
+  // Writable: a probe file is created and removed (access() says yes to root on a read-only
+  // mount).
+  const std::string probe = absl::StrCat(dir, "/.write_test.", getpid());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot write a file in it"));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  absl::StatusOr<int> removed = io::RemoveStaleTemporaries(CheckpointPath(dir));
+  if (!removed.ok()) return removed.status();
+  return absl::OkStatus();
+}
+
+absl::Status DivergenceCheck::Check(int64_t step, double loss, bool skipped) {
+  skipped_in_a_row_ = skipped ? skipped_in_a_row_ + 1 : 0;
+  if (!std::isfinite(loss) && !dynamic_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run diverged: the loss of step ", step, " is ", FormatNumber(loss),
+        " and no dynamic loss scaler can absorb it (the weights are not updated from a "
+        "non-finite gradient, but training cannot recover; lower --lr or use another precision)"));
+  }
+  if (max_skipped_ > 0 && skipped_in_a_row_ >= max_skipped_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run diverged: ", skipped_in_a_row_, " consecutive steps were skipped (steps ",
+        step - skipped_in_a_row_ + 1, " to ", step,
+        " had non-finite gradients at every loss scale tried; --max_skipped_in_a_row=",
+        max_skipped_, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
@@ -242,49 +424,99 @@ absl::Status RunState::Save(const std::string& dir, const StateDict& extra,
   state.Merge("schedule.", schedule_.state_dict());
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
-  metadata["config"] = config_;
+  metadata.merge(settings_.ToMetadata());
   return SaveCheckpoint(dir, ToHost(state), metadata).status();
 }
 
+namespace {
+
+// The checkpoint's scalar `key`, which must be an integer in [min, max]; DataLoss names the key
+// and the value otherwise (`bound` says where max comes from).
+absl::StatusOr<int64_t> IntegerScalar(const std::string& dir, const StateDict& ckpt,
+                                      const std::string& key, int64_t min, int64_t max,
+                                      const char* bound) {
+  if (!ckpt.has_scalar(key)) {
+    return absl::DataLossError(
+        absl::StrCat("cannot resume from ", dir, ": the checkpoint has no scalar '", key, "'"));
+  }
+  const double v = ckpt.scalar(key);
+  if (!(v >= static_cast<double>(min) && v <= static_cast<double>(max) && std::floor(v) == v)) {
+    return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": '", key, "' is ",
+                                            FormatNumber(v), "; expected an integer in [", min,
+                                            ", ", max, "] (", bound, ")"));
+  }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
 absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
-                                           std::map<std::string, std::string>* metadata) {
+                                           const std::vector<std::string>& overrides,
+                                           std::map<std::string, std::string>* metadata,
+                                           std::vector<std::string>* changes) {
   if (dir.empty()) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
   absl::StatusOr<StateDict> ckpt = LoadCheckpoint(dir, metadata);
   if (!ckpt.ok()) return ckpt.status();
-  const std::string& saved = (*metadata)["config"];
-  if (saved != config_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint in ", dir, " is of another run (", saved, "; this run: ", config_, ")"));
+  absl::StatusOr<std::vector<std::string>> changed =
+      settings_.CheckResume(dir, *metadata, overrides);
+  if (!changed.ok()) return changed.status();
+
+  // The counters, before anything is restored.
+  absl::StatusOr<int64_t> step =
+      IntegerScalar(dir, *ckpt, "step", 0, total_steps_, "the run's step count");
+  if (!step.ok()) return step.status();
+  absl::StatusOr<int64_t> skipped =
+      IntegerScalar(dir, *ckpt, "skipped_steps", 0, *step, "at most 'step'");
+  if (!skipped.ok()) return skipped.status();
+  for (const auto& [key, expected, what] :
+       {std::tuple<const char*, int64_t, const char*>{"schedule.last_step", *step - *skipped,
+                                                      "'step' - 'skipped_steps'"},
+        {"optim.scaler.iteration", *step, "'step'"}}) {
+    absl::StatusOr<int64_t> value = IntegerScalar(dir, *ckpt, key, 0, *step, "at most 'step'");
+    if (!value.ok()) return value.status();
+    if (*value != expected) {
+      return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": '", key, "' is ",
+                                              *value, " but ", what, " is ", expected,
+                                              " (the counters of the checkpoint disagree)"));
+    }
   }
   try {
     model_.load_state_dict(ckpt->Sub("model."));
     optimizer_.load_state_dict(ckpt->Sub("optim."));
     schedule_.load_state_dict(ckpt->Sub("schedule."));
-    step_ = static_cast<int64_t>(ckpt->scalar("step"));
-    skipped_ = static_cast<int64_t>(ckpt->scalar("skipped_steps"));
   } catch (const Error& e) {
     return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
   }
+  step_ = *step;
+  skipped_ = *skipped;
+  *changes = std::move(*changed);
   return ckpt;
 }
 
+std::string StopRequest::Describe() const {
+  std::string text = absl::StrCat("signal ", signal, " (", strsignal(signal), ")");
+  if (received_by >= 0) absl::StrAppend(&text, " received by rank ", received_by);
+  return text;
+}
+
 int RunState::SaveAndStop(const std::string& dir, const StateDict& extra,
-                          std::map<std::string, std::string> metadata,
-                          ProgressReporter& progress) const {
+                          std::map<std::string, std::string> metadata, ProgressReporter& progress,
+                          const StopRequest& stop) const {
   absl::Status saved = Save(dir, extra, std::move(metadata));
-  const int sig = StopSignal::signal_number();
+  const bool distributed = stop.received_by >= 0;
+  std::string line = absl::StrCat(distributed ? absl::StrCat("rank ", stop.this_rank, ": ") : "",
+                                  "stopped by ", stop.Describe(), " after step ", step_);
   if (!saved.ok()) {
-    progress.Println(absl::StrCat("stopped by signal ", sig, " after step ", step_,
-                                  "; the checkpoint could not be written: ", saved.message()));
-    progress.Finish();
-    return 1;
+    absl::StrAppend(&line, "; the checkpoint could not be written: ", saved.message());
+  } else if (!dir.empty()) {
+    absl::StrAppend(&line, "; checkpoint in ", dir, ", continue with --resume");
+  } else if (!distributed || stop.this_rank == 0) {
+    absl::StrAppend(&line, " (no --checkpoint_dir: nothing saved)");
   }
-  progress.Println(absl::StrCat(
-      "stopped by signal ", sig, " after step ", step_,
-      dir.empty() ? " (no --checkpoint_dir: nothing saved)"
-                  : absl::StrCat("; checkpoint in ", dir, ", continue with --resume")));
+  progress.Println(line);
   progress.Finish();
-  return 128 + sig;
+  if (distributed && stop.this_rank != 0) std::fprintf(stderr, "%s\n", line.c_str());
+  return saved.ok() ? 128 + stop.signal : 1;
 }
 
 int Fail(const char* name, const absl::Status& status) {

@@ -126,6 +126,16 @@ class StopSignal {
   static int signal_number();  // 0 while none was received
 };
 
+// Why a run stops: the signal, and in a data-parallel run which rank received it (every rank
+// stops after the same step; see DataParallel::Agree).
+struct StopRequest {
+  int signal = 0;          // 0: no stop
+  int received_by = -1;    // the rank that received it; -1 in a single process
+  int this_rank = 0;
+  // "signal 15 (Terminated)", plus " received by rank 1" when data parallel.
+  std::string Describe() const;
+};
+
 // The generator state as metadata text ("seed:offset", exact for every 64-bit value).
 std::string GeneratorStateToString(const Generator::State& state);
 absl::StatusOr<Generator::State> GeneratorStateFromString(const std::string& text);
@@ -140,18 +150,118 @@ absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
                                          std::map<std::string, std::string>* metadata);
 std::string CheckpointPath(const std::string& dir);
 
+// A number as the shortest text that reads back as the same double ("0.001", "1e+300", "nan"),
+// whole numbers below 1e15 as integers ("100000").
+std::string FormatNumber(double value);
+
+// A numeric flag and its documented valid range: [min, max], or with one bound excluded. NaN is
+// outside every range, and infinity outside every range with a finite bound.
+struct FlagRange {
+  enum class Open { kNone, kMin, kMax };
+  const char* name;  // without "--"
+  double value;
+  double min;
+  double max;
+  Open open = Open::kNone;
+};
+// InvalidArgument for the first flag outside its range: "--dropout=-0.1 is outside its valid
+// range [0, 1)".
+absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags);
+
+// The settings that decide a run's trajectory (model shape, data, optimizer and its options,
+// schedule, precision and scaler, seed, ...), by flag name, in the order the binary adds them. A
+// checkpoint records them as "setting.<name>" metadata; resuming compares them one by one, so a
+// checkpoint never continues under settings other than its own without the user saying so:
+// - a changed `fixed` setting (one the checkpoint's state depends on: the model's shapes, the
+//   optimizer, the scaler preset, the batch size, the seed) is refused;
+// - a changed overridable setting (lr, weight decay, dropout, step count, ...) is refused unless
+//   --override names it; then the run continues with the new value and the binary prints the
+//   changes first.
+// Data-parallel ranks compare the same settings at start (DataParallel::CheckSameRun).
+class RunSettings {
+ public:
+  struct Setting {
+    std::string name;
+    std::string value;
+    bool fixed;
+  };
+  void Add(const std::string& name, const std::string& value, bool fixed);
+  void Add(const std::string& name, const char* value, bool fixed) {
+    Add(name, std::string(value), fixed);
+  }
+  void Add(const std::string& name, double value, bool fixed) {
+    Add(name, FormatNumber(value), fixed);
+  }
+  const std::vector<Setting>& items() const { return items_; }
+  // "setting.<name>" -> value.
+  std::map<std::string, std::string> ToMetadata() const;
+  // "name=value ...", for the first output line.
+  std::string ToString() const;
+
+  // Parses --override ("lr,weight_decay"; empty: none). InvalidArgument for an unknown name or a
+  // fixed setting.
+  absl::StatusOr<std::vector<std::string>> ParseOverrides(const std::string& flag) const;
+  // Compares with a checkpoint's metadata; returns the allowed changes as "lr 0.003 -> 0.001".
+  // FailedPrecondition naming the first refused difference (or a setting the checkpoint lacks).
+  absl::StatusOr<std::vector<std::string>> CheckResume(
+      const std::string& dir, const std::map<std::string, std::string>& metadata,
+      const std::vector<std::string>& overrides) const;
+
+ private:
+  std::vector<Setting> items_;
+};
+
+// What data-parallel ranks compare at start (DataParallel::CheckSameRun): the settings
+// ("name=value"), every parameter ("param <name> <dtype> [shape]") and the caller's `extra`
+// lines (the data size, ...).
+std::vector<std::string> RunFingerprint(const RunSettings& settings, const nn::Module& model,
+                                        const std::vector<std::string>& extra);
+
+// After a resume with --override: applies the overridden optimizer settings of `config` ("lr":
+// the schedule's base lr of every group; "weight_decay": the decayed groups; "beta2") that the
+// checkpoint's optimizer and schedule state replaced. Other settings take effect by themselves.
+void ApplyOptimizerOverrides(const OptimizerConfig& config,
+                             const std::vector<std::string>& overrides,
+                             amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule);
+
+// Before training: creates the checkpoint directory with its parents (as mkdir -p), checks that
+// a file can be created in it, and removes the temporaries that interrupted saves of its
+// checkpoint left behind. Does nothing for an empty dir.
+absl::Status PrepareCheckpointDir(const std::string& dir);
+
+// Divergence: a run stops with an error when its loss becomes NaN/inf and no dynamic loss scaler
+// can absorb it (f32, bf16, or any constant scale), or when a dynamic scaler has skipped
+// `max_skipped_in_a_row` consecutive steps (0: never). Megatron-LM and DeepSpeed stop too;
+// training on NaN weights to a successful exit helps nobody.
+class DivergenceCheck {
+ public:
+  DivergenceCheck(bool dynamic_scaler, int64_t max_skipped_in_a_row)
+      : dynamic_(dynamic_scaler), max_skipped_(max_skipped_in_a_row) {}
+  // After each step (the loss agreed across ranks). FailedPrecondition says why the run stopped.
+  absl::Status Check(int64_t step, double loss, bool skipped);
+
+ private:
+  bool dynamic_;
+  int64_t max_skipped_;
+  int64_t skipped_in_a_row_ = 0;
+};
+
 // What every run checkpoints and counts: the model, the optimizer (masters, moments, scaler), the
-// schedule, the step and the skipped steps, under the run's configuration text (its identity: a
-// checkpoint of another configuration is refused). The binary adds its data state.
+// schedule, the step and the skipped steps, under the run's settings (see RunSettings). The
+// binary adds its data state.
 class RunState {
  public:
   RunState(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer, optim::LrSchedule& schedule,
-           std::string config)
-      : model_(model), optimizer_(optimizer), schedule_(schedule), config_(std::move(config)) {}
+           RunSettings settings, int64_t total_steps)
+      : model_(model),
+        optimizer_(optimizer),
+        schedule_(schedule),
+        settings_(std::move(settings)),
+        total_steps_(total_steps) {}
 
   int64_t step() const { return step_; }
   int64_t skipped() const { return skipped_; }
-  const std::string& config() const { return config_; }
+  const RunSettings& settings() const { return settings_; }
 
   // Counts a finished step and returns its record (the caller fills epoch and throughput).
   StepRecord Advance(const StepStats& stats, double elapsed_seconds);
@@ -162,21 +272,31 @@ class RunState {
   absl::Status Save(const std::string& dir, const StateDict& extra,
                     std::map<std::string, std::string> metadata) const;
   // Restores what Save wrote and returns the whole checkpoint (for the caller's entries) with its
-  // metadata. FailedPrecondition for another configuration, DataLoss for content that does not
-  // fit the model or optimizer; nothing is half-restored in the model on error.
+  // metadata. First compares the settings (RunSettings::CheckResume with `overrides`; the allowed
+  // changes go to *changes) and validates the counters: 'step' an integer in [0, total_steps],
+  // 'skipped_steps' one in [0, step], the schedule's updates equal to step - skipped_steps and
+  // the loss scaler's iterations equal to step. FailedPrecondition for changed settings,
+  // DataLoss naming the key and value of a bad number or content that does not fit the model or
+  // optimizer; nothing is half-restored in the model on error.
   absl::StatusOr<StateDict> Resume(const std::string& dir,
-                                   std::map<std::string, std::string>* metadata);
+                                   const std::vector<std::string>& overrides,
+                                   std::map<std::string, std::string>* metadata,
+                                   std::vector<std::string>* changes);
 
-  // After a stop signal: saves, prints where the checkpoint went (or that none was written), ends
-  // the progress line and returns the exit code 128 + signal (1 if saving failed).
+  // After a stop request: saves, prints why and where the checkpoint went (or that none was
+  // written), ends the progress line and returns the exit code 128 + signal (1 if saving failed).
+  // Data parallel, every rank prints its line ("rank 1: stopped by signal 15 (Terminated)
+  // received by rank 0 after step 7"): rank 0 through `progress`, the others on stderr.
   int SaveAndStop(const std::string& dir, const StateDict& extra,
-                  std::map<std::string, std::string> metadata, ProgressReporter& progress) const;
+                  std::map<std::string, std::string> metadata, ProgressReporter& progress,
+                  const StopRequest& stop) const;
 
  private:
   nn::Module& model_;
   amp::MixedPrecisionOptimizer& optimizer_;
   optim::LrSchedule& schedule_;
-  std::string config_;
+  RunSettings settings_;
+  int64_t total_steps_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
 };
