@@ -60,4 +60,50 @@ set -e
 grep -F "train_mnist: --world_size=3 but the environment has WORLD_SIZE=2" "$tmp/bad1.log"
 grep -F "train_mnist: --world_size=2 but the environment has WORLD_SIZE=1 (start the ranks with: bazel run //tools:launch -- --nproc=2 -- <binary> --world_size=2)" "$tmp/bad2.log"
 grep -F "train_mnist: the batch size 128 does not split evenly across 3 ranks" "$tmp/bad3.log"
+echo "== ranks that disagree all stop with the same message naming the first difference"
+# by_hand NAME RANK0_ARGS -- RANK1_ARGS: two ranks started by hand; their exit codes in $rc0 $rc1.
+by_hand() {
+  local name="$1" bin="$2" args0=() args1=()
+  shift 2
+  while [ "$1" != "--" ]; do args0+=("$1"); shift; done
+  shift
+  args1=("$@")
+  local dir
+  dir="$(mktemp -d "$tmp/rdzv.XXXXXX")"
+  set +e
+  "$bin" --world_size=2 --rank=1 --rdzv="file://$dir" "${args1[@]}" >"$tmp/$name.1.log" 2>&1 &
+  local pid1=$!
+  "$bin" --world_size=2 --rank=0 --rdzv="file://$dir" "${args0[@]}" >"$tmp/$name.0.log" 2>&1
+  rc0=$?
+  wait "$pid1"
+  rc1=$?
+  set -e
+}
+by_hand batch "$train_mnist" "${mnist_args[@]}" -- "${mnist_args[@]}" --batch_size=64
+[ "$rc0" -eq 1 ] && [ "$rc1" -eq 1 ] || { echo "batch: exit codes $rc0 $rc1, expected 1 1"; exit 1; }
+for r in 0 1; do
+  grep -xF "train_mnist: the ranks disagree on the run: rank 1 has batch_size=64, rank 0 has batch_size=128 (start every rank with the same flags and data)" "$tmp/batch.$r.log"
+done
+by_hand model "$train_gpt" "${gpt_args[@]}" -- "${gpt_args[@]}" --n_embd=32
+[ "$rc0" -eq 1 ] && [ "$rc1" -eq 1 ] || { echo "model: exit codes $rc0 $rc1, expected 1 1"; exit 1; }
+for r in 0 1; do
+  grep -xF "train_gpt: the ranks disagree on the run: rank 1 has n_embd=32, rank 0 has n_embd=64 (start every rank with the same flags and data)" "$tmp/model.$r.log"
+done
+
+echo "== a signal to one rank stops every rank after the same step, each naming rank and signal"
+ckpt="$tmp/dp_ckpt"
+by_hand signal "$train_mnist" "${mnist_args[@]}" --checkpoint_dir="$ckpt" -- "${mnist_args[@]}" \
+  --checkpoint_dir="$ckpt" --stop_at_step=3
+[ "$rc0" -eq 143 ] && [ "$rc1" -eq 143 ] || { echo "signal: exit codes $rc0 $rc1, expected 143 143"; exit 1; }
+grep -xF "rank 0: stopped by signal 15 (Terminated) received by rank 1 after step 4; checkpoint in $ckpt, continue with --resume" "$tmp/signal.0.log"
+grep -xF "rank 1: stopped by signal 15 (Terminated) received by rank 1 after step 4" "$tmp/signal.1.log"
+# Under the launcher: its exit status is the signal's.
+set +e
+"$launch" --nproc=2 -- sh -c 'if [ "$RANK" = 1 ]; then set -- "$@" --stop_at_step=3; fi; exec "$@"' \
+  sh "$train_mnist" --world_size=2 "${mnist_args[@]}" >"$tmp/launch_signal.log" 2>&1
+status=$?
+set -e
+[ "$status" -eq 143 ] || { echo "launcher exit $status, expected 143"; cat "$tmp/launch_signal.log"; exit 1; }
+grep -F "rank 0: stopped by signal 15 (Terminated) received by rank 1 after step 4" "$tmp/launch_signal.log"
+grep -F "rank 1: stopped by signal 15 (Terminated) received by rank 1 after step 4" "$tmp/launch_signal.log"
 echo "PASS"
