@@ -1,8 +1,8 @@
 #include "tools/train/run.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <tuple>
 
 #include "absl/strings/match.h"
