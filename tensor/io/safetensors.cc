@@ -429,15 +429,17 @@ absl::Status CheckLayout(const std::string& where, const std::vector<HeaderEntry
           absl::StrCat(at, " begin after end; begin <= end (safetensors rule)"));
     }
     if (e->begin > start && previous == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          at, " leave a gap of ", e->begin, " bytes at the start of the data buffer; the first "
-          "tensor must begin at offset 0 (safetensors rule)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, " leave a gap of ", e->begin,
+                       " bytes at the start of the data buffer; the first tensor must begin at "
+                       "offset 0 (safetensors rule)"));
     }
     if (e->begin > start) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          at, " leave a gap of ", e->begin - start, " bytes after tensor ", Quote(previous->name),
-          " (which ends at ", start, "); the data buffer must be covered exactly, without gaps "
-          "(safetensors rule)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, " leave a gap of ", e->begin - start, " bytes after tensor ",
+                       Quote(previous->name), " (which ends at ", start,
+                       "); the data buffer must be covered exactly, without gaps (safetensors "
+                       "rule)"));
     }
     if (e->begin < start) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -448,26 +450,26 @@ absl::Status CheckLayout(const std::string& where, const std::vector<HeaderEntry
     if (e->end - e->begin != e->nbytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           at, " hold ", e->end - e->begin, " bytes, but shape ", ShapeToString(e->shape), " of ",
-          e->dtype->name, " needs ", e->nbytes));
+          e->dtype->name, " needs ", e->nbytes, " (safetensors rule)"));
     }
     previous = e;
     start = e->end;
   }
   if (start > data_size) {  // `previous` ends beyond the file
-    return absl::DataLossError(absl::StrCat(where, ": tensor ", Quote(previous->name),
-                                            ": data_offsets [", previous->begin, ", ",
-                                            previous->end, "] end beyond the data buffer of ",
-                                            data_size, " bytes (truncated file?)"));
+    return absl::DataLossError(absl::StrCat(
+        where, ": tensor ", Quote(previous->name), ": data_offsets [", previous->begin, ", ",
+        previous->end, "] end beyond the data buffer of ", data_size, " bytes (truncated file?)"));
   }
   if (start < data_size) {
-    const std::string covered =
-        previous == nullptr ? std::string("the header lists no tensor")
-                            : absl::StrCat("the tensors cover ", start, " (up to the end of tensor ",
-                                           Quote(previous->name), ")");
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the data buffer holds ", data_size, " bytes after the header, but ", covered,
-        ": ", data_size - start, " left over (trailing bytes, or a header length that is too "
-        "small); the file must end where the last tensor ends (safetensors rule)"));
+    const std::string covered = previous == nullptr ? std::string("the header lists no tensor")
+                                                    : absl::StrCat("the tensors cover ", start,
+                                                                   " (up to the end of tensor ",
+                                                                   Quote(previous->name), ")");
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the data buffer holds ", data_size, " bytes after the header, but ",
+                     covered, ": ", data_size - start,
+                     " left over (trailing bytes, or a header length that is too small); the "
+                     "file must end where the last tensor ends (safetensors rule)"));
   }
   return absl::OkStatus();
 }
@@ -495,8 +497,8 @@ class DuplicateKeyFinder {
     } else if (top_level_key_ == kMetadataKey) {
       message_ = absl::StrCat("\"__metadata__\" holds the key ", Quote(key), " twice");
     } else {
-      message_ = absl::StrCat("tensor ", Quote(top_level_key_), ": field \"", key,
-                              "\" appears twice");
+      message_ =
+          absl::StrCat("tensor ", Quote(top_level_key_), ": field \"", key, "\" appears twice");
     }
     absl::StrAppend(&message_, "; each key of an object must be unique");
     return true;
@@ -524,15 +526,13 @@ absl::Status TakeChecksums(const std::string& where, std::map<std::string, std::
         absl::string_view(key).substr(sizeof(kChecksumMetadataPrefix) - 1);
     const auto entry = by_name.find(name);
     if (entry == by_name.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": \"__metadata__\" entry ", Quote(key),
-                       " records a checksum of tensor ", Quote(name), ", which the file does "
-                       "not hold"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" entry ", Quote(key),
+                                                     " records a checksum of tensor ", Quote(name),
+                                                     ", which the file does not hold"));
     }
     if (!ParseCrcText(it->second, &entry->second->crc)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" entry ",
-                                                     Quote(key), " has the value ",
-                                                     Quote(it->second),
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" entry ", Quote(key),
+                                                     " has the value ", Quote(it->second),
                                                      "; expected a CRC-32 as 8 lowercase hex "
                                                      "digits"));
     }
@@ -551,9 +551,9 @@ absl::Status ParseHeader(const std::string& where, absl::string_view text, uint6
   const size_t nul = text.find('\0');
   if (nul != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": header byte ", nul, " (of ", text.size(), ") is NUL; the header must be JSON "
-        "text with only whitespace around it: pad it with spaces, not NUL bytes (safetensors "
-        "rule)"));
+        where, ": header byte ", nul, " (of ", text.size(),
+        ") is NUL; the header must be JSON text with only whitespace around it: pad it with "
+        "spaces, not NUL bytes (safetensors rule)"));
   }
   if (NestsTooDeep(text)) {
     return absl::InvalidArgumentError(
@@ -656,10 +656,9 @@ absl::StatusOr<Safetensors> Read(const std::string& where, uint64_t total, const
     if (e.has_crc) {
       const uint32_t crc = Crc32(t.raw_data(), e.nbytes);
       if (crc != e.crc) {
-        return absl::DataLossError(absl::StrCat(where, ": tensor ", Quote(e.name),
-                                                ": CRC-32 of its ", e.nbytes, " bytes is ",
-                                                CrcText(crc), ", the header records ",
-                                                CrcText(e.crc), " (the data is corrupt)"));
+        return absl::DataLossError(absl::StrCat(
+            where, ": tensor ", Quote(e.name), ": CRC-32 of its ", e.nbytes, " bytes is ",
+            CrcText(crc), ", the header records ", CrcText(e.crc), " (the data is corrupt)"));
       }
     }
     if (e.dtype->dtype == kBool) {
@@ -730,7 +729,8 @@ pid_t TemporaryOwner(absl::string_view name, absl::string_view prefix) {
   if (dot == absl::string_view::npos) return 0;
   const absl::string_view pid_text = name.substr(0, dot), n_text = name.substr(dot + 1);
   auto all_digits = [](absl::string_view s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   };
   if (!all_digits(pid_text) || !all_digits(n_text) || pid_text.size() > 10) return 0;
   uint64_t pid = 0;
@@ -827,8 +827,8 @@ absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path) {
   }
   std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(dir.c_str()), &::closedir);
   if (listing == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("RemoveStaleTemporaries: cannot list ",
-                                                   QuotePath(dir)));
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("RemoveStaleTemporaries: cannot list ", QuotePath(dir)));
   }
   // Collected first: removing entries while readdir() walks the directory is allowed but muddy.
   std::vector<std::pair<std::string, pid_t>> candidates;  // (path, owner)
@@ -842,8 +842,8 @@ absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path) {
     }
   }
   if (errno != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("RemoveStaleTemporaries: cannot list ",
-                                                   QuotePath(dir)));
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("RemoveStaleTemporaries: cannot list ", QuotePath(dir)));
   }
   int removed = 0;
   absl::Status first_error;
@@ -873,8 +873,9 @@ absl::Status SaveSafetensors(const std::string& path, const Safetensors& st) {
   const absl::StatusOr<int> cleanup = RemoveStaleTemporaries(path);
   const absl::Status status = WriteFileAtomically(path, *plan);
   if (!status.ok() && !cleanup.ok()) {
-    return absl::Status(status.code(), absl::StrCat(status.message(), " (and before the save: ",
-                                                    cleanup.status().message(), ")"));
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (and before the save: ", cleanup.status().message(), ")"));
   }
   return status;
 }
@@ -923,8 +924,8 @@ absl::Status SaveStateDict(const std::string& path, const StateDict& sd,
   for (const auto& [key, value] : extra_metadata) {
     for (const char* prefix : {kScalarMetadataPrefix, kChecksumMetadataPrefix}) {
       if (absl::StartsWith(key, prefix)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "SaveStateDict: metadata key ", Quote(key), " uses the reserved prefix '", prefix, "'"));
+        return absl::InvalidArgumentError(absl::StrCat("SaveStateDict: metadata key ", Quote(key),
+                                                       " uses the reserved prefix '", prefix, "'"));
       }
     }
     st.metadata[key] = value;

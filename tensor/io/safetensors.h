@@ -90,17 +90,18 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view bytes);
 // directory listing); that cleanup never fails the save: its error is only appended to the
 // message of a save that fails anyway.
 absl::Status SaveSafetensors(const std::string& path, const Safetensors& st);
-// Removes "<path>.tmp.<pid>.<n>" files left by a writer that no longer runs (its pid is not a
-// live process: kill(pid, 0) fails with ESRCH), and nothing else: only names of exactly that pattern
-// (digits only for pid and n). Returns how many were removed; errors as Status.
-// A reused pid keeps a stale file until that process ends; entries that are not regular files
-// are left alone. Assumes the writers of `path` run on this machine and in this pid namespace:
-// on a filesystem shared between machines or containers a live writer elsewhere looks dead and
-// its temporary would be removed. A failing removal does not stop the others; the first one is
-// returned after all were tried.
-absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path);
 // Reads the header, then each tensor straight into its storage (no copy of the whole file).
 absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path);
+
+// Removes "<path>.tmp.<pid>.<n>" files left by a writer that no longer runs (its pid is not a
+// live process: kill(pid, 0) fails with ESRCH), and nothing else: only names of exactly that
+// pattern (digits only for pid and n). Returns how many were removed; errors as Status. A reused
+// pid keeps a stale file until that process ends; entries that are not regular files are left
+// alone. Assumes the writers of `path` run on this machine and in this pid namespace: on a
+// filesystem shared between machines or containers a live writer elsewhere looks dead and its
+// temporary would be removed. A failing removal does not stop the others; the first one is returned
+// after all were tried.
+absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path);
 
 // The __metadata__ key prefix of StateDict scalars: "scalar:<key>" -> "%.17g" text, which
 // parses back to the identical double (NaN keeps its sign, not its payload).

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -47,6 +49,16 @@ void ExpectSameTensor(const Tensor& expected, const Tensor& actual, const std::s
   EXPECT_TRUE(actual.is_contiguous()) << name;
   EXPECT_TRUE(actual.device().is_cpu()) << name;
   EXPECT_EQ(BytesOf(actual), BytesOf(expected)) << name << " differs bitwise";
+}
+
+// The status has `code` and exactly `message`.
+::testing::AssertionResult IsError(const absl::Status& status, absl::StatusCode code,
+                                   const std::string& message) {
+  if (status.code() != code || status.message() != message) {
+    return ::testing::AssertionFailure() << "got " << status << "\n   expected "
+                                         << absl::StatusCodeToString(code) << ": " << message;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult HasError(const absl::Status& status, absl::StatusCode code,
@@ -205,8 +217,9 @@ TEST(SafetensorsTest, EmptyFileRoundTrips) {
 
 // ---- the writer's bytes ----------------------------------------------------------------------
 
-// The reference library's own test vectors (safetensors/src/tensor.rs): our writer produces the
-// same bytes, so Python's safetensors reads what we write.
+// The reference library's own test vectors (safetensors/src/tensor.rs): without tensors our
+// writer produces the same bytes; with tensors it only adds their checksums to __metadata__ (the
+// CRC-32 values come from Python's zlib.crc32), so Python's safetensors reads what we write.
 TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
   Safetensors empty;
   EXPECT_EQ(*SerializeSafetensors(empty), U64(8) + "{}      ");
@@ -220,14 +233,19 @@ TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
   Safetensors one;
   one.tensors["attn.0"] = values.view({1, 2, 3});
   EXPECT_EQ(*SerializeSafetensors(one),
-            U64(64) + R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" +
-                BytesOf(values));
+            U64(112) +
+                R"({"__metadata__":{"crc32:attn.0":"91e79017"},)"
+                R"("attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" +
+                "     " + BytesOf(values));
 
-  Safetensors padded;  // 65 bytes of JSON: padded with 7 spaces to 72
+  Safetensors padded;  // 115 bytes of JSON: padded with 5 spaces to 120
   padded.tensors["attn0"] = values.view({1, 1, 2, 3});
+  padded.metadata["a"] = "b";
   EXPECT_EQ(*SerializeSafetensors(padded),
-            U64(72) + R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" +
-                "       " + BytesOf(values));
+            U64(120) +
+                R"({"__metadata__":{"a":"b","crc32:attn0":"91e79017"},)"
+                R"("attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" +
+                "     " + BytesOf(values));
 }
 
 // Mixed dtypes: the header is 8-byte aligned, offsets run contiguously from 0 to the end of the
@@ -263,7 +281,8 @@ TEST(SafetensorsTest, WriterLayoutIsContiguousAndAligned) {
     EXPECT_GT(at, last) << name << " is out of order";
     last = at;
   }
-  EXPECT_EQ(header.find("{\"__metadata__\":{\"k\":\"v\"},"), 0u);
+  EXPECT_EQ(header.find(R"({"__metadata__":{"crc32:a_scalar":")"), 0u);
+  EXPECT_NE(header.find(R"(,"k":"v"},)"), std::string::npos);
 
   const nlohmann::json j = nlohmann::json::parse(header);
   uint64_t expected_begin = 0;
@@ -469,13 +488,24 @@ TEST(SafetensorsTest, CorruptInputGivesClearErrors) {
       {"negative data_offsets", entry(R"({"dtype":"F32","shape":[],"data_offsets":[-4,0]})"),
        C::kInvalidArgument, "found array [-4,0]"},
       {"data_offsets begin after end", entry(R"({"dtype":"F32","shape":[],"data_offsets":[8,4]})"),
-       C::kInvalidArgument, "tensor 'x': data_offsets [8, 4] begin after end"},
-      {"offsets out of range", entry(R"({"dtype":"F32","shape":[],"data_offsets":[64,68]})"),
-       C::kDataLoss, "tensor 'x': data_offsets [64, 68] end beyond the data buffer of 64 bytes"},
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': data_offsets [8, 4] begin after end; begin <= end "
+       "(safetensors rule)"},
+      {"offsets out of range", entry(R"({"dtype":"U8","shape":[68],"data_offsets":[0,68]})"),
+       C::kDataLoss,
+       "safetensors buffer: tensor 'x': data_offsets [0, 68] end beyond the data buffer of 64 "
+       "bytes (truncated file?)"},
       {"huge offsets",
        entry(
            R"({"dtype":"F32","shape":[],"data_offsets":[18446744073709551612,18446744073709551615]})"),
-       C::kDataLoss, "end beyond the data buffer of 64 bytes"},
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': data_offsets [18446744073709551612, 18446744073709551615] "
+       "leave a gap of 18446744073709551612 bytes at the start of the data buffer; the first "
+       "tensor must begin at offset 0 (safetensors rule)"},
+      {"huge end", entry(R"({"dtype":"U8","shape":[1],"data_offsets":[0,18446744073709551615]})"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'x': data_offsets [0, 18446744073709551615] hold "
+       "18446744073709551615 bytes, but shape [1] of U8 needs 1 (safetensors rule)"},
       {"size mismatch", entry(R"({"dtype":"I32","shape":[2,2],"data_offsets":[0,12]})"),
        C::kInvalidArgument,
        "safetensors buffer: tensor 'x': data_offsets [0, 12] hold 12 bytes, but shape [2, 2] of "
@@ -486,7 +516,7 @@ TEST(SafetensorsTest, CorruptInputGivesClearErrors) {
                 std::string(12, '\0')),
        C::kInvalidArgument,
        "safetensors buffer: tensors 'a' (data_offsets [0, 8]) and 'b' (data_offsets [4, 12]) "
-       "overlap"},
+       "overlap; each tensor must begin where the previous one ends (safetensors rule)"},
       {"range inside another",
        MakeFile(R"({"a":{"dtype":"U8","shape":[16],"data_offsets":[0,16]},)"
                 R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},)"
@@ -510,21 +540,36 @@ TEST(SafetensorsTest, CorruptInputGivesClearErrors) {
 }
 
 TEST(SafetensorsTest, ReaderAcceptsWhatTheFormatAllows) {
-  // Gaps, trailing bytes, any order of entries, zero-length ranges anywhere, unknown fields,
-  // a null __metadata__ and whitespace around the JSON.
-  const std::string data =
-      std::string("\1\0\0\0", 4) + "gap!" + std::string("\2\0\0\0", 4) + "tail";
+  // Any order of entries, zero-size tensors at the start, between two tensors and at the end
+  // (several at one offset), unknown fields (holding duplicate keys: ignored, as the reference
+  // does), a null __metadata__ and JSON whitespace of every kind around the object.
+  const std::string data = std::string("\1\0\0\0", 4) + std::string("\2\0\0\0", 4);
   const std::string header =
-      R"(  {"__metadata__":null,"b":{"dtype":"I32","shape":[1],"data_offsets":[8,12]},)"
-      R"("e":{"dtype":"F64","shape":[0,5],"data_offsets":[3,3],"extra":{"x":[1]}},)"
-      R"("a":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}  )";
+      " \t\r\n"
+      R"({"__metadata__":null,"b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]},)"
+      R"("e":{"dtype":"F64","shape":[0,5],"data_offsets":[4,4],"extra":{"x":[1],"x":2}},)"
+      R"("f":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},)"
+      R"("g":{"dtype":"BOOL","shape":[3,0],"data_offsets":[8,8]},)"
+      R"("z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+      R"("a":{"dtype":"I32","shape":[],"data_offsets":[0,4]}})"
+      "\n\r\t ";
   absl::StatusOr<Safetensors> st = ParseSafetensors(MakeFile(header, data));
   ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->tensors.size(), 6u);
   EXPECT_EQ(st->tensors.at("a").item(), 1);
   EXPECT_EQ(st->tensors.at("a").dim(), 0);
   EXPECT_EQ(st->tensors.at("b").to_vector<int32_t>(), (std::vector<int32_t>{2}));
   EXPECT_EQ(ShapeToString(st->tensors.at("e").shape()), "[0, 5]");
+  EXPECT_EQ(ShapeToString(st->tensors.at("g").shape()), "[3, 0]");
   EXPECT_TRUE(st->metadata.empty());
+
+  // A header of only "{}", with or without padding, and no data.
+  for (const std::string& empty : {std::string("{}"), std::string("{}      ")}) {
+    absl::StatusOr<Safetensors> e = ParseSafetensors(MakeFile(empty, ""));
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(e->tensors.empty());
+    EXPECT_TRUE(e->metadata.empty());
+  }
 }
 
 // Every prefix of a valid file, and random byte changes in its length field and header: each
@@ -608,6 +653,257 @@ TEST(SafetensorsTest, TruncationAndHeaderCorruptionNeverCrash) {
   EXPECT_LT(semantic_ok, 20000);
 }
 
+// ---- the reference library's rules -----------------------------------------------------------
+
+// Written by Python's safetensors 0.8.0 (safetensors.numpy.save, no checksums):
+//   save({"w": float32 [[1.5, -2], [0.25, 3]], "b": bool [1, 0, 1], "e": float64 zeros (0, 2),
+//         "s": int64 -7, "h": float16 [1, 2, 3], "i": int32 [5, -6], "u": uint8 [200]},
+//        metadata={"format": "np", "note": "\u00fc"})
+std::string ReferenceWrittenFile() {
+  return U64(432) +
+         R"({"__metadata__":{"format":"np","note":")"
+         "\xc3\xbc"
+         R"("},"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+         R"("e":{"dtype":"F64","shape":[0,2],"data_offsets":[8,8]},)"
+         R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]},)"
+         R"("i":{"dtype":"I32","shape":[2],"data_offsets":[24,32]},)"
+         R"("h":{"dtype":"F16","shape":[3],"data_offsets":[32,38]},)"
+         R"("u":{"dtype":"U8","shape":[1],"data_offsets":[38,39]},)"
+         R"("b":{"dtype":"BOOL","shape":[3],"data_offsets":[39,42]}})"
+         "     " +
+         std::string(
+             "\xf9\xff\xff\xff\xff\xff\xff\xff\x00\x00\xc0\x3f\x00\x00\x00\xc0\x00\x00\x80"
+             "\x3e\x00\x00\x40\x40\x05\x00\x00\x00\xfa\xff\xff\xff\x00\x3c\x00\x40\x00\x42"
+             "\xc8\x01\x00\x01",
+             42);
+}
+
+TEST(SafetensorsTest, ReferenceWrittenFileLoads) {
+  const std::string bytes = ReferenceWrittenFile();
+  ASSERT_EQ(bytes.size(), 482u);
+  absl::StatusOr<Safetensors> st = ParseSafetensors(bytes);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->metadata,
+            (std::map<std::string, std::string>{{"format", "np"}, {"note", "\xc3\xbc"}}));
+  ASSERT_EQ(st->tensors.size(), 7u);
+  EXPECT_EQ(st->tensors.at("w").to_vector<float>(), (std::vector<float>{1.5f, -2, 0.25f, 3}));
+  EXPECT_EQ(st->tensors.at("b").to_vector<bool>(), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(ShapeToString(st->tensors.at("e").shape()), "[0, 2]");
+  EXPECT_EQ(st->tensors.at("s").to_vector<int64_t>(), (std::vector<int64_t>{-7}));
+  EXPECT_EQ(st->tensors.at("s").dim(), 0);
+  EXPECT_EQ(st->tensors.at("h").to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(st->tensors.at("i").to_vector<int32_t>(), (std::vector<int32_t>{5, -6}));
+  EXPECT_EQ(st->tensors.at("u").to_vector<uint8_t>(), (std::vector<uint8_t>{200}));
+  // Saved again, it differs only by the checksums in __metadata__ (same layout and data).
+  const std::string again = *SerializeSafetensors(*st);
+  EXPECT_EQ(again.substr(again.size() - 42), bytes.substr(bytes.size() - 42));
+  EXPECT_NE(again.find(R"("note":")"
+                       "\xc3\xbc"
+                       R"("},"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+                       R"("e":{"dtype":"F64","shape":[0,2],"data_offsets":[8,8]},)"),
+            std::string::npos);
+}
+
+// Each rule of huggingface/safetensors (read_metadata, validate) that the reader applies, on a
+// file the reference rejects too (checked with Python's safetensors 0.8.0), with the message.
+TEST(SafetensorsTest, ReaderAppliesTheReferenceRules) {
+  using C = absl::StatusCode;
+  const std::string u8x2 = R"({"dtype":"U8","shape":[2],"data_offsets":)";
+  // 54 bytes, the last a space (the writer's padding).
+  const std::string padded = R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}} )";
+  struct Case {
+    const char* what;
+    std::string bytes;
+    C code;
+    std::string message;  // exact
+  };
+  const std::vector<Case> cases = {
+      // The data buffer appears to start one byte early: every tensor would shift by one byte.
+      {"header length one byte short", U64(padded.size() - 1) + padded + "ab", C::kInvalidArgument,
+       "safetensors buffer: the data buffer holds 3 bytes after the header, but the tensors "
+       "cover 2 (up to the end of tensor 'w'): 1 left over (trailing bytes, or a header length "
+       "that is too small); the file must end where the last tensor ends (safetensors rule)"},
+      {"trailing bytes", MakeFile("{\"a\":" + u8x2 + "[0,2]}}", "abc"), C::kInvalidArgument,
+       "safetensors buffer: the data buffer holds 3 bytes after the header, but the tensors "
+       "cover 2 (up to the end of tensor 'a'): 1 left over (trailing bytes, or a header length "
+       "that is too small); the file must end where the last tensor ends (safetensors rule)"},
+      {"data without tensors", MakeFile("{}", "abcd"), C::kInvalidArgument,
+       "safetensors buffer: the data buffer holds 4 bytes after the header, but the header lists "
+       "no tensor: 4 left over (trailing bytes, or a header length that is too small); the file "
+       "must end where the last tensor ends (safetensors rule)"},
+      {"gap after a zero-size tensor",
+       MakeFile(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":)" + u8x2 + "[4,6]}}",
+                "abcdef"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'b': data_offsets [4, 6] leave a gap of 4 bytes after tensor "
+       "'a' (which ends at 0); the data buffer must be covered exactly, without gaps "
+       "(safetensors rule)"},
+      {"gap between tensors",
+       MakeFile("{\"a\":" + u8x2 + "[0,2]},\"b\":" + u8x2 + "[3,5]}}", "abcde"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'b': data_offsets [3, 5] leave a gap of 1 bytes after tensor "
+       "'a' (which ends at 2); the data buffer must be covered exactly, without gaps "
+       "(safetensors rule)"},
+      {"first tensor not at 0", MakeFile("{\"a\":" + u8x2 + "[2,4]}}", "abcd"), C::kInvalidArgument,
+       "safetensors buffer: tensor 'a': data_offsets [2, 4] leave a gap of 2 bytes at the start "
+       "of the data buffer; the first tensor must begin at offset 0 (safetensors rule)"},
+      {"zero-size tensor inside another",
+       MakeFile("{\"a\":" + u8x2 +
+                    "[0,2]},\"z\":" + R"({"dtype":"U8","shape":[0],"data_offsets":[1,1]}})",
+                "ab"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensors 'a' (data_offsets [0, 2]) and 'z' (data_offsets [1, 1]) "
+       "overlap; each tensor must begin where the previous one ends (safetensors rule)"},
+      {"NUL padding", MakeFile("{\"a\":" + u8x2 + "[0,2]}}" + std::string(3, '\0'), "ab"),
+       C::kInvalidArgument,
+       "safetensors buffer: header byte 53 (of 56) is NUL; the header must be JSON text with "
+       "only whitespace around it: pad it with spaces, not NUL bytes (safetensors rule)"},
+      {"NUL then text", MakeFile(std::string("{}\0{\"a\":1}", 10), ""), C::kInvalidArgument,
+       "safetensors buffer: header byte 2 (of 10) is NUL; the header must be JSON text with "
+       "only whitespace around it: pad it with spaces, not NUL bytes (safetensors rule)"},
+      // The reference rejects it (invalid offset); the DOM would keep the last and read "ab".
+      {"duplicated tensor name",
+       MakeFile("{\"a\":" + u8x2 + "[0,2]},\"a\":" + u8x2 + "[2,4]}}", "abcd"), C::kInvalidArgument,
+       "safetensors buffer: the header names tensor 'a' twice; each key of an object must be "
+       "unique"},
+      // The reference accepts this one, silently dropping the first 'a'.
+      {"duplicated tensor name, the last at 0",
+       MakeFile("{\"a\":" + u8x2 + "[2,4]},\"a\":" + u8x2 + "[0,2]}}", "ab"), C::kInvalidArgument,
+       "safetensors buffer: the header names tensor 'a' twice; each key of an object must be "
+       "unique"},
+      {"duplicated __metadata__",
+       MakeFile(R"({"__metadata__":{"k":"1"},"__metadata__":{"k":"2"}})", ""), C::kInvalidArgument,
+       "safetensors buffer: the header holds \"__metadata__\" twice; each key of an object must "
+       "be unique"},
+      {"duplicated __metadata__, escaped",
+       MakeFile(R"({"__metadata__":{"k":"1"},"\u005f_metadata__":{"k":"2"}})", ""),
+       C::kInvalidArgument,
+       "safetensors buffer: the header holds \"__metadata__\" twice; each key of an object must "
+       "be unique"},
+      {"duplicated field in an entry",
+       MakeFile(R"({"a":{"dtype":"U8","shape":[2],"dtype":"U8","data_offsets":[0,2]}})", "ab"),
+       C::kInvalidArgument,
+       "safetensors buffer: tensor 'a': field \"dtype\" appears twice; each key of an object must "
+       "be unique"},
+      {"duplicated key in __metadata__",
+       MakeFile(R"({"__metadata__":{"k":"1","j":"0","k":"2"}})", ""), C::kInvalidArgument,
+       "safetensors buffer: \"__metadata__\" holds the key 'k' twice; each key of an object must "
+       "be unique"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Safetensors> st;
+    ASSERT_NO_THROW(st = ParseSafetensors(c.bytes)) << c.what;
+    EXPECT_TRUE(IsError(st.status(), c.code, c.message)) << c.what;
+  }
+}
+
+// A valid file made invalid by editing its length field by one: never loads shifted data.
+TEST(SafetensorsTest, HeaderLengthOffByOneIsRefused) {
+  Safetensors st;
+  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
+  const std::string bytes = *SerializeSafetensors(st);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_EQ(bytes[8 + n - 1], ' ') << "the test needs a padded header";
+  for (const uint64_t wrong : {n - 1, n + 1}) {
+    const std::string shifted = U64(wrong) + bytes.substr(8);
+    EXPECT_FALSE(ParseSafetensors(shifted).ok()) << "header length " << wrong;
+  }
+  EXPECT_TRUE(ParseSafetensors(bytes).ok());
+}
+
+// ---- checksums ----------------------------------------------------------------------------------
+
+TEST(SafetensorsTest, ChecksumsAreWrittenVerifiedAndHidden) {
+  Safetensors st;
+  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+  st.tensors["empty"] = Tensor::Empty({0}, kF64);
+  st.metadata["format"] = "pt";
+  const std::string bytes = *SerializeSafetensors(st);
+  // Python: "%08x" % zlib.crc32(numpy.array([1, 2, 3, 4], "float32").tobytes())
+  EXPECT_NE(bytes.find(R"({"__metadata__":{"crc32:empty":"00000000","crc32:w":"8ba71454",)"
+                       R"("format":"pt"},)"),
+            std::string::npos);
+  absl::StatusOr<Safetensors> back = ParseSafetensors(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameSafetensors(st, *back);  // the metadata without the checksums
+  EXPECT_EQ(*SerializeSafetensors(*back), bytes);
+
+  const std::string path = TestDir() + "/w.safetensors";
+  ASSERT_TRUE(SaveSafetensors(path, st).ok());
+  absl::StatusOr<Safetensors> loaded = LoadSafetensors(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->metadata, st.metadata);
+  ASSERT_TRUE(SaveSafetensors(path, *loaded).ok());
+  EXPECT_EQ(ReadFile(path), bytes);
+}
+
+TEST(SafetensorsTest, FlippedDataBitIsRefused) {
+  Safetensors st;
+  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
+  st.tensors["b"] = Tensor::FromVector<uint8_t>({7, 8}, {2});
+  std::string bytes = *SerializeSafetensors(st);
+  bytes[bytes.size() - 2 - 16 + 5] ^= 0x10;  // in w (F32 first, then U8)
+  const std::string path = TestDir() + "/flipped.safetensors";
+  WriteFile(path, bytes);
+  EXPECT_TRUE(IsError(LoadSafetensors(path).status(), absl::StatusCode::kDataLoss,
+                      "safetensors file '" + path +
+                          "': tensor 'w': CRC-32 of its 16 bytes is 2551d09f, the header records "
+                          "8ba71454 (the data is corrupt)"));
+  EXPECT_TRUE(HasError(ParseSafetensors(bytes).status(), absl::StatusCode::kDataLoss,
+                       "tensor 'w': CRC-32 of its 16 bytes is 2551d09f"));
+  bytes[bytes.size() - 1] ^= 1;  // and in b
+  bytes[bytes.size() - 2 - 16 + 5] ^= 0x10;
+  EXPECT_TRUE(HasError(ParseSafetensors(bytes).status(), absl::StatusCode::kDataLoss,
+                       "tensor 'b': CRC-32 of its 2 bytes is"));
+}
+
+TEST(SafetensorsTest, FilesWithoutChecksumsLoad) {
+  const std::string header = R"({"__metadata__":{"k":"v"},"w":)"
+                             R"({"dtype":"I32","shape":[2],"data_offsets":[0,8]}})";
+  absl::StatusOr<Safetensors> st =
+      ParseSafetensors(MakeFile(header, std::string("\1\0\0\0\2\0\0\0", 8)));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->tensors.at("w").to_vector<int32_t>(), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(st->metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+  // A file with the checksum of one tensor only checks that one.
+  const std::string some = R"({"__metadata__":{"crc32:a":"00000000"},)"
+                           R"("a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+                           R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  EXPECT_TRUE(ParseSafetensors(MakeFile(some, "xy")).ok());
+}
+
+TEST(SafetensorsTest, ChecksumEntryErrors) {
+  using C = absl::StatusCode;
+  auto file = [](const std::string& key, const std::string& value) {
+    return MakeFile(R"({"__metadata__":{")" + key + R"(":")" + value + R"("},)" +
+                        R"("w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
+                    "abcd");
+  };
+  // Python: "%08x" % zlib.crc32(b"abcd")
+  EXPECT_TRUE(ParseSafetensors(file("crc32:w", "ed82cd11")).ok());
+  EXPECT_TRUE(IsError(ParseSafetensors(file("crc32:v", "ed82cd11")).status(), C::kInvalidArgument,
+                      "safetensors buffer: \"__metadata__\" entry 'crc32:v' records a checksum of "
+                      "tensor 'v', which the file does not hold"));
+  for (const char* bad : {"ED82CD11", "ed82cd1", "ed82cd110", "ed82cd1g", " d82cd11", ""}) {
+    EXPECT_TRUE(IsError(ParseSafetensors(file("crc32:w", bad)).status(), C::kInvalidArgument,
+                        absl::StrCat("safetensors buffer: \"__metadata__\" entry 'crc32:w' has "
+                                     "the value '",
+                                     bad, "'; expected a CRC-32 as 8 lowercase hex digits")));
+  }
+  // The writer keeps the prefix to itself.
+  Safetensors st;
+  st.metadata["crc32:w"] = "00000000";
+  EXPECT_TRUE(IsError(SerializeSafetensors(st).status(), C::kInvalidArgument,
+                      "SerializeSafetensors: metadata key 'crc32:w' uses the reserved prefix "
+                      "'crc32:' (the writer records each tensor's checksum there)"));
+  const std::string dir = TestDir();
+  EXPECT_TRUE(IsError(SaveStateDict(dir + "/sd.safetensors", StateDict{}, {{"crc32:x", "1"}}),
+                      C::kInvalidArgument,
+                      "SaveStateDict: metadata key 'crc32:x' uses the reserved prefix 'crc32:'"));
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 // ---- files -----------------------------------------------------------------------------------
 
 TEST(SafetensorsTest, LoadMissingFileIsNotFound) {
@@ -668,8 +964,14 @@ TEST(SafetensorsTest, SaveIntoMissingDirectoryFails) {
   const std::string path = dir + "/no/such/dir/ckpt.safetensors";
   Safetensors st;
   st.tensors["w"] = Tensor::Ones({2});
-  EXPECT_TRUE(HasError(SaveSafetensors(path, st), absl::StatusCode::kNotFound,
+  const absl::Status status = SaveSafetensors(path, st);
+  EXPECT_TRUE(HasError(status, absl::StatusCode::kNotFound,
                        "SaveSafetensors: cannot create '" + path + ".tmp."));
+  // The failed cleanup before it is reported with it.
+  EXPECT_TRUE(HasError(status, absl::StatusCode::kNotFound,
+                       ": No such file or directory (and before the save: RemoveStaleTemporaries: "
+                       "cannot list '" +
+                           dir + "/no/such/dir': No such file or directory)"));
   EXPECT_TRUE(fs::is_empty(dir));
 }
 
@@ -719,6 +1021,109 @@ TEST(SafetensorsTest, FailedWriteKeepsPreviousFile) {
   absl::StatusOr<Safetensors> back = LoadSafetensors(path);
   ASSERT_TRUE(back.ok());
   ExpectSameSafetensors(old_st, *back);
+}
+
+// ---- stale temporaries -------------------------------------------------------------------------
+
+// The pid of a process that has exited and been reaped.
+pid_t DeadPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  EXPECT_GT(child, 0);
+  int wstatus;
+  EXPECT_EQ(waitpid(child, &wstatus, 0), child);
+  return child;
+}
+
+std::vector<std::string> SortedNames(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) out.push_back(entry.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(SafetensorsTest, RemoveStaleTemporariesRemovesOnlyDeadWritersFiles) {
+  const std::string dir = TestDir();
+  const std::string dead = std::to_string(DeadPid());
+  const std::string live = std::to_string(getpid());
+  const std::vector<std::string> stale = {
+      "ckpt.safetensors.tmp." + dead + ".0",
+      "ckpt.safetensors.tmp." + dead + ".17",
+  };
+  const std::vector<std::string> kept = {
+      "ckpt.safetensors",
+      "ckpt.safetensors.tmp." + live + ".0",      // a live writer (this process)
+      "other.safetensors.tmp." + dead + ".0",     // another file's
+      "xckpt.safetensors.tmp." + dead + ".0",     // another file's, sharing the suffix
+      "ckpt.safetensors.tmp." + dead,             // no counter
+      "ckpt.safetensors.tmp." + dead + ".",       // empty counter
+      "ckpt.safetensors.tmp." + dead + ".3.bak",  // something after it
+      "ckpt.safetensors.tmp." + dead + ".1a",     // not digits
+      "ckpt.safetensors.tmp.x" + dead + ".1",     // not digits
+      "ckpt.safetensors.tmp.+" + dead + ".1",     // a sign
+      "ckpt.safetensors.tmp.." + dead,            // empty pid
+      "ckpt.safetensors.tmp.0.1",                 // no process has pid 0
+      "ckpt.safetensors.tmp.99999999999.1",       // beyond pid_t
+      "ckpt.safetensors.tmp.4294967297.1",        // beyond pid_t (1 modulo 2^32)
+      "ckpt.safetensorstmp." + dead + ".1",       // not ".tmp."
+      "x.tmp.12",
+      "x.tmp." + dead,
+      "x.tmp." + dead + ".3.bak",
+  };
+  for (const std::string& name : stale) WriteFile(dir + "/" + name, "stale");
+  for (const std::string& name : kept) WriteFile(dir + "/" + name, "keep");
+  // A directory with a matching name is not a temporary file.
+  const std::string dir_name = "ckpt.safetensors.tmp." + dead + ".5";
+  fs::create_directory(dir + "/" + dir_name);
+  std::vector<std::string> expected = kept;
+  expected.push_back(dir_name);
+  std::sort(expected.begin(), expected.end());
+
+  absl::StatusOr<int> removed = RemoveStaleTemporaries(dir + "/ckpt.safetensors");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 2);
+  EXPECT_EQ(SortedNames(dir), expected);
+  // Nothing left to do; the path "x" matches none of the "x.tmp." names either.
+  EXPECT_EQ(*RemoveStaleTemporaries(dir + "/ckpt.safetensors"), 0);
+  EXPECT_EQ(*RemoveStaleTemporaries(dir + "/x"), 0);
+  EXPECT_EQ(SortedNames(dir), expected);
+
+  // A path relative to the working directory.
+  WriteFile(dir + "/x.tmp." + dead + ".4", "stale");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  removed = RemoveStaleTemporaries("x");
+  fs::current_path(cwd);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_EQ(SortedNames(dir), expected);
+}
+
+TEST(SafetensorsTest, RemoveStaleTemporariesErrors) {
+  const std::string dir = TestDir();
+  EXPECT_TRUE(IsError(
+      RemoveStaleTemporaries(dir + "/missing/ckpt").status(), absl::StatusCode::kNotFound,
+      "RemoveStaleTemporaries: cannot list '" + dir + "/missing': No such file or directory"));
+  EXPECT_TRUE(IsError(RemoveStaleTemporaries(dir + "/").status(),
+                      absl::StatusCode::kInvalidArgument,
+                      "RemoveStaleTemporaries: '" + dir + "/' names a directory, not a file"));
+}
+
+// A save first removes what a killed save of the same path left, and nothing of a live one.
+TEST(SafetensorsTest, SaveRemovesStaleTemporaries) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/ckpt.safetensors";
+  const std::string stale = path + ".tmp." + std::to_string(DeadPid()) + ".0";
+  const std::string live = path + ".tmp." + std::to_string(getpid()) + ".999999";
+  WriteFile(stale, std::string(1000, 'x'));
+  WriteFile(live, "in progress");
+  Safetensors st;
+  st.tensors["w"] = Tensor::Ones({2});
+  ASSERT_TRUE(SaveSafetensors(path, st).ok());
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(TempFiles(dir), (std::vector<std::string>{fs::path(live).filename()}));
+  EXPECT_TRUE(LoadSafetensors(path).ok());
 }
 
 }  // namespace
