@@ -1,18 +1,23 @@
 #include "distributed/gloo_process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
@@ -199,12 +204,28 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
+// gloo's tag (a 32-bit part of every message's slot) for collective `seq` with this signature:
+// FNV-1a of both, the same in every process. Ranks that issue different collectives (op, size,
+// dtype, reduction, root) or fall out of step use different slots, so their messages never meet:
+// gloo's TCP transport aborts the process when a message is larger than the buffer posted for it,
+// and a smaller one would complete with wrong data. They time out instead, and the failure names
+// the difference (Impl::Compare). Two different collectives share a tag with probability 2^-32.
+uint32_t Tag(int64_t seq, const std::string& signature) {
+  uint32_t h = 2166136261u;
+  for (char c : absl::StrCat(seq, " ", signature)) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
 // One queued collective's completion.
 class GlooWork final : public Work {
  public:
-  // `on_timeout` breaks the group when a wait gives up.
+  // `on_timeout` gets the error of a wait that gave up; it breaks the group and returns the
+  // error to report (the comparison of the collective with the other ranks' when they differ).
   GlooWork(absl::Duration timeout, std::string what,
-           std::function<void(const absl::Status&)> on_timeout)
+           std::function<absl::Status(const absl::Status&)> on_timeout)
       : Work(timeout), what_(std::move(what)), on_timeout_(std::move(on_timeout)) {}
 
   absl::Status wait(absl::Duration timeout) override {
@@ -216,8 +237,7 @@ class GlooWork final : public Work {
           what_, " did not complete within ", absl::FormatDuration(timeout),
           " (a peer process exited, hung or fell behind)"));
     }
-    on_timeout_(timed_out);
-    return timed_out;
+    return on_timeout_(timed_out);
   }
   bool is_completed() override {
     absl::MutexLock lock(&mu_);
@@ -232,15 +252,21 @@ class GlooWork final : public Work {
 
  private:
   const std::string what_;
-  const std::function<void(const absl::Status&)> on_timeout_;
+  const std::function<absl::Status(const absl::Status&)> on_timeout_;
   absl::Mutex mu_;
   bool done_ = false;
   absl::Status status_;
 };
 
+// Serialises the failure comparisons of every group: they use the store from the worker threads
+// and the threads that wait, and gloo's stores are not thread-safe (groups may share one).
+absl::Mutex compare_mu(absl::kConstInit);
+
 }  // namespace
 
 struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::Impl> {
+  int rank = 0;
+  int size = 1;
   std::shared_ptr<Store> store;
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::chrono::milliseconds timeout;
@@ -248,11 +274,17 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
   absl::Mutex mu;
   struct Job {
     std::shared_ptr<GlooWork> work;
-    std::function<void()> run;
+    int64_t seq = 0;        // the group's collective number, in call order (as on every rank)
+    std::string signature;  // "all_reduce of 10 f32 elements (sum)": compared across ranks
+    uint32_t tag = 0;
+    std::function<void(uint32_t tag)> run;
   };
   std::deque<Job> queue ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
+  int64_t next_seq ABSL_GUARDED_BY(mu) = 0;
   absl::Status broken ABSL_GUARDED_BY(mu);  // the first failure; OK while healthy
+  int64_t broken_seq ABSL_GUARDED_BY(mu) = -1;  // the collective that failed first
+  std::map<int64_t, absl::Status> compared ABSL_GUARDED_BY(compare_mu);  // Compare's results
   std::thread worker;
 
   void Loop() {
@@ -277,33 +309,117 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
                                             "earlier failure: ", broken_now.message())));
         continue;
       }
-      absl::Status status;
+      std::string error;
       try {
-        job.run();
+        job.run(job.tag);
       } catch (const std::exception& e) {
-        status = absl::UnavailableError(
-            absl::StrCat(job.work->what(), " failed: ", e.what(),
-                         " (a peer process exited or is unreachable)"));
-        Break(status);
+        error = e.what();
+      } catch (...) {
+        error = "an exception of unknown type";
+      }
+      absl::Status status;
+      if (!error.empty()) {
+        // Mismatched collectives meet nobody and time out; a peer that died fails at once, and
+        // then the comparison only reads what is already there (dead ranks publish nothing), so
+        // a dead rank still stops the others within a fraction of a second.
+        const bool timed_out = absl::StrContains(error, "Timed out");
+        status = Fail(job.seq, job.work->what(), job.signature,
+                      absl::UnavailableError(absl::StrCat(
+                          job.work->what(), " failed: ", error,
+                          " (a peer process exited or is unreachable)")),
+                      timed_out);
       }
       job.work->Complete(std::move(status));
     }
   }
 
-  void Break(const absl::Status& status) {
+  // Collective `seq` failed on this rank with `failure` (or its wait timed out): when the ranks
+  // issued different collectives, that is the error; it breaks the group and is returned.
+  absl::Status Fail(int64_t seq, const std::string& what, const std::string& signature,
+                    const absl::Status& failure, bool timed_out) {
+    absl::Status mismatch = Compare(seq, what, signature, timed_out);
+    const absl::Status status = mismatch.ok() ? failure : mismatch;
     absl::MutexLock lock(&mu);
-    if (broken.ok()) broken = status;
+    // The comparison explains the group's first failure better than a timeout that broke it.
+    if (broken.ok() || (!mismatch.ok() && broken_seq == seq)) {
+      broken = status;
+      broken_seq = seq;
+    }
+    return status;
   }
 
-  std::shared_ptr<Work> Enqueue(std::string what, absl::Duration timeout,
-                                std::function<void()> run) {
+  // After collective `seq` failed or timed out on this rank: publishes its signature under
+  // "collective/<seq>/rank/<rank>" and reads the other ranks' (those that fail too publish
+  // theirs; a rank that does not within min(timeout / 2, 5s) after a timeout, or at once after
+  // another failure, is left out). InvalidArgument naming every rank whose collective differs, OK
+  // when none does.
+  absl::Status Compare(int64_t seq, const std::string& what, const std::string& signature,
+                       bool wait_for_peers) {
+    if (size == 1) return absl::OkStatus();
+    absl::MutexLock lock(&compare_mu);
+    auto done = compared.find(seq);
+    if (done != compared.end()) return done->second;
+    const std::string prefix = absl::StrCat("collective/", seq, "/rank/");
+    (void)store->Set(absl::StrCat(prefix, rank), signature);
+    const absl::Time deadline =
+        absl::Now() +
+        (wait_for_peers ? std::min(absl::FromChrono(timeout) / 2, absl::Seconds(5))
+                        : absl::ZeroDuration());
+    std::vector<bool> read(size, false);
+    read[rank] = true;
+    int left = size - 1;
+    std::map<std::string, std::vector<int>> differing;  // signature -> ranks
+    try {
+      for (;;) {
+        for (int r = 0; r < size; ++r) {
+          const std::string key = absl::StrCat(prefix, r);
+          if (read[r] || !store->Missing({key}).empty()) continue;
+          read[r] = true;
+          --left;
+          absl::StatusOr<std::string> theirs = store->Get(key, absl::ZeroDuration());
+          if (theirs.ok() && *theirs != signature) differing[theirs->substr(0, 200)].push_back(r);
+        }
+        if (left == 0 || absl::Now() >= deadline) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    } catch (const std::exception&) {
+      // The store failed (Missing throws gloo's errors): compare with the ranks read so far.
+    }
+    absl::Status result;
+    if (!differing.empty()) {
+      std::vector<std::string> issued;
+      for (auto& [theirs, ranks] : differing) {
+        std::sort(ranks.begin(), ranks.end());  // read in arrival order
+        issued.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
+                                      absl::StrJoin(ranks, ", "), " issued ", theirs));
+      }
+      result = absl::InvalidArgumentError(absl::StrCat(
+          what, " failed: the ranks issued different collectives as the group's collective #",
+          seq + 1, ": ", absl::StrJoin(issued, "; "),
+          " (every rank must issue the same collectives in the same order with the same "
+          "arguments)"));
+    }
+    compared.emplace(seq, result);
+    return result;
+  }
+
+  // `op` and `detail` make the Work's description and the signature that the ranks compare.
+  std::shared_ptr<Work> Enqueue(const std::string& described_op, const char* op,
+                                const std::string& detail, absl::Duration timeout,
+                                std::function<void(uint32_t tag)> run) {
     std::weak_ptr<Impl> self = weak_from_this();
-    auto work = std::make_shared<GlooWork>(timeout, std::move(what),
-                                           [self](const absl::Status& status) {
-                                             if (auto impl = self.lock()) impl->Break(status);
-                                           });
+    std::string what = absl::StrCat(described_op, detail.empty() ? "" : " ", detail);
+    std::string signature = absl::StrCat(op, detail.empty() ? "" : " ", detail);
     absl::MutexLock lock(&mu);
-    queue.push_back(Job{work, std::move(run)});
+    const int64_t seq = next_seq++;
+    auto work = std::make_shared<GlooWork>(
+        timeout, what, [self, seq, what, signature](const absl::Status& timed_out) {
+          auto impl = self.lock();
+          return impl == nullptr ? timed_out
+                                 : impl->Fail(seq, what, signature, timed_out, /*timed_out=*/true);
+        });
+    const uint32_t tag = Tag(seq, signature);
+    queue.push_back(Job{work, seq, std::move(signature), tag, std::move(run)});
     return work;
   }
 };
@@ -351,6 +467,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
 
   auto group = std::shared_ptr<GlooProcessGroup>(new GlooProcessGroup(rank, size, name, timeout));
   Impl& impl = *group->impl_;
+  impl.rank = rank;
+  impl.size = size;
   impl.store = group_store;
   impl.timeout = ToMillis(timeout);
   try {
@@ -375,13 +493,15 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceO
   Impl* impl = impl_.get();
   const int world = size();
   return impl->Enqueue(
-      absl::StrCat(Describe("all_reduce"), " of ", tensor.numel(), " ",
-                   DTypeName(tensor.dtype()), " elements (", ReduceOpName(op), ")"),
-      timeout(), [impl, tensor, op, fn, world] {
+      Describe("all_reduce"), "all_reduce",
+      absl::StrCat("of ", tensor.numel(), " ", DTypeName(tensor.dtype()), " elements (",
+                   ReduceOpName(op), ")"),
+      timeout(), [impl, tensor, op, fn, world](uint32_t tag) {
         const size_t n = tensor.numel();
         if (n == 0) return;
         gloo::AllreduceOptions opts(impl->context);
         opts.setTimeout(impl->timeout);
+        opts.setTag(tag);
         opts.setReduceFunction(fn);
         void* data = tensor.raw_data();
         switch (tensor.element_size()) {
@@ -409,9 +529,10 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, con
   Impl* impl = impl_.get();
   const int world = size();
   return impl->Enqueue(
-      absl::StrCat(Describe("reduce_scatter"), " of ", input.numel(), " ",
-                   DTypeName(input.dtype()), " elements (", ReduceOpName(op), ")"),
-      timeout(), [impl, output, input, op, world] {
+      Describe("reduce_scatter"), "reduce_scatter",
+      absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()), " elements (",
+                   ReduceOpName(op), ")"),
+      timeout(), [impl, output, input, op, world](uint32_t tag) {
         const size_t n = output.numel();
         if (n == 0) return;
         const size_t bytes = input.numel() * input.element_size();
@@ -422,6 +543,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, con
         } else {
           gloo::AlltoallOptions opts(impl->context);
           opts.setTimeout(impl->timeout);
+          opts.setTag(tag);
           opts.setInput(static_cast<char*>(input.raw_data()), bytes);
           opts.setOutput(chunks.data(), bytes);
           gloo::alltoall(opts);
@@ -436,9 +558,10 @@ std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const T
   CheckChunks("all_gather", "output", output, "input", input);
   Impl* impl = impl_.get();
   const int world = size();
-  return impl->Enqueue(absl::StrCat(Describe("all_gather"), " of ", input.numel(), " ",
-                                    DTypeName(input.dtype()), " elements per rank"),
-                       timeout(), [impl, output, input, world] {
+  return impl->Enqueue(Describe("all_gather"), "all_gather",
+                       absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()),
+                                    " elements per rank"),
+                       timeout(), [impl, output, input, world](uint32_t tag) {
                          const size_t bytes = input.numel() * input.element_size();
                          if (bytes == 0) return;
                          char* out = static_cast<char*>(output.raw_data());
@@ -452,6 +575,7 @@ std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const T
                          }
                          gloo::AllgatherOptions opts(impl->context);
                          opts.setTimeout(impl->timeout);
+                         opts.setTag(tag);
                          opts.setInput(staged.data(), bytes);
                          opts.setOutput(out, bytes * world);
                          gloo::allgather(opts);
@@ -463,13 +587,15 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(const Tensor& tensor, int root
   TG_CHECK(root >= 0 && root < size(), Describe("broadcast"), ": root ", root,
            " is out of range for world size ", size());
   Impl* impl = impl_.get();
-  return impl->Enqueue(absl::StrCat(Describe("broadcast"), " of ", tensor.numel(), " ",
-                                    DTypeName(tensor.dtype()), " elements from rank ", root),
-                       timeout(), [impl, tensor, root] {
+  return impl->Enqueue(Describe("broadcast"), "broadcast",
+                       absl::StrCat("of ", tensor.numel(), " ", DTypeName(tensor.dtype()),
+                                    " elements from rank ", root),
+                       timeout(), [impl, tensor, root](uint32_t tag) {
                          const size_t bytes = tensor.numel() * tensor.element_size();
                          if (bytes == 0) return;
                          gloo::BroadcastOptions opts(impl->context);
                          opts.setTimeout(impl->timeout);
+                         opts.setTag(tag);
                          opts.setOutput(static_cast<char*>(tensor.raw_data()), bytes);
                          opts.setRoot(root);
                          gloo::broadcast(opts);
@@ -478,9 +604,10 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(const Tensor& tensor, int root
 
 std::shared_ptr<Work> GlooProcessGroup::barrier() {
   Impl* impl = impl_.get();
-  return impl->Enqueue(Describe("barrier"), timeout(), [impl] {
+  return impl->Enqueue(Describe("barrier"), "barrier", "", timeout(), [impl](uint32_t tag) {
     gloo::BarrierOptions opts(impl->context);
     opts.setTimeout(impl->timeout);
+    opts.setTag(tag);
     gloo::barrier(opts);
   });
 }

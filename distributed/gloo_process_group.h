@@ -10,6 +10,18 @@
 // sum (as NCCL does); reduce_scatter reduces all chunks in f32 and rounds once. kAvg divides the
 // sum by the world size.
 //
+// Ranks that issue different collectives (op, element count, dtype, reduction or root, or one
+// rank a collective more) never exchange data: every collective's gloo messages carry a tag of
+// its number in the group and its arguments, so that gloo's transport neither aborts the process
+// (a message bigger than the buffer posted for it) nor completes with wrong data. The ranks time
+// out instead; a rank whose collective failed or timed out then writes its arguments to the
+// group's store and reads the others' (waiting up to min(timeout / 2, 5s)), and when they differ
+// the Work fails with InvalidArgument naming them:
+//   "all_reduce on group 'default' (rank 0 of 2, gloo) of 10 f32 elements (sum) failed: the ranks
+//   issued different collectives as the group's collective #3: rank 1 issued all_reduce of 12
+//   f32 elements (sum) (...)"
+// No exchange happens while collectives succeed.
+//
 //   auto pg = tg::dist::GlooProcessGroup::Create(rank, size, "default", timeout, store).value();
 #ifndef TAPEGRAD_DISTRIBUTED_GLOO_PROCESS_GROUP_H_
 #define TAPEGRAD_DISTRIBUTED_GLOO_PROCESS_GROUP_H_
