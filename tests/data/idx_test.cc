@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -331,6 +333,23 @@ TEST(IdxTest, TrailingBytesAreDataLoss) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "trailing bytes: expected 40 bytes")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "found 42")) << s;
+}
+
+// zlib's gzread stops quietly at bytes after the gzip stream that do not start a gzip member.
+TEST(IdxTest, BytesAfterTheGzipStreamAreDataLoss) {
+  const std::string ok = TempPath("one_member.idx.gz");
+  WriteGzipBytes(ok, SmallIdx3());
+  ASSERT_TRUE(ReadIdx(ok).ok());
+  std::ifstream in(ok, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string path = TempPath("garbage_after_gzip.idx.gz");
+  std::ofstream(path, std::ios::binary) << bytes << "garbage";
+  const absl::Status s = ReadIdx(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message(), absl::StrCat("ReadIdx: '", path,
+                                      "': the file does not end with the gzip trailer of its 40 "
+                                      "IDX bytes (bytes after the gzip stream, or several gzip "
+                                      "members)"));
 }
 
 TEST(IdxTest, CorruptGzipNeverCrashesAndNeverReturnsWrongData) {

@@ -49,6 +49,10 @@ std::string Hex(uint8_t b) { return absl::StrFormat("0x%02x", b); }
 
 std::string DimsToString(const std::vector<int64_t>& dims) { return ShapeToString(dims); }
 
+uint32_t LittleEndian32(const uint8_t* b) {
+  return uint32_t{b[0]} | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16) | (uint32_t{b[3]} << 24);
+}
+
 // A gzFile that closes itself.
 class GzReader {
  public:
@@ -222,6 +226,24 @@ absl::StatusOr<Tensor> ReadIdx(const std::string& path, int64_t max_bytes) {
   if (!error.empty()) {
     return absl::DataLossError(absl::StrCat(where, ": corrupt or truncated gzip stream after all ",
                                             total_bytes, " bytes of the IDX file: ", error));
+  }
+  // gzread ends quietly at bytes after the gzip stream that do not start another gzip member, so
+  // the file must end with the trailer of what was decompressed: its CRC-32 and length (IDX
+  // files are one gzip member).
+  if (!gzdirect(gz)) {
+    uLong crc = crc32(0L, magic, 4);
+    crc = crc32(crc, size_bytes, static_cast<uInt>(4 * ndims));
+    crc = crc32_z(crc, data.data(), static_cast<size_t>(data_bytes));
+    uint8_t trailer[8];
+    const bool ends_with_trailer =
+        st.st_size >= 8 && pread(fd, trailer, 8, st.st_size - 8) == 8 &&
+        LittleEndian32(trailer) == static_cast<uint32_t>(crc) &&
+        LittleEndian32(trailer + 4) == static_cast<uint32_t>(total_bytes);
+    if (!ends_with_trailer) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": the file does not end with the gzip trailer of its ", total_bytes,
+          " IDX bytes (bytes after the gzip stream, or several gzip members)"));
+    }
   }
 
   Shape shape(dims.begin(), dims.end());

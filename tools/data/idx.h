@@ -9,7 +9,9 @@
 // Format (big-endian): bytes 0 and 1 are 0x00, byte 2 is the element type (only 0x08, unsigned
 // byte, is supported), byte 3 the number of dims (1 to 4); then one uint32 size per dim; then
 // the elements in row-major order, nothing after them. Files are opened with zlib, which reads
-// gzip streams and plain files alike; byte counts in messages are of the decompressed stream.
+// gzip streams and plain files alike; byte counts in messages are of the decompressed stream. A
+// gzip file is one gzip member that ends the file (as every MNIST distribution is): bytes after
+// it, which zlib would skip in silence, and concatenated members are DataLoss.
 //
 // Errors (absl::Status codes):
 //   NotFound (and the other errno codes)  the file cannot be opened; the message names the path
