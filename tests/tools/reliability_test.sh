@@ -122,6 +122,8 @@ expect changed_dropout 1 \
 expect fixed_setting 1 \
   "train_gpt: --override=loss_scaler: 'loss_scaler' cannot change when resuming (settings that can: data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, grad_clip)" \
   -- "${run8[@]}" --resume --override=loss_scaler
+expect override_without_resume 1 "train_gpt: --override=lr applies only with --resume" -- \
+  "${run8[@]}" --lr=0.001 --override=lr
 # The lr change takes effect: from step 5 on, the resumed run has the lr of a run started with it.
 if expect override_lr 0 "resuming with changed settings (--override): lr 0.003 -> 0.001" -- \
   "${run8[@]}" --resume --lr=0.001 --min_lr=0.0003 --override=lr --metrics="$tmp/resumed.csv"; then
