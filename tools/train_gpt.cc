@@ -257,12 +257,8 @@ int Main() {
   settings.Add("beta2", opt_config.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
   if (!overrides.ok()) return Fail(overrides.status());
-  if (!overrides->empty() && !absl::GetFlag(FLAGS_resume)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--override=", absl::GetFlag(FLAGS_override), " applies only with --resume")));
-  }
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(

@@ -206,12 +206,8 @@ int Main() {
   settings.Add("lr", opt_config.lr, false);
   settings.Add("weight_decay", opt_config.weight_decay, false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
   if (!overrides.ok()) return Fail(overrides.status());
-  if (!overrides->empty() && !absl::GetFlag(FLAGS_resume)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--override=", absl::GetFlag(FLAGS_override), " applies only with --resume")));
-  }
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(

@@ -102,7 +102,8 @@ TEST(RunSettingsTest, ChangedSettingIsRefusedUnlessOverridden) {
   EXPECT_EQ(refused.status().message(),
             "cannot resume from ckpt: the checkpoint was written with lr=0.001, this run has "
             "lr=0.002 (pass --override=lr to continue with the new value)");
-  absl::StatusOr<std::vector<std::string>> overrides = now.ParseOverrides("lr");
+  absl::StatusOr<std::vector<std::string>> overrides =
+      now.ParseOverrides("lr", /*resume=*/true);
   ASSERT_TRUE(overrides.ok());
   absl::StatusOr<std::vector<std::string>> allowed = now.CheckResume("ckpt", saved, *overrides);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
@@ -123,13 +124,15 @@ TEST(RunSettingsTest, ChangedSettingIsRefusedUnlessOverridden) {
 
 TEST(RunSettingsTest, OverrideNamesOnlyOverridableSettings) {
   const RunSettings s = ExampleSettings(0.001);
-  EXPECT_EQ(*s.ParseOverrides(""), std::vector<std::string>{});
-  EXPECT_EQ(*s.ParseOverrides("lr,weight_decay"),
+  EXPECT_EQ(*s.ParseOverrides("", /*resume=*/false), std::vector<std::string>{});
+  EXPECT_EQ(*s.ParseOverrides("lr,weight_decay", true),
             (std::vector<std::string>{"lr", "weight_decay"}));
-  EXPECT_EQ(s.ParseOverrides("lr,momentum").status().message(),
+  EXPECT_EQ(s.ParseOverrides("lr", /*resume=*/false).status().message(),
+            "--override=lr applies only with --resume");
+  EXPECT_EQ(s.ParseOverrides("lr,momentum", true).status().message(),
             "--override=lr,momentum: there is no setting 'momentum' (settings that can: lr, "
             "weight_decay)");
-  EXPECT_EQ(s.ParseOverrides("model").status().message(),
+  EXPECT_EQ(s.ParseOverrides("model", true).status().message(),
             "--override=model: 'model' cannot change when resuming (settings that can: lr, "
             "weight_decay)");
 }

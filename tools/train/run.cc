@@ -140,9 +140,13 @@ std::string RunSettings::ToString() const {
   });
 }
 
-absl::StatusOr<std::vector<std::string>> RunSettings::ParseOverrides(
-    const std::string& flag) const {
+absl::StatusOr<std::vector<std::string>> RunSettings::ParseOverrides(const std::string& flag,
+                                                                     bool resume) const {
   std::vector<std::string> names = absl::StrSplit(flag, ',', absl::SkipEmpty());
+  if (!names.empty() && !resume) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--override=", flag, " applies only with --resume"));
+  }
   std::vector<std::string> overridable;
   for (const Setting& s : items_) {
     if (!s.fixed) overridable.push_back(s.name);

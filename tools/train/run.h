@@ -198,9 +198,10 @@ class RunSettings {
   // "name=value ...", for the first output line.
   std::string ToString() const;
 
-  // Parses --override ("lr,weight_decay"; empty: none). InvalidArgument for an unknown name or a
-  // fixed setting.
-  absl::StatusOr<std::vector<std::string>> ParseOverrides(const std::string& flag) const;
+  // Parses --override ("lr,weight_decay"; empty: none). InvalidArgument for an unknown name, a
+  // fixed setting, or any name when the run does not `resume`.
+  absl::StatusOr<std::vector<std::string>> ParseOverrides(const std::string& flag,
+                                                          bool resume) const;
   // Compares with a checkpoint's metadata; returns the allowed changes as "lr 0.003 -> 0.001".
   // FailedPrecondition naming the first refused difference (or a setting the checkpoint lacks).
   absl::StatusOr<std::vector<std::string>> CheckResume(
