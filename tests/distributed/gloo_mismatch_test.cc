@@ -29,6 +29,14 @@ using testing::RunRanks;
 
 constexpr absl::Duration kTimeout = absl::Seconds(2);
 
+// A short collective timeout (mismatches are reported after it) and a kill deadline.
+RunOptions MismatchRunOptions() {
+  RunOptions options;
+  options.dist_timeout = kTimeout;
+  options.deadline = absl::Seconds(60);
+  return options;
+}
+
 // Rank `rank` issues its collective of a mismatched pair.
 using Issue = std::function<std::shared_ptr<Work>(ProcessGroup& pg, int rank)>;
 
@@ -54,9 +62,7 @@ std::string Mismatch(const std::string& signature, int rank, int world, int coll
 // rank r's wait() must fail with expected(r), at once for later collectives too.
 void ExpectEveryRankFails(int world, const Issue& issue,
                           const std::function<std::string(int rank)>& expected) {
-  RunOptions options;
-  options.dist_timeout = kTimeout;
-  options.deadline = absl::Seconds(60);
+  const RunOptions options = MismatchRunOptions();
   testing::ExpectAllSucceeded(RunRanks(
       world,
       [&](const Rank& me) {
@@ -89,9 +95,7 @@ void ExpectPairFails(const Issue& issue, const std::string& sig0, const std::str
 // The issue: two ranks with different models. DDP's construction broadcasts rank 0's parameters
 // (40 elements of Linear(4, 8) against 45 of Linear(4, 9)): it throws on both ranks.
 TEST(GlooMismatch, DdpWithDifferentModels) {
-  RunOptions options;
-  options.dist_timeout = kTimeout;
-  options.deadline = absl::Seconds(60);
+  const RunOptions options = MismatchRunOptions();
   testing::ExpectAllSucceeded(RunRanks(
       2,
       [](const Rank& me) {
@@ -205,9 +209,7 @@ TEST(GlooMismatch, OneOfThreeRanks) {
 // A rank that skips a collective is out of step: the next one of the same size is not matched
 // with its predecessor on the other rank (that would mix different steps' data).
 TEST(GlooMismatch, SkippedCollective) {
-  RunOptions options;
-  options.dist_timeout = kTimeout;
-  options.deadline = absl::Seconds(60);
+  const RunOptions options = MismatchRunOptions();
   testing::ExpectAllSucceeded(RunRanks(
       2,
       [](const Rank& me) {
