@@ -23,6 +23,9 @@ enum class UnaryOp {
   kErf
 };
 enum class Reduction { kNone, kMean, kSum };
+// The activation a Linear applies to its pre-activation: none, or GELU in its tanh form
+// (GeluTanh), the form cuBLASLt's epilogue computes.
+enum class Activation { kNone, kGeluTanh };
 
 const char* BinaryOpName(BinaryOp op);
 const char* CompareOpName(CompareOp op);

@@ -9,12 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/cpu/kernels.h"
-#include "tensor/cuda/amp_kernels.h"
-#include "tensor/cuda/attention.h"
-#include "tensor/cuda/blas.h"
-#include "tensor/cuda/kernels.h"
-#include "tensor/cuda/nn_fused.h"
+#include "tensor/composed.h"
+#include "tensor/kernel_table.h"
 
 namespace tg {
 namespace {
@@ -32,11 +28,6 @@ Device CommonDevice(const char* op, std::initializer_list<const Tensor*> inputs)
   }
   return d;
 }
-
-// Calls `kernel` of `device`'s list (tensor/cpu/kernels.h or tensor/cuda/kernels.h: the same
-// names and signatures).
-#define TG_KERNEL(device, kernel, ...) \
-  ((device).is_cuda() ? cuda::kernel(__VA_ARGS__) : cpu::kernel(__VA_ARGS__))
 
 void CheckFloating(const char* op, DType dtype) {
   TG_CHECK(IsFloating(dtype), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
@@ -106,7 +97,7 @@ Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b) {
              " and ", DTypeName(b.dtype()), "; cast them first");
   }
   Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), dtype, device);
-  TG_KERNEL(device, Binary, op, out, a.to(dtype), b.to(dtype));
+  KernelsFor(device).Binary(op, out, a.to(dtype), b.to(dtype));
   return out;
 }
 
@@ -122,7 +113,7 @@ Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
              " is not an integer, and the tensor is ", DTypeName(x.dtype()), "; cast it first");
   }
   Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
-  TG_KERNEL(device, BinaryScalar, op, out, x, scalar);
+  KernelsFor(device).BinaryScalar(op, out, x, scalar);
   return out;
 }
 
@@ -133,7 +124,7 @@ Tensor Compare(CompareOp op, const Tensor& a, const Tensor& b) {
   const Device device = CommonDevice(name, {&a, &b});
   const DType dtype = PromoteTypes(a.dtype(), b.dtype());
   Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), kBool, device);
-  TG_KERNEL(device, Compare, op, out, a.to(dtype), b.to(dtype));
+  KernelsFor(device).Compare(op, out, a.to(dtype), b.to(dtype));
   return out;
 }
 
@@ -144,7 +135,7 @@ Tensor Unary(UnaryOp op, const Tensor& x) {
   if (IsFloatingOnly(op)) CheckFloating(name, x.dtype());
   TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
   Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
-  TG_KERNEL(device, Unary, op, out, x);
+  KernelsFor(device).Unary(op, out, x);
   return out;
 }
 
@@ -159,7 +150,7 @@ Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Shape shape =
       BroadcastShapes("where", cond.shape(), BroadcastShapes("where", a.shape(), b.shape()));
   Tensor out = Tensor::Empty(shape, dtype, device);
-  TG_KERNEL(device, Where, out, cond, a.to(dtype), b.to(dtype));
+  KernelsFor(device).Where(out, cond, a.to(dtype), b.to(dtype));
   return out;
 }
 
@@ -168,7 +159,7 @@ Tensor DropoutMask(const Shape& shape, double p, Generator& gen, DType dtype, De
   CheckFloating("dropout", dtype);
   Tensor out = Tensor::Empty(shape, dtype, device);
   const Generator::State start = gen.Reserve(static_cast<uint64_t>(out.numel()));
-  TG_KERNEL(device, DropoutMask, out, start.seed, start.offset, p);
+  KernelsFor(device).DropoutMask(out, start.seed, start.offset, p);
   return out;
 }
 
@@ -178,7 +169,7 @@ Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   RowsView v = ReduceToRows("sum", x, dims, keepdim);
   const DType dtype = IsFloating(x.dtype()) ? x.dtype() : kI64;
   Tensor out = Tensor::Empty({v.rows.size(0)}, dtype, device);
-  TG_KERNEL(device, SumRows, out, v.rows);
+  KernelsFor(device).SumRows(out, v.rows);
   return out.reshape(v.out_shape);
 }
 
@@ -190,7 +181,7 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   // that would overflow f16 still gives its finite mean; NaN for an empty reduction.
   RowsView v = ReduceToRows("mean", x, dims, keepdim);
   Tensor sum = Tensor::Empty({v.rows.size(0)}, kF64, device);
-  TG_KERNEL(device, SumRows, sum, v.rows);  // the f64 sums, read from x's dtype
+  KernelsFor(device).SumRows(sum, v.rows);  // the f64 sums, read from x's dtype
   const double count = static_cast<double>(v.rows.size(1));
   return BinaryScalar(BinaryOp::kDiv, sum, count).to(x.dtype()).reshape(v.out_shape);
 }
@@ -206,7 +197,7 @@ Tensor MaxImpl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool 
            " is empty; there is no maximum");
   RowsView v = ReduceToRows(op, x, {d}, keepdim);
   Tensor out = Tensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
-  TG_KERNEL(device, MaxRows, values ? out : Tensor(), values ? Tensor() : out, v.rows);
+  KernelsFor(device).MaxRows(values ? out : Tensor(), values ? Tensor() : out, v.rows);
   return out.reshape(v.out_shape);
 }
 
@@ -249,7 +240,7 @@ Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
   b_shape.insert(b_shape.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = Tensor::Empty(out_shape, a.dtype(), device);
-  TG_KERNEL(device, Matmul, out, a.expand(a_shape), b.expand(b_shape));
+  KernelsFor(device).Matmul(out, a.expand(a_shape), b.expand(b_shape));
   if (a_in.dim() == 1) out = out.squeeze(-2);
   if (b_in.dim() == 1) out = out.squeeze(-1);
   return out;
@@ -274,7 +265,7 @@ Tensor SoftmaxImpl(const char* op, const Tensor& x, bool log) {
   CheckFloating(op, x.dtype());
   const Tensor rows = AsRows(x);
   Tensor out = Tensor::Empty(rows.shape(), x.dtype(), device);
-  TG_KERNEL(device, Softmax, out, rows, log);
+  KernelsFor(device).Softmax(out, rows, log);
   return out.reshape(x.shape());
 }
 
@@ -283,29 +274,39 @@ Tensor SoftmaxImpl(const char* op, const Tensor& x, bool log) {
 Tensor Softmax(const Tensor& x) { return SoftmaxImpl("softmax", x, false); }
 Tensor LogSoftmax(const Tensor& x) { return SoftmaxImpl("log_softmax", x, true); }
 
+namespace {
+
+// eps, and weight / bias (each [last dim of x], x's dtype and device, or undefined).
+void CheckLayerNormParams(const char* op, const Tensor& x, const Tensor& weight,
+                          const Tensor& bias, double eps) {
+  TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  const int64_t n = x.size(-1);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    const char* what = p == &weight ? "weight" : "bias";
+    TG_CHECK(p->shape() == Shape{n}, op, ": ", what, " of shape ", ShapeToString(p->shape()),
+             " does not match the last dim of input ", ShapeToString(x.shape()));
+    TG_CHECK(p->dtype() == x.dtype(), op, ": ", what, " dtype ", DTypeName(p->dtype()),
+             " differs from input dtype ", DTypeName(x.dtype()));
+    CommonDevice(op, {&x, p});
+  }
+}
+
+}  // namespace
+
 LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   CheckDefined("layer_norm", x, "the input");
   const Device device = CommonDevice("layer_norm", {&x});
   CheckFloating("layer_norm", x.dtype());
   TG_CHECK(x.dim() >= 1, "layer_norm: expected at least 1 dim, got a 0-d tensor");
-  TG_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
-  const int64_t n = x.size(-1);
-  for (const Tensor* p : {&weight, &bias}) {
-    if (!p->defined()) continue;
-    const char* what = p == &weight ? "weight" : "bias";
-    TG_CHECK(p->shape() == Shape{n}, "layer_norm: ", what, " of shape ", ShapeToString(p->shape()),
-             " does not match the last dim of input ", ShapeToString(x.shape()));
-    TG_CHECK(p->dtype() == x.dtype(), "layer_norm: ", what, " dtype ", DTypeName(p->dtype()),
-             " differs from input dtype ", DTypeName(x.dtype()));
-    CommonDevice("layer_norm", {&x, p});
-  }
+  CheckLayerNormParams("layer_norm", x, weight, bias, eps);
   const Tensor rows = AsRows(x);
   const DType stat_dtype = x.dtype() == kF64 ? kF64 : kF32;
   LayerNormResult r{Tensor::Empty(rows.shape(), x.dtype(), device),
                     Tensor::Empty({rows.size(0)}, stat_dtype, device),
                     Tensor::Empty({rows.size(0)}, stat_dtype, device)};
   // An empty last dim gives NaN statistics (0/0), like a mean over nothing.
-  TG_KERNEL(device, LayerNorm, r.output, r.mean, r.rstd, rows, weight, bias, eps);
+  KernelsFor(device).LayerNorm(r.output, r.mean, r.rstd, rows, weight, bias, eps);
   const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
   r.output = r.output.reshape(x.shape());
   r.mean = r.mean.reshape(stat_shape);
@@ -331,7 +332,7 @@ Tensor Embedding(const Tensor& weight, const Tensor& indices) {
            ShapeToString(weight.shape()));
   const Tensor idx = IndicesI64("embedding", indices);
   Tensor out = Tensor::Empty({idx.numel(), weight.size(1)}, weight.dtype(), device);
-  TG_KERNEL(device, Embedding, out, weight, idx);
+  KernelsFor(device).Embedding(out, weight, idx);
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
   return out.reshape(shape);
@@ -350,7 +351,7 @@ Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_
   const Tensor idx = IndicesI64("embedding_backward", indices);
   const int64_t dim = grad.size(-1);
   Tensor out = Tensor::Zeros({num_rows, dim}, grad.dtype(), device);
-  TG_KERNEL(device, EmbeddingBackward, out, grad.contiguous().reshape({idx.numel(), dim}), idx);
+  KernelsFor(device).EmbeddingBackward(out, grad.contiguous().reshape({idx.numel(), dim}), idx);
   return out;
 }
 
@@ -375,7 +376,7 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_
   const Tensor t = IndicesI64("cross_entropy", targets);
   Tensor losses = Tensor::Empty({logits.size(0)}, logits.dtype(), logits.device());
   const int64_t counted =
-      TG_KERNEL(logits.device(), CrossEntropy, losses, logits.contiguous(), t, ignore_index);
+      KernelsFor(logits.device()).CrossEntropy(losses, logits.contiguous(), t, ignore_index);
   if (reduction == Reduction::kNone) return losses;
   // Reduce in f64 from the per-row losses' compute values, then round once.
   // On the logits' device: the f64 product rounds once to the logits' dtype, as on the host.
@@ -413,7 +414,7 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
     row_scale = g.expand({n}).contiguous();
   }
   Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
-  TG_KERNEL(logits.device(), CrossEntropyBackward, grad, logits.contiguous(), t, row_scale,
+  KernelsFor(logits.device()).CrossEntropyBackward(grad, logits.contiguous(), t, row_scale,
             ignore_index);
   return grad;
 }
@@ -433,9 +434,9 @@ Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index) {
   }
   Tensor out = Tensor::Empty(index.shape(), x.dtype(), device);
   if (x.dim() == 0) {  // a 0-d input is one element along dim 0
-    TG_KERNEL(device, Gather, out.reshape({1}), x.reshape({1}), idx.reshape({1}), 0);
+    KernelsFor(device).Gather(out.reshape({1}), x.reshape({1}), idx.reshape({1}), 0);
   } else {
-    TG_KERNEL(device, Gather, out, x, idx, d);
+    KernelsFor(device).Gather(out, x, idx, d);
   }
   return out;
 }
@@ -462,9 +463,9 @@ Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Te
   }
   Tensor out = self.clone();
   if (self.dim() == 0) {
-    TG_KERNEL(self.device(), ScatterAdd, out.reshape({1}), idx.reshape({1}), src.reshape({1}), 0);
+    KernelsFor(self.device()).ScatterAdd(out.reshape({1}), idx.reshape({1}), src.reshape({1}), 0);
   } else {
-    TG_KERNEL(self.device(), ScatterAdd, out, idx, src, d);
+    KernelsFor(self.device()).ScatterAdd(out, idx, src, d);
   }
   return out;
 }
@@ -491,7 +492,7 @@ Tensor IndexSelect(const Tensor& x, int64_t dim, const Tensor& index) {
   Shape shape = x.shape();
   shape[d] = idx.numel();
   Tensor out = Tensor::Empty(shape, x.dtype(), device);
-  TG_KERNEL(device, IndexSelect, out, x, idx, d);
+  KernelsFor(device).IndexSelect(out, x, idx, d);
   return out;
 }
 
@@ -513,7 +514,7 @@ Tensor IndexAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tens
            " does not match self of shape ", ShapeToString(self.shape()), " with ", idx.numel(),
            " indices at dim ", d, " (expected ", ShapeToString(expected), ")");
   Tensor out = self.clone();
-  TG_KERNEL(self.device(), IndexAdd, out, idx, src, d);
+  KernelsFor(self.device()).IndexAdd(out, idx, src, d);
   return out;
 }
 
@@ -605,7 +606,7 @@ Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, const
 Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dParams p) {
   const Window2d g = ConvWindow("conv2d", x, weight, bias, p);
   Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow}, x.dtype(), x.device());
-  TG_KERNEL(x.device(), Conv2d, out, x.contiguous(), weight.contiguous(),
+  KernelsFor(x.device()).Conv2d(out, x.contiguous(), weight.contiguous(),
             bias.defined() ? bias.contiguous() : Tensor(), g);
   return out;
 }
@@ -629,7 +630,7 @@ Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor
   if (need_weight) r.grad_weight = Tensor::Empty(weight.shape(), x.dtype(), device);
   if (need_bias) r.grad_bias = Tensor::Empty({g.o}, x.dtype(), device);
   if (need_input || need_weight || need_bias) {
-    TG_KERNEL(device, Conv2dBackward, r.grad_input, r.grad_weight, r.grad_bias,
+    KernelsFor(device).Conv2dBackward(r.grad_input, r.grad_weight, r.grad_bias,
               grad_out.contiguous(), need_weight ? x.contiguous() : Tensor(),
               need_input ? weight.contiguous() : Tensor(), g);
   }
@@ -655,7 +656,7 @@ MaxPool2dResult MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel,
   FillWindow(op, x, stride, padding, {1, 1}, absl::StrCat("kernel ", Pair(kernel)), &g);
   MaxPool2dResult r{Tensor::Empty({g.n, g.c, g.oh, g.ow}, x.dtype(), device),
                     Tensor::Empty({g.n, g.c, g.oh, g.ow}, kI64, device)};
-  TG_KERNEL(device, MaxPool2d, r.output, r.indices, x.contiguous(), g);
+  KernelsFor(device).MaxPool2d(r.output, r.indices, x.contiguous(), g);
   return r;
 }
 
@@ -675,7 +676,7 @@ Tensor MaxPool2dBackward(const Tensor& grad_out, const Tensor& indices, const Sh
            ShapeToString(grad_out.shape()), " (expected [", grad_out.size(0), ", ",
            grad_out.size(1), ", H, W])");
   Tensor out = Tensor::Empty(input_shape, grad_out.dtype(), device);
-  TG_KERNEL(device, MaxPool2dBackward, out, grad_out.contiguous(), indices.contiguous());
+  KernelsFor(device).MaxPool2dBackward(out, grad_out.contiguous(), indices.contiguous());
   return out;
 }
 
@@ -685,7 +686,7 @@ bool AnyNonFinite(const std::vector<Tensor>& tensors) {
     CheckDefined("non_finite_check", t, "a list element");
     CommonDevice("non_finite_check", {&t});
     if (IsFloating(t.dtype()))
-      found = found || TG_KERNEL(t.device(), AnyNonFinite, t);  // integers are finite
+      found = found || KernelsFor(t.device()).AnyNonFinite(t);  // integers are finite
   }
   return found;
 }
@@ -696,7 +697,7 @@ void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale) {
     CommonDevice("mul_scalar_", {&t});
     CheckFloating("mul_scalar_", t.dtype());
   }
-  for (const Tensor& t : tensors) TG_KERNEL(t.device(), ScaleInPlace, t, scale, false);
+  for (const Tensor& t : tensors) KernelsFor(t.device()).ScaleInPlace(t, scale, false);
 }
 
 void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
@@ -715,53 +716,38 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
     CommonDevice(op, {&t, &found_inf, &inv_scale});
     CheckFloating(op, t.dtype());
   }
-  if (found_inf.device().is_cuda()) {
-    // One multi-tensor launch; found_inf and the scale stay on the device (no host sync). The
-    // kernel takes a non-empty list of contiguous tensors: empty ones have nothing to scale, and
-    // a strided one is scaled in a contiguous copy that is written back (the CPU scales views in
-    // place, so both devices accept any list).
-    std::vector<Tensor> dense;
-    std::vector<std::pair<Tensor, Tensor>> write_back;  // {view, its contiguous copy}
-    for (const Tensor& t : tensors) {
-      if (t.numel() == 0) continue;
-      if (t.is_contiguous()) {
-        dense.push_back(t);
-      } else {
-        write_back.emplace_back(t, t.clone());
-        dense.push_back(write_back.back().second);
-      }
+  // The kernels take a non-empty list of contiguous, non-empty tensors: empty ones have nothing
+  // to scale, and a strided one is scaled in a contiguous copy that is written back.
+  std::vector<Tensor> dense;
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // {view, its contiguous copy}
+  for (const Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    if (t.is_contiguous()) {
+      dense.push_back(t);
+    } else {
+      write_back.emplace_back(t, t.clone());
+      dense.push_back(write_back.back().second);
     }
-    if (dense.empty()) return;
-    cuda::NonFiniteCheckAndUnscale(dense, found_inf, inv_scale);
-    for (const auto& [view, copy] : write_back) view.copy_(copy);
-    return;
   }
-  const double inv = inv_scale.item();
-  bool found = false;
-  for (const Tensor& t : tensors) found = cpu::ScaleInPlace(t, inv, true) || found;
-  if (found) found_inf.fill_(1);
+  if (dense.empty()) return;
+  if (KernelsFor(found_inf.device()).NonFiniteCheckAndUnscale(dense, found_inf, inv_scale) !=
+      KernelStatus::kDone) {
+    composed::NonFiniteCheckAndUnscale(dense, found_inf, inv_scale);
+  }
+  for (const auto& [view, copy] : write_back) view.copy_(copy);
 }
 
 // ---- Fused ops --------------------------------------------------------------------------------
 //
-// Each op validates, then runs its CUDA kernels on CUDA tensors and otherwise its composition of
-// the ops above in the compute dtype. A CUDA path that depends on a library having a kernel for
-// the problem (a cuBLASLt GELU epilogue, a cuDNN attention engine) falls back to the composed
-// version when the library says it has none: the result is the same to within rounding order,
-// only slower.
+// Each op validates and allocates, then calls its device's fused kernel; a kernel that declines
+// the case (KernelStatus::kNoKernel) leaves it to the composed form (tensor/composed.h), which
+// gives the same result to within rounding order, only slower.
 
 namespace {
 
-// The compute dtype of the fused ops: f64 for f64, f32 for f32/f16/bf16.
-DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
+using composed::ComputeDType;
 
-// Whether `e` is a library's "no kernel for this problem" (the only failures a fused path falls
-// back from; anything else propagates).
-bool IsNoKernel(const Error& e, const char* phrase) {
-  return std::string(e.what()).find(phrase) != std::string::npos;
-}
-constexpr char kNoCublasLtAlgorithm[] = "cuBLASLt has no algorithm";
-constexpr char kNoCudnnAttention[] = "cuDNN has no fused attention engine";
+bool Declined(KernelStatus status) { return status != KernelStatus::kDone; }
 
 // ---- Linear ----
 
@@ -799,161 +785,25 @@ Tensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
   return Tensor::Empty({rows, (n + 7) / 8 * 8}, dtype, device).narrow(1, 0, n);
 }
 
-// Whether a [rows, n] tensor already has that layout (MatmulEx's check on aux).
-bool HasAuxLayout(const Tensor& t) {
-  const int64_t n = t.size(1), row = t.strides()[0];
-  return (n == 1 || t.strides()[1] == 1) && row >= n && row % 8 == 0;
-}
-
-// d gelu_tanh(x) / dx for x in the compute dtype. With u = k (x + c x^3):
-// gelu'(x) = (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2).
-Tensor GeluTanhGrad(const Tensor& x) {
-  const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2 / pi)
-  const Tensor x2 = Mul(x, x);
-  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
-  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
-  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
-  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
-  return Add(left, right);
-}
-
-// Linear on x2 [m, in] as a composition of the ops above in the compute dtype (the CPU
-// implementation; CUDA's for f64 GELU and where cuBLASLt has no fused kernel).
-LinearResult LinearComposed(const Tensor& x2, const Tensor& weight, const Tensor& bias,
-                            Activation act) {
-  const DType dtype = x2.dtype(), ct = ComputeDType(dtype);
-  Tensor pre = Matmul(x2.to(ct), weight.to(ct).transpose(0, 1));
-  if (bias.defined()) pre = Add(pre, bias.to(ct));
-  if (act == Activation::kNone) return {pre.to(dtype), Tensor()};
-  return {GeluTanh(pre).to(dtype), pre.to(dtype)};
-}
-
-// Linear on CUDA: one cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also
-// store the pre-activation (aux).
-LinearResult LinearCuda(const Tensor& x2, const Tensor& weight, const Tensor& bias,
-                        Activation act) {
-  using cuda::Epilogue;
-  const DType dtype = x2.dtype();
-  const Device device = x2.device();
-  const int64_t m = x2.size(0), n = weight.size(0);
-  LinearResult r;
-  r.output = Tensor::Empty({m, n}, dtype, device);
-  if (act == Activation::kNone) {
-    cuda::MatmulEx(r.output, x2, false, weight, true,
-                   bias.defined() ? Epilogue::kBias : Epilogue::kNone, bias, Tensor());
-    return r;
-  }
-  r.pre_activation = PaddedRows(m, n, dtype, device);
-  if (dtype != kF64) {  // cuBLASLt has no GELU epilogue for f64
-    try {
-      cuda::MatmulEx(r.output, x2, false, weight, true,
-                     bias.defined() ? Epilogue::kBiasGelu : Epilogue::kGelu, bias,
-                     r.pre_activation);
-      return r;
-    } catch (const Error& e) {
-      if (!IsNoKernel(e, kNoCublasLtAlgorithm)) throw;
-    }
-  }
-  // Unfused: the pre-activation in the compute dtype (f16/bf16 products store their f32
-  // accumulator), then GELU of the unrounded value, as the epilogue computes it.
-  const DType ct = ComputeDType(dtype);
-  const Tensor pre = Tensor::Empty({m, n}, ct, device);
-  cuda::MatmulEx(pre, x2, false, weight, true, bias.defined() ? Epilogue::kBias : Epilogue::kNone,
-                 bias.defined() ? bias.to(ct) : Tensor(), Tensor());
-  r.output.copy_(GeluTanh(pre));
-  r.pre_activation.copy_(pre);
-  return r;
-}
-
-// The gradient of the pre-activation, g = grad_out * act'(pre), rounded to the dtype, and the
-// column sums of g (the bias gradient, in the compute dtype) when want_sum; composed.
-std::pair<Tensor, Tensor> PreActivationGradComposed(const Tensor& go, const Tensor& pre,
-                                                    Activation act, bool want_sum) {
-  if (act == Activation::kNone) return {go, want_sum ? Sum(go, {0}) : Tensor()};
-  const DType ct = ComputeDType(go.dtype());
-  const Tensor g = Mul(go.to(ct), GeluTanhGrad(pre.to(ct)));
-  return {g.to(go.dtype()), want_sum ? Sum(g, {0}) : Tensor()};
-}
-
-LinearGrads LinearBackwardImpl(const Tensor& go, const Tensor& x2, const Tensor& weight,
-                               const Tensor& pre, Activation act, bool need_input, bool need_weight,
-                               bool need_bias) {
-  using cuda::Epilogue;
-  const DType dtype = x2.dtype();
-  const Device device = x2.device();
-  const int64_t m = x2.size(0), k = x2.size(1), n = weight.size(0);
-  LinearGrads r;
-  if (!device.is_cuda()) {
-    const auto [g, g_sum] = PreActivationGradComposed(go, pre, act, need_bias);
-    if (need_input) r.grad_input = Matmul(g, weight);
-    if (need_weight) r.grad_weight = Matmul(g.transpose(0, 1), x2);
-    if (need_bias) r.grad_bias = g_sum.to(dtype);
-    return r;
-  }
-  // CUDA. g [m, n]: for GELU one cuBLASLt pass with the dGELU epilogue (plus, with kDGeluBgrad,
-  // the bias gradient as its column sums). The epilogue multiplies a product's output by
-  // gelu'(aux), and a layer's own backward has no product in front of its dGELU (the one that
-  // precedes it belongs to the next layer), so it runs on a rank-1 product that contributes
-  // zero: g = dgelu(zeros [m, 1] @ ones [1, n] + 1 * g) with grad_out copied into g first and
-  // read back in place (beta = 1). That is one pass over grad_out and pre, like an elementwise
-  // kernel, with cuBLASLt's own gelu' (the one the forward epilogue pairs with).
-  Tensor g = go;
-  if (act == Activation::kGeluTanh) {
-    bool fused = false;
-    if (dtype != kF64 && m > 0) {  // no dGELU epilogue for f64
-      Tensor aux = pre;
-      if (!HasAuxLayout(aux)) {
-        aux = PaddedRows(m, n, dtype, device);
-        aux.copy_(pre);
-      }
-      g = Tensor::Empty({m, n}, dtype, device);
-      g.copy_(go);
-      if (need_bias) r.grad_bias = Tensor::Empty({n}, dtype, device);
-      try {
-        cuda::MatmulEx(g, Tensor::Zeros({m, 1}, dtype, device), false,
-                       cuda::OnesVector(n, dtype, device.index).view({1, n}), false,
-                       need_bias ? Epilogue::kDGeluBgrad : Epilogue::kDGelu, r.grad_bias, aux, 1.0f,
-                       1.0f);
-        fused = true;
-      } catch (const Error& e) {
-        if (!IsNoKernel(e, kNoCublasLtAlgorithm)) throw;
-      }
-    }
-    if (!fused) {
-      const auto [g_composed, g_sum] = PreActivationGradComposed(go, pre, act, need_bias);
-      g = g_composed.contiguous();
-      if (need_bias) r.grad_bias = g_sum.to(dtype);
-    }
-  }
-  if (need_weight) {
-    r.grad_weight = Tensor::Empty({n, k}, dtype, device);
-    // grad_weight = g^T @ x; without an activation the bias gradient (the row sums of g^T) comes
-    // from the same product (kBgrad). That epilogue needs a non-empty product.
-    if (need_bias && !r.grad_bias.defined() && m > 0 && k > 0 && n > 0) {
-      r.grad_bias = Tensor::Empty({n}, dtype, device);
-      cuda::MatmulEx(r.grad_weight, g, true, x2, false, Epilogue::kBgrad, r.grad_bias, Tensor());
-    } else {
-      cuda::MatmulEx(r.grad_weight, g, true, x2, false, Epilogue::kNone, Tensor(), Tensor());
-    }
-  }
-  if (need_bias && !r.grad_bias.defined()) r.grad_bias = Sum(g, {0});
-  if (need_input) {
-    r.grad_input = Tensor::Empty({m, k}, dtype, device);
-    cuda::MatmulEx(r.grad_input, g, false, weight, false, Epilogue::kNone, Tensor(), Tensor());
-  }
-  return r;
-}
-
 }  // namespace
 
 LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   CheckLinearInputs("linear", x, weight, bias);
   const int64_t n = weight.size(0), k = weight.size(1);
-  const Tensor x2 = x.reshape({NumElements(Shape(x.shape().begin(), x.shape().end() - 1)), k});
+  const int64_t m = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const Tensor x2 = x.reshape({m, k});
   const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
-  // An empty reduction (k == 0) has no cuBLASLt epilogue; the composition gives bias (or 0).
-  LinearResult r = x.device().is_cuda() && k > 0 ? LinearCuda(x2, weight, b, act)
-                                                 : LinearComposed(x2, weight, b, act);
+  LinearResult r;
+  // An empty reduction (k == 0) is the bias (or 0): the composition gives it.
+  if (k > 0) {
+    r.output = Tensor::Empty({m, n}, x.dtype(), x.device());
+    if (act != Activation::kNone) r.pre_activation = PaddedRows(m, n, x.dtype(), x.device());
+    if (Declined(KernelsFor(x.device()).LinearForward(r.output, r.pre_activation, x2.contiguous(),
+                                                      weight.contiguous(), b, act))) {
+      r = LinearResult();
+    }
+  }
+  if (!r.output.defined()) r = composed::Linear(x2, weight, b, act);
   const Shape shape = WithLastDim(x.shape(), n);
   r.output = r.output.view(shape);
   if (r.pre_activation.defined()) r.pre_activation = r.pre_activation.view(shape);
@@ -988,8 +838,20 @@ LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor
   const int64_t m = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
   const Tensor pre =
       act == Activation::kNone ? Tensor() : pre_activation.reshape({m, n});  // a view if padded
-  r = LinearBackwardImpl(grad_out.reshape({m, n}), x.reshape({m, k}), weight, pre, act, need_input,
-                         need_weight, need_bias);
+  const Tensor go = grad_out.reshape({m, n}).contiguous(), x2 = x.reshape({m, k}).contiguous();
+  if (m > 0 && n > 0 && k > 0) {
+    const Device device = x.device();
+    if (need_input) r.grad_input = Tensor::Empty({m, k}, x.dtype(), device);
+    if (need_weight) r.grad_weight = Tensor::Empty({n, k}, x.dtype(), device);
+    if (need_bias) r.grad_bias = Tensor::Empty({n}, x.dtype(), device);
+    if (Declined(KernelsFor(device).LinearBackward(r.grad_input, r.grad_weight, r.grad_bias, go,
+                                                   x2, weight.contiguous(), pre, act))) {
+      r = LinearGrads();
+    }
+  }
+  if (!r.grad_input.defined() && !r.grad_weight.defined() && !r.grad_bias.defined()) {
+    r = composed::LinearBackward(go, x2, weight, pre, act, need_input, need_weight, need_bias);
+  }
   if (r.grad_input.defined()) r.grad_input = r.grad_input.reshape(x.shape());
   return r;
 }
@@ -1025,84 +887,20 @@ void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, cons
   TG_CHECK(std::isfinite(scale), op, ": scale ", scale, " is not finite");
 }
 
-// [t, t] of `dtype`: 0 on and below the diagonal, -inf above it (query i sees keys 0..i).
-Tensor CausalMask(int64_t t, DType dtype, Device device) {
-  std::vector<double> host(static_cast<size_t>(t * t), 0.0);
-  for (int64_t i = 0; i < t; ++i) {
-    for (int64_t j = i + 1; j < t; ++j) host[i * t + j] = -std::numeric_limits<double>::infinity();
-  }
-  return Tensor::FromVector(host, {t, t}).to(device, dtype);
-}
-
-// scale * q @ k^T (+ the causal mask) [B, H, Tq, Tk] in the compute dtype.
-Tensor AttentionScores(const Tensor& q, const Tensor& k, bool causal, double scale) {
-  const DType ct = ComputeDType(q.dtype());
-  Tensor s = MulScalar(Matmul(q.to(ct), k.to(ct).transpose(2, 3)), scale);
-  if (causal) s = Add(s, CausalMask(q.size(2), ct, q.device()));
-  return s;
-}
-
-// The composition: the CPU implementation, and CUDA's for f64 (which neither CUDA
-// implementation takes). Masked scores are -inf and give probability 0; the diagonal is never
-// masked, so each row's maximum is finite.
-AttentionResult AttentionComposed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                  double scale) {
-  const DType dtype = q.dtype(), ct = ComputeDType(dtype);
-  const int64_t b = q.size(0), h = q.size(1), tq = q.size(2);
-  if (b * h * tq == 0)
-    return {Tensor::Zeros(q.shape(), dtype, q.device()), Tensor::Zeros({b, h, tq}, ct, q.device())};
-  const Tensor s = AttentionScores(q, k, causal, scale);
-  const Tensor max = Max(s, -1, /*keepdim=*/true);
-  const Tensor e = Exp(Sub(s, max));
-  const Tensor sum = Sum(e, {-1}, /*keepdim=*/true);
-  const Tensor p = Div(e, sum);
-  return {Matmul(p.to(dtype), v), Add(max, Log(sum)).squeeze(-1)};
-}
-
-AttentionGrads AttentionBackwardComposed(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& output, const Tensor& stats,
-                                         bool causal, double scale) {
-  const DType dtype = q.dtype(), ct = ComputeDType(dtype);
-  if (q.numel() == 0) {  // no queries (or empty heads): nothing flows back
-    return {Tensor::Zeros(q.shape(), dtype, q.device()),
-            Tensor::Zeros(k.shape(), dtype, q.device()),
-            Tensor::Zeros(v.shape(), dtype, q.device())};
-  }
-  const Tensor p = Exp(Sub(AttentionScores(q, k, causal, scale), stats.to(ct).unsqueeze(-1)));
-  AttentionGrads r;
-  r.grad_v = Matmul(p.to(dtype).transpose(2, 3), grad_out);
-  const Tensor go = grad_out.to(ct);
-  const Tensor dp = Matmul(go, v.to(ct).transpose(2, 3));
-  // The softmax backward's row term, sum_k p * dp, equals sum_d grad_out * output.
-  const Tensor delta = Sum(Mul(go, output.to(ct)), {-1}, /*keepdim=*/true);
-  const Tensor ds = MulScalar(Mul(p, Sub(dp, delta)), scale).to(dtype);
-  r.grad_q = Matmul(ds, k);
-  r.grad_k = Matmul(ds.transpose(2, 3), q);
-  return r;
-}
-
 }  // namespace
 
 AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal, double scale) {
   CheckAttentionInputs("scaled_dot_product_attention", q, k, v, causal, scale);
-  if (!q.device().is_cuda() || q.dtype() == kF64) return AttentionComposed(q, k, v, causal, scale);
-  AttentionResult r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
-                    Tensor::Empty({q.size(0), q.size(1), q.size(2)}, kF32, q.device())};
-  const Tensor stats = r.stats.view({q.size(0), q.size(1), q.size(2), 1});
-  if (cuda::CudnnAttentionEnabled() &&
-      cuda::CudnnAttentionSupported({&r.output, &q, &k, &v}, nullptr)) {
-    try {
-      cuda::AttentionForward(r.output, stats, q, k, v, causal, scale, 0,
-                             cuda::AttentionImpl::kCudnn);
+  if (q.size(0) * q.size(1) * q.size(2) > 0) {
+    AttentionResult r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
+                      Tensor::Empty({q.size(0), q.size(1), q.size(2)}, ComputeDType(q.dtype()),
+                                    q.device())};
+    if (!Declined(KernelsFor(q.device()).ScaledDotProductAttention(r.output, r.stats, q, k, v, causal, scale))) {
       return r;
-    } catch (const Error& e) {
-      if (!IsNoKernel(e, kNoCudnnAttention)) throw;
     }
   }
-  cuda::AttentionForward(r.output, stats, q, k, v, causal, scale, 0,
-                         cuda::AttentionImpl::kComposed);
-  return r;
+  return composed::Attention(q, k, v, causal, scale);
 }
 
 AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const Tensor& q,
@@ -1128,33 +926,21 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
            ShapeToString(stats.shape()), " ", DTypeName(stats.dtype()), " do not match ",
            ShapeToString(stats_shape), " ", DTypeName(stats_dtype),
            " (as the forward returns them)");
-  if (!q.device().is_cuda() || q.dtype() == kF64) {
-    return AttentionBackwardComposed(grad_out, q, k, v, output, stats, causal, scale);
-  }
-  AttentionGrads r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
-                   Tensor::Empty(k.shape(), q.dtype(), q.device()),
-                   Tensor::Empty(v.shape(), q.dtype(), q.device())};
-  // A contiguous gradient qualifies for cuDNN more often than a strided one; the copy is small
-  // next to the products.
   const Tensor dout = grad_out.contiguous();
-  const Tensor stats4 = stats.contiguous().view({q.size(0), q.size(1), q.size(2), 1});
-  if (cuda::CudnnAttentionEnabled() &&
-      cuda::CudnnAttentionSupported({&r.grad_q, &r.grad_k, &r.grad_v, &dout, &q, &k, &v, &output},
-                                    nullptr)) {
-    try {
-      cuda::AttentionBackward(r.grad_q, r.grad_k, r.grad_v, dout, q, k, v, output, stats4, causal,
-                              scale, cuda::AttentionImpl::kCudnn);
+  if (q.numel() > 0) {
+    AttentionGrads r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
+                     Tensor::Empty(k.shape(), q.dtype(), q.device()),
+                     Tensor::Empty(v.shape(), q.dtype(), q.device())};
+    if (!Declined(KernelsFor(q.device()).ScaledDotProductAttentionBackward(
+            r.grad_q, r.grad_k, r.grad_v, dout, q, k, v, output, stats.contiguous(), causal,
+            scale))) {
       return r;
-    } catch (const Error& e) {
-      if (!IsNoKernel(e, kNoCudnnAttention)) throw;
     }
   }
-  cuda::AttentionBackward(r.grad_q, r.grad_k, r.grad_v, dout, q, k, v, output, stats4, causal,
-                          scale, cuda::AttentionImpl::kComposed);
-  return r;
+  return composed::AttentionBackward(dout, q, k, v, output, stats, causal, scale);
 }
 
-// ---- Layer norm backward ----
+// ---- Layer norm ----
 
 LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& weight, bool need_weight_bias) {
@@ -1189,33 +975,51 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
   }
   const Tensor xr = AsRows(x), gr = AsRows(grad_out);
   const int64_t rows = xr.size(0);
-  LayerNormGrads r;
-  if (device.is_cuda()) {
-    r.grad_input = Tensor::Empty(xr.shape(), x.dtype(), device);
-    if (need_weight_bias) {
-      r.grad_weight = Tensor::Empty({n}, x.dtype(), device);
-      r.grad_bias = Tensor::Empty({n}, x.dtype(), device);
-    }
-    cuda::LayerNormBackward(r.grad_input, r.grad_weight, r.grad_bias, gr, xr,
-                            mean.reshape({rows}).contiguous(), rstd.reshape({rows}).contiguous(),
-                            weight.defined() ? weight.contiguous() : Tensor());
-    r.grad_input = r.grad_input.reshape(x.shape());
-    return r;
-  }
-  // The formulas in the compute dtype (rows of x against [rows, 1] statistics).
-  const Tensor mean_c = mean.reshape({rows, 1}).to(ct), rstd_c = rstd.reshape({rows, 1}).to(ct);
-  const Tensor go = gr.to(ct);
-  const Tensor xhat = Mul(Sub(xr.to(ct), mean_c), rstd_c);
-  const Tensor dxhat = weight.defined() ? Mul(go, weight.to(ct)) : go;
-  const Tensor mean_dxhat = Mean(dxhat, {1}, /*keepdim=*/true);
-  const Tensor mean_dxhat_xhat = Mean(Mul(dxhat, xhat), {1}, /*keepdim=*/true);
-  r.grad_input = Mul(rstd_c, Sub(Sub(dxhat, mean_dxhat), Mul(xhat, mean_dxhat_xhat)))
-                     .to(x.dtype())
-                     .reshape(x.shape());
+  const Tensor mean_r = mean.reshape({rows}).contiguous(), rstd_r = rstd.reshape({rows}).contiguous();
+  LayerNormGrads r{Tensor::Empty(xr.shape(), x.dtype(), device), Tensor(), Tensor()};
   if (need_weight_bias) {
-    r.grad_weight = Sum(Mul(go, xhat), {0}).to(x.dtype());
-    r.grad_bias = Sum(go, {0}).to(x.dtype());
+    r.grad_weight = Tensor::Empty({n}, x.dtype(), device);
+    r.grad_bias = Tensor::Empty({n}, x.dtype(), device);
   }
+  if (Declined(KernelsFor(device).LayerNormBackward(
+          r.grad_input, r.grad_weight, r.grad_bias, gr, xr, mean_r, rstd_r,
+          weight.defined() ? weight.contiguous() : Tensor()))) {
+    r = composed::LayerNormBackward(gr, xr, mean_r, rstd_r, weight, need_weight_bias);
+  }
+  r.grad_input = r.grad_input.reshape(x.shape());
+  return r;
+}
+
+AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
+                                const Tensor& bias, double eps) {
+  const char* op = "add_layer_norm";
+  CheckDefined(op, a, "the first input");
+  CheckDefined(op, b, "the second input");
+  const Device device = CommonDevice(op, {&a, &b});
+  TG_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), op, ": inputs ",
+           ShapeToString(a.shape()), " ", DTypeName(a.dtype()), " and ", ShapeToString(b.shape()),
+           " ", DTypeName(b.dtype()), " differ (expected one shape and dtype)");
+  CheckFloating(op, a.dtype());
+  TG_CHECK(a.dim() >= 1, op, ": expected at least 1 dim, got a 0-d tensor");
+  CheckLayerNormParams(op, a, weight, bias, eps);
+  const Tensor ar = AsRows(a), br = AsRows(b);
+  const int64_t rows = ar.size(0);
+  const Shape stat_shape(a.shape().begin(), a.shape().end() - 1);
+  const DType ct = ComputeDType(a.dtype());
+  AddLayerNormResult r;
+  r.residual = Tensor::Empty(ar.shape(), a.dtype(), device);
+  r.norm = {Tensor::Empty(ar.shape(), a.dtype(), device), Tensor::Empty({rows}, ct, device),
+            Tensor::Empty({rows}, ct, device)};
+  if (Declined(KernelsFor(device).AddLayerNorm(
+          r.residual, r.norm.output, r.norm.mean, r.norm.rstd, ar, br,
+          weight.defined() ? weight.contiguous() : Tensor(),
+          bias.defined() ? bias.contiguous() : Tensor(), eps))) {
+    return composed::AddLayerNorm(a, b, weight, bias, eps);
+  }
+  r.residual = r.residual.reshape(a.shape());
+  r.norm.output = r.norm.output.reshape(a.shape());
+  r.norm.mean = r.norm.mean.reshape(stat_shape);
+  r.norm.rstd = r.norm.rstd.reshape(stat_shape);
   return r;
 }
 
@@ -1229,17 +1033,10 @@ CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targ
   const Tensor t = IndicesI64(op, targets);
   const Device device = logits.device();
   const int64_t n = logits.size(0);
-  if (!device.is_cuda()) {
-    const Tensor grad_loss = reduction == Reduction::kNone ? Tensor::Full({n}, grad_scale, kF64)
-                                                           : Tensor::Scalar(grad_scale, kF64);
-    return {CrossEntropy(logits, targets, ignore_index, reduction),
-            CrossEntropyBackward(logits, targets, grad_loss, ignore_index, reduction)};
-  }
   const Tensor lg = logits.contiguous();
-  CrossEntropyResult r{Tensor::Empty({n}, logits.dtype(), device),
-                       Tensor::Empty(lg.shape(), logits.dtype(), device)};
-  // Row scales and the mean's divisor in f64 on the device, with the host's arithmetic
-  // (CrossEntropy / CrossEntropyBackward): grad_scale / count, and total * (1 / count).
+  // Row scales and the mean's divisor in f64 where the logits live, with the arithmetic of
+  // CrossEntropy / CrossEntropyBackward: grad_scale / count, and total * (1 / count). The count
+  // stays on the device (no host wait).
   Tensor row_scale = Tensor::Full({n}, grad_scale, kF64, device);
   Tensor inv_count;
   if (reduction == Reduction::kMean) {
@@ -1248,7 +1045,12 @@ CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targ
     row_scale = Div(row_scale, count);
     inv_count = Div(Tensor::Full({}, 1.0, kF64, device), count);
   }
-  cuda::SoftmaxCrossEntropyFused(r.loss, r.grad_logits, lg, t, row_scale, ignore_index);
+  CrossEntropyResult r{Tensor::Empty({n}, logits.dtype(), device),
+                       Tensor::Empty(lg.shape(), logits.dtype(), device)};
+  if (Declined(KernelsFor(device).SoftmaxCrossEntropy(r.loss, r.grad_logits, lg, t, row_scale,
+                                                      ignore_index))) {
+    r = composed::SoftmaxCrossEntropy(lg, t, row_scale, ignore_index);
+  }
   if (reduction == Reduction::kSum) r.loss = Sum(r.loss.to(kF64)).to(logits.dtype());
   if (reduction == Reduction::kMean)
     r.loss = Mul(Sum(r.loss.to(kF64)), inv_count).to(logits.dtype());

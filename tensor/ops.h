@@ -201,15 +201,13 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
                               const Tensor& inv_scale);
 
 // ---- Fused ops -------------------------------------------------------------------------------
-// Compositions of the ops above that a training step runs often enough to fuse. On CUDA each is
-// a few library calls or kernels (cuBLASLt epilogues, cuDNN fused attention, one-pass loss and
-// norm kernels) that avoid writing intermediates; on the CPU, where fusion buys little, each is
-// the composition itself, computed in f32 (f64 for f64) and rounded once per output. The two
-// devices agree to within rounding order (tests/tensor/cuda/op_table_test.cc).
+// Compositions of the ops above that a training step runs often enough to fuse, each an entry of
+// the op list (tensor/kernel_list.inc) that every device implements: on CUDA a few library calls
+// or kernels (cuBLASLt epilogues, cuDNN fused attention, one-pass loss and norm kernels), on the
+// CPU one-pass loops around the GEMM, computed in f32 (f64 for f64) and rounded once per output.
+// Where a device has no kernel for a case it declines, and the op runs the composition
+// (tensor/composed.h); all agree to within rounding order.
 
-// The activation a Linear applies to its pre-activation: none, or GELU in its tanh form
-// (GeluTanh), the form cuBLASLt's epilogue computes.
-enum class Activation { kNone, kGeluTanh };
 
 struct LinearResult {
   Tensor output;          // [..., out], x's dtype
@@ -283,6 +281,16 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
                                  const Tensor& rstd, const Tensor& weight,
                                  bool need_weight_bias = true);
 
+struct AddLayerNormResult {
+  Tensor residual;       // a + b, rounded to their dtype
+  LayerNormResult norm;  // LayerNorm(residual, weight, bias, eps)
+};
+// residual = a + b, then LayerNorm of it, in one pass where the device has the kernel: the
+// residual-stream update and pre-norm of a transformer block. a and b share a shape and a
+// floating dtype; weight, bias and eps as for LayerNorm.
+AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
+                                const Tensor& bias, double eps);
+
 struct CrossEntropyResult {
   Tensor loss;         // CrossEntropy(logits, targets, ignore_index, reduction)
   Tensor grad_logits;  // [N, C], logits' dtype
@@ -290,8 +298,8 @@ struct CrossEntropyResult {
 // The loss and d(grad_scale * loss)/d(logits) in one call: for kMean and kSum the gradient of
 // the reduced loss, for kNone that of the sum of the per-row losses (every row's loss gradient
 // is grad_scale). Equal to CrossEntropy followed by CrossEntropyBackward with grad_loss =
-// grad_scale, which is what the CPU runs; CUDA reads each row of logits once for both, with no
-// host synchronisation (the mean's row count stays on the device).
+// grad_scale, reading each row of logits once for both, with no host synchronisation (the
+// mean's row count stays on the device).
 CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index = -100,
                                         Reduction reduction = Reduction::kMean,

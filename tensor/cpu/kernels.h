@@ -6,12 +6,15 @@
 
 #include <vector>
 
+#include "tensor/kernel_table.h"
 #include "tensor/op_kinds.h"
 #include "tensor/tensor.h"
 
 namespace tg::cpu {
 
+#define TG_KERNEL(ret, name, params) ret name params;
 #include "tensor/kernel_list.inc"  // IWYU pragma: export
+#undef TG_KERNEL
 
 }  // namespace tg::cpu
 

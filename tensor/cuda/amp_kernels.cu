@@ -526,9 +526,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                              const Tensor& inv_scale) {
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
+                                      const Tensor& inv_scale) {
   RunNonFiniteCheck("non_finite_check_and_unscale", tensors, found_inf, &inv_scale);
+  return KernelStatus::kDone;
 }
 
 void NonFiniteCheck(const std::vector<Tensor>& tensors, const Tensor& found_inf) {

@@ -547,8 +547,7 @@ const CachedPlan& SdpaPlan(const char* op, bool backward, int device, const Prob
     }
     it = cache.emplace(key, std::move(entry)).first;
   }
-  TG_CHECK(it->second.plan != nullptr, it->second.failure);
-  return it->second;
+  return it->second;  // plan == nullptr: no engine, failure says why
 }
 
 size_t RoundUp(size_t n) { return (n + 255) / 256 * 256; }
@@ -559,13 +558,18 @@ void CheckCudnn(const char* op, std::initializer_list<const Tensor*> tensors) {
            ": AttentionImpl::kCudnn does not support these tensors: ", why);
 }
 
-void CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
-                  const Tensor& v, bool causal, double scale, const Sizes& z) {
+// Returns false (nothing enqueued, *why set) when cuDNN has no engine for the problem.
+bool CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
+                  const Tensor& v, bool causal, double scale, const Sizes& z, std::string* why) {
   const char* op = "attention_forward";
   CheckCudnn(op, {&out, &q, &k, &v});
   const int device = q.device().index;
   const Problem p = MakeProblem(z, q, k, v, out, causal);
   const CachedPlan& plan = SdpaPlan(op, false, device, p);
+  if (plan.plan == nullptr) {
+    if (why != nullptr) *why = plan.failure;
+    return false;
+  }
   // By-value scalars: host pointers that cudnnBackendExecute reads before it returns.
   float scale_f = static_cast<float>(scale);
   float masked = MaskValue();
@@ -579,11 +583,13 @@ void CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const
   const int64_t ws = plan.plan->workspace_bytes();
   void* workspace = ws > 0 ? Workspace(static_cast<size_t>(ws), device) : nullptr;
   plan.plan->Execute(CudnnHandle(device), uids, ptrs, workspace);
+  return true;
 }
 
-void CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+bool CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                   const Tensor& stats, bool causal, double scale, const Sizes& z) {
+                   const Tensor& stats, bool causal, double scale, const Sizes& z,
+                   std::string* why) {
   const char* op = "attention_backward";
   CheckCudnn(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out});
   const int device = q.device().index;
@@ -593,6 +599,10 @@ void CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   p.dk = Strides(dk);
   p.dv = Strides(dv);
   const CachedPlan& plan = SdpaPlan(op, true, device, p);
+  if (plan.plan == nullptr) {
+    if (why != nullptr) *why = plan.failure;
+    return false;
+  }
   // One workspace request: the engine's scratch, then Delta [B, H, Tq] f32, then (flavours
   // that want it) the f32 dQ accumulator. Both are zeroed first: an engine may accumulate into
   // them.
@@ -619,17 +629,10 @@ void CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
     ptrs.push_back(workspace + engine + delta_bytes);
   }
   plan.plan->Execute(CudnnHandle(device), uids, ptrs, engine > 0 ? workspace : nullptr);
+  return true;
 }
 
 }  // namespace
-
-bool CudnnAttentionEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TG_CUDNN_ATTENTION");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return enabled;
-}
 
 bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why) {
   auto fail = [&](const std::string& reason) {
@@ -663,27 +666,28 @@ bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::
   return true;
 }
 
-void AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
+bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
                       const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
-                      AttentionImpl impl) {
+                      AttentionImpl impl, std::string* why) {
   const char* op = "attention_forward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   TG_CHECK(dropout == 0, op, ": attention dropout ", dropout,
            " is not supported (the backward has no dropout mask); apply dropout outside");
   TG_CHECK(out.size(3) == 1 || out.strides()[3] == 1, op, ": out needs unit stride along D");
   // With D == 0 out is empty but the stats are not (every score is 0).
-  if (softmax_stats.numel() == 0) return;
+  if (softmax_stats.numel() == 0) return true;
   DeviceGuard guard(q.device().index);
   if (impl == AttentionImpl::kCudnn) {
-    CudnnForward(out, softmax_stats, q, k, v, causal, scale, z);
-  } else {
-    ComposedForward(out, softmax_stats, q, k, v, causal, scale, z);
+    return CudnnForward(out, softmax_stats, q, k, v, causal, scale, z, why);
   }
+  ComposedForward(out, softmax_stats, q, k, v, causal, scale, z);
+  return true;
 }
 
-void AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& softmax_stats, bool causal, double scale, AttentionImpl impl) {
+                       const Tensor& softmax_stats, bool causal, double scale, AttentionImpl impl,
+                       std::string* why) {
   const char* op = "attention_backward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   const DType dtype = q.dtype();
@@ -701,13 +705,13 @@ void AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, con
     for (const Tensor* t : {&dq, &dk, &dv}) {
       if (t->numel() > 0) t->zero_();
     }
-    return;
+    return true;
   }
   if (impl == AttentionImpl::kCudnn) {
-    CudnnBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z);
-  } else {
-    ComposedBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z);
+    return CudnnBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z, why);
   }
+  ComposedBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z);
+  return true;
 }
 
 }  // namespace tg::cuda

@@ -16,14 +16,14 @@
 //   f16/bf16 only; D a multiple of 8, at most 128; every tensor 16-byte aligned with unit stride
 //   along D and other strides multiples of 8 elements (any permutation of [B, H, T], e.g. heads
 //   sliced out of a [B, T, 3, H, D] projection). tg::ScaledDotProductAttention takes it whenever
-//   the tensors qualify and CudnnAttentionEnabled() (the environment variable
-//   TG_CUDNN_ATTENTION=0 turns it off, e.g. to validate a new machine or cuDNN against kComposed:
-//   tests/tensor/cuda/cudnn_test.cc does that comparison itself); it throws
-//   tg::Error with "cuDNN has no fused attention engine" when cuDNN has no engine for the graph
-//   (or rejects its descriptors), and on cuDNN releases with known wrong results (the forward
-//   on 9.10.0/9.10.1; the backward with Tk not a multiple of 128 before 9.15.1); callers fall
-//   back to kComposed on that message (tensor/ops.cc). CudnnAttentionSupported() says whether the
-//   tensors qualify.
+//   the tensors qualify and the kernel options allow it (KernelOptions::cudnn_attention,
+//   tensor/kernel_options.h; turned off e.g. to validate a new machine or cuDNN against
+//   kComposed: tests/tensor/cuda/cudnn_test.cc does that comparison itself). It returns false,
+//   with nothing enqueued and the reason in *why ("cuDNN has no fused attention engine ..."),
+//   when cuDNN has no engine for the graph (or rejects its descriptors), and on cuDNN releases
+//   with known wrong results (the forward on 9.10.0/9.10.1; the backward with Tk not a multiple
+//   of 128 before 9.15.1); the CUDA kernel table then runs kComposed (tensor/cuda/fused.cc).
+//   CudnnAttentionSupported() says whether the tensors qualify.
 //
 //   // q, k, v: [B, H, T, D] bf16 views; out like q; stats f32 [B, H, T, 1]
 //   AttentionForward(out, stats, q, k, v, /*causal=*/true, 1 / std::sqrt(D));
@@ -48,25 +48,25 @@ enum class AttentionImpl { kComposed, kCudnn };
 // [B, H, Tq, 1]) are written; q [B, H, Tq, D], k and v [B, H, Tk, D] share a dtype (f16, bf16,
 // or f32 for kComposed) and a CUDA device. causal needs Tq == Tk (query i sees keys 0..i).
 // dropout must be 0: attention dropout is not implemented (the backward takes no mask or seed).
-// Enqueues on the current stream; throws tg::Error on invalid input.
-void AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
+// Enqueues on the current stream and returns true; throws tg::Error on invalid input. Returns
+// false (kCudnn only: no engine for the problem; *why says which) with nothing enqueued.
+bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
                       const Tensor& k, const Tensor& v, bool causal, double scale,
-                      double dropout = 0, AttentionImpl impl = AttentionImpl::kComposed);
+                      double dropout = 0, AttentionImpl impl = AttentionImpl::kComposed,
+                      std::string* why = nullptr);
 
 // dq, dk, dv (shapes of q, k, v, their dtype, unit stride along D) are written from dout (out's
 // shape) and the forward's q, k, v, out and softmax_stats, with the forward's causal and scale.
-void AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+// Returns false as AttentionForward does.
+bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                        const Tensor& softmax_stats, bool causal, double scale,
-                       AttentionImpl impl = AttentionImpl::kComposed);
+                       AttentionImpl impl = AttentionImpl::kComposed, std::string* why = nullptr);
 
 // Whether AttentionImpl::kCudnn accepts these tensors (dtype, head size, strides, alignment);
 // when not, *why (if given) says which rule fails. Pass every tensor of the call (forward: out,
 // q, k, v; backward: also dq, dk, dv, dout); undefined ones are skipped.
 bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why);
-// False when the environment variable TG_CUDNN_ATTENTION is "0" (read once per process): the
-// dispatch in tensor/ops.cc then uses kComposed only.
-bool CudnnAttentionEnabled();
 
 }  // namespace tg::cuda
 

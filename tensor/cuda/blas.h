@@ -27,6 +27,8 @@
 #ifndef TAPEGRAD_TENSOR_CUDA_BLAS_H_
 #define TAPEGRAD_TENSOR_CUDA_BLAS_H_
 
+#include <string>
+
 #include "tensor/tensor.h"
 
 namespace tg::cuda {
@@ -72,8 +74,13 @@ const char* EpilogueName(Epilogue epilogue);
 // of ones: the same sums, but kBias then adds the bias to the already rounded product (one more
 // rounding for f16/bf16 outputs) and kDGeluBgrad sums the rounded dGELU output; those sums and
 // broadcasts run in full f32 also under AllowTf32Scope. The GELU epilogues have no fallback.
-// Throws tg::Error ("matmul_ex: ...", with the shapes) on invalid input, and when cuBLASLt has no
-// algorithm for the combination (e.g. a GELU epilogue with f64).
+// Throws tg::Error ("matmul_ex: ...", with the shapes) on invalid input. Returns false, with
+// nothing enqueued and cuBLASLt's reason in *why (if given), when cuBLASLt has no algorithm for
+// the combination (e.g. a GELU epilogue with f64): the fused Linear kernels then decline.
+bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
+                 bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+                 float alpha, float beta, std::string* why);
+// TryMatmulEx that throws tg::Error with the reason when cuBLASLt has no algorithm.
 void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
               bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
               float alpha = 1, float beta = 0);
@@ -82,8 +89,9 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
 // and grown on demand (never freed), for sums and broadcasts written as products.
 Tensor OnesVector(int64_t n, DType dtype, int device);
 
-// Lets f32 matmuls on the calling thread use TF32 while it lives (nesting restores the previous
-// setting). Thread-local like grad mode: other threads keep full f32.
+// Lets f32 matmuls on the calling thread use TF32 (or, with allow = false, forbids it) while it
+// lives, whatever KernelOptions::allow_tf32 says (nesting restores the previous setting).
+// Thread-local like grad mode: other threads follow the kernel options.
 class AllowTf32Scope {
  public:
   explicit AllowTf32Scope(bool allow = true);
@@ -92,10 +100,10 @@ class AllowTf32Scope {
   AllowTf32Scope& operator=(const AllowTf32Scope&) = delete;
 
  private:
-  bool previous_;
+  int previous_;
 };
 // Whether f32 matmuls (and, in tensor/cuda/conv.cc, f32 convolutions) on this thread may use
-// TF32 now.
+// TF32 now: the innermost AllowTf32Scope, else KernelOptions::allow_tf32 (tensor/kernel_options.h).
 bool Tf32Allowed();
 
 }  // namespace tg::cuda

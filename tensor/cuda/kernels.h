@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "tensor/kernel_table.h"
 #include "tensor/op_kinds.h"
 #include "tensor/tensor.h"
 
@@ -20,7 +21,9 @@ void Copy(const Tensor& dst, const Tensor& src);
 // Every element of dst (any strides) = value converted to dst's dtype.
 void Fill(const Tensor& dst, double value);
 
+#define TG_KERNEL(ret, name, params) ret name params;
 #include "tensor/kernel_list.inc"  // IWYU pragma: export
+#undef TG_KERNEL
 
 }  // namespace tg::cuda
 

@@ -34,6 +34,7 @@
 #include "tensor/cuda/blas.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/kernel_options.h"
 #include "tensor/strided_loop.h"
 
 namespace tg::cuda {
@@ -43,7 +44,8 @@ namespace {
 // recommends 32 MiB on Hopper), taken from the per-device scratch buffer of runtime.h.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-thread_local bool tf32_allowed = false;
+// The calling thread's AllowTf32Scope: -1 none (KernelOptions::allow_tf32 decides), else 0 / 1.
+thread_local int tf32_scope = -1;
 
 // How one stored matrix [rows, cols] with element strides (row_stride, col_stride) is described
 // to cuBLASLt, or ok == false when it must be copied first.
@@ -371,7 +373,7 @@ std::string TryGemm(const char* op, const Tensor& out, Tensor a, bool transpose_
     p.compute = CUBLAS_COMPUTE_64F;
     p.scale_type = CUDA_R_64F;
   } else {
-    p.compute = in == kF32 && tf32_allowed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    p.compute = in == kF32 && Tf32Allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     p.scale_type = CUDA_R_32F;
   }
   // cuBLASLt's A is our b and must read op(b)^T; its B is our a and must read op(a)^T.
@@ -467,9 +469,9 @@ const char* EpilogueName(Epilogue epilogue) {
   return "?";
 }
 
-AllowTf32Scope::AllowTf32Scope(bool allow) : previous_(tf32_allowed) { tf32_allowed = allow; }
-AllowTf32Scope::~AllowTf32Scope() { tf32_allowed = previous_; }
-bool Tf32Allowed() { return tf32_allowed; }
+AllowTf32Scope::AllowTf32Scope(bool allow) : previous_(tf32_scope) { tf32_scope = allow ? 1 : 0; }
+AllowTf32Scope::~AllowTf32Scope() { tf32_scope = previous_; }
+bool Tf32Allowed() { return tf32_scope < 0 ? GetKernelOptions().allow_tf32 : tf32_scope == 1; }
 
 void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   const char* op = "matmul";
@@ -487,9 +489,9 @@ void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   Gemm(op, out, a, false, b, false, Epilogue::kNone, Tensor(), Tensor(), 1.0, 0.0);
 }
 
-void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-              bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
-              float alpha, float beta) {
+bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
+                 bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+                 float alpha, float beta, std::string* why) {
   const char* op = "matmul_ex";
   TG_CHECK(out.defined() && a.defined() && b.defined(), op, ": out, a and b must be defined");
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),
@@ -583,7 +585,7 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
       empty_out_bgrad
           ? std::string("empty out")
           : TryGemm(op, out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta);
-  if (failure.empty()) return;
+  if (failure.empty()) return true;
   // No fused kernel for this epilogue here (cuBLASLt's epilogue kernels have layout, type and
   // alignment limits). The bias epilogues have exact unfused forms as products with a vector of
   // ones, so they fall back to those; the GELU epilogues need elementwise kernels and throw.
@@ -603,7 +605,7 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
       Gemm(op, out, BroadcastTo(OnesVector(m, out.dtype(), device).view({m, 1}), batch), false,
            BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, Tensor(), Tensor(), 1.0,
            1.0);
-      return;
+      return true;
     }
     case Epilogue::kBgrad: {  // out = P, and bias [.., m, 1] = op(a) [m, k] @ ones [k, 1]
       Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, Tensor(), Tensor(), alpha,
@@ -612,7 +614,7 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
       Gemm(op, bias.view(with_matrix(m, 1)), a, transpose_a,
            BroadcastTo(OnesVector(k, in, device).view({k, 1}), batch), false, Epilogue::kNone,
            Tensor(), Tensor(), 1.0, 0.0);
-      return;
+      return true;
     }
     case Epilogue::kDGeluBgrad: {  // out = dgelu(P), and bias [.., 1, n] = ones [1, m] @ out
       Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, Tensor(), aux, alpha, beta);
@@ -620,10 +622,20 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
       Gemm(op, bias.view(with_matrix(1, n)),
            BroadcastTo(OnesVector(m, out.dtype(), device).view({1, m}), batch), false, out, false,
            Epilogue::kNone, Tensor(), Tensor(), 1.0, 0.0);
-      return;
+      return true;
     }
     default:
-      throw Error(failure);
+      if (why != nullptr) *why = failure;
+      return false;
+  }
+}
+
+void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
+              bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+              float alpha, float beta) {
+  std::string why;
+  if (!TryMatmulEx(out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta, &why)) {
+    throw Error(why);
   }
 }
 

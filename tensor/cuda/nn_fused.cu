@@ -307,9 +307,9 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
   });
 }
 
-void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                       const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                       const Tensor& rstd, const Tensor& weight) {
+KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                               const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
   const char* op = "layer_norm_backward";
   const Device device = RowsDevice(op, "x", x);
   const int64_t rows = x.size(0), n = x.size(1);
@@ -327,7 +327,7 @@ void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Te
     CheckAliasing(op, "grad_x", grad_x, "grad_out", grad_out);
   }
   const bool params = grad_weight.defined() || grad_bias.defined();
-  if (n == 0 || (!grad_x.defined() && !params)) return;
+  if (n == 0 || (!grad_x.defined() && !params)) return KernelStatus::kDone;
   DeviceGuard guard(device.index);
   const cudaStream_t stream = CurrentStream(device.index);
   VisitDeviceFloating(op, dtype, [&](auto tag) {
@@ -370,11 +370,12 @@ void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Te
       TG_CUDA_CHECK_LAUNCH("LayerNormParamGradKernel");
     }
   });
+  return KernelStatus::kDone;
 }
 
-void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
-                  const Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& weight,
-                  const Tensor& bias, double eps) {
+KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& a, const Tensor& b,
+                          const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "add_layer_norm";
   const Device device = RowsDevice(op, "a", a);
   const int64_t rows = a.size(0), n = a.size(1);
@@ -393,7 +394,7 @@ void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor
   TG_CHECK(!ln_out.shares_storage(a) && !ln_out.shares_storage(b) &&
                !ln_out.shares_storage(residual_out),
            op, ": ln_out must not share memory with a, b or residual_out");
-  if (rows == 0) return;
+  if (rows == 0) return KernelStatus::kDone;
   DeviceGuard guard(device.index);
   const cudaStream_t stream = CurrentStream(device.index);
   VisitDeviceFloating(op, dtype, [&](auto tag) {
@@ -413,6 +414,7 @@ void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor
     });
     TG_CUDA_CHECK_LAUNCH("AddLayerNormKernel");
   });
+  return KernelStatus::kDone;
 }
 
 }  // namespace tg::cuda

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "tensor/kernel_table.h"
 #include "tensor/tensor.h"
 
 namespace tg::cuda {
@@ -56,9 +57,10 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
 // their memory. grad_x takes one kernel (one warp or block per row); grad_weight and grad_bias
 // are accumulated by that same kernel into per-warp/per-block f32 (f64) partial sums, which a
 // second kernel adds up in a fixed order: deterministic, no atomics.
-void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                       const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                       const Tensor& rstd, const Tensor& weight);
+// An entry of the op list (tensor/kernel_list.inc): always KernelStatus::kDone.
+KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                               const Tensor& mean, const Tensor& rstd, const Tensor& weight);
 
 // residual_out = a + b (rounded to the dtype), then ln_out, mean, rstd =
 // tg::LayerNorm(residual_out, weight, bias, eps), in one kernel: that is
@@ -66,9 +68,10 @@ void LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight, const Te
 // ln_out are [rows, n] of one floating dtype; residual_out may be a or b (an in-place residual
 // stream update); mean and rstd are [rows] f32 (f64 for f64); weight and bias are [n] of that
 // dtype or undefined; eps >= 0.
-void AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
-                  const Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& weight,
-                  const Tensor& bias, double eps);
+// An entry of the op list (tensor/kernel_list.inc): always KernelStatus::kDone.
+KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& a, const Tensor& b,
+                          const Tensor& weight, const Tensor& bias, double eps);
 
 }  // namespace tg::cuda
 

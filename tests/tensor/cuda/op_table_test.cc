@@ -775,6 +775,17 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      return {r.output, r.mean, r.rstd};
                    },
                    &NormTol()});
+  rows->push_back({"AddLayerNorm", "[2, 3, 257] residual + block output, with weight and bias",
+                   kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 3, 257}, dtype, gen, 2), Normal({2, 3, 257}, dtype, gen),
+                             Normal({257}, dtype, gen), Normal({257}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const AddLayerNormResult r = AddLayerNorm(in[0], in[1], in[2], in[3], 1e-5);
+                     return {r.residual, r.norm.output, r.norm.mean, r.norm.rstd};
+                   },
+                   &NormTol()});
   for (bool affine : {true, false}) {
     rows->push_back({"LayerNormBackward",
                      affine ? "[6, 257] with weight" : "[2, 3, 64] without weight", kFloats,

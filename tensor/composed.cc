@@ -1,0 +1,161 @@
+#include "tensor/composed.h"
+
+#include <limits>
+#include <vector>
+
+namespace tg::composed {
+
+DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
+
+// ---- Linear ----
+
+// With u = k (x + c x^3): gelu'(x) = (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2).
+Tensor GeluTanhGrad(const Tensor& x) {
+  const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2 / pi)
+  const Tensor x2 = Mul(x, x);
+  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
+  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  return Add(left, right);
+}
+
+LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  const DType dtype = x.dtype(), ct = ComputeDType(dtype);
+  Tensor pre = Matmul(x.to(ct), weight.to(ct).transpose(0, 1));
+  if (bias.defined()) pre = Add(pre, bias.to(ct));
+  if (act == Activation::kNone) return {pre.to(dtype), Tensor()};
+  return {GeluTanh(pre).to(dtype), pre.to(dtype)};
+}
+
+LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                           const Tensor& pre, Activation act, bool need_input, bool need_weight,
+                           bool need_bias) {
+  const DType dtype = x.dtype(), ct = ComputeDType(dtype);
+  // g = grad_out * act'(pre) in the compute dtype, rounded to the dtype for the products; the
+  // bias gradient sums g before rounding.
+  Tensor g = grad_out, g_sum;
+  if (act == Activation::kNone) {
+    if (need_bias) g_sum = Sum(grad_out, {0});
+  } else {
+    const Tensor gc = Mul(grad_out.to(ct), GeluTanhGrad(pre.to(ct)));
+    g = gc.to(dtype);
+    if (need_bias) g_sum = Sum(gc, {0});
+  }
+  LinearGrads r;
+  if (need_input) r.grad_input = Matmul(g, weight);
+  if (need_weight) r.grad_weight = Matmul(g.transpose(0, 1), x);
+  if (need_bias) r.grad_bias = g_sum.to(dtype);
+  return r;
+}
+
+// ---- Attention ----
+
+namespace {
+
+// [t, t] of `dtype`: 0 on and below the diagonal, -inf above it (query i sees keys 0..i).
+Tensor CausalMask(int64_t t, DType dtype, Device device) {
+  std::vector<double> host(static_cast<size_t>(t * t), 0.0);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = i + 1; j < t; ++j) host[i * t + j] = -std::numeric_limits<double>::infinity();
+  }
+  return Tensor::FromVector(host, {t, t}).to(device, dtype);
+}
+
+// scale * q @ k^T (+ the causal mask) [B, H, Tq, Tk] in the compute dtype.
+Tensor AttentionScores(const Tensor& q, const Tensor& k, bool causal, double scale) {
+  const DType ct = ComputeDType(q.dtype());
+  Tensor s = MulScalar(Matmul(q.to(ct), k.to(ct).transpose(2, 3)), scale);
+  if (causal) s = Add(s, CausalMask(q.size(2), ct, q.device()));
+  return s;
+}
+
+}  // namespace
+
+// Masked scores are -inf and give probability 0; the diagonal is never masked, so each row's
+// maximum is finite.
+AttentionResult Attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                          double scale) {
+  const DType dtype = q.dtype(), ct = ComputeDType(dtype);
+  const int64_t b = q.size(0), h = q.size(1), tq = q.size(2);
+  if (b * h * tq == 0)
+    return {Tensor::Zeros(q.shape(), dtype, q.device()), Tensor::Zeros({b, h, tq}, ct, q.device())};
+  const Tensor s = AttentionScores(q, k, causal, scale);
+  const Tensor max = Max(s, -1, /*keepdim=*/true);
+  const Tensor e = Exp(Sub(s, max));
+  const Tensor sum = Sum(e, {-1}, /*keepdim=*/true);
+  const Tensor p = Div(e, sum);
+  return {Matmul(p.to(dtype), v), Add(max, Log(sum)).squeeze(-1)};
+}
+
+AttentionGrads AttentionBackward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& output, const Tensor& stats,
+                                 bool causal, double scale) {
+  const DType dtype = q.dtype(), ct = ComputeDType(dtype);
+  if (q.numel() == 0) {  // no queries (or empty heads): nothing flows back
+    return {Tensor::Zeros(q.shape(), dtype, q.device()),
+            Tensor::Zeros(k.shape(), dtype, q.device()),
+            Tensor::Zeros(v.shape(), dtype, q.device())};
+  }
+  const Tensor p = Exp(Sub(AttentionScores(q, k, causal, scale), stats.to(ct).unsqueeze(-1)));
+  AttentionGrads r;
+  r.grad_v = Matmul(p.to(dtype).transpose(2, 3), grad_out);
+  const Tensor go = grad_out.to(ct);
+  const Tensor dp = Matmul(go, v.to(ct).transpose(2, 3));
+  // The softmax backward's row term, sum_k p * dp, equals sum_d grad_out * output.
+  const Tensor delta = Sum(Mul(go, output.to(ct)), {-1}, /*keepdim=*/true);
+  const Tensor ds = MulScalar(Mul(p, Sub(dp, delta)), scale).to(dtype);
+  r.grad_q = Matmul(ds, k);
+  r.grad_k = Matmul(ds.transpose(2, 3), q);
+  return r;
+}
+
+// ---- Layer norm ----
+
+LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& weight, bool need_weight_bias) {
+  const DType ct = ComputeDType(x.dtype());
+  const int64_t rows = x.size(0);
+  // The formulas in the compute dtype (rows of x against [rows, 1] statistics).
+  const Tensor mean_c = mean.reshape({rows, 1}).to(ct), rstd_c = rstd.reshape({rows, 1}).to(ct);
+  const Tensor go = grad_out.to(ct);
+  const Tensor xhat = Mul(Sub(x.to(ct), mean_c), rstd_c);
+  const Tensor dxhat = weight.defined() ? Mul(go, weight.to(ct)) : go;
+  const Tensor mean_dxhat = Mean(dxhat, {1}, /*keepdim=*/true);
+  const Tensor mean_dxhat_xhat = Mean(Mul(dxhat, xhat), {1}, /*keepdim=*/true);
+  LayerNormGrads r;
+  r.grad_input =
+      Mul(rstd_c, Sub(Sub(dxhat, mean_dxhat), Mul(xhat, mean_dxhat_xhat))).to(x.dtype());
+  if (need_weight_bias) {
+    r.grad_weight = Sum(Mul(go, xhat), {0}).to(x.dtype());
+    r.grad_bias = Sum(go, {0}).to(x.dtype());
+  }
+  return r;
+}
+
+AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
+                                const Tensor& bias, double eps) {
+  AddLayerNormResult r;
+  r.residual = Add(a, b);
+  r.norm = LayerNorm(r.residual, weight, bias, eps);
+  return r;
+}
+
+// ---- Cross-entropy ----
+
+CrossEntropyResult SoftmaxCrossEntropy(const Tensor& logits, const Tensor& targets,
+                                       const Tensor& row_scale, int64_t ignore_index) {
+  return {CrossEntropy(logits, targets, ignore_index, Reduction::kNone),
+          CrossEntropyBackward(logits, targets, row_scale, ignore_index, Reduction::kNone)};
+}
+
+// ---- Mixed precision ----
+
+void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
+                              const Tensor& inv_scale) {
+  const double inv = inv_scale.item();
+  if (AnyNonFinite(tensors)) found_inf.fill_(1);
+  MulScalarInPlace(tensors, inv);
+}
+
+}  // namespace tg::composed

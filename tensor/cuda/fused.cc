@@ -1,0 +1,139 @@
+// The fused entries of the op list (tensor/kernel_list.inc) on CUDA that combine library calls:
+// Linear through cuBLASLt's epilogues, attention through cuDNN's fused kernel or the cuBLASLt
+// composition, softmax cross-entropy through its one-pass kernel. A case a library has no
+// kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops.cc then runs the
+// composed form, whose ops run on CUDA too.
+#include <string>
+#include <vector>
+
+#include "tensor/cuda/attention.h"
+#include "tensor/cuda/blas.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/nn_fused.h"
+#include "tensor/kernel_options.h"
+
+namespace tg::cuda {
+namespace {
+
+// A [rows, n] view of a buffer whose row stride is n rounded up to a multiple of 8: cuBLASLt's
+// layout for the GELU input its epilogues save and read back (aux in blas.h).
+Tensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
+  return Tensor::Empty({rows, (n + 7) / 8 * 8}, dtype, device).narrow(1, 0, n);
+}
+
+// Whether a [rows, n] tensor already has that layout (MatmulEx's check on aux).
+bool HasAuxLayout(const Tensor& t) {
+  const int64_t n = t.size(1), row = t.strides()[0];
+  return (n == 1 || t.strides()[1] == 1) && row >= n && row % 8 == 0;
+}
+
+}  // namespace
+
+// One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
+// pre-activation (aux). cuBLASLt has no GELU epilogue for f64.
+KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x,
+                           const Tensor& weight, const Tensor& bias, Activation act) {
+  if (act == Activation::kNone) {
+    MatmulEx(out, x, false, weight, true, bias.defined() ? Epilogue::kBias : Epilogue::kNone, bias,
+             Tensor());
+    return KernelStatus::kDone;
+  }
+  if (x.dtype() == kF64) return KernelStatus::kNoKernel;
+  const bool done =
+      TryMatmulEx(out, x, false, weight, true, bias.defined() ? Epilogue::kBiasGelu : Epilogue::kGelu,
+                  bias, pre, 1.0f, 0.0f, nullptr);
+  return done ? KernelStatus::kDone : KernelStatus::kNoKernel;
+}
+
+// g [m, n]: for GELU one cuBLASLt pass with the dGELU epilogue (plus, with kDGeluBgrad, the bias
+// gradient as its column sums). The epilogue multiplies a product's output by gelu'(aux), and a
+// layer's own backward has no product in front of its dGELU (the one that precedes it belongs to
+// the next layer), so it runs on a rank-1 product that contributes zero: g = dgelu(zeros [m, 1]
+// @ ones [1, n] + 1 * g) with grad_out copied into g first and read back in place (beta = 1).
+// That is one pass over grad_out and pre, like an elementwise kernel, with cuBLASLt's own gelu'
+// (the one the forward epilogue pairs with).
+KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
+                            const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                            const Tensor& weight, const Tensor& pre, Activation act) {
+  const DType dtype = x.dtype();
+  const Device device = x.device();
+  const int64_t m = x.size(0), n = weight.size(0);
+  Tensor g = grad_out;
+  bool bias_done = false;
+  if (act == Activation::kGeluTanh) {
+    if (dtype == kF64) return KernelStatus::kNoKernel;  // no dGELU epilogue for f64
+    Tensor aux = pre;
+    if (!HasAuxLayout(aux)) {
+      aux = PaddedRows(m, n, dtype, device);
+      aux.copy_(pre);
+    }
+    g = Tensor::Empty({m, n}, dtype, device);
+    g.copy_(grad_out);
+    if (!TryMatmulEx(g, Tensor::Zeros({m, 1}, dtype, device), false,
+                     OnesVector(n, dtype, device.index).view({1, n}), false,
+                     grad_bias.defined() ? Epilogue::kDGeluBgrad : Epilogue::kDGelu, grad_bias, aux,
+                     1.0f, 1.0f, nullptr)) {
+      return KernelStatus::kNoKernel;
+    }
+    bias_done = grad_bias.defined();
+  }
+  if (grad_weight.defined()) {
+    // grad_weight = g^T @ x; without an activation the bias gradient (the row sums of g^T) comes
+    // from the same product (kBgrad).
+    const bool bgrad = grad_bias.defined() && !bias_done;
+    MatmulEx(grad_weight, g, true, x, false, bgrad ? Epilogue::kBgrad : Epilogue::kNone,
+             bgrad ? grad_bias : Tensor(), Tensor());
+    bias_done = bias_done || bgrad;
+  }
+  if (grad_bias.defined() && !bias_done) {  // the column sums of g as ones [1, m] @ g
+    AllowTf32Scope exact(false);
+    MatmulEx(grad_bias.view({1, n}), OnesVector(m, dtype, device.index).view({1, m}), false, g,
+             false, Epilogue::kNone, Tensor(), Tensor());
+  }
+  if (grad_input.defined()) {
+    MatmulEx(grad_input, g, false, weight, false, Epilogue::kNone, Tensor(), Tensor());
+  }
+  return KernelStatus::kDone;
+}
+
+// cuDNN's fused kernel where the options allow it and the tensors qualify, else the cuBLASLt
+// composition (attention.h); f64 is declined (neither takes it).
+KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, bool causal,
+                                       double scale) {
+  if (q.dtype() == kF64) return KernelStatus::kNoKernel;
+  const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
+  if (GetKernelOptions().cudnn_attention && CudnnAttentionSupported({&out, &q, &k, &v}, nullptr) &&
+      AttentionForward(out, stats4, q, k, v, causal, scale, 0, AttentionImpl::kCudnn)) {
+    return KernelStatus::kDone;
+  }
+  AttentionForward(out, stats4, q, k, v, causal, scale, 0, AttentionImpl::kComposed);
+  return KernelStatus::kDone;
+}
+
+KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tensor& grad_k,
+                                               const Tensor& grad_v, const Tensor& grad_out,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& out, const Tensor& stats, bool causal,
+                                               double scale) {
+  if (q.dtype() == kF64) return KernelStatus::kNoKernel;
+  const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
+  if (GetKernelOptions().cudnn_attention &&
+      CudnnAttentionSupported({&grad_q, &grad_k, &grad_v, &grad_out, &q, &k, &v, &out}, nullptr) &&
+      AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale,
+                        AttentionImpl::kCudnn)) {
+    return KernelStatus::kDone;
+  }
+  AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale,
+                    AttentionImpl::kComposed);
+  return KernelStatus::kDone;
+}
+
+KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits,
+                                 const Tensor& logits, const Tensor& targets,
+                                 const Tensor& row_scale, int64_t ignore_index) {
+  SoftmaxCrossEntropyFused(losses, grad_logits, logits, targets, row_scale, ignore_index);
+  return KernelStatus::kDone;
+}
+
+}  // namespace tg::cuda
