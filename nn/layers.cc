@@ -198,9 +198,10 @@ Variable Mlp::forward(const Variable& x) {
   Variable h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const bool hidden = i + 1 < layers_.size();
-    // CUDA: the tanh-GELU runs in the product's epilogue (and its derivative in the backward's),
-    // saving a pass over the [.., 4C] activation each way. The CPU keeps Linear + GeluTanh.
-    if (hidden && options_.activation == Activation::kGeluTanh && h.data().device().is_cuda() &&
+    // The tanh-GELU runs in the product's epilogue (and its derivative in the backward's),
+    // saving a pass over the [.., 4C] activation each way, on every device. A layer with forward
+    // hooks keeps Linear + GeluTanh, so that its hooks see the layer's own output.
+    if (hidden && options_.activation == Activation::kGeluTanh &&
         !layers_[i]->has_forward_hooks()) {
       h = layers_[i]->ForwardActivated(h, tg::Activation::kGeluTanh);
     } else {

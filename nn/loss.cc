@@ -22,7 +22,7 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
   Variable flat = logits.dim() == 2 ? logits : Reshape(logits, {rows, classes});
   Tensor flat_targets = targets.dim() == 1 ? targets : targets.reshape({rows});
   if (eps == 0) {
-    if (options.fused && flat.data().device().is_cuda()) {
+    if (options.fused) {
       return FusedCrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
     }
     return CrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);

@@ -20,10 +20,9 @@ struct CrossEntropyOptions {
   // loss_i = (1 - eps) * nll_i + eps * mean_c(-log p_ic); ignored rows count for nothing.
   double label_smoothing = 0;
   Reduction reduction = Reduction::kMean;  // mean over the rows that are not ignored
-  // CUDA logits without label smoothing: the loss and its gradient in one pass
-  // (tg::FusedCrossEntropy: no host synchronisation, d loss / d logits kept instead of the
-  // logits), which has no second derivative. false: the composed, twice-differentiable
-  // tg::CrossEntropy. The CPU always uses the composed loss.
+  // Without label smoothing: the loss and its gradient in one pass (tg::FusedCrossEntropy: no
+  // host synchronisation, d loss / d logits kept instead of the logits), which has no second
+  // derivative. false: the composed, twice-differentiable tg::CrossEntropy.
   bool fused = true;
 };
 

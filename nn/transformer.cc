@@ -50,11 +50,12 @@ Variable CausalSelfAttention::forward(const Variable& x) {
   const int64_t d = c / h;
   Variable qkv = (*qkv_)(x);  // [b, t, 3c]
   const bool attn_dropout = attn_dropout_ != nullptr && is_training();
-  if (x.data().device().is_cuda() && !attn_dropout) {
-    // CUDA: one fused attention (cuDNN's flash attention where the heads qualify) on strided
-    // views of the projection: q, k, v [b, h, t, d] = qkv [b, t, 3, h, d] split and permuted,
-    // no copies; the scores never reach memory. Attention dropout (training with p > 0) needs
-    // the probabilities, so it keeps the composed path below.
+  if (!attn_dropout) {
+    // One fused attention (the op list's ScaledDotProductAttention: cuDNN's flash attention on
+    // CUDA where the heads qualify, a one-pass kernel per head on the CPU) on strided views of
+    // the projection: q, k, v [b, h, t, d] = qkv [b, t, 3, h, d] split and permuted, no copies.
+    // Attention dropout (training with p > 0) needs the probabilities, so it keeps the composed
+    // path below on every device.
     const VariableList parts = Split(qkv, c, 2);  // 3 x [b, t, c]
     auto heads = [&](const Variable& part) {
       return Permute(Reshape(part, {b, t, h, d}), {0, 2, 1, 3});  // [b, h, t, d]

@@ -7,9 +7,8 @@
 // exception: it keeps d loss / d logits instead of the logits (the memory of one [N, C] buffer,
 // not two), so it has no second derivative and says so.
 //
-// The modules choose where these pay: nn::Linear, nn::Mlp, CausalSelfAttention and
-// nn::CrossEntropyLoss use them for CUDA tensors and keep the composed ops on the CPU (where the
-// fused tensor ops are the same composition, rounded once at the end).
+// nn::Linear, nn::Mlp, CausalSelfAttention and nn::CrossEntropyLoss use them on every device, so
+// the same model records the same graph on the CPU and on CUDA.
 #include <cmath>
 #include <limits>
 #include <vector>

@@ -130,13 +130,9 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
            " and ", ShapeToString(weight.shape()));
   TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
            "linear: expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
-  // CUDA: one cuBLASLt product with the bias epilogue (and its bias-gradient epilogue in the
-  // backward). The CPU keeps the composition: the fused op is the same work there, and an
-  // f16/bf16 Matmul + Add rounds twice where the fused op rounds once, so CPU results stay
-  // exactly what they were.
-  if (x.data().device().is_cuda()) return Linear(x, weight, bias, Activation::kNone);
-  Variable y = Matmul(x, Transpose(weight, 0, 1));
-  return bias.defined() ? Add(y, bias) : y;
+  // The op list's fused Linear on every device (a cuBLASLt product with the bias epilogue on
+  // CUDA, one GEMM plus one bias pass on the CPU): the sum rounds once to the dtype.
+  return Linear(x, weight, bias, Activation::kNone);
 }
 
 // ---- Views ----
