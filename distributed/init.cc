@@ -7,7 +7,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "distributed/gloo_process_group.h"
+#ifdef TAPEGRAD_HAS_NCCL
 #include "distributed/nccl_process_group.h"
+#endif
 
 namespace tg::dist {
 namespace {
@@ -110,8 +112,13 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewProcessGroup(const DistEnv& env
                                     std::move(group_store), gloo);
   }
   if (backend == "nccl") {
+#ifdef TAPEGRAD_HAS_NCCL
     return NewNcclProcessGroup(env.rank, env.world_size, group_name, env.timeout,
                                std::move(group_store), Device::Cuda(env.local_rank));
+#else
+    return absl::FailedPreconditionError(
+        "distributed init: backend 'nccl' needs CUDA, and this build has none (--config=cpu)");
+#endif
   }
   return absl::InvalidArgumentError(absl::StrCat("distributed init: unknown backend '", backend,
                                                  "' (gloo or nccl)"));

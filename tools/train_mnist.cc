@@ -35,6 +35,7 @@
 #include "nn/loss.h"
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
+#include "tensor/kernel_options.h"
 #include "tensor/ops.h"
 #include "tools/data/loader.h"
 #include "tools/data/mnist.h"
@@ -66,6 +67,7 @@ ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
           "(0: never)");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
+ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
 ABSL_FLAG(int64_t, world_size, 1,
           "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
           "WORLD_SIZE)");
@@ -142,6 +144,9 @@ int Main() {
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
+  KernelOptions kernel_options;
+  kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
+  SetKernelOptions(kernel_options);
   auto dp_or = train::DataParallel::Start(
       {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv)},
       absl::GetFlag(FLAGS_batch_size), *device_or);
