@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package that tapegrad's build, tests and default training need.
 # Idempotent: when everything is present it changes nothing and touches no network.
-# The CUDA toolkit (nvcc, cuBLAS/cuBLASLt, cuDNN 9, NCCL) comes with the machine image.
+# The CUDA toolkit (nvcc, cuBLAS/cuBLASLt, cuDNN 9, NCCL) comes with the machine image; on a
+# machine without it the build goes CPU-only (see the end of this script).
 set -euo pipefail
 
 packages=(
@@ -35,7 +36,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
-  echo "setup: the CUDA toolkit is missing (expected at /usr/local/cuda); CUDA targets will not build" >&2
-  exit 1
+# Without the CUDA toolkit (/usr/local/cuda, where tools/bazel/cuda_configure.bzl looks), every
+# build is a CPU-only build: .bazelrc.local (read by .bazelrc, not in git) gets
+# `build --config=cpu`, which skips the CUDA targets. With the toolkit that line is removed.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+rc_local="$root/.bazelrc.local"
+cpu_line="build --config=cpu  # written by tools/setup.sh: no CUDA toolkit on this machine"
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  if ! grep -qxF "$cpu_line" "$rc_local" 2>/dev/null; then
+    echo "setup: no CUDA toolkit at /usr/local/cuda: building without CUDA (--config=cpu, in .bazelrc.local)" >&2
+    echo "$cpu_line" >>"$rc_local"
+  fi
+elif [ -f "$rc_local" ] && grep -qxF "$cpu_line" "$rc_local"; then
+  grep -vxF "$cpu_line" "$rc_local" >"$rc_local.tmp" || true
+  mv "$rc_local.tmp" "$rc_local"
 fi
