@@ -1,15 +1,11 @@
-// Tests of the differentiable Conv2d and MaxPool2d (autograd/ops.h).
-//
-//  - f64 finite-difference gradcheck of conv2d in x, weight and bias over several strides,
-//    paddings, dilations and kernel shapes, and of max_pool2d (inputs without ties, so that the
-//    arg-max is stable under the finite-difference step);
-//  - second order: the gradient of sum(w * f(x)^2), computed with create_graph, gradchecked
-//    again (so the recorded backwards are differentiable);
+// Tests of the differentiable Conv2d and MaxPool2d (autograd/ops.h) beyond the op table (the
+// f64 gradcheck, first and second order, and the f16/bf16 checks of both ops are rows of
+// tests/autograd/op_table.h):
 //  - the fused first-order backward equals the recorded one; only needed gradients are made;
-//  - f16/bf16 gradients have the inputs' dtypes and are close to f32 (2e-2 of the largest
+//  - the gradient of max_pool2d goes to the first maximum;
+//  - conv -> relu -> max pool in f16/bf16 has gradients close to f32 (2e-2 of the largest
 //    magnitude), and autocast runs conv2d in the low dtype with the weight's cast cached;
 //  - a small CNN (conv, relu, pool, conv, relu, pool, linear, cross-entropy) trains.
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -19,7 +15,6 @@
 #include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
-#include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
@@ -49,20 +44,6 @@ std::vector<double> Values(const Variable& v) { return v.data().to_vector<double
 Variable Param(const Shape& shape, uint64_t seed, DType dtype = kF64, double scale = 1) {
   Generator gen(seed);
   return Variable(RandUniform(shape, gen, -scale, scale, kF64).to(dtype), /*requires_grad=*/true);
-}
-
-// A tensor of `shape` whose values are distinct and at least 0.01 apart (a shuffled grid), so
-// that max pooling has no ties, not even within a finite-difference step.
-Tensor DistinctValues(const Shape& shape, uint64_t seed) {
-  const int64_t n = NumElements(shape);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 0.01 * static_cast<double>(i) - 1;
-  Generator gen(seed);
-  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates
-    const int64_t j = static_cast<int64_t>(gen.NextUniformDouble() * static_cast<double>(i + 1));
-    std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(std::min(j, i))]);
-  }
-  return Tensor::FromVector<double>(v, shape);
 }
 
 struct ConvCase {
@@ -96,72 +77,6 @@ Fn ConvFn(const ConvCase& c) {
   return [c](const VariableList& in) {
     return Conv2d(in[0], in[1], c.bias ? in[2] : Variable(), c.p);
   };
-}
-
-// The gradient of sum(w * fn(in)^2) with respect to every input, flattened and concatenated,
-// computed with create_graph (as tests/autograd/ops_test.cc does for every op).
-Fn GradientOf(const Fn& fn) {
-  return [fn](const VariableList& in) {
-    EnableGradGuard grad_mode;
-    const Variable out = fn(in);
-    std::vector<double> w(static_cast<size_t>(out.numel()));
-    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
-    const Variable loss =
-        Sum(Mul(Mul(out, out), Variable(Tensor::FromVector<double>(w, out.shape()))));
-    GradOptions options;
-    options.create_graph = true;
-    VariableList grads = Engine::Grad({loss}, in, {}, options);
-    VariableList flat;
-    for (const Variable& g : grads) flat.push_back(Reshape(g, {g.numel()}));
-    return Cat(flat, 0);
-  };
-}
-
-Fn PoolFn(std::array<int64_t, 2> k, std::array<int64_t, 2> s, std::array<int64_t, 2> p) {
-  return [k, s, p](const VariableList& in) { return MaxPool2d(in[0], k, s, p); };
-}
-
-// ---- Gradcheck ---------------------------------------------------------------------------------
-
-TEST(Conv2dGrad, GradcheckInInputWeightAndBias) {
-  uint64_t seed = 10;
-  for (const ConvCase& c : ConvCases()) {
-    SCOPED_TRACE(c.name);
-    seed += 3;
-    const GradcheckResult r = Gradcheck(ConvFn(c), ConvInputs(c, seed));
-    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
-  }
-}
-
-TEST(Conv2dGrad, SecondOrderGradcheck) {
-  uint64_t seed = 50;
-  for (const ConvCase& c : ConvCases()) {
-    SCOPED_TRACE(c.name);
-    seed += 3;
-    const GradcheckResult r = Gradcheck(GradientOf(ConvFn(c)), ConvInputs(c, seed));
-    EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
-  }
-}
-
-TEST(MaxPool2dGrad, Gradcheck) {
-  struct PoolCase {
-    Shape x;
-    std::array<int64_t, 2> k, s, p;
-  };
-  const std::vector<PoolCase> cases = {
-      {{2, 2, 4, 4}, {2, 2}, {2, 2}, {0, 0}},
-      {{1, 2, 5, 6}, {3, 3}, {2, 2}, {1, 1}},  // padding
-      {{2, 1, 5, 5}, {3, 2}, {1, 1}, {1, 0}},  // overlapping windows: gradients accumulate
-  };
-  uint64_t seed = 90;
-  for (const PoolCase& c : cases) {
-    SCOPED_TRACE(ShapeToString(c.x) + " kernel " + ShapeToString(c.k));
-    const VariableList in = {Variable(DistinctValues(c.x, ++seed), true)};
-    const GradcheckResult r = Gradcheck(PoolFn(c.k, c.s, c.p), in);
-    EXPECT_TRUE(r.ok) << r.message;
-    const GradcheckResult r2 = Gradcheck(GradientOf(PoolFn(c.k, c.s, c.p)), in);
-    EXPECT_TRUE(r2.ok) << r2.message;
-  }
 }
 
 // ---- Nodes, saved variables, needed gradients

@@ -1,4 +1,7 @@
-// Every op of tensor/ops.h on CUDA against the same op on the CPU, from one table.
+// Every op of tensor/ops.h on CUDA against the same op on the CPU, from one table. Its sibling,
+// tests/autograd/op_table.h, is the table of the differentiable ops (autograd/ops.h): f64
+// gradcheck, f16/bf16, autocast policy and CUDA against the CPU of forward and gradients; the two
+// share their tolerance types (tests/tensor/tolerance.h).
 //
 // Each row names the op it exercises, builds its inputs on the CPU from a seeded generator,
 // runs the op on those inputs and on copies of them moved to the GPU, and compares every output
@@ -38,6 +41,7 @@
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tests/tensor/tolerance.h"
 
 namespace tg {
 namespace {
@@ -53,36 +57,12 @@ const std::vector<DType> kFloatsAndInts = {kF32, kF64, kF16, kBF16, kI32, kI64};
 
 // ---- Tolerances -------------------------------------------------------------------------------
 
-struct Tol {
-  double rtol = 0;  // of the element's CPU value
-  double atol = 0;  // of max(1, the output's largest |CPU value|)
-};
-
-struct Tols {
-  Tol f64, f32, f16, bf16;  // integer and bool outputs are always exact
-  std::string why;
-
-  Tol For(DType dtype) const {
-    switch (dtype) {
-      case DType::kF64:
-        return f64;
-      case DType::kF32:
-        return f32;
-      case DType::kF16:
-        return f16;
-      case DType::kBF16:
-        return bf16;
-      default:
-        return Tol{};
-    }
-  }
-};
-
-// One ulp of the 16-bit types relative to the value (at most: the spacing is 2^-11..2^-10 of a
-// normal f16 value and 2^-8..2^-7 of a bf16 one), and f16's subnormal spacing.
-constexpr double kF16Ulp = 1.0 / 1024;
-constexpr double kBF16Ulp = 1.0 / 128;
-constexpr double kF16Subnormal = 5.960464477539063e-08;  // 2^-24
+// Tol, Tols and the 16-bit ulps are shared with the autograd op table (tests/tensor/tolerance.h).
+using testing::kBF16Ulp;
+using testing::kF16Subnormal;
+using testing::kF16Ulp;
+using testing::Tol;
+using testing::Tols;
 
 // Bit-exact on both devices.
 Tols Exact(const std::string& why) { return {{}, {}, {}, {}, why}; }
@@ -1161,31 +1141,8 @@ std::string Mismatches(const Tensor& cpu, const Tensor& gpu, const Tols& tols) {
     return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", CUDA ",
                         ShapeToString(gpu.shape()), " ", DTypeName(gpu.dtype()));
   }
-  const std::vector<double> want = cpu.to_vector<double>(), got = gpu.to_vector<double>();
-  const Tol tol = tols.For(cpu.dtype());
-  double scale = 1;
-  for (double w : want) {
-    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
-  }
-  std::string out;
-  int reported = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double w = want[i], g = got[i];
-    bool ok;
-    if (std::isnan(w) || std::isnan(g)) {
-      ok = std::isnan(w) && std::isnan(g);
-    } else if (std::isinf(w) || std::isinf(g)) {
-      ok = w == g;
-    } else {
-      ok = std::abs(g - w) <= tol.rtol * std::abs(w) + tol.atol * scale;
-    }
-    if (!ok && reported++ < 5) {
-      absl::StrAppend(&out, "\n  [", i, "] CPU ", w, ", CUDA ", g, " (rtol ", tol.rtol, ", atol ",
-                      tol.atol, " x ", scale, ")");
-    }
-  }
-  if (reported > 5) absl::StrAppend(&out, "\n  ... ", reported - 5, " more");
-  return out;
+  // atol is relative to max(1, the output's largest |CPU value|).
+  return testing::ValueMismatches(cpu, gpu, tols.For(cpu.dtype()), 1, "CPU", "CUDA");
 }
 
 TEST(OpTableTest, EveryOpMatchesTheCpu) {

@@ -1,0 +1,96 @@
+// The op table of the differentiable ops (autograd/ops.h): one row per case of an op, with its
+// sample inputs (shapes and ranges, drawn from a seeded generator), the op call, its f64
+// gradcheck tolerances, its f16/bf16 tolerances, its CUDA-vs-CPU tolerances and its autocast
+// policy. tests/autograd/op_table_test.cc runs every row through
+//   - an f64 finite-difference gradcheck, and a second-order one (the gradient of
+//     sum(w * f(x)^2), taken with create_graph, gradchecked again) where the backward is
+//     differentiable;
+//   - an f16 and a bf16 run, forward and gradients against f64 on the same rounded inputs;
+//   - autocast (f16 and bf16): the output dtype the row's policy says, gradients in the inputs'
+//     dtypes;
+//   - CUDA against the CPU, forward and gradients (skips without a GPU);
+// and checks that every op declared in autograd/ops.h has a row, so a new op is one row here.
+// The tensor-level ops (tensor/ops.h) have their own table, tests/tensor/cuda/op_table_test.cc;
+// both use the tolerance types of tests/tensor/tolerance.h.
+//
+//   for (const OpRow& row : OpTable()) {
+//     const VariableList in = MakeInputs(row, /*seed=*/1, kF64);
+//     GradcheckResult r = Gradcheck(row.run, in, row.gradcheck.options);
+//   }
+#ifndef TAPEGRAD_TESTS_AUTOGRAD_OP_TABLE_H_
+#define TAPEGRAD_TESTS_AUTOGRAD_OP_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/variable.h"
+#include "tensor/tensor.h"
+#include "tests/tensor/tolerance.h"
+
+namespace tg {
+namespace testing {
+
+// An input of a row: uniform in [lo, hi), pushed away from 0 by min_abs (|x| >= min_abs) for
+// ops with a kink there (relu, abs); or, with `distinct`, a shuffled grid of values 0.01 apart
+// from -1 up (no ties, not even within a finite-difference step: max pooling).
+struct InputSpec {
+  Shape shape;
+  double lo = -1;
+  double hi = 1;
+  double min_abs = 0;
+  bool distinct = false;
+};
+
+// What autocast (amp/autocast.h) does to the row's op, seen in its output dtype:
+//   kLowPrecision  f32 inputs are cast to the autocast dtype (matmul, linear, conv, attention);
+//   kFloat32       f16/bf16 inputs are cast to f32 (softmax, norms, losses, exp/log/pow, sum/mean);
+//   kPromote       no policy: mixed floating inputs promote to the widest (binary ops, where, cat);
+//   kNone          no policy: the output keeps its input's dtype.
+// f64 is never cast under any policy.
+enum class AutocastPolicy { kLowPrecision, kFloat32, kPromote, kNone };
+const char* AutocastPolicyName(AutocastPolicy policy);
+
+struct GradcheckTol {
+  GradcheckOptions options;
+  std::string why;
+};
+
+struct OpRow {
+  std::string op;    // the function of autograd/ops.h this row exercises
+  std::string name;  // what the row runs
+  std::vector<InputSpec> inputs;
+  // The op on the inputs (leaves that require grad, all of one dtype and device); any constant
+  // it needs (indices, masks) is made on the inputs' device.
+  std::function<Variable(const VariableList&)> run;
+  AutocastPolicy autocast = AutocastPolicy::kNone;
+  GradcheckTol gradcheck;
+  // The backward is made of differentiable ops (create_graph works); "" when it is, else why not.
+  std::string first_order_only;
+  // f16/bf16 forward and gradients against f64 on the same rounded inputs (f16 and bf16 fields;
+  // atol relative to the largest |f64 value|).
+  Tols low_precision;
+  // CUDA against the CPU, forward and gradients, in f32/f16/bf16 (atol relative to
+  // max(1, largest |CPU value|), as in tests/tensor/cuda/op_table_test.cc).
+  Tols cuda;
+
+  OpRow& WithGradcheck(double eps, double atol, double rtol, std::string why);
+  OpRow& WithLowPrecision(Tol f16, Tol bf16, std::string why);
+  OpRow& WithCuda(Tols tols);
+  OpRow& FirstOrderOnly(std::string why);
+};
+
+// Every row, in the order of autograd/ops.h.
+const std::vector<OpRow>& OpTable();
+
+// The row's inputs: drawn in f64 from Generator(seed), then converted to `dtype` and moved to
+// `device`, as leaves that require grad (so the 16-bit inputs are the rounded f64 draws).
+VariableList MakeInputs(const OpRow& row, uint64_t seed, DType dtype = kF64,
+                        Device device = Device::Cpu());
+
+}  // namespace testing
+}  // namespace tg
+
+#endif  // TAPEGRAD_TESTS_AUTOGRAD_OP_TABLE_H_

@@ -1,0 +1,301 @@
+// Every row of the differentiable-op table (tests/autograd/op_table.h) through the f64
+// gradcheck (first and second order), f16/bf16 against f64, the autocast policy, and CUDA against
+// the CPU (skips without a GPU); and the table against the declarations of autograd/ops.h, so an
+// op without a row fails here. The tensor-level ops have tests/tensor/cuda/op_table_test.cc.
+#include "tests/autograd/op_table.h"
+
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "amp/autocast.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "gtest/gtest.h"
+#include "tensor/cuda/runtime.h"
+#include "tests/tensor/tolerance.h"
+
+namespace tg {
+namespace {
+
+using testing::AutocastPolicy;
+using testing::MakeInputs;
+using testing::OpRow;
+using testing::OpTable;
+using testing::Tol;
+using testing::ValueMismatches;
+using Fn = std::function<Variable(const VariableList&)>;
+
+uint64_t SeedOf(size_t row) { return 1000 + row; }
+
+std::string Describe(const OpRow& row) {
+  return row.name.empty() ? row.op : absl::StrCat(row.op, " (", row.name, ")");
+}
+
+// The message of the exception fn throws ("" when it throws none).
+template <typename F>
+std::string ErrorOf(F&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- (a) f64 gradcheck -------------------------------------------------------------------------
+
+TEST(OpTableGradcheck, EveryRow) {
+  const std::vector<OpRow>& table = OpTable();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    SCOPED_TRACE(Describe(row));
+    GradcheckResult result;
+    const std::string error = ErrorOf(
+        [&] { result = Gradcheck(row.run, MakeInputs(row, SeedOf(r)), row.gradcheck.options); });
+    EXPECT_EQ(error, "");
+    EXPECT_TRUE(result.ok) << Describe(row) << ": " << result.message
+                           << "\n  tolerance: " << row.gradcheck.why;
+  }
+}
+
+// The gradient of sum(w * fn(in)^2) with respect to every input, flattened and concatenated,
+// computed with create_graph so that it is differentiable itself (a gradient penalty). The
+// square makes the gradient depend on the inputs even for linear ops.
+Fn GradientOf(const Fn& fn) {
+  return [fn](const VariableList& in) {
+    EnableGradGuard grad_mode;  // gradcheck evaluates under no-grad; this backward needs a graph
+    const Variable out = fn(in);
+    std::vector<double> w(static_cast<size_t>(out.numel()));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
+    const Variable loss =
+        Sum(Mul(Mul(out, out), Variable(Tensor::FromVector<double>(w, out.shape()))));
+    GradOptions options;
+    options.create_graph = true;
+    VariableList grads = Engine::Grad({loss}, in, {}, options);
+    VariableList flat;
+    for (const Variable& g : grads) flat.push_back(Reshape(g, {g.numel()}));
+    return Cat(flat, 0);
+  };
+}
+
+TEST(OpTableGradcheck, SecondOrderOfEveryRowWithADifferentiableBackward) {
+  const std::vector<OpRow>& table = OpTable();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    if (!row.first_order_only.empty()) continue;
+    SCOPED_TRACE(Describe(row));
+    GradcheckResult result;
+    const std::string error = ErrorOf([&] {
+      result = Gradcheck(GradientOf(row.run), MakeInputs(row, SeedOf(r)), row.gradcheck.options);
+    });
+    EXPECT_EQ(error, "");
+    EXPECT_TRUE(result.ok) << Describe(row) << ": " << result.message
+                           << "\n  tolerance: " << row.gradcheck.why;
+  }
+}
+
+// ---- (b) f16 / bf16 against f64 ----------------------------------------------------------------
+
+// The output of fn and the gradients of sum(c * output) with respect to every input, with c a
+// fixed weighting (exact in every floating dtype).
+VariableList OutputAndGrads(const Fn& fn, const VariableList& inputs) {
+  const Variable out = fn(inputs);
+  std::vector<double> c(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
+  const Variable weights(
+      Tensor::FromVector<double>(c, out.shape(), out.dtype()).to(out.data().device()));
+  VariableList result = {out};
+  for (const Variable& g : Engine::Grad({Sum(Mul(out, weights))}, inputs)) result.push_back(g);
+  return result;
+}
+
+// `got` has `dtype` and want's shape and is within tol (atol of want's largest magnitude, at
+// least 1e-4) of want.
+void ExpectClose(const Variable& got, const Variable& want, DType dtype, const Tol& tol,
+                 const std::string& what, const std::string& why) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_TRUE(want.defined()) << what;
+  EXPECT_EQ(got.dtype(), dtype) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::string m =
+      ValueMismatches(want.data(), got.data(), tol, 1e-4, "f64", DTypeName(dtype));
+  EXPECT_TRUE(m.empty()) << what << ":" << m << "\n  tolerance: " << why;
+}
+
+TEST(OpTableLowPrecision, EveryRowForwardAndGradientsMatchF64) {
+  const std::vector<OpRow>& table = OpTable();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    for (DType dtype : {kF16, kBF16}) {
+      const std::string what = absl::StrCat(Describe(row), " [", DTypeName(dtype), "]");
+      SCOPED_TRACE(what);
+      const VariableList low = MakeInputs(row, SeedOf(r), dtype);
+      VariableList ref;  // the same rounded values in f64
+      for (const Variable& v : low) ref.emplace_back(v.data().to(kF64), true);
+      VariableList got, want;
+      const std::string error = ErrorOf([&] {
+        got = OutputAndGrads(row.run, low);
+        want = OutputAndGrads(row.run, ref);
+      });
+      ASSERT_EQ(error, "");
+      const Tol tol = row.low_precision.For(dtype);
+      ExpectClose(got[0], want[0], dtype, tol, what + " output", row.low_precision.why);
+      for (size_t i = 0; i < low.size(); ++i) {
+        ExpectClose(got[i + 1], want[i + 1], dtype, tol,
+                    absl::StrCat(what, " gradient of input ", i), row.low_precision.why);
+      }
+    }
+  }
+}
+
+// ---- (c) autocast ------------------------------------------------------------------------------
+
+// The row's output dtype under autocast to `low` for inputs of `dtypes` (one per input);
+// gradients (taken outside the guard, as in PyTorch) must come back in the inputs' dtypes.
+DType OutputDTypeUnderAutocast(const OpRow& row, uint64_t seed, DType low,
+                               const std::vector<DType>& dtypes, const std::string& what) {
+  VariableList in = MakeInputs(row, seed);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = Variable(in[i].data().to(dtypes[i]), true);
+  Variable out;
+  {
+    amp::AutocastGuard autocast(low);
+    out = row.run(in);
+  }
+  const VariableList grads = Engine::Grad({Sum(Cast(out, kF64))}, in);
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(grads[i].dtype(), dtypes[i]) << what << ": gradient of input " << i;
+  }
+  return out.dtype();
+}
+
+TEST(OpTableAutocast, EveryRowFollowsItsPolicy) {
+  const std::vector<OpRow>& table = OpTable();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    const size_t n = row.inputs.size();
+    for (DType low : {kF16, kBF16}) {
+      const std::string what = absl::StrCat(Describe(row), " under ", DTypeName(low),
+                                            " autocast, policy ", AutocastPolicyName(row.autocast));
+      SCOPED_TRACE(what);
+      const std::string error = ErrorOf([&] {
+        // f32 inputs: only low-precision ops compute in the autocast dtype.
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, kF32),
+                                           what + ", f32 inputs"),
+                  row.autocast == AutocastPolicy::kLowPrecision ? low : kF32);
+        // 16-bit inputs: only f32 ops leave the autocast dtype.
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, low),
+                                           what + ", " + DTypeName(low) + " inputs"),
+                  row.autocast == AutocastPolicy::kFloat32 ? kF32 : low);
+        // f64 is never cast.
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, kF64),
+                                           what + ", f64 inputs"),
+                  kF64);
+        // Mixed inputs promote to the widest.
+        if (row.autocast == AutocastPolicy::kPromote && n >= 2) {
+          std::vector<DType> mixed(n, kF32);
+          mixed[0] = low;
+          EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, mixed, what + ", mixed inputs"),
+                    kF32);
+        }
+      });
+      EXPECT_EQ(error, "");
+    }
+  }
+}
+
+// ---- (d) CUDA against the CPU ------------------------------------------------------------------
+
+TEST(OpTableCuda, EveryRowForwardAndGradientsMatchTheCpu) {
+  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<OpRow>& table = OpTable();
+  for (size_t r = 0; r < table.size(); ++r) {
+    const OpRow& row = table[r];
+    for (DType dtype : {kF32, kF16, kBF16}) {
+      const std::string what = absl::StrCat(Describe(row), " [", DTypeName(dtype), "]");
+      SCOPED_TRACE(what);
+      VariableList cpu, gpu;
+      const std::string error = ErrorOf([&] {
+        cpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype));
+        gpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype, Device::Cuda(0)));
+      });
+      ASSERT_EQ(error, "");
+      ASSERT_EQ(cpu.size(), gpu.size());
+      const Tol tol = row.cuda.For(dtype);
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        const std::string output = i == 0 ? "output" : absl::StrCat("gradient of input ", i - 1);
+        ASSERT_TRUE(gpu[i].defined()) << what << " " << output;
+        EXPECT_TRUE(gpu[i].data().device().is_cuda()) << what << " " << output;
+        EXPECT_EQ(gpu[i].dtype(), cpu[i].dtype()) << what << " " << output;
+        ASSERT_EQ(gpu[i].shape(), cpu[i].shape()) << what << " " << output;
+        const std::string m =
+            ValueMismatches(cpu[i].data(), gpu[i].data().to(Device::Cpu()), tol, 1, "CPU", "CUDA");
+        EXPECT_TRUE(m.empty()) << what << " " << output << ":" << m
+                               << "\n  tolerance: " << row.cuda.why;
+      }
+    }
+  }
+}
+
+// ---- (e) The table itself ----------------------------------------------------------------------
+
+// Declared in autograd/ops.h but not ops of their own, with the reason.
+const std::set<std::string>& NotOps() {
+  static const auto* names = new std::set<std::string>{
+      "MarkView",  // records a view relation; every view op's row runs it
+  };
+  return *names;
+}
+
+// The functions autograd/ops.h declares at namespace level (not the inline operators, which call
+// them).
+std::set<std::string> DeclaredOps() {
+  std::ifstream file("autograd/ops.h");
+  EXPECT_TRUE(file.good()) << "autograd/ops.h is not in the test's runfiles";
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::regex declaration(R"(^(?:const )?[A-Za-z_][A-Za-z0-9_:]*&? ([A-Z][A-Za-z0-9_]*)\()");
+  std::set<std::string> ops;
+  std::string line;
+  while (std::getline(text, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
+  }
+  return ops;
+}
+
+TEST(OpTableTest, HasARowForEveryOpInAutogradOpsH) {
+  const std::set<std::string> declared = DeclaredOps();
+  EXPECT_GE(declared.size(), 40u) << "the declarations of autograd/ops.h were not recognised";
+  std::set<std::string> covered;
+  for (const OpRow& row : OpTable()) covered.insert(row.op);
+  for (const std::string& op : declared) {
+    if (NotOps().count(op) > 0) continue;
+    EXPECT_TRUE(covered.count(op) > 0) << op << " (autograd/ops.h) has no row in the op table";
+  }
+  for (const std::string& op : covered) {
+    EXPECT_TRUE(declared.count(op) > 0) << "the table names " << op << ", not in autograd/ops.h";
+  }
+  for (const std::string& op : NotOps()) {
+    EXPECT_TRUE(declared.count(op) > 0) << op << " is exempted but no longer declared";
+  }
+}
+
+TEST(OpTableTest, EveryToleranceHasAReason) {
+  for (const OpRow& row : OpTable()) {
+    EXPECT_FALSE(row.gradcheck.why.empty()) << Describe(row);
+    EXPECT_FALSE(row.low_precision.why.empty()) << Describe(row);
+    EXPECT_FALSE(row.cuda.why.empty()) << Describe(row);
+    EXPECT_FALSE(row.inputs.empty()) << Describe(row);
+  }
+}
+
+}  // namespace
+}  // namespace tg
