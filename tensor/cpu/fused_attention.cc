@@ -5,6 +5,7 @@
 // (f32 for f16/bf16/f32, f64 for f64, through gemm.h). The rounding points are those of the
 // composed forms in tensor/composed.cc: the probabilities (and, in the backward, ds) are rounded
 // to the input dtype before they multiply, every output is rounded once.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -19,6 +19,9 @@
 //        double rounding f64 -> f32 -> f16 in the composed column sums) and land on the
 //        neighbouring value, and an intermediate rounded to the dtype before a product
 //        (Linear's g, attention's p and ds) may do the same.
+// (On the shapes below the kernels currently agree with the composed forms bit for bit in every
+// dtype; the tolerances leave room for what the kernels do not promise: OpenBLAS's term order
+// for a different operand layout, the composed form's double rounding of column sums.)
 // Add + layer norm and softmax + cross-entropy share the plain kernels' row code: they are
 // compared for equality.
 #include <algorithm>
