@@ -8,8 +8,8 @@
 // not two), so it has no second derivative and says so.
 //
 // The modules choose where these pay: nn::Linear, nn::Mlp, CausalSelfAttention and
-// nn::CrossEntropyLoss use them for CUDA tensors and keep the composed ops on the CPU (where the
-// fused tensor ops are the same composition, rounded once at the end).
+// nn::CrossEntropyLoss use them for CUDA tensors and keep the composed ops on the CPU (the CPU's
+// fused tensor kernels, tensor/cpu/fused*.cc, agree with them to within rounding order).
 #include <cmath>
 #include <limits>
 #include <vector>
