@@ -60,8 +60,9 @@ Variable Bmm(const Variable& a, const Variable& b);
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias = Variable());
 // act(x W^T + b) as one fused op (tensor/ops.h Linear / LinearBackward): on CUDA one cuBLASLt
 // product with the bias (+ tanh-GELU) epilogue forward, and dGELU + bias-gradient epilogues
-// backward; on the CPU the same composition, rounded once. The pre-activation is saved for the
-// GELU's backward. Autocast: like linear.
+// backward; on the CPU one GEMM and one bias (+ GELU) pass per row, rounded once
+// (tensor/cpu/fused_linear.cc). The pre-activation is saved for the GELU's backward. Autocast:
+// like linear.
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act);
 
 // ---- Views and shape ops ----

@@ -247,7 +247,8 @@ struct AttentionResult {
 // rounded to the input dtype before they multiply v, as flash attention does. On CUDA it runs
 // cuDNN's fused kernel when tensor/cuda/attention.h says the tensors qualify (f16/bf16, head
 // size a multiple of 8 up to 128, aligned strides) and otherwise the composed cuBLASLt + row
-// kernel version; on the CPU (and for f64 on CUDA) it is this composition of the ops above.
+// kernel version; on the CPU a fused kernel per (batch, head) with the same rounding points
+// (tensor/cpu/fused_attention.cc); for f64 on CUDA this composition of the ops above.
 AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal, double scale);
 

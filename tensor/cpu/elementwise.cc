@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/strided_loop.h"
 
@@ -158,7 +159,6 @@ void ForBinaryOp(BinaryOp op, Fn&& run) {
 template <typename C>
 C ApplyUnary(UnaryOp op, C x) {
   if constexpr (std::is_floating_point_v<C>) {
-    constexpr C kSqrt2OverPi = C(0.7978845608028654);
     constexpr C kInvSqrt2 = C(0.7071067811865476);
     switch (op) {
       case UnaryOp::kNeg:
@@ -178,7 +178,7 @@ C ApplyUnary(UnaryOp op, C x) {
       case UnaryOp::kRelu:
         return x > C(0) ? x : (std::isnan(x) ? x : C(0));
       case UnaryOp::kGeluTanh:
-        return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+        return GeluTanh(x);  // tensor/cpu/activation.h, shared with the fused Linear
       case UnaryOp::kGelu:
         return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
       case UnaryOp::kErf:

@@ -1,7 +1,16 @@
-// The fused entries of the op list (tensor/kernel_list.inc) on the CPU.
+// The fused entries of the op list (tensor/kernel_list.inc) on the CPU that work row by row:
+// the non-finite check + unscale, the layer-norm backward, add + layer norm and softmax +
+// cross-entropy. Linear is in fused_linear.cc and attention in fused_attention.cc. Each is one
+// pass per row in the compute type (f32 for f16/bf16/f32, f64 for f64) with each output rounded
+// once; add + layer norm and softmax + cross-entropy reuse the row routines of the plain kernels
+// (rows.h), so their results are bit-identical to the composition of those kernels.
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
+#include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/rows.h"
 
 namespace tg::cpu {
 
@@ -14,41 +23,126 @@ KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const 
   return KernelStatus::kDone;
 }
 
-KernelStatus LinearForward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, Activation) {
-  return KernelStatus::kNoKernel;
+// Per row r, in C: xhat = (x - mean) * rstd, dxhat = grad_out * weight, then
+// grad_input = rstd * ((dxhat - mean(dxhat)) - xhat * mean(dxhat * xhat)); the two row means are
+// f64 sums divided by n and rounded to C (as Mean does). grad_weight and grad_bias accumulate
+// grad_out * xhat and grad_out in f64 per column, rows in order (deterministic, independent of
+// any blocking), and round once at the end.
+KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                               const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  VisitFloating("layer_norm_backward", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* xs = x.data<T>();
+    const T* go = grad_out.data<T>();
+    const C* mu = mean.data<C>();
+    const C* rs = rstd.data<C>();
+    T* gi = grad_input.data<T>();
+    const bool params = grad_weight.defined();
+    std::vector<double> gw_acc(params ? n : 0, 0.0), gb_acc(params ? n : 0, 0.0);
+    std::vector<C> w(weight.defined() ? n : 0);  // weight [n] in C, widened once
+    for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
+      w[i] = static_cast<C>(Widen(weight.data<T>()[i]));
+    }
+    std::vector<C> xhat(n), dxhat(n);  // one row
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xrow = xs + r * n;
+      const T* grow = go + r * n;
+      double sum_dxhat = 0, sum_dxhat_xhat = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const C g = static_cast<C>(Widen(grow[i]));
+        const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];
+        const C dx = w.empty() ? g : g * w[i];
+        xhat[i] = xh;
+        dxhat[i] = dx;
+        sum_dxhat += static_cast<double>(dx);
+        sum_dxhat_xhat += static_cast<double>(dx * xh);
+        if (params) {
+          gw_acc[i] += static_cast<double>(g * xh);
+          gb_acc[i] += static_cast<double>(g);
+        }
+      }
+      const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
+      const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
+      T* irow = gi + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        irow[i] = Convert<T>(rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat));
+      }
+    }
+    if (params) {
+      T* gw = grad_weight.data<T>();
+      T* gb = grad_bias.data<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        gw[i] = Convert<T>(gw_acc[i]);
+        gb[i] = Convert<T>(gb_acc[i]);
+      }
+    }
+  });
+  return KernelStatus::kDone;
 }
 
-KernelStatus LinearBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, const Tensor&, Activation) {
-  return KernelStatus::kNoKernel;
+// Per row: residual = round(a + b), then LayerNormRow on the rounded residual -- the same
+// arithmetic as Add followed by the LayerNorm kernel, in one pass over a and b.
+KernelStatus AddLayerNorm(const Tensor& residual, const Tensor& out, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& a, const Tensor& b,
+                          const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t rows = a.size(0), n = a.size(1);
+  VisitFloating("add_layer_norm", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* as = a.data<T>();
+    const T* bs = b.data<T>();
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    const T* bi = bias.defined() ? bias.data<T>() : nullptr;
+    T* res = residual.data<T>();
+    T* o = out.data<T>();
+    C* mo = mean.data<C>();
+    C* ro = rstd.data<C>();
+    for (int64_t r = 0; r < rows; ++r) {
+      T* rrow = res + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        rrow[i] = Convert<T>(static_cast<C>(Widen(as[r * n + i])) +
+                             static_cast<C>(Widen(bs[r * n + i])));
+      }
+      LayerNormRow(rrow, n, w, bi, eps, o + r * n, mo + r, ro + r);
+    }
+  });
+  return KernelStatus::kDone;
 }
 
-KernelStatus ScaledDotProductAttention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                       const Tensor&, bool, double) {
-  return KernelStatus::kNoKernel;
-}
-
-KernelStatus ScaledDotProductAttentionBackward(const Tensor&, const Tensor&, const Tensor&,
-                                               const Tensor&, const Tensor&, const Tensor&,
-                                               const Tensor&, const Tensor&, const Tensor&, bool,
-                                               double) {
-  return KernelStatus::kNoKernel;
-}
-
-KernelStatus LayerNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  return KernelStatus::kNoKernel;
-}
-
-KernelStatus AddLayerNorm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) {
-  return KernelStatus::kNoKernel;
-}
-
-KernelStatus SoftmaxCrossEntropy(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, int64_t) {
-  return KernelStatus::kNoKernel;
+// Per row: one RowLogSumExp gives both the loss and the gradient row, with the arithmetic of
+// the CrossEntropy and CrossEntropyBackward kernels (bit-identical results) and their error
+// text for a target out of range; ignore_index rows give 0 loss and a 0 gradient row.
+KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits,
+                                 const Tensor& logits, const Tensor& targets,
+                                 const Tensor& row_scale, int64_t ignore_index) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const int64_t* t = targets.data<int64_t>();
+  const double* scale = row_scale.data<double>();
+  VisitFloating("cross_entropy", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* in = logits.data<T>();
+    T* lo = losses.data<T>();
+    T* g = grad_logits.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      T* grow = g + r * classes;
+      if (t[r] == ignore_index) {
+        lo[r] = Convert<T>(C(0));
+        std::fill(grow, grow + classes, Convert<T>(C(0)));
+        continue;
+      }
+      CheckTarget("cross_entropy", t[r], r, classes);
+      const T* row = in + r * classes;
+      C shift, log_sum;
+      RowLogSumExp<C>(row, classes, &shift, &log_sum);
+      lo[r] = Convert<T>(CrossEntropyRowLoss<C>(row, t[r], shift, log_sum));
+      CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
+    }
+  });
+  return KernelStatus::kDone;
 }
 
 }  // namespace tg::cpu

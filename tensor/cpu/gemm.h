@@ -1,5 +1,6 @@
-// The one call into OpenBLAS GEMM used by the CPU kernels (matmul, conv), with the optional
-// per-thread time accounting of tensor/profile.h.
+// The one call into OpenBLAS GEMM used by the CPU kernels (matmul, conv, the fused Linear and
+// attention), with the optional per-thread time accounting of tensor/profile.h, and the
+// widening of f16/bf16 operands to f32 that those kernels do before they multiply.
 #ifndef TAPEGRAD_TENSOR_CPU_GEMM_H_
 #define TAPEGRAD_TENSOR_CPU_GEMM_H_
 
@@ -8,7 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
+#include "tensor/convert.h"
 #include "tensor/profile.h"
 
 namespace tg::cpu {
@@ -35,6 +38,38 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
     profile->seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     profile->flops += 2.0 * static_cast<double>(m) * n * k;
+  }
+}
+
+// A GEMM operand of `count` contiguous values in the compute type C (float for f16/bf16/f32,
+// double for f64): `p` itself when T is C, else its values widened (exactly) into `scratch`,
+// which the caller keeps alive while the pointer is used.
+template <typename C, typename T>
+const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
+  if constexpr (std::is_same_v<T, C>) {
+    return p;
+  } else {
+    scratch.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) scratch[i] = static_cast<C>(Widen(p[i]));
+    return scratch.data();
+  }
+}
+
+// Where a GEMM writes `count` values bound for `out` (contiguous, of T): `out` itself when T is
+// C, else `scratch`, which StoreGemmResult then rounds into `out` (once per element).
+template <typename C, typename T>
+C* GemmResult(T* out, int64_t count, std::vector<C>& scratch) {
+  if constexpr (std::is_same_v<T, C>) {
+    return out;
+  } else {
+    scratch.resize(static_cast<size_t>(count));
+    return scratch.data();
+  }
+}
+template <typename C, typename T>
+void StoreGemmResult(const C* result, int64_t count, T* out) {
+  if constexpr (!std::is_same_v<T, C>) {
+    for (int64_t i = 0; i < count; ++i) out[i] = Convert<T>(result[i]);
   }
 }
 

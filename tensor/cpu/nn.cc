@@ -9,29 +9,10 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/rows.h"
 #include "tensor/philox.h"
 
 namespace tg::cpu {
-namespace {
-
-// Max and log(sum(exp(x - max))) of one row, in compute type C.
-template <typename C, typename T>
-void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
-  C max = -std::numeric_limits<C>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const C v = Widen(row[i]);
-    if (std::isnan(v) || v > max) max = v;
-    if (std::isnan(max)) break;
-  }
-  // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
-  const C shift = std::isinf(max) ? C(0) : max;
-  C sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<C>(Widen(row[i])) - shift);
-  *max_out = shift;
-  *log_sum_out = std::log(sum);
-}
-
-}  // namespace
 
 void Softmax(const Tensor& out, const Tensor& x, bool log) {
   const int64_t rows = x.size(0), n = x.size(1);
@@ -67,25 +48,7 @@ void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const 
     C* mo = mean.data<C>();
     C* ro = rstd.data<C>();
     for (int64_t r = 0; r < rows; ++r) {
-      const T* row = in + r * n;
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(Widen(row[i]));
-      const double mu = sum / static_cast<double>(n);
-      double sq = 0;  // two passes: no cancellation from E[x^2] - E[x]^2
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = static_cast<double>(Widen(row[i])) - mu;
-        sq += d * d;
-      }
-      const C m = static_cast<C>(mu);
-      const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
-      mo[r] = m;
-      ro[r] = rs;
-      for (int64_t i = 0; i < n; ++i) {
-        C y = (static_cast<C>(Widen(row[i])) - m) * rs;
-        if (w) y *= static_cast<C>(Widen(w[i]));
-        if (b) y += static_cast<C>(Widen(b[i]));
-        o[r * n + i] = Convert<T>(y);
-      }
+      LayerNormRow(in + r * n, n, w, b, eps, o + r * n, mo + r, ro + r);
     }
   });
 }
@@ -141,13 +104,10 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
         o[r] = Convert<T>(C(0));
         continue;
       }
-      TG_CHECK(t[r] >= 0 && t[r] < classes, "cross_entropy: target ", t[r], " at position ", r,
-               " is out of range for ", classes, " classes");
+      CheckTarget("cross_entropy", t[r], r, classes);
       C shift, log_sum;
       RowLogSumExp<C>(in + r * classes, classes, &shift, &log_sum);
-      // -log_softmax[t] = log_sum - (x[t] - shift): x[t] - shift first, as in the softmax, so
-      // that large logits (1000) do not cost the loss its precision.
-      o[r] = Convert<T>(log_sum - (static_cast<C>(Widen(in[r * classes + t[r]])) - shift));
+      o[r] = Convert<T>(CrossEntropyRowLoss<C>(in + r * classes, t[r], shift, log_sum));
       ++counted;
     }
   });
@@ -170,16 +130,11 @@ void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const
         std::fill(grow, grow + classes, Convert<T>(C(0)));
         continue;
       }
-      TG_CHECK(t[r] >= 0 && t[r] < classes, "cross_entropy_backward: target ", t[r],
-               " at position ", r, " is out of range for ", classes, " classes");
+      CheckTarget("cross_entropy_backward", t[r], r, classes);
       const T* row = in + r * classes;
       C shift, log_sum;
       RowLogSumExp<C>(row, classes, &shift, &log_sum);
-      const C s = static_cast<C>(scale[r]);
-      for (int64_t i = 0; i < classes; ++i) {
-        const C p = std::exp(static_cast<C>(Widen(row[i])) - shift - log_sum);
-        grow[i] = Convert<T>((p - (i == t[r] ? C(1) : C(0))) * s);
-      }
+      CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
     }
   });
 }

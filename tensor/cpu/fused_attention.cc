@@ -1,0 +1,184 @@
+// The fused scaled dot-product attention kernels of the op list on the CPU, one (batch, head)
+// at a time: the scores [Tq, Tk] of one head live in a scratch buffer (never a [B, H, Tq, Tk]
+// tensor), the softmax runs once per row together with the causal mask (only the unmasked
+// prefix of each row is read) and the log-sum-exp statistics, and OpenBLAS does the products
+// (f32 for f16/bf16/f32, f64 for f64, through gemm.h). The rounding points are those of the
+// composed forms in tensor/composed.cc: the probabilities (and, in the backward, ds) are rounded
+// to the input dtype before they multiply, every output is rounded once.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/kernels.h"
+
+namespace tg::cpu {
+namespace {
+
+// Copies the [T, D] matrix t[b, h] of a [B, H, T, D] tensor of any strides into `dst`
+// (contiguous, compute type C): one copy per head lets q, k and v arrive as any view (e.g. the
+// transposes of a [B, T, H, D] projection) and costs O(T D) against the O(T^2 D) products.
+template <typename T, typename C>
+void CopyHead(const Tensor& t, int64_t b, int64_t h, C* dst) {
+  const Shape& st = t.strides();
+  const int64_t rows = t.size(2), d = t.size(3);
+  const T* base = t.data<T>() + b * st[0] + h * st[1];
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = base + i * st[2];
+    for (int64_t c = 0; c < d; ++c) dst[i * d + c] = static_cast<C>(Widen(row[c * st[3]]));
+  }
+}
+
+// s [tq, tk] = q [tq, d] @ k [tk, d]^T, unscaled; zero when d == 0 (an empty sum).
+template <typename C>
+void Scores(const C* q, const C* k, int64_t tq, int64_t tk, int64_t d, C* s) {
+  if (d == 0) {
+    std::fill(s, s + tq * tk, C(0));
+    return;
+  }
+  Gemm<C>(false, /*tb=*/true, tq, tk, d, q, d, k, d, s, tk);
+}
+
+// Keys that query i sees: all of them, or 0..i when causal (Tq == Tk).
+inline int64_t VisibleKeys(bool causal, int64_t i, int64_t tk) { return causal ? i + 1 : tk; }
+
+template <typename T>
+void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
+                   const Tensor& v, bool causal, double scale) {
+  using C = ComputeType<T>;
+  const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
+  const C cscale = static_cast<C>(scale);
+  // Per-head scratch, in C: q [tq, d], k and v [tk, d], the scores, then the rounded
+  // probabilities, [tq, tk], and the product [tq, d] (f16/bf16 only: f32/f64 write out).
+  std::vector<C> qh(tq * d), kh(tk * d), vh(tk * d), s(tq * tk), o_scratch;
+  T* out_base = out.data<T>();
+  C* stats_base = stats.data<C>();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t head = b * nh + h;
+      CopyHead<T>(q, b, h, qh.data());
+      CopyHead<T>(k, b, h, kh.data());
+      CopyHead<T>(v, b, h, vh.data());
+      Scores(qh.data(), kh.data(), tq, tk, d, s.data());
+      C* st = stats_base + head * tq;
+      for (int64_t i = 0; i < tq; ++i) {
+        // One row: scale, max, exp and sum over the visible keys; the masked ones get
+        // probability 0 (exp(-inf - max) in the composed form). The sum accumulates in f64 and
+        // rounds to C, like Sum; the max takes the first NaN, like Max.
+        C* row = s.data() + i * tk;
+        const int64_t len = VisibleKeys(causal, i, tk);
+        C max = -std::numeric_limits<C>::infinity();
+        for (int64_t j = 0; j < len; ++j) {
+          row[j] *= cscale;
+          if (std::isnan(row[j]) || row[j] > max) max = row[j];
+        }
+        double acc = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          row[j] = std::exp(row[j] - max);
+          acc += static_cast<double>(row[j]);
+        }
+        const C sum = static_cast<C>(acc);
+        for (int64_t j = 0; j < len; ++j) row[j] = static_cast<C>(Widen(Convert<T>(row[j] / sum)));
+        std::fill(row + len, row + tk, C(0));
+        st[i] = max + std::log(sum);
+      }
+      // out[b, h] [tq, d] = p [tq, tk] @ v [tk, d].
+      if (d == 0) continue;
+      T* o = out_base + head * tq * d;
+      C* dst = GemmResult<C>(o, tq * d, o_scratch);
+      Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh.data(), d, dst, d);
+      StoreGemmResult(dst, tq * d, o);
+    }
+  }
+}
+
+template <typename T>
+void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                           const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& out, const Tensor& stats, bool causal,
+                           double scale) {
+  using C = ComputeType<T>;
+  const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
+  const C cscale = static_cast<C>(scale);
+  // Per-head scratch, in C: q, grad_out, out [tq, d]; k, v [tk, d]; the scores s, then p
+  // rounded to T, and dp, then ds rounded to T, [tq, tk]; the products (f16/bf16 only).
+  std::vector<C> qh(tq * d), goh(tq * d), oh(tq * d), kh(tk * d), vh(tk * d), p(tq * tk),
+      ds(tq * tk), r_scratch;
+  const C* stats_base = stats.data<C>();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t head = b * nh + h;
+      CopyHead<T>(q, b, h, qh.data());
+      CopyHead<T>(k, b, h, kh.data());
+      CopyHead<T>(v, b, h, vh.data());
+      CopyHead<T>(grad_out, b, h, goh.data());
+      CopyHead<T>(out, b, h, oh.data());
+      Scores(qh.data(), kh.data(), tq, tk, d, p.data());
+      // dp [tq, tk] = grad_out [tq, d] @ v [tk, d]^T.
+      Gemm<C>(false, /*tb=*/true, tq, tk, d, goh.data(), d, vh.data(), d, ds.data(), tk);
+      const C* st = stats_base + head * tq;
+      for (int64_t i = 0; i < tq; ++i) {
+        // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C, like
+        // Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds rounded to T
+        // for the products; masked keys have p = ds = 0.
+        const C* gorow = goh.data() + i * d;
+        const C* orow = oh.data() + i * d;
+        double acc = 0;
+        for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(gorow[c] * orow[c]);
+        const C delta = static_cast<C>(acc);
+        C* prow = p.data() + i * tk;
+        C* dsrow = ds.data() + i * tk;
+        const int64_t len = VisibleKeys(causal, i, tk);
+        for (int64_t j = 0; j < len; ++j) {
+          const C pj = std::exp(prow[j] * cscale - st[i]);
+          prow[j] = static_cast<C>(Widen(Convert<T>(pj)));
+          dsrow[j] = static_cast<C>(Widen(Convert<T>(pj * (dsrow[j] - delta) * cscale)));
+        }
+        std::fill(prow + len, prow + tk, C(0));
+        std::fill(dsrow + len, dsrow + tk, C(0));
+      }
+      // grad_v [tk, d] = p^T @ grad_out; grad_q [tq, d] = ds @ k; grad_k [tk, d] = ds^T @ q (the
+      // transposes through GEMM's flags).
+      T* gv = grad_v.data<T>() + head * tk * d;
+      C* dst = GemmResult<C>(gv, tk * d, r_scratch);
+      Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh.data(), d, dst, d);
+      StoreGemmResult(dst, tk * d, gv);
+      T* gq = grad_q.data<T>() + head * tq * d;
+      dst = GemmResult<C>(gq, tq * d, r_scratch);
+      Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh.data(), d, dst, d);
+      StoreGemmResult(dst, tq * d, gq);
+      T* gk = grad_k.data<T>() + head * tk * d;
+      dst = GemmResult<C>(gk, tk * d, r_scratch);
+      Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh.data(), d, dst, d);
+      StoreGemmResult(dst, tk * d, gk);
+    }
+  }
+}
+
+}  // namespace
+
+KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, bool causal,
+                                       double scale) {
+  VisitFloating("scaled_dot_product_attention", q.dtype(), [&](auto tag) {
+    AttentionImpl<decltype(tag)>(out, stats, q, k, v, causal, scale);
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tensor& grad_k,
+                                               const Tensor& grad_v, const Tensor& grad_out,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& out, const Tensor& stats,
+                                               bool causal, double scale) {
+  VisitFloating("scaled_dot_product_attention_backward", q.dtype(), [&](auto tag) {
+    AttentionBackwardImpl<decltype(tag)>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats,
+                                         causal, scale);
+  });
+  return KernelStatus::kDone;
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,156 @@
+// The fused Linear kernels of the op list on the CPU: LinearForward (GEMM + bias + tanh-GELU
+// epilogue) and LinearBackward (GELU derivative + bias gradient in one pass, then the two
+// gradient GEMMs). OpenBLAS does the products (f32 for f16/bf16/f32, f64 for f64, through
+// gemm.h); everything else is one pass over the [m, n] result, in place of the composed chain
+// (tensor/composed.cc) that writes and re-reads a full [m, n] tensor per op.
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/kernels.h"
+
+namespace tg::cpu {
+namespace {
+
+// out [m, n] = act(x [m, k] @ weight [n, k]^T + bias), pre [m, n] (strided rows) = the sum
+// before act, each rounded once to T from the compute type C.
+template <typename T>
+void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, Activation act) {
+  using C = ComputeType<T>;
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
+  if (m == 0 || n == 0) return;
+  std::vector<C> x_scratch, w_scratch, acc_scratch;
+  const C* xc = GemmOperand<C>(x.data<T>(), m * k, x_scratch);       // [m, k]
+  const C* wc = GemmOperand<C>(weight.data<T>(), n * k, w_scratch);  // [n, k]
+  T* o = out.data<T>();
+  // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
+  // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
+  const bool in_place = std::is_same_v<T, C> && act == Activation::kNone;
+  C* acc;
+  if (in_place) {
+    acc = reinterpret_cast<C*>(o);
+  } else {
+    acc_scratch.resize(static_cast<size_t>(m * n));
+    acc = acc_scratch.data();
+  }
+  Gemm<C>(/*ta=*/false, /*tb=*/true, m, n, k, xc, k, wc, k, acc, n);
+
+  const T* b = bias.defined() ? bias.data<T>() : nullptr;
+  std::vector<C> bc;  // bias [n] in C, widened once rather than per row
+  if (b != nullptr) {
+    bc.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) bc[j] = static_cast<C>(Widen(b[j]));
+  }
+  // The epilogue, one pass per row: p = acc + bias in C; pre = round(p); out = round(act(p)) --
+  // GELU reads the unrounded sum, as the composed GeluTanh(Matmul + bias) does.
+  T* p_base = act == Activation::kNone ? nullptr : pre.data<T>();
+  const int64_t p_row = act == Activation::kNone ? 0 : pre.strides()[0];
+  const int64_t p_col = act == Activation::kNone ? 0 : pre.strides()[1];
+  for (int64_t r = 0; r < m; ++r) {
+    const C* a = acc + r * n;
+    T* orow = o + r * n;
+    if (act == Activation::kNone) {
+      if constexpr (std::is_same_v<T, C>) {  // acc is out
+        if (b != nullptr) {
+          for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
+        }
+      } else {
+        for (int64_t j = 0; j < n; ++j) orow[j] = Convert<T>(b != nullptr ? a[j] + bc[j] : a[j]);
+      }
+      continue;
+    }
+    T* prow = p_base + r * p_row;
+    for (int64_t j = 0; j < n; ++j) {
+      const C p = b != nullptr ? a[j] + bc[j] : a[j];
+      prow[j * p_col] = Convert<T>(p);
+      orow[j] = Convert<T>(GeluTanh(p));
+    }
+  }
+}
+
+// grad_input = g @ weight, grad_weight = g^T @ x, grad_bias = column sums of g, for g =
+// grad_out * act'(pre) computed in C and rounded to T before the products.
+template <typename T>
+void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
+                        const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                        const Tensor& weight, const Tensor& pre, Activation act) {
+  using C = ComputeType<T>;
+  const int64_t m = grad_out.size(0), n = grad_out.size(1), k = x.size(1);
+  const T* go = grad_out.data<T>();
+  // The bias gradient accumulates in f64, rows in order (deterministic), and rounds once.
+  std::vector<double> col;
+  if (grad_bias.defined()) col.assign(static_cast<size_t>(n), 0.0);
+  const bool need_products = grad_input.defined() || grad_weight.defined();
+
+  // g [m, n] in C holding values of T (the products' operand).
+  std::vector<C> g_scratch;
+  const C* g = nullptr;
+  if (act == Activation::kNone) {
+    if (need_products) g = GemmOperand<C>(go, m * n, g_scratch);
+    if (!col.empty()) {
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < n; ++j) col[j] += static_cast<double>(Widen(go[r * n + j]));
+      }
+    }
+  } else {
+    // One pass: gc = grad_out * gelu'(pre) in C, summed for the bias before it is rounded.
+    g_scratch.resize(need_products ? static_cast<size_t>(m * n) : 0);
+    const T* p_base = pre.data<T>();
+    const int64_t p_row = pre.strides()[0], p_col = pre.strides()[1];
+    for (int64_t r = 0; r < m; ++r) {
+      const T* prow = p_base + r * p_row;
+      for (int64_t j = 0; j < n; ++j) {
+        const C gc = static_cast<C>(Widen(go[r * n + j])) *
+                     GeluTanhGrad(static_cast<C>(Widen(prow[j * p_col])));
+        if (!col.empty()) col[j] += static_cast<double>(gc);
+        if (need_products) g_scratch[r * n + j] = static_cast<C>(Widen(Convert<T>(gc)));
+      }
+    }
+    g = g_scratch.data();
+  }
+  if (grad_bias.defined()) {
+    T* gb = grad_bias.data<T>();
+    for (int64_t j = 0; j < n; ++j) gb[j] = Convert<T>(col[j]);
+  }
+  std::vector<C> operand_scratch, result_scratch;
+  if (grad_input.defined()) {  // [m, k] = g [m, n] @ weight [n, k]
+    const C* wc = GemmOperand<C>(weight.data<T>(), n * k, operand_scratch);
+    T* gi = grad_input.data<T>();
+    C* dst = GemmResult<C>(gi, m * k, result_scratch);
+    Gemm<C>(false, false, m, k, n, g, n, wc, k, dst, k);
+    StoreGemmResult(dst, m * k, gi);
+  }
+  if (grad_weight.defined()) {  // [n, k] = g^T (the transpose flag, no copy) @ x [m, k]
+    const C* xc = GemmOperand<C>(x.data<T>(), m * k, operand_scratch);
+    T* gw = grad_weight.data<T>();
+    C* dst = GemmResult<C>(gw, n * k, result_scratch);
+    Gemm<C>(/*ta=*/true, false, n, k, m, g, n, xc, k, dst, k);
+    StoreGemmResult(dst, n * k, gw);
+  }
+}
+
+}  // namespace
+
+KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x,
+                           const Tensor& weight, const Tensor& bias, Activation act) {
+  VisitFloating("linear", x.dtype(), [&](auto tag) {
+    LinearForwardImpl<decltype(tag)>(out, pre, x, weight, bias, act);
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
+                            const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
+                            const Tensor& weight, const Tensor& pre, Activation act) {
+  VisitFloating("linear_backward", x.dtype(), [&](auto tag) {
+    LinearBackwardImpl<decltype(tag)>(grad_input, grad_weight, grad_bias, grad_out, x, weight, pre,
+                                      act);
+  });
+  return KernelStatus::kDone;
+}
+
+}  // namespace tg::cpu
