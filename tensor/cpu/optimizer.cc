@@ -18,8 +18,8 @@ namespace {
 
 // A parameter and its gradient as contiguous tensors. The gradient has the parameter's dtype or
 // the compute dtype; any other gradient dtype is converted to the compute dtype first (exactly
-// what the composed form's grad.to(compute dtype) does). With inv_scale (> 0 or any value), the
-// gradient is a compute-dtype copy multiplied by it (ScaleInPlace: one rounding).
+// what the composed form's grad.to(compute dtype) does). With inv_scale (0-d f32, defined), the
+// gradient is a compute-dtype copy multiplied by it (ScaleInPlace: one rounding per element).
 struct FlatParam {
   Tensor param;    // contiguous; the parameter itself unless it was a strided view
   Tensor grad;     // contiguous, dtype param.dtype() or the compute dtype
