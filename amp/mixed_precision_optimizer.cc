@@ -168,7 +168,7 @@ StepResult MixedPrecisionOptimizer::step() {
     const bool cuda = device_.is_cuda();
     for (size_t i = 0; i < master_.size(); ++i) {
       master_[i].set_grad(master_grads_[i].defined() ? Variable(master_grads_[i]) : Variable());
-      // On CUDA the optimizer writes the model's copy: cuda::FusedAdamW in the pass that updates
+      // On CUDA the optimizer writes the model's copy: tg::FusedAdam in the pass that updates
       // the master, other updates right after it.
       if (cuda && !master_[i].is_same(model_[i])) {
         optimizer_->set_model_copy(master_[i], model_[i].data());

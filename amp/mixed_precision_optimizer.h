@@ -38,7 +38,7 @@
 // - CUDA (every parameter on one CUDA device; build the optimizer after Module::to): masters,
 //   master gradients and found_inf live on the device. The check + unscale is one multi-tensor
 //   launch (cuda::NonFiniteCheckAndUnscale); AdamW (and Adam without weight decay) updates all
-//   masters of a group in one cuda::FusedAdamW launch that also writes the f16/bf16 model
+//   masters of a group in one FusedAdam launch (tensor/ops.h) that also writes the f16/bf16 model
 //   parameters in the same pass (other optimizers update the masters with tensor ops and copy).
 //   A dynamic scaler that this optimizer updates is mirrored on the device
 //   (amp/cuda/device_scaler.h): cuda::UpdateScaleOnDevice moves it in step() exactly as

@@ -29,15 +29,16 @@
 // - Host scalars (1 - beta^t, step_size, sqrt of bias correction, 1 - lr*wd, 1 - beta) are
 //   computed in double like Python floats and rounded once to the compute type (f32 for
 //   f16/bf16/f32 params, f64 for f64) where they meet a tensor; every tensor operation rounds
-//   to the compute type in the order above. The per-tensor and fused paths are bit-identical.
+//   to the compute type in the order above. The per-tensor and fused paths are bit-identical:
+//   both are tensor/ops.h's FusedAdam, the per-tensor path its composed form (tensor/composed.h).
 // - Weight decay 0 skips the decay terms (PyTorch skips Adam's; AdamW's factor is exactly 1).
 // - Turning amsgrad on after a parameter has stepped starts its max_exp_avg_sq at zero.
-// - CUDA parameters: with `fused`, f32 parameters (an f32 model, or the f32 masters of
-//   amp::MixedPrecisionOptimizer, whose f16/bf16 model copies are written in the same pass)
-//   are updated by cuda::FusedAdamW, one launch per group, with the same f32 operations in the
-//   same order as the CPU's fused loop (bit-identical). Adam's L2 decay and f64 or f16/bf16
-//   parameters without masters take the composed tensor ops on the device; so does fused =
-//   false.
+// - With `fused`, each group's parameters of one device and step count go to tg::FusedAdam in one
+//   call (the op list's FusedAdam kernel of that device: one pass per parameter; model copies set
+//   with set_model_copy, such as the f16/bf16 models of amp::MixedPrecisionOptimizer's f32
+//   masters, are written in the same call). Cases a device's kernel declines (on CUDA: Adam's L2
+//   decay, f64 or f16/bf16 parameters without masters, strided tensors) take the composed tensor
+//   ops on that device, as fused = false does.
 #ifndef TAPEGRAD_OPTIM_ADAM_H_
 #define TAPEGRAD_OPTIM_ADAM_H_
 
@@ -82,9 +83,6 @@ class Adam : public Optimizer {
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
 
  private:
-  // The CUDA parameters that cuda::FusedAdamW updates (see the header comment).
-  void StepFusedCuda(const AdamOptions& o, const std::vector<const ParamUpdate*>& updates);
-
   bool decoupled_;
 };
 

@@ -19,10 +19,11 @@
 // - A non-finite total (inf or NaN) is returned as is and the grads are NOT scaled. PyTorch
 //   (error_if_nonfinite=false) multiplies them by a NaN or zero coefficient; we refuse to corrupt
 //   the grads and let the caller see the norm and skip the step.
-// - CUDA gradients (all on one device, contiguous): the norm and the scaling run on the device
-//   (cuda::ClipGradNorm for the 2-norm and the inf norm, accumulated in f64 and returned in f32,
-//   so the 2-norm agrees with the CPU's to about an f32 ulp), with the same clip rule
-//   decided on the device; returning the norm reads it on the host (one synchronisation).
+// - The norm and the scaling are tensor/ops.h's GlobalGradNorm and ClipByNorm, run by the
+//   gradients' device (all on one device): on CUDA one multi-tensor launch each for the 2-norm
+//   and the inf norm, summed in f64 in another order than the CPU's list order (so the 2-norm
+//   agrees to f64 rounding, not bit for bit); returning the norm reads it on the host (one
+//   synchronisation).
 // Throws tg::Error for max_norm < 0 or NaN, norm_type <= 0 or NaN, or an undefined parameter.
 #ifndef TAPEGRAD_OPTIM_CLIP_GRAD_H_
 #define TAPEGRAD_OPTIM_CLIP_GRAD_H_

@@ -17,6 +17,9 @@
 // 1 - dampening, weight_decay; computed in double) is rounded to the compute type and each
 // operation above rounds to it, in exactly this order, on both paths. The momentum buffer
 // ("momentum_buffer") has the compute dtype (see optimizer.h).
+// Paths: `fused` runs tg::FusedSgd (tensor/ops.h: the device's one-pass kernel; CUDA has none and
+// declines, so its parameters take the composed ops on the device); fused = false runs its
+// composed form (tensor/composed.h). Both are bit-identical.
 #ifndef TAPEGRAD_OPTIM_SGD_H_
 #define TAPEGRAD_OPTIM_SGD_H_
 
@@ -50,10 +53,6 @@ class SGD : public Optimizer {
   void CheckOptions(const GroupOptions& options, const std::string& context) const override;
   StateSpec ParamStateSpec(const GroupOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-
- private:
-  void StepPerTensor(const SGDOptions& o, const std::vector<ParamUpdate>& updates);
-  void StepFused(const SGDOptions& o, const std::vector<ParamUpdate>& updates);
 };
 
 }  // namespace tg::optim

@@ -1,5 +1,6 @@
 #include "tensor/composed.h"
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -156,6 +157,91 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
   const double inv = inv_scale.item();
   if (AnyNonFinite(tensors)) found_inf.fill_(1);
   MulScalarInPlace(tensors, inv);
+}
+
+// ---- Optimizers ----
+
+void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
+  if (o.found_inf.defined() && o.found_inf.item() != 0) return;
+  const double step = o.device_step.defined() ? o.device_step.item() + 1
+                                              : static_cast<double>(o.step);
+  // Python floats in PyTorch: doubles, rounded to the compute dtype where they meet a tensor.
+  const double decay = 1 - o.lr * o.weight_decay;
+  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    const Tensor& param = lists.params[i];
+    const Tensor& exp_avg = lists.exp_avgs[i];
+    const Tensor& exp_avg_sq = lists.exp_avg_sqs[i];
+    const DType cd = ComputeDType(param.dtype());
+    Tensor p = param.to(cd);  // [param shape] compute dtype
+    Tensor g = lists.grads[i].to(cd);
+    if (o.inv_scale.defined()) g = MulScalar(g, o.inv_scale.item());
+    if (o.decay == WeightDecay::kL2) g = Add(g, MulScalar(p, o.weight_decay));
+    if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, decay);
+    exp_avg.copy_(Add(MulScalar(exp_avg, o.beta1), MulScalar(g, 1 - o.beta1)));
+    exp_avg_sq.copy_(Add(MulScalar(exp_avg_sq, o.beta2), Mul(MulScalar(g, 1 - o.beta2), g)));
+    Tensor v = exp_avg_sq;
+    if (o.amsgrad) {
+      const Tensor& max_exp_avg_sq = lists.max_exp_avg_sqs[i];
+      max_exp_avg_sq.copy_(Maximum(max_exp_avg_sq, exp_avg_sq));
+      v = max_exp_avg_sq;
+    }
+    const Tensor denom =
+        AddScalar(BinaryScalar(BinaryOp::kDiv, Sqrt(v), bias_correction2_sqrt), o.eps);
+    param.copy_(Sub(p, Div(MulScalar(exp_avg, step_size), denom)));
+    if (!lists.model_params.empty() && lists.model_params[i].defined()) {
+      lists.model_params[i].copy_(param);
+    }
+  }
+  if (o.device_step.defined()) o.device_step.fill_(step);
+}
+
+void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    const Tensor& param = lists.params[i];
+    const DType cd = ComputeDType(param.dtype());
+    const Tensor p = param.to(cd);  // [param shape] compute dtype (param itself when f32/f64)
+    Tensor g = lists.grads[i].to(cd);
+    if (o.weight_decay != 0) g = Add(g, MulScalar(p, o.weight_decay));
+    if (o.momentum != 0) {
+      const Tensor& buf = lists.momentum_buffers[i];
+      if (o.init_momentum_buffers) {
+        buf.copy_(g);
+      } else {
+        buf.copy_(Add(MulScalar(buf, o.momentum), MulScalar(g, 1 - o.dampening)));
+      }
+      g = o.nesterov ? Add(g, MulScalar(buf, o.momentum)) : buf;
+    }
+    param.copy_(Sub(p, MulScalar(g, o.lr)));
+  }
+}
+
+void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, double norm_type) {
+  const bool inf_norm = std::isinf(norm_type);
+  Tensor acc = Tensor::Zeros({}, kF64, norm.device());  // sum of |x|^p, or max |x|
+  for (const Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    const Tensor x = Abs(t.to(kF64));
+    if (inf_norm) {
+      acc = Maximum(acc, Max(x.reshape({-1}), 0));  // both keep a NaN
+    } else if (norm_type == 2) {
+      acc = Add(acc, Sum(Mul(x, x)));
+    } else if (norm_type == 1) {
+      acc = Add(acc, Sum(x));
+    } else {
+      acc = Add(acc, Sum(Pow(x, norm_type)));
+    }
+  }
+  if (!inf_norm && norm_type != 1) acc = norm_type == 2 ? Sqrt(acc) : Pow(acc, 1.0 / norm_type);
+  norm.copy_(acc);
+}
+
+void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm) {
+  const double total = total_norm.item();
+  if (!std::isfinite(total)) return;
+  const double clip_coef = max_norm / (total + 1e-6);
+  if (clip_coef < 1) MulScalarInPlace(tensors, clip_coef);
 }
 
 }  // namespace tg::composed

@@ -47,6 +47,15 @@ CrossEntropyResult SoftmaxCrossEntropy(const Tensor& logits, const Tensor& targe
 void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
                               const Tensor& inv_scale);
 
+// The optimizer ops as per-parameter chains of the plain ops, with inv_scale, found_inf and
+// device_step read on the host (the order and roundings of tensor/kernel_list.inc's contracts;
+// optim/ runs these for fused = false).
+void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& options);
+void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
+// Writes the norm into `norm` (0-d f64 or f32 on the tensors' device).
+void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, double norm_type);
+void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm);
+
 }  // namespace tg::composed
 
 #endif  // TAPEGRAD_TENSOR_COMPOSED_H_

@@ -24,6 +24,7 @@
 
 #include "tensor/device.h"
 #include "tensor/op_kinds.h"
+#include "tensor/optimizer_kernels.h"
 #include "tensor/tensor.h"
 
 namespace tg {

@@ -15,6 +15,7 @@
 
 #include "tensor/generator.h"
 #include "tensor/op_kinds.h"
+#include "tensor/optimizer_kernels.h"
 #include "tensor/tensor.h"
 
 namespace tg {
@@ -305,6 +306,28 @@ CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targ
                                         int64_t ignore_index = -100,
                                         Reduction reduction = Reduction::kMean,
                                         double grad_scale = 1.0);
+
+// ---- Optimizer multi-tensor ops (tensor/optimizer_kernels.h) ----
+// One pass per parameter over a list of the parameters of one device, with the arithmetic,
+// rounding and order of the op list's contracts (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// GlobalGradNorm, ClipByNorm); where the device's kernel declines a case (CUDA: L2 decay, f64 or
+// f16/bf16 parameters without f32 masters, SGD, strided tensors) the composed form
+// (tensor/composed.h) runs instead, bit-identical, reading inv_scale, found_inf and device_step on
+// the host. Each throws tg::Error naming the op for lists of different lengths, tensors on
+// different devices, mismatched shapes, non-floating or wrong state dtypes, or invalid options.
+
+// Adam / AdamW over every parameter of `lists` (an empty list does nothing).
+void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& options);
+// SGD with momentum, dampening, Nesterov and L2 weight decay over every parameter of `lists`.
+void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
+// The joint norm (norm_type > 0, or infinity) of every element of the non-empty list `tensors`
+// (floating, one device) as a new 0-d tensor of `dtype` (f64 or f32) on their device, summed in
+// f64; NaN anywhere gives NaN. No host wait on a device.
+Tensor GlobalGradNorm(const std::vector<Tensor>& tensors, double norm_type, DType dtype = kF64);
+// Multiplies every tensor in place by clip_coef = max_norm / (total_norm + 1e-6) (double, rounded
+// to each tensor's compute dtype) when total_norm (0-d f64 or f32 on the tensors' device) is
+// finite and clip_coef < 1; otherwise changes nothing. The decision is taken where the norm lives.
+void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm);
 
 // Operators for readable formulas.
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return Add(a, b); }

@@ -1,6 +1,7 @@
 // The CUDA kernels of mixed precision (tensor/cuda/amp_kernels.h) against the CPU code they
 // mirror: the loss-scale update of every LossScaler preset (bit for bit, on the host through
-// UpdateScaleOnHost and on the device), the non-finite check + unscale (tensor/ops.h), FusedAdamW
+// UpdateScaleOnHost and on the device), the non-finite check + unscale (tensor/ops.h), and the
+// optimizer kernels of the op list on CUDA (tensor/cuda/optimizer_kernels.cu): FusedAdam
 // (optim::AdamW, fused path, and MixedPrecisionOptimizer's skip/backoff steps), and the global
 // grad norm with clipping (optim::clip_grad_norm). Tests that need a GPU skip without one; the
 // host-side tests (state machine, the LossScaler bridge, argument checks) run everywhere.
@@ -21,8 +22,10 @@
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "tensor/cuda/amp_kernels.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/generator.h"
+#include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 #include "tests/tensor/throws.h"
 
@@ -343,11 +346,11 @@ TEST(CudaAmpKernelsTest, ManyTensorsSpanSeveralLaunches) {
   for (size_t i = 0; i < cpu.size(); ++i) ASSERT_TRUE(SameBits(cpu[i], gpu[i])) << i;
 }
 
-// ---- FusedAdamW ---------------------------------------------------------------------------------
+// ---- FusedAdam -----------------------------------------------------------------------------------
 
 // Plain AdamW on f32 parameters (the master is the parameter): host step numbers, with and
 // without weight decay and amsgrad, f32 gradients.
-TEST(CudaAmpKernelsTest, FusedAdamWMatchesCpuAdamW) {
+TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
   SKIP_WITHOUT_GPU();
   for (bool amsgrad : {false, true}) {
     for (double wd : {0.0, 0.1}) {
@@ -363,19 +366,20 @@ TEST(CudaAmpKernelsTest, FusedAdamWMatchesCpuAdamW) {
       o.weight_decay = wd;
       o.amsgrad = amsgrad;
       optim::AdamW cpu(params, o);
-      cuda::AdamWTensorLists lists;
+      AdamTensorLists lists;
       for (const Variable& p : params) {
-        lists.masters.push_back(ToGpu(p.data()));
+        lists.params.push_back(ToGpu(p.data()));
         lists.exp_avgs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
         lists.exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
         if (amsgrad) lists.max_exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
       }
-      cuda::FusedAdamWOptions g;
+      FusedAdamOptions g;
       g.lr = o.lr;
       g.beta1 = o.beta1;
       g.beta2 = o.beta2;
       g.eps = o.eps;
       g.weight_decay = wd;
+      g.decay = wd != 0 ? WeightDecay::kDecoupled : WeightDecay::kNone;
       g.amsgrad = amsgrad;
       for (int step = 1; step <= 5; ++step) {
         lists.grads.clear();
@@ -387,10 +391,10 @@ TEST(CudaAmpKernelsTest, FusedAdamWMatchesCpuAdamW) {
         }
         cpu.step();
         g.step = step;
-        cuda::FusedAdamW(lists, g);
+        ASSERT_EQ(KernelsFor(kGpu).FusedAdam(lists, g), KernelStatus::kDone);
         for (size_t i = 0; i < params.size(); ++i) {
           const StateDict& s = *cpu.param_state(params[i]);
-          ASSERT_TRUE(SameBits(params[i].data(), lists.masters[i])) << "param " << i;
+          ASSERT_TRUE(SameBits(params[i].data(), lists.params[i])) << "param " << i;
           ASSERT_TRUE(SameBits(s.tensor("exp_avg"), lists.exp_avgs[i])) << i;
           ASSERT_TRUE(SameBits(s.tensor("exp_avg_sq"), lists.exp_avg_sqs[i])) << i;
           if (amsgrad) {
@@ -404,13 +408,13 @@ TEST(CudaAmpKernelsTest, FusedAdamWMatchesCpuAdamW) {
 
 // A model of f16, bf16 and f32 parameters under MixedPrecisionOptimizer(AdamW) with a PyTorch
 // scaler on the CPU, and the same steps driven by the device kernels with no host decision:
-// NonFiniteCheck on the scaled low-precision gradients, FusedAdamW (unscaling in f32, skipping on
+// NonFiniteCheck on the scaled low-precision gradients, FusedAdam (unscaling in f32, skipping on
 // found_inf, the step count on the device), UpdateScaleOnDevice. Step 3 overflows (an inf in an
 // f16 gradient), step 6 has a NaN in the f32 parameter's gradient: both are skipped and back the
 // scale off; growth happens after two clean steps. Masters, model parameters, moments, step
 // counts and the scaler agree bit for bit after every step (the bias corrections come from
 // CUDA's pow here, which matches glibc's after rounding to f32 for these steps; see
-// FusedAdamWOptions::device_step).
+// FusedAdamOptions::device_step).
 TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   SKIP_WITHOUT_GPU();
   Generator gen(31);
@@ -429,11 +433,11 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   mo.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2.0, 0.5, 2));
   amp::MixedPrecisionOptimizer cpu(std::make_unique<optim::AdamW>(params, o), mo);
 
-  cuda::AdamWTensorLists lists;
+  AdamTensorLists lists;
   std::vector<Tensor> model;  // the device copies of the model parameters
   for (size_t i = 0; i < params.size(); ++i) {
     const Variable& master = cpu.master_params()[i];
-    lists.masters.push_back(ToGpu(master.data()));
+    lists.params.push_back(ToGpu(master.data()));
     lists.exp_avgs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
     lists.exp_avg_sqs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
     model.push_back(ToGpu(params[i].data()));
@@ -445,12 +449,13 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
   const Tensor step = Tensor::Zeros({}, kF64, kGpu);
   cuda::WriteScaleOnDevice(state, scale, inv_scale);
-  cuda::FusedAdamWOptions g;
+  FusedAdamOptions g;
   g.lr = o.lr;
   g.beta1 = o.beta1;
   g.beta2 = o.beta2;
   g.eps = o.eps;
   g.weight_decay = o.weight_decay;
+  g.decay = WeightDecay::kDecoupled;
   g.device_step = step;
   g.inv_scale = inv_scale;
   g.found_inf = found_inf;
@@ -476,7 +481,7 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
 
     found_inf.zero_();
     cuda::NonFiniteCheck(lists.grads, found_inf);
-    cuda::FusedAdamW(lists, g);
+    ASSERT_EQ(KernelsFor(kGpu).FusedAdam(lists, g), KernelStatus::kDone);
     cuda::UpdateScaleOnDevice(state, found_inf, scale, inv_scale);
 
     EXPECT_EQ(found_inf.item(), r.skipped ? 1 : 0);
@@ -486,9 +491,9 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
     for (size_t i = 0; i < params.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "param " << i);
       const Variable& master = cpu.master_params()[i];
-      ASSERT_TRUE(SameBits(master.data(), lists.masters[i]));
+      ASSERT_TRUE(SameBits(master.data(), lists.params[i]));
       ASSERT_TRUE(
-          SameBits(params[i].data(), master.is_same(params[i]) ? lists.masters[i] : model[i]));
+          SameBits(params[i].data(), master.is_same(params[i]) ? lists.params[i] : model[i]));
       const StateDict* s = cpu.optimizer().param_state(master);
       if (s == nullptr) continue;  // no step applied yet: the device moments are still zero
       EXPECT_EQ(s->scalar("step"), applied);
@@ -501,7 +506,7 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
 
 // bf16 gradients straight into f32 masters with host step numbers and inv_scale: the same as
 // unscaling f32 copies first and running the CPU AdamW on the masters.
-TEST(CudaAmpKernelsTest, FusedAdamWUnscalesLowPrecisionGradsInF32) {
+TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
   SKIP_WITHOUT_GPU();
   Generator gen(41);
   const Variable master(RandNormal({5000}, gen), true);
@@ -509,18 +514,19 @@ TEST(CudaAmpKernelsTest, FusedAdamWUnscalesLowPrecisionGradsInF32) {
   o.lr = 3e-3;
   o.weight_decay = 0.05;
   optim::AdamW cpu(std::vector<Variable>{master}, o);
-  cuda::AdamWTensorLists lists;
-  lists.masters = {ToGpu(master.data())};
+  AdamTensorLists lists;
+  lists.params = {ToGpu(master.data())};
   lists.exp_avgs = {Tensor::Zeros({5000}, kF32, kGpu)};
   lists.exp_avg_sqs = {Tensor::Zeros({5000}, kF32, kGpu)};
   const Tensor model = ToGpu(master.data().to(kBF16));
   lists.model_params = {model};
-  cuda::FusedAdamWOptions g;
+  FusedAdamOptions g;
   g.lr = o.lr;
   g.beta1 = o.beta1;
   g.beta2 = o.beta2;
   g.eps = o.eps;
   g.weight_decay = o.weight_decay;
+  g.decay = WeightDecay::kDecoupled;
   const Tensor inv = Tensor::Scalar(1.0 / 384.0, kF32);  // not a power of two
   g.inv_scale = ToGpu(inv);
   for (int step = 1; step <= 3; ++step) {
@@ -531,8 +537,8 @@ TEST(CudaAmpKernelsTest, FusedAdamWUnscalesLowPrecisionGradsInF32) {
     cpu.step();
     lists.grads = {ToGpu(scaled)};
     g.step = step;
-    cuda::FusedAdamW(lists, g);
-    ASSERT_TRUE(SameBits(master.data(), lists.masters[0])) << step;
+    ASSERT_EQ(KernelsFor(kGpu).FusedAdam(lists, g), KernelStatus::kDone);
+    ASSERT_TRUE(SameBits(master.data(), lists.params[0])) << step;
     ASSERT_TRUE(SameBits(master.data().to(kBF16), model)) << step;
   }
 }
@@ -554,34 +560,35 @@ TEST(CudaAmpKernelsTest, GlobalGradNormMatchesClipGradNorm) {
   const std::vector<Tensor> gpu = ToGpu(cpu);
   // 2-norm: f64 sums in another order than the CPU's, so about one f32 ulp from it.
   const double two = optim::clip_grad_norm(WithGrads(cpu), 1e30);
-  const Tensor norm2 = cuda::GlobalGradNorm(gpu, 2);
+  const Tensor norm2 = GlobalGradNorm(gpu, 2, kF32);
   EXPECT_EQ(norm2.dtype(), kF32);
   EXPECT_EQ(norm2.dim(), 0);
   EXPECT_NEAR(norm2.item(), two, two * 1e-6);
   // The inf norm is exact: the max of values that f32 holds (f64 elements rounded once).
   const double inf = optim::clip_grad_norm(WithGrads(cpu), 1e30, optim::kInfNorm);
-  EXPECT_EQ(cuda::GlobalGradNorm(gpu, optim::kInfNorm).item(), static_cast<float>(inf));
+  EXPECT_EQ(GlobalGradNorm(gpu, optim::kInfNorm, kF32).item(), static_cast<float>(inf));
   // NaN anywhere: NaN for both norms.
   Set(gpu[4], 100, std::nan(""));
-  EXPECT_TRUE(std::isnan(cuda::GlobalGradNorm(gpu, 2).item()));
-  EXPECT_TRUE(std::isnan(cuda::GlobalGradNorm(gpu, optim::kInfNorm).item()));
-  EXPECT_TRUE(ThrowsError([&] { cuda::GlobalGradNorm(gpu, 1); },
-                          "GlobalGradNorm: norm_type must be 2 or inf, got 1"));
+  EXPECT_TRUE(std::isnan(GlobalGradNorm(gpu, 2, kF32).item()));
+  EXPECT_TRUE(std::isnan(GlobalGradNorm(gpu, optim::kInfNorm, kF32).item()));
+  // Other norm types: the CUDA kernel declines (the op composes them).
+  EXPECT_EQ(KernelsFor(kGpu).GlobalGradNorm(Tensor::Zeros({}, kF64, kGpu), gpu, 1),
+            KernelStatus::kNoKernel);
 }
 
 TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
   SKIP_WITHOUT_GPU();
   const std::vector<Tensor> cpu = GradList(52, 3);
   const std::vector<Tensor> gpu = ToGpu(cpu);
-  const Tensor norm = cuda::GlobalGradNorm(gpu, 2);
+  const Tensor norm = GlobalGradNorm(gpu, 2, kF32);
   const double total = norm.item();
   // Not clipped: max_norm above the norm.
-  cuda::ClipByNorm(gpu, norm, total * 2);
+  ClipByNorm(gpu, norm, total * 2);
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(cpu[i], gpu[i])) << i;
   // Clipped: clip_grad_norm's coefficient computed from the device norm, applied as the CPU's
   // MulScalarInPlace does.
   const double max_norm = total / 4;
-  cuda::ClipByNorm(gpu, norm, max_norm);
+  ClipByNorm(gpu, norm, max_norm);
   const std::vector<Tensor> expected = Clones(cpu);
   MulScalarInPlace(expected, max_norm / (total + 1e-6));
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(expected[i], gpu[i])) << i;
@@ -601,7 +608,8 @@ TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
   const std::vector<Tensor> before = Clones(cpu);
   const std::vector<Tensor> gpu2 = ToGpu(cpu);
   Set(gpu2[1], 3, std::numeric_limits<double>::infinity());
-  const Tensor clipped_norm = cuda::ClipGradNorm(gpu2, 1.0);
+  const Tensor clipped_norm = GlobalGradNorm(gpu2, 2, kF32);
+  ClipByNorm(gpu2, clipped_norm, 1.0);
   EXPECT_TRUE(std::isinf(clipped_norm.item()));
   for (size_t i = 0; i < cpu.size(); ++i) {
     if (i == 1) continue;
@@ -621,13 +629,13 @@ TEST(CudaAmpKernelsTest, HugeF32GradsHaveTheCpusFiniteNormAndAreClipped) {
   const std::vector<Tensor> gpu = ToGpu(cpu);
   const double expected = optim::clip_grad_norm(WithGrads(cpu), 1e30);  // not clipped
   ASSERT_TRUE(std::isfinite(expected));
-  const Tensor norm = cuda::GlobalGradNorm(gpu, 2);
+  const Tensor norm = GlobalGradNorm(gpu, 2, kF32);
   ASSERT_TRUE(std::isfinite(norm.item()));
   EXPECT_NEAR(norm.item(), expected, expected * 1e-6);
   // Both clip to max_norm 1 (coefficients from the f64 and the f32 norm: a few ulps apart).
   const std::vector<Variable> params = WithGrads(cpu);
   optim::clip_grad_norm(params, 1.0);
-  cuda::ClipByNorm(gpu, norm, 1.0);
+  ClipByNorm(gpu, norm, 1.0);
   for (size_t i = 0; i < cpu.size(); ++i) {
     const std::vector<double> e = params[i].grad().data().to_vector<double>();
     const std::vector<double> a = ToCpu(gpu[i]).to_vector<double>();
@@ -650,27 +658,32 @@ TEST(CudaAmpKernelsTest, RejectsHostTensorsAndBadArguments) {
                                  "non_finite_check: tensors[0] is an undefined tensor"));
   cuda::NonFiniteCheck({}, found);  // nothing to check
   EXPECT_TRUE(
-      ThrowsErrorExactly([&] { cuda::GlobalGradNorm({}, 2); }, "GlobalGradNorm: tensors is empty"));
-  EXPECT_TRUE(ThrowsError([&] { cuda::GlobalGradNorm({x}, 3); },
-                          "GlobalGradNorm: norm_type must be 2 or inf, got 3"));
+      ThrowsErrorExactly([&] { GlobalGradNorm({}, 2); }, "GlobalGradNorm: tensors is empty"));
+  // The CUDA kernels decline what they do not handle before looking at the tensors.
+  EXPECT_EQ(cuda::GlobalGradNorm(Tensor::Zeros({}, kF64), {x}, 3), KernelStatus::kNoKernel);
   EXPECT_TRUE(ThrowsError([&] { cuda::UpdateScaleOnDevice(x, found, Tensor(), Tensor()); },
                           "UpdateScaleOnDevice: expected the scaler state of UploadScalerState"));
   EXPECT_TRUE(
       ThrowsErrorExactly([&] { cuda::UploadScalerState(cuda::DeviceScalerState{}, Device::Cpu()); },
                          "UploadScalerState: expected a CUDA device, got cpu"));
-  cuda::AdamWTensorLists lists;
-  lists.masters = {x};
+  AdamTensorLists lists;
+  lists.params = {x};
   lists.grads = {x, x};
   lists.exp_avgs = {x};
   lists.exp_avg_sqs = {x};
-  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::FusedAdamW(lists, {}); },
-                                 "FusedAdamW: grads has 2 tensors, masters has 1"));
+  FusedAdamOptions options;
+  options.step = 1;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { FusedAdam(lists, options); },
+                                 "FusedAdam: grads has 2 tensors, params has 1"));
   lists.grads = {x};
-  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::FusedAdamW(lists, {}); },
-                                 "FusedAdamW: masters[0] is on cpu; expected a CUDA tensor"));
-  cuda::FusedAdamWOptions bad;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::FusedAdam(lists, options); },
+                                 "FusedAdam: params[0] is on cpu; expected a CUDA tensor"));
+  FusedAdamOptions bad = options;
   bad.beta1 = 1;
-  EXPECT_TRUE(ThrowsError([&] { cuda::FusedAdamW(lists, bad); }, "FusedAdamW: invalid options"));
+  EXPECT_TRUE(ThrowsError([&] { FusedAdam(lists, bad); }, "FusedAdam: invalid options"));
+  bad = options;
+  bad.decay = WeightDecay::kL2;  // no CUDA kernel for L2 decay: declined, nothing read
+  EXPECT_EQ(cuda::FusedAdam(lists, bad), KernelStatus::kNoKernel);
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 // overflowing micro-batch, bf16 without scaling) must skip the same steps with the same scales,
 // keep the device scaler equal to the host's after every step, and leave parameters within a
 // tolerance of the CPU run's (the forward's matmuls round differently on the two devices). Also:
-// optim::AdamW on f32 CUDA parameters (cuda::FusedAdamW) is bit-identical to the CPU for the same
-// gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes on either
+// optim::AdamW on f32 CUDA parameters (the op list's FusedAdam kernel) is bit-identical to the
+// CPU for the same gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes on either
 // device. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -345,7 +345,7 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
 }
 
 // Parameters of one group at different step counts (one skipped a step without a gradient) go
-// to cuda::FusedAdamW in one launch per count; in each launch some masters have a bf16 model
+// to the FusedAdam kernel in one launch per count; in each launch some masters have a bf16 model
 // copy and others none, and one gradient is bf16. Everything stays bit-identical to the CPU's
 // fused loop, the state is f32 on the device, and each copy is its master rounded once.
 TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {

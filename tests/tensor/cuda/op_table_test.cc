@@ -1104,6 +1104,98 @@ void AddFusedRows(std::vector<OpRow>* rows) {
   }
 }
 
+// The optimizer ops: two parameters (one a transposed view) of the row's dtype; the state in the
+// compute dtype, created on the inputs' device. CUDA's Adam kernel takes f32 parameters without
+// L2 decay; the other rows run the composed ops there, with the same roundings.
+void AddOptimizerRows(std::vector<OpRow>* rows) {
+  for (WeightDecay decay : {WeightDecay::kDecoupled, WeightDecay::kL2}) {
+    const std::string what = decay == WeightDecay::kL2 ? "L2 decay" : "decoupled decay";
+    rows->push_back({"FusedAdam", "two steps, amsgrad, " + what + ", one transposed parameter",
+                     kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
+                               Normal({37}, dtype, gen), Normal({5, 6}, dtype, gen)};
+                     },
+                     [decay](const Tensors& in) -> Tensors {
+                       const Device device = in[0].device();
+                       const DType cd = in[0].dtype() == kF64 ? kF64 : kF32;
+                       AdamTensorLists l;
+                       l.params = {in[0].clone(), in[1].clone().transpose(0, 1)};
+                       l.grads = {in[2], in[3]};
+                       for (const Tensor& p : l.params) {
+                         l.exp_avgs.push_back(Tensor::Zeros(p.shape(), cd, device));
+                         l.exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), cd, device));
+                         l.max_exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), cd, device));
+                       }
+                       FusedAdamOptions o;
+                       o.lr = 1e-2;
+                       o.weight_decay = 0.1;
+                       o.decay = decay;
+                       o.amsgrad = true;
+                       for (int64_t step = 1; step <= 2; ++step) {
+                         o.step = step;
+                         FusedAdam(l, o);
+                       }
+                       return {l.params[0], l.params[1], l.exp_avgs[1], l.exp_avg_sqs[1],
+                               l.max_exp_avg_sqs[1]};
+                     },
+                     &ExactTol()});
+  }
+  rows->push_back({"FusedSgd", "two steps, Nesterov momentum and weight decay", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
+                             Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const DType cd = in[0].dtype() == kF64 ? kF64 : kF32;
+                     SgdTensorLists l;
+                     l.params = {in[0].clone(), in[1].clone()};
+                     l.grads = {in[2], in[3]};
+                     for (const Tensor& p : l.params) {
+                       l.momentum_buffers.push_back(Tensor::Empty(p.shape(), cd, p.device()));
+                     }
+                     FusedSgdOptions o;
+                     o.lr = 0.1;
+                     o.weight_decay = 0.01;
+                     o.momentum = 0.9;
+                     o.nesterov = true;
+                     for (bool init : {true, false}) {
+                       o.init_momentum_buffers = init;
+                       FusedSgd(l, o);
+                     }
+                     return {l.params[0], l.params[1], l.momentum_buffers[1]};
+                   },
+                   &ExactTol()});
+  const struct {
+    double p;
+    const Tols* tol;
+  } norms[] = {{2, &SumTol()}, {kInf, &ExactTol()}, {3, &SumTol()}};
+  for (const auto& n : norms) {
+    rows->push_back({"GlobalGradNorm", absl::StrCat("norm_type ", n.p, ", one transposed tensor"),
+                     kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({70000}, dtype, gen), Normal({6, 5}, dtype, gen)};
+                     },
+                     [p = n.p](const Tensors& in) -> Tensors {
+                       return {GlobalGradNorm({in[0], in[1].transpose(0, 1)}, p),
+                               GlobalGradNorm({in[0]}, p, kF32)};
+                     },
+                     n.tol});
+  }
+  rows->push_back({"ClipByNorm", "norm 40, max_norm 3 (clipped) and 50 (not clipped)", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
+                             Tensor::Scalar(40, kF64)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const Tensor a = in[0].clone(), b = in[1].clone(), c = in[0].clone();
+                     ClipByNorm({a, b.transpose(0, 1)}, in[2], 3);
+                     ClipByNorm({c}, in[2], 50);
+                     return {a, b, c};
+                   },
+                   &ScaleTol()});
+}
+
 const std::vector<OpRow>& Table() {
   static const auto* table = [] {
     auto* rows = new std::vector<OpRow>;
@@ -1116,6 +1208,7 @@ const std::vector<OpRow>& Table() {
     AddMixedPrecisionRows(rows);
     AddFusedRows(rows);
     AddByteRows(rows);
+    AddOptimizerRows(rows);
     return rows;
   }();
   return *table;

@@ -1,0 +1,296 @@
+// The optimizer entries of the op list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// GlobalGradNorm, ClipByNorm) on the CPU: one pass over each parameter's memory, the update's
+// operations in the op list's order on one element at a time. Every case is handled (kDone).
+// Built with -ffp-contract=off (BUILD): no a*b+c may become an FMA, so the loops round exactly
+// like the composed forms.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/error.h"
+#include "tensor/half.h"
+
+namespace tg::cpu {
+namespace {
+
+// A parameter and its gradient as contiguous tensors. The gradient has the parameter's dtype or
+// the compute dtype; any other gradient dtype is converted to the compute dtype first (exactly
+// what the composed form's grad.to(compute dtype) does). With inv_scale (0-d f32, defined), the
+// gradient is a compute-dtype copy multiplied by it (ScaleInPlace: one rounding per element).
+struct FlatParam {
+  Tensor param;    // contiguous; the parameter itself unless it was a strided view
+  Tensor grad;     // contiguous, dtype param.dtype() or the compute dtype
+  bool copy_back;  // param is a copy that must be written back
+
+  static FlatParam Make(const Tensor& param, const Tensor& grad, const Tensor& inv_scale) {
+    FlatParam f;
+    f.copy_back = !param.is_contiguous();
+    f.param = f.copy_back ? param.contiguous() : param;
+    const DType cd = param.dtype() == kF64 ? kF64 : kF32;
+    if (inv_scale.defined()) {
+      f.grad = grad.to(cd).clone();  // a copy of its own: scaled in place below
+      ScaleInPlace(f.grad, inv_scale.item(), false);
+      return f;
+    }
+    f.grad = (grad.dtype() == param.dtype() || grad.dtype() == cd) ? grad : grad.to(cd);
+    f.grad = f.grad.contiguous();
+    return f;
+  }
+  void WriteBack(const Tensor& param) const {
+    if (copy_back) param.copy_(this->param);
+  }
+};
+
+// Calls fn(T{}, G{}) with the storage types of the parameter (T) and the gradient (G), where G
+// is T or the compute type (float for f16/bf16, T otherwise).
+template <typename Fn>
+void VisitParamGrad(const char* op, DType param, DType grad, Fn&& fn) {
+  switch (param) {
+    case DType::kF32:
+      return fn(float{}, float{});
+    case DType::kF64:
+      return fn(double{}, double{});
+    case DType::kF16:
+      if (grad == kF16) return fn(Half{}, Half{});
+      return fn(Half{}, float{});
+    case DType::kBF16:
+      if (grad == kBF16) return fn(BFloat16{}, BFloat16{});
+      return fn(BFloat16{}, float{});
+    default:
+      throw Error(absl::StrCat(op, ": unsupported param dtype ", DTypeName(param)));
+  }
+}
+
+// fn(std::integral_constant<bool, b>{}): turns a runtime flag into a template argument.
+template <typename Fn>
+void WithFlag(bool b, Fn&& fn) {
+  if (b) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+
+// ---- Adam ----
+
+// Compute-type scalars of the Adam loop, each rounded once from its double.
+template <typename C>
+struct AdamScalars {
+  C weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
+      bias_correction2_sqrt;
+};
+
+template <typename T, typename G, typename C, WeightDecay kDecay, bool kAmsgrad>
+void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const AdamScalars<C>& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    C pv = Convert<C>(p[i]);
+    C gv = Convert<C>(g[i]);
+    if constexpr (kDecay == WeightDecay::kL2) gv = gv + pv * s.weight_decay;
+    if constexpr (kDecay == WeightDecay::kDecoupled) pv = pv * s.decay;
+    const C mv = m[i] * s.beta1 + gv * s.one_minus_beta1;
+    m[i] = mv;
+    C vv = v[i] * s.beta2 + (gv * s.one_minus_beta2) * gv;
+    v[i] = vv;
+    if constexpr (kAmsgrad) {
+      const C a = vmax[i];  // maximum(vmax, v) exactly as the Maximum kernel: NaN wins
+      vv = std::isnan(a) ? a : std::isnan(vv) ? vv : (a > vv ? a : vv);
+      vmax[i] = vv;
+    }
+    const C denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
+    p[i] = Convert<T>(pv - (mv * s.step_size) / denom);
+  }
+}
+
+// ---- SGD ----
+
+template <typename T, typename G, typename C, bool kWeightDecay, bool kMomentum, bool kInitBuf,
+          bool kNesterov>
+void SgdLoop(T* p, const G* g, C* buf, int64_t n, C lr, C weight_decay, C momentum,
+             C one_minus_dampening) {
+  for (int64_t i = 0; i < n; ++i) {
+    const C pv = Convert<C>(p[i]);
+    C gv = Convert<C>(g[i]);
+    if constexpr (kWeightDecay) gv = gv + pv * weight_decay;
+    if constexpr (kMomentum) {
+      C b;
+      if constexpr (kInitBuf) {
+        b = gv;
+      } else {
+        b = buf[i] * momentum + gv * one_minus_dampening;
+      }
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        gv = gv + b * momentum;
+      } else {
+        gv = b;
+      }
+    }
+    p[i] = Convert<T>(pv - gv * lr);
+  }
+}
+
+void CheckContiguousState(const char* op, const Tensor& t) {
+  TG_CHECK(!t.defined() || t.is_contiguous(), op, ": state tensors must be contiguous");
+}
+
+}  // namespace
+
+KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
+  const char* op = "FusedAdam";
+  if (o.found_inf.defined() && o.found_inf.item() != 0) return KernelStatus::kDone;
+  const double step = o.device_step.defined() ? o.device_step.item() + 1
+                                              : static_cast<double>(o.step);
+  const double decay = 1 - o.lr * o.weight_decay;
+  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    const Tensor& param = lists.params[i];
+    if (param.numel() == 0) continue;
+    const Tensor& exp_avg = lists.exp_avgs[i];
+    const Tensor& exp_avg_sq = lists.exp_avg_sqs[i];
+    const Tensor max_exp_avg_sq = o.amsgrad ? lists.max_exp_avg_sqs[i] : Tensor();
+    CheckContiguousState(op, exp_avg);
+    CheckContiguousState(op, exp_avg_sq);
+    CheckContiguousState(op, max_exp_avg_sq);
+    const FlatParam f = FlatParam::Make(param, lists.grads[i], o.inv_scale);
+    VisitParamGrad(op, f.param.dtype(), f.grad.dtype(), [&](auto p_tag, auto g_tag) {
+      using T = decltype(p_tag);
+      using G = decltype(g_tag);
+      using C = ComputeType<T>;
+      AdamScalars<C> s;
+      s.weight_decay = static_cast<C>(o.weight_decay);
+      s.decay = static_cast<C>(decay);
+      s.beta1 = static_cast<C>(o.beta1);
+      s.one_minus_beta1 = static_cast<C>(1 - o.beta1);
+      s.beta2 = static_cast<C>(o.beta2);
+      s.one_minus_beta2 = static_cast<C>(1 - o.beta2);
+      s.eps = static_cast<C>(o.eps);
+      s.step_size = static_cast<C>(step_size);
+      s.bias_correction2_sqrt = static_cast<C>(bias_correction2_sqrt);
+      T* p = f.param.data<T>();
+      const G* g = f.grad.data<G>();
+      C* m = exp_avg.data<C>();
+      C* v = exp_avg_sq.data<C>();
+      C* vmax = o.amsgrad ? max_exp_avg_sq.data<C>() : nullptr;
+      const int64_t n = f.param.numel();
+      WithFlag(o.amsgrad, [&](auto ams) {
+        constexpr bool kAms = decltype(ams)::value;
+        switch (o.decay) {
+          case WeightDecay::kNone:
+            return AdamLoop<T, G, C, WeightDecay::kNone, kAms>(p, g, m, v, vmax, n, s);
+          case WeightDecay::kL2:
+            return AdamLoop<T, G, C, WeightDecay::kL2, kAms>(p, g, m, v, vmax, n, s);
+          case WeightDecay::kDecoupled:
+            return AdamLoop<T, G, C, WeightDecay::kDecoupled, kAms>(p, g, m, v, vmax, n, s);
+        }
+      });
+    });
+    f.WriteBack(param);
+    if (!lists.model_params.empty() && lists.model_params[i].defined()) {
+      lists.model_params[i].copy_(param);  // rounded to the model's dtype
+    }
+  }
+  if (o.device_step.defined()) o.device_step.fill_(step);
+  return KernelStatus::kDone;
+}
+
+KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
+  const char* op = "FusedSgd";
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    const Tensor& param = lists.params[i];
+    if (param.numel() == 0) continue;
+    const FlatParam f = FlatParam::Make(param, lists.grads[i], Tensor());
+    const Tensor buf = o.momentum != 0 ? lists.momentum_buffers[i] : Tensor();
+    CheckContiguousState(op, buf);
+    VisitParamGrad(op, f.param.dtype(), f.grad.dtype(), [&](auto p_tag, auto g_tag) {
+      using T = decltype(p_tag);
+      using G = decltype(g_tag);
+      using C = ComputeType<T>;
+      T* p = f.param.data<T>();
+      const G* g = f.grad.data<G>();
+      C* b = buf.defined() ? buf.data<C>() : nullptr;
+      const int64_t n = f.param.numel();
+      const C lr = static_cast<C>(o.lr);
+      const C wd = static_cast<C>(o.weight_decay);
+      const C mom = static_cast<C>(o.momentum);
+      const C omd = static_cast<C>(1 - o.dampening);
+      WithFlag(o.weight_decay != 0, [&](auto wd_on) {
+        constexpr bool kWd = decltype(wd_on)::value;
+        if (o.momentum == 0) {
+          SgdLoop<T, G, C, kWd, false, false, false>(p, g, b, n, lr, wd, mom, omd);
+          return;
+        }
+        WithFlag(o.init_momentum_buffers, [&](auto init) {
+          WithFlag(o.nesterov, [&](auto nesterov) {
+            SgdLoop<T, G, C, kWd, true, decltype(init)::value, decltype(nesterov)::value>(
+                p, g, b, n, lr, wd, mom, omd);
+          });
+        });
+      });
+    });
+    f.WriteBack(param);
+  }
+  return KernelStatus::kDone;
+}
+
+// Every element widened to double and accumulated in double, in list order.
+KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors,
+                            double norm_type) {
+  const bool inf_norm = std::isinf(norm_type);
+  double acc = 0;  // sum of |x|^p, or max |x| for the inf norm
+  bool nan = false;
+  for (const Tensor& t : tensors) {
+    const Tensor c = t.contiguous();
+    VisitFloating("GlobalGradNorm", c.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = c.data<T>();
+      const int64_t n = c.numel();
+      if (inf_norm) {
+        for (int64_t k = 0; k < n; ++k) {
+          const double a = std::fabs(Convert<double>(x[k]));
+          if (std::isnan(a)) nan = true;
+          if (a > acc) acc = a;
+        }
+      } else if (norm_type == 2) {
+        for (int64_t k = 0; k < n; ++k) {
+          const double v = Convert<double>(x[k]);
+          acc += v * v;
+        }
+      } else if (norm_type == 1) {
+        for (int64_t k = 0; k < n; ++k) acc += std::fabs(Convert<double>(x[k]));
+      } else {
+        for (int64_t k = 0; k < n; ++k) {
+          acc += std::pow(std::fabs(Convert<double>(x[k])), norm_type);
+        }
+      }
+    });
+  }
+  double total;
+  if (inf_norm) {
+    total = nan ? std::nan("") : acc;
+  } else if (norm_type == 1) {
+    total = acc;
+  } else if (norm_type == 2) {
+    total = std::sqrt(acc);
+  } else {
+    total = std::pow(acc, 1.0 / norm_type);
+  }
+  norm.fill_(total);
+  return KernelStatus::kDone;
+}
+
+KernelStatus ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm,
+                        double max_norm) {
+  const double total = total_norm.item();
+  if (!std::isfinite(total)) return KernelStatus::kDone;
+  const double clip_coef = max_norm / (total + 1e-6);
+  if (clip_coef < 1) {
+    for (const Tensor& t : tensors) ScaleInPlace(t, clip_coef, false);
+  }
+  return KernelStatus::kDone;
+}
+
+}  // namespace tg::cpu
