@@ -32,7 +32,6 @@
 #define TAPEGRAD_TENSOR_CUDA_AMP_KERNELS_H_
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "tensor/kernel_table.h"
