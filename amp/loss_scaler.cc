@@ -13,21 +13,13 @@ namespace tg {
 namespace amp {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kFloatMax = 0x1.fffffep127;
-// FLT_MAX + half an ulp: from here on round-to-nearest-even gives inf (FLT_MAX's last bit is 1).
-constexpr double kFloatOverflow = 0x1.ffffffp127;
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+constexpr char kAtMinimum[] =
+    "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.";
 
-// Rounds to the nearest f32 (ties to even) like a float store on the device, overflowing to inf;
-// defined for every input (a plain static_cast<float> of a value beyond FLT_MAX is undefined).
-double RoundToFloat(double x) {
-  if (std::isnan(x) || std::isinf(x)) return x;
-  const double magnitude = std::fabs(x);
-  if (magnitude >= kFloatOverflow) return std::copysign(kInf, x);
-  if (magnitude > kFloatMax) return std::copysign(kFloatMax, x);
-  return static_cast<double>(static_cast<float>(x));
-}
+// The scale's type: f32 with f32_scale (nearest, overflowing to inf), else double.
+double RoundScale(const LossScalerOptions& o, double x) { return o.f32_scale ? RoundToF32(x) : x; }
 
 // The largest f32 value <= x (x > 0).
 double RoundDownToFloat(double x) {
@@ -71,16 +63,57 @@ int64_t IntegerScalar(const StateDict& state, const char* key) {
   return static_cast<int64_t>(value);
 }
 
+// LossScaler::state_dict() of a scaler in `state`.
+StateDict StateDictOf(const LossScaleState& state) {
+  StateDict sd;
+  sd.scalars["scale"] = state.scale;
+  sd.scalars["growth_tracker"] = static_cast<double>(state.growth_tracker);
+  sd.scalars["hysteresis_tracker"] = static_cast<double>(state.hysteresis_tracker);
+  sd.scalars["clean_streak"] = static_cast<double>(state.clean_streak);
+  sd.scalars["iteration"] = static_cast<double>(state.iteration);
+  sd.scalars["dynamic"] = state.dynamic ? 1.0 : 0.0;
+  return sd;
+}
+
+// The options part of two states (everything but the counters, the scale and the error flag).
+bool SameOptions(const LossScaleState& a, const LossScaleState& b) {
+  return a.growth_factor == b.growth_factor && a.backoff_factor == b.backoff_factor &&
+         a.min_scale == b.min_scale && a.max_scale == b.max_scale &&
+         a.growth_interval == b.growth_interval && a.hysteresis == b.hysteresis &&
+         a.dynamic == b.dynamic && a.f32_scale == b.f32_scale &&
+         a.skip_nonfinite_growth == b.skip_nonfinite_growth &&
+         a.backoff_by_division == b.backoff_by_division &&
+         a.first_growth_waits_one_more == b.first_growth_waits_one_more &&
+         a.hysteresis_stops_at_one == b.hysteresis_stops_at_one &&
+         a.consecutive_hysteresis == b.consecutive_hysteresis &&
+         a.raise_at_min_scale == b.raise_at_min_scale;
+}
+
 }  // namespace
 
 LossScaler::LossScaler(const Options& options) : options_(options) {
   Validate(options_);
-  scale_ = Round(options_.init_scale);
-  min_scale_ = Round(options_.min_scale);
-  max_scale_ = options_.f32_scale ? RoundDownToFloat(options_.max_scale) : options_.max_scale;
-  TG_CHECK(scale_ <= max_scale_, "LossScaler: init_scale (", options_.init_scale,
+  // With f32_scale the scale and its bounds are f32 values: init_scale and min_scale rounded to
+  // nearest, max_scale down (so that the cap is never above the requested value).
+  state_ = LossScaleState{};
+  state_.growth_factor = options_.growth_factor;
+  state_.backoff_factor = options_.backoff_factor;
+  state_.min_scale = RoundScale(options_, options_.min_scale);
+  state_.max_scale = options_.f32_scale ? RoundDownToFloat(options_.max_scale) : options_.max_scale;
+  state_.growth_interval = options_.growth_interval;
+  state_.hysteresis = options_.hysteresis;
+  state_.dynamic = options_.dynamic;
+  state_.f32_scale = options_.f32_scale;
+  state_.skip_nonfinite_growth = options_.skip_nonfinite_growth;
+  state_.backoff_by_division = options_.backoff_by_division;
+  state_.first_growth_waits_one_more = options_.first_growth_waits_one_more;
+  state_.hysteresis_stops_at_one = options_.hysteresis_stops_at_one;
+  state_.consecutive_hysteresis = options_.consecutive_hysteresis;
+  state_.raise_at_min_scale = options_.raise_at_min_scale;
+  state_.scale = RoundScale(options_, options_.init_scale);
+  state_.hysteresis_tracker = options_.hysteresis;
+  TG_CHECK(state_.scale <= state_.max_scale, "LossScaler: init_scale (", options_.init_scale,
            ") rounds to an f32 above max_scale (", options_.max_scale, ")");
-  hysteresis_tracker_ = options_.hysteresis;
 }
 
 LossScaler LossScaler::PyTorch(double init_scale, double growth_factor, double backoff_factor,
@@ -103,9 +136,9 @@ LossScaler LossScaler::MegatronDynamic(double initial_scale, double min_scale, d
   Options o;
   // Megatron holds scale, min_scale and both factors in f32 tensors.
   o.init_scale = initial_scale;
-  o.min_scale = RoundToFloat(min_scale);
-  o.growth_factor = RoundToFloat(growth_factor);
-  o.backoff_factor = RoundToFloat(backoff_factor);
+  o.min_scale = RoundToF32(min_scale);
+  o.growth_factor = RoundToF32(growth_factor);
+  o.backoff_factor = RoundToF32(backoff_factor);
   o.growth_interval = growth_interval;
   o.hysteresis = hysteresis;
   o.f32_scale = true;
@@ -150,57 +183,32 @@ LossScaler LossScaler::Constant(double scale) {
   return LossScaler(o);
 }
 
-double LossScaler::Round(double value) const {
-  return options_.f32_scale ? RoundToFloat(value) : value;
-}
-
 void LossScaler::update(bool found_inf) {
-  if (!options_.dynamic) {
-    clean_streak_ = found_inf ? 0 : clean_streak_ + 1;
-    ++iteration_;
-    return;
-  }
-  if (found_inf) {
-    if (hysteresis_tracker_ <= 1) {
-      // Checked before anything changes, so a caller that catches the error keeps the state.
-      TG_CHECK(!(options_.raise_at_min_scale && scale_ == min_scale_),
-               "Current loss scale already at minimum - cannot decrease scale anymore. Exiting "
-               "run.");
-      const double backed_off = options_.backoff_by_division ? scale_ / options_.growth_factor
-                                                             : scale_ * options_.backoff_factor;
-      scale_ = std::max(Round(backed_off), min_scale_);
-    }
-    if (!options_.hysteresis_stops_at_one || hysteresis_tracker_ > 1) --hysteresis_tracker_;
-    growth_tracker_ = 0;
-    clean_streak_ = 0;
-  } else {
-    ++growth_tracker_;
-    ++clean_streak_;
-    if (options_.consecutive_hysteresis) hysteresis_tracker_ = options_.hysteresis;
-    // No growth step since the last overflow (or the start) iff the two counters agree.
-    const bool first_growth = growth_tracker_ == clean_streak_;
-    const int64_t needed =
-        options_.growth_interval + (options_.first_growth_waits_one_more && first_growth ? 1 : 0);
-    if (growth_tracker_ >= needed) {
-      growth_tracker_ = 0;
-      hysteresis_tracker_ = options_.hysteresis;
-      const double grown = std::min(Round(scale_ * options_.growth_factor), max_scale_);
-      if (!options_.skip_nonfinite_growth || std::isfinite(grown)) scale_ = grown;
-    }
-  }
-  ++iteration_;
+  // The shared state machine records DeepSpeed's min-scale error instead of throwing (the device
+  // cannot throw); the host throws, keeping the state from before the update, so that a caller
+  // that catches the error still has it.
+  LossScaleState next = state_;
+  UpdateLossScale(&next, found_inf);
+  TG_CHECK(next.min_scale_error == 0, kAtMinimum);
+  state_ = next;
 }
 
-StateDict LossScaler::state_dict() const {
-  StateDict state;
-  state.scalars["scale"] = scale_;
-  state.scalars["growth_tracker"] = static_cast<double>(growth_tracker_);
-  state.scalars["hysteresis_tracker"] = static_cast<double>(hysteresis_tracker_);
-  state.scalars["clean_streak"] = static_cast<double>(clean_streak_);
-  state.scalars["iteration"] = static_cast<double>(iteration_);
-  state.scalars["dynamic"] = options_.dynamic ? 1.0 : 0.0;
-  return state;
+void LossScaler::load_state(const LossScaleState& state) {
+  TG_CHECK(SameOptions(state, state_),
+           "LossScaler::load_state: the state was made from a scaler with other options "
+           "(growth_factor ",
+           state.growth_factor, ", backoff_factor ", state.backoff_factor, ", growth_interval ",
+           state.growth_interval, ", hysteresis ", state.hysteresis, ", min_scale ",
+           state.min_scale, ", dynamic ", state.dynamic, "; this scaler's: growth_factor ",
+           state_.growth_factor, ", backoff_factor ", state_.backoff_factor, ", growth_interval ",
+           state_.growth_interval, ", hysteresis ", state_.hysteresis, ", min_scale ",
+           state_.min_scale, ", dynamic ", state_.dynamic, ")");
+  // load_state_dict validates the counters and changes nothing if they are not consistent.
+  load_state_dict(StateDictOf(state));
+  TG_CHECK(state.min_scale_error == 0, kAtMinimum);
 }
+
+StateDict LossScaler::state_dict() const { return StateDictOf(state_); }
 
 void LossScaler::load_state_dict(const StateDict& state) {
   std::vector<std::string> missing;
@@ -240,11 +248,11 @@ void LossScaler::load_state_dict(const StateDict& state) {
            "LossScaler::load_state_dict: counters out of order: expected 0 <= growth_tracker (",
            growth_tracker, ") <= clean_streak (", clean_streak, ") <= iteration (", iteration, ")");
 
-  if (options_.dynamic) scale_ = Round(scale);
-  growth_tracker_ = growth_tracker;
-  hysteresis_tracker_ = hysteresis_tracker;
-  clean_streak_ = clean_streak;
-  iteration_ = iteration;
+  if (options_.dynamic) state_.scale = RoundScale(options_, scale);
+  state_.growth_tracker = growth_tracker;
+  state_.hysteresis_tracker = hysteresis_tracker;
+  state_.clean_streak = clean_streak;
+  state_.iteration = iteration;
 }
 
 }  // namespace amp

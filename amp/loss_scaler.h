@@ -11,21 +11,13 @@
 //   scaler.update(found_inf);
 //   checkpoint.Merge("scaler.", scaler.state_dict());            // later: load_state_dict(Sub)
 //
-// The state machine (dynamic scalers), one update(found_inf) per optimizer step:
-//   overflow (found_inf):  growth_tracker = 0, clean_streak = 0. If hysteresis_tracker <= 1 the
-//       scale backs off: scale * backoff_factor (scale / growth_factor with
-//       backoff_by_division), rounded to f32 with f32_scale, then max(.., min_scale); with
-//       raise_at_min_scale an overflow that would back off while scale == min_scale throws
-//       tg::Error "Current loss scale already at minimum - cannot decrease scale anymore.
-//       Exiting run." and changes nothing. Then hysteresis_tracker -= 1 (with
-//       hysteresis_stops_at_one it never goes below 1; otherwise it goes on to 0, -1, ...).
-//   clean step:  growth_tracker += 1, clean_streak += 1; with consecutive_hysteresis
-//       hysteresis_tracker = hysteresis. When growth_tracker reaches growth_interval (+1 with
-//       first_growth_waits_one_more, for the first growth since the last overflow or the
-//       start) a growth step happens: growth_tracker = 0, hysteresis_tracker = hysteresis,
-//       scale = min(scale * growth_factor (f32-rounded with f32_scale), max_scale); with
-//       skip_nonfinite_growth a non-finite result is not applied (the scale stays).
-//   iteration += 1 after every update (constant scalers count iteration and clean_streak only).
+// The state machine (dynamic scalers) is tensor/loss_scale_update.h's UpdateLossScale: one
+// function that update() runs on the host and the CUDA kernel runs on the device (the scaler
+// hands out its state as one POD, state(), and continues from one, load_state()); its header
+// states the rule: overflows back off (after `hysteresis` of them), growth_interval clean steps
+// grow, both rounded as the options say. With raise_at_min_scale, an overflow that would back
+// off while scale == min_scale throws tg::Error "Current loss scale already at minimum - cannot
+// decrease scale anymore. Exiting run." and changes nothing.
 //
 // Presets (each reproduces the reference's scale after every update, bit for bit):
 //   PyTorch(init 65536, growth 2, backoff 0.5, interval 2000): torch.amp.GradScaler, i.e.
@@ -66,6 +58,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "tensor/loss_scale_update.h"
 #include "tensor/state_dict.h"
 
 namespace tg {
@@ -114,7 +107,7 @@ class LossScaler {
                                      bool raise_error_at_min_scale = true);
   static LossScaler Constant(double scale);
 
-  double scale() const { return scale_; }
+  double scale() const { return state_.scale; }
   // One call per optimizer step. Throws only with raise_at_min_scale (then nothing changes).
   void update(bool found_inf);
 
@@ -129,27 +122,32 @@ class LossScaler {
   // is validated, not applied), as Megatron's ConstantGradScaler keeps no state.
   void load_state_dict(const StateDict& state);
 
+  // The options as the update uses them (min_scale, max_scale rounded as the scale's type
+  // holds them) and the state, as one POD: what UpdateLossScale moves, and what the CUDA
+  // kernels keep on the device (tensor/cuda/amp_kernels.h: UploadScalerState(scaler.state())).
+  const LossScaleState& state() const { return state_; }
+  // Continues from `state`: a state() of a scaler with the same options, moved by
+  // UpdateLossScale (on the device: DownloadScalerState). Throws tg::Error, changing nothing,
+  // when the options in `state` are not this scaler's, or when its counters are not valid (as
+  // load_state_dict). When `state` recorded the min-scale error (raise_at_min_scale), its state
+  // as of that update is loaded and then update()'s error is thrown: "Current loss scale already
+  // at minimum - cannot decrease scale anymore. Exiting run." (the host's update() would have
+  // thrown at the same update, changing nothing).
+  void load_state(const LossScaleState& state);
+
   const Options& options() const { return options_; }
   // Clean updates since the last overflow, the last growth step or the start.
-  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t growth_tracker() const { return state_.growth_tracker; }
   // Overflows still tolerated before one backs off, plus one (backoff when it is <= 1).
-  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  int64_t hysteresis_tracker() const { return state_.hysteresis_tracker; }
   // Consecutive clean updates since the last overflow or the start.
-  int64_t clean_streak() const { return clean_streak_; }
+  int64_t clean_streak() const { return state_.clean_streak; }
   // Number of update() calls.
-  int64_t iteration() const { return iteration_; }
+  int64_t iteration() const { return state_.iteration; }
 
  private:
-  double Round(double value) const;  // to f32 with f32_scale, else unchanged
-
   Options options_;
-  double min_scale_;  // options_.min_scale / max_scale as the scale's type holds them
-  double max_scale_;
-  double scale_;
-  int64_t growth_tracker_ = 0;
-  int64_t hysteresis_tracker_;
-  int64_t clean_streak_ = 0;
-  int64_t iteration_ = 0;
+  LossScaleState state_;  // min_scale_error always 0: update() throws instead
 };
 
 }  // namespace amp

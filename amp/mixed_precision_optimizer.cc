@@ -3,7 +3,6 @@
 #include <string>
 #include <utility>
 
-#include "amp/cuda/device_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -75,7 +74,7 @@ void MixedPrecisionOptimizer::SyncDeviceScaler() {
   if (scaler_state_.defined() && now == mirrored_) return;
   // The host scaler changed outside step() (load_state_dict, or a caller's own update): upload
   // it. An upload of host memory may wait for the device; steps themselves never get here.
-  scaler_state_ = cuda::UploadScalerState(ToDeviceScalerState(*scaler_), device_);
+  scaler_state_ = cuda::UploadScalerState(scaler_->state(), device_);
   cuda::WriteScaleOnDevice(scaler_state_, scale_t_, inv_scale_t_);
   mirrored_ = now;
 }
@@ -189,7 +188,7 @@ StepResult MixedPrecisionOptimizer::step() {
     if (device_scaler_) SyncDeviceScaler();  // no-op unless changed outside step()
     scaler_->update(found_inf);  // throws (changing nothing) at DeepSpeed's min-scale error
     if (device_scaler_) {
-      // The same state machine on the device, bit for bit (amp_kernels.h), so the next step's
+      // The same state machine on the device (tensor/loss_scale_update.h), so the next step's
       // inverse scale is already there; the host scaler stays current for logs and checkpoints.
       cuda::UpdateScaleOnDevice(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_,
                                 inv_scale_t_);

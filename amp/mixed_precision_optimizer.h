@@ -40,10 +40,10 @@
 //   launch (cuda::NonFiniteCheckAndUnscale); AdamW (and Adam without weight decay) updates all
 //   masters of a group in one FusedAdam launch (tensor/ops.h) that also writes the f16/bf16 model
 //   parameters in the same pass (other optimizers update the masters with tensor ops and copy).
-//   A dynamic scaler that this optimizer updates is mirrored on the device
-//   (amp/cuda/device_scaler.h): cuda::UpdateScaleOnDevice moves it in step() exactly as
-//   LossScaler::update moves the host scaler (bit for bit), and the next unscale reads the new
-//   1/scale on the device. The host scaler is updated alongside from the one found_inf read, so
+//   A dynamic scaler that this optimizer updates is mirrored on the device (its state(),
+//   uploaded): cuda::UpdateScaleOnDevice moves it in step() with the very function that
+//   LossScaler::update runs (tensor/loss_scale_update.h), so bit for bit, and the next unscale
+//   reads the new 1/scale on the device. The host scaler is updated alongside from the one found_inf read, so
 //   loss_scale(), scaler() and state_dict() never wait for the device; a change of the host
 //   scaler made outside step() (load_state_dict, a caller's own update) is uploaded before the
 //   next use. The only host<->device synchronisation of a step is that found_inf read (skip

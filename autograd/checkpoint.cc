@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"

@@ -1,8 +1,8 @@
 // Differentiable ops on Variables. Each runs the tensor op of the same name (tensor/ops.h)
 // and, when grad mode is on and an input requires grad, records a node whose backward is made
 // of these same ops, so create_graph gives higher-order gradients. Broadcasting inputs get
-// their gradients summed back to their own shapes. Under autocast (amp/autocast.h) matmul, bmm
-// and linear cast their inputs to the autocast dtype, and softmax, log_softmax, layer_norm,
+// their gradients summed back to their own shapes. Under autocast (autograd/autocast.h) matmul,
+// bmm and linear cast their inputs to the autocast dtype, and softmax, log_softmax, layer_norm,
 // cross_entropy, exp, log, pow, sum and mean cast theirs to f32.
 //
 //   tg::Variable y = tg::Matmul(x, w) + b;          // b broadcast over rows

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "nn/init.h"
 #include "tensor/error.h"

@@ -1,6 +1,6 @@
 #include "nn/loss.h"
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "tensor/error.h"
 

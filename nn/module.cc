@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"

@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TG_HOST_DEVICE __host__ __device__
-#else
-#define TG_HOST_DEVICE
-#endif
+#include "tensor/host_device.h"
 
 namespace tg {
 

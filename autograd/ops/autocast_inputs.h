@@ -1,4 +1,4 @@
-// How the differentiable ops apply the autocast policy (amp/autocast.h) to their inputs. An op
+// How the differentiable ops apply the autocast policy (autograd/autocast.h) to their inputs. An op
 // under a policy starts with
 //
 //   if (NeedsAutocast(P, a, b)) return Op(AutocastInput(a, P), AutocastInput(b, P));
@@ -7,7 +7,7 @@
 #ifndef TAPEGRAD_AUTOGRAD_OPS_AUTOCAST_INPUTS_H_
 #define TAPEGRAD_AUTOGRAD_OPS_AUTOCAST_INPUTS_H_
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/variable.h"
 
 namespace tg {

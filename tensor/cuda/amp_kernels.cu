@@ -65,105 +65,25 @@ void RunNonFiniteCheck(const char* op, const std::vector<Tensor>& tensors, const
 
 // ---- Loss scale ------------------------------------------------------------------------------
 
-// The scalar arithmetic of the update, one correctly rounded operation each, on either side:
-// the device intrinsics, or plain double operations on the host (x86-64 SSE2 rounds the same).
-__host__ __device__ inline double DMul(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-__host__ __device__ inline double DDiv(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-// To the nearest f32, ties to even, overflowing to inf from FLT_MAX + half an ulp on: what
-// __double2float_rn does, and loss_scaler.cc's RoundToFloat (a plain cast of a double beyond
-// FLT_MAX is undefined in C++, hence the branches on the host).
-__host__ __device__ inline float DoubleToFloat(double x) {
-#ifdef __CUDA_ARCH__
-  return __double2float_rn(x);
-#else
-  constexpr double kFloatMax = 0x1.fffffep127;
-  constexpr double kFloatOverflow = 0x1.ffffffp127;
-  if (std::isnan(x) || std::isinf(x)) return static_cast<float>(x);
-  const double magnitude = std::fabs(x);
-  if (magnitude >= kFloatOverflow) return std::copysign(INFINITY, static_cast<float>(x));
-  if (magnitude > kFloatMax) return std::copysign(static_cast<float>(kFloatMax), x);
-  return static_cast<float>(x);
-#endif
-}
-
-// LossScaler::Round.
-__host__ __device__ inline double RoundScale(const DeviceScalerState& s, double x) {
-  return s.f32_scale ? static_cast<double>(DoubleToFloat(x)) : x;
-}
-
-// LossScaler::update, line by line (amp/loss_scaler.cc); std::max(a, b) is (a < b ? b : a) and
-// std::min(a, b) is (b < a ? b : a), spelled out so that equal and infinite values pick the same
-// operand as on the host. After the min-scale error every update is a no-op.
-__host__ __device__ void UpdateScale(DeviceScalerState& s, bool found_inf) {
-  if (s.min_scale_error != 0) return;
-  if (!s.dynamic) {
-    s.clean_streak = found_inf ? 0 : s.clean_streak + 1;
-    ++s.iteration;
-    return;
-  }
-  if (found_inf) {
-    if (s.hysteresis_tracker <= 1) {
-      if (s.raise_at_min_scale && s.scale == s.min_scale) {
-        s.min_scale_error = 1;  // the host throws here and changes nothing
-        return;
-      }
-      const double backed_off =
-          s.backoff_by_division ? DDiv(s.scale, s.growth_factor) : DMul(s.scale, s.backoff_factor);
-      const double rounded = RoundScale(s, backed_off);
-      s.scale = rounded < s.min_scale ? s.min_scale : rounded;
-    }
-    if (!s.hysteresis_stops_at_one || s.hysteresis_tracker > 1) --s.hysteresis_tracker;
-    s.growth_tracker = 0;
-    s.clean_streak = 0;
-  } else {
-    ++s.growth_tracker;
-    ++s.clean_streak;
-    if (s.consecutive_hysteresis) s.hysteresis_tracker = s.hysteresis;
-    const bool first_growth = s.growth_tracker == s.clean_streak;
-    const int64_t needed =
-        s.growth_interval + (s.first_growth_waits_one_more && first_growth ? 1 : 0);
-    if (s.growth_tracker >= needed) {
-      s.growth_tracker = 0;
-      s.hysteresis_tracker = s.hysteresis;
-      const double product = RoundScale(s, DMul(s.scale, s.growth_factor));
-      const double grown = s.max_scale < product ? s.max_scale : product;
-      if (!s.skip_nonfinite_growth || isfinite(grown)) s.scale = grown;
-    }
-  }
-  ++s.iteration;
-}
+// The update itself is UpdateLossScale (tensor/loss_scale_update.h), the host's own function.
 
 // What the host facade derives from the scale: the f32 loss multiplier and the f32 of 1 / scale
 // computed in double (MixedPrecisionOptimizer: Tensor::Scalar(1.0 / scale, kF32)).
-__device__ void WriteScales(const DeviceScalerState& s, float* scale_out, float* inv_scale_out) {
+__device__ void WriteScales(const LossScaleState& s, float* scale_out, float* inv_scale_out) {
   if (scale_out != nullptr) *scale_out = __double2float_rn(s.scale);
   if (inv_scale_out != nullptr) *inv_scale_out = __double2float_rn(__ddiv_rn(1.0, s.scale));
 }
 
 // One thread: the update is a handful of scalar operations; the point is that it needs no host.
-__global__ void UpdateScaleKernel(DeviceScalerState* state, const float* found_inf,
-                                  float* scale_out, float* inv_scale_out) {
-  DeviceScalerState s = *state;
-  UpdateScale(s, found_inf != nullptr && *found_inf != 0.0f);
+__global__ void UpdateScaleKernel(LossScaleState* state, const float* found_inf, float* scale_out,
+                                  float* inv_scale_out) {
+  LossScaleState s = *state;
+  UpdateLossScale(&s, found_inf != nullptr && *found_inf != 0.0f);
   *state = s;
   WriteScales(s, scale_out, inv_scale_out);
 }
 
-__global__ void WriteScaleKernel(const DeviceScalerState* state, float* scale_out,
+__global__ void WriteScaleKernel(const LossScaleState* state, float* scale_out,
                                  float* inv_scale_out) {
   WriteScales(*state, scale_out, inv_scale_out);
 }
@@ -171,9 +91,9 @@ __global__ void WriteScaleKernel(const DeviceScalerState* state, float* scale_ou
 void CheckState(const char* op, const Tensor& state) {
   TG_CHECK(state.defined(), op, ": the scaler state is an undefined tensor");
   TG_CHECK(state.device().is_cuda() && state.dtype() == kU8 && state.is_contiguous() &&
-               state.numel() == static_cast<int64_t>(sizeof(DeviceScalerState)),
+               state.numel() == static_cast<int64_t>(sizeof(LossScaleState)),
            op, ": expected the scaler state of UploadScalerState (contiguous u8 [",
-           sizeof(DeviceScalerState), "] on a CUDA device), got ", DTypeName(state.dtype()), " ",
+           sizeof(LossScaleState), "] on a CUDA device), got ", DTypeName(state.dtype()), " ",
            ShapeToString(state.shape()), " on ", state.device().ToString());
 }
 
@@ -196,29 +116,24 @@ void NonFiniteCheck(const std::vector<Tensor>& tensors, const Tensor& found_inf)
   RunNonFiniteCheck("non_finite_check", tensors, found_inf, nullptr);
 }
 
-Tensor UploadScalerState(const DeviceScalerState& state, Device device) {
+Tensor UploadScalerState(const LossScaleState& state, Device device) {
   TG_CHECK(device.is_cuda(), "UploadScalerState: expected a CUDA device, got ", device.ToString());
   DeviceGuard guard(device.index);
-  Tensor t = Tensor::Empty({static_cast<int64_t>(sizeof(DeviceScalerState))}, kU8, device);
+  Tensor t = Tensor::Empty({static_cast<int64_t>(sizeof(LossScaleState))}, kU8, device);
   // From pageable memory the call returns once `state` has been staged, so it may go away.
   TG_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), &state, sizeof(state), cudaMemcpyHostToDevice,
                                 CurrentStream(device.index)));
   return t;
 }
 
-DeviceScalerState DownloadScalerState(const Tensor& state) {
+LossScaleState DownloadScalerState(const Tensor& state) {
   CheckState("DownloadScalerState", state);
   DeviceGuard guard(state.device().index);
   cudaStream_t stream = CurrentStream(state.device().index);
-  DeviceScalerState s;
+  LossScaleState s;
   TG_CUDA_CHECK(cudaMemcpyAsync(&s, state.raw_data(), sizeof(s), cudaMemcpyDeviceToHost, stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(stream));
   return s;
-}
-
-void UpdateScaleOnHost(DeviceScalerState* state, bool found_inf) {
-  TG_CHECK(state != nullptr, "UpdateScaleOnHost: the state is null");
-  UpdateScale(*state, found_inf);
 }
 
 void UpdateScaleOnDevice(const Tensor& state, const Tensor& found_inf, const Tensor& scale_out,
@@ -235,7 +150,7 @@ void UpdateScaleOnDevice(const Tensor& state, const Tensor& found_inf, const Ten
   float* inv = OptionalScalarOut(op, "inv_scale_out", inv_scale_out, device);
   DeviceGuard guard(device.index);
   UpdateScaleKernel<<<1, 1, 0, CurrentStream(device.index)>>>(
-      static_cast<DeviceScalerState*>(state.raw_data()), found, scale, inv);
+      static_cast<LossScaleState*>(state.raw_data()), found, scale, inv);
   TG_CUDA_CHECK_LAUNCH("UpdateScaleKernel");
 }
 
@@ -247,7 +162,7 @@ void WriteScaleOnDevice(const Tensor& state, const Tensor& scale_out, const Tens
   float* inv = OptionalScalarOut(op, "inv_scale_out", inv_scale_out, device);
   DeviceGuard guard(device.index);
   WriteScaleKernel<<<1, 1, 0, CurrentStream(device.index)>>>(
-      static_cast<const DeviceScalerState*>(state.raw_data()), scale, inv);
+      static_cast<const LossScaleState*>(state.raw_data()), scale, inv);
   TG_CUDA_CHECK_LAUNCH("WriteScaleKernel");
 }
 

@@ -1,10 +1,10 @@
 // The CUDA kernels of mixed precision (tensor/cuda/amp_kernels.h) against the CPU code they
-// mirror: the loss-scale update of every LossScaler preset (bit for bit, on the host through
-// UpdateScaleOnHost and on the device), the non-finite check + unscale (tensor/ops.h), and the
-// optimizer kernels of the op list on CUDA (tensor/cuda/optimizer_kernels.cu): FusedAdam
+// mirror: the loss-scale update of every LossScaler preset on the device (bit for bit; the same
+// cases on the host are loss_scale_update_test), the non-finite check + unscale (tensor/ops.h),
+// and the optimizer kernels of the op list on CUDA (tensor/cuda/optimizer_kernels.cu): FusedAdam
 // (optim::AdamW, fused path, and MixedPrecisionOptimizer's skip/backoff steps), and the global
 // grad norm with clipping (optim::clip_grad_norm). Tests that need a GPU skip without one; the
-// host-side tests (state machine, the LossScaler bridge, argument checks) run everywhere.
+// argument checks run everywhere.
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "amp/cuda/device_scaler.h"
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/variable.h"
@@ -27,17 +26,19 @@
 #include "tensor/generator.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
+#include "tests/amp/scaler_cases.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
 namespace {
 
 using amp::LossScaler;
+using ::tg::testing::RunScalerCase;
+using ::tg::testing::SameState;
+using ::tg::testing::ScalerCase;
+using ::tg::testing::ScalerCases;
 using ::tg::testing::ThrowsError;
 using ::tg::testing::ThrowsErrorExactly;
-
-constexpr char kAtMinimum[] =
-    "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.";
 
 #define SKIP_WITHOUT_GPU() \
   if (!cuda::Available()) GTEST_SKIP() << "no CUDA device"
@@ -80,147 +81,10 @@ Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()); }
 
 // ---- Loss scaler -------------------------------------------------------------------------------
 
-// 'T' = found_inf, 'F' = clean: mostly clean with overflows at random and some long clean runs.
-std::string MixedFlags(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::string flags;
-  while (static_cast<int>(flags.size()) < n) {
-    const uint32_t r = rng() % 100;
-    if (r < 8) {
-      flags += std::string(1 + rng() % 12, 'F');  // long enough for growth steps
-    } else {
-      flags += r < 30 ? 'T' : 'F';
-    }
-  }
-  flags.resize(n);
-  return flags;
-}
-
-struct ScalerCase {
-  std::string name;
-  std::function<LossScaler()> make;
-  std::string flags;
-};
-
-std::vector<ScalerCase> ScalerCases() {
-  const std::string mixed = MixedFlags(400, 7);
-  amp::LossScalerOptions custom;  // every generic option at once, bounds not f32 values
-  custom.init_scale = 1000.1;
-  custom.growth_factor = 3;
-  custom.backoff_factor = 0.25;
-  custom.growth_interval = 2;
-  custom.hysteresis = 2;
-  custom.min_scale = 0.1;
-  custom.max_scale = 1e5;
-  custom.f32_scale = true;
-  custom.skip_nonfinite_growth = false;
-  custom.consecutive_hysteresis = true;
-  return {
-      {"PyTorch", [] { return LossScaler::PyTorch(65536, 2.0, 0.5, 3); }, mixed},
-      // Double factors: every product is rounded from double to f32.
-      {"PyTorchOddFactors", [] { return LossScaler::PyTorch(1000.3, 1.7, 0.3, 2); }, mixed},
-      {"PyTorchGrowthToInfNotApplied", [] { return LossScaler::PyTorch(0x1p126, 2.0, 0.5, 1); },
-       "FFFFTFFF"},
-      {"PyTorchUnderflowsToZero", [] { return LossScaler::PyTorch(1.0, 2.0, 0.5, 2000); },
-       std::string(160, 'T') + "FF"},
-      {"MegatronDynamic", [] { return LossScaler::MegatronDynamic(65536, 1, 2, 0.5, 3, 2); },
-       mixed},
-      {"MegatronOddFactors",
-       [] { return LossScaler::MegatronDynamic(3000.7, 0.1, 1.1, 0.7, 2, 3); }, mixed},
-      {"MegatronGrowsToInf", [] { return LossScaler::MegatronDynamic(0x1p126, 1, 2, 0.5, 1, 1); },
-       "FFFFTF"},
-      {"MegatronHitsMinScale", [] { return LossScaler::MegatronDynamic(16, 1, 2, 0.5, 1000, 1); },
-       std::string(20, 'T') + "F"},
-      {"MegatronConstant", [] { return LossScaler::MegatronConstant(3.3); }, mixed},
-      {"Constant", [] { return LossScaler::Constant(1024.5); }, mixed},
-      {"DeepSpeed", [] { return LossScaler::DeepSpeedDynamic(65536, 2, 3, 1, 2, false, true); },
-       mixed},
-      {"DeepSpeedConsecutiveHysteresis",
-       [] { return LossScaler::DeepSpeedDynamic(65536, 2, 2, 1, 3, true, false); }, mixed},
-      {"DeepSpeedOddFactor",
-       [] { return LossScaler::DeepSpeedDynamic(1000.1, 1.5, 2, 0.01, 1, false, false); }, mixed},
-      {"DeepSpeedRaisesAtMinScale",
-       [] { return LossScaler::DeepSpeedDynamic(4, 2, 1000, 1, 1, false, true); }, "TTTTF"},
-      {"CustomF32WithBounds", [custom] { return LossScaler(custom); }, mixed},
-  };
-}
-
-::testing::AssertionResult SameState(const cuda::DeviceScalerState& e,
-                                     const cuda::DeviceScalerState& a) {
-  auto fail = [](const char* field, auto expected, auto actual) {
-    return ::testing::AssertionFailure()
-           << field << ": expected " << expected << ", got " << actual;
-  };
-  if (std::memcmp(&e.scale, &a.scale, sizeof(double)) != 0) return fail("scale", e.scale, a.scale);
-  if (e.growth_tracker != a.growth_tracker) {
-    return fail("growth_tracker", e.growth_tracker, a.growth_tracker);
-  }
-  if (e.hysteresis_tracker != a.hysteresis_tracker) {
-    return fail("hysteresis_tracker", e.hysteresis_tracker, a.hysteresis_tracker);
-  }
-  if (e.clean_streak != a.clean_streak) return fail("clean_streak", e.clean_streak, a.clean_streak);
-  if (e.iteration != a.iteration) return fail("iteration", e.iteration, a.iteration);
-  return ::testing::AssertionSuccess();
-}
-
-// Runs `update` (host or device) beside LossScaler::update over the case's flags and compares
-// the whole state after every update. The min-scale error: the host throws at some update; the
-// device must then hold the state from before it with min_scale_error set, ignore later updates,
-// and LoadDeviceScalerState must throw the host's message.
-void RunScalerCase(const ScalerCase& c,
-                   const std::function<cuda::DeviceScalerState(bool found_inf)>& update,
-                   const cuda::DeviceScalerState& initial) {
-  SCOPED_TRACE(c.name);
-  LossScaler host = c.make();
-  EXPECT_TRUE(SameState(amp::ToDeviceScalerState(host), initial));
-  for (size_t k = 0; k < c.flags.size(); ++k) {
-    SCOPED_TRACE(::testing::Message() << "update " << k << " (" << c.flags[k] << ")");
-    const bool found_inf = c.flags[k] == 'T';
-    bool raised = false;
-    try {
-      host.update(found_inf);
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), kAtMinimum);
-      raised = true;
-    }
-    const cuda::DeviceScalerState device = update(found_inf);
-    ASSERT_TRUE(SameState(amp::ToDeviceScalerState(host), device));
-    ASSERT_EQ(device.min_scale_error, raised ? 1 : 0);
-    if (raised) {
-      const cuda::DeviceScalerState again = update(false);  // a no-op from now on
-      EXPECT_TRUE(SameState(device, again));
-      LossScaler loaded = c.make();
-      EXPECT_TRUE(
-          ThrowsErrorExactly([&] { amp::LoadDeviceScalerState(again, &loaded); }, kAtMinimum));
-      EXPECT_TRUE(SameState(amp::ToDeviceScalerState(host), amp::ToDeviceScalerState(loaded)));
-      return;
-    }
-  }
-  // The end state loads into a fresh scaler of the same preset: it continues as `host` does.
-  LossScaler loaded = c.make();
-  amp::LoadDeviceScalerState(update(false), &loaded);
-  host.update(false);
-  EXPECT_EQ(loaded.state_dict().scalars, host.state_dict().scalars);
-}
-
-TEST(CudaAmpKernelsTest, ScalerUpdateOnHostMatchesLossScalerForEveryPreset) {
-  for (const ScalerCase& c : ScalerCases()) {
-    const cuda::DeviceScalerState initial = amp::ToDeviceScalerState(c.make());
-    cuda::DeviceScalerState state = initial;
-    RunScalerCase(
-        c,
-        [&](bool found_inf) {
-          cuda::UpdateScaleOnHost(&state, found_inf);
-          return state;
-        },
-        initial);
-  }
-}
-
 TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
   SKIP_WITHOUT_GPU();
   for (const ScalerCase& c : ScalerCases()) {
-    const cuda::DeviceScalerState initial = amp::ToDeviceScalerState(c.make());
+    const LossScaleState initial = c.make().state();
     const Tensor state = cuda::UploadScalerState(initial, kGpu);
     const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
     const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
@@ -232,7 +96,7 @@ TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
         [&](bool flag) {
           found_inf.fill_(flag ? 1 : 0);
           cuda::UpdateScaleOnDevice(state, found_inf, scale, inv_scale);
-          const cuda::DeviceScalerState s = cuda::DownloadScalerState(state);
+          const LossScaleState s = cuda::DownloadScalerState(state);
           // What the host facade hands to the loss multiply and to the unscale.
           EXPECT_EQ(scale.item(), static_cast<float>(s.scale));
           EXPECT_EQ(inv_scale.item(), static_cast<float>(1.0 / s.scale));
@@ -240,30 +104,6 @@ TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
         },
         initial);
   }
-}
-
-TEST(CudaAmpKernelsTest, DeviceStateRoundTripsThroughTheLossScaler) {
-  LossScaler scaler = LossScaler::DeepSpeedDynamic(1024, 2, 2, 1, 3, false, true);
-  for (char flag : std::string("TFFFTFFFFT")) scaler.update(flag == 'T');
-  const cuda::DeviceScalerState state = amp::ToDeviceScalerState(scaler);
-  EXPECT_EQ(state.scale, scaler.scale());
-  EXPECT_EQ(state.hysteresis_tracker, scaler.hysteresis_tracker());
-  EXPECT_TRUE(state.raise_at_min_scale && state.backoff_by_division &&
-              state.first_growth_waits_one_more && state.hysteresis_stops_at_one);
-  LossScaler fresh = LossScaler::DeepSpeedDynamic(1024, 2, 2, 1, 3, false, true);
-  amp::LoadDeviceScalerState(state, &fresh);
-  EXPECT_EQ(fresh.state_dict().scalars, scaler.state_dict().scalars);
-  // Another preset's state is refused, and nothing changes.
-  LossScaler other = LossScaler::PyTorch();
-  EXPECT_TRUE(ThrowsError([&] { amp::LoadDeviceScalerState(state, &other); },
-                          "LoadDeviceScalerState: the device state was made from a scaler with "
-                          "other options"));
-  EXPECT_EQ(other.scale(), 65536);
-  // Megatron's f32 state keeps its bounds as the scaler holds them.
-  const cuda::DeviceScalerState megatron =
-      amp::ToDeviceScalerState(LossScaler::MegatronDynamic(65536, 0.1, 2, 0.5, 10, 2));
-  EXPECT_EQ(megatron.min_scale, static_cast<double>(0.1f));
-  EXPECT_EQ(megatron.hysteresis_tracker, 2);
 }
 
 // ---- Non-finite check and unscale ---------------------------------------------------------------
@@ -443,7 +283,7 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
     model.push_back(ToGpu(params[i].data()));
     lists.model_params.push_back(master.is_same(params[i]) ? Tensor() : model.back());
   }
-  const Tensor state = cuda::UploadScalerState(amp::ToDeviceScalerState(cpu.scaler()), kGpu);
+  const Tensor state = cuda::UploadScalerState(cpu.scaler().state(), kGpu);
   const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
   const Tensor inv_scale = Tensor::Zeros({}, kF32, kGpu);
   const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
@@ -486,8 +326,7 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
 
     EXPECT_EQ(found_inf.item(), r.skipped ? 1 : 0);
     EXPECT_EQ(step.item(), applied);
-    EXPECT_TRUE(
-        SameState(amp::ToDeviceScalerState(cpu.scaler()), cuda::DownloadScalerState(state)));
+    EXPECT_TRUE(SameState(cpu.scaler().state(), cuda::DownloadScalerState(state)));
     for (size_t i = 0; i < params.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "param " << i);
       const Variable& master = cpu.master_params()[i];
@@ -663,9 +502,8 @@ TEST(CudaAmpKernelsTest, RejectsHostTensorsAndBadArguments) {
   EXPECT_EQ(cuda::GlobalGradNorm(Tensor::Zeros({}, kF64), {x}, 3), KernelStatus::kNoKernel);
   EXPECT_TRUE(ThrowsError([&] { cuda::UpdateScaleOnDevice(x, found, Tensor(), Tensor()); },
                           "UpdateScaleOnDevice: expected the scaler state of UploadScalerState"));
-  EXPECT_TRUE(
-      ThrowsErrorExactly([&] { cuda::UploadScalerState(cuda::DeviceScalerState{}, Device::Cpu()); },
-                         "UploadScalerState: expected a CUDA device, got cpu"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::UploadScalerState(LossScaleState{}, Device::Cpu()); },
+                                 "UploadScalerState: expected a CUDA device, got cpu"));
   AdamTensorLists lists;
   lists.params = {x};
   lists.grads = {x, x};

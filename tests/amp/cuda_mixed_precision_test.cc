@@ -140,7 +140,7 @@ std::vector<StepState> RunScenario(const Scenario& sc, Device device) {
           << "step " << step;
     }
     if (device.is_cuda() && opt.device_scaler_state().defined()) {
-      const cuda::DeviceScalerState d = cuda::DownloadScalerState(opt.device_scaler_state());
+      const LossScaleState d = cuda::DownloadScalerState(opt.device_scaler_state());
       const LossScaler& h = opt.scaler();
       EXPECT_EQ(d.scale, h.scale()) << "step " << step;
       EXPECT_EQ(d.growth_tracker, h.growth_tracker()) << "step " << step;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"

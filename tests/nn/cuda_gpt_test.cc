@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/autocast.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <memory>
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "nn/conv.h"
 #include "nn/loss.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "nn/transformer.h"

@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "amp/autocast.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "autograd/autocast.h"
 #include "autograd/variable.h"
 #include "nn/module.h"
 #include "optim/lr_schedule.h"

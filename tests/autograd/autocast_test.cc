@@ -1,6 +1,6 @@
 // Autocast: which ops cast to what, that gradients reach the original dtypes, the weight-cast
 // cache's lifetime, module scopes, and checkpoint recomputation under the forward's state.
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "amp/autocast.h"
+#include "autograd/autocast.h"
 
 #include <algorithm>
 #include <tuple>

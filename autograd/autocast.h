@@ -1,6 +1,10 @@
 // Autocast: a thread-local mixed-precision policy that the differentiable ops consult, so a model
 // written in f32 runs its matmuls in f16/bf16 and its numerically sensitive ops in f32 without
-// touching the model code (PyTorch's torch.autocast, for the CPU and, later, CUDA).
+// touching the model code (PyTorch's torch.autocast, for the CPU and CUDA).
+//
+// It lives in autograd/, below amp/: as PyTorch's Autocast dispatch key, it is a property of the
+// op layer that the engine and the ops consult, while amp/ (loss scaling, master weights) sits
+// above autograd and optim. The names stay in tg::amp, as PyTorch keeps torch.amp.autocast.
 //
 //   {
 //     tg::amp::AutocastGuard autocast(tg::kBF16);
@@ -26,8 +30,8 @@
 // Module types: like DeepSpeed's lower_precision_safe_modules, a configurable list of module type
 // names says which modules may compute in low precision; inside any other module (entered with
 // AutocastModuleScope by the nn layer), kLowPrecision ops run in f32 instead.
-#ifndef TAPEGRAD_AMP_AUTOCAST_H_
-#define TAPEGRAD_AMP_AUTOCAST_H_
+#ifndef TAPEGRAD_AUTOGRAD_AUTOCAST_H_
+#define TAPEGRAD_AUTOGRAD_AUTOCAST_H_
 
 #include <memory>
 #include <string>
@@ -118,4 +122,4 @@ size_t CachedCastCount();
 }  // namespace amp
 }  // namespace tg
 
-#endif  // TAPEGRAD_AMP_AUTOCAST_H_
+#endif  // TAPEGRAD_AUTOGRAD_AUTOCAST_H_
