@@ -7,7 +7,6 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "optim/clip_grad.h"
-#include "tensor/cuda/amp_kernels.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -53,9 +52,9 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
   }
   check_non_finite_ = options_.check_non_finite.value_or(any_f16 || scaler_->options().dynamic);
   found_inf_ = Tensor::Zeros({}, kF32, device_);
-  // On CUDA a dynamic scaler that this optimizer updates also lives on the device (see the
-  // header); a shared scaler (update_scaler = false) is updated by its owner on the host.
-  device_scaler_ = device_.is_cuda() && options_.update_scaler && scaler_->options().dynamic;
+  // A dynamic scaler that this optimizer updates also lives with the tensors (see the header); a
+  // shared scaler (update_scaler = false) is updated by its owner on the host.
+  device_scaler_ = options_.update_scaler && scaler_->options().dynamic;
   if (device_scaler_) {
     scale_t_ = Tensor::Empty({}, kF32, device_);
     inv_scale_t_ = Tensor::Empty({}, kF32, device_);
@@ -74,8 +73,8 @@ void MixedPrecisionOptimizer::SyncDeviceScaler() {
   if (scaler_state_.defined() && now == mirrored_) return;
   // The host scaler changed outside step() (load_state_dict, or a caller's own update): upload
   // it. An upload of host memory may wait for the device; steps themselves never get here.
-  scaler_state_ = cuda::UploadScalerState(scaler_->state(), device_);
-  cuda::WriteScaleOnDevice(scaler_state_, scale_t_, inv_scale_t_);
+  scaler_state_ = LossScaleStateTensor(scaler_->state(), device_);
+  WriteLossScale(scaler_state_, scale_t_, inv_scale_t_);
   mirrored_ = now;
 }
 
@@ -164,12 +163,11 @@ StepResult MixedPrecisionOptimizer::step() {
     ++skipped_steps_;
     result.skipped = true;
   } else {
-    const bool cuda = device_.is_cuda();
     for (size_t i = 0; i < master_.size(); ++i) {
       master_[i].set_grad(master_grads_[i].defined() ? Variable(master_grads_[i]) : Variable());
-      // On CUDA the optimizer writes the model's copy: tg::FusedAdam in the pass that updates
-      // the master, other updates right after it.
-      if (cuda && !master_[i].is_same(model_[i])) {
+      // The optimizer writes the model's copy (rounded to the model's dtype): tg::FusedAdam in
+      // the pass that updates the master, other updates right after it.
+      if (!master_[i].is_same(model_[i])) {
         optimizer_->set_model_copy(master_[i], model_[i].data());
       }
     }
@@ -180,7 +178,6 @@ StepResult MixedPrecisionOptimizer::step() {
       // free for the next backward.
       master_[i].set_grad(Variable());
       if (master_[i].is_same(model_[i]) || !master_grads_[i].defined()) continue;
-      if (!cuda) model_[i].data().copy_(master_[i].data());  // rounded to the model's dtype
       model_[i].bump_version();
     }
   }
@@ -188,10 +185,10 @@ StepResult MixedPrecisionOptimizer::step() {
     if (device_scaler_) SyncDeviceScaler();  // no-op unless changed outside step()
     scaler_->update(found_inf);  // throws (changing nothing) at DeepSpeed's min-scale error
     if (device_scaler_) {
-      // The same state machine on the device (tensor/loss_scale_update.h), so the next step's
-      // inverse scale is already there; the host scaler stays current for logs and checkpoints.
-      cuda::UpdateScaleOnDevice(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_,
-                                inv_scale_t_);
+      // The same state machine where the tensors live (tensor/loss_scale_update.h), so the next
+      // step's inverse scale is already there; the host scaler stays current for logs and
+      // checkpoints.
+      StepLossScale(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_, inv_scale_t_);
       mirrored_ = HostCounters();
     }
   }

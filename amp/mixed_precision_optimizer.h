@@ -35,20 +35,21 @@
 //   backward passes started inside a ForwardScope (issued by a model's forward) are ignored.
 // - found_inf and the scale live with the tensors (a 0-d f32 tensor); step() does one host read
 //   of found_inf, and only when it checks for overflow (check_non_finite): bf16 runs read nothing.
-// - CUDA (every parameter on one CUDA device; build the optimizer after Module::to): masters,
-//   master gradients and found_inf live on the device. The check + unscale is one multi-tensor
-//   launch (cuda::NonFiniteCheckAndUnscale); AdamW (and Adam without weight decay) updates all
-//   masters of a group in one FusedAdam launch (tensor/ops.h) that also writes the f16/bf16 model
-//   parameters in the same pass (other optimizers update the masters with tensor ops and copy).
-//   A dynamic scaler that this optimizer updates is mirrored on the device (its state(),
-//   uploaded): cuda::UpdateScaleOnDevice moves it in step() with the very function that
+// - Every device runs the same code (every parameter on one device; build the optimizer after
+//   Module::to): masters, master gradients and found_inf live with the parameters. The check +
+//   unscale is one multi-tensor op (tg::NonFiniteCheckAndUnscale); AdamW (and Adam without
+//   weight decay) updates all masters of a group in one tg::FusedAdam call that also writes the
+//   f16/bf16 model parameters in the same pass (other optimizers update the masters and copy).
+//   A dynamic scaler that this optimizer updates is mirrored with the tensors (its state() as a
+//   tg::LossScaleStateTensor): tg::StepLossScale moves it in step() with the very function that
 //   LossScaler::update runs (tensor/loss_scale_update.h), so bit for bit, and the next unscale
-//   reads the new 1/scale on the device. The host scaler is updated alongside from the one found_inf read, so
-//   loss_scale(), scaler() and state_dict() never wait for the device; a change of the host
-//   scaler made outside step() (load_state_dict, a caller's own update) is uploaded before the
-//   next use. The only host<->device synchronisation of a step is that found_inf read (skip
-//   reporting, the LR schedule's skip rule); clip_master_grads adds one read of the norm.
-//   Constant scalers need no device state: the scale is a kernel argument.
+//   reads the new 1/scale where the tensors are, without a host read on a GPU. The host scaler
+//   is updated alongside from the one found_inf read, so loss_scale(), scaler() and
+//   state_dict() never wait for a device; a change of the host scaler made outside step()
+//   (load_state_dict, a caller's own update) is copied over before the next use. The only
+//   host<->device synchronisation of a step on a GPU is that found_inf read (skip reporting, the
+//   LR schedule's skip rule); clip_master_grads adds one read of the norm. Constant scalers need
+//   no mirrored state: the scale is a kernel argument.
 // - bf16 (and f32) models default to a constant scale of 1 and no skipping (check_non_finite
 //   off); f16 models default to PyTorch's dynamic scaler with skipping.
 #ifndef TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_
@@ -144,8 +145,9 @@ class MixedPrecisionOptimizer {
   const std::vector<Variable>& master_params() const { return master_; }
   // The parameters' device (every parameter is on it).
   Device device() const { return device_; }
-  // CUDA with a dynamic scaler updated here: the device copy of the scaler's state
-  // (cuda::DownloadScalerState reads it; a synchronisation). Undefined otherwise. For tests.
+  // With a dynamic scaler updated here: the mirrored copy of the scaler's state, on the
+  // parameters' device (tg::ReadLossScaleState reads it; a synchronisation on a GPU). Undefined
+  // otherwise. For tests.
   const Tensor& device_scaler_state() const { return scaler_state_; }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
@@ -181,8 +183,8 @@ class MixedPrecisionOptimizer {
   std::vector<Tensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
   Device device_;                     // of every parameter
   Tensor found_inf_;                  // 0-d f32 on device_
-  // CUDA with a dynamic scaler updated here: the scaler's state (cuda::UploadScalerState's u8
-  // tensor), the scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and
+  // A dynamic scaler updated here: the scaler's state (LossScaleStateTensor's u8 tensor on
+  // device_), the scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and
   // the host state they mirror.
   bool device_scaler_ = false;
   Tensor scaler_state_, scale_t_, inv_scale_t_, found_one_;

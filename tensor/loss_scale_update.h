@@ -175,6 +175,16 @@ TG_HOST_DEVICE inline void UpdateLossScale(LossScaleState* state, bool found_inf
   ++s.iteration;
 }
 
+// What the training facade derives from the scale (amp::MixedPrecisionOptimizer): the f32 loss
+// multiplier and the f32 of 1 / scale computed in double. Either output may be null.
+TG_HOST_DEVICE inline void LossScaleOutputs(const LossScaleState& s, float* scale_out,
+                                            float* inv_scale_out) {
+  if (scale_out != nullptr) *scale_out = static_cast<float>(RoundToF32(s.scale));
+  if (inv_scale_out != nullptr) {
+    *inv_scale_out = static_cast<float>(RoundToF32(loss_scale_internal::Div(1.0, s.scale)));
+  }
+}
+
 }  // namespace tg
 
 #endif  // TAPEGRAD_TENSOR_LOSS_SCALE_UPDATE_H_

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -28,6 +29,9 @@ Device CommonDevice(const char* op, std::initializer_list<const Tensor*> inputs)
   }
   return d;
 }
+
+// Whether a fused kernel declined the case (KernelStatus::kNoKernel): the op then composes it.
+bool Declined(KernelStatus status) { return status != KernelStatus::kDone; }
 
 void CheckFloating(const char* op, DType dtype) {
   TG_CHECK(IsFloating(dtype), op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
@@ -737,6 +741,69 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
   for (const auto& [view, copy] : write_back) view.copy_(copy);
 }
 
+// ---- Loss scale ----
+
+namespace {
+
+constexpr int64_t kLossScaleStateBytes = static_cast<int64_t>(sizeof(LossScaleState));
+
+void CheckLossScaleState(const char* op, const Tensor& state) {
+  CheckDefined(op, state, "the loss-scale state");
+  TG_CHECK(state.dtype() == kU8 && state.shape() == Shape{kLossScaleStateBytes} &&
+               state.is_contiguous(),
+           op, ": expected the loss-scale state of LossScaleStateTensor (contiguous u8 [",
+           kLossScaleStateBytes, "]), got ", DTypeName(state.dtype()), " ",
+           ShapeToString(state.shape()));
+}
+
+// A one-element f32 tensor on the state's device, or undefined.
+void CheckScaleScalar(const char* op, const char* what, const Tensor& t, const Tensor& state) {
+  if (!t.defined()) return;
+  CommonDevice(op, {&state, &t});
+  TG_CHECK(t.numel() == 1 && t.dtype() == kF32 && t.is_contiguous(), op, ": ", what,
+           " must be a one-element f32 tensor, got ", DTypeName(t.dtype()), " ",
+           ShapeToString(t.shape()));
+}
+
+}  // namespace
+
+Tensor LossScaleStateTensor(const LossScaleState& state, Device device) {
+  Tensor host = Tensor::Empty({kLossScaleStateBytes}, kU8);
+  std::memcpy(host.raw_data(), &state, sizeof(state));
+  return device.is_cpu() ? host : host.to(device);  // the bytes, copied to where they live
+}
+
+LossScaleState ReadLossScaleState(const Tensor& state) {
+  CheckLossScaleState("read_loss_scale_state", state);
+  const Tensor host = state.to(Device());
+  LossScaleState s;
+  std::memcpy(&s, host.raw_data(), sizeof(s));
+  return s;
+}
+
+void StepLossScale(const Tensor& state, const Tensor& found_inf, const Tensor& scale,
+                   const Tensor& inv_scale) {
+  const char* op = "step_loss_scale";
+  CheckLossScaleState(op, state);
+  CheckScaleScalar(op, "found_inf", found_inf, state);
+  CheckScaleScalar(op, "scale", scale, state);
+  CheckScaleScalar(op, "inv_scale", inv_scale, state);
+  // Every device implements it (no composed form: the state machine is not made of tensor ops).
+  TG_CHECK(!Declined(KernelsFor(state.device()).LossScaleStep(state, found_inf, true, scale,
+                                                              inv_scale)),
+           op, ": no kernel on ", state.device().ToString());
+}
+
+void WriteLossScale(const Tensor& state, const Tensor& scale, const Tensor& inv_scale) {
+  const char* op = "write_loss_scale";
+  CheckLossScaleState(op, state);
+  CheckScaleScalar(op, "scale", scale, state);
+  CheckScaleScalar(op, "inv_scale", inv_scale, state);
+  TG_CHECK(!Declined(KernelsFor(state.device()).LossScaleStep(state, Tensor(), false, scale,
+                                                              inv_scale)),
+           op, ": no kernel on ", state.device().ToString());
+}
+
 // ---- Fused ops --------------------------------------------------------------------------------
 //
 // Each op validates and allocates, then calls its device's fused kernel; a kernel that declines
@@ -746,8 +813,6 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
 namespace {
 
 using composed::ComputeDType;
-
-bool Declined(KernelStatus status) { return status != KernelStatus::kDone; }
 
 // ---- Linear ----
 
@@ -896,7 +961,8 @@ AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, cons
     AttentionResult r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
                       Tensor::Empty({q.size(0), q.size(1), q.size(2)}, ComputeDType(q.dtype()),
                                     q.device())};
-    if (!Declined(KernelsFor(q.device()).ScaledDotProductAttention(r.output, r.stats, q, k, v, causal, scale))) {
+    if (!Declined(KernelsFor(q.device()).ScaledDotProductAttention(r.output, r.stats, q, k, v,
+                                                                   causal, scale))) {
       return r;
     }
   }
@@ -975,7 +1041,8 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
   }
   const Tensor xr = AsRows(x), gr = AsRows(grad_out);
   const int64_t rows = xr.size(0);
-  const Tensor mean_r = mean.reshape({rows}).contiguous(), rstd_r = rstd.reshape({rows}).contiguous();
+  const Tensor mean_r = mean.reshape({rows}).contiguous();
+  const Tensor rstd_r = rstd.reshape({rows}).contiguous();
   LayerNormGrads r{Tensor::Empty(xr.shape(), x.dtype(), device), Tensor(), Tensor()};
   if (need_weight_bias) {
     r.grad_weight = Tensor::Empty({n}, x.dtype(), device);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tensor/generator.h"
+#include "tensor/loss_scale_update.h"
 #include "tensor/op_kinds.h"
 #include "tensor/optimizer_kernels.h"
 #include "tensor/tensor.h"
@@ -200,6 +201,21 @@ void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale);
 // scaling; found_inf is never reset to 0 here, so it accumulates across calls.
 void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
                               const Tensor& inv_scale);
+
+// The loss scaler's state machine (tensor/loss_scale_update.h) kept with the tensors, so that a
+// training step on a device never reads it back:
+//   Tensor state = LossScaleStateTensor(scaler.state(), device);   // u8 bytes of the POD
+//   StepLossScale(state, found_inf, scale, inv_scale);             // every step
+//   scaler.load_state(ReadLossScaleState(state));                  // logs, checkpoints
+// StepLossScale runs UpdateLossScale(state, found_inf != 0) where the state lives (found_inf: a
+// one-element f32, or undefined for a clean step), then writes scale and inv_scale (one-element
+// f32 each, or undefined) as LossScaleOutputs does; WriteLossScale writes them without updating.
+Tensor LossScaleStateTensor(const LossScaleState& state, Device device);
+// Waits for the device (a host read).
+LossScaleState ReadLossScaleState(const Tensor& state);
+void StepLossScale(const Tensor& state, const Tensor& found_inf, const Tensor& scale,
+                   const Tensor& inv_scale);
+void WriteLossScale(const Tensor& state, const Tensor& scale, const Tensor& inv_scale);
 
 // ---- Fused ops -------------------------------------------------------------------------------
 // Compositions of the ops above that a training step runs often enough to fuse, each an entry of

@@ -11,6 +11,7 @@
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/rows.h"
+#include "tensor/loss_scale_update.h"
 
 namespace tg::cpu {
 
@@ -142,6 +143,17 @@ KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits
       CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
     }
   });
+  return KernelStatus::kDone;
+}
+
+// The host's own state machine on the state's bytes (the CPU reads found_inf directly).
+KernelStatus LossScaleStep(const Tensor& state, const Tensor& found_inf, bool update,
+                           const Tensor& scale_out, const Tensor& inv_scale_out) {
+  auto* s = static_cast<LossScaleState*>(state.raw_data());
+  if (update) UpdateLossScale(s, found_inf.defined() && found_inf.item() != 0);
+  LossScaleOutputs(*s, scale_out.defined() ? static_cast<float*>(scale_out.raw_data()) : nullptr,
+                   inv_scale_out.defined() ? static_cast<float*>(inv_scale_out.raw_data())
+                                           : nullptr);
   return KernelStatus::kDone;
 }
 

@@ -67,25 +67,18 @@ void RunNonFiniteCheck(const char* op, const std::vector<Tensor>& tensors, const
 
 // The update itself is UpdateLossScale (tensor/loss_scale_update.h), the host's own function.
 
-// What the host facade derives from the scale: the f32 loss multiplier and the f32 of 1 / scale
-// computed in double (MixedPrecisionOptimizer: Tensor::Scalar(1.0 / scale, kF32)).
-__device__ void WriteScales(const LossScaleState& s, float* scale_out, float* inv_scale_out) {
-  if (scale_out != nullptr) *scale_out = __double2float_rn(s.scale);
-  if (inv_scale_out != nullptr) *inv_scale_out = __double2float_rn(__ddiv_rn(1.0, s.scale));
-}
-
 // One thread: the update is a handful of scalar operations; the point is that it needs no host.
 __global__ void UpdateScaleKernel(LossScaleState* state, const float* found_inf, float* scale_out,
                                   float* inv_scale_out) {
   LossScaleState s = *state;
   UpdateLossScale(&s, found_inf != nullptr && *found_inf != 0.0f);
   *state = s;
-  WriteScales(s, scale_out, inv_scale_out);
+  LossScaleOutputs(s, scale_out, inv_scale_out);
 }
 
 __global__ void WriteScaleKernel(const LossScaleState* state, float* scale_out,
                                  float* inv_scale_out) {
-  WriteScales(*state, scale_out, inv_scale_out);
+  LossScaleOutputs(*state, scale_out, inv_scale_out);
 }
 
 void CheckState(const char* op, const Tensor& state) {
@@ -164,6 +157,16 @@ void WriteScaleOnDevice(const Tensor& state, const Tensor& scale_out, const Tens
   WriteScaleKernel<<<1, 1, 0, CurrentStream(device.index)>>>(
       static_cast<const LossScaleState*>(state.raw_data()), scale, inv);
   TG_CUDA_CHECK_LAUNCH("WriteScaleKernel");
+}
+
+KernelStatus LossScaleStep(const Tensor& state, const Tensor& found_inf, bool update,
+                           const Tensor& scale_out, const Tensor& inv_scale_out) {
+  if (update) {
+    UpdateScaleOnDevice(state, found_inf, scale_out, inv_scale_out);
+  } else {
+    WriteScaleOnDevice(state, scale_out, inv_scale_out);
+  }
+  return KernelStatus::kDone;
 }
 
 }  // namespace tg::cuda

@@ -10,6 +10,7 @@
 
 #include "amp/loss_scaler.h"
 #include "gtest/gtest.h"
+#include "tensor/ops.h"
 #include "tests/amp/scaler_cases.h"
 #include "tests/tensor/throws.h"
 
@@ -31,6 +32,39 @@ TEST(LossScaleUpdateTest, MatchesLossScalerUpdateForEveryPreset) {
         },
         initial);
   }
+}
+
+// The op list's LossScaleStep on the CPU (tg::StepLossScale on a state tensor): the same states,
+// and the scale / 1/scale outputs the facade uses.
+TEST(LossScaleUpdateTest, StepLossScaleOnATensorMatchesLossScalerUpdateForEveryPreset) {
+  for (const ::tg::testing::ScalerCase& c : ::tg::testing::ScalerCases()) {
+    const LossScaleState initial = c.make().state();
+    const Tensor state = LossScaleStateTensor(initial, Device());
+    const Tensor scale = Tensor::Zeros({}, kF32), inv_scale = Tensor::Zeros({}, kF32);
+    WriteLossScale(state, scale, inv_scale);
+    EXPECT_EQ(scale.item(), static_cast<float>(initial.scale)) << c.name;
+    ::tg::testing::RunScalerCase(
+        c,
+        [&](bool found_inf) {
+          StepLossScale(state, Tensor::Full({}, found_inf ? 1.0 : 0.0, kF32), scale, inv_scale);
+          const LossScaleState now = ReadLossScaleState(state);
+          if (now.min_scale_error == 0) {
+            EXPECT_EQ(scale.item(), static_cast<float>(now.scale)) << c.name;
+            EXPECT_EQ(inv_scale.item(), static_cast<float>(1.0 / now.scale)) << c.name;
+          }
+          return now;
+        },
+        initial);
+  }
+}
+
+TEST(LossScaleUpdateTest, LossScaleOpsRejectAStateOfTheWrongShape) {
+  EXPECT_TRUE(ThrowsError([] { ReadLossScaleState(Tensor::Zeros({3}, kU8)); },
+                          "read_loss_scale_state: expected the loss-scale state of "
+                          "LossScaleStateTensor (contiguous u8 ["));
+  const Tensor state = LossScaleStateTensor(LossScaler::PyTorch().state(), Device());
+  EXPECT_TRUE(ThrowsError([&] { StepLossScale(state, Tensor::Zeros({}, kF64), Tensor(), Tensor()); },
+                          "step_loss_scale: found_inf must be a one-element f32 tensor, got f64"));
 }
 
 TEST(LossScaleUpdateTest, StateRoundTripsThroughTheLossScaler) {

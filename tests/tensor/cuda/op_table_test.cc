@@ -989,6 +989,45 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
                      },
                      &ScaleTol()});
   }
+  // The loss-scale state machine where the state lives: PyTorch's dynamic scaler (f32 scale,
+  // growth 2 every 2 clean steps, backoff 0.5) through a sequence of found_inf flags; every step's
+  // scale and 1/scale, then the state read back. One row covers the four loss-scale ops.
+  for (const char* op : {"StepLossScale", "WriteLossScale", "LossScaleStateTensor",
+                         "ReadLossScaleState"}) {
+    rows->push_back(
+        {op, "PyTorch-like dynamic scaler over 10 steps with 3 overflows", {kU8},
+         [](DType, Generator&) -> Tensors {
+           return {Tensor::FromVector<double>({0, 0, 1, 0, 0, 0, 1, 1, 0, 0}, {10}).to(kU8)};
+         },
+         [](const Tensors& in) -> Tensors {
+           const Device device = in[0].device();
+           LossScaleState init{};
+           init.growth_factor = 2;
+           init.backoff_factor = 0.5;
+           init.min_scale = 0;
+           init.max_scale = 0x1.fffffep127;
+           init.growth_interval = 2;
+           init.hysteresis = 1;
+           init.dynamic = true;
+           init.f32_scale = true;
+           init.skip_nonfinite_growth = true;
+           init.scale = 65536;
+           const Tensor state = LossScaleStateTensor(init, device);
+           const Tensor flags = in[0].to(Device()), scales = Tensor::Zeros({11}, kF32, device),
+                        invs = Tensor::Zeros({11}, kF32, device);
+           WriteLossScale(state, scales.narrow(0, 0, 1), invs.narrow(0, 0, 1));
+           for (int64_t i = 0; i < 10; ++i) {
+             const Tensor found = Tensor::Full({}, flags.data<uint8_t>()[i], kF32, device);
+             StepLossScale(state, found, scales.narrow(0, i + 1, 1), invs.narrow(0, i + 1, 1));
+           }
+           const LossScaleState end = ReadLossScaleState(state);
+           return {scales, invs,
+                   Tensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
+                                       static_cast<double>(end.iteration)},
+                                      {3})};
+         },
+         &ExactTol()});
+  }
   rows->push_back({"MulScalarInPlace", "two tensors times 0.37, one a transposed view", kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
                      return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen)};
