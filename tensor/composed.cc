@@ -165,10 +165,7 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
   if (o.found_inf.defined() && o.found_inf.item() != 0) return;
   const double step = o.device_step.defined() ? o.device_step.item() + 1
                                               : static_cast<double>(o.step);
-  // Python floats in PyTorch: doubles, rounded to the compute dtype where they meet a tensor.
-  const double decay = 1 - o.lr * o.weight_decay;
-  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
     const Tensor& exp_avg = lists.exp_avgs[i];
@@ -178,7 +175,7 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
     Tensor g = lists.grads[i].to(cd);
     if (o.inv_scale.defined()) g = MulScalar(g, o.inv_scale.item());
     if (o.decay == WeightDecay::kL2) g = Add(g, MulScalar(p, o.weight_decay));
-    if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, decay);
+    if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, scalars.decay);
     exp_avg.copy_(Add(MulScalar(exp_avg, o.beta1), MulScalar(g, 1 - o.beta1)));
     exp_avg_sq.copy_(Add(MulScalar(exp_avg_sq, o.beta2), Mul(MulScalar(g, 1 - o.beta2), g)));
     Tensor v = exp_avg_sq;
@@ -188,8 +185,8 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
       v = max_exp_avg_sq;
     }
     const Tensor denom =
-        AddScalar(BinaryScalar(BinaryOp::kDiv, Sqrt(v), bias_correction2_sqrt), o.eps);
-    param.copy_(Sub(p, Div(MulScalar(exp_avg, step_size), denom)));
+        AddScalar(BinaryScalar(BinaryOp::kDiv, Sqrt(v), scalars.bias_correction2_sqrt), o.eps);
+    param.copy_(Sub(p, Div(MulScalar(exp_avg, scalars.step_size), denom)));
     if (!lists.model_params.empty() && lists.model_params[i].defined()) {
       lists.model_params[i].copy_(param);
     }

@@ -12,6 +12,7 @@
 #ifndef TAPEGRAD_TENSOR_OPTIMIZER_KERNELS_H_
 #define TAPEGRAD_TENSOR_OPTIMIZER_KERNELS_H_
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -38,7 +39,20 @@ struct AdamTensorLists {
   std::vector<Tensor> model_params;     // empty: no model copies
 };
 
+// The scalars of Adam's update t (t >= 1) that every device derives from the options: doubles (as
+// PyTorch's Python floats), rounded to the compute dtype where they meet a tensor.
+struct AdamStepScalars {
+  double decay;                  // 1 - lr * weight_decay: the decoupled decay factor
+  double step_size;              // lr / (1 - beta1^t)
+  double bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+};
+
 struct FusedAdamOptions {
+  double DecayFactor() const { return 1 - lr * weight_decay; }
+  AdamStepScalars ScalarsAt(double t) const {
+    return {DecayFactor(), lr / (1 - std::pow(beta1, t)), std::sqrt(1 - std::pow(beta2, t))};
+  }
+
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;

@@ -143,9 +143,7 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
   if (o.found_inf.defined() && o.found_inf.item() != 0) return KernelStatus::kDone;
   const double step = o.device_step.defined() ? o.device_step.item() + 1
                                               : static_cast<double>(o.step);
-  const double decay = 1 - o.lr * o.weight_decay;
-  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
     if (param.numel() == 0) continue;
@@ -162,14 +160,14 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
       using C = ComputeType<T>;
       AdamScalars<C> s;
       s.weight_decay = static_cast<C>(o.weight_decay);
-      s.decay = static_cast<C>(decay);
+      s.decay = static_cast<C>(scalars.decay);
       s.beta1 = static_cast<C>(o.beta1);
       s.one_minus_beta1 = static_cast<C>(1 - o.beta1);
       s.beta2 = static_cast<C>(o.beta2);
       s.one_minus_beta2 = static_cast<C>(1 - o.beta2);
       s.eps = static_cast<C>(o.eps);
-      s.step_size = static_cast<C>(step_size);
-      s.bias_correction2_sqrt = static_cast<C>(bias_correction2_sqrt);
+      s.step_size = static_cast<C>(scalars.step_size);
+      s.bias_correction2_sqrt = static_cast<C>(scalars.bias_correction2_sqrt);
       T* p = f.param.data<T>();
       const G* g = f.grad.data<G>();
       C* m = exp_avg.data<C>();

@@ -48,9 +48,9 @@ bool AllContiguous(const std::vector<Tensor>& tensors) {
 
 // ---- Adam -------------------------------------------------------------------------------------
 
-// Per-launch arguments. The f32 scalars are the CPU kernel's AdamScalars (tensor/cpu/optimizer.cc), rounded on the host from
-// the same doubles; with device_step, step_size and bias_correction2_sqrt are recomputed per
-// block from lr, beta1, beta2 and *step.
+// Per-launch arguments. The f32 scalars are the CPU kernel's (FusedAdamOptions::ScalarsAt,
+// tensor/optimizer_kernels.h), rounded on the host from the same doubles; with device_step,
+// step_size and bias_correction2_sqrt are recomputed per block from lr, beta1, beta2 and *step.
 struct AdamWArgs {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
       bias_correction2_sqrt;
@@ -294,7 +294,7 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
 
   AdamWArgs a{};
   // The CPU kernel's scalars: doubles, each rounded once to f32.
-  a.decay = static_cast<float>(1 - o.lr * o.weight_decay);
+  a.decay = static_cast<float>(o.DecayFactor());
   a.apply_decay = o.decay == WeightDecay::kDecoupled;
   a.beta1 = static_cast<float>(o.beta1);
   a.one_minus_beta1 = static_cast<float>(1 - o.beta1);
@@ -309,9 +309,9 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
     a.step = static_cast<const double*>(o.device_step.raw_data());
   } else {
     TG_CHECK(o.step >= 1, op, ": step must be >= 1 (the update's step number), got ", o.step);
-    const double step = static_cast<double>(o.step);
-    a.step_size = static_cast<float>(o.lr / (1 - std::pow(o.beta1, step)));
-    a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, step)));
+    const AdamStepScalars scalars = o.ScalarsAt(static_cast<double>(o.step));
+    a.step_size = static_cast<float>(scalars.step_size);
+    a.bias_correction2_sqrt = static_cast<float>(scalars.bias_correction2_sqrt);
   }
   if (o.inv_scale.defined()) {
     CheckScalar(op, "inv_scale", o.inv_scale, device);

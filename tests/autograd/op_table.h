@@ -11,7 +11,7 @@
 //   - CUDA against the CPU, forward and gradients (skips without a GPU);
 // and checks that every op declared in autograd/ops.h has a row, so a new op is one row here.
 // The tensor-level ops (tensor/ops.h) have their own table, tests/tensor/cuda/op_table_test.cc;
-// both use the tolerance types of tests/tensor/tolerance.h.
+// both use the tolerance types of tests/tensor/op_table_support.h.
 //
 //   for (const OpRow& row : OpTable()) {
 //     const VariableList in = MakeInputs(row, /*seed=*/1, kF64);
@@ -28,7 +28,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/variable.h"
 #include "tensor/tensor.h"
-#include "tests/tensor/tolerance.h"
+#include "tests/tensor/op_table_support.h"
 
 namespace tg {
 namespace testing {

@@ -4,11 +4,8 @@
 // op without a row fails here. The tensor-level ops have tests/tensor/cuda/op_table_test.cc.
 #include "tests/autograd/op_table.h"
 
-#include <fstream>
 #include <functional>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,7 +17,7 @@
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
 #include "tensor/cuda/runtime.h"
-#include "tests/tensor/tolerance.h"
+#include "tests/tensor/op_table_support.h"
 
 namespace tg {
 namespace {
@@ -254,25 +251,8 @@ const std::set<std::string>& NotOps() {
   return *names;
 }
 
-// The functions autograd/ops.h declares at namespace level (not the inline operators, which call
-// them).
-std::set<std::string> DeclaredOps() {
-  std::ifstream file("autograd/ops.h");
-  EXPECT_TRUE(file.good()) << "autograd/ops.h is not in the test's runfiles";
-  std::stringstream text;
-  text << file.rdbuf();
-  const std::regex declaration(R"(^(?:const )?[A-Za-z_][A-Za-z0-9_:]*&? ([A-Z][A-Za-z0-9_]*)\()");
-  std::set<std::string> ops;
-  std::string line;
-  while (std::getline(text, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
-  }
-  return ops;
-}
-
 TEST(OpTableTest, HasARowForEveryOpInAutogradOpsH) {
-  const std::set<std::string> declared = DeclaredOps();
+  const std::set<std::string> declared = ::tg::testing::DeclaredOps("autograd/ops.h");
   EXPECT_GE(declared.size(), 40u) << "the declarations of autograd/ops.h were not recognised";
   std::set<std::string> covered;
   for (const OpRow& row : OpTable()) covered.insert(row.op);

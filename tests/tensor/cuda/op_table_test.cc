@@ -1,7 +1,7 @@
 // Every op of tensor/ops.h on CUDA against the same op on the CPU, from one table. Its sibling,
 // tests/autograd/op_table.h, is the table of the differentiable ops (autograd/ops.h): f64
 // gradcheck, f16/bf16, autocast policy and CUDA against the CPU of forward and gradients; the two
-// share their tolerance types (tests/tensor/tolerance.h).
+// share their tolerance types (tests/tensor/op_table_support.h).
 //
 // Each row names the op it exercises, builds its inputs on the CPU from a seeded generator,
 // runs the op on those inputs and on copies of them moved to the GPU, and compares every output
@@ -26,12 +26,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <limits>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,7 +38,7 @@
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
-#include "tests/tensor/tolerance.h"
+#include "tests/tensor/op_table_support.h"
 
 namespace tg {
 namespace {
@@ -57,7 +54,7 @@ const std::vector<DType> kFloatsAndInts = {kF32, kF64, kF16, kBF16, kI32, kI64};
 
 // ---- Tolerances -------------------------------------------------------------------------------
 
-// Tol, Tols and the 16-bit ulps are shared with the autograd op table (tests/tensor/tolerance.h).
+// Tol, Tols and the 16-bit ulps are shared with the autograd op table (tests/tensor/op_table_support.h).
 using testing::kBF16Ulp;
 using testing::kF16Subnormal;
 using testing::kF16Ulp;
@@ -1337,25 +1334,8 @@ TEST(OpTableTest, EveryRowRunsOnTheCpu) {
 
 // ---- Coverage (runs without a GPU) ------------------------------------------------------------
 
-// The functions tensor/ops.h declares at namespace level (not the inline wrappers and operators,
-// which call these).
-std::set<std::string> DeclaredOps() {
-  std::ifstream file("tensor/ops.h");
-  EXPECT_TRUE(file.good()) << "tensor/ops.h is not in the test's runfiles";
-  std::stringstream text;
-  text << file.rdbuf();
-  const std::regex declaration(R"(^[A-Za-z_][A-Za-z0-9_:]* ([A-Z][A-Za-z0-9_]*)\()");
-  std::set<std::string> ops;
-  std::string line;
-  while (std::getline(text, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
-  }
-  return ops;
-}
-
 TEST(OpTableTest, HasARowForEveryOpInOpsH) {
-  const std::set<std::string> declared = DeclaredOps();
+  const std::set<std::string> declared = ::tg::testing::DeclaredOps("tensor/ops.h");
   EXPECT_GE(declared.size(), 30u) << "the declarations of tensor/ops.h were not recognised";
   std::set<std::string> covered;
   for (const OpRow& row : Table()) covered.insert(row.op);

@@ -1,21 +1,27 @@
-// Tolerances shared by the two op tables: tests/tensor/cuda/op_table_test.cc (every op of
-// tensor/ops.h, CUDA against the CPU) and tests/autograd/op_table.h (every differentiable op of
-// autograd/ops.h: f64 gradcheck, f16/bf16 against f64, autocast policy, CUDA against the CPU).
-// A tolerance is per dtype and always carries its reason.
+// What the two op tables share: tests/tensor/cuda/op_table_test.cc (every op of tensor/ops.h,
+// CUDA against the CPU) and tests/autograd/op_table.h (every differentiable op of autograd/ops.h:
+// f64 gradcheck, f16/bf16 against f64, autocast policy, CUDA against the CPU). Tolerances are per
+// dtype and always carry their reason; DeclaredOps lists a header's ops, so that an op without a
+// row fails.
 //
 //   const Tols tols = {{1e-12, 0}, {1e-6, 0}, {kF16Ulp, 0}, {kBF16Ulp, 0}, "rounded once"};
 //   const std::string m = ValueMismatches(cpu, gpu, tols.For(cpu.dtype()), 1, "CPU", "CUDA");
 //   EXPECT_TRUE(m.empty()) << m << "\n  tolerance: " << tols.why;
-#ifndef TAPEGRAD_TESTS_TENSOR_TOLERANCE_H_
-#define TAPEGRAD_TESTS_TENSOR_TOLERANCE_H_
+#ifndef TAPEGRAD_TESTS_TENSOR_OP_TABLE_SUPPORT_H_
+#define TAPEGRAD_TESTS_TENSOR_OP_TABLE_SUPPORT_H_
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "tensor/tensor.h"
 
 namespace tg {
@@ -90,7 +96,24 @@ inline std::string ValueMismatches(const Tensor& want, const Tensor& got, const 
   return out;
 }
 
+// The functions `header` (a path in the test's runfiles, e.g. "tensor/ops.h") declares at the
+// start of a line with a capitalised name: the ops, not the inline operators that call them.
+inline std::set<std::string> DeclaredOps(const std::string& header) {
+  std::ifstream file(header);
+  EXPECT_TRUE(file.good()) << header << " is not in the test's runfiles";
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::regex declaration(R"(^(?:const )?[A-Za-z_][A-Za-z0-9_:]*&? ([A-Z][A-Za-z0-9_]*)\()");
+  std::set<std::string> ops;
+  std::string line;
+  while (std::getline(text, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
+  }
+  return ops;
+}
+
 }  // namespace testing
 }  // namespace tg
 
-#endif  // TAPEGRAD_TESTS_TENSOR_TOLERANCE_H_
+#endif  // TAPEGRAD_TESTS_TENSOR_OP_TABLE_SUPPORT_H_
