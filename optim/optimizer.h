@@ -107,9 +107,9 @@ class Optimizer {
 
   // Mixed precision: after every update of `param` (an f32 master), its new value rounded to
   // copy's dtype is written into `copy` (the model's f16/bf16 parameter: param's shape and
-  // device). The fused CUDA AdamW writes it in the same pass as the update; every other path
-  // copies it when the update is done. An undefined `copy` removes the entry. Copies are not
-  // part of state_dict().
+  // device). The fused Adam kernels (tg::FusedAdam) write it in the same pass as the update;
+  // every other path copies it when the update is done. An undefined `copy` removes the entry.
+  // Copies are not part of state_dict().
   void set_model_copy(const Variable& param, const Tensor& copy);
 
   // "SGD", "Adam", "AdamW": the prefix of every error message.

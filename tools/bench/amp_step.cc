@@ -202,8 +202,12 @@ int main() {
                       {[&] { step(*unfused.opt); }},
                       {[&] { opt.optimizer().step(); },
                        [&] {
-                         for (size_t i = 0; i < masters.size(); ++i)
+                         // step() registers the f16 parameters as model copies: unregister them
+                         // so that this case updates the masters alone.
+                         for (size_t i = 0; i < masters.size(); ++i) {
                            masters[i].set_grad(tg::Variable(mg[i]));
+                           opt.optimizer().set_model_copy(masters[i], tg::Tensor());
+                         }
                        }},
                       {[&] {
                         for (size_t i = 0; i < masters.size(); ++i) {
