@@ -4,6 +4,8 @@
 #include <array>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
@@ -479,6 +481,22 @@ VariableList MakeInputs(const OpRow& row, uint64_t seed, DType dtype, Device dev
     in.emplace_back(Draw(spec, gen).to(device, dtype), /*requires_grad=*/true);
   }
   return in;
+}
+
+std::string Describe(const OpRow& row) {
+  return row.name.empty() ? row.op : absl::StrCat(row.op, " (", row.name, ")");
+}
+
+VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,
+                            const VariableList& inputs) {
+  const Variable out = fn(inputs);
+  std::vector<double> c(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
+  const Variable weights(
+      Tensor::FromVector<double>(c, out.shape(), out.dtype()).to(out.data().device()));
+  VariableList result = {out};
+  for (const Variable& g : Engine::Grad({Sum(Mul(out, weights))}, inputs)) result.push_back(g);
+  return result;
 }
 
 }  // namespace testing

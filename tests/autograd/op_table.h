@@ -21,6 +21,7 @@
 #define TAPEGRAD_TESTS_AUTOGRAD_OP_TABLE_H_
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,6 +90,26 @@ const std::vector<OpRow>& OpTable();
 // `device`, as leaves that require grad (so the 16-bit inputs are the rounded f64 draws).
 VariableList MakeInputs(const OpRow& row, uint64_t seed, DType dtype = kF64,
                         Device device = Device::Cpu());
+
+// The seed of row number `row` (every driver draws the same inputs for a row).
+inline uint64_t SeedOf(size_t row) { return 1000 + row; }
+// "op (case)" for messages.
+std::string Describe(const OpRow& row);
+// The output of fn and the gradients of sum(c * output) with respect to every input, with c a
+// fixed weighting (exact in every floating dtype).
+VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,
+                            const VariableList& inputs);
+
+// The message of the exception fn throws ("" when it throws none).
+template <typename F>
+std::string ErrorOf(F&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace testing
 }  // namespace tg

@@ -1,7 +1,8 @@
 // Every row of the differentiable-op table (tests/autograd/op_table.h) through the f64
-// gradcheck (first and second order), f16/bf16 against f64, the autocast policy, and CUDA against
-// the CPU (skips without a GPU); and the table against the declarations of autograd/ops.h, so an
-// op without a row fails here. The tensor-level ops have tests/tensor/cuda/op_table_test.cc.
+// gradcheck (first and second order), f16/bf16 against f64 and the autocast policy, on the CPU;
+// and the table against the declarations of autograd/ops.h, so an op without a row fails here.
+// CUDA against the CPU: op_table_cuda_test.cc. The tensor-level ops have
+// tests/tensor/cuda/op_table_test.cc.
 #include "tests/autograd/op_table.h"
 
 #include <functional>
@@ -16,36 +17,22 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
-#include "tensor/cuda/runtime.h"
 #include "tests/tensor/op_table_support.h"
 
 namespace tg {
 namespace {
 
 using testing::AutocastPolicy;
+using testing::Describe;
+using testing::ErrorOf;
 using testing::MakeInputs;
 using testing::OpRow;
 using testing::OpTable;
+using testing::OutputAndGrads;
+using testing::SeedOf;
 using testing::Tol;
 using testing::ValueMismatches;
 using Fn = std::function<Variable(const VariableList&)>;
-
-uint64_t SeedOf(size_t row) { return 1000 + row; }
-
-std::string Describe(const OpRow& row) {
-  return row.name.empty() ? row.op : absl::StrCat(row.op, " (", row.name, ")");
-}
-
-// The message of the exception fn throws ("" when it throws none).
-template <typename F>
-std::string ErrorOf(F&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // ---- (a) f64 gradcheck -------------------------------------------------------------------------
 
@@ -100,19 +87,6 @@ TEST(OpTableGradcheck, SecondOrderOfEveryRowWithADifferentiableBackward) {
 }
 
 // ---- (b) f16 / bf16 against f64 ----------------------------------------------------------------
-
-// The output of fn and the gradients of sum(c * output) with respect to every input, with c a
-// fixed weighting (exact in every floating dtype).
-VariableList OutputAndGrads(const Fn& fn, const VariableList& inputs) {
-  const Variable out = fn(inputs);
-  std::vector<double> c(static_cast<size_t>(out.numel()));
-  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
-  const Variable weights(
-      Tensor::FromVector<double>(c, out.shape(), out.dtype()).to(out.data().device()));
-  VariableList result = {out};
-  for (const Variable& g : Engine::Grad({Sum(Mul(out, weights))}, inputs)) result.push_back(g);
-  return result;
-}
 
 // `got` has `dtype` and want's shape and is within tol (atol of want's largest magnitude, at
 // least 1e-4) of want.
@@ -204,39 +178,6 @@ TEST(OpTableAutocast, EveryRowFollowsItsPolicy) {
         }
       });
       EXPECT_EQ(error, "");
-    }
-  }
-}
-
-// ---- (d) CUDA against the CPU ------------------------------------------------------------------
-
-TEST(OpTableCuda, EveryRowForwardAndGradientsMatchTheCpu) {
-  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<OpRow>& table = OpTable();
-  for (size_t r = 0; r < table.size(); ++r) {
-    const OpRow& row = table[r];
-    for (DType dtype : {kF32, kF16, kBF16}) {
-      const std::string what = absl::StrCat(Describe(row), " [", DTypeName(dtype), "]");
-      SCOPED_TRACE(what);
-      VariableList cpu, gpu;
-      const std::string error = ErrorOf([&] {
-        cpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype));
-        gpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype, Device::Cuda(0)));
-      });
-      ASSERT_EQ(error, "");
-      ASSERT_EQ(cpu.size(), gpu.size());
-      const Tol tol = row.cuda.For(dtype);
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        const std::string output = i == 0 ? "output" : absl::StrCat("gradient of input ", i - 1);
-        ASSERT_TRUE(gpu[i].defined()) << what << " " << output;
-        EXPECT_TRUE(gpu[i].data().device().is_cuda()) << what << " " << output;
-        EXPECT_EQ(gpu[i].dtype(), cpu[i].dtype()) << what << " " << output;
-        ASSERT_EQ(gpu[i].shape(), cpu[i].shape()) << what << " " << output;
-        const std::string m =
-            ValueMismatches(cpu[i].data(), gpu[i].data().to(Device::Cpu()), tol, 1, "CPU", "CUDA");
-        EXPECT_TRUE(m.empty()) << what << " " << output << ":" << m
-                               << "\n  tolerance: " << row.cuda.why;
-      }
     }
   }
 }
