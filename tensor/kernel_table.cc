@@ -1,6 +1,8 @@
 #include "tensor/kernel_table.h"
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 
 #include "tensor/error.h"
 
@@ -25,8 +27,13 @@ void RegisterKernelTable(DeviceType type, const KernelTable& table) {
   TG_CHECK(table.name != nullptr, "kernel table: no kernel for ", #name);
 #include "tensor/kernel_list.inc"
 #undef TG_KERNEL
-  // Never freed: kernels stay callable until the process ends.
-  tables[Slot(type)].store(new KernelTable(table), std::memory_order_release);
+  // Kept until the process ends, also when replaced (a thread may still be reading the old one),
+  // in a list that stays reachable: a test that swaps tables leaks nothing.
+  static std::mutex* mu = new std::mutex;
+  static auto* registered = new std::deque<KernelTable>;
+  std::lock_guard<std::mutex> lock(*mu);
+  registered->push_back(table);
+  tables[Slot(type)].store(&registered->back(), std::memory_order_release);
 }
 
 bool HasKernelTable(DeviceType type) {
