@@ -10,7 +10,7 @@ packages=(
   g++
   libabsl-dev            # abseil: Status, StrCat, flags
   libgtest-dev           # GoogleTest
-  libopenblas-dev        # CPU GEMM
+  libopenblas-openmp-dev # CPU GEMM, OpenBLAS's OpenMP build: one thread pool with our kernels
   zlib1g-dev             # gzip'd data files
   libgloo-dev            # CPU collectives
   libhiredis-dev         # gloo's RedisStore header includes <hiredis.h>

@@ -11,6 +11,7 @@
 #include "tensor/cpu/activation.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 
 namespace tg::cpu {
 namespace {
@@ -50,26 +51,30 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   T* p_base = act == Activation::kNone ? nullptr : pre.data<T>();
   const int64_t p_row = act == Activation::kNone ? 0 : pre.strides()[0];
   const int64_t p_col = act == Activation::kNone ? 0 : pre.strides()[1];
-  for (int64_t r = 0; r < m; ++r) {
-    const C* a = acc + r * n;
-    T* orow = o + r * n;
-    if (act == Activation::kNone) {
-      if constexpr (std::is_same_v<T, C>) {  // acc is out
-        if (b != nullptr) {
-          for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
+  ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const C* a = acc + r * n;
+      T* orow = o + r * n;
+      if (act == Activation::kNone) {
+        if constexpr (std::is_same_v<T, C>) {  // acc is out
+          if (b != nullptr) {
+            for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
+          }
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            orow[j] = Convert<T>(b != nullptr ? a[j] + bc[j] : a[j]);
+          }
         }
-      } else {
-        for (int64_t j = 0; j < n; ++j) orow[j] = Convert<T>(b != nullptr ? a[j] + bc[j] : a[j]);
+        continue;
       }
-      continue;
+      T* prow = p_base + r * p_row;
+      for (int64_t j = 0; j < n; ++j) {
+        const C p = b != nullptr ? a[j] + bc[j] : a[j];
+        prow[j * p_col] = Convert<T>(p);
+        orow[j] = Convert<T>(GeluTanh(p));
+      }
     }
-    T* prow = p_base + r * p_row;
-    for (int64_t j = 0; j < n; ++j) {
-      const C p = b != nullptr ? a[j] + bc[j] : a[j];
-      prow[j * p_col] = Convert<T>(p);
-      orow[j] = Convert<T>(GeluTanh(p));
-    }
-  }
+  });
 }
 
 // grad_input = g @ weight, grad_weight = g^T @ x, grad_bias = column sums of g, for g =

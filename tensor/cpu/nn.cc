@@ -9,6 +9,7 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
 #include "tensor/philox.h"
 
@@ -21,15 +22,17 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
     using C = ComputeType<T>;
     const T* in = x.data<T>();
     T* o = out.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = in + r * n;
-      C shift, log_sum;
-      RowLogSumExp<C>(row, n, &shift, &log_sum);
-      for (int64_t i = 0; i < n; ++i) {
-        const C z = static_cast<C>(Widen(row[i])) - shift - log_sum;
-        o[r * n + i] = Convert<T>(log ? z : std::exp(z));
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* row = in + r * n;
+        C shift, log_sum;
+        RowLogSumExp<C>(row, n, &shift, &log_sum);
+        for (int64_t i = 0; i < n; ++i) {
+          const C z = static_cast<C>(Widen(row[i])) - shift - log_sum;
+          o[r * n + i] = Convert<T>(log ? z : std::exp(z));
+        }
       }
-    }
+    });
   });
 }
 
@@ -47,9 +50,11 @@ void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const 
     T* o = out.data<T>();
     C* mo = mean.data<C>();
     C* ro = rstd.data<C>();
-    for (int64_t r = 0; r < rows; ++r) {
-      LayerNormRow(in + r * n, n, w, b, eps, o + r * n, mo + r, ro + r);
-    }
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        LayerNormRow(in + r * n, n, w, b, eps, o + r * n, mo + r, ro + r);
+      }
+    });
   });
 }
 

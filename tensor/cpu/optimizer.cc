@@ -10,11 +10,15 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 
 namespace tg::cpu {
 namespace {
+
+// Elements per thread below which an update loop stays on one thread (about 50 us of work).
+constexpr int64_t kElementsPerThread = int64_t{1} << 15;
 
 // A parameter and its gradient as contiguous tensors. The gradient has the parameter's dtype or
 // the compute dtype; any other gradient dtype is converted to the compute dtype first (exactly
@@ -85,23 +89,25 @@ struct AdamScalars {
 
 template <typename T, typename G, typename C, WeightDecay kDecay, bool kAmsgrad>
 void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const AdamScalars<C>& s) {
-  for (int64_t i = 0; i < n; ++i) {
-    C pv = Convert<C>(p[i]);
-    C gv = Convert<C>(g[i]);
-    if constexpr (kDecay == WeightDecay::kL2) gv = gv + pv * s.weight_decay;
-    if constexpr (kDecay == WeightDecay::kDecoupled) pv = pv * s.decay;
-    const C mv = m[i] * s.beta1 + gv * s.one_minus_beta1;
-    m[i] = mv;
-    C vv = v[i] * s.beta2 + (gv * s.one_minus_beta2) * gv;
-    v[i] = vv;
-    if constexpr (kAmsgrad) {
-      const C a = vmax[i];  // maximum(vmax, v) exactly as the Maximum kernel: NaN wins
-      vv = std::isnan(a) ? a : std::isnan(vv) ? vv : (a > vv ? a : vv);
-      vmax[i] = vv;
+  ParallelFor(n, kElementsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      C pv = Convert<C>(p[i]);
+      C gv = Convert<C>(g[i]);
+      if constexpr (kDecay == WeightDecay::kL2) gv = gv + pv * s.weight_decay;
+      if constexpr (kDecay == WeightDecay::kDecoupled) pv = pv * s.decay;
+      const C mv = m[i] * s.beta1 + gv * s.one_minus_beta1;
+      m[i] = mv;
+      C vv = v[i] * s.beta2 + (gv * s.one_minus_beta2) * gv;
+      v[i] = vv;
+      if constexpr (kAmsgrad) {
+        const C a = vmax[i];  // maximum(vmax, v) exactly as the Maximum kernel: NaN wins
+        vv = std::isnan(a) ? a : std::isnan(vv) ? vv : (a > vv ? a : vv);
+        vmax[i] = vv;
+      }
+      const C denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
+      p[i] = Convert<T>(pv - (mv * s.step_size) / denom);
     }
-    const C denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
-    p[i] = Convert<T>(pv - (mv * s.step_size) / denom);
-  }
+  });
 }
 
 // ---- SGD ----

@@ -11,8 +11,8 @@
 //    into the slot) and .grad kept (it is already the bucket view; backward accumulates in it).
 // 2. Step time (forward + backward + AdamW step) of the tiny GPT (GptConfig::Tiny(65), batch
 //    --batch_size x --seq tokens) on 2 ranks that this binary starts itself (it re-executes
-//    itself with RANK / WORLD_SIZE / TG_RDZV=file://<fresh temp dir>, OPENBLAS_NUM_THREADS=1 so
-//    each rank computes on one core), Gloo over loopback:
+//    itself with RANK / WORLD_SIZE / TG_RDZV=file://<fresh temp dir>, OPENBLAS_NUM_THREADS and
+//    OMP_NUM_THREADS 1 so each rank computes on one core), Gloo over loopback:
 //      (a) no communication (each rank trains alone): the baseline;
 //      (b) one all_reduce(avg) of all gradients (one flat buffer) after backward, then the step;
 //      (c) DDP with the default 25 MiB buckets (the tiny model fits one bucket: no overlap);
@@ -321,7 +321,8 @@ int LaunchRanks(int argc, char** argv) {
       setenv("WORLD_SIZE", std::to_string(kWorld).c_str(), 1);
       setenv("TG_RDZV", ("file://" + dir).c_str(), 1);
       setenv("TG_JOB_ID", ("ddp_overlap-" + std::to_string(getppid())).c_str(), 1);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);  // one core per rank
+      setenv("OPENBLAS_NUM_THREADS", "1", 1);  // one core per rank (GEMM and the kernels' loops)
+      setenv("OMP_NUM_THREADS", "1", 1);
       std::vector<std::string> args = {"/proc/self/exe", "--rank_worker"};
       for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
       std::vector<char*> cargs;
