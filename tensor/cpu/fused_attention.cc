@@ -4,7 +4,8 @@
 // prefix of each row is read) and the log-sum-exp statistics, and OpenBLAS does the products
 // (f32 for f16/bf16/f32, f64 for f64, through gemm.h). The rounding points are those of the
 // composed forms in tensor/composed.cc: the probabilities (and, in the backward, ds) are rounded
-// to the input dtype before they multiply, every output is rounded once.
+// to the input dtype before they multiply, every output is rounded once. Heads run in parallel
+// (tensor/cpu/parallel.h), each on one thread with the serial code.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "tensor/convert.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 
 namespace tg::cpu {
 namespace {
@@ -53,12 +55,15 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
   const C cscale = static_cast<C>(scale);
   // Per-head scratch, in C: q [tq, d], k and v [tk, d], the scores, then the rounded
   // probabilities, [tq, tk], and the product [tq, d] (f16/bf16 only: f32/f64 write out).
-  std::vector<C> qh(tq * d), kh(tk * d), vh(tk * d), s(tq * tk), o_scratch;
   T* out_base = out.data<T>();
   C* stats_base = stats.data<C>();
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t head = b * nh + h;
+  // Heads are independent: one block of heads per thread, each with its own scratch (GEMM inside
+  // a parallel region runs on the calling thread, see parallel.h).
+  ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin,
+                                                                           int64_t end) {
+    std::vector<C> qh(tq * d), kh(tk * d), vh(tk * d), s(tq * tk), o_scratch;
+    for (int64_t head = begin; head < end; ++head) {
+      const int64_t b = head / nh, h = head % nh;
       CopyHead<T>(q, b, h, qh.data());
       CopyHead<T>(k, b, h, kh.data());
       CopyHead<T>(v, b, h, vh.data());
@@ -92,7 +97,7 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
       Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh.data(), d, dst, d);
       StoreGemmResult(dst, tq * d, o);
     }
-  }
+  });
 }
 
 template <typename T>
@@ -105,12 +110,13 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
   const C cscale = static_cast<C>(scale);
   // Per-head scratch, in C: q, grad_out, out [tq, d]; k, v [tk, d]; the scores s, then p
   // rounded to T, and dp, then ds rounded to T, [tq, tk]; the products (f16/bf16 only).
-  std::vector<C> qh(tq * d), goh(tq * d), oh(tq * d), kh(tk * d), vh(tk * d), p(tq * tk),
-      ds(tq * tk), r_scratch;
   const C* stats_base = stats.data<C>();
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t head = b * nh + h;
+  ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin,
+                                                                           int64_t end) {
+    std::vector<C> qh(tq * d), goh(tq * d), oh(tq * d), kh(tk * d), vh(tk * d), p(tq * tk),
+        ds(tq * tk), r_scratch;
+    for (int64_t head = begin; head < end; ++head) {
+      const int64_t b = head / nh, h = head % nh;
       CopyHead<T>(q, b, h, qh.data());
       CopyHead<T>(k, b, h, kh.data());
       CopyHead<T>(v, b, h, vh.data());
@@ -155,7 +161,7 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
       Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh.data(), d, dst, d);
       StoreGemmResult(dst, tk * d, gk);
     }
-  }
+  });
 }
 
 }  // namespace

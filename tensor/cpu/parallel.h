@@ -11,9 +11,10 @@
 // are the serial results bit for bit, whatever the thread count (loops whose items are
 // independent: rows, elements; reductions across items stay serial). A loop too small to pay for
 // waking the threads (fewer than 2 * min_per_thread items) runs on the calling thread, as does a
-// loop inside a parallel region. fn must not call GEMM: OpenBLAS has threads of its own. An
-// exception thrown by fn on any thread is rethrown on the calling thread (the first one, by
-// block).
+// loop inside a parallel region. fn may call GEMM: OpenBLAS is its OpenMP build (third_party/
+// openblas.BUILD), which shares this pool and runs a GEMM issued inside a parallel region on the
+// calling thread. An exception thrown by fn on any thread is rethrown on the calling thread (the
+// first one, by block).
 #ifndef TAPEGRAD_TENSOR_CPU_PARALLEL_H_
 #define TAPEGRAD_TENSOR_CPU_PARALLEL_H_
 
