@@ -36,6 +36,7 @@
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tests/tensor/op_table_support.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
@@ -43,10 +44,9 @@ namespace {
 
 const std::vector<DType> kFloatTypes = {kF64, kF32, kF16, kBF16};
 
-struct Tol {
-  double rtol;  // of each element's reference value
-  double atol;  // of the largest reference magnitude of the output (at least 1)
-};
+// Tol {rtol of each element's reference value, atol of the output's largest reference magnitude
+// (at least 1)}, shared with the op tables.
+using ::tg::testing::Tol;
 
 // Fused kernel against the composed form in the same dtype (see the file comment).
 Tol ComposedTol(DType dtype) {
@@ -81,17 +81,8 @@ void ExpectClose(const Tensor& got, const Tensor& want, Tol tol, const std::stri
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_TRUE(want.defined()) << what;
   ASSERT_EQ(got.shape(), want.shape()) << what;
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double scale = 1;
-  for (double v : w) scale = std::max(scale, std::abs(v));
-  int reported = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double bound = tol.rtol * std::abs(w[i]) + tol.atol * scale;
-    if (!(std::abs(g[i] - w[i]) <= bound) && reported++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: got " << g[i] << ", want " << w[i] << " (bound "
-                    << bound << ")";
-    }
-  }
+  const std::string m = ::tg::testing::ValueMismatches(want, got, tol, 1, "reference", "kernel");
+  EXPECT_TRUE(m.empty()) << what << ":" << m;
 }
 
 // Bit-for-bit equality (compared as f64, which holds every value of every dtype exactly).
