@@ -5,18 +5,29 @@
 // the GEMM rate), and each precision's speed relative to f32 measured in the same run.
 //
 //   bazel run -c opt //tools/bench:train_step
-//   bazel run -c opt //tools/bench:train_step -- 20     # steps timed per configuration
+//   bazel run -c opt //tools/bench:train_step -- --steps=20     # steps timed per configuration
+//
+// With --pytorch_json=FILE (JSON lines from tools/bench/train_step_pytorch.py: the same models,
+// batches, optimizer and step), each row also shows PyTorch eager's ms/step at this run's thread
+// count (OMP_NUM_THREADS) and the ratio tapegrad / PyTorch (below 1: tapegrad is faster).
+// tools/bench/compare_pytorch.sh runs both, interleaved, at 1 and 2 threads.
 //
 // The inputs are random (same shapes and cost as the real data); the step median is reported.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
@@ -25,6 +36,12 @@
 #include "tensor/generator.h"
 #include "tensor/profile.h"
 #include "tools/train/run.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)");
+ABSL_FLAG(std::string, pytorch_json, "",
+          "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's ms/step at this "
+          "thread count and the ratio to each row");
 
 namespace tg {
 namespace {
@@ -74,11 +91,41 @@ Result Measure(nn::Module& model, DType dtype, int steps, int64_t items_per_step
   return r;
 }
 
-void Row(const char* model, DType dtype, const Result& r, const Result& f32, const char* unit) {
-  std::printf(
-      "%-5s %-5s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% of the step (%.1f GFLOP/s)\n",
-      model, DTypeName(dtype), r.ms_per_step, r.items_per_second, unit,
-      f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops);
+// PyTorch's ms/step by "model/dtype" at `threads` threads, from train_step_pytorch.py's lines.
+std::map<std::string, double> ReadPyTorchJson(const std::string& path, int threads) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "train_step: cannot read --pytorch_json=%s\n", path.c_str());
+    std::exit(1);
+  }
+  std::map<std::string, double> ms;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("model") || !j.contains("dtype") ||
+        !j.contains("threads") || !j.contains("ms_per_step") || !j["ms_per_step"].is_number()) {
+      std::fprintf(stderr, "train_step: %s line %d is not a train_step_pytorch.py record\n",
+                   path.c_str(), number);
+      std::exit(1);
+    }
+    if (j["threads"].get<int>() != threads) continue;
+    ms[j["model"].get<std::string>() + "/" + j["dtype"].get<std::string>()] =
+        j["ms_per_step"].get<double>();
+  }
+  return ms;
+}
+
+void Row(const char* model, DType dtype, const Result& r, const Result& f32, const char* unit,
+         const std::map<std::string, double>& pytorch) {
+  std::printf("%-5s %-5s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)",
+              model, DTypeName(dtype), r.ms_per_step, r.items_per_second, unit,
+              f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops);
+  const auto it = pytorch.find(std::string(model) + "/" + DTypeName(dtype));
+  if (it != pytorch.end()) {
+    std::printf("   PyTorch %8.2f ms/step  ratio %.2f", it->second, r.ms_per_step / it->second);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -86,7 +133,18 @@ void Row(const char* model, DType dtype, const Result& r, const Result& f32, con
 
 int main(int argc, char** argv) {
   using namespace tg;
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
+  absl::ParseCommandLine(argc, argv);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int threads = omp_get_max_threads();
+  std::map<std::string, double> pytorch;
+  if (!absl::GetFlag(FLAGS_pytorch_json).empty()) {
+    pytorch = ReadPyTorchJson(absl::GetFlag(FLAGS_pytorch_json), threads);
+    if (pytorch.empty()) {
+      std::fprintf(stderr, "train_step: %s has no records at %d threads (OMP_NUM_THREADS)\n",
+                   absl::GetFlag(FLAGS_pytorch_json).c_str(), threads);
+      return 1;
+    }
+  }
   train::KeepFreedMemoryInProcess();  // as the training binaries do
   Generator data_gen(0);
   const int64_t batch = 128;
@@ -100,9 +158,9 @@ int main(int argc, char** argv) {
   Tensor x = tokens.slice(1, 0, t).contiguous(), y = tokens.slice(1, 1, t + 1).contiguous();
 
   std::printf(
-      "train_step: median of %d steps after 3 warm-up steps; MLP/CNN batch %lld, GPT %lld x %lld "
-      "tokens\n",
-      steps, static_cast<long long>(batch), static_cast<long long>(gpt_batch),
+      "train_step: median of %d steps after 3 warm-up steps, %d threads; MLP/CNN batch %lld, GPT "
+      "%lld x %lld tokens\n",
+      steps, threads, static_cast<long long>(batch), static_cast<long long>(gpt_batch),
       static_cast<long long>(t));
   for (const char* name : {"mlp", "cnn", "gpt"}) {
     Result f32;
@@ -126,7 +184,7 @@ int main(int argc, char** argv) {
       }
       Result r = Measure(*model, dtype, steps, items, loss_fn);
       if (dtype == kF32) f32 = r;
-      Row(name, dtype, r, f32, name == std::string("gpt") ? "tok/s" : "img/s");
+      Row(name, dtype, r, f32, name == std::string("gpt") ? "tok/s" : "img/s", pytorch);
     }
   }
   return 0;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# tapegrad's training steps next to PyTorch eager's on this machine: for each thread count,
+# PyTorch's run (tools/bench/train_step_pytorch.py) then tapegrad's (train_step), interleaved, so
+# that drift in the machine's speed falls on both. Benchmarks only; needs the venv that
+# setup_pytorch_venv.sh makes (it makes it when missing).
+#
+#   tools/bench/compare_pytorch.sh [THREADS...]     (default: 1 2)
+#
+# Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+py="$(tools/bench/setup_pytorch_venv.sh | tail -1)"
+bazel build -c opt //tools/bench:train_step >&2
+json="$(mktemp --suffix=.jsonl)"
+trap 'rm -f "${json}"' EXIT
+threads=("$@")
+[[ ${#threads[@]} -gt 0 ]] || threads=(1 2)
+for n in "${threads[@]}"; do
+  "${py}" tools/bench/train_step_pytorch.py --threads "${n}" --out "${json}" >/dev/null
+  OMP_NUM_THREADS="${n}" bazel-bin/tools/bench/train_step --pytorch_json="${json}" \
+    ${TRAIN_STEP_FLAGS:-}
+done

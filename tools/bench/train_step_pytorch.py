@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""PyTorch eager baseline of tools/bench/train_step.cc: the same models, batches, optimizer and
+thread settings, timed the same way (median of N steps after 3 warm-up steps).
+
+Writes one JSON line per (model, dtype, threads) that `train_step --pytorch_json=FILE` reads:
+  {"model": "gpt", "dtype": "bf16", "threads": 2, "ms_per_step": 12.3, "torch": "2.15.0"}
+
+  py=$(tools/bench/setup_pytorch_venv.sh | tail -1)
+  $py tools/bench/train_step_pytorch.py --threads 1 --out /tmp/pt.jsonl
+  OMP_NUM_THREADS=1 bazel-bin/tools/bench/train_step --pytorch_json=/tmp/pt.jsonl
+
+The step matches tools/train/run.cc's TrainStep: zero_grad, forward under the precision (f16 and
+bf16 through torch.autocast; f16 with a GradScaler, as tapegrad's "auto" scaler), backward,
+clip_grad_norm_(1.0), AdamW (lr 1e-4, betas (0.9, 0.999), eps 1e-8, no weight decay; fused, as
+tapegrad's). tapegrad's f16/bf16 rows keep f16/bf16 weights with f32 masters; PyTorch's autocast
+keeps f32 weights and casts them per op: each side's usual recipe.
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def image_mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
+                         nn.ReLU(), nn.Linear(128, 10))
+
+
+def image_cnn():
+    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+class Block(nn.Module):
+    """nn/transformer.cc's TransformerBlock: pre-LN, causal attention, 4x GELU-tanh MLP."""
+
+    def __init__(self, c, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(c)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+        self.ln2 = nn.LayerNorm(c)
+        self.fc0 = nn.Linear(c, 4 * c)
+        self.fc1 = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        heads = lambda z: z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc1(F.gelu(self.fc0(self.ln2(x)), approximate="tanh"))
+
+
+class TinyGpt(nn.Module):
+    """nn::GptConfig::Tiny(65): 2 layers, 4 heads, 64 wide, context 64, tied head."""
+
+    def __init__(self, vocab=65, block=64, n_layer=2, n_head=4, c=64):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, c)
+        self.wpe = nn.Embedding(block, c)
+        self.blocks = nn.ModuleList(Block(c, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(c)
+        for name, p in self.named_parameters():
+            if "ln" in name:
+                continue
+            if p.dim() == 1:
+                nn.init.zeros_(p)
+            else:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("proj.weight", "fc1.weight")) else 0.02
+                nn.init.normal_(p, 0, std)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+DTYPES = {"f32": None, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def measure(model, dtype, steps, make_loss):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    amp_dtype = DTYPES[dtype]
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == "f16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            loss = make_loss()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        return loss.item()
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
+    parser.add_argument("--models", default="mlp,cnn,gpt")
+    parser.add_argument("--dtypes", default="f32,f16,bf16")
+    parser.add_argument("--out", required=True, help="JSON lines file to write")
+    args = parser.parse_args()
+
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(128, 1, 28, 28, generator=gen)
+    labels = torch.randint(0, 10, (128,), generator=gen)
+    tokens = torch.randint(0, 65, (32, 65), generator=gen)
+    x, y = tokens[:, :64].contiguous(), tokens[:, 1:].contiguous()
+    with open(args.out, "w") as out:
+        for threads in [int(t) for t in args.threads.split(",")]:
+            torch.set_num_threads(threads)
+            for name in args.models.split(","):
+                for dtype in args.dtypes.split(","):
+                    torch.manual_seed(1)
+                    if name == "gpt":
+                        model = TinyGpt()
+                        loss = lambda: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                    else:
+                        model = image_mlp() if name == "mlp" else image_cnn()
+                        loss = lambda: F.cross_entropy(model(images), labels)
+                    ms = measure(model, dtype, args.steps, loss)
+                    record = {"model": name, "dtype": dtype, "threads": threads,
+                              "ms_per_step": ms, "torch": torch.__version__}
+                    print(json.dumps(record), flush=True)
+                    out.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
