@@ -11,6 +11,8 @@ packages=(
   libabsl-dev            # abseil: Status, StrCat, flags
   libgtest-dev           # GoogleTest
   libopenblas-openmp-dev # CPU GEMM, OpenBLAS's OpenMP build: one thread pool with our kernels
+  libdnnl-dev            # oneDNN (OpenMP runtime): CPU convolution, pooling, bf16/f16 matmul
+  libhwy-dev             # Highway: the CPU kernels' SIMD, dispatched on the CPU at run time
   zlib1g-dev             # gzip'd data files
   libgloo-dev            # CPU collectives
   libhiredis-dev         # gloo's RedisStore header includes <hiredis.h>

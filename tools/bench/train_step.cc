@@ -39,6 +39,10 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)");
+ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),
+          "models to time (mlp, cnn, gpt)");
+ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
+          "precisions to time; f32 is the reference of the 'vs f32' column when timed");
 ABSL_FLAG(std::string, pytorch_json, "",
           "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's ms/step at this "
           "thread count and the ratio to each row");
@@ -136,6 +140,13 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int threads = omp_get_max_threads();
+  for (const std::string& name : absl::GetFlag(FLAGS_models)) {
+    if (name != "mlp" && name != "cnn" && name != "gpt") {
+      std::fprintf(stderr, "train_step: unknown model '%s' (expected mlp, cnn or gpt)\n",
+                   name.c_str());
+      return 1;
+    }
+  }
   std::map<std::string, double> pytorch;
   if (!absl::GetFlag(FLAGS_pytorch_json).empty()) {
     pytorch = ReadPyTorchJson(absl::GetFlag(FLAGS_pytorch_json), threads);
@@ -162,9 +173,16 @@ int main(int argc, char** argv) {
       "%lld x %lld tokens\n",
       steps, threads, static_cast<long long>(batch), static_cast<long long>(gpt_batch),
       static_cast<long long>(t));
-  for (const char* name : {"mlp", "cnn", "gpt"}) {
+  for (const std::string& model_name : absl::GetFlag(FLAGS_models)) {
+    const char* name = model_name.c_str();
     Result f32;
-    for (DType dtype : {kF32, kF16, kBF16}) {
+    for (const std::string& dtype_name : absl::GetFlag(FLAGS_dtypes)) {
+      const absl::StatusOr<DType> parsed = train::ParsePrecision(dtype_name);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "train_step: %s\n", std::string(parsed.status().message()).c_str());
+        return 1;
+      }
+      const DType dtype = *parsed;
       Generator init(1);
       std::shared_ptr<nn::Module> model;
       std::function<Variable()> loss_fn;
