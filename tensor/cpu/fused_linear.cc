@@ -3,6 +3,7 @@
 // gradient GEMMs). OpenBLAS does the products (f32 for f16/bf16/f32, f64 for f64, through
 // gemm.h); everything else is one pass over the [m, n] result, in place of the composed chain
 // (tensor/composed.cc) that writes and re-reads a full [m, n] tensor per op.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -15,6 +16,19 @@
 
 namespace tg::cpu {
 namespace {
+
+// col[j] += sum over the m rows of v[r, j] (v [m, n] row-major), accumulated in f64 in row order
+// for each column (deterministic); threads split the columns.
+template <typename V>
+void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
+  ParallelFor(n, std::max<int64_t>(16, (int64_t{1} << 14) / std::max<int64_t>(1, m)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t r = 0; r < m; ++r) {
+                  const V* row = v + r * n;
+                  for (int64_t j = begin; j < end; ++j) col[j] += static_cast<double>(Widen(row[j]));
+                }
+              });
+}
 
 // out [m, n] = act(x [m, k] @ weight [n, k]^T + bias), pre [m, n] (strided rows) = the sum
 // before act, each rounded once to T from the compute type C.
@@ -31,6 +45,7 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
   // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
   const bool in_place = std::is_same_v<T, C> && act == Activation::kNone;
+  // (acc is written again by the epilogue: GELU's input row becomes its output row.)
   C* acc;
   if (in_place) {
     acc = reinterpret_cast<C*>(o);
@@ -67,12 +82,15 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
         }
         continue;
       }
+      // GELU of the row in place in the product buffer (the row is read by this thread only).
+      C* p = acc + r * n;
       T* prow = p_base + r * p_row;
       for (int64_t j = 0; j < n; ++j) {
-        const C p = b != nullptr ? a[j] + bc[j] : a[j];
-        prow[j * p_col] = Convert<T>(p);
-        orow[j] = Convert<T>(GeluTanh(p));
+        if (b != nullptr) p[j] += bc[j];
+        prow[j * p_col] = Convert<T>(p[j]);
       }
+      GeluTanhRow(p, p, n);
+      for (int64_t j = 0; j < n; ++j) orow[j] = Convert<T>(p[j]);
     }
   });
 }
@@ -96,26 +114,32 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
   const C* g = nullptr;
   if (act == Activation::kNone) {
     if (need_products) g = GemmOperand<C>(go, m * n, g_scratch);
-    if (!col.empty()) {
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t j = 0; j < n; ++j) col[j] += static_cast<double>(Widen(go[r * n + j]));
-      }
-    }
+    if (!col.empty()) ColumnSums(go, m, n, col.data());
   } else {
-    // One pass: gc = grad_out * gelu'(pre) in C, summed for the bias before it is rounded.
-    g_scratch.resize(need_products ? static_cast<size_t>(m * n) : 0);
+    // gc = grad_out * gelu'(pre) in C, row by row in parallel; the bias sums gc before it is
+    // rounded to T for the products.
+    g_scratch.resize(static_cast<size_t>(m * n));
+    C* gc = g_scratch.data();
     const T* p_base = pre.data<T>();
     const int64_t p_row = pre.strides()[0], p_col = pre.strides()[1];
-    for (int64_t r = 0; r < m; ++r) {
-      const T* prow = p_base + r * p_row;
-      for (int64_t j = 0; j < n; ++j) {
-        const C gc = static_cast<C>(Widen(go[r * n + j])) *
-                     GeluTanhGrad(static_cast<C>(Widen(prow[j * p_col])));
-        if (!col.empty()) col[j] += static_cast<double>(gc);
-        if (need_products) g_scratch[r * n + j] = static_cast<C>(Widen(Convert<T>(gc)));
+    ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        C* row = gc + r * n;
+        const T* prow = p_base + r * p_row;
+        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<C>(Widen(prow[j * p_col]));
+        GeluTanhGradRow(row, row, n);
+        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<C>(Widen(go[r * n + j])) * row[j];
+      }
+    });
+    if (!col.empty()) ColumnSums(gc, m, n, col.data());
+    if constexpr (!std::is_same_v<T, C>) {
+      if (need_products) {
+        ParallelFor(m * n, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) gc[i] = static_cast<C>(Widen(Convert<T>(gc[i])));
+        });
       }
     }
-    g = g_scratch.data();
+    g = gc;
   }
   if (grad_bias.defined()) {
     T* gb = grad_bias.data<T>();

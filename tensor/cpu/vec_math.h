@@ -1,0 +1,34 @@
+// The CPU kernels' vectorised float math, through Highway: each function is compiled for every
+// x86 instruction set Highway targets (SSE4, AVX2, AVX-512, ...) and runs the best one the
+// running CPU has (chosen once, at the first call), so no build flag assumes the build machine's
+// CPU. Every element of an array, the tail included, goes through the same vector instructions:
+// on one machine a value gets the same result whatever the array's length, alignment or thread
+// split, so kernels that share these functions round alike (a fused Linear + GELU and the
+// composed GeluTanh agree bit for bit). Machines with different instruction sets may differ in
+// the last bits (FMA or not inside tanh's polynomial).
+//
+//   TanhF32(x, y, n);            // y[i] = tanh(x[i]), at most 4 ulp from the exact value
+//   GeluTanhF32(x, y, n);        // y[i] = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   GeluTanhGradF32(x, y, n);    // y[i] = d gelu_tanh / dx at x[i]
+//
+// x and y may be the same array (in place); otherwise they must not overlap.
+#ifndef TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
+#define TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
+
+#include <cstdint>
+
+namespace tg::cpu {
+
+void TanhF32(const float* x, float* y, int64_t n);
+void GeluTanhF32(const float* x, float* y, int64_t n);
+// (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the
+// operations and order of composed::GeluTanhGrad (each rounded to f32, no FMA), tanh as TanhF32:
+// equal bit for bit to that chain of f32 tensor ops.
+void GeluTanhGradF32(const float* x, float* y, int64_t n);
+
+// The name of the instruction set the functions above run with on this CPU ("AVX3", "AVX2", ...).
+const char* VecMathTarget();
+
+}  // namespace tg::cpu
+
+#endif  // TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
