@@ -1,7 +1,8 @@
-// tanh-GELU and its derivative over rows of values in the compute type C (float or double),
-// shared by the elementwise kernels (UnaryOp::kGeluTanh, kTanh) and the fused Linear kernels
-// (tensor/cpu/fused_linear.cc), so that a fused Linear + GELU rounds exactly like
-// GeluTanh(Matmul + bias) does. float rows go through the vectorised forms of vec_math.h;
+// exp, tanh, tanh-GELU and its derivative over rows of values in the compute type C (float or
+// double), shared by the elementwise kernels (UnaryOp::kExp, kTanh, kGeluTanh), the softmax and
+// cross-entropy rows (rows.h), attention (fused_attention.cc) and the fused Linear kernels
+// (fused_linear.cc), so that a fused kernel rounds exactly like the composed ops it replaces
+// (a fused Linear + GELU like GeluTanh(Matmul + bias)). float rows go through the vectorised forms of vec_math.h;
 // double rows through the scalar forms below (libm's tanh), the exact references of gradchecks.
 //
 //   GeluTanhRow(x, y, n);       // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -33,10 +34,14 @@ inline double GeluTanhGrad(double x) {
   return left + right;
 }
 
+inline void ExpRow(const float* x, float* y, int64_t n) { ExpF32(x, y, n); }
 inline void TanhRow(const float* x, float* y, int64_t n) { TanhF32(x, y, n); }
 inline void GeluTanhRow(const float* x, float* y, int64_t n) { GeluTanhF32(x, y, n); }
 inline void GeluTanhGradRow(const float* x, float* y, int64_t n) { GeluTanhGradF32(x, y, n); }
 
+inline void ExpRow(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
 inline void TanhRow(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
 }

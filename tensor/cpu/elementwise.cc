@@ -213,15 +213,14 @@ C ApplyUnary(UnaryOp op, C x) {
         return -x;
       case UnaryOp::kAbs:
         return std::abs(x);
-      case UnaryOp::kExp:
-        return std::exp(x);
       case UnaryOp::kLog:
         return std::log(x);
       case UnaryOp::kSqrt:
         return std::sqrt(x);
+      case UnaryOp::kExp:
       case UnaryOp::kTanh:
       case UnaryOp::kGeluTanh:
-        break;  // row forms: MapRows with activation.h
+        break;  // floating: row forms, MapRows with activation.h
       case UnaryOp::kSigmoid:
         return C(1) / (C(1) + std::exp(-x));
       case UnaryOp::kRelu:
@@ -255,7 +254,6 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     return run([](C x) { return ApplyUnary<C>(UnaryOp::name, x); });
     TG_UNARY_CASE(kNeg)
     TG_UNARY_CASE(kAbs)
-    TG_UNARY_CASE(kExp)
     TG_UNARY_CASE(kLog)
     TG_UNARY_CASE(kSqrt)
     TG_UNARY_CASE(kSigmoid)
@@ -263,6 +261,7 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     TG_UNARY_CASE(kGelu)
     TG_UNARY_CASE(kErf)
 #undef TG_UNARY_CASE
+    case UnaryOp::kExp:
     case UnaryOp::kTanh:
     case UnaryOp::kGeluTanh:
       break;  // row forms: MapRows (Unary)
@@ -338,6 +337,9 @@ void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
     using T = decltype(tag);
     using C = ComputeType<T>;
     if constexpr (std::is_floating_point_v<C>) {
+      if (op == UnaryOp::kExp) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { ExpRow(v, o, n); });
+      }
       if (op == UnaryOp::kTanh) {
         return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { TanhRow(v, o, n); });
       }

@@ -27,9 +27,12 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
         const T* row = in + r * n;
         C shift, log_sum;
         RowLogSumExp<C>(row, n, &shift, &log_sum);
-        for (int64_t i = 0; i < n; ++i) {
-          const C z = static_cast<C>(Widen(row[i])) - shift - log_sum;
-          o[r * n + i] = Convert<T>(log ? z : std::exp(z));
+        C z[kRowBlock];
+        for (int64_t i = 0; i < n; i += kRowBlock) {
+          const int64_t len = std::min(kRowBlock, n - i);
+          for (int64_t j = 0; j < len; ++j) z[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
+          if (!log) ExpRow(z, z, len);
+          for (int64_t j = 0; j < len; ++j) o[r * n + i + j] = Convert<T>(z[j]);
         }
       }
     });

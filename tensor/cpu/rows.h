@@ -11,15 +11,20 @@
 #ifndef TAPEGRAD_TENSOR_CPU_ROWS_H_
 #define TAPEGRAD_TENSOR_CPU_ROWS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
 namespace tg::cpu {
+
+// The rows' exp runs over blocks of this many values (ExpRow, activation.h).
+constexpr int64_t kRowBlock = 256;
 
 // Max and log(sum(exp(x - max))) of one row, in compute type C.
 template <typename C, typename T>
@@ -33,7 +38,13 @@ void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
   // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
   const C shift = std::isinf(max) ? C(0) : max;
   C sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<C>(Widen(row[i])) - shift);
+  C block[kRowBlock];
+  for (int64_t i = 0; i < n; i += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - i);
+    for (int64_t j = 0; j < len; ++j) block[j] = static_cast<C>(Widen(row[i + j])) - shift;
+    ExpRow(block, block, len);
+    for (int64_t j = 0; j < len; ++j) sum += block[j];
+  }
   *max_out = shift;
   *log_sum_out = std::log(sum);
 }
@@ -83,9 +94,14 @@ C CrossEntropyRowLoss(const T* row, int64_t target, C shift, C log_sum) {
 template <typename C, typename T>
 void CrossEntropyGradRow(const T* row, int64_t classes, int64_t target, C shift, C log_sum,
                          C scale, T* grad) {
-  for (int64_t i = 0; i < classes; ++i) {
-    const C p = std::exp(static_cast<C>(Widen(row[i])) - shift - log_sum);
-    grad[i] = Convert<T>((p - (i == target ? C(1) : C(0))) * scale);
+  C p[kRowBlock];
+  for (int64_t i = 0; i < classes; i += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, classes - i);
+    for (int64_t j = 0; j < len; ++j) p[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
+    ExpRow(p, p, len);
+    for (int64_t j = 0; j < len; ++j) {
+      grad[i + j] = Convert<T>((p[j] - (i + j == target ? C(1) : C(0))) * scale);
+    }
   }
 }
 

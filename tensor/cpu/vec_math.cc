@@ -16,6 +16,17 @@ HWY_BEFORE_NAMESPACE();
 namespace tg::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Highway's Exp (1 ulp) on its domain; NaN stays NaN, above log(FLT_MAX) is +inf, and below
+// -104 it is 0 (the exact value is under half the smallest subnormal there).
+struct ExpOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    const V overflow = hn::Set(d, 88.72283935546875f);
+    const V y = hn::IfThenElse(hn::Gt(x, overflow), hn::Inf(d), hn::Exp(d, hn::Min(x, overflow)));
+    return hn::IfThenElse(hn::IsNaN(x), x, y);
+  }
+};
+
 struct TanhOp {
   template <class D, class V>
   V operator()(D d, V x) const {
@@ -67,6 +78,7 @@ void Map(const float* x, float* y, int64_t n, Op op) {
   }
 }
 
+void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
 void GeluTanhGrad(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhGradOp()); }
@@ -77,10 +89,12 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tg::cpu {
 
+HWY_EXPORT(Exp);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 
+void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 void TanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Tanh)(x, y, n); }
 void GeluTanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluTanh)(x, y, n); }
 void GeluTanhGradF32(const float* x, float* y, int64_t n) {

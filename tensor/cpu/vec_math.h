@@ -7,6 +7,7 @@
 // composed GeluTanh agree bit for bit). Machines with different instruction sets may differ in
 // the last bits (FMA or not inside tanh's polynomial).
 //
+//   ExpF32(x, y, n);             // y[i] = exp(x[i]), at most 1 ulp from the exact value
 //   TanhF32(x, y, n);            // y[i] = tanh(x[i]), at most 4 ulp from the exact value
 //   GeluTanhF32(x, y, n);        // y[i] = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   GeluTanhGradF32(x, y, n);    // y[i] = d gelu_tanh / dx at x[i]
@@ -19,6 +20,7 @@
 
 namespace tg::cpu {
 
+void ExpF32(const float* x, float* y, int64_t n);
 void TanhF32(const float* x, float* y, int64_t n);
 void GeluTanhF32(const float* x, float* y, int64_t n);
 // (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the

@@ -51,6 +51,31 @@ TEST(VecMath, TanhWithinFourUlpOfLibm) {
   }
 }
 
+TEST(VecMath, ExpWithinOneUlpOfLibm) {
+  std::vector<float> x = Grid(-87, 88.5f, 70001);
+  std::vector<float> y(x.size());
+  cpu::ExpF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(UlpDistance(y[i], std::exp(static_cast<double>(x[i]))), 1)
+        << "exp(" << x[i] << ") = " << y[i] << " on " << cpu::VecMathTarget();
+  }
+}
+
+TEST(VecMath, ExpSpecialValues) {
+  const std::vector<float> x = {kNaN, kInf, -kInf, 0.0f, -0.0f, 88.8f, 1000.0f, -104.5f, -1000.0f};
+  std::vector<float> y(x.size());
+  cpu::ExpF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], kInf);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[3], 1.0f);
+  EXPECT_EQ(y[4], 1.0f);
+  EXPECT_EQ(y[5], kInf);  // above log(FLT_MAX) = 88.7228
+  EXPECT_EQ(y[6], kInf);
+  EXPECT_EQ(y[7], 0.0f);
+  EXPECT_EQ(y[8], 0.0f);
+}
+
 TEST(VecMath, GeluTanhCloseToF64) {
   std::vector<float> x = Grid(-8, 8, 16001);
   std::vector<float> y(x.size());
