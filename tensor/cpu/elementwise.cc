@@ -8,6 +8,7 @@
 #include "tensor/cpu/activation.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/strided_loop.h"
 
 namespace tg::cpu {
@@ -34,6 +35,13 @@ bool FlatSameShape(const Tensor& out, std::initializer_list<const Tensor*> input
 // Elements per thread below which a flat loop stays on one thread (parallel.h).
 constexpr int64_t kElementsPerThread = int64_t{1} << 14;
 
+// f16/bf16 operands of a flat loop go through f32 blocks of this many values, widened and rounded
+// with the vectorised conversions (vec_math.h), the loop over a block being plain f32 code.
+constexpr int64_t kBlock = 256;
+template <typename Out, typename In>
+constexpr bool kTwoByteFloats =
+    std::is_same_v<Out, In> && (std::is_same_v<In, Half> || std::is_same_v<In, BFloat16>);
+
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
 void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
@@ -42,7 +50,18 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     const In* x = static_cast<const In*>(a.raw_data());
     const In* y = static_cast<const In*>(b.raw_data());
     ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+      if constexpr (kTwoByteFloats<Out, In>) {
+        float xb[kBlock], yb[kBlock];
+        for (int64_t i = begin; i < end; i += kBlock) {
+          const int64_t len = std::min(kBlock, end - i);
+          WidenToF32(x + i, xb, len);
+          WidenToF32(y + i, yb, len);
+          for (int64_t j = 0; j < len; ++j) xb[j] = f(xb[j], yb[j]);
+          RoundFromF32(xb, o + i, len);
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+      }
     });
     return;
   }
@@ -74,7 +93,17 @@ void Map1(const Tensor& out, const Tensor& x, F f) {
     Out* o = static_cast<Out*>(out.raw_data());
     const In* v = static_cast<const In*>(x.raw_data());
     ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+      if constexpr (kTwoByteFloats<Out, In>) {
+        float vb[kBlock];
+        for (int64_t i = begin; i < end; i += kBlock) {
+          const int64_t len = std::min(kBlock, end - i);
+          WidenToF32(v + i, vb, len);
+          for (int64_t j = 0; j < len; ++j) vb[j] = f(vb[j]);
+          RoundFromF32(vb, o + i, len);
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+      }
     });
     return;
   }
@@ -103,7 +132,6 @@ void MapRows(const Tensor& out, const Tensor& x, RowFn row_fn) {
     if constexpr (std::is_same_v<T, C>) {
       if (so == 1 && sv == 1) return row_fn(v, o, n);
     }
-    constexpr int64_t kBlock = 256;
     C block[kBlock];
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t len = std::min(kBlock, n - i);

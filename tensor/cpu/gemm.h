@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/profile.h"
 
 namespace tg::cpu {
@@ -50,8 +52,15 @@ const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
     return p;
   } else {
     scratch.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) scratch[i] = static_cast<C>(Widen(p[i]));
-    return scratch.data();
+    C* s = scratch.data();
+    ParallelFor(count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<C, float>) {
+        WidenToF32(p + begin, s + begin, end - begin);
+      } else {
+        for (int64_t i = begin; i < end; ++i) s[i] = static_cast<C>(Widen(p[i]));
+      }
+    });
+    return s;
   }
 }
 
@@ -69,7 +78,13 @@ C* GemmResult(T* out, int64_t count, std::vector<C>& scratch) {
 template <typename C, typename T>
 void StoreGemmResult(const C* result, int64_t count, T* out) {
   if constexpr (!std::is_same_v<T, C>) {
-    for (int64_t i = 0; i < count; ++i) out[i] = Convert<T>(result[i]);
+    ParallelFor(count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<C, float>) {
+        RoundFromF32(result + begin, out + begin, end - begin);
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = Convert<T>(result[i]);
+      }
+    });
   }
 }
 

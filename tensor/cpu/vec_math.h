@@ -16,7 +16,11 @@
 #ifndef TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
 #define TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
+
+#include "tensor/half.h"
 
 namespace tg::cpu {
 
@@ -27,6 +31,37 @@ void GeluTanhF32(const float* x, float* y, int64_t n);
 // operations and order of composed::GeluTanhGrad (each rounded to f32, no FMA), tanh as TanhF32:
 // equal bit for bit to that chain of f32 tensor ops.
 void GeluTanhGradF32(const float* x, float* y, int64_t n);
+
+// Conversions of n values between f32 and the bits of f16 / bf16, rounding to nearest even as
+// tensor/half.h's scalar conversions do (the same bits, NaNs included).
+void HalfBitsToF32(const uint16_t* in, float* out, int64_t n);
+void F32ToHalfBits(const float* in, uint16_t* out, int64_t n);
+void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n);
+void F32ToBFloat16Bits(const float* in, uint16_t* out, int64_t n);
+
+// The same for typed arrays: T float (a copy), Half or BFloat16.
+template <typename T>
+void WidenToF32(const T* in, float* out, int64_t n) {
+  if constexpr (std::is_same_v<T, Half>) {
+    HalfBitsToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    BFloat16BitsToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+  } else {
+    static_assert(std::is_same_v<T, float>, "WidenToF32: float, Half or BFloat16");
+    std::copy(in, in + n, out);
+  }
+}
+template <typename T>
+void RoundFromF32(const float* in, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, Half>) {
+    F32ToHalfBits(in, reinterpret_cast<uint16_t*>(out), n);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    F32ToBFloat16Bits(in, reinterpret_cast<uint16_t*>(out), n);
+  } else {
+    static_assert(std::is_same_v<T, float>, "RoundFromF32: float, Half or BFloat16");
+    std::copy(in, in + n, out);
+  }
+}
 
 // The name of the instruction set the functions above run with on this CPU ("AVX3", "AVX2", ...).
 const char* VecMathTarget();
