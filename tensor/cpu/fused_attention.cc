@@ -38,10 +38,7 @@ const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, std::vector<C>& scra
     }
   }
   scratch.resize(static_cast<size_t>(rows * d));
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* row = base + i * st[2];
-    for (int64_t c = 0; c < d; ++c) scratch[i * d + c] = static_cast<C>(Widen(row[c * st[3]]));
-  }
+  for (int64_t i = 0; i < rows; ++i) LoadRow(base + i * st[2], st[3], d, scratch.data() + i * d);
   *ld = std::max<int64_t>(d, 1);
   return scratch.data();
 }
@@ -99,7 +96,8 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
         double acc = 0;
         for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(row[j]);
         const C sum = static_cast<C>(acc);
-        for (int64_t j = 0; j < len; ++j) row[j] = static_cast<C>(Widen(Convert<T>(row[j] / sum)));
+        for (int64_t j = 0; j < len; ++j) row[j] /= sum;
+        RoundRow<T>(row, len);
         std::fill(row + len, row + tk, C(0));
         st[i] = max + std::log(sum);
       }
@@ -154,11 +152,9 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
         const int64_t len = VisibleKeys(causal, i, tk);
         for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
         ExpRow(prow, prow, len);
-        for (int64_t j = 0; j < len; ++j) {
-          const C pj = prow[j];
-          prow[j] = static_cast<C>(Widen(Convert<T>(pj)));
-          dsrow[j] = static_cast<C>(Widen(Convert<T>(pj * (dsrow[j] - delta) * cscale)));
-        }
+        for (int64_t j = 0; j < len; ++j) dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
+        RoundRow<T>(prow, len);
+        RoundRow<T>(dsrow, len);
         std::fill(prow + len, prow + tk, C(0));
         std::fill(dsrow + len, dsrow + tk, C(0));
       }

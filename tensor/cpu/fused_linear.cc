@@ -76,21 +76,22 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
             for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
           }
         } else {
-          for (int64_t j = 0; j < n; ++j) {
-            orow[j] = Convert<T>(b != nullptr ? a[j] + bc[j] : a[j]);
+          C* p = acc + r * n;  // the bias in place, then rounded into out
+          if (b != nullptr) {
+            for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
           }
+          StoreRow(p, n, orow, 1);
         }
         continue;
       }
       // GELU of the row in place in the product buffer (the row is read by this thread only).
       C* p = acc + r * n;
-      T* prow = p_base + r * p_row;
-      for (int64_t j = 0; j < n; ++j) {
-        if (b != nullptr) p[j] += bc[j];
-        prow[j * p_col] = Convert<T>(p[j]);
+      if (b != nullptr) {
+        for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
       }
+      StoreRow(p, n, p_base + r * p_row, p_col);
       GeluTanhRow(p, p, n);
-      for (int64_t j = 0; j < n; ++j) orow[j] = Convert<T>(p[j]);
+      StoreRow(p, n, orow, 1);
     }
   });
 }
@@ -123,19 +124,20 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
     const T* p_base = pre.data<T>();
     const int64_t p_row = pre.strides()[0], p_col = pre.strides()[1];
     ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      std::vector<C> g_row(static_cast<size_t>(n));
       for (int64_t r = begin; r < end; ++r) {
         C* row = gc + r * n;
-        const T* prow = p_base + r * p_row;
-        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<C>(Widen(prow[j * p_col]));
+        LoadRow(p_base + r * p_row, p_col, n, row);
         GeluTanhGradRow(row, row, n);
-        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<C>(Widen(go[r * n + j])) * row[j];
+        LoadRow(go + r * n, 1, n, g_row.data());
+        for (int64_t j = 0; j < n; ++j) row[j] = g_row[j] * row[j];
       }
     });
     if (!col.empty()) ColumnSums(gc, m, n, col.data());
     if constexpr (!std::is_same_v<T, C>) {
       if (need_products) {
         ParallelFor(m * n, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) gc[i] = static_cast<C>(Widen(Convert<T>(gc[i])));
+          RoundRow<T>(gc + begin, end - begin);
         });
       }
     }

@@ -63,6 +63,21 @@ void RoundFromF32(const float* in, T* out, int64_t n) {
   }
 }
 
+// x[i] = x[i] rounded to T's precision, kept as float (T float: unchanged): the value a float
+// takes when stored as T and read back.
+template <typename T>
+void RoundToPrecisionOf(float* x, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    constexpr int64_t kBlock = 256;
+    T block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      RoundFromF32(x + i, block, len);
+      WidenToF32(block, x + i, len);
+    }
+  }
+}
+
 // The name of the instruction set the functions above run with on this CPU ("AVX3", "AVX2", ...).
 const char* VecMathTarget();
 
