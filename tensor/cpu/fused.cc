@@ -27,7 +27,7 @@ KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const 
 
 // Per row r, in C: xhat = (x - mean) * rstd, dxhat = grad_out * weight, then
 // grad_input = rstd * ((dxhat - mean(dxhat)) - xhat * mean(dxhat * xhat)); the two row means are
-// f64 sums divided by n and rounded to C (as Mean does). grad_weight and grad_bias accumulate
+// f64 sums (rows.h's SumF64) divided by n and rounded to C. grad_weight and grad_bias accumulate
 // grad_out * xhat and grad_out in f64 per column, rows in order (deterministic, independent of
 // any blocking), and round once at the end.
 KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weight,
@@ -50,26 +50,24 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
     }
     // grad_input: rows in parallel, each with its own scratch.
     ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
-      std::vector<C> xhat(n), dxhat(n);  // one row
+      std::vector<C> xhat(n), dxhat(n), gi_row(n);  // one row
       for (int64_t r = begin; r < end; ++r) {
-        const T* xrow = xs + r * n;
-        const T* grow = go + r * n;
-        double sum_dxhat = 0, sum_dxhat_xhat = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const C g = static_cast<C>(Widen(grow[i]));
-          const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];
-          const C dx = w.empty() ? g : g * w[i];
-          xhat[i] = xh;
-          dxhat[i] = dx;
-          sum_dxhat += static_cast<double>(dx);
-          sum_dxhat_xhat += static_cast<double>(dx * xh);
+        LoadRow(xs + r * n, 1, n, xhat.data());
+        LoadRow(go + r * n, 1, n, dxhat.data());
+        for (int64_t i = 0; i < n; ++i) xhat[i] = (xhat[i] - mu[r]) * rs[r];
+        if (!w.empty()) {
+          for (int64_t i = 0; i < n; ++i) dxhat[i] *= w[i];
         }
+        const double sum_dxhat =
+            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i]); });
+        const double sum_dxhat_xhat =
+            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i] * xhat[i]); });
         const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
         const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
-        T* irow = gi + r * n;
         for (int64_t i = 0; i < n; ++i) {
-          irow[i] = Convert<T>(rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat));
+          gi_row[i] = rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat);
         }
+        StoreRow(gi_row.data(), n, gi + r * n, 1);
       }
     });
     // grad_weight and grad_bias: columns in parallel, each summed over the rows in order.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/convert_rows.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/profile.h"
@@ -86,30 +87,6 @@ void StoreGemmResult(const C* result, int64_t count, T* out) {
       }
     });
   }
-}
-
-// One row of n values between storage T (element stride `stride`) and the compute type C: the
-// vectorised conversions for contiguous f16/bf16 rows, element by element otherwise.
-template <typename T, typename C>
-void LoadRow(const T* src, int64_t stride, int64_t n, C* dst) {
-  if constexpr (std::is_same_v<C, float>) {
-    if (stride == 1) return WidenToF32(src, dst, n);
-  }
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<C>(Widen(src[j * stride]));
-}
-template <typename T, typename C>
-void StoreRow(const C* src, int64_t n, T* dst, int64_t stride) {
-  if constexpr (std::is_same_v<C, float>) {
-    if (stride == 1) return RoundFromF32(src, dst, n);
-  }
-  for (int64_t j = 0; j < n; ++j) dst[j * stride] = Convert<T>(src[j]);
-}
-
-// x[j] = x[j] rounded to T and read back as C, the value it has as a product's operand of T (no
-// change when T is C; C is float otherwise).
-template <typename T, typename C>
-void RoundRow(C* x, int64_t n) {
-  if constexpr (!std::is_same_v<T, C>) RoundToPrecisionOf<T>(x, n);
 }
 
 }  // namespace tg::cpu

@@ -15,9 +15,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/convert.h"
 #include "tensor/cpu/activation.h"
+#include "tensor/cpu/convert_rows.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
@@ -49,29 +51,52 @@ void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
   *log_sum_out = std::log(sum);
 }
 
+// sum over i < n of f(i), in f64: eight interleaved partial sums added in a fixed order, so the
+// result is deterministic and the loop vectorises (a single running sum waits on every add).
+template <typename F>
+double SumF64(int64_t n, F f) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += f(i + l);
+  }
+  for (int l = 0; i < n; ++i, ++l) acc[l] += f(i);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // Layer norm of one row of n values: mean and biased variance accumulated in f64 (two passes:
-// no cancellation from E[x^2] - E[x]^2), then out = (x - mean) * rstd (* weight) (+ bias) in C,
-// rounded once. weight and bias may be null.
+// no cancellation from E[x^2] - E[x]^2; SumF64's order), then out = (x - mean) * rstd (* weight)
+// (+ bias) in C, rounded once. weight and bias may be null.
 template <typename T, typename C = ComputeType<T>>
 void LayerNormRow(const T* row, int64_t n, const T* w, const T* b, double eps, T* out, C* mean,
                   C* rstd) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(Widen(row[i]));
-  const double mu = sum / static_cast<double>(n);
-  double sq = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  const double mu =
+      SumF64(n, [&](int64_t i) { return static_cast<double>(Widen(row[i])); }) /
+      static_cast<double>(n);
+  const double sq = SumF64(n, [&](int64_t i) {
     const double d = static_cast<double>(Widen(row[i])) - mu;
-    sq += d * d;
-  }
+    return d * d;
+  });
   const C m = static_cast<C>(mu);
   const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
   *mean = m;
   *rstd = rs;
-  for (int64_t i = 0; i < n; ++i) {
-    C y = (static_cast<C>(Widen(row[i])) - m) * rs;
-    if (w) y *= static_cast<C>(Widen(w[i]));
-    if (b) y += static_cast<C>(Widen(b[i]));
-    out[i] = Convert<T>(y);
+  // In blocks of C: the three steps as separate loops (each vectorises), stored with the
+  // vectorised conversions.
+  C y[kRowBlock], wc[kRowBlock], bc[kRowBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - i0);
+    LoadRow(row + i0, 1, len, y);
+    for (int64_t i = 0; i < len; ++i) y[i] = (y[i] - m) * rs;
+    if (w) {
+      LoadRow(w + i0, 1, len, wc);
+      for (int64_t i = 0; i < len; ++i) y[i] *= wc[i];
+    }
+    if (b) {
+      LoadRow(b + i0, 1, len, bc);
+      for (int64_t i = 0; i < len; ++i) y[i] += bc[i];
+    }
+    StoreRow(y, len, out + i0, 1);
   }
 }
 
