@@ -31,7 +31,9 @@ std::string CaptureCreationTrace() {
 
 }  // namespace
 
-Node::Node() : sequence_nr_(next_sequence_nr++) {
+Node::Node() : Node(next_sequence_nr++) {}
+
+Node::Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {
   if (AnomalyMode::is_enabled()) extras().creation_trace = CaptureCreationTrace();
 }
 
@@ -292,7 +294,8 @@ void FunctionNode::ReleaseSaved() {
 
 // ---- AccumulateGrad ----------------------------------------------------------------------------
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf) : leaf_(std::move(leaf)) {
+AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf)
+    : Node(kRunFirst), leaf_(std::move(leaf)) {
   AddInputMetadata(leaf_->data);
 }
 
