@@ -31,11 +31,16 @@ class Engine {
  public:
   // Accumulates d(roots)/d(leaves) into the leaves' .grad. grad_outputs may be empty or hold
   // undefined entries for one-element roots (implicit 1); otherwise each must match its root's
-  // shape and dtype. With options.inputs, only those variables accumulate.
+  // shape, and one of another dtype is cast to the root's (a 0-d one on another device is
+  // moved), as PyTorch does. With options.inputs, only those variables accumulate and only the
+  // nodes that lead to them run (no hook of any other node fires); a non-leaf input gets
+  // retain_grad() (it stays on) and its grad_fn runs, but nothing below it unless needed.
   static void Backward(const VariableList& roots, const VariableList& grad_outputs = {},
                        const BackwardOptions& options = {});
-  // Returns d(outputs)/d(inputs) without touching any .grad. Tensor hooks of the inputs run;
-  // their AccumulateGrad nodes do not.
+  // Returns d(outputs)/d(inputs) without touching any leaf's .grad; only the nodes that lead
+  // to the inputs run. An input's gradient is captured where it enters the input's node: if
+  // no other input lies below that node, after its tensor hooks (and retain_grad), and the
+  // node does not run; otherwise before them, and the node runs (PyTorch's order).
   static VariableList Grad(const VariableList& outputs, const VariableList& inputs,
                            const VariableList& grad_outputs = {}, const GradOptions& options = {});
 
