@@ -266,6 +266,20 @@ def root_gradient_dtype_cast():
     emit("RootGradientDtypeCast", events, values)
 
 
+def root_is_the_input():
+    # The root itself requested: its tensor hooks run on the given gradient and nothing below.
+    r = Recorder()
+    x = leaf([1.0, 2.0])
+    r.tensor(x, "x")
+    y = x * 3
+    r.tensor(y, "y", scale=2)
+    r.node(y.grad_fn, "y")
+    (gy,) = torch.autograd.grad(y, [y], torch.tensor([1.0, 5.0], dtype=torch.float64))
+    r.events.append("-- backward inputs=[y]")
+    y.backward(torch.tensor([1.0, 5.0], dtype=torch.float64), inputs=[y])
+    emit("RootIsTheInput", r.events, {"gy": fmt(gy), "y.grad": fmt(y.grad), "x.grad": fmt(x.grad)})
+
+
 def accumulate_grad_runs_first():
     # x's AccumulateGrad exists (hooked) before z's graph is recorded; once ready it runs before
     # z's MulBackward, which was created later than it.
@@ -296,3 +310,4 @@ if __name__ == "__main__":
     undefined_gradient_reaches_hooks()
     root_gradient_dtype_cast()
     accumulate_grad_runs_first()
+    root_is_the_input()

@@ -209,6 +209,25 @@ TEST(HookSemanticsTest, BackwardInputsNonLeaf) {
   EXPECT_EQ(Fmt(x.grad()), "[180, 360]");
 }
 
+TEST(HookSemanticsTest, RootIsTheInput) {
+  Recorder r;
+  Variable x = Leaf({1, 2});
+  r.Tensor(x, "x");
+  Variable y = MulScalar(x, 3);
+  r.Tensor(y, "y", 2);
+  r.Node(y.grad_fn(), "y");
+  const Variable grad_output(Tensor::FromVector<double>({1, 5}, {2}));
+  VariableList gy = Engine::Grad({y}, {y}, {grad_output});
+  r.events.push_back("-- backward inputs=[y]");
+  VariableList inputs = {y};
+  y.backward(grad_output, BackwardOptions{false, false, &inputs});
+  EXPECT_EQ(r.events, (Events{"y hook [1, 5]", "-- backward inputs=[y]", "y hook [1, 5]",
+                              "y pre [2, 10]", "y post"}));
+  EXPECT_EQ(Fmt(gy[0]), "[2, 10]");
+  EXPECT_EQ(Fmt(y.grad()), "[2, 10]");
+  EXPECT_EQ(Fmt(x.grad()), "undef");
+}
+
 TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
   Variable x = Leaf({1, 2});
   Variable h = MulScalar(x, 3);
