@@ -500,8 +500,8 @@ Node* ExistingGradientEdgeNode(const VariableImpl& impl) {
   return impl.grad_accumulator.lock().get();
 }
 
-// What a multi-grad hook keeps per graph task: entries are made at the task's first gradient
-// and dropped when the hook fires (kAll) or when the task's callbacks run.
+// What a multi-grad hook keeps per graph task: an entry is made at the task's first gradient
+// for one of the variables and dropped when the task's callbacks run.
 struct MultiGradState {
   struct PerTask {
     int64_t task_id;
@@ -537,8 +537,8 @@ struct MultiGradState {
       if (auto state = weak.lock()) {
         std::lock_guard<std::mutex> lock(state->mu);
         auto& v = state->tasks;
-        v.erase(std::remove_if(v.begin(), v.end(), [id](const PerTask& t) { return t.task_id == id; }),
-                v.end());
+        auto done = [id](const PerTask& t) { return t.task_id == id; };
+        v.erase(std::remove_if(v.begin(), v.end(), done), v.end());
       }
     });
     return t;

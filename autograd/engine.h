@@ -1,10 +1,11 @@
 // Engine: runs the backward graph. Every Backward() / Grad() call is one GraphTask with an id
 // from a process-wide counter; nodes run in dependency order, among the ready ones a leaf's
-// AccumulateGrad first and then later-created nodes first (PyTorch's order); callbacks queued during the task run FIFO once every node ran and every
-// .grad was accumulated, before the call returns. A backward issued from inside a node, hook
-// or callback runs as a nested task (its own id and callbacks) that completes before the outer
-// task continues; deep nesting hands off to a fresh thread every kMaxDepthPerThread levels, so
-// recursion never overflows a stack.
+// AccumulateGrad first and then later-created nodes first (PyTorch's order); callbacks queued
+// during the task run FIFO once every node ran and every .grad was accumulated, before the
+// call returns. A backward issued from inside a node, hook or callback runs as a nested task
+// (its own id and callbacks) that completes before the outer task continues; deep nesting
+// hands off to a fresh thread every kMaxDepthPerThread levels, so recursion never overflows a
+// stack.
 //
 //   loss.backward();                                     // Engine::Backward({loss}, {}, {})
 //   auto [gx] = Engine::Grad({y}, {x}, {}, {.create_graph = true});

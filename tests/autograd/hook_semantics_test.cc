@@ -70,12 +70,14 @@ struct Recorder {
       events.push_back(name + " pre " + Fmt(g[0]));
       return {};
     });
-    node->RegisterPostHook(
-        [this, name](const VariableList&, const VariableList&) { events.push_back(name + " post"); });
+    node->RegisterPostHook([this, name](const VariableList&, const VariableList&) {
+      events.push_back(name + " post");
+    });
   }
   void PostAcc(const Variable& v, const std::string& name) {
-    v.register_post_accumulate_grad_hook(
-        [this, name](const Variable& leaf) { events.push_back(name + " postacc " + Fmt(leaf.grad())); });
+    v.register_post_accumulate_grad_hook([this, name](const Variable& leaf) {
+      events.push_back(name + " postacc " + Fmt(leaf.grad()));
+    });
   }
   std::function<void(const VariableList&)> Multi() {
     return [this](const VariableList& grads) { events.push_back("multi " + FmtList(grads)); };
@@ -269,22 +271,11 @@ TEST(HookSemanticsTest, MultiGradAll) {
   handle.remove();
   r.events.push_back("-- removed");
   TwoAFiveB(a, b).backward();
-  EXPECT_EQ(r.events, (Events{"-- both",
-                              "b hook [5]",
-                              "a hook [2]",
-                              "multi [[2], [5], undef]",
-                              "-- a only",
-                              "a hook [1]",
-                              "multi [[1], undef, undef]",
-                              "-- backward inputs=[a]",
-                              "a hook [2]",
-                              "multi [[2], undef, undef]",
-                              "-- backward inputs=[b]",
-                              "multi [undef, [5], undef]",
-                              "b hook [5]",
-                              "-- removed",
-                              "b hook [5]",
-                              "a hook [2]"}));
+  EXPECT_EQ(r.events, (Events{"-- both", "b hook [5]", "a hook [2]", "multi [[2], [5], undef]",
+                              "-- a only", "a hook [1]", "multi [[1], undef, undef]",
+                              "-- backward inputs=[a]", "a hook [2]", "multi [[2], undef, undef]",
+                              "-- backward inputs=[b]", "multi [undef, [5], undef]", "b hook [5]",
+                              "-- removed", "b hook [5]", "a hook [2]"}));
 }
 
 TEST(HookSemanticsTest, MultiGradAny) {
@@ -317,7 +308,10 @@ TEST(HookSemanticsTest, MultiGradAnyWithTheListSignature) {
   TwoAFiveB(a, b).backward();
   EXPECT_EQ(events, (Events{"any [undef, [5]]"}));
   EXPECT_TRUE(ThrowsError(
-      [&] { register_multi_grad_hook({a}, [](const Variable&) {}, MultiGradMode::kAll); },
+      [&] {
+        register_multi_grad_hook(
+            {a}, [](const Variable&) {}, MultiGradMode::kAll);
+      },
       "register_multi_grad_hook: a hook taking one gradient needs MultiGradMode::kAny"));
 }
 
@@ -360,9 +354,8 @@ TEST(HookSemanticsTest, MultiGradReentrant) {
   Variable five_b = MulScalar(b, 5);
   Variable sum_ab = Add(two_a, five_b);
   Sum(Add(sum_ab, c)).backward();
-  EXPECT_EQ(r.events,
-            (Events{"c hook: nested backward", "multi [[3], undef]", "any [3]",
-                    "c hook: nested backward returned", "any [5]", "multi [[2], [5]]"}));
+  EXPECT_EQ(r.events, (Events{"c hook: nested backward", "multi [[3], undef]", "any [3]",
+                              "c hook: nested backward returned", "any [5]", "multi [[2], [5]]"}));
   EXPECT_EQ(Fmt(a.grad()), "[5]");
   EXPECT_EQ(Fmt(b.grad()), "[5]");
 }
@@ -395,7 +388,9 @@ TEST(HookSemanticsTest, AHookMayNotInventAGradient) {
   b.set_name("b");
   b.register_hook([](const Variable&) { return Variable(Tensor::Ones({1}, kF64)); });
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { Sum(DropSecond::Apply({a, b})[0]).backward(); },
+      [&] {
+        Sum(DropSecond::Apply({a, b})[0]).backward();
+      },
       "hook on b returned a gradient where it received none (an undefined gradient)"));
 }
 
@@ -422,9 +417,9 @@ TEST(HookSemanticsTest, RootGradientDtypeCast) {
   EXPECT_EQ(Fmt(gx[0]), "[1, 2]");
   // The shape must still match exactly (PyTorch: "Mismatch in shape: grad_output[0] has a
   // shape of torch.Size([3]) and output[0] has a shape of torch.Size([2]).").
-  EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { MulScalar(x, 2).backward(Variable(Tensor::Ones({3}, kF64))); },
-      "backward: grad_output 0 has shape [3] but root 0 has shape [2]"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { MulScalar(x, 2).backward(Variable(Tensor::Ones({3}, kF64))); },
+                         "backward: grad_output 0 has shape [3] but root 0 has shape [2]"));
 }
 
 TEST(HookSemanticsTest, RootGradientCastIsDifferentiableUnderCreateGraph) {
