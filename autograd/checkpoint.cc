@@ -1,5 +1,6 @@
 #include "autograd/checkpoint.h"
 
+#include <algorithm>
 #include <any>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/warning.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -218,12 +220,29 @@ Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
 
 }  // namespace
 
+const char* const kCheckpointReentrancyWarning =
+    "checkpoint: CheckpointOptions::reentrant should be set explicitly; it defaults to true "
+    "(reentrant). reentrant = false is recommended (it works with Engine::Grad, "
+    "Backward(inputs=) and parameters whose inputs do not require grad); set reentrant = true "
+    "to keep the current behaviour and silence this warning";
+const char* const kCheckpointNoGradInputsWarning =
+    "checkpoint: none of the inputs requires grad, so with reentrant checkpointing the output "
+    "does not either and the gradients of the parameters used inside will be undefined";
+
 Variable Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointOptions& options) {
   TG_CHECK(fn != nullptr, "checkpoint: the function is empty");
   for (size_t i = 0; i < options.generators.size(); ++i) {
     TG_CHECK(options.generators[i] != nullptr, "checkpoint: generator ", i, " is null");
   }
-  if (!options.reentrant) return NonReentrantCheckpoint(std::move(fn), inputs, options.generators);
+  if (!options.reentrant.has_value()) Warn(kCheckpointReentrancyWarning);
+  if (!options.reentrant.value_or(true)) {
+    return NonReentrantCheckpoint(std::move(fn), inputs, options.generators);
+  }
+  // PyTorch's check_backward_validity (use_reentrant=True only).
+  if (std::none_of(inputs.begin(), inputs.end(),
+                   [](const Variable& in) { return in.requires_grad(); })) {
+    Warn(kCheckpointNoGradInputsWarning);
+  }
   return CheckpointFunction::Apply(inputs, std::move(fn), options.generators)[0];
 }
 

@@ -25,6 +25,9 @@
 //   gradients flow in the caller's graph task, and Engine::Grad, backward(inputs=) and
 //   retain_graph (a later backward recomputes again) work.
 //
+// Warnings (autograd/warning.h), as PyTorch's: `reentrant` left unset, and reentrant
+// checkpointing of inputs none of which requires grad (its gradients will be undefined).
+//
 // In both modes the states of `generators` are captured before the forward and restored for
 // the recomputation (then put back, so the caller's random stream is unaffected): randomness
 // drawn from those generators inside `fn` (dropout) is reproduced exactly. `fn` must otherwise
@@ -33,6 +36,7 @@
 #define TAPEGRAD_AUTOGRAD_CHECKPOINT_H_
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "autograd/node.h"
@@ -42,12 +46,19 @@
 namespace tg {
 
 struct CheckpointOptions {
-  bool reentrant = true;
+  // true: reentrant (PyTorch's use_reentrant=True), false: non-reentrant (recommended, as in
+  // PyTorch). Left unset, it is reentrant (PyTorch's default) and Warn() (autograd/warning.h)
+  // says to choose, as PyTorch warns when use_reentrant is not passed.
+  std::optional<bool> reentrant;
   // Generators `fn` draws from; their states are restored for the recomputation.
   std::vector<Generator*> generators;
 };
 
 using CheckpointFn = std::function<Variable(const VariableList& inputs)>;
+
+// The texts of the two warnings above.
+extern const char* const kCheckpointReentrancyWarning;
+extern const char* const kCheckpointNoGradInputsWarning;
 
 // Returns fn(inputs), recomputing fn during backward instead of keeping what it saves.
 Variable Checkpoint(CheckpointFn fn, const VariableList& inputs,

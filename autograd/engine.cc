@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <queue>
 #include <thread>
 
@@ -20,11 +21,16 @@ std::atomic<int64_t> next_graph_task_id{0};
 std::atomic<bool> anomaly_enabled{false};
 
 // Per-node bookkeeping of one task: unmet dependencies, the gradient buffer (one slot per
-// node input), and whether the node must run (tasks with inputs run only what leads to them).
+// node input), and what the task does with the node (PyTorch's exec_info). A task with inputs
+// (Grad(), Backward(inputs=)) runs a node only when it is `needed` (some requested gradient
+// lies below it); Grad() `captured` nodes deliver a requested gradient. A node that is neither
+// never receives a gradient: none of its hooks run.
 struct NodeState {
   uint64_t sequence_nr = 0;  // the node's, copied so queueing it does not touch the node
   int dependencies = 0;
   bool needed = true;
+  bool captured = false;
+  bool reached() const { return needed || captured; }
   VariableList buffer;
 };
 
@@ -41,8 +47,7 @@ struct GraphTask {
   bool issued_in_forward = false;  // the outermost task started inside a ForwardScope
   bool keep_graph = false;
   bool create_graph = false;
-  bool partial = false;    // only nodes leading to `inputs` run
-  bool accumulate = true;  // false for Grad(): AccumulateGrad nodes do not run
+  bool partial = false;  // only nodes leading to `inputs` run
   // One slot per node reached from the roots, filled once by ComputeDependencies (so pointers
   // into it stay valid), found through Node::engine_mark. Only when a nested task overwrote a
   // mark (or for nodes outside this task) is the node -> slot map needed; it is built then.
@@ -88,6 +93,17 @@ Variable SumGrads(const Variable& a, const Variable& b) {
   });
 }
 
+// g cast to `dtype`; recorded (so differentiable) when g requires grad and grad mode is on.
+Variable CastGrad(const Variable& g, DType dtype) {
+  Tensor cast = g.data().to(dtype);
+  if (!ShouldRecord({g})) return Variable(std::move(cast));
+  const DType from = g.dtype();
+  return Record("CastBackward", std::move(cast), {g}, {},
+                [from](const BackwardContext& ctx) -> VariableList {
+                  return {CastGrad(ctx.grads[0], from)};
+                });
+}
+
 // Gives every node reachable from the roots a slot and counts the edges into it (iteratively:
 // graphs may be long). No user code runs here, so the marks cannot be overwritten meanwhile.
 void ComputeDependencies(GraphTask& task) {
@@ -111,12 +127,18 @@ void ComputeDependencies(GraphTask& task) {
   }
 }
 
-// Marks as needed exactly the nodes from which some target is reachable (post-order, iterative).
-void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
+// Marks the `needed` targets (Backward's inputs) and the `captured` ones (Grad's inputs), then
+// as needed every node from which one of them is reachable (post-order, iterative), as
+// PyTorch's init_to_execute does. A captured node itself runs only when it is also needed.
+void ComputeNeeded(GraphTask& task, const std::vector<Node*>& needed,
+                   const std::vector<Node*>& captured) {
   for (NodeState& state : task.states) state.needed = false;
   absl::flat_hash_map<Node*, bool> done;
-  for (Node* t : targets) {
+  for (Node* t : needed) {
     if (NodeState* state = task.Find(t)) state->needed = true;
+  }
+  for (Node* t : captured) {
+    if (NodeState* state = task.Find(t)) state->captured = true;
   }
   struct Frame {
     Node* node;
@@ -139,7 +161,7 @@ void ComputeNeeded(GraphTask& task, const std::vector<Node*>& targets) {
       }
       NodeState& state = *task.Find(f.node);
       for (const Edge& e : edges) {
-        if (e.valid() && task.Find(e.fn.get())->needed) state.needed = true;
+        if (e.valid() && task.Find(e.fn.get())->reached()) state.needed = true;
       }
       done[f.node] = true;
       stack.pop_back();
@@ -181,17 +203,29 @@ void ValidateOutputs(const Node& node, VariableList& grads) {
   }
 }
 
-void RunNode(GraphTask& task, Node* node, NodeState& state,
-             std::priority_queue<ReadyEntry>& ready) {
-  VariableList grads = std::move(state.buffer);
-  node->RunTensorHooks(grads);
-  node->RunRetainGrad(grads);
+// Grad(): stores the gradients `node` received for the requested inputs.
+void CaptureGrads(GraphTask& task, Node* node, const VariableList& grads) {
   for (const Capture& c : task.captures) {
     if (c.node == node)
       task.captured[c.index] = SumGrads(task.captured[c.index], grads[c.input_nr]);
   }
+}
+
+void RunNode(GraphTask& task, Node* node, NodeState& state,
+             std::priority_queue<ReadyEntry>& ready) {
+  VariableList grads = std::move(state.buffer);
+  // PyTorch's order (evaluate_function): a captured node that also runs (another requested
+  // gradient lies below it) captures what it received, before its tensor hooks; one that only
+  // delivers the captured gradient runs its tensor hooks and retain_grad, captures their
+  // result and stops there.
+  if (state.captured && state.needed) CaptureGrads(task, node, grads);
+  node->RunTensorHooks(grads);
+  node->RunRetainGrad(grads);
+  if (!state.needed) {
+    if (state.captured) CaptureGrads(task, node, grads);
+    return;
+  }
   const bool is_accumulate = node->IsAccumulateGrad();
-  if (!state.needed || (is_accumulate && !task.accumulate)) return;
   node->RunPreHooks(grads);
   VariableList outputs;
   try {
@@ -209,6 +243,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
     if (!edges[i].valid()) continue;
     Node* next = edges[i].fn.get();
     NodeState& next_state = *task.Find(next);
+    if (!next_state.reached()) continue;  // not part of this task: it never runs
     if (next_state.buffer.empty()) next_state.buffer.resize(next->num_inputs());
     Variable& slot = next_state.buffer[edges[i].input_nr];
     slot = slot.defined() ? SumGrads(slot, outputs[i]) : std::move(outputs[i]);
@@ -225,7 +260,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
 // Whether `node` receives its gradient in the current task (its tensor hooks will run).
 bool GradientWillBeComputed(Node* node) {
   const NodeState* state = current_task->Find(node);
-  return state != nullptr && (!current_task->partial || state->needed);
+  return state != nullptr && state->reached();
 }
 
 void RunCallbacks(GraphTask& task) {
@@ -260,7 +295,7 @@ void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>&
   for (const auto& [node, grads] : root_grads) {
     (void)grads;
     NodeState& state = *task.Find(node);
-    if (state.dependencies == 0) {
+    if (state.dependencies == 0 && state.reached()) {
       state.dependencies = -1;  // queued once even if it is several roots
       ready.push({node->sequence_nr(), node, &state});
     }
@@ -317,11 +352,15 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
       TG_CHECK(g.shape() == root.shape(), op, ": grad_output ", i, " has shape ",
                ShapeToString(g.shape()), " but root ", i, " has shape ",
                ShapeToString(root.shape()));
-      TG_CHECK(g.dtype() == root.dtype(), op, ": grad_output ", i, " has dtype ",
-               DTypeName(g.dtype()), " but root ", i, " has dtype ", DTypeName(root.dtype()));
-      TG_CHECK(g.data().device() == root.data().device(), op, ": grad_output ", i, " is on ",
-               g.data().device().ToString(), " but root ", i, " is on ",
-               root.data().device().ToString());
+      // PyTorch's validate_outputs on the roots: a gradient on another device is moved when
+      // it is 0-d and refused otherwise; one of another dtype is cast to the root's dtype
+      // (differentiable when it requires grad, as PyTorch's grad.to(dtype)).
+      if (g.data().device() != root.data().device()) {
+        TG_CHECK(g.dim() == 0, op, ": grad_output ", i, " is on ", g.data().device().ToString(),
+                 " but root ", i, " is on ", root.data().device().ToString());
+        g = Variable(g.data().to(root.data().device()));
+      }
+      if (g.dtype() != root.dtype()) g = CastGrad(g, root.dtype());
     } else {
       TG_CHECK(root.numel() == 1, op,
                ": a gradient can be implied only for one-element roots; "
@@ -362,27 +401,17 @@ void Engine::Backward(const VariableList& roots, const VariableList& grad_output
     std::vector<Node*> targets;
     for (size_t i = 0; i < options.inputs->size(); ++i) {
       const Variable& in = (*options.inputs)[i];
+      TG_CHECK(in.defined(), "backward: input ", i, " is undefined");
       std::shared_ptr<Node> node = in.gradient_edge_node();
-      TG_CHECK(node != nullptr, "backward: input ", i, " does not require grad");
+      TG_CHECK(node != nullptr, "backward: input ", i,
+               in.name().empty() ? "" : " (" + in.name() + ")", " does not require grad");
+      // As in PyTorch, a non-leaf input gets .grad through retain_grad (which stays on), and
+      // its grad_fn runs (its node hooks fire) while nothing below it does unless needed.
+      if (!in.is_leaf()) in.retain_grad();
       targets.push_back(node.get());
-      task.keep_alive.push_back(node);  // accumulators created here
-      if (!in.is_leaf()) {
-        // A non-leaf input accumulates into its .grad, like a retained gradient.
-        task.captures.push_back({node.get(), in.output_nr(), task.captured.size()});
-        task.captured.emplace_back();
-      }
+      task.keep_alive.push_back(std::move(node));  // accumulators created here
     }
-    ComputeNeeded(task, targets);
-    ExecuteWithHandOff(task, root_grads);
-    for (size_t i = 0, c = 0; i < options.inputs->size(); ++i) {
-      const Variable& in = (*options.inputs)[i];
-      if (in.is_leaf()) continue;
-      const Variable& g = task.captured[c++];
-      if (g.defined()) {
-        in.set_grad(in.grad().defined() ? Variable(tg::Add(in.grad().data(), g.data())) : g);
-      }
-    }
-    return;
+    ComputeNeeded(task, /*needed=*/targets, /*captured=*/{});
   }
   ExecuteWithHandOff(task, root_grads);
 }
@@ -394,20 +423,21 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
   InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
   auto root_grads = PrepareTask(task, "grad", outputs, grad_outputs);
   task.partial = true;
-  task.accumulate = false;
   std::vector<Node*> targets;
   task.captured.resize(inputs.size());
   std::vector<bool> reachable(inputs.size(), false);
   for (size_t i = 0; i < inputs.size(); ++i) {
     TG_CHECK(inputs[i].defined(), "grad: input ", i, " is undefined");
     std::shared_ptr<Node> node = inputs[i].gradient_edge_node();
-    TG_CHECK(node != nullptr, "grad: input ", i, " does not require grad");
+    TG_CHECK(node != nullptr, "grad: input ", i,
+             inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")",
+             " does not require grad");
     reachable[i] = task.Find(node.get()) != nullptr;
-    task.keep_alive.push_back(node);
     targets.push_back(node.get());
     task.captures.push_back({node.get(), inputs[i].output_nr(), i});
+    task.keep_alive.push_back(std::move(node));
   }
-  ComputeNeeded(task, targets);
+  ComputeNeeded(task, /*needed=*/{}, /*captured=*/targets);
   ExecuteWithHandOff(task, root_grads);
   for (size_t i = 0; i < inputs.size(); ++i) {
     TG_CHECK(reachable[i] || options.allow_unused, "grad: input ", i,
@@ -451,8 +481,9 @@ bool will_execute(const std::shared_ptr<Node>& node) {
   TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");
   const NodeState* state = current_task->Find(node.get());
   if (state == nullptr) return false;
-  if (!current_task->accumulate && node->IsAccumulateGrad()) return false;
-  return state->needed;
+  // PyTorch's _will_engine_execute_node: needed or captured. A leaf's AccumulateGrad captured
+  // by Grad() does not run (PyTorch refuses the question there).
+  return state->needed || (state->captured && !node->IsAccumulateGrad());
 }
 
 bool current_task_is_partial() {
@@ -460,48 +491,113 @@ bool current_task_is_partial() {
   return current_task->partial;
 }
 
-HookHandle register_multi_grad_hook(const VariableList& vars,
-                                    std::function<void(const VariableList& grads)> fn) {
-  struct State {
-    int64_t task_id = -1;
-    size_t expected = 0;
+namespace {
+
+// The node a gradient for `impl` flows into, without creating an accumulator (a leaf that has
+// none is in no graph).
+Node* ExistingGradientEdgeNode(const VariableImpl& impl) {
+  if (impl.grad_fn) return impl.grad_fn.get();
+  return impl.grad_accumulator.lock().get();
+}
+
+// What a multi-grad hook keeps per graph task: an entry is made at the task's first gradient
+// for one of the variables and dropped when the task's callbacks run.
+struct MultiGradState {
+  struct PerTask {
+    int64_t task_id;
+    bool fired = false;
     size_t seen = 0;
+    size_t expected = 0;  // kAll: how many of the variables the task reaches
     VariableList grads;
-    std::function<void(const VariableList&)> fn;
-    std::vector<std::weak_ptr<VariableImpl>> vars;  // weak: the hooks live on the variables
   };
-  auto state = std::make_shared<State>();
+  MultiGradMode mode;
+  std::function<void(const VariableList&)> fn;
+  std::vector<std::weak_ptr<VariableImpl>> vars;  // weak: the hooks live on the variables
+  std::mutex mu;                                  // backward may run on several threads
+  std::vector<PerTask> tasks;                     // the running tasks that reached a variable
+
+  PerTask& ForCurrentTask(const std::shared_ptr<MultiGradState>& self) {
+    const int64_t id = current_graph_task_id();
+    for (PerTask& t : tasks) {
+      if (t.task_id == id) return t;
+    }
+    PerTask& t = tasks.emplace_back(PerTask{id});
+    t.grads.resize(vars.size());
+    if (mode == MultiGradMode::kAll) {
+      for (const auto& weak : vars) {
+        auto impl = weak.lock();
+        Node* node = impl ? ExistingGradientEdgeNode(*impl) : nullptr;
+        if (node != nullptr && GradientWillBeComputed(node)) ++t.expected;
+      }
+    }
+    // Forget this task once it is done (also when the hook did not fire: a failed backward
+    // leaves its entry behind, a few bytes, until the hook is removed).
+    std::weak_ptr<MultiGradState> weak = self;
+    queue_callback([weak, id] {
+      if (auto state = weak.lock()) {
+        std::lock_guard<std::mutex> lock(state->mu);
+        auto& v = state->tasks;
+        auto done = [id](const PerTask& t) { return t.task_id == id; };
+        v.erase(std::remove_if(v.begin(), v.end(), done), v.end());
+      }
+    });
+    return t;
+  }
+};
+
+}  // namespace
+
+HookHandle register_multi_grad_hook(const VariableList& vars,
+                                    std::function<void(const VariableList& grads)> fn,
+                                    MultiGradMode mode) {
+  TG_CHECK(fn != nullptr, "register_multi_grad_hook: the hook is empty");
+  auto state = std::make_shared<MultiGradState>();
+  state->mode = mode;
   state->fn = std::move(fn);
-  state->grads.resize(vars.size());
-  for (const Variable& v : vars) state->vars.push_back(v.impl());
+  for (const Variable& v : vars) {
+    TG_CHECK(v.defined(), "register_multi_grad_hook: variable ", state->vars.size(),
+             " is undefined");
+    state->vars.push_back(v.impl());
+  }
   std::vector<HookHandle> handles;
   for (size_t i = 0; i < vars.size(); ++i) {
+    if (mode == MultiGradMode::kAny && !vars[i].requires_grad()) continue;  // as PyTorch
     handles.push_back(vars[i].register_hook([state, i](const Variable& g) -> Variable {
-      State& s = *state;
-      if (s.task_id != current_graph_task_id()) {
-        // The first participating gradient of this backward: count how many will come.
-        s.task_id = current_graph_task_id();
-        s.seen = 0;
-        s.expected = 0;
-        std::fill(s.grads.begin(), s.grads.end(), Variable());
-        for (const auto& weak : s.vars) {
-          auto impl = weak.lock();
-          if (!impl) continue;
-          std::shared_ptr<Node> node = Variable(impl).gradient_edge_node();
-          if (node && GradientWillBeComputed(node.get())) ++s.expected;
-        }
+      VariableList grads;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        MultiGradState::PerTask& t = state->ForCurrentTask(state);
+        if (t.fired) return Variable();
+        t.grads[i] = g;
+        if (state->mode == MultiGradMode::kAll && ++t.seen < t.expected) return Variable();
+        t.fired = true;
+        grads = std::move(t.grads);  // kAny: only grads[i] is defined
       }
-      s.grads[i] = g;
-      if (++s.seen == s.expected) {
-        s.task_id = -1;
-        s.fn(s.grads);
-      }
+      state->fn(grads);  // outside the lock: it may start a backward that reaches these again
       return Variable();
     }));
   }
   return HookHandle([handles]() mutable {
     for (HookHandle& h : handles) h.remove();
   });
+}
+
+HookHandle register_multi_grad_hook(const VariableList& vars,
+                                    std::function<void(const Variable& grad)> fn,
+                                    MultiGradMode mode) {
+  TG_CHECK(mode == MultiGradMode::kAny,
+           "register_multi_grad_hook: a hook taking one gradient needs MultiGradMode::kAny; "
+           "kAll passes the list of gradients");
+  TG_CHECK(fn != nullptr, "register_multi_grad_hook: the hook is empty");
+  return register_multi_grad_hook(
+      vars,
+      [fn = std::move(fn)](const VariableList& grads) {
+        for (const Variable& g : grads) {
+          if (g.defined()) return fn(g);
+        }
+        fn(Variable());  // the first gradient to arrive was itself undefined
+      },
+      MultiGradMode::kAny);
 }
 
 bool AnomalyMode::is_enabled() { return anomaly_enabled.load(std::memory_order_relaxed); }

@@ -1,10 +1,11 @@
 // Engine: runs the backward graph. Every Backward() / Grad() call is one GraphTask with an id
-// from a process-wide counter; nodes run in dependency order, later-created nodes first among
-// the ready ones; callbacks queued during the task run FIFO once every node ran and every
-// .grad was accumulated, before the call returns. A backward issued from inside a node, hook
-// or callback runs as a nested task (its own id and callbacks) that completes before the outer
-// task continues; deep nesting hands off to a fresh thread every kMaxDepthPerThread levels, so
-// recursion never overflows a stack.
+// from a process-wide counter; nodes run in dependency order, among the ready ones a leaf's
+// AccumulateGrad first and then later-created nodes first (PyTorch's order); callbacks queued
+// during the task run FIFO once every node ran and every .grad was accumulated, before the
+// call returns. A backward issued from inside a node, hook or callback runs as a nested task
+// (its own id and callbacks) that completes before the outer task continues; deep nesting
+// hands off to a fresh thread every kMaxDepthPerThread levels, so recursion never overflows a
+// stack.
 //
 //   loss.backward();                                     // Engine::Backward({loss}, {}, {})
 //   auto [gx] = Engine::Grad({y}, {x}, {}, {.create_graph = true});
@@ -31,11 +32,16 @@ class Engine {
  public:
   // Accumulates d(roots)/d(leaves) into the leaves' .grad. grad_outputs may be empty or hold
   // undefined entries for one-element roots (implicit 1); otherwise each must match its root's
-  // shape and dtype. With options.inputs, only those variables accumulate.
+  // shape, and one of another dtype is cast to the root's (a 0-d one on another device is
+  // moved), as PyTorch does. With options.inputs, only those variables accumulate and only the
+  // nodes that lead to them run (no hook of any other node fires); a non-leaf input gets
+  // retain_grad() (it stays on) and its grad_fn runs, but nothing below it unless needed.
   static void Backward(const VariableList& roots, const VariableList& grad_outputs = {},
                        const BackwardOptions& options = {});
-  // Returns d(outputs)/d(inputs) without touching any .grad. Tensor hooks of the inputs run;
-  // their AccumulateGrad nodes do not.
+  // Returns d(outputs)/d(inputs) without touching any leaf's .grad; only the nodes that lead
+  // to the inputs run. An input's gradient is captured where it enters the input's node: if
+  // no other input lies below that node, after its tensor hooks (and retain_grad), and the
+  // node does not run; otherwise before them, and the node runs (PyTorch's order).
   static VariableList Grad(const VariableList& outputs, const VariableList& inputs,
                            const VariableList& grad_outputs = {}, const GradOptions& options = {});
 
@@ -73,16 +79,35 @@ class ForwardScope {
 // Inside backward: whether the outermost task was started inside a ForwardScope.
 bool backward_issued_in_forward();
 
-// Inside backward: whether the current task will run `node`.
+// Inside backward: whether the current task will run `node` (PyTorch's
+// _will_engine_execute_node): every node of the graph for a plain Backward; with inputs, the
+// nodes some requested gradient lies below, and Grad()'s captured non-leaf inputs (only their
+// tensor hooks run). A leaf's AccumulateGrad never runs under Grad().
 bool will_execute(const std::shared_ptr<Node>& node);
 // Inside backward: whether the current task computes only some gradients (Grad(), or
 // Backward with inputs); reentrant checkpointing refuses to run under such a task.
 bool current_task_is_partial();
 
-// Calls `fn` once per backward with the gradients of `vars` (undefined for those that got
-// none), after the last of them that participates in that backward has been computed.
+// Multi-grad hooks (PyTorch's torch.autograd.graph.register_multi_grad_hook): one tensor hook
+// per variable of `vars`, so they run where tensor hooks run (in registration order among the
+// variable's other tensor hooks) and only in graph tasks that reach the variable. `fn` runs at
+// most once per graph task (a nested backward is a task of its own):
+// - kAll: once every variable the task reaches has received its gradient (those the task does
+//   not reach count as undefined: not in the graph, or not needed for Grad()'s inputs or
+//   Backward's inputs); `grads` holds one gradient per variable, undefined where none came.
+// - kAny: at the first gradient of any of them; `grads` holds that one gradient at its
+//   variable's position and undefined elsewhere (PyTorch passes the one tensor: use the
+//   overload below for that signature). Variables that do not require grad are skipped.
+// The handle removes every hook. Unlike PyTorch (which raises there), a leaf passed to
+// Engine::Grad as an input counts as reached in kAll mode: its tensor hooks do run.
+enum class MultiGradMode { kAll, kAny };
 HookHandle register_multi_grad_hook(const VariableList& vars,
-                                    std::function<void(const VariableList& grads)> fn);
+                                    std::function<void(const VariableList& grads)> fn,
+                                    MultiGradMode mode = MultiGradMode::kAll);
+// kAny with PyTorch's signature: `fn` receives only the first gradient. `mode` must be kAny.
+HookHandle register_multi_grad_hook(const VariableList& vars,
+                                    std::function<void(const Variable& grad)> fn,
+                                    MultiGradMode mode);
 
 // Anomaly mode (process-wide): nodes record where they were created, and a backward whose
 // node produces NaN/inf throws naming that node's forward op and its creation site.

@@ -31,7 +31,9 @@ std::string CaptureCreationTrace() {
 
 }  // namespace
 
-Node::Node() : sequence_nr_(next_sequence_nr++) {
+Node::Node() : Node(next_sequence_nr++) {}
+
+Node::Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {
   if (AnomalyMode::is_enabled()) extras().creation_trace = CaptureCreationTrace();
 }
 
@@ -121,11 +123,14 @@ void Node::ClearRetainGrad(const VariableImpl* var) {
 
 namespace {
 
-// Runs one tensor hook on `grad`: a defined result replaces it (and must keep its shape).
+// Runs one tensor hook on `grad`: a defined result replaces it (and must keep its shape). As
+// in PyTorch, the hook also runs when the gradient is undefined (no gradient reached it; a
+// multi-grad hook counts on that), and then may not return one.
 void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& where) {
-  if (!grad.defined()) return;
   Variable result = hook(grad);
   if (!result.defined()) return;
+  TG_CHECK(grad.defined(), "hook on ", where,
+           " returned a gradient where it received none (an undefined gradient)");
   TG_CHECK(result.shape() == grad.shape(), "hook on ", where, " returned a gradient of shape ",
            ShapeToString(result.shape()), ", expected ", ShapeToString(grad.shape()));
   grad = std::move(result);
@@ -289,7 +294,8 @@ void FunctionNode::ReleaseSaved() {
 
 // ---- AccumulateGrad ----------------------------------------------------------------------------
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf) : leaf_(std::move(leaf)) {
+AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf)
+    : Node(kRunFirst), leaf_(std::move(leaf)) {
   AddInputMetadata(leaf_->data);
 }
 

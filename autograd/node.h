@@ -59,6 +59,10 @@ class Node : public std::enable_shared_from_this<Node> {
  public:
   Node();
   virtual ~Node();
+  // Among ready nodes the engine runs the highest sequence number first: later-created nodes,
+  // and before them every AccumulateGrad, which has this one (as in PyTorch, so a leaf's hooks
+  // run as soon as its gradient is complete).
+  static constexpr uint64_t kRunFirst = ~uint64_t{0};
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
@@ -130,6 +134,11 @@ class Node : public std::enable_shared_from_this<Node> {
   };
   Extras& extras();
 
+ protected:
+  // A node with a given sequence number (AccumulateGrad: kRunFirst).
+  explicit Node(uint64_t sequence_nr);
+
+ private:
   uint64_t sequence_nr_;
   EdgeList next_edges_;
   InputMetadataList input_metadata_;

@@ -51,6 +51,8 @@ class HookHandle {
 };
 
 // A tensor hook sees the gradient and may return a replacement (an undefined return keeps it).
+// As in PyTorch it also runs, with an undefined gradient, when the node was reached but no
+// gradient flowed into this output; it must then return an undefined variable.
 using TensorHook = std::function<Variable(const Variable& grad)>;
 // A post-accumulate-grad hook sees the leaf after its .grad was updated.
 using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;

@@ -56,9 +56,13 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
   }
   LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(),
                               act);  // validates
+  // Edges in PyTorch's addmm order (bias, input, weight): the engine runs a ready AccumulateGrad
+  // first, in the order its node lists them, so a layer's bias gradient arrives before its
+  // weight's, as in PyTorch (DDP and ZeRO lay their buckets out in that order).
   return Record(
-      "LinearBackward", r.output, {x, weight, bias}, {x, weight, bias, Wrap(r.pre_activation)},
+      "LinearBackward", r.output, {bias, x, weight}, {x, weight, bias, Wrap(r.pre_activation)},
       [act](const BackwardContext& ctx) -> VariableList {
+        const bool needs_bias = ctx.needs(0), needs_x = ctx.needs(1), needs_w = ctx.needs(2);
         const Variable& x = ctx.saved[0];
         const Variable& w = ctx.saved[1];
         const Variable& b = ctx.saved[2];
@@ -69,8 +73,8 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
           const Variable& pre = ctx.saved[3];
           const LinearGrads r = tg::LinearBackward(g.data(), x.data(), w.data(),
                                                    pre.defined() ? pre.data() : Tensor(), act,
-                                                   ctx.needs(0), ctx.needs(1), ctx.needs(2));
-          return {Wrap(r.grad_input), Wrap(r.grad_weight), Wrap(r.grad_bias)};
+                                                   needs_x, needs_w, needs_bias);
+          return {Wrap(r.grad_bias), Wrap(r.grad_input), Wrap(r.grad_weight)};
         }
         // create_graph: the same gradients with differentiable ops; the pre-activation is
         // recomputed so that second derivatives see how it depends on x, w and b.
@@ -82,10 +86,10 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
           gpre = Mul(g, GeluTanhDerivative(pre));
         }
         Variable gx, gw, gb;
-        if (ctx.needs(0)) gx = Matmul(gpre, w);
-        if (ctx.needs(1)) gw = Matmul(Transpose(Reshape(gpre, {m, n}), 0, 1), Reshape(x, {m, k}));
-        if (ctx.needs(2)) gb = Sum(Reshape(gpre, {m, n}), {0});
-        return {gx, gw, gb};
+        if (needs_x) gx = Matmul(gpre, w);
+        if (needs_w) gw = Matmul(Transpose(Reshape(gpre, {m, n}), 0, 1), Reshape(x, {m, k}));
+        if (needs_bias) gb = Sum(Reshape(gpre, {m, n}), {0});
+        return {gb, gx, gw};
       });
 }
 

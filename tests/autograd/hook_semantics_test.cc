@@ -1,0 +1,436 @@
+// PyTorch-exact hook semantics (issue 19): which hooks a graph task runs (only those of the
+// nodes it needs), Grad() and Backward(inputs=) with non-leaf inputs, multi-grad hooks in both
+// modes, undefined gradients reaching tensor hooks, and root gradients of another dtype.
+//
+// The event lists and values are PyTorch's: tests/autograd/hook_semantics_reference.py builds
+// the same graphs (same op order, so the same node order) and prints them.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "gtest/gtest.h"
+#include "tensor/ops.h"
+#include "tests/tensor/throws.h"
+
+namespace tg {
+namespace {
+
+using testing::ThrowsError;
+using testing::ThrowsErrorExactly;
+using Events = std::vector<std::string>;
+
+Variable Leaf(std::vector<double> values, DType dtype = kF64) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  return Variable(Tensor::FromVector<double>(values, {n}, dtype), /*requires_grad=*/true);
+}
+
+// A gradient as the reference script prints it: [v, ...] with %g, or "undef".
+std::string Fmt(const Variable& g) {
+  if (!g.defined()) return "undef";
+  std::ostringstream os;
+  os << "[";
+  const std::vector<double> values = g.data().to_vector<double>();
+  for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
+  os << "]";
+  return os.str();
+}
+
+std::string FmtList(const VariableList& grads) {
+  std::string s = "[";
+  for (size_t i = 0; i < grads.size(); ++i) s += (i ? ", " : "") + Fmt(grads[i]);
+  return s + "]";
+}
+
+// sum(a * 2 + b * 5), recording a's node first as Python does (C++ leaves the order in which
+// function arguments are evaluated open, and node order decides which ready node runs first).
+Variable TwoAFiveB(const Variable& a, const Variable& b) {
+  Variable two_a = MulScalar(a, 2);
+  Variable five_b = MulScalar(b, 5);
+  return Sum(Add(two_a, five_b));
+}
+
+// The hooks of the reference script's Recorder, appending to one list of events.
+struct Recorder {
+  Events events;
+  std::vector<std::shared_ptr<tg::Node>> nodes;  // a leaf's AccumulateGrad lives only while held
+
+  void Tensor(const Variable& v, const std::string& name, double scale = 0) {
+    v.register_hook([this, name, scale](const Variable& g) {
+      events.push_back(name + " hook " + Fmt(g));
+      return scale == 0 ? Variable() : MulScalar(g, scale);
+    });
+  }
+  void Node(const std::shared_ptr<tg::Node>& node, const std::string& name) {
+    nodes.push_back(node);
+    node->RegisterPreHook([this, name](const VariableList& g) -> VariableList {
+      events.push_back(name + " pre " + Fmt(g[0]));
+      return {};
+    });
+    node->RegisterPostHook([this, name](const VariableList&, const VariableList&) {
+      events.push_back(name + " post");
+    });
+  }
+  void PostAcc(const Variable& v, const std::string& name) {
+    v.register_post_accumulate_grad_hook([this, name](const Variable& leaf) {
+      events.push_back(name + " postacc " + Fmt(leaf.grad()));
+    });
+  }
+  std::function<void(const VariableList&)> Multi() {
+    return [this](const VariableList& grads) { events.push_back("multi " + FmtList(grads)); };
+  }
+};
+
+// ---- Rule 1: a task with inputs runs no hook of a node it does not need ----------------------
+
+// loss = sum(a * b + c * 2), c = b * 3.
+struct UnneededLeafGraph {
+  Variable a = Leaf({1}), b = Leaf({2}), loss;
+  explicit UnneededLeafGraph(Recorder& r) {
+    r.Tensor(a, "a");
+    r.Tensor(b, "b");
+    r.PostAcc(a, "a");
+    r.PostAcc(b, "b");
+    r.Node(b.gradient_edge_node(), "b.acc");
+    Variable prod = Mul(a, b);
+    Variable c = MulScalar(b, 3);
+    r.Tensor(c, "c");
+    r.Node(c.grad_fn(), "c");
+    loss = Sum(Add(prod, MulScalar(c, 2)));
+    r.Node(prod.grad_fn(), "prod");
+  }
+};
+
+TEST(HookSemanticsTest, BackwardInputsSkipsUnneededLeaf) {
+  Recorder r;
+  UnneededLeafGraph g(r);
+  VariableList inputs = {g.a};
+  g.loss.backward(Variable(), BackwardOptions{false, false, &inputs});
+  EXPECT_EQ(r.events, (Events{"prod pre [1]", "prod post", "a hook [2]", "a postacc [2]"}));
+  EXPECT_EQ(Fmt(g.a.grad()), "[2]");
+  EXPECT_EQ(Fmt(g.b.grad()), "undef");
+}
+
+TEST(HookSemanticsTest, GradSkipsUnneededLeaf) {
+  Recorder r;
+  UnneededLeafGraph g(r);
+  VariableList ga = Engine::Grad({g.loss}, {g.a});
+  EXPECT_EQ(r.events, (Events{"prod pre [1]", "prod post", "a hook [2]"}));
+  EXPECT_EQ(Fmt(ga[0]), "[2]");
+  EXPECT_EQ(Fmt(g.a.grad()), "undef");
+  EXPECT_EQ(Fmt(g.b.grad()), "undef");
+}
+
+// ---- Order: a leaf's AccumulateGrad runs as soon as it is ready ------------------------------
+
+TEST(HookSemanticsTest, AccumulateGradRunsFirst) {
+  // x's AccumulateGrad exists (hooked) before z's graph is recorded; once ready it still runs
+  // before z's MulBackward, which was created later than it (PyTorch gives AccumulateGrad the
+  // highest sequence number).
+  Recorder r;
+  Variable x = Leaf({1}), z = Leaf({2});
+  r.Tensor(x, "x");
+  r.Tensor(z, "z");
+  r.Node(x.gradient_edge_node(), "x.acc");
+  Variable c = MulScalar(z, 3);
+  r.Node(c.grad_fn(), "c");
+  Variable y = MulScalar(x, 2);
+  r.Node(y.grad_fn(), "y");
+  Sum(Mul(y, c)).backward();
+  EXPECT_EQ(r.events, (Events{"y pre [6]", "y post", "x hook [12]", "x.acc pre [12]", "x.acc post",
+                              "c pre [2]", "c post", "z hook [6]"}));
+  EXPECT_EQ(Fmt(x.grad()), "[12]");
+  EXPECT_EQ(Fmt(z.grad()), "[6]");
+}
+
+// ---- Rule 2: a non-leaf input is where the task stops ----------------------------------------
+
+// loss = sum(h * h), h = x * 3; h's hook multiplies its gradient by 10.
+struct NonLeafGraph {
+  Variable x = Leaf({1, 2}), h, loss;
+  explicit NonLeafGraph(Recorder& r) {
+    r.Tensor(x, "x");
+    r.PostAcc(x, "x");
+    r.Node(x.gradient_edge_node(), "x.acc");
+    h = MulScalar(x, 3);
+    h.retain_grad();
+    r.Tensor(h, "h", 10);
+    r.Node(h.grad_fn(), "h");
+    loss = Sum(Mul(h, h));
+    r.Node(loss.grad_fn(), "loss");
+  }
+};
+
+TEST(HookSemanticsTest, GradStopsAtNonLeafInput) {
+  Recorder r;
+  NonLeafGraph g(r);
+  VariableList gh = Engine::Grad({g.loss}, {g.h});
+  // The captured gradient is the one h's tensor hooks returned; h's node and x never run.
+  EXPECT_EQ(r.events, (Events{"loss pre [1]", "loss post", "h hook [6, 12]"}));
+  EXPECT_EQ(Fmt(gh[0]), "[60, 120]");
+  EXPECT_EQ(Fmt(g.h.grad()), "[60, 120]");  // retain_grad runs with the tensor hooks
+  EXPECT_EQ(Fmt(g.x.grad()), "undef");
+}
+
+TEST(HookSemanticsTest, GradNonLeafAndLeafBelow) {
+  Recorder r;
+  NonLeafGraph g(r);
+  VariableList grads = Engine::Grad({g.loss}, {g.h, g.x});
+  EXPECT_EQ(r.events, (Events{"loss pre [1]", "loss post", "h hook [6, 12]", "h pre [60, 120]",
+                              "h post", "x hook [180, 360]"}));
+  // h's node also runs (x lies below it), so h's gradient is captured before its hooks.
+  EXPECT_EQ(Fmt(grads[0]), "[6, 12]");
+  EXPECT_EQ(Fmt(grads[1]), "[180, 360]");
+  EXPECT_EQ(Fmt(g.h.grad()), "[60, 120]");
+  EXPECT_EQ(Fmt(g.x.grad()), "undef");
+}
+
+TEST(HookSemanticsTest, BackwardInputsNonLeaf) {
+  Recorder r;
+  Variable x = Leaf({1, 2});
+  r.Tensor(x, "x");
+  r.PostAcc(x, "x");
+  Variable h = MulScalar(x, 3);
+  r.Tensor(h, "h", 10);
+  r.Node(h.grad_fn(), "h");
+  Variable loss = Sum(Mul(h, h));
+  VariableList inputs = {h};
+  loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true, false, &inputs});
+  EXPECT_EQ(Fmt(h.grad()), "[60, 120]");
+  EXPECT_EQ(Fmt(x.grad()), "undef");
+  EXPECT_TRUE(h.retains_grad());  // PyTorch leaves retain_grad on
+  r.events.push_back("-- full backward");
+  loss.backward();
+  EXPECT_EQ(r.events, (Events{"h hook [6, 12]", "h pre [60, 120]", "h post", "-- full backward",
+                              "h hook [6, 12]", "h pre [60, 120]", "h post", "x hook [180, 360]",
+                              "x postacc [180, 360]"}));
+  EXPECT_EQ(Fmt(h.grad()), "[120, 240]");
+  EXPECT_EQ(Fmt(x.grad()), "[180, 360]");
+}
+
+TEST(HookSemanticsTest, RootIsTheInput) {
+  Recorder r;
+  Variable x = Leaf({1, 2});
+  r.Tensor(x, "x");
+  Variable y = MulScalar(x, 3);
+  r.Tensor(y, "y", 2);
+  r.Node(y.grad_fn(), "y");
+  const Variable grad_output(Tensor::FromVector<double>({1, 5}, {2}));
+  VariableList gy = Engine::Grad({y}, {y}, {grad_output});
+  r.events.push_back("-- backward inputs=[y]");
+  VariableList inputs = {y};
+  y.backward(grad_output, BackwardOptions{false, false, &inputs});
+  EXPECT_EQ(r.events, (Events{"y hook [1, 5]", "-- backward inputs=[y]", "y hook [1, 5]",
+                              "y pre [2, 10]", "y post"}));
+  EXPECT_EQ(Fmt(gy[0]), "[2, 10]");
+  EXPECT_EQ(Fmt(y.grad()), "[2, 10]");
+  EXPECT_EQ(Fmt(x.grad()), "undef");
+}
+
+TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
+  Variable x = Leaf({1, 2});
+  Variable h = MulScalar(x, 3);
+  Variable loss = Sum(Mul(h, h));
+  std::vector<bool> seen;
+  loss.grad_fn()->RegisterPreHook([&](const VariableList&) -> VariableList {
+    seen = {will_execute(h.grad_fn()), will_execute(x.gradient_edge_node())};
+    return {};
+  });
+  Engine::Grad({loss}, {h}, {}, GradOptions{/*retain_graph=*/true});
+  EXPECT_EQ(seen, (std::vector<bool>{true, false}));  // PyTorch: captured counts as executing
+  Engine::Grad({loss}, {x}, {}, GradOptions{true});
+  EXPECT_EQ(seen, (std::vector<bool>{true, false}));  // a leaf's AccumulateGrad never runs here
+  VariableList inputs = {h};
+  loss.backward(Variable(), BackwardOptions{true, false, &inputs});
+  EXPECT_EQ(seen, (std::vector<bool>{true, false}));
+  loss.backward();
+  EXPECT_EQ(seen, (std::vector<bool>{true, true}));
+}
+
+// ---- Rule 3: multi-grad hooks -----------------------------------------------------------------
+
+TEST(HookSemanticsTest, MultiGradAll) {
+  Recorder r;
+  Variable a = Leaf({1}), b = Leaf({2}), u = Leaf({3});
+  r.Tensor(a, "a");
+  HookHandle handle = register_multi_grad_hook({a, b, u}, r.Multi());
+  r.Tensor(b, "b");
+  r.events.push_back("-- both");
+  TwoAFiveB(a, b).backward();
+  r.events.push_back("-- a only");
+  Sum(a).backward();
+  Variable loss = TwoAFiveB(a, b);
+  r.events.push_back("-- backward inputs=[a]");
+  VariableList only_a = {a}, only_b = {b};
+  loss.backward(Variable(), BackwardOptions{true, false, &only_a});
+  r.events.push_back("-- backward inputs=[b]");
+  loss.backward(Variable(), BackwardOptions{false, false, &only_b});
+  handle.remove();
+  r.events.push_back("-- removed");
+  TwoAFiveB(a, b).backward();
+  EXPECT_EQ(r.events, (Events{"-- both", "b hook [5]", "a hook [2]", "multi [[2], [5], undef]",
+                              "-- a only", "a hook [1]", "multi [[1], undef, undef]",
+                              "-- backward inputs=[a]", "a hook [2]", "multi [[2], undef, undef]",
+                              "-- backward inputs=[b]", "multi [undef, [5], undef]", "b hook [5]",
+                              "-- removed", "b hook [5]", "a hook [2]"}));
+}
+
+TEST(HookSemanticsTest, MultiGradAny) {
+  Recorder r;
+  Variable a = Leaf({1}), b = Leaf({2});
+  r.Tensor(a, "a");
+  r.Tensor(b, "b");
+  HookHandle handle = register_multi_grad_hook(
+      {a, b}, [&](const Variable& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
+  r.events.push_back("-- first");
+  TwoAFiveB(a, b).backward();
+  r.events.push_back("-- second");
+  TwoAFiveB(a, b).backward();
+  r.events.push_back("-- a only");
+  Sum(MulScalar(a, 7)).backward();
+  handle.remove();
+  r.events.push_back("-- removed");
+  TwoAFiveB(a, b).backward();
+  EXPECT_EQ(r.events, (Events{"-- first", "b hook [5]", "any [5]", "a hook [2]", "-- second",
+                              "b hook [5]", "any [5]", "a hook [2]", "-- a only", "a hook [7]",
+                              "any [7]", "-- removed", "b hook [5]", "a hook [2]"}));
+}
+
+TEST(HookSemanticsTest, MultiGradAnyWithTheListSignature) {
+  Variable a = Leaf({1}), b = Leaf({2});
+  Events events;
+  register_multi_grad_hook(
+      {a, b}, [&](const VariableList& grads) { events.push_back("any " + FmtList(grads)); },
+      MultiGradMode::kAny);
+  TwoAFiveB(a, b).backward();
+  EXPECT_EQ(events, (Events{"any [undef, [5]]"}));
+  EXPECT_TRUE(ThrowsError(
+      [&] {
+        register_multi_grad_hook(
+            {a}, [](const Variable&) {}, MultiGradMode::kAll);
+      },
+      "register_multi_grad_hook: a hook taking one gradient needs MultiGradMode::kAny"));
+}
+
+TEST(HookSemanticsTest, MultiGradNonLeaf) {
+  Recorder r;
+  Variable x = Leaf({1, 2});
+  Variable p = MulScalar(x, 2), q = MulScalar(x, 3);
+  register_multi_grad_hook({p, q}, r.Multi());
+  Variable loss = Sum(Mul(p, q));
+  r.events.push_back("-- grad p");
+  Engine::Grad({loss}, {p}, {}, GradOptions{true});
+  r.events.push_back("-- grad x");
+  Engine::Grad({loss}, {x}, {}, GradOptions{true});
+  r.events.push_back("-- backward inputs=[x]");
+  VariableList inputs = {x};
+  loss.backward(Variable(), BackwardOptions{true, false, &inputs});
+  r.events.push_back("-- full");
+  loss.backward();
+  EXPECT_EQ(r.events, (Events{"-- grad p", "multi [[3, 6], undef]", "-- grad x",
+                              "multi [[3, 6], [2, 4]]", "-- backward inputs=[x]",
+                              "multi [[3, 6], [2, 4]]", "-- full", "multi [[3, 6], [2, 4]]"}));
+}
+
+TEST(HookSemanticsTest, MultiGradReentrant) {
+  Recorder r;
+  Variable a = Leaf({1}), b = Leaf({2}), c = Leaf({7});
+  register_multi_grad_hook({a, b}, r.Multi());
+  register_multi_grad_hook(
+      {a, b}, [&](const Variable& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
+  c.register_hook([&](const Variable&) {
+    r.events.push_back("c hook: nested backward");
+    {
+      EnableGradGuard grad;
+      Sum(MulScalar(a, 3)).backward();
+    }
+    r.events.push_back("c hook: nested backward returned");
+    return Variable();
+  });
+  Variable two_a = MulScalar(a, 2);
+  Variable five_b = MulScalar(b, 5);
+  Variable sum_ab = Add(two_a, five_b);
+  Sum(Add(sum_ab, c)).backward();
+  EXPECT_EQ(r.events, (Events{"c hook: nested backward", "multi [[3], undef]", "any [3]",
+                              "c hook: nested backward returned", "any [5]", "multi [[2], [5]]"}));
+  EXPECT_EQ(Fmt(a.grad()), "[5]");
+  EXPECT_EQ(Fmt(b.grad()), "[5]");
+}
+
+// y = a * b; the backward gives a its gradient and b none.
+struct DropSecond : Function<DropSecond> {
+  static constexpr const char* kName = "DropSecond";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    return {grads[0], Variable()};
+  }
+};
+
+TEST(HookSemanticsTest, UndefinedGradientReachesHooks) {
+  Recorder r;
+  Variable a = Leaf({1}), b = Leaf({2});
+  r.Tensor(a, "a");
+  r.Tensor(b, "b");
+  register_multi_grad_hook({a, b}, r.Multi());
+  Sum(DropSecond::Apply({a, b})[0]).backward();
+  EXPECT_EQ(r.events, (Events{"a hook [1]", "b hook undef", "multi [[1], undef]"}));
+  EXPECT_EQ(Fmt(a.grad()), "[1]");
+  EXPECT_EQ(Fmt(b.grad()), "undef");
+}
+
+TEST(HookSemanticsTest, AHookMayNotInventAGradient) {
+  Variable a = Leaf({1}), b = Leaf({2});
+  b.set_name("b");
+  b.register_hook([](const Variable&) { return Variable(Tensor::Ones({1}, kF64)); });
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        Sum(DropSecond::Apply({a, b})[0]).backward();
+      },
+      "hook on b returned a gradient where it received none (an undefined gradient)"));
+}
+
+// ---- Rule 6: root gradients of another dtype --------------------------------------------------
+
+TEST(HookSemanticsTest, RootGradientDtypeCast) {
+  Events events;
+  for (DType dtype : {kF64, kF16, kI64}) {
+    Variable x = Leaf({1, 2}, kF32);
+    Variable y = MulScalar(x, 2);
+    y.register_hook([&](const Variable& g) {
+      events.push_back(std::string("y hook ") + DTypeName(g.dtype()) + " " + Fmt(g));
+      return Variable();
+    });
+    y.backward(Variable(Tensor::FromVector<double>({1, 3}, {2}, dtype)));
+    EXPECT_EQ(x.grad().dtype(), kF32) << DTypeName(dtype);
+    EXPECT_EQ(Fmt(x.grad()), "[2, 6]") << DTypeName(dtype);
+  }
+  EXPECT_EQ(events, (Events{"y hook f32 [1, 3]", "y hook f32 [1, 3]", "y hook f32 [1, 3]"}));
+  Variable x = Leaf({1, 2}, kF32);
+  VariableList gx = Engine::Grad({MulScalar(x, 2)}, {x},
+                                 {Variable(Tensor::FromVector<double>({0.5, 1}, {2}, kF64))});
+  EXPECT_EQ(gx[0].dtype(), kF32);
+  EXPECT_EQ(Fmt(gx[0]), "[1, 2]");
+  // The shape must still match exactly (PyTorch: "Mismatch in shape: grad_output[0] has a
+  // shape of torch.Size([3]) and output[0] has a shape of torch.Size([2]).").
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { MulScalar(x, 2).backward(Variable(Tensor::Ones({3}, kF64))); },
+                         "backward: grad_output 0 has shape [3] but root 0 has shape [2]"));
+}
+
+TEST(HookSemanticsTest, RootGradientCastIsDifferentiableUnderCreateGraph) {
+  Variable x = Leaf({1, 2}, kF32);
+  Variable v = Leaf({3, 4}, kF64);  // the grad_output itself requires grad
+  VariableList gx = Engine::Grad({Mul(x, x)}, {x}, {v}, GradOptions{false, /*create_graph=*/true});
+  EXPECT_EQ(Fmt(gx[0]), "[6, 16]");  // 2 x v
+  VariableList gv = Engine::Grad({Sum(gx[0])}, {v});
+  EXPECT_EQ(gv[0].dtype(), kF64);
+  EXPECT_EQ(Fmt(gv[0]), "[2, 4]");  // d(sum 2 x v)/dv = 2 x
+}
+
+}  // namespace
+}  // namespace tg
