@@ -29,6 +29,7 @@
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 
 namespace tg::cpu {
 namespace {
@@ -267,27 +268,30 @@ void Conv2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight, con
   }
 }
 
-// grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once.
+// grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once; channels in
+// parallel (each summed by one thread in the serial order, so any thread count gives the same).
 template <typename T>
 void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g) {
   const int64_t L = g.oh * g.ow;
   const T* go = grad_out.data<T>();
-  std::vector<double> acc(static_cast<size_t>(g.o), 0.0);
-  for (int64_t n = 0; n < g.n; ++n) {
-    for (int64_t o = 0; o < g.o; ++o) {
-      const T* s = go + (n * g.o + o) * L;
-      // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
-      double part[4] = {0, 0, 0, 0};
-      int64_t l = 0;
-      for (; l + 4 <= L; l += 4) {
-        for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(Widen(s[l + k]));
-      }
-      for (; l < L; ++l) part[0] += static_cast<double>(Widen(s[l]));
-      acc[static_cast<size_t>(o)] += (part[0] + part[1]) + (part[2] + part[3]);
-    }
-  }
   T* gb = grad_bias.data<T>();
-  for (int64_t o = 0; o < g.o; ++o) gb[o] = Convert<T>(acc[static_cast<size_t>(o)]);
+  ParallelFor(g.o, RowsPerThread(g.n * L), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      double acc = 0;
+      for (int64_t n = 0; n < g.n; ++n) {
+        const T* s = go + (n * g.o + o) * L;
+        // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
+        double part[4] = {0, 0, 0, 0};
+        int64_t l = 0;
+        for (; l + 4 <= L; l += 4) {
+          for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(Widen(s[l + k]));
+        }
+        for (; l < L; ++l) part[0] += static_cast<double>(Widen(s[l]));
+        acc += (part[0] + part[1]) + (part[2] + part[3]);
+      }
+      gb[o] = Convert<T>(acc);
+    }
+  });
 }
 
 // The three convolution primitives oneDNN has, one per pass.
@@ -372,9 +376,10 @@ bool DnnlConv(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
   return p != nullptr && DnnlExecute(*p, pointers);
 }
 
-// One output row at a time, tap by tap: for each kernel tap (i, j) in row-major order, every
-// output of the row whose window holds that tap compares it with its current maximum, so each
-// window sees its elements in row-major order. The update is arithmetic (no jump): the
+// Planes (n, c) in parallel; within a plane, one output row at a time, tap by tap: for each
+// kernel tap (i, j) in row-major order, every output of the row whose window holds that tap
+// compares it with the running maximum of its window (value and index kept side by side), so
+// each window sees its elements in row-major order. The update is a select, not a jump: the
 // comparison is data-dependent, and a branch on it would be mispredicted half the time.
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
@@ -386,41 +391,46 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
   int64_t* ip = indices.data<int64_t>();
   std::vector<Range> tap_range(static_cast<size_t>(g.kw));
   for (int64_t j = 0; j < g.kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
-  for (int64_t p = 0; p < planes; ++p) {
-    const T* in = xp + p * plane;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t y0 = oy * g.sh - g.ph;
-      const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
-      T* o = op + p * L + oy * ow;
-      int64_t* best = ip + p * L + oy * ow;  // the running arg-max of each window of the row
-      // PyTorch's rule: start from -inf at the window's first element, take the first strict
-      // maximum, except that every NaN is taken (so the last NaN of the window wins); padding
-      // never takes part (the validation guarantees non-empty windows). Starting from the first
-      // element's own value instead of -inf selects the same element.
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        best[ox] = y_lo * width + std::max<int64_t>(ox * sw - g.pw, 0);
-      }
-      for (int64_t yy = y_lo; yy < y_hi; ++yy) {
-        const T* row = in + yy * width;
-        for (int64_t j = 0; j < g.kw; ++j) {
-          const int64_t off = j - g.pw;
-          const Range r = tap_range[j];
-          for (int64_t ox = r.lo; ox < r.hi; ++ox) {
-            const int64_t k = ox * sw + off;
-            const C v = Widen(row[k]);
-            const int64_t current = best[ox];
-            const C current_value = Widen(in[current]);
-            const int64_t take =
-                static_cast<int64_t>(v > current_value) | static_cast<int64_t>(v != v);
-            best[ox] = current + take * (yy * width + k - current);
+  ParallelFor(planes, RowsPerThread(plane * g.kh), [&](int64_t p0, int64_t p1) {
+    std::vector<C> best_value(static_cast<size_t>(ow));  // the running maximum of each window
+    C* value = best_value.data();
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* in = xp + p * plane;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
+        int64_t* best = ip + p * L + oy * ow;  // the running arg-max of each window of the row
+        // PyTorch's rule: start from -inf at the window's first element, take the first strict
+        // maximum, except that every NaN is taken (so the last NaN of the window wins); padding
+        // never takes part (the validation guarantees non-empty windows). Starting from the
+        // first element's own value instead of -inf selects the same element.
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          best[ox] = y_lo * width + std::max<int64_t>(ox * sw - g.pw, 0);
+          value[ox] = Widen(in[best[ox]]);
+        }
+        for (int64_t yy = y_lo; yy < y_hi; ++yy) {
+          const T* row = in + yy * width;
+          for (int64_t j = 0; j < g.kw; ++j) {
+            const int64_t off = j - g.pw;
+            const Range r = tap_range[j];
+            for (int64_t ox = r.lo; ox < r.hi; ++ox) {
+              const int64_t k = ox * sw + off;
+              const C v = Widen(row[k]);
+              const bool take = (v > value[ox]) | (v != v);
+              value[ox] = take ? v : value[ox];
+              best[ox] = take ? yy * width + k : best[ox];
+            }
           }
         }
+        T* o = op + p * L + oy * ow;
+        for (int64_t ox = 0; ox < ow; ++ox) o[ox] = in[best[ox]];  // NaN payloads included
       }
-      for (int64_t ox = 0; ox < ow; ++ox) o[ox] = in[best[ox]];  // NaN payloads included
     }
-  }
+  });
 }
 
+// Planes in parallel: each scatters its own gradient into its own input plane, in the serial
+// order, so any thread count gives the same bits.
 template <typename T>
 void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
                            const Tensor& indices) {
@@ -431,23 +441,25 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
   const T* go = grad_out.data<T>();
   const int64_t* ip = indices.data<int64_t>();
   T* gi = grad_input.data<T>();
-  // Accumulate in C (f32 for f16/bf16: overlapping windows add up) and round once.
-  std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane));
-  for (int64_t p = 0; p < planes; ++p) {
-    C* dst;
-    if constexpr (std::is_same_v<T, C>) {
-      dst = gi + p * plane;
-    } else {
-      dst = acc.data();
+  ParallelFor(planes, RowsPerThread(plane + L), [&](int64_t p0, int64_t p1) {
+    // Accumulate in C (f32 for f16/bf16: overlapping windows add up) and round once.
+    std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane));
+    for (int64_t p = p0; p < p1; ++p) {
+      C* dst;
+      if constexpr (std::is_same_v<T, C>) {
+        dst = gi + p * plane;
+      } else {
+        dst = acc.data();
+      }
+      std::fill(dst, dst + plane, C(0));
+      const T* s = go + p * L;
+      const int64_t* idx = ip + p * L;
+      for (int64_t l = 0; l < L; ++l) dst[idx[l]] += static_cast<C>(Widen(s[l]));
+      if constexpr (!std::is_same_v<T, C>) {
+        for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
+      }
     }
-    std::fill(dst, dst + plane, C(0));
-    const T* s = go + p * L;
-    const int64_t* idx = ip + p * L;
-    for (int64_t l = 0; l < L; ++l) dst[idx[l]] += static_cast<C>(Widen(s[l]));
-    if constexpr (!std::is_same_v<T, C>) {
-      for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
-    }
-  }
+  });
 }
 
 }  // namespace
