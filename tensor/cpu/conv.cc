@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/convert.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/gemm.h"
@@ -376,61 +378,95 @@ bool DnnlConv(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
   return p != nullptr && DnnlExecute(*p, pointers);
 }
 
+// One step of a window's running maximum (value, tap) over its elements in row-major order, with
+// PyTorch's rule: take the first strict maximum, except that every NaN is taken (so the last NaN
+// of the window wins).
+template <typename C>
+inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
+  const bool take = (v > value) | (v != v);
+  value = take ? v : value;
+  tap = take ? t : tap;
+}
+
 // Planes (n, c) in parallel; within a plane, one output row at a time, tap by tap: for each
 // kernel tap (i, j) in row-major order, every output of the row whose window holds that tap
-// compares it with the running maximum of its window (value and index kept side by side), so
-// each window sees its elements in row-major order. The update is a select, not a jump: the
-// comparison is data-dependent, and a branch on it would be mispredicted half the time.
+// compares it with the running maximum of its window, so each window sees its elements in
+// row-major order. The running maximum and its tap's offset i * W + j from the window's
+// corner live in two arrays along the row, so that the loop over the row's outputs is a select between vectors, which GCC
+// vectorises (a jump on the data-dependent comparison would be mispredicted half the time).
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
+  TG_CHECK(g.kh * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window of ", g.kh,
+           " rows of an input ", g.w, " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
-  const int64_t width = g.w, ow = g.ow, sw = g.sw;
+  const int64_t width = g.w, ow = g.ow, sw = g.sw, kw = g.kw;
   const T* xp = x.data<T>();
   T* op = out.data<T>();
   int64_t* ip = indices.data<int64_t>();
-  std::vector<Range> tap_range(static_cast<size_t>(g.kw));
-  for (int64_t j = 0; j < g.kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
-  ParallelFor(planes, RowsPerThread(plane * g.kh), [&](int64_t p0, int64_t p1) {
-    std::vector<C> best_value(static_cast<size_t>(ow));  // the running maximum of each window
-    C* value = best_value.data();
+  std::vector<Range> tap_range(static_cast<size_t>(kw));
+  for (int64_t j = 0; j < kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
+  const bool window_2x2 = g.kh == 2 && g.kw == 2 && g.ph == 0 && g.pw == 0;
+  ParallelFor(planes, RowsPerThread(plane), [&](int64_t p0, int64_t p1) {
+    std::vector<C> value_row(static_cast<size_t>(ow));     // each window's running maximum
+    std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
+    C* value = value_row.data();
+    int32_t* tap = tap_row.data();
     for (int64_t p = p0; p < p1; ++p) {
       const T* in = xp + p * plane;
       for (int64_t oy = 0; oy < g.oh; ++oy) {
         const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
-        int64_t* best = ip + p * L + oy * ow;  // the running arg-max of each window of the row
-        // PyTorch's rule: start from -inf at the window's first element, take the first strict
-        // maximum, except that every NaN is taken (so the last NaN of the window wins); padding
-        // never takes part (the validation guarantees non-empty windows). Starting from the
-        // first element's own value instead of -inf selects the same element.
-        for (int64_t ox = 0; ox < ow; ++ox) {
-          best[ox] = y_lo * width + std::max<int64_t>(ox * sw - g.pw, 0);
-          value[ox] = Widen(in[best[ox]]);
-        }
-        for (int64_t yy = y_lo; yy < y_hi; ++yy) {
-          const T* row = in + yy * width;
-          for (int64_t j = 0; j < g.kw; ++j) {
-            const int64_t off = j - g.pw;
-            const Range r = tap_range[j];
-            for (int64_t ox = r.lo; ox < r.hi; ++ox) {
-              const int64_t k = ox * sw + off;
-              const C v = Widen(row[k]);
-              const bool take = (v > value[ox]) | (v != v);
-              value[ox] = take ? v : value[ox];
-              best[ox] = take ? yy * width + k : best[ox];
+        if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
+          const T* r0 = in + y0 * width;
+          const T* r1 = r0 + width;
+          const int32_t below = static_cast<int32_t>(width);
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t x0 = ox * sw;
+            C v = Widen(r0[x0]);
+            int32_t t = 0;
+            MaxTap(Widen(r0[x0 + 1]), 1, v, t);
+            MaxTap(Widen(r1[x0]), below, v, t);
+            MaxTap(Widen(r1[x0 + 1]), below + 1, v, t);
+            value[ox] = v;
+            tap[ox] = t;
+          }
+        } else {
+          // Every window starts at its first element (PyTorch starts from -inf there, which
+          // selects the same element); padding never takes part (the validation guarantees
+          // non-empty windows).
+          const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t x0 = ox * sw - g.pw, x_lo = std::max<int64_t>(x0, 0);
+            tap[ox] = static_cast<int32_t>((y_lo - y0) * width + (x_lo - x0));
+            value[ox] = Widen(in[y_lo * width + x_lo]);
+          }
+          for (int64_t yy = y_lo; yy < y_hi; ++yy) {
+            const T* row = in + yy * width;
+            for (int64_t j = 0; j < kw; ++j) {
+              const int64_t off = j - g.pw;
+              const int32_t t = static_cast<int32_t>((yy - y0) * width + j);
+              const Range r = tap_range[j];
+              for (int64_t ox = r.lo; ox < r.hi; ++ox) {
+                MaxTap(Widen(row[ox * sw + off]), t, value[ox], tap[ox]);
+              }
             }
           }
         }
+        int64_t* best = ip + p * L + oy * ow;
         T* o = op + p * L + oy * ow;
-        for (int64_t ox = 0; ox < ow; ++ox) o[ox] = in[best[ox]];  // NaN payloads included
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          best[ox] = y0 * width + ox * sw - g.pw + tap[ox];
+          o[ox] = in[best[ox]];  // NaN payloads included
+        }
       }
     }
   });
 }
 
 // Planes in parallel: each scatters its own gradient into its own input plane, in the serial
-// order, so any thread count gives the same bits.
+// order, so any thread count gives the same bits. An index outside its plane throws (the first
+// one in memory order), naming its position; the check rides along with the scatter, which reads
+// the indices once.
 template <typename T>
 void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
                            const Tensor& indices) {
@@ -454,7 +490,15 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
       std::fill(dst, dst + plane, C(0));
       const T* s = go + p * L;
       const int64_t* idx = ip + p * L;
-      for (int64_t l = 0; l < L; ++l) dst[idx[l]] += static_cast<C>(Widen(s[l]));
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t k = idx[l];
+        if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(plane)) {
+          throw Error(absl::StrCat("max_pool2d_backward: index ", k, " at position ", p * L + l,
+                                   " is out of range for an input plane of ", grad_input.size(2),
+                                   " x ", grad_input.size(3), " elements"));
+        }
+        dst[k] += static_cast<C>(Widen(s[l]));
+      }
       if constexpr (!std::is_same_v<T, C>) {
         for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
       }
@@ -531,17 +575,6 @@ void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const 
 }
 
 void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices) {
-  const int64_t plane = grad_input.size(2) * grad_input.size(3);
-  const int64_t* idx = indices.data<int64_t>();
-  bool bad = false;
-  for (int64_t i = 0; i < indices.numel(); ++i) bad |= idx[i] < 0 || idx[i] >= plane;
-  if (bad) {
-    for (int64_t i = 0; i < indices.numel(); ++i) {
-      TG_CHECK(idx[i] >= 0 && idx[i] < plane, "max_pool2d_backward: index ", idx[i],
-               " at position ", i, " is out of range for an input plane of ", grad_input.size(2),
-               " x ", grad_input.size(3), " elements");
-    }
-  }
   VisitFloating("max_pool2d_backward", grad_out.dtype(), [&](auto tag) {
     MaxPool2dBackwardImpl<decltype(tag)>(grad_input, grad_out, indices);
   });
