@@ -127,4 +127,31 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
   return map_.emplace(key, std::move(made)).first->second;
 }
 
+bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) {
+  if (in != DType::kBF16 && in != DType::kF16) return false;
+  if (out != in && out != DType::kF32) return false;
+  if (m <= 0 || n <= 0 || k <= 0) return false;
+  static DnnlCache* cache = new DnnlCache;
+  const std::shared_ptr<const DnnlPrimitive> p = cache->Get(
+      {static_cast<int64_t>(in), static_cast<int64_t>(out), ta, tb, m, n, k, lda, ldb, ldc}, [&] {
+        using dnnl::memory;
+        const memory::data_type ti = DnnlType(in), to = DnnlType(out);
+        // A transposed operand is the same matrix with its strides swapped.
+        const memory::desc a_md({m, k}, ti, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+        const memory::desc b_md({k, n}, ti, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+        const memory::desc c_md({m, n}, to, memory::dims{ldc, 1});
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), DnnlEngine());
+        if (IsDnnlReference(pd)) return std::shared_ptr<DnnlPrimitive>();
+        auto prim = std::make_shared<DnnlPrimitive>();
+        prim->primitive = dnnl::matmul(pd);
+        prim->AddArg(DNNL_ARG_SRC, a_md, pd.src_desc(), false);
+        prim->AddArg(DNNL_ARG_WEIGHTS, b_md, pd.weights_desc(), false);
+        prim->AddArg(DNNL_ARG_DST, c_md, pd.dst_desc(), true);
+        return prim;
+      });
+  return p != nullptr &&
+         DnnlExecute(*p, {const_cast<void*>(a), const_cast<void*>(b), c});
+}
+
 }  // namespace tg::cpu

@@ -1,4 +1,4 @@
-// oneDNN for the CPU kernels (convolution and low-precision matmul): the engine, a stream per
+// oneDNN for the CPU kernels (convolution in conv.cc, f16/bf16 GEMM here): the engine, a stream per
 // thread, a thread-safe cache of created primitives, and the execution of a primitive on our
 // plain (row-major, contiguous or strided) buffers, reordering to and from the layouts the
 // primitive chose where they differ.
@@ -75,6 +75,14 @@ class DnnlCache {
   std::mutex mu_;
   std::map<Key, std::shared_ptr<const DnnlPrimitive>> map_;
 };
+
+// c [m, n] = a [m, k] @ b [k, n] for f16/bf16 operands of dtype `in`, accumulated in f32 and
+// written as `out` (f32: the unrounded sums; `in`: each rounded once), all row-major with
+// leading dimensions lda/ldb/ldc, a and b optionally stored transposed (as in cblas). Returns
+// false, and the caller multiplies itself, where oneDNN has no fast implementation for it on
+// this CPU (oneDNN 2.6: f16 anywhere, bf16 without AVX-512), for empty sizes, or on a failure.
+bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc);
 
 }  // namespace tg::cpu
 
