@@ -277,11 +277,21 @@ void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g
   const int64_t L = g.oh * g.ow;
   const T* go = grad_out.data<T>();
   T* gb = grad_bias.data<T>();
+  // f16 rows are widened first (F16C where the CPU has it): the software conversion per element
+  // would cost more than the sum. S: the type the sum reads.
+  using S = std::conditional_t<std::is_same_v<T, Half>, float, T>;
   ParallelFor(g.o, RowsPerThread(g.n * L), [&](int64_t o0, int64_t o1) {
+    std::vector<S> widened(std::is_same_v<T, Half> ? static_cast<size_t>(L) : 0);
     for (int64_t o = o0; o < o1; ++o) {
       double acc = 0;
       for (int64_t n = 0; n < g.n; ++n) {
-        const T* s = go + (n * g.o + o) * L;
+        const S* s;
+        if constexpr (std::is_same_v<T, Half>) {
+          WidenHalf(go + (n * g.o + o) * L, L, widened.data());
+          s = widened.data();
+        } else {
+          s = go + (n * g.o + o) * L;
+        }
         // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
         double part[4] = {0, 0, 0, 0};
         int64_t l = 0;
@@ -397,6 +407,9 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
+  // f16 planes are widened first (F16C where the CPU has it, gemm.h): the comparisons through the
+  // software conversion would cost more than the pooling. S: the type the comparisons read.
+  using S = std::conditional_t<std::is_same_v<T, Half>, float, T>;
   TG_CHECK(g.kh * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window of ", g.kh,
            " rows of an input ", g.w, " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
@@ -412,13 +425,22 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
     std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
     C* value = value_row.data();
     int32_t* tap = tap_row.data();
+    std::vector<S> widened;
     for (int64_t p = p0; p < p1; ++p) {
       const T* in = xp + p * plane;
+      const S* src;
+      if constexpr (std::is_same_v<T, Half>) {
+        widened.resize(static_cast<size_t>(plane));
+        WidenHalf(in, plane, widened.data());
+        src = widened.data();
+      } else {
+        src = in;
+      }
       for (int64_t oy = 0; oy < g.oh; ++oy) {
         const int64_t y0 = oy * g.sh - g.ph;
         if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
-          const T* r0 = in + y0 * width;
-          const T* r1 = r0 + width;
+          const S* r0 = src + y0 * width;
+          const S* r1 = r0 + width;
           const int32_t below = static_cast<int32_t>(width);
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t x0 = ox * sw;
@@ -438,10 +460,10 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t x0 = ox * sw - g.pw, x_lo = std::max<int64_t>(x0, 0);
             tap[ox] = static_cast<int32_t>((y_lo - y0) * width + (x_lo - x0));
-            value[ox] = Widen(in[y_lo * width + x_lo]);
+            value[ox] = Widen(src[y_lo * width + x_lo]);
           }
           for (int64_t yy = y_lo; yy < y_hi; ++yy) {
-            const T* row = in + yy * width;
+            const S* row = src + yy * width;
             for (int64_t j = 0; j < kw; ++j) {
               const int64_t off = j - g.pw;
               const int32_t t = static_cast<int32_t>((yy - y0) * width + j);
@@ -499,11 +521,27 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
         }
         dst[k] += static_cast<C>(Widen(s[l]));
       }
-      if constexpr (!std::is_same_v<T, C>) {
+      if constexpr (std::is_same_v<T, Half>) {
+        NarrowHalf(acc.data(), plane, gi + p * plane);
+      } else if constexpr (!std::is_same_v<T, C>) {
         for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
       }
     }
   });
+}
+
+// An f32 copy of a contiguous f16/bf16 tensor (undefined stays undefined), and the rounding of
+// such a copy back into `out` (contiguous, once per element); f16 through F16C where the CPU has
+// it (gemm.h WidenHalf / NarrowHalf).
+Tensor ToF32(const Tensor& t) {
+  if (!t.defined() || t.dtype() != DType::kF16) return t.defined() ? t.to(kF32) : Tensor();
+  Tensor r = Tensor::Empty(t.shape(), kF32);
+  WidenHalf(t.data<Half>(), t.numel(), r.data<float>());
+  return r;
+}
+void StoreF32(const Tensor& t32, const Tensor& out) {
+  if (out.dtype() != DType::kF16) return void(out.copy_(t32));
+  NarrowHalf(t32.data<float>(), t32.numel(), out.data<Half>());
 }
 
 }  // namespace
@@ -526,8 +564,8 @@ void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
     default: {  // f16/bf16: compute in f32 (bias included), round once
       VisitFloating("conv2d", dtype, [](auto) {});
       Tensor out32 = Tensor::Empty(out.shape(), kF32);
-      Conv2d(out32, x.to(kF32), weight.to(kF32), bias.defined() ? bias.to(kF32) : Tensor(), g);
-      out.copy_(out32);
+      Conv2d(out32, ToF32(x), ToF32(weight), ToF32(bias), g);
+      StoreF32(out32, out);
     }
   }
 }
@@ -560,11 +598,10 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
       VisitFloating("conv2d_backward", dtype, [](auto) {});
       const Tensor gi32 = gi.defined() ? Tensor::Empty(gi.shape(), kF32) : Tensor();
       const Tensor gw32 = gw.defined() ? Tensor::Empty(gw.shape(), kF32) : Tensor();
-      Conv2dBackward(gi32, gw32, Tensor(), grad_out.to(kF32),
-                     gw32.defined() ? x.to(kF32) : Tensor(),
-                     gi32.defined() ? weight.to(kF32) : Tensor(), g);
-      if (gi32.defined()) gi.copy_(gi32);
-      if (gw32.defined()) gw.copy_(gw32);
+      Conv2dBackward(gi32, gw32, Tensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : Tensor(),
+                     gi32.defined() ? ToF32(weight) : Tensor(), g);
+      if (gi32.defined()) StoreF32(gi32, gi);
+      if (gw32.defined()) StoreF32(gw32, gw);
     }
   }
 }

@@ -68,6 +68,13 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
   return true;
 }
 
+// out[i] = p[i] widened to float (exact), with F16C's conversion where the CPU has it (chosen at
+// run time; a signalling NaN then comes out quiet, which a GEMM operand does not notice).
+void WidenHalf(const Half* p, int64_t count, float* out);
+// out[i] = p[i] rounded to f16 (nearest even), with F16C's conversion where the CPU has it: the
+// same bits as Half(float) for every value but a signalling NaN (which no GEMM produces).
+void NarrowHalf(const float* p, int64_t count, Half* out);
+
 // A GEMM operand of `count` contiguous values in the compute type C (float for f16/bf16/f32,
 // double for f64): `p` itself when T is C, else its values widened (exactly) into `scratch`,
 // which the caller keeps alive while the pointer is used.
@@ -77,7 +84,11 @@ const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
     return p;
   } else {
     scratch.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) scratch[i] = static_cast<C>(Widen(p[i]));
+    if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
+      WidenHalf(p, count, scratch.data());
+    } else {
+      for (int64_t i = 0; i < count; ++i) scratch[i] = static_cast<C>(Widen(p[i]));
+    }
     return scratch.data();
   }
 }
@@ -95,7 +106,9 @@ C* GemmResult(T* out, int64_t count, std::vector<C>& scratch) {
 }
 template <typename C, typename T>
 void StoreGemmResult(const C* result, int64_t count, T* out) {
-  if constexpr (!std::is_same_v<T, C>) {
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
+    NarrowHalf(result, count, out);
+  } else if constexpr (!std::is_same_v<T, C>) {
     for (int64_t i = 0; i < count; ++i) out[i] = Convert<T>(result[i]);
   }
 }
