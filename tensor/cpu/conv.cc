@@ -277,28 +277,22 @@ void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g
   const int64_t L = g.oh * g.ow;
   const T* go = grad_out.data<T>();
   T* gb = grad_bias.data<T>();
-  // f16 rows are widened first (F16C where the CPU has it): the software conversion per element
-  // would cost more than the sum. S: the type the sum reads.
-  using S = std::conditional_t<std::is_same_v<T, Half>, float, T>;
+  using C = ComputeType<T>;
   ParallelFor(g.o, RowsPerThread(g.n * L), [&](int64_t o0, int64_t o1) {
-    std::vector<S> widened(std::is_same_v<T, Half> ? static_cast<size_t>(L) : 0);
+    // f16/bf16 rows are widened first, in one vectorised pass (gemm.h): the conversion per element
+    // in the sum's loop would cost more than the sum.
+    std::vector<C> widened;
     for (int64_t o = o0; o < o1; ++o) {
       double acc = 0;
       for (int64_t n = 0; n < g.n; ++n) {
-        const S* s;
-        if constexpr (std::is_same_v<T, Half>) {
-          WidenHalf(go + (n * g.o + o) * L, L, widened.data());
-          s = widened.data();
-        } else {
-          s = go + (n * g.o + o) * L;
-        }
+        const C* s = GemmOperand<C>(go + (n * g.o + o) * L, L, widened);
         // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
         double part[4] = {0, 0, 0, 0};
         int64_t l = 0;
         for (; l + 4 <= L; l += 4) {
-          for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(Widen(s[l + k]));
+          for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(s[l + k]);
         }
-        for (; l < L; ++l) part[0] += static_cast<double>(Widen(s[l]));
+        for (; l < L; ++l) part[0] += static_cast<double>(s[l]);
         acc += (part[0] + part[1]) + (part[2] + part[3]);
       }
       gb[o] = Convert<T>(acc);
@@ -407,9 +401,6 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
-  // f16 planes are widened first (F16C where the CPU has it, gemm.h): the comparisons through the
-  // software conversion would cost more than the pooling. S: the type the comparisons read.
-  using S = std::conditional_t<std::is_same_v<T, Half>, float, T>;
   TG_CHECK(g.kh * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window of ", g.kh,
            " rows of an input ", g.w, " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
@@ -425,22 +416,17 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
     std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
     C* value = value_row.data();
     int32_t* tap = tap_row.data();
-    std::vector<S> widened;
+    std::vector<C> widened;
     for (int64_t p = p0; p < p1; ++p) {
       const T* in = xp + p * plane;
-      const S* src;
-      if constexpr (std::is_same_v<T, Half>) {
-        widened.resize(static_cast<size_t>(plane));
-        WidenHalf(in, plane, widened.data());
-        src = widened.data();
-      } else {
-        src = in;
-      }
+      // f16/bf16 planes are widened first, in one vectorised pass (gemm.h): the comparisons
+      // through a conversion per element would not vectorise.
+      const C* src = GemmOperand<C>(in, plane, widened);
       for (int64_t oy = 0; oy < g.oh; ++oy) {
         const int64_t y0 = oy * g.sh - g.ph;
         if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
-          const S* r0 = src + y0 * width;
-          const S* r1 = r0 + width;
+          const C* r0 = src + y0 * width;
+          const C* r1 = r0 + width;
           const int32_t below = static_cast<int32_t>(width);
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t x0 = ox * sw;
@@ -463,7 +449,7 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
             value[ox] = Widen(src[y_lo * width + x_lo]);
           }
           for (int64_t yy = y_lo; yy < y_hi; ++yy) {
-            const S* row = src + yy * width;
+            const C* row = src + yy * width;
             for (int64_t j = 0; j < kw; ++j) {
               const int64_t off = j - g.pw;
               const int32_t t = static_cast<int32_t>((yy - y0) * width + j);
@@ -500,16 +486,19 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
   const int64_t* ip = indices.data<int64_t>();
   T* gi = grad_input.data<T>();
   ParallelFor(planes, RowsPerThread(plane + L), [&](int64_t p0, int64_t p1) {
-    // Accumulate in C (f32 for f16/bf16: overlapping windows add up) and round once.
-    std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane));
+    // f16/bf16 accumulate in C (f32: overlapping windows add up) and round once; for bf16 only
+    // the selected positions are rounded (and then zeroed again for the next plane), the others
+    // are the zero they were filled with.
+    std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane), C(0));
     for (int64_t p = p0; p < p1; ++p) {
+      T* out = gi + p * plane;
+      std::fill(out, out + plane, T(0));
       C* dst;
       if constexpr (std::is_same_v<T, C>) {
-        dst = gi + p * plane;
+        dst = out;
       } else {
         dst = acc.data();
       }
-      std::fill(dst, dst + plane, C(0));
       const T* s = go + p * L;
       const int64_t* idx = ip + p * L;
       for (int64_t l = 0; l < L; ++l) {
@@ -521,10 +510,12 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
         }
         dst[k] += static_cast<C>(Widen(s[l]));
       }
-      if constexpr (std::is_same_v<T, Half>) {
-        NarrowHalf(acc.data(), plane, gi + p * plane);
+      if constexpr (std::is_same_v<T, Half>) {  // F16C's conversion of the plane is cheaper
+        NarrowHalf(acc.data(), plane, out);
+        std::fill(acc.begin(), acc.end(), C(0));
       } else if constexpr (!std::is_same_v<T, C>) {
-        for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
+        for (int64_t l = 0; l < L; ++l) out[idx[l]] = Convert<T>(acc[idx[l]]);
+        for (int64_t l = 0; l < L; ++l) acc[idx[l]] = C(0);
       }
     }
   });

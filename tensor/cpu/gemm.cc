@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 namespace tg::cpu {
 namespace {
 
@@ -36,6 +38,21 @@ bool HasF16c() {
 void NarrowHalf(const float* p, int64_t count, Half* out) {
   if (HasF16c()) return NarrowHalfF16c(p, count, out);
   for (int64_t i = 0; i < count; ++i) out[i] = Half(p[i]);
+}
+
+void NarrowBFloat16(const float* p, int64_t count, BFloat16* out) {
+  // FloatToBFloat16Bits without its branch: round to nearest even, except that a NaN keeps its
+  // sign and top payload bits (and stays a NaN).
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t x;
+    std::memcpy(&x, p + i, sizeof(x));
+    const uint32_t top = x >> 16;
+    const uint32_t rounded = (x + 0x7fffu + (top & 1u)) >> 16;
+    const uint32_t nan = top | ((top & 0x7fu) == 0 ? 0x40u : 0u);
+    const uint16_t bits =
+        static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+    out[i] = BFloat16::FromBits(bits);
+  }
 }
 
 void WidenHalf(const Half* p, int64_t count, float* out) {
