@@ -16,11 +16,12 @@
 // go to OpenBLAS (threaded); the loops here are plain and contiguous along the output width.
 // f32/f64 compute natively; f16/bf16 go through f32 copies and round each result once.
 //
-// Max pooling compares each window's elements in row-major order with PyTorch's CPU rule.
+// Max pooling is our own kernel (planes in parallel), since the op returns PyTorch's flat
+// indices into each plane, which oneDNN's pooling workspace does not give; it compares each
+// window's elements in row-major order with PyTorch's CPU rule (first maximum, NaN wins).
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
