@@ -396,14 +396,16 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 // Planes (n, c) in parallel; within a plane, one output row at a time, tap by tap: for each
 // kernel tap (i, j) in row-major order, every output of the row whose window holds that tap
 // compares it with the running maximum of its window, so each window sees its elements in
-// row-major order. The running maximum and its tap's offset i * W + j from the window's
-// corner live in two arrays along the row, so that the loop over the row's outputs is a select between vectors, which GCC
-// vectorises (a jump on the data-dependent comparison would be mispredicted half the time).
+// row-major order. The running maximum and its tap's offset i * W + j from the window's corner
+// live in two arrays along the row, so that the loop over the row's outputs is a select between
+// vectors, which GCC vectorises (a jump on the data-dependent comparison would be mispredicted
+// half the time).
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
-  TG_CHECK(g.kh * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window of ", g.kh,
-           " rows of an input ", g.w, " wide spans more than 2^31 - 1 elements");
+  TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(),
+           "max_pool2d: a window [", g.kh, ", ", g.kw, "] over an input ", g.w,
+           " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
   const int64_t width = g.w, ow = g.ow, sw = g.sw, kw = g.kw;
   const T* xp = x.data<T>();
@@ -431,11 +433,11 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
           const int32_t below = static_cast<int32_t>(width);
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t x0 = ox * sw;
-            C v = Widen(r0[x0]);
+            C v = r0[x0];
             int32_t t = 0;
-            MaxTap(Widen(r0[x0 + 1]), 1, v, t);
-            MaxTap(Widen(r1[x0]), below, v, t);
-            MaxTap(Widen(r1[x0 + 1]), below + 1, v, t);
+            MaxTap(r0[x0 + 1], 1, v, t);
+            MaxTap(r1[x0], below, v, t);
+            MaxTap(r1[x0 + 1], below + 1, v, t);
             value[ox] = v;
             tap[ox] = t;
           }
@@ -447,7 +449,7 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t x0 = ox * sw - g.pw, x_lo = std::max<int64_t>(x0, 0);
             tap[ox] = static_cast<int32_t>((y_lo - y0) * width + (x_lo - x0));
-            value[ox] = Widen(src[y_lo * width + x_lo]);
+            value[ox] = src[y_lo * width + x_lo];
           }
           for (int64_t yy = y_lo; yy < y_hi; ++yy) {
             const C* row = src + yy * width;
@@ -456,7 +458,7 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
               const int32_t t = static_cast<int32_t>((yy - y0) * width + j);
               const Range r = tap_range[j];
               for (int64_t ox = r.lo; ox < r.hi; ++ox) {
-                MaxTap(Widen(row[ox * sw + off]), t, value[ox], tap[ox]);
+                MaxTap(row[ox * sw + off], t, value[ox], tap[ox]);
               }
             }
           }
