@@ -74,7 +74,11 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
   try {
     dnnl::stream& stream = ThreadStream();
     std::unordered_map<int, dnnl::memory> exec_args;
-    std::vector<std::pair<dnnl::memory, dnnl::memory>> outputs;  // (wanted, plain) to reorder
+    struct Pending {  // an output in the primitive's layout, reordered into ours after it ran
+      const dnnl::reorder* reorder;
+      dnnl::memory from, to;
+    };
+    std::vector<Pending> outputs;
     for (size_t i = 0; i < p.args.size(); ++i) {
       const DnnlPrimitive::Arg& a = p.args[i];
       dnnl::memory plain(a.plain, DnnlEngine(), pointers[i]);
@@ -84,19 +88,14 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
       }
       dnnl::memory wanted(a.wanted, DnnlEngine(), ThreadScratch(i, a.wanted.get_size()));
       if (a.output) {
-        outputs.emplace_back(wanted, plain);
+        outputs.push_back({&a.reorder, wanted, plain});
       } else {
         a.reorder.execute(stream, plain, wanted);
       }
       exec_args.emplace(a.id, wanted);
     }
     p.primitive.execute(stream, exec_args);
-    size_t next = 0;
-    for (const DnnlPrimitive::Arg& a : p.args) {
-      if (!a.output || a.wanted == a.plain) continue;
-      a.reorder.execute(stream, outputs[next].first, outputs[next].second);
-      ++next;
-    }
+    for (Pending& o : outputs) o.reorder->execute(stream, o.from, o.to);
     stream.wait();
     return true;
   } catch (const dnnl::error&) {
@@ -107,8 +106,8 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
 std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
     const Key& key_without_threads, const std::function<std::shared_ptr<DnnlPrimitive>()>& make) {
   // Some implementations split their work (and reductions) for the thread count they were
-  // created under, and a primitive created outside a parallel region is run inside one (the
-  // attention heads) on one thread: the thread count it will run with is part of the key.
+  // created under, and a call from inside a parallel region runs on its one thread: the thread
+  // count the primitive will run with is part of the key.
   Key key = key_without_threads;
   key.push_back(omp_in_parallel() ? 1 : omp_get_max_threads());
   {
