@@ -35,6 +35,9 @@ Variable Sqrt(const Variable& x);
 Variable Tanh(const Variable& x);
 Variable Sigmoid(const Variable& x);
 Variable Relu(const Variable& x);
+// ReLU's gradient from its output y: grad where y > 0, 0 where y <= 0 (PyTorch's
+// threshold_backward), in one pass; differentiable in grad (its own gradient is the same mask).
+Variable ReluBackward(const Variable& grad, const Variable& y);
 Variable Gelu(const Variable& x);
 Variable GeluTanh(const Variable& x);
 Variable Abs(const Variable& x);

@@ -18,6 +18,8 @@ const char* BinaryOpName(BinaryOp op) {
       return "maximum";
     case BinaryOp::kMinimum:
       return "minimum";
+    case BinaryOp::kReluBackward:
+      return "relu_backward";
   }
   return "binary";
 }

@@ -7,7 +7,9 @@
 
 namespace tg {
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum };
+// kReluBackward(grad, y): 0 where y <= 0, else grad (PyTorch's threshold_backward at 0: a NaN y
+// passes the gradient, and a NaN gradient where y <= 0 gives 0).
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kReluBackward };
 enum class CompareOp { kEq, kNe, kLt, kLe, kGt, kGe };
 enum class UnaryOp {
   kNeg,

@@ -76,7 +76,9 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
       out_shape.push_back(1);
   }
   if (x.dim() == 0) out_shape = {};  // a 0-d input reduces to 0-d, keepdim or not
-  return {src.permute(perm).contiguous().reshape({rows, inner}), out_shape};
+  // A view when the kept and the reduced dims each merge into one stride (a bias gradient's sum
+  // over the rows of [m, n] reads x in place as the columns [n, m]); a copy otherwise.
+  return {src.permute(perm).reshape({rows, inner}), out_shape};
 }
 
 // Last-dim ops see x as contiguous [rows, n].
@@ -201,7 +203,8 @@ Tensor MaxImpl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool 
            " is empty; there is no maximum");
   RowsView v = ReduceToRows(op, x, {d}, keepdim);
   Tensor out = Tensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
-  KernelsFor(device).MaxRows(values ? out : Tensor(), values ? Tensor() : out, v.rows);
+  KernelsFor(device).MaxRows(values ? out : Tensor(), values ? Tensor() : out,
+                             v.rows.contiguous());
   return out.reshape(v.out_shape);
 }
 

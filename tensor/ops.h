@@ -42,6 +42,10 @@ inline Tensor Pow(const Tensor& a, double exponent) {
 // Elementwise max/min; NaN in either input gives NaN (torch.maximum/minimum).
 inline Tensor Maximum(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kMaximum, a, b); }
 inline Tensor Minimum(const Tensor& a, const Tensor& b) { return Binary(BinaryOp::kMinimum, a, b); }
+// ReLU's gradient from its output y: grad where y > 0 (or NaN), 0 where y <= 0. One pass.
+inline Tensor ReluBackward(const Tensor& grad, const Tensor& y) {
+  return Binary(BinaryOp::kReluBackward, grad, y);
+}
 inline Tensor AddScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kAdd, x, s); }
 inline Tensor MulScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kMul, x, s); }
 

@@ -1,5 +1,7 @@
 #include "tensor/tensor.h"
 
+#include "tensor/cpu/vec_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -527,16 +529,38 @@ std::string Tensor::ToString(int64_t max_elements) const {
 
 namespace {
 
+// n contiguous values between f32 and f16/bf16 with the vectorised conversions (the scalar ones'
+// results); false for other pairs.
+template <typename Dst, typename Src>
+bool ConvertContiguous(const char* src, char* dst, int64_t n) {
+  const auto* f = reinterpret_cast<const float*>(src);
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, Half>) {
+    cpu::F32ToHalfBits(f, reinterpret_cast<uint16_t*>(dst), n);
+  } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, BFloat16>) {
+    cpu::F32ToBFloat16Bits(f, reinterpret_cast<uint16_t*>(dst), n);
+  } else if constexpr (std::is_same_v<Src, Half> && std::is_same_v<Dst, float>) {
+    cpu::HalfBitsToF32(bits, reinterpret_cast<float*>(dst), n);
+  } else if constexpr (std::is_same_v<Src, BFloat16> && std::is_same_v<Dst, float>) {
+    cpu::BFloat16BitsToF32(bits, reinterpret_cast<float*>(dst), n);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 template <typename Dst, typename Src>
 void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const char* src,
               const Shape& src_strides) {
   ForEachRow<2>(
       shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
       [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
-        if (std::is_same_v<Dst, Src> && step[0] == sizeof(Dst) && step[1] == sizeof(Src)) {
+        const bool unit = step[0] == sizeof(Dst) && step[1] == sizeof(Src);
+        if (std::is_same_v<Dst, Src> && unit) {
           std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
           return;
         }
+        if (unit && ConvertContiguous<Dst, Src>(p[1], p[0], n)) return;
         for (int64_t i = 0; i < n; ++i) {
           Src v;
           std::memcpy(&v, p[1] + i * step[1], sizeof(Src));

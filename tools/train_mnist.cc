@@ -317,8 +317,9 @@ int Main() {
     if (dp.is_main() && (epoch_end || step == total_steps)) {
       Eval test = Evaluate(*model, *test_set, dtype, device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
-      progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%%",
-                                       step / per_epoch, test.loss, 100 * test.accuracy));
+      progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s",
+                                       step / per_epoch, test.loss, 100 * test.accuracy,
+                                       progress.ElapsedSeconds()));
     }
     progress.Report(record);
     last_report = progress.ElapsedSeconds();  // evaluation time is not training throughput

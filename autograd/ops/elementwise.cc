@@ -166,11 +166,16 @@ Variable Relu(const Variable& x) {
   return Record(
       "ReluBackward", tg::Relu(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
-        const Variable& y = ctx.saved[0];
-        const Tensor positive = tg::Gt(y.data(), ScalarTensor(0, y.data()));
-        return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
+        return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
       /*save_output=*/true);
+}
+
+Variable ReluBackward(const Variable& grad, const Variable& y) {
+  return Record("ReluBackwardBackward", tg::ReluBackward(grad.data(), y.data()), {grad}, {y},
+                [](const BackwardContext& ctx) -> VariableList {
+                  return {ReluBackward(ctx.grads[0], ctx.saved[0])};
+                });
 }
 
 Variable Erf(const Variable& x) {

@@ -137,9 +137,7 @@ const Variable& ReluInPlace(const Variable& self) {
   return Commit(
       "ReluInPlaceBackward", self, value, {self}, {},
       [](const BackwardContext& ctx) -> VariableList {
-        const Variable& y = ctx.saved[0];
-        const Tensor positive = tg::Gt(y.data(), Tensor::Full({}, 0, y.dtype(), y.data().device()));
-        return {Mul(ctx.grads[0], Variable(positive.to(y.dtype())))};
+        return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
       /*save_output=*/true);
 }

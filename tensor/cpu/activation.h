@@ -1,36 +1,55 @@
-// The scalar tanh-GELU and its derivative, shared by the elementwise kernel (UnaryOp::kGeluTanh)
-// and the fused Linear kernels (tensor/cpu/fused_linear.cc), so that a fused Linear + GELU
-// rounds exactly like GeluTanh(Matmul + bias) does.
+// exp, tanh, tanh-GELU and its derivative over rows of values in the compute type C (float or
+// double), shared by the elementwise kernels (UnaryOp::kExp, kTanh, kGeluTanh), the softmax and
+// cross-entropy rows (rows.h), attention (fused_attention.cc) and the fused Linear kernels
+// (fused_linear.cc), so that a fused kernel rounds exactly like the composed ops it replaces
+// (a fused Linear + GELU like GeluTanh(Matmul + bias)). float rows go through the vectorised forms of vec_math.h;
+// double rows through the scalar forms below (libm's tanh), the exact references of gradchecks.
 //
-//   const float y = GeluTanh(x);        // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-//   const float dy = GeluTanhGrad(x);   // d y / d x
+//   GeluTanhRow(x, y, n);       // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   GeluTanhGradRow(x, dy, n);  // dy = d y / d x
 #ifndef TAPEGRAD_TENSOR_CPU_ACTIVATION_H_
 #define TAPEGRAD_TENSOR_CPU_ACTIVATION_H_
 
 #include <cmath>
+#include <cstdint>
+
+#include "tensor/cpu/vec_math.h"
 
 namespace tg::cpu {
 
-// gelu_tanh(x) in the compute type C (float or double).
-template <typename C>
-inline C GeluTanh(C x) {
-  constexpr C kSqrt2OverPi = C(0.7978845608028654);
-  return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+inline double GeluTanh(double x) {
+  constexpr double kSqrt2OverPi = 0.7978845608028654;
+  return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
 }
 
-// d gelu_tanh(x) / dx = (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3),
-// evaluated in C with the operations, constants and order of composed::GeluTanhGrad
-// (tensor/composed.cc: each op of that chain rounds to C, as each expression here does), so the
-// fused backward matches the composed one bit for bit in f32 and f64.
-template <typename C>
-inline C GeluTanhGrad(C x) {
+// (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the
+// operations and order of composed::GeluTanhGrad (tensor/composed.cc).
+inline double GeluTanhGrad(double x) {
   const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2 / pi)
-  const C x2 = x * x;
-  const C t = std::tanh((x + (x2 * x) * static_cast<C>(c)) * static_cast<C>(k));
-  const C left = (t + C(1)) * C(0.5);
-  const C du = (x2 * static_cast<C>(3 * c) + C(1)) * static_cast<C>(k);
-  const C right = (x * C(0.5)) * ((-(t * t) + C(1)) * du);
+  const double x2 = x * x;
+  const double t = std::tanh((x + (x2 * x) * c) * k);
+  const double left = (t + 1) * 0.5;
+  const double du = (x2 * (3 * c) + 1) * k;
+  const double right = (x * 0.5) * ((-(t * t) + 1) * du);
   return left + right;
+}
+
+inline void ExpRow(const float* x, float* y, int64_t n) { ExpF32(x, y, n); }
+inline void TanhRow(const float* x, float* y, int64_t n) { TanhF32(x, y, n); }
+inline void GeluTanhRow(const float* x, float* y, int64_t n) { GeluTanhF32(x, y, n); }
+inline void GeluTanhGradRow(const float* x, float* y, int64_t n) { GeluTanhGradF32(x, y, n); }
+
+inline void ExpRow(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+inline void TanhRow(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+inline void GeluTanhRow(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = GeluTanh(x[i]);
+}
+inline void GeluTanhGradRow(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = GeluTanhGrad(x[i]);
 }
 
 }  // namespace tg::cpu

@@ -513,8 +513,8 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
         }
         dst[k] += static_cast<C>(Widen(s[l]));
       }
-      if constexpr (std::is_same_v<T, Half>) {  // F16C's conversion of the plane is cheaper
-        NarrowHalf(acc.data(), plane, out);
+      if constexpr (std::is_same_v<T, Half>) {  // the vectorised rounding of the plane is cheaper
+        RoundFromF32(acc.data(), out, plane);
         std::fill(acc.begin(), acc.end(), C(0));
       } else if constexpr (!std::is_same_v<T, C>) {
         for (int64_t l = 0; l < L; ++l) out[idx[l]] = Convert<T>(acc[idx[l]]);
@@ -524,19 +524,8 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
   });
 }
 
-// An f32 copy of a contiguous f16/bf16 tensor (undefined stays undefined), and the rounding of
-// such a copy back into `out` (contiguous, once per element); f16 through F16C where the CPU has
-// it (gemm.h WidenHalf / NarrowHalf).
-Tensor ToF32(const Tensor& t) {
-  if (!t.defined() || t.dtype() != DType::kF16) return t.defined() ? t.to(kF32) : Tensor();
-  Tensor r = Tensor::Empty(t.shape(), kF32);
-  WidenHalf(t.data<Half>(), t.numel(), r.data<float>());
-  return r;
-}
-void StoreF32(const Tensor& t32, const Tensor& out) {
-  if (out.dtype() != DType::kF16) return void(out.copy_(t32));
-  NarrowHalf(t32.data<float>(), t32.numel(), out.data<Half>());
-}
+// An f32 copy of an f16/bf16 tensor (undefined stays undefined).
+Tensor ToF32(const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); }
 
 }  // namespace
 
@@ -559,7 +548,7 @@ void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
       VisitFloating("conv2d", dtype, [](auto) {});
       Tensor out32 = Tensor::Empty(out.shape(), kF32);
       Conv2d(out32, ToF32(x), ToF32(weight), ToF32(bias), g);
-      StoreF32(out32, out);
+      out.copy_(out32);
     }
   }
 }
@@ -594,8 +583,8 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
       const Tensor gw32 = gw.defined() ? Tensor::Empty(gw.shape(), kF32) : Tensor();
       Conv2dBackward(gi32, gw32, Tensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : Tensor(),
                      gi32.defined() ? ToF32(weight) : Tensor(), g);
-      if (gi32.defined()) StoreF32(gi32, gi);
-      if (gw32.defined()) StoreF32(gw32, gw);
+      if (gi32.defined()) gi.copy_(gi32);
+      if (gw32.defined()) gw.copy_(gw32);
     }
   }
 }

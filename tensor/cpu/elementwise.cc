@@ -1,4 +1,5 @@
 // Elementwise CPU kernels: one loop per (op, dtype), over rows given by ForEachRow.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -6,6 +7,8 @@
 #include "tensor/convert.h"
 #include "tensor/cpu/activation.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/strided_loop.h"
 
 namespace tg::cpu {
@@ -29,6 +32,16 @@ bool FlatSameShape(const Tensor& out, std::initializer_list<const Tensor*> input
   return true;
 }
 
+// Elements per thread below which a flat loop stays on one thread (parallel.h).
+constexpr int64_t kElementsPerThread = int64_t{1} << 14;
+
+// f16/bf16 operands of a flat loop go through f32 blocks of this many values, widened and rounded
+// with the vectorised conversions (vec_math.h), the loop over a block being plain f32 code.
+constexpr int64_t kBlock = 256;
+template <typename Out, typename In>
+constexpr bool kTwoByteFloats =
+    std::is_same_v<Out, In> && (std::is_same_v<In, Half> || std::is_same_v<In, BFloat16>);
+
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
 void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
@@ -36,8 +49,20 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     Out* o = static_cast<Out*>(out.raw_data());
     const In* x = static_cast<const In*>(a.raw_data());
     const In* y = static_cast<const In*>(b.raw_data());
-    for (int64_t i = 0, n = out.numel(); i < n; ++i)
-      o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+    ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
+      if constexpr (kTwoByteFloats<Out, In>) {
+        float xb[kBlock], yb[kBlock];
+        for (int64_t i = begin; i < end; i += kBlock) {
+          const int64_t len = std::min(kBlock, end - i);
+          WidenToF32(x + i, xb, len);
+          WidenToF32(y + i, yb, len);
+          for (int64_t j = 0; j < len; ++j) xb[j] = f(xb[j], yb[j]);
+          RoundFromF32(xb, o + i, len);
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+      }
+    });
     return;
   }
   ForEachRow<3>(out.shape(),
@@ -67,7 +92,19 @@ void Map1(const Tensor& out, const Tensor& x, F f) {
   if (FlatSameShape(out, {&x})) {
     Out* o = static_cast<Out*>(out.raw_data());
     const In* v = static_cast<const In*>(x.raw_data());
-    for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+    ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
+      if constexpr (kTwoByteFloats<Out, In>) {
+        float vb[kBlock];
+        for (int64_t i = begin; i < end; i += kBlock) {
+          const int64_t len = std::min(kBlock, end - i);
+          WidenToF32(v + i, vb, len);
+          for (int64_t j = 0; j < len; ++j) vb[j] = f(vb[j]);
+          RoundFromF32(vb, o + i, len);
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(v[i])));
+      }
+    });
     return;
   }
   ForEachRow<2>(out.shape(), {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
@@ -82,6 +119,39 @@ void Map1(const Tensor& out, const Tensor& x, F f) {
                   const int64_t so = step[0] / int64_t{sizeof(Out)};
                   const int64_t sv = step[1] / int64_t{sizeof(In)};
                   for (int64_t i = 0; i < n; ++i) o[i * so] = Convert<Out>(f(Widen(v[i * sv])));
+                });
+}
+
+// out = row_fn(x) for a unary op with a row form (tensor/cpu/activation.h: tanh, GELU-tanh): the
+// values go through row_fn in blocks of the compute type C, widened from T and rounded back, so
+// every layout and dtype gets the row form's value for each element.
+template <typename T, typename RowFn>
+void MapRows(const Tensor& out, const Tensor& x, RowFn row_fn) {
+  using C = ComputeType<T>;
+  auto run = [&](T* o, int64_t so, const T* v, int64_t sv, int64_t n) {
+    if constexpr (std::is_same_v<T, C>) {
+      if (so == 1 && sv == 1) return row_fn(v, o, n);
+    }
+    C block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      for (int64_t j = 0; j < len; ++j) block[j] = Widen(v[(i + j) * sv]);
+      row_fn(block, block, len);
+      for (int64_t j = 0; j < len; ++j) o[(i + j) * so] = Convert<T>(block[j]);
+    }
+  };
+  if (FlatSameShape(out, {&x})) {
+    T* o = static_cast<T*>(out.raw_data());
+    const T* v = static_cast<const T*>(x.raw_data());
+    ParallelFor(out.numel(), kElementsPerThread,
+                [&](int64_t begin, int64_t end) { run(o + begin, 1, v + begin, 1, end - begin); });
+    return;
+  }
+  ForEachRow<2>(out.shape(), {static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data())},
+                RowStrides<2>(out, {&x}),
+                [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+                  run(reinterpret_cast<T*>(p[0]), step[0] / int64_t{sizeof(T)},
+                      reinterpret_cast<const T*>(p[1]), step[1] / int64_t{sizeof(T)}, n);
                 });
 }
 
@@ -114,6 +184,8 @@ C ApplyBinary(BinaryOp op, C a, C b) {
         return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
       case BinaryOp::kMinimum:
         return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
+      case BinaryOp::kReluBackward:
+        return b <= C(0) ? C(0) : a;
     }
   } else {
     switch (op) {
@@ -127,6 +199,8 @@ C ApplyBinary(BinaryOp op, C a, C b) {
         return a > b ? a : b;
       case BinaryOp::kMinimum:
         return a < b ? a : b;
+      case BinaryOp::kReluBackward:
+        return b <= 0 ? 0 : a;
       default:
         break;  // div and pow are rejected for integers by the dispatch
     }
@@ -153,6 +227,8 @@ void ForBinaryOp(BinaryOp op, Fn&& run) {
       return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMaximum, a, b); });
     case BinaryOp::kMinimum:
       return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMinimum, a, b); });
+    case BinaryOp::kReluBackward:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kReluBackward, a, b); });
   }
 }
 
@@ -165,20 +241,18 @@ C ApplyUnary(UnaryOp op, C x) {
         return -x;
       case UnaryOp::kAbs:
         return std::abs(x);
-      case UnaryOp::kExp:
-        return std::exp(x);
       case UnaryOp::kLog:
         return std::log(x);
       case UnaryOp::kSqrt:
         return std::sqrt(x);
+      case UnaryOp::kExp:
       case UnaryOp::kTanh:
-        return std::tanh(x);
+      case UnaryOp::kGeluTanh:
+        break;  // floating: row forms, MapRows with activation.h
       case UnaryOp::kSigmoid:
         return C(1) / (C(1) + std::exp(-x));
       case UnaryOp::kRelu:
         return x > C(0) ? x : (std::isnan(x) ? x : C(0));
-      case UnaryOp::kGeluTanh:
-        return GeluTanh(x);  // tensor/cpu/activation.h, shared with the fused Linear
       case UnaryOp::kGelu:
         return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
       case UnaryOp::kErf:
@@ -208,16 +282,17 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     return run([](C x) { return ApplyUnary<C>(UnaryOp::name, x); });
     TG_UNARY_CASE(kNeg)
     TG_UNARY_CASE(kAbs)
-    TG_UNARY_CASE(kExp)
     TG_UNARY_CASE(kLog)
     TG_UNARY_CASE(kSqrt)
-    TG_UNARY_CASE(kTanh)
     TG_UNARY_CASE(kSigmoid)
     TG_UNARY_CASE(kRelu)
-    TG_UNARY_CASE(kGeluTanh)
     TG_UNARY_CASE(kGelu)
     TG_UNARY_CASE(kErf)
 #undef TG_UNARY_CASE
+    case UnaryOp::kExp:
+    case UnaryOp::kTanh:
+    case UnaryOp::kGeluTanh:
+      break;  // row forms: MapRows (Unary)
   }
 }
 
@@ -288,6 +363,18 @@ void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) 
 void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
   VisitNumeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    using C = ComputeType<T>;
+    if constexpr (std::is_floating_point_v<C>) {
+      if (op == UnaryOp::kExp) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { ExpRow(v, o, n); });
+      }
+      if (op == UnaryOp::kTanh) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { TanhRow(v, o, n); });
+      }
+      if (op == UnaryOp::kGeluTanh) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { GeluTanhRow(v, o, n); });
+      }
+    }
     ForUnaryOp<T>(op, [&](auto f) { Map1<T, T>(out, x, f); });
   });
 }

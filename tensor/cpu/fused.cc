@@ -10,6 +10,7 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
 #include "tensor/loss_scale_update.h"
 
@@ -26,7 +27,7 @@ KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const 
 
 // Per row r, in C: xhat = (x - mean) * rstd, dxhat = grad_out * weight, then
 // grad_input = rstd * ((dxhat - mean(dxhat)) - xhat * mean(dxhat * xhat)); the two row means are
-// f64 sums divided by n and rounded to C (as Mean does). grad_weight and grad_bias accumulate
+// f64 sums (rows.h's SumF64) divided by n and rounded to C. grad_weight and grad_bias accumulate
 // grad_out * xhat and grad_out in f64 per column, rows in order (deterministic, independent of
 // any blocking), and round once at the end.
 KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weight,
@@ -47,30 +48,42 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
     for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
       w[i] = static_cast<C>(Widen(weight.data<T>()[i]));
     }
-    std::vector<C> xhat(n), dxhat(n);  // one row
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xrow = xs + r * n;
-      const T* grow = go + r * n;
-      double sum_dxhat = 0, sum_dxhat_xhat = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const C g = static_cast<C>(Widen(grow[i]));
-        const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];
-        const C dx = w.empty() ? g : g * w[i];
-        xhat[i] = xh;
-        dxhat[i] = dx;
-        sum_dxhat += static_cast<double>(dx);
-        sum_dxhat_xhat += static_cast<double>(dx * xh);
-        if (params) {
-          gw_acc[i] += static_cast<double>(g * xh);
-          gb_acc[i] += static_cast<double>(g);
+    // grad_input: rows in parallel, each with its own scratch.
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      std::vector<C> xhat(n), dxhat(n), gi_row(n);  // one row
+      for (int64_t r = begin; r < end; ++r) {
+        LoadRow(xs + r * n, 1, n, xhat.data());
+        LoadRow(go + r * n, 1, n, dxhat.data());
+        for (int64_t i = 0; i < n; ++i) xhat[i] = (xhat[i] - mu[r]) * rs[r];
+        if (!w.empty()) {
+          for (int64_t i = 0; i < n; ++i) dxhat[i] *= w[i];
         }
+        const double sum_dxhat =
+            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i]); });
+        const double sum_dxhat_xhat =
+            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i] * xhat[i]); });
+        const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
+        const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          gi_row[i] = rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat);
+        }
+        StoreRow(gi_row.data(), n, gi + r * n, 1);
       }
-      const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
-      const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
-      T* irow = gi + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        irow[i] = Convert<T>(rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat));
-      }
+    });
+    // grad_weight and grad_bias: columns in parallel, each summed over the rows in order.
+    if (params) {
+      ParallelFor(n, std::max<int64_t>(16, RowsPerThread(rows)), [&](int64_t begin, int64_t end) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* xrow = xs + r * n;
+          const T* grow = go + r * n;
+          for (int64_t i = begin; i < end; ++i) {
+            const C g = static_cast<C>(Widen(grow[i]));
+            const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];
+            gw_acc[i] += static_cast<double>(g * xh);
+            gb_acc[i] += static_cast<double>(g);
+          }
+        }
+      });
     }
     if (params) {
       T* gw = grad_weight.data<T>();
@@ -101,14 +114,16 @@ KernelStatus AddLayerNorm(const Tensor& residual, const Tensor& out, const Tenso
     T* o = out.data<T>();
     C* mo = mean.data<C>();
     C* ro = rstd.data<C>();
-    for (int64_t r = 0; r < rows; ++r) {
-      T* rrow = res + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        rrow[i] = Convert<T>(static_cast<C>(Widen(as[r * n + i])) +
-                             static_cast<C>(Widen(bs[r * n + i])));
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* rrow = res + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          rrow[i] = Convert<T>(static_cast<C>(Widen(as[r * n + i])) +
+                               static_cast<C>(Widen(bs[r * n + i])));
+        }
+        LayerNormRow(rrow, n, w, bi, eps, o + r * n, mo + r, ro + r);
       }
-      LayerNormRow(rrow, n, w, bi, eps, o + r * n, mo + r, ro + r);
-    }
+    });
   });
   return KernelStatus::kDone;
 }
@@ -128,20 +143,25 @@ KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits
     const T* in = logits.data<T>();
     T* lo = losses.data<T>();
     T* g = grad_logits.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      T* grow = g + r * classes;
-      if (t[r] == ignore_index) {
-        lo[r] = Convert<T>(C(0));
-        std::fill(grow, grow + classes, Convert<T>(C(0)));
-        continue;
+    // Rows in parallel; a bad target throws on its block's thread, and ParallelFor rethrows the
+    // first block's error: the first bad row, as the serial loop would.
+    ParallelFor(rows, RowsPerThread(classes), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* grow = g + r * classes;
+        if (t[r] == ignore_index) {
+          lo[r] = Convert<T>(C(0));
+          std::fill(grow, grow + classes, Convert<T>(C(0)));
+          continue;
+        }
+        CheckTarget("cross_entropy", t[r], r, classes);
+        const T* row = in + r * classes;
+        C shift, log_sum;
+        RowLogSumExp<C>(row, classes, &shift, &log_sum);
+        lo[r] = Convert<T>(CrossEntropyRowLoss<C>(row, t[r], shift, log_sum));
+        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]),
+                               grow);
       }
-      CheckTarget("cross_entropy", t[r], r, classes);
-      const T* row = in + r * classes;
-      C shift, log_sum;
-      RowLogSumExp<C>(row, classes, &shift, &log_sum);
-      lo[r] = Convert<T>(CrossEntropyRowLoss<C>(row, t[r], shift, log_sum));
-      CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
-    }
+    });
   });
   return KernelStatus::kDone;
 }

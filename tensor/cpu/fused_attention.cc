@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
@@ -20,28 +22,36 @@
 namespace tg::cpu {
 namespace {
 
-// Copies the [T, D] matrix t[b, h] of a [B, H, T, D] tensor of any strides into `dst`
-// (contiguous, compute type C): one copy per head lets q, k and v arrive as any view (e.g. the
-// transposes of a [B, T, H, D] projection) and costs O(T D) against the O(T^2 D) products.
+// The [T, D] matrix t[b, h] of a [B, H, T, D] tensor of any strides as a GEMM operand with
+// leading dimension *ld: in place when it already holds C with unit column stride (the heads of
+// a [B, T, H, D] projection, row stride 3 H D, say), else copied into `scratch` (contiguous,
+// compute type C). The copy costs O(T D) against the O(T^2 D) products.
 template <typename T, typename C>
-void CopyHead(const Tensor& t, int64_t b, int64_t h, C* dst) {
+const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, std::vector<C>& scratch, int64_t* ld) {
   const Shape& st = t.strides();
   const int64_t rows = t.size(2), d = t.size(3);
   const T* base = t.data<T>() + b * st[0] + h * st[1];
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* row = base + i * st[2];
-    for (int64_t c = 0; c < d; ++c) dst[i * d + c] = static_cast<C>(Widen(row[c * st[3]]));
+  if constexpr (std::is_same_v<T, C>) {
+    if (d > 0 && st[3] == 1 && st[2] >= d) {
+      *ld = st[2];
+      return base;
+    }
   }
+  scratch.resize(static_cast<size_t>(rows * d));
+  for (int64_t i = 0; i < rows; ++i) LoadRow(base + i * st[2], st[3], d, scratch.data() + i * d);
+  *ld = std::max<int64_t>(d, 1);
+  return scratch.data();
 }
 
 // s [tq, tk] = q [tq, d] @ k [tk, d]^T, unscaled; zero when d == 0 (an empty sum).
 template <typename C>
-void Scores(const C* q, const C* k, int64_t tq, int64_t tk, int64_t d, C* s) {
+void Scores(const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t tq, int64_t tk, int64_t d,
+            C* s) {
   if (d == 0) {
     std::fill(s, s + tq * tk, C(0));
     return;
   }
-  Gemm<C>(false, /*tb=*/true, tq, tk, d, q, d, k, d, s, tk);
+  Gemm<C>(false, /*tb=*/true, tq, tk, d, q, ldq, k, ldk, s, tk);
 }
 
 // Keys that query i sees: all of them, or 0..i when causal (Tq == Tk).
@@ -61,13 +71,14 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
   // a parallel region runs on the calling thread, see parallel.h).
   ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin,
                                                                            int64_t end) {
-    std::vector<C> qh(tq * d), kh(tk * d), vh(tk * d), s(tq * tk), o_scratch;
+    std::vector<C> q_scratch, k_scratch, v_scratch, s(tq * tk), o_scratch;
     for (int64_t head = begin; head < end; ++head) {
       const int64_t b = head / nh, h = head % nh;
-      CopyHead<T>(q, b, h, qh.data());
-      CopyHead<T>(k, b, h, kh.data());
-      CopyHead<T>(v, b, h, vh.data());
-      Scores(qh.data(), kh.data(), tq, tk, d, s.data());
+      int64_t ldq, ldk, ldv;
+      const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
+      const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
+      const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
+      Scores(qh, ldq, kh, ldk, tq, tk, d, s.data());
       C* st = stats_base + head * tq;
       for (int64_t i = 0; i < tq; ++i) {
         // One row: scale, max, exp and sum over the visible keys; the masked ones get
@@ -80,13 +91,13 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
           row[j] *= cscale;
           if (std::isnan(row[j]) || row[j] > max) max = row[j];
         }
+        for (int64_t j = 0; j < len; ++j) row[j] -= max;
+        ExpRow(row, row, len);
         double acc = 0;
-        for (int64_t j = 0; j < len; ++j) {
-          row[j] = std::exp(row[j] - max);
-          acc += static_cast<double>(row[j]);
-        }
+        for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(row[j]);
         const C sum = static_cast<C>(acc);
-        for (int64_t j = 0; j < len; ++j) row[j] = static_cast<C>(Widen(Convert<T>(row[j] / sum)));
+        for (int64_t j = 0; j < len; ++j) row[j] /= sum;
+        RoundRow<T>(row, len);
         std::fill(row + len, row + tk, C(0));
         st[i] = max + std::log(sum);
       }
@@ -94,7 +105,7 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
       if (d == 0) continue;
       T* o = out_base + head * tq * d;
       C* dst = GemmResult<C>(o, tq * d, o_scratch);
-      Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh.data(), d, dst, d);
+      Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, d);
       StoreGemmResult(dst, tq * d, o);
     }
   });
@@ -113,36 +124,37 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
   const C* stats_base = stats.data<C>();
   ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin,
                                                                            int64_t end) {
-    std::vector<C> qh(tq * d), goh(tq * d), oh(tq * d), kh(tk * d), vh(tk * d), p(tq * tk),
+    std::vector<C> q_scratch, k_scratch, v_scratch, go_scratch, o_scratch, p(tq * tk),
         ds(tq * tk), r_scratch;
     for (int64_t head = begin; head < end; ++head) {
       const int64_t b = head / nh, h = head % nh;
-      CopyHead<T>(q, b, h, qh.data());
-      CopyHead<T>(k, b, h, kh.data());
-      CopyHead<T>(v, b, h, vh.data());
-      CopyHead<T>(grad_out, b, h, goh.data());
-      CopyHead<T>(out, b, h, oh.data());
-      Scores(qh.data(), kh.data(), tq, tk, d, p.data());
+      int64_t ldq, ldk, ldv, ldgo, ldo;
+      const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
+      const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
+      const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
+      const C* goh = HeadOperand<T>(grad_out, b, h, go_scratch, &ldgo);
+      const C* oh = HeadOperand<T>(out, b, h, o_scratch, &ldo);
+      Scores(qh, ldq, kh, ldk, tq, tk, d, p.data());
       // dp [tq, tk] = grad_out [tq, d] @ v [tk, d]^T.
-      Gemm<C>(false, /*tb=*/true, tq, tk, d, goh.data(), d, vh.data(), d, ds.data(), tk);
+      Scores(goh, ldgo, vh, ldv, tq, tk, d, ds.data());
       const C* st = stats_base + head * tq;
       for (int64_t i = 0; i < tq; ++i) {
         // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C, like
         // Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds rounded to T
         // for the products; masked keys have p = ds = 0.
-        const C* gorow = goh.data() + i * d;
-        const C* orow = oh.data() + i * d;
+        const C* gorow = goh + i * ldgo;
+        const C* orow = oh + i * ldo;
         double acc = 0;
         for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(gorow[c] * orow[c]);
         const C delta = static_cast<C>(acc);
         C* prow = p.data() + i * tk;
         C* dsrow = ds.data() + i * tk;
         const int64_t len = VisibleKeys(causal, i, tk);
-        for (int64_t j = 0; j < len; ++j) {
-          const C pj = std::exp(prow[j] * cscale - st[i]);
-          prow[j] = static_cast<C>(Widen(Convert<T>(pj)));
-          dsrow[j] = static_cast<C>(Widen(Convert<T>(pj * (dsrow[j] - delta) * cscale)));
-        }
+        for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
+        ExpRow(prow, prow, len);
+        for (int64_t j = 0; j < len; ++j) dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
+        RoundRow<T>(prow, len);
+        RoundRow<T>(dsrow, len);
         std::fill(prow + len, prow + tk, C(0));
         std::fill(dsrow + len, dsrow + tk, C(0));
       }
@@ -150,15 +162,15 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
       // transposes through GEMM's flags).
       T* gv = grad_v.data<T>() + head * tk * d;
       C* dst = GemmResult<C>(gv, tk * d, r_scratch);
-      Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh.data(), d, dst, d);
+      Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, d);
       StoreGemmResult(dst, tk * d, gv);
       T* gq = grad_q.data<T>() + head * tq * d;
       dst = GemmResult<C>(gq, tq * d, r_scratch);
-      Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh.data(), d, dst, d);
+      Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, d);
       StoreGemmResult(dst, tq * d, gq);
       T* gk = grad_k.data<T>() + head * tk * d;
       dst = GemmResult<C>(gk, tk * d, r_scratch);
-      Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh.data(), d, dst, d);
+      Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, d);
       StoreGemmResult(dst, tk * d, gk);
     }
   });

@@ -1,8 +1,10 @@
 // The fused Linear kernels of the op list on the CPU: LinearForward (GEMM + bias + tanh-GELU
 // epilogue) and LinearBackward (GELU derivative + bias gradient in one pass, then the two
 // gradient GEMMs). The products go through gemm.h: f16/bf16 operands to oneDNN where it
-// multiplies them natively (f32 sums), else OpenBLAS (f32 for f16/bf16/f32, f64 for f64); everything else is one pass over the [m, n] result, in place of the composed chain
+// multiplies them natively (f32 sums), else OpenBLAS (f32 for f16/bf16/f32, f64 for f64);
+// everything else is one pass over the [m, n] result, in place of the composed chain
 // (tensor/composed.cc) that writes and re-reads a full [m, n] tensor per op.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -15,6 +17,19 @@
 
 namespace tg::cpu {
 namespace {
+
+// col[j] += sum over the m rows of v[r, j] (v [m, n] row-major), accumulated in f64 in row order
+// for each column (deterministic); threads split the columns.
+template <typename V>
+void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
+  ParallelFor(n, std::max<int64_t>(16, (int64_t{1} << 14) / std::max<int64_t>(1, m)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t r = 0; r < m; ++r) {
+                  const V* row = v + r * n;
+                  for (int64_t j = begin; j < end; ++j) col[j] += static_cast<double>(Widen(row[j]));
+                }
+              });
+}
 
 // out [m, n] = act(x [m, k] @ weight [n, k]^T + bias), pre [m, n] (strided rows) = the sum
 // before act, each rounded once to T from the compute type C.
@@ -29,6 +44,7 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
   // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
   const bool in_place = std::is_same_v<T, C> && act == Activation::kNone;
+  // (acc is written again by the epilogue: GELU's input row becomes its output row.)
   C* acc;
   if (in_place) {
     acc = reinterpret_cast<C*>(o);
@@ -68,18 +84,22 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
             for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
           }
         } else {
-          for (int64_t j = 0; j < n; ++j) {
-            orow[j] = Convert<T>(b != nullptr ? a[j] + bc[j] : a[j]);
+          C* p = acc + r * n;  // the bias in place, then rounded into out
+          if (b != nullptr) {
+            for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
           }
+          StoreRow(p, n, orow, 1);
         }
         continue;
       }
-      T* prow = p_base + r * p_row;
-      for (int64_t j = 0; j < n; ++j) {
-        const C p = b != nullptr ? a[j] + bc[j] : a[j];
-        prow[j * p_col] = Convert<T>(p);
-        orow[j] = Convert<T>(GeluTanh(p));
+      // GELU of the row in place in the product buffer (the row is read by this thread only).
+      C* p = acc + r * n;
+      if (b != nullptr) {
+        for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
       }
+      StoreRow(p, n, p_base + r * p_row, p_col);
+      GeluTanhRow(p, p, n);
+      StoreRow(p, n, orow, 1);
     }
   });
 }
@@ -110,38 +130,36 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
     } else if (need_products) {
       g = go;
     }
-    if (!col.empty()) {
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t j = 0; j < n; ++j) col[j] += static_cast<double>(Widen(go[r * n + j]));
-      }
-    }
+    if (!col.empty()) ColumnSums(go, m, n, col.data());
   } else {
-    // One pass: gc = grad_out * gelu'(pre) in C, summed for the bias before it is rounded.
-    if constexpr (kIsReduced<T>) {
-      g_low_scratch.resize(need_products ? static_cast<size_t>(m * n) : 0);
-    } else {
-      g_scratch.resize(need_products ? static_cast<size_t>(m * n) : 0);
-    }
+    // gc = grad_out * gelu'(pre) in C, row by row in parallel; the bias sums gc before it is
+    // rounded to T for the products.
+    g_scratch.resize(static_cast<size_t>(m * n));
+    C* gc = g_scratch.data();
     const T* p_base = pre.data<T>();
     const int64_t p_row = pre.strides()[0], p_col = pre.strides()[1];
-    for (int64_t r = 0; r < m; ++r) {
-      const T* prow = p_base + r * p_row;
-      for (int64_t j = 0; j < n; ++j) {
-        const C gc = static_cast<C>(Widen(go[r * n + j])) *
-                     GeluTanhGrad(static_cast<C>(Widen(prow[j * p_col])));
-        if (!col.empty()) col[j] += static_cast<double>(gc);
-        if (!need_products) continue;
-        if constexpr (kIsReduced<T>) {
-          g_low_scratch[r * n + j] = Convert<T>(gc);
-        } else {
-          g_scratch[r * n + j] = gc;
-        }
+    ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      std::vector<C> g_row(static_cast<size_t>(n));
+      for (int64_t r = begin; r < end; ++r) {
+        C* row = gc + r * n;
+        LoadRow(p_base + r * p_row, p_col, n, row);
+        GeluTanhGradRow(row, row, n);
+        LoadRow(go + r * n, 1, n, g_row.data());
+        for (int64_t j = 0; j < n; ++j) row[j] = g_row[j] * row[j];
       }
-    }
+    });
+    if (!col.empty()) ColumnSums(gc, m, n, col.data());
     if constexpr (kIsReduced<T>) {
-      g_low = g_low_scratch.data();
+      if (need_products) {  // rounded once into T (g_compute widens it back if oneDNN declines)
+        g_low_scratch.resize(static_cast<size_t>(m * n));
+        T* low = g_low_scratch.data();
+        ParallelFor(m * n, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+          StoreRow(gc + begin, end - begin, low + begin, 1);
+        });
+        g_low = low;
+      }
     } else {
-      g = g_scratch.data();
+      g = gc;
     }
   }
   auto g_compute = [&]() -> const C* {  // g in C, widened from g_low on first use

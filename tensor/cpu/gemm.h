@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/convert_rows.h"
 #include "tensor/cpu/dnnl.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/dtype.h"
 #include "tensor/profile.h"
 
@@ -68,15 +71,6 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
   return true;
 }
 
-// out[i] = p[i] widened to float (exact), with F16C's conversion where the CPU has it (chosen at
-// run time; a signalling NaN then comes out quiet, which a GEMM operand does not notice).
-void WidenHalf(const Half* p, int64_t count, float* out);
-// out[i] = p[i] rounded to f16 (nearest even), with F16C's conversion where the CPU has it: the
-// same bits as Half(float) for every value but a signalling NaN (which no GEMM produces).
-void NarrowHalf(const float* p, int64_t count, Half* out);
-// out[i] = p[i] rounded to bf16, the same bits as BFloat16(float), in a loop GCC vectorises.
-void NarrowBFloat16(const float* p, int64_t count, BFloat16* out);
-
 // A GEMM operand of `count` contiguous values in the compute type C (float for f16/bf16/f32,
 // double for f64): `p` itself when T is C, else its values widened (exactly) into `scratch`,
 // which the caller keeps alive while the pointer is used.
@@ -86,12 +80,15 @@ const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
     return p;
   } else {
     scratch.resize(static_cast<size_t>(count));
-    if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
-      WidenHalf(p, count, scratch.data());
-    } else {
-      for (int64_t i = 0; i < count; ++i) scratch[i] = static_cast<C>(Widen(p[i]));
-    }
-    return scratch.data();
+    C* s = scratch.data();
+    ParallelFor(count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<C, float>) {
+        WidenToF32(p + begin, s + begin, end - begin);
+      } else {
+        for (int64_t i = begin; i < end; ++i) s[i] = static_cast<C>(Widen(p[i]));
+      }
+    });
+    return s;
   }
 }
 
@@ -108,12 +105,14 @@ C* GemmResult(T* out, int64_t count, std::vector<C>& scratch) {
 }
 template <typename C, typename T>
 void StoreGemmResult(const C* result, int64_t count, T* out) {
-  if constexpr (std::is_same_v<T, Half> && std::is_same_v<C, float>) {
-    NarrowHalf(result, count, out);
-  } else if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<C, float>) {
-    NarrowBFloat16(result, count, out);
-  } else if constexpr (!std::is_same_v<T, C>) {
-    for (int64_t i = 0; i < count; ++i) out[i] = Convert<T>(result[i]);
+  if constexpr (!std::is_same_v<T, C>) {
+    ParallelFor(count, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<C, float>) {
+        RoundFromF32(result + begin, out + begin, end - begin);
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = Convert<T>(result[i]);
+      }
+    });
   }
 }
 

@@ -27,9 +27,12 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
         const T* row = in + r * n;
         C shift, log_sum;
         RowLogSumExp<C>(row, n, &shift, &log_sum);
-        for (int64_t i = 0; i < n; ++i) {
-          const C z = static_cast<C>(Widen(row[i])) - shift - log_sum;
-          o[r * n + i] = Convert<T>(log ? z : std::exp(z));
+        C z[kRowBlock];
+        for (int64_t i = 0; i < n; i += kRowBlock) {
+          const int64_t len = std::min(kRowBlock, n - i);
+          for (int64_t j = 0; j < len; ++j) z[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
+          if (!log) ExpRow(z, z, len);
+          for (int64_t j = 0; j < len; ++j) o[r * n + i + j] = Convert<T>(z[j]);
         }
       }
     });
@@ -129,18 +132,21 @@ void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const
     using C = ComputeType<T>;
     const T* in = logits.data<T>();
     T* g = grad_logits.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      T* grow = g + r * classes;
-      if (t[r] == ignore_index) {
-        std::fill(grow, grow + classes, Convert<T>(C(0)));
-        continue;
+    ParallelFor(rows, RowsPerThread(classes), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* grow = g + r * classes;
+        if (t[r] == ignore_index) {
+          std::fill(grow, grow + classes, Convert<T>(C(0)));
+          continue;
+        }
+        CheckTarget("cross_entropy_backward", t[r], r, classes);
+        const T* row = in + r * classes;
+        C shift, log_sum;
+        RowLogSumExp<C>(row, classes, &shift, &log_sum);
+        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]),
+                               grow);
       }
-      CheckTarget("cross_entropy_backward", t[r], r, classes);
-      const T* row = in + r * classes;
-      C shift, log_sum;
-      RowLogSumExp<C>(row, classes, &shift, &log_sum);
-      CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
-    }
+    });
   });
 }
 

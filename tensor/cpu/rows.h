@@ -11,15 +11,22 @@
 #ifndef TAPEGRAD_TENSOR_CPU_ROWS_H_
 #define TAPEGRAD_TENSOR_CPU_ROWS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
+#include "tensor/cpu/convert_rows.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
 namespace tg::cpu {
+
+// The rows' exp runs over blocks of this many values (ExpRow, activation.h).
+constexpr int64_t kRowBlock = 256;
 
 // Max and log(sum(exp(x - max))) of one row, in compute type C.
 template <typename C, typename T>
@@ -33,34 +40,63 @@ void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
   // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
   const C shift = std::isinf(max) ? C(0) : max;
   C sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<C>(Widen(row[i])) - shift);
+  C block[kRowBlock];
+  for (int64_t i = 0; i < n; i += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - i);
+    for (int64_t j = 0; j < len; ++j) block[j] = static_cast<C>(Widen(row[i + j])) - shift;
+    ExpRow(block, block, len);
+    for (int64_t j = 0; j < len; ++j) sum += block[j];
+  }
   *max_out = shift;
   *log_sum_out = std::log(sum);
 }
 
+// sum over i < n of f(i), in f64: eight interleaved partial sums added in a fixed order, so the
+// result is deterministic and the loop vectorises (a single running sum waits on every add).
+template <typename F>
+double SumF64(int64_t n, F f) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += f(i + l);
+  }
+  for (int l = 0; i < n; ++i, ++l) acc[l] += f(i);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // Layer norm of one row of n values: mean and biased variance accumulated in f64 (two passes:
-// no cancellation from E[x^2] - E[x]^2), then out = (x - mean) * rstd (* weight) (+ bias) in C,
-// rounded once. weight and bias may be null.
+// no cancellation from E[x^2] - E[x]^2; SumF64's order), then out = (x - mean) * rstd (* weight)
+// (+ bias) in C, rounded once. weight and bias may be null.
 template <typename T, typename C = ComputeType<T>>
 void LayerNormRow(const T* row, int64_t n, const T* w, const T* b, double eps, T* out, C* mean,
                   C* rstd) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(Widen(row[i]));
-  const double mu = sum / static_cast<double>(n);
-  double sq = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  const double mu =
+      SumF64(n, [&](int64_t i) { return static_cast<double>(Widen(row[i])); }) /
+      static_cast<double>(n);
+  const double sq = SumF64(n, [&](int64_t i) {
     const double d = static_cast<double>(Widen(row[i])) - mu;
-    sq += d * d;
-  }
+    return d * d;
+  });
   const C m = static_cast<C>(mu);
   const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
   *mean = m;
   *rstd = rs;
-  for (int64_t i = 0; i < n; ++i) {
-    C y = (static_cast<C>(Widen(row[i])) - m) * rs;
-    if (w) y *= static_cast<C>(Widen(w[i]));
-    if (b) y += static_cast<C>(Widen(b[i]));
-    out[i] = Convert<T>(y);
+  // In blocks of C: the three steps as separate loops (each vectorises), stored with the
+  // vectorised conversions.
+  C y[kRowBlock], wc[kRowBlock], bc[kRowBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - i0);
+    LoadRow(row + i0, 1, len, y);
+    for (int64_t i = 0; i < len; ++i) y[i] = (y[i] - m) * rs;
+    if (w) {
+      LoadRow(w + i0, 1, len, wc);
+      for (int64_t i = 0; i < len; ++i) y[i] *= wc[i];
+    }
+    if (b) {
+      LoadRow(b + i0, 1, len, bc);
+      for (int64_t i = 0; i < len; ++i) y[i] += bc[i];
+    }
+    StoreRow(y, len, out + i0, 1);
   }
 }
 
@@ -83,9 +119,14 @@ C CrossEntropyRowLoss(const T* row, int64_t target, C shift, C log_sum) {
 template <typename C, typename T>
 void CrossEntropyGradRow(const T* row, int64_t classes, int64_t target, C shift, C log_sum,
                          C scale, T* grad) {
-  for (int64_t i = 0; i < classes; ++i) {
-    const C p = std::exp(static_cast<C>(Widen(row[i])) - shift - log_sum);
-    grad[i] = Convert<T>((p - (i == target ? C(1) : C(0))) * scale);
+  C p[kRowBlock];
+  for (int64_t i = 0; i < classes; i += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, classes - i);
+    for (int64_t j = 0; j < len; ++j) p[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
+    ExpRow(p, p, len);
+    for (int64_t j = 0; j < len; ++j) {
+      grad[i + j] = Convert<T>((p[j] - (i + j == target ? C(1) : C(0))) * scale);
+    }
   }
 }
 

@@ -69,6 +69,8 @@ __device__ __forceinline__ C ApplyBinary(BinaryOp op, C a, C b) {
         return a != a ? a : b != b ? b : (a > b ? a : b);
       case BinaryOp::kMinimum:
         return a != a ? a : b != b ? b : (a < b ? a : b);
+      case BinaryOp::kReluBackward:
+        return b <= C(0) ? C(0) : a;
     }
   } else {
     switch (op) {
@@ -82,6 +84,8 @@ __device__ __forceinline__ C ApplyBinary(BinaryOp op, C a, C b) {
         return a > b ? a : b;
       case BinaryOp::kMinimum:
         return a < b ? a : b;
+      case BinaryOp::kReluBackward:
+        return b <= 0 ? 0 : a;
       default:
         break;  // div and pow are rejected for integers by the dispatch
     }

@@ -365,7 +365,9 @@ bool ScaleOrCheck(const char* op, const Tensor& t, double scale, bool write, boo
 
 }  // namespace
 
-void SumRows(const Tensor& out, const Tensor& x) {
+void SumRows(const Tensor& out, const Tensor& strided) {
+  // The segmented kernels read contiguous rows.
+  const Tensor x = strided.contiguous();
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0) return;
   const DeviceGuard guard(x.device().index);

@@ -176,6 +176,9 @@ void AddElementwiseRows(std::vector<OpRow>& t) {
       Row("Sigmoid", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return Sigmoid(in[0]); }));
   t.push_back(
       Row("Relu", "", {{{2, 3}, -1, 1, kAway}}, P::kNone, [](In in) { return Relu(in[0]); }));
+  // y's own gradient through ReluBackward is 0 (not an edge); the product makes y an input.
+  t.push_back(Row("ReluBackward", "times y", {{{2, 3}}, {{2, 3}, -1, 1, kAway}}, P::kNone,
+                  [](In in) { return Mul(ReluBackward(in[0], in[1]), in[1]); }));
   t.push_back(Row("Gelu", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return Gelu(in[0]); }));
   t.push_back(
       Row("GeluTanh", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return GeluTanh(in[0]); }));

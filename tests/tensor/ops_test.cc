@@ -527,6 +527,23 @@ TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
   }
 }
 
+TEST(BinaryOps, ReluBackwardIsPyTorchsThresholdBackward) {
+  // 0 where y <= 0 (a NaN or infinite gradient there too), the gradient where y > 0 or y is NaN.
+  for (DType dtype : kFloatTypes) {
+    const Tensor grad = Tensor::FromVector<double>({1.5, kNaN, kInf, -2, 3, kNaN, 4}, {7}, dtype);
+    const Tensor y = Tensor::FromVector<double>({0, -0.0, -1, 2, kNaN, 5, kInf}, {7}, dtype);
+    ExpectExact(ReluBackward(grad, y), {7}, dtype, {0, 0, 0, -2, 3, kNaN, 4}, "relu_backward");
+    // Broadcast and strided operands go through the same rule.
+    const Tensor g2 = Tensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {3, 2}, dtype);
+    const Tensor y2 = Tensor::FromVector<double>({1, -1}, {2}, dtype);
+    ExpectExact(ReluBackward(g2.transpose(0, 1).contiguous().transpose(0, 1), y2), {3, 2}, dtype,
+                {1, 0, 3, 0, 5, 0}, "relu_backward broadcast");
+  }
+  const Tensor gi = Tensor::FromVector<int64_t>({7, 8, 9}, {3});
+  const Tensor yi = Tensor::FromVector<int64_t>({0, 1, -1}, {3});
+  EXPECT_EQ(ReluBackward(gi, yi).to_vector<int64_t>(), (std::vector<int64_t>{0, 8, 0}));
+}
+
 TEST(BinaryOps, F16AndBF16RoundToNearestEvenAndOverflowToInf) {
   // 300 * 300 = 90000 is above the f16 maximum 65504.
   const Tensor x = Tensor::Full({2}, 300, kF16);

@@ -5,12 +5,25 @@
 // Ratios, not timings, are what to compare across machines.
 //
 //   bazel run -c opt //tools/bench:optim_step
+//   bazel run -c opt //tools/bench:optim_step -- --pytorch_json=FILE   # + PyTorch's fused AdamW
+//
+// FILE: the JSON lines of tools/bench/optim_step_pytorch.py (same tensors, lr, weight decay); the
+// row of this run's thread count (OMP_NUM_THREADS) gives PyTorch's time and the ratio
+// tapegrad / PyTorch (below 1: tapegrad is faster).
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "nlohmann/json.hpp"
 
 #include "autograd/variable.h"
 #include "optim/adam.h"
@@ -18,9 +31,31 @@
 #include "tensor/tensor.h"
 #include "tools/bench/timing.h"
 
+ABSL_FLAG(std::string, pytorch_json, "",
+          "JSON lines of tools/bench/optim_step_pytorch.py: PyTorch's fused AdamW at this run's "
+          "thread count, and the ratio");
+
 namespace {
 
 using tg::bench::BestSeconds;
+
+// PyTorch's fused AdamW ms/step at `threads` from optim_step_pytorch.py's lines; 0 when absent.
+double PyTorchMs(const std::string& path, int threads) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "optim_step: cannot read --pytorch_json=%s\n", path.c_str());
+    std::exit(1);
+  }
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("threads", -1) == threads && j.contains("ms_per_step") &&
+        j["ms_per_step"].is_number()) {
+      return j["ms_per_step"].get<double>();
+    }
+  }
+  return 0;
+}
 
 // 10^7 parameters as a GPT-like mix of tensor sizes: 9 x 10^6 plus 10 x 10^5.
 std::vector<tg::Variable> MakeParams(tg::Generator& gen) {
@@ -33,7 +68,16 @@ std::vector<tg::Variable> MakeParams(tg::Generator& gen) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int threads = omp_get_max_threads();
+  const std::string pytorch_json = absl::GetFlag(FLAGS_pytorch_json);
+  const double pytorch_ms = pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads);
+  if (!pytorch_json.empty() && pytorch_ms <= 0) {
+    std::fprintf(stderr, "optim_step: %s has no record at %d threads\n", pytorch_json.c_str(),
+                 threads);
+    return 1;
+  }
   tg::Generator gen(0);
   const int64_t n = 10000000;
   const double adamw_bytes = 28.0 * n;
@@ -43,7 +87,9 @@ int main() {
       BestSeconds(10, [&] { std::memcpy(dst.data(), src.data(), n * sizeof(float)); });
   const double copy_gbs = 2.0 * n * sizeof(float) / copy_s * 1e-9;
 
-  std::printf("AdamW step, 10^7 f32 params in 19 tensors (GB/s of the 28 B/param minimum)\n");
+  std::printf("AdamW step, 10^7 f32 params in 19 tensors, %d threads (GB/s of the 28 B/param "
+              "minimum)\n",
+              threads);
   std::printf("  %-24s %8.2f GB/s  %6.1f ms  (baseline)\n", "memcpy (read + write)", copy_gbs,
               copy_s * 1e3);
   for (bool fused : {true, false}) {
@@ -57,6 +103,11 @@ int main() {
     const double gbs = adamw_bytes / s * 1e-9;
     std::printf("  %-24s %8.2f GB/s  %6.1f ms  %.2f of memcpy\n",
                 fused ? "AdamW fused" : "AdamW per-tensor", gbs, s * 1e3, gbs / copy_gbs);
+    if (fused && pytorch_ms > 0) {
+      std::printf("  %-24s %8.2f GB/s  %6.1f ms  ratio %.2f (tapegrad fused / PyTorch fused)\n",
+                  "PyTorch AdamW fused", adamw_bytes / (pytorch_ms * 1e-3) * 1e-9, pytorch_ms,
+                  s * 1e3 / pytorch_ms);
+    }
   }
   return 0;
 }

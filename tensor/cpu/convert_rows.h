@@ -1,0 +1,45 @@
+// Rows of values between a storage type T (f32, f64, f16, bf16) and the kernels' compute type C
+// (float for f16/bf16/f32, double for f64): the vectorised conversions of vec_math.h for
+// contiguous f16/bf16 rows, element by element otherwise. Internal to tensor/cpu.
+//
+//   LoadRow(src, stride, n, row);     // row[j] = src[j * stride] widened to C
+//   StoreRow(row, n, dst, stride);    // dst[j * stride] = row[j] rounded to T
+//   RoundRow<T>(row, n);              // row[j] = row[j] rounded to T, as C
+#ifndef TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_
+#define TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/vec_math.h"
+
+namespace tg::cpu {
+
+// One row of n values between storage T (element stride `stride`) and the compute type C: the
+// vectorised conversions for contiguous f16/bf16 rows, element by element otherwise.
+template <typename T, typename C>
+void LoadRow(const T* src, int64_t stride, int64_t n, C* dst) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (stride == 1) return WidenToF32(src, dst, n);
+  }
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<C>(Widen(src[j * stride]));
+}
+template <typename T, typename C>
+void StoreRow(const C* src, int64_t n, T* dst, int64_t stride) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (stride == 1) return RoundFromF32(src, dst, n);
+  }
+  for (int64_t j = 0; j < n; ++j) dst[j * stride] = Convert<T>(src[j]);
+}
+
+// x[j] = x[j] rounded to T and read back as C, the value it has as a product's operand of T (no
+// change when T is C; C is float otherwise).
+template <typename T, typename C>
+void RoundRow(C* x, int64_t n) {
+  if constexpr (!std::is_same_v<T, C>) RoundToPrecisionOf<T>(x, n);
+}
+
+}  // namespace tg::cpu
+
+#endif  // TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_

@@ -1,0 +1,207 @@
+// Highway's dynamic dispatch: foreach_target.h includes this file once per target, each copy
+// compiling the HWY_NAMESPACE part for that instruction set; HWY_ONCE marks the last pass, which
+// holds the dispatching entry points. Built with -ffp-contract=off (tensor/cpu/BUILD): a Mul
+// followed by an Add stays two roundings, as in the composed tensor ops.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tensor/cpu/vec_math.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <cstring>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "tensor/cpu/vec_math.h"
+#include "tensor/half.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tg::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Highway's Exp (1 ulp) on its domain; NaN stays NaN, above log(FLT_MAX) is +inf, and below
+// -104 it is 0 (the exact value is under half the smallest subnormal there).
+struct ExpOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    const V overflow = hn::Set(d, 88.72283935546875f);
+    const V y = hn::IfThenElse(hn::Gt(x, overflow), hn::Inf(d), hn::Exp(d, hn::Min(x, overflow)));
+    return hn::IfThenElse(hn::IsNaN(x), x, y);
+  }
+};
+
+struct TanhOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    return hn::Tanh(d, x);
+  }
+};
+
+// 0.5 x (1 + tanh(k (x + c x^3))), the scalar form's order (tensor/cpu/activation.h).
+struct GeluTanhOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    const V k = hn::Set(d, 0.7978845608028654f), c = hn::Set(d, 0.044715f);
+    const V one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
+    const V cube = hn::Mul(hn::Mul(hn::Mul(c, x), x), x);
+    const V t = hn::Tanh(d, hn::Mul(k, hn::Add(x, cube)));
+    return hn::Mul(hn::Mul(half, x), hn::Add(one, t));
+  }
+};
+
+struct GeluTanhGradOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    const double k = 0.7978845608028654, c = 0.044715;
+    const V kv = hn::Set(d, static_cast<float>(k)), cv = hn::Set(d, static_cast<float>(c));
+    const V c3 = hn::Set(d, static_cast<float>(3 * c));
+    const V one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
+    const V x2 = hn::Mul(x, x);
+    const V t = hn::Tanh(d, hn::Mul(hn::Add(x, hn::Mul(hn::Mul(x2, x), cv)), kv));
+    const V left = hn::Mul(hn::Add(t, one), half);
+    const V du = hn::Mul(hn::Add(hn::Mul(x2, c3), one), kv);
+    const V right = hn::Mul(hn::Mul(x, half), hn::Mul(hn::Add(hn::Neg(hn::Mul(t, t)), one), du));
+    return hn::Add(left, right);
+  }
+};
+
+// y[i] = op(x[i]): whole vectors, then the tail through one zero-padded vector.
+template <class Op>
+void Map(const float* x, float* y, int64_t n, Op op) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(op(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
+    std::memcpy(tail, x + i, bytes);
+    hn::Store(op(d, hn::Load(d, tail)), d, tail);
+    std::memcpy(y + i, tail, bytes);
+  }
+}
+
+// ---- Conversions between f32 and the 2-byte floats, rounding to nearest even exactly like
+// tensor/half.h's scalar FloatToHalfBits / FloatToBFloat16Bits (NaN stays NaN). ----
+
+// Applies `vec` to whole vectors of `lanes` and `scalar` to the rest.
+template <class In, class Out, class Vec, class Scalar>
+void Convert(const In* in, Out* out, int64_t n, int64_t lanes, Vec vec, Scalar scalar) {
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) vec(in + i, out + i);
+  for (; i < n; ++i) out[i] = scalar(in[i]);
+}
+
+void BFloat16ToFloat(const uint16_t* in, float* out, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du32;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+          [&](const uint16_t* src, float* dst) {
+            const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src)));
+            hn::StoreU(hn::BitCast(df, bits), df, dst);
+          },
+          [](uint16_t b) { return BFloat16BitsToFloat(b); });
+}
+
+void FloatToBFloat16(const float* in, uint16_t* out, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du32;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+          [&](const float* src, uint16_t* dst) {
+            const auto x = hn::BitCast(du32, hn::LoadU(df, src));
+            const auto upper = hn::ShiftRight<16>(x);
+            // Round to nearest even: add 0x7fff plus the lowest kept bit.
+            const auto one = hn::Set(du32, 1u);
+            const auto rounded = hn::ShiftRight<16>(
+                hn::Add(x, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, one))));
+            // NaN: the sign and top payload bits, with a payload bit set when those are zero.
+            const auto is_nan = hn::Gt(hn::And(x, hn::Set(du32, 0x7fffffffu)),
+                                       hn::Set(du32, 0x7f800000u));
+            const auto empty = hn::Eq(hn::And(upper, hn::Set(du32, 0x7fu)), hn::Zero(du32));
+            const auto nan = hn::IfThenElse(empty, hn::Or(upper, hn::Set(du32, 0x40u)), upper);
+            // Each lane holds 16 bits: narrowing the int32 lanes with saturation keeps them.
+            const hn::RebindToSigned<decltype(du32)> di32;
+            const auto result = hn::BitCast(di32, hn::IfThenElse(is_nan, nan, rounded));
+            hn::StoreU(hn::DemoteTo(du16, result), du16, dst);
+          },
+          [](float f) { return FloatToBFloat16Bits(f); });
+}
+
+// f16 <-> f32 through F16C (AVX2 and up: exact, rounding to nearest even); Highway's emulation
+// for older targets truncates, so those convert one value at a time with the scalar code.
+void HalfToFloat(const uint16_t* in, float* out, int64_t n) {
+#if HWY_TARGET >= HWY_SSE4
+  for (int64_t i = 0; i < n; ++i) out[i] = HalfBitsToFloat(in[i]);
+#else
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> df16;
+  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+          [&](const uint16_t* src, float* dst) {
+            hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(src))),
+                       df, dst);
+          },
+          [](uint16_t h) { return HalfBitsToFloat(h); });
+#endif
+}
+
+void FloatToHalf(const float* in, uint16_t* out, int64_t n) {
+#if HWY_TARGET >= HWY_SSE4
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToHalfBits(in[i]);
+#else
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> df16;
+  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+          [&](const float* src, uint16_t* dst) {
+            hn::StoreU(hn::DemoteTo(df16, hn::LoadU(df, src)), df16,
+                       reinterpret_cast<hwy::float16_t*>(dst));
+          },
+          [](float f) { return FloatToHalfBits(f); });
+#endif
+}
+
+void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
+void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
+void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
+void GeluTanhGrad(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhGradOp()); }
+
+}  // namespace tg::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tg::cpu {
+
+HWY_EXPORT(BFloat16ToFloat);
+HWY_EXPORT(FloatToBFloat16);
+HWY_EXPORT(HalfToFloat);
+HWY_EXPORT(FloatToHalf);
+HWY_EXPORT(Exp);
+HWY_EXPORT(Tanh);
+HWY_EXPORT(GeluTanh);
+HWY_EXPORT(GeluTanhGrad);
+
+void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
+void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(BFloat16ToFloat)(in, out, n);
+}
+void F32ToBFloat16Bits(const float* in, uint16_t* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(FloatToBFloat16)(in, out, n);
+}
+void HalfBitsToF32(const uint16_t* in, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(HalfToFloat)(in, out, n);
+}
+void F32ToHalfBits(const float* in, uint16_t* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(FloatToHalf)(in, out, n);
+}
+void TanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Tanh)(x, y, n); }
+void GeluTanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluTanh)(x, y, n); }
+void GeluTanhGradF32(const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluTanhGrad)(x, y, n);
+}
+
+const char* VecMathTarget() {
+  // The best target compiled here that this CPU supports, as HWY_DYNAMIC_DISPATCH chooses it.
+  return hwy::TargetName(hwy::SupportedAndGeneratedTargets()[0]);
+}
+
+}  // namespace tg::cpu
+#endif  // HWY_ONCE

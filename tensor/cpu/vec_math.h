@@ -1,0 +1,86 @@
+// The CPU kernels' vectorised float math, through Highway: each function is compiled for every
+// x86 instruction set Highway targets (SSE4, AVX2, AVX-512, ...) and runs the best one the
+// running CPU has (chosen once, at the first call), so no build flag assumes the build machine's
+// CPU. Every element of an array, the tail included, goes through the same vector instructions:
+// on one machine a value gets the same result whatever the array's length, alignment or thread
+// split, so kernels that share these functions round alike (a fused Linear + GELU and the
+// composed GeluTanh agree bit for bit). Machines with different instruction sets may differ in
+// the last bits (FMA or not inside tanh's polynomial).
+//
+//   ExpF32(x, y, n);             // y[i] = exp(x[i]), at most 1 ulp from the exact value
+//   TanhF32(x, y, n);            // y[i] = tanh(x[i]), at most 4 ulp from the exact value
+//   GeluTanhF32(x, y, n);        // y[i] = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   GeluTanhGradF32(x, y, n);    // y[i] = d gelu_tanh / dx at x[i]
+//
+// x and y may be the same array (in place); otherwise they must not overlap.
+#ifndef TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
+#define TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/half.h"
+
+namespace tg::cpu {
+
+void ExpF32(const float* x, float* y, int64_t n);
+void TanhF32(const float* x, float* y, int64_t n);
+void GeluTanhF32(const float* x, float* y, int64_t n);
+// (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the
+// operations and order of composed::GeluTanhGrad (each rounded to f32, no FMA), tanh as TanhF32:
+// equal bit for bit to that chain of f32 tensor ops.
+void GeluTanhGradF32(const float* x, float* y, int64_t n);
+
+// Conversions of n values between f32 and the bits of f16 / bf16, rounding to nearest even as
+// tensor/half.h's scalar conversions do (the same bits, NaNs included).
+void HalfBitsToF32(const uint16_t* in, float* out, int64_t n);
+void F32ToHalfBits(const float* in, uint16_t* out, int64_t n);
+void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n);
+void F32ToBFloat16Bits(const float* in, uint16_t* out, int64_t n);
+
+// The same for typed arrays: T float (a copy), Half or BFloat16.
+template <typename T>
+void WidenToF32(const T* in, float* out, int64_t n) {
+  if constexpr (std::is_same_v<T, Half>) {
+    HalfBitsToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    BFloat16BitsToF32(reinterpret_cast<const uint16_t*>(in), out, n);
+  } else {
+    static_assert(std::is_same_v<T, float>, "WidenToF32: float, Half or BFloat16");
+    std::copy(in, in + n, out);
+  }
+}
+template <typename T>
+void RoundFromF32(const float* in, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, Half>) {
+    F32ToHalfBits(in, reinterpret_cast<uint16_t*>(out), n);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    F32ToBFloat16Bits(in, reinterpret_cast<uint16_t*>(out), n);
+  } else {
+    static_assert(std::is_same_v<T, float>, "RoundFromF32: float, Half or BFloat16");
+    std::copy(in, in + n, out);
+  }
+}
+
+// x[i] = x[i] rounded to T's precision, kept as float (T float: unchanged): the value a float
+// takes when stored as T and read back.
+template <typename T>
+void RoundToPrecisionOf(float* x, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    constexpr int64_t kBlock = 256;
+    T block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      RoundFromF32(x + i, block, len);
+      WidenToF32(block, x + i, len);
+    }
+  }
+}
+
+// The name of the instruction set the functions above run with on this CPU ("AVX3", "AVX2", ...).
+const char* VecMathTarget();
+
+}  // namespace tg::cpu
+
+#endif  // TAPEGRAD_TENSOR_CPU_VEC_MATH_H_

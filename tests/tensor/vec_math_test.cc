@@ -1,0 +1,199 @@
+// The vectorised float math of tensor/cpu/vec_math.h: accuracy against f64 libm, special values,
+// the same result for a value in any position of any length (tails included), and the GELU
+// derivative equal bit for bit to the chain of f32 tensor ops it stands for.
+#include "tensor/cpu/vec_math.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/generator.h"
+#include "tensor/half.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Distance in units in the last place between two finite floats of the same sign region.
+int64_t UlpDistance(float a, double exact) {
+  const float b = static_cast<float>(exact);
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  if (ia < 0) ia = std::numeric_limits<int32_t>::min() - ia;
+  if (ib < 0) ib = std::numeric_limits<int32_t>::min() - ib;
+  return std::abs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
+}
+
+double GeluTanhRef(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+std::vector<float> Grid(float lo, float hi, int n) {
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = lo + (hi - lo) * static_cast<float>(i) / (n - 1);
+  return x;
+}
+
+TEST(VecMath, TanhWithinFourUlpOfLibm) {
+  std::vector<float> x = Grid(-20, 20, 40001);
+  std::vector<float> y(x.size());
+  cpu::TanhF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(UlpDistance(y[i], std::tanh(static_cast<double>(x[i]))), 4)
+        << "tanh(" << x[i] << ") = " << y[i] << " on " << cpu::VecMathTarget();
+  }
+}
+
+TEST(VecMath, ExpWithinOneUlpOfLibm) {
+  std::vector<float> x = Grid(-87, 88.5f, 70001);
+  std::vector<float> y(x.size());
+  cpu::ExpF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(UlpDistance(y[i], std::exp(static_cast<double>(x[i]))), 1)
+        << "exp(" << x[i] << ") = " << y[i] << " on " << cpu::VecMathTarget();
+  }
+}
+
+TEST(VecMath, ExpSpecialValues) {
+  const std::vector<float> x = {kNaN, kInf, -kInf, 0.0f, -0.0f, 88.8f, 1000.0f, -104.5f, -1000.0f};
+  std::vector<float> y(x.size());
+  cpu::ExpF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], kInf);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[3], 1.0f);
+  EXPECT_EQ(y[4], 1.0f);
+  EXPECT_EQ(y[5], kInf);  // above log(FLT_MAX) = 88.7228
+  EXPECT_EQ(y[6], kInf);
+  EXPECT_EQ(y[7], 0.0f);
+  EXPECT_EQ(y[8], 0.0f);
+}
+
+TEST(VecMath, GeluTanhCloseToF64) {
+  std::vector<float> x = Grid(-8, 8, 16001);
+  std::vector<float> y(x.size());
+  cpu::GeluTanhF32(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = GeluTanhRef(x[i]);
+    ASSERT_NEAR(y[i], ref, 1e-6 + 4e-7 * std::abs(ref)) << "gelu_tanh(" << x[i] << ")";
+  }
+}
+
+TEST(VecMath, SpecialValues) {
+  const std::vector<float> x = {kNaN, kInf, -kInf, 0.0f, -0.0f, 30.0f, -30.0f};
+  std::vector<float> t(x.size()), g(x.size());
+  cpu::TanhF32(x.data(), t.data(), 7);
+  cpu::GeluTanhF32(x.data(), g.data(), 7);
+  EXPECT_TRUE(std::isnan(t[0]));
+  EXPECT_EQ(t[1], 1.0f);
+  EXPECT_EQ(t[2], -1.0f);
+  EXPECT_EQ(t[3], 0.0f);
+  EXPECT_TRUE(std::signbit(t[4]));  // tanh(-0) = -0
+  EXPECT_EQ(t[5], 1.0f);
+  EXPECT_EQ(t[6], -1.0f);
+  EXPECT_TRUE(std::isnan(g[0]));
+  EXPECT_EQ(g[1], kInf);
+  EXPECT_EQ(g[3], 0.0f);
+  EXPECT_EQ(g[5], 30.0f);
+  EXPECT_EQ(g[6], -0.0f);
+}
+
+TEST(VecMath, AValueGetsTheSameResultInEveryPositionAndLength) {
+  Generator gen(3);
+  const Tensor r = RandNormal({67}, gen);
+  const std::vector<float> x = r.to_vector<float>();
+  std::vector<float> whole(x.size());
+  cpu::GeluTanhGradF32(x.data(), whole.data(), 67);
+  for (int64_t start = 0; start < 20; ++start) {
+    for (int64_t len = 1; start + len <= 67; len += 7) {
+      std::vector<float> part(len);
+      cpu::GeluTanhGradF32(x.data() + start, part.data(), len);
+      for (int64_t i = 0; i < len; ++i) {
+        ASSERT_EQ(part[i], whole[start + i]) << "start " << start << " length " << len;
+      }
+    }
+  }
+  std::vector<float> in_place = x;
+  cpu::GeluTanhGradF32(in_place.data(), in_place.data(), 67);
+  EXPECT_EQ(in_place, whole);
+}
+
+TEST(VecMath, GeluTanhGradEqualsTheChainOfF32TensorOps) {
+  Generator gen(4);
+  const Tensor x = MulScalar(RandNormal({1001}, gen), 3.0);
+  const double k = 0.7978845608028654, c = 0.044715;
+  const Tensor x2 = Mul(x, x);
+  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
+  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  const std::vector<float> chain = Add(left, right).to_vector<float>();
+  const std::vector<float> xv = x.to_vector<float>();
+  std::vector<float> fused(xv.size());
+  cpu::GeluTanhGradF32(xv.data(), fused.data(), static_cast<int64_t>(xv.size()));
+  for (size_t i = 0; i < xv.size(); ++i) ASSERT_EQ(fused[i], chain[i]) << "x = " << xv[i];
+  // And the elementwise GeluTanh op is GeluTanhF32.
+  std::vector<float> y(xv.size());
+  cpu::GeluTanhF32(xv.data(), y.data(), static_cast<int64_t>(xv.size()));
+  EXPECT_EQ(GeluTanh(x).to_vector<float>(), y);
+}
+
+// Every f16 and bf16 bit pattern widens to the scalar conversion's value (NaNs to NaN: F16C
+// quiets a signalling NaN, the scalar form keeps its bits).
+TEST(VecMath, WideningMatchesTheScalarConversionsForEveryPattern) {
+  std::vector<uint16_t> bits(65536);
+  for (int i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
+  std::vector<float> half(65536), bf16(65536);
+  cpu::HalfBitsToF32(bits.data(), half.data(), 65536);
+  cpu::BFloat16BitsToF32(bits.data(), bf16.data(), 65536);
+  for (int i = 0; i < 65536; ++i) {
+    const float h = HalfBitsToFloat(bits[i]), b = BFloat16BitsToFloat(bits[i]);
+    if (std::isnan(h)) {
+      ASSERT_TRUE(std::isnan(half[i])) << std::hex << i;
+    } else {
+      ASSERT_EQ(FloatBits(half[i]), FloatBits(h)) << std::hex << i;
+    }
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(bf16[i])) << std::hex << i;
+    } else {
+      ASSERT_EQ(FloatBits(bf16[i]), FloatBits(b)) << std::hex << i;
+    }
+  }
+}
+
+// Rounding to f16/bf16 gives the scalar conversion's bits: ties to even, subnormals, overflow to
+// inf, NaN kept a NaN; over the edges and 2^20 random f32 patterns, at every tail length.
+TEST(VecMath, RoundingMatchesTheScalarConversions) {
+  std::vector<float> x = {0.0f, -0.0f, kInf, -kInf, kNaN, -kNaN, 65504.0f, 65519.99f, 65520.0f,
+                          -65520.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f, 0x1p-24f,
+                          0x1p-25f, 0x1.8p-25f, 0x1p-26f, 6.0e-8f, 3.4e38f, -3.4e38f,
+                          1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, 1.17e-38f, 1e-45f};
+  Generator gen(9);
+  for (int i = 0; i < (1 << 20); ++i) x.push_back(BitsToFloat(gen.NextU32()));
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> half(n), bf16(n);
+  for (int64_t len : {n, int64_t{1}, int64_t{7}, int64_t{23}}) {
+    cpu::F32ToHalfBits(x.data(), half.data(), len);
+    cpu::F32ToBFloat16Bits(x.data(), bf16.data(), len);
+    for (int64_t i = 0; i < len; ++i) {
+      if (std::isnan(x[i])) {
+        ASSERT_TRUE(std::isnan(HalfBitsToFloat(half[i]))) << x[i];
+        ASSERT_EQ(bf16[i], FloatToBFloat16Bits(x[i])) << std::hex << FloatBits(x[i]);
+      } else {
+        ASSERT_EQ(half[i], FloatToHalfBits(x[i])) << std::hex << FloatBits(x[i]);
+        ASSERT_EQ(bf16[i], FloatToBFloat16Bits(x[i])) << std::hex << FloatBits(x[i]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tg
