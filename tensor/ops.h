@@ -94,8 +94,9 @@ Tensor Argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 
 // ---- Linear algebra ---------------------------------------------------------------------------
 // a [..., m, k] @ b [..., k, n] -> [..., m, n]; batch dims broadcast; 2-D @ 2-D is a GEMM.
-// f32/f64 go to OpenBLAS (transposed views are passed as transposes, not copied);
-// f16/bf16 convert to f32, multiply and round the result.
+// f32/f64 go to OpenBLAS (transposed views are passed as transposes, not copied); f16/bf16
+// multiply in oneDNN (f32 sums) where the CPU does bf16 natively (AVX-512 BF16, AMX), else
+// convert to f32 and multiply there; either way each result is rounded once.
 Tensor Matmul(const Tensor& a, const Tensor& b);
 // Strict batched matmul: a [b, m, k], b [b, k, n].
 Tensor Bmm(const Tensor& a, const Tensor& b);
@@ -136,15 +137,16 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
 // ceil_mode = false). Pairs are {height, width}. Each output size is
 //   floor((in + 2 * padding - dilation * (kernel - 1) - 1) / stride) + 1,
 // and must be at least 1 (a kernel larger than the padded input is an error). Only 4-D (batched)
-// inputs are accepted. f32/f64 compute natively; f16/bf16 convert to f32, compute and round once.
+// inputs are accepted. f32/f64 compute natively; f16/bf16 sum in f32 and round each result once.
 struct Conv2dParams {
   std::array<int64_t, 2> stride = {1, 1};    // positive
   std::array<int64_t, 2> padding = {0, 0};   // zeros on both sides, non-negative
   std::array<int64_t, 2> dilation = {1, 1};  // positive
 };
 // Cross-correlation: x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined, all of one
-// floating dtype -> [N, O, Ho, Wo]. im2col + OpenBLAS GEMMs (one per chunk of images, or per
-// image when C*kh*kw is small).
+// floating dtype -> [N, O, Ho, Wo]. On the CPU, oneDNN's convolution for f32 and bf16 (f16 on f32
+// copies) where it has a fast implementation for the shape; f64 and the rest: im2col + OpenBLAS
+// GEMMs (one per chunk of images, or per image when C*kh*kw is small).
 Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Conv2dParams p = {});
 struct Conv2dGrads {
@@ -154,9 +156,10 @@ struct Conv2dGrads {
 };
 // The gradients of Conv2d(x, weight, bias, p) for grad_out [N, O, Ho, Wo] (x's dtype). Only the
 // shapes and dtypes of x and weight are used, except that grad_weight reads x's values and
-// grad_input reads weight's. grad_input is col2im of weight^T @ grad_out (a transposed
-// convolution), grad_weight sums grad_out @ im2col(x)^T over the batch, grad_bias sums grad_out
-// over N, Ho, Wo (in f64, rounded once).
+// grad_input reads weight's. grad_input is a transposed convolution (oneDNN's backward-data, or
+// col2im of weight^T @ grad_out), grad_weight sums grad_out against the patches of x over the
+// batch (oneDNN's backward-weights, or grad_out @ im2col(x)^T), grad_bias sums grad_out over
+// N, Ho, Wo (in f64, rounded once).
 Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                            Conv2dParams p, bool need_input = true, bool need_weight = true,
                            bool need_bias = true);

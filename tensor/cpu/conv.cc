@@ -1,13 +1,24 @@
 // 2-D convolution and max pooling over [N, C, H, W].
 //
-// Convolution is im2col + GEMM: the input patches of a chunk of images are unfolded into
+// Convolution in f32 and bf16 runs oneDNN's convolution primitives (tensor/cpu/dnnl.h) where
+// oneDNN has a fast implementation for the dtype and shape on the running CPU: they pick their
+// own data layouts (blocked ones on AVX-512/AMX), and our NCHW/OIHW buffers are reordered to and
+// from them, which measured 2-10x faster than the plain layouts. bf16 accumulates in f32 and
+// rounds each result once, as below. f16 (oneDNN 2.6 has no f16 convolution on CPU) computes on
+// f32 copies through the f32 path; f64 (gradchecks) and whatever oneDNN declines, including its
+// reference implementations, use the im2col + GEMM code below. The bias gradient is always ours
+// (an f64 sum rounded once).
+//
+// The fallback is im2col + GEMM: the input patches of a chunk of images are unfolded into
 // cols [C*kh*kw, images*Ho*Wo] (one row per kernel tap, contiguous runs along the output width),
 // the forward multiplies weight [O, C*kh*kw] @ cols, the weight gradient accumulates
 // grad @ cols^T over the chunks, and the input gradient is col2im of weight^T @ grad. All GEMMs
 // go to OpenBLAS (threaded); the loops here are plain and contiguous along the output width.
 // f32/f64 compute natively; f16/bf16 go through f32 copies and round each result once.
 //
-// Max pooling compares each window's elements in row-major order with PyTorch's CPU rule.
+// Max pooling is our own kernel (planes in parallel), since the op returns PyTorch's flat
+// indices into each plane, which oneDNN's pooling workspace does not give; it compares each
+// window's elements in row-major order with PyTorch's CPU rule (first maximum, NaN wins).
 
 #include <algorithm>
 #include <cmath>
@@ -16,9 +27,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/convert.h"
+#include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
 
 namespace tg::cpu {
 namespace {
@@ -257,78 +271,213 @@ void Conv2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight, con
   }
 }
 
-// grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once.
+// grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once; channels in
+// parallel (each summed by one thread in the serial order, so any thread count gives the same).
 template <typename T>
 void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g) {
   const int64_t L = g.oh * g.ow;
   const T* go = grad_out.data<T>();
-  std::vector<double> acc(static_cast<size_t>(g.o), 0.0);
-  for (int64_t n = 0; n < g.n; ++n) {
-    for (int64_t o = 0; o < g.o; ++o) {
-      const T* s = go + (n * g.o + o) * L;
-      // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
-      double part[4] = {0, 0, 0, 0};
-      int64_t l = 0;
-      for (; l + 4 <= L; l += 4) {
-        for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(Widen(s[l + k]));
-      }
-      for (; l < L; ++l) part[0] += static_cast<double>(Widen(s[l]));
-      acc[static_cast<size_t>(o)] += (part[0] + part[1]) + (part[2] + part[3]);
-    }
-  }
   T* gb = grad_bias.data<T>();
-  for (int64_t o = 0; o < g.o; ++o) gb[o] = Convert<T>(acc[static_cast<size_t>(o)]);
+  using C = ComputeType<T>;
+  ParallelFor(g.o, RowsPerThread(g.n * L), [&](int64_t o0, int64_t o1) {
+    // f16/bf16 rows are widened first, in one vectorised pass (gemm.h): the conversion per element
+    // in the sum's loop would cost more than the sum.
+    std::vector<C> widened;
+    for (int64_t o = o0; o < o1; ++o) {
+      double acc = 0;
+      for (int64_t n = 0; n < g.n; ++n) {
+        const C* s = GemmOperand<C>(go + (n * g.o + o) * L, L, widened);
+        // Four partial sums: a single f64 chain would be latency-bound (no reassociation).
+        double part[4] = {0, 0, 0, 0};
+        int64_t l = 0;
+        for (; l + 4 <= L; l += 4) {
+          for (int k = 0; k < 4; ++k) part[k] += static_cast<double>(s[l + k]);
+        }
+        for (; l < L; ++l) part[0] += static_cast<double>(s[l]);
+        acc += (part[0] + part[1]) + (part[2] + part[3]);
+      }
+      gb[o] = Convert<T>(acc);
+    }
+  });
 }
 
-// One output row at a time, tap by tap: for each kernel tap (i, j) in row-major order, every
-// output of the row whose window holds that tap compares it with its current maximum, so each
-// window sees its elements in row-major order. The update is arithmetic (no jump): the
-// comparison is data-dependent, and a branch on it would be mispredicted half the time.
+// The three convolution primitives oneDNN has, one per pass.
+enum class ConvPass : int64_t { kForward, kBackwardData, kBackwardWeights };
+
+// oneDNN's primitive for `pass` over window g in `dtype` (f32 or bf16), arguments in the order
+//   forward:          x, weight, [bias], out
+//   backward data:    grad_out, weight, grad_input
+//   backward weights: x, grad_out, grad_weight
+// or nullptr where oneDNN has only a reference implementation.
+std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Window2d& g,
+                                            bool with_bias) {
+  using dnnl::memory;
+  using Tag = memory::format_tag;
+  const memory::data_type t = DnnlType(dtype);
+  const memory::dims src{g.n, g.c, g.h, g.w}, wei{g.o, g.c, g.kh, g.kw}, dst{g.n, g.o, g.oh, g.ow};
+  const memory::desc src_plain(src, t, Tag::nchw), wei_plain(wei, t, Tag::oihw);
+  const memory::desc dst_plain(dst, t, Tag::nchw), bias_plain({g.o}, t, Tag::x);
+  // Layouts of oneDNN's choice.
+  const memory::desc src_any(src, t, Tag::any), wei_any(wei, t, Tag::any);
+  const memory::desc dst_any(dst, t, Tag::any);
+  // oneDNN counts dilation from 0 and wants the right/bottom padding that makes the output
+  // size come out exactly (negative when the last input rows/columns are never read).
+  const memory::dims strides{g.sh, g.sw}, dilates{g.dh - 1, g.dw - 1}, pad_l{g.ph, g.pw};
+  const memory::dims pad_r{(g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1 - g.h - g.ph,
+                           (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.w - g.pw};
+  const auto algo = dnnl::algorithm::convolution_direct;
+  dnnl::engine& engine = DnnlEngine();
+  const auto fwd_desc =
+      with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any,
+                                                  wei_any, bias_plain, dst_any, strides, dilates,
+                                                  pad_l, pad_r)
+                : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any,
+                                                  wei_any, dst_any, strides, dilates, pad_l, pad_r);
+  const dnnl::convolution_forward::primitive_desc fwd(fwd_desc, engine);
+  auto p = std::make_shared<DnnlPrimitive>();
+  switch (pass) {
+    case ConvPass::kForward:
+      if (IsDnnlReference(fwd)) return nullptr;
+      p->primitive = dnnl::convolution_forward(fwd);
+      p->AddArg(DNNL_ARG_SRC, src_plain, fwd.src_desc(), false);
+      p->AddArg(DNNL_ARG_WEIGHTS, wei_plain, fwd.weights_desc(), false);
+      if (with_bias) p->AddArg(DNNL_ARG_BIAS, bias_plain, fwd.bias_desc(), false);
+      p->AddArg(DNNL_ARG_DST, dst_plain, fwd.dst_desc(), true);
+      return p;
+    case ConvPass::kBackwardData: {
+      const dnnl::convolution_backward_data::primitive_desc bwd(
+          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, engine, fwd);
+      if (IsDnnlReference(bwd)) return nullptr;
+      p->primitive = dnnl::convolution_backward_data(bwd);
+      p->AddArg(DNNL_ARG_DIFF_DST, dst_plain, bwd.diff_dst_desc(), false);
+      p->AddArg(DNNL_ARG_WEIGHTS, wei_plain, bwd.weights_desc(), false);
+      p->AddArg(DNNL_ARG_DIFF_SRC, src_plain, bwd.diff_src_desc(), true);
+      return p;
+    }
+    case ConvPass::kBackwardWeights: {
+      const dnnl::convolution_backward_weights::primitive_desc bwd(
+          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, engine, fwd);
+      if (IsDnnlReference(bwd)) return nullptr;
+      p->primitive = dnnl::convolution_backward_weights(bwd);
+      p->AddArg(DNNL_ARG_SRC, src_plain, bwd.src_desc(), false);
+      p->AddArg(DNNL_ARG_DIFF_DST, dst_plain, bwd.diff_dst_desc(), false);
+      p->AddArg(DNNL_ARG_DIFF_WEIGHTS, wei_plain, bwd.diff_weights_desc(), true);
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// Runs one pass through oneDNN on `pointers` (MakeDnnlConv's order); false where oneDNN cannot
+// (dtype other than f32/bf16, an empty dimension, no fast implementation, a failure), and then
+// the caller computes the pass itself.
+bool DnnlConv(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
+              const std::vector<void*>& pointers) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
+  if (g.n == 0 || g.c == 0 || g.o == 0 || g.oh == 0 || g.ow == 0) return false;
+  static DnnlCache* cache = new DnnlCache;
+  const std::shared_ptr<const DnnlPrimitive> p = cache->Get(
+      {static_cast<int64_t>(pass), static_cast<int64_t>(dtype), g.n, g.c, g.h, g.w, g.o, g.kh,
+       g.kw, g.oh, g.ow, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, with_bias ? 1 : 0},
+      [&] { return MakeDnnlConv(pass, dtype, g, with_bias); });
+  return p != nullptr && DnnlExecute(*p, pointers);
+}
+
+// One step of a window's running maximum (value, tap) over its elements in row-major order, with
+// PyTorch's rule: take the first strict maximum, except that every NaN is taken (so the last NaN
+// of the window wins).
+template <typename C>
+inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
+  const bool take = (v > value) | (v != v);
+  value = take ? v : value;
+  tap = take ? t : tap;
+}
+
+// Planes (n, c) in parallel; within a plane, one output row at a time, tap by tap: for each
+// kernel tap (i, j) in row-major order, every output of the row whose window holds that tap
+// compares it with the running maximum of its window, so each window sees its elements in
+// row-major order. The running maximum and its tap's offset i * W + j from the window's corner
+// live in two arrays along the row, so that the loop over the row's outputs is a select between
+// vectors, which GCC vectorises (a jump on the data-dependent comparison would be mispredicted
+// half the time).
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
+  TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(),
+           "max_pool2d: a window [", g.kh, ", ", g.kw, "] over an input ", g.w,
+           " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
-  const int64_t width = g.w, ow = g.ow, sw = g.sw;
+  const int64_t width = g.w, ow = g.ow, sw = g.sw, kw = g.kw;
   const T* xp = x.data<T>();
   T* op = out.data<T>();
   int64_t* ip = indices.data<int64_t>();
-  std::vector<Range> tap_range(static_cast<size_t>(g.kw));
-  for (int64_t j = 0; j < g.kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
-  for (int64_t p = 0; p < planes; ++p) {
-    const T* in = xp + p * plane;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t y0 = oy * g.sh - g.ph;
-      const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
-      T* o = op + p * L + oy * ow;
-      int64_t* best = ip + p * L + oy * ow;  // the running arg-max of each window of the row
-      // PyTorch's rule: start from -inf at the window's first element, take the first strict
-      // maximum, except that every NaN is taken (so the last NaN of the window wins); padding
-      // never takes part (the validation guarantees non-empty windows). Starting from the first
-      // element's own value instead of -inf selects the same element.
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        best[ox] = y_lo * width + std::max<int64_t>(ox * sw - g.pw, 0);
-      }
-      for (int64_t yy = y_lo; yy < y_hi; ++yy) {
-        const T* row = in + yy * width;
-        for (int64_t j = 0; j < g.kw; ++j) {
-          const int64_t off = j - g.pw;
-          const Range r = tap_range[j];
-          for (int64_t ox = r.lo; ox < r.hi; ++ox) {
-            const int64_t k = ox * sw + off;
-            const C v = Widen(row[k]);
-            const int64_t current = best[ox];
-            const C current_value = Widen(in[current]);
-            const int64_t take =
-                static_cast<int64_t>(v > current_value) | static_cast<int64_t>(v != v);
-            best[ox] = current + take * (yy * width + k - current);
+  std::vector<Range> tap_range(static_cast<size_t>(kw));
+  for (int64_t j = 0; j < kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
+  const bool window_2x2 = g.kh == 2 && g.kw == 2 && g.ph == 0 && g.pw == 0;
+  ParallelFor(planes, RowsPerThread(plane), [&](int64_t p0, int64_t p1) {
+    std::vector<C> value_row(static_cast<size_t>(ow));     // each window's running maximum
+    std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
+    C* value = value_row.data();
+    int32_t* tap = tap_row.data();
+    std::vector<C> widened;
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* in = xp + p * plane;
+      // f16/bf16 planes are widened first, in one vectorised pass (gemm.h): the comparisons
+      // through a conversion per element would not vectorise.
+      const C* src = GemmOperand<C>(in, plane, widened);
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
+          const C* r0 = src + y0 * width;
+          const C* r1 = r0 + width;
+          const int32_t below = static_cast<int32_t>(width);
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t x0 = ox * sw;
+            C v = r0[x0];
+            int32_t t = 0;
+            MaxTap(r0[x0 + 1], 1, v, t);
+            MaxTap(r1[x0], below, v, t);
+            MaxTap(r1[x0 + 1], below + 1, v, t);
+            value[ox] = v;
+            tap[ox] = t;
+          }
+        } else {
+          // Every window starts at its first element (PyTorch starts from -inf there, which
+          // selects the same element); padding never takes part (the validation guarantees
+          // non-empty windows).
+          const int64_t y_lo = std::max<int64_t>(y0, 0), y_hi = std::min(y0 + g.kh, g.h);
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t x0 = ox * sw - g.pw, x_lo = std::max<int64_t>(x0, 0);
+            tap[ox] = static_cast<int32_t>((y_lo - y0) * width + (x_lo - x0));
+            value[ox] = src[y_lo * width + x_lo];
+          }
+          for (int64_t yy = y_lo; yy < y_hi; ++yy) {
+            const C* row = src + yy * width;
+            for (int64_t j = 0; j < kw; ++j) {
+              const int64_t off = j - g.pw;
+              const int32_t t = static_cast<int32_t>((yy - y0) * width + j);
+              const Range r = tap_range[j];
+              for (int64_t ox = r.lo; ox < r.hi; ++ox) {
+                MaxTap(row[ox * sw + off], t, value[ox], tap[ox]);
+              }
+            }
           }
         }
+        int64_t* best = ip + p * L + oy * ow;
+        T* o = op + p * L + oy * ow;
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          best[ox] = y0 * width + ox * sw - g.pw + tap[ox];
+          o[ox] = in[best[ox]];  // NaN payloads included
+        }
       }
-      for (int64_t ox = 0; ox < ow; ++ox) o[ox] = in[best[ox]];  // NaN payloads included
     }
-  }
+  });
 }
 
+// Planes in parallel: each scatters its own gradient into its own input plane, in the serial
+// order, so any thread count gives the same bits. An index outside its plane throws (the first
+// one in memory order), naming its position; the check rides along with the scatter, which reads
+// the indices once.
 template <typename T>
 void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
                            const Tensor& indices) {
@@ -339,39 +488,66 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
   const T* go = grad_out.data<T>();
   const int64_t* ip = indices.data<int64_t>();
   T* gi = grad_input.data<T>();
-  // Accumulate in C (f32 for f16/bf16: overlapping windows add up) and round once.
-  std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane));
-  for (int64_t p = 0; p < planes; ++p) {
-    C* dst;
-    if constexpr (std::is_same_v<T, C>) {
-      dst = gi + p * plane;
-    } else {
-      dst = acc.data();
+  ParallelFor(planes, RowsPerThread(plane + L), [&](int64_t p0, int64_t p1) {
+    // f16/bf16 accumulate in C (f32: overlapping windows add up) and round once; for bf16 only
+    // the selected positions are rounded (and then zeroed again for the next plane), the others
+    // are the zero they were filled with.
+    std::vector<C> acc(std::is_same_v<T, C> ? 0 : static_cast<size_t>(plane), C(0));
+    for (int64_t p = p0; p < p1; ++p) {
+      T* out = gi + p * plane;
+      std::fill(out, out + plane, T(0));
+      C* dst;
+      if constexpr (std::is_same_v<T, C>) {
+        dst = out;
+      } else {
+        dst = acc.data();
+      }
+      const T* s = go + p * L;
+      const int64_t* idx = ip + p * L;
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t k = idx[l];
+        if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(plane)) {
+          throw Error(absl::StrCat("max_pool2d_backward: index ", k, " at position ", p * L + l,
+                                   " is out of range for an input plane of ", grad_input.size(2),
+                                   " x ", grad_input.size(3), " elements"));
+        }
+        dst[k] += static_cast<C>(Widen(s[l]));
+      }
+      if constexpr (std::is_same_v<T, Half>) {  // the vectorised rounding of the plane is cheaper
+        RoundFromF32(acc.data(), out, plane);
+        std::fill(acc.begin(), acc.end(), C(0));
+      } else if constexpr (!std::is_same_v<T, C>) {
+        for (int64_t l = 0; l < L; ++l) out[idx[l]] = Convert<T>(acc[idx[l]]);
+        for (int64_t l = 0; l < L; ++l) acc[idx[l]] = C(0);
+      }
     }
-    std::fill(dst, dst + plane, C(0));
-    const T* s = go + p * L;
-    const int64_t* idx = ip + p * L;
-    for (int64_t l = 0; l < L; ++l) dst[idx[l]] += static_cast<C>(Widen(s[l]));
-    if constexpr (!std::is_same_v<T, C>) {
-      for (int64_t k = 0; k < plane; ++k) gi[p * plane + k] = Convert<T>(acc[k]);
-    }
-  }
+  });
 }
+
+// An f32 copy of an f16/bf16 tensor (undefined stays undefined).
+Tensor ToF32(const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); }
 
 }  // namespace
 
 void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
             const Window2d& g) {
-  switch (out.dtype()) {
+  const DType dtype = out.dtype();
+  if (DnnlConv(ConvPass::kForward, dtype, g, bias.defined(),
+               bias.defined() ? std::vector<void*>{x.raw_data(), weight.raw_data(),
+                                                   bias.raw_data(), out.raw_data()}
+                              : std::vector<void*>{x.raw_data(), weight.raw_data(),
+                                                   out.raw_data()})) {
+    return;
+  }
+  switch (dtype) {
     case DType::kF32:
       return Conv2dImpl<float>(out, x, weight, bias, g);
     case DType::kF64:
       return Conv2dImpl<double>(out, x, weight, bias, g);
     default: {  // f16/bf16: compute in f32 (bias included), round once
-      VisitFloating("conv2d", out.dtype(), [](auto) {});
+      VisitFloating("conv2d", dtype, [](auto) {});
       Tensor out32 = Tensor::Empty(out.shape(), kF32);
-      Conv2dImpl<float>(out32, x.to(kF32), weight.to(kF32),
-                        bias.defined() ? bias.to(kF32) : Tensor(), g);
+      Conv2d(out32, ToF32(x), ToF32(weight), ToF32(bias), g);
       out.copy_(out32);
     }
   }
@@ -385,21 +561,30 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
     VisitFloating("conv2d_backward", dtype,
                   [&](auto tag) { BiasGrad<decltype(tag)>(grad_bias, grad_out, g); });
   }
+  // Each gradient through oneDNN where it can; those left undefined here are computed below.
+  Tensor gi = grad_input, gw = grad_weight;
+  if (gi.defined() && DnnlConv(ConvPass::kBackwardData, dtype, g, false,
+                               {grad_out.raw_data(), weight.raw_data(), gi.raw_data()})) {
+    gi = Tensor();
+  }
+  if (gw.defined() && DnnlConv(ConvPass::kBackwardWeights, dtype, g, false,
+                               {x.raw_data(), grad_out.raw_data(), gw.raw_data()})) {
+    gw = Tensor();
+  }
+  if (!gi.defined() && !gw.defined()) return;
   switch (dtype) {
     case DType::kF32:
-      return Conv2dBackwardImpl<float>(grad_input, grad_weight, grad_out, x, weight, g);
+      return Conv2dBackwardImpl<float>(gi, gw, grad_out, x, weight, g);
     case DType::kF64:
-      return Conv2dBackwardImpl<double>(grad_input, grad_weight, grad_out, x, weight, g);
-    default: {  // f16/bf16: compute in f32, round each gradient once
+      return Conv2dBackwardImpl<double>(gi, gw, grad_out, x, weight, g);
+    default: {  // f16/bf16: compute in f32 (through oneDNN where it can), round each gradient once
       VisitFloating("conv2d_backward", dtype, [](auto) {});
-      const Tensor gi32 = grad_input.defined() ? Tensor::Empty(grad_input.shape(), kF32) : Tensor();
-      const Tensor gw32 =
-          grad_weight.defined() ? Tensor::Empty(grad_weight.shape(), kF32) : Tensor();
-      Conv2dBackwardImpl<float>(gi32, gw32, grad_out.to(kF32),
-                                gw32.defined() ? x.to(kF32) : Tensor(),
-                                gi32.defined() ? weight.to(kF32) : Tensor(), g);
-      if (gi32.defined()) grad_input.copy_(gi32);
-      if (gw32.defined()) grad_weight.copy_(gw32);
+      const Tensor gi32 = gi.defined() ? Tensor::Empty(gi.shape(), kF32) : Tensor();
+      const Tensor gw32 = gw.defined() ? Tensor::Empty(gw.shape(), kF32) : Tensor();
+      Conv2dBackward(gi32, gw32, Tensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : Tensor(),
+                     gi32.defined() ? ToF32(weight) : Tensor(), g);
+      if (gi32.defined()) gi.copy_(gi32);
+      if (gw32.defined()) gw.copy_(gw32);
     }
   }
 }
@@ -410,17 +595,6 @@ void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const 
 }
 
 void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices) {
-  const int64_t plane = grad_input.size(2) * grad_input.size(3);
-  const int64_t* idx = indices.data<int64_t>();
-  bool bad = false;
-  for (int64_t i = 0; i < indices.numel(); ++i) bad |= idx[i] < 0 || idx[i] >= plane;
-  if (bad) {
-    for (int64_t i = 0; i < indices.numel(); ++i) {
-      TG_CHECK(idx[i] >= 0 && idx[i] < plane, "max_pool2d_backward: index ", idx[i],
-               " at position ", i, " is out of range for an input plane of ", grad_input.size(2),
-               " x ", grad_input.size(3), " elements");
-    }
-  }
   VisitFloating("max_pool2d_backward", grad_out.dtype(), [&](auto tag) {
     MaxPool2dBackwardImpl<decltype(tag)>(grad_input, grad_out, indices);
   });

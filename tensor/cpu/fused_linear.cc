@@ -1,7 +1,8 @@
 // The fused Linear kernels of the op list on the CPU: LinearForward (GEMM + bias + tanh-GELU
 // epilogue) and LinearBackward (GELU derivative + bias gradient in one pass, then the two
-// gradient GEMMs). OpenBLAS does the products (f32 for f16/bf16/f32, f64 for f64, through
-// gemm.h); everything else is one pass over the [m, n] result, in place of the composed chain
+// gradient GEMMs). The products go through gemm.h: f16/bf16 operands to oneDNN where it
+// multiplies them natively (f32 sums), else OpenBLAS (f32 for f16/bf16/f32, f64 for f64);
+// everything else is one pass over the [m, n] result, in place of the composed chain
 // (tensor/composed.cc) that writes and re-reads a full [m, n] tensor per op.
 #include <algorithm>
 #include <cstdint>
@@ -39,8 +40,6 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   if (m == 0 || n == 0) return;
   std::vector<C> x_scratch, w_scratch, acc_scratch;
-  const C* xc = GemmOperand<C>(x.data<T>(), m * k, x_scratch);       // [m, k]
-  const C* wc = GemmOperand<C>(weight.data<T>(), n * k, w_scratch);  // [n, k]
   T* o = out.data<T>();
   // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
   // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
@@ -53,7 +52,16 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
     acc_scratch.resize(static_cast<size_t>(m * n));
     acc = acc_scratch.data();
   }
-  Gemm<C>(/*ta=*/false, /*tb=*/true, m, n, k, xc, k, wc, k, acc, n);
+  bool multiplied = false;
+  if constexpr (kIsReduced<T>) {
+    multiplied = LowPrecisionGemm<T, C>(false, /*tb=*/true, m, n, k, x.data<T>(), k,
+                                        weight.data<T>(), k, acc, n);
+  }
+  if (!multiplied) {
+    const C* xc = GemmOperand<C>(x.data<T>(), m * k, x_scratch);       // [m, k]
+    const C* wc = GemmOperand<C>(weight.data<T>(), n * k, w_scratch);  // [n, k]
+    Gemm<C>(/*ta=*/false, /*tb=*/true, m, n, k, xc, k, wc, k, acc, n);
+  }
 
   const T* b = bias.defined() ? bias.data<T>() : nullptr;
   std::vector<C> bc;  // bias [n] in C, widened once rather than per row
@@ -110,11 +118,18 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
   if (grad_bias.defined()) col.assign(static_cast<size_t>(n), 0.0);
   const bool need_products = grad_input.defined() || grad_weight.defined();
 
-  // g [m, n] in C holding values of T (the products' operand).
+  // g [m, n], the products' operand: values of T, held in T for oneDNN (f16/bf16: g_low) and
+  // in C for OpenBLAS (g; for f16/bf16 widened from g_low only if oneDNN declines).
   std::vector<C> g_scratch;
+  std::vector<T> g_low_scratch;
   const C* g = nullptr;
+  const T* g_low = nullptr;
   if (act == Activation::kNone) {
-    if (need_products) g = GemmOperand<C>(go, m * n, g_scratch);
+    if constexpr (kIsReduced<T>) {
+      g_low = go;
+    } else if (need_products) {
+      g = go;
+    }
     if (!col.empty()) ColumnSums(go, m, n, col.data());
   } else {
     // gc = grad_out * gelu'(pre) in C, row by row in parallel; the bias sums gc before it is
@@ -134,33 +149,53 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
       }
     });
     if (!col.empty()) ColumnSums(gc, m, n, col.data());
-    if constexpr (!std::is_same_v<T, C>) {
-      if (need_products) {
+    if constexpr (kIsReduced<T>) {
+      if (need_products) {  // rounded once into T (g_compute widens it back if oneDNN declines)
+        g_low_scratch.resize(static_cast<size_t>(m * n));
+        T* low = g_low_scratch.data();
         ParallelFor(m * n, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-          RoundRow<T>(gc + begin, end - begin);
+          StoreRow(gc + begin, end - begin, low + begin, 1);
         });
+        g_low = low;
       }
+    } else {
+      g = gc;
     }
-    g = gc;
   }
+  auto g_compute = [&]() -> const C* {  // g in C, widened from g_low on first use
+    if (g == nullptr) g = GemmOperand<C>(g_low, m * n, g_scratch);
+    return g;
+  };
   if (grad_bias.defined()) {
     T* gb = grad_bias.data<T>();
     for (int64_t j = 0; j < n; ++j) gb[j] = Convert<T>(col[j]);
   }
   std::vector<C> operand_scratch, result_scratch;
   if (grad_input.defined()) {  // [m, k] = g [m, n] @ weight [n, k]
-    const C* wc = GemmOperand<C>(weight.data<T>(), n * k, operand_scratch);
     T* gi = grad_input.data<T>();
-    C* dst = GemmResult<C>(gi, m * k, result_scratch);
-    Gemm<C>(false, false, m, k, n, g, n, wc, k, dst, k);
-    StoreGemmResult(dst, m * k, gi);
+    bool done = false;
+    if constexpr (kIsReduced<T>) {
+      done = LowPrecisionGemm<T, T>(false, false, m, k, n, g_low, n, weight.data<T>(), k, gi, k);
+    }
+    if (!done) {
+      const C* wc = GemmOperand<C>(weight.data<T>(), n * k, operand_scratch);
+      C* dst = GemmResult<C>(gi, m * k, result_scratch);
+      Gemm<C>(false, false, m, k, n, g_compute(), n, wc, k, dst, k);
+      StoreGemmResult(dst, m * k, gi);
+    }
   }
   if (grad_weight.defined()) {  // [n, k] = g^T (the transpose flag, no copy) @ x [m, k]
-    const C* xc = GemmOperand<C>(x.data<T>(), m * k, operand_scratch);
     T* gw = grad_weight.data<T>();
-    C* dst = GemmResult<C>(gw, n * k, result_scratch);
-    Gemm<C>(/*ta=*/true, false, n, k, m, g, n, xc, k, dst, k);
-    StoreGemmResult(dst, n * k, gw);
+    bool done = false;
+    if constexpr (kIsReduced<T>) {
+      done = LowPrecisionGemm<T, T>(/*ta=*/true, false, n, k, m, g_low, n, x.data<T>(), k, gw, k);
+    }
+    if (!done) {
+      const C* xc = GemmOperand<C>(x.data<T>(), m * k, operand_scratch);
+      C* dst = GemmResult<C>(gw, n * k, result_scratch);
+      Gemm<C>(/*ta=*/true, false, n, k, m, g_compute(), n, xc, k, dst, k);
+      StoreGemmResult(dst, n * k, gw);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
-// The one call into OpenBLAS GEMM used by the CPU kernels (matmul, conv, the fused Linear and
-// attention), with the optional per-thread time accounting of tensor/profile.h, and the
-// widening of f16/bf16 operands to f32 that those kernels do before they multiply.
+// The calls into GEMM used by the CPU kernels (matmul, conv, the fused Linear and attention):
+// OpenBLAS for f32/f64, oneDNN for f16/bf16 operands where it multiplies them natively
+// (LowPrecisionGemm), with the optional per-thread time accounting of tensor/profile.h; and the
+// widening of f16/bf16 operands to f32 that the kernels do where oneDNN cannot.
 #ifndef TAPEGRAD_TENSOR_CPU_GEMM_H_
 #define TAPEGRAD_TENSOR_CPU_GEMM_H_
 
@@ -13,8 +14,10 @@
 
 #include "tensor/convert.h"
 #include "tensor/cpu/convert_rows.h"
+#include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/dtype.h"
 #include "tensor/profile.h"
 
 namespace tg::cpu {
@@ -42,6 +45,30 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     profile->flops += 2.0 * static_cast<double>(m) * n * k;
   }
+}
+
+// C = A @ B as in Gemm, for A and B of f16/bf16 T, accumulated in f32 and written as Out (float:
+// unrounded; T: rounded once per element), through oneDNN (AVX-512 BF16 / AMX where present).
+// Returns false where oneDNN cannot (see DnnlMatmul): the caller then widens the operands and
+// calls Gemm<float>, which gives the same values up to the order of the f32 additions.
+template <typename T, typename Out>
+bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                      const T* b, int64_t ldb, Out* c, int64_t ldc) {
+  static_assert(kIsReduced<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>),
+                "LowPrecisionGemm: f16/bf16 operands, an f32 or same-type result");
+  GemmProfile* profile = CurrentGemmProfile();
+  const auto start = profile != nullptr ? std::chrono::steady_clock::now()
+                                        : std::chrono::steady_clock::time_point();
+  if (!DnnlMatmul(DTypeOf<T>(), DTypeOf<Out>(), ta, tb, m, n, k, a, lda, b, ldb, c, ldc)) {
+    return false;
+  }
+  if (profile != nullptr) {
+    profile->calls += 1;
+    profile->seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    profile->flops += 2.0 * static_cast<double>(m) * n * k;
+  }
+  return true;
 }
 
 // A GEMM operand of `count` contiguous values in the compute type C (float for f16/bf16/f32,

@@ -1,5 +1,7 @@
-// Matmul through OpenBLAS: one cblas GEMM per batch entry, transposed views passed as
-// transposes. f16/bf16 are converted to f32 first and the product rounded back once.
+// Matmul: one GEMM per batch entry, transposed views passed as transposes. f32/f64 go to
+// OpenBLAS; f16/bf16 to oneDNN where it multiplies them natively (f32 accumulation, each result
+// rounded once: gemm.h LowPrecisionGemm), else they are converted to f32 first and the f32
+// product rounded back once.
 #include <array>
 
 #include "tensor/cpu/gemm.h"
@@ -33,35 +35,47 @@ BlasLayout MatrixLayout(const Tensor& t) {
   return LayoutOf(t.size(d - 2), t.size(d - 1), t.strides()[d - 2], t.strides()[d - 1]);
 }
 
-template <typename T>
-void BatchedGemm(const Tensor& out, Tensor a, Tensor b) {
+// Calls gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc) -> bool for each batch entry of out = a @ b
+// (T: the storage type); false as soon as one call returns false.
+template <typename T, typename GemmFn>
+bool BatchedGemm(const Tensor& out, Tensor a, Tensor b, GemmFn&& gemm) {
   if (!MatrixLayout(a).ok) a = a.contiguous();
   if (!MatrixLayout(b).ok) b = b.contiguous();
   const BlasLayout la = MatrixLayout(a), lb = MatrixLayout(b);
   const int64_t d = out.dim();
   const int64_t m = out.size(d - 2), n = out.size(d - 1), k = a.size(d - 1);
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return true;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
   auto batch_strides = [&](const Tensor& t) {
     Shape s = BroadcastByteStrides(t, t.shape());
     return Shape(s.begin(), s.end() - 2);
   };
   const std::array<Shape, 3> strides = {batch_strides(out), batch_strides(a), batch_strides(b)};
+  bool ok = true;
   ForEachRow<3>(batch,
                 {static_cast<char*>(out.raw_data()), static_cast<char*>(a.raw_data()),
                  static_cast<char*>(b.raw_data())},
                 strides, [&](std::array<char*, 3> p, int64_t count, std::array<int64_t, 3> step) {
-                  for (int64_t i = 0; i < count; ++i) {
+                  for (int64_t i = 0; i < count && ok; ++i) {
                     T* c = reinterpret_cast<T*>(p[0] + i * step[0]);
                     if (k == 0) {
                       std::fill(c, c + m * n, T(0));
                       continue;
                     }
-                    Gemm<T>(la.transposed, lb.transposed, m, n, k,
-                            reinterpret_cast<const T*>(p[1] + i * step[1]), la.ld,
-                            reinterpret_cast<const T*>(p[2] + i * step[2]), lb.ld, c, n);
+                    ok = gemm(la.transposed, lb.transposed, m, n, k,
+                              reinterpret_cast<const T*>(p[1] + i * step[1]), la.ld,
+                              reinterpret_cast<const T*>(p[2] + i * step[2]), lb.ld, c, n);
                   }
                 });
+  return ok;
+}
+
+template <typename T>
+void BlasBatchedGemm(const Tensor& out, const Tensor& a, const Tensor& b) {
+  BatchedGemm<T>(out, a, b, [](auto... args) {
+    Gemm<T>(args...);
+    return true;
+  });
 }
 
 }  // namespace
@@ -69,12 +83,23 @@ void BatchedGemm(const Tensor& out, Tensor a, Tensor b) {
 void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   switch (out.dtype()) {
     case DType::kF32:
-      return BatchedGemm<float>(out, a, b);
+      return BlasBatchedGemm<float>(out, a, b);
     case DType::kF64:
-      return BatchedGemm<double>(out, a, b);
-    default: {  // f16/bf16: multiply in f32, round once
+      return BlasBatchedGemm<double>(out, a, b);
+    default: {
+      const bool done = VisitFloating("matmul", out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (kIsReduced<T>) {
+          return BatchedGemm<T>(out, a, b, [](auto... args) {
+            return LowPrecisionGemm<T, T>(args...);
+          });
+        }
+        return false;
+      });
+      if (done) return;
+      // Where oneDNN cannot: multiply in f32, round once.
       Tensor out32 = Tensor::Empty(out.shape(), kF32);
-      BatchedGemm<float>(out32, a.to(kF32), b.to(kF32));
+      BlasBatchedGemm<float>(out32, a.to(kF32), b.to(kF32));
       out.copy_(out32);
     }
   }

@@ -7,9 +7,11 @@
 // indices exactly), with ties (first maximum), padding (never selected), -inf and NaN windows.
 //
 // Tolerances: f64 1e-12 and f32 1e-5 relative to the largest reference magnitude. f16/bf16
-// compute in f32 and round once, so their conv results must equal the f32 results of the same
-// (rounded) inputs rounded once to the low dtype, bit for bit; grad_bias (summed in f64) must be
-// within one unit in the last place of the low type. Against the f64 reference the low types are
+// accumulate in f32 and round once, so their conv results must be the f32 results of the same
+// (rounded) inputs rounded once to the low dtype, up to one unit in the last place of the low
+// type: bf16 runs oneDNN's own bf16 kernels, whose f32 sums may be added in another order than
+// the f32 kernel's (f16 computes on f32 copies through the f32 kernel, so it is bit for bit);
+// grad_bias (summed in f64) must be within one unit in the last place of the low type. Against the f64 reference the low types are
 // within 2^-10 (f16) and 2^-7 (bf16) of the largest magnitude. Pooling selects elements, so it is
 // exact in every dtype.
 #include <algorithm>
@@ -113,6 +115,21 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& ref,
     if (!(std::abs(got[i] - ref[i]) <= tol) && ++failures <= 3) {
       ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", reference " << ref[i]
                     << " (tolerance " << tol << ")";
+    }
+  }
+}
+
+// Values within one unit in the last place (of a type with `bits` fraction bits) of each other.
+void ExpectWithinUlp(const std::vector<double>& got, const std::vector<double>& ref, int bits,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double big = std::max(std::abs(got[i]), std::abs(ref[i]));
+    const double ulp = std::ldexp(1.0, std::ilogb(std::max(big, 1e-30)) - bits);
+    if (!(std::abs(got[i] - ref[i]) <= ulp) && ++failures <= 3) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", expected " << ref[i]
+                    << " within one ulp (" << ulp << ")";
     }
   }
 }
@@ -313,14 +330,22 @@ TEST(Conv2d, LowPrecisionEqualsTheF32ResultRoundedOnce) {
       const Tensor out = Conv2d(x, w, b, k.p);
       EXPECT_EQ(out.dtype(), dtype);
       const Tensor out32 = Conv2d(f32(x), f32(w), f32(b), k.p);
-      ExpectSame(Values(out), Values(out32.to(dtype)), "output vs f32");
+      const int bits = dtype == kF16 ? 10 : 7;
+      auto expect_rounded = [&](const Tensor& low, const Tensor& wide, const char* what) {
+        if (dtype == kF16) {
+          ExpectSame(Values(low), Values(wide.to(dtype)), what);
+        } else {
+          ExpectWithinUlp(Values(low), Values(wide.to(dtype)), bits, what);
+        }
+      };
+      expect_rounded(out, out32, "output vs f32");
       const Conv2dGrads low = Conv2dBackward(g, x, w, k.p);
       const Conv2dGrads r32 = Conv2dBackward(f32(g), f32(x), f32(w), k.p);
       EXPECT_EQ(low.grad_input.dtype(), dtype);
       EXPECT_EQ(low.grad_weight.dtype(), dtype);
       EXPECT_EQ(low.grad_bias.dtype(), dtype);
-      ExpectSame(Values(low.grad_input), Values(r32.grad_input.to(dtype)), "grad_input vs f32");
-      ExpectSame(Values(low.grad_weight), Values(r32.grad_weight.to(dtype)), "grad_weight vs f32");
+      expect_rounded(low.grad_input, r32.grad_input, "grad_input vs f32");
+      expect_rounded(low.grad_weight, r32.grad_weight, "grad_weight vs f32");
       // grad_bias is summed in f64 from the low-precision gradient: one ulp of the low type.
       const std::vector<double> gb = Values(low.grad_bias), gb32 = Values(r32.grad_bias);
       const double ulp = dtype == kF16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
@@ -332,6 +357,61 @@ TEST(Conv2d, LowPrecisionEqualsTheF32ResultRoundedOnce) {
       ExpectClose(Values(out), ref64.out, rel, "output vs f64");
       ExpectClose(Values(low.grad_input), ref64.grad_input, rel, "grad_input vs f64");
       ExpectClose(Values(low.grad_weight), ref64.grad_weight, rel, "grad_weight vs f64");
+    }
+  }
+}
+
+// Shapes that oneDNN runs with its blocked layouts (tensor/cpu/conv.cc): 16 and more channels
+// (the CNN's 1 -> 32 and 32 -> 64), stride 2 with a last row and column no window reads (a
+// negative right padding for oneDNN), dilation, 1 x 1, in every dtype against the f64 reference
+// of the same (rounded) inputs. f64 takes the im2col + GEMM fallback (exact to 1e-12). The low
+// types allow one rounding of the result (2^-8 relative for bf16, 2^-11 for f16, of the largest
+// magnitude) plus 3e-4 for the f32 sums of up to 784 terms.
+TEST(Conv2d, ChannelBlockedShapesInEveryDtypeMatchReference) {
+  auto params = [](std::array<int64_t, 2> s, std::array<int64_t, 2> p, std::array<int64_t, 2> d) {
+    Conv2dParams r;
+    r.stride = s;
+    r.padding = p;
+    r.dilation = d;
+    return r;
+  };
+  const std::vector<ConvCase> cases = {
+      {4, 1, 28, 28, 32, 3, 3, params({1, 1}, {1, 1}, {1, 1}), true},
+      {4, 32, 14, 14, 64, 3, 3, params({1, 1}, {1, 1}, {1, 1}), true},
+      {3, 16, 15, 14, 32, 3, 3, params({2, 2}, {0, 0}, {1, 1}), false},
+      {2, 24, 11, 12, 16, 3, 2, params({1, 2}, {2, 1}, {2, 1}), true},
+      {5, 16, 8, 8, 48, 1, 1, params({1, 1}, {0, 0}, {1, 1}), true},
+  };
+  uint64_t seed = 90;
+  for (const ConvCase& k : cases) {
+    const ConvInputs in = MakeInputs(k, ++seed);
+    for (DType dtype : {kF64, kF32, kBF16, kF16}) {
+      SCOPED_TRACE(k.Name() + " " + DTypeName(dtype));
+      const Tensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
+      const Tensor b = k.bias ? in.b.to(dtype) : Tensor();
+      const RefConv ref = Reference(k, Values(x), Values(w),
+                                    k.bias ? Values(b) : std::vector<double>(), Values(g));
+      const double rel = dtype == kF64    ? 1e-12
+                         : dtype == kF32  ? 1e-5
+                         : dtype == kBF16 ? std::ldexp(1.0, -8) + 3e-4
+                                          : std::ldexp(1.0, -11) + 3e-4;
+      const Tensor out = Conv2d(x, w, b, k.p);
+      EXPECT_EQ(out.dtype(), dtype);
+      ExpectClose(Values(out), ref.out, rel, "output");
+      const Conv2dGrads grads = Conv2dBackward(g, x, w, k.p);
+      ExpectClose(Values(grads.grad_input), ref.grad_input, rel, "grad_input");
+      ExpectClose(Values(grads.grad_weight), ref.grad_weight, rel, "grad_weight");
+      ExpectClose(Values(grads.grad_bias), ref.grad_bias, rel, "grad_bias");
+      // The same thread count gives the same bits, call after call.
+      ExpectSame(Values(Conv2d(x, w, b, k.p)), Values(out), "output, second call");
+      const Conv2dGrads again = Conv2dBackward(g, x, w, k.p);
+      ExpectSame(Values(again.grad_input), Values(grads.grad_input), "grad_input, second call");
+      ExpectSame(Values(again.grad_weight), Values(grads.grad_weight), "grad_weight, second call");
+      // Each gradient alone is the one computed with the others.
+      const Conv2dGrads input_only = Conv2dBackward(g, x, w, k.p, true, false, false);
+      ExpectSame(Values(input_only.grad_input), Values(grads.grad_input), "grad_input alone");
+      const Conv2dGrads weight_only = Conv2dBackward(g, x, w, k.p, false, true, false);
+      ExpectSame(Values(weight_only.grad_weight), Values(grads.grad_weight), "grad_weight alone");
     }
   }
 }
@@ -541,6 +621,52 @@ TEST(MaxPool2d, MatchesReferenceOnRandomInputs) {
     }
     ExpectClose(Values(MaxPool2dBackward(g, MaxPool2d(x, c.k, c.s, c.p).indices, c.shape)),
                 ref_grad, 1e-15, "gradient");
+  }
+}
+
+// The 2 x 2 windows without padding (one path of the kernel) at every stride, with NaNs at
+// random places and ties, and the general path beside them, in every dtype: values (NaN or
+// not), indices and the gradient exactly as the reference.
+TEST(MaxPool2d, TwoByTwoAndGeneralWindowsWithNaNAndTies) {
+  struct PoolCase {
+    Shape shape;
+    std::array<int64_t, 2> k, s, p;
+  };
+  const std::vector<PoolCase> cases = {
+      {{2, 3, 28, 28}, {2, 2}, {2, 2}, {0, 0}}, {{3, 2, 9, 7}, {2, 2}, {2, 2}, {0, 0}},
+      {{2, 2, 9, 8}, {2, 2}, {1, 1}, {0, 0}},   {{2, 2, 10, 11}, {2, 2}, {3, 2}, {0, 0}},
+      {{2, 2, 9, 9}, {2, 2}, {2, 2}, {1, 1}},   {{2, 3, 12, 10}, {3, 3}, {2, 2}, {1, 1}},
+  };
+  Generator gen(8);
+  for (const PoolCase& c : cases) {
+    SCOPED_TRACE(ShapeToString(c.shape) + " kernel " + ShapeToString(c.k) + " stride " +
+                 ShapeToString(c.s) + " padding " + ShapeToString(c.p));
+    std::vector<double> v = Values(RandUniform(c.shape, gen, -4, 4, kF64));
+    const std::vector<double> u = Values(RandUniform(c.shape, gen, 0, 1, kF64));
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = u[i] < 0.03 ? kNaN : std::floor(v[i]);  // coarse grid: ties, exact in every dtype
+    }
+    const Tensor x = Tensor::FromVector<double>(v, c.shape);
+    const PoolRef ref = ReferencePool(v, c.shape, c.k, c.s, c.p);
+    const int64_t oh = (c.shape[2] + 2 * c.p[0] - c.k[0]) / c.s[0] + 1;
+    const int64_t ow = (c.shape[3] + 2 * c.p[1] - c.k[1]) / c.s[1] + 1;
+    // Gradients on a grid of halves: the sums of overlapping windows are exact in every dtype.
+    std::vector<double> gv = Values(RandUniform({c.shape[0], c.shape[1], oh, ow}, gen, -8, 8, kF64));
+    for (double& e : gv) e = std::floor(e) / 2;
+    const int64_t plane = c.shape[2] * c.shape[3], out_plane = oh * ow;
+    std::vector<double> ref_grad(v.size(), 0.0);
+    for (size_t i = 0; i < gv.size(); ++i) {
+      ref_grad[static_cast<size_t>(static_cast<int64_t>(i) / out_plane * plane + ref.indices[i])] +=
+          gv[i];
+    }
+    for (DType dtype : {kF64, kF32, kF16, kBF16}) {
+      SCOPED_TRACE(DTypeName(dtype));
+      const MaxPool2dResult r = MaxPool2d(x.to(dtype), c.k, c.s, c.p);
+      ExpectSame(Values(r.output), ref.out, "output");
+      EXPECT_EQ(r.indices.to_vector<int64_t>(), ref.indices);
+      const Tensor g = Tensor::FromVector<double>(gv, r.indices.shape(), dtype);
+      EXPECT_EQ(Values(MaxPool2dBackward(g, r.indices, c.shape)), ref_grad);
+    }
   }
 }
 

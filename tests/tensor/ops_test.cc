@@ -1120,6 +1120,35 @@ TEST(Matmul, TwoDimensionalWithStridedOperands) {
   }
 }
 
+// Products large enough for oneDNN's blocked bf16/f16 kernels (tensor/cpu/dnnl.h: AVX-512 BF16
+// or AMX where present, f32 accumulation, one rounding), with transposed operands (the GEMM's
+// transpose flags) and a batch, against the reference within CheckMatmul's tolerance (one
+// rounding plus sum |a||b| * 1e-6 for the f32 sums); and the same bits on a second call.
+TEST(Matmul, LargeLowPrecisionProducts) {
+  Generator gen(31);
+  const std::vector<std::array<int64_t, 3>> sizes = {{64, 300, 48}, {130, 96, 70}, {1, 256, 33}};
+  for (DType dtype : {kBF16, kF16, kF32}) {
+    for (const auto& [m, k, n] : sizes) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const std::string what = std::string(DTypeName(dtype)) + " " + std::to_string(m) + "x" +
+                                   std::to_string(k) + "x" + std::to_string(n) +
+                                   (ta ? " a^T" : "") + (tb ? " b^T" : "");
+          const Tensor a = ta ? Draw({k, m}, dtype, gen, -1, 1).transpose(0, 1)
+                              : Draw({m, k}, dtype, gen, -1, 1);
+          const Tensor b = tb ? Draw({n, k}, dtype, gen, -1, 1).transpose(0, 1)
+                              : Draw({k, n}, dtype, gen, -1, 1);
+          CheckMatmul(a, b, what);
+          const std::vector<double> first = Matmul(a, b).to_vector<double>();
+          EXPECT_EQ(Matmul(a, b).to_vector<double>(), first) << what << ": second call";
+        }
+      }
+    }
+    const Tensor a = Draw({3, 40, 72}, dtype, gen, -1, 1), b = Draw({3, 72, 50}, dtype, gen, -1, 1);
+    CheckMatmul(a, b, std::string(DTypeName(dtype)) + " batch of 3");
+  }
+}
+
 TEST(Matmul, TransposedViewsGiveTheSameNumbersAsCopies) {
   Generator gen(13);
   for (DType dtype : {kF32, kF64}) {
