@@ -282,7 +282,7 @@ void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g
   ParallelFor(g.o, RowsPerThread(g.n * L), [&](int64_t o0, int64_t o1) {
     // f16/bf16 rows are widened first, in one vectorised pass (gemm.h): the conversion per element
     // in the sum's loop would cost more than the sum.
-    std::vector<C> widened;
+    ScratchVector<C> widened;
     for (int64_t o = o0; o < o1; ++o) {
       double acc = 0;
       for (int64_t n = 0; n < g.n; ++n) {
@@ -419,7 +419,7 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
     std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
     C* value = value_row.data();
     int32_t* tap = tap_row.data();
-    std::vector<C> widened;
+    ScratchVector<C> widened;
     for (int64_t p = p0; p < p1; ++p) {
       const T* in = xp + p * plane;
       // f16/bf16 planes are widened first, in one vectorised pass (gemm.h): the comparisons

@@ -26,7 +26,8 @@ void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
               [&](int64_t begin, int64_t end) {
                 for (int64_t r = 0; r < m; ++r) {
                   const V* row = v + r * n;
-                  for (int64_t j = begin; j < end; ++j) col[j] += static_cast<double>(Widen(row[j]));
+                  for (int64_t j = begin; j < end; ++j)
+                    col[j] += static_cast<double>(Widen(row[j]));
                 }
               });
 }
@@ -39,7 +40,7 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   using C = ComputeType<T>;
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   if (m == 0 || n == 0) return;
-  std::vector<C> x_scratch, w_scratch, acc_scratch;
+  ScratchVector<C> x_scratch, w_scratch, acc_scratch;
   T* o = out.data<T>();
   // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
   // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
@@ -120,8 +121,8 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
 
   // g [m, n], the products' operand: values of T, held in T for oneDNN (f16/bf16: g_low) and
   // in C for OpenBLAS (g; for f16/bf16 widened from g_low only if oneDNN declines).
-  std::vector<C> g_scratch;
-  std::vector<T> g_low_scratch;
+  ScratchVector<C> g_scratch;
+  ScratchVector<T> g_low_scratch;
   const C* g = nullptr;
   const T* g_low = nullptr;
   if (act == Activation::kNone) {
@@ -139,7 +140,7 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
     const T* p_base = pre.data<T>();
     const int64_t p_row = pre.strides()[0], p_col = pre.strides()[1];
     ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
-      std::vector<C> g_row(static_cast<size_t>(n));
+      ScratchVector<C> g_row(static_cast<size_t>(n));
       for (int64_t r = begin; r < end; ++r) {
         C* row = gc + r * n;
         LoadRow(p_base + r * p_row, p_col, n, row);
@@ -170,7 +171,7 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
     T* gb = grad_bias.data<T>();
     for (int64_t j = 0; j < n; ++j) gb[j] = Convert<T>(col[j]);
   }
-  std::vector<C> operand_scratch, result_scratch;
+  ScratchVector<C> operand_scratch, result_scratch;
   if (grad_input.defined()) {  // [m, k] = g [m, n] @ weight [n, k]
     T* gi = grad_input.data<T>();
     bool done = false;

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tensor/convert.h"
@@ -21,6 +23,30 @@
 #include "tensor/profile.h"
 
 namespace tg::cpu {
+
+// ScratchVector<T>: a std::vector whose resize leaves new elements uninitialised, for buffers that
+// are written before they are read (a GEMM's operand copy or result): no memset of memory the next
+// pass overwrites anyway.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using ScratchVector = std::vector<T, UninitializedAllocator<T>>;
 
 // C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed.
 template <typename T>
@@ -36,8 +62,8 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
     cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
                 accumulate ? 1.0f : 0.0f, c, ldc);
   } else {
-    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb,
-                accumulate ? 1.0 : 0.0, c, ldc);
+    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
+                c, ldc);
   }
   if (profile != nullptr) {
     profile->calls += 1;
@@ -75,7 +101,7 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
 // double for f64): `p` itself when T is C, else its values widened (exactly) into `scratch`,
 // which the caller keeps alive while the pointer is used.
 template <typename C, typename T>
-const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
+const C* GemmOperand(const T* p, int64_t count, ScratchVector<C>& scratch) {
   if constexpr (std::is_same_v<T, C>) {
     return p;
   } else {
@@ -95,7 +121,7 @@ const C* GemmOperand(const T* p, int64_t count, std::vector<C>& scratch) {
 // Where a GEMM writes `count` values bound for `out` (contiguous, of T): `out` itself when T is
 // C, else `scratch`, which StoreGemmResult then rounds into `out` (once per element).
 template <typename C, typename T>
-C* GemmResult(T* out, int64_t count, std::vector<C>& scratch) {
+C* GemmResult(T* out, int64_t count, ScratchVector<C>& scratch) {
   if constexpr (std::is_same_v<T, C>) {
     return out;
   } else {
