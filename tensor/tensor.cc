@@ -1,7 +1,5 @@
 #include "tensor/tensor.h"
 
-#include "tensor/cpu/vec_math.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +10,8 @@
 #include "absl/base/optimization.h"
 #include "absl/strings/str_join.h"
 #include "tensor/convert.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/device_backend.h"
 #include "tensor/strided_loop.h"
 
@@ -552,22 +552,21 @@ bool ConvertContiguous(const char* src, char* dst, int64_t n) {
 template <typename Dst, typename Src>
 void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const char* src,
               const Shape& src_strides) {
-  ForEachRow<2>(
-      shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
-      [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
-        const bool unit = step[0] == sizeof(Dst) && step[1] == sizeof(Src);
-        if (std::is_same_v<Dst, Src> && unit) {
-          std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
-          return;
-        }
-        if (unit && ConvertContiguous<Dst, Src>(p[1], p[0], n)) return;
-        for (int64_t i = 0; i < n; ++i) {
-          Src v;
-          std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
-          const Dst out = Convert<Dst>(v);
-          std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
-        }
-      });
+  ForEachRow<2>(shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
+                [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
+                  const bool unit = step[0] == sizeof(Dst) && step[1] == sizeof(Src);
+                  if (std::is_same_v<Dst, Src> && unit) {
+                    std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
+                    return;
+                  }
+                  if (unit && ConvertContiguous<Dst, Src>(p[1], p[0], n)) return;
+                  for (int64_t i = 0; i < n; ++i) {
+                    Src v;
+                    std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
+                    const Dst out = Convert<Dst>(v);
+                    std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
+                  }
+                });
 }
 
 // copy_ with a non-CPU side: the backend of that side gets src broadcast to dst's shape.
@@ -600,11 +599,26 @@ void CopyInto(const Tensor& dst, const Tensor& src) {
     return;
   }
   Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
+  // Large copies between two storages split their first dimension over the threads (each element
+  // is copied once, so the result does not depend on the split); a copy within one storage, which
+  // may overlap itself, stays on one thread.
+  const Shape& shape = dst.shape();
+  const int64_t outer = shape.empty() || dst.storage() == src.storage() ? 1 : shape[0];
+  const int64_t inner = outer == 0 ? 0 : dst.numel() / outer;
   Visit(dst.dtype(), [&](auto dst_tag) {
     Visit(src.dtype(), [&](auto src_tag) {
-      CopyRows<decltype(dst_tag), decltype(src_tag)>(
-          dst.shape(), static_cast<char*>(dst.raw_data()), dst_strides,
-          static_cast<const char*>(src.raw_data()), src_strides);
+      cpu::ParallelFor(outer,
+                       std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, inner)),
+                       [&](int64_t begin, int64_t end) {
+                         Shape part = shape;
+                         const bool split = outer > 1;
+                         if (split) part[0] = end - begin;
+                         const int64_t d0 = split ? dst_strides[0] : 0;
+                         const int64_t s0 = split ? src_strides[0] : 0;
+                         CopyRows<decltype(dst_tag), decltype(src_tag)>(
+                             part, static_cast<char*>(dst.raw_data()) + begin * d0, dst_strides,
+                             static_cast<const char*>(src.raw_data()) + begin * s0, src_strides);
+                       });
     });
   });
 }
