@@ -56,10 +56,8 @@ namespace trace_internal {
 void Record(TraceRecord record) {
   record.thread = ThreadNumber();
   record.ts_ns = NowNs();
-  if (record.task < 0) {
-    record.task = current_graph_task_id();
-    record.depth = current_reentrant_depth();
-  }
+  if (record.task < 0) record.task = current_graph_task_id();
+  if (record.depth < 0) record.depth = current_reentrant_depth();
   for (TraceScope* s = current; s != nullptr; s = s->parent_) {
     std::lock_guard<std::mutex> lock(s->mu_);
     s->events_.push_back(record);

@@ -55,7 +55,7 @@ struct TraceRecord {
   std::string detail;   // user events: the message
   int64_t task = -1;    // the graph task (-1 outside backward)
   int64_t parent_task = -1;
-  int depth = -1;       // reentrant depth of `task`
+  int depth = -1;       // reentrant depth of the task running where the event happened
   uint64_t sequence_nr = 0;  // nodes
   uint64_t handle = 0;       // hooks: the handle id (0 for retain_grad and multi-grad)
   int thread = 0;       // small per-process thread number, in order of first traced event
@@ -67,7 +67,7 @@ class TraceScope;
 namespace trace_internal {
 // The innermost active scope of this thread (null: tracing is off here).
 inline thread_local TraceScope* current = nullptr;
-// Stamps thread, time and (unless set) the current task and depth, and appends the record to
+// Stamps thread, time and (unless set) the current task and reentrant depth, and appends the record to
 // every active scope of this thread.
 void Record(TraceRecord record);
 }  // namespace trace_internal
