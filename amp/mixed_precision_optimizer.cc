@@ -5,6 +5,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "autograd/ops.h"
 #include "optim/clip_grad.h"
 #include "tensor/error.h"
@@ -137,6 +138,7 @@ void MixedPrecisionOptimizer::update_master_grads() {
     master_grad = master_grad.defined() ? tg::Add(master_grad, fresh[k]) : std::move(fresh[k]);
   }
   ++master_grad_updates_;
+  TraceEvent("amp", "master-gradient update (", index.size(), " parameters)");
 }
 
 void MixedPrecisionOptimizer::MakeMasterGradsCurrent() {
@@ -184,6 +186,8 @@ StepResult MixedPrecisionOptimizer::step() {
   if (options_.update_scaler) {
     if (device_scaler_) SyncDeviceScaler();  // no-op unless changed outside step()
     scaler_->update(found_inf);  // throws (changing nothing) at DeepSpeed's min-scale error
+    TraceEvent("amp", "scaler update: found_inf=", found_inf, " scale ", result.scale, " -> ",
+               scaler_->scale(), found_inf ? " (step skipped)" : "");
     if (device_scaler_) {
       // The same state machine where the tensors live (tensor/loss_scale_update.h), so the next
       // step's inverse scale is already there; the host scaler stays current for logs and

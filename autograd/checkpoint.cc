@@ -10,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "autograd/warning.h"
 #include "tensor/error.h"
 
@@ -100,6 +101,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     const auto& autocast = std::any_cast<const amp::AutocastState&>(ctx.saved_data.at("autocast"));
     const VariableList detached = DetachInputs(ctx.saved_variables());
     Variable out;
+    if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeBegin, "reentrant");
     {
       ScopedGeneratorStates rng(generators);
       // The recomputation runs under the forward's autocast state (so it makes the same casts);
@@ -108,6 +110,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
       EnableGradGuard grad;
       out = CheckedCall(fn, detached);
     }
+    if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeEnd, "reentrant");
     TG_CHECK(out.requires_grad(),
              "checkpoint: the recomputed output does not require grad (none "
              "of the inputs or parameters fn uses requires grad)");
@@ -151,6 +154,7 @@ void Recompute(NonReentrantState& s) {
              "); the recomputation would not reproduce the forward");
   }
   VariableList saved;
+  if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeBegin, "non_reentrant");
   {
     ScopedGeneratorStates rng(s.generators);
     amp::AutocastStateGuard autocast_state(s.autocast);
@@ -169,6 +173,7 @@ void Recompute(NonReentrantState& s) {
         });
     CheckedCall(s.fn, s.inputs);
   }
+  if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeEnd, "non_reentrant");
   TG_CHECK(saved.size() == s.forward_saved.size(), "checkpoint: the recomputation saved ",
            saved.size(), " tensors for backward, but the forward saved ", s.forward_saved.size(),
            "; the checkpointed function must run the same ops on the same shapes both times "

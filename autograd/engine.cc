@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -48,6 +49,7 @@ struct GraphTask {
   bool keep_graph = false;
   bool create_graph = false;
   bool partial = false;  // only nodes leading to `inputs` run
+  const char* kind = "backward";  // or "grad" (the trace's name for the task)
   // One slot per node reached from the roots, filled once by ComputeDependencies (so pointers
   // into it stay valid), found through Node::engine_mark. Only when a nested task overwrote a
   // mark (or for nodes outside this task) is the node -> slot map needed; it is built then.
@@ -214,6 +216,8 @@ void CaptureGrads(GraphTask& task, Node* node, const VariableList& grads) {
 void RunNode(GraphTask& task, Node* node, NodeState& state,
              std::priority_queue<ReadyEntry>& ready) {
   VariableList grads = std::move(state.buffer);
+  if (TracingEnabled())
+    trace_internal::Node(TraceKind::kNodeBegin, node->trace_name(), state.sequence_nr);
   // PyTorch's order (evaluate_function): a captured node that also runs (another requested
   // gradient lies below it) captures what it received, before its tensor hooks; one that only
   // delivers the captured gradient runs its tensor hooks and retain_grad, captures their
@@ -223,6 +227,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   node->RunRetainGrad(grads);
   if (!state.needed) {
     if (state.captured) CaptureGrads(task, node, grads);
+    if (TracingEnabled()) trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
     return;
   }
   const bool is_accumulate = node->IsAccumulateGrad();
@@ -238,6 +243,7 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   if (AnomalyMode::is_enabled()) CheckFiniteForAnomaly(*node, outputs);
   if (node->has_post_hooks()) node->RunPostHooks(outputs, grads);
   if (!task.keep_graph) node->ReleaseSaved();
+  if (TracingEnabled()) trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
   const auto& edges = node->next_edges();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!edges[i].valid()) continue;
@@ -267,10 +273,13 @@ void RunCallbacks(GraphTask& task) {
   // Index loop: a callback may queue more callbacks, which run in the same pass.
   for (size_t i = 0; i < task.callbacks.size(); ++i) {
     std::function<void()> cb = std::move(task.callbacks[i]);
+    if (TracingEnabled()) trace_internal::Callback(TraceKind::kCallbackRun, task.id);
     cb();
   }
   task.callbacks.clear();
 }
+
+void RunTask(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>& root_grads);
 
 // Runs the task on this thread: nodes, then callbacks.
 void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>& root_grads) {
@@ -285,7 +294,22 @@ void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>&
     }
   } restore{parent};
   AutoGradMode grad_mode(task.create_graph);
+  const int64_t parent_id = parent ? parent->id : -1;
+  if (TracingEnabled())
+    trace_internal::Task(TraceKind::kTaskBegin, task.kind, task.id, parent_id, task.depth);
+  try {
+    RunTask(task, root_grads);
+  } catch (...) {
+    if (TracingEnabled())
+      trace_internal::Task(TraceKind::kTaskEnd, "failed", task.id, parent_id, task.depth);
+    throw;
+  }
+  if (TracingEnabled())
+    trace_internal::Task(TraceKind::kTaskEnd, task.kind, task.id, parent_id, task.depth);
+}
 
+// Execute's body: the nodes in order, then the callbacks.
+void RunTask(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>& root_grads) {
   std::priority_queue<ReadyEntry> ready;
   for (const auto& [node, grads] : root_grads) {
     NodeState& state = *task.Find(node);
@@ -319,7 +343,10 @@ void ExecuteWithHandOff(GraphTask& task,
   const bool grad_mode = GradMode::is_enabled();
   const amp::AutocastState autocast = amp::GetAutocastState();
   std::exception_ptr error;
+  TraceScope* trace = trace_internal::current;  // the worker records into the caller's trace
+  if (trace != nullptr) trace_internal::HandOff(task.id);
   std::thread worker([&] {
+    TraceScope::ThreadGuard trace_guard(trace);
     current_task = parent;
     GradMode::set_enabled(grad_mode);
     amp::AutocastStateGuard autocast_state(autocast);  // the caller's thread-local state
@@ -421,6 +448,7 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
   TG_CHECK(!inputs.empty(), "grad: no inputs given");
   GraphTask task;
   InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
+  task.kind = "grad";
   auto root_grads = PrepareTask(task, "grad", outputs, grad_outputs);
   task.partial = true;
   std::vector<Node*> targets;
@@ -453,6 +481,7 @@ int current_reentrant_depth() { return current_task ? current_task->depth : -1; 
 
 void queue_callback(std::function<void()> callback) {
   TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
+  if (TracingEnabled()) trace_internal::Callback(TraceKind::kCallbackQueued, current_task->id);
   current_task->callbacks.push_back(std::move(callback));
 }
 
@@ -460,6 +489,8 @@ int64_t outermost_graph_task_id() { return current_task ? current_task->outermos
 
 void queue_callback_on_outermost_task(std::function<void()> callback) {
   TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
+  if (TracingEnabled())
+    trace_internal::Callback(TraceKind::kCallbackQueued, current_task->outermost->id);
   current_task->outermost->callbacks.push_back(std::move(callback));
 }
 
@@ -573,6 +604,7 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
         t.fired = true;
         grads = std::move(t.grads);  // kAny: only grads[i] is defined
       }
+      if (TracingEnabled()) trace_internal::Hook("multi_grad", absl::StrCat("vars[", i, "]"), 0);
       state->fn(grads);  // outside the lock: it may start a backward that reaches these again
       return Variable();
     }));

@@ -7,6 +7,7 @@
 #include "absl/debugging/symbolize.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -143,6 +144,7 @@ void Node::RunTensorHooks(VariableList& grads) const {
   const auto& hooks = extras_->tensor_hooks;
   for (size_t i = 0; i < hooks.size(); ++i) {
     const TensorHook hook = hooks[i].fn;  // a hook may remove itself
+    if (TracingEnabled()) trace_internal::Hook("tensor_pre_hook", trace_name(), hooks[i].id);
     ApplyTensorHook(hook, grads[hooks[i].output_nr], name());
   }
 }
@@ -152,6 +154,7 @@ void Node::RunRetainGrad(const VariableList& grads) const {
   for (const auto& [output_nr, weak] : extras_->retain_grad) {
     auto impl = weak.lock();
     if (!impl || !grads[output_nr].defined()) continue;
+    if (TracingEnabled()) trace_internal::Hook("retain_grad", trace_name(), 0);
     const Variable& g = grads[output_nr];
     // Like PyTorch: the first gradient is copied, later backward calls accumulate.
     if (!impl->grad.defined()) {
@@ -167,6 +170,7 @@ void Node::RunPreHooks(VariableList& grads) const {
   const auto& hooks = extras_->pre_hooks;
   for (size_t i = 0; i < hooks.size(); ++i) {
     const NodePreHook hook = hooks[i].fn;
+    if (TracingEnabled()) trace_internal::Hook("node_pre_hook", trace_name(), hooks[i].id);
     VariableList replaced = hook(grads);
     if (replaced.empty()) continue;
     TG_CHECK(replaced.size() == grads.size(), "pre-hook of ", name(), " returned ", replaced.size(),
@@ -180,6 +184,7 @@ void Node::RunPostHooks(const VariableList& grad_inputs, const VariableList& gra
   const auto& hooks = extras_->post_hooks;
   for (size_t i = 0; i < hooks.size(); ++i) {
     const NodePostHook hook = hooks[i].fn;
+    if (TracingEnabled()) trace_internal::Hook("node_post_hook", trace_name(), hooks[i].id);
     hook(grad_inputs, grad_outputs);
   }
 }
@@ -299,9 +304,22 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf)
   AddInputMetadata(leaf_->data);
 }
 
+std::string AccumulateGrad::trace_name() const {
+  return leaf_->name.empty() ? "AccumulateGrad" : "AccumulateGrad(" + leaf_->name + ")";
+}
+
+Node::HookCounts Node::hook_counts() const {
+  if (extras_ == nullptr) return {};
+  return {extras_->tensor_hooks.size(), extras_->pre_hooks.size(), extras_->post_hooks.size(),
+          extras_->retain_grad.size()};
+}
+
 void AccumulateGrad::RunTensorHooks(VariableList& grads) const {
   for (size_t i = 0; i < leaf_->tensor_hooks.size(); ++i) {
     const TensorHook hook = leaf_->tensor_hooks[i].second;
+    if (TracingEnabled()) {
+      trace_internal::Hook("tensor_pre_hook", trace_name(), leaf_->tensor_hooks[i].first);
+    }
     ApplyTensorHook(hook, grads[0], leaf_->name.empty() ? "a leaf" : leaf_->name);
   }
 }
@@ -327,6 +345,10 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
   const Variable leaf(leaf_);
   for (size_t i = 0; i < leaf_->post_accumulate_hooks.size(); ++i) {
     const PostAccumulateGradHook hook = leaf_->post_accumulate_hooks[i].second;
+    if (TracingEnabled()) {
+      trace_internal::Hook("post_accumulate_grad", trace_name(),
+                           leaf_->post_accumulate_hooks[i].first);
+    }
     hook(leaf);
   }
   return {};

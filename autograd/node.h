@@ -70,6 +70,9 @@ class Node : public std::enable_shared_from_this<Node> {
   // edge; undefined means zero). Runs under grad mode == create_graph.
   virtual VariableList Apply(VariableList grads) = 0;
   virtual std::string name() const = 0;
+  // The name in engine traces (autograd/trace.h): name(), and for a leaf's AccumulateGrad the
+  // leaf's name too.
+  virtual std::string trace_name() const { return name(); }
   // Drops saved tensors (after the node ran without retain_graph).
   virtual void ReleaseSaved() {}
   // Whether this is a leaf's AccumulateGrad node (Grad() does not run those).
@@ -97,6 +100,11 @@ class Node : public std::enable_shared_from_this<Node> {
   void RunPreHooks(VariableList& grads) const;
   void RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const;
   bool has_post_hooks() const { return extras_ && !extras_->post_hooks.empty(); }
+  // How many hooks of each kind are registered (graph exports annotate nodes with these).
+  struct HookCounts {
+    size_t tensor_hooks = 0, pre_hooks = 0, post_hooks = 0, retain_grad = 0;
+  };
+  HookCounts hook_counts() const;
 
   // Where the node was created (a symbolised stack), recorded only in anomaly mode.
   const std::string& creation_trace() const;
@@ -220,6 +228,7 @@ class AccumulateGrad : public Node {
   explicit AccumulateGrad(std::shared_ptr<VariableImpl> leaf);
   VariableList Apply(VariableList grads) override;
   std::string name() const override { return "AccumulateGrad"; }
+  std::string trace_name() const override;
   bool IsAccumulateGrad() const override { return true; }
   // The leaf's own tensor hooks (registration order).
   void RunTensorHooks(VariableList& grads) const override;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "tensor/error.h"
 
 namespace tg::dist {
@@ -239,15 +240,18 @@ void DistributedDataParallel::LaunchCompleteBuckets(bool from_hook) {
     ++stats_.bucket_launches;
     if (from_hook) ++stats_.launched_from_hooks;
     const int launched = next_launch_++;
+    TraceEvent("ddp", "bucket ", launched, " launched");
     if (launch_observer_) launch_observer_(launched);
   }
 }
 
 absl::Status DistributedDataParallel::WaitAll() {
   absl::Status first;
-  for (Bucket& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     if (b.work == nullptr) continue;
     absl::Status s = b.work->wait();
+    TraceEvent("ddp", "bucket ", i, " finished", s.ok() ? "" : " (failed)");
     if (!s.ok() && first.ok()) first = std::move(s);
     b.work.reset();
   }

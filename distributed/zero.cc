@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/trace.h"
 #include "autograd/ops.h"
 #include "optim/clip_grad.h"
 #include "tensor/error.h"
@@ -548,6 +549,7 @@ void ZeroOptimizer::LaunchBucket(int b, bool from_hook) {
   bucket.launched = true;
   inflight_.push_back(b);
   ++stats_.reduce_scatters;
+  TraceEvent("zero", "bucket ", b, " reduce_scatter issued");
   if (from_hook) ++stats_.launched_from_hooks;
 }
 

@@ -20,6 +20,7 @@ packages=(
   libgoogle-perftools-dev  # TCMalloc, the allocator of every binary (tools/bazel/BUILD)
   nlohmann-json3-dev     # JSON headers of safetensors checkpoints
   gnuplot-nox            # tools/plot_metrics.sh: loss and loss-scale curves as PNG
+  graphviz               # tools/trace_backward: the backward graph as SVG/PNG
   dataset-fashion-mnist  # default training data
 )
 
