@@ -192,8 +192,8 @@ void Recompute(NonReentrantState& s) {
   TG_CHECK(saved.size() == expected,
            "checkpoint: a different number of tensors was saved during the original forward "
            "and the recomputation: ",
-           expected, " in the forward, ", saved.size(),
-           " in the recomputation (none at position ", saved.size(),
+           expected, " in the forward, ", saved.size(), " in the recomputation (none at position ",
+           saved.size(),
            "); the checkpointed function must run the same ops on the same shapes both times "
            "(pass the generators it draws from in CheckpointOptions::generators)");
   std::string mismatches;

@@ -78,8 +78,8 @@ TEST(CheckpointSemanticsTest, EarlyStop) {
       {x}, NonReentrant());
   Sum(out).backward();
   // The recomputation stops at b's save: "tail" does not run again.
-  EXPECT_EQ(ev, (Events{"fwd a", "fwd b", "fwd tail", "bwd tail", "fwd a", "fwd b", "bwd b",
-                        "bwd a"}));
+  EXPECT_EQ(ev,
+            (Events{"fwd a", "fwd b", "fwd tail", "bwd tail", "fwd a", "fwd b", "bwd b", "bwd a"}));
   EXPECT_EQ(Fmt(x.grad()), "[8]");
 }
 
@@ -88,7 +88,7 @@ TEST(CheckpointSemanticsTest, RecomputationThatSavesMore) {
   Variable x = Leaf({1.5});
   Variable out = Checkpoint(
       [&](const VariableList& in) {
-        Variable y = Mul(in[0], in[0]);       // saves 2
+        Variable y = Mul(in[0], in[0]);      // saves 2
         if (++calls > 1) y = Mul(y, in[0]);  // the recomputation would save 2 more
         return y;
       },
@@ -186,8 +186,10 @@ TEST(CheckpointSemanticsTest, SavedInputsKeepTheirPlace) {
   Variable x = Leaf({2});
   Variable h = Mul(x, Variable(Tensor::FromVector<double>({3}, {1}, kF64)));
   Variable out = Checkpoint(
-      [](const VariableList& in) { return Inspect::Apply({in[0], in[1]})[0]; }, {x, h},
-      NonReentrant());
+      [](const VariableList& in) {
+        return Inspect::Apply({in[0], in[1]})[0];
+      },
+      {x, h}, NonReentrant());
   Sum(out).backward();
   EXPECT_EQ(ev, (Events{"x leaf=1 requires_grad=1 grad_fn=- [2]",
                         "h leaf=0 requires_grad=1 grad_fn=MulBackward [6]"}));
@@ -213,9 +215,8 @@ struct Keep : Function<Keep> {
 TEST(CheckpointSemanticsTest, SavedInputUnpacksAsTheSameVariable) {
   Variable x = Leaf({2});
   Variable seen;
-  Variable out = Checkpoint(
-      [&](const VariableList& in) { return Keep::Apply({in[0]}, &seen)[0]; }, {x},
-      NonReentrant());
+  Variable out = Checkpoint([&](const VariableList& in) { return Keep::Apply({in[0]}, &seen)[0]; },
+                            {x}, NonReentrant());
   Sum(out).backward();
   EXPECT_TRUE(seen.is_same(x));
 }
@@ -227,8 +228,8 @@ TEST(CheckpointSemanticsTest, DoubleBackwardThroughCheckpoint) {
     ev.push_back("x hook " + Fmt(g));
     return Variable();
   });
-  Variable y = Checkpoint(
-      [](const VariableList& in) { return Mul(Mul(in[0], in[0]), in[0]); }, {x}, NonReentrant());
+  Variable y = Checkpoint([](const VariableList& in) { return Mul(Mul(in[0], in[0]), in[0]); }, {x},
+                          NonReentrant());
   GradOptions options;
   options.create_graph = true;
   Variable g = Engine::Grad({y}, {x}, {}, options)[0];

@@ -528,8 +528,8 @@ TEST(HookSemanticsTest, HooksChangedWhileNodeHooksRun) {
   Sum(y).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
   events.push_back("--");
   Sum(y).backward();
-  EXPECT_EQ(events, (Events{"pre1 [1]", "pre2 [1]", "post1", "post2", "--", "pre1 [1]",
-                            "pre3 [1]", "post1", "post3"}));
+  EXPECT_EQ(events, (Events{"pre1 [1]", "pre2 [1]", "post1", "post2", "--", "pre1 [1]", "pre3 [1]",
+                            "post1", "post3"}));
 }
 
 // The tensor hooks of a multi-output node run output by output (in the order of each output's
