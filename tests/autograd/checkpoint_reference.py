@@ -187,6 +187,20 @@ def double_backward_through_checkpoint():
     emit("DoubleBackwardThroughCheckpoint", EVENTS, {"x.grad": fmt(x.grad)})
 
 
+def saved_tensor_hooks_copy_keeps_the_place():
+    # Saved-tensor hooks that store copies (offloading): the unpacked copies of x and of x * x
+    # still lead to x, so the second-order graph reaches x and its hook.
+    EVENTS.clear()
+    x = leaf([3.0])
+    x.register_hook(lambda g: EVENTS.append(f"x hook {fmt(g)}"))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        y = x * x * x
+    (g,) = torch.autograd.grad(y, x, create_graph=True)
+    EVENTS.append(f"g {fmt(g)} requires_grad={int(g.requires_grad)}")
+    g.backward()
+    emit("SavedTensorHooksCopyKeepsThePlace", EVENTS, {"x.grad": fmt(x.grad)})
+
+
 if __name__ == "__main__":
     print(f"// torch {torch.__version__}")
     early_stop()
@@ -196,3 +210,4 @@ if __name__ == "__main__":
     unpack_twice()
     saved_inputs_keep_their_place()
     double_backward_through_checkpoint()
+    saved_tensor_hooks_copy_keeps_the_place()

@@ -239,5 +239,28 @@ TEST(CheckpointSemanticsTest, DoubleBackwardThroughCheckpoint) {
   EXPECT_EQ(Fmt(x.grad()), "[18]");
 }
 
+TEST(CheckpointSemanticsTest, SavedTensorHooksCopyKeepsThePlace) {
+  Events ev;
+  Variable x = Leaf({3});
+  x.register_hook([&](const Variable& g) {
+    ev.push_back("x hook " + Fmt(g));
+    return Variable();
+  });
+  Variable y;
+  {
+    SavedTensorHooks copies(
+        [](const Variable& v) -> std::any { return v.data().clone(); },
+        [](const std::any& packed) -> Variable { return Variable(std::any_cast<Tensor>(packed)); });
+    y = Mul(Mul(x, x), x);
+  }
+  GradOptions options;
+  options.create_graph = true;
+  Variable g = Engine::Grad({y}, {x}, {}, options)[0];
+  ev.push_back("g " + Fmt(g) + " requires_grad=" + std::to_string(g.requires_grad()));
+  g.backward();
+  EXPECT_EQ(ev, (Events{"x hook [27]", "g [27] requires_grad=1", "x hook [18]"}));
+  EXPECT_EQ(Fmt(x.grad()), "[18]");
+}
+
 }  // namespace
 }  // namespace tg
