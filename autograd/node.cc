@@ -144,37 +144,14 @@ void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& 
 
 }  // namespace
 
-namespace {
-
-// The functions of `list` as they are now (the snapshot a runner iterates over: hooks may add
-// or remove hooks of the same list while it runs).
-template <typename List>
-auto Snapshot(const List& list) {
-  std::vector<decltype(list.front().fn)> fns;
-  fns.reserve(list.size());
-  for (const auto& e : list) fns.push_back(e.fn);
-  return fns;
-}
-
-// The same for a leaf's (id, fn) lists.
-template <typename List>
-auto SnapshotPairs(const List& list) {
-  std::vector<decltype(list.front().second)> fns;
-  fns.reserve(list.size());
-  for (const auto& e : list) fns.push_back(e.second);
-  return fns;
-}
-
-}  // namespace
-
 void Node::RunTensorHooks(VariableList& grads) const {
   if (extras_ == nullptr) return;
   const size_t num_groups = extras_->tensor_hooks.size();
   for (size_t g = 0; g < num_groups; ++g) {
     const uint32_t output_nr = extras_->tensor_hooks[g].output_nr;
-    for (const TensorHook& hook : Snapshot(extras_->tensor_hooks[g].hooks)) {
-      ApplyTensorHook(hook, grads[output_nr], name());
-    }
+    // A copy: hooks may add or remove hooks of this list (see node.h).
+    const auto hooks = extras_->tensor_hooks[g].hooks;
+    for (const auto& hook : hooks) ApplyTensorHook(hook.fn, grads[output_nr], name());
   }
 }
 
@@ -195,8 +172,9 @@ void Node::RunRetainGrad(const VariableList& grads) const {
 
 void Node::RunPreHooks(VariableList& grads) const {
   if (extras_ == nullptr) return;
-  for (const NodePreHook& hook : Snapshot(extras_->pre_hooks)) {
-    VariableList replaced = hook(grads);
+  const auto hooks = extras_->pre_hooks;  // a copy (see RunTensorHooks)
+  for (const auto& hook : hooks) {
+    VariableList replaced = hook.fn(grads);
     if (replaced.empty()) continue;
     TG_CHECK(replaced.size() == grads.size(), "pre-hook of ", name(), " returned ", replaced.size(),
              " gradients, expected ", grads.size());
@@ -206,7 +184,8 @@ void Node::RunPreHooks(VariableList& grads) const {
 
 void Node::RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const {
   if (extras_ == nullptr) return;
-  for (const NodePostHook& hook : Snapshot(extras_->post_hooks)) hook(grad_inputs, grad_outputs);
+  const auto hooks = extras_->post_hooks;  // a copy (see RunTensorHooks)
+  for (const auto& hook : hooks) hook.fn(grad_inputs, grad_outputs);
 }
 
 // ---- Saved variables --------------------------------------------------------------------------
@@ -355,7 +334,8 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf)
 }
 
 void AccumulateGrad::RunTensorHooks(VariableList& grads) const {
-  for (const TensorHook& hook : SnapshotPairs(leaf_->tensor_hooks)) {
+  const auto hooks = leaf_->tensor_hooks;  // a copy (see Node::RunTensorHooks)
+  for (const auto& [id, hook] : hooks) {
     ApplyTensorHook(hook, grads[0], leaf_->name.empty() ? "a leaf" : leaf_->name);
   }
 }
@@ -379,9 +359,8 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
     grad.data().copy_(tg::Add(grad.data(), g.data()));  // in place: same storage
   }
   const Variable leaf(leaf_);
-  for (const PostAccumulateGradHook& hook : SnapshotPairs(leaf_->post_accumulate_hooks)) {
-    hook(leaf);
-  }
+  const auto hooks = leaf_->post_accumulate_hooks;  // a copy (see Node::RunTensorHooks)
+  for (const auto& [id, hook] : hooks) hook(leaf);
   return {};
 }
 
