@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
@@ -130,7 +131,13 @@ struct CheckpointFunction : Function<CheckpointFunction> {
 struct SavedMetadata {
   Shape shape;
   DType dtype;
+  Device device;
+  std::string ToString() const {
+    return absl::StrCat(DTypeName(dtype), " ", ShapeToString(shape), " on ", device.ToString());
+  }
 };
+
+SavedMetadata MetadataOf(const Variable& v) { return {v.shape(), v.dtype(), v.data().device()}; }
 
 // Shared by the pack/unpack hooks of one checkpointed call; owned by the saved variables of
 // the segment's nodes (through their unpack hooks), so it lives as long as the graph does.
@@ -143,7 +150,13 @@ struct NonReentrantState {
   std::vector<SavedMetadata> forward_saved;  // what the forward packed, by pack index
   int64_t recomputed_task = -1;              // the graph task `recomputed` belongs to
   VariableList recomputed;                   // by pack index; emptied as entries are unpacked
+  std::vector<bool> unpacked;                // by pack index: handed out in recomputed_task
 };
+
+// Thrown by the recomputation's pack hook once it has every tensor the forward saved (PyTorch's
+// _StopRecomputationError): the rest of fn is not run. Not a tg::Error, so that nothing that
+// handles errors mistakes it for one; only Recompute catches it.
+struct StopRecomputation {};
 
 void Recompute(NonReentrantState& s) {
   for (size_t i = 0; i < s.inputs.size(); ++i) {
@@ -153,6 +166,7 @@ void Recompute(NonReentrantState& s) {
              ", now ", s.inputs[i].version(),
              "); the recomputation would not reproduce the forward");
   }
+  const size_t expected = s.forward_saved.size();
   VariableList saved;
   if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeBegin, "non_reentrant");
   {
@@ -160,10 +174,13 @@ void Recompute(NonReentrantState& s) {
     amp::AutocastStateGuard autocast_state(s.autocast);
     EnableGradGuard grad;  // the forward recorded (it saved something), so record again
     // Innermost hooks: every tensor the recomputation saves lands here (detached: the
-    // recomputed graph itself is dropped when fn's output goes out of scope).
+    // recomputed graph itself is dropped when fn's output goes out of scope). As in PyTorch
+    // (early stop, its default), the recomputation stops as soon as it has saved as many
+    // tensors as the forward did, so a recomputation that would save more is fine.
     SavedTensorHooks recorder(
-        [&saved](const Variable& v) -> std::any {
+        [&saved, expected](const Variable& v) -> std::any {
           saved.push_back(v.detach());
+          if (saved.size() == expected) throw StopRecomputation{};
           return std::any();
         },
         [](const std::any&) -> Variable {
@@ -171,32 +188,51 @@ void Recompute(NonReentrantState& s) {
               "checkpoint: a tensor saved during the recomputation was unpacked; "
               "backward through the recomputed graph is not supported");
         });
-    CheckedCall(s.fn, s.inputs);
+    try {
+      CheckedCall(s.fn, s.inputs);
+    } catch (const StopRecomputation&) {
+    }
   }
   if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeEnd, "non_reentrant");
-  TG_CHECK(saved.size() == s.forward_saved.size(), "checkpoint: the recomputation saved ",
-           saved.size(), " tensors for backward, but the forward saved ", s.forward_saved.size(),
-           "; the checkpointed function must run the same ops on the same shapes both times "
+  TG_CHECK(saved.size() == expected,
+           "checkpoint: a different number of tensors was saved during the original forward "
+           "and the recomputation: ",
+           expected, " in the forward, ", saved.size(), " in the recomputation (none at position ",
+           saved.size(),
+           "); the checkpointed function must run the same ops on the same shapes both times "
            "(pass the generators it draws from in CheckpointOptions::generators)");
+  std::string mismatches;
   for (size_t i = 0; i < saved.size(); ++i) {
     const SavedMetadata& f = s.forward_saved[i];
-    TG_CHECK(saved[i].shape() == f.shape && saved[i].dtype() == f.dtype,
-             "checkpoint: saved tensor ", i, " is ", DTypeName(saved[i].dtype()), " ",
-             ShapeToString(saved[i].shape()), " in the recomputation but ", DTypeName(f.dtype), " ",
-             ShapeToString(f.shape), " in the forward");
+    const SavedMetadata r = MetadataOf(saved[i]);
+    if (r.shape == f.shape && r.dtype == f.dtype && r.device == f.device) continue;
+    absl::StrAppend(&mismatches, mismatches.empty() ? "" : "; ", "tensor at position ", i,
+                    ": saved ", f.ToString(), ", recomputed ", r.ToString());
   }
+  TG_CHECK(mismatches.empty(),
+           "checkpoint: recomputed values for the following tensors have different metadata "
+           "than during the forward: ",
+           mismatches);
   s.recomputed = std::move(saved);
+  s.unpacked.assign(s.recomputed.size(), false);
 }
 
 Variable Unpack(NonReentrantState& s, size_t index) {
   const int64_t task = current_graph_task_id();
   // One recomputation per graph task serves all of the segment's saved tensors; a new task
-  // (a second backward with retain_graph, or Grad()) recomputes again. An entry is handed out
+  // (a second backward with retain_graph, or Grad()) recomputes again, and so does every
+  // unpack outside backward (PyTorch gives each of those a fresh id). An entry is handed out
   // once and then dropped, so memory goes back as the backward moves through the segment.
-  if (task < 0 || task != s.recomputed_task || !s.recomputed[index].defined()) {
+  if (task < 0 || task != s.recomputed_task) {
+    s.recomputed_task = -1;  // until the recomputation succeeds
     Recompute(s);
     s.recomputed_task = task;
   }
+  // PyTorch's CheckpointError: the entry is gone; recomputing the segment again would hide it.
+  TG_CHECK(!s.unpacked[index], "checkpoint: unpack is being triggered for saved tensor ", index,
+           ", which was already unpacked once in this backward; if you call "
+           "FunctionCtx::saved_variables() in backward, call it only once");
+  s.unpacked[index] = true;
   Variable v = std::move(s.recomputed[index]);
   s.recomputed[index] = Variable();
   return v;
@@ -214,7 +250,7 @@ Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
   state->autocast = amp::GetAutocastState();
   SavedTensorHooks hooks(
       [state](const Variable& v) -> std::any {
-        state->forward_saved.push_back({v.shape(), v.dtype()});
+        state->forward_saved.push_back(MetadataOf(v));
         return state->forward_saved.size() - 1;  // only the index is kept, not the tensor
       },
       [state](const std::any& packed) -> Variable {

@@ -23,7 +23,11 @@
 //   that keep only an index for each saved tensor; the first unpack in a graph task recomputes
 //   `fn` once and serves every saved tensor of the segment from that recomputation. All
 //   gradients flow in the caller's graph task, and Engine::Grad, backward(inputs=) and
-//   retain_graph (a later backward recomputes again) work.
+//   retain_graph (a later backward recomputes again) work. As in PyTorch (its defaults), the
+//   recomputation stops once it has saved as many tensors as the forward (the rest of `fn` is
+//   skipped; saving more is fine), saving fewer or other shapes/dtypes/devices is an error
+//   naming the counts or positions, unpacking a saved tensor twice in one backward is an
+//   error, and saved inputs unpack as the inputs themselves (so create_graph reaches them).
 //
 // Warnings (autograd/warning.h), as PyTorch's: `reentrant` left unset, and reentrant
 // checkpointing of inputs none of which requires grad (its gradients will be undefined).

@@ -103,10 +103,16 @@ HookHandle Node::RegisterPostHook(NodePostHook hook) {
 
 HookHandle Node::RegisterTensorHook(uint32_t output_nr, TensorHook hook) {
   const uint64_t id = ++extras().next_hook_id;
-  extras().tensor_hooks.push_back({id, output_nr, std::move(hook)});
+  auto& groups = extras().tensor_hooks;
+  auto group = std::find_if(groups.begin(), groups.end(),
+                            [output_nr](const auto& g) { return g.output_nr == output_nr; });
+  if (group == groups.end()) group = groups.insert(groups.end(), TensorHookGroup{output_nr, {}});
+  group->hooks.push_back({id, std::move(hook)});
   std::weak_ptr<Node> weak = weak_from_this();
   return HookHandle([weak, id] {
-    if (auto n = weak.lock()) EraseId(n->extras_->tensor_hooks, id);
+    if (auto n = weak.lock()) {
+      for (auto& g : n->extras_->tensor_hooks) EraseId(g.hooks, id);
+    }
   });
 }
 
@@ -141,11 +147,15 @@ void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& 
 
 void Node::RunTensorHooks(VariableList& grads) const {
   if (extras_ == nullptr) return;
-  const auto& hooks = extras_->tensor_hooks;
-  for (size_t i = 0; i < hooks.size(); ++i) {
-    const TensorHook hook = hooks[i].fn;  // a hook may remove itself
-    if (TracingEnabled()) trace_internal::Hook("tensor_pre_hook", trace_name(), hooks[i].id);
-    ApplyTensorHook(hook, grads[hooks[i].output_nr], name());
+  const size_t num_groups = extras_->tensor_hooks.size();
+  for (size_t g = 0; g < num_groups; ++g) {
+    const uint32_t output_nr = extras_->tensor_hooks[g].output_nr;
+    // A copy: hooks may add or remove hooks of this list (see node.h).
+    const auto hooks = extras_->tensor_hooks[g].hooks;
+    for (const auto& hook : hooks) {
+      if (TracingEnabled()) trace_internal::Hook("tensor_pre_hook", trace_name(), hook.id);
+      ApplyTensorHook(hook.fn, grads[output_nr], name());
+    }
   }
 }
 
@@ -167,11 +177,10 @@ void Node::RunRetainGrad(const VariableList& grads) const {
 
 void Node::RunPreHooks(VariableList& grads) const {
   if (extras_ == nullptr) return;
-  const auto& hooks = extras_->pre_hooks;
-  for (size_t i = 0; i < hooks.size(); ++i) {
-    const NodePreHook hook = hooks[i].fn;
-    if (TracingEnabled()) trace_internal::Hook("node_pre_hook", trace_name(), hooks[i].id);
-    VariableList replaced = hook(grads);
+  const auto hooks = extras_->pre_hooks;  // a copy (see RunTensorHooks)
+  for (const auto& hook : hooks) {
+    if (TracingEnabled()) trace_internal::Hook("node_pre_hook", trace_name(), hook.id);
+    VariableList replaced = hook.fn(grads);
     if (replaced.empty()) continue;
     TG_CHECK(replaced.size() == grads.size(), "pre-hook of ", name(), " returned ", replaced.size(),
              " gradients, expected ", grads.size());
@@ -181,11 +190,10 @@ void Node::RunPreHooks(VariableList& grads) const {
 
 void Node::RunPostHooks(const VariableList& grad_inputs, const VariableList& grad_outputs) const {
   if (extras_ == nullptr) return;
-  const auto& hooks = extras_->post_hooks;
-  for (size_t i = 0; i < hooks.size(); ++i) {
-    const NodePostHook hook = hooks[i].fn;
-    if (TracingEnabled()) trace_internal::Hook("node_post_hook", trace_name(), hooks[i].id);
-    hook(grad_inputs, grad_outputs);
+  const auto hooks = extras_->post_hooks;  // a copy (see RunTensorHooks)
+  for (const auto& hook : hooks) {
+    if (TracingEnabled()) trace_internal::Hook("node_post_hook", trace_name(), hook.id);
+    hook.fn(grad_inputs, grad_outputs);
   }
 }
 
@@ -215,9 +223,13 @@ SavedVariable::SavedVariable(const Variable& v, bool is_output) {
     packed_ = true;
     packed_value_ = hooks->first(v);
     unpack_hook_ = hooks->second;
+    output_nr_ = v.output_nr();
     if (is_output) {
       grad_fn_ = v.grad_fn();
-      output_nr_ = v.output_nr();
+    } else {
+      original_ = v.impl();
+      input_grad_fn_ = v.grad_fn();
+      grad_accumulator_ = v.impl()->grad_accumulator;
     }
     return;
   }
@@ -243,8 +255,9 @@ Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
              ": the unpack hook returned an undefined variable "
              "for saved tensor ",
              index);
-    v = is_output_ ? MakeNonLeaf(unpacked.data(), grad_fn_.lock(), output_nr_) : unpacked;
-    return v;  // the hooks own the storage now; version checks are theirs
+    // The hooks own the storage now; version checks are theirs.
+    if (is_output_) return MakeNonLeaf(unpacked.data(), grad_fn_.lock(), output_nr_);
+    return RelinkInput(unpacked);
   }
   if (is_output_) {
     std::shared_ptr<Node> fn = grad_fn_.lock();
@@ -263,6 +276,30 @@ Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
   return v;
 }
 
+namespace {
+
+bool SameData(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.offset() == b.offset() && a.shape() == b.shape() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+}  // namespace
+
+Variable SavedVariable::RelinkInput(const Variable& unpacked) const {
+  if (auto original = original_.lock(); original && SameData(original->data, unpacked.data())) {
+    return Variable(std::move(original));
+  }
+  if (input_grad_fn_) return MakeNonLeaf(unpacked.data(), input_grad_fn_, output_nr_);
+  if (!requires_grad_) return unpacked;
+  // A leaf whose data the hooks replaced (e.g. offloaded): a new handle whose gradient flows
+  // into the saved leaf's accumulator (so into its .grad and through its hooks).
+  auto impl = std::make_shared<VariableImpl>();
+  impl->data = unpacked.data();
+  impl->requires_grad = true;
+  impl->grad_accumulator = grad_accumulator_;
+  return Variable(std::move(impl));
+}
+
 void SavedVariable::Release() {
   if (!defined_) return;
   released_ = true;
@@ -270,6 +307,7 @@ void SavedVariable::Release() {
   variable_ = Variable();
   packed_value_.reset();
   unpack_hook_ = nullptr;
+  input_grad_fn_ = nullptr;
 }
 
 // ---- FunctionNode ------------------------------------------------------------------------------
@@ -310,16 +348,16 @@ std::string AccumulateGrad::trace_name() const {
 
 Node::HookCounts Node::hook_counts() const {
   if (extras_ == nullptr) return {};
-  return {extras_->tensor_hooks.size(), extras_->pre_hooks.size(), extras_->post_hooks.size(),
+  size_t tensor_hooks = 0;
+  for (const auto& group : extras_->tensor_hooks) tensor_hooks += group.hooks.size();
+  return {tensor_hooks, extras_->pre_hooks.size(), extras_->post_hooks.size(),
           extras_->retain_grad.size()};
 }
 
 void AccumulateGrad::RunTensorHooks(VariableList& grads) const {
-  for (size_t i = 0; i < leaf_->tensor_hooks.size(); ++i) {
-    const TensorHook hook = leaf_->tensor_hooks[i].second;
-    if (TracingEnabled()) {
-      trace_internal::Hook("tensor_pre_hook", trace_name(), leaf_->tensor_hooks[i].first);
-    }
+  const auto hooks = leaf_->tensor_hooks;  // a copy (see Node::RunTensorHooks)
+  for (const auto& [id, hook] : hooks) {
+    if (TracingEnabled()) trace_internal::Hook("tensor_pre_hook", trace_name(), id);
     ApplyTensorHook(hook, grads[0], leaf_->name.empty() ? "a leaf" : leaf_->name);
   }
 }
@@ -343,12 +381,9 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
     grad.data().copy_(tg::Add(grad.data(), g.data()));  // in place: same storage
   }
   const Variable leaf(leaf_);
-  for (size_t i = 0; i < leaf_->post_accumulate_hooks.size(); ++i) {
-    const PostAccumulateGradHook hook = leaf_->post_accumulate_hooks[i].second;
-    if (TracingEnabled()) {
-      trace_internal::Hook("post_accumulate_grad", trace_name(),
-                           leaf_->post_accumulate_hooks[i].first);
-    }
+  const auto hooks = leaf_->post_accumulate_hooks;  // a copy (see Node::RunTensorHooks)
+  for (const auto& [id, hook] : hooks) {
+    if (TracingEnabled()) trace_internal::Hook("post_accumulate_grad", trace_name(), id);
     hook(leaf);
   }
   return {};

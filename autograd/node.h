@@ -94,7 +94,10 @@ class Node : public std::enable_shared_from_this<Node> {
   // Forgets the retain_grad of `var` (it moved to another node: RebaseHistory).
   void ClearRetainGrad(const VariableImpl* var);
 
-  // Hook runners used by the engine (in the documented order).
+  // Hook runners used by the engine (in the documented order). Each list runs as it was when
+  // its runner reached it (PyTorch iterates over a copy of the hook dict's values): a hook
+  // added meanwhile first runs in the next call, a hook removed meanwhile still runs in this
+  // one. A tensor-hook group added while the node's tensor hooks run does not run either.
   virtual void RunTensorHooks(VariableList& grads) const;
   void RunRetainGrad(const VariableList& grads) const;
   void RunPreHooks(VariableList& grads) const;
@@ -124,10 +127,12 @@ class Node : public std::enable_shared_from_this<Node> {
     uint64_t id;
     T fn;
   };
-  struct TensorHookEntry {
-    uint64_t id;
+  // The tensor hooks of one forward output. As in PyTorch (one hook dict per output tensor),
+  // the groups run in the order of each output's first registration, each group's hooks in
+  // registration order; a group stays when its hooks are removed.
+  struct TensorHookGroup {
     uint32_t output_nr;
-    TensorHook fn;
+    std::vector<Registered<TensorHook>> hooks;
   };
   // What few nodes have (hooks, retain_grad, an anomaly-mode trace) lives behind one pointer
   // allocated on first use: a node stays small (fewer cache lines per node in a backward over a
@@ -135,7 +140,7 @@ class Node : public std::enable_shared_from_this<Node> {
   struct Extras {
     std::vector<Registered<NodePreHook>> pre_hooks;
     std::vector<Registered<NodePostHook>> post_hooks;
-    std::vector<TensorHookEntry> tensor_hooks;
+    std::vector<TensorHookGroup> tensor_hooks;
     std::vector<std::pair<uint32_t, std::weak_ptr<VariableImpl>>> retain_grad;
     std::string creation_trace;
     uint64_t next_hook_id = 0;
@@ -156,7 +161,11 @@ class Node : public std::enable_shared_from_this<Node> {
 // A variable saved for backward. It remembers the storage version at save time, and unpacking
 // after an in-place change or after release throws an error naming the node. Outputs of the
 // saving node are kept without their grad_fn (no reference cycle) and re-linked on unpack.
-// When a SavedTensorHooks guard is active, the pack hook decides what is stored.
+// When a SavedTensorHooks guard is active, the pack hook decides what is stored, and the
+// unpacked variable keeps the saved one's place in the graph (PyTorch's): an output is re-linked
+// to its node; an input unpacks as the saved variable itself when that still lives and the hook
+// returned its very data (checkpointing: the same handle, its hooks and .grad), and otherwise
+// as a new variable with the saved one's grad_fn, or, for a leaf, its gradient accumulator.
 class SavedVariable {
  public:
   SavedVariable() = default;
@@ -166,6 +175,8 @@ class SavedVariable {
   bool defined() const { return defined_; }
 
  private:
+  Variable RelinkInput(const Variable& unpacked) const;
+
   bool defined_ = false;
   bool released_ = false;
   bool is_output_ = false;
@@ -178,6 +189,11 @@ class SavedVariable {
   bool packed_ = false;
   std::any packed_value_;
   std::function<Variable(const std::any&)> unpack_hook_;
+  // Packed inputs: the saved variable (weakly: the hooks may exist to free it) and its place
+  // in the graph (a non-leaf's node is held, as PyTorch does; it is in the graph anyway).
+  std::weak_ptr<VariableImpl> original_;
+  std::shared_ptr<Node> input_grad_fn_;
+  std::weak_ptr<Node> grad_accumulator_;
 };
 
 // Saved-tensor hooks (thread-local, nestable): while a guard lives, every variable saved for

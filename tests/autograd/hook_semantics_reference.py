@@ -296,6 +296,121 @@ def accumulate_grad_runs_first():
     emit("AccumulateGradRunsFirst", r.events, {"x.grad": fmt(x.grad), "z.grad": fmt(z.grad)})
 
 
+# ---- Rule 4: hooks added or removed while hooks run ---------------------------------------------
+# PyTorch calls the hooks of one dict (a tensor's, a node's pre-/post-hooks, a leaf's
+# post-accumulate-grad hooks) over a copy of its values taken when that dict's turn comes: a hook
+# added meanwhile runs from the next backward on, a hook removed meanwhile still runs this time.
+
+
+def hooks_changed_while_tensor_hooks_run():
+    # y = a * 2: y's first hook removes the second and adds a fourth; two backward calls.
+    events, handles = [], {}
+    a = leaf([1.0])
+    y = a * 2
+
+    def h1(g):
+        events.append(f"h1 {fmt(g)}")
+        handles["h2"].remove()
+        y.register_hook(lambda g: events.append(f"h4 {fmt(g)}"))
+
+    y.register_hook(h1)
+    handles["h2"] = y.register_hook(lambda g: events.append(f"h2 {fmt(g)}"))
+    y.register_hook(lambda g: events.append(f"h3 {fmt(g)}"))
+    y.sum().backward(retain_graph=True)
+    events.append("--")
+    y.sum().backward()
+    emit("HooksChangedWhileTensorHooksRun", events, {})
+
+
+def hooks_changed_while_leaf_hooks_run():
+    # The same on a leaf's tensor hooks and its post-accumulate-grad hooks.
+    events, handles = [], {}
+    a = leaf([1.0])
+
+    def t1(g):
+        events.append(f"t1 {fmt(g)}")
+        handles["t2"].remove()
+        a.register_hook(lambda g: events.append(f"t3 {fmt(g)}"))
+
+    def p1(p):
+        events.append(f"p1 {fmt(p.grad)}")
+        handles["p2"].remove()
+        a.register_post_accumulate_grad_hook(lambda p: events.append(f"p3 {fmt(p.grad)}"))
+
+    a.register_hook(t1)
+    handles["t2"] = a.register_hook(lambda g: events.append(f"t2 {fmt(g)}"))
+    a.register_post_accumulate_grad_hook(p1)
+    handles["p2"] = a.register_post_accumulate_grad_hook(
+        lambda p: events.append(f"p2 {fmt(p.grad)}"))
+    (a * 2).sum().backward()
+    events.append("--")
+    (a * 2).sum().backward()
+    emit("HooksChangedWhileLeafHooksRun", events, {})
+
+
+def hooks_changed_while_node_hooks_run():
+    # Node pre-hooks and post-hooks of y = a * 2's node.
+    events, handles = [], {}
+    a = leaf([1.0])
+    y = a * 2
+    n = y.grad_fn
+
+    def pre1(go):
+        events.append(f"pre1 {fmt(go[0])}")
+        handles["pre2"].remove()
+        n.register_prehook(lambda go: events.append(f"pre3 {fmt(go[0])}"))
+
+    def post1(gi, go):
+        events.append("post1")
+        handles["post2"].remove()
+        n.register_hook(lambda gi, go: events.append("post3"))
+
+    n.register_prehook(pre1)
+    handles["pre2"] = n.register_prehook(lambda go: events.append(f"pre2 {fmt(go[0])}"))
+    n.register_hook(post1)
+    handles["post2"] = n.register_hook(lambda gi, go: events.append("post2"))
+    y.sum().backward(retain_graph=True)
+    events.append("--")
+    y.sum().backward()
+    emit("HooksChangedWhileNodeHooksRun", events, {})
+
+
+def multi_output_hook_order():
+    # u, v = split(a * 1, 1): hooks u1, v1, u2 registered in that order; only u is used.
+    events = []
+    a = leaf([1.0, 2.0])
+    u, v = torch.split(a * 1, 1)
+    u.register_hook(lambda g: events.append(f"u1 {fmt(g)}"))
+    v.register_hook(lambda g: events.append(f"v1 {fmt(g)}"))
+    u.register_hook(lambda g: events.append(f"u2 {fmt(g)}"))
+    (u * 3).sum().backward()
+    emit("MultiOutputHookOrder", events, {"a.grad": fmt(a.grad)})
+
+
+def multi_output_hooks_changed_by_another_output():
+    # u's hook removes v's first hook and adds one to v: v's hooks run after u's and from a copy
+    # taken then, so the new one runs and the removed one does not. (Registering the first hook
+    # of another output of the node from there, e.g. of w, is undefined in PyTorch: it appends to
+    # the node's vector of hooks while the engine iterates over it, and can crash. tapegrad runs
+    # that output's hooks from the next backward on; hook_semantics_test pins it.)
+    events, handles = [], {}
+    a = leaf([1.0, 2.0, 3.0])
+    u, v, _ = torch.split(a * 1, 1)
+
+    def u1(g):
+        events.append(f"u1 {fmt(g)}")
+        handles["v1"].remove()
+        v.register_hook(lambda g: events.append(f"v2 {fmt(g)}"))
+
+    u.register_hook(u1)
+    handles["v1"] = v.register_hook(lambda g: events.append(f"v1 {fmt(g)}"))
+    loss = (u * 3 + v * 5).sum()
+    loss.backward(retain_graph=True)
+    events.append("--")
+    loss.backward()
+    emit("MultiOutputHooksChangedByAnotherOutput", events, {"a.grad": fmt(a.grad)})
+
+
 if __name__ == "__main__":
     print(f"// torch {torch.__version__}")
     backward_inputs_skips_unneeded_leaf()
@@ -311,3 +426,8 @@ if __name__ == "__main__":
     root_gradient_dtype_cast()
     accumulate_grad_runs_first()
     root_is_the_input()
+    hooks_changed_while_tensor_hooks_run()
+    hooks_changed_while_leaf_hooks_run()
+    hooks_changed_while_node_hooks_run()
+    multi_output_hook_order()
+    multi_output_hooks_changed_by_another_output()

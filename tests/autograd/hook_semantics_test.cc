@@ -1,6 +1,7 @@
 // PyTorch-exact hook semantics (issue 19): which hooks a graph task runs (only those of the
 // nodes it needs), Grad() and Backward(inputs=) with non-leaf inputs, multi-grad hooks in both
-// modes, undefined gradients reaching tensor hooks, and root gradients of another dtype.
+// modes, undefined gradients reaching tensor hooks, root gradients of another dtype, and hooks
+// added or removed while hooks run.
 //
 // The event lists and values are PyTorch's: tests/autograd/hook_semantics_reference.py builds
 // the same graphs (same op order, so the same node order) and prints them.
@@ -430,6 +431,162 @@ TEST(HookSemanticsTest, RootGradientCastIsDifferentiableUnderCreateGraph) {
   VariableList gv = Engine::Grad({Sum(gx[0])}, {v});
   EXPECT_EQ(gv[0].dtype(), kF64);
   EXPECT_EQ(Fmt(gv[0]), "[2, 4]");  // d(sum 2 x v)/dv = 2 x
+}
+
+// ---- Rule 4: hooks added or removed while hooks run ------------------------------------------
+// Each hook list runs from a copy taken when its turn comes (PyTorch iterates over a copy of the
+// hook dict's values): a hook added meanwhile runs from the next backward on, a hook removed
+// meanwhile still runs this time.
+
+TEST(HookSemanticsTest, HooksChangedWhileTensorHooksRun) {
+  Events events;
+  HookHandle h2;
+  Variable a = Leaf({1});
+  Variable y = MulScalar(a, 2);
+  y.register_hook([&](const Variable& g) {
+    events.push_back("h1 " + Fmt(g));
+    h2.remove();
+    y.register_hook([&](const Variable& g) {
+      events.push_back("h4 " + Fmt(g));
+      return Variable();
+    });
+    return Variable();
+  });
+  h2 = y.register_hook([&](const Variable& g) {
+    events.push_back("h2 " + Fmt(g));
+    return Variable();
+  });
+  y.register_hook([&](const Variable& g) {
+    events.push_back("h3 " + Fmt(g));
+    return Variable();
+  });
+  Sum(y).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  events.push_back("--");
+  Sum(y).backward();
+  EXPECT_EQ(events, (Events{"h1 [1]", "h2 [1]", "h3 [1]", "--", "h1 [1]", "h3 [1]", "h4 [1]"}));
+}
+
+TEST(HookSemanticsTest, HooksChangedWhileLeafHooksRun) {
+  Events events;
+  HookHandle t2, p2;
+  Variable a = Leaf({1});
+  a.register_hook([&](const Variable& g) {
+    events.push_back("t1 " + Fmt(g));
+    t2.remove();
+    a.register_hook([&](const Variable& g) {
+      events.push_back("t3 " + Fmt(g));
+      return Variable();
+    });
+    return Variable();
+  });
+  t2 = a.register_hook([&](const Variable& g) {
+    events.push_back("t2 " + Fmt(g));
+    return Variable();
+  });
+  a.register_post_accumulate_grad_hook([&](const Variable& p) {
+    events.push_back("p1 " + Fmt(p.grad()));
+    p2.remove();
+    a.register_post_accumulate_grad_hook(
+        [&](const Variable& p) { events.push_back("p3 " + Fmt(p.grad())); });
+  });
+  p2 = a.register_post_accumulate_grad_hook(
+      [&](const Variable& p) { events.push_back("p2 " + Fmt(p.grad())); });
+  Sum(MulScalar(a, 2)).backward();
+  events.push_back("--");
+  Sum(MulScalar(a, 2)).backward();
+  EXPECT_EQ(events, (Events{"t1 [2]", "t2 [2]", "p1 [2]", "p2 [2]", "--", "t1 [2]", "t3 [2]",
+                            "p1 [4]", "p3 [4]"}));
+}
+
+TEST(HookSemanticsTest, HooksChangedWhileNodeHooksRun) {
+  Events events;
+  HookHandle pre2, post2;
+  Variable a = Leaf({1});
+  Variable y = MulScalar(a, 2);
+  std::shared_ptr<Node> n = y.grad_fn();
+  n->RegisterPreHook([&](const VariableList& go) -> VariableList {
+    events.push_back("pre1 " + Fmt(go[0]));
+    pre2.remove();
+    n->RegisterPreHook([&](const VariableList& go) -> VariableList {
+      events.push_back("pre3 " + Fmt(go[0]));
+      return {};
+    });
+    return {};
+  });
+  pre2 = n->RegisterPreHook([&](const VariableList& go) -> VariableList {
+    events.push_back("pre2 " + Fmt(go[0]));
+    return {};
+  });
+  n->RegisterPostHook([&](const VariableList&, const VariableList&) {
+    events.push_back("post1");
+    post2.remove();
+    n->RegisterPostHook(
+        [&](const VariableList&, const VariableList&) { events.push_back("post3"); });
+  });
+  post2 = n->RegisterPostHook(
+      [&](const VariableList&, const VariableList&) { events.push_back("post2"); });
+  Sum(y).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  events.push_back("--");
+  Sum(y).backward();
+  EXPECT_EQ(events, (Events{"pre1 [1]", "pre2 [1]", "post1", "post2", "--", "pre1 [1]", "pre3 [1]",
+                            "post1", "post3"}));
+}
+
+// The tensor hooks of a multi-output node run output by output (in the order of each output's
+// first hook), and those of an output that received no gradient see an undefined one.
+TEST(HookSemanticsTest, MultiOutputHookOrder) {
+  Events events;
+  Variable a = Leaf({1, 2});
+  VariableList uv = Split(MulScalar(a, 1), 1, 0);
+  auto hook = [&](const std::string& name) {
+    return [&events, name](const Variable& g) {
+      events.push_back(name + " " + Fmt(g));
+      return Variable();
+    };
+  };
+  uv[0].register_hook(hook("u1"));
+  uv[1].register_hook(hook("v1"));
+  uv[0].register_hook(hook("u2"));
+  Sum(MulScalar(uv[0], 3)).backward();
+  EXPECT_EQ(events, (Events{"u1 [3]", "u2 [3]", "v1 undef"}));
+  EXPECT_EQ(Fmt(a.grad()), "[3, 0]");
+}
+
+TEST(HookSemanticsTest, MultiOutputHooksChangedByAnotherOutput) {
+  Events events;
+  HookHandle v1;
+  Variable a = Leaf({1, 2, 3});
+  VariableList uvw = Split(MulScalar(a, 1), 1, 0);
+  const Variable u = uvw[0], v = uvw[1], w = uvw[2];
+  bool w_hooked = false;
+  u.register_hook([&](const Variable& g) {
+    events.push_back("u1 " + Fmt(g));
+    v1.remove();
+    v.register_hook([&](const Variable& g) {
+      events.push_back("v2 " + Fmt(g));
+      return Variable();
+    });
+    // Not in the reference script (undefined in PyTorch, see there): w's first hook, added
+    // while the node's tensor hooks run, runs from the next backward on.
+    if (!w_hooked) {
+      w_hooked = true;
+      w.register_hook([&](const Variable& g) {
+        events.push_back("w1 " + Fmt(g));
+        return Variable();
+      });
+    }
+    return Variable();
+  });
+  v1 = v.register_hook([&](const Variable& g) {
+    events.push_back("v1 " + Fmt(g));
+    return Variable();
+  });
+  Variable loss = Sum(Add(MulScalar(u, 3), MulScalar(v, 5)));
+  loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  events.push_back("--");
+  loss.backward();
+  EXPECT_EQ(events, (Events{"u1 [3]", "v2 [5]", "--", "u1 [3]", "v2 [5]", "v2 [5]", "w1 undef"}));
+  EXPECT_EQ(Fmt(a.grad()), "[6, 10, 0]");
 }
 
 }  // namespace
