@@ -333,12 +333,14 @@ std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Wi
                                                   pad_l, pad_r)
                 : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any,
                                                   wei_any, dst_any, strides, dilates, pad_l, pad_r);
-  const dnnl::convolution_forward::primitive_desc fwd(fwd_desc, engine);
+  const dnnl::primitive_attr attr = DnnlAttr();
+  const dnnl::convolution_forward::primitive_desc fwd(fwd_desc, attr, engine);
   auto p = std::make_shared<DnnlPrimitive>();
   switch (pass) {
     case ConvPass::kForward:
       if (IsDnnlReference(fwd)) return nullptr;
       p->primitive = dnnl::convolution_forward(fwd);
+      p->scratchpad = fwd.scratchpad_desc();
       p->AddArg(DNNL_ARG_SRC, src_plain, fwd.src_desc(), false);
       p->AddArg(DNNL_ARG_WEIGHTS, wei_plain, fwd.weights_desc(), false);
       if (with_bias) p->AddArg(DNNL_ARG_BIAS, bias_plain, fwd.bias_desc(), false);
@@ -346,9 +348,10 @@ std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Wi
       return p;
     case ConvPass::kBackwardData: {
       const dnnl::convolution_backward_data::primitive_desc bwd(
-          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, engine, fwd);
+          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, attr, engine, fwd);
       if (IsDnnlReference(bwd)) return nullptr;
       p->primitive = dnnl::convolution_backward_data(bwd);
+      p->scratchpad = bwd.scratchpad_desc();
       p->AddArg(DNNL_ARG_DIFF_DST, dst_plain, bwd.diff_dst_desc(), false);
       p->AddArg(DNNL_ARG_WEIGHTS, wei_plain, bwd.weights_desc(), false);
       p->AddArg(DNNL_ARG_DIFF_SRC, src_plain, bwd.diff_src_desc(), true);
@@ -356,9 +359,10 @@ std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Wi
     }
     case ConvPass::kBackwardWeights: {
       const dnnl::convolution_backward_weights::primitive_desc bwd(
-          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, engine, fwd);
+          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, attr, engine, fwd);
       if (IsDnnlReference(bwd)) return nullptr;
       p->primitive = dnnl::convolution_backward_weights(bwd);
+      p->scratchpad = bwd.scratchpad_desc();
       p->AddArg(DNNL_ARG_SRC, src_plain, bwd.src_desc(), false);
       p->AddArg(DNNL_ARG_DIFF_DST, dst_plain, bwd.diff_dst_desc(), false);
       p->AddArg(DNNL_ARG_DIFF_WEIGHTS, wei_plain, bwd.diff_weights_desc(), true);

@@ -42,6 +42,12 @@ dnnl::engine& DnnlEngine() {
   return *engine;
 }
 
+dnnl::primitive_attr DnnlAttr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
 dnnl::memory::data_type DnnlType(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -94,6 +100,12 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
       }
       exec_args.emplace(a.id, wanted);
     }
+    if (p.scratchpad.get_size() > 0) {
+      // The slot after the arguments' own (ThreadScratch slots 0..args-1).
+      exec_args.emplace(DNNL_ARG_SCRATCHPAD,
+                        dnnl::memory(p.scratchpad, DnnlEngine(),
+                                     ThreadScratch(p.args.size(), p.scratchpad.get_size())));
+    }
     p.primitive.execute(stream, exec_args);
     for (Pending& o : outputs) o.reorder->execute(stream, o.from, o.to);
     stream.wait();
@@ -128,7 +140,7 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
 
 bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                 const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) {
-  if (in != DType::kBF16 && in != DType::kF16) return false;
+  if (in != DType::kBF16 && in != DType::kF16 && in != DType::kF32) return false;
   if (out != in && out != DType::kF32) return false;
   if (m <= 0 || n <= 0 || k <= 0) return false;
   static DnnlCache* cache = new DnnlCache;
@@ -140,10 +152,12 @@ bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int
         const memory::desc a_md({m, k}, ti, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
         const memory::desc b_md({k, n}, ti, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
         const memory::desc c_md({m, n}, to, memory::dims{ldc, 1});
-        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), DnnlEngine());
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), DnnlAttr(),
+                                              DnnlEngine());
         if (IsDnnlReference(pd)) return std::shared_ptr<DnnlPrimitive>();
         auto prim = std::make_shared<DnnlPrimitive>();
         prim->primitive = dnnl::matmul(pd);
+        prim->scratchpad = pd.scratchpad_desc();
         prim->AddArg(DNNL_ARG_SRC, a_md, pd.src_desc(), false);
         prim->AddArg(DNNL_ARG_WEIGHTS, b_md, pd.weights_desc(), false);
         prim->AddArg(DNNL_ARG_DST, c_md, pd.dst_desc(), true);

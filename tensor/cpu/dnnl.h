@@ -1,4 +1,4 @@
-// oneDNN for the CPU kernels (convolution in conv.cc, f16/bf16 GEMM here): the engine, a stream per
+// oneDNN for the CPU kernels (convolution in conv.cc, matmul here): the engine, a stream per
 // thread, a thread-safe cache of created primitives, and the execution of a primitive on our
 // plain (row-major, contiguous or strided) buffers, reordering to and from the layouts the
 // primitive chose where they differ.
@@ -36,6 +36,12 @@ dnnl::memory::data_type DnnlType(DType dtype);
 // (plain C++ loops, much slower than our own kernels), judged by its implementation name.
 bool IsDnnlReference(const dnnl::primitive_desc_base& pd);
 
+// The attributes every primitive here is created with: a user-managed scratchpad, which
+// DnnlExecute gives per thread. (oneDNN's own scratchpad is one global buffer in Debian's build,
+// without concurrent execution: two threads running primitives at once, as attention heads in
+// a parallel region do, would share it, and results would change from run to run.)
+dnnl::primitive_attr DnnlAttr();
+
 // A created primitive and its arguments, in the order DnnlExecute takes their pointers.
 struct DnnlPrimitive {
   struct Arg {
@@ -46,6 +52,7 @@ struct DnnlPrimitive {
     dnnl::reorder reorder;       // plain -> wanted for an input, wanted -> plain for an output
   };
   dnnl::primitive primitive;
+  dnnl::memory::desc scratchpad;  // the primitive descriptor's scratchpad_desc() (DnnlAttr)
   std::vector<Arg> args;
 
   // Appends an argument; a reorder is created when `wanted` differs from `plain`.
@@ -76,8 +83,8 @@ class DnnlCache {
   std::map<Key, std::shared_ptr<const DnnlPrimitive>> map_;
 };
 
-// c [m, n] = a [m, k] @ b [k, n] for f16/bf16 operands of dtype `in`, accumulated in f32 and
-// written as `out` (f32: the unrounded sums; `in`: each rounded once), all row-major with
+// c [m, n] = a [m, k] @ b [k, n] for f32, f16 or bf16 operands of dtype `in`, accumulated in
+// f32 and written as `out` (f32: the unrounded sums; `in`: each rounded once), all row-major with
 // leading dimensions lda/ldb/ldc, a and b optionally stored transposed (as in cblas). Returns
 // false, and the caller multiplies itself, where oneDNN has no fast implementation for it on
 // this CPU (oneDNN 2.6: f16 anywhere, bf16 without AVX-512), for empty sizes, or on a failure.

@@ -48,7 +48,9 @@ struct UninitializedAllocator : std::allocator<T> {
 template <typename T>
 using ScratchVector = std::vector<T, UninitializedAllocator<T>>;
 
-// C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed.
+// C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed;
+// f32 through oneDNN or OpenBLAS (the same values up to the order of the additions), f64 through
+// OpenBLAS.
 template <typename T>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, T* c, int64_t ldc, bool accumulate = false) {
@@ -59,8 +61,13 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
-                accumulate ? 1.0f : 0.0f, c, ldc);
+    // f32: oneDNN's matmul where it has a fast kernel (it scales better than OpenBLAS over
+    // threads on the small products of these models), else OpenBLAS; accumulation is OpenBLAS's.
+    if (accumulate || !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c,
+                                  ldc)) {
+      cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
+                  accumulate ? 1.0f : 0.0f, c, ldc);
+    }
   } else {
     cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
                 c, ldc);

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -299,6 +300,40 @@ TEST(FusedAttentionTest, BackwardMatchesComposed) {
 }
 
 // ---- Layer norm -------------------------------------------------------------------------------
+
+// Attention runs its heads in parallel, each head's products (oneDNN or OpenBLAS) on its own
+// thread; matmuls also run from several user threads at once. Each must give the same bits every
+// time, as a single call does: no state shared between concurrent calls (oneDNN's scratchpad).
+TEST(FusedAttentionTest, SameBitsRunToRunAndAcrossConcurrentCalls) {
+  Generator gen(77);
+  const Tensor q = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const Tensor k = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const Tensor v = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const Tensor go = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const AttentionResult first = ScaledDotProductAttention(q, k, v, true, 0.25);
+  const AttentionGrads first_grads =
+      ScaledDotProductAttentionBackward(go, q, k, v, first.output, first.stats, true, 0.25);
+  for (int run = 0; run < 10; ++run) {
+    const AttentionResult r = ScaledDotProductAttention(q, k, v, true, 0.25);
+    const AttentionGrads g =
+        ScaledDotProductAttentionBackward(go, q, k, v, r.output, r.stats, true, 0.25);
+    ASSERT_EQ(r.output.to_vector<float>(), first.output.to_vector<float>()) << "run " << run;
+    ASSERT_EQ(g.grad_q.to_vector<float>(), first_grads.grad_q.to_vector<float>()) << run;
+    ASSERT_EQ(g.grad_k.to_vector<float>(), first_grads.grad_k.to_vector<float>()) << run;
+    ASSERT_EQ(g.grad_v.to_vector<float>(), first_grads.grad_v.to_vector<float>()) << run;
+  }
+  const Tensor a = Randn({96, 200}, gen, kF32, 1.0), b = Randn({200, 72}, gen, kF32, 1.0);
+  const std::vector<float> want = Matmul(a, b).to_vector<float>();
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) mismatches[t] += Matmul(a, b).to_vector<float>() != want;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
 
 TEST(FusedLayerNormBackwardTest, MatchesComposed) {
   Generator gen(301);

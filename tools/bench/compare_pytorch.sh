@@ -6,11 +6,12 @@
 #
 #   tools/bench/compare_pytorch.sh [THREADS...]     (default: 1 2)
 #
-# Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20).
+# Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20), for bazel in BAZEL_FLAGS
+# (e.g. --config=cpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py="$(tools/bench/setup_pytorch_venv.sh | tail -1)"
-bazel build -c opt //tools/bench:train_step >&2
+bazel build -c opt ${BAZEL_FLAGS:-} //tools/bench:train_step >&2
 json="$(mktemp --suffix=.jsonl)"
 trap 'rm -f "${json}"' EXIT
 threads=("$@")
