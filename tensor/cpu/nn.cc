@@ -2,6 +2,7 @@
 // dropout masks.
 // f16/bf16/f32 compute in f32 (f64 for f64) and round each output once.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -180,33 +181,37 @@ bool AnyNonFinite(const Tensor& t) {
 }
 
 bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
-  bool found = false;
+  std::atomic<bool> found{false};  // OR-ed: the same answer whatever the thread split
   VisitFloating("mul_scalar_", t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = ComputeType<T>;
     const C s = static_cast<C>(scale);
-    auto scale_row = [&](T* p, int64_t n, int64_t step) {
+    auto scale_range = [&](T* p, int64_t n) {
       if (!check_finite) {
-        for (int64_t i = 0; i < n; ++i) p[i * step] = Convert<T>(Widen(p[i * step]) * s);
+        for (int64_t i = 0; i < n; ++i) p[i] = Convert<T>(Widen(p[i]) * s);
         return;
       }
       // v * 0 is NaN exactly when v is inf or NaN; OR-ing a local flag (not a branch on
       // isfinite) keeps the loop vectorisable: one pass at close to copy bandwidth.
       bool bad = false;
       for (int64_t i = 0; i < n; ++i) {
-        const C v = Widen(p[i * step]);
+        const C v = Widen(p[i]);
         const C z = v * C(0);
         bad |= z != z;
-        p[i * step] = Convert<T>(v * s);
+        p[i] = Convert<T>(v * s);
       }
-      found = found || bad;
+      if (bad) found = true;
+    };
+    auto scale_all = [&](T* p, int64_t n) {
+      ParallelFor(n, int64_t{1} << 15,
+                  [&](int64_t begin, int64_t end) { scale_range(p + begin, end - begin); });
     };
     if (t.is_contiguous()) {
-      scale_row(t.data<T>(), t.numel(), 1);
+      scale_all(t.data<T>(), t.numel());
     } else {
       // A non-contiguous view: scale through a contiguous copy and write it back.
       Tensor c = t.clone();
-      scale_row(c.data<T>(), c.numel(), 1);
+      scale_all(c.data<T>(), c.numel());
       t.copy_(c);
     }
   });

@@ -3,6 +3,7 @@
 // operations in the op list's order on one element at a time. Every case is handled (kDone).
 // Built with -ffp-contract=off (BUILD): no a*b+c may become an FMA, so the loops round exactly
 // like the composed forms.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -240,9 +241,47 @@ KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   return KernelStatus::kDone;
 }
 
-// Every element widened to double and accumulated in double, in list order.
+namespace {
+
+// One partial of the global norm: the sum of |x|^p over a chunk, or its max |x| (inf norm) with
+// whether it held a NaN.
+struct NormPartial {
+  double value = 0;
+  bool nan = false;
+};
+
+// The partial of x[0, n): eight interleaved f64 accumulators (the loop vectorises; a single
+// running sum waits on every add), combined in a fixed order.
+template <typename T, typename Term>
+NormPartial SumChunk(const T* x, int64_t n, Term term) {
+  double acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += term(Convert<double>(x[k + l]));
+  }
+  for (int l = 0; k < n; ++k, ++l) acc[l] += term(Convert<double>(x[k]));
+  return {((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])),
+          false};
+}
+
+template <typename T>
+NormPartial MaxChunk(const T* x, int64_t n) {
+  NormPartial r;
+  for (int64_t k = 0; k < n; ++k) {
+    const double a = std::fabs(Convert<double>(x[k]));
+    r.nan |= a != a;
+    r.value = a > r.value ? a : r.value;
+  }
+  return r;
+}
+
+}  // namespace
+
+// Each tensor in chunks of kNormChunk elements, the chunks' partials on all threads and then
+// combined in list and chunk order: the same result at any thread count.
 KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors,
                             double norm_type) {
+  constexpr int64_t kNormChunk = int64_t{1} << 14;
   const bool inf_norm = std::isinf(norm_type);
   double acc = 0;  // sum of |x|^p, or max |x| for the inf norm
   bool nan = false;
@@ -252,22 +291,30 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
       using T = decltype(tag);
       const T* x = c.data<T>();
       const int64_t n = c.numel();
-      if (inf_norm) {
-        for (int64_t k = 0; k < n; ++k) {
-          const double a = std::fabs(Convert<double>(x[k]));
-          if (std::isnan(a)) nan = true;
-          if (a > acc) acc = a;
+      const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+      std::vector<NormPartial> partials(static_cast<size_t>(chunks));
+      ParallelFor(chunks, 2, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const T* p = x + i * kNormChunk;
+          const int64_t len = std::min(kNormChunk, n - i * kNormChunk);
+          NormPartial& r = partials[static_cast<size_t>(i)];
+          if (inf_norm) {
+            r = MaxChunk(p, len);
+          } else if (norm_type == 2) {
+            r = SumChunk(p, len, [](double v) { return v * v; });
+          } else if (norm_type == 1) {
+            r = SumChunk(p, len, [](double v) { return std::fabs(v); });
+          } else {
+            r = SumChunk(p, len, [&](double v) { return std::pow(std::fabs(v), norm_type); });
+          }
         }
-      } else if (norm_type == 2) {
-        for (int64_t k = 0; k < n; ++k) {
-          const double v = Convert<double>(x[k]);
-          acc += v * v;
-        }
-      } else if (norm_type == 1) {
-        for (int64_t k = 0; k < n; ++k) acc += std::fabs(Convert<double>(x[k]));
-      } else {
-        for (int64_t k = 0; k < n; ++k) {
-          acc += std::pow(std::fabs(Convert<double>(x[k])), norm_type);
+      });
+      for (const NormPartial& r : partials) {
+        if (inf_norm) {
+          nan |= r.nan;
+          acc = r.value > acc ? r.value : acc;
+        } else {
+          acc += r.value;
         }
       }
     });
