@@ -5,6 +5,7 @@
 //   LoadRow(src, stride, n, row);     // row[j] = src[j * stride] widened to C
 //   StoreRow(row, n, dst, stride);    // dst[j * stride] = row[j] rounded to T
 //   RoundRow<T>(row, n);              // row[j] = row[j] rounded to T, as C
+//   const C* v = RowAs<C>(src, n, buf);  // src itself when T is C, else widened into buf
 #ifndef TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_
 #define TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_
 
@@ -31,6 +32,17 @@ void StoreRow(const C* src, int64_t n, T* dst, int64_t stride) {
     if (stride == 1) return RoundFromF32(src, dst, n);
   }
   for (int64_t j = 0; j < n; ++j) dst[j * stride] = Convert<T>(src[j]);
+}
+
+// n contiguous values of T as C: src itself when T is C, else widened into `buffer` (n values).
+template <typename C, typename T>
+const C* RowAs(const T* src, int64_t n, C* buffer) {
+  if constexpr (std::is_same_v<T, C>) {
+    return src;
+  } else {
+    LoadRow(src, 1, n, buffer);
+    return buffer;
+  }
 }
 
 // x[j] = x[j] rounded to T and read back as C, the value it has as a product's operand of T (no

@@ -6,6 +6,7 @@
 // (rows.h), so their results are bit-identical to the composition of those kernels.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/convert.h"
@@ -52,11 +53,13 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
     ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
       std::vector<C> xhat(n), dxhat(n), gi_row(n);  // one row
       for (int64_t r = begin; r < end; ++r) {
-        LoadRow(xs + r * n, 1, n, xhat.data());
-        LoadRow(go + r * n, 1, n, dxhat.data());
-        for (int64_t i = 0; i < n; ++i) xhat[i] = (xhat[i] - mu[r]) * rs[r];
-        if (!w.empty()) {
-          for (int64_t i = 0; i < n; ++i) dxhat[i] *= w[i];
+        const C* xr = RowAs<C>(xs + r * n, n, xhat.data());
+        const C* gr = RowAs<C>(go + r * n, n, dxhat.data());
+        for (int64_t i = 0; i < n; ++i) xhat[i] = (xr[i] - mu[r]) * rs[r];
+        if (w.empty()) {
+          for (int64_t i = 0; i < n; ++i) dxhat[i] = gr[i];
+        } else {
+          for (int64_t i = 0; i < n; ++i) dxhat[i] = gr[i] * w[i];
         }
         const double sum_dxhat =
             SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i]); });
@@ -64,10 +67,12 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
             SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i] * xhat[i]); });
         const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
         const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
+        C* out = gi_row.data();
+        if constexpr (std::is_same_v<T, C>) out = gi + r * n;  // straight into grad_input
         for (int64_t i = 0; i < n; ++i) {
-          gi_row[i] = rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat);
+          out[i] = rs[r] * ((dxhat[i] - mean_dxhat) - xhat[i] * mean_dxhat_xhat);
         }
-        StoreRow(gi_row.data(), n, gi + r * n, 1);
+        if constexpr (!std::is_same_v<T, C>) StoreRow(out, n, gi + r * n, 1);
       }
     });
     // grad_weight and grad_bias: columns in parallel, each summed over the rows in order.
@@ -158,8 +163,7 @@ KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits
         C shift, log_sum;
         RowLogSumExp<C>(row, classes, &shift, &log_sum);
         lo[r] = Convert<T>(CrossEntropyRowLoss<C>(row, t[r], shift, log_sum));
-        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]),
-                               grow);
+        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
       }
     });
   });
@@ -171,9 +175,9 @@ KernelStatus LossScaleStep(const Tensor& state, const Tensor& found_inf, bool up
                            const Tensor& scale_out, const Tensor& inv_scale_out) {
   auto* s = static_cast<LossScaleState*>(state.raw_data());
   if (update) UpdateLossScale(s, found_inf.defined() && found_inf.item() != 0);
-  LossScaleOutputs(*s, scale_out.defined() ? static_cast<float*>(scale_out.raw_data()) : nullptr,
-                   inv_scale_out.defined() ? static_cast<float*>(inv_scale_out.raw_data())
-                                           : nullptr);
+  LossScaleOutputs(
+      *s, scale_out.defined() ? static_cast<float*>(scale_out.raw_data()) : nullptr,
+      inv_scale_out.defined() ? static_cast<float*>(inv_scale_out.raw_data()) : nullptr);
   return KernelStatus::kDone;
 }
 

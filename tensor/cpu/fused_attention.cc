@@ -92,8 +92,12 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
                       row[j] *= cscale;
                       if (std::isnan(row[j]) || row[j] > max) max = row[j];
                     }
+                    // exp over whole vectors: the masked keys up to the next multiple of 16 (within
+                    // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
+                    const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
                     for (int64_t j = 0; j < len; ++j) row[j] -= max;
-                    ExpRow(row, row, len);
+                    std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
+                    ExpRow(row, row, padded);
                     double acc = 0;
                     for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(row[j]);
                     const C sum = static_cast<C>(acc);
@@ -151,8 +155,10 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
                     C* prow = p.data() + i * tk;
                     C* dsrow = ds.data() + i * tk;
                     const int64_t len = VisibleKeys(causal, i, tk);
+                    const int64_t padded = std::min(tk, (len + 15) / 16 * 16);  // as in the forward
                     for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
-                    ExpRow(prow, prow, len);
+                    std::fill(prow + len, prow + padded, -std::numeric_limits<C>::infinity());
+                    ExpRow(prow, prow, padded);
                     for (int64_t j = 0; j < len; ++j)
                       dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
                     RoundRow<T>(prow, len);

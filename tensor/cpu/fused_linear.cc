@@ -99,8 +99,12 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
         for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
       }
       StoreRow(p, n, p_base + r * p_row, p_col);
-      GeluTanhRow(p, p, n);
-      StoreRow(p, n, orow, 1);
+      if constexpr (std::is_same_v<T, C>) {
+        GeluTanhRow(p, orow, n);
+      } else {
+        GeluTanhRow(p, p, n);
+        StoreRow(p, n, orow, 1);
+      }
     }
   });
 }
@@ -145,8 +149,8 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
         C* row = gc + r * n;
         LoadRow(p_base + r * p_row, p_col, n, row);
         GeluTanhGradRow(row, row, n);
-        LoadRow(go + r * n, 1, n, g_row.data());
-        for (int64_t j = 0; j < n; ++j) row[j] = g_row[j] * row[j];
+        const C* g_in = RowAs<C>(go + r * n, n, g_row.data());
+        for (int64_t j = 0; j < n; ++j) row[j] = g_in[j] * row[j];
       }
     });
     if (!col.empty()) ColumnSums(gc, m, n, col.data());
