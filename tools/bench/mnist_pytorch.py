@@ -51,7 +51,7 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 1e-4},
                              {"params": other, "weight_decay": 0.0}], lr=1e-3, fused=True)
     batch = 128
-    per_epoch = len(train_x) // batch  # full batches, as tapegrad's batcher
+    per_epoch = math.ceil(len(train_x) / batch)  # the last one partial, as tapegrad's batcher
     total = args.epochs * per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
