@@ -12,6 +12,7 @@
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 
@@ -91,6 +92,23 @@ struct AdamScalars {
 template <typename T, typename G, typename C, WeightDecay kDecay, bool kAmsgrad>
 void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const AdamScalars<C>& s) {
   ParallelFor(n, kElementsPerThread, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<G, float> && !kAmsgrad) {
+      // All f32: the same operations on whole vectors (vec_math.h, chosen for this CPU).
+      const AdamF32Scalars vs{static_cast<int>(kDecay == WeightDecay::kL2           ? 1
+                                               : kDecay == WeightDecay::kDecoupled ? 2
+                                                                                   : 0),
+                              s.weight_decay,
+                              s.decay,
+                              s.beta1,
+                              s.one_minus_beta1,
+                              s.beta2,
+                              s.one_minus_beta2,
+                              s.eps,
+                              s.step_size,
+                              s.bias_correction2_sqrt};
+      AdamF32(p + begin, g + begin, m + begin, v + begin, end - begin, vs);
+      return;
+    }
     for (int64_t i = begin; i < end; ++i) {
       C pv = Convert<C>(p[i]);
       C gv = Convert<C>(g[i]);

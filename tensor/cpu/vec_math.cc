@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "tensor/cpu/vec_math.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <cmath>
 #include <cstring>
 
 #include "hwy/contrib/math/math-inl.h"
@@ -159,6 +160,63 @@ void FloatToHalf(const float* in, uint16_t* out, int64_t n) {
 #endif
 }
 
+inline float Sqrt(float x) { return std::sqrt(x); }
+template <class V>
+HWY_INLINE V Sqrt(V x) {
+  return hn::Sqrt(x);
+}
+
+// The Adam element update on a vector or a scalar (hn::Mul etc. on Vec, plain operators on
+// float): the same operations in the same order either way.
+template <int kDecay, class V, class S>
+HWY_INLINE void AdamElement(V& p, V g, V& m, V& v, const S& s) {
+  if constexpr (kDecay == 1) g = g + p * s.weight_decay;
+  if constexpr (kDecay == 2) p = p * s.decay;
+  m = m * s.beta1 + g * s.one_minus_beta1;
+  v = v * s.beta2 + (g * s.one_minus_beta2) * g;
+  const V denom = Sqrt(v) / s.bias_correction2_sqrt + s.eps;
+  p = p - (m * s.step_size) / denom;
+}
+
+// The scalars as vectors (for AdamElement on vectors).
+template <class V>
+struct AdamVecScalars {
+  V weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
+      bias_correction2_sqrt;
+};
+
+template <int kDecay>
+void AdamLoop(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const AdamVecScalars<V> vs{hn::Set(d, s.weight_decay), hn::Set(d, s.decay),
+                             hn::Set(d, s.beta1),        hn::Set(d, s.one_minus_beta1),
+                             hn::Set(d, s.beta2),        hn::Set(d, s.one_minus_beta2),
+                             hn::Set(d, s.eps),          hn::Set(d, s.step_size),
+                             hn::Set(d, s.bias_correction2_sqrt)};
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    V pv = hn::LoadU(d, p + i), mv = hn::LoadU(d, m + i), vv = hn::LoadU(d, v + i);
+    AdamElement<kDecay>(pv, hn::LoadU(d, g + i), mv, vv, vs);
+    hn::StoreU(pv, d, p + i);
+    hn::StoreU(mv, d, m + i);
+    hn::StoreU(vv, d, v + i);
+  }
+  for (; i < n; ++i) AdamElement<kDecay>(p[i], g[i], m[i], v[i], s);
+}
+
+void Adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
+  switch (s.weight_decay_kind) {
+    case 1:
+      return AdamLoop<1>(p, g, m, v, n, s);
+    case 2:
+      return AdamLoop<2>(p, g, m, v, n, s);
+    default:
+      return AdamLoop<0>(p, g, m, v, n, s);
+  }
+}
+
 void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
@@ -174,12 +232,16 @@ HWY_EXPORT(BFloat16ToFloat);
 HWY_EXPORT(FloatToBFloat16);
 HWY_EXPORT(HalfToFloat);
 HWY_EXPORT(FloatToHalf);
+HWY_EXPORT(Adam);
 HWY_EXPORT(Exp);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
+void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
+  HWY_DYNAMIC_DISPATCH(Adam)(p, g, m, v, n, s);
+}
 void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(BFloat16ToFloat)(in, out, n);
 }

@@ -32,6 +32,17 @@ void GeluTanhF32(const float* x, float* y, int64_t n);
 // equal bit for bit to that chain of f32 tensor ops.
 void GeluTanhGradF32(const float* x, float* y, int64_t n);
 
+// One Adam/AdamW update of n f32 parameters with f32 gradients and state (no AMSGrad), the
+// operations of tensor/cpu/optimizer.cc's AdamLoop in its order, each rounded to f32 (no FMA):
+// the same bits as that loop. weight_decay_kind: 0 none, 1 L2 (added to the gradient), 2
+// decoupled (p scaled by decay first).
+struct AdamF32Scalars {
+  int weight_decay_kind;
+  float weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
+      bias_correction2_sqrt;
+};
+void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s);
+
 // Conversions of n values between f32 and the bits of f16 / bf16, rounding to nearest even as
 // tensor/half.h's scalar conversions do (the same bits, NaNs included).
 void HalfBitsToF32(const uint16_t* in, float* out, int64_t n);
