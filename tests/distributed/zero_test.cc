@@ -604,8 +604,11 @@ TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
     ref.zero_grad();
     opt.backward(Loss(*model, s, 0, kF32));
     ref.backward(Loss(*ref_model, s, 0, kF32));
-    EXPECT_EQ(opt.clip_master_grads(std::numeric_limits<double>::infinity()),
-              ref.clip_master_grads(std::numeric_limits<double>::infinity()));
+    // The norm sums squares in chunks of each tensor: ZeRO's flat units group the same
+    // gradient's squares differently from separate tensors, so the norms agree to f64 rounding.
+    const double norm = ref.clip_master_grads(std::numeric_limits<double>::infinity());
+    EXPECT_NEAR(opt.clip_master_grads(std::numeric_limits<double>::infinity()), norm,
+                1e-12 * norm);
     opt.step();
     ref.step();
   }
