@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 
 #include "autograd/engine.h"
@@ -171,7 +172,12 @@ std::string TraceScope::ToText() const {
         break;
       case TraceKind::kNodeBegin:
       case TraceKind::kNodeEnd:
-        absl::StrAppend(&out, " seq=", e.sequence_nr, " task=", e.task);
+        // AccumulateGrad's sequence number is the engine's "runs first" marker (UINT64_MAX).
+        absl::StrAppend(&out, " seq=",
+                        e.sequence_nr == std::numeric_limits<uint64_t>::max()
+                            ? std::string("first")
+                            : absl::StrCat(e.sequence_nr),
+                        " task=", e.task);
         break;
       case TraceKind::kHook:
         absl::StrAppend(&out, " node=", e.node, " handle=", e.handle, " task=", e.task);
