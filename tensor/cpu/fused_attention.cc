@@ -18,6 +18,7 @@
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/rows.h"
 
 namespace tg::cpu {
 namespace {
@@ -70,50 +71,53 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
   C* stats_base = stats.data<C>();
   // Heads are independent: one block of heads per thread, each with its own scratch (GEMM inside
   // a parallel region runs on the calling thread, see parallel.h).
-  ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)),
-              [&](int64_t begin, int64_t end) {
-                ScratchVector<C> q_scratch, k_scratch, v_scratch, s(tq * tk), o_scratch;
-                for (int64_t head = begin; head < end; ++head) {
-                  const int64_t b = head / nh, h = head % nh;
-                  int64_t ldq, ldk, ldv;
-                  const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
-                  const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
-                  const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
-                  Scores(qh, ldq, kh, ldk, tq, tk, d, s.data());
-                  C* st = stats_base + head * tq;
-                  for (int64_t i = 0; i < tq; ++i) {
-                    // One row: scale, max, exp and sum over the visible keys; the masked ones get
-                    // probability 0 (exp(-inf - max) in the composed form). The sum accumulates in
-                    // f64 and rounds to C, like Sum; the max takes the first NaN, like Max.
-                    C* row = s.data() + i * tk;
-                    const int64_t len = VisibleKeys(causal, i, tk);
-                    C max = -std::numeric_limits<C>::infinity();
-                    for (int64_t j = 0; j < len; ++j) {
-                      row[j] *= cscale;
-                      if (std::isnan(row[j]) || row[j] > max) max = row[j];
-                    }
-                    // exp over whole vectors: the masked keys up to the next multiple of 16 (within
-                    // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
-                    const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
-                    for (int64_t j = 0; j < len; ++j) row[j] -= max;
-                    std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
-                    ExpRow(row, row, padded);
-                    double acc = 0;
-                    for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(row[j]);
-                    const C sum = static_cast<C>(acc);
-                    for (int64_t j = 0; j < len; ++j) row[j] /= sum;
-                    RoundRow<T>(row, len);
-                    std::fill(row + len, row + tk, C(0));
-                    st[i] = max + std::log(sum);
-                  }
-                  // out[b, h] [tq, d] = p [tq, tk] @ v [tk, d].
-                  if (d == 0) continue;
-                  T* o = out_base + head * tq * d;
-                  C* dst = GemmResult<C>(o, tq * d, o_scratch);
-                  Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, d);
-                  StoreGemmResult(dst, tq * d, o);
-                }
-              });
+  ParallelFor(
+      nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
+        ScratchVector<C> q_scratch, k_scratch, v_scratch, s(tq * tk), o_scratch;
+        for (int64_t head = begin; head < end; ++head) {
+          const int64_t b = head / nh, h = head % nh;
+          int64_t ldq, ldk, ldv;
+          const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
+          const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
+          const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
+          Scores(qh, ldq, kh, ldk, tq, tk, d, s.data());
+          C* st = stats_base + head * tq;
+          for (int64_t i = 0; i < tq; ++i) {
+            // One row: scale, max, exp and sum over the visible keys; the masked ones get
+            // probability 0 (exp(-inf - max) in the composed form). The sum accumulates in
+            // f64 (rows.h SumF64) and rounds to C; the max takes the first NaN, like Max.
+            C* row = s.data() + i * tk;
+            const int64_t len = VisibleKeys(causal, i, tk);
+            for (int64_t j = 0; j < len; ++j) row[j] *= cscale;
+            // The max without a branch per key (the loop vectorises), then the first NaN if any.
+            C max = -std::numeric_limits<C>::infinity();
+            bool nan = false;
+            for (int64_t j = 0; j < len; ++j) {
+              nan |= row[j] != row[j];
+              max = row[j] > max ? row[j] : max;
+            }
+            if (nan) max = *std::find_if(row, row + len, [](C x) { return x != x; });
+            // exp over whole vectors: the masked keys up to the next multiple of 16 (within
+            // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
+            const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
+            for (int64_t j = 0; j < len; ++j) row[j] -= max;
+            std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
+            ExpRow(row, row, padded);
+            const C sum =
+                static_cast<C>(SumF64(len, [&](int64_t j) { return static_cast<double>(row[j]); }));
+            for (int64_t j = 0; j < len; ++j) row[j] /= sum;
+            RoundRow<T>(row, len);
+            std::fill(row + len, row + tk, C(0));
+            st[i] = max + std::log(sum);
+          }
+          // out[b, h] [tq, d] = p [tq, tk] @ v [tk, d].
+          if (d == 0) continue;
+          T* o = out_base + head * tq * d;
+          C* dst = GemmResult<C>(o, tq * d, o_scratch);
+          Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, d);
+          StoreGemmResult(dst, tq * d, o);
+        }
+      });
 }
 
 template <typename T>
@@ -127,61 +131,59 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
   // Per-head scratch, in C: q, grad_out, out [tq, d]; k, v [tk, d]; the scores s, then p
   // rounded to T, and dp, then ds rounded to T, [tq, tk]; the products (f16/bf16 only).
   const C* stats_base = stats.data<C>();
-  ParallelFor(nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)),
-              [&](int64_t begin, int64_t end) {
-                ScratchVector<C> q_scratch, k_scratch, v_scratch, go_scratch, o_scratch, p(tq * tk),
-                    ds(tq * tk), r_scratch;
-                for (int64_t head = begin; head < end; ++head) {
-                  const int64_t b = head / nh, h = head % nh;
-                  int64_t ldq, ldk, ldv, ldgo, ldo;
-                  const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
-                  const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
-                  const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
-                  const C* goh = HeadOperand<T>(grad_out, b, h, go_scratch, &ldgo);
-                  const C* oh = HeadOperand<T>(out, b, h, o_scratch, &ldo);
-                  Scores(qh, ldq, kh, ldk, tq, tk, d, p.data());
-                  // dp [tq, tk] = grad_out [tq, d] @ v [tk, d]^T.
-                  Scores(goh, ldgo, vh, ldv, tq, tk, d, ds.data());
-                  const C* st = stats_base + head * tq;
-                  for (int64_t i = 0; i < tq; ++i) {
-                    // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C,
-                    // like Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds
-                    // rounded to T for the products; masked keys have p = ds = 0.
-                    const C* gorow = goh + i * ldgo;
-                    const C* orow = oh + i * ldo;
-                    double acc = 0;
-                    for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(gorow[c] * orow[c]);
-                    const C delta = static_cast<C>(acc);
-                    C* prow = p.data() + i * tk;
-                    C* dsrow = ds.data() + i * tk;
-                    const int64_t len = VisibleKeys(causal, i, tk);
-                    const int64_t padded = std::min(tk, (len + 15) / 16 * 16);  // as in the forward
-                    for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
-                    std::fill(prow + len, prow + padded, -std::numeric_limits<C>::infinity());
-                    ExpRow(prow, prow, padded);
-                    for (int64_t j = 0; j < len; ++j)
-                      dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
-                    RoundRow<T>(prow, len);
-                    RoundRow<T>(dsrow, len);
-                    std::fill(prow + len, prow + tk, C(0));
-                    std::fill(dsrow + len, dsrow + tk, C(0));
-                  }
-                  // grad_v [tk, d] = p^T @ grad_out; grad_q [tq, d] = ds @ k; grad_k [tk, d] = ds^T
-                  // @ q (the transposes through GEMM's flags).
-                  T* gv = grad_v.data<T>() + head * tk * d;
-                  C* dst = GemmResult<C>(gv, tk * d, r_scratch);
-                  Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, d);
-                  StoreGemmResult(dst, tk * d, gv);
-                  T* gq = grad_q.data<T>() + head * tq * d;
-                  dst = GemmResult<C>(gq, tq * d, r_scratch);
-                  Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, d);
-                  StoreGemmResult(dst, tq * d, gq);
-                  T* gk = grad_k.data<T>() + head * tk * d;
-                  dst = GemmResult<C>(gk, tk * d, r_scratch);
-                  Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, d);
-                  StoreGemmResult(dst, tk * d, gk);
-                }
-              });
+  ParallelFor(
+      nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
+        ScratchVector<C> q_scratch, k_scratch, v_scratch, go_scratch, o_scratch, p(tq * tk),
+            ds(tq * tk), r_scratch;
+        for (int64_t head = begin; head < end; ++head) {
+          const int64_t b = head / nh, h = head % nh;
+          int64_t ldq, ldk, ldv, ldgo, ldo;
+          const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
+          const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
+          const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
+          const C* goh = HeadOperand<T>(grad_out, b, h, go_scratch, &ldgo);
+          const C* oh = HeadOperand<T>(out, b, h, o_scratch, &ldo);
+          Scores(qh, ldq, kh, ldk, tq, tk, d, p.data());
+          // dp [tq, tk] = grad_out [tq, d] @ v [tk, d]^T.
+          Scores(goh, ldgo, vh, ldv, tq, tk, d, ds.data());
+          const C* st = stats_base + head * tq;
+          for (int64_t i = 0; i < tq; ++i) {
+            // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C,
+            // like Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds
+            // rounded to T for the products; masked keys have p = ds = 0.
+            const C* gorow = goh + i * ldgo;
+            const C* orow = oh + i * ldo;
+            const C delta = static_cast<C>(
+                SumF64(d, [&](int64_t c) { return static_cast<double>(gorow[c] * orow[c]); }));
+            C* prow = p.data() + i * tk;
+            C* dsrow = ds.data() + i * tk;
+            const int64_t len = VisibleKeys(causal, i, tk);
+            const int64_t padded = std::min(tk, (len + 15) / 16 * 16);  // as in the forward
+            for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
+            std::fill(prow + len, prow + padded, -std::numeric_limits<C>::infinity());
+            ExpRow(prow, prow, padded);
+            for (int64_t j = 0; j < len; ++j) dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
+            RoundRow<T>(prow, len);
+            RoundRow<T>(dsrow, len);
+            std::fill(prow + len, prow + tk, C(0));
+            std::fill(dsrow + len, dsrow + tk, C(0));
+          }
+          // grad_v [tk, d] = p^T @ grad_out; grad_q [tq, d] = ds @ k; grad_k [tk, d] = ds^T
+          // @ q (the transposes through GEMM's flags).
+          T* gv = grad_v.data<T>() + head * tk * d;
+          C* dst = GemmResult<C>(gv, tk * d, r_scratch);
+          Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, d);
+          StoreGemmResult(dst, tk * d, gv);
+          T* gq = grad_q.data<T>() + head * tq * d;
+          dst = GemmResult<C>(gq, tq * d, r_scratch);
+          Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, d);
+          StoreGemmResult(dst, tq * d, gq);
+          T* gk = grad_k.data<T>() + head * tk * d;
+          dst = GemmResult<C>(gk, tk * d, r_scratch);
+          Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, d);
+          StoreGemmResult(dst, tk * d, gk);
+        }
+      });
 }
 
 }  // namespace
