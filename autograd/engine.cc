@@ -48,7 +48,7 @@ struct GraphTask {
   bool issued_in_forward = false;  // the outermost task started inside a ForwardScope
   bool keep_graph = false;
   bool create_graph = false;
-  bool partial = false;  // only nodes leading to `inputs` run
+  bool partial = false;           // only nodes leading to `inputs` run
   const char* kind = "backward";  // or "grad" (the trace's name for the task)
   // One slot per node reached from the roots, filled once by ComputeDependencies (so pointers
   // into it stay valid), found through Node::engine_mark. Only when a nested task overwrote a
@@ -227,7 +227,8 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   node->RunRetainGrad(grads);
   if (!state.needed) {
     if (state.captured) CaptureGrads(task, node, grads);
-    if (TracingEnabled()) trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
+    if (TracingEnabled())
+      trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
     return;
   }
   const bool is_accumulate = node->IsAccumulateGrad();
@@ -243,7 +244,8 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   if (AnomalyMode::is_enabled()) CheckFiniteForAnomaly(*node, outputs);
   if (node->has_post_hooks()) node->RunPostHooks(outputs, grads);
   if (!task.keep_graph) node->ReleaseSaved();
-  if (TracingEnabled()) trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
+  if (TracingEnabled())
+    trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
   const auto& edges = node->next_edges();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!edges[i].valid()) continue;

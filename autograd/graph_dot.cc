@@ -26,11 +26,13 @@ std::string NodeLabel(const Node& node) {
   if (node.IsAccumulateGrad()) {
     const VariableImpl& leaf = *static_cast<const AccumulateGrad&>(node).leaf();
     lines.push_back(Escape(node.trace_name()));
-    lines.push_back(absl::StrCat("leaf ", ShapeToString(leaf.data.shape()), " ",
-                                 DTypeName(leaf.data.dtype())));
-    if (!leaf.tensor_hooks.empty()) hooks.push_back(absl::StrCat(leaf.tensor_hooks.size(), " tensor hook(s)"));
+    lines.push_back(
+        absl::StrCat("leaf ", ShapeToString(leaf.data.shape()), " ", DTypeName(leaf.data.dtype())));
+    if (!leaf.tensor_hooks.empty())
+      hooks.push_back(absl::StrCat(leaf.tensor_hooks.size(), " tensor hook(s)"));
     if (!leaf.post_accumulate_hooks.empty()) {
-      hooks.push_back(absl::StrCat(leaf.post_accumulate_hooks.size(), " post-accumulate-grad hook(s)"));
+      hooks.push_back(
+          absl::StrCat(leaf.post_accumulate_hooks.size(), " post-accumulate-grad hook(s)"));
     }
   } else {
     lines.push_back(absl::StrCat(Escape(node.name()), "  #", node.sequence_nr()));
@@ -48,8 +50,8 @@ std::string NodeLabel(const Node& node) {
 
 std::string BackwardGraphToDot(const Variable& root) {
   std::string out = "digraph backward {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n";
-  std::shared_ptr<Node> start = root.defined() && root.requires_grad() ? root.gradient_edge_node()
-                                                                       : nullptr;
+  std::shared_ptr<Node> start =
+      root.defined() && root.requires_grad() ? root.gradient_edge_node() : nullptr;
   absl::flat_hash_map<const Node*, int> ids;
   std::vector<const Node*> stack;
   auto id_of = [&](const Node* n) {
@@ -67,12 +69,13 @@ std::string BackwardGraphToDot(const Variable& root) {
     const Node* n = stack.back();
     stack.pop_back();
     const Node::HookCounts c = n->hook_counts();
-    const bool hooked = c.tensor_hooks || c.pre_hooks || c.post_hooks ||
-                        (n->IsAccumulateGrad() &&
-                         (!static_cast<const AccumulateGrad*>(n)->leaf()->tensor_hooks.empty() ||
-                          !static_cast<const AccumulateGrad*>(n)->leaf()->post_accumulate_hooks.empty()));
-    absl::StrAppend(&out, "  n", ids.at(n), " [label=\"", NodeLabel(*n), "\", shape=",
-                    n->IsAccumulateGrad() ? "ellipse" : "box",
+    const bool hooked =
+        c.tensor_hooks || c.pre_hooks || c.post_hooks ||
+        (n->IsAccumulateGrad() &&
+         (!static_cast<const AccumulateGrad*>(n)->leaf()->tensor_hooks.empty() ||
+          !static_cast<const AccumulateGrad*>(n)->leaf()->post_accumulate_hooks.empty()));
+    absl::StrAppend(&out, "  n", ids.at(n), " [label=\"", NodeLabel(*n),
+                    "\", shape=", n->IsAccumulateGrad() ? "ellipse" : "box",
                     c.retain_grad ? ", style=filled, fillcolor=lightblue" : "",
                     hooked ? ", color=red" : "", "];\n");
     const auto& edges = n->next_edges();

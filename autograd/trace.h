@@ -32,18 +32,18 @@
 namespace tg {
 
 enum class TraceKind {
-  kTaskBegin,        // name: "backward" or "grad"
-  kTaskEnd,          // name: as its begin; "failed" when the task threw
-  kNodeBegin,        // name: the node's name
+  kTaskBegin,  // name: "backward" or "grad"
+  kTaskEnd,    // name: as its begin; "failed" when the task threw
+  kNodeBegin,  // name: the node's name
   kNodeEnd,
-  kHook,             // name: tensor_pre_hook, node_pre_hook, node_post_hook,
-                     // post_accumulate_grad, retain_grad, multi_grad; node: where it ran
-  kCallbackQueued,   // name: "callback"; task: the task it was queued on
-  kCallbackRun,      // name: "callback"; task: the task it belongs to
-  kRecomputeBegin,   // name: "reentrant" or "non_reentrant" (checkpoint)
+  kHook,            // name: tensor_pre_hook, node_pre_hook, node_post_hook,
+                    // post_accumulate_grad, retain_grad, multi_grad; node: where it ran
+  kCallbackQueued,  // name: "callback"; task: the task it was queued on
+  kCallbackRun,     // name: "callback"; task: the task it belongs to
+  kRecomputeBegin,  // name: "reentrant" or "non_reentrant" (checkpoint)
   kRecomputeEnd,
-  kHandOff,          // a nested task continues on a fresh thread
-  kUser,             // name: the category ("ddp", "amp", ...); detail: the message
+  kHandOff,  // a nested task continues on a fresh thread
+  kUser,     // name: the category ("ddp", "amp", ...); detail: the message
 };
 // "task_begin", "node_end", "hook", ... (the kind's name in exports and tests).
 const char* TraceKindName(TraceKind kind);
@@ -51,15 +51,15 @@ const char* TraceKindName(TraceKind kind);
 struct TraceRecord {
   TraceKind kind;
   std::string name;
-  std::string node;     // hooks: the node they belong to
-  std::string detail;   // user events: the message
-  int64_t task = -1;    // the graph task (-1 outside backward)
+  std::string node;    // hooks: the node they belong to
+  std::string detail;  // user events: the message
+  int64_t task = -1;   // the graph task (-1 outside backward)
   int64_t parent_task = -1;
-  int depth = -1;       // reentrant depth of the task running where the event happened
+  int depth = -1;            // reentrant depth of the task running where the event happened
   uint64_t sequence_nr = 0;  // nodes
   uint64_t handle = 0;       // hooks: the handle id (0 for retain_grad and multi-grad)
-  int thread = 0;       // small per-process thread number, in order of first traced event
-  int64_t ts_ns = 0;    // steady clock (exports print it relative to the scope's start)
+  int thread = 0;            // small per-process thread number, in order of first traced event
+  int64_t ts_ns = 0;         // steady clock (exports print it relative to the scope's start)
 };
 
 class TraceScope;
@@ -67,8 +67,8 @@ class TraceScope;
 namespace trace_internal {
 // The innermost active scope of this thread (null: tracing is off here).
 inline thread_local TraceScope* current = nullptr;
-// Stamps thread, time and (unless set) the current task and reentrant depth, and appends the record to
-// every active scope of this thread.
+// Stamps thread, time and (unless set) the current task and reentrant depth, and appends the record
+// to every active scope of this thread.
 void Record(TraceRecord record);
 }  // namespace trace_internal
 

@@ -1,6 +1,6 @@
 // Conv2d and MaxPool2d layers over [batch, channels, height, width] (CPU: oneDNN, or im2col +
-// GEMM where oneDNN cannot; the CUDA backend adds cuDNN). Initialisation as PyTorch: weight and bias U(-1/sqrt(fan_in), +), with
-// fan_in = in_channels * kh * kw.
+// GEMM where oneDNN cannot; the CUDA backend adds cuDNN). Initialisation as PyTorch: weight and
+// bias U(-1/sqrt(fan_in), +), with fan_in = in_channels * kh * kw.
 //
 //   tg::nn::Conv2d conv(1, 32, {3, 3}, gen, {.padding = {1, 1}});
 //   tg::nn::MaxPool2d pool({2, 2});

@@ -2,8 +2,9 @@
 // double), shared by the elementwise kernels (UnaryOp::kExp, kTanh, kGeluTanh), the softmax and
 // cross-entropy rows (rows.h), attention (fused_attention.cc) and the fused Linear kernels
 // (fused_linear.cc), so that a fused kernel rounds exactly like the composed ops it replaces
-// (a fused Linear + GELU like GeluTanh(Matmul + bias)). float rows go through the vectorised forms of vec_math.h;
-// double rows through the scalar forms below (libm's tanh), the exact references of gradchecks.
+// (a fused Linear + GELU like GeluTanh(Matmul + bias)). float rows go through the vectorised forms
+// of vec_math.h; double rows through the scalar forms below (libm's tanh), the exact references of
+// gradchecks.
 //
 //   GeluTanhRow(x, y, n);       // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   GeluTanhGradRow(x, dy, n);  // dy = d y / d x

@@ -71,7 +71,8 @@ void DnnlPrimitive::AddArg(int id, const dnnl::memory::desc& plain,
   if (wanted != plain) {
     const dnnl::memory::desc& from = output ? wanted : plain;
     const dnnl::memory::desc& to = output ? plain : wanted;
-    arg.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(DnnlEngine(), from, DnnlEngine(), to));
+    arg.reorder =
+        dnnl::reorder(dnnl::reorder::primitive_desc(DnnlEngine(), from, DnnlEngine(), to));
   }
   args.push_back(std::move(arg));
 }
@@ -163,8 +164,7 @@ bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int
         prim->AddArg(DNNL_ARG_DST, c_md, pd.dst_desc(), true);
         return prim;
       });
-  return p != nullptr &&
-         DnnlExecute(*p, {const_cast<void*>(a), const_cast<void*>(b), c});
+  return p != nullptr && DnnlExecute(*p, {const_cast<void*>(a), const_cast<void*>(b), c});
 }
 
 }  // namespace tg::cpu

@@ -45,11 +45,11 @@ dnnl::primitive_attr DnnlAttr();
 // A created primitive and its arguments, in the order DnnlExecute takes their pointers.
 struct DnnlPrimitive {
   struct Arg {
-    int id;                      // DNNL_ARG_*
-    dnnl::memory::desc plain;    // our buffer's layout
-    dnnl::memory::desc wanted;   // the primitive's layout (== plain: no reorder)
+    int id;                     // DNNL_ARG_*
+    dnnl::memory::desc plain;   // our buffer's layout
+    dnnl::memory::desc wanted;  // the primitive's layout (== plain: no reorder)
     bool output;
-    dnnl::reorder reorder;       // plain -> wanted for an input, wanted -> plain for an output
+    dnnl::reorder reorder;  // plain -> wanted for an input, wanted -> plain for an output
   };
   dnnl::primitive primitive;
   dnnl::memory::desc scratchpad;  // the primitive descriptor's scratchpad_desc() (DnnlAttr)
@@ -74,8 +74,8 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers);
 class DnnlCache {
  public:
   using Key = std::vector<int64_t>;
-  std::shared_ptr<const DnnlPrimitive> Get(const Key& key,
-                                           const std::function<std::shared_ptr<DnnlPrimitive>()>& make);
+  std::shared_ptr<const DnnlPrimitive> Get(
+      const Key& key, const std::function<std::shared_ptr<DnnlPrimitive>()>& make);
 
  private:
   static constexpr size_t kCapacity = 256;

@@ -31,7 +31,8 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
         C z[kRowBlock];
         for (int64_t i = 0; i < n; i += kRowBlock) {
           const int64_t len = std::min(kRowBlock, n - i);
-          for (int64_t j = 0; j < len; ++j) z[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
+          for (int64_t j = 0; j < len; ++j)
+            z[j] = static_cast<C>(Widen(row[i + j])) - shift - log_sum;
           if (!log) ExpRow(z, z, len);
           for (int64_t j = 0; j < len; ++j) o[r * n + i + j] = Convert<T>(z[j]);
         }
@@ -144,8 +145,7 @@ void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const
         const T* row = in + r * classes;
         C shift, log_sum;
         RowLogSumExp<C>(row, classes, &shift, &log_sum);
-        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]),
-                               grow);
+        CrossEntropyGradRow<C>(row, classes, t[r], shift, log_sum, static_cast<C>(scale[r]), grow);
       }
     });
   });

@@ -2,9 +2,11 @@
 // compiling the HWY_NAMESPACE part for that instruction set; HWY_ONCE marks the last pass, which
 // holds the dispatching entry points. Built with -ffp-contract=off (tensor/cpu/BUILD): a Mul
 // followed by an Add stays two roundings, as in the composed tensor ops.
+// clang-format off: foreach_target.h must come before the other includes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tensor/cpu/vec_math.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include <cmath>
 #include <cstring>
@@ -95,37 +97,39 @@ void BFloat16ToFloat(const uint16_t* in, float* out, int64_t n) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du32;
   const hn::Rebind<uint16_t, decltype(df)> du16;
-  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
-          [&](const uint16_t* src, float* dst) {
-            const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src)));
-            hn::StoreU(hn::BitCast(df, bits), df, dst);
-          },
-          [](uint16_t b) { return BFloat16BitsToFloat(b); });
+  Convert(
+      in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const uint16_t* src, float* dst) {
+        const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src)));
+        hn::StoreU(hn::BitCast(df, bits), df, dst);
+      },
+      [](uint16_t b) { return BFloat16BitsToFloat(b); });
 }
 
 void FloatToBFloat16(const float* in, uint16_t* out, int64_t n) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du32;
   const hn::Rebind<uint16_t, decltype(df)> du16;
-  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
-          [&](const float* src, uint16_t* dst) {
-            const auto x = hn::BitCast(du32, hn::LoadU(df, src));
-            const auto upper = hn::ShiftRight<16>(x);
-            // Round to nearest even: add 0x7fff plus the lowest kept bit.
-            const auto one = hn::Set(du32, 1u);
-            const auto rounded = hn::ShiftRight<16>(
-                hn::Add(x, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, one))));
-            // NaN: the sign and top payload bits, with a payload bit set when those are zero.
-            const auto is_nan = hn::Gt(hn::And(x, hn::Set(du32, 0x7fffffffu)),
-                                       hn::Set(du32, 0x7f800000u));
-            const auto empty = hn::Eq(hn::And(upper, hn::Set(du32, 0x7fu)), hn::Zero(du32));
-            const auto nan = hn::IfThenElse(empty, hn::Or(upper, hn::Set(du32, 0x40u)), upper);
-            // Each lane holds 16 bits: narrowing the int32 lanes with saturation keeps them.
-            const hn::RebindToSigned<decltype(du32)> di32;
-            const auto result = hn::BitCast(di32, hn::IfThenElse(is_nan, nan, rounded));
-            hn::StoreU(hn::DemoteTo(du16, result), du16, dst);
-          },
-          [](float f) { return FloatToBFloat16Bits(f); });
+  Convert(
+      in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const float* src, uint16_t* dst) {
+        const auto x = hn::BitCast(du32, hn::LoadU(df, src));
+        const auto upper = hn::ShiftRight<16>(x);
+        // Round to nearest even: add 0x7fff plus the lowest kept bit.
+        const auto one = hn::Set(du32, 1u);
+        const auto rounded =
+            hn::ShiftRight<16>(hn::Add(x, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, one))));
+        // NaN: the sign and top payload bits, with a payload bit set when those are zero.
+        const auto is_nan =
+            hn::Gt(hn::And(x, hn::Set(du32, 0x7fffffffu)), hn::Set(du32, 0x7f800000u));
+        const auto empty = hn::Eq(hn::And(upper, hn::Set(du32, 0x7fu)), hn::Zero(du32));
+        const auto nan = hn::IfThenElse(empty, hn::Or(upper, hn::Set(du32, 0x40u)), upper);
+        // Each lane holds 16 bits: narrowing the int32 lanes with saturation keeps them.
+        const hn::RebindToSigned<decltype(du32)> di32;
+        const auto result = hn::BitCast(di32, hn::IfThenElse(is_nan, nan, rounded));
+        hn::StoreU(hn::DemoteTo(du16, result), du16, dst);
+      },
+      [](float f) { return FloatToBFloat16Bits(f); });
 }
 
 // f16 <-> f32 through F16C (AVX2 and up: exact, rounding to nearest even); Highway's emulation
@@ -136,12 +140,13 @@ void HalfToFloat(const uint16_t* in, float* out, int64_t n) {
 #else
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> df16;
-  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
-          [&](const uint16_t* src, float* dst) {
-            hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(src))),
-                       df, dst);
-          },
-          [](uint16_t h) { return HalfBitsToFloat(h); });
+  Convert(
+      in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const uint16_t* src, float* dst) {
+        const auto* half = reinterpret_cast<const hwy::float16_t*>(src);
+        hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, half)), df, dst);
+      },
+      [](uint16_t h) { return HalfBitsToFloat(h); });
 #endif
 }
 
@@ -151,12 +156,13 @@ void FloatToHalf(const float* in, uint16_t* out, int64_t n) {
 #else
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> df16;
-  Convert(in, out, n, static_cast<int64_t>(hn::Lanes(df)),
-          [&](const float* src, uint16_t* dst) {
-            hn::StoreU(hn::DemoteTo(df16, hn::LoadU(df, src)), df16,
-                       reinterpret_cast<hwy::float16_t*>(dst));
-          },
-          [](float f) { return FloatToHalfBits(f); });
+  Convert(
+      in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const float* src, uint16_t* dst) {
+        hn::StoreU(hn::DemoteTo(df16, hn::LoadU(df, src)), df16,
+                   reinterpret_cast<hwy::float16_t*>(dst));
+      },
+      [](float f) { return FloatToHalfBits(f); });
 #endif
 }
 
@@ -189,10 +195,14 @@ template <int kDecay>
 void AdamLoop(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
-  const AdamVecScalars<V> vs{hn::Set(d, s.weight_decay), hn::Set(d, s.decay),
-                             hn::Set(d, s.beta1),        hn::Set(d, s.one_minus_beta1),
-                             hn::Set(d, s.beta2),        hn::Set(d, s.one_minus_beta2),
-                             hn::Set(d, s.eps),          hn::Set(d, s.step_size),
+  const AdamVecScalars<V> vs{hn::Set(d, s.weight_decay),
+                             hn::Set(d, s.decay),
+                             hn::Set(d, s.beta1),
+                             hn::Set(d, s.one_minus_beta1),
+                             hn::Set(d, s.beta2),
+                             hn::Set(d, s.one_minus_beta2),
+                             hn::Set(d, s.eps),
+                             hn::Set(d, s.step_size),
                              hn::Set(d, s.bias_correction2_sqrt)};
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;

@@ -66,16 +66,16 @@ TEST(Trace, HooksNodesAndCallbacksInEngineOrder) {
     TraceEvent("user", "after ", 1, " backward");
     events = trace.events();
   }
-  EXPECT_THAT(Sequence(events),
-              ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
-                          "node_begin MulBackward", "hook tensor_pre_hook @ MulBackward",
-                          "hook retain_grad @ MulBackward", "hook node_pre_hook @ MulBackward",
-                          "hook node_post_hook @ MulBackward", "node_end MulBackward",
-                          "node_begin AccumulateGrad(x)", "hook tensor_pre_hook @ AccumulateGrad(x)",
-                          "hook post_accumulate_grad @ AccumulateGrad(x)",
-                          "callback_queued callback", "node_end AccumulateGrad(x)",
-                          "callback_run callback", "task_end backward",
-                          "user user: after 1 backward"));
+  EXPECT_THAT(
+      Sequence(events),
+      ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
+                  "node_begin MulBackward", "hook tensor_pre_hook @ MulBackward",
+                  "hook retain_grad @ MulBackward", "hook node_pre_hook @ MulBackward",
+                  "hook node_post_hook @ MulBackward", "node_end MulBackward",
+                  "node_begin AccumulateGrad(x)", "hook tensor_pre_hook @ AccumulateGrad(x)",
+                  "hook post_accumulate_grad @ AccumulateGrad(x)", "callback_queued callback",
+                  "node_end AccumulateGrad(x)", "callback_run callback", "task_end backward",
+                  "user user: after 1 backward"));
   EXPECT_EQ(events[0].parent_task, -1);
   EXPECT_EQ(events[0].depth, 0);
   EXPECT_EQ(events.back().task, -1);  // after the backward
@@ -108,16 +108,15 @@ TEST(Trace, ReentrantCheckpointNestsATask) {
   TraceScope trace;
   loss.backward();
   const auto events = trace.events();
-  EXPECT_THAT(Sequence(events),
-              ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
-                          "node_begin CheckpointBackward", "recompute_begin reentrant",
-                          "recompute_end reentrant", "task_begin backward",
-                          "node_begin MulBackward", "node_end MulBackward",
-                          "node_begin AccumulateGrad", "node_end AccumulateGrad",
-                          "node_begin AccumulateGrad(w)", "node_end AccumulateGrad(w)",
-                          "task_end backward", "node_end CheckpointBackward",
-                          "node_begin AccumulateGrad(x)", "node_end AccumulateGrad(x)",
-                          "task_end backward"));
+  EXPECT_THAT(
+      Sequence(events),
+      ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
+                  "node_begin CheckpointBackward", "recompute_begin reentrant",
+                  "recompute_end reentrant", "task_begin backward", "node_begin MulBackward",
+                  "node_end MulBackward", "node_begin AccumulateGrad", "node_end AccumulateGrad",
+                  "node_begin AccumulateGrad(w)", "node_end AccumulateGrad(w)", "task_end backward",
+                  "node_end CheckpointBackward", "node_begin AccumulateGrad(x)",
+                  "node_end AccumulateGrad(x)", "task_end backward"));
   EXPECT_EQ(events[6].parent_task, events[0].task);
   EXPECT_EQ(events[6].depth, 1);
   EXPECT_EQ(events[7].task, events[6].task);
@@ -195,7 +194,7 @@ TEST(Trace, DeepReentrantBackwardHandsOffAndKeepsTracing) {
   // A chain of nested backward calls deeper than one thread runs: the engine hands off.
   const int depth = Engine::kMaxDepthPerThread + 2;
   std::function<void(int)> nest = [&](int level) {
-    EnableGradGuard grad;  // hooks run under no-grad
+    EnableGradGuard grad;         // hooks run under no-grad
     Variable x = Leaf({1}, "x");  // a leaf: hooks run under no-grad, where ops record nothing
     Variable y = MulScalar(x, 2);
     if (level > 0) {
@@ -277,7 +276,8 @@ TEST(GraphDot, NamesEdgesHooksAndRetainedGrads) {
   size_t arrows = 0;
   for (size_t p = dot.find("->"); p != std::string::npos; p = dot.find("->", p + 1)) ++arrows;
   EXPECT_EQ(arrows, 4u);
-  EXPECT_EQ(BackwardGraphToDot(Variable(Tensor::Ones({1}))), "digraph backward {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n}\n");
+  EXPECT_EQ(BackwardGraphToDot(Variable(Tensor::Ones({1}))),
+            "digraph backward {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n}\n");
 }
 
 }  // namespace

@@ -47,10 +47,11 @@ TEST(TraceExamples, ReentrantCheckpoint) {
       Sequence(events),
       ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
                   "node_begin MulBackward", "node_end MulBackward", "node_begin CheckpointBackward",
-                  "hook tensor_pre_hook @ CheckpointBackward", "hook retain_grad @ CheckpointBackward",
-                  "recompute_begin reentrant", "recompute_end reentrant", "task_begin backward",
-                  "node_begin TanhBackward", "node_end TanhBackward", "node_begin MulBackward",
-                  "node_end MulBackward", "node_begin AccumulateGrad", "node_end AccumulateGrad",
+                  "hook tensor_pre_hook @ CheckpointBackward",
+                  "hook retain_grad @ CheckpointBackward", "recompute_begin reentrant",
+                  "recompute_end reentrant", "task_begin backward", "node_begin TanhBackward",
+                  "node_end TanhBackward", "node_begin MulBackward", "node_end MulBackward",
+                  "node_begin AccumulateGrad", "node_end AccumulateGrad",
                   "node_begin AccumulateGrad(w)", "hook post_accumulate_grad @ AccumulateGrad(w)",
                   "callback_queued callback", "node_end AccumulateGrad(w)", "task_end backward",
                   "node_end CheckpointBackward", "node_begin AccumulateGrad(x)",
@@ -65,36 +66,34 @@ TEST(TraceExamples, ReentrantCheckpoint) {
 TEST(TraceExamples, NonReentrantCheckpoint) {
   std::string dot;
   const auto events = RunTraced("non_reentrant_checkpoint", &dot);
-  EXPECT_THAT(Sequence(events),
-              ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
-                          "node_begin MulBackward", "node_end MulBackward",
-                          "node_begin TanhBackward", "hook tensor_pre_hook @ TanhBackward",
-                          "hook retain_grad @ TanhBackward", "recompute_begin non_reentrant",
-                          "recompute_end non_reentrant", "node_end TanhBackward",
-                          "node_begin MulBackward", "node_end MulBackward",
-                          "node_begin AccumulateGrad(x)", "node_end AccumulateGrad(x)",
-                          "node_begin AccumulateGrad(w)",
-                          "hook post_accumulate_grad @ AccumulateGrad(w)",
-                          "callback_queued callback", "node_end AccumulateGrad(w)",
-                          "callback_run callback", "task_end backward"));
+  EXPECT_THAT(
+      Sequence(events),
+      ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
+                  "node_begin MulBackward", "node_end MulBackward", "node_begin TanhBackward",
+                  "hook tensor_pre_hook @ TanhBackward", "hook retain_grad @ TanhBackward",
+                  "recompute_begin non_reentrant", "recompute_end non_reentrant",
+                  "node_end TanhBackward", "node_begin MulBackward", "node_end MulBackward",
+                  "node_begin AccumulateGrad(x)", "node_end AccumulateGrad(x)",
+                  "node_begin AccumulateGrad(w)", "hook post_accumulate_grad @ AccumulateGrad(w)",
+                  "callback_queued callback", "node_end AccumulateGrad(w)", "callback_run callback",
+                  "task_end backward"));
   for (const TraceRecord& e : events) EXPECT_EQ(e.depth, 0);  // one task: no nesting
   EXPECT_THAT(dot, HasSubstr("TanhBackward  #"));
 }
 
 TEST(TraceExamples, AmpSkippedStep) {
   const auto events = RunTraced("amp_skipped_step");
-  EXPECT_THAT(Sequence(events),
-              ElementsAre("task_begin backward", "node_begin MulScalarBackward",
-                          "node_end MulScalarBackward", "node_begin CastBackward",
-                          "node_end CastBackward", "node_begin SumBackward", "node_end SumBackward",
-                          "node_begin MulBackward", "node_end MulBackward",
-                          "node_begin AccumulateGrad(w)",
-                          "hook post_accumulate_grad @ AccumulateGrad(w)",
-                          "callback_queued callback", "node_end AccumulateGrad(w)",
-                          "callback_run callback",
-                          "user amp: master-gradient update (1 parameters)", "task_end backward",
-                          "user amp: scaler update: found_inf=1 scale 65536 -> 32768 (step "
-                          "skipped)"));
+  EXPECT_THAT(
+      Sequence(events),
+      ElementsAre("task_begin backward", "node_begin MulScalarBackward",
+                  "node_end MulScalarBackward", "node_begin CastBackward", "node_end CastBackward",
+                  "node_begin SumBackward", "node_end SumBackward", "node_begin MulBackward",
+                  "node_end MulBackward", "node_begin AccumulateGrad(w)",
+                  "hook post_accumulate_grad @ AccumulateGrad(w)", "callback_queued callback",
+                  "node_end AccumulateGrad(w)", "callback_run callback",
+                  "user amp: master-gradient update (1 parameters)", "task_end backward",
+                  "user amp: scaler update: found_inf=1 scale 65536 -> 32768 (step "
+                  "skipped)"));
 }
 
 TEST(TraceExamples, Ddp2Ranks) {
@@ -107,9 +106,9 @@ TEST(TraceExamples, Ddp2Ranks) {
   ASSERT_EQ(threads.size(), 2u);  // one per rank
   for (int t : threads) {
     EXPECT_THAT(Sequence(events, t),
-                ElementsAre("task_begin backward", "node_begin SumBackward",
-                            "node_end SumBackward", "node_begin LinearBackward",
-                            "node_end LinearBackward", "node_begin AccumulateGrad(bias)",
+                ElementsAre("task_begin backward", "node_begin SumBackward", "node_end SumBackward",
+                            "node_begin LinearBackward", "node_end LinearBackward",
+                            "node_begin AccumulateGrad(bias)",
                             "hook post_accumulate_grad @ AccumulateGrad(bias)",
                             "callback_queued callback", "user ddp: bucket 0 launched",
                             "node_end AccumulateGrad(bias)", "node_begin AccumulateGrad(weight)",
