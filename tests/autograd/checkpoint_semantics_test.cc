@@ -7,7 +7,6 @@
 // The events, values and the counts/positions in the errors are PyTorch's:
 // tests/autograd/checkpoint_reference.py builds the same graphs and prints them (tapegrad
 // words its errors in its own style).
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,28 +16,16 @@
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
 #include "tensor/ops.h"
+#include "tests/autograd/reference_values.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
 namespace {
 
 using testing::ThrowsErrorExactly;
-using Events = std::vector<std::string>;
-
-Variable Leaf(std::vector<double> values) {
-  const int64_t n = static_cast<int64_t>(values.size());
-  return Variable(Tensor::FromVector<double>(values, {n}, kF64), /*requires_grad=*/true);
-}
-
-std::string Fmt(const Variable& g) {
-  if (!g.defined()) return "undef";
-  std::ostringstream os;
-  os << "[";
-  const std::vector<double> values = g.data().to_vector<double>();
-  for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
-  os << "]";
-  return os.str();
-}
+using testing::Events;
+using testing::Fmt;
+using testing::Leaf;
 
 CheckpointOptions NonReentrant() {
   CheckpointOptions options;

@@ -5,7 +5,6 @@
 //
 // The event lists and values are PyTorch's: tests/autograd/hook_semantics_reference.py builds
 // the same graphs (same op order, so the same node order) and prints them.
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
 #include "tensor/ops.h"
+#include "tests/autograd/reference_values.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
@@ -22,23 +22,9 @@ namespace {
 
 using testing::ThrowsError;
 using testing::ThrowsErrorExactly;
-using Events = std::vector<std::string>;
-
-Variable Leaf(std::vector<double> values, DType dtype = kF64) {
-  const int64_t n = static_cast<int64_t>(values.size());
-  return Variable(Tensor::FromVector<double>(values, {n}, dtype), /*requires_grad=*/true);
-}
-
-// A gradient as the reference script prints it: [v, ...] with %g, or "undef".
-std::string Fmt(const Variable& g) {
-  if (!g.defined()) return "undef";
-  std::ostringstream os;
-  os << "[";
-  const std::vector<double> values = g.data().to_vector<double>();
-  for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
-  os << "]";
-  return os.str();
-}
+using testing::Events;
+using testing::Fmt;
+using testing::Leaf;
 
 std::string FmtList(const VariableList& grads) {
   std::string s = "[";
