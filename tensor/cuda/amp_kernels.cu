@@ -125,7 +125,7 @@ LossScaleState DownloadScalerState(const Tensor& state) {
   cudaStream_t stream = CurrentStream(state.device().index);
   LossScaleState s;
   TG_CUDA_CHECK(cudaMemcpyAsync(&s, state.raw_data(), sizeof(s), cudaMemcpyDeviceToHost, stream));
-  TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SynchronizeStream(stream);
   return s;
 }
 

@@ -86,7 +86,7 @@ void DeviceToHost(const Tensor& dst, const Tensor& src) {
   const cudaStream_t stream = CurrentStream(device);
   TG_CUDA_CHECK(cudaMemcpyAsync(landing.raw_data(), dense.raw_data(), Bytes(dst),
                                 cudaMemcpyDeviceToHost, stream));
-  TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SynchronizeStream(stream);
   if (!landing.shares_storage(dst)) CopyInto(dst, landing);
 }
 

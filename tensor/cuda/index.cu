@@ -125,7 +125,7 @@ IndexErrorSink IndexErrorSinkFor(int device) {
     // kernel on such a stream could claim the word first and have its claim wiped (or see
     // cudaMalloc's garbage and never record). Once per device and process.
     TG_CUDA_CHECK(cudaMemset(claim, 0, sizeof(int)));
-    TG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    SynchronizeStream(nullptr);
     void* mapped = nullptr;
     TG_CUDA_CHECK(cudaHostGetDevicePointer(&mapped, host, 0));
     s.host = static_cast<IndexErrorRecord*>(host);
@@ -154,7 +154,7 @@ void ThrowIfIndexError(int device) {
 void CheckIndexErrors(int device) {
   if (device < 0) device = CurrentDevice();
   DeviceGuard guard(device);
-  TG_CUDA_CHECK(cudaStreamSynchronize(CurrentStream(device)));
+  SynchronizeStream(CurrentStream(device));
   nn_detail::ThrowIfIndexError(device);
 }
 

@@ -654,7 +654,7 @@ Tensor OnesVector(int64_t n, DType dtype, int device) {
     ones = Tensor::Full({size}, 1.0, dtype, Device::Cuda(device));
     // The fill is enqueued on this thread's current stream, but the vector is handed to work on
     // any stream (and thread): wait for it once here, so no reader needs an event.
-    TG_CUDA_CHECK(cudaStreamSynchronize(CurrentStream(device)));
+    SynchronizeStream(CurrentStream(device));
   }
   return ones.narrow(0, 0, n);
 }

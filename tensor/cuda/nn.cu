@@ -434,7 +434,7 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
   unsigned long long host_count = 0;
   TG_CUDA_CHECK(cudaMemcpyAsync(&host_count, counted_ptr, sizeof(host_count),
                                 cudaMemcpyDeviceToHost, stream));
-  TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SynchronizeStream(stream);
   ThrowIfIndexError(device);
   return static_cast<int64_t>(host_count);
 }

@@ -358,7 +358,7 @@ bool ScaleOrCheck(const char* op, const Tensor& t, double scale, bool write, boo
     if (!check) return false;
     int host = 0;
     TG_CUDA_CHECK(cudaMemcpyAsync(&host, found, sizeof(int), cudaMemcpyDeviceToHost, stream));
-    TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    SynchronizeStream(stream);
     return host != 0;
   });
 }

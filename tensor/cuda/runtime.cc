@@ -218,12 +218,26 @@ bool Event::Query() const {
   ThrowCudaError(err, "cudaEventQuery(event_)", __FILE__, __LINE__);
 }
 
-void Event::Synchronize() const { TG_CUDA_CHECK(cudaEventSynchronize(event_)); }
+namespace {
+std::atomic<int64_t> host_syncs{0};
+}  // namespace
+
+int64_t HostSyncCount() { return host_syncs.load(std::memory_order_relaxed); }
+
+void Event::Synchronize() const {
+  host_syncs.fetch_add(1, std::memory_order_relaxed);
+  TG_CUDA_CHECK(cudaEventSynchronize(event_));
+}
+
+void SynchronizeStream(cudaStream_t stream) {
+  host_syncs.fetch_add(1, std::memory_order_relaxed);
+  TG_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 void Synchronize(int device) {
   const int d = Resolve("Synchronize", device);
   DeviceGuard guard(d);  // stream 0 means the legacy stream of the current device
-  TG_CUDA_CHECK(cudaStreamSynchronize(current_streams[d]));
+  SynchronizeStream(current_streams[d]);
 }
 
 // ---- Library handles ----------------------------------------------------------------------

@@ -111,6 +111,13 @@ class Event {
 // Waits for all work on the current stream of `device` (default: the current device).
 void Synchronize(int device = -1);
 
+// Waits for all work on `stream`. Every wait of the host for the device in tapegrad goes through
+// this, Synchronize() or Event::Synchronize(), and is counted: HostSyncCount() is the number of
+// such waits since the process started, which a benchmark reads around steady-state training
+// steps to show that they never wait (tools/bench/gpt2_gpu).
+void SynchronizeStream(cudaStream_t stream);
+int64_t HostSyncCount();
+
 // Library handles, created on first use. cuBLASLt: one per device, shared by all threads
 // (calls take the stream as an argument). cuDNN: one per device and thread (a cuDNN handle
 // carries a stream), bound to the current stream on every call of CudnnHandle().

@@ -89,6 +89,7 @@ struct Result {
   double peak_gib = 0;
   double mfu = 0;
   double loss = 0;
+  double host_syncs_per_step = 0;  // waits of the host for the device (cuda::HostSyncCount)
 };
 
 // One micro-batch size: a fresh model and optimizer, warm-up, timed steps.
@@ -141,7 +142,10 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   for (int64_t i = 0; i < warmup; ++i) step();
   cuda::Synchronize(device.index);
   const auto start = std::chrono::steady_clock::now();
+  const int64_t syncs_before = cuda::HostSyncCount();
   for (int64_t i = 0; i < steps; ++i) step();
+  r.host_syncs_per_step = static_cast<double>(cuda::HostSyncCount() - syncs_before) /
+                          static_cast<double>(std::max<int64_t>(steps, 1));
   cuda::Synchronize(device.index);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
@@ -279,9 +283,10 @@ int Main() {
     }
     largest = batch;
     std::printf(
-        "  batch %3lld: %9.0f tok/s %9.2f ms/step  peak %6.2f GiB  MFU %5.1f%%  (loss %.3f)%s\n",
+        "  batch %3lld: %9.0f tok/s %9.2f ms/step  peak %6.2f GiB  MFU %5.1f%%  host syncs/step "
+        "%.2f  (loss %.3f)%s\n",
         static_cast<long long>(batch), r.tokens_per_s, r.ms_per_step, r.peak_gib, 100 * r.mfu,
-        r.loss, Ratios(r, pytorch).c_str());
+        r.host_syncs_per_step, r.loss, Ratios(r, pytorch).c_str());
     // The same record as gpt2_pytorch.py's, for scripts.
     nlohmann::json j = {{"mode", "tapegrad"},
                         {"batch", batch},
@@ -290,6 +295,7 @@ int Main() {
                         {"ms_per_step", std::round(r.ms_per_step * 100) / 100},
                         {"peak_mem_gib", std::round(r.peak_gib * 100) / 100},
                         {"mfu", std::round(r.mfu * 1e4) / 1e4},
+                        {"host_syncs_per_step", r.host_syncs_per_step},
                         {"weights", weights},
                         {"device", prop.name}};
     std::printf("  %s\n", j.dump().c_str());

@@ -11,7 +11,8 @@
 # Writes four files into $OUT (the device tool returns at most 8): env.log (nvidia-smi, library
 # versions, LD_LIBRARY_PATH), tests.log (every test's output), bench.log (every benchmark's
 # output) and summary.txt (one line per binary: PASS / FAIL rc / TIMEOUT, skipped-test counts).
-# A benchmark runs with the arguments in BIN_DIR/bench/NAME.args, if stage.sh wrote one.
+# A benchmark runs once per line of BIN_DIR/bench/NAME.args (stage.sh's ARGS, where the text
+# $OUT stands for the output folder), or once without.
 # Exit status: 0 when every test passed, 1 when one failed, 2 when libraries are missing.
 #
 # Libraries: the binaries are built here against CUDA 13 (libcudart.so.13, libcublasLt.so.13,
@@ -148,14 +149,14 @@ nvidia-smi 2>&1 | tee -a "$ENV_LOG"
 
 # ---- Tests, then benchmarks ---------------------------------------------------------------------
 failed=0
-run_one() {  # kind log timeout binary; arguments from BINARY.args when stage.sh wrote one
-  local kind=$1 log=$2 limit=$3 bin=$4 name rc start seconds tmp skipped args=()
+run_one() {  # kind log timeout binary [arguments...]
+  local kind=$1 log=$2 limit=$3 bin=$4 name rc start seconds tmp skipped
+  shift 4
   name=$(basename "$bin")
-  [[ -f $bin.args ]] && read -r -a args <"$bin.args"
   tmp=$(mktemp -d)
-  echo "==== $name ${args[*]}" >>"$log"
+  echo "==== $name $*" >>"$log"
   start=$(date +%s)
-  TEST_TMPDIR=$tmp GTEST_COLOR=no timeout "$limit" "$bin" "${args[@]}" >"$tmp/.log" 2>&1
+  TEST_TMPDIR=$tmp GTEST_COLOR=no timeout "$limit" "$bin" "$@" </dev/null >"$tmp/.log" 2>&1
   rc=$?
   seconds=$(($(date +%s) - start))
   cat "$tmp/.log" >>"$log"
@@ -169,13 +170,22 @@ run_one() {  # kind log timeout binary; arguments from BINARY.args when stage.sh
     status="FAIL rc=$rc"
   fi
   [[ $kind == test && $status != PASS ]] && failed=1
-  echo "$kind $name: $status, ${seconds}s, ${skipped:-0} skipped" | tee -a "$SUMMARY"
+  echo "$kind $name${*:+ $*}: $status, ${seconds}s, ${skipped:-0} skipped" | tee -a "$SUMMARY"
 }
 for f in "$BIN"/tests/*; do
   [[ -f $f && -x $f ]] && run_one test "$TESTS_LOG" "$TEST_TIMEOUT" "$f"
 done
+# A benchmark runs once per line of BIN/bench/NAME.args (stage.sh's ARGS), or once without.
 for f in "$BIN"/bench/*; do
-  [[ -f $f && -x $f ]] && run_one bench "$BENCH_LOG" "$BENCH_TIMEOUT" "$f"
+  [[ -f $f && -x $f ]] || continue
+  if [[ -f $f.args ]]; then
+    while IFS= read -r line; do
+      read -r -a args <<<"${line//\$OUT/$OUT}"  # ARGS may name files under $OUT (metrics)
+      run_one bench "$BENCH_LOG" "$BENCH_TIMEOUT" "$f" "${args[@]}"
+    done <"$f.args"
+  else
+    run_one bench "$BENCH_LOG" "$BENCH_TIMEOUT" "$f"
+  fi
 done
 echo "logs in $OUT: env.log tests.log bench.log summary.txt"
 exit $failed

@@ -7,6 +7,8 @@
 #   tools/gpu/stage.sh [--tests LABEL,LABEL...] [--out DIR] [BENCH_LABEL[='ARGS'] ...]
 #   tools/gpu/stage.sh //tools/bench:amp_step                      # all cuda tests + a bench
 #   tools/gpu/stage.sh --tests //tests/tensor/cuda:axpy_test       # just these tests
+#   tools/gpu/stage.sh //tools/bench:gpt2_gpu='--weights=bf16' //tools/bench:gpt2_gpu='--weights=f32'
+#                                                                  # one run per ARGS
 #
 # Tests: `bazel query 'attr(tags, "\bcuda\b", tests(//...))'` unless --tests names them.
 # Layout: DIR/tests/<package_path>__<name>, DIR/bench/<name> (and <name>.args when ARGS are
@@ -94,11 +96,14 @@ stage_one() {  # label kind [args]
     dest=$OUT_DIR/tests/${pkg//\//_}__$name
   else
     dest=$OUT_DIR/bench/$name
-    [[ -n $args ]] && printf '%s\n' "$args" >"$dest.args"
+    # A benchmark named twice with different ARGS runs once per line of NAME.args.
+    [[ -n $args ]] && printf '%s\n' "$args" >>"$dest.args"
   fi
   copy_libs "$src" || return 1
-  cp -L "$src" "$dest"
-  chmod u+w "$dest"
+  if [[ ! -e $dest ]]; then
+    cp -L "$src" "$dest"
+    chmod u+w "$dest"
+  fi
   echo "stage: $label -> $dest"
 }
 
