@@ -28,29 +28,6 @@ namespace tg::cpu {
 // The rows' exp runs over blocks of this many values (ExpRow, activation.h).
 constexpr int64_t kRowBlock = 256;
 
-// Max and log(sum(exp(x - max))) of one row, in compute type C.
-template <typename C, typename T>
-void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
-  C max = -std::numeric_limits<C>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const C v = Widen(row[i]);
-    if (std::isnan(v) || v > max) max = v;
-    if (std::isnan(max)) break;
-  }
-  // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
-  const C shift = std::isinf(max) ? C(0) : max;
-  C sum = 0;
-  C block[kRowBlock];
-  for (int64_t i = 0; i < n; i += kRowBlock) {
-    const int64_t len = std::min(kRowBlock, n - i);
-    for (int64_t j = 0; j < len; ++j) block[j] = static_cast<C>(Widen(row[i + j])) - shift;
-    ExpRow(block, block, len);
-    for (int64_t j = 0; j < len; ++j) sum += block[j];
-  }
-  *max_out = shift;
-  *log_sum_out = std::log(sum);
-}
-
 // sum over i < n of f(i), in f64: eight interleaved partial sums added in a fixed order, so the
 // result is deterministic and the loop vectorises (a single running sum waits on every add).
 template <typename F>
@@ -62,6 +39,31 @@ double SumF64(int64_t n, F f) {
   }
   for (int l = 0; i < n; ++i, ++l) acc[l] += f(i);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Max and log(sum(exp(x - max))) of one row, in compute type C. The exps are summed in f64
+// (SumF64's order within each block): an f32 running sum over a long row (50257 classes: a sum
+// near 3000, whose ulp exceeds half the terms) drops their low bits and comes out ~5e-5 low.
+template <typename C, typename T>
+void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
+  C max = -std::numeric_limits<C>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = Widen(row[i]);
+    if (std::isnan(v) || v > max) max = v;
+    if (std::isnan(max)) break;
+  }
+  // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
+  const C shift = std::isinf(max) ? C(0) : max;
+  double sum = 0;
+  C block[kRowBlock];
+  for (int64_t i = 0; i < n; i += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - i);
+    for (int64_t j = 0; j < len; ++j) block[j] = static_cast<C>(Widen(row[i + j])) - shift;
+    ExpRow(block, block, len);
+    sum += SumF64(len, [&](int64_t j) { return static_cast<double>(block[j]); });
+  }
+  *max_out = shift;
+  *log_sum_out = static_cast<C>(std::log(sum));
 }
 
 // Layer norm of one row of n values: mean and biased variance accumulated in f64 (two passes:

@@ -166,6 +166,22 @@ struct BinaryFn {
   }
 };
 
+// grad_out * gelu_tanh'(pre), with the operations and order of composed::GeluTanhGrad: with
+// u = k (x + c x^3), gelu'(x) = (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2).
+template <typename T>
+struct GeluTanhBackwardFn {
+  __device__ T operator()(T grad_out, T pre) const {
+    using C = DeviceCompute<T>;
+    const C k = C(0.7978845608028654), c = C(0.044715);
+    const C x = ToCompute(pre), x2 = x * x;
+    const C t = Tanh((x + (x2 * x) * c) * k);
+    const C left = (t + C(1)) * C(0.5);
+    const C du = (x2 * (C(3) * c) + C(1)) * k;
+    const C right = (x * C(0.5)) * ((-(t * t) + C(1)) * du);
+    return ConvertTo<T>(ToCompute(grad_out) * (left + right));
+  }
+};
+
 template <typename T>
 struct BinaryScalarFn {
   BinaryOp op;
@@ -431,6 +447,23 @@ void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
     } else {
       LaunchElementwise<T, T>(UnaryOpName(op), out, {&x}, UnaryFn<T>{op});
     }
+  });
+}
+
+void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& pre) {
+  const char* op = "gelu_tanh_backward";
+  for (const Tensor* t : {&grad_out, &pre}) {
+    TG_CHECK(t->device() == grad_in.device() && t->dtype() == grad_in.dtype() &&
+                 t->shape() == grad_in.shape(),
+             op, ": grad_out and pre must match grad_in (", ShapeToString(grad_in.shape()), " ",
+             DTypeName(grad_in.dtype()), " on ", grad_in.device().ToString(), "), got ",
+             ShapeToString(t->shape()), " ", DTypeName(t->dtype()), " on ",
+             t->device().ToString());
+  }
+  const DeviceGuard guard(grad_in.device().index);
+  VisitDeviceFloating(op, grad_in.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    LaunchElementwise<T, T, T>(op, grad_in, {&grad_out, &pre}, GeluTanhBackwardFn<T>{});
   });
 }
 

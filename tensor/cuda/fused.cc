@@ -13,21 +13,6 @@
 #include "tensor/kernel_options.h"
 
 namespace tg::cuda {
-namespace {
-
-// A [rows, n] view of a buffer whose row stride is n rounded up to a multiple of 8: cuBLASLt's
-// layout for the GELU input its epilogues save and read back (aux in blas.h).
-Tensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
-  return Tensor::Empty({rows, (n + 7) / 8 * 8}, dtype, device).narrow(1, 0, n);
-}
-
-// Whether a [rows, n] tensor already has that layout (MatmulEx's check on aux).
-bool HasAuxLayout(const Tensor& t) {
-  const int64_t n = t.size(1), row = t.strides()[0];
-  return (n == 1 || t.strides()[1] == 1) && row >= n && row % 8 == 0;
-}
-
-}  // namespace
 
 // One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
 // pre-activation (aux). cuBLASLt has no GELU epilogue for f64.
@@ -45,13 +30,11 @@ KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x
   return done ? KernelStatus::kDone : KernelStatus::kNoKernel;
 }
 
-// g [m, n]: for GELU one cuBLASLt pass with the dGELU epilogue (plus, with kDGeluBgrad, the bias
-// gradient as its column sums). The epilogue multiplies a product's output by gelu'(aux), and a
-// layer's own backward has no product in front of its dGELU (the one that precedes it belongs to
-// the next layer), so it runs on a rank-1 product that contributes zero: g = dgelu(zeros [m, 1]
-// @ ones [1, n] + 1 * g) with grad_out copied into g first and read back in place (beta = 1).
-// That is one pass over grad_out and pre, like an elementwise kernel, with cuBLASLt's own gelu'
-// (the one the forward epilogue pairs with).
+// g [m, n] = grad_out * gelu'(pre) for GELU, one elementwise pass (GeluTanhBackward), then the
+// products; the bias gradient (the column sums of g) comes from the weight gradient's product
+// (kBgrad), or from ones [1, m] @ g without one. (cuBLASLt's dGELU epilogue needs a product in
+// front of it, and a layer's own backward has none; run on a zero rank-1 product, as before, it
+// took 0.33 ms on the H200 for a [16384, 3072] bf16 gradient, plus a copy of grad_out.)
 KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
                             const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
                             const Tensor& weight, const Tensor& pre, Activation act) {
@@ -59,33 +42,17 @@ KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
   const Device device = x.device();
   const int64_t m = x.size(0), n = weight.size(0);
   Tensor g = grad_out;
-  bool bias_done = false;
   if (act == Activation::kGeluTanh) {
-    if (dtype == kF64) return KernelStatus::kNoKernel;  // no dGELU epilogue for f64
-    Tensor aux = pre;
-    if (!HasAuxLayout(aux)) {
-      aux = PaddedRows(m, n, dtype, device);
-      aux.copy_(pre);
-    }
     g = Tensor::Empty({m, n}, dtype, device);
-    g.copy_(grad_out);
-    if (!TryMatmulEx(g, Tensor::Zeros({m, 1}, dtype, device), false,
-                     OnesVector(n, dtype, device.index).view({1, n}), false,
-                     grad_bias.defined() ? Epilogue::kDGeluBgrad : Epilogue::kDGelu, grad_bias, aux,
-                     1.0f, 1.0f, nullptr)) {
-      return KernelStatus::kNoKernel;
-    }
-    bias_done = grad_bias.defined();
+    GeluTanhBackward(g, grad_out, pre);
   }
+  const bool bgrad = grad_bias.defined() && grad_weight.defined();
   if (grad_weight.defined()) {
-    // grad_weight = g^T @ x; without an activation the bias gradient (the row sums of g^T) comes
-    // from the same product (kBgrad).
-    const bool bgrad = grad_bias.defined() && !bias_done;
+    // grad_weight = g^T @ x, and the bias gradient (the row sums of g^T) from the same product.
     MatmulEx(grad_weight, g, true, x, false, bgrad ? Epilogue::kBgrad : Epilogue::kNone,
              bgrad ? grad_bias : Tensor(), Tensor());
-    bias_done = bias_done || bgrad;
   }
-  if (grad_bias.defined() && !bias_done) {  // the column sums of g as ones [1, m] @ g
+  if (grad_bias.defined() && !bgrad) {  // the column sums of g as ones [1, m] @ g
     AllowTf32Scope exact(false);
     MatmulEx(grad_bias.view({1, n}), OnesVector(m, dtype, device.index).view({1, m}), false, g,
              false, Epilogue::kNone, Tensor(), Tensor());

@@ -292,6 +292,15 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
     for (const auto& [attr, value] : alignments) {
       TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, attr, &value, sizeof(value)));
     }
+    // Split-K partial products are summed in the compute type (f32) only. cuBLASLt's default
+    // also allows summing them in the output buffer or type (REDUCTION_SCHEME_INPLACE and
+    // _OUTPUT_TYPE), which for f16/bf16 outputs rounds every partial sum (PyTorch's
+    // allow_{fp16,bf16}_reduced_precision_reduction, on by default there). On the H200 the
+    // dGELU + bias-gradient epilogue of blas_test was off by more than its bound in 1 (f16) and
+    // 7 (bf16) elements with the default mask, and within it with this one.
+    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        raw_pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction)));
     cublasLtMatmulHeuristicResult_t result = {};
     int count = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(

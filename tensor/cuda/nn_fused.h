@@ -73,6 +73,12 @@ KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, cons
                           const Tensor& rstd, const Tensor& a, const Tensor& b,
                           const Tensor& weight, const Tensor& bias, double eps);
 
+// grad_in = grad_out * gelu_tanh'(pre), computed in f32 (f64 for f64) with the operations of
+// composed::GeluTanhGrad and rounded once: the first step of a Linear + GELU backward (tg::cuda
+// LinearBackward). One elementwise pass over tensors of one shape, dtype and device, any strides
+// (pre may be the forward epilogue's padded-row buffer); grad_in may be grad_out (in place).
+void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& pre);
+
 }  // namespace tg::cuda
 
 #endif  // TAPEGRAD_TENSOR_CUDA_NN_FUSED_H_

@@ -369,6 +369,12 @@ struct ElementwiseStep {
         f(*reinterpret_cast<const In*>(p[I + 1] + off[I + 1])...);
   }
   template <int kVec, typename F, size_t... I>
+  static __device__ __forceinline__ void VectorAt(const F& f, char* const* p, const int64_t* off,
+                                                  std::index_sequence<I...>) {
+    *reinterpret_cast<Vec<Out, kVec>*>(p[0] + off[0]) =
+        MapVec<Out, kVec>(f, *reinterpret_cast<const Vec<In, kVec>*>(p[I + 1] + off[I + 1])...);
+  }
+  template <int kVec, typename F, size_t... I>
   static __device__ __forceinline__ void Vector(const F& f, char* const* p, int64_t i,
                                                 std::index_sequence<I...>) {
     *reinterpret_cast<Vec<Out, kVec>*>(p[0] + i * static_cast<int64_t>(sizeof(Out))) =
@@ -403,6 +409,22 @@ __global__ void __launch_bounds__(kThreads)
     int64_t off[1 + sizeof...(In)];
     args.Offsets(i, off);
     ElementwiseStep<Out, In...>::Scalar(f, args.base, off, std::index_sequence_for<In...>{});
+  }
+}
+
+// Strided operands whose innermost dim is contiguous for all of them (a permuted or sliced copy,
+// a padded row stride): kVec elements per thread, one offset computation and one 16-byte access
+// per operand. vectors = count / kVec; LaunchElementwise checks the alignment this needs.
+template <int kVec, typename Out, typename F, typename... In>
+__global__ void __launch_bounds__(kThreads)
+    StridedVectorElementwiseKernel(int64_t vectors, F f, StridedArgs<1 + sizeof...(In)> args) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += step) {
+    int64_t off[1 + sizeof...(In)];
+    args.Offsets(v * kVec, off);
+    ElementwiseStep<Out, In...>::template VectorAt<kVec>(f, args.base, off,
+                                                         std::index_sequence_for<In...>{});
   }
 }
 
@@ -445,10 +467,31 @@ void LaunchElementwise(const char* name, const Tensor& out,
   std::array<Shape, N> strides;
   strides[0] = BroadcastByteStrides(out, out.shape());
   for (size_t k = 0; k < in.size(); ++k) strides[k + 1] = BroadcastByteStrides(*in[k], out.shape());
+  // Whole vectors along the innermost dim: unit stride for every operand, a multiple of kVec
+  // elements, and every base pointer and outer stride a multiple of the vector's bytes.
+  auto vectors_fit = [&](const StridedArgs<N>& args) {
+    if (args.sizes[0] % kVec != 0) return false;
+    for (int k = 0; k < N; ++k) {
+      const int64_t bytes = static_cast<int64_t>(kSizes[k]) * kVec;
+      if (args.strides[0][k] != static_cast<int64_t>(kSizes[k]) || !IsAligned(args.base[k], bytes)) {
+        return false;
+      }
+      for (int d = 1; d < args.ndim; ++d) {
+        if (args.strides[d][k] % bytes != 0) return false;
+      }
+    }
+    return true;
+  };
   ForEachStridedSlice<N>(
       out.shape(), base, strides, [&](const StridedArgs<N>& args, int64_t count) {
-        StridedElementwiseKernel<Out, F, In...>
-            <<<BlocksFor(count, kThreads), kThreads, 0, stream>>>(count, f, args);
+        if (vectors_fit(args)) {
+          const int64_t vectors = count / kVec;
+          StridedVectorElementwiseKernel<kVec, Out, F, In...>
+              <<<BlocksFor(vectors, kThreads), kThreads, 0, stream>>>(vectors, f, args);
+        } else {
+          StridedElementwiseKernel<Out, F, In...>
+              <<<BlocksFor(count, kThreads), kThreads, 0, stream>>>(count, f, args);
+        }
         TG_CUDA_CHECK_LAUNCH(name);
       });
 }

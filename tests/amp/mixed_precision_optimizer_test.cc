@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tensor/generator.h"
+#include "tensor/ops.h"
+#include "tensor/optimizer_kernels.h"
 #include "tests/tensor/throws.h"
 
 namespace tg {
@@ -390,6 +393,97 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   broken.tensors.erase("master.1");
   EXPECT_TRUE(ThrowsErrorExactly([&] { resumed.load_state_dict(broken); },
                                  "MixedPrecisionOptimizer: load_state_dict: missing 'master.1'"));
+}
+
+// The device-side protocol of cuda_amp_kernels_test's OverflowSkipBackoffMatchesMixedPrecision-
+// Optimizer, here with the op list on the CPU: per step a zero_grad, scaled f16/bf16/f32
+// gradients, found_inf from them, one tg::FusedAdam that unscales (inv_scale), skips (found_inf)
+// and counts its steps (device_step), and tg::StepLossScale; against
+// MixedPrecisionOptimizer(AdamW) bit for bit after every step. (Without the zero_grad the
+// optimizer's master gradients accumulate over the steps, like .grad in PyTorch, and the two part
+// at the second step.)
+TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFoundInf) {
+  Generator gen(31);
+  const std::vector<Variable> params = {
+      Variable(RandNormal({300, 257}, gen).to(kF16), true),
+      Variable(RandNormal({1000}, gen).to(kBF16), true),
+      Variable(RandNormal({7}, gen), true),  // f32: its own master
+  };
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  MixedPrecisionOptimizer::Options mo;
+  mo.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2.0, 0.5, 2));
+  MixedPrecisionOptimizer opt(std::make_unique<optim::AdamW>(params, o), mo);
+
+  AdamTensorLists lists;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Variable& master = opt.master_params()[i];
+    lists.params.push_back(master.data().clone());
+    lists.exp_avgs.push_back(Tensor::Zeros(master.shape(), kF32));
+    lists.exp_avg_sqs.push_back(Tensor::Zeros(master.shape(), kF32));
+    lists.model_params.push_back(master.is_same(params[i]) ? Tensor() : params[i].data().clone());
+  }
+  const Tensor state = LossScaleStateTensor(opt.scaler().state(), Device::Cpu());
+  const Tensor scale = Tensor::Zeros({}, kF32);
+  const Tensor inv_scale = Tensor::Zeros({}, kF32);
+  const Tensor found_inf = Tensor::Zeros({}, kF32);
+  WriteLossScale(state, scale, inv_scale);
+  FusedAdamOptions f;
+  f.lr = o.lr;
+  f.beta1 = o.beta1;
+  f.beta2 = o.beta2;
+  f.eps = o.eps;
+  f.weight_decay = o.weight_decay;
+  f.decay = WeightDecay::kDecoupled;
+  f.device_step = Tensor::Zeros({}, kF64);
+  f.inv_scale = inv_scale;
+  f.found_inf = found_inf;
+
+  int64_t applied = 0;
+  for (int k = 1; k <= 9; ++k) {
+    SCOPED_TRACE(::testing::Message() << "step " << k);
+    ASSERT_EQ(scale.item(), static_cast<float>(opt.loss_scale()));
+    opt.zero_grad();
+    lists.grads.clear();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor grad =
+          RandNormal(params[i].shape(), gen, 0, 0.01 * opt.loss_scale()).to(params[i].dtype());
+      if (k == 3 && i == 0) {
+        grad.flatten().slice(0, 70000, 70001).fill_(std::numeric_limits<double>::infinity());
+      }
+      if (k == 6 && i == 2) grad.flatten().slice(0, 2, 3).fill_(std::nan(""));
+      params[i].set_grad(Variable(grad.clone()));
+      lists.grads.push_back(grad);
+    }
+    const StepResult r = opt.step();
+    EXPECT_EQ(r.skipped, k == 3 || k == 6);
+    applied += r.skipped ? 0 : 1;
+
+    found_inf.fill_(AnyNonFinite(lists.grads) ? 1 : 0);
+    FusedAdam(lists, f);
+    StepLossScale(state, found_inf, scale, inv_scale);
+
+    EXPECT_EQ(f.device_step.item(), applied);
+    EXPECT_EQ(ReadLossScaleState(state).scale, opt.scaler().scale());
+    for (size_t i = 0; i < params.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      const Variable& master = opt.master_params()[i];
+      ASSERT_EQ(master.data().to_vector<double>(), lists.params[i].to_vector<double>());
+      if (lists.model_params[i].defined()) {
+        ASSERT_EQ(params[i].data().to_vector<double>(),
+                  lists.model_params[i].to_vector<double>());
+      }
+      const StateDict* s = opt.optimizer().param_state(master);
+      if (s == nullptr) continue;  // no step applied yet
+      ASSERT_EQ(s->tensor("exp_avg").to_vector<double>(), lists.exp_avgs[i].to_vector<double>());
+      ASSERT_EQ(s->tensor("exp_avg_sq").to_vector<double>(),
+                lists.exp_avg_sqs[i].to_vector<double>());
+    }
+  }
+  EXPECT_EQ(opt.skipped_steps(), 2);
 }
 
 TEST(MixedPrecisionOptimizerTest, RefusesAnOptimizerThatAlreadyStepped) {

@@ -1337,6 +1337,21 @@ TEST(Softmax, MatchesReferenceOverTheLastDim) {
   }
 }
 
+// GPT-2's vocabulary: 50257 terms exp(x - max) with x in [-8, 8) sum to ~3200, whose f32 ulp
+// (2^-12) exceeds about half the terms; an f32 running sum drops the terms' low bits (7/16 of them
+// entirely) and comes out ~5e-5 low, which every softmax value of the row then carries.
+TEST(Softmax, LongRowsMatchReferenceRelatively) {
+  Generator gen(29);
+  const Shape shape = {2, 50257};
+  for (DType dtype : {kF32, kF64}) {
+    const Tensor x = Draw(shape, dtype, gen, -8, 8);
+    const std::vector<double> xv = Values(x);
+    Tol tol;
+    tol.atol = 0;  // values ~3e-5: the default f32 atol (1e-6) would hide a relative error
+    ExpectMatches(Softmax(x), shape, dtype, SoftmaxRef(xv, shape[1], false), "softmax", tol);
+  }
+}
+
 TEST(Softmax, StableForLargeInputsAndInfinities) {
   for (DType dtype : kFloatTypes) {
     const Tensor x = Tensor::FromVector<double>({1000, 999, -1000,  //

@@ -162,12 +162,27 @@ const Tols& ConvTol() {
   return *t;
 }
 
+// A convolution with a bias in f16/bf16: cuDNN writes the convolution in the dtype and the bias
+// is added after (as in PyTorch's cuDNN path), so the result is rounded twice on CUDA and once on
+// the CPU (oneDNN adds the bias to the f32 accumulator): one more 16-bit ulp of the largest
+// output. The H200 run showed 3 bf16 ulps where the bias cancels most of the convolution.
+const Tols& ConvBiasTol() {
+  static const Tols* t = new Tols(RoundedIntermediate(
+      ConvTol(), 1, 1,
+      "f16/bf16 with a bias: CUDA rounds the convolution to the dtype before adding the bias, one "
+      "16-bit ulp of the largest output"));
+  return *t;
+}
+
 const Tols& LinearTol() {
-  static const Tols* t = new Tols(Computed(
-      1e-12, 1e-5,
-      "linear: cuBLASLt with the bias/GELU epilogue vs OpenBLAS + the elementwise ops, k = 64 in "
-      "f32 (the matmul bound, 1e-5), and the epilogue's tanh vs glibc's (transcendental bound, "
-      "included)"));
+  static const Tols* t = new Tols(RoundedIntermediate(
+      Computed(1e-12, 1e-5,
+               "linear: cuBLASLt with the bias/GELU epilogue vs OpenBLAS + the elementwise ops, "
+               "k = 64 in f32 (the matmul bound, 1e-5), and the epilogue's tanh vs glibc's "
+               "(transcendental bound, included)"),
+      1, 1,
+      "f16/bf16: cuBLASLt's kernels for widths that are not multiples of 8 apply the epilogue to "
+      "the accumulator rounded to the dtype (seen on the H200), one more 16-bit ulp"));
   return *t;
 }
 
@@ -905,7 +920,7 @@ void AddWindowRows(std::vector<OpRow>* rows) {
                    c.bias ? Normal({c.w[0]}, dtype, gen) : Tensor()};
          },
          [c](const Tensors& in) -> Tensors { return {Conv2d(in[0], in[1], in[2], c.p)}; },
-         &ConvTol()});
+         c.bias ? &ConvBiasTol() : &ConvTol()});
     rows->push_back({"Conv2dBackward", c.name, kFloats,
                      [c](DType dtype, Generator& gen) -> Tensors {
                        const Tensor x = Normal(c.x, dtype, gen), w = Normal(c.w, dtype, gen);
@@ -1018,10 +1033,12 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
              StepLossScale(state, found, scales.narrow(0, i + 1, 1), invs.narrow(0, i + 1, 1));
            }
            const LossScaleState end = ReadLossScaleState(state);
+           // The state read back, as a tensor on the state's device like the other outputs.
            return {scales, invs,
                    Tensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
                                        static_cast<double>(end.iteration)},
-                                      {3})};
+                                      {3})
+                       .to(device)};
          },
          &ExactTol()});
   }
