@@ -349,6 +349,7 @@ constexpr int VecWidth() {
 template <int N>
 struct Pointers {
   char* p[N];
+  uint32_t scalars = 0;  // bit k: operand k is one element broadcast to every position
 };
 
 template <typename Out, int kVec, typename F, typename... V>
@@ -374,29 +375,46 @@ struct ElementwiseStep {
     *reinterpret_cast<Vec<Out, kVec>*>(p[0] + off[0]) =
         MapVec<Out, kVec>(f, *reinterpret_cast<const Vec<In, kVec>*>(p[I + 1] + off[I + 1])...);
   }
+  // Inputs whose bit is set in `scalars` are one element, repeated across the vector.
   template <int kVec, typename F, size_t... I>
   static __device__ __forceinline__ void Vector(const F& f, char* const* p, int64_t i,
-                                                std::index_sequence<I...>) {
+                                                uint32_t scalars, std::index_sequence<I...>) {
     *reinterpret_cast<Vec<Out, kVec>*>(p[0] + i * static_cast<int64_t>(sizeof(Out))) =
-        MapVec<Out, kVec>(f, *reinterpret_cast<const Vec<In, kVec>*>(
-                                 p[I + 1] + i * static_cast<int64_t>(sizeof(In)))...);
+        MapVec<Out, kVec>(f, Load<In, kVec>(p[I + 1], i, (scalars >> (I + 1)) & 1u)...);
+  }
+  template <typename T, int kVec>
+  static __device__ __forceinline__ Vec<T, kVec> Load(const char* p, int64_t i, bool scalar) {
+    if (scalar) {
+      Vec<T, kVec> v;
+      const T x = *reinterpret_cast<const T*>(p);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v.v[k] = x;
+      return v;
+    }
+    return *reinterpret_cast<const Vec<T, kVec>*>(p + i * static_cast<int64_t>(sizeof(T)));
   }
 };
 
-// Contiguous operands of n elements: vectors first, then the n % kVec tail one by one.
+// Contiguous operands of n elements (and one-element inputs broadcast to all of them, the bits
+// of p.scalars): vectors first, then the n % kVec tail one by one.
 template <int kVec, typename Out, typename F, typename... In>
 __global__ void __launch_bounds__(kThreads)
     ContiguousElementwiseKernel(int64_t n, F f, Pointers<1 + sizeof...(In)> p) {
   using Step = ElementwiseStep<Out, In...>;
+  constexpr int64_t kSizes[] = {static_cast<int64_t>(sizeof(Out)),
+                                static_cast<int64_t>(sizeof(In))...};
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t vectors = n / kVec;
   for (int64_t v = first; v < vectors; v += step) {
-    Step::template Vector<kVec>(f, p.p, v * kVec, std::index_sequence_for<In...>{});
+    Step::template Vector<kVec>(f, p.p, v * kVec, p.scalars, std::index_sequence_for<In...>{});
   }
   for (int64_t i = vectors * kVec + first; i < n; i += step) {
-    const int64_t off[] = {i * static_cast<int64_t>(sizeof(Out)),
-                           i * static_cast<int64_t>(sizeof(In))...};
+    int64_t off[1 + sizeof...(In)];
+#pragma unroll
+    for (int k = 0; k <= static_cast<int>(sizeof...(In)); ++k) {
+      off[k] = (p.scalars >> k) & 1u ? 0 : i * kSizes[k];
+    }
     Step::Scalar(f, p.p, off, std::index_sequence_for<In...>{});
   }
 }
@@ -451,13 +469,21 @@ void LaunchElementwise(const char* name, const Tensor& out,
 
   constexpr int kVec = VecWidth<Out, In...>();
   constexpr std::array<size_t, N> kSizes = {sizeof(Out), sizeof(In)...};
+  // Vectors where out is contiguous and each input is too (of out's shape) or is one element
+  // (a 0-d tensor or any broadcast of one value, e.g. a loss gradient scaling [N, C] logits).
+  Pointers<N> p;
   bool vectorise = out.is_contiguous();
   for (size_t k = 0; k < in.size(); ++k) {
-    vectorise = vectorise && in[k]->is_contiguous() && in[k]->shape() == out.shape();
+    if (in[k]->numel() == 1 && n > 1) {
+      p.scalars |= 1u << (k + 1);
+    } else {
+      vectorise = vectorise && in[k]->is_contiguous() && in[k]->shape() == out.shape();
+    }
   }
-  for (int k = 0; k < N; ++k) vectorise = vectorise && IsAligned(base[k], kSizes[k] * kVec);
+  for (int k = 0; k < N; ++k) {
+    vectorise = vectorise && ((p.scalars >> k) & 1u || IsAligned(base[k], kSizes[k] * kVec));
+  }
   if (vectorise) {
-    Pointers<N> p;
     for (int k = 0; k < N; ++k) p.p[k] = base[k];
     ContiguousElementwiseKernel<kVec, Out, F, In...>
         <<<BlocksFor((n + kVec - 1) / kVec, kThreads), kThreads, 0, stream>>>(n, f, p);

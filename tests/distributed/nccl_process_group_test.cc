@@ -448,22 +448,23 @@ TEST(NcclWorldOneTest, BarrierWaitsOnTheHost) {
 }
 
 // Without blocking_wait, a collective older than the timeout is found when the next one is
-// issued.
+// issued. The group's timeout also bounds its creation (ncclCommInitRankConfig), which took
+// over 500ms in a fresh process on the H200 once (2026-11-26): 3s leaves room for that.
 TEST(NcclWorldOneTest, OverdueCollectiveBreaksTheGroupAtTheNextIssue) {
   SKIP_WITHOUT_GPUS(1);
   auto results = RunRanks(1, [](const Rank&) {
-    auto pg = SoloGroup("overdue", {}, absl::Milliseconds(500));
-    ASSERT_NE(pg, nullptr);
     Tensor t = Tensor::Ones({16}, kF32, Device::Cuda(0));
     Tensor u = Tensor::Ones({16}, kF32, Device::Cuda(0));
     cuda::Synchronize();
-    Gate gate(cuda::CurrentStream(0), absl::Seconds(4));
+    auto pg = SoloGroup("overdue", {}, absl::Seconds(3));
+    ASSERT_NE(pg, nullptr);
+    Gate gate(cuda::CurrentStream(0), absl::Seconds(8));
     auto first = pg->reduce_scatter(u, t, ReduceOp::kSum);
     EXPECT_TRUE(first->wait().ok());  // orders the stream only
-    absl::SleepFor(absl::Milliseconds(700));
+    absl::SleepFor(absl::Milliseconds(3300));
     auto second = pg->all_reduce(u, ReduceOp::kSum);
     const absl::Status expected = absl::DeadlineExceededError(
-        "reduce_scatter on group 'overdue' (rank 0 of 1, nccl): did not complete within 500ms "
+        "reduce_scatter on group 'overdue' (rank 0 of 1, nccl): did not complete within 3s "
         "(a peer exited, hung or did not issue the same collective); the NCCL communicator was "
         "aborted");
     EXPECT_EQ(second->wait(), expected);
