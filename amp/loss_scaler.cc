@@ -157,7 +157,7 @@ LossScaler LossScaler::MegatronConstant(double scale) {
 LossScaler LossScaler::DeepSpeedDynamic(double init_scale, double scale_factor,
                                         int64_t scale_window, double min_scale,
                                         int64_t delayed_shift, bool consecutive_hysteresis,
-                                        bool raise_error_at_min_scale) {
+                                        bool raise_error_at_min_scale, DeepSpeedGrowth growth) {
   TG_CHECK(std::isfinite(scale_factor) && scale_factor >= 1,
            "LossScaler: scale_factor must be finite and >= 1, got ", scale_factor);
   Options o;
@@ -170,9 +170,28 @@ LossScaler LossScaler::DeepSpeedDynamic(double init_scale, double scale_factor,
   o.hysteresis = delayed_shift;
   o.consecutive_hysteresis = consecutive_hysteresis;
   o.raise_at_min_scale = raise_error_at_min_scale;
-  o.first_growth_waits_one_more = true;
+  o.first_growth_waits_one_more = growth == DeepSpeedGrowth::kSinceV0_17_1;
   o.hysteresis_stops_at_one = true;
   o.skip_nonfinite_growth = false;
+  return LossScaler(o);
+}
+
+LossScaler LossScaler::Apex(double init_scale, int64_t scale_window, double min_loss_scale,
+                            double max_loss_scale) {
+  TG_CHECK(max_loss_scale > 0, "LossScaler::Apex: max_loss_scale must be positive, got ",
+           max_loss_scale);
+  Options o;
+  // Apex: _loss_scale = min(max_loss_scale, init_scale). A NaN init_scale stays NaN (refused).
+  o.init_scale = init_scale > max_loss_scale ? max_loss_scale : init_scale;
+  o.growth_factor = 2.0;  // Apex's update multiplies and divides by a literal 2
+  o.backoff_factor = 0.5;
+  o.backoff_by_division = true;
+  o.growth_interval = scale_window;
+  o.min_scale = min_loss_scale;  // Apex's None is no floor: max(0, scale / 2) is scale / 2
+  o.max_scale = max_loss_scale;
+  o.hysteresis = 1;
+  o.hysteresis_stops_at_one = true;  // no hysteresis: the tracker stays 1
+  o.skip_nonfinite_growth = false;   // min(inf, inf) is applied, as in Python
   return LossScaler(o);
 }
 

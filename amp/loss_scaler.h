@@ -3,7 +3,8 @@
 // the optimizer step unscales the gradients, checks them for inf/NaN and calls update(found_inf)
 // once per step (a step with found_inf is skipped). One dynamic state machine (growth, backoff,
 // hysteresis, min/max scale) covers every preset; presets reproduce PyTorch GradScaler, Megatron
-// DynamicGradScaler / ConstantGradScaler and DeepSpeed DynamicLossScaler update by update.
+// DynamicGradScaler / ConstantGradScaler, DeepSpeed DynamicLossScaler (current and before
+// v0.17.1) and NVIDIA Apex amp's dynamic LossScaler update by update.
 //
 //   tg::amp::LossScaler scaler = tg::amp::LossScaler::PyTorch();   // 65536, x2 every 2000
 //   loss_scaled = loss * scaler.scale();  ... backward, unscale, found_inf = any non-finite ...
@@ -35,19 +36,41 @@
 //   MegatronConstant(scale) / Constant(scale): a scale that never changes (Megatron's rounded to
 //       f32, Constant's kept as given); update() only counts.
 //   DeepSpeedDynamic(init 2^32, scale_factor 2, window 1000, min 1, delayed_shift 1,
-//       consecutive_hysteresis false, raise_error_at_min_scale true): DeepSpeed
-//       DynamicLossScaler. Double scale; backoff is scale / scale_factor clamped to min_scale,
-//       only when the hysteresis tracker is 1 (it never goes below 1; it is refilled to
-//       delayed_shift by a growth step, or by every clean step with consecutive_hysteresis);
-//       raises at min_scale as described above.
-//       Growth follows the rule stated in our issue, which differs from DeepSpeed's source: with
-//       c = the number of consecutive clean updates since the last overflow (the start counts
-//       as an overflow), the update that makes c = scale_window + 1 grows the scale, and then
-//       every scale_window-th clean update after it (c = 2 * window + 1, 3 * window + 1, ...).
-//       E.g. window 2, no overflow: updates 3, 5, 7, ... grow. DeepSpeed's code grows when
-//       (cur_iter - last_overflow_iter) % scale_window == 0 with last_overflow_iter = -1 at the
-//       start, i.e. at c = window, 2 * window, ... (updates 2, 4, 6, ... for window 2), one
-//       update earlier than here, after an overflow as well as at the start.
+//       consecutive_hysteresis false, raise_error_at_min_scale true, growth kSinceV0_17_1):
+//       DeepSpeed DynamicLossScaler (deepspeed/runtime/fp16/loss_scaler.py, update_scale).
+//       Double scale; backoff is scale / scale_factor clamped to min_scale, only when the
+//       hysteresis tracker is 1 (it never goes below 1; it is refilled to delayed_shift by a
+//       growth step, or by every clean step with consecutive_hysteresis); raises at min_scale as
+//       described above. (Since v0.17.1 DeepSpeed fixes scale_factor at 2; the preset still takes
+//       it, as DeepSpeed up to v0.17.0 did.)
+//       Growth: with c = the number of consecutive clean updates since the last overflow (the
+//       start counts as an overflow), DeepSpeed's two rules, picked by `growth`:
+//       kSinceV0_17_1 (DeepSpeed v0.17.1, June 2025, and later: the rule of its current source,
+//           `stable_interval = cur_iter - last_overflow_iter - 1` grows when > 0 and a multiple
+//           of scale_window, last_overflow_iter = -1 at the start): the update that makes
+//           c = scale_window + 1 grows the scale, then every scale_window-th clean update after
+//           it (c = 2 * window + 1, 3 * window + 1, ...). E.g. window 2, no overflow: updates 3,
+//           5, 7, ... grow; window 1: every clean update but the first after an overflow.
+//       kBeforeV0_17_1 (DeepSpeed up to v0.17.0, whose check was
+//           `(cur_iter - last_overflow_iter) % scale_window == 0`): growth at c = window,
+//           2 * window, ..., i.e. every growth one clean update earlier than kSinceV0_17_1, after
+//           an overflow as well as at the start (window 2: updates 2, 4, 6, ...; window 1: every
+//           clean update). DeepSpeed changed it in commit e440506 ("Improve overflow handling in
+//           ZeRO", #6976).
+//   Apex(init 2^16, window 2000, min_loss_scale 0, max_loss_scale 2^24): NVIDIA Apex amp's
+//       dynamic LossScaler (apex/amp/scaler.py, amp.initialize(loss_scale="dynamic"); unchanged
+//       from 2019 until amp left Apex in 25.07). Double scale, both factors fixed at 2 (Apex
+//       accepts a scale_factor argument that its update never reads). The scale starts at
+//       min(init_scale, max_loss_scale): an init_scale above the cap is clamped to it, as in
+//       Apex, not refused. Overflow: scale = max(min_loss_scale, scale / 2) and the clean
+//       counter (Apex's _unskipped) restarts at 0. Clean update: the counter counts up; when it
+//       reaches the window the scale grows to min(max_loss_scale, scale * 2) and the counter
+//       restarts (also when the scale is already at the cap). So growth at c = window,
+//       2 * window, ... as in DeepSpeed before v0.17.1. No hysteresis, never raises.
+//       min_loss_scale 0 is Apex's None (no floor: the halving may reach 0 in double, as in
+//       Apex). Refused (tg::Error) where Apex would run on: a max_loss_scale that is not
+//       positive (or NaN), a negative min_loss_scale or one above the clamped initial scale, a
+//       scale_window below 1.
 //
 // Numbers: the scale is a double; with f32_scale it holds an f32 value at all times (init_scale
 // and min_scale are rounded to nearest f32, max_scale down to an f32; products round to nearest
@@ -83,8 +106,16 @@ struct LossScalerOptions {
   bool backoff_by_division = false;          // backoff is scale / growth_factor (DeepSpeed); then
                                              // backoff_factor must be 1 / growth_factor
   bool first_growth_waits_one_more = false;  // first growth after an overflow or the start at
-                                             // growth_interval + 1 clean updates (DeepSpeed)
+                                             // growth_interval + 1 clean updates (DeepSpeed
+                                             // since v0.17.1)
   bool hysteresis_stops_at_one = false;      // the hysteresis tracker never drops below 1
+};
+
+// Which DeepSpeed release's growth timing LossScaler::DeepSpeedDynamic reproduces (see the
+// header comment).
+enum class DeepSpeedGrowth {
+  kSinceV0_17_1,   // first growth at scale_window + 1 clean updates (DeepSpeed's current rule)
+  kBeforeV0_17_1,  // growth at every scale_window-th clean update (DeepSpeed <= v0.17.0)
 };
 
 class LossScaler {
@@ -104,7 +135,12 @@ class LossScaler {
   static LossScaler DeepSpeedDynamic(double init_scale = 4294967296.0, double scale_factor = 2.0,
                                      int64_t scale_window = 1000, double min_scale = 1.0,
                                      int64_t delayed_shift = 1, bool consecutive_hysteresis = false,
-                                     bool raise_error_at_min_scale = true);
+                                     bool raise_error_at_min_scale = true,
+                                     DeepSpeedGrowth growth = DeepSpeedGrowth::kSinceV0_17_1);
+  // Apex amp's defaults: init_scale 2^16, scale_window 2000, min_loss_scale None (0 here),
+  // max_loss_scale 2^24. Throws tg::Error for a max_loss_scale that is not positive.
+  static LossScaler Apex(double init_scale = 65536.0, int64_t scale_window = 2000,
+                         double min_loss_scale = 0.0, double max_loss_scale = 16777216.0);
   static LossScaler Constant(double scale);
 
   double scale() const { return state_.scale; }

@@ -54,7 +54,8 @@ ABSL_FLAG(double, grad_clip, 1.0,
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | "
+          "deepspeed_legacy (DeepSpeed's growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
 ABSL_FLAG(int64_t, eval_every, 250,
           "evaluate on the validation tokens every N >= 0 steps (0: at the end only)");

@@ -15,7 +15,7 @@
 // Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
 // master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
 // (softmax/cross-entropy in f32), and for f16 scale the loss dynamically (PyTorch's scaler by
-// default; --loss_scaler picks Megatron's or DeepSpeed's).
+// default; --loss_scaler picks Megatron's, DeepSpeed's or Apex's).
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(double, weight_decay, 1e-4, "weight decay, [0, 1e3]");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | none");
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | "
+          "deepspeed_legacy (DeepSpeed's growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,

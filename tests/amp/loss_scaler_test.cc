@@ -1,6 +1,8 @@
 // LossScaler: the required trajectories of each preset (the scale after every update, flags given
 // as T = found_inf / F = clean), the preset-specific rules, options validation and state_dict
-// round trips that resume the same trajectory.
+// round trips that resume the same trajectory. The Apex and DeepSpeed literals come from
+// tests/amp/loss_scaler_reference.py; both presets are also run beside a transcription of their
+// reference's update in its own terms on random flags.
 #include "amp/loss_scaler.h"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -226,6 +229,238 @@ TEST(LossScalerTest, DeepSpeedDefaults) {
   EXPECT_FALSE(scaler.options().f32_scale);
 }
 
+TEST(LossScalerTest, DeepSpeedGrowthTimingBeforeAndSinceV0_17_1) {
+  // tests/amp/loss_scaler_reference.py: the updates (1-based) whose clean step grew the scale
+  // and the scales, DeepSpeed's update_scale with both growth checks on one overflow pattern.
+  const std::string flags = "FFFFFFFTFFFFFFTTFFFFFTFFF";
+  auto growths = [&](LossScaler scaler) {
+    std::vector<int> grew;
+    for (size_t i = 0; i < flags.size(); ++i) {
+      const double before = scaler.scale();
+      scaler.update(flags[i] == 'T');
+      if (scaler.scale() > before) grew.push_back(static_cast<int>(i) + 1);
+    }
+    return grew;
+  };
+  using Updates = std::vector<int>;
+  auto make = [](int64_t window, DeepSpeedGrowth growth) {
+    return LossScaler::DeepSpeedDynamic(1024, 2.0, window, 1, 1, false, true, growth);
+  };
+  EXPECT_EQ(growths(make(3, DeepSpeedGrowth::kBeforeV0_17_1)), (Updates{3, 6, 11, 14, 19, 25}));
+  EXPECT_EQ(growths(make(3, DeepSpeedGrowth::kSinceV0_17_1)), (Updates{4, 7, 12, 20}));
+  EXPECT_EQ(growths(make(1, DeepSpeedGrowth::kBeforeV0_17_1)),
+            (Updates{1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 17, 18, 19, 20, 21, 23, 24, 25}));
+  EXPECT_EQ(growths(make(1, DeepSpeedGrowth::kSinceV0_17_1)),
+            (Updates{2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 18, 19, 20, 21, 24, 25}));
+  // The default is DeepSpeed's current rule.
+  EXPECT_EQ(growths(LossScaler::DeepSpeedDynamic(1024, 2.0, 3, 1, 1)), (Updates{4, 7, 12, 20}));
+
+  LossScaler before = make(3, DeepSpeedGrowth::kBeforeV0_17_1);
+  EXPECT_EQ(Trajectory(before, flags),
+            (Scales{1024, 1024, 2048, 2048, 2048, 4096, 4096, 2048, 2048, 2048, 4096, 4096, 4096,
+                    8192, 4096, 2048, 2048, 2048, 4096, 4096, 4096, 2048, 2048, 2048, 4096}));
+  LossScaler since = make(3, DeepSpeedGrowth::kSinceV0_17_1);
+  EXPECT_EQ(Trajectory(since, flags),
+            (Scales{1024, 1024, 1024, 2048, 2048, 2048, 4096, 2048, 2048, 2048, 2048, 4096, 4096,
+                    4096, 2048, 1024, 1024, 1024, 1024, 2048, 2048, 1024, 1024, 1024, 1024}));
+}
+
+TEST(LossScalerTest, DeepSpeedBeforeV0_17_1KeepsHysteresisAndRefillsOnGrowth) {
+  LossScaler scaler = LossScaler::DeepSpeedDynamic(1024, 2.0, 2, 1, 2, false, true,
+                                                   DeepSpeedGrowth::kBeforeV0_17_1);
+  EXPECT_FALSE(scaler.options().first_growth_waits_one_more);
+  EXPECT_EQ(Trajectory(scaler, "TFFTTFFFTTT"),
+            (Scales{1024, 1024, 2048, 2048, 1024, 1024, 2048, 2048, 2048, 1024, 512}));
+  EXPECT_EQ(scaler.hysteresis_tracker(), 1);
+}
+
+// DeepSpeed's DynamicLossScaler.update_scale in its own terms (cur_iter, last_overflow_iter,
+// cur_hysteresis), with the growth check of either release.
+struct DeepSpeedSource {
+  double cur_scale;
+  double scale_factor;
+  int64_t scale_window;
+  double min_scale;
+  int64_t delayed_shift;
+  bool consecutive_hysteresis;
+  bool before_v0_17_1;
+  int64_t cur_hysteresis = delayed_shift;
+  int64_t cur_iter = 0;
+  int64_t last_overflow_iter = -1;
+
+  void update_scale(bool overflow) {
+    if (overflow) {
+      if (delayed_shift == 1 || cur_hysteresis == 1) {
+        cur_scale = std::max(cur_scale / scale_factor, min_scale);
+      } else {
+        cur_hysteresis -= 1;
+      }
+      last_overflow_iter = cur_iter;
+    } else {
+      if (consecutive_hysteresis) cur_hysteresis = delayed_shift;
+      const int64_t since = cur_iter - last_overflow_iter;
+      const bool grow = before_v0_17_1 ? since % scale_window == 0
+                                       : since - 1 > 0 && (since - 1) % scale_window == 0;
+      if (grow) {
+        if (!consecutive_hysteresis) cur_hysteresis = delayed_shift;
+        cur_scale *= scale_factor;
+      }
+    }
+    cur_iter += 1;
+  }
+};
+
+// Random overflow patterns: mostly clean, overflows at random, some long clean runs.
+std::string RandomFlags(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string flags;
+  while (static_cast<int>(flags.size()) < n) {
+    const uint32_t r = rng() % 100;
+    flags += r < 8 ? std::string(1 + rng() % 14, 'F') : std::string(1, r < 30 ? 'T' : 'F');
+  }
+  flags.resize(n);
+  return flags;
+}
+
+TEST(LossScalerTest, DeepSpeedFollowsItsSourceOnRandomFlags) {
+  for (DeepSpeedGrowth growth : {DeepSpeedGrowth::kSinceV0_17_1, DeepSpeedGrowth::kBeforeV0_17_1}) {
+    for (int64_t window : {1, 2, 3, 5}) {
+      for (int64_t shift : {1, 2, 3}) {
+        for (bool consecutive : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << (growth == DeepSpeedGrowth::kBeforeV0_17_1 ? "before" : "since")
+                       << " window " << window << " shift " << shift << " consecutive "
+                       << consecutive);
+          LossScaler scaler = LossScaler::DeepSpeedDynamic(1024, 2.0, window, 0.25, shift,
+                                                           consecutive, false, growth);
+          DeepSpeedSource source{1024,
+                                 2.0,
+                                 window,
+                                 0.25,
+                                 shift,
+                                 consecutive,
+                                 growth == DeepSpeedGrowth::kBeforeV0_17_1};
+          const std::string flags = RandomFlags(600, static_cast<uint32_t>(window * 10 + shift));
+          for (size_t i = 0; i < flags.size(); ++i) {
+            scaler.update(flags[i] == 'T');
+            source.update_scale(flags[i] == 'T');
+            ASSERT_EQ(scaler.scale(), source.cur_scale) << "update " << i + 1;
+            ASSERT_EQ(scaler.hysteresis_tracker(), source.cur_hysteresis) << "update " << i + 1;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- NVIDIA Apex amp LossScaler ----------------------------------------------------------------
+
+TEST(LossScalerTest, ApexDefaults) {
+  LossScaler scaler = LossScaler::Apex();
+  EXPECT_EQ(scaler.scale(), 65536);
+  EXPECT_EQ(scaler.options().growth_interval, 2000);
+  EXPECT_EQ(scaler.options().min_scale, 0);
+  EXPECT_EQ(scaler.options().max_scale, 16777216);
+  EXPECT_EQ(scaler.options().growth_factor, 2);
+  EXPECT_FALSE(scaler.options().f32_scale);
+  EXPECT_FALSE(scaler.options().raise_at_min_scale);
+  EXPECT_EQ(Trajectory(scaler, std::string(1999, 'F')).back(), 65536);
+  scaler.update(false);  // the 2000th clean update
+  EXPECT_EQ(scaler.scale(), 131072);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+}
+
+TEST(LossScalerTest, ApexClampsAnInitialScaleAboveTheMaximum) {
+  // Apex: _loss_scale = min(max_loss_scale, init_scale); not an error.
+  LossScaler scaler = LossScaler::Apex(1073741824.0, 2, 0, 16777216.0);
+  EXPECT_EQ(scaler.scale(), 16777216);
+  // The growth at the window is capped (and still restarts the counter).
+  EXPECT_EQ(Trajectory(scaler, "FFTFFF"),
+            (Scales{16777216, 16777216, 8388608, 8388608, 16777216, 16777216}));
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+
+  EXPECT_EQ(LossScaler::Apex(kInf).scale(), 16777216);        // the default cap
+  EXPECT_EQ(LossScaler::Apex(16777216.0).scale(), 16777216);  // at the cap
+  LossScaler uncapped = LossScaler::Apex(65536, 1, 0, kInf);  // no cap at all
+  EXPECT_EQ(Trajectory(uncapped, "FF"), (Scales{131072, 262144}));
+}
+
+TEST(LossScalerTest, ApexBacksOffToTheMinimumAndNeverRaises) {
+  LossScaler scaler = LossScaler::Apex(1024, 3, 100);
+  // tests/amp/loss_scaler_reference.py: growth at updates 8 and 11 (the counter restarts at 0 on
+  // every overflow, growth when it reaches the window).
+  EXPECT_EQ(Trajectory(scaler, "TTTTTFFFFFF"),
+            (Scales{512, 256, 128, 100, 100, 100, 100, 200, 200, 200, 400}));
+  EXPECT_EQ(scaler.hysteresis_tracker(), 1);
+
+  LossScaler no_minimum = LossScaler::Apex(3, 3);  // Apex's min_loss_scale=None
+  EXPECT_EQ(Trajectory(no_minimum, "TTTFFF"), (Scales{1.5, 0.75, 0.375, 0.375, 0.375, 0.75}));
+}
+
+TEST(LossScalerTest, ApexGrowsWhenTheCleanCounterReachesTheWindow) {
+  LossScaler scaler = LossScaler::Apex(1024, 3);
+  // tests/amp/loss_scaler_reference.py: growth at updates 3, 6, 10, 13.
+  EXPECT_EQ(
+      Trajectory(scaler, "FFFFFFTFFFFFFF"),
+      (Scales{1024, 1024, 2048, 2048, 2048, 4096, 2048, 2048, 2048, 4096, 4096, 4096, 8192, 8192}));
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+  EXPECT_EQ(scaler.clean_streak(), 7);
+}
+
+// Apex amp's LossScaler.update_scale in its own terms (_loss_scale, _unskipped).
+struct ApexSource {
+  double loss_scale;
+  int64_t scale_seq_len;
+  double min_loss_scale;  // 0: None
+  double max_loss_scale;
+  int64_t unskipped = 0;
+
+  void update_scale(bool has_overflow) {
+    if (has_overflow) {
+      loss_scale =
+          min_loss_scale != 0 ? std::max(min_loss_scale, loss_scale / 2.) : loss_scale / 2.;
+      unskipped = 0;
+    } else {
+      unskipped += 1;
+    }
+    if (unskipped == scale_seq_len) {
+      loss_scale = std::min(max_loss_scale, loss_scale * 2.);
+      unskipped = 0;
+    }
+  }
+};
+
+TEST(LossScalerTest, ApexFollowsItsSourceOnRandomFlags) {
+  for (int64_t window : {1, 2, 3, 7}) {
+    for (double min_scale : {0.0, 1.0, 700.0}) {
+      for (double init : {1000.0, 5000.0, 1e9}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "window " << window << " min " << min_scale << " init " << init);
+        LossScaler scaler = LossScaler::Apex(init, window, min_scale, 4096);
+        ApexSource source{std::min(4096.0, init), window, min_scale, 4096};
+        const std::string flags = RandomFlags(600, static_cast<uint32_t>(window + 100));
+        for (size_t i = 0; i < flags.size(); ++i) {
+          scaler.update(flags[i] == 'T');
+          source.update_scale(flags[i] == 'T');
+          ASSERT_EQ(scaler.scale(), source.loss_scale) << "update " << i + 1;
+          ASSERT_EQ(scaler.growth_tracker(), source.unskipped) << "update " << i + 1;
+        }
+      }
+    }
+  }
+}
+
+TEST(LossScalerTest, ApexValidatesWhatItCannotClamp) {
+  EXPECT_TRUE(ThrowsErrorExactly([] { LossScaler::Apex(65536, 2000, 0, 0); },
+                                 "LossScaler::Apex: max_loss_scale must be positive, got 0"));
+  EXPECT_TRUE(ThrowsError([] { LossScaler::Apex(65536, 2000, 0, std::nan("")); },
+                          "max_loss_scale must be positive"));
+  EXPECT_TRUE(ThrowsError([] { LossScaler::Apex(65536, 0); }, "growth_interval must be >= 1"));
+  EXPECT_TRUE(ThrowsError([] { LossScaler::Apex(std::nan("")); }, "init_scale"));
+  EXPECT_TRUE(ThrowsError([] { LossScaler::Apex(0x1p30, 2000, 0x1p25); },
+                          "min_scale (3.35544e+07) must not exceed init_scale (1.67772e+07)"));
+}
+
 // ---- Generic options ---------------------------------------------------------------------------
 
 TEST(LossScalerTest, GrowthNeverExceedsMaxScale) {
@@ -329,6 +564,13 @@ TEST(LossScalerTest, StateDictRoundTripResumesTheSameTrajectory) {
       {"DeepSpeedHysteresis", [] { return LossScaler::DeepSpeedDynamic(1024, 2.0, 3, 1, 3); }},
       {"DeepSpeedConsecutive",
        [] { return LossScaler::DeepSpeedDynamic(1024, 2.0, 3, 1, 3, true, false); }},
+      {"DeepSpeedBeforeV0_17_1",
+       [] {
+         return LossScaler::DeepSpeedDynamic(1024, 2.0, 3, 1, 2, false, false,
+                                             DeepSpeedGrowth::kBeforeV0_17_1);
+       }},
+      {"Apex", [] { return LossScaler::Apex(1024, 3, 4); }},
+      {"ApexClamped", [] { return LossScaler::Apex(1e9, 2, 0, 2048); }},
       {"Constant", [] { return LossScaler::Constant(8); }},
   };
   const std::string flags = "FFFFFFTFFFFTTTFFFFFFFFTFTFFFFFFFTTTTTFFFFFFFFFFF";

@@ -93,6 +93,14 @@ inline std::vector<ScalerCase> ScalerCases() {
        mixed},
       {"DeepSpeedRaisesAtMinScale",
        [] { return amp::LossScaler::DeepSpeedDynamic(4, 2, 1000, 1, 1, false, true); }, "TTTTF"},
+      {"DeepSpeedBeforeV0_17_1",
+       [] {
+         return amp::LossScaler::DeepSpeedDynamic(65536, 2, 3, 1, 2, false, true,
+                                                  amp::DeepSpeedGrowth::kBeforeV0_17_1);
+       },
+       mixed},
+      {"Apex", [] { return amp::LossScaler::Apex(65536, 3, 1000); }, mixed},
+      {"ApexClampedAtMax", [] { return amp::LossScaler::Apex(0x1p30, 2, 0, 0x1p20); }, mixed},
       {"CustomF32WithBounds", [custom] { return amp::LossScaler(custom); }, mixed},
   };
 }

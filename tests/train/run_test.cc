@@ -1,6 +1,7 @@
-// tools/train/run.h: --device parsing (CheckDevice), the host copies checkpoints are made of
-// (ToHost), flag ranges, run settings and --override, the checkpoint directory check, the
-// divergence stop, and RunState::Resume's validation of every counter a checkpoint holds.
+// tools/train/run.h: --device parsing (CheckDevice), --loss_scaler presets, the host copies
+// checkpoints are made of (ToHost), flag ranges, run settings and --override, the checkpoint
+// directory check, the divergence stop, and RunState::Resume's validation of every counter a
+// checkpoint holds.
 #include "tools/train/run.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +11,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
+#include <string>
 
+#include "amp/loss_scaler.h"
+#include "amp/mixed_precision_optimizer.h"
 #include "autograd/ops.h"
 #include "nn/layers.h"
 #include "optim/lr_schedule.h"
@@ -191,6 +196,34 @@ TEST(DivergenceCheckTest, NonFiniteLossWithoutDynamicScalerStops) {
             "gradients at every loss scale tried; --max_skipped_in_a_row=3)");
   DivergenceCheck never(true, 0);
   for (int i = 1; i < 1000; ++i) EXPECT_TRUE(never.Check(i, NAN, true).ok());
+}
+
+// --loss_scaler names the presets with their libraries' defaults.
+TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
+  Generator gen{0};
+  nn::Linear model(3, 2, gen);
+  auto made = [&](const std::string& name) {
+    PrecisionConfig precision;
+    precision.loss_scaler = name;
+    return MakeMixedPrecisionOptimizer(model.parameters(), OptimizerConfig{}, precision);
+  };
+  absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> apex = made("apex");
+  ASSERT_TRUE(apex.ok()) << apex.status();
+  EXPECT_EQ((*apex)->scaler().scale(), 65536);
+  EXPECT_EQ((*apex)->scaler().options().growth_interval, 2000);
+  EXPECT_EQ((*apex)->scaler().options().max_scale, 16777216);
+  absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> deepspeed = made("deepspeed");
+  ASSERT_TRUE(deepspeed.ok()) << deepspeed.status();
+  EXPECT_EQ((*deepspeed)->scaler().scale(), 4294967296.0);
+  EXPECT_TRUE((*deepspeed)->scaler().options().first_growth_waits_one_more);
+  absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> legacy = made("deepspeed_legacy");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ((*legacy)->scaler().scale(), 4294967296.0);
+  EXPECT_EQ((*legacy)->scaler().options().growth_interval, 1000);
+  EXPECT_FALSE((*legacy)->scaler().options().first_growth_waits_one_more);
+  EXPECT_EQ(made("apex2").status().message(),
+            "unknown loss scaler 'apex2' (expected auto, pytorch, megatron, deepspeed, "
+            "deepspeed_legacy, apex or none)");
 }
 
 // A one-layer model with its optimizer and schedule, checkpointed after `steps` steps.

@@ -318,11 +318,18 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
         amp::LossScaler::MegatronDynamic(4294967296.0, 1.0, 2.0, 0.5, 1000, 2));
   } else if (s == "deepspeed") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic());
+  } else if (s == "deepspeed_legacy") {
+    // DeepSpeed's defaults with its growth timing before v0.17.1.
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic(
+        4294967296.0, 2.0, 1000, 1.0, 1, false, true, amp::DeepSpeedGrowth::kBeforeV0_17_1));
+  } else if (s == "apex") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::Apex());
   } else if (s == "none") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::Constant(1.0));
   } else if (s != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown loss scaler '", s, "' (expected auto, pytorch, megatron, deepspeed or none)"));
+        "unknown loss scaler '", s,
+        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_legacy, apex or none)"));
   }
   return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(opt), std::move(mp));
 }

@@ -78,8 +78,9 @@ struct OptimizerConfig {
 
 struct PrecisionConfig {
   DType dtype = kF32;
-  // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" | "none";
-  // each with its library's default settings.
+  // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" |
+  // "deepspeed_legacy" (DeepSpeed's growth timing before v0.17.1) | "apex" (NVIDIA Apex amp) |
+  // "none"; each with its library's default settings.
   std::string loss_scaler = "auto";
   // Data-parallel runs: makes found_inf the max over the ranks (DataParallel::ReduceFoundInf).
   std::function<void(const Tensor& found_inf)> reduce_found_inf;
