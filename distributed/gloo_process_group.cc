@@ -474,6 +474,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
+    attr.iface = options.iface;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     impl.context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     impl.context->setTimeout(impl.timeout);
