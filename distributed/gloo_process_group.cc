@@ -2,7 +2,6 @@
 
 #include <net/if.h>
 
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
