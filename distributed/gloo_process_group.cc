@@ -1,5 +1,7 @@
 #include "distributed/gloo_process_group.h"
 
+#include <net/if.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -178,17 +180,17 @@ void ReduceChunks16(ReduceOp op, const uint16_t* chunks, uint16_t* out, size_t n
 void ReduceChunks(DType dtype, ReduceOp op, const void* chunks, void* out, size_t n, int ranks) {
   switch (dtype) {
     case kF32:
-      return ReduceChunksNative(op, static_cast<const float*>(chunks), static_cast<float*>(out),
-                                n, ranks);
+      return ReduceChunksNative(op, static_cast<const float*>(chunks), static_cast<float*>(out), n,
+                                ranks);
     case kF64:
-      return ReduceChunksNative(op, static_cast<const double*>(chunks),
-                                static_cast<double*>(out), n, ranks);
+      return ReduceChunksNative(op, static_cast<const double*>(chunks), static_cast<double*>(out),
+                                n, ranks);
     case kI32:
-      return ReduceChunksNative(op, static_cast<const int32_t*>(chunks),
-                                static_cast<int32_t*>(out), n, ranks);
+      return ReduceChunksNative(op, static_cast<const int32_t*>(chunks), static_cast<int32_t*>(out),
+                                n, ranks);
     case kI64:
-      return ReduceChunksNative(op, static_cast<const int64_t*>(chunks),
-                                static_cast<int64_t*>(out), n, ranks);
+      return ReduceChunksNative(op, static_cast<const int64_t*>(chunks), static_cast<int64_t*>(out),
+                                n, ranks);
     case kF16:
       return ReduceChunks16<F16>(op, static_cast<const uint16_t*>(chunks),
                                  static_cast<uint16_t*>(out), n, ranks);
@@ -233,9 +235,9 @@ class GlooWork final : public Work {
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) return status_;
-      timed_out = absl::DeadlineExceededError(absl::StrCat(
-          what_, " did not complete within ", absl::FormatDuration(timeout),
-          " (a peer process exited, hung or fell behind)"));
+      timed_out = absl::DeadlineExceededError(
+          absl::StrCat(what_, " did not complete within ", absl::FormatDuration(timeout),
+                       " (a peer process exited, hung or fell behind)"));
     }
     return on_timeout_(timed_out);
   }
@@ -282,7 +284,7 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
   std::deque<Job> queue ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   int64_t next_seq ABSL_GUARDED_BY(mu) = 0;
-  absl::Status broken ABSL_GUARDED_BY(mu);  // the first failure; OK while healthy
+  absl::Status broken ABSL_GUARDED_BY(mu);      // the first failure; OK while healthy
   int64_t broken_seq ABSL_GUARDED_BY(mu) = -1;  // the collective that failed first
   std::map<int64_t, absl::Status> compared ABSL_GUARDED_BY(compare_mu);  // Compare's results
   std::thread worker;
@@ -294,9 +296,8 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
       {
         absl::MutexLock lock(&mu);
         mu.Await(absl::Condition(
-            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return self->stop || !self->queue.empty();
-            },
+            +[](Impl* self)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->stop || !self->queue.empty(); },
             this));
         if (queue.empty()) return;  // stop requested and nothing left
         job = std::move(queue.front());
@@ -304,9 +305,11 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
         broken_now = broken;
       }
       if (!broken_now.ok()) {
-        job.work->Complete(absl::Status(
-            broken_now.code(), absl::StrCat(job.work->what(), " failed: the group is broken by an "
-                                            "earlier failure: ", broken_now.message())));
+        job.work->Complete(
+            absl::Status(broken_now.code(), absl::StrCat(job.work->what(),
+                                                         " failed: the group is broken by an "
+                                                         "earlier failure: ",
+                                                         broken_now.message())));
         continue;
       }
       std::string error;
@@ -323,11 +326,11 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
         // then the comparison only reads what is already there (dead ranks publish nothing), so
         // a dead rank still stops the others within a fraction of a second.
         const bool timed_out = absl::StrContains(error, "Timed out");
-        status = Fail(job.seq, job.work->what(), job.signature,
-                      absl::UnavailableError(absl::StrCat(
-                          job.work->what(), " failed: ", error,
-                          " (a peer process exited or is unreachable)")),
-                      timed_out);
+        status =
+            Fail(job.seq, job.work->what(), job.signature,
+                 absl::UnavailableError(absl::StrCat(job.work->what(), " failed: ", error,
+                                                     " (a peer process exited or is unreachable)")),
+                 timed_out);
       }
       job.work->Complete(std::move(status));
     }
@@ -362,9 +365,8 @@ struct GlooProcessGroup::Impl : std::enable_shared_from_this<GlooProcessGroup::I
     const std::string prefix = absl::StrCat("collective/", seq, "/rank/");
     (void)store->Set(absl::StrCat(prefix, rank), signature);
     const absl::Time deadline =
-        absl::Now() +
-        (wait_for_peers ? std::min(absl::FromChrono(timeout) / 2, absl::Seconds(5))
-                        : absl::ZeroDuration());
+        absl::Now() + (wait_for_peers ? std::min(absl::FromChrono(timeout) / 2, absl::Seconds(5))
+                                      : absl::ZeroDuration());
     std::vector<bool> read(size, false);
     read[rank] = true;
     int left = size - 1;
@@ -460,11 +462,17 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
     }
     return absl::DeadlineExceededError(absl::StrCat(
         "rendezvous of group '", name, "' timed out after ", absl::FormatDuration(timeout),
-        " on rank ", rank, ": rank", missing.size() == 1 ? " " : "s ",
-        absl::StrJoin(missing, ", "), " of world size ", size, missing.size() == 1 ? " has" : " have",
-        " not joined (", joined.message(), ")"));
+        " on rank ", rank, ": rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+        " of world size ", size, missing.size() == 1 ? " has" : " have", " not joined (",
+        joined.message(), ")"));
   }
 
+  // gloo looks the interface up itself, but leaks getifaddrs' list when it is missing.
+  if (!options.iface.empty() && if_nametoindex(options.iface.c_str()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo group '", name, "': rank ", rank, " has no network interface '", options.iface,
+        "' (GLOO_SOCKET_IFNAME or DistOptions::gloo_iface; see `ip link`)"));
+  }
   auto group = std::shared_ptr<GlooProcessGroup>(new GlooProcessGroup(rank, size, name, timeout));
   Impl& impl = *group->impl_;
   impl.rank = rank;
@@ -474,6 +482,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
+    attr.iface = options.iface;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     impl.context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     impl.context->setTimeout(impl.timeout);
@@ -492,32 +501,31 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceO
   const ReduceFn fn = ReduceFor(tensor.dtype(), op);
   Impl* impl = impl_.get();
   const int world = size();
-  return impl->Enqueue(
-      Describe("all_reduce"), "all_reduce",
-      absl::StrCat("of ", tensor.numel(), " ", DTypeName(tensor.dtype()), " elements (",
-                   ReduceOpName(op), ")"),
-      timeout(), [impl, tensor, op, fn, world](uint32_t tag) {
-        const size_t n = tensor.numel();
-        if (n == 0) return;
-        gloo::AllreduceOptions opts(impl->context);
-        opts.setTimeout(impl->timeout);
-        opts.setTag(tag);
-        opts.setReduceFunction(fn);
-        void* data = tensor.raw_data();
-        switch (tensor.element_size()) {
-          case 2:
-            opts.setOutput(static_cast<uint16_t*>(data), n);
-            break;
-          case 4:
-            opts.setOutput(static_cast<uint32_t*>(data), n);
-            break;
-          default:
-            opts.setOutput(static_cast<uint64_t*>(data), n);
-            break;
-        }
-        gloo::allreduce(opts);
-        if (op == ReduceOp::kAvg) DivideInPlace(tensor.dtype(), data, n, world);
-      });
+  return impl->Enqueue(Describe("all_reduce"), "all_reduce",
+                       absl::StrCat("of ", tensor.numel(), " ", DTypeName(tensor.dtype()),
+                                    " elements (", ReduceOpName(op), ")"),
+                       timeout(), [impl, tensor, op, fn, world](uint32_t tag) {
+                         const size_t n = tensor.numel();
+                         if (n == 0) return;
+                         gloo::AllreduceOptions opts(impl->context);
+                         opts.setTimeout(impl->timeout);
+                         opts.setTag(tag);
+                         opts.setReduceFunction(fn);
+                         void* data = tensor.raw_data();
+                         switch (tensor.element_size()) {
+                           case 2:
+                             opts.setOutput(static_cast<uint16_t*>(data), n);
+                             break;
+                           case 4:
+                             opts.setOutput(static_cast<uint32_t*>(data), n);
+                             break;
+                           default:
+                             opts.setOutput(static_cast<uint64_t*>(data), n);
+                             break;
+                         }
+                         gloo::allreduce(opts);
+                         if (op == ReduceOp::kAvg) DivideInPlace(tensor.dtype(), data, n, world);
+                       });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input,
@@ -528,28 +536,28 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, con
   CheckReduceOp("reduce_scatter", input, op);
   Impl* impl = impl_.get();
   const int world = size();
-  return impl->Enqueue(
-      Describe("reduce_scatter"), "reduce_scatter",
-      absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()), " elements (",
-                   ReduceOpName(op), ")"),
-      timeout(), [impl, output, input, op, world](uint32_t tag) {
-        const size_t n = output.numel();
-        if (n == 0) return;
-        const size_t bytes = input.numel() * input.element_size();
-        // [world, n]: chunk r is rank r's chunk for this rank.
-        std::vector<char> chunks(bytes);
-        if (world == 1) {
-          std::memcpy(chunks.data(), input.raw_data(), bytes);
-        } else {
-          gloo::AlltoallOptions opts(impl->context);
-          opts.setTimeout(impl->timeout);
-          opts.setTag(tag);
-          opts.setInput(static_cast<char*>(input.raw_data()), bytes);
-          opts.setOutput(chunks.data(), bytes);
-          gloo::alltoall(opts);
-        }
-        ReduceChunks(input.dtype(), op, chunks.data(), output.raw_data(), n, world);
-      });
+  return impl->Enqueue(Describe("reduce_scatter"), "reduce_scatter",
+                       absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()),
+                                    " elements (", ReduceOpName(op), ")"),
+                       timeout(), [impl, output, input, op, world](uint32_t tag) {
+                         const size_t n = output.numel();
+                         if (n == 0) return;
+                         const size_t bytes = input.numel() * input.element_size();
+                         // [world, n]: chunk r is rank r's chunk for this rank.
+                         std::vector<char> chunks(bytes);
+                         if (world == 1) {
+                           std::memcpy(chunks.data(), input.raw_data(), bytes);
+                         } else {
+                           gloo::AlltoallOptions opts(impl->context);
+                           opts.setTimeout(impl->timeout);
+                           opts.setTag(tag);
+                           opts.setInput(static_cast<char*>(input.raw_data()), bytes);
+                           opts.setOutput(chunks.data(), bytes);
+                           gloo::alltoall(opts);
+                         }
+                         ReduceChunks(input.dtype(), op, chunks.data(), output.raw_data(), n,
+                                      world);
+                       });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
@@ -558,28 +566,28 @@ std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const T
   CheckChunks("all_gather", "output", output, "input", input);
   Impl* impl = impl_.get();
   const int world = size();
-  return impl->Enqueue(Describe("all_gather"), "all_gather",
-                       absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()),
-                                    " elements per rank"),
-                       timeout(), [impl, output, input, world](uint32_t tag) {
-                         const size_t bytes = input.numel() * input.element_size();
-                         if (bytes == 0) return;
-                         char* out = static_cast<char*>(output.raw_data());
-                         // The input may be this rank's chunk of the output (in place) or
-                         // overlap it elsewhere: stage it.
-                         std::vector<char> staged(bytes);
-                         std::memcpy(staged.data(), input.raw_data(), bytes);
-                         if (world == 1) {
-                           std::memcpy(out, staged.data(), bytes);
-                           return;
-                         }
-                         gloo::AllgatherOptions opts(impl->context);
-                         opts.setTimeout(impl->timeout);
-                         opts.setTag(tag);
-                         opts.setInput(staged.data(), bytes);
-                         opts.setOutput(out, bytes * world);
-                         gloo::allgather(opts);
-                       });
+  return impl->Enqueue(
+      Describe("all_gather"), "all_gather",
+      absl::StrCat("of ", input.numel(), " ", DTypeName(input.dtype()), " elements per rank"),
+      timeout(), [impl, output, input, world](uint32_t tag) {
+        const size_t bytes = input.numel() * input.element_size();
+        if (bytes == 0) return;
+        char* out = static_cast<char*>(output.raw_data());
+        // The input may be this rank's chunk of the output (in place) or
+        // overlap it elsewhere: stage it.
+        std::vector<char> staged(bytes);
+        std::memcpy(staged.data(), input.raw_data(), bytes);
+        if (world == 1) {
+          std::memcpy(out, staged.data(), bytes);
+          return;
+        }
+        gloo::AllgatherOptions opts(impl->context);
+        opts.setTimeout(impl->timeout);
+        opts.setTag(tag);
+        opts.setInput(staged.data(), bytes);
+        opts.setOutput(out, bytes * world);
+        gloo::allgather(opts);
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::broadcast(const Tensor& tensor, int root) {

@@ -39,6 +39,9 @@ struct GlooOptions {
   // The address this rank listens on: 127.0.0.1 for one machine, the host's name or address
   // otherwise.
   std::string hostname = "127.0.0.1";
+  // The network interface to bind (gloo's attr.iface, e.g. "eth0" or "lo"); when set it wins
+  // over `hostname`.
+  std::string iface;
 };
 
 class GlooProcessGroup final : public ProcessGroup {
@@ -46,9 +49,11 @@ class GlooProcessGroup final : public ProcessGroup {
   // Meets the other ranks through `group_store` (a store view private to this group): every
   // rank announces itself under "rank/<r>"; when some rank does not within `timeout`,
   // DeadlineExceeded names the missing ranks. Then gloo connects a full TCP mesh.
-  static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(
-      int rank, int size, const std::string& name, absl::Duration timeout,
-      std::shared_ptr<Store> group_store, const GlooOptions& options = {});
+  static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(int rank, int size,
+                                                              const std::string& name,
+                                                              absl::Duration timeout,
+                                                              std::shared_ptr<Store> group_store,
+                                                              const GlooOptions& options = {});
   ~GlooProcessGroup() override;
 
   const char* backend() const override { return "gloo"; }

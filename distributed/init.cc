@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "distributed/gloo_process_group.h"
@@ -35,27 +36,80 @@ absl::StatusOr<int> IntFromEnv(std::initializer_list<const char*> names, int fal
   return fallback;
 }
 
+// Where rank / world size / local rank come from when no option gives them: the first launcher
+// whose rank variable is set, in this order.
+struct Launcher {
+  const char* name;
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;  // nullptr: see LocalWorldSize
+};
+constexpr Launcher kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+// SLURM's tasks on this node: SLURM_NTASKS_PER_NODE when it is one number (srun
+// --ntasks-per-node), the whole step on one node, else unknown (-1; "2(x3)" forms and uneven
+// layouts).
+int SlurmLocalWorldSize(int world_size) {
+  int v;
+  if (const char* n = GetEnv("SLURM_NTASKS_PER_NODE"); n != nullptr && absl::SimpleAtoi(n, &v)) {
+    return v;
+  }
+  for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}) {
+    if (const char* n = GetEnv(name); n != nullptr && absl::SimpleAtoi(n, &v)) {
+      return v == 1 ? world_size : -1;
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options) {
   DistEnv env;
-  auto rank = IntFromEnv({"RANK", "OMPI_COMM_WORLD_RANK"}, 0);
-  auto world = IntFromEnv({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"}, 1);
-  auto local = IntFromEnv({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}, -1);
-  if (!rank.ok()) return rank.status();
-  if (!world.ok()) return world.status();
-  if (!local.ok()) return local.status();
-  env.rank = options.rank >= 0 ? options.rank : *rank;
-  env.world_size = options.world_size >= 0 ? options.world_size : *world;
-  env.local_rank = options.local_rank >= 0 ? options.local_rank : (*local >= 0 ? *local : env.rank);
+  const Launcher* from = nullptr;
+  for (const Launcher& l : kLaunchers) {
+    if (GetEnv(l.rank) != nullptr) {
+      from = &l;
+      break;
+    }
+  }
+  int rank = 0, world = 1, local = -1, local_world = -1;
+  if (from != nullptr) {
+    auto r = IntFromEnv({from->rank}, 0);
+    if (!r.ok()) return r.status();
+    auto w = IntFromEnv({from->world_size}, 1);
+    if (!w.ok()) return w.status();
+    auto l = IntFromEnv({from->local_rank}, -1);
+    if (!l.ok()) return l.status();
+    rank = *r;
+    world = *w;
+    local = *l;
+    if (from->local_world_size != nullptr) {
+      auto lw = IntFromEnv({from->local_world_size}, -1);
+      if (!lw.ok()) return lw.status();
+      local_world = *lw;
+    } else {
+      local_world = SlurmLocalWorldSize(world);
+    }
+    env.launcher = from->name;
+  }
+  env.rank = options.rank >= 0 ? options.rank : rank;
+  env.world_size = options.world_size >= 0 ? options.world_size : world;
+  env.local_rank = options.local_rank >= 0 ? options.local_rank : (local >= 0 ? local : env.rank);
+  env.local_world_size = options.world_size >= 0 ? -1 : local_world;
   if (env.world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("distributed init: world size must be at least 1, got ", env.world_size));
   }
   if (env.rank < 0 || env.rank >= env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("distributed init: rank ", env.rank,
-                                                   " is out of range for world size ",
-                                                   env.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed init: rank ", env.rank, " is out of range for world size ", env.world_size));
   }
   if (env.local_rank < 0) {
     return absl::InvalidArgumentError(
@@ -63,11 +117,36 @@ absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options) {
   }
   env.rdzv = options.rdzv;
   if (env.rdzv.empty() && GetEnv("TG_RDZV") != nullptr) env.rdzv = GetEnv("TG_RDZV");
+  const char* master_addr = GetEnv("MASTER_ADDR");
+  const char* master_port = GetEnv("MASTER_PORT");
+  if (env.rdzv.empty() && (master_addr != nullptr || master_port != nullptr)) {
+    if (master_addr == nullptr || master_port == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("distributed init: ", master_addr == nullptr ? "MASTER_PORT" : "MASTER_ADDR",
+                       " is set but ", master_addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT",
+                       " is not (the TCP store hosted by rank 0 needs both)"));
+    }
+    int port;
+    if (!absl::SimpleAtoi(master_port, &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("distributed init: MASTER_PORT='", master_port,
+                                                     "' is not a port number in [1, 65535]"));
+    }
+    if (const char* agent = GetEnv("TORCHELASTIC_USE_AGENT_STORE");
+        agent != nullptr && (absl::EqualsIgnoreCase(agent, "true") || std::string(agent) == "1")) {
+      return absl::InvalidArgumentError(
+          "distributed init: TORCHELASTIC_USE_AGENT_STORE=True: MASTER_ADDR:MASTER_PORT is the "
+          "store of torchrun's agent, which speaks PyTorch's TCPStore protocol, not tapegrad's; "
+          "start the ranks with tools:launch (--master_addr/--master_port), or set TG_RDZV");
+    }
+    const std::string host = master_addr;
+    env.rdzv = absl::StrCat(
+        "tcp://", absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host, ":", port);
+  }
   if (env.rdzv.empty() && env.world_size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed init: world size ", env.world_size,
-        " needs a rendezvous: pass --rdzv=file:///dir or redis://host:port, set TG_RDZV, or "
-        "start the processes with tools:launch"));
+        " needs a rendezvous: pass --rdzv=file:///dir or redis://host:port, set TG_RDZV or "
+        "MASTER_ADDR and MASTER_PORT, or start the processes with tools:launch"));
   }
   env.job_id = options.job_id;
   if (env.job_id.empty()) env.job_id = GetEnv("TG_JOB_ID") ? GetEnv("TG_JOB_ID") : "tapegrad";
@@ -80,12 +159,40 @@ absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options) {
     }
     env.timeout = absl::Seconds(seconds);
   }
+  // Gloo's address: an interface (option > GLOO_SOCKET_IFNAME), else a host name
+  // (TG_GLOO_HOSTNAME), else loopback on one machine and this host's name on several.
+  env.gloo_iface = options.gloo_iface;
+  if (env.gloo_iface.empty() && GetEnv("GLOO_SOCKET_IFNAME") != nullptr) {
+    env.gloo_iface = GetEnv("GLOO_SOCKET_IFNAME");
+  }
+  if (absl::StrContains(env.gloo_iface, ',')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed init: gloo interface '", env.gloo_iface,
+        "' names several interfaces; tapegrad's Gloo groups use one (name one, e.g. eth0)"));
+  }
+  if (const char* host = GetEnv("TG_GLOO_HOSTNAME")) {
+    env.gloo_hostname = host;
+  } else {
+    bool several_nodes = env.local_world_size > 0 && env.local_world_size < env.world_size;
+    int nodes;
+    if (const char* n = GetEnv("SLURM_STEP_NUM_NODES");
+        env.launcher == "SLURM" && n != nullptr && absl::SimpleAtoi(n, &nodes)) {
+      several_nodes = several_nodes || nodes > 1;
+    }
+    if (several_nodes) {
+      char name[256] = {};
+      if (gethostname(name, sizeof(name) - 1) == 0) env.gloo_hostname = name;
+    }
+  }
   return env;
 }
 
 absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const DistEnv& env) {
   if (env.rdzv.empty()) return Store::InMemory()->WithPrefix(env.job_id);
-  auto store = Store::Open(env.rdzv);
+  StoreOptions options;
+  options.host_tcp_store = env.rank == 0;  // tcp:// only: rank 0 hosts, everyone connects
+  options.tcp_timeout = env.timeout;
+  auto store = Store::Open(env.rdzv, options);
   if (!store.ok()) return store.status();
   return (*store)->WithPrefix(env.job_id);
 }
@@ -97,17 +204,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewProcessGroup(const DistEnv& env
   std::shared_ptr<Store> group_store = job_store->WithPrefix(group_name);
   if (backend == "gloo") {
     GlooOptions gloo;
-    // One machine unless the launcher says the job spans several (LOCAL_WORLD_SIZE < WORLD_SIZE):
-    // then peers must reach this host by name.
-    if (const char* host = GetEnv("TG_GLOO_HOSTNAME")) {
-      gloo.hostname = host;
-    } else {
-      auto local_world = IntFromEnv({"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}, -1);
-      if (local_world.ok() && *local_world > 0 && *local_world < env.world_size) {
-        char name[256] = {};
-        if (gethostname(name, sizeof(name) - 1) == 0) gloo.hostname = name;
-      }
-    }
+    gloo.iface = env.gloo_iface;
+    if (!env.gloo_hostname.empty()) gloo.hostname = env.gloo_hostname;
     return GlooProcessGroup::Create(env.rank, env.world_size, group_name, env.timeout,
                                     std::move(group_store), gloo);
   }
@@ -120,8 +218,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewProcessGroup(const DistEnv& env
         "distributed init: backend 'nccl' needs CUDA, and this build has none (--config=cpu)");
 #endif
   }
-  return absl::InvalidArgumentError(absl::StrCat("distributed init: unknown backend '", backend,
-                                                 "' (gloo or nccl)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("distributed init: unknown backend '", backend, "' (gloo or nccl)"));
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(const DistOptions& options) {

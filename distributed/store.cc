@@ -6,12 +6,17 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <limits>
+#include <stdexcept>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "distributed/tcp_store.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -26,18 +31,36 @@ class Checkable {
  public:
   virtual ~Checkable() = default;
   virtual bool Has(const std::string& key) = 0;
+  // Every key of `keys` that is not set (one round trip where the store allows it).
+  virtual std::vector<std::string> MissingOf(const std::vector<std::string>& keys) {
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      if (!Has(key)) missing.push_back(key);
+    }
+    return missing;
+  }
+  virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  virtual int tcp_server_port() const { return -1; }
 };
 
 class FileStoreImpl : public gloo::rendezvous::FileStore, public Checkable {
  public:
   using FileStore::FileStore;
   bool Has(const std::string& key) override { return check({key}); }
+  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
+    return absl::UnimplementedError(
+        "store: add is not supported by the file store (use tcp:// or the in-memory store)");
+  }
 };
 
 class RedisStoreImpl : public gloo::rendezvous::RedisStore, public Checkable {
  public:
   using RedisStore::RedisStore;
   bool Has(const std::string& key) override { return check({key}); }
+  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
+    return absl::UnimplementedError(
+        "store: add is not supported by the Redis store (use tcp:// or the in-memory store)");
+  }
 };
 
 class HashStoreImpl : public gloo::rendezvous::HashStore, public Checkable {
@@ -46,6 +69,94 @@ class HashStoreImpl : public gloo::rendezvous::HashStore, public Checkable {
     std::lock_guard<std::mutex> lock(m_);
     return map_.count(key) != 0;
   }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(m_);
+    int64_t current = 0;
+    auto it = map_.find(key);
+    if (it != map_.end() &&
+        !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &current)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("store: add: the value of '", key, "' is not an integer"));
+    }
+    if ((delta > 0 && current > std::numeric_limits<int64_t>::max() - delta) ||
+        (delta < 0 && current < std::numeric_limits<int64_t>::min() - delta)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("store: add: ", current, " + ", delta, " under '", key, "' overflows"));
+    }
+    const std::string text = absl::StrCat(current + delta);
+    map_[key] = std::vector<char>(text.begin(), text.end());
+    return current + delta;
+  }
+};
+
+// The TCP store (tcp_store.h) behind gloo's Store interface: gloo's rendezvous calls get/wait
+// and expects exceptions on failure. Waits poll, as gloo's file and Redis stores do.
+class TcpStoreImpl : public gloo::rendezvous::Store, public Checkable {
+ public:
+  TcpStoreImpl(std::unique_ptr<TcpStoreServer> server, std::unique_ptr<TcpStoreClient> client,
+               absl::Duration timeout)
+      : server_(std::move(server)), client_(std::move(client)), timeout_(timeout) {}
+  // The client goes first: its connection closes before the server stops.
+  ~TcpStoreImpl() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Throw(client_->Set(key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+    auto value = client_->Get(key);
+    Throw(value.status());
+    if (!value->has_value()) throw std::runtime_error(absl::StrCat("store: '", key, "' vanished"));
+    return std::vector<char>((*value)->begin(), (*value)->end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const absl::Duration limit = absl::FromChrono(timeout);
+    const absl::Time deadline = absl::Now() + limit;
+    absl::Duration pause = absl::Milliseconds(1);
+    for (;;) {
+      std::vector<std::string> missing = MissingOf(keys);
+      if (missing.empty()) return;
+      if (absl::Now() >= deadline) {
+        throw std::runtime_error(absl::StrCat("store wait timed out after ",
+                                              absl::FormatDuration(limit),
+                                              "; missing keys: ", absl::StrJoin(missing, ", ")));
+      }
+      absl::SleepFor(std::min(pause, deadline - absl::Now()));
+      pause = std::min(pause * 2, absl::Milliseconds(50));
+    }
+  }
+
+  bool Has(const std::string& key) override { return MissingOf({key}).empty(); }
+  std::vector<std::string> MissingOf(const std::vector<std::string>& keys) override {
+    auto present = client_->Check(keys);
+    Throw(present.status());
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!(*present)[i]) missing.push_back(keys[i]);
+    }
+    return missing;
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return client_->Add(key, delta);
+  }
+  int tcp_server_port() const override { return server_ == nullptr ? -1 : server_->port(); }
+
+ private:
+  static void Throw(const absl::Status& s) {
+    // The wrappers in Store add their own "store: " and the key.
+    if (!s.ok()) throw std::runtime_error(std::string(absl::StripPrefix(s.message(), "store: ")));
+  }
+
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreClient> client_;
+  absl::Duration timeout_;
 };
 
 // mkdir -p.
@@ -72,7 +183,8 @@ Store::Store(std::shared_ptr<gloo::rendezvous::Store> base, std::string prefix)
 
 Store::~Store() = default;
 
-absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url) {
+absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url,
+                                                   const StoreOptions& options) {
   if (absl::StartsWith(url, "file://")) {
     const std::string path = url.substr(7);
     if (path.empty() || path[0] != '/') {
@@ -117,8 +229,39 @@ absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url) {
                                                  host, ":", port, ": ", e.what()));
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "store: unsupported rendezvous '", url, "' (expected file:///dir or redis://host:port)"));
+  if (absl::StartsWith(url, "tcp://")) {
+    std::string hostport = url.substr(6);
+    const size_t colon = hostport.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(hostport.substr(colon + 1), &port) ||
+        port < 0 || port > 65535 || (port == 0 && !options.host_tcp_store)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store: bad port in tcp rendezvous '", url, "' (tcp://host:port)"));
+    }
+    std::string host = hostport.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);  // [::1]
+    }
+    if (host.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store: no host in tcp rendezvous '", url, "' (tcp://host:port)"));
+    }
+    std::unique_ptr<TcpStoreServer> server;
+    if (options.host_tcp_store) {
+      auto started = TcpStoreServer::Start(port);
+      if (!started.ok()) return started.status();
+      server = std::move(*started);
+      port = server->port();
+    }
+    auto client = TcpStoreClient::Connect(host, port, options.tcp_timeout);
+    if (!client.ok()) return client.status();
+    return std::shared_ptr<Store>(new Store(
+        std::make_shared<TcpStoreImpl>(std::move(server), std::move(*client), options.tcp_timeout),
+        ""));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("store: unsupported rendezvous '", url,
+                                                 "' (expected file:///dir, redis://host:port or "
+                                                 "tcp://host:port)"));
 }
 
 std::shared_ptr<Store> Store::InMemory() {
@@ -145,19 +288,38 @@ absl::Status Store::Set(const std::string& key, const std::string& value) {
 
 std::vector<std::string> Store::Missing(const std::vector<std::string>& keys) {
   auto* checkable = dynamic_cast<Checkable*>(base_.get());
-  std::vector<std::string> missing;
-  for (const std::string& key : keys) {
-    if (!checkable->Has(Key(key))) missing.push_back(Key(key));
+  std::vector<std::string> full;
+  for (const std::string& key : keys) full.push_back(Key(key));
+  return checkable->MissingOf(full);  // throws when the store cannot be reached
+}
+
+absl::StatusOr<int64_t> Store::Add(const std::string& key, int64_t delta) {
+  try {
+    absl::StatusOr<int64_t> sum = dynamic_cast<Checkable*>(base_.get())->Add(Key(key), delta);
+    if (sum.ok() || absl::IsUnimplemented(sum.status())) return sum;
+    return absl::Status(sum.status().code(),
+                        absl::StrCat("store: adding to '", Key(key), "' failed: ",
+                                     absl::StripPrefix(sum.status().message(), "store: ")));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("store: adding to '", Key(key), "' failed: ", e.what()));
   }
-  return missing;
+}
+
+int Store::tcp_server_port() const {
+  return dynamic_cast<Checkable*>(base_.get())->tcp_server_port();
 }
 
 absl::Status Store::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Milliseconds(1);
   try {
+    auto* checkable = dynamic_cast<Checkable*>(base_.get());
+    std::vector<std::string> full;
+    for (const std::string& key : keys) full.push_back(Key(key));
     for (;;) {
-      std::vector<std::string> missing = Missing(keys);
+      // Throws when the store cannot be reached (a lost TCP store): an error now, not a timeout.
+      std::vector<std::string> missing = checkable->MissingOf(full);
       if (missing.empty()) return absl::OkStatus();
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(

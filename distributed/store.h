@@ -1,7 +1,9 @@
 // Store: the key-value rendezvous of a job's processes, on gloo's stores. A file store works on
 // one machine or a shared filesystem (file:///path/to/dir), a Redis store across machines
-// (redis://host:port). Every Store view has a key prefix (PrefixStore semantics): a job and each
-// of its groups use their own, so that keys never collide.
+// (redis://host:port), and so does the TCP store that one process of the job hosts
+// (tcp://host:port, tcp_store.h; PyTorch's TCPStore: rank 0 hosts, every rank connects). Every
+// Store view has a key prefix (PrefixStore semantics): a job and each of its groups use their own,
+// so that keys never collide.
 //
 //   auto store = tg::dist::Store::Open("file:///tmp/job42").value()->WithPrefix("job42");
 //   TG_DIST_CHECK_OK(store->Set("rank/0", "ready"));
@@ -24,11 +26,24 @@ class Store;
 
 namespace tg::dist {
 
+struct StoreOptions {
+  // tcp:// only: this process hosts the store (listens on the URL's port on every interface)
+  // and stops it when the last view of the store is destroyed. Port 0: a free port
+  // (tcp_server_port() says which).
+  bool host_tcp_store = false;
+  // tcp:// only: how long to retry connecting (the host may start later), and the bound on
+  // every exchange with the server.
+  absl::Duration tcp_timeout = absl::Seconds(300);
+};
+
 class Store {
  public:
-  // file:///abs/dir (created when missing) or redis://host:port. InvalidArgument for any other
-  // form; Unavailable when the Redis server cannot be reached.
-  static absl::StatusOr<std::shared_ptr<Store>> Open(const std::string& url);
+  // file:///abs/dir (created when missing), redis://host:port or tcp://host:port.
+  // InvalidArgument for any other form; Unavailable when the Redis server cannot be reached or
+  // the TCP store's port cannot be bound; DeadlineExceeded when no TCP store answers within
+  // options.tcp_timeout.
+  static absl::StatusOr<std::shared_ptr<Store>> Open(const std::string& url,
+                                                     const StoreOptions& options = {});
   // An in-process store (gloo's HashStore): for world size 1 and tests.
   static std::shared_ptr<Store> InMemory();
 
@@ -45,6 +60,12 @@ class Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
   // Of `keys`, those not set now (a non-blocking check).
   std::vector<std::string> Missing(const std::vector<std::string>& keys);
+  // Adds `delta` to the integer under `key` (0 when unset; kept as decimal text, so Get returns
+  // "3") atomically across processes and returns the sum. TCP and in-memory stores only:
+  // Unimplemented for the file and Redis stores.
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  // The port of the TCP store this process hosts, else -1.
+  int tcp_server_port() const;
 
   // The gloo store with this view's prefix applied, for gloo's rendezvous (connectFullMesh).
   gloo::rendezvous::Store& gloo_store();

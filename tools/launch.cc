@@ -4,15 +4,20 @@
 //   bazel run //tools:launch -- --nproc=4 -- bazel-bin/tools/train_gpt --data=...
 //   bazel run //tools:launch -- --nproc=2 --timeout_s=60 -- ./my_binary --flag=1
 //   launch --nnodes=2 --node_rank=1 --nproc=8 --rdzv=redis://head:6379 --job_id=run7 -- bin ...
+//   launch --nnodes=2 --node_rank=1 --nproc=8 --master_addr=head --master_port=29500 -- bin ...
 //
 // Rank r of local rank l gets RANK = node_rank * nproc + l, WORLD_SIZE = nnodes * nproc,
 // LOCAL_RANK = l, LOCAL_WORLD_SIZE = nproc, TG_RDZV, TG_JOB_ID (and TG_DIST_TIMEOUT_S with
-// --timeout_s) on top of the launcher's own environment; distributed/init.h reads them. Unless
+// --timeout_s) on top of the launcher's own environment; distributed/init.h reads them. With
+// --master_addr/--master_port (torchrun's names) the ranks get MASTER_ADDR/MASTER_PORT, GROUP_RANK
+// = node_rank and GROUP_WORLD_SIZE = nnodes instead of TG_RDZV (removed from their environment),
+// and TG_JOB_ID only with --job_id: global rank 0 hosts the TCP store there. Unless
 // set already, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS give each rank cores / nproc threads
 // (at least 1), so that the ranks' BLAS pools do not oversubscribe the machine. On one
 // node the rendezvous defaults to a fresh file store directory (file://$TMPDIR/tg_launch_XXXXXX,
-// removed at the end); several nodes need --rdzv (redis://host:port or a shared file:///dir) and
-// an explicit --job_id that every node agrees on.
+// removed at the end); several nodes need --master_addr (+ --master_port, default 29500), or
+// --rdzv (redis://host:port or a shared file:///dir) and an explicit --job_id that every node
+// agrees on.
 //
 // A binary with a '/' is relative to the user's directory (BUILD_WORKING_DIRECTORY under
 // `bazel run`, where the ranks also run); one without is looked up on PATH. Every line a rank
@@ -68,6 +73,10 @@ ABSL_FLAG(std::string, rdzv, "",
           "directory, one node only)");
 ABSL_FLAG(std::string, job_id, "",
           "job id shared by every rank (empty: job-<pid>-<time>, one node only)");
+ABSL_FLAG(std::string, master_addr, "",
+          "host of global rank 0, which hosts the TCP store (MASTER_ADDR); instead of --rdzv");
+ABSL_FLAG(int, master_port, 0,
+          "port of the TCP store on --master_addr (MASTER_PORT; 0: 29500 with --master_addr)");
 ABSL_FLAG(double, timeout_s, 0,
           "TG_DIST_TIMEOUT_S of the ranks: rendezvous and collective timeout (0: not set)");
 ABSL_FLAG(double, grace_s, 5, "seconds between SIGTERM and SIGKILL when stopping the ranks");
@@ -79,10 +88,10 @@ namespace {
 
 constexpr int kUsageError = 2;
 constexpr const char* kUsage =
-    "usage: launch --nproc=N [--nnodes=M --node_rank=I --rdzv=URL --job_id=ID --timeout_s=S "
-    "--grace_s=S] -- BINARY [ARGS...]";
-constexpr const char* kOwnFlags[] = {"nproc",  "nnodes",    "node_rank", "rdzv",
-                                     "job_id", "timeout_s", "grace_s"};
+    "usage: launch --nproc=N [--nnodes=M --node_rank=I (--master_addr=HOST --master_port=P | "
+    "--rdzv=URL --job_id=ID) --timeout_s=S --grace_s=S] -- BINARY [ARGS...]";
+constexpr const char* kOwnFlags[] = {"nproc",       "nnodes", "node_rank", "rdzv",   "master_addr",
+                                     "master_port", "job_id", "timeout_s", "grace_s"};
 // A line longer than this is printed in pieces (a rank cannot make the launcher buffer without
 // bound by never writing a newline).
 constexpr size_t kMaxLine = 64 << 10;
@@ -170,6 +179,8 @@ struct Config {
   int nnodes = 1;
   int node_rank = 0;
   std::string rdzv;
+  std::string master_addr;
+  int master_port = 0;
   std::string job_id;
   double timeout_s = 0;
   double grace_s = 5;
@@ -184,6 +195,8 @@ Config CheckFlags(std::vector<std::string> command) {
   c.node_rank = absl::GetFlag(FLAGS_node_rank);
   c.rdzv = absl::GetFlag(FLAGS_rdzv);
   c.job_id = absl::GetFlag(FLAGS_job_id);
+  c.master_addr = absl::GetFlag(FLAGS_master_addr);
+  c.master_port = absl::GetFlag(FLAGS_master_port);
   c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   c.grace_s = absl::GetFlag(FLAGS_grace_s);
   c.command = std::move(command);
@@ -208,11 +221,29 @@ Config CheckFlags(std::vector<std::string> command) {
     UsageError(absl::StrCat("--rdzv must be file:///absolute/dir or redis://host:port, got '",
                             c.rdzv, "'"));
   }
-  if (c.nnodes > 1 && c.rdzv.empty()) {
-    UsageError(absl::StrCat("--rdzv is required with --nnodes=", c.nnodes,
-                            " (redis://host:port, or file:///dir on a shared filesystem)"));
+  if (c.master_port < 0 || c.master_port > 65535) {
+    UsageError(absl::StrCat("--master_port must be in [1, 65535], got ", c.master_port));
   }
-  if (c.nnodes > 1 && c.job_id.empty()) {
+  if (c.master_port != 0 && c.master_addr.empty()) {
+    if (c.nnodes > 1) {
+      UsageError(absl::StrCat("--master_addr is required with --master_port and --nnodes=",
+                              c.nnodes, " (the host of node 0)"));
+    }
+    c.master_addr = "127.0.0.1";  // torchrun's default on one node
+  }
+  if (!c.master_addr.empty()) {
+    if (!c.rdzv.empty()) {
+      UsageError("--rdzv and --master_addr/--master_port are two rendezvous; pass one");
+    }
+    if (c.master_port == 0) c.master_port = 29500;  // torchrun's default
+  }
+  if (c.nnodes > 1 && c.rdzv.empty() && c.master_addr.empty()) {
+    UsageError(
+        absl::StrCat("--master_addr (and --master_port) or --rdzv is required with "
+                     "--nnodes=",
+                     c.nnodes, " (redis://host:port, or file:///dir on a shared filesystem)"));
+  }
+  if (c.nnodes > 1 && c.master_addr.empty() && c.job_id.empty()) {
     UsageError(absl::StrCat("--job_id is required with --nnodes=", c.nnodes,
                             " (every node must pass the same id)"));
   }
@@ -306,7 +337,9 @@ class Launcher {
       }
       if (!overridden) env_strings.emplace_back(*e);
     }
-    for (const auto& [name, value] : vars) env_strings.push_back(absl::StrCat(name, "=", value));
+    for (const auto& [name, value] : vars) {
+      if (!value.empty()) env_strings.push_back(absl::StrCat(name, "=", value));  // "": unset
+    }
     std::vector<char*> envp;
     for (std::string& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -363,9 +396,18 @@ class Launcher {
         {"WORLD_SIZE", absl::StrCat(world)},
         {"LOCAL_RANK", absl::StrCat(r.local_rank)},
         {"LOCAL_WORLD_SIZE", absl::StrCat(config_.nproc)},
-        {"TG_RDZV", config_.rdzv},
-        {"TG_JOB_ID", config_.job_id},
     };
+    if (!config_.master_addr.empty()) {  // torchrun's variables; rank 0 hosts the TCP store
+      vars.emplace_back("MASTER_ADDR", config_.master_addr);
+      vars.emplace_back("MASTER_PORT", absl::StrCat(config_.master_port));
+      vars.emplace_back("GROUP_RANK", absl::StrCat(config_.node_rank));
+      vars.emplace_back("GROUP_WORLD_SIZE", absl::StrCat(config_.nnodes));
+      vars.emplace_back("TG_RDZV", "");  // dropped: the launcher's own must not win
+      if (!config_.job_id.empty()) vars.emplace_back("TG_JOB_ID", config_.job_id);
+    } else {
+      vars.emplace_back("TG_RDZV", config_.rdzv);
+      vars.emplace_back("TG_JOB_ID", config_.job_id);
+    }
     if (config_.timeout_s > 0)
       vars.emplace_back("TG_DIST_TIMEOUT_S", absl::StrCat(config_.timeout_s));
     // N ranks each starting one BLAS/OpenMP thread per core would oversubscribe the machine N
@@ -600,7 +642,7 @@ int Main(Config config) {
     }
   }
   std::string temp_dir;
-  if (config.rdzv.empty()) {
+  if (config.rdzv.empty() && config.master_addr.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern =
         absl::StrCat(tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp", "/tg_launch_XXXXXX");
@@ -612,7 +654,7 @@ int Main(Config config) {
     temp_dir = pattern;
     config.rdzv = absl::StrCat("file://", temp_dir);
   }
-  if (config.job_id.empty()) {
+  if (config.job_id.empty() && config.master_addr.empty()) {
     config.job_id = absl::StrCat("job-", getpid(), "-", static_cast<int64_t>(std::time(nullptr)));
   }
   if (!InstallSignalHandlers()) {

@@ -1,9 +1,9 @@
 // Every collective of the Gloo process group, in real processes over loopback, for world sizes
 // 1-4 and dtypes f32/f64/f16/bf16 (+ i32/i64), against references computed in-process; argument
 // errors; rendezvous timeouts that name the missing rank; a rank killed mid-run.
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -30,7 +30,6 @@ using testing::RunOptions;
 using testing::RunRanks;
 using tg::testing::ThrowsErrorExactly;
 
-
 // Rank r's value at i: small integers (and halves) so that sums of up to 4 ranks are exact in
 // every dtype, bf16 included; the sign varies so max and min differ from sum.
 double Value(int r, int64_t i) { return ((r + 1) * (i % 7) - 3 * (i % 3)) * 0.5 + r; }
@@ -47,8 +46,9 @@ double Expected(ReduceOp op, int world, int64_t i, DType dtype) {
   double acc = Value(0, i);
   for (int r = 1; r < world; ++r) {
     const double v = Value(r, i);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v)
-                                                                         : acc + v;
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
   }
   if (op != ReduceOp::kAvg) return acc;
   if (dtype == kF64) return acc / world;
@@ -79,25 +79,26 @@ void CheckEveryCollective(const Rank& me) {
   ASSERT_EQ(pg->size(), me.world_size);
   ASSERT_STREQ(pg->backend(), "gloo");
   const int world = me.world_size;
-  const int64_t n = 1001;    // not a multiple of any world size
+  const int64_t n = 1001;  // not a multiple of any world size
   const int64_t chunk = 257;
   for (DType dtype : {kF32, kF64, kF16, kBF16, kI32, kI64}) {
     const bool floating = IsFloating(dtype);
     for (ReduceOp op : kOps) {
       if (!floating) break;  // integer dtypes: below
-      const std::string what = absl::StrCat(DTypeName(dtype), " ", ReduceOpName(op),
-                                            " world ", world, " rank ", me.rank);
+      const std::string what = absl::StrCat(DTypeName(dtype), " ", ReduceOpName(op), " world ",
+                                            world, " rank ", me.rank);
       Tensor t = RankTensor(me.rank, n, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(t, op)->wait());
-      ExpectValues(t, [&](int64_t i) { return Expected(op, world, i, dtype); },
-                   "all_reduce " + what);
+      ExpectValues(
+          t, [&](int64_t i) { return Expected(op, world, i, dtype); }, "all_reduce " + what);
 
       // reduce_scatter: input [world * chunk]; rank r gets the reduction of chunk r.
       Tensor in = RankTensor(me.rank, world * chunk, dtype);
       Tensor out = Tensor::Empty({chunk}, dtype);
       TG_DIST_CHECK_OK(pg->reduce_scatter(out, in, op)->wait());
-      ExpectValues(out, [&](int64_t k) { return Expected(op, world, me.rank * chunk + k, dtype); },
-                   "reduce_scatter " + what);
+      ExpectValues(
+          out, [&](int64_t k) { return Expected(op, world, me.rank * chunk + k, dtype); },
+          "reduce_scatter " + what);
     }
     if (!floating) {
       // i32/i64: integer values only.
@@ -106,33 +107,34 @@ void CheckEveryCollective(const Rank& me) {
       Tensor t = Tensor::FromVector(v, {n}, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
       const int64_t ranks_sum = world * (world + 1) / 2;
-      ExpectValues(t, [&](int64_t i) { return double(ranks_sum * (i % 11) - 5 * world); },
-                   absl::StrCat("all_reduce ", DTypeName(dtype)));
+      ExpectValues(
+          t, [&](int64_t i) { return double(ranks_sum * (i % 11) - 5 * world); },
+          absl::StrCat("all_reduce ", DTypeName(dtype)));
       Tensor m = Tensor::FromVector(v, {n}, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(m, ReduceOp::kMax)->wait());
-      ExpectValues(m, [&](int64_t i) { return double(i % 11 == 0 ? -5 : world * (i % 11) - 5); },
-                   absl::StrCat("all_reduce max ", DTypeName(dtype)));
+      ExpectValues(
+          m, [&](int64_t i) { return double(i % 11 == 0 ? -5 : world * (i % 11) - 5); },
+          absl::StrCat("all_reduce max ", DTypeName(dtype)));
     }
 
     // all_gather: chunk r of the output is rank r's input.
     Tensor mine = RankTensor(me.rank, chunk, floating ? dtype : kF64).to(dtype);
     Tensor gathered = Tensor::Zeros({world, chunk}, dtype);
     TG_DIST_CHECK_OK(pg->all_gather(gathered, mine)->wait());
-    ExpectValues(gathered.flatten(),
-                 [&](int64_t k) {
-                   return Tensor::Scalar(Value(k / chunk, k % chunk), kF64).to(dtype).item();
-                 },
-                 absl::StrCat("all_gather ", DTypeName(dtype)));
+    ExpectValues(
+        gathered.flatten(),
+        [&](int64_t k) {
+          return Tensor::Scalar(Value(k / chunk, k % chunk), kF64).to(dtype).item();
+        },
+        absl::StrCat("all_gather ", DTypeName(dtype)));
 
     // broadcast from every root.
     for (int root = 0; root < world; ++root) {
       Tensor b = RankTensor(me.rank, 33, floating ? dtype : kF64).to(dtype);
       TG_DIST_CHECK_OK(pg->broadcast(b, root)->wait());
-      ExpectValues(b,
-                   [&](int64_t i) {
-                     return Tensor::Scalar(Value(root, i), kF64).to(dtype).item();
-                   },
-                   absl::StrCat("broadcast ", DTypeName(dtype), " root ", root));
+      ExpectValues(
+          b, [&](int64_t i) { return Tensor::Scalar(Value(root, i), kF64).to(dtype).item(); },
+          absl::StrCat("broadcast ", DTypeName(dtype), " root ", root));
     }
   }
   TG_DIST_CHECK_OK(pg->barrier()->wait());
@@ -165,7 +167,8 @@ TEST(Collectives, InexactValuesWithinRounding) {
       for (int64_t i = 0; i < n; ++i) {
         double ref = 0;
         for (int r = 0; r < 3; ++r) ref += Tensor::Scalar(value(r, i), kF64).to(dtype).item();
-        EXPECT_NEAR(got[i], ref, tol * std::max(1.0, std::abs(ref))) << DTypeName(dtype) << " " << i;
+        EXPECT_NEAR(got[i], ref, tol * std::max(1.0, std::abs(ref)))
+            << DTypeName(dtype) << " " << i;
         if (i / 100 == me.rank) {
           EXPECT_NEAR(got_rs[i % 100], ref, tol * std::max(1.0, std::abs(ref)) / 2);
         }
@@ -195,7 +198,8 @@ TEST(Collectives, AsyncQueueAndInPlaceViews) {
     Tensor shard = flat.select(0, me.rank);
     shard.fill_(me.rank + 10);
     TG_DIST_CHECK_OK(pg->all_gather(flat, shard)->wait());
-    EXPECT_EQ(flat.to_vector<float>(), std::vector<float>({10, 10, 10, 10, 10, 11, 11, 11, 11, 11}));
+    EXPECT_EQ(flat.to_vector<float>(),
+              std::vector<float>({10, 10, 10, 10, 10, 11, 11, 11, 11, 11}));
     // Reduce-scatter in place: the output is this rank's chunk of the input.
     Tensor grads = Tensor::Full({2, 3}, me.rank + 1, kF32);
     Tensor out = grads.select(0, me.rank);
@@ -255,7 +259,9 @@ TEST(Collectives, MissingRankIsNamedWithinTheTimeout) {
         EXPECT_EQ(pg.status().code(), absl::StatusCode::kDeadlineExceeded);
         const std::string message(pg.status().message());
         EXPECT_NE(message.find(absl::StrCat("rendezvous of group 'default' timed out after 2s on "
-                                            "rank ", me.rank, ": rank 2 of world size 3 has not "
+                                            "rank ",
+                                            me.rank,
+                                            ": rank 2 of world size 3 has not "
                                             "joined")),
                   std::string::npos)
             << message;
@@ -280,7 +286,8 @@ TEST(Collectives, KilledRankFailsTheOthersWithinTheTimeout) {
       [](const Rank& me) {
         auto pg = testing::JoinDefaultGroup();
         Tensor t = Tensor::Ones({1 << 12}, kF32);
-        for (int step = 0; step < 5; ++step) TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
+        for (int step = 0; step < 5; ++step)
+          TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
         if (me.rank == 2) raise(SIGKILL);
         const absl::Time start = absl::Now();
         absl::Status status;
@@ -331,8 +338,9 @@ TEST(Store, WaitTimeoutNamesMissingKeysAndPrefixesIsolate) {
 }
 
 TEST(Store, BadUrlsAndUnreachableRedis) {
-  EXPECT_EQ(Store::Open("tcp://x").status().message(),
-            "store: unsupported rendezvous 'tcp://x' (expected file:///dir or redis://host:port)");
+  EXPECT_EQ(Store::Open("tcpx://x").status().message(),
+            "store: unsupported rendezvous 'tcpx://x' (expected file:///dir, redis://host:port or "
+            "tcp://host:port)");
   EXPECT_EQ(Store::Open("file://relative").status().message(),
             "store: a file rendezvous needs an absolute path (file:///dir), got 'file://relative'");
   EXPECT_EQ(Store::Open("redis://h:99999").status().message(),
@@ -361,8 +369,12 @@ class ScopedEnv {
 
 TEST(Init, ResolvesTorchrunOpenMpiAndFlags) {
   {
-    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"},
-                   {"TG_RDZV", "file:///tmp/x"}, {"TG_JOB_ID", "j"}, {"TG_DIST_TIMEOUT_S", "7"}});
+    ScopedEnv env({{"RANK", "2"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "0"},
+                   {"TG_RDZV", "file:///tmp/x"},
+                   {"TG_JOB_ID", "j"},
+                   {"TG_DIST_TIMEOUT_S", "7"}});
     auto e = ResolveDistEnv({});
     ASSERT_TRUE(e.ok()) << e.status();
     EXPECT_EQ(e->rank, 2);
@@ -379,8 +391,10 @@ TEST(Init, ResolvesTorchrunOpenMpiAndFlags) {
     EXPECT_EQ(e->rdzv, "redis://h:1");
   }
   {
-    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"TG_RDZV", "file:///tmp/y"}});
+    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "1"},
+                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"TG_RDZV", "file:///tmp/y"}});
     auto e = ResolveDistEnv({});
     ASSERT_TRUE(e.ok()) << e.status();
     EXPECT_EQ(e->rank, 1);
@@ -402,7 +416,8 @@ TEST(Init, ResolvesTorchrunOpenMpiAndFlags) {
     ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
     EXPECT_EQ(ResolveDistEnv({}).status().message(),
               "distributed init: world size 2 needs a rendezvous: pass --rdzv=file:///dir or "
-              "redis://host:port, set TG_RDZV, or start the processes with tools:launch");
+              "redis://host:port, set TG_RDZV or MASTER_ADDR and MASTER_PORT, or start the "
+              "processes with tools:launch");
   }
   auto single = ResolveDistEnv({});
   ASSERT_TRUE(single.ok());

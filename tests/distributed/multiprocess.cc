@@ -2,14 +2,16 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -54,11 +56,30 @@ int NextCallIndex() {
 // Variables the rank processes must not inherit: test outputs of the parent (gtest would
 // overwrite them), sharding (the filter picks the test) and our own.
 bool Dropped(const std::string& entry) {
-  for (const char* prefix : {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "TEST_PREMATURE_EXIT_FILE=",
-                             "GTEST_SHARD_", "TEST_SHARD_", "GTEST_TOTAL_SHARDS=",
-                             "TEST_TOTAL_SHARDS=", "GTEST_FILTER=", "RANK=", "WORLD_SIZE=",
-                             "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "TG_RDZV=", "TG_JOB_ID=",
-                             "TG_DIST_TIMEOUT_S=", "TG_MP_CALL="}) {
+  for (const char* prefix : {"XML_OUTPUT_FILE=",
+                             "GTEST_OUTPUT=",
+                             "TEST_PREMATURE_EXIT_FILE=",
+                             "GTEST_SHARD_",
+                             "TEST_SHARD_",
+                             "GTEST_TOTAL_SHARDS=",
+                             "TEST_TOTAL_SHARDS=",
+                             "GTEST_FILTER=",
+                             "RANK=",
+                             "WORLD_SIZE=",
+                             "LOCAL_RANK=",
+                             "LOCAL_WORLD_SIZE=",
+                             "TG_RDZV=",
+                             "TG_JOB_ID=",
+                             "TG_DIST_TIMEOUT_S=",
+                             "TG_MP_CALL=",
+                             "TG_MP_RANK=",
+                             "TG_MP_WORLD=",
+                             "MASTER_ADDR=",
+                             "MASTER_PORT=",
+                             "GROUP_RANK=",
+                             "SLURM_",
+                             "OMPI_COMM_WORLD_",
+                             "TORCHELASTIC_"}) {
     if (absl::StartsWith(entry, prefix)) return true;
   }
   return false;
@@ -72,12 +93,26 @@ int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
 
 bool IsRankProcess() { return std::getenv(kCallEnv) != nullptr; }
 
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "FreePort: " << std::strerror(errno);
+  }
+  if (fd >= 0) close(fd);
+  return ntohs(addr.sin_port);
+}
+
 std::vector<RankResult> RunRanks(int world_size, const std::function<void(const Rank&)>& body,
                                  const RunOptions& options) {
   const int call = NextCallIndex();
   if (IsRankProcess()) {
     if (EnvInt(kCallEnv) == call) {
-      const Rank me{EnvInt("RANK"), EnvInt("WORLD_SIZE")};
+      const Rank me{EnvInt("TG_MP_RANK"), EnvInt("TG_MP_WORLD")};
       // The parent checks for this line: a rank process that exits 0 without running the body
       // (a filter that matched nothing) must not pass.
       std::printf("%s%d\n", kBodyMarker, me.rank);
@@ -104,12 +139,40 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
   for (char** e = environ; *e != nullptr; ++e) {
     if (!Dropped(*e)) common.push_back(*e);
   }
-  common.push_back(absl::StrCat("WORLD_SIZE=", world_size));
-  common.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", world_size));
-  common.push_back(absl::StrCat("TG_RDZV=", rdzv));
-  common.push_back(absl::StrCat("TG_JOB_ID=", job));
-  common.push_back(
-      absl::StrCat("TG_DIST_TIMEOUT_S=", absl::ToDoubleSeconds(options.dist_timeout)));
+  const int local_world = options.local_world_size > 0 ? options.local_world_size : world_size;
+  const bool slurm = options.launcher == "slurm";
+  common.push_back(absl::StrCat("TG_MP_WORLD=", world_size));
+  if (slurm) {
+    common.push_back(absl::StrCat("SLURM_NTASKS=", world_size));
+    common.push_back(absl::StrCat("SLURM_NNODES=", (world_size + local_world - 1) / local_world));
+    common.push_back(
+        absl::StrCat("SLURM_STEP_NUM_NODES=", (world_size + local_world - 1) / local_world));
+    common.push_back(absl::StrCat("SLURM_NTASKS_PER_NODE=", local_world));
+  } else {
+    // What torchrun's agent gives its workers (torch/distributed/elastic/agent/server/
+    // local_elastic_agent.py), for one role "default".
+    common.push_back(absl::StrCat("WORLD_SIZE=", world_size));
+    common.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local_world));
+    common.push_back(absl::StrCat("ROLE_WORLD_SIZE=", world_size));
+    common.push_back(
+        absl::StrCat("GROUP_WORLD_SIZE=", (world_size + local_world - 1) / local_world));
+    common.push_back("ROLE_NAME=default");
+    if (options.tcp_store) {
+      common.push_back("TORCHELASTIC_RESTART_COUNT=0");
+      common.push_back("TORCHELASTIC_MAX_RESTARTS=0");
+      common.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", job));
+      common.push_back("TORCHELASTIC_USE_AGENT_STORE=False");
+      common.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
+    }
+  }
+  if (options.tcp_store) {
+    common.push_back("MASTER_ADDR=127.0.0.1");
+    common.push_back(absl::StrCat("MASTER_PORT=", FreePort()));
+  } else {
+    common.push_back(absl::StrCat("TG_RDZV=", rdzv));
+    common.push_back(absl::StrCat("TG_JOB_ID=", job));
+  }
+  common.push_back(absl::StrCat("TG_DIST_TIMEOUT_S=", absl::ToDoubleSeconds(options.dist_timeout)));
   common.push_back(absl::StrCat(kCallEnv, "=", call));
   for (const auto& [k, v] : options.env) common.push_back(absl::StrCat(k, "=", v));
   std::string exe(4096, '\0');
@@ -127,8 +190,16 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
     results[r].rank = r;
     if (options.absent_ranks.count(r)) continue;
     std::vector<std::string> env = common;
-    env.push_back(absl::StrCat("RANK=", r));
-    env.push_back(absl::StrCat("LOCAL_RANK=", r));
+    env.push_back(absl::StrCat("TG_MP_RANK=", r));
+    if (slurm) {
+      env.push_back(absl::StrCat("SLURM_PROCID=", r));
+      env.push_back(absl::StrCat("SLURM_LOCALID=", r % local_world));
+    } else {
+      env.push_back(absl::StrCat("RANK=", r));
+      env.push_back(absl::StrCat("LOCAL_RANK=", r % local_world));
+      env.push_back(absl::StrCat("GROUP_RANK=", r / local_world));
+      env.push_back(absl::StrCat("ROLE_RANK=", r));
+    }
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -180,9 +251,8 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
       }
       killed = true;
     }
-    const int ready = poll(polled.data(), polled.size(), killed ? 1000 : static_cast<int>(
-                                                                             std::min<int64_t>(
-                                                                                 left_ms, 1000)));
+    const int ready = poll(polled.data(), polled.size(),
+                           killed ? 1000 : static_cast<int>(std::min<int64_t>(left_ms, 1000)));
     if (ready < 0 && errno != EINTR) break;
     for (size_t i = 0; i < polled.size(); ++i) {
       if (polled[i].revents == 0) continue;
@@ -209,8 +279,7 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
     }
     // A deadline kill of a process that had already finished is not a deadline hit.
     if (results[r].deadline_hit && results[r].signal != SIGKILL) results[r].deadline_hit = false;
-    results[r].body_ran =
-        absl::StrContains(results[r].output, absl::StrCat(kBodyMarker, r, "\n"));
+    results[r].body_ran = absl::StrContains(results[r].output, absl::StrCat(kBodyMarker, r, "\n"));
   }
   nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
   return results;
@@ -219,7 +288,7 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
 std::shared_ptr<ProcessGroup> JoinDefaultGroup() {
   auto pg = InitProcessGroup();
   if (!pg.ok()) {
-    ADD_FAILURE() << "rank " << std::getenv("RANK") << ": " << pg.status();
+    ADD_FAILURE() << "rank " << std::getenv("TG_MP_RANK") << ": " << pg.status();
     std::fflush(stdout);
     std::_Exit(3);
   }
@@ -232,11 +301,11 @@ void ExpectAllSucceeded(const std::vector<RankResult>& results) {
     const std::string tail =
         r.output.size() > 6000 ? r.output.substr(r.output.size() - 6000) : r.output;
     ADD_FAILURE() << "rank " << r.rank << " of " << results.size()
-                  << (!r.started        ? " was not started"
-                      : !r.body_ran     ? " did not run the test body"
-                      : r.deadline_hit  ? " was killed at the deadline"
-                      : r.exited        ? absl::StrCat(" exited with status ", r.exit_code)
-                                        : absl::StrCat(" was killed by signal ", r.signal))
+                  << (!r.started       ? " was not started"
+                      : !r.body_ran    ? " did not run the test body"
+                      : r.deadline_hit ? " was killed at the deadline"
+                      : r.exited       ? absl::StrCat(" exited with status ", r.exit_code)
+                                       : absl::StrCat(" was killed by signal ", r.signal))
                   << "; its output:\n"
                   << tail;
   }

@@ -47,21 +47,33 @@ struct RunOptions {
   std::map<std::string, std::string> env;
   // Overrides TG_RDZV (e.g. redis://127.0.0.1:port); default: a fresh file store directory.
   std::string rdzv;
+  // Rendezvous through the TCP store hosted by rank 0: no TG_RDZV or TG_JOB_ID, MASTER_ADDR =
+  // 127.0.0.1 and MASTER_PORT = a free port (bound to 0, read back, released).
+  bool tcp_store = false;
+  // Ranks per "node" (0: all of them): LOCAL_RANK = rank % it, GROUP_RANK = rank / it.
+  int local_world_size = 0;
+  // Whose variables say who is who: "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+  // GROUP_RANK, ... as torchrun sets them) or "slurm" (SLURM_PROCID, SLURM_NTASKS,
+  // SLURM_LOCALID, SLURM_NNODES, SLURM_NTASKS_PER_NODE, as srun sets them).
+  std::string launcher = "torchrun";
 };
 
 struct RankResult {
   int rank = 0;
   bool started = false;
-  bool exited = false;     // exited normally (exit_code valid)
+  bool exited = false;  // exited normally (exit_code valid)
   int exit_code = -1;
-  int signal = 0;          // killed by this signal (exited false)
+  int signal = 0;  // killed by this signal (exited false)
   bool deadline_hit = false;
-  bool body_ran = false;   // the process reached the body (it prints a marker line)
-  std::string output;      // stdout + stderr of the rank process
+  bool body_ran = false;  // the process reached the body (it prints a marker line)
+  std::string output;     // stdout + stderr of the rank process
   bool ok() const { return started && body_ran && exited && exit_code == 0; }
 };
 
 bool IsRankProcess();
+
+// A TCP port on loopback that nothing listens on now (bound to 0, read back, released).
+int FreePort();
 
 std::vector<RankResult> RunRanks(int world_size, const std::function<void(const Rank&)>& body,
                                  const RunOptions& options = {});

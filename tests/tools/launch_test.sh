@@ -88,6 +88,17 @@ expect node1 0 "[rank 2] r=2 w=4 l=0 redis://head:6379 run7 2.5
 [rank 3] r=3 w=4 l=1 redis://head:6379 run7 2.5
 " ""
 
+# torchrun's variables with --master_addr/--master_port: no TG_RDZV (not even the launcher's
+# own), no TG_JOB_ID unless given.
+TG_RDZV=file:///inherited run master --nnodes=2 --node_rank=1 --nproc=2 --master_addr=head \
+  --master_port=29400 -- /bin/sh -c 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE g=$GROUP_RANK gw=$GROUP_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT rdzv=${TG_RDZV-unset} job=${TG_JOB_ID-unset}"'
+expect master 0 "[rank 2] r=2 w=4 l=0 lw=2 g=1 gw=2 head:29400 rdzv=unset job=unset
+[rank 3] r=3 w=4 l=1 lw=2 g=1 gw=2 head:29400 rdzv=unset job=unset
+" ""
+run master_default --nproc=1 --master_port=29401 -- /bin/sh -c 'echo "$MASTER_ADDR:$MASTER_PORT"'
+expect master_default 0 "[rank 0] 127.0.0.1:29401
+" ""
+
 # 2. Rank 1 fails: the others (sleeping 60 s) are stopped at once and its status is returned.
 run fail --nproc=3 -- /bin/sh -c 'if [ "$RANK" = 1 ]; then echo bye; exit 3; fi; sleep 60'
 expect fail 3 "[rank 1] bye
@@ -147,8 +158,14 @@ bad nproc_text "launch: --nproc='two': Illegal value 'two' specified for flag 'n
 bad node_rank "launch: --node_rank must be in [0, 2) for --nnodes=2, got 2" \
   --nproc=1 --nnodes=2 --node_rank=2 --rdzv=redis://h:1 --job_id=j -- true
 bad rdzv_needed \
-  "launch: --rdzv is required with --nnodes=2 (redis://host:port, or file:///dir on a shared filesystem)" \
+  "launch: --master_addr (and --master_port) or --rdzv is required with --nnodes=2 (redis://host:port, or file:///dir on a shared filesystem)" \
   --nproc=1 --nnodes=2 -- true
+bad two_rdzv "launch: --rdzv and --master_addr/--master_port are two rendezvous; pass one" \
+  --nproc=1 --master_addr=h --rdzv=redis://h:1 -- true
+bad master_port "launch: --master_port must be in [1, 65535], got 70000" \
+  --nproc=1 --master_addr=h --master_port=70000 -- true
+bad master_addr_needed "launch: --master_addr is required with --master_port and --nnodes=2 (the host of node 0)" \
+  --nproc=1 --nnodes=2 --master_port=5 -- true
 bad job_id_needed "launch: --job_id is required with --nnodes=2 (every node must pass the same id)" \
   --nproc=1 --nnodes=2 --rdzv=redis://h:1 -- true
 bad rdzv_form "launch: --rdzv must be file:///absolute/dir or redis://host:port, got 'file://rel'" \
