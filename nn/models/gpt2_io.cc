@@ -80,8 +80,8 @@ Tensor PadRows(const Tensor& wte, int64_t padded) {
 
 absl::Status CheckPadOption(const Gpt2LoadOptions& options) {
   if (options.pad_vocab_to < 1 || options.pad_vocab_to > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LoadGpt2Checkpoint: pad_vocab_to is ", options.pad_vocab_to, "; expected 1..1048576"));
+    return absl::InvalidArgumentError(absl::StrCat("LoadGpt2Checkpoint: pad_vocab_to is ",
+                                                   options.pad_vocab_to, "; expected 1..1048576"));
   }
   if (options.n_head < 0) {
     return absl::InvalidArgumentError(
@@ -108,8 +108,7 @@ class Fd {
 };
 
 // Opens a regular file for reading; its size goes to *size.
-absl::StatusOr<int> OpenRegular(const std::string& what, const std::string& path,
-                                int64_t* size) {
+absl::StatusOr<int> OpenRegular(const std::string& what, const std::string& path, int64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(what, ": cannot open ", Quote(path)));
   struct stat info;
@@ -120,7 +119,8 @@ absl::StatusOr<int> OpenRegular(const std::string& what, const std::string& path
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", Quote(path), " is not a regular file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", Quote(path), " is not a regular file"));
   }
   *size = static_cast<int64_t>(info.st_size);
   return fd;
@@ -179,30 +179,27 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
     const char* name;
     int64_t value, max;
   };
-  const Field fields[] = {{"max_seq_len (header[2])", max_t, 1 << 20},
-                          {"vocab_size (header[3])", v, 1 << 24},
-                          {"num_layers (header[4])", l, 1024},
-                          {"num_heads (header[5])", nh, 1024},
-                          {"channels (header[6])", c, 65536},
-                          {"padded_vocab_size (header[7])", vp, 1 << 24}};
+  const Field fields[] = {
+      {"max_seq_len (header[2])", max_t, 1 << 20}, {"vocab_size (header[3])", v, 1 << 24},
+      {"num_layers (header[4])", l, 1024},         {"num_heads (header[5])", nh, 1024},
+      {"channels (header[6])", c, 65536},          {"padded_vocab_size (header[7])", vp, 1 << 24}};
   for (const Field& f : fields) {
     if (f.value < 1 || f.value > f.max) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", f.name, " is ", f.value,
-                                                     "; expected 1..", f.max));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", f.name, " is ", f.value, "; expected 1..", f.max));
     }
   }
   if (vp < v) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": padded_vocab_size (header[7]) ", vp, " is below vocab_size ", v));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": padded_vocab_size (header[7]) ", vp, " is below vocab_size ", v));
   }
   if (c % nh != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": channels ", c,
-                                                   " is not a multiple of num_heads ", nh));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": channels ", c, " is not a multiple of num_heads ", nh));
   }
   if (options.n_head != 0 && options.n_head != nh) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the header says ", nh,
-                                                   " heads; the caller asked for ",
-                                                   options.n_head));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the header says ", nh, " heads; the caller asked for ", options.n_head));
   }
   // llm.c's order and shapes (fill_in_parameter_sizes). With the bounds above every product
   // stays below 2^50.
@@ -210,13 +207,22 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
     const char* name;
     Shape shape;
   };
-  const std::vector<Param> params = {
-      {"wte", {vp, c}},          {"wpe", {max_t, c}},        {"ln1w", {l, c}},
-      {"ln1b", {l, c}},          {"qkvw", {l, 3 * c, c}},    {"qkvb", {l, 3 * c}},
-      {"attprojw", {l, c, c}},   {"attprojb", {l, c}},       {"ln2w", {l, c}},
-      {"ln2b", {l, c}},          {"fcw", {l, 4 * c, c}},     {"fcb", {l, 4 * c}},
-      {"fcprojw", {l, c, 4 * c}}, {"fcprojb", {l, c}},       {"lnfw", {c}},
-      {"lnfb", {c}}};
+  const std::vector<Param> params = {{"wte", {vp, c}},
+                                     {"wpe", {max_t, c}},
+                                     {"ln1w", {l, c}},
+                                     {"ln1b", {l, c}},
+                                     {"qkvw", {l, 3 * c, c}},
+                                     {"qkvb", {l, 3 * c}},
+                                     {"attprojw", {l, c, c}},
+                                     {"attprojb", {l, c}},
+                                     {"ln2w", {l, c}},
+                                     {"ln2b", {l, c}},
+                                     {"fcw", {l, 4 * c, c}},
+                                     {"fcb", {l, 4 * c}},
+                                     {"fcprojw", {l, c, 4 * c}},
+                                     {"fcprojb", {l, c}},
+                                     {"lnfw", {c}},
+                                     {"lnfb", {c}}};
   int64_t num_params = 0;
   for (const Param& p : params) {
     int64_t n = 1;
@@ -231,10 +237,9 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
         " f32 parameters after the ", kLlmcHeaderBytes, "-byte header)"));
   }
   if (size > expected) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", size - expected,
-                                                   " bytes after the parameters (the file has ",
-                                                   size, " bytes; the header implies ", expected,
-                                                   ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", size - expected, " bytes after the parameters (the file has ",
+                     size, " bytes; the header implies ", expected, ")"));
   }
   std::map<std::string, Tensor> read;
   int64_t offset = kLlmcHeaderBytes;
@@ -263,11 +268,12 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
   w.tensors["wte.weight"] = wte;
   w.tensors["wpe.weight"] = read["wpe"];
   const std::pair<const char*, const char*> per_layer[] = {
-      {"ln1w", "ln1.weight"},        {"ln1b", "ln1.bias"},        {"qkvw", "attn.qkv.weight"},
-      {"qkvb", "attn.qkv.bias"},     {"attprojw", "attn.proj.weight"},
-      {"attprojb", "attn.proj.bias"}, {"ln2w", "ln2.weight"},      {"ln2b", "ln2.bias"},
-      {"fcw", "mlp.fc0.weight"},     {"fcb", "mlp.fc0.bias"},     {"fcprojw", "mlp.fc1.weight"},
-      {"fcprojb", "mlp.fc1.bias"}};
+      {"ln1w", "ln1.weight"},           {"ln1b", "ln1.bias"},
+      {"qkvw", "attn.qkv.weight"},      {"qkvb", "attn.qkv.bias"},
+      {"attprojw", "attn.proj.weight"}, {"attprojb", "attn.proj.bias"},
+      {"ln2w", "ln2.weight"},           {"ln2b", "ln2.bias"},
+      {"fcw", "mlp.fc0.weight"},        {"fcb", "mlp.fc0.bias"},
+      {"fcprojw", "mlp.fc1.weight"},    {"fcprojb", "mlp.fc1.bias"}};
   for (int64_t i = 0; i < l; ++i) {
     for (const auto& [llmc, tg_name] : per_layer) {
       w.tensors[absl::StrCat("blocks.", i, ".", tg_name)] = read[llmc].select(0, i).clone();
@@ -292,7 +298,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
   struct stat info;
   if (::stat(path.c_str(), &info) != 0) {
     if (errno == ENOENT) return out;
-    return absl::ErrnoToStatus(errno, absl::StrCat("LoadGpt2Checkpoint: cannot stat ", Quote(path)));
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("LoadGpt2Checkpoint: cannot stat ", Quote(path)));
   }
   int64_t size = 0;
   absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
@@ -300,9 +307,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
   Fd fd(*fd_or);
   const std::string where = absl::StrCat("config ", Quote(path));
   if (size > kMaxConfigJsonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " has ", size,
-                                                   " bytes; a GPT-2 config.json has at most ",
-                                                   kMaxConfigJsonBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has ", size, " bytes; a GPT-2 config.json has at most ", kMaxConfigJsonBytes));
   }
   std::string text(static_cast<size_t>(size), '\0');
   if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
@@ -418,10 +424,9 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
     }
     const Tensor& t = it->second;
     if (t.shape() != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", Quote(name),
-                                                     " has shape ", ShapeText(t.shape()),
-                                                     "; expected ", ShapeText(shape), " (", why,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", Quote(name), " has shape ",
+                                                     ShapeText(t.shape()), "; expected ",
+                                                     ShapeText(shape), " (", why, ")"));
     }
     if (t.dtype() != kF32 && t.dtype() != kF16 && t.dtype() != kBF16 && t.dtype() != kF64) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", Quote(name), " is ",
@@ -437,9 +442,9 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
     return absl::InvalidArgumentError(absl::StrCat(where, ": missing tensor 'wte.weight'"));
   }
   if (wte_it->second.dim() != 2 || wte_it->second.size(0) < 1 || wte_it->second.size(1) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": tensor 'wte.weight' has shape ", ShapeText(wte_it->second.shape()),
-                     "; expected [vocab_size, n_embd]"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": tensor 'wte.weight' has shape ",
+                                                   ShapeText(wte_it->second.shape()),
+                                                   "; expected [vocab_size, n_embd]"));
   }
   const int64_t rows = wte_it->second.size(0), c = wte_it->second.size(1);
   auto wpe_it = tensors.find("wpe.weight");
@@ -447,9 +452,9 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
     return absl::InvalidArgumentError(absl::StrCat(where, ": missing tensor 'wpe.weight'"));
   }
   if (wpe_it->second.dim() != 2 || wpe_it->second.size(0) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": tensor 'wpe.weight' has shape ", ShapeText(wpe_it->second.shape()),
-                     "; expected [n_positions, n_embd]"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": tensor 'wpe.weight' has shape ",
+                                                   ShapeText(wpe_it->second.shape()),
+                                                   "; expected [n_positions, n_embd]"));
   }
   const int64_t positions = wpe_it->second.size(0);
   if (layers.empty()) {
@@ -542,17 +547,17 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
   }
   for (const auto& [name, t] : tensors) {
     if (used.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": unexpected tensor ", Quote(name), " of shape ", ShapeText(t.shape()),
-          " (not part of GPT-2 with ", n_layer, " layers)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unexpected tensor ", Quote(name), " of shape ",
+                       ShapeText(t.shape()), " (not part of GPT-2 with ", n_layer, " layers)"));
     }
   }
   // The output head is tied to wte; a file with its own head must hold the same values.
   if (lm_head.defined()) {
     if (lm_head.shape() != Shape{rows, c}) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor 'lm_head.weight' has shape ", ShapeText(lm_head.shape()),
-          "; expected ", ShapeText({rows, c}), " (tied to wte.weight)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor 'lm_head.weight' has shape ", ShapeText(lm_head.shape()),
+                       "; expected ", ShapeText({rows, c}), " (tied to wte.weight)"));
     }
     const std::vector<float> head = lm_head.to(kF32).to_vector<float>();
     const std::vector<float> emb = wte->to_vector<float>();
@@ -571,7 +576,8 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
   if (absl::Status s = CheckPadOption(options); !s.ok()) return s;
   struct stat info;
   if (::stat(path.c_str(), &info) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("LoadGpt2Checkpoint: cannot open ", Quote(path)));
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("LoadGpt2Checkpoint: cannot open ", Quote(path)));
   }
   if (S_ISDIR(info.st_mode)) {
     return LoadHf(absl::StrCat(path, "/model.safetensors"), options);
@@ -606,7 +612,8 @@ StateDict Gpt2HfStateDict(const Gpt& model) {
   for (int64_t i = 0; i < config.n_layer; ++i) {
     for (const LayerTensor& lt : kLayerTensors) {
       const Tensor& t = get(absl::StrCat("blocks.", i, ".", lt.tg));
-      sd.tensors[absl::StrCat("h.", i, ".", lt.hf)] = lt.conv1d ? t.transpose(0, 1).contiguous() : t;
+      sd.tensors[absl::StrCat("h.", i, ".", lt.hf)] =
+          lt.conv1d ? t.transpose(0, 1).contiguous() : t;
     }
   }
   sd.tensors["ln_f.weight"] = get("ln_f.weight");
@@ -636,7 +643,7 @@ std::string Gpt2HfConfigJson(const GptConfig& config) {
       {"scale_attn_by_inverse_layer_idx", false},
       {"scale_attn_weights", true},
       {"tie_word_embeddings", true},
-      {"torch_dtype", "float32"},
+      {"dtype", "float32"},
       {"use_cache", true},
       {"vocab_size", config.vocab_size},
   };

@@ -2,8 +2,8 @@
 // and llm.c's gpt2_124M.bin into a tapegrad Gpt, and export a Gpt as a directory that
 // transformers' GPT2LMHeadModel.from_pretrained loads.
 //
-//   absl::StatusOr<tg::nn::Gpt2Checkpoint> ckpt = tg::nn::LoadGpt2Checkpoint("gpt2/model.safetensors");
-//   if (!ckpt.ok()) return ckpt.status();
+//   absl::StatusOr<tg::nn::Gpt2Checkpoint> ckpt =
+//   tg::nn::LoadGpt2Checkpoint("gpt2/model.safetensors"); if (!ckpt.ok()) return ckpt.status();
 //   tg::Generator gen(0);                       // the initialisation is overwritten
 //   tg::nn::Gpt model(ckpt->config, gen);
 //   model.load_state_dict(ckpt->weights);

@@ -752,8 +752,7 @@ absl::Status WriteFileAtomically(const char* caller, const std::string& path,
     if (raw_fd < 0 && errno != EEXIST) break;
   }
   if (raw_fd < 0) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat(caller, ": cannot create ", QuotePath(tmp)));
+    return absl::ErrnoToStatus(errno, absl::StrCat(caller, ": cannot create ", QuotePath(tmp)));
   }
   Fd fd(raw_fd);
   auto fail = [&](absl::Status status) {
@@ -768,12 +767,10 @@ absl::Status WriteFileAtomically(const char* caller, const std::string& path,
   }
   if (!status.ok()) return fail(status);
   if (::fsync(fd.get()) != 0) {
-    return fail(
-        absl::ErrnoToStatus(errno, absl::StrCat(caller, ": fsync ", QuotePath(tmp))));
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(caller, ": fsync ", QuotePath(tmp))));
   }
   if (fd.Close() != 0) {
-    return fail(
-        absl::ErrnoToStatus(errno, absl::StrCat(caller, ": close ", QuotePath(tmp))));
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(caller, ": close ", QuotePath(tmp))));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return fail(absl::ErrnoToStatus(
