@@ -4,16 +4,26 @@
 //   bazel run -c opt //tools:train_gpt -- --data=../shared/data/tinyshakespeare.txt
 //   bazel run -c opt //tools:train_gpt -- --data=train.bin --val_data=val.bin --n_layer=12 ...
 //   bazel run -c opt //tools:train_gpt -- --data=... --precision=bf16 --checkpoint_dir=ckpt
+//   bazel run -c opt //tools:train_gpt -- --init_from=gpt2_124M.bin --data=train.bin \
+//       --export_hf=finetuned     # GPT-2 weights in (HF or llm.c), HF directory out
 //
 // A text file is tokenized by characters (vocabulary: its distinct bytes) and split 90/10 into
 // train/val as nanoGPT does; a .bin file is an llm.c shard of GPT-2 tokens (vocabulary 50257,
 // padded to 50304), with validation from --val_data or the shard's last 10%. Precision, loss
 // scaling, checkpoints, resume, metrics, --device=cuda and data parallelism (--world_size under
 // tools:launch) work as in train_mnist.
+//
+// --init_from starts from GPT-2 weights (nn/models/gpt2_io.h: a HuggingFace model.safetensors or
+// its directory, or llm.c's gpt2_124M.bin): the model's shape comes from the file and --n_layer,
+// --n_head, --n_embd are not used; --block_size is the training context, at most the file's
+// n_positions. --export_hf=DIR writes the trained model as model.safetensors + config.json that
+// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads. --steps=0 with --init_from converts
+// only: no data is read and nothing is trained.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -26,6 +36,7 @@
 #include "autograd/ops.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
+#include "nn/models/gpt2_io.h"
 #include "optim/lr_schedule.h"
 #include "tensor/kernel_options.h"
 #include "tools/data/loader.h"
@@ -40,10 +51,19 @@ ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
 ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
 ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
-ABSL_FLAG(int64_t, block_size, 64, "context length, 1..1000000");
+ABSL_FLAG(int64_t, block_size, 64,
+          "context length, 1..1000000 (with --init_from: of training, at most the file's)");
+ABSL_FLAG(
+    std::string, init_from, "",
+    "start from GPT-2 weights: a HuggingFace model.safetensors (config.json beside it) or its "
+    "directory, or an llm.c gpt2_124M.bin; the model's shape comes from the file");
+ABSL_FLAG(std::string, export_hf, "",
+          "after training, write the model to this directory as model.safetensors + config.json "
+          "for transformers' GPT2LMHeadModel.from_pretrained (empty: none)");
 ABSL_FLAG(double, dropout, 0, "dropout probability, [0, 1)");
 ABSL_FLAG(int64_t, batch_size, 32, "sequences per step, 1..1000000");
-ABSL_FLAG(int64_t, steps, 1500, "optimizer steps, 1..1e12");
+ABSL_FLAG(int64_t, steps, 1500,
+          "optimizer steps, 1..1e12 (0 with --init_from: convert only, no training)");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate, (0, 1e3]");
 ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule, [0, lr]");
 ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps, 0..steps");
@@ -137,10 +157,10 @@ absl::Status CheckFlags() {
       {"block_size", count(FLAGS_block_size), 1, 1e6},
       {"dropout", absl::GetFlag(FLAGS_dropout), 0, 1, Open::kMax},
       {"batch_size", count(FLAGS_batch_size), 1, 1e6},
-      {"steps", steps, 1, kMaxCount},
+      {"steps", steps, absl::GetFlag(FLAGS_init_from).empty() ? 1.0 : 0.0, kMaxCount},
       {"lr", lr, 0, 1e3, Open::kMin},
       {"min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0},
-      {"warmup_steps", count(FLAGS_warmup_steps), 0, steps},
+      {"warmup_steps", count(FLAGS_warmup_steps), 0, steps > 0 ? steps : kMaxCount},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
       {"beta2", absl::GetFlag(FLAGS_beta2), 0, 1, Open::kMax},
       {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, kMaxCount},
@@ -174,6 +194,29 @@ int Main() {
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+
+  // ---- Pretrained weights (their shape fixes the model's).
+  std::optional<nn::Gpt2Checkpoint> init;
+  const std::string export_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_export_hf));
+  if (!absl::GetFlag(FLAGS_init_from).empty()) {
+    absl::StatusOr<nn::Gpt2Checkpoint> loaded =
+        nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
+    if (!loaded.ok()) return Fail(loaded.status());
+    init = std::move(*loaded);
+    init->config.dropout = absl::GetFlag(FLAGS_dropout);
+    if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
+      Generator gen(0);
+      nn::Gpt model(init->config, gen);
+      model.load_state_dict(init->weights);
+      std::printf("read %s (%s): %s\n", absl::GetFlag(FLAGS_init_from).c_str(),
+                  init->format.c_str(), model.extra_repr().c_str());
+      if (!export_dir.empty() && dp.is_main()) {
+        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir); !s.ok()) return Fail(s);
+        std::printf("wrote %s/model.safetensors and config.json\n", export_dir.c_str());
+      }
+      return 0;
+    }
+  }
   if (absl::GetFlag(FLAGS_data).empty()) {
     return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
   }
@@ -198,25 +241,41 @@ int Main() {
   const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
 
   nn::GptConfig config;
-  if (tokenizer) {
+  const int64_t seq_len = absl::GetFlag(FLAGS_block_size);  // of training
+  if (init) {
+    config = init->config;
+    if (tokenizer && tokenizer->vocab_size() != config.vocab_size) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          data_path, " is text (", tokenizer->vocab_size(),
+          " distinct bytes); --init_from=", absl::GetFlag(FLAGS_init_from), " has a vocabulary of ",
+          config.vocab_size, ": train it on token shards (.bin) of its tokenizer")));
+    }
+    if (seq_len > config.block_size) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--block_size=", seq_len, " exceeds the context of --init_from=",
+                       absl::GetFlag(FLAGS_init_from), " (", config.block_size, ")")));
+    }
+  } else if (tokenizer) {
     config.vocab_size = tokenizer->vocab_size();
   } else {
     config.vocab_size = 50257;  // GPT-2's BPE
     config.padded_vocab_size = 50304;
   }
-  config.block_size = absl::GetFlag(FLAGS_block_size);
-  config.n_layer = absl::GetFlag(FLAGS_n_layer);
-  config.n_head = absl::GetFlag(FLAGS_n_head);
-  config.n_embd = absl::GetFlag(FLAGS_n_embd);
-  config.dropout = absl::GetFlag(FLAGS_dropout);
+  if (!init) {
+    config.block_size = seq_len;
+    config.n_layer = absl::GetFlag(FLAGS_n_layer);
+    config.n_head = absl::GetFlag(FLAGS_n_head);
+    config.n_embd = absl::GetFlag(FLAGS_n_embd);
+    config.dropout = absl::GetFlag(FLAGS_dropout);
+  }
   if (absl::GetFlag(FLAGS_top_k) > config.vocab_size) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--top_k=", absl::GetFlag(FLAGS_top_k), " is outside its valid range [0, ",
-                     config.vocab_size, "] (the vocabulary)")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--top_k=", absl::GetFlag(FLAGS_top_k),
+                                                        " is outside its valid range [0, ",
+                                                        config.vocab_size, "] (the vocabulary)")));
   }
   if (config.n_embd % config.n_head != 0) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head)));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head)));
   }
   for (uint16_t t : split.train) {
     if (t >= config.vocab_size) {
@@ -226,14 +285,15 @@ int Main() {
   }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
-  data::TokenBatcher batches(std::move(split.train), batch_size, config.block_size, seed + 1);
-  data::TokenBatcher val(std::move(split.val), batch_size, config.block_size, seed + 2);
+  data::TokenBatcher batches(std::move(split.train), batch_size, seq_len, seed + 1);
+  data::TokenBatcher val(std::move(split.val), batch_size, seq_len, seed + 2);
 
   // ---- Model and optimizer (weight decay on matrices only, as nanoGPT).
   Generator init_gen(seed), dropout_gen(seed + 3);
   // Built on the CPU (the same initial weights on every device), then moved; the optimizer
   // made afterwards keeps its masters and moments on the device too.
   auto model = std::make_shared<nn::Gpt>(config, init_gen, &dropout_gen);
+  if (init) model->load_state_dict(init->weights);
   model->to(dtype);
   model->to(device);
   train::OptimizerConfig opt_config;
@@ -249,7 +309,8 @@ int Main() {
   settings.Add("n_layer", static_cast<double>(config.n_layer), true);
   settings.Add("n_head", static_cast<double>(config.n_head), true);
   settings.Add("n_embd", static_cast<double>(config.n_embd), true);
-  settings.Add("block_size", static_cast<double>(config.block_size), true);
+  settings.Add("block_size", static_cast<double>(seq_len), true);
+  settings.Add("n_positions", static_cast<double>(config.block_size), true);
   settings.Add("batch_size", static_cast<double>(batch_size), true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
@@ -270,15 +331,15 @@ int Main() {
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
-  if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(
-          settings, *model, {absl::StrCat("train_tokens=", batches.num_tokens()),
-                             absl::StrCat("val_tokens=", val.num_tokens())}));
+  if (absl::Status s = dp.CheckSameRun(
+          train::RunFingerprint(settings, *model,
+                                {absl::StrCat("train_tokens=", batches.num_tokens()),
+                                 absl::StrCat("val_tokens=", val.num_tokens())}));
       !s.ok()) {
     return Fail(s);
   }
   dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::MixedPrecisionOptimizer& opt = **opt_or;
@@ -301,9 +362,9 @@ int Main() {
                                uint64_t gen_seed) -> absl::StatusOr<Generator::State> {
       absl::StatusOr<Generator::State> state = train::GeneratorStateFromString(meta[key]);
       if (state.ok() && state->seed == gen_seed) return state;
-      return absl::DataLossError(absl::StrCat(
-          "cannot resume from ", ckpt_dir, ": metadata '", key, "' is '", meta[key],
-          "'; expected a generator state <seed>:<offset> with seed ", gen_seed));
+      return absl::DataLossError(
+          absl::StrCat("cannot resume from ", ckpt_dir, ": metadata '", key, "' is '", meta[key],
+                       "'; expected a generator state <seed>:<offset> with seed ", gen_seed));
     };
     absl::StatusOr<Generator::State> batch_state = generator_state("batches", seed + 1);
     if (!batch_state.ok()) return Fail(batch_state.status());
@@ -342,14 +403,14 @@ int Main() {
                                   absl::StrJoin(changes, ", ")));
   }
   progress.Println(
-      absl::StrCat(model->to_string(), "training ", settings.ToString(), " (",
-                   batches.num_tokens(), " train / ", val.num_tokens(), " val tokens)",
+      absl::StrCat(model->to_string(), "training ", settings.ToString(), " (", batches.num_tokens(),
+                   " train / ", val.num_tokens(), " val tokens)",
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
 
   // ---- Training.
-  const int64_t tokens_per_step = batch_size * config.block_size;
+  const int64_t tokens_per_step = batch_size * seq_len;
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   double last_time = progress.ElapsedSeconds(), val_loss = NAN;
@@ -397,6 +458,10 @@ int Main() {
   }
   progress.Finish();
   if (!dp.is_main()) return 0;
+  if (!export_dir.empty()) {
+    if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
+    std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+  }
   std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
               static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
 

@@ -700,13 +700,14 @@ class Fd {
   int fd_;
 };
 
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& what) {
+absl::Status WriteAll(const char* caller, int fd, const void* data, size_t n,
+                      const std::string& what) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
     if (w < 0) {
       if (errno == EINTR) continue;
-      return absl::ErrnoToStatus(errno, absl::StrCat("SaveSafetensors: writing ", QuotePath(what)));
+      return absl::ErrnoToStatus(errno, absl::StrCat(caller, ": writing ", QuotePath(what)));
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -739,7 +740,9 @@ pid_t TemporaryOwner(absl::string_view name, absl::string_view prefix) {
   return static_cast<pid_t>(pid);
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const WritePlan& plan) {
+// `caller` starts every error message.
+absl::Status WriteFileAtomically(const char* caller, const std::string& path,
+                                 const WritePlan& plan) {
   static std::atomic<uint64_t> counter{0};
   std::string tmp;
   int raw_fd = -1;
@@ -749,8 +752,7 @@ absl::Status WriteFileAtomically(const std::string& path, const WritePlan& plan)
     if (raw_fd < 0 && errno != EEXIST) break;
   }
   if (raw_fd < 0) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("SaveSafetensors: cannot create ", QuotePath(tmp)));
+    return absl::ErrnoToStatus(errno, absl::StrCat(caller, ": cannot create ", QuotePath(tmp)));
   }
   Fd fd(raw_fd);
   auto fail = [&](absl::Status status) {
@@ -758,30 +760,28 @@ absl::Status WriteFileAtomically(const std::string& path, const WritePlan& plan)
     ::unlink(tmp.c_str());
     return status;
   };
-  absl::Status status = WriteAll(fd.get(), plan.prefix.data(), plan.prefix.size(), tmp);
+  absl::Status status = WriteAll(caller, fd.get(), plan.prefix.data(), plan.prefix.size(), tmp);
   for (size_t i = 0; status.ok() && i < plan.tensors.size(); ++i) {
     const Tensor& t = plan.tensors[i];
-    status = WriteAll(fd.get(), t.raw_data(), NumBytes(t), tmp);
+    status = WriteAll(caller, fd.get(), t.raw_data(), NumBytes(t), tmp);
   }
   if (!status.ok()) return fail(status);
   if (::fsync(fd.get()) != 0) {
-    return fail(
-        absl::ErrnoToStatus(errno, absl::StrCat("SaveSafetensors: fsync ", QuotePath(tmp))));
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(caller, ": fsync ", QuotePath(tmp))));
   }
   if (fd.Close() != 0) {
-    return fail(
-        absl::ErrnoToStatus(errno, absl::StrCat("SaveSafetensors: close ", QuotePath(tmp))));
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(caller, ": close ", QuotePath(tmp))));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return fail(absl::ErrnoToStatus(
-        errno, absl::StrCat("SaveSafetensors: rename ", QuotePath(tmp), " to ", QuotePath(path))));
+        errno, absl::StrCat(caller, ": rename ", QuotePath(tmp), " to ", QuotePath(path))));
   }
   // Make the rename durable. Some filesystems cannot fsync a directory (EINVAL): not an error.
   const std::string dir = DirName(path);
   Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0 || (::fsync(dir_fd.get()) != 0 && errno != EINVAL)) {
     return absl::ErrnoToStatus(errno,
-                               absl::StrCat("SaveSafetensors: wrote ", QuotePath(path),
+                               absl::StrCat(caller, ": wrote ", QuotePath(path),
                                             " but could not sync its directory ", QuotePath(dir)));
   }
   return absl::OkStatus();
@@ -864,6 +864,19 @@ absl::StatusOr<int> RemoveStaleTemporaries(const std::string& path) {
   return removed;
 }
 
+absl::Status SaveFileAtomically(const std::string& path, absl::string_view bytes) {
+  WritePlan plan;
+  plan.prefix = std::string(bytes);
+  const absl::StatusOr<int> cleanup = RemoveStaleTemporaries(path);
+  const absl::Status status = WriteFileAtomically("SaveFileAtomically", path, plan);
+  if (!status.ok() && !cleanup.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (and before the save: ", cleanup.status().message(), ")"));
+  }
+  return status;
+}
+
 absl::Status SaveSafetensors(const std::string& path, const Safetensors& st) {
   absl::StatusOr<WritePlan> plan = PlanWrite(st);
   if (!plan.ok()) return plan.status();
@@ -871,7 +884,7 @@ absl::Status SaveSafetensors(const std::string& path, const Safetensors& st) {
   // does not stop the save (a temporary that cannot be removed takes space, no correctness); it
   // is reported only with a failing save, where it likely shares the cause.
   const absl::StatusOr<int> cleanup = RemoveStaleTemporaries(path);
-  const absl::Status status = WriteFileAtomically(path, *plan);
+  const absl::Status status = WriteFileAtomically("SaveSafetensors", path, *plan);
   if (!status.ok() && !cleanup.ok()) {
     return absl::Status(
         status.code(),

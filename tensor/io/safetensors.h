@@ -90,6 +90,10 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view bytes);
 // directory listing); that cleanup never fails the save: its error is only appended to the
 // message of a save that fails anyway.
 absl::Status SaveSafetensors(const std::string& path, const Safetensors& st);
+// `bytes` as the whole content of `path`, written the same way as SaveSafetensors (temporary,
+// fsync, rename, directory fsync; stale temporaries of `path` removed first). For the small files
+// that go with a checkpoint (a config.json).
+absl::Status SaveFileAtomically(const std::string& path, absl::string_view bytes);
 // Reads the header, then each tensor straight into its storage (no copy of the whole file).
 absl::StatusOr<Safetensors> LoadSafetensors(const std::string& path);
 

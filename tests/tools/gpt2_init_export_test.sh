@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# train_gpt --init_from / --export_hf end to end: the tiny transformers GPT-2 of
+# tests/nn/testdata/gpt2_tiny_hf converts (--steps=0) to a directory that converts again to the
+# same bytes, fine-tunes for a few steps on a token shard and exports, and misuse is refused with
+# the message that says why.
+set -euo pipefail
+
+train_gpt="$1"
+tiny="$2"  # the directory of the tiny model
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# Convert, and convert the result again: the same file.
+"$train_gpt" --init_from="$tiny" --steps=0 --export_hf="$tmp/a" >"$tmp/a.log" 2>&1 ||
+  { fail "convert: exit $?"; cat "$tmp/a.log"; }
+grep -q "vocab=100, block_size=32, n_layer=2, n_head=2, n_embd=16" "$tmp/a.log" ||
+  { fail "convert: no model line"; cat "$tmp/a.log"; }
+"$train_gpt" --init_from="$tmp/a" --steps=0 --export_hf="$tmp/b" >"$tmp/b.log" 2>&1 ||
+  { fail "reconvert: exit $?"; cat "$tmp/b.log"; }
+cmp -s "$tmp/a/model.safetensors" "$tmp/b/model.safetensors" || fail "reconvert: files differ"
+cmp -s "$tmp/a/config.json" "$tmp/b/config.json" || fail "reconvert: config.json differs"
+[ -z "$(ls "$tmp/a" | grep -v '^model.safetensors$\|^config.json$' || true)" ] ||
+  fail "export left other files: $(ls "$tmp/a")"
+
+# An llm.c token shard of 600 tokens below 100: header {20240520, 1, n, 0...}, then u16 tokens.
+le() {  # value bytes
+  local v="$1" n="$2" i
+  for ((i = 0; i < n; i++)); do printf "\\x$(printf %02x $(((v >> (8 * i)) & 255)))"; done
+}
+shard="$tmp/tokens.bin"
+{
+  le 20240520 4; le 1 4; le 600 4
+  head -c $((1024 - 12)) /dev/zero
+  for ((i = 0; i < 600; i++)); do le $(((i * 37 + i / 7) % 100)) 2; done
+} >"$shard"
+"$train_gpt" --init_from="$tiny" --data="$shard" --steps=3 --warmup_steps=1 --block_size=16 \
+  --batch_size=2 --eval_batches=1 --sample_tokens=4 --export_hf="$tmp/ft" >"$tmp/ft.log" 2>&1 ||
+  { fail "fine-tune: exit $?"; cat "$tmp/ft.log"; }
+grep -q "val loss .* after 3 steps" "$tmp/ft.log" || { fail "fine-tune: no val loss"; cat "$tmp/ft.log"; }
+"$train_gpt" --init_from="$tmp/ft" --steps=0 >"$tmp/ft2.log" 2>&1 ||
+  { fail "fine-tuned export does not load"; cat "$tmp/ft2.log"; }
+cmp -s "$tmp/a/model.safetensors" "$tmp/ft/model.safetensors" && fail "fine-tuning changed nothing"
+
+refused() {  # expected-text args...
+  local want="$1"
+  shift
+  local rc=0
+  "$train_gpt" "$@" >"$tmp/err.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    fail "accepted: $*"
+  elif ! grep -qF -- "$want" "$tmp/err.log"; then
+    fail "$*: no '$want' in:"; cat "$tmp/err.log"
+  fi
+}
+refused "cannot open '$tmp/missing.safetensors'" --init_from="$tmp/missing.safetensors" --steps=0
+refused "--block_size=64 exceeds the context of --init_from=$tiny (32)" --init_from="$tiny" \
+  --data="$shard" --steps=1 --warmup_steps=0
+text="$tmp/text.txt"
+echo "the quick brown fox jumps over the lazy dog" >"$text"
+refused "has a vocabulary of 100: train it on token shards" --init_from="$tiny" --data="$text" \
+  --steps=1 --warmup_steps=0 --block_size=4
+refused "--steps=0 is outside its valid range" --data="$shard" --steps=0
+head -c 2000 "$tmp/a/model.safetensors" >"$tmp/cut.safetensors"
+refused "cut.safetensors" --init_from="$tmp/cut.safetensors" --steps=0
+
+if [ "$failures" -eq 0 ]; then echo "all passed"; else echo "$failures failed"; exit 1; fi
