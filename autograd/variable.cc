@@ -131,6 +131,7 @@ Variable MakeView(Variable out, const Variable& input, ViewFn fn) {
       return then(first(base));
     };
     view->made_in_no_grad = outer->made_in_no_grad || no_grad;
+    view->multi_output_error = outer->multi_output_error;
   } else {
     view->base = input;
     view->fn = std::move(fn);
@@ -138,6 +139,24 @@ Variable MakeView(Variable out, const Variable& input, ViewFn fn) {
   }
   view->attr_version = out.version();
   out.impl()->view = std::move(view);
+  return out;
+}
+
+Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+                             size_t index) {
+  const std::string output = absl::StrCat("Output ", index, " of ", node_name, " is a view and ");
+  const std::string rest =
+      ". This view is the output of a function that returns multiple views. Such functions do "
+      "not allow the output views to be modified inplace. You should replace the inplace "
+      "operation by an out-of-place one.";
+  const std::string indirect =
+      absl::StrCat(output, "its base or another view of its base has been modified inplace", rest);
+  // Remaking its grad_fn (after an in-place op on its base) throws, as PyTorch's view_func does.
+  out = MakeView(std::move(out), input,
+                 [indirect](const Variable&) -> Variable { throw Error(indirect); });
+  if (out.is_view()) {
+    out.impl()->view->multi_output_error = absl::StrCat(output, "is being modified inplace", rest);
+  }
   return out;
 }
 

@@ -158,6 +158,10 @@ struct ViewInfo {
   // Made while grad mode was off: its grad_fn is never remade, and an in-place op on it that
   // records is refused (PyTorch's CreationMeta::NO_GRAD_MODE).
   bool made_in_no_grad = false;
+  // Set for an output of an op with several view outputs (Split) and views of one: an in-place
+  // op on it that records is refused with this text (PyTorch's CreationMeta::MULTI_OUTPUT_NODE),
+  // and so is remaking its grad_fn after its base was modified in place.
+  std::string multi_output_error;
 };
 
 struct VariableImpl {
@@ -178,6 +182,9 @@ struct VariableImpl {
 // base is input's root base and its view function `fn` applied after input's. A result that
 // does not share storage (a reshape that copied) is returned as it is. Returns `out`.
 Variable MakeView(Variable out, const Variable& input, ViewFn fn);
+// The same for output `index` of `node_name` (Split), an op that returns several views.
+Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+                             size_t index);
 
 // The variable produced by `grad_fn` (output `output_nr`) holding `data`.
 Variable MakeNonLeaf(Tensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);

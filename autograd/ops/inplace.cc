@@ -28,6 +28,7 @@ void CheckInPlaceAllowed(const char* op, const Variable& self, const Variable& o
   const bool records = self.requires_grad() || (other.defined() && other.requires_grad());
   if (records && self.is_view()) {
     const ViewInfo& view = *self.impl()->view;
+    TG_CHECK(view.multi_output_error.empty(), op, ": ", view.multi_output_error);
     TG_CHECK(!view.made_in_no_grad, op,
              ": a view was created in no_grad mode and is being modified inplace with grad mode "
              "enabled. Given that this use case is ambiguous and error-prone, it is forbidden. "

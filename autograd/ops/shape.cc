@@ -157,11 +157,15 @@ VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
   for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
     chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
   }
-  return RecordMulti("SplitBackward", chunks, {x}, {},
-                     [d](const BackwardContext& ctx) -> VariableList {
-                       // Chunks that got no gradient arrive as zeros.
-                       return {Cat(ctx.grads, d)};
-                     });
+  VariableList outputs = RecordMulti("SplitBackward", chunks, {x}, {},
+                                     [d](const BackwardContext& ctx) -> VariableList {
+                                       // Chunks that got no gradient arrive as zeros.
+                                       return {Cat(ctx.grads, d)};
+                                     });
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    outputs[i] = MakeMultiOutputView(std::move(outputs[i]), x, "Split", i);
+  }
+  return outputs;
 }
 
 Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {

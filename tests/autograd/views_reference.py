@@ -203,6 +203,22 @@ def errors():
         emit("NoGradViewError", {"message": str(e).splitlines()[0]})
 
 
+
+def split_outputs():
+    a = leaf([1.0, 2.0, 3.0, 4.0])
+    x = a * 1
+    c = x.split(2)
+    try:
+        c[1].mul_(2)
+    except RuntimeError as e:
+        emit("SplitOutputInPlace", {"message": str(e).splitlines()[0]})
+    x.mul_(2)
+    try:
+        (c[0] * 1).sum().backward()
+    except RuntimeError as e:
+        emit("SplitOutputAfterBaseInPlace", {"message": str(e).splitlines()[0]})
+
+
 if __name__ == "__main__":
     print(f"// torch {torch.__version__}")
     slice_mul()
@@ -217,3 +233,4 @@ if __name__ == "__main__":
     hooks_around_in_place_on_view()
     view_hook_then_base_in_place()
     errors()
+    split_outputs()

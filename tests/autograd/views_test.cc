@@ -262,6 +262,27 @@ TEST(Views, Errors) {
   EXPECT_EQ(Fmt(a), "[1, 4, 6, 4]");
 }
 
+// SplitOutputInPlace, SplitOutputAfterBaseInPlace: PyTorch's texts.
+TEST(Views, OutputsOfSplitAreViewsThatCannotBeModifiedInPlace) {
+  const Variable a = Leaf({1, 2, 3, 4});
+  const Variable x = MulScalar(a, 1);
+  const VariableList c = Split(x, 2, 0);
+  EXPECT_TRUE(c[1].is_view());
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { MulScalarInPlace(c[1], 2); },
+      "mul_: Output 1 of Split is a view and is being modified inplace. This view is the output "
+      "of a function that returns multiple views. Such functions do not allow the output views "
+      "to be modified inplace. You should replace the inplace operation by an out-of-place "
+      "one."));
+  MulScalarInPlace(x, 2);
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { Sum(MulScalar(c[0], 1)).backward(); },
+      "Output 0 of Split is a view and its base or another view of its base has been modified "
+      "inplace. This view is the output of a function that returns multiple views. Such "
+      "functions do not allow the output views to be modified inplace. You should replace the "
+      "inplace operation by an out-of-place one."));
+}
+
 // An expanded view cannot be written (PyTorch: "unsupported operation: more than one element of
 // the written-to tensor refers to a single memory location").
 TEST(Views, InPlaceOnAnExpandedViewIsRefused) {
