@@ -75,6 +75,8 @@ Variable Permute(const Variable& x, const Shape& dims);
 Variable Expand(const Variable& x, const Shape& shape);
 Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 Variable Select(const Variable& x, int64_t dim, int64_t index);
+// torch.narrow: Slice(x, dim, start, start + length); start may be negative.
+Variable Narrow(const Variable& x, int64_t dim, int64_t start, int64_t length);
 Variable Unsqueeze(const Variable& x, int64_t dim);
 Variable Squeeze(const Variable& x, int64_t dim);
 Variable Cat(const VariableList& xs, int64_t dim);
@@ -119,16 +121,17 @@ class Generator;
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training = true);
 
-// Marks `out` and `base` as sharing storage through a recorded view op (see
-// VariableImpl::in_view_relation); every view op calls it. Returns `out`.
-Variable MarkView(Variable out, const Variable& base);
-
-// ---- In place (bump the version counter; PyTorch's rules: not on a leaf that requires grad
-// while grad mode is on) ----
+// ---- In place (bump the version counter; PyTorch's rules: not on a leaf that requires grad,
+// nor on a view of one, while grad mode is on). On a view (Variable::is_view) the base's history
+// is rewritten (PyTorch's CopySlices: README, "Views") ----
 const Variable& AddInPlace(const Variable& self, const Variable& other);
 const Variable& MulInPlace(const Variable& self, const Variable& other);
 const Variable& MulScalarInPlace(const Variable& self, double s);
 const Variable& ReluInPlace(const Variable& self);
+// self.copy_(src): src broadcasts to self's shape and is converted to self's dtype.
+const Variable& CopyInPlace(const Variable& self, const Variable& src);
+// self.fill_(value) (zero_() is FillInPlace(self, 0)).
+const Variable& FillInPlace(const Variable& self, double value);
 
 inline Variable operator+(const Variable& a, const Variable& b) { return Add(a, b); }
 inline Variable operator-(const Variable& a, const Variable& b) { return Sub(a, b); }

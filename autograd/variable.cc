@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "tensor/error.h"
 
@@ -59,6 +60,7 @@ void Variable::set_data(const Tensor& data) const {
 }
 
 bool Variable::requires_grad() const {
+  RefreshViewGradFn();
   return impl_ != nullptr && (impl_->requires_grad || impl_->grad_fn != nullptr);
 }
 
@@ -73,14 +75,90 @@ const Variable& Variable::set_requires_grad(bool requires_grad) const {
   return *this;
 }
 
-bool Variable::is_leaf() const { return impl_ == nullptr || impl_->grad_fn == nullptr; }
+bool Variable::is_leaf() const {
+  RefreshViewGradFn();
+  return impl_ == nullptr || impl_->grad_fn == nullptr;
+}
 
 const std::shared_ptr<Node>& Variable::grad_fn() const {
   static const std::shared_ptr<Node> kNone;
+  RefreshViewGradFn();
   return impl_ ? impl_->grad_fn : kNone;
 }
 
-uint32_t Variable::output_nr() const { return impl_ ? impl_->output_nr : 0; }
+uint32_t Variable::output_nr() const {
+  RefreshViewGradFn();
+  return impl_ ? impl_->output_nr : 0;
+}
+
+bool Variable::is_view() const { return impl_ != nullptr && impl_->view != nullptr; }
+
+Variable Variable::base() const { return is_view() ? impl_->view->base : Variable(); }
+
+// PyTorch's VariableHooks::grad_fn for views: the view function replayed on the base under grad
+// mode (a chain of view nodes where PyTorch makes one AsStridedBackward; the gradients are the
+// same). As in PyTorch's update_tensor_hooks_on_new_gradfn, a retain_grad() moves to the new
+// node while tensor hooks stay on the old one (which is no longer in the view's history).
+void Variable::RefreshViewGradFn() const {
+  if (impl_ == nullptr || impl_->view == nullptr) return;
+  ViewInfo& view = *impl_->view;
+  if (view.made_in_no_grad) return;
+  if (impl_->grad_fn == nullptr && !view.base.requires_grad()) return;
+  const uint64_t now = version();
+  if (view.attr_version == now) return;
+  view.attr_version = now;
+  Variable remade;
+  {
+    EnableGradGuard grad_on;  // also when reached from a backward or under NoGradGuard
+    remade = view.fn(view.base);
+  }
+  if (remade.grad_fn() != nullptr) {
+    RebaseHistory(*this, remade.grad_fn(), remade.output_nr());
+  } else {
+    if (impl_->retains_grad && impl_->grad_fn) impl_->grad_fn->ClearRetainGrad(impl_.get());
+    impl_->grad_fn = nullptr;
+    impl_->output_nr = 0;
+  }
+}
+
+Variable MakeView(Variable out, const Variable& input, ViewFn fn) {
+  if (!out.data().shares_storage(input.data())) return out;  // e.g. a reshape that copied
+  auto view = std::make_unique<ViewInfo>();
+  const bool no_grad = !GradMode::is_enabled();
+  if (const ViewInfo* outer = input.impl()->view.get()) {
+    view->base = outer->base;
+    view->fn = [first = outer->fn, then = std::move(fn)](const Variable& base) {
+      return then(first(base));
+    };
+    view->made_in_no_grad = outer->made_in_no_grad || no_grad;
+    view->multi_output_error = outer->multi_output_error;
+  } else {
+    view->base = input;
+    view->fn = std::move(fn);
+    view->made_in_no_grad = no_grad;
+  }
+  view->attr_version = out.version();
+  out.impl()->view = std::move(view);
+  return out;
+}
+
+Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+                             size_t index) {
+  const std::string output = absl::StrCat("Output ", index, " of ", node_name, " is a view and ");
+  const std::string rest =
+      ". This view is the output of a function that returns multiple views. Such functions do "
+      "not allow the output views to be modified inplace. You should replace the inplace "
+      "operation by an out-of-place one.";
+  const std::string indirect =
+      absl::StrCat(output, "its base or another view of its base has been modified inplace", rest);
+  // Remaking its grad_fn (after an in-place op on its base) throws, as PyTorch's view_func does.
+  out = MakeView(std::move(out), input,
+                 [indirect](const Variable&) -> Variable { throw Error(indirect); });
+  if (out.is_view()) {
+    out.impl()->view->multi_output_error = absl::StrCat(output, "is being modified inplace", rest);
+  }
+  return out;
+}
 
 Variable Variable::grad() const {
   CheckDefined("grad");
@@ -98,6 +176,7 @@ void Variable::set_grad(const Variable& grad) const {
 
 void Variable::retain_grad() const {
   CheckDefined("retain_grad");
+  RefreshViewGradFn();
   TG_CHECK(requires_grad(), "retain_grad: the variable does not require grad");
   if (is_leaf() || impl_->retains_grad) return;
   impl_->retains_grad = true;
@@ -124,6 +203,7 @@ const Variable& Variable::set_name(std::string name) const {
 
 std::shared_ptr<Node> Variable::gradient_edge_node() const {
   if (impl_ == nullptr) return nullptr;
+  RefreshViewGradFn();
   if (impl_->grad_fn) return impl_->grad_fn;
   if (!impl_->requires_grad) return nullptr;
   std::shared_ptr<Node> acc = impl_->grad_accumulator.lock();

@@ -56,6 +56,9 @@ class HookHandle {
 using TensorHook = std::function<Variable(const Variable& grad)>;
 // A post-accumulate-grad hook sees the leaf after its .grad was updated.
 using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;
+// A view function: recreates a view from its base with the differentiable view ops (recorded
+// when grad mode is on), e.g. [](const Variable& b) { return Slice(b, 0, 1, 3); }.
+using ViewFn = std::function<Variable(const Variable&)>;
 
 struct BackwardOptions {
   bool retain_graph = false;             // keep saved tensors for another backward
@@ -98,8 +101,19 @@ class Variable {
   void retain_grad() const;
   bool retains_grad() const;
 
-  // A leaf sharing this data (and its version counter) without history.
+  // A leaf sharing this data (and its version counter) without history. Not a view for
+  // autograd (PyTorch's detach()).
   Variable detach() const;
+
+  // Views (PyTorch's): the result of a view op (Slice, Select, Narrow, Transpose, Permute,
+  // Reshape/Unsqueeze/Squeeze when they do not copy, Expand) knows its root base and how to
+  // recreate itself from it. The view's grad_fn follows the base: after an in-place op on the
+  // base or on any view of it (the shared version counter moved), it is remade as the view
+  // function applied to the base's current history. An in-place op on a view rewrites the
+  // base's history (CopySlices, autograd/ops/inplace.cc).
+  bool is_view() const;
+  // The root base of a view (never itself a view); undefined for a non-view.
+  Variable base() const;
 
   // Version of the underlying storage, bumped by in-place ops.
   uint64_t version() const { return data().storage()->version(); }
@@ -129,7 +143,25 @@ class Variable {
     if (impl_ == nullptr) ThrowUndefined(what);
   }
   [[noreturn]] static void ThrowUndefined(const char* what);
+  // A view whose version moved since its grad_fn was made gets a new one from its base.
+  void RefreshViewGradFn() const;
   std::shared_ptr<VariableImpl> impl_;
+};
+
+// What a view knows about its base (PyTorch's DifferentiableViewMeta, backward part).
+struct ViewInfo {
+  Variable base;  // the root base: a view of a view has its base's base
+  ViewFn fn;      // base -> this view: the composition of the view ops from the root base
+  // The storage version when grad_fn was last made from the base; grad_fn is remade when the
+  // version differs (an in-place op on the base or on a view of it happened since).
+  uint64_t attr_version = 0;
+  // Made while grad mode was off: its grad_fn is never remade, and an in-place op on it that
+  // records is refused (PyTorch's CreationMeta::NO_GRAD_MODE).
+  bool made_in_no_grad = false;
+  // Set for an output of an op with several view outputs (Split) and views of one: an in-place
+  // op on it that records is refused with this text (PyTorch's CreationMeta::MULTI_OUTPUT_NODE),
+  // and so is remaking its grad_fn after its base was modified in place.
+  std::string multi_output_error;
 };
 
 struct VariableImpl {
@@ -142,12 +174,17 @@ struct VariableImpl {
   std::vector<std::pair<uint64_t, TensorHook>> tensor_hooks;  // leaves (non-leaves: on grad_fn)
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;
   bool retains_grad = false;
-  // Set on both sides when a recorded view op (reshape, slice, transpose, ...) makes an output
-  // that shares this variable's storage. tapegrad does not track views, so an in-place op that
-  // records on such a variable would silently miss gradients; it is refused instead.
-  bool in_view_relation = false;
+  std::unique_ptr<ViewInfo> view;  // set on views only (Variable::is_view)
   std::string name;
 };
+
+// Makes `out` (the result of a view op on `input` whose data shares input's storage) a view: its
+// base is input's root base and its view function `fn` applied after input's. A result that
+// does not share storage (a reshape that copied) is returned as it is. Returns `out`.
+Variable MakeView(Variable out, const Variable& input, ViewFn fn);
+// The same for output `index` of `node_name` (Split), an op that returns several views.
+Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+                             size_t index);
 
 // The variable produced by `grad_fn` (output `output_nr`) holding `data`.
 Variable MakeNonLeaf(Tensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);

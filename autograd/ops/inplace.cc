@@ -1,16 +1,19 @@
 // Differentiable in-place ops, following PyTorch's rules:
 //  - a leaf that requires grad cannot be modified in place while grad mode is on (its .grad
-//    would describe a value that no longer exists);
+//    would describe a value that no longer exists), nor can a view of one;
 //  - the new value is written into self's storage (Tensor::copy_, so views of it see it) and the
-//    version counter is bumped, so a node that saved the old value refuses to run backward;
-//  - when the op records, self's history is rebased: it becomes a non-leaf whose grad_fn is the
-//    new node, whose edges lead to self's old history.
+//    version counter (on the storage, so shared by a base and all its views) is bumped: a node
+//    that saved the old value refuses to run backward, and every view of the same base remakes
+//    its grad_fn from the base on next use (Variable::RefreshViewGradFn);
+//  - when the op records on a non-view, self's history is rebased: it becomes a non-leaf whose
+//    grad_fn is the new node, whose edges lead to self's old history;
+//  - when it records on a view, the base's history is rewritten instead (PyTorch's CopySlices):
+//    the base's new grad_fn sends the part of the gradient that falls in the viewed region
+//    through the op's backward, and the rest straight to the base's old history; the view's
+//    grad_fn becomes its view function applied to the base's new history.
 // Values a backward formula needs from before the write (mul_'s self, or an `other` that shares
 // self's storage) are snapshots: copies attached at the original's place in the graph, so the
 // formula stays differentiable under create_graph.
-//
-// Limitation (README, "Decisions worth knowing"): there is no view tracking, so an in-place op
-// on a view (e.g. the result of Slice) does not rebase the history of the view's base.
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -18,29 +21,105 @@
 namespace tg {
 namespace {
 
-void CheckInPlaceAllowed(const char* op, const Variable& self) {
+// PyTorch's check_inplace: `other` (may be undefined) is the op's other differentiable input.
+void CheckInPlaceAllowed(const char* op, const Variable& self, const Variable& other = Variable()) {
   TG_CHECK(self.defined(), op, ": self is undefined");
-  TG_CHECK(!(GradMode::is_enabled() && self.is_leaf() && self.requires_grad()), op,
-           ": a leaf variable that requires grad",
+  if (!GradMode::is_enabled()) return;
+  const bool records = self.requires_grad() || (other.defined() && other.requires_grad());
+  if (records && self.is_view()) {
+    const ViewInfo& view = *self.impl()->view;
+    TG_CHECK(view.multi_output_error.empty(), op, ": ", view.multi_output_error);
+    TG_CHECK(!view.made_in_no_grad, op,
+             ": a view was created in no_grad mode and is being modified inplace with grad mode "
+             "enabled. Given that this use case is ambiguous and error-prone, it is forbidden. "
+             "You can clarify your code by moving both the view and the inplace either both "
+             "inside the no_grad block (if you don't want the inplace to be tracked) or both "
+             "outside (if you want the inplace to be tracked).");
+    TG_CHECK(!(self.requires_grad() && view.base.is_leaf()), op,
+             ": a view of a leaf Variable that requires grad is being used in an in-place "
+             "operation.",
+             view.base.name().empty() ? "" : " (the leaf: " + view.base.name() + ")");
+  }
+  TG_CHECK(!(self.is_leaf() && self.requires_grad()), op, ": a leaf variable that requires grad",
            self.name().empty() ? "" : " (" + self.name() + ")",
            " cannot be modified in place while grad mode is on; modify it under NoGradGuard, or "
            "apply the op to a clone");
-  TG_CHECK(!(GradMode::is_enabled() && self.requires_grad() && self.impl()->in_view_relation), op,
-           ": ", self.name().empty() ? "self" : self.name(),
-           " shares storage with a view (or is "
-           "one) made by a recorded view op; tapegrad does not track views, so the gradient of an "
-           "in-place op here would be wrong. Apply the op to a clone, or out of place");
+}
+
+// `grad` (the base's shape) with the region that `view_fn` selects replaced by `src` (the
+// view's shape), out of place; recorded when an input requires grad (create_graph), its
+// backward being the same op with zeros (for grad) and the view of the gradient (for src).
+Variable WriteIntoView(const Variable& grad, const Variable& src, const ViewFn& view_fn) {
+  Tensor out = grad.data().clone();  // contiguous: every view function stays a view of it
+  {
+    NoGradGuard no_grad;
+    const Tensor region = view_fn(Variable(out)).data();
+    TG_CHECK(region.shares_storage(out),
+             "CopySlices: the view function copied instead of viewing (internal error)");
+    region.copy_(src.data());
+  }
+  const Shape src_shape = src.shape();
+  return Record("CopySlicesWriteBackward", std::move(out), {grad, src}, {},
+                [view_fn, src_shape](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  Variable g_grad, g_src;
+                  if (ctx.needs(0)) {
+                    const Variable zeros(Tensor::Zeros(src_shape, g.dtype(), g.data().device()));
+                    g_grad = WriteIntoView(g, zeros, view_fn);
+                  }
+                  if (ctx.needs(1)) g_src = view_fn(g);
+                  return {g_grad, g_src};
+                });
+}
+
+// The base's grad_fn after an in-place op `fn` on one of its views (PyTorch's CopySlices). Its
+// edges are the base's old history, then fn's edges for fn's other inputs.
+class CopySlices : public Node {
+ public:
+  CopySlices(const Variable& base, ViewFn view_fn, std::shared_ptr<Node> fn)
+      : view_fn_(std::move(view_fn)), fn_(std::move(fn)) {
+    AddInputMetadata(base.data());
+    auto& edges = mutable_next_edges();
+    edges.push_back(Edge{base.gradient_edge_node(), base.output_nr()});
+    for (size_t i = 1; i < fn_->next_edges().size(); ++i) edges.push_back(fn_->next_edges()[i]);
+  }
+  std::string name() const override { return "CopySlices"; }
+  void ReleaseSaved() override { fn_->ReleaseSaved(); }
+
+  VariableList Apply(VariableList grads) override {
+    VariableList result(next_edges().size());
+    const Variable& grad = grads[0];  // [base shape]
+    if (!grad.defined()) return result;
+    // fn's backward sees the gradient of the view's new value; what it returns for the view's
+    // old value goes back into the region, the rest of the base's gradient passes through.
+    VariableList res = fn_->Apply({view_fn_(grad)});
+    if (next_edges()[0].valid()) {
+      Variable in_region = res[0];
+      if (!in_region.defined()) {  // no gradient: zeros (PyTorch drops the whole base gradient)
+        const InputMetadata& m = fn_->input_metadata()[0];
+        in_region = Variable(Tensor::Zeros(m.shape, grad.dtype(), m.device));
+      }
+      result[0] = WriteIntoView(grad, in_region, view_fn_);
+    }
+    for (size_t i = 1; i < res.size() && i < result.size(); ++i) result[i] = std::move(res[i]);
+    return result;
+  }
+
+ private:
+  ViewFn view_fn_;
+  std::shared_ptr<Node> fn_;  // the in-place op's node (its edge 0 is the view's old history)
+};
+
+// After the in-place op on view `self` recorded `fn`: the base's history becomes CopySlices
+// over fn, and self's grad_fn is remade from it now (PyTorch's rebase_history for views).
+void RebaseViewHistory(const Variable& self, std::shared_ptr<Node> fn) {
+  ViewInfo& view = *self.impl()->view;
+  RebaseHistory(view.base, std::make_shared<CopySlices>(view.base, view.fn, std::move(fn)), 0);
+  view.attr_version = self.version() + 1;  // stale: the next line remakes self's grad_fn
+  (void)self.grad_fn();
 }
 
 }  // namespace
-
-Variable MarkView(Variable out, const Variable& base) {
-  if (out.grad_fn() != nullptr && out.data().shares_storage(base.data())) {
-    out.impl()->in_view_relation = true;
-    base.impl()->in_view_relation = true;
-  }
-  return out;
-}
 
 namespace {
 
@@ -72,14 +151,19 @@ const Variable& Commit(const char* name, const Variable& self, const Tensor& val
   self.data().copy_(value);
   self.bump_version();
   const Variable out = Record(name, self.data(), inputs, saved, std::move(backward), save_output);
-  if (out.grad_fn()) RebaseHistory(self, out.grad_fn(), out.output_nr());
+  if (out.grad_fn() == nullptr) return self;
+  if (self.is_view()) {
+    RebaseViewHistory(self, out.grad_fn());
+  } else {
+    RebaseHistory(self, out.grad_fn(), out.output_nr());
+  }
   return self;
 }
 
 }  // namespace
 
 const Variable& AddInPlace(const Variable& self, const Variable& other) {
-  CheckInPlaceAllowed("add_", self);
+  CheckInPlaceAllowed("add_", self, other);
   TG_CHECK(other.defined(), "add_: other is undefined");
   const Tensor value = tg::Add(self.data(), other.data());
   CheckWritable("add_", self, value);
@@ -94,7 +178,7 @@ const Variable& AddInPlace(const Variable& self, const Variable& other) {
 }
 
 const Variable& MulInPlace(const Variable& self, const Variable& other) {
-  CheckInPlaceAllowed("mul_", self);
+  CheckInPlaceAllowed("mul_", self, other);
   TG_CHECK(other.defined(), "mul_: other is undefined");
   const Tensor value = tg::Mul(self.data(), other.data());
   CheckWritable("mul_", self, value);
@@ -140,6 +224,37 @@ const Variable& ReluInPlace(const Variable& self) {
         return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
       /*save_output=*/true);
+}
+
+const Variable& CopyInPlace(const Variable& self, const Variable& src) {
+  CheckInPlaceAllowed("copy_", self, src);
+  TG_CHECK(src.defined(), "copy_: src is undefined");
+  // A separate buffer first: src may overlap self (x.copy_(x.t())).
+  Tensor value = Tensor::Empty(self.shape(), self.dtype(), self.data().device());
+  value.copy_(src.data());  // broadcasts src and converts its dtype (throws if it cannot)
+  const Shape self_shape = self.shape(), src_shape = src.shape();
+  const DType self_dtype = self.dtype(), src_dtype = src.dtype();
+  return Commit("CopyInPlaceBackward", self, value, {self, src}, {},
+                [=](const BackwardContext& ctx) -> VariableList {
+                  const Variable& g = ctx.grads[0];
+                  Variable gs, gsrc;
+                  if (ctx.needs(0)) {
+                    gs = Variable(Tensor::Zeros(self_shape, self_dtype, g.data().device()));
+                  }
+                  if (ctx.needs(1)) gsrc = Cast(SumTo(g, src_shape), src_dtype);
+                  return {gs, gsrc};
+                });
+}
+
+const Variable& FillInPlace(const Variable& self, double value) {
+  CheckInPlaceAllowed("fill_", self);
+  const Tensor full = Tensor::Full(self.shape(), value, self.dtype(), self.data().device());
+  const Shape shape = self.shape();
+  const DType dtype = self.dtype();
+  return Commit("FillInPlaceBackward", self, full, {self}, {},
+                [shape, dtype](const BackwardContext& ctx) -> VariableList {
+                  return {Variable(Tensor::Zeros(shape, dtype, ctx.grads[0].data().device()))};
+                });
 }
 
 }  // namespace tg

@@ -139,19 +139,19 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
 
 Variable Reshape(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return MarkView(Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
+  return MakeView(Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x);
+                  x, [shape](const Variable& b) { return Reshape(b, shape); });
 }
 
 Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
-  return MarkView(Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
+  return MakeView(Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
                          [dim0, dim1](const BackwardContext& ctx) -> VariableList {
                            return {Transpose(ctx.grads[0], dim0, dim1)};
                          }),
-                  x);
+                  x, [dim0, dim1](const Variable& b) { return Transpose(b, dim0, dim1); });
 }
 
 Variable Permute(const Variable& x, const Shape& dims) {
@@ -159,38 +159,38 @@ Variable Permute(const Variable& x, const Shape& dims) {
   Shape inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
-  return MarkView(Record("PermuteBackward", out, {x}, {},
+  return MakeView(Record("PermuteBackward", out, {x}, {},
                          [inverse](const BackwardContext& ctx) -> VariableList {
                            return {Permute(ctx.grads[0], inverse)};
                          }),
-                  x);
+                  x, [dims](const Variable& b) { return Permute(b, dims); });
 }
 
 Variable Expand(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return MarkView(Record("ExpandBackward", x.data().expand(shape), {x}, {},
+  return MakeView(Record("ExpandBackward", x.data().expand(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {SumTo(ctx.grads[0], in_shape)};
                          }),
-                  x);
+                  x, [shape](const Variable& b) { return Expand(b, shape); });
 }
 
 Variable Unsqueeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return MarkView(Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
+  return MakeView(Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x);
+                  x, [dim](const Variable& b) { return Unsqueeze(b, dim); });
 }
 
 Variable Squeeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return MarkView(Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
+  return MakeView(Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x);
+                  x, [dim](const Variable& b) { return Squeeze(b, dim); });
 }
 
 }  // namespace tg

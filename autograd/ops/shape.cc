@@ -56,12 +56,24 @@ Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
   const Tensor out = x.data().slice(dim, start, end, step);  // validates dim and step
   const int64_t d = WrapDim("slice", dim, x.dim());
   const Shape in_shape = x.shape();
-  return MarkView(
+  return MakeView(
       Record("SliceBackward", out, {x}, {},
              [in_shape, d, start, end, step](const BackwardContext& ctx) -> VariableList {
                return {SliceScatter(ctx.grads[0], in_shape, d, start, end, step)};
              }),
-      x);
+      x, [d, start, end, step](const Variable& b) { return Slice(b, d, start, end, step); });
+}
+
+Variable Narrow(const Variable& x, int64_t dim, int64_t start, int64_t length) {
+  TG_CHECK(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  const int64_t d = WrapDim("narrow", dim, x.dim());
+  const int64_t size = x.size(d);
+  TG_CHECK(start >= -size && start <= size, "narrow: start ", start, " is out of range for dim ", d,
+           " of size ", size);
+  const int64_t s = start < 0 ? start + size : start;
+  TG_CHECK(length >= 0 && s + length <= size, "narrow: start (", s, ") + length (", length,
+           ") exceeds dim ", d, " of size ", size);
+  return Slice(x, d, s, s + length);
 }
 
 Variable Select(const Variable& x, int64_t dim, int64_t index) {
@@ -69,11 +81,11 @@ Variable Select(const Variable& x, int64_t dim, int64_t index) {
   const int64_t d = WrapDim("select", dim, x.dim());
   const int64_t i = index < 0 ? index + x.size(d) : index;
   const Shape in_shape = x.shape();
-  return MarkView(Record("SelectBackward", out, {x}, {},
+  return MakeView(Record("SelectBackward", out, {x}, {},
                          [in_shape, d, i](const BackwardContext& ctx) -> VariableList {
                            return {SelectScatter(ctx.grads[0], in_shape, d, i)};
                          }),
-                  x);
+                  x, [d, i](const Variable& b) { return Select(b, d, i); });
 }
 
 Variable Cat(const VariableList& xs, int64_t dim) {
@@ -145,11 +157,15 @@ VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
   for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
     chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
   }
-  return RecordMulti("SplitBackward", chunks, {x}, {},
-                     [d](const BackwardContext& ctx) -> VariableList {
-                       // Chunks that got no gradient arrive as zeros.
-                       return {Cat(ctx.grads, d)};
-                     });
+  VariableList outputs = RecordMulti("SplitBackward", chunks, {x}, {},
+                                     [d](const BackwardContext& ctx) -> VariableList {
+                                       // Chunks that got no gradient arrive as zeros.
+                                       return {Cat(ctx.grads, d)};
+                                     });
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    outputs[i] = MakeMultiOutputView(std::move(outputs[i]), x, "Split", i);
+  }
+  return outputs;
 }
 
 Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {

@@ -438,6 +438,50 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
                     ReluInPlace(y);
                     return y;
                   }));
+  t.push_back(
+      Row("CopyInPlace", "broadcast src, then squared", {{{2, 3}}, {{3}}}, P::kNone, [](In in) {
+        Variable y = NonLeaf(in[0]);
+        CopyInPlace(y, in[1]);
+        return Mul(y, in[0]);
+      }));
+  t.push_back(Row("FillInPlace", "then times the input", {{{2, 3}}}, P::kNone, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    return Mul(FillInPlace(y, 1.5), in[0]);
+  }));
+  // Appended here so that the rows above keep their seeds (SeedOf is the row's index).
+  t.push_back(Row("Narrow", "negative start", {{{4, 3}}}, P::kNone,
+                  [](In in) { return Narrow(in[0], 0, -3, 2); }));
+  // On views of a non-leaf base (CopySlices rewrites the base's history; the base is returned).
+  t.push_back(
+      Row("MulInPlace", "on a slice of the base", {{{4, 3}}, {{2, 3}}}, P::kNone, [](In in) {
+        Variable y = NonLeaf(in[0]);
+        MulInPlace(Slice(y, 0, 1, 3), in[1]);
+        return Mul(y, y);
+      }));
+  t.push_back(
+      Row("AddInPlace", "on a select of a transposed view", {{{3, 4}}, {{3}}}, P::kNone, [](In in) {
+        Variable y = NonLeaf(in[0]);
+        AddInPlace(Select(Transpose(y, 0, 1), 0, 2), in[1]);
+        return Mul(y, in[0]);
+      }));
+  t.push_back(Row("CopyInPlace", "into a narrowed view", {{{5}}, {{2}}}, P::kNone, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    CopyInPlace(Narrow(y, 0, 1, 2), in[1]);
+    return Mul(y, y);
+  }));
+  t.push_back(Row("FillInPlace", "on a slice, base used", {{{6}}}, P::kNone, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    FillInPlace(Slice(y, 0, 0, 6, 2), 0.5);
+    return Mul(y, in[0]);
+  }));
+  t.push_back(Row("ReluInPlace", "on a slice taken before the base's in-place op",
+                  {{{4}, -1, 1, kAway}}, P::kNone, [](In in) {
+                    Variable y = NonLeaf(in[0]);
+                    Variable v = Slice(y, 0, 1, 4);
+                    MulScalarInPlace(y, 2);  // v's grad_fn is remade from the base
+                    ReluInPlace(v);
+                    return Mul(Slice(y, 0, 0, 3), Add(v, v));
+                  }));
 }
 
 // A shuffled grid of values 0.01 apart from -1 up (Fisher-Yates with the row's generator).

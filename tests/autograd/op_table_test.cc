@@ -186,9 +186,7 @@ TEST(OpTableAutocast, EveryRowFollowsItsPolicy) {
 
 // Declared in autograd/ops.h but not ops of their own, with the reason.
 const std::set<std::string>& NotOps() {
-  static const auto* names = new std::set<std::string>{
-      "MarkView",  // records a view relation; every view op's row runs it
-  };
+  static const auto* names = new std::set<std::string>{};
   return *names;
 }
 
