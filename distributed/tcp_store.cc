@@ -470,9 +470,9 @@ absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Du
   const std::string address = absl::StrCat(host, ":", port);
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("store: ", server, " port must be in [1, 65535], got ", port));
+        absl::StrCat("store: the port of ", server, " must be in [1, 65535], got ", port));
   }
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("store: no ", server, " host"));
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("store: no host for ", server));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Milliseconds(10);
   std::string why = "not tried";
@@ -484,8 +484,8 @@ absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Du
     const std::string service = absl::StrCat(port);
     const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
     if (gai != 0 && gai != EAI_AGAIN) {
-      return absl::UnavailableError(absl::StrCat("store: cannot resolve the ", server, " host '",
-                                                 host, "': ", gai_strerror(gai)));
+      return absl::UnavailableError(absl::StrCat("store: cannot resolve ", server, " host '", host,
+                                                 "': ", gai_strerror(gai)));
     }
     if (gai == EAI_AGAIN) why = gai_strerror(gai);
     for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
@@ -498,8 +498,8 @@ absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Du
     if (list != nullptr) freeaddrinfo(list);
     // Refused (no server yet), unreachable, timed out: retry until the deadline.
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("store: cannot connect to the ", server,
-                                                      " at ", address, " within ",
+      return absl::DeadlineExceededError(absl::StrCat("store: cannot connect to ", server, " at ",
+                                                      address, " within ",
                                                       absl::FormatDuration(timeout), ": ", why));
     }
     absl::SleepFor(std::min(pause, deadline - absl::Now()));
@@ -510,7 +510,7 @@ absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Du
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host,
                                                                         int port,
                                                                         absl::Duration timeout) {
-  absl::StatusOr<int> fd = ConnectWithRetry(host, port, timeout, "TCP store");
+  absl::StatusOr<int> fd = ConnectWithRetry(host, port, timeout, "the TCP store");
   if (!fd.ok()) return fd.status();
   return std::unique_ptr<TcpStoreClient>(
       new TcpStoreClient(*fd, absl::StrCat(host, ":", port), timeout));

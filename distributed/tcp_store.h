@@ -53,8 +53,9 @@ inline constexpr size_t kTcpStoreMaxBytes = size_t{1} << 30;
 
 // Connects to host:port, retrying refused or unreachable connections until `timeout`, and
 // returns the connected socket (non-blocking, TCP_NODELAY; the caller closes it). `server` names
-// the peer in errors: "store: cannot connect to the <server> at H:P within 2s: Connection
-// refused" (DeadlineExceeded), "store: cannot resolve the <server> host 'H': ..." (Unavailable).
+// the peer in errors ("the TCP store"): "store: cannot connect to <server> at H:P within 2s:
+// Connection refused" (DeadlineExceeded), "store: cannot resolve <server> host 'H': ..."
+// (Unavailable).
 // Shared by TcpStoreClient and TorchTcpStoreClient (torch_tcp_store.h).
 absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Duration timeout,
                                      absl::string_view server);

@@ -172,10 +172,10 @@ TEST(EnvInit, RendezvousPrecedenceAndErrors) {
                    {"MASTER_PORT", "29500"},
                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
     // torchrun's agent hosts PyTorch's TCPStore there: every rank is a client of it.
-    auto env = ResolveDistEnv({});
-    ASSERT_TRUE(env.ok()) << env.status();
-    EXPECT_EQ(env->rdzv, "torch-tcp://m:29500");
-    EXPECT_EQ(env->attempt, 0);
+    auto resolved = ResolveDistEnv({});
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->rdzv, "torch-tcp://m:29500");
+    EXPECT_EQ(resolved->attempt, 0);
   }
   {
     ScopedEnv env({{"RANK", "1"},
@@ -184,10 +184,10 @@ TEST(EnvInit, RendezvousPrecedenceAndErrors) {
                    {"MASTER_PORT", "29500"},
                    {"TORCHELASTIC_RESTART_COUNT", "2"},
                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-    auto env = ResolveDistEnv({});
-    ASSERT_TRUE(env.ok()) << env.status();
-    EXPECT_EQ(env->rdzv, "torch-tcp://[::1]:29500");
-    EXPECT_EQ(env->attempt, 2);
+    auto resolved = ResolveDistEnv({});
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->rdzv, "torch-tcp://[::1]:29500");
+    EXPECT_EQ(resolved->attempt, 2);
   }
   {
     ScopedEnv env({{"RANK", "1"},

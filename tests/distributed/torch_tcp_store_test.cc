@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -25,6 +25,7 @@
 #include "distributed/init.h"
 #include "distributed/store.h"
 #include "distributed/tcp_store.h"
+#include "gloo/rendezvous/store.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 #include "tests/distributed/multiprocess.h"
@@ -43,13 +44,15 @@ std::string Str(const std::string& s) { return U64(s.size()) + s; }
 // default; `canned` replaces the answer to the first request after the handshake (then the
 // connection stays open and silent), `wrong_echo` answers the ping with nonce + 1, and
 // `close_after_handshake` closes right after the ping.
+struct FakeOptions {
+  std::optional<std::string> canned;
+  bool wrong_echo = false;
+  bool close_after_handshake = false;
+};
+
 class FakeTorchStore {
  public:
-  struct Options {
-    std::optional<std::string> canned;
-    bool wrong_echo = false;
-    bool close_after_handshake = false;
-  };
+  using Options = FakeOptions;
   explicit FakeTorchStore(Options options = {}) : options_(std::move(options)) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
