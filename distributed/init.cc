@@ -131,16 +131,22 @@ absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat("distributed init: MASTER_PORT='", master_port,
                                                      "' is not a port number in [1, 65535]"));
     }
-    if (const char* agent = GetEnv("TORCHELASTIC_USE_AGENT_STORE");
-        agent != nullptr && (absl::EqualsIgnoreCase(agent, "true") || std::string(agent) == "1")) {
-      return absl::InvalidArgumentError(
-          "distributed init: TORCHELASTIC_USE_AGENT_STORE=True: MASTER_ADDR:MASTER_PORT is the "
-          "store of torchrun's agent, which speaks PyTorch's TCPStore protocol, not tapegrad's; "
-          "start the ranks with tools:launch (--master_addr/--master_port), or set TG_RDZV");
+    const std::string host = absl::StrContains(master_addr, ':')
+                                 ? absl::StrCat("[", master_addr, "]")
+                                 : std::string(master_addr);
+    // torchrun's agent hosts PyTorch's TCPStore on MASTER_ADDR:MASTER_PORT and says so: every
+    // rank connects to it as a client. Otherwise rank 0 hosts tapegrad's TCP store there.
+    const char* agent = GetEnv("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent != nullptr && (absl::EqualsIgnoreCase(agent, "true") || std::string(agent) == "1")) {
+      env.rdzv = absl::StrCat("torch-tcp://", host, ":", port);
+      // The agent's store outlives a restart of the workers: each attempt meets under its own
+      // prefix, so that keys of a failed attempt are never read as this one's.
+      auto attempt = IntFromEnv({"TORCHELASTIC_RESTART_COUNT"}, 0);
+      if (!attempt.ok()) return attempt.status();
+      env.attempt = *attempt;
+    } else {
+      env.rdzv = absl::StrCat("tcp://", host, ":", port);
     }
-    const std::string host = master_addr;
-    env.rdzv = absl::StrCat(
-        "tcp://", absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host, ":", port);
   }
   if (env.rdzv.empty() && env.world_size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -190,10 +196,14 @@ absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options) {
 absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const DistEnv& env) {
   if (env.rdzv.empty()) return Store::InMemory()->WithPrefix(env.job_id);
   StoreOptions options;
-  options.host_tcp_store = env.rank == 0;  // tcp:// only: rank 0 hosts, everyone connects
+  // tcp:// only: rank 0 hosts, everyone connects (torch-tcp://: the agent hosts).
+  options.host_tcp_store = env.rank == 0 && absl::StartsWith(env.rdzv, "tcp://");
   options.tcp_timeout = env.timeout;
   auto store = Store::Open(env.rdzv, options);
   if (!store.ok()) return store.status();
+  if (absl::StartsWith(env.rdzv, "torch-tcp://")) {
+    return (*store)->WithPrefix(env.job_id)->WithPrefix(absl::StrCat("attempt", env.attempt));
+  }
   return (*store)->WithPrefix(env.job_id);
 }
 

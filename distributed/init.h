@@ -13,8 +13,11 @@
 // as torchrun and torchrun-under-SLURM scripts set them); required when the world size is
 // above 1. A tcp:// store is hosted by rank 0 (it listens on the port on every interface) and
 // every rank, rank 0 included, connects to it; it stops when rank 0's last group and store
-// view are destroyed. Under torchrun's own agent store (TORCHELASTIC_USE_AGENT_STORE=True) the
-// port is PyTorch's TCPStore: InvalidArgument says so.
+// view are destroyed. Under torchrun's own agent store (TORCHELASTIC_USE_AGENT_STORE=True, which
+// torchrun's static and c10d rendezvous set) the agent hosts PyTorch's TCPStore on that port:
+// every rank connects to it as a client (torch-tcp://MASTER_ADDR:MASTER_PORT, store.h) and no
+// rank hosts a store; keys then live under "tapegrad/<job>/attempt<TORCHELASTIC_RESTART_COUNT>/",
+// apart from the agent's own keys and from those of earlier attempts.
 // Gloo's address: options.gloo_iface > GLOO_SOCKET_IFNAME (an interface, e.g. eth0 or lo) >
 // TG_GLOO_HOSTNAME > 127.0.0.1 on one machine, the host name when the job spans several
 // (LOCAL_WORLD_SIZE < WORLD_SIZE, or a SLURM step on several nodes). Keys live under
@@ -57,6 +60,7 @@ struct DistEnv {
   std::string launcher;       // "torchrun", "Open MPI", "SLURM", or "" (options / one process)
   std::string rdzv;
   std::string job_id;
+  int attempt = 0;  // torch-tcp:// only: torchrun's TORCHELASTIC_RESTART_COUNT
   absl::Duration timeout;
   std::string gloo_iface;     // "": use gloo_hostname
   std::string gloo_hostname;  // "": 127.0.0.1
@@ -66,7 +70,8 @@ struct DistEnv {
 // that is malformed or out of range (rank >= world size, a missing rendezvous for world > 1).
 absl::StatusOr<DistEnv> ResolveDistEnv(const DistOptions& options);
 
-// The job's store under "<job_id>" (InMemory for a single process without a rendezvous).
+// The job's store under "<job_id>" (InMemory for a single process without a rendezvous; under
+// "tapegrad/<job_id>/attempt<attempt>" on a torch-tcp:// store).
 absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const DistEnv& env);
 
 // Resolves the environment, opens the store, and builds a process group of every rank under

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "distributed/tcp_store.h"
+#include "distributed/torch_tcp_store.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -159,6 +160,56 @@ class TcpStoreImpl : public gloo::rendezvous::Store, public Checkable {
   absl::Duration timeout_;
 };
 
+// PyTorch's TCPStore (torch_tcp_store.h) behind gloo's Store interface. Waits run on the server
+// (c10d's WAIT, cancelled at the timeout); a timed-out wait then names the keys still missing.
+class TorchTcpStoreImpl : public gloo::rendezvous::Store, public Checkable {
+ public:
+  TorchTcpStoreImpl(std::unique_ptr<TorchTcpStoreClient> client, absl::Duration timeout)
+      : client_(std::move(client)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Throw(client_->Set(key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+    auto value = client_->Get(key);
+    Throw(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const absl::Duration limit = absl::FromChrono(timeout);
+    absl::Status s = client_->Wait(keys, limit);
+    if (absl::IsDeadlineExceeded(s)) {
+      throw std::runtime_error(absl::StrCat("store wait timed out after ",
+                                            absl::FormatDuration(limit), "; missing keys: ",
+                                            absl::StrJoin(MissingOf(keys), ", ")));
+    }
+    Throw(s);
+  }
+
+  // c10d's CHECK answers for all keys at once: one round trip per key.
+  bool Has(const std::string& key) override {
+    auto set = client_->Check({key});
+    Throw(set.status());
+    return *set;
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return client_->Add(key, delta);
+  }
+
+ private:
+  static void Throw(const absl::Status& s) {
+    if (!s.ok()) throw std::runtime_error(std::string(absl::StripPrefix(s.message(), "store: ")));
+  }
+
+  std::unique_ptr<TorchTcpStoreClient> client_;
+  absl::Duration timeout_;
+};
+
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
@@ -229,6 +280,31 @@ absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url,
                                                  host, ":", port, ": ", e.what()));
     }
   }
+  if (absl::StartsWith(url, "torch-tcp://")) {
+    std::string hostport = url.substr(12);
+    const size_t colon = hostport.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(hostport.substr(colon + 1), &port) ||
+        port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store: bad port in torch-tcp rendezvous '", url, "' (torch-tcp://host:port)"));
+    }
+    std::string host = hostport.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);  // [::1]
+    }
+    if (host.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("store: no host in torch-tcp rendezvous '",
+                                                     url, "' (torch-tcp://host:port)"));
+    }
+    auto client = TorchTcpStoreClient::Connect(host, port, options.tcp_timeout);
+    if (!client.ok()) return client.status();
+    // The store is shared with torchrun's agent (whose keys start with "/" or "torchelastic/"):
+    // every tapegrad key lives under "tapegrad/".
+    return std::shared_ptr<Store>(new Store(
+        std::make_shared<TorchTcpStoreImpl>(std::move(*client), options.tcp_timeout),
+        "tapegrad"));
+  }
   if (absl::StartsWith(url, "tcp://")) {
     std::string hostport = url.substr(6);
     const size_t colon = hostport.rfind(':');
@@ -260,8 +336,8 @@ absl::StatusOr<std::shared_ptr<Store>> Store::Open(const std::string& url,
         ""));
   }
   return absl::InvalidArgumentError(absl::StrCat("store: unsupported rendezvous '", url,
-                                                 "' (expected file:///dir, redis://host:port or "
-                                                 "tcp://host:port)"));
+                                                 "' (expected file:///dir, redis://host:port, "
+                                                 "tcp://host:port or torch-tcp://host:port)"));
 }
 
 std::shared_ptr<Store> Store::InMemory() {

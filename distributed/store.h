@@ -1,7 +1,10 @@
 // Store: the key-value rendezvous of a job's processes, on gloo's stores. A file store works on
 // one machine or a shared filesystem (file:///path/to/dir), a Redis store across machines
 // (redis://host:port), and so does the TCP store that one process of the job hosts
-// (tcp://host:port, tcp_store.h; PyTorch's TCPStore: rank 0 hosts, every rank connects). Every
+// (tcp://host:port, tcp_store.h; PyTorch's TCPStore: rank 0 hosts, every rank connects), and a
+// store PyTorch's own TCPStore serves, e.g. torchrun's agent (torch-tcp://host:port,
+// torch_tcp_store.h; a client only; its views start under "tapegrad/", as the store is shared
+// with the agent's keys). Every
 // Store view has a key prefix (PrefixStore semantics): a job and each of its groups use their own,
 // so that keys never collide.
 //
@@ -31,14 +34,16 @@ struct StoreOptions {
   // and stops it when the last view of the store is destroyed. Port 0: a free port
   // (tcp_server_port() says which).
   bool host_tcp_store = false;
-  // tcp:// only: how long to retry connecting (the host may start later), and the bound on
+  // tcp:// and torch-tcp://: how long to retry connecting (the host may start later), and the bound on
   // every exchange with the server.
   absl::Duration tcp_timeout = absl::Seconds(300);
 };
 
 class Store {
  public:
-  // file:///abs/dir (created when missing), redis://host:port or tcp://host:port.
+  // file:///abs/dir (created when missing), redis://host:port, tcp://host:port or
+  // torch-tcp://host:port (DeadlineExceeded when no TCPStore answers within options.tcp_timeout;
+  // DataLoss when the port answers the handshake with something else).
   // InvalidArgument for any other form; Unavailable when the Redis server cannot be reached or
   // the TCP store's port cannot be bound; DeadlineExceeded when no TCP store answers within
   // options.tcp_timeout.

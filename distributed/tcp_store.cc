@@ -465,15 +465,14 @@ int ConnectOnce(const addrinfo* ai, absl::Time deadline, std::string* why) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host,
-                                                                        int port,
-                                                                        absl::Duration timeout) {
+absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Duration timeout,
+                                     absl::string_view server) {
   const std::string address = absl::StrCat(host, ":", port);
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("store: TCP store port must be in [1, 65535], got ", port));
+        absl::StrCat("store: the port of ", server, " must be in [1, 65535], got ", port));
   }
-  if (host.empty()) return absl::InvalidArgumentError("store: no TCP store host");
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("store: no host for ", server));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Milliseconds(10);
   std::string why = "not tried";
@@ -485,7 +484,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const st
     const std::string service = absl::StrCat(port);
     const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
     if (gai != 0 && gai != EAI_AGAIN) {
-      return absl::UnavailableError(absl::StrCat("store: cannot resolve the TCP store host '", host,
+      return absl::UnavailableError(absl::StrCat("store: cannot resolve ", server, " host '", host,
                                                  "': ", gai_strerror(gai)));
     }
     if (gai == EAI_AGAIN) why = gai_strerror(gai);
@@ -493,19 +492,28 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const st
       const int fd = ConnectOnce(ai, deadline, &why);
       if (fd >= 0) {
         freeaddrinfo(list);
-        return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(fd, address, timeout));
+        return fd;
       }
     }
     if (list != nullptr) freeaddrinfo(list);
     // Refused (no server yet), unreachable, timed out: retry until the deadline.
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("store: cannot connect to the TCP store at ",
+      return absl::DeadlineExceededError(absl::StrCat("store: cannot connect to ", server, " at ",
                                                       address, " within ",
                                                       absl::FormatDuration(timeout), ": ", why));
     }
     absl::SleepFor(std::min(pause, deadline - absl::Now()));
     pause = std::min(pause * 2, absl::Milliseconds(500));
   }
+}
+
+absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host,
+                                                                        int port,
+                                                                        absl::Duration timeout) {
+  absl::StatusOr<int> fd = ConnectWithRetry(host, port, timeout, "the TCP store");
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<TcpStoreClient>(
+      new TcpStoreClient(*fd, absl::StrCat(host, ":", port), timeout));
 }
 
 TcpStoreClient::TcpStoreClient(int fd, std::string address, absl::Duration timeout)

@@ -40,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace tg::dist {
@@ -49,6 +50,15 @@ inline constexpr size_t kTcpStoreMaxValue = size_t{64} << 20;
 inline constexpr size_t kTcpStoreMaxFrame = kTcpStoreMaxValue + 2 * kTcpStoreMaxKey;
 // Keys + values held by one server.
 inline constexpr size_t kTcpStoreMaxBytes = size_t{1} << 30;
+
+// Connects to host:port, retrying refused or unreachable connections until `timeout`, and
+// returns the connected socket (non-blocking, TCP_NODELAY; the caller closes it). `server` names
+// the peer in errors ("the TCP store"): "store: cannot connect to <server> at H:P within 2s:
+// Connection refused" (DeadlineExceeded), "store: cannot resolve <server> host 'H': ..."
+// (Unavailable).
+// Shared by TcpStoreClient and TorchTcpStoreClient (torch_tcp_store.h).
+absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Duration timeout,
+                                     absl::string_view server);
 
 class TcpStoreServer {
  public:

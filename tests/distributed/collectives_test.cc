@@ -339,8 +339,8 @@ TEST(Store, WaitTimeoutNamesMissingKeysAndPrefixesIsolate) {
 
 TEST(Store, BadUrlsAndUnreachableRedis) {
   EXPECT_EQ(Store::Open("tcpx://x").status().message(),
-            "store: unsupported rendezvous 'tcpx://x' (expected file:///dir, redis://host:port or "
-            "tcp://host:port)");
+            "store: unsupported rendezvous 'tcpx://x' (expected file:///dir, redis://host:port, "
+            "tcp://host:port or torch-tcp://host:port)");
   EXPECT_EQ(Store::Open("file://relative").status().message(),
             "store: a file rendezvous needs an absolute path (file:///dir), got 'file://relative'");
   EXPECT_EQ(Store::Open("redis://h:99999").status().message(),

@@ -54,7 +54,8 @@ class ScopedEnv {
                              "TG_DIST_TIMEOUT_S",
                              "GLOO_SOCKET_IFNAME",
                              "TG_GLOO_HOSTNAME",
-                             "TORCHELASTIC_USE_AGENT_STORE"}) {
+                             "TORCHELASTIC_USE_AGENT_STORE",
+                             "TORCHELASTIC_RESTART_COUNT"}) {
       unsetenv(name);
     }
   }
@@ -170,11 +171,33 @@ TEST(EnvInit, RendezvousPrecedenceAndErrors) {
                    {"MASTER_ADDR", "m"},
                    {"MASTER_PORT", "29500"},
                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+    // torchrun's agent hosts PyTorch's TCPStore there: every rank is a client of it.
+    auto resolved = ResolveDistEnv({});
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->rdzv, "torch-tcp://m:29500");
+    EXPECT_EQ(resolved->attempt, 0);
+  }
+  {
+    ScopedEnv env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "::1"},
+                   {"MASTER_PORT", "29500"},
+                   {"TORCHELASTIC_RESTART_COUNT", "2"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+    auto resolved = ResolveDistEnv({});
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->rdzv, "torch-tcp://[::1]:29500");
+    EXPECT_EQ(resolved->attempt, 2);
+  }
+  {
+    ScopedEnv env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "m"},
+                   {"MASTER_PORT", "29500"},
+                   {"TORCHELASTIC_RESTART_COUNT", "x"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
     EXPECT_EQ(ResolveDistEnv({}).status().message(),
-              "distributed init: TORCHELASTIC_USE_AGENT_STORE=True: MASTER_ADDR:MASTER_PORT is "
-              "the store of torchrun's agent, which speaks PyTorch's TCPStore protocol, not "
-              "tapegrad's; start the ranks with tools:launch (--master_addr/--master_port), or "
-              "set TG_RDZV");
+              "distributed init: TORCHELASTIC_RESTART_COUNT='x' is not an integer");
   }
   {
     ScopedEnv env({{"SLURM_PROCID", "one"}, {"SLURM_NTASKS", "2"}});

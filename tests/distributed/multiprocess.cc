@@ -161,13 +161,15 @@ std::vector<RankResult> RunRanks(int world_size, const std::function<void(const 
       common.push_back("TORCHELASTIC_RESTART_COUNT=0");
       common.push_back("TORCHELASTIC_MAX_RESTARTS=0");
       common.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", job));
-      common.push_back("TORCHELASTIC_USE_AGENT_STORE=False");
+      common.push_back(absl::StrCat("TORCHELASTIC_USE_AGENT_STORE=",
+                                    options.agent_store_port > 0 ? "True" : "False"));
       common.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
     }
   }
   if (options.tcp_store) {
     common.push_back("MASTER_ADDR=127.0.0.1");
-    common.push_back(absl::StrCat("MASTER_PORT=", FreePort()));
+    common.push_back(absl::StrCat(
+        "MASTER_PORT=", options.agent_store_port > 0 ? options.agent_store_port : FreePort()));
   } else {
     common.push_back(absl::StrCat("TG_RDZV=", rdzv));
     common.push_back(absl::StrCat("TG_JOB_ID=", job));

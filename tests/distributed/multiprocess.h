@@ -50,6 +50,10 @@ struct RunOptions {
   // Rendezvous through the TCP store hosted by rank 0: no TG_RDZV or TG_JOB_ID, MASTER_ADDR =
   // 127.0.0.1 and MASTER_PORT = a free port (bound to 0, read back, released).
   bool tcp_store = false;
+  // With tcp_store: torchrun's agent store listens here (a PyTorch TCPStore, or the fake of
+  // torch_tcp_store_test): MASTER_PORT = it and TORCHELASTIC_USE_AGENT_STORE=True (0: False, and
+  // rank 0 hosts tapegrad's store on a free port).
+  int agent_store_port = 0;
   // Ranks per "node" (0: all of them): LOCAL_RANK = rank % it, GROUP_RANK = rank / it.
   int local_world_size = 0;
   // Whose variables say who is who: "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
