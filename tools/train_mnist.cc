@@ -8,9 +8,11 @@
 //   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --resume  # after Ctrl-C
 //   bazel run -c opt //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
 //
-// Data parallel (--world_size=N under tools:launch): each rank trains on its rows of every
-// global batch of --batch_size images, gradients averaged by DistributedDataParallel, so the run
-// follows the single-process one; rank 0 prints, writes metrics and checkpoints.
+// Data parallel (--world_size=N under tools:launch): each rank reads only its rows of every
+// global batch of --batch_size images, gradients averaged by DistributedDataParallel
+// (--zero_stage=0) or sharded by ZeRO (--zero_stage=1|2|3), so the run follows the
+// single-process one; rank 0 prints, writes metrics and checkpoints (which resume at any stage
+// and world size). --grad_accum_steps=N: N micro-batches per optimizer step.
 //
 // Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
 // master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
