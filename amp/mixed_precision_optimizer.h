@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "amp/loss_scaler.h"
+#include "amp/training_optimizer.h"
 #include "autograd/variable.h"
 #include "optim/optimizer.h"
 #include "tensor/device.h"
@@ -84,38 +85,31 @@ struct MixedPrecisionOptions {
   std::function<void(const Tensor& found_inf)> reduce_found_inf;
 };
 
-struct MasterBackwardOptions {
-  bool update_master_grads = true;  // false: defer to update_master_grads() / step()
-  bool retain_graph = false;
-};
-
-struct StepResult {
-  bool skipped = false;  // found_inf: the parameters did not change
-  double scale = 0;      // the loss scale this step's gradients were computed with
-};
-
-class MixedPrecisionOptimizer {
+// MasterBackwardOptions and StepResult: amp/training_optimizer.h.
+class MixedPrecisionOptimizer : public TrainingOptimizer {
  public:
   using Options = MixedPrecisionOptions;
 
   explicit MixedPrecisionOptimizer(std::unique_ptr<optim::Optimizer> optimizer,
                                    Options options = Options());
-  ~MixedPrecisionOptimizer();
+  ~MixedPrecisionOptimizer() override;
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
-  Variable scale(const Variable& loss) const;
+  Variable scale(const Variable& loss) const override;
   // scale(loss), backward, then (unless deferred) update_master_grads().
-  void backward(const Variable& loss, const MasterBackwardOptions& options = {});
+  void backward(const Variable& loss, const MasterBackwardOptions& options) override;
+  using TrainingOptimizer::backward;  // backward(loss): not deferred
   // Moves the model .grad into the master grads (f32, divided by the scale), recording found_inf.
   // No-op when no model parameter has a .grad.
-  void update_master_grads();
+  void update_master_grads() override;
+  bool can_defer_master_grads() const override { return true; }
   // Makes the master grads final for this step (the deferred update). At most once per step:
   // a second call throws tg::Error.
   void unscale();
   // See the header comment. Returns whether the step was skipped and the scale it used.
-  StepResult step();
+  StepResult step() override;
 
   // The master gradients (f32; undefined for parameters without one), by parameter number in
   // group order; nullopt while they are not current (a backward's gradients are still in the
@@ -123,25 +117,29 @@ class MixedPrecisionOptimizer {
   std::optional<std::vector<Tensor>> inspect_master_grads() const;
   // clip_grad_norm over the master gradients (made current first); returns the total norm,
   // inf/NaN when some gradient is (then nothing is scaled).
-  double clip_master_grads(double max_norm, double norm_type = 2.0);
+  double clip_master_grads(double max_norm, double norm_type) override;
+  using TrainingOptimizer::clip_master_grads;  // clip_master_grads(max_norm): the 2-norm
   // Clears model .grad, master gradients and found_inf.
-  void zero_grad();
+  void zero_grad() override;
 
   // "master.<i>" (f32 masters of f16/bf16 parameters), "optimizer.*" (the wrapped optimizer's
   // state, for the masters) and "scaler.*". load_state_dict restores all three and copies the
   // masters into the model parameters, so a resumed run continues bit for bit.
   StateDict state_dict() const;
-  void load_state_dict(const StateDict& state);
+  StateDict state_dict() override {
+    return static_cast<const MixedPrecisionOptimizer&>(*this).state_dict();
+  }
+  void load_state_dict(const StateDict& state) override;
 
   // See the header comment; detach() removes the hooks (also done by the destructor).
   void attach();
   void detach();
 
-  double loss_scale() const { return scaler_->scale(); }
-  LossScaler& scaler() { return *scaler_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  double loss_scale() const override { return scaler_->scale(); }
+  LossScaler& scaler() override { return *scaler_; }
+  optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters and their masters, by parameter number in group order.
-  const std::vector<Variable>& model_params() const { return model_; }
+  const std::vector<Variable>& model_params() const override { return model_; }
   const std::vector<Variable>& master_params() const { return master_; }
   // The parameters' device (every parameter is on it).
   Device device() const { return device_; }
@@ -151,7 +149,7 @@ class MixedPrecisionOptimizer {
   const Tensor& device_scaler_state() const { return scaler_state_; }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const override { return skipped_steps_; }
 
  private:
   void MakeMasterGradsCurrent();

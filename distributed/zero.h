@@ -136,6 +136,7 @@
 
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "amp/training_optimizer.h"
 #include "autograd/node.h"
 #include "autograd/variable.h"
 #include "distributed/process_group.h"
@@ -201,7 +202,7 @@ struct ZeroFlatLayout {
   std::vector<std::string> param_names;  // in buffer order
 };
 
-class ZeroOptimizer {
+class ZeroOptimizer : public amp::TrainingOptimizer {
  public:
   // Builds the layout, broadcasts (see ZeroOptions) and shards. Throws tg::Error for an invalid
   // option, a parameter off the group's device, an optimizer that already stepped, ...
@@ -209,24 +210,27 @@ class ZeroOptimizer {
                 ZeroOptions options = {});
   // Removes the hooks and waits for reductions still in flight (ignoring their status). Stage 3
   // parameters keep their placeholders.
-  ~ZeroOptimizer();
+  ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale.
-  Variable scale(const Variable& loss) const;
+  Variable scale(const Variable& loss) const override;
   // scale(loss).backward(); the reduction runs from the hooks (see the header comment).
   // update_master_grads = false (stage 1 only) keeps the gradients in .grad.
-  void backward(const Variable& loss, const amp::MasterBackwardOptions& options = {});
+  void backward(const Variable& loss, const amp::MasterBackwardOptions& options) override;
+  using TrainingOptimizer::backward;  // backward(loss): not deferred
   // Stage 1: reduces the gradients accumulated in the model's .grad now (a collective).
   // Stage 2/3: finishes reductions still in flight.
-  void update_master_grads();
+  void update_master_grads() override;
+  bool can_defer_master_grads() const override { return options_.stage == 1; }
   // See the header comment; a collective (with the found_inf all_reduce).
-  amp::StepResult step();
+  amp::StepResult step() override;
   // The norm over every rank's shard (a collective), clipping as clip_grad_norm does.
-  double clip_master_grads(double max_norm, double norm_type = 2.0);
+  double clip_master_grads(double max_norm, double norm_type) override;
+  using TrainingOptimizer::clip_master_grads;  // clip_master_grads(max_norm): the 2-norm
   // Clears model .grad, master gradients, found_inf and the per-backward state.
-  void zero_grad();
+  void zero_grad() override;
 
   // The model parameters' full values, in optimizer order (copies). A collective in stage 3.
   std::vector<Tensor> full_parameters();
@@ -237,7 +241,7 @@ class ZeroOptimizer {
   // state.<i>.* in each parameter's shape, the original param groups) and "scaler.*". Every rank
   // returns the same dictionary, on the group's device. A collective (it all-gathers the shards):
   // every rank calls it.
-  StateDict state_dict();
+  StateDict state_dict() override;
   // Loads a state_dict() of this or any other world size and stage, or a MixedPrecisionOptimizer's
   // over the same parameters and groups; each rank takes its own shard (no communication).
   // Everything is validated before anything changes (tg::Error naming the key). f32/f64
@@ -245,15 +249,15 @@ class ZeroOptimizer {
   // model's state first (stage 3: before constructing the ZeroOptimizer, which shards the model).
   // The parameters of one flat buffer step together, so their optimizer state must agree (the
   // same step count). Clears the gradients, as zero_grad().
-  void load_state_dict(const StateDict& state);
+  void load_state_dict(const StateDict& state) override;
 
   int stage() const { return options_.stage; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
-  double loss_scale() const { return scaler_->scale(); }
-  amp::LossScaler& scaler() { return *scaler_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  double loss_scale() const override { return scaler_->scale(); }
+  amp::LossScaler& scaler() override { return *scaler_; }
+  optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters in optimizer order, and this rank's master shard per flat buffer.
-  const std::vector<Variable>& model_params() const { return model_; }
+  const std::vector<Variable>& model_params() const override { return model_; }
   std::vector<Variable> master_params() const;
   // This rank's master gradients (f32, [shard_numel] per flat buffer; undefined: none yet).
   std::vector<Tensor> master_grads() const;
@@ -261,7 +265,7 @@ class ZeroOptimizer {
   std::vector<ZeroFlatLayout> layout() const;
   ZeroMemory memory() const;
   const ZeroStats& stats() const { return stats_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const override { return skipped_steps_; }
 
  private:
   struct Param;

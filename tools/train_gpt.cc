@@ -29,6 +29,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -106,6 +107,12 @@ ABSL_FLAG(int64_t, world_size, 1,
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
+ABSL_FLAG(int64_t, zero_stage, 0,
+          "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
+          "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
+ABSL_FLAG(int64_t, grad_accum_steps, 1,
+          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
+          "N equal parts; the step equals one on the whole batch)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
@@ -173,6 +180,8 @@ absl::Status CheckFlags() {
       {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
       {"world_size", count(FLAGS_world_size), 1, 65536},
       {"rank", count(FLAGS_rank), -1, 65535},
+      {"zero_stage", count(FLAGS_zero_stage), 0, 3},
+      {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
       {"print_every", count(FLAGS_print_every), 1, kMaxCount},
       {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
   });
@@ -189,7 +198,8 @@ int Main() {
   kernel_options.cudnn_attention = absl::GetFlag(FLAGS_cudnn_attention);
   SetKernelOptions(kernel_options);
   auto dp_or = train::DataParallel::Start(
-      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv)},
+      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
+       absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
       absl::GetFlag(FLAGS_batch_size), *device_or);
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
@@ -198,6 +208,12 @@ int Main() {
   // ---- Pretrained weights (their shape fixes the model's).
   std::optional<nn::Gpt2Checkpoint> init;
   const std::string export_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_export_hf));
+  if (!export_dir.empty() && dp.sharded_parameters()) {
+    return Fail(absl::InvalidArgumentError(
+        "--export_hf needs the whole model on rank 0, which --zero_stage=3 shards: train with "
+        "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
+        "--world_size=1"));
+  }
   if (!absl::GetFlag(FLAGS_init_from).empty()) {
     absl::StatusOr<nn::Gpt2Checkpoint> loaded =
         nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
@@ -334,24 +350,44 @@ int Main() {
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
                                 {absl::StrCat("train_tokens=", batches.num_tokens()),
-                                 absl::StrCat("val_tokens=", val.num_tokens())}));
+                                 absl::StrCat("val_tokens=", val.num_tokens()),
+                                 absl::StrCat("zero_stage=", dp.zero_stage()),
+                                 absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
       !s.ok()) {
     return Fail(s);
   }
-  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
-  auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
+  // ZeRO stage 3 units: each transformer block, then the model (the embeddings, whose wte is
+  // also the tied output head, and the final norm, gathered around the whole forward).
+  std::vector<std::shared_ptr<nn::Module>> units;
+  for (const auto& [name, m] : model->named_modules()) {
+    if (absl::StartsWith(name, "blocks.") && name.find('.', 7) == std::string::npos) {
+      units.push_back(m);
+    }
+  }
+  units.push_back(model);
+  dp.Wrap(model, units);  // before the optimizer: DDP's gradient epilogue runs before its own
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+    // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
+    if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
+  auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
-  amp::MixedPrecisionOptimizer& opt = **opt_or;
+  amp::TrainingOptimizer& opt = **opt_or;
   optim::CosineWithWarmupLr schedule(opt.optimizer(), absl::GetFlag(FLAGS_warmup_steps),
                                      total_steps, absl::GetFlag(FLAGS_min_lr));
 
   // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
   // them, into a directory checked before the first step.
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
   const std::string save_dir = dp.is_main() ? ckpt_dir : "";
   if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
   train::RunState run(*model, opt, schedule, settings, total_steps);
+  run.set_sharding(dp.sharding());
   std::vector<std::string> changes;
   if (absl::GetFlag(FLAGS_resume)) {
     std::map<std::string, std::string> meta;
@@ -415,13 +451,16 @@ int Main() {
   const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   double last_time = progress.ElapsedSeconds(), val_loss = NAN;
   while (run.step() < total_steps) {
-    data::TokenBatcher::Batch batch = batches.Next();
-    train::StepStats stats =
-        train::TrainStep(opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip), [&] {
-          // Read on the host, copied to the device per step; each rank takes its rows.
-          return nn::CrossEntropyLoss(dp.Forward(*model, Variable(dp.Local(batch.x).to(device))),
-                                      dp.Local(batch.y).to(device));
-        });
+    // Each rank reads only its rows of the global batch, on the host; each micro-batch is
+    // copied to the device.
+    data::TokenBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
+    train::StepStats stats = train::TrainStep(
+        opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip),
+        [&](int64_t k) {
+          return nn::CrossEntropyLoss(dp.Forward(*model, Variable(dp.Micro(batch.x, k).to(device))),
+                                      dp.Micro(batch.y, k).to(device));
+        },
+        dp.accumulation());
     const train::DataParallel::Agreement agreed =
         dp.Agree(stats.loss, train::StopSignal::signal_number());
     stats.loss = agreed.mean_loss;
@@ -430,7 +469,9 @@ int Main() {
     record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
     record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
     std::map<std::string, double> extras;
-    if (dp.is_main() && ((eval_every > 0 && step % eval_every == 0) || step == total_steps)) {
+    // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
+    if ((dp.is_main() || dp.sharded_parameters()) &&
+        ((eval_every > 0 && step % eval_every == 0) || step == total_steps)) {
       val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype, device);
       extras["val_loss"] = val_loss;
       progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
@@ -457,13 +498,15 @@ int Main() {
     if (stop.signal != 0) return run.SaveAndStop(save_dir, {}, metadata(), progress, stop);
   }
   progress.Finish();
-  if (!dp.is_main()) return 0;
-  if (!export_dir.empty()) {
-    if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
-    std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+  if (!dp.is_main() && !dp.sharded_parameters()) return 0;
+  if (dp.is_main()) {
+    if (!export_dir.empty()) {
+      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
+      std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+    }
+    std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
+                static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
   }
-  std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
-              static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
 
   // ---- Sample, starting from the first validation token.
   const int64_t n_sample = absl::GetFlag(FLAGS_sample_tokens);
@@ -477,6 +520,8 @@ int Main() {
       out = model->Generate(prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature),
                             absl::GetFlag(FLAGS_top_k));
     }
+    // Stage 3: every rank samples the same tokens (a forward is a collective); rank 0 prints.
+    if (!dp.is_main()) return 0;
     if (tokenizer) {
       std::printf("---- sample ----\n%s\n----------------\n", tokenizer->Decode(out).c_str());
     } else {

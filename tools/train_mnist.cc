@@ -8,9 +8,11 @@
 //   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --resume  # after Ctrl-C
 //   bazel run -c opt //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
 //
-// Data parallel (--world_size=N under tools:launch): each rank trains on its rows of every
-// global batch of --batch_size images, gradients averaged by DistributedDataParallel, so the run
-// follows the single-process one; rank 0 prints, writes metrics and checkpoints.
+// Data parallel (--world_size=N under tools:launch): each rank reads only its rows of every
+// global batch of --batch_size images, gradients averaged by DistributedDataParallel
+// (--zero_stage=0) or sharded by ZeRO (--zero_stage=1|2|3), so the run follows the
+// single-process one; rank 0 prints, writes metrics and checkpoints (which resume at any stage
+// and world size). --grad_accum_steps=N: N micro-batches per optimizer step.
 //
 // Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
 // master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
@@ -75,6 +77,12 @@ ABSL_FLAG(int64_t, world_size, 1,
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
+ABSL_FLAG(int64_t, zero_stage, 0,
+          "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
+          "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
+ABSL_FLAG(int64_t, grad_accum_steps, 1,
+          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
+          "N equal parts; the step equals one on the whole batch)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N >= 0 images only (0: all)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
@@ -133,6 +141,8 @@ absl::Status CheckFlags() {
        kMaxCount},
       {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 1, 65536},
       {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
+      {"zero_stage", static_cast<double>(absl::GetFlag(FLAGS_zero_stage)), 0, 3},
+      {"grad_accum_steps", static_cast<double>(absl::GetFlag(FLAGS_grad_accum_steps)), 1, 1e6},
       {"train_limit", static_cast<double>(absl::GetFlag(FLAGS_train_limit)), 0, kMaxCount},
       {"print_every", static_cast<double>(absl::GetFlag(FLAGS_print_every)), 1, kMaxCount},
       {"stop_at_step", static_cast<double>(absl::GetFlag(FLAGS_stop_at_step)), 0, kMaxCount},
@@ -149,7 +159,8 @@ int Main() {
   kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
   SetKernelOptions(kernel_options);
   auto dp_or = train::DataParallel::Start(
-      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv)},
+      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
+       absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
       absl::GetFlag(FLAGS_batch_size), *device_or);
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
@@ -216,28 +227,39 @@ int Main() {
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
-  if (absl::Status s = dp.CheckSameRun(train::RunFingerprint(
-          settings, *model, {absl::StrCat("train_images=", train_set->images.size(0)),
-                             absl::StrCat("test_images=", test_set->images.size(0))}));
+  if (absl::Status s = dp.CheckSameRun(
+          train::RunFingerprint(settings, *model,
+                                {absl::StrCat("train_images=", train_set->images.size(0)),
+                                 absl::StrCat("test_images=", test_set->images.size(0)),
+                                 absl::StrCat("zero_stage=", dp.zero_stage()),
+                                 absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
       !s.ok()) {
     return Fail(s);
   }
   dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+    // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
+    if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
   train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
                                    dp.ReduceFoundInf()};
-  auto opt_or = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
+  auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
-  amp::MixedPrecisionOptimizer& opt = **opt_or;
+  amp::TrainingOptimizer& opt = **opt_or;
   const int64_t total_steps = epochs * batches.batches_per_epoch();
   optim::CosineWithWarmupLr schedule(opt.optimizer(), /*warmup_steps=*/0, total_steps,
                                      /*min_lr=*/opt_config.lr / 10);
 
   // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
   // them, into a directory checked before the first step.
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
   const std::string save_dir = dp.is_main() ? ckpt_dir : "";
   if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
   train::RunState run(*model, opt, schedule, settings, total_steps);
+  run.set_sharding(dp.sharding());
   const int64_t per_epoch = batches.batches_per_epoch();
   std::vector<std::string> changes;
   if (absl::GetFlag(FLAGS_resume)) {
@@ -297,25 +319,29 @@ int Main() {
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   double last_report = progress.ElapsedSeconds();
   while (run.step() < total_steps) {
-    data::ImageBatcher::Batch batch = batches.Next();
-    train::StepStats stats = train::TrainStep(opt, schedule, dtype, /*max_grad_norm=*/0, [&] {
-      // The batch is read on the host and copied (converted) to the device per step; each
-      // rank takes its rows.
-      return nn::CrossEntropyLoss(
-          dp.Forward(*model, Variable(dp.Local(batch.images).to(device, dtype))),
-          dp.Local(batch.labels).to(device));
-    });
+    // Each rank reads only its rows of the global batch, on the host; each micro-batch is
+    // copied (converted) to the device.
+    data::ImageBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
+    train::StepStats stats = train::TrainStep(
+        opt, schedule, dtype, /*max_grad_norm=*/0,
+        [&](int64_t k) {
+          return nn::CrossEntropyLoss(
+              dp.Forward(*model, Variable(dp.Micro(batch.images, k).to(device, dtype))),
+              dp.Micro(batch.labels, k).to(device));
+        },
+        dp.accumulation());
     const train::DataParallel::Agreement agreed =
         dp.Agree(stats.loss, train::StopSignal::signal_number());
     stats.loss = agreed.mean_loss;
     train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step) / per_epoch;
-    record.items_per_second =
-        batch.labels.numel() / std::max(1e-9, record.elapsed_seconds - last_report);
+    record.items_per_second = static_cast<double>(batch.indices.size()) /
+                              std::max(1e-9, record.elapsed_seconds - last_report);
     std::map<std::string, double> extras;
     const bool epoch_end = step % per_epoch == 0;
-    if (dp.is_main() && (epoch_end || step == total_steps)) {
+    // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
+    if ((dp.is_main() || dp.sharded_parameters()) && (epoch_end || step == total_steps)) {
       Eval test = Evaluate(*model, *test_set, dtype, device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s",
@@ -344,8 +370,9 @@ int Main() {
     if (stop.signal != 0) return run.SaveAndStop(save_dir, extra(), {}, progress, stop);
   }
   progress.Finish();
-  if (!dp.is_main()) return 0;
+  if (!dp.is_main() && !dp.sharded_parameters()) return 0;
   Eval test = Evaluate(*model, *test_set, dtype, device);
+  if (!dp.is_main()) return 0;
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
               static_cast<long long>(run.skipped()));

@@ -195,11 +195,28 @@ ImageBatcher::ImageBatcher(Tensor images, Tensor labels, const BatcherOptions& o
   labels_ = labels_.contiguous();
 }
 
-ImageBatcher::Batch ImageBatcher::Next() {
+ImageBatcher::Batch ImageBatcher::Next() { return Next(0, 1); }
+
+namespace {
+
+// Rows [part * n / parts, (part + 1) * n / parts) of n.
+std::pair<int64_t, int64_t> PartOf(const char* op, int64_t n, int64_t part, int64_t parts) {
+  TG_CHECK(parts >= 1 && part >= 0 && part < parts, op, ": part ", part, " is outside [0, ", parts,
+           ")");
+  TG_CHECK(n % parts == 0, op, ": ", n, " rows do not split evenly into ", parts, " parts");
+  return {part * (n / parts), n / parts};
+}
+
+}  // namespace
+
+ImageBatcher::Batch ImageBatcher::Next(int64_t part, int64_t parts) {
   Batch b;
   b.indices = indices_.Next();
-  b.images = GatherRows(images_, b.indices);
-  b.labels = GatherRows(labels_, b.indices);
+  const auto [first, count] =
+      PartOf("ImageBatcher.Next", static_cast<int64_t>(b.indices.size()), part, parts);
+  const absl::Span<const int64_t> rows = absl::MakeConstSpan(b.indices).subspan(first, count);
+  b.images = GatherRows(images_, rows);
+  b.labels = GatherRows(labels_, rows);
   return b;
 }
 
@@ -233,11 +250,14 @@ TokenBatcher::Batch TokenBatcher::Windows(absl::Span<const int64_t> offsets) con
   return out;
 }
 
-TokenBatcher::Batch TokenBatcher::Next() {
+TokenBatcher::Batch TokenBatcher::Next() { return Next(0, 1); }
+
+TokenBatcher::Batch TokenBatcher::Next(int64_t part, int64_t parts) {
+  const auto [first, count] = PartOf("TokenBatcher.Next", batch_size_, part, parts);
   std::vector<int64_t> offsets(static_cast<size_t>(batch_size_));
   const uint64_t bound = static_cast<uint64_t>(num_tokens() - block_size_);
   for (int64_t& o : offsets) o = static_cast<int64_t>(UniformBelow(gen_, bound));
-  return Windows(offsets);
+  return Windows(absl::MakeConstSpan(offsets).subspan(first, count));
 }
 
 int64_t TokenBatcher::num_eval_batches() const {

@@ -120,6 +120,11 @@ class ImageBatcher {
   ImageBatcher(Tensor images, Tensor labels, const BatcherOptions& options);
 
   Batch Next();
+  // Data parallel: the same batch as Next() (the same indices, the same state afterwards), but
+  // only part `part` of `parts` equal parts of its rows is read: images and labels hold rows
+  // [part * b / parts, (part + 1) * b / parts), `indices` the whole batch's. tg::Error when the
+  // batch's b rows do not split evenly.
+  Batch Next(int64_t part, int64_t parts);
   const IndexBatcher& indices() const { return indices_; }
   int64_t batches_per_epoch() const { return indices_.batches_per_epoch(); }
   int64_t epoch() const { return indices_.epoch(); }
@@ -147,6 +152,10 @@ class TokenBatcher {
 
   // nanoGPT's get_batch: B offsets o_b = UniformBelow(gen, n - T), i.e. in [0, n - T - 1].
   Batch Next();
+  // Data parallel: the windows of part `part` of `parts` equal parts of the batch Next() would
+  // return (all B offsets are drawn, so the generator moves as in Next(); only [part * B / parts,
+  // (part + 1) * B / parts) are read). tg::Error when B does not split evenly.
+  Batch Next(int64_t part, int64_t parts);
 
   // Evaluation: the (n - 1) / T consecutive non-overlapping windows o = k * T, in order, B per
   // batch; the last batch holds the remaining windows (fewer than B when B does not divide the

@@ -39,11 +39,33 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
                            world_size, " -- <binary> --world_size=", world_size, ")")
             : ""));
   }
+  if (flags.zero_stage < 0 || flags.zero_stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zero_stage=", flags.zero_stage,
+                     " is not a ZeRO stage (expected 0 for DDP, or 1, 2 or 3)"));
+  }
+  if (flags.zero_stage > 0 && world_size == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--zero_stage=", flags.zero_stage,
+        " shards across ranks and needs --world_size >= 2 (one process: --zero_stage=0)"));
+  }
+  if (flags.grad_accum_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad_accum_steps must be >= 1, got ", flags.grad_accum_steps));
+  }
   if (global_batch % world_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("the batch size ", global_batch,
                                                    " does not split evenly across ", world_size,
                                                    " ranks"));
   }
+  if (global_batch % (world_size * flags.grad_accum_steps) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the batch size ", global_batch, " does not split evenly across ", world_size,
+                     world_size == 1 ? " rank" : " ranks", " x ", flags.grad_accum_steps,
+                     " micro-batches (--grad_accum_steps)"));
+  }
+  dp->zero_stage_ = static_cast<int>(flags.zero_stage);
+  dp->grad_accum_steps_ = flags.grad_accum_steps;
   if (world_size == 1) return dp;
   if (device.is_cuda()) {
     options.backend = "nccl";
@@ -61,10 +83,92 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
   return dp;
 }
 
-void DataParallel::Wrap(std::shared_ptr<nn::Module> model) {
-  if (group_ != nullptr) {
+void DataParallel::Wrap(std::shared_ptr<nn::Module> model,
+                        std::vector<std::shared_ptr<nn::Module>> zero_units) {
+  model_ = model;
+  zero_units_ = std::move(zero_units);
+  if (group_ != nullptr && zero_stage_ == 0) {
     ddp_ = std::make_unique<dist::DistributedDataParallel>(std::move(model), group_);
   }
+}
+
+absl::StatusOr<std::unique_ptr<amp::TrainingOptimizer>> DataParallel::MakeOptimizer(
+    const OptimizerConfig& config, const PrecisionConfig& precision) {
+  TG_CHECK(model_ != nullptr, "DataParallel::MakeOptimizer: call Wrap(model) first");
+  if (zero_stage_ == 0) {
+    absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> mp =
+        MakeMixedPrecisionOptimizer(model_->parameters(), config, precision);
+    if (!mp.ok()) return mp.status();
+    return std::unique_ptr<amp::TrainingOptimizer>(std::move(*mp));
+  }
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> opt =
+      train::MakeOptimizer(model_->parameters(), config);
+  if (!opt.ok()) return opt.status();
+  PrecisionConfig own = precision;
+  own.reduce_found_inf = nullptr;  // ZeroOptimizer max-reduces found_inf itself
+  absl::StatusOr<amp::MixedPrecisionOptions> mp = MakeMixedPrecisionOptions(own);
+  if (!mp.ok()) return mp.status();
+  dist::ZeroOptions zo;
+  zo.stage = zero_stage_;
+  zo.mixed_precision = std::move(*mp);
+  if (zero_stage_ == 3) {
+    zo.module = model_;
+    zo.units = zero_units_;
+  }
+  auto zero = std::make_unique<dist::ZeroOptimizer>(group_, std::move(*opt), std::move(zo));
+  zero_ = zero.get();
+  return std::unique_ptr<amp::TrainingOptimizer>(std::move(zero));
+}
+
+RunState::Sharding DataParallel::sharding() const {
+  RunState::Sharding s;
+  if (zero_ == nullptr) return s;
+  s.collective = true;
+  s.model_preloaded = zero_stage_ == 3;
+  if (zero_stage_ == 3) {
+    dist::ZeroOptimizer* zero = zero_;
+    std::shared_ptr<nn::Module> model = model_;
+    s.model_state = [zero, model] {
+      // The placeholders replaced by the gathered parameters (optimizer order -> names).
+      StateDict state = model->state_dict();
+      const std::vector<Tensor> full = zero->full_parameters();
+      const std::vector<Variable>& params = zero->model_params();
+      for (const auto& [name, p] : model->named_parameters()) {
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (params[i].impl() == p.impl()) state.tensors[name] = full[i];
+        }
+      }
+      return state;
+    };
+  }
+  return s;
+}
+
+Accumulation DataParallel::accumulation() {
+  Accumulation a;
+  a.micro_batches = grad_accum_steps_;
+  if (ddp_ != nullptr) {
+    dist::DistributedDataParallel* ddp = ddp_.get();
+    a.sync_scope = [ddp](bool sync, const std::function<void()>& body) {
+      if (sync) {
+        body();
+      } else {
+        auto no_sync = ddp->no_sync();
+        body();
+      }
+    };
+  }
+  return a;
+}
+
+Tensor DataParallel::Micro(const Tensor& rows, int64_t k) const {
+  if (grad_accum_steps_ == 1) return rows;
+  const int64_t n = rows.size(0) / grad_accum_steps_;
+  TG_CHECK(n * grad_accum_steps_ == rows.size(0), "DataParallel::Micro: ", rows.size(0),
+           " rows do not split evenly into ", grad_accum_steps_, " micro-batches");
+  TG_CHECK(k >= 0 && k < grad_accum_steps_, "DataParallel::Micro: micro-batch ", k,
+           " is outside [0, ", grad_accum_steps_, ")");
+  return rows.narrow(0, k * n, n);
 }
 
 Variable DataParallel::Forward(nn::Module& model, const Variable& input) {

@@ -1,8 +1,11 @@
 // Data-parallel training for the training binaries (--world_size through tools:launch):
-// every rank builds the same model from the same seed, reads the same global batch and trains on
-// its rows of it; DistributedDataParallel averages the gradients during backward, so each step
-// equals a single-process step on the global batch. Rank 0 alone prints, writes metrics and
-// checkpoints (every rank can resume from them).
+// every rank builds the same model from the same seed, draws the same global batch order and
+// reads only its rows of each batch (Rows()); DistributedDataParallel averages the gradients
+// during backward (--zero_stage=0), or dist::ZeroOptimizer shards the optimizer state, the
+// gradients and the parameters (--zero_stage=1|2|3), so each step equals a single-process step on
+// the global batch. --grad_accum_steps=N splits each rank's rows into N micro-batches with one
+// optimizer step (DDP's no_sync on all but the last). Rank 0 alone prints, writes metrics and
+// checkpoints (every rank can resume from them, at any stage and world size).
 //
 //   bazel run //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
 //   train_mnist --world_size=2 --rank=1 --rdzv=redis://host0:6379   # by hand, on each machine
@@ -10,7 +13,11 @@
 //   auto dp = tg::train::DataParallel::Start({world_size, rank, rdzv}, batch_size, device);
 //   dp->Wrap(model);                        // before the optimizer (DDP's epilogue runs first)
 //   precision.reduce_found_inf = dp->ReduceFoundInf();
-//   ... loss_fn: nn::CrossEntropyLoss(dp->Forward(Variable(dp->Local(images))), dp->Local(labels))
+//   auto opt = dp->MakeOptimizer(model, opt_config, precision).value();   // MPO or ZeRO
+//   auto b = batcher.Next(dp->rank(), dp->world_size());                  // this rank's rows
+//   TrainStep(*opt, schedule, dtype, clip, [&](int64_t k) {
+//     return nn::CrossEntropyLoss(dp->Forward(*model, Variable(dp->Micro(b.images, k))),
+//                                 dp->Micro(b.labels, k)); }, dp->accumulation());
 #ifndef TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
 #define TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
 
@@ -21,9 +28,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "amp/training_optimizer.h"
 #include "autograd/variable.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
+#include "distributed/zero.h"
 #include "nn/module.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
@@ -38,11 +47,15 @@ class DataParallel {
     int64_t world_size = 1;  // --world_size
     int64_t rank = -1;       // --rank: without a launcher (each process started by hand)
     std::string rdzv;        // --rdzv: file:///dir or redis://host:port (default: TG_RDZV)
+    int64_t zero_stage = 0;  // --zero_stage: 0 (DDP) or the ZeRO stage 1..3
+    int64_t grad_accum_steps = 1;  // --grad_accum_steps: micro-batches per optimizer step
   };
   // world_size 1 (the default) without a launcher environment: a single process. Under the
   // launcher it must match its WORLD_SIZE (InvalidArgument naming both); with --rank the flags
   // alone say who is who (--rdzv then names the rendezvous). The global batch must split evenly
-  // across the ranks. Joins the default process group (its errors name missing ranks); a CUDA
+  // across the ranks (and each rank's rows across the --grad_accum_steps micro-batches).
+  // --zero_stage must be 0..3, and 1..3 need a group (--world_size >= 2; InvalidArgument says
+  // so). Joins the default process group (its errors name missing ranks); a CUDA
   // `device` uses NCCL and each rank's cuda:LOCAL_RANK (device() says which).
   static absl::StatusOr<std::unique_ptr<DataParallel>> Start(const Flags& flags,
                                                              int64_t global_batch, Device device);
@@ -57,13 +70,37 @@ class DataParallel {
   // Where this rank prints progress: stderr on rank 0, /dev/null elsewhere.
   std::FILE* log() const { return log_; }
 
-  // Wraps the model in DistributedDataParallel (rank 0's weights broadcast); no-op for one
-  // process. Call before building the optimizer.
-  void Wrap(std::shared_ptr<nn::Module> model);
+  int zero_stage() const { return zero_stage_; }
+  int64_t grad_accum_steps() const { return grad_accum_steps_; }
+  // ZeRO stage 3: the model's parameters are sharded, so every forward (evaluation and
+  // sampling included) is a collective that every rank runs.
+  bool sharded_parameters() const { return zero_stage_ == 3; }
+
+  // Stage 0: wraps the model in DistributedDataParallel (rank 0's weights broadcast); no-op for
+  // one process. Stages 1-3 keep the model for MakeOptimizer; stage 3 gathers the parameters of
+  // each of `zero_units` (inner ones first, ZeroOptions::units) around its forward, by default
+  // of each module that owns parameters (wrong for a model that uses a child's parameter outside
+  // the child's forward, e.g. a GPT's tied embedding: give its blocks and then the model).
+  // Call before building the optimizer.
+  void Wrap(std::shared_ptr<nn::Module> model,
+            std::vector<std::shared_ptr<nn::Module>> zero_units = {});
+  // The training optimizer over the wrapped model's parameters: a MixedPrecisionOptimizer
+  // (stage 0, with `precision.reduce_found_inf`) or a ZeroOptimizer of the stage (its own
+  // found_inf reduction; stage 3 shards the model). InvalidArgument names an unknown optimizer
+  // or scaler.
+  absl::StatusOr<std::unique_ptr<amp::TrainingOptimizer>> MakeOptimizer(
+      const OptimizerConfig& config, const PrecisionConfig& precision);
+  // For RunState::set_sharding: the model's whole state (gathered in stage 3), collectives.
+  RunState::Sharding sharding() const;
+  // The micro-batching of TrainStep: --grad_accum_steps, and DDP's no_sync.
+  Accumulation accumulation();
   // The model's forward (through DDP when distributed).
   Variable Forward(nn::Module& model, const Variable& input);
   // This rank's rows of a global batch [B, ...]: rows [rank * B / world, (rank + 1) * B / world).
   Tensor Local(const Tensor& global) const;
+  // Micro-batch k of this rank's rows [b, ...]: rows [k * b / N, (k + 1) * b / N) for
+  // N = grad_accum_steps (the rows themselves for N = 1).
+  Tensor Micro(const Tensor& rows, int64_t k) const;
   // After each step, on every rank: the mean of `loss` over the ranks (the loss of the global
   // batch, for reports) and whether a rank wants to stop (`signal` != 0: a signal reaches the
   // ranks at different steps; they must stop after the same one), with the signal and the lowest
@@ -91,6 +128,11 @@ class DataParallel {
   std::FILE* log_ = stderr;
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;
+  int zero_stage_ = 0;
+  int64_t grad_accum_steps_ = 1;
+  std::shared_ptr<nn::Module> model_;
+  std::vector<std::shared_ptr<nn::Module>> zero_units_;
+  dist::ZeroOptimizer* zero_ = nullptr;  // made by MakeOptimizer (owned by the caller)
 };
 
 }  // namespace tg::train

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "amp/loss_scaler.h"
+#include "autograd/ops.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tensor/device_backend.h"
@@ -205,8 +206,8 @@ std::vector<std::string> RunFingerprint(const RunSettings& settings, const nn::M
 }
 
 void ApplyOptimizerOverrides(const OptimizerConfig& config,
-                             const std::vector<std::string>& overrides,
-                             amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule) {
+                             const std::vector<std::string>& overrides, amp::TrainingOptimizer& opt,
+                             optim::LrSchedule& schedule) {
   auto overridden = [&](const char* name) {
     return std::find(overrides.begin(), overrides.end(), name) != overrides.end();
   };
@@ -272,9 +273,8 @@ absl::Status DivergenceCheck::Check(int64_t step, double loss, bool skipped) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
-    const std::vector<Variable>& params, const OptimizerConfig& config,
-    const PrecisionConfig& precision) {
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
+                                                                const OptimizerConfig& config) {
   std::vector<optim::ParamGroup> groups;
   if (config.decay_matrices_only) {
     std::vector<Variable> matrices, others;
@@ -307,6 +307,11 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
     return absl::InvalidArgumentError(
         absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
   }
+  return opt;
+}
+
+absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
+    const PrecisionConfig& precision) {
   amp::MixedPrecisionOptions mp;
   mp.reduce_found_inf = precision.reduce_found_inf;
   const std::string& s = precision.loss_scaler;
@@ -331,21 +336,56 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
         "unknown loss scaler '", s,
         "' (expected auto, pytorch, megatron, deepspeed, deepspeed_legacy, apex or none)"));
   }
-  return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(opt), std::move(mp));
+  return mp;
 }
 
-StepStats TrainStep(amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
+absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
+    const std::vector<Variable>& params, const OptimizerConfig& config,
+    const PrecisionConfig& precision) {
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> opt = MakeOptimizer(params, config);
+  if (!opt.ok()) return opt.status();
+  absl::StatusOr<amp::MixedPrecisionOptions> mp = MakeMixedPrecisionOptions(precision);
+  if (!mp.ok()) return mp.status();
+  return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(*opt), std::move(*mp));
+}
+
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
                     double max_grad_norm, const std::function<Variable()>& loss_fn) {
+  return TrainStep(
+      opt, schedule, dtype, max_grad_norm, [&](int64_t) { return loss_fn(); }, Accumulation{});
+}
+
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
+                    double max_grad_norm, const std::function<Variable(int64_t micro)>& loss_fn,
+                    const Accumulation& accumulation) {
+  const int64_t n = accumulation.micro_batches;
+  TG_CHECK(n >= 1, "TrainStep: micro_batches must be >= 1, got ", n);
   StepStats stats;
   stats.lr = opt.optimizer().param_groups()[0].options.at("lr");
   opt.zero_grad();
-  Variable loss;
-  {
-    PrecisionScope precision(dtype);
-    loss = loss_fn();
+  const bool defer = n > 1 && opt.can_defer_master_grads();
+  double loss_sum = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const bool last = k == n - 1;
+    auto body = [&] {
+      Variable loss;
+      {
+        PrecisionScope precision(dtype);
+        loss = loss_fn(k);
+      }
+      // One micro-batch: the loss as it is (bit for bit the unaccumulated step).
+      amp::MasterBackwardOptions options;
+      options.update_master_grads = last || !defer;
+      opt.backward(n == 1 ? loss : MulScalar(loss, 1.0 / static_cast<double>(n)), options);
+      loss_sum += loss.item();
+    };
+    if (accumulation.sync_scope && defer) {
+      accumulation.sync_scope(last, body);
+    } else {
+      body();
+    }
   }
-  opt.backward(loss);
-  stats.loss = loss.item();
+  stats.loss = n == 1 ? loss_sum : loss_sum / static_cast<double>(n);
   stats.grad_norm = opt.clip_master_grads(max_grad_norm > 0 ? max_grad_norm : INFINITY);
   stats.result = opt.step();
   schedule.step(stats.result.skipped);
@@ -427,10 +467,14 @@ StepRecord RunState::Advance(const StepStats& stats, double elapsed_seconds) {
 
 absl::Status RunState::Save(const std::string& dir, const StateDict& extra,
                             std::map<std::string, std::string> metadata) const {
+  if (dir.empty() && !sharding_.collective) return absl::OkStatus();
+  // A collective state is gathered on every rank; only the ranks with a dir write it.
+  StateDict model_state = sharding_.model_state ? sharding_.model_state() : model_.state_dict();
+  StateDict optimizer_state = optimizer_.state_dict();
   if (dir.empty()) return absl::OkStatus();
   StateDict state = extra;
-  state.Merge("model.", model_.state_dict());
-  state.Merge("optim.", optimizer_.state_dict());
+  state.Merge("model.", model_state);
+  state.Merge("optim.", optimizer_state);
   state.Merge("schedule.", schedule_.state_dict());
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
@@ -491,7 +535,7 @@ absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
     }
   }
   try {
-    model_.load_state_dict(ckpt->Sub("model."));
+    if (!sharding_.model_preloaded) model_.load_state_dict(ckpt->Sub("model."));
     optimizer_.load_state_dict(ckpt->Sub("optim."));
     schedule_.load_state_dict(ckpt->Sub("schedule."));
   } catch (const Error& e) {
@@ -501,6 +545,22 @@ absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
   skipped_ = *skipped;
   *changes = std::move(*changed);
   return ckpt;
+}
+
+absl::Status LoadModelForResume(const std::string& dir, const RunSettings& settings,
+                                const std::vector<std::string>& overrides, nn::Module& model) {
+  if (dir.empty()) return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<StateDict> ckpt = LoadCheckpoint(dir, &metadata);
+  if (!ckpt.ok()) return ckpt.status();
+  absl::StatusOr<std::vector<std::string>> changed = settings.CheckResume(dir, metadata, overrides);
+  if (!changed.ok()) return changed.status();
+  try {
+    model.load_state_dict(ckpt->Sub("model."));
+  } catch (const Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 std::string StopRequest::Describe() const {

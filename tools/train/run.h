@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "amp/training_optimizer.h"
 #include "autograd/autocast.h"
 #include "autograd/variable.h"
 #include "nn/module.h"
@@ -86,6 +87,15 @@ struct PrecisionConfig {
   std::function<void(const Tensor& found_inf)> reduce_found_inf;
 };
 
+// The optimizer named by `config` over `params` (with decay_matrices_only: group 0 the matrices,
+// group 1 the rest, without weight decay). InvalidArgument names an unknown optimizer.
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
+                                                                const OptimizerConfig& config);
+// The MixedPrecisionOptions of `precision` (the scaler preset, reduce_found_inf).
+// InvalidArgument names an unknown scaler.
+absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
+    const PrecisionConfig& precision);
+
 // The optimizer over `params` wrapped in a MixedPrecisionOptimizer (f32 masters for f16/bf16
 // parameters; f32 parameters are their own masters), with the scaler preset. InvalidArgument
 // names an unknown optimizer or scaler.
@@ -112,11 +122,30 @@ struct StepStats {
   amp::StepResult result;
 };
 
+// Gradient accumulation: one optimizer step over `micro_batches` forward/backward passes.
+struct Accumulation {
+  int64_t micro_batches = 1;  // >= 1
+  // Runs `body` (one micro-batch's forward and backward) with the data-parallel gradient
+  // synchronisation off when `sync` is false (DDP's no_sync); null: body() as it is.
+  std::function<void(bool sync, const std::function<void()>& body)> sync_scope;
+};
+
 // One optimizer step: zero_grad, `loss_fn()` under PrecisionScope(dtype), backward through the
 // mixed-precision optimizer, clipping to `max_grad_norm` (> 0; 0 only measures the norm), step,
 // and the schedule's step (which does not advance when the optimizer step was skipped).
-StepStats TrainStep(amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
                     double max_grad_norm, const std::function<Variable()>& loss_fn);
+// With accumulation: `loss_fn(k)` is the mean loss of micro-batch k (of equal sizes), and the
+// backward runs on loss / micro_batches, so the master gradients end as the gradient of the
+// mean over all micro-batches (the large batch, within f32 rounding); one clip, one step and one
+// scaler update follow. Where the optimizer can defer (can_defer_master_grads: the
+// MixedPrecisionOptimizer, ZeRO stage 1), every micro-batch but the last accumulates in the
+// model's .grad without synchronisation (sync_scope(false, ...)) and the last one reduces and
+// unscales the sum once, as DDP's no_sync; ZeRO stage 2/3 reduce every micro-batch into the
+// master gradients. StepStats::loss is the mean of the micro-batch losses.
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
+                    double max_grad_norm, const std::function<Variable(int64_t micro)>& loss_fn,
+                    const Accumulation& accumulation);
 
 // SIGINT / SIGTERM set a flag (the first signal only; a second one kills the process as usual)
 // that the training loop polls between steps, so it can save a checkpoint and exit cleanly.
@@ -223,8 +252,8 @@ std::vector<std::string> RunFingerprint(const RunSettings& settings, const nn::M
 // the schedule's base lr of every group; "weight_decay": the decayed groups; "beta2") that the
 // checkpoint's optimizer and schedule state replaced. Other settings take effect by themselves.
 void ApplyOptimizerOverrides(const OptimizerConfig& config,
-                             const std::vector<std::string>& overrides,
-                             amp::MixedPrecisionOptimizer& opt, optim::LrSchedule& schedule);
+                             const std::vector<std::string>& overrides, amp::TrainingOptimizer& opt,
+                             optim::LrSchedule& schedule);
 
 // Before training: creates the checkpoint directory with its parents (as mkdir -p), checks that
 // a file can be created in it, and removes the temporaries that interrupted saves of its
@@ -253,13 +282,27 @@ class DivergenceCheck {
 // binary adds its data state.
 class RunState {
  public:
-  RunState(nn::Module& model, amp::MixedPrecisionOptimizer& optimizer, optim::LrSchedule& schedule,
+  RunState(nn::Module& model, amp::TrainingOptimizer& optimizer, optim::LrSchedule& schedule,
            RunSettings settings, int64_t total_steps)
       : model_(model),
         optimizer_(optimizer),
         schedule_(schedule),
         settings_(std::move(settings)),
         total_steps_(total_steps) {}
+
+  // How a sharded optimizer (ZeRO) changes saving and resuming.
+  struct Sharding {
+    // The model's whole state_dict (ZeRO stage 3 gathers the parameters); null:
+    // model.state_dict().
+    std::function<StateDict()> model_state;
+    // The optimizer's state_dict (and model_state) are collectives: Save calls them on every
+    // rank, also on the ranks that write nothing (an empty dir).
+    bool collective = false;
+    // The model was loaded from the checkpoint before the optimizer sharded it
+    // (LoadModelForResume; ZeRO stage 3): Resume does not load it again.
+    bool model_preloaded = false;
+  };
+  void set_sharding(Sharding sharding) { sharding_ = std::move(sharding); }
 
   int64_t step() const { return step_; }
   int64_t skipped() const { return skipped_; }
@@ -295,13 +338,20 @@ class RunState {
 
  private:
   nn::Module& model_;
-  amp::MixedPrecisionOptimizer& optimizer_;
+  amp::TrainingOptimizer& optimizer_;
+  Sharding sharding_;
   optim::LrSchedule& schedule_;
   RunSettings settings_;
   int64_t total_steps_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
 };
+
+// For an optimizer that shards the model's parameters (ZeRO stage 3), which must see the
+// checkpoint's weights when it is built: compares the settings as RunState::Resume does and
+// loads the checkpoint's "model." entries into `model` (DataLoss when they do not fit).
+absl::Status LoadModelForResume(const std::string& dir, const RunSettings& settings,
+                                const std::vector<std::string>& overrides, nn::Module& model);
 
 // Prints "<name>: <message>" for a failed status and returns exit code 1.
 int Fail(const char* name, const absl::Status& status);
