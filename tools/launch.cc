@@ -79,7 +79,9 @@ ABSL_FLAG(int, master_port, 0,
           "port of the TCP store on --master_addr (MASTER_PORT; 0: 29500 with --master_addr)");
 ABSL_FLAG(double, timeout_s, 0,
           "TG_DIST_TIMEOUT_S of the ranks: rendezvous and collective timeout (0: not set)");
-ABSL_FLAG(double, grace_s, 5, "seconds between SIGTERM and SIGKILL when stopping the ranks");
+ABSL_FLAG(double, grace_s, 30,
+          "seconds between SIGTERM and SIGKILL when stopping the ranks (torchrun's agent waits 30 s "
+          "too): room for rank 0 to finish writing a checkpoint");
 
 extern char** environ;
 
@@ -183,7 +185,7 @@ struct Config {
   int master_port = 0;
   std::string job_id;
   double timeout_s = 0;
-  double grace_s = 5;
+  double grace_s = 30;
   std::vector<std::string> command;
 };
 
