@@ -19,11 +19,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "tensor/io/fd.h"
 #include "tensor/io/safetensors.h"
 
 namespace tg {
 namespace nn {
 namespace {
+
+using io::Fd;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the llm.c checkpoint reader assumes a little-endian host");
@@ -92,20 +95,6 @@ absl::Status CheckPadOption(const Gpt2LoadOptions& options) {
 
 // ---------------------------------------------------------------------------------------------
 // Files
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // Opens a regular file for reading; its size goes to *size.
 absl::StatusOr<int> OpenRegular(const std::string& what, const std::string& path, int64_t* size) {

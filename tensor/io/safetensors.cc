@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "tensor/io/fd.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -679,26 +680,6 @@ absl::StatusOr<Safetensors> Read(const std::string& where, uint64_t total, const
 
 // ---------------------------------------------------------------------------------------------
 // Files
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes now and reports close()'s error (a deferred write error on some filesystems).
-  int Close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 absl::Status WriteAll(const char* caller, int fd, const void* data, size_t n,
                       const std::string& what) {
