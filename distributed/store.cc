@@ -1,11 +1,16 @@
 #include "distributed/store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -22,6 +27,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
+#include "tensor/io/fd.h"
 
 namespace tg::dist {
 namespace {
@@ -44,13 +50,58 @@ class Checkable {
   virtual int tcp_server_port() const { return -1; }
 };
 
+// The decimal integer `text` under `key` (0 when empty) plus delta; FailedPrecondition when it
+// is not an integer or the sum overflows. Every store's Add but the TCP ones goes through it.
+absl::StatusOr<int64_t> AddToText(const std::string& key, absl::string_view text, int64_t delta) {
+  int64_t current = 0;
+  if (!text.empty() && !absl::SimpleAtoi(text, &current)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: add: the value of '", key, "' is not an integer"));
+  }
+  if ((delta > 0 && current > std::numeric_limits<int64_t>::max() - delta) ||
+      (delta < 0 && current < std::numeric_limits<int64_t>::min() - delta)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: add: ", current, " + ", delta, " under '", key, "' overflows"));
+  }
+  return current + delta;
+}
+
 class FileStoreImpl : public gloo::rendezvous::FileStore, public Checkable {
  public:
   using FileStore::FileStore;
   bool Has(const std::string& key) override { return check({key}); }
-  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
-    return absl::UnimplementedError(
-        "store: add is not supported by the file store (use tcp:// or the in-memory store)");
+  // Read, add and write back under an flock on "<key file>.lock" (processes sharing the
+  // directory, threads with their own stores), the value replaced by a rename as gloo's set does.
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    const std::string path = objectPath(key);
+    io::Fd lock(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (lock.get() < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("store: add: cannot open ", path, ".lock"));
+    }
+    while (::flock(lock.get(), LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        return absl::ErrnoToStatus(errno,
+                                   absl::StrCat("store: add: cannot lock ", path, ".lock"));
+      }
+    }
+    std::string text;
+    if (std::ifstream in(path, std::ios::binary); in) {
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    absl::StatusOr<int64_t> sum = AddToText(key, text, delta);
+    if (!sum.ok()) return sum;
+    const std::string tmp = path + ".add.tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << *sum;
+      out.close();
+      if (!out) return absl::InternalError(absl::StrCat("store: add: cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      return absl::ErrnoToStatus(errno,
+                                 absl::StrCat("store: add: cannot rename ", tmp, " to ", path));
+    }
+    return sum;  // the lock goes with `lock`
   }
 };
 
@@ -58,9 +109,29 @@ class RedisStoreImpl : public gloo::rendezvous::RedisStore, public Checkable {
  public:
   using RedisStore::RedisStore;
   bool Has(const std::string& key) override { return check({key}); }
-  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override {
-    return absl::UnimplementedError(
-        "store: add is not supported by the Redis store (use tcp:// or the in-memory store)");
+  // Redis's INCRBY: atomic on the server, the value kept as decimal text.
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    auto* reply = static_cast<redisReply*>(redisCommand(
+        redis_, "INCRBY %b %lld", key.data(), key.size(), static_cast<long long>(delta)));
+    if (reply == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("store: add: the Redis server did not answer: ", redis_->errstr));
+    }
+    absl::StatusOr<int64_t> sum;
+    if (reply->type == REDIS_REPLY_INTEGER) {
+      sum = static_cast<int64_t>(reply->integer);
+    } else if (reply->type == REDIS_REPLY_ERROR && absl::StrContains(reply->str, "overflow")) {
+      sum = absl::FailedPreconditionError(absl::StrCat("store: add: adding ", delta, " under '",
+                                                       key, "' overflows (Redis)"));
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+      sum = absl::FailedPreconditionError(
+          absl::StrCat("store: add: the value of '", key, "' is not an integer"));
+    } else {
+      sum = absl::InternalError(
+          absl::StrCat("store: add: unexpected Redis reply type ", reply->type));
+    }
+    freeReplyObject(reply);
+    return sum;
   }
 };
 
@@ -72,21 +143,15 @@ class HashStoreImpl : public gloo::rendezvous::HashStore, public Checkable {
   }
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     std::lock_guard<std::mutex> lock(m_);
-    int64_t current = 0;
     auto it = map_.find(key);
-    if (it != map_.end() &&
-        !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &current)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("store: add: the value of '", key, "' is not an integer"));
-    }
-    if ((delta > 0 && current > std::numeric_limits<int64_t>::max() - delta) ||
-        (delta < 0 && current < std::numeric_limits<int64_t>::min() - delta)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("store: add: ", current, " + ", delta, " under '", key, "' overflows"));
-    }
-    const std::string text = absl::StrCat(current + delta);
+    absl::StatusOr<int64_t> sum =
+        AddToText(key, it == map_.end() ? absl::string_view()
+                                        : absl::string_view(it->second.data(), it->second.size()),
+                  delta);
+    if (!sum.ok()) return sum;
+    const std::string text = absl::StrCat(*sum);
     map_[key] = std::vector<char>(text.begin(), text.end());
-    return current + delta;
+    return sum;
   }
 };
 
@@ -372,7 +437,7 @@ std::vector<std::string> Store::Missing(const std::vector<std::string>& keys) {
 absl::StatusOr<int64_t> Store::Add(const std::string& key, int64_t delta) {
   try {
     absl::StatusOr<int64_t> sum = dynamic_cast<Checkable*>(base_.get())->Add(Key(key), delta);
-    if (sum.ok() || absl::IsUnimplemented(sum.status())) return sum;
+    if (sum.ok()) return sum;
     return absl::Status(sum.status().code(),
                         absl::StrCat("store: adding to '", Key(key), "' failed: ",
                                      absl::StripPrefix(sum.status().message(), "store: ")));

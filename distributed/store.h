@@ -66,8 +66,9 @@ class Store {
   // Of `keys`, those not set now (a non-blocking check).
   std::vector<std::string> Missing(const std::vector<std::string>& keys);
   // Adds `delta` to the integer under `key` (0 when unset; kept as decimal text, so Get returns
-  // "3") atomically across processes and returns the sum. TCP and in-memory stores only:
-  // Unimplemented for the file and Redis stores.
+  // "3") atomically across processes and returns the sum: the TCP and in-memory stores' own
+  // add, INCRBY on Redis, an flock'ed read-add-rename on the file store. FailedPrecondition when
+  // the value is not an integer or the sum would overflow.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   // The port of the TCP store this process hosts, else -1.
   int tcp_server_port() const;

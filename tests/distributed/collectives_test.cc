@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -335,6 +336,34 @@ TEST(Store, WaitTimeoutNamesMissingKeysAndPrefixesIsolate) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(s.message(), "store wait timed out after 100ms; missing keys: job/a/x, job/a/y");
   EXPECT_EQ(a->Missing({"k", "x"}), std::vector<std::string>({"job/a/x"}));
+}
+
+// The file store's add: read-add-rename under an flock, so adders with their own stores on one
+// directory (processes, or threads as here) never lose an update.
+TEST(Store, FileStoreAddIsAtomicAcrossStores) {
+  const std::string url = absl::StrCat("file://", std::getenv("TEST_TMPDIR"), "/add_test");
+  auto a = Store::Open(url), b = Store::Open(url);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*(*a)->Add("n", 5), 5);
+  EXPECT_EQ(*(*b)->Add("n", -7), -2);
+  EXPECT_EQ(*(*b)->Get("n", absl::Seconds(1)), "-2");
+  std::vector<std::thread> adders;
+  for (int t = 0; t < 4; ++t) {
+    adders.emplace_back([&url] {
+      auto own = Store::Open(url);
+      ASSERT_TRUE(own.ok());
+      for (int i = 0; i < 50; ++i) ASSERT_TRUE((*own)->Add("count", 1).ok());
+    });
+  }
+  for (std::thread& t : adders) t.join();
+  EXPECT_EQ(*(*a)->Get("count", absl::Seconds(1)), "200");
+  ASSERT_TRUE((*a)->Set("text", "abc").ok());
+  EXPECT_EQ((*a)->Add("text", 1).status(),
+            absl::FailedPreconditionError(
+                "store: adding to 'text' failed: add: the value of 'text' is not an integer"));
+  ASSERT_TRUE((*a)->Set("big", "9223372036854775807").ok());
+  EXPECT_EQ((*a)->Add("big", 1).status().message(),
+            "store: adding to 'big' failed: add: 9223372036854775807 + 1 under 'big' overflows");
 }
 
 TEST(Store, BadUrlsAndUnreachableRedis) {
