@@ -80,8 +80,7 @@ class FileStoreImpl : public gloo::rendezvous::FileStore, public Checkable {
     }
     while (::flock(lock.get(), LOCK_EX) != 0) {
       if (errno != EINTR) {
-        return absl::ErrnoToStatus(errno,
-                                   absl::StrCat("store: add: cannot lock ", path, ".lock"));
+        return absl::ErrnoToStatus(errno, absl::StrCat("store: add: cannot lock ", path, ".lock"));
       }
     }
     std::string text;
@@ -111,8 +110,8 @@ class RedisStoreImpl : public gloo::rendezvous::RedisStore, public Checkable {
   bool Has(const std::string& key) override { return check({key}); }
   // Redis's INCRBY: atomic on the server, the value kept as decimal text.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    auto* reply = static_cast<redisReply*>(redisCommand(
-        redis_, "INCRBY %b %lld", key.data(), key.size(), static_cast<long long>(delta)));
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "INCRBY %b %lld", key.data(),
+                                                        key.size(), static_cast<long long>(delta)));
     if (reply == nullptr) {
       return absl::UnavailableError(
           absl::StrCat("store: add: the Redis server did not answer: ", redis_->errstr));
@@ -121,8 +120,8 @@ class RedisStoreImpl : public gloo::rendezvous::RedisStore, public Checkable {
     if (reply->type == REDIS_REPLY_INTEGER) {
       sum = static_cast<int64_t>(reply->integer);
     } else if (reply->type == REDIS_REPLY_ERROR && absl::StrContains(reply->str, "overflow")) {
-      sum = absl::FailedPreconditionError(absl::StrCat("store: add: adding ", delta, " under '",
-                                                       key, "' overflows (Redis)"));
+      sum = absl::FailedPreconditionError(
+          absl::StrCat("store: add: adding ", delta, " under '", key, "' overflows (Redis)"));
     } else if (reply->type == REDIS_REPLY_ERROR) {
       sum = absl::FailedPreconditionError(
           absl::StrCat("store: add: the value of '", key, "' is not an integer"));
@@ -145,8 +144,9 @@ class HashStoreImpl : public gloo::rendezvous::HashStore, public Checkable {
     std::lock_guard<std::mutex> lock(m_);
     auto it = map_.find(key);
     absl::StatusOr<int64_t> sum =
-        AddToText(key, it == map_.end() ? absl::string_view()
-                                        : absl::string_view(it->second.data(), it->second.size()),
+        AddToText(key,
+                  it == map_.end() ? absl::string_view()
+                                   : absl::string_view(it->second.data(), it->second.size()),
                   delta);
     if (!sum.ok()) return sum;
     const std::string text = absl::StrCat(*sum);
