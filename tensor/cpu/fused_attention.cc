@@ -19,6 +19,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
+#include "tensor/cpu/vec_math.h"
 
 namespace tg::cpu {
 namespace {
@@ -56,6 +57,17 @@ void Scores(const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t tq, int64_
   Gemm<C>(false, /*tb=*/true, tq, tk, d, q, ldq, k, ldk, s, tk);
 }
 
+// The largest of row[0, n), or its first NaN (as the Max reduction); -inf when n == 0.
+inline float RowMax(const float* row, int64_t n) { return MaxF32(row, n); }
+inline double RowMax(const double* row, int64_t n) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    if (row[j] != row[j]) return row[j];
+    max = row[j] > max ? row[j] : max;
+  }
+  return max;
+}
+
 // Keys that query i sees: all of them, or 0..i when causal (Tq == Tk).
 inline int64_t VisibleKeys(bool causal, int64_t i, int64_t tk) { return causal ? i + 1 : tk; }
 
@@ -89,14 +101,7 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
             C* row = s.data() + i * tk;
             const int64_t len = VisibleKeys(causal, i, tk);
             for (int64_t j = 0; j < len; ++j) row[j] *= cscale;
-            // The max without a branch per key (the loop vectorises), then the first NaN if any.
-            C max = -std::numeric_limits<C>::infinity();
-            bool nan = false;
-            for (int64_t j = 0; j < len; ++j) {
-              nan |= row[j] != row[j];
-              max = row[j] > max ? row[j] : max;
-            }
-            if (nan) max = *std::find_if(row, row + len, [](C x) { return x != x; });
+            const C max = RowMax(row, len);
             // exp over whole vectors: the masked keys up to the next multiple of 16 (within
             // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
             const int64_t padded = std::min(tk, (len + 15) / 16 * 16);

@@ -62,9 +62,12 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
     // f32: oneDNN's matmul where it has a fast kernel (it scales better than OpenBLAS over
-    // threads on the small products of these models), else OpenBLAS; accumulation is OpenBLAS's.
-    if (accumulate || !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c,
-                                  ldc)) {
+    // threads on the products of these models), else OpenBLAS; accumulation is OpenBLAS's, and
+    // so are the smallest products (an attention head's): there oneDNN's cost per call (the
+    // primitive's lookup, its memory objects: ~1-2 us) exceeds the product's own time.
+    constexpr int64_t kSmallProduct = 64 * 64 * 64;
+    if (accumulate || m * n * k <= kSmallProduct ||
+        !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)) {
       cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
                   accumulate ? 1.0f : 0.0f, c, ldc);
     }

@@ -8,8 +8,10 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // clang-format on
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -236,6 +238,35 @@ void Adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32
   }
 }
 
+// The largest of x[0, n), or the first NaN among them (as the Max reduction answers); -inf when
+// n == 0. Max over whole vectors with the NaNs noted aside (the vector Max's NaN rule varies by
+// target), the tail through one vector padded with -inf.
+float Max(const float* x, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto max = neg_inf;
+  auto nan = hn::FirstN(d, 0);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    nan = hn::Or(nan, hn::IsNaN(v));
+    max = hn::Max(max, v);
+  }
+  if (i < n) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)];
+    hn::Store(neg_inf, d, tail);
+    std::memcpy(tail, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    const auto v = hn::Load(d, tail);
+    nan = hn::Or(nan, hn::IsNaN(v));
+    max = hn::Max(max, v);
+  }
+  if (HWY_UNLIKELY(!hn::AllFalse(d, nan))) {
+    return *std::find_if(x, x + n, [](float v) { return v != v; });
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, max));
+}
+
 void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
@@ -253,11 +284,13 @@ HWY_EXPORT(HalfToFloat);
 HWY_EXPORT(FloatToHalf);
 HWY_EXPORT(Adam);
 HWY_EXPORT(Exp);
+HWY_EXPORT(Max);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
+float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
 void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
   HWY_DYNAMIC_DISPATCH(Adam)(p, g, m, v, n, s);
 }

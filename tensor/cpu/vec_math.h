@@ -11,6 +11,7 @@
 //   TanhF32(x, y, n);            // y[i] = tanh(x[i]), at most 4 ulp from the exact value
 //   GeluTanhF32(x, y, n);        // y[i] = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   GeluTanhGradF32(x, y, n);    // y[i] = d gelu_tanh / dx at x[i]
+//   float m = MaxF32(x, n);      // the largest x[i], or the first NaN; -inf when n == 0
 //
 // x and y may be the same array (in place); otherwise they must not overlap.
 #ifndef TAPEGRAD_TENSOR_CPU_VEC_MATH_H_
@@ -25,6 +26,7 @@
 namespace tg::cpu {
 
 void ExpF32(const float* x, float* y, int64_t n);
+float MaxF32(const float* x, int64_t n);
 void TanhF32(const float* x, float* y, int64_t n);
 void GeluTanhF32(const float* x, float* y, int64_t n);
 // (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the

@@ -3,6 +3,7 @@
 // derivative equal bit for bit to the chain of f32 tensor ops it stands for.
 #include "tensor/cpu/vec_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -124,6 +125,40 @@ TEST(VecMath, AValueGetsTheSameResultInEveryPositionAndLength) {
   std::vector<float> in_place = x;
   cpu::GeluTanhGradF32(in_place.data(), in_place.data(), 67);
   EXPECT_EQ(in_place, whole);
+}
+
+TEST(VecMath, MaxIsTheLargestOrTheFirstNaNAtEveryLengthAndPosition) {
+  EXPECT_EQ(cpu::MaxF32(nullptr, 0), -kInf);
+  Generator gen(5);
+  const std::vector<float> x = RandNormal({70}, gen).to_vector<float>();
+  for (int64_t len = 1; len <= 70; ++len) {
+    float expected = -kInf;
+    for (int64_t i = 0; i < len; ++i) expected = std::max(expected, x[i]);
+    ASSERT_EQ(cpu::MaxF32(x.data(), len), expected) << "length " << len;
+    // The largest value in any one position, the tail's included.
+    for (int64_t at = 0; at < len; ++at) {
+      std::vector<float> y(x.begin(), x.begin() + len);
+      y[at] = 100.0f;
+      ASSERT_EQ(cpu::MaxF32(y.data(), len), 100.0f) << "length " << len << " at " << at;
+    }
+  }
+  // NaNs: the first one, payload and sign kept, wherever the larger values are.
+  const float nan_a = -std::nanf("0x123"), nan_b = std::nanf("0x456");
+  for (int64_t len : {1, 5, 16, 17, 40}) {
+    for (int64_t at = 0; at < len; ++at) {
+      std::vector<float> y(x.begin(), x.begin() + len);
+      y[at] = nan_a;
+      if (at + 1 < len) y[len - 1] = nan_b;
+      if (at > 0) y[0] = kInf;
+      const float m = cpu::MaxF32(y.data(), len);
+      uint32_t got, want;
+      std::memcpy(&got, &m, 4);
+      std::memcpy(&want, &nan_a, 4);
+      ASSERT_EQ(got, want) << "length " << len << " NaN at " << at;
+    }
+  }
+  const std::vector<float> infs = {-kInf, -kInf, -kInf};
+  EXPECT_EQ(cpu::MaxF32(infs.data(), 3), -kInf);
 }
 
 TEST(VecMath, GeluTanhGradEqualsTheChainOfF32TensorOps) {
