@@ -13,6 +13,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/loss_scale_update.h"
 
 namespace tg::cpu {
@@ -61,10 +62,8 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
         } else {
           for (int64_t i = 0; i < n; ++i) dxhat[i] = gr[i] * w[i];
         }
-        const double sum_dxhat =
-            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i]); });
-        const double sum_dxhat_xhat =
-            SumF64(n, [&](int64_t i) { return static_cast<double>(dxhat[i] * xhat[i]); });
+        const double sum_dxhat = RowSumF64(dxhat.data(), n);
+        const double sum_dxhat_xhat = RowSumProductsF64(dxhat.data(), xhat.data(), n);
         const C mean_dxhat = static_cast<C>(sum_dxhat / static_cast<double>(n));
         const C mean_dxhat_xhat = static_cast<C>(sum_dxhat_xhat / static_cast<double>(n));
         C* out = gi_row.data();
@@ -78,9 +77,18 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
     // grad_weight and grad_bias: columns in parallel, each summed over the rows in order.
     if (params) {
       ParallelFor(n, std::max<int64_t>(16, RowsPerThread(rows)), [&](int64_t begin, int64_t end) {
+        std::vector<C> g_xhat(end - begin);
         for (int64_t r = 0; r < rows; ++r) {
           const T* xrow = xs + r * n;
           const T* grow = go + r * n;
+          if constexpr (std::is_same_v<T, float>) {  // the same sums, as vectors
+            for (int64_t i = begin; i < end; ++i) {
+              g_xhat[i - begin] = grow[i] * ((xrow[i] - mu[r]) * rs[r]);
+            }
+            AddToF64(g_xhat.data(), gw_acc.data() + begin, end - begin);
+            AddToF64(grow + begin, gb_acc.data() + begin, end - begin);
+            continue;
+          }
           for (int64_t i = begin; i < end; ++i) {
             const C g = static_cast<C>(Widen(grow[i]));
             const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];

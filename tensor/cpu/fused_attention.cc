@@ -108,8 +108,7 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
             for (int64_t j = 0; j < len; ++j) row[j] -= max;
             std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
             ExpRow(row, row, padded);
-            const C sum =
-                static_cast<C>(SumF64(len, [&](int64_t j) { return static_cast<double>(row[j]); }));
+            const C sum = static_cast<C>(RowSumF64(row, len));
             for (int64_t j = 0; j < len; ++j) row[j] /= sum;
             RoundRow<T>(row, len);
             std::fill(row + len, row + tk, C(0));
@@ -158,8 +157,7 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
             // rounded to T for the products; masked keys have p = ds = 0.
             const C* gorow = goh + i * ldgo;
             const C* orow = oh + i * ldo;
-            const C delta = static_cast<C>(
-                SumF64(d, [&](int64_t c) { return static_cast<double>(gorow[c] * orow[c]); }));
+            const C delta = static_cast<C>(RowSumProductsF64(gorow, orow, d));
             C* prow = p.data() + i * tk;
             C* dsrow = ds.data() + i * tk;
             const int64_t len = VisibleKeys(causal, i, tk);

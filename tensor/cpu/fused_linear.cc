@@ -26,8 +26,12 @@ void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
               [&](int64_t begin, int64_t end) {
                 for (int64_t r = 0; r < m; ++r) {
                   const V* row = v + r * n;
-                  for (int64_t j = begin; j < end; ++j)
-                    col[j] += static_cast<double>(Widen(row[j]));
+                  if constexpr (std::is_same_v<V, float>) {
+                    AddToF64(row + begin, col + begin, end - begin);
+                  } else {
+                    for (int64_t j = begin; j < end; ++j)
+                      col[j] += static_cast<double>(Widen(row[j]));
+                  }
                 }
               });
 }
@@ -42,13 +46,18 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   if (m == 0 || n == 0) return;
   ScratchVector<C> x_scratch, w_scratch, acc_scratch;
   T* o = out.data<T>();
-  // The product [m, n] in C. Without an activation in f32/f64 it goes straight into out and the
-  // bias is added in place; otherwise into a scratch buffer that the epilogue reads.
+  // The product [m, n] in C. In f32/f64 it goes straight into out (no activation) or into pre
+  // (GELU, when pre's rows are dense) and the bias is added in place; otherwise into a scratch
+  // buffer that the epilogue reads.
   const bool in_place = std::is_same_v<T, C> && act == Activation::kNone;
+  const bool into_pre = std::is_same_v<T, C> && act != Activation::kNone &&
+                        pre.strides()[1] == 1 && (m == 1 || pre.strides()[0] == n);
   // (acc is written again by the epilogue: GELU's input row becomes its output row.)
   C* acc;
   if (in_place) {
     acc = reinterpret_cast<C*>(o);
+  } else if (into_pre) {
+    acc = reinterpret_cast<C*>(pre.data<T>());
   } else {
     acc_scratch.resize(static_cast<size_t>(m * n));
     acc = acc_scratch.data();
@@ -98,7 +107,7 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
       if (b != nullptr) {
         for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
       }
-      StoreRow(p, n, p_base + r * p_row, p_col);
+      if (!into_pre) StoreRow(p, n, p_base + r * p_row, p_col);
       if constexpr (std::is_same_v<T, C>) {
         GeluTanhRow(p, orow, n);
       } else {
@@ -147,8 +156,12 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
       ScratchVector<C> g_row(static_cast<size_t>(n));
       for (int64_t r = begin; r < end; ++r) {
         C* row = gc + r * n;
-        LoadRow(p_base + r * p_row, p_col, n, row);
-        GeluTanhGradRow(row, row, n);
+        if (std::is_same_v<T, C> && p_col == 1) {  // gelu'(pre) read straight from pre
+          GeluTanhGradRow(reinterpret_cast<const C*>(p_base + r * p_row), row, n);
+        } else {
+          LoadRow(p_base + r * p_row, p_col, n, row);
+          GeluTanhGradRow(row, row, n);
+        }
         const C* g_in = RowAs<C>(go + r * n, n, g_row.data());
         for (int64_t j = 0; j < n; ++j) row[j] = g_in[j] * row[j];
       }

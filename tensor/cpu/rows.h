@@ -20,6 +20,7 @@
 #include "tensor/convert.h"
 #include "tensor/cpu/activation.h"
 #include "tensor/cpu/convert_rows.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
@@ -41,6 +42,25 @@ double SumF64(int64_t n, F f) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// SumF64 of the common terms of a row of C (float: the vectorised vec_math.h sums, the same
+// bits as SumF64): x[i], x[i] * y[i] (the product in C) and (x[i] - mean)^2 (in f64).
+inline double RowSumF64(const float* x, int64_t n) { return SumAsF64(x, n); }
+inline double RowSumF64(const double* x, int64_t n) {
+  return SumF64(n, [&](int64_t i) { return x[i]; });
+}
+inline double RowSumProductsF64(const float* x, const float* y, int64_t n) {
+  return SumProductsAsF64(x, y, n);
+}
+inline double RowSumProductsF64(const double* x, const double* y, int64_t n) {
+  return SumF64(n, [&](int64_t i) { return x[i] * y[i]; });
+}
+inline double RowSumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
+  return SumSquaredDeviationsF64(x, n, mean);
+}
+inline double RowSumSquaredDeviationsF64(const double* x, int64_t n, double mean) {
+  return SumF64(n, [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); });
+}
+
 // Max and log(sum(exp(x - max))) of one row, in compute type C. The exps are summed in f64
 // (SumF64's order within each block): an f32 running sum over a long row (50257 classes: a sum
 // near 3000, whose ulp exceeds half the terms) drops their low bits and comes out ~5e-5 low.
@@ -60,7 +80,7 @@ void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
     const int64_t len = std::min(kRowBlock, n - i);
     for (int64_t j = 0; j < len; ++j) block[j] = static_cast<C>(Widen(row[i + j])) - shift;
     ExpRow(block, block, len);
-    sum += SumF64(len, [&](int64_t j) { return static_cast<double>(block[j]); });
+    sum += RowSumF64(block, len);
   }
   *max_out = shift;
   *log_sum_out = static_cast<C>(std::log(sum));
@@ -72,13 +92,18 @@ void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
 template <typename T, typename C = ComputeType<T>>
 void LayerNormRow(const T* row, int64_t n, const T* w, const T* b, double eps, T* out, C* mean,
                   C* rstd) {
-  const double mu =
-      SumF64(n, [&](int64_t i) { return static_cast<double>(Widen(row[i])); }) /
-      static_cast<double>(n);
-  const double sq = SumF64(n, [&](int64_t i) {
-    const double d = static_cast<double>(Widen(row[i])) - mu;
-    return d * d;
-  });
+  double mu, sq;
+  if constexpr (std::is_same_v<T, C>) {
+    mu = RowSumF64(row, n) / static_cast<double>(n);
+    sq = RowSumSquaredDeviationsF64(row, n, mu);
+  } else {
+    mu = SumF64(n, [&](int64_t i) { return static_cast<double>(Widen(row[i])); }) /
+         static_cast<double>(n);
+    sq = SumF64(n, [&](int64_t i) {
+      const double d = static_cast<double>(Widen(row[i])) - mu;
+      return d * d;
+    });
+  }
   const C m = static_cast<C>(mu);
   const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
   *mean = m;

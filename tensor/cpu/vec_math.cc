@@ -267,6 +267,75 @@ float Max(const float* x, int64_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, max));
 }
 
+// Sums in f64 in the order of tensor/cpu/rows.h's SumF64: eight partial sums, element i going to
+// sum i % 8, each added in the order of i, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+// The eight sums are 8 / lanes vectors of f64 (one on AVX-512, two on AVX2, four on SSE4), so
+// every target gives the scalar loop's bits. term(d, i) is the vector of terms i, i + 1, ...;
+// scalar(i) one term.
+template <class Term, class Scalar>
+double SumF64Order(int64_t n, Term term, Scalar scalar) {
+  const hn::CappedTag<double, 8> d;
+  constexpr size_t kMaxVectors = 4;  // 8 sums in vectors of at least 2 lanes
+  const size_t lanes = hn::Lanes(d), vectors = 8 / lanes;
+  hn::Vec<decltype(d)> acc[kMaxVectors];
+  for (size_t v = 0; v < kMaxVectors; ++v) acc[v] = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t v = 0; v < vectors; ++v) {
+      acc[v] = hn::Add(acc[v], term(d, i + static_cast<int64_t>(v * lanes)));
+    }
+  }
+  HWY_ALIGN double sums[8];
+  for (size_t v = 0; v < vectors; ++v) hn::Store(acc[v], d, sums + v * lanes);
+  for (int l = 0; i < n; ++i, ++l) sums[l] += scalar(i);
+  return ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+}
+
+double SumAsF64(const float* x, int64_t n) {
+  return SumF64Order(
+      n,
+      [x](auto d, int64_t i) {
+        return hn::PromoteTo(d, hn::LoadU(hn::Rebind<float, decltype(d)>(), x + i));
+      },
+      [x](int64_t i) { return static_cast<double>(x[i]); });
+}
+
+double SumProductsAsF64(const float* x, const float* y, int64_t n) {
+  return SumF64Order(
+      n,
+      [x, y](auto d, int64_t i) {
+        const hn::Rebind<float, decltype(d)> df;
+        return hn::PromoteTo(d, hn::Mul(hn::LoadU(df, x + i), hn::LoadU(df, y + i)));
+      },
+      [x, y](int64_t i) { return static_cast<double>(x[i] * y[i]); });
+}
+
+double SumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
+  return SumF64Order(
+      n,
+      [x, mean](auto d, int64_t i) {
+        const auto dev = hn::Sub(
+            hn::PromoteTo(d, hn::LoadU(hn::Rebind<float, decltype(d)>(), x + i)), hn::Set(d, mean));
+        return hn::Mul(dev, dev);
+      },
+      [x, mean](int64_t i) {
+        const double dev = static_cast<double>(x[i]) - mean;
+        return dev * dev;
+      });
+}
+
+// acc[i] += x[i] in f64.
+void AddToF64(const float* x, double* acc, int64_t n) {
+  const hn::ScalableTag<double> d;
+  const hn::Rebind<float, decltype(d)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(hn::LoadU(d, acc + i), hn::PromoteTo(d, hn::LoadU(df, x + i))), d, acc + i);
+  }
+  for (; i < n; ++i) acc[i] += static_cast<double>(x[i]);
+}
+
 void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
@@ -285,12 +354,26 @@ HWY_EXPORT(FloatToHalf);
 HWY_EXPORT(Adam);
 HWY_EXPORT(Exp);
 HWY_EXPORT(Max);
+HWY_EXPORT(SumAsF64);
+HWY_EXPORT(SumProductsAsF64);
+HWY_EXPORT(SumSquaredDeviationsF64);
+HWY_EXPORT(AddToF64);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
+double SumAsF64(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumAsF64)(x, n); }
+double SumProductsAsF64(const float* x, const float* y, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(SumProductsAsF64)(x, y, n);
+}
+double SumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
+  return HWY_DYNAMIC_DISPATCH(SumSquaredDeviationsF64)(x, n, mean);
+}
+void AddToF64(const float* x, double* acc, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AddToF64)(x, acc, n);
+}
 void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
   HWY_DYNAMIC_DISPATCH(Adam)(p, g, m, v, n, s);
 }

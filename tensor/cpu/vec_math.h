@@ -27,6 +27,15 @@ namespace tg::cpu {
 
 void ExpF32(const float* x, float* y, int64_t n);
 float MaxF32(const float* x, int64_t n);
+
+// Sums of n terms in f64, in the order of tensor/cpu/rows.h's SumF64 (eight interleaved partial
+// sums) and with its bits on every target: the terms are double(x[i]), double(x[i] * y[i]) (the
+// product rounded to f32 first) and (double(x[i]) - mean)^2.
+double SumAsF64(const float* x, int64_t n);
+double SumProductsAsF64(const float* x, const float* y, int64_t n);
+double SumSquaredDeviationsF64(const float* x, int64_t n, double mean);
+// acc[i] += double(x[i]) (column sums, row after row).
+void AddToF64(const float* x, double* acc, int64_t n);
 void TanhF32(const float* x, float* y, int64_t n);
 void GeluTanhF32(const float* x, float* y, int64_t n);
 // (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the
