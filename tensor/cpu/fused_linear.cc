@@ -24,11 +24,11 @@ template <typename V>
 void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
   ParallelFor(n, std::max<int64_t>(16, (int64_t{1} << 14) / std::max<int64_t>(1, m)),
               [&](int64_t begin, int64_t end) {
-                for (int64_t r = 0; r < m; ++r) {
-                  const V* row = v + r * n;
-                  if constexpr (std::is_same_v<V, float>) {
-                    AddToF64(row + begin, col + begin, end - begin);
-                  } else {
+                if constexpr (std::is_same_v<V, float>) {
+                  AddColumnsToF64(v + begin, m, n, end - begin, col + begin);
+                } else {
+                  for (int64_t r = 0; r < m; ++r) {
+                    const V* row = v + r * n;
                     for (int64_t j = begin; j < end; ++j)
                       col[j] += static_cast<double>(Widen(row[j]));
                   }

@@ -108,6 +108,10 @@ void LayerNormRow(const T* row, int64_t n, const T* w, const T* b, double eps, T
   const C rs = static_cast<C>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
   *mean = m;
   *rstd = rs;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<C, float>) {
+    NormalizeF32(row, n, m, rs, w, b, out);
+    return;
+  }
   // In blocks of C: the three steps as separate loops (each vectorises), stored with the
   // vectorised conversions.
   C y[kRowBlock], wc[kRowBlock], bc[kRowBlock];

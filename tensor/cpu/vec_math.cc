@@ -336,6 +336,60 @@ void AddToF64(const float* x, double* acc, int64_t n) {
   for (; i < n; ++i) acc[i] += static_cast<double>(x[i]);
 }
 
+// col[j] += x[r * stride + j] for r = 0, 1, ..., rows - 1 in that order, in f64: the columns in
+// blocks of four vectors held in registers over all the rows (one load and add per vector and
+// row, no store of the sums in between), the remaining columns one by one.
+void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols, double* col) {
+  const hn::ScalableTag<double> d;
+  const hn::Rebind<float, decltype(d)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto load = [&](int64_t r, int64_t j) { return hn::PromoteTo(d, hn::LoadU(df, x + r * stride + j)); };
+  int64_t j = 0;
+  for (; j + 4 * lanes <= cols; j += 4 * lanes) {
+    auto a0 = hn::LoadU(d, col + j), a1 = hn::LoadU(d, col + j + lanes);
+    auto a2 = hn::LoadU(d, col + j + 2 * lanes), a3 = hn::LoadU(d, col + j + 3 * lanes);
+    for (int64_t r = 0; r < rows; ++r) {
+      a0 = hn::Add(a0, load(r, j));
+      a1 = hn::Add(a1, load(r, j + lanes));
+      a2 = hn::Add(a2, load(r, j + 2 * lanes));
+      a3 = hn::Add(a3, load(r, j + 3 * lanes));
+    }
+    hn::StoreU(a0, d, col + j);
+    hn::StoreU(a1, d, col + j + lanes);
+    hn::StoreU(a2, d, col + j + 2 * lanes);
+    hn::StoreU(a3, d, col + j + 3 * lanes);
+  }
+  for (; j + lanes <= cols; j += lanes) {
+    auto a = hn::LoadU(d, col + j);
+    for (int64_t r = 0; r < rows; ++r) a = hn::Add(a, load(r, j));
+    hn::StoreU(a, d, col + j);
+  }
+  for (; j < cols; ++j) {
+    for (int64_t r = 0; r < rows; ++r) col[j] += static_cast<double>(x[r * stride + j]);
+  }
+}
+
+// y[i] = ((x[i] - mean) * rstd) * w[i] + b[i], each operation rounded (w, b may be null).
+void Normalize(const float* x, int64_t n, float mean, float rstd, const float* w, const float* b,
+               float* y) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto m = hn::Set(d, mean), rs = hn::Set(d, rstd);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto v = hn::Mul(hn::Sub(hn::LoadU(d, x + i), m), rs);
+    if (w != nullptr) v = hn::Mul(v, hn::LoadU(d, w + i));
+    if (b != nullptr) v = hn::Add(v, hn::LoadU(d, b + i));
+    hn::StoreU(v, d, y + i);
+  }
+  for (; i < n; ++i) {
+    float v = (x[i] - mean) * rstd;
+    if (w != nullptr) v *= w[i];
+    if (b != nullptr) v += b[i];
+    y[i] = v;
+  }
+}
+
 void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
@@ -358,6 +412,8 @@ HWY_EXPORT(SumAsF64);
 HWY_EXPORT(SumProductsAsF64);
 HWY_EXPORT(SumSquaredDeviationsF64);
 HWY_EXPORT(AddToF64);
+HWY_EXPORT(Normalize);
+HWY_EXPORT(AddColumnsToF64);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
@@ -373,6 +429,13 @@ double SumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
 }
 void AddToF64(const float* x, double* acc, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddToF64)(x, acc, n);
+}
+void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols, double* col) {
+  HWY_DYNAMIC_DISPATCH(AddColumnsToF64)(x, rows, stride, cols, col);
+}
+void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,
+                  const float* b, float* y) {
+  HWY_DYNAMIC_DISPATCH(Normalize)(x, n, mean, rstd, w, b, y);
 }
 void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
   HWY_DYNAMIC_DISPATCH(Adam)(p, g, m, v, n, s);

@@ -36,6 +36,13 @@ double SumProductsAsF64(const float* x, const float* y, int64_t n);
 double SumSquaredDeviationsF64(const float* x, int64_t n, double mean);
 // acc[i] += double(x[i]) (column sums, row after row).
 void AddToF64(const float* x, double* acc, int64_t n);
+// col[j] += double(x[r * stride + j]) for every row r < rows in order, j < cols: the column sums
+// of a [rows, cols] block with row stride `stride`, the same bits as AddToF64 row after row.
+void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols, double* col);
+// y[i] = ((x[i] - mean) * rstd) * w[i] + b[i], each operation rounded to f32 (layer norm's
+// order); w and b may be null (no scale, no shift). y may be x.
+void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,
+                  const float* b, float* y);
 void TanhF32(const float* x, float* y, int64_t n);
 void GeluTanhF32(const float* x, float* y, int64_t n);
 // (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the

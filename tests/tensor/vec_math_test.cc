@@ -161,6 +161,76 @@ TEST(VecMath, MaxIsTheLargestOrTheFirstNaNAtEveryLengthAndPosition) {
   EXPECT_EQ(cpu::MaxF32(infs.data(), 3), -kInf);
 }
 
+// The order the f64 row sums promise (tensor/cpu/rows.h SumF64): term i added to partial sum
+// i % 8 in the order of i, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+template <typename F>
+double EightSums(int64_t n, F term) {
+  double s[8] = {};
+  for (int64_t i = 0; i < n; ++i) s[i % 8] += term(i);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+TEST(VecMath, F64SumsHaveTheBitsOfTheEightPartialSumsAtEveryLength) {
+  Generator gen(6);
+  // Values of very different sizes, so that another order of the additions would show.
+  std::vector<float> x = RandNormal({131}, gen).to_vector<float>();
+  const std::vector<float> y = RandNormal({131}, gen).to_vector<float>();
+  for (size_t i = 0; i < x.size(); i += 3) x[i] *= 1e7f;
+  for (int64_t n = 0; n <= 131; ++n) {
+    ASSERT_EQ(cpu::SumAsF64(x.data(), n), EightSums(n, [&](int64_t i) { return double(x[i]); }))
+        << n;
+    ASSERT_EQ(cpu::SumProductsAsF64(x.data(), y.data(), n),
+              EightSums(n, [&](int64_t i) { return double(x[i] * y[i]); }))
+        << n;
+    const double mean = 12345.678;
+    ASSERT_EQ(cpu::SumSquaredDeviationsF64(x.data(), n, mean), EightSums(n, [&](int64_t i) {
+                const double d = double(x[i]) - mean;
+                return d * d;
+              }))
+        << n;
+  }
+}
+
+TEST(VecMath, ColumnSumsAddEachRowInOrderInF64) {
+  Generator gen(7);
+  const int64_t rows = 37, stride = 75;
+  std::vector<float> x = RandNormal({rows * stride}, gen).to_vector<float>();
+  for (size_t i = 0; i < x.size(); i += 5) x[i] *= 1e8f;
+  for (int64_t cols : {0, 1, 7, 8, 31, 32, 33, 70}) {
+    std::vector<double> want(cols, 0.5), by_rows(cols, 0.5), by_block(cols, 0.5);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) want[j] += double(x[r * stride + 3 + j]);
+      cpu::AddToF64(x.data() + r * stride + 3, by_rows.data(), cols);
+    }
+    cpu::AddColumnsToF64(x.data() + 3, rows, stride, cols, by_block.data());
+    EXPECT_EQ(by_rows, want) << cols;
+    EXPECT_EQ(by_block, want) << cols;
+  }
+}
+
+TEST(VecMath, NormalizeRoundsEachOperationInLayerNormsOrder) {
+  Generator gen(8);
+  const std::vector<float> x = RandNormal({45}, gen).to_vector<float>();
+  const std::vector<float> w = RandNormal({45}, gen).to_vector<float>();
+  const std::vector<float> b = RandNormal({45}, gen).to_vector<float>();
+  const float mean = 0.3f, rstd = 1.7f;
+  for (int64_t n : {1, 16, 45}) {
+    for (int with = 0; with < 4; ++with) {
+      const float* wp = (with & 1) ? w.data() : nullptr;
+      const float* bp = (with & 2) ? b.data() : nullptr;
+      std::vector<float> got(n);
+      cpu::NormalizeF32(x.data(), n, mean, rstd, wp, bp, got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        volatile float v = x[i] - mean;  // volatile: one rounding per operation, no FMA
+        v = v * rstd;
+        if (wp) v = v * wp[i];
+        if (bp) v = v + bp[i];
+        ASSERT_EQ(got[i], v) << "n " << n << " i " << i << " with " << with;
+      }
+    }
+  }
+}
+
 TEST(VecMath, GeluTanhGradEqualsTheChainOfF32TensorOps) {
   Generator gen(4);
   const Tensor x = MulScalar(RandNormal({1001}, gen), 3.0);
