@@ -955,13 +955,25 @@ void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, cons
   TG_CHECK(std::isfinite(scale), op, ": scale ", scale, " is not finite");
 }
 
+// A [B, H, T, D] tensor for attention's output or gradients, of `like`'s shape. On the CPU it
+// is laid out [B, T, H, D] (a permuted view, as PyTorch's CPU flash attention lays out its
+// output), so that merging the heads back into [B, T, H * D] -- or, for the gradients, into the
+// [B, T, 3 * H * D] projection they came from -- is a view rather than a copy. CUDA keeps
+// [B, H, T, D], the layout its kernels were checked with on a GPU.
+Tensor AttentionTensor(const Tensor& like, DType dtype) {
+  if (!like.device().is_cpu()) return Tensor::Empty(like.shape(), dtype, like.device());
+  return Tensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype,
+                       like.device())
+      .permute({0, 2, 1, 3});
+}
+
 }  // namespace
 
 AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal, double scale) {
   CheckAttentionInputs("scaled_dot_product_attention", q, k, v, causal, scale);
   if (q.size(0) * q.size(1) * q.size(2) > 0) {
-    AttentionResult r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
+    AttentionResult r{AttentionTensor(q, q.dtype()),
                       Tensor::Empty({q.size(0), q.size(1), q.size(2)}, ComputeDType(q.dtype()),
                                     q.device())};
     if (!Declined(KernelsFor(q.device()).ScaledDotProductAttention(r.output, r.stats, q, k, v,
@@ -995,11 +1007,12 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
            ShapeToString(stats.shape()), " ", DTypeName(stats.dtype()), " do not match ",
            ShapeToString(stats_shape), " ", DTypeName(stats_dtype),
            " (as the forward returns them)");
-  const Tensor dout = grad_out.contiguous();
+  // The CPU kernel reads any strides (each head's rows are gathered anyway); CUDA's is given the
+  // contiguous layout it was checked with.
+  const Tensor dout = q.device().is_cpu() ? grad_out : grad_out.contiguous();
   if (q.numel() > 0) {
-    AttentionGrads r{Tensor::Empty(q.shape(), q.dtype(), q.device()),
-                     Tensor::Empty(k.shape(), q.dtype(), q.device()),
-                     Tensor::Empty(v.shape(), q.dtype(), q.device())};
+    AttentionGrads r{AttentionTensor(q, q.dtype()), AttentionTensor(k, q.dtype()),
+                     AttentionTensor(v, q.dtype())};
     if (!Declined(KernelsFor(q.device()).ScaledDotProductAttentionBackward(
             r.grad_q, r.grad_k, r.grad_v, dout, q, k, v, output, stats.contiguous(), causal,
             scale))) {

@@ -46,6 +46,33 @@ const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& sc
   return scratch.data();
 }
 
+// Where the product for the [T, D] matrix t[b, h] of a [B, H, T, D] output of any strides goes,
+// with leading dimension *ld: in place when t holds C with unit column stride (the [B, T, H, D]
+// layout the ops allocate on the CPU, or a contiguous one), else `scratch` (contiguous), which
+// StoreHeadResult then rounds into t.
+template <typename T, typename C>
+C* HeadResult(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch, int64_t* ld) {
+  const Shape& st = t.strides();
+  const int64_t rows = t.size(2), d = t.size(3);
+  if constexpr (std::is_same_v<T, C>) {
+    if ((d == 1 || st[3] == 1) && (rows == 1 || st[2] >= d)) {
+      *ld = rows == 1 ? d : st[2];
+      return t.data<T>() + b * st[0] + h * st[1];
+    }
+  }
+  scratch.resize(static_cast<size_t>(rows * d));
+  *ld = d;
+  return scratch.data();
+}
+template <typename T, typename C>
+void StoreHeadResult(const C* result, const Tensor& t, int64_t b, int64_t h) {
+  const Shape& st = t.strides();
+  T* base = t.data<T>() + b * st[0] + h * st[1];
+  if (reinterpret_cast<const void*>(result) == reinterpret_cast<const void*>(base)) return;
+  const int64_t rows = t.size(2), d = t.size(3);
+  for (int64_t i = 0; i < rows; ++i) StoreRow(result + i * d, d, base + i * st[2], st[3]);
+}
+
 // s [tq, tk] = q [tq, d] @ k [tk, d]^T, unscaled; zero when d == 0 (an empty sum).
 template <typename C>
 void Scores(const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t tq, int64_t tk, int64_t d,
@@ -79,7 +106,6 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
   const C cscale = static_cast<C>(scale);
   // Per-head scratch, in C: q [tq, d], k and v [tk, d], the scores, then the rounded
   // probabilities, [tq, tk], and the product [tq, d] (f16/bf16 only: f32/f64 write out).
-  T* out_base = out.data<T>();
   C* stats_base = stats.data<C>();
   // Heads are independent: one block of heads per thread, each with its own scratch (GEMM inside
   // a parallel region runs on the calling thread, see parallel.h).
@@ -116,10 +142,10 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
           }
           // out[b, h] [tq, d] = p [tq, tk] @ v [tk, d].
           if (d == 0) continue;
-          T* o = out_base + head * tq * d;
-          C* dst = GemmResult<C>(o, tq * d, o_scratch);
-          Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, d);
-          StoreGemmResult(dst, tq * d, o);
+          int64_t ldo;
+          C* dst = HeadResult<T>(out, b, h, o_scratch, &ldo);
+          Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, ldo);
+          StoreHeadResult<T>(dst, out, b, h);
         }
       });
 }
@@ -173,18 +199,16 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
           }
           // grad_v [tk, d] = p^T @ grad_out; grad_q [tq, d] = ds @ k; grad_k [tk, d] = ds^T
           // @ q (the transposes through GEMM's flags).
-          T* gv = grad_v.data<T>() + head * tk * d;
-          C* dst = GemmResult<C>(gv, tk * d, r_scratch);
-          Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, d);
-          StoreGemmResult(dst, tk * d, gv);
-          T* gq = grad_q.data<T>() + head * tq * d;
-          dst = GemmResult<C>(gq, tq * d, r_scratch);
-          Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, d);
-          StoreGemmResult(dst, tq * d, gq);
-          T* gk = grad_k.data<T>() + head * tk * d;
-          dst = GemmResult<C>(gk, tk * d, r_scratch);
-          Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, d);
-          StoreGemmResult(dst, tk * d, gk);
+          int64_t ld;
+          C* dst = HeadResult<T>(grad_v, b, h, r_scratch, &ld);
+          Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, ld);
+          StoreHeadResult<T>(dst, grad_v, b, h);
+          dst = HeadResult<T>(grad_q, b, h, r_scratch, &ld);
+          Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, ld);
+          StoreHeadResult<T>(dst, grad_q, b, h);
+          dst = HeadResult<T>(grad_k, b, h, r_scratch, &ld);
+          Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, ld);
+          StoreHeadResult<T>(dst, grad_k, b, h);
         }
       });
 }
