@@ -77,18 +77,14 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
     // grad_weight and grad_bias: columns in parallel, each summed over the rows in order.
     if (params) {
       ParallelFor(n, std::max<int64_t>(16, RowsPerThread(rows)), [&](int64_t begin, int64_t end) {
-        std::vector<C> g_xhat(end - begin);
+        if constexpr (std::is_same_v<T, float>) {  // the same sums, as vectors
+          LayerNormParamGradsF32(xs + begin, go + begin, rows, n, end - begin, mu, rs,
+                                 gw_acc.data() + begin, gb_acc.data() + begin);
+          return;
+        }
         for (int64_t r = 0; r < rows; ++r) {
           const T* xrow = xs + r * n;
           const T* grow = go + r * n;
-          if constexpr (std::is_same_v<T, float>) {  // the same sums, as vectors
-            for (int64_t i = begin; i < end; ++i) {
-              g_xhat[i - begin] = grow[i] * ((xrow[i] - mu[r]) * rs[r]);
-            }
-            AddToF64(g_xhat.data(), gw_acc.data() + begin, end - begin);
-            AddToF64(grow + begin, gb_acc.data() + begin, end - begin);
-            continue;
-          }
           for (int64_t i = begin; i < end; ++i) {
             const C g = static_cast<C>(Widen(grow[i]));
             const C xh = (static_cast<C>(Widen(xrow[i])) - mu[r]) * rs[r];

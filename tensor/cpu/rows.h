@@ -66,11 +66,15 @@ inline double RowSumSquaredDeviationsF64(const double* x, int64_t n, double mean
 // near 3000, whose ulp exceeds half the terms) drops their low bits and comes out ~5e-5 low.
 template <typename C, typename T>
 void RowLogSumExp(const T* row, int64_t n, C* max_out, C* log_sum_out) {
-  C max = -std::numeric_limits<C>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const C v = Widen(row[i]);
-    if (std::isnan(v) || v > max) max = v;
-    if (std::isnan(max)) break;
+  C max = -std::numeric_limits<C>::infinity();  // or the first NaN
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<C, float>) {
+    max = MaxF32(row, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const C v = Widen(row[i]);
+      if (std::isnan(v) || v > max) max = v;
+      if (std::isnan(max)) break;
+    }
   }
   // An all -inf row (or a +inf max) would give inf - inf; shift by 0 instead, as PyTorch does.
   const C shift = std::isinf(max) ? C(0) : max;

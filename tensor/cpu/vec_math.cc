@@ -324,18 +324,6 @@ double SumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
       });
 }
 
-// acc[i] += x[i] in f64.
-void AddToF64(const float* x, double* acc, int64_t n) {
-  const hn::ScalableTag<double> d;
-  const hn::Rebind<float, decltype(d)> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(hn::Add(hn::LoadU(d, acc + i), hn::PromoteTo(d, hn::LoadU(df, x + i))), d, acc + i);
-  }
-  for (; i < n; ++i) acc[i] += static_cast<double>(x[i]);
-}
-
 // col[j] += x[r * stride + j] for r = 0, 1, ..., rows - 1 in that order, in f64: the columns in
 // blocks of four vectors held in registers over all the rows (one load and add per vector and
 // row, no store of the sums in between), the remaining columns one by one.
@@ -366,6 +354,45 @@ void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols,
   }
   for (; j < cols; ++j) {
     for (int64_t r = 0; r < rows; ++r) col[j] += static_cast<double>(x[r * stride + j]);
+  }
+}
+
+// Layer norm's weight and bias gradients over a [rows, cols] block: per column j, in row order,
+// gw[j] += g * ((x - mean[r]) * rstd[r]) (in f32, then widened) and gb[j] += g. Columns in
+// blocks of two vectors held in registers over all the rows, the rest one at a time.
+void LayerNormParamGrads(const float* x, const float* g, int64_t rows, int64_t stride,
+                         int64_t cols, const float* mean, const float* rstd, double* gw,
+                         double* gb) {
+  const hn::ScalableTag<double> d;
+  const hn::Rebind<float, decltype(d)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + 2 * lanes <= cols; j += 2 * lanes) {
+    auto w0 = hn::LoadU(d, gw + j), w1 = hn::LoadU(d, gw + j + lanes);
+    auto b0 = hn::LoadU(d, gb + j), b1 = hn::LoadU(d, gb + j + lanes);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * stride + j;
+      const float* gr = g + r * stride + j;
+      const auto m = hn::Set(df, mean[r]), rs = hn::Set(df, rstd[r]);
+      const auto g0 = hn::LoadU(df, gr), g1 = hn::LoadU(df, gr + lanes);
+      const auto p0 = hn::Mul(g0, hn::Mul(hn::Sub(hn::LoadU(df, xr), m), rs));
+      const auto p1 = hn::Mul(g1, hn::Mul(hn::Sub(hn::LoadU(df, xr + lanes), m), rs));
+      w0 = hn::Add(w0, hn::PromoteTo(d, p0));
+      w1 = hn::Add(w1, hn::PromoteTo(d, p1));
+      b0 = hn::Add(b0, hn::PromoteTo(d, g0));
+      b1 = hn::Add(b1, hn::PromoteTo(d, g1));
+    }
+    hn::StoreU(w0, d, gw + j);
+    hn::StoreU(w1, d, gw + j + lanes);
+    hn::StoreU(b0, d, gb + j);
+    hn::StoreU(b1, d, gb + j + lanes);
+  }
+  for (; j < cols; ++j) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float gv = g[r * stride + j];
+      gw[j] += static_cast<double>(gv * ((x[r * stride + j] - mean[r]) * rstd[r]));
+      gb[j] += static_cast<double>(gv);
+    }
   }
 }
 
@@ -411,9 +438,9 @@ HWY_EXPORT(Max);
 HWY_EXPORT(SumAsF64);
 HWY_EXPORT(SumProductsAsF64);
 HWY_EXPORT(SumSquaredDeviationsF64);
-HWY_EXPORT(AddToF64);
 HWY_EXPORT(Normalize);
 HWY_EXPORT(AddColumnsToF64);
+HWY_EXPORT(LayerNormParamGrads);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
@@ -427,11 +454,13 @@ double SumProductsAsF64(const float* x, const float* y, int64_t n) {
 double SumSquaredDeviationsF64(const float* x, int64_t n, double mean) {
   return HWY_DYNAMIC_DISPATCH(SumSquaredDeviationsF64)(x, n, mean);
 }
-void AddToF64(const float* x, double* acc, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(AddToF64)(x, acc, n);
-}
 void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols, double* col) {
   HWY_DYNAMIC_DISPATCH(AddColumnsToF64)(x, rows, stride, cols, col);
+}
+void LayerNormParamGradsF32(const float* x, const float* g, int64_t rows, int64_t stride,
+                            int64_t cols, const float* mean, const float* rstd, double* gw,
+                            double* gb) {
+  HWY_DYNAMIC_DISPATCH(LayerNormParamGrads)(x, g, rows, stride, cols, mean, rstd, gw, gb);
 }
 void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,
                   const float* b, float* y) {

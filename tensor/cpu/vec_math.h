@@ -34,11 +34,15 @@ float MaxF32(const float* x, int64_t n);
 double SumAsF64(const float* x, int64_t n);
 double SumProductsAsF64(const float* x, const float* y, int64_t n);
 double SumSquaredDeviationsF64(const float* x, int64_t n, double mean);
-// acc[i] += double(x[i]) (column sums, row after row).
-void AddToF64(const float* x, double* acc, int64_t n);
 // col[j] += double(x[r * stride + j]) for every row r < rows in order, j < cols: the column sums
-// of a [rows, cols] block with row stride `stride`, the same bits as AddToF64 row after row.
+// of a [rows, cols] block with row stride `stride` (bias gradients), in f64.
 void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols, double* col);
+// Layer norm's parameter gradients over a [rows, cols] block of x and the output gradient g (row
+// stride `stride`): for every column j, rows in order, gw[j] += double(g * ((x - mean[r]) *
+// rstd[r])) with the products in f32, and gb[j] += double(g).
+void LayerNormParamGradsF32(const float* x, const float* g, int64_t rows, int64_t stride,
+                            int64_t cols, const float* mean, const float* rstd, double* gw,
+                            double* gb);
 // y[i] = ((x[i] - mean) * rstd) * w[i] + b[i], each operation rounded to f32 (layer norm's
 // order); w and b may be null (no scale, no shift). y may be x.
 void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,

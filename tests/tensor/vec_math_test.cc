@@ -197,14 +197,40 @@ TEST(VecMath, ColumnSumsAddEachRowInOrderInF64) {
   std::vector<float> x = RandNormal({rows * stride}, gen).to_vector<float>();
   for (size_t i = 0; i < x.size(); i += 5) x[i] *= 1e8f;
   for (int64_t cols : {0, 1, 7, 8, 31, 32, 33, 70}) {
-    std::vector<double> want(cols, 0.5), by_rows(cols, 0.5), by_block(cols, 0.5);
+    std::vector<double> want(cols, 0.5), got(cols, 0.5);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < cols; ++j) want[j] += double(x[r * stride + 3 + j]);
-      cpu::AddToF64(x.data() + r * stride + 3, by_rows.data(), cols);
     }
-    cpu::AddColumnsToF64(x.data() + 3, rows, stride, cols, by_block.data());
-    EXPECT_EQ(by_rows, want) << cols;
-    EXPECT_EQ(by_block, want) << cols;
+    cpu::AddColumnsToF64(x.data() + 3, rows, stride, cols, got.data());
+    EXPECT_EQ(got, want) << cols;
+  }
+}
+
+TEST(VecMath, LayerNormParamGradsSumF32ProductsPerColumnInRowOrder) {
+  Generator gen(9);
+  const int64_t rows = 29, stride = 70;
+  const std::vector<float> x = RandNormal({rows * stride}, gen).to_vector<float>();
+  std::vector<float> g = RandNormal({rows * stride}, gen).to_vector<float>();
+  for (size_t i = 0; i < g.size(); i += 7) g[i] *= 1e7f;
+  const std::vector<float> mean = RandNormal({rows}, gen).to_vector<float>();
+  std::vector<float> rstd = RandNormal({rows}, gen).to_vector<float>();
+  for (float& r : rstd) r = std::abs(r) + 0.5f;
+  for (int64_t cols : {0, 3, 16, 33, 64}) {
+    std::vector<double> gw_want(cols, 0.25), gb_want(cols, -0.5), gw(cols, 0.25), gb(cols, -0.5);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t at = r * stride + 5 + j;
+        volatile float xhat = x[at] - mean[r];  // volatile: each f32 operation rounded
+        xhat = xhat * rstd[r];
+        const float p = g[at] * xhat;
+        gw_want[j] += double(p);
+        gb_want[j] += double(g[at]);
+      }
+    }
+    cpu::LayerNormParamGradsF32(x.data() + 5, g.data() + 5, rows, stride, cols, mean.data(),
+                                rstd.data(), gw.data(), gb.data());
+    EXPECT_EQ(gw, gw_want) << cols;
+    EXPECT_EQ(gb, gb_want) << cols;
   }
 }
 
