@@ -73,15 +73,16 @@ void StoreHeadResult(const C* result, const Tensor& t, int64_t b, int64_t h) {
   for (int64_t i = 0; i < rows; ++i) StoreRow(result + i * d, d, base + i * st[2], st[3]);
 }
 
-// s [tq, tk] = q [tq, d] @ k [tk, d]^T, unscaled; zero when d == 0 (an empty sum).
+// s [rows, cols] (leading dimension lds) = q [rows, d] @ k [cols, d]^T, unscaled; zero when
+// d == 0 (an empty sum).
 template <typename C>
-void Scores(const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t tq, int64_t tk, int64_t d,
-            C* s) {
+void Scores(const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t rows, int64_t cols,
+            int64_t d, C* s, int64_t lds) {
   if (d == 0) {
-    std::fill(s, s + tq * tk, C(0));
+    for (int64_t i = 0; i < rows; ++i) std::fill(s + i * lds, s + i * lds + cols, C(0));
     return;
   }
-  Gemm<C>(false, /*tb=*/true, tq, tk, d, q, ldq, k, ldk, s, tk);
+  Gemm<C>(false, /*tb=*/true, rows, cols, d, q, ldq, k, ldk, s, lds);
 }
 
 // The largest of row[0, n), or its first NaN (as the Max reduction); -inf when n == 0.
@@ -97,6 +98,21 @@ inline double RowMax(const double* row, int64_t n) {
 
 // Keys that query i sees: all of them, or 0..i when causal (Tq == Tk).
 inline int64_t VisibleKeys(bool causal, int64_t i, int64_t tk) { return causal ? i + 1 : tk; }
+
+// Causal attention runs its queries in blocks of this many: the products of a block stop at its
+// last query's key, which skips the masked upper triangle's blocks (a quarter of the work at
+// T = 64, half as T grows). Other attention is one block.
+constexpr int64_t kCausalBlock = 32;
+
+// Each block of queries [begin, end) and the keys it sees, [0, keys).
+template <typename F>
+void ForEachQueryBlock(bool causal, int64_t tq, int64_t tk, F f) {
+  const int64_t block = causal ? kCausalBlock : std::max<int64_t>(tq, 1);
+  for (int64_t begin = 0; begin < tq; begin += block) {
+    const int64_t end = std::min(tq, begin + block);
+    f(begin, end, causal ? end : tk);
+  }
+}
 
 template <typename T>
 void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
@@ -114,38 +130,42 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
         ScratchVector<C> q_scratch, k_scratch, v_scratch, s(tq * tk), o_scratch;
         for (int64_t head = begin; head < end; ++head) {
           const int64_t b = head / nh, h = head % nh;
-          int64_t ldq, ldk, ldv;
+          int64_t ldq, ldk, ldv, ldo;
           const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
           const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
           const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
-          Scores(qh, ldq, kh, ldk, tq, tk, d, s.data());
+          C* dst = d > 0 ? HeadResult<T>(out, b, h, o_scratch, &ldo) : nullptr;
           C* st = stats_base + head * tq;
-          for (int64_t i = 0; i < tq; ++i) {
-            // One row: scale, max, exp and sum over the visible keys; the masked ones get
-            // probability 0 (exp(-inf - max) in the composed form). The sum accumulates in
-            // f64 (rows.h SumF64) and rounds to C; the max takes the first NaN, like Max.
-            C* row = s.data() + i * tk;
-            const int64_t len = VisibleKeys(causal, i, tk);
-            for (int64_t j = 0; j < len; ++j) row[j] *= cscale;
-            const C max = RowMax(row, len);
-            // exp over whole vectors: the masked keys up to the next multiple of 16 (within
-            // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
-            const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
-            for (int64_t j = 0; j < len; ++j) row[j] -= max;
-            std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
-            ExpRow(row, row, padded);
-            const C sum = static_cast<C>(RowSumF64(row, len));
-            for (int64_t j = 0; j < len; ++j) row[j] /= sum;
-            RoundRow<T>(row, len);
-            std::fill(row + len, row + tk, C(0));
-            st[i] = max + std::log(sum);
-          }
-          // out[b, h] [tq, d] = p [tq, tk] @ v [tk, d].
-          if (d == 0) continue;
-          int64_t ldo;
-          C* dst = HeadResult<T>(out, b, h, o_scratch, &ldo);
-          Gemm<C>(false, false, tq, d, tk, s.data(), tk, vh, ldv, dst, ldo);
-          StoreHeadResult<T>(dst, out, b, h);
+          ForEachQueryBlock(causal, tq, tk, [&](int64_t i0, int64_t i1, int64_t keys) {
+            Scores(qh + i0 * ldq, ldq, kh, ldk, i1 - i0, keys, d, s.data() + i0 * tk, tk);
+            for (int64_t i = i0; i < i1; ++i) {
+              // One row: scale, max, exp and sum over the visible keys; the masked ones get
+              // probability 0 (exp(-inf - max) in the composed form). The sum accumulates in
+              // f64 (rows.h SumF64's order) and rounds to C; the max takes the first NaN, like
+              // Max.
+              C* row = s.data() + i * tk;
+              const int64_t len = VisibleKeys(causal, i, tk);
+              for (int64_t j = 0; j < len; ++j) row[j] *= cscale;
+              const C max = RowMax(row, len);
+              // exp over whole vectors: the masked keys up to the next multiple of 16 (within
+              // the row) are set to -inf, whose exp is 0, rather than taking the tail path.
+              const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
+              for (int64_t j = 0; j < len; ++j) row[j] -= max;
+              std::fill(row + len, row + padded, -std::numeric_limits<C>::infinity());
+              ExpRow(row, row, padded);
+              const C sum = static_cast<C>(RowSumF64(row, len));
+              for (int64_t j = 0; j < len; ++j) row[j] /= sum;
+              RoundRow<T>(row, len);
+              std::fill(row + len, row + keys, C(0));
+              st[i] = max + std::log(sum);
+            }
+            // out[b, h] rows [i0, i1) = p [i0:i1, 0:keys] @ v [0:keys, d].
+            if (d > 0) {
+              Gemm<C>(false, false, i1 - i0, d, keys, s.data() + i0 * tk, tk, vh, ldv,
+                      dst + i0 * ldo, ldo);
+            }
+          });
+          if (d > 0) StoreHeadResult<T>(dst, out, b, h);
         }
       });
 }
@@ -164,51 +184,74 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
   ParallelFor(
       nb * nh, RowsPerThread(tq * tk * std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
         ScratchVector<C> q_scratch, k_scratch, v_scratch, go_scratch, o_scratch, p(tq * tk),
-            ds(tq * tk), r_scratch;
+            ds(tq * tk), gq_scratch, gk_scratch, gv_scratch;
         for (int64_t head = begin; head < end; ++head) {
           const int64_t b = head / nh, h = head % nh;
-          int64_t ldq, ldk, ldv, ldgo, ldo;
+          int64_t ldq, ldk, ldv, ldgo, ldo, ldgq, ldgk, ldgv;
           const C* qh = HeadOperand<T>(q, b, h, q_scratch, &ldq);
           const C* kh = HeadOperand<T>(k, b, h, k_scratch, &ldk);
           const C* vh = HeadOperand<T>(v, b, h, v_scratch, &ldv);
           const C* goh = HeadOperand<T>(grad_out, b, h, go_scratch, &ldgo);
           const C* oh = HeadOperand<T>(out, b, h, o_scratch, &ldo);
-          Scores(qh, ldq, kh, ldk, tq, tk, d, p.data());
-          // dp [tq, tk] = grad_out [tq, d] @ v [tk, d]^T.
-          Scores(goh, ldgo, vh, ldv, tq, tk, d, ds.data());
+          C* gq = HeadResult<T>(grad_q, b, h, gq_scratch, &ldgq);
+          C* gk = HeadResult<T>(grad_k, b, h, gk_scratch, &ldgk);
+          C* gv = HeadResult<T>(grad_v, b, h, gv_scratch, &ldgv);
           const C* st = stats_base + head * tq;
-          for (int64_t i = 0; i < tq; ++i) {
-            // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C,
-            // like Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds
-            // rounded to T for the products; masked keys have p = ds = 0.
-            const C* gorow = goh + i * ldgo;
-            const C* orow = oh + i * ldo;
-            const C delta = static_cast<C>(RowSumProductsF64(gorow, orow, d));
-            C* prow = p.data() + i * tk;
-            C* dsrow = ds.data() + i * tk;
-            const int64_t len = VisibleKeys(causal, i, tk);
-            const int64_t padded = std::min(tk, (len + 15) / 16 * 16);  // as in the forward
-            for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
-            std::fill(prow + len, prow + padded, -std::numeric_limits<C>::infinity());
-            ExpRow(prow, prow, padded);
-            for (int64_t j = 0; j < len; ++j) dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
-            RoundRow<T>(prow, len);
-            RoundRow<T>(dsrow, len);
-            std::fill(prow + len, prow + tk, C(0));
-            std::fill(dsrow + len, dsrow + tk, C(0));
-          }
-          // grad_v [tk, d] = p^T @ grad_out; grad_q [tq, d] = ds @ k; grad_k [tk, d] = ds^T
-          // @ q (the transposes through GEMM's flags).
-          int64_t ld;
-          C* dst = HeadResult<T>(grad_v, b, h, r_scratch, &ld);
-          Gemm<C>(/*ta=*/true, false, tk, d, tq, p.data(), tk, goh, ldgo, dst, ld);
-          StoreHeadResult<T>(dst, grad_v, b, h);
-          dst = HeadResult<T>(grad_q, b, h, r_scratch, &ld);
-          Gemm<C>(false, false, tq, d, tk, ds.data(), tk, kh, ldk, dst, ld);
-          StoreHeadResult<T>(dst, grad_q, b, h);
-          dst = HeadResult<T>(grad_k, b, h, r_scratch, &ld);
-          Gemm<C>(/*ta=*/true, false, tk, d, tq, ds.data(), tk, qh, ldq, dst, ld);
-          StoreHeadResult<T>(dst, grad_k, b, h);
+          ForEachQueryBlock(causal, tq, tk, [&](int64_t i0, int64_t i1, int64_t keys) {
+            const int64_t rows = i1 - i0;
+            Scores(qh + i0 * ldq, ldq, kh, ldk, rows, keys, d, p.data() + i0 * tk, tk);
+            // dp [rows, keys] = grad_out [rows, d] @ v [keys, d]^T.
+            Scores(goh + i0 * ldgo, ldgo, vh, ldv, rows, keys, d, ds.data() + i0 * tk, tk);
+            for (int64_t i = i0; i < i1; ++i) {
+              // One row: delta = sum_d grad_out * out (f64 sum of C products, rounded to C,
+              // like Sum(Mul)), p = exp(scale s - stats), ds = p (dp - delta) scale; p and ds
+              // rounded to T for the products; masked keys have p = ds = 0.
+              const C* gorow = goh + i * ldgo;
+              const C* orow = oh + i * ldo;
+              const C delta = static_cast<C>(RowSumProductsF64(gorow, orow, d));
+              C* prow = p.data() + i * tk;
+              C* dsrow = ds.data() + i * tk;
+              const int64_t len = VisibleKeys(causal, i, tk);
+              // exp over whole vectors, the masked keys up to the next multiple of 16 -inf.
+              const int64_t padded = std::min(tk, (len + 15) / 16 * 16);
+              for (int64_t j = 0; j < len; ++j) prow[j] = prow[j] * cscale - st[i];
+              std::fill(prow + len, prow + padded, -std::numeric_limits<C>::infinity());
+              ExpRow(prow, prow, padded);
+              for (int64_t j = 0; j < len; ++j) dsrow[j] = prow[j] * (dsrow[j] - delta) * cscale;
+              RoundRow<T>(prow, len);
+              RoundRow<T>(dsrow, len);
+              std::fill(prow + len, prow + keys, C(0));
+              std::fill(dsrow + len, dsrow + keys, C(0));
+            }
+            // grad_v [keys, d] (+)= p^T @ grad_out; grad_q rows [i0, i1) = ds @ k; grad_k
+            // [keys, d] (+)= ds^T @ q (the transposes through GEMM's flags). A later block
+            // adds to the keys an earlier one wrote and writes the keys it adds; one block
+            // (all but causal attention) writes everything at once.
+            const bool first = i0 == 0;
+            const int64_t seen = first ? 0 : i0;  // keys written by the blocks before
+            auto key_rows = [&](auto product, C* result, int64_t ld) {
+              if (seen > 0) product(0, seen, result, ld, /*accumulate=*/true);
+              product(seen, keys, result + seen * ld, ld, /*accumulate=*/false);
+            };
+            if (d == 0) return;
+            key_rows(
+                [&](int64_t j0, int64_t j1, C* r, int64_t ld, bool acc) {
+                  Gemm<C>(/*ta=*/true, false, j1 - j0, d, rows, p.data() + i0 * tk + j0, tk,
+                          goh + i0 * ldgo, ldgo, r, ld, acc);
+                },
+                gv, ldgv);
+            Gemm<C>(false, false, rows, d, keys, ds.data() + i0 * tk, tk, kh, ldk,
+                    gq + i0 * ldgq, ldgq);
+            key_rows(
+                [&](int64_t j0, int64_t j1, C* r, int64_t ld, bool acc) {
+                  Gemm<C>(/*ta=*/true, false, j1 - j0, d, rows, ds.data() + i0 * tk + j0, tk,
+                          qh + i0 * ldq, ldq, r, ld, acc);
+                },
+                gk, ldgk);
+          });
+          StoreHeadResult<T>(gv, grad_v, b, h);
+          StoreHeadResult<T>(gq, grad_q, b, h);
+          StoreHeadResult<T>(gk, grad_k, b, h);
         }
       });
 }

@@ -227,7 +227,9 @@ struct AttentionCase {
 const AttentionCase kAttentionCases[] = {
     {2, 3, 5, 5, 4, false, false}, {2, 3, 7, 7, 8, true, false}, {1, 2, 3, 6, 8, false, false},
     {1, 1, 1, 1, 2, true, false},  {2, 2, 9, 9, 5, true, true},  {1, 3, 4, 11, 6, false, true},
-    {2, 2, 10, 10, 3, false, true}};
+    {2, 2, 10, 10, 3, false, true},
+    // Causal attention over more than one block of queries (the CPU kernel's blocks of 32).
+    {1, 2, 70, 70, 8, true, true},  {2, 1, 33, 33, 4, true, false}};
 
 std::string CaseName(const AttentionCase& c) {
   return "[" + std::to_string(c.b) + ", " + std::to_string(c.h) + ", " + std::to_string(c.tq) +
