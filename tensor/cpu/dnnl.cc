@@ -140,21 +140,28 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
 }
 
 bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) {
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                const float* bias) {
   if (in != DType::kBF16 && in != DType::kF16 && in != DType::kF32) return false;
   if (out != in && out != DType::kF32) return false;
+  if (bias != nullptr && out != DType::kF32) return false;
   if (m <= 0 || n <= 0 || k <= 0) return false;
   static DnnlCache* cache = new DnnlCache;
+  const bool with_bias = bias != nullptr;
   const std::shared_ptr<const DnnlPrimitive> p = cache->Get(
-      {static_cast<int64_t>(in), static_cast<int64_t>(out), ta, tb, m, n, k, lda, ldb, ldc}, [&] {
+      {static_cast<int64_t>(in), static_cast<int64_t>(out), ta, tb, m, n, k, lda, ldb, ldc,
+       with_bias},
+      [&] {
         using dnnl::memory;
         const memory::data_type ti = DnnlType(in), to = DnnlType(out);
         // A transposed operand is the same matrix with its strides swapped.
         const memory::desc a_md({m, k}, ti, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
         const memory::desc b_md({k, n}, ti, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
         const memory::desc c_md({m, n}, to, memory::dims{ldc, 1});
-        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), DnnlAttr(),
-                                              DnnlEngine());
+        const memory::desc bias_md({1, n}, memory::data_type::f32, memory::dims{n, 1});
+        const dnnl::matmul::desc desc = with_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                                  : dnnl::matmul::desc(a_md, b_md, c_md);
+        const dnnl::matmul::primitive_desc pd(desc, DnnlAttr(), DnnlEngine());
         if (IsDnnlReference(pd)) return std::shared_ptr<DnnlPrimitive>();
         auto prim = std::make_shared<DnnlPrimitive>();
         prim->primitive = dnnl::matmul(pd);
@@ -162,9 +169,12 @@ bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int
         prim->AddArg(DNNL_ARG_SRC, a_md, pd.src_desc(), false);
         prim->AddArg(DNNL_ARG_WEIGHTS, b_md, pd.weights_desc(), false);
         prim->AddArg(DNNL_ARG_DST, c_md, pd.dst_desc(), true);
+        if (with_bias) prim->AddArg(DNNL_ARG_BIAS, bias_md, pd.bias_desc(), false);
         return prim;
       });
-  return p != nullptr && DnnlExecute(*p, {const_cast<void*>(a), const_cast<void*>(b), c});
+  std::vector<void*> pointers = {const_cast<void*>(a), const_cast<void*>(b), c};
+  if (with_bias) pointers.push_back(const_cast<float*>(bias));
+  return p != nullptr && DnnlExecute(*p, pointers);
 }
 
 }  // namespace tg::cpu

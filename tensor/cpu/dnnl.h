@@ -88,8 +88,11 @@ class DnnlCache {
 // leading dimensions lda/ldb/ldc, a and b optionally stored transposed (as in cblas). Returns
 // false, and the caller multiplies itself, where oneDNN has no fast implementation for it on
 // this CPU (oneDNN 2.6: f16 anywhere, bf16 without AVX-512), for empty sizes, or on a failure.
+// With `bias` (f32 [n], only for an f32 result) each c[i, j] is the f32 sum plus bias[j],
+// rounded once more: what adding the bias to the finished product gives, in the product's pass.
 bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc);
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                const float* bias = nullptr);
 
 }  // namespace tg::cpu
 

@@ -46,9 +46,9 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   if (m == 0 || n == 0) return;
   ScratchVector<C> x_scratch, w_scratch, acc_scratch;
   T* o = out.data<T>();
-  // The product [m, n] in C. In f32/f64 it goes straight into out (no activation) or into pre
-  // (GELU, when pre's rows are dense) and the bias is added in place; otherwise into a scratch
-  // buffer that the epilogue reads.
+  // The product [m, n] in C (with the bias in f32/f64). In f32/f64 it goes straight into out (no
+  // activation) or into pre (GELU, when pre's rows are dense); otherwise into a scratch buffer
+  // that the epilogue reads.
   const bool in_place = std::is_same_v<T, C> && act == Activation::kNone;
   const bool into_pre = std::is_same_v<T, C> && act != Activation::kNone &&
                         pre.strides()[1] == 1 && (m == 1 || pre.strides()[0] == n);
@@ -62,6 +62,10 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
     acc_scratch.resize(static_cast<size_t>(m * n));
     acc = acc_scratch.data();
   }
+  const T* b = bias.defined() ? bias.data<T>() : nullptr;
+  // f32/f64: the product adds the bias itself (gemm.h: the same roundings, in the GEMM's pass);
+  // f16/bf16: the epilogue adds it in C.
+  const bool bias_in_product = std::is_same_v<T, C> && b != nullptr;
   bool multiplied = false;
   if constexpr (kIsReduced<T>) {
     multiplied = LowPrecisionGemm<T, C>(false, /*tb=*/true, m, n, k, x.data<T>(), k,
@@ -70,12 +74,13 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   if (!multiplied) {
     const C* xc = GemmOperand<C>(x.data<T>(), m * k, x_scratch);       // [m, k]
     const C* wc = GemmOperand<C>(weight.data<T>(), n * k, w_scratch);  // [n, k]
-    Gemm<C>(/*ta=*/false, /*tb=*/true, m, n, k, xc, k, wc, k, acc, n);
+    Gemm<C>(/*ta=*/false, /*tb=*/true, m, n, k, xc, k, wc, k, acc, n, /*accumulate=*/false,
+            bias_in_product ? reinterpret_cast<const C*>(b) : nullptr);
   }
+  if (in_place) return;  // out holds the product and the bias
 
-  const T* b = bias.defined() ? bias.data<T>() : nullptr;
   std::vector<C> bc;  // bias [n] in C, widened once rather than per row
-  if (b != nullptr) {
+  if (b != nullptr && !bias_in_product) {
     bc.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j) bc[j] = static_cast<C>(Widen(b[j]));
   }
@@ -86,25 +91,18 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
   const int64_t p_col = act == Activation::kNone ? 0 : pre.strides()[1];
   ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const C* a = acc + r * n;
       T* orow = o + r * n;
-      if (act == Activation::kNone) {
-        if constexpr (std::is_same_v<T, C>) {  // acc is out
-          if (b != nullptr) {
-            for (int64_t j = 0; j < n; ++j) orow[j] = a[j] + bc[j];
-          }
-        } else {
-          C* p = acc + r * n;  // the bias in place, then rounded into out
-          if (b != nullptr) {
-            for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
-          }
-          StoreRow(p, n, orow, 1);
+      if (act == Activation::kNone) {  // f16/bf16 (f32/f64 returned above)
+        C* p = acc + r * n;              // the bias in place, then rounded into out
+        if (!bc.empty()) {
+          for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
         }
+        StoreRow(p, n, orow, 1);
         continue;
       }
       // GELU of the row in place in the product buffer (the row is read by this thread only).
       C* p = acc + r * n;
-      if (b != nullptr) {
+      if (!bc.empty()) {
         for (int64_t j = 0; j < n; ++j) p[j] += bc[j];
       }
       if (!into_pre) StoreRow(p, n, p_base + r * p_row, p_col);

@@ -48,12 +48,25 @@ struct UninitializedAllocator : std::allocator<T> {
 template <typename T>
 using ScratchVector = std::vector<T, UninitializedAllocator<T>>;
 
+// c[i, j] += bias[j] for the rows of an [m, n] result (nothing without a bias).
+template <typename T>
+void AddBias(int64_t m, int64_t n, const T* bias, T* c, int64_t ldc) {
+  if (bias == nullptr) return;
+  ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T* row = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
+    }
+  });
+}
+
 // C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed;
 // f32 through oneDNN or OpenBLAS (the same values up to the order of the additions), f64 through
-// OpenBLAS.
+// OpenBLAS. With `bias` [n] (not with accumulate), C[i, j] = (A @ B)[i, j] + bias[j], the sum
+// rounded and then the bias added (oneDNN adds it in the product's own pass).
 template <typename T>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc, bool accumulate = false) {
+          int64_t ldb, T* c, int64_t ldc, bool accumulate = false, const T* bias = nullptr) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "Gemm: f32 or f64");
   GemmProfile* profile = CurrentGemmProfile();
   const auto start = profile != nullptr ? std::chrono::steady_clock::now()
@@ -67,13 +80,15 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
     // primitive's lookup, its memory objects: ~1-2 us) exceeds the product's own time.
     constexpr int64_t kSmallProduct = 64 * 64 * 64;
     if (accumulate || m * n * k <= kSmallProduct ||
-        !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)) {
+        !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, bias)) {
       cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
                   accumulate ? 1.0f : 0.0f, c, ldc);
+      AddBias(m, n, bias, c, ldc);
     }
   } else {
     cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
                 c, ldc);
+    AddBias(m, n, bias, c, ldc);
   }
   if (profile != nullptr) {
     profile->calls += 1;
