@@ -24,8 +24,20 @@ template <typename V>
 void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
   ParallelFor(n, std::max<int64_t>(16, (int64_t{1} << 14) / std::max<int64_t>(1, m)),
               [&](int64_t begin, int64_t end) {
+                const int64_t cols = end - begin;
                 if constexpr (std::is_same_v<V, float>) {
-                  AddColumnsToF64(v + begin, m, n, end - begin, col + begin);
+                  AddColumnsToF64(v + begin, m, n, cols, col + begin);
+                } else if constexpr (kIsReduced<V>) {
+                  // f16/bf16: blocks of rows widened to f32 (exactly), then summed as f32 rows.
+                  constexpr int64_t kRows = 64;
+                  ScratchVector<float> block(static_cast<size_t>(kRows * cols));
+                  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+                    const int64_t rows = std::min(kRows, m - r0);
+                    for (int64_t r = 0; r < rows; ++r) {
+                      WidenToF32(v + (r0 + r) * n + begin, block.data() + r * cols, cols);
+                    }
+                    AddColumnsToF64(block.data(), rows, cols, cols, col + begin);
+                  }
                 } else {
                   for (int64_t r = 0; r < m; ++r) {
                     const V* row = v + r * n;
