@@ -45,23 +45,27 @@ constexpr bool kTwoByteFloats =
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
 void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  // n contiguous elements (f16/bf16: widened and rounded in blocks by the vector conversions).
+  auto contiguous = [&](Out* o, const In* x, const In* y, int64_t n) {
+    if constexpr (kTwoByteFloats<Out, In>) {
+      float xb[kBlock], yb[kBlock];
+      for (int64_t i = 0; i < n; i += kBlock) {
+        const int64_t len = std::min(kBlock, n - i);
+        WidenToF32(x + i, xb, len);
+        WidenToF32(y + i, yb, len);
+        for (int64_t j = 0; j < len; ++j) xb[j] = f(xb[j], yb[j]);
+        RoundFromF32(xb, o + i, len);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+    }
+  };
   if (FlatSameShape(out, {&a, &b})) {
     Out* o = static_cast<Out*>(out.raw_data());
     const In* x = static_cast<const In*>(a.raw_data());
     const In* y = static_cast<const In*>(b.raw_data());
     ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
-      if constexpr (kTwoByteFloats<Out, In>) {
-        float xb[kBlock], yb[kBlock];
-        for (int64_t i = begin; i < end; i += kBlock) {
-          const int64_t len = std::min(kBlock, end - i);
-          WidenToF32(x + i, xb, len);
-          WidenToF32(y + i, yb, len);
-          for (int64_t j = 0; j < len; ++j) xb[j] = f(xb[j], yb[j]);
-          RoundFromF32(xb, o + i, len);
-        }
-      } else {
-        for (int64_t i = begin; i < end; ++i) o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
-      }
+      contiguous(o + begin, x + begin, y + begin, end - begin);
     });
     return;
   }
@@ -74,8 +78,7 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
                   const In* x = reinterpret_cast<const In*>(p[1]);
                   const In* y = reinterpret_cast<const In*>(p[2]);
                   if (step[0] == sizeof(Out) && step[1] == sizeof(In) && step[2] == sizeof(In)) {
-                    for (int64_t i = 0; i < n; ++i)
-                      o[i] = Convert<Out>(f(Widen(x[i]), Widen(y[i])));
+                    contiguous(o, x, y, n);
                     return;
                   }
                   const int64_t so = step[0] / int64_t{sizeof(Out)};
