@@ -217,6 +217,19 @@ void AdamLoop(float* p, const float* g, float* m, float* v, int64_t n, const Ada
                              hn::Set(d, s.bias_correction2_sqrt)};
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {  // two vectors at a time: two divide chains
+    V p0 = hn::LoadU(d, p + i), m0 = hn::LoadU(d, m + i), v0 = hn::LoadU(d, v + i);
+    V p1 = hn::LoadU(d, p + i + lanes), m1 = hn::LoadU(d, m + i + lanes),
+      v1 = hn::LoadU(d, v + i + lanes);
+    AdamElement<kDecay>(p0, hn::LoadU(d, g + i), m0, v0, vs);
+    AdamElement<kDecay>(p1, hn::LoadU(d, g + i + lanes), m1, v1, vs);
+    hn::StoreU(p0, d, p + i);
+    hn::StoreU(m0, d, m + i);
+    hn::StoreU(v0, d, v + i);
+    hn::StoreU(p1, d, p + i + lanes);
+    hn::StoreU(m1, d, m + i + lanes);
+    hn::StoreU(v1, d, v + i + lanes);
+  }
   for (; i + lanes <= n; i += lanes) {
     V pv = hn::LoadU(d, p + i), mv = hn::LoadU(d, m + i), vv = hn::LoadU(d, v + i);
     AdamElement<kDecay>(pv, hn::LoadU(d, g + i), mv, vv, vs);
