@@ -957,8 +957,8 @@ void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, cons
 
 // A [B, H, T, D] tensor for attention's output or gradients, of `like`'s shape. On the CPU it
 // is laid out [B, T, H, D] (a permuted view, as PyTorch's CPU flash attention lays out its
-// output), so that merging the heads back into [B, T, H * D] -- or, for the gradients, into the
-// [B, T, 3 * H * D] projection they came from -- is a view rather than a copy. CUDA keeps
+// output), so that merging the heads back into [B, T, H * D] (the output, and each of the q/k/v
+// gradients on its way back to the projection) is a view rather than a copy. CUDA keeps
 // [B, H, T, D], the layout its kernels were checked with on a GPU.
 Tensor AttentionTensor(const Tensor& like, DType dtype) {
   if (!like.device().is_cpu()) return Tensor::Empty(like.shape(), dtype, like.device());
