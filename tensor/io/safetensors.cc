@@ -25,8 +25,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "tensor/io/fd.h"
 #include "tensor/error.h"
+#include "tensor/io/fd.h"
 
 namespace tg {
 namespace io {
@@ -171,6 +171,46 @@ bool ParseCrcText(absl::string_view text, uint32_t* crc) {
   return true;
 }
 
+// One tensor's entry of the header, as the writer lays it out.
+struct HeaderTensor {
+  const std::string* name;
+  const char* dtype;
+  const Shape* shape;
+  uint64_t begin, end;
+};
+
+// The writer's header JSON (without padding): "__metadata__" first when there is any, then the
+// tensors in the given (file) order. The reader rebuilds the same text from what it parsed to
+// check kHeaderChecksumKey, so this is the one canonical form of a header's values.
+std::string HeaderJson(const std::map<std::string, std::string>& metadata,
+                       const std::vector<HeaderTensor>& tensors) {
+  std::string json = "{";
+  if (!metadata.empty()) {
+    absl::StrAppend(&json, "\"", kMetadataKey, "\":{");
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      absl::StrAppend(&json, first ? "" : ",", JsonString(key), ":", JsonString(value));
+      first = false;
+    }
+    json += "}";
+  }
+  for (const HeaderTensor& t : tensors) {
+    absl::StrAppend(&json, json.size() > 1 ? "," : "", JsonString(*t.name), ":{\"dtype\":\"",
+                    t.dtype, "\",\"shape\":[", absl::StrJoin(*t.shape, ","), "],\"data_offsets\":[",
+                    t.begin, ",", t.end, "]}");
+  }
+  json += "}";
+  return json;
+}
+
+// The CRC-32 of HeaderJson(metadata, tensors) with `metadata` taken without kHeaderChecksumKey.
+uint32_t HeaderCrc(std::map<std::string, std::string> metadata,
+                   const std::vector<HeaderTensor>& tensors) {
+  metadata.erase(kHeaderChecksumKey);
+  const std::string json = HeaderJson(metadata, tensors);
+  return Crc32(json.data(), json.size());
+}
+
 absl::StatusOr<WritePlan> PlanWrite(const Safetensors& st) {
   for (const auto& [key, value] : st.metadata) {
     if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
@@ -219,27 +259,22 @@ absl::StatusOr<WritePlan> PlanWrite(const Safetensors& st) {
         CrcText(Crc32(item.tensor.raw_data(), NumBytes(item.tensor)));
   }
 
-  std::string json = "{";
-  if (!metadata.empty()) {
-    absl::StrAppend(&json, "\"", kMetadataKey, "\":{");
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      absl::StrAppend(&json, first ? "" : ",", JsonString(key), ":", JsonString(value));
-      first = false;
-    }
-    json += "}";
-  }
+  std::vector<HeaderTensor> entries;
+  entries.reserve(items.size());
   WritePlan plan;
   for (const Item& item : items) {
     const uint64_t n = NumBytes(item.tensor);
-    absl::StrAppend(&json, json.size() > 1 ? "," : "", JsonString(*item.name), ":{\"dtype\":\"",
-                    EntryOf(item.tensor.dtype()).name, "\",\"shape\":[",
-                    absl::StrJoin(item.tensor.shape(), ","), "],\"data_offsets\":[",
-                    plan.data_bytes, ",", plan.data_bytes + n, "]}");
+    entries.push_back({item.name, EntryOf(item.tensor.dtype()).name, &item.tensor.shape(),
+                       plan.data_bytes, plan.data_bytes + n});
     plan.data_bytes += n;
     plan.tensors.push_back(item.tensor);
   }
-  json += "}";
+  // The whole header's checksum, over the header as it would be without that entry (see
+  // kHeaderChecksumKey). An empty file stays the reference's "{}".
+  if (!metadata.empty() || !entries.empty()) {
+    metadata[kHeaderChecksumKey] = CrcText(HeaderCrc(metadata, entries));
+  }
+  std::string json = HeaderJson(metadata, entries);
   // Pad with spaces so that the data buffer starts 8-byte aligned, like the reference writer.
   json.append((8 - json.size() % 8) % 8, ' ');
   const uint64_t header_bytes = json.size();
@@ -543,6 +578,42 @@ absl::Status TakeChecksums(const std::string& where, std::map<std::string, std::
   return absl::OkStatus();
 }
 
+// Verifies and removes the kHeaderChecksumKey entry of `metadata`, if any, against the canonical
+// text of the parsed header (HeaderJson, tensors in the writer's order: by descending dtype rank,
+// then name). Runs after CheckLayout, before the per-tensor checksums are taken out.
+absl::Status CheckHeaderChecksum(const std::string& where, const std::vector<HeaderEntry>& entries,
+                                 std::map<std::string, std::string>* metadata) {
+  const auto it = metadata->find(kHeaderChecksumKey);
+  if (it == metadata->end()) return absl::OkStatus();
+  uint32_t recorded;
+  if (!ParseCrcText(it->second, &recorded)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"__metadata__\" entry ", Quote(it->first), " has the value ",
+                     Quote(it->second), "; expected a CRC-32 as 8 lowercase hex digits"));
+  }
+  metadata->erase(it);
+  std::vector<const HeaderEntry*> order;
+  order.reserve(entries.size());
+  for (const HeaderEntry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const HeaderEntry* a, const HeaderEntry* b) {
+    if (a->dtype->rank != b->dtype->rank) return a->dtype->rank > b->dtype->rank;
+    return a->name < b->name;
+  });
+  std::vector<HeaderTensor> tensors;
+  tensors.reserve(order.size());
+  for (const HeaderEntry* e : order) {
+    tensors.push_back({&e->name, e->dtype->name, &e->shape, e->begin, e->end});
+  }
+  const uint32_t crc = HeaderCrc(*metadata, tensors);
+  if (crc != recorded) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": the header's CRC-32 is ", CrcText(crc), ", its \"__metadata__\" entry '",
+        kHeaderChecksumKey, "' records ", CrcText(recorded),
+        " (the header is corrupt: a metadata value or a tensor's entry changed)"));
+  }
+  return absl::OkStatus();
+}
+
 // Parses and validates the header; `data_size` is what the file holds after it.
 absl::Status ParseHeader(const std::string& where, absl::string_view text, uint64_t data_size,
                          std::vector<HeaderEntry>* entries,
@@ -601,6 +672,8 @@ absl::Status ParseHeader(const std::string& where, absl::string_view text, uint6
     entries->push_back(std::move(entry));
   }
   absl::Status status = CheckLayout(where, *entries, data_size);
+  if (!status.ok()) return status;
+  status = CheckHeaderChecksum(where, *entries, metadata);
   if (!status.ok()) return status;
   return TakeChecksums(where, metadata, entries);
 }

@@ -27,6 +27,8 @@
 //   the file (no trailing bytes: this also catches a header length that is off);
 // - a "crc32:<name>" entry names a tensor of the file and matches its data; such entries are
 //   removed from the metadata returned. Tensors without one (files of other writers) load too.
+// - a kHeaderChecksumKey entry matches the header's values (DataLoss naming both checksums
+//   otherwise); it is removed from the metadata returned. Files without one load too.
 // A bad file gives a Status naming the file, the tensor, the expected and found values and, where
 // the check is one of the format's, "(safetensors rule)".
 //
@@ -76,6 +78,18 @@ const char* SafetensorsDTypeName(DType dtype);
 // The __metadata__ key prefix of the checksums: "crc32:<tensor name>" -> "%08x" of the CRC-32 of
 // the tensor's bytes. Written and consumed by this file alone.
 inline constexpr char kChecksumMetadataPrefix[] = "crc32:";
+
+// The __metadata__ entry that checksums the whole header: "crc32:__metadata__" -> "%08x" of the
+// CRC-32 of the header's canonical text without that entry (the writer's JSON: __metadata__ with
+// every entry, the per-tensor checksums included, then each tensor's dtype, shape and offsets in
+// file order; no padding). A tensor cannot be named "__metadata__", so the key never clashes
+// with a tensor's checksum. Per-tensor CRCs cover the data; this one covers every value of the
+// header, the metadata included (settings, scalars, generator states): one flipped digit of a
+// learning rate is refused instead of resuming a run at lr 1. The reader rebuilds the canonical
+// text from the values it parsed, so whitespace and escaping do not matter. Files without it
+// (other writers, and ours before it existed) still load: each of the values they hold is
+// validated where it is used (see RunState::Resume).
+inline constexpr char kHeaderChecksumKey[] = "crc32:__metadata__";
 
 // The whole file as bytes. InvalidArgument for an undefined or non-CPU tensor, a tensor named
 // "__metadata__", a name / metadata string that is not valid UTF-8, or a metadata key with the

@@ -217,33 +217,36 @@ TEST(SafetensorsTest, EmptyFileRoundTrips) {
 
 // ---- the writer's bytes ----------------------------------------------------------------------
 
-// The reference library's own test vectors (safetensors/src/tensor.rs): without tensors our
-// writer produces the same bytes; with tensors it only adds their checksums to __metadata__ (the
-// CRC-32 values come from Python's zlib.crc32), so Python's safetensors reads what we write.
+// The reference library's own test vectors (safetensors/src/tensor.rs): an empty file is the
+// same bytes; otherwise our writer only adds checksums to __metadata__, one per tensor and one of
+// the whole header (the CRC-32 values come from Python's zlib.crc32, the header's of the JSON
+// text without its own entry), so Python's safetensors reads what we write.
 TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
   Safetensors empty;
   EXPECT_EQ(*SerializeSafetensors(empty), U64(8) + "{}      ");
 
   Safetensors meta;
   meta.metadata["framework"] = "pt";
-  EXPECT_EQ(*SerializeSafetensors(meta),
-            U64(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
+  EXPECT_EQ(
+      *SerializeSafetensors(meta),
+      U64(72) + R"({"__metadata__":{"crc32:__metadata__":"c82dc889","framework":"pt"}})" + "     ");
 
   const Tensor values = Tensor::FromVector<float>({0, 1, 2, 3, 4, 5}, {6});
   Safetensors one;
   one.tensors["attn.0"] = values.view({1, 2, 3});
   EXPECT_EQ(*SerializeSafetensors(one),
-            U64(112) +
-                R"({"__metadata__":{"crc32:attn.0":"91e79017"},)"
+            U64(144) +
+                R"({"__metadata__":{"crc32:__metadata__":"b0267dbb","crc32:attn.0":"91e79017"},)"
                 R"("attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" +
                 "     " + BytesOf(values));
 
-  Safetensors padded;  // 115 bytes of JSON: padded with 5 spaces to 120
+  Safetensors padded;  // 147 bytes of JSON: padded with 5 spaces to 152
   padded.tensors["attn0"] = values.view({1, 1, 2, 3});
   padded.metadata["a"] = "b";
   EXPECT_EQ(*SerializeSafetensors(padded),
-            U64(120) +
-                R"({"__metadata__":{"a":"b","crc32:attn0":"91e79017"},)"
+            U64(152) +
+                R"({"__metadata__":{"a":"b","crc32:__metadata__":"873bcf73",)"
+                R"("crc32:attn0":"91e79017"},)"
                 R"("attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" +
                 "     " + BytesOf(values));
 }
@@ -281,7 +284,8 @@ TEST(SafetensorsTest, WriterLayoutIsContiguousAndAligned) {
     EXPECT_GT(at, last) << name << " is out of order";
     last = at;
   }
-  EXPECT_EQ(header.find(R"({"__metadata__":{"crc32:a_scalar":")"), 0u);
+  EXPECT_EQ(header.find(R"({"__metadata__":{"crc32:__metadata__":")"), 0u);
+  EXPECT_NE(header.find(R"(","crc32:a_scalar":")"), std::string::npos);
   EXPECT_NE(header.find(R"(,"k":"v"},)"), std::string::npos);
 
   const nlohmann::json j = nlohmann::json::parse(header);
@@ -821,7 +825,7 @@ TEST(SafetensorsTest, ChecksumsAreWrittenVerifiedAndHidden) {
   st.metadata["format"] = "pt";
   const std::string bytes = *SerializeSafetensors(st);
   // Python: "%08x" % zlib.crc32(numpy.array([1, 2, 3, 4], "float32").tobytes())
-  EXPECT_NE(bytes.find(R"({"__metadata__":{"crc32:empty":"00000000","crc32:w":"8ba71454",)"
+  EXPECT_NE(bytes.find(R"("crc32:empty":"00000000","crc32:w":"8ba71454",)"
                        R"("format":"pt"},)"),
             std::string::npos);
   absl::StatusOr<Safetensors> back = ParseSafetensors(bytes);
@@ -856,6 +860,42 @@ TEST(SafetensorsTest, FlippedDataBitIsRefused) {
   bytes[bytes.size() - 2 - 16 + 5] ^= 0x10;
   EXPECT_TRUE(HasError(ParseSafetensors(bytes).status(), absl::StatusCode::kDataLoss,
                        "tensor 'b': CRC-32 of its 2 bytes is"));
+}
+
+// The whole header is checksummed (kHeaderChecksumKey): a changed metadata value or a tensor's
+// dtype that keeps the layout valid, which no per-tensor CRC sees, is refused.
+TEST(SafetensorsTest, ChangedHeaderValueIsRefused) {
+  Safetensors st;
+  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
+  st.metadata["scalar:lr"] = "0.001";
+  const std::string bytes = *SerializeSafetensors(st);
+  // Python: "%08x" % zlib.crc32(b'{"__metadata__":{"crc32:w":"8ba71454","scalar:lr":"0.001"},'
+  //                             b'"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}')
+  ASSERT_NE(bytes.find(R"("crc32:__metadata__":"d0a94c2b")"), std::string::npos);
+  ASSERT_TRUE(ParseSafetensors(bytes).ok());
+
+  std::string lr = bytes;
+  lr.replace(lr.find("\"0.001\""), 7, "\"1.001\"");  // one digit
+  // Python: the same text with "1.001"
+  EXPECT_TRUE(IsError(ParseSafetensors(lr).status(), absl::StatusCode::kDataLoss,
+                      "safetensors buffer: the header's CRC-32 is 66b2ac5b, its \"__metadata__\" "
+                      "entry 'crc32:__metadata__' records d0a94c2b (the header is corrupt: a "
+                      "metadata value or a tensor's entry changed)"));
+  const std::string path = TestDir() + "/lr.safetensors";
+  WriteFile(path, lr);
+  EXPECT_TRUE(HasError(LoadStateDict(path).status(), absl::StatusCode::kDataLoss,
+                       "safetensors file '" + path + "': the header's CRC-32 is 66b2ac5b"));
+
+  std::string dtype = bytes;  // F32 -> I32: the same bytes and layout, other values
+  dtype.replace(dtype.find("\"F32\""), 5, "\"I32\"");
+  EXPECT_TRUE(HasError(ParseSafetensors(dtype).status(), absl::StatusCode::kDataLoss,
+                       "the header's CRC-32 is"));
+
+  std::string text = bytes;  // not a checksum at all
+  text.replace(text.find("d0a94c2b"), 8, "d0a94c2z");
+  EXPECT_TRUE(IsError(ParseSafetensors(text).status(), absl::StatusCode::kInvalidArgument,
+                      "safetensors buffer: \"__metadata__\" entry 'crc32:__metadata__' has the "
+                      "value 'd0a94c2z'; expected a CRC-32 as 8 lowercase hex digits"));
 }
 
 TEST(SafetensorsTest, FilesWithoutChecksumsLoad) {
