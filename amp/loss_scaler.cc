@@ -257,8 +257,18 @@ void LossScaler::load_state_dict(const StateDict& state) {
            dynamic == 1 ? "dynamic" : "constant", " scaler, this scaler is ",
            options_.dynamic ? "dynamic" : "constant");
   const double scale = state.scalar("scale");
-  TG_CHECK(!std::isnan(scale) && scale >= 0,
-           "LossScaler::load_state_dict: 'scale' must be >= 0 and not NaN, got ", scale);
+  // A scale of 0 (or inf) makes 1 / scale non-finite: every unscaled gradient would be NaN, so
+  // a resumed run would skip every step (or, before the step guard, apply NaN). A dynamic scale
+  // also stays within the scaler's bounds; a constant one is not restored, but a value that no
+  // scaler could have written still marks a corrupt state.
+  const bool in_bounds =
+      !options_.dynamic || (scale >= state_.min_scale && scale <= state_.max_scale);
+  TG_CHECK(std::isfinite(scale) && scale > 0 && in_bounds,
+           "LossScaler::load_state_dict: 'scale' must be finite and > 0",
+           options_.dynamic ? absl::StrCat(" and in [min_scale, max_scale] = [", state_.min_scale,
+                                           ", ", state_.max_scale, "]")
+                            : std::string(),
+           ", got ", scale);
   const int64_t growth_tracker = IntegerScalar(state, "growth_tracker");
   const int64_t hysteresis_tracker = IntegerScalar(state, "hysteresis_tracker");
   const int64_t clean_streak = IntegerScalar(state, "clean_streak");
@@ -266,12 +276,21 @@ void LossScaler::load_state_dict(const StateDict& state) {
   TG_CHECK(0 <= growth_tracker && growth_tracker <= clean_streak && clean_streak <= iteration,
            "LossScaler::load_state_dict: counters out of order: expected 0 <= growth_tracker (",
            growth_tracker, ") <= clean_streak (", clean_streak, ") <= iteration (", iteration, ")");
+  // Overflows count hysteresis_tracker down from `hysteresis` (below 0 without
+  // hysteresis_stops_at_one); nothing counts it up past it.
+  TG_CHECK(hysteresis_tracker <= state_.hysteresis,
+           "LossScaler::load_state_dict: 'hysteresis_tracker' is ", hysteresis_tracker,
+           "; expected at most hysteresis (", state_.hysteresis, ")");
 
   if (options_.dynamic) state_.scale = RoundScale(options_, scale);
   state_.growth_tracker = growth_tracker;
   state_.hysteresis_tracker = hysteresis_tracker;
   state_.clean_streak = clean_streak;
   state_.iteration = iteration;
+}
+
+bool UnscalesFinitely(double scale) {
+  return std::isfinite(scale) && scale > 0 && std::isfinite(static_cast<float>(1.0 / scale));
 }
 
 }  // namespace amp

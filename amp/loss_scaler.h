@@ -186,6 +186,13 @@ class LossScaler {
   LossScaleState state_;  // min_scale_error always 0: update() throws instead
 };
 
+// Whether gradients scaled by `scale` can be unscaled to finite values: scale > 0 and finite,
+// and 1 / scale a finite f32 (the unscale multiplies by it as an f32). The optimizers skip a step
+// whose scale is not (MixedPrecisionOptimizer::step, ZeroOptimizer::step): the overflow check
+// looks at the scaled gradients, so a scale of 0 (finite zero gradients, times inf: NaN) or one
+// below 1 / FLT_MAX would otherwise write non-finite values into every master weight.
+bool UnscalesFinitely(double scale);
+
 }  // namespace amp
 }  // namespace tg
 

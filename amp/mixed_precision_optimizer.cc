@@ -160,6 +160,9 @@ StepResult MixedPrecisionOptimizer::step() {
     if (options_.reduce_found_inf) options_.reduce_found_inf(found_inf_);
     found_inf = found_inf_.item() != 0;  // the step's one host read (a device sync on CUDA)
   }
+  // Whatever the scaler holds (a corrupt checkpoint, a caller's constant), an unscale that cannot
+  // be finite skips the step, with or without check_non_finite: a host test, no device read.
+  found_inf = found_inf || !UnscalesFinitely(result.scale);
   if (found_inf) {
     ClearAllGrads();
     ++skipped_steps_;

@@ -803,6 +803,9 @@ amp::StepResult ZeroOptimizer::step() {
     TG_DIST_CHECK_OK(pg_->all_reduce(found_inf_, ReduceOp::kMax)->wait());
     found_inf = found_inf_.item() != 0;
   }
+  // As MixedPrecisionOptimizer::step: a scale whose unscale cannot be finite skips (the scale is
+  // the same on every rank, so every rank skips).
+  found_inf = found_inf || !amp::UnscalesFinitely(result.scale);
   if (found_inf) {
     zero_grad();
     ++skipped_steps_;

@@ -646,9 +646,39 @@ TEST(LossScalerTest, LoadStateDictRejectsWrongState) {
   EXPECT_TRUE(ThrowsError(edited([](StateDict& s) { s.scalars["iteration"] = 1e300; }),
                           "'iteration' must be an integer"));
   EXPECT_TRUE(ThrowsError(edited([](StateDict& s) { s.scalars["scale"] = -1; }),
-                          "'scale' must be >= 0 and not NaN, got -1"));
+                          "'scale' must be finite and > 0 and in [min_scale, max_scale] = [0, "
+                          "inf], got -1"));
   EXPECT_TRUE(ThrowsError(edited([](StateDict& s) { s.scalars["scale"] = std::nan(""); }),
-                          "'scale' must be >= 0 and not NaN"));
+                          "'scale' must be finite and > 0"));
+  // A scale of 0 made every unscaled gradient NaN (0 * inf) without an overflow being seen, and
+  // a resumed run applied that NaN update to every master weight.
+  EXPECT_TRUE(ThrowsErrorExactly(edited([](StateDict& s) { s.scalars["scale"] = 0; }),
+                                 "LossScaler::load_state_dict: 'scale' must be finite and > 0 and "
+                                 "in [min_scale, max_scale] = [0, inf], got 0"));
+  EXPECT_TRUE(ThrowsError(edited([](StateDict& s) { s.scalars["scale"] = INFINITY; }),
+                          "'scale' must be finite and > 0"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        StateDict state = LossScaler::MegatronDynamic(65536, 1, 2, 0.5, 1000, 2).state_dict();
+        state.scalars["scale"] = 0.5;  // below min_scale
+        LossScaler::MegatronDynamic(4096, 1, 2, 0.5, 1000, 2).load_state_dict(state);
+      },
+      "LossScaler::load_state_dict: 'scale' must be finite and > 0 and in [min_scale, "
+      "max_scale] = [1, inf], got 0.5"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        StateDict state = LossScaler::MegatronDynamic(4096, 1, 2, 0.5, 1000, 2).state_dict();
+        state.scalars["hysteresis_tracker"] = 3;
+        LossScaler::MegatronDynamic(4096, 1, 2, 0.5, 1000, 2).load_state_dict(state);
+      },
+      "LossScaler::load_state_dict: 'hysteresis_tracker' is 3; expected at most hysteresis (2)"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        StateDict state = LossScaler::Constant(2).state_dict();
+        state.scalars["scale"] = 0;
+        LossScaler::Constant(2).load_state_dict(state);
+      },
+      "LossScaler::load_state_dict: 'scale' must be finite and > 0, got 0"));
   EXPECT_TRUE(ThrowsError(edited([](StateDict& s) { s.scalars["growth_tracker"] = 2; }),
                           "counters out of order: expected 0 <= growth_tracker (2) <= "
                           "clean_streak (0) <= iteration (0)"));

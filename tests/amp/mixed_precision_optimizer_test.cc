@@ -116,6 +116,37 @@ TEST(MixedPrecisionOptimizerTest, OverflowSkipsTheStepBacksOffAndTheNextCleanSte
   EXPECT_EQ(opt.loss_scale(), 512.0);
 }
 
+// A scale whose unscale cannot be finite skips the step, whatever the overflow check saw: a
+// scale of 1e-40 (1 / scale is inf in f32) makes the f16 gradients 0 (no overflow found) and
+// 0 * inf = NaN, which used to reach every master weight; the f32 model with a constant scale
+// (no overflow check at all) got inf * finite gradients.
+TEST(MixedPrecisionOptimizerTest, AScaleThatCannotUnscaleFinitelySkipsTheStep) {
+  EXPECT_TRUE(UnscalesFinitely(65536));
+  EXPECT_TRUE(UnscalesFinitely(1e-30));
+  EXPECT_FALSE(UnscalesFinitely(1e-40));
+  EXPECT_FALSE(UnscalesFinitely(0));
+  EXPECT_FALSE(UnscalesFinitely(-1));
+  EXPECT_FALSE(UnscalesFinitely(INFINITY));
+  EXPECT_FALSE(UnscalesFinitely(NAN));
+  for (const bool dynamic : {true, false}) {
+    SCOPED_TRACE(dynamic ? "f16, dynamic scaler" : "f32, constant scale");
+    Model m(dynamic ? kF16 : kF32, 3);
+    MixedPrecisionOptimizer::Options o;
+    o.scaler = std::make_shared<LossScaler>(dynamic ? LossScaler::PyTorch(1e-40)
+                                                    : LossScaler::Constant(1e-40));
+    MixedPrecisionOptimizer opt(Sgd(m), o);
+    const std::vector<std::vector<float>> before = MasterValues(opt);
+    const std::vector<float> w_before = Values(m.w.data().to(kF32));
+    opt.zero_grad();
+    opt.backward(Loss(m.Forward(Inputs(m.w.dtype(), 4))));
+    const StepResult r = opt.step();
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(opt.skipped_steps(), 1);
+    EXPECT_EQ(MasterValues(opt), before);
+    EXPECT_EQ(Values(m.w.data().to(kF32)), w_before);
+  }
+}
+
 TEST(MixedPrecisionOptimizerTest, SmallGradientUnderflowsWithoutScalingAndSurvivesWithIt) {
   const float tiny = 1e-8f;
   for (double scale : {1.0, 65536.0}) {
