@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/ops.h"
@@ -198,6 +199,96 @@ TEST(DivergenceCheckTest, NonFiniteLossWithoutDynamicScalerStops) {
   for (int i = 1; i < 1000; ++i) EXPECT_TRUE(never.Check(i, NAN, true).ok());
 }
 
+// A skipped step (non-finite gradients with a finite loss) of a constant scale stops the run: no
+// scale can go down, so every next step would be skipped too.
+TEST(DivergenceCheckTest, SkippedStepWithoutDynamicScalerStops) {
+  DivergenceCheck fixed(/*dynamic_scaler=*/false, /*max_skipped_in_a_row=*/100);
+  EXPECT_TRUE(fixed.Check(1, 2.5, false).ok());
+  const absl::Status s = fixed.Check(2, 2.25, true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the run diverged: the gradients of step 2 are not finite (its loss is 2.25) and no "
+            "dynamic loss scaler can absorb them (the step was skipped, no weight changed, but "
+            "training cannot recover; lower --lr or use another precision)");
+}
+
+// When the trouble starts at the first step after loading a file, the message names the file
+// instead of advising a lower --lr.
+TEST(DivergenceCheckTest, ADivergenceRightAfterLoadingNamesTheFile) {
+  DivergenceCheck fixed(false, 100);
+  fixed.set_loaded_from("/ckpt/checkpoint.safetensors", 7);
+  EXPECT_EQ(fixed.Check(8, NAN, true).message(),
+            "the run diverged: the loss of step 8 is nan and no dynamic loss scaler can absorb it "
+            "(the weights are not updated from a non-finite gradient, but training cannot "
+            "recover; it began at the first step after loading /ckpt/checkpoint.safetensors: the "
+            "weights or optimizer state of that file do not train (finite, but not a state this "
+            "run can continue from))");
+  DivergenceCheck later(false, 100);
+  later.set_loaded_from("/ckpt/checkpoint.safetensors", 7);
+  EXPECT_TRUE(later.Check(8, 1.0, false).ok());
+  EXPECT_TRUE(absl::EndsWith(later.Check(9, NAN, true).message(),
+                             "; lower --lr or use another precision)"));
+  DivergenceCheck dynamic(true, 2);
+  dynamic.set_loaded_from("init.safetensors", 0);
+  EXPECT_TRUE(dynamic.Check(1, INFINITY, true).ok());
+  EXPECT_EQ(dynamic.Check(2, INFINITY, true).message(),
+            "the run diverged: 2 consecutive steps were skipped (steps 1 to 2 had non-finite "
+            "gradients at every loss scale tried; --max_skipped_in_a_row=2; it began at the first "
+            "step after loading init.safetensors: the weights or optimizer state of that file do "
+            "not train (finite, but not a state this run can continue from))");
+}
+
+TEST(CheckSkippedFractionTest, ExitsPastTheFraction) {
+  EXPECT_TRUE(CheckSkippedFraction(32, 8, 0.25).ok());  // exactly the fraction
+  EXPECT_TRUE(CheckSkippedFraction(0, 0, 0.25).ok());
+  const absl::Status s = CheckSkippedFraction(32, 31, 0.25);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the run skipped 31 of its 32 steps (96.9%) for non-finite gradients, more than "
+            "--max_skipped_fraction=0.25 of them: it did not train (lower --lr, or use bf16 or "
+            "f32)");
+  EXPECT_FALSE(CheckSkippedFraction(32, 9, 0.25).ok());
+  EXPECT_TRUE(CheckSkippedFraction(32, 32, 1).ok());  // 1: never
+  EXPECT_FALSE(CheckSkippedFraction(32, 1, 0).ok());
+}
+
+TEST(FindNonFiniteTest, NamesTheFirstTensorAndElement) {
+  StateDict sd;
+  sd.tensors["a"] = Tensor::FromVector<float>({1, 2}, {2});
+  sd.tensors["b"] = Tensor::FromVector<float>({1, NAN, INFINITY, -INFINITY}, {2, 2});
+  sd.tensors["c"] = Tensor::FromVector<float>({NAN}, {1});
+  sd.tensors["i"] = Tensor::FromVector<int64_t>({1}, {1});
+  EXPECT_EQ(FindNonFinite(sd),
+            "tensor 'b' holds nan at element 1 of 4 (3 of its elements are not finite)");
+  sd.tensors.erase("b");
+  EXPECT_EQ(FindNonFinite(sd),
+            "tensor 'c' holds nan at element 0 of 1 (1 of its elements is not finite)");
+  sd.tensors.erase("c");
+  sd.tensors["h"] = Tensor::FromVector<float>({0, INFINITY}, {2}).to(kF16);
+  EXPECT_EQ(FindNonFinite(sd),
+            "tensor 'h' holds inf at element 1 of 2 (1 of its elements is not finite)");
+  sd.tensors.erase("h");
+  EXPECT_EQ(FindNonFinite(sd), std::nullopt);
+}
+
+// f32 (and bf16) runs check the gradients too: a step on NaN gradients with a finite loss is
+// skipped (no master weight changes) instead of writing NaN into every weight.
+TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
+  Generator gen{0};
+  auto model = std::make_shared<nn::Linear>(3, 2, gen);
+  std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
+      *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
+  optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
+  const std::vector<float> before = model->weight().data().to_vector<float>();
+  const Tensor x = RandNormal({4, 3}, gen);
+  // sqrt(0 * y): the loss is 0, its gradient 0 * inf = NaN.
+  StepStats stats = TrainStep(*opt, schedule, kF32, 0,
+                              [&] { return Sum(Sqrt(MulScalar((*model)(Variable(x)), 0.0))); });
+  EXPECT_EQ(stats.loss, 0);
+  EXPECT_TRUE(stats.result.skipped);
+  EXPECT_EQ(model->weight().data().to_vector<float>(), before);
+}
+
 // --loss_scaler names the presets with their libraries' defaults.
 TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
   Generator gen{0};
@@ -272,6 +363,25 @@ class ResumeValidationTest : public ::testing::Test {
     }
     return r.status();
   }
+  // Rewrites the checkpoint with element `index` of tensor `key` set to `value`, then resumes a
+  // fresh run.
+  absl::Status ResumeWithElement(const std::string& key, int64_t index, float value) {
+    std::map<std::string, std::string> meta;
+    absl::StatusOr<StateDict> sd = io::LoadStateDict(CheckpointPath(dir_), &meta);
+    EXPECT_TRUE(sd.ok());
+    std::vector<float> v = sd->tensor(key).to_vector<float>();
+    v[index] = value;
+    sd->tensors[key] = Tensor::FromVector<float>(v, sd->tensor(key).shape());
+    EXPECT_TRUE(io::SaveStateDict(CheckpointPath(dir_), *sd, meta).ok());
+    const std::vector<float> before = fresh_.model->weight().data().to_vector<float>();
+    std::vector<std::string> changes;
+    absl::StatusOr<StateDict> r = fresh_.run.Resume(dir_, {}, &meta, &changes);
+    if (!r.ok()) {
+      EXPECT_EQ(fresh_.run.step(), 0);
+      EXPECT_EQ(fresh_.model->weight().data().to_vector<float>(), before);
+    }
+    return r.status();
+  }
   std::string dir_;
   TinyRun fresh_;
 };
@@ -322,6 +432,80 @@ TEST_F(ResumeValidationTest, ScalerIterationsMustEqualSteps) {
             "cannot resume from " + dir_ +
                 ": 'optim.scaler.iteration' is 2 but 'step' is 3 (the counters of the checkpoint "
                 "disagree)");
+}
+
+// NaN/inf weights, masters and moments with valid checksums are refused, naming the tensor and
+// the file (a NaN master skipped every step, an inf second moment froze a layer).
+TEST_F(ResumeValidationTest, NonFiniteTensorsAreRefusedNamingTensorAndFile) {
+  const std::string at = "cannot resume from " + dir_ + ": ";
+  const std::string why = " in " + CheckpointPath(dir_) +
+                          " (a checkpoint's weights, master weights and optimizer moments must "
+                          "be finite)";
+  absl::Status s = ResumeWithElement("model.weight", 4, NAN);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), at +
+                             "tensor 'model.weight' holds nan at element 4 of 6 (1 of its "
+                             "elements is not finite)" +
+                             why);
+  SetUp();
+  EXPECT_EQ(ResumeWithElement("optim.optimizer.state.1.exp_avg_sq", 1, INFINITY).message(),
+            at +
+                "tensor 'optim.optimizer.state.1.exp_avg_sq' holds inf at element 1 of 2 (1 of "
+                "its elements is not finite)" +
+                why);
+}
+
+// Header values that are neither settings nor counters: each must be what this run has.
+TEST_F(ResumeValidationTest, OptimizerOptionsMustBeTheRuns) {
+  const std::string at = "cannot resume from " + dir_ + ": ";
+  EXPECT_EQ(ResumeWith("optim.optimizer.param_groups.0.beta1", 0.8).message(),
+            at + "'optim.optimizer.param_groups.0.beta1' is 0.8 but this run's beta1 is 0.9 "
+                 "(training never changes it: the checkpoint is corrupt)");
+  SetUp();
+  EXPECT_EQ(ResumeWith("optim.optimizer.param_groups.1.eps", 0.001).message(),
+            at + "'optim.optimizer.param_groups.1.eps' is 0.001 but this run's eps is 1e-08 "
+                 "(training never changes it: the checkpoint is corrupt)");
+  SetUp();
+  EXPECT_EQ(ResumeWith("optim.optimizer.param_groups.0.weight_decay", 0.5).message(),
+            at + "'optim.optimizer.param_groups.0.weight_decay' is 0.5 but this run's "
+                 "weight_decay is 0 (training never changes it: the checkpoint is corrupt; "
+                 "--override=weight_decay changes it on purpose)");
+}
+
+TEST_F(ResumeValidationTest, ScheduleBaseLrMustBeTheRunsLr) {
+  EXPECT_EQ(ResumeWith("schedule.base_lrs.1", 1).message(),
+            "cannot resume from " + dir_ +
+                ": 'schedule.base_lrs.1' is 1 but this run's lr is 0.001 (the setting 'lr' "
+                "agrees, so the checkpoint is corrupt; --override=lr changes the lr on purpose)");
+}
+
+TEST_F(ResumeValidationTest, ParameterStepCountsMustEqualTheUpdates) {
+  EXPECT_EQ(ResumeWith("optim.optimizer.state.0.step", 2).message(),
+            "cannot resume from " + dir_ +
+                ": 'optim.optimizer.state.0.step' is 2 but the run made 3 optimizer updates "
+                "('step' - 'skipped_steps'; the counters of the checkpoint disagree)");
+}
+
+// The last good checkpoint is never overwritten by a non-finite state.
+TEST(RunStateSaveTest, NonFiniteStateIsNotWritten) {
+  const std::string dir = ::testing::TempDir() + "/save_non_finite";
+  ASSERT_TRUE(PrepareCheckpointDir(dir).ok());
+  TinyRun run;
+  run.Train(2);
+  ASSERT_TRUE(run.run.Save(dir, {}, {}).ok());
+  std::ifstream in(CheckpointPath(dir), std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  run.Train(1);
+  run.model->bias().data().fill_(NAN);
+  const absl::Status s = run.run.Save(dir, {}, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "not writing a checkpoint to " + dir +
+                             " after step 3: tensor 'model.bias' holds nan at element 0 of 2 (2 "
+                             "of its elements are not finite); the run's state is not finite, so "
+                             "the last checkpoint is kept");
+  std::ifstream again(CheckpointPath(dir), std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>()),
+            good);
 }
 
 }  // namespace

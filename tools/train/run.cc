@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "amp/loss_scaler.h"
@@ -27,6 +28,7 @@
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
 #include "tensor/io/safetensors.h"
+#include "tensor/ops.h"
 
 namespace tg::train {
 
@@ -255,22 +257,75 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+std::string DivergenceCheck::Advice(int64_t first_bad_step) const {
+  if (!loaded_from_.empty() && first_bad_step == loaded_step_ + 1) {
+    return absl::StrCat("it began at the first step after loading ", loaded_from_,
+                        ": the weights or optimizer state of that file do not train (finite, but "
+                        "not a state this run can continue from)");
+  }
+  return "lower --lr or use another precision";
+}
+
 absl::Status DivergenceCheck::Check(int64_t step, double loss, bool skipped) {
   skipped_in_a_row_ = skipped ? skipped_in_a_row_ + 1 : 0;
   if (!std::isfinite(loss) && !dynamic_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the run diverged: the loss of step ", step, " is ", FormatNumber(loss),
         " and no dynamic loss scaler can absorb it (the weights are not updated from a "
-        "non-finite gradient, but training cannot recover; lower --lr or use another precision)"));
+        "non-finite gradient, but training cannot recover; ",
+        Advice(step), ")"));
+  }
+  if (skipped && !dynamic_) {
+    // A finite loss with non-finite gradients (the optimizer's overflow check skipped the step):
+    // nothing lowers a constant scale, so the next steps would be skipped too.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run diverged: the gradients of step ", step, " are not finite (its loss is ",
+        FormatNumber(loss),
+        ") and no dynamic loss scaler can absorb them (the step was skipped, no weight changed, "
+        "but training cannot recover; ",
+        Advice(step), ")"));
   }
   if (max_skipped_ > 0 && skipped_in_a_row_ >= max_skipped_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the run diverged: ", skipped_in_a_row_, " consecutive steps were skipped (steps ",
-        step - skipped_in_a_row_ + 1, " to ", step,
-        " had non-finite gradients at every loss scale tried; --max_skipped_in_a_row=",
-        max_skipped_, ")"));
+    const int64_t first = step - skipped_in_a_row_ + 1;
+    const bool from_file = !loaded_from_.empty() && first == loaded_step_ + 1;
+    return absl::FailedPreconditionError(
+        absl::StrCat("the run diverged: ", skipped_in_a_row_,
+                     " consecutive steps were skipped (steps ", first, " to ", step,
+                     " had non-finite gradients at every loss scale tried; --max_skipped_in_a_row=",
+                     max_skipped_, from_file ? absl::StrCat("; ", Advice(first)) : "", ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckSkippedFraction(int64_t steps, int64_t skipped, double max_fraction,
+                                  const char* flag) {
+  if (steps <= 0 || static_cast<double>(skipped) <= max_fraction * static_cast<double>(steps)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the run skipped ", skipped, " of its ", steps, " steps (",
+      absl::StrFormat("%.1f", 100.0 * static_cast<double>(skipped) / static_cast<double>(steps)),
+      "%) for non-finite gradients, more than ", flag, "=", FormatNumber(max_fraction),
+      " of them: it did not train (lower --lr, or use bf16 or f32)"));
+}
+
+std::optional<std::string> FindNonFinite(const StateDict& state) {
+  for (const auto& [key, t] : state.tensors) {
+    if (!t.defined() || !IsFloating(t.dtype()) || t.numel() == 0 || !AnyNonFinite({t})) continue;
+    const std::vector<double> values =
+        t.to(Device::Cpu()).to(kF64).contiguous().to_vector<double>();
+    int64_t first = -1, count = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (std::isfinite(values[i])) continue;
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++count;
+    }
+    if (first < 0) continue;  // AnyNonFinite and the f64 copy disagree: cannot happen
+    return absl::StrCat("tensor '", key, "' holds ", FormatNumber(values[first]), " at element ",
+                        first, " of ", values.size(), " (", count, " of its elements ",
+                        count == 1 ? "is" : "are", " not finite)");
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
@@ -314,6 +369,11 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
     const PrecisionConfig& precision) {
   amp::MixedPrecisionOptions mp;
   mp.reduce_found_inf = precision.reduce_found_inf;
+  // Every precision checks for non-finite gradients, not only f16: an f32 or bf16 step on NaN
+  // gradients would write NaN into every master weight before the loss showed it. A skipped step
+  // of a constant scale stops the run (DivergenceCheck). The cost is the found_inf read of each
+  // step (nothing on the CPU; on a GPU one read next to the gradient norm's).
+  mp.check_non_finite = true;
   const std::string& s = precision.loss_scaler;
   if (s == "pytorch") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch());
@@ -479,7 +539,15 @@ absl::Status RunState::Save(const std::string& dir, const StateDict& extra,
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
   metadata.merge(settings_.ToMetadata());
-  return SaveCheckpoint(dir, ToHost(state), metadata).status();
+  StateDict host = ToHost(state);
+  // A non-finite state never replaces the last good checkpoint (whatever produced it: a bf16 or
+  // f32 step on NaN gradients, a scaler read from a corrupt file).
+  if (std::optional<std::string> bad = FindNonFinite(host)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("not writing a checkpoint to ", dir, " after step ", step_, ": ", *bad,
+                     "; the run's state is not finite, so the last checkpoint is kept"));
+  }
+  return SaveCheckpoint(dir, host, metadata).status();
 }
 
 namespace {
@@ -503,6 +571,69 @@ absl::StatusOr<int64_t> IntegerScalar(const std::string& dir, const StateDict& c
 }
 
 }  // namespace
+
+absl::Status RunState::CheckRestoredValues(const std::string& dir, const StateDict& ckpt,
+                                           int64_t updates,
+                                           const std::vector<std::string>& overrides) const {
+  const std::string where = absl::StrCat("cannot resume from ", dir, ": ");
+  // A weight, master or moment that is NaN/inf cannot train (a NaN f16 master skipped every step,
+  // an inf second moment froze its layer, an inf weight trained on): refused by name.
+  if (std::optional<std::string> bad = FindNonFinite(ckpt)) {
+    return absl::DataLossError(absl::StrCat(where, *bad, " in ", CheckpointPath(dir),
+                                            " (a checkpoint's weights, master weights and "
+                                            "optimizer moments must be finite)"));
+  }
+  auto overridden = [&](const std::string& name) {
+    return std::find(overrides.begin(), overrides.end(), name) != overrides.end();
+  };
+  // The optimizer's options: the checkpoint records them next to the settings, and none of them
+  // (beta1, eps, amsgrad, momentum, ...) is changed by training; the lr is the schedule's (its
+  // base lr is checked below), weight_decay and beta2 change with --override.
+  const std::vector<optim::ParamGroup>& groups = optimizer_.optimizer().param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& [name, value] : groups[g].options) {
+      const std::string key = absl::StrCat("optim.optimizer.param_groups.", g, ".", name);
+      if (name == "lr" || overridden(name) || !ckpt.has_scalar(key)) continue;
+      const double saved = ckpt.scalar(key);
+      if (!(saved == value)) {
+        bool overridable = false;
+        for (const RunSettings::Setting& setting : settings_.items()) {
+          overridable = overridable || (setting.name == name && !setting.fixed);
+        }
+        return absl::DataLossError(absl::StrCat(
+            where, "'", key, "' is ", FormatNumber(saved), " but this run's ", name, " is ",
+            FormatNumber(value), " (training never changes it: the checkpoint is corrupt",
+            overridable ? absl::StrCat("; --override=", name, " changes it on purpose") : "", ")"));
+      }
+    }
+  }
+  if (!overridden("lr")) {
+    const std::vector<double>& base = schedule_.base_lrs();
+    for (size_t g = 0; g < base.size(); ++g) {
+      const std::string key = absl::StrCat("schedule.base_lrs.", g);
+      if (!ckpt.has_scalar(key)) continue;  // LrSchedule::load_state_dict names a missing one
+      const double saved = ckpt.scalar(key);
+      if (!(saved == base[g])) {
+        return absl::DataLossError(
+            absl::StrCat(where, "'", key, "' is ", FormatNumber(saved), " but this run's lr is ",
+                         FormatNumber(base[g]),
+                         " (the setting 'lr' agrees, so the checkpoint is corrupt; "
+                         "--override=lr changes the lr on purpose)"));
+      }
+    }
+  }
+  // Every parameter's step count (Adam's bias correction) is the number of optimizer updates.
+  for (const auto& [key, value] : ckpt.scalars) {
+    if (!absl::StartsWith(key, "optim.optimizer.state.") || !absl::EndsWith(key, ".step")) continue;
+    if (!(value == static_cast<double>(updates))) {
+      return absl::DataLossError(absl::StrCat(
+          where, "'", key, "' is ", FormatNumber(value), " but the run made ", updates,
+          " optimizer updates ('step' - 'skipped_steps'; the counters of the checkpoint "
+          "disagree)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
                                            const std::vector<std::string>& overrides,
@@ -534,6 +665,9 @@ absl::StatusOr<StateDict> RunState::Resume(const std::string& dir,
                                               " (the counters of the checkpoint disagree)"));
     }
   }
+  if (absl::Status s = CheckRestoredValues(dir, *ckpt, *step - *skipped, overrides); !s.ok()) {
+    return s;
+  }
   try {
     if (!sharding_.model_preloaded) model_.load_state_dict(ckpt->Sub("model."));
     optimizer_.load_state_dict(ckpt->Sub("optim."));
@@ -555,6 +689,12 @@ absl::Status LoadModelForResume(const std::string& dir, const RunSettings& setti
   if (!ckpt.ok()) return ckpt.status();
   absl::StatusOr<std::vector<std::string>> changed = settings.CheckResume(dir, metadata, overrides);
   if (!changed.ok()) return changed.status();
+  if (std::optional<std::string> bad = FindNonFinite(*ckpt)) {
+    return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", *bad, " in ",
+                                            CheckpointPath(dir),
+                                            " (a checkpoint's weights, master weights and "
+                                            "optimizer moments must be finite)"));
+  }
   try {
     model.load_state_dict(ckpt->Sub("model."));
   } catch (const Error& e) {

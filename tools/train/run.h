@@ -260,22 +260,50 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
 // checkpoint left behind. Does nothing for an empty dir.
 absl::Status PrepareCheckpointDir(const std::string& dir);
 
-// Divergence: a run stops with an error when its loss becomes NaN/inf and no dynamic loss scaler
-// can absorb it (f32, bf16, or any constant scale), or when a dynamic scaler has skipped
-// `max_skipped_in_a_row` consecutive steps (0: never). Megatron-LM and DeepSpeed stop too;
-// training on NaN weights to a successful exit helps nobody.
+// Divergence: a run stops with an error when its loss becomes NaN/inf, or a step is skipped for
+// non-finite gradients, and no dynamic loss scaler can absorb it (f32, bf16, or any constant
+// scale: MakeMixedPrecisionOptions turns the overflow check on for them, so such a step changes
+// no weight), or when a dynamic scaler has skipped `max_skipped_in_a_row` consecutive steps (0:
+// never). The binaries check after every step and before any save, so the last checkpoint is
+// never overwritten by the diverged state. Megatron-LM and DeepSpeed stop too; training on NaN
+// weights to a successful exit helps nobody.
 class DivergenceCheck {
  public:
   DivergenceCheck(bool dynamic_scaler, int64_t max_skipped_in_a_row)
       : dynamic_(dynamic_scaler), max_skipped_(max_skipped_in_a_row) {}
+  // The weights were loaded from `file` (--resume, --init_from) after step `step`: a divergence
+  // that starts with the next step names the file instead of advising a lower --lr.
+  void set_loaded_from(std::string file, int64_t step) {
+    loaded_from_ = std::move(file);
+    loaded_step_ = step;
+  }
   // After each step (the loss agreed across ranks). FailedPrecondition says why the run stopped.
   absl::Status Check(int64_t step, double loss, bool skipped);
 
  private:
+  // What to do about it: lower the lr, or (when the trouble starts at the first step after
+  // loading a file) look at that file.
+  std::string Advice(int64_t first_bad_step) const;
+
   bool dynamic_;
   int64_t max_skipped_;
   int64_t skipped_in_a_row_ = 0;
+  std::string loaded_from_;
+  int64_t loaded_step_ = -1;
 };
+
+// The end of a run: FailedPrecondition when more than `max_fraction` (in [0, 1]) of its `steps`
+// were skipped for non-finite gradients (`flag` names the flag in the message). A run that
+// skipped 31 of 32 steps did not train, whatever its loss says; a healthy f16 run skips a few
+// steps while its loss scale settles (tests/tools:reliability_test measures them).
+absl::Status CheckSkippedFraction(int64_t steps, int64_t skipped, double max_fraction,
+                                  const char* flag = "--max_skipped_fraction");
+
+// The first floating tensor of `state` (in key order) that holds NaN or inf, described as
+// "tensor 'optim.master.0' holds nan at element 3 of 12 (2 of its elements are not finite)";
+// nullopt when every one is finite. One AnyNonFinite pass per tensor; only a bad tensor is read
+// element by element.
+std::optional<std::string> FindNonFinite(const StateDict& state);
 
 // What every run checkpoints and counts: the model, the optimizer (masters, moments, scaler), the
 // schedule, the step and the skipped steps, under the run's settings (see RunSettings). The
@@ -314,6 +342,9 @@ class RunState {
   // Writes <dir>/checkpoint.safetensors with "model.", "optim.", "schedule." and the counters,
   // plus the caller's `extra` entries and metadata (device tensors are copied to the host, so
   // a checkpoint of a CUDA run resumes on either device). Does nothing when dir is empty.
+  // FailedPrecondition, writing nothing, when a weight, master or moment is not finite: the last
+  // good checkpoint is never replaced by a diverged state (FindNonFinite, one pass over the host
+  // copy).
   absl::Status Save(const std::string& dir, const StateDict& extra,
                     std::map<std::string, std::string> metadata) const;
   // Restores what Save wrote and returns the whole checkpoint (for the caller's entries) with its
@@ -322,7 +353,12 @@ class RunState {
   // 'skipped_steps' one in [0, step], the schedule's updates equal to step - skipped_steps and
   // the loss scaler's iterations equal to step. FailedPrecondition for changed settings,
   // DataLoss naming the key and value of a bad number or content that does not fit the model or
-  // optimizer; nothing is half-restored in the model on error.
+  // optimizer; nothing is half-restored in the model on error. Also before anything is restored:
+  // every floating tensor is finite (weights, masters, moments; DataLoss naming the tensor and
+  // the file), every optimizer option other than the lr equals this run's (beta1, eps, ...: no
+  // setting changes them; weight_decay and beta2 may differ when --override names them), each
+  // schedule base lr equals this run's lr (unless --override=lr), and every parameter's
+  // optimizer step count equals the optimizer updates, 'step' - 'skipped_steps'.
   absl::StatusOr<StateDict> Resume(const std::string& dir,
                                    const std::vector<std::string>& overrides,
                                    std::map<std::string, std::string>* metadata,
@@ -337,6 +373,10 @@ class RunState {
                   const StopRequest& stop) const;
 
  private:
+  // Resume's checks of the values it restores (see Resume), before anything is restored.
+  absl::Status CheckRestoredValues(const std::string& dir, const StateDict& ckpt, int64_t updates,
+                                   const std::vector<std::string>& overrides) const;
+
   nn::Module& model_;
   amp::TrainingOptimizer& optimizer_;
   Sharding sharding_;
