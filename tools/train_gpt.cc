@@ -96,6 +96,9 @@ ABSL_FLAG(std::string, override, "",
 ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
           "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
           "(0: never)");
+ABSL_FLAG(double, max_skipped_fraction, 0.5,
+          "exit with an error (after the final line) when more than this fraction, in [0, 1], of "
+          "the run's steps were skipped for non-finite gradients (1: never)");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
@@ -178,6 +181,7 @@ absl::Status CheckFlags() {
       {"top_k", count(FLAGS_top_k), 0, kMaxCount},
       {"checkpoint_every", count(FLAGS_checkpoint_every), 0, kMaxCount},
       {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
+      {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
       {"world_size", count(FLAGS_world_size), 1, 65536},
       {"rank", count(FLAGS_rank), -1, 65535},
       {"zero_stage", count(FLAGS_zero_stage), 0, 3},
@@ -219,6 +223,11 @@ int Main() {
         nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
     if (!loaded.ok()) return Fail(loaded.status());
     init = std::move(*loaded);
+    if (std::optional<std::string> bad = train::FindNonFinite(init->weights)) {
+      return Fail(absl::DataLossError(
+          absl::StrCat("--init_from=", train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)),
+                       ": ", *bad, " (a model's weights must be finite)")));
+    }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
       Generator gen(0);
@@ -407,6 +416,13 @@ int Main() {
     absl::StatusOr<Generator::State> drop_state = generator_state("dropout", seed + 3);
     if (!drop_state.ok()) return Fail(drop_state.status());
     batches.set_state(*batch_state);
+    // The data generator must stand where this step's batch begins (a replay from the seed).
+    if (!(batches.state() == batches.StateAfter(run.step()))) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          "cannot resume from ", ckpt_dir, ": metadata 'batches' is '", meta["batches"],
+          "', but step ", run.step(), " begins at '",
+          train::GeneratorStateToString(batches.StateAfter(run.step())), "'")));
+    }
     dropout_gen.set_state(*drop_state);
     train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
   }
@@ -444,6 +460,11 @@ int Main() {
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
+  if (absl::GetFlag(FLAGS_resume)) {
+    divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
+  } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
+    divergence.set_loaded_from(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), 0);
+  }
 
   // ---- Training.
   const int64_t tokens_per_step = batch_size * seq_len;
@@ -506,6 +527,12 @@ int Main() {
     }
     std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
+  }
+  // A run that skipped most of its steps did not train: no successful exit.
+  if (absl::Status s = train::CheckSkippedFraction(run.step(), run.skipped(),
+                                                   absl::GetFlag(FLAGS_max_skipped_fraction));
+      !s.ok()) {
+    return Fail(s);
   }
 
   // ---- Sample, starting from the first validation token.

@@ -68,6 +68,9 @@ ABSL_FLAG(std::string, override, "",
 ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
           "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
           "(0: never)");
+ABSL_FLAG(double, max_skipped_fraction, 0.5,
+          "exit with an error (after the final line) when more than this fraction, in [0, 1], of "
+          "the run's steps were skipped for non-finite gradients (1: never)");
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
@@ -139,6 +142,7 @@ absl::Status CheckFlags() {
        kMaxCount},
       {"max_skipped_in_a_row", static_cast<double>(absl::GetFlag(FLAGS_max_skipped_in_a_row)), 0,
        kMaxCount},
+      {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
       {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 1, 65536},
       {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
       {"zero_stage", static_cast<double>(absl::GetFlag(FLAGS_zero_stage)), 0, 3},
@@ -280,6 +284,13 @@ int Main() {
           "cannot resume from ", ckpt_dir, ": the data position (epoch ", at.epoch, ", example ",
           at.position, ") is that of step ", data_step, ", but 'step' is ", run.step())));
     }
+    // The data order's generator must stand where this epoch starts (a replay from the seed).
+    if (!(at.epoch_start == batches.indices().EpochStart(at.epoch))) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          "cannot resume from ", ckpt_dir, ": the data order's generator state is ",
+          train::GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch, " starts at ",
+          train::GeneratorStateToString(batches.indices().EpochStart(at.epoch)))));
+    }
     train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
   }
   auto extra = [&] {
@@ -316,6 +327,9 @@ int Main() {
   // ---- Training.
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
+  if (absl::GetFlag(FLAGS_resume)) {
+    divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
+  }
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   double last_report = progress.ElapsedSeconds();
   while (run.step() < total_steps) {
@@ -376,6 +390,12 @@ int Main() {
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
               static_cast<long long>(run.skipped()));
+  // A run that skipped most of its steps did not train: no successful exit.
+  if (absl::Status s = train::CheckSkippedFraction(run.step(), run.skipped(),
+                                                   absl::GetFlag(FLAGS_max_skipped_fraction));
+      !s.ok()) {
+    return Fail(s);
+  }
   return 0;
 }
 

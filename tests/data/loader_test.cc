@@ -402,5 +402,30 @@ TEST(TokenBatcherTest, EvalBatchesAreConsecutiveWindows) {
       ThrowsError([&] { tb.EvalBatch(3); }, "TokenBatcher.EvalBatch: index 3 is outside [0, 3)"));
 }
 
+// A resumed run checks the checkpoint's generator state against a replay from the seed: the
+// state at each epoch's start, and the token batcher's after each step's batch.
+TEST(IndexBatcherTest, EpochStartIsTheReplayedGeneratorState) {
+  for (const bool shuffle : {true, false}) {
+    BatcherOptions o = Options(3, 7, false);
+    o.shuffle = shuffle;
+    IndexBatcher b(10, o);
+    for (int64_t epoch = 0; epoch < 4; ++epoch) {
+      EXPECT_EQ(b.state().epoch, epoch);
+      EXPECT_TRUE(b.EpochStart(epoch) == b.state().epoch_start) << epoch;
+      for (int64_t k = 0; k < b.batches_per_epoch(); ++k) b.Next();
+    }
+    EXPECT_EQ(b.EpochStart(2) == b.EpochStart(3), !shuffle);
+  }
+}
+
+TEST(TokenBatcherTest, StateAfterIsTheReplayedGeneratorState) {
+  TokenBatcher tb(Iota(50), 4, 5, 11);
+  for (int64_t batches = 0; batches < 6; ++batches) {
+    EXPECT_TRUE(tb.StateAfter(batches) == tb.state()) << batches;
+    tb.Next();
+  }
+  EXPECT_FALSE(tb.StateAfter(2) == tb.StateAfter(3));
+}
+
 }  // namespace
 }  // namespace tg::data

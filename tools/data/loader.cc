@@ -127,6 +127,17 @@ void IndexBatcher::DrawOrder() {
   }
 }
 
+Generator::State IndexBatcher::EpochStart(int64_t epoch) const {
+  TG_CHECK(epoch >= 0, "IndexBatcher.EpochStart: epoch must be non-negative, got ", epoch);
+  Generator gen(options_.seed);
+  if (!options_.shuffle) return gen.state();
+  // DrawOrder's draws, without the permutation.
+  for (int64_t e = 0; e < epoch; ++e) {
+    for (int64_t i = num_examples_ - 1; i > 0; --i) UniformBelow(gen, static_cast<uint64_t>(i) + 1);
+  }
+  return gen.state();
+}
+
 std::vector<int64_t> IndexBatcher::Next() {
   const int64_t begin = state_.position;
   const int64_t end = std::min(num_examples_, begin + options_.batch_size);
@@ -224,7 +235,11 @@ ImageBatcher::Batch ImageBatcher::Next(int64_t part, int64_t parts) {
 
 TokenBatcher::TokenBatcher(std::vector<uint16_t> tokens, int64_t batch_size, int64_t block_size,
                            uint64_t seed)
-    : tokens_(std::move(tokens)), batch_size_(batch_size), block_size_(block_size), gen_(seed) {
+    : tokens_(std::move(tokens)),
+      batch_size_(batch_size),
+      block_size_(block_size),
+      seed_(seed),
+      gen_(seed) {
   TG_CHECK(batch_size >= 1, "TokenBatcher: batch_size must be at least 1, got ", batch_size);
   TG_CHECK(block_size >= 1, "TokenBatcher: block_size must be at least 1, got ", block_size);
   TG_CHECK(num_tokens() > block_size, "TokenBatcher: ", num_tokens(),
@@ -258,6 +273,16 @@ TokenBatcher::Batch TokenBatcher::Next(int64_t part, int64_t parts) {
   const uint64_t bound = static_cast<uint64_t>(num_tokens() - block_size_);
   for (int64_t& o : offsets) o = static_cast<int64_t>(UniformBelow(gen_, bound));
   return Windows(absl::MakeConstSpan(offsets).subspan(first, count));
+}
+
+Generator::State TokenBatcher::StateAfter(int64_t batches) const {
+  TG_CHECK(batches >= 0, "TokenBatcher.StateAfter: batches must be non-negative, got ", batches);
+  Generator gen(seed_);
+  const uint64_t bound = static_cast<uint64_t>(num_tokens() - block_size_);
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t k = 0; k < batch_size_; ++k) UniformBelow(gen, bound);  // Next()'s draws
+  }
+  return gen.state();
 }
 
 int64_t TokenBatcher::num_eval_batches() const {

@@ -95,6 +95,11 @@ class IndexBatcher {
   // "generator.offset_lo/_hi". load_state_dict also checks that num_examples matches.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state_dict);
+  // The generator state that epoch `epoch` (>= 0) starts with: replayed from the seed, one order
+  // per epoch (epoch * N draws; Fashion-MNIST's 10 epochs take milliseconds). A resumed run
+  // compares the checkpoint's state with it, so a changed offset cannot silently reorder the
+  // data; bound `epoch` by the run's own count first.
+  Generator::State EpochStart(int64_t epoch) const;
 
  private:
   // Draws order_ from gen_ (which must stand at state_.epoch_start).
@@ -175,6 +180,10 @@ class TokenBatcher {
   // checks that num_tokens matches.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state_dict);
+  // The generator state after `batches` (>= 0) calls of Next() from the start: replayed from the
+  // seed (batches * B draws, far cheaper than the steps they stand for). A resumed run compares
+  // the checkpoint's state with it for its step count.
+  Generator::State StateAfter(int64_t batches) const;
 
  private:
   Batch Windows(absl::Span<const int64_t> offsets) const;
@@ -182,6 +191,7 @@ class TokenBatcher {
   std::vector<uint16_t> tokens_;
   int64_t batch_size_;
   int64_t block_size_;
+  uint64_t seed_;
   Generator gen_;
 };
 
