@@ -29,6 +29,26 @@ expect() {
   echo "ok   $name"
 }
 
+# expect_re NAME RC REGEX -- COMMAND...: as expect, with an extended regular expression for the
+# whole line (for checksums and generator offsets).
+expect_re() {
+  local name="$1" want_rc="$2" re="$3"
+  shift 4
+  local rc=0
+  "$@" >"$tmp/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -ne "$want_rc" ]; then
+    fail "$name: exit $rc, expected $want_rc"; tail -5 "$tmp/$name.log"; return 1
+  fi
+  if ! grep -qxE -- "$re" "$tmp/$name.log"; then
+    fail "$name: no line matching '$re'"; tail -5 "$tmp/$name.log"; return 1
+  fi
+  echo "ok   $name"
+}
+
+# A checkpoint as written before the whole-header checksum existed (the key renamed, so the
+# header keeps its length): its values are checked one by one instead.
+without_header_crc() { perl -0pi -e 's/"crc32:__metadata__"/"xrc32:__metadata__"/' "$1"; }
+
 text="$tmp/text.txt"
 for i in $(seq 1 200); do echo "the quick brown fox $i jumps over the lazy dog"; done >"$text"
 gpt=("$train_gpt" --data="$text" --n_layer=1 --n_embd=32 --block_size=16 --batch_size=4
@@ -104,10 +124,31 @@ run8=("${gpt[@]}" --steps=8 --checkpoint_dir="$ckpt")
 "${run8[@]}" --stop_at_step=4 >"$tmp/stopped.log" 2>&1
 [ $? -eq 143 ] || fail "the stopped run did not exit 143"
 cp "$ckpt/checkpoint.safetensors" "$tmp/good.safetensors"
-# A step count the run cannot have (same length, so the header stays valid).
+# A step count the run cannot have (same length, so the header stays valid JSON): the whole-header
+# checksum refuses the file.
 perl -0pi -e 's/"scalar:step":"4"/"scalar:step":"9"/' "$ckpt/checkpoint.safetensors"
+expect_re header_crc 1 \
+  "train_gpt: safetensors file '$ckpt/checkpoint.safetensors': the header's CRC-32 is [0-9a-f]{8}, its \"__metadata__\" entry 'crc32:__metadata__' records [0-9a-f]{8} \(the header is corrupt: a metadata value or a tensor's entry changed\)" \
+  -- "${run8[@]}" --resume
+# Without that checksum, the counter checks refuse it.
+without_header_crc "$ckpt/checkpoint.safetensors"
 expect bad_step 1 \
   "train_gpt: cannot resume from $ckpt: 'step' is 9; expected an integer in [0, 8] (the run's step count)" \
+  -- "${run8[@]}" --resume
+# One flipped digit of the schedule's base lr used to resume a run at lr 1.
+cp "$tmp/good.safetensors" "$ckpt/checkpoint.safetensors"
+without_header_crc "$ckpt/checkpoint.safetensors"
+perl -0pi -e 's/"scalar:schedule.base_lrs.0":"0.003"/"scalar:schedule.base_lrs.0":"1.003"/' \
+  "$ckpt/checkpoint.safetensors"
+expect base_lr 1 \
+  "train_gpt: cannot resume from $ckpt: 'schedule.base_lrs.0' is 1.003 but this run's lr is 0.003 (the setting 'lr' agrees, so the checkpoint is corrupt; --override=lr changes the lr on purpose)" \
+  -- "${run8[@]}" --resume
+# The data order's generator offset must be the one of the checkpoint's step.
+cp "$tmp/good.safetensors" "$ckpt/checkpoint.safetensors"
+without_header_crc "$ckpt/checkpoint.safetensors"
+perl -0pi -e 's/"batches":"(\d+):(\d)/"batches":"$1:" . (($2 + 1) % 10)/e' "$ckpt/checkpoint.safetensors"
+expect_re batches_offset 1 \
+  "train_gpt: cannot resume from $ckpt: metadata 'batches' is '[0-9]+:[0-9]+', but step 4 begins at '[0-9]+:[0-9]+'" \
   -- "${run8[@]}" --resume
 cp "$tmp/good.safetensors" "$ckpt/checkpoint.safetensors"
 expect changed_lr 1 \
@@ -142,6 +183,18 @@ fi
 f16_ckpt="$tmp/f16"
 "${gpt[@]}" --steps=4 --precision=f16 --checkpoint_dir="$f16_ckpt" >/dev/null 2>&1 ||
   fail "the f16 run failed"
+# A loss scale of 0 (in a file without the header checksum) is refused; it used to make every
+# master weight NaN at the first resumed step, and the next save overwrote the good checkpoint.
+cp "$f16_ckpt/checkpoint.safetensors" "$tmp/f16_good.safetensors"
+without_header_crc "$f16_ckpt/checkpoint.safetensors"
+perl -0pi -e 's/"scalar:optim.scaler.scale":"65536"/"scalar:optim.scaler.scale":"0.000"/' \
+  "$f16_ckpt/checkpoint.safetensors"
+expect scale_zero 1 \
+  "train_gpt: cannot resume from $f16_ckpt: LossScaler::load_state_dict: 'scale' must be finite and > 0 and in [min_scale, max_scale] = [0, inf], got 0" \
+  -- "${gpt[@]}" --steps=8 --precision=f16 --checkpoint_dir="$f16_ckpt" --resume --override=steps
+cmp -s "$f16_ckpt/checkpoint.safetensors" "$tmp/f16_good.safetensors" &&
+  fail "scale_zero: the edit did not apply"
+cp "$tmp/f16_good.safetensors" "$f16_ckpt/checkpoint.safetensors"
 expect changed_scaler 1 \
   "train_gpt: cannot resume from $f16_ckpt: the checkpoint was written with loss_scaler=auto, this run has loss_scaler=megatron (this setting cannot change when resuming)" \
   -- "${gpt[@]}" --steps=4 --precision=f16 --checkpoint_dir="$f16_ckpt" --resume --loss_scaler=megatron
@@ -153,5 +206,19 @@ expect diverged_f32 1 \
 expect diverged_f16 1 \
   "train_gpt: the run diverged: 3 consecutive steps were skipped (steps 1 to 3 had non-finite gradients at every loss scale tried; --max_skipped_in_a_row=3)" \
   -- "${gpt[@]}" --steps=30 --precision=f16 --loss_scaler=megatron --max_skipped_in_a_row=3
+
+echo "== a run that skipped most of its steps fails"
+# Megatron's 2^32 start skips 17 steps of the tiny GPT while the scale settles: most of 20.
+expect_re mostly_skipped 1 "val loss [0-9.]+ after 20 steps, 17 skipped" -- \
+  "${gpt[@]}" --steps=20 --precision=f16 --loss_scaler=megatron
+grep -qxF "train_gpt: the run skipped 17 of its 20 steps (85.0%) for non-finite gradients, more than --max_skipped_fraction=0.5 of them: it did not train (lower --lr, or use bf16 or f32)" \
+  "$tmp/mostly_skipped.log" || fail "mostly_skipped: no message"
+expect_re settled 0 "val loss [0-9.]+ after 40 steps, 17 skipped" -- \
+  "${gpt[@]}" --steps=40 --precision=f16 --loss_scaler=megatron
+expect_re allowed 0 "val loss [0-9.]+ after 20 steps, 17 skipped" -- \
+  "${gpt[@]}" --steps=20 --precision=f16 --loss_scaler=megatron --max_skipped_fraction=1
+expect skipped_fraction_flag 1 \
+  "train_gpt: --max_skipped_fraction=1.5 is outside its valid range [0, 1]" -- \
+  "${gpt[@]}" --max_skipped_fraction=1.5
 
 exit "$failures"

@@ -243,9 +243,14 @@ def checkpoint_seeds():
         with open(os.path.join(out, name), "rb") as f:
             return split(f.read())
 
-    def edit(base, name, meta=None, drop_meta=(), tensors=None, drop=(), add=None):
+    def edit(base, name, meta=None, drop_meta=(), tensors=None, drop=(), add=None,
+             keep_header_crc=False):
         header, buffer = load(base)
         m = header["__metadata__"]
+        # The whole-header checksum would refuse every edit; without it the file reads as one
+        # written before that checksum existed, so the checks of each value are what refuse it.
+        if not keep_header_crc:
+            m.pop("crc32:__metadata__", None)
         m.update(meta or {})
         for k in drop_meta:
             m.pop(k, None)
@@ -268,6 +273,9 @@ def checkpoint_seeds():
         crcs = [k for k in header["__metadata__"] if k.startswith("crc32:")]
         edit(base, base.replace("valid_", "valid_no_crc_"), drop_meta=crcs)
     edit(adam, "valid_override_lr.safetensors", meta={"setting.lr": "0.02"})
+    # With the whole-header checksum kept, any changed value is refused by it.
+    edit(adam, "invalid_header_crc.safetensors", meta={"scalar:schedule.base_lrs.0": "1"},
+         keep_header_crc=True)
     edit(adam, "invalid_fixed_setting.safetensors", meta={"setting.model": "linear_4_2"})
     edit(adam, "invalid_missing_setting.safetensors", drop_meta=["setting.precision"])
     edit(sgd, "invalid_other_run.safetensors", meta={"setting.optimizer": "adamw"})
@@ -280,9 +288,12 @@ def checkpoint_seeds():
         (sgd, "invalid_schedule_step_disagrees", "schedule.last_step", "1"),
         (sgd, "invalid_scaler_iteration_disagrees", "optim.scaler.iteration", "1"),
         (adam, "invalid_scaler_scale_negative", "optim.scaler.scale", "-1"),
-        # LossScaler::load_state_dict accepts any scale >= 0 that is not NaN (an f32 scale can
-        # grow to inf): valid.
-        (adam, "valid_scaler_scale_inf", "optim.scaler.scale", "inf"),
+        # A scale of 0 or inf cannot unscale to finite gradients: refused.
+        (adam, "invalid_scaler_scale_inf", "optim.scaler.scale", "inf"),
+        (adam, "invalid_scaler_scale_zero", "optim.scaler.scale", "0"),
+        # Header values that are no setting must be this run's.
+        (adam, "invalid_beta1_changed", "optim.optimizer.param_groups.0.beta1", "0.8"),
+        (adam, "invalid_adam_step_not_updates", "optim.optimizer.state.0.step", "1"),
         (adam, "invalid_base_lr_nan", "schedule.base_lrs.0", "nan"),
         (adam, "invalid_adam_step_huge", "optim.optimizer.state.0.step", "1e30"),
         (adam, "invalid_beta1_above_one", "optim.optimizer.param_groups.0.beta1", "2"),
