@@ -265,6 +265,9 @@ void MixedPrecisionOptimizer::load_state_dict(const StateDict& state) {
              ": load_state_dict: '", key, "' is ", DTypeName(masters[i].dtype()), " ",
              ShapeToString(masters[i].shape()), " but the master is f32 ",
              ShapeToString(master_[i].shape()));
+    // A NaN master would skip every step (its f16 copy overflows), an inf one trains on.
+    TG_CHECK(!AnyNonFinite({masters[i]}), kName, ": load_state_dict: '", key,
+             "' holds a NaN or infinite value; master weights must be finite");
   }
   for (const auto& [key, value] : state.tensors) {
     (void)value;

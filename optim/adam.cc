@@ -89,7 +89,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
 void Adam::CheckOptions(const GroupOptions& options, const std::string& context) const {
   const AdamOptions o = AdamOptions::FromGroup(options);
   TG_CHECK(o.lr >= 0, context, "invalid lr ", o.lr, " (must be >= 0)");
-  TG_CHECK(o.eps >= 0, context, "invalid eps ", o.eps, " (must be >= 0)");
+  // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN into the weights).
+  TG_CHECK(o.eps > 0, context, "invalid eps ", o.eps, " (must be > 0)");
   TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, context, "invalid beta1 ", o.beta1, " (must be in [0, 1))");
   TG_CHECK(o.beta2 >= 0 && o.beta2 < 1, context, "invalid beta2 ", o.beta2, " (must be in [0, 1))");
   TG_CHECK(o.weight_decay >= 0, context, "invalid weight_decay ", o.weight_decay,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 
 namespace tg::optim {
 namespace {
@@ -343,6 +344,10 @@ void Optimizer::load_state_dict(const StateDict& sd) {
       TG_CHECK(t.dtype() == want, op, "'", sp, key, "' has dtype ", DTypeName(t.dtype()),
                ", expected ", DTypeName(want), " (the state dtype of a ", DTypeName(p.dtype()),
                " param)");
+      // A NaN/inf moment never recovers (an inf second moment freezes its element for good).
+      TG_CHECK(!AnyNonFinite({t}), op, "'", sp, key,
+               "' holds a NaN or infinite value; the "
+               "state of an optimizer must be finite");
       Tensor copy = Tensor::Empty(t.shape(), t.dtype(), p.data().device());
       copy.copy_(t);
       entry.state.tensors[key] = copy;

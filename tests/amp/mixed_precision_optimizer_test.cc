@@ -424,6 +424,16 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   broken.tensors.erase("master.1");
   EXPECT_TRUE(ThrowsErrorExactly([&] { resumed.load_state_dict(broken); },
                                  "MixedPrecisionOptimizer: load_state_dict: missing 'master.1'"));
+  // A NaN master (valid checksum, valid shape) skipped every step of a resumed run.
+  StateDict nan_master = saved;
+  std::vector<float> m = nan_master.tensor("master.1").to_vector<float>();
+  m[0] = NAN;
+  nan_master.tensors["master.1"] = Tensor::FromVector<float>(m, saved.tensor("master.1").shape());
+  const std::vector<std::vector<float>> before = MasterValues(resumed);
+  EXPECT_TRUE(ThrowsErrorExactly([&] { resumed.load_state_dict(nan_master); },
+                                 "MixedPrecisionOptimizer: load_state_dict: 'master.1' holds a NaN "
+                                 "or infinite value; master weights must be finite"));
+  EXPECT_EQ(MasterValues(resumed), before);
 }
 
 // The device-side protocol of cuda_amp_kernels_test's OverflowSkipBackoffMatchesMixedPrecision-

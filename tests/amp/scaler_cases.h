@@ -155,8 +155,18 @@ inline void RunScalerCase(const ScalerCase& c,
     }
   }
   // The end state loads into a fresh scaler of the same preset: it continues as `host` does.
+  // Except a scale that underflowed to 0 or grew to inf: no later update leaves it, and no step
+  // can unscale with it, so a checkpoint holding it is refused (the state stays as it was).
   amp::LossScaler loaded = c.make();
-  loaded.load_state(update(false));
+  const LossScaleState end = update(false);
+  if (!amp::UnscalesFinitely(end.scale)) {
+    const LossScaleState before = loaded.state();
+    EXPECT_TRUE(ThrowsError([&] { loaded.load_state(end); },
+                            "LossScaler::load_state_dict: 'scale' must be finite and > 0"));
+    EXPECT_TRUE(SameState(before, loaded.state()));
+    return;
+  }
+  loaded.load_state(end);
   host.update(false);
   EXPECT_EQ(loaded.state_dict().scalars, host.state_dict().scalars);
 }

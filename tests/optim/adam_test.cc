@@ -212,7 +212,10 @@ TEST(AdamTest, InvalidOptionsAreNamed) {
   w.eps = -1e-8;
   EXPECT_TRUE(
       tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Variable>{p}, w); },
-                                      "AdamW: param group 0: invalid eps -1e-08 (must be >= 0)"));
+                                      "AdamW: param group 0: invalid eps -1e-08 (must be > 0)"));
+  w.eps = 0;
+  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Variable>{p}, w); },
+                                              "AdamW: param group 0: invalid eps 0 (must be > 0)"));
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] {
         AdamW({ParamGroup({p}, {{"amsgrad", 2.0}})});

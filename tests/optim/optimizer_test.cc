@@ -393,6 +393,12 @@ TEST(OptimizerTest, LoadStateDictValidatesAndLeavesTheOptimizerUnchanged) {
     sd.tensors["state.0.momentum_buffer"] = Tensor::Zeros({3});
     expect_error(sd, op + "unexpected tensor 'state.0.momentum_buffer'");
   }
+  {  // a non-finite moment (an inf second moment froze its element for good)
+    StateDict sd = good;
+    sd.tensors["state.0.exp_avg_sq"] = Tensor::FromVector<float>({0, INFINITY, 0}, {3});
+    expect_error(sd, op + "'state.0.exp_avg_sq' holds a NaN or infinite value; the state of an "
+                          "optimizer must be finite");
+  }
   {  // bad step
     StateDict sd = good;
     sd.scalars["state.0.step"] = 1.5;
