@@ -61,6 +61,13 @@ echo "the quick brown fox jumps over the lazy dog" >"$text"
 refused "has a vocabulary of 100: train it on token shards" --init_from="$tiny" --data="$text" \
   --steps=1 --warmup_steps=0 --block_size=4
 refused "--steps=0 is outside its valid range" --data="$shard" --steps=0
+# A NaN weight (the file has no checksums, as transformers writes it) is refused by name.
+mkdir -p "$tmp/nan" && cp -L "$tiny"/* "$tmp/nan/" && chmod -R u+w "$tmp/nan"
+n=$(od -An -tu8 -N8 "$tmp/nan/model.safetensors" | tr -d ' ')
+printf '\x00\x00\xc0\x7f' | dd of="$tmp/nan/model.safetensors" bs=1 seek=$((8 + n + 8)) \
+  conv=notrunc 2>/dev/null
+refused "train_gpt: --init_from=$tmp/nan: tensor 'blocks.0.attn.qkv.bias' holds nan at element 2 of 48 (1 of its elements is not finite) (a model's weights must be finite)" \
+  --init_from="$tmp/nan" --steps=0
 head -c 2000 "$tmp/a/model.safetensors" >"$tmp/cut.safetensors"
 refused "cut.safetensors" --init_from="$tmp/cut.safetensors" --steps=0
 
