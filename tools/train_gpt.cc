@@ -225,8 +225,8 @@ int Main() {
     init = std::move(*loaded);
     if (std::optional<std::string> bad = train::FindNonFinite(init->weights)) {
       return Fail(absl::DataLossError(
-          absl::StrCat("--init_from=", train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)),
-                       ": ", *bad, " (a model's weights must be finite)")));
+          absl::StrCat("--init_from=", train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), ": ",
+                       *bad, " (a model's weights must be finite)")));
     }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
@@ -418,10 +418,10 @@ int Main() {
     batches.set_state(*batch_state);
     // The data generator must stand where this step's batch begins (a replay from the seed).
     if (!(batches.state() == batches.StateAfter(run.step()))) {
-      return Fail(absl::DataLossError(absl::StrCat(
-          "cannot resume from ", ckpt_dir, ": metadata 'batches' is '", meta["batches"],
-          "', but step ", run.step(), " begins at '",
-          train::GeneratorStateToString(batches.StateAfter(run.step())), "'")));
+      return Fail(absl::DataLossError(
+          absl::StrCat("cannot resume from ", ckpt_dir, ": metadata 'batches' is '",
+                       meta["batches"], "', but step ", run.step(), " begins at '",
+                       train::GeneratorStateToString(batches.StateAfter(run.step())), "'")));
     }
     dropout_gen.set_state(*drop_state);
     train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
