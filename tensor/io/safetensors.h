@@ -9,7 +9,8 @@
 // contiguously from offset 0 in the reference library's order (larger dtypes first, then by name),
 // so every tensor is aligned to its element size in the file and Python's safetensors reads the
 // result. It records each tensor's CRC-32 (zlib's) in __metadata__ as "crc32:<name>" -> 8
-// lowercase hex digits; computing it, and checking it on load, is one pass over the data.
+// lowercase hex digits; computing it, and checking it on load, is one pass over the data. It also
+// records the CRC-32 of the whole header (kHeaderChecksumKey, below).
 //
 // Reader: the reference library's rules (huggingface/safetensors, read_metadata and validate),
 // plus a few of ours, every size and offset checked before it is used, so no input crashes, reads
