@@ -202,6 +202,39 @@ void ReduceChunks(DType dtype, ReduceOp op, const void* chunks, void* out, size_
   }
 }
 
+// all_reduce(kAvg) of f16 on `world` > 1 ranks, in place: an alltoall gives this rank every
+// rank's chunk of the (zero-padded) tensor, ReduceChunks sums them in f32 in rank order, divides
+// by `world` and rounds once, and an allgather returns the averaged chunks. gloo's allreduce
+// rounds every partial sum to f16 instead, so it overflowed where the average does not (2 ranks
+// of 40000: 80000 -> inf) and rounded up to `world` times; here |average| <= max |local| <=
+// 65504 (the f32 sum of up to 8192 f16 values cannot exceed world * 65504, which f32 holds
+// exactly), so the average is non-finite exactly where some rank's value is. The traffic is
+// gloo's ring allreduce's ((world - 1) / world of the tensor out and in, twice), f16 on the wire;
+// the cost is two staging copies of the tensor on the host.
+void AllReduceAvgF16(const std::shared_ptr<gloo::rendezvous::Context>& context,
+                     std::chrono::milliseconds timeout, uint32_t tag, uint16_t* data, size_t n,
+                     int world) {
+  const size_t chunk = (n + world - 1) / world;
+  std::vector<uint16_t> staged(chunk * world, 0);  // [world, chunk]: this rank's tensor, padded
+  std::memcpy(staged.data(), data, n * sizeof(uint16_t));
+  std::vector<uint16_t> chunks(chunk * world);  // [world, chunk]: rank r's part of our chunk
+  gloo::AlltoallOptions to_all(context);
+  to_all.setTimeout(timeout);
+  to_all.setTag(tag);  // gloo's slots differ per collective kind (kAlltoallSlotPrefix)
+  to_all.setInput(staged.data(), staged.size());
+  to_all.setOutput(chunks.data(), chunks.size());
+  gloo::alltoall(to_all);
+  std::vector<uint16_t> mine(chunk);
+  ReduceChunks16<F16>(ReduceOp::kAvg, chunks.data(), mine.data(), chunk, world);
+  gloo::AllgatherOptions gather(context);
+  gather.setTimeout(timeout);
+  gather.setTag(tag);
+  gather.setInput(mine.data(), chunk);
+  gather.setOutput(staged.data(), staged.size());
+  gloo::allgather(gather);
+  std::memcpy(data, staged.data(), n * sizeof(uint16_t));
+}
+
 std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -507,6 +540,11 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceO
                        timeout(), [impl, tensor, op, fn, world](uint32_t tag) {
                          const size_t n = tensor.numel();
                          if (n == 0) return;
+                         if (tensor.dtype() == kF16 && op == ReduceOp::kAvg && world > 1) {
+                           return AllReduceAvgF16(impl->context, impl->timeout, tag,
+                                                  static_cast<uint16_t*>(tensor.raw_data()), n,
+                                                  world);
+                         }
                          gloo::AllreduceOptions opts(impl->context);
                          opts.setTimeout(impl->timeout);
                          opts.setTag(tag);

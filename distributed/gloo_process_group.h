@@ -7,8 +7,11 @@
 // size (gloo's halving-doubling reduce-scatter needs extra care off powers of two), as little
 // traffic as a ring reduce-scatter, and its results do not depend on the arrival order.
 // f16 and bf16 travel as 2-byte values: all_reduce adds pairs in f32 and rounds each partial
-// sum (as NCCL does); reduce_scatter reduces all chunks in f32 and rounds once. kAvg divides the
-// sum by the world size.
+// sum (as NCCL's kSum does); reduce_scatter reduces all chunks in f32 and rounds once. kAvg
+// divides the sum by the world size, except that all_reduce(kAvg) of f16 is an all-to-all, the
+// reduction in f32 with one division and one rounding, and an all-gather (the same traffic as
+// the ring): an average of finite f16 values is then always finite (|avg| <= max |value|), so
+// DDP's f16 gradients overflow exactly where some rank's local gradient does.
 //
 // Ranks that issue different collectives (op, element count, dtype, reduction or root, or one
 // rank a collective more) never exchange data: every collective's gloo messages carry a tag of
