@@ -587,32 +587,32 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
   return std::make_shared<NcclWork>(state, op, std::move(end), s.blocking_wait || op == kBarrier);
 }
 
-}  // namespace
-
-namespace {
-
-// f16 averages (all_reduce and reduce_scatter with kAvg) go through f32: the f16 values are
-// widened into an f32 buffer on the communication stream, NCCL sums them in f32 (ncclSum), and
-// the sum is scaled by f32(1/size) in f32 and rounded to f16 once. NCCL's own ncclAvg on f16
-// multiplies every value by __float2half(1/size) in f16 and sums in f16, rounding every partial
-// sum, and that overflows where no rank's value does: 10 ranks of 65504 give 6548 each, and the
-// ring's partial sums round up to 65524 -> inf (of the world sizes 2..1024, 438 overflow so in
-// the ring's order; f16(1/size) itself exceeds 1/size for 17, 19, 23, ... ranks), so f16 DDP
-// and ZeRO would skip steps that one process does not, and values below size * 2^-25 vanish.
-// Here |sum| <= size * 65504, which f32 holds exactly (size <= 8192; f32 additions in any order
-// are monotone), so |sum * f32(1/size)| <= 65504 (1 + 2^-24) rounds to at most 65504 in f16: the
-// average is non-finite exactly where some rank's value is. The cost: twice the bytes on the
-// wire for f16 averages, an f32 buffer of the tensor (of the input and the output for
-// reduce_scatter) and two elementwise kernels on the communication stream. bf16 (the range of
-// f32) and the other dtypes keep ncclAvg.
-bool AverageThroughF32(DType dtype, ReduceOp op) { return dtype == kF16 && op == ReduceOp::kAvg; }
+// f16 sums and averages (all_reduce and reduce_scatter with kSum or kAvg) go through f32: the
+// f16 values are widened into an f32 buffer on the communication stream, NCCL sums them in f32
+// (ncclSum), and the sum (kAvg: scaled by f32(1/size) in f32) is rounded to f16 once. NCCL's own
+// ncclAvg on f16 multiplies every value by __float2half(1/size) in f16 and sums in f16, rounding
+// every partial sum, and that overflows where no rank's value does: 10 ranks of 65504 give 6548
+// each, and the ring's partial sums round up to 65524 -> inf (of the world sizes 2..1024, 438
+// overflow so in the ring's order; f16(1/size) itself exceeds 1/size for 17, 19, 23, ...
+// ranks), so f16 DDP and ZeRO would skip steps that one process does not, and values up to
+// size * 2^-25 vanish; an f16 ncclSum overflows in a partial sum where the whole sum does not
+// (60000 + 60000 - 60000). Here |sum| <= size * 65504, which f32 holds exactly (size <= 8192;
+// f32 additions in any order are monotone), so |sum * f32(1/size)| <= 65504 (1 + 2^-24) rounds
+// to at most 65504 in f16: an average is non-finite exactly where some rank's value is, a sum
+// where the exact sum leaves f16's range. The cost: twice the bytes on the wire for f16 sums and
+// averages, an f32 buffer of the tensor (of the input and the output for reduce_scatter) and two
+// or three elementwise kernels on the communication stream. bf16 (the range of f32) and the
+// other dtypes keep NCCL's reductions.
+bool ReduceThroughF32(DType dtype, ReduceOp op) {
+  return dtype == kF16 && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+}
 
 }  // namespace
 
 std::shared_ptr<Work> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   CheckTensor("all_reduce", "tensor", tensor);
   CheckReduceOp("all_reduce", tensor, op);
-  if (AverageThroughF32(tensor.dtype(), op)) {
+  if (ReduceThroughF32(tensor.dtype(), op)) {
     const Tensor wide = Tensor::Empty(tensor.shape(), kF32, device());
     void* data = wide.raw_data();
     const size_t count = static_cast<size_t>(tensor.numel());
@@ -620,7 +620,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceO
     Staging staging;
     staging.before = [&] { wide.copy_(tensor); };
     staging.after = [&] {
-      MulScalarInPlace({wide}, inv_size);
+      if (op == ReduceOp::kAvg) MulScalarInPlace({wide}, inv_size);
       tensor.copy_(wide);
     };
     return Launch(
@@ -648,7 +648,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
   CheckTensor("reduce_scatter", "input", input);
   CheckChunks("reduce_scatter", "input", input, "output", output);
   CheckReduceOp("reduce_scatter", input, op);
-  if (AverageThroughF32(input.dtype(), op)) {
+  if (ReduceThroughF32(input.dtype(), op)) {
     const Tensor wide_in = Tensor::Empty(input.shape(), kF32, device());
     const Tensor wide_out = Tensor::Empty(output.shape(), kF32, device());
     const void* send = wide_in.raw_data();
@@ -658,7 +658,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
     Staging staging;
     staging.before = [&] { wide_in.copy_(input); };
     staging.after = [&] {
-      MulScalarInPlace({wide_out}, inv_size);
+      if (op == ReduceOp::kAvg) MulScalarInPlace({wide_out}, inv_size);
       output.copy_(wide_out);
     };
     return Launch(

@@ -179,14 +179,14 @@ TEST(Collectives, InexactValuesWithinRounding) {
   }));
 }
 
-// all_reduce(kAvg) of f16 is the f32 sum of the ranks' values divided by the world size and
-// rounded to f16 once, so it is finite wherever every rank's value is: DDP's f16 gradients then
-// overflow exactly where some rank's local gradient does (as PyTorch's DDP, which divides
-// before it reduces). The old f16 path rounded each partial sum to f16 (2 ranks of 40000:
-// 80000 -> inf, though the average is 40000; 3 ranks of 1.333984375 gave 1.3330078125).
-// reduce_scatter(kAvg) rounds once too. bf16 and f32 keep their results (values whose partial
-// sums are exact in every order: the expected values are those of the old code as well).
-TEST(Collectives, F16AverageRoundsOnceAndIsFiniteWhereEveryRankIs) {
+// all_reduce of f16 with kSum or kAvg is the f32 sum of the ranks' values (kAvg: divided by the
+// world size) rounded to f16 once, so an average is finite wherever every rank's value is: DDP's
+// f16 gradients then overflow exactly where some rank's local gradient does. The old f16 path
+// rounded each partial sum to f16 (2 ranks of 40000: 80000 -> inf, though the average is 40000;
+// 3 ranks of 1.333984375 averaged to 1.3330078125). reduce_scatter rounds once too. bf16 and f32
+// keep their results (values whose partial sums are exact in every order: the expected values
+// are those of the old code as well).
+TEST(Collectives, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   // Rank r's value of element kind k.
@@ -239,43 +239,45 @@ TEST(Collectives, F16AverageRoundsOnceAndIsFiniteWhereEveryRankIs) {
         auto value = [&](int k, int r) {
           return dtype == kF16 ? f16_value(k, r) : other_value(k, r);
         };
-        // The f32 sum of the values in `dtype` (exact here), divided in f32, rounded once.
-        auto expected = [&](int64_t i) {
-          double sum = 0;
-          for (int r = 0; r < world; ++r) {
-            sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(dtype).item();
-          }
-          return Tensor::Scalar(static_cast<float>(sum) / static_cast<float>(world), kF32)
-              .to(dtype)
-              .item();
-        };
-        auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
-          const std::vector<double> v = got.to_vector<double>();
-          for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
-            const double e = expected(first + j);
-            if (std::isnan(e)) {
-              EXPECT_TRUE(std::isnan(v[j])) << what << " element " << first + j << ": " << v[j];
-            } else {
-              EXPECT_EQ(v[j], e) << what << " element " << first + j << " (kind "
-                                 << (first + j) % kKinds << ") on " << world << " ranks";
+        for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSum}) {
+          // The f32 sum of the values in `dtype` (exact here), divided in f32, rounded once.
+          auto expected = [&](int64_t i) {
+            double sum = 0;
+            for (int r = 0; r < world; ++r) {
+              sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(dtype).item();
             }
-          }
-        };
-        std::vector<double> mine(n);
-        for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
-        Tensor t = Tensor::FromVector(mine, {n}, dtype);
-        TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kAvg)->wait());
-        check(t, 0, absl::StrCat("all_reduce avg ", DTypeName(dtype)));
+            const float reduced = op == ReduceOp::kAvg
+                                      ? static_cast<float>(sum) / static_cast<float>(world)
+                                      : static_cast<float>(sum);
+            return Tensor::Scalar(reduced, kF32).to(dtype).item();
+          };
+          auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+            const std::vector<double> v = got.to_vector<double>();
+            for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
+              const double e = expected(first + j);
+              if (std::isnan(e)) {
+                EXPECT_TRUE(std::isnan(v[j])) << what << " element " << first + j << ": " << v[j];
+              } else {
+                EXPECT_EQ(v[j], e) << what << " element " << first + j << " (kind "
+                                   << (first + j) % kKinds << ") on " << world << " ranks";
+              }
+            }
+          };
+          std::vector<double> mine(n);
+          for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
+          Tensor t = Tensor::FromVector(mine, {n}, dtype);
+          TG_DIST_CHECK_OK(pg->all_reduce(t, op)->wait());
+          check(t, 0, absl::StrCat("all_reduce ", ReduceOpName(op), " ", DTypeName(dtype)));
 
-        // reduce_scatter: chunk c of every rank holds elements [c * 8, c * 8 + 8).
-        std::vector<double> chunks(world * kKinds);
-        for (int64_t i = 0; i < world * kKinds; ++i) chunks[i] = value(i % kKinds, me.rank);
-        Tensor out = Tensor::Empty({kKinds}, dtype);
-        TG_DIST_CHECK_OK(pg->reduce_scatter(out,
-                                            Tensor::FromVector(chunks, {world * kKinds}, dtype),
-                                            ReduceOp::kAvg)
-                             ->wait());
-        check(out, 0, absl::StrCat("reduce_scatter avg ", DTypeName(dtype)));
+          // reduce_scatter: chunk c of every rank holds elements [c * 8, c * 8 + 8).
+          std::vector<double> chunks(world * kKinds);
+          for (int64_t i = 0; i < world * kKinds; ++i) chunks[i] = value(i % kKinds, me.rank);
+          Tensor out = Tensor::Empty({kKinds}, dtype);
+          TG_DIST_CHECK_OK(
+              pg->reduce_scatter(out, Tensor::FromVector(chunks, {world * kKinds}, dtype), op)
+                  ->wait());
+          check(out, 0, absl::StrCat("reduce_scatter ", ReduceOpName(op), " ", DTypeName(dtype)));
+        }
       }
     }));
   }

@@ -549,12 +549,13 @@ TEST(NcclMultiRankTest, EveryCollectiveAndDtypeAgainstTheCpu) {
   }
 }
 
-// f16 averages go through f32 (nccl_process_group.cc, AverageThroughF32): the f32 sum times
-// f32(1/size), rounded to f16 once, on every world size. NCCL's ncclAvg on f16 multiplies each
-// value by f16(1/size) and sums in f16: 2^-24 on 2 ranks became 0 (2^-25 rounds to even), 3
-// ranks of 1.333984375 became 1.3330078125, and from 10 ranks on, 65504 on every rank became inf
-// (the sums of 6548 round up), so f16 DDP skipped steps that one process does not.
-TEST(NcclMultiRankTest, F16AverageRoundsOnceAndIsFiniteWhereEveryRankIs) {
+// f16 sums and averages go through f32 (nccl_process_group.cc, ReduceThroughF32): the f32 sum
+// (kAvg: times f32(1/size)) rounded to f16 once, on every world size. NCCL's ncclAvg on f16
+// multiplies each value by f16(1/size) and sums in f16: 2^-24 on 2 ranks became 0 (2^-25 rounds
+// to even), 3 ranks of 1.333984375 became 1.3330078125, and from 10 ranks on, 65504 on every
+// rank became inf (the sums of 6548 round up), so f16 DDP skipped steps that one process does
+// not; its f16 ncclSum rounds every partial sum.
+TEST(NcclMultiRankTest, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
   SKIP_WITHOUT_GPUS(2);
   for (int world = 2; world <= cuda::DeviceCount(); ++world) {
     auto results = RunRanks(world, [](const Rank& me) {
@@ -581,35 +582,39 @@ TEST(NcclMultiRankTest, F16AverageRoundsOnceAndIsFiniteWhereEveryRankIs) {
         }
       };
       constexpr int kKinds = 7;
-      auto expected = [&](int64_t i) {
-        double sum = 0;
-        for (int r = 0; r < world; ++r) {
-          sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(kF16).item();
-        }
-        const float avg = static_cast<float>(sum) * static_cast<float>(1.0 / world);
-        return Tensor::Scalar(avg, kF32).to(kF16).item();
-      };
-      // Exact equality (inf == inf; ExpectValues' relative tolerance would accept anything
-      // against inf).
-      auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
-        const std::vector<double> v = got.to_vector<double>();
-        for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
-          EXPECT_EQ(v[j], expected(first + j))
-              << what << " on " << world << " ranks, element " << first + j;
-        }
-      };
-      const int64_t n = 3 * kKinds * world;
-      std::vector<double> mine(n);
-      for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
-      const Device dev = Device::Cuda(me.rank);
-      Tensor t = Tensor::FromVector(mine, {n}).to(dev, kF16);
-      ASSERT_TRUE(pg->all_reduce(t, ReduceOp::kAvg)->wait().ok());
-      check(t, 0, "all_reduce f16 avg");
-      // reduce_scatter: rank r gets elements [r * 3 * kKinds, (r + 1) * 3 * kKinds).
-      Tensor in = Tensor::FromVector(mine, {n}).to(dev, kF16);
-      Tensor out = Tensor::Full({3 * kKinds}, -9, kF16, dev);
-      ASSERT_TRUE(pg->reduce_scatter(out, in, ReduceOp::kAvg)->wait().ok());
-      check(out, me.rank * 3 * kKinds, "reduce_scatter f16 avg");
+      for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSum}) {
+        auto expected = [&](int64_t i) {
+          double sum = 0;
+          for (int r = 0; r < world; ++r) {
+            sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(kF16).item();
+          }
+          const float reduced = op == ReduceOp::kAvg
+                                    ? static_cast<float>(sum) * static_cast<float>(1.0 / world)
+                                    : static_cast<float>(sum);
+          return Tensor::Scalar(reduced, kF32).to(kF16).item();
+        };
+        // Exact equality (inf == inf; ExpectValues' relative tolerance would accept anything
+        // against inf).
+        auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+          const std::vector<double> v = got.to_vector<double>();
+          for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
+            EXPECT_EQ(v[j], expected(first + j)) << what << " " << ReduceOpName(op) << " on "
+                                                 << world << " ranks, element " << first + j;
+          }
+        };
+        const int64_t n = 3 * kKinds * world;
+        std::vector<double> mine(n);
+        for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
+        const Device dev = Device::Cuda(me.rank);
+        Tensor t = Tensor::FromVector(mine, {n}).to(dev, kF16);
+        ASSERT_TRUE(pg->all_reduce(t, op)->wait().ok());
+        check(t, 0, "all_reduce f16");
+        // reduce_scatter: rank r gets elements [r * 3 * kKinds, (r + 1) * 3 * kKinds).
+        Tensor in = Tensor::FromVector(mine, {n}).to(dev, kF16);
+        Tensor out = Tensor::Full({3 * kKinds}, -9, kF16, dev);
+        ASSERT_TRUE(pg->reduce_scatter(out, in, op)->wait().ok());
+        check(out, me.rank * 3 * kKinds, "reduce_scatter f16");
+      }
     });
     testing::ExpectAllSucceeded(results);
   }
