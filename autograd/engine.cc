@@ -470,9 +470,16 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
   ComputeNeeded(task, /*needed=*/{}, /*captured=*/targets);
   ExecuteWithHandOff(task, root_grads);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TG_CHECK(reachable[i] || options.allow_unused, "grad: input ", i,
-             inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")",
+    if (task.captured[i].defined() || options.allow_unused) continue;
+    const std::string name = inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")";
+    TG_CHECK(reachable[i], "grad: input ", i, name,
              " is not used by the outputs; pass allow_unused=true to get an undefined gradient");
+    // As PyTorch: what allow_unused allows is an undefined result, however it came about.
+    throw Error(absl::StrCat(
+        "grad: input ", i, name,
+        " received no gradient: every path from the outputs to it carries none (a node on the "
+        "way, such as a custom function's Backward, returned an undefined gradient); pass "
+        "allow_unused=true to get an undefined gradient"));
   }
   return task.captured;
 }
@@ -514,9 +521,20 @@ bool will_execute(const std::shared_ptr<Node>& node) {
   TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");
   const NodeState* state = current_task->Find(node.get());
   if (state == nullptr) return false;
-  // PyTorch's _will_engine_execute_node: needed or captured. A leaf's AccumulateGrad captured
-  // by Grad() does not run (PyTorch refuses the question there).
-  return state->needed || (state->captured && !node->IsAccumulateGrad());
+  // PyTorch's _will_engine_execute_node: needed or captured. A leaf captured by Grad() has no
+  // true answer: its tensor hooks run (its gradient is computed) but its AccumulateGrad does
+  // not (no .grad is written), and a caller counting the gradients to expect would be wrong
+  // either way, so the question is refused, as PyTorch refuses it.
+  if (state->captured && node->IsAccumulateGrad()) {
+    const std::string& leaf = static_cast<const AccumulateGrad&>(*node).leaf()->name;
+    throw Error(absl::StrCat(
+        "will_execute: the node is the AccumulateGrad of a leaf", leaf.empty() ? "" : " (", leaf,
+        leaf.empty() ? "" : ")",
+        " that is an input of the running Engine::Grad(); Grad() computes that leaf's gradient "
+        "without running its AccumulateGrad (no .grad is written), so whether the node executes "
+        "has no answer there (PyTorch refuses it too)"));
+  }
+  return state->needed || state->captured;
 }
 
 bool current_task_is_partial() {

@@ -25,7 +25,10 @@ namespace tg {
 struct GradOptions {
   bool retain_graph = false;
   bool create_graph = false;  // also implies retain_graph, as in PyTorch
-  bool allow_unused = false;  // an input the outputs do not depend on gets an undefined grad
+  // An input that receives no gradient gets an undefined one instead of an error: the outputs
+  // do not depend on it, or every path to it carries none (a custom function's Backward
+  // returned an undefined gradient on the way), as PyTorch.
+  bool allow_unused = false;
 };
 
 class Engine {
@@ -82,7 +85,10 @@ bool backward_issued_in_forward();
 // Inside backward: whether the current task will run `node` (PyTorch's
 // _will_engine_execute_node): every node of the graph for a plain Backward; with inputs, the
 // nodes some requested gradient lies below, and Grad()'s captured non-leaf inputs (only their
-// tensor hooks run). A leaf's AccumulateGrad never runs under Grad().
+// tensor hooks run). A leaf's AccumulateGrad never runs under Grad(): asked about a leaf that
+// is an input of the running Grad() (its hooks run, its AccumulateGrad does not), it throws
+// "will_execute: the node is the AccumulateGrad of a leaf ... that is an input of the running
+// Engine::Grad() ...", as PyTorch raises there; other leaves of a Grad() give false.
 bool will_execute(const std::shared_ptr<Node>& node);
 // Inside backward: whether the current task computes only some gradients (Grad(), or
 // Backward with inputs); reentrant checkpointing refuses to run under such a task.

@@ -24,7 +24,11 @@
 // - Backward runs with grad mode == create_graph, so a Backward composed of differentiable
 //   ops gives higher-order gradients; it may call Engine::Backward itself (a nested task).
 // - Gradients of outputs that received none (or are non-differentiable) arrive as zeros
-//   (PyTorch's default materialize_grads=True).
+//   (PyTorch's default materialize_grads=True), even when none of them received one.
+// - An undefined gradient returned for an input is "no gradient", not zeros: built-in nodes
+//   that receive nothing else pass none on, a leaf's .grad stays as it was (undefined if it
+//   was), Engine::Grad gives an undefined result (allow_unused) and optimizers skip the
+//   parameter, as in PyTorch.
 // - A gradient returned for an input that does not require grad is ignored; one whose shape
 //   differs from its input's is an error, as is returning the wrong number of gradients.
 // - Saved variables are version-checked like those of built-in ops, go through active

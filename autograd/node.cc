@@ -317,16 +317,26 @@ VariableList FunctionNode::Apply(VariableList grads) {
            ": the tensors it saved for backward were "
            "released after an earlier backward through this graph; pass retain_graph=true to that "
            "backward to run backward through the graph again");
-  // Outputs that received no gradient count as zeros.
+  // Unpacked first, as PyTorch's generated nodes do: an in-place modification is reported (and
+  // unpack hooks run) whether or not a gradient arrived.
+  VariableList saved;
+  saved.reserve(saved_.size());
+  for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].Unpack(*this, i));
+  // No output received a gradient (a custom Function's Backward returned none for the value
+  // this node made): "no gradient" passes on, as PyTorch's any_grad_defined does. Zeros here
+  // would reach AccumulateGrad as a gradient of 0, and an optimizer would then step a parameter
+  // that should be skipped (Adam moves it through momentum and weight decay).
+  const bool any_defined =
+      std::any_of(grads.begin(), grads.end(), [](const Variable& g) { return g.defined(); });
+  if (!any_defined) return VariableList(next_edges().size());
+  // Outputs that received no gradient while another did count as zeros (PyTorch's formulas
+  // treat an undefined output gradient as zero too); the backward lambdas need no such case.
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
       grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
-  VariableList saved;
-  saved.reserve(saved_.size());
-  for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].Unpack(*this, i));
   return backward_(BackwardContext{grads, saved, next_edges()});
 }
 

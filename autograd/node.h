@@ -67,7 +67,9 @@ class Node : public std::enable_shared_from_this<Node> {
   Node& operator=(const Node&) = delete;
 
   // Gradients w.r.t. the forward outputs -> gradients w.r.t. the forward inputs (one per next
-  // edge; undefined means zero). Runs under grad mode == create_graph.
+  // edge). An undefined gradient means none flows there: summed with others it counts as zero,
+  // but a node that receives only undefined ones passes none on, and a leaf that receives none
+  // keeps its .grad (PyTorch's rule). Runs under grad mode == create_graph.
   virtual VariableList Apply(VariableList grads) = 0;
   virtual std::string name() const = 0;
   // The name in engine traces (autograd/trace.h): name(), and for a leaf's AccumulateGrad the
@@ -212,7 +214,9 @@ class SavedTensorHooks {
 };
 
 struct BackwardContext {
-  const VariableList& grads;  // one per forward output; zeros where none flowed
+  // One per forward output; zeros where none flowed while another did (a node none of whose
+  // outputs received a gradient does not call its backward: its inputs receive none either).
+  const VariableList& grads;
   const VariableList& saved;  // the saved variables, in save order
   const EdgeList& edges;      // one per forward input
   // Whether forward input i needs a gradient (has a valid edge).

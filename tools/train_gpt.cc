@@ -43,6 +43,7 @@
 #include "tools/data/loader.h"
 #include "tools/data/token_shard.h"
 #include "tools/train/data_parallel.h"
+#include "tools/train/evaluate.h"
 #include "tools/train/metrics.h"
 #include "tools/train/progress.h"
 #include "tools/train/run.h"
@@ -130,22 +131,14 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
   model.eval();
   const int64_t n =
       batches > 0 ? std::min(batches, val.num_eval_batches()) : val.num_eval_batches();
-  double loss_sum = 0;
-  int64_t tokens = 0;
+  // The forward and the loss under the run's autocast: the loss in f32, summed in f64.
+  train::CrossEntropyEval loss(dtype);
   for (int64_t i = 0; i < n; ++i) {
     data::TokenBatcher::Batch b = val.EvalBatch(i);
-    Variable logits;
-    {
-      train::PrecisionScope precision(dtype);
-      logits = model(Variable(b.x.to(device)));
-    }
-    nn::CrossEntropyOptions sum;
-    sum.reduction = Reduction::kSum;
-    loss_sum += nn::CrossEntropyLoss(logits, b.y.to(device), sum).item();
-    tokens += b.y.numel();
+    loss.Add([&] { return model(Variable(b.x.to(device))); }, b.y.to(device));
   }
   model.train();
-  return loss_sum / tokens;
+  return loss.mean();
 }
 
 // Every numeric flag against its documented range (the flags' help texts). top_k's upper bound,
@@ -242,18 +235,12 @@ int Main() {
 
   // ---- Data.
   const std::string data_path = train::ResolveUserPath(absl::GetFlag(FLAGS_data));
-  absl::StatusOr<data::LoadedTokens> loaded = data::LoadTokens(data_path);
+  // --val_data in the tokenizer of --data (text encoded with its characters; a shard with text
+  // is refused), or the last 10% of --data.
+  absl::StatusOr<data::TrainValData> loaded =
+      data::LoadTrainVal(data_path, train::ResolveUserPath(absl::GetFlag(FLAGS_val_data)));
   if (!loaded.ok()) return Fail(loaded.status());
-  data::TrainValTokens split;
-  if (!absl::GetFlag(FLAGS_val_data).empty()) {
-    absl::StatusOr<data::LoadedTokens> val =
-        data::LoadTokens(train::ResolveUserPath(absl::GetFlag(FLAGS_val_data)));
-    if (!val.ok()) return Fail(val.status());
-    split.train = std::move(loaded->tokens);
-    split.val = std::move(val->tokens);
-  } else {
-    split = data::SplitTrainVal(loaded->tokens);
-  }
+  data::TrainValTokens& split = loaded->tokens;
   const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
 
   nn::GptConfig config;
@@ -293,12 +280,8 @@ int Main() {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head)));
   }
-  for (uint16_t t : split.train) {
-    if (t >= config.vocab_size) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          data_path, ": token ", t, " is outside the vocabulary of ", config.vocab_size)));
-    }
-  }
+  // Every token of both splits, before anything trains (naming the file and the offset).
+  if (absl::Status s = data::CheckVocabulary(*loaded, config.vocab_size); !s.ok()) return Fail(s);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   data::TokenBatcher batches(std::move(split.train), batch_size, seq_len, seed + 1);

@@ -42,6 +42,7 @@
 #include "tools/data/loader.h"
 #include "tools/data/mnist.h"
 #include "tools/train/data_parallel.h"
+#include "tools/train/evaluate.h"
 #include "tools/train/metrics.h"
 #include "tools/train/progress.h"
 #include "tools/train/run.h"
@@ -105,26 +106,20 @@ Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype, Devi
   NoGradGuard no_grad;
   model.eval();
   const int64_t n = split.images.size(0), chunk = 1000;
-  double loss_sum = 0;
+  // The forward and the loss under the run's autocast: the loss in f32, summed in f64.
+  train::CrossEntropyEval loss(dtype);
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     Tensor images = split.images.narrow(0, start, len).to(device, dtype);
     Tensor labels = split.labels.narrow(0, start, len);
-    Variable logits;
-    {
-      train::PrecisionScope precision(dtype);
-      logits = model(Variable(images));
-    }
-    nn::CrossEntropyOptions sum;
-    sum.reduction = Reduction::kSum;
-    loss_sum += nn::CrossEntropyLoss(logits, labels.to(device), sum).item();
+    const Variable logits = loss.Add([&] { return model(Variable(images)); }, labels.to(device));
     std::vector<int64_t> predicted = Argmax(logits.data(), 1).to_vector<int64_t>();
     std::vector<int64_t> truth = labels.to_vector<int64_t>();
     for (int64_t i = 0; i < len; ++i) correct += predicted[i] == truth[i];
   }
   model.train();
-  return {loss_sum / n, static_cast<double>(correct) / n};
+  return {loss.mean(), static_cast<double>(correct) / n};
 }
 
 // Every numeric flag against its documented range (the flags' help texts).

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -20,13 +21,17 @@
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 #include "tensor/profile.h"
 
 namespace tg::cpu {
 
 // ScratchVector<T>: a std::vector whose resize leaves new elements uninitialised, for buffers that
 // are written before they are read (a GEMM's operand copy or result): no memset of memory the next
-// pass overwrites anyway.
+// pass overwrites anyway. A buffer that cannot be allocated throws the CPU allocator's tg::Error
+// ("CPU allocator: out of memory allocating N bytes"), as a tensor would, not std::bad_alloc: the
+// kernels allocate their scratch inside ParallelFor's regions, whose exceptions reach the caller,
+// and the training binaries turn a tg::Error into a clean exit.
 template <typename T>
 struct UninitializedAllocator : std::allocator<T> {
   template <typename U>
@@ -36,6 +41,15 @@ struct UninitializedAllocator : std::allocator<T> {
   UninitializedAllocator() = default;
   template <typename U>
   UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  // n <= max_size() (std::vector checks it first), so n * sizeof(T) does not overflow.
+  T* allocate(size_t n) {
+    try {
+      return std::allocator<T>::allocate(n);
+    } catch (const std::bad_alloc&) {
+      throw Error(absl::StrCat("CPU allocator: out of memory allocating ", n * sizeof(T),
+                               " bytes (a kernel's scratch buffer)"));
+    }
+  }
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;

@@ -476,9 +476,43 @@ TEST(GradTest, WillExecuteTellsWhichNodesRun) {
   VariableList only_a = {a};
   loss.backward(Variable(), BackwardOptions{true, false, &only_a});
   EXPECT_EQ(seen, (std::vector<bool>{true, false, false}));
-  Engine::Grad({loss}, {a}, {}, GradOptions{true});
-  EXPECT_EQ(seen, (std::vector<bool>{false, false, false}));  // grad() runs no AccumulateGrad
   EXPECT_TRUE(ThrowsError([&] { will_execute(acc_a); }, "only be called during backward"));
+}
+
+// Under Grad() no AccumulateGrad runs: a leaf that is not an input gives false, and one that is
+// (its hooks run, its AccumulateGrad does not) is refused, as PyTorch's
+// _will_engine_execute_node raises "A leaf node was passed to _will_engine_execute_node but we
+// are currently running autograd.grad()".
+TEST(GradTest, WillExecuteRefusesALeafInputOfGrad) {
+  Variable a = Leaf({1}, {1});
+  Variable b = Leaf({2}, {1});
+  a.set_name("a");
+  Variable loss = Sum(Mul(a, b));
+  std::shared_ptr<Node> acc_a = a.gradient_edge_node(), acc_b = b.gradient_edge_node();
+  std::vector<bool> seen;
+  std::string refused;
+  loss.grad_fn()->RegisterPreHook([&](const VariableList&) -> VariableList {
+    seen = {will_execute(acc_b), will_execute(loss.grad_fn())};
+    try {
+      will_execute(acc_a);
+      refused = "(answered)";
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    return {};
+  });
+  VariableList ga = Engine::Grad({loss}, {a}, {}, GradOptions{true});
+  EXPECT_EQ(Values(ga[0]), (std::vector<double>{2}));
+  EXPECT_EQ(seen, (std::vector<bool>{false, true}));
+  EXPECT_EQ(refused,
+            "will_execute: the node is the AccumulateGrad of a leaf (a) that is an input of the "
+            "running Engine::Grad(); Grad() computes that leaf's gradient without running its "
+            "AccumulateGrad (no .grad is written), so whether the node executes has no answer "
+            "there (PyTorch refuses it too)");
+  // The same leaf through Backward(inputs=) runs its AccumulateGrad: answered.
+  VariableList only_a = {a};
+  loss.backward(Variable(), BackwardOptions{true, false, &only_a});
+  EXPECT_EQ(refused, "(answered)");
 }
 
 // ---- Grad mode

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
@@ -278,6 +279,61 @@ TEST(FunctionTest, BackwardMayRunANestedBackward) {
   y.backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{4, -12}));
   EXPECT_EQ(ReentrantSquare::nested_depth, 1);
+}
+
+// 2x whose backward gives no gradient (PyTorch's test_function_returns_undefined_tensor).
+struct ReturnsNone : Function<ReturnsNone> {
+  static constexpr const char* kName = "ReturnsNone";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    return {Variable(tg::MulScalar(in[0].data(), 2))};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Variable()}; }
+};
+
+// An undefined gradient is "no gradient", not zeros: built-in nodes that receive nothing else
+// (x^2's PowBackward, exp's, mul's) pass none on, so x.grad stays undefined, and Grad() gives
+// an undefined result under allow_unused and an error without it, as PyTorch.
+TEST(FunctionTest, UndefinedGradientFlowsAsNoGradient) {
+  Variable x = Leaf({1}, {1});
+  x.set_name("x");
+  std::vector<std::string> hook_saw;
+  x.register_hook([&](const Variable& g) {
+    hook_saw.push_back(g.defined() ? absl::StrCat(Values(g)[0]) : "undef");
+    return Variable();
+  });
+  int accumulated = 0;
+  x.register_post_accumulate_grad_hook([&](const Variable&) { ++accumulated; });
+
+  ReturnsNone::Apply({x})[0].backward();
+  EXPECT_FALSE(x.grad().defined());
+  ReturnsNone::Apply({Pow(x, 2.0)})[0].backward();
+  EXPECT_FALSE(x.grad().defined());
+  ReturnsNone::Apply({Mul(Exp(x), MulScalar(x, 3))})[0].backward();
+  EXPECT_FALSE(x.grad().defined());
+  Sum(ReturnsNone::Apply({x})[0]).backward();
+  EXPECT_FALSE(x.grad().defined());
+  // The leaf's tensor hooks see the undefined gradient (PyTorch calls them with None); nothing
+  // is accumulated, so no post-accumulate-grad hook runs.
+  EXPECT_EQ(hook_saw, (std::vector<std::string>{"undef", "undef", "undef", "undef"}));
+  EXPECT_EQ(accumulated, 0);
+
+  VariableList g = Engine::Grad({ReturnsNone::Apply({Pow(x, 2.0)})[0]}, {x}, {},
+                                GradOptions{false, false, /*allow_unused=*/true});
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_FALSE(g[0].defined());
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { Engine::Grad({ReturnsNone::Apply({Pow(x, 2.0)})[0]}, {x}); },
+      "grad: input 0 (x) received no gradient: every path from the outputs to it carries none "
+      "(a node on the way, such as a custom function's Backward, returned an undefined "
+      "gradient); pass allow_unused=true to get an undefined gradient"));
+
+  // A gradient already in .grad is left as it was; another path's gradient still adds up.
+  x.set_grad(Variable(Tensor::FromVector<double>({5}, {1}, kF64)));
+  ReturnsNone::Apply({Pow(x, 2.0)})[0].backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{5}));
+  Add(ReturnsNone::Apply({Pow(x, 2.0)})[0], MulScalar(x, 3)).backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{8}));
+  EXPECT_EQ(accumulated, 1);
 }
 
 }  // namespace

@@ -20,11 +20,11 @@
 namespace tg {
 namespace {
 
-using testing::ThrowsError;
-using testing::ThrowsErrorExactly;
 using testing::Events;
 using testing::Fmt;
 using testing::Leaf;
+using testing::ThrowsError;
+using testing::ThrowsErrorExactly;
 
 std::string FmtList(const VariableList& grads) {
   std::string s = "[";
@@ -222,14 +222,20 @@ TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
   Variable h = MulScalar(x, 3);
   Variable loss = Sum(Mul(h, h));
   std::vector<bool> seen;
+  bool ask_leaf = true;
   loss.grad_fn()->RegisterPreHook([&](const VariableList&) -> VariableList {
-    seen = {will_execute(h.grad_fn()), will_execute(x.gradient_edge_node())};
+    seen = {will_execute(h.grad_fn()), ask_leaf && will_execute(x.gradient_edge_node())};
     return {};
   });
   Engine::Grad({loss}, {h}, {}, GradOptions{/*retain_graph=*/true});
   EXPECT_EQ(seen, (std::vector<bool>{true, false}));  // PyTorch: captured counts as executing
+  // A leaf input of Grad(): refused (engine_test's WillExecuteRefusesALeafInputOfGrad).
+  EXPECT_TRUE(ThrowsError([&] { Engine::Grad({loss}, {x}, {}, GradOptions{true}); },
+                          "will_execute: the node is the AccumulateGrad of a leaf"));
+  ask_leaf = false;
   Engine::Grad({loss}, {x}, {}, GradOptions{true});
-  EXPECT_EQ(seen, (std::vector<bool>{true, false}));  // a leaf's AccumulateGrad never runs here
+  EXPECT_EQ(seen, (std::vector<bool>{true, false}));
+  ask_leaf = true;
   VariableList inputs = {h};
   loss.backward(Variable(), BackwardOptions{true, false, &inputs});
   EXPECT_EQ(seen, (std::vector<bool>{true, false}));

@@ -1,6 +1,7 @@
 // llm.c token shards, LoadTokens and SplitTrainVal (tools/data/token_shard.h): the exact bytes
 // of a shard, round trips, the error text for a wrong magic / version / size (truncation at every
-// length, trailing bytes), text files tokenized by characters, and nanoGPT's 90/10 split.
+// length, trailing bytes), text files tokenized by characters, nanoGPT's 90/10 split, and
+// LoadTrainVal / CheckVocabulary (one tokenizer for both files, every token in the vocabulary).
 #include "tools/data/token_shard.h"
 
 #include <cstdint>
@@ -214,6 +215,124 @@ TEST(SplitTrainValTest, FirstNinetyPercentTrainLastTenVal) {
   EXPECT_TRUE(SplitTrainVal({}).train.empty());
   EXPECT_TRUE(ThrowsError([&] { SplitTrainVal(tokens, 1.5); },
                           "SplitTrainVal: train_fraction must lie in [0, 1], got 1.5"));
+}
+
+// --val_data in the tokenizer of --data: text validation data is encoded with the training
+// text's characters (ids that mean the same bytes), and a byte the training text lacks is refused
+// naming both files.
+TEST(LoadTrainValTest, TextValidationUsesTheTrainingTextsCharacters) {
+  const std::string train = TempPath("train.txt"), val = TempPath("val.txt");
+  const std::string train_text = "abcd\n", val_text = "dcb\n";
+  WriteBytes(train, std::vector<uint8_t>(train_text.begin(), train_text.end()));
+  WriteBytes(val, std::vector<uint8_t>(val_text.begin(), val_text.end()));
+  absl::StatusOr<TrainValData> d = LoadTrainVal(train, val);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->tokenizer.has_value());
+  EXPECT_EQ(d->tokenizer->vocab(), "\nabcd");
+  EXPECT_EQ(d->tokens.train, (std::vector<uint16_t>{1, 2, 3, 4, 0}));
+  // Its own vocabulary ("\nbcd") would have given {3, 2, 1, 0}.
+  EXPECT_EQ(d->tokens.val, (std::vector<uint16_t>{4, 3, 2, 0}));
+  EXPECT_EQ(d->train_path, train);
+  EXPECT_EQ(d->val_path, val);
+  EXPECT_EQ(d->val_offset, 0);
+
+  const std::string other = TempPath("other.txt");
+  WriteBytes(other, {'a', 'b', 'z'});
+  absl::Status s = LoadTrainVal(train, other).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(),
+            absl::StrCat("validation text '", other, "' uses a byte that training text '", train,
+                         "' does not, so the model has no token for it: CharTokenizer::Encode: "
+                         "byte 0x7a ('z') at position 2 is not in the vocabulary of 5 bytes"));
+}
+
+TEST(LoadTrainValTest, ShardAndTextTogetherAreRefusedNamingBoth) {
+  const std::string text = TempPath("input.txt"), shard = TempPath("val.bin");
+  WriteBytes(text, {'h', 'i', '\n'});
+  ASSERT_TRUE(WriteTokenShard(shard, {15496, 995}).ok());
+  absl::Status s = LoadTrainVal(text, shard).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(),
+            absl::StrCat("the validation data and the training data use different tokenizers, so "
+                         "the validation loss would mean nothing: '",
+                         shard, "' is an llm.c token shard (GPT-2 token ids), '", text,
+                         "' is text (tokenized by its bytes); give both as text or both as token "
+                         "shards (.bin)"));
+  s = LoadTrainVal(shard, text).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(),
+            absl::StrCat("the validation data and the training data use different tokenizers, so "
+                         "the validation loss would mean nothing: '",
+                         text, "' is text (tokenized by its bytes), '", shard,
+                         "' is an llm.c token shard (GPT-2 token ids); give both as text or both "
+                         "as token shards (.bin)"));
+  // Two shards, and a missing validation file (its reader's error).
+  const std::string train = TempPath("train.bin");
+  ASSERT_TRUE(WriteTokenShard(train, {1, 2, 3}).ok());
+  absl::StatusOr<TrainValData> d = LoadTrainVal(train, shard);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->tokenizer.has_value());
+  EXPECT_EQ(d->tokens.train, (std::vector<uint16_t>{1, 2, 3}));
+  EXPECT_EQ(d->tokens.val, (std::vector<uint16_t>{15496, 995}));
+  EXPECT_EQ(LoadTrainVal(train, TempPath("missing.bin")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Without --val_data: the last 10% of the file, which CheckVocabulary names by their index in it.
+TEST(LoadTrainValTest, SplitKeepsTheValidationOffsetInTheFile) {
+  const std::string path = TempPath("train.bin");
+  std::vector<uint16_t> tokens(20);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
+  ASSERT_TRUE(WriteTokenShard(path, tokens).ok());
+  absl::StatusOr<TrainValData> d = LoadTrainVal(path, "");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->tokens.train.size(), 18u);
+  EXPECT_EQ(d->tokens.val, (std::vector<uint16_t>{18, 19}));
+  EXPECT_EQ(d->val_path, path);
+  EXPECT_EQ(d->val_offset, 18);
+}
+
+// Every token of both splits is checked, named by file, token index and byte offset: in the
+// training split, in the last 10% of --data, and in --val_data.
+TEST(CheckVocabularyTest, NamesTheFileIndexAndByteOffsetOfTheFirstBadToken) {
+  const std::string train = TempPath("train.bin"), val = TempPath("val.bin");
+  std::vector<uint16_t> tokens(100, 7);
+  ASSERT_TRUE(WriteTokenShard(train, tokens).ok());
+  ASSERT_TRUE(WriteTokenShard(val, {1, 2, 50257, 50300}).ok());
+  absl::StatusOr<TrainValData> d = LoadTrainVal(train, val);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::Status s = CheckVocabulary(*d, 50257);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), absl::StrCat("'", val,
+                                      "': token 50257 at index 2 (byte offset 1028) is "
+                                      "outside the vocabulary of 50257 (ids 0..50256)"));
+  EXPECT_TRUE(CheckVocabulary(*d, 50301).ok());
+
+  tokens[95] = 60000;  // in the validation split of the file alone
+  ASSERT_TRUE(WriteTokenShard(train, tokens).ok());
+  d = LoadTrainVal(train, "");
+  ASSERT_TRUE(d.ok()) << d.status();
+  s = CheckVocabulary(*d, 50257);
+  EXPECT_EQ(s.message(), absl::StrCat("'", train,
+                                      "': token 60000 at index 95 (byte offset 1214) "
+                                      "is outside the vocabulary of 50257 (ids 0..50256)"));
+  tokens[3] = 50304;  // the training split comes first
+  ASSERT_TRUE(WriteTokenShard(train, tokens).ok());
+  d = LoadTrainVal(train, "");
+  ASSERT_TRUE(d.ok()) << d.status();
+  s = CheckVocabulary(*d, 50257);
+  EXPECT_EQ(s.message(), absl::StrCat("'", train,
+                                      "': token 50304 at index 3 (byte offset 1030) "
+                                      "is outside the vocabulary of 50257 (ids 0..50256)"));
+  // Text: one token per byte, so the byte offset is the index.
+  const std::string text = TempPath("input.txt");
+  WriteBytes(text, {'a', 'b', 'c', 'a', 'b', 'c', 'a', 'b', 'c', 'd'});
+  d = LoadTrainVal(text, "");
+  ASSERT_TRUE(d.ok()) << d.status();
+  s = CheckVocabulary(*d, 3);  // 'd' is token 3
+  EXPECT_EQ(s.message(), absl::StrCat("'", text,
+                                      "': token 3 at index 9 (byte offset 9) is "
+                                      "outside the vocabulary of 3 (ids 0..2)"));
 }
 
 }  // namespace

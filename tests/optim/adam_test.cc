@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
+#include "autograd/function.h"
+#include "autograd/ops.h"
 #include "tests/optim/trace.h"
 #include "tests/tensor/throws.h"
 
@@ -194,6 +197,53 @@ TEST(AdamTest, TurningAmsgradOnLaterStartsTheMaximumAtZero) {
   // max(0, v) = v.
   EXPECT_EQ(s.tensor("max_exp_avg_sq").to_vector<float>(),
             s.tensor("exp_avg_sq").to_vector<float>());
+}
+
+// 2x whose backward gives no gradient: what reaches the parameter below it is "no gradient".
+struct ReturnsNone : Function<ReturnsNone> {
+  static constexpr const char* kName = "ReturnsNone";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    return {Variable(tg::MulScalar(in[0].data(), 2))};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Variable()}; }
+};
+
+// A parameter whose gradient is undefined after backward (every path to it went through a
+// custom function that returned none) is skipped: neither momentum nor weight decay moves it,
+// as PyTorch (its grad is None). A zero gradient would move it under both.
+TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
+  for (const bool decoupled : {false, true}) {
+    for (const bool fused : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (decoupled ? "AdamW" : "Adam") << " fused=" << fused);
+      Variable p(Tensor::FromVector<float>({0.5f, -1.5f}, {2}), /*requires_grad=*/true);
+      Variable q(Tensor::FromVector<float>({2.0f, 3.0f}, {2}), /*requires_grad=*/true);
+      AdamOptions o;
+      o.lr = 0.1;
+      o.weight_decay = 0.1;
+      o.fused = fused;
+      std::unique_ptr<Optimizer> opt;
+      if (decoupled) {
+        AdamWOptions w;
+        static_cast<AdamOptions&>(w) = o;
+        opt = std::make_unique<AdamW>(std::vector<Variable>{p, q}, w);
+      } else {
+        opt = std::make_unique<Adam>(std::vector<Variable>{p, q}, o);
+      }
+      // A first step with gradients for both: p gets momentum.
+      Add(Sum(Mul(p, p)), Sum(Mul(q, q))).backward();
+      opt->step();
+      opt->zero_grad();
+      const std::vector<float> p_after_first = p.data().to_vector<float>();
+      const std::vector<float> q_after_first = q.data().to_vector<float>();
+
+      Add(Sum(ReturnsNone::Apply({Mul(p, p)})[0]), Sum(Mul(q, q))).backward();
+      ASSERT_FALSE(p.grad().defined());
+      ASSERT_TRUE(q.grad().defined());
+      opt->step();
+      EXPECT_EQ(p.data().to_vector<float>(), p_after_first);
+      EXPECT_NE(q.data().to_vector<float>(), q_after_first);
+    }
+  }
 }
 
 TEST(AdamTest, InvalidOptionsAreNamed) {

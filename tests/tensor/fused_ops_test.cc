@@ -659,6 +659,17 @@ TEST(FusedOpErrorsTest, AttentionBackward) {
       "cpu and cuda:0");
 }
 
+// Scores of one head that no machine can hold (2^23 queries and keys: 2^46 f32 = 256 TiB): the
+// per-thread scratch, allocated inside the parallel region over the heads (2 here), fails with
+// the CPU allocator's out-of-memory error on the calling thread, not std::bad_alloc (which ended
+// train_gpt --block_size=100000 in std::terminate).
+TEST(FusedOpErrorsTest, AttentionScratchOutOfMemoryIsTheAllocatorsError) {
+  const Tensor q = Tensor::Zeros({2, 1, int64_t{1} << 23, 1});
+  EXPECT_ERROR(ScaledDotProductAttention(q, q, q, false, 1),
+               "CPU allocator: out of memory allocating 281474976710656 bytes (a kernel's scratch "
+               "buffer)");
+}
+
 TEST(FusedOpErrorsTest, LayerNormBackward) {
   const Tensor x = Tensor::Zeros({2, 3}), mean = Tensor::Zeros({2});
   EXPECT_ERROR(LayerNormBackward(Tensor::Zeros({3, 2}), x, mean, mean, Tensor()),

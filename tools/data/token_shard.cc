@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -215,6 +217,80 @@ TrainValTokens SplitTrainVal(absl::Span<const uint16_t> tokens, double train_fra
   out.train.assign(tokens.begin(), tokens.begin() + k);
   out.val.assign(tokens.begin() + k, tokens.end());
   return out;
+}
+
+namespace {
+
+// What a tokens file holds, for messages.
+std::string KindOf(const std::string& path, bool text) {
+  return text ? absl::StrCat("'", path, "' is text (tokenized by its bytes)")
+              : absl::StrCat("'", path, "' is an llm.c token shard (GPT-2 token ids)");
+}
+
+// The first token of `tokens` outside [0, vocab_size), named by its index in `path` (tokens[0]
+// is token `first` of the file) and its byte offset there.
+absl::Status CheckIds(const std::string& path, absl::Span<const uint16_t> tokens, int64_t first,
+                      int64_t vocab_size) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < vocab_size) continue;
+    const int64_t index = first + static_cast<int64_t>(i);
+    // A shard's tokens are 2 bytes each after its header; text has one token per byte.
+    const int64_t byte = absl::EndsWith(path, ".bin") ? kTokenShardHeaderBytes + 2 * index : index;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "': token ", tokens[i], " at index ", index, " (byte offset ", byte,
+        ") is outside the vocabulary of ", vocab_size, " (ids 0..", vocab_size - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainValData> LoadTrainVal(const std::string& data_path,
+                                          const std::string& val_path) {
+  absl::StatusOr<LoadedTokens> train = LoadTokens(data_path);
+  if (!train.ok()) return train.status();
+  TrainValData out;
+  out.train_path = data_path;
+  out.tokenizer = std::move(train->tokenizer);
+  if (val_path.empty()) {
+    out.tokens = SplitTrainVal(train->tokens);
+    out.val_path = data_path;
+    out.val_offset = static_cast<int64_t>(out.tokens.train.size());
+    return out;
+  }
+  absl::StatusOr<LoadedTokens> val = LoadTokens(val_path);
+  if (!val.ok()) return val.status();
+  out.val_path = val_path;
+  const bool train_text = out.tokenizer.has_value(), val_text = val->tokenizer.has_value();
+  if (train_text != val_text) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the validation data and the training data use different tokenizers, so the validation "
+        "loss would mean nothing: ",
+        KindOf(val_path, val_text), ", ", KindOf(data_path, train_text),
+        "; give both as text or both as token shards (.bin)"));
+  }
+  if (train_text) {
+    // The validation ids are the training text's: its bytes back from the validation file's own
+    // ids, encoded again.
+    absl::StatusOr<std::vector<uint16_t>> ids =
+        out.tokenizer->Encode(val->tokenizer->Decode(val->tokens));
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "validation text '", val_path, "' uses a byte that training text '", data_path,
+          "' does not, so the model has no token for it: ", ids.status().message()));
+    }
+    val->tokens = *std::move(ids);
+  }
+  out.tokens.train = std::move(train->tokens);
+  out.tokens.val = std::move(val->tokens);
+  return out;
+}
+
+absl::Status CheckVocabulary(const TrainValData& data, int64_t vocab_size) {
+  if (absl::Status s = CheckIds(data.train_path, data.tokens.train, 0, vocab_size); !s.ok()) {
+    return s;
+  }
+  return CheckIds(data.val_path, data.tokens.val, data.val_offset, vocab_size);
 }
 
 }  // namespace tg::data

@@ -66,6 +66,36 @@ struct TrainValTokens {
 // must lie in [0, 1] (tg::Error).
 TrainValTokens SplitTrainVal(absl::Span<const uint16_t> tokens, double train_fraction = 0.9);
 
+// train_gpt's --data and --val_data: the training tokens, the validation tokens and where each
+// came from (for messages that name the file and the offset of a bad token).
+struct TrainValData {
+  TrainValTokens tokens;
+  // Set when the training data is text: the validation text is tokenized with it too.
+  std::optional<CharTokenizer> tokenizer;
+  std::string train_path;
+  std::string val_path;    // train_path when the validation tokens are its last 10%
+  int64_t val_offset = 0;  // the token index in val_path of tokens.val[0]
+};
+
+// Loads `data_path` (LoadTokens) and the validation tokens: those of `val_path` when it is not
+// empty, else the last 10% of the data (SplitTrainVal). Both files must use one tokenizer, as a
+// loss on ids of another tokenizer measures nothing:
+// - text and text: the validation text is encoded with the training text's characters;
+//   InvalidArgument naming both files and the first byte the training text lacks;
+// - a token shard and text (either way round): InvalidArgument naming both files and their
+//   kinds. (Shards declare their tokenizer only by their header's magic and version, which
+//   ReadTokenShard already requires to be llm.c's GPT-2 format, so two shards always agree.)
+// Errors of LoadTokens pass through.
+absl::StatusOr<TrainValData> LoadTrainVal(const std::string& data_path,
+                                          const std::string& val_path);
+
+// Checks every training and validation token against the vocabulary [0, vocab_size), so an id
+// the model cannot embed is refused at load, wherever it lies (a sampled batch might never reach
+// it). InvalidArgument for the first one, in file order, naming the file, the token's index in
+// it and its byte offset: "'val.bin': token 50300 at index 17 (byte offset 1058) is outside the
+// vocabulary of 50257 (ids 0..50256)".
+absl::Status CheckVocabulary(const TrainValData& data, int64_t vocab_size);
+
 }  // namespace tg::data
 
 #endif  // TAPEGRAD_TOOLS_DATA_TOKEN_SHARD_H_

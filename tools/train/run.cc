@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -603,6 +604,12 @@ int RunMain(const char* name, const std::function<int()>& body) {
     return body();
   } catch (const Error& e) {
     return Fail(name, absl::InternalError(e.what()));
+  } catch (const std::bad_alloc& e) {
+    // A host allocation outside the tensor allocator (a std::vector of a reader or a kernel; a
+    // kernel's parallel regions hand their exceptions to the calling thread) ends the run as the
+    // allocator's own "out of memory" error does, not in std::terminate.
+    return Fail(name, absl::ResourceExhaustedError(absl::StrCat(
+                          "out of memory: a host allocation failed (", e.what(), ")")));
   }
 }
 

@@ -360,7 +360,9 @@ absl::Status LoadModelForResume(const std::string& dir, const RunSettings& setti
 
 // Prints "<name>: <message>" for a failed status and returns exit code 1.
 int Fail(const char* name, const absl::Status& status);
-// Runs a training binary's body; a tg::Error escaping it becomes Fail(name, ...).
+// Runs a training binary's body; a tg::Error escaping it becomes Fail(name, ...), and so does a
+// std::bad_alloc ("out of memory: a host allocation failed (std::bad_alloc)"): every allocation
+// failure, also one in a kernel's parallel region, exits 1 with a message.
 int RunMain(const char* name, const std::function<int()>& body);
 
 }  // namespace tg::train
