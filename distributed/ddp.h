@@ -87,7 +87,13 @@
 //   facade's opt.backward(loss) updates the masters after backward() returns, also after DDP.
 //   Gradients are averaged in the parameters' dtype (f16 scaled gradients stay f16), so an
 //   overflow on one rank makes the average inf/NaN on every rank and every rank skips the
-//   step; MaxFoundInfAcrossRanks additionally makes found_inf itself agree.
+//   step; MaxFoundInfAcrossRanks additionally makes found_inf itself agree. The f16 average
+//   itself never overflows (both backends sum f16 in f32 and round once, process_group.h), so
+//   a step is skipped only where some rank's local gradient overflowed. With each rank's loss
+//   its local mean, the local backward's per-row values are world times those of one process
+//   on the global batch and may overflow where that one's do not; tools/train therefore divides
+//   each rank's f16 loss by the world size and uses reduce_op kSum (same per-row values, same
+//   skipped steps as one process: tests/tools:data_parallel_test).
 // - Thread safety: one backward at a time (the engine runs a backward's hooks sequentially).
 //   The object must outlive every backward through its module; it cannot be copied or moved.
 #ifndef TAPEGRAD_DISTRIBUTED_DDP_H_

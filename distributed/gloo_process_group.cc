@@ -202,6 +202,41 @@ void ReduceChunks(DType dtype, ReduceOp op, const void* chunks, void* out, size_
   }
 }
 
+// all_reduce of f16 with kSum or kAvg on `world` > 1 ranks, in place: an alltoall gives this rank
+// every rank's chunk of the (zero-padded) tensor, ReduceChunks sums them in f32 in rank order
+// (kAvg: divides by `world`) and rounds once, and an allgather returns the reduced chunks.
+// gloo's allreduce rounds every partial sum to f16 instead, so it overflowed where the average
+// does not (2 ranks of 40000: 80000 -> inf, halved after) or where the sum does not (60000 +
+// 60000 - 60000 in the ring's order), and rounded up to `world` times. Here the f32 sum of up
+// to 8192 f16 values is at most world * 65504 in magnitude (f32 holds it exactly and its
+// additions are monotone), so |average| <= max |value| <= 65504: an average is non-finite
+// exactly where some rank's value is, a sum only where it exceeds f16's range. The traffic is
+// gloo's ring allreduce's ((world - 1) / world of the tensor out and in, twice), f16 on the
+// wire; the cost is two staging copies of the tensor on the host.
+void AllReduceF16InF32(const std::shared_ptr<gloo::rendezvous::Context>& context,
+                       std::chrono::milliseconds timeout, uint32_t tag, ReduceOp op, uint16_t* data,
+                       size_t n, int world) {
+  const size_t chunk = (n + world - 1) / world;
+  std::vector<uint16_t> staged(chunk * world, 0);  // [world, chunk]: this rank's tensor, padded
+  std::memcpy(staged.data(), data, n * sizeof(uint16_t));
+  std::vector<uint16_t> chunks(chunk * world);  // [world, chunk]: rank r's part of our chunk
+  gloo::AlltoallOptions to_all(context);
+  to_all.setTimeout(timeout);
+  to_all.setTag(tag);  // gloo's slots differ per collective kind (kAlltoallSlotPrefix)
+  to_all.setInput(staged.data(), staged.size());
+  to_all.setOutput(chunks.data(), chunks.size());
+  gloo::alltoall(to_all);
+  std::vector<uint16_t> mine(chunk);
+  ReduceChunks16<F16>(op, chunks.data(), mine.data(), chunk, world);
+  gloo::AllgatherOptions gather(context);
+  gather.setTimeout(timeout);
+  gather.setTag(tag);
+  gather.setInput(mine.data(), chunk);
+  gather.setOutput(staged.data(), staged.size());
+  gloo::allgather(gather);
+  std::memcpy(data, staged.data(), n * sizeof(uint16_t));
+}
+
 std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -501,12 +536,19 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceO
   const ReduceFn fn = ReduceFor(tensor.dtype(), op);
   Impl* impl = impl_.get();
   const int world = size();
+  const bool f16_in_f32 =
+      tensor.dtype() == kF16 && world > 1 && (op == ReduceOp::kAvg || op == ReduceOp::kSum);
   return impl->Enqueue(Describe("all_reduce"), "all_reduce",
                        absl::StrCat("of ", tensor.numel(), " ", DTypeName(tensor.dtype()),
                                     " elements (", ReduceOpName(op), ")"),
-                       timeout(), [impl, tensor, op, fn, world](uint32_t tag) {
+                       timeout(), [impl, tensor, op, fn, world, f16_in_f32](uint32_t tag) {
                          const size_t n = tensor.numel();
                          if (n == 0) return;
+                         if (f16_in_f32) {
+                           return AllReduceF16InF32(impl->context, impl->timeout, tag, op,
+                                                    static_cast<uint16_t*>(tensor.raw_data()), n,
+                                                    world);
+                         }
                          gloo::AllreduceOptions opts(impl->context);
                          opts.setTimeout(impl->timeout);
                          opts.setTag(tag);

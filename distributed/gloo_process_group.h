@@ -7,8 +7,12 @@
 // size (gloo's halving-doubling reduce-scatter needs extra care off powers of two), as little
 // traffic as a ring reduce-scatter, and its results do not depend on the arrival order.
 // f16 and bf16 travel as 2-byte values: all_reduce adds pairs in f32 and rounds each partial
-// sum (as NCCL does); reduce_scatter reduces all chunks in f32 and rounds once. kAvg divides the
-// sum by the world size.
+// sum (as NCCL does), except for f16 sums and averages; reduce_scatter reduces all chunks in f32
+// and rounds once. kAvg divides the sum by the world size. all_reduce of f16 with kSum or kAvg
+// is an all-to-all, the reduction in f32 in rank order with one rounding, and an all-gather (the
+// same traffic as the ring): an average of finite f16 values is then always finite (|avg| <=
+// max |value|) and a sum overflows only where the exact sum leaves f16's range, so DDP's f16
+// gradients overflow exactly where some rank's local gradient (or their sum) does.
 //
 // Ranks that issue different collectives (op, element count, dtype, reduction or root, or one
 // rank a collective more) never exchange data: every collective's gloo messages carry a tag of

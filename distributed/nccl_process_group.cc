@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 
 namespace tg::dist {
 namespace {
@@ -81,9 +83,9 @@ int HexDigit(char c) {
 absl::StatusOr<ncclUniqueId> UniqueIdFromHex(const std::string& hex) {
   ncclUniqueId id;
   if (hex.size() != 2 * sizeof(id.internal)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected ", 2 * sizeof(id.internal), " hex digits under '", kUniqueIdKey,
-                     "', found a value of ", hex.size(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("expected ", 2 * sizeof(id.internal),
+                                                   " hex digits under '", kUniqueIdKey,
+                                                   "', found a value of ", hex.size(), " bytes"));
   }
   for (size_t i = 0; i < sizeof(id.internal); ++i) {
     const int hi = HexDigit(hex[2 * i]);
@@ -147,7 +149,7 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
 // A collective whose tensors the group holds until its end event has completed.
 struct Held {
   std::shared_ptr<cuda::Event> end;
-  absl::InlinedVector<Tensor, 2> tensors;
+  absl::InlinedVector<Tensor, 4> tensors;
   Op op;
   absl::Time issued;
 };
@@ -182,13 +184,13 @@ const char* NcclResultName(ncclResult_t result) {
 absl::Status NcclCallStatus(ncclResult_t result, const char* call, const char* file, int line,
                             ncclComm_t comm) {
   if (result == ncclSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(file, ":", line, ": ", call, " failed: ",
-                                     NcclResultName(result), ": ", ncclGetErrorString(result));
+  std::string message =
+      absl::StrCat(file, ":", line, ": ", call, " failed: ", NcclResultName(result), ": ",
+                   ncclGetErrorString(result));
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, " (last error: ", last, ")");
   const bool peer = result == ncclRemoteError || result == ncclSystemError;
-  return absl::Status(peer ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
-                      message);
+  return absl::Status(peer ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal, message);
 }
 
 // ---- The shared state of a group and its Works ----------------------------------------------
@@ -239,8 +241,8 @@ struct NcclProcessGroup::State {
   (state).ResolveLocked((call), #call, __FILE__, __LINE__, (deadline), (op))
 
 absl::Status NcclProcessGroup::State::ResolveLocked(ncclResult_t result, const char* call,
-                                                    const char* file, int line,
-                                                    absl::Time deadline, Op op) {
+                                                    const char* file, int line, absl::Time deadline,
+                                                    Op op) {
   if (result == ncclInProgress) {
     ncclResult_t state = ncclInProgress;
     const bool resolved = PollUntil(deadline, [&] {
@@ -249,10 +251,9 @@ absl::Status NcclProcessGroup::State::ResolveLocked(ncclResult_t result, const c
       return state != ncclInProgress;
     });
     if (!resolved) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what[op], ": ", call, " did not complete within ",
-                       absl::FormatDuration(timeout),
-                       " (a peer did not join, exited or hung); the communicator was aborted"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          what[op], ": ", call, " did not complete within ", absl::FormatDuration(timeout),
+          " (a peer did not join, exited or hung); the communicator was aborted"));
     }
     result = state;
   }
@@ -270,9 +271,9 @@ absl::Status NcclProcessGroup::State::AsyncErrorLocked(Op op) {
         what[op] + ": ");
   }
   if (async == ncclSuccess || async == ncclInProgress) return absl::OkStatus();
-  return Annotate(NcclCallStatus(async, "the communicator (asynchronous error)", __FILE__,
-                                 __LINE__, comm),
-                  what[op] + ": ");
+  return Annotate(
+      NcclCallStatus(async, "the communicator (asynchronous error)", __FILE__, __LINE__, comm),
+      what[op] + ": ");
 }
 
 void NcclProcessGroup::State::BreakLocked(const absl::Status& status) {
@@ -315,8 +316,8 @@ NcclProcessGroup::State::~State() {
       if (comm != nullptr) {
         // Finalize flushes the issued collectives; it may need the peers, so it is bounded by
         // the timeout and aborted after.
-        const absl::Status finalized = TG_NCCL_RESOLVE(
-            *this, ncclCommFinalize(comm), absl::Now() + timeout, kInit);
+        const absl::Status finalized =
+            TG_NCCL_RESOLVE(*this, ncclCommFinalize(comm), absl::Now() + timeout, kInit);
         if (finalized.ok()) {
           ncclCommDestroy(comm);
           comm = nullptr;
@@ -342,8 +343,8 @@ namespace {
 class NcclWork final : public Work {
  public:
   // A queued collective: `end` is recorded on the communication stream after it.
-  NcclWork(std::shared_ptr<NcclProcessGroup::State> state, Op op,
-           std::shared_ptr<cuda::Event> end, bool host_wait)
+  NcclWork(std::shared_ptr<NcclProcessGroup::State> state, Op op, std::shared_ptr<cuda::Event> end,
+           bool host_wait)
       : Work(state->timeout),
         state_(std::move(state)),
         op_(op),
@@ -440,9 +441,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewNcclProcessGroup(
         who + "no CUDA device is available (DeviceCount() = 0: no CUDA driver or no GPU)");
   }
   if (device.index < 0 || device.index >= count) {
-    return absl::InvalidArgumentError(absl::StrCat(who, "CUDA device ", device.index,
-                                                   " does not exist (DeviceCount() = ", count,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "CUDA device ", device.index, " does not exist (DeviceCount() = ", count, ")"));
   }
   std::shared_ptr<NcclProcessGroup> group(
       new NcclProcessGroup(rank, size, name, timeout, device, options));
@@ -495,16 +495,16 @@ absl::Status NcclProcessGroup::Init(Store& store) {
   const ncclResult_t started = ncclCommInitRankConfig(&comm, size(), id, rank(), &config);
   if (started != ncclSuccess && started != ncclInProgress) {
     // Failed before a communicator existed (bad arguments, no usable device): nothing to abort.
-    s.error = Annotate(
-        NcclCallStatus(started, "ncclCommInitRankConfig(&comm, size, id, rank, &config)",
-                       __FILE__, init_line, comm),
-        what + ": ");
+    s.error =
+        Annotate(NcclCallStatus(started, "ncclCommInitRankConfig(&comm, size, id, rank, &config)",
+                                __FILE__, init_line, comm),
+                 what + ": ");
     return s.error;
   }
   s.comm = comm;
   absl::Status done =
-      s.ResolveLocked(started, "ncclCommInitRankConfig(&comm, size, id, rank, &config)",
-                      __FILE__, init_line, deadline, kInit);
+      s.ResolveLocked(started, "ncclCommInitRankConfig(&comm, size, id, rank, &config)", __FILE__,
+                      init_line, deadline, kInit);
   if (!done.ok()) {
     s.BreakLocked(done);
     return done;
@@ -526,13 +526,22 @@ absl::Status NcclProcessGroup::error() const {
 
 namespace {
 
+// Kernels that a collective runs on the communication stream around its NCCL call (the f32
+// staging of f16 averages): `before` after the stream waited for the caller's, `after` once
+// NCCL has enqueued its kernels. Their tensors must be among the collective's held tensors.
+struct Staging {
+  std::function<void()> before;
+  std::function<void()> after;
+};
+
 // Issues one collective on the group's communication stream: orders it after the caller's
 // current stream, enqueues `call(comm, stream)` (an ncclResult_t), records the end event and
 // holds `tensors` until it has completed.
 template <typename Call>
 std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& state, Op op,
-                             absl::InlinedVector<Tensor, 2> tensors, int64_t count,
-                             const char* call_text, int line, Call&& call) {
+                             absl::InlinedVector<Tensor, 4> tensors, int64_t count,
+                             const char* call_text, int line, Call&& call,
+                             const Staging& staging = {}) {
   NcclProcessGroup::State& s = *state;
   cuda::DeviceGuard guard(s.device);
   absl::MutexLock lock(&s.mu);
@@ -543,9 +552,13 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
   const cudaStream_t comm_stream = s.stream->get();
   s.ready->Record(cuda::CurrentStream(s.device));  // the inputs as the caller's stream leaves them
   s.ready->Block(comm_stream);
+  if (staging.before) {
+    cuda::StreamGuard on_comm(*s.stream);  // tensor ops enqueue on the communication stream
+    staging.before();
+  }
   const absl::Time issued = absl::Now();
-  const absl::Status enqueued = s.ResolveLocked(call(s.comm, comm_stream), call_text, __FILE__,
-                                                line, issued + s.timeout, op);
+  const absl::Status enqueued =
+      s.ResolveLocked(call(s.comm, comm_stream), call_text, __FILE__, line, issued + s.timeout, op);
   if (!enqueued.ok()) {
     s.BreakLocked(enqueued);
     // An enqueue that NCCL left in progress until the deadline may have put kernels on the
@@ -557,10 +570,41 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
     return std::make_shared<NcclWork>(s.timeout, s.error);
   }
   std::shared_ptr<cuda::Event> end = s.events->Get();
+  if (staging.after) {
+    // After the enqueue resolved: a non-blocking communicator may put NCCL's kernels on the
+    // stream only then. Should a kernel launch throw, NCCL's kernels still hold the tensors.
+    cuda::StreamGuard on_comm(*s.stream);
+    try {
+      staging.after();
+    } catch (...) {
+      end->Record(comm_stream);
+      s.held.push_back(Held{std::move(end), std::move(tensors), op, issued});
+      throw;
+    }
+  }
   end->Record(comm_stream);
   s.held.push_back(Held{end, std::move(tensors), op, issued});
-  return std::make_shared<NcclWork>(state, op, std::move(end),
-                                    s.blocking_wait || op == kBarrier);
+  return std::make_shared<NcclWork>(state, op, std::move(end), s.blocking_wait || op == kBarrier);
+}
+
+// f16 sums and averages (all_reduce and reduce_scatter with kSum or kAvg) go through f32: the
+// f16 values are widened into an f32 buffer on the communication stream, NCCL sums them in f32
+// (ncclSum), and the sum (kAvg: scaled by f32(1/size) in f32) is rounded to f16 once. NCCL's own
+// ncclAvg on f16 multiplies every value by __float2half(1/size) in f16 and sums in f16, rounding
+// every partial sum, and that overflows where no rank's value does: 10 ranks of 65504 give 6548
+// each, and the ring's partial sums round up to 65524 -> inf (of the world sizes 2..1024, 438
+// overflow so in the ring's order; f16(1/size) itself exceeds 1/size for 17, 19, 23, ...
+// ranks), so f16 DDP and ZeRO would skip steps that one process does not, and values up to
+// size * 2^-25 vanish; an f16 ncclSum overflows in a partial sum where the whole sum does not
+// (60000 + 60000 - 60000). Here |sum| <= size * 65504, which f32 holds exactly (size <= 8192;
+// f32 additions in any order are monotone), so |sum * f32(1/size)| <= 65504 (1 + 2^-24) rounds
+// to at most 65504 in f16: an average is non-finite exactly where some rank's value is, a sum
+// where the exact sum leaves f16's range. The cost: twice the bytes on the wire for f16 sums and
+// averages, an f32 buffer of the tensor (of the input and the output for reduce_scatter) and two
+// or three elementwise kernels on the communication stream. bf16 (the range of f32) and the
+// other dtypes keep NCCL's reductions.
+bool ReduceThroughF32(DType dtype, ReduceOp op) {
+  return dtype == kF16 && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
 }
 
 }  // namespace
@@ -568,6 +612,25 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
 std::shared_ptr<Work> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   CheckTensor("all_reduce", "tensor", tensor);
   CheckReduceOp("all_reduce", tensor, op);
+  if (ReduceThroughF32(tensor.dtype(), op)) {
+    const Tensor wide = Tensor::Empty(tensor.shape(), kF32, device());
+    void* data = wide.raw_data();
+    const size_t count = static_cast<size_t>(tensor.numel());
+    const double inv_size = 1.0 / size();
+    Staging staging;
+    staging.before = [&] { wide.copy_(tensor); };
+    staging.after = [&] {
+      if (op == ReduceOp::kAvg) MulScalarInPlace({wide}, inv_size);
+      tensor.copy_(wide);
+    };
+    return Launch(
+        state_, kAllReduce, {tensor, wide}, tensor.numel(),
+        "ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm, stream)", __LINE__ + 1,
+        [&](ncclComm_t comm, cudaStream_t stream) {
+          return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm, stream);
+        },
+        staging);
+  }
   void* data = tensor.raw_data();
   const size_t count = static_cast<size_t>(tensor.numel());
   const ncclDataType_t type = NcclType(tensor.dtype());
@@ -585,6 +648,27 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
   CheckTensor("reduce_scatter", "input", input);
   CheckChunks("reduce_scatter", "input", input, "output", output);
   CheckReduceOp("reduce_scatter", input, op);
+  if (ReduceThroughF32(input.dtype(), op)) {
+    const Tensor wide_in = Tensor::Empty(input.shape(), kF32, device());
+    const Tensor wide_out = Tensor::Empty(output.shape(), kF32, device());
+    const void* send = wide_in.raw_data();
+    void* recv = wide_out.raw_data();
+    const size_t count = static_cast<size_t>(output.numel());
+    const double inv_size = 1.0 / size();
+    Staging staging;
+    staging.before = [&] { wide_in.copy_(input); };
+    staging.after = [&] {
+      if (op == ReduceOp::kAvg) MulScalarInPlace({wide_out}, inv_size);
+      output.copy_(wide_out);
+    };
+    return Launch(
+        state_, kReduceScatter, {output, input, wide_in, wide_out}, output.numel(),
+        "ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm, stream)", __LINE__ + 1,
+        [&](ncclComm_t comm, cudaStream_t stream) {
+          return ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm, stream);
+        },
+        staging);
+  }
   const void* send = input.raw_data();
   void* recv = output.raw_data();
   const size_t count = static_cast<size_t>(output.numel());

@@ -51,6 +51,11 @@
 // reduce_scatter / all_gather in place are allowed only in NCCL's layout (the small buffer is
 // chunk rank() of the big one); other overlaps are undefined.
 //
+// f16 sums and averages go through an f32 buffer on the communication stream (widened, summed
+// by NCCL in f32, kAvg scaled by f32(1/size), rounded to f16 once): NCCL's f16 ncclAvg overflows
+// where no rank's value does (nccl_process_group.cc says when and why); the cost is twice the
+// bytes on the wire for them. bf16 and the other dtypes use NCCL's reductions as they are.
+//
 // Zero-element collectives enqueue nothing and return a completed Work. The group's tensors
 // must be on its device (cuda:N); rank r of a job normally uses cuda:LOCAL_RANK. The group may
 // be used from several threads (issue order is the order of the calls; keep it the same on

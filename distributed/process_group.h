@@ -14,6 +14,10 @@
 //   device type, of a dtype the backend supports; a violation throws tg::Error naming the op,
 //   the argument and its shape/dtype/device, before anything is queued.
 // - all_reduce(t, op) is in place; kAvg is the sum divided by size() (floating dtypes only).
+//   f16 sums and averages (all_reduce and reduce_scatter) are reduced in f32 and rounded to f16
+//   once on both backends: an average of finite f16 values is finite, a sum overflows only where
+//   the exact sum leaves f16's range (the reductions of NCCL and gloo in f16 round every partial
+//   sum; NCCL's f16 average premultiplies by f16(1/size): both overflowed where no value did).
 //   reduce_scatter(output, input, op): input holds size() chunks of output.numel() elements,
 //   rank r receives the reduction of every rank's chunk r. all_gather(output, input): output
 //   holds size() chunks of input.numel() elements, chunk r is rank r's input. broadcast(t,

@@ -122,6 +122,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
            options_.stage);
   TG_CHECK(options_.bucket_cap_bytes > 0, kName, ": bucket_cap_bytes must be > 0, got ",
            options_.bucket_cap_bytes);
+  TG_CHECK(options_.reduce_op == ReduceOp::kAvg || options_.reduce_op == ReduceOp::kSum, kName,
+           ": reduce_op must be avg or sum, got ", ReduceOpName(options_.reduce_op));
   TG_CHECK(options_.max_inflight_buckets >= 1, kName, ": max_inflight_buckets must be >= 1, got ",
            options_.max_inflight_buckets);
   TG_CHECK(!options_.mixed_precision.reduce_found_inf, kName,
@@ -545,7 +547,7 @@ void ZeroOptimizer::LaunchBucket(int b, bool from_hook) {
   bucket.shard_grad = Tensor::Empty({bucket.chunk}, flats_[bucket.flat].reduce_dtype, device_);
   stats_.grad_buffer_bytes += Bytes(bucket.shard_grad);
   stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
-  bucket.work = pg_->reduce_scatter(bucket.shard_grad, bucket.grad, ReduceOp::kAvg);
+  bucket.work = pg_->reduce_scatter(bucket.shard_grad, bucket.grad, options_.reduce_op);
   bucket.launched = true;
   inflight_.push_back(b);
   ++stats_.reduce_scatters;

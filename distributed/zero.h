@@ -46,7 +46,8 @@
 // - Stage 1/2: the model parameters become views (set_data) of one flat model-dtype buffer per
 //   flat buffer, so the all-gather of the updated shards after step() writes them in place.
 // - Gradients are reduced in the parameter dtype by default (f16 scaled gradients stay f16;
-//   Gloo sums the chunks in f32 and rounds once); reduce_in_f32 converts f16/bf16 gradients to
+//   Gloo sums the chunks in f32 and rounds once, NCCL averages f16 through an f32 buffer, so an
+//   average of finite gradients is finite); reduce_in_f32 converts f16/bf16 gradients to
 //   f32 before the reduce_scatter (exact averaging, twice the traffic).
 //
 // Per stage:
@@ -161,6 +162,10 @@ struct ZeroOptions {
   int max_inflight_buckets = 2;
   // Reduce f16/bf16 gradients in f32.
   bool reduce_in_f32 = false;
+  // kAvg (the gradient of the mean of the ranks' losses) or kSum (for losses that are already
+  // divided by the world size: tools/train's f16 runs, whose backward then sees the per-row
+  // values of one process on the global batch).
+  ReduceOp reduce_op = ReduceOp::kAvg;
   // Broadcast rank 0's parameter values at construction (all ranks start equal).
   bool broadcast_parameters = true;
   // Stage 3: the model (required) and optionally its units, inner ones first.

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,6 +177,110 @@ TEST(Collectives, InexactValuesWithinRounding) {
       }
     }
   }));
+}
+
+// all_reduce of f16 with kSum or kAvg is the f32 sum of the ranks' values (kAvg: divided by the
+// world size) rounded to f16 once, so an average is finite wherever every rank's value is: DDP's
+// f16 gradients then overflow exactly where some rank's local gradient does. The old f16 path
+// rounded each partial sum to f16 (2 ranks of 40000: 80000 -> inf, though the average is 40000;
+// 3 ranks of 1.333984375 averaged to 1.3330078125). reduce_scatter rounds once too. bf16 and f32
+// keep their results (values whose partial sums are exact in every order: the expected values
+// are those of the old code as well).
+TEST(Collectives, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Rank r's value of element kind k.
+  auto f16_value = [&](int k, int r) -> double {
+    switch (k) {
+      case 0:
+        return 40000;  // the f16 sum of 2 overflows
+      case 1:
+        return 65504;  // the largest f16
+      case 2:
+        return r == 0 ? 60000 : 30000;  // an average that is not an f16
+      case 3:
+        return 1.333984375;  // 3 ranks: the sum rounds, then the quotient
+      case 4:
+        return 1 + r * 0.00048828125 + 0.25 * (r % 2);  // mixed, sum exact in f32
+      case 5:
+        return r % 2 == 1 ? -50000 : 50000;  // cancels
+      case 6:
+        return r == 1 ? inf : 1;  // a rank overflowed: the average is inf
+      default:
+        return r == 0 ? nan : 2;  // a rank has NaN
+    }
+  };
+  auto other_value = [&](int k, int r) -> double {  // bf16/f32: every partial sum exact
+    switch (k) {
+      case 0:
+        return 40960;
+      case 1:
+        return 61440;
+      case 2:
+        return r == 0 ? 1.5 : -0.25;
+      case 3:
+        return 4096.0 * (r + 1);
+      case 4:
+        return 0.5 * r - 1;
+      case 5:
+        return r % 2 == 1 ? -3 : 3;
+      case 6:
+        return r == 1 ? inf : 1;
+      default:
+        return r == 0 ? nan : 2;
+    }
+  };
+  constexpr int kKinds = 8;
+  const int64_t n = 13;  // element i is of kind i % 8; not a multiple of 2, 3 or 4
+  for (int world = 2; world <= 4; ++world) {
+    testing::ExpectAllSucceeded(RunRanks(world, [&](const Rank& me) {
+      auto pg = testing::JoinDefaultGroup();
+      for (DType dtype : {kF16, kBF16, kF32}) {
+        auto value = [&](int k, int r) {
+          return dtype == kF16 ? f16_value(k, r) : other_value(k, r);
+        };
+        for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSum}) {
+          // The f32 sum of the values in `dtype` (exact here), divided in f32, rounded once.
+          auto expected = [&](int64_t i) {
+            double sum = 0;
+            for (int r = 0; r < world; ++r) {
+              sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(dtype).item();
+            }
+            const float reduced = op == ReduceOp::kAvg
+                                      ? static_cast<float>(sum) / static_cast<float>(world)
+                                      : static_cast<float>(sum);
+            return Tensor::Scalar(reduced, kF32).to(dtype).item();
+          };
+          auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+            const std::vector<double> v = got.to_vector<double>();
+            for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
+              const double e = expected(first + j);
+              if (std::isnan(e)) {
+                EXPECT_TRUE(std::isnan(v[j])) << what << " element " << first + j << ": " << v[j];
+              } else {
+                EXPECT_EQ(v[j], e) << what << " element " << first + j << " (kind "
+                                   << (first + j) % kKinds << ") on " << world << " ranks";
+              }
+            }
+          };
+          std::vector<double> mine(n);
+          for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
+          Tensor t = Tensor::FromVector(mine, {n}, dtype);
+          TG_DIST_CHECK_OK(pg->all_reduce(t, op)->wait());
+          check(t, 0, absl::StrCat("all_reduce ", ReduceOpName(op), " ", DTypeName(dtype)));
+
+          // reduce_scatter: chunk c of every rank holds elements [c * 8, c * 8 + 8).
+          std::vector<double> chunks(world * kKinds);
+          for (int64_t i = 0; i < world * kKinds; ++i) chunks[i] = value(i % kKinds, me.rank);
+          Tensor out = Tensor::Empty({kKinds}, dtype);
+          TG_DIST_CHECK_OK(
+              pg->reduce_scatter(out, Tensor::FromVector(chunks, {world * kKinds}, dtype), op)
+                  ->wait());
+          check(out, 0, absl::StrCat("reduce_scatter ", ReduceOpName(op), " ", DTypeName(dtype)));
+        }
+      }
+    }));
+  }
 }
 
 // Several collectives in flight at once complete in call order with the right data; in-place

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,8 +42,8 @@ using testing::RunOptions;
 using testing::RunRanks;
 using tg::testing::ThrowsErrorExactly;
 
-#define SKIP_WITHOUT_GPUS(n)                                                          \
-  if (cuda::DeviceCount() < (n))                                                      \
+#define SKIP_WITHOUT_GPUS(n)     \
+  if (cuda::DeviceCount() < (n)) \
   GTEST_SKIP() << "needs " << (n) << " CUDA device(s), found " << cuda::DeviceCount()
 
 constexpr DType kDTypes[] = {kF32, kF64, kF16, kBF16, kI32, kI64};
@@ -105,8 +106,9 @@ double Reduce(ReduceOp op, int world, int64_t i, DType dtype) {
   double acc = Value(0, i, dtype);
   for (int r = 1; r < world; ++r) {
     const double v = Value(r, i, dtype);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v)
-                                                                         : acc + v;
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
   }
   return op == ReduceOp::kAvg ? acc / world : acc;
 }
@@ -153,31 +155,35 @@ void CheckAllCollectives(ProcessGroup& pg, int device) {
       Tensor t = big.slice(0, 3, 3 + n);
       t.copy_(RankTensor(r, n, dtype, device));
       ASSERT_TRUE(pg.all_reduce(t, op)->wait().ok()) << what;
-      ExpectValues(t, [&](int64_t i) { return Reduce(op, world, i, dtype); },
-                   Tolerance(op, dtype), "all_reduce " + what);
-      ExpectValues(big.slice(0, 0, 3), [](int64_t) { return -9; }, 0, "all_reduce head " + what);
-      ExpectValues(big.slice(0, 3 + n, n + 5), [](int64_t) { return -9; }, 0,
-                   "all_reduce tail " + what);
+      ExpectValues(
+          t, [&](int64_t i) { return Reduce(op, world, i, dtype); }, Tolerance(op, dtype),
+          "all_reduce " + what);
+      ExpectValues(
+          big.slice(0, 0, 3), [](int64_t) { return -9; }, 0, "all_reduce head " + what);
+      ExpectValues(
+          big.slice(0, 3 + n, n + 5), [](int64_t) { return -9; }, 0, "all_reduce tail " + what);
 
       // reduce_scatter: rank r gets the reduction of chunk r.
       Tensor input = RankTensor(r, n * world, dtype, device);
       Tensor output = Tensor::Full({n}, -9, dtype, Device::Cuda(device));
       ASSERT_TRUE(pg.reduce_scatter(output, input, op)->wait().ok()) << what;
-      ExpectValues(output, [&](int64_t i) { return Reduce(op, world, r * n + i, dtype); },
-                   Tolerance(op, dtype), "reduce_scatter " + what);
+      ExpectValues(
+          output, [&](int64_t i) { return Reduce(op, world, r * n + i, dtype); },
+          Tolerance(op, dtype), "reduce_scatter " + what);
     }
     // all_gather: chunk q is rank q's input; shapes are free (input [n], output [world, n]).
     Tensor input = RankTensor(r, n, dtype, device);
     Tensor output = Tensor::Full({world, n}, -9, dtype, Device::Cuda(device));
     ASSERT_TRUE(pg.all_gather(output, input)->wait().ok()) << dt;
-    ExpectValues(output, [&](int64_t i) { return Value(i / n, i % n, dtype); }, 0,
-                 "all_gather " + dt);
+    ExpectValues(
+        output, [&](int64_t i) { return Value(i / n, i % n, dtype); }, 0, "all_gather " + dt);
     // broadcast from every root.
     for (int root = 0; root < world; ++root) {
       Tensor t = RankTensor(r, n, dtype, device);
       ASSERT_TRUE(pg.broadcast(t, root)->wait().ok()) << dt;
-      ExpectValues(t, [&](int64_t i) { return Value(root, i, dtype); }, 0,
-                   absl::StrCat("broadcast from ", root, " ", dt));
+      ExpectValues(
+          t, [&](int64_t i) { return Value(root, i, dtype); }, 0,
+          absl::StrCat("broadcast from ", root, " ", dt));
     }
   }
   EXPECT_TRUE(pg.barrier()->wait().ok());
@@ -241,15 +247,17 @@ TEST(NcclFactoryTest, ArgumentAndDeviceErrors) {
             absl::InvalidArgumentError("NewNcclProcessGroup('g', rank 2 of 2, cuda:0): rank must "
                                        "be in [0, size) and size at least 1"));
   auto cpu = NewNcclProcessGroup(0, 1, "g", t, store, Device::Cpu());
-  EXPECT_EQ(cpu.status(), absl::InvalidArgumentError(
-                              "NewNcclProcessGroup('g', rank 0 of 1, cpu): NCCL needs a CUDA device"));
+  EXPECT_EQ(cpu.status(),
+            absl::InvalidArgumentError(
+                "NewNcclProcessGroup('g', rank 0 of 1, cpu): NCCL needs a CUDA device"));
   auto no_store = NewNcclProcessGroup(0, 1, "g", t, nullptr, Device::Cuda(0));
   EXPECT_EQ(no_store.status(),
             absl::InvalidArgumentError("NewNcclProcessGroup('g', rank 0 of 1, cuda:0): no store"));
   auto no_time = NewNcclProcessGroup(0, 1, "g", absl::ZeroDuration(), store, Device::Cuda(0));
-  EXPECT_EQ(no_time.status(),
-            absl::InvalidArgumentError(
-                "NewNcclProcessGroup('g', rank 0 of 1, cuda:0): the timeout must be positive, got 0"));
+  EXPECT_EQ(
+      no_time.status(),
+      absl::InvalidArgumentError(
+          "NewNcclProcessGroup('g', rank 0 of 1, cuda:0): the timeout must be positive, got 0"));
   const int count = cuda::DeviceCount();
   if (count == 0) {
     auto none = NewNcclProcessGroup(0, 1, "g", t, store, Device::Cuda(0));
@@ -282,7 +290,8 @@ TEST(NcclWorldOneTest, EveryCollectiveAndDtypeAgainstTheCpu) {
   auto work = pg->all_reduce(t, ReduceOp::kSum);
   EXPECT_TRUE(work->wait().ok());
   EXPECT_TRUE(work->wait().ok());
-  ExpectValues(t, [](int64_t i) { return Value(0, i, kF32); }, 0, "on a side stream");
+  ExpectValues(
+      t, [](int64_t i) { return Value(0, i, kF32); }, 0, "on a side stream");
   cuda::Synchronize();
   TG_CUDA_CHECK(cudaStreamSynchronize(Nccl(pg).stream()));
   EXPECT_TRUE(work->is_completed());
@@ -310,14 +319,16 @@ TEST(NcclWorldOneTest, ArgumentErrorsThrowBeforeAnythingIsQueued) {
       [&] { pg->all_reduce(Tensor::Ones({4}), ReduceOp::kSum); },
       "all_reduce " + g + ": tensor is on cpu, the group's tensors must be on cuda:0"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_reduce(Tensor::Ones({2, 3}, kF32, dev).transpose(0, 1), ReduceOp::kSum); },
+      [&] {
+        pg->all_reduce(Tensor::Ones({2, 3}, kF32, dev).transpose(0, 1), ReduceOp::kSum);
+      },
       "all_reduce " + g + ": tensor of shape [3, 2] must be contiguous"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { pg->all_reduce(Tensor::Ones({4}, kU8, dev), ReduceOp::kMax); },
       "all_reduce " + g + ": tensor has unsupported dtype u8 (f32, f64, f16, bf16, i32, i64)"));
-  EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_reduce(Tensor::Ones({4}, kI32, dev), ReduceOp::kAvg); },
-      "all_reduce " + g + ": ReduceOp avg needs a floating dtype, got i32"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { pg->all_reduce(Tensor::Ones({4}, kI32, dev), ReduceOp::kAvg); },
+                         "all_reduce " + g + ": ReduceOp avg needs a floating dtype, got i32"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         pg->reduce_scatter(Tensor::Ones({4}, kF32, dev), Tensor::Ones({5}, kF32, dev),
@@ -326,7 +337,9 @@ TEST(NcclWorldOneTest, ArgumentErrorsThrowBeforeAnythingIsQueued) {
       "reduce_scatter " + g +
           ": input must hold 1 x 4 = 4 elements (output has shape [4]), got 5 (shape [5])"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_gather(Tensor::Ones({2, 3}, kF32, dev), Tensor::Ones({4}, kF32, dev)); },
+      [&] {
+        pg->all_gather(Tensor::Ones({2, 3}, kF32, dev), Tensor::Ones({4}, kF32, dev));
+      },
       "all_gather " + g +
           ": output must hold 1 x 4 = 4 elements (input has shape [4]), got 6 (shape [2, 3])"));
   EXPECT_TRUE(ThrowsErrorExactly(
@@ -335,9 +348,9 @@ TEST(NcclWorldOneTest, ArgumentErrorsThrowBeforeAnythingIsQueued) {
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { pg->all_gather(Tensor::Ones({4}, kF32, dev), Tensor::Ones({4})); },
       "all_gather " + g + ": input is on cpu, the group's tensors must be on cuda:0"));
-  EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->broadcast(Tensor::Ones({4}, kF32, dev), 1); },
-      "broadcast " + g + ": root 1 is not a rank of the group (size 1)"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { pg->broadcast(Tensor::Ones({4}, kF32, dev), 1); },
+                         "broadcast " + g + ": root 1 is not a rank of the group (size 1)"));
   if (cuda::DeviceCount() >= 2) {
     EXPECT_TRUE(ThrowsErrorExactly(
         [&] { pg->broadcast(Tensor::Ones({4}, kF32, Device::Cuda(1)), 0); },
@@ -377,7 +390,8 @@ TEST(NcclWorldOneTest, OrderedAfterTheCallersStreamAndHoldsTensorsUntilDone) {
 
   gate->open();
   // The compute stream waits for the all_gather (wait() above): reading orders after it.
-  ExpectValues(output, [](int64_t) { return 3; }, 0, "all_gather after the gate");
+  ExpectValues(
+      output, [](int64_t) { return 3; }, 0, "all_gather after the gate");
   TG_CUDA_CHECK(cudaStreamSynchronize(Nccl(pg).stream()));
   // Released lazily, by the next collective.
   Tensor other = Tensor::Ones({4}, kF32, Device::Cuda(0));
@@ -395,7 +409,8 @@ TEST(NcclWorldOneTest, WorkOutlivesTheGroup) {
   auto work = pg->all_reduce(t, ReduceOp::kMax);
   pg.reset();
   EXPECT_TRUE(work->wait().ok());
-  ExpectValues(t, [](int64_t i) { return Value(0, i, kBF16); }, 0, "after the group");
+  ExpectValues(
+      t, [](int64_t i) { return Value(0, i, kBF16); }, 0, "after the group");
   work.reset();  // the communicator goes with the last Work
 }
 
@@ -534,28 +549,103 @@ TEST(NcclMultiRankTest, EveryCollectiveAndDtypeAgainstTheCpu) {
   }
 }
 
+// f16 sums and averages go through f32 (nccl_process_group.cc, ReduceThroughF32): the f32 sum
+// (kAvg: times f32(1/size)) rounded to f16 once, on every world size. NCCL's ncclAvg on f16
+// multiplies each value by f16(1/size) and sums in f16: 2^-24 on 2 ranks became 0 (2^-25 rounds
+// to even), 3 ranks of 1.333984375 became 1.3330078125, and from 10 ranks on, 65504 on every
+// rank became inf (the sums of 6548 round up), so f16 DDP skipped steps that one process does
+// not; its f16 ncclSum rounds every partial sum.
+TEST(NcclMultiRankTest, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
+  SKIP_WITHOUT_GPUS(2);
+  for (int world = 2; world <= cuda::DeviceCount(); ++world) {
+    auto results = RunRanks(world, [](const Rank& me) {
+      auto pg = RankGroup("f16avg");
+      ASSERT_NE(pg, nullptr);
+      const int world = pg->size();
+      const double inf = std::numeric_limits<double>::infinity();
+      auto value = [&](int k, int r) -> double {
+        switch (k) {
+          case 0:
+            return 65504;  // the largest f16 on every rank
+          case 1:
+            return 40000;  // the f16 sum of 2 overflows (no average may)
+          case 2:
+            return std::ldexp(1.0, -24);  // the smallest f16 (premultiplied: 0)
+          case 3:
+            return 1.333984375;  // f16(1/3) and the f16 sums round
+          case 4:
+            return r == 0 ? 60000 : -30000;  // cancels
+          case 5:
+            return 1 + r * std::ldexp(1.0, -11);
+          default:
+            return r == 1 ? inf : 1;  // a rank overflowed: the average is inf
+        }
+      };
+      constexpr int kKinds = 7;
+      for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSum}) {
+        auto expected = [&](int64_t i) {
+          double sum = 0;
+          for (int r = 0; r < world; ++r) {
+            sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(kF16).item();
+          }
+          const float reduced = op == ReduceOp::kAvg
+                                    ? static_cast<float>(sum) * static_cast<float>(1.0 / world)
+                                    : static_cast<float>(sum);
+          return Tensor::Scalar(reduced, kF32).to(kF16).item();
+        };
+        // Exact equality (inf == inf; ExpectValues' relative tolerance would accept anything
+        // against inf).
+        auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+          const std::vector<double> v = got.to_vector<double>();
+          for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
+            EXPECT_EQ(v[j], expected(first + j)) << what << " " << ReduceOpName(op) << " on "
+                                                 << world << " ranks, element " << first + j;
+          }
+        };
+        const int64_t n = 3 * kKinds * world;
+        std::vector<double> mine(n);
+        for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
+        const Device dev = Device::Cuda(me.rank);
+        Tensor t = Tensor::FromVector(mine, {n}).to(dev, kF16);
+        ASSERT_TRUE(pg->all_reduce(t, op)->wait().ok());
+        check(t, 0, "all_reduce f16");
+        // reduce_scatter: rank r gets elements [r * 3 * kKinds, (r + 1) * 3 * kKinds).
+        Tensor in = Tensor::FromVector(mine, {n}).to(dev, kF16);
+        Tensor out = Tensor::Full({3 * kKinds}, -9, kF16, dev);
+        ASSERT_TRUE(pg->reduce_scatter(out, in, op)->wait().ok());
+        check(out, me.rank * 3 * kKinds, "reduce_scatter f16");
+      }
+    });
+    testing::ExpectAllSucceeded(results);
+  }
+}
+
 TEST(NcclMultiRankTest, RankThatSkipsACollectiveTimesOutTheOthers) {
   SKIP_WITHOUT_GPUS(2);
   RunOptions run;
   run.deadline = absl::Seconds(120);
-  auto results = RunRanks(2, [](const Rank& me) {
-    NcclOptions options;
-    options.blocking_wait = true;
-    auto pg = RankGroup("desync", options, absl::Seconds(20));
-    ASSERT_NE(pg, nullptr);
-    Tensor t = RankTensor(me.rank, 1024, kF32, me.rank);
-    ASSERT_TRUE(pg->all_reduce(t, ReduceOp::kSum)->wait().ok());  // connected and working
-    if (me.rank == 1) {
-      absl::SleepFor(absl::Seconds(6));  // skips the next all_reduce, outlives rank 0's wait
-      return;
-    }
-    const absl::Status s = pg->all_reduce(t, ReduceOp::kSum)->wait(absl::Seconds(3));
-    EXPECT_EQ(s, absl::DeadlineExceededError(
-                     "all_reduce on group 'desync' (rank 0 of 2, nccl): did not complete within "
-                     "3s (a peer exited, hung or did not issue the same collective); the NCCL "
-                     "communicator was aborted"));
-    EXPECT_EQ(pg->broadcast(t, 0)->wait(), s);
-  }, run);
+  auto results = RunRanks(
+      2,
+      [](const Rank& me) {
+        NcclOptions options;
+        options.blocking_wait = true;
+        auto pg = RankGroup("desync", options, absl::Seconds(20));
+        ASSERT_NE(pg, nullptr);
+        Tensor t = RankTensor(me.rank, 1024, kF32, me.rank);
+        ASSERT_TRUE(pg->all_reduce(t, ReduceOp::kSum)->wait().ok());  // connected and working
+        if (me.rank == 1) {
+          absl::SleepFor(absl::Seconds(6));  // skips the next all_reduce, outlives rank 0's wait
+          return;
+        }
+        const absl::Status s = pg->all_reduce(t, ReduceOp::kSum)->wait(absl::Seconds(3));
+        EXPECT_EQ(s,
+                  absl::DeadlineExceededError(
+                      "all_reduce on group 'desync' (rank 0 of 2, nccl): did not complete within "
+                      "3s (a peer exited, hung or did not issue the same collective); the NCCL "
+                      "communicator was aborted"));
+        EXPECT_EQ(pg->broadcast(t, 0)->wait(), s);
+      },
+      run);
   testing::ExpectAllSucceeded(results);
 }
 

@@ -908,6 +908,10 @@ TEST(ZeroTest, ErrorsNameTheProblem) {
   bad_stage.stage = 4;
   EXPECT_TRUE(ThrowsErrorExactly([&] { make(bad_stage); },
                                  "ZeroOptimizer: stage must be 1, 2 or 3, got 4"));
+  ZeroOptions bad_op;
+  bad_op.reduce_op = ReduceOp::kMax;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { make(bad_op); },
+                                 "ZeroOptimizer: reduce_op must be avg or sum, got max"));
   ZeroOptions no_module;
   no_module.stage = 3;
   EXPECT_TRUE(ThrowsErrorExactly(

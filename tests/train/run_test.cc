@@ -317,6 +317,38 @@ TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
             "deepspeed_legacy, apex or none)");
 }
 
+// With accumulation, the backward runs on loss / (micro_batches * summed_ranks): tools/train's
+// f16 data parallel divides each rank's loss by the world size and sums the gradients, so that
+// the backward sees the per-row values of one process. The reported loss stays the loss.
+TEST(TrainStepTest, BackwardOnLossOverMicroBatchesTimesSummedRanks) {
+  Variable w(Tensor::FromVector(std::vector<float>{1, 2}, {2}), true);
+  const Variable c(Tensor::FromVector(std::vector<float>{3, 4}, {2}));
+  OptimizerConfig sgd;
+  sgd.name = "sgd";
+  sgd.momentum = 0;
+  auto opt = *MakeMixedPrecisionOptimizer({w}, sgd, PrecisionConfig{});
+  optim::ConstantLr schedule(opt->optimizer());
+  Accumulation accumulation;
+  accumulation.micro_batches = 2;
+  accumulation.summed_ranks = 4;
+  const StepStats stats = TrainStep(
+      *opt, schedule, kF32, 0, [&](int64_t) { return Sum(Mul(w, c)); }, accumulation);
+  EXPECT_EQ(stats.loss, 11);
+  EXPECT_EQ(stats.grad_norm, 1.25);  // |c| / 4: two micro-batches of c / 8
+  accumulation.summed_ranks = 0;
+  EXPECT_THROW(
+      {
+        try {
+          TrainStep(
+              *opt, schedule, kF32, 0, [&](int64_t) { return Sum(Mul(w, c)); }, accumulation);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(), "TrainStep: summed_ranks must be >= 1, got 0");
+          throw;
+        }
+      },
+      Error);
+}
+
 // A one-layer model with its optimizer and schedule, checkpointed after `steps` steps.
 struct TinyRun {
   Generator gen{0};

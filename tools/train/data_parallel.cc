@@ -87,8 +87,23 @@ void DataParallel::Wrap(std::shared_ptr<nn::Module> model,
                         std::vector<std::shared_ptr<nn::Module>> zero_units) {
   model_ = model;
   zero_units_ = std::move(zero_units);
+  // f16 (dynamic loss scaling): every rank's backward starts from loss / world_size and DDP or
+  // ZeRO sums, so that each row's backward values are those of one process on the global batch.
+  // With the local mean loss and an average after, they are world_size times larger, and at a
+  // loss scale near f16's limit a rank's backward overflows where one process's does not (one
+  // epoch of the f16 MLP on 4 ranks skipped step 13, one process step 25). The sum (in f32,
+  // rounded once) then equals the average of before. f32 and bf16 keep the average, bit for bit
+  // as before (dividing the seed by a world size that is not a power of two rounds differently).
+  sum_gradients_ = false;
+  if (group_ != nullptr) {
+    for (const Variable& p : model->parameters()) {
+      if (p.requires_grad() && p.dtype() == kF16) sum_gradients_ = true;
+    }
+  }
   if (group_ != nullptr && zero_stage_ == 0) {
-    ddp_ = std::make_unique<dist::DistributedDataParallel>(std::move(model), group_);
+    dist::DdpOptions options;
+    if (sum_gradients_) options.reduce_op = dist::ReduceOp::kSum;
+    ddp_ = std::make_unique<dist::DistributedDataParallel>(std::move(model), group_, options);
   }
 }
 
@@ -110,6 +125,7 @@ absl::StatusOr<std::unique_ptr<amp::TrainingOptimizer>> DataParallel::MakeOptimi
   if (!mp.ok()) return mp.status();
   dist::ZeroOptions zo;
   zo.stage = zero_stage_;
+  if (sum_gradients_) zo.reduce_op = dist::ReduceOp::kSum;  // see Wrap
   zo.mixed_precision = std::move(*mp);
   if (zero_stage_ == 3) {
     zo.module = model_;
@@ -147,6 +163,7 @@ RunState::Sharding DataParallel::sharding() const {
 Accumulation DataParallel::accumulation() {
   Accumulation a;
   a.micro_batches = grad_accum_steps_;
+  if (sum_gradients_) a.summed_ranks = world_size_;
   if (ddp_ != nullptr) {
     dist::DistributedDataParallel* ddp = ddp_.get();
     a.sync_scope = [ddp](bool sync, const std::function<void()>& body) {

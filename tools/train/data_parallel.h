@@ -77,11 +77,15 @@ class DataParallel {
   bool sharded_parameters() const { return zero_stage_ == 3; }
 
   // Stage 0: wraps the model in DistributedDataParallel (rank 0's weights broadcast); no-op for
-  // one process. Stages 1-3 keep the model for MakeOptimizer; stage 3 gathers the parameters of
-  // each of `zero_units` (inner ones first, ZeroOptions::units) around its forward, by default
-  // of each module that owns parameters (wrong for a model that uses a child's parameter outside
-  // the child's forward, e.g. a GPT's tied embedding: give its blocks and then the model).
-  // Call before building the optimizer.
+  // one process. A model with f16 parameters gets DDP (or ZeRO) with ReduceOp::kSum, and
+  // accumulation() then divides each rank's loss by the world size before its backward (the
+  // per-row gradients of one process on the global batch: f16 overflows, and so skipped steps,
+  // as in one process).
+  // Stages 1-3 keep the model for MakeOptimizer; stage 3 gathers the parameters of each of
+  // `zero_units` (inner ones first, ZeroOptions::units) around its forward, by default of each
+  // module that owns parameters (wrong for a model that uses a child's parameter outside the
+  // child's forward, e.g. a GPT's tied embedding: give its blocks and then the model). Call before
+  // building the optimizer.
   void Wrap(std::shared_ptr<nn::Module> model,
             std::vector<std::shared_ptr<nn::Module>> zero_units = {});
   // The training optimizer over the wrapped model's parameters: a MixedPrecisionOptimizer
@@ -128,6 +132,7 @@ class DataParallel {
   std::FILE* log_ = stderr;
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;
+  bool sum_gradients_ = false;  // f16: backward on loss / world_size, gradients summed
   int zero_stage_ = 0;
   int64_t grad_accum_steps_ = 1;
   std::shared_ptr<nn::Module> model_;

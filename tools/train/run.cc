@@ -421,6 +421,9 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
                     const Accumulation& accumulation) {
   const int64_t n = accumulation.micro_batches;
   TG_CHECK(n >= 1, "TrainStep: micro_batches must be >= 1, got ", n);
+  TG_CHECK(accumulation.summed_ranks >= 1, "TrainStep: summed_ranks must be >= 1, got ",
+           accumulation.summed_ranks);
+  const int64_t divisor = n * accumulation.summed_ranks;
   StepStats stats;
   stats.lr = opt.optimizer().param_groups()[0].options.at("lr");
   opt.zero_grad();
@@ -437,7 +440,8 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
       // One micro-batch: the loss as it is (bit for bit the unaccumulated step).
       amp::MasterBackwardOptions options;
       options.update_master_grads = last || !defer;
-      opt.backward(n == 1 ? loss : MulScalar(loss, 1.0 / static_cast<double>(n)), options);
+      opt.backward(divisor == 1 ? loss : MulScalar(loss, 1.0 / static_cast<double>(divisor)),
+                   options);
       loss_sum += loss.item();
     };
     if (accumulation.sync_scope && defer) {

@@ -125,6 +125,11 @@ struct StepStats {
 // Gradient accumulation: one optimizer step over `micro_batches` forward/backward passes.
 struct Accumulation {
   int64_t micro_batches = 1;  // >= 1
+  // Data-parallel ranks whose gradients are summed (DDP with ReduceOp::kSum), >= 1: each rank's
+  // backward runs on loss / (micro_batches * summed_ranks), the seed that one process on the
+  // global batch gives each row, so the backward's per-row values (and their f16 overflows) are
+  // that process's. 1 without data parallelism or when the gradients are averaged.
+  int64_t summed_ranks = 1;
   // Runs `body` (one micro-batch's forward and backward) with the data-parallel gradient
   // synchronisation off when `sync` is false (DDP's no_sync); null: body() as it is.
   std::function<void(bool sync, const std::function<void()>& body)> sync_scope;
@@ -136,9 +141,9 @@ struct Accumulation {
 StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
                     double max_grad_norm, const std::function<Variable()>& loss_fn);
 // With accumulation: `loss_fn(k)` is the mean loss of micro-batch k (of equal sizes), and the
-// backward runs on loss / micro_batches, so the master gradients end as the gradient of the
-// mean over all micro-batches (the large batch, within f32 rounding); one clip, one step and one
-// scaler update follow. Where the optimizer can defer (can_defer_master_grads: the
+// backward runs on loss / micro_batches (/ summed_ranks), so the master gradients end as the
+// gradient of the mean over all micro-batches (the large batch, within f32 rounding); one clip, one
+// step and one scaler update follow. Where the optimizer can defer (can_defer_master_grads: the
 // MixedPrecisionOptimizer, ZeRO stage 1), every micro-batch but the last accumulates in the
 // model's .grad without synchronisation (sync_scope(false, ...)) and the last one reduces and
 // unscales the sum once, as DDP's no_sync; ZeRO stage 2/3 reduce every micro-batch into the
