@@ -385,6 +385,16 @@ int Main() {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
+    // A text run's ids are indices into its characters: text with other characters (allowed by
+    // --override=data, and possible with the same count) would give every id another meaning.
+    if (tokenizer && meta["vocab"] != tokenizer->vocab()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", ckpt_dir, ": the checkpoint's characters (metadata 'vocab', ",
+          meta["vocab"].size(), " bytes) differ from those of ", data_path, " (",
+          tokenizer->vocab().size(),
+          " bytes): its token ids would stand for other characters; resume with text made of "
+          "the same characters")));
+    }
     // The generators' states; their seeds must be this run's (the offset is any position).
     auto generator_state = [&](const char* key,
                                uint64_t gen_seed) -> absl::StatusOr<Generator::State> {

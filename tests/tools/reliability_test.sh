@@ -160,6 +160,12 @@ expect changed_wd 1 \
 expect changed_dropout 1 \
   "train_gpt: cannot resume from $ckpt: the checkpoint was written with dropout=0, this run has dropout=0.1 (pass --override=dropout to continue with the new value)" \
   -- "${run8[@]}" --resume --dropout=0.1
+# Text of as many distinct characters but other ones ('q' -> 'Q'): the same ids would stand for
+# other characters, so --override=data does not make it resumable.
+sed 's/q/Q/g' "$text" >"$tmp/text_Q.txt"
+expect other_characters 1 \
+  "train_gpt: cannot resume from $ckpt: the checkpoint's characters (metadata 'vocab', 38 bytes) differ from those of $tmp/text_Q.txt (38 bytes): its token ids would stand for other characters; resume with text made of the same characters" \
+  -- "${run8[@]}" --resume --data="$tmp/text_Q.txt" --override=data
 expect fixed_setting 1 \
   "train_gpt: --override=loss_scaler: 'loss_scaler' cannot change when resuming (settings that can: data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, grad_clip)" \
   -- "${run8[@]}" --resume --override=loss_scaler
