@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # The layering check of the test command (tools/test.sh runs it): every dependency between two
-# targets of this workspace must point down the package order of ../shared/DESIGN.md, read from
+# targets of this workspace must point down the package order of docs/architecture.md, read from
 # the BUILD files with `bazel query`. Prints each violation as "//from:target -> //to:target
 # (from_package above/below to_package)" and exits 1 if there is any, 0 otherwise.
 #
 #   tools/check_layering.sh     # "layering: OK (N dependencies between packages checked)"
 #
 # The order, bottom to top; a target may depend on targets of its own floor or of floors below:
-#   tools/bazel < tensor < autograd < optim < amp < nn < distributed < tools < tests
-# DESIGN.md puts amp and optim on one floor ({amp, optim}); the true order is optim below amp,
-# since amp's MixedPrecisionOptimizer wraps an optim::Optimizer (and uses optim's clipping),
-# while optim needs nothing of amp. tests/ may depend on anything. A package is its top-level
-# directory (tensor/cuda and tensor/io are tensor, nn/models is nn), except tools/bazel: the
-# build's own configuration (config_settings such as cpu_only, the CUDA constraint, the malloc)
-# is below everything, as Bazel's own rules are. A top-level package missing from the order is
+#   data < tools/bazel < tensor < autograd < optim < amp < nn < distributed < tools < tests
+# optim is below amp, since amp's MixedPrecisionOptimizer wraps an optim::Optimizer (and uses
+# optim's clipping), while optim needs nothing of amp. tests/ may depend on anything. A package is
+# its top-level directory (tensor/cuda and tensor/io are tensor, nn/models is nn), except
+# tools/bazel: the build's own configuration (config_settings such as cpu_only, the CUDA
+# constraint, the malloc) is below everything, as Bazel's own rules are. data/ holds files only
+# (filegroups of the texts that ship with the repository), so it is the bottom floor. A top-level package missing from the order is
 # reported, so a new package must be placed here.
 # Edges come from the deps of every rule (select() branches included, implicit toolchain deps
 # excluded); external repositories (@absl, @cuda, ...) are not checked.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-readonly ORDER=(tools/bazel tensor autograd optim amp nn distributed tools tests)
+readonly ORDER=(data tools/bazel tensor autograd optim amp nn distributed tools tests)
 
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT
