@@ -10,6 +10,7 @@
 # - an attention too large for memory (--block_size=100000 under a 6 GB address-space limit)
 #   exits 1 with the out-of-memory error, not an abort.
 set -uo pipefail
+source tests/skip.sh  # relative to the runfiles root, where Bazel runs the test
 
 train_gpt="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -93,7 +94,7 @@ echo "== out of memory"
 # The address-space limit makes the failure the same on every machine (overcommit settings, RAM);
 # AddressSanitizer's shadow memory cannot live under it, so a sanitized build skips this case.
 if grep -qa __asan_init "$train_gpt"; then
-  echo "skip attention_oom: an AddressSanitizer build cannot run under ulimit -v"
+  skip_part "attention_oom: an AddressSanitizer build cannot run under ulimit -v"
 else
   yes ab | head -c 100100 >"$tmp/long.txt"
   expect attention_oom 1 "train_gpt: CPU allocator: out of memory allocating 40000000000 bytes (a kernel's scratch buffer)" -- \
