@@ -1,7 +1,7 @@
 // Trains a GPT (a tiny character-level one by default) on a text file or on llm.c token shards,
 // evaluates on held-out tokens, and prints a sample at the end.
 //
-//   bazel run -c opt //tools:train_gpt -- --data=../shared/data/tinyshakespeare.txt
+//   bazel run -c opt //tools:train_gpt -- --data=data/tinyshakespeare.txt
 //   bazel run -c opt //tools:train_gpt -- --data=train.bin --val_data=val.bin --n_layer=12 ...
 //   bazel run -c opt //tools:train_gpt -- --data=... --precision=bf16 --checkpoint_dir=ckpt
 //   bazel run -c opt //tools:train_gpt -- --init_from=gpt2_124M.bin --data=train.bin \

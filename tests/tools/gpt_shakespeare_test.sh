@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# Acceptance: the default tiny GPT trained by train_gpt on tiny Shakespeare (1500 steps of 32 x 64
-# characters, a few minutes on 2 cores) reaches a validation loss below 2.0 nats per character.
-# The text is ../shared/data/tinyshakespeare.txt next to the repository (found through this
-# script's real path) or $TINYSHAKESPEARE; without it the test says so and passes.
+# Convergence check of the suite: train_gpt's default tiny GPT (2 layers, 64 wide, context 64) on
+# the tiny Shakespeare text that ships with the repository (data/tinyshakespeare.txt, a data
+# dependency of this target) for STEPS steps of 16 x 64 characters (lr 6e-3, a shorter warmup
+# than the defaults' 100 steps) must reach a validation loss below THRESHOLD nats per character.
+# For scale: a model that knows nothing scores ln(65) = 4.17, the best unigram (character
+# frequency) model 3.35 and the best bigram model 2.48 on this split, so a loss below 2.45 means
+# the transformer uses more than the previous character. Measured: 2.37 (2.45 at step 200).
+# 307k training tokens and one evaluation: about 20 s on 2 quiet cores, under 2 minutes at a
+# fifth of that speed and 7 minutes with 15 processes on the 2 cores, against the long timeout
+# (900 s). The full 1500-step run (below 2.0) is tools/bench/gpt_shakespeare.sh. A missing text
+# fails the test; it never passes by skipping.
 set -euo pipefail
 
 train_gpt="$1"
-script_dir="$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")"
-text="${TINYSHAKESPEARE:-$script_dir/../../../shared/data/tinyshakespeare.txt}"
+text="$2"
+readonly STEPS=300 THRESHOLD=2.45
 if [ ! -f "$text" ]; then
-  echo "skip: $text not found (set TINYSHAKESPEARE to its path)"
-  exit 0
+  echo "FAIL: the text $text is missing (it ships with the repository as data/tinyshakespeare.txt)"
+  exit 1
 fi
 log="${TEST_TMPDIR:-/tmp}/gpt.log"
-"$train_gpt" --data="$text" --print_every=250 --sample_tokens=200 >"$log" 2>&1
-grep -E "val loss|step .*/" "$log" | tail -8
-val=$(sed -n 's/^val loss \([0-9.]*\) after.*/\1/p' "$log")
-echo "final val loss: $val"
-awk -v v="$val" 'BEGIN { exit !(v != "" && v < 2.0) }'
+"$train_gpt" --data="$text" --steps="$STEPS" --batch_size=16 --lr=6e-3 --warmup_steps=30 \
+  --eval_every="$STEPS" --print_every=50 --sample_tokens=100 >"$log" 2>&1 ||
+  { cat "$log"; exit 1; }
+grep -E "val loss|^step .*/" "$log"
+val=$(sed -n "s/^val loss \([0-9.]*\) after $STEPS steps, 0 skipped$/\1/p" "$log")
+echo "final val loss: ${val:-none} (must be below $THRESHOLD)"
+awk -v v="$val" -v t="$THRESHOLD" 'BEGIN { exit !(v != "" && v < t) }'
