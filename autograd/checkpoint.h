@@ -9,7 +9,7 @@
 //       {x}, tg::CheckpointOptions{/*reentrant=*/false, /*generators=*/{&dropout_gen}});
 //   tg::Sum(h).backward();     // recomputes the segment once, with the same dropout mask
 //
-// Two modes (DESIGN.md, autograd), with PyTorch's torch.utils.checkpoint semantics:
+// Two modes (docs/architecture.md, autograd), with PyTorch's torch.utils.checkpoint semantics:
 //
 // - Reentrant (use_reentrant=True): a custom Function ("CheckpointBackward") whose forward runs
 //   `fn` under no-grad, and whose backward recomputes `fn` under grad on detached inputs and

@@ -20,7 +20,7 @@
 //   };
 //   tg::Variable y = Cube::Apply({x})[0];   // y.grad_fn()->name() == "CubeBackward"
 //
-// Semantics follow PyTorch where DESIGN.md is silent:
+// Semantics follow PyTorch where docs/architecture.md is silent:
 // - Backward runs with grad mode == create_graph, so a Backward composed of differentiable
 //   ops gives higher-order gradients; it may call Engine::Backward itself (a nested task).
 // - Gradients of outputs that received none (or are non-differentiable) arrive as zeros

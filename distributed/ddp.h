@@ -2,7 +2,7 @@
 // a ProcessGroup. Each rank runs forward and backward on its own slice of the global batch; the
 // gradients are averaged across ranks bucket by bucket while the backward is still running, so
 // that after backward() every rank holds the gradient of the mean loss over the global batch and
-// the optimizers of all ranks take the same step (DESIGN.md, distributed).
+// the optimizers of all ranks take the same step (docs/architecture.md, distributed).
 //
 //   auto pg = tg::dist::InitProcessGroup().value();
 //   auto model = std::make_shared<tg::nn::Mlp>(sizes, gen, tg::nn::Mlp::Options{});

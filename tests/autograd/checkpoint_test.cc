@@ -1,6 +1,6 @@
 // Activation checkpointing (autograd/checkpoint.h), both modes: gradients equal those without
 // checkpointing bit for bit, randomness is replayed, the graph-task phases of hooks and
-// callbacks (DESIGN.md: autograd; amp's callback from the first hook of the outermost
+// callbacks (docs/architecture.md, autograd; amp's callback from the first hook of the outermost
 // backward), Grad()/inputs= behaviour, retain_graph, and the recomputation checks.
 #include "autograd/checkpoint.h"
 

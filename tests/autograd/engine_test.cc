@@ -1,5 +1,6 @@
-// The engine's contracts (DESIGN.md, autograd): graph-task ids, queued callbacks, reentrant
-// backward, hook order, retain_graph, grad() and backward(inputs=), grad mode in backward.
+// The engine's contracts (docs/architecture.md, autograd): graph-task ids, queued callbacks,
+// reentrant backward, hook order, retain_graph, grad() and backward(inputs=), grad mode in
+// backward.
 #include "autograd/engine.h"
 
 #include <string>

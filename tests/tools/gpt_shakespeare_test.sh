@@ -6,9 +6,9 @@
 # For scale: a model that knows nothing scores ln(65) = 4.17, the best unigram (character
 # frequency) model 3.35 and the best bigram model 2.48 on this split, so a loss below 2.45 means
 # the transformer uses more than the previous character. Measured: 2.37 (2.45 at step 200).
-# 307k training tokens and one evaluation: about 20 s on 2 quiet cores, under 2 minutes at a
-# fifth of that speed and 7 minutes with 15 processes on the 2 cores, against the long timeout
-# (900 s). The full 1500-step run (below 2.0) is tools/bench/gpt_shakespeare.sh. A missing text
+# 307k training tokens and one evaluation: about 20 s on 2 quiet cores (at the 15k tokens/s of
+# the 1500-step run), 100 s measured with a load average of 8 to 11 on the 2 cores and 7 minutes
+# with two runs among 15 processes, against the long timeout (900 s). The full 1500-step run (below 2.0) is tools/bench/gpt_shakespeare.sh. A missing text
 # fails the test; it never passes by skipping.
 set -euo pipefail
 
