@@ -404,6 +404,16 @@ TEST(Trace, DeepReentrantBackwardHandsOffAndKeepsTracing) {
   EXPECT_EQ(handoffs, 1);
   EXPECT_EQ(begins, depth + 1);
   EXPECT_TRUE(other_thread);
+  // The hand-off thread is named after the task it continues.
+  int64_t handed_off = -1;
+  for (const TraceRecord& e : events) {
+    if (e.kind == TraceKind::kHandOff) handed_off = e.task;
+  }
+  EXPECT_THAT(
+      trace.thread_names(),
+      ElementsAre(std::pair<int, std::string>(events[0].thread, "backward"),
+                  ::testing::Pair(::testing::Ne(events[0].thread),
+                                  absl::StrCat("backward hand-off (task ", handed_off, ")"))));
 }
 
 TEST(Trace, ChromeJsonAndTextExports) {
