@@ -4,6 +4,7 @@
 #include <any>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,12 +39,16 @@ void TracedRecompute(const char* mode, Body&& body) {
 // recomputed by a non-reentrant checkpoint, for BackwardGraphToDot. Sequence numbers count per
 // thread and fn ran on this one, so the range is exactly fn's nodes; the walk stops at older
 // nodes (the inputs' history) and leaves (AccumulateGrad's kRunFirst is outside the range).
+// A node inside a nested checkpoint is marked already but still walked through: the outer
+// segment's nodes created before the inner checkpoint lie below it. The mark lives in the
+// node's Extras (one small allocation per segment node, at forward time).
 void MarkRecomputed(const Variable& out, uint64_t first) {
   const uint64_t end = Node::next_sequence_nr();
   std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
   auto visit = [&](Node* n) {
     if (n == nullptr || n->sequence_nr() < first || n->sequence_nr() >= end ||
-        n->recomputed_by_checkpoint()) {
+        !seen.insert(n).second) {
       return;
     }
     n->MarkRecomputedByCheckpoint();

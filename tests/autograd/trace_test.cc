@@ -526,5 +526,26 @@ TEST(GraphDot, MarksTheNodesANonReentrantCheckpointRecomputes) {
                 "}\n");
 }
 
+TEST(GraphDot, NestedCheckpointsMarkTheOuterSegmentBelowTheInnerOne) {
+  Variable x = Leaf({1, 2}, "x");
+  CheckpointOptions options;
+  options.reentrant = false;
+  Variable h = Checkpoint(
+      [&options](const VariableList& in) {
+        Variable a = Exp(in[0]);  // outer segment, below the inner checkpoint
+        Variable b = Checkpoint([](const VariableList& v) { return Tanh(v[0]); }, {a}, options);
+        return Sum(b);
+      },
+      {x}, options);
+  const Node* sum = h.grad_fn().get();
+  const Node* tanh = sum->next_edges()[0].fn.get();
+  const Node* exp = tanh->next_edges()[0].fn.get();
+  EXPECT_EQ(exp->name(), "ExpBackward");
+  EXPECT_TRUE(sum->recomputed_by_checkpoint());
+  EXPECT_TRUE(tanh->recomputed_by_checkpoint());
+  EXPECT_TRUE(exp->recomputed_by_checkpoint());
+  EXPECT_FALSE(exp->next_edges()[0].fn->recomputed_by_checkpoint());  // x's AccumulateGrad
+}
+
 }  // namespace
 }  // namespace tg
