@@ -89,7 +89,9 @@ ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens, 0..vocabular
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 500,
           "checkpoint every N >= 0 steps and at the end (0: at the end only)");
-ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
+          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
+          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
@@ -105,9 +107,10 @@ ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
 ABSL_FLAG(bool, cudnn_attention, true,
           "CUDA: cuDNN's fused attention where it applies (false: the cuBLASLt composition)");
-ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
-          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, world_size, 0,
+          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
+          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
+          "explicit value must match the launcher's)");
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
@@ -175,7 +178,7 @@ absl::Status CheckFlags() {
       {"checkpoint_every", count(FLAGS_checkpoint_every), 0, kMaxCount},
       {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
       {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", count(FLAGS_world_size), 1, 65536},
+      {"world_size", count(FLAGS_world_size), 0, 65536},
       {"rank", count(FLAGS_rank), -1, 65535},
       {"zero_stage", count(FLAGS_zero_stage), 0, 3},
       {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
@@ -201,6 +204,18 @@ int Main() {
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
+  // ranks on this node; tools/train/threads.h), and what --resume decided.
+  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
+  if (!restart_count.ok()) return Fail(restart_count.status());
+  std::string resume_line;
+  absl::StatusOr<bool> resume_or =
+      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
+  if (!resume_or.ok()) return Fail(resume_or.status());
+  const bool resume = *resume_or;
+  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
 
   // ---- Pretrained weights (their shape fixes the model's).
   std::optional<nn::Gpt2Checkpoint> init;
@@ -335,13 +350,14 @@ int Main() {
   settings.Add("beta2", opt_config.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
-                                {absl::StrCat("train_tokens=", batches.num_tokens()),
+                                {absl::StrCat("resume=", resume ? "yes" : "no"),
+                                 absl::StrCat("train_tokens=", batches.num_tokens()),
                                  absl::StrCat("val_tokens=", val.num_tokens()),
                                  absl::StrCat("zero_stage=", dp.zero_stage()),
                                  absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
@@ -358,16 +374,14 @@ int Main() {
   }
   units.push_back(model);
   dp.Wrap(model, units);  // before the optimizer: DDP's gradient epilogue runs before its own
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+  if (resume && dp.sharded_parameters()) {
     // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
     if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
         !s.ok()) {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
@@ -381,7 +395,7 @@ int Main() {
   train::RunState run(*model, opt, schedule, settings, total_steps);
   run.set_sharding(dp.sharding());
   std::vector<std::string> changes;
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
@@ -432,8 +446,7 @@ int Main() {
   std::optional<train::MetricsWriter> metrics;
   if (absl::Status s = train::OpenMetrics(
           dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-          {"val_loss"}, &metrics);
+          resume ? std::optional<int64_t>(run.step()) : std::nullopt, {"val_loss"}, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -453,7 +466,7 @@ int Main() {
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
   } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
     divergence.set_loaded_from(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), 0);
@@ -559,6 +572,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
+  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

@@ -16,6 +16,7 @@
 #include <new>
 #include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -176,18 +177,19 @@ absl::StatusOr<std::vector<std::string>> RunSettings::CheckResume(
   for (const Setting& s : items_) {
     auto it = metadata.find(absl::StrCat(kSettingPrefix, s.name));
     if (it == metadata.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint does not record the setting '", s.name,
-          "' (written by another program or an older version)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot resume from ", dir, ": the checkpoint does not record the setting '",
+                       s.name, "' (written by another program or an older version)"));
     }
     if (it->second == s.value) continue;
     const bool allowed = std::find(overrides.begin(), overrides.end(), s.name) != overrides.end();
     if (!allowed) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=",
-          it->second, ", this run has ", s.name, "=", s.value,
-          s.fixed ? " (this setting cannot change when resuming)"
-                  : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
+          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=", it->second,
+          ", this run has ", s.name, "=", s.value,
+          s.fixed
+              ? " (this setting cannot change when resuming)"
+              : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
     }
     changes.push_back(absl::StrCat(s.name, " ", it->second, " -> ", s.value));
   }
@@ -227,6 +229,81 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
   if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
 }
 
+bool AbslParseFlag(absl::string_view text, ResumeFlag* flag, std::string* error) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "true" || t == "1" || t == "yes" || t == "t" || t == "y") {
+    flag->mode = ResumeFlag::Mode::kYes;
+  } else if (t == "false" || t == "0" || t == "no" || t == "f" || t == "n") {
+    flag->mode = ResumeFlag::Mode::kNo;
+  } else if (t == "auto") {
+    flag->mode = ResumeFlag::Mode::kAuto;
+  } else {
+    *error = "expected true, false or auto (resume when the checkpoint exists, else start fresh)";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(ResumeFlag flag) {
+  switch (flag.mode) {
+    case ResumeFlag::Mode::kYes:
+      return "true";
+    case ResumeFlag::Mode::kAuto:
+      return "auto";
+    case ResumeFlag::Mode::kNo:
+      break;
+  }
+  return "false";
+}
+
+void NormalizeResumeArgs(int argc, char** argv) {
+  static char kTrue[] = "--resume=true";
+  static char kFalse[] = "--resume=false";
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--resume" || arg == "-resume") argv[i] = kTrue;
+    if (arg == "--noresume" || arg == "-noresume") argv[i] = kFalse;
+  }
+}
+
+absl::StatusOr<int> ElasticRestartCount() {
+  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (v == nullptr || *v == '\0') return 0;
+  int n;
+  if (!absl::SimpleAtoi(v, &n) || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("TORCHELASTIC_RESTART_COUNT='", v,
+                                                   "' is not a restart count (an integer >= 0)"));
+  }
+  return n;
+}
+
+absl::StatusOr<bool> DecideResume(ResumeFlag flag, const std::string& checkpoint_dir,
+                                  int restart_count, std::string* line) {
+  line->clear();
+  if (flag.mode == ResumeFlag::Mode::kYes) return true;
+  if (flag.mode == ResumeFlag::Mode::kAuto && checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume=auto needs --checkpoint_dir (where the checkpoint is looked for)");
+  }
+  if (checkpoint_dir.empty()) return false;
+  const std::string path = CheckpointPath(checkpoint_dir);
+  struct stat info;
+  const bool exists = stat(path.c_str(), &info) == 0;
+  if (flag.mode == ResumeFlag::Mode::kAuto) {
+    *line = exists ? absl::StrCat("--resume=auto: resuming from ", path)
+                   : absl::StrCat("--resume=auto: no checkpoint at ", path, ", starting fresh");
+    return exists;
+  }
+  if (restart_count > 0 && exists) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restart ", restart_count, " of an elastic run (TORCHELASTIC_RESTART_COUNT=", restart_count,
+        ") would start at step 0 and overwrite ", path,
+        ": pass --resume=auto to resume from it when it exists"));
+  }
+  return false;
+}
+
 absl::Status PrepareCheckpointDir(const std::string& dir) {
   if (dir.empty()) return absl::OkStatus();
   // mkdir -p: each prefix ending before a '/', then the whole path.
@@ -234,8 +311,8 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string prefix = dir.substr(0, i);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ",
-                                                     prefix));
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ", prefix));
     }
   }
   struct stat info;
