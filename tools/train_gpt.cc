@@ -381,7 +381,8 @@ int Main() {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;

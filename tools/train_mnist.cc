@@ -259,7 +259,8 @@ int Main() {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
@@ -327,9 +328,11 @@ int Main() {
     progress.Println(absl::StrCat("resuming with changed settings (--override): ",
                                   absl::StrJoin(changes, ", ")));
   }
-  progress.Println(absl::StrCat(
-      model->to_string(), "training ", settings.ToString(), ": ", total_steps, " steps",
-      run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
+  progress.Println(absl::StrCat(model->to_string(), "training ", settings.ToString(), ": ",
+                                total_steps, " steps",
+                                run.step() > 0
+                                    ? absl::StrCat(", resuming after step ", run.step())
+                                    : ""));
 
   // ---- Training.
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,

@@ -108,7 +108,8 @@ TEST(RunSettingsTest, ChangedSettingIsRefusedUnlessOverridden) {
   EXPECT_EQ(refused.status().message(),
             "cannot resume from ckpt: the checkpoint was written with lr=0.001, this run has "
             "lr=0.002 (pass --override=lr to continue with the new value)");
-  absl::StatusOr<std::vector<std::string>> overrides = now.ParseOverrides("lr", /*resume=*/true);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      now.ParseOverrides("lr", /*resume=*/true);
   ASSERT_TRUE(overrides.ok());
   absl::StatusOr<std::vector<std::string>> allowed = now.CheckResume("ckpt", saved, *overrides);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
@@ -169,8 +170,8 @@ TEST(PrepareCheckpointDirTest, RefusesAPathThroughAFile) {
   std::ofstream(file) << "x";
   const absl::Status s = PrepareCheckpointDir(file + "/ckpt");
   EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.message(),
-            "--checkpoint_dir=" + file + "/ckpt: cannot create " + file + "/ckpt: Not a directory");
+  EXPECT_EQ(s.message(), "--checkpoint_dir=" + file + "/ckpt: cannot create " + file +
+                             "/ckpt: Not a directory");
   EXPECT_EQ(PrepareCheckpointDir(file).message(),
             "--checkpoint_dir=" + file + ": exists and is not a directory");
   EXPECT_TRUE(PrepareCheckpointDir("").ok());
@@ -427,16 +428,13 @@ TEST_F(ResumeValidationTest, ValidCheckpointResumes) {
 
 TEST_F(ResumeValidationTest, BadStepIsRefusedNamingKeyAndValue) {
   const std::string at = "cannot resume from " + dir_ + ": ";
-  for (const auto& [value, text] : std::vector<std::pair<double, std::string>>{{NAN, "nan"},
-                                                                               {1e300, "1e+300"},
-                                                                               {-1, "-1"},
-                                                                               {2.5, "2.5"},
-                                                                               {11, "11"},
-                                                                               {INFINITY, "inf"}}) {
+  for (const auto& [value, text] : std::vector<std::pair<double, std::string>>{
+           {NAN, "nan"}, {1e300, "1e+300"}, {-1, "-1"}, {2.5, "2.5"}, {11, "11"},
+           {INFINITY, "inf"}}) {
     const absl::Status s = ResumeWith("step", value);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << text;
-    EXPECT_EQ(s.message(),
-              at + "'step' is " + text + "; expected an integer in [0, 10] (the run's step count)");
+    EXPECT_EQ(s.message(), at + "'step' is " + text +
+                               "; expected an integer in [0, 10] (the run's step count)");
   }
 }
 

@@ -75,8 +75,9 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
         absl::StrCat("--grad_accum_steps must be >= 1, got ", flags.grad_accum_steps));
   }
   if (global_batch % world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the batch size ", global_batch, " does not split evenly across ", world_size, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat("the batch size ", global_batch,
+                                                   " does not split evenly across ", world_size,
+                                                   " ranks"));
   }
   if (global_batch % (world_size * flags.grad_accum_steps) != 0) {
     return absl::InvalidArgumentError(
@@ -279,8 +280,8 @@ absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) c
   int64_t longest = 0;
   bool same = true;
   for (int r = 0; r < world; ++r) {
-    same =
-        same && head[3 * r] == head[0] && head[3 * r + 1] == head[1] && head[3 * r + 2] == head[2];
+    same = same && head[3 * r] == head[0] && head[3 * r + 1] == head[1] &&
+           head[3 * r + 2] == head[2];
     longest = std::max(longest, head[3 * r + 2]);
   }
   if (same) return absl::OkStatus();
@@ -307,9 +308,9 @@ absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) c
     while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
     const std::string mine = i < other.size() ? other[i] : "nothing more";
     const std::string theirs = i < first.size() ? first[i] : "nothing more";
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ranks disagree on the run: rank ", r, " has ", mine, ", rank 0 has ",
-                     theirs, " (start every rank with the same flags and data)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks disagree on the run: rank ", r, " has ", mine, ", rank 0 has ", theirs,
+        " (start every rank with the same flags and data)"));
   }
   return absl::OkStatus();  // equal texts with a hash collision: impossible, but not an error
 }

@@ -177,19 +177,18 @@ absl::StatusOr<std::vector<std::string>> RunSettings::CheckResume(
   for (const Setting& s : items_) {
     auto it = metadata.find(absl::StrCat(kSettingPrefix, s.name));
     if (it == metadata.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot resume from ", dir, ": the checkpoint does not record the setting '",
-                       s.name, "' (written by another program or an older version)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", dir, ": the checkpoint does not record the setting '", s.name,
+          "' (written by another program or an older version)"));
     }
     if (it->second == s.value) continue;
     const bool allowed = std::find(overrides.begin(), overrides.end(), s.name) != overrides.end();
     if (!allowed) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=", it->second,
-          ", this run has ", s.name, "=", s.value,
-          s.fixed
-              ? " (this setting cannot change when resuming)"
-              : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
+          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=",
+          it->second, ", this run has ", s.name, "=", s.value,
+          s.fixed ? " (this setting cannot change when resuming)"
+                  : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
     }
     changes.push_back(absl::StrCat(s.name, " ", it->second, " -> ", s.value));
   }
@@ -311,8 +310,8 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string prefix = dir.substr(0, i);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ", prefix));
+      return absl::ErrnoToStatus(errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ",
+                                                     prefix));
     }
   }
   struct stat info;

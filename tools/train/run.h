@@ -165,8 +165,8 @@ class StopSignal {
 // Why a run stops: the signal, and in a data-parallel run which rank received it (every rank
 // stops after the same step; see DataParallel::Agree).
 struct StopRequest {
-  int signal = 0;        // 0: no stop
-  int received_by = -1;  // the rank that received it; -1 in a single process
+  int signal = 0;          // 0: no stop
+  int received_by = -1;    // the rank that received it; -1 in a single process
   int this_rank = 0;
   // "signal 15 (Terminated)", plus " received by rank 1" when data parallel.
   std::string Describe() const;
