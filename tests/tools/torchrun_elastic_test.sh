@@ -38,7 +38,8 @@ echo "== torchrun --max_restarts=1, rank 1 stops after step 6 on the first attem
 "${torchrun[@]}" --max_restarts=1 "$tmp/rank.sh" "$train_mnist" "${args[@]}" \
   --checkpoint_dir="$tmp/elastic" --resume=auto >"$tmp/elastic.log" 2>&1 ||
   { cat "$tmp/elastic.log"; echo "FAIL: the elastic torchrun run failed"; exit 1; }
-grep -E -- "--resume=auto" "$tmp/elastic.log" | sed -e 's/^\[default0\]://' >"$tmp/resume.lines"
+# Rank 0's lines (torchrun prefixes them with "[default0]:" under --tee; not by default).
+grep -E -- "^(\[default0\]:)?--resume=auto: " "$tmp/elastic.log" | sed -e 's/^\[default0\]://' >"$tmp/resume.lines"
 printf '%s\n' "--resume=auto: no checkpoint at $tmp/elastic/checkpoint.safetensors, starting fresh" \
   "--resume=auto: resuming from $tmp/elastic/checkpoint.safetensors" | diff - "$tmp/resume.lines" ||
   { cat "$tmp/elastic.log"; echo "FAIL: the --resume=auto lines differ (expected < > got)"; exit 1; }
