@@ -104,6 +104,21 @@ expected="threads: 1 (OMP_NUM_THREADS unset: SLURM_CPUS_PER_TASK=1, $cpus CPUs a
 [ "$(head -n 1 "$tmp/srun.0.log")" = "$expected" ] ||
   { echo "FAIL: srun: first line '$(head -n 1 "$tmp/srun.0.log")', expected '$expected'"; exit 1; }
 echo "ok   srun: world size 2 from SLURM_NTASKS, $expected"
+# An explicit --world_size only confirms the launcher's, and the error names its variable;
+# --rank by hand needs --world_size.
+misuse() {  # name expected-line env/args...
+  local name="$1" message="$2"; shift 2
+  set +e; env "$@" >"$tmp/$name.log" 2>&1; local rc=$?; set -e
+  [ "$rc" -eq 1 ] && grep -qxF "$message" "$tmp/$name.log" ||
+    { cat "$tmp/$name.log"; echo "FAIL: $name: exit $rc, expected 1 and '$message'"; exit 1; }
+  echo "ok   $name: $message"
+}
+misuse mpirun_mismatch "train_mnist: --world_size=3 but the environment has OMPI_COMM_WORLD_SIZE=2 (leave --world_size out to take the launcher's)" \
+  OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 TG_RDZV="file://$tmp" "$train_mnist" --world_size=3
+misuse srun_mismatch "train_mnist: --world_size=1 but the environment has SLURM_NTASKS=4 (leave --world_size out to take the launcher's)" \
+  SLURM_PROCID=0 SLURM_NTASKS=4 TG_RDZV="file://$tmp" "$train_mnist" --world_size=1
+misuse rank_without_world "train_mnist: --rank=1 starts a rank by hand and needs --world_size (the ranks' count)" \
+  "$train_mnist" --rank=1 --rdzv="file://$tmp"
 # OMP_NUM_THREADS set (as tools:launch and torchrun do): left alone, and said.
 OMP_NUM_THREADS=1 "$train_mnist" --model=mlp --epochs=1 --train_limit=256 --batch_size=128 >"$tmp/omp.log" 2>&1
 [ "$(head -n 1 "$tmp/omp.log")" = "threads: OMP_NUM_THREADS=1" ] ||
