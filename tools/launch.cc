@@ -103,9 +103,9 @@ constexpr int kUsageError = 2;
 constexpr const char* kUsage =
     "usage: launch --nproc=N [--nnodes=M --node_rank=I (--master_addr=HOST --master_port=P | "
     "--rdzv=URL --job_id=ID) --timeout_s=S --grace_s=S --max_restarts=N] -- BINARY [ARGS...]";
-constexpr const char* kOwnFlags[] = {"nproc",     "nnodes",      "node_rank", "rdzv",
-                                     "master_addr", "master_port", "job_id",   "timeout_s",
-                                     "grace_s",   "max_restarts"};
+constexpr const char* kOwnFlags[] = {"nproc",       "nnodes",      "node_rank", "rdzv",
+                                     "master_addr", "master_port", "job_id",    "timeout_s",
+                                     "grace_s",     "max_restarts"};
 // A line longer than this is printed in pieces (a rank cannot make the launcher buffer without
 // bound by never writing a newline).
 constexpr size_t kMaxLine = 64 << 10;
