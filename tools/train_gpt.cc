@@ -14,11 +14,16 @@
 // tools:launch) work as in train_mnist.
 //
 // --init_from starts from GPT-2 weights (nn/models/gpt2_io.h: a HuggingFace model.safetensors or
-// its directory, or llm.c's gpt2_124M.bin): the model's shape comes from the file and --n_layer,
-// --n_head, --n_embd are not used; --block_size is the training context, at most the file's
+// its directory, sharded or not, or llm.c's gpt2_124M.bin / gpt2_124M_bf16.bin): the model's
+// shape comes from the file and --n_layer, --n_embd are not used; --n_head, when given, is the
+// head count of a model.safetensors without config.json (which is refused without it) and must
+// agree with the file's otherwise; --block_size is the training context, at most the file's
 // n_positions. --export_hf=DIR writes the trained model as model.safetensors + config.json that
-// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads. --steps=0 with --init_from converts
-// only: no data is read and nothing is trained.
+// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads; config.json keeps the dropouts and
+// token ids of --init_from's config.json (--dropout, when given, sets the dropouts), and a
+// character-level model's export adds its tokenizer (vocab.json, merges.txt,
+// tokenizer_config.json: AutoTokenizer.from_pretrained(DIR)) and declares no end-of-text token.
+// --steps=0 with --init_from converts only: no data is read and nothing is trained.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -28,6 +33,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -211,9 +217,16 @@ int Main() {
         "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
         "--world_size=1"));
   }
+  // config.json settings an export writes: --init_from's, with --dropout's value when it is given.
+  nn::Gpt2ExportOptions export_options;
   if (!absl::GetFlag(FLAGS_init_from).empty()) {
-    absl::StatusOr<nn::Gpt2Checkpoint> loaded =
-        nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
+    nn::Gpt2LoadOptions load_options;
+    // --n_head's default is not a statement about the file: only a value the user gave counts.
+    if (absl::GetFlagReflectionHandle(FLAGS_n_head).IsSpecifiedOnCommandLine()) {
+      load_options.n_head = absl::GetFlag(FLAGS_n_head);
+    }
+    absl::StatusOr<nn::Gpt2Checkpoint> loaded = nn::LoadGpt2Checkpoint(
+        train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), load_options);
     if (!loaded.ok()) return Fail(loaded.status());
     init = std::move(*loaded);
     if (std::optional<std::string> bad = train::FindNonFinite(init->weights)) {
@@ -222,6 +235,11 @@ int Main() {
                        *bad, " (a model's weights must be finite)")));
     }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
+    export_options.settings = init->hf_settings;
+    if (absl::GetFlagReflectionHandle(FLAGS_dropout).IsSpecifiedOnCommandLine()) {
+      export_options.settings.resid_pdrop = export_options.settings.embd_pdrop =
+          export_options.settings.attn_pdrop = -1;  // the model's dropout
+    }
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
       Generator gen(0);
       nn::Gpt model(init->config, gen);
@@ -229,7 +247,9 @@ int Main() {
       std::printf("read %s (%s): %s\n", absl::GetFlag(FLAGS_init_from).c_str(),
                   init->format.c_str(), model.extra_repr().c_str());
       if (!export_dir.empty() && dp.is_main()) {
-        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir); !s.ok()) return Fail(s);
+        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir, export_options); !s.ok()) {
+          return Fail(s);
+        }
         std::printf("wrote %s/model.safetensors and config.json\n", export_dir.c_str());
       }
       return 0;
@@ -515,8 +535,12 @@ int Main() {
   if (!dp.is_main() && !dp.sharded_parameters()) return 0;
   if (dp.is_main()) {
     if (!export_dir.empty()) {
-      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
-      std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+      if (tokenizer) export_options.char_vocab = tokenizer->vocab();
+      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir, export_options); !s.ok()) {
+        return Fail(s);
+      }
+      std::printf("exported %s/model.safetensors and config.json%s\n", export_dir.c_str(),
+                  tokenizer ? " (with the characters' tokenizer: vocab.json)" : "");
     }
     std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
