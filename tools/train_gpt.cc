@@ -30,15 +30,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
@@ -133,6 +134,30 @@ namespace {
 
 int Fail(const absl::Status& status) { return train::Fail("train_gpt", status); }
 
+// Whether a flag was given on the command line, not just left at its default: --n_head with
+// --init_from is the head count of a file without config.json only when the user gave it, and an
+// explicit --dropout replaces the file's dropouts in an export. Read from argv before absl parses
+// it (this abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private); a value from
+// --flagfile counts as not given.
+std::vector<std::string>& GivenFlags() {
+  static std::vector<std::string> given;
+  return given;
+}
+void RecordGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;  // the rest are positional
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    GivenFlags().emplace_back(arg.substr(0, arg.find('=')));
+  }
+}
+bool FlagGiven(absl::string_view name) {
+  for (const std::string& given : GivenFlags()) {
+    if (given == name) return true;
+  }
+  return false;
+}
+
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
 double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype,
                 Device device) {
@@ -222,7 +247,7 @@ int Main() {
   if (!absl::GetFlag(FLAGS_init_from).empty()) {
     nn::Gpt2LoadOptions load_options;
     // --n_head's default is not a statement about the file: only a value the user gave counts.
-    if (absl::GetFlagReflectionHandle(FLAGS_n_head).IsSpecifiedOnCommandLine()) {
+    if (FlagGiven("n_head")) {
       load_options.n_head = absl::GetFlag(FLAGS_n_head);
     }
     absl::StatusOr<nn::Gpt2Checkpoint> loaded = nn::LoadGpt2Checkpoint(
@@ -236,7 +261,7 @@ int Main() {
     }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
     export_options.settings = init->hf_settings;
-    if (absl::GetFlagReflectionHandle(FLAGS_dropout).IsSpecifiedOnCommandLine()) {
+    if (FlagGiven("dropout")) {
       export_options.settings.resid_pdrop = export_options.settings.embd_pdrop =
           export_options.settings.attn_pdrop = -1;  // the model's dropout
     }
@@ -386,8 +411,7 @@ int Main() {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
@@ -583,6 +607,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
+  tg::RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

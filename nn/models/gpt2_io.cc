@@ -39,7 +39,7 @@ constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 constexpr int64_t kMaxConfigJsonBytes = 1 << 20;
 constexpr int64_t kMaxIndexJsonBytes = 64 << 20;
 constexpr int64_t kGpt2VocabSize = 50257;  // GPT-2's BPE; <|endoftext|> is 50256
-constexpr double kLayerNormEps = 1e-5;  // tapegrad's LayerNorm default, GPT-2's value
+constexpr double kLayerNormEps = 1e-5;     // tapegrad's LayerNorm default, GPT-2's value
 
 std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
 
@@ -228,8 +228,8 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
   if (size < expected) {
     return absl::DataLossError(absl::StrCat(
         where, " is truncated: ", size, " bytes; the header (version ", version, ", maxT ", max_t,
-        ", V ", v, ", Vp ", vp, ", L ", l, ", C ", c, ") needs ", expected, " (", num_params,
-        " ", dtype_name, " parameters after the ", kLlmcHeaderBytes, "-byte header)"));
+        ", V ", v, ", Vp ", vp, ", L ", l, ", C ", c, ") needs ", expected, " (", num_params, " ",
+        dtype_name, " parameters after the ", kLlmcHeaderBytes, "-byte header)"));
   }
   if (size > expected) {
     return absl::InvalidArgumentError(
@@ -337,9 +337,10 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
     if (absl::Status s = get_int(key, value); !s.ok()) return s;
   }
   // Dropouts (only training uses them): probabilities, kept for an export.
-  for (auto [key, value] : {std::pair<const char*, double*>{"resid_pdrop", &out.settings.resid_pdrop},
-                            {"embd_pdrop", &out.settings.embd_pdrop},
-                            {"attn_pdrop", &out.settings.attn_pdrop}}) {
+  for (auto [key, value] :
+       {std::pair<const char*, double*>{"resid_pdrop", &out.settings.resid_pdrop},
+        {"embd_pdrop", &out.settings.embd_pdrop},
+        {"attn_pdrop", &out.settings.attn_pdrop}}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_number() || !(it->get<double>() >= 0 && it->get<double>() <= 1)) {
@@ -641,16 +642,20 @@ absl::StatusOr<Gpt2Checkpoint> LoadHfSharded(const std::string& index_path,
     }
     shards[file].insert(name);
   }
+  // Every shard first, then the checks, so that a tensor in the wrong shard is named as such.
   const std::string dir = DirName(index_path);
-  io::Safetensors merged;
+  std::map<std::string, io::Safetensors> read;
   for (const auto& [file, names] : shards) {
-    const std::string shard_path = absl::StrCat(dir, "/", file);
-    absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(shard_path);
+    absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(absl::StrCat(dir, "/", file));
     if (!st.ok()) {
-      return absl::Status(st.status().code(),
-                          absl::StrCat(where, ": shard ", Quote(file), ": ", st.status().message()));
+      return absl::Status(st.status().code(), absl::StrCat(where, ": shard ", Quote(file), ": ",
+                                                           st.status().message()));
     }
-    for (auto& [name, tensor] : st->tensors) {
+    read[file] = std::move(*st);
+  }
+  io::Safetensors merged;
+  for (auto& [file, st] : read) {
+    for (auto& [name, tensor] : st.tensors) {
       auto in_map = map_it->find(name);
       if (in_map == map_it->end()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": shard ", Quote(file),
@@ -658,12 +663,15 @@ absl::StatusOr<Gpt2Checkpoint> LoadHfSharded(const std::string& index_path,
                                                        ", which weight_map does not list"));
       }
       if (in_map->get<std::string>() != file) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": tensor ", Quote(name), " is in shard ", Quote(file), " but weight_map puts it in ",
-            Quote(in_map->get<std::string>()), " (each tensor must be in exactly one shard)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": tensor ", Quote(name), " is in shard ", Quote(file),
+                         " but weight_map puts it in ", Quote(in_map->get<std::string>()),
+                         " (each tensor must be in exactly one shard)"));
       }
       merged.tensors[name] = std::move(tensor);
     }
+  }
+  for (const auto& [file, names] : shards) {
     for (const std::string& name : names) {
       if (merged.tensors.count(name) == 0) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": weight_map puts tensor ",
@@ -689,7 +697,8 @@ absl::Status PyTorchPickleError(const std::string& path, const std::string& dir)
       "LoadGpt2Checkpoint: ", Quote(path),
       " is a PyTorch pickle (pytorch_model.bin), which tapegrad does not read (unpickling runs "
       "code); convert it to safetensors with transformers: python -c \"from transformers import "
-      "GPT2LMHeadModel as M; M.from_pretrained('", dir, "').save_pretrained('", dir,
+      "GPT2LMHeadModel as M; M.from_pretrained('",
+      dir, "').save_pretrained('", dir,
       "', safe_serialization=True)\" (writes model.safetensors beside it)"));
 }
 
@@ -856,11 +865,10 @@ absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir,
         "ExportGpt2Hf: the model was built with bias=false; GPT-2 has biases");
   }
   const bool char_level = !options.char_vocab.empty();
-  if (char_level &&
-      static_cast<int64_t>(options.char_vocab.size()) != model.config().vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ExportGpt2Hf: char_vocab has ", options.char_vocab.size(),
-        " characters; the model's vocab_size is ", model.config().vocab_size));
+  if (char_level && static_cast<int64_t>(options.char_vocab.size()) != model.config().vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExportGpt2Hf: char_vocab has ", options.char_vocab.size(),
+                     " characters; the model's vocab_size is ", model.config().vocab_size));
   }
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::ErrnoToStatus(errno, absl::StrCat("ExportGpt2Hf: cannot create ", Quote(dir)));
@@ -880,8 +888,8 @@ absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir,
       if (absl::Status s = io::SaveFileAtomically(dir + "/" + name, text); !s.ok()) return s;
     }
   }
-  return io::SaveFileAtomically(
-      dir + "/config.json", Gpt2HfConfigJson(model.config(), options.settings, char_level));
+  return io::SaveFileAtomically(dir + "/config.json",
+                                Gpt2HfConfigJson(model.config(), options.settings, char_level));
 }
 
 }  // namespace nn

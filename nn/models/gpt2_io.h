@@ -127,8 +127,9 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
 StateDict Gpt2HfStateDict(const Gpt& model);
 // The config.json transformers' GPT2Config reads for `model` (n_layer, n_head, n_embd,
 // n_positions, n_ctx, vocab_size, activation_function "gelu_new", layer_norm_epsilon 1e-5,
-// model_type "gpt2", architectures ["GPT2LMHeadModel"], tie_word_embeddings true, resid/embd/attn_pdrop,
-// bos/eos_token_id): the dropouts and token ids as `settings` says, no bos/eos when `char_level`.
+// model_type "gpt2", architectures ["GPT2LMHeadModel"], tie_word_embeddings true,
+// resid/embd/attn_pdrop, bos/eos_token_id): the dropouts and token ids as `settings` says, no
+// bos/eos when `char_level`.
 std::string Gpt2HfConfigJson(const GptConfig& config, const Gpt2HfSettings& settings = {},
                              bool char_level = false);
 // Writes <dir>/model.safetensors (metadata "format": "pt", which transformers requires) and
