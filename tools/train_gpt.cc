@@ -266,8 +266,8 @@ int Main() {
           export_options.settings.attn_pdrop = -1;  // the model's dropout
     }
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
-      Generator gen(0);
-      nn::Gpt model(init->config, gen);
+      Generator gen(0), dropout_gen(0);     // dropout draws nothing here; a model with it needs one
+      nn::Gpt model(init->config, gen, &dropout_gen);
       model.load_state_dict(init->weights);
       std::printf("read %s (%s): %s\n", absl::GetFlag(FLAGS_init_from).c_str(),
                   init->format.c_str(), model.extra_repr().c_str());

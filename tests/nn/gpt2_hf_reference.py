@@ -64,7 +64,26 @@ def logits_of(model):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check_export", help="a directory written by tapegrad's ExportGpt2Hf")
+    parser.add_argument("--check_char_export",
+                        help="a character-level model's export (train_gpt --data=TEXT "
+                             "--export_hf=DIR): its tokenizer gives the ids tapegrad trained on")
+    parser.add_argument("--text", help="with --check_char_export: the training text file")
     args = parser.parse_args()
+    if args.check_char_export:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.check_char_export)
+        data = open(args.text, "rb").read()
+        vocab = sorted(set(data))  # tapegrad's CharTokenizer: the distinct bytes, in order
+        expected = [vocab.index(b) for b in data]
+        ids = tok(data.decode("utf-8"))["input_ids"]
+        assert ids == expected, (ids[:20], expected[:20])
+        assert tok.decode(ids) == data.decode("utf-8")
+        assert tok.eos_token_id is None and tok.bos_token_id is None
+        config = GPT2Config.from_pretrained(args.check_char_export)
+        assert config.eos_token_id is None and config.vocab_size == len(vocab)
+        print("tokenizer of %s: %d ids as tapegrad's, decode round trip, no end-of-text token"
+              % (args.check_char_export, len(ids)))
+        return
     if args.check_export:
         reference = logits_of(GPT2LMHeadModel.from_pretrained(OUT_DIR).eval())
         exported = GPT2LMHeadModel.from_pretrained(args.check_export).eval()

@@ -93,7 +93,7 @@ done
 "$train_gpt" --data="$text" --steps=2 --warmup_steps=0 --block_size=4 --batch_size=2 \
   --n_layer=1 --n_head=2 --n_embd=8 --eval_batches=1 --sample_tokens=0 --export_hf="$tmp/char" \
   >"$tmp/char.log" 2>&1 || { fail "char export: exit $?"; cat "$tmp/char.log"; }
-for field in '"eos_token_id": null,' '"bos_token_id": null,' '"vocab_size": 28,'; do
+for field in '"eos_token_id": null,' '"bos_token_id": null,' '"vocab_size": 28'; do
   grep -qF -- "$field" "$tmp/char/config.json" || fail "char export: no $field in config.json"
 done
 for field in '"z": 27' '"a": 2' $'"\xc4\x8a": 0' $'"\xc4\xa0": 1'; do
