@@ -21,13 +21,28 @@ computes the same logits:
 (last run: transformers 5.24.0, torch 2.15.0: max |difference| 0. Done the same way with a
 1-layer, 8-wide GPT-2 of vocabulary 50257: tapegrad pads it to 50304, the export has 50257 rows
 and transformers' logits of the export equal the original's exactly.)
+
+A character-level model's export (needs transformers only, not torch): its tokenizer encodes the
+training text to the ids tapegrad trained on, decodes them back, and declares no end-of-text
+token:
+
+    bazel-bin/tools/train_gpt --data=text.txt --steps=2 --export_hf=/tmp/char_export ...
+    /tmp/hfv/bin/python tests/nn/gpt2_hf_reference.py --check_char_export=/tmp/char_export \
+        --text=text.txt
+
+(last run: transformers 5.24.0, tokenizers 0.23.3, a 65-byte text with 'é' (two bytes): the same
+65 ids, the same text back, no bos/eos, 35 tokens.)
 """
 
 import argparse
 import os
 
-import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+try:
+    import torch
+except ImportError:  # --check_char_export needs no torch
+    torch = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "testdata", "gpt2_tiny_hf")
