@@ -58,7 +58,9 @@
 ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
 ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
-ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
+ABSL_FLAG(int64_t, n_head, 4,
+          "attention heads, 1..1024 (with --init_from: only for a model.safetensors without "
+          "config.json, when given)");
 ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
 ABSL_FLAG(int64_t, block_size, 64,
           "context length, 1..1000000 (with --init_from: of training, at most the file's)");
@@ -411,7 +413,8 @@ int Main() {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
+                                   dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
