@@ -14,17 +14,23 @@
 // tools:launch) work as in train_mnist.
 //
 // --init_from starts from GPT-2 weights (nn/models/gpt2_io.h: a HuggingFace model.safetensors or
-// its directory, or llm.c's gpt2_124M.bin): the model's shape comes from the file and --n_layer,
-// --n_head, --n_embd are not used; --block_size is the training context, at most the file's
+// its directory, sharded or not, or llm.c's gpt2_124M.bin / gpt2_124M_bf16.bin): the model's
+// shape comes from the file and --n_layer, --n_embd are not used; --n_head, when given, is the
+// head count of a model.safetensors without config.json (which is refused without it) and must
+// agree with the file's otherwise; --block_size is the training context, at most the file's
 // n_positions. --export_hf=DIR writes the trained model as model.safetensors + config.json that
-// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads. --steps=0 with --init_from converts
-// only: no data is read and nothing is trained.
+// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads; config.json keeps the dropouts and
+// token ids of --init_from's config.json (--dropout, when given, sets the dropouts), and a
+// character-level model's export adds its tokenizer (vocab.json, merges.txt,
+// tokenizer_config.json: AutoTokenizer.from_pretrained(DIR)) and declares no end-of-text token.
+// --steps=0 with --init_from converts only: no data is read and nothing is trained.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -33,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
@@ -51,7 +58,9 @@
 ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
 ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
-ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
+ABSL_FLAG(int64_t, n_head, 4,
+          "attention heads, 1..1024 (with --init_from: only for a model.safetensors without "
+          "config.json, when given)");
 ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
 ABSL_FLAG(int64_t, block_size, 64,
           "context length, 1..1000000 (with --init_from: of training, at most the file's)");
@@ -89,7 +98,9 @@ ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens, 0..vocabular
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 500,
           "checkpoint every N >= 0 steps and at the end (0: at the end only)");
-ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
+          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
+          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
@@ -105,9 +116,10 @@ ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
 ABSL_FLAG(bool, cudnn_attention, true,
           "CUDA: cuDNN's fused attention where it applies (false: the cuBLASLt composition)");
-ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
-          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, world_size, 0,
+          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
+          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
+          "explicit value must match the launcher's)");
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
@@ -126,6 +138,30 @@ namespace tg {
 namespace {
 
 int Fail(const absl::Status& status) { return train::Fail("train_gpt", status); }
+
+// Whether a flag was given on the command line, not just left at its default: --n_head with
+// --init_from is the head count of a file without config.json only when the user gave it, and an
+// explicit --dropout replaces the file's dropouts in an export. Read from argv before absl parses
+// it (this abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private); a value from
+// --flagfile counts as not given.
+std::vector<std::string>& GivenFlags() {
+  static std::vector<std::string> given;
+  return given;
+}
+void RecordGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;  // the rest are positional
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    GivenFlags().emplace_back(arg.substr(0, arg.find('=')));
+  }
+}
+bool FlagGiven(absl::string_view name) {
+  for (const std::string& given : GivenFlags()) {
+    if (given == name) return true;
+  }
+  return false;
+}
 
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
 double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype,
@@ -175,7 +211,7 @@ absl::Status CheckFlags() {
       {"checkpoint_every", count(FLAGS_checkpoint_every), 0, kMaxCount},
       {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
       {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", count(FLAGS_world_size), 1, 65536},
+      {"world_size", count(FLAGS_world_size), 0, 65536},
       {"rank", count(FLAGS_rank), -1, 65535},
       {"zero_stage", count(FLAGS_zero_stage), 0, 3},
       {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
@@ -201,6 +237,18 @@ int Main() {
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
+  // ranks on this node; tools/train/threads.h), and what --resume decided.
+  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
+  if (!restart_count.ok()) return Fail(restart_count.status());
+  std::string resume_line;
+  absl::StatusOr<bool> resume_or =
+      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
+  if (!resume_or.ok()) return Fail(resume_or.status());
+  const bool resume = *resume_or;
+  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
 
   // ---- Pretrained weights (their shape fixes the model's).
   std::optional<nn::Gpt2Checkpoint> init;
@@ -211,9 +259,16 @@ int Main() {
         "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
         "--world_size=1"));
   }
+  // config.json settings an export writes: --init_from's, with --dropout's value when it is given.
+  nn::Gpt2ExportOptions export_options;
   if (!absl::GetFlag(FLAGS_init_from).empty()) {
-    absl::StatusOr<nn::Gpt2Checkpoint> loaded =
-        nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
+    nn::Gpt2LoadOptions load_options;
+    // --n_head's default is not a statement about the file: only a value the user gave counts.
+    if (FlagGiven("n_head")) {
+      load_options.n_head = absl::GetFlag(FLAGS_n_head);
+    }
+    absl::StatusOr<nn::Gpt2Checkpoint> loaded = nn::LoadGpt2Checkpoint(
+        train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), load_options);
     if (!loaded.ok()) return Fail(loaded.status());
     init = std::move(*loaded);
     if (std::optional<std::string> bad = train::FindNonFinite(init->weights)) {
@@ -222,14 +277,21 @@ int Main() {
                        *bad, " (a model's weights must be finite)")));
     }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
+    export_options.settings = init->hf_settings;
+    if (FlagGiven("dropout")) {
+      export_options.settings.resid_pdrop = export_options.settings.embd_pdrop =
+          export_options.settings.attn_pdrop = -1;  // the model's dropout
+    }
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
-      Generator gen(0);
-      nn::Gpt model(init->config, gen);
+      Generator gen(0), dropout_gen(0);     // dropout draws nothing here; a model with it needs one
+      nn::Gpt model(init->config, gen, &dropout_gen);
       model.load_state_dict(init->weights);
       std::printf("read %s (%s): %s\n", absl::GetFlag(FLAGS_init_from).c_str(),
                   init->format.c_str(), model.extra_repr().c_str());
       if (!export_dir.empty() && dp.is_main()) {
-        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir); !s.ok()) return Fail(s);
+        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir, export_options); !s.ok()) {
+          return Fail(s);
+        }
         std::printf("wrote %s/model.safetensors and config.json\n", export_dir.c_str());
       }
       return 0;
@@ -335,13 +397,14 @@ int Main() {
   settings.Add("beta2", opt_config.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
-                                {absl::StrCat("train_tokens=", batches.num_tokens()),
+                                {absl::StrCat("resume=", resume ? "yes" : "no"),
+                                 absl::StrCat("train_tokens=", batches.num_tokens()),
                                  absl::StrCat("val_tokens=", val.num_tokens()),
                                  absl::StrCat("zero_stage=", dp.zero_stage()),
                                  absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
@@ -358,8 +421,7 @@ int Main() {
   }
   units.push_back(model);
   dp.Wrap(model, units);  // before the optimizer: DDP's gradient epilogue runs before its own
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+  if (resume && dp.sharded_parameters()) {
     // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
     if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
         !s.ok()) {
@@ -381,7 +443,7 @@ int Main() {
   train::RunState run(*model, opt, schedule, settings, total_steps);
   run.set_sharding(dp.sharding());
   std::vector<std::string> changes;
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
@@ -432,8 +494,7 @@ int Main() {
   std::optional<train::MetricsWriter> metrics;
   if (absl::Status s = train::OpenMetrics(
           dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-          {"val_loss"}, &metrics);
+          resume ? std::optional<int64_t>(run.step()) : std::nullopt, {"val_loss"}, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -453,7 +514,7 @@ int Main() {
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
   } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
     divergence.set_loaded_from(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), 0);
@@ -515,8 +576,12 @@ int Main() {
   if (!dp.is_main() && !dp.sharded_parameters()) return 0;
   if (dp.is_main()) {
     if (!export_dir.empty()) {
-      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
-      std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+      if (tokenizer) export_options.char_vocab = tokenizer->vocab();
+      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir, export_options); !s.ok()) {
+        return Fail(s);
+      }
+      std::printf("exported %s/model.safetensors and config.json%s\n", export_dir.c_str(),
+                  tokenizer ? " (with the characters' tokenizer: vocab.json)" : "");
     }
     std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
@@ -559,6 +624,8 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
+  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
+  tg::RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

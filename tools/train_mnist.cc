@@ -62,7 +62,9 @@ ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "also checkpoint every N >= 0 steps (0: at epoch ends only)");
-ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
+          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
+          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "epochs, lr, weight_decay); any other difference is refused");
@@ -75,9 +77,10 @@ ABSL_FLAG(double, max_skipped_fraction, 0.5,
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
-ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
-          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, world_size, 0,
+          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
+          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
+          "explicit value must match the launcher's)");
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
@@ -138,7 +141,7 @@ absl::Status CheckFlags() {
       {"max_skipped_in_a_row", static_cast<double>(absl::GetFlag(FLAGS_max_skipped_in_a_row)), 0,
        kMaxCount},
       {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 1, 65536},
+      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 0, 65536},
       {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
       {"zero_stage", static_cast<double>(absl::GetFlag(FLAGS_zero_stage)), 0, 3},
       {"grad_accum_steps", static_cast<double>(absl::GetFlag(FLAGS_grad_accum_steps)), 1, 1e6},
@@ -164,6 +167,18 @@ int Main() {
   if (!dp_or.ok()) return Fail(dp_or.status());
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
+  // ranks on this node; tools/train/threads.h), and what --resume decided.
+  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
+  if (!restart_count.ok()) return Fail(restart_count.status());
+  std::string resume_line;
+  absl::StatusOr<bool> resume_or =
+      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
+  if (!resume_or.ok()) return Fail(resume_or.status());
+  const bool resume = *resume_or;
+  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!dtype_or.ok()) return Fail(dtype_or.status());
   const DType dtype = *dtype_or;
@@ -222,13 +237,14 @@ int Main() {
   settings.Add("lr", opt_config.lr, false);
   settings.Add("weight_decay", opt_config.weight_decay, false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
-                                {absl::StrCat("train_images=", train_set->images.size(0)),
+                                {absl::StrCat("resume=", resume ? "yes" : "no"),
+                                 absl::StrCat("train_images=", train_set->images.size(0)),
                                  absl::StrCat("test_images=", test_set->images.size(0)),
                                  absl::StrCat("zero_stage=", dp.zero_stage()),
                                  absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
@@ -236,8 +252,7 @@ int Main() {
     return Fail(s);
   }
   dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+  if (resume && dp.sharded_parameters()) {
     // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
     if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
         !s.ok()) {
@@ -261,7 +276,7 @@ int Main() {
   run.set_sharding(dp.sharding());
   const int64_t per_epoch = batches.batches_per_epoch();
   std::vector<std::string> changes;
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
@@ -296,10 +311,10 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  if (absl::Status s = train::OpenMetrics(
-          dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-          {"test_loss", "test_acc"}, &metrics);
+  if (absl::Status s =
+          train::OpenMetrics(dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
+                             resume ? std::optional<int64_t>(run.step()) : std::nullopt,
+                             {"test_loss", "test_acc"}, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -322,7 +337,7 @@ int Main() {
   // ---- Training.
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
   }
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
@@ -400,6 +415,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:");
+  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_mnist", tg::Main);
 }

@@ -540,5 +540,87 @@ TEST(RunStateSaveTest, NonFiniteStateIsNotWritten) {
             good);
 }
 
+// --resume's values (a bare --resume still means true), and DecideResume: auto resumes when the
+// checkpoint exists and says so, a fresh run on an elastic restart over a checkpoint is refused.
+TEST(ResumeFlagTest, ParsesTrueFalseAutoAndBareFlags) {
+  ResumeFlag f;
+  std::string error;
+  for (const char* yes : {"true", "1", "yes", "TRUE"}) {
+    ASSERT_TRUE(AbslParseFlag(yes, &f, &error)) << yes;
+    EXPECT_EQ(f.mode, ResumeFlag::Mode::kYes) << yes;
+  }
+  ASSERT_TRUE(AbslParseFlag("auto", &f, &error));
+  EXPECT_EQ(f.mode, ResumeFlag::Mode::kAuto);
+  EXPECT_EQ(AbslUnparseFlag(f), "auto");
+  ASSERT_TRUE(AbslParseFlag("false", &f, &error));
+  EXPECT_EQ(f.mode, ResumeFlag::Mode::kNo);
+  EXPECT_FALSE(AbslParseFlag("sometimes", &f, &error));
+  EXPECT_EQ(error,
+            "expected true, false or auto (resume when the checkpoint exists, else start fresh)");
+
+  char a0[] = "train", a1[] = "--resume", a2[] = "-noresume", a3[] = "--resume=auto", a4[] = "--",
+       a5[] = "--resume";
+  char* argv[] = {a0, a1, a2, a3, a4, a5};
+  NormalizeResumeArgs(6, argv);
+  EXPECT_STREQ(argv[1], "--resume=true");
+  EXPECT_STREQ(argv[2], "--resume=false");
+  EXPECT_STREQ(argv[3], "--resume=auto");
+  EXPECT_STREQ(argv[5], "--resume");  // after "--": not a flag
+}
+
+TEST(DecideResumeTest, AutoResumesOnlyWhenTheCheckpointExists) {
+  const std::string dir = ::testing::TempDir() + "/decide_resume";
+  ASSERT_TRUE(PrepareCheckpointDir(dir).ok());
+  unlink(CheckpointPath(dir).c_str());
+  ResumeFlag auto_flag, yes, no;
+  auto_flag.mode = ResumeFlag::Mode::kAuto;
+  yes.mode = ResumeFlag::Mode::kYes;
+  std::string line;
+  // No checkpoint yet (the first attempt): a fresh start, said.
+  absl::StatusOr<bool> r = DecideResume(auto_flag, dir, 0, &line);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(line,
+            "--resume=auto: no checkpoint at " + dir + "/checkpoint.safetensors, starting fresh");
+  // Without auto: a fresh run, or a resume that must find the checkpoint (RunState::Resume).
+  EXPECT_FALSE(*DecideResume(no, dir, 0, &line));
+  EXPECT_EQ(line, "");
+  EXPECT_TRUE(*DecideResume(yes, dir, 0, &line));
+  EXPECT_FALSE(*DecideResume(no, dir, 1, &line));  // a restart with nothing to overwrite
+
+  std::ofstream(CheckpointPath(dir)) << "x";
+  r = DecideResume(auto_flag, dir, 1, &line);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(line, "--resume=auto: resuming from " + dir + "/checkpoint.safetensors");
+  // A fresh run of the first attempt may overwrite (a new run in an old directory) ...
+  EXPECT_FALSE(*DecideResume(no, dir, 0, &line));
+  // ... a restart may not: it would replace the failed attempt's progress with step 0's.
+  r = DecideResume(no, dir, 2, &line);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "restart 2 of an elastic run (TORCHELASTIC_RESTART_COUNT=2) would start at step 0 "
+            "and overwrite " +
+                dir +
+                "/checkpoint.safetensors: pass --resume=auto to resume from it when it "
+                "exists");
+  // auto without a directory: nothing to look for.
+  r = DecideResume(auto_flag, "", 0, &line);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "--resume=auto needs --checkpoint_dir (where the checkpoint is looked for)");
+}
+
+TEST(ElasticRestartCountTest, FromTorchElasticRestartCount) {
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_EQ(*ElasticRestartCount(), 0);
+  setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
+  EXPECT_EQ(*ElasticRestartCount(), 3);
+  setenv("TORCHELASTIC_RESTART_COUNT", "x", 1);
+  EXPECT_EQ(ElasticRestartCount().status().message(),
+            "TORCHELASTIC_RESTART_COUNT='x' is not a restart count (an integer >= 0)");
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+}
+
 }  // namespace
 }  // namespace tg::train
