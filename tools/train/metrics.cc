@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -120,14 +121,23 @@ std::string MetricsWriter::FormatNumber(double value) {
   return buf;
 }
 
+std::string MetricsWriter::FormatExact(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
 std::string MetricsWriter::FormatRow(const StepRecord& record,
                                      const std::vector<std::string>& extra_columns,
                                      const std::map<std::string, double>& extras) {
-  std::string row = absl::StrCat(
-      record.step, ",", FormatNumber(record.epoch), ",", FormatNumber(record.loss), ",",
-      FormatNumber(record.lr), ",", FormatNumber(record.grad_norm), ",",
-      FormatNumber(record.loss_scale), ",", record.skipped_steps, ",",
-      FormatNumber(record.items_per_second), ",", FormatNumber(record.elapsed_seconds));
+  std::string row =
+      absl::StrCat(record.step, ",", FormatNumber(record.epoch), ",", FormatNumber(record.loss),
+                   ",", FormatNumber(record.lr), ",", FormatNumber(record.grad_norm), ",",
+                   FormatExact(record.loss_scale), ",", FormatExact(record.loss_scale_next), ",",
+                   record.skipped_steps, ",", FormatNumber(record.items_per_second), ",",
+                   FormatNumber(record.elapsed_seconds));
   for (const std::string& name : extra_columns) {
     row += ',';
     auto it = extras.find(name);

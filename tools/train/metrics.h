@@ -10,11 +10,16 @@
 //                             : w->Write(rec);                          // val_loss left empty
 //
 // The file:
-//   step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s[,extra...]
-//   1,0.5,2.30258512,0.001,nan,65536,0,1234.5,0.25,
-// Integers (step, skipped_steps) are written as integers; every other number with %.9g, which
-// round-trips every f32 value exactly and keeps 9 significant digits of a double; NaN is "nan",
-// infinities "inf" / "-inf". StepRecord::eta_seconds is not written (it is derived).
+//   step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,elapsed_s[,...]
+//   1,0.5,2.30258512,0.001,nan,65536,32768,0,1234.5,0.25,
+// loss_scale is the scale this step's backward used (the scale before the step's scaler update;
+// a skipped step overflowed at it), loss_scale_next the scale after the update, which the next
+// step uses (so an overflow reads 65536,32768 and a growth 65536,131072).
+// Integers (step, skipped_steps) are written as integers; the two scales exactly, as the shortest
+// text that reads back as the same double (4294967296, 0.5, 1e-300; %.9g would write 2^32 as
+// 4294967300); every other number with %.9g, which round-trips every f32 value exactly and keeps
+// 9 significant digits of a double; NaN is "nan", infinities "inf" / "-inf".
+// StepRecord::eta_seconds is not written (it is derived).
 //
 // Extra columns: named at Open (e.g. "val_loss", "test_acc"), appended after the fixed columns
 // and empty on rows where Write is not given a value for them. Evaluation results therefore go
@@ -49,7 +54,8 @@ class MetricsWriter {
  public:
   // The fixed columns, in file order.
   static constexpr const char* kFixedColumns =
-      "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s";
+      "step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,"
+      "elapsed_s";
 
   // Opens `path` for writing (see above). Errors: the file cannot be created or read
   // (ErrnoToStatus code, message naming the path), an extra column that is empty, contains ',',
@@ -85,6 +91,9 @@ class MetricsWriter {
                                const std::map<std::string, double>& extras = {});
   // `value` as written in the file: %.9g, "nan", "inf", "-inf".
   static std::string FormatNumber(double value);
+  // A loss scale as written in the file: the shortest text that reads back as `value` exactly
+  // ("4294967296", "0.5"), "nan", "inf", "-inf".
+  static std::string FormatExact(double value);
 
  private:
   MetricsWriter(std::string path, std::string header, std::vector<std::string> extra_columns,
