@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# train_gpt's flags as a user types them (issue 28, "Flags and logs"):
+# - a default never makes a valid command fail: --steps=5 without --warmup_steps (the default
+#   100 used to fail: "--warmup_steps=100 is outside its valid range [0, 5]"), --lr=1e-4 without
+#   --min_lr, --n_head=3 without --n_embd, --grad_accum_steps=3 with the default batch; an
+#   explicit value out of range still fails naming it;
+# - --batch_size is the global batch: the first output line says global = micro x accumulation x
+#   ranks, --micro_batch_size gives the per-pass batch, and a global batch that does not split is
+#   refused naming both ways;
+# - the metrics CSV writes the scale this step's backward used and the next one exactly (2^32 of
+#   --loss_scaler=deepspeed_class is 4294967296, not 4294967300); --loss_scaler=deepspeed starts
+#   at DeepSpeed's engine default 2^16.
+set -uo pipefail
+
+train_gpt="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+# run NAME RC -- COMMAND...: the command exits RC (its output in $tmp/NAME.log).
+run() {
+  local name="$1" want_rc="$2"
+  shift 3
+  local rc=0
+  "$@" >"$tmp/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -ne "$want_rc" ]; then
+    fail "$name: exit $rc, expected $want_rc"; tail -5 "$tmp/$name.log"; return 1
+  fi
+}
+# has NAME TEXT: the output of NAME has TEXT (a fixed string) somewhere.
+has() {
+  if grep -qF -- "$2" "$tmp/$1.log"; then echo "ok   $1: $2"; else
+    fail "$1: no '$2' in:"; head -5 "$tmp/$1.log"; fi
+}
+# first NAME LINE: the first line of NAME's output is LINE.
+first() {
+  local got
+  got=$(head -n 1 "$tmp/$1.log")
+  if [ "$got" = "$2" ]; then echo "ok   $1: first line"; else
+    fail "$1: first line '$got', expected '$2'"; fi
+}
+
+text="$tmp/text.txt"
+for i in $(seq 1 60); do echo "the quick brown fox $i jumps over the lazy dog"; done >"$text"
+small=(--data="$text" --n_layer=1 --n_head=1 --n_embd=8 --block_size=8 --sample_tokens=0
+       --eval_batches=1 --print_every=1000)
+
+echo "== defaults that adapt to the flags given"
+run short 0 -- "$train_gpt" "${small[@]}" --steps=5 --batch_size=2
+has short "warmup_steps=0"
+first short "batch: global 2 sequences per optimizer step = micro-batch 2 x 1 accumulation step x 1 rank"
+run long 0 -- "$train_gpt" "${small[@]}" --steps=100 --batch_size=2 --eval_every=0
+has long "warmup_steps=100"  # the old default wherever it fitted
+run low_lr 0 -- "$train_gpt" "${small[@]}" --steps=2 --batch_size=2 --lr=1e-4
+has low_lr "min_lr=1e-05"
+run default_lr 0 -- "$train_gpt" "${small[@]}" --steps=2 --batch_size=2
+has default_lr "min_lr=3e-04"
+run three_heads 0 -- "$train_gpt" --data="$text" --n_layer=1 --n_head=3 --block_size=8 \
+  --sample_tokens=0 --eval_batches=1 --steps=1 --batch_size=2
+has three_heads "n_embd=66"
+run accum3 0 -- "$train_gpt" "${small[@]}" --steps=1 --grad_accum_steps=3
+first accum3 "batch: global 30 sequences per optimizer step = micro-batch 10 x 3 accumulation steps x 1 rank"
+echo "== explicit values are checked"
+run warmup_too_long 1 -- "$train_gpt" "${small[@]}" --steps=5 --warmup_steps=10
+has warmup_too_long "train_gpt: --warmup_steps=10 is outside its valid range [0, 5]"
+run min_lr_too_high 1 -- "$train_gpt" "${small[@]}" --steps=5 --lr=1e-4 --min_lr=3e-4
+has min_lr_too_high "train_gpt: --min_lr=3e-04 is outside its valid range [0, 1e-04]"
+
+echo "== the global batch and the micro-batch"
+run micro 0 -- "$train_gpt" "${small[@]}" --steps=1 --micro_batch_size=2 --grad_accum_steps=2
+first micro "batch: global 4 sequences per optimizer step = micro-batch 2 x 2 accumulation steps x 1 rank"
+has micro "batch_size=4"
+run odd_global 1 -- "$train_gpt" "${small[@]}" --steps=1 --batch_size=3 --grad_accum_steps=2
+has odd_global "train_gpt: --batch_size=3 (the global batch of an optimizer step) does not split into --grad_accum_steps=2 x --world_size=1 = 2 equal micro-batches: give a multiple of 2, or --micro_batch_size=N for N x 2 rows per step"
+run both 1 -- "$train_gpt" "${small[@]}" --steps=1 --batch_size=8 --micro_batch_size=2 --grad_accum_steps=2
+has both "train_gpt: --batch_size=8 (the global batch of an optimizer step) is not --micro_batch_size=2 x --grad_accum_steps=2 x --world_size=1 = 4; give one of the two"
+
+echo "== loss scales in the metrics CSV"
+run ds_class 0 -- "$train_gpt" "${small[@]}" --steps=2 --batch_size=2 --precision=f16 \
+  --loss_scaler=deepspeed_class --max_skipped_fraction=1 --metrics="$tmp/class.csv"
+has ds_class "loss_scaler=deepspeed_class"
+# The columns by name: step 1 used 2^32, whatever it did to it.
+scale_of() {  # FILE COLUMN ROW
+  awk -F, -v name="$2" -v row="$3" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    NR == row + 1 { print $col[name] }' "$1"
+}
+[ "$(scale_of "$tmp/class.csv" loss_scale 1)" = 4294967296 ] && echo "ok   class.csv: 4294967296" ||
+  fail "class.csv: step 1 loss_scale '$(scale_of "$tmp/class.csv" loss_scale 1)', expected 4294967296"
+# The next step's scale is the one step 2 used.
+[ "$(scale_of "$tmp/class.csv" loss_scale_next 1)" = "$(scale_of "$tmp/class.csv" loss_scale 2)" ] &&
+  echo "ok   class.csv: loss_scale_next of step 1 is the loss_scale of step 2" ||
+  fail "class.csv: loss_scale_next of step 1 is not the loss_scale of step 2"
+run ds_engine 0 -- "$train_gpt" "${small[@]}" --steps=1 --batch_size=2 --precision=f16 \
+  --loss_scaler=deepspeed --max_skipped_fraction=1 --metrics="$tmp/engine.csv"
+[ "$(scale_of "$tmp/engine.csv" loss_scale 1)" = 65536 ] && echo "ok   engine.csv: 65536" ||
+  fail "engine.csv: step 1 loss_scale '$(scale_of "$tmp/engine.csv" loss_scale 1)', expected 65536"
+
+if [ "$failures" -eq 0 ]; then echo "all passed"; else echo "$failures failed"; exit 1; fi
