@@ -174,8 +174,6 @@ int Main() {
   absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
       absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/128,
       absl::GetFlag(FLAGS_grad_accum_steps), absl::GetFlag(FLAGS_world_size));
-  if (!batch_or.ok()) return Fail(batch_or.status());
-  const train::BatchSizes batch_sizes = *batch_or;
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
@@ -184,8 +182,12 @@ int Main() {
   auto dp_or = train::DataParallel::Start(
       {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
        absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
-      batch_sizes.global, *device_or);
+      batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
+  // DataParallel::Start's errors first (the launcher's environment, then a global batch that
+  // does not split, with the messages tests/tools pin), then the batch flags' own.
   if (!dp_or.ok()) return Fail(dp_or.status());
+  if (!batch_or.ok()) return Fail(batch_or.status());
+  const train::BatchSizes batch_sizes = *batch_or;
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
@@ -332,12 +334,14 @@ int Main() {
   progress_options.unit = "img/s";
   progress_options.out = dp.log();
   train::ProgressReporter progress(progress_options);
-  // First: what --batch_size means (the global batch, not a per-pass micro-batch).
-  progress.Println(batch_sizes.Describe("images"));
   if (!changes.empty()) {
     progress.Println(absl::StrCat("resuming with changed settings (--override): ",
                                   absl::StrJoin(changes, ", ")));
   }
+  // What --batch_size means (the global batch, not a per-pass micro-batch): the first output line,
+  // or the second after the
+  // --override changes of a resumed run.
+  progress.Println(batch_sizes.Describe("images"));
   progress.Println(absl::StrCat(
       model->to_string(), "training ", settings.ToString(), ": ", total_steps, " steps",
       run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));

@@ -5,8 +5,8 @@
 #   --min_lr, --n_head=3 without --n_embd, --grad_accum_steps=3 with the default batch; an
 #   explicit value out of range still fails naming it;
 # - --batch_size is the global batch: the first output line says global = micro x accumulation x
-#   ranks, --micro_batch_size gives the per-pass batch, and a global batch that does not split is
-#   refused naming both ways;
+#   ranks, --micro_batch_size gives the per-pass batch, a global batch that does not split is
+#   refused (DataParallel's message) and two batch flags that disagree are refused naming both;
 # - the metrics CSV writes the scale this step's backward used and the next one exactly (2^32 of
 #   --loss_scaler=deepspeed_class is 4294967296, not 4294967300); --loss_scaler=deepspeed starts
 #   at DeepSpeed's engine default 2^16.
@@ -72,7 +72,7 @@ run micro 0 -- "$train_gpt" "${small[@]}" --steps=1 --micro_batch_size=2 --grad_
 first micro "batch: global 4 sequences per optimizer step = micro-batch 2 x 2 accumulation steps x 1 rank"
 has micro "batch_size=4"
 run odd_global 1 -- "$train_gpt" "${small[@]}" --steps=1 --batch_size=3 --grad_accum_steps=2
-has odd_global "train_gpt: --batch_size=3 (the global batch of an optimizer step) does not split into --grad_accum_steps=2 x --world_size=1 = 2 equal micro-batches: give a multiple of 2, or --micro_batch_size=N for N x 2 rows per step"
+has odd_global "train_gpt: the batch size 3 does not split evenly across 1 rank x 2 micro-batches (--grad_accum_steps)"
 run both 1 -- "$train_gpt" "${small[@]}" --steps=1 --batch_size=8 --micro_batch_size=2 --grad_accum_steps=2
 has both "train_gpt: --batch_size=8 (the global batch of an optimizer step) is not --micro_batch_size=2 x --grad_accum_steps=2 x --world_size=1 = 4; give one of the two"
 
