@@ -54,8 +54,9 @@ ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
 ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
 ABSL_FLAG(std::optional<int64_t>, n_embd, std::nullopt,
           "width, 1..65536, a multiple of n_head (default 64, or the next multiple of n_head)");
-ABSL_FLAG(int64_t, block_size, 64,
-          "context length, 1..1000000 (with --init_from: of training, at most the file's)");
+ABSL_FLAG(std::optional<int64_t>, block_size, std::nullopt,
+          "context length, 1..1000000 (default 64; with --init_from: of training, at most the "
+          "file's, default min(64, the file's))");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from GPT-2 weights: a HuggingFace model.safetensors (config.json beside it) or its "
@@ -193,6 +194,7 @@ absl::Status CheckFlags() {
     return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
   };
   optional("n_embd", optional_count(FLAGS_n_embd), 1, 65536);
+  optional("block_size", optional_count(FLAGS_block_size), 1, 1e6);
   optional("batch_size", optional_count(FLAGS_batch_size), 1, 1e6);
   optional("micro_batch_size", optional_count(FLAGS_micro_batch_size), 1, 1e6);
   optional("min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0);
@@ -200,7 +202,6 @@ absl::Status CheckFlags() {
   std::vector<train::FlagRange> ranges = {
       {"n_layer", count(FLAGS_n_layer), 1, 1024},
       {"n_head", count(FLAGS_n_head), 1, 1024},
-      {"block_size", count(FLAGS_block_size), 1, 1e6},
       {"dropout", absl::GetFlag(FLAGS_dropout), 0, 1, Open::kMax},
       {"steps", steps, absl::GetFlag(FLAGS_init_from).empty() ? 1.0 : 0.0, kMaxCount},
       {"lr", lr, 0, 1e3, Open::kMin},
@@ -303,7 +304,9 @@ int Main() {
   const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
 
   nn::GptConfig config;
-  const int64_t seq_len = absl::GetFlag(FLAGS_block_size);  // of training
+  // Of training; the default never exceeds the context of --init_from's file.
+  const int64_t seq_len = absl::GetFlag(FLAGS_block_size)
+                              .value_or(init ? std::min<int64_t>(64, init->config.block_size) : 64);
   if (init) {
     config = init->config;
     if (tokenizer && tokenizer->vocab_size() != config.vocab_size) {

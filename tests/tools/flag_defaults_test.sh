@@ -2,7 +2,8 @@
 # train_gpt's flags as a user types them (issue 28, "Flags and logs"):
 # - a default never makes a valid command fail: --steps=5 without --warmup_steps (the default
 #   100 used to fail: "--warmup_steps=100 is outside its valid range [0, 5]"), --lr=1e-4 without
-#   --min_lr, --n_head=3 without --n_embd, --grad_accum_steps=3 with the default batch; an
+#   --min_lr, --n_head=3 without --n_embd, --grad_accum_steps=3 with the default batch,
+#   --init_from of a 32-token context without --block_size; an
 #   explicit value out of range still fails naming it;
 # - --batch_size is the global batch: the first output line says global = micro x accumulation x
 #   ranks, --micro_batch_size gives the per-pass batch, a global batch that does not split is
@@ -61,7 +62,28 @@ run three_heads 0 -- "$train_gpt" --data="$text" --n_layer=1 --n_head=3 --block_
 has three_heads "n_embd=66"
 run accum3 0 -- "$train_gpt" "${small[@]}" --steps=1 --grad_accum_steps=3
 first accum3 "batch: global 30 sequences per optimizer step = micro-batch 10 x 3 accumulation steps x 1 rank"
+# --init_from of a model with a context of 32: the default --block_size (64) follows it.
+le() {  # value bytes: little-endian
+  local v="$1" n="$2" i
+  for ((i = 0; i < n; i++)); do printf "\\x$(printf %02x $(((v >> (8 * i)) & 255)))"; done
+}
+# llm.c model file, version 3: maxT 32, V = Vp = 1000, 1 layer, 1 head, 4 channels; 4380 zero f32
+# parameters (wte 4000, wpe 128, the block 244, ln_f 8).
+{
+  le 20240326 4; le 3 4; le 32 4; le 1000 4; le 1 4; le 1 4; le 4 4; le 1000 4
+  head -c $((1024 - 32)) /dev/zero
+  head -c $((4 * 4380)) /dev/zero
+} >"$tmp/ctx32.bin"
+# An llm.c token shard of 1000 zero tokens.
+{ le 20240520 4; le 1 4; le 1000 4; head -c $((1024 - 12)) /dev/zero; head -c 2000 /dev/zero; } \
+  >"$tmp/train.bin"
+run init_ctx32 0 -- "$train_gpt" --init_from="$tmp/ctx32.bin" --data="$tmp/train.bin" --steps=1 \
+  --batch_size=1 --eval_batches=1 --sample_tokens=0
+has init_ctx32 "block_size=32"
 echo "== explicit values are checked"
+run block_too_long 1 -- "$train_gpt" --init_from="$tmp/ctx32.bin" --data="$tmp/train.bin" \
+  --steps=1 --batch_size=1 --block_size=64 --sample_tokens=0
+has block_too_long "train_gpt: --block_size=64 exceeds the context of --init_from=$tmp/ctx32.bin (32)"
 run warmup_too_long 1 -- "$train_gpt" "${small[@]}" --steps=5 --warmup_steps=10
 has warmup_too_long "train_gpt: --warmup_steps=10 is outside its valid range [0, 5]"
 run min_lr_too_high 1 -- "$train_gpt" "${small[@]}" --steps=5 --lr=1e-4 --min_lr=3e-4

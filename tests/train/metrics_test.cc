@@ -219,6 +219,30 @@ TEST(MetricsWriterTest, ResumeMissingOrEmptyFileStartsAfresh) {
   EXPECT_EQ(ReadFile(path), std::string(kHeader) + "\n");
 }
 
+// A run started before the loss_scale_next column resumes into its metrics file: the header is
+// rewritten and the kept rows get an empty loss_scale_next cell (the plot skips empty cells).
+TEST(MetricsWriterTest, ResumeContinuesAFileWithoutLossScaleNext) {
+  const std::string path = TempPath("resume_legacy.csv");
+  WriteFile(path,
+            "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s,val_loss\n"
+            "1,0.25,1,0.001,nan,65536,0,1234.5,0.25,\n"
+            "2,0.5,2,0.001,nan,32768,1,1234.5,0.5,2.5\n"
+            "3,0.75,3,0.001,nan,32768,1,1234.5,0.75,\n");
+  absl::StatusOr<MetricsWriter> w = MetricsWriter::Open(path, 2, {"val_loss"});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(w->Write(Record(3, 30)).ok());
+  ASSERT_TRUE(w->Close().ok());
+  EXPECT_EQ(ReadFile(path), std::string(kHeader) +
+                                ",val_loss\n"
+                                "1,0.25,1,0.001,nan,65536,,0,1234.5,0.25,\n"
+                                "2,0.5,2,0.001,nan,32768,,1,1234.5,0.5,2.5\n"
+                                "3,0.75,30,0.001,nan,65536,65536,0,1234.5,0.75,\n");
+  // Other extra columns than the run's are still refused.
+  WriteFile(path, "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s\n");
+  EXPECT_EQ(MetricsWriter::Open(path, 2, {"val_loss"}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(MetricsWriterTest, ResumeRejectsOtherHeaderOrBadRows) {
   const std::string path = TempPath("resume_bad.csv");
   const std::string original =

@@ -30,8 +30,10 @@
 // Resuming: Open(path, resume_from_step = k) keeps the header and the rows with step <= k of the
 // existing file, drops the rest (the steps that will be run again) and an incomplete last line
 // left by a crash, rewrites the file through `path + ".tmp"` + rename, and appends from there.
-// The existing header must match the columns asked for (fixed + extras). A missing or empty file
-// is started afresh. Without resume_from_step the file is created or truncated.
+// The existing header must match the columns asked for (fixed + extras); a file written before
+// the loss_scale_next column (the same header without it) is continued with the new header and
+// that cell empty in its kept rows. A missing or empty file is started afresh. Without
+// resume_from_step the file is created or truncated.
 //
 // Not thread-safe: one writer per file, used from one thread.
 #ifndef TAPEGRAD_TOOLS_TRAIN_METRICS_H_

@@ -211,6 +211,8 @@ absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags);
 // ran before changes its meaning) and adapts where it does not; an explicit value is still
 // checked against its range, naming it. Each binary's --help says the rule.
 //
+// (train_gpt's --n_embd: 64, or the next multiple of --n_head; --block_size: 64, or the context
+// of --init_from's file when shorter; the default --batch_size: see ResolveBatchSizes.)
 // train_gpt's --warmup_steps when not given: 100, or steps / 10 when --steps is below 100
 // (--steps=50 warms up for 5 steps instead of failing on a warmup longer than the run; nanoGPT's
 // warmup_iters is a fixed 2000 that its loop never checks against max_iters).
