@@ -78,9 +78,10 @@ ABSL_FLAG(int64_t, steps, 1500,
           "optimizer steps, 1..1e12 (0 with --init_from: convert only, no training)");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate, (0, 1e3]");
 ABSL_FLAG(std::optional<double>, min_lr, std::nullopt,
-          "final learning rate of the cosine schedule, [0, lr] (default lr / 10)");
+          "final learning rate of the cosine schedule, [0, lr] (default 3e-4, or lr / 10 when "
+          "--lr is below 3e-4)");
 ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt,
-          "linear warmup steps, 0..steps (default min(100, steps / 10))");
+          "linear warmup steps, 0..steps (default 100, or steps / 10 when --steps is below 100)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay, [0, 1e3]");
 ABSL_FLAG(double, beta2, 0.99, "AdamW beta2, [0, 1)");
 ABSL_FLAG(double, grad_clip, 1.0,
@@ -129,8 +130,9 @@ ABSL_FLAG(int64_t, zero_stage, 0,
           "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
           "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
 ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
-          "N equal parts; the step equals one on the whole batch)");
+          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
+          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
+          "whole batch)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "

@@ -94,8 +94,9 @@ ABSL_FLAG(int64_t, zero_stage, 0,
           "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
           "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
 ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
-          "N equal parts; the step equals one on the whole batch)");
+          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
+          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
+          "whole batch)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N >= 0 images only (0: all)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
