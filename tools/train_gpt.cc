@@ -61,9 +61,11 @@ ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
 ABSL_FLAG(int64_t, n_head, 4,
           "attention heads, 1..1024 (with --init_from: only for a model.safetensors without "
           "config.json, when given)");
-ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
-ABSL_FLAG(int64_t, block_size, 64,
-          "context length, 1..1000000 (with --init_from: of training, at most the file's)");
+ABSL_FLAG(std::optional<int64_t>, n_embd, std::nullopt,
+          "width, 1..65536, a multiple of n_head (default 64, or the next multiple of n_head)");
+ABSL_FLAG(std::optional<int64_t>, block_size, std::nullopt,
+          "context length, 1..1000000 (default 64; with --init_from: of training, at most the "
+          "file's, default min(64, the file's))");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from GPT-2 weights: a HuggingFace model.safetensors (config.json beside it) or its "
@@ -72,12 +74,23 @@ ABSL_FLAG(std::string, export_hf, "",
           "after training, write the model to this directory as model.safetensors + config.json "
           "for transformers' GPT2LMHeadModel.from_pretrained (empty: none)");
 ABSL_FLAG(double, dropout, 0, "dropout probability, [0, 1)");
-ABSL_FLAG(int64_t, batch_size, 32, "sequences per step, 1..1000000");
+ABSL_FLAG(std::optional<int64_t>, batch_size, std::nullopt,
+          "GLOBAL batch: sequences per optimizer step, summed over the --grad_accum_steps "
+          "micro-batches and the --world_size ranks (DeepSpeed's train_batch_size), 1..1000000 "
+          "(default 32, rounded down to a multiple of grad_accum_steps x world_size). nanoGPT's "
+          "and transformers' batch_size is the micro-batch: give --micro_batch_size instead");
+ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
+          "sequences per forward/backward pass on one rank (nanoGPT's batch_size, transformers' "
+          "per_device_train_batch_size), 1..1000000; the global batch is then micro_batch_size x "
+          "grad_accum_steps x world_size (default: from --batch_size)");
 ABSL_FLAG(int64_t, steps, 1500,
           "optimizer steps, 1..1e12 (0 with --init_from: convert only, no training)");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate, (0, 1e3]");
-ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule, [0, lr]");
-ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps, 0..steps");
+ABSL_FLAG(std::optional<double>, min_lr, std::nullopt,
+          "final learning rate of the cosine schedule, [0, lr] (default 3e-4, or lr / 10 when "
+          "--lr is below 3e-4)");
+ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt,
+          "linear warmup steps, 0..steps (default 100, or steps / 10 when --steps is below 100)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay, [0, 1e3]");
 ABSL_FLAG(double, beta2, 0.99, "AdamW beta2, [0, 1)");
 ABSL_FLAG(double, grad_clip, 1.0,
@@ -85,8 +98,10 @@ ABSL_FLAG(double, grad_clip, 1.0,
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | "
-          "deepspeed_legacy (DeepSpeed's growth timing before v0.17.1) | apex | none");
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
+          "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "
+          "class defaults: 2^32, no hysteresis) | deepspeed_legacy (the class with DeepSpeed's "
+          "growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
 ABSL_FLAG(int64_t, eval_every, 250,
           "evaluate on the validation tokens every N >= 0 steps (0: at the end only)");
@@ -127,8 +142,9 @@ ABSL_FLAG(int64_t, zero_stage, 0,
           "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
           "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
 ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
-          "N equal parts; the step equals one on the whole batch)");
+          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
+          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
+          "whole batch)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
@@ -180,8 +196,26 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
   return loss.mean();
 }
 
-// Every numeric flag against its documented range (the flags' help texts). top_k's upper bound,
-// the vocabulary, is checked once the data is read.
+// The flags whose defaults depend on other flags (train::DefaultWarmupSteps): a default never
+// makes a valid command fail.
+int64_t WarmupSteps() {
+  const std::optional<int64_t> given = absl::GetFlag(FLAGS_warmup_steps);
+  return given ? *given : train::DefaultWarmupSteps(absl::GetFlag(FLAGS_steps));
+}
+double MinLr() {
+  const std::optional<double> given = absl::GetFlag(FLAGS_min_lr);
+  return given ? *given : train::DefaultMinLr(absl::GetFlag(FLAGS_lr));
+}
+// 64, or the next multiple of --n_head (64 with 3 heads would fail the divisibility check).
+int64_t NEmbd() {
+  const std::optional<int64_t> given = absl::GetFlag(FLAGS_n_embd);
+  const int64_t heads = std::max<int64_t>(1, absl::GetFlag(FLAGS_n_head));
+  return given ? *given : (64 + heads - 1) / heads * heads;
+}
+
+// Every numeric flag against its documented range (the flags' help texts); a flag left at a
+// default that depends on others is not checked (the default fits). top_k's upper bound, the
+// vocabulary, is checked once the data is read.
 absl::Status CheckFlags() {
   using Open = train::FlagRange::Open;
   constexpr double kMaxCount = 1e12;
@@ -189,17 +223,26 @@ absl::Status CheckFlags() {
     return static_cast<double>(absl::GetFlag(flag));
   };
   const double steps = count(FLAGS_steps), lr = absl::GetFlag(FLAGS_lr);
-  return train::CheckFlagRanges({
+  std::vector<train::FlagRange> given;  // the flags whose default depends on others, if given
+  auto optional = [&](const char* name, std::optional<double> value, double min, double max) {
+    if (value) given.push_back({name, *value, min, max});
+  };
+  auto optional_count = [](const absl::Flag<std::optional<int64_t>>& flag) {
+    const std::optional<int64_t> v = absl::GetFlag(flag);
+    return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
+  };
+  optional("n_embd", optional_count(FLAGS_n_embd), 1, 65536);
+  optional("block_size", optional_count(FLAGS_block_size), 1, 1e6);
+  optional("batch_size", optional_count(FLAGS_batch_size), 1, 1e6);
+  optional("micro_batch_size", optional_count(FLAGS_micro_batch_size), 1, 1e6);
+  optional("min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0);
+  optional("warmup_steps", optional_count(FLAGS_warmup_steps), 0, steps > 0 ? steps : kMaxCount);
+  std::vector<train::FlagRange> ranges = {
       {"n_layer", count(FLAGS_n_layer), 1, 1024},
       {"n_head", count(FLAGS_n_head), 1, 1024},
-      {"n_embd", count(FLAGS_n_embd), 1, 65536},
-      {"block_size", count(FLAGS_block_size), 1, 1e6},
       {"dropout", absl::GetFlag(FLAGS_dropout), 0, 1, Open::kMax},
-      {"batch_size", count(FLAGS_batch_size), 1, 1e6},
       {"steps", steps, absl::GetFlag(FLAGS_init_from).empty() ? 1.0 : 0.0, kMaxCount},
       {"lr", lr, 0, 1e3, Open::kMin},
-      {"min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0},
-      {"warmup_steps", count(FLAGS_warmup_steps), 0, steps > 0 ? steps : kMaxCount},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
       {"beta2", absl::GetFlag(FLAGS_beta2), 0, 1, Open::kMax},
       {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, kMaxCount},
@@ -217,13 +260,19 @@ absl::Status CheckFlags() {
       {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
       {"print_every", count(FLAGS_print_every), 1, kMaxCount},
       {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
-  });
+  };
+  ranges.insert(ranges.end(), given.begin(), given.end());
+  return train::CheckFlagRanges(ranges);
 }
 
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
+  // --batch_size is the global batch; --micro_batch_size the per-pass one (train::BatchSizes).
+  absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/32,
+      absl::GetFlag(FLAGS_grad_accum_steps), absl::GetFlag(FLAGS_world_size));
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
@@ -233,8 +282,12 @@ int Main() {
   auto dp_or = train::DataParallel::Start(
       {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
        absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
-      absl::GetFlag(FLAGS_batch_size), *device_or);
+      batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
+  // DataParallel::Start's errors first (the launcher's environment, then a global batch that
+  // does not split, with the messages tests/tools pin), then the batch flags' own.
   if (!dp_or.ok()) return Fail(dp_or.status());
+  if (!batch_or.ok()) return Fail(batch_or.status());
+  const train::BatchSizes batch_sizes = *batch_or;
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
   // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
@@ -315,7 +368,9 @@ int Main() {
   const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
 
   nn::GptConfig config;
-  const int64_t seq_len = absl::GetFlag(FLAGS_block_size);  // of training
+  // Of training; the default never exceeds the context of --init_from's file.
+  const int64_t seq_len = absl::GetFlag(FLAGS_block_size)
+                              .value_or(init ? std::min<int64_t>(64, init->config.block_size) : 64);
   if (init) {
     config = init->config;
     if (tokenizer && tokenizer->vocab_size() != config.vocab_size) {
@@ -339,7 +394,7 @@ int Main() {
     config.block_size = seq_len;
     config.n_layer = absl::GetFlag(FLAGS_n_layer);
     config.n_head = absl::GetFlag(FLAGS_n_head);
-    config.n_embd = absl::GetFlag(FLAGS_n_embd);
+    config.n_embd = NEmbd();
     config.dropout = absl::GetFlag(FLAGS_dropout);
   }
   if (absl::GetFlag(FLAGS_top_k) > config.vocab_size) {
@@ -354,7 +409,7 @@ int Main() {
   // Every token of both splits, before anything trains (naming the file and the offset).
   if (absl::Status s = data::CheckVocabulary(*loaded, config.vocab_size); !s.ok()) return Fail(s);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  const int64_t batch_size = batch_sizes.global;
   data::TokenBatcher batches(std::move(split.train), batch_size, seq_len, seed + 1);
   data::TokenBatcher val(std::move(split.val), batch_size, seq_len, seed + 2);
 
@@ -391,8 +446,8 @@ int Main() {
   settings.Add("dropout", config.dropout, false);
   settings.Add("steps", static_cast<double>(total_steps), false);
   settings.Add("lr", opt_config.lr, false);
-  settings.Add("min_lr", absl::GetFlag(FLAGS_min_lr), false);
-  settings.Add("warmup_steps", static_cast<double>(absl::GetFlag(FLAGS_warmup_steps)), false);
+  settings.Add("min_lr", MinLr(), false);
+  settings.Add("warmup_steps", static_cast<double>(WarmupSteps()), false);
   settings.Add("weight_decay", opt_config.weight_decay, false);
   settings.Add("beta2", opt_config.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
@@ -428,13 +483,11 @@ int Main() {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
-  optim::CosineWithWarmupLr schedule(opt.optimizer(), absl::GetFlag(FLAGS_warmup_steps),
-                                     total_steps, absl::GetFlag(FLAGS_min_lr));
+  optim::CosineWithWarmupLr schedule(opt.optimizer(), WarmupSteps(), total_steps, MinLr());
 
   // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
   // them, into a directory checked before the first step.
@@ -508,6 +561,10 @@ int Main() {
     progress.Println(absl::StrCat("resuming with changed settings (--override): ",
                                   absl::StrJoin(changes, ", ")));
   }
+  // What --batch_size means (the global batch, not nanoGPT's micro-batch): the first output line,
+  // or the second after the
+  // --override changes of a resumed run.
+  progress.Println(batch_sizes.Describe("sequences"));
   progress.Println(
       absl::StrCat(model->to_string(), "training ", settings.ToString(), " (", batches.num_tokens(),
                    " train / ", val.num_tokens(), " val tokens)",

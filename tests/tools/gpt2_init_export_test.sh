@@ -56,8 +56,9 @@ refused() {  # expected-text args...
   fi
 }
 refused "cannot open '$tmp/missing.safetensors'" --init_from="$tmp/missing.safetensors" --steps=0
+# An explicit --block_size above the file's context (the default follows it: min(64, 32)).
 refused "--block_size=64 exceeds the context of --init_from=$tiny (32)" --init_from="$tiny" \
-  --data="$shard" --steps=1 --warmup_steps=0
+  --data="$shard" --steps=1 --warmup_steps=0 --block_size=64
 text="$tmp/text.txt"
 echo "the quick brown fox jumps over the lazy dog" >"$text"
 refused "has a vocabulary of 100: train it on token shards" --init_from="$tiny" --data="$text" \

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -124,8 +125,61 @@ absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags) {
   return absl::OkStatus();
 }
 
+int64_t DefaultWarmupSteps(int64_t steps) { return steps >= 100 ? 100 : steps / 10; }
+
+double DefaultMinLr(double lr) { return lr >= 3e-4 ? 3e-4 : lr / 10; }
+
+std::string BatchSizes::Describe(const char* rows) const {
+  return absl::StrCat("batch: global ", global, " ", rows, " per optimizer step = micro-batch ",
+                      micro, " x ", grad_accum_steps, " accumulation step",
+                      grad_accum_steps == 1 ? "" : "s", " x ", world_size,
+                      world_size == 1 ? " rank" : " ranks");
+}
+
+absl::StatusOr<BatchSizes> ResolveBatchSizes(std::optional<int64_t> batch_size,
+                                             std::optional<int64_t> micro_batch_size,
+                                             int64_t default_batch_size, int64_t grad_accum_steps,
+                                             int64_t world_size) {
+  BatchSizes b;
+  b.grad_accum_steps = grad_accum_steps;
+  b.world_size = world_size;
+  const int64_t parts = grad_accum_steps * world_size;  // micro-batches per optimizer step
+  const std::string split =
+      absl::StrCat("--grad_accum_steps=", grad_accum_steps, " x --world_size=", world_size);
+  if (micro_batch_size.has_value()) {
+    b.micro = *micro_batch_size;
+    b.global = b.micro * parts;
+    if (batch_size.has_value() && *batch_size != b.global) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--batch_size=", *batch_size, " (the global batch of an optimizer step) is not ",
+          "--micro_batch_size=", b.micro, " x ", split, " = ", b.global, "; give one of the two"));
+    }
+    return b;
+  }
+  if (batch_size.has_value()) {
+    if (*batch_size % parts != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--batch_size=", *batch_size,
+                       " (the global batch of an optimizer step) does not split into ", split,
+                       " = ", parts, " equal micro-batches: give a multiple of ", parts,
+                       ", or --micro_batch_size=N for N x ", parts, " rows per step"));
+    }
+    b.global = *batch_size;
+  } else {
+    // The default never fails: rounded down to a multiple of the micro-batch count.
+    b.global = std::max(parts, default_batch_size - default_batch_size % parts);
+  }
+  b.micro = b.global / parts;
+  return b;
+}
+
 namespace {
 constexpr char kSettingPrefix[] = "setting.";
+// Written beside a "loss_scaler" setting since --loss_scaler=deepspeed means DeepSpeed's engine
+// defaults; a checkpoint without it that records loss_scaler=deepspeed was written with the
+// class defaults (now deepspeed_class).
+constexpr char kScalerMeaningKey[] = "loss_scaler_meaning";
+constexpr char kScalerMeaning[] = "deepspeed=engine";
 }  // namespace
 
 void RunSettings::Add(const std::string& name, const std::string& value, bool fixed) {
@@ -135,7 +189,10 @@ void RunSettings::Add(const std::string& name, const std::string& value, bool fi
 
 std::map<std::string, std::string> RunSettings::ToMetadata() const {
   std::map<std::string, std::string> out;
-  for (const Setting& s : items_) out[absl::StrCat(kSettingPrefix, s.name)] = s.value;
+  for (const Setting& s : items_) {
+    out[absl::StrCat(kSettingPrefix, s.name)] = s.value;
+    if (s.name == "loss_scaler") out[kScalerMeaningKey] = kScalerMeaning;
+  }
   return out;
 }
 
@@ -177,18 +234,35 @@ absl::StatusOr<std::vector<std::string>> RunSettings::CheckResume(
   for (const Setting& s : items_) {
     auto it = metadata.find(absl::StrCat(kSettingPrefix, s.name));
     if (it == metadata.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint does not record the setting '", s.name,
-          "' (written by another program or an older version)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot resume from ", dir, ": the checkpoint does not record the setting '",
+                       s.name, "' (written by another program or an older version)"));
     }
-    if (it->second == s.value) continue;
+    std::string saved = it->second;
+    if (s.name == "loss_scaler" && saved == "deepspeed" &&
+        metadata.find(kScalerMeaningKey) == metadata.end()) {
+      // Decision: an old "deepspeed" checkpoint maps to deepspeed_class, the rules it was
+      // written with; resuming it under the engine's rules (another scale, hysteresis 2) would
+      // continue another run silently, so that is refused naming the flag that continues it.
+      if (s.value == "deepspeed") {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot resume from ", dir,
+            ": the checkpoint was written with loss_scaler=deepspeed when it meant DeepSpeed's "
+            "DynamicLossScaler class defaults (init 2^32, no hysteresis); --loss_scaler=deepspeed "
+            "now means DeepSpeed's engine config defaults (init 2^16, hysteresis 2): resume with "
+            "--loss_scaler=deepspeed_class, the rules the checkpoint was written with"));
+      }
+      saved = "deepspeed_class";
+    }
+    if (saved == s.value) continue;
     const bool allowed = std::find(overrides.begin(), overrides.end(), s.name) != overrides.end();
     if (!allowed) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=",
-          it->second, ", this run has ", s.name, "=", s.value,
-          s.fixed ? " (this setting cannot change when resuming)"
-                  : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
+          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=", it->second,
+          ", this run has ", s.name, "=", s.value,
+          s.fixed
+              ? " (this setting cannot change when resuming)"
+              : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
     }
     changes.push_back(absl::StrCat(s.name, " ", it->second, " -> ", s.value));
   }
@@ -310,8 +384,8 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string prefix = dir.substr(0, i);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ",
-                                                     prefix));
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ", prefix));
     }
   }
   struct stat info;
@@ -459,6 +533,10 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
     mp.scaler = std::make_shared<amp::LossScaler>(
         amp::LossScaler::MegatronDynamic(4294967296.0, 1.0, 2.0, 0.5, 1000, 2));
   } else if (s == "deepspeed") {
+    // What a DeepSpeed user's fp16 run gets from the engine's config defaults (2^16, hysteresis
+    // 2); the class defaults are deepspeed_class.
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedEngine());
+  } else if (s == "deepspeed_class") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic());
   } else if (s == "deepspeed_legacy") {
     // DeepSpeed's defaults with its growth timing before v0.17.1.
@@ -471,7 +549,8 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
   } else if (s != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown loss scaler '", s,
-        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_legacy, apex or none)"));
+        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_class, deepspeed_legacy, apex "
+        "or none)"));
   }
   return mp;
 }
@@ -529,6 +608,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
   stats.loss = n == 1 ? loss_sum : loss_sum / static_cast<double>(n);
   stats.grad_norm = opt.clip_master_grads(max_grad_norm > 0 ? max_grad_norm : INFINITY);
   stats.result = opt.step();
+  stats.loss_scale_next = opt.scaler().scale();
   schedule.step(stats.result.skipped);
   return stats;
 }
@@ -601,6 +681,7 @@ StepRecord RunState::Advance(const StepStats& stats, double elapsed_seconds) {
   record.lr = stats.lr;
   record.grad_norm = stats.grad_norm;
   record.loss_scale = stats.result.scale;
+  record.loss_scale_next = stats.loss_scale_next;
   record.skipped_steps = skipped_;
   record.elapsed_seconds = elapsed_seconds;
   return record;
