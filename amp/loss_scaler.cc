@@ -176,6 +176,12 @@ LossScaler LossScaler::DeepSpeedDynamic(double init_scale, double scale_factor,
   return LossScaler(o);
 }
 
+LossScaler LossScaler::DeepSpeedEngine(DeepSpeedGrowth growth) {
+  return DeepSpeedDynamic(/*init_scale=*/65536.0, /*scale_factor=*/2.0, /*scale_window=*/1000,
+                          /*min_scale=*/1.0, /*delayed_shift=*/2, /*consecutive_hysteresis=*/false,
+                          /*raise_error_at_min_scale=*/true, growth);
+}
+
 LossScaler LossScaler::Apex(double init_scale, int64_t scale_window, double min_loss_scale,
                             double max_loss_scale) {
   TG_CHECK(max_loss_scale > 0, "LossScaler::Apex: max_loss_scale must be positive, got ",

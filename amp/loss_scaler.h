@@ -57,6 +57,8 @@
 //           an overflow as well as at the start (window 2: updates 2, 4, 6, ...; window 1: every
 //           clean update). DeepSpeed changed it in commit e440506 ("Improve overflow handling in
 //           ZeRO", #6976).
+//   DeepSpeedEngine(): DeepSpeedDynamic with the defaults DeepSpeed's engine config gives
+//       (init 2^16, window 1000, min 1, delayed_shift 2): train's --loss_scaler=deepspeed.
 //   Apex(init 2^16, window 2000, min_loss_scale 0, max_loss_scale 2^24): NVIDIA Apex amp's
 //       dynamic LossScaler (apex/amp/scaler.py, amp.initialize(loss_scale="dynamic"); unchanged
 //       from 2019 until amp left Apex in 25.07). Double scale, both factors fixed at 2 (Apex
@@ -137,6 +139,15 @@ class LossScaler {
                                      int64_t delayed_shift = 1, bool consecutive_hysteresis = false,
                                      bool raise_error_at_min_scale = true,
                                      DeepSpeedGrowth growth = DeepSpeedGrowth::kSinceV0_17_1);
+  // What DeepSpeed's engine builds for an "fp16" config section that names any of its dynamic
+  // keys (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale,
+  // consecutive_hysteresis; the usual config templates, transformers' included), left at the
+  // defaults of deepspeed/runtime/constants.py: init 2^16 (FP16_INITIAL_SCALE_POWER_DEFAULT 16),
+  // scale_window 1000, delayed_shift (hysteresis) 2, min_scale 1, consecutive_hysteresis false;
+  // the class's scale_factor 2 and raise_error_at_min_scale true (the engine passes neither).
+  // DeepSpeedDynamic() keeps the class's own defaults (2^32, no hysteresis), which is what
+  // DeepSpeed's ZeRO optimizers build for an "fp16" section with "enabled" alone.
+  static LossScaler DeepSpeedEngine(DeepSpeedGrowth growth = DeepSpeedGrowth::kSinceV0_17_1);
   // Apex amp's defaults: init_scale 2^16, scale_window 2000, min_loss_scale None (0 here),
   // max_loss_scale 2^24. Throws tg::Error for a max_loss_scale that is not positive.
   static LossScaler Apex(double init_scale = 65536.0, int64_t scale_window = 2000,

@@ -299,7 +299,8 @@ void MixedPrecisionOptimizer::attach() {
       const int64_t task = outermost_graph_task_id();
       if (task == armed_task_) return;  // already queued for this backward
       armed_task_ = task;
-      queue_callback_on_outermost_task([this] { update_master_grads(); });
+      queue_callback_on_outermost_task([this] { update_master_grads(); },
+                                       "amp master-gradient update");
     }));
   }
 }

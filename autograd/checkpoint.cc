@@ -4,6 +4,7 @@
 #include <any>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,49 @@
 
 namespace tg {
 namespace {
+
+// Runs a recomputation between recompute_begin and recompute_end; the end is recorded (with the
+// error) also when `body` throws, so the trace's spans stay nested.
+template <typename Body>
+void TracedRecompute(const char* mode, Body&& body) {
+  if (!TracingEnabled()) return body();
+  trace_internal::Recompute(TraceKind::kRecomputeBegin, mode);
+  try {
+    body();
+  } catch (...) {
+    trace_internal::Recompute(TraceKind::kRecomputeEnd, mode,
+                              trace_internal::CurrentErrorMessage());
+    throw;
+  }
+  trace_internal::Recompute(TraceKind::kRecomputeEnd, mode);
+}
+
+// Marks the nodes `fn` created (sequence numbers from `first` on, reached from its output) as
+// recomputed by a non-reentrant checkpoint, for BackwardGraphToDot. Sequence numbers count per
+// thread and fn ran on this one, so the range is exactly fn's nodes; the walk stops at older
+// nodes (the inputs' history) and leaves (AccumulateGrad's kRunFirst is outside the range).
+// A node inside a nested checkpoint is marked already but still walked through: the outer
+// segment's nodes created before the inner checkpoint lie below it. The mark lives in the
+// node's Extras (one small allocation per segment node, at forward time).
+void MarkRecomputed(const Variable& out, uint64_t first) {
+  const uint64_t end = Node::next_sequence_nr();
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  auto visit = [&](Node* n) {
+    if (n == nullptr || n->sequence_nr() < first || n->sequence_nr() >= end ||
+        !seen.insert(n).second) {
+      return;
+    }
+    n->MarkRecomputedByCheckpoint();
+    stack.push_back(n);
+  };
+  if (out.defined()) visit(out.grad_fn().get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) visit(e.fn.get());
+  }
+}
 
 // The states of the generators `fn` draws from, captured before its forward.
 struct GeneratorStates {
@@ -102,16 +146,14 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     const auto& autocast = std::any_cast<const amp::AutocastState&>(ctx.saved_data.at("autocast"));
     const VariableList detached = DetachInputs(ctx.saved_variables());
     Variable out;
-    if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeBegin, "reentrant");
-    {
+    TracedRecompute("reentrant", [&] {
       ScopedGeneratorStates rng(generators);
       // The recomputation runs under the forward's autocast state (so it makes the same casts);
       // the nested backward below runs under the caller's, as in PyTorch.
       amp::AutocastStateGuard autocast_state(autocast);
       EnableGradGuard grad;
       out = CheckedCall(fn, detached);
-    }
-    if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeEnd, "reentrant");
+    });
     TG_CHECK(out.requires_grad(),
              "checkpoint: the recomputed output does not require grad (none "
              "of the inputs or parameters fn uses requires grad)");
@@ -168,8 +210,7 @@ void Recompute(NonReentrantState& s) {
   }
   const size_t expected = s.forward_saved.size();
   VariableList saved;
-  if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeBegin, "non_reentrant");
-  {
+  TracedRecompute("non_reentrant", [&] {
     ScopedGeneratorStates rng(s.generators);
     amp::AutocastStateGuard autocast_state(s.autocast);
     EnableGradGuard grad;  // the forward recorded (it saved something), so record again
@@ -192,8 +233,7 @@ void Recompute(NonReentrantState& s) {
       CheckedCall(s.fn, s.inputs);
     } catch (const StopRecomputation&) {
     }
-  }
-  if (TracingEnabled()) trace_internal::Recompute(TraceKind::kRecomputeEnd, "non_reentrant");
+  });
   TG_CHECK(saved.size() == expected,
            "checkpoint: a different number of tensors was saved during the original forward "
            "and the recomputation: ",
@@ -256,7 +296,10 @@ Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
       [state](const std::any& packed) -> Variable {
         return Unpack(*state, std::any_cast<size_t>(packed));
       });
-  return CheckedCall(state->fn, inputs);
+  const uint64_t first = Node::next_sequence_nr();
+  Variable out = CheckedCall(state->fn, inputs);
+  MarkRecomputed(out, first);
+  return out;
 }
 
 }  // namespace

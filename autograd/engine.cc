@@ -65,7 +65,11 @@ struct GraphTask {
     auto it = slots.find(node);
     return it == slots.end() ? nullptr : &states[it->second];
   }
-  std::vector<std::function<void()>> callbacks;
+  struct Callback {
+    std::function<void()> fn;
+    const char* trace_name;
+  };
+  std::vector<Callback> callbacks;
   std::vector<Capture> captures;
   VariableList captured;
   // The roots' nodes (keeping their graph alive while the task runs), and other nodes the task
@@ -213,11 +217,9 @@ void CaptureGrads(GraphTask& task, Node* node, const VariableList& grads) {
   }
 }
 
-void RunNode(GraphTask& task, Node* node, NodeState& state,
-             std::priority_queue<ReadyEntry>& ready) {
+void RunNodeBody(GraphTask& task, Node* node, NodeState& state,
+                 std::priority_queue<ReadyEntry>& ready) {
   VariableList grads = std::move(state.buffer);
-  if (TracingEnabled())
-    trace_internal::Node(TraceKind::kNodeBegin, node->trace_name(), state.sequence_nr);
   // PyTorch's order (evaluate_function): a captured node that also runs (another requested
   // gradient lies below it) captures what it received, before its tensor hooks; one that only
   // delivers the captured gradient runs its tensor hooks and retain_grad, captures their
@@ -227,8 +229,6 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   node->RunRetainGrad(grads);
   if (!state.needed) {
     if (state.captured) CaptureGrads(task, node, grads);
-    if (TracingEnabled())
-      trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
     return;
   }
   const bool is_accumulate = node->IsAccumulateGrad();
@@ -244,8 +244,6 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   if (AnomalyMode::is_enabled()) CheckFiniteForAnomaly(*node, outputs);
   if (node->has_post_hooks()) node->RunPostHooks(outputs, grads);
   if (!task.keep_graph) node->ReleaseSaved();
-  if (TracingEnabled())
-    trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), state.sequence_nr);
   const auto& edges = node->next_edges();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!edges[i].valid()) continue;
@@ -265,6 +263,23 @@ void RunNode(GraphTask& task, Node* node, NodeState& state,
   }
 }
 
+// Runs the node; traced, between its node_begin and node_end, and the end is recorded (with the
+// error) also when the node, a hook or a nested task throws, so the trace's spans stay nested.
+void RunNode(GraphTask& task, Node* node, NodeState& state,
+             std::priority_queue<ReadyEntry>& ready) {
+  if (!TracingEnabled()) return RunNodeBody(task, node, state, ready);
+  const uint64_t sequence_nr = state.sequence_nr;
+  trace_internal::Node(TraceKind::kNodeBegin, node->trace_name(), sequence_nr);
+  try {
+    RunNodeBody(task, node, state, ready);
+  } catch (...) {
+    trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), sequence_nr,
+                         trace_internal::CurrentErrorMessage());
+    throw;
+  }
+  trace_internal::Node(TraceKind::kNodeEnd, node->trace_name(), sequence_nr);
+}
+
 // Whether `node` receives its gradient in the current task (its tensor hooks will run).
 bool GradientWillBeComputed(Node* node) {
   const NodeState* state = current_task->Find(node);
@@ -274,9 +289,22 @@ bool GradientWillBeComputed(Node* node) {
 void RunCallbacks(GraphTask& task) {
   // Index loop: a callback may queue more callbacks, which run in the same pass.
   for (size_t i = 0; i < task.callbacks.size(); ++i) {
-    std::function<void()> cb = std::move(task.callbacks[i]);
-    if (TracingEnabled()) trace_internal::Callback(TraceKind::kCallbackRun, task.id);
-    cb();
+    std::function<void()> cb = std::move(task.callbacks[i].fn);
+    const char* name = task.callbacks[i].trace_name;
+    if (!TracingEnabled()) {
+      cb();
+      continue;
+    }
+    // A span: what a callback waits for (DDP's all-reduces) shows as its length.
+    trace_internal::Callback(TraceKind::kCallbackRun, name, task.id);
+    try {
+      cb();
+    } catch (...) {
+      trace_internal::Callback(TraceKind::kCallbackEnd, name, task.id,
+                               trace_internal::CurrentErrorMessage());
+      throw;
+    }
+    trace_internal::Callback(TraceKind::kCallbackEnd, name, task.id);
   }
   task.callbacks.clear();
 }
@@ -302,8 +330,10 @@ void Execute(GraphTask& task, const std::vector<std::pair<Node*, VariableList>>&
   try {
     RunTask(task, root_grads);
   } catch (...) {
-    if (TracingEnabled())
-      trace_internal::Task(TraceKind::kTaskEnd, "failed", task.id, parent_id, task.depth);
+    if (TracingEnabled()) {
+      trace_internal::Task(TraceKind::kTaskEnd, task.kind, task.id, parent_id, task.depth,
+                           trace_internal::CurrentErrorMessage());
+    }
     throw;
   }
   if (TracingEnabled())
@@ -347,8 +377,11 @@ void ExecuteWithHandOff(GraphTask& task,
   std::exception_ptr error;
   TraceScope* trace = trace_internal::current;  // the worker records into the caller's trace
   if (trace != nullptr) trace_internal::HandOff(task.id);
+  const int rank = TraceRank();
   std::thread worker([&] {
     TraceScope::ThreadGuard trace_guard(trace);
+    SetTraceRank(rank);
+    TraceThreadRole role(absl::StrCat("backward hand-off (task ", task.id, ")"));
     current_task = parent;
     GradMode::set_enabled(grad_mode);
     amp::AutocastStateGuard autocast_state(autocast);  // the caller's thread-local state
@@ -488,19 +521,21 @@ int64_t current_graph_task_id() { return current_task ? current_task->id : -1; }
 
 int current_reentrant_depth() { return current_task ? current_task->depth : -1; }
 
-void queue_callback(std::function<void()> callback) {
+void queue_callback(std::function<void()> callback, const char* trace_name) {
   TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
-  if (TracingEnabled()) trace_internal::Callback(TraceKind::kCallbackQueued, current_task->id);
-  current_task->callbacks.push_back(std::move(callback));
+  if (TracingEnabled())
+    trace_internal::Callback(TraceKind::kCallbackQueued, trace_name, current_task->id);
+  current_task->callbacks.push_back({std::move(callback), trace_name});
 }
 
 int64_t outermost_graph_task_id() { return current_task ? current_task->outermost->id : -1; }
 
-void queue_callback_on_outermost_task(std::function<void()> callback) {
+void queue_callback_on_outermost_task(std::function<void()> callback, const char* trace_name) {
   TG_CHECK(current_task != nullptr, "callbacks can only be queued during backward");
-  if (TracingEnabled())
-    trace_internal::Callback(TraceKind::kCallbackQueued, current_task->outermost->id);
-  current_task->outermost->callbacks.push_back(std::move(callback));
+  if (TracingEnabled()) {
+    trace_internal::Callback(TraceKind::kCallbackQueued, trace_name, current_task->outermost->id);
+  }
+  current_task->outermost->callbacks.push_back({std::move(callback), trace_name});
 }
 
 bool backward_issued_in_forward() {
@@ -551,6 +586,9 @@ Node* ExistingGradientEdgeNode(const VariableImpl& impl) {
   return impl.grad_accumulator.lock().get();
 }
 
+// The trace name of a multi-grad hook's bookkeeping callback: the engine's, not the user's.
+constexpr char kMultiGradCleanupTraceName[] = "multi_grad cleanup (internal)";
+
 // What a multi-grad hook keeps per graph task: an entry is made at the task's first gradient
 // for one of the variables and dropped when the task's callbacks run.
 struct MultiGradState {
@@ -584,14 +622,16 @@ struct MultiGradState {
     // Forget this task once it is done (also when the hook did not fire: a failed backward
     // leaves its entry behind, a few bytes, until the hook is removed).
     std::weak_ptr<MultiGradState> weak = self;
-    queue_callback([weak, id] {
-      if (auto state = weak.lock()) {
-        std::lock_guard<std::mutex> lock(state->mu);
-        auto& v = state->tasks;
-        auto done = [id](const PerTask& t) { return t.task_id == id; };
-        v.erase(std::remove_if(v.begin(), v.end(), done), v.end());
-      }
-    });
+    queue_callback(
+        [weak, id] {
+          if (auto state = weak.lock()) {
+            std::lock_guard<std::mutex> lock(state->mu);
+            auto& v = state->tasks;
+            auto done = [id](const PerTask& t) { return t.task_id == id; };
+            v.erase(std::remove_if(v.begin(), v.end(), done), v.end());
+          }
+        },
+        kMultiGradCleanupTraceName);
     return t;
   }
 };

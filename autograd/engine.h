@@ -58,14 +58,17 @@ int64_t current_graph_task_id();
 int current_reentrant_depth();
 // Appends to the current task's final callbacks; throws
 // "callbacks can only be queued during backward" outside backward.
-void queue_callback(std::function<void()> callback);
+// `trace_name` names the callback in engine traces (autograd/trace.h): what queued it, a string
+// literal (it is kept, not copied).
+void queue_callback(std::function<void()> callback, const char* trace_name = "callback");
 // The outermost task of the current nesting (the user's backward when the current task is a
 // reentrant one, e.g. inside a checkpoint); -1 outside backward.
 int64_t outermost_graph_task_id();
 // Appends to the outermost task's final callbacks: they run once the whole backward, nested
 // tasks included, is done (post-backward epilogues queued from hooks that may fire in nested
 // tasks). Throws "callbacks can only be queued during backward" outside backward.
-void queue_callback_on_outermost_task(std::function<void()> callback);
+void queue_callback_on_outermost_task(std::function<void()> callback,
+                                      const char* trace_name = "callback");
 
 // Marks code that computes a forward pass (nn modules enter one around forward). A backward
 // started inside it (an auxiliary backward issued by a model's forward) is flagged, and so are

@@ -43,6 +43,7 @@ std::string NodeLabel(const Node& node) {
   if (c.pre_hooks) hooks.push_back(absl::StrCat(c.pre_hooks, " pre-hook(s)"));
   if (c.post_hooks) hooks.push_back(absl::StrCat(c.post_hooks, " post-hook(s)"));
   for (const std::string& h : hooks) lines.push_back(h);
+  if (node.recomputed_by_checkpoint()) lines.push_back("recomputed by checkpoint");
   return absl::StrJoin(lines, "\\n");
 }
 
@@ -74,10 +75,17 @@ std::string BackwardGraphToDot(const Variable& root) {
         (n->IsAccumulateGrad() &&
          (!static_cast<const AccumulateGrad*>(n)->leaf()->tensor_hooks.empty() ||
           !static_cast<const AccumulateGrad*>(n)->leaf()->post_accumulate_hooks.empty()));
+    // Dashed: what a non-reentrant checkpoint recomputes in backward (its saved tensors are
+    // not kept); filled: a retained grad.
+    const bool recomputed = n->recomputed_by_checkpoint();
+    const char* style = c.retain_grad && recomputed ? ", style=\"filled,dashed\""
+                        : c.retain_grad             ? ", style=filled"
+                        : recomputed                ? ", style=dashed"
+                                                    : "";
     absl::StrAppend(&out, "  n", ids.at(n), " [label=\"", NodeLabel(*n),
-                    "\", shape=", n->IsAccumulateGrad() ? "ellipse" : "box",
-                    c.retain_grad ? ", style=filled, fillcolor=lightblue" : "",
-                    hooked ? ", color=red" : "", "];\n");
+                    "\", shape=", n->IsAccumulateGrad() ? "ellipse" : "box", style,
+                    c.retain_grad ? ", fillcolor=lightblue" : "", hooked ? ", color=red" : "",
+                    "];\n");
     const auto& edges = n->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       if (!edges[i].valid()) continue;

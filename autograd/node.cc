@@ -16,7 +16,7 @@ namespace {
 
 // Sequence numbers only order nodes created on one thread (as in PyTorch), so a thread-local
 // counter is enough and costs no atomic.
-thread_local uint64_t next_sequence_nr = 0;
+thread_local uint64_t sequence_counter = 0;
 
 std::string CaptureCreationTrace() {
   void* frames[24];
@@ -32,7 +32,9 @@ std::string CaptureCreationTrace() {
 
 }  // namespace
 
-Node::Node() : Node(next_sequence_nr++) {}
+Node::Node() : Node(sequence_counter++) {}
+
+uint64_t Node::next_sequence_nr() { return sequence_counter; }
 
 Node::Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {
   if (AnomalyMode::is_enabled()) extras().creation_trace = CaptureCreationTrace();

@@ -114,6 +114,13 @@ class Node : public std::enable_shared_from_this<Node> {
   // Where the node was created (a symbolised stack), recorded only in anomaly mode.
   const std::string& creation_trace() const;
 
+  // Whether a non-reentrant checkpoint created this node and recomputes what it saved during
+  // backward (BackwardGraphToDot marks it).
+  bool recomputed_by_checkpoint() const { return extras_ && extras_->recomputed_by_checkpoint; }
+  void MarkRecomputedByCheckpoint() { extras().recomputed_by_checkpoint = true; }
+  // The sequence number the next node created on this thread gets.
+  static uint64_t next_sequence_nr();
+
   // Scratch for the engine: the task that last reached this node and the node's slot in that
   // task's state, so lookups during backward are an array access instead of a hash lookup.
   // A nested task may overwrite it; the engine then falls back to its map.
@@ -146,6 +153,7 @@ class Node : public std::enable_shared_from_this<Node> {
     std::vector<std::pair<uint32_t, std::weak_ptr<VariableImpl>>> retain_grad;
     std::string creation_trace;
     uint64_t next_hook_id = 0;
+    bool recomputed_by_checkpoint = false;
   };
   Extras& extras();
 

@@ -1,7 +1,9 @@
 #include "autograd/trace.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <map>
 
@@ -13,6 +15,8 @@ namespace {
 
 std::atomic<int> next_thread_number{0};
 thread_local int thread_number = -1;
+thread_local std::string thread_role;  // TraceThreadRole's
+thread_local int trace_rank = -1;      // SetTraceRank's
 
 int ThreadNumber() {
   if (thread_number < 0) thread_number = next_thread_number.fetch_add(1);
@@ -27,10 +31,11 @@ int64_t NowNs() {
 
 bool IsBegin(TraceKind k) {
   return k == TraceKind::kTaskBegin || k == TraceKind::kNodeBegin ||
-         k == TraceKind::kRecomputeBegin;
+         k == TraceKind::kRecomputeBegin || k == TraceKind::kCallbackRun;
 }
 bool IsEnd(TraceKind k) {
-  return k == TraceKind::kTaskEnd || k == TraceKind::kNodeEnd || k == TraceKind::kRecomputeEnd;
+  return k == TraceKind::kTaskEnd || k == TraceKind::kNodeEnd || k == TraceKind::kRecomputeEnd ||
+         k == TraceKind::kCallbackEnd;
 }
 
 }  // namespace
@@ -44,6 +49,7 @@ const char* TraceKindName(TraceKind kind) {
     case TraceKind::kHook: return "hook";
     case TraceKind::kCallbackQueued: return "callback_queued";
     case TraceKind::kCallbackRun: return "callback_run";
+    case TraceKind::kCallbackEnd: return "callback_end";
     case TraceKind::kRecomputeBegin: return "recompute_begin";
     case TraceKind::kRecomputeEnd: return "recompute_end";
     case TraceKind::kHandOff: return "handoff";
@@ -61,21 +67,32 @@ void Record(TraceRecord record) {
   if (record.depth < 0) record.depth = current_reentrant_depth();
   for (TraceScope* s = current; s != nullptr; s = s->parent_) {
     std::lock_guard<std::mutex> lock(s->mu_);
+    // The thread's name as of its latest event (a small vector: traces have a few threads).
+    auto it = std::find_if(s->threads_.begin(), s->threads_.end(),
+                           [&](const auto& t) { return t.first == record.thread; });
+    if (it == s->threads_.end()) it = s->threads_.insert(it, {record.thread, {}});
+    TraceScope::ThreadInfo& info = it->second;
+    if (!thread_role.empty() && info.role != thread_role) info.role = thread_role;
+    if (trace_rank >= 0) info.rank = trace_rank;
+    info.ran_task |= record.kind == TraceKind::kTaskBegin;
     s->events_.push_back(record);
   }
 }
 
-void Task(TraceKind kind, std::string_view name, int64_t task, int64_t parent, int depth) {
+void Task(TraceKind kind, std::string_view name, int64_t task, int64_t parent, int depth,
+          std::string error) {
   TraceRecord r{kind, std::string(name)};
   r.task = task;
   r.parent_task = parent;
   r.depth = depth;
+  r.error = std::move(error);
   Record(std::move(r));
 }
 
-void Node(TraceKind kind, std::string name, uint64_t sequence_nr) {
+void Node(TraceKind kind, std::string name, uint64_t sequence_nr, std::string error) {
   TraceRecord r{kind, std::move(name)};
   r.sequence_nr = sequence_nr;
+  r.error = std::move(error);
   Record(std::move(r));
 }
 
@@ -86,13 +103,18 @@ void Hook(const char* hook_kind, std::string node, uint64_t handle) {
   Record(std::move(r));
 }
 
-void Callback(TraceKind kind, int64_t task) {
-  TraceRecord r{kind, "callback"};
+void Callback(TraceKind kind, std::string_view name, int64_t task, std::string error) {
+  TraceRecord r{kind, std::string(name)};
   r.task = task;
+  r.error = std::move(error);
   Record(std::move(r));
 }
 
-void Recompute(TraceKind kind, const char* mode) { Record(TraceRecord{kind, mode}); }
+void Recompute(TraceKind kind, const char* mode, std::string error) {
+  TraceRecord r{kind, mode};
+  r.error = std::move(error);
+  Record(std::move(r));
+}
 
 void HandOff(int64_t task) {
   TraceRecord r{TraceKind::kHandOff, "thread"};
@@ -100,7 +122,38 @@ void HandOff(int64_t task) {
   Record(std::move(r));
 }
 
+std::string CurrentErrorMessage() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace trace_internal
+
+TraceThreadRole::TraceThreadRole(std::string role) : previous_(std::move(thread_role)) {
+  thread_role = std::move(role);
+}
+TraceThreadRole::~TraceThreadRole() { thread_role = std::move(previous_); }
+
+void SetTraceRank(int rank) { trace_rank = rank; }
+int TraceRank() { return trace_rank; }
+
+std::vector<std::pair<int, std::string>> TraceScope::thread_names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int, std::string>> out;
+  for (const auto& [thread, info] : threads_) {
+    std::string role = !info.role.empty() ? info.role
+                       : info.ran_task    ? std::string("backward")
+                                          : absl::StrCat("thread ", thread);
+    out.emplace_back(thread, info.rank >= 0 ? absl::StrCat("rank ", info.rank, " / ", role) : role);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 TraceScope::TraceScope() : parent_(trace_internal::current), start_ns_(NowNs()) {
   trace_internal::current = this;
@@ -122,6 +175,13 @@ std::vector<TraceRecord> TraceScope::events() const {
 std::string TraceScope::ToChromeJson() const {
   using nlohmann::json;
   json events = json::array();
+  for (const auto& [thread, name] : thread_names()) {
+    events.push_back(json{{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", 1},
+                          {"tid", thread},
+                          {"args", json{{"name", name}}}});
+  }
   for (const TraceRecord& e : this->events()) {
     json j;
     j["name"] = e.kind == TraceKind::kHook   ? e.name + " @ " + e.node
@@ -146,6 +206,7 @@ std::string TraceScope::ToChromeJson() const {
       args["handle"] = e.handle;
     }
     if (!e.detail.empty()) args["detail"] = e.detail;
+    if (!e.error.empty()) args["error"] = e.error;
     j["args"] = std::move(args);
     events.push_back(std::move(j));
   }
@@ -157,6 +218,9 @@ std::string TraceScope::ToChromeJson() const {
 
 std::string TraceScope::ToText() const {
   std::string out;
+  for (const auto& [thread, name] : thread_names()) {
+    absl::StrAppend(&out, "# [t", thread, "] ", name, "\n");
+  }
   std::map<int, int> indent;  // per thread
   for (const TraceRecord& e : this->events()) {
     int& level = indent[e.thread];
@@ -164,7 +228,11 @@ std::string TraceScope::ToText() const {
     absl::StrAppend(&out, "[t", e.thread, "] ");
     const std::string ts = std::to_string((e.ts_ns - start_ns_) / 1000);
     absl::StrAppend(&out, std::string(ts.size() < 8 ? 8 - ts.size() : 0, ' '), ts, "us  ",
-                    std::string(2 * level, ' '), TraceKindName(e.kind), " ", e.name);
+                    std::string(2 * std::min(level, kMaxTextIndent), ' '));
+    // Past the cap the indent stops growing and the level is printed instead: a reentrant
+    // chain 47 tasks deep nests ~95 levels, 190 columns of blanks otherwise.
+    if (level > kMaxTextIndent) absl::StrAppend(&out, "[level ", level, "] ");
+    absl::StrAppend(&out, TraceKindName(e.kind), " ", e.name);
     switch (e.kind) {
       case TraceKind::kTaskBegin:
       case TraceKind::kTaskEnd:
@@ -188,6 +256,7 @@ std::string TraceScope::ToText() const {
       default:
         absl::StrAppend(&out, " task=", e.task);
     }
+    if (!e.error.empty()) absl::StrAppend(&out, " error=\"", e.error, "\"");
     out += '\n';
     if (IsBegin(e.kind)) ++level;
   }

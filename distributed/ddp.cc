@@ -160,6 +160,7 @@ void DistributedDataParallel::BroadcastBuffers() {
 }
 
 Variable DistributedDataParallel::operator()(const Variable& input) {
+  SetTraceRank(pg_->rank());  // traces name this thread "rank R / ..." (a thread-local store)
   if (options_.broadcast_buffers && pg_->size() > 1) BroadcastBuffers();
   ForwardScope forward;  // backward passes issued by the model's forward are not reduced
   return (*module_)(input);
@@ -217,7 +218,8 @@ void DistributedDataParallel::StartBackward(int64_t task) {
   next_launch_ = 0;
   armed_task_ = task;
   in_backward_ = true;
-  queue_callback_on_outermost_task([this] { Finalize(); });
+  // Named in traces: its span is the wait for the buckets' all-reduces.
+  queue_callback_on_outermost_task([this] { Finalize(); }, "ddp finalize");
 }
 
 void DistributedDataParallel::CopyGradIntoSlot(Param& p) {

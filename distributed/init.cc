@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "distributed/gloo_process_group.h"
 #ifdef TAPEGRAD_HAS_NCCL
 #include "distributed/nccl_process_group.h"
@@ -52,13 +54,31 @@ constexpr Launcher kLaunchers[] = {
     {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
+// SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of 3 nodes, then 1) when every node runs the
+// same number of tasks, else -1.
+int UniformSlurmTasksPerNode(absl::string_view text) {
+  int common = -1;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    if (const size_t paren = part.find('('); paren != absl::string_view::npos) {
+      part = part.substr(0, paren);  // "2(x3)": the count repeats, the repeat does not matter
+    }
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v < 1 || (common != -1 && v != common)) return -1;
+    common = v;
+  }
+  return common;
+}
+
 // SLURM's tasks on this node: SLURM_NTASKS_PER_NODE when it is one number (srun
-// --ntasks-per-node), the whole step on one node, else unknown (-1; "2(x3)" forms and uneven
-// layouts).
+// --ntasks-per-node), SLURM_TASKS_PER_NODE when every node runs as many, the whole step on one
+// node, else unknown (-1; uneven layouts).
 int SlurmLocalWorldSize(int world_size) {
   int v;
   if (const char* n = GetEnv("SLURM_NTASKS_PER_NODE"); n != nullptr && absl::SimpleAtoi(n, &v)) {
     return v;
+  }
+  if (const char* n = GetEnv("SLURM_TASKS_PER_NODE"); n != nullptr) {
+    if (const int uniform = UniformSlurmTasksPerNode(n); uniform > 0) return uniform;
   }
   for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}) {
     if (const char* n = GetEnv(name); n != nullptr && absl::SimpleAtoi(n, &v)) {

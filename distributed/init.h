@@ -6,7 +6,8 @@
 //   torchrun (and tools:launch): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
 //   Open MPI (mpirun):           OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
 //   SLURM (srun):                SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (tasks per node from
-//                                SLURM_NTASKS_PER_NODE or SLURM_STEP_NUM_NODES / SLURM_NNODES)
+//                                SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE when even ("4(x2)"),
+//                                or SLURM_STEP_NUM_NODES / SLURM_NNODES)
 // > a single process (0, 1, 0). A missing world size is 1; a missing local rank is the rank.
 // The rendezvous: options.rdzv > TG_RDZV ("file:///dir", "redis://host:port" or
 // "tcp://host:port") > MASTER_ADDR + MASTER_PORT (the TCP store, tcp://MASTER_ADDR:MASTER_PORT,

@@ -135,6 +135,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
            ": the wrapped optimizer already has state; wrap it before its first step (its "
            "parameters are replaced by the f32 master shards)");
   rank_ = pg_->rank();
+  SetTraceRank(rank_);  // traces name this thread "rank R / ..." (a thread-local store)
   world_ = pg_->size();
   device_ = pg_->device();
 
@@ -491,7 +492,7 @@ void ZeroOptimizer::ArmEpilogue() {
   // A new user backward. State left by one that threw is dropped first.
   ResetBackwardState();
   armed_task_ = task;
-  queue_callback_on_outermost_task([this] { Epilogue(); });
+  queue_callback_on_outermost_task([this] { Epilogue(); }, "zero epilogue");
 }
 
 void ZeroOptimizer::Epilogue() {

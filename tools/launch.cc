@@ -32,6 +32,14 @@
 // Nothing left in the ranks' process groups survives the launcher. Bad flags exit with status 2;
 // a binary that cannot be started makes its ranks exit with 127.
 //
+// --max_restarts=N (one node): torchrun's elastic restarts. After a failure has stopped every rank
+// (as above), the launcher starts all of them again, at most N times, with
+// TORCHELASTIC_RESTART_COUNT = the restart (0 on the first attempt; TORCHELASTIC_MAX_RESTARTS = N)
+// and a fresh rendezvous: the job id gets "-restart<k>" (TG_JOB_ID), a tcp:// store is hosted
+// anew by the new rank 0. The training binaries resume with --resume=auto (from the checkpoint
+// when there is one). A stop the launcher was asked for (SIGINT/SIGTERM/SIGHUP) is not
+// restarted; the exit status is that of the last attempt.
+//
 // Several nodes: each node runs its own launcher; a failure on another node reaches this one
 // through the distributed library's timeouts (--timeout_s), not through the launcher.
 #include <fcntl.h>
@@ -82,6 +90,9 @@ ABSL_FLAG(double, timeout_s, 0,
 ABSL_FLAG(double, grace_s, 30,
           "seconds between SIGTERM and SIGKILL when stopping the ranks (torchrun's agent waits 30 s "
           "too): room for rank 0 to finish writing a checkpoint");
+ABSL_FLAG(int, max_restarts, 0,
+          "restart all ranks after a failure at most N >= 0 times, as torchrun --max-restarts "
+          "(TORCHELASTIC_RESTART_COUNT; one node only)");
 
 extern char** environ;
 
@@ -91,9 +102,10 @@ namespace {
 constexpr int kUsageError = 2;
 constexpr const char* kUsage =
     "usage: launch --nproc=N [--nnodes=M --node_rank=I (--master_addr=HOST --master_port=P | "
-    "--rdzv=URL --job_id=ID) --timeout_s=S --grace_s=S] -- BINARY [ARGS...]";
-constexpr const char* kOwnFlags[] = {"nproc",       "nnodes", "node_rank", "rdzv",   "master_addr",
-                                     "master_port", "job_id", "timeout_s", "grace_s"};
+    "--rdzv=URL --job_id=ID) --timeout_s=S --grace_s=S --max_restarts=N] -- BINARY [ARGS...]";
+constexpr const char* kOwnFlags[] = {"nproc",       "nnodes",      "node_rank", "rdzv",
+                                     "master_addr", "master_port", "job_id",    "timeout_s",
+                                     "grace_s",     "max_restarts"};
 // A line longer than this is printed in pieces (a rank cannot make the launcher buffer without
 // bound by never writing a newline).
 constexpr size_t kMaxLine = 64 << 10;
@@ -186,6 +198,8 @@ struct Config {
   std::string job_id;
   double timeout_s = 0;
   double grace_s = 30;
+  int max_restarts = 0;
+  int attempt = 0;  // TORCHELASTIC_RESTART_COUNT of the ranks
   std::vector<std::string> command;
 };
 
@@ -201,6 +215,7 @@ Config CheckFlags(std::vector<std::string> command) {
   c.master_port = absl::GetFlag(FLAGS_master_port);
   c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   c.grace_s = absl::GetFlag(FLAGS_grace_s);
+  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   c.command = std::move(command);
   if (c.nproc < 1) UsageError(absl::StrCat("--nproc must be >= 1, got ", c.nproc));
   if (c.nnodes < 1) UsageError(absl::StrCat("--nnodes must be >= 1, got ", c.nnodes));
@@ -217,6 +232,15 @@ Config CheckFlags(std::vector<std::string> command) {
   }
   if (!(c.grace_s >= 0) || c.grace_s > 1e6) {
     UsageError(absl::StrCat("--grace_s must be in [0, 1e6] seconds, got ", c.grace_s));
+  }
+  if (c.max_restarts < 0) {
+    UsageError(absl::StrCat("--max_restarts must be >= 0, got ", c.max_restarts));
+  }
+  if (c.max_restarts > 0 && c.nnodes > 1) {
+    // torchrun's agents agree on a restart through their rendezvous; these launchers do not
+    // talk to each other, so one node cannot restart the job's other ranks.
+    UsageError(absl::StrCat("--max_restarts restarts one node's ranks; with --nnodes=", c.nnodes,
+                            " use torchrun (whose agents restart every node together)"));
   }
   if (!c.rdzv.empty() && !absl::StartsWith(c.rdzv, "file:///") &&
       !absl::StartsWith(c.rdzv, "redis://")) {
@@ -312,6 +336,9 @@ class Launcher {
     }
     return exit_code_.value_or(0);
   }
+
+  // Whether the launcher itself was asked to stop (a forwarded signal): not a failure to restart.
+  bool signalled() const { return signalled_; }
 
  private:
   // Forks and execs one rank with its pipes and environment. False (and `error`) when the
@@ -412,6 +439,10 @@ class Launcher {
     }
     if (config_.timeout_s > 0)
       vars.emplace_back("TG_DIST_TIMEOUT_S", absl::StrCat(config_.timeout_s));
+    // torchrun's: which attempt this is (the binaries refuse a fresh start over a checkpoint on
+    // a restart, and resume with --resume=auto).
+    vars.emplace_back("TORCHELASTIC_RESTART_COUNT", absl::StrCat(config_.attempt));
+    vars.emplace_back("TORCHELASTIC_MAX_RESTARTS", absl::StrCat(config_.max_restarts));
     // N ranks each starting one BLAS/OpenMP thread per core would oversubscribe the machine N
     // times over: unless the user set them, give each rank its share of the cores.
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -494,8 +525,10 @@ class Launcher {
           Say(absl::StrCat("got signal ", int{buf[i]}, " (", strsignal(buf[i]),
                            "); forwarding it to the ranks"));
           SetExitCode(128 + buf[i]);
+          signalled_ = true;
           BeginStop(buf[i]);
         } else if (!killed_) {
+          signalled_ = true;
           Say(absl::StrCat("got signal ", int{buf[i]}, " (", strsignal(buf[i]),
                            ") while stopping; killing the ranks"));
           KillAll();
@@ -614,6 +647,7 @@ class Launcher {
   int running_ = 0;
   bool stopping_ = false;  // SIGTERM (or the launcher's signal) sent to the ranks
   bool killed_ = false;    // SIGKILL sent
+  bool signalled_ = false;  // the launcher got SIGINT/SIGTERM/SIGHUP
   Clock::time_point kill_at_;
   std::optional<int> exit_code_;  // set by the first failure (or the launcher's own signal)
 };
@@ -663,7 +697,18 @@ int Main(Config config) {
     Say(absl::StrCat("cannot install signal handlers: ", std::strerror(errno)));
     return 1;
   }
-  const int code = Launcher(std::move(config)).Run();
+  const std::string job_id = config.job_id;
+  int code = 0;
+  for (int attempt = 0;; ++attempt) {
+    config.attempt = attempt;
+    // A fresh rendezvous per attempt: the keys of the failed one stay in a file or Redis store.
+    if (attempt > 0 && !job_id.empty()) config.job_id = absl::StrCat(job_id, "-restart", attempt);
+    Launcher launcher(config);
+    code = launcher.Run();
+    if (code == 0 || launcher.signalled() || attempt >= config.max_restarts) break;
+    Say(absl::StrCat("restarting all ranks (restart ", attempt + 1, " of ", config.max_restarts,
+                     ")"));
+  }
   if (!temp_dir.empty()) {
     std::error_code ignored;
     std::filesystem::remove_all(temp_dir, ignored);

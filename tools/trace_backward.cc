@@ -4,11 +4,13 @@
 //   DIR/graph.dot   the backward graph (Graphviz), and graph.svg / graph.png when `dot` exists
 //
 //   bazel run //tools:trace_backward -- --example=reentrant_checkpoint --out=/tmp/trace
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -41,6 +43,14 @@ int main(int argc, char** argv) {
   std::filesystem::path out = absl::GetFlag(FLAGS_out);
   if (out.empty()) {
     std::fprintf(stderr, "trace_backward: --out=DIR is required\n");
+    return 2;
+  }
+  // An unknown example is refused before anything is created: a typo leaves no empty
+  // directory behind (and no files from an earlier run are overwritten).
+  const std::vector<std::string> names = tg::tools::TraceExampleNames();
+  if (std::find(names.begin(), names.end(), example) == names.end()) {
+    std::fprintf(stderr, "trace_backward: no trace example named '%s' (examples: %s)\n",
+                 example.c_str(), absl::StrJoin(names, ", ").c_str());
     return 2;
   }
   // `bazel run` runs in the runfiles tree: a relative --out means the caller's directory.

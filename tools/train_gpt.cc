@@ -14,17 +14,23 @@
 // tools:launch) work as in train_mnist.
 //
 // --init_from starts from GPT-2 weights (nn/models/gpt2_io.h: a HuggingFace model.safetensors or
-// its directory, or llm.c's gpt2_124M.bin): the model's shape comes from the file and --n_layer,
-// --n_head, --n_embd are not used; --block_size is the training context, at most the file's
+// its directory, sharded or not, or llm.c's gpt2_124M.bin / gpt2_124M_bf16.bin): the model's
+// shape comes from the file and --n_layer, --n_embd are not used; --n_head, when given, is the
+// head count of a model.safetensors without config.json (which is refused without it) and must
+// agree with the file's otherwise; --block_size is the training context, at most the file's
 // n_positions. --export_hf=DIR writes the trained model as model.safetensors + config.json that
-// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads. --steps=0 with --init_from converts
-// only: no data is read and nothing is trained.
+// transformers' GPT2LMHeadModel.from_pretrained(DIR) loads; config.json keeps the dropouts and
+// token ids of --init_from's config.json (--dropout, when given, sets the dropouts), and a
+// character-level model's export adds its tokenizer (vocab.json, merges.txt,
+// tokenizer_config.json: AutoTokenizer.from_pretrained(DIR)) and declares no end-of-text token.
+// --steps=0 with --init_from converts only: no data is read and nothing is trained.
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -33,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/loss.h"
@@ -51,10 +58,14 @@
 ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
 ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
-ABSL_FLAG(int64_t, n_head, 4, "attention heads, 1..1024");
-ABSL_FLAG(int64_t, n_embd, 64, "width, 1..65536 (a multiple of n_head)");
-ABSL_FLAG(int64_t, block_size, 64,
-          "context length, 1..1000000 (with --init_from: of training, at most the file's)");
+ABSL_FLAG(int64_t, n_head, 4,
+          "attention heads, 1..1024 (with --init_from: only for a model.safetensors without "
+          "config.json, when given)");
+ABSL_FLAG(std::optional<int64_t>, n_embd, std::nullopt,
+          "width, 1..65536, a multiple of n_head (default 64, or the next multiple of n_head)");
+ABSL_FLAG(std::optional<int64_t>, block_size, std::nullopt,
+          "context length, 1..1000000 (default 64; with --init_from: of training, at most the "
+          "file's, default min(64, the file's))");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from GPT-2 weights: a HuggingFace model.safetensors (config.json beside it) or its "
@@ -63,12 +74,23 @@ ABSL_FLAG(std::string, export_hf, "",
           "after training, write the model to this directory as model.safetensors + config.json "
           "for transformers' GPT2LMHeadModel.from_pretrained (empty: none)");
 ABSL_FLAG(double, dropout, 0, "dropout probability, [0, 1)");
-ABSL_FLAG(int64_t, batch_size, 32, "sequences per step, 1..1000000");
+ABSL_FLAG(std::optional<int64_t>, batch_size, std::nullopt,
+          "GLOBAL batch: sequences per optimizer step, summed over the --grad_accum_steps "
+          "micro-batches and the --world_size ranks (DeepSpeed's train_batch_size), 1..1000000 "
+          "(default 32, rounded down to a multiple of grad_accum_steps x world_size). nanoGPT's "
+          "and transformers' batch_size is the micro-batch: give --micro_batch_size instead");
+ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
+          "sequences per forward/backward pass on one rank (nanoGPT's batch_size, transformers' "
+          "per_device_train_batch_size), 1..1000000; the global batch is then micro_batch_size x "
+          "grad_accum_steps x world_size (default: from --batch_size)");
 ABSL_FLAG(int64_t, steps, 1500,
           "optimizer steps, 1..1e12 (0 with --init_from: convert only, no training)");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate, (0, 1e3]");
-ABSL_FLAG(double, min_lr, 3e-4, "final learning rate of the cosine schedule, [0, lr]");
-ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps, 0..steps");
+ABSL_FLAG(std::optional<double>, min_lr, std::nullopt,
+          "final learning rate of the cosine schedule, [0, lr] (default 3e-4, or lr / 10 when "
+          "--lr is below 3e-4)");
+ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt,
+          "linear warmup steps, 0..steps (default 100, or steps / 10 when --steps is below 100)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay, [0, 1e3]");
 ABSL_FLAG(double, beta2, 0.99, "AdamW beta2, [0, 1)");
 ABSL_FLAG(double, grad_clip, 1.0,
@@ -76,8 +98,10 @@ ABSL_FLAG(double, grad_clip, 1.0,
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | "
-          "deepspeed_legacy (DeepSpeed's growth timing before v0.17.1) | apex | none");
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
+          "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "
+          "class defaults: 2^32, no hysteresis) | deepspeed_legacy (the class with DeepSpeed's "
+          "growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
 ABSL_FLAG(int64_t, eval_every, 250,
           "evaluate on the validation tokens every N >= 0 steps (0: at the end only)");
@@ -89,7 +113,9 @@ ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens, 0..vocabular
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 500,
           "checkpoint every N >= 0 steps and at the end (0: at the end only)");
-ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
+          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
+          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
@@ -105,9 +131,10 @@ ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
 ABSL_FLAG(bool, cudnn_attention, true,
           "CUDA: cuDNN's fused attention where it applies (false: the cuBLASLt composition)");
-ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
-          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, world_size, 0,
+          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
+          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
+          "explicit value must match the launcher's)");
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
@@ -115,8 +142,9 @@ ABSL_FLAG(int64_t, zero_stage, 0,
           "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
           "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
 ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
-          "N equal parts; the step equals one on the whole batch)");
+          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
+          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
+          "whole batch)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
@@ -126,6 +154,30 @@ namespace tg {
 namespace {
 
 int Fail(const absl::Status& status) { return train::Fail("train_gpt", status); }
+
+// Whether a flag was given on the command line, not just left at its default: --n_head with
+// --init_from is the head count of a file without config.json only when the user gave it, and an
+// explicit --dropout replaces the file's dropouts in an export. Read from argv before absl parses
+// it (this abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private); a value from
+// --flagfile counts as not given.
+std::vector<std::string>& GivenFlags() {
+  static std::vector<std::string> given;
+  return given;
+}
+void RecordGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;  // the rest are positional
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    GivenFlags().emplace_back(arg.substr(0, arg.find('=')));
+  }
+}
+bool FlagGiven(absl::string_view name) {
+  for (const std::string& given : GivenFlags()) {
+    if (given == name) return true;
+  }
+  return false;
+}
 
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
 double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype,
@@ -144,8 +196,26 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, 
   return loss.mean();
 }
 
-// Every numeric flag against its documented range (the flags' help texts). top_k's upper bound,
-// the vocabulary, is checked once the data is read.
+// The flags whose defaults depend on other flags (train::DefaultWarmupSteps): a default never
+// makes a valid command fail.
+int64_t WarmupSteps() {
+  const std::optional<int64_t> given = absl::GetFlag(FLAGS_warmup_steps);
+  return given ? *given : train::DefaultWarmupSteps(absl::GetFlag(FLAGS_steps));
+}
+double MinLr() {
+  const std::optional<double> given = absl::GetFlag(FLAGS_min_lr);
+  return given ? *given : train::DefaultMinLr(absl::GetFlag(FLAGS_lr));
+}
+// 64, or the next multiple of --n_head (64 with 3 heads would fail the divisibility check).
+int64_t NEmbd() {
+  const std::optional<int64_t> given = absl::GetFlag(FLAGS_n_embd);
+  const int64_t heads = std::max<int64_t>(1, absl::GetFlag(FLAGS_n_head));
+  return given ? *given : (64 + heads - 1) / heads * heads;
+}
+
+// Every numeric flag against its documented range (the flags' help texts); a flag left at a
+// default that depends on others is not checked (the default fits). top_k's upper bound, the
+// vocabulary, is checked once the data is read.
 absl::Status CheckFlags() {
   using Open = train::FlagRange::Open;
   constexpr double kMaxCount = 1e12;
@@ -153,17 +223,26 @@ absl::Status CheckFlags() {
     return static_cast<double>(absl::GetFlag(flag));
   };
   const double steps = count(FLAGS_steps), lr = absl::GetFlag(FLAGS_lr);
-  return train::CheckFlagRanges({
+  std::vector<train::FlagRange> given;  // the flags whose default depends on others, if given
+  auto optional = [&](const char* name, std::optional<double> value, double min, double max) {
+    if (value) given.push_back({name, *value, min, max});
+  };
+  auto optional_count = [](const absl::Flag<std::optional<int64_t>>& flag) {
+    const std::optional<int64_t> v = absl::GetFlag(flag);
+    return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
+  };
+  optional("n_embd", optional_count(FLAGS_n_embd), 1, 65536);
+  optional("block_size", optional_count(FLAGS_block_size), 1, 1e6);
+  optional("batch_size", optional_count(FLAGS_batch_size), 1, 1e6);
+  optional("micro_batch_size", optional_count(FLAGS_micro_batch_size), 1, 1e6);
+  optional("min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0);
+  optional("warmup_steps", optional_count(FLAGS_warmup_steps), 0, steps > 0 ? steps : kMaxCount);
+  std::vector<train::FlagRange> ranges = {
       {"n_layer", count(FLAGS_n_layer), 1, 1024},
       {"n_head", count(FLAGS_n_head), 1, 1024},
-      {"n_embd", count(FLAGS_n_embd), 1, 65536},
-      {"block_size", count(FLAGS_block_size), 1, 1e6},
       {"dropout", absl::GetFlag(FLAGS_dropout), 0, 1, Open::kMax},
-      {"batch_size", count(FLAGS_batch_size), 1, 1e6},
       {"steps", steps, absl::GetFlag(FLAGS_init_from).empty() ? 1.0 : 0.0, kMaxCount},
       {"lr", lr, 0, 1e3, Open::kMin},
-      {"min_lr", absl::GetFlag(FLAGS_min_lr), 0, std::isfinite(lr) ? lr : 0},
-      {"warmup_steps", count(FLAGS_warmup_steps), 0, steps > 0 ? steps : kMaxCount},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
       {"beta2", absl::GetFlag(FLAGS_beta2), 0, 1, Open::kMax},
       {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, kMaxCount},
@@ -175,19 +254,25 @@ absl::Status CheckFlags() {
       {"checkpoint_every", count(FLAGS_checkpoint_every), 0, kMaxCount},
       {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
       {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", count(FLAGS_world_size), 1, 65536},
+      {"world_size", count(FLAGS_world_size), 0, 65536},
       {"rank", count(FLAGS_rank), -1, 65535},
       {"zero_stage", count(FLAGS_zero_stage), 0, 3},
       {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
       {"print_every", count(FLAGS_print_every), 1, kMaxCount},
       {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
-  });
+  };
+  ranges.insert(ranges.end(), given.begin(), given.end());
+  return train::CheckFlagRanges(ranges);
 }
 
 int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
+  // --batch_size is the global batch; --micro_batch_size the per-pass one (train::BatchSizes).
+  absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/32,
+      absl::GetFlag(FLAGS_grad_accum_steps), absl::GetFlag(FLAGS_world_size));
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
@@ -197,10 +282,26 @@ int Main() {
   auto dp_or = train::DataParallel::Start(
       {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
        absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
-      absl::GetFlag(FLAGS_batch_size), *device_or);
+      batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
+  // DataParallel::Start's errors first (the launcher's environment, then a global batch that
+  // does not split, with the messages tests/tools pin), then the batch flags' own.
   if (!dp_or.ok()) return Fail(dp_or.status());
+  if (!batch_or.ok()) return Fail(batch_or.status());
+  const train::BatchSizes batch_sizes = *batch_or;
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
+  // ranks on this node; tools/train/threads.h), and what --resume decided.
+  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
+  if (!restart_count.ok()) return Fail(restart_count.status());
+  std::string resume_line;
+  absl::StatusOr<bool> resume_or =
+      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
+  if (!resume_or.ok()) return Fail(resume_or.status());
+  const bool resume = *resume_or;
+  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
 
   // ---- Pretrained weights (their shape fixes the model's).
   std::optional<nn::Gpt2Checkpoint> init;
@@ -211,9 +312,16 @@ int Main() {
         "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
         "--world_size=1"));
   }
+  // config.json settings an export writes: --init_from's, with --dropout's value when it is given.
+  nn::Gpt2ExportOptions export_options;
   if (!absl::GetFlag(FLAGS_init_from).empty()) {
-    absl::StatusOr<nn::Gpt2Checkpoint> loaded =
-        nn::LoadGpt2Checkpoint(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)));
+    nn::Gpt2LoadOptions load_options;
+    // --n_head's default is not a statement about the file: only a value the user gave counts.
+    if (FlagGiven("n_head")) {
+      load_options.n_head = absl::GetFlag(FLAGS_n_head);
+    }
+    absl::StatusOr<nn::Gpt2Checkpoint> loaded = nn::LoadGpt2Checkpoint(
+        train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), load_options);
     if (!loaded.ok()) return Fail(loaded.status());
     init = std::move(*loaded);
     if (std::optional<std::string> bad = train::FindNonFinite(init->weights)) {
@@ -222,14 +330,21 @@ int Main() {
                        *bad, " (a model's weights must be finite)")));
     }
     init->config.dropout = absl::GetFlag(FLAGS_dropout);
+    export_options.settings = init->hf_settings;
+    if (FlagGiven("dropout")) {
+      export_options.settings.resid_pdrop = export_options.settings.embd_pdrop =
+          export_options.settings.attn_pdrop = -1;  // the model's dropout
+    }
     if (absl::GetFlag(FLAGS_steps) == 0) {  // convert only
-      Generator gen(0);
-      nn::Gpt model(init->config, gen);
+      Generator gen(0), dropout_gen(0);     // dropout draws nothing here; a model with it needs one
+      nn::Gpt model(init->config, gen, &dropout_gen);
       model.load_state_dict(init->weights);
       std::printf("read %s (%s): %s\n", absl::GetFlag(FLAGS_init_from).c_str(),
                   init->format.c_str(), model.extra_repr().c_str());
       if (!export_dir.empty() && dp.is_main()) {
-        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir); !s.ok()) return Fail(s);
+        if (absl::Status s = nn::ExportGpt2Hf(model, export_dir, export_options); !s.ok()) {
+          return Fail(s);
+        }
         std::printf("wrote %s/model.safetensors and config.json\n", export_dir.c_str());
       }
       return 0;
@@ -253,7 +368,9 @@ int Main() {
   const std::optional<data::CharTokenizer>& tokenizer = loaded->tokenizer;
 
   nn::GptConfig config;
-  const int64_t seq_len = absl::GetFlag(FLAGS_block_size);  // of training
+  // Of training; the default never exceeds the context of --init_from's file.
+  const int64_t seq_len = absl::GetFlag(FLAGS_block_size)
+                              .value_or(init ? std::min<int64_t>(64, init->config.block_size) : 64);
   if (init) {
     config = init->config;
     if (tokenizer && tokenizer->vocab_size() != config.vocab_size) {
@@ -277,7 +394,7 @@ int Main() {
     config.block_size = seq_len;
     config.n_layer = absl::GetFlag(FLAGS_n_layer);
     config.n_head = absl::GetFlag(FLAGS_n_head);
-    config.n_embd = absl::GetFlag(FLAGS_n_embd);
+    config.n_embd = NEmbd();
     config.dropout = absl::GetFlag(FLAGS_dropout);
   }
   if (absl::GetFlag(FLAGS_top_k) > config.vocab_size) {
@@ -292,7 +409,7 @@ int Main() {
   // Every token of both splits, before anything trains (naming the file and the offset).
   if (absl::Status s = data::CheckVocabulary(*loaded, config.vocab_size); !s.ok()) return Fail(s);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  const int64_t batch_size = batch_sizes.global;
   data::TokenBatcher batches(std::move(split.train), batch_size, seq_len, seed + 1);
   data::TokenBatcher val(std::move(split.val), batch_size, seq_len, seed + 2);
 
@@ -329,19 +446,20 @@ int Main() {
   settings.Add("dropout", config.dropout, false);
   settings.Add("steps", static_cast<double>(total_steps), false);
   settings.Add("lr", opt_config.lr, false);
-  settings.Add("min_lr", absl::GetFlag(FLAGS_min_lr), false);
-  settings.Add("warmup_steps", static_cast<double>(absl::GetFlag(FLAGS_warmup_steps)), false);
+  settings.Add("min_lr", MinLr(), false);
+  settings.Add("warmup_steps", static_cast<double>(WarmupSteps()), false);
   settings.Add("weight_decay", opt_config.weight_decay, false);
   settings.Add("beta2", opt_config.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
-                                {absl::StrCat("train_tokens=", batches.num_tokens()),
+                                {absl::StrCat("resume=", resume ? "yes" : "no"),
+                                 absl::StrCat("train_tokens=", batches.num_tokens()),
                                  absl::StrCat("val_tokens=", val.num_tokens()),
                                  absl::StrCat("zero_stage=", dp.zero_stage()),
                                  absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
@@ -358,21 +476,18 @@ int Main() {
   }
   units.push_back(model);
   dp.Wrap(model, units);  // before the optimizer: DDP's gradient epilogue runs before its own
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+  if (resume && dp.sharded_parameters()) {
     // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
     if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
         !s.ok()) {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
-  optim::CosineWithWarmupLr schedule(opt.optimizer(), absl::GetFlag(FLAGS_warmup_steps),
-                                     total_steps, absl::GetFlag(FLAGS_min_lr));
+  optim::CosineWithWarmupLr schedule(opt.optimizer(), WarmupSteps(), total_steps, MinLr());
 
   // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
   // them, into a directory checked before the first step.
@@ -381,7 +496,7 @@ int Main() {
   train::RunState run(*model, opt, schedule, settings, total_steps);
   run.set_sharding(dp.sharding());
   std::vector<std::string> changes;
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
@@ -432,8 +547,7 @@ int Main() {
   std::optional<train::MetricsWriter> metrics;
   if (absl::Status s = train::OpenMetrics(
           dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-          {"val_loss"}, &metrics);
+          resume ? std::optional<int64_t>(run.step()) : std::nullopt, {"val_loss"}, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -447,13 +561,17 @@ int Main() {
     progress.Println(absl::StrCat("resuming with changed settings (--override): ",
                                   absl::StrJoin(changes, ", ")));
   }
+  // What --batch_size means (the global batch, not nanoGPT's micro-batch): the first output line,
+  // or the second after the
+  // --override changes of a resumed run.
+  progress.Println(batch_sizes.Describe("sequences"));
   progress.Println(
       absl::StrCat(model->to_string(), "training ", settings.ToString(), " (", batches.num_tokens(),
                    " train / ", val.num_tokens(), " val tokens)",
                    run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
   } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
     divergence.set_loaded_from(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), 0);
@@ -515,8 +633,12 @@ int Main() {
   if (!dp.is_main() && !dp.sharded_parameters()) return 0;
   if (dp.is_main()) {
     if (!export_dir.empty()) {
-      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir); !s.ok()) return Fail(s);
-      std::printf("exported %s/model.safetensors and config.json\n", export_dir.c_str());
+      if (tokenizer) export_options.char_vocab = tokenizer->vocab();
+      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir, export_options); !s.ok()) {
+        return Fail(s);
+      }
+      std::printf("exported %s/model.safetensors and config.json%s\n", export_dir.c_str(),
+                  tokenizer ? " (with the characters' tokenizer: vocab.json)" : "");
     }
     std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
@@ -559,6 +681,8 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
+  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
+  tg::RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

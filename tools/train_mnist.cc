@@ -50,19 +50,30 @@
 ABSL_FLAG(std::string, model, "cnn", "cnn | mlp");
 ABSL_FLAG(int64_t, epochs, 0,
           "passes over the training set, 0..100000 (0: 4 for the CNN, 10 for the MLP)");
-ABSL_FLAG(int64_t, batch_size, 128, "images per step, 1..1000000");
+ABSL_FLAG(std::optional<int64_t>, batch_size, std::nullopt,
+          "GLOBAL batch: images per optimizer step, summed over the --grad_accum_steps "
+          "micro-batches and the --world_size ranks, 1..1000000 (default 128, rounded down to a "
+          "multiple of grad_accum_steps x world_size). PyTorch examples' and transformers' "
+          "batch_size is the micro-batch: give --micro_batch_size instead");
+ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
+          "images per forward/backward pass on one rank, 1..1000000; the global batch is then "
+          "micro_batch_size x grad_accum_steps x world_size (default: from --batch_size)");
 ABSL_FLAG(double, lr, 1e-3, "peak learning rate, (0, 1e3] (cosine decay to lr/10 over the run)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(double, weight_decay, 1e-4, "weight decay, [0, 1e3]");
 ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
 ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed | "
-          "deepspeed_legacy (DeepSpeed's growth timing before v0.17.1) | apex | none");
+          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
+          "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "
+          "class defaults: 2^32, no hysteresis) | deepspeed_legacy (the class with DeepSpeed's "
+          "growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "also checkpoint every N >= 0 steps (0: at epoch ends only)");
-ABSL_FLAG(bool, resume, false, "continue from <checkpoint_dir>/checkpoint.safetensors");
+ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
+          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
+          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "epochs, lr, weight_decay); any other difference is refused");
@@ -75,9 +86,10 @@ ABSL_FLAG(double, max_skipped_fraction, 0.5,
 ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
-ABSL_FLAG(int64_t, world_size, 1,
-          "data-parallel ranks, 1..65536 (start them with tools:launch --nproc=N; must match "
-          "WORLD_SIZE)");
+ABSL_FLAG(int64_t, world_size, 0,
+          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
+          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
+          "explicit value must match the launcher's)");
 ABSL_FLAG(int64_t, rank, -1,
           "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
 ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
@@ -85,8 +97,9 @@ ABSL_FLAG(int64_t, zero_stage, 0,
           "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
           "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
 ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (each rank's rows of a batch split into "
-          "N equal parts; the step equals one on the whole batch)");
+          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
+          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
+          "whole batch)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N >= 0 images only (0: all)");
 ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
@@ -128,9 +141,18 @@ Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype, Devi
 // Every numeric flag against its documented range (the flags' help texts).
 absl::Status CheckFlags() {
   constexpr double kMaxCount = 1e12;
+  // The batch flags only when given (their defaults follow from the other flags).
+  for (const auto& [name, flag] : {std::pair<const char*, std::optional<int64_t>>{
+                                       "batch_size", absl::GetFlag(FLAGS_batch_size)},
+                                   {"micro_batch_size", absl::GetFlag(FLAGS_micro_batch_size)}}) {
+    if (!flag) continue;
+    if (absl::Status s = train::CheckFlagRanges({{name, static_cast<double>(*flag), 1, 1e6}});
+        !s.ok()) {
+      return s;
+    }
+  }
   return train::CheckFlagRanges({
       {"epochs", static_cast<double>(absl::GetFlag(FLAGS_epochs)), 0, 1e5},
-      {"batch_size", static_cast<double>(absl::GetFlag(FLAGS_batch_size)), 1, 1e6},
       {"lr", absl::GetFlag(FLAGS_lr), 0, 1e3, train::FlagRange::Open::kMin},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
       {"checkpoint_every", static_cast<double>(absl::GetFlag(FLAGS_checkpoint_every)), 0,
@@ -138,7 +160,7 @@ absl::Status CheckFlags() {
       {"max_skipped_in_a_row", static_cast<double>(absl::GetFlag(FLAGS_max_skipped_in_a_row)), 0,
        kMaxCount},
       {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 1, 65536},
+      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 0, 65536},
       {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
       {"zero_stage", static_cast<double>(absl::GetFlag(FLAGS_zero_stage)), 0, 3},
       {"grad_accum_steps", static_cast<double>(absl::GetFlag(FLAGS_grad_accum_steps)), 1, 1e6},
@@ -152,6 +174,10 @@ int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
+  // --batch_size is the global batch; --micro_batch_size the per-pass one (train::BatchSizes).
+  absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/128,
+      absl::GetFlag(FLAGS_grad_accum_steps), absl::GetFlag(FLAGS_world_size));
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
@@ -160,10 +186,26 @@ int Main() {
   auto dp_or = train::DataParallel::Start(
       {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
        absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
-      absl::GetFlag(FLAGS_batch_size), *device_or);
+      batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
+  // DataParallel::Start's errors first (the launcher's environment, then a global batch that
+  // does not split, with the messages tests/tools pin), then the batch flags' own.
   if (!dp_or.ok()) return Fail(dp_or.status());
+  if (!batch_or.ok()) return Fail(batch_or.status());
+  const train::BatchSizes batch_sizes = *batch_or;
   train::DataParallel& dp = **dp_or;
   const Device device = dp.device();
+  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
+  // ranks on this node; tools/train/threads.h), and what --resume decided.
+  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
+  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
+  if (!restart_count.ok()) return Fail(restart_count.status());
+  std::string resume_line;
+  absl::StatusOr<bool> resume_or =
+      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
+  if (!resume_or.ok()) return Fail(resume_or.status());
+  const bool resume = *resume_or;
+  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!dtype_or.ok()) return Fail(dtype_or.status());
   const DType dtype = *dtype_or;
@@ -190,7 +232,7 @@ int Main() {
     train_set->labels = train_set->labels.narrow(0, 0, limit);
   }
   data::BatcherOptions batching;
-  batching.batch_size = absl::GetFlag(FLAGS_batch_size);
+  batching.batch_size = batch_sizes.global;
   batching.seed = absl::GetFlag(FLAGS_seed) + 1;
   data::ImageBatcher batches(train_set->images, train_set->labels, batching);
 
@@ -222,13 +264,14 @@ int Main() {
   settings.Add("lr", opt_config.lr, false);
   settings.Add("weight_decay", opt_config.weight_decay, false);
   absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), absl::GetFlag(FLAGS_resume));
+      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
   if (!overrides.ok()) return Fail(overrides.status());
   // Ranks that disagree would fail inside a collective (or train different things): compared
   // before DDP's first broadcast.
   if (absl::Status s = dp.CheckSameRun(
           train::RunFingerprint(settings, *model,
-                                {absl::StrCat("train_images=", train_set->images.size(0)),
+                                {absl::StrCat("resume=", resume ? "yes" : "no"),
+                                 absl::StrCat("train_images=", train_set->images.size(0)),
                                  absl::StrCat("test_images=", test_set->images.size(0)),
                                  absl::StrCat("zero_stage=", dp.zero_stage()),
                                  absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
@@ -236,16 +279,14 @@ int Main() {
     return Fail(s);
   }
   dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  if (absl::GetFlag(FLAGS_resume) && dp.sharded_parameters()) {
+  if (resume && dp.sharded_parameters()) {
     // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
     if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
         !s.ok()) {
       return Fail(s);
     }
   }
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler),
-                                   dp.ReduceFoundInf()};
+  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
   amp::TrainingOptimizer& opt = **opt_or;
@@ -261,7 +302,7 @@ int Main() {
   run.set_sharding(dp.sharding());
   const int64_t per_epoch = batches.batches_per_epoch();
   std::vector<std::string> changes;
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
@@ -296,10 +337,10 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  if (absl::Status s = train::OpenMetrics(
-          dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          absl::GetFlag(FLAGS_resume) ? std::optional<int64_t>(run.step()) : std::nullopt,
-          {"test_loss", "test_acc"}, &metrics);
+  if (absl::Status s =
+          train::OpenMetrics(dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
+                             resume ? std::optional<int64_t>(run.step()) : std::nullopt,
+                             {"test_loss", "test_acc"}, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -313,16 +354,18 @@ int Main() {
     progress.Println(absl::StrCat("resuming with changed settings (--override): ",
                                   absl::StrJoin(changes, ", ")));
   }
-  progress.Println(absl::StrCat(model->to_string(), "training ", settings.ToString(), ": ",
-                                total_steps, " steps",
-                                run.step() > 0
-                                    ? absl::StrCat(", resuming after step ", run.step())
-                                    : ""));
+  // What --batch_size means (the global batch, not a per-pass micro-batch): the first output line,
+  // or the second after the
+  // --override changes of a resumed run.
+  progress.Println(batch_sizes.Describe("images"));
+  progress.Println(absl::StrCat(
+      model->to_string(), "training ", settings.ToString(), ": ", total_steps, " steps",
+      run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
 
   // ---- Training.
   train::DivergenceCheck divergence(opt.scaler().options().dynamic,
                                     absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (absl::GetFlag(FLAGS_resume)) {
+  if (resume) {
     divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
   }
   const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
@@ -400,6 +443,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:");
+  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_mnist", tg::Main);
 }

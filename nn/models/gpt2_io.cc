@@ -37,7 +37,9 @@ constexpr int64_t kLlmcHeaderInts = 256;
 constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // config.json of a GPT-2 is about 1 KB; anything far larger is not one.
 constexpr int64_t kMaxConfigJsonBytes = 1 << 20;
-constexpr double kLayerNormEps = 1e-5;  // tapegrad's LayerNorm default, GPT-2's value
+constexpr int64_t kMaxIndexJsonBytes = 64 << 20;
+constexpr int64_t kGpt2VocabSize = 50257;  // GPT-2's BPE; <|endoftext|> is 50256
+constexpr double kLayerNormEps = 1e-5;     // tapegrad's LayerNorm default, GPT-2's value
 
 std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
 
@@ -156,14 +158,18 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
                                                    " (llm.c's GPT-2 model file)"));
   }
   const int32_t version = header[1];
-  if (version != 3 && version != 1) {
+  if (version != 3 && version != 5 && version != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": unsupported version ", version,
-                     " in header[1]; expected 3 (f32, padded vocabulary) or 1 (f32)",
-                     version == 5 ? " (version 5 is llm.c's bf16 file)" : ""));
+                     " in header[1]; expected 3 (f32), 5 (bf16) or 1 (f32, unpadded vocabulary)"));
   }
+  // The version is the parameters' dtype (llm.c's gpt2_write_to_checkpoint: 3 for f32, 5 for
+  // bf16); versions 3 and 5 carry the padded vocabulary.
+  const bool bf16 = version == 5;
+  const int64_t elem_bytes = bf16 ? 2 : 4;
+  const char* const dtype_name = bf16 ? "bf16" : "f32";
   const int64_t max_t = header[2], v = header[3], l = header[4], nh = header[5], c = header[6];
-  const int64_t vp = version == 3 ? header[7] : v;
+  const int64_t vp = version == 1 ? v : header[7];
   struct Field {
     const char* name;
     int64_t value, max;
@@ -218,12 +224,12 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
     for (int64_t d : p.shape) n *= d;
     num_params += n;
   }
-  const int64_t expected = kLlmcHeaderBytes + 4 * num_params;
+  const int64_t expected = kLlmcHeaderBytes + elem_bytes * num_params;
   if (size < expected) {
     return absl::DataLossError(absl::StrCat(
         where, " is truncated: ", size, " bytes; the header (version ", version, ", maxT ", max_t,
-        ", V ", v, ", Vp ", vp, ", L ", l, ", C ", c, ") needs ", expected, " (", num_params,
-        " f32 parameters after the ", kLlmcHeaderBytes, "-byte header)"));
+        ", V ", v, ", Vp ", vp, ", L ", l, ", C ", c, ") needs ", expected, " (", num_params, " ",
+        dtype_name, " parameters after the ", kLlmcHeaderBytes, "-byte header)"));
   }
   if (size > expected) {
     return absl::InvalidArgumentError(
@@ -233,15 +239,16 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
   std::map<std::string, Tensor> read;
   int64_t offset = kLlmcHeaderBytes;
   for (const Param& p : params) {
-    Tensor t = Tensor::Empty(p.shape, kF32);
-    const int64_t n = 4 * t.numel();
+    Tensor t = Tensor::Empty(p.shape, bf16 ? kBF16 : kF32);
+    const int64_t n = elem_bytes * t.numel();
     if (absl::Status s = ReadAt(fd.get(), offset, n, t.raw_data(), where); !s.ok()) return s;
     offset += n;
-    read[p.name] = t;
+    // bf16 -> f32 is exact (the 16 bits become the top half of the f32).
+    read[p.name] = bf16 ? t.to(kF32) : t;
   }
 
   Gpt2Checkpoint ckpt;
-  ckpt.format = absl::StrCat("llm.c version ", version);
+  ckpt.format = absl::StrCat("llm.c version ", version, bf16 ? " (bf16)" : "");
   GptConfig& config = ckpt.config;
   config.vocab_size = v;
   config.padded_vocab_size = RoundUp(vp, options.pad_vocab_to);
@@ -280,6 +287,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
 struct HfConfig {
   bool present = false;
   int64_t n_layer = -1, n_head = -1, n_embd = -1, n_positions = -1, vocab_size = -1;
+  Gpt2HfSettings settings;  // dropouts and token ids, carried to an export
 };
 
 absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
@@ -328,6 +336,29 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
                             {"vocab_size", &out.vocab_size}}) {
     if (absl::Status s = get_int(key, value); !s.ok()) return s;
   }
+  // Dropouts (only training uses them): probabilities, kept for an export.
+  for (auto [key, value] :
+       {std::pair<const char*, double*>{"resid_pdrop", &out.settings.resid_pdrop},
+        {"embd_pdrop", &out.settings.embd_pdrop},
+        {"attn_pdrop", &out.settings.attn_pdrop}}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number() || !(it->get<double>() >= 0 && it->get<double>() <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": '", key, "' is ", it->dump(),
+                                                     "; expected a probability in [0, 1]"));
+    }
+    *value = it->get<double>();
+  }
+  // Token ids: kept when they are single ids (checked against the vocabulary by the caller);
+  // null, absent or a list of ids: none carried.
+  for (auto [key, value] :
+       {std::pair<const char*, int64_t*>{"bos_token_id", &out.settings.bos_token_id},
+        {"eos_token_id", &out.settings.eos_token_id}}) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0) {
+      *value = it->get<int64_t>();
+    }
+  }
   // Settings that change what the model computes: only GPT-2's own are accepted.
   auto refuse = [&](const char* key, const Json& value, const char* expected) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": '", key, "' is ", value.dump(),
@@ -366,8 +397,10 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
 
 std::string ShapeText(const Shape& s) { return ShapeToString(s); }
 
-absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOptions& options) {
-  absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(path);
+// The tensors of `path` (one safetensors file, or the index of sharded ones, already read into
+// `st`) as a GPT-2, with config.json beside `path`.
+absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io::Safetensors> st,
+                                      const std::string& format, const Gpt2LoadOptions& options) {
   if (!st.ok()) return st.status();
   const std::string where = absl::StrCat("GPT-2 safetensors ", Quote(path));
   const std::string config_path = absl::StrCat(DirName(path), "/config.json");
@@ -484,12 +517,15 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
     }
   } else if (options.n_head != 0) {
     n_head = options.n_head;
-  } else if (c % 64 == 0) {
-    n_head = c / 64;
   } else {
+    // The shapes do not hold the head count, and guessing GPT-2's head size 64 loads a model
+    // of another head size as a different model, without any error: refused.
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": cannot tell the number of heads: no 'n_head' in ", Quote(config_path),
-        ", none given, and n_embd ", c, " is not a multiple of GPT-2's head size 64"));
+        where, ": cannot tell the number of heads: ",
+        hc.present ? absl::StrCat(Quote(config_path), " has no 'n_head'")
+                   : absl::StrCat("there is no config.json beside it (", Quote(config_path), ")"),
+        "; put the model's config.json there, or give the head count (train_gpt --n_head, "
+        "Gpt2LoadOptions::n_head)"));
   }
   if (c % n_head != 0) {
     return absl::InvalidArgumentError(
@@ -497,9 +533,13 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
   }
 
   Gpt2Checkpoint ckpt;
-  ckpt.format = "HuggingFace safetensors";
+  ckpt.format = format;
+  ckpt.hf_settings = hc.settings;
   GptConfig& config = ckpt.config;
   config.vocab_size = hc.vocab_size > 0 ? hc.vocab_size : rows;
+  for (int64_t* id : {&ckpt.hf_settings.bos_token_id, &ckpt.hf_settings.eos_token_id}) {
+    if (*id >= config.vocab_size) *id = -1;  // not a token of this model: not carried
+  }
   config.padded_vocab_size = RoundUp(rows, options.pad_vocab_to);
   config.block_size = positions;
   config.n_layer = n_layer;
@@ -558,6 +598,158 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, const Gpt2LoadOpt
   return ckpt;
 }
 
+// model.safetensors.index.json of save_pretrained(max_shard_size=...): its shards read and
+// checked against the map, then loaded as one file.
+absl::StatusOr<Gpt2Checkpoint> LoadHfSharded(const std::string& index_path,
+                                             const Gpt2LoadOptions& options) {
+  const std::string where = absl::StrCat("sharded checkpoint index ", Quote(index_path));
+  int64_t size = 0;
+  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", index_path, &size);
+  if (!fd_or.ok()) return fd_or.status();
+  Fd fd(*fd_or);
+  // About 100 bytes per tensor: a few hundred KB for the largest GPT-2s.
+  if (size > kMaxIndexJsonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", size, " bytes; an index has at most ", kMaxIndexJsonBytes));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not valid JSON: ", e.what()));
+  }
+  auto map_it = j.is_object() ? j.find("weight_map") : j.end();
+  if (map_it == j.end() || !map_it->is_object() || map_it->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has no 'weight_map' object {tensor name: shard file} with at least one tensor"));
+  }
+  // shard file -> the tensors the map puts there.
+  std::map<std::string, std::set<std::string>> shards;
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!shard.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": weight_map['", name, "'] is ",
+                                                     shard.dump(), "; expected a file name"));
+    }
+    const std::string file = shard.get<std::string>();
+    // A plain name inside the directory: the index must not reach other files.
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": weight_map['", name, "'] is ", shard.dump(),
+                       "; a shard must be a file name in the index's directory (no '/', no '..')"));
+    }
+    shards[file].insert(name);
+  }
+  // Every shard first, then the checks, so that a tensor in the wrong shard is named as such.
+  const std::string dir = DirName(index_path);
+  std::map<std::string, io::Safetensors> read;
+  for (const auto& [file, names] : shards) {
+    absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(absl::StrCat(dir, "/", file));
+    if (!st.ok()) {
+      return absl::Status(st.status().code(), absl::StrCat(where, ": shard ", Quote(file), ": ",
+                                                           st.status().message()));
+    }
+    read[file] = std::move(*st);
+  }
+  io::Safetensors merged;
+  for (auto& [file, st] : read) {
+    for (auto& [name, tensor] : st.tensors) {
+      auto in_map = map_it->find(name);
+      if (in_map == map_it->end()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": shard ", Quote(file),
+                                                       " holds tensor ", Quote(name),
+                                                       ", which weight_map does not list"));
+      }
+      if (in_map->get<std::string>() != file) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": tensor ", Quote(name), " is in shard ", Quote(file),
+                         " but weight_map puts it in ", Quote(in_map->get<std::string>()),
+                         " (each tensor must be in exactly one shard)"));
+      }
+      merged.tensors[name] = std::move(tensor);
+    }
+  }
+  for (const auto& [file, names] : shards) {
+    for (const std::string& name : names) {
+      if (merged.tensors.count(name) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": weight_map puts tensor ",
+                                                       Quote(name), " in shard ", Quote(file),
+                                                       ", which does not hold it"));
+      }
+    }
+  }
+  return LoadHf(index_path, std::move(merged),
+                absl::StrCat("HuggingFace safetensors, ", shards.size(), " shard",
+                             shards.size() == 1 ? "" : "s"),
+                options);
+}
+
+bool IsFile(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+// What a PyTorch pickle gets: the way to the format read here.
+absl::Status PyTorchPickleError(const std::string& path, const std::string& dir) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "LoadGpt2Checkpoint: ", Quote(path),
+      " is a PyTorch pickle (pytorch_model.bin), which tapegrad does not read (unpickling runs "
+      "code); convert it to safetensors with transformers: python -c \"from transformers import "
+      "GPT2LMHeadModel as M; M.from_pretrained('",
+      dir, "').save_pretrained('", dir,
+      "', safe_serialization=True)\" (writes model.safetensors beside it)"));
+}
+
+// GPT-2's byte-level BPE writes every byte as a printable character (bytes_to_unicode in its
+// tokenizer): the printable bytes '!'..'~', 0xA1..0xAC and 0xAE..0xFF stand for themselves, the
+// other 68 bytes, in increasing order, for U+0100, U+0101, ... (space is U+0120 'Ġ', newline
+// U+010A 'Ċ'). Returned as UTF-8.
+std::string ByteLevelChar(unsigned char byte) {
+  auto printable = [](int b) {
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  };
+  int code = byte;
+  if (!printable(byte)) {
+    code = 256;
+    for (int b = 0; b < byte; ++b) code += printable(b) ? 0 : 1;
+  }
+  std::string out;
+  if (code < 0x80) {
+    out.push_back(static_cast<char>(code));
+  } else {  // two UTF-8 bytes cover code points up to U+07FF
+    out.push_back(static_cast<char>(0xC0 | (code >> 6)));
+    out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  }
+  return out;
+}
+
+// A character-level model's tokenizer as transformers' GPT2Tokenizer files: every byte of the
+// vocabulary is a token (no merges), token i the byte vocab[i], no special tokens (a
+// character-level vocabulary has no end-of-text token; declaring one would add an id the model
+// does not have).
+std::vector<std::pair<std::string, std::string>> CharTokenizerFiles(const std::string& vocab,
+                                                                    const GptConfig& config) {
+  Json ids = Json::object();
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    ids[ByteLevelChar(static_cast<unsigned char>(vocab[i]))] = static_cast<int64_t>(i);
+  }
+  Json tokenizer_config = {
+      {"tokenizer_class", "GPT2Tokenizer"},
+      {"model_max_length", config.block_size},
+      {"add_prefix_space", false},
+      {"bos_token", nullptr},
+      {"eos_token", nullptr},
+      {"unk_token", nullptr},
+      {"pad_token", nullptr},
+      {"clean_up_tokenization_spaces", false},
+  };
+  return {{"vocab.json", ids.dump(2) + "\n"},
+          {"merges.txt", "#version: 0.2\n"},
+          {"tokenizer_config.json", tokenizer_config.dump(2) + "\n"}};
+}
+
 }  // namespace
 
 absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
@@ -569,8 +761,19 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
                                absl::StrCat("LoadGpt2Checkpoint: cannot open ", Quote(path)));
   }
   if (S_ISDIR(info.st_mode)) {
-    return LoadHf(absl::StrCat(path, "/model.safetensors"), options);
+    const std::string single = absl::StrCat(path, "/model.safetensors");
+    const std::string index = absl::StrCat(path, "/model.safetensors.index.json");
+    if (!IsFile(single) && IsFile(index)) return LoadHfSharded(index, options);
+    if (!IsFile(single)) {
+      for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"}) {
+        if (IsFile(absl::StrCat(path, "/", pickle))) {
+          return PyTorchPickleError(absl::StrCat(path, "/", pickle), path);
+        }
+      }
+    }
+    return LoadHf(single, io::LoadSafetensors(single), "HuggingFace safetensors", options);
   }
+  if (absl::EndsWith(path, ".safetensors.index.json")) return LoadHfSharded(path, options);
   int32_t magic = 0;
   if (info.st_size >= 4) {
     int64_t size = 0;
@@ -579,8 +782,14 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
     Fd fd(*fd_or);
     if (absl::Status s = ReadAt(fd.get(), 0, 4, &magic, path); !s.ok()) return s;
   }
+  // torch.save writes a zip archive ("PK\3\4"); older ones a bare pickle (protocol 2: 0x80 0x02).
+  char head[4];
+  std::memcpy(head, &magic, 4);
+  if (std::memcmp(head, "PK\3\4", 4) == 0 || (head[0] == '\x80' && head[1] == '\x02')) {
+    return PyTorchPickleError(path, DirName(path));
+  }
   if (magic == kLlmcModelMagic || absl::EndsWith(path, ".bin")) return LoadLlmc(path, options);
-  return LoadHf(path, options);
+  return LoadHf(path, io::LoadSafetensors(path), "HuggingFace safetensors", options);
 }
 
 StateDict Gpt2HfStateDict(const Gpt& model) {
@@ -610,14 +819,24 @@ StateDict Gpt2HfStateDict(const Gpt& model) {
   return sd;
 }
 
-std::string Gpt2HfConfigJson(const GptConfig& config) {
+std::string Gpt2HfConfigJson(const GptConfig& config, const Gpt2HfSettings& settings,
+                             bool char_level) {
+  auto pdrop = [&](double p) { return p >= 0 ? p : config.dropout; };
+  // GPT-2's <|endoftext|> is the last of its 50257 tokens; other vocabularies have the ids an
+  // imported config.json gave, or none.
+  auto token = [&](int64_t id) -> Json {
+    if (char_level) return nullptr;
+    if (id >= 0 && id < config.vocab_size) return id;
+    if (config.vocab_size == kGpt2VocabSize) return kGpt2VocabSize - 1;
+    return nullptr;
+  };
   Json j = {
       {"activation_function", "gelu_new"},
       {"architectures", {"GPT2LMHeadModel"}},
-      {"attn_pdrop", config.dropout},
-      {"bos_token_id", config.vocab_size - 1},  // GPT-2's <|endoftext|> is its last token
-      {"embd_pdrop", config.dropout},
-      {"eos_token_id", config.vocab_size - 1},
+      {"attn_pdrop", pdrop(settings.attn_pdrop)},
+      {"bos_token_id", token(settings.bos_token_id)},
+      {"embd_pdrop", pdrop(settings.embd_pdrop)},
+      {"eos_token_id", token(settings.eos_token_id)},
       {"initializer_range", 0.02},
       {"layer_norm_epsilon", kLayerNormEps},
       {"model_type", "gpt2"},
@@ -628,7 +847,7 @@ std::string Gpt2HfConfigJson(const GptConfig& config) {
       {"n_layer", config.n_layer},
       {"n_positions", config.block_size},
       {"reorder_and_upcast_attn", false},
-      {"resid_pdrop", config.dropout},
+      {"resid_pdrop", pdrop(settings.resid_pdrop)},
       {"scale_attn_by_inverse_layer_idx", false},
       {"scale_attn_weights", true},
       {"tie_word_embeddings", true},
@@ -639,10 +858,17 @@ std::string Gpt2HfConfigJson(const GptConfig& config) {
   return j.dump(2) + "\n";
 }
 
-absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir) {
+absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir,
+                          const Gpt2ExportOptions& options) {
   if (!model.config().bias) {
     return absl::InvalidArgumentError(
         "ExportGpt2Hf: the model was built with bias=false; GPT-2 has biases");
+  }
+  const bool char_level = !options.char_vocab.empty();
+  if (char_level && static_cast<int64_t>(options.char_vocab.size()) != model.config().vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExportGpt2Hf: char_vocab has ", options.char_vocab.size(),
+                     " characters; the model's vocab_size is ", model.config().vocab_size));
   }
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::ErrnoToStatus(errno, absl::StrCat("ExportGpt2Hf: cannot create ", Quote(dir)));
@@ -657,7 +883,13 @@ absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir) {
   for (auto& [name, t] : Gpt2HfStateDict(model).tensors) st.tensors["transformer." + name] = t;
   st.metadata["format"] = "pt";  // transformers refuses safetensors files without it
   if (absl::Status s = io::SaveSafetensors(dir + "/model.safetensors", st); !s.ok()) return s;
-  return io::SaveFileAtomically(dir + "/config.json", Gpt2HfConfigJson(model.config()));
+  if (char_level) {
+    for (const auto& [name, text] : CharTokenizerFiles(options.char_vocab, model.config())) {
+      if (absl::Status s = io::SaveFileAtomically(dir + "/" + name, text); !s.ok()) return s;
+    }
+  }
+  return io::SaveFileAtomically(dir + "/config.json",
+                                Gpt2HfConfigJson(model.config(), options.settings, char_level));
 }
 
 }  // namespace nn

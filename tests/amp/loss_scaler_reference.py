@@ -104,6 +104,23 @@ def show(name, scaler, flags):
     print("//   growths: {" + ", ".join(str(g) for g in growths) + "}")
 
 
+def show_changes(name, scaler, flags):
+    """For long runs: only the 1-based updates after which the scale changed, and the scale."""
+    initial = scaler.scale
+    scales, _ = run(scaler, flags)
+    previous, changes = initial, []
+    for i, scale in enumerate(scales, start=1):
+        if scale != previous:
+            changes.append(f"{{{i}, {literal(scale)}}}")
+        previous = scale
+    print(f"// {name}: initial {literal(initial)}, {len(flags)} updates")
+    print("//   changes: {" + ", ".join(changes) + "}")
+
+
+# The engine-vs-class pattern: two overflows, 1001 clean updates (the first growth after an
+# overflow at window + 1), then overflow, clean, overflow (hysteresis 2 absorbs the first).
+ENGINE_FLAGS = "TT" + "F" * 1001 + "TFT" + "F" * 10
+
 # The fixed overflow pattern of the DeepSpeed old-vs-new test: clean runs of several lengths
 # around overflows, one of them a double overflow.
 DS_FLAGS = "FFFFFFFTFFFFFFTTFFFFFTFFF"
@@ -117,5 +134,9 @@ if __name__ == "__main__":
         for growth in ("before", "since"):
             show(f"DeepSpeed window {window} {growth} v0.17.1",
                  DeepSpeed(1024.0, 2.0, window, 1.0, 1, False, True, growth), DS_FLAGS)
+    # What DeepSpeed's engine builds from its config defaults (initial_scale_power 16,
+    # loss_scale_window 1000, hysteresis 2, min_loss_scale 1) and the class's own defaults.
+    show_changes("DeepSpeed engine defaults", DeepSpeed(2.0**16, 2.0, 1000, 1.0, 2), ENGINE_FLAGS)
+    show_changes("DeepSpeed class defaults", DeepSpeed(), ENGINE_FLAGS)
     show("DeepSpeed before v0.17.1 hysteresis 2",
          DeepSpeed(1024.0, 2.0, 2, 1.0, 2, False, True, "before"), "TFFTTFFFTTT")

@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -227,6 +228,44 @@ TEST(LossScalerTest, DeepSpeedDefaults) {
   EXPECT_EQ(scaler.options().hysteresis, 1);
   EXPECT_TRUE(scaler.options().raise_at_min_scale);
   EXPECT_FALSE(scaler.options().f32_scale);
+}
+
+// --loss_scaler=deepspeed: the engine's config defaults, not the class's. The (update, scale)
+// after every change, from tests/amp/loss_scaler_reference.py (ENGINE_FLAGS), checked by hand:
+// hysteresis 2 absorbs the first overflow (update 1) and backs off at the second; the first
+// growth after it comes at window + 1 = 1001 clean updates (update 1003) and refills the
+// hysteresis, so overflow 1004 is absorbed again and 1006 backs off. The class defaults back off
+// at every overflow from 2^32.
+TEST(LossScalerTest, DeepSpeedEngineDefaultsTrajectory) {
+  const std::string flags = "TT" + std::string(1001, 'F') + "TFT" + std::string(10, 'F');
+  using Changes = std::vector<std::pair<int, double>>;
+  auto changes = [&](LossScaler scaler) {
+    Changes out;
+    for (size_t i = 0; i < flags.size(); ++i) {
+      const double before = scaler.scale();
+      scaler.update(flags[i] == 'T');
+      if (scaler.scale() != before) out.push_back({static_cast<int>(i) + 1, scaler.scale()});
+    }
+    return out;
+  };
+  LossScaler engine = LossScaler::DeepSpeedEngine();
+  EXPECT_EQ(engine.scale(), 65536);
+  EXPECT_EQ(engine.options().growth_interval, 1000);
+  EXPECT_EQ(engine.options().hysteresis, 2);
+  EXPECT_EQ(engine.options().min_scale, 1);
+  EXPECT_FALSE(engine.options().consecutive_hysteresis);
+  EXPECT_TRUE(engine.options().raise_at_min_scale);
+  EXPECT_EQ(changes(engine), (Changes{{2, 32768}, {1003, 65536}, {1006, 32768}}));
+  EXPECT_EQ(changes(LossScaler::DeepSpeedDynamic()), (Changes{{1, 2147483648.0},
+                                                              {2, 1073741824.0},
+                                                              {1003, 2147483648.0},
+                                                              {1004, 1073741824.0},
+                                                              {1006, 536870912.0}}));
+  // The hysteresis tracker after the absorbed overflow, and refilled by the growth.
+  LossScaler tracked = LossScaler::DeepSpeedEngine();
+  tracked.update(true);
+  EXPECT_EQ(tracked.hysteresis_tracker(), 1);
+  EXPECT_EQ(tracked.scale(), 65536);
 }
 
 TEST(LossScalerTest, DeepSpeedGrowthTimingBeforeAndSinceV0_17_1) {

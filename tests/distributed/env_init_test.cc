@@ -45,6 +45,7 @@ class ScopedEnv {
                              "SLURM_NTASKS",
                              "SLURM_LOCALID",
                              "SLURM_NTASKS_PER_NODE",
+                             "SLURM_TASKS_PER_NODE",
                              "SLURM_NNODES",
                              "SLURM_STEP_NUM_NODES",
                              "MASTER_ADDR",
@@ -136,6 +137,19 @@ TEST(EnvInit, LauncherPrecedenceTorchrunOverOpenMpiOverSlurm) {
     EXPECT_EQ(e->local_world_size, 2);
     EXPECT_EQ(e->local_rank, 0);
     EXPECT_EQ(e->rdzv, "tcp://[::1]:1234");
+  }
+  // sbatch/srun's SLURM_TASKS_PER_NODE: the tasks on this node when every node runs as many
+  // (the training binaries size their thread pools by it), else unknown.
+  for (const auto& [tasks, local] : std::vector<std::pair<std::string, int>>{
+           {"4(x2)", 4}, {"3", 3}, {"2,2(x3)", 2}, {"2(x2),1", -1}, {"x", -1}}) {
+    ScopedEnv env({{"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_NNODES", "2"},
+                   {"SLURM_TASKS_PER_NODE", tasks},
+                   {"TG_RDZV", "file:///tmp/x"}});
+    auto e = ResolveDistEnv({});
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ(e->local_world_size, local) << tasks;
   }
 }
 

@@ -21,13 +21,28 @@ computes the same logits:
 (last run: transformers 5.24.0, torch 2.15.0: max |difference| 0. Done the same way with a
 1-layer, 8-wide GPT-2 of vocabulary 50257: tapegrad pads it to 50304, the export has 50257 rows
 and transformers' logits of the export equal the original's exactly.)
+
+A character-level model's export (needs transformers only, not torch): its tokenizer encodes the
+training text to the ids tapegrad trained on, decodes them back, and declares no end-of-text
+token:
+
+    bazel-bin/tools/train_gpt --data=text.txt --steps=2 --export_hf=/tmp/char_export ...
+    /tmp/hfv/bin/python tests/nn/gpt2_hf_reference.py --check_char_export=/tmp/char_export \
+        --text=text.txt
+
+(last run: transformers 5.24.0, tokenizers 0.23.3, a 65-byte text with 'é' (two bytes): the same
+65 ids, the same text back, no bos/eos, 35 tokens.)
 """
 
 import argparse
 import os
 
-import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+try:
+    import torch
+except ImportError:  # --check_char_export needs no torch
+    torch = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "testdata", "gpt2_tiny_hf")
@@ -64,7 +79,26 @@ def logits_of(model):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check_export", help="a directory written by tapegrad's ExportGpt2Hf")
+    parser.add_argument("--check_char_export",
+                        help="a character-level model's export (train_gpt --data=TEXT "
+                             "--export_hf=DIR): its tokenizer gives the ids tapegrad trained on")
+    parser.add_argument("--text", help="with --check_char_export: the training text file")
     args = parser.parse_args()
+    if args.check_char_export:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.check_char_export)
+        data = open(args.text, "rb").read()
+        vocab = sorted(set(data))  # tapegrad's CharTokenizer: the distinct bytes, in order
+        expected = [vocab.index(b) for b in data]
+        ids = tok(data.decode("utf-8"))["input_ids"]
+        assert ids == expected, (ids[:20], expected[:20])
+        assert tok.decode(ids) == data.decode("utf-8")
+        assert tok.eos_token_id is None and tok.bos_token_id is None
+        config = GPT2Config.from_pretrained(args.check_char_export)
+        assert config.eos_token_id is None and config.vocab_size == len(vocab)
+        print("tokenizer of %s: %d ids as tapegrad's, decode round trip, no end-of-text token"
+              % (args.check_char_export, len(ids)))
+        return
     if args.check_export:
         reference = logits_of(GPT2LMHeadModel.from_pretrained(OUT_DIR).eval())
         exported = GPT2LMHeadModel.from_pretrained(args.check_export).eval()

@@ -201,7 +201,8 @@ TEST(Gpt2IoTest, ExportReadsBackToTheSameLogits) {
   EXPECT_EQ(Logits(*Build(*back)).to_vector<float>(), Logits(*model).to_vector<float>());
 }
 
-// llm.c's gpt2_124M.bin layout from a model's parameters (train_gpt2.py's write_model).
+// llm.c's gpt2_124M.bin layout from a model's parameters (train_gpt2.py's write_model); version
+// 5 is gpt2_124M_bf16.bin (the values rounded to bf16).
 std::string LlmcBytes(const Gpt& model, int32_t version) {
   const GptConfig& c = model.config();
   std::vector<int32_t> header(256, 0);
@@ -212,15 +213,20 @@ std::string LlmcBytes(const Gpt& model, int32_t version) {
   header[4] = static_cast<int32_t>(c.n_layer);
   header[5] = static_cast<int32_t>(c.n_head);
   header[6] = static_cast<int32_t>(c.n_embd);
-  if (version == 3) header[7] = static_cast<int32_t>(c.padded_vocab());
+  if (version != 1) header[7] = static_cast<int32_t>(c.padded_vocab());
   std::string out(reinterpret_cast<const char*>(header.data()), 1024);
   std::map<std::string, Tensor> p;
   for (const auto& [name, v] : model.named_parameters()) p[name] = v.data();
   auto append = [&](const Tensor& t) {
+    if (version == 5) {  // bf16, as llm.c's train_gpt2.py writes gpt2_124M_bf16.bin
+      Tensor b = t.to(kBF16).contiguous();
+      out.append(static_cast<const char*>(b.raw_data()), b.numel() * 2);
+      return;
+    }
     std::vector<float> v = t.contiguous().to_vector<float>();
     out.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
   };
-  append(version == 3 ? p["wte.weight"] : p["wte.weight"].narrow(0, 0, c.vocab_size));
+  append(version != 1 ? p["wte.weight"] : p["wte.weight"].narrow(0, 0, c.vocab_size));
   append(p["wpe.weight"]);
   for (const char* suffix : {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
                              "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
@@ -317,7 +323,11 @@ TEST(Gpt2IoTest, Gpt2VocabularyPadsTo50304AndExportsBackTo50257) {
   absl::StatusOr<io::Safetensors> back = io::LoadSafetensors(out + "/model.safetensors");
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->tensors.at("transformer.wte.weight").shape(), (Shape{50257, 8}));
-  EXPECT_NE(ReadText(out + "/config.json").find("\"vocab_size\": 50257"), std::string::npos);
+  const std::string exported_config = ReadText(out + "/config.json");
+  EXPECT_NE(exported_config.find("\"vocab_size\": 50257"), std::string::npos);
+  // GPT-2's vocabulary: its <|endoftext|>.
+  EXPECT_NE(exported_config.find("\"eos_token_id\": 50256"), std::string::npos) << exported_config;
+  EXPECT_NE(exported_config.find("\"bos_token_id\": 50256"), std::string::npos) << exported_config;
 }
 
 // ---- Malformed inputs.
@@ -345,8 +355,9 @@ TEST(Gpt2IoTest, LlmcErrors) {
   };
   ExpectError(load("magic", with_header(0, 20240520)), absl::StatusCode::kInvalidArgument,
               "bad magic 20240520 in header[0]; expected 20240326");
-  ExpectError(load("version", with_header(1, 5)), absl::StatusCode::kInvalidArgument,
-              "unsupported version 5 in header[1]; expected 3 (f32, padded vocabulary) or 1");
+  ExpectError(load("version", with_header(1, 4)), absl::StatusCode::kInvalidArgument,
+              "unsupported version 4 in header[1]; expected 3 (f32), 5 (bf16) or 1 (f32, "
+              "unpadded vocabulary)");
   ExpectError(load("short_header", good.substr(0, 100)), absl::StatusCode::kDataLoss,
               "is truncated: 100 bytes, shorter than its 1024-byte header");
   ExpectError(load("truncated", good.substr(0, good.size() - 4)), absl::StatusCode::kDataLoss,
@@ -455,6 +466,253 @@ TEST(Gpt2IoTest, HfErrors) {
       << truncated.status();
   ExpectError(LoadGpt2Checkpoint(TmpDir("empty_dir")), absl::StatusCode::kNotFound,
               "model.safetensors");
+}
+
+// llm.c's bf16 file (version 5, what its CUDA trainer loads by default) and its f32 twin (version
+// 3) of the same bf16-representable values load to the same model, bit for bit: bf16 widens to
+// f32 exactly.
+TEST(Gpt2IoTest, LlmcVersion5IsBf16AndLoadsLikeItsVersion3Twin) {
+  std::unique_ptr<Gpt> model = RandomModel(TinyLlmcConfig());
+  for (const auto& [name, p] : model->named_parameters()) {
+    p.data().copy_(p.data().to(kBF16).to(kF32));  // bf16 values, so that v3 and v5 agree
+  }
+  const std::string dir = TmpDir("llmc_bf16");
+  const std::string v3 = LlmcBytes(*model, 3), v5 = LlmcBytes(*model, 5);
+  EXPECT_EQ(v5.size() - 1024, (v3.size() - 1024) / 2);  // two bytes a parameter
+  WriteText(dir + "/model.bin", v3);
+  WriteText(dir + "/model_bf16.bin", v5);
+  absl::StatusOr<Gpt2Checkpoint> f32 = LoadGpt2Checkpoint(dir + "/model.bin");
+  absl::StatusOr<Gpt2Checkpoint> bf16 = LoadGpt2Checkpoint(dir + "/model_bf16.bin");
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->format, "llm.c version 5 (bf16)");
+  EXPECT_EQ(bf16->config.padded_vocab_size, 128);
+  EXPECT_EQ(bf16->config.n_head, 2);
+  ASSERT_EQ(bf16->weights.tensors.size(), f32->weights.tensors.size());
+  for (const auto& [name, t] : f32->weights.tensors) {
+    EXPECT_EQ(bf16->weights.tensor(name).dtype(), kF32) << name;
+    EXPECT_EQ(bf16->weights.tensor(name).to_vector<float>(), t.to_vector<float>()) << name;
+    EXPECT_EQ(t.to_vector<float>(), model->state_dict().tensor(name).to_vector<float>()) << name;
+  }
+  EXPECT_EQ(Logits(*Build(*bf16)).to_vector<float>(), Logits(*model).to_vector<float>());
+  // A bf16 file cut short is measured in bf16 parameters.
+  WriteText(dir + "/cut_bf16.bin", v5.substr(0, v5.size() - 2));
+  ExpectError(LoadGpt2Checkpoint(dir + "/cut_bf16.bin"), absl::StatusCode::kDataLoss,
+              absl::StrCat("is truncated: ", v5.size() - 2, " bytes; the header (version 5"));
+  ExpectError(LoadGpt2Checkpoint(dir + "/cut_bf16.bin"), absl::StatusCode::kDataLoss,
+              " bf16 parameters after the 1024-byte header");
+}
+
+// A model.safetensors without config.json: the head count is not in the shapes. A model of head
+// size 32 (n_embd 64, 2 heads) was loaded with GPT-2's 64 (1 head) before, silently giving other
+// logits; now it is refused unless the head count is given.
+TEST(Gpt2IoTest, SafetensorsWithoutConfigNeedsTheHeadCount) {
+  GptConfig config = TinyLlmcConfig();
+  config.n_embd = 64;
+  config.n_head = 2;
+  std::unique_ptr<Gpt> model = RandomModel(config);
+  const std::string dir = TmpDir("no_config");
+  io::Safetensors st;
+  st.tensors = Gpt2HfStateDict(*model).tensors;
+  ASSERT_TRUE(io::SaveSafetensors(dir + "/model.safetensors", st).ok());
+  ExpectError(LoadGpt2Checkpoint(dir), absl::StatusCode::kInvalidArgument,
+              absl::StrCat("GPT-2 safetensors '", dir,
+                           "/model.safetensors': cannot tell the number of heads: there is no "
+                           "config.json beside it ('",
+                           dir,
+                           "/config.json'); put the model's config.json there, or give the head "
+                           "count (train_gpt --n_head, Gpt2LoadOptions::n_head)"));
+  Gpt2LoadOptions options;
+  options.n_head = 2;
+  absl::StatusOr<Gpt2Checkpoint> given = LoadGpt2Checkpoint(dir, options);
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->config.n_head, 2);
+  EXPECT_EQ(Logits(*Build(*given)).to_vector<float>(), Logits(*model).to_vector<float>());
+  // A config.json without n_head is no better.
+  WriteText(dir + "/config.json", "{\"n_embd\": 64}");
+  ExpectError(LoadGpt2Checkpoint(dir), absl::StatusCode::kInvalidArgument,
+              absl::StrCat("cannot tell the number of heads: '", dir,
+                           "/config.json' has no 'n_head'; put the model's config.json there"));
+}
+
+// The tiny model written as save_pretrained(max_shard_size=...) does: two shards and the index.
+// Returns the directory.
+std::string WriteSharded(const std::string& name, const std::string& index_json = "") {
+  absl::StatusOr<io::Safetensors> st =
+      io::LoadSafetensors(absl::StrCat(kTinyDir, "/model.safetensors"));
+  EXPECT_TRUE(st.ok());
+  const std::string dir = TmpDir(name);
+  io::Safetensors a, b;
+  std::string map;
+  for (const auto& [tensor, t] : st->tensors) {
+    // Layer 1 in the second shard, the rest in the first.
+    const bool second = tensor.find(".h.1.") != std::string::npos;
+    (second ? b : a).tensors[tensor] = t;
+    absl::StrAppend(&map, map.empty() ? "" : ", ", "\"", tensor, "\": \"model-0000", second ? 2 : 1,
+                    "-of-00002.safetensors\"");
+  }
+  a.metadata["format"] = b.metadata["format"] = "pt";
+  EXPECT_TRUE(io::SaveSafetensors(dir + "/model-00001-of-00002.safetensors", a).ok());
+  EXPECT_TRUE(io::SaveSafetensors(dir + "/model-00002-of-00002.safetensors", b).ok());
+  WriteText(dir + "/model.safetensors.index.json",
+            index_json.empty()
+                ? absl::StrCat("{\"metadata\": {\"total_size\": 1}, \"weight_map\": {", map, "}}")
+                : index_json);
+  WriteText(dir + "/config.json", ReadText(absl::StrCat(kTinyDir, "/config.json")));
+  return dir;
+}
+
+TEST(Gpt2IoTest, ShardedSafetensorsLoadLikeOneFile) {
+  absl::StatusOr<Gpt2Checkpoint> one = LoadGpt2Checkpoint(kTinyDir);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::string dir = WriteSharded("sharded");
+  for (const std::string& path : {dir, dir + "/model.safetensors.index.json"}) {
+    absl::StatusOr<Gpt2Checkpoint> sharded = LoadGpt2Checkpoint(path);
+    ASSERT_TRUE(sharded.ok()) << sharded.status();
+    EXPECT_EQ(sharded->format, "HuggingFace safetensors, 2 shards");
+    EXPECT_EQ(sharded->config.n_head, 2);  // from config.json
+    ASSERT_EQ(sharded->weights.tensors.size(), one->weights.tensors.size());
+    for (const auto& [name, t] : one->weights.tensors) {
+      EXPECT_EQ(sharded->weights.tensor(name).to_vector<float>(), t.to_vector<float>()) << name;
+    }
+  }
+
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const std::string h1 = "transformer.h.1.ln_1.weight";
+  auto index_with = [&](const std::string& from, const std::string& to) {
+    std::string index = ReadText(dir + "/model.safetensors.index.json");
+    const size_t at = index.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return index.replace(at, from.size(), to);
+  };
+  const std::string entry = absl::StrCat("\"", h1, "\": \"model-00002-of-00002.safetensors\"");
+  // A shard outside the directory.
+  ExpectError(
+      LoadGpt2Checkpoint(WriteSharded(
+          "traversal", index_with(entry, absl::StrCat("\"", h1, "\": \"../x.safetensors\"")))),
+      kInvalid,
+      absl::StrCat("weight_map['", h1,
+                   "'] is \"../x.safetensors\"; a shard must be a file name in the "
+                   "index's directory (no '/', no '..')"));
+  // A shard that is not there.
+  ExpectError(LoadGpt2Checkpoint(WriteSharded(
+                  "missing_shard",
+                  index_with(entry, absl::StrCat("\"", h1, "\": \"a-missing.safetensors\"")))),
+              absl::StatusCode::kNotFound, "shard 'a-missing.safetensors'");
+  // The map puts a tensor in the other shard: it would be in two, or in none.
+  ExpectError(
+      LoadGpt2Checkpoint(WriteSharded(
+          "wrong_shard",
+          index_with(entry, absl::StrCat("\"", h1, "\": \"model-00001-of-00002.safetensors\"")))),
+      kInvalid,
+      absl::StrCat("tensor '", h1,
+                   "' is in shard 'model-00002-of-00002.safetensors' but weight_map puts "
+                   "it in 'model-00001-of-00002.safetensors' (each tensor must be in "
+                   "exactly one shard)"));
+  // A tensor the map does not list.
+  ExpectError(LoadGpt2Checkpoint(WriteSharded("unlisted", index_with(entry + ", ", ""))), kInvalid,
+              absl::StrCat("shard 'model-00002-of-00002.safetensors' holds tensor '", h1,
+                           "', which weight_map does not list"));
+  // A tensor the map lists that its shard lacks.
+  ExpectError(
+      LoadGpt2Checkpoint(WriteSharded(
+          "phantom", index_with(entry, absl::StrCat(entry,
+                                                    ", \"transformer.extra\": "
+                                                    "\"model-00002-of-00002.safetensors\"")))),
+      kInvalid,
+      "weight_map puts tensor 'transformer.extra' in shard "
+      "'model-00002-of-00002.safetensors', which does not hold it");
+  ExpectError(LoadGpt2Checkpoint(WriteSharded("no_map", "{\"metadata\": {}}")), kInvalid,
+              "has no 'weight_map' object {tensor name: shard file} with at least one tensor");
+
+  // A directory with only PyTorch's pickle: what to do, not "cannot open model.safetensors".
+  const std::string pt = TmpDir("pytorch_only");
+  WriteText(pt + "/pytorch_model.bin", std::string("PK\3\4", 4) + "pickled");
+  WriteText(pt + "/config.json", ReadText(absl::StrCat(kTinyDir, "/config.json")));
+  const std::string how = absl::StrCat(
+      "LoadGpt2Checkpoint: '", pt,
+      "/pytorch_model.bin' is a PyTorch pickle (pytorch_model.bin), which tapegrad does not read "
+      "(unpickling runs code); convert it to safetensors with transformers: python -c \"from "
+      "transformers import GPT2LMHeadModel as M; M.from_pretrained('",
+      pt, "').save_pretrained('", pt, "', safe_serialization=True)\"");
+  ExpectError(LoadGpt2Checkpoint(pt), kInvalid, how);
+  ExpectError(LoadGpt2Checkpoint(pt + "/pytorch_model.bin"), kInvalid, how);
+}
+
+// config.json's dropouts and token ids survive a conversion; a model of its own has its dropout
+// and no end-of-text token unless its vocabulary is GPT-2's.
+TEST(Gpt2IoTest, ExportKeepsDropoutsAndTokenIds) {
+  std::string config = ConfigWith("\"resid_pdrop\": 0.0", "\"resid_pdrop\": 0.1");
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{"\"embd_pdrop\": 0.0", "\"embd_pdrop\": 0.2"},
+        {"\"attn_pdrop\": 0.0", "\"attn_pdrop\": 0.3"}}) {
+    config.replace(config.find(from), from.size(), to);
+  }
+  absl::StatusOr<Gpt2Checkpoint> ckpt = LoadEdited(
+      "dropouts", [](io::Safetensors&) {}, config);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->hf_settings.resid_pdrop, 0.1);
+  EXPECT_EQ(ckpt->hf_settings.embd_pdrop, 0.2);
+  EXPECT_EQ(ckpt->hf_settings.attn_pdrop, 0.3);
+  EXPECT_EQ(ckpt->hf_settings.eos_token_id, 99);
+  const std::string kept = Gpt2HfConfigJson(ckpt->config, ckpt->hf_settings);
+  for (const char* field : {"\"resid_pdrop\": 0.1,", "\"embd_pdrop\": 0.2,", "\"attn_pdrop\": 0.3,",
+                            "\"bos_token_id\": 99,", "\"eos_token_id\": 99,"}) {
+    EXPECT_NE(kept.find(field), std::string::npos) << field << " in\n" << kept;
+  }
+  // No settings: the model's own dropout, and no token of a vocabulary of 100 is end-of-text.
+  GptConfig own = ckpt->config;
+  own.dropout = 0.25;
+  const std::string fresh = Gpt2HfConfigJson(own);
+  for (const char* field :
+       {"\"resid_pdrop\": 0.25,", "\"embd_pdrop\": 0.25,", "\"attn_pdrop\": 0.25,",
+        "\"bos_token_id\": null,", "\"eos_token_id\": null,"}) {
+    EXPECT_NE(fresh.find(field), std::string::npos) << field << " in\n" << fresh;
+  }
+  ExpectError(LoadEdited(
+                  "bad_dropout", [](io::Safetensors&) {},
+                  ConfigWith("\"attn_pdrop\": 0.0", "\"attn_pdrop\": 1.5")),
+              absl::StatusCode::kInvalidArgument,
+              "'attn_pdrop' is 1.5; expected a probability in [0, 1]");
+}
+
+// A character-level model's export: no real character is declared end-of-text, and its
+// vocabulary travels as a GPT2Tokenizer (every byte a token, GPT-2's byte-to-unicode names).
+TEST(Gpt2IoTest, CharLevelExportCarriesItsVocabulary) {
+  GptConfig config = TinyLlmcConfig();
+  config.vocab_size = 5;
+  config.padded_vocab_size = 5;
+  std::unique_ptr<Gpt> model = RandomModel(config);
+  const std::string dir = TmpDir("char_export");
+  Gpt2ExportOptions options;
+  options.char_vocab = "\n abz";  // token 4 is 'z', the last id
+  ASSERT_TRUE(ExportGpt2Hf(*model, dir, options).ok());
+  const std::string json = ReadText(dir + "/config.json");
+  EXPECT_NE(json.find("\"bos_token_id\": null,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"eos_token_id\": null,"), std::string::npos) << json;
+  // '\n' is U+010A, ' ' U+0120 in GPT-2's byte-level alphabet.
+  EXPECT_EQ(ReadText(dir + "/vocab.json"),
+            "{\n  \"a\": 2,\n  \"b\": 3,\n  \"z\": 4,\n  \"\u010a\": 0,\n  \"\u0120\": 1\n}\n");
+  EXPECT_EQ(ReadText(dir + "/merges.txt"), "#version: 0.2\n");
+  const std::string tok = ReadText(dir + "/tokenizer_config.json");
+  for (const char* field :
+       {"\"tokenizer_class\": \"GPT2Tokenizer\"", "\"eos_token\": null", "\"bos_token\": null",
+        "\"unk_token\": null", "\"model_max_length\": 16"}) {
+    EXPECT_NE(tok.find(field), std::string::npos) << field << " in\n" << tok;
+  }
+  // The export loads back as the same model.
+  absl::StatusOr<Gpt2Checkpoint> back = LoadGpt2Checkpoint(dir);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->hf_settings.eos_token_id, -1);
+  EXPECT_EQ(back->config.vocab_size, 5);
+  EXPECT_EQ(back->weights.tensor("blocks.1.mlp.fc1.weight").to_vector<float>(),
+            model->state_dict().tensor("blocks.1.mlp.fc1.weight").to_vector<float>());
+
+  options.char_vocab = "ab";
+  absl::Status wrong = ExportGpt2Hf(*model, TmpDir("char_export_wrong"), options);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wrong.message(),
+            "ExportGpt2Hf: char_vocab has 2 characters; the model's vocab_size is 5");
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ status3=$?
 set -e
 [ "$status" -ne 0 ] && [ "$status2" -ne 0 ] && [ "$status3" -ne 0 ]
 grep -F "train_mnist: --world_size=3 but the environment has WORLD_SIZE=2" "$tmp/bad1.log"
-grep -F "train_mnist: --world_size=2 but the environment has WORLD_SIZE=1 (start the ranks with: bazel run //tools:launch -- --nproc=2 -- <binary> --world_size=2)" "$tmp/bad2.log"
+grep -F "train_mnist: --world_size=2 but the environment has WORLD_SIZE=1 (start the ranks with: bazel run //tools:launch -- --nproc=2 -- <binary>)" "$tmp/bad2.log"
 grep -F "train_mnist: the batch size 128 does not split evenly across 3 ranks" "$tmp/bad3.log"
 echo "== ranks that disagree all stop with the same message naming the first difference"
 # by_hand NAME RANK0_ARGS -- RANK1_ARGS: two ranks started by hand; their exit codes in $rc0 $rc1.

@@ -124,6 +124,34 @@ launch: rank 1 still running after 1 s; sending SIGKILL
 "
 if [ "$elapsed" -ge 20 ]; then fail "grace: took ${elapsed}s"; fi
 
+# --max_restarts: after rank 1 fails on the first attempt, every rank is stopped and all start
+# again with TORCHELASTIC_RESTART_COUNT=1 and a fresh job id; the second attempt succeeds.
+run restart --nproc=2 --max_restarts=2 --job_id=j -- /bin/sh -c '
+  echo "attempt=$TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS job=$TG_JOB_ID"
+  if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 5; fi
+  [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && sleep 60; exit 0'
+expect restart 0 "[rank 0] attempt=0 of 2 job=j
+[rank 0] attempt=1 of 2 job=j-restart1
+[rank 1] attempt=0 of 2 job=j
+[rank 1] attempt=1 of 2 job=j-restart1
+" "launch: rank 1 exited with status 5; stopping the other ranks
+launch: restarting all ranks (restart 1 of 2)
+"
+if [ "$elapsed" -ge 20 ]; then fail "restart: took ${elapsed}s, expected well under 60"; fi
+# Restarts used up: the last attempt's status.
+run restart_exhausted --nproc=1 --max_restarts=1 -- /bin/sh -c 'echo "a=$TORCHELASTIC_RESTART_COUNT"; exit 6'
+expect restart_exhausted 6 "[rank 0] a=0
+[rank 0] a=1
+" "launch: rank 0 exited with status 6
+launch: rank 0 exited with status 6
+launch: restarting all ranks (restart 1 of 1)
+"
+# Without --max_restarts: one attempt, TORCHELASTIC_RESTART_COUNT=0.
+run no_restart --nproc=1 -- /bin/sh -c 'echo "a=$TORCHELASTIC_RESTART_COUNT m=$TORCHELASTIC_MAX_RESTARTS"; exit 6'
+expect no_restart 6 "[rank 0] a=0 m=0
+" "launch: rank 0 exited with status 6
+"
+
 # 3. A binary that does not exist (a path, and a name looked up on PATH): 127 and the reason.
 run missing --nproc=1 -- /nonexistent/tg_launch_test_binary --flag
 expect missing 127 "" "[rank 0] launch: cannot run '/nonexistent/tg_launch_test_binary': No such file or directory
@@ -171,6 +199,9 @@ bad job_id_needed "launch: --job_id is required with --nnodes=2 (every node must
 bad rdzv_form "launch: --rdzv must be file:///absolute/dir or redis://host:port, got 'file://rel'" \
   --nproc=1 --rdzv=file://rel -- true
 bad unknown "launch: unknown flag --nprocs" --nprocs=2 -- true
+bad max_restarts "launch: --max_restarts must be >= 0, got -1" --nproc=1 --max_restarts=-1 -- true
+bad max_restarts_nodes "launch: --max_restarts restarts one node's ranks; with --nnodes=2 use torchrun (whose agents restart every node together)" \
+  --nproc=1 --nnodes=2 --rdzv=redis://h:1 --job_id=j --max_restarts=1 -- true
 bad positional "launch: unexpected argument 'true' before '--' (the binary and its arguments come after '--')" \
   --nproc=2 true
 

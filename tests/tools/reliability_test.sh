@@ -174,7 +174,7 @@ expect override_without_resume 1 "train_gpt: --override=lr applies only with --r
 # The lr change takes effect: from step 5 on, the resumed run has the lr of a run started with it.
 if expect override_lr 0 "resuming with changed settings (--override): lr 0.003 -> 0.001" -- \
   "${run8[@]}" --resume --lr=0.001 --min_lr=0.0003 --override=lr --metrics="$tmp/resumed.csv"; then
-  head -1 "$tmp/override_lr.log" | grep -qxF "resuming with changed settings (--override): lr 0.003 -> 0.001" ||
+  grep -v "^threads: " "$tmp/override_lr.log" | head -1 | grep -qxF "resuming with changed settings (--override): lr 0.003 -> 0.001" ||
     fail "override_lr: the change is not the first output line"
   "${gpt[@]}" --steps=8 --lr=0.001 --min_lr=0.0003 --metrics="$tmp/fresh.csv" >/dev/null 2>&1
   lr_col() { awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next } $c["step"] > 4 { print $c["step"], $c["lr"] }' "$1"; }

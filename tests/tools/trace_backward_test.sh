@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools:trace_backward writes trace.json (parseable, with traceEvents), trace.txt and graph.dot,
-# and says so when Graphviz's `dot` is missing; an unknown example exits 2.
+# and says so when Graphviz's `dot` is missing; an unknown example exits 2, names the examples
+# and creates nothing.
 set -euo pipefail
 tool="$1"
 out="${TEST_TMPDIR:-$(mktemp -d)}/trace"
@@ -23,5 +24,13 @@ set +e
 status=$?
 set -e
 [ "$status" -eq 2 ] || { echo "unknown example: exit $status, expected 2"; exit 1; }
-grep -q "no trace example named 'nope'" "$out.log" || { cat "$out.log"; exit 1; }
+grep -q "no trace example named 'nope' (examples: reentrant_checkpoint, non_reentrant_checkpoint, amp_skipped_step, ddp_2_ranks)" "$out.log" || { cat "$out.log"; exit 1; }
+# ... and creates nothing: the output directory is checked for only after the name.
+fresh="${TEST_TMPDIR:-$(mktemp -d)}/not_created"
+set +e
+"$tool" --example=nope --out="$fresh" >"$out.log" 2>&1
+status=$?
+set -e
+[ "$status" -eq 2 ] || { echo "unknown example: exit $status, expected 2"; exit 1; }
+[ ! -e "$fresh" ] || { echo "an unknown example created $fresh"; exit 1; }
 echo "trace_backward: OK"

@@ -55,7 +55,8 @@ TEST(TraceExamples, ReentrantCheckpoint) {
                   "node_begin AccumulateGrad(w)", "hook post_accumulate_grad @ AccumulateGrad(w)",
                   "callback_queued callback", "node_end AccumulateGrad(w)", "task_end backward",
                   "node_end CheckpointBackward", "node_begin AccumulateGrad(x)",
-                  "node_end AccumulateGrad(x)", "callback_run callback", "task_end backward"));
+                  "node_end AccumulateGrad(x)", "callback_run callback", "callback_end callback",
+                  "task_end backward"));
   // The callback queued in the nested task belongs to the outer (user's) task.
   EXPECT_EQ(events[19].task, events[0].task);
   EXPECT_EQ(events[18].depth, 1);
@@ -76,9 +77,19 @@ TEST(TraceExamples, NonReentrantCheckpoint) {
                   "node_begin AccumulateGrad(x)", "node_end AccumulateGrad(x)",
                   "node_begin AccumulateGrad(w)", "hook post_accumulate_grad @ AccumulateGrad(w)",
                   "callback_queued callback", "node_end AccumulateGrad(w)", "callback_run callback",
-                  "task_end backward"));
+                  "callback_end callback", "task_end backward"));
   for (const TraceRecord& e : events) EXPECT_EQ(e.depth, 0);  // one task: no nesting
+  // The segment's two nodes are marked as recomputed (dashed); the one outside it is not.
   EXPECT_THAT(dot, HasSubstr("TanhBackward  #"));
+  EXPECT_THAT(dot, HasSubstr("\\nretains grad\\nrecomputed by checkpoint\", shape=box, "
+                             "style=\"filled,dashed\""));
+  EXPECT_THAT(dot, HasSubstr("\\nrecomputed by checkpoint\", shape=box, style=dashed];"));
+  size_t marked = 0;
+  for (size_t p = dot.find("recomputed by"); p != std::string::npos;
+       p = dot.find("recomputed by", p + 1)) {
+    ++marked;
+  }
+  EXPECT_EQ(marked, 2u);
 }
 
 TEST(TraceExamples, AmpSkippedStep) {
@@ -89,9 +100,11 @@ TEST(TraceExamples, AmpSkippedStep) {
                   "node_end MulScalarBackward", "node_begin CastBackward", "node_end CastBackward",
                   "node_begin SumBackward", "node_end SumBackward", "node_begin MulBackward",
                   "node_end MulBackward", "node_begin AccumulateGrad(w)",
-                  "hook post_accumulate_grad @ AccumulateGrad(w)", "callback_queued callback",
-                  "node_end AccumulateGrad(w)", "callback_run callback",
-                  "user amp: master-gradient update (1 parameters)", "task_end backward",
+                  "hook post_accumulate_grad @ AccumulateGrad(w)",
+                  "callback_queued amp master-gradient update", "node_end AccumulateGrad(w)",
+                  "callback_run amp master-gradient update",
+                  "user amp: master-gradient update (1 parameters)",
+                  "callback_end amp master-gradient update", "task_end backward",
                   "user amp: scaler update: found_inf=1 scale 65536 -> 32768 (step "
                   "skipped)"));
 }
@@ -110,13 +123,49 @@ TEST(TraceExamples, Ddp2Ranks) {
                             "node_begin LinearBackward", "node_end LinearBackward",
                             "node_begin AccumulateGrad(bias)",
                             "hook post_accumulate_grad @ AccumulateGrad(bias)",
-                            "callback_queued callback", "user ddp: bucket 0 launched",
+                            "callback_queued ddp finalize", "user ddp: bucket 0 launched",
                             "node_end AccumulateGrad(bias)", "node_begin AccumulateGrad(weight)",
                             "hook post_accumulate_grad @ AccumulateGrad(weight)",
                             "user ddp: bucket 1 launched", "node_end AccumulateGrad(weight)",
-                            "callback_run callback", "user ddp: bucket 0 finished",
-                            "user ddp: bucket 1 finished", "task_end backward"))
+                            "callback_run ddp finalize", "user ddp: bucket 0 finished",
+                            "user ddp: bucket 1 finished", "callback_end ddp finalize",
+                            "task_end backward"))
         << "thread " << t;
+  }
+}
+
+TEST(TraceExamples, Ddp2RanksNamesItsThreadsAndShowsTheAllReduceWait) {
+  TraceScope trace;
+  ASSERT_TRUE(RunTraceExample("ddp_2_ranks").ok());
+  const std::vector<TraceRecord> events = trace.events();
+  const std::vector<std::pair<int, std::string>> names = trace.thread_names();
+  ASSERT_EQ(names.size(), 2u);
+  // Rank 0 runs on the caller's thread (the first to record), rank 1 on the other one.
+  EXPECT_EQ(names[0].second, "rank 0 / backward");
+  EXPECT_EQ(names[1].second, "rank 1 / backward");
+  const nlohmann::json doc = nlohmann::json::parse(trace.ToChromeJson());
+  const auto& json_events = doc.at("traceEvents");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(json_events[i], nlohmann::json({{"name", "thread_name"},
+                                              {"ph", "M"},
+                                              {"pid", 1},
+                                              {"tid", names[i].first},
+                                              {"args", {{"name", names[i].second}}}}));
+  }
+  // Per thread: the finaliser is a B/E span and the buckets' waits end inside it.
+  for (const auto& [tid, name] : names) {
+    std::vector<std::string> seen;
+    for (const auto& e : json_events) {
+      if (e.at("tid") != tid || e.at("ph") == "M") continue;
+      const std::string n = e.at("name");
+      if (n == "ddp finalize" || n.rfind("ddp: bucket", 0) == 0)
+        seen.push_back(e.at("ph").get<std::string>() + " " + n);
+    }
+    EXPECT_THAT(
+        seen, ElementsAre("i ddp finalize", "i ddp: bucket 0 launched", "i ddp: bucket 1 launched",
+                          "B ddp finalize", "i ddp: bucket 0 finished", "i ddp: bucket 1 finished",
+                          "E ddp finalize"))
+        << name;
   }
 }
 

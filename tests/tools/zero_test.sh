@@ -30,7 +30,9 @@ same_within_rounding() {
   [ "$(wc -l <"$1")" -eq "$(wc -l <"$2")" ] || { echo "different line counts"; return 1; }
 }
 
-summary() { grep -E "^(\[rank 0\] )?(test accuracy|val loss|done:)" "$1" | sed -e 's/^\[rank 0\] //' -e 's/ | [0-9]* img\/s mean//' -e 's/ | [0-9]* tok\/s mean//' -e 's/ in [0-9]*s//'; }
+# Sorted: rank 0's stdout (val loss) and stderr (done:) reach the launcher through two pipes, so
+# their order in the log is not the order they were written in; every line has its own prefix.
+summary() { grep -E "^(\[rank 0\] )?(test accuracy|val loss|done:)" "$1" | sed -e 's/^\[rank 0\] //' -e 's/ | [0-9]* img\/s mean//' -e 's/ | [0-9]* tok\/s mean//' -e 's/ in [0-9]*s//' | LC_ALL=C sort; }
 
 # run NAME NPROC ARGS...: one process (NPROC 1) or NPROC ranks under the launcher; the summary in
 # $tmp/NAME.sum.

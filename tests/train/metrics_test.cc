@@ -14,7 +14,7 @@ namespace tg::train {
 namespace {
 
 constexpr char kHeader[] =
-    "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s";
+    "step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,elapsed_s";
 
 std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
@@ -37,6 +37,7 @@ StepRecord Record(int64_t step, double loss) {
   r.loss = loss;
   r.lr = 1e-3;
   r.loss_scale = 65536;
+  r.loss_scale_next = 65536;
   r.items_per_second = 1234.5;
   r.elapsed_seconds = 0.25 * step;
   return r;
@@ -59,6 +60,26 @@ TEST(MetricsWriterTest, FormatNumber) {
   }
 }
 
+// The loss scales are written exactly: %.9g wrote 2^32 as 4294967300 (4.2949673e+09), a value
+// no scaler holds.
+TEST(MetricsWriterTest, LossScalesReadBackExactly) {
+  EXPECT_EQ(MetricsWriter::FormatExact(4294967296.0), "4294967296");
+  EXPECT_EQ(MetricsWriter::FormatExact(0x1p60), "1152921504606846976");
+  EXPECT_EQ(MetricsWriter::FormatExact(0.5), "0.5");
+  EXPECT_EQ(MetricsWriter::FormatExact(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(MetricsWriter::FormatExact(0x1p-1074), "5e-324");
+  EXPECT_EQ(MetricsWriter::FormatExact(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(MetricsWriter::FormatExact(std::numeric_limits<double>::quiet_NaN()), "nan");
+  for (double scale : {4294967296.0, 0x1p127, 0x1p-126, 3.0 * 0x1p40, 1e-300, 1.0 / 3}) {
+    EXPECT_EQ(std::strtod(MetricsWriter::FormatExact(scale).c_str(), nullptr), scale) << scale;
+  }
+  StepRecord r = Record(7, 2.5);
+  r.loss_scale = 4294967296.0;  // DeepSpeed's class default, grown once
+  r.loss_scale_next = 8589934592.0;
+  EXPECT_EQ(MetricsWriter::FormatRow(r, {}),
+            "7,1.75,2.5,0.001,nan,4294967296,8589934592,0,1234.5,1.75");
+}
+
 TEST(MetricsWriterTest, TwoRecordsExactText) {
   const std::string path = TempPath("two.csv");
   absl::StatusOr<MetricsWriter> w = MetricsWriter::Open(path);
@@ -67,17 +88,19 @@ TEST(MetricsWriterTest, TwoRecordsExactText) {
   StepRecord a = Record(1, 2.5);
   StepRecord b = Record(2, 2.25);
   b.grad_norm = 0.75;
-  b.loss_scale = 32768;
+  b.loss_scale = 65536;  // overflowed at 65536: skipped, backed off for the next step
+  b.loss_scale_next = 32768;
   b.skipped_steps = 1;
   ASSERT_TRUE(w->Write(a).ok());
   // Flushed after every row: the file has it before Close.
-  EXPECT_EQ(ReadFile(path), std::string(kHeader) + "\n1,0.25,2.5,0.001,nan,65536,0,1234.5,0.25\n");
+  EXPECT_EQ(ReadFile(path),
+            std::string(kHeader) + "\n1,0.25,2.5,0.001,nan,65536,65536,0,1234.5,0.25\n");
   ASSERT_TRUE(w->Write(b).ok());
   ASSERT_TRUE(w->Close().ok());
   EXPECT_EQ(ReadFile(path), std::string(kHeader) +
                                 "\n"
-                                "1,0.25,2.5,0.001,nan,65536,0,1234.5,0.25\n"
-                                "2,0.5,2.25,0.001,0.75,32768,1,1234.5,0.5\n");
+                                "1,0.25,2.5,0.001,nan,65536,65536,0,1234.5,0.25\n"
+                                "2,0.5,2.25,0.001,0.75,65536,32768,1,1234.5,0.5\n");
 }
 
 TEST(MetricsWriterTest, ExtraColumnsEmptyWhereNotGiven) {
@@ -91,9 +114,9 @@ TEST(MetricsWriterTest, ExtraColumnsEmptyWhereNotGiven) {
   ASSERT_TRUE(w->Close().ok());
   EXPECT_EQ(ReadFile(path), std::string(kHeader) +
                                 ",val_loss,test_acc\n"
-                                "1,0.25,2.5,0.001,nan,65536,0,1234.5,0.25,,\n"
-                                "2,0.5,2.25,0.001,nan,65536,0,1234.5,0.5,2.375,\n"
-                                "3,0.75,2,0.001,nan,65536,0,1234.5,0.75,2.125,0.5\n");
+                                "1,0.25,2.5,0.001,nan,65536,65536,0,1234.5,0.25,,\n"
+                                "2,0.5,2.25,0.001,nan,65536,65536,0,1234.5,0.5,2.375,\n"
+                                "3,0.75,2,0.001,nan,65536,65536,0,1234.5,0.75,2.125,0.5\n");
 }
 
 TEST(MetricsWriterTest, WriteErrors) {
@@ -114,7 +137,7 @@ TEST(MetricsWriterTest, WriteErrors) {
   EXPECT_EQ(w->Write(Record(6, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReadFile(path), std::string(kHeader) +
                                 ",val_loss\n"
-                                "5,1.25,1,0.001,nan,65536,0,1234.5,1.25,\n");
+                                "5,1.25,1,0.001,nan,65536,65536,0,1234.5,1.25,\n");
 }
 
 TEST(MetricsWriterTest, BadExtraColumnNames) {
@@ -158,20 +181,20 @@ TEST(MetricsWriterTest, ResumeDropsLaterStepsKeepsHeaderAndAppends) {
   EXPECT_EQ(w->last_step(), 3);
   const std::string kept = std::string(kHeader) +
                            ",val_loss\n"
-                           "1,0.25,1,0.001,nan,65536,0,1234.5,0.25,\n"
-                           "2,0.5,2,0.001,nan,65536,0,1234.5,0.5,\n"
-                           "3,0.75,3,0.001,nan,65536,0,1234.5,0.75,\n";
+                           "1,0.25,1,0.001,nan,65536,65536,0,1234.5,0.25,\n"
+                           "2,0.5,2,0.001,nan,65536,65536,0,1234.5,0.5,\n"
+                           "3,0.75,3,0.001,nan,65536,65536,0,1234.5,0.75,\n";
   EXPECT_EQ(ReadFile(path), kept);  // rewritten before the first Write
   EXPECT_EQ(w->Write(Record(3, 3)).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(w->Write(Record(4, 40), {{"val_loss", 41}}).ok());
   ASSERT_TRUE(w->Close().ok());
-  EXPECT_EQ(ReadFile(path), kept + "4,1,40,0.001,nan,65536,0,1234.5,1,41\n");
+  EXPECT_EQ(ReadFile(path), kept + "4,1,40,0.001,nan,65536,65536,0,1234.5,1,41\n");
   EXPECT_FALSE(std::ifstream(path + ".tmp").good());  // renamed away
 }
 
 TEST(MetricsWriterTest, ResumeBeforeFirstRowKeepsOnlyHeader) {
   const std::string path = TempPath("resume0.csv");
-  WriteFile(path, std::string(kHeader) + "\n1,0.25,1,0.001,nan,65536,0,1234.5,0.25\n");
+  WriteFile(path, std::string(kHeader) + "\n1,0.25,1,0.001,nan,65536,65536,0,1234.5,0.25\n");
   absl::StatusOr<MetricsWriter> w = MetricsWriter::Open(path, 0);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->last_step(), std::nullopt);
@@ -187,7 +210,7 @@ TEST(MetricsWriterTest, ResumeMissingOrEmptyFileStartsAfresh) {
   ASSERT_TRUE(w->Write(Record(101, 1)).ok());
   ASSERT_TRUE(w->Close().ok());
   EXPECT_EQ(ReadFile(path),
-            std::string(kHeader) + "\n101,25.25,1,0.001,nan,65536,0,1234.5,25.25\n");
+            std::string(kHeader) + "\n101,25.25,1,0.001,nan,65536,65536,0,1234.5,25.25\n");
 
   WriteFile(path, "step,epo");  // crashed while writing the header
   w = MetricsWriter::Open(path, 100);
@@ -196,16 +219,41 @@ TEST(MetricsWriterTest, ResumeMissingOrEmptyFileStartsAfresh) {
   EXPECT_EQ(ReadFile(path), std::string(kHeader) + "\n");
 }
 
+// A run started before the loss_scale_next column resumes into its metrics file: the header is
+// rewritten and the kept rows get an empty loss_scale_next cell (the plot skips empty cells).
+TEST(MetricsWriterTest, ResumeContinuesAFileWithoutLossScaleNext) {
+  const std::string path = TempPath("resume_legacy.csv");
+  WriteFile(path,
+            "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s,val_loss\n"
+            "1,0.25,1,0.001,nan,65536,0,1234.5,0.25,\n"
+            "2,0.5,2,0.001,nan,32768,1,1234.5,0.5,2.5\n"
+            "3,0.75,3,0.001,nan,32768,1,1234.5,0.75,\n");
+  absl::StatusOr<MetricsWriter> w = MetricsWriter::Open(path, 2, {"val_loss"});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(w->Write(Record(3, 30)).ok());
+  ASSERT_TRUE(w->Close().ok());
+  EXPECT_EQ(ReadFile(path), std::string(kHeader) +
+                                ",val_loss\n"
+                                "1,0.25,1,0.001,nan,65536,,0,1234.5,0.25,\n"
+                                "2,0.5,2,0.001,nan,32768,,1,1234.5,0.5,2.5\n"
+                                "3,0.75,30,0.001,nan,65536,65536,0,1234.5,0.75,\n");
+  // Other extra columns than the run's are still refused.
+  WriteFile(path, "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s\n");
+  EXPECT_EQ(MetricsWriter::Open(path, 2, {"val_loss"}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(MetricsWriterTest, ResumeRejectsOtherHeaderOrBadRows) {
   const std::string path = TempPath("resume_bad.csv");
-  const std::string original = std::string(kHeader) + "\n1,0.25,1,0.001,nan,65536,0,1234.5,0.25\n";
+  const std::string original =
+      std::string(kHeader) + "\n1,0.25,1,0.001,nan,65536,65536,0,1234.5,0.25\n";
   WriteFile(path, original);
   absl::StatusOr<MetricsWriter> w = MetricsWriter::Open(path, 1, {"val_loss"});
   EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(w.status().message().find(path), std::string::npos) << w.status();
   EXPECT_EQ(ReadFile(path), original);  // untouched
 
-  WriteFile(path, std::string(kHeader) + "\nx,0.25,1,0.001,nan,65536,0,1234.5,0.25\n");
+  WriteFile(path, std::string(kHeader) + "\nx,0.25,1,0.001,nan,65536,65536,0,1234.5,0.25\n");
   w = MetricsWriter::Open(path, 1);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(w.status().message().find("line 2"), std::string::npos) << w.status();
@@ -235,8 +283,8 @@ TEST(MetricsWriterTest, MoveKeepsTheFile) {
   ASSERT_TRUE(assigned.Close().ok());
   EXPECT_EQ(ReadFile(path), std::string(kHeader) +
                                 "\n"
-                                "1,0.25,1,0.001,nan,65536,0,1234.5,0.25\n"
-                                "2,0.5,1,0.001,nan,65536,0,1234.5,0.5\n");
+                                "1,0.25,1,0.001,nan,65536,65536,0,1234.5,0.25\n"
+                                "2,0.5,1,0.001,nan,65536,65536,0,1234.5,0.5\n");
 }
 
 }  // namespace

@@ -39,13 +39,13 @@ check_png() {
   [ "$magic" = "89504e470d0a1a0a" ] || fail "$1 does not start with the PNG signature ($magic)"
 }
 
-header="step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s"
+header="step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,elapsed_s"
 {
   echo "$header"
-  echo "1,0.25,2.5,0.001,nan,65536,0,1234.5,0.25"
-  echo "2,0.5,2.25,0.001,0.75,32768,1,1234.5,0.5"
-  echo "3,0.75,2,0.001,0.5,32768,1,1234.5,0.75"
-  echo "4,1,1.75,0.001,0.5,65536,1,1234.5,1"
+  echo "1,0.25,2.5,0.001,nan,65536,32768,1,1234.5,0.25"
+  echo "2,0.5,2.25,0.001,0.75,32768,32768,1,1234.5,0.5"
+  echo "3,0.75,2,0.001,0.5,32768,65536,1,1234.5,0.75"
+  echo "4,1,1.75,0.001,0.5,65536,65536,1,1234.5,1"
 } >"$tmp/metrics.csv"
 bash "$script" "$tmp/metrics.csv" || fail "plot of metrics.csv failed"
 check_png "$tmp/metrics.png"  # default output name

@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -108,8 +110,7 @@ TEST(RunSettingsTest, ChangedSettingIsRefusedUnlessOverridden) {
   EXPECT_EQ(refused.status().message(),
             "cannot resume from ckpt: the checkpoint was written with lr=0.001, this run has "
             "lr=0.002 (pass --override=lr to continue with the new value)");
-  absl::StatusOr<std::vector<std::string>> overrides =
-      now.ParseOverrides("lr", /*resume=*/true);
+  absl::StatusOr<std::vector<std::string>> overrides = now.ParseOverrides("lr", /*resume=*/true);
   ASSERT_TRUE(overrides.ok());
   absl::StatusOr<std::vector<std::string>> allowed = now.CheckResume("ckpt", saved, *overrides);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
@@ -170,8 +171,8 @@ TEST(PrepareCheckpointDirTest, RefusesAPathThroughAFile) {
   std::ofstream(file) << "x";
   const absl::Status s = PrepareCheckpointDir(file + "/ckpt");
   EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.message(), "--checkpoint_dir=" + file + "/ckpt: cannot create " + file +
-                             "/ckpt: Not a directory");
+  EXPECT_EQ(s.message(),
+            "--checkpoint_dir=" + file + "/ckpt: cannot create " + file + "/ckpt: Not a directory");
   EXPECT_EQ(PrepareCheckpointDir(file).message(),
             "--checkpoint_dir=" + file + ": exists and is not a directory");
   EXPECT_TRUE(PrepareCheckpointDir("").ok());
@@ -303,10 +304,21 @@ TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
   EXPECT_EQ((*apex)->scaler().scale(), 65536);
   EXPECT_EQ((*apex)->scaler().options().growth_interval, 2000);
   EXPECT_EQ((*apex)->scaler().options().max_scale, 16777216);
+  // deepspeed: what DeepSpeed's engine builds from its config defaults (it used to be the
+  // class defaults, now deepspeed_class).
   absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> deepspeed = made("deepspeed");
   ASSERT_TRUE(deepspeed.ok()) << deepspeed.status();
-  EXPECT_EQ((*deepspeed)->scaler().scale(), 4294967296.0);
+  EXPECT_EQ((*deepspeed)->scaler().scale(), 65536);
+  EXPECT_EQ((*deepspeed)->scaler().options().hysteresis, 2);
+  EXPECT_EQ((*deepspeed)->scaler().options().growth_interval, 1000);
+  EXPECT_EQ((*deepspeed)->scaler().options().min_scale, 1);
+  EXPECT_TRUE((*deepspeed)->scaler().options().raise_at_min_scale);
   EXPECT_TRUE((*deepspeed)->scaler().options().first_growth_waits_one_more);
+  absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> ds_class = made("deepspeed_class");
+  ASSERT_TRUE(ds_class.ok()) << ds_class.status();
+  EXPECT_EQ((*ds_class)->scaler().scale(), 4294967296.0);
+  EXPECT_EQ((*ds_class)->scaler().options().hysteresis, 1);
+  EXPECT_TRUE((*ds_class)->scaler().options().first_growth_waits_one_more);
   absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> legacy = made("deepspeed_legacy");
   ASSERT_TRUE(legacy.ok()) << legacy.status();
   EXPECT_EQ((*legacy)->scaler().scale(), 4294967296.0);
@@ -314,7 +326,116 @@ TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
   EXPECT_FALSE((*legacy)->scaler().options().first_growth_waits_one_more);
   EXPECT_EQ(made("apex2").status().message(),
             "unknown loss scaler 'apex2' (expected auto, pytorch, megatron, deepspeed, "
-            "deepspeed_legacy, apex or none)");
+            "deepspeed_class, deepspeed_legacy, apex or none)");
+}
+
+// A checkpoint written when --loss_scaler=deepspeed meant the class defaults (no
+// "loss_scaler_meaning" metadata) resumes only under deepspeed_class, the same rules; under the
+// new deepspeed it is refused naming the flag, never continued under other rules.
+TEST(RunSettingsTest, OldDeepSpeedCheckpointMapsToDeepSpeedClass) {
+  auto settings = [](const char* scaler) {
+    RunSettings s;
+    s.Add("loss_scaler", scaler, /*fixed=*/true);
+    s.Add("lr", 0.001, false);
+    return s;
+  };
+  std::map<std::string, std::string> old_meta = {{"setting.loss_scaler", "deepspeed"},
+                                                 {"setting.lr", "0.001"}};
+  EXPECT_EQ(settings("deepspeed").CheckResume("ckpt", old_meta, {}).status().message(),
+            "cannot resume from ckpt: the checkpoint was written with loss_scaler=deepspeed when "
+            "it meant DeepSpeed's DynamicLossScaler class defaults (init 2^32, no hysteresis); "
+            "--loss_scaler=deepspeed now means DeepSpeed's engine config defaults (init 2^16, "
+            "hysteresis 2): resume with --loss_scaler=deepspeed_class, the rules the checkpoint "
+            "was written with");
+  absl::StatusOr<std::vector<std::string>> mapped =
+      settings("deepspeed_class").CheckResume("ckpt", old_meta, {});
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE(mapped->empty());
+  EXPECT_EQ(settings("pytorch").CheckResume("ckpt", old_meta, {}).status().message(),
+            "cannot resume from ckpt: the checkpoint was written with loss_scaler=deepspeed, this "
+            "run has loss_scaler=pytorch (this setting cannot change when resuming)");
+  // New checkpoints say which meaning they were written with.
+  const std::map<std::string, std::string> new_meta = settings("deepspeed").ToMetadata();
+  EXPECT_EQ(new_meta.at("loss_scaler_meaning"), "deepspeed=engine");
+  EXPECT_TRUE(settings("deepspeed").CheckResume("ckpt", new_meta, {}).ok());
+  EXPECT_EQ(settings("deepspeed_class").CheckResume("ckpt", new_meta, {}).status().message(),
+            "cannot resume from ckpt: the checkpoint was written with loss_scaler=deepspeed, this "
+            "run has loss_scaler=deepspeed_class (this setting cannot change when resuming)");
+}
+
+// Item: a default never makes a valid command fail. The old default where it fits, else one
+// that adapts.
+TEST(FlagDefaultsTest, WarmupAndMinLrAdaptOnlyWhereTheOldDefaultDoesNotFit) {
+  EXPECT_EQ(DefaultWarmupSteps(1500), 100);
+  EXPECT_EQ(DefaultWarmupSteps(100), 100);
+  EXPECT_EQ(DefaultWarmupSteps(99), 9);
+  EXPECT_EQ(DefaultWarmupSteps(50), 5);
+  EXPECT_EQ(DefaultWarmupSteps(5), 0);
+  EXPECT_EQ(DefaultMinLr(3e-3), 3e-4);
+  EXPECT_EQ(DefaultMinLr(3e-4), 3e-4);
+  EXPECT_EQ(DefaultMinLr(1e-4), 1e-4 / 10);
+}
+
+// --batch_size is the global batch; --micro_batch_size the per-pass one; the description is the
+// binaries' first output line.
+TEST(FlagDefaultsTest, BatchSizes) {
+  auto resolve = [](std::optional<int64_t> global, std::optional<int64_t> micro, int64_t accum,
+                    int64_t ranks) { return ResolveBatchSizes(global, micro, 32, accum, ranks); };
+  absl::StatusOr<BatchSizes> b = resolve(std::nullopt, 16, 4, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->global, 64);
+  EXPECT_EQ(b->Describe("sequences"),
+            "batch: global 64 sequences per optimizer step = micro-batch 16 x 4 accumulation "
+            "steps x 1 rank");
+  b = resolve(64, std::nullopt, 2, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->micro, 16);
+  EXPECT_EQ(b->Describe("images"),
+            "batch: global 64 images per optimizer step = micro-batch 16 x 2 accumulation steps x "
+            "2 ranks");
+  b = resolve(std::nullopt, std::nullopt, 1, 1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->Describe("sequences"),
+            "batch: global 32 sequences per optimizer step = micro-batch 32 x 1 accumulation step "
+            "x 1 rank");
+  // The default never fails: rounded down to a multiple of the micro-batch count, at least one.
+  b = resolve(std::nullopt, std::nullopt, 3, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->global, 30);
+  EXPECT_EQ(b->micro, 10);
+  b = resolve(std::nullopt, std::nullopt, 8, 8);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->global, 64);
+  EXPECT_EQ(b->micro, 1);
+  // Given values are never adjusted.
+  EXPECT_EQ(resolve(30, std::nullopt, 4, 1).status().message(),
+            "--batch_size=30 (the global batch of an optimizer step) does not split into "
+            "--grad_accum_steps=4 x --world_size=1 = 4 equal micro-batches: give a multiple of 4, "
+            "or --micro_batch_size=N for N x 4 rows per step");
+  EXPECT_EQ(resolve(64, 16, 2, 1).status().message(),
+            "--batch_size=64 (the global batch of an optimizer step) is not --micro_batch_size=16 "
+            "x --grad_accum_steps=2 x --world_size=1 = 32; give one of the two");
+  EXPECT_TRUE(resolve(32, 16, 2, 1).ok());
+}
+
+// The metrics row says both scales: the one this step's backward used, and the one after the
+// scaler's update (here an overflow: 65536, then 32768 for the next step).
+TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
+  Generator gen{0};
+  auto model = std::make_shared<nn::Linear>(3, 2, gen);
+  PrecisionConfig precision;
+  precision.loss_scaler = "pytorch";
+  std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
+      *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, precision);
+  optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
+  const Tensor x = RandNormal({4, 3}, gen);
+  StepStats stats = TrainStep(*opt, schedule, kF32, 0,
+                              [&] { return Sum(Sqrt(MulScalar((*model)(Variable(x)), 0.0))); });
+  EXPECT_TRUE(stats.result.skipped);
+  RunState run{*model, *opt, schedule, ExampleSettings(0.001), 10};
+  const StepRecord record = run.Advance(stats, 0);
+  EXPECT_EQ(record.loss_scale, 65536);
+  EXPECT_EQ(record.loss_scale_next, 32768);
 }
 
 // With accumulation, the backward runs on loss / (micro_batches * summed_ranks): tools/train's
@@ -428,13 +549,16 @@ TEST_F(ResumeValidationTest, ValidCheckpointResumes) {
 
 TEST_F(ResumeValidationTest, BadStepIsRefusedNamingKeyAndValue) {
   const std::string at = "cannot resume from " + dir_ + ": ";
-  for (const auto& [value, text] : std::vector<std::pair<double, std::string>>{
-           {NAN, "nan"}, {1e300, "1e+300"}, {-1, "-1"}, {2.5, "2.5"}, {11, "11"},
-           {INFINITY, "inf"}}) {
+  for (const auto& [value, text] : std::vector<std::pair<double, std::string>>{{NAN, "nan"},
+                                                                               {1e300, "1e+300"},
+                                                                               {-1, "-1"},
+                                                                               {2.5, "2.5"},
+                                                                               {11, "11"},
+                                                                               {INFINITY, "inf"}}) {
     const absl::Status s = ResumeWith("step", value);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << text;
-    EXPECT_EQ(s.message(), at + "'step' is " + text +
-                               "; expected an integer in [0, 10] (the run's step count)");
+    EXPECT_EQ(s.message(),
+              at + "'step' is " + text + "; expected an integer in [0, 10] (the run's step count)");
   }
 }
 
@@ -538,6 +662,88 @@ TEST(RunStateSaveTest, NonFiniteStateIsNotWritten) {
   std::ifstream again(CheckpointPath(dir), std::ios::binary);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>()),
             good);
+}
+
+// --resume's values (a bare --resume still means true), and DecideResume: auto resumes when the
+// checkpoint exists and says so, a fresh run on an elastic restart over a checkpoint is refused.
+TEST(ResumeFlagTest, ParsesTrueFalseAutoAndBareFlags) {
+  ResumeFlag f;
+  std::string error;
+  for (const char* yes : {"true", "1", "yes", "TRUE"}) {
+    ASSERT_TRUE(AbslParseFlag(yes, &f, &error)) << yes;
+    EXPECT_EQ(f.mode, ResumeFlag::Mode::kYes) << yes;
+  }
+  ASSERT_TRUE(AbslParseFlag("auto", &f, &error));
+  EXPECT_EQ(f.mode, ResumeFlag::Mode::kAuto);
+  EXPECT_EQ(AbslUnparseFlag(f), "auto");
+  ASSERT_TRUE(AbslParseFlag("false", &f, &error));
+  EXPECT_EQ(f.mode, ResumeFlag::Mode::kNo);
+  EXPECT_FALSE(AbslParseFlag("sometimes", &f, &error));
+  EXPECT_EQ(error,
+            "expected true, false or auto (resume when the checkpoint exists, else start fresh)");
+
+  char a0[] = "train", a1[] = "--resume", a2[] = "-noresume", a3[] = "--resume=auto", a4[] = "--",
+       a5[] = "--resume";
+  char* argv[] = {a0, a1, a2, a3, a4, a5};
+  NormalizeResumeArgs(6, argv);
+  EXPECT_STREQ(argv[1], "--resume=true");
+  EXPECT_STREQ(argv[2], "--resume=false");
+  EXPECT_STREQ(argv[3], "--resume=auto");
+  EXPECT_STREQ(argv[5], "--resume");  // after "--": not a flag
+}
+
+TEST(DecideResumeTest, AutoResumesOnlyWhenTheCheckpointExists) {
+  const std::string dir = ::testing::TempDir() + "/decide_resume";
+  ASSERT_TRUE(PrepareCheckpointDir(dir).ok());
+  unlink(CheckpointPath(dir).c_str());
+  ResumeFlag auto_flag, yes, no;
+  auto_flag.mode = ResumeFlag::Mode::kAuto;
+  yes.mode = ResumeFlag::Mode::kYes;
+  std::string line;
+  // No checkpoint yet (the first attempt): a fresh start, said.
+  absl::StatusOr<bool> r = DecideResume(auto_flag, dir, 0, &line);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(line,
+            "--resume=auto: no checkpoint at " + dir + "/checkpoint.safetensors, starting fresh");
+  // Without auto: a fresh run, or a resume that must find the checkpoint (RunState::Resume).
+  EXPECT_FALSE(*DecideResume(no, dir, 0, &line));
+  EXPECT_EQ(line, "");
+  EXPECT_TRUE(*DecideResume(yes, dir, 0, &line));
+  EXPECT_FALSE(*DecideResume(no, dir, 1, &line));  // a restart with nothing to overwrite
+
+  std::ofstream(CheckpointPath(dir)) << "x";
+  r = DecideResume(auto_flag, dir, 1, &line);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(line, "--resume=auto: resuming from " + dir + "/checkpoint.safetensors");
+  // A fresh run of the first attempt may overwrite (a new run in an old directory) ...
+  EXPECT_FALSE(*DecideResume(no, dir, 0, &line));
+  // ... a restart may not: it would replace the failed attempt's progress with step 0's.
+  r = DecideResume(no, dir, 2, &line);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "restart 2 of an elastic run (TORCHELASTIC_RESTART_COUNT=2) would start at step 0 "
+            "and overwrite " +
+                dir +
+                "/checkpoint.safetensors: pass --resume=auto to resume from it when it "
+                "exists");
+  // auto without a directory: nothing to look for.
+  r = DecideResume(auto_flag, "", 0, &line);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "--resume=auto needs --checkpoint_dir (where the checkpoint is looked for)");
+}
+
+TEST(ElasticRestartCountTest, FromTorchElasticRestartCount) {
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_EQ(*ElasticRestartCount(), 0);
+  setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
+  EXPECT_EQ(*ElasticRestartCount(), 3);
+  setenv("TORCHELASTIC_RESTART_COUNT", "x", 1);
+  EXPECT_EQ(ElasticRestartCount().status().message(),
+            "TORCHELASTIC_RESTART_COUNT='x' is not a restart count (an integer >= 0)");
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
 }  // namespace

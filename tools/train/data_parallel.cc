@@ -1,5 +1,7 @@
 #include "tools/train/data_parallel.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -19,26 +21,45 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
                                                                   Device device) {
   auto dp = std::make_unique<DataParallel>();
   dp->device_ = device;
-  const int64_t world_size = flags.world_size;
-  if (world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--world_size must be >= 1, got ", world_size));
+  if (flags.world_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size must be >= 1 (or 0: from the launcher's environment), got ",
+                     flags.world_size));
+  }
+  if (flags.rank >= 0 && flags.world_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank=", flags.rank, " starts a rank by hand and needs --world_size (the ranks' count)"));
   }
   dist::DistOptions options;
   options.rdzv = flags.rdzv;
   if (flags.rank >= 0) {  // by hand: the flags decide, not a launcher's environment
     options.rank = static_cast<int>(flags.rank);
-    options.world_size = static_cast<int>(world_size);
+    options.world_size = static_cast<int>(flags.world_size);
   }
   absl::StatusOr<dist::DistEnv> env = dist::ResolveDistEnv(options);
   if (!env.ok()) return env.status();
+  // --world_size=0 (the default): the launcher's world size, as a PyTorch script's env:// init
+  // reads it (torchrun, srun, mpirun, tools:launch), 1 without a launcher. An explicit value
+  // only confirms it: a different one is a mistake in the command line.
+  const int64_t world_size = flags.world_size == 0 ? env->world_size : flags.world_size;
   if (env->world_size != world_size) {
+    const std::string variable = env->launcher == "Open MPI" ? "OMPI_COMM_WORLD_SIZE"
+                                 : env->launcher == "SLURM"  ? "SLURM_NTASKS"
+                                                             : "WORLD_SIZE";
     return absl::InvalidArgumentError(absl::StrCat(
-        "--world_size=", world_size, " but the environment has WORLD_SIZE=", env->world_size,
+        "--world_size=", world_size, " but the environment has ", variable, "=", env->world_size,
         world_size > 1 && env->world_size == 1
             ? absl::StrCat(" (start the ranks with: bazel run //tools:launch -- --nproc=",
-                           world_size, " -- <binary> --world_size=", world_size, ")")
-            : ""));
+                           world_size, " -- <binary>)")
+            : " (leave --world_size out to take the launcher's)"));
   }
+  // The CPU pool (threads.h): tools:launch and torchrun set OMP_NUM_THREADS, srun and mpirun do
+  // not, and every rank would then start one thread per core.
+  dp->local_world_size_ = env->local_world_size > 0 ? env->local_world_size
+                          : env->launcher.empty()   ? 1
+                                                    : -1;
+  dp->threads_ = ChooseThreads(ReadThreadEnv(dp->local_world_size_));
+  if (dp->threads_.set) omp_set_num_threads(dp->threads_.threads);
   if (flags.zero_stage < 0 || flags.zero_stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("--zero_stage=", flags.zero_stage,

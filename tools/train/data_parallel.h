@@ -7,7 +7,8 @@
 // optimizer step (DDP's no_sync on all but the last). Rank 0 alone prints, writes metrics and
 // checkpoints (every rank can resume from them, at any stage and world size).
 //
-//   bazel run //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
+//   bazel run //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist   # world size 2
+//   torchrun --nproc-per-node=2 train_mnist      # or srun -n 2 / mpirun -np 2 train_mnist
 //   train_mnist --world_size=2 --rank=1 --rdzv=redis://host0:6379   # by hand, on each machine
 //
 //   auto dp = tg::train::DataParallel::Start({world_size, rank, rdzv}, batch_size, device);
@@ -37,6 +38,7 @@
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 #include "tools/train/run.h"
+#include "tools/train/threads.h"
 
 namespace tg::train {
 
@@ -44,16 +46,20 @@ class DataParallel {
  public:
   // The binaries' flags.
   struct Flags {
-    int64_t world_size = 1;  // --world_size
-    int64_t rank = -1;       // --rank: without a launcher (each process started by hand)
-    std::string rdzv;        // --rdzv: file:///dir or redis://host:port (default: TG_RDZV)
-    int64_t zero_stage = 0;  // --zero_stage: 0 (DDP) or the ZeRO stage 1..3
+    int64_t world_size = 0;        // --world_size: 0: the launcher's (WORLD_SIZE, ...), else 1
+    int64_t rank = -1;             // --rank: without a launcher (each process started by hand)
+    std::string rdzv;              // --rdzv: file:///dir or redis://host:port (default: TG_RDZV)
+    int64_t zero_stage = 0;        // --zero_stage: 0 (DDP) or the ZeRO stage 1..3
     int64_t grad_accum_steps = 1;  // --grad_accum_steps: micro-batches per optimizer step
   };
-  // world_size 1 (the default) without a launcher environment: a single process. Under the
-  // launcher it must match its WORLD_SIZE (InvalidArgument naming both); with --rank the flags
-  // alone say who is who (--rdzv then names the rendezvous). The global batch must split evenly
-  // across the ranks (and each rank's rows across the --grad_accum_steps micro-batches).
+  // world_size 0 (the default): the launcher's world size (torchrun's and tools:launch's
+  // WORLD_SIZE, mpirun's OMPI_COMM_WORLD_SIZE, srun's SLURM_NTASKS; distributed/init.h), 1
+  // without one. An explicit world size must match the launcher's (InvalidArgument naming both);
+  // with --rank the flags alone say who is who (--world_size is then required, --rdzv names the
+  // rendezvous). When OMP_NUM_THREADS is unset, sizes the CPU pool for the ranks on this node
+  // (threads.h; threads() says how, for the binary's first output line). The global batch must
+  // split evenly across the ranks (and each rank's rows across the --grad_accum_steps
+  // micro-batches).
   // --zero_stage must be 0..3, and 1..3 need a group (--world_size >= 2; InvalidArgument says
   // so). Joins the default process group (its errors name missing ranks); a CUDA
   // `device` uses NCCL and each rank's cuda:LOCAL_RANK (device() says which).
@@ -62,6 +68,9 @@ class DataParallel {
   ~DataParallel();
 
   int rank() const { return rank_; }
+  // How the CPU thread pool was sized ("threads: 4 (OMP_NUM_THREADS unset: 8 CPUs / 2 ranks on
+  // this node)"); threads.h.
+  const ThreadChoice& threads() const { return threads_; }
   int world_size() const { return world_size_; }
   bool is_main() const { return rank_ == 0; }
   bool distributed() const { return group_ != nullptr; }
@@ -128,6 +137,8 @@ class DataParallel {
  private:
   int rank_ = 0;
   int world_size_ = 1;
+  int local_world_size_ = -1;
+  ThreadChoice threads_;
   Device device_;
   std::FILE* log_ = stderr;
   std::shared_ptr<dist::ProcessGroup> group_;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,8 +57,29 @@ struct KeptRows {
   std::optional<int64_t> last_step;
 };
 
+// The columns before loss_scale_next, which files written before it was added lack.
+constexpr char kBeforeNextScale[] = "step,epoch,loss,lr,grad_norm,loss_scale,";
+
+// A row of such a file with an empty loss_scale_next cell inserted (after the sixth cell); the
+// row as it is when it has fewer cells.
+std::string WithEmptyNextScale(std::string_view row) {
+  size_t at = 0;
+  for (int commas = 0; commas < 6; ++commas) {
+    at = row.find(',', at);
+    if (at == std::string_view::npos) return std::string(row);
+    ++at;
+  }
+  return absl::StrCat(Sv(row.substr(0, at)), ",", Sv(row.substr(at)));
+}
+
 absl::StatusOr<KeptRows> ReadKeptRows(const std::string& path, const std::string& header,
                                       int64_t resume_from_step) {
+  // The header of a file written before the loss_scale_next column (same extra columns): its
+  // kept rows are continued with that cell empty, so a run started by an older version resumes.
+  std::string legacy_header = header;
+  legacy_header.erase(std::string_view(kBeforeNextScale).size(),
+                      std::string_view("loss_scale_next,").size());
+  bool legacy = false;
   KeptRows kept;
   std::FILE* in = std::fopen(path.c_str(), "r");
   if (in == nullptr) {
@@ -83,14 +105,15 @@ absl::StatusOr<KeptRows> ReadKeptRows(const std::string& path, const std::string
     if (line.back() != '\n') break;  // incomplete last line (a crash while writing it): dropped
     line.remove_suffix(1);
     if (line_number == 1) {
-      if (line != header) {
+      legacy = line == legacy_header;
+      if (line != header && !legacy) {
         status = absl::FailedPreconditionError(absl::StrCat("MetricsWriter: cannot resume '", path,
                                                             "': its header is '", Sv(line),
                                                             "', expected '", header, "'"));
         break;
       }
       kept.exists = true;
-      absl::StrAppend(&kept.text, Sv(line), "\n");
+      absl::StrAppend(&kept.text, header, "\n");
       continue;
     }
     int64_t step = 0;
@@ -101,7 +124,7 @@ absl::StatusOr<KeptRows> ReadKeptRows(const std::string& path, const std::string
       break;
     }
     if (step > resume_from_step) continue;
-    absl::StrAppend(&kept.text, Sv(line), "\n");
+    absl::StrAppend(&kept.text, legacy ? WithEmptyNextScale(line) : std::string(line), "\n");
     if (!kept.last_step.has_value() || step > *kept.last_step) kept.last_step = step;
   }
   std::free(buffer);
@@ -120,14 +143,23 @@ std::string MetricsWriter::FormatNumber(double value) {
   return buf;
 }
 
+std::string MetricsWriter::FormatExact(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
 std::string MetricsWriter::FormatRow(const StepRecord& record,
                                      const std::vector<std::string>& extra_columns,
                                      const std::map<std::string, double>& extras) {
-  std::string row = absl::StrCat(
-      record.step, ",", FormatNumber(record.epoch), ",", FormatNumber(record.loss), ",",
-      FormatNumber(record.lr), ",", FormatNumber(record.grad_norm), ",",
-      FormatNumber(record.loss_scale), ",", record.skipped_steps, ",",
-      FormatNumber(record.items_per_second), ",", FormatNumber(record.elapsed_seconds));
+  std::string row =
+      absl::StrCat(record.step, ",", FormatNumber(record.epoch), ",", FormatNumber(record.loss),
+                   ",", FormatNumber(record.lr), ",", FormatNumber(record.grad_norm), ",",
+                   FormatExact(record.loss_scale), ",", FormatExact(record.loss_scale_next), ",",
+                   record.skipped_steps, ",", FormatNumber(record.items_per_second), ",",
+                   FormatNumber(record.elapsed_seconds));
   for (const std::string& name : extra_columns) {
     row += ',';
     auto it = extras.find(name);

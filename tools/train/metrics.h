@@ -10,11 +10,16 @@
 //                             : w->Write(rec);                          // val_loss left empty
 //
 // The file:
-//   step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s[,extra...]
-//   1,0.5,2.30258512,0.001,nan,65536,0,1234.5,0.25,
-// Integers (step, skipped_steps) are written as integers; every other number with %.9g, which
-// round-trips every f32 value exactly and keeps 9 significant digits of a double; NaN is "nan",
-// infinities "inf" / "-inf". StepRecord::eta_seconds is not written (it is derived).
+//   step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,elapsed_s[,...]
+//   1,0.5,2.30258512,0.001,nan,65536,32768,0,1234.5,0.25,
+// loss_scale is the scale this step's backward used (the scale before the step's scaler update;
+// a skipped step overflowed at it), loss_scale_next the scale after the update, which the next
+// step uses (so an overflow reads 65536,32768 and a growth 65536,131072).
+// Integers (step, skipped_steps) are written as integers; the two scales exactly, as the shortest
+// text that reads back as the same double (4294967296, 0.5, 1e-300; %.9g would write 2^32 as
+// 4294967300); every other number with %.9g, which round-trips every f32 value exactly and keeps
+// 9 significant digits of a double; NaN is "nan", infinities "inf" / "-inf".
+// StepRecord::eta_seconds is not written (it is derived).
 //
 // Extra columns: named at Open (e.g. "val_loss", "test_acc"), appended after the fixed columns
 // and empty on rows where Write is not given a value for them. Evaluation results therefore go
@@ -25,8 +30,10 @@
 // Resuming: Open(path, resume_from_step = k) keeps the header and the rows with step <= k of the
 // existing file, drops the rest (the steps that will be run again) and an incomplete last line
 // left by a crash, rewrites the file through `path + ".tmp"` + rename, and appends from there.
-// The existing header must match the columns asked for (fixed + extras). A missing or empty file
-// is started afresh. Without resume_from_step the file is created or truncated.
+// The existing header must match the columns asked for (fixed + extras); a file written before
+// the loss_scale_next column (the same header without it) is continued with the new header and
+// that cell empty in its kept rows. A missing or empty file is started afresh. Without
+// resume_from_step the file is created or truncated.
 //
 // Not thread-safe: one writer per file, used from one thread.
 #ifndef TAPEGRAD_TOOLS_TRAIN_METRICS_H_
@@ -49,7 +56,8 @@ class MetricsWriter {
  public:
   // The fixed columns, in file order.
   static constexpr const char* kFixedColumns =
-      "step,epoch,loss,lr,grad_norm,loss_scale,skipped_steps,items_per_s,elapsed_s";
+      "step,epoch,loss,lr,grad_norm,loss_scale,loss_scale_next,skipped_steps,items_per_s,"
+      "elapsed_s";
 
   // Opens `path` for writing (see above). Errors: the file cannot be created or read
   // (ErrnoToStatus code, message naming the path), an extra column that is empty, contains ',',
@@ -85,6 +93,9 @@ class MetricsWriter {
                                const std::map<std::string, double>& extras = {});
   // `value` as written in the file: %.9g, "nan", "inf", "-inf".
   static std::string FormatNumber(double value);
+  // A loss scale as written in the file: the shortest text that reads back as `value` exactly
+  // ("4294967296", "0.5"), "nan", "inf", "-inf".
+  static std::string FormatExact(double value);
 
  private:
   MetricsWriter(std::string path, std::string header, std::vector<std::string> extra_columns,

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -16,6 +17,7 @@
 #include <new>
 #include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -123,8 +125,61 @@ absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags) {
   return absl::OkStatus();
 }
 
+int64_t DefaultWarmupSteps(int64_t steps) { return steps >= 100 ? 100 : steps / 10; }
+
+double DefaultMinLr(double lr) { return lr >= 3e-4 ? 3e-4 : lr / 10; }
+
+std::string BatchSizes::Describe(const char* rows) const {
+  return absl::StrCat("batch: global ", global, " ", rows, " per optimizer step = micro-batch ",
+                      micro, " x ", grad_accum_steps, " accumulation step",
+                      grad_accum_steps == 1 ? "" : "s", " x ", world_size,
+                      world_size == 1 ? " rank" : " ranks");
+}
+
+absl::StatusOr<BatchSizes> ResolveBatchSizes(std::optional<int64_t> batch_size,
+                                             std::optional<int64_t> micro_batch_size,
+                                             int64_t default_batch_size, int64_t grad_accum_steps,
+                                             int64_t world_size) {
+  BatchSizes b;
+  b.grad_accum_steps = grad_accum_steps;
+  b.world_size = world_size;
+  const int64_t parts = grad_accum_steps * world_size;  // micro-batches per optimizer step
+  const std::string split =
+      absl::StrCat("--grad_accum_steps=", grad_accum_steps, " x --world_size=", world_size);
+  if (micro_batch_size.has_value()) {
+    b.micro = *micro_batch_size;
+    b.global = b.micro * parts;
+    if (batch_size.has_value() && *batch_size != b.global) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--batch_size=", *batch_size, " (the global batch of an optimizer step) is not ",
+          "--micro_batch_size=", b.micro, " x ", split, " = ", b.global, "; give one of the two"));
+    }
+    return b;
+  }
+  if (batch_size.has_value()) {
+    if (*batch_size % parts != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--batch_size=", *batch_size,
+                       " (the global batch of an optimizer step) does not split into ", split,
+                       " = ", parts, " equal micro-batches: give a multiple of ", parts,
+                       ", or --micro_batch_size=N for N x ", parts, " rows per step"));
+    }
+    b.global = *batch_size;
+  } else {
+    // The default never fails: rounded down to a multiple of the micro-batch count.
+    b.global = std::max(parts, default_batch_size - default_batch_size % parts);
+  }
+  b.micro = b.global / parts;
+  return b;
+}
+
 namespace {
 constexpr char kSettingPrefix[] = "setting.";
+// Written beside a "loss_scaler" setting since --loss_scaler=deepspeed means DeepSpeed's engine
+// defaults; a checkpoint without it that records loss_scaler=deepspeed was written with the
+// class defaults (now deepspeed_class).
+constexpr char kScalerMeaningKey[] = "loss_scaler_meaning";
+constexpr char kScalerMeaning[] = "deepspeed=engine";
 }  // namespace
 
 void RunSettings::Add(const std::string& name, const std::string& value, bool fixed) {
@@ -134,7 +189,10 @@ void RunSettings::Add(const std::string& name, const std::string& value, bool fi
 
 std::map<std::string, std::string> RunSettings::ToMetadata() const {
   std::map<std::string, std::string> out;
-  for (const Setting& s : items_) out[absl::StrCat(kSettingPrefix, s.name)] = s.value;
+  for (const Setting& s : items_) {
+    out[absl::StrCat(kSettingPrefix, s.name)] = s.value;
+    if (s.name == "loss_scaler") out[kScalerMeaningKey] = kScalerMeaning;
+  }
   return out;
 }
 
@@ -176,18 +234,35 @@ absl::StatusOr<std::vector<std::string>> RunSettings::CheckResume(
   for (const Setting& s : items_) {
     auto it = metadata.find(absl::StrCat(kSettingPrefix, s.name));
     if (it == metadata.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint does not record the setting '", s.name,
-          "' (written by another program or an older version)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot resume from ", dir, ": the checkpoint does not record the setting '",
+                       s.name, "' (written by another program or an older version)"));
     }
-    if (it->second == s.value) continue;
+    std::string saved = it->second;
+    if (s.name == "loss_scaler" && saved == "deepspeed" &&
+        metadata.find(kScalerMeaningKey) == metadata.end()) {
+      // Decision: an old "deepspeed" checkpoint maps to deepspeed_class, the rules it was
+      // written with; resuming it under the engine's rules (another scale, hysteresis 2) would
+      // continue another run silently, so that is refused naming the flag that continues it.
+      if (s.value == "deepspeed") {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot resume from ", dir,
+            ": the checkpoint was written with loss_scaler=deepspeed when it meant DeepSpeed's "
+            "DynamicLossScaler class defaults (init 2^32, no hysteresis); --loss_scaler=deepspeed "
+            "now means DeepSpeed's engine config defaults (init 2^16, hysteresis 2): resume with "
+            "--loss_scaler=deepspeed_class, the rules the checkpoint was written with"));
+      }
+      saved = "deepspeed_class";
+    }
+    if (saved == s.value) continue;
     const bool allowed = std::find(overrides.begin(), overrides.end(), s.name) != overrides.end();
     if (!allowed) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=",
-          it->second, ", this run has ", s.name, "=", s.value,
-          s.fixed ? " (this setting cannot change when resuming)"
-                  : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
+          "cannot resume from ", dir, ": the checkpoint was written with ", s.name, "=", it->second,
+          ", this run has ", s.name, "=", s.value,
+          s.fixed
+              ? " (this setting cannot change when resuming)"
+              : absl::StrCat(" (pass --override=", s.name, " to continue with the new value)")));
     }
     changes.push_back(absl::StrCat(s.name, " ", it->second, " -> ", s.value));
   }
@@ -227,6 +302,81 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
   if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
 }
 
+bool AbslParseFlag(absl::string_view text, ResumeFlag* flag, std::string* error) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "true" || t == "1" || t == "yes" || t == "t" || t == "y") {
+    flag->mode = ResumeFlag::Mode::kYes;
+  } else if (t == "false" || t == "0" || t == "no" || t == "f" || t == "n") {
+    flag->mode = ResumeFlag::Mode::kNo;
+  } else if (t == "auto") {
+    flag->mode = ResumeFlag::Mode::kAuto;
+  } else {
+    *error = "expected true, false or auto (resume when the checkpoint exists, else start fresh)";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(ResumeFlag flag) {
+  switch (flag.mode) {
+    case ResumeFlag::Mode::kYes:
+      return "true";
+    case ResumeFlag::Mode::kAuto:
+      return "auto";
+    case ResumeFlag::Mode::kNo:
+      break;
+  }
+  return "false";
+}
+
+void NormalizeResumeArgs(int argc, char** argv) {
+  static char kTrue[] = "--resume=true";
+  static char kFalse[] = "--resume=false";
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--resume" || arg == "-resume") argv[i] = kTrue;
+    if (arg == "--noresume" || arg == "-noresume") argv[i] = kFalse;
+  }
+}
+
+absl::StatusOr<int> ElasticRestartCount() {
+  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (v == nullptr || *v == '\0') return 0;
+  int n;
+  if (!absl::SimpleAtoi(v, &n) || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("TORCHELASTIC_RESTART_COUNT='", v,
+                                                   "' is not a restart count (an integer >= 0)"));
+  }
+  return n;
+}
+
+absl::StatusOr<bool> DecideResume(ResumeFlag flag, const std::string& checkpoint_dir,
+                                  int restart_count, std::string* line) {
+  line->clear();
+  if (flag.mode == ResumeFlag::Mode::kYes) return true;
+  if (flag.mode == ResumeFlag::Mode::kAuto && checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume=auto needs --checkpoint_dir (where the checkpoint is looked for)");
+  }
+  if (checkpoint_dir.empty()) return false;
+  const std::string path = CheckpointPath(checkpoint_dir);
+  struct stat info;
+  const bool exists = stat(path.c_str(), &info) == 0;
+  if (flag.mode == ResumeFlag::Mode::kAuto) {
+    *line = exists ? absl::StrCat("--resume=auto: resuming from ", path)
+                   : absl::StrCat("--resume=auto: no checkpoint at ", path, ", starting fresh");
+    return exists;
+  }
+  if (restart_count > 0 && exists) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restart ", restart_count, " of an elastic run (TORCHELASTIC_RESTART_COUNT=", restart_count,
+        ") would start at step 0 and overwrite ", path,
+        ": pass --resume=auto to resume from it when it exists"));
+  }
+  return false;
+}
+
 absl::Status PrepareCheckpointDir(const std::string& dir) {
   if (dir.empty()) return absl::OkStatus();
   // mkdir -p: each prefix ending before a '/', then the whole path.
@@ -234,8 +384,8 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string prefix = dir.substr(0, i);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ",
-                                                     prefix));
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("--checkpoint_dir=", dir, ": cannot create ", prefix));
     }
   }
   struct stat info;
@@ -383,6 +533,10 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
     mp.scaler = std::make_shared<amp::LossScaler>(
         amp::LossScaler::MegatronDynamic(4294967296.0, 1.0, 2.0, 0.5, 1000, 2));
   } else if (s == "deepspeed") {
+    // What a DeepSpeed user's fp16 run gets from the engine's config defaults (2^16, hysteresis
+    // 2); the class defaults are deepspeed_class.
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedEngine());
+  } else if (s == "deepspeed_class") {
     mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic());
   } else if (s == "deepspeed_legacy") {
     // DeepSpeed's defaults with its growth timing before v0.17.1.
@@ -395,7 +549,8 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
   } else if (s != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown loss scaler '", s,
-        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_legacy, apex or none)"));
+        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_class, deepspeed_legacy, apex "
+        "or none)"));
   }
   return mp;
 }
@@ -453,6 +608,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
   stats.loss = n == 1 ? loss_sum : loss_sum / static_cast<double>(n);
   stats.grad_norm = opt.clip_master_grads(max_grad_norm > 0 ? max_grad_norm : INFINITY);
   stats.result = opt.step();
+  stats.loss_scale_next = opt.scaler().scale();
   schedule.step(stats.result.skipped);
   return stats;
 }
@@ -525,6 +681,7 @@ StepRecord RunState::Advance(const StepStats& stats, double elapsed_seconds) {
   record.lr = stats.lr;
   record.grad_norm = stats.grad_norm;
   record.loss_scale = stats.result.scale;
+  record.loss_scale_next = stats.loss_scale_next;
   record.skipped_steps = skipped_;
   record.elapsed_seconds = elapsed_seconds;
   return record;

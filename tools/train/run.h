@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "amp/training_optimizer.h"
 #include "autograd/autocast.h"
@@ -79,9 +80,11 @@ struct OptimizerConfig {
 
 struct PrecisionConfig {
   DType dtype = kF32;
-  // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" |
-  // "deepspeed_legacy" (DeepSpeed's growth timing before v0.17.1) | "apex" (NVIDIA Apex amp) |
-  // "none"; each with its library's default settings.
+  // "auto" (pytorch for f16, none otherwise) | "pytorch" | "megatron" | "deepspeed" (DeepSpeed's
+  // engine config defaults: LossScaler::DeepSpeedEngine) | "deepspeed_class" (its
+  // DynamicLossScaler class defaults, 2^32 without hysteresis: what "deepspeed" meant before) |
+  // "deepspeed_legacy" (the class defaults with DeepSpeed's growth timing before v0.17.1) |
+  // "apex" (NVIDIA Apex amp) | "none"; each with its library's default settings.
   std::string loss_scaler = "auto";
   // Data-parallel runs: makes found_inf the max over the ranks (DataParallel::ReduceFoundInf).
   std::function<void(const Tensor& found_inf)> reduce_found_inf;
@@ -119,7 +122,8 @@ struct StepStats {
   double lr = 0;    // of parameter group 0, used by this step
   double grad_norm =
       0;  // total norm of the unscaled gradients before clipping (inf/NaN on overflow)
-  amp::StepResult result;
+  amp::StepResult result;      // result.scale: the loss scale this step's backward used
+  double loss_scale_next = 1;  // the scaler's scale after this step's update
 };
 
 // Gradient accumulation: one optimizer step over `micro_batches` forward/backward passes.
@@ -164,8 +168,8 @@ class StopSignal {
 // Why a run stops: the signal, and in a data-parallel run which rank received it (every rank
 // stops after the same step; see DataParallel::Agree).
 struct StopRequest {
-  int signal = 0;          // 0: no stop
-  int received_by = -1;    // the rank that received it; -1 in a single process
+  int signal = 0;        // 0: no stop
+  int received_by = -1;  // the rank that received it; -1 in a single process
   int this_rank = 0;
   // "signal 15 (Terminated)", plus " received by rank 1" when data parallel.
   std::string Describe() const;
@@ -202,6 +206,44 @@ struct FlagRange {
 // InvalidArgument for the first flag outside its range: "--dropout=-0.1 is outside its valid
 // range [0, 1)".
 absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags);
+
+// Defaults that depend on other flags. A default never makes a valid command fail: a flag the
+// user did not give keeps its old default where that fits the flags given (so no command that
+// ran before changes its meaning) and adapts where it does not; an explicit value is still
+// checked against its range, naming it. Each binary's --help says the rule.
+//
+// (train_gpt's --n_embd: 64, or the next multiple of --n_head; --block_size: 64, or the context
+// of --init_from's file when shorter; the default --batch_size: see ResolveBatchSizes.)
+// train_gpt's --warmup_steps when not given: 100, or steps / 10 when --steps is below 100
+// (--steps=50 warms up for 5 steps instead of failing on a warmup longer than the run; nanoGPT's
+// warmup_iters is a fixed 2000 that its loop never checks against max_iters).
+int64_t DefaultWarmupSteps(int64_t steps);
+// train_gpt's --min_lr when not given: 3e-4, or lr / 10 when --lr is below 3e-4 (nanoGPT's
+// ratio, min_lr 6e-5 for lr 6e-4), so that it never exceeds the lr.
+double DefaultMinLr(double lr);
+
+// The batch of one optimizer step. --batch_size is the GLOBAL batch: the rows of one optimizer
+// step, summed over the --grad_accum_steps micro-batches and the --world_size ranks (DeepSpeed's
+// train_batch_size; nanoGPT's and transformers' batch_size is the micro-batch, which
+// --micro_batch_size gives here). The first output line says which is which.
+struct BatchSizes {
+  int64_t global = 0;  // rows per optimizer step
+  int64_t micro = 0;   // rows per forward/backward pass on one rank
+  int64_t grad_accum_steps = 1;
+  int64_t world_size = 1;
+  // "batch: global 64 sequences per step = micro-batch 16 x 4 accumulation steps x 1 rank"
+  std::string Describe(const char* rows) const;
+};
+// --batch_size and --micro_batch_size (each as given, nullopt when not), with the binary's
+// default global batch. Both given: they must agree (global = micro x accumulation x ranks).
+// Only --micro_batch_size: global = micro x accumulation x ranks. Only --batch_size: it must
+// split into accumulation x ranks equal micro-batches. Neither: the default rounded down to a
+// multiple of accumulation x ranks (at least one row per micro-batch). InvalidArgument naming the
+// flags and values otherwise.
+absl::StatusOr<BatchSizes> ResolveBatchSizes(std::optional<int64_t> batch_size,
+                                             std::optional<int64_t> micro_batch_size,
+                                             int64_t default_batch_size, int64_t grad_accum_steps,
+                                             int64_t world_size);
 
 // The settings that decide a run's trajectory (model shape, data, optimizer and its options,
 // schedule, precision and scaler, seed, ...), by flag name, in the order the binary adds them. A
@@ -259,6 +301,34 @@ std::vector<std::string> RunFingerprint(const RunSettings& settings, const nn::M
 void ApplyOptimizerOverrides(const OptimizerConfig& config,
                              const std::vector<std::string>& overrides, amp::TrainingOptimizer& opt,
                              optim::LrSchedule& schedule);
+
+// --resume: no (the default: a fresh run), yes (--resume, --resume=true: the checkpoint must
+// exist), or auto (resume when <checkpoint_dir>/checkpoint.safetensors exists, else start fresh:
+// what an elastic launcher's restarts need, torchrun --max-restarts or tools:launch
+// --max_restarts, whose first attempt has no checkpoint yet). Parsed from true/false/1/0/yes/no/
+// auto; a bare --resume (and --noresume) keep working through NormalizeResumeArgs.
+struct ResumeFlag {
+  enum class Mode { kNo, kYes, kAuto };
+  Mode mode = Mode::kNo;
+};
+bool AbslParseFlag(absl::string_view text, ResumeFlag* flag, std::string* error);
+std::string AbslUnparseFlag(ResumeFlag flag);
+// Before absl::ParseCommandLine: absl takes a flag without a value for bools only, so argv's
+// "--resume" / "-resume" become "--resume=true" and "--noresume" / "-noresume" "--resume=false"
+// (up to a "--" that ends the flags).
+void NormalizeResumeArgs(int argc, char** argv);
+
+// Whether this run resumes. `restart_count` is the elastic launcher's restart of the workers
+// (TORCHELASTIC_RESTART_COUNT, set by torchrun and tools:launch; 0 on the first attempt).
+// auto needs a checkpoint directory (InvalidArgument). A fresh run (no) on a restart when the
+// checkpoint exists is refused (FailedPrecondition naming the file and --resume=auto): it would
+// begin at step 0 and overwrite the checkpoint of the attempt that failed. `line` gets what
+// --resume=auto decided, for the first output line ("" otherwise).
+// The binaries' `restart_count`: TORCHELASTIC_RESTART_COUNT, 0 when unset (InvalidArgument
+// naming it when it is not an integer >= 0).
+absl::StatusOr<int> ElasticRestartCount();
+absl::StatusOr<bool> DecideResume(ResumeFlag flag, const std::string& checkpoint_dir,
+                                  int restart_count, std::string* line);
 
 // Before training: creates the checkpoint directory with its parents (as mkdir -p), checks that
 // a file can be created in it, and removes the temporaries that interrupted saves of its

@@ -5,7 +5,8 @@
 //
 //   tg::train::StepRecord rec;
 //   rec.step = step;  rec.epoch = step / steps_per_epoch;  rec.loss = loss;  rec.lr = lr;
-//   rec.loss_scale = scaler.scale();  rec.skipped_steps = skipped;
+//   rec.loss_scale = scale_used;  rec.loss_scale_next = scaler.scale();
+//   rec.skipped_steps = skipped;
 //   rec.items_per_second = batch / step_seconds;  rec.elapsed_seconds = clock_seconds;
 //   reporter.Report(rec);
 //   status = writer.Write(rec);
@@ -25,7 +26,9 @@ struct StepRecord {
   double loss = kNaN;              // training loss of this step (unscaled)
   double lr = kNaN;                // learning rate used by this step
   double grad_norm = kNaN;         // total gradient norm; NaN when not computed
-  double loss_scale = 1;           // current loss scale; 1 without loss scaling
+  double loss_scale = 1;           // the scale this step's backward used (before the step's
+                                   // scaler update); 1 without loss scaling
+  double loss_scale_next = 1;      // the scale after this step's scaler update: the next step's
   int64_t skipped_steps = 0;       // cumulative steps skipped for inf/NaN gradients
   double items_per_second = kNaN;  // images/s, tokens/s, ... (the reporter names the unit)
   double elapsed_seconds = 0;      // wall time since the start of the run
