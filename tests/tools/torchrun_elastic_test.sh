@@ -4,14 +4,16 @@
 # with TORCHELASTIC_RESTART_COUNT=1, --resume=auto resumes from the checkpoint, and the run ends
 # where the uninterrupted torchrun run ends; no --world_size (torchrun's WORLD_SIZE). Needs
 # PyTorch (python3 -c "import torch"; TG_TORCHRUN_PYTHON names another interpreter): without it
-# the test prints "SKIPPED: ..." and exits 0, which tools/test.sh counts as skipped, not passed.
+# the test says so through skip_part (tests/skip.sh) and exits 0: tools/test.sh counts it as
+# skipped, not passed.
 set -euo pipefail
 
 train_mnist="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 python="${TG_TORCHRUN_PYTHON:-python3}"
+source tests/skip.sh
 if ! "$python" -c "import torch.distributed.run" >/dev/null 2>&1; then
-  echo "SKIPPED: torchrun_elastic_test: PyTorch is not installed for $python (torchrun is part of it)"
+  skip_part "torchrun_elastic_test: PyTorch is not installed for $python (torchrun is part of it)"
   exit 0
 fi
 unset OMP_NUM_THREADS TORCHELASTIC_RESTART_COUNT
