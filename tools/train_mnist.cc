@@ -175,17 +175,22 @@ int Main() {
   train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
   // --batch_size is the global batch; --micro_batch_size the per-pass one (train::BatchSizes).
+  const train::DataParallel::Flags dp_flags{
+      absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
+      absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)};
+  // The world size first (--world_size, else the launcher's): the batch splits across it.
+  absl::StatusOr<dist::DistEnv> launcher = train::DataParallel::ResolveWorldSize(dp_flags);
+  if (!launcher.ok()) return Fail(launcher.status());
   absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
       absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/128,
-      absl::GetFlag(FLAGS_grad_accum_steps), absl::GetFlag(FLAGS_world_size));
+      absl::GetFlag(FLAGS_grad_accum_steps), launcher->world_size);
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
   kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
   SetKernelOptions(kernel_options);
   auto dp_or = train::DataParallel::Start(
-      {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
-       absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)},
+      dp_flags,
       batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
   // DataParallel::Start's errors first (the launcher's environment, then a global batch that
   // does not split, with the messages tests/tools pin), then the batch flags' own.

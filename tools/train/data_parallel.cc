@@ -16,11 +16,7 @@ DataParallel::~DataParallel() {
   if (log_ != stderr) std::fclose(log_);
 }
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& flags,
-                                                                  int64_t global_batch,
-                                                                  Device device) {
-  auto dp = std::make_unique<DataParallel>();
-  dp->device_ = device;
+absl::StatusOr<dist::DistEnv> DataParallel::ResolveWorldSize(const Flags& flags) {
   if (flags.world_size < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--world_size must be >= 1 (or 0: from the launcher's environment), got ",
@@ -52,6 +48,23 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
             ? absl::StrCat(" (start the ranks with: bazel run //tools:launch -- --nproc=",
                            world_size, " -- <binary>)")
             : " (leave --world_size out to take the launcher's)"));
+  }
+  return env;
+}
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& flags,
+                                                                  int64_t global_batch,
+                                                                  Device device) {
+  auto dp = std::make_unique<DataParallel>();
+  dp->device_ = device;
+  absl::StatusOr<dist::DistEnv> env = ResolveWorldSize(flags);
+  if (!env.ok()) return env.status();
+  const int64_t world_size = env->world_size;
+  dist::DistOptions options;
+  options.rdzv = flags.rdzv;
+  if (flags.rank >= 0) {
+    options.rank = static_cast<int>(flags.rank);
+    options.world_size = static_cast<int>(flags.world_size);
   }
   // The CPU pool (threads.h): tools:launch and torchrun set OMP_NUM_THREADS, srun and mpirun do
   // not, and every rank would then start one thread per core.

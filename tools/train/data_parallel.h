@@ -32,6 +32,7 @@
 #include "amp/training_optimizer.h"
 #include "autograd/variable.h"
 #include "distributed/ddp.h"
+#include "distributed/init.h"
 #include "distributed/process_group.h"
 #include "distributed/zero.h"
 #include "nn/module.h"
@@ -63,6 +64,11 @@ class DataParallel {
   // --zero_stage must be 0..3, and 1..3 need a group (--world_size >= 2; InvalidArgument says
   // so). Joins the default process group (its errors name missing ranks); a CUDA
   // `device` uses NCCL and each rank's cuda:LOCAL_RANK (device() says which).
+  // The run's launcher environment with its world size: --world_size, or (0, the default) the
+  // launcher's (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS; 1 without a launcher); an
+  // explicit value that differs from the environment's is refused. Start calls it first; the
+  // binaries call it before Start to size the batch (train::ResolveBatchSizes).
+  static absl::StatusOr<dist::DistEnv> ResolveWorldSize(const Flags& flags);
   static absl::StatusOr<std::unique_ptr<DataParallel>> Start(const Flags& flags,
                                                              int64_t global_batch, Device device);
   ~DataParallel();

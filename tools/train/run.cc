@@ -143,6 +143,11 @@ absl::StatusOr<BatchSizes> ResolveBatchSizes(std::optional<int64_t> batch_size,
   BatchSizes b;
   b.grad_accum_steps = grad_accum_steps;
   b.world_size = world_size;
+  if (grad_accum_steps < 1 || world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the batch splits into --grad_accum_steps x ranks micro-batches, which need "
+                     "to be >= 1: got ", grad_accum_steps, " x ", world_size));
+  }
   const int64_t parts = grad_accum_steps * world_size;  // micro-batches per optimizer step
   const std::string split =
       absl::StrCat("--grad_accum_steps=", grad_accum_steps, " x --world_size=", world_size);
