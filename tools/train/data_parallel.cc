@@ -72,7 +72,12 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Start(const Flags& f
                           : env->launcher.empty()   ? 1
                                                     : -1;
   dp->threads_ = ChooseThreads(ReadThreadEnv(dp->local_world_size_));
-  if (dp->threads_.set) omp_set_num_threads(dp->threads_.threads);
+  // Only a change is applied: setting the pool to the size it already has made the CNN's step
+  // about 7% slower on a 2-vCPU EPYC (train_mnist, 120 steps, 2026-11-28), the default one
+  // process always has.
+  if (dp->threads_.set && dp->threads_.threads != omp_get_max_threads()) {
+    omp_set_num_threads(dp->threads_.threads);
+  }
   if (flags.zero_stage < 0 || flags.zero_stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("--zero_stage=", flags.zero_stage,
