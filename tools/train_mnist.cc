@@ -174,43 +174,28 @@ int Main() {
   train::KeepFreedMemoryInProcess();
   train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
-  // --batch_size is the global batch; --micro_batch_size the per-pass one (train::BatchSizes).
-  const train::DataParallel::Flags dp_flags{
-      absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_rdzv),
-      absl::GetFlag(FLAGS_zero_stage), absl::GetFlag(FLAGS_grad_accum_steps)};
-  // The world size first (--world_size, else the launcher's): the batch splits across it.
-  absl::StatusOr<dist::DistEnv> launcher = train::DataParallel::ResolveWorldSize(dp_flags);
-  if (!launcher.ok()) return Fail(launcher.status());
-  absl::StatusOr<train::BatchSizes> batch_or = train::ResolveBatchSizes(
-      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_micro_batch_size), /*default=*/128,
-      absl::GetFlag(FLAGS_grad_accum_steps), launcher->world_size);
   absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
   if (!device_or.ok()) return Fail(device_or.status());
   KernelOptions kernel_options;
   kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
   SetKernelOptions(kernel_options);
-  auto dp_or = train::DataParallel::Start(
-      dp_flags,
-      batch_or.ok() ? batch_or->global : absl::GetFlag(FLAGS_batch_size).value_or(1), *device_or);
-  // DataParallel::Start's errors first (the launcher's environment, then a global batch that
-  // does not split, with the messages tests/tools pin), then the batch flags' own.
-  if (!dp_or.ok()) return Fail(dp_or.status());
-  if (!batch_or.ok()) return Fail(batch_or.status());
-  const train::BatchSizes batch_sizes = *batch_or;
-  train::DataParallel& dp = **dp_or;
-  const Device device = dp.device();
-  // The first output line: how the CPU pool was sized (OMP_NUM_THREADS, else the launcher's
-  // ranks on this node; tools/train/threads.h), and what --resume decided.
-  std::fprintf(dp.log(), "%s\n", dp.threads().reason.c_str());
   const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  absl::StatusOr<int> restart_count = train::ElasticRestartCount();
-  if (!restart_count.ok()) return Fail(restart_count.status());
-  std::string resume_line;
-  absl::StatusOr<bool> resume_or =
-      train::DecideResume(absl::GetFlag(FLAGS_resume), ckpt_dir, *restart_count, &resume_line);
-  if (!resume_or.ok()) return Fail(resume_or.status());
-  const bool resume = *resume_or;
-  if (!resume_line.empty()) std::fprintf(dp.log(), "%s\n", resume_line.c_str());
+  // The world size, the batch split across it, the ranks, the first lines (threads, --resume).
+  train::RunStartOptions start_options;
+  start_options.parallel = {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank),
+                            absl::GetFlag(FLAGS_rdzv), absl::GetFlag(FLAGS_zero_stage),
+                            absl::GetFlag(FLAGS_grad_accum_steps)};
+  start_options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  start_options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  start_options.default_batch_size = 128;
+  start_options.resume = absl::GetFlag(FLAGS_resume);
+  start_options.checkpoint_dir = ckpt_dir;
+  absl::StatusOr<train::RunStart> start = train::StartRun(start_options, *device_or);
+  if (!start.ok()) return Fail(start.status());
+  const train::BatchSizes batch_sizes = start->batch;
+  train::DataParallel& dp = *start->dp;
+  const Device device = dp.device();
+  const bool resume = start->resume;
   absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!dtype_or.ok()) return Fail(dtype_or.status());
   const DType dtype = *dtype_or;

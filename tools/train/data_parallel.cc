@@ -338,4 +338,27 @@ std::function<void(const Tensor&)> DataParallel::ReduceFoundInf() const {
   return dist::MaxFoundInfAcrossRanks(group_);
 }
 
+absl::StatusOr<RunStart> StartRun(const RunStartOptions& options, Device device) {
+  absl::StatusOr<dist::DistEnv> launcher = DataParallel::ResolveWorldSize(options.parallel);
+  if (!launcher.ok()) return launcher.status();
+  absl::StatusOr<BatchSizes> batch =
+      ResolveBatchSizes(options.batch_size, options.micro_batch_size, options.default_batch_size,
+                        options.parallel.grad_accum_steps, launcher->world_size);
+  absl::StatusOr<std::unique_ptr<DataParallel>> dp = DataParallel::Start(
+      options.parallel, batch.ok() ? batch->global : options.batch_size.value_or(1), device);
+  if (!dp.ok()) return dp.status();
+  if (!batch.ok()) return batch.status();
+  RunStart start{std::move(*dp), *batch};
+  std::fprintf(start.dp->log(), "%s\n", start.dp->threads().reason.c_str());
+  absl::StatusOr<int> restart_count = ElasticRestartCount();
+  if (!restart_count.ok()) return restart_count.status();
+  std::string resume_line;
+  absl::StatusOr<bool> resume =
+      DecideResume(options.resume, options.checkpoint_dir, *restart_count, &resume_line);
+  if (!resume.ok()) return resume.status();
+  start.resume = *resume;
+  if (!resume_line.empty()) std::fprintf(start.dp->log(), "%s\n", resume_line.c_str());
+  return start;
+}
+
 }  // namespace tg::train

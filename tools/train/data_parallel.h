@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ class DataParallel {
     int64_t zero_stage = 0;        // --zero_stage: 0 (DDP) or the ZeRO stage 1..3
     int64_t grad_accum_steps = 1;  // --grad_accum_steps: micro-batches per optimizer step
   };
+  // The run's launcher environment with its world size: --world_size, or (0, the default) the
+  // launcher's (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS; 1 without a launcher); an
+  // explicit value that differs from the environment's is refused. Start calls it first;
+  // StartRun calls it before Start to size the batch (train::ResolveBatchSizes).
+  static absl::StatusOr<dist::DistEnv> ResolveWorldSize(const Flags& flags);
   // world_size 0 (the default): the launcher's world size (torchrun's and tools:launch's
   // WORLD_SIZE, mpirun's OMPI_COMM_WORLD_SIZE, srun's SLURM_NTASKS; distributed/init.h), 1
   // without one. An explicit world size must match the launcher's (InvalidArgument naming both);
@@ -64,11 +70,6 @@ class DataParallel {
   // --zero_stage must be 0..3, and 1..3 need a group (--world_size >= 2; InvalidArgument says
   // so). Joins the default process group (its errors name missing ranks); a CUDA
   // `device` uses NCCL and each rank's cuda:LOCAL_RANK (device() says which).
-  // The run's launcher environment with its world size: --world_size, or (0, the default) the
-  // launcher's (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS; 1 without a launcher); an
-  // explicit value that differs from the environment's is refused. Start calls it first; the
-  // binaries call it before Start to size the batch (train::ResolveBatchSizes).
-  static absl::StatusOr<dist::DistEnv> ResolveWorldSize(const Flags& flags);
   static absl::StatusOr<std::unique_ptr<DataParallel>> Start(const Flags& flags,
                                                              int64_t global_batch, Device device);
   ~DataParallel();
@@ -156,6 +157,27 @@ class DataParallel {
   std::vector<std::shared_ptr<nn::Module>> zero_units_;
   dist::ZeroOptimizer* zero_ = nullptr;  // made by MakeOptimizer (owned by the caller)
 };
+
+// The start every training binary shares, in the order of its checks and first output lines:
+// the world size (DataParallel::ResolveWorldSize), the batch sizes split across it
+// (ResolveBatchSizes: --batch_size global, --micro_batch_size per pass), DataParallel::Start
+// (its errors before the batch flags' own, as tests/tools pin them), then rank 0's first line
+// (how the CPU pool was sized) and what --resume decided (DecideResume, elastic restarts
+// included), printed as the second line when it says something.
+struct RunStartOptions {
+  DataParallel::Flags parallel;
+  std::optional<int64_t> batch_size;        // --batch_size (global)
+  std::optional<int64_t> micro_batch_size;  // --micro_batch_size
+  int64_t default_batch_size = 1;           // the binary's default global batch
+  ResumeFlag resume;                        // --resume
+  std::string checkpoint_dir;               // --checkpoint_dir, resolved
+};
+struct RunStart {
+  std::unique_ptr<DataParallel> dp;
+  BatchSizes batch;
+  bool resume = false;  // restore the checkpoint of checkpoint_dir
+};
+absl::StatusOr<RunStart> StartRun(const RunStartOptions& options, Device device);
 
 }  // namespace tg::train
 
