@@ -369,6 +369,15 @@ int Main() {
           " distinct bytes); --init_from=", absl::GetFlag(FLAGS_init_from), " has a vocabulary of ",
           config.vocab_size, ": train it on token shards (.bin) of its tokenizer")));
     }
+    // A character-level export (its vocab.json) says which byte each id stands for: text of other
+    // characters, even as many, would give every id another meaning.
+    if (tokenizer && !init->char_vocab.empty() && init->char_vocab != tokenizer->vocab()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          data_path, " is text whose characters differ from those of --init_from=",
+          absl::GetFlag(FLAGS_init_from),
+          " (its vocab.json): its token ids would stand for other characters; train it on text "
+          "made of the same characters")));
+    }
     if (seq_len > config.block_size) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--block_size=", seq_len, " exceeds the context of --init_from=",

@@ -397,6 +397,8 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
 
 std::string ShapeText(const Shape& s) { return ShapeToString(s); }
 
+std::string ReadCharVocab(const std::string& path, int64_t vocab_size);  // below
+
 // The tensors of `path` (one safetensors file, or the index of sharded ones, already read into
 // `st`) as a GPT-2, with config.json beside `path`.
 absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io::Safetensors> st,
@@ -537,6 +539,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   ckpt.hf_settings = hc.settings;
   GptConfig& config = ckpt.config;
   config.vocab_size = hc.vocab_size > 0 ? hc.vocab_size : rows;
+  ckpt.char_vocab = ReadCharVocab(absl::StrCat(DirName(path), "/vocab.json"), config.vocab_size);
   for (int64_t* id : {&ckpt.hf_settings.bos_token_id, &ckpt.hf_settings.eos_token_id}) {
     if (*id >= config.vocab_size) *id = -1;  // not a token of this model: not carried
   }
@@ -748,6 +751,36 @@ std::vector<std::pair<std::string, std::string>> CharTokenizerFiles(const std::s
   return {{"vocab.json", ids.dump(2) + "\n"},
           {"merges.txt", "#version: 0.2\n"},
           {"tokenizer_config.json", tokenizer_config.dump(2) + "\n"}};
+}
+
+// The character vocabulary of a vocab.json that CharTokenizerFiles wrote: its keys are GPT-2
+// byte-level characters of single bytes and its ids 0..vocab_size-1, each once. Anything else
+// (GPT-2's BPE vocabulary, a missing or unreadable file) gives "": not a character-level model.
+std::string ReadCharVocab(const std::string& path, int64_t vocab_size) {
+  // A character vocabulary has at most 256 entries of a few bytes; GPT-2's BPE one is ~1 MB.
+  constexpr int64_t kMaxCharVocabJsonBytes = 16 << 10;
+  if (vocab_size < 1 || vocab_size > 256) return "";
+  int64_t size = 0;
+  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
+  if (!fd_or.ok() || size > kMaxCharVocabJsonBytes) return "";
+  Fd fd(*fd_or);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!ReadAt(fd.get(), 0, size, text.data(), path).ok()) return "";
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || static_cast<int64_t>(j.size()) != vocab_size) return "";
+  std::map<std::string, unsigned char> byte_of;
+  for (int b = 0; b < 256; ++b) byte_of[ByteLevelChar(static_cast<unsigned char>(b))] = b;
+  std::string vocab(static_cast<size_t>(vocab_size), '\0');
+  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
+  for (const auto& [key, id] : j.items()) {
+    const auto byte = byte_of.find(key);
+    if (byte == byte_of.end() || !id.is_number_integer()) return "";
+    const int64_t i = id.get<int64_t>();
+    if (i < 0 || i >= vocab_size || seen[i]) return "";
+    seen[i] = true;
+    vocab[i] = static_cast<char>(byte->second);
+  }
+  return vocab;
 }
 
 }  // namespace

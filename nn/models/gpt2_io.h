@@ -112,6 +112,11 @@ struct Gpt2Checkpoint {
   std::string format;
   // From config.json (defaults for an llm.c file or a safetensors file without config.json).
   Gpt2HfSettings hf_settings;
+  // A character-level model's vocabulary read back from the vocab.json an export wrote beside
+  // it (token i is the byte char_vocab[i]): set when vocab.json maps vocab_size single bytes
+  // (GPT-2's byte-level characters) to the ids 0..vocab_size-1; empty otherwise (a BPE
+  // vocabulary, or no vocab.json). Lets a caller check that text data uses the same characters.
+  std::string char_vocab;
 };
 
 // Reads `path`: an llm.c checkpoint (the file starts with kLlmcModelMagic, or its name ends in

@@ -703,6 +703,7 @@ TEST(Gpt2IoTest, CharLevelExportCarriesItsVocabulary) {
   // The export loads back as the same model.
   absl::StatusOr<Gpt2Checkpoint> back = LoadGpt2Checkpoint(dir);
   ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->char_vocab, "\n abz");  // the characters come back with the model
   EXPECT_EQ(back->hf_settings.eos_token_id, -1);
   EXPECT_EQ(back->config.vocab_size, 5);
   EXPECT_EQ(back->weights.tensor("blocks.1.mlp.fc1.weight").to_vector<float>(),

@@ -108,6 +108,10 @@ grep -qF '"tokenizer_class": "GPT2Tokenizer"' "$tmp/char/tokenizer_config.json" 
   --batch_size=2 --eval_batches=1 --sample_tokens=0 --export_hf="$tmp/char2" >"$tmp/char2.log" 2>&1 ||
   { fail "char re-import: exit $?"; cat "$tmp/char2.log"; }
 cmp -s "$tmp/char/vocab.json" "$tmp/char2/vocab.json" || fail "char re-export: vocab.json differs"
+# Text of as many characters but other ones ('q' -> 'Q') would remap every id: refused.
+sed 's/q/Q/g' "$text" >"$tmp/text_Q.txt"
+refused "$tmp/text_Q.txt is text whose characters differ from those of --init_from=$tmp/char (its vocab.json): its token ids would stand for other characters" \
+  --init_from="$tmp/char" --data="$tmp/text_Q.txt" --steps=1 --block_size=4 --batch_size=2
 
 # model.safetensors without config.json: the head count is not guessed.
 mkdir -p "$tmp/bare" && cp -L "$tiny/model.safetensors" "$tmp/bare/"
