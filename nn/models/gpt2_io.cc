@@ -283,6 +283,27 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
 // ---------------------------------------------------------------------------------------------
 // HuggingFace
 
+// The JSON document of the small file `path` (config.json, a shard index, vocab.json): at most
+// `max_bytes` (else InvalidArgument "<where> has N bytes; <kind> has at most M"), valid JSON.
+absl::StatusOr<Json> ReadJsonFile(const std::string& path, const std::string& where,
+                                  int64_t max_bytes, const char* kind) {
+  int64_t size = 0;
+  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
+  if (!fd_or.ok()) return fd_or.status();
+  Fd fd(*fd_or);
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", size, " bytes; ", kind, " has at most ", max_bytes));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not valid JSON: ", e.what()));
+  }
+}
+
 // The fields of config.json that matter here; -1 where absent.
 struct HfConfig {
   bool present = false;
@@ -298,23 +319,11 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
     return absl::ErrnoToStatus(errno,
                                absl::StrCat("LoadGpt2Checkpoint: cannot stat ", Quote(path)));
   }
-  int64_t size = 0;
-  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
-  if (!fd_or.ok()) return fd_or.status();
-  Fd fd(*fd_or);
   const std::string where = absl::StrCat("config ", Quote(path));
-  if (size > kMaxConfigJsonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " has ", size, " bytes; a GPT-2 config.json has at most ", kMaxConfigJsonBytes));
-  }
-  std::string text(static_cast<size_t>(size), '\0');
-  if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " is not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<Json> json =
+      ReadJsonFile(path, where, kMaxConfigJsonBytes, "a GPT-2 config.json");
+  if (!json.ok()) return json.status();
+  const Json& j = *json;
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, " is not a JSON object"));
   }
@@ -606,23 +615,10 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
 absl::StatusOr<Gpt2Checkpoint> LoadHfSharded(const std::string& index_path,
                                              const Gpt2LoadOptions& options) {
   const std::string where = absl::StrCat("sharded checkpoint index ", Quote(index_path));
-  int64_t size = 0;
-  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", index_path, &size);
-  if (!fd_or.ok()) return fd_or.status();
-  Fd fd(*fd_or);
   // About 100 bytes per tensor: a few hundred KB for the largest GPT-2s.
-  if (size > kMaxIndexJsonBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " has ", size, " bytes; an index has at most ", kMaxIndexJsonBytes));
-  }
-  std::string text(static_cast<size_t>(size), '\0');
-  if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " is not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<Json> json = ReadJsonFile(index_path, where, kMaxIndexJsonBytes, "an index");
+  if (!json.ok()) return json.status();
+  const Json& j = *json;
   auto map_it = j.is_object() ? j.find("weight_map") : j.end();
   if (map_it == j.end() || !map_it->is_object() || map_it->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -760,14 +756,11 @@ std::string ReadCharVocab(const std::string& path, int64_t vocab_size) {
   // A character vocabulary has at most 256 entries of a few bytes; GPT-2's BPE one is ~1 MB.
   constexpr int64_t kMaxCharVocabJsonBytes = 16 << 10;
   if (vocab_size < 1 || vocab_size > 256) return "";
-  int64_t size = 0;
-  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
-  if (!fd_or.ok() || size > kMaxCharVocabJsonBytes) return "";
-  Fd fd(*fd_or);
-  std::string text(static_cast<size_t>(size), '\0');
-  if (!ReadAt(fd.get(), 0, size, text.data(), path).ok()) return "";
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || static_cast<int64_t>(j.size()) != vocab_size) return "";
+  absl::StatusOr<Json> json = ReadJsonFile(path, path, kMaxCharVocabJsonBytes, "vocab.json");
+  if (!json.ok() || !json->is_object() || static_cast<int64_t>(json->size()) != vocab_size) {
+    return "";
+  }
+  const Json& j = *json;
   std::map<std::string, unsigned char> byte_of;
   for (int b = 0; b < 256; ++b) byte_of[ByteLevelChar(static_cast<unsigned char>(b))] = b;
   std::string vocab(static_cast<size_t>(vocab_size), '\0');
