@@ -1,8 +1,8 @@
-// tools/train/run.h: --device parsing (CheckDevice), --loss_scaler presets, the host copies
+// train/run.h: --device parsing (CheckDevice), --loss_scaler presets, the host copies
 // checkpoints are made of (ToHost), flag ranges, run settings and --override, the checkpoint
 // directory check, the divergence stop, and RunState::Resume's validation of every counter a
 // checkpoint holds.
-#include "tools/train/run.h"
+#include "train/run.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -438,7 +438,7 @@ TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
   EXPECT_EQ(record.loss_scale_next, 32768);
 }
 
-// With accumulation, the backward runs on loss / (micro_batches * summed_ranks): tools/train's
+// With accumulation, the backward runs on loss / (micro_batches * summed_ranks): train/'s
 // f16 data parallel divides each rank's loss by the world size and sums the gradients, so that
 // the backward sees the per-row values of one process. The reported loss stays the loss.
 TEST(TrainStepTest, BackwardOnLossOverMicroBatchesTimesSummedRanks) {

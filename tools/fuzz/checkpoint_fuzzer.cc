@@ -1,4 +1,4 @@
-// Fuzz target of the checkpoint loader (tools/train/run.h): train::LoadCheckpoint and
+// Fuzz target of the checkpoint loader (train/run.h): train::LoadCheckpoint and
 // train::RunState::Resume of <dir>/checkpoint.safetensors into the runs of checkpoint_setup.h
 // (an f16 AdamW run with masters and a dynamic scaler, and an f32 SGD run).
 //

@@ -13,7 +13,7 @@
 #include "amp/mixed_precision_optimizer.h"
 #include "nn/layers.h"
 #include "optim/lr_schedule.h"
-#include "tools/train/run.h"
+#include "train/run.h"
 
 namespace tg::fuzz {
 

@@ -1,4 +1,4 @@
-#include "tools/train/run.h"
+#include "train/run.h"
 
 #include <fcntl.h>
 #include <malloc.h>

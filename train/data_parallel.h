@@ -19,8 +19,8 @@
 //   TrainStep(*opt, schedule, dtype, clip, [&](int64_t k) {
 //     return nn::CrossEntropyLoss(dp->Forward(*model, Variable(dp->Micro(b.images, k))),
 //                                 dp->Micro(b.labels, k)); }, dp->accumulation());
-#ifndef TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
-#define TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
+#ifndef TAPEGRAD_TRAIN_DATA_PARALLEL_H_
+#define TAPEGRAD_TRAIN_DATA_PARALLEL_H_
 
 #include <cstdio>
 #include <functional>
@@ -39,8 +39,8 @@
 #include "nn/module.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
-#include "tools/train/run.h"
-#include "tools/train/threads.h"
+#include "train/run.h"
+#include "train/threads.h"
 
 namespace tg::train {
 
@@ -181,4 +181,4 @@ absl::StatusOr<RunStart> StartRun(const RunStartOptions& options, Device device)
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_DATA_PARALLEL_H_
+#endif  // TAPEGRAD_TRAIN_DATA_PARALLEL_H_

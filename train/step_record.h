@@ -10,8 +10,8 @@
 //   rec.items_per_second = batch / step_seconds;  rec.elapsed_seconds = clock_seconds;
 //   reporter.Report(rec);
 //   status = writer.Write(rec);
-#ifndef TAPEGRAD_TOOLS_TRAIN_STEP_RECORD_H_
-#define TAPEGRAD_TOOLS_TRAIN_STEP_RECORD_H_
+#ifndef TAPEGRAD_TRAIN_STEP_RECORD_H_
+#define TAPEGRAD_TRAIN_STEP_RECORD_H_
 
 #include <cstdint>
 #include <limits>
@@ -37,4 +37,4 @@ struct StepRecord {
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_STEP_RECORD_H_
+#endif  // TAPEGRAD_TRAIN_STEP_RECORD_H_

@@ -30,8 +30,8 @@
 // - TokenBatcher's state is its generator state; Next() draws B offsets in order.
 // state_dict() stores every integer as a double (64-bit values split in 32-bit halves), so it is
 // exact; load_state_dict validates every entry and throws tg::Error naming the bad one.
-#ifndef TAPEGRAD_TOOLS_DATA_LOADER_H_
-#define TAPEGRAD_TOOLS_DATA_LOADER_H_
+#ifndef TAPEGRAD_DATASET_LOADER_H_
+#define TAPEGRAD_DATASET_LOADER_H_
 
 #include <cstdint>
 #include <vector>
@@ -197,4 +197,4 @@ class TokenBatcher {
 
 }  // namespace tg::data
 
-#endif  // TAPEGRAD_TOOLS_DATA_LOADER_H_
+#endif  // TAPEGRAD_DATASET_LOADER_H_

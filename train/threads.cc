@@ -1,4 +1,4 @@
-#include "tools/train/threads.h"
+#include "train/threads.h"
 
 #include <sched.h>
 

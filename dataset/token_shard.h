@@ -17,8 +17,8 @@
 // expected value), an unsupported version or a negative token count; DataLoss when the file is
 // shorter or longer than the header says (the message gives both byte counts). The reader checks
 // the file size before it allocates, so it never allocates more than the file holds.
-#ifndef TAPEGRAD_TOOLS_DATA_TOKEN_SHARD_H_
-#define TAPEGRAD_TOOLS_DATA_TOKEN_SHARD_H_
+#ifndef TAPEGRAD_DATASET_TOKEN_SHARD_H_
+#define TAPEGRAD_DATASET_TOKEN_SHARD_H_
 
 #include <cstdint>
 #include <optional>
@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "tools/data/text.h"
+#include "dataset/text.h"
 
 namespace tg::data {
 
@@ -98,4 +98,4 @@ absl::Status CheckVocabulary(const TrainValData& data, int64_t vocab_size);
 
 }  // namespace tg::data
 
-#endif  // TAPEGRAD_TOOLS_DATA_TOKEN_SHARD_H_
+#endif  // TAPEGRAD_DATASET_TOKEN_SHARD_H_

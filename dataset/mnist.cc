@@ -1,12 +1,12 @@
-#include "tools/data/mnist.h"
+#include "dataset/mnist.h"
 
 #include <sys/stat.h>
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "dataset/idx.h"
 #include "tensor/error.h"
-#include "tools/data/idx.h"
 
 namespace tg::data {
 namespace {

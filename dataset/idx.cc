@@ -1,4 +1,4 @@
-#include "tools/data/idx.h"
+#include "dataset/idx.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -12,11 +12,11 @@
 // The directory holds train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
 // t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (Debian's dataset-fashion-mnist
 // installs them in kFashionMnistDir); a name without ".gz" is used when only that exists.
-// Errors: those of ReadIdx (tools/data/idx.h), and InvalidArgument when the images are not
+// Errors: those of ReadIdx (dataset/idx.h), and InvalidArgument when the images are not
 // [N, 28, 28], the labels not [N] with the same N, or a label is 10 or more (the message names
 // the file, the index and the value).
-#ifndef TAPEGRAD_TOOLS_DATA_MNIST_H_
-#define TAPEGRAD_TOOLS_DATA_MNIST_H_
+#ifndef TAPEGRAD_DATASET_MNIST_H_
+#define TAPEGRAD_DATASET_MNIST_H_
 
 #include <string>
 
@@ -59,4 +59,4 @@ absl::StatusOr<MnistData> LoadMnistFiles(const std::string& images_path,
 
 }  // namespace tg::data
 
-#endif  // TAPEGRAD_TOOLS_DATA_MNIST_H_
+#endif  // TAPEGRAD_DATASET_MNIST_H_

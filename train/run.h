@@ -9,8 +9,8 @@
 //     ...
 //     if (tg::train::StopSignal::requested()) { SaveCheckpoint(...); return 128 + signal; }
 //   }
-#ifndef TAPEGRAD_TOOLS_TRAIN_RUN_H_
-#define TAPEGRAD_TOOLS_TRAIN_RUN_H_
+#ifndef TAPEGRAD_TRAIN_RUN_H_
+#define TAPEGRAD_TRAIN_RUN_H_
 
 #include <functional>
 #include <map>
@@ -32,9 +32,9 @@
 #include "tensor/dtype.h"
 #include "tensor/generator.h"
 #include "tensor/state_dict.h"
-#include "tools/train/metrics.h"
-#include "tools/train/progress.h"
-#include "tools/train/step_record.h"
+#include "train/metrics.h"
+#include "train/progress.h"
+#include "train/step_record.h"
 
 namespace tg::train {
 
@@ -477,4 +477,4 @@ int RunMain(const char* name, const std::function<int()>& body);
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_RUN_H_
+#endif  // TAPEGRAD_TRAIN_RUN_H_

@@ -1,4 +1,4 @@
-#include "tools/data/text.h"
+#include "dataset/text.h"
 
 #include <cctype>
 

@@ -12,8 +12,8 @@
 //
 // Bytes, not Unicode characters: for ASCII text (Shakespeare) this is exactly nanoGPT's
 // vocabulary and ids; UTF-8 text gets one token per byte, ordered by unsigned byte value.
-#ifndef TAPEGRAD_TOOLS_DATA_TEXT_H_
-#define TAPEGRAD_TOOLS_DATA_TEXT_H_
+#ifndef TAPEGRAD_DATASET_TEXT_H_
+#define TAPEGRAD_DATASET_TEXT_H_
 
 #include <array>
 #include <cstdint>
@@ -55,4 +55,4 @@ class CharTokenizer {
 
 }  // namespace tg::data
 
-#endif  // TAPEGRAD_TOOLS_DATA_TEXT_H_
+#endif  // TAPEGRAD_DATASET_TEXT_H_

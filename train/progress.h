@@ -29,8 +29,8 @@
 //
 // Times come from StepRecord::elapsed_seconds (the caller's clock; ElapsedSeconds() is a
 // steady clock started at construction, for callers without one). Not thread-safe.
-#ifndef TAPEGRAD_TOOLS_TRAIN_PROGRESS_H_
-#define TAPEGRAD_TOOLS_TRAIN_PROGRESS_H_
+#ifndef TAPEGRAD_TRAIN_PROGRESS_H_
+#define TAPEGRAD_TRAIN_PROGRESS_H_
 
 #include <chrono>
 #include <cstdint>
@@ -39,7 +39,7 @@
 #include <string>
 #include <string_view>
 
-#include "tools/train/step_record.h"
+#include "train/step_record.h"
 
 namespace tg::train {
 
@@ -139,4 +139,4 @@ class ProgressReporter {
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_PROGRESS_H_
+#endif  // TAPEGRAD_TRAIN_PROGRESS_H_

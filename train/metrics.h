@@ -1,6 +1,6 @@
 // MetricsWriter: the per-step metrics CSV of a training run, one row per optimizer step, flushed
 // after every row so that a crash loses at most the row being written. Plot it with
-// tools/train/plot_metrics.sh.
+// tools/plot_metrics.sh.
 //
 //   absl::StatusOr<tg::train::MetricsWriter> w =
 //       tg::train::MetricsWriter::Open("run/metrics.csv", resume_step, {"val_loss"});
@@ -36,8 +36,8 @@
 // resume_from_step the file is created or truncated.
 //
 // Not thread-safe: one writer per file, used from one thread.
-#ifndef TAPEGRAD_TOOLS_TRAIN_METRICS_H_
-#define TAPEGRAD_TOOLS_TRAIN_METRICS_H_
+#ifndef TAPEGRAD_TRAIN_METRICS_H_
+#define TAPEGRAD_TRAIN_METRICS_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -48,7 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tools/train/step_record.h"
+#include "train/step_record.h"
 
 namespace tg::train {
 
@@ -110,4 +110,4 @@ class MetricsWriter {
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_METRICS_H_
+#endif  // TAPEGRAD_TRAIN_METRICS_H_

@@ -1,4 +1,4 @@
-#include "tools/train/data_parallel.h"
+#include "train/data_parallel.h"
 
 #include <omp.h>
 

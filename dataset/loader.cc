@@ -1,4 +1,4 @@
-#include "tools/data/loader.h"
+#include "dataset/loader.h"
 
 #include <cmath>
 #include <cstring>

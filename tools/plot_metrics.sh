@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Plots a metrics CSV written by tg::train::MetricsWriter (tools/train/metrics.h) to a PNG with
+# Plots a metrics CSV written by tg::train::MetricsWriter (train/metrics.h) to a PNG with
 # gnuplot: top panel loss vs step (plus every other column whose name ends in "loss", e.g.
 # val_loss, as joined points), bottom panel loss_scale vs step on a log axis (left out when the file has
 # no loss_scale column). Columns are found by name in the header, so their order does not matter;
 # empty cells (an extra column on rows without a value) are skipped, nan/inf leave gaps.
 #
-#   tools/train/plot_metrics.sh run/metrics.csv                # writes run/metrics.png
-#   tools/train/plot_metrics.sh --log-loss run/metrics.csv out.png
+#   tools/plot_metrics.sh run/metrics.csv                # writes run/metrics.png
+#   tools/plot_metrics.sh --log-loss run/metrics.csv out.png
 #
 # Exit status: 0 on success, 2 for bad usage, 1 for a missing/unreadable file, a CSV without a
 # step or loss column or without data rows, a missing gnuplot, or a gnuplot failure.

@@ -1,4 +1,4 @@
-#include "tools/data/token_shard.h"
+#include "dataset/token_shard.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

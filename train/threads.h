@@ -9,13 +9,13 @@
 //   otherwise: the CPUs this process may run on (sched_getaffinity: a cgroup or a launcher's
 //     binding shrinks it) / the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
 //     SLURM's tasks per node; distributed/init.h), at least 1.
-// It is the binaries' glue (tools/train): the library reads no variable for it (tensor/cpu's
+// It is the binaries' glue (train/): the library reads no variable for it (tensor/cpu's
 // pool is whatever OpenMP's is).
 //
 //   tg::train::ThreadChoice c = tg::train::ChooseThreads(tg::train::ReadThreadEnv(local_world));
 //   if (c.set) omp_set_num_threads(c.threads);   // and print c.reason
-#ifndef TAPEGRAD_TOOLS_TRAIN_THREADS_H_
-#define TAPEGRAD_TOOLS_TRAIN_THREADS_H_
+#ifndef TAPEGRAD_TRAIN_THREADS_H_
+#define TAPEGRAD_TRAIN_THREADS_H_
 
 #include <string>
 
@@ -45,4 +45,4 @@ ThreadEnv ReadThreadEnv(int local_world_size);
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_THREADS_H_
+#endif  // TAPEGRAD_TRAIN_THREADS_H_

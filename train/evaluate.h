@@ -14,8 +14,8 @@
 // the rows and the batches are summed in f64 and divided once. A loss taken of the logits after
 // the scope closed would be computed in the logits' dtype: an f16 sum is inf once it passes 65504
 // (64 x 128 GPT-2 tokens at the initial 10.8 nats), and bf16 keeps 8 significant bits.
-#ifndef TAPEGRAD_TOOLS_TRAIN_EVALUATE_H_
-#define TAPEGRAD_TOOLS_TRAIN_EVALUATE_H_
+#ifndef TAPEGRAD_TRAIN_EVALUATE_H_
+#define TAPEGRAD_TRAIN_EVALUATE_H_
 
 #include <cstdint>
 #include <functional>
@@ -49,4 +49,4 @@ class CrossEntropyEval {
 
 }  // namespace tg::train
 
-#endif  // TAPEGRAD_TOOLS_TRAIN_EVALUATE_H_
+#endif  // TAPEGRAD_TRAIN_EVALUATE_H_

@@ -21,8 +21,8 @@
 //                    message gives the expected and the found byte counts
 // No file can make the reader allocate more than min(file's decompressed length, max_bytes)
 // bytes for the data (the buffer grows as bytes arrive).
-#ifndef TAPEGRAD_TOOLS_DATA_IDX_H_
-#define TAPEGRAD_TOOLS_DATA_IDX_H_
+#ifndef TAPEGRAD_DATASET_IDX_H_
+#define TAPEGRAD_DATASET_IDX_H_
 
 #include <cstdint>
 #include <string>
@@ -47,4 +47,4 @@ absl::Status WriteIdx(const std::string& path, const Tensor& data, bool gzip);
 
 }  // namespace tg::data
 
-#endif  // TAPEGRAD_TOOLS_DATA_IDX_H_
+#endif  // TAPEGRAD_DATASET_IDX_H_

@@ -1,10 +1,10 @@
-#include "tools/train/evaluate.h"
+#include "train/evaluate.h"
 
 #include <cmath>
 
 #include "nn/loss.h"
 #include "tensor/ops.h"
-#include "tools/train/run.h"
+#include "train/run.h"
 
 namespace tg::train {
 
