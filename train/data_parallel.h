@@ -39,8 +39,13 @@
 #include "nn/module.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
-#include "train/run.h"
+#include "train/flag_values.h"
+#include "train/optimizer_setup.h"
+#include "train/resume_flag.h"
+#include "train/run_state.h"
+#include "train/stop_signal.h"
 #include "train/threads.h"
+#include "train/train_step.h"
 
 namespace tg::train {
 

@@ -4,7 +4,7 @@
 
 #include "nn/loss.h"
 #include "tensor/ops.h"
-#include "train/run.h"
+#include "train/train_step.h"
 
 namespace tg::train {
 

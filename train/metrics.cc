@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "train/user_path.h"
 
 namespace tg::train {
 namespace {
@@ -279,6 +280,17 @@ absl::Status MetricsWriter::Close() {
   if (std::fclose(file) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("MetricsWriter: cannot close '", path_, "'"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status OpenMetrics(const std::string& path, std::optional<int64_t> resume_step,
+                         const std::vector<std::string>& extra_columns,
+                         std::optional<MetricsWriter>* out) {
+  if (path.empty()) return absl::OkStatus();
+  absl::StatusOr<MetricsWriter> writer =
+      MetricsWriter::Open(ResolveUserPath(path), resume_step, extra_columns);
+  if (!writer.ok()) return writer.status();
+  out->emplace(std::move(*writer));
   return absl::OkStatus();
 }
 

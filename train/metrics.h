@@ -108,6 +108,12 @@ class MetricsWriter {
   std::optional<int64_t> last_step_;
 };
 
+// Opens the metrics CSV `path` (a user path; empty: leaves *out empty). When resuming, rows after
+// `resume_step` are dropped first.
+absl::Status OpenMetrics(const std::string& path, std::optional<int64_t> resume_step,
+                         const std::vector<std::string>& extra_columns,
+                         std::optional<MetricsWriter>* out);
+
 }  // namespace tg::train
 
 #endif  // TAPEGRAD_TRAIN_METRICS_H_

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tensor/io/safetensors.h"
 #include "tools/fuzz/checkpoint_setup.h"
+#include "train/checkpoint.h"
 
 namespace tg::fuzz {
 namespace {

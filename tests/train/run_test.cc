@@ -1,9 +1,8 @@
-// train/run.h: --device parsing (CheckDevice), --loss_scaler presets, the host copies
+// The training-run library (train/ flag_values, optimizer_setup, train_step, checkpoint,
+// run_settings, resume_flag, divergence, run_state): --device parsing (CheckDevice), --loss_scaler presets, the host copies
 // checkpoints are made of (ToHost), flag ranges, run settings and --override, the checkpoint
 // directory check, the divergence stop, and RunState::Resume's validation of every counter a
 // checkpoint holds.
-#include "train/run.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +23,15 @@
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/divergence.h"
+#include "train/flag_values.h"
+#include "train/format_number.h"
+#include "train/optimizer_setup.h"
+#include "train/resume_flag.h"
+#include "train/run_settings.h"
+#include "train/run_state.h"
+#include "train/train_step.h"
 
 namespace tg::train {
 namespace {

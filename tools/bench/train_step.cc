@@ -36,7 +36,10 @@
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/profile.h"
-#include "train/run.h"
+#include "train/flag_values.h"
+#include "train/optimizer_setup.h"
+#include "train/run_main.h"
+#include "train/train_step.h"
 
 ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)");
 ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),
