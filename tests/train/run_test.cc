@@ -1,8 +1,8 @@
-// The training-run library (train/ flag_values, optimizer_setup, train_step, checkpoint,
-// run_settings, resume_flag, divergence, run_state): --device parsing (CheckDevice), --loss_scaler presets, the host copies
-// checkpoints are made of (ToHost), flag ranges, run settings and --override, the checkpoint
-// directory check, the divergence stop, and RunState::Resume's validation of every counter a
-// checkpoint holds.
+// The run libraries of train/ (flag_values, format_number, optimizer_setup, train_step,
+// checkpoint, run_settings, resume_flag, divergence, run_state): --device parsing (CheckDevice),
+// --loss_scaler presets, the host copies checkpoints are made of (ToHost), flag ranges, run
+// settings and --override, the checkpoint directory check, the divergence stop, and
+// RunState::Resume's validation of every counter a checkpoint holds.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
