@@ -7,7 +7,7 @@
 #   tools/check_layering.sh     # "layering: OK (N dependencies between packages checked)"
 #
 # The order, bottom to top; a target may depend on targets of its own floor or of floors below:
-#   data < tools/bazel < tensor < autograd < optim < amp < nn < distributed < tools < tests
+#   data < tools/bazel < tensor < autograd < optim < amp < nn < dataset < distributed < train < tools < tests
 # optim is below amp, since amp's MixedPrecisionOptimizer wraps an optim::Optimizer (and uses
 # optim's clipping), while optim needs nothing of amp. tests/ may depend on anything. A package is
 # its top-level directory (tensor/cuda and tensor/io are tensor, nn/models is nn), except
@@ -20,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-readonly ORDER=(data tools/bazel tensor autograd optim amp nn distributed tools tests)
+readonly ORDER=(data tools/bazel tensor autograd optim amp nn dataset distributed train tools tests)
 
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT

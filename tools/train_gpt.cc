@@ -42,19 +42,32 @@
 #include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "dataset/loader.h"
+#include "dataset/token_shard.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "nn/models/gpt2_io.h"
 #include "optim/lr_schedule.h"
 #include "tensor/kernel_options.h"
-#include "tools/data/loader.h"
-#include "tools/data/token_shard.h"
-#include "tools/train/data_parallel.h"
-#include "tools/train/evaluate.h"
-#include "tools/train/metrics.h"
-#include "tools/train/progress.h"
-#include "tools/train/run.h"
+#include "train/checkpoint.h"
+#include "train/data_parallel.h"
+#include "train/divergence.h"
+#include "train/evaluate.h"
+#include "train/flag_values.h"
+#include "train/flags.h"
+#include "train/metrics.h"
+#include "train/optimizer_setup.h"
+#include "train/progress.h"
+#include "train/resume_flag.h"
+#include "train/run_main.h"
+#include "train/run_settings.h"
+#include "train/run_state.h"
+#include "train/stop_signal.h"
+#include "train/train_step.h"
+#include "train/user_path.h"
 
+// This binary's own flags; the ones it shares with train_mnist (--optimizer, --precision, --device,
+// --resume, --world_size, ...) are defined once in train/flags.cc (train/flags.h says which).
 ABSL_FLAG(std::string, data, "", "training text file, or llm.c token shard (.bin)");
 ABSL_FLAG(std::string, val_data, "", "validation shard (default: the last 10% of --data)");
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks, 1..1024");
@@ -95,13 +108,6 @@ ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay, [0, 1e3]");
 ABSL_FLAG(double, beta2, 0.99, "AdamW beta2, [0, 1)");
 ABSL_FLAG(double, grad_clip, 1.0,
           "clip the global gradient norm to this, [0, 1e12] (0: no clipping)");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
-ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
-ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
-          "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "
-          "class defaults: 2^32, no hysteresis) | deepspeed_legacy (the class with DeepSpeed's "
-          "growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the initialisation, the batches and dropout");
 ABSL_FLAG(int64_t, eval_every, 250,
           "evaluate on the validation tokens every N >= 0 steps (0: at the end only)");
@@ -110,45 +116,14 @@ ABSL_FLAG(int64_t, eval_batches, 16,
 ABSL_FLAG(int64_t, sample_tokens, 300, "tokens sampled at the end, 0..1000000");
 ABSL_FLAG(double, temperature, 0.8, "sampling temperature, (0, 100]");
 ABSL_FLAG(int64_t, top_k, 0, "sample from the k most likely tokens, 0..vocabulary (0: all)");
-ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 500,
           "checkpoint every N >= 0 steps and at the end (0: at the end only)");
-ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
-          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
-          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
           "grad_clip); any other difference is refused");
-ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
-          "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
-          "(0: never)");
-ABSL_FLAG(double, max_skipped_fraction, 0.5,
-          "exit with an error (after the final line) when more than this fraction, in [0, 1], of "
-          "the run's steps were skipped for non-finite gradients (1: never)");
-ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
-ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
 ABSL_FLAG(bool, cudnn_attention, true,
           "CUDA: cuDNN's fused attention where it applies (false: the cuBLASLt composition)");
-ABSL_FLAG(int64_t, world_size, 0,
-          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
-          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
-          "explicit value must match the launcher's)");
-ABSL_FLAG(int64_t, rank, -1,
-          "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
-ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
-ABSL_FLAG(int64_t, zero_stage, 0,
-          "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
-          "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
-ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
-          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
-          "whole batch)");
-ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
-ABSL_FLAG(int64_t, stop_at_step, 0,
-          "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
-          "0: never)");
 
 namespace tg {
 namespace {
@@ -680,6 +655,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:");
+  tg::train::ShowSharedFlagsInHelp(__FILE__);  // --help lists train/flags.cc's flags too
   tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
   tg::RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);

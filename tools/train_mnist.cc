@@ -34,19 +34,32 @@
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "dataset/loader.h"
+#include "dataset/mnist.h"
 #include "nn/loss.h"
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
 #include "tensor/kernel_options.h"
 #include "tensor/ops.h"
-#include "tools/data/loader.h"
-#include "tools/data/mnist.h"
-#include "tools/train/data_parallel.h"
-#include "tools/train/evaluate.h"
-#include "tools/train/metrics.h"
-#include "tools/train/progress.h"
-#include "tools/train/run.h"
+#include "train/checkpoint.h"
+#include "train/data_parallel.h"
+#include "train/divergence.h"
+#include "train/evaluate.h"
+#include "train/flag_values.h"
+#include "train/flags.h"
+#include "train/metrics.h"
+#include "train/optimizer_setup.h"
+#include "train/progress.h"
+#include "train/resume_flag.h"
+#include "train/run_main.h"
+#include "train/run_settings.h"
+#include "train/run_state.h"
+#include "train/stop_signal.h"
+#include "train/train_step.h"
+#include "train/user_path.h"
 
+// This binary's own flags; the ones it shares with train_gpt (--optimizer, --precision, --device,
+// --resume, --world_size, ...) are defined once in train/flags.cc (train/flags.h says which).
 ABSL_FLAG(std::string, model, "cnn", "cnn | mlp");
 ABSL_FLAG(int64_t, epochs, 0,
           "passes over the training set, 0..100000 (0: 4 for the CNN, 10 for the MLP)");
@@ -59,53 +72,15 @@ ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
           "images per forward/backward pass on one rank, 1..1000000; the global batch is then "
           "micro_batch_size x grad_accum_steps x world_size (default: from --batch_size)");
 ABSL_FLAG(double, lr, 1e-3, "peak learning rate, (0, 1e3] (cosine decay to lr/10 over the run)");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(double, weight_decay, 1e-4, "weight decay, [0, 1e3]");
-ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
-ABSL_FLAG(std::string, loss_scaler, "auto",
-          "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
-          "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "
-          "class defaults: 2^32, no hysteresis) | deepspeed_legacy (the class with DeepSpeed's "
-          "growth timing before v0.17.1) | apex | none");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
-ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoint.safetensors is written (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "also checkpoint every N >= 0 steps (0: at epoch ends only)");
-ABSL_FLAG(tg::train::ResumeFlag, resume, tg::train::ResumeFlag{},
-          "continue from <checkpoint_dir>/checkpoint.safetensors: true (--resume; it must exist), "
-          "auto (if it exists, else start fresh: for torchrun/launch restarts), false");
 ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "epochs, lr, weight_decay); any other difference is refused");
-ABSL_FLAG(int64_t, max_skipped_in_a_row, 100,
-          "stop with an error after N >= 0 consecutive steps skipped for non-finite gradients "
-          "(0: never)");
-ABSL_FLAG(double, max_skipped_fraction, 0.5,
-          "exit with an error (after the final line) when more than this fraction, in [0, 1], of "
-          "the run's steps were skipped for non-finite gradients (1: never)");
-ABSL_FLAG(std::string, metrics, "", "CSV file with one row per step (empty: none)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
-ABSL_FLAG(bool, tf32, false, "CUDA: f32 matmuls and convolutions may use TF32 tensor cores");
-ABSL_FLAG(int64_t, world_size, 0,
-          "data-parallel ranks, 0..65536 (0: the launcher's WORLD_SIZE, OMPI_COMM_WORLD_SIZE or "
-          "SLURM_NTASKS, else 1; tools:launch --nproc=N, torchrun, srun, mpirun start them; an "
-          "explicit value must match the launcher's)");
-ABSL_FLAG(int64_t, rank, -1,
-          "this process's rank when started by hand, -1..65535 (-1: from the launcher)");
-ABSL_FLAG(std::string, rdzv, "", "rendezvous file:///dir or redis://host:port (default: TG_RDZV)");
-ABSL_FLAG(int64_t, zero_stage, 0,
-          "0: data parallel with DDP; 1, 2, 3: ZeRO sharding of the optimizer state (1), also the "
-          "gradients (2), also the parameters (3) across the --world_size >= 2 ranks");
-ABSL_FLAG(int64_t, grad_accum_steps, 1,
-          "micro-batches per optimizer step, 1..1000000 (the global --batch_size splits into "
-          "world_size x N micro-batches of --micro_batch_size rows; the step equals one on the "
-          "whole batch)");
 ABSL_FLAG(std::string, data_dir, tg::data::kFashionMnistDir, "directory of the IDX files");
 ABSL_FLAG(int64_t, train_limit, 0, "train on the first N >= 0 images only (0: all)");
-ABSL_FLAG(int64_t, print_every, 50, "status line period >= 1 when stderr is not a terminal");
-ABSL_FLAG(int64_t, stop_at_step, 0,
-          "testing: send SIGTERM to this process after step N >= 0 (exercises the Ctrl-C path; "
-          "0: never)");
 
 namespace tg {
 namespace {
@@ -433,6 +408,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:");
+  tg::train::ShowSharedFlagsInHelp(__FILE__);  // --help lists train/flags.cc's flags too
   tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
   absl::ParseCommandLine(argc, argv);
   return tg::train::RunMain("train_mnist", tg::Main);

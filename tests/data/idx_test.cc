@@ -1,8 +1,8 @@
-// ReadIdx / WriteIdx (tools/data/idx.h): exact decoding of raw and gzip files written byte by
+// ReadIdx / WriteIdx (dataset/idx.h): exact decoding of raw and gzip files written byte by
 // byte, the writer's bytes, and a clear absl::Status for every malformed file (bad magic,
 // unsupported type, bad dims, huge sizes, truncation at every length, trailing bytes, corrupt
 // gzip) with the pinned message text.
-#include "tools/data/idx.h"
+#include "dataset/idx.h"
 
 #include <sys/stat.h>
 

@@ -1,8 +1,8 @@
-// Batching (tools/data/loader.h): unbiased bounded draws and the Fisher-Yates order against
+// Batching (dataset/loader.h): unbiased bounded draws and the Fisher-Yates order against
 // reference implementations of the documented rules, epoch and partial-batch bookkeeping,
 // determinism per seed, exact resume (mid-epoch, across epochs, through a StateDict of doubles)
 // and nanoGPT-style token windows.
-#include "tools/data/loader.h"
+#include "dataset/loader.h"
 
 #include <algorithm>
 #include <cstdint>

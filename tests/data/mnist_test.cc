@@ -1,7 +1,7 @@
-// LoadMnist (tools/data/mnist.h): exact pixel scaling and normalisation on small synthetic
+// LoadMnist (dataset/mnist.h): exact pixel scaling and normalisation on small synthetic
 // files, the validation errors, and (when Debian's dataset-fashion-mnist is installed) the real
 // Fashion-MNIST splits: counts, shapes, label histograms and pinned values.
-#include "tools/data/mnist.h"
+#include "dataset/mnist.h"
 
 #include <sys/stat.h>
 
@@ -11,10 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "dataset/idx.h"
 #include "gtest/gtest.h"
 #include "tests/data/test_files.h"
 #include "tests/tensor/throws.h"
-#include "tools/data/idx.h"
 
 namespace tg::data {
 namespace {

@@ -1,6 +1,6 @@
-// CharTokenizer (tools/data/text.h): nanoGPT's sorted-unique-bytes vocabulary, exact ids,
+// CharTokenizer (dataset/text.h): nanoGPT's sorted-unique-bytes vocabulary, exact ids,
 // encode/decode round trips, saving and restoring the vocabulary, and the error text.
-#include "tools/data/text.h"
+#include "dataset/text.h"
 
 #include <cstdint>
 #include <string>

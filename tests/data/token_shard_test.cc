@@ -1,8 +1,8 @@
-// llm.c token shards, LoadTokens and SplitTrainVal (tools/data/token_shard.h): the exact bytes
+// llm.c token shards, LoadTokens and SplitTrainVal (dataset/token_shard.h): the exact bytes
 // of a shard, round trips, the error text for a wrong magic / version / size (truncation at every
 // length, trailing bytes), text files tokenized by characters, nanoGPT's 90/10 split, and
 // LoadTrainVal / CheckVocabulary (one tokenizer for both files, every token in the vocabulary).
-#include "tools/data/token_shard.h"
+#include "dataset/token_shard.h"
 
 #include <cstdint>
 #include <string>

@@ -11,11 +11,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dataset/idx.h"
+#include "dataset/token_shard.h"
 #include "gtest/gtest.h"
 #include "tensor/io/safetensors.h"
-#include "tools/data/idx.h"
-#include "tools/data/token_shard.h"
 #include "tools/fuzz/checkpoint_setup.h"
+#include "train/checkpoint.h"
 
 namespace tg::fuzz {
 namespace {

@@ -45,7 +45,7 @@ fi
 echo "== train_mnist f16: data parallel skips exactly the steps that 1 process skips (MLP, 26 steps)"
 # The loss scale starts at 2^16, where the f16 gradients of this run overflow now and then. Each
 # rank's backward starts from loss / world_size and the ranks' gradients are summed in f32 and
-# rounded once (tools/train/data_parallel.cc, the process groups): the same per-row values as in
+# rounded once (train/data_parallel.cc, the process groups): the same per-row values as in
 # one process, and a sum that overflows only where the whole batch's does. Before, the ranks
 # backpropagated their local mean (world_size times larger) and Gloo rounded every partial sum to
 # f16: 2 ranks at lr 3e-3 skipped steps 6 and 16 where 1 process skips 17, and 4 ranks at lr 1e-3

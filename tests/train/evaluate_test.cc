@@ -1,8 +1,8 @@
-// tools/train/evaluate.h: the evaluation loss of the training binaries is the loss PyTorch's
+// train/evaluate.h: the evaluation loss of the training binaries is the loss PyTorch's
 // autocast gives (cross-entropy of f16/bf16 logits in f32, the sums in f64), in every precision
 // and at any batch size: exact values where the loss is exact, else a double reference of the
 // same logits to f32 rounding.
-#include "tools/train/evaluate.h"
+#include "train/evaluate.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "tools/train/metrics.h"
+#include "train/metrics.h"
 
 #include <cmath>
 #include <cstdio>

@@ -3,7 +3,7 @@
 # order with an extra val_loss column, no loss_scale column) and fails cleanly on bad input.
 set -uo pipefail
 
-script=tools/train/plot_metrics.sh  # relative to the runfiles root, where Bazel runs the test
+script=tools/plot_metrics.sh  # relative to the runfiles root, where Bazel runs the test
 source tests/skip.sh
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0

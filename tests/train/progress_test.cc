@@ -1,4 +1,4 @@
-#include "tools/train/progress.h"
+#include "train/progress.h"
 
 #include <cmath>
 #include <cstdio>

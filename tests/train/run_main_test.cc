@@ -1,6 +1,8 @@
-// tools/train/run.h RunMain: every allocation failure ends a training binary with exit 1 and a
+// train/run_main.h RunMain: every allocation failure ends a training binary with exit 1 and a
 // message, as a tg::Error does: the CPU allocator's own error, and a std::bad_alloc from any other
 // host allocation (a std::vector of a reader or a kernel), which before ended in std::terminate.
+#include "train/run_main.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "tensor/tensor.h"
-#include "tools/train/run.h"
 
 namespace tg::train {
 namespace {

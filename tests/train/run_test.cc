@@ -1,9 +1,8 @@
-// tools/train/run.h: --device parsing (CheckDevice), --loss_scaler presets, the host copies
-// checkpoints are made of (ToHost), flag ranges, run settings and --override, the checkpoint
-// directory check, the divergence stop, and RunState::Resume's validation of every counter a
-// checkpoint holds.
-#include "tools/train/run.h"
-
+// The run libraries of train/ (flag_values, format_number, optimizer_setup, train_step,
+// checkpoint, run_settings, resume_flag, divergence, run_state): --device parsing (CheckDevice),
+// --loss_scaler presets, the host copies checkpoints are made of (ToHost), flag ranges, run
+// settings and --override, the checkpoint directory check, the divergence stop, and
+// RunState::Resume's validation of every counter a checkpoint holds.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +23,15 @@
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/divergence.h"
+#include "train/flag_values.h"
+#include "train/format_number.h"
+#include "train/optimizer_setup.h"
+#include "train/resume_flag.h"
+#include "train/run_settings.h"
+#include "train/run_state.h"
+#include "train/train_step.h"
 
 namespace tg::train {
 namespace {
@@ -438,7 +446,7 @@ TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
   EXPECT_EQ(record.loss_scale_next, 32768);
 }
 
-// With accumulation, the backward runs on loss / (micro_batches * summed_ranks): tools/train's
+// With accumulation, the backward runs on loss / (micro_batches * summed_ranks): train/'s
 // f16 data parallel divides each rank's loss by the world size and sums the gradients, so that
 // the backward sees the per-row values of one process. The reported loss stays the loss.
 TEST(TrainStepTest, BackwardOnLossOverMicroBatchesTimesSummedRanks) {

@@ -1,6 +1,6 @@
-// The CPU pool's size when OMP_NUM_THREADS is unset (tools/train/threads.h), for the environments
+// The CPU pool's size when OMP_NUM_THREADS is unset (train/threads.h), for the environments
 // that srun, mpirun, torchrun and a single process give: exact thread counts and lines.
-#include "tools/train/threads.h"
+#include "train/threads.h"
 
 #include <gtest/gtest.h>
 

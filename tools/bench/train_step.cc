@@ -29,14 +29,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "autograd/ops.h"
+#include "nlohmann/json.hpp"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/profile.h"
-#include "tools/train/run.h"
-#include "nlohmann/json.hpp"
+#include "train/flag_values.h"
+#include "train/optimizer_setup.h"
+#include "train/run_main.h"
+#include "train/train_step.h"
 
 ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)");
 ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),

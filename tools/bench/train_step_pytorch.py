@@ -9,7 +9,7 @@ Writes one JSON line per (model, dtype, threads) that `train_step --pytorch_json
   $py tools/bench/train_step_pytorch.py --threads 1 --out /tmp/pt.jsonl
   OMP_NUM_THREADS=1 bazel-bin/tools/bench/train_step --pytorch_json=/tmp/pt.jsonl
 
-The step matches tools/train/run.cc's TrainStep: zero_grad, forward under the precision (f16 and
+The step matches train/train_step.cc's TrainStep: zero_grad, forward under the precision (f16 and
 bf16 through torch.autocast; f16 with a GradScaler, as tapegrad's "auto" scaler), backward,
 clip_grad_norm_(1.0), AdamW (lr 1e-4, betas (0.9, 0.999), eps 1e-8, no weight decay; fused, as
 tapegrad's). tapegrad's f16/bf16 rows keep f16/bf16 weights with f32 masters; PyTorch's autocast

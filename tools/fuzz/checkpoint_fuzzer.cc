@@ -1,4 +1,4 @@
-// Fuzz target of the checkpoint loader (tools/train/run.h): train::LoadCheckpoint and
+// Fuzz target of the checkpoint loader (train/checkpoint.h, train/run_state.h): train::LoadCheckpoint and
 // train::RunState::Resume of <dir>/checkpoint.safetensors into the runs of checkpoint_setup.h
 // (an f16 AdamW run with masters and a dynamic scaler, and an f32 SGD run).
 //
@@ -17,6 +17,8 @@
 
 #include "tools/fuzz/checkpoint_setup.h"
 #include "tools/fuzz/fuzz_util.h"
+#include "train/checkpoint.h"
+#include "train/run_state.h"
 
 namespace tg::fuzz {
 namespace {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tools/fuzz/checkpoint_setup.h"
+#include "train/checkpoint.h"
 
 namespace tg::fuzz {
 namespace {

@@ -13,7 +13,9 @@
 #include "amp/mixed_precision_optimizer.h"
 #include "nn/layers.h"
 #include "optim/lr_schedule.h"
-#include "tools/train/run.h"
+#include "train/optimizer_setup.h"
+#include "train/run_state.h"
+#include "train/train_step.h"
 
 namespace tg::fuzz {
 

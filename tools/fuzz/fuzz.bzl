@@ -1,6 +1,6 @@
 """fuzz_target: the targets of one reader's fuzzer (see tools/fuzz/BUILD).
 
-    fuzz_target(name = "idx", deps = ["//tools/data:idx"])
+    fuzz_target(name = "idx", deps = ["//dataset:idx"])
 
 defines, from idx_fuzzer.cc and corpus/idx/:
     :idx_fuzzer_lib  the LLVMFuzzerTestOneInput library (alwayslink: a libFuzzer main finds it)

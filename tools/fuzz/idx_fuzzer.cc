@@ -1,4 +1,4 @@
-// Fuzz target of the IDX reader (tools/data/idx.h), raw or gzip-compressed.
+// Fuzz target of the IDX reader (dataset/idx.h), raw or gzip-compressed.
 //
 // The input is a whole file. Checked on every input:
 // - A tensor read is u8, contiguous, with 1 to 4 dims of positive sizes.
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tools/data/idx.h"
+#include "dataset/idx.h"
 #include "tools/fuzz/fuzz_util.h"
 
 namespace tg::fuzz {

@@ -1,5 +1,5 @@
-// Fuzz target of the text loader and its character tokenizer (tools/data/text.h,
-// tools/data/token_shard.h LoadTokens of a non-.bin file).
+// Fuzz target of the text loader and its character tokenizer (dataset/text.h,
+// dataset/token_shard.h LoadTokens of a non-.bin file).
 //
 // The input is a whole text file, and also a candidate vocabulary string. Checked:
 // - LoadTokens fails exactly for the empty file; otherwise it returns one token per byte, a
@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "tools/data/text.h"
-#include "tools/data/token_shard.h"
+#include "dataset/text.h"
+#include "dataset/token_shard.h"
 #include "tools/fuzz/fuzz_util.h"
 
 namespace tg::fuzz {

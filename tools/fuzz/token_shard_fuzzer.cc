@@ -1,4 +1,4 @@
-// Fuzz target of the llm.c token shard reader (tools/data/token_shard.h).
+// Fuzz target of the llm.c token shard reader (dataset/token_shard.h).
 //
 // The input is a whole .bin file. Checked on every input:
 // - ReadTokenShard and LoadTokens (which dispatches on the ".bin" name) agree, and LoadTokens
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/data/token_shard.h"
+#include "dataset/token_shard.h"
 #include "tools/fuzz/fuzz_util.h"
 
 namespace tg::fuzz {

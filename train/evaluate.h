@@ -1,0 +1,52 @@
+// Evaluation losses of the training binaries (train_gpt's validation loss, train_mnist's test
+// loss), computed as a PyTorch user computes them under autocast:
+//
+//   with torch.autocast(device, dtype):                                # --precision=f16|bf16
+//       logits = model(x)
+//       total += F.cross_entropy(logits, y, reduction="sum").item()    # f32: autocast's policy
+//
+//   tg::train::CrossEntropyEval eval(dtype);
+//   for (...) eval.Add([&] { return model(Variable(x)); }, y);
+//   double mean = eval.mean();   // nats per row
+//
+// The forward and the loss both run inside PrecisionScope(dtype), so cross-entropy reads f16/bf16
+// logits as f32 (autocast casts the inputs of losses to f32). Each row's loss is an f32 value;
+// the rows and the batches are summed in f64 and divided once. A loss taken of the logits after
+// the scope closed would be computed in the logits' dtype: an f16 sum is inf once it passes 65504
+// (64 x 128 GPT-2 tokens at the initial 10.8 nats), and bf16 keeps 8 significant bits.
+#ifndef TAPEGRAD_TRAIN_EVALUATE_H_
+#define TAPEGRAD_TRAIN_EVALUATE_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "autograd/variable.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace tg::train {
+
+class CrossEntropyEval {
+ public:
+  // dtype: the run's precision (f32: no autocast).
+  explicit CrossEntropyEval(DType dtype) : dtype_(dtype) {}
+
+  // Runs `forward` under PrecisionScope(dtype) and adds the cross-entropy of each row of its
+  // logits [..., C] against `targets` [...] (i32/i64 class ids, on the logits' device), in f32 or
+  // wider, to the f64 total. Returns the logits (for an accuracy). The caller sets eval mode and
+  // no_grad.
+  Variable Add(const std::function<Variable()>& forward, const Tensor& targets);
+
+  double total() const { return total_; }  // summed loss of every row added
+  int64_t rows() const { return rows_; }
+  double mean() const;  // total() / rows(); NaN before any row
+
+ private:
+  DType dtype_;
+  double total_ = 0;
+  int64_t rows_ = 0;
+};
+
+}  // namespace tg::train
+
+#endif  // TAPEGRAD_TRAIN_EVALUATE_H_

@@ -1,0 +1,117 @@
+#include "train/optimizer_setup.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "amp/loss_scaler.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+
+namespace tg::train {
+
+void ApplyOptimizerOverrides(const OptimizerConfig& config,
+                             const std::vector<std::string>& overrides, amp::TrainingOptimizer& opt,
+                             optim::LrSchedule& schedule) {
+  auto overridden = [&](const char* name) {
+    return std::find(overrides.begin(), overrides.end(), name) != overrides.end();
+  };
+  std::vector<optim::ParamGroup>& groups = opt.optimizer().param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // With decay_matrices_only, group 1 holds the parameters that are never decayed.
+    if (overridden("weight_decay") && !(config.decay_matrices_only && g > 0)) {
+      groups[g].options["weight_decay"] = config.weight_decay;
+    }
+    if (overridden("beta2") && groups[g].options.count("beta2") != 0) {
+      groups[g].options["beta2"] = config.beta2;
+    }
+  }
+  if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
+                                                                const OptimizerConfig& config) {
+  std::vector<optim::ParamGroup> groups;
+  if (config.decay_matrices_only) {
+    std::vector<Variable> matrices, others;
+    for (const Variable& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
+    groups.emplace_back(std::move(matrices));
+    if (!others.empty())
+      groups.emplace_back(std::move(others), optim::GroupOptions{{"weight_decay", 0.0}});
+  } else {
+    groups.emplace_back(params);
+  }
+  std::unique_ptr<optim::Optimizer> opt;
+  if (config.name == "adamw" || config.name == "adam") {
+    optim::AdamWOptions o;
+    o.lr = config.lr;
+    o.weight_decay = config.weight_decay;
+    o.beta2 = config.beta2;
+    if (config.name == "adamw") {
+      opt = std::make_unique<optim::AdamW>(std::move(groups), o);
+    } else {
+      opt = std::make_unique<optim::Adam>(std::move(groups),
+                                          static_cast<const optim::AdamOptions&>(o));
+    }
+  } else if (config.name == "sgd") {
+    optim::SGDOptions o;
+    o.lr = config.lr;
+    o.momentum = config.momentum;
+    o.weight_decay = config.weight_decay;
+    opt = std::make_unique<optim::SGD>(std::move(groups), o);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
+  }
+  return opt;
+}
+
+absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
+    const PrecisionConfig& precision) {
+  amp::MixedPrecisionOptions mp;
+  mp.reduce_found_inf = precision.reduce_found_inf;
+  // Every precision checks for non-finite gradients, not only f16: an f32 or bf16 step on NaN
+  // gradients would write NaN into every master weight before the loss showed it. A skipped step
+  // of a constant scale stops the run (DivergenceCheck). The cost is the found_inf read of each
+  // step (nothing on the CPU; on a GPU one read next to the gradient norm's).
+  mp.check_non_finite = true;
+  const std::string& s = precision.loss_scaler;
+  if (s == "pytorch") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch());
+  } else if (s == "megatron") {
+    // Megatron-LM's defaults for --fp16 with dynamic scaling.
+    mp.scaler = std::make_shared<amp::LossScaler>(
+        amp::LossScaler::MegatronDynamic(4294967296.0, 1.0, 2.0, 0.5, 1000, 2));
+  } else if (s == "deepspeed") {
+    // What a DeepSpeed user's fp16 run gets from the engine's config defaults (2^16, hysteresis
+    // 2); the class defaults are deepspeed_class.
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedEngine());
+  } else if (s == "deepspeed_class") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic());
+  } else if (s == "deepspeed_legacy") {
+    // DeepSpeed's defaults with its growth timing before v0.17.1.
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::DeepSpeedDynamic(
+        4294967296.0, 2.0, 1000, 1.0, 1, false, true, amp::DeepSpeedGrowth::kBeforeV0_17_1));
+  } else if (s == "apex") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::Apex());
+  } else if (s == "none") {
+    mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::Constant(1.0));
+  } else if (s != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown loss scaler '", s,
+        "' (expected auto, pytorch, megatron, deepspeed, deepspeed_class, deepspeed_legacy, apex "
+        "or none)"));
+  }
+  return mp;
+}
+
+absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
+    const std::vector<Variable>& params, const OptimizerConfig& config,
+    const PrecisionConfig& precision) {
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> opt = MakeOptimizer(params, config);
+  if (!opt.ok()) return opt.status();
+  absl::StatusOr<amp::MixedPrecisionOptions> mp = MakeMixedPrecisionOptions(precision);
+  if (!mp.ok()) return mp.status();
+  return std::make_unique<amp::MixedPrecisionOptimizer>(std::move(*opt), std::move(*mp));
+}
+
+}  // namespace tg::train
