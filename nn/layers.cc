@@ -112,6 +112,11 @@ Variable Dropout::forward(const Variable& x) {
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
 
 Variable ReLU::forward(const Variable& x) { return Relu(x); }
+GELU::GELU(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
+  TG_CHECK(tanh_ || options.approximate() == "none",
+           "GELU: approximate must be 'none' or 'tanh', got '", options.approximate(), "'");
+}
+
 Variable GELU::forward(const Variable& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
 std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
 Variable Tanh::forward(const Variable& x) { return tg::Tanh(x); }

@@ -134,10 +134,16 @@ class ReLU : public Module {
   Variable forward(const Variable& x) override;
 };
 
-// Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate_tanh.
+// GELU's options, as torch::nn::GELUOptions: GELUOptions().approximate("tanh").
+class GELUOptions {
+  TG_ARG(std::string, approximate) = "none";  // "none": exact (erf); "tanh": GPT-2's
+};
+
+// Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate "tanh". Throws tg::Error
+// for another approximate: "GELU: approximate must be 'none' or 'tanh', got 'fast'".
 class GELU : public Module {
  public:
-  explicit GELU(bool approximate_tanh = false) : Module("GELU"), tanh_(approximate_tanh) {}
+  explicit GELU(const GELUOptions& options = GELUOptions());
   Variable forward(const Variable& x) override;
   std::string extra_repr() const override;
 

@@ -62,6 +62,18 @@ TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
                                  "Linear: sizes must be positive, got in=0 out=3"));
 }
 
+TEST(GeluTest, OptionsPickTheFormula) {
+  EXPECT_EQ(GELUOptions().approximate(), "none");
+  GELU exact, approx(GELUOptions().approximate("tanh"));
+  Variable x(Tensor::FromVector<float>({-2, 0.5, 2}, {3}));
+  EXPECT_EQ(exact(x).data().to_vector<float>(), Gelu(x).data().to_vector<float>());
+  EXPECT_EQ(approx(x).data().to_vector<float>(), GeluTanh(x).data().to_vector<float>());
+  EXPECT_EQ(exact.extra_repr(), "");
+  EXPECT_EQ(approx.extra_repr(), "approximate=tanh");
+  EXPECT_TRUE(ThrowsErrorExactly([] { GELU bad(GELUOptions().approximate("fast")); },
+                                 "GELU: approximate must be 'none' or 'tanh', got 'fast'"));
+}
+
 TEST(LayerNormTest, OptionsDefaultsAndChaining) {
   const LayerNormOptions d(6);
   EXPECT_EQ(d.eps(), 1e-5);
