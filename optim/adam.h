@@ -59,7 +59,9 @@ struct AdamOptions : OptimizerOptions {
   double eps = 1e-8;
   double weight_decay = 0;
   bool amsgrad = false;
-  bool fused = true;  // the multi-tensor path; false: composed tensor ops per parameter
+  // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
+  // the options it is constructed with; a group's copy ignores it (not a group option).
+  bool fused = true;
 
   AdamOptions() = default;
   AdamOptions(const AdamOptions&) = default;

@@ -37,7 +37,9 @@ struct SGDOptions : OptimizerOptions {
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;  // needs momentum > 0 and dampening == 0 (PyTorch)
-  bool fused = true;      // the multi-tensor path; false: composed tensor ops per parameter
+  // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
+  // the options it is constructed with; a group's copy ignores it (not a group option).
+  bool fused = true;
 
   SGDOptions() = default;
   SGDOptions(const SGDOptions&) = default;
