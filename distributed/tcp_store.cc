@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "distributed/socket_client.h"
 
 namespace tg::dist {
 namespace {
@@ -412,218 +413,53 @@ void TcpStoreServer::Loop() {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-namespace {
-
-// The time left until `deadline` as a poll(2) timeout (at least 0).
-int PollMillis(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
-}
-
-// One non-blocking connect to `ai`, waiting up to `deadline`. The connected fd, or -1 with the
-// reason in `why`.
-int ConnectOnce(const addrinfo* ai, absl::Time deadline, std::string* why) {
-  const int fd =
-      socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-  if (fd < 0) {
-    *why = std::strerror(errno);
-    return -1;
-  }
-  int rc;
-  do {
-    rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0 && errno != EINPROGRESS) {
-    *why = std::strerror(errno);
-    close(fd);
-    return -1;
-  }
-  if (rc != 0) {
-    pollfd p{fd, POLLOUT, 0};
-    int n;
-    do {
-      n = poll(&p, 1, PollMillis(deadline));
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) {
-      *why = n == 0 ? "connection timed out" : std::strerror(errno);
-      close(fd);
-      return -1;
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
-      *why = std::strerror(err);
-      close(fd);
-      return -1;
-    }
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-}
-
-}  // namespace
-
-absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Duration timeout,
-                                     absl::string_view server) {
-  const std::string address = absl::StrCat(host, ":", port);
-  if (port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store: the port of ", server, " must be in [1, 65535], got ", port));
-  }
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("store: no host for ", server));
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration pause = absl::Milliseconds(10);
-  std::string why = "not tried";
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* list = nullptr;
-    const std::string service = absl::StrCat(port);
-    const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
-    if (gai != 0 && gai != EAI_AGAIN) {
-      return absl::UnavailableError(absl::StrCat("store: cannot resolve ", server, " host '", host,
-                                                 "': ", gai_strerror(gai)));
-    }
-    if (gai == EAI_AGAIN) why = gai_strerror(gai);
-    for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
-      const int fd = ConnectOnce(ai, deadline, &why);
-      if (fd >= 0) {
-        freeaddrinfo(list);
-        return fd;
-      }
-    }
-    if (list != nullptr) freeaddrinfo(list);
-    // Refused (no server yet), unreachable, timed out: retry until the deadline.
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("store: cannot connect to ", server, " at ",
-                                                      address, " within ",
-                                                      absl::FormatDuration(timeout), ": ", why));
-    }
-    absl::SleepFor(std::min(pause, deadline - absl::Now()));
-    pause = std::min(pause * 2, absl::Milliseconds(500));
-  }
-}
-
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host,
                                                                         int port,
                                                                         absl::Duration timeout) {
-  absl::StatusOr<int> fd = ConnectWithRetry(host, port, timeout, "the TCP store");
-  if (!fd.ok()) return fd.status();
-  return std::unique_ptr<TcpStoreClient>(
-      new TcpStoreClient(*fd, absl::StrCat(host, ":", port), timeout));
+  absl::StatusOr<std::unique_ptr<SocketClient>> socket = SocketClient::Connect(
+      host, port, timeout,
+      {"the TCP store", "the process hosting it, rank 0, has exited or stopped it"});
+  if (!socket.ok()) return socket.status();
+  return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(*std::move(socket)));
 }
 
-TcpStoreClient::TcpStoreClient(int fd, std::string address, absl::Duration timeout)
-    : fd_(fd), address_(std::move(address)), timeout_(timeout) {}
+TcpStoreClient::TcpStoreClient(std::unique_ptr<SocketClient> socket) : socket_(std::move(socket)) {}
 
-TcpStoreClient::~TcpStoreClient() {
-  if (fd_ >= 0) close(fd_);
-}
+TcpStoreClient::~TcpStoreClient() = default;
+
+const std::string& TcpStoreClient::address() const { return socket_->address(); }
 
 absl::StatusOr<std::string> TcpStoreClient::Call(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!broken_.ok()) return broken_;
-  const absl::Time deadline = absl::Now() + timeout_;
-  auto fail = [&](absl::Status s) {
-    broken_ = s;
-    close(fd_);
-    fd_ = -1;
-    return s;
-  };
-  auto closed = [&] {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "store: the TCP store at ", address_,
-        " closed the connection (the process hosting it, rank 0, has exited or stopped it)")));
-  };
-  auto timed_out = [&] {
-    return fail(
-        absl::DeadlineExceededError(absl::StrCat("store: no reply from the TCP store at ", address_,
-                                                 " within ", absl::FormatDuration(timeout_))));
-  };
-  // Waits until fd_ is ready for `events`; false at the deadline.
-  auto ready = [&](short events) -> absl::StatusOr<bool> {
-    for (;;) {
-      pollfd p{fd_, events, 0};
-      const int n = poll(&p, 1, PollMillis(deadline));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
-      return n > 0;
-    }
-  };
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   std::string frame;
   PutU32(&frame, static_cast<uint32_t>(request.size()));
   frame += request;
-  for (size_t sent = 0; sent < frame.size();) {
-    const ssize_t n = send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      auto ok = ready(POLLOUT);
-      if (!ok.ok()) return fail(ok.status());
-      if (!*ok) return timed_out();
-      continue;
-    }
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return closed();
-    return fail(absl::UnavailableError(absl::StrCat("store: sending to the TCP store at ", address_,
-                                                    " failed: ", std::strerror(errno))));
-  }
-  // Reads exactly `size` bytes into `out`.
-  auto read_exact = [&](size_t size, std::string* out) -> absl::Status {
-    out->resize(size);
-    for (size_t got = 0; got < size;) {
-      const ssize_t n = recv(fd_, out->data() + got, size - got, 0);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-        continue;
-      }
-      if (n == 0 || (n < 0 && errno == ECONNRESET)) return closed();
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        auto ok = ready(POLLIN);
-        if (!ok.ok()) return fail(ok.status());
-        if (!*ok) return timed_out();
-        continue;
-      }
-      return fail(absl::UnavailableError(absl::StrCat(
-          "store: receiving from the TCP store at ", address_, " failed: ", std::strerror(errno))));
-    }
-    return absl::OkStatus();
-  };
+  if (absl::Status s = socket_->SendAll(frame, deadline); !s.ok()) return s;
   std::string header, reply;
-  if (absl::Status s = read_exact(4, &header); !s.ok()) return s;
+  if (absl::Status s = socket_->RecvExact(4, deadline, &header); !s.ok()) return s;
   const uint32_t len = GetU32(header.data());
   if (len == 0 || len > kTcpStoreMaxFrame + 1) {
-    return fail(absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ",
-                                                 address_, ": a frame of ", len, " bytes")));
+    return socket_->Malformed(absl::StrCat(": a frame of ", len, " bytes"));
   }
-  if (absl::Status s = read_exact(len, &reply); !s.ok()) return s;
+  if (absl::Status s = socket_->RecvExact(len, deadline, &reply); !s.ok()) return s;
   if (reply[0] == static_cast<char>(kError)) {
     // The server closes the connection after refusing a malformed request; other refusals
     // (a full store, a non-integer add) leave it usable.
     return absl::FailedPreconditionError(
-        absl::StrCat("store: the TCP store at ", address_,
+        absl::StrCat("store: the TCP store at ", socket_->address(),
                      " refused the request: ", absl::string_view(reply).substr(1)));
   }
   if (reply[0] != static_cast<char>(kOk)) {
-    return fail(absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ",
-                                                 address_, ": status byte ",
-                                                 int{static_cast<unsigned char>(reply[0])})));
+    return socket_->Malformed(
+        absl::StrCat(": status byte ", int{static_cast<unsigned char>(reply[0])}));
   }
   return reply.substr(1);
 }
 
-absl::Status TcpStoreClient::Break(absl::Status status) {
+absl::Status TcpStoreClient::Malformed(absl::string_view detail) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (broken_.ok()) broken_ = status;
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-  return status;
+  return socket_->Malformed(detail);
 }
 
 absl::Status TcpStoreClient::Set(const std::string& key, const std::string& value) {
@@ -639,9 +475,7 @@ absl::Status TcpStoreClient::Set(const std::string& key, const std::string& valu
   auto reply = Call(request);
   if (!reply.ok()) return reply.status();
   if (!reply->empty()) {
-    return Break(
-        absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ", address_,
-                                         ": ", reply->size(), " unexpected bytes after set")));
+    return Malformed(absl::StrCat(": ", reply->size(), " unexpected bytes after set"));
   }
   return absl::OkStatus();
 }
@@ -662,8 +496,7 @@ absl::StatusOr<std::optional<std::string>> TcpStoreClient::Get(const std::string
   if (found == 1 && r.Str(&value, kTcpStoreMaxValue, "value", &error) && r.left() == 0) {
     return std::optional<std::string>(std::move(value));
   }
-  return Break(absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ",
-                                                address_, " to get '", key, "'")));
+  return Malformed(absl::StrCat(" to get '", key, "'"));
 }
 
 absl::StatusOr<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delta) {
@@ -679,8 +512,7 @@ absl::StatusOr<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delt
   Reader r(*reply);
   int64_t value;
   if (r.I64(&value) && r.left() == 0) return value;
-  return Break(absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ",
-                                                address_, " to add '", key, "'")));
+  return Malformed(absl::StrCat(" to add '", key, "'"));
 }
 
 absl::StatusOr<std::vector<bool>> TcpStoreClient::Check(const std::vector<std::string>& keys) {
@@ -703,9 +535,8 @@ absl::StatusOr<std::vector<bool>> TcpStoreClient::Check(const std::vector<std::s
   auto reply = Call(request);
   if (!reply.ok()) return reply.status();
   if (reply->size() != keys.size()) {
-    return Break(absl::DataLossError(absl::StrCat("store: malformed reply from the TCP store at ",
-                                                  address_, ": ", reply->size(),
-                                                  " check results for ", keys.size(), " keys")));
+    return Malformed(
+        absl::StrCat(": ", reply->size(), " check results for ", keys.size(), " keys"));
   }
   std::vector<bool> present(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) present[i] = (*reply)[i] != 0;

@@ -19,7 +19,9 @@
 // bounded (kTcpStoreMaxKey, kTcpStoreMaxValue, kTcpStoreMaxFrame, kTcpStoreMaxBytes). A
 // malformed request gets an error reply and the connection is closed (its framing is lost); the
 // server keeps serving everyone else. A malformed reply is a DataLoss error at the client, and
-// the client refuses every later call (its framing is lost too).
+// the client refuses every later call (its framing is lost too). The connection itself (connect
+// with retries, sends and receives bounded by the timeout, their errors) is SocketClient's
+// (socket_client.h), shared with the client of PyTorch's TCPStore.
 //
 // The server is one thread around poll(2) over non-blocking sockets; it listens on every
 // interface (as PyTorch's TCPStore does) with SO_REUSEADDR, and stops, closing every connection,
@@ -42,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "distributed/socket_client.h"
 
 namespace tg::dist {
 
@@ -50,15 +53,6 @@ inline constexpr size_t kTcpStoreMaxValue = size_t{64} << 20;
 inline constexpr size_t kTcpStoreMaxFrame = kTcpStoreMaxValue + 2 * kTcpStoreMaxKey;
 // Keys + values held by one server.
 inline constexpr size_t kTcpStoreMaxBytes = size_t{1} << 30;
-
-// Connects to host:port, retrying refused or unreachable connections until `timeout`, and
-// returns the connected socket (non-blocking, TCP_NODELAY; the caller closes it). `server` names
-// the peer in errors ("the TCP store"): "store: cannot connect to <server> at H:P within 2s:
-// Connection refused" (DeadlineExceeded), "store: cannot resolve <server> host 'H': ..."
-// (Unavailable).
-// Shared by TcpStoreClient and TorchTcpStoreClient (torch_tcp_store.h).
-absl::StatusOr<int> ConnectWithRetry(const std::string& host, int port, absl::Duration timeout,
-                                     absl::string_view server);
 
 class TcpStoreServer {
  public:
@@ -100,20 +94,18 @@ class TcpStoreClient {
   // For each key, whether it is set.
   absl::StatusOr<std::vector<bool>> Check(const std::vector<std::string>& keys);
 
-  const std::string& address() const { return address_; }  // "host:port"
+  const std::string& address() const;  // "host:port"
 
  private:
-  TcpStoreClient(int fd, std::string address, absl::Duration timeout);
+  explicit TcpStoreClient(std::unique_ptr<SocketClient> socket);
   // Sends one request frame and returns the reply's fields (after an ok status byte).
   absl::StatusOr<std::string> Call(const std::string& request);
-  // Marks the connection unusable (a malformed reply) and returns `status`.
-  absl::Status Break(absl::Status status);
+  // Breaks the connection (a malformed reply: the framing is lost) and returns the DataLoss
+  // error "store: malformed reply from the TCP store at H:P" + detail.
+  absl::Status Malformed(absl::string_view detail);
 
-  std::mutex mu_;  // one exchange at a time
-  int fd_ = -1;
-  absl::Status broken_;  // set once the framing is lost; every later call returns it
-  std::string address_;
-  absl::Duration timeout_;
+  std::mutex mu_;                         // one exchange at a time
+  std::unique_ptr<SocketClient> socket_;  // broken once the framing is lost
 };
 
 }  // namespace tg::dist

@@ -1,16 +1,12 @@
 #include "distributed/torch_tcp_store.h"
 
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/socket_client.h"
 #include "distributed/tcp_store.h"
 
 namespace tg::dist {
@@ -38,22 +34,6 @@ uint64_t GetLe(const std::string& in, int bytes) {
   return v;
 }
 
-int PollMillis(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
-}
-
-// Waits until `fd` is ready for `events`: true, false at the deadline, or an error.
-absl::StatusOr<bool> Ready(int fd, short events, absl::Time deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = poll(&p, 1, PollMillis(deadline));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
-    return n > 0;
-  }
-}
-
 absl::Status CheckKey(const std::string& key, const char* op) {
   if (key.size() <= kTcpStoreMaxKey) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("store: ", op, " '", key.substr(0, 64),
@@ -65,93 +45,31 @@ absl::Status CheckKey(const std::string& key, const char* op) {
 
 absl::StatusOr<std::unique_ptr<TorchTcpStoreClient>> TorchTcpStoreClient::Connect(
     const std::string& host, int port, absl::Duration timeout) {
-  absl::StatusOr<int> fd = ConnectWithRetry(host, port, timeout, kServer);
-  if (!fd.ok()) return fd.status();
-  std::unique_ptr<TorchTcpStoreClient> client(
-      new TorchTcpStoreClient(*fd, absl::StrCat(host, ":", port), timeout));
+  absl::StatusOr<std::unique_ptr<SocketClient>> socket = SocketClient::Connect(
+      host, port, timeout, {kServer, "torchrun's agent has exited or stopped it"});
+  if (!socket.ok()) return socket.status();
+  std::unique_ptr<TorchTcpStoreClient> client(new TorchTcpStoreClient(*std::move(socket)));
   if (absl::Status s = client->Handshake(); !s.ok()) return s;
   return client;
 }
 
-TorchTcpStoreClient::TorchTcpStoreClient(int fd, std::string address, absl::Duration timeout)
-    : fd_(fd), address_(std::move(address)), timeout_(timeout) {}
+TorchTcpStoreClient::TorchTcpStoreClient(std::unique_ptr<SocketClient> socket)
+    : socket_(std::move(socket)) {}
 
-TorchTcpStoreClient::~TorchTcpStoreClient() {
-  if (fd_ >= 0) close(fd_);
-}
+TorchTcpStoreClient::~TorchTcpStoreClient() = default;
 
-absl::Status TorchTcpStoreClient::FailLocked(absl::Status status) {
-  if (broken_.ok()) broken_ = status;
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-  return status;
-}
+const std::string& TorchTcpStoreClient::address() const { return socket_->address(); }
 
 absl::Status TorchTcpStoreClient::Malformed(const std::string& what) {
-  return FailLocked(absl::DataLossError(
-      absl::StrCat("store: malformed reply from ", kServer, " at ", address_, ": ", what)));
+  return socket_->Malformed(absl::StrCat(": ", what));
 }
 
 absl::Status TorchTcpStoreClient::SendLocked(const std::string& bytes, absl::Time deadline) {
-  if (!broken_.ok()) return broken_;
-  for (size_t sent = 0; sent < bytes.size();) {
-    const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      auto ok = Ready(fd_, POLLOUT, deadline);
-      if (!ok.ok()) return FailLocked(ok.status());
-      if (!*ok) {
-        return FailLocked(absl::DeadlineExceededError(absl::StrCat(
-            "store: sending to ", kServer, " at ", address_, " timed out after ",
-            absl::FormatDuration(timeout_))));
-      }
-      continue;
-    }
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-      return FailLocked(absl::UnavailableError(absl::StrCat(
-          "store: ", kServer, " at ", address_,
-          " closed the connection (torchrun's agent has exited or stopped it)")));
-    }
-    return FailLocked(absl::UnavailableError(absl::StrCat("store: sending to ", kServer, " at ",
-                                                          address_, " failed: ",
-                                                          std::strerror(errno))));
-  }
-  return absl::OkStatus();
+  return socket_->SendAll(bytes, deadline);
 }
 
 absl::Status TorchTcpStoreClient::RecvLocked(size_t size, absl::Time deadline, std::string* out) {
-  if (!broken_.ok()) return broken_;
-  out->resize(size);
-  for (size_t got = 0; got < size;) {
-    const ssize_t n = recv(fd_, out->data() + got, size - got, 0);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
-      return FailLocked(absl::UnavailableError(absl::StrCat(
-          "store: ", kServer, " at ", address_,
-          " closed the connection (torchrun's agent has exited or stopped it)")));
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      auto ok = Ready(fd_, POLLIN, deadline);
-      if (!ok.ok()) return FailLocked(ok.status());
-      if (!*ok) {
-        return FailLocked(absl::DeadlineExceededError(
-            absl::StrCat("store: no reply from ", kServer, " at ", address_, " within ",
-                         absl::FormatDuration(timeout_))));
-      }
-      continue;
-    }
-    return FailLocked(absl::UnavailableError(absl::StrCat(
-        "store: receiving from ", kServer, " at ", address_, " failed: ", std::strerror(errno))));
-  }
-  return absl::OkStatus();
+  return socket_->RecvExact(size, deadline, out);
 }
 
 absl::StatusOr<uint64_t> TorchTcpStoreClient::RecvU64Locked(absl::Time deadline) {
@@ -168,7 +86,7 @@ absl::StatusOr<uint8_t> TorchTcpStoreClient::RecvU8Locked(absl::Time deadline) {
 
 absl::Status TorchTcpStoreClient::Handshake() {
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   const uint32_t nonce = static_cast<uint32_t>(getpid());
   std::string request;
   PutU8(&request, kValidate);
@@ -197,7 +115,7 @@ absl::Status TorchTcpStoreClient::Set(const std::string& key, const std::string&
   PutStr(&request, key);
   PutStr(&request, value);
   std::lock_guard<std::mutex> lock(mu_);
-  return SendLocked(request, absl::Now() + timeout_);
+  return SendLocked(request, absl::Now() + socket_->timeout());
 }
 
 absl::StatusOr<std::string> TorchTcpStoreClient::Get(const std::string& key) {
@@ -206,13 +124,13 @@ absl::StatusOr<std::string> TorchTcpStoreClient::Get(const std::string& key) {
   PutU8(&request, kGet);
   PutStr(&request, key);
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   if (absl::Status s = SendLocked(request, deadline); !s.ok()) return s;
   auto size = RecvU64Locked(deadline);
   if (!size.ok()) return size.status();
   if (*size > kTcpStoreMaxValue) {
-    return Malformed(absl::StrCat("a value of ", *size, " bytes for '", key,
-                                  "' (the limit is ", kTcpStoreMaxValue, ")"));
+    return Malformed(absl::StrCat("a value of ", *size, " bytes for '", key, "' (the limit is ",
+                                  kTcpStoreMaxValue, ")"));
   }
   std::string value;
   if (absl::Status s = RecvLocked(*size, deadline, &value); !s.ok()) return s;
@@ -226,7 +144,7 @@ absl::StatusOr<int64_t> TorchTcpStoreClient::Add(const std::string& key, int64_t
   PutStr(&request, key);
   PutLe(&request, static_cast<uint64_t>(delta), 8);
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   if (absl::Status s = SendLocked(request, deadline); !s.ok()) return s;
   auto sum = RecvU64Locked(deadline);
   if (!sum.ok()) return sum.status();
@@ -242,7 +160,7 @@ absl::StatusOr<bool> TorchTcpStoreClient::Check(const std::vector<std::string>& 
   PutU8(&request, kCheck);
   PutKeys(&request, keys);
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   if (absl::Status s = SendLocked(request, deadline); !s.ok()) return s;
   auto answer = RecvU8Locked(deadline);
   if (!answer.ok()) return answer.status();
@@ -262,10 +180,10 @@ absl::Status TorchTcpStoreClient::Wait(const std::vector<std::string>& keys,
   PutU8(&request, kWait);
   PutKeys(&request, keys);
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = SendLocked(request, absl::Now() + timeout_); !s.ok()) return s;
-  auto arrived = Ready(fd_, POLLIN, absl::Now() + timeout);
-  if (!arrived.ok()) return FailLocked(arrived.status());
-  const absl::Time deadline = absl::Now() + timeout_;
+  if (absl::Status s = SendLocked(request, absl::Now() + socket_->timeout()); !s.ok()) return s;
+  auto arrived = socket_->WaitReadable(absl::Now() + timeout);
+  if (!arrived.ok()) return arrived.status();
+  const absl::Time deadline = absl::Now() + socket_->timeout();
   if (*arrived) {
     auto answer = RecvU8Locked(deadline);
     if (!answer.ok()) return answer.status();
@@ -292,7 +210,7 @@ absl::Status TorchTcpStoreClient::Wait(const std::vector<std::string>& keys,
   }
   if (stopped) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("store: waiting for keys on ", kServer, " at ",
-                                                  address_, " timed out after ",
+                                                  socket_->address(), " timed out after ",
                                                   absl::FormatDuration(timeout)));
 }
 

@@ -31,7 +31,8 @@
 // both directions. A malformed reply (a value size over the bound, an unknown response byte, a
 // wrong ping echo) is a DataLoss error, a closed connection Unavailable, a silent server
 // DeadlineExceeded; after any of them the client refuses every later call with the same error
-// (the stream's position is lost).
+// (the stream's position is lost). The connection and those errors are SocketClient's
+// (socket_client.h), shared with the TCP store's client.
 #ifndef TAPEGRAD_DISTRIBUTED_TORCH_TCP_STORE_H_
 #define TAPEGRAD_DISTRIBUTED_TORCH_TCP_STORE_H_
 
@@ -44,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "distributed/socket_client.h"
 
 namespace tg::dist {
 
@@ -89,27 +91,24 @@ class TorchTcpStoreClient {
   // cancelled on the server, and the connection stays usable).
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
 
-  const std::string& address() const { return address_; }  // "host:port"
+  const std::string& address() const;  // "host:port"
 
  private:
-  TorchTcpStoreClient(int fd, std::string address, absl::Duration timeout);
+  explicit TorchTcpStoreClient(std::unique_ptr<SocketClient> socket);
 
-  // Under mu_: send all of `bytes` / receive exactly `size` bytes by `deadline`; on failure the
-  // connection is closed and the client broken.
+  // Under mu_: send all of `bytes` / receive exactly `size` bytes by `deadline` (SocketClient's;
+  // on failure the connection is closed and the client broken).
   absl::Status SendLocked(const std::string& bytes, absl::Time deadline);
   absl::Status RecvLocked(size_t size, absl::Time deadline, std::string* out);
   absl::StatusOr<uint64_t> RecvU64Locked(absl::Time deadline);
   absl::StatusOr<uint8_t> RecvU8Locked(absl::Time deadline);
-  // Breaks the client with `status` (DataLoss, Unavailable, DeadlineExceeded) and returns it.
-  absl::Status FailLocked(absl::Status status);
-  absl::Status Malformed(const std::string& what);  // FailLocked(DataLoss "malformed reply...")
+  // Breaks the client with DataLoss "store: malformed reply from PyTorch's TCPStore at H:P: "
+  // + what, and returns it.
+  absl::Status Malformed(const std::string& what);
   absl::Status Handshake();
 
   std::mutex mu_;  // one exchange at a time
-  int fd_ = -1;
-  absl::Status broken_;
-  std::string address_;
-  absl::Duration timeout_;
+  std::unique_ptr<SocketClient> socket_;
 };
 
 }  // namespace tg::dist

@@ -938,7 +938,8 @@ StateDict ZeroOptimizer::state_dict() {
   const auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string gp = absl::StrCat("param_groups.", g, ".");
-    for (const auto& [key, value] : groups[g].options) opt.scalars[gp + key] = value;
+    for (const optim::NamedOption& o : groups[g].options().named())
+      opt.scalars[gp + o.name] = o.value;
     std::vector<int64_t> ids;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (params_[i].group == static_cast<int>(g)) ids.push_back(static_cast<int64_t>(i));

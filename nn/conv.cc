@@ -16,20 +16,20 @@ std::string Pair(const std::array<int64_t, 2>& p) {
 }
 }  // namespace
 
-Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel,
-               Generator& gen, Conv2dParams params, bool bias)
-    : Module("Conv2d", /*autocast_scope=*/true),
-      in_(in_channels),
-      out_(out_channels),
-      kernel_(kernel),
-      params_(params) {
+Conv2d::Conv2d(const Conv2dOptions& options, Generator& gen)
+    : Module("Conv2d", /*autocast_scope=*/true), options_(options) {
+  const int64_t in_channels = options.in_channels(), out_channels = options.out_channels();
+  const std::array<int64_t, 2>& kernel = options.kernel_size();
   TG_CHECK(in_channels > 0 && out_channels > 0 && kernel[0] > 0 && kernel[1] > 0,
            "Conv2d: channels and kernel must be positive, got in=", in_channels,
            " out=", out_channels, " kernel=", Pair(kernel));
+  params_.stride = options.stride();
+  params_.padding = options.padding();
+  params_.dilation = options.dilation();
   weight_ = register_parameter("weight",
                                Tensor::Empty({out_channels, in_channels, kernel[0], kernel[1]}));
   init::KaimingUniform(weight_, gen, std::sqrt(5.0));
-  if (bias) {
+  if (options.bias()) {
     double bound = 1.0 / std::sqrt(static_cast<double>(init::FanInAndOut(weight_.shape()).first));
     bias_ = register_parameter("bias", Tensor::Empty({out_channels}));
     init::Uniform(bias_, gen, -bound, bound);
@@ -39,24 +39,21 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2>
 Variable Conv2d::forward(const Variable& x) { return tg::Conv2d(x, weight_, bias_, params_); }
 
 std::string Conv2d::extra_repr() const {
-  return absl::StrCat(in_, ", ", out_, ", kernel=", Pair(kernel_),
-                      ", stride=", Pair(params_.stride), ", padding=", Pair(params_.padding),
+  return absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
+                      ", kernel=", Pair(options_.kernel_size()), ", stride=", Pair(params_.stride),
+                      ", padding=", Pair(params_.padding),
                       ", bias=", bias_.defined() ? "true" : "false");
 }
 
-MaxPool2d::MaxPool2d(std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                     std::array<int64_t, 2> padding)
-    : Module("MaxPool2d"),
-      kernel_(kernel),
-      stride_(stride[0] == 0 && stride[1] == 0 ? kernel : stride),
-      padding_(padding) {}
+MaxPool2d::MaxPool2d(const MaxPool2dOptions& options) : Module("MaxPool2d"), options_(options) {}
 
 Variable MaxPool2d::forward(const Variable& x) {
-  return tg::MaxPool2d(x, kernel_, stride_, padding_);
+  return tg::MaxPool2d(x, options_.kernel_size(), options_.stride(), options_.padding());
 }
 
 std::string MaxPool2d::extra_repr() const {
-  return absl::StrCat("kernel=", Pair(kernel_), ", stride=", Pair(stride_));
+  return absl::StrCat("kernel=", Pair(options_.kernel_size()),
+                      ", stride=", Pair(options_.stride()));
 }
 
 }  // namespace nn

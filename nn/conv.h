@@ -2,8 +2,8 @@
 // GEMM where oneDNN cannot; the CUDA backend adds cuDNN). Initialisation as PyTorch: weight and
 // bias U(-1/sqrt(fan_in), +), with fan_in = in_channels * kh * kw.
 //
-//   tg::nn::Conv2d conv(1, 32, {3, 3}, gen, {.padding = {1, 1}});
-//   tg::nn::MaxPool2d pool({2, 2});
+//   tg::nn::Conv2d conv(tg::nn::Conv2dOptions(1, 32, {3, 3}).padding({1, 1}), gen);
+//   tg::nn::MaxPool2d pool({2, 2});   // MaxPool2dOptions({2, 2}).stride({1, 1}) for others
 //   tg::Variable y = pool(tg::Relu(conv(images)));   // [b, 1, 28, 28] -> [b, 32, 14, 14]
 #ifndef TAPEGRAD_NN_CONV_H_
 #define TAPEGRAD_NN_CONV_H_
@@ -13,39 +13,71 @@
 #include <string>
 
 #include "nn/module.h"
+#include "nn/options.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
 namespace tg {
 namespace nn {
 
+// A (height, width) pair: kernel sizes, strides, paddings.
+using Size2 = std::array<int64_t, 2>;
+
+// Conv2d's options, as torch::nn::Conv2dOptions: Conv2dOptions(3, 64, {3, 3}).padding({1, 1}).
+class Conv2dOptions {
+ public:
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  TG_ARG(int64_t, in_channels);
+  TG_ARG(int64_t, out_channels);
+  TG_ARG(Size2, kernel_size);
+  TG_ARG(Size2, stride) = {1, 1};
+  TG_ARG(Size2, padding) = {0, 0};
+  TG_ARG(Size2, dilation) = {1, 1};
+  TG_ARG(bool, bias) = true;
+};
+
 // Runs in the autocast dtype when "Conv2d" is in the guard's lower-precision-safe list.
+// Seeding: the weight is drawn from `gen` first, then the bias.
 class Conv2d : public Module {
  public:
-  Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel, Generator& gen,
-         Conv2dParams params = {}, bool bias = true);
+  Conv2d(const Conv2dOptions& options, Generator& gen);
+  Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
+         Generator& gen)  // stride 1, no padding, with a bias
+      : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size), gen) {}
   Variable forward(const Variable& x) override;
   std::string extra_repr() const override;
   const Variable& weight() const { return weight_; }  // [out, in, kh, kw]
   const Variable& bias() const { return bias_; }      // [out] or undefined
+  const Conv2dOptions& options() const { return options_; }
 
  private:
-  int64_t in_, out_;
-  std::array<int64_t, 2> kernel_;
-  Conv2dParams params_;
+  Conv2dOptions options_;
+  Conv2dParams params_;  // stride, padding and dilation of options_, as tg::Conv2d takes them
   Variable weight_, bias_;
 };
 
-// stride defaults to the kernel size, as in PyTorch.
+// MaxPool2d's options, as torch::nn::MaxPool2dOptions; the stride defaults to the kernel size
+// (PyTorch's default), padding to 0.
+class MaxPool2dOptions {
+ public:
+  MaxPool2dOptions(std::array<int64_t, 2> kernel_size)  // NOLINT: MaxPool2d({2, 2})
+      : kernel_size_(kernel_size), stride_(kernel_size) {}
+  TG_ARG(Size2, kernel_size);
+  TG_ARG(Size2, stride);
+  TG_ARG(Size2, padding) = {0, 0};
+};
+
 class MaxPool2d : public Module {
  public:
-  explicit MaxPool2d(std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
-                     std::array<int64_t, 2> padding = {0, 0});
+  explicit MaxPool2d(const MaxPool2dOptions& options);
+  explicit MaxPool2d(Size2 kernel_size) : MaxPool2d(MaxPool2dOptions(kernel_size)) {}
   Variable forward(const Variable& x) override;
   std::string extra_repr() const override;
+  const MaxPool2dOptions& options() const { return options_; }
 
  private:
-  std::array<int64_t, 2> kernel_, stride_, padding_;
+  MaxPool2dOptions options_;
 };
 
 }  // namespace nn

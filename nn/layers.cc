@@ -17,15 +17,16 @@ const char* Bool(bool b) { return b ? "true" : "false"; }
 
 // ---- Linear ----------------------------------------------------------------------------------
 
-Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias)
-    : Module("Linear", /*autocast_scope=*/true), in_(in_features), out_(out_features) {
+Linear::Linear(const LinearOptions& options, Generator& gen)
+    : Module("Linear", /*autocast_scope=*/true), options_(options) {
+  const int64_t in_features = options.in_features(), out_features = options.out_features();
   TG_CHECK(in_features > 0 && out_features > 0,
            "Linear: sizes must be positive, got in=", in_features, " out=", out_features);
   double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   // kaiming_uniform(a = sqrt(5)) as PyTorch's reset_parameters: the same bound 1/sqrt(in).
   weight_ = register_parameter("weight", Tensor::Empty({out_features, in_features}));
   init::KaimingUniform(weight_, gen, std::sqrt(5.0));
-  if (bias) {
+  if (options.bias()) {
     bias_ = register_parameter("bias", Tensor::Empty({out_features}));
     init::Uniform(bias_, gen, -bound, bound);
   }
@@ -39,7 +40,8 @@ Variable Linear::ForwardActivated(const Variable& x, tg::Activation act) {
 }
 
 std::string Linear::extra_repr() const {
-  return absl::StrCat("in=", in_, ", out=", out_, ", bias=", Bool(bias_.defined()));
+  return absl::StrCat("in=", options_.in_features(), ", out=", options_.out_features(),
+                      ", bias=", Bool(bias_.defined()));
 }
 
 // ---- Embedding -------------------------------------------------------------------------------
@@ -60,19 +62,22 @@ std::string Embedding::extra_repr() const { return absl::StrCat(num_, ", ", dim_
 
 // ---- Norms -----------------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(int64_t dim, double eps, bool affine, bool bias)
-    : Module("LayerNorm"), dim_(dim), eps_(eps) {
+LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+  const int64_t dim = options.dim();
   TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
-  if (affine) {
+  if (options.elementwise_affine()) {
     weight_ = register_parameter("weight", Tensor::Ones({dim}));
-    if (bias) bias_ = register_parameter("bias", Tensor::Zeros({dim}));
+    if (options.bias()) bias_ = register_parameter("bias", Tensor::Zeros({dim}));
   }
 }
 
-Variable LayerNorm::forward(const Variable& x) { return tg::LayerNorm(x, weight_, bias_, eps_); }
+Variable LayerNorm::forward(const Variable& x) {
+  return tg::LayerNorm(x, weight_, bias_, options_.eps());
+}
 
 std::string LayerNorm::extra_repr() const {
-  return absl::StrCat(dim_, ", eps=", eps_, ", affine=", Bool(weight_.defined()));
+  return absl::StrCat(options_.dim(), ", eps=", options_.eps(),
+                      ", affine=", Bool(weight_.defined()));
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
@@ -107,6 +112,11 @@ Variable Dropout::forward(const Variable& x) {
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
 
 Variable ReLU::forward(const Variable& x) { return Relu(x); }
+GELU::GELU(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
+  TG_CHECK(tanh_ || options.approximate() == "none",
+           "GELU: approximate must be 'none' or 'tanh', got '", options.approximate(), "'");
+}
+
 Variable GELU::forward(const Variable& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
 std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
 Variable Tanh::forward(const Variable& x) { return tg::Tanh(x); }
@@ -182,9 +192,9 @@ Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& optio
   TG_CHECK(sizes.size() >= 2, "Mlp: needs at least an input and an output size, got ", sizes.size(),
            " sizes");
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-    layers_.push_back(
-        register_module(absl::StrCat("fc", i),
-                        std::make_shared<Linear>(sizes[i], sizes[i + 1], gen, options.bias)));
+    layers_.push_back(register_module(
+        absl::StrCat("fc", i),
+        std::make_shared<Linear>(LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
   }
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "Mlp: dropout ", options.dropout,

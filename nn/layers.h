@@ -5,7 +5,8 @@
 //   tg::Generator gen(0);
 //   auto mlp = std::make_shared<tg::nn::Sequential>(std::vector<std::shared_ptr<tg::nn::Module>>{
 //       std::make_shared<tg::nn::Flatten>(), std::make_shared<tg::nn::Linear>(784, 256, gen),
-//       std::make_shared<tg::nn::ReLU>(), std::make_shared<tg::nn::Linear>(256, 10, gen)});
+//       std::make_shared<tg::nn::ReLU>(),
+//       std::make_shared<tg::nn::Linear>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
 //   tg::Variable logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
 #ifndef TAPEGRAD_NN_LAYERS_H_
 #define TAPEGRAD_NN_LAYERS_H_
@@ -16,17 +17,34 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "nn/options.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
 namespace tg {
 namespace nn {
 
+// Linear's options, as torch::nn::LinearOptions: LinearOptions(784, 10).bias(false).
+class LinearOptions {
+ public:
+  LinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  TG_ARG(int64_t, in_features);
+  TG_ARG(int64_t, out_features);
+  TG_ARG(bool, bias) = true;  // false: no bias parameter (and no draw from the generator)
+};
+
 // y = x W^T + b. weight [out, in], bias [out]; both U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
 // Runs in the autocast dtype when "Linear" is in the guard's lower-precision-safe list.
+// Seeding: the weight is drawn from `gen` first, then the bias, so one seed gives the same
+// layer whichever constructor made it.
+//
+//   tg::nn::Linear head(tg::nn::LinearOptions(768, 50304).bias(false), gen);
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  Linear(const LinearOptions& options, Generator& gen);
+  Linear(int64_t in_features, int64_t out_features, Generator& gen)  // with a bias
+      : Linear(LinearOptions(in_features, out_features), gen) {}
   Variable forward(const Variable& x) override;  // [..., in] -> [..., out]
   // act(forward(x)) as one fused op (tg::Linear with an Activation: the GELU in the cuBLASLt
   // epilogue on CUDA), in the layer's autocast module scope like operator(). Forward hooks do
@@ -35,9 +53,10 @@ class Linear : public Module {
   std::string extra_repr() const override;
   const Variable& weight() const { return weight_; }
   const Variable& bias() const { return bias_; }  // undefined without bias
+  const LinearOptions& options() const { return options_; }
 
  private:
-  int64_t in_, out_;
+  LinearOptions options_;
   Variable weight_, bias_;
 };
 
@@ -55,16 +74,28 @@ class Embedding : public Module {
   Variable weight_;
 };
 
+// LayerNorm's options, as torch::nn::LayerNormOptions (over the last dim only):
+// LayerNormOptions(768).eps(1e-6).elementwise_affine(false).
+class LayerNormOptions {
+ public:
+  explicit LayerNormOptions(int64_t dim) : dim_(dim) {}
+  TG_ARG(int64_t, dim);
+  TG_ARG(double, eps) = 1e-5;
+  TG_ARG(bool, elementwise_affine) = true;  // false: no weight and no bias
+  TG_ARG(bool, bias) = true;                // with elementwise_affine: false keeps only the weight
+};
+
 // Normalises over the last dim; weight = 1, bias = 0 ([dim]); computed in f32 under autocast.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool affine = true, bool bias = true);
+  explicit LayerNorm(const LayerNormOptions& options);
+  explicit LayerNorm(int64_t dim) : LayerNorm(LayerNormOptions(dim)) {}
   Variable forward(const Variable& x) override;
   std::string extra_repr() const override;
+  const LayerNormOptions& options() const { return options_; }
 
  private:
-  int64_t dim_;
-  double eps_;
+  LayerNormOptions options_;
   Variable weight_, bias_;
 };
 
@@ -103,10 +134,16 @@ class ReLU : public Module {
   Variable forward(const Variable& x) override;
 };
 
-// Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate_tanh.
+// GELU's options, as torch::nn::GELUOptions: GELUOptions().approximate("tanh").
+class GELUOptions {
+  TG_ARG(std::string, approximate) = "none";  // "none": exact (erf); "tanh": GPT-2's
+};
+
+// Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate "tanh". Throws tg::Error
+// for another approximate: "GELU: approximate must be 'none' or 'tanh', got 'fast'".
 class GELU : public Module {
  public:
-  explicit GELU(bool approximate_tanh = false) : Module("GELU"), tanh_(approximate_tanh) {}
+  explicit GELU(const GELUOptions& options = GELUOptions());
   Variable forward(const Variable& x) override;
   std::string extra_repr() const override;
 

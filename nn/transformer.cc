@@ -16,9 +16,11 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
            "CausalSelfAttention: n_embd ", options.n_embd,
            " must be a positive multiple of n_head ", options.n_head);
   qkv_ = register_module(
-      "qkv", std::make_shared<Linear>(options.n_embd, 3 * options.n_embd, gen, options.bias));
+      "qkv", std::make_shared<Linear>(
+                 LinearOptions(options.n_embd, 3 * options.n_embd).bias(options.bias), gen));
   proj_ = register_module(
-      "proj", std::make_shared<Linear>(options.n_embd, options.n_embd, gen, options.bias));
+      "proj", std::make_shared<Linear>(
+                  LinearOptions(options.n_embd, options.n_embd).bias(options.bias), gen));
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "CausalSelfAttention: dropout ", options.dropout,
              " needs AttentionOptions::dropout_gen");

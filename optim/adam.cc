@@ -47,25 +47,40 @@ AdamState PrepareState(StateDict* state, const Tensor& param, bool amsgrad) {
 
 }  // namespace
 
-GroupOptions AdamOptions::ToGroupOptions() const {
-  return {{"lr", lr},
+std::unique_ptr<OptimizerOptions> AdamOptions::clone() const {
+  return std::make_unique<AdamOptions>(*this);
+}
+
+std::unique_ptr<OptimizerOptions> AdamWOptions::clone() const {
+  return std::make_unique<AdamWOptions>(*this);
+}
+
+std::vector<NamedOption> AdamOptions::named() const {
+  return {{"amsgrad", amsgrad ? 1.0 : 0.0},
           {"beta1", beta1},
           {"beta2", beta2},
           {"eps", eps},
-          {"weight_decay", weight_decay},
-          {"amsgrad", amsgrad ? 1.0 : 0.0}};
+          {"lr", lr},
+          {"weight_decay", weight_decay}};
 }
 
-AdamOptions AdamOptions::FromGroup(const GroupOptions& options) {
-  ParamGroup g({}, options);
-  AdamOptions o;
-  o.lr = g.option("lr");
-  o.beta1 = g.option("beta1");
-  o.beta2 = g.option("beta2");
-  o.eps = g.option("eps");
-  o.weight_decay = g.option("weight_decay");
-  o.amsgrad = g.option("amsgrad") != 0;
-  return o;
+bool AdamOptions::SetNamed(const std::string& name, double value, const std::string& context) {
+  if (name == "amsgrad") {
+    amsgrad = NamedBool(name, value, context);
+  } else if (name == "beta1") {
+    beta1 = value;
+  } else if (name == "beta2") {
+    beta2 = value;
+  } else if (name == "eps") {
+    eps = value;
+  } else if (name == "lr") {
+    lr = value;
+  } else if (name == "weight_decay") {
+    weight_decay = value;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 Adam::Adam(std::vector<Variable> params, const AdamOptions& options)
@@ -76,7 +91,11 @@ Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults)
 
 Adam::Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
            const AdamOptions& defaults)
-    : Optimizer(name, defaults.ToGroupOptions(), defaults.fused), decoupled_(decoupled) {
+    : Optimizer(name,
+                decoupled ? std::unique_ptr<OptimizerOptions>(new AdamWOptions(defaults))
+                          : std::make_unique<AdamOptions>(defaults),
+                defaults.fused),
+      decoupled_(decoupled) {
   Init(std::move(groups));
 }
 
@@ -86,8 +105,12 @@ AdamW::AdamW(std::vector<Variable> params, const AdamWOptions& options)
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
     : Adam("AdamW", true, std::move(groups), defaults) {}
 
-void Adam::CheckOptions(const GroupOptions& options, const std::string& context) const {
-  const AdamOptions o = AdamOptions::FromGroup(options);
+bool Adam::AcceptsOptions(const OptimizerOptions& options) const {
+  return dynamic_cast<const AdamOptions*>(&options) != nullptr;
+}
+
+void Adam::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
+  const AdamOptions& o = static_cast<const AdamOptions&>(options);
   TG_CHECK(o.lr >= 0, context, "invalid lr ", o.lr, " (must be >= 0)");
   // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN into the weights).
   TG_CHECK(o.eps > 0, context, "invalid eps ", o.eps, " (must be > 0)");
@@ -95,20 +118,19 @@ void Adam::CheckOptions(const GroupOptions& options, const std::string& context)
   TG_CHECK(o.beta2 >= 0 && o.beta2 < 1, context, "invalid beta2 ", o.beta2, " (must be in [0, 1))");
   TG_CHECK(o.weight_decay >= 0, context, "invalid weight_decay ", o.weight_decay,
            " (must be >= 0)");
-  const double amsgrad = options.at("amsgrad");
-  TG_CHECK(amsgrad == 0 || amsgrad == 1, context, "amsgrad must be 0 or 1, got ", amsgrad);
 }
 
-Optimizer::StateSpec Adam::ParamStateSpec(const GroupOptions& options) const {
+Optimizer::StateSpec Adam::ParamStateSpec(const OptimizerOptions& options) const {
   StateSpec spec;
   spec.tensors = {kExpAvg, kExpAvgSq};
-  (options.at("amsgrad") != 0 ? spec.tensors : spec.optional_tensors).push_back(kMaxExpAvgSq);
+  (static_cast<const AdamOptions&>(options).amsgrad ? spec.tensors : spec.optional_tensors)
+      .push_back(kMaxExpAvgSq);
   spec.scalars = {kStep};
   return spec;
 }
 
 void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
-  const AdamOptions o = AdamOptions::FromGroup(group.options);
+  const AdamOptions& o = group.options_as<AdamOptions>();
   FusedAdamOptions f;
   f.lr = o.lr;
   f.beta1 = o.beta1;

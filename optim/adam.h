@@ -17,8 +17,10 @@
 //   tg::optim::AdamWOptions o;
 //   o.lr = 6e-4;
 //   o.weight_decay = 0.1;
+//   tg::optim::AdamWOptions no_decay = o;
+//   no_decay.weight_decay = 0;
 //   tg::optim::AdamW opt({tg::optim::ParamGroup(decay_params),
-//                         tg::optim::ParamGroup(no_decay_params, {{"weight_decay", 0.0}})}, o);
+//                         tg::optim::ParamGroup(no_decay_params, no_decay)}, o);
 //   opt.step();
 //
 // Decisions:
@@ -42,29 +44,45 @@
 #ifndef TAPEGRAD_OPTIM_ADAM_H_
 #define TAPEGRAD_OPTIM_ADAM_H_
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "optim/optimizer.h"
 
 namespace tg::optim {
 
-struct AdamOptions {
+struct AdamOptions : OptimizerOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;
   bool amsgrad = false;
-  bool fused = true;  // the multi-tensor path; false: composed tensor ops per parameter
+  // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
+  // the options it is constructed with; a group's copy ignores it (not a group option).
+  bool fused = true;
 
-  // The group options {lr, beta1, beta2, eps, weight_decay, amsgrad}; and back.
-  GroupOptions ToGroupOptions() const;
-  static AdamOptions FromGroup(const GroupOptions& options);
+  AdamOptions() = default;
+  AdamOptions(const AdamOptions&) = default;
+  AdamOptions& operator=(const AdamOptions&) = default;
+  std::unique_ptr<OptimizerOptions> clone() const override;
+  const char* type_name() const override { return "AdamOptions"; }
+  double get_lr() const override { return lr; }
+  void set_lr(double new_lr) override { lr = new_lr; }
+  // amsgrad, beta1, beta2, eps, lr, weight_decay.
+  std::vector<NamedOption> named() const override;
+
+ protected:
+  bool SetNamed(const std::string& name, double value, const std::string& context) override;
 };
 
-// AdamW's defaults differ only in weight_decay (PyTorch: 1e-2).
+// AdamW's defaults differ only in weight_decay (PyTorch: 1e-2). Adam and AdamW take either type.
 struct AdamWOptions : AdamOptions {
   AdamWOptions() { weight_decay = 1e-2; }
+  explicit AdamWOptions(const AdamOptions& o) : AdamOptions(o) {}  // every field of o
+  std::unique_ptr<OptimizerOptions> clone() const override;
+  const char* type_name() const override { return "AdamWOptions"; }
 };
 
 class Adam : public Optimizer {
@@ -78,8 +96,9 @@ class Adam : public Optimizer {
   Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
        const AdamOptions& defaults);
 
-  void CheckOptions(const GroupOptions& options, const std::string& context) const override;
-  StateSpec ParamStateSpec(const GroupOptions& options) const override;
+  void CheckOptions(const OptimizerOptions& options, const std::string& context) const override;
+  StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
+  bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
 
  private:

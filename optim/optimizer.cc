@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -47,10 +46,40 @@ bool StartsWith(const std::string& s, const std::string& prefix) {
 
 }  // namespace
 
-double ParamGroup::option(const std::string& name) const {
-  auto it = options.find(name);
-  TG_CHECK(it != options.end(), "param group option '", name, "' is not set");
-  return it->second;
+bool OptimizerOptions::set_named(const std::string& name, double value,
+                                 const std::string& context) {
+  return SetNamed(name, value, context);
+}
+
+bool OptimizerOptions::NamedBool(const std::string& name, double value,
+                                 const std::string& context) {
+  TG_CHECK(value == 0 || value == 1, context, name, " must be 0 or 1, got ", value);
+  return value == 1;
+}
+
+ParamGroup::ParamGroup(const ParamGroup& other)
+    : params(other.params), options_(other.options_ ? other.options_->clone() : nullptr) {}
+
+ParamGroup& ParamGroup::operator=(const ParamGroup& other) {
+  if (this != &other) {
+    params = other.params;
+    options_ = other.options_ ? other.options_->clone() : nullptr;
+  }
+  return *this;
+}
+
+const OptimizerOptions& ParamGroup::options() const {
+  TG_CHECK(options_ != nullptr,
+           "param group has no options (it takes the optimizer's defaults when added)");
+  return *options_;
+}
+
+OptimizerOptions& ParamGroup::options() {
+  return const_cast<OptimizerOptions&>(static_cast<const ParamGroup&>(*this).options());
+}
+
+void ParamGroup::ThrowWrongType(const char* wanted) const {
+  throw Error(absl::StrCat("param group options are ", options().type_name(), ", not ", wanted));
 }
 
 DType StateDType(DType param_dtype) {
@@ -59,7 +88,7 @@ DType StateDType(DType param_dtype) {
   return param_dtype == kF64 ? kF64 : kF32;
 }
 
-Optimizer::Optimizer(std::string name, GroupOptions defaults, bool fused)
+Optimizer::Optimizer(std::string name, std::unique_ptr<OptimizerOptions> defaults, bool fused)
     : name_(std::move(name)), defaults_(std::move(defaults)), fused_(fused) {}
 
 void Optimizer::Init(std::vector<ParamGroup> groups) {
@@ -67,26 +96,11 @@ void Optimizer::Init(std::vector<ParamGroup> groups) {
   for (ParamGroup& group : groups) add_param_group(std::move(group));
 }
 
-GroupOptions Optimizer::CompleteOptions(const GroupOptions& options,
-                                        const std::string& context) const {
-  GroupOptions full = defaults_;
-  for (const auto& [key, value] : options) {
-    auto it = full.find(key);
-    if (it == full.end()) {
-      std::vector<std::string> known;
-      for (const auto& kv : defaults_) known.push_back(kv.first);
-      throw Error(absl::StrCat(context, "unknown option '", key, "' (", name_, " has ",
-                               absl::StrJoin(known, ", "), ")"));
-    }
-    it->second = value;
-  }
-  CheckValues(full, context);
-  return full;
-}
-
-void Optimizer::CheckValues(const GroupOptions& options, const std::string& context) const {
-  for (const auto& [key, value] : options) {
-    TG_CHECK(std::isfinite(value), context, "option '", key, "' is ", value);
+void Optimizer::CheckValues(const OptimizerOptions& options, const std::string& context) const {
+  TG_CHECK(AcceptsOptions(options), context, "options are ", options.type_name(), "; ", name_,
+           " takes ", defaults_->type_name());
+  for (const NamedOption& o : options.named()) {
+    TG_CHECK(std::isfinite(o.value), context, "option '", o.name, "' is ", o.value);
   }
   CheckOptions(options, context);
 }
@@ -101,7 +115,8 @@ void Optimizer::CheckParam(const Variable& p, size_t g, size_t i) const {
 
 void Optimizer::add_param_group(ParamGroup group) {
   const size_t g = groups_.size();
-  group.options = CompleteOptions(group.options, absl::StrCat(name_, ": ", GroupName(g), ": "));
+  if (!group.has_options()) group.options_ = defaults_->clone();
+  CheckValues(group.options(), absl::StrCat(name_, ": ", GroupName(g), ": "));
   std::unordered_map<const VariableImpl*, std::pair<size_t, size_t>> seen;
   for (size_t h = 0; h < groups_.size(); ++h) {
     for (size_t i = 0; i < groups_[h].params.size(); ++i) {
@@ -146,10 +161,8 @@ void Optimizer::step() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
     const std::string context = absl::StrCat(name_, ".step: ", GroupName(g), ": ");
-    for (const auto& kv : defaults_) {
-      TG_CHECK(group.options.count(kv.first) != 0, context, "option '", kv.first, "' is not set");
-    }
-    CompleteOptions(group.options, context);  // unknown names and value ranges
+    TG_CHECK(group.has_options(), context, "the group has no options");
+    CheckValues(group.options(), context);  // the type and value ranges
     for (size_t i = 0; i < group.params.size(); ++i) {
       const Variable& p = group.params[i];
       CheckParam(p, g, i);
@@ -232,7 +245,7 @@ StateDict Optimizer::state_dict() const {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
     const std::string gp = absl::StrCat("param_groups.", g, ".");
-    for (const auto& [key, value] : group.options) sd.scalars[gp + key] = value;
+    for (const NamedOption& o : group.options().named()) sd.scalars[gp + o.name] = o.value;
     std::vector<int64_t> ids;
     for (const Variable& p : group.params) {
       const int64_t id = index++;
@@ -281,7 +294,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   TG_CHECK(group_ids.size() == groups_.size(), op, "the state dict has ", group_ids.size(),
            " param groups, the optimizer has ", groups_.size());
   // Group options and the parameter numbering.
-  std::vector<GroupOptions> new_options(groups_.size());
+  std::vector<std::unique_ptr<OptimizerOptions>> new_options(groups_.size());
   std::map<int64_t, std::pair<size_t, size_t>> id_to_param;  // id -> (group, index)
   for (size_t g = 0; g < groups_.size(); ++g) {
     const std::string gp = absl::StrCat("param_groups.", g, ".");
@@ -300,15 +313,25 @@ void Optimizer::load_state_dict(const StateDict& sd) {
       auto [it, inserted] = id_to_param.emplace(id_list[i], std::make_pair(g, i));
       TG_CHECK(inserted, op, "param id ", id_list[i], " appears twice in the param groups");
     }
-    GroupOptions options;
-    for (const auto& kv : defaults_) {
-      TG_CHECK(sd.has_scalar(gp + kv.first), op, "missing scalar '", gp, kv.first, "'");
-      options[kv.first] = sd.scalar(gp + kv.first);
+    // Every name the group's options have, by the names state_dict wrote (the same names and
+    // values as when groups held maps of names to doubles).
+    const std::string context = absl::StrCat(op, GroupName(g), ": ");
+    std::unique_ptr<OptimizerOptions> options = groups_[g].options().clone();
+    const std::vector<NamedOption> names = options->named();
+    std::set<std::string> known;
+    for (const NamedOption& o : names) {
+      TG_CHECK(sd.has_scalar(gp + o.name), op, "missing scalar '", gp, o.name, "'");
+      known.insert(o.name);
     }
     for (const std::string& key : group_scalars[static_cast<int64_t>(g)]) {
-      TG_CHECK(defaults_.count(key) != 0, op, "unexpected scalar '", gp, key, "'");
+      TG_CHECK(known.count(key) != 0, op, "unexpected scalar '", gp, key, "'");
     }
-    CheckValues(options, absl::StrCat(op, GroupName(g), ": "));
+    for (const NamedOption& o : names) {
+      const double v = sd.scalar(gp + o.name);
+      TG_CHECK(std::isfinite(v), context, "option '", o.name, "' is ", v);
+    }
+    for (const NamedOption& o : names) options->set_named(o.name, sd.scalar(gp + o.name), context);
+    CheckValues(*options, context);
     new_options[g] = std::move(options);
   }
 
@@ -325,7 +348,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     const auto [g, i] = where->second;
     const Variable& p = groups_[g].params[i];
     CheckParam(p, g, i);
-    const StateSpec spec = ParamStateSpec(new_options[g]);
+    const StateSpec spec = ParamStateSpec(*new_options[g]);
     const DType want = StateDType(p.dtype());
     std::set<std::string> allowed_tensors(spec.tensors.begin(), spec.tensors.end());
     allowed_tensors.insert(spec.optional_tensors.begin(), spec.optional_tensors.end());
@@ -365,7 +388,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   }
 
   // Commit.
-  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(new_options[g]);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options_ = std::move(new_options[g]);
   state_ = std::move(new_state);
 }
 

@@ -6,16 +6,25 @@
 //
 //   tg::optim::AdamWOptions o;
 //   o.lr = 3e-4;
-//   tg::optim::AdamW opt({tg::optim::ParamGroup({w1, w2}),
-//                         tg::optim::ParamGroup({bias}, {{"weight_decay", 0.0}})}, o);
+//   tg::optim::AdamWOptions no_decay = o;
+//   no_decay.weight_decay = 0;
+//   tg::optim::AdamW opt({tg::optim::ParamGroup({w1, w2}),          // the defaults: o
+//                         tg::optim::ParamGroup({bias}, no_decay)}, o);
+//   opt.param_groups()[1].options_as<tg::optim::AdamWOptions>().beta2 = 0.95;
 //   loss.backward();
 //   opt.step();                       // params without a grad are skipped
 //   opt.zero_grad();                  // grads become undefined
 //   tg::StateDict sd = opt.state_dict();   // "param_groups.1.lr", "state.2.exp_avg", ...
 //
 // Decisions (PyTorch where it is silent on the rest):
-// - Hyper-parameters are named doubles per group (booleans 0/1), like PyTorch's group dicts;
-//   each optimizer also offers a typed Options struct for its defaults.
+// - Hyper-parameters are typed per optimizer (SGDOptions, AdamOptions, AdamWOptions, as libtorch's
+//   torch::optim::AdamOptions), one copy per group: a group made without options gets a copy of
+//   the optimizer's defaults, a group made with options keeps them whole (libtorch: no merging of
+//   a subset with the defaults; copy the defaults and change a field instead). The fields stay
+//   public members (o.lr = 0.1), not libtorch's chained setters, which would have changed every
+//   caller of the structs for no gain in checking. state_dict stores each under its old name
+//   ("param_groups.<g>.lr", booleans 0/1: OptimizerOptions::named()), so checkpoints written when
+//   groups were maps of names to doubles load unchanged.
 // - State tensors are f32 for f16/bf16/f32 parameters and f64 for f64 parameters (PyTorch keeps
 //   them in the parameter's dtype; f32 state is what mixed-precision training needs, and f16
 //   exp_avg_sq underflows). The update is computed in that dtype; the parameter is rounded once.
@@ -32,6 +41,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -42,27 +52,87 @@
 
 namespace tg::optim {
 
-// Hyper-parameters by name: "lr", "weight_decay" and the optimizer's own ("momentum", "beta1",
-// "amsgrad", ...). Booleans are stored as 0 or 1.
-using GroupOptions = std::map<std::string, double>;
+// One hyper-parameter under the name state_dict stores it by ("param_groups.<g>.<name>").
+struct NamedOption {
+  std::string name;
+  double value;  // booleans as 0 or 1
+  bool operator==(const NamedOption& o) const { return name == o.name && value == o.value; }
+};
+
+// The base of each optimizer's typed hyper-parameters (libtorch's torch::optim::OptimizerOptions).
+class OptimizerOptions {
+ public:
+  virtual ~OptimizerOptions() = default;
+  virtual std::unique_ptr<OptimizerOptions> clone() const = 0;
+  // "SGDOptions", "AdamOptions", "AdamWOptions": named when a group has the wrong type.
+  virtual const char* type_name() const = 0;
+  // The learning rate every optimizer has; LR schedules read and write it through these.
+  virtual double get_lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  // Every group hyper-parameter by its state_dict name, sorted by name (`fused` is not one).
+  virtual std::vector<NamedOption> named() const = 0;
+  // Sets the hyper-parameter called `name`; false (nothing changed) when there is none. A
+  // boolean takes 0 or 1 only: other values throw tg::Error `context` + "amsgrad must be 0 or 1,
+  // got 2". For generic code (the training binaries' --override, state_dict); typed code sets
+  // the fields.
+  bool set_named(const std::string& name, double value, const std::string& context = "");
+
+ protected:
+  OptimizerOptions() = default;
+  OptimizerOptions(const OptimizerOptions&) = default;
+  OptimizerOptions& operator=(const OptimizerOptions&) = default;
+  virtual bool SetNamed(const std::string& name, double value, const std::string& context) = 0;
+  // 0 -> false, 1 -> true; otherwise throws as set_named says.
+  static bool NamedBool(const std::string& name, double value, const std::string& context);
+};
+
+class Optimizer;
 
 struct ParamGroup {
   ParamGroup() = default;
-  // `options` may set any subset of the optimizer's hyper-parameters; the optimizer fills in
-  // the rest from its defaults and rejects names it does not know.
-  ParamGroup(std::vector<Variable> params, GroupOptions options = {})  // NOLINT: braced init
-      : params(std::move(params)), options(std::move(options)) {}
+  // A group that takes the optimizer's defaults when it is added.
+  ParamGroup(std::vector<Variable> params)  // NOLINT: ParamGroup({w, b})
+      : params(std::move(params)) {}
+  // A group with its own hyper-parameters (a copy of `options`, which must be the optimizer's
+  // type: the optimizer throws tg::Error otherwise).
+  ParamGroup(std::vector<Variable> params, const OptimizerOptions& options)
+      : params(std::move(params)), options_(options.clone()) {}
+  ParamGroup(const ParamGroup& other);
+  ParamGroup& operator=(const ParamGroup& other);
+  ParamGroup(ParamGroup&&) = default;
+  ParamGroup& operator=(ParamGroup&&) = default;
 
   // Leaves of floating dtype, each in at most one group. Publicly mutable: a mixed-precision
   // wrapper swaps f16/bf16 params for f32 masters before the first step.
   std::vector<Variable> params;
-  GroupOptions options;
 
-  // options["lr"]; LR schedules read and write it.
-  double lr() const { return option("lr"); }
-  void set_lr(double lr) { options["lr"] = lr; }
-  // Throws tg::Error "param group option 'beta1' is not set" when absent.
-  double option(const std::string& name) const;
+  // False only for a group not yet added to an optimizer that was made without options.
+  bool has_options() const { return options_ != nullptr; }
+  // Throws tg::Error "param group has no options (it takes the optimizer's defaults when
+  // added)" when !has_options().
+  OptimizerOptions& options();
+  const OptimizerOptions& options() const;
+  // The options as O (e.g. AdamOptions, which AdamWOptions also is); throws tg::Error "param
+  // group options are SGDOptions, not AdamOptions" for another type.
+  template <class O>
+  O& options_as() {
+    return const_cast<O&>(static_cast<const ParamGroup&>(*this).options_as<O>());
+  }
+  template <class O>
+  const O& options_as() const {
+    const O* o = dynamic_cast<const O*>(&options());
+    if (o == nullptr) ThrowWrongType(O().type_name());
+    return *o;
+  }
+
+  // LR schedules read and write the lr here.
+  double lr() const { return options().get_lr(); }
+  void set_lr(double lr) { options().set_lr(lr); }
+
+ private:
+  friend class Optimizer;  // fills in the defaults and commits load_state_dict
+  [[noreturn]] void ThrowWrongType(const char* wanted) const;
+  std::unique_ptr<OptimizerOptions> options_;
 };
 
 // The dtype an optimizer computes in and keeps its state in for a parameter of `param_dtype`:
@@ -84,10 +154,11 @@ class Optimizer {
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // Appends a group (missing options from the defaults; the same checks as the constructor).
+  // Appends a group (without options: a copy of the defaults; the same checks as the
+  // constructor).
   void add_param_group(ParamGroup group);
-  // The options a group gets for names it does not set.
-  const GroupOptions& defaults() const { return defaults_; }
+  // The options a group added without options gets a copy of.
+  const OptimizerOptions& defaults() const { return *defaults_; }
 
   // Whether any parameter has state, i.e. the optimizer has stepped (or loaded a state).
   bool has_state() const { return !state_.empty(); }
@@ -96,7 +167,7 @@ class Optimizer {
   const StateDict* param_state(const Variable& param) const;
 
   // Keys like PyTorch, parameters numbered 0, 1, ... across groups in order:
-  //   param_groups.<g>.<option>   scalar, every option of group g
+  //   param_groups.<g>.<option>   scalar, every option of group g (OptimizerOptions::named())
   //   param_groups.<g>.params     i64 [n]: the numbers of the group's parameters
   //   state.<i>.<name>            tensor (param's shape, StateDType) or scalar ("step")
   StateDict state_dict() const;
@@ -135,14 +206,16 @@ class Optimizer {
     std::vector<std::string> scalars;  // non-negative integers ("step")
   };
 
-  Optimizer(std::string name, GroupOptions defaults, bool fused);
+  Optimizer(std::string name, std::unique_ptr<OptimizerOptions> defaults, bool fused);
   // Adds the groups (called at the end of a subclass constructor, when CheckOptions works).
   void Init(std::vector<ParamGroup> groups);
 
   // Throws tg::Error `context` + "..." for a value out of range (context is e.g.
-  // "Adam: param group 1: "); names are checked and values are finite already.
-  virtual void CheckOptions(const GroupOptions& options, const std::string& context) const = 0;
-  virtual StateSpec ParamStateSpec(const GroupOptions& options) const = 0;
+  // "Adam: param group 1: "); the type is checked and values are finite already.
+  virtual void CheckOptions(const OptimizerOptions& options, const std::string& context) const = 0;
+  virtual StateSpec ParamStateSpec(const OptimizerOptions& options) const = 0;
+  // Whether `options` is this optimizer's type (the defaults' type or one derived from it).
+  virtual bool AcceptsOptions(const OptimizerOptions& options) const = 0;
   // Updates `updates` (the params of `group` that have a grad). fused() picks the path.
   virtual void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) = 0;
 
@@ -151,14 +224,12 @@ class Optimizer {
     Variable param;  // keeps the key alive (no address reuse), as PyTorch's state dict does
     StateDict state;
   };
-  // Fills defaults and validates names and values; errors start with `context`.
-  GroupOptions CompleteOptions(const GroupOptions& options, const std::string& context) const;
-  // Non-finite values, then CheckOptions.
-  void CheckValues(const GroupOptions& options, const std::string& context) const;
+  // The type, non-finite values, then CheckOptions; errors start with `context`.
+  void CheckValues(const OptimizerOptions& options, const std::string& context) const;
   void CheckParam(const Variable& p, size_t group, size_t index) const;
 
   std::string name_;
-  GroupOptions defaults_;
+  std::unique_ptr<OptimizerOptions> defaults_;
   bool fused_;
   std::vector<ParamGroup> groups_;
   std::unordered_map<const VariableImpl*, Entry> state_;

@@ -20,55 +20,68 @@ std::vector<ParamGroup> OneGroup(const char* name, std::vector<Variable> params)
 
 }  // namespace
 
-GroupOptions SGDOptions::ToGroupOptions() const {
-  return {{"lr", lr},
-          {"momentum", momentum},
-          {"dampening", dampening},
-          {"weight_decay", weight_decay},
-          {"nesterov", nesterov ? 1.0 : 0.0}};
+std::unique_ptr<OptimizerOptions> SGDOptions::clone() const {
+  return std::make_unique<SGDOptions>(*this);
 }
 
-SGDOptions SGDOptions::FromGroup(const GroupOptions& options) {
-  ParamGroup g({}, options);
-  SGDOptions o;
-  o.lr = g.option("lr");
-  o.momentum = g.option("momentum");
-  o.dampening = g.option("dampening");
-  o.weight_decay = g.option("weight_decay");
-  o.nesterov = g.option("nesterov") != 0;
-  return o;
+std::vector<NamedOption> SGDOptions::named() const {
+  return {{"dampening", dampening},
+          {"lr", lr},
+          {"momentum", momentum},
+          {"nesterov", nesterov ? 1.0 : 0.0},
+          {"weight_decay", weight_decay}};
+}
+
+bool SGDOptions::SetNamed(const std::string& name, double value, const std::string& context) {
+  if (name == "dampening") {
+    dampening = value;
+  } else if (name == "lr") {
+    lr = value;
+  } else if (name == "momentum") {
+    momentum = value;
+  } else if (name == "nesterov") {
+    nesterov = NamedBool(name, value, context);
+  } else if (name == "weight_decay") {
+    weight_decay = value;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 SGD::SGD(std::vector<Variable> params, const SGDOptions& options)
     : SGD(OneGroup("SGD", std::move(params)), options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
-    : Optimizer("SGD", defaults.ToGroupOptions(), defaults.fused) {
+    : Optimizer("SGD", std::make_unique<SGDOptions>(defaults), defaults.fused) {
   Init(std::move(groups));
 }
 
-void SGD::CheckOptions(const GroupOptions& options, const std::string& context) const {
-  const SGDOptions o = SGDOptions::FromGroup(options);
+bool SGD::AcceptsOptions(const OptimizerOptions& options) const {
+  return dynamic_cast<const SGDOptions*>(&options) != nullptr;
+}
+
+void SGD::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
+  const SGDOptions& o = static_cast<const SGDOptions&>(options);
   TG_CHECK(o.lr >= 0, context, "invalid lr ", o.lr, " (must be >= 0)");
   TG_CHECK(o.momentum >= 0, context, "invalid momentum ", o.momentum, " (must be >= 0)");
   TG_CHECK(o.weight_decay >= 0, context, "invalid weight_decay ", o.weight_decay,
            " (must be >= 0)");
-  const double nesterov = options.at("nesterov");
-  TG_CHECK(nesterov == 0 || nesterov == 1, context, "nesterov must be 0 or 1, got ", nesterov);
   TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), context,
            "nesterov momentum requires a momentum > 0 and zero dampening, got momentum ",
            o.momentum, " and dampening ", o.dampening);
 }
 
-Optimizer::StateSpec SGD::ParamStateSpec(const GroupOptions& options) const {
+Optimizer::StateSpec SGD::ParamStateSpec(const OptimizerOptions& options) const {
   StateSpec spec;
   // A buffer made while momentum was on may outlive a change of momentum to 0.
-  (options.at("momentum") != 0 ? spec.tensors : spec.optional_tensors).push_back(kMomentumBuffer);
+  (static_cast<const SGDOptions&>(options).momentum != 0 ? spec.tensors : spec.optional_tensors)
+      .push_back(kMomentumBuffer);
   return spec;
 }
 
 void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
-  const SGDOptions o = SGDOptions::FromGroup(group.options);
+  const SGDOptions& o = group.options_as<SGDOptions>();
   // One call per device and buffer state (new buffers are set to the gradient): the op takes
   // the tensors of one device.
   using Key = std::tuple<DeviceType, int, bool>;  // (device, init_momentum_buffers)

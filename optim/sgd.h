@@ -23,23 +23,36 @@
 #ifndef TAPEGRAD_OPTIM_SGD_H_
 #define TAPEGRAD_OPTIM_SGD_H_
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "optim/optimizer.h"
 
 namespace tg::optim {
 
-struct SGDOptions {
+struct SGDOptions : OptimizerOptions {
   double lr = 1e-3;
   double momentum = 0;
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;  // needs momentum > 0 and dampening == 0 (PyTorch)
-  bool fused = true;      // the multi-tensor path; false: composed tensor ops per parameter
+  // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
+  // the options it is constructed with; a group's copy ignores it (not a group option).
+  bool fused = true;
 
-  // The group options {lr, momentum, dampening, weight_decay, nesterov}; and back.
-  GroupOptions ToGroupOptions() const;
-  static SGDOptions FromGroup(const GroupOptions& options);
+  SGDOptions() = default;
+  SGDOptions(const SGDOptions&) = default;
+  SGDOptions& operator=(const SGDOptions&) = default;
+  std::unique_ptr<OptimizerOptions> clone() const override;
+  const char* type_name() const override { return "SGDOptions"; }
+  double get_lr() const override { return lr; }
+  void set_lr(double new_lr) override { lr = new_lr; }
+  // dampening, lr, momentum, nesterov, weight_decay.
+  std::vector<NamedOption> named() const override;
+
+ protected:
+  bool SetNamed(const std::string& name, double value, const std::string& context) override;
 };
 
 class SGD : public Optimizer {
@@ -50,8 +63,9 @@ class SGD : public Optimizer {
   explicit SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults = {});
 
  protected:
-  void CheckOptions(const GroupOptions& options, const std::string& context) const override;
-  StateSpec ParamStateSpec(const GroupOptions& options) const override;
+  void CheckOptions(const OptimizerOptions& options, const std::string& context) const override;
+  StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
+  bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
 };
 

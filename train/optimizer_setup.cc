@@ -19,27 +19,33 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
   for (size_t g = 0; g < groups.size(); ++g) {
     // With decay_matrices_only, group 1 holds the parameters that are never decayed.
     if (overridden("weight_decay") && !(config.decay_matrices_only && g > 0)) {
-      groups[g].options["weight_decay"] = config.weight_decay;
+      groups[g].options().set_named("weight_decay", config.weight_decay);
     }
-    if (overridden("beta2") && groups[g].options.count("beta2") != 0) {
-      groups[g].options["beta2"] = config.beta2;
-    }
+    // Only optimizers with a beta2 (set_named changes nothing for the others).
+    if (overridden("beta2")) groups[g].options().set_named("beta2", config.beta2);
   }
   if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
                                                                 const OptimizerConfig& config) {
-  std::vector<optim::ParamGroup> groups;
+  std::vector<Variable> matrices, others;
   if (config.decay_matrices_only) {
-    std::vector<Variable> matrices, others;
     for (const Variable& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
-    groups.emplace_back(std::move(matrices));
-    if (!others.empty())
-      groups.emplace_back(std::move(others), optim::GroupOptions{{"weight_decay", 0.0}});
-  } else {
-    groups.emplace_back(params);
   }
+  // The groups for the optimizer's options: with decay_matrices_only, group 1 (the vectors) has
+  // the same options without weight decay.
+  auto make_groups = [&](auto options) {
+    std::vector<optim::ParamGroup> groups;
+    if (!config.decay_matrices_only) {
+      groups.emplace_back(params);
+      return groups;
+    }
+    groups.emplace_back(matrices);
+    options.weight_decay = 0;
+    if (!others.empty()) groups.emplace_back(others, options);
+    return groups;
+  };
   std::unique_ptr<optim::Optimizer> opt;
   if (config.name == "adamw" || config.name == "adam") {
     optim::AdamWOptions o;
@@ -47,17 +53,17 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vecto
     o.weight_decay = config.weight_decay;
     o.beta2 = config.beta2;
     if (config.name == "adamw") {
-      opt = std::make_unique<optim::AdamW>(std::move(groups), o);
+      opt = std::make_unique<optim::AdamW>(make_groups(o), o);
     } else {
-      opt = std::make_unique<optim::Adam>(std::move(groups),
-                                          static_cast<const optim::AdamOptions&>(o));
+      const optim::AdamOptions& adam = o;
+      opt = std::make_unique<optim::Adam>(make_groups(adam), adam);
     }
   } else if (config.name == "sgd") {
     optim::SGDOptions o;
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
-    opt = std::make_unique<optim::SGD>(std::move(groups), o);
+    opt = std::make_unique<optim::SGD>(make_groups(o), o);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));

@@ -94,7 +94,7 @@ absl::Status RunState::CheckRestoredValues(const std::string& dir, const StateDi
   // base lr is checked below), weight_decay and beta2 change with --override.
   const std::vector<optim::ParamGroup>& groups = optimizer_.optimizer().param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    for (const auto& [name, value] : groups[g].options) {
+    for (const auto& [name, value] : groups[g].options().named()) {
       const std::string key = absl::StrCat("optim.optimizer.param_groups.", g, ".", name);
       if (name == "lr" || overridden(name) || !ckpt.has_scalar(key)) continue;
       const double saved = ckpt.scalar(key);

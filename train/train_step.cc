@@ -22,7 +22,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
            accumulation.summed_ranks);
   const int64_t divisor = n * accumulation.summed_ranks;
   StepStats stats;
-  stats.lr = opt.optimizer().param_groups()[0].options.at("lr");
+  stats.lr = opt.optimizer().param_groups()[0].lr();
   opt.zero_grad();
   const bool defer = n > 1 && opt.can_defer_master_grads();
   double loss_sum = 0;

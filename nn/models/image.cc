@@ -26,10 +26,8 @@ std::shared_ptr<Sequential> MakeImageCnn(Generator& gen, const std::vector<int64
            channels.size());
   auto net = std::make_shared<Sequential>();
   int64_t in = 1, side = 28;
-  Conv2dParams same;
-  same.padding = {1, 1};
   for (int64_t c : channels) {
-    net->push_back(std::make_shared<Conv2d>(in, c, std::array<int64_t, 2>{3, 3}, gen, same));
+    net->push_back(std::make_shared<Conv2d>(Conv2dOptions(in, c, {3, 3}).padding({1, 1}), gen));
     net->push_back(std::make_shared<ReLU>());
     net->push_back(std::make_shared<MaxPool2d>(std::array<int64_t, 2>{2, 2}));
     in = c;

@@ -321,14 +321,14 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
     o.lr = 1e-2;
     o.weight_decay = 0.1;
     o.amsgrad = amsgrad;
+    optim::AdamWOptions no_decay = o;
+    no_decay.weight_decay = 0;
     const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
     // Two groups, one without decay, as the training binaries make them.
     optim::AdamW cpu_opt(
-        {optim::ParamGroup({cpu[0], cpu[2]}), optim::ParamGroup({cpu[1]}, {{"weight_decay", 0.0}})},
-        o);
+        {optim::ParamGroup({cpu[0], cpu[2]}), optim::ParamGroup({cpu[1]}, no_decay)}, o);
     optim::AdamW gpu_opt(
-        {optim::ParamGroup({gpu[0], gpu[2]}), optim::ParamGroup({gpu[1]}, {{"weight_decay", 0.0}})},
-        o);
+        {optim::ParamGroup({gpu[0], gpu[2]}), optim::ParamGroup({gpu[1]}, no_decay)}, o);
     for (int step = 0; step < 4; ++step) {
       SetGrads(cpu, step);
       SetGrads(gpu, step);

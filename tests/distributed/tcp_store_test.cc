@@ -18,7 +18,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/socket_client.h"
 #include "distributed/store.h"
+#include "distributed/torch_tcp_store.h"
 #include "gloo/rendezvous/store.h"
 #include "gtest/gtest.h"
 
@@ -388,6 +390,83 @@ TEST(TcpStore, MalformedRepliesAreErrorsAndBreakTheClient) {
     EXPECT_EQ((*client)->Set("k", "v").message(),
               absl::StrCat("store: no reply from the TCP store at 127.0.0.1:", fake.port(),
                            " within 200ms"));
+  }
+}
+
+// A loopback port that listens but never accepts or reads: connects complete (the kernel's
+// backlog), sends fill the socket buffers, replies never come.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(fd_, 4), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentListener() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// The one socket client under both store clients: the same words for the same failure, the
+// server named, and broken for good after it.
+TEST(SocketClient, BothStoreClientsWordTheirConnectionFailuresAlike) {
+  SilentListener silent;
+  const std::string at = absl::StrCat(" at 127.0.0.1:", silent.port());
+  {  // A send that cannot finish (nobody reads): bounded by the timeout and named as a send.
+    auto client = TcpStoreClient::Connect("127.0.0.1", silent.port(), absl::Milliseconds(200));
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::string want =
+        absl::StrCat("store: sending to the TCP store", at, " timed out after 200ms");
+    const absl::Status s = (*client)->Set("k", std::string(kTcpStoreMaxValue, 'v'));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(s.message(), want);
+    EXPECT_EQ((*client)->Get("k").status().message(), want);  // broken from now on
+  }
+  {  // A reply that never comes: the torch client's handshake waits for its ping's echo.
+    auto client = TorchTcpStoreClient::Connect("127.0.0.1", silent.port(), absl::Milliseconds(200));
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(client.status().message(),
+              absl::StrCat("store: no reply from PyTorch's TCPStore", at, " within 200ms"));
+  }
+  {  // The shared client itself: a wait that times out changes nothing; a malformed reply breaks.
+    auto c = SocketClient::Connect("127.0.0.1", silent.port(), absl::Milliseconds(200),
+                                   {"the test server", "the test closed it"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    SocketClient& socket = **c;
+    EXPECT_EQ(socket.address(), absl::StrCat("127.0.0.1:", silent.port()));
+    auto readable = socket.WaitReadable(absl::Now() + absl::Milliseconds(20));
+    ASSERT_TRUE(readable.ok()) << readable.status();
+    EXPECT_FALSE(*readable);
+    EXPECT_TRUE(socket.broken().ok());
+    EXPECT_TRUE(socket.SendAll("ping", absl::Now() + absl::Seconds(1)).ok());
+    const std::string want = absl::StrCat("store: malformed reply from the test server", at,
+                                          ": a byte 7 where 0 was due");
+    EXPECT_EQ(socket.Malformed(": a byte 7 where 0 was due").message(), want);
+    EXPECT_EQ(socket.broken().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(socket.SendAll("x", absl::Now() + absl::Seconds(1)).message(), want);
+    std::string out;
+    EXPECT_EQ(socket.RecvExact(1, absl::Now() + absl::Seconds(1), &out).message(), want);
+  }
+  {  // A server that closes: named with who closes it.
+    FakeServer closes("");
+    auto c = SocketClient::Connect("127.0.0.1", closes.port(), absl::Seconds(5),
+                                   {"the test server", "the test closed it"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->SendAll("request", absl::Now() + absl::Seconds(5)).ok());
+    std::string out;
+    const absl::Status s = (*c)->RecvExact(4, absl::Now() + absl::Seconds(5), &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(s.message(), absl::StrCat("store: the test server at 127.0.0.1:", closes.port(),
+                                        " closed the connection (the test closed it)"));
   }
 }
 

@@ -77,10 +77,12 @@ std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
   optim::AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.1;
+  optim::AdamWOptions no_decay = o;
+  no_decay.weight_decay = 0;
+  no_decay.lr = 2e-2;
   return std::make_unique<optim::AdamW>(
-      std::vector<optim::ParamGroup>{
-          optim::ParamGroup(weights),
-          optim::ParamGroup(biases, {{"weight_decay", 0.0}, {"lr", 2e-2}})},
+      std::vector<optim::ParamGroup>{optim::ParamGroup(weights),
+                                     optim::ParamGroup(biases, no_decay)},
       o);
 }
 

@@ -20,7 +20,7 @@ TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
   Generator gen(0);
   Conv2dParams p;
   p.padding = {1, 1};
-  Conv2d conv(3, 8, {3, 3}, gen, p);
+  Conv2d conv(Conv2dOptions(3, 8, {3, 3}).padding({1, 1}), gen);
   const double bound = 1 / std::sqrt(3.0 * 3 * 3);
   for (float w : conv.weight().data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
   for (float b : conv.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
@@ -33,10 +33,37 @@ TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
   EXPECT_EQ(conv(x).dtype(), kBF16);
 }
 
+TEST(Conv2dLayerTest, OptionsDefaultsChainingAndTheGeneratorContract) {
+  const Conv2dOptions d(3, 8, {3, 3});
+  EXPECT_EQ(d.stride(), (std::array<int64_t, 2>{1, 1}));
+  EXPECT_EQ(d.padding(), (std::array<int64_t, 2>{0, 0}));
+  EXPECT_EQ(d.dilation(), (std::array<int64_t, 2>{1, 1}));
+  EXPECT_TRUE(d.bias());
+  Conv2dOptions o = Conv2dOptions(3, 8, {3, 3}).stride({2, 2}).padding({1, 0}).bias(false);
+  EXPECT_EQ(o.stride(), (std::array<int64_t, 2>{2, 2}));
+  EXPECT_EQ(o.padding(), (std::array<int64_t, 2>{1, 0}));
+  EXPECT_FALSE(o.bias());
+  // The same seed draws the same weight with or without a bias (the bias is drawn after it),
+  // and the short constructor is the options one.
+  Generator g1(3), g2(3), g3(3);
+  Conv2d with(3, 8, {3, 3}, g1), without(o, g2), full(Conv2dOptions(3, 8, {3, 3}), g3);
+  EXPECT_FALSE(without.bias().defined());
+  EXPECT_EQ(with.weight().data().to_vector<float>(), without.weight().data().to_vector<float>());
+  EXPECT_EQ(with.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
+  EXPECT_EQ(without.extra_repr(), "3, 8, kernel=(3, 3), stride=(2, 2), padding=(1, 0), bias=false");
+  Variable x(RandNormal({1, 3, 5, 5}, g1));
+  EXPECT_EQ(without(x).shape(), (Shape{1, 8, 3, 2}));
+}
+
 TEST(MaxPool2dLayerTest, StrideDefaultsToTheKernel) {
   MaxPool2d pool({2, 2});
+  EXPECT_EQ(pool.options().stride(), (std::array<int64_t, 2>{2, 2}));
   Variable x(Tensor::Arange(0, 16).reshape({1, 1, 4, 4}));
   EXPECT_EQ(pool(x).data().to_vector<float>(), (std::vector<float>{5, 7, 13, 15}));
+  MaxPool2d overlapping(MaxPool2dOptions({2, 2}).stride({1, 1}));
+  EXPECT_EQ(overlapping(x).data().to_vector<float>(),
+            (std::vector<float>{5, 6, 7, 9, 10, 11, 13, 14, 15}));
+  EXPECT_EQ(overlapping.extra_repr(), "kernel=(2, 2), stride=(1, 1)");
 }
 
 TEST(ImageModelsTest, ShapesNamesAndCounts) {

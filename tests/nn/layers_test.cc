@@ -40,6 +40,54 @@ TEST(LinearTest, PyTorchInitBoundsAndSeededDeterminism) {
   EXPECT_EQ(a.bias().data().to_vector<float>(), b.bias().data().to_vector<float>());
 }
 
+TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
+  const LinearOptions d(5, 3);
+  EXPECT_EQ(d.in_features(), 5);
+  EXPECT_EQ(d.out_features(), 3);
+  EXPECT_TRUE(d.bias());
+  const LinearOptions o = LinearOptions(5, 3).bias(false).out_features(4);
+  EXPECT_FALSE(o.bias());
+  EXPECT_EQ(o.out_features(), 4);
+  // One seed, one weight: with or without a bias, through either constructor (the bias is
+  // drawn after the weight, so it does not shift the weight's draws).
+  Generator g1(11), g2(11), g3(11);
+  Linear plain(5, 4, g1), no_bias(o, g2), full(LinearOptions(5, 4), g3);
+  EXPECT_FALSE(no_bias.bias().defined());
+  EXPECT_EQ(no_bias.parameters().size(), 1u);
+  EXPECT_EQ(plain.weight().data().to_vector<float>(), no_bias.weight().data().to_vector<float>());
+  EXPECT_EQ(plain.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
+  EXPECT_EQ(no_bias.extra_repr(), "in=5, out=4, bias=false");
+  EXPECT_EQ(no_bias.options().out_features(), 4);
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Linear bad(LinearOptions(0, 3), g1); },
+                                 "Linear: sizes must be positive, got in=0 out=3"));
+}
+
+TEST(GeluTest, OptionsPickTheFormula) {
+  EXPECT_EQ(GELUOptions().approximate(), "none");
+  GELU exact, approx(GELUOptions().approximate("tanh"));
+  Variable x(Tensor::FromVector<float>({-2, 0.5, 2}, {3}));
+  EXPECT_EQ(exact(x).data().to_vector<float>(), Gelu(x).data().to_vector<float>());
+  EXPECT_EQ(approx(x).data().to_vector<float>(), GeluTanh(x).data().to_vector<float>());
+  EXPECT_EQ(exact.extra_repr(), "");
+  EXPECT_EQ(approx.extra_repr(), "approximate=tanh");
+  EXPECT_TRUE(ThrowsErrorExactly([] { GELU bad(GELUOptions().approximate("fast")); },
+                                 "GELU: approximate must be 'none' or 'tanh', got 'fast'"));
+}
+
+TEST(LayerNormTest, OptionsDefaultsAndChaining) {
+  const LayerNormOptions d(6);
+  EXPECT_EQ(d.eps(), 1e-5);
+  EXPECT_TRUE(d.elementwise_affine());
+  EXPECT_TRUE(d.bias());
+  LayerNorm plain(6), no_bias(LayerNormOptions(6).eps(1e-3).bias(false)),
+      none(LayerNormOptions(6).elementwise_affine(false));
+  EXPECT_EQ(plain.parameters().size(), 2u);
+  EXPECT_EQ(no_bias.parameters().size(), 1u);
+  EXPECT_EQ(none.parameters().size(), 0u);
+  EXPECT_EQ(no_bias.extra_repr(), "6, eps=0.001, affine=true");
+  EXPECT_EQ(none.extra_repr(), "6, eps=1e-05, affine=false");
+}
+
 TEST(LinearTest, ForwardIsXWTransposePlusB) {
   Generator gen(1);
   Linear lin(3, 2, gen);

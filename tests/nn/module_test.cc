@@ -28,10 +28,10 @@ class Net : public Module {
     register_buffer("steps", Tensor::Zeros({1}, kI64));
     register_buffer("running", Tensor::Ones({2}));
     encoder_ = register_module("encoder", std::make_shared<Linear>(3, 2, gen));
-    head_ = register_module(
-        "head",
-        std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-            std::make_shared<ReLU>(), std::make_shared<Linear>(2, 2, gen, /*bias=*/false)}));
+    head_ = register_module("head",
+                            std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+                                std::make_shared<ReLU>(),
+                                std::make_shared<Linear>(LinearOptions(2, 2).bias(false), gen)}));
   }
   Variable forward(const Variable& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
   using Module::register_buffer;

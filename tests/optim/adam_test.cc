@@ -168,16 +168,17 @@ TEST(AdamTest, AdamWWithoutDecayIsAdam) {
 TEST(AdamTest, DefaultsLikePyTorch) {
   Variable p = testing::TraceParam();
   Adam adam(std::vector<Variable>{p});
-  EXPECT_EQ(adam.defaults(), (GroupOptions{{"lr", 1e-3},
-                                           {"beta1", 0.9},
-                                           {"beta2", 0.999},
-                                           {"eps", 1e-8},
-                                           {"weight_decay", 0},
-                                           {"amsgrad", 0}}));
+  EXPECT_EQ(adam.defaults().named(), (std::vector<NamedOption>{{"amsgrad", 0},
+                                                               {"beta1", 0.9},
+                                                               {"beta2", 0.999},
+                                                               {"eps", 1e-8},
+                                                               {"lr", 1e-3},
+                                                               {"weight_decay", 0}}));
+  EXPECT_STREQ(adam.defaults().type_name(), "AdamOptions");
   EXPECT_FALSE(adam.decoupled_weight_decay());
   EXPECT_EQ(adam.name(), "Adam");
   AdamW adamw(std::vector<Variable>{p});
-  EXPECT_EQ(adamw.defaults().at("weight_decay"), 1e-2);
+  EXPECT_EQ(dynamic_cast<const AdamWOptions&>(adamw.defaults()).weight_decay, 1e-2);
   EXPECT_TRUE(adamw.decoupled_weight_decay());
   EXPECT_EQ(adamw.name(), "AdamW");
   EXPECT_TRUE(adamw.fused());
@@ -190,7 +191,7 @@ TEST(AdamTest, TurningAmsgradOnLaterStartsTheMaximumAtZero) {
   Adam opt(std::vector<Variable>{p}, o);
   testing::SetTraceGrad(p, 0, kF32);
   opt.step();
-  opt.param_groups()[0].options["amsgrad"] = 1;
+  opt.param_groups()[0].options_as<AdamOptions>().amsgrad = true;
   testing::SetTraceGrad(p, 1, kF32);
   opt.step();
   const StateDict& s = *opt.param_state(p);
@@ -266,11 +267,15 @@ TEST(AdamTest, InvalidOptionsAreNamed) {
   w.eps = 0;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Variable>{p}, w); },
                                               "AdamW: param group 0: invalid eps 0 (must be > 0)"));
-  EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
-      [&] {
-        AdamW({ParamGroup({p}, {{"amsgrad", 2.0}})});
-      },
-      "AdamW: param group 0: amsgrad must be 0 or 1, got 2"));
+  {  // A boolean can only be out of range in a state dict.
+    AdamW opt(std::vector<Variable>{p});
+    StateDict sd = opt.state_dict();
+    sd.scalars["param_groups.0.amsgrad"] = 2;
+    EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
+        [&] { opt.load_state_dict(sd); },
+        "AdamW.load_state_dict: param group 0: amsgrad must be 0 or 1, got 2"));
+    EXPECT_FALSE(opt.param_groups()[0].options_as<AdamOptions>().amsgrad);
+  }
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Variable>{}); },
                                               "Adam: got an empty parameter list"));
 }

@@ -64,7 +64,7 @@ using MakeOptimizer =
 // Two groups (the second with its own lr and weight decay), 10 steps; parameter i gets no grad
 // at step k when (k + i) % 4 == 0, so state is created at different steps.
 void ExpectFusedMatchesPerTensor(const std::string& label, const MakeOptimizer& make,
-                                 const GroupOptions& second_group) {
+                                 const OptimizerOptions& second_group) {
   for (const DTypes& dt : kDTypes) {
     SCOPED_TRACE(absl::StrCat(label, " param ", DTypeName(dt.param), " grad ", DTypeName(dt.grad)));
     Generator gen(1234);
@@ -127,7 +127,12 @@ TEST(FusedTest, SgdEveryOptionCombination) {
                 f.fused = fused;
                 return std::make_unique<SGD>(std::move(groups), f);
               },
-              {{"lr", 0.03}, {"weight_decay", 0.05}});
+              [&] {
+                SGDOptions second = o;
+                second.lr = 0.03;
+                second.weight_decay = 0.05;
+                return second;
+              }());
         }
       }
     }
@@ -160,7 +165,13 @@ TEST(FusedTest, AdamAndAdamWEveryOptionCombination) {
               f.fused = fused;
               return std::make_unique<Adam>(std::move(groups), f);
             },
-            {{"lr", 0.002}, {"weight_decay", 0.2}, {"amsgrad", amsgrad ? 0.0 : 1.0}});
+            [&] {
+              AdamOptions second = o;
+              second.lr = 0.002;
+              second.weight_decay = 0.2;
+              second.amsgrad = !amsgrad;
+              return second;
+            }());
       }
     }
   }

@@ -20,7 +20,9 @@ struct Fixture {
   SGD opt;
   Fixture() : opt(MakeGroups(w, b), Defaults()) {}
   static std::vector<ParamGroup> MakeGroups(const Variable& w, const Variable& b) {
-    return {ParamGroup({w}), ParamGroup({b}, {{"lr", 1e-3}})};
+    SGDOptions second = Defaults();
+    second.lr = 1e-3;
+    return {ParamGroup({w}), ParamGroup({b}, second)};
   }
   static SGDOptions Defaults() {
     SGDOptions o;
@@ -81,7 +83,9 @@ TEST(LrScheduleTest, StepLrSequence) {
   SGDOptions o;
   o.lr = 0.1;
   Variable w(Tensor::Zeros({1}), true);
-  SGD opt({ParamGroup({w}), ParamGroup(std::vector<Variable>{}, {{"lr", 0.5}})}, o);
+  SGDOptions half = o;
+  half.lr = 0.5;
+  SGD opt({ParamGroup({w}), ParamGroup(std::vector<Variable>{}, half)}, o);
   StepLr tenth(opt, /*step_size=*/3);
   const double kTenth0[] = {0.1,
                             0.1,

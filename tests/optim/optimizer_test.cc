@@ -46,33 +46,48 @@ TEST(OptimizerTest, GroupsTakeDefaultsAndKeepOverrides) {
   SGDOptions o;
   o.lr = 0.1;
   o.momentum = 0.9;
-  SGD opt({ParamGroup({w}), ParamGroup({b}, {{"weight_decay", 0.5}, {"lr", 0.01}})}, o);
+  SGDOptions second = o;
+  second.weight_decay = 0.5;
+  second.lr = 0.01;
+  SGD opt({ParamGroup({w}), ParamGroup({b}, second)}, o);
+  second.lr = 0.03;  // the group holds a copy
   ASSERT_EQ(opt.param_groups().size(), 2u);
-  EXPECT_EQ(opt.param_groups()[0].options, o.ToGroupOptions());
-  GroupOptions second = o.ToGroupOptions();
-  second["weight_decay"] = 0.5;
-  second["lr"] = 0.01;
-  EXPECT_EQ(opt.param_groups()[1].options, second);
+  EXPECT_EQ(opt.param_groups()[0].options().named(), o.named());
+  const SGDOptions& got = opt.param_groups()[1].options_as<SGDOptions>();
+  EXPECT_EQ(got.weight_decay, 0.5);
+  EXPECT_EQ(got.lr, 0.01);
+  EXPECT_EQ(got.momentum, 0.9);
   EXPECT_EQ(opt.param_groups()[1].lr(), 0.01);
   opt.param_groups()[1].set_lr(0.02);
-  EXPECT_EQ(opt.param_groups()[1].option("lr"), 0.02);
-  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.param_groups()[0].option("beta1"); },
-                                 "param group option 'beta1' is not set"));
+  EXPECT_EQ(got.lr, 0.02);
+  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.param_groups()[0].options_as<AdamOptions>(); },
+                                 "param group options are SGDOptions, not AdamOptions"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { ParamGroup({w}).lr(); },
+                                 "param group has no options (it takes the optimizer's "
+                                 "defaults when added)"));
+  // Copies of a group copy its options.
+  ParamGroup copy = opt.param_groups()[1];
+  copy.set_lr(0.5);
+  EXPECT_EQ(opt.param_groups()[1].lr(), 0.02);
 
   Variable c = Param({4});
-  opt.add_param_group(ParamGroup({c}, {{"momentum", 0.0}}));
-  EXPECT_EQ(opt.param_groups()[2].option("momentum"), 0);
+  SGDOptions third = o;
+  third.momentum = 0;
+  opt.add_param_group(ParamGroup({c}, third));
+  EXPECT_EQ(opt.param_groups()[2].options_as<SGDOptions>().momentum, 0);
   EXPECT_EQ(opt.param_groups()[2].lr(), 0.1);
+  Variable d = Param({5});
+  opt.add_param_group(ParamGroup({d}));  // the defaults
+  EXPECT_EQ(opt.param_groups()[3].options().named(), o.named());
 }
 
 TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
   Variable w = Param({1, 2});
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        SGD({ParamGroup({w}), ParamGroup({Param({1})}, {{"beta1", 0.9}})});
+        SGD({ParamGroup({w}), ParamGroup({Param({1})}, AdamOptions())});
       },
-      "SGD: param group 1: unknown option 'beta1' (SGD has dampening, lr, momentum, nesterov, "
-      "weight_decay)"));
+      "SGD: param group 1: options are AdamOptions; SGD takes SGDOptions"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         SGD({ParamGroup({w}), ParamGroup({Param({1}), w})});
@@ -93,7 +108,9 @@ TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
                                  "SGD: param 0 of param group 0 is undefined"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        Adam({ParamGroup({w}, {{"lr", std::nan("")}})});
+        AdamOptions nan_lr;
+        nan_lr.lr = std::nan("");
+        Adam({ParamGroup({w}, nan_lr)});
       },
       "Adam: param group 0: option 'lr' is nan"));
 }
@@ -205,10 +222,12 @@ TEST(OptimizerTest, StepValidatesEverythingBeforeUpdating) {
                                  "SGD.step: param 1 of param group 1 is the same variable as "
                                  "param 0 of param group 0; a parameter may appear only once"));
   opt.param_groups()[1].params.pop_back();
-  opt.param_groups()[1].options.erase("momentum");
-  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.step(); },
-                                 "SGD.step: param group 1: option 'momentum' is not set"));
-  opt.param_groups()[1].options["momentum"] = 0;
+  const ParamGroup kept = opt.param_groups()[1];
+  opt.param_groups()[1] = ParamGroup(kept.params, AdamWOptions());
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { opt.step(); },
+      "SGD.step: param group 1: options are AdamWOptions; SGD takes SGDOptions"));
+  opt.param_groups()[1] = kept;
   opt.param_groups()[1].set_lr(-1);
   EXPECT_TRUE(ThrowsErrorExactly([&] { opt.step(); },
                                  "SGD.step: param group 1: invalid lr -1 (must be >= 0)"));
@@ -224,10 +243,15 @@ struct AdamFixture {
     AdamOptions o;
     o.lr = 0.1;
     o.amsgrad = amsgrad;
-    opt = std::make_unique<Adam>(
-        std::vector<ParamGroup>{ParamGroup({params[0], params[1]}),
-                                ParamGroup({params[2]}, {{"weight_decay", 0.5}, {"lr", 0.2}})},
-        o);
+    opt = std::make_unique<Adam>(std::vector<ParamGroup>{ParamGroup({params[0], params[1]}),
+                                                         ParamGroup({params[2]},
+                                                                    [&] {
+                                                                      AdamOptions second = o;
+                                                                      second.weight_decay = 0.5;
+                                                                      second.lr = 0.2;
+                                                                      return second;
+                                                                    }())},
+                                 o);
   }
   void Step(float scale) {
     SetGrad(params[0], {scale, -scale, 2 * scale});
@@ -260,6 +284,52 @@ TEST(OptimizerTest, StateDictKeysLikePyTorch) {
   EXPECT_EQ(sd.scalar("param_groups.1.weight_decay"), 0.5);
   EXPECT_EQ(sd.scalar("state.2.step"), 2);
   EXPECT_EQ(sd.tensor("state.2.exp_avg").dtype(), kF32);  // f16 param, f32 state
+}
+
+// A state dict as the optimizers wrote it when groups held maps of names to doubles (the same
+// keys checkpoints of that time hold) loads into the typed options, field by field, and is
+// written back under exactly the same keys and values.
+TEST(OptimizerTest, TypedOptionsLoadAndSaveTheOldKeys) {
+  StateDict old;
+  old.scalars = {{"param_groups.0.dampening", 0.125},
+                 {"param_groups.0.lr", 0.25},
+                 {"param_groups.0.momentum", 0.5},
+                 {"param_groups.0.nesterov", 0},
+                 {"param_groups.0.weight_decay", 0.75},
+                 {"param_groups.1.dampening", 0},
+                 {"param_groups.1.lr", 2},
+                 {"param_groups.1.momentum", 0.9},
+                 {"param_groups.1.nesterov", 1},
+                 {"param_groups.1.weight_decay", 0}};
+  old.tensors = {{"param_groups.0.params", Tensor::FromVector<int64_t>({0}, {1})},
+                 {"param_groups.1.params", Tensor::FromVector<int64_t>({1}, {1})},
+                 {"state.1.momentum_buffer", Tensor::FromVector<float>({3}, {1})}};
+  Variable w = Param({1, 2}), b = Param({3});
+  SGD opt({ParamGroup({w}), ParamGroup({b})});
+  opt.load_state_dict(old);
+  const SGDOptions& g0 = opt.param_groups()[0].options_as<SGDOptions>();
+  const SGDOptions& g1 = opt.param_groups()[1].options_as<SGDOptions>();
+  EXPECT_EQ(g0.dampening, 0.125);
+  EXPECT_EQ(g0.lr, 0.25);
+  EXPECT_EQ(g0.momentum, 0.5);
+  EXPECT_FALSE(g0.nesterov);
+  EXPECT_EQ(g0.weight_decay, 0.75);
+  EXPECT_EQ(g1.lr, 2);
+  EXPECT_EQ(g1.momentum, 0.9);
+  EXPECT_TRUE(g1.nesterov);
+  const StateDict back = opt.state_dict();
+  EXPECT_EQ(back.scalars, old.scalars);
+  EXPECT_EQ(back.tensors.size(), old.tensors.size());
+  EXPECT_EQ(back.tensor("state.1.momentum_buffer").to_vector<float>(), (std::vector<float>{3}));
+  // A name the options lack, or one missing, is still refused by name.
+  StateDict extra = old;
+  extra.scalars["param_groups.0.beta1"] = 0.9;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.load_state_dict(extra); },
+                                 "SGD.load_state_dict: unexpected scalar 'param_groups.0.beta1'"));
+  StateDict missing = old;
+  missing.scalars.erase("param_groups.1.momentum");
+  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.load_state_dict(missing); },
+                                 "SGD.load_state_dict: missing scalar 'param_groups.1.momentum'"));
 }
 
 TEST(OptimizerTest, StateDictIsASnapshot) {

@@ -114,25 +114,31 @@ TEST(SgdTest, PlainSgdKeepsNoBuffer) {
   EXPECT_TRUE(opt.state_dict().Sub("state.").tensors.empty());
 }
 
-TEST(SgdTest, OptionsRoundTripThroughGroupOptions) {
+TEST(SgdTest, OptionsRoundTripThroughTheirStateDictNames) {
   SGDOptions o;
   o.lr = 0.5;
   o.momentum = 0.8;
   o.dampening = 0.25;
   o.weight_decay = 0.125;
-  o.nesterov = false;
-  const GroupOptions g = o.ToGroupOptions();
-  EXPECT_EQ(g, (GroupOptions{{"lr", 0.5},
-                             {"momentum", 0.8},
-                             {"dampening", 0.25},
-                             {"weight_decay", 0.125},
-                             {"nesterov", 0}}));
-  const SGDOptions back = SGDOptions::FromGroup(g);
+  o.nesterov = true;
+  const std::vector<NamedOption> named = o.named();
+  EXPECT_EQ(named, (std::vector<NamedOption>{{"dampening", 0.25},
+                                             {"lr", 0.5},
+                                             {"momentum", 0.8},
+                                             {"nesterov", 1},
+                                             {"weight_decay", 0.125}}));
+  SGDOptions back;
+  for (const NamedOption& n : named) EXPECT_TRUE(back.set_named(n.name, n.value)) << n.name;
   EXPECT_EQ(back.lr, 0.5);
   EXPECT_EQ(back.momentum, 0.8);
   EXPECT_EQ(back.dampening, 0.25);
   EXPECT_EQ(back.weight_decay, 0.125);
-  EXPECT_FALSE(back.nesterov);
+  EXPECT_TRUE(back.nesterov);
+  EXPECT_FALSE(back.set_named("beta1", 0.9));
+  EXPECT_EQ(back.named(), named);
+  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { back.set_named("nesterov", 0.5, "here: "); },
+                                              "here: nesterov must be 0 or 1, got 0.5"));
+  EXPECT_TRUE(back.nesterov);
 }
 
 TEST(SgdTest, InvalidOptionsAreNamed) {
@@ -157,11 +163,12 @@ TEST(SgdTest, InvalidOptionsAreNamed) {
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] { SGD(std::vector<Variable>{p}, o); },
       "SGD: param group 0: invalid weight_decay -1 (must be >= 0)"));
+  SGD opt(std::vector<Variable>{p});
+  StateDict sd = opt.state_dict();
+  sd.scalars["param_groups.0.nesterov"] = 0.5;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
-      [&] {
-        SGD({ParamGroup({p}, {{"nesterov", 0.5}})});
-      },
-      "SGD: param group 0: nesterov must be 0 or 1, got 0.5"));
+      [&] { opt.load_state_dict(sd); },
+      "SGD.load_state_dict: param group 0: nesterov must be 0 or 1, got 0.5"));
 }
 
 }  // namespace

@@ -1,0 +1,24 @@
+// TG_ARG: one named, chainable option of a layer's options class, the shape libtorch users know
+// (torch::nn::LinearOptions(in, out).bias(false)). Inside a class,
+//
+//   TG_ARG(bool, bias) = true;
+//
+// declares the member bias_ (default true), the setter bias(v) returning *this (so calls chain)
+// and the getter bias(). Layers keep their Options and read them through the getters; the
+// Generator a layer draws its initial values from stays a separate constructor argument (it is
+// state the caller owns and checkpoints, not an option).
+#ifndef TAPEGRAD_NN_OPTIONS_H_
+#define TAPEGRAD_NN_OPTIONS_H_
+
+#define TG_ARG(T, name)                     \
+ public:                                    \
+  auto& name(const T& new_##name) {         \
+    this->name##_ = new_##name;             \
+    return *this;                           \
+  }                                         \
+  const T& name() const { return name##_; } \
+                                            \
+ private:                                   \
+  T name##_
+
+#endif  // TAPEGRAD_NN_OPTIONS_H_
