@@ -1,0 +1,54 @@
+// The example of the README's "Training from C++", line for line below this comment:
+// tests/tools:readme_example_test holds the two equal, builds this and checks that the loss falls.
+
+#include <cstdio>
+#include <memory>
+
+#include "amp/mixed_precision_optimizer.h"
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "optim/adam.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+
+class TwoLayer : public tg::nn::Module {
+ public:
+  explicit TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
+    fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
+    fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
+  }
+  tg::Variable forward(const tg::Variable& x) override {
+    return (*fc2_)(tg::Relu((*fc1_)(tg::Reshape(x, {x.size(0), 784}))));
+  }
+
+ private:
+  std::shared_ptr<tg::nn::Linear> fc1_, fc2_;
+};
+
+int main() {
+  tg::Generator gen(0);
+  auto model = std::make_shared<TwoLayer>(gen);
+  model->to(tg::kBF16);  // bf16 weights; the optimizer keeps f32 masters
+  tg::optim::AdamWOptions adamw;
+  adamw.lr = 1e-3;
+  tg::amp::MixedPrecisionOptimizer opt(
+      std::make_unique<tg::optim::AdamW>(model->parameters(), adamw));
+
+  // A batch of 64 random images with random labels (the real loaders: dataset/mnist.h).
+  const tg::Variable images(tg::RandNormal({64, 1, 28, 28}, gen));
+  const tg::Tensor labels = tg::RandUniform({64}, gen, 0, 10).to(tg::kI64);
+  for (int step = 1; step <= 50; ++step) {
+    opt.zero_grad();
+    tg::Variable loss;
+    {
+      tg::amp::AutocastGuard autocast(tg::kBF16);  // matmuls in bf16, the loss in f32
+      loss = tg::nn::CrossEntropyLoss((*model)(images), labels);
+    }
+    opt.backward(loss);          // master gradients (f16: scaled, then unscaled)
+    opt.clip_master_grads(1.0);  // by the global norm
+    opt.step();                  // skipped on inf/NaN gradients
+    if (step % 10 == 0) std::printf("step %d loss %.4f\n", step, loss.data().item());
+  }
+}
