@@ -17,6 +17,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -169,7 +170,7 @@ const Variable& AddInPlace(const Variable& self, const Variable& other) {
   CheckWritable("add_", self, value);
   const DType self_dtype = self.dtype(), other_dtype = other.dtype();
   const Shape other_shape = other.shape();
-  return Commit("AddInPlaceBackward", self, value, {self, other}, {},
+  return Commit(OpNodeName(OpId::kAddInPlace), self, value, {self, other}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   return {ctx.needs(0) ? Cast(g, self_dtype) : Variable(),
@@ -193,8 +194,8 @@ const Variable& MulInPlace(const Variable& self, const Variable& other) {
   }
   const DType self_dtype = self.dtype(), other_dtype = other.dtype();
   const Shape other_shape = other.shape();
-  return Commit("MulInPlaceBackward", self, value, {self, other}, {self_before, other_saved},
-                [=](const BackwardContext& ctx) -> VariableList {
+  return Commit(OpNodeName(OpId::kMulInPlace), self, value, {self, other},
+                {self_before, other_saved}, [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   Variable gs, go;
                   if (ctx.needs(0)) gs = Cast(Mul(g, ctx.saved[1]), self_dtype);
@@ -209,7 +210,7 @@ const Variable& MulScalarInPlace(const Variable& self, double s) {
   CheckInPlaceAllowed("mul_", self);
   const Tensor value = tg::MulScalar(self.data(), s);
   return Commit(
-      "MulScalarInPlaceBackward", self, value, {self}, {},
+      OpNodeName(OpId::kMulScalarInPlace), self, value, {self}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
@@ -219,7 +220,7 @@ const Variable& ReluInPlace(const Variable& self) {
   // Saves self's new value (as PyTorch's relu_ does): modifying self again in place before
   // backward makes this node refuse to run.
   return Commit(
-      "ReluInPlaceBackward", self, value, {self}, {},
+      OpNodeName(OpId::kReluInPlace), self, value, {self}, {},
       [](const BackwardContext& ctx) -> VariableList {
         return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
@@ -234,7 +235,7 @@ const Variable& CopyInPlace(const Variable& self, const Variable& src) {
   value.copy_(src.data());  // broadcasts src and converts its dtype (throws if it cannot)
   const Shape self_shape = self.shape(), src_shape = src.shape();
   const DType self_dtype = self.dtype(), src_dtype = src.dtype();
-  return Commit("CopyInPlaceBackward", self, value, {self, src}, {},
+  return Commit(OpNodeName(OpId::kCopyInPlace), self, value, {self, src}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   Variable gs, gsrc;
@@ -251,7 +252,7 @@ const Variable& FillInPlace(const Variable& self, double value) {
   const Tensor full = Tensor::Full(self.shape(), value, self.dtype(), self.data().device());
   const Shape shape = self.shape();
   const DType dtype = self.dtype();
-  return Commit("FillInPlaceBackward", self, full, {self}, {},
+  return Commit(OpNodeName(OpId::kFillInPlace), self, full, {self}, {},
                 [shape, dtype](const BackwardContext& ctx) -> VariableList {
                   return {Variable(Tensor::Zeros(shape, dtype, ctx.grads[0].data().device()))};
                 });

@@ -7,6 +7,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -57,7 +58,7 @@ Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
   const int64_t d = WrapDim("slice", dim, x.dim());
   const Shape in_shape = x.shape();
   return MakeView(
-      Record("SliceBackward", out, {x}, {},
+      Record(OpNodeName(OpId::kSlice), out, {x}, {},
              [in_shape, d, start, end, step](const BackwardContext& ctx) -> VariableList {
                return {SliceScatter(ctx.grads[0], in_shape, d, start, end, step)};
              }),
@@ -81,7 +82,7 @@ Variable Select(const Variable& x, int64_t dim, int64_t index) {
   const int64_t d = WrapDim("select", dim, x.dim());
   const int64_t i = index < 0 ? index + x.size(d) : index;
   const Shape in_shape = x.shape();
-  return MakeView(Record("SelectBackward", out, {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kSelect), out, {x}, {},
                          [in_shape, d, i](const BackwardContext& ctx) -> VariableList {
                            return {SelectScatter(ctx.grads[0], in_shape, d, i)};
                          }),
@@ -119,7 +120,7 @@ Variable Cat(const VariableList& xs, int64_t dim) {
     out.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
         .copy_(xs[i].data());
   }
-  return Record("CatBackward", out, xs, {},
+  return Record(OpNodeName(OpId::kCat), out, xs, {},
                 [d, sizes, dtypes](const BackwardContext& ctx) -> VariableList {
                   VariableList grads(sizes.size());
                   int64_t offset = 0;
@@ -157,7 +158,7 @@ VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
   for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
     chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
   }
-  VariableList outputs = RecordMulti("SplitBackward", chunks, {x}, {},
+  VariableList outputs = RecordMulti(OpNodeName(OpId::kSplit), chunks, {x}, {},
                                      [d](const BackwardContext& ctx) -> VariableList {
                                        // Chunks that got no gradient arrive as zeros.
                                        return {Cat(ctx.grads, d)};
@@ -172,7 +173,7 @@ Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
   const Tensor out = tg::Gather(x.data(), dim, index);  // validates
   const int64_t d = WrapDim("gather", dim, x.dim());
   const Shape in_shape = x.shape();
-  return Record("GatherBackward", out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kGather), out, {x}, {Variable(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   return {ScatterAddInto(ctx.grads[0], in_shape, d, ctx.saved[0].data())};
                 });
@@ -181,7 +182,7 @@ Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
 Variable IndexSelect(const Variable& x, const Tensor& index) {
   const Tensor out = tg::IndexSelect(x.data(), 0, index);  // validates
   const Shape in_shape = x.shape();
-  return Record("IndexSelectBackward", out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kIndexSelect), out, {x}, {Variable(index)},
                 [in_shape](const BackwardContext& ctx) -> VariableList {
                   return {IndexAddInto(ctx.grads[0], in_shape, ctx.saved[0].data())};
                 });
