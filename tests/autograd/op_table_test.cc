@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@
 #include "tests/tensor/op_table_support.h"
 
 namespace tg {
+
+// gtest prints a DType by name ("f16"), not as a byte (found by argument-dependent lookup).
+static void PrintTo(DType dtype, std::ostream* os) { *os << DTypeName(dtype); }
+
 namespace {
 
 using testing::CoverageErrors;
