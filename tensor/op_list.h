@@ -1,9 +1,11 @@
 // The op list (tensor/op_list.inc, which has the recipe for adding an op) as C++: OpId names an
-// op, kOpList holds its attributes (name, node name, differentiable, tensor op, autocast policy),
-// all constexpr, so a lookup by OpId folds to a constant and costs nothing at run time.
+// op, kOpList holds its attributes (name, node name, message name, differentiable, tensor op,
+// autocast policy), all constexpr, so a lookup by OpId folds to a constant and costs nothing at run
+// time.
 //
 //   autocast:  AutocastInputs(OpId::kMatmul, a, b) casts per AutocastPolicyOf(OpId::kMatmul);
-//   autograd:  Record(OpNodeName(OpId::kMatmul), ...) names the node "MatmulBackward";
+//   autograd:  Record(OpNodeName(OpId::kMatmul), ...) names the node "MatmulBackward", and
+//              messages name the op OpTorchName(OpId::kMatmul), "matmul";
 //   tests:     the two op tables enumerate kOpList (a listed op without a row fails).
 //
 // It sits in tensor/ (header only, no deps) so that the tensor layer, autograd and both test
@@ -34,26 +36,30 @@ constexpr const char* CastPolicyName(CastPolicy policy) {
 }
 
 enum class OpId {
-#define TG_OP(name, differentiable, tensor_op, autocast) k##name,
+#define TG_OP(name, differentiable, tensor_op, autocast, torch_name) k##name,
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
 
 struct OpInfo {
   OpId id;
-  const char* name;       // "Matmul"
-  const char* node_name;  // "MatmulBackward": the node the differentiable op records
-  bool differentiable;    // an op of autograd/ops.h
-  bool tensor_op;         // a dispatch function of tensor/ops.h
+  const char* name;        // "Matmul"
+  const char* node_name;   // "MatmulBackward": the node the differentiable op records
+  const char* torch_name;  // "matmul": the op's name in error messages
+  bool differentiable;     // an op of autograd/ops.h
+  bool tensor_op;          // a dispatch function of tensor/ops.h
   CastPolicy autocast;
 };
 
+// clang-format off
 inline constexpr OpInfo kOpList[] = {
-#define TG_OP(name, differentiable, tensor_op, autocast) \
-  OpInfo{OpId::k##name, #name, #name "Backward", differentiable, tensor_op, CastPolicy::autocast},
+#define TG_OP(name, differentiable, tensor_op, autocast, torch_name) \
+  OpInfo{OpId::k##name, #name, #name "Backward", torch_name, differentiable, tensor_op, \
+         CastPolicy::autocast},
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
+// clang-format on
 
 inline constexpr size_t kOpCount = sizeof(kOpList) / sizeof(kOpList[0]);
 
@@ -61,6 +67,7 @@ constexpr const OpInfo& OpInfoOf(OpId id) { return kOpList[static_cast<size_t>(i
 constexpr CastPolicy AutocastPolicyOf(OpId id) { return OpInfoOf(id).autocast; }
 constexpr const char* OpName(OpId id) { return OpInfoOf(id).name; }
 constexpr const char* OpNodeName(OpId id) { return OpInfoOf(id).node_name; }
+constexpr const char* OpTorchName(OpId id) { return OpInfoOf(id).torch_name; }
 
 // The entry named `name` (its C++ name, "Matmul"), or nullptr.
 constexpr const OpInfo* FindOp(std::string_view name) {
@@ -80,13 +87,14 @@ constexpr bool WellFormed() {
     const OpInfo& op = kOpList[i];
     if (static_cast<size_t>(op.id) != i) return false;
     if (!op.differentiable && !op.tensor_op) return false;
+    if (op.torch_name[0] == '\0') return false;
     if (!op.differentiable && op.autocast != CastPolicy::kNone) return false;
   }
   return true;
 }
 static_assert(WellFormed(),
-              "tensor/op_list.inc: an entry is neither differentiable nor a tensor op, or a "
-              "non-differentiable op has an autocast policy other than kNone");
+              "tensor/op_list.inc: an entry is neither differentiable nor a tensor op, has no "
+              "torch name, or is not differentiable but has an autocast policy other than kNone");
 
 }  // namespace op_list_internal
 }  // namespace tg

@@ -168,8 +168,9 @@ Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ign
 }
 
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
-  TG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
-  TG_CHECK(IsFloating(x.dtype()), "dropout: expected a floating dtype (f32, f64, f16, bf16), got ",
+  constexpr const char* kOp = OpTorchName(OpId::kDropout);
+  TG_CHECK(p >= 0 && p < 1, kOp, ": p must be in [0, 1), got ", p);
+  TG_CHECK(IsFloating(x.dtype()), kOp, ": expected a floating dtype (f32, f64, f16, bf16), got ",
            DTypeName(x.dtype()));
   if (!training || p == 0) return x;  // identity, and no draws from the generator
   // One uniform per element in row-major order: u < p drops the element (tg::DropoutMask). The

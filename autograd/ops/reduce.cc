@@ -48,8 +48,9 @@ Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim)
 }
 
 Variable Max(const Variable& x, int64_t dim, bool keepdim) {
+  constexpr const char* kOp = OpTorchName(OpId::kMax);
   const Shape in_shape = x.shape();
-  const int64_t d = WrapDim("max", dim, x.dim());
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const Tensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
   return Record(OpNodeName(OpId::kMax), tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
@@ -68,9 +69,10 @@ Variable Max(const Variable& x, int64_t dim, bool keepdim) {
 }
 
 Variable SumTo(const Variable& x, const Shape& shape) {
+  constexpr const char* kOp = OpTorchName(OpId::kSumTo);
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
-  TG_CHECK(lead >= 0, "sum_to: cannot reduce shape ", ShapeToString(x.shape()), " to ",
+  TG_CHECK(lead >= 0, kOp, ": cannot reduce shape ", ShapeToString(x.shape()), " to ",
            ShapeToString(shape));
   std::vector<int64_t> dims;
   for (int64_t i = 0; i < x.dim(); ++i) {
@@ -79,7 +81,7 @@ Variable SumTo(const Variable& x, const Shape& shape) {
     } else if (shape[i - lead] == 1 && x.size(i) != 1) {
       dims.push_back(i);
     } else {
-      TG_CHECK(shape[i - lead] == x.size(i), "sum_to: cannot reduce shape ",
+      TG_CHECK(shape[i - lead] == x.size(i), kOp, ": cannot reduce shape ",
                ShapeToString(x.shape()), " to ", ShapeToString(shape));
     }
   }
@@ -110,21 +112,23 @@ Variable Matmul(const Variable& a, const Variable& b) {
 }
 
 Variable Bmm(const Variable& a, const Variable& b) {
-  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
-           "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
+  constexpr const char* kOp = OpTorchName(OpId::kBmm);
+  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), kOp,
+           ": expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
            ShapeToString(b.shape()));
   return Matmul(a, b);
 }
 
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
+  constexpr const char* kOp = OpTorchName(OpId::kLinear);
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
     return Linear(in[0], in[1], in[2]);
   }
-  TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1),
-           "linear: expected x [..., in] and weight [out, in], got ", ShapeToString(x.shape()),
-           " and ", ShapeToString(weight.shape()));
-  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
-           "linear: expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
+  TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1), kOp,
+           ": expected x [..., in] and weight [out, in], got ", ShapeToString(x.shape()), " and ",
+           ShapeToString(weight.shape()));
+  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), kOp,
+           ": expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
   // The op list's fused Linear on every device (a cuBLASLt product with the bias epilogue on
   // CUDA, one GEMM plus one bias pass on the CPU): the sum rounds once to the dtype.
   return Linear(x, weight, bias, Activation::kNone);
@@ -150,10 +154,11 @@ Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
 }
 
 Variable Permute(const Variable& x, const Shape& dims) {
+  constexpr const char* kOp = OpTorchName(OpId::kPermute);
   const Tensor out = x.data().permute(dims);
   Shape inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
-    inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
+    inverse[WrapDim(kOp, dims[i], x.dim())] = static_cast<int64_t>(i);
   return MakeView(Record(OpNodeName(OpId::kPermute), out, {x}, {},
                          [inverse](const BackwardContext& ctx) -> VariableList {
                            return {Permute(ctx.grads[0], inverse)};
