@@ -37,8 +37,16 @@ DType AutocastDType() { return state.dtype; }
 
 DType AutocastTargetDType(CastPolicy policy, DType dtype) {
   if (!state.enabled || !IsFloating(dtype) || dtype == kF64) return dtype;
-  if (policy == CastPolicy::kLowPrecision && state.low_precision_ok) return state.dtype;
-  return kF32;
+  switch (policy) {
+    case CastPolicy::kLowPrecision:
+      return state.low_precision_ok ? state.dtype : kF32;
+    case CastPolicy::kFloat32:
+      return kF32;
+    case CastPolicy::kPromote:
+    case CastPolicy::kNone:
+      break;
+  }
+  return dtype;
 }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled,

@@ -13,14 +13,17 @@
 //   }
 //   loss.backward();                               // outside the guard, as in PyTorch
 //
-// The policy (CastPolicyOf) and what each class of op does under it:
-//   kLowPrecision  matmul, bmm, linear (and conv/attention when they exist): every floating input
-//                  that is not f64 is cast to the autocast dtype.
-//   kFloat32       softmax, log_softmax, layer/rms norm, cross-entropy and other losses, exp, log,
-//                  pow, sum, mean: f16/bf16 inputs are cast to f32.
-// Mixed binary ops (add, sub, mul, div, pow, where) promote to the widest input dtype; the tensor
-// ops already do (PromoteTypes, with the gradient cast back to each input's dtype), with or
-// without autocast, so they need no policy of their own.
+// Each op's policy is an attribute of its entry in the op list (tensor/op_list.inc, read with
+// AutocastPolicyOf(OpId) of tensor/op_list.h), after PyTorch's autocast op lists; the
+// differentiable ops apply it with AutocastInputs (autograd/ops/autocast_inputs.h):
+//   kLowPrecision  matmul, bmm, linear, conv2d, scaled_dot_product_attention: every floating
+//                  input that is not f64 is cast to the autocast dtype.
+//   kFloat32       softmax, log_softmax, layer_norm, cross-entropy, exp, log, pow, sum, mean:
+//                  f16/bf16 inputs are cast to f32.
+//   kPromote       add, sub, mul, div, where, cat, stack: nothing is cast; mixed inputs promote
+//                  to the widest dtype, as the tensor ops already do (PromoteTypes, with the
+//                  gradient cast back to each input's dtype), with or without autocast.
+//   kNone          everything else: nothing is cast.
 // f64 tensors and integer tensors are never cast. Casts are recorded ops, so gradients flow back
 // to the original dtype. The low-precision cast of an f32 leaf that requires grad (a weight) is
 // cached until the outermost guard exits, so a weight used by several ops is cast once per
@@ -38,11 +41,10 @@
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace amp {
-
-enum class CastPolicy { kLowPrecision, kFloat32 };
 
 // The whole thread-local state; copyable so that checkpointing and the engine's hand-off threads
 // can capture and re-establish it.
@@ -65,8 +67,9 @@ void SetAutocastState(const AutocastState& state);
 bool AutocastEnabled();
 DType AutocastDType();
 
-// The dtype an input of dtype `dtype` must be cast to under `policy` in the current state (its
-// own dtype when it must not be cast: autocast off, f64, integers).
+// The dtype an input of dtype `dtype` must be cast to under `policy` (tg::CastPolicy of
+// tensor/op_list.h) in the current state: its own dtype when it must not be cast (autocast off,
+// f64, integers, kPromote and kNone).
 DType AutocastTargetDType(CastPolicy policy, DType dtype);
 
 // Turns autocast on (or off, with enabled = false) for its lifetime, restoring the previous state

@@ -1,9 +1,11 @@
 // Differentiable ops on Variables. Each runs the tensor op of the same name (tensor/ops.h)
 // and, when grad mode is on and an input requires grad, records a node whose backward is made
 // of these same ops, so create_graph gives higher-order gradients. Broadcasting inputs get
-// their gradients summed back to their own shapes. Under autocast (autograd/autocast.h) matmul,
-// bmm and linear cast their inputs to the autocast dtype, and softmax, log_softmax, layer_norm,
-// cross_entropy, exp, log, pow, sum and mean cast theirs to f32.
+// their gradients summed back to their own shapes. Every op here has its entry in the op list
+// (tensor/op_list.inc: its node name "<Op>Backward" and its autocast policy, and the recipe for
+// adding an op). Under autocast (autograd/autocast.h) matmul, bmm, linear, conv2d and attention
+// cast their inputs to the autocast dtype, and softmax, log_softmax, layer_norm, cross_entropy,
+// exp, log, pow, sum and mean cast theirs to f32, as their list entries say.
 //
 //   tg::Variable y = tg::Matmul(x, w) + b;          // b broadcast over rows
 //   tg::Variable loss = tg::Mean(tg::Mul(y, y));

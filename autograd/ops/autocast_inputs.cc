@@ -16,14 +16,14 @@ struct CachedCast {
 
 }  // namespace
 
-Variable AutocastInput(const Variable& x, amp::CastPolicy policy) {
+Variable AutocastInput(const Variable& x, CastPolicy policy) {
   if (!x.defined()) return x;
   const DType to = amp::AutocastTargetDType(policy, x.dtype());
   if (to == x.dtype()) return x;
   // PyTorch caches the casts of f32 leaves that require grad (the weights); we also require grad
   // mode: a cast made under no_grad has no history and must not serve a later recorded use.
-  const bool cacheable = policy == amp::CastPolicy::kLowPrecision && x.dtype() == kF32 &&
-                         x.is_leaf() && x.requires_grad() && GradMode::is_enabled();
+  const bool cacheable = policy == CastPolicy::kLowPrecision && x.dtype() == kF32 && x.is_leaf() &&
+                         x.requires_grad() && GradMode::is_enabled();
   if (cacheable) {
     if (auto hit = amp::LookupCachedCast(x.impl().get(), to)) {
       return static_cast<const CachedCast*>(hit.get())->cast;

@@ -12,6 +12,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -77,14 +78,12 @@ Variable MaxPool2dGradInput(const Variable& g, const Tensor& indices, const Shap
 }  // namespace
 
 Variable Conv2d(const Variable& x, const Variable& weight, const Variable& bias, Conv2dParams p) {
-  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
-  if (NeedsAutocast(kToLow, x, weight, bias)) {
-    return Conv2d(AutocastInput(x, kToLow), AutocastInput(weight, kToLow),
-                  AutocastInput(bias, kToLow), p);
+  if (const auto in = AutocastInputs(OpId::kConv2d, x, weight, bias)) {
+    return Conv2d(in[0], in[1], in[2], p);
   }
   const Tensor out =
       tg::Conv2d(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(), p);
-  return Record("Conv2dBackward", out, {x, weight, bias}, {x, weight},
+  return Record(OpNodeName(OpId::kConv2d), out, {x, weight, bias}, {x, weight},
                 [p](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Variable& x = ctx.saved[0];
@@ -106,7 +105,7 @@ Variable MaxPool2d(const Variable& x, std::array<int64_t, 2> kernel, std::array<
                    std::array<int64_t, 2> padding) {
   MaxPool2dResult r = tg::MaxPool2d(x.data(), kernel, stride, padding);
   const Shape input_shape = x.shape();
-  return Record("MaxPool2dBackward", r.output, {x}, {Variable(r.indices)},
+  return Record(OpNodeName(OpId::kMaxPool2d), r.output, {x}, {Variable(r.indices)},
                 [input_shape](const BackwardContext& ctx) -> VariableList {
                   return {MaxPool2dGradInput(ctx.grads[0], ctx.saved[0].data(), input_shape)};
                 });

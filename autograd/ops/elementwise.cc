@@ -5,6 +5,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -24,7 +25,7 @@ Variable ScalarLike(const Variable& x, double v) { return Variable(ScalarTensor(
 Variable Add(const Variable& a, const Variable& b) {
   Shape sa = a.shape(), sb = b.shape();
   return Record(
-      "AddBackward", tg::Add(a.data(), b.data()), {a, b}, {},
+      OpNodeName(OpId::kAdd), tg::Add(a.data(), b.data()), {a, b}, {},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
         const Variable& g = ctx.grads[0];
         return {ctx.needs(0) ? SumTo(g, sa) : Variable(), ctx.needs(1) ? SumTo(g, sb) : Variable()};
@@ -33,7 +34,7 @@ Variable Add(const Variable& a, const Variable& b) {
 
 Variable Sub(const Variable& a, const Variable& b) {
   Shape sa = a.shape(), sb = b.shape();
-  return Record("SubBackward", tg::Sub(a.data(), b.data()), {a, b}, {},
+  return Record(OpNodeName(OpId::kSub), tg::Sub(a.data(), b.data()), {a, b}, {},
                 [sa, sb](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   return {ctx.needs(0) ? SumTo(g, sa) : Variable(),
@@ -42,7 +43,7 @@ Variable Sub(const Variable& a, const Variable& b) {
 }
 
 Variable Mul(const Variable& a, const Variable& b) {
-  return Record("MulBackward", tg::Mul(a.data(), b.data()), {a, b}, {a, b},
+  return Record(OpNodeName(OpId::kMul), tg::Mul(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Variable& a = ctx.saved[0];
@@ -53,7 +54,7 @@ Variable Mul(const Variable& a, const Variable& b) {
 }
 
 Variable Div(const Variable& a, const Variable& b) {
-  return Record("DivBackward", tg::Div(a.data(), b.data()), {a, b}, {a, b},
+  return Record(OpNodeName(OpId::kDiv), tg::Div(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Variable& a = ctx.saved[0];
@@ -65,9 +66,8 @@ Variable Div(const Variable& a, const Variable& b) {
 }
 
 Variable Pow(const Variable& a, const Variable& b) {
-  constexpr auto kToF32 = amp::CastPolicy::kFloat32;
-  if (NeedsAutocast(kToF32, a, b)) return Pow(AutocastInput(a, kToF32), AutocastInput(b, kToF32));
-  return Record("PowBackward", tg::Pow(a.data(), b.data()), {a, b}, {a, b},
+  if (const auto in = AutocastInputs(OpId::kPow, a, b)) return Pow(in[0], in[1]);
+  return Record(OpNodeName(OpId::kPow), tg::Pow(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Variable& a = ctx.saved[0];
@@ -87,8 +87,7 @@ Variable Pow(const Variable& a, const Variable& b) {
 }
 
 Variable Pow(const Variable& x, double exponent) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Pow(AutocastInput(x, amp::CastPolicy::kFloat32), exponent);
+  if (const auto in = AutocastInputs(OpId::kPow, x)) return Pow(in[0], exponent);
   return Record("PowScalarBackward", tg::Pow(x.data(), exponent), {x}, {x},
                 [exponent](const BackwardContext& ctx) -> VariableList {
                   const Variable& x = ctx.saved[0];
@@ -98,26 +97,25 @@ Variable Pow(const Variable& x, double exponent) {
 }
 
 Variable AddScalar(const Variable& x, double s) {
-  return Record("AddScalarBackward", tg::AddScalar(x.data(), s), {x}, {},
+  return Record(OpNodeName(OpId::kAddScalar), tg::AddScalar(x.data(), s), {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {ctx.grads[0]}; });
 }
 
 Variable MulScalar(const Variable& x, double s) {
   return Record(
-      "MulScalarBackward", tg::MulScalar(x.data(), s), {x}, {},
+      OpNodeName(OpId::kMulScalar), tg::MulScalar(x.data(), s), {x}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
 Variable Neg(const Variable& x) {
-  return Record("NegBackward", tg::Neg(x.data()), {x}, {},
+  return Record(OpNodeName(OpId::kNeg), tg::Neg(x.data()), {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {Neg(ctx.grads[0])}; });
 }
 
 Variable Exp(const Variable& x) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Exp(AutocastInput(x, amp::CastPolicy::kFloat32));
+  if (const auto in = AutocastInputs(OpId::kExp, x)) return Exp(in[0]);
   return Record(
-      "ExpBackward", tg::Exp(x.data()), {x}, {},
+      OpNodeName(OpId::kExp), tg::Exp(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         return {Mul(ctx.grads[0], ctx.saved[0])};  // saved[0] is the result
       },
@@ -125,16 +123,15 @@ Variable Exp(const Variable& x) {
 }
 
 Variable Log(const Variable& x) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Log(AutocastInput(x, amp::CastPolicy::kFloat32));
+  if (const auto in = AutocastInputs(OpId::kLog, x)) return Log(in[0]);
   return Record(
-      "LogBackward", tg::Log(x.data()), {x}, {x},
+      OpNodeName(OpId::kLog), tg::Log(x.data()), {x}, {x},
       [](const BackwardContext& ctx) -> VariableList { return {Div(ctx.grads[0], ctx.saved[0])}; });
 }
 
 Variable Sqrt(const Variable& x) {
   return Record(
-      "SqrtBackward", tg::Sqrt(x.data()), {x}, {},
+      OpNodeName(OpId::kSqrt), tg::Sqrt(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         // d sqrt(x) = 1 / (2 sqrt(x))
         return {Div(ctx.grads[0], MulScalar(ctx.saved[0], 2))};
@@ -144,7 +141,7 @@ Variable Sqrt(const Variable& x) {
 
 Variable Tanh(const Variable& x) {
   return Record(
-      "TanhBackward", tg::Tanh(x.data()), {x}, {},
+      OpNodeName(OpId::kTanh), tg::Tanh(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         const Variable& y = ctx.saved[0];
         return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
@@ -154,7 +151,7 @@ Variable Tanh(const Variable& x) {
 
 Variable Sigmoid(const Variable& x) {
   return Record(
-      "SigmoidBackward", tg::Sigmoid(x.data()), {x}, {},
+      OpNodeName(OpId::kSigmoid), tg::Sigmoid(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         const Variable& y = ctx.saved[0];
         return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
@@ -164,7 +161,7 @@ Variable Sigmoid(const Variable& x) {
 
 Variable Relu(const Variable& x) {
   return Record(
-      "ReluBackward", tg::Relu(x.data()), {x}, {},
+      OpNodeName(OpId::kRelu), tg::Relu(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
@@ -172,14 +169,14 @@ Variable Relu(const Variable& x) {
 }
 
 Variable ReluBackward(const Variable& grad, const Variable& y) {
-  return Record("ReluBackwardBackward", tg::ReluBackward(grad.data(), y.data()), {grad}, {y},
-                [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kReluBackward), tg::ReluBackward(grad.data(), y.data()), {grad},
+                {y}, [](const BackwardContext& ctx) -> VariableList {
                   return {ReluBackward(ctx.grads[0], ctx.saved[0])};
                 });
 }
 
 Variable Erf(const Variable& x) {
-  return Record("ErfBackward", tg::Erf(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kErf), tg::Erf(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Variable& x = ctx.saved[0];
                   const double k2OverSqrtPi = 1.1283791670955126;
@@ -188,7 +185,7 @@ Variable Erf(const Variable& x) {
 }
 
 Variable Gelu(const Variable& x) {
-  return Record("GeluBackward", tg::Gelu(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kGelu), tg::Gelu(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   // d/dx x Phi(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
                   const Variable& x = ctx.saved[0];
@@ -200,7 +197,7 @@ Variable Gelu(const Variable& x) {
 }
 
 Variable GeluTanh(const Variable& x) {
-  return Record("GeluTanhBackward", tg::GeluTanh(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kGeluTanh), tg::GeluTanh(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   // y = x/2 (1 + tanh u), u = k (x + c x^3):
                   // dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 c x^2)
@@ -216,20 +213,21 @@ Variable GeluTanh(const Variable& x) {
 }
 
 Variable Abs(const Variable& x) {
-  return Record(
-      "AbsBackward", tg::Abs(x.data()), {x}, {x}, [](const BackwardContext& ctx) -> VariableList {
-        // sign(x), 0 at 0 (as in PyTorch)
-        const Tensor& x = ctx.saved[0].data();
-        const Tensor zero = ScalarTensor(0, x);
-        const Tensor sign = tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
-        return {Mul(ctx.grads[0], Variable(sign))};
-      });
+  return Record(OpNodeName(OpId::kAbs), tg::Abs(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  // sign(x), 0 at 0 (as in PyTorch)
+                  const Tensor& x = ctx.saved[0].data();
+                  const Tensor zero = ScalarTensor(0, x);
+                  const Tensor sign =
+                      tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
+                  return {Mul(ctx.grads[0], Variable(sign))};
+                });
 }
 
 Variable Where(const Tensor& cond, const Variable& a, const Variable& b) {
   Shape sa = a.shape(), sb = b.shape();
-  return Record("WhereBackward", tg::Where(cond, a.data(), b.data()), {a, b}, {Variable(cond)},
-                [sa, sb](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kWhere), tg::Where(cond, a.data(), b.data()), {a, b},
+                {Variable(cond)}, [sa, sb](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   const Tensor& c = ctx.saved[0].data();
                   const Variable zero(ScalarTensor(0, g.data()));
@@ -243,7 +241,7 @@ Variable Cast(const Variable& x, DType dtype) {
   if (!IsFloating(dtype)) return Variable(x.data().to(dtype));  // integers carry no gradient
   const DType from = x.dtype();
   return Record(
-      "CastBackward", x.data().to(dtype), {x}, {},
+      OpNodeName(OpId::kCast), x.data().to(dtype), {x}, {},
       [from](const BackwardContext& ctx) -> VariableList { return {Cast(ctx.grads[0], from)}; });
 }
 

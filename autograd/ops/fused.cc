@@ -17,6 +17,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -49,10 +50,8 @@ Tensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
 }  // namespace
 
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act) {
-  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
-  if (NeedsAutocast(kToLow, x, weight, bias)) {
-    return Linear(AutocastInput(x, kToLow), AutocastInput(weight, kToLow),
-                  AutocastInput(bias, kToLow), act);
+  if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
+    return Linear(in[0], in[1], in[2], act);
   }
   LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(),
                               act);  // validates
@@ -60,8 +59,8 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
   // first, in the order its node lists them, so a layer's bias gradient arrives before its
   // weight's, as in PyTorch (DDP and ZeRO lay their buckets out in that order).
   return Record(
-      "LinearBackward", r.output, {bias, x, weight}, {x, weight, bias, Wrap(r.pre_activation)},
-      [act](const BackwardContext& ctx) -> VariableList {
+      OpNodeName(OpId::kLinear), r.output, {bias, x, weight},
+      {x, weight, bias, Wrap(r.pre_activation)}, [act](const BackwardContext& ctx) -> VariableList {
         const bool needs_bias = ctx.needs(0), needs_x = ctx.needs(1), needs_w = ctx.needs(2);
         const Variable& x = ctx.saved[0];
         const Variable& w = ctx.saved[1];
@@ -95,14 +94,13 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
 
 Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const Variable& v,
                                    bool causal, double scale) {
-  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
-  if (NeedsAutocast(kToLow, q, k, v)) {
-    return ScaledDotProductAttention(AutocastInput(q, kToLow), AutocastInput(k, kToLow),
-                                     AutocastInput(v, kToLow), causal, scale);
+  if (const auto in = AutocastInputs(OpId::kScaledDotProductAttention, q, k, v)) {
+    return ScaledDotProductAttention(in[0], in[1], in[2], causal, scale);
   }
   AttentionResult r = tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale);
   return Record(
-      "ScaledDotProductAttentionBackward", r.output, {q, k, v}, {q, k, v, Variable(r.stats)},
+      OpNodeName(OpId::kScaledDotProductAttention), r.output, {q, k, v},
+      {q, k, v, Variable(r.stats)},
       [causal, scale](const BackwardContext& ctx) -> VariableList {
         const Variable& q = ctx.saved[0];
         const Variable& k = ctx.saved[1];
@@ -136,9 +134,8 @@ Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const V
 
 Variable FusedCrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
                            Reduction reduction) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, logits)) {
-    return FusedCrossEntropy(AutocastInput(logits, amp::CastPolicy::kFloat32), targets,
-                             ignore_index, reduction);
+  if (const auto in = AutocastInputs(OpId::kFusedCrossEntropy, logits)) {
+    return FusedCrossEntropy(in[0], targets, ignore_index, reduction);
   }
   // Without a gradient to compute this is the plain loss.
   if (!ShouldRecord({logits})) {
@@ -149,10 +146,10 @@ Variable FusedCrossEntropy(const Variable& logits, const Tensor& targets, int64_
   CrossEntropyResult r =
       tg::CrossEntropyWithGrad(logits.data(), targets, ignore_index, reduction, 1.0);
   return Record(
-      "FusedCrossEntropyBackward", r.loss, {logits}, {Variable(r.grad_logits)},
+      OpNodeName(OpId::kFusedCrossEntropy), r.loss, {logits}, {Variable(r.grad_logits)},
       [reduction](const BackwardContext& ctx) -> VariableList {
-        TG_CHECK(!GradMode::is_enabled(),
-                 "FusedCrossEntropyBackward: a create_graph backward needs the logits, "
+        TG_CHECK(!GradMode::is_enabled(), OpNodeName(OpId::kFusedCrossEntropy),
+                 ": a create_graph backward needs the logits, "
                  "which the fused loss does not keep; use tg::CrossEntropy (or "
                  "nn::CrossEntropyLoss with CrossEntropyOptions::fused = false)");
         const Tensor& unit = ctx.saved[0].data();  // [N, C]

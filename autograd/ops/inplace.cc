@@ -17,6 +17,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -163,13 +164,14 @@ const Variable& Commit(const char* name, const Variable& self, const Tensor& val
 }  // namespace
 
 const Variable& AddInPlace(const Variable& self, const Variable& other) {
-  CheckInPlaceAllowed("add_", self, other);
-  TG_CHECK(other.defined(), "add_: other is undefined");
+  constexpr const char* kOp = OpTorchName(OpId::kAddInPlace);
+  CheckInPlaceAllowed(kOp, self, other);
+  TG_CHECK(other.defined(), kOp, ": other is undefined");
   const Tensor value = tg::Add(self.data(), other.data());
-  CheckWritable("add_", self, value);
+  CheckWritable(kOp, self, value);
   const DType self_dtype = self.dtype(), other_dtype = other.dtype();
   const Shape other_shape = other.shape();
-  return Commit("AddInPlaceBackward", self, value, {self, other}, {},
+  return Commit(OpNodeName(OpId::kAddInPlace), self, value, {self, other}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   return {ctx.needs(0) ? Cast(g, self_dtype) : Variable(),
@@ -178,10 +180,11 @@ const Variable& AddInPlace(const Variable& self, const Variable& other) {
 }
 
 const Variable& MulInPlace(const Variable& self, const Variable& other) {
-  CheckInPlaceAllowed("mul_", self, other);
-  TG_CHECK(other.defined(), "mul_: other is undefined");
+  constexpr const char* kOp = OpTorchName(OpId::kMulInPlace);
+  CheckInPlaceAllowed(kOp, self, other);
+  TG_CHECK(other.defined(), kOp, ": other is undefined");
   const Tensor value = tg::Mul(self.data(), other.data());
-  CheckWritable("mul_", self, value);
+  CheckWritable(kOp, self, value);
   Variable self_before, other_saved;
   if (ShouldRecord({self, other})) {
     // d/d other needs self's old value; d/d self needs other, which the write changes too when
@@ -193,8 +196,8 @@ const Variable& MulInPlace(const Variable& self, const Variable& other) {
   }
   const DType self_dtype = self.dtype(), other_dtype = other.dtype();
   const Shape other_shape = other.shape();
-  return Commit("MulInPlaceBackward", self, value, {self, other}, {self_before, other_saved},
-                [=](const BackwardContext& ctx) -> VariableList {
+  return Commit(OpNodeName(OpId::kMulInPlace), self, value, {self, other},
+                {self_before, other_saved}, [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   Variable gs, go;
                   if (ctx.needs(0)) gs = Cast(Mul(g, ctx.saved[1]), self_dtype);
@@ -206,20 +209,22 @@ const Variable& MulInPlace(const Variable& self, const Variable& other) {
 }
 
 const Variable& MulScalarInPlace(const Variable& self, double s) {
-  CheckInPlaceAllowed("mul_", self);
+  constexpr const char* kOp = OpTorchName(OpId::kMulScalarInPlace);
+  CheckInPlaceAllowed(kOp, self);
   const Tensor value = tg::MulScalar(self.data(), s);
   return Commit(
-      "MulScalarInPlaceBackward", self, value, {self}, {},
+      OpNodeName(OpId::kMulScalarInPlace), self, value, {self}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
 const Variable& ReluInPlace(const Variable& self) {
-  CheckInPlaceAllowed("relu_", self);
+  constexpr const char* kOp = OpTorchName(OpId::kReluInPlace);
+  CheckInPlaceAllowed(kOp, self);
   const Tensor value = tg::Relu(self.data());
   // Saves self's new value (as PyTorch's relu_ does): modifying self again in place before
   // backward makes this node refuse to run.
   return Commit(
-      "ReluInPlaceBackward", self, value, {self}, {},
+      OpNodeName(OpId::kReluInPlace), self, value, {self}, {},
       [](const BackwardContext& ctx) -> VariableList {
         return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
@@ -227,14 +232,15 @@ const Variable& ReluInPlace(const Variable& self) {
 }
 
 const Variable& CopyInPlace(const Variable& self, const Variable& src) {
-  CheckInPlaceAllowed("copy_", self, src);
-  TG_CHECK(src.defined(), "copy_: src is undefined");
+  constexpr const char* kOp = OpTorchName(OpId::kCopyInPlace);
+  CheckInPlaceAllowed(kOp, self, src);
+  TG_CHECK(src.defined(), kOp, ": src is undefined");
   // A separate buffer first: src may overlap self (x.copy_(x.t())).
   Tensor value = Tensor::Empty(self.shape(), self.dtype(), self.data().device());
   value.copy_(src.data());  // broadcasts src and converts its dtype (throws if it cannot)
   const Shape self_shape = self.shape(), src_shape = src.shape();
   const DType self_dtype = self.dtype(), src_dtype = src.dtype();
-  return Commit("CopyInPlaceBackward", self, value, {self, src}, {},
+  return Commit(OpNodeName(OpId::kCopyInPlace), self, value, {self, src}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
                   const Variable& g = ctx.grads[0];
                   Variable gs, gsrc;
@@ -247,11 +253,12 @@ const Variable& CopyInPlace(const Variable& self, const Variable& src) {
 }
 
 const Variable& FillInPlace(const Variable& self, double value) {
-  CheckInPlaceAllowed("fill_", self);
+  constexpr const char* kOp = OpTorchName(OpId::kFillInPlace);
+  CheckInPlaceAllowed(kOp, self);
   const Tensor full = Tensor::Full(self.shape(), value, self.dtype(), self.data().device());
   const Shape shape = self.shape();
   const DType dtype = self.dtype();
-  return Commit("FillInPlaceBackward", self, full, {self}, {},
+  return Commit(OpNodeName(OpId::kFillInPlace), self, full, {self}, {},
                 [shape, dtype](const BackwardContext& ctx) -> VariableList {
                   return {Variable(Tensor::Zeros(shape, dtype, ctx.grads[0].data().device()))};
                 });

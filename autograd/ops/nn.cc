@@ -13,6 +13,7 @@
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
 #include "tensor/generator.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -40,10 +41,9 @@ Variable EmbeddingDense(const Variable& g, const Tensor& indices, int64_t rows) 
 }  // namespace
 
 Variable Softmax(const Variable& x) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Softmax(AutocastInput(x, amp::CastPolicy::kFloat32));
+  if (const auto in = AutocastInputs(OpId::kSoftmax, x)) return Softmax(in[0]);
   return Record(
-      "SoftmaxBackward", tg::Softmax(x.data()), {x}, {},
+      OpNodeName(OpId::kSoftmax), tg::Softmax(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         // dx = y * (g - sum(g * y)) over the last dim.
         const DType ct = ComputeDType(ctx.saved[0].dtype());
@@ -56,10 +56,9 @@ Variable Softmax(const Variable& x) {
 }
 
 Variable LogSoftmax(const Variable& x) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return LogSoftmax(AutocastInput(x, amp::CastPolicy::kFloat32));
+  if (const auto in = AutocastInputs(OpId::kLogSoftmax, x)) return LogSoftmax(in[0]);
   return Record(
-      "LogSoftmaxBackward", tg::LogSoftmax(x.data()), {x}, {},
+      OpNodeName(OpId::kLogSoftmax), tg::LogSoftmax(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         // dx = g - softmax(x) * sum(g) over the last dim; softmax = exp(y).
         const DType ct = ComputeDType(ctx.saved[0].dtype());
@@ -72,14 +71,12 @@ Variable LogSoftmax(const Variable& x) {
 }
 
 Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bias, double eps) {
-  constexpr auto kToF32 = amp::CastPolicy::kFloat32;
-  if (NeedsAutocast(kToF32, x, weight, bias)) {
-    return LayerNorm(AutocastInput(x, kToF32), AutocastInput(weight, kToF32),
-                     AutocastInput(bias, kToF32), eps);
+  if (const auto in = AutocastInputs(OpId::kLayerNorm, x, weight, bias)) {
+    return LayerNorm(in[0], in[1], in[2], eps);
   }
   LayerNormResult r = tg::LayerNorm(x.data(), weight.defined() ? weight.data() : Tensor(),
                                     bias.defined() ? bias.data() : Tensor(), eps);
-  return Record("LayerNormBackward", r.output, {x, weight, bias},
+  return Record(OpNodeName(OpId::kLayerNorm), r.output, {x, weight, bias},
                 {x, weight, Variable(r.mean), Variable(r.rstd)},
                 [eps](const BackwardContext& ctx) -> VariableList {
                   const Variable& x = ctx.saved[0];
@@ -122,7 +119,7 @@ Variable LayerNorm(const Variable& x, const Variable& weight, const Variable& bi
 Variable Embedding(const Variable& weight, const Tensor& indices) {
   const Tensor out = tg::Embedding(weight.data(), indices);  // validates
   const int64_t rows = weight.size(0);
-  return Record("EmbeddingBackward", out, {weight}, {Variable(indices)},
+  return Record(OpNodeName(OpId::kEmbedding), out, {weight}, {Variable(indices)},
                 [rows](const BackwardContext& ctx) -> VariableList {
                   return {EmbeddingDense(ctx.grads[0], ctx.saved[0].data(), rows)};
                 });
@@ -130,12 +127,11 @@ Variable Embedding(const Variable& weight, const Tensor& indices) {
 
 Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
                       Reduction reduction) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, logits)) {
-    return CrossEntropy(AutocastInput(logits, amp::CastPolicy::kFloat32), targets, ignore_index,
-                        reduction);
+  if (const auto in = AutocastInputs(OpId::kCrossEntropy, logits)) {
+    return CrossEntropy(in[0], targets, ignore_index, reduction);
   }
   const Tensor loss = tg::CrossEntropy(logits.data(), targets, ignore_index, reduction);
-  return Record("CrossEntropyBackward", loss, {logits}, {logits, Variable(targets)},
+  return Record(OpNodeName(OpId::kCrossEntropy), loss, {logits}, {logits, Variable(targets)},
                 [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
                   const Variable& logits = ctx.saved[0];
                   const Tensor& targets = ctx.saved[1].data();
@@ -172,8 +168,9 @@ Variable CrossEntropy(const Variable& logits, const Tensor& targets, int64_t ign
 }
 
 Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
-  TG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
-  TG_CHECK(IsFloating(x.dtype()), "dropout: expected a floating dtype (f32, f64, f16, bf16), got ",
+  constexpr const char* kOp = OpTorchName(OpId::kDropout);
+  TG_CHECK(p >= 0 && p < 1, kOp, ": p must be in [0, 1), got ", p);
+  TG_CHECK(IsFloating(x.dtype()), kOp, ": expected a floating dtype (f32, f64, f16, bf16), got ",
            DTypeName(x.dtype()));
   if (!training || p == 0) return x;  // identity, and no draws from the generator
   // One uniform per element in row-major order: u < p drops the element (tg::DropoutMask). The
@@ -182,7 +179,7 @@ Variable Dropout(const Variable& x, double p, Generator& gen, bool training) {
   // elements a CPU run drops (and checkpoints resume it), without an upload.
   const Tensor mask = tg::DropoutMask(x.shape(), p, gen, x.dtype(), x.data().device());
   const double scale = 1.0 / (1.0 - p);
-  return Record("DropoutBackward", tg::MulScalar(tg::Mul(x.data(), mask), scale), {x},
+  return Record(OpNodeName(OpId::kDropout), tg::MulScalar(tg::Mul(x.data(), mask), scale), {x},
                 {Variable(mask)}, [scale](const BackwardContext& ctx) -> VariableList {
                   return {MulScalar(Mul(ctx.grads[0], ctx.saved[0]), scale)};
                 });

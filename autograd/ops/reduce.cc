@@ -4,6 +4,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -23,36 +24,35 @@ Shape KeptShape(const Shape& shape, const std::vector<int64_t>& dims) {
 }  // namespace
 
 Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Sum(AutocastInput(x, amp::CastPolicy::kFloat32), dims, keepdim);
+  if (const auto in = AutocastInputs(OpId::kSum, x)) return Sum(in[0], dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
-  return Record("SumBackward", tg::Sum(x.data(), dims, keepdim), {x}, {},
+  return Record(OpNodeName(OpId::kSum), tg::Sum(x.data(), dims, keepdim), {x}, {},
                 [in_shape, kept](const BackwardContext& ctx) -> VariableList {
                   return {Expand(Reshape(ctx.grads[0], kept), in_shape)};
                 });
 }
 
 Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
-  if (NeedsAutocast(amp::CastPolicy::kFloat32, x))
-    return Mean(AutocastInput(x, amp::CastPolicy::kFloat32), dims, keepdim);
+  if (const auto in = AutocastInputs(OpId::kMean, x)) return Mean(in[0], dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
   const int64_t count = std::max<int64_t>(NumElements(kept), 1);
   const double scale = NumElements(in_shape) == 0 ? 0.0
                                                   : static_cast<double>(count) /
                                                         static_cast<double>(NumElements(in_shape));
-  return Record("MeanBackward", tg::Mean(x.data(), dims, keepdim), {x}, {},
+  return Record(OpNodeName(OpId::kMean), tg::Mean(x.data(), dims, keepdim), {x}, {},
                 [in_shape, kept, scale](const BackwardContext& ctx) -> VariableList {
                   return {Expand(Reshape(MulScalar(ctx.grads[0], scale), kept), in_shape)};
                 });
 }
 
 Variable Max(const Variable& x, int64_t dim, bool keepdim) {
+  constexpr const char* kOp = OpTorchName(OpId::kMax);
   const Shape in_shape = x.shape();
-  const int64_t d = WrapDim("max", dim, x.dim());
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const Tensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
-  return Record("MaxBackward", tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kMax), tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   // Scatter the gradient to the arg-max: a one-hot mask times the broadcast grad.
                   // The mask is scattered where the index lives (ones at the arg-max along d),
@@ -69,9 +69,10 @@ Variable Max(const Variable& x, int64_t dim, bool keepdim) {
 }
 
 Variable SumTo(const Variable& x, const Shape& shape) {
+  constexpr const char* kOp = OpTorchName(OpId::kSumTo);
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
-  TG_CHECK(lead >= 0, "sum_to: cannot reduce shape ", ShapeToString(x.shape()), " to ",
+  TG_CHECK(lead >= 0, kOp, ": cannot reduce shape ", ShapeToString(x.shape()), " to ",
            ShapeToString(shape));
   std::vector<int64_t> dims;
   for (int64_t i = 0; i < x.dim(); ++i) {
@@ -80,7 +81,7 @@ Variable SumTo(const Variable& x, const Shape& shape) {
     } else if (shape[i - lead] == 1 && x.size(i) != 1) {
       dims.push_back(i);
     } else {
-      TG_CHECK(shape[i - lead] == x.size(i), "sum_to: cannot reduce shape ",
+      TG_CHECK(shape[i - lead] == x.size(i), kOp, ": cannot reduce shape ",
                ShapeToString(x.shape()), " to ", ShapeToString(shape));
     }
   }
@@ -89,12 +90,10 @@ Variable SumTo(const Variable& x, const Shape& shape) {
 }
 
 Variable Matmul(const Variable& a, const Variable& b) {
-  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
-  if (NeedsAutocast(kToLow, a, b))
-    return Matmul(AutocastInput(a, kToLow), AutocastInput(b, kToLow));
+  if (const auto in = AutocastInputs(OpId::kMatmul, a, b)) return Matmul(in[0], in[1]);
   const Shape sa = a.shape(), sb = b.shape();
   return Record(
-      "MatmulBackward", tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
+      OpNodeName(OpId::kMatmul), tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
         Variable g = ctx.grads[0];
         Variable a = ctx.saved[0], b = ctx.saved[1];
@@ -113,23 +112,23 @@ Variable Matmul(const Variable& a, const Variable& b) {
 }
 
 Variable Bmm(const Variable& a, const Variable& b) {
-  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
-           "bmm: expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
+  constexpr const char* kOp = OpTorchName(OpId::kBmm);
+  TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), kOp,
+           ": expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
            ShapeToString(b.shape()));
   return Matmul(a, b);
 }
 
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
-  constexpr auto kToLow = amp::CastPolicy::kLowPrecision;
-  if (NeedsAutocast(kToLow, x, weight, bias)) {
-    return Linear(AutocastInput(x, kToLow), AutocastInput(weight, kToLow),
-                  AutocastInput(bias, kToLow));
+  constexpr const char* kOp = OpTorchName(OpId::kLinear);
+  if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
+    return Linear(in[0], in[1], in[2]);
   }
-  TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1),
-           "linear: expected x [..., in] and weight [out, in], got ", ShapeToString(x.shape()),
-           " and ", ShapeToString(weight.shape()));
-  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
-           "linear: expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
+  TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1), kOp,
+           ": expected x [..., in] and weight [out, in], got ", ShapeToString(x.shape()), " and ",
+           ShapeToString(weight.shape()));
+  TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), kOp,
+           ": expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
   // The op list's fused Linear on every device (a cuBLASLt product with the bias epilogue on
   // CUDA, one GEMM plus one bias pass on the CPU): the sum rounds once to the dtype.
   return Linear(x, weight, bias, Activation::kNone);
@@ -139,7 +138,7 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
 
 Variable Reshape(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return MakeView(Record("ReshapeBackward", x.data().reshape(shape), {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kReshape), x.data().reshape(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
@@ -147,7 +146,7 @@ Variable Reshape(const Variable& x, const Shape& shape) {
 }
 
 Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
-  return MakeView(Record("TransposeBackward", x.data().transpose(dim0, dim1), {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kTranspose), x.data().transpose(dim0, dim1), {x}, {},
                          [dim0, dim1](const BackwardContext& ctx) -> VariableList {
                            return {Transpose(ctx.grads[0], dim0, dim1)};
                          }),
@@ -155,11 +154,12 @@ Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
 }
 
 Variable Permute(const Variable& x, const Shape& dims) {
+  constexpr const char* kOp = OpTorchName(OpId::kPermute);
   const Tensor out = x.data().permute(dims);
   Shape inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
-    inverse[WrapDim("permute", dims[i], x.dim())] = static_cast<int64_t>(i);
-  return MakeView(Record("PermuteBackward", out, {x}, {},
+    inverse[WrapDim(kOp, dims[i], x.dim())] = static_cast<int64_t>(i);
+  return MakeView(Record(OpNodeName(OpId::kPermute), out, {x}, {},
                          [inverse](const BackwardContext& ctx) -> VariableList {
                            return {Permute(ctx.grads[0], inverse)};
                          }),
@@ -168,7 +168,7 @@ Variable Permute(const Variable& x, const Shape& dims) {
 
 Variable Expand(const Variable& x, const Shape& shape) {
   const Shape in_shape = x.shape();
-  return MakeView(Record("ExpandBackward", x.data().expand(shape), {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kExpand), x.data().expand(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {SumTo(ctx.grads[0], in_shape)};
                          }),
@@ -177,7 +177,7 @@ Variable Expand(const Variable& x, const Shape& shape) {
 
 Variable Unsqueeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return MakeView(Record("UnsqueezeBackward", x.data().unsqueeze(dim), {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kUnsqueeze), x.data().unsqueeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
@@ -186,7 +186,7 @@ Variable Unsqueeze(const Variable& x, int64_t dim) {
 
 Variable Squeeze(const Variable& x, int64_t dim) {
   const Shape in_shape = x.shape();
-  return MakeView(Record("SqueezeBackward", x.data().squeeze(dim), {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kSqueeze), x.data().squeeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),

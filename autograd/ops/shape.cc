@@ -7,6 +7,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "tensor/op_list.h"
 
 namespace tg {
 namespace {
@@ -53,11 +54,12 @@ Variable IndexAddInto(const Variable& g, const Shape& shape, const Tensor& index
 }  // namespace
 
 Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  constexpr const char* kOp = OpTorchName(OpId::kSlice);
   const Tensor out = x.data().slice(dim, start, end, step);  // validates dim and step
-  const int64_t d = WrapDim("slice", dim, x.dim());
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const Shape in_shape = x.shape();
   return MakeView(
-      Record("SliceBackward", out, {x}, {},
+      Record(OpNodeName(OpId::kSlice), out, {x}, {},
              [in_shape, d, start, end, step](const BackwardContext& ctx) -> VariableList {
                return {SliceScatter(ctx.grads[0], in_shape, d, start, end, step)};
              }),
@@ -65,23 +67,25 @@ Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
 }
 
 Variable Narrow(const Variable& x, int64_t dim, int64_t start, int64_t length) {
-  TG_CHECK(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
-  const int64_t d = WrapDim("narrow", dim, x.dim());
+  constexpr const char* kOp = OpTorchName(OpId::kNarrow);
+  TG_CHECK(x.dim() > 0, kOp, ": cannot narrow a 0-d tensor");
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const int64_t size = x.size(d);
-  TG_CHECK(start >= -size && start <= size, "narrow: start ", start, " is out of range for dim ", d,
+  TG_CHECK(start >= -size && start <= size, kOp, ": start ", start, " is out of range for dim ", d,
            " of size ", size);
   const int64_t s = start < 0 ? start + size : start;
-  TG_CHECK(length >= 0 && s + length <= size, "narrow: start (", s, ") + length (", length,
+  TG_CHECK(length >= 0 && s + length <= size, kOp, ": start (", s, ") + length (", length,
            ") exceeds dim ", d, " of size ", size);
   return Slice(x, d, s, s + length);
 }
 
 Variable Select(const Variable& x, int64_t dim, int64_t index) {
+  constexpr const char* kOp = OpTorchName(OpId::kSelect);
   const Tensor out = x.data().select(dim, index);  // validates dim and index
-  const int64_t d = WrapDim("select", dim, x.dim());
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const int64_t i = index < 0 ? index + x.size(d) : index;
   const Shape in_shape = x.shape();
-  return MakeView(Record("SelectBackward", out, {x}, {},
+  return MakeView(Record(OpNodeName(OpId::kSelect), out, {x}, {},
                          [in_shape, d, i](const BackwardContext& ctx) -> VariableList {
                            return {SelectScatter(ctx.grads[0], in_shape, d, i)};
                          }),
@@ -89,13 +93,14 @@ Variable Select(const Variable& x, int64_t dim, int64_t index) {
 }
 
 Variable Cat(const VariableList& xs, int64_t dim) {
-  TG_CHECK(!xs.empty(), "cat: expected a non-empty list of tensors");
+  constexpr const char* kOp = OpTorchName(OpId::kCat);
+  TG_CHECK(!xs.empty(), kOp, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
-    TG_CHECK(xs[i].defined(), "cat: tensor ", i, " is undefined");
-    TG_CHECK(xs[i].dim() > 0, "cat: tensor ", i, " is 0-d; 0-d tensors cannot be concatenated");
+    TG_CHECK(xs[i].defined(), kOp, ": tensor ", i, " is undefined");
+    TG_CHECK(xs[i].dim() > 0, kOp, ": tensor ", i, " is 0-d; 0-d tensors cannot be concatenated");
   }
   const Shape& first = xs[0].shape();
-  const int64_t d = WrapDim("cat", dim, xs[0].dim());
+  const int64_t d = WrapDim(kOp, dim, xs[0].dim());
   Shape out_shape = first;
   out_shape[d] = 0;
   DType dtype = xs[0].dtype();
@@ -107,8 +112,9 @@ Variable Cat(const VariableList& xs, int64_t dim) {
     for (size_t k = 0; match && k < s.size(); ++k) {
       match = k == static_cast<size_t>(d) || s[k] == first[k];
     }
-    TG_CHECK(match, "cat: tensor ", i, " has shape ", ShapeToString(s), " but tensor 0 has shape ",
-             ShapeToString(first), "; shapes must match except in dim ", d);
+    TG_CHECK(match, kOp, ": tensor ", i, " has shape ", ShapeToString(s),
+             " but tensor 0 has shape ", ShapeToString(first), "; shapes must match except in dim ",
+             d);
     out_shape[d] += s[d];
     sizes.push_back(s[d]);
     dtypes.push_back(xs[i].dtype());
@@ -119,7 +125,7 @@ Variable Cat(const VariableList& xs, int64_t dim) {
     out.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
         .copy_(xs[i].data());
   }
-  return Record("CatBackward", out, xs, {},
+  return Record(OpNodeName(OpId::kCat), out, xs, {},
                 [d, sizes, dtypes](const BackwardContext& ctx) -> VariableList {
                   VariableList grads(sizes.size());
                   int64_t offset = 0;
@@ -132,14 +138,15 @@ Variable Cat(const VariableList& xs, int64_t dim) {
 }
 
 Variable Stack(const VariableList& xs, int64_t dim) {
-  TG_CHECK(!xs.empty(), "stack: expected a non-empty list of tensors");
+  constexpr const char* kOp = OpTorchName(OpId::kStack);
+  TG_CHECK(!xs.empty(), kOp, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
-    TG_CHECK(xs[i].defined(), "stack: tensor ", i, " is undefined");
-    TG_CHECK(xs[i].shape() == xs[0].shape(), "stack: tensor ", i, " has shape ",
+    TG_CHECK(xs[i].defined(), kOp, ": tensor ", i, " is undefined");
+    TG_CHECK(xs[i].shape() == xs[0].shape(), kOp, ": tensor ", i, " has shape ",
              ShapeToString(xs[i].shape()), " but tensor 0 has shape ", ShapeToString(xs[0].shape()),
              "; stacked tensors must have equal shapes");
   }
-  const int64_t d = WrapDim("stack", dim, xs[0].dim() + 1);
+  const int64_t d = WrapDim(kOp, dim, xs[0].dim() + 1);
   // stack = cat of the inputs unsqueezed at dim; the gradient flows back through both ops.
   VariableList unsqueezed;
   unsqueezed.reserve(xs.size());
@@ -148,16 +155,17 @@ Variable Stack(const VariableList& xs, int64_t dim) {
 }
 
 VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
-  TG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
-  TG_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
-  const int64_t d = WrapDim("split", dim, x.dim());
+  constexpr const char* kOp = OpTorchName(OpId::kSplit);
+  TG_CHECK(split_size > 0, kOp, ": split_size must be positive, got ", split_size);
+  TG_CHECK(x.dim() > 0, kOp, ": cannot split a 0-d tensor");
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const int64_t n = x.size(d);
   // Chunks of split_size, the last one shorter; an empty dim gives one empty chunk (PyTorch).
   std::vector<Tensor> chunks;
   for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
     chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
   }
-  VariableList outputs = RecordMulti("SplitBackward", chunks, {x}, {},
+  VariableList outputs = RecordMulti(OpNodeName(OpId::kSplit), chunks, {x}, {},
                                      [d](const BackwardContext& ctx) -> VariableList {
                                        // Chunks that got no gradient arrive as zeros.
                                        return {Cat(ctx.grads, d)};
@@ -169,10 +177,11 @@ VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
 }
 
 Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
+  constexpr const char* kOp = OpTorchName(OpId::kGather);
   const Tensor out = tg::Gather(x.data(), dim, index);  // validates
-  const int64_t d = WrapDim("gather", dim, x.dim());
+  const int64_t d = WrapDim(kOp, dim, x.dim());
   const Shape in_shape = x.shape();
-  return Record("GatherBackward", out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kGather), out, {x}, {Variable(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   return {ScatterAddInto(ctx.grads[0], in_shape, d, ctx.saved[0].data())};
                 });
@@ -181,7 +190,7 @@ Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
 Variable IndexSelect(const Variable& x, const Tensor& index) {
   const Tensor out = tg::IndexSelect(x.data(), 0, index);  // validates
   const Shape in_shape = x.shape();
-  return Record("IndexSelectBackward", out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kIndexSelect), out, {x}, {Variable(index)},
                 [in_shape](const BackwardContext& ctx) -> VariableList {
                   return {IndexAddInto(ctx.grads[0], in_shape, ctx.saved[0].data())};
                 });

@@ -59,6 +59,48 @@ TEST(AutocastTest, OpPolicy) {
   EXPECT_EQ(Sum(Matmul(x.detach().data().to(kF16), w.data().to(kF16))).dtype(), kF16);
 }
 
+// The four policies of the op list (tensor/op_list.h), as AutocastTargetDType applies them: only
+// kLowPrecision and kFloat32 cast; kPromote and kNone (ops whose mixed inputs promote, or that
+// keep their dtype) leave every dtype alone, as do f64, integers and autocast off.
+TEST(AutocastTest, TargetDTypeOfEachPolicy) {
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kF32), kF32);  // autocast off
+  AutocastGuard autocast(kF16);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kF32), kF16);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kBF16), kF16);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kF64), kF64);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kFloat32, kF16), kF32);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kFloat32, kBF16), kF32);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kFloat32, kI64), kI64);
+  for (CastPolicy policy : {CastPolicy::kPromote, CastPolicy::kNone}) {
+    for (DType dtype : {kF16, kBF16, kF32, kF64, kI32}) {
+      EXPECT_EQ(amp::AutocastTargetDType(policy, dtype), dtype) << CastPolicyName(policy);
+    }
+  }
+  amp::AutocastModuleScope unsafe("Softmax");  // not low-precision safe: low precision runs f32
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kF32), kF32);
+  EXPECT_EQ(amp::AutocastTargetDType(CastPolicy::kLowPrecision, kBF16), kF32);
+}
+
+// An op's inputs are cast last to first (bias, weight, then x for linear), so the casts' nodes
+// have the sequence numbers they had when each op spelled its casts out as call arguments
+// (evaluated right to left): the engine, which runs the highest sequence number first, reaches
+// x's cast before the weight's and the weight's before the bias's.
+TEST(AutocastTest, InputsAreCastLastToFirst) {
+  // Non-leaves, so no cast comes from the cache.
+  const Variable x = MulScalar(Param({2, 3}, 1), 1), w = MulScalar(Param({4, 3}, 2), 1),
+                 b = MulScalar(Param({4}, 3), 1);
+  AutocastGuard autocast(kBF16);
+  const Variable y = Linear(x, w, b, Activation::kNone);
+  ASSERT_EQ(y.dtype(), kBF16);
+  const EdgeList& edges = y.grad_fn()->next_edges();  // bias, x, weight (addmm's order)
+  ASSERT_EQ(edges.size(), 3u);
+  for (const Edge& e : edges) ASSERT_EQ(e.fn->name(), "CastBackward");
+  const uint64_t bias_cast = edges[0].fn->sequence_nr(), x_cast = edges[1].fn->sequence_nr(),
+                 weight_cast = edges[2].fn->sequence_nr();
+  EXPECT_LT(bias_cast, weight_cast);
+  EXPECT_LT(weight_cast, x_cast);
+}
+
 TEST(AutocastTest, GradientsReachTheF32LeavesInTheirDtype) {
   const Variable x = Param({4, 3}, 1), w = Param({3, 5}, 2);
   Variable loss;

@@ -13,20 +13,6 @@
 namespace tg {
 namespace testing {
 
-const char* AutocastPolicyName(AutocastPolicy policy) {
-  switch (policy) {
-    case AutocastPolicy::kLowPrecision:
-      return "low precision";
-    case AutocastPolicy::kFloat32:
-      return "f32";
-    case AutocastPolicy::kPromote:
-      return "promote";
-    case AutocastPolicy::kNone:
-      return "none";
-  }
-  return "?";
-}
-
 OpRow& OpRow::WithGradcheck(double eps, double atol, double rtol, std::string why) {
   gradcheck.options.eps = eps;
   gradcheck.options.atol = atol;
@@ -55,7 +41,6 @@ OpRow& OpRow::FirstOrderOnly(std::string why) {
 namespace {
 
 using In = const VariableList&;  // the parameter of the rows' lambdas
-using P = AutocastPolicy;
 
 // ---- Default tolerances ------------------------------------------------------------------------
 
@@ -97,14 +82,13 @@ Tols ReductionCuda(double f32, const std::string& why) {
   return t;
 }
 
-OpRow Row(std::string op, std::string name, std::vector<InputSpec> inputs, AutocastPolicy policy,
+OpRow Row(std::string op, std::string name, std::vector<InputSpec> inputs,
           std::function<Variable(const VariableList&)> run) {
   OpRow row;
   row.op = std::move(op);
   row.name = std::move(name);
   row.inputs = std::move(inputs);
   row.run = std::move(run);
-  row.autocast = policy;
   row.gradcheck = DefaultGradcheck();
   row.low_precision = DefaultLowPrecision();
   row.cuda = DefaultCuda();
@@ -138,55 +122,48 @@ Conv2dParams Params(std::array<int64_t, 2> stride, std::array<int64_t, 2> paddin
 void AddElementwiseRows(std::vector<OpRow>& t) {
   const double kAway = 0.1;  // distance from kinks at 0
   // Binary ops with broadcasting inputs.
-  t.push_back(Row("Add", "[2, 3] + [3]", {{{2, 3}}, {{3}}}, P::kPromote,
-                  [](In in) { return Add(in[0], in[1]); }));
-  t.push_back(Row("Add", "operator, [2, 3] + 0-d", {{{2, 3}}, {{}}}, P::kPromote,
-                  [](In in) { return in[0] + in[1]; }));
-  t.push_back(Row("Sub", "[2, 1, 3] - [4, 1]", {{{2, 1, 3}}, {{4, 1}}}, P::kPromote,
+  t.push_back(
+      Row("Add", "[2, 3] + [3]", {{{2, 3}}, {{3}}}, [](In in) { return Add(in[0], in[1]); }));
+  t.push_back(
+      Row("Add", "operator, [2, 3] + 0-d", {{{2, 3}}, {{}}}, [](In in) { return in[0] + in[1]; }));
+  t.push_back(Row("Sub", "[2, 1, 3] - [4, 1]", {{{2, 1, 3}}, {{4, 1}}},
                   [](In in) { return Sub(in[0], in[1]); }));
-  t.push_back(Row("Sub", "operator, [3] - [2, 3]", {{{3}}, {{2, 3}}}, P::kPromote,
-                  [](In in) { return in[0] - in[1]; }));
-  t.push_back(Row("Mul", "[2, 3] * [2, 1]", {{{2, 3}}, {{2, 1}}}, P::kPromote,
-                  [](In in) { return Mul(in[0], in[1]); }));
   t.push_back(
-      Row("Mul", "operator, x * x", {{{4}}}, P::kPromote, [](In in) { return in[0] * in[0]; }));
-  t.push_back(Row("Div", "[2, 3] / [3]", {{{2, 3}}, {{3}, 0.5, 2}}, P::kPromote,
+      Row("Sub", "operator, [3] - [2, 3]", {{{3}}, {{2, 3}}}, [](In in) { return in[0] - in[1]; }));
+  t.push_back(
+      Row("Mul", "[2, 3] * [2, 1]", {{{2, 3}}, {{2, 1}}}, [](In in) { return Mul(in[0], in[1]); }));
+  t.push_back(Row("Mul", "operator, x * x", {{{4}}}, [](In in) { return in[0] * in[0]; }));
+  t.push_back(Row("Div", "[2, 3] / [3]", {{{2, 3}}, {{3}, 0.5, 2}},
                   [](In in) { return Div(in[0], in[1]); }));
-  t.push_back(Row("Div", "operator, [2, 1] / [3]", {{{2, 1}, 0.5, 2}, {{3}, 0.5, 2}}, P::kPromote,
+  t.push_back(Row("Div", "operator, [2, 1] / [3]", {{{2, 1}, 0.5, 2}, {{3}, 0.5, 2}},
                   [](In in) { return in[0] / in[1]; }));
-  t.push_back(Row("Pow", "tensor exponent", {{{2, 3}, 0.5, 2}, {{3}, -1, 2}}, P::kFloat32,
+  t.push_back(Row("Pow", "tensor exponent", {{{2, 3}, 0.5, 2}, {{3}, -1, 2}},
                   [](In in) { return Pow(in[0], in[1]); }));
-  t.push_back(
-      Row("Pow", "2.5", {{{2, 3}, 0.5, 2}}, P::kFloat32, [](In in) { return Pow(in[0], 2.5); }));
-  t.push_back(Row("Pow", "3", {{{2, 3}}}, P::kFloat32, [](In in) { return Pow(in[0], 3.0); }));
-  t.push_back(
-      Row("Pow", "-1", {{{4}, 0.5, 2}}, P::kFloat32, [](In in) { return Pow(in[0], -1.0); }));
-  t.push_back(Row("AddScalar", "(x + 0.75) * x", {{{2, 3}}}, P::kNone, [](In in) {
+  t.push_back(Row("Pow", "2.5", {{{2, 3}, 0.5, 2}}, [](In in) { return Pow(in[0], 2.5); }));
+  t.push_back(Row("Pow", "3", {{{2, 3}}}, [](In in) { return Pow(in[0], 3.0); }));
+  t.push_back(Row("Pow", "-1", {{{4}, 0.5, 2}}, [](In in) { return Pow(in[0], -1.0); }));
+  t.push_back(Row("AddScalar", "(x + 0.75) * x", {{{2, 3}}}, [](In in) {
     return Mul(AddScalar(in[0], 0.75), in[0]);  // nonlinear: the second order is nonzero
   }));
-  t.push_back(
-      Row("MulScalar", "-1.5", {{{2, 3}}}, P::kNone, [](In in) { return MulScalar(in[0], -1.5); }));
-  t.push_back(Row("Neg", "", {{{2, 3}}}, P::kNone, [](In in) { return Neg(in[0]); }));
-  t.push_back(Row("Neg", "operator", {{{3}}}, P::kNone, [](In in) { return -in[0]; }));
-  t.push_back(Row("Exp", "", {{{2, 3}}}, P::kFloat32, [](In in) { return Exp(in[0]); }));
-  t.push_back(Row("Log", "", {{{2, 3}, 0.5, 2}}, P::kFloat32, [](In in) { return Log(in[0]); }));
-  t.push_back(Row("Sqrt", "", {{{2, 3}, 0.5, 2}}, P::kNone, [](In in) { return Sqrt(in[0]); }));
-  t.push_back(Row("Tanh", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return Tanh(in[0]); }));
-  t.push_back(
-      Row("Sigmoid", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return Sigmoid(in[0]); }));
-  t.push_back(
-      Row("Relu", "", {{{2, 3}, -1, 1, kAway}}, P::kNone, [](In in) { return Relu(in[0]); }));
+  t.push_back(Row("MulScalar", "-1.5", {{{2, 3}}}, [](In in) { return MulScalar(in[0], -1.5); }));
+  t.push_back(Row("Neg", "", {{{2, 3}}}, [](In in) { return Neg(in[0]); }));
+  t.push_back(Row("Neg", "operator", {{{3}}}, [](In in) { return -in[0]; }));
+  t.push_back(Row("Exp", "", {{{2, 3}}}, [](In in) { return Exp(in[0]); }));
+  t.push_back(Row("Log", "", {{{2, 3}, 0.5, 2}}, [](In in) { return Log(in[0]); }));
+  t.push_back(Row("Sqrt", "", {{{2, 3}, 0.5, 2}}, [](In in) { return Sqrt(in[0]); }));
+  t.push_back(Row("Tanh", "", {{{2, 3}, -2, 2}}, [](In in) { return Tanh(in[0]); }));
+  t.push_back(Row("Sigmoid", "", {{{2, 3}, -2, 2}}, [](In in) { return Sigmoid(in[0]); }));
+  t.push_back(Row("Relu", "", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Relu(in[0]); }));
   // y's own gradient through ReluBackward is 0 (not an edge); the product makes y an input.
-  t.push_back(Row("ReluBackward", "times y", {{{2, 3}}, {{2, 3}, -1, 1, kAway}}, P::kNone,
+  t.push_back(Row("ReluBackward", "times y", {{{2, 3}}, {{2, 3}, -1, 1, kAway}},
                   [](In in) { return Mul(ReluBackward(in[0], in[1]), in[1]); }));
-  t.push_back(Row("Gelu", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return Gelu(in[0]); }));
-  t.push_back(
-      Row("GeluTanh", "", {{{2, 3}, -2, 2}}, P::kNone, [](In in) { return GeluTanh(in[0]); }));
-  t.push_back(Row("Abs", "", {{{2, 3}, -1, 1, kAway}}, P::kNone, [](In in) { return Abs(in[0]); }));
-  t.push_back(Row("Erf", "", {{{2, 3}, -1.5, 1.5}}, P::kNone, [](In in) { return Erf(in[0]); }));
-  t.push_back(Row("Where", "[2, 3] and [3]", {{{2, 3}}, {{3}}}, P::kPromote,
+  t.push_back(Row("Gelu", "", {{{2, 3}, -2, 2}}, [](In in) { return Gelu(in[0]); }));
+  t.push_back(Row("GeluTanh", "", {{{2, 3}, -2, 2}}, [](In in) { return GeluTanh(in[0]); }));
+  t.push_back(Row("Abs", "", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Abs(in[0]); }));
+  t.push_back(Row("Erf", "", {{{2, 3}, -1.5, 1.5}}, [](In in) { return Erf(in[0]); }));
+  t.push_back(Row("Where", "[2, 3] and [3]", {{{2, 3}}, {{3}}},
                   [](In in) { return Where(WhereCond(in[0]), in[0], in[1]); }));
-  t.push_back(Row("Cast", "through f32 and back", {{{2, 3}}}, P::kNone,
+  t.push_back(Row("Cast", "through f32 and back", {{{2, 3}}},
                   [](In in) { return Cast(Cast(in[0], kF32), in[0].dtype()); })
                   .WithGradcheck(1.0 / 1024, 1e-5, 1e-3,
                                  "the f64 values pass through f32 (2^-24 relative): a step of "
@@ -194,147 +171,135 @@ void AddElementwiseRows(std::vector<OpRow>& t) {
 }
 
 void AddReductionRows(std::vector<OpRow>& t) {
-  t.push_back(Row("Sum", "all", {{{2, 3}}}, P::kFloat32, [](In in) { return Sum(in[0]); }));
-  t.push_back(Row("Sum", "all, keepdim", {{{2, 3}}}, P::kFloat32,
-                  [](In in) { return Sum(in[0], {}, true); }));
-  t.push_back(Row("Sum", "dim 1, keepdim", {{{2, 3, 2}}}, P::kFloat32,
-                  [](In in) { return Sum(in[0], {1}, true); }));
-  t.push_back(Row("Sum", "dims 0 and -1", {{{2, 3, 2}}}, P::kFloat32, [](In in) {
+  t.push_back(Row("Sum", "all", {{{2, 3}}}, [](In in) { return Sum(in[0]); }));
+  t.push_back(Row("Sum", "all, keepdim", {{{2, 3}}}, [](In in) { return Sum(in[0], {}, true); }));
+  t.push_back(
+      Row("Sum", "dim 1, keepdim", {{{2, 3, 2}}}, [](In in) { return Sum(in[0], {1}, true); }));
+  t.push_back(Row("Sum", "dims 0 and -1", {{{2, 3, 2}}}, [](In in) {
     return Sum(in[0], {0, -1});
   }));
-  t.push_back(Row("Mean", "all", {{{2, 3}}}, P::kFloat32, [](In in) { return Mean(in[0]); }));
-  t.push_back(
-      Row("Mean", "dim -2", {{{2, 3, 2}}}, P::kFloat32, [](In in) { return Mean(in[0], {-2}); }));
-  t.push_back(Row("Mean", "dims 0 and 2, keepdim", {{{2, 3, 2}}}, P::kFloat32, [](In in) {
+  t.push_back(Row("Mean", "all", {{{2, 3}}}, [](In in) { return Mean(in[0]); }));
+  t.push_back(Row("Mean", "dim -2", {{{2, 3, 2}}}, [](In in) { return Mean(in[0], {-2}); }));
+  t.push_back(Row("Mean", "dims 0 and 2, keepdim", {{{2, 3, 2}}}, [](In in) {
     return Mean(in[0], {0, 2}, true);
   }));
-  t.push_back(Row("Max", "dim 1", {{{3, 4}}}, P::kNone, [](In in) { return Max(in[0], 1); }));
-  t.push_back(Row("Max", "dim 0, keepdim", {{{3, 4}}}, P::kNone,
-                  [](In in) { return Max(in[0], 0, true); }));
-  t.push_back(Row("SumTo", "[2, 3, 4] to [3, 1]", {{{2, 3, 4}}}, P::kFloat32, [](In in) {
+  t.push_back(Row("Max", "dim 1", {{{3, 4}}}, [](In in) { return Max(in[0], 1); }));
+  t.push_back(Row("Max", "dim 0, keepdim", {{{3, 4}}}, [](In in) { return Max(in[0], 0, true); }));
+  t.push_back(Row("SumTo", "[2, 3, 4] to [3, 1]", {{{2, 3, 4}}}, [](In in) {
     return SumTo(in[0], {3, 1});
   }));
 }
 
 void AddLinearAlgebraRows(std::vector<OpRow>& t) {
   auto matmul = [](In in) { return Matmul(in[0], in[1]); };
-  t.push_back(Row("Matmul", "2-D @ 2-D", {{{2, 3}}, {{3, 4}}}, P::kLowPrecision, matmul));
-  t.push_back(Row("Matmul", "1-D @ 2-D", {{{3}}, {{3, 2}}}, P::kLowPrecision, matmul));
-  t.push_back(Row("Matmul", "2-D @ 1-D", {{{2, 3}}, {{3}}}, P::kLowPrecision, matmul));
-  t.push_back(Row("Matmul", "1-D @ 1-D", {{{3}}, {{3}}}, P::kLowPrecision, matmul));
-  t.push_back(Row("Matmul", "batched, broadcast batch dims", {{{2, 1, 2, 3}}, {{3, 3, 2}}},
-                  P::kLowPrecision, matmul));
-  t.push_back(Row("Matmul", "1-D @ batched", {{{3}}, {{2, 3, 2}}}, P::kLowPrecision, matmul));
-  t.push_back(Row("Bmm", "", {{{2, 2, 3}}, {{2, 3, 2}}}, P::kLowPrecision,
-                  [](In in) { return Bmm(in[0], in[1]); }));
-  t.push_back(Row("Linear", "with bias", {{{2, 4, 3}}, {{5, 3}}, {{5}}}, P::kLowPrecision,
+  t.push_back(Row("Matmul", "2-D @ 2-D", {{{2, 3}}, {{3, 4}}}, matmul));
+  t.push_back(Row("Matmul", "1-D @ 2-D", {{{3}}, {{3, 2}}}, matmul));
+  t.push_back(Row("Matmul", "2-D @ 1-D", {{{2, 3}}, {{3}}}, matmul));
+  t.push_back(Row("Matmul", "1-D @ 1-D", {{{3}}, {{3}}}, matmul));
+  t.push_back(
+      Row("Matmul", "batched, broadcast batch dims", {{{2, 1, 2, 3}}, {{3, 3, 2}}}, matmul));
+  t.push_back(Row("Matmul", "1-D @ batched", {{{3}}, {{2, 3, 2}}}, matmul));
+  t.push_back(Row("Bmm", "", {{{2, 2, 3}}, {{2, 3, 2}}}, [](In in) { return Bmm(in[0], in[1]); }));
+  t.push_back(Row("Linear", "with bias", {{{2, 4, 3}}, {{5, 3}}, {{5}}},
                   [](In in) { return Linear(in[0], in[1], in[2]); }));
-  t.push_back(Row("Linear", "without bias, 1-D", {{{3}}, {{2, 3}}}, P::kLowPrecision,
+  t.push_back(Row("Linear", "without bias, 1-D", {{{3}}, {{2, 3}}},
                   [](In in) { return Linear(in[0], in[1]); }));
   // The fused Linear (CUDA's path of Linear and Mlp; on the CPU the same composition).
   t.push_back(Row("Linear", "fused, no activation", {{{2, 4, 3}}, {{5, 3}}, {{5}}},
-                  P::kLowPrecision,
                   [](In in) { return Linear(in[0], in[1], in[2], Activation::kNone); }));
-  t.push_back(Row("Linear", "fused GELU", {{{2, 4, 3}, -2, 2}, {{5, 3}}, {{5}}}, P::kLowPrecision,
+  t.push_back(Row("Linear", "fused GELU", {{{2, 4, 3}, -2, 2}, {{5, 3}}, {{5}}},
                   [](In in) { return Linear(in[0], in[1], in[2], Activation::kGeluTanh); }));
-  t.push_back(Row("Linear", "fused GELU, no bias, 1-D", {{{3}, -2, 2}, {{4, 3}}}, P::kLowPrecision,
+  t.push_back(Row("Linear", "fused GELU, no bias, 1-D", {{{3}, -2, 2}, {{4, 3}}},
                   [](In in) { return Linear(in[0], in[1], Variable(), Activation::kGeluTanh); }));
 }
 
 void AddShapeRows(std::vector<OpRow>& t) {
-  t.push_back(Row("Reshape", "[2, 3] to [3, 2]", {{{2, 3}}}, P::kNone, [](In in) {
+  t.push_back(Row("Reshape", "[2, 3] to [3, 2]", {{{2, 3}}}, [](In in) {
     return Reshape(in[0], {3, 2});
   }));
-  t.push_back(Row("Transpose", "0 and -1", {{{2, 3, 2}}}, P::kNone,
-                  [](In in) { return Transpose(in[0], 0, -1); }));
-  t.push_back(Row("Permute", "{2, 0, 1}", {{{2, 3, 2}}}, P::kNone, [](In in) {
+  t.push_back(
+      Row("Transpose", "0 and -1", {{{2, 3, 2}}}, [](In in) { return Transpose(in[0], 0, -1); }));
+  t.push_back(Row("Permute", "{2, 0, 1}", {{{2, 3, 2}}}, [](In in) {
     return Permute(in[0], {2, 0, 1});
   }));
-  t.push_back(Row("Expand", "[3, 1] to [2, 3, 4]", {{{3, 1}}}, P::kNone, [](In in) {
+  t.push_back(Row("Expand", "[3, 1] to [2, 3, 4]", {{{3, 1}}}, [](In in) {
     return Expand(in[0], {2, 3, 4});
   }));
-  t.push_back(Row("Slice", "with a step", {{{5, 3}}}, P::kNone,
-                  [](In in) { return Slice(in[0], 0, 1, 5, 2); }));
-  t.push_back(Row("Slice", "negative dim and start, clamped end", {{{2, 6}}}, P::kNone,
+  t.push_back(
+      Row("Slice", "with a step", {{{5, 3}}}, [](In in) { return Slice(in[0], 0, 1, 5, 2); }));
+  t.push_back(Row("Slice", "negative dim and start, clamped end", {{{2, 6}}},
                   [](In in) { return Slice(in[0], -1, -4, 100, 2); }));
-  t.push_back(Row("Select", "negative index", {{{3, 4}}}, P::kNone,
-                  [](In in) { return Select(in[0], 1, -2); }));
   t.push_back(
-      Row("Unsqueeze", "-1", {{{2, 3}}}, P::kNone, [](In in) { return Unsqueeze(in[0], -1); }));
-  t.push_back(
-      Row("Squeeze", "1", {{{2, 1, 3}}}, P::kNone, [](In in) { return Squeeze(in[0], 1); }));
-  t.push_back(Row("Cat", "dim -1", {{{2, 1}}, {{2, 3}}, {{2, 2}}}, P::kPromote, [](In in) {
+      Row("Select", "negative index", {{{3, 4}}}, [](In in) { return Select(in[0], 1, -2); }));
+  t.push_back(Row("Unsqueeze", "-1", {{{2, 3}}}, [](In in) { return Unsqueeze(in[0], -1); }));
+  t.push_back(Row("Squeeze", "1", {{{2, 1, 3}}}, [](In in) { return Squeeze(in[0], 1); }));
+  t.push_back(Row("Cat", "dim -1", {{{2, 1}}, {{2, 3}}, {{2, 2}}}, [](In in) {
     return Cat({in[0], in[1], in[2]}, -1);
   }));
-  t.push_back(Row("Cat", "dim 0, an input twice", {{{1, 3}}, {{2, 3}}}, P::kPromote, [](In in) {
+  t.push_back(Row("Cat", "dim 0, an input twice", {{{1, 3}}, {{2, 3}}}, [](In in) {
     return Cat({in[0], in[1], in[0]}, 0);
   }));
-  t.push_back(Row("Stack", "dim 1", {{{2, 3}}, {{2, 3}}}, P::kPromote, [](In in) {
+  t.push_back(Row("Stack", "dim 1", {{{2, 3}}, {{2, 3}}}, [](In in) {
     return Stack({in[0], in[1]}, 1);
   }));
-  t.push_back(Row("Stack", "dim -1, an input twice", {{{3}}, {{3}}}, P::kPromote, [](In in) {
+  t.push_back(Row("Stack", "dim -1, an input twice", {{{3}}, {{3}}}, [](In in) {
     return Stack({in[0], in[1], in[0]}, -1);
   }));
-  t.push_back(Row("Split", "uneven chunks", {{{7, 2}}}, P::kNone, [](In in) {
+  t.push_back(Row("Split", "uneven chunks", {{{7, 2}}}, [](In in) {
     VariableList s = Split(in[0], 3, 0);  // [3, 2], [3, 2], [1, 2]
     return Cat({Mul(s[0], s[1]), Tanh(s[2])}, 0);
   }));
-  t.push_back(Row("Split", "unused chunks", {{{2, 5}}}, P::kNone, [](In in) {
+  t.push_back(Row("Split", "unused chunks", {{{2, 5}}}, [](In in) {
     return Tanh(Split(in[0], 2, -1)[1]);  // the others get zero gradients
   }));
-  t.push_back(Row("Gather", "dim 1, repeated indices", {{{3, 4}}}, P::kNone, [](In in) {
+  t.push_back(Row("Gather", "dim 1, repeated indices", {{{3, 4}}}, [](In in) {
     return Gather(in[0], 1, I64({0, 3, 3, 1, 2, 2, 0, 0, 1}, {3, 3}, in[0]));
   }));
-  t.push_back(Row("Gather", "dim 0", {{{3, 2}}}, P::kNone, [](In in) {
+  t.push_back(Row("Gather", "dim 0", {{{3, 2}}}, [](In in) {
     return Gather(in[0], 0, I64({2, 2, 0, 1}, {2, 2}, in[0]));
   }));
-  t.push_back(Row("IndexSelect", "repeated rows", {{{4, 2}}}, P::kNone, [](In in) {
+  t.push_back(Row("IndexSelect", "repeated rows", {{{4, 2}}}, [](In in) {
     return IndexSelect(in[0], I64({3, 0, 3, 1, 3}, {5}, in[0]));
   }));
 }
 
 void AddNnRows(std::vector<OpRow>& t) {
-  t.push_back(Row("Softmax", "[3, 4]", {{{3, 4}, -2, 2}}, P::kFloat32,
-                  [](In in) { return Softmax(in[0]); }));
-  t.push_back(
-      Row("Softmax", "1-D", {{{5}, -2, 2}}, P::kFloat32, [](In in) { return Softmax(in[0]); }));
-  t.push_back(Row("LogSoftmax", "", {{{3, 4}, -2, 2}}, P::kFloat32,
-                  [](In in) { return LogSoftmax(in[0]); }));
-  t.push_back(Row("LayerNorm", "affine", {{{2, 2, 4}, -2, 2}, {{4}, 0.5, 1.5}, {{4}}}, P::kFloat32,
+  t.push_back(Row("Softmax", "[3, 4]", {{{3, 4}, -2, 2}}, [](In in) { return Softmax(in[0]); }));
+  t.push_back(Row("Softmax", "1-D", {{{5}, -2, 2}}, [](In in) { return Softmax(in[0]); }));
+  t.push_back(Row("LogSoftmax", "", {{{3, 4}, -2, 2}}, [](In in) { return LogSoftmax(in[0]); }));
+  t.push_back(Row("LayerNorm", "affine", {{{2, 2, 4}, -2, 2}, {{4}, 0.5, 1.5}, {{4}}},
                   [](In in) { return LayerNorm(in[0], in[1], in[2]); }));
-  t.push_back(Row("LayerNorm", "no affine", {{{3, 4}, -2, 2}}, P::kFloat32,
+  t.push_back(Row("LayerNorm", "no affine", {{{3, 4}, -2, 2}},
                   [](In in) { return LayerNorm(in[0], Variable(), Variable()); }));
   t.push_back(Row("LayerNorm", "weight only, 1-D, eps 1e-3", {{{5}, -2, 2}, {{5}, 0.5, 1.5}},
-                  P::kFloat32, [](In in) { return LayerNorm(in[0], in[1], Variable(), 1e-3); }));
-  t.push_back(Row("Embedding", "repeated indices", {{{5, 3}}}, P::kNone, [](In in) {
+                  [](In in) { return LayerNorm(in[0], in[1], Variable(), 1e-3); }));
+  t.push_back(Row("Embedding", "repeated indices", {{{5, 3}}}, [](In in) {
     return Embedding(in[0], I64({4, 0, 4, 2, 1, 4}, {2, 3}, in[0]));
   }));
-  t.push_back(
-      Row("CrossEntropy", "mean, an ignored row", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
-        return CrossEntropy(in[0], I64({1, -100, 4, 1}, {4}, in[0]));
-      }));
-  t.push_back(Row("CrossEntropy", "sum", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
+  t.push_back(Row("CrossEntropy", "mean, an ignored row", {{{4, 5}, -2, 2}}, [](In in) {
+    return CrossEntropy(in[0], I64({1, -100, 4, 1}, {4}, in[0]));
+  }));
+  t.push_back(Row("CrossEntropy", "sum", {{{4, 5}, -2, 2}}, [](In in) {
     return CrossEntropy(in[0], I64({1, 0, -100, 3}, {4}, in[0]), -100, Reduction::kSum);
   }));
-  t.push_back(Row("CrossEntropy", "none", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
+  t.push_back(Row("CrossEntropy", "none", {{{4, 5}, -2, 2}}, [](In in) {
     return CrossEntropy(in[0], I64({2, 0, 4, -100}, {4}, in[0]), -100, Reduction::kNone);
   }));
-  t.push_back(Row("CrossEntropy", "ignore_index 3", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
+  t.push_back(Row("CrossEntropy", "ignore_index 3", {{{4, 5}, -2, 2}}, [](In in) {
     return CrossEntropy(in[0], I64({3, 0, 3, 2}, {4}, in[0]), /*ignore_index=*/3);
   }));
   const std::string fused_first_order =
       "the node keeps d loss / d logits, not the logits: a create_graph backward throws "
       "(ops_test pins the message)";
+  t.push_back(Row("FusedCrossEntropy", "mean, an ignored row", {{{4, 5}, -2, 2}}, [](In in) {
+                return FusedCrossEntropy(in[0], I64({1, -100, 4, 0}, {4}, in[0]));
+              }).FirstOrderOnly(fused_first_order));
   t.push_back(
-      Row("FusedCrossEntropy", "mean, an ignored row", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
-        return FusedCrossEntropy(in[0], I64({1, -100, 4, 0}, {4}, in[0]));
-      }).FirstOrderOnly(fused_first_order));
-  t.push_back(
-      Row("FusedCrossEntropy", "sum", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
+      Row("FusedCrossEntropy", "sum", {{{4, 5}, -2, 2}}, [](In in) {
         return FusedCrossEntropy(in[0], I64({1, -100, 4, 0}, {4}, in[0]), -100, Reduction::kSum);
       }).FirstOrderOnly(fused_first_order));
   t.push_back(
-      Row("FusedCrossEntropy", "none", {{{4, 5}, -2, 2}}, P::kFloat32, [](In in) {
+      Row("FusedCrossEntropy", "none", {{{4, 5}, -2, 2}}, [](In in) {
         return FusedCrossEntropy(in[0], I64({1, -100, 4, 0}, {4}, in[0]), -100, Reduction::kNone);
       }).FirstOrderOnly(fused_first_order));
   // Attention over [B, H, T, D] heads (CUDA's path of CausalSelfAttention).
@@ -346,11 +311,11 @@ void AddNnRows(std::vector<OpRow>& t) {
       "as tests/tensor/cuda/op_table_test.cc's attention rows: f32 sums in different orders "
       "(2e-5); in 16 bits cuDNN rounds the probabilities blockwise: two more ulp per term";
   t.push_back(Row("ScaledDotProductAttention", "causal",
-                  {{{2, 2, 3, 4}}, {{2, 2, 3, 4}}, {{2, 2, 3, 4}}}, P::kLowPrecision,
+                  {{{2, 2, 3, 4}}, {{2, 2, 3, 4}}, {{2, 2, 3, 4}}},
                   [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], true, 0.5); })
                   .WithCuda(attention));
   t.push_back(Row("ScaledDotProductAttention", "cross, Tq 2 and Tk 4",
-                  {{{1, 2, 2, 3}}, {{1, 2, 4, 3}}, {{1, 2, 4, 3}}}, P::kLowPrecision,
+                  {{{1, 2, 2, 3}}, {{1, 2, 4, 3}}, {{1, 2, 4, 3}}},
                   [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], false, 0.7); })
                   .WithCuda(attention));
   // Convolution and pooling.
@@ -378,7 +343,7 @@ void AddNnRows(std::vector<OpRow>& t) {
   for (const ConvCase& c : convs) {
     std::vector<InputSpec> inputs = {{c.x}, {c.w}};
     if (c.bias) inputs.push_back({{c.w[0]}});
-    t.push_back(Row("Conv2d", c.name, inputs, P::kLowPrecision, [c](In in) {
+    t.push_back(Row("Conv2d", c.name, inputs, [c](In in) {
                   return Conv2d(in[0], in[1], c.bias ? in[2] : Variable(), c.p);
                 }).WithCuda(conv));
   }
@@ -395,10 +360,10 @@ void AddNnRows(std::vector<OpRow>& t) {
   for (const PoolCase& c : pools) {
     InputSpec x{c.x};
     x.distinct = true;  // no ties: the arg-max is stable under the finite-difference step
-    t.push_back(Row("MaxPool2d", c.name, {x}, P::kNone,
-                    [c](In in) { return MaxPool2d(in[0], c.k, c.s, c.p); }));
+    t.push_back(
+        Row("MaxPool2d", c.name, {x}, [c](In in) { return MaxPool2d(in[0], c.k, c.s, c.p); }));
   }
-  t.push_back(Row("Dropout", "p 0.4, seeded", {{{4, 5}}}, P::kNone, [](In in) {
+  t.push_back(Row("Dropout", "p 0.4, seeded", {{{4, 5}}}, [](In in) {
     Generator gen(1234);  // the same mask on every evaluation and on every device
     return Dropout(in[0], 0.4, gen);
   }));
@@ -407,30 +372,29 @@ void AddNnRows(std::vector<OpRow>& t) {
 void AddInPlaceRows(std::vector<OpRow>& t) {
   const double kAway = 0.1;
   // On non-leaf copies (a leaf that requires grad may not be modified in place).
-  t.push_back(
-      Row("AddInPlace", "broadcast other, then squared", {{{2, 3}}, {{3}}}, P::kNone, [](In in) {
-        Variable y = NonLeaf(in[0]);
-        AddInPlace(y, in[1]);
-        return Mul(y, y);
-      }));
-  t.push_back(Row("MulInPlace", "broadcast other", {{{2, 3}}, {{2, 1}}}, P::kNone, [](In in) {
+  t.push_back(Row("AddInPlace", "broadcast other, then squared", {{{2, 3}}, {{3}}}, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    AddInPlace(y, in[1]);
+    return Mul(y, y);
+  }));
+  t.push_back(Row("MulInPlace", "broadcast other", {{{2, 3}}, {{2, 1}}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     return MulInPlace(y, in[1]);
   }));
-  t.push_back(Row("MulInPlace", "aliasing self", {{{4}}}, P::kNone, [](In in) {
+  t.push_back(Row("MulInPlace", "aliasing self", {{{4}}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     return MulInPlace(y, y);
   }));
-  t.push_back(Row("MulScalarInPlace", "of a product", {{{2, 3}}}, P::kNone, [](In in) {
+  t.push_back(Row("MulScalarInPlace", "of a product", {{{2, 3}}}, [](In in) {
     Variable y = Mul(in[0], in[0]);  // saves its inputs, not y
     return MulScalarInPlace(y, -2.5);
   }));
-  t.push_back(Row("ReluInPlace", "times its input", {{{2, 3}, -1, 1, kAway}}, P::kNone, [](In in) {
+  t.push_back(Row("ReluInPlace", "times its input", {{{2, 3}, -1, 1, kAway}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     return Mul(ReluInPlace(y), in[0]);
   }));
   t.push_back(Row("AddInPlace", "chain of every in-place op",
-                  {{{2, 3}, -1, 1, kAway}, {{3}}, {{2, 1}}}, P::kNone, [](In in) {
+                  {{{2, 3}, -1, 1, kAway}, {{3}}, {{2, 1}}}, [](In in) {
                     Variable y = MulScalar(in[0], 2);
                     AddInPlace(y, in[1]);
                     MulInPlace(y, in[2]);
@@ -438,44 +402,41 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
                     ReluInPlace(y);
                     return y;
                   }));
-  t.push_back(
-      Row("CopyInPlace", "broadcast src, then squared", {{{2, 3}}, {{3}}}, P::kNone, [](In in) {
-        Variable y = NonLeaf(in[0]);
-        CopyInPlace(y, in[1]);
-        return Mul(y, in[0]);
-      }));
-  t.push_back(Row("FillInPlace", "then times the input", {{{2, 3}}}, P::kNone, [](In in) {
+  t.push_back(Row("CopyInPlace", "broadcast src, then squared", {{{2, 3}}, {{3}}}, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    CopyInPlace(y, in[1]);
+    return Mul(y, in[0]);
+  }));
+  t.push_back(Row("FillInPlace", "then times the input", {{{2, 3}}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     return Mul(FillInPlace(y, 1.5), in[0]);
   }));
   // Appended here so that the rows above keep their seeds (SeedOf is the row's index).
-  t.push_back(Row("Narrow", "negative start", {{{4, 3}}}, P::kNone,
-                  [](In in) { return Narrow(in[0], 0, -3, 2); }));
+  t.push_back(
+      Row("Narrow", "negative start", {{{4, 3}}}, [](In in) { return Narrow(in[0], 0, -3, 2); }));
   // On views of a non-leaf base (CopySlices rewrites the base's history; the base is returned).
-  t.push_back(
-      Row("MulInPlace", "on a slice of the base", {{{4, 3}}, {{2, 3}}}, P::kNone, [](In in) {
-        Variable y = NonLeaf(in[0]);
-        MulInPlace(Slice(y, 0, 1, 3), in[1]);
-        return Mul(y, y);
-      }));
-  t.push_back(
-      Row("AddInPlace", "on a select of a transposed view", {{{3, 4}}, {{3}}}, P::kNone, [](In in) {
-        Variable y = NonLeaf(in[0]);
-        AddInPlace(Select(Transpose(y, 0, 1), 0, 2), in[1]);
-        return Mul(y, in[0]);
-      }));
-  t.push_back(Row("CopyInPlace", "into a narrowed view", {{{5}}, {{2}}}, P::kNone, [](In in) {
+  t.push_back(Row("MulInPlace", "on a slice of the base", {{{4, 3}}, {{2, 3}}}, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    MulInPlace(Slice(y, 0, 1, 3), in[1]);
+    return Mul(y, y);
+  }));
+  t.push_back(Row("AddInPlace", "on a select of a transposed view", {{{3, 4}}, {{3}}}, [](In in) {
+    Variable y = NonLeaf(in[0]);
+    AddInPlace(Select(Transpose(y, 0, 1), 0, 2), in[1]);
+    return Mul(y, in[0]);
+  }));
+  t.push_back(Row("CopyInPlace", "into a narrowed view", {{{5}}, {{2}}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     CopyInPlace(Narrow(y, 0, 1, 2), in[1]);
     return Mul(y, y);
   }));
-  t.push_back(Row("FillInPlace", "on a slice, base used", {{{6}}}, P::kNone, [](In in) {
+  t.push_back(Row("FillInPlace", "on a slice, base used", {{{6}}}, [](In in) {
     Variable y = NonLeaf(in[0]);
     FillInPlace(Slice(y, 0, 0, 6, 2), 0.5);
     return Mul(y, in[0]);
   }));
   t.push_back(Row("ReluInPlace", "on a slice taken before the base's in-place op",
-                  {{{4}, -1, 1, kAway}}, P::kNone, [](In in) {
+                  {{{4}, -1, 1, kAway}}, [](In in) {
                     Variable y = NonLeaf(in[0]);
                     Variable v = Slice(y, 0, 1, 4);
                     MulScalarInPlace(y, 2);  // v's grad_fn is remade from the base

@@ -1,15 +1,17 @@
 // The op table of the differentiable ops (autograd/ops.h): one row per case of an op, with its
 // sample inputs (shapes and ranges, drawn from a seeded generator), the op call, its f64
-// gradcheck tolerances, its f16/bf16 tolerances, its CUDA-vs-CPU tolerances and its autocast
-// policy. tests/autograd/op_table_test.cc runs every row through
+// gradcheck tolerances, its f16/bf16 tolerances and its CUDA-vs-CPU tolerances; its autocast
+// policy is its op's entry in the op list (tensor/op_list.inc), not the row's.
+// tests/autograd/op_table_test.cc runs every row through
 //   - an f64 finite-difference gradcheck, and a second-order one (the gradient of
 //     sum(w * f(x)^2), taken with create_graph, gradchecked again) where the backward is
 //     differentiable;
 //   - an f16 and a bf16 run, forward and gradients against f64 on the same rounded inputs;
-//   - autocast (f16 and bf16): the output dtype the row's policy says, gradients in the inputs'
-//     dtypes;
+//   - autocast (f16 and bf16): the output dtype the op list's policy says, gradients in the
+//     inputs' dtypes;
 //   - CUDA against the CPU, forward and gradients (skips without a GPU);
-// and checks that every op declared in autograd/ops.h has a row, so a new op is one row here.
+// and checks that every differentiable op of the op list has a row and every row names one, so a
+// new op is one row here.
 // The tensor-level ops (tensor/ops.h) have their own table, tests/tensor/cuda/op_table_test.cc;
 // both use the tolerance types of tests/tensor/op_table_support.h.
 //
@@ -45,28 +47,18 @@ struct InputSpec {
   bool distinct = false;
 };
 
-// What autocast (amp/autocast.h) does to the row's op, seen in its output dtype:
-//   kLowPrecision  f32 inputs are cast to the autocast dtype (matmul, linear, conv, attention);
-//   kFloat32       f16/bf16 inputs are cast to f32 (softmax, norms, losses, exp/log/pow, sum/mean);
-//   kPromote       no policy: mixed floating inputs promote to the widest (binary ops, where, cat);
-//   kNone          no policy: the output keeps its input's dtype.
-// f64 is never cast under any policy.
-enum class AutocastPolicy { kLowPrecision, kFloat32, kPromote, kNone };
-const char* AutocastPolicyName(AutocastPolicy policy);
-
 struct GradcheckTol {
   GradcheckOptions options;
   std::string why;
 };
 
 struct OpRow {
-  std::string op;    // the function of autograd/ops.h this row exercises
+  std::string op;    // the op of the op list (its differentiable function) this row exercises
   std::string name;  // what the row runs
   std::vector<InputSpec> inputs;
   // The op on the inputs (leaves that require grad, all of one dtype and device); any constant
   // it needs (indices, masks) is made on the inputs' device.
   std::function<Variable(const VariableList&)> run;
-  AutocastPolicy autocast = AutocastPolicy::kNone;
   GradcheckTol gradcheck;
   // The backward is made of differentiable ops (create_graph works); "" when it is, else why not.
   std::string first_order_only;

@@ -1,8 +1,9 @@
 // What the two op tables share: tests/tensor/cuda/op_table_test.cc (every op of tensor/ops.h,
 // CUDA against the CPU) and tests/autograd/op_table.h (every differentiable op of autograd/ops.h:
 // f64 gradcheck, f16/bf16 against f64, autocast policy, CUDA against the CPU). Tolerances are per
-// dtype and always carry their reason; DeclaredOps lists a header's ops, so that an op without a
-// row fails.
+// dtype and always carry their reason. Both tables enumerate the op list (tensor/op_list.inc):
+// ListedOps gives the ops a table must cover and CoverageErrors what its rows miss or add, so
+// that an op without a row fails.
 //
 //   const Tols tols = {{1e-12, 0}, {1e-6, 0}, {kF16Ulp, 0}, {kBF16Ulp, 0}, "rounded once"};
 //   const std::string m = ValueMismatches(cpu, gpu, tols.For(cpu.dtype()), 1, "CPU", "CUDA");
@@ -13,15 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace tg {
@@ -96,21 +95,42 @@ inline std::string ValueMismatches(const Tensor& want, const Tensor& got, const 
   return out;
 }
 
-// The functions `header` (a path in the test's runfiles, e.g. "tensor/ops.h") declares at the
-// start of a line with a capitalised name: the ops, not the inline operators that call them.
-inline std::set<std::string> DeclaredOps(const std::string& header) {
-  std::ifstream file(header);
-  EXPECT_TRUE(file.good()) << header << " is not in the test's runfiles";
-  std::stringstream text;
-  text << file.rdbuf();
-  const std::regex declaration(R"(^(?:const )?[A-Za-z_][A-Za-z0-9_:]*&? ([A-Z][A-Za-z0-9_]*)\()");
-  std::set<std::string> ops;
-  std::string line;
-  while (std::getline(text, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, declaration)) ops.insert(m[1]);
+// The names of the ops of the op list (tensor/op_list.inc) that have `attribute`
+// (&OpInfo::differentiable: the autograd table's ops; &OpInfo::tensor_op: the tensor table's), in
+// the list's order.
+inline std::vector<std::string> ListedOps(bool OpInfo::*attribute) {
+  std::vector<std::string> names;
+  for (const OpInfo& op : kOpList) {
+    if (op.*attribute) names.push_back(op.name);
   }
-  return ops;
+  return names;
+}
+
+// What is wrong with a table's coverage of the ops it must cover, one line per problem (empty
+// when none): an op of `listed` without a row, and a row whose op is not in `listed` (an op the
+// list does not have, or has without the table's attribute). `row_ops` is the op of every row
+// (repeats allowed); `table` names the table and `kind` the listed ops in the messages, e.g.
+// "Silu (a differentiable op of tensor/op_list.inc) has no row in the autograd op table".
+inline std::vector<std::string> CoverageErrors(const std::vector<std::string>& listed,
+                                               const std::vector<std::string>& row_ops,
+                                               const std::string& table, const std::string& kind) {
+  const std::set<std::string> listed_set(listed.begin(), listed.end());
+  const std::set<std::string> covered(row_ops.begin(), row_ops.end());
+  std::vector<std::string> errors;
+  for (const std::string& op : listed) {
+    if (covered.count(op) == 0) {
+      errors.push_back(
+          absl::StrCat(op, " (a ", kind, " of tensor/op_list.inc) has no row in the ", table));
+    }
+  }
+  std::set<std::string> reported;
+  for (const std::string& op : row_ops) {
+    if (listed_set.count(op) == 0 && reported.insert(op).second) {
+      errors.push_back(absl::StrCat("the ", table, " has a row for ", op, ", which is not a ", kind,
+                                    " of tensor/op_list.inc"));
+    }
+  }
+  return errors;
 }
 
 }  // namespace testing
