@@ -14,9 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
-#include "autograd/trace.h"
 #include "autograd/ops.h"
-#include "optim/clip_grad.h"
+#include "autograd/trace.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -174,14 +173,20 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
   }
   TG_CHECK(!model_.empty(), kName, ": the optimizer has no parameters");
 
-  scaler_ = options_.mixed_precision.scaler;
-  if (scaler_ == nullptr) {
-    scaler_ = std::make_shared<amp::LossScaler>(any_f16 ? amp::LossScaler::PyTorch()
-                                                        : amp::LossScaler::Constant(1));
-  }
-  check_non_finite_ =
-      options_.mixed_precision.check_non_finite.value_or(any_f16 || scaler_->options().dynamic);
-  found_inf_ = Tensor::Zeros({}, kF32, device_);
+  // The step's mechanics are amp::StepCore's, on this rank's shards; the two cross-rank
+  // reductions are the hooks. found_inf's local value is counted on the device (stats() reads it
+  // lazily), so a step keeps StepCore's one host read.
+  local_overflows_ = Tensor::Zeros({}, kF32, device_);
+  amp::StepCoreHooks hooks;
+  hooks.reduce_found_inf = [this](const Tensor& found_inf) {
+    local_overflows_.copy_(tg::Add(local_overflows_, found_inf));
+    TG_DIST_CHECK_OK(pg_->all_reduce(found_inf, ReduceOp::kMax)->wait());
+  };
+  hooks.reduce_norm = [this](double local, double norm_type) {
+    return ReduceNorm(local, norm_type);
+  };
+  core_ =
+      std::make_unique<amp::StepCore>(options_.mixed_precision, any_f16, device_, std::move(hooks));
 
   if (options_.stage == 3) {
     InitStage3();
@@ -432,13 +437,9 @@ void ZeroOptimizer::InstallHooks() {
 
 // ---- Backward: hooks, buckets and the epilogue ----------------------------------------------
 
-Tensor ZeroOptimizer::InvScale() const {
-  return Tensor::Full({}, 1.0 / scaler_->scale(), kF32, device_);
-}
-
 Variable ZeroOptimizer::scale(const Variable& loss) const {
   TG_CHECK(loss.defined(), kName, ": scale() got an undefined loss");
-  return MulScalar(Cast(loss, kF32), scaler_->scale());
+  return core_->Scale(loss);
 }
 
 void ZeroOptimizer::backward(const Variable& loss, const amp::MasterBackwardOptions& options) {
@@ -579,7 +580,7 @@ void ZeroOptimizer::FinishBucket(int b) {
   // The reduce dtype -> master dtype (a copy unless equal; the shard gradient is ours anyway),
   // then one pass that divides by the scale and records inf/NaN of this rank's shard.
   Tensor g = bucket.shard_grad.to(md);
-  NonFiniteCheckAndUnscale({g}, found_inf_, InvScale());
+  core_->Unscale({g});
   if (!f.master_grad.defined()) f.master_grad = Tensor::Zeros({f.shard_numel}, md, device_);
   const Tensor dst = f.master_grad.narrow(0, bucket.master_offset, bucket.chunk);
   dst.copy_(tg::Add(dst, g));
@@ -798,100 +799,56 @@ amp::StepResult ZeroOptimizer::step() {
   TG_CHECK(has_master_grads_, kName,
            ": step() found no gradients; run a backward (opt.backward(loss) or "
            "opt.scale(loss).backward()) between zero_grad() and step()");
-  amp::StepResult result;
-  result.scale = scaler_->scale();
-  bool found_inf = false;
-  if (check_non_finite_) {
-    if (found_inf_.item() != 0) ++stats_.local_overflow_steps;
-    TG_DIST_CHECK_OK(pg_->all_reduce(found_inf_, ReduceOp::kMax)->wait());
-    found_inf = found_inf_.item() != 0;
-  }
-  // As MixedPrecisionOptimizer::step: a scale whose unscale cannot be finite skips (the scale is
-  // the same on every rank, so every rank skips).
-  found_inf = found_inf || !amp::UnscalesFinitely(result.scale);
-  if (found_inf) {
-    zero_grad();
-    ++skipped_steps_;
-    result.skipped = true;
-  } else {
-    for (Flat& f : flats_) {
-      f.master.set_grad(f.master_grad.defined() ? Variable(f.master_grad) : Variable());
+  std::vector<amp::MasterPiece> pieces;
+  for (const Flat& f : flats_) pieces.push_back({f.master, f.master_grad, Tensor()});
+  return core_->Step(
+      pieces, *optimizer_, [this] { zero_grad(); }, [this] { PublishMasters(); });
+}
+
+void ZeroOptimizer::PublishMasters() {
+  NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  for (Flat& f : flats_) {
+    if (!f.master_grad.defined()) continue;  // not stepped (the same on every rank)
+    if (options_.stage == 3) {
+      if (!f.shard.shares_storage(f.master.data())) f.shard.copy_(f.master.data());
+      continue;
     }
-    try {
-      optimizer_->step();
-    } catch (...) {
-      for (Flat& f : flats_) f.master.set_grad(Variable());
-      throw;
-    }
-    NoGradGuard no_grad;
-    std::vector<std::shared_ptr<Work>> works;
-    for (Flat& f : flats_) {
-      f.master.set_grad(Variable());
-      if (!f.master_grad.defined()) continue;  // not stepped (the same on every rank)
-      if (options_.stage == 3) {
-        if (!f.shard.shares_storage(f.master.data())) f.shard.copy_(f.master.data());
-        continue;
-      }
-      for (int b : f.buckets) {
-        const Bucket& bucket = buckets_[b];
-        const Tensor mine = f.master.data().narrow(0, bucket.master_offset, bucket.chunk);
-        works.push_back(
-            pg_->all_gather(f.full.narrow(0, bucket.start, bucket.numel), mine.to(f.dtype)));
-      }
-    }
-    for (auto& w : works) TG_DIST_CHECK_OK(w->wait());
-    if (options_.stage != 3) {
-      for (Flat& f : flats_) f.full.storage()->bump_version();  // the model params changed
+    for (int b : f.buckets) {
+      const Bucket& bucket = buckets_[b];
+      const Tensor mine = f.master.data().narrow(0, bucket.master_offset, bucket.chunk);
+      works.push_back(
+          pg_->all_gather(f.full.narrow(0, bucket.start, bucket.numel), mine.to(f.dtype)));
     }
   }
-  if (options_.mixed_precision.update_scaler) scaler_->update(found_inf);
-  found_inf_.zero_();
-  return result;
+  for (auto& w : works) TG_DIST_CHECK_OK(w->wait());
+  if (options_.stage != 3) {
+    for (Flat& f : flats_) f.full.storage()->bump_version();  // the model params changed
+  }
 }
 
 double ZeroOptimizer::clip_master_grads(double max_norm, double norm_type) {
-  TG_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
-  TG_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (or inf), got ", norm_type);
   update_master_grads();
-  std::vector<Variable> masters;
   std::vector<Tensor> grads;
-  for (Flat& f : flats_) {
-    if (!f.master_grad.defined()) continue;
-    f.master.set_grad(Variable(f.master_grad));
-    masters.push_back(f.master);
-    grads.push_back(f.master_grad);
+  for (const Flat& f : flats_) {
+    if (f.master_grad.defined()) grads.push_back(f.master_grad);
   }
-  double local = 0;
-  try {
-    // This rank's norm, unclipped (an infinite max_norm never clips).
-    if (!masters.empty()) {
-      local = optim::clip_grad_norm(masters, std::numeric_limits<double>::infinity(), norm_type);
-    }
-  } catch (...) {
-    for (Variable& m : masters) m.set_grad(Variable());
-    throw;
-  }
-  for (Variable& m : masters) m.set_grad(Variable());
+  return core_->ClipGradNorm(grads, max_norm, norm_type);  // a collective: reduce_norm
+}
+
+double ZeroOptimizer::ReduceNorm(double local, double norm_type) {
+  // This rank's part raised to p (max for the inf norm) and a NaN flag (a max over ranks would
+  // drop a NaN), reduced over the group, then the p-th root: the norm of the whole gradient.
   const bool inf_norm = std::isinf(norm_type);
   const Tensor parts = Tensor::FromVector<double>(
       {inf_norm ? local : std::pow(local, norm_type), std::isnan(local) ? 1.0 : 0.0}, {2});
   Tensor reduced = parts.to(device_);
   TG_DIST_CHECK_OK(pg_->all_reduce(reduced, inf_norm ? ReduceOp::kMax : ReduceOp::kSum)->wait());
   const std::vector<double> v = reduced.to_vector<double>();
-  double total;
-  if (v[1] > 0) {
-    total = std::nan("");
-  } else if (inf_norm || norm_type == 1) {
-    total = v[0];
-  } else if (norm_type == 2) {
-    total = std::sqrt(v[0]);
-  } else {
-    total = std::pow(v[0], 1.0 / norm_type);
-  }
-  if (!std::isfinite(total)) return total;  // nothing is scaled (clip_grad_norm's rule)
-  const double clip_coef = max_norm / (total + 1e-6);
-  if (clip_coef < 1 && !grads.empty()) MulScalarInPlace(grads, clip_coef);
-  return total;
+  if (v[1] > 0) return std::nan("");
+  if (inf_norm || norm_type == 1) return v[0];
+  if (norm_type == 2) return std::sqrt(v[0]);
+  return std::pow(v[0], 1.0 / norm_type);
 }
 
 void ZeroOptimizer::zero_grad() {
@@ -901,7 +858,7 @@ void ZeroOptimizer::zero_grad() {
     f.master.set_grad(Variable());
     f.master_grad = Tensor();
   }
-  found_inf_.zero_();
+  core_->ClearFoundInf();
   has_master_grads_ = false;
 }
 
@@ -966,7 +923,7 @@ StateDict ZeroOptimizer::state_dict() {
     }
   }
   out.Merge("optimizer.", opt);
-  out.Merge("scaler.", scaler_->state_dict());
+  out.Merge("scaler.", core_->scaler().state_dict());
   return out;
 }
 
@@ -995,8 +952,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
     masters[i] = state.tensor(key);
     TG_CHECK(masters[i].dtype() == kF32 && masters[i].shape() == p.shape, op, "'", key, "' is ",
              DTypeName(masters[i].dtype()), " ", ShapeToString(masters[i].shape()), " but ",
-             describe(static_cast<int>(i)), " has an f32 master of shape ",
-             ShapeToString(p.shape));
+             describe(static_cast<int>(i)), " has an f32 master of shape ", ShapeToString(p.shape));
   }
 
   // The wrapped optimizer's view: one entry per master shard, built from the per-parameter state.
@@ -1020,10 +976,10 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
     const std::string params_key = gp + "params";
     TG_CHECK(in.has_tensor(params_key), op, "missing 'optimizer.", params_key, "'");
     const Tensor listed = in.tensor(params_key);
-    TG_CHECK(listed.dtype() == kI64 && listed.dim() == 1 && listed.to_vector<int64_t>() == ids,
-             op, "'optimizer.", params_key, "' does not list the parameters of group ", g,
-             " of this optimizer (", ids.size(), " parameters from ",
-             ids.empty() ? 0 : ids.front(), "); the checkpoint has other param groups");
+    TG_CHECK(listed.dtype() == kI64 && listed.dim() == 1 && listed.to_vector<int64_t>() == ids, op,
+             "'optimizer.", params_key, "' does not list the parameters of group ", g,
+             " of this optimizer (", ids.size(), " parameters from ", ids.empty() ? 0 : ids.front(),
+             "); the checkpoint has other param groups");
     used.insert(params_key);
     std::vector<int64_t> master_ids;
     for (const Flat& f : flats_) {
@@ -1051,8 +1007,8 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
         for (int i : f.params) {
           const std::string key = absl::StrCat("state.", i, ".", k);
           const Tensor& t = in.tensor(key);
-          TG_CHECK(t.dtype() == t0.dtype() && t.shape() == params_[i].shape, op, "'optimizer.",
-                   key, "' is ", DTypeName(t.dtype()), " ", ShapeToString(t.shape()), " but ",
+          TG_CHECK(t.dtype() == t0.dtype() && t.shape() == params_[i].shape, op, "'optimizer.", key,
+                   "' is ", DTypeName(t.dtype()), " ", ShapeToString(t.shape()), " but ",
                    describe(i), " is ", ShapeToString(params_[i].shape), " (",
                    DTypeName(t0.dtype()), " state)");
           full.narrow(0, params_[i].offset, params_[i].numel)
@@ -1087,14 +1043,14 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
     TG_CHECK((group || key.rfind("state.", 0) == 0) && dot != std::string::npos &&
                  absl::SimpleAtoi(key.substr(start, dot - start), &index) && index >= 0 &&
                  index < count,
-             op, "unexpected scalar 'optimizer.", key, "' (this optimizer has ",
-             params_.size(), " parameters in ", groups.size(), " groups)");
+             op, "unexpected scalar 'optimizer.", key, "' (this optimizer has ", params_.size(),
+             " parameters in ", groups.size(), " groups)");
   }
 
-  amp::LossScaler scaler = *scaler_;
+  amp::LossScaler scaler = core_->scaler();
   scaler.load_state_dict(state.Sub("scaler."));
   optimizer_->load_state_dict(sharded);  // validates the rest, then changes
-  *scaler_ = scaler;
+  core_->scaler() = scaler;
 
   NoGradGuard no_grad;
   for (Flat& f : flats_) {
@@ -1173,6 +1129,12 @@ std::vector<ZeroFlatLayout> ZeroOptimizer::layout() const {
     out.push_back(std::move(l));
   }
   return out;
+}
+
+ZeroStats ZeroOptimizer::stats() const {
+  ZeroStats s = stats_;
+  s.local_overflow_steps = static_cast<int64_t>(local_overflows_.item());  // a host read
+  return s;
 }
 
 ZeroMemory ZeroOptimizer::memory() const {

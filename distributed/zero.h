@@ -137,6 +137,7 @@
 
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "amp/step_core.h"
 #include "amp/training_optimizer.h"
 #include "autograd/node.h"
 #include "autograd/variable.h"
@@ -258,8 +259,8 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
 
   int stage() const { return options_.stage; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
-  double loss_scale() const override { return scaler_->scale(); }
-  amp::LossScaler& scaler() override { return *scaler_; }
+  double loss_scale() const override { return core_->scaler().scale(); }
+  amp::LossScaler& scaler() override { return core_->scaler(); }
   optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters in optimizer order, and this rank's master shard per flat buffer.
   const std::vector<Variable>& model_params() const override { return model_; }
@@ -269,8 +270,9 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   int64_t shard_numel() const;  // elements of all masters of this rank
   std::vector<ZeroFlatLayout> layout() const;
   ZeroMemory memory() const;
-  const ZeroStats& stats() const { return stats_; }
-  int64_t skipped_steps() const override { return skipped_steps_; }
+  // local_overflow_steps is counted on the device: reading it is a host read.
+  ZeroStats stats() const;
+  int64_t skipped_steps() const override { return core_->skipped_steps(); }
 
  private:
   struct Param;
@@ -292,14 +294,18 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void LaunchReadyBuckets();
   void FinishBucket(int b);
   void FinishAll();
-  void ReduceModelGrads();  // stage 1
-  Tensor GatherFlat(const Flat& f, const Tensor& shard);  // [shard_numel] -> [numel], collective
+  void ReduceModelGrads();                                  // stage 1
+  Tensor GatherFlat(const Flat& f, const Tensor& shard);    // [shard_numel] -> [numel], collective
   Tensor ShardOf(const Flat& f, const Tensor& full) const;  // [numel] -> this rank's [shard_numel]
   void AllocateGradBuffer(Bucket& bucket);
   void FreeGradBuffer(Bucket& bucket);
   bool HasModelGrads() const;
   void ResetBackwardState();
-  Tensor InvScale() const;
+  // After an update: the new master shards into the model (stage 1/2: all-gathered into the flat
+  // buffers; stage 3: rounded into the model-dtype shards).
+  void PublishMasters();
+  // StepCore's reduce_norm hook: the norm over the group from this rank's.
+  double ReduceNorm(double local, double norm_type);
 
   // Stage 3.
   void Gather(int unit, bool in_backward);
@@ -312,8 +318,9 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   std::shared_ptr<ProcessGroup> pg_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   ZeroOptions options_;
-  std::shared_ptr<amp::LossScaler> scaler_;
-  bool check_non_finite_ = false;
+  // Unscale, overflow check, clip, skip and scaler update: the one amp::StepCore.
+  std::unique_ptr<amp::StepCore> core_;
+  Tensor local_overflows_;  // 0-d f32: steps whose own shard gradients had inf/NaN
   int rank_ = 0, world_ = 1;
   Device device_;
 
@@ -326,12 +333,10 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   std::vector<int> inflight_;  // buckets launched and not finished, oldest first
   int next_launch_ = 0;        // stage 2: first bucket not launched in this backward
   std::vector<HookHandle> hooks_;
-  Tensor found_inf_;  // 0-d f32
   bool has_master_grads_ = false;
   bool defer_ = false;  // backward(update_master_grads = false) is running
   int64_t armed_task_ = -1;
   ZeroStats stats_;
-  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace tg::dist
