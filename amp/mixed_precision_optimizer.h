@@ -138,6 +138,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   const Tensor& device_scaler_state() const { return core_->device_scaler_state(); }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
+  // The mechanics of the step (shared with dist::ZeroOptimizer): its skip and host-read counts.
+  const StepCore& step_core() const { return *core_; }
   int64_t skipped_steps() const override { return core_->skipped_steps(); }
 
  private:

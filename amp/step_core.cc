@@ -76,7 +76,11 @@ double StepCore::ClipGradNorm(const std::vector<Tensor>& grads, double max_norm,
   if (grads.empty() && !hooks_.reduce_norm) return 0;
   // This rank's norm: 0-d f64 where the gradients live.
   Tensor norm = grads.empty() ? Tensor() : GlobalGradNorm(grads, norm_type);
-  double total = norm.defined() ? norm.item() : 0.0;  // one host read (a device sync)
+  double total = 0;
+  if (norm.defined()) {
+    total = norm.item();  // one host read (a device sync)
+    ++host_reads_;
+  }
   if (hooks_.reduce_norm) {
     total = hooks_.reduce_norm(total, norm_type);  // a collective: the norm over every rank
     if (norm.defined()) norm.fill_(total);
@@ -113,6 +117,7 @@ StepResult StepCore::Step(const std::vector<MasterPiece>& pieces, optim::Optimiz
   if (check_non_finite_) {
     if (hooks_.reduce_found_inf) hooks_.reduce_found_inf(found_inf_);
     found_inf = found_inf_.item() != 0;  // the step's one host read (a device sync on CUDA)
+    ++host_reads_;
   }
   // Whatever the scaler holds (a corrupt checkpoint, a caller's constant), an unscale that cannot
   // be finite skips the step, with or without check_non_finite: a host test, no device read. The

@@ -120,6 +120,9 @@ class StepCore {
   // reads it); undefined otherwise.
   const Tensor& device_scaler_state() const { return scaler_state_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  // The values this core has read back to the host (found_inf in Step, the norm in
+  // ClipGradNorm): each a device synchronisation on a GPU. For tests and logs.
+  int64_t host_reads() const { return host_reads_; }
 
  private:
   // The host scaler's state that the device state was last made equal to.
@@ -150,6 +153,7 @@ class StepCore {
   Tensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
   ScalerCounters mirrored_;
   int64_t skipped_steps_ = 0;
+  int64_t host_reads_ = 0;
 };
 
 }  // namespace amp

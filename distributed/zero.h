@@ -273,6 +273,8 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   // local_overflow_steps is counted on the device: reading it is a host read.
   ZeroStats stats() const;
   int64_t skipped_steps() const override { return core_->skipped_steps(); }
+  // The mechanics of the step (amp::MixedPrecisionOptimizer's, on this rank's shards).
+  const amp::StepCore& step_core() const { return *core_; }
 
  private:
   struct Param;
