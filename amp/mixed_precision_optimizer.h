@@ -22,6 +22,10 @@
 //   the model .grad, so the next backward accumulates only its own contribution: gradient
 //   accumulation over micro-batches works with or without deferring the update, and master
 //   gradients accumulate until zero_grad(), like .grad in PyTorch.
+// - The mechanics -- unscale + overflow check, the global norm and clip, the skip decision, the
+//   master update and the scaler update -- are amp::StepCore's (amp/step_core.h), the same code
+//   that dist::ZeroOptimizer runs on a rank's shards; this class owns the masters, the master
+//   gradients and the hooks, and hands the core all of its (master, gradient) pieces.
 // - step() makes the master gradients current (the deferred update, if any), reads found_inf
 //   once (after the optional cross-rank max), and either skips (zeroing all gradients) or runs
 //   the wrapped optimizer on the masters and copies them back into the model parameters in their

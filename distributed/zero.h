@@ -19,7 +19,9 @@
 //   }
 //   std::vector<tg::Tensor> full = opt.full_parameters();  // a collective (every rank calls it)
 //
-// Semantics (amp::MixedPrecisionOptimizer's, see amp/mixed_precision_optimizer.h, on shards):
+// Semantics (amp::MixedPrecisionOptimizer's, see amp/mixed_precision_optimizer.h, on shards; the
+// unscale, overflow check, clip, skip and scaler update are one amp::StepCore, amp/step_core.h,
+// handed this rank's master shards and two hooks: the found_inf max and the norm reduction):
 // scale(loss) = f32 loss * scale; backward(loss) = scale + backward, the gradient reduction
 // running from hooks; step() -> StepResult{skipped, scale}: found_inf is this rank's non-finite
 // check of its shard gradients (after the reduction, during the unscale), then all_reduce(kMax)
@@ -97,7 +99,8 @@
 // - clip_master_grads(max_norm, p): this rank's part (optim::clip_grad_norm over its master
 //   shards with an infinite max_norm, i.e. the norm without clipping) raised to p, summed over
 //   ranks (max for the inf norm; a NaN on any rank gives NaN everywhere), then the p-th root:
-//   the norm of the whole gradient; then clip_grad_norm's rule (max_norm / (total + 1e-6) < 1
+//   the norm of the whole gradient; then clip_grad_norm's rule (tg::ClipCoefficient:
+//   max_norm / (total + 1e-6) < 1
 //   scales every master gradient; a non-finite total scales nothing) on every rank.
 //
 // Memory per rank: the master shards and the optimizer state cover sum over buckets of
@@ -192,7 +195,8 @@ struct ZeroStats {
   int64_t launched_from_hooks = 0;     // of those, launched during backward before the epilogue
   int64_t forward_gathers = 0;         // stage 3: unit gathers by forward pre-hooks
   int64_t backward_gathers = 0;        // stage 3: unit gathers by unpacks during backward
-  int64_t local_overflow_steps = 0;    // steps whose own shard gradients had inf/NaN
+  int64_t local_overflow_steps = 0;    // steps whose own shard gradients had inf/NaN (counted
+                                       // on the device; stats() reads it)
   int64_t grad_buffer_bytes = 0;       // gradient bucket buffers allocated now
   int64_t peak_grad_buffer_bytes = 0;  // the most at once
 };
