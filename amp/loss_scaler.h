@@ -171,10 +171,10 @@ class LossScaler {
 
   // The options as the update uses them (min_scale, max_scale rounded as the scale's type
   // holds them) and the state, as one POD: what UpdateLossScale moves, and what the CUDA
-  // kernels keep on the device (tensor/cuda/amp_kernels.h: UploadScalerState(scaler.state())).
+  // devices keep with the tensors (tensor/ops.h: LossScaleStateTensor(scaler.state(), device)).
   const LossScaleState& state() const { return state_; }
   // Continues from `state`: a state() of a scaler with the same options, moved by
-  // UpdateLossScale (on the device: DownloadScalerState). Throws tg::Error, changing nothing,
+  // UpdateLossScale (on a device: tg::ReadLossScaleState). Throws tg::Error, changing nothing,
   // when the options in `state` are not this scaler's, or when its counters are not valid (as
   // load_state_dict). When `state` recorded the min-scale error (raise_at_min_scale), its state
   // as of that update is loaded and then update()'s error is thrown: "Current loss scale already

@@ -5,9 +5,8 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
-#include "autograd/trace.h"
 #include "autograd/ops.h"
-#include "optim/clip_grad.h"
+#include "autograd/trace.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -23,7 +22,7 @@ bool IsLowPrecision(DType dtype) { return dtype == kF16 || dtype == kBF16; }
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimizer> optimizer,
                                                  Options options)
-    : optimizer_(std::move(optimizer)), options_(std::move(options)) {
+    : optimizer_(std::move(optimizer)) {
   TG_CHECK(optimizer_ != nullptr, kName, ": the optimizer is null");
   TG_CHECK(!optimizer_->has_state(), kName,
            ": the wrapped optimizer already has state; wrap it before its first step (its "
@@ -46,53 +45,14 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
     }
   }
   master_grads_.resize(model_.size());
-  scaler_ = options_.scaler;
-  if (scaler_ == nullptr) {
-    scaler_ =
-        std::make_shared<LossScaler>(any_f16 ? LossScaler::PyTorch() : LossScaler::Constant(1));
-  }
-  check_non_finite_ = options_.check_non_finite.value_or(any_f16 || scaler_->options().dynamic);
-  found_inf_ = Tensor::Zeros({}, kF32, device_);
-  // A dynamic scaler that this optimizer updates also lives with the tensors (see the header); a
-  // shared scaler (update_scaler = false) is updated by its owner on the host.
-  device_scaler_ = options_.update_scaler && scaler_->options().dynamic;
-  if (device_scaler_) {
-    scale_t_ = Tensor::Empty({}, kF32, device_);
-    inv_scale_t_ = Tensor::Empty({}, kF32, device_);
-    found_one_ = Tensor::Ones({}, kF32, device_);
-    SyncDeviceScaler();
-  }
-}
-
-MixedPrecisionOptimizer::ScalerCounters MixedPrecisionOptimizer::HostCounters() const {
-  return {scaler_->scale(), scaler_->growth_tracker(), scaler_->hysteresis_tracker(),
-          scaler_->clean_streak(), scaler_->iteration()};
-}
-
-void MixedPrecisionOptimizer::SyncDeviceScaler() {
-  const ScalerCounters now = HostCounters();
-  if (scaler_state_.defined() && now == mirrored_) return;
-  // The host scaler changed outside step() (load_state_dict, or a caller's own update): upload
-  // it. An upload of host memory may wait for the device; steps themselves never get here.
-  scaler_state_ = LossScaleStateTensor(scaler_->state(), device_);
-  WriteLossScale(scaler_state_, scale_t_, inv_scale_t_);
-  mirrored_ = now;
-}
-
-Tensor MixedPrecisionOptimizer::InvScale() {
-  if (device_scaler_) {
-    SyncDeviceScaler();
-    return inv_scale_t_;
-  }
-  // A fill on the device (a kernel argument, not an upload) or a host scalar.
-  return Tensor::Full({}, 1.0 / scaler_->scale(), kF32, device_);
+  core_ = std::make_unique<StepCore>(options, any_f16, device_);
 }
 
 MixedPrecisionOptimizer::~MixedPrecisionOptimizer() { detach(); }
 
 Variable MixedPrecisionOptimizer::scale(const Variable& loss) const {
   TG_CHECK(loss.defined(), kName, ": scale() got an undefined loss");
-  return MulScalar(Cast(loss, kF32), scaler_->scale());
+  return core_->Scale(loss);
 }
 
 void MixedPrecisionOptimizer::backward(const Variable& loss, const MasterBackwardOptions& options) {
@@ -132,7 +92,7 @@ void MixedPrecisionOptimizer::update_master_grads() {
   }
   if (fresh.empty()) return;
   // One fused pass: divide by the scale and record inf/NaN (found_inf accumulates until step).
-  NonFiniteCheckAndUnscale(fresh, found_inf_, InvScale());
+  core_->Unscale(fresh);
   for (size_t k = 0; k < index.size(); ++k) {
     Tensor& master_grad = master_grads_[index[k]];
     master_grad = master_grad.defined() ? tg::Add(master_grad, fresh[k]) : std::move(fresh[k]);
@@ -153,53 +113,20 @@ void MixedPrecisionOptimizer::unscale() {
 
 StepResult MixedPrecisionOptimizer::step() {
   MakeMasterGradsCurrent();
-  StepResult result;
-  result.scale = scaler_->scale();
-  bool found_inf = false;
-  if (check_non_finite_) {
-    if (options_.reduce_found_inf) options_.reduce_found_inf(found_inf_);
-    found_inf = found_inf_.item() != 0;  // the step's one host read (a device sync on CUDA)
+  std::vector<MasterPiece> pieces(master_.size());
+  for (size_t i = 0; i < master_.size(); ++i) {
+    pieces[i].master = master_[i];
+    pieces[i].grad = master_grads_[i];
+    if (!master_[i].is_same(model_[i])) pieces[i].model_copy = model_[i].data();
   }
-  // Whatever the scaler holds (a corrupt checkpoint, a caller's constant), an unscale that cannot
-  // be finite skips the step, with or without check_non_finite: a host test, no device read.
-  found_inf = found_inf || !UnscalesFinitely(result.scale);
-  if (found_inf) {
-    ClearAllGrads();
-    ++skipped_steps_;
-    result.skipped = true;
-  } else {
-    for (size_t i = 0; i < master_.size(); ++i) {
-      master_[i].set_grad(master_grads_[i].defined() ? Variable(master_grads_[i]) : Variable());
-      // The optimizer writes the model's copy (rounded to the model's dtype): tg::FusedAdam in
-      // the pass that updates the master, other updates right after it.
-      if (!master_[i].is_same(model_[i])) {
-        optimizer_->set_model_copy(master_[i], model_[i].data());
-      }
-    }
-    optimizer_->step();
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < master_.size(); ++i) {
-      // Masters keep their gradient in master_grads_ only: an f32 parameter's own .grad must be
-      // free for the next backward.
-      master_[i].set_grad(Variable());
-      if (master_[i].is_same(model_[i]) || !master_grads_[i].defined()) continue;
-      model_[i].bump_version();
-    }
-  }
-  if (options_.update_scaler) {
-    if (device_scaler_) SyncDeviceScaler();  // no-op unless changed outside step()
-    scaler_->update(found_inf);  // throws (changing nothing) at DeepSpeed's min-scale error
-    TraceEvent("amp", "scaler update: found_inf=", found_inf, " scale ", result.scale, " -> ",
-               scaler_->scale(), found_inf ? " (step skipped)" : "");
-    if (device_scaler_) {
-      // The same state machine where the tensors live (tensor/loss_scale_update.h), so the next
-      // step's inverse scale is already there; the host scaler stays current for logs and
-      // checkpoints.
-      StepLossScale(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_, inv_scale_t_);
-      mirrored_ = HostCounters();
-    }
-  }
-  found_inf_.zero_();
+  const StepResult result = core_->Step(
+      pieces, *optimizer_, [this] { ClearAllGrads(); },
+      [this] {
+        for (size_t i = 0; i < master_.size(); ++i) {
+          if (master_[i].is_same(model_[i]) || !master_grads_[i].defined()) continue;
+          model_[i].bump_version();
+        }
+      });
   unscaled_ = false;
   return result;
 }
@@ -211,18 +138,11 @@ std::optional<std::vector<Tensor>> MixedPrecisionOptimizer::inspect_master_grads
 
 double MixedPrecisionOptimizer::clip_master_grads(double max_norm, double norm_type) {
   MakeMasterGradsCurrent();
-  for (size_t i = 0; i < master_.size(); ++i) {
-    master_[i].set_grad(master_grads_[i].defined() ? Variable(master_grads_[i]) : Variable());
+  std::vector<Tensor> grads;
+  for (const Tensor& g : master_grads_) {
+    if (g.defined()) grads.push_back(g);
   }
-  double norm = 0;
-  try {
-    norm = optim::clip_grad_norm(master_, max_norm, norm_type);  // scales master_grads_ in place
-  } catch (...) {
-    for (const Variable& m : master_) m.set_grad(Variable());
-    throw;
-  }
-  for (const Variable& m : master_) m.set_grad(Variable());
-  return norm;
+  return core_->ClipGradNorm(grads, max_norm, norm_type);  // scales master_grads_ in place
 }
 
 void MixedPrecisionOptimizer::ClearAllGrads() {
@@ -231,7 +151,7 @@ void MixedPrecisionOptimizer::ClearAllGrads() {
     master_[i].set_grad(Variable());
   }
   master_grads_.assign(master_grads_.size(), Tensor());
-  found_inf_.zero_();
+  core_->ClearFoundInf();
 }
 
 void MixedPrecisionOptimizer::zero_grad() { ClearAllGrads(); }
@@ -244,7 +164,7 @@ StateDict MixedPrecisionOptimizer::state_dict() const {
     }
   }
   state.Merge("optimizer.", optimizer_->state_dict());
-  state.Merge("scaler.", scaler_->state_dict());
+  state.Merge("scaler.", core_->scaler().state_dict());
   return state;
 }
 
@@ -274,10 +194,10 @@ void MixedPrecisionOptimizer::load_state_dict(const StateDict& state) {
     TG_CHECK(key.rfind("master.", 0) == 0 || key.rfind("optimizer.", 0) == 0, kName,
              ": load_state_dict: unexpected tensor '", key, "'");
   }
-  LossScaler scaler = *scaler_;
+  LossScaler scaler = core_->scaler();
   scaler.load_state_dict(state.Sub("scaler."));
   optimizer_->load_state_dict(state.Sub("optimizer."));  // validates, then changes
-  *scaler_ = scaler;
+  core_->scaler() = scaler;
   NoGradGuard no_grad;
   for (size_t i = 0; i < master_.size(); ++i) {
     if (!masters[i].defined()) continue;

@@ -22,6 +22,10 @@
 //   the model .grad, so the next backward accumulates only its own contribution: gradient
 //   accumulation over micro-batches works with or without deferring the update, and master
 //   gradients accumulate until zero_grad(), like .grad in PyTorch.
+// - The mechanics -- unscale + overflow check, the global norm and clip, the skip decision, the
+//   master update and the scaler update -- are amp::StepCore's (amp/step_core.h), the same code
+//   that dist::ZeroOptimizer runs on a rank's shards; this class owns the masters, the master
+//   gradients and the hooks, and hands the core all of its (master, gradient) pieces.
 // - step() makes the master gradients current (the deferred update, if any), reads found_inf
 //   once (after the optional cross-rank max), and either skips (zeroing all gradients) or runs
 //   the wrapped optimizer on the masters and copies them back into the model parameters in their
@@ -62,6 +66,7 @@
 #include <vector>
 
 #include "amp/loss_scaler.h"
+#include "amp/step_core.h"
 #include "amp/training_optimizer.h"
 #include "autograd/variable.h"
 #include "optim/optimizer.h"
@@ -71,19 +76,7 @@
 namespace tg {
 namespace amp {
 
-struct MixedPrecisionOptions {
-  // Null: LossScaler::PyTorch() when some parameter is f16, a constant scale of 1 otherwise.
-  // Shared so that several optimizers can use one scaler (then set update_scaler = false).
-  std::shared_ptr<LossScaler> scaler;
-  // Whether step() checks found_inf and skips on overflow. Default: on when some parameter is
-  // f16 or the scaler is dynamic; off otherwise (bf16: no skipping unless asked for).
-  std::optional<bool> check_non_finite;
-  // Whether step() calls scaler->update(found_inf).
-  bool update_scaler = true;
-  // Set by data-parallel training: makes found_inf (0-d f32, 0 or 1) the max over all ranks, in
-  // place, so that every rank skips the same steps.
-  std::function<void(const Tensor& found_inf)> reduce_found_inf;
-};
+// MixedPrecisionOptions: amp/step_core.h.
 
 // MasterBackwardOptions and StepResult: amp/training_optimizer.h.
 class MixedPrecisionOptimizer : public TrainingOptimizer {
@@ -135,8 +128,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   void attach();
   void detach();
 
-  double loss_scale() const override { return scaler_->scale(); }
-  LossScaler& scaler() override { return *scaler_; }
+  double loss_scale() const override { return core_->scaler().scale(); }
+  LossScaler& scaler() override { return core_->scaler(); }
   optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters and their masters, by parameter number in group order.
   const std::vector<Variable>& model_params() const override { return model_; }
@@ -146,53 +139,30 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   // With a dynamic scaler updated here: the mirrored copy of the scaler's state, on the
   // parameters' device (tg::ReadLossScaleState reads it; a synchronisation on a GPU). Undefined
   // otherwise. For tests.
-  const Tensor& device_scaler_state() const { return scaler_state_; }
+  const Tensor& device_scaler_state() const { return core_->device_scaler_state(); }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
-  int64_t skipped_steps() const override { return skipped_steps_; }
+  // The mechanics of the step (shared with dist::ZeroOptimizer): its skip and host-read counts.
+  const StepCore& step_core() const { return *core_; }
+  int64_t skipped_steps() const override { return core_->skipped_steps(); }
 
  private:
   void MakeMasterGradsCurrent();
   bool HasModelGrads() const;
   void ClearAllGrads();
-  // 1 / scale as a 0-d f32 tensor on the parameters' device (the device scaler's when there is
-  // one).
-  Tensor InvScale();
-  // The host scaler's state that the device state was last made equal to.
-  struct ScalerCounters {
-    double scale = 0;
-    int64_t growth_tracker = 0, hysteresis_tracker = 0, clean_streak = 0, iteration = 0;
-    bool operator==(const ScalerCounters& o) const {
-      return scale == o.scale && growth_tracker == o.growth_tracker &&
-             hysteresis_tracker == o.hysteresis_tracker && clean_streak == o.clean_streak &&
-             iteration == o.iteration;
-    }
-  };
-  ScalerCounters HostCounters() const;
-  // Uploads the host scaler to the device unless the device state already mirrors it.
-  void SyncDeviceScaler();
 
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::shared_ptr<LossScaler> scaler_;
-  Options options_;
-  bool check_non_finite_;
   std::vector<Variable> model_;       // the model's parameters
   std::vector<Variable> master_;      // f32 copies for f16/bf16, else the same Variable
   std::vector<Tensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
   Device device_;                     // of every parameter
-  Tensor found_inf_;                  // 0-d f32 on device_
-  // A dynamic scaler updated here: the scaler's state (LossScaleStateTensor's u8 tensor on
-  // device_), the scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and
-  // the host state they mirror.
-  bool device_scaler_ = false;
-  Tensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
-  ScalerCounters mirrored_;
+  // The step's mechanics (scaler, found_inf, unscale, clip, skip), shared with ZeroOptimizer.
+  std::unique_ptr<StepCore> core_;
   bool unscaled_ = false;            // unscale() was called since the last step()
   bool in_facade_backward_ = false;  // backward() is running: the hooks stay quiet
   int64_t armed_task_ = -1;          // outermost task whose epilogue is queued
   std::vector<HookHandle> hooks_;
   int64_t master_grad_updates_ = 0;
-  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace amp

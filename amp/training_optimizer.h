@@ -23,8 +23,12 @@
 //   .grad (DDP's no_sync accumulation); an implementation that cannot defer
 //   (can_defer_master_grads() false: ZeRO stage 2/3, which reduce from the hooks) throws
 //   tg::Error for it.
-// Decision: an abstract class (one virtual call per method, a few per step) rather than a
-// template, so the binaries pick the implementation from a flag at run time.
+// Both implementations run one amp::StepCore (amp/step_core.h) for the mechanics of the step, so
+// the same run skips the same steps, clips to the same norm and updates the scaler the same way
+// whichever implementation trains it (tests/distributed/zero_test
+// OneRankRunsTheSingleProcessStepCore). Decision: an abstract class (one virtual call per method, a
+// few per step) rather than a template, so the binaries pick the implementation from a flag at run
+// time.
 #ifndef TAPEGRAD_AMP_TRAINING_OPTIMIZER_H_
 #define TAPEGRAD_AMP_TRAINING_OPTIMIZER_H_
 

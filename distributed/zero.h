@@ -19,7 +19,9 @@
 //   }
 //   std::vector<tg::Tensor> full = opt.full_parameters();  // a collective (every rank calls it)
 //
-// Semantics (amp::MixedPrecisionOptimizer's, see amp/mixed_precision_optimizer.h, on shards):
+// Semantics (amp::MixedPrecisionOptimizer's, see amp/mixed_precision_optimizer.h, on shards; the
+// unscale, overflow check, clip, skip and scaler update are one amp::StepCore, amp/step_core.h,
+// handed this rank's master shards and two hooks: the found_inf max and the norm reduction):
 // scale(loss) = f32 loss * scale; backward(loss) = scale + backward, the gradient reduction
 // running from hooks; step() -> StepResult{skipped, scale}: found_inf is this rank's non-finite
 // check of its shard gradients (after the reduction, during the unscale), then all_reduce(kMax)
@@ -97,7 +99,8 @@
 // - clip_master_grads(max_norm, p): this rank's part (optim::clip_grad_norm over its master
 //   shards with an infinite max_norm, i.e. the norm without clipping) raised to p, summed over
 //   ranks (max for the inf norm; a NaN on any rank gives NaN everywhere), then the p-th root:
-//   the norm of the whole gradient; then clip_grad_norm's rule (max_norm / (total + 1e-6) < 1
+//   the norm of the whole gradient; then clip_grad_norm's rule (tg::ClipCoefficient:
+//   max_norm / (total + 1e-6) < 1
 //   scales every master gradient; a non-finite total scales nothing) on every rank.
 //
 // Memory per rank: the master shards and the optimizer state cover sum over buckets of
@@ -137,6 +140,7 @@
 
 #include "amp/loss_scaler.h"
 #include "amp/mixed_precision_optimizer.h"
+#include "amp/step_core.h"
 #include "amp/training_optimizer.h"
 #include "autograd/node.h"
 #include "autograd/variable.h"
@@ -191,7 +195,8 @@ struct ZeroStats {
   int64_t launched_from_hooks = 0;     // of those, launched during backward before the epilogue
   int64_t forward_gathers = 0;         // stage 3: unit gathers by forward pre-hooks
   int64_t backward_gathers = 0;        // stage 3: unit gathers by unpacks during backward
-  int64_t local_overflow_steps = 0;    // steps whose own shard gradients had inf/NaN
+  int64_t local_overflow_steps = 0;    // steps whose own shard gradients had inf/NaN (counted
+                                       // on the device; stats() reads it)
   int64_t grad_buffer_bytes = 0;       // gradient bucket buffers allocated now
   int64_t peak_grad_buffer_bytes = 0;  // the most at once
 };
@@ -258,8 +263,8 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
 
   int stage() const { return options_.stage; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
-  double loss_scale() const override { return scaler_->scale(); }
-  amp::LossScaler& scaler() override { return *scaler_; }
+  double loss_scale() const override { return core_->scaler().scale(); }
+  amp::LossScaler& scaler() override { return core_->scaler(); }
   optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters in optimizer order, and this rank's master shard per flat buffer.
   const std::vector<Variable>& model_params() const override { return model_; }
@@ -269,8 +274,11 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   int64_t shard_numel() const;  // elements of all masters of this rank
   std::vector<ZeroFlatLayout> layout() const;
   ZeroMemory memory() const;
-  const ZeroStats& stats() const { return stats_; }
-  int64_t skipped_steps() const override { return skipped_steps_; }
+  // local_overflow_steps is counted on the device: reading it is a host read.
+  ZeroStats stats() const;
+  int64_t skipped_steps() const override { return core_->skipped_steps(); }
+  // The mechanics of the step (amp::MixedPrecisionOptimizer's, on this rank's shards).
+  const amp::StepCore& step_core() const { return *core_; }
 
  private:
   struct Param;
@@ -292,14 +300,18 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void LaunchReadyBuckets();
   void FinishBucket(int b);
   void FinishAll();
-  void ReduceModelGrads();  // stage 1
-  Tensor GatherFlat(const Flat& f, const Tensor& shard);  // [shard_numel] -> [numel], collective
+  void ReduceModelGrads();                                  // stage 1
+  Tensor GatherFlat(const Flat& f, const Tensor& shard);    // [shard_numel] -> [numel], collective
   Tensor ShardOf(const Flat& f, const Tensor& full) const;  // [numel] -> this rank's [shard_numel]
   void AllocateGradBuffer(Bucket& bucket);
   void FreeGradBuffer(Bucket& bucket);
   bool HasModelGrads() const;
   void ResetBackwardState();
-  Tensor InvScale() const;
+  // After an update: the new master shards into the model (stage 1/2: all-gathered into the flat
+  // buffers; stage 3: rounded into the model-dtype shards).
+  void PublishMasters();
+  // StepCore's reduce_norm hook: the norm over the group from this rank's.
+  double ReduceNorm(double local, double norm_type);
 
   // Stage 3.
   void Gather(int unit, bool in_backward);
@@ -312,8 +324,9 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   std::shared_ptr<ProcessGroup> pg_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   ZeroOptions options_;
-  std::shared_ptr<amp::LossScaler> scaler_;
-  bool check_non_finite_ = false;
+  // Unscale, overflow check, clip, skip and scaler update: the one amp::StepCore.
+  std::unique_ptr<amp::StepCore> core_;
+  Tensor local_overflows_;  // 0-d f32: steps whose own shard gradients had inf/NaN
   int rank_ = 0, world_ = 1;
   Device device_;
 
@@ -326,12 +339,10 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   std::vector<int> inflight_;  // buckets launched and not finished, oldest first
   int next_launch_ = 0;        // stage 2: first bucket not launched in this backward
   std::vector<HookHandle> hooks_;
-  Tensor found_inf_;  // 0-d f32
   bool has_master_grads_ = false;
   bool defer_ = false;  // backward(update_master_grads = false) is running
   int64_t armed_task_ = -1;
   ZeroStats stats_;
-  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace tg::dist

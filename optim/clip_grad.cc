@@ -5,6 +5,7 @@
 
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tensor/optimizer_kernels.h"
 
 namespace tg::optim {
 
@@ -34,9 +35,10 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm, doub
   for (const Variable& g : grads) data.push_back(g.data());
   const Tensor norm = GlobalGradNorm(data, norm_type);  // 0-d f64 on the grads' device
   const double total = norm.item();  // the function's one host read (a device sync)
-  if (!std::isfinite(total)) return total;  // grads untouched (see the header)
-  if (max_norm / (total + 1e-6) < 1) {
-    ClipByNorm(data, norm, max_norm);
+  double clip_coef = 1;
+  // The one clip rule (tensor/optimizer_kernels.h); a non-finite total leaves the grads untouched.
+  if (ClipCoefficient(total, max_norm, &clip_coef)) {
+    ClipByNorm(data, norm, max_norm);  // takes the same decision where the norm lives
     for (const Variable& g : grads) g.bump_version();
   }
   return total;

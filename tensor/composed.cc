@@ -4,6 +4,8 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/optimizer_kernels.h"
+
 namespace tg::composed {
 
 DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
@@ -235,10 +237,10 @@ void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, doub
 }
 
 void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm) {
-  const double total = total_norm.item();
-  if (!std::isfinite(total)) return;
-  const double clip_coef = max_norm / (total + 1e-6);
-  if (clip_coef < 1) MulScalarInPlace(tensors, clip_coef);
+  double clip_coef = 1;
+  if (ClipCoefficient(total_norm.item(), max_norm, &clip_coef)) {
+    MulScalarInPlace(tensors, clip_coef);
+  }
 }
 
 }  // namespace tg::composed

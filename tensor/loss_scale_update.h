@@ -1,9 +1,9 @@
 // The loss-scale state machine of mixed-precision training, written once: UpdateLossScale moves a
 // LossScaleState (the options and counters of an amp::LossScaler, one POD) by one optimizer step.
-// The host's amp::LossScaler::update runs it on its own state, and the CUDA kernel
-// (tensor/cuda/amp_kernels.h: UpdateScaleOnDevice) runs it in one device thread on a copy kept in
-// device memory, so the device scale follows the host's bit for bit and a training step never
-// waits for the GPU. It lives in tensor/, below both amp/ and tensor/cuda/.
+// The host's amp::LossScaler::update runs it on its own state, and the op list's LossScaleStep
+// kernel (tensor/ops.h StepLossScale) runs it where the tensors live (on CUDA in one device
+// thread, on a copy kept in device memory), so the device scale follows the host's bit for bit
+// and updating it never waits for the GPU. It lives in tensor/, below both amp/ and tensor/cuda/.
 //
 //   tg::LossScaleState s = scaler.state();       // amp::LossScaler (amp/loss_scaler.h)
 //   tg::UpdateLossScale(&s, /*found_inf=*/true);  // what scaler.update(true) does to its state

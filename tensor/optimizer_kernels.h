@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tensor/host_device.h"
 #include "tensor/tensor.h"
 
 namespace tg {
@@ -72,6 +73,27 @@ struct FusedAdamOptions {
   // 0-d f32 on the params' device, or undefined: when it is != 0 nothing is written.
   Tensor found_inf;
 };
+
+// clip_grad_norm's rule (torch.nn.utils.clip_grad_norm_), written once for every place that
+// clips: optim::clip_grad_norm, amp::StepCore (MixedPrecisionOptimizer, ZeroOptimizer), the CPU
+// and CUDA ClipByNorm kernels and its composed form. Returns whether gradients whose joint norm
+// is `total` are scaled for `max_norm`, and then sets *coef: clip_coef = max_norm / (total +
+// 1e-6) in double (each operation correctly rounded: the device intrinsics, plain double
+// arithmetic on the host), applied when total is finite and clip_coef < 1. A non-finite total
+// (inf or NaN) scales nothing: PyTorch would multiply by 0 or NaN; the caller sees the norm and
+// skips the step instead.
+TG_HOST_DEVICE inline bool ClipCoefficient(double total, double max_norm, double* coef) {
+#ifdef __CUDA_ARCH__
+  if (!isfinite(total)) return false;
+  const double c = __ddiv_rn(max_norm, __dadd_rn(total, 1e-6));
+#else
+  if (!std::isfinite(total)) return false;
+  const double c = max_norm / (total + 1e-6);
+#endif
+  if (!(c < 1)) return false;
+  *coef = c;
+  return true;
+}
 
 // Parameter i of an SGD update: params[i] (f32, f64, f16 or bf16; updated in place), grads[i]
 // (any floating dtype, read as converted to the compute dtype) and, with momentum != 0,

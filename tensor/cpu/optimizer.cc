@@ -15,6 +15,7 @@
 #include "tensor/cpu/vec_math.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
+#include "tensor/optimizer_kernels.h"
 
 namespace tg::cpu {
 namespace {
@@ -353,10 +354,8 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
 
 KernelStatus ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm,
                         double max_norm) {
-  const double total = total_norm.item();
-  if (!std::isfinite(total)) return KernelStatus::kDone;
-  const double clip_coef = max_norm / (total + 1e-6);
-  if (clip_coef < 1) {
+  double clip_coef = 1;
+  if (ClipCoefficient(total_norm.item(), max_norm, &clip_coef)) {
     for (const Tensor& t : tensors) ScaleInPlace(t, clip_coef, false);
   }
   return KernelStatus::kDone;

@@ -34,6 +34,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/multi_tensor.cuh"
 #include "tensor/cuda/runtime.h"
+#include "tensor/optimizer_kernels.h"
 #include "tensor/error.h"
 
 namespace tg::cuda {
@@ -229,10 +230,8 @@ template <typename T, typename N>
 __global__ void __launch_bounds__(kThreads)
     ClipKernel(const __grid_constant__ ChunkTable<1> table, const N* norm, double max_norm) {
   using C = Compute<T>;
-  const double total = *norm;
-  if (!isfinite(total)) return;  // clip_grad_norm leaves the grads alone
-  const double clip_coef = __ddiv_rn(max_norm, __dadd_rn(total, 1e-6));
-  if (!(clip_coef < 1)) return;
+  double clip_coef = 1;
+  if (!ClipCoefficient(static_cast<double>(*norm), max_norm, &clip_coef)) return;
   const C coef = static_cast<C>(clip_coef);
   const ChunkRef c = Locate(table);
   T* p = static_cast<T*>(table.ptr[0][c.tensor]) + c.begin;

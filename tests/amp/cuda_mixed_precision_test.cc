@@ -5,8 +5,8 @@
 // keep the device scaler equal to the host's after every step, and leave parameters within a
 // tolerance of the CPU run's (the forward's matmuls round differently on the two devices). Also:
 // optim::AdamW on f32 CUDA parameters (the op list's FusedAdam kernel) is bit-identical to the
-// CPU for the same gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes on either
-// device. Every test skips without a GPU.
+// CPU for the same gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes
+// on either device. Every test skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,9 +22,9 @@
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/sgd.h"
-#include "tensor/cuda/amp_kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/generator.h"
+#include "tensor/ops.h"
 
 namespace tg {
 namespace amp {
@@ -140,7 +140,7 @@ std::vector<StepState> RunScenario(const Scenario& sc, Device device) {
           << "step " << step;
     }
     if (device.is_cuda() && opt.device_scaler_state().defined()) {
-      const LossScaleState d = cuda::DownloadScalerState(opt.device_scaler_state());
+      const LossScaleState d = ReadLossScaleState(opt.device_scaler_state());
       const LossScaler& h = opt.scaler();
       EXPECT_EQ(d.scale, h.scale()) << "step " << step;
       EXPECT_EQ(d.growth_tracker, h.growth_tracker()) << "step " << step;
@@ -441,6 +441,37 @@ TEST(CudaOptimizerTest, ClipGradNormOnTheDeviceMatchesTheCpu) {
       for (size_t i = 0; i < c.size(); ++i)
         EXPECT_NEAR(g[i], c[i], 1e-5 * (1e-3 + std::fabs(c[i])));
     }
+  }
+}
+
+// The host waits of a step on CUDA, counted by the runtime (cuda::HostSyncCount): they are
+// amp::StepCore's host reads and nothing else -- f16 with the dynamic scaler one per step (the
+// found_inf read that decides the skip; the scale is updated on the device and never read
+// back), bf16 (constant scale, no overflow check) none, and a clip one more (its norm). The
+// inputs are made before counting (an upload of pageable memory may wait).
+TEST(CudaMixedPrecisionTest, HostWaitsPerStepAreStepCoresHostReads) {
+  SKIP_WITHOUT_GPU();
+  for (const DType dtype : {kF16, kBF16}) {
+    Model m(dtype, 1, kGpu);
+    MixedPrecisionOptimizer opt(MakeOptimizer(Opt::kAdamW, m));
+    std::vector<Variable> inputs;
+    for (int step = 0; step < 4; ++step) inputs.push_back(Inputs(dtype, 100 * step, kGpu));
+    auto run = [&](int step, bool clip) {
+      opt.zero_grad();
+      opt.backward(Loss(m.Forward(inputs[step])));
+      if (clip) opt.clip_master_grads(1.0);
+      opt.step();
+    };
+    run(0, false);  // the first step creates the optimizer state
+    cuda::Synchronize();
+    const int64_t syncs = cuda::HostSyncCount();
+    const int64_t reads = opt.step_core().host_reads();
+    run(1, false);
+    run(2, false);
+    run(3, true);
+    EXPECT_EQ(cuda::HostSyncCount() - syncs, opt.step_core().host_reads() - reads)
+        << DTypeName(dtype);
+    EXPECT_EQ(opt.step_core().host_reads() - reads, dtype == kF16 ? 4 : 1) << DTypeName(dtype);
   }
 }
 

@@ -1,7 +1,7 @@
 // The one loss-scale state machine (tensor/loss_scale_update.h: UpdateLossScale over a
 // LossScaleState), run bare as the CUDA kernel runs it, against amp::LossScaler::update for every
 // preset over a sequence of found_inf flags (the device runs the same cases in
-// cuda_amp_kernels_test); LossScaler's state() / load_state() round trip; RoundToF32's edges.
+// tests/tensor/cuda/amp_kernels_test); LossScaler's state() / load_state() round trip; RoundToF32's edges.
 #include "tensor/loss_scale_update.h"
 
 #include <cmath>

@@ -82,6 +82,30 @@ TEST(MixedPrecisionOptimizerTest, F16ParamsGetF32MastersAndF32ParamsAreTheirOwn)
   EXPECT_EQ(opt.loss_scale(), 65536.0);  // f16: PyTorch's dynamic scaler by default
 }
 
+// The host reads of a step are StepCore's, counted: f16 (dynamic scaler, overflow check) one
+// found_inf read per step plus one norm read per clip; bf16 (constant scale 1, no check) none
+// per step. A GPU step syncs exactly there (tests/amp/cuda_mixed_precision_test counts
+// cuda::HostSyncCount()); the device scaler's state is never read back by a step.
+TEST(MixedPrecisionOptimizerTest, HostReadsPerStepAreTheFoundInfReadAndTheNormRead) {
+  for (const DType dtype : {kF16, kBF16}) {
+    Model m(dtype, 1);
+    MixedPrecisionOptimizer opt(Sgd(m), dtype == kF16 ? Scaled(1024) : MixedPrecisionOptions());
+    const Variable x = Inputs(dtype, 2);
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      opt.backward(Loss(m.Forward(x)));
+      opt.step();
+    }
+    EXPECT_EQ(opt.step_core().host_reads(), dtype == kF16 ? 3 : 0) << DTypeName(dtype);
+    opt.zero_grad();
+    opt.backward(Loss(m.Forward(x)));
+    opt.clip_master_grads(1.0);
+    opt.step();
+    EXPECT_EQ(opt.step_core().host_reads(), dtype == kF16 ? 5 : 1) << DTypeName(dtype);
+    EXPECT_EQ(opt.step_core().skipped_steps(), 0);
+  }
+}
+
 TEST(MixedPrecisionOptimizerTest, OverflowSkipsTheStepBacksOffAndTheNextCleanStepApplies) {
   Model m(kF16, 1);
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
@@ -436,7 +460,7 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   EXPECT_EQ(MasterValues(resumed), before);
 }
 
-// The device-side protocol of cuda_amp_kernels_test's OverflowSkipBackoffMatchesMixedPrecision-
+// The device-side protocol of tests/tensor/cuda/amp_kernels_test's OverflowSkipBackoffMatchesMixedPrecision-
 // Optimizer, here with the op list on the CPU: per step a zero_grad, scaled f16/bf16/f32
 // gradients, found_inf from them, one tg::FusedAdam that unscales (inv_scale), skips (found_inf)
 // and counts its steps (device_step), and tg::StepLossScale; against
@@ -514,8 +538,7 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
       const Variable& master = opt.master_params()[i];
       ASSERT_EQ(master.data().to_vector<double>(), lists.params[i].to_vector<double>());
       if (lists.model_params[i].defined()) {
-        ASSERT_EQ(params[i].data().to_vector<double>(),
-                  lists.model_params[i].to_vector<double>());
+        ASSERT_EQ(params[i].data().to_vector<double>(), lists.model_params[i].to_vector<double>());
       }
       const StateDict* s = opt.optimizer().param_state(master);
       if (s == nullptr) continue;  // no step applied yet

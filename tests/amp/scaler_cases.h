@@ -1,5 +1,5 @@
 // The loss-scaler cases shared by the tests of the one state machine (tensor/loss_scale_update.h)
-// on the host (loss_scale_update_test) and on the device (cuda_amp_kernels_test): every preset
+// on the host (loss_scale_update_test) and on the device (tests/tensor/cuda/amp_kernels_test): every preset
 // of amp::LossScaler over a sequence of found_inf flags, and a runner that moves a bare
 // LossScaleState beside LossScaler::update and compares the whole state after every update.
 //

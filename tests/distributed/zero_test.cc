@@ -32,6 +32,7 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "optim/adam.h"
+#include "optim/sgd.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
 #include "tests/distributed/multiprocess.h"
@@ -50,7 +51,6 @@ using ::tg::testing::ThrowsErrorExactly;
 constexpr int64_t kIn = 7, kHidden = 13, kOut = 5;
 constexpr int64_t kNumParams = 174;
 constexpr int64_t kRows = 4;  // rows of one micro-batch
-
 
 std::shared_ptr<nn::Mlp> MakeMlp(DType dtype) {
   Generator gen(7);
@@ -110,10 +110,16 @@ struct Config {
   int inf_step = -1;
   int inf_rank = 0;
   bool two_groups = false;      // MakeGroupedAdamW
+  bool sgd = false;             // plain SGD (linear in the gradient: a clip difference shows)
   bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
 };
 
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
+  if (c.sgd) {
+    optim::SGDOptions o;
+    o.lr = 0.1;
+    return std::make_unique<optim::SGD>(model.parameters(), o);
+  }
   return c.two_groups ? MakeGroupedAdamW(model) : MakeAdamW(model.parameters());
 }
 
@@ -123,7 +129,20 @@ struct Outcome {
   std::vector<double> norms;
   int64_t skipped = 0;
   double scale = 0;
+  int64_t host_reads = 0;      // amp::StepCore::host_reads(): found_inf and norm reads
+  std::vector<float> masters;  // the f32 masters ("master.<i>" of state_dict), f16/bf16 models
 };
+
+std::vector<float> Masters(const StateDict& sd, int64_t n) {
+  std::vector<float> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string key = absl::StrCat("master.", i);
+    if (!sd.has_tensor(key)) continue;
+    const std::vector<float> v = sd.tensor(key).to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
 
 std::vector<float> Concat(const std::vector<Tensor>& tensors) {
   std::vector<float> out;
@@ -139,6 +158,8 @@ std::vector<float> Concat(const std::vector<Variable>& vars) {
   for (const Variable& v : vars) data.push_back(v.data());
   return Concat(data);
 }
+
+std::vector<float> MakeMlpParams(DType dtype) { return Concat(MakeMlp(dtype)->parameters()); }
 
 amp::MixedPrecisionOptions MixedOptions(const Config& c) {
   amp::MixedPrecisionOptions o;
@@ -195,6 +216,8 @@ Outcome TrainZero(const std::shared_ptr<ProcessGroup>& pg, const Config& c) {
   out.params = Concat(opt.full_parameters());
   out.skipped = opt.skipped_steps();
   out.scale = opt.loss_scale();
+  out.host_reads = opt.step_core().host_reads();
+  out.masters = Masters(opt.state_dict(), static_cast<int64_t>(opt.model_params().size()));
   return out;
 }
 
@@ -223,6 +246,8 @@ Outcome TrainReference(int world, const Config& c) {
   out.params = Concat(opt.model_params());
   out.skipped = opt.skipped_steps();
   out.scale = opt.loss_scale();
+  out.host_reads = opt.step_core().host_reads();
+  out.masters = Masters(opt.state_dict(), static_cast<int64_t>(opt.model_params().size()));
   return out;
 }
 
@@ -381,6 +406,53 @@ TEST(ZeroTest, LowPrecisionModelsMatchDataParallelTraining) {
   b.dtype = kBF16;
   b.stage = 2;
   ExpectMatchesReference(2, b, 1e-2, 1e-2);
+}
+
+// One training-step core (amp::StepCore): ZeroOptimizer on one rank is the single-process
+// MixedPrecisionOptimizer with its masters cut differently, so an f16 run with a dynamic scaler,
+// an overflow and clipping every step must agree on everything the core decides -- the skipped
+// step, the scale after every update, the clipped norm -- and on the f32 masters and the f16
+// parameters, bit for bit (SGD: linear in the gradient, so a clip coefficient one f32 ulp off
+// shows; AdamW would hide it), with the same number of host reads (one found_inf read per step, one
+// norm read per clip; the rank's local overflow count stays on the device). Before the core,
+// ZeroOptimizer read found_inf twice per step.
+TEST(ZeroTest, OneRankRunsTheSingleProcessStepCore) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    auto results = RunRanks(1, [&](const Rank&) {
+      auto pg = testing::JoinDefaultGroup();
+      Config c;
+      c.stage = stage;
+      c.dtype = kF16;
+      c.steps = 8;
+      c.init_scale = 1024;
+      c.inf_step = 3;
+      c.clip = 0.05;
+      c.sgd = true;
+      const Outcome zero = TrainZero(pg, c);
+      const Outcome ref = TrainReference(1, c);
+      EXPECT_EQ(ref.skipped, 1);
+      EXPECT_EQ(zero.skipped, ref.skipped) << "stage " << stage;
+      EXPECT_EQ(zero.scale, ref.scale) << "stage " << stage;
+      ASSERT_EQ(zero.norms.size(), ref.norms.size());
+      for (size_t s = 0; s < ref.norms.size(); ++s) {
+        if (s == 3) {
+          EXPECT_TRUE(std::isinf(zero.norms[s]) && std::isinf(ref.norms[s])) << "step " << s;
+          continue;
+        }
+        EXPECT_GT(ref.norms[s], c.clip) << "step " << s;  // it clips
+        // The f64 sum runs over the flat buffer (reverse order in stage 1/2): equal to the
+        // last bits.
+        EXPECT_DOUBLE_EQ(zero.norms[s], ref.norms[s]) << "stage " << stage << " step " << s;
+      }
+      EXPECT_EQ(MaxAbsDiff(zero.params, ref.params), 0.0) << "stage " << stage;
+      ASSERT_EQ(ref.masters.size(), static_cast<size_t>(kNumParams));
+      EXPECT_EQ(zero.masters, ref.masters) << "stage " << stage;  // f32, bit for bit
+      EXPECT_EQ(zero.host_reads, 2 * c.steps) << "stage " << stage;
+      EXPECT_EQ(ref.host_reads, 2 * c.steps);
+      EXPECT_GT(MaxAbsDiff(ref.params, MakeMlpParams(c.dtype)), 1e-3);  // not vacuous
+    });
+    ExpectAllSucceeded(results);
+  }
 }
 
 // ---- Memory ------------------------------------------------------------------------------------
@@ -609,8 +681,7 @@ TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
     // The norm sums squares in chunks of each tensor: ZeRO's flat units group the same
     // gradient's squares differently from separate tensors, so the norms agree to f64 rounding.
     const double norm = ref.clip_master_grads(std::numeric_limits<double>::infinity());
-    EXPECT_NEAR(opt.clip_master_grads(std::numeric_limits<double>::infinity()), norm,
-                1e-12 * norm);
+    EXPECT_NEAR(opt.clip_master_grads(std::numeric_limits<double>::infinity()), norm, 1e-12 * norm);
     opt.step();
     ref.step();
   }
@@ -682,8 +753,8 @@ class CudaFakeGroup final : public ProcessGroup {
 // ---- state_dict / load_state_dict ------------------------------------------------------------
 
 // Steps [from, to) of TrainZero's loop (no overflow injection, no clipping).
-void TrainZeroSteps(ZeroOptimizer& opt, nn::Module& model, const ProcessGroup& pg,
-                    const Config& c, int from, int to) {
+void TrainZeroSteps(ZeroOptimizer& opt, nn::Module& model, const ProcessGroup& pg, const Config& c,
+                    int from, int to) {
   for (int s = from; s < to; ++s) {
     opt.zero_grad();
     for (int m = 0; m < c.micro; ++m) {
@@ -725,7 +796,8 @@ void ExpectSameState(const StateDict& a, const StateDict& b, const std::string& 
     const Tensor& u = b.tensor(k);
     ASSERT_EQ(t.dtype(), u.dtype()) << what << " " << k;
     ASSERT_EQ(t.shape(), u.shape()) << what << " " << k;
-    const std::vector<double> x = t.to(kF64).to_vector<double>(), y = u.to(kF64).to_vector<double>();
+    const std::vector<double> x = t.to(kF64).to_vector<double>(),
+                              y = u.to(kF64).to_vector<double>();
     if (tol == 0) {
       EXPECT_EQ(x, y) << what << " " << k;
       continue;

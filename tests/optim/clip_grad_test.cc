@@ -6,6 +6,11 @@
 #include <limits>
 #include <vector>
 
+#include "amp/mixed_precision_optimizer.h"
+#include "optim/sgd.h"
+#include "tensor/composed.h"
+#include "tensor/ops.h"
+#include "tensor/optimizer_kernels.h"
 #include "tests/tensor/throws.h"
 
 namespace tg::optim {
@@ -106,6 +111,55 @@ TEST(ClipGradTest, ErrorsAreNamed) {
         clip_grad_norm({a, Variable()}, 1);
       },
       "clip_grad_norm: parameter 1 is undefined"));
+}
+
+// The clip rule is written once (tg::ClipCoefficient) and every path that clips takes it: the
+// rule's own answer at its edges, then each path on a one-element gradient [t] (its 2-norm is
+// exactly t) gives t * f32(clip_coef) or leaves it, bit for bit: clip_grad_norm, the kernel
+// behind tg::ClipByNorm, its composed form, and amp::StepCore through
+// MixedPrecisionOptimizer::clip_master_grads (dist::ZeroOptimizer's is in
+// tests/distributed/zero_test OneRankRunsTheSingleProcessStepCore).
+TEST(ClipGradTest, OneClipRuleForEveryPath) {
+  double coef = -1;
+  EXPECT_TRUE(ClipCoefficient(5.0, 1.0, &coef));
+  EXPECT_EQ(coef, 1.0 / (5.0 + 1e-6));
+  coef = -1;
+  EXPECT_FALSE(ClipCoefficient(1.0 - 1e-6, 1.0, &coef));  // clip_coef == 1: not < 1
+  EXPECT_EQ(coef, -1);
+  EXPECT_TRUE(ClipCoefficient(1.0, 1.0, &coef));  // 1 / (1 + 1e-6) < 1
+  EXPECT_FALSE(ClipCoefficient(std::numeric_limits<double>::infinity(), 1.0, &coef));
+  EXPECT_FALSE(ClipCoefficient(std::nan(""), 1.0, &coef));
+  EXPECT_TRUE(ClipCoefficient(0.0, 0.0, &coef));  // max_norm 0 zeroes every gradient
+  EXPECT_EQ(coef, 0.0);
+
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const float t : {5.0f, 0.999999f, 1.0f, 3e-7f, 0.0f, static_cast<float>(inf)}) {
+    for (const double max_norm : {1.0, 0.0, 2.5}) {
+      float expected = t;
+      if (ClipCoefficient(t, max_norm, &coef)) expected = t * static_cast<float>(coef);
+      const std::string where = "t " + std::to_string(t) + ", max_norm " + std::to_string(max_norm);
+
+      Variable p = WithGrad({t});
+      EXPECT_EQ(clip_grad_norm({p}, max_norm), static_cast<double>(t)) << where;
+      EXPECT_EQ(Grad(p), std::vector<float>{expected}) << "clip_grad_norm: " << where;
+
+      const Tensor g = Tensor::FromVector<float>({t}, {1});
+      tg::ClipByNorm({g}, GlobalGradNorm({g}, 2.0), max_norm);
+      EXPECT_EQ(g.to_vector<float>(), std::vector<float>{expected}) << "ClipByNorm: " << where;
+
+      const Tensor c = Tensor::FromVector<float>({t}, {1});
+      composed::ClipByNorm({c}, GlobalGradNorm({c}, 2.0), max_norm);
+      EXPECT_EQ(c.to_vector<float>(), std::vector<float>{expected}) << "composed: " << where;
+
+      // The master gradient of an f32 parameter with loss scale 1: its .grad moves into it.
+      Variable w(Tensor::Zeros({1}), true);
+      amp::MixedPrecisionOptimizer opt(std::make_unique<SGD>(std::vector<Variable>{w}));
+      w.set_grad(Variable(Tensor::FromVector<float>({t}, {1})));
+      EXPECT_EQ(opt.clip_master_grads(max_norm), static_cast<double>(t)) << where;
+      EXPECT_EQ((*opt.inspect_master_grads())[0].to_vector<float>(), std::vector<float>{expected})
+          << "StepCore: " << where;
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // (optim::AdamW, fused path, and MixedPrecisionOptimizer's skip/backoff steps), and the global
 // grad norm with clipping (optim::clip_grad_norm). Tests that need a GPU skip without one; the
 // argument checks run everywhere.
+#include "tensor/cuda/amp_kernels.h"
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -20,7 +22,6 @@
 #include "gtest/gtest.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
-#include "tensor/cuda/amp_kernels.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/generator.h"
@@ -186,7 +187,8 @@ TEST(CudaAmpKernelsTest, ManyTensorsSpanSeveralLaunches) {
   for (size_t i = 0; i < cpu.size(); ++i) ASSERT_TRUE(SameBits(cpu[i], gpu[i])) << i;
 }
 
-// ---- FusedAdam -----------------------------------------------------------------------------------
+// ---- FusedAdam
+// -----------------------------------------------------------------------------------
 
 // Plain AdamW on f32 parameters (the master is the parameter): host step numbers, with and
 // without weight decay and amsgrad, f32 gradients.

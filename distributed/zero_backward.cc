@@ -1,0 +1,256 @@
+// ZeroOptimizer during backward: the post-accumulate-grad hooks, the gradient buckets and their
+// reduce_scatter, and the epilogue that unscales the shard gradients into the master gradients.
+#include <algorithm>
+#include <any>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "autograd/trace.h"
+#include "distributed/zero.h"
+#include "distributed/zero_internal.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace tg::dist {
+
+using zero_internal::Bytes;
+using zero_internal::Delegated;
+using zero_internal::IsLowPrecision;
+using zero_internal::kName;
+using zero_internal::MasterDType;
+using zero_internal::PlainSaved;
+using zero_internal::RoundUp;
+
+// ---- Backward: hooks, buckets and the epilogue ----------------------------------------------
+
+Variable ZeroOptimizer::scale(const Variable& loss) const {
+  TG_CHECK(loss.defined(), kName, ": scale() got an undefined loss");
+  return core_->Scale(loss);
+}
+
+void ZeroOptimizer::backward(const Variable& loss, const amp::MasterBackwardOptions& options) {
+  TG_CHECK(options.update_master_grads || options_.stage == 1, kName,
+           ": backward with update_master_grads=false needs stage 1; stage ", options_.stage,
+           " reduce-scatters the gradients during backward");
+  const Variable scaled = scale(loss);
+  BackwardOptions bo;
+  bo.retain_graph = options.retain_graph;
+  if (options.update_master_grads) {
+    scaled.backward(Variable(), bo);
+    return;
+  }
+  defer_ = true;  // the hooks stay quiet: .grad accumulates locally
+  try {
+    scaled.backward(Variable(), bo);
+  } catch (...) {
+    defer_ = false;
+    throw;
+  }
+  defer_ = false;
+}
+
+void ZeroOptimizer::OnGradAccumulated(int index) {
+  if (defer_ || backward_issued_in_forward()) return;
+  ArmEpilogue();
+  Param& p = params_[index];
+  if (options_.stage == 1) return;  // the epilogue reads .grad
+  if (options_.stage == 3) {
+    OnUnitGrad(index);
+    return;
+  }
+  Bucket& b = buckets_[p.bucket];
+  TG_CHECK(!b.launched, kName, ": parameter ", index, " (", names_[index],
+           ") received a gradient after its bucket ", p.bucket,
+           " was reduce-scattered in this backward (it accumulates in two graph tasks, e.g. "
+           "inside and outside a reentrant checkpoint); a larger bucket_cap_bytes avoids it");
+  if (!b.grad.defined()) AllocateGradBuffer(b);
+  CopyGradIntoBucket(p, /*add=*/p.arrived);
+  if (!p.arrived) {
+    p.arrived = true;
+    ++b.arrived;
+  }
+  p.var.set_grad(Variable());  // stage 2 keeps no full gradient
+  if (b.arrived == static_cast<int>(b.params.size())) LaunchReadyBuckets();
+}
+
+void ZeroOptimizer::ArmEpilogue() {
+  const int64_t task = outermost_graph_task_id();
+  if (task == armed_task_) return;
+  // A new user backward. State left by one that threw is dropped first.
+  ResetBackwardState();
+  armed_task_ = task;
+  queue_callback_on_outermost_task([this] { Epilogue(); }, "zero epilogue");
+}
+
+void ZeroOptimizer::Epilogue() {
+  if (options_.stage == 1) {
+    ReduceModelGrads();
+  } else {
+    // Buckets (stage 3: units) whose gradients did not all arrive, in the fixed order;
+    // parameters without a gradient contribute zeros, a bucket without any is skipped.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!buckets_[b].launched && buckets_[b].arrived > 0) {
+        LaunchBucket(static_cast<int>(b), /*from_hook=*/false);
+      }
+    }
+    FinishAll();
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].gathered && units_[u].active == 0) Free(static_cast<int>(u));
+  }
+  ResetBackwardState();
+  ++stats_.epilogues;
+}
+
+void ZeroOptimizer::AllocateGradBuffer(Bucket& bucket) {
+  bucket.grad = Tensor::Zeros({bucket.numel}, flats_[bucket.flat].reduce_dtype, device_);
+  stats_.grad_buffer_bytes += Bytes(bucket.grad);
+  stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
+}
+
+void ZeroOptimizer::FreeGradBuffer(Bucket& bucket) {
+  stats_.grad_buffer_bytes -= Bytes(bucket.grad) + Bytes(bucket.shard_grad);
+  bucket.grad = Tensor();
+  bucket.shard_grad = Tensor();
+}
+
+void ZeroOptimizer::CopyGradIntoBucket(Param& p, bool add) {
+  Bucket& b = buckets_[p.bucket];
+  const Variable g = p.var.grad();
+  if (!g.defined()) return;
+  NoGradGuard no_grad;
+  const Tensor slot = b.grad.narrow(0, p.offset - b.start, p.numel).view(p.shape);
+  if (add) {
+    slot.copy_(tg::Add(slot, g.data()));
+  } else {
+    slot.copy_(g.data());  // converts to the reduce dtype
+  }
+}
+
+void ZeroOptimizer::LaunchBucket(int b, bool from_hook) {
+  while (static_cast<int>(inflight_.size()) >= options_.max_inflight_buckets) {
+    FinishBucket(inflight_.front());
+  }
+  Bucket& bucket = buckets_[b];
+  bucket.shard_grad = Tensor::Empty({bucket.chunk}, flats_[bucket.flat].reduce_dtype, device_);
+  stats_.grad_buffer_bytes += Bytes(bucket.shard_grad);
+  stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
+  bucket.work = pg_->reduce_scatter(bucket.shard_grad, bucket.grad, options_.reduce_op);
+  bucket.launched = true;
+  inflight_.push_back(b);
+  ++stats_.reduce_scatters;
+  TraceEvent("zero", "bucket ", b, " reduce_scatter issued");
+  if (from_hook) ++stats_.launched_from_hooks;
+}
+
+void ZeroOptimizer::LaunchReadyBuckets() {
+  const int n = static_cast<int>(buckets_.size());
+  while (next_launch_ < n) {
+    const Bucket& b = buckets_[next_launch_];
+    if (b.arrived != static_cast<int>(b.params.size())) break;
+    LaunchBucket(next_launch_++, /*from_hook=*/true);
+  }
+}
+
+void ZeroOptimizer::FinishBucket(int b) {
+  Bucket& bucket = buckets_[b];
+  inflight_.erase(std::find(inflight_.begin(), inflight_.end(), b));
+  const absl::Status status = bucket.work->wait();
+  bucket.work.reset();
+  if (!status.ok()) {
+    FreeGradBuffer(bucket);
+    ThrowIfError(status);
+  }
+  Flat& f = flats_[bucket.flat];
+  const DType md = MasterDType(f.dtype);
+  // The reduce dtype -> master dtype (a copy unless equal; the shard gradient is ours anyway),
+  // then one pass that divides by the scale and records inf/NaN of this rank's shard.
+  Tensor g = bucket.shard_grad.to(md);
+  core_->Unscale({g});
+  if (!f.master_grad.defined()) f.master_grad = Tensor::Zeros({f.shard_numel}, md, device_);
+  const Tensor dst = f.master_grad.narrow(0, bucket.master_offset, bucket.chunk);
+  dst.copy_(tg::Add(dst, g));
+  has_master_grads_ = true;
+  FreeGradBuffer(bucket);
+}
+
+void ZeroOptimizer::FinishAll() {
+  while (!inflight_.empty()) {
+    try {
+      FinishBucket(inflight_.front());
+    } catch (...) {
+      // Wait for the rest (their status is moot: the group is broken) before reporting.
+      for (int b : inflight_) {
+        (void)buckets_[b].work->wait();
+        buckets_[b].work.reset();
+        FreeGradBuffer(buckets_[b]);
+      }
+      inflight_.clear();
+      throw;
+    }
+  }
+}
+
+bool ZeroOptimizer::HasModelGrads() const {
+  for (const Param& p : params_) {
+    if (p.var.grad().defined()) return true;
+  }
+  return false;
+}
+
+void ZeroOptimizer::ReduceModelGrads() {
+  if (!HasModelGrads()) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    AllocateGradBuffer(bucket);
+    for (int i : bucket.params) {
+      CopyGradIntoBucket(params_[i], /*add=*/false);
+      params_[i].var.set_grad(Variable());  // the next backward accumulates only its own
+    }
+    LaunchBucket(static_cast<int>(b), /*from_hook=*/false);
+  }
+  FinishAll();
+}
+
+void ZeroOptimizer::ResetBackwardState() {
+  for (int b : inflight_) {
+    if (buckets_[b].work) (void)buckets_[b].work->wait();
+    buckets_[b].work.reset();
+  }
+  inflight_.clear();
+  for (Bucket& b : buckets_) {
+    if (b.grad.defined() || b.shard_grad.defined()) FreeGradBuffer(b);
+    b.arrived = 0;
+    b.launched = false;
+  }
+  for (Param& p : params_) p.arrived = false;
+  for (Unit& u : units_) {
+    u.task = -1;
+    u.expected = u.arrived = 0;
+  }
+  next_launch_ = 0;
+  armed_task_ = -1;
+}
+
+void ZeroOptimizer::update_master_grads() {
+  if (options_.stage == 1) {
+    if (HasModelGrads()) {
+      ReduceModelGrads();
+      ++stats_.epilogues;
+    }
+  } else {
+    FinishAll();
+  }
+}
+
+}  // namespace tg::dist
