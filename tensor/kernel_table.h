@@ -1,5 +1,5 @@
-// The per-device kernel tables: how tensor/ops.cc reaches a device's kernels without depending on
-// the device. Each device implements the whole op list (tensor/kernel_list.inc) in its own
+// The per-device kernel tables: how the ops (tensor/ops_*.cc) reach a device's kernels without
+// depending on the device. Each device implements the whole op list (tensor/kernel_list.inc) in its own
 // namespace and registers a KernelTable from a static initializer of an alwayslink library, the
 // same mechanism as the storage backends of tensor/device_backend.h:
 //
@@ -12,7 +12,7 @@
 //     tg::RegisterKernelTable(tg::DeviceType::kCpu, table);
 //     return true;
 //   }();
-//   // tensor/ops.cc
+//   // tensor/ops_elementwise.cc
 //   KernelsFor(out.device()).Binary(op, out, a, b);
 //
 // A binary without a device's kernels gets a tg::Error that says what to link.

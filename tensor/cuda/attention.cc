@@ -32,7 +32,7 @@
 // releases). BuildPlan therefore tries a short list of graph "flavours" in order, the frontend's
 // first, and keeps the first one cuDNN accepts (per problem, once). A graph no flavour of which
 // cuDNN accepts, or whose descriptors it rejects, fails with "cuDNN has no fused attention
-// engine", which tensor/ops.cc answers with the composed implementation.
+// engine", which tensor/ops_attention.cc answers with the composed implementation.
 // Plans are cached per thread (a cuDNN handle belongs to one thread), keyed by every shape,
 // stride, dtype, the causal flag and the device.
 #include "tensor/cuda/attention.h"

@@ -1,7 +1,7 @@
 // The fused entries of the op list (tensor/kernel_list.inc) on CUDA that combine library calls:
 // Linear through cuBLASLt's epilogues, attention through cuDNN's fused kernel or the cuBLASLt
 // composition, softmax cross-entropy through its one-pass kernel. A case a library has no
-// kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops.cc then runs the
+// kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops_*.cc then runs the
 // composed form, whose ops run on CUDA too.
 #include <string>
 #include <vector>

@@ -484,7 +484,7 @@ INSTANTIATE_TEST_SUITE_P(Impls, CudaAttentionTest, ::testing::ValuesIn(Attention
                                info.param.impl == AttentionImpl::kCudnn ? "_cudnn" : "_composed");
                          });
 
-// The op-level entry points (tensor/ops.cc) take the fused kernel where attention.cc offers one
+// The op-level entry points (tensor/ops_*.cc) take the fused kernel where attention.cc offers one
 // and the composed one where it declines (Tk = 40 before cuDNN 9.15.1), so the gradients are
 // finite and agree with kComposed's; a declined backward gives exactly kComposed's.
 TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
