@@ -107,7 +107,7 @@ void CheckScaleScalar(const char* op, const char* what, const Tensor& t, const T
 Tensor LossScaleStateTensor(const LossScaleState& state, Device device) {
   Tensor host = Tensor::Empty({kLossScaleStateBytes}, kU8);
   std::memcpy(host.raw_data(), &state, sizeof(state));
-  return device.is_cpu() ? host : host.to(device);  // the bytes, copied to where they live
+  return host.to(device);  // the bytes, copied to where they live (host itself on the CPU)
 }
 
 LossScaleState ReadLossScaleState(const Tensor& state) {

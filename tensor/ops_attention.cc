@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tensor/composed.h"
+#include "tensor/device_backend.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 #include "tensor/ops_internal.h"
@@ -54,16 +55,18 @@ void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, cons
   TG_CHECK(std::isfinite(scale), op, ": scale ", scale, " is not finite");
 }
 
-// A [B, H, T, D] tensor for attention's output or gradients, of `like`'s shape. On the CPU it
-// is laid out [B, T, H, D] (a permuted view, as PyTorch's CPU flash attention lays out its
-// output), so that merging the heads back into [B, T, H * D] (the output, and each of the q/k/v
-// gradients on its way back to the projection) is a view rather than a copy. CUDA keeps
-// [B, H, T, D], the layout its kernels were checked with on a GPU.
+// A [B, H, T, D] tensor for attention's output or gradients, of `like`'s shape, in the memory
+// order its device's backend prefers (DevicePreferences::attention_layout).
 Tensor AttentionTensor(const Tensor& like, DType dtype) {
-  if (!like.device().is_cpu()) return Tensor::Empty(like.shape(), dtype, like.device());
-  return Tensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype,
-                       like.device())
-      .permute({0, 2, 1, 3});
+  const Device device = like.device();
+  switch (GetDeviceBackend(device.type)->preferences().attention_layout) {
+    case DevicePreferences::AttentionLayout::kHeadsMajor:
+      return Tensor::Empty(like.shape(), dtype, device);
+    case DevicePreferences::AttentionLayout::kTokensMajor:
+      return Tensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype, device)
+          .permute({0, 2, 1, 3});
+  }
+  throw Error("scaled_dot_product_attention: unknown attention layout");
 }
 
 }  // namespace
@@ -106,9 +109,10 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
            ShapeToString(stats.shape()), " ", DTypeName(stats.dtype()), " do not match ",
            ShapeToString(stats_shape), " ", DTypeName(stats_dtype),
            " (as the forward returns them)");
-  // The CPU kernel reads any strides (each head's rows are gathered anyway); CUDA's is given the
-  // contiguous layout it was checked with.
-  const Tensor dout = q.device().is_cpu() ? grad_out : grad_out.contiguous();
+  // Contiguous when the device's kernel asks for it (DevicePreferences), else any strides.
+  const Tensor dout = GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
+                          ? grad_out.contiguous()
+                          : grad_out;
   if (q.numel() > 0) {
     AttentionGrads r{AttentionTensor(q, q.dtype()), AttentionTensor(k, q.dtype()),
                      AttentionTensor(v, q.dtype())};
