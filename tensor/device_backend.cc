@@ -1,6 +1,8 @@
 #include "tensor/device_backend.h"
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 
 #include "tensor/error.h"
 
@@ -18,10 +20,47 @@ int Slot(DeviceType type) {
   return slot;
 }
 
+// Kept until the process ends, also when replaced (a thread may still be reading the old one),
+// in a list that stays reachable: a test that swaps tables leaks nothing.
+const KernelTable* KeepTable(const KernelTable& table) {
+#define TG_KERNEL(ret, name, params) \
+  TG_CHECK(table.name != nullptr, "kernel table: no kernel for ", #name);
+#include "tensor/kernel_list.inc"
+#undef TG_KERNEL
+  static std::mutex* mu = new std::mutex;
+  static auto* kept = new std::deque<KernelTable>;
+  std::lock_guard<std::mutex> lock(*mu);
+  kept->push_back(table);
+  return &kept->back();
+}
+
+const char* LinkHint(DeviceType type) {
+  switch (type) {
+    case DeviceType::kCpu:
+      return "no CPU backend in this binary: link //tensor:core";
+    case DeviceType::kCuda:
+      return "no CUDA backend in this binary: link //tensor:devices";
+  }
+  return "no backend for this device type";
+}
+
 }  // namespace
 
-void RegisterDeviceBackend(DeviceType type, DeviceBackend* backend) {
-  backends[Slot(type)].store(backend, std::memory_order_release);
+DeviceBackend::DeviceBackend(DeviceType type, const KernelTable& kernels,
+                             DevicePreferences preferences)
+    : type_(type), kernels_(KeepTable(kernels)), preferences_(preferences) {}
+
+void DeviceBackend::ReplaceKernels(const KernelTable& kernels) {
+  kernels_.store(KeepTable(kernels), std::memory_order_release);
+}
+
+void RegisterDeviceBackend(DeviceBackend* backend) {
+  TG_CHECK(backend != nullptr, "device backend: null backend");
+  backends[Slot(backend->type())].store(backend, std::memory_order_release);
+}
+
+void UnregisterDeviceBackend(DeviceType type) {
+  backends[Slot(type)].store(nullptr, std::memory_order_release);
 }
 
 DeviceBackend* FindDeviceBackend(DeviceType type) {
@@ -30,9 +69,15 @@ DeviceBackend* FindDeviceBackend(DeviceType type) {
 
 DeviceBackend* GetDeviceBackend(DeviceType type) {
   DeviceBackend* backend = FindDeviceBackend(type);
-  if (backend != nullptr) return backend;
-  TG_CHECK(type != DeviceType::kCuda, "no CUDA backend in this binary: link //tensor/cuda:backend");
-  throw Error("no backend for the CPU: the CPU is built into the tensor core");
+  TG_CHECK(backend != nullptr, LinkHint(type));
+  return backend;
 }
+
+int DeviceCount(DeviceType type) {
+  DeviceBackend* backend = FindDeviceBackend(type);
+  return backend == nullptr ? 0 : backend->DeviceCount();
+}
+
+const KernelTable& KernelsFor(Device device) { return GetDeviceBackend(device.type)->kernels(); }
 
 }  // namespace tg

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "tensor/error.h"
 #include "tensor/half.h"
@@ -83,46 +84,60 @@ struct ComputeTypeOf<bool> {
 template <typename T>
 using ComputeType = typename ComputeTypeOf<T>::type;
 
-template <typename Fn>
-decltype(auto) Visit(DType dtype, Fn&& fn) {
+// The storage types of the reduced floating dtypes on one side: the host's (Half, BFloat16) here;
+// CUDA's (__half, __nv_bfloat16) in tensor/cuda/tensor_args.cuh.
+struct HostStorageTypes {
+  using F16 = Half;
+  using BF16 = BFloat16;
+};
+
+// Which dtypes a visitor accepts: every dtype, or the floating ones (others throw naming the op).
+enum class DTypeSet { kAll, kFloating };
+
+// The one dtype switch of the code base: calls fn with a value of `dtype`'s storage type, the
+// reduced floating types taken from `StorageTypes`. Visit, VisitFloating and CUDA's VisitDevice*
+// are this with their storage types and set; a new dtype is added here once.
+template <typename StorageTypes, DTypeSet kSet, typename Fn>
+decltype(auto) VisitDTypeAs(const char* op, DType dtype, Fn&& fn) {
   switch (dtype) {
     case DType::kF32:
       return fn(float{});
     case DType::kF64:
       return fn(double{});
     case DType::kF16:
-      return fn(Half{});
+      return fn(typename StorageTypes::F16{});
     case DType::kBF16:
-      return fn(BFloat16{});
+      return fn(typename StorageTypes::BF16{});
     case DType::kI32:
-      return fn(int32_t{});
+      if constexpr (kSet == DTypeSet::kAll) return fn(int32_t{});
+      break;
     case DType::kI64:
-      return fn(int64_t{});
+      if constexpr (kSet == DTypeSet::kAll) return fn(int64_t{});
+      break;
     case DType::kU8:
-      return fn(uint8_t{});
+      if constexpr (kSet == DTypeSet::kAll) return fn(uint8_t{});
+      break;
     case DType::kBool:
-      return fn(bool{});
+      if constexpr (kSet == DTypeSet::kAll) return fn(bool{});
+      break;
+  }
+  if constexpr (kSet == DTypeSet::kFloating) {
+    throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+                             DTypeName(dtype)));
   }
   throw Error("unknown dtype");
+}
+
+template <typename Fn>
+decltype(auto) Visit(DType dtype, Fn&& fn) {
+  return VisitDTypeAs<HostStorageTypes, DTypeSet::kAll>("", dtype, std::forward<Fn>(fn));
 }
 
 // Like Visit, restricted to the floating types; any other dtype throws
 // "<op>: expected a floating dtype (f32, f64, f16, bf16), got i64".
 template <typename Fn>
 decltype(auto) VisitFloating(const char* op, DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF64:
-      return fn(double{});
-    case DType::kF16:
-      return fn(Half{});
-    case DType::kBF16:
-      return fn(BFloat16{});
-    default:
-      throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
-                               DTypeName(dtype)));
-  }
+  return VisitDTypeAs<HostStorageTypes, DTypeSet::kFloating>(op, dtype, std::forward<Fn>(fn));
 }
 
 // Integer dtypes used as indices (i32, i64); anything else throws naming the op.

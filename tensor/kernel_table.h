@@ -1,21 +1,15 @@
-// The per-device kernel tables: how tensor/ops.cc reaches a device's kernels without depending on
-// the device. Each device implements the whole op list (tensor/kernel_list.inc) in its own
-// namespace and registers a KernelTable from a static initializer of an alwayslink library, the
-// same mechanism as the storage backends of tensor/device_backend.h:
+// A device's kernel table: one function pointer per entry of the op list (tensor/kernel_list.inc),
+// each pointing at the device's function of the same name. It is part of the device's backend
+// (tensor/device_backend.h), which registers it; the ops (tensor/ops_*.cc) reach it through
+// KernelsFor without depending on the device:
 //
-//   // tensor/cpu/kernel_table.cc: every entry points at tg::cpu's function of the same name
-//   const bool registered = [] {
-//     tg::KernelTable table;
+//   // tensor/cpu/backend.cc: every entry points at tg::cpu's function of the same name
+//   tg::KernelTable table;
 //   #define TG_KERNEL(ret, name, params) table.name = &tg::cpu::name;
 //   #include "tensor/kernel_list.inc"
 //   #undef TG_KERNEL
-//     tg::RegisterKernelTable(tg::DeviceType::kCpu, table);
-//     return true;
-//   }();
-//   // tensor/ops.cc
+//   // tensor/ops_elementwise.cc
 //   KernelsFor(out.device()).Binary(op, out, a, b);
-//
-// A binary without a device's kernels gets a tg::Error that says what to link.
 #ifndef TAPEGRAD_TENSOR_KERNEL_TABLE_H_
 #define TAPEGRAD_TENSOR_KERNEL_TABLE_H_
 
@@ -39,13 +33,9 @@ struct KernelTable {
 #undef TG_KERNEL
 };
 
-// Installs `table` (copied) for `type`; a later registration replaces it.
-void RegisterKernelTable(DeviceType type, const KernelTable& table);
-// The kernels of `device`'s type; throws tg::Error "no CUDA kernels in this binary: link
-// //tensor/cuda:kernels" when none are registered.
+// The kernels of `device`'s backend (GetDeviceBackend(device.type)->kernels()); throws tg::Error
+// "no CUDA backend in this binary: link //tensor:devices" when none is registered.
 const KernelTable& KernelsFor(Device device);
-// Whether `type` has registered kernels.
-bool HasKernelTable(DeviceType type);
 
 }  // namespace tg
 

@@ -269,10 +269,11 @@ struct AttentionResult {
 // floating dtype and device; the mask is -inf above the diagonal when causal (which needs
 // Tq == Tk). Scores and softmax are computed in f32 (f64 for f64), and the probabilities are
 // rounded to the input dtype before they multiply v, as flash attention does. On CUDA it runs
-// cuDNN's fused kernel when tensor/cuda/attention.h says the tensors qualify (f16/bf16, head
-// size a multiple of 8 up to 128, aligned strides) and otherwise the composed cuBLASLt + row
-// kernel version; on the CPU a fused kernel per (batch, head) with the same rounding points
-// (tensor/cpu/fused_attention.cc); for f64 on CUDA this composition of the ops above.
+// cuDNN's fused kernel when the tensors qualify (f16/bf16, head size a multiple of 8 up to 128,
+// aligned strides); on the CPU a fused kernel per (batch, head) with the same rounding points
+// (tensor/cpu/fused_attention.cc); any case a device's kernel declines runs the one composed form
+// of the ops above (tensor/composed.h). The output is laid out as the device's backend prefers
+// (DevicePreferences::attention_layout of tensor/device_backend.h).
 AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal, double scale);
 

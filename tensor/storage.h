@@ -1,6 +1,7 @@
 // Storage: one allocation that tensors (and their views) share, and the Allocator interface that
-// provides it. The CPU allocator returns 64-byte-aligned memory (a cache line, and the widest
-// AVX-512 load); the CUDA backend adds a caching device allocator behind the same interface.
+// provides it. Each device backend (tensor/device_backend.h) has its allocators: the CPU's returns
+// 64-byte-aligned memory (a cache line, and the widest AVX-512 load), CUDA's is a caching device
+// allocator behind the same interface.
 //
 //   auto s = std::make_shared<tg::Storage>(1024, tg::CpuAllocator());
 //   std::memset(s->data(), 0, s->nbytes());
@@ -25,7 +26,8 @@ class Allocator {
 
 inline constexpr size_t kCpuAlignment = 64;
 
-// The process-wide CPU allocator (stateless; safe from any thread).
+// The process-wide CPU allocator (stateless; safe from any thread): the CPU backend's
+// (tensor/cpu/backend.cc), found through the registry.
 Allocator* CpuAllocator();
 
 class Storage {

@@ -10,10 +10,7 @@
 #include "absl/base/optimization.h"
 #include "absl/strings/str_join.h"
 #include "tensor/convert.h"
-#include "tensor/cpu/parallel.h"
-#include "tensor/cpu/vec_math.h"
 #include "tensor/device_backend.h"
-#include "tensor/strided_loop.h"
 
 namespace tg {
 
@@ -80,9 +77,11 @@ Shape BroadcastByteStrides(const Tensor& t, const Shape& shape) {
 
 namespace {
 
-// The device dispatch. Its non-CPU paths are out of line so that each CPU path pays one branch.
+// The device dispatch: every device, the CPU included, is reached through its backend
+// (tensor/device_backend.h); an unlinked one throws naming the op and what to link.
 
-[[noreturn]] void ThrowNoBackend(const std::string& context, DeviceType type) {
+[[noreturn]] ABSL_ATTRIBUTE_NOINLINE void ThrowNoBackend(const std::string& context,
+                                                         DeviceType type) {
   try {
     GetDeviceBackend(type);
   } catch (const Error& e) {
@@ -91,9 +90,9 @@ namespace {
   throw Error(absl::StrCat(context, ": no backend"));  // not reached: the lookup above failed
 }
 
-ABSL_ATTRIBUTE_NOINLINE Allocator* BackendAllocator(const char* op, Device device) {
+Allocator* BackendAllocator(const char* op, Device device) {
   DeviceBackend* backend = FindDeviceBackend(device.type);
-  if (backend == nullptr) {
+  if (ABSL_PREDICT_FALSE(backend == nullptr)) {
     ThrowNoBackend(absl::StrCat(op, ": cannot allocate on ", device.ToString()), device.type);
   }
   try {
@@ -101,14 +100,6 @@ ABSL_ATTRIBUTE_NOINLINE Allocator* BackendAllocator(const char* op, Device devic
   } catch (const Error& e) {
     throw Error(absl::StrCat(op, ": cannot allocate on ", device.ToString(), ": ", e.what()));
   }
-}
-
-ABSL_ATTRIBUTE_NOINLINE DeviceBackend* BackendFor(const char* op, Device device) {
-  DeviceBackend* backend = FindDeviceBackend(device.type);
-  if (backend == nullptr) {
-    ThrowNoBackend(absl::StrCat(op, ": tensor on ", device.ToString()), device.type);
-  }
-  return backend;
 }
 
 // Row-major layout check behind is_contiguous(). Like torch: a tensor without elements is
@@ -166,8 +157,7 @@ Tensor Tensor::NewContiguous(const char* op, const Shape& shape, DType dtype, De
   const int64_t n = NumElements(shape);
   TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, op, ": shape ", ShapeToString(shape),
            " is too large");
-  Allocator* allocator =
-      ABSL_PREDICT_TRUE(device.is_cpu()) ? CpuAllocator() : BackendAllocator(op, device);
+  Allocator* allocator = BackendAllocator(op, device);
   Tensor t;
   t.storage_ =
       std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), allocator, device);
@@ -189,11 +179,7 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = Empty(shape, dtype, device);
-  if (ABSL_PREDICT_TRUE(device.is_cpu())) {
-    std::memset(t.raw_data(), 0, static_cast<size_t>(t.numel()) * t.element_size());
-  } else {
-    t.fill_(0);
-  }
+  t.fill_(0);  // the CPU's backend memsets
   return t;
 }
 
@@ -467,14 +453,13 @@ Tensor Tensor::to(Device device, DType dtype) const {
 
 const Tensor& Tensor::fill_(double value) const {
   CheckDefined("fill_");
-  if (ABSL_PREDICT_FALSE(!storage_->device().is_cpu())) {
-    CheckWritable("fill_", *this);
-    BackendFor("fill_", storage_->device())->Fill(*this, value);
-    return *this;
+  CheckWritable("fill_", *this);
+  const Device device = storage_->device();
+  DeviceBackend* backend = FindDeviceBackend(device.type);
+  if (ABSL_PREDICT_FALSE(backend == nullptr)) {
+    ThrowNoBackend(absl::StrCat("fill_: tensor on ", device.ToString()), device.type);
   }
-  const Tensor v = Empty({}, kF64);
-  *v.data<double>() = value;
-  CopyInto(*this, v);
+  backend->Fill(*this, value);
   return *this;
 }
 
@@ -488,11 +473,12 @@ double Tensor::item() const {
   CheckDefined("item");
   TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ", ShapeToString(shape_),
            "), expected 1");
-  // Copying to the host synchronises with the device's stream.
-  if (ABSL_PREDICT_FALSE(!storage_->device().is_cpu())) return to(Device::Cpu()).item();
+  // Read on the host: a copy there (which synchronises with a device's stream) unless the
+  // tensor is in host memory already (to() returns it then).
+  const Tensor host = to(Device::Cpu());
   return Visit(dtype_, [&](auto tag) {
     using T = decltype(tag);
-    return Convert<double>(*static_cast<const T*>(raw_data()));
+    return Convert<double>(*static_cast<const T*>(host.raw_data()));
   });
 }
 
@@ -529,57 +515,19 @@ std::string Tensor::ToString(int64_t max_elements) const {
 
 namespace {
 
-// n contiguous values between f32 and f16/bf16 with the vectorised conversions (the scalar ones'
-// results); false for other pairs.
-template <typename Dst, typename Src>
-bool ConvertContiguous(const char* src, char* dst, int64_t n) {
-  const auto* f = reinterpret_cast<const float*>(src);
-  const auto* bits = reinterpret_cast<const uint16_t*>(src);
-  if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, Half>) {
-    cpu::F32ToHalfBits(f, reinterpret_cast<uint16_t*>(dst), n);
-  } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, BFloat16>) {
-    cpu::F32ToBFloat16Bits(f, reinterpret_cast<uint16_t*>(dst), n);
-  } else if constexpr (std::is_same_v<Src, Half> && std::is_same_v<Dst, float>) {
-    cpu::HalfBitsToF32(bits, reinterpret_cast<float*>(dst), n);
-  } else if constexpr (std::is_same_v<Src, BFloat16> && std::is_same_v<Dst, float>) {
-    cpu::BFloat16BitsToF32(bits, reinterpret_cast<float*>(dst), n);
-  } else {
-    return false;
-  }
-  return true;
-}
-
-template <typename Dst, typename Src>
-void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const char* src,
-              const Shape& src_strides) {
-  ForEachRow<2>(shape, {dst, const_cast<char*>(src)}, {dst_strides, src_strides},
-                [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> step) {
-                  const bool unit = step[0] == sizeof(Dst) && step[1] == sizeof(Src);
-                  if (std::is_same_v<Dst, Src> && unit) {
-                    std::memmove(p[0], p[1], static_cast<size_t>(n) * sizeof(Dst));
-                    return;
-                  }
-                  if (unit && ConvertContiguous<Dst, Src>(p[1], p[0], n)) return;
-                  for (int64_t i = 0; i < n; ++i) {
-                    Src v;
-                    std::memcpy(&v, p[1] + i * step[1], sizeof(Src));
-                    const Dst out = Convert<Dst>(v);
-                    std::memcpy(p[0] + i * step[0], &out, sizeof(Dst));
-                  }
-                });
-}
-
-// copy_ with a non-CPU side: the backend of that side gets src broadcast to dst's shape.
-ABSL_ATTRIBUTE_NOINLINE void CopyOnBackend(const Tensor& dst, const Tensor& src) {
+// The backend that copies between dst's and src's devices: the one of the side that is not the
+// host (the CPU), or the host's for a copy within host memory.
+DeviceBackend* CopyBackend(const Tensor& dst, const Tensor& src) {
   const Device to = dst.device(), from = src.device();
-  TG_CHECK(to.is_cpu() || from.is_cpu() || to.type == from.type, "copy_: from ", from.ToString(),
-           " to ", to.ToString(), ": copies between two kinds of device are not supported");
   const DeviceType type = to.is_cpu() ? from.type : to.type;
   DeviceBackend* backend = FindDeviceBackend(type);
-  if (backend == nullptr) {
-    ThrowNoBackend(absl::StrCat("copy_: from ", from.ToString(), " to ", to.ToString()), type);
+  if (ABSL_PREDICT_TRUE(backend != nullptr &&
+                        (to.type == from.type || from.is_cpu() || to.is_cpu()))) {
+    return backend;
   }
-  backend->Copy(dst, src.expand(dst.shape()));
+  TG_CHECK(to.is_cpu() || from.is_cpu() || to.type == from.type, "copy_: from ", from.ToString(),
+           " to ", to.ToString(), ": copies between two kinds of device are not supported");
+  ThrowNoBackend(absl::StrCat("copy_: from ", from.ToString(), " to ", to.ToString()), type);
 }
 
 }  // namespace
@@ -587,40 +535,18 @@ ABSL_ATTRIBUTE_NOINLINE void CopyOnBackend(const Tensor& dst, const Tensor& src)
 void CopyInto(const Tensor& dst, const Tensor& src) {
   TG_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
   CheckWritable("copy_", dst);
-  Shape src_strides;
+  if (src.shape() == dst.shape()) {
+    CopyBackend(dst, src)->Copy(dst, src);
+    return;
+  }
+  Tensor expanded;
   try {
-    src_strides = BroadcastByteStrides(src, dst.shape());
+    expanded = src.expand(dst.shape());
   } catch (const Error&) {
     throw Error(absl::StrCat("copy_: source shape ", ShapeToString(src.shape()),
                              " cannot be broadcast to ", ShapeToString(dst.shape())));
   }
-  if (ABSL_PREDICT_FALSE(!dst.storage()->device().is_cpu() || !src.storage()->device().is_cpu())) {
-    CopyOnBackend(dst, src);
-    return;
-  }
-  Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
-  // Large copies between two storages split their first dimension over the threads (each element
-  // is copied once, so the result does not depend on the split); a copy within one storage, which
-  // may overlap itself, stays on one thread.
-  const Shape& shape = dst.shape();
-  const int64_t outer = shape.empty() || dst.storage() == src.storage() ? 1 : shape[0];
-  const int64_t inner = outer == 0 ? 0 : dst.numel() / outer;
-  Visit(dst.dtype(), [&](auto dst_tag) {
-    Visit(src.dtype(), [&](auto src_tag) {
-      cpu::ParallelFor(outer,
-                       std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, inner)),
-                       [&](int64_t begin, int64_t end) {
-                         Shape part = shape;
-                         const bool split = outer > 1;
-                         if (split) part[0] = end - begin;
-                         const int64_t d0 = split ? dst_strides[0] : 0;
-                         const int64_t s0 = split ? src_strides[0] : 0;
-                         CopyRows<decltype(dst_tag), decltype(src_tag)>(
-                             part, static_cast<char*>(dst.raw_data()) + begin * d0, dst_strides,
-                             static_cast<const char*>(src.raw_data()) + begin * s0, src_strides);
-                       });
-    });
-  });
+  CopyBackend(dst, expanded)->Copy(dst, expanded);
 }
 
 }  // namespace tg

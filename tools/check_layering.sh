@@ -17,35 +17,92 @@
 # reported, so a new package must be placed here.
 # Edges come from the deps of every rule (select() branches included, implicit toolchain deps
 # excluded); external repositories (@absl, @cuda, ...) are not checked.
+#
+# Inside tensor/, the device boundary (docs/architecture.md):
+#   - the tensor core (every target of //tensor except the linking targets //tensor:core and
+#     //tensor:devices, which add the CPU's and the other devices' backends) depends on no device
+#     sub-package, and no file of tensor/ includes a header of tensor/cpu or tensor/cuda;
+#   - tensor/cpu and tensor/cuda do not depend on each other (targets or includes).
+# Device branches: outside the device backends (tensor/cpu, tensor/cuda, the registry in
+# tensor/device.h and tensor/device_backend.*) and tests/, no code compares a device with CUDA
+# (`DeviceType::kCuda`, `is_cuda()`): the ops ask the backend (DevicePreferences) instead. The
+# CPU (`is_cpu()`) is the host, and code may ask whether memory is host memory, except the ops
+# (tensor/ops_*.cc, tensor/composed.*), which branch on no device at all. The few files that must
+# name CUDA are in DEVICE_BRANCH_ALLOWED below, each with its reason.
+#
+#   tools/check_layering.sh --edges FILE   # edges "//from:t //to:t" per line, not bazel query
+#   tools/check_layering.sh --src DIR      # grep the sources under DIR (default: the repository)
+# (tests/tools:check_layering_test runs both on fabricated violations.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 readonly ORDER=(data tools/bazel tensor autograd optim amp nn dataset distributed train tools tests)
+# Files outside the device backends that may name CUDA (a path regex, then why).
+readonly DEVICE_BRANCH_ALLOWED=(
+  "^distributed/nccl_process_group\.cc$|NCCL runs on CUDA only: the group refuses other devices"
+  "^train/data_parallel\.cc$|picks the NCCL process group for CUDA devices (gloo else)"
+  "^train/flag_values\.cc$|--device=cuda:N is checked against the CUDA backend's devices"
+)
 
-err=$(mktemp)
-trap 'rm -f "$err"' EXIT
-graph=$(bazel query --noimplicit_deps --output=graph --nograph:factored 'kind(rule, //...)' \
-  2>"$err")
-status=$?
-if [ "$status" -ne 0 ]; then
-  cat "$err" >&2
-  echo "layering: bazel query failed (exit ${status})" >&2
-  exit 2
+edges_file=""
+src="."
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --edges) edges_file="$2"; shift 2 ;;
+    --src) src="$2"; shift 2 ;;
+    *) echo "check_layering: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if [ -n "$edges_file" ]; then
+  edges=$(cat "$edges_file") || exit 2
+else
+  err=$(mktemp)
+  trap 'rm -f "$err"' EXIT
+  graph=$(bazel query --noimplicit_deps --output=graph --nograph:factored 'kind(rule, //...)' \
+    2>"$err")
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    cat "$err" >&2
+    echo "layering: bazel query failed (exit ${status})" >&2
+    exit 2
+  fi
+  # Lines of the graph look like `  "//nn:layers" -> "//autograd:ops"`.
+  edges=$(grep -E '^ *"//[^"]*" -> "//[^"]*"' <<<"$graph" |
+    sed -E 's/^ *"([^"]*)" -> "([^"]*)".*/\1 \2/')
 fi
 
-# Lines of the graph look like `  "//nn:layers" -> "//autograd:ops"`.
-grep -E '^ *"//[^"]*" -> "//[^"]*"' <<<"$graph" |
-  sed -E 's/^ *"([^"]*)" -> "([^"]*)".*/\1 \2/' |
-  awk -v order="${ORDER[*]}" '
+# 1. Targets: the package order, and the device sub-packages of tensor/.
+awk -v order="${ORDER[*]}" '
     function package_of(label,    p) {
       p = substr(label, 3)                  # drop the leading //
       if (p ~ /^tools\/bazel[\/:]/) return "tools/bazel"
       sub(/[\/:].*/, "", p)                 # keep the top-level directory
       return p == "" ? "(root)" : p
     }
+    # tensor/cpu, tensor/cuda (and their sub-packages), the tensor core, or "" outside tensor/.
+    function tensor_part(label) {
+      if (label ~ /^\/\/tensor\/cpu[\/:]/) return "tensor/cpu"
+      if (label ~ /^\/\/tensor\/cuda[\/:]/) return "tensor/cuda"
+      if (label ~ /^\/\/tensor:/) return "core"
+      return ""
+    }
     BEGIN { n = split(order, names, " "); for (i = 1; i <= n; ++i) floor[names[i]] = i }
-    {
+    NF >= 2 {
       from = package_of($1); to = package_of($2)
+      if (from == "tensor" && to == "tensor") {
+        a = tensor_part($1); b = tensor_part($2)
+        if (a == "core" && (b == "tensor/cpu" || b == "tensor/cuda") &&
+            $1 != "//tensor:core" && $1 != "//tensor:devices") {
+          printf "%s -> %s (the tensor core depends on %s: only //tensor:core and //tensor:devices link device backends)\n", $1, $2, b
+          ++violations
+        } else if ((a == "tensor/cpu" && b == "tensor/cuda") || (a == "tensor/cuda" && b == "tensor/cpu")) {
+          printf "%s -> %s (%s depends on %s: device sub-packages must not depend on each other)\n", $1, $2, a, b
+          ++violations
+        }
+        ++checked
+        next
+      }
       if (from == to) next
       ++checked
       if (!(from in floor) || !(to in floor)) {
@@ -63,4 +120,63 @@ grep -E '^ *"//[^"]*" -> "//[^"]*"' <<<"$graph" |
         exit 1
       }
       printf "layering: OK (%d dependencies between packages checked, order %s)\n", checked, order
-    }'
+    }' <<<"$edges"
+targets_status=$?
+
+# 2. Sources: includes across the device boundary, and device branches outside the backends.
+sources_status=0
+report() {
+  echo "$1"
+  sources_status=1
+}
+while IFS= read -r hit; do
+  [ -z "$hit" ] && continue
+  file=${hit%%:*}
+  case "$file" in
+    tensor/cpu/*) [[ "$hit" == *'"tensor/cuda/'* ]] &&
+      report "${hit%%:#*} (tensor/cpu includes tensor/cuda: device sub-packages must not depend on each other)" ;;
+    tensor/cuda/*) [[ "$hit" == *'"tensor/cpu/'* ]] &&
+      report "${hit%%:#*} (tensor/cuda includes tensor/cpu: device sub-packages must not depend on each other)" ;;
+    tensor/*/*) ;;
+    tensor/*) report "${hit%%:#*} (the tensor core includes a device sub-package's header)" ;;
+  esac
+done < <(cd "$src" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"tensor/(cpu|cuda)/' \
+  --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' --include='*.inc' tensor \
+  2>/dev/null)
+
+allowed() {
+  local entry
+  for entry in "${DEVICE_BRANCH_ALLOWED[@]}"; do
+    [[ "$1" =~ ${entry%%|*} ]] && return 0
+  done
+  return 1
+}
+while IFS= read -r hit; do
+  [ -z "$hit" ] && continue
+  file=${hit%%:*}
+  rest=${hit#*:}
+  line=${rest%%:*}
+  code=${rest#*:}
+  case "$file" in
+    tensor/cpu/* | tensor/cuda/* | tests/* | tensor/device.h | tensor/device_backend.*) continue ;;
+  esac
+  code=${code%%//*}  # a comment may name a device
+  if [[ "$file" =~ ^tensor/(ops_[a-z_]+|composed|ops)\.(cc|h)$ ]]; then
+    # The ops ask the backend for every device choice, the CPU's included.
+    [[ "$code" =~ DeviceType::|is_cuda\(\)|is_cpu\(\) ]] || continue
+    report "${file}:${line}: an op branches on the device: ask the backend (DevicePreferences of tensor/device_backend.h)"
+    continue
+  fi
+  [[ "$code" =~ DeviceType::kCuda|is_cuda\(\) ]] || continue
+  allowed "$file" && continue
+  report "${file}:${line}: a device branch (DeviceType::kCuda / is_cuda()) outside the device backends: ask the backend (tensor/device_backend.h), or add the file to DEVICE_BRANCH_ALLOWED with its reason"
+done < <(cd "$src" && grep -rnE 'DeviceType::|is_cuda\(\)|is_cpu\(\)' --include='*.h' --include='*.cc' \
+  --include='*.cu' --include='*.cuh' --include='*.inc' . 2>/dev/null | sed 's#^\./##')
+
+if [ "$sources_status" -ne 0 ]; then
+  echo "layering: the device boundary is crossed in the sources (above)"
+else
+  echo "layering: sources OK (no include across the device boundary, no device branch outside the backends)"
+fi
+[ "$targets_status" -eq 0 ] && [ "$sources_status" -eq 0 ] && exit 0
+exit 1

@@ -9,6 +9,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/elementwise_formulas.h"
 #include "tensor/strided_loop.h"
 
 namespace tg::cpu {
@@ -39,8 +40,8 @@ constexpr int64_t kElementsPerThread = int64_t{1} << 14;
 // with the vectorised conversions (vec_math.h), the loop over a block being plain f32 code.
 constexpr int64_t kBlock = 256;
 template <typename Out, typename In>
-constexpr bool kTwoByteFloats =
-    std::is_same_v<Out, In> && (std::is_same_v<In, Half> || std::is_same_v<In, BFloat16>);
+constexpr bool kTwoByteFloats = std::is_same_v<Out, In> &&
+                                (std::is_same_v<In, Half> || std::is_same_v<In, BFloat16>);
 
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
@@ -158,57 +159,41 @@ void MapRows(const Tensor& out, const Tensor& x, RowFn row_fn) {
                 });
 }
 
-// Integer arithmetic wraps modulo 2^64 instead of overflowing (signed overflow is undefined).
-inline int64_t WrapAdd(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-inline int64_t WrapSub(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
-}
-inline int64_t WrapMul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-}
+// The host's math for the shared formulas (tensor/elementwise_formulas.h).
+struct HostMath {
+  template <typename C>
+  static C Pow(C a, C b) {
+    return std::pow(a, b);
+  }
+  template <typename C>
+  static C Fabs(C x) {
+    return std::fabs(x);
+  }
+  template <typename C>
+  static C Exp(C x) {
+    return std::exp(x);
+  }
+  template <typename C>
+  static C Log(C x) {
+    return std::log(x);
+  }
+  template <typename C>
+  static C Sqrt(C x) {
+    return std::sqrt(x);
+  }
+  template <typename C>
+  static C Tanh(C x) {
+    return std::tanh(x);
+  }
+  template <typename C>
+  static C Erf(C x) {
+    return std::erf(x);
+  }
+};
 
 template <typename C>
 C ApplyBinary(BinaryOp op, C a, C b) {
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case BinaryOp::kAdd:
-        return a + b;
-      case BinaryOp::kSub:
-        return a - b;
-      case BinaryOp::kMul:
-        return a * b;
-      case BinaryOp::kDiv:
-        return a / b;
-      case BinaryOp::kPow:
-        return std::pow(a, b);
-      case BinaryOp::kMaximum:
-        return std::isnan(a) ? a : std::isnan(b) ? b : (a > b ? a : b);
-      case BinaryOp::kMinimum:
-        return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? a : b);
-      case BinaryOp::kReluBackward:
-        return b <= C(0) ? C(0) : a;
-    }
-  } else {
-    switch (op) {
-      case BinaryOp::kAdd:
-        return WrapAdd(a, b);
-      case BinaryOp::kSub:
-        return WrapSub(a, b);
-      case BinaryOp::kMul:
-        return WrapMul(a, b);
-      case BinaryOp::kMaximum:
-        return a > b ? a : b;
-      case BinaryOp::kMinimum:
-        return a < b ? a : b;
-      case BinaryOp::kReluBackward:
-        return b <= 0 ? 0 : a;
-      default:
-        break;  // div and pow are rejected for integers by the dispatch
-    }
-  }
-  return C(0);
+  return elementwise::ApplyBinary<HostMath>(op, a, b);
 }
 
 // Each op gets its own loop instantiation (the switch is hoisted out of the element loop).
@@ -235,45 +220,11 @@ void ForBinaryOp(BinaryOp op, Fn&& run) {
   }
 }
 
+// exp, tanh and GELU-tanh of floating types take the row forms (MapRows with activation.h)
+// instead: ForUnaryOp never instantiates them.
 template <typename C>
 C ApplyUnary(UnaryOp op, C x) {
-  if constexpr (std::is_floating_point_v<C>) {
-    constexpr C kInvSqrt2 = C(0.7071067811865476);
-    switch (op) {
-      case UnaryOp::kNeg:
-        return -x;
-      case UnaryOp::kAbs:
-        return std::abs(x);
-      case UnaryOp::kLog:
-        return std::log(x);
-      case UnaryOp::kSqrt:
-        return std::sqrt(x);
-      case UnaryOp::kExp:
-      case UnaryOp::kTanh:
-      case UnaryOp::kGeluTanh:
-        break;  // floating: row forms, MapRows with activation.h
-      case UnaryOp::kSigmoid:
-        return C(1) / (C(1) + std::exp(-x));
-      case UnaryOp::kRelu:
-        return x > C(0) ? x : (std::isnan(x) ? x : C(0));
-      case UnaryOp::kGelu:
-        return C(0.5) * x * (C(1) + std::erf(x * kInvSqrt2));
-      case UnaryOp::kErf:
-        return std::erf(x);
-    }
-  } else {
-    switch (op) {
-      case UnaryOp::kNeg:
-        return WrapSub(0, x);
-      case UnaryOp::kAbs:
-        return x < 0 ? WrapSub(0, x) : x;
-      case UnaryOp::kRelu:
-        return x > 0 ? x : 0;
-      default:
-        break;  // floating-only ops are rejected by the dispatch
-    }
-  }
-  return C(0);
+  return elementwise::ApplyUnary<HostMath>(op, x);
 }
 
 template <typename T, typename Fn>
@@ -299,24 +250,7 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
   }
 }
 
-template <typename C>
-bool ApplyCompare(CompareOp op, C a, C b) {
-  switch (op) {
-    case CompareOp::kEq:
-      return a == b;
-    case CompareOp::kNe:
-      return a != b;
-    case CompareOp::kLt:
-      return a < b;
-    case CompareOp::kLe:
-      return a <= b;
-    case CompareOp::kGt:
-      return a > b;
-    case CompareOp::kGe:
-      return a >= b;
-  }
-  return false;
-}
+using elementwise::ApplyCompare;
 
 // Visits the numeric (non-bool) dtypes.
 template <typename Fn>

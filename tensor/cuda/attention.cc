@@ -1,6 +1,6 @@
-// Scaled dot-product attention on CUDA (tensor/cuda/attention.h): the composed implementation
-// (cuBLASLt products and a softmax from the row kernels) and the fused cuDNN one (backend graph
-// API).
+// Scaled dot-product attention on CUDA (tensor/cuda/attention.h): the fused cuDNN kernels
+// (backend graph API). Where they decline, the op runs the one composed form of every device
+// (tensor/composed.h).
 //
 // The cuDNN graphs. cuDNN 9 runs attention as one fused "flash" kernel when the operation graph
 // has the shape its attention engines recognise; the graph is the specification, the engine
@@ -32,7 +32,7 @@
 // releases). BuildPlan therefore tries a short list of graph "flavours" in order, the frontend's
 // first, and keeps the first one cuDNN accepts (per problem, once). A graph no flavour of which
 // cuDNN accepts, or whose descriptors it rejects, fails with "cuDNN has no fused attention
-// engine", which tensor/ops.cc answers with the composed implementation.
+// engine", which tensor/ops_attention.cc answers with the composed implementation.
 // Plans are cached per thread (a cuDNN handle belongs to one thread), keyed by every shape,
 // stride, dtype, the causal flag and the device.
 #include "tensor/cuda/attention.h"
@@ -97,85 +97,6 @@ Sizes Validate(const char* op, const Tensor& out, const Tensor& stats, const Ten
            " queries attend to no keys (k is ", ShapeToString(k.shape()), ")");
   TG_CHECK(std::isfinite(scale), op, ": scale ", scale, " is not finite");
   return s;
-}
-
-// f32 [t, t]: 0 on and below the diagonal, -inf above it; one per device and size, kept.
-Tensor CausalMask(int64_t t, int device) {
-  static std::mutex* mu = new std::mutex;
-  static auto* masks = new std::map<std::pair<int, int64_t>, Tensor>;
-  std::lock_guard<std::mutex> lock(*mu);
-  Tensor& mask = (*masks)[{device, t}];
-  if (!mask.defined()) {
-    std::vector<float> host(static_cast<size_t>(t * t), 0.0f);
-    for (int64_t i = 0; i < t; ++i) {
-      for (int64_t j = i + 1; j < t; ++j) host[i * t + j] = -std::numeric_limits<float>::infinity();
-    }
-    mask = Tensor::FromVector(host, {t, t}).to(Device::Cuda(device));
-  }
-  return mask;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The composed implementation.
-
-void ComposedForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
-                     const Tensor& v, bool causal, double scale, const Sizes& z) {
-  const Device dev = q.device();
-  const Shape scores_shape = {z.b, z.h, z.tq, z.tk};
-  const int64_t rows = z.b * z.h * z.tq;
-  // s [B, H, Tq, Tk] f32 = scale * q @ k^T (+ mask)
-  const Tensor s = Tensor::Empty(scores_shape, kF32, dev);
-  MatmulEx(s, q, false, k, true, Epilogue::kNone, Tensor(), Tensor(), static_cast<float>(scale));
-  if (causal) Binary(BinaryOp::kAdd, s, s, CausalMask(z.tq, dev.index).expand(scores_shape));
-  // Softmax with statistics, from the row kernels (max, exp, sum): m = max_k s,
-  // e = exp(s - m), z = sum_k e, lse = m + log z, p = e / z. Masked scores are -inf and give
-  // e = 0; the diagonal is never masked, so m is finite.
-  const Shape rows_shape = {z.b, z.h, z.tq, 1};
-  const Tensor m = Tensor::Empty(rows_shape, kF32, dev);
-  MaxRows(m.view({rows}), Tensor(), s.view({rows, z.tk}));
-  const Tensor e = Tensor::Empty(scores_shape, kF32, dev);
-  Binary(BinaryOp::kSub, e, s, m.expand(scores_shape));
-  Unary(UnaryOp::kExp, e, e);
-  const Tensor sum = Tensor::Empty(rows_shape, kF32, dev);
-  SumRows(sum.view({rows}), e.view({rows, z.tk}));
-  Binary(BinaryOp::kDiv, e, e, sum.expand(scores_shape));  // e is now p
-  Unary(UnaryOp::kLog, sum, sum);
-  Binary(BinaryOp::kAdd, stats, m, sum);
-  const Tensor p = q.dtype() == kF32 ? e : e.to(q.dtype());
-  MatmulEx(out, p, false, v, false, Epilogue::kNone, Tensor(), Tensor());
-}
-
-void ComposedBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      const Tensor& stats, bool causal, double scale, const Sizes& z) {
-  const Device dev = q.device();
-  const DType io = q.dtype();
-  const Shape scores_shape = {z.b, z.h, z.tq, z.tk};
-  const int64_t rows = z.b * z.h * z.tq;
-  // p [B, H, Tq, Tk] f32 = exp(scale * q @ k^T (+ mask) - lse), recomputed from the stats.
-  const Tensor p = Tensor::Empty(scores_shape, kF32, dev);
-  MatmulEx(p, q, false, k, true, Epilogue::kNone, Tensor(), Tensor(), static_cast<float>(scale));
-  if (causal) Binary(BinaryOp::kAdd, p, p, CausalMask(z.tq, dev.index).expand(scores_shape));
-  Binary(BinaryOp::kSub, p, p, stats.expand(scores_shape));
-  Unary(UnaryOp::kExp, p, p);
-  // dv = p^T @ dout, with p rounded to the input dtype as in the forward.
-  const Tensor p_io = io == kF32 ? p : p.to(io);
-  MatmulEx(dv, p_io, true, dout, false, Epilogue::kNone, Tensor(), Tensor());
-  // dp [B, H, Tq, Tk] f32 = dout @ v^T
-  const Tensor dp = Tensor::Empty(scores_shape, kF32, dev);
-  MatmulEx(dp, dout, false, v, true, Epilogue::kNone, Tensor(), Tensor());
-  // delta [rows] f32 = sum_d dout * out  (= sum_k p * dp, the softmax backward's row term)
-  const Tensor prod = Tensor::Empty({z.b, z.h, z.tq, z.d}, kF32, dev);
-  Binary(BinaryOp::kMul, prod, dout.to(kF32), out.to(kF32));
-  const Tensor delta = Tensor::Empty({rows}, kF32, dev);
-  SumRows(delta, prod.view({rows, z.d}));
-  // ds = p * (dp - delta) * scale, in place in dp
-  Binary(BinaryOp::kSub, dp, dp, delta.view({z.b, z.h, z.tq, 1}).expand(scores_shape));
-  Binary(BinaryOp::kMul, dp, dp, p);
-  BinaryScalar(BinaryOp::kMul, dp, dp, scale);
-  const Tensor ds = io == kF32 ? dp : dp.to(io);
-  MatmulEx(dq, ds, false, k, false, Epilogue::kNone, Tensor(), Tensor());
-  MatmulEx(dk, ds, true, q, false, Epilogue::kNone, Tensor(), Tensor());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,7 +464,7 @@ const CachedPlan& SdpaPlan(const char* op, bool backward, int device, const Prob
       entry.failure =
           absl::StrCat(op, ": cuDNN has no fused attention engine for B=", p.z.b, " H=", p.z.h,
                        " Tq=", p.z.tq, " Tk=", p.z.tk, " D=", p.z.d, p.causal ? " causal" : "",
-                       " (use AttentionImpl::kComposed): ", failures);
+                       " (the op then runs tensor/composed.h): ", failures);
     }
     it = cache.emplace(key, std::move(entry)).first;
   }
@@ -555,7 +476,7 @@ size_t RoundUp(size_t n) { return (n + 255) / 256 * 256; }
 void CheckCudnn(const char* op, std::initializer_list<const Tensor*> tensors) {
   std::string why;
   TG_CHECK(CudnnAttentionSupported(tensors, &why), op,
-           ": AttentionImpl::kCudnn does not support these tensors: ", why);
+           ": cuDNN's fused attention does not support these tensors: ", why);
 }
 
 // Returns false (nothing enqueued, *why set) when cuDNN has no engine for the problem.
@@ -668,7 +589,7 @@ bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::
 
 bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
                       const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
-                      AttentionImpl impl, std::string* why) {
+                      std::string* why) {
   const char* op = "attention_forward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   TG_CHECK(dropout == 0, op, ": attention dropout ", dropout,
@@ -677,17 +598,12 @@ bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tens
   // With D == 0 out is empty but the stats are not (every score is 0).
   if (softmax_stats.numel() == 0) return true;
   DeviceGuard guard(q.device().index);
-  if (impl == AttentionImpl::kCudnn) {
-    return CudnnForward(out, softmax_stats, q, k, v, causal, scale, z, why);
-  }
-  ComposedForward(out, softmax_stats, q, k, v, causal, scale, z);
-  return true;
+  return CudnnForward(out, softmax_stats, q, k, v, causal, scale, z, why);
 }
 
 bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& softmax_stats, bool causal, double scale, AttentionImpl impl,
-                       std::string* why) {
+                       const Tensor& softmax_stats, bool causal, double scale, std::string* why) {
   const char* op = "attention_backward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   const DType dtype = q.dtype();
@@ -707,11 +623,7 @@ bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, con
     }
     return true;
   }
-  if (impl == AttentionImpl::kCudnn) {
-    return CudnnBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z, why);
-  }
-  ComposedBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z);
-  return true;
+  return CudnnBackward(dq, dk, dv, dout, q, k, v, out, softmax_stats, causal, scale, z, why);
 }
 
 }  // namespace tg::cuda

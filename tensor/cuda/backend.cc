@@ -1,6 +1,8 @@
-// The CUDA device backend of the tensor core: registers itself (tensor/device_backend.h) when
-// //tensor/cuda:backend is linked, so that Tensor::Empty/Zeros/Full, copy_, fill_, to(Device),
-// contiguous(), clone() and item() work on CUDA tensors.
+// The CUDA device backend (tensor/device_backend.h): its allocators (the caching allocator of
+// runtime.h), copies, fill, streams, preferences and kernel table (every entry of the op list
+// points at tg::cuda's function of the same name). Registers itself when //tensor/cuda:backend is
+// linked (//tensor:devices links it), so that Tensor::Empty/Zeros/Full, copy_, fill_, to(Device),
+// contiguous(), clone(), item() and every op work on CUDA tensors.
 //
 // Copies (dst and src have one shape; the core broadcast src already):
 //   - on one device: the Copy kernel (a cudaMemcpyAsync for same dtype and both contiguous);
@@ -15,7 +17,7 @@
 //     the source's stream by an event, and the source's stream waits for the copy in turn so
 //     that the source's memory is not reused under it.
 //
-//   // BUILD: deps = ["//tensor/cuda:backend"]
+//   // BUILD: deps = ["//tensor:devices"]
 //   tg::Tensor x = tg::Tensor::Ones({2, 3}, tg::kF16, tg::Device::Cuda(0));
 //   double v = x.select(0, 1).select(0, 2).item();   // 1, read back through the host
 #include <cstddef>
@@ -23,7 +25,9 @@
 #include <memory>
 #include <utility>
 
+#include "tensor/cuda/amp_kernels.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/nn_fused.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
@@ -117,8 +121,28 @@ void AcrossDevices(const Tensor& dst, const Tensor& src) {
   copied->Block(CurrentStream(from));
 }
 
+KernelTable MakeKernelTable() {
+  KernelTable table;
+  // Every entry points at tg::cuda's function of the same name (a missing one does not link).
+#define TG_KERNEL(ret, name, params) table.name = &name;
+#include "tensor/kernel_list.inc"
+#undef TG_KERNEL
+  return table;
+}
+
+// CUDA's attention kernels were checked on a GPU with contiguous [B, H, T, D] tensors: the output
+// and gradients are allocated so, and grad_out is given contiguous.
+constexpr DevicePreferences kCudaPreferences = {
+    DevicePreferences::AttentionLayout::kHeadsMajor,
+    /*attention_grad_out_contiguous=*/true,
+};
+
 class CudaBackend final : public DeviceBackend {
  public:
+  CudaBackend() : DeviceBackend(DeviceType::kCuda, MakeKernelTable(), kCudaPreferences) {}
+
+  int DeviceCount() override { return tg::cuda::DeviceCount(); }
+
   Allocator* allocator(int index) override {
     const int count = DeviceCount();
     TG_CHECK(count > 0,
@@ -159,10 +183,14 @@ class CudaBackend final : public DeviceBackend {
   }
 
   void Synchronize(int index) override { tg::cuda::Synchronize(index); }
+
+  void* CurrentStream(int index) override {
+    return static_cast<void*>(tg::cuda::CurrentStream(index));
+  }
 };
 
 [[maybe_unused]] const bool registered = [] {
-  RegisterDeviceBackend(DeviceType::kCuda, new CudaBackend());
+  RegisterDeviceBackend(new CudaBackend());
   return true;
 }();
 

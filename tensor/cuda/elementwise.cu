@@ -20,6 +20,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda/tensor_args.cuh"
+#include "tensor/elementwise_formulas.h"
 
 namespace tg::cuda {
 namespace {
@@ -40,121 +41,49 @@ TG_MATH_OVERLOAD(Fabs, fabsf, fabs)
 __device__ __forceinline__ float Pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double Pow(double a, double b) { return pow(a, b); }
 
-// Integer arithmetic wraps modulo 2^64 instead of overflowing.
-__device__ __forceinline__ int64_t WrapAdd(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-__device__ __forceinline__ int64_t WrapSub(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
-}
-__device__ __forceinline__ int64_t WrapMul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-}
+// CUDA's math for the shared formulas (tensor/elementwise_formulas.h): the libdevice functions.
+struct DeviceMath {
+  template <typename C>
+  __device__ static C Pow(C a, C b) {
+    return cuda::Pow(a, b);
+  }
+  template <typename C>
+  __device__ static C Fabs(C x) {
+    return cuda::Fabs(x);
+  }
+  template <typename C>
+  __device__ static C Exp(C x) {
+    return cuda::Exp(x);
+  }
+  template <typename C>
+  __device__ static C Log(C x) {
+    return cuda::Log(x);
+  }
+  template <typename C>
+  __device__ static C Sqrt(C x) {
+    return cuda::Sqrt(x);
+  }
+  template <typename C>
+  __device__ static C Tanh(C x) {
+    return cuda::Tanh(x);
+  }
+  template <typename C>
+  __device__ static C Erf(C x) {
+    return cuda::Erf(x);
+  }
+};
 
 template <typename C>
 __device__ __forceinline__ C ApplyBinary(BinaryOp op, C a, C b) {
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case BinaryOp::kAdd:
-        return a + b;
-      case BinaryOp::kSub:
-        return a - b;
-      case BinaryOp::kMul:
-        return a * b;
-      case BinaryOp::kDiv:
-        return a / b;
-      case BinaryOp::kPow:
-        return Pow(a, b);
-      case BinaryOp::kMaximum:  // NaN in either input gives that NaN (the first one's if both)
-        return a != a ? a : b != b ? b : (a > b ? a : b);
-      case BinaryOp::kMinimum:
-        return a != a ? a : b != b ? b : (a < b ? a : b);
-      case BinaryOp::kReluBackward:
-        return b <= C(0) ? C(0) : a;
-    }
-  } else {
-    switch (op) {
-      case BinaryOp::kAdd:
-        return WrapAdd(a, b);
-      case BinaryOp::kSub:
-        return WrapSub(a, b);
-      case BinaryOp::kMul:
-        return WrapMul(a, b);
-      case BinaryOp::kMaximum:
-        return a > b ? a : b;
-      case BinaryOp::kMinimum:
-        return a < b ? a : b;
-      case BinaryOp::kReluBackward:
-        return b <= 0 ? 0 : a;
-      default:
-        break;  // div and pow are rejected for integers by the dispatch
-    }
-  }
-  return C(0);
+  return elementwise::ApplyBinary<DeviceMath>(op, a, b);
 }
 
 template <typename C>
 __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
-  if constexpr (std::is_floating_point_v<C>) {
-    constexpr C kSqrt2OverPi = C(0.7978845608028654);
-    constexpr C kInvSqrt2 = C(0.7071067811865476);
-    switch (op) {
-      case UnaryOp::kNeg:
-        return -x;
-      case UnaryOp::kAbs:
-        return Fabs(x);
-      case UnaryOp::kExp:
-        return Exp(x);
-      case UnaryOp::kLog:
-        return Log(x);
-      case UnaryOp::kSqrt:
-        return Sqrt(x);
-      case UnaryOp::kTanh:
-        return Tanh(x);
-      case UnaryOp::kSigmoid:
-        return C(1) / (C(1) + Exp(-x));
-      case UnaryOp::kRelu:
-        return x > C(0) ? x : (x != x ? x : C(0));
-      case UnaryOp::kGeluTanh:
-        return C(0.5) * x * (C(1) + Tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
-      case UnaryOp::kGelu:
-        return C(0.5) * x * (C(1) + Erf(x * kInvSqrt2));
-      case UnaryOp::kErf:
-        return Erf(x);
-    }
-  } else {
-    switch (op) {
-      case UnaryOp::kNeg:
-        return WrapSub(0, x);
-      case UnaryOp::kAbs:
-        return x < 0 ? WrapSub(0, x) : x;
-      case UnaryOp::kRelu:
-        return x > 0 ? x : 0;
-      default:
-        break;  // floating-only ops are rejected by the dispatch
-    }
-  }
-  return C(0);
+  return elementwise::ApplyUnary<DeviceMath>(op, x);
 }
 
-template <typename C>
-__device__ __forceinline__ bool ApplyCompare(CompareOp op, C a, C b) {
-  switch (op) {
-    case CompareOp::kEq:
-      return a == b;
-    case CompareOp::kNe:
-      return a != b;
-    case CompareOp::kLt:
-      return a < b;
-    case CompareOp::kLe:
-      return a <= b;
-    case CompareOp::kGt:
-      return a > b;
-    case CompareOp::kGe:
-      return a >= b;
-  }
-  return false;
-}
+using elementwise::ApplyCompare;
 
 // ---- Functors (storage types in, storage type out) ----------------------------------------------
 
@@ -457,8 +386,7 @@ void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
                  t->shape() == grad_in.shape(),
              op, ": grad_out and pre must match grad_in (", ShapeToString(grad_in.shape()), " ",
              DTypeName(grad_in.dtype()), " on ", grad_in.device().ToString(), "), got ",
-             ShapeToString(t->shape()), " ", DTypeName(t->dtype()), " on ",
-             t->device().ToString());
+             ShapeToString(t->shape()), " ", DTypeName(t->dtype()), " on ", t->device().ToString());
   }
   const DeviceGuard guard(grad_in.device().index);
   VisitDeviceFloating(op, grad_in.dtype(), [&](auto tag) {

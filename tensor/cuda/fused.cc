@@ -1,7 +1,7 @@
 // The fused entries of the op list (tensor/kernel_list.inc) on CUDA that combine library calls:
 // Linear through cuBLASLt's epilogues, attention through cuDNN's fused kernel or the cuBLASLt
 // composition, softmax cross-entropy through its one-pass kernel. A case a library has no
-// kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops.cc then runs the
+// kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops_*.cc then runs the
 // composed form, whose ops run on CUDA too.
 #include <string>
 #include <vector>
@@ -24,9 +24,9 @@ KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x
     return KernelStatus::kDone;
   }
   if (x.dtype() == kF64) return KernelStatus::kNoKernel;
-  const bool done =
-      TryMatmulEx(out, x, false, weight, true, bias.defined() ? Epilogue::kBiasGelu : Epilogue::kGelu,
-                  bias, pre, 1.0f, 0.0f, nullptr);
+  const bool done = TryMatmulEx(out, x, false, weight, true,
+                                bias.defined() ? Epilogue::kBiasGelu : Epilogue::kGelu, bias, pre,
+                                1.0f, 0.0f, nullptr);
   return done ? KernelStatus::kDone : KernelStatus::kNoKernel;
 }
 
@@ -63,19 +63,17 @@ KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
   return KernelStatus::kDone;
 }
 
-// cuDNN's fused kernel where the options allow it and the tensors qualify, else the cuBLASLt
-// composition (attention.h); f64 is declined (neither takes it).
+// cuDNN's fused kernel where the options allow it and the tensors qualify; declined otherwise
+// (the op then runs the composed form of tensor/composed.h, the one every device shares).
 KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, const Tensor& q,
                                        const Tensor& k, const Tensor& v, bool causal,
                                        double scale) {
-  if (q.dtype() == kF64) return KernelStatus::kNoKernel;
   const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention && CudnnAttentionSupported({&out, &q, &k, &v}, nullptr) &&
-      AttentionForward(out, stats4, q, k, v, causal, scale, 0, AttentionImpl::kCudnn)) {
+      AttentionForward(out, stats4, q, k, v, causal, scale)) {
     return KernelStatus::kDone;
   }
-  AttentionForward(out, stats4, q, k, v, causal, scale, 0, AttentionImpl::kComposed);
-  return KernelStatus::kDone;
+  return KernelStatus::kNoKernel;
 }
 
 KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tensor& grad_k,
@@ -83,17 +81,13 @@ KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tenso
                                                const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& out, const Tensor& stats, bool causal,
                                                double scale) {
-  if (q.dtype() == kF64) return KernelStatus::kNoKernel;
   const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention &&
       CudnnAttentionSupported({&grad_q, &grad_k, &grad_v, &grad_out, &q, &k, &v, &out}, nullptr) &&
-      AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale,
-                        AttentionImpl::kCudnn)) {
+      AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale)) {
     return KernelStatus::kDone;
   }
-  AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale,
-                    AttentionImpl::kComposed);
-  return KernelStatus::kDone;
+  return KernelStatus::kNoKernel;
 }
 
 KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits,

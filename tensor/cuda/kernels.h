@@ -1,4 +1,4 @@
-// CUDA kernels behind the dispatch in tensor/ops.cc: the same list, with the same contracts, as
+// CUDA kernels behind the dispatch in tensor/ops_*.cc: the same list, with the same contracts, as
 // tensor/kernel_list.inc (included below), plus Copy and Fill. All tensors are on one
 // CUDA device; kernels enqueue on that device's current stream (tensor/cuda/runtime.h) and
 // return without synchronising the host, except where a result must reach the host (the count

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "tensor/error.h"
@@ -119,21 +120,16 @@ __device__ __forceinline__ void Store(__nv_bfloat16* p, float v) { *p = __float2
 __device__ __forceinline__ float Mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double Mul(double a, double b) { return __dmul_rn(a, b); }
 
-// Calls fn(T{}) with the device storage type of a floating dtype.
+// Calls fn(T{}) with the device storage type of a floating dtype (the one dtype switch,
+// tg::VisitDTypeAs); others throw "multi-tensor kernels: expected a floating dtype ...".
+struct MultiTensorStorageTypes {
+  using F16 = __half;
+  using BF16 = __nv_bfloat16;
+};
 template <typename Fn>
 void VisitDeviceType(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF64:
-      return fn(double{});
-    case DType::kF16:
-      return fn(__half{});
-    case DType::kBF16:
-      return fn(__nv_bfloat16{});
-    default:
-      throw Error(absl::StrCat("multi-tensor kernels: unsupported dtype ", DTypeName(dtype)));
-  }
+  VisitDTypeAs<MultiTensorStorageTypes, DTypeSet::kFloating>("multi-tensor kernels", dtype,
+                                                             std::forward<Fn>(fn));
 }
 
 constexpr DType kFloatingTypes[] = {kF32, kF64, kF16, kBF16};
@@ -143,7 +139,7 @@ constexpr DType kFloatingTypes[] = {kF32, kF64, kF16, kBF16};
 // Checks that every tensor is defined, contiguous, floating and on one CUDA device (and, for an
 // in-place op, listed once); returns that device. `what` names the list in messages.
 inline Device CheckList(const char* op, const char* what, const std::vector<Tensor>& tensors,
-                 bool in_place) {
+                        bool in_place) {
   TG_CHECK(!tensors.empty(), op, ": ", what, " is empty");
   std::unordered_set<const void*> seen;
   Device device;
@@ -169,7 +165,7 @@ inline Device CheckList(const char* op, const char* what, const std::vector<Tens
 
 // A one-element tensor of `dtype` on `device` (`what` names it in messages).
 inline void CheckScalar(const char* op, const char* what, const Tensor& t, Device device,
-                 DType dtype = kF32) {
+                        DType dtype = kF32) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   TG_CHECK(t.numel() == 1 && t.dtype() == dtype, op, ": ", what, " must be a one-element ",
            DTypeName(dtype), " tensor, got ", DTypeName(t.dtype()), " ", ShapeToString(t.shape()));

@@ -43,47 +43,24 @@ namespace tg::cuda {
 
 // ---- Dtypes ------------------------------------------------------------------------------------
 
+// The device storage types of the reduced floating dtypes, for tg::VisitDTypeAs (tensor/dtype.h,
+// the one dtype switch).
+struct DeviceStorageTypes {
+  using F16 = __half;
+  using BF16 = __nv_bfloat16;
+};
+
 // Calls fn with a value of the device storage type of `dtype`.
 template <typename Fn>
 decltype(auto) VisitDevice(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF64:
-      return fn(double{});
-    case DType::kF16:
-      return fn(__half{});
-    case DType::kBF16:
-      return fn(__nv_bfloat16{});
-    case DType::kI32:
-      return fn(int32_t{});
-    case DType::kI64:
-      return fn(int64_t{});
-    case DType::kU8:
-      return fn(uint8_t{});
-    case DType::kBool:
-      return fn(bool{});
-  }
-  throw Error("unknown dtype");
+  return VisitDTypeAs<DeviceStorageTypes, DTypeSet::kAll>("", dtype, std::forward<Fn>(fn));
 }
 
 // Like VisitDevice, restricted to the floating types; others throw the same message as
 // tg::VisitFloating: "<op>: expected a floating dtype (f32, f64, f16, bf16), got i64".
 template <typename Fn>
 decltype(auto) VisitDeviceFloating(const char* op, DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(float{});
-    case DType::kF64:
-      return fn(double{});
-    case DType::kF16:
-      return fn(__half{});
-    case DType::kBF16:
-      return fn(__nv_bfloat16{});
-    default:
-      throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
-                               DTypeName(dtype)));
-  }
+  return VisitDTypeAs<DeviceStorageTypes, DTypeSet::kFloating>(op, dtype, std::forward<Fn>(fn));
 }
 
 // Unsigned integer of `bytes` bytes (1, 2, 4, 8): kernels that only move elements (copy, fill,
@@ -499,7 +476,8 @@ void LaunchElementwise(const char* name, const Tensor& out,
     if (args.sizes[0] % kVec != 0) return false;
     for (int k = 0; k < N; ++k) {
       const int64_t bytes = static_cast<int64_t>(kSizes[k]) * kVec;
-      if (args.strides[0][k] != static_cast<int64_t>(kSizes[k]) || !IsAligned(args.base[k], bytes)) {
+      if (args.strides[0][k] != static_cast<int64_t>(kSizes[k]) ||
+          !IsAligned(args.base[k], bytes)) {
         return false;
       }
       for (int d = 1; d < args.ndim; ++d) {

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/device_backend.h"
 #include "tests/autograd/op_table.h"
 #include "tests/tensor/op_table_support.h"
 
@@ -25,7 +25,7 @@ using testing::Tol;
 using testing::ValueMismatches;
 
 TEST(OpTableCuda, EveryRowForwardAndGradientsMatchTheCpu) {
-  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device";
+  if (DeviceCount(DeviceType::kCuda) == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<OpRow>& table = OpTable();
   for (size_t r = 0; r < table.size(); ++r) {
     const OpRow& row = table[r];

@@ -18,7 +18,7 @@
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/device_backend.h"
 #include "tensor/error.h"
 #include "tensor/generator.h"
 
@@ -27,7 +27,7 @@ namespace nn {
 namespace {
 
 #define SKIP_WITHOUT_GPU() \
-  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device"
+  if (DeviceCount(DeviceType::kCuda) == 0) GTEST_SKIP() << "no CUDA device"
 
 const Device kCpu = Device::Cpu();
 const Device kGpu = Device::Cuda(0);
@@ -99,7 +99,7 @@ TEST(CudaModuleTest, ToAnUnusableDeviceOrOutOfMemoryMovesNothing) {
   Generator gen(0);
   auto m = std::make_shared<WithBuffers>(gen);
   const Tensor weight = m->parameters()[0].data();
-  const Device missing = Device::Cuda(cuda::DeviceCount());
+  const Device missing = Device::Cuda(DeviceCount(DeviceType::kCuda));
   EXPECT_THROW(m->to(missing), Error);
   EXPECT_TRUE(m->parameters()[0].data().shares_storage(weight));
   for (const auto& [name, b] : m->named_buffers()) EXPECT_TRUE(b.device().is_cpu()) << name;

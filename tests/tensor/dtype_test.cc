@@ -116,6 +116,41 @@ TEST(DTypeTest, VisitFloatingAndIndexErrors) {
                                  "gather: expected an index dtype (i32 or i64), got u8"));
 }
 
+// The one dtype switch (VisitDTypeAs) with another side's storage types: what CUDA's VisitDevice
+// and VisitDeviceFloating are, checked here without CUDA (16-bit stand-ins for __half and
+// __nv_bfloat16).
+struct StandInTypes {
+  using F16 = uint16_t;
+  using BF16 = int16_t;
+};
+
+TEST(DTypeTest, VisitDTypeAsTakesTheReducedTypesOfTheSide) {
+  const auto name = [](auto tag) -> std::string {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, uint16_t>) return "f16 stand-in";
+    if constexpr (std::is_same_v<T, int16_t>) return "bf16 stand-in";
+    if constexpr (std::is_same_v<T, float>) return "float";
+    return std::to_string(sizeof(T));
+  };
+  EXPECT_EQ((VisitDTypeAs<StandInTypes, DTypeSet::kAll>("", kF16, name)), "f16 stand-in");
+  EXPECT_EQ((VisitDTypeAs<StandInTypes, DTypeSet::kFloating>("op", kBF16, name)), "bf16 stand-in");
+  EXPECT_EQ((VisitDTypeAs<StandInTypes, DTypeSet::kAll>("", kF32, name)), "float");
+  // Every dtype reaches a type of its element size, on either side.
+  for (const DType d : {kF32, kF64, kF16, kBF16, kI32, kI64, kU8, kBool}) {
+    EXPECT_EQ(
+        (VisitDTypeAs<StandInTypes, DTypeSet::kAll>("", d, [](auto tag) { return sizeof(tag); })),
+        ElementSize(d))
+        << DTypeName(d);
+    EXPECT_EQ(Visit(d, [](auto tag) { return sizeof(tag); }), ElementSize(d)) << DTypeName(d);
+  }
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { VisitDTypeAs<StandInTypes, DTypeSet::kFloating>("fused_adam", kI64, name); },
+      "fused_adam: expected a floating dtype (f32, f64, f16, bf16), got i64"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { VisitDTypeAs<StandInTypes, DTypeSet::kFloating>("fused_adam", kBool, name); },
+      "fused_adam: expected a floating dtype (f32, f64, f16, bf16), got bool"));
+}
+
 TEST(DTypeTest, ComputeTypes) {
   static_assert(std::is_same_v<ComputeType<float>, float>);
   static_assert(std::is_same_v<ComputeType<Half>, float>);

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/composed.h"
+#include "tensor/device_backend.h"
 #include "tensor/generator.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
@@ -49,9 +50,9 @@ class DecliningCpuKernels {
     t.ClipByNorm = [](const std::vector<Tensor>&, const Tensor&, double) {
       return KernelStatus::kNoKernel;
     };
-    RegisterKernelTable(DeviceType::kCpu, t);
+    GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(t);
   }
-  ~DecliningCpuKernels() { RegisterKernelTable(DeviceType::kCpu, saved_); }
+  ~DecliningCpuKernels() { GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(saved_); }
 
  private:
   KernelTable saved_;
@@ -258,7 +259,8 @@ TEST(OptimizerOpsTest, ErrorsNameTheOp) {
       "FusedAdam: exp_avg_sqs[0] is f64; expected f32 for a f32 parameter"));
   o.step = 0;
   EXPECT_TRUE(testing::ThrowsErrorExactly(
-      [&] { FusedAdam(lists, o); }, "FusedAdam: step must be >= 1 (the update's step number), got 0"));
+      [&] { FusedAdam(lists, o); },
+      "FusedAdam: step must be >= 1 (the update's step number), got 0"));
   EXPECT_TRUE(testing::ThrowsErrorExactly([&] { GlobalGradNorm({x}, 0); },
                                           "GlobalGradNorm: norm_type must be > 0 (or inf), got 0"));
   EXPECT_TRUE(testing::ThrowsErrorExactly(

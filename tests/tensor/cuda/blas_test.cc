@@ -392,7 +392,7 @@ TEST_P(CudaBlasTest, DGeluOfAnAccumulatedOutputAsLinearBackwardUsesIt) {
   SKIP_WITHOUT_GPU();
   const DType dt = GetParam();
   if (dt == kF64) GTEST_SKIP() << "cuBLASLt epilogues are for f32/f16/bf16";
-  // LinearBackward (tensor/ops.cc) gets dpre = dy * gelu'(pre) from the dGELU epilogue of a
+  // LinearBackward (tensor/ops_*.cc) gets dpre = dy * gelu'(pre) from the dGELU epilogue of a
   // rank-1 product that contributes zero, with dy in out and beta = 1:
   // out = dgelu(0 * (zeros [m, 1] @ ones [1, n]) + 1 * dy). That relies on cuBLASLt applying
   // the epilogue to alpha * A B + beta * C (its documented order), not to the product alone.

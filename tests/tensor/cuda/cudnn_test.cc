@@ -31,6 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tensor/composed.h"
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/blas.h"
 #include "tensor/cuda/kernels.h"
@@ -294,6 +295,37 @@ struct AttentionCase {
   bool causal;
 };
 
+// What computes attention on CUDA: cuDNN's fused kernels (attention.h), or, where they decline,
+// the composed form every device shares (tensor/composed.h, run on CUDA tensors). Both are held
+// to the same f64 bounds.
+enum class AttentionImpl { kComposed, kCudnn };
+
+bool RunForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
+                const Tensor& v, bool causal, double scale, AttentionImpl impl,
+                std::string* why = nullptr) {
+  if (impl == AttentionImpl::kCudnn)
+    return AttentionForward(out, stats, q, k, v, causal, scale, 0, why);
+  const AttentionResult r = composed::Attention(q, k, v, causal, scale);
+  out.copy_(r.output);
+  stats.copy_(r.stats.unsqueeze(-1));
+  return true;
+}
+
+bool RunBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                 const Tensor& stats, bool causal, double scale, AttentionImpl impl,
+                 std::string* why = nullptr) {
+  if (impl == AttentionImpl::kCudnn) {
+    return AttentionBackward(dq, dk, dv, dout, q, k, v, out, stats, causal, scale, why);
+  }
+  const AttentionGrads g =
+      composed::AttentionBackward(dout, q, k, v, out, stats.squeeze(-1), causal, scale);
+  dq.copy_(g.grad_q);
+  dk.copy_(g.grad_k);
+  dv.copy_(g.grad_v);
+  return true;
+}
+
 std::string Describe(const AttentionCase& c, DType dt, AttentionImpl impl) {
   return absl::StrCat("B=", c.b, " H=", c.h, " Tq=", c.tq, " Tk=", c.tk, " D=", c.d,
                       c.causal ? " causal " : " ", DTypeName(dt),
@@ -305,8 +337,8 @@ struct AttentionParam {
   AttentionImpl impl;
 };
 
-// The phrase of kCudnn's "no fused kernel for this problem" reason (the call returns false and
-// the CUDA kernel table runs kComposed).
+// The phrase of kCudnn's "no fused kernel for this problem" reason (the call returns false, the
+// CUDA kernel table declines, and the op runs the composed form).
 constexpr char kNoCudnnAttention[] = "cuDNN has no fused attention engine";
 
 // Whether attention.cc declines cuDNN's fused kernels: 9.10.0/9.10.1 have forward bugs, and
@@ -335,11 +367,11 @@ void CheckForward(const AttentionCase& c, const Tensor& q, const Tensor& k, cons
   const Tensor stats = Tensor::Empty({c.b, c.h, c.tq, 1}, kF32, dev);
   if (impl == AttentionImpl::kCudnn && CudnnForwardDeclined()) {
     std::string why;
-    EXPECT_FALSE(AttentionForward(out, stats, q, k, v, c.causal, scale, 0, impl, &why)) << what;
+    EXPECT_FALSE(RunForward(out, stats, q, k, v, c.causal, scale, impl, &why)) << what;
     EXPECT_NE(why.find(kNoCudnnAttention), std::string::npos) << what << ": " << why;
     return;
   }
-  ASSERT_TRUE(AttentionForward(out, stats, q, k, v, c.causal, scale, 0, impl)) << what;
+  ASSERT_TRUE(RunForward(out, stats, q, k, v, c.causal, scale, impl)) << what;
   const AttentionRef r = Forward64(q, k, v, c.causal, scale);
   const double uo = Roundoff(dt);
   // Per row, the largest score error: the product's bound plus the rounding of the scaled score.
@@ -403,14 +435,14 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
     if (impl == AttentionImpl::kCudnn && CudnnBackwardDeclined(c.tk)) {
       // The fused backward is declined with the phrase (and the reason), never run.
       std::string why;
-      EXPECT_FALSE(AttentionBackward(dq, dk, dv, Dev(dout), Dev(q), Dev(k), Dev(v), Dev(out),
-                                     Dev(lse32), c.causal, scale, impl, &why))
+      EXPECT_FALSE(RunBackward(dq, dk, dv, Dev(dout), Dev(q), Dev(k), Dev(v), Dev(out), Dev(lse32),
+                               c.causal, scale, impl, &why))
           << what;
       EXPECT_NE(why.find(kNoCudnnAttention), std::string::npos) << what << ": " << why;
       continue;
     }
-    AttentionBackward(dq, dk, dv, Dev(dout), Dev(q), Dev(k), Dev(v), Dev(out), Dev(lse32), c.causal,
-                      scale, impl);
+    RunBackward(dq, dk, dv, Dev(dout), Dev(q), Dev(k), Dev(v), Dev(out), Dev(lse32), c.causal,
+                scale, impl);
 
     // Reference in f64 from the same inputs.
     const Tensor q64 = F64(q), k64 = F64(k), v64 = F64(v), do64 = F64(dout), o64 = F64(out);
@@ -426,10 +458,10 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
     const double eps = r.eps_s + 2 * kU32 * MaxOf(r.s_abs) + 4 * kU32;
     const int64_t longest = std::max({c.tq, c.tk, c.d});
     const double sub = SubnormalHalfStep(dt);  // each rounding to dt, absolute
-    const Tensor dv_bound =
-        AddScalar(Add(Scale(tg::Matmul(T(p), Abs(do64)), eps + u_io + 2 * longest * kU32 + 16 * kU32),
-                      Scale(Abs(dv_ref), u_io)),
-                  sub);
+    const Tensor dv_bound = AddScalar(
+        Add(Scale(tg::Matmul(T(p), Abs(do64)), eps + u_io + 2 * longest * kU32 + 16 * kU32),
+            Scale(Abs(dv_ref), u_io)),
+        sub);
     ExpectWithin(dv, dv_ref, dv_bound, what + ": dv");
     const Tensor dp_mag = tg::Matmul(Abs(do64), T(Abs(v64)));
     const Tensor delta_mag = Sum(Abs(Mul(do64, o64)), {3}, /*keepdim=*/true);
@@ -451,20 +483,21 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
 TEST_P(CudaAttentionTest, RejectsDropoutAndBadShapes) {
   SKIP_WITHOUT_GPU();
   const auto [dt, impl] = GetParam();
+  if (impl != AttentionImpl::kCudnn) GTEST_SKIP() << "attention.h's validation";
   const Device dev = Device::Cuda(0);
   const Tensor q = Tensor::Zeros({1, 2, 8, 16}, dt, dev), k = Tensor::Zeros({1, 2, 6, 16}, dt, dev);
   const Tensor out = Tensor::Empty({1, 2, 8, 16}, dt, dev);
   const Tensor stats = Tensor::Empty({1, 2, 8, 1}, kF32, dev);
   EXPECT_TRUE(tg::testing::ThrowsError(
-      [&] { AttentionForward(out, stats, q, k, k, /*causal=*/false, 0.25, 0.1, impl); },
+      [&] { AttentionForward(out, stats, q, k, k, /*causal=*/false, 0.25, 0.1); },
       "attention_forward: attention dropout 0.1 is not supported"));
   EXPECT_TRUE(tg::testing::ThrowsError(
-      [&] { AttentionForward(out, stats, q, k, k, /*causal=*/true, 0.25, 0, impl); },
+      [&] { AttentionForward(out, stats, q, k, k, /*causal=*/true, 0.25, 0); },
       "attention_forward: causal attention needs as many queries as keys, got 8 and 6"));
   EXPECT_TRUE(tg::testing::ThrowsError(
       [&] {
         // Statistics in f16 (f32 whatever the inputs' type; the f32 run once passed f32 here).
-        AttentionForward(out, Tensor::Empty({1, 2, 8, 1}, kF16, dev), q, k, k, false, 0.25, 0, impl);
+        AttentionForward(out, Tensor::Empty({1, 2, 8, 1}, kF16, dev), q, k, k, false, 0.25, 0);
       },
       "attention_forward: softmax_stats is f16, expected f32"));
 }
@@ -484,7 +517,7 @@ INSTANTIATE_TEST_SUITE_P(Impls, CudaAttentionTest, ::testing::ValuesIn(Attention
                                info.param.impl == AttentionImpl::kCudnn ? "_cudnn" : "_composed");
                          });
 
-// The op-level entry points (tensor/ops.cc) take the fused kernel where attention.cc offers one
+// The op-level entry points (tensor/ops_*.cc) take the fused kernel where attention.cc offers one
 // and the composed one where it declines (Tk = 40 before cuDNN 9.15.1), so the gradients are
 // finite and agree with kComposed's; a declined backward gives exactly kComposed's.
 TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
@@ -502,8 +535,8 @@ TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
     const Device dev = Device::Cuda(0);
     const Tensor dq = Tensor::Empty(q.shape(), dt, dev), dk = Tensor::Empty(k.shape(), dt, dev),
                  dv = Tensor::Empty(v.shape(), dt, dev);
-    AttentionBackward(dq, dk, dv, dout, q, k, v, fwd.output, fwd.stats.view({c.b, c.h, c.tq, 1}),
-                      c.causal, scale, AttentionImpl::kComposed);
+    RunBackward(dq, dk, dv, dout, q, k, v, fwd.output, fwd.stats.view({c.b, c.h, c.tq, 1}),
+                c.causal, scale, AttentionImpl::kComposed);
     const std::string what = Describe(c, dt, AttentionImpl::kComposed) + " through tensor/ops";
     for (const auto& [g, ref, name] :
          {std::tuple{got.grad_q, dq, "dq"}, std::tuple{got.grad_k, dk, "dk"},

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/convert.h"
+#include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/throws.h"
@@ -60,8 +61,14 @@ void StridedCopy(const Tensor& dst, const Tensor& src) {
   }
 }
 
+// The CPU's kernels work on the fake "cuda" tensors (host memory); the preferences are given.
 class FakeBackend final : public DeviceBackend {
  public:
+  explicit FakeBackend(DevicePreferences preferences = DevicePreferences())
+      : FakeBackend(GetDeviceBackend(DeviceType::kCpu)->kernels(), preferences) {}
+  FakeBackend(const KernelTable& kernels, DevicePreferences preferences)
+      : DeviceBackend(DeviceType::kCuda, kernels, preferences) {}
+  int DeviceCount() override { return 2; }
   Allocator* allocator(int index) override {
     TG_CHECK(index >= 0 && index < 2, "cuda:", index, " does not exist (fake)");
     return &allocators_[index];
@@ -78,6 +85,7 @@ class FakeBackend final : public DeviceBackend {
     StridedCopy(dst, v);
   }
   void Synchronize(int) override {}
+  void* CurrentStream(int) override { return nullptr; }
 
   std::vector<CopyCall> copies;
   std::vector<double> fills;
@@ -86,7 +94,7 @@ class FakeBackend final : public DeviceBackend {
   FakeDeviceAllocator allocators_[2] = {FakeDeviceAllocator(0), FakeDeviceAllocator(1)};
 };
 
-constexpr char kNoBackend[] = "no CUDA backend in this binary: link //tensor/cuda:backend";
+constexpr char kNoBackend[] = "no CUDA backend in this binary: link //tensor:devices";
 
 TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
   ASSERT_EQ(FindDeviceBackend(DeviceType::kCuda), nullptr);
@@ -116,8 +124,8 @@ TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
 
 class FakeBackendTest : public ::testing::Test {
  protected:
-  void SetUp() override { RegisterDeviceBackend(DeviceType::kCuda, &backend_); }
-  void TearDown() override { RegisterDeviceBackend(DeviceType::kCuda, nullptr); }
+  void SetUp() override { RegisterDeviceBackend(&backend_); }
+  void TearDown() override { UnregisterDeviceBackend(DeviceType::kCuda); }
   FakeBackend backend_;
 };
 
@@ -231,6 +239,95 @@ TEST_F(FakeBackendTest, CpuWorkNeverReachesTheBackend) {
   EXPECT_EQ(x.ToString(), "tensor([[1, 2], [3, 4]], f32, shape=[2, 2])");
   EXPECT_TRUE(backend_.copies.empty());
   EXPECT_TRUE(backend_.fills.empty());
+}
+
+// The CPU is a backend like any other: registered by its sub-package (tensor/cpu/backend.cc),
+// with its allocator, kernel table, stream (none) and preferences, all asked of the registry.
+TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
+  DeviceBackend* cpu = FindDeviceBackend(DeviceType::kCpu);
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->type(), DeviceType::kCpu);
+  EXPECT_EQ(DeviceCount(DeviceType::kCpu), 1);
+  EXPECT_EQ(DeviceCount(DeviceType::kCuda), 0);  // no CUDA backend in this binary
+  EXPECT_EQ(CpuAllocator(), cpu->allocator(0));
+  EXPECT_EQ(Tensor::Empty({2}).storage()->allocator(), cpu->allocator(0));
+  EXPECT_EQ(&KernelsFor(Device::Cpu()), &cpu->kernels());
+  EXPECT_EQ(cpu->CurrentStream(0), nullptr);
+  EXPECT_EQ(cpu->preferences().attention_layout, DevicePreferences::AttentionLayout::kTokensMajor);
+  EXPECT_FALSE(cpu->preferences().attention_grad_out_contiguous);
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { cpu->allocator(1); }, "cpu:1 does not exist (the CPU is device 0)"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [] {
+        Tensor::Empty({2}, kF32, Device{DeviceType::kCpu, 1});
+      },
+      "empty: cannot allocate on cpu: cpu:1 does not exist (the CPU "
+      "is device 0)"));
+}
+
+TEST(DeviceRegistryTest, AKernelTableMissingAnEntryIsRefused) {
+  KernelTable table = GetDeviceBackend(DeviceType::kCpu)->kernels();
+  table.Matmul = nullptr;
+  EXPECT_TRUE(ThrowsErrorExactly([&] { GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(table); },
+                                 "kernel table: no kernel for Matmul"));
+  EXPECT_NE(KernelsFor(Device::Cpu()).Matmul, nullptr);  // the CPU's table is unchanged
+}
+
+// What the attention backward kernel was handed, recorded by a wrapper around the CPU's.
+bool grad_out_was_contiguous = false;
+KernelStatus RecordingAttentionBackward(const Tensor& gq, const Tensor& gk, const Tensor& gv,
+                                        const Tensor& go, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& out, const Tensor& stats,
+                                        bool causal, double scale) {
+  grad_out_was_contiguous = go.is_contiguous();
+  return GetDeviceBackend(DeviceType::kCpu)
+      ->kernels()
+      .ScaledDotProductAttentionBackward(gq, gk, gv, go, q, k, v, out, stats, causal, scale);
+}
+
+// The ops take the attention layout and grad_out's contiguity from the device's preferences (no
+// branch on the device): the same fake device gives a contiguous [B, H, T, D] output and a
+// contiguous grad_out under one set, a [B, T, H, D] one and a strided grad_out under the other,
+// with the CPU's values either way.
+TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
+  const Tensor q = Tensor::FromVector<float>({0.1f, -0.2f, 0.3f, 0.4f, 0.5f, -0.6f, 0.7f, 0.8f,
+                                              -0.9f, 1.0f, 0.2f, 0.3f, -0.4f, 0.5f, 0.6f, -0.7f},
+                                             {1, 2, 2, 4});
+  const Tensor k = MulScalar(q, -0.5), v = AddScalar(q, 0.25);
+  // A strided gradient: the transpose of a [1, 2, 4, 2] tensor.
+  const Tensor dout = Tensor::FromVector<float>(
+                          {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, -5, -6, -7, -8}, {1, 2, 4, 2})
+                          .transpose(2, 3);
+  const AttentionResult want = ScaledDotProductAttention(q, k, v, /*causal=*/true, 0.5);
+  const AttentionGrads want_grads = ScaledDotProductAttentionBackward(
+      dout, q, k, v, want.output, want.stats, /*causal=*/true, 0.5);
+  KernelTable kernels = GetDeviceBackend(DeviceType::kCpu)->kernels();
+  kernels.ScaledDotProductAttentionBackward = &RecordingAttentionBackward;
+  for (const auto layout : {DevicePreferences::AttentionLayout::kHeadsMajor,
+                            DevicePreferences::AttentionLayout::kTokensMajor}) {
+    const bool heads_major = layout == DevicePreferences::AttentionLayout::kHeadsMajor;
+    DevicePreferences preferences;
+    preferences.attention_layout = layout;
+    preferences.attention_grad_out_contiguous = heads_major;
+    FakeBackend backend(kernels, preferences);
+    RegisterDeviceBackend(&backend);
+    const Device dev = Device::Cuda(0);
+    const Tensor dq = q.to(dev), dk = k.to(dev), dv = v.to(dev);
+    const AttentionResult got = ScaledDotProductAttention(dq, dk, dv, /*causal=*/true, 0.5);
+    EXPECT_EQ(got.output.device(), dev);
+    EXPECT_EQ(got.output.shape(), (Shape{1, 2, 2, 4}));
+    EXPECT_EQ(got.output.strides(), heads_major ? (Shape{16, 8, 4, 1}) : (Shape{16, 4, 8, 1}));
+    EXPECT_EQ(got.output.to_vector<float>(), want.output.to_vector<float>());
+    grad_out_was_contiguous = !heads_major;
+    const AttentionGrads grads =
+        ScaledDotProductAttentionBackward(dout.to(dev).transpose(2, 3).contiguous().transpose(2, 3),
+                                          dq, dk, dv, got.output, got.stats, /*causal=*/true, 0.5);
+    EXPECT_EQ(grad_out_was_contiguous, heads_major);
+    EXPECT_EQ(grads.grad_q.strides(), got.output.strides());
+    EXPECT_EQ(grads.grad_q.to_vector<float>(), want_grads.grad_q.to_vector<float>());
+    EXPECT_EQ(grads.grad_v.to_vector<float>(), want_grads.grad_v.to_vector<float>());
+    UnregisterDeviceBackend(DeviceType::kCuda);
+  }
 }
 
 }  // namespace

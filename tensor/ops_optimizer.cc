@@ -1,0 +1,173 @@
+// The optimizer multi-tensor ops of tensor/ops.h (FusedAdam, FusedSgd, GlobalGradNorm,
+// ClipByNorm): list validation, then the device's kernel or the composed form.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/composed.h"
+#include "tensor/kernel_table.h"
+#include "tensor/ops.h"
+#include "tensor/ops_internal.h"
+
+namespace tg {
+
+using ops_internal::CheckDefined;
+using ops_internal::CheckFloating;
+using ops_internal::CommonDevice;
+using ops_internal::Declined;
+using ops_internal::IndicesI64;
+
+using composed::ComputeDType;
+
+// ---- Optimizer multi-tensor ops ----
+
+namespace {
+
+// Checks list `what` (`n` tensors, defined, floating, on `device`, of the shapes of `params`).
+void CheckParamList(const char* op, const char* what, const std::vector<Tensor>& list,
+                    const std::vector<Tensor>& params, Device device, bool allow_undefined) {
+  TG_CHECK(list.size() == params.size(), op, ": ", what, " has ", list.size(),
+           " tensors, params has ", params.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Tensor& t = list[i];
+    if (allow_undefined && !t.defined()) continue;
+    TG_CHECK(t.defined(), op, ": ", what, "[", i, "] is an undefined tensor");
+    TG_CHECK(t.device() == device, op, ": ", what, "[", i, "] is on ", t.device().ToString(),
+             ", params on ", device.ToString());
+    TG_CHECK(IsFloating(t.dtype()), op, ": ", what, "[", i, "] has dtype ", DTypeName(t.dtype()),
+             "; expected f32, f64, f16 or bf16");
+    TG_CHECK(t.shape() == params[i].shape(), op, ": ", what, "[", i, "] has shape ",
+             ShapeToString(t.shape()), ", its parameter ", ShapeToString(params[i].shape()));
+  }
+}
+
+// State tensors hold the compute dtype of their parameter.
+void CheckStateDTypes(const char* op, const char* what, const std::vector<Tensor>& list,
+                      const std::vector<Tensor>& params) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const DType cd = ComputeDType(params[i].dtype());
+    TG_CHECK(list[i].dtype() == cd, op, ": ", what, "[", i, "] is ", DTypeName(list[i].dtype()),
+             "; expected ", DTypeName(cd), " for a ", DTypeName(params[i].dtype()), " parameter");
+  }
+}
+
+// A one-element tensor of `dtype` on `device`, or undefined.
+void CheckOptionalScalar(const char* op, const char* what, const Tensor& t, Device device,
+                         DType dtype) {
+  if (!t.defined()) return;
+  TG_CHECK(t.numel() == 1 && t.dtype() == dtype, op, ": ", what, " must be a one-element ",
+           DTypeName(dtype), " tensor, got ", DTypeName(t.dtype()), " ", ShapeToString(t.shape()));
+  TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", params on ",
+           device.ToString());
+}
+
+}  // namespace
+
+void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
+  const char* op = "FusedAdam";
+  const std::vector<Tensor>& params = lists.params;
+  TG_CHECK(o.lr >= 0 && o.eps >= 0 && o.weight_decay >= 0 && o.beta1 >= 0 && o.beta1 < 1 &&
+               o.beta2 >= 0 && o.beta2 < 1,
+           op, ": invalid options lr ", o.lr, ", betas (", o.beta1, ", ", o.beta2, "), eps ", o.eps,
+           ", weight_decay ", o.weight_decay);
+  TG_CHECK(o.device_step.defined() || o.step >= 1, op,
+           ": step must be >= 1 (the update's step number), got ", o.step);
+  if (params.empty()) return;
+  CheckDefined(op, params[0], "params[0]");
+  const Device device = params[0].device();
+  CheckParamList(op, "params", params, params, device, false);
+  CheckParamList(op, "grads", lists.grads, params, device, false);
+  CheckParamList(op, "exp_avgs", lists.exp_avgs, params, device, false);
+  CheckParamList(op, "exp_avg_sqs", lists.exp_avg_sqs, params, device, false);
+  CheckStateDTypes(op, "exp_avgs", lists.exp_avgs, params);
+  CheckStateDTypes(op, "exp_avg_sqs", lists.exp_avg_sqs, params);
+  if (o.amsgrad) {
+    CheckParamList(op, "max_exp_avg_sqs (amsgrad)", lists.max_exp_avg_sqs, params, device, false);
+    CheckStateDTypes(op, "max_exp_avg_sqs", lists.max_exp_avg_sqs, params);
+  }
+  if (!lists.model_params.empty()) {
+    CheckParamList(op, "model_params", lists.model_params, params, device, true);
+  }
+  CheckOptionalScalar(op, "device_step", o.device_step, device, kF64);
+  CheckOptionalScalar(op, "inv_scale", o.inv_scale, device, kF32);
+  CheckOptionalScalar(op, "found_inf", o.found_inf, device, kF32);
+  const KernelTable& kernels = KernelsFor(device);
+  if (!Declined(kernels.FusedAdam(lists, o))) return;
+  if (o.device_step.defined() || params.size() == 1) {
+    composed::FusedAdam(lists, o);  // device_step moves once per call: no split
+    return;
+  }
+  // A list the kernel declines as a whole may hold parameters it handles (f32 masters next to a
+  // f64 parameter): each parameter on its own.
+  for (size_t i = 0; i < params.size(); ++i) {
+    AdamTensorLists one;
+    one.params = {params[i]};
+    one.grads = {lists.grads[i]};
+    one.exp_avgs = {lists.exp_avgs[i]};
+    one.exp_avg_sqs = {lists.exp_avg_sqs[i]};
+    if (o.amsgrad) one.max_exp_avg_sqs = {lists.max_exp_avg_sqs[i]};
+    if (!lists.model_params.empty()) one.model_params = {lists.model_params[i]};
+    if (Declined(kernels.FusedAdam(one, o))) composed::FusedAdam(one, o);
+  }
+}
+
+void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
+  const char* op = "FusedSgd";
+  const std::vector<Tensor>& params = lists.params;
+  TG_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, op, ": invalid options lr ", o.lr,
+           ", momentum ", o.momentum, ", weight_decay ", o.weight_decay);
+  TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), op,
+           ": nesterov momentum requires a momentum > 0 and zero dampening");
+  if (params.empty()) return;
+  CheckDefined(op, params[0], "params[0]");
+  const Device device = params[0].device();
+  CheckParamList(op, "params", params, params, device, false);
+  CheckParamList(op, "grads", lists.grads, params, device, false);
+  if (o.momentum != 0) {
+    CheckParamList(op, "momentum_buffers", lists.momentum_buffers, params, device, false);
+    CheckStateDTypes(op, "momentum_buffers", lists.momentum_buffers, params);
+  }
+  if (Declined(KernelsFor(device).FusedSgd(lists, o))) composed::FusedSgd(lists, o);
+}
+
+Tensor GlobalGradNorm(const std::vector<Tensor>& tensors, double norm_type, DType dtype) {
+  const char* op = "GlobalGradNorm";
+  TG_CHECK(norm_type > 0, op, ": norm_type must be > 0 (or inf), got ", norm_type);
+  TG_CHECK(dtype == kF64 || dtype == kF32, op, ": the norm's dtype must be f64 or f32, got ",
+           DTypeName(dtype));
+  TG_CHECK(!tensors.empty(), op, ": tensors is empty");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    CheckDefined(op, tensors[i], "a list element");
+    CommonDevice(op, {&tensors[0], &tensors[i]});
+    CheckFloating(op, tensors[i].dtype());
+  }
+  Tensor norm = Tensor::Empty({}, dtype, tensors[0].device());
+  if (Declined(KernelsFor(norm.device()).GlobalGradNorm(norm, tensors, norm_type))) {
+    composed::GlobalGradNorm(norm, tensors, norm_type);
+  }
+  return norm;
+}
+
+void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm) {
+  const char* op = "ClipByNorm";
+  TG_CHECK(max_norm >= 0, op, ": max_norm must be >= 0, got ", max_norm);
+  CheckDefined(op, total_norm, "total_norm");
+  TG_CHECK(total_norm.numel() == 1 && (total_norm.dtype() == kF64 || total_norm.dtype() == kF32),
+           op, ": total_norm must be a one-element f64 or f32 tensor, got ",
+           DTypeName(total_norm.dtype()), " ", ShapeToString(total_norm.shape()));
+  if (tensors.empty()) return;
+  for (const Tensor& t : tensors) {
+    CheckDefined(op, t, "a list element");
+    CommonDevice(op, {&total_norm, &t});
+    CheckFloating(op, t.dtype());
+  }
+  if (Declined(KernelsFor(total_norm.device()).ClipByNorm(tensors, total_norm, max_norm))) {
+    composed::ClipByNorm(tensors, total_norm, max_norm);
+  }
+}
+
+}  // namespace tg

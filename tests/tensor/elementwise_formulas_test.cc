@@ -1,0 +1,119 @@
+// The elementwise formulas are one definition (tensor/elementwise_formulas.h) for every device:
+// the CPU's kernels give exactly what the shared formulas give with the host's math, NaN and
+// integer wrap-around included (CUDA's kernels call the same functions with libdevice math; the
+// CUDA op tables compare them with the CPU on a GPU).
+#include "tensor/elementwise_formulas.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace tg {
+namespace {
+
+struct StdMath {
+  template <typename C>
+  static C Pow(C a, C b) {
+    return std::pow(a, b);
+  }
+  template <typename C>
+  static C Fabs(C x) {
+    return std::fabs(x);
+  }
+  template <typename C>
+  static C Exp(C x) {
+    return std::exp(x);
+  }
+  template <typename C>
+  static C Log(C x) {
+    return std::log(x);
+  }
+  template <typename C>
+  static C Sqrt(C x) {
+    return std::sqrt(x);
+  }
+  template <typename C>
+  static C Tanh(C x) {
+    return std::tanh(x);
+  }
+  template <typename C>
+  static C Erf(C x) {
+    return std::erf(x);
+  }
+};
+
+const std::vector<double> kValues = {
+    -2.5, -1, -0.0, 0, 0.3, 1, 4, std::nan(""), std::numeric_limits<double>::infinity()};
+
+// Bitwise equality, NaN equal to NaN.
+void ExpectSame(double got, double want, const std::string& what) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+  } else {
+    EXPECT_EQ(got, want) << what;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << what;
+  }
+}
+
+TEST(ElementwiseFormulasTest, CpuUnaryKernelsAreTheSharedFormulas) {
+  // exp, tanh and GELU-tanh run the vectorised row forms on the CPU (tensor/cpu/vec_math.h).
+  for (const UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kLog, UnaryOp::kSqrt,
+                           UnaryOp::kSigmoid, UnaryOp::kRelu, UnaryOp::kGelu, UnaryOp::kErf}) {
+    const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+    const std::vector<double> got = Unary(op, x).to_vector<double>();
+    for (size_t i = 0; i < kValues.size(); ++i) {
+      ExpectSame(got[i], elementwise::ApplyUnary<StdMath>(op, kValues[i]),
+                 std::string(UnaryOpName(op)) + "(" + std::to_string(kValues[i]) + ")");
+    }
+  }
+}
+
+TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
+  for (const BinaryOp op :
+       {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow,
+        BinaryOp::kMaximum, BinaryOp::kMinimum, BinaryOp::kReluBackward}) {
+    for (const double a : kValues) {
+      const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+      const std::vector<double> got =
+          Binary(op, Tensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
+              .to_vector<double>();
+      for (size_t i = 0; i < kValues.size(); ++i) {
+        ExpectSame(got[i], elementwise::ApplyBinary<StdMath>(op, a, kValues[i]),
+                   std::string(BinaryOpName(op)) + "(" + std::to_string(a) + ", " +
+                       std::to_string(kValues[i]) + ")");
+      }
+    }
+  }
+  // Integers wrap around instead of overflowing.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  const Tensor i = Tensor::Full({1}, 0, kI64);
+  i.data<int64_t>()[0] = big;
+  EXPECT_EQ(Binary(BinaryOp::kAdd, i, i).to_vector<int64_t>()[0],
+            elementwise::ApplyBinary<StdMath>(BinaryOp::kAdd, big, big));
+  EXPECT_EQ(elementwise::ApplyBinary<StdMath>(BinaryOp::kAdd, big, int64_t{1}),
+            std::numeric_limits<int64_t>::min());
+}
+
+TEST(ElementwiseFormulasTest, CpuCompareKernelsAreTheSharedFormulas) {
+  for (const CompareOp op : {CompareOp::kEq, CompareOp::kNe, CompareOp::kLt, CompareOp::kLe,
+                             CompareOp::kGt, CompareOp::kGe}) {
+    for (const double a : kValues) {
+      const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+      const std::vector<double> got =
+          Compare(op, Tensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
+              .to_vector<double>();
+      for (size_t i = 0; i < kValues.size(); ++i) {
+        EXPECT_EQ(got[i] != 0, elementwise::ApplyCompare(op, a, kValues[i]))
+            << CompareOpName(op) << "(" << a << ", " << kValues[i] << ")";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tg
