@@ -13,11 +13,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/device_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace tg::dist {
 namespace {
+
+// The stream the caller's tensor ops enqueue on for `device`, asked of the CUDA device backend
+// (tensor/device_backend.h) that runs those ops.
+cudaStream_t CallerStream(int device) {
+  return static_cast<cudaStream_t>(GetDeviceBackend(DeviceType::kCuda)->CurrentStream(device));
+}
 
 // The ops of a group, for the Describe() prefixes computed once per group (no string is built
 // on the hot path).
@@ -388,7 +395,7 @@ class NcclWork final : public Work {
       seen_complete_ = completed;
     }
     // The caller's stream waits for the collective (a no-op on the device once it completed).
-    end_->Block(cuda::CurrentStream(s.device));
+    end_->Block(CallerStream(s.device));
     return absl::OkStatus();
   }
 
@@ -550,7 +557,7 @@ std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& sta
   if (count == 0) return std::make_shared<NcclWork>(s.timeout, absl::OkStatus());
 
   const cudaStream_t comm_stream = s.stream->get();
-  s.ready->Record(cuda::CurrentStream(s.device));  // the inputs as the caller's stream leaves them
+  s.ready->Record(CallerStream(s.device));  // the inputs as the caller's stream leaves them
   s.ready->Block(comm_stream);
   if (staging.before) {
     cuda::StreamGuard on_comm(*s.stream);  // tensor ops enqueue on the communication stream
