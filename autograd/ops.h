@@ -36,6 +36,8 @@ Variable Log(const Variable& x);
 Variable Sqrt(const Variable& x);
 Variable Tanh(const Variable& x);
 Variable Sigmoid(const Variable& x);
+// x * sigmoid(x) (SiLU, "swish"); gradient s (1 + x (1 - s)) with s = sigmoid(x), differentiable.
+Variable Silu(const Variable& x);
 Variable Relu(const Variable& x);
 // ReLU's gradient from its output y: grad where y > 0, 0 where y <= 0 (PyTorch's
 // threshold_backward), in one pass; differentiable in grad (its own gradient is the same mask).

@@ -121,6 +121,8 @@ Variable GELU::forward(const Variable& x) { return tanh_ ? GeluTanh(x) : Gelu(x)
 std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
 Variable Tanh::forward(const Variable& x) { return tg::Tanh(x); }
 
+Variable SiLU::forward(const Variable& x) { return tg::Silu(x); }
+
 Variable Flatten::forward(const Variable& x) {
   int64_t start = start_ < 0 ? start_ + x.dim() : start_;
   TG_CHECK(start >= 0 && start < std::max<int64_t>(x.dim(), 1), "Flatten: start_dim ", start_,

@@ -157,6 +157,13 @@ class Tanh : public Module {
   Variable forward(const Variable& x) override;
 };
 
+// x * sigmoid(x), as torch.nn.SiLU (the MLP activation of LLaMA-style models).
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Variable forward(const Variable& x) override;
+};
+
 // [d0, d1, ..., dn] -> [d0, ..., d(start-1), product of the rest].
 class Flatten : public Module {
  public:

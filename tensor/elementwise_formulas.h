@@ -101,6 +101,8 @@ TG_HOST_DEVICE inline C ApplyUnary(UnaryOp op, C x) {
         return C(0.5) * x * (C(1) + Math::Erf(x * kInvSqrt2));
       case UnaryOp::kErf:
         return Math::Erf(x);
+      case UnaryOp::kSilu:
+        return x / (C(1) + Math::Exp(-x));  // x * sigmoid(x); -0 for x -> -inf, as PyTorch
     }
   } else {
     switch (op) {

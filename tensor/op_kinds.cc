@@ -66,6 +66,8 @@ const char* UnaryOpName(UnaryOp op) {
       return "gelu";
     case UnaryOp::kErf:
       return "erf";
+    case UnaryOp::kSilu:
+      return "silu";
   }
   return "unary";
 }

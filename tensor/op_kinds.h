@@ -11,19 +11,27 @@ namespace tg {
 // passes the gradient, and a NaN gradient where y <= 0 gives 0).
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kReluBackward };
 enum class CompareOp { kEq, kNe, kLt, kLe, kGt, kGe };
-enum class UnaryOp {
-  kNeg,
-  kAbs,
-  kExp,
-  kLog,
-  kSqrt,
-  kTanh,
-  kSigmoid,
-  kRelu,
-  kGeluTanh,
-  kGelu,
-  kErf
-};
+// The unary kinds, written once: the enum and kAllUnaryOps (which the tensor op table runs, so a
+// kind without a formula or a row fails there) both expand this list. kSilu: x * sigmoid(x).
+#define TG_UNARY_OPS(X) \
+  X(kNeg)               \
+  X(kAbs)               \
+  X(kExp)               \
+  X(kLog)               \
+  X(kSqrt)              \
+  X(kTanh)              \
+  X(kSigmoid)           \
+  X(kRelu)              \
+  X(kGeluTanh)          \
+  X(kGelu)              \
+  X(kErf)               \
+  X(kSilu)
+#define TG_UNARY_OP_ENUMERATOR(name) name,
+enum class UnaryOp { TG_UNARY_OPS(TG_UNARY_OP_ENUMERATOR) };
+#undef TG_UNARY_OP_ENUMERATOR
+#define TG_UNARY_OP_VALUE(name) UnaryOp::name,
+inline constexpr UnaryOp kAllUnaryOps[] = {TG_UNARY_OPS(TG_UNARY_OP_VALUE)};
+#undef TG_UNARY_OP_VALUE
 enum class Reduction { kNone, kMean, kSum };
 // The activation a Linear applies to its pre-activation: none, or GELU in its tanh form
 // (GeluTanh), the form cuBLASLt's epilogue computes.

@@ -56,6 +56,7 @@ inline Tensor Log(const Tensor& x) { return Unary(UnaryOp::kLog, x); }
 inline Tensor Sqrt(const Tensor& x) { return Unary(UnaryOp::kSqrt, x); }
 inline Tensor Tanh(const Tensor& x) { return Unary(UnaryOp::kTanh, x); }
 inline Tensor Sigmoid(const Tensor& x) { return Unary(UnaryOp::kSigmoid, x); }
+inline Tensor Silu(const Tensor& x) { return Unary(UnaryOp::kSilu, x); }
 inline Tensor Relu(const Tensor& x) { return Unary(UnaryOp::kRelu, x); }
 // gelu(x) = x/2 (1 + erf(x/sqrt 2)); the tanh approximation (GPT-2's) is
 // x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

@@ -159,6 +159,16 @@ Variable Sigmoid(const Variable& x) {
       /*save_output=*/true);
 }
 
+Variable Silu(const Variable& x) {
+  return Record(OpNodeName(OpId::kSilu), tg::Silu(x.data()), {x}, {x},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& x = ctx.saved[0];
+                  const Variable s = Sigmoid(x);
+                  // d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))
+                  return {Mul(ctx.grads[0], Mul(s, AddScalar(Mul(x, AddScalar(Neg(s), 1)), 1)))};
+                });
+}
+
 Variable Relu(const Variable& x) {
   return Record(
       OpNodeName(OpId::kRelu), tg::Relu(x.data()), {x}, {},

@@ -242,6 +242,7 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     TG_UNARY_CASE(kRelu)
     TG_UNARY_CASE(kGelu)
     TG_UNARY_CASE(kErf)
+    TG_UNARY_CASE(kSilu)
 #undef TG_UNARY_CASE
     case UnaryOp::kExp:
     case UnaryOp::kTanh:

@@ -153,6 +153,7 @@ void AddElementwiseRows(std::vector<OpRow>& t) {
   t.push_back(Row("Sqrt", "", {{{2, 3}, 0.5, 2}}, [](In in) { return Sqrt(in[0]); }));
   t.push_back(Row("Tanh", "", {{{2, 3}, -2, 2}}, [](In in) { return Tanh(in[0]); }));
   t.push_back(Row("Sigmoid", "", {{{2, 3}, -2, 2}}, [](In in) { return Sigmoid(in[0]); }));
+  t.push_back(Row("Silu", "", {{{2, 3}, -3, 3}}, [](In in) { return Silu(in[0]); }));
   t.push_back(Row("Relu", "", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Relu(in[0]); }));
   // y's own gradient through ReluBackward is 0 (not an edge); the product makes y an input.
   t.push_back(Row("ReluBackward", "times y", {{{2, 3}}, {{2, 3}, -1, 1, kAway}},
@@ -411,7 +412,6 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
     Variable y = NonLeaf(in[0]);
     return Mul(FillInPlace(y, 1.5), in[0]);
   }));
-  // Appended here so that the rows above keep their seeds (SeedOf is the row's index).
   t.push_back(
       Row("Narrow", "negative start", {{{4, 3}}}, [](In in) { return Narrow(in[0], 0, -3, 2); }));
   // On views of a non-leaf base (CopySlices rewrites the base's history; the base is returned).
@@ -493,6 +493,12 @@ VariableList MakeInputs(const OpRow& row, uint64_t seed, DType dtype, Device dev
 
 std::string Describe(const OpRow& row) {
   return row.name.empty() ? row.op : absl::StrCat(row.op, " (", row.name, ")");
+}
+
+uint64_t SeedOf(const OpRow& row) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : Describe(row)) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,

@@ -83,10 +83,11 @@ const std::vector<OpRow>& OpTable();
 VariableList MakeInputs(const OpRow& row, uint64_t seed, DType dtype = kF64,
                         Device device = Device::Cpu());
 
-// The seed of row number `row` (every driver draws the same inputs for a row).
-inline uint64_t SeedOf(size_t row) { return 1000 + row; }
 // "op (case)" for messages.
 std::string Describe(const OpRow& row);
+// The seed of a row, from its description (FNV-1a): every driver draws the same inputs for a
+// row, and adding a row anywhere leaves the other rows' inputs as they were.
+uint64_t SeedOf(const OpRow& row);
 // The output of fn and the gradients of sum(c * output) with respect to every input, with c a
 // fixed weighting (exact in every floating dtype).
 VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,

@@ -34,8 +34,8 @@ TEST(OpTableCuda, EveryRowForwardAndGradientsMatchTheCpu) {
       SCOPED_TRACE(what);
       VariableList cpu, gpu;
       const std::string error = ErrorOf([&] {
-        cpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype));
-        gpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(r), dtype, Device::Cuda(0)));
+        cpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(row), dtype));
+        gpu = OutputAndGrads(row.run, MakeInputs(row, SeedOf(row), dtype, Device::Cuda(0)));
       });
       ASSERT_EQ(error, "");
       ASSERT_EQ(cpu.size(), gpu.size());

@@ -51,7 +51,7 @@ TEST(OpTableGradcheck, EveryRow) {
     SCOPED_TRACE(Describe(row));
     GradcheckResult result;
     const std::string error = ErrorOf(
-        [&] { result = Gradcheck(row.run, MakeInputs(row, SeedOf(r)), row.gradcheck.options); });
+        [&] { result = Gradcheck(row.run, MakeInputs(row, SeedOf(row)), row.gradcheck.options); });
     EXPECT_EQ(error, "");
     EXPECT_TRUE(result.ok) << Describe(row) << ": " << result.message
                            << "\n  tolerance: " << row.gradcheck.why;
@@ -86,7 +86,7 @@ TEST(OpTableGradcheck, SecondOrderOfEveryRowWithADifferentiableBackward) {
     SCOPED_TRACE(Describe(row));
     GradcheckResult result;
     const std::string error = ErrorOf([&] {
-      result = Gradcheck(GradientOf(row.run), MakeInputs(row, SeedOf(r)), row.gradcheck.options);
+      result = Gradcheck(GradientOf(row.run), MakeInputs(row, SeedOf(row)), row.gradcheck.options);
     });
     EXPECT_EQ(error, "");
     EXPECT_TRUE(result.ok) << Describe(row) << ": " << result.message
@@ -116,7 +116,7 @@ TEST(OpTableLowPrecision, EveryRowForwardAndGradientsMatchF64) {
     for (DType dtype : {kF16, kBF16}) {
       const std::string what = absl::StrCat(Describe(row), " [", DTypeName(dtype), "]");
       SCOPED_TRACE(what);
-      const VariableList low = MakeInputs(row, SeedOf(r), dtype);
+      const VariableList low = MakeInputs(row, SeedOf(row), dtype);
       VariableList ref;  // the same rounded values in f64
       for (const Variable& v : low) ref.emplace_back(v.data().to(kF64), true);
       VariableList got, want;
@@ -171,22 +171,22 @@ TEST(OpTableAutocast, EveryRowFollowsTheOpListPolicy) {
       SCOPED_TRACE(what);
       const std::string error = ErrorOf([&] {
         // f32 inputs: only low-precision ops compute in the autocast dtype.
-        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, kF32),
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(row), low, std::vector<DType>(n, kF32),
                                            what + ", f32 inputs"),
                   policy == CastPolicy::kLowPrecision ? low : kF32);
         // 16-bit inputs: only f32 ops leave the autocast dtype.
-        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, low),
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(row), low, std::vector<DType>(n, low),
                                            what + ", " + DTypeName(low) + " inputs"),
                   policy == CastPolicy::kFloat32 ? kF32 : low);
         // f64 is never cast.
-        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, std::vector<DType>(n, kF64),
+        EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(row), low, std::vector<DType>(n, kF64),
                                            what + ", f64 inputs"),
                   kF64);
         // Mixed inputs promote to the widest.
         if (policy == CastPolicy::kPromote && n >= 2) {
           std::vector<DType> mixed(n, kF32);
           mixed[0] = low;
-          EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(r), low, mixed, what + ", mixed inputs"),
+          EXPECT_EQ(OutputDTypeUnderAutocast(row, SeedOf(row), low, mixed, what + ", mixed inputs"),
                     kF32);
         }
       });

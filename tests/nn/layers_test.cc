@@ -74,6 +74,26 @@ TEST(GeluTest, OptionsPickTheFormula) {
                                  "GELU: approximate must be 'none' or 'tanh', got 'fast'"));
 }
 
+// torch.nn.SiLU() on torch.tensor([-2., 0.5, 2.], requires_grad=True) (torch 2.15, f32):
+// values [-0.23840583860874176, 0.3112296760082245, 1.7615940570831299], gradient of the sum
+// [-0.09078425168991089, 0.7399612069129944, 1.0907843112945557]. Within one f32 ulp: PyTorch's
+// vectorised exp and the C library's may round differently.
+TEST(SiluTest, ModuleMatchesPyTorch) {
+  SiLU silu;
+  Variable x(Tensor::FromVector<float>({-2, 0.5, 2}, {3}), /*requires_grad=*/true);
+  const Variable y = silu(x);
+  Sum(y).backward();
+  const std::vector<float> got = y.data().to_vector<float>();
+  const std::vector<float> grad = x.grad().data().to_vector<float>();
+  const double want[] = {-0.23840583860874176, 0.3112296760082245, 1.7615940570831299};
+  const double want_grad[] = {-0.09078425168991089, 0.7399612069129944, 1.0907843112945557};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(got[i], want[i], 1.2e-7 * std::abs(want[i])) << i;
+    EXPECT_NEAR(grad[i], want_grad[i], 2.4e-7 * std::abs(want_grad[i])) << i;
+  }
+  EXPECT_EQ(silu.type_name(), "SiLU");
+}
+
 TEST(LayerNormTest, OptionsDefaultsAndChaining) {
   const LayerNormOptions d(6);
   EXPECT_EQ(d.eps(), 1e-5);

@@ -634,6 +634,7 @@ const std::vector<UnarySpec>& UnarySpecs() {
       {UnaryOp::kRelu, [](double x) { return x > 0 ? x : 0.0; }, 0, 2, true, true},
       {UnaryOp::kGelu, GeluRef, 0, 2.5, true, false},
       {UnaryOp::kGeluTanh, GeluTanhRef, 0, 2.5, true, false},
+      {UnaryOp::kSilu, [](double x) { return x / (1 + std::exp(-x)); }, 0, 4, true, false},
   };
   return *specs;
 }
@@ -705,7 +706,15 @@ TEST(UnaryOps, SpecialValues) {
                 {kNaN, 0, 2, kInf}, "sqrt");
     ExpectExact(Gelu(Tensor::FromVector<double>({0, kInf}, {2}, dtype)), {2}, dtype, {0, kInf},
                 "gelu");
+    // PyTorch 2.15's silu on the same values: -inf / (1 + inf) is NaN there too.
+    ExpectExact(Silu(x), {5}, dtype, {kNaN, kInf, kNaN, 0, 0}, "silu");
   }
+  // silu(-1000) is -0 (x / inf) and silu(-1) rounds as PyTorch's: f32 -0.2689414322376251,
+  // f16 -0.26904296875, f64 -0.2689414213699951.
+  EXPECT_TRUE(std::signbit(Silu(Tensor::FromVector<float>({-1000.0f}, {1})).to_vector<float>()[0]));
+  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF32)), {1}, kF32, {-0.2689414322376251}, "silu f32");
+  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF16)), {1}, kF16, {-0.26904296875}, "silu f16");
+  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF64)), {1}, kF64, {-0.2689414213699951}, "silu f64");
   // exp overflows f16 at 11.09 (e^11.09 > 65520) but not f32.
   ExpectExact(Exp(Tensor::Full({1}, 11.25, kF16)), {1}, kF16, {kInf}, "f16 exp overflow");
   EXPECT_NEAR(Exp(Tensor::Full({1}, 11.25, kF32)).item(), std::exp(11.25), 1e-2);

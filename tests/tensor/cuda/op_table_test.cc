@@ -394,11 +394,7 @@ void AddElementwiseRows(std::vector<OpRow>* rows) {
                      },
                      &ExactTol()});
   }
-  const UnaryOp unary_ops[] = {UnaryOp::kNeg,     UnaryOp::kAbs,  UnaryOp::kExp,
-                               UnaryOp::kLog,     UnaryOp::kSqrt, UnaryOp::kTanh,
-                               UnaryOp::kSigmoid, UnaryOp::kRelu, UnaryOp::kGeluTanh,
-                               UnaryOp::kGelu,    UnaryOp::kErf};
-  for (UnaryOp op : unary_ops) {
+  for (UnaryOp op : kAllUnaryOps) {  // every kind of tensor/op_kinds.h
     const Tols* tol = IsTranscendental(op) ? &TranscendentalTol() : &ExactTol();
     const std::vector<DType> dtypes = TakesIntegers(op) ? kFloatsAndInts : kFloats;
     rows->push_back({"Unary", absl::StrCat(UnaryOpName(op), " contiguous [6, 129]"), dtypes,
