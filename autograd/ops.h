@@ -127,7 +127,7 @@ Variable Dropout(const Variable& x, double p, Generator& gen, bool training = tr
 
 // ---- In place (bump the version counter; PyTorch's rules: not on a leaf that requires grad,
 // nor on a view of one, while grad mode is on). On a view (Variable::is_view) the base's history
-// is rewritten (PyTorch's CopySlices: README, "Views") ----
+// is rewritten (PyTorch's CopySlices: docs/semantics.md, "Views") ----
 const Variable& AddInPlace(const Variable& self, const Variable& other);
 const Variable& MulInPlace(const Variable& self, const Variable& other);
 const Variable& MulScalarInPlace(const Variable& self, double s);

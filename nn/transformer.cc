@@ -53,7 +53,7 @@ Variable CausalSelfAttention::forward(const Variable& x) {
   Variable qkv = (*qkv_)(x);  // [b, t, 3c]
   const bool attn_dropout = attn_dropout_ != nullptr && is_training();
   if (!attn_dropout) {
-    // One fused attention (the op list's ScaledDotProductAttention: cuDNN's flash attention on
+    // One fused attention (the kernel list's ScaledDotProductAttention: cuDNN's flash attention on
     // CUDA where the heads qualify, a one-pass kernel per head on the CPU) on strided views of
     // the projection: q, k, v [b, h, t, d] = qkv [b, t, 3, h, d] split and permuted, no copies.
     // Attention dropout (training with p > 0) needs the probabilities, so it keeps the composed

@@ -3,7 +3,7 @@
 // An op runs its composed form when the device's fused kernel declines the case
 // (KernelStatus::kNoKernel, tensor/kernel_list.inc), and tests use them as the reference that
 // every device's fused kernel is compared with. They take validated inputs (the ops validate)
-// and run on any device through the op list.
+// and run on any device through the kernel list.
 #ifndef TAPEGRAD_TENSOR_COMPOSED_H_
 #define TAPEGRAD_TENSOR_COMPOSED_H_
 

@@ -1,5 +1,5 @@
 // A device is one backend object: its memory (allocator), copies, fill, streams and its kernel
-// table (the op list, tensor/kernel_list.inc), plus the preferences the ops ask of it (layouts).
+// table (the kernel list, tensor/kernel_list.inc), plus the preferences the ops ask of it (layouts).
 // Every device, the CPU included, registers one from a static initializer of an alwayslink
 // library in its own sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the tensor core
 // (Tensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc) find it here and
@@ -44,14 +44,14 @@ struct DevicePreferences {
 
 class DeviceBackend {
  public:
-  // `kernels` must have every entry of the op list (RegisterDeviceBackend checks).
+  // `kernels` must have every entry of the kernel list (RegisterDeviceBackend checks).
   DeviceBackend(DeviceType type, const KernelTable& kernels, DevicePreferences preferences);
   virtual ~DeviceBackend() = default;
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
 
   DeviceType type() const { return type_; }
-  // The device's implementation of the op list.
+  // The device's implementation of the kernel list.
   const KernelTable& kernels() const { return *kernels_.load(std::memory_order_acquire); }
   // Replaces the kernel table (copied; the old one stays valid for threads still reading it).
   // Tests install declining kernels this way.

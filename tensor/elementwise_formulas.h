@@ -1,4 +1,4 @@
-// The elementwise formulas of the op list (Binary, BinaryScalar, Unary, Compare of
+// The elementwise formulas of the kernel list (Binary, BinaryScalar, Unary, Compare of
 // tensor/kernel_list.inc) in the compute type C, defined once for every device: the CPU's kernels
 // (tensor/cpu/elementwise.cc) and CUDA's (tensor/cuda/elementwise.cu) both call these
 // (TG_HOST_DEVICE), so a formula cannot differ between them. The math functions come from `Math`,

@@ -1,4 +1,4 @@
-// A device's kernel table: one function pointer per entry of the op list (tensor/kernel_list.inc),
+// A device's kernel table: one function pointer per entry of the kernel list (tensor/kernel_list.inc),
 // each pointing at the device's function of the same name. It is part of the device's backend
 // (tensor/device_backend.h), which registers it; the ops (tensor/ops_*.cc) reach it through
 // KernelsFor without depending on the device:
@@ -26,7 +26,7 @@ namespace tg {
 // What a fused kernel did: ran, or declined the case (nothing written; the op composes it).
 enum class KernelStatus { kDone, kNoKernel };
 
-// One function pointer per entry of the op list.
+// One function pointer per entry of the kernel list.
 struct KernelTable {
 #define TG_KERNEL(ret, name, params) ret(*name) params = nullptr;
 #include "tensor/kernel_list.inc"

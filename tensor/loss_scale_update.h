@@ -1,6 +1,6 @@
 // The loss-scale state machine of mixed-precision training, written once: UpdateLossScale moves a
 // LossScaleState (the options and counters of an amp::LossScaler, one POD) by one optimizer step.
-// The host's amp::LossScaler::update runs it on its own state, and the op list's LossScaleStep
+// The host's amp::LossScaler::update runs it on its own state, and the kernel list's LossScaleStep
 // kernel (tensor/ops.h StepLossScale) runs it where the tensors live (on CUDA in one device
 // thread, on a copy kept in device memory), so the device scale follows the host's bit for bit
 // and updating it never waits for the GPU. It lives in tensor/, below both amp/ and tensor/cuda/.

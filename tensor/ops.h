@@ -1,4 +1,5 @@
-// The tensor op list: non-differentiable kernels, one dispatch point per op keyed by device.
+// The tensor ops: non-differentiable kernels, one dispatch point per op keyed by device (each op
+// named in the op list, tensor/op_list.inc; its kernels in the kernel list, tensor/kernel_list.inc).
 // CPU kernels live in tensor/cpu; the CUDA backend implements the same list. Every op validates
 // shapes, dtypes and devices first and throws tg::Error naming the op and the offending values.
 // Binary ops broadcast (numpy rules) and promote dtypes (PromoteTypes); f16/bf16 compute in f32
@@ -227,7 +228,7 @@ void WriteLossScale(const Tensor& state, const Tensor& scale, const Tensor& inv_
 
 // ---- Fused ops -------------------------------------------------------------------------------
 // Compositions of the ops above that a training step runs often enough to fuse, each an entry of
-// the op list (tensor/kernel_list.inc) that every device implements: on CUDA a few library calls
+// the kernel list (tensor/kernel_list.inc) that every device implements: on CUDA a few library calls
 // or kernels (cuBLASLt epilogues, cuDNN fused attention, one-pass loss and norm kernels), on the
 // CPU one-pass loops around the GEMM, computed in f32 (f64 for f64) and rounded once per output.
 // Where a device has no kernel for a case it declines, and the op runs the composition

@@ -1,6 +1,6 @@
-// The README's main job until real training lands: a small CPU forward pass through the tensor
-// library — a linear layer (matmul + bias), GELU, layer norm, softmax and cross-entropy — on
-// seeded random data, in f32 and in f16 (computed in f32, rounded like a GPU would).
+// A small CPU forward pass through the tensor library: a linear layer (matmul + bias), GELU,
+// layer norm, softmax and cross-entropy on seeded random data, in f32 and in f16 (computed in
+// f32, rounded like a GPU would).
 //
 //   bazel run //tools:demo
 #include <cmath>

@@ -129,7 +129,7 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
            ShapeToString(weight.shape()));
   TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), kOp,
            ": expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
-  // The op list's fused Linear on every device (a cuBLASLt product with the bias epilogue on
+  // The kernel list's fused Linear on every device (a cuBLASLt product with the bias epilogue on
   // CUDA, one GEMM plus one bias pass on the CPU): the sum rounds once to the dtype.
   return Linear(x, weight, bias, Activation::kNone);
 }

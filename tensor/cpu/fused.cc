@@ -1,4 +1,4 @@
-// The fused entries of the op list (tensor/kernel_list.inc) on the CPU that work row by row:
+// The fused entries of the kernel list (tensor/kernel_list.inc) on the CPU that work row by row:
 // the non-finite check + unscale, the layer-norm backward, add + layer norm and softmax +
 // cross-entropy. Linear is in fused_linear.cc and attention in fused_attention.cc. Each is one
 // pass per row in the compute type (f32 for f16/bf16/f32, f64 for f64) with each output rounded

@@ -1,4 +1,4 @@
-// The fused scaled dot-product attention kernels of the op list on the CPU, one (batch, head)
+// The fused scaled dot-product attention kernels of the kernel list on the CPU, one (batch, head)
 // at a time: the scores [Tq, Tk] of one head live in a scratch buffer (never a [B, H, Tq, Tk]
 // tensor), the softmax runs once per row together with the causal mask (only the unmasked
 // prefix of each row is read) and the log-sum-exp statistics, and OpenBLAS does the products

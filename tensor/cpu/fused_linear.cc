@@ -1,4 +1,4 @@
-// The fused Linear kernels of the op list on the CPU: LinearForward (GEMM + bias + tanh-GELU
+// The fused Linear kernels of the kernel list on the CPU: LinearForward (GEMM + bias + tanh-GELU
 // epilogue) and LinearBackward (GELU derivative + bias gradient in one pass, then the two
 // gradient GEMMs). The products go through gemm.h: f16/bf16 operands to oneDNN where it
 // multiplies them natively (f32 sums), else OpenBLAS (f32 for f16/bf16/f32, f64 for f64);

@@ -46,7 +46,7 @@ namespace tg::cuda {
 // multiplied in place by *inv_scale (read on the device; C = f32, or f64 for f64 tensors, as
 // the CPU op), and found_inf is set to 1 if any element was inf/NaN before scaling. found_inf
 // is never reset to 0 here, so it accumulates across calls (zero it once per step).
-// An entry of the op list (tensor/kernel_list.inc): always KernelStatus::kDone.
+// An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
 KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
                                       const Tensor& inv_scale);
 // The check alone (read-only): for low-precision gradients that FusedAdam unscales itself, so

@@ -1,4 +1,4 @@
-// The fused entries of the op list (tensor/kernel_list.inc) on CUDA that combine library calls:
+// The fused entries of the kernel list (tensor/kernel_list.inc) on CUDA that combine library calls:
 // Linear through cuBLASLt's epilogues, attention through cuDNN's fused kernel or the cuBLASLt
 // composition, softmax cross-entropy through its one-pass kernel. A case a library has no
 // kernel for is declined (KernelStatus::kNoKernel, nothing written): tensor/ops_*.cc then runs the

@@ -1,4 +1,4 @@
-// Fused CUDA kernels for transformer training that have no single-op equivalent in the op list
+// Fused CUDA kernels for transformer training that have no single-op equivalent in the kernel list
 // (tensor/ops.h): softmax cross-entropy with its gradient in one kernel, the layer-norm
 // backward, and a residual add followed by layer norm. Each is the composition of tg ops named
 // in its comment, computed in f32 for f16/bf16/f32 (f64 for f64) and rounded to the tensors'
@@ -57,7 +57,7 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
 // their memory. grad_x takes one kernel (one warp or block per row); grad_weight and grad_bias
 // are accumulated by that same kernel into per-warp/per-block f32 (f64) partial sums, which a
 // second kernel adds up in a fixed order: deterministic, no atomics.
-// An entry of the op list (tensor/kernel_list.inc): always KernelStatus::kDone.
+// An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
 KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
                                const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
                                const Tensor& mean, const Tensor& rstd, const Tensor& weight);
@@ -68,7 +68,7 @@ KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
 // ln_out are [rows, n] of one floating dtype; residual_out may be a or b (an in-place residual
 // stream update); mean and rstd are [rows] f32 (f64 for f64); weight and bias are [n] of that
 // dtype or undefined; eps >= 0.
-// An entry of the op list (tensor/kernel_list.inc): always KernelStatus::kDone.
+// An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
 KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
                           const Tensor& rstd, const Tensor& a, const Tensor& b,
                           const Tensor& weight, const Tensor& bias, double eps);

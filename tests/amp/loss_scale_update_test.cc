@@ -34,7 +34,7 @@ TEST(LossScaleUpdateTest, MatchesLossScalerUpdateForEveryPreset) {
   }
 }
 
-// The op list's LossScaleStep on the CPU (tg::StepLossScale on a state tensor): the same states,
+// The kernel list's LossScaleStep on the CPU (tg::StepLossScale on a state tensor): the same states,
 // and the scale / 1/scale outputs the facade uses.
 TEST(LossScaleUpdateTest, StepLossScaleOnATensorMatchesLossScalerUpdateForEveryPreset) {
   for (const ::tg::testing::ScalerCase& c : ::tg::testing::ScalerCases()) {

@@ -1,4 +1,4 @@
-// Views and in-place ops on them (README, "Views"): gradients, values, grad_fn names, version
+// Views and in-place ops on them (docs/semantics.md, "Views"): gradients, values, grad_fn names, version
 // counters, hook events and error texts printed by tests/autograd/views_reference.py
 // (torch 2.15) for the same float64 graphs. x = a * 1 plays PyTorch's a.clone() (a non-leaf
 // base whose history leads to the leaf a).

@@ -1,7 +1,7 @@
 // The CUDA kernels of mixed precision (tensor/cuda/amp_kernels.h) against the CPU code they
 // mirror: the loss-scale update of every LossScaler preset on the device (bit for bit; the same
 // cases on the host are loss_scale_update_test), the non-finite check + unscale (tensor/ops.h),
-// and the optimizer kernels of the op list on CUDA (tensor/cuda/optimizer_kernels.cu): FusedAdam
+// and the optimizer kernels of the kernel list on CUDA (tensor/cuda/optimizer_kernels.cu): FusedAdam
 // (optim::AdamW, fused path, and MixedPrecisionOptimizer's skip/backoff steps), and the global
 // grad norm with clipping (optim::clip_grad_norm). Tests that need a GPU skip without one; the
 // argument checks run everywhere.

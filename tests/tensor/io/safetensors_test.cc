@@ -806,7 +806,7 @@ TEST(SafetensorsTest, ReaderAppliesTheReferenceRules) {
 // still name the key. Linear time is what lets it run here: the duplicate check used to be
 // nlohmann's parser callback, quadratic in the tensor count (4.6x the time per doubling; 0.67 s
 // of CPU for 10k tensors on the development VM, over a minute for these); now the parse is one
-// SAX pass (README, "Reliability").
+// SAX pass (docs/reliability.md).
 std::string ManyTensorsHeader(int n, const std::string& last_entry) {
   std::string header = "{";
   for (int i = 0; i < n - 1; ++i) {
