@@ -54,6 +54,13 @@
 //   host<->device synchronisation of a step on a GPU is that found_inf read (skip reporting, the
 //   LR schedule's skip rule); clip_master_grads adds one read of the norm. Constant scalers need
 //   no mirrored state: the scale is a kernel argument.
+// - Options::skip_on_device (off by default) removes that read: the skip is decided on the
+//   device (optim::Optimizer::step(found_inf)), the scaler moves only there, the loss is scaled
+//   by the device scale, and loss_scale(), scaler(), skipped_steps(), state_dict() and
+//   StepResult::was_skipped()/used_scale() read the device when called (a sync each; the
+//   StepResult's skipped/scale fields are not filled). Same bits as the host-decided step. The
+//   one thing it cannot do is on_skip's clearing of the model .grad after a skipped step:
+//   zero_grad() before the next backward does it (as every training loop calls it).
 // - bf16 (and f32) models default to a constant scale of 1 and no skipping (check_non_finite
 //   off); f16 models default to PyTorch's dynamic scaler with skipping.
 #ifndef TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_

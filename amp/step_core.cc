@@ -25,6 +25,17 @@ StepCore::StepCore(const MixedPrecisionOptions& options, bool any_f16, Device de
         std::make_shared<LossScaler>(any_f16 ? LossScaler::PyTorch() : LossScaler::Constant(1));
   }
   check_non_finite_ = options.check_non_finite.value_or(any_f16 || scaler_->options().dynamic);
+  skip_on_device_ = options.skip_on_device;
+  if (skip_on_device_) {
+    TG_CHECK(options.update_scaler && scaler_->options().dynamic,
+             "MixedPrecisionOptions: skip_on_device needs a dynamic loss scaler that this "
+             "optimizer updates (update_scaler = true); got ",
+             scaler_->options().dynamic ? "update_scaler = false" : "a constant scaler");
+    TG_CHECK(check_non_finite_,
+             "MixedPrecisionOptions: skip_on_device decides the overflow skip on the device; "
+             "check_non_finite = false turns that skip off");
+    device_skipped_ = Tensor::Zeros({}, kF64, device_);
+  }
   found_inf_ = Tensor::Zeros({}, kF32, device_);
   // A dynamic scaler updated here also lives with the tensors; a shared scaler (update_scaler =
   // false) is updated by its owner on the host.
@@ -42,7 +53,29 @@ StepCore::ScalerCounters StepCore::HostCounters() const {
           scaler_->clean_streak(), scaler_->iteration()};
 }
 
-void StepCore::SyncDeviceScaler() {
+void StepCore::SyncHostScaler() const {
+  if (!host_behind_) return;
+  // load_state throws the device's recorded min-scale error (after loading that state).
+  host_behind_ = false;
+  ++host_reads_;
+  scaler_->load_state(ReadLossScaleState(scaler_state_));  // waits for the device
+  mirrored_ = HostCounters();
+}
+
+int64_t StepCore::skipped_steps() const {
+  if (device_skipped_.defined()) {
+    const double skipped = device_skipped_.item();  // waits for the device
+    ++host_reads_;
+    if (skipped != 0) {
+      skipped_steps_ += static_cast<int64_t>(skipped);
+      device_skipped_.zero_();
+    }
+  }
+  return skipped_steps_;
+}
+
+void StepCore::SyncDeviceScaler() const {
+  if (host_behind_) return;  // the device state is the newer one
   const ScalerCounters now = HostCounters();
   if (scaler_state_.defined() && now == mirrored_) return;
   // The host scaler changed outside Step (load_state_dict, or a caller's own update): upload it.
@@ -53,6 +86,12 @@ void StepCore::SyncDeviceScaler() {
 }
 
 Variable StepCore::Scale(const Variable& loss) const {
+  if (skip_on_device_) {
+    // The device scale, copied (a device copy): the next step writes scale_t_ in place, and the
+    // backward of this product reads it. The same f32 product as MulScalar with the host scale.
+    SyncDeviceScaler();
+    return Mul(Cast(loss, kF32), Variable(scale_t_.clone()));
+  }
   return MulScalar(Cast(loss, kF32), scaler_->scale());
 }
 
@@ -108,9 +147,42 @@ void StepCore::UpdateScaler(bool found_inf, double scale_used) {
   }
 }
 
+StepResult StepCore::StepOnDevice(const std::vector<MasterPiece>& pieces,
+                                  optim::Optimizer& optimizer,
+                                  const std::function<void()>& on_update) {
+  SyncDeviceScaler();  // a scaler changed on the host since the last step goes up first
+  StepResult result;
+  if (hooks_.reduce_found_inf) hooks_.reduce_found_inf(found_inf_);
+  // The step's outcome stays on the device: copies for the caller (no host wait).
+  result.device_found_inf = found_inf_.clone();
+  result.device_scale = scale_t_.clone();
+  for (const MasterPiece& p : pieces) {
+    p.master.set_grad(p.grad.defined() ? Variable(p.grad) : Variable());
+    if (p.model_copy.defined()) optimizer.set_model_copy(p.master, p.model_copy);
+  }
+  try {
+    optimizer.step(found_inf_);  // writes nothing where found_inf != 0
+  } catch (...) {
+    for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+    throw;
+  }
+  for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+  // Publishing unchanged masters after a skipped step is harmless (their values are what the
+  // model already holds); on_skip cannot run, as the host does not know: the owner's
+  // zero_grad() before the next backward clears the gradients either way.
+  if (on_update) on_update();
+  device_skipped_.copy_(Add(device_skipped_, found_inf_.to(kF64)));
+  TraceEvent("amp", "scaler update on the device (skip decided there)");
+  StepLossScale(scaler_state_, found_inf_, scale_t_, inv_scale_t_);
+  host_behind_ = true;
+  found_inf_.zero_();
+  return result;
+}
+
 StepResult StepCore::Step(const std::vector<MasterPiece>& pieces, optim::Optimizer& optimizer,
                           const std::function<void()>& on_skip,
                           const std::function<void()>& on_update) {
+  if (skip_on_device_) return StepOnDevice(pieces, optimizer, on_update);
   StepResult result;
   result.scale = scaler_->scale();
   bool found_inf = false;

@@ -44,11 +44,13 @@
 #ifndef TAPEGRAD_OPTIM_ADAM_H_
 #define TAPEGRAD_OPTIM_ADAM_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "tensor/optimizer_kernels.h"
 
 namespace tg::optim {
 
@@ -100,8 +102,13 @@ class Adam : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
+  bool DeviceStateToHost(std::map<std::string, Tensor>* device_state,
+                         StateDict* state) const override;
 
  private:
+  // step(found_inf): the step counts on the device (FusedAdamOptions::device_step).
+  void StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamOptions f);
+
   bool decoupled_;
 };
 

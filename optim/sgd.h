@@ -23,6 +23,7 @@
 #ifndef TAPEGRAD_OPTIM_SGD_H_
 #define TAPEGRAD_OPTIM_SGD_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,8 @@ class SGD : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
+  bool DeviceStateToHost(std::map<std::string, Tensor>* device_state,
+                         StateDict* state) const override;
 };
 
 }  // namespace tg::optim

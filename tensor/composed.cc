@@ -127,8 +127,7 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
   const Tensor mean_dxhat = Mean(dxhat, {1}, /*keepdim=*/true);
   const Tensor mean_dxhat_xhat = Mean(Mul(dxhat, xhat), {1}, /*keepdim=*/true);
   LayerNormGrads r;
-  r.grad_input =
-      Mul(rstd_c, Sub(Sub(dxhat, mean_dxhat), Mul(xhat, mean_dxhat_xhat))).to(x.dtype());
+  r.grad_input = Mul(rstd_c, Sub(Sub(dxhat, mean_dxhat), Mul(xhat, mean_dxhat_xhat))).to(x.dtype());
   if (need_weight_bias) {
     r.grad_weight = Sum(Mul(go, xhat), {0}).to(x.dtype());
     r.grad_bias = Sum(go, {0}).to(x.dtype());
@@ -165,8 +164,8 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
 
 void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
   if (o.found_inf.defined() && o.found_inf.item() != 0) return;
-  const double step = o.device_step.defined() ? o.device_step.item() + 1
-                                              : static_cast<double>(o.step);
+  const double step =
+      o.device_step.defined() ? o.device_step.item() + 1 : static_cast<double>(o.step);
   const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
@@ -197,6 +196,16 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
 }
 
 void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
+  if (lists.params.empty()) return;
+  // found_inf and momentum_buffers_valid are read where they live: each decision is a Where on
+  // the device (no host wait), selecting between values computed as the host-decided form
+  // computes them, so both forms give the same bits.
+  const Device device = lists.params[0].device();
+  Tensor skip, init;  // bool 0-d, or undefined: decided on the host
+  if (o.found_inf.defined()) skip = Ne(o.found_inf, Tensor::Zeros({}, kF32, device));
+  if (o.momentum_buffers_valid.defined()) {
+    init = Eq(o.momentum_buffers_valid, Tensor::Zeros({}, kF32, device));
+  }
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
     const DType cd = ComputeDType(param.dtype());
@@ -205,14 +214,25 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
     if (o.weight_decay != 0) g = Add(g, MulScalar(p, o.weight_decay));
     if (o.momentum != 0) {
       const Tensor& buf = lists.momentum_buffers[i];
-      if (o.init_momentum_buffers) {
-        buf.copy_(g);
+      Tensor b;
+      if (init.defined()) {
+        b = Where(init, g, Add(MulScalar(buf, o.momentum), MulScalar(g, 1 - o.dampening)));
+      } else if (o.init_momentum_buffers) {
+        b = g;
       } else {
-        buf.copy_(Add(MulScalar(buf, o.momentum), MulScalar(g, 1 - o.dampening)));
+        b = Add(MulScalar(buf, o.momentum), MulScalar(g, 1 - o.dampening));
       }
-      g = o.nesterov ? Add(g, MulScalar(buf, o.momentum)) : buf;
+      g = o.nesterov ? Add(g, MulScalar(b, o.momentum)) : b;
+      buf.copy_(skip.defined() ? Where(skip, buf, b) : b);
     }
-    param.copy_(Sub(p, MulScalar(g, o.lr)));
+    const Tensor updated = Sub(p, MulScalar(g, o.lr));
+    // Where(skip, param, updated) holds param's own value exactly (widened, then rounded back).
+    param.copy_(skip.defined() ? Where(skip, param, updated) : updated);
+  }
+  if (o.momentum_buffers_valid.defined()) {
+    const Tensor one = Tensor::Ones({}, kF32, device);
+    o.momentum_buffers_valid.copy_(skip.defined() ? Where(skip, o.momentum_buffers_valid, one)
+                                                  : one);
   }
 }
 

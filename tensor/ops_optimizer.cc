@@ -131,6 +131,10 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
     CheckParamList(op, "momentum_buffers", lists.momentum_buffers, params, device, false);
     CheckStateDTypes(op, "momentum_buffers", lists.momentum_buffers, params);
   }
+  TG_CHECK(!o.momentum_buffers_valid.defined() || (o.momentum != 0 && !o.init_momentum_buffers), op,
+           ": momentum_buffers_valid needs momentum != 0 and init_momentum_buffers false");
+  CheckOptionalScalar(op, "momentum_buffers_valid", o.momentum_buffers_valid, device, kF32);
+  CheckOptionalScalar(op, "found_inf", o.found_inf, device, kF32);
   if (Declined(KernelsFor(device).FusedSgd(lists, o))) composed::FusedSgd(lists, o);
 }
 

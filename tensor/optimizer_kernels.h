@@ -113,6 +113,15 @@ struct FusedSgdOptions {
   // The buffers hold no value yet (a parameter's first step with momentum): each is set to its
   // gradient (after weight decay) instead of buf * momentum + g * (1 - dampening).
   bool init_momentum_buffers = false;
+  // 0-d f32 on the params' device, or undefined: whether the buffers hold a value, decided where
+  // it lives (no host wait): 0 acts as init_momentum_buffers, and the update sets it to 1 unless
+  // it was skipped. With it, a first step that is skipped on the device leaves the buffers
+  // without a value, and the next one still initialises them (optim::SGD's step(found_inf)).
+  // Only with momentum != 0 and init_momentum_buffers false.
+  Tensor momentum_buffers_valid;
+  // 0-d f32 on the params' device, or undefined: when it is != 0 nothing is written (neither the
+  // parameters, nor the buffers, nor momentum_buffers_valid).
+  Tensor found_inf;
 };
 
 }  // namespace tg

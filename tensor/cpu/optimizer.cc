@@ -95,7 +95,7 @@ void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const AdamScalar
   ParallelFor(n, kElementsPerThread, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float> && std::is_same_v<G, float> && !kAmsgrad) {
       // All f32: the same operations on whole vectors (vec_math.h, chosen for this CPU).
-      const AdamF32Scalars vs{static_cast<int>(kDecay == WeightDecay::kL2           ? 1
+      const AdamF32Scalars vs{static_cast<int>(kDecay == WeightDecay::kL2          ? 1
                                                : kDecay == WeightDecay::kDecoupled ? 2
                                                                                    : 0),
                               s.weight_decay,
@@ -167,8 +167,8 @@ void CheckContiguousState(const char* op, const Tensor& t) {
 KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
   const char* op = "FusedAdam";
   if (o.found_inf.defined() && o.found_inf.item() != 0) return KernelStatus::kDone;
-  const double step = o.device_step.defined() ? o.device_step.item() + 1
-                                              : static_cast<double>(o.step);
+  const double step =
+      o.device_step.defined() ? o.device_step.item() + 1 : static_cast<double>(o.step);
   const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
@@ -223,6 +223,11 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
 
 KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   const char* op = "FusedSgd";
+  // The CPU reads its flags where they live (its memory): no wait.
+  if (o.found_inf.defined() && o.found_inf.item() != 0) return KernelStatus::kDone;
+  const bool init_buffers = o.momentum_buffers_valid.defined()
+                                ? o.momentum_buffers_valid.item() == 0
+                                : o.init_momentum_buffers;
   for (size_t i = 0; i < lists.params.size(); ++i) {
     const Tensor& param = lists.params[i];
     if (param.numel() == 0) continue;
@@ -247,7 +252,7 @@ KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
           SgdLoop<T, G, C, kWd, false, false, false>(p, g, b, n, lr, wd, mom, omd);
           return;
         }
-        WithFlag(o.init_momentum_buffers, [&](auto init) {
+        WithFlag(init_buffers, [&](auto init) {
           WithFlag(o.nesterov, [&](auto nesterov) {
             SgdLoop<T, G, C, kWd, true, decltype(init)::value, decltype(nesterov)::value>(
                 p, g, b, n, lr, wd, mom, omd);
@@ -257,6 +262,7 @@ KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
     });
     f.WriteBack(param);
   }
+  if (o.momentum_buffers_valid.defined()) o.momentum_buffers_valid.fill_(1);
   return KernelStatus::kDone;
 }
 
@@ -279,8 +285,7 @@ NormPartial SumChunk(const T* x, int64_t n, Term term) {
     for (int l = 0; l < 8; ++l) acc[l] += term(Convert<double>(x[k + l]));
   }
   for (int l = 0; k < n; ++k, ++l) acc[l] += term(Convert<double>(x[k]));
-  return {((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])),
-          false};
+  return {((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])), false};
 }
 
 template <typename T>

@@ -14,7 +14,8 @@
 //   double pow is not correctly rounded (2 ulp documented; glibc's is within 1), so step_size and
 //   sqrt(1 - beta2^t) equal the host's f32 scalars unless a double lands within those few ulps of
 //   an f32 rounding boundary (about one case in 2^27), and then differ by 1 f32 ulp.
-// - FusedSgd: no kernel (declines every case; the composed ops run on the device).
+// - FusedSgd: no kernel (declines every case; the composed ops run on the device and decide
+//   found_inf and momentum_buffers_valid there with Where: no host wait).
 // - GlobalGradNorm: the 2-norm (squares summed in f64 per thread, block and final reduction,
 //   then the square root) and the inf norm (exact) of contiguous tensors; other norm types and
 //   strided tensors are declined. The 2-norm's summation order differs from the CPU's list order,

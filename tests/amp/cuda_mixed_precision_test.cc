@@ -473,6 +473,38 @@ TEST(CudaMixedPrecisionTest, HostWaitsPerStepAreStepCoresHostReads) {
         << DTypeName(dtype);
     EXPECT_EQ(opt.step_core().host_reads() - reads, dtype == kF16 ? 4 : 1) << DTypeName(dtype);
   }
+  // skip_on_device: f16 steps (one of them overflowing) wait for nothing -- no found_inf read,
+  // the scale moved and the skip decided on the device -- under AdamW (the fused kernel with
+  // device_step and found_inf) and SGD with momentum (the composed ops, decided with Where);
+  // the host waits only when it asks (the scale, one read).
+  for (const Opt which : {Opt::kAdamW, Opt::kSgd}) {
+    Model m(kF16, 1, kGpu);
+    MixedPrecisionOptimizer::Options o;
+    o.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024));  // O(1) grads: no overflow
+    o.skip_on_device = true;
+    MixedPrecisionOptimizer opt(MakeOptimizer(which, m), o);
+    std::vector<Variable> inputs;
+    for (int step = 0; step < 4; ++step) inputs.push_back(Inputs(kF16, 100 * step, kGpu));
+    auto run = [&](int step) {
+      opt.zero_grad();
+      Variable loss = Loss(m.Forward(inputs[step]));
+      if (step == 2) loss = MulScalar(loss, 1e8);  // overflows: skipped on the device
+      opt.backward(loss);
+      return opt.step();
+    };
+    run(0);  // the first step creates the optimizer state
+    cuda::Synchronize();
+    const int64_t syncs = cuda::HostSyncCount();
+    std::vector<StepResult> results;
+    for (int step = 1; step < 4; ++step) results.push_back(run(step));
+    EXPECT_EQ(cuda::HostSyncCount() - syncs, 0);
+    EXPECT_EQ(opt.step_core().host_reads(), 0);
+    EXPECT_FALSE(results[0].was_skipped());
+    EXPECT_TRUE(results[1].was_skipped());
+    EXPECT_FALSE(results[2].was_skipped());
+    EXPECT_EQ(opt.skipped_steps(), 1);
+    EXPECT_EQ(opt.loss_scale(), 512.0);
+  }
 }
 
 }  // namespace

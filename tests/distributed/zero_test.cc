@@ -112,6 +112,7 @@ struct Config {
   bool two_groups = false;      // MakeGroupedAdamW
   bool sgd = false;             // plain SGD (linear in the gradient: a clip difference shows)
   bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
+  bool skip_on_device = false;  // amp::MixedPrecisionOptions::skip_on_device (the zero-wait step)
 };
 
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
@@ -166,6 +167,7 @@ amp::MixedPrecisionOptions MixedOptions(const Config& c) {
   if (c.init_scale > 0) {
     o.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch(c.init_scale));
   }
+  o.skip_on_device = c.skip_on_device;
   return o;
 }
 
@@ -214,9 +216,9 @@ Outcome TrainZero(const std::shared_ptr<ProcessGroup>& pg, const Config& c) {
   }
   inject.remove();
   out.params = Concat(opt.full_parameters());
+  out.host_reads = opt.step_core().host_reads();  // before the reads asked for below
   out.skipped = opt.skipped_steps();
   out.scale = opt.loss_scale();
-  out.host_reads = opt.step_core().host_reads();
   out.masters = Masters(opt.state_dict(), static_cast<int64_t>(opt.model_params().size()));
   return out;
 }
@@ -244,9 +246,9 @@ Outcome TrainReference(int world, const Config& c) {
   }
   inject.remove();
   out.params = Concat(opt.model_params());
+  out.host_reads = opt.step_core().host_reads();  // before the reads asked for below
   out.skipped = opt.skipped_steps();
   out.scale = opt.loss_scale();
-  out.host_reads = opt.step_core().host_reads();
   out.masters = Masters(opt.state_dict(), static_cast<int64_t>(opt.model_params().size()));
   return out;
 }
@@ -450,6 +452,37 @@ TEST(ZeroTest, OneRankRunsTheSingleProcessStepCore) {
       EXPECT_EQ(zero.host_reads, 2 * c.steps) << "stage " << stage;
       EXPECT_EQ(ref.host_reads, 2 * c.steps);
       EXPECT_GT(MaxAbsDiff(ref.params, MakeMlpParams(c.dtype)), 1e-3);  // not vacuous
+    });
+    ExpectAllSucceeded(results);
+  }
+}
+
+// The zero-wait step (skip_on_device) under ZeroOptimizer: the rank's found_inf is all-reduced on
+// the device and handed to the optimizer, so a step reads nothing back but the clip's norm (one
+// host read per step instead of two), and the run is the host-decided single-process run bit for
+// bit: the skipped step, the scale, the f16 parameters and the f32 masters.
+TEST(ZeroTest, SkipOnDeviceReadsOnlyTheNormAndMatchesTheHostDecidedRun) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    auto results = RunRanks(1, [&](const Rank&) {
+      auto pg = testing::JoinDefaultGroup();
+      Config c;
+      c.stage = stage;
+      c.dtype = kF16;
+      c.steps = 8;
+      c.init_scale = 1024;
+      c.inf_step = 3;
+      c.clip = 0.05;
+      c.sgd = true;
+      const Outcome ref = TrainReference(1, c);
+      c.skip_on_device = true;
+      const Outcome zero = TrainZero(pg, c);
+      EXPECT_EQ(ref.skipped, 1);
+      EXPECT_EQ(zero.skipped, ref.skipped) << "stage " << stage;
+      EXPECT_EQ(zero.scale, ref.scale) << "stage " << stage;
+      EXPECT_EQ(MaxAbsDiff(zero.params, ref.params), 0.0) << "stage " << stage;
+      EXPECT_EQ(zero.masters, ref.masters) << "stage " << stage;  // f32, bit for bit
+      EXPECT_EQ(zero.host_reads, c.steps) << "stage " << stage;   // the norms only
+      EXPECT_EQ(ref.host_reads, 2 * c.steps);
     });
     ExpectAllSucceeded(results);
   }

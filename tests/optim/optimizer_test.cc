@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "optim/adam.h"
@@ -496,6 +498,101 @@ TEST(OptimizerTest, LoadedStateIsACopy) {
   EXPECT_NE(b.opt->param_state(b.params[0])->tensor("exp_avg").to_vector<float>()[0], 42);
   EXPECT_TRUE(b.opt->has_state());
   EXPECT_EQ(b.opt->param_state(b.params[1]), nullptr);
+}
+
+}  // namespace
+}  // namespace tg::optim
+
+namespace tg::optim {
+namespace {
+
+std::vector<float> Floats(const Tensor& t) { return t.to_vector<float>(); }
+
+Tensor Flag(float v) { return Tensor::Full({}, v, kF32); }
+
+// step(found_inf) with found_inf != 0 writes nothing: not the parameters, not Adam's moments or
+// its step count (the next bias correction is that of step 2), not SGD's momentum; a first step
+// that is skipped leaves no state, and the next one initialises it as a first step. Each
+// optimizer is compared with a twin stepped by step() on the same gradients without the skipped
+// ones, bit for bit, on both paths (fused and composed).
+TEST(OptimizerTest, StepWithFoundInfSkipsOnTheDeviceAndKeepsCountsAndMomentum) {
+  for (const bool fused : {true, false}) {
+    for (int kind = 0; kind < 3; ++kind) {  // Adam, AdamW (amsgrad), SGD (momentum, dampening)
+      auto make = [&](const Variable& p) -> std::unique_ptr<Optimizer> {
+        if (kind == 2) {
+          SGDOptions o;
+          o.lr = 0.1;
+          o.momentum = 0.9;
+          o.dampening = 0.25;
+          o.fused = fused;
+          return std::make_unique<SGD>(std::vector<Variable>{p}, o);
+        }
+        AdamWOptions o;
+        o.lr = 0.01;
+        o.weight_decay = kind == 1 ? 0.1 : 0;
+        o.amsgrad = kind == 1;
+        o.fused = fused;
+        if (kind == 0) return std::make_unique<Adam>(std::vector<Variable>{p}, o);
+        return std::make_unique<AdamW>(std::vector<Variable>{p}, o);
+      };
+      const std::string what = "kind " + std::to_string(kind) + " fused " + std::to_string(fused);
+      Variable p(Tensor::FromVector<float>({0.5f, -1.25f, 2.0f}, {3}), true);
+      Variable q(p.data().clone(), true);
+      std::unique_ptr<Optimizer> opt = make(p), ref = make(q);
+      const std::vector<std::vector<float>> grads = {
+          {1.0f, 2.0f, -3.0f}, {0.5f, -0.5f, 0.25f}, {-2.0f, 1.0f, 4.0f}, {3.0f, 0.0f, -1.0f}};
+      const std::vector<bool> skip = {true, false, true, false};
+      for (size_t s = 0; s < grads.size(); ++s) {
+        const Tensor g = Tensor::FromVector<float>(grads[s], {3});
+        const std::vector<float> before = Floats(p.data());
+        const StateDict* st = opt->param_state(p);
+        const StateDict state_before = st == nullptr ? StateDict() : *st;
+        p.set_grad(Variable(g.clone()));
+        opt->step(Flag(skip[s] ? 1.0f : 0.0f));
+        if (skip[s]) {
+          EXPECT_EQ(Floats(p.data()), before) << what << " step " << s;
+          const StateDict* after = opt->param_state(p);
+          if (state_before.tensors.empty()) {
+            EXPECT_EQ(after, nullptr) << what << ": a skipped first step leaves no state";
+          } else {
+            ASSERT_NE(after, nullptr);
+            EXPECT_EQ(after->scalars, state_before.scalars) << what;  // Adam's "step"
+            for (const auto& [key, t] : state_before.tensors) {
+              EXPECT_EQ(Floats(after->tensors.at(key)), Floats(t)) << what << " " << key;
+            }
+          }
+          continue;
+        }
+        q.set_grad(Variable(g.clone()));
+        ref->step();
+        EXPECT_EQ(Floats(p.data()), Floats(q.data())) << what << " step " << s;
+      }
+      const StateDict a = opt->state_dict(), b = ref->state_dict();
+      EXPECT_EQ(a.scalars, b.scalars) << what;  // "state.0.step" 2 for Adam
+      ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;
+      for (const auto& [key, t] : b.tensors) {
+        if (t.dtype() != kF32) continue;  // the params index list
+        EXPECT_EQ(Floats(a.tensors.at(key)), Floats(t)) << what << " " << key;
+      }
+      if (kind != 2) {
+        EXPECT_EQ(a.scalars.at("state.0.step"), 2) << what;
+      }
+    }
+  }
+}
+
+// The host-decided step continues from the counters the device kept, and found_inf is checked.
+TEST(OptimizerTest, StepWithFoundInfThenStepContinuesTheCountAndChecksFoundInf) {
+  Variable p(Tensor::FromVector<float>({1.0f, 2.0f}, {2}), true);
+  Adam opt({p});
+  p.set_grad(Variable(Tensor::FromVector<float>({1.0f, 1.0f}, {2})));
+  opt.step(Flag(0));
+  opt.step(Flag(1));
+  opt.step();  // step 2
+  EXPECT_EQ(opt.param_state(p)->scalar("step"), 2);
+  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.step(Tensor::Zeros({}, kF64)); },
+                                 "Adam.step: found_inf must be a one-element f32 tensor, got "
+                                 "f64 []"));
 }
 
 }  // namespace
