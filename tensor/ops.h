@@ -335,11 +335,12 @@ CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targ
 
 // ---- Optimizer multi-tensor ops (tensor/optimizer_kernels.h) ----
 // One pass per parameter over a list of the parameters of one device, with the arithmetic,
-// rounding and order of the op list's contracts (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// rounding and order of the kernel list's contracts (tensor/kernel_list.inc: FusedAdam, FusedSgd,
 // GlobalGradNorm, ClipByNorm); where the device's kernel declines a case (CUDA: L2 decay, f64 or
 // f16/bf16 parameters without f32 masters, SGD, strided tensors) the composed form
-// (tensor/composed.h) runs instead, bit-identical, reading inv_scale, found_inf and device_step on
-// the host. Each throws tg::Error naming the op for lists of different lengths, tensors on
+// (tensor/composed.h) runs instead, bit-identical: Adam's reads inv_scale, found_inf and
+// device_step on the host; SGD's decides found_inf and momentum_buffers_valid on the device
+// (Where), so it waits for nothing. Each throws tg::Error naming the op for lists of different lengths, tensors on
 // different devices, mismatched shapes, non-floating or wrong state dtypes, or invalid options.
 
 // Adam / AdamW over every parameter of `lists` (an empty list does nothing).

@@ -1,4 +1,4 @@
-// The arguments of the optimizer entries of the op list (tensor/kernel_list.inc: FusedAdam,
+// The arguments of the optimizer entries of the kernel list (tensor/kernel_list.inc: FusedAdam,
 // FusedSgd): the tensor lists of one param group on one device and the update's options. The ops
 // of tensor/ops.h (tg::FusedAdam, tg::FusedSgd) validate them and reach the device's kernel;
 // optim/ fills them from its state:

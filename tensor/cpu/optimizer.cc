@@ -1,6 +1,6 @@
-// The optimizer entries of the op list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// The optimizer entries of the kernel list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
 // GlobalGradNorm, ClipByNorm) on the CPU: one pass over each parameter's memory, the update's
-// operations in the op list's order on one element at a time. Every case is handled (kDone).
+// operations in the kernel list's order on one element at a time. Every case is handled (kDone).
 // Built with -ffp-contract=off (BUILD): no a*b+c may become an FMA, so the loops round exactly
 // like the composed forms.
 #include <algorithm>

@@ -4,7 +4,7 @@
 // (multi_tensor.cuh); none of them synchronises the host. The decisions that depend on values
 // (found_inf, the scale) are read on the device, so a training step never waits for the GPU.
 // The optimizer's kernels (Adam with f32 masters, the global grad norm, clipping) are entries of
-// the op list, in tensor/cuda/optimizer_kernels.cu, reached through tensor/ops.h:
+// the kernel list, in tensor/cuda/optimizer_kernels.cu, reached through tensor/ops.h:
 //
 //   // Once: the scaler's state on the device; scale / inv_scale as 0-d f32 device tensors.
 //   Tensor state = tg::cuda::UploadScalerState(scaler.state(), dev);

@@ -1,4 +1,4 @@
-// The optimizer entries of the op list on CUDA (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// The optimizer entries of the kernel list on CUDA (tensor/kernel_list.inc: FusedAdam, FusedSgd,
 // GlobalGradNorm, ClipByNorm; declared in tensor/cuda/kernels.h), as multi-tensor kernels
 // (multi_tensor.cuh): each takes the whole list and does its work in one launch (or a few, for
 // very long lists) over 64K-element chunks, without synchronising the host; the values the
@@ -9,7 +9,7 @@
 //   are written in the same pass) with f32/f16/bf16 gradients, no or decoupled weight decay, all
 //   tensors contiguous; declines (kNoKernel) L2 decay, f64 and f16/bf16 parameters and strided
 //   tensors. Each arithmetic step is one correctly rounded IEEE operation (__fmul_rn, __fadd_rn,
-//   __fdiv_rn, __fsqrt_rn) in the op list's order, so the result equals the CPU kernel bit for
+//   __fdiv_rn, __fsqrt_rn) in the kernel list's order, so the result equals the CPU kernel bit for
 //   bit. With device_step, the bias corrections are computed on the device in double; CUDA's
 //   double pow is not correctly rounded (2 ulp documented; glibc's is within 1), so step_size and
 //   sqrt(1 - beta2^t) equal the host's f32 scalars unless a double lands within those few ulps of

@@ -4,7 +4,7 @@
 // overflowing micro-batch, bf16 without scaling) must skip the same steps with the same scales,
 // keep the device scaler equal to the host's after every step, and leave parameters within a
 // tolerance of the CPU run's (the forward's matmuls round differently on the two devices). Also:
-// optim::AdamW on f32 CUDA parameters (the op list's FusedAdam kernel) is bit-identical to the
+// optim::AdamW on f32 CUDA parameters (the kernel list's FusedAdam kernel) is bit-identical to the
 // CPU for the same gradients, SGD and clip_grad_norm agree, and a state_dict saved on CUDA resumes
 // on either device. Every test skips without a GPU.
 #include <gtest/gtest.h>

@@ -556,7 +556,7 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
 }
 
 // The device-side protocol of tests/tensor/cuda/amp_kernels_test's
-// OverflowSkipBackoffMatchesMixedPrecision- Optimizer, here with the op list on the CPU: per step a
+// OverflowSkipBackoffMatchesMixedPrecision- Optimizer, here with the kernel list on the CPU: per step a
 // zero_grad, scaled f16/bf16/f32 gradients, found_inf from them, one tg::FusedAdam that unscales
 // (inv_scale), skips (found_inf) and counts its steps (device_step), and tg::StepLossScale; against
 // MixedPrecisionOptimizer(AdamW) bit for bit after every step. (Without the zero_grad the

@@ -1,4 +1,4 @@
-// The optimizer entries of the op list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
+// The optimizer entries of the kernel list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
 // GlobalGradNorm, ClipByNorm) on the CPU: the kernels are reached through the CPU's kernel table
 // and agree bit for bit with the composed forms (tensor/composed.h); a declined case (a kernel
 // table whose entry returns kNoKernel, installed for the test) runs the composed form and gives
