@@ -2,9 +2,9 @@
 
     load("//tools/bazel:cuda.bzl", "cuda_library")
     cuda_library(
-        name = "axpy_kernel",
-        srcs = ["axpy.cu"],
-        hdrs = ["axpy.h"],
+        name = "elementwise",
+        srcs = ["elementwise.cu"],
+        hdrs = ["kernels.h"],
         deps = ["//tensor:core"],   # include paths and headers of cc deps reach nvcc
     )
 
