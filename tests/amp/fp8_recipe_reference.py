@@ -19,7 +19,7 @@ Regenerate the tables of fp8_recipe_test.cc (kDelayedCases, kCurrentCases) with
 
     python3 tests/amp/fp8_recipe_reference.py
 
-and paste its output over the block between "BEGIN GENERATED" and "END GENERATED".
+and paste its output over the block between "BEGIN GENERATED" and "END GENERATED" (inside clang-format off/on).
 Values are printed as C++ hex-float literals (exact); kInf / kNaN name the non-finite ones.
 """
 
