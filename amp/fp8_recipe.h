@@ -36,8 +36,11 @@
 //     torchao (float8_utils.amax_to_scale) differs: it clamps the amax at EPS = 1e-12 and
 //     divides in f64 (then rounds to f32), so an amax of 0 gives fp8_max * 1e12 (TE: 1), an inf
 //     amax gives 0 (TE: 1), a NaN amax gives NaN (TE: 1); its power-of-two rounding is
-//     exp2(floor(log2(scale))). We follow TE; TE's amax_epsilon = 1e-12 reproduces torchao's
-//     clamp for finite non-zero amaxes (f32 division of f32 operands rounds as f64-then-f32).
+//     exp2(floor(log2(scale))) (the same as clearing the mantissa for normal scales). We follow
+//     TE. For a finite amax above 1e-12 both give the same f32 scale (an f64 quotient of f32
+//     operands rounded to f32 is the f32 quotient); amax_epsilon = 1e-12f approximates torchao's
+//     clamp below that (1e-12f is not the double 1e-12, so the clamped scale differs in the last
+//     bits).
 //
 //   Block scaling (TE Float8BlockScaling, DeepSeek-V3's fine-grained rule): one scale per tile of
 //     a 2-D tensor, tiles of 1x128 (activations and gradients: TE's x/grad_block_scaling_dim 1)
