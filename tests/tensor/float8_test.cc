@@ -7,6 +7,7 @@
 // are sampled against a double-precision nearbyint() rounding written here.
 #include "tensor/float8.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
