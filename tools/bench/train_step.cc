@@ -8,8 +8,14 @@
 //   bazel run -c opt //tools/bench:train_step -- --steps=20     # steps timed per configuration
 //
 // With --pytorch_json=FILE (JSON lines from tools/bench/train_step_pytorch.py: the same models,
-// batches, optimizer and step), each row also shows PyTorch eager's ms/step at this run's thread
-// count (OMP_NUM_THREADS) and the ratio tapegrad / PyTorch (below 1: tapegrad is faster).
+// batches, optimizer and step), each row also shows PyTorch's FASTEST variant at this run's thread
+// count (OMP_NUM_THREADS) -- eager, eager_composed_attention or compile, whichever lines the file
+// has -- with its name, the ratio tapegrad / that variant (below 1: tapegrad is faster), and every
+// variant's ms/step in brackets when there is more than one:
+//   ...   PyTorch best     9.87 ms/step (compile)  ratio 0.81  [eager=12.30 compile=9.87]
+// A line without "variant" (files from before variants) counts as "eager". Comparing with the
+// fastest is the fair baseline: which PyTorch variant wins depends on the CPU and the dtype (the
+// bf16 SDPA kernel on a CPU without AMX is slower than the same attention from plain ops).
 // tools/bench/compare_pytorch.sh runs both, interleaved, at 1 and 2 threads.
 //
 // The inputs are random (same shapes and cost as the real data); the step median is reported.
@@ -47,8 +53,8 @@ ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cn
 ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
           "precisions to time; f32 is the reference of the 'vs f32' column when timed");
 ABSL_FLAG(std::string, pytorch_json, "",
-          "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's ms/step at this "
-          "thread count and the ratio to each row");
+          "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's fastest variant's "
+          "ms/step at this thread count (and its name) and the ratio to each row");
 
 namespace tg {
 namespace {
@@ -107,39 +113,58 @@ Result Measure(nn::Module& model, DType dtype, int steps, int64_t items_per_step
   return r;
 }
 
-// PyTorch's ms/step by "model/dtype" at `threads` threads, from train_step_pytorch.py's lines.
-std::map<std::string, double> ReadPyTorchJson(const std::string& path, int threads) {
+// PyTorch's ms/step by variant, for one "model/dtype" row.
+using PyTorchRow = std::map<std::string, double>;
+
+// PyTorch's ms/step by "model/dtype" and variant at `threads` threads, from
+// train_step_pytorch.py's lines; a line without "variant" is "eager", and a repeated
+// (row, variant) keeps the last line.
+std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int threads) {
   std::ifstream in(path);
   if (!in) {
     std::fprintf(stderr, "train_step: cannot read --pytorch_json=%s\n", path.c_str());
     std::exit(1);
   }
-  std::map<std::string, double> ms;
+  std::map<std::string, PyTorchRow> ms;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("model") || !j.contains("dtype") ||
-        !j.contains("threads") || !j.contains("ms_per_step") || !j["ms_per_step"].is_number()) {
+    if (!j.is_object() || !j.contains("model") || !j.contains("dtype") || !j.contains("threads") ||
+        !j.contains("ms_per_step") || !j["ms_per_step"].is_number() ||
+        (j.contains("variant") && !j["variant"].is_string())) {
       std::fprintf(stderr, "train_step: %s line %d is not a train_step_pytorch.py record\n",
                    path.c_str(), number);
       std::exit(1);
     }
     if (j["threads"].get<int>() != threads) continue;
-    ms[j["model"].get<std::string>() + "/" + j["dtype"].get<std::string>()] =
+    const std::string variant = j.contains("variant") ? j["variant"].get<std::string>() : "eager";
+    ms[j["model"].get<std::string>() + "/" + j["dtype"].get<std::string>()][variant] =
         j["ms_per_step"].get<double>();
   }
   return ms;
 }
 
 void Row(const char* model, DType dtype, const Result& r, const Result& f32, const char* unit,
-         const std::map<std::string, double>& pytorch) {
+         const std::map<std::string, PyTorchRow>& pytorch) {
   std::printf("%-5s %-5s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)",
               model, DTypeName(dtype), r.ms_per_step, r.items_per_second, unit,
               f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops);
   const auto it = pytorch.find(std::string(model) + "/" + DTypeName(dtype));
-  if (it != pytorch.end()) {
-    std::printf("   PyTorch %8.2f ms/step  ratio %.2f", it->second, r.ms_per_step / it->second);
+  if (it != pytorch.end() && !it->second.empty()) {
+    const auto best =
+        std::min_element(it->second.begin(), it->second.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    std::printf("   PyTorch best %8.2f ms/step (%s)  ratio %.2f", best->second, best->first.c_str(),
+                r.ms_per_step / best->second);
+    if (it->second.size() > 1) {
+      const char* sep = "  [";
+      for (const auto& [variant, ms] : it->second) {
+        std::printf("%s%s=%.2f", sep, variant.c_str(), ms);
+        sep = " ";
+      }
+      std::printf("]");
+    }
   }
   std::printf("\n");
 }
@@ -159,7 +184,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::map<std::string, double> pytorch;
+  std::map<std::string, PyTorchRow> pytorch;
   if (!absl::GetFlag(FLAGS_pytorch_json).empty()) {
     pytorch = ReadPyTorchJson(absl::GetFlag(FLAGS_pytorch_json), threads);
     if (pytorch.empty()) {

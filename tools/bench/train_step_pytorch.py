@@ -1,9 +1,24 @@
 #!/usr/bin/env python3
-"""PyTorch eager baseline of tools/bench/train_step.cc: the same models, batches, optimizer and
-thread settings, timed the same way (median of N steps after 3 warm-up steps).
+"""PyTorch baselines of tools/bench/train_step.cc: the same models, batches, optimizer and
+thread settings, timed the same way (median of N steps after 3 warm-up steps), in each of
+PyTorch's usual ways to run them, so that tapegrad is compared with PyTorch's fastest.
 
-Writes one JSON line per (model, dtype, threads) that `train_step --pytorch_json=FILE` reads:
-  {"model": "gpt", "dtype": "bf16", "threads": 2, "ms_per_step": 12.3, "torch": "2.15.0"}
+Writes one JSON line per (model, dtype, threads, variant) that `train_step --pytorch_json=FILE`
+reads; train_step takes the fastest variant of each row:
+  {"model": "gpt", "dtype": "bf16", "threads": 2, "variant": "compile", "ms_per_step": 12.3,
+   "torch": "2.15.0"}
+A line without "variant" (files from before variants) is "eager".
+
+Variants (--variants, default all three; `--no-compile` drops compile, which takes a while):
+  eager     today's models as written: the GPT's attention is F.scaled_dot_product_attention.
+  composed  the GPT only ("eager_composed_attention"): attention composed from plain ops
+            (q @ k^T * scale, causal mask, softmax, @ v), which on some CPUs beats the fused SDPA
+            kernel (the bf16 SDPA path on a CPU without AMX: about 2.2x slower). Not run for the
+            MLP and CNN, which have no attention.
+  compile   torch.compile(model) (default mode, inductor) of the eager model, as users write it:
+            forward and backward run compiled; zero_grad, GradScaler, clip_grad_norm_ and the
+            fused AdamW step stay eager (the fused AdamW is already one kernel per dtype group).
+            Compilation happens in the warm-up steps, which are not timed.
 
   py=$(tools/bench/setup_pytorch_venv.sh | tail -1)
   $py tools/bench/train_step_pytorch.py --threads 1 --out /tmp/pt.jsonl
@@ -16,6 +31,7 @@ tapegrad's). tapegrad's f16/bf16 rows keep f16/bf16 weights with f32 masters; Py
 keeps f32 weights and casts them per op: each side's usual recipe.
 """
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -37,12 +53,23 @@ def image_cnn():
                          nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def composed_causal_attention(q, k, v):
+    """F.scaled_dot_product_attention(q, k, v, is_causal=True) from plain ops, as a PyTorch user
+    writes it without SDPA (nanoGPT's slow path): (B, H, T, D) -> (B, H, T, D)."""
+    t = q.shape[-2]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return att @ v
+
+
 class Block(nn.Module):
     """nn/transformer.cc's TransformerBlock: pre-LN, causal attention, 4x GELU-tanh MLP."""
 
-    def __init__(self, c, n_head):
+    def __init__(self, c, n_head, composed_attention=False):
         super().__init__()
         self.n_head = n_head
+        self.composed_attention = composed_attention
         self.ln1 = nn.LayerNorm(c)
         self.qkv = nn.Linear(c, 3 * c)
         self.proj = nn.Linear(c, c)
@@ -54,7 +81,10 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         heads = lambda z: z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        if self.composed_attention:
+            y = composed_causal_attention(heads(q), heads(k), heads(v))
+        else:
+            y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.fc1(F.gelu(self.fc0(self.ln2(x)), approximate="tanh"))
 
@@ -62,11 +92,12 @@ class Block(nn.Module):
 class TinyGpt(nn.Module):
     """nn::GptConfig::Tiny(65): 2 layers, 4 heads, 64 wide, context 64, tied head."""
 
-    def __init__(self, vocab=65, block=64, n_layer=2, n_head=4, c=64):
+    def __init__(self, vocab=65, block=64, n_layer=2, n_head=4, c=64, composed_attention=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, c)
         self.wpe = nn.Embedding(block, c)
-        self.blocks = nn.ModuleList(Block(c, n_head) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(
+            Block(c, n_head, composed_attention) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(c)
         for name, p in self.named_parameters():
             if "ln" in name:
@@ -86,9 +117,13 @@ class TinyGpt(nn.Module):
 
 
 DTYPES = {"f32": None, "f16": torch.float16, "bf16": torch.bfloat16}
+# --variants names -> the "variant" field of the JSON lines.
+VARIANTS = {"eager": "eager", "composed": "eager_composed_attention", "compile": "compile"}
 
 
 def measure(model, dtype, steps, make_loss):
+    """`model` holds the parameters the optimizer steps; `make_loss` may call a compiled wrapper
+    of it (which shares those parameters)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
     amp_dtype = DTYPES[dtype]
     scaler = torch.amp.GradScaler("cpu", enabled=dtype == "f16")
@@ -120,8 +155,19 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     parser.add_argument("--models", default="mlp,cnn,gpt")
     parser.add_argument("--dtypes", default="f32,f16,bf16")
+    parser.add_argument("--variants", default="eager,composed,compile",
+                        help="comma-separated subset of eager, composed (GPT only), compile")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="drop compile from --variants (torch.compile takes a while)")
     parser.add_argument("--out", required=True, help="JSON lines file to write")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        parser.error(f"--variants={args.variants}: expected a comma-separated subset of "
+                     f"{','.join(VARIANTS)}")
+    if args.no_compile:
+        variants = [v for v in variants if v != "compile"]
 
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(128, 1, 28, 28, generator=gen)
@@ -131,20 +177,30 @@ def main():
     with open(args.out, "w") as out:
         for threads in [int(t) for t in args.threads.split(",")]:
             torch.set_num_threads(threads)
-            for name in args.models.split(","):
-                for dtype in args.dtypes.split(","):
-                    torch.manual_seed(1)
-                    if name == "gpt":
-                        model = TinyGpt()
-                        loss = lambda: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-                    else:
-                        model = image_mlp() if name == "mlp" else image_cnn()
-                        loss = lambda: F.cross_entropy(model(images), labels)
-                    ms = measure(model, dtype, args.steps, loss)
-                    record = {"model": name, "dtype": dtype, "threads": threads,
-                              "ms_per_step": ms, "torch": torch.__version__}
-                    print(json.dumps(record), flush=True)
-                    out.write(json.dumps(record) + "\n")
+            rows = itertools.product(args.models.split(","), args.dtypes.split(","), variants)
+            for name, dtype, variant in rows:
+                if variant == "composed" and name != "gpt":
+                    continue  # no attention to compose: the same as eager
+                torch.manual_seed(1)
+                if name == "gpt":
+                    model = TinyGpt(composed_attention=variant == "composed")
+                else:
+                    model = image_mlp() if name == "mlp" else image_cnn()
+                if variant == "compile":
+                    torch._dynamo.reset()  # a fresh compile per row, nothing cached from the last
+                    run = torch.compile(model)
+                else:
+                    run = model
+                if name == "gpt":
+                    loss = lambda: F.cross_entropy(run(x).flatten(0, 1), y.flatten())
+                else:
+                    loss = lambda: F.cross_entropy(run(images), labels)
+                ms = measure(model, dtype, args.steps, loss)
+                record = {"model": name, "dtype": dtype, "threads": threads,
+                          "variant": VARIANTS[variant], "ms_per_step": ms,
+                          "torch": torch.__version__}
+                print(json.dumps(record), flush=True)
+                out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
