@@ -13,7 +13,7 @@ Variants (--variants, default all three; `--no-compile` drops compile, which tak
   eager     today's models as written: the GPT's attention is F.scaled_dot_product_attention.
   composed  the GPT only ("eager_composed_attention"): attention composed from plain ops
             (q @ k^T * scale, causal mask, softmax, @ v), which on some CPUs beats the fused SDPA
-            kernel (the bf16 SDPA path on a CPU without AMX: about 2.2x slower). Not run for the
+            kernel (issue 32: bf16 SDPA on a CPU without AMX is 2.2x slower). Not run for the
             MLP and CNN, which have no attention.
   compile   torch.compile(model) (default mode, inductor) of the eager model, as users write it:
             forward and backward run compiled; zero_grad, GradScaler, clip_grad_norm_ and the
