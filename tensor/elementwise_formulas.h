@@ -6,11 +6,11 @@
 // roundings may differ; everything else (NaN propagation of maximum/minimum, ReLU of NaN, integer
 // wrap-around, the GELU constants) is this file.
 //
-//   struct HostMath { template <typename C> static C Exp(C x) { return std::exp(x); } ... };
-//   float y = tg::elementwise::ApplyUnary<HostMath>(tg::UnaryOp::kGelu, 0.5f);
+//   float y = tg::elementwise::ApplyUnary<tg::elementwise::HostMath>(tg::UnaryOp::kGelu, 0.5f);
 #ifndef TAPEGRAD_TENSOR_ELEMENTWISE_FORMULAS_H_
 #define TAPEGRAD_TENSOR_ELEMENTWISE_FORMULAS_H_
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -137,6 +137,39 @@ TG_HOST_DEVICE inline bool ApplyCompare(CompareOp op, C a, C b) {
   }
   return false;
 }
+
+// The host's math (the C library's, what the CPU kernels and their tests use); CUDA passes its
+// libdevice functions instead (tensor/cuda/elementwise.cu).
+struct HostMath {
+  template <typename C>
+  static C Pow(C a, C b) {
+    return std::pow(a, b);
+  }
+  template <typename C>
+  static C Fabs(C x) {
+    return std::fabs(x);
+  }
+  template <typename C>
+  static C Exp(C x) {
+    return std::exp(x);
+  }
+  template <typename C>
+  static C Log(C x) {
+    return std::log(x);
+  }
+  template <typename C>
+  static C Sqrt(C x) {
+    return std::sqrt(x);
+  }
+  template <typename C>
+  static C Tanh(C x) {
+    return std::tanh(x);
+  }
+  template <typename C>
+  static C Erf(C x) {
+    return std::erf(x);
+  }
+};
 
 }  // namespace tg::elementwise
 

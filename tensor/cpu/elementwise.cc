@@ -159,37 +159,7 @@ void MapRows(const Tensor& out, const Tensor& x, RowFn row_fn) {
                 });
 }
 
-// The host's math for the shared formulas (tensor/elementwise_formulas.h).
-struct HostMath {
-  template <typename C>
-  static C Pow(C a, C b) {
-    return std::pow(a, b);
-  }
-  template <typename C>
-  static C Fabs(C x) {
-    return std::fabs(x);
-  }
-  template <typename C>
-  static C Exp(C x) {
-    return std::exp(x);
-  }
-  template <typename C>
-  static C Log(C x) {
-    return std::log(x);
-  }
-  template <typename C>
-  static C Sqrt(C x) {
-    return std::sqrt(x);
-  }
-  template <typename C>
-  static C Tanh(C x) {
-    return std::tanh(x);
-  }
-  template <typename C>
-  static C Erf(C x) {
-    return std::erf(x);
-  }
-};
+using elementwise::HostMath;
 
 template <typename C>
 C ApplyBinary(BinaryOp op, C a, C b) {

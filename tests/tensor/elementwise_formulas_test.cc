@@ -16,36 +16,7 @@
 namespace tg {
 namespace {
 
-struct StdMath {
-  template <typename C>
-  static C Pow(C a, C b) {
-    return std::pow(a, b);
-  }
-  template <typename C>
-  static C Fabs(C x) {
-    return std::fabs(x);
-  }
-  template <typename C>
-  static C Exp(C x) {
-    return std::exp(x);
-  }
-  template <typename C>
-  static C Log(C x) {
-    return std::log(x);
-  }
-  template <typename C>
-  static C Sqrt(C x) {
-    return std::sqrt(x);
-  }
-  template <typename C>
-  static C Tanh(C x) {
-    return std::tanh(x);
-  }
-  template <typename C>
-  static C Erf(C x) {
-    return std::erf(x);
-  }
-};
+using elementwise::HostMath;
 
 const std::vector<double> kValues = {
     -2.5, -1, -0.0, 0, 0.3, 1, 4, std::nan(""), std::numeric_limits<double>::infinity()};
@@ -67,7 +38,7 @@ TEST(ElementwiseFormulasTest, CpuUnaryKernelsAreTheSharedFormulas) {
     const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
     const std::vector<double> got = Unary(op, x).to_vector<double>();
     for (size_t i = 0; i < kValues.size(); ++i) {
-      ExpectSame(got[i], elementwise::ApplyUnary<StdMath>(op, kValues[i]),
+      ExpectSame(got[i], elementwise::ApplyUnary<HostMath>(op, kValues[i]),
                  std::string(UnaryOpName(op)) + "(" + std::to_string(kValues[i]) + ")");
     }
   }
@@ -83,7 +54,7 @@ TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
           Binary(op, Tensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
               .to_vector<double>();
       for (size_t i = 0; i < kValues.size(); ++i) {
-        ExpectSame(got[i], elementwise::ApplyBinary<StdMath>(op, a, kValues[i]),
+        ExpectSame(got[i], elementwise::ApplyBinary<HostMath>(op, a, kValues[i]),
                    std::string(BinaryOpName(op)) + "(" + std::to_string(a) + ", " +
                        std::to_string(kValues[i]) + ")");
       }
@@ -94,8 +65,8 @@ TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
   const Tensor i = Tensor::Full({1}, 0, kI64);
   i.data<int64_t>()[0] = big;
   EXPECT_EQ(Binary(BinaryOp::kAdd, i, i).to_vector<int64_t>()[0],
-            elementwise::ApplyBinary<StdMath>(BinaryOp::kAdd, big, big));
-  EXPECT_EQ(elementwise::ApplyBinary<StdMath>(BinaryOp::kAdd, big, int64_t{1}),
+            elementwise::ApplyBinary<HostMath>(BinaryOp::kAdd, big, big));
+  EXPECT_EQ(elementwise::ApplyBinary<HostMath>(BinaryOp::kAdd, big, int64_t{1}),
             std::numeric_limits<int64_t>::min());
 }
 
