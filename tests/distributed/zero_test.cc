@@ -410,6 +410,21 @@ TEST(ZeroTest, LowPrecisionModelsMatchDataParallelTraining) {
   ExpectMatchesReference(2, b, 1e-2, 1e-2);
 }
 
+// The run both step-core tests compare: f16 with a dynamic scaler from 1024, an overflow at
+// step 3 and clipping to 0.05 every step, 8 SGD steps (linear in the gradient, so a clip
+// coefficient one f32 ulp off shows; AdamW would hide it).
+Config StepCoreConfig(int stage) {
+  Config c;
+  c.stage = stage;
+  c.dtype = kF16;
+  c.steps = 8;
+  c.init_scale = 1024;
+  c.inf_step = 3;
+  c.clip = 0.05;
+  c.sgd = true;
+  return c;
+}
+
 // One training-step core (amp::StepCore): ZeroOptimizer on one rank is the single-process
 // MixedPrecisionOptimizer with its masters cut differently, so an f16 run with a dynamic scaler,
 // an overflow and clipping every step must agree on everything the core decides -- the skipped
@@ -422,14 +437,7 @@ TEST(ZeroTest, OneRankRunsTheSingleProcessStepCore) {
   for (int stage = 1; stage <= 3; ++stage) {
     auto results = RunRanks(1, [&](const Rank&) {
       auto pg = testing::JoinDefaultGroup();
-      Config c;
-      c.stage = stage;
-      c.dtype = kF16;
-      c.steps = 8;
-      c.init_scale = 1024;
-      c.inf_step = 3;
-      c.clip = 0.05;
-      c.sgd = true;
+      Config c = StepCoreConfig(stage);
       const Outcome zero = TrainZero(pg, c);
       const Outcome ref = TrainReference(1, c);
       EXPECT_EQ(ref.skipped, 1);
@@ -465,14 +473,7 @@ TEST(ZeroTest, SkipOnDeviceReadsOnlyTheNormAndMatchesTheHostDecidedRun) {
   for (int stage = 1; stage <= 3; ++stage) {
     auto results = RunRanks(1, [&](const Rank&) {
       auto pg = testing::JoinDefaultGroup();
-      Config c;
-      c.stage = stage;
-      c.dtype = kF16;
-      c.steps = 8;
-      c.init_scale = 1024;
-      c.inf_step = 3;
-      c.clip = 0.05;
-      c.sgd = true;
+      Config c = StepCoreConfig(stage);
       const Outcome ref = TrainReference(1, c);
       c.skip_on_device = true;
       const Outcome zero = TrainZero(pg, c);
