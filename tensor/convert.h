@@ -1,7 +1,9 @@
 // Value conversion between element types, defined for every input (no undefined behaviour):
 // float -> integer truncates toward zero and saturates at the type's range, NaN becomes 0;
 // anything -> bool is `value != 0`; float and double -> f16/bf16 round once to nearest even
-// (integers beyond 2^24 reach f16/bf16 through float and may round twice).
+// (integers beyond 2^24 reach f16/bf16 through float and may round twice); anything -> f8e4m3 /
+// f8e5m2 rounds once to nearest even and saturates (tensor/float8.h), and FP8 -> anything goes
+// through its exact float value.
 #ifndef TAPEGRAD_TENSOR_CONVERT_H_
 #define TAPEGRAD_TENSOR_CONVERT_H_
 
@@ -10,6 +12,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "tensor/float8.h"
 #include "tensor/half.h"
 
 namespace tg {
@@ -29,10 +32,24 @@ inline auto Widen(T v) {
   }
 }
 
+template <typename T>
+constexpr bool kIsFloat8 = std::is_same_v<T, Float8E4M3> || std::is_same_v<T, Float8E5M2>;
+
 template <typename Dst, typename Src>
 inline Dst Convert(Src v) {
   if constexpr (std::is_same_v<Dst, Src>) {
     return v;
+  } else if constexpr (kIsFloat8<Src>) {
+    return Convert<Dst>(static_cast<float>(v));  // exact
+  } else if constexpr (kIsFloat8<Dst>) {
+    // One rounding, saturating (tensor/float8.h): doubles and integers are first rounded to odd
+    // in float, which keeps the nearest-even rounding to 3 or 2 mantissa bits exact; integers
+    // beyond 2^53 saturate anyway.
+    if constexpr (std::is_same_v<Src, float> || kIsReduced<Src>) {
+      return Dst(static_cast<float>(v));
+    } else {
+      return Dst(DoubleToFloatRoundToOdd(static_cast<double>(v)));
+    }
   } else if constexpr (kIsReduced<Src>) {
     return Convert<Dst>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<Dst, bool>) {

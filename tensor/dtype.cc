@@ -20,6 +20,10 @@ const char* DTypeName(DType dtype) {
       return "u8";
     case DType::kBool:
       return "bool";
+    case DType::kF8E4M3:
+      return "f8e4m3";
+    case DType::kF8E5M2:
+      return "f8e5m2";
   }
   return "unknown";
 }
@@ -28,7 +32,17 @@ bool IsFloating(DType dtype) {
   return dtype == kF32 || dtype == kF64 || dtype == kF16 || dtype == kBF16;
 }
 
-bool IsIntegral(DType dtype) { return !IsFloating(dtype); }
+bool IsIntegral(DType dtype) {
+  return dtype == kI32 || dtype == kI64 || dtype == kU8 || dtype == kBool;
+}
+
+bool IsFloat8(DType dtype) { return dtype == kF8E4M3 || dtype == kF8E5M2; }
+
+std::string Float8NotComputedMessage(const char* op, DType dtype) {
+  return absl::StrCat(op, *op != '\0' ? ": " : "", DTypeName(dtype),
+                      " is an FP8 storage dtype: only copies, casts and the FP8 ops take it (cast "
+                      "it to a compute dtype first)");
+}
 
 namespace {
 
@@ -50,6 +64,10 @@ int IntegralRank(DType d) {
 
 DType PromoteTypes(DType a, DType b) {
   if (a == b) return a;
+  if (IsFloat8(a) || IsFloat8(b)) {
+    throw Error(absl::StrCat("PromoteTypes: ", DTypeName(a), " with ", DTypeName(b),
+                             ": FP8 dtypes do not promote (cast first)"));
+  }
   const bool fa = IsFloating(a), fb = IsFloating(b);
   if (fa && !fb) return a;
   if (fb && !fa) return b;

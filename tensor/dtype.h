@@ -5,6 +5,14 @@
 //
 // Visit(dtype, fn) calls fn with a value of the C++ storage type (float, double, Half, BFloat16,
 // int32_t, int64_t, uint8_t, bool); kernels use it to instantiate one loop per dtype.
+//
+// The two FP8 dtypes (f8e4m3: e4m3fn, no infinities, max 448; f8e5m2: max 57344; tensor/float8.h)
+// are storage dtypes, as in Transformer Engine and torch: copies and casts (to(), copy_(), item(),
+// printing), safetensors and the FP8 ops (tg::Fp8Amax, tg::Fp8Cast, tg::Fp8Gemm) take them;
+// arithmetic does not (Visit and VisitFloating throw "<op>: f8e4m3 is an FP8 storage dtype ...",
+// and PromoteTypes refuses to mix them), so no kernel is instantiated for them by accident and no
+// op computes in 8 bits. They are neither IsFloating (the compute types) nor IsIntegral;
+// IsFloat8 names them. Casting to them rounds to nearest even and saturates (tensor/float8.h).
 #ifndef TAPEGRAD_TENSOR_DTYPE_H_
 #define TAPEGRAD_TENSOR_DTYPE_H_
 
@@ -14,11 +22,12 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "tensor/float8.h"
 #include "tensor/half.h"
 
 namespace tg {
 
-enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8, kBool };
+enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8, kBool, kF8E4M3, kF8E5M2 };
 
 inline constexpr DType kF32 = DType::kF32;
 inline constexpr DType kF64 = DType::kF64;
@@ -28,6 +37,8 @@ inline constexpr DType kI32 = DType::kI32;
 inline constexpr DType kI64 = DType::kI64;
 inline constexpr DType kU8 = DType::kU8;
 inline constexpr DType kBool = DType::kBool;
+inline constexpr DType kF8E4M3 = DType::kF8E4M3;
+inline constexpr DType kF8E5M2 = DType::kF8E5M2;
 
 inline size_t ElementSize(DType dtype) {
   switch (dtype) {
@@ -42,17 +53,24 @@ inline size_t ElementSize(DType dtype) {
       return 2;
     case DType::kU8:
     case DType::kBool:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       return 1;
   }
   return 1;
 }
-// "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool".
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool", "f8e4m3", "f8e5m2".
 const char* DTypeName(DType dtype);
+// The floating compute types: f32, f64, f16, bf16 (not the FP8 storage types).
 bool IsFloating(DType dtype);
 // Integer types, bool included.
 bool IsIntegral(DType dtype);
+// f8e4m3 and f8e5m2.
+bool IsFloat8(DType dtype);
 // PyTorch's promotion lattice: bool < u8 < i32 < i64 < floating; f16 with bf16 gives f32;
-// f64 wins over every other type.
+// f64 wins over every other type. An FP8 dtype promotes only with itself; with any other dtype
+// it throws tg::Error "PromoteTypes: f8e4m3 with f32: FP8 dtypes do not promote (cast first)"
+// (torch refuses the same).
 DType PromoteTypes(DType a, DType b);
 
 // The C++ storage type of each dtype, and the type kernels compute in: float for f16/bf16/f32,
@@ -89,10 +107,17 @@ using ComputeType = typename ComputeTypeOf<T>::type;
 struct HostStorageTypes {
   using F16 = Half;
   using BF16 = BFloat16;
+  using F8E4M3 = Float8E4M3;
+  using F8E5M2 = Float8E5M2;
 };
 
-// Which dtypes a visitor accepts: every dtype, or the floating ones (others throw naming the op).
-enum class DTypeSet { kAll, kFloating };
+// Which dtypes a visitor accepts: every compute dtype, the floating ones, or every dtype with the
+// FP8 storage types (copies and casts); the others throw naming the op.
+enum class DTypeSet { kAll, kFloating, kStorage };
+
+// The message for an FP8 dtype reaching an op that computes: "<op>: f8e4m3 is an FP8 storage
+// dtype: only copies, casts and the FP8 ops take it (cast it to a compute dtype first)".
+std::string Float8NotComputedMessage(const char* op, DType dtype);
 
 // The one dtype switch of the code base: calls fn with a value of `dtype`'s storage type, the
 // reduced floating types taken from `StorageTypes`. Visit, VisitFloating and CUDA's VisitDevice*
@@ -109,17 +134,23 @@ decltype(auto) VisitDTypeAs(const char* op, DType dtype, Fn&& fn) {
     case DType::kBF16:
       return fn(typename StorageTypes::BF16{});
     case DType::kI32:
-      if constexpr (kSet == DTypeSet::kAll) return fn(int32_t{});
+      if constexpr (kSet != DTypeSet::kFloating) return fn(int32_t{});
       break;
     case DType::kI64:
-      if constexpr (kSet == DTypeSet::kAll) return fn(int64_t{});
+      if constexpr (kSet != DTypeSet::kFloating) return fn(int64_t{});
       break;
     case DType::kU8:
-      if constexpr (kSet == DTypeSet::kAll) return fn(uint8_t{});
+      if constexpr (kSet != DTypeSet::kFloating) return fn(uint8_t{});
       break;
     case DType::kBool:
-      if constexpr (kSet == DTypeSet::kAll) return fn(bool{});
+      if constexpr (kSet != DTypeSet::kFloating) return fn(bool{});
       break;
+    case DType::kF8E4M3:
+      if constexpr (kSet == DTypeSet::kStorage) return fn(typename StorageTypes::F8E4M3{});
+      throw Error(Float8NotComputedMessage(op, dtype));
+    case DType::kF8E5M2:
+      if constexpr (kSet == DTypeSet::kStorage) return fn(typename StorageTypes::F8E5M2{});
+      throw Error(Float8NotComputedMessage(op, dtype));
   }
   if constexpr (kSet == DTypeSet::kFloating) {
     throw Error(absl::StrCat(op, ": expected a floating dtype (f32, f64, f16, bf16), got ",
@@ -131,6 +162,13 @@ decltype(auto) VisitDTypeAs(const char* op, DType dtype, Fn&& fn) {
 template <typename Fn>
 decltype(auto) Visit(DType dtype, Fn&& fn) {
   return VisitDTypeAs<HostStorageTypes, DTypeSet::kAll>("", dtype, std::forward<Fn>(fn));
+}
+
+// Like Visit, with the FP8 storage types too (Float8E4M3, Float8E5M2): for code that only moves
+// or converts elements (copies, casts, item()).
+template <typename Fn>
+decltype(auto) VisitStorage(DType dtype, Fn&& fn) {
+  return VisitDTypeAs<HostStorageTypes, DTypeSet::kStorage>("", dtype, std::forward<Fn>(fn));
 }
 
 // Like Visit, restricted to the floating types; any other dtype throws
@@ -187,6 +225,14 @@ constexpr DType DTypeOf<uint8_t>() {
 template <>
 constexpr DType DTypeOf<bool>() {
   return kBool;
+}
+template <>
+constexpr DType DTypeOf<Float8E4M3>() {
+  return kF8E4M3;
+}
+template <>
+constexpr DType DTypeOf<Float8E5M2>() {
+  return kF8E5M2;
 }
 
 }  // namespace tg

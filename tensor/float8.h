@@ -1,5 +1,5 @@
 // float8 storage types (e4m3fn and e5m2) with bit-exact conversions, as tensor/half.h does for
-// f16/bf16. Header only; nothing in the tensor core uses them yet.
+// f16/bf16: the storage types of the tensor core's kF8E4M3 and kF8E5M2 (tensor/dtype.h). Header only.
 //
 //   e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits. No infinities: 0x7f/0xff are NaN, the
 //           largest finite value is 448 (0x7e), the smallest subnormal 2^-9.

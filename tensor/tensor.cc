@@ -476,7 +476,7 @@ double Tensor::item() const {
   // Read on the host: a copy there (which synchronises with a device's stream) unless the
   // tensor is in host memory already (to() returns it then).
   const Tensor host = to(Device::Cpu());
-  return Visit(dtype_, [&](auto tag) {
+  return VisitStorage(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return Convert<double>(*static_cast<const T*>(host.raw_data()));
   });

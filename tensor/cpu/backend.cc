@@ -92,8 +92,8 @@ void HostCopy(const Tensor& dst, const Tensor& src) {
   const Shape& shape = dst.shape();
   const int64_t outer = shape.empty() || dst.storage() == src.storage() ? 1 : shape[0];
   const int64_t inner = outer == 0 ? 0 : dst.numel() / outer;
-  Visit(dst.dtype(), [&](auto dst_tag) {
-    Visit(src.dtype(), [&](auto src_tag) {
+  VisitStorage(dst.dtype(), [&](auto dst_tag) {
+    VisitStorage(src.dtype(), [&](auto src_tag) {
       ParallelFor(outer, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, inner)),
                   [&](int64_t begin, int64_t end) {
                     Shape part = shape;

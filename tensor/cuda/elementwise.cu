@@ -9,6 +9,7 @@
 // devices, so they match the CPU bit for bit (the file is built with --fmad=false so that nvcc
 // does not fuse a*b+c into an FMA the CPU does not use). exp/log/tanh/erf/pow come from CUDA's
 // libdevice, whose last-bit rounding differs from glibc's (a few ulp at most).
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -202,8 +203,30 @@ __device__ __forceinline__ AnyValue LoadAny(DType dtype, const char* p) {
       v.kind = AnyValue::kInt;
       v.i = *reinterpret_cast<const uint8_t*>(p) != 0;
       break;
+    case DType::kF8E4M3:  // exact in float
+      v.kind = AnyValue::kFloat;
+      v.f = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(p));
+      break;
+    case DType::kF8E5M2:
+      v.kind = AnyValue::kFloat;
+      v.f = static_cast<float>(*reinterpret_cast<const __nv_fp8_e5m2*>(p));
+      break;
   }
   return v;
+}
+
+// To FP8 with one rounding to nearest even, saturating (__NV_SATFINITE: tensor/float8.h's
+// kSatFinite, the host's rule): doubles and integers convert from double directly.
+__device__ __forceinline__ void StoreFloat8(char* p, const AnyValue& v,
+                                            __nv_fp8_interpretation_t format) {
+  __nv_fp8_storage_t out;
+  if (v.kind == AnyValue::kFloat) {
+    out = __nv_cvt_float_to_fp8(v.f, __NV_SATFINITE, format);
+  } else {
+    const double d = v.kind == AnyValue::kDouble ? v.d : static_cast<double>(v.i);
+    out = __nv_cvt_double_to_fp8(d, __NV_SATFINITE, format);
+  }
+  *reinterpret_cast<__nv_fp8_storage_t*>(p) = out;
 }
 
 template <typename Dst>
@@ -241,6 +264,10 @@ __device__ __forceinline__ void StoreAny(DType dtype, char* p, const AnyValue& v
       return StoreAnyAs<uint8_t>(p, v);
     case DType::kBool:
       return StoreAnyAs<bool>(p, v);
+    case DType::kF8E4M3:
+      return StoreFloat8(p, v, __NV_E4M3);
+    case DType::kF8E5M2:
+      return StoreFloat8(p, v, __NV_E5M2);
   }
 }
 

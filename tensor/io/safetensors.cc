@@ -38,7 +38,8 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 using Json = nlohmann::json;
 
 constexpr char kMetadataKey[] = "__metadata__";
-constexpr char kSupportedDTypes[] = "F32, F64, F16, BF16, I32, I64, U8, BOOL";
+constexpr char kSupportedDTypes[] =
+    "F32, F64, F16, BF16, I32, I64, U8, BOOL, F8_E4M3, F8_E5M2";
 // A valid header nests 3 levels ({name: {"shape": [..]}}); unknown fields may add a few. The cap
 // bounds the parser's memory (a 100 MB header of '[' would otherwise build 100M nested arrays).
 constexpr int kMaxJsonDepth = 16;
@@ -53,9 +54,12 @@ struct DTypeEntry {
   int rank;
 };
 
+// The reference orders F8_E5M2 before F8_E4M3, both between U8 and F16. Its F8_E4M3 is e4m3fn
+// (no infinities), tensor/float8.h's Float8E4M3; any byte is a valid FP8 element (NaN codes too).
 constexpr DTypeEntry kDTypes[] = {
-    {kBool, "BOOL", 0}, {kU8, "U8", 1},   {kF16, "F16", 2}, {kBF16, "BF16", 3},
-    {kI32, "I32", 4},   {kF32, "F32", 5}, {kF64, "F64", 6}, {kI64, "I64", 7},
+    {kBool, "BOOL", 0},       {kU8, "U8", 1},   {kF8E5M2, "F8_E5M2", 2}, {kF8E4M3, "F8_E4M3", 3},
+    {kF16, "F16", 4},         {kBF16, "BF16", 5}, {kI32, "I32", 6},       {kF32, "F32", 7},
+    {kF64, "F64", 8},         {kI64, "I64", 9},
 };
 
 const DTypeEntry& EntryOf(DType dtype) {

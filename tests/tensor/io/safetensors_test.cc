@@ -133,6 +133,14 @@ Safetensors EveryKind() {
   for (int i = 0; i < 256; ++i) bytes.push_back(static_cast<uint8_t>(i));
   st.tensors["u8"] = Tensor::FromVector<uint8_t>(bytes, {2, 2, 64});
   st.tensors["bool"] = Tensor::FromVector<bool>({true, false, false, true, true}, {5});
+  // Every FP8 code of both formats, NaN codes included (FP8 -> FP8 copies keep the bytes).
+  std::vector<uint8_t> codes;
+  for (int i = 0; i < 256; ++i) codes.push_back(static_cast<uint8_t>(i));
+  for (DType fp8 : {kF8E4M3, kF8E5M2}) {
+    Tensor t = Tensor::Empty({16, 16}, fp8);
+    std::memcpy(t.raw_data(), codes.data(), codes.size());
+    st.tensors[DTypeName(fp8)] = t;
+  }
   st.tensors["scalar.f64"] = Tensor::Scalar(-2.5, kF64);
   st.tensors["scalar.bool"] = Tensor::Scalar(1, kBool);
   st.tensors["empty.f32"] = Tensor::Empty({0, 3}, kF32);
@@ -460,7 +468,7 @@ TEST(SafetensorsTest, CorruptInputGivesClearErrors) {
       {"wrong dtype name", entry(R"({"dtype":"F33","shape":[],"data_offsets":[0,4]})"),
        C::kInvalidArgument,
        "safetensors buffer: tensor 'x': unsupported dtype 'F33' (expected one of F32, F64, F16, "
-       "BF16, I32, I64, U8, BOOL)"},
+       "BF16, I32, I64, U8, BOOL, F8_E4M3, F8_E5M2)"},
       {"lowercase dtype name", entry(R"({"dtype":"f32","shape":[],"data_offsets":[0,4]})"),
        C::kInvalidArgument, "unsupported dtype 'f32'"},
       {"shape not an array", entry(R"({"dtype":"F32","shape":4,"data_offsets":[0,16]})"),
@@ -706,6 +714,38 @@ TEST(SafetensorsTest, ReferenceWrittenFileLoads) {
                        R"("},"s":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
                        R"("e":{"dtype":"F64","shape":[0,2],"data_offsets":[8,8]},)"),
             std::string::npos);
+}
+
+// FP8 tensors as Python's safetensors 0.8.0 writes them (torch 2.15: save({"a": e4m3fn [1.5,
+// -448, 0.013671875, nan], "b": e5m2 [[57344, -0.0], [2^-16, 3]], "w": f32 [2]})), byte for byte;
+// and our writer puts them where the reference does (F8_E4M3 before F8_E5M2, after F32).
+TEST(SafetensorsTest, ReferenceWrittenFp8FileLoadsAndWritesInTheSameOrder) {
+  const std::string header =
+      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+      R"("a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[4,8]},)"
+      R"("b":{"dtype":"F8_E5M2","shape":[2,2],"data_offsets":[8,12]}}     )";
+  const std::string data("\x00\x00\x00\x40\x3c\xfe\x07\x7f\x7b\x80\x01\x42", 12);
+  absl::StatusOr<Safetensors> st = ParseSafetensors(U64(header.size()) + header + data);
+  ASSERT_TRUE(st.ok()) << st.status();
+  const Tensor& a = st->tensors.at("a");
+  const Tensor& b = st->tensors.at("b");
+  EXPECT_EQ(a.dtype(), kF8E4M3);
+  EXPECT_EQ(b.dtype(), kF8E5M2);
+  const std::vector<float> av = a.to_vector<float>();
+  EXPECT_EQ(av[0], 1.5f);
+  EXPECT_EQ(av[1], -448.0f);
+  EXPECT_EQ(av[2], 0.013671875f);
+  EXPECT_TRUE(std::isnan(av[3]));
+  EXPECT_EQ(ShapeToString(b.shape()), "[2, 2]");
+  const std::vector<float> bv = b.to_vector<float>();
+  EXPECT_EQ(bv, (std::vector<float>{57344.0f, -0.0f, std::ldexp(1.0f, -16), 3.0f}));
+  EXPECT_TRUE(std::signbit(bv[1]));
+  const std::string again = *SerializeSafetensors(*st);
+  EXPECT_NE(again.find(R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[4,8]},)"
+                       R"("b":{"dtype":"F8_E5M2","shape":[2,2],"data_offsets":[8,12]}})"),
+            std::string::npos);
+  EXPECT_EQ(again.substr(again.size() - 12), data);
 }
 
 // Each rule of huggingface/safetensors (read_metadata, validate) that the reader applies, on a
