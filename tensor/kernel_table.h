@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tensor/device.h"
+#include "tensor/fp8_scale.h"
 #include "tensor/op_kinds.h"
 #include "tensor/optimizer_kernels.h"
 #include "tensor/tensor.h"

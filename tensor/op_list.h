@@ -35,8 +35,11 @@ constexpr const char* CastPolicyName(CastPolicy policy) {
   return "?";
 }
 
+// What an FP8 scope does to an op (tensor/op_list.inc has the meaning of each).
+enum class Fp8Policy { kGemm, kNone };
+
 enum class OpId {
-#define TG_OP(name, differentiable, tensor_op, autocast, torch_name) k##name,
+#define TG_OP(name, differentiable, tensor_op, autocast, fp8, torch_name) k##name,
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
@@ -49,13 +52,14 @@ struct OpInfo {
   bool differentiable;     // an op of autograd/ops.h
   bool tensor_op;          // a dispatch function of tensor/ops.h
   CastPolicy autocast;
+  Fp8Policy fp8;
 };
 
 // clang-format off
 inline constexpr OpInfo kOpList[] = {
-#define TG_OP(name, differentiable, tensor_op, autocast, torch_name) \
+#define TG_OP(name, differentiable, tensor_op, autocast, fp8, torch_name) \
   OpInfo{OpId::k##name, #name, #name "Backward", torch_name, differentiable, tensor_op, \
-         CastPolicy::autocast},
+         CastPolicy::autocast, Fp8Policy::fp8},
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
@@ -65,6 +69,7 @@ inline constexpr size_t kOpCount = sizeof(kOpList) / sizeof(kOpList[0]);
 
 constexpr const OpInfo& OpInfoOf(OpId id) { return kOpList[static_cast<size_t>(id)]; }
 constexpr CastPolicy AutocastPolicyOf(OpId id) { return OpInfoOf(id).autocast; }
+constexpr Fp8Policy Fp8PolicyOf(OpId id) { return OpInfoOf(id).fp8; }
 constexpr const char* OpName(OpId id) { return OpInfoOf(id).name; }
 constexpr const char* OpNodeName(OpId id) { return OpInfoOf(id).node_name; }
 constexpr const char* OpTorchName(OpId id) { return OpInfoOf(id).torch_name; }
@@ -89,12 +94,17 @@ constexpr bool WellFormed() {
     if (!op.differentiable && !op.tensor_op) return false;
     if (op.torch_name[0] == '\0') return false;
     if (!op.differentiable && op.autocast != CastPolicy::kNone) return false;
+    if (op.fp8 == Fp8Policy::kGemm &&
+        (!op.differentiable || op.autocast != CastPolicy::kLowPrecision)) {
+      return false;
+    }
   }
   return true;
 }
 static_assert(WellFormed(),
               "tensor/op_list.inc: an entry is neither differentiable nor a tensor op, has no "
-              "torch name, or is not differentiable but has an autocast policy other than kNone");
+              "torch name, is not differentiable but has an autocast policy other than kNone, or "
+              "has the fp8 policy kGemm without being a differentiable kLowPrecision (GEMM) op");
 
 }  // namespace op_list_internal
 }  // namespace tg

@@ -14,6 +14,7 @@
 #include <array>
 #include <vector>
 
+#include "tensor/fp8_scale.h"
 #include "tensor/generator.h"
 #include "tensor/loss_scale_update.h"
 #include "tensor/op_kinds.h"
@@ -225,6 +226,42 @@ LossScaleState ReadLossScaleState(const Tensor& state);
 void StepLossScale(const Tensor& state, const Tensor& found_inf, const Tensor& scale,
                    const Tensor& inv_scale);
 void WriteLossScale(const Tensor& state, const Tensor& scale, const Tensor& inv_scale);
+
+// ---- FP8 (tensor/ops_fp8.cc) ------------------------------------------------------------------
+// The casts and the GEMM of FP8 training (amp/fp8.h drives them with the scaling recipes of
+// amp/fp8_recipe.h). x is [..., cols] of f32, bf16 or f16 on any device, taken as the matrix
+// [rows = product of the leading dims, cols]; scales and amaxes are f32 grids of `tiling`'s tiles
+// (tensor/fp8_scale.h) on x's device. Nothing here reads a value on the host.
+
+// The tiles' amaxes of x (largest |x|, NaN skipped): f32 [grid rows, grid cols].
+Tensor Fp8Amax(const Tensor& x, Fp8Tiling tiling);
+
+struct Fp8Scales {
+  Tensor scale;      // multiplies x before the cast
+  Tensor scale_inv;  // 1 / scale: dequantizes (what Fp8Gemm takes)
+};
+// TE's scale rule (Fp8ScaleFromAmax) applied to every element of the f32 tensor amax; throws
+// tg::Error for options outside their domain (fp8_max and value_for_inf finite and > 0,
+// amax_epsilon finite and >= 0).
+Fp8Scales Fp8ScaleFromAmax(const Tensor& amax, const Fp8ScaleOptions& options);
+
+struct Fp8CastResult {
+  Tensor data;    // [rows, cols] of dtype (f8e4m3 or f8e5m2)
+  Tensor data_t;  // [cols, rows], data transposed; undefined unless asked for
+  Tensor amax;    // the tiles' amaxes of x (as Fp8Amax); undefined unless asked for
+};
+// Casts x * scale (scale: `tiling`'s grid for x) to `dtype` in one pass (saturating, rounding
+// to nearest even), with the transpose and the amax when asked for.
+Fp8CastResult Fp8Cast(const Tensor& x, const Tensor& scale, Fp8Tiling tiling, DType dtype,
+                      bool transpose = false, bool amax = false);
+
+// out [m, n] (out_dtype: f32, bf16 or f16) = dequantized a [m, k] @ dequantized b [n, k]^T
+// (+ bias [n] of out_dtype, or undefined), accumulated in f32 and rounded once: the kernel
+// list's Fp8Gemm has the exact rule. a and b are 2-D FP8 (not both f8e5m2) on one device with
+// their scale_inv grids of a_tiling and b_tiling.
+Tensor Fp8Gemm(const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling, const Tensor& b,
+               const Tensor& b_scale_inv, Fp8Tiling b_tiling, const Tensor& bias,
+               DType out_dtype);
 
 // ---- Fused ops -------------------------------------------------------------------------------
 // Compositions of the ops above that a training step runs often enough to fuse, each an entry of
