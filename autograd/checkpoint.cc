@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/autocast.h"
+#include "autograd/fp8.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
@@ -315,6 +316,12 @@ const char* const kCheckpointNoGradInputsWarning =
 
 Variable Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointOptions& options) {
   TG_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  // The recomputation would cast with the recipe's scales of the backward's time (moved on since
+  // the forward) and record its amaxes a second time: refused rather than silently different.
+  TG_CHECK(CurrentFp8Scope() == nullptr,
+           "checkpoint: FP8 training (an FP8 scope is installed) inside a checkpointed segment "
+           "is not supported; turn activation checkpointing off or run the segment outside the "
+           "scope");
   for (size_t i = 0; i < options.generators.size(); ++i) {
     TG_CHECK(options.generators[i] != nullptr, "checkpoint: generator ", i, " is null");
   }

@@ -16,6 +16,7 @@
 #include <array>
 #include <vector>
 
+#include "autograd/fp8.h"
 #include "autograd/variable.h"
 #include "tensor/ops.h"
 
@@ -71,6 +72,15 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias 
 // (tensor/cpu/fused_linear.cc). The pre-activation is saved for the GELU's backward. Autocast:
 // like linear.
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act);
+
+// Linear with FP8 GEMMs (autograd/ops/fp8_linear.cc has the formulas): the forward and both
+// backward GEMMs read FP8 operands cast by `quantizers` (autograd/fp8.h; the recipes of
+// amp/fp8.h make them) and accumulate in f32; the output has the dtype autocast gives Linear
+// (x's dtype without autocast), the gradients their inputs' dtypes. f32, bf16 or f16 tensors.
+// Linear runs it by itself for the weights of an installed FP8 scope (the op list's
+// Fp8Policy::kGemm); call it directly to choose the quantizers yourself. No second derivative.
+Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bias,
+                   const Fp8LinearQuantizers& quantizers);
 
 // ---- Views and shape ops ----
 Variable Reshape(const Variable& x, const Shape& shape);

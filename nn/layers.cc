@@ -1,5 +1,6 @@
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -228,6 +229,20 @@ Variable Mlp::forward(const Variable& x) {
 std::string Mlp::extra_repr() const {
   static const char* kNames[] = {"relu", "gelu", "gelu_tanh", "tanh"};
   return absl::StrCat("activation=", kNames[static_cast<int>(options_.activation)]);
+}
+
+std::vector<Variable> LinearWeights(Module& root) {
+  std::vector<Variable> weights;
+  for (const auto& [name, module] : root.named_modules()) {
+    const auto* linear = dynamic_cast<const Linear*>(module.get());
+    if (linear == nullptr) continue;
+    const Variable& w = linear->weight();
+    const bool seen = std::any_of(weights.begin(), weights.end(), [&](const Variable& v) {
+      return v.impl() == w.impl();
+    });
+    if (!seen) weights.push_back(w);
+  }
+  return weights;
 }
 
 }  // namespace nn

@@ -238,6 +238,11 @@ class Mlp : public Module {
 
 Variable Activate(const Variable& x, Activation activation);
 
+// The weights of every nn::Linear in `root`'s tree (root included), depth first in registration
+// order, each once: what amp::Fp8Training covers for FP8 training (TE converts the te.Linear
+// layers; a tied head, which is not a Linear module, is added by the caller).
+std::vector<Variable> LinearWeights(Module& root);
+
 }  // namespace nn
 }  // namespace tg
 

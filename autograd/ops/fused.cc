@@ -17,6 +17,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "autograd/ops/fp8_linear.h"
 #include "tensor/op_list.h"
 
 namespace tg {
@@ -50,6 +51,7 @@ Tensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
 }  // namespace
 
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act) {
+  if (auto fp8 = MaybeFp8Linear(x, weight, bias, act)) return *fp8;
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
     return Linear(in[0], in[1], in[2], act);
   }

@@ -4,6 +4,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
+#include "autograd/ops/fp8_linear.h"
 #include "tensor/op_list.h"
 
 namespace tg {
@@ -121,6 +122,7 @@ Variable Bmm(const Variable& a, const Variable& b) {
 
 Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
   constexpr const char* kOp = OpTorchName(OpId::kLinear);
+  if (auto fp8 = MaybeFp8Linear(x, weight, bias, Activation::kNone)) return *fp8;
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
     return Linear(in[0], in[1], in[2]);
   }
