@@ -238,6 +238,10 @@ void Fp8Training::FinishBackward() {
   Update(/*forward=*/false);
 }
 
+void Fp8Training::DiscardPending() {
+  for (const auto& q : quantizers_) q->TakeAmax();
+}
+
 Fp8RoleSummary Fp8Training::Summary(Fp8Role role) const {
   Fp8RoleSummary s;
   bool any = false;
@@ -288,19 +292,25 @@ void Fp8Training::load_state_dict(const StateDict& state) {
   TG_CHECK(state.scalar("num_layers") == reference.scalar("num_layers"), kOp, "the checkpoint has ",
            state.scalar("num_layers"), " FP8 layers, this run has ", num_layers());
   if (delayed_ != nullptr) delayed_->load_state_dict(state.Sub("delayed."));  // all or nothing
-  for (const auto& q : quantizers_) q->TakeAmax();
+  DiscardPending();
   ++generation_;
 }
 
-Fp8Autocast::Fp8Autocast(Fp8Training& training, bool enabled)
+Fp8Autocast::Fp8Autocast(Fp8Training& training, bool enabled, bool update)
     : training_(enabled ? &training : nullptr),
       guard_(enabled ? &training : nullptr),
+      update_(update),
       uncaught_(std::uncaught_exceptions()) {}
 
 Fp8Autocast::~Fp8Autocast() noexcept(false) {
   // While an exception leaves the scope no update runs (it would hide the exception if it threw):
   // the amaxes of the casts that did run stay recorded and join the next update's.
-  if (training_ != nullptr && std::uncaught_exceptions() == uncaught_) training_->FinishForward();
+  if (training_ == nullptr || std::uncaught_exceptions() != uncaught_) return;
+  if (update_) {
+    training_->FinishForward();
+  } else {
+    training_->DiscardPending();
+  }
 }
 
 }  // namespace amp

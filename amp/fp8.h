@@ -104,6 +104,9 @@ class Fp8Training final : public Fp8Scope {
   // callback call them, tests may too.
   void FinishForward();
   void FinishBackward();
+  // Drops the amaxes recorded since the last update (a forward that must not move the scales:
+  // evaluation, sampling).
+  void DiscardPending();
 
   // The delayed recipe's state, for the scales it will use next (nullptr for current/block).
   const Fp8DelayedScaling* delayed() const { return delayed_.get(); }
@@ -139,10 +142,12 @@ class Fp8Training final : public Fp8Scope {
 
 // TE's fp8_autocast: installs `training` on this thread for the guard's lifetime (enabled =
 // false installs none, so Linears inside run as usual); at exit (unless an exception is leaving
-// the scope) calls training.FinishForward(), which may throw (a reducer's error).
+// the scope) calls training.FinishForward(), which may throw (a reducer's error), or with
+// update = false training.DiscardPending() (evaluation: the casts use the scales, and the scales
+// stay as they are).
 class Fp8Autocast {
  public:
-  explicit Fp8Autocast(Fp8Training& training, bool enabled = true);
+  explicit Fp8Autocast(Fp8Training& training, bool enabled = true, bool update = true);
   ~Fp8Autocast() noexcept(false);
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
@@ -150,6 +155,7 @@ class Fp8Autocast {
  private:
   Fp8Training* training_;
   Fp8ScopeGuard guard_;
+  bool update_;
   int uncaught_;
 };
 

@@ -321,4 +321,16 @@ std::function<void(const Tensor& found_inf)> MaxFoundInfAcrossRanks(
   };
 }
 
+std::function<void(std::vector<float>& amaxes)> MaxAmaxesAcrossRanks(
+    std::shared_ptr<ProcessGroup> pg, Device device) {
+  TG_CHECK(pg != nullptr, "MaxAmaxesAcrossRanks: the process group is null");
+  return [pg = std::move(pg), device](std::vector<float>& amaxes) {
+    if (amaxes.empty()) return;  // no FP8 layer: every rank skips alike
+    const Tensor t =
+        Tensor::FromVector<float>(amaxes, {static_cast<int64_t>(amaxes.size())}).to(device);
+    TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kMax)->wait());
+    amaxes = t.to_vector<float>();
+  };
+}
+
 }  // namespace tg::dist

@@ -239,6 +239,12 @@ class DistributedDataParallel {
 std::function<void(const Tensor& found_inf)> MaxFoundInfAcrossRanks(
     std::shared_ptr<ProcessGroup> pg);
 
+// For amp::Fp8Training::set_amax_reducer (delayed FP8 scaling): the amaxes of a pass, as one f32
+// tensor on `device` (the group's: CUDA for NCCL), all_reduce(kMax)ed in place and waited for
+// (one collective per update, the same on every rank); a failed collective throws tg::Error.
+std::function<void(std::vector<float>& amaxes)> MaxAmaxesAcrossRanks(
+    std::shared_ptr<ProcessGroup> pg, Device device);
+
 }  // namespace tg::dist
 
 #endif  // TAPEGRAD_DISTRIBUTED_DDP_H_

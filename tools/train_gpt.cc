@@ -55,6 +55,7 @@
 #include "train/evaluate.h"
 #include "train/flag_values.h"
 #include "train/flags.h"
+#include "train/fp8_setup.h"
 #include "train/metrics.h"
 #include "train/optimizer_setup.h"
 #include "train/progress.h"
@@ -155,14 +156,14 @@ bool FlagGiven(absl::string_view name) {
 }
 
 // Mean next-token loss (nats per token) over the first `batches` sequential validation batches.
-double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches, DType dtype,
-                Device device) {
+double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches,
+                const train::ForwardPrecision& precision, Device device) {
   NoGradGuard no_grad;
   model.eval();
   const int64_t n =
       batches > 0 ? std::min(batches, val.num_eval_batches()) : val.num_eval_batches();
   // The forward and the loss under the run's autocast: the loss in f32, summed in f64.
-  train::CrossEntropyEval loss(dtype);
+  train::CrossEntropyEval loss(precision);
   for (int64_t i = 0; i < n; ++i) {
     data::TokenBatcher::Batch b = val.EvalBatch(i);
     loss.Add([&] { return model(Variable(b.x.to(device))); }, b.y.to(device));
@@ -318,9 +319,10 @@ int Main() {
   if (absl::GetFlag(FLAGS_data).empty()) {
     return Fail(absl::InvalidArgumentError("--data=<text file or .bin shard> is required"));
   }
-  absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
-  if (!dtype_or.ok()) return Fail(dtype_or.status());
-  const DType dtype = *dtype_or;
+  absl::StatusOr<train::Precision> precision_or =
+      train::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision_or.ok()) return Fail(precision_or.status());
+  const DType dtype = precision_or->dtype;
 
   // ---- Data.
   const std::string data_path = train::ResolveUserPath(absl::GetFlag(FLAGS_data));
@@ -412,6 +414,12 @@ int Main() {
   settings.Add("n_positions", static_cast<double>(config.block_size), true);
   settings.Add("batch_size", static_cast<double>(batch_size), true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
+  if (precision_or->fp8) {
+    settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), true);
+    settings.Add("fp8_amax_history_len",
+                 static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
+    settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+  }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
   settings.Add("optimizer", opt_config.name, true);
   settings.Add("seed", absl::StrCat(seed), true);
@@ -457,6 +465,13 @@ int Main() {
       return Fail(s);
     }
   }
+  // --precision=fp8: the Linear weights of the blocks in FP8 (the tied head, wte, stays in bf16,
+  // as Transformer Engine's recipes leave the output layer in higher precision).
+  absl::StatusOr<std::unique_ptr<amp::Fp8Training>> fp8_or =
+      train::MakeFp8Training(*precision_or, nn::LinearWeights(*model), dp.AmaxReducer());
+  if (!fp8_or.ok()) return Fail(fp8_or.status());
+  amp::Fp8Training* fp8 = fp8_or->get();
+  const train::ForwardPrecision forward_precision(dtype, fp8);
   train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
@@ -474,6 +489,9 @@ int Main() {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
+    if (fp8 != nullptr) {
+      if (absl::Status s = train::LoadFp8State(*ckpt, ckpt_dir, *fp8); !s.ok()) return Fail(s);
+    }
     // A text run's ids are indices into its characters: text with other characters (allowed by
     // --override=data, and possible with the same count) would give every id another meaning.
     if (tokenizer && meta["vocab"] != tokenizer->vocab()) {
@@ -519,9 +537,13 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
+  std::vector<std::string> metric_columns = {"val_loss"};
+  if (fp8 != nullptr) {
+    for (const std::string& c : train::Fp8MetricsColumns()) metric_columns.push_back(c);
+  }
   if (absl::Status s = train::OpenMetrics(
           dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          resume ? std::optional<int64_t>(run.step()) : std::nullopt, {"val_loss"}, &metrics);
+          resume ? std::optional<int64_t>(run.step()) : std::nullopt, metric_columns, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -561,7 +583,7 @@ int Main() {
     // copied to the device.
     data::TokenBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
     train::StepStats stats = train::TrainStep(
-        opt, schedule, dtype, absl::GetFlag(FLAGS_grad_clip),
+        opt, schedule, forward_precision, absl::GetFlag(FLAGS_grad_clip),
         [&](int64_t k) {
           return nn::CrossEntropyLoss(dp.Forward(*model, Variable(dp.Micro(batch.x, k).to(device))),
                                       dp.Micro(batch.y, k).to(device));
@@ -578,10 +600,12 @@ int Main() {
     // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
     if ((dp.is_main() || dp.sharded_parameters()) &&
         ((eval_every > 0 && step % eval_every == 0) || step == total_steps)) {
-      val_loss = Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), dtype, device);
+      val_loss =
+          Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), forward_precision, device);
       extras["val_loss"] = val_loss;
       progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
     }
+    if (fp8 != nullptr) train::AddFp8Metrics(*fp8, extras);
     progress.Report(record);
     last_time = progress.ElapsedSeconds();  // evaluation time is not training throughput
     if (metrics) {
@@ -595,13 +619,15 @@ int Main() {
     }
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if ((every > 0 && step % every == 0) || step == total_steps) {
-      absl::Status s = run.Save(save_dir, {}, metadata());
+      absl::Status s = run.Save(save_dir, train::Fp8State(fp8), metadata());
       if (!s.ok()) return Fail(s);
     }
     if (stop_at > 0 && step == stop_at) raise(SIGTERM);
     train::StopRequest stop = agreed.stop;  // a single process also stops at once on its own
     if (!dp.distributed()) stop.signal = train::StopSignal::signal_number();
-    if (stop.signal != 0) return run.SaveAndStop(save_dir, {}, metadata(), progress, stop);
+    if (stop.signal != 0) {
+      return run.SaveAndStop(save_dir, train::Fp8State(fp8), metadata(), progress, stop);
+    }
   }
   progress.Finish();
   if (!dp.is_main() && !dp.sharded_parameters()) return 0;
@@ -632,7 +658,7 @@ int Main() {
     std::vector<int64_t> out;
     {
       // A low-precision model runs under autocast, as in training and evaluation.
-      train::PrecisionScope precision(dtype);
+      train::PrecisionScope precision(forward_precision, /*update_fp8=*/false);
       out = model->Generate(prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature),
                             absl::GetFlag(FLAGS_top_k));
     }

@@ -47,6 +47,7 @@
 #include "train/evaluate.h"
 #include "train/flag_values.h"
 #include "train/flags.h"
+#include "train/fp8_setup.h"
 #include "train/metrics.h"
 #include "train/optimizer_setup.h"
 #include "train/progress.h"
@@ -93,12 +94,14 @@ struct Eval {
 };
 
 // Loss and accuracy over a whole split, in eval mode and without recording.
-Eval Evaluate(nn::Module& model, const data::MnistData& split, DType dtype, Device device) {
+Eval Evaluate(nn::Module& model, const data::MnistData& split,
+              const train::ForwardPrecision& precision, Device device) {
+  const DType dtype = precision.dtype;
   NoGradGuard no_grad;
   model.eval();
   const int64_t n = split.images.size(0), chunk = 1000;
   // The forward and the loss under the run's autocast: the loss in f32, summed in f64.
-  train::CrossEntropyEval loss(dtype);
+  train::CrossEntropyEval loss(precision);
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
@@ -171,9 +174,10 @@ int Main() {
   train::DataParallel& dp = *start->dp;
   const Device device = dp.device();
   const bool resume = start->resume;
-  absl::StatusOr<DType> dtype_or = train::ParsePrecision(absl::GetFlag(FLAGS_precision));
-  if (!dtype_or.ok()) return Fail(dtype_or.status());
-  const DType dtype = *dtype_or;
+  absl::StatusOr<train::Precision> precision_or =
+      train::ParsePrecision(absl::GetFlag(FLAGS_precision));
+  if (!precision_or.ok()) return Fail(precision_or.status());
+  const DType dtype = precision_or->dtype;
   const std::string model_name = absl::GetFlag(FLAGS_model);
   if (model_name != "cnn" && model_name != "mlp") {
     return Fail(absl::InvalidArgumentError(
@@ -220,6 +224,12 @@ int Main() {
   train::RunSettings settings;
   settings.Add("model", model_name, /*fixed=*/true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
+  if (precision_or->fp8) {
+    settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), true);
+    settings.Add("fp8_amax_history_len",
+                 static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
+    settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+  }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
   settings.Add("optimizer", opt_config.name, true);
   settings.Add("batch_size", static_cast<double>(batching.batch_size), true);
@@ -251,6 +261,12 @@ int Main() {
       return Fail(s);
     }
   }
+  // --precision=fp8: every Linear layer's GEMMs in FP8 (the MLP's three, the CNN's classifier).
+  absl::StatusOr<std::unique_ptr<amp::Fp8Training>> fp8_or =
+      train::MakeFp8Training(*precision_or, nn::LinearWeights(*model), dp.AmaxReducer());
+  if (!fp8_or.ok()) return Fail(fp8_or.status());
+  amp::Fp8Training* fp8 = fp8_or->get();
+  const train::ForwardPrecision forward_precision(dtype, fp8);
   train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
   auto opt_or = dp.MakeOptimizer(opt_config, precision);
   if (!opt_or.ok()) return Fail(opt_or.status());
@@ -271,6 +287,9 @@ int Main() {
     std::map<std::string, std::string> meta;
     absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
     if (!ckpt.ok()) return Fail(ckpt.status());
+    if (fp8 != nullptr) {
+      if (absl::Status s = train::LoadFp8State(*ckpt, ckpt_dir, *fp8); !s.ok()) return Fail(s);
+    }
     try {
       batches.load_state_dict(ckpt->Sub("data."));
     } catch (const Error& e) {
@@ -295,17 +314,21 @@ int Main() {
     train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
   }
   auto extra = [&] {
-    StateDict d;
+    StateDict d = train::Fp8State(fp8);
     d.Merge("data.", batches.state_dict());
     return d;
   };
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
+  std::vector<std::string> metric_columns = {"test_loss", "test_acc"};
+  if (fp8 != nullptr) {
+    for (const std::string& c : train::Fp8MetricsColumns()) metric_columns.push_back(c);
+  }
   if (absl::Status s =
           train::OpenMetrics(dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
                              resume ? std::optional<int64_t>(run.step()) : std::nullopt,
-                             {"test_loss", "test_acc"}, &metrics);
+                             metric_columns, &metrics);
       !s.ok()) {
     return Fail(s);
   }
@@ -340,7 +363,7 @@ int Main() {
     // copied (converted) to the device.
     data::ImageBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
     train::StepStats stats = train::TrainStep(
-        opt, schedule, dtype, /*max_grad_norm=*/0,
+        opt, schedule, forward_precision, /*max_grad_norm=*/0,
         [&](int64_t k) {
           return nn::CrossEntropyLoss(
               dp.Forward(*model, Variable(dp.Micro(batch.images, k).to(device, dtype))),
@@ -359,7 +382,7 @@ int Main() {
     const bool epoch_end = step % per_epoch == 0;
     // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
     if ((dp.is_main() || dp.sharded_parameters()) && (epoch_end || step == total_steps)) {
-      Eval test = Evaluate(*model, *test_set, dtype, device);
+      Eval test = Evaluate(*model, *test_set, forward_precision, device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s",
                                        step / per_epoch, test.loss, 100 * test.accuracy,
@@ -367,6 +390,7 @@ int Main() {
     }
     progress.Report(record);
     last_report = progress.ElapsedSeconds();  // evaluation time is not training throughput
+    if (fp8 != nullptr) train::AddFp8Metrics(*fp8, extras);
     if (metrics) {
       absl::Status s = metrics->Write(record, extras);
       if (!s.ok()) return Fail(s);
@@ -388,7 +412,7 @@ int Main() {
   }
   progress.Finish();
   if (!dp.is_main() && !dp.sharded_parameters()) return 0;
-  Eval test = Evaluate(*model, *test_set, dtype, device);
+  Eval test = Evaluate(*model, *test_set, forward_precision, device);
   if (!dp.is_main()) return 0;
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),

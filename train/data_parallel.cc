@@ -338,6 +338,11 @@ std::function<void(const Tensor&)> DataParallel::ReduceFoundInf() const {
   return dist::MaxFoundInfAcrossRanks(group_);
 }
 
+std::function<void(std::vector<float>&)> DataParallel::AmaxReducer() const {
+  if (group_ == nullptr) return nullptr;
+  return dist::MaxAmaxesAcrossRanks(group_, device_);
+}
+
 absl::StatusOr<RunStart> StartRun(const RunStartOptions& options, Device device) {
   absl::StatusOr<dist::DistEnv> launcher = DataParallel::ResolveWorldSize(options.parallel);
   if (!launcher.ok()) return launcher.status();

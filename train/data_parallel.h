@@ -145,6 +145,9 @@ class DataParallel {
   absl::Status CheckSameRun(const std::vector<std::string>& lines) const;
   // For MixedPrecisionOptions::reduce_found_inf (null for one process).
   std::function<void(const Tensor&)> ReduceFoundInf() const;
+  // For amp::Fp8Training::set_amax_reducer: the all-reduce MAX of a pass's amaxes over the
+  // ranks (null for one process).
+  std::function<void(std::vector<float>&)> AmaxReducer() const;
 
  private:
   int rank_ = 0;

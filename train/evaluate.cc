@@ -9,7 +9,7 @@
 namespace tg::train {
 
 Variable CrossEntropyEval::Add(const std::function<Variable()>& forward, const Tensor& targets) {
-  PrecisionScope precision(dtype_);
+  PrecisionScope precision(precision_, /*update_fp8=*/false);
   Variable logits = forward();
   // Per-row losses (f32 under autocast, f64 for f64 logits), summed in f64 where they live: one
   // host read per batch, as before.

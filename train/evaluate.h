@@ -23,15 +23,16 @@
 #include "autograd/variable.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
+#include "train/train_step.h"
 
 namespace tg::train {
 
 class CrossEntropyEval {
  public:
-  // dtype: the run's precision (f32: no autocast).
-  explicit CrossEntropyEval(DType dtype) : dtype_(dtype) {}
+  // The run's precision (f32: no autocast; an FP8 run's casts leave its scales as they are).
+  explicit CrossEntropyEval(const ForwardPrecision& precision) : precision_(precision) {}
 
-  // Runs `forward` under PrecisionScope(dtype) and adds the cross-entropy of each row of its
+  // Runs `forward` under PrecisionScope(precision, /*update_fp8=*/false) and adds the cross-entropy of each row of its
   // logits [..., C] against `targets` [...] (i32/i64 class ids, on the logits' device), in f32 or
   // wider, to the f64 total. Returns the logits (for an accuracy). The caller sets eval mode and
   // no_grad.
@@ -42,7 +43,7 @@ class CrossEntropyEval {
   double mean() const;  // total() / rows(); NaN before any row
 
  private:
-  DType dtype_;
+  ForwardPrecision precision_;
   double total_ = 0;
   int64_t rows_ = 0;
 };

@@ -34,12 +34,13 @@ absl::StatusOr<Device> CheckDevice(const std::string& device) {
   return d;
 }
 
-absl::StatusOr<DType> ParsePrecision(const std::string& name) {
-  if (name == "f32") return kF32;
-  if (name == "f16") return kF16;
-  if (name == "bf16") return kBF16;
+absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
+  if (name == "f32") return Precision{kF32, false};
+  if (name == "f16") return Precision{kF16, false};
+  if (name == "bf16") return Precision{kBF16, false};
+  if (name == "fp8") return Precision{kBF16, true};
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown precision '", name, "' (expected f32, f16 or bf16)"));
+      absl::StrCat("unknown precision '", name, "' (expected f32, f16, bf16 or fp8)"));
 }
 
 absl::Status CheckFlagRanges(const std::vector<FlagRange>& flags) {

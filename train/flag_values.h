@@ -23,8 +23,15 @@ namespace tg::train {
 // read on the host and copied per step.
 absl::StatusOr<Device> CheckDevice(const std::string& device);
 
-// "f32" | "f16" | "bf16".
-absl::StatusOr<DType> ParsePrecision(const std::string& name);
+// --precision: the dtype the model and its autocast run in, and whether its Linear layers' GEMMs
+// run in FP8 ("fp8": bf16 with FP8 GEMMs, Transformer Engine's fp8_autocast inside bf16
+// autocast; the recipe comes from --fp8_recipe, train/fp8_setup.h).
+struct Precision {
+  DType dtype = kF32;
+  bool fp8 = false;
+};
+// "f32" | "f16" | "bf16" | "fp8"; InvalidArgument naming the value otherwise.
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);
 
 // A numeric flag and its documented valid range: [min, max], or with one bound excluded. NaN is
 // outside every range, and infinity outside every range with a finite bound.

@@ -7,7 +7,17 @@
 #include "absl/strings/string_view.h"
 
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
-ABSL_FLAG(std::string, precision, "f32", "f32 | f16 | bf16");
+ABSL_FLAG(std::string, precision, "f32",
+          "f32 | f16 | bf16 | fp8 (bf16 with the Linear layers' GEMMs in FP8: --fp8_recipe)");
+ABSL_FLAG(std::string, fp8_recipe, "delayed",
+          "with --precision=fp8: delayed (per-tensor scales from an amax history, Transformer "
+          "Engine's default) | current (per-tensor scales from each tensor's own amax) | block "
+          "(1x128 tiles for activations and gradients, 128x128 blocks for weights, as "
+          "DeepSeek-V3)");
+ABSL_FLAG(int64_t, fp8_amax_history_len, 1024,
+          "with --fp8_recipe=delayed: the amax history's length, 1..65536");
+ABSL_FLAG(int64_t, fp8_margin, 0,
+          "with --fp8_recipe=delayed: scale = fp8_max / amax / 2^margin, -64..64");
 ABSL_FLAG(std::string, loss_scaler, "auto",
           "auto (pytorch for f16, none otherwise) | pytorch | megatron | deepspeed (DeepSpeed's "
           "engine config defaults: 2^16, hysteresis 2) | deepspeed_class (its DynamicLossScaler "

@@ -23,6 +23,9 @@
 
 ABSL_DECLARE_FLAG(std::string, optimizer);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, fp8_recipe);
+ABSL_DECLARE_FLAG(int64_t, fp8_amax_history_len);
+ABSL_DECLARE_FLAG(int64_t, fp8_margin);
 ABSL_DECLARE_FLAG(std::string, loss_scaler);
 ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
 ABSL_DECLARE_FLAG(tg::train::ResumeFlag, resume);

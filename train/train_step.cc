@@ -7,14 +7,17 @@
 
 namespace tg::train {
 
-StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
-                    double max_grad_norm, const std::function<Variable()>& loss_fn) {
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
+                    const ForwardPrecision& precision, double max_grad_norm,
+                    const std::function<Variable()>& loss_fn) {
   return TrainStep(
-      opt, schedule, dtype, max_grad_norm, [&](int64_t) { return loss_fn(); }, Accumulation{});
+      opt, schedule, precision, max_grad_norm, [&](int64_t) { return loss_fn(); },
+      Accumulation{});
 }
 
-StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
-                    double max_grad_norm, const std::function<Variable(int64_t micro)>& loss_fn,
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
+                    const ForwardPrecision& precision, double max_grad_norm,
+                    const std::function<Variable(int64_t micro)>& loss_fn,
                     const Accumulation& accumulation) {
   const int64_t n = accumulation.micro_batches;
   TG_CHECK(n >= 1, "TrainStep: micro_batches must be >= 1, got ", n);
@@ -31,7 +34,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
     auto body = [&] {
       Variable loss;
       {
-        PrecisionScope precision(dtype);
+        PrecisionScope scope(precision);
         loss = loss_fn(k);
       }
       // One micro-batch: the loss as it is (bit for bit the unaccumulated step).

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 
+#include "amp/fp8.h"
 #include "amp/training_optimizer.h"
 #include "autograd/autocast.h"
 #include "autograd/variable.h"
@@ -16,15 +17,28 @@
 
 namespace tg::train {
 
-// Autocast to `dtype` for the forward pass of a low-precision run; nothing for f32.
+// The run's precision as its forward passes see it: autocast to `dtype` (none for f32) and, for
+// --precision=fp8, the FP8 training whose Linear GEMMs run in FP8 (amp/fp8.h).
+struct ForwardPrecision {
+  ForwardPrecision(DType dtype) : dtype(dtype) {}  // NOLINT(runtime/explicit): a dtype alone
+  ForwardPrecision(DType dtype, amp::Fp8Training* fp8) : dtype(dtype), fp8(fp8) {}
+  DType dtype;
+  amp::Fp8Training* fp8 = nullptr;
+};
+
+// The forward pass's precision: autocast to the dtype, and the FP8 scope (amp::Fp8Autocast) of
+// an FP8 run, inside it as Transformer Engine nests fp8_autocast in bf16 autocast. update_fp8 =
+// false for evaluation and sampling: their casts leave delayed scaling's state as it is.
 class PrecisionScope {
  public:
-  explicit PrecisionScope(DType dtype) {
-    if (dtype != kF32) guard_.emplace(dtype);
+  explicit PrecisionScope(const ForwardPrecision& precision, bool update_fp8 = true) {
+    if (precision.dtype != kF32) guard_.emplace(precision.dtype);
+    if (precision.fp8 != nullptr) fp8_.emplace(*precision.fp8, true, update_fp8);
   }
 
  private:
   std::optional<amp::AutocastGuard> guard_;
+  std::optional<amp::Fp8Autocast> fp8_;  // destroyed first: its update runs inside autocast
 };
 
 struct StepStats {
@@ -49,11 +63,12 @@ struct Accumulation {
   std::function<void(bool sync, const std::function<void()>& body)> sync_scope;
 };
 
-// One optimizer step: zero_grad, `loss_fn()` under PrecisionScope(dtype), backward through the
+// One optimizer step: zero_grad, `loss_fn()` under PrecisionScope(precision), backward through the
 // mixed-precision optimizer, clipping to `max_grad_norm` (> 0; 0 only measures the norm), step,
 // and the schedule's step (which does not advance when the optimizer step was skipped).
-StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
-                    double max_grad_norm, const std::function<Variable()>& loss_fn);
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
+                    const ForwardPrecision& precision, double max_grad_norm,
+                    const std::function<Variable()>& loss_fn);
 // With accumulation: `loss_fn(k)` is the mean loss of micro-batch k (of equal sizes), and the
 // backward runs on loss / micro_batches (/ summed_ranks), so the master gradients end as the
 // gradient of the mean over all micro-batches (the large batch, within f32 rounding); one clip, one
@@ -62,8 +77,9 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DT
 // model's .grad without synchronisation (sync_scope(false, ...)) and the last one reduces and
 // unscales the sum once, as DDP's no_sync; ZeRO stage 2/3 reduce every micro-batch into the
 // master gradients. StepStats::loss is the mean of the micro-batch losses.
-StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule, DType dtype,
-                    double max_grad_norm, const std::function<Variable(int64_t micro)>& loss_fn,
+StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
+                    const ForwardPrecision& precision, double max_grad_norm,
+                    const std::function<Variable(int64_t micro)>& loss_fn,
                     const Accumulation& accumulation);
 
 }  // namespace tg::train

@@ -34,8 +34,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "amp/fp8.h"
 #include "autograd/ops.h"
 #include "nlohmann/json.hpp"
+#include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "nn/models/image.h"
@@ -51,7 +53,8 @@ ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)
 ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),
           "models to time (mlp, cnn, gpt)");
 ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
-          "precisions to time; f32 is the reference of the 'vs f32' column when timed");
+          "precisions to time (f32, f16, bf16, fp8/delayed, fp8/current, fp8/block); f32 is the "
+          "reference of the 'vs f32' column when timed");
 ABSL_FLAG(std::string, pytorch_json, "",
           "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's fastest variant's "
           "ms/step at this thread count (and its name) and the ratio to each row");
@@ -68,9 +71,18 @@ struct Result {
 
 // Median step time over `steps` timed steps after 3 warm-up steps; the GEMM share over `steps`
 // more.
-Result Measure(nn::Module& model, DType dtype, int steps, int64_t items_per_step,
-               const std::function<Variable()>& loss_fn) {
+// fp8_recipe: "" for the dtype alone, else --precision=fp8 with that recipe (the model's Linear
+// weights in FP8, inside bf16 autocast).
+Result Measure(nn::Module& model, DType dtype, const std::string& fp8_recipe, int steps,
+               int64_t items_per_step, const std::function<Variable()>& loss_fn) {
   model.to(dtype);
+  std::unique_ptr<amp::Fp8Training> fp8;
+  if (!fp8_recipe.empty()) {
+    amp::Fp8TrainingOptions o;
+    o.recipe = amp::ParseFp8Recipe(fp8_recipe);
+    fp8 = std::make_unique<amp::Fp8Training>(nn::LinearWeights(model), o);
+  }
+  const train::ForwardPrecision forward(dtype, fp8.get());
   train::OptimizerConfig opt_config;
   opt_config.lr = 1e-4;
   train::PrecisionConfig precision{dtype, "auto"};
@@ -80,12 +92,12 @@ Result Measure(nn::Module& model, DType dtype, int steps, int64_t items_per_step
     std::exit(1);
   }
   optim::ConstantLr schedule((*opt)->optimizer());
-  for (int i = 0; i < 3; ++i) train::TrainStep(**opt, schedule, dtype, 1.0, loss_fn);
+  for (int i = 0; i < 3; ++i) train::TrainStep(**opt, schedule, forward, 1.0, loss_fn);
   auto timed_steps = [&](std::vector<double>* times) {
     double total = 0;
     for (int i = 0; i < steps; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      train::TrainStep(**opt, schedule, dtype, 1.0, loss_fn);
+      train::TrainStep(**opt, schedule, forward, 1.0, loss_fn);
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (times != nullptr) times->push_back(s);
@@ -145,12 +157,13 @@ std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int t
   return ms;
 }
 
-void Row(const char* model, DType dtype, const Result& r, const Result& f32, const char* unit,
-         const std::map<std::string, PyTorchRow>& pytorch) {
-  std::printf("%-5s %-5s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)",
-              model, DTypeName(dtype), r.ms_per_step, r.items_per_second, unit,
+// `precision`: the row's --dtypes entry ("bf16", "fp8/delayed", ...).
+void Row(const char* model, const std::string& precision, const Result& r, const Result& f32,
+         const char* unit, const std::map<std::string, PyTorchRow>& pytorch) {
+  std::printf("%-5s %-12s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)",
+              model, precision.c_str(), r.ms_per_step, r.items_per_second, unit,
               f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops);
-  const auto it = pytorch.find(std::string(model) + "/" + DTypeName(dtype));
+  const auto it = pytorch.find(std::string(model) + "/" + precision);
   if (it != pytorch.end() && !it->second.empty()) {
     const auto best =
         std::min_element(it->second.begin(), it->second.end(),
@@ -214,12 +227,23 @@ int main(int argc, char** argv) {
     const char* name = model_name.c_str();
     Result f32;
     for (const std::string& dtype_name : absl::GetFlag(FLAGS_dtypes)) {
-      const absl::StatusOr<DType> parsed = train::ParsePrecision(dtype_name);
+      // "fp8/<recipe>" (or "fp8": delayed) measures --precision=fp8 with that recipe.
+      const size_t slash = dtype_name.find('/');
+      const absl::StatusOr<train::Precision> parsed =
+          train::ParsePrecision(dtype_name.substr(0, slash));
       if (!parsed.ok()) {
         std::fprintf(stderr, "train_step: %s\n", std::string(parsed.status().message()).c_str());
         return 1;
       }
-      const DType dtype = *parsed;
+      const DType dtype = parsed->dtype;
+      const std::string fp8_recipe =
+          !parsed->fp8 ? "" : slash == std::string::npos ? "delayed" : dtype_name.substr(slash + 1);
+      if (!fp8_recipe.empty() && fp8_recipe != "delayed" && fp8_recipe != "current" &&
+          fp8_recipe != "block") {
+        std::fprintf(stderr, "train_step: unknown FP8 recipe in '%s' (expected delayed, current "
+                     "or block)\n", dtype_name.c_str());
+        return 1;
+      }
       Generator init(1);
       std::shared_ptr<nn::Module> model;
       std::function<Variable()> loss_fn;
@@ -237,9 +261,9 @@ int main(int argc, char** argv) {
         };
         items = batch;
       }
-      Result r = Measure(*model, dtype, steps, items, loss_fn);
+      Result r = Measure(*model, dtype, fp8_recipe, steps, items, loss_fn);
       if (dtype == kF32) f32 = r;
-      Row(name, dtype, r, f32, name == std::string("gpt") ? "tok/s" : "img/s", pytorch);
+      Row(name, dtype_name, r, f32, name == std::string("gpt") ? "tok/s" : "img/s", pytorch);
     }
   }
   return 0;
