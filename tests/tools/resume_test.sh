@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Exact resume: a run stopped by SIGTERM (the Ctrl-C path: checkpoint, exit 128 + 15) and resumed
-# with --resume logs the same step, loss, lr, grad norm, loss scale and skip count at every step
-# as an uninterrupted run. Covers train_mnist in f32 and f16 (dynamic loss scaling) and train_gpt
-# with dropout in bf16.
+# with --resume logs the same step, loss, lr, grad norm, loss scale and skip count (and FP8
+# scales) at every step as an uninterrupted run. Covers train_mnist in f32 and f16 (dynamic loss
+# scaling), train_gpt with dropout in bf16, and train_gpt in FP8 with each recipe (the delayed
+# recipe's amax histories and scales travel in the checkpoint).
 set -euo pipefail
 source tests/skip.sh  # relative to the runfiles root, where Bazel runs the test
 
@@ -11,11 +12,13 @@ train_gpt="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 
-# The columns that must match: everything but wall-clock time and throughput.
+# The columns that must match: everything but wall-clock time and throughput (the FP8 scales when
+# the run has them).
 columns() {
   awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-           { print $col["step"], $col["loss"], $col["lr"], $col["grad_norm"], $col["loss_scale"],
-                   $col["skipped_steps"] }' "$1"
+           { fp8 = ("fp8_input_scale" in col) ? $col["fp8_input_scale"] " " $col["fp8_weight_scale"] " " $col["fp8_grad_scale"] : ""
+             print $col["step"], $col["loss"], $col["lr"], $col["grad_norm"], $col["loss_scale"],
+                   $col["skipped_steps"], fp8 }' "$1"
 }
 
 check() {  # name binary args...
@@ -51,8 +54,23 @@ check gpt_bf16_dropout "$train_gpt" --data="$text" --steps=16 --n_layer=1 --n_em
   --block_size=16 --batch_size=4 --dropout=0.1 --precision=bf16 --eval_every=5 --warmup_steps=4 \
   --eval_batches=2 --sample_tokens=0 --checkpoint_every=0
 
+for recipe in delayed current block; do
+  check "gpt_fp8_$recipe" "$train_gpt" --data="$text" --steps=12 --n_layer=1 --n_embd=32 \
+    --block_size=16 --batch_size=4 --precision=fp8 --fp8_recipe="$recipe" \
+    --fp8_amax_history_len=4 --eval_every=5 --warmup_steps=4 --eval_batches=2 --sample_tokens=0 \
+    --checkpoint_every=0
+done
+# The delayed scales moved from their start (1) by step 2: the casts happened and were recorded.
+awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+         NR == 3 { exit !($col["fp8_weight_scale"] != 1 && $col["fp8_grad_scale"] != 1) }' \
+  "$tmp/gpt_fp8_delayed/full.csv" && echo "ok   gpt_fp8_delayed: scales moved" || {
+  echo "FAIL gpt_fp8_delayed: the FP8 scales did not move"; head -4 "$tmp/gpt_fp8_delayed/full.csv"
+  failures=$((failures + 1)); }
+
 if [ -d /usr/share/datasets/fashion-mnist ]; then
   check mnist_mlp_f32 "$train_mnist" --model=mlp --train_limit=640 --batch_size=64 --epochs=2
+  check mnist_mlp_fp8 "$train_mnist" --model=mlp --train_limit=640 --batch_size=64 --epochs=2 \
+    --precision=fp8
   # Megatron's 2^32 start skips 15 of these 20 steps: allowed here (--max_skipped_fraction).
   check mnist_cnn_f16 "$train_mnist" --model=cnn --train_limit=320 --batch_size=32 --epochs=2 \
     --precision=f16 --loss_scaler=megatron --max_skipped_fraction=1
