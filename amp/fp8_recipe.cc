@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tensor/error.h"
+#include "tensor/fp8_scale.h"
 
 namespace tg {
 namespace amp {
@@ -72,19 +72,13 @@ float ComputeScaleFromAmax(float amax, float fp8_max, const Fp8CurrentScalingOpt
   TG_CHECK(std::isfinite(options.value_for_inf) && options.value_for_inf > 0.0f,
            "ComputeScaleFromAmax: value_for_inf must be finite and > 0, got ",
            options.value_for_inf);
-  // A NaN amax compares false and stays NaN, as in TE.
-  if (amax < options.amax_epsilon) amax = options.amax_epsilon;
-  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
-  float scale = fp8_max / amax;  // one f32 division (TE: __fdiv_rn)
-  if (std::isinf(scale)) scale = options.value_for_inf;
-  if (options.force_pow_2_scales) {
-    // Keep sign and exponent: the largest power of two <= scale (0 for a subnormal scale).
-    uint32_t bits;
-    std::memcpy(&bits, &scale, sizeof bits);
-    bits &= 0xFF800000u;
-    std::memcpy(&scale, &bits, sizeof bits);
-  }
-  return scale;
+  // The rule itself is tensor/fp8_scale.h's, which the Fp8Scale kernels of every device run too.
+  Fp8ScaleOptions o;
+  o.fp8_max = fp8_max;
+  o.amax_epsilon = options.amax_epsilon;
+  o.force_pow_2_scales = options.force_pow_2_scales;
+  o.value_for_inf = options.value_for_inf;
+  return Fp8ScaleFromAmax(amax, o);
 }
 
 Fp8CurrentScalingOptions BlockScalingDefaults() {

@@ -1,0 +1,335 @@
+// The FP8 entries of the kernel list on the CPU: tile amaxes, the scale rule, the fused
+// cast (+ transpose + amax) and the FP8 GEMM.
+//
+// The GEMM: every e4m3 and e5m2 value (NaN and inf included) is exactly a bf16, and the product
+// of two of them is exact in f32, so an FP8 GEMM is a bf16 GEMM of the decoded operands with f32
+// sums: oneDNN's (AVX-512 BF16 / AMX) where LowPrecisionGemm runs it, else (AVX2) the operands
+// decoded to f32 and the f32 Gemm (the same products, the same kind of sums). Per-tensor scaling is
+// one GEMM and an epilogue pass (scale, bias, one rounding); block scaling runs per block of 64
+// output rows (the tasks of ParallelFor, each with its own f32 scratch): a GEMM per 128-wide slice
+// of k into a scratch, whose partial sums are scaled by their two tiles' scale_invs and added to
+// the block's f32 accumulator in slice order (DeepSeek-V3's promotion), so the accumulator stays in
+// cache.
+//
+// Threads: the amax, cast, scale and epilogue loops compute each element with the serial code
+// (and the amaxes are maxima: exact in any order), so they give the same bits at any thread
+// count; the GEMMs are the libraries' (deterministic for a fixed thread count, docs/cpu.md).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/convert_rows.h"
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/float8.h"
+
+namespace tg::cpu {
+namespace {
+
+// Rows of x a task of the cast covers, and the columns of one transpose block: 64 x 64 bytes
+// of out_t are written per block, a cache line per row of out_t. 64 divides 128, so a block
+// never straddles a 128-wide tile.
+constexpr int64_t kCastBlock = 64;
+// Output rows per task of the block-scaled GEMM (divides 128: a 128x128 tile of a holds).
+constexpr int64_t kGemmRows = 64;
+
+// |v| > m ? |v| : m: fmaxf over non-negative maxima, a NaN skipped (it compares false).
+inline float MaxAbs(float m, float v) {
+  const float a = std::fabs(v);
+  return a > m ? a : m;
+}
+
+// The saturating cast to the format of out's dtype (kNone: no output, amaxes only).
+enum class Fp8Out { kNone, kE4M3, kE5M2 };
+
+template <Fp8Out kOut>
+inline uint8_t Encode(float v) {
+  if constexpr (kOut == Fp8Out::kE4M3) {
+    return FloatToE4M3Bits(v);
+  } else {
+    return FloatToE5M2Bits(v);
+  }
+}
+
+// One pass over x [rows, cols] (T: f32/bf16/f16) in blocks of kCastBlock x kCastBlock: per
+// element v = x * scale[tile] in f32, out = the cast of v, out_t[c, r] = out[r, c], and
+// row_max[r, tile col] = the largest |x| of the row within the tile column (when row_max is
+// given). out / out_t may be null.
+template <typename T, Fp8Out kOut>
+void CastPass(const T* x, int64_t rows, int64_t cols, Fp8Tile tile, int64_t grid_cols,
+              const float* scale, uint8_t* out, uint8_t* out_t, float* row_max) {
+  const int64_t bands = (rows + kCastBlock - 1) / kCastBlock;
+  ParallelFor(bands, RowsPerThread(kCastBlock * cols), [&](int64_t band_begin, int64_t band_end) {
+    float v[kCastBlock];
+    uint8_t block_t[kCastBlock * kCastBlock];  // [column in block][row in band]
+    for (int64_t band = band_begin; band < band_end; ++band) {
+      const int64_t r0 = band * kCastBlock, r1 = std::min(rows, r0 + kCastBlock);
+      if (row_max != nullptr) std::fill(row_max + r0 * grid_cols, row_max + r1 * grid_cols, 0.0f);
+      for (int64_t c0 = 0; c0 < cols; c0 += kCastBlock) {
+        const int64_t width = std::min(cols - c0, kCastBlock), tile_col = c0 / tile.cols;
+        for (int64_t r = r0; r < r1; ++r) {
+          LoadRow(x + r * cols + c0, 1, width, v);
+          if (row_max != nullptr) {
+            float m = row_max[r * grid_cols + tile_col];
+            for (int64_t j = 0; j < width; ++j) m = MaxAbs(m, v[j]);
+            row_max[r * grid_cols + tile_col] = m;
+          }
+          if constexpr (kOut != Fp8Out::kNone) {
+            const float s = scale[(r / tile.rows) * grid_cols + tile_col];
+            uint8_t* o = out + r * cols + c0;
+            for (int64_t j = 0; j < width; ++j) o[j] = Encode<kOut>(v[j] * s);
+            if (out_t != nullptr) {
+              for (int64_t j = 0; j < width; ++j) block_t[j * kCastBlock + (r - r0)] = o[j];
+            }
+          }
+        }
+        if (out_t != nullptr) {
+          for (int64_t j = 0; j < width; ++j) {
+            std::memcpy(out_t + (c0 + j) * rows + r0, block_t + j * kCastBlock, r1 - r0);
+          }
+        }
+      }
+    }
+  });
+}
+
+// amax[g, tc] = the largest row_max[r, tc] over the rows r of tile row g.
+void ReduceRowMax(const float* row_max, int64_t rows, Fp8Tile tile, Fp8Tile grid, float* amax) {
+  ParallelFor(grid.rows, RowsPerThread(tile.rows * grid.cols), [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      float* a = amax + g * grid.cols;
+      std::fill(a, a + grid.cols, 0.0f);
+      for (int64_t r = g * tile.rows; r < std::min(rows, (g + 1) * tile.rows); ++r) {
+        for (int64_t tc = 0; tc < grid.cols; ++tc)
+          a[tc] = MaxAbs(a[tc], row_max[r * grid.cols + tc]);
+      }
+    }
+  });
+}
+
+// Fp8Amax and Fp8Cast: the cast pass with the amaxes gathered per row, then reduced per tile
+// (1x128 tiles are rows: their row maxima are the amaxes, written in place).
+void CastAndAmax(const Tensor& out, const Tensor& out_t, const Tensor& amax, const Tensor& x,
+                 const Tensor& scale, Fp8Tiling tiling) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const Fp8Tile tile = Fp8TileOf(rows, cols, tiling), grid = Fp8GridOf(rows, cols, tiling);
+  if (rows == 0 || cols == 0) return;
+  ScratchVector<float> row_max_scratch;
+  float* row_max = nullptr;
+  if (amax.defined()) {
+    if (tile.rows == 1) {
+      row_max = amax.data<float>();
+    } else {
+      row_max_scratch.resize(static_cast<size_t>(rows * grid.cols));
+      row_max = row_max_scratch.data();
+    }
+  }
+  const float* s = scale.defined() ? scale.data<float>() : nullptr;
+  uint8_t* o = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
+  uint8_t* ot = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
+  VisitFloating("fp8_cast", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, double>) {
+      throw Error("fp8_cast: the CPU kernel takes f32, bf16 or f16 input, got f64");
+    } else {
+      const T* xs = x.data<T>();
+      if (!out.defined()) {
+        CastPass<T, Fp8Out::kNone>(xs, rows, cols, tile, grid.cols, s, o, ot, row_max);
+      } else if (out.dtype() == kF8E4M3) {
+        CastPass<T, Fp8Out::kE4M3>(xs, rows, cols, tile, grid.cols, s, o, ot, row_max);
+      } else {
+        CastPass<T, Fp8Out::kE5M2>(xs, rows, cols, tile, grid.cols, s, o, ot, row_max);
+      }
+    }
+  });
+  if (row_max != nullptr && tile.rows != 1) {
+    ReduceRowMax(row_max, rows, tile, grid, amax.data<float>());
+  }
+}
+
+// ---- GEMM ----
+
+// The bits of every code of an FP8 format as E (bf16: the decoded float's top half; f32), both
+// exact.
+template <typename E>
+struct DecodeTable {
+  std::array<E, 256> values;
+  explicit DecodeTable(DType dtype) {
+    for (int c = 0; c < 256; ++c) {
+      const uint8_t b = static_cast<uint8_t>(c);
+      const float f = dtype == kF8E4M3 ? E4M3BitsToFloat(b) : E5M2BitsToFloat(b);
+      if constexpr (std::is_same_v<E, float>) {
+        values[c] = f;
+      } else {
+        values[c] = BFloat16::FromBits(static_cast<uint16_t>(FloatBits(f) >> 16));
+      }
+    }
+  }
+};
+
+// The FP8 tensor t (contiguous) decoded into `dst` as E (bf16 or f32).
+template <typename E>
+void Decode(const Tensor& t, ScratchVector<E>& dst) {
+  static const DecodeTable<E> e4m3(kF8E4M3), e5m2(kF8E5M2);
+  const std::array<E, 256>& table = (t.dtype() == kF8E4M3 ? e4m3 : e5m2).values;
+  const uint8_t* src = static_cast<const uint8_t*>(t.raw_data());
+  const int64_t count = t.numel();
+  dst.resize(static_cast<size_t>(count));
+  E* d = dst.data();
+  ParallelFor(count, int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) d[i] = table[src[i]];
+  });
+}
+
+// Whether oneDNN multiplies bf16 on this CPU (AVX-512 and up), asked once with a small product.
+// Where it does not (AVX2), the GEMM decodes straight to f32: one pass, no bf16 copy to widen.
+bool HasBf16Gemm() {
+  static const bool has = [] {
+    constexpr int64_t kM = 64, kK = 128;
+    std::vector<BFloat16> ab(kM * kK);
+    std::vector<float> c(kM * kM);
+    return LowPrecisionGemm<BFloat16, float>(false, true, kM, kM, kK, ab.data(), kK, ab.data(), kK,
+                                             c.data(), kM);
+  }();
+  return has;
+}
+
+// c [m, n] (f32, ldc) = a [m, k] (lda) @ b [n, k]^T (ldb) with exact products and f32 sums. bf16
+// operands: oneDNN's bf16 product, or where it declines this shape the operands widened to f32;
+// f32 operands: the f32 Gemm.
+void GemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+            int64_t ldb, float* c, int64_t ldc) {
+  Gemm<float>(false, true, m, n, k, a, lda, b, ldb, c, ldc);
+}
+void GemmNT(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b,
+            int64_t ldb, float* c, int64_t ldc) {
+  if (LowPrecisionGemm<BFloat16, float>(false, true, m, n, k, a, lda, b, ldb, c, ldc)) return;
+  ScratchVector<float> a32(static_cast<size_t>(m * k)), b32(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < m; ++r) WidenToF32(a + r * lda, a32.data() + r * k, k);
+  for (int64_t r = 0; r < n; ++r) WidenToF32(b + r * ldb, b32.data() + r * k, k);
+  GemmNT(m, n, k, a32.data(), k, b32.data(), k, c, ldc);
+}
+
+// out[i, :] = acc[i - i0, :] + bias, rounded once to T, for the rows [i0, i1) (acc: ld n; it may
+// be out's own rows when T is f32).
+template <typename T>
+void StoreRows(float* acc, const float* bias, int64_t i0, int64_t i1, int64_t n, T* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    float* row = acc + (i - i0) * n;
+    if (bias != nullptr) {
+      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
+    }
+    if (row != reinterpret_cast<float*>(out + i * n)) StoreRow(row, n, out + i * n, 1);
+  }
+}
+
+// T: out's type; E: the decoded operands' (bf16 or f32).
+template <typename T, typename E>
+void Fp8GemmTyped(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
+                  const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling,
+                  const float* bias) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  T* o = out.data<T>();
+  ScratchVector<E> ad, bd;
+  Decode(a, ad);
+  Decode(b, bd);
+  const float* sa = a_scale_inv.data<float>();
+  const float* sb = b_scale_inv.data<float>();
+  if (a_tiling == Fp8Tiling::kTensor) {
+    // One GEMM (threaded by the library), then sum * (sa * sb) + bias, rounded once.
+    ScratchVector<float> scratch;
+    float* c = GemmResult<float>(o, m * n, scratch);
+    GemmNT(m, n, k, ad.data(), k, bd.data(), k, c, n);
+    const float s = sa[0] * sb[0];
+    ParallelFor(m, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float* row = c + i * n;
+        for (int64_t j = 0; j < n; ++j) row[j] *= s;
+      }
+      StoreRows(c + begin * n, bias, begin, end, n, o);
+    });
+    return;
+  }
+  // Block scaling: the scale_inv grids are [m or ceil(m / 128), slices] and [n or ceil(n / 128),
+  // slices]. Per task of kGemmRows output rows: a GEMM per slice into `partial`, scaled and added
+  // to `acc` in slice order.
+  const int64_t slices = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t a_tile_rows = Fp8TileOf(m, k, a_tiling).rows;
+  const int64_t b_tile_rows = Fp8TileOf(n, k, b_tiling).rows;
+  const int64_t blocks = (m + kGemmRows - 1) / kGemmRows;
+  ParallelFor(blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    ScratchVector<float> partial(static_cast<size_t>(kGemmRows * n));
+    ScratchVector<float> acc(static_cast<size_t>(kGemmRows * n));
+    ScratchVector<float> col_scale(static_cast<size_t>(n));  // b's scale_inv per column
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      const int64_t i0 = block * kGemmRows, i1 = std::min(m, i0 + kGemmRows), rows = i1 - i0;
+      std::fill(acc.begin(), acc.begin() + rows * n, 0.0f);
+      for (int64_t s = 0; s < slices; ++s) {
+        const int64_t k0 = s * kFp8BlockSize, width = std::min(k - k0, kFp8BlockSize);
+        GemmNT(rows, n, width, ad.data() + i0 * k + k0, k, bd.data() + k0, k, partial.data(), n);
+        for (int64_t j = 0; j < n; ++j) col_scale[j] = sb[(j / b_tile_rows) * slices + s];
+        for (int64_t i = i0; i < i1; ++i) {
+          const float row_scale = sa[(i / a_tile_rows) * slices + s];
+          const float* p = partial.data() + (i - i0) * n;
+          float* c = acc.data() + (i - i0) * n;
+          for (int64_t j = 0; j < n; ++j) c[j] += p[j] * (row_scale * col_scale[j]);
+        }
+      }
+      StoreRows(acc.data(), bias, i0, i1, n, o);
+    }
+  });
+}
+
+}  // namespace
+
+void Fp8Amax(const Tensor& amax, const Tensor& x, Fp8Tiling tiling) {
+  CastAndAmax(Tensor(), Tensor(), amax, x, Tensor(), tiling);
+}
+
+void Fp8Scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax,
+              const Fp8ScaleOptions& options) {
+  const float* a = amax.data<float>();
+  float* s = scale.data<float>();
+  float* si = scale_inv.data<float>();
+  for (int64_t i = 0; i < amax.numel(); ++i) {
+    s[i] = Fp8ScaleFromAmax(a[i], options);
+    si[i] = 1.0f / s[i];
+  }
+}
+
+void Fp8Cast(const Tensor& out, const Tensor& out_t, const Tensor& amax, const Tensor& x,
+             const Tensor& scale, Fp8Tiling tiling) {
+  CastAndAmax(out, out_t, amax, x, scale, tiling);
+}
+
+void Fp8Gemm(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
+             const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling, const Tensor& bias) {
+  if (out.numel() == 0) return;
+  VisitFloating("fp8_gemm", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, double>) {
+      throw Error("fp8_gemm: the CPU kernel writes f32, bf16 or f16, got f64");
+    } else {
+      // The bias in f32 (exact), added to the f32 result before its one rounding.
+      ScratchVector<float> bias32;
+      const float* bias_f = nullptr;
+      if (bias.defined()) {
+        bias32.resize(static_cast<size_t>(bias.numel()));
+        LoadRow(bias.data<T>(), 1, bias.numel(), bias32.data());
+        bias_f = bias32.data();
+      }
+      if (HasBf16Gemm()) {
+        Fp8GemmTyped<T, BFloat16>(out, a, a_scale_inv, a_tiling, b, b_scale_inv, b_tiling, bias_f);
+      } else {
+        Fp8GemmTyped<T, float>(out, a, a_scale_inv, a_tiling, b, b_scale_inv, b_tiling, bias_f);
+      }
+    }
+  });
+}
+
+}  // namespace tg::cpu
