@@ -227,7 +227,7 @@ TEST(Fp8TrainingTest, DelayedScalingResumeIsBitIdentical) {
   const auto run = [&](Fp8Training& fp8, Variable& w, int from, int to) {
     std::vector<float> out;
     for (int step = from; step < to; ++step) {
-      Variable x(Random({m, k}, 100 + step, 1.0 + step), false);
+      Variable x(Random({m, k}, 100 + step, 1.0 + step), true);
       w.set_grad(Variable());
       const StepResult r = RunStep(fp8, x, w, ct);
       out.insert(out.end(), r.y.begin(), r.y.end());
