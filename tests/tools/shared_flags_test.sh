@@ -13,9 +13,9 @@ failures=0
 
 fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 
-shared="checkpoint_dir device grad_accum_steps loss_scaler max_skipped_fraction
-max_skipped_in_a_row metrics optimizer precision print_every rank rdzv resume stop_at_step tf32
-world_size zero_stage"
+shared="checkpoint_dir device fp8_amax_history_len fp8_margin fp8_recipe grad_accum_steps
+loss_scaler max_skipped_fraction max_skipped_in_a_row metrics optimizer precision print_every rank
+rdzv resume stop_at_step tf32 world_size zero_stage"
 own_mnist="batch_size checkpoint_every data_dir epochs lr micro_batch_size model override seed
 train_limit weight_decay"
 own_gpt="batch_size beta2 block_size checkpoint_every cudnn_attention data dropout eval_batches
@@ -60,7 +60,7 @@ else
 fi
 # A default that is printed: the shared flags keep the defaults they had in each binary.
 for want in '--optimizer (adamw | adam | sgd); default: "adamw";' \
-  '--device (cpu | cuda | cuda:N); default: "cpu";' '--precision (f32 | f16 | bf16); default: "f32";'; do
+  '--device (cpu | cuda | cuda:N); default: "cpu";' '--fp8_recipe (with --precision=fp8: delayed' '--fp8_margin (with --fp8_recipe=delayed:'; do
   if grep -qF -- "$want" "$tmp/gpt.shared"; then echo "ok   $want"; else fail "no '$want'"; fi
 done
 
