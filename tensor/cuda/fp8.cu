@@ -162,16 +162,20 @@ struct Matrix {
   int64_t rows, cols;
 };
 
+// x is [..., cols] (the kernel list says [rows, cols]; a caller may pass its tensor unflattened):
+// the matrix [product of the leading dims, cols].
 Matrix CheckInput(const char* op, const Tensor& x) {
   TG_CHECK(x.defined(), op, ": x is an undefined tensor");
   TG_CHECK(x.device().is_cuda(), op, ": x is on ", x.device().ToString(),
            ", expected a CUDA device");
   TG_CHECK(x.dtype() == kF32 || x.dtype() == kBF16 || x.dtype() == kF16, op,
            ": x must be f32, bf16 or f16, got ", DTypeName(x.dtype()));
-  TG_CHECK(x.dim() == 2 && x.is_contiguous(), op,
-           ": x must be a contiguous [rows, cols] matrix, got ", ShapeToString(x.shape()),
+  TG_CHECK(x.dim() >= 1 && x.is_contiguous(), op,
+           ": x must be contiguous with at least one dim, got ", ShapeToString(x.shape()),
            " with strides ", ShapeToString(x.strides()));
-  return {x.size(0), x.size(1)};
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return {rows, x.size(-1)};
 }
 
 void LaunchCast(const char* op, const Tensor& x, const CastArgs& args) {
@@ -248,17 +252,17 @@ void Fp8Cast(const Tensor& out, const Tensor& out_t, const Tensor& amax, const T
   TG_CHECK(out.defined(), op, ": out is an undefined tensor");
   TG_CHECK(out.dtype() == kF8E4M3 || out.dtype() == kF8E5M2, op,
            ": out must be f8e4m3 or f8e5m2, got ", DTypeName(out.dtype()));
-  TG_CHECK(
-      out.device() == x.device() && out.is_contiguous() && out.shape() == Shape({mx.rows, mx.cols}),
-      op, ": out must be a contiguous ", ShapeToString({mx.rows, mx.cols}), " on ",
-      x.device().ToString(), ", got ", ShapeToString(out.shape()), " on ", out.device().ToString());
+  TG_CHECK(out.device() == x.device() && out.is_contiguous() && out.numel() == mx.rows * mx.cols,
+           op, ": out must be a contiguous [", mx.rows, ", ", mx.cols, "] on ",
+           x.device().ToString(), ", got ", ShapeToString(out.shape()), " on ",
+           out.device().ToString());
   if (out_t.defined()) {
     TG_CHECK(out_t.dtype() == out.dtype() && out_t.device() == x.device() &&
-                 out_t.is_contiguous() && out_t.shape() == Shape({mx.cols, mx.rows}),
-             op, ": out_t must be a contiguous ", DTypeName(out.dtype()), " ",
-             ShapeToString({mx.cols, mx.rows}), " on ", x.device().ToString(), ", got ",
-             DTypeName(out_t.dtype()), " ", ShapeToString(out_t.shape()), " on ",
-             out_t.device().ToString());
+                 out_t.is_contiguous() && out_t.dim() == 2 && out_t.size(0) == mx.cols &&
+                 out_t.size(1) == mx.rows,
+             op, ": out_t must be a contiguous ", DTypeName(out.dtype()), " [", mx.cols, ", ",
+             mx.rows, "] on ", x.device().ToString(), ", got ", DTypeName(out_t.dtype()), " ",
+             ShapeToString(out_t.shape()), " on ", out_t.device().ToString());
   }
   if (amax.defined()) CheckF32Grid(op, "amax", amax, grid, x);
   DeviceGuard guard(x.device().index);
