@@ -37,6 +37,7 @@ constexpr int kWarps = kCastThreads / 32;
 constexpr int kRowsPerWarp = kChunkRows / kWarps;
 static_assert(kChunkCols == kFp8BlockSize, "a chunk spans one tile column");
 static_assert(kFp8BlockSize % kChunkRows == 0, "a chunk lies inside one 128-row block");
+static_assert(kChunkRows == 32, "the transpose writes one chunk row per lane");
 
 struct CastArgs {
   int64_t rows, cols;
@@ -123,15 +124,13 @@ __global__ void __launch_bounds__(kCastThreads) Fp8CastKernel(const T* __restric
   }
   if (a.out_t != nullptr) {  // uniform over the block
     __syncthreads();
-    // Thread t writes 16 consecutive bytes of out_t's row c0 + t / 2.
-    const int cl = threadIdx.x >> 1;
-    const int rh = (threadIdx.x & 1) * (kChunkRows / 2);
-    const int64_t c = c0 + cl;
-    if (c < a.cols) {
-      for (int i = 0; i < kChunkRows / 2; ++i) {
-        const int64_t r = r0 + rh + i;
-        if (r < a.rows) a.out_t[c * a.rows + r] = tile[rh + i][cl];
-      }
+    // Warp w writes out_t's rows c0 + w, c0 + w + 8, ...: 32 consecutive bytes each (one per
+    // lane, lane = the chunk's row), read down a column of the tile (its stride of 132 bytes
+    // spreads the lanes over the banks).
+    const int64_t r = r0 + lane;
+    for (int cl = warp; cl < kChunkCols; cl += kWarps) {
+      const int64_t c = c0 + cl;
+      if (c < a.cols && r < a.rows) a.out_t[c * a.rows + r] = tile[lane][cl];
     }
   }
 }
