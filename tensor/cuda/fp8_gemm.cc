@@ -16,9 +16,14 @@
 // cuBLASLt then sums each 128-wide k block, scales it by the two blocks' factors and accumulates
 // in f32: the kernel list's rule.
 //
-// FAST_ACCUM stays off (cuBLASLt's default): the tensor cores' partial sums are promoted to f32
-// accumulators, the rule the contract states. The FP8 output amax (AMAX_D_POINTER) is not used:
-// the contract's outputs are f32/bf16/f16, whose amax no recipe reads.
+// Accumulation: FAST_ACCUM stays off (cuBLASLt's default, TE's choice for gradients): the FP8
+// MMA instructions of Ada and Hopper accumulate in about 13 mantissa bits (products aligned to
+// the largest exponent and truncated; measured by DeepSeek-V3 and SageAttention2, not documented
+// by NVIDIA), and cuBLASLt then promotes their partial sums to f32 registers at intervals along k.
+// So this path is f32 accumulation between those intervals only: it differs from the contract's
+// f32 sum by more than reordering (tests/tensor/cuda/fp8_kernels_test bounds it and prints how
+// much); the bf16 fallback is f32 accumulation throughout. The FP8 output amax (AMAX_D_POINTER) is
+// not used: the contract's outputs are f32/bf16/f16, whose amax no recipe reads.
 #include <cublasLt.h>
 
 #include <algorithm>

@@ -3,7 +3,8 @@
 //     tiling, input dtype and FP8 format, edge tiles, inf / NaN / -0 / saturating inputs;
 //   - Fp8Gemm against an f64 product of the dequantized inputs: exactly for integer-valued inputs
 //     with power-of-two scales (every path must then give the exact sum, rounded once), and within
-//     f32 accumulation bounds for general inputs and scales; per-tensor and block scales, shapes
+//     accumulation bounds for general inputs and scales (f32's, and for cuBLASLt's tensor cores a
+//     documented allowance for their narrower accumulator); per-tensor and block scales, shapes
 //     that are multiples of 16 (cuBLASLt on sm_89/sm_90) and odd ones (the bf16 fallback), bias,
 //     f32 / bf16 / f16 outputs, and which path ran;
 //   - PlanFp8Gemm (which path a GEMM takes, and why) without a GPU.
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -363,8 +365,8 @@ int DeviceSm() {
 }
 
 // Runs every shape, tiling pair, format pair, out dtype and bias choice; check(out, reference,
-// abs, label) judges each result. Also checks that the GEMM took the path PlanFp8Gemm predicts
-// (cuBLASLt may decline a case: the test then says why, since the fallback is slower).
+// abs, path, label) judges each result. Also checks that the GEMM took the path PlanFp8Gemm
+// predicts (cuBLASLt may decline a case: the test then says why, since the fallback is slower).
 template <typename Check>
 void ForEachGemm(bool integers, const Check& check) {
   const int sm = DeviceSm();
@@ -391,7 +393,7 @@ void ForEachGemm(bool integers, const Check& check) {
                 << label << ": " << ran.reason;
             std::vector<double> abs;
             const std::vector<double> ref = ReferenceGemm(o, tilings.first, tilings.second, &abs);
-            check(ToCpu(got), ref, abs,
+            check(ToCpu(got), ref, abs, ran.path,
                   absl::StrCat(label, " [", cuda::Fp8GemmPathName(ran.path), "]"));
           }
         }
@@ -405,7 +407,7 @@ void ForEachGemm(bool integers, const Check& check) {
 TEST(CudaFp8KernelsTest, GemmIsExactForExactSums) {
   SKIP_WITHOUT_GPU();
   ForEachGemm(true, [](const Tensor& got, const std::vector<double>& ref,
-                       const std::vector<double>&, const std::string& label) {
+                       const std::vector<double>&, Fp8GemmPlan::Path, const std::string& label) {
     const Tensor expected = Tensor::FromVector<double>(ref, got.shape()).to(got.dtype());
     EXPECT_TRUE(SameBytes(expected, got, label));
   });
@@ -414,32 +416,53 @@ TEST(CudaFp8KernelsTest, GemmIsExactForExactSums) {
 // General inputs and scales: within the bound of f32 accumulation of exact products. A sum of k
 // products has error at most (k - 1) u sum|p| in any order (u = 2^-24); scaling each slice sum by
 // the f32 product of two scale_invs adds 2u, the L slice sums L u, the bias u; then out's
-// rounding (u_out = 2^-8 for bf16, 2^-11 for f16) of the f32 result.
-TEST(CudaFp8KernelsTest, GemmMatchesF64WithinF32AccumulationBounds) {
+// rounding (u_out = 2^-8 for bf16, 2^-11 for f16) of the f32 result. That bound holds for the
+// bf16 fallback (cuBLASLt's bf16 GEMM accumulates in f32).
+//
+// cuBLASLt's FP8 path gets 2^-8 sum|p| more: Hopper's (and Ada's) FP8 MMA instructions do not
+// accumulate in f32 but align the products to the largest exponent and keep about 13 mantissa
+// bits, truncating (DeepSeek-V3's report, section 3.3.2, and SageAttention2 measured it);
+// cuBLASLt's default (FAST_ACCUM off) adds those partial sums into f32 registers at intervals of
+// at most 128 k, so each interval contributes up to about 2^-13 of its largest product per
+// product. 2^-8 is an assumption to be confirmed on a GPU: the summary line this test prints
+// gives, per path, the largest |error| / f32 bound, which shows how far from f32 accumulation the
+// tensor cores really are (1 or less: as exact as f32).
+TEST(CudaFp8KernelsTest, GemmMatchesF64WithinAccumulationBounds) {
   SKIP_WITHOUT_GPU();
-  ForEachGemm(false, [](const Tensor& got, const std::vector<double>& ref,
-                        const std::vector<double>& abs, const std::string& label) {
-    const std::vector<double> v = got.to_vector<double>();
-    const double u_out = got.dtype() == kBF16  ? std::ldexp(1.0, -8)
-                         : got.dtype() == kF16 ? std::ldexp(1.0, -11)
-                                               : 0;
-    int64_t bad = 0, first = -1;
-    double worst = 0;
-    for (size_t i = 0; i < v.size(); ++i) {
-      // k + L + 4 roundings at most: 600 covers the largest k (400) and its 4 slices.
-      const double f32_error = 600 * std::ldexp(1.0, -24) * abs[i];
-      const double bound = f32_error + u_out * (std::fabs(ref[i]) + f32_error) +
-                           (got.dtype() == kF16 ? std::ldexp(1.0, -24) : 0.0);
-      const double err = std::fabs(v[i] - ref[i]);
-      if (bound > 0) worst = std::max(worst, err / bound);
-      if (!(err <= bound)) {
-        if (first < 0) first = static_cast<int64_t>(i);
-        ++bad;
-      }
-    }
-    EXPECT_EQ(bad, 0) << label << ": first at " << first << ": got " << v[first] << ", f64 "
-                      << ref[first] << ", |error| / bound = " << worst;
-  });
+  double worst_f32_ratio[2] = {0, 0};  // per path: the largest |error| / f32 bound
+  ForEachGemm(
+      false, [&](const Tensor& got, const std::vector<double>& ref, const std::vector<double>& abs,
+                 Fp8GemmPlan::Path path, const std::string& label) {
+        const std::vector<double> v = got.to_vector<double>();
+        const double u_out = got.dtype() == kBF16  ? std::ldexp(1.0, -8)
+                             : got.dtype() == kF16 ? std::ldexp(1.0, -11)
+                                                   : 0;
+        const bool tensor_cores = path == Fp8GemmPlan::Path::kCublasLt;
+        int64_t bad = 0, first = -1;
+        double worst = 0;
+        for (size_t i = 0; i < v.size(); ++i) {
+          // k + L + 4 roundings at most: 600 covers the largest k (400) and its 4 slices.
+          const double f32_error = 600 * std::ldexp(1.0, -24) * abs[i];
+          const double acc_error = f32_error + (tensor_cores ? std::ldexp(1.0, -8) * abs[i] : 0.0);
+          const double out_error = u_out * (std::fabs(ref[i]) + acc_error) +
+                                   (got.dtype() == kF16 ? std::ldexp(1.0, -24) : 0.0);
+          const double err = std::fabs(v[i] - ref[i]);
+          const double bound = acc_error + out_error;
+          if (bound > 0) worst = std::max(worst, err / bound);
+          if (f32_error + out_error > 0) {
+            double& w = worst_f32_ratio[tensor_cores ? 0 : 1];
+            w = std::max(w, err / (f32_error + out_error));
+          }
+          if (!(err <= bound)) {
+            if (first < 0) first = static_cast<int64_t>(i);
+            ++bad;
+          }
+        }
+        EXPECT_EQ(bad, 0) << label << ": first at " << first << ": got " << v[first] << ", f64 "
+                          << ref[first] << ", |error| / bound = " << worst;
+      });
+  std::cout << "fp8_gemm: largest |error| / f32-accumulation bound: cublaslt " << worst_f32_ratio[0]
+            << ", bf16_fallback " << worst_f32_ratio[1] << std::endl;
 }
 
 TEST(CudaFp8KernelsTest, GemmArgumentErrors) {

@@ -1055,10 +1055,12 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
 // case): amaxes, scales and casts bit-exact, the GEMM within f32 accumulation differences.
 const Tols& Fp8GemmTol() {
   static const Tols* t = new Tols(Computed(
-      0, 1e-4,
-      "FP8 GEMM with k <= 256: exact FP8 products accumulated in f32 in different orders (oneDNN "
-      "bf16 vs cuBLASLt's FP8 tensor cores or its bf16 fallback), up to k * 2^-24 of sum |a b|: "
-      "1e-4 of the largest output"));
+      0, 1e-2,
+      "FP8 GEMM with k = 256: exact FP8 products summed in f32 on the CPU (oneDNN bf16) and by "
+      "cuBLASLt's FP8 tensor cores, whose MMA keeps about 13 mantissa bits between cuBLASLt's "
+      "promotions to f32 (fp8_kernels_test allows 2^-8 of sum |a b| for it): sum |a b| is about "
+      "2.5x the largest output here, so 1e-2 of it (the fallback, [33, 200] x [17, 200], is f32 "
+      "throughout and far inside)"));
   return *t;
 }
 
