@@ -11,7 +11,8 @@
 //       1x128, BLK128x128_32F for 128x128) on sm_90 only (cuBLAS 12.9+: Hopper is the only
 //       architecture with these modes), except 128x128 x 128x128, which cuBLASLt does not offer.
 //       m, n and k must be multiples of 16 and every operand 16-byte aligned (cuBLASLt's FP8
-//       requirements).
+//       requirements). The FP8 MMA accumulates in about 13 mantissa bits between cuBLASLt's
+//       promotions to f32 (fp8_gemm.cc), so this path is close to, not exactly, f32 accumulation.
 //   - otherwise the bf16 fallback: every e4m3/e5m2 value is exactly a bf16, so the operands are
 //     decoded to bf16 (exact) and multiplied by the bf16 cuBLASLt GEMM with f32 output and f32
 //     accumulation; per-tensor, the f32 product is then multiplied by a_scale_inv * b_scale_inv;
