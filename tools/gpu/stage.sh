@@ -7,6 +7,7 @@
 #   tools/gpu/stage.sh [--tests LABEL,LABEL...] [--out DIR] [BENCH_LABEL[='ARGS'] ...]
 #   tools/gpu/stage.sh //tools/bench:amp_step                      # all cuda tests + a bench
 #   tools/gpu/stage.sh --tests //tests/tensor/cuda:blas_test       # just these tests
+#   tools/gpu/stage.sh --tests //tests/tensor/cuda:fp8_kernels_test # the FP8 kernels (issue 30)
 #   tools/gpu/stage.sh //tools/bench:gpt2_gpu='--weights=bf16' //tools/bench:gpt2_gpu='--weights=f32'
 #                                                                  # one run per ARGS
 #

@@ -1065,6 +1065,104 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
                    &ScaleTol()});
 }
 
+// The FP8 ops (tensor/cuda/fp8.cu, fp8_gemm.cc; their own test, fp8_kernels_test, covers every
+// case): amaxes, scales and casts bit-exact, the GEMM within f32 accumulation differences.
+const Tols& Fp8GemmTol() {
+  static const Tols* t = new Tols(Computed(
+      0, 1e-2,
+      "FP8 GEMM with k = 256: exact FP8 products summed in f32 on the CPU (oneDNN bf16) and by "
+      "cuBLASLt's FP8 tensor cores, whose MMA keeps about 13 mantissa bits between cuBLASLt's "
+      "promotions to f32 (fp8_kernels_test allows 2^-8 of sum |a b| for it): sum |a b| is about "
+      "2.5x the largest output here, so 1e-2 of it (the fallback, [33, 200] x [17, 200], is f32 "
+      "throughout and far inside)"));
+  return *t;
+}
+
+// x [37, 300] of `dtype` with NaN, inf and -0 in it (edge tiles in both dims).
+Tensor Fp8Input(DType dtype, Generator& gen) {
+  Tensor x = Normal({37, 300}, kF32, gen, 4);
+  x = WithValueAt(x, 0, kNaN);
+  x = WithValueAt(x, 301, kInf);
+  x = WithValueAt(x, 5000, -0.0);
+  return x.to(dtype);
+}
+
+void AddFp8Rows(std::vector<OpRow>* rows) {
+  const std::vector<DType> inputs = {kF32, kF16, kBF16};
+  const Fp8Tiling tilings[] = {Fp8Tiling::kTensor, Fp8Tiling::k1x128, Fp8Tiling::k128x128};
+  rows->push_back({"Fp8Amax", "[37, 300] with NaN and inf, every tiling", inputs,
+                   [](DType dtype, Generator& gen) -> Tensors { return {Fp8Input(dtype, gen)}; },
+                   [tilings](const Tensors& in) -> Tensors {
+                     Tensors out;
+                     for (Fp8Tiling t : tilings) out.push_back(Fp8Amax(in[0], t));
+                     return out;
+                   },
+                   &ExactTol()});
+  rows->push_back(
+      {"Fp8ScaleFromAmax", "zero, inf, NaN, tiny and huge amaxes, E4M3 and E5M2, power of 2",
+       inputs,
+       [](DType dtype, Generator& gen) -> Tensors {
+         // The amax is f32 whatever the row's dtype; the dtype picks the draw.
+         std::vector<double> v = Abs(Normal({8}, dtype, gen)).to_vector<double>();
+         v.insert(v.end(), {0, kInf, kNaN, 1, 3.5, 448, 1e-30, 1e-45, 1e30, 57344, 2.5e-3, 3e38});
+         return {Tensor::FromVector<double>(v, {20}, kF32)};
+       },
+       [](const Tensors& in) -> Tensors {
+         Fp8ScaleOptions e5m2;
+         e5m2.fp8_max = 57344;
+         Fp8ScaleOptions pow2;
+         pow2.force_pow_2_scales = true;
+         pow2.amax_epsilon = 1e-3f;
+         const Fp8Scales a = Fp8ScaleFromAmax(in[0], Fp8ScaleOptions());
+         const Fp8Scales b = Fp8ScaleFromAmax(in[0], e5m2);
+         const Fp8Scales c = Fp8ScaleFromAmax(in[0], pow2);
+         return {a.scale, a.scale_inv, b.scale, b.scale_inv, c.scale, c.scale_inv};
+       },
+       &ExactTol()});
+  rows->push_back(
+      {"Fp8Cast", "[37, 300] to E4M3 and E5M2, every tiling, with transpose and amax", inputs,
+       [](DType dtype, Generator& gen) -> Tensors { return {Fp8Input(dtype, gen)}; },
+       [tilings](const Tensors& in) -> Tensors {
+         Tensors out;
+         for (Fp8Tiling t : tilings) {
+           for (DType format : {kF8E4M3, kF8E5M2}) {
+             Fp8ScaleOptions o;
+             o.fp8_max = format == kF8E4M3 ? 448.0f : 57344.0f;
+             // 2x TE's scale: each tile's largest values saturate.
+             const Tensor scale = MulScalar(Fp8ScaleFromAmax(Fp8Amax(in[0], t), o).scale, 2);
+             const Fp8CastResult r = Fp8Cast(in[0], scale, t, format, true, true);
+             out.insert(out.end(), {r.data, r.data_t, r.amax});
+           }
+         }
+         return out;
+       },
+       &ExactTol()});
+  // [64, 256] x [32, 256]: cuBLASLt's FP8 matmul on sm_89 / sm_90; [33, 200] x [17, 200]: the
+  // bf16 fallback. Out (and bias) in the row's dtype.
+  rows->push_back(
+      {"Fp8Gemm", "E4M3 x E5M2, per-tensor and 1x128 x 128x128 scales, with bias", inputs,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({64, 256}, kF32, gen, 8).to(kF8E4M3),
+                 Normal({32, 256}, kF32, gen, 8).to(kF8E5M2),
+                 Uniform({64, 2}, kF32, gen, 0.05, 2),
+                 Uniform({1, 2}, kF32, gen, 0.05, 2),
+                 Normal({32}, dtype, gen),
+                 Normal({33, 200}, kF32, gen, 8).to(kF8E4M3),
+                 Normal({17, 200}, kF32, gen, 8).to(kF8E4M3)};
+       },
+       [](const Tensors& in) -> Tensors {
+         const DType out = in[4].dtype();
+         const Tensor s1 = in[2].narrow(0, 0, 1).narrow(1, 0, 1).contiguous();
+         const Tensor s2 = in[3].narrow(1, 0, 1).contiguous();
+         return {
+             Fp8Gemm(in[0], s1, Fp8Tiling::kTensor, in[1], s2, Fp8Tiling::kTensor, in[4], out),
+             Fp8Gemm(in[0], in[2], Fp8Tiling::k1x128, in[1], in[3], Fp8Tiling::k128x128, in[4],
+                     out),
+             Fp8Gemm(in[5], s1, Fp8Tiling::kTensor, in[6], s2, Fp8Tiling::kTensor, Tensor(), out)};
+       },
+       &Fp8GemmTol()});
+}
+
 void AddFusedRows(std::vector<OpRow>* rows) {
   struct LinearCase {
     std::string name;
