@@ -210,20 +210,6 @@ const Tols& AttentionTol() {
   return *t;
 }
 
-// The FP8 GEMM's outputs: the products of the decoded FP8 values are exact on both devices and
-// the sums are f32 in different orders (cuBLASLt's tiles against OpenBLAS/oneDNN blocks, and per
-// 128-wide slice for block scaling): up to k * 2^-24 of sum |a b| for k = 256, about 4e-5 of the
-// largest output here; f16/bf16 outputs are that f32 result rounded once (+1 ulp). A GPU whose
-// FP8 tensor cores kept fewer bits in their sums (DeepSeek-V3's note on Hopper without
-// promotion) would fail here, as it should: the CPU is the reference (issue 30, item 4).
-const Tols& Fp8GemmTol() {
-  static const Tols* t = new Tols(
-      Computed(0, 1e-4,
-               "FP8 GEMM: exact products, f32 sums over k = 256 in different orders: k * 2^-24 "
-               "of sum |a b|, 1e-4 of the largest output"));
-  return *t;
-}
-
 // ---- The table --------------------------------------------------------------------------------
 
 struct OpRow {
@@ -1356,102 +1342,6 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      return {a, b, c};
                    },
                    &ScaleTol()});
-}
-
-// The FP8 ops: amaxes, scales and casts are exact on both devices (a max, one f32 division, an
-// f32 product and one saturating round-to-nearest-even); the GEMM is an f32 accumulation. FP8
-// outputs are compared as their exact f32 values. x [130, 300] has edge tiles in both dims.
-Tensor Fp8TestInput(DType dtype, Generator& gen) {
-  Tensor x = MulScalar(Normal({130, 300}, kF32, gen), 60);  // some values saturate at scale 8
-  x = WithValueAt(x, 7, kNaN);
-  x = WithValueAt(x, 301, -kInf);
-  x = WithValueAt(x, 129 * 300 + 299, 1e-7);  // a subnormal of both formats after scaling
-  return x.to(dtype);
-}
-
-Tensor Fp8ScaleGrid(const Tensor& x, Fp8Tiling tiling, Generator& gen) {
-  const Fp8Tile grid = Fp8GridOf(x.size(0), x.size(1), tiling);
-  return Uniform({grid.rows, grid.cols}, kF32, gen, 0.25, 8);
-}
-
-void AddFp8Rows(std::vector<OpRow>* rows) {
-  const std::vector<DType> inputs = {kF32, kF16, kBF16};
-  rows->push_back(
-      {"Fp8Amax", "per tensor, 1x128 and 128x128 of [130, 300] with NaN and inf", inputs,
-       [](DType dtype, Generator& gen) -> Tensors { return {Fp8TestInput(dtype, gen)}; },
-       [](const Tensors& in) -> Tensors {
-         return {Fp8Amax(in[0], Fp8Tiling::kTensor), Fp8Amax(in[0], Fp8Tiling::k1x128),
-                 Fp8Amax(in[0].reshape({2, 65, 300}), Fp8Tiling::k128x128)};
-       },
-       &ExactTol()});
-  rows->push_back(
-      {"Fp8ScaleFromAmax", "of the 1x128 amaxes (0, inf, tiny), E4M3 and E5M2 pow2", inputs,
-       [](DType dtype, Generator& gen) -> Tensors {
-         Tensor x = Fp8TestInput(dtype, gen);
-         // Row 3 zeros (scale 1); row 4 tiny, whose scale overflows to value_for_inf (bf16 and
-         // f32; in f16 it is 0).
-         x.narrow(0, 3, 1).copy_(Tensor::Zeros({1, 300}));
-         x.narrow(0, 4, 1).copy_(Tensor::Full({1, 300}, 1e-37));
-         return {x};
-       },
-       [](const Tensors& in) -> Tensors {
-         const Tensor amax = Fp8Amax(in[0], Fp8Tiling::k1x128);
-         Fp8ScaleOptions e4m3, e5m2;
-         e5m2.fp8_max = 57344;
-         e5m2.force_pow_2_scales = true;
-         e5m2.amax_epsilon = 1e-3f;
-         const Fp8Scales a = Fp8ScaleFromAmax(amax, e4m3), b = Fp8ScaleFromAmax(amax, e5m2);
-         return {a.scale, a.scale_inv, b.scale, b.scale_inv};
-       },
-       &ExactTol()});
-  rows->push_back(
-      {"Fp8Cast", "each tiling to E4M3 and E5M2 with the transpose and the amax", inputs,
-       [](DType dtype, Generator& gen) -> Tensors {
-         const Tensor x = Fp8TestInput(dtype, gen);
-         return {x, Fp8ScaleGrid(x, Fp8Tiling::kTensor, gen),
-                 Fp8ScaleGrid(x, Fp8Tiling::k1x128, gen),
-                 Fp8ScaleGrid(x, Fp8Tiling::k128x128, gen)};
-       },
-       [](const Tensors& in) -> Tensors {
-         Tensors out;
-         const Fp8Tiling tilings[] = {Fp8Tiling::kTensor, Fp8Tiling::k1x128, Fp8Tiling::k128x128};
-         for (int t = 0; t < 3; ++t) {
-           for (DType dtype : {kF8E4M3, kF8E5M2}) {
-             const Fp8CastResult r = Fp8Cast(in[0], in[1 + t], tilings[t], dtype, true, true);
-             out.insert(out.end(), {r.data.to(kF32), r.data_t.to(kF32), r.amax});
-           }
-         }
-         return out;
-       },
-       &ExactTol()});
-  // The dtype is the output's (and the bias's).
-  rows->push_back({"Fp8Gemm",
-                   "[130, 256] x [129, 256]: per tensor E4M3 x E5M2, 1x128 x 128x128 with bias, "
-                   "128x128 x 1x128 E5M2 x E4M3",
-                   inputs,
-                   [](DType dtype, Generator& gen) -> Tensors {
-                     const Tensor a = MulScalar(Normal({130, 256}, kF32, gen), 40);
-                     const Tensor b = MulScalar(Normal({129, 256}, kF32, gen), 40);
-                     return {a.to(kF8E4M3),
-                             b.to(kF8E5M2),
-                             b.to(kF8E4M3),
-                             a.to(kF8E5M2),
-                             Uniform({1, 1}, kF32, gen, 0.01, 0.1),
-                             Uniform({1, 1}, kF32, gen, 0.01, 0.1),
-                             Uniform({130, 2}, kF32, gen, 0.01, 0.1),
-                             Uniform({2, 2}, kF32, gen, 0.01, 0.1),
-                             Normal({129}, dtype, gen)};
-                   },
-                   [](const Tensors& in) -> Tensors {
-                     const DType dtype = in[8].dtype();
-                     return {Fp8Gemm(in[0], in[4], Fp8Tiling::kTensor, in[1], in[5],
-                                     Fp8Tiling::kTensor, Tensor(), dtype),
-                             Fp8Gemm(in[0], in[6], Fp8Tiling::k1x128, in[2], in[7],
-                                     Fp8Tiling::k128x128, in[8], dtype),
-                             Fp8Gemm(in[3], in[7], Fp8Tiling::k128x128, in[2],
-                                     in[6].narrow(0, 0, 129), Fp8Tiling::k1x128, in[8], dtype)};
-                   },
-                   &Fp8GemmTol()});
 }
 
 const std::vector<OpRow>& Table() {
