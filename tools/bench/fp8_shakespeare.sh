@@ -10,15 +10,16 @@
 #
 # out_dir (default /tmp/fp8_shakespeare) receives <run>.csv, <run>.log and fp8_vs_bf16.png.
 # Runs go one after another with the machine's threads; extra flags for bazel go in BAZEL_FLAGS.
+# PLOT_ONLY=1 skips the runs and reports and plots the logs and CSVs already in out_dir.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-/tmp/fp8_shakespeare}"
 shift || true
 mkdir -p "${out}"
-bazel build ${BAZEL_FLAGS:-} //tools:train_gpt >&2
-
 runs=(bf16 delayed current block)
+[ "${PLOT_ONLY:-0}" = 1 ] || bazel build ${BAZEL_FLAGS:-} //tools:train_gpt >&2
 for run in "${runs[@]}"; do
+  [ "${PLOT_ONLY:-0}" = 1 ] && break
   if [ "${run}" = bf16 ]; then
     precision=(--precision=bf16)
   else
@@ -58,7 +59,7 @@ for run in "${runs[@]}"; do
   plot+="'${out}/${run}.val' with linespoints pt 7 title '${run} val', "
 done
 gnuplot <<EOF
-set terminal pngcairo size 900,500
+set terminal pngcairo size 900,500 noenhanced
 set output '${out}/fp8_vs_bf16.png'
 set title 'tiny Shakespeare GPT: bf16 and FP8 recipes (train_gpt defaults, 1500 steps)'
 set xlabel 'step'
