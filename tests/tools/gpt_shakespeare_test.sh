@@ -9,7 +9,9 @@
 # 307k training tokens and one evaluation: about 20 s on 2 quiet cores (at the 15k tokens/s of
 # the 1500-step run), 100 s measured with a load average of 8 to 11 on the 2 cores and 7 minutes
 # with two runs among 15 processes, against the long timeout (900 s). The full 1500-step run (below 2.0) is tools/bench/gpt_shakespeare.sh. A missing text
-# fails the test; it never passes by skipping.
+# fails the test; it never passes by skipping. The same run in FP8 (--precision=fp8, delayed
+# scaling) must then reach a validation loss within 2% of it (the full comparison of every recipe
+# against bf16 is tools/bench/fp8_shakespeare.sh).
 set -euo pipefail
 
 train_gpt="$1"
@@ -26,4 +28,12 @@ log="${TEST_TMPDIR:-/tmp}/gpt.log"
 grep -E "val loss|^step .*/" "$log"
 val=$(sed -n "s/^val loss \([0-9.]*\) after $STEPS steps, 0 skipped$/\1/p" "$log")
 echo "final val loss: ${val:-none} (must be below $THRESHOLD)"
-awk -v v="$val" -v t="$THRESHOLD" 'BEGIN { exit !(v != "" && v < t) }'
+awk -v v="$val" -v t="$THRESHOLD" 'BEGIN { exit !(v != "" && v < t) }' || exit 1
+
+fp8_log="${TEST_TMPDIR:-/tmp}/gpt_fp8.log"
+"$train_gpt" --data="$text" --steps="$STEPS" --batch_size=16 --lr=6e-3 --warmup_steps=30 \
+  --eval_every="$STEPS" --print_every=100 --sample_tokens=0 --precision=fp8 >"$fp8_log" 2>&1 ||
+  { cat "$fp8_log"; exit 1; }
+fp8=$(sed -n "s/^val loss \([0-9.]*\) after $STEPS steps, 0 skipped$/\1/p" "$fp8_log")
+echo "FP8 (delayed) final val loss: ${fp8:-none} (must be within 2% of ${val})"
+awk -v v="$fp8" -v r="$val" 'BEGIN { exit !(v != "" && v <= 1.02 * r) }'
