@@ -9,6 +9,8 @@
 #   1 on 2 ranks, and every step after the resume logs the loss, lr, grad norm and loss scale of
 #   the uninterrupted single-process run (within f32 rounding: the ranks sum their gradients in
 #   another order);
+# - FP8 training (delayed scaling, whose amaxes are all-reduced MAX across the ranks) with ZeRO
+#   stages 1, 2 and 3 on 2 ranks ends where FP8 with DDP on 2 ranks ends;
 # - --zero_stage outside 0..3, and a stage > 0 in one process, are refused with clear messages.
 set -euo pipefail
 source tests/skip.sh  # relative to the runfiles root, where Bazel runs the test
@@ -87,6 +89,18 @@ echo "ok   1 process, 2 micro-batches"
 run g2_zero2_accum2 2 "${gpt[@]}" --zero_stage=2 --grad_accum_steps=2
 same_within_rounding "$tmp/g1.sum" "$tmp/g2_zero2_accum2.sum"
 echo "ok   2 ranks, ZeRO stage 2, 2 micro-batches"
+
+echo "== train_gpt: FP8 (delayed) on 2 ranks, ZeRO stages 1-3 vs DDP"
+# Every stage casts the same halves of the batch with the same (all-reduced) scales. (One process
+# is not the reference: its output gradients are half a rank's, and the first step casts them
+# with scale 1, where E5M2's subnormals round g and 2g differently.)
+run g2_fp8_zero0 2 "${gpt[@]}" --precision=fp8
+cat "$tmp/g2_fp8_zero0.sum"
+for stage in 1 2 3; do
+  run "g2_fp8_zero$stage" 2 "${gpt[@]}" --precision=fp8 --zero_stage="$stage"
+  same_within_rounding "$tmp/g2_fp8_zero0.sum" "$tmp/g2_fp8_zero$stage.sum"
+  echo "ok   FP8, 2 ranks, stage $stage"
+done
 
 echo "== train_gpt: a stage 3 checkpoint of 2 ranks resumes at stage 0 in 1 process and at stage 1 on 2 ranks"
 # The columns that must match: everything but wall-clock time and throughput.
