@@ -30,8 +30,8 @@
 namespace tg::cpu {
 namespace {
 
-// Rows of x a task of the cast covers; its transpose is written in blocks of kBand x kBand
-// bytes (a cache line per row of out_t).
+// Rows of x a task of the cast covers; its transpose is written kBand bytes (a cache line) per
+// row of out_t.
 constexpr int64_t kBand = 64;
 // The output tile of a task of the block-scaled GEMM: 128 rows (a 128x128 tile of a) by up to
 // 768 columns, so that its f32 partial sums and accumulator (2 x 384 KiB) stay in L2 while the
@@ -124,11 +124,11 @@ void CastPass(const T* x, int64_t rows, int64_t cols, Fp8Tile tile, int64_t grid
         }
       }
       if (out_t == nullptr) continue;
-      for (int64_t c0 = 0; c0 < cols; c0 += kBand) {
-        for (int64_t c = c0; c < std::min(cols, c0 + kBand); ++c) {
-          uint8_t* dst = out_t + c * rows;
-          for (int64_t r = r0; r < r1; ++r) dst[r] = out[r * cols + c];
-        }
+      // Column by column: the band's rows of out (kBand cache lines per 64 columns) stay in L1
+      // while each row of out_t gets its kBand bytes.
+      for (int64_t c = 0; c < cols; ++c) {
+        uint8_t* dst = out_t + c * rows;
+        for (int64_t r = r0; r < r1; ++r) dst[r] = out[r * cols + c];
       }
     }
   });
