@@ -1,9 +1,10 @@
 // Checks shared by the op files of tensor/ops.h (ops_elementwise.cc, ops_reduce.cc, ops_matmul.cc,
-// ops_nn.cc, ops_index.cc, ops_conv.cc, ops_attention.cc, ops_amp.cc, ops_optimizer.cc), one file
-// per op family. Every op validates (shapes, dtypes, devices), promotes, allocates its output, then
-// calls the kernel of the inputs' device (tensor/kernel_table.h). A fused op's kernel may decline
-// a case (KernelStatus::kNoKernel): the op then runs the composed form (tensor/composed.h), which
-// gives the same result to within rounding order, only slower. Private to //tensor:ops.
+// ops_nn.cc, ops_index.cc, ops_conv.cc, ops_attention.cc, ops_amp.cc, ops_optimizer.cc,
+// ops_fp8.cc), one file per op family. Every op validates (shapes, dtypes, devices), promotes,
+// allocates its output, then calls the kernel of the inputs' device (tensor/kernel_table.h). A
+// fused op's kernel may decline a case (KernelStatus::kNoKernel): the op then runs the composed
+// form (tensor/composed.h), which gives the same result to within rounding order, only slower.
+// Private to //tensor:ops.
 #ifndef TAPEGRAD_TENSOR_OPS_INTERNAL_H_
 #define TAPEGRAD_TENSOR_OPS_INTERNAL_H_
 

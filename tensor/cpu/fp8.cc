@@ -5,11 +5,10 @@
 // of two of them is exact in f32, so an FP8 GEMM is a bf16 GEMM of the decoded operands with f32
 // sums: oneDNN's (AVX-512 BF16 / AMX) where LowPrecisionGemm runs it, else (AVX2) the operands
 // decoded to f32 and the f32 Gemm (the same products, the same kind of sums). Per-tensor scaling is
-// one GEMM and an epilogue pass (scale, bias, one rounding); block scaling runs per block of 64
-// output rows (the tasks of ParallelFor, each with its own f32 scratch): a GEMM per 128-wide slice
+// one GEMM and an epilogue pass (scale, bias, one rounding). Block scaling runs per output tile of
+// 128 x 768 (the tasks of ParallelFor, each with its own f32 scratch): a GEMM per 128-wide slice
 // of k into a scratch, whose partial sums are scaled by their two tiles' scale_invs and added to
-// the block's f32 accumulator in slice order (DeepSeek-V3's promotion), so the accumulator stays in
-// cache.
+// the tile's f32 accumulator in slice order (DeepSeek-V3's promotion); both stay in L2.
 //
 // Threads: the amax, cast, scale and epilogue loops compute each element with the serial code
 // (and the amaxes are maxima: exact in any order), so they give the same bits at any thread
@@ -31,17 +30,60 @@
 namespace tg::cpu {
 namespace {
 
-// Rows of x a task of the cast covers, and the columns of one transpose block: 64 x 64 bytes
-// of out_t are written per block, a cache line per row of out_t. 64 divides 128, so a block
-// never straddles a 128-wide tile.
-constexpr int64_t kCastBlock = 64;
-// Output rows per task of the block-scaled GEMM (divides 128: a 128x128 tile of a holds).
-constexpr int64_t kGemmRows = 64;
+// Rows of x a task of the cast covers; its transpose is written kBand bytes (a cache line) per
+// row of out_t.
+constexpr int64_t kBand = 64;
+// The output tile of a task of the block-scaled GEMM: 128 rows (a 128x128 tile of a) by up to
+// 768 columns, so that its f32 partial sums and accumulator (2 x 384 KiB) stay in L2 while the
+// slices are added.
+constexpr int64_t kGemmRows = 128;
+constexpr int64_t kGemmCols = 768;
 
 // |v| > m ? |v| : m: fmaxf over non-negative maxima, a NaN skipped (it compares false).
 inline float MaxAbs(float m, float v) {
   const float a = std::fabs(v);
   return a > m ? a : m;
+}
+
+// The largest |v[j]|, NaN skipped (fmaxf from 0), over the bits: |v|'s bits order as its values,
+// and a NaN's (above 0x7f800000) are masked to 0. An integer max reduction, which GCC
+// vectorises (a float one it may not reassociate).
+inline float AbsMax(const float* v, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t b = FloatBits(v[j]) & 0x7fffffffu;
+    b &= 0u - static_cast<uint32_t>(b <= 0x7f800000u);
+    m = b > m ? b : m;
+  }
+  return BitsToFloat(m);
+}
+
+// tensor/float8.h's kSatFinite cast (FloatToE4M3Bits / FloatToE5M2Bits) with selects instead of
+// branches, so that GCC vectorises the cast loop; the same bits for every input (fp8_ops_test
+// casts every f16 and bf16 pattern and compares).
+template <int kExpBits, int kManBits>
+inline uint8_t EncodeSatFinite(float f, uint32_t overflow_from, uint32_t max_code) {
+  constexpr uint32_t kBias = (1u << (kExpBits - 1)) - 1;
+  constexpr uint32_t kMinNormal = (127u - kBias + 1) << 23;  // float bits of 2^(1 - bias)
+  constexpr int kDropped = 23 - kManBits;
+  // A subnormal result counts units of 2^(1 - bias - kManBits): |f| * 2^(bias - 1 + kManBits)
+  // (exact), rounded to nearest even by adding 2^23, whose ulp is 1.
+  constexpr float kToUnits = static_cast<float>(1u << (kBias - 1 + kManBits));
+  const uint32_t x = FloatBits(f);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t abs = x & 0x7fffffffu;
+  const uint32_t rebiased = abs - ((127u - kBias) << 23);
+  const uint32_t normal =
+      (rebiased + ((1u << (kDropped - 1)) - 1) + ((rebiased >> kDropped) & 1u)) >> kDropped;
+  const uint32_t subnormal = FloatBits(BitsToFloat(abs) * kToUnits + 8388608.0f) - 0x4b000000u;
+  // Selects as masks: with ?: GCC 12 keeps branches and does not vectorise the loop.
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(abs < kMinNormal);
+  const uint32_t is_overflow = 0u - static_cast<uint32_t>(abs >= overflow_from);  // inf included
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(abs > 0x7f800000u);
+  uint32_t r = (subnormal & is_subnormal) | (normal & ~is_subnormal);  // a carry to 2^(1 - bias)
+  r = (max_code & is_overflow) | (r & ~is_overflow);                   // is correct; saturate
+  r = ((r | sign) & ~is_nan) | (0x7fu & is_nan);                       // NaN: 0x7f, sign cleared
+  return static_cast<uint8_t>(r);
 }
 
 // The saturating cast to the format of out's dtype (kNone: no output, amaxes only).
@@ -50,49 +92,43 @@ enum class Fp8Out { kNone, kE4M3, kE5M2 };
 template <Fp8Out kOut>
 inline uint8_t Encode(float v) {
   if constexpr (kOut == Fp8Out::kE4M3) {
-    return FloatToE4M3Bits(v);
+    return EncodeSatFinite<4, 3>(v, 0x43e80001u, 0x7eu);  // as FloatToE4M3Bits
   } else {
-    return FloatToE5M2Bits(v);
+    return EncodeSatFinite<5, 2>(v, 0x47700000u, 0x7bu);  // as FloatToE5M2Bits
   }
 }
 
-// One pass over x [rows, cols] (T: f32/bf16/f16) in blocks of kCastBlock x kCastBlock: per
-// element v = x * scale[tile] in f32, out = the cast of v, out_t[c, r] = out[r, c], and
-// row_max[r, tile col] = the largest |x| of the row within the tile column (when row_max is
-// given). out / out_t may be null.
+// One pass over x [rows, cols] (T: f32/bf16/f16), row by row in bands of kBand rows: per element
+// v = x * scale[tile] in f32, out = the cast of v, and row_max[r, tile col] = the largest |x| of
+// row r within the tile column (when row_max is given); then the band's out_t[c, r] = out[r, c]
+// (when out_t is given) from the band's rows, still in cache. out / out_t may be null.
 template <typename T, Fp8Out kOut>
 void CastPass(const T* x, int64_t rows, int64_t cols, Fp8Tile tile, int64_t grid_cols,
               const float* scale, uint8_t* out, uint8_t* out_t, float* row_max) {
-  const int64_t bands = (rows + kCastBlock - 1) / kCastBlock;
-  ParallelFor(bands, RowsPerThread(kCastBlock * cols), [&](int64_t band_begin, int64_t band_end) {
-    float v[kCastBlock];
-    uint8_t block_t[kCastBlock * kCastBlock];  // [column in block][row in band]
+  const int64_t bands = (rows + kBand - 1) / kBand;
+  ParallelFor(bands, RowsPerThread(kBand * cols), [&](int64_t band_begin, int64_t band_end) {
+    ScratchVector<float> v(static_cast<size_t>(cols));
     for (int64_t band = band_begin; band < band_end; ++band) {
-      const int64_t r0 = band * kCastBlock, r1 = std::min(rows, r0 + kCastBlock);
-      if (row_max != nullptr) std::fill(row_max + r0 * grid_cols, row_max + r1 * grid_cols, 0.0f);
-      for (int64_t c0 = 0; c0 < cols; c0 += kCastBlock) {
-        const int64_t width = std::min(cols - c0, kCastBlock), tile_col = c0 / tile.cols;
-        for (int64_t r = r0; r < r1; ++r) {
-          LoadRow(x + r * cols + c0, 1, width, v);
-          if (row_max != nullptr) {
-            float m = row_max[r * grid_cols + tile_col];
-            for (int64_t j = 0; j < width; ++j) m = MaxAbs(m, v[j]);
-            row_max[r * grid_cols + tile_col] = m;
-          }
+      const int64_t r0 = band * kBand, r1 = std::min(rows, r0 + kBand);
+      for (int64_t r = r0; r < r1; ++r) {
+        LoadRow(x + r * cols, 1, cols, v.data());
+        for (int64_t c0 = 0, tc = 0; c0 < cols; c0 += tile.cols, ++tc) {
+          const int64_t width = std::min(cols - c0, tile.cols);
+          const float* vc = v.data() + c0;
+          if (row_max != nullptr) row_max[r * grid_cols + tc] = AbsMax(vc, width);
           if constexpr (kOut != Fp8Out::kNone) {
-            const float s = scale[(r / tile.rows) * grid_cols + tile_col];
+            const float s = scale[(r / tile.rows) * grid_cols + tc];
             uint8_t* o = out + r * cols + c0;
-            for (int64_t j = 0; j < width; ++j) o[j] = Encode<kOut>(v[j] * s);
-            if (out_t != nullptr) {
-              for (int64_t j = 0; j < width; ++j) block_t[j * kCastBlock + (r - r0)] = o[j];
-            }
+            for (int64_t j = 0; j < width; ++j) o[j] = Encode<kOut>(vc[j] * s);
           }
         }
-        if (out_t != nullptr) {
-          for (int64_t j = 0; j < width; ++j) {
-            std::memcpy(out_t + (c0 + j) * rows + r0, block_t + j * kCastBlock, r1 - r0);
-          }
-        }
+      }
+      if (out_t == nullptr) continue;
+      // Column by column: the band's rows of out (kBand cache lines per 64 columns) stay in L1
+      // while each row of out_t gets its kBand bytes.
+      for (int64_t c = 0; c < cols; ++c) {
+        uint8_t* dst = out_t + c * rows;
+        for (int64_t r = r0; r < r1; ++r) dst[r] = out[r * cols + c];
       }
     }
   });
@@ -215,16 +251,17 @@ void GemmNT(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, con
   GemmNT(m, n, k, a32.data(), k, b32.data(), k, c, ldc);
 }
 
-// out[i, :] = acc[i - i0, :] + bias, rounded once to T, for the rows [i0, i1) (acc: ld n; it may
-// be out's own rows when T is f32).
+// out[i, j] = acc[i, j] + bias[j], rounded once to T, for rows x cols values (acc: ld acc_ld;
+// out: ld out_ld; acc may be out itself when T is f32).
 template <typename T>
-void StoreRows(float* acc, const float* bias, int64_t i0, int64_t i1, int64_t n, T* out) {
-  for (int64_t i = i0; i < i1; ++i) {
-    float* row = acc + (i - i0) * n;
+void StoreTile(float* acc, int64_t acc_ld, const float* bias, int64_t rows, int64_t cols, T* out,
+               int64_t out_ld) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = acc + i * acc_ld;
     if (bias != nullptr) {
-      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
+      for (int64_t j = 0; j < cols; ++j) row[j] += bias[j];
     }
-    if (row != reinterpret_cast<float*>(out + i * n)) StoreRow(row, n, out + i * n, 1);
+    if (row != reinterpret_cast<float*>(out + i * out_ld)) StoreRow(row, cols, out + i * out_ld, 1);
   }
 }
 
@@ -251,36 +288,40 @@ void Fp8GemmTyped(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv,
         float* row = c + i * n;
         for (int64_t j = 0; j < n; ++j) row[j] *= s;
       }
-      StoreRows(c + begin * n, bias, begin, end, n, o);
+      StoreTile(c + begin * n, n, bias, end - begin, n, o + begin * n, n);
     });
     return;
   }
   // Block scaling: the scale_inv grids are [m or ceil(m / 128), slices] and [n or ceil(n / 128),
-  // slices]. Per task of kGemmRows output rows: a GEMM per slice into `partial`, scaled and added
-  // to `acc` in slice order.
+  // slices]. Per output tile: a GEMM per slice into `partial`, scaled and added to `acc` in slice
+  // order. The tiles are independent and each is computed the same way at any thread count.
   const int64_t slices = (k + kFp8BlockSize - 1) / kFp8BlockSize;
   const int64_t a_tile_rows = Fp8TileOf(m, k, a_tiling).rows;
   const int64_t b_tile_rows = Fp8TileOf(n, k, b_tiling).rows;
-  const int64_t blocks = (m + kGemmRows - 1) / kGemmRows;
-  ParallelFor(blocks, 1, [&](int64_t block_begin, int64_t block_end) {
-    ScratchVector<float> partial(static_cast<size_t>(kGemmRows * n));
-    ScratchVector<float> acc(static_cast<size_t>(kGemmRows * n));
-    ScratchVector<float> col_scale(static_cast<size_t>(n));  // b's scale_inv per column
-    for (int64_t block = block_begin; block < block_end; ++block) {
-      const int64_t i0 = block * kGemmRows, i1 = std::min(m, i0 + kGemmRows), rows = i1 - i0;
-      std::fill(acc.begin(), acc.begin() + rows * n, 0.0f);
+  const int64_t row_tiles = (m + kGemmRows - 1) / kGemmRows;
+  const int64_t col_tiles = (n + kGemmCols - 1) / kGemmCols;
+  ParallelFor(row_tiles * col_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
+    ScratchVector<float> partial(static_cast<size_t>(kGemmRows * kGemmCols));
+    ScratchVector<float> acc(static_cast<size_t>(kGemmRows * kGemmCols));
+    float col_scale[kGemmCols];  // b's scale_inv per column of the tile
+    for (int64_t t = tile_begin; t < tile_end; ++t) {
+      const int64_t i0 = (t / col_tiles) * kGemmRows, rows = std::min(m - i0, kGemmRows);
+      const int64_t j0 = (t % col_tiles) * kGemmCols, cols = std::min(n - j0, kGemmCols);
+      std::fill(acc.begin(), acc.begin() + rows * cols, 0.0f);
       for (int64_t s = 0; s < slices; ++s) {
         const int64_t k0 = s * kFp8BlockSize, width = std::min(k - k0, kFp8BlockSize);
-        GemmNT(rows, n, width, ad.data() + i0 * k + k0, k, bd.data() + k0, k, partial.data(), n);
-        for (int64_t j = 0; j < n; ++j) col_scale[j] = sb[(j / b_tile_rows) * slices + s];
-        for (int64_t i = i0; i < i1; ++i) {
-          const float row_scale = sa[(i / a_tile_rows) * slices + s];
-          const float* p = partial.data() + (i - i0) * n;
-          float* c = acc.data() + (i - i0) * n;
-          for (int64_t j = 0; j < n; ++j) c[j] += p[j] * (row_scale * col_scale[j]);
+        GemmNT(rows, cols, width, ad.data() + i0 * k + k0, k, bd.data() + j0 * k + k0, k,
+               partial.data(), cols);
+        for (int64_t j = 0; j < cols; ++j) col_scale[j] = sb[((j0 + j) / b_tile_rows) * slices + s];
+        for (int64_t i = 0; i < rows; ++i) {
+          const float row_scale = sa[((i0 + i) / a_tile_rows) * slices + s];
+          const float* p = partial.data() + i * cols;
+          float* c = acc.data() + i * cols;
+          for (int64_t j = 0; j < cols; ++j) c[j] += p[j] * (row_scale * col_scale[j]);
         }
       }
-      StoreRows(acc.data(), bias, i0, i1, n, o);
+      StoreTile(acc.data(), cols, bias == nullptr ? nullptr : bias + j0, rows, cols,
+                o + i0 * n + j0, n);
     }
   });
 }

@@ -1,6 +1,7 @@
 // CPU kernels behind the dispatch in tensor/ops_*.cc: the list and contracts of
 // tensor/kernel_list.inc, implemented in tensor/cpu/*.cc (indexing in index.cc, convolution and
-// pooling in conv.cc, GEMM through OpenBLAS and oneDNN in matmul.cc; oneDNN helpers in dnnl.h).
+// pooling in conv.cc, GEMM through OpenBLAS and oneDNN in matmul.cc, FP8 casts and GEMM in
+// fp8.cc; oneDNN helpers in dnnl.h).
 #ifndef TAPEGRAD_TENSOR_CPU_KERNELS_H_
 #define TAPEGRAD_TENSOR_CPU_KERNELS_H_
 

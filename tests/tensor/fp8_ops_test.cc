@@ -323,6 +323,46 @@ TEST(Fp8CastTest, BytesAreTheScalarCastsOfXTimesScale) {
   }
 }
 
+// The kernel's cast against tensor/float8.h's scalar one over every f16 and bf16 bit pattern
+// (every value class: zeros, subnormals of both formats and their halfway points, saturation,
+// inf, NaN of both signs) and 2^16 random f32 patterns, times scales 1, 3 and 2^-20.
+TEST(Fp8CastTest, EveryF16AndBf16PatternCastsAsTheScalarReference) {
+  std::vector<Tensor> inputs;
+  for (DType d : {kF16, kBF16}) {
+    Tensor t = Tensor::Empty({512, 128}, d);
+    auto* bits = static_cast<uint16_t*>(t.raw_data());
+    for (uint32_t i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
+    inputs.push_back(t);
+  }
+  Tensor f32 = Tensor::Empty({512, 128}, kF32);
+  uint64_t state = 99;
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const uint32_t bits = static_cast<uint32_t>(state >> 32);
+    std::memcpy(f32.data<float>() + i, &bits, sizeof bits);
+  }
+  inputs.push_back(f32);
+  for (const Tensor& x : inputs) {
+    const std::vector<float> xv = x.to_vector<float>();
+    for (float scale : {1.0f, 3.0f, 0x1p-20f}) {
+      for (DType dtype : {kF8E4M3, kF8E5M2}) {
+        SCOPED_TRACE(std::string(DTypeName(x.dtype())) + " to " + DTypeName(dtype) + " at scale " +
+                     std::to_string(scale));
+        const std::vector<uint8_t> got =
+            Bytes(Fp8Cast(x, Tensor::Full({1, 1}, scale), Fp8Tiling::kTensor, dtype).data);
+        int64_t bad = 0, first = -1;
+        for (size_t i = 0; i < xv.size(); ++i) {
+          if (got[i] != CastBits(xv[i] * scale, dtype)) {
+            if (first < 0) first = static_cast<int64_t>(i);
+            ++bad;
+          }
+        }
+        EXPECT_EQ(bad, 0) << "first at " << first << ": " << xv[first];
+      }
+    }
+  }
+}
+
 TEST(Fp8CastTest, LeadingDimsStridesAndEmptyInputs) {
   const std::vector<float> values = Values(2 * 70 * 33, 5);
   const Tensor x = Tensor::FromVector(values, {2, 70, 33});
