@@ -78,9 +78,11 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
 // amp/fp8.h make them) and accumulate in f32; the output has the dtype autocast gives Linear
 // (x's dtype without autocast), the gradients their inputs' dtypes. f32, bf16 or f16 tensors.
 // Linear runs it by itself for the weights of an installed FP8 scope (the op list's
-// Fp8Policy::kGemm); call it directly to choose the quantizers yourself. No second derivative.
+// Fp8Policy::kGemm); call it directly to choose the quantizers yourself. With act = kGeluTanh the
+// GELU is applied to the GEMM's output and its derivative taken in one pass in the backward (as
+// Linear's fused epilogue). No second derivative.
 Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bias,
-                   const Fp8LinearQuantizers& quantizers);
+                   const Fp8LinearQuantizers& quantizers, Activation act = Activation::kNone);
 
 // ---- Views and shape ops ----
 Variable Reshape(const Variable& x, const Shape& shape);

@@ -51,6 +51,18 @@ TG_HOST_DEVICE inline C ApplyBinary(BinaryOp op, C a, C b) {
         return a != a ? a : b != b ? b : (a < b ? a : b);
       case BinaryOp::kReluBackward:
         return b <= C(0) ? C(0) : a;
+      case BinaryOp::kGeluTanhBackward: {
+        // a * dy/dx at x = b for y = x/2 (1 + tanh u), u = k (x + c x^3):
+        // dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 c x^2), with the operations and
+        // order of composed::GeluTanhGrad (tensor/composed.cc) and the CPU's GeluTanhGrad rows.
+        const C k = C(0.7978845608028654), c = C(0.044715);
+        const C x2 = b * b;
+        const C t = Math::Tanh((b + (x2 * b) * c) * k);
+        const C left = (t + C(1)) * C(0.5);
+        const C du = (x2 * (C(3) * c) + C(1)) * k;
+        const C right = (b * C(0.5)) * ((-(t * t) + C(1)) * du);
+        return a * (left + right);
+      }
     }
   } else {
     switch (op) {

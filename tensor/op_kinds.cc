@@ -20,6 +20,8 @@ const char* BinaryOpName(BinaryOp op) {
       return "minimum";
     case BinaryOp::kReluBackward:
       return "relu_backward";
+    case BinaryOp::kGeluTanhBackward:
+      return "gelu_tanh_backward";
   }
   return "binary";
 }

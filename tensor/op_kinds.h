@@ -8,8 +8,19 @@
 namespace tg {
 
 // kReluBackward(grad, y): 0 where y <= 0, else grad (PyTorch's threshold_backward at 0: a NaN y
-// passes the gradient, and a NaN gradient where y <= 0 gives 0).
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kReluBackward };
+// passes the gradient, and a NaN gradient where y <= 0 gives 0). kGeluTanhBackward(grad, x):
+// grad * d gelu_tanh(x) / dx in the compute dtype, rounded once (floating inputs only).
+enum class BinaryOp {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMaximum,
+  kMinimum,
+  kReluBackward,
+  kGeluTanhBackward
+};
 enum class CompareOp { kEq, kNe, kLt, kLe, kGt, kGe };
 // The unary kinds, written once: the enum and kAllUnaryOps (which the tensor op table runs, so a
 // kind without a formula or a row fails there) both expand this list. kSilu: x * sigmoid(x).

@@ -48,6 +48,10 @@ inline Tensor Minimum(const Tensor& a, const Tensor& b) { return Binary(BinaryOp
 inline Tensor ReluBackward(const Tensor& grad, const Tensor& y) {
   return Binary(BinaryOp::kReluBackward, grad, y);
 }
+// grad * GeluTanh'(x) in one pass (f32 for f16/bf16, rounded once).
+inline Tensor GeluTanhBackward(const Tensor& grad, const Tensor& x) {
+  return Binary(BinaryOp::kGeluTanhBackward, grad, x);
+}
 inline Tensor AddScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kAdd, x, s); }
 inline Tensor MulScalar(const Tensor& x, double s) { return BinaryScalar(BinaryOp::kMul, x, s); }
 

@@ -36,7 +36,8 @@ Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const Device device = CommonDevice(name, {&a, &b});
   const DType dtype = PromoteTypes(a.dtype(), b.dtype());
   TG_CHECK(dtype != kBool, name, ": not defined for bool tensors; cast them first");
-  if (op == BinaryOp::kDiv || op == BinaryOp::kPow) {
+  if (IsFloat8(dtype)) throw Error(Float8NotComputedMessage(name, dtype));
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kGeluTanhBackward) {
     TG_CHECK(IsFloating(dtype), name, ": expected floating inputs, got ", DTypeName(a.dtype()),
              " and ", DTypeName(b.dtype()), "; cast them first");
   }
@@ -50,8 +51,10 @@ Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
   CheckDefined(name, x, "the input");
   const Device device = CommonDevice(name, {&x});
   TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
+  if (IsFloat8(x.dtype())) throw Error(Float8NotComputedMessage(name, x.dtype()));
   if (IsIntegral(x.dtype())) {
-    TG_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kPow, name,
+    TG_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kPow && op != BinaryOp::kGeluTanhBackward,
+             name,
              ": expected a floating tensor, got ", DTypeName(x.dtype()), "; cast it first");
     TG_CHECK(std::trunc(scalar) == scalar && std::abs(scalar) < 9.2e18, name, ": scalar ", scalar,
              " is not an integer, and the tensor is ", DTypeName(x.dtype()), "; cast it first");
@@ -76,6 +79,7 @@ Tensor Unary(UnaryOp op, const Tensor& x) {
   const char* name = UnaryOpName(op);
   CheckDefined(name, x, "the input");
   const Device device = CommonDevice(name, {&x});
+  if (IsFloat8(x.dtype())) throw Error(Float8NotComputedMessage(name, x.dtype()));
   if (IsFloatingOnly(op)) CheckFloating(name, x.dtype());
   TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
   Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);

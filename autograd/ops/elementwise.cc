@@ -2,6 +2,7 @@
 // themselves, so they record when create_graph is on.
 #include <cmath>
 
+#include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
@@ -209,9 +210,15 @@ Variable Gelu(const Variable& x) {
 Variable GeluTanh(const Variable& x) {
   return Record(OpNodeName(OpId::kGeluTanh), tg::GeluTanh(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
+                  const Variable& x = ctx.saved[0];
+                  // One pass in the compute dtype (tensor/elementwise_formulas.h has the
+                  // formula), rounded once; recorded (create_graph), the same formula with
+                  // differentiable ops:
+                  if (!GradMode::is_enabled()) {
+                    return {Variable(tg::GeluTanhBackward(ctx.grads[0].data(), x.data()))};
+                  }
                   // y = x/2 (1 + tanh u), u = k (x + c x^3):
                   // dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 c x^2)
-                  const Variable& x = ctx.saved[0];
                   const double k = 0.7978845608028654, c = 0.044715;
                   Variable x2 = Mul(x, x);
                   Variable t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));

@@ -2,9 +2,10 @@
 // GEMM and both backward GEMMs read FP8 operands cast by the layer's quantizers, accumulate in f32
 // and write the output and gradients in their usual dtypes, as Transformer Engine's te.Linear does:
 //
-//   forward   y  [m, n] = Fp8Gemm(x_q [m, k], W_q [n, k]) + b        (out: the autocast dtype,
+//   forward   y  [m, n] = act(Fp8Gemm(x_q [m, k], W_q [n, k]) + b)   (out: the autocast dtype,
 //                                                                      else x's dtype)
-//   backward  dx [m, k] = Fp8Gemm(g_q [m, n], W_q^T [k, n])          (x's dtype)
+//   backward  g = grad_y * act'(pre) in one pass (GeluTanhBackward; grad_y without act)
+//             dx [m, k] = Fp8Gemm(g_q [m, n], W_q^T [k, n])          (x's dtype)
 //             dW [n, k] = Fp8Gemm(g_q^T [n, m], x_q^T [k, m])        (W's dtype: the master's)
 //             db [n]    = the column sums of g, in b's dtype (f32 for an f32 master)
 //
@@ -38,7 +39,7 @@ Tensor Gemm(const Fp8Operand& a, const Fp8Operand& b, const Tensor& bias, DType 
 }  // namespace
 
 Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bias,
-                   const Fp8LinearQuantizers& quantizers) {
+                   const Fp8LinearQuantizers& quantizers, Activation act) {
   TG_CHECK(quantizers.input && quantizers.weight && quantizers.grad_output, kOp,
            ": every quantizer (input, weight, grad_output) must be set");
   TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1), kOp,
@@ -69,7 +70,9 @@ Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bi
   const Tensor b = bias.defined() ? bias.data().to(out_dtype) : Tensor();
   Shape out_shape = x.shape();
   out_shape.back() = n;
-  const Tensor y = Gemm(xq.rowwise, wq.rowwise, b, out_dtype).view(out_shape);
+  const Tensor pre = Gemm(xq.rowwise, wq.rowwise, b, out_dtype).view(out_shape);
+  const bool gelu = act == Activation::kGeluTanh;
+  const Tensor y = gelu ? tg::GeluTanh(pre) : pre;
 
   const Shape x_shape = x.shape();
   const DType x_dtype = x.dtype(), w_dtype = weight.dtype();
@@ -79,14 +82,16 @@ Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bi
   return Record(
       OpNodeName(OpId::kLinear), y, {bias, x, weight},
       {Wrap(xq.columnwise.data), Wrap(xq.columnwise.scale_inv), Wrap(wq.columnwise.data),
-       Wrap(wq.columnwise.scale_inv)},
+       Wrap(wq.columnwise.scale_inv), gelu ? Variable(pre) : Variable()},
       [grad_quantizer = quantizers.grad_output, x_shape, x_dtype, w_dtype, b_dtype, x_tiling,
        w_tiling, m, n](const BackwardContext& ctx) -> VariableList {
         TG_CHECK(!GradMode::is_enabled(), kOp,
                  ": no second derivative (the FP8 GEMMs take the straight-through gradient); "
                  "run backward without create_graph");
         const bool needs_bias = ctx.needs(0), needs_x = ctx.needs(1), needs_w = ctx.needs(2);
-        const Tensor g = ctx.grads[0].data().reshape({m, n}).contiguous();
+        Tensor g = ctx.grads[0].data();
+        if (ctx.saved[4].defined()) g = tg::GeluTanhBackward(g, ctx.saved[4].data());
+        g = g.reshape({m, n}).contiguous();
         Variable gb, gx, gw;
         if (needs_x || needs_w) {
           const Fp8Quantized gq = grad_quantizer->Quantize(g, needs_x, needs_w);
@@ -111,8 +116,7 @@ std::optional<Variable> MaybeFp8Linear(const Variable& x, const Variable& weight
   if (scope == nullptr) return std::nullopt;
   const std::optional<Fp8LinearQuantizers> quantizers = scope->LinearQuantizers(weight);
   if (!quantizers) return std::nullopt;
-  const Variable y = Fp8Linear(x, weight, bias, *quantizers);
-  return act == Activation::kGeluTanh ? GeluTanh(y) : y;
+  return Fp8Linear(x, weight, bias, *quantizers, act);
 }
 
 }  // namespace tg

@@ -187,7 +187,48 @@ void ForBinaryOp(BinaryOp op, Fn&& run) {
       return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kMinimum, a, b); });
     case BinaryOp::kReluBackward:
       return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kReluBackward, a, b); });
+    case BinaryOp::kGeluTanhBackward:
+      return run([](C a, C b) { return ApplyBinary<C>(BinaryOp::kGeluTanhBackward, a, b); });
   }
+}
+
+// out = grad * GeluTanh'(x) (BinaryOp::kGeluTanhBackward) for floating T: the derivative by rows
+// (activation.h's GeluTanhGradRow, the vectorised form of composed::GeluTanhGrad) in blocks of
+// the compute type, times the widened grad, rounded once: the epilogue of the fused Linear's
+// backward (fused_linear.cc). grad and x are broadcast to out's shape.
+template <typename T>
+void GeluTanhBackwardRows(const Tensor& out, const Tensor& grad, const Tensor& x) {
+  using C = ComputeType<T>;
+  auto run = [](T* o, int64_t so, const T* g, int64_t sg, const T* v, int64_t sv, int64_t n) {
+    C d[kBlock], gw[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      for (int64_t j = 0; j < len; ++j) {
+        d[j] = Widen(v[(i + j) * sv]);
+        gw[j] = Widen(g[(i + j) * sg]);
+      }
+      GeluTanhGradRow(d, d, len);
+      for (int64_t j = 0; j < len; ++j) o[(i + j) * so] = Convert<T>(gw[j] * d[j]);
+    }
+  };
+  if (FlatSameShape(out, {&grad, &x})) {
+    T* o = static_cast<T*>(out.raw_data());
+    const T* g = static_cast<const T*>(grad.raw_data());
+    const T* v = static_cast<const T*>(x.raw_data());
+    ParallelFor(out.numel(), kElementsPerThread, [&](int64_t begin, int64_t end) {
+      run(o + begin, 1, g + begin, 1, v + begin, 1, end - begin);
+    });
+    return;
+  }
+  ForEachRow<3>(out.shape(),
+                {static_cast<char*>(out.raw_data()), static_cast<char*>(grad.raw_data()),
+                 static_cast<char*>(x.raw_data())},
+                RowStrides<3>(out, {&grad, &x}),
+                [&](std::array<char*, 3> p, int64_t n, std::array<int64_t, 3> step) {
+                  run(reinterpret_cast<T*>(p[0]), step[0] / int64_t{sizeof(T)},
+                      reinterpret_cast<const T*>(p[1]), step[1] / int64_t{sizeof(T)},
+                      reinterpret_cast<const T*>(p[2]), step[2] / int64_t{sizeof(T)}, n);
+                });
 }
 
 // exp, tanh and GELU-tanh of floating types take the row forms (MapRows with activation.h)
@@ -236,6 +277,9 @@ void VisitNumeric(DType dtype, Fn&& fn) {
 void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   VisitNumeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<ComputeType<T>>) {
+      if (op == BinaryOp::kGeluTanhBackward) return GeluTanhBackwardRows<T>(out, a, b);
+    }
     ForBinaryOp<T>(op, [&](auto f) { Map2<T, T>(out, a, b, f); });
   });
 }

@@ -342,10 +342,18 @@ TEST(Fp8TrainingTest, OnlyCoveredWeightsInsideTheScopeRunInFp8) {
   Fp8Autocast on(fp8);
   EXPECT_NE(Linear(Variable(xt), w).data().to_vector<float>(), plain_w);
   EXPECT_EQ(Linear(Variable(xt), other).data().to_vector<float>(), plain_other);
-  // The fused-activation form runs the FP8 Linear, then its GELU.
-  const Variable y = Linear(Variable(xt), w, Variable(), Activation::kGeluTanh);
-  EXPECT_EQ(y.data().to_vector<float>(),
-            GeluTanh(Linear(Variable(xt), w)).data().to_vector<float>());
+  // The fused-activation form is the FP8 Linear, then its GELU, forward and backward (the GELU's
+  // derivative in one pass either way).
+  Variable xa(xt, true), xb(xt, true);
+  const Variable y = Linear(xa, w, Variable(), Activation::kGeluTanh);
+  const Variable unfused = GeluTanh(Linear(xb, w));
+  EXPECT_EQ(y.data().to_vector<float>(), unfused.data().to_vector<float>());
+  Sum(y).backward();
+  const std::vector<float> gw = w.grad().data().to_vector<float>();
+  w.set_grad(Variable());
+  Sum(unfused).backward();
+  EXPECT_EQ(xa.grad().data().to_vector<float>(), xb.grad().data().to_vector<float>());
+  EXPECT_EQ(gw, w.grad().data().to_vector<float>());
   {
     Fp8Autocast off(fp8, /*enabled=*/false);
     EXPECT_EQ(Linear(Variable(xt), w).data().to_vector<float>(), plain_w);

@@ -47,7 +47,8 @@ TEST(ElementwiseFormulasTest, CpuUnaryKernelsAreTheSharedFormulas) {
 TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
   for (const BinaryOp op :
        {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow,
-        BinaryOp::kMaximum, BinaryOp::kMinimum, BinaryOp::kReluBackward}) {
+        BinaryOp::kMaximum, BinaryOp::kMinimum, BinaryOp::kReluBackward,
+        BinaryOp::kGeluTanhBackward}) {
     for (const double a : kValues) {
       const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
       const std::vector<double> got =

@@ -76,8 +76,14 @@ TEST(Float8TensorTest, ComputeVisitorsRefuseFp8) {
   // An op on FP8 tensors reaches a kernel's visitor and throws, computing nothing.
   const Tensor a = Tensor::FromVector<float>({1, 2}, {2}).to(kF8E4M3);
   EXPECT_TRUE(ThrowsErrorExactly([&] { Add(a, a); },
-                                 "f8e4m3 is an FP8 storage dtype: only copies, casts and the FP8 "
-                                 "ops take it (cast it to a compute dtype first)"));
+                                 "add: f8e4m3 is an FP8 storage dtype: only copies, casts and the "
+                                 "FP8 ops take it (cast it to a compute dtype first)"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { MulScalar(a, 2); },
+                                 "mul: f8e4m3 is an FP8 storage dtype: only copies, casts and the "
+                                 "FP8 ops take it (cast it to a compute dtype first)"));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Exp(a); },
+                                 "exp: f8e4m3 is an FP8 storage dtype: only copies, casts and the "
+                                 "FP8 ops take it (cast it to a compute dtype first)"));
 }
 
 // to(f8) of every f16 and bf16 pattern equals the scalar conversion (kSatFinite), and the way

@@ -303,7 +303,9 @@ const std::vector<Layout>& Layouts() {
   return *layouts;
 }
 
-bool TakesIntegers(BinaryOp op) { return op != BinaryOp::kDiv && op != BinaryOp::kPow; }
+bool TakesIntegers(BinaryOp op) {
+  return op != BinaryOp::kDiv && op != BinaryOp::kPow && op != BinaryOp::kGeluTanhBackward;
+}
 bool TakesIntegers(UnaryOp op) {
   return op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kRelu;
 }
@@ -322,11 +324,13 @@ Tensor UnaryOperand(UnaryOp op, const Shape& shape, DType dtype, Generator& gen)
 }
 
 void AddElementwiseRows(std::vector<OpRow>* rows) {
-  const BinaryOp binary_ops[] = {BinaryOp::kAdd,    BinaryOp::kSub, BinaryOp::kMul,
-                                 BinaryOp::kDiv,    BinaryOp::kPow, BinaryOp::kMaximum,
-                                 BinaryOp::kMinimum};
+  const BinaryOp binary_ops[] = {BinaryOp::kAdd,     BinaryOp::kSub, BinaryOp::kMul,
+                                 BinaryOp::kDiv,     BinaryOp::kPow, BinaryOp::kMaximum,
+                                 BinaryOp::kMinimum, BinaryOp::kGeluTanhBackward};
   for (BinaryOp op : binary_ops) {
-    const Tols* tol = op == BinaryOp::kPow ? &TranscendentalTol() : &ExactTol();
+    const Tols* tol = op == BinaryOp::kPow || op == BinaryOp::kGeluTanhBackward
+                          ? &TranscendentalTol()
+                          : &ExactTol();
     const std::vector<DType> dtypes = TakesIntegers(op) ? kFloatsAndInts : kFloats;
     for (const Layout& l : Layouts()) {
       rows->push_back(
