@@ -97,6 +97,15 @@ def safetensors_seeds():
         dtype="bfloat16", shape=[2, 2], data_ptr=ctypes.addressof(bf16), data_len=8
     )
     write(r, "valid_bf16.safetensors", safetensors.serialize({"b": spec}, None))
+    # Both FP8 formats, every code (NaN codes too): the reference writes the bytes as they are.
+    codes = ctypes.create_string_buffer(bytes(range(256)), 256)
+    fp8 = {
+        name: safetensors.TensorSpec(
+            dtype=dtype, shape=shape, data_ptr=ctypes.addressof(codes), data_len=256
+        )
+        for name, dtype, shape in (("e4m3", "float8_e4m3fn", [16, 16]), ("e5m2", "float8_e5m2", [256]))
+    }
+    write(r, "valid_fp8.safetensors", safetensors.serialize(fp8, None))
     write(r, "valid_no_tensors.safetensors", safetensors.numpy.save({}))
     write(r, "valid_metadata_only.safetensors", safetensors.numpy.save({}, metadata={"k": "v"}))
     write(
@@ -182,7 +191,7 @@ def safetensors_seeds():
     write(
         r,
         "invalid_unknown_dtype.safetensors",
-        one({"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}, b"\x01\x02"),
+        one({"dtype": "F8_E8M0", "shape": [2], "data_offsets": [0, 2]}, b"\x01\x02"),
     )
     write(
         r,
