@@ -76,6 +76,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
       const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, Fp8Tiling::kTensor), o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::kTensor, dtype, columnwise);
       last_scale_ = s.scale;
+      TraceCast(*t, "per tensor");
       if (rowwise) q.rowwise = {r.data, s.scale_inv, Fp8Tiling::kTensor};
       if (columnwise) q.columnwise = {r.data_t, s.scale_inv, Fp8Tiling::kTensor};
       return q;
@@ -86,6 +87,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
       const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, Fp8Tiling::k128x128), o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::k128x128, dtype, columnwise);
       last_scale_ = s.scale;
+      TraceCast(*t, "128x128 blocks");
       Fp8Quantized q;
       if (rowwise) q.rowwise = {r.data, s.scale_inv, Fp8Tiling::k128x128};
       if (columnwise) {
@@ -98,7 +100,20 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     Fp8Quantized q;
     if (rowwise) q.rowwise = Tiles1x128(x, o, dtype);
     if (columnwise) q.columnwise = Tiles1x128(x.transpose(0, 1).contiguous(), o, dtype);
+    TraceCast(*t, "1x128 tiles");
     return q;
+  }
+
+  // The event trace's record of a current or block cast: its scales, read on the host only
+  // while tracing (a synchronisation on a device; nothing when tracing is off).
+  void TraceCast(const Fp8Training& t, const char* tiles) const {
+    if (!TracingEnabled()) return;
+    const std::vector<float> s = last_scale_.to_vector<float>();
+    if (s.empty()) return;
+    const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
+    TraceEvent("fp8", "cast layer ", layer_, " ", Fp8RoleName(role_), " (",
+               Fp8RecipeName(t.options_.recipe), ", ", tiles, "): scale in [", *lo, ", ", *hi,
+               "]");
   }
 
   // Delayed scaling: the forward amax recorded since the last update (undefined: none).

@@ -123,6 +123,9 @@ ABSL_FLAG(std::string, override, "",
           "with --resume: settings that may differ from the checkpoint's, comma-separated (of "
           "data, val_data, dropout, steps, lr, min_lr, warmup_steps, weight_decay, beta2, "
           "grad_clip); any other difference is refused");
+ABSL_FLAG(bool, fp8_head, false,
+          "with --precision=fp8: the tied output head (x @ wte^T) in FP8 too (Transformer "
+          "Engine's recipes leave it in bf16 by default)");
 ABSL_FLAG(bool, cudnn_attention, true,
           "CUDA: cuDNN's fused attention where it applies (false: the cuBLASLt composition)");
 
@@ -419,6 +422,7 @@ int Main() {
     settings.Add("fp8_amax_history_len",
                  static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
     settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+    settings.Add("fp8_head", absl::GetFlag(FLAGS_fp8_head) ? "yes" : "no", true);
   }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
   settings.Add("optimizer", opt_config.name, true);
@@ -465,10 +469,20 @@ int Main() {
       return Fail(s);
     }
   }
-  // --precision=fp8: the Linear weights of the blocks in FP8 (the tied head, wte, stays in bf16,
-  // as Transformer Engine's recipes leave the output layer in higher precision).
+  // --precision=fp8: the Linear weights of the blocks in FP8; the tied head (wte, also the token
+  // embedding's table, which stays a lookup) only with --fp8_head, as Transformer Engine's recipes
+  // leave the output layer in higher precision.
+  std::vector<Variable> fp8_weights = nn::LinearWeights(*model);
+  if (absl::GetFlag(FLAGS_fp8_head)) {
+    if (!precision_or->fp8) {
+      return Fail(absl::InvalidArgumentError("--fp8_head needs --precision=fp8"));
+    }
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (name == "wte.weight") fp8_weights.push_back(p);
+    }
+  }
   absl::StatusOr<std::unique_ptr<amp::Fp8Training>> fp8_or =
-      train::MakeFp8Training(*precision_or, nn::LinearWeights(*model), dp.AmaxReducer());
+      train::MakeFp8Training(*precision_or, std::move(fp8_weights), dp.AmaxReducer());
   if (!fp8_or.ok()) return Fail(fp8_or.status());
   amp::Fp8Training* fp8 = fp8_or->get();
   const train::ForwardPrecision forward_precision(dtype, fp8);

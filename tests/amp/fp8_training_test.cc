@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "amp/fp8_recipe.h"
@@ -19,7 +20,9 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "autograd/trace.h"
 #include "autograd/variable.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/float8.h"
 #include "tensor/generator.h"
@@ -329,6 +332,51 @@ TEST(Fp8TrainingTest, BlockScalingMatchesTheReference) {
   const HostQuantized gtq = q1x128(Transposed(gv, m, n), n, m);
   const HostQuantized xtq = q1x128(Transposed(xv, m, k), k, m);
   ExpectClose(r.dw, ReferenceGemm(gtq, xtq, n, k, m), gtq, xtq, n, k, m, "dW");
+}
+
+// ---- The event trace ---------------------------------------------------------------------------
+
+std::vector<std::string> Fp8Events(const std::vector<TraceRecord>& events) {
+  std::vector<std::string> out;
+  for (const TraceRecord& e : events) {
+    if (e.kind == TraceKind::kUser && e.name == std::string("fp8")) out.push_back(e.detail);
+    if (e.kind == TraceKind::kCallbackRun) out.push_back("callback " + e.name);
+  }
+  return out;
+}
+
+// Delayed scaling's updates appear where they happen: the forward's at the scope's exit, the
+// backward's in an engine callback after the backward's nodes; current scaling's casts each
+// show their scale.
+TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
+  const Tensor xt = Tensor::FromVector<float>({1, -3.5f, 2, 0.5f}, {2, 2});
+  Variable w(Tensor::FromVector<float>({0.5f, 0.25f, -1, 2}, {2, 2}), true);
+  {
+    Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
+    TraceScope trace;
+    Variable y;
+    {
+      Fp8Autocast on(fp8);
+      y = Linear(Variable(xt), w);
+    }
+    Sum(y).backward();
+    EXPECT_THAT(Fp8Events(trace.events()),
+                ::testing::ElementsAre(
+                    "forward update (delayed): input scales in [128, 128] over 1 layers",
+                    "forward update (delayed): weight scales in [224, 224] over 1 layers",
+                    "callback fp8 backward update",
+                    "backward update (delayed): grad_output scales in [57344, 57344] over 1 "
+                    "layers"));
+  }
+  w.set_grad(Variable());
+  Fp8Training current({w}, Options(Fp8Recipe::kCurrent));
+  TraceScope trace;
+  Fp8Autocast on(current);
+  Linear(Variable(xt), w);
+  EXPECT_THAT(Fp8Events(trace.events()),
+              ::testing::ElementsAre("cast layer 0 input (current, per tensor): scale in [128, 128]",
+                                     "cast layer 0 weight (current, per tensor): scale in [224, "
+                                     "224]"));
 }
 
 // ---- Scope, coverage and refusals ----------------------------------------------------------

@@ -60,6 +60,29 @@ for recipe in delayed current block; do
     --fp8_amax_history_len=4 --eval_every=5 --warmup_steps=4 --eval_batches=2 --sample_tokens=0 \
     --checkpoint_every=0
 done
+# --fp8_head puts the tied head in FP8 too: another trajectory than without it.
+"$train_gpt" --data="$text" --steps=4 --n_layer=1 --n_embd=32 --block_size=16 --batch_size=4 \
+  --precision=fp8 --fp8_head --eval_every=0 --sample_tokens=0 --checkpoint_every=0 \
+  --metrics="$tmp/fp8_head.csv" >"$tmp/fp8_head.log" 2>&1 || { cat "$tmp/fp8_head.log"; exit 1; }
+if diff -q <(columns "$tmp/fp8_head.csv" | head -4) \
+  <(columns "$tmp/gpt_fp8_delayed/full.csv" | head -4) >/dev/null; then
+  echo "FAIL --fp8_head: the same trajectory as without it"; failures=$((failures + 1))
+else
+  echo "ok   --fp8_head changes the trajectory (the head's GEMMs are FP8)"
+fi
+# FP8 flags without --precision=fp8 are refused, not ignored.
+for args in "--fp8_recipe=block" "--fp8_head" "--fp8_margin=1"; do
+  want="--fp8_recipe is set, but --precision=f32 does not train in FP8 (use --precision=fp8)"
+  [ "$args" = --fp8_head ] && want="--fp8_head needs --precision=fp8"
+  [ "$args" = --fp8_margin=1 ] && want="--fp8_margin is set, but --precision=f32 does not train in FP8 (use --precision=fp8)"
+  if "$train_gpt" --data="$text" --steps=1 $args >"$tmp/refused.log" 2>&1; then
+    echo "FAIL $args without --precision=fp8 was accepted"; failures=$((failures + 1))
+  elif grep -qF -- "$want" "$tmp/refused.log"; then
+    echo "ok   $args without --precision=fp8 is refused"
+  else
+    echo "FAIL $args: unexpected output"; cat "$tmp/refused.log"; failures=$((failures + 1))
+  fi
+done
 # The delayed scales moved from their start (1) by step 2: the casts happened and were recorded.
 awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
          NR == 3 { exit !($col["fp8_weight_scale"] != 1 && $col["fp8_grad_scale"] != 1) }' \

@@ -19,7 +19,7 @@ rdzv resume stop_at_step tf32 world_size zero_stage"
 own_mnist="batch_size checkpoint_every data_dir epochs lr micro_batch_size model override seed
 train_limit weight_decay"
 own_gpt="batch_size beta2 block_size checkpoint_every cudnn_attention data dropout eval_batches
-eval_every export_hf grad_clip init_from lr micro_batch_size min_lr n_embd n_head n_layer override
+eval_every export_hf fp8_head grad_clip init_from lr micro_batch_size min_lr n_embd n_head n_layer override
 sample_tokens seed steps temperature top_k val_data warmup_steps weight_decay"
 
 # block HELP FILE: the text of the "Flags from FILE:" block of a --help output.
