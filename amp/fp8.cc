@@ -221,13 +221,26 @@ void Fp8Training::Update(bool forward) {
   const std::vector<Fp8Role> roles =
       forward ? std::vector<Fp8Role>{Fp8Role::kInput, Fp8Role::kWeight}
               : std::vector<Fp8Role>{Fp8Role::kGradOutput};
-  std::vector<float> amaxes;
-  amaxes.reserve(roles.size() * weights_.size());
+  // The pass's amaxes gathered on their device into one buffer (0 for a layer that did not
+  // run), then one host read: one synchronisation per pass on a GPU, not one per tensor.
+  const int64_t count = static_cast<int64_t>(roles.size()) * num_layers();
+  std::vector<Tensor> pending;
+  pending.reserve(static_cast<size_t>(count));
+  Tensor buffer;
   for (int64_t layer = 0; layer < num_layers(); ++layer) {
     for (Fp8Role role : roles) {
-      const Tensor a = quantizers_[layer * 3 + static_cast<int>(role)]->TakeAmax();
-      amaxes.push_back(a.defined() ? static_cast<float>(a.item()) : 0.0f);
+      pending.push_back(quantizers_[layer * 3 + static_cast<int>(role)]->TakeAmax());
+      if (!buffer.defined() && pending.back().defined()) {
+        buffer = Tensor::Zeros({count}, kF32, pending.back().device());
+      }
     }
+  }
+  std::vector<float> amaxes(static_cast<size_t>(count), 0.0f);
+  if (buffer.defined()) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (pending[i].defined()) buffer.narrow(0, i, 1).copy_(pending[i].reshape({1}));
+    }
+    amaxes = buffer.to_vector<float>();
   }
   const Fp8DelayedScaling::AmaxReducer& reduce = reducer_;
   if (forward) {
