@@ -18,6 +18,17 @@ constexpr Fp8Role kRoles[] = {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGradO
 
 DType Fp8DTypeOf(float fp8_max) { return fp8_max == kE4M3Max ? kF8E4M3 : kF8E5M2; }
 
+// `scale_inv` where the tile's amax is finite, NaN where it is not. A saturating cast turns an
+// inf into +-max (TE's rule), which alone would hand the GEMM a finite stand-in for an overflow
+// and hide it from the loss scaler's non-finite check; with the tile's scale_inv NaN, the GEMM
+// outputs that read the tile are NaN, as the same GEMM in bf16 would be inf or NaN. (A NaN needs
+// nothing: it casts to a NaN code, which decodes to NaN.) On the device, no host read.
+Tensor PoisonNonFinite(const Tensor& scale_inv, const Tensor& amax) {
+  const Tensor finite = Eq(Sub(amax, amax), Tensor::Zeros({1}, kF32, amax.device()));
+  return Where(finite, scale_inv,
+               Tensor::Full({1}, std::numeric_limits<double>::quiet_NaN(), kF32, amax.device()));
+}
+
 // A [1, 1] f32 tensor holding `value` on `device` (the per-tensor scale grid).
 Tensor ScalarGrid(float value, Device device) {
   return Tensor::FromVector<float>({value}, {1, 1}).to(device);
@@ -73,25 +84,29 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     o.value_for_inf = ValueForInf(x.dtype());
     if (!block) {
       Fp8Quantized q;
-      const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, Fp8Tiling::kTensor), o);
+      const Tensor amax = Fp8Amax(x, Fp8Tiling::kTensor);
+      const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::kTensor, dtype, columnwise);
       last_scale_ = s.scale;
       TraceCast(*t, "per tensor");
-      if (rowwise) q.rowwise = {r.data, s.scale_inv, Fp8Tiling::kTensor};
-      if (columnwise) q.columnwise = {r.data_t, s.scale_inv, Fp8Tiling::kTensor};
+      const Tensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
+      if (rowwise) q.rowwise = {r.data, scale_inv, Fp8Tiling::kTensor};
+      if (columnwise) q.columnwise = {r.data_t, scale_inv, Fp8Tiling::kTensor};
       return q;
     }
     if (role_ == Fp8Role::kWeight) {
       // 128x128 blocks: the transposed blocks are the blocks of the transpose, so one cast gives
       // both operands, the scale grid transposed with them.
-      const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, Fp8Tiling::k128x128), o);
+      const Tensor amax = Fp8Amax(x, Fp8Tiling::k128x128);
+      const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::k128x128, dtype, columnwise);
       last_scale_ = s.scale;
       TraceCast(*t, "128x128 blocks");
+      const Tensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
       Fp8Quantized q;
-      if (rowwise) q.rowwise = {r.data, s.scale_inv, Fp8Tiling::k128x128};
+      if (rowwise) q.rowwise = {r.data, scale_inv, Fp8Tiling::k128x128};
       if (columnwise) {
-        q.columnwise = {r.data_t, s.scale_inv.transpose(0, 1).contiguous(), Fp8Tiling::k128x128};
+        q.columnwise = {r.data_t, scale_inv.transpose(0, 1).contiguous(), Fp8Tiling::k128x128};
       }
       return q;
     }
@@ -128,10 +143,11 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
   }
 
   Fp8Operand Tiles1x128(const Tensor& x, const Fp8ScaleOptions& o, DType dtype) {
-    const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, Fp8Tiling::k1x128), o);
+    const Tensor amax = Fp8Amax(x, Fp8Tiling::k1x128);
+    const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
     const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::k1x128, dtype);
     last_scale_ = s.scale;
-    return {r.data, s.scale_inv, Fp8Tiling::k1x128};
+    return {r.data, PoisonNonFinite(s.scale_inv, amax), Fp8Tiling::k1x128};
   }
 
   Fp8Quantized Delayed(Fp8Training& t, const Tensor& x, DType dtype, bool columnwise) {
@@ -148,9 +164,10 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     amax_ = amax_.defined() ? Maximum(amax_, r.amax) : r.amax;
     last_scale_ = scale_;
     if (role_ == Fp8Role::kGradOutput) t.QueueBackwardUpdate(owner_);
+    const Tensor scale_inv = PoisonNonFinite(scale_inv_, r.amax);
     Fp8Quantized q;
-    q.rowwise = {r.data, scale_inv_, Fp8Tiling::kTensor};
-    if (columnwise) q.columnwise = {r.data_t, scale_inv_, Fp8Tiling::kTensor};
+    q.rowwise = {r.data, scale_inv, Fp8Tiling::kTensor};
+    if (columnwise) q.columnwise = {r.data_t, scale_inv, Fp8Tiling::kTensor};
     return q;
   }
 

@@ -30,6 +30,9 @@
 //   block    as current, per tile: 1x128 tiles for inputs and gradients (their transposed
 //            operands are cast from the transposed tensor, so tiles run along each GEMM's
 //            contraction), 128x128 blocks for weights; power-of-two scales (TE's default).
+// Non-finite values: a saturating cast turns inf into +-max; so that no overflow reaches the
+// optimizer as a finite number, a tile (or tensor) whose amax is not finite gets a NaN scale_inv,
+// and the GEMM outputs that read it are NaN (the mixed-precision optimizer then skips the step).
 // Current and block scaling have no state that moves, hence nothing to reduce: activations and
 // gradients use their own rank's amax (as in TE, whose amax reduction for these recipes is over
 // the tensor-parallel group only), and weights are identical on every rank.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -332,6 +333,50 @@ TEST(Fp8TrainingTest, BlockScalingMatchesTheReference) {
   const HostQuantized gtq = q1x128(Transposed(gv, m, n), n, m);
   const HostQuantized xtq = q1x128(Transposed(xv, m, k), k, m);
   ExpectClose(r.dw, ReferenceGemm(gtq, xtq, n, k, m), gtq, xtq, n, k, m, "dW");
+}
+
+// ---- Non-finite values are not hidden ----------------------------------------------------------
+
+bool AllFinite(const Tensor& t) {
+  for (float v : t.to_vector<float>()) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+// An inf in the input, or in the output gradient (an overflow), would cast to +-max under the
+// saturating rule and reach the optimizer as a finite number; instead the GEMMs that read it give
+// NaN, as bf16 would give inf or NaN, so the mixed-precision optimizer's check skips the step.
+TEST(Fp8TrainingTest, InfInTheInputOrTheGradientIsNotHiddenBySaturation) {
+  for (Fp8Recipe recipe : {Fp8Recipe::kDelayed, Fp8Recipe::kCurrent, Fp8Recipe::kBlock}) {
+    SCOPED_TRACE(Fp8RecipeName(recipe));
+    const float inf = std::numeric_limits<float>::infinity();
+    Variable w(Random({4, 8}, 30), true);
+    Fp8Training fp8({w}, Options(recipe));
+    Tensor xt = Random({3, 8}, 31);
+    xt.narrow(0, 1, 1).narrow(1, 2, 1).fill_(inf);
+    Variable y;
+    {
+      Fp8Autocast on(fp8);
+      y = Linear(Variable(xt), w);
+    }
+    // Per tensor the whole output is NaN (one scale for all); per 1x128 tile only the row whose
+    // tile held the inf.
+    EXPECT_EQ(AllFinite(y.data().narrow(0, 0, 1)), recipe == Fp8Recipe::kBlock);
+    EXPECT_FALSE(AllFinite(y.data().narrow(0, 1, 1)));
+    Sum(y).backward();
+    EXPECT_FALSE(AllFinite(w.grad().data()));
+    // A finite input with an overflowing output gradient.
+    w.set_grad(Variable());
+    Tensor ct = Tensor::Ones({3, 4});
+    ct.narrow(0, 2, 1).narrow(1, 1, 1).fill_(inf);
+    {
+      Fp8Autocast on(fp8);
+      y = Linear(Variable(Random({3, 8}, 32)), w);
+    }
+    Sum(Mul(y, Variable(ct))).backward();
+    EXPECT_FALSE(AllFinite(w.grad().data()));
+  }
 }
 
 // ---- The event trace ---------------------------------------------------------------------------
