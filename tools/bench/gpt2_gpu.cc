@@ -53,10 +53,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "amp/fp8.h"
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "nlohmann/json.hpp"
+#include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
@@ -71,6 +73,9 @@ ABSL_FLAG(int64_t, steps, 20, "timed steps per micro-batch size");
 ABSL_FLAG(std::string, weights, "bf16",
           "bf16: bf16 model weights written from f32 masters by the fused AdamW; f32: f32 "
           "weights cast by autocast every step");
+ABSL_FLAG(std::string, fp8_recipe, "",
+          "empty: bf16 GEMMs; delayed, current or block: the Linear layers' GEMMs in FP8 with that "
+          "recipe (amp/fp8.h; the tied head stays bf16), inside bf16 autocast");
 ABSL_FLAG(int, device, 0, "CUDA device index");
 ABSL_FLAG(std::string, pytorch_json, "",
           "JSON lines of tools/bench/gpt2_pytorch.py to compare with (empty: none)");
@@ -94,6 +99,7 @@ struct Result {
 
 // One micro-batch size: a fresh model and optimizer, warm-up, timed steps.
 Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
+  const std::string fp8_recipe = absl::GetFlag(FLAGS_fp8_recipe);
   Result r;
   r.batch = batch;
   nn::GptConfig config = nn::GptConfig::Gpt2Small();
@@ -130,11 +136,20 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   const Tensor x = all.slice(1, 0, seq).contiguous().to(device);
   const Tensor y = all.slice(1, 1, seq + 1).contiguous().to(device);
 
+  // --fp8_recipe: FP8 GEMMs for the blocks' Linear layers (TE's fp8_autocast inside bf16).
+  std::unique_ptr<amp::Fp8Training> fp8;
+  if (!fp8_recipe.empty()) {
+    amp::Fp8TrainingOptions fo;
+    fo.recipe = amp::ParseFp8Recipe(fp8_recipe);
+    fp8 = std::make_unique<amp::Fp8Training>(nn::LinearWeights(model), fo);
+  }
   Variable loss;
   auto step = [&] {
     opt.zero_grad();
     {
       amp::AutocastGuard autocast(kBF16);
+      std::optional<amp::Fp8Autocast> fp8_scope;
+      if (fp8 != nullptr) fp8_scope.emplace(*fp8);
       loss = nn::CrossEntropyLoss(model(Variable(x)), y);
     }
     opt.backward(loss);
@@ -262,6 +277,13 @@ int Main() {
     std::fprintf(stderr, "gpt2_gpu: --seq=%lld: expected 1..1024\n", static_cast<long long>(seq));
     return 2;
   }
+  const std::string fp8_recipe = absl::GetFlag(FLAGS_fp8_recipe);
+  if (!fp8_recipe.empty() && fp8_recipe != "delayed" && fp8_recipe != "current" &&
+      fp8_recipe != "block") {
+    std::fprintf(stderr, "gpt2_gpu: --fp8_recipe=%s: expected delayed, current or block\n",
+                 fp8_recipe.c_str());
+    return 2;
+  }
   const std::vector<int64_t> batches = ParseBatches(absl::GetFlag(FLAGS_batches));
   PyTorchRecords pytorch;
   if (!absl::GetFlag(FLAGS_pytorch_json).empty()) {
@@ -270,9 +292,11 @@ int Main() {
   cudaDeviceProp prop;
   TG_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   std::printf(
-      "gpt2_gpu: GPT-2 124M (%lld params), bf16 autocast, %s weights + f32 masters, fused "
+      "gpt2_gpu: GPT-2 124M (%lld params), bf16 autocast%s, %s weights + f32 masters, fused "
       "AdamW, seq %lld, %lld warm-up + %lld timed steps, on %s (%s)\n",
-      static_cast<long long>(nn::GptConfig::Gpt2Small().NumParameters()), weights.c_str(),
+      static_cast<long long>(nn::GptConfig::Gpt2Small().NumParameters()),
+      fp8_recipe.empty() ? "" : (" with FP8 Linear GEMMs (" + fp8_recipe + " scaling)").c_str(),
+      weights.c_str(),
       static_cast<long long>(seq), static_cast<long long>(absl::GetFlag(FLAGS_warmup)),
       static_cast<long long>(absl::GetFlag(FLAGS_steps)), prop.name, device.ToString().c_str());
   std::optional<int64_t> largest;
@@ -299,6 +323,7 @@ int Main() {
                         {"mfu", std::round(r.mfu * 1e4) / 1e4},
                         {"host_syncs_per_step", r.host_syncs_per_step},
                         {"weights", weights},
+                        {"fp8_recipe", fp8_recipe.empty() ? "none" : fp8_recipe},
                         {"device", prop.name}};
     std::printf("  %s\n", j.dump().c_str());
   }
