@@ -58,45 +58,9 @@ inline float AbsMax(const float* v, int64_t n) {
   return BitsToFloat(m);
 }
 
-// tensor/float8.h's kSatFinite cast (FloatToE4M3Bits / FloatToE5M2Bits) with selects instead of
-// branches, so that GCC vectorises the cast loop; the same bits for every input (fp8_ops_test
-// casts every f16 and bf16 pattern and compares).
-template <int kExpBits, int kManBits>
-inline uint8_t EncodeSatFinite(float f, uint32_t overflow_from, uint32_t max_code) {
-  constexpr uint32_t kBias = (1u << (kExpBits - 1)) - 1;
-  constexpr uint32_t kMinNormal = (127u - kBias + 1) << 23;  // float bits of 2^(1 - bias)
-  constexpr int kDropped = 23 - kManBits;
-  // A subnormal result counts units of 2^(1 - bias - kManBits): |f| * 2^(bias - 1 + kManBits)
-  // (exact), rounded to nearest even by adding 2^23, whose ulp is 1.
-  constexpr float kToUnits = static_cast<float>(1u << (kBias - 1 + kManBits));
-  const uint32_t x = FloatBits(f);
-  const uint32_t sign = (x >> 24) & 0x80u;
-  const uint32_t abs = x & 0x7fffffffu;
-  const uint32_t rebiased = abs - ((127u - kBias) << 23);
-  const uint32_t normal =
-      (rebiased + ((1u << (kDropped - 1)) - 1) + ((rebiased >> kDropped) & 1u)) >> kDropped;
-  const uint32_t subnormal = FloatBits(BitsToFloat(abs) * kToUnits + 8388608.0f) - 0x4b000000u;
-  // Selects as masks: with ?: GCC 12 keeps branches and does not vectorise the loop.
-  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(abs < kMinNormal);
-  const uint32_t is_overflow = 0u - static_cast<uint32_t>(abs >= overflow_from);  // inf included
-  const uint32_t is_nan = 0u - static_cast<uint32_t>(abs > 0x7f800000u);
-  uint32_t r = (subnormal & is_subnormal) | (normal & ~is_subnormal);  // a carry to 2^(1 - bias)
-  r = (max_code & is_overflow) | (r & ~is_overflow);                   // is correct; saturate
-  r = ((r | sign) & ~is_nan) | (0x7fu & is_nan);                       // NaN: 0x7f, sign cleared
-  return static_cast<uint8_t>(r);
-}
-
-// The saturating cast to the format of out's dtype (kNone: no output, amaxes only).
+// The saturating cast to the format of out's dtype (kNone: no output, amaxes only); the cast
+// itself is vec_math's ScaleToFp8F32 (Highway, the widest vectors this CPU has).
 enum class Fp8Out { kNone, kE4M3, kE5M2 };
-
-template <Fp8Out kOut>
-inline uint8_t Encode(float v) {
-  if constexpr (kOut == Fp8Out::kE4M3) {
-    return EncodeSatFinite<4, 3>(v, 0x43e80001u, 0x7eu);  // as FloatToE4M3Bits
-  } else {
-    return EncodeSatFinite<5, 2>(v, 0x47700000u, 0x7bu);  // as FloatToE5M2Bits
-  }
-}
 
 // One pass over x [rows, cols] (T: f32/bf16/f16), row by row in bands of kBand rows: per element
 // v = x * scale[tile] in f32, out = the cast of v, and row_max[r, tile col] = the largest |x| of
@@ -118,8 +82,7 @@ void CastPass(const T* x, int64_t rows, int64_t cols, Fp8Tile tile, int64_t grid
           if (row_max != nullptr) row_max[r * grid_cols + tc] = AbsMax(vc, width);
           if constexpr (kOut != Fp8Out::kNone) {
             const float s = scale[(r / tile.rows) * grid_cols + tc];
-            uint8_t* o = out + r * cols + c0;
-            for (int64_t j = 0; j < width; ++j) o[j] = Encode<kOut>(vc[j] * s);
+            ScaleToFp8F32(vc, s, out + r * cols + c0, width, kOut == Fp8Out::kE4M3);
           }
         }
       }

@@ -16,6 +16,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/float8.h"
 #include "tensor/half.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -132,6 +133,60 @@ void FloatToBFloat16(const float* in, uint16_t* out, int64_t n) {
         hn::StoreU(hn::DemoteTo(du16, result), du16, dst);
       },
       [](float f) { return FloatToBFloat16Bits(f); });
+}
+
+// out[i] = tensor/float8.h's saturating cast (kSatFinite) of x[i] * scale, the product one f32
+// rounding: the same bits as FloatToE4M3Bits / FloatToE5M2Bits (tests/tensor:fp8_ops_test casts
+// every f16 and bf16 pattern through the CPU's Fp8Cast). Normal results rebias the exponent and
+// round the dropped mantissa bits to nearest even; subnormal ones count units of the smallest
+// subnormal, rounded to nearest even by adding 2^23 in f32; then saturation, the sign, and NaN as
+// 0x7f. Comparisons are of |x|'s bits as int32 (all below 2^31).
+template <int kExpBits, int kManBits>
+void ScaleToFp8Format(const float* x, float scale, uint8_t* out, int64_t n, uint32_t overflow_from,
+                      uint32_t max_code) {
+  constexpr uint32_t kBias = (1u << (kExpBits - 1)) - 1;
+  constexpr int kDropped = 23 - kManBits;
+  constexpr float kToUnits = static_cast<float>(1u << (kBias - 1 + kManBits));
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const auto vscale = hn::Set(df, scale);
+  Convert(
+      x, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const float* src, uint8_t* dst) {
+        const auto v = hn::Mul(hn::LoadU(df, src), vscale);
+        const auto bits = hn::BitCast(du, v);
+        const auto sign = hn::And(hn::ShiftRight<24>(bits), hn::Set(du, 0x80u));
+        const auto abs = hn::And(bits, hn::Set(du, 0x7fffffffu));
+        const auto iabs = hn::BitCast(di, abs);
+        const auto rebiased = hn::Sub(abs, hn::Set(du, (127u - kBias) << 23));
+        const auto normal = hn::ShiftRight<kDropped>(
+            hn::Add(hn::Add(rebiased, hn::Set(du, (1u << (kDropped - 1)) - 1)),
+                    hn::And(hn::ShiftRight<kDropped>(rebiased), hn::Set(du, 1u))));
+        const auto units =
+            hn::Add(hn::Mul(hn::BitCast(df, abs), hn::Set(df, kToUnits)), hn::Set(df, 8388608.0f));
+        const auto subnormal = hn::Sub(hn::BitCast(du, units), hn::Set(du, 0x4b000000u));
+        const auto min_normal = hn::Set(di, static_cast<int32_t>((127u - kBias + 1) << 23));
+        auto r = hn::IfThenElse(hn::RebindMask(du, hn::Lt(iabs, min_normal)), subnormal, normal);
+        const auto overflow = hn::Gt(iabs, hn::Set(di, static_cast<int32_t>(overflow_from - 1)));
+        r = hn::IfThenElse(hn::RebindMask(du, overflow), hn::Set(du, max_code), r);
+        r = hn::Or(r, sign);
+        const auto nan = hn::Gt(iabs, hn::Set(di, 0x7f800000));
+        r = hn::IfThenElse(hn::RebindMask(du, nan), hn::Set(du, 0x7fu), r);
+        hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, r)), d8, dst);
+      },
+      [&](float f) {
+        return kExpBits == 4 ? FloatToE4M3Bits(f * scale) : FloatToE5M2Bits(f * scale);
+      });
+}
+
+void ScaleToFp8(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3) {
+  if (e4m3) {
+    ScaleToFp8Format<4, 3>(x, scale, out, n, 0x43e80001u, 0x7eu);
+  } else {
+    ScaleToFp8Format<5, 2>(x, scale, out, n, 0x47700000u, 0x7bu);
+  }
 }
 
 // f16 <-> f32 through F16C (AVX2 and up: exact, rounding to nearest even); Highway's emulation
@@ -457,6 +512,7 @@ HWY_EXPORT(LayerNormParamGrads);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
+HWY_EXPORT(ScaleToFp8);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
@@ -498,6 +554,9 @@ void TanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Tanh)(x
 void GeluTanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluTanh)(x, y, n); }
 void GeluTanhGradF32(const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(GeluTanhGrad)(x, y, n);
+}
+void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3) {
+  HWY_DYNAMIC_DISPATCH(ScaleToFp8)(x, scale, out, n, e4m3);
 }
 
 const char* VecMathTarget() {

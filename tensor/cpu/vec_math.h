@@ -53,6 +53,9 @@ void GeluTanhF32(const float* x, float* y, int64_t n);
 // operations and order of composed::GeluTanhGrad (each rounded to f32, no FMA), tanh as TanhF32:
 // equal bit for bit to that chain of f32 tensor ops.
 void GeluTanhGradF32(const float* x, float* y, int64_t n);
+// out[i] = the saturating FP8 cast (tensor/float8.h's kSatFinite: e4m3fn when e4m3, else e5m2)
+// of x[i] * scale (one f32 product): FloatToE4M3Bits / FloatToE5M2Bits bit for bit.
+void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3);
 
 // One Adam/AdamW update of n f32 parameters with f32 gradients and state (no AMSGrad), the
 // operations of tensor/cpu/optimizer.cc's AdamLoop in its order, each rounded to f32 (no FMA):
