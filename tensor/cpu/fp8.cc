@@ -58,6 +58,29 @@ inline float AbsMax(const float* v, int64_t n) {
   return BitsToFloat(m);
 }
 
+// dst[j * dst_stride + i] = src[i * src_stride + j] for an 8 x 8 block of bytes: the rows as
+// 64-bit words (byte j of word i is element (i, j): little-endian), transposed by exchanging
+// d x d sub-blocks between words i and i + d for d = 4, 2, 1.
+inline void Transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst,
+                         int64_t dst_stride) {
+  uint64_t x[8];
+  for (int i = 0; i < 8; ++i) std::memcpy(&x[i], src + i * src_stride, 8);
+  for (int d = 4; d >= 1; d /= 2) {
+    const int shift = 8 * d;
+    const uint64_t mask = d == 4 ? 0x00000000ffffffffull : d == 2 ? 0x0000ffff0000ffffull
+                                                                   : 0x00ff00ff00ff00ffull;
+    for (int i = 0; i < 8; ++i) {
+      if (i & d) continue;
+      // Little-endian: byte j of word i is bits [8j, 8j + 8). Swap the high d bytes of each
+      // 2d-byte group of word i with the low d bytes of word i + d.
+      const uint64_t a = x[i], b = x[i + d];
+      x[i] = (a & mask) | ((b & mask) << shift);
+      x[i + d] = ((a >> shift) & mask) | (b & ~mask);
+    }
+  }
+  for (int i = 0; i < 8; ++i) std::memcpy(dst + i * dst_stride, &x[i], 8);
+}
+
 // The saturating cast to the format of out's dtype (kNone: no output, amaxes only); the cast
 // itself is vec_math's ScaleToFp8F32 (Highway, the widest vectors this CPU has).
 enum class Fp8Out { kNone, kE4M3, kE5M2 };
@@ -87,9 +110,18 @@ void CastPass(const T* x, int64_t rows, int64_t cols, Fp8Tile tile, int64_t grid
         }
       }
       if (out_t == nullptr) continue;
-      // Column by column: the band's rows of out (kBand cache lines per 64 columns) stay in L1
-      // while each row of out_t gets its kBand bytes.
-      for (int64_t c = 0; c < cols; ++c) {
+      // The band's out_t[c, r0:r1] = out[r0:r1, c]: 8 x 8 byte blocks through 64-bit words
+      // (Transpose8x8), then the ragged rows and columns byte by byte.
+      const int64_t r8 = r0 + (r1 - r0) / 8 * 8, c8 = cols / 8 * 8;
+      for (int64_t c = 0; c < c8; c += 8) {
+        for (int64_t r = r0; r < r8; r += 8) {
+          Transpose8x8(out + r * cols + c, cols, out_t + c * rows + r, rows);
+        }
+        for (int64_t r = r8; r < r1; ++r) {
+          for (int64_t j = 0; j < 8; ++j) out_t[(c + j) * rows + r] = out[r * cols + c + j];
+        }
+      }
+      for (int64_t c = c8; c < cols; ++c) {
         uint8_t* dst = out_t + c * rows;
         for (int64_t r = r0; r < r1; ++r) dst[r] = out[r * cols + c];
       }
