@@ -213,7 +213,11 @@ void Decode(const Tensor& t, ScratchVector<E>& dst) {
   dst.resize(static_cast<size_t>(count));
   E* d = dst.data();
   ParallelFor(count, int64_t{1} << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) d[i] = table[src[i]];
+    if constexpr (std::is_same_v<E, float>) {
+      Fp8ToF32(src + begin, d + begin, end - begin, t.dtype() == kF8E4M3);  // Highway vectors
+    } else {
+      for (int64_t i = begin; i < end; ++i) d[i] = table[src[i]];
+    }
   });
 }
 

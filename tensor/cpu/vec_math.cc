@@ -181,6 +181,53 @@ void ScaleToFp8Format(const float* x, float scale, uint8_t* out, int64_t n, uint
       });
 }
 
+// out[i] = the exact f32 value of the FP8 code in[i] (tensor/float8.h's E4M3BitsToFloat /
+// E5M2BitsToFloat, NaN payloads included): normal codes rebias their exponent, subnormal ones
+// are mantissa * 2^(1 - bias - kManBits) (exact in f32), and the specials are selected last.
+template <int kExpBits, int kManBits>
+void Fp8FormatToFloat(const uint8_t* in, float* out, int64_t n) {
+  constexpr uint32_t kBias = (1u << (kExpBits - 1)) - 1;
+  constexpr uint32_t kExpMask = (1u << kExpBits) - 1;
+  constexpr uint32_t kManMask = (1u << kManBits) - 1;
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const float subnormal_unit = std::ldexp(1.0f, 1 - static_cast<int>(kBias) - kManBits);
+  Convert(
+      in, out, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const uint8_t* src, float* dst) {
+        const auto b = hn::PromoteTo(du, hn::LoadU(d8, src));
+        const auto sign = hn::ShiftLeft<24>(hn::And(b, hn::Set(du, 0x80u)));
+        const auto e = hn::And(hn::ShiftRight<kManBits>(b), hn::Set(du, kExpMask));
+        const auto m = hn::And(b, hn::Set(du, kManMask));
+        const auto man_bits = hn::ShiftLeft<23 - kManBits>(m);
+        const auto normal = hn::Or(hn::ShiftLeft<23>(hn::Add(e, hn::Set(du, 127u - kBias))), man_bits);
+        const auto sub = hn::BitCast(
+            du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, m)), hn::Set(df, subnormal_unit)));
+        auto r = hn::IfThenElse(hn::Eq(e, hn::Zero(du)), sub, normal);
+        if constexpr (kExpBits == 4) {  // e4m3fn: only 0x7f / 0xff are NaN; no infinities
+          const auto is_nan = hn::Eq(hn::And(b, hn::Set(du, 0x7fu)), hn::Set(du, 0x7fu));
+          r = hn::IfThenElse(is_nan, hn::Or(hn::Set(du, 0x7fc00000u), man_bits), r);
+        } else {  // e5m2: all-ones exponent: inf (mantissa 0) or NaN
+          const auto special = hn::Eq(e, hn::Set(du, kExpMask));
+          const auto inf_or_nan = hn::IfThenElse(hn::Eq(m, hn::Zero(du)), hn::Set(du, 0x7f800000u),
+                                                 hn::Or(hn::Set(du, 0x7fc00000u), man_bits));
+          r = hn::IfThenElse(special, inf_or_nan, r);
+        }
+        hn::StoreU(hn::BitCast(df, hn::Or(r, sign)), df, dst);
+      },
+      [](uint8_t code) { return kExpBits == 4 ? E4M3BitsToFloat(code) : E5M2BitsToFloat(code); });
+}
+
+void Fp8ToFloat(const uint8_t* in, float* out, int64_t n, bool e4m3) {
+  if (e4m3) {
+    Fp8FormatToFloat<4, 3>(in, out, n);
+  } else {
+    Fp8FormatToFloat<5, 2>(in, out, n);
+  }
+}
+
 void ScaleToFp8(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3) {
   if (e4m3) {
     ScaleToFp8Format<4, 3>(x, scale, out, n, 0x43e80001u, 0x7eu);
@@ -513,6 +560,7 @@ HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 HWY_EXPORT(ScaleToFp8);
+HWY_EXPORT(Fp8ToFloat);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
@@ -557,6 +605,9 @@ void GeluTanhGradF32(const float* x, float* y, int64_t n) {
 }
 void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3) {
   HWY_DYNAMIC_DISPATCH(ScaleToFp8)(x, scale, out, n, e4m3);
+}
+void Fp8ToF32(const uint8_t* in, float* out, int64_t n, bool e4m3) {
+  HWY_DYNAMIC_DISPATCH(Fp8ToFloat)(in, out, n, e4m3);
 }
 
 const char* VecMathTarget() {

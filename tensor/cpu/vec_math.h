@@ -56,6 +56,9 @@ void GeluTanhGradF32(const float* x, float* y, int64_t n);
 // out[i] = the saturating FP8 cast (tensor/float8.h's kSatFinite: e4m3fn when e4m3, else e5m2)
 // of x[i] * scale (one f32 product): FloatToE4M3Bits / FloatToE5M2Bits bit for bit.
 void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3);
+// out[i] = the exact f32 value of the FP8 code in[i] (e4m3fn when e4m3, else e5m2):
+// E4M3BitsToFloat / E5M2BitsToFloat bit for bit, NaN payloads included.
+void Fp8ToF32(const uint8_t* in, float* out, int64_t n, bool e4m3);
 
 // One Adam/AdamW update of n f32 parameters with f32 gradients and state (no AMSGrad), the
 // operations of tensor/cpu/optimizer.cc's AdamLoop in its order, each rounded to f32 (no FMA):

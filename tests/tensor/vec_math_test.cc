@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/generator.h"
+#include "tensor/float8.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -317,3 +318,45 @@ TEST(VecMath, RoundingMatchesTheScalarConversions) {
 
 }  // namespace
 }  // namespace tg
+
+namespace tg::cpu {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// The FP8 decode and the scaled cast in vectors give tensor/float8.h's scalar results bit for
+// bit: every code of both formats (in vector lanes and in the scalar tail), and a cast of every
+// f16-representable float times scales, including 1 (NaN, inf, subnormals and saturation).
+TEST(VecMath, Fp8DecodeAndCastMatchTheScalarRules) {
+  std::vector<uint8_t> codes(256 + 3);
+  for (int i = 0; i < 259; ++i) codes[i] = static_cast<uint8_t>(i % 256);
+  std::vector<float> decoded(codes.size());
+  for (bool e4m3 : {true, false}) {
+    Fp8ToF32(codes.data(), decoded.data(), static_cast<int64_t>(codes.size()), e4m3);
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const float want = e4m3 ? E4M3BitsToFloat(codes[i]) : E5M2BitsToFloat(codes[i]);
+      ASSERT_EQ(Bits(decoded[i]), Bits(want)) << (e4m3 ? "e4m3 " : "e5m2 ") << i;
+    }
+  }
+  std::vector<float> x(65536 + 5);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(Half::FromBits(static_cast<uint16_t>(i % 65536)));
+  }
+  std::vector<uint8_t> out(x.size());
+  for (bool e4m3 : {true, false}) {
+    for (float scale : {1.0f, 0.3f, 1024.0f}) {
+      ScaleToFp8F32(x.data(), scale, out.data(), static_cast<int64_t>(x.size()), e4m3);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint8_t want = e4m3 ? FloatToE4M3Bits(x[i] * scale) : FloatToE5M2Bits(x[i] * scale);
+        ASSERT_EQ(out[i], want) << (e4m3 ? "e4m3 " : "e5m2 ") << "scale " << scale << " i " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tg::cpu
