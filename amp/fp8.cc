@@ -127,8 +127,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     if (s.empty()) return;
     const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
     TraceEvent("fp8", "cast layer ", layer_, " ", Fp8RoleName(role_), " (",
-               Fp8RecipeName(t.options_.recipe), ", ", tiles, "): scale in [", *lo, ", ", *hi,
-               "]");
+               Fp8RecipeName(t.options_.recipe), ", ", tiles, "): scale in [", *lo, ", ", *hi, "]");
   }
 
   // Delayed scaling: the forward amax recorded since the last update (undefined: none).
@@ -183,7 +182,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
 Fp8Training::Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions& options)
     : options_(options),
       format_(options.format.value_or(options.recipe == Fp8Recipe::kBlock ? Fp8Format::kE4M3
-                                                                         : Fp8Format::kHybrid)),
+                                                                          : Fp8Format::kHybrid)),
       weights_(std::move(weights)),
       owner_(std::make_shared<Fp8Training*>(this)) {
   static constexpr char kOp[] = "Fp8Training: ";
@@ -197,8 +196,8 @@ Fp8Training::Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions
     TG_CHECK(w.defined(), kOp, "weight ", i, " is undefined");
     TG_CHECK(w.dim() == 2, kOp, "weight ", i, " must be 2-D [out, in], got shape ",
              ShapeToString(w.shape()));
-    TG_CHECK(layer_of_.emplace(w.impl().get(), static_cast<int64_t>(i)).second, kOp, "weight ",
-             i, " is weight ", layer_of_.at(w.impl().get()), " again");
+    TG_CHECK(layer_of_.emplace(w.impl().get(), static_cast<int64_t>(i)).second, kOp, "weight ", i,
+             " is weight ", layer_of_.at(w.impl().get()), " again");
   }
   if (options_.recipe == Fp8Recipe::kDelayed) {
     Fp8DelayedScalingOptions d = options_.delayed;
@@ -235,9 +234,9 @@ void Fp8Training::QueueBackwardUpdate(const std::shared_ptr<Fp8Training*>& owner
 
 void Fp8Training::Update(bool forward) {
   if (delayed_ == nullptr) return;
-  const std::vector<Fp8Role> roles =
-      forward ? std::vector<Fp8Role>{Fp8Role::kInput, Fp8Role::kWeight}
-              : std::vector<Fp8Role>{Fp8Role::kGradOutput};
+  const std::vector<Fp8Role> roles = forward
+                                         ? std::vector<Fp8Role>{Fp8Role::kInput, Fp8Role::kWeight}
+                                         : std::vector<Fp8Role>{Fp8Role::kGradOutput};
   // The pass's amaxes gathered on their device into one buffer (0 for a layer that did not
   // run), then one host read: one synchronisation per pass on a GPU, not one per tensor.
   const int64_t count = static_cast<int64_t>(roles.size()) * num_layers();
@@ -269,9 +268,9 @@ void Fp8Training::Update(bool forward) {
   if (TracingEnabled()) {
     for (Fp8Role role : roles) {
       const Fp8RoleSummary s = Summary(role);
-      TraceEvent("fp8", forward ? "forward" : "backward", " update (delayed): ",
-                 Fp8RoleName(role), " scales in [", s.min_scale, ", ", s.max_scale, "] over ",
-                 num_layers(), " layers");
+      TraceEvent("fp8", forward ? "forward" : "backward", " update (delayed): ", Fp8RoleName(role),
+                 " scales in [", s.min_scale, ", ", s.max_scale, "] over ", num_layers(),
+                 " layers");
     }
   }
 }

@@ -9,9 +9,7 @@ thread_local Fp8Scope* current_scope = nullptr;
 
 Fp8Scope* CurrentFp8Scope() { return current_scope; }
 
-Fp8ScopeGuard::Fp8ScopeGuard(Fp8Scope* scope) : previous_(current_scope) {
-  current_scope = scope;
-}
+Fp8ScopeGuard::Fp8ScopeGuard(Fp8Scope* scope) : previous_(current_scope) { current_scope = scope; }
 
 Fp8ScopeGuard::~Fp8ScopeGuard() { current_scope = previous_; }
 

@@ -417,11 +417,8 @@ int Main() {
   settings.Add("n_positions", static_cast<double>(config.block_size), true);
   settings.Add("batch_size", static_cast<double>(batch_size), true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
+  train::AddFp8Settings(*precision_or, settings);
   if (precision_or->fp8) {
-    settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), true);
-    settings.Add("fp8_amax_history_len",
-                 static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
-    settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
     settings.Add("fp8_head", absl::GetFlag(FLAGS_fp8_head) ? "yes" : "no", true);
   }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
@@ -551,10 +548,7 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  std::vector<std::string> metric_columns = {"val_loss"};
-  if (fp8 != nullptr) {
-    for (const std::string& c : train::Fp8MetricsColumns()) metric_columns.push_back(c);
-  }
+  const std::vector<std::string> metric_columns = train::WithFp8Columns({"val_loss"}, fp8);
   if (absl::Status s = train::OpenMetrics(
           dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
           resume ? std::optional<int64_t>(run.step()) : std::nullopt, metric_columns, &metrics);

@@ -224,12 +224,7 @@ int Main() {
   train::RunSettings settings;
   settings.Add("model", model_name, /*fixed=*/true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
-  if (precision_or->fp8) {
-    settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), true);
-    settings.Add("fp8_amax_history_len",
-                 static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
-    settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
-  }
+  train::AddFp8Settings(*precision_or, settings);
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
   settings.Add("optimizer", opt_config.name, true);
   settings.Add("batch_size", static_cast<double>(batching.batch_size), true);
@@ -321,10 +316,8 @@ int Main() {
 
   // ---- Metrics and progress.
   std::optional<train::MetricsWriter> metrics;
-  std::vector<std::string> metric_columns = {"test_loss", "test_acc"};
-  if (fp8 != nullptr) {
-    for (const std::string& c : train::Fp8MetricsColumns()) metric_columns.push_back(c);
-  }
+  const std::vector<std::string> metric_columns =
+      train::WithFp8Columns({"test_loss", "test_acc"}, fp8);
   if (absl::Status s =
           train::OpenMetrics(dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
                              resume ? std::optional<int64_t>(run.step()) : std::nullopt,

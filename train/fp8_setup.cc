@@ -16,20 +16,20 @@ absl::StatusOr<std::unique_ptr<amp::Fp8Training>> MakeFp8Training(
   const int64_t margin = absl::GetFlag(FLAGS_fp8_margin);
   if (!precision.fp8) {
     // A recipe asked for but not used would leave the run in bf16 without saying so.
-    const char* changed = recipe != "delayed"  ? "--fp8_recipe"
-                          : history != 1024    ? "--fp8_amax_history_len"
-                          : margin != 0        ? "--fp8_margin"
-                                               : nullptr;
+    const char* changed = recipe != "delayed" ? "--fp8_recipe"
+                          : history != 1024   ? "--fp8_amax_history_len"
+                          : margin != 0       ? "--fp8_margin"
+                                              : nullptr;
     if (changed != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          changed, " is set, but --precision=", absl::GetFlag(FLAGS_precision),
-          " does not train in FP8 (use --precision=fp8)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(changed, " is set, but --precision=", absl::GetFlag(FLAGS_precision),
+                       " does not train in FP8 (use --precision=fp8)"));
     }
     return std::unique_ptr<amp::Fp8Training>();
   }
   if (history < 1 || history > 65536) {
-    return absl::InvalidArgumentError(absl::StrCat("--fp8_amax_history_len=", history,
-                                                   " is outside its valid range [1, 65536]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fp8_amax_history_len=", history, " is outside its valid range [1, 65536]"));
   }
   if (margin < -64 || margin > 64) {
     return absl::InvalidArgumentError(
@@ -63,6 +63,21 @@ absl::Status LoadFp8State(const StateDict& checkpoint, const std::string& dir,
         absl::StrCat("cannot resume from ", dir, ": its FP8 state: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+void AddFp8Settings(const Precision& precision, RunSettings& settings) {
+  if (!precision.fp8) return;
+  settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), /*fixed=*/true);
+  settings.Add("fp8_amax_history_len",
+               static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
+  settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+}
+
+std::vector<std::string> WithFp8Columns(std::vector<std::string> columns,
+                                        const amp::Fp8Training* fp8) {
+  if (fp8 == nullptr) return columns;
+  for (const std::string& c : Fp8MetricsColumns()) columns.push_back(c);
+  return columns;
 }
 
 std::vector<std::string> Fp8MetricsColumns() {

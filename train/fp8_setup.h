@@ -17,6 +17,7 @@
 #include "autograd/variable.h"
 #include "tensor/state_dict.h"
 #include "train/flag_values.h"
+#include "train/run_settings.h"
 
 namespace tg::train {
 
@@ -35,6 +36,14 @@ StateDict Fp8State(const amp::Fp8Training* fp8);
 // (another recipe or layer count, a bad value) otherwise, with `fp8` unchanged.
 absl::Status LoadFp8State(const StateDict& checkpoint, const std::string& dir,
                           amp::Fp8Training& fp8);
+
+// The FP8 settings of the run (fixed on resume): fp8_recipe, fp8_amax_history_len, fp8_margin;
+// nothing for another precision.
+void AddFp8Settings(const Precision& precision, RunSettings& settings);
+
+// `columns` followed by Fp8MetricsColumns() when fp8 is an FP8 run's training (not null).
+std::vector<std::string> WithFp8Columns(std::vector<std::string> columns,
+                                        const amp::Fp8Training* fp8);
 
 // The metrics columns of an FP8 run: the smallest scale of each role over the layers (and tiles)
 // at the step's end ("fp8_input_scale", "fp8_weight_scale", "fp8_grad_scale").

@@ -32,8 +32,7 @@ constexpr const char* kOp = "linear (FP8)";
 Variable Wrap(const Tensor& t) { return t.defined() ? Variable(t) : Variable(); }
 
 Tensor Gemm(const Fp8Operand& a, const Fp8Operand& b, const Tensor& bias, DType out_dtype) {
-  return tg::Fp8Gemm(a.data, a.scale_inv, a.tiling, b.data, b.scale_inv, b.tiling, bias,
-                     out_dtype);
+  return tg::Fp8Gemm(a.data, a.scale_inv, a.tiling, b.data, b.scale_inv, b.tiling, bias, out_dtype);
 }
 
 }  // namespace

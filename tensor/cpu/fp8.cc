@@ -61,14 +61,14 @@ inline float AbsMax(const float* v, int64_t n) {
 // dst[j * dst_stride + i] = src[i * src_stride + j] for an 8 x 8 block of bytes: the rows as
 // 64-bit words (byte j of word i is element (i, j): little-endian), transposed by exchanging
 // d x d sub-blocks between words i and i + d for d = 4, 2, 1.
-inline void Transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst,
-                         int64_t dst_stride) {
+inline void Transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
   uint64_t x[8];
   for (int i = 0; i < 8; ++i) std::memcpy(&x[i], src + i * src_stride, 8);
   for (int d = 4; d >= 1; d /= 2) {
     const int shift = 8 * d;
-    const uint64_t mask = d == 4 ? 0x00000000ffffffffull : d == 2 ? 0x0000ffff0000ffffull
-                                                                   : 0x00ff00ff00ff00ffull;
+    const uint64_t mask = d == 4   ? 0x00000000ffffffffull
+                          : d == 2 ? 0x0000ffff0000ffffull
+                                   : 0x00ff00ff00ff00ffull;
     for (int i = 0; i < 8; ++i) {
       if (i & d) continue;
       // Little-endian: byte j of word i is bits [8j, 8j + 8). Swap the high d bytes of each

@@ -202,7 +202,8 @@ void Fp8FormatToFloat(const uint8_t* in, float* out, int64_t n) {
         const auto e = hn::And(hn::ShiftRight<kManBits>(b), hn::Set(du, kExpMask));
         const auto m = hn::And(b, hn::Set(du, kManMask));
         const auto man_bits = hn::ShiftLeft<23 - kManBits>(m);
-        const auto normal = hn::Or(hn::ShiftLeft<23>(hn::Add(e, hn::Set(du, 127u - kBias))), man_bits);
+        const auto normal =
+            hn::Or(hn::ShiftLeft<23>(hn::Add(e, hn::Set(du, 127u - kBias))), man_bits);
         const auto sub = hn::BitCast(
             du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, m)), hn::Set(df, subnormal_unit)));
         auto r = hn::IfThenElse(hn::Eq(e, hn::Zero(du)), sub, normal);
@@ -446,7 +447,9 @@ void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols,
   const hn::ScalableTag<double> d;
   const hn::Rebind<float, decltype(d)> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  auto load = [&](int64_t r, int64_t j) { return hn::PromoteTo(d, hn::LoadU(df, x + r * stride + j)); };
+  auto load = [&](int64_t r, int64_t j) {
+    return hn::PromoteTo(d, hn::LoadU(df, x + r * stride + j));
+  };
   int64_t j = 0;
   for (; j + 4 * lanes <= cols; j += 4 * lanes) {
     auto a0 = hn::LoadU(d, col + j), a1 = hn::LoadU(d, col + j + lanes);
@@ -475,9 +478,8 @@ void AddColumnsToF64(const float* x, int64_t rows, int64_t stride, int64_t cols,
 // Layer norm's weight and bias gradients over a [rows, cols] block: per column j, in row order,
 // gw[j] += g * ((x - mean[r]) * rstd[r]) (in f32, then widened) and gb[j] += g. Columns in
 // blocks of two vectors held in registers over all the rows, the rest one at a time.
-void LayerNormParamGrads(const float* x, const float* g, int64_t rows, int64_t stride,
-                         int64_t cols, const float* mean, const float* rstd, double* gw,
-                         double* gb) {
+void LayerNormParamGrads(const float* x, const float* g, int64_t rows, int64_t stride, int64_t cols,
+                         const float* mean, const float* rstd, double* gw, double* gb) {
   const hn::ScalableTag<double> d;
   const hn::Rebind<float, decltype(d)> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -579,8 +581,8 @@ void LayerNormParamGradsF32(const float* x, const float* g, int64_t rows, int64_
                             double* gb) {
   HWY_DYNAMIC_DISPATCH(LayerNormParamGrads)(x, g, rows, stride, cols, mean, rstd, gw, gb);
 }
-void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,
-                  const float* b, float* y) {
+void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w, const float* b,
+                  float* y) {
   HWY_DYNAMIC_DISPATCH(Normalize)(x, n, mean, rstd, w, b, y);
 }
 void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {

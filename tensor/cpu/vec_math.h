@@ -45,8 +45,8 @@ void LayerNormParamGradsF32(const float* x, const float* g, int64_t rows, int64_
                             double* gb);
 // y[i] = ((x[i] - mean) * rstd) * w[i] + b[i], each operation rounded to f32 (layer norm's
 // order); w and b may be null (no scale, no shift). y may be x.
-void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w,
-                  const float* b, float* y);
+void NormalizeF32(const float* x, int64_t n, float mean, float rstd, const float* w, const float* b,
+                  float* y);
 void TanhF32(const float* x, float* y, int64_t n);
 void GeluTanhF32(const float* x, float* y, int64_t n);
 // (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2), u = k (x + c x^3), with the

@@ -39,6 +39,7 @@
 #include "tensor/cuda/blas.h"
 #include "tensor/cuda/fp8.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/lt_desc.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 
@@ -91,20 +92,6 @@ int ComputeCapability(int device) {
 int64_t AlignmentOf(const void* p) {
   const uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256;
   return static_cast<int64_t>(bits & (~bits + 1));
-}
-
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using LayoutDesc = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using PreferenceDesc = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
-template <typename T>
-void SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
-  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
 }
 
 LayoutDesc MakeLayout(cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {

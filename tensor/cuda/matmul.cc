@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "tensor/cuda/blas.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/lt_desc.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/kernel_options.h"
 #include "tensor/strided_loop.h"
@@ -122,21 +123,6 @@ bool TakesAux(Epilogue e) {
          e == Epilogue::kDGeluBgrad;
 }
 bool NeedsAux(Epilogue e) { return e == Epilogue::kDGelu || e == Epilogue::kDGeluBgrad; }
-
-// RAII for the three cuBLASLt descriptor kinds.
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using LayoutDesc = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using PreferenceDesc = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
-template <typename T>
-void SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
-  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
-}
 
 // One cuBLASLt column-major operand: the stored matrix (rows x cols, leading dim ld) and its
 // batch.

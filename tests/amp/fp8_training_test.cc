@@ -5,8 +5,6 @@
 // kernels under test; the delayed recipe's scales against its update rule after forward and
 // backward; the amax reducer's calls; checkpoints (a resumed run equals an uninterrupted one bit
 // for bit); and every refusal with its message.
-#include "amp/fp8.h"
-
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -15,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "amp/fp8.h"
 #include "amp/fp8_recipe.h"
 #include "autograd/autocast.h"
 #include "autograd/checkpoint.h"
@@ -51,15 +50,16 @@ struct HostQuantized {
 };
 
 HostQuantized QuantizeOnHost(const std::vector<float>& x, int64_t rows, int64_t cols,
-                             const std::vector<float>& scales, int64_t tile_rows,
-                             int64_t tile_cols, bool e4m3) {
+                             const std::vector<float>& scales, int64_t tile_rows, int64_t tile_cols,
+                             bool e4m3) {
   const int64_t grid_cols = (cols + tile_cols - 1) / tile_cols;
   HostQuantized h;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const float s = scales[(r / tile_rows) * grid_cols + c / tile_cols];
       const float v = x[r * cols + c] * s;
-      h.q.push_back(e4m3 ? E4M3BitsToFloat(FloatToE4M3Bits(v)) : E5M2BitsToFloat(FloatToE5M2Bits(v)));
+      h.q.push_back(e4m3 ? E4M3BitsToFloat(FloatToE4M3Bits(v))
+                         : E5M2BitsToFloat(FloatToE5M2Bits(v)));
       h.scale_inv.push_back(1.0f / s);
     }
   }
@@ -101,8 +101,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
       const double err = std::fabs(got[i * n + j] - want[i * n + j]);
       if (err > bound) {
         ++failures;
-        ADD_FAILURE() << what << " [" << i << ", " << j << "]: got " << got[i * n + j]
-                      << ", want " << want[i * n + j] << " (bound " << bound << ")";
+        ADD_FAILURE() << what << " [" << i << ", " << j << "]: got " << got[i * n + j] << ", want "
+                      << want[i * n + j] << " (bound " << bound << ")";
       }
     }
   }
@@ -170,7 +170,8 @@ Fp8TrainingOptions Options(Fp8Recipe recipe) {
 // then casts with.
 TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
   const int64_t m = 6, n = 5, k = 40;
-  const Tensor xt = Random({m, k}, 1, 3.0), wt = Random({n, k}, 2, 0.05), ct = Random({m, n}, 3, 1e-3);
+  const Tensor xt = Random({m, k}, 1, 3.0), wt = Random({n, k}, 2, 0.05),
+               ct = Random({m, n}, 3, 1e-3);
   Variable x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
   EXPECT_EQ(fp8.format(), Fp8Format::kHybrid);
@@ -185,8 +186,8 @@ TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
   x.set_grad(Variable());
   w.set_grad(Variable());
   const StepResult second = RunStep(fp8, x, w, ct);
-  CheckStepAgainstReference(second, xv, wv, gv, m, n, k, 448.0f / AmaxOf(xv),
-                            448.0f / AmaxOf(wv), 57344.0f / AmaxOf(gv), false);
+  CheckStepAgainstReference(second, xv, wv, gv, m, n, k, 448.0f / AmaxOf(xv), 448.0f / AmaxOf(wv),
+                            57344.0f / AmaxOf(gv), false);
   // The FP8 result is not the f32 one (the casts happened): an f32 Linear differs.
   const std::vector<float> plain = Linear(Variable(xt), Variable(wt)).data().to_vector<float>();
   EXPECT_NE(plain, second.y);
@@ -418,10 +419,11 @@ TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
   TraceScope trace;
   Fp8Autocast on(current);
   Linear(Variable(xt), w);
-  EXPECT_THAT(Fp8Events(trace.events()),
-              ::testing::ElementsAre("cast layer 0 input (current, per tensor): scale in [128, 128]",
-                                     "cast layer 0 weight (current, per tensor): scale in [224, "
-                                     "224]"));
+  EXPECT_THAT(
+      Fp8Events(trace.events()),
+      ::testing::ElementsAre("cast layer 0 input (current, per tensor): scale in [128, 128]",
+                             "cast layer 0 weight (current, per tensor): scale in [224, "
+                             "224]"));
 }
 
 // ---- Scope, coverage and refusals ----------------------------------------------------------
@@ -479,8 +481,11 @@ TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({w}, e5m2); },
                                  "Fp8Training: E5M2 as the format is not supported (as in "
                                  "Transformer Engine: pure E5M2 training); use E4M3 or HYBRID"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({w, w}); },
-                                 "Fp8Training: weight 1 is weight 0 again"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] {
+        Fp8Training t({w, w});
+      },
+      "Fp8Training: weight 1 is weight 0 again"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({Variable(Random({4}, 1), true)}); },
                                  "Fp8Training: weight 0 must be 2-D [out, in], got shape [4]"));
   EXPECT_TRUE(ThrowsErrorExactly([] { ParseFp8Recipe("mxfp8"); },
@@ -493,7 +498,9 @@ TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
   {
     Fp8Autocast on64(fp8_64);
     EXPECT_TRUE(ThrowsErrorExactly(
-        [&] { Linear(Variable(Random({1, 4}, 25).to(kF64)), w64); },
+        [&] {
+          Linear(Variable(Random({1, 4}, 25).to(kF64)), w64);
+        },
         "linear (FP8): expected f32, bf16 or f16 tensors (FP8 GEMMs have no f64 form), got f64"));
   }
   // Checkpointed segments inside the scope.

@@ -2,10 +2,11 @@
 // rank sees other data, yet after each update all ranks hold the same delayed-scaling state, the
 // one the recipe gives for the largest amax of any rank, so their FP8 casts agree (as DDP's
 // weights do). Current scaling reduces nothing: each rank's activation scale is its own.
+#include "amp/fp8.h"
+
 #include <cmath>
 #include <vector>
 
-#include "amp/fp8.h"
 #include "autograd/ops.h"
 #include "distributed/ddp.h"
 #include "gtest/gtest.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tensor/generator.h"
 #include "tensor/float8.h"
+#include "tensor/generator.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -184,10 +184,12 @@ TEST(VecMath, F64SumsHaveTheBitsOfTheEightPartialSumsAtEveryLength) {
               EightSums(n, [&](int64_t i) { return double(x[i] * y[i]); }))
         << n;
     const double mean = 12345.678;
-    ASSERT_EQ(cpu::SumSquaredDeviationsF64(x.data(), n, mean), EightSums(n, [&](int64_t i) {
-                const double d = double(x[i]) - mean;
-                return d * d;
-              }))
+    ASSERT_EQ(cpu::SumSquaredDeviationsF64(x.data(), n, mean), EightSums(n,
+                                                                         [&](int64_t i) {
+                                                                           const double d =
+                                                                               double(x[i]) - mean;
+                                                                           return d * d;
+                                                                         }))
         << n;
   }
 }
@@ -297,11 +299,31 @@ TEST(VecMath, WideningMatchesTheScalarConversionsForEveryPattern) {
 // inf, NaNs with their sign and payload (signalling ones too); over the edges and 2^20 random
 // f32 patterns (about 2^12 of them NaNs), at every tail length.
 TEST(VecMath, RoundingMatchesTheScalarConversions) {
-  std::vector<float> x = {0.0f, -0.0f, kInf, -kInf, kNaN, -kNaN, 65504.0f, 65519.99f, 65520.0f,
-                          -65520.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f, 0x1p-24f,
-                          0x1p-25f, 0x1.8p-25f, 0x1p-26f, 6.0e-8f, 3.4e38f, -3.4e38f,
-                          1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, 1.17e-38f, 1e-45f,
-                          BitsToFloat(0x7fa00000u), BitsToFloat(0xff800001u)};
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          kInf,
+                          -kInf,
+                          kNaN,
+                          -kNaN,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          1.0f + 0x1p-11f,
+                          1.0f + 0x1p-10f + 0x1p-11f,
+                          0x1p-24f,
+                          0x1p-25f,
+                          0x1.8p-25f,
+                          0x1p-26f,
+                          6.0e-8f,
+                          3.4e38f,
+                          -3.4e38f,
+                          1.0f + 0x1p-8f,
+                          1.0f + 0x1p-7f + 0x1p-8f,
+                          1.17e-38f,
+                          1e-45f,
+                          BitsToFloat(0x7fa00000u),
+                          BitsToFloat(0xff800001u)};
   Generator gen(9);
   for (int i = 0; i < (1 << 20); ++i) x.push_back(BitsToFloat(gen.NextU32()));
   const int64_t n = static_cast<int64_t>(x.size());

@@ -1,0 +1,33 @@
+// cuBLASLt's descriptors as owned handles, and the one-line attribute setter: what the product
+// kernels (matmul.cc, fp8_gemm.cc) build every call with. Private to tensor/cuda.
+//
+//   MatmulDesc desc(raw);                              // destroyed with the handle
+//   SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+#ifndef TAPEGRAD_TENSOR_CUDA_LT_DESC_H_
+#define TAPEGRAD_TENSOR_CUDA_LT_DESC_H_
+
+#include <cublasLt.h>
+
+#include <memory>
+
+#include "tensor/cuda/runtime.h"
+
+namespace tg::cuda {
+
+struct LtDescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, LtDescDeleter>;
+using LayoutDesc = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LtDescDeleter>;
+using PreferenceDesc = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, LtDescDeleter>;
+
+template <typename T>
+void SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+
+}  // namespace tg::cuda
+
+#endif  // TAPEGRAD_TENSOR_CUDA_LT_DESC_H_
