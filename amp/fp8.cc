@@ -340,9 +340,9 @@ void Fp8Training::load_state_dict(const StateDict& state) {
   ++generation_;
 }
 
-Fp8Autocast::Fp8Autocast(Fp8Training& training, bool enabled, bool update)
-    : training_(enabled ? &training : nullptr),
-      guard_(enabled ? &training : nullptr),
+Fp8Autocast::Fp8Autocast(Fp8Training* training, bool update)
+    : training_(training),
+      guard_(training),
       update_(update),
       uncaught_(std::uncaught_exceptions()) {}
 

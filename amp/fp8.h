@@ -148,9 +148,15 @@ class Fp8Training final : public Fp8Scope {
 // the scope) calls training.FinishForward(), which may throw (a reducer's error), or with
 // update = false training.DiscardPending() (evaluation: the casts use the scales, and the scales
 // stay as they are).
+//
+// Hold it directly (a local or a member), not in std::optional or a smart pointer: their
+// destructors are noexcept, so an update that throws there would terminate the process. A null
+// training (the pointer form) installs none, for code whose FP8 is optional.
 class Fp8Autocast {
  public:
-  explicit Fp8Autocast(Fp8Training& training, bool enabled = true, bool update = true);
+  explicit Fp8Autocast(Fp8Training& training, bool enabled = true, bool update = true)
+      : Fp8Autocast(enabled ? &training : nullptr, update) {}
+  explicit Fp8Autocast(Fp8Training* training, bool update = true);
   ~Fp8Autocast() noexcept(false);
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;

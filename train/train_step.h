@@ -31,14 +31,20 @@ struct ForwardPrecision {
 // false for evaluation and sampling: their casts leave delayed scaling's state as it is.
 class PrecisionScope {
  public:
-  explicit PrecisionScope(const ForwardPrecision& precision, bool update_fp8 = true) {
-    if (precision.dtype != kF32) guard_.emplace(precision.dtype);
-    if (precision.fp8 != nullptr) fp8_.emplace(*precision.fp8, true, update_fp8);
-  }
+  // The autocast guard is entered before the FP8 scope (members are initialised in order).
+  explicit PrecisionScope(const ForwardPrecision& precision, bool update_fp8 = true)
+      : guard_(MakeGuard(precision.dtype)), fp8_(precision.fp8, update_fp8) {}
 
  private:
+  static std::optional<amp::AutocastGuard> MakeGuard(DType dtype) {
+    if (dtype == kF32) return std::nullopt;
+    return std::optional<amp::AutocastGuard>(std::in_place, dtype);
+  }
+
   std::optional<amp::AutocastGuard> guard_;
-  std::optional<amp::Fp8Autocast> fp8_;  // destroyed first: its update runs inside autocast
+  // A member, not an optional (whose noexcept destructor would turn a failed amax reduction into
+  // std::terminate); destroyed first: its update runs inside autocast.
+  amp::Fp8Autocast fp8_;
 };
 
 struct StepStats {

@@ -780,5 +780,49 @@ TEST(ElasticRestartCountTest, FromTorchElasticRestartCount) {
   unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
+// --precision: the four names and what they mean; anything else is refused by name.
+TEST(ParsePrecisionTest, NamesAndFp8) {
+  EXPECT_EQ(ParsePrecision("f32")->dtype, kF32);
+  EXPECT_EQ(ParsePrecision("bf16")->dtype, kBF16);
+  EXPECT_FALSE(ParsePrecision("bf16")->fp8);
+  const absl::StatusOr<Precision> fp8 = ParsePrecision("fp8");
+  ASSERT_TRUE(fp8.ok());
+  EXPECT_EQ(fp8->dtype, kBF16);  // FP8 GEMMs inside bf16 autocast
+  EXPECT_TRUE(fp8->fp8);
+  EXPECT_EQ(ParsePrecision("e4m3").status().message(),
+            "unknown precision 'e4m3' (expected f32, f16, bf16 or fp8)");
+}
+
+// A failed amax reduction at the end of an FP8 forward reaches the caller as a tg::Error through
+// PrecisionScope (the FP8 scope is a member, not an optional whose noexcept destructor would
+// terminate the process), and an exception already leaving the scope is not replaced.
+TEST(PrecisionScopeTest, AFailedFp8UpdateIsAnErrorNotATermination) {
+  Generator gen(5);
+  Variable w(RandNormal({4, 8}, gen), true);
+  amp::Fp8Training fp8({w});
+  fp8.set_amax_reducer(
+      [](std::vector<float>&) { throw Error("all_reduce failed: rank 1 is gone"); });
+  const Tensor x = RandNormal({2, 8}, gen);
+  bool thrown = false;
+  try {
+    {
+      PrecisionScope scope(ForwardPrecision(kBF16, &fp8));
+      Linear(Variable(x), w);
+    }
+  } catch (const Error& e) {
+    thrown = std::string(e.what()) == "all_reduce failed: rank 1 is gone";
+  }
+  EXPECT_TRUE(thrown);
+  // An exception from the forward leaves the scope as it is: no update, no second exception.
+  thrown = false;
+  try {
+    PrecisionScope scope(ForwardPrecision(kBF16, &fp8));
+    throw Error("forward failed");
+  } catch (const Error& e) {
+    thrown = std::string(e.what()) == "forward failed";
+  }
+  EXPECT_TRUE(thrown);
+}
+
 }  // namespace
 }  // namespace tg::train

@@ -148,8 +148,7 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
     opt.zero_grad();
     {
       amp::AutocastGuard autocast(kBF16);
-      std::optional<amp::Fp8Autocast> fp8_scope;
-      if (fp8 != nullptr) fp8_scope.emplace(*fp8);
+      amp::Fp8Autocast fp8_scope(fp8.get());  // none without --fp8_recipe
       loss = nn::CrossEntropyLoss(model(Variable(x)), y);
     }
     opt.backward(loss);
