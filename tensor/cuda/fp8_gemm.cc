@@ -100,17 +100,8 @@ LayoutDesc MakeLayout(cudaDataType type, uint64_t rows, uint64_t cols, int64_t l
   return LayoutDesc(raw);
 }
 
-struct CachedAlgo {
-  cublasLtMatmulAlgo_t algo;
-  size_t workspace;
-};
-
-std::mutex& CacheMutex() {
-  static std::mutex* mu = new std::mutex;
-  return *mu;
-}
-std::map<std::vector<int64_t>, CachedAlgo>& AlgoCache() {
-  static auto* cache = new std::map<std::vector<int64_t>, CachedAlgo>;
+LtAlgoCache& AlgoCache() {
+  static auto* cache = new LtAlgoCache;
   return *cache;
 }
 
@@ -161,17 +152,10 @@ bool RunLtFp8(int device, void* d, DType d_dtype, const Tensor& a, const void* a
                                     AlignmentOf(b.raw_data()),
                                     AlignmentOf(d),
                                     AlignmentOf(bias)};
-  CachedAlgo algo{};
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(CacheMutex());
-    auto it = AlgoCache().find(key);
-    if (it != AlgoCache().end()) {
-      algo = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
+  LtAlgo algo{};
+  if (const std::optional<LtAlgo> cached = AlgoCache().Find(key)) {
+    algo = *cached;
+  } else {
     cublasLtMatmulPreference_t raw_pref = nullptr;
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
     PreferenceDesc pref(raw_pref);
@@ -197,8 +181,7 @@ bool RunLtFp8(int device, void* d, DType d_dtype, const Tensor& a, const void* a
       return false;
     }
     algo = {result.algo, result.workspaceSize};
-    std::lock_guard<std::mutex> lock(CacheMutex());
-    AlgoCache().emplace(key, algo);
+    AlgoCache().Put(key, algo);
   }
   void* workspace = algo.workspace > 0 ? Workspace(kWorkspaceBytes, device) : nullptr;
   const size_t workspace_bytes = algo.workspace > 0 ? kWorkspaceBytes : 0;

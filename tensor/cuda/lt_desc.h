@@ -8,7 +8,11 @@
 
 #include <cublasLt.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
 
 #include "tensor/cuda/runtime.h"
 
@@ -27,6 +31,32 @@ template <typename T>
 void SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
 }
+
+// The algorithm cuBLASLt's heuristic chose for a kind of call, and the workspace it asked for.
+struct LtAlgo {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace;
+};
+
+// The algorithms chosen so far, by the key of a call (its types, shapes, layouts, alignments,
+// epilogue): the heuristic runs once per key. Shared by the threads; one per kind of product.
+class LtAlgoCache {
+ public:
+  std::optional<LtAlgo> Find(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = map_.find(key);
+    if (it == map_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Put(const std::vector<int64_t>& key, const LtAlgo& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.emplace(key, algo);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::vector<int64_t>, LtAlgo> map_;
+};
 
 }  // namespace tg::cuda
 

@@ -182,17 +182,8 @@ struct LtProblem {
   }
 };
 
-struct CachedAlgo {
-  cublasLtMatmulAlgo_t algo;
-  size_t workspace;
-};
-
-std::mutex& AlgoCacheMutex() {
-  static std::mutex* mu = new std::mutex;
-  return *mu;
-}
-std::map<std::vector<int64_t>, CachedAlgo>& AlgoCache() {
-  static auto* cache = new std::map<std::vector<int64_t>, CachedAlgo>;
+LtAlgoCache& AlgoCache() {
+  static auto* cache = new LtAlgoCache;
   return *cache;
 }
 
@@ -250,18 +241,11 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
   const LayoutDesc la = MakeLayout(p.a), lb = MakeLayout(p.b), ld = MakeLayout(p.d);
   cublasLtHandle_t handle = CublasLtHandle(p.device);
 
-  CachedAlgo algo;
+  LtAlgo algo{};
   const std::vector<int64_t> key = p.Key();
-  bool found = false;
-  {
-    std::lock_guard<std::mutex> lock(AlgoCacheMutex());
-    auto it = AlgoCache().find(key);
-    if (it != AlgoCache().end()) {
-      algo = it->second;
-      found = true;
-    }
-  }
-  if (!found) {
+  if (const std::optional<LtAlgo> cached = AlgoCache().Find(key)) {
+    algo = *cached;
+  } else {
     set_pointers(reinterpret_cast<void*>(static_cast<uintptr_t>(p.align_bias)),
                  reinterpret_cast<void*>(static_cast<uintptr_t>(p.align_aux)));
     cublasLtMatmulPreference_t raw_pref = nullptr;
@@ -298,8 +282,7 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
       return false;
     }
     algo = {result.algo, result.workspaceSize};
-    std::lock_guard<std::mutex> lock(AlgoCacheMutex());
-    AlgoCache().emplace(key, algo);
+    AlgoCache().Put(key, algo);
   }
   set_pointers(bias, aux);
 
