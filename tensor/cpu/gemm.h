@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -74,10 +76,106 @@ void AddBias(int64_t m, int64_t n, const T* bias, T* c, int64_t ldc) {
   });
 }
 
+// How a product is split into parts so that its bits do not depend on the thread count. OpenBLAS
+// and oneDNN each choose how to share a product among threads, and with it how the sums over k
+// are blocked, from the thread count (measured 2026-11-28 on an AVX2 EPYC: OpenBLAS 0.3.21 at 1
+// and 2 threads differs in 4% of the elements of a 1024x768x3072 product; oneDNN 2.6's gemm:jit
+// for [2048, 64] x [64, 64]^T and for weight gradients with k = 2048). So the product is split
+// here, by its shape alone, into parts that are each one single-threaded library call, spread
+// over the threads by ParallelFor:
+//   kRows / kCols: runs of `size` rows (or columns) of C, the last one shorter;
+//   kDepth (a small result over a long k: weight gradients): runs of `size` of k, each part's
+//     product written to a scratch buffer and the parts added into C in order.
+// A part's call sees the same operands whichever thread makes it, so the result is the same at
+// any thread count, and the same run to run. The cost is each part packing its share of the
+// operand the parts have in common; parts of at least 64 rows keep that small (tools/bench:
+// train_step measures it).
+struct GemmSplit {
+  enum Kind { kRows, kCols, kDepth };
+  Kind kind = kRows;
+  int64_t size = 0;   // rows, columns or k per part
+  int64_t count = 1;  // parts
+};
+
+inline GemmSplit SplitGemm(int64_t m, int64_t n, int64_t k, bool allow_depth) {
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  constexpr int64_t kOneCall = 64 * 64 * 64;  // multiply-adds one call does alone
+  constexpr int64_t kMaxParts = 4, kMinRun = 64, kMinDepth = 512;
+  if (m * n * k <= kOneCall) return {GemmSplit::kRows, m, 1};
+  if (allow_depth && k >= 4 * std::max(m, n) && m * n <= (int64_t{1} << 16)) {
+    const int64_t count = std::clamp<int64_t>(k / kMinDepth, 1, kMaxParts);
+    const int64_t size = ceil_div(ceil_div(k, count), 16) * 16;
+    return {GemmSplit::kDepth, size, ceil_div(k, size)};
+  }
+  const bool rows = m >= n;
+  const int64_t dim = rows ? m : n;
+  const int64_t count = std::clamp<int64_t>(dim / kMinRun, 1, kMaxParts);
+  const int64_t size = ceil_div(ceil_div(dim, count), 16) * 16;
+  return {rows ? GemmSplit::kRows : GemmSplit::kCols, size, ceil_div(dim, size)};
+}
+
+// Calls part(m, n, k, a, b, c, ldc, bias, first) for each part of `split` of the product
+// C [m, n] = A [m, k] @ B [k, n] (A, B optionally transposed, leading dimensions lda/ldb/ldc,
+// element type T for A and B, R for C), the parts spread over the threads with each part's
+// library call single-threaded. kDepth parts write to `depth_scratch` (count x m x n, of R) with
+// ldc = n, and `first` says whether a part is the first of the k runs. Returns false if any call
+// did (then C is unreliable).
+template <typename T, typename R, typename Part>
+bool ForEachGemmPart(const GemmSplit& split, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                     const T* a, int64_t lda, const T* b, int64_t ldb, R* c, int64_t ldc,
+                     const R* bias, R* depth_scratch, Part&& part) {
+  std::atomic<bool> ok{true};
+  ParallelFor(split.count, 1, [&](int64_t begin, int64_t end) {
+    const LibraryThreads single(1);
+    for (int64_t p = begin; p < end && ok.load(std::memory_order_relaxed); ++p) {
+      const int64_t lo = p * split.size;
+      bool done = false;
+      switch (split.kind) {
+        case GemmSplit::kRows: {
+          const int64_t rows = std::min(split.size, m - lo);
+          done = part(rows, n, k, a + (ta ? lo : lo * lda), b, c + lo * ldc, ldc, bias);
+          break;
+        }
+        case GemmSplit::kCols: {
+          const int64_t cols = std::min(split.size, n - lo);
+          done = part(m, cols, k, a, b + (tb ? lo * ldb : lo), c + lo, ldc,
+                      bias == nullptr ? nullptr : bias + lo);
+          break;
+        }
+        case GemmSplit::kDepth: {
+          const int64_t depth = std::min(split.size, k - lo);
+          done = part(m, n, depth, a + (ta ? lo * lda : lo), b + (tb ? lo : lo * ldb),
+                      depth_scratch + p * m * n, n, static_cast<const R*>(nullptr));
+          break;
+        }
+      }
+      if (!done) ok.store(false, std::memory_order_relaxed);
+    }
+  });
+  return ok.load();
+}
+
+// C (+)= the kDepth parts in `scratch` (count x m x n), added in part order per element.
+template <typename R>
+void AddDepthParts(int64_t count, int64_t m, int64_t n, const R* scratch, R* c, int64_t ldc,
+                   bool accumulate) {
+  ParallelFor(m, RowsPerThread(n * count), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      R* row = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) {
+        R sum = accumulate ? row[j] + scratch[i * n + j] : scratch[i * n + j];
+        for (int64_t p = 1; p < count; ++p) sum += scratch[(p * m + i) * n + j];
+        row[j] = sum;
+      }
+    }
+  });
+}
+
 // C = A @ B (+ C when accumulate), row-major, with A [m, k] / B [k, n] optionally transposed;
 // f32 through oneDNN or OpenBLAS (the same values up to the order of the additions), f64 through
 // OpenBLAS. With `bias` [n] (not with accumulate), C[i, j] = (A @ B)[i, j] + bias[j], the sum
-// rounded and then the bias added (oneDNN adds it in the product's own pass).
+// rounded and then the bias added (oneDNN adds it in the product's own pass). The same bits at
+// every thread count (SplitGemm).
 template <typename T>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, T* c, int64_t ldc, bool accumulate = false, const T* bias = nullptr) {
@@ -87,23 +185,32 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
                                         : std::chrono::steady_clock::time_point();
   const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    // f32: oneDNN's matmul where it has a fast kernel (it scales better than OpenBLAS over
-    // threads on the products of these models), else OpenBLAS; accumulation is OpenBLAS's, and
-    // so are the smallest products (an attention head's): there oneDNN's cost per call (the
-    // primitive's lookup, its memory objects: ~1-2 us) exceeds the product's own time.
-    constexpr int64_t kSmallProduct = 64 * 64 * 64;
-    if (accumulate || m * n * k <= kSmallProduct ||
-        !DnnlMatmul(DType::kF32, DType::kF32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, bias)) {
-      cblas_sgemm(CblasRowMajor, transa, transb, m, n, k, 1.0f, a, lda, b, ldb,
-                  accumulate ? 1.0f : 0.0f, c, ldc);
-      AddBias(m, n, bias, c, ldc);
-    }
-  } else {
-    cblas_dgemm(CblasRowMajor, transa, transb, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0,
-                c, ldc);
-    AddBias(m, n, bias, c, ldc);
-  }
+  const GemmSplit split = SplitGemm(m, n, k, /*allow_depth=*/bias == nullptr);
+  const bool depth = split.kind == GemmSplit::kDepth;
+  // f32: oneDNN's matmul where it has a fast kernel (it is faster than OpenBLAS on the
+  // products of these models), else OpenBLAS; accumulation is OpenBLAS's, and so are the
+  // smallest products (an attention head's): there oneDNN's cost per call (the primitive's
+  // lookup, its memory objects: ~1-2 us) exceeds the product's own time.
+  const bool blas_only = accumulate || split.count == 1 && m * n * k <= 64 * 64 * 64;
+  ScratchVector<T> parts(depth ? static_cast<size_t>(split.count * m * n) : 0);
+  ForEachGemmPart<T, T>(split, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, bias, parts.data(),
+                        [&](int64_t pm, int64_t pn, int64_t pk, const T* pa, const T* pb, T* pc,
+                            int64_t pldc, const T* pbias) {
+                          if constexpr (std::is_same_v<T, float>) {
+                            if (!blas_only && DnnlMatmul(DType::kF32, DType::kF32, ta, tb, pm, pn,
+                                                         pk, pa, lda, pb, ldb, pc, pldc, pbias)) {
+                              return true;
+                            }
+                            cblas_sgemm(CblasRowMajor, transa, transb, pm, pn, pk, 1.0f, pa, lda,
+                                        pb, ldb, accumulate && !depth ? 1.0f : 0.0f, pc, pldc);
+                          } else {
+                            cblas_dgemm(CblasRowMajor, transa, transb, pm, pn, pk, 1.0, pa, lda, pb,
+                                        ldb, accumulate && !depth ? 1.0 : 0.0, pc, pldc);
+                          }
+                          AddBias(pm, pn, pbias, pc, pldc);
+                          return true;
+                        });
+  if (depth) AddDepthParts(split.count, m, n, parts.data(), c, ldc, accumulate);
   if (profile != nullptr) {
     profile->calls += 1;
     profile->seconds +=
@@ -124,9 +231,17 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
   GemmProfile* profile = CurrentGemmProfile();
   const auto start = profile != nullptr ? std::chrono::steady_clock::now()
                                         : std::chrono::steady_clock::time_point();
-  if (!DnnlMatmul(DTypeOf<T>(), DTypeOf<Out>(), ta, tb, m, n, k, a, lda, b, ldb, c, ldc)) {
-    return false;
-  }
+  // Split as Gemm splits (SplitGemm), for the same bits at every thread count; no kDepth parts,
+  // since a rounded result is rounded once from the whole sum.
+  const bool done = ForEachGemmPart<T, Out>(
+      SplitGemm(m, n, k, /*allow_depth=*/false), ta, tb, m, n, k, a, lda, b, ldb, c, ldc,
+      static_cast<const Out*>(nullptr), static_cast<Out*>(nullptr),
+      [&](int64_t pm, int64_t pn, int64_t pk, const T* pa, const T* pb, Out* pc, int64_t pldc,
+          const Out*) {
+        return DnnlMatmul(DTypeOf<T>(), DTypeOf<Out>(), ta, tb, pm, pn, pk, pa, lda, pb, ldb, pc,
+                          pldc);
+      });
+  if (!done) return false;
   if (profile != nullptr) {
     profile->calls += 1;
     profile->seconds +=

@@ -51,6 +51,23 @@ void ParallelFor(int64_t n, int64_t min_per_thread, Fn&& fn) {
   }
 }
 
+// Sets the thread count that OpenMP libraries called on this thread (OpenBLAS, oneDNN) use, for
+// the guard's lifetime: LibraryThreads(1) makes a call single-threaded (gemm.h's parts).
+class LibraryThreads {
+ public:
+  explicit LibraryThreads(int threads) : saved_(omp_get_max_threads()) {
+    if (threads != saved_) omp_set_num_threads(threads);
+  }
+  ~LibraryThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  LibraryThreads(const LibraryThreads&) = delete;
+  LibraryThreads& operator=(const LibraryThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
 // The min_per_thread of a loop over rows of n elements each: about 2^14 elements of work per
 // thread, the size below which waking a second thread costs more than it saves.
 inline int64_t RowsPerThread(int64_t n) {

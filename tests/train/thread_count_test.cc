@@ -1,0 +1,96 @@
+// A training step gives the same bits at every thread count: the MLP, the CNN and the tiny GPT,
+// each in f32 and in bf16 (f32 masters), three steps of AdamW at 1 and at 2 threads (set in
+// process with omp_set_num_threads), every parameter compared byte for byte. This is what lets
+// the CPU thread governor (tensor/cpu/thread_governor.h) change the thread count during a run:
+// a run's result must not depend on how busy the machine was.
+#include <omp.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/loss.h"
+#include "nn/models/gpt.h"
+#include "nn/models/image.h"
+#include "optim/lr_schedule.h"
+#include "tensor/generator.h"
+#include "train/optimizer_setup.h"
+#include "train/train_step.h"
+
+namespace tg {
+namespace {
+
+// The parameters (as f32 masters' bytes) after `steps` steps of `model_name` in `dtype` at
+// `threads` threads, from the same seed.
+std::vector<std::vector<char>> TrainedBytes(const std::string& model_name, DType dtype, int threads,
+                                            int steps = 3) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  Generator data_gen(0);
+  Generator init(1);
+  std::shared_ptr<nn::Module> model;
+  std::function<Variable()> loss_fn;
+  Tensor images, labels, x, y;
+  if (model_name == "gpt") {
+    nn::GptConfig config = nn::GptConfig::Tiny(65);
+    const int64_t batch = 32, t = config.block_size;
+    Tensor tokens = Tensor::Empty({batch, t + 1}, kI64);
+    for (int64_t i = 0; i < tokens.numel(); ++i)
+      tokens.data<int64_t>()[i] = data_gen.NextU32() % 65;
+    x = tokens.slice(1, 0, t).contiguous();
+    y = tokens.slice(1, 1, t + 1).contiguous();
+    model = std::make_shared<nn::Gpt>(config, init);
+    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Variable(x)), y); };
+  } else {
+    const int64_t batch = 128;
+    images = RandNormal({batch, 1, 28, 28}, data_gen);
+    labels = Tensor::Empty({batch}, kI64);
+    for (int64_t i = 0; i < batch; ++i) labels.data<int64_t>()[i] = data_gen.NextU32() % 10;
+    model = model_name == "mlp" ? std::static_pointer_cast<nn::Module>(nn::MakeImageMlp(init))
+                                : nn::MakeImageCnn(init);
+    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Variable(images.to(dtype))), labels); };
+  }
+  model->to(dtype);
+  train::OptimizerConfig opt_config;
+  opt_config.lr = 1e-3;
+  train::PrecisionConfig precision{dtype, "auto"};
+  auto opt = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  optim::ConstantLr schedule((*opt)->optimizer());
+  for (int i = 0; i < steps; ++i) train::TrainStep(**opt, schedule, dtype, 1.0, loss_fn);
+  std::vector<std::vector<char>> bytes;
+  for (const Variable& p : model->parameters()) {
+    Tensor f = p.data().to(kF32).contiguous();
+    bytes.emplace_back(f.numel() * sizeof(float));
+    std::memcpy(bytes.back().data(), f.data<float>(), bytes.back().size());
+  }
+  omp_set_num_threads(saved);
+  return bytes;
+}
+
+class ThreadCountTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(ThreadCountTest, OneAndTwoThreadsGiveTheSameBits) {
+  const auto& [model, dtype] = GetParam();
+  const auto one = TrainedBytes(model, dtype, 1);
+  const auto two = TrainedBytes(model, dtype, 2);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(one[i] == two[i]) << model << " " << DTypeName(dtype) << ": parameter " << i
+                                  << " differs between 1 and 2 threads";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ThreadCountTest,
+                         ::testing::Combine(::testing::Values("mlp", "cnn", "gpt"),
+                                            ::testing::Values(kF32, kBF16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace tg
