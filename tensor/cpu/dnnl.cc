@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "tensor/cpu/parallel.h"
+
 namespace tg::cpu {
 namespace {
 
@@ -107,6 +109,9 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
                         dnnl::memory(p.scratchpad, DnnlEngine(),
                                      ThreadScratch(p.args.size(), p.scratchpad.get_size())));
     }
+    // The thread count it was created for (RegionThreads may have moved since; a call inside a
+    // parallel region runs on its one thread).
+    const LibraryThreads threads(omp_in_parallel() ? omp_get_max_threads() : p.threads);
     p.primitive.execute(stream, exec_args);
     for (Pending& o : outputs) o.reorder->execute(stream, o.from, o.to);
     stream.wait();
@@ -122,7 +127,8 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
   // created under, and a call from inside a parallel region runs on its one thread: the thread
   // count the primitive will run with is part of the key.
   Key key = key_without_threads;
-  key.push_back(omp_in_parallel() ? 1 : omp_get_max_threads());
+  const int threads = omp_in_parallel() ? 1 : RegionThreads();
+  key.push_back(threads);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
@@ -130,7 +136,9 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
   }
   std::shared_ptr<const DnnlPrimitive> made;
   try {
-    made = make();
+    std::shared_ptr<DnnlPrimitive> fresh = make();
+    if (fresh != nullptr) fresh->threads = threads;
+    made = std::move(fresh);
   } catch (const dnnl::error&) {
     made = nullptr;
   }

@@ -54,6 +54,7 @@ struct DnnlPrimitive {
   dnnl::primitive primitive;
   dnnl::memory::desc scratchpad;  // the primitive descriptor's scratchpad_desc() (DnnlAttr)
   std::vector<Arg> args;
+  int threads = 1;  // the thread count it was created for and runs with (DnnlCache::Get)
 
   // Appends an argument; a reorder is created when `wanted` differs from `plain`.
   void AddArg(int id, const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted,

@@ -1,6 +1,7 @@
 // The CPU kernels' one threading model: OpenMP, sized by OMP_NUM_THREADS (tools/launch gives each
 // rank its share of the cores, as torchrun does), so that a kernel's loop over rows or elements
-// uses every core it is given.
+// uses every core it is given -- fewer while other processes hold some of them (RegionThreads,
+// thread_governor.h).
 //
 //   ParallelFor(rows, /*min_per_thread=*/64, [&](int64_t begin, int64_t end) {
 //     for (int64_t r = begin; r < end; ++r) ... row r ...
@@ -25,12 +26,14 @@
 #include <exception>
 #include <vector>
 
+#include "tensor/cpu/thread_governor.h"
+
 namespace tg::cpu {
 
 template <typename Fn>
 void ParallelFor(int64_t n, int64_t min_per_thread, Fn&& fn) {
   const int64_t most = std::max<int64_t>(1, n / std::max<int64_t>(1, min_per_thread));
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), most));
+  const int threads = static_cast<int>(std::min<int64_t>(RegionThreads(), most));
   if (threads <= 1 || omp_in_parallel()) {
     if (n > 0) fn(int64_t{0}, n);
     return;

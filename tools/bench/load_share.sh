@@ -18,10 +18,11 @@ bazel build ${BAZEL_FLAGS:-} //tools/bench:train_step >&2
 bin=bazel-bin/tools/bench/train_step
 models="${MODELS:-mlp,cnn}"
 reps="${REPS:-3}"
+steps="${STEPS:-20}"
 threads=2
 cores="$(nproc)"
 echo "$(lscpu | sed -n 's/^Model name: *//p'), ${cores} cores; ${threads} threads; models ${models};" \
-  "${reps} rounds; GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
+  "${reps} rounds; steps ${steps}; TG_THREAD_GOVERNOR=${TG_THREAD_GOVERNOR:-unset} GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
 
 busy=()
 stop_busy() { [ "${#busy[@]}" -eq 0 ] || kill "${busy[@]}" 2>/dev/null || true; busy=(); }
@@ -30,7 +31,7 @@ trap stop_busy EXIT
 # step_ms MODEL: the median over REPS rounds of train_step's median ms/step.
 step_ms() {
   for _ in $(seq "${reps}"); do
-    OMP_NUM_THREADS="${threads}" "${bin}" --models="$1" --dtypes=f32 --steps=20 2>&1 |
+    OMP_NUM_THREADS="${threads}" "${bin}" --models="$1" --dtypes=f32 --steps="${steps}" 2>&1 |
       awk -v m="$1" '$1 == m { print $3 }'
   done | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
