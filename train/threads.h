@@ -9,8 +9,9 @@
 //   otherwise: the CPUs this process may run on (sched_getaffinity: a cgroup or a launcher's
 //     binding shrinks it) / the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
 //     SLURM's tasks per node; distributed/init.h), at least 1.
-// It is the binaries' glue (train/): the library reads no variable for it (tensor/cpu's
-// pool is whatever OpenMP's is).
+// It is the binaries' glue (train/): the library reads no variable for the pool's size
+// (tensor/cpu's pool is whatever OpenMP's is), and while other processes hold some of the cores
+// its regions use fewer threads (tensor/cpu/thread_governor.h).
 //
 //   tg::train::ThreadChoice c = tg::train::ChooseThreads(tg::train::ReadThreadEnv(local_world));
 //   if (c.set) omp_set_num_threads(c.threads);   // and print c.reason

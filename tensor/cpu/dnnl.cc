@@ -80,6 +80,9 @@ void DnnlPrimitive::AddArg(int id, const dnnl::memory::desc& plain,
 }
 
 bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
+  // The primitive and its reorders run with the thread count they were created for
+  // (RegionThreads may have moved since; a call inside a parallel region runs on its one thread).
+  const LibraryThreads threads(omp_in_parallel() ? omp_get_max_threads() : p.threads);
   try {
     dnnl::stream& stream = ThreadStream();
     std::unordered_map<int, dnnl::memory> exec_args;
@@ -109,9 +112,6 @@ bool DnnlExecute(const DnnlPrimitive& p, const std::vector<void*>& pointers) {
                         dnnl::memory(p.scratchpad, DnnlEngine(),
                                      ThreadScratch(p.args.size(), p.scratchpad.get_size())));
     }
-    // The thread count it was created for (RegionThreads may have moved since; a call inside a
-    // parallel region runs on its one thread).
-    const LibraryThreads threads(omp_in_parallel() ? omp_get_max_threads() : p.threads);
     p.primitive.execute(stream, exec_args);
     for (Pending& o : outputs) o.reorder->execute(stream, o.from, o.to);
     stream.wait();
@@ -136,6 +136,9 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
   }
   std::shared_ptr<const DnnlPrimitive> made;
   try {
+    // Created for that count: oneDNN sizes a primitive's split of the work when it is created,
+    // and runs it with that many threads whatever omp_get_max_threads() says later.
+    const LibraryThreads created_for(threads);
     std::shared_ptr<DnnlPrimitive> fresh = make();
     if (fresh != nullptr) fresh->threads = threads;
     made = std::move(fresh);
