@@ -15,11 +15,15 @@ absl::StatusOr<std::unique_ptr<amp::Fp8Training>> MakeFp8Training(
   const int64_t history = absl::GetFlag(FLAGS_fp8_amax_history_len);
   const int64_t margin = absl::GetFlag(FLAGS_fp8_margin);
   if (!precision.fp8) {
-    // A recipe asked for but not used would leave the run in bf16 without saying so.
-    const char* changed = recipe != "delayed" ? "--fp8_recipe"
-                          : history != 1024   ? "--fp8_amax_history_len"
-                          : margin != 0       ? "--fp8_margin"
-                                              : nullptr;
+    // A recipe asked for but not used would leave the run in bf16 without saying so: a flag
+    // given on the command line, even at its default value, or changed by the program.
+    auto given = [](const auto& flag, bool changed) {
+      return changed || absl::GetFlagReflectionHandle(flag).IsSpecifiedOnCommandLine();
+    };
+    const char* changed = given(FLAGS_fp8_recipe, recipe != "delayed")   ? "--fp8_recipe"
+                          : given(FLAGS_fp8_amax_history_len, history != 1024) ? "--fp8_amax_history_len"
+                          : given(FLAGS_fp8_margin, margin != 0)         ? "--fp8_margin"
+                                                                         : nullptr;
     if (changed != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(changed, " is set, but --precision=", absl::GetFlag(FLAGS_precision),

@@ -155,17 +155,23 @@ bool ForEachGemmPart(const GemmSplit& split, bool ta, bool tb, int64_t m, int64_
   return ok.load();
 }
 
-// C (+)= the kDepth parts in `scratch` (count x m x n), added in part order per element.
+// C (+)= the kDepth parts in `scratch` (count x m x n), added in part order per element
+// ((c + part 0) + part 1) + ...: a row at a time, so that each pass is a vector loop.
 template <typename R>
 void AddDepthParts(int64_t count, int64_t m, int64_t n, const R* scratch, R* c, int64_t ldc,
                    bool accumulate) {
   ParallelFor(m, RowsPerThread(n * count), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       R* row = c + i * ldc;
-      for (int64_t j = 0; j < n; ++j) {
-        R sum = accumulate ? row[j] + scratch[i * n + j] : scratch[i * n + j];
-        for (int64_t p = 1; p < count; ++p) sum += scratch[(p * m + i) * n + j];
-        row[j] = sum;
+      const R* first = scratch + i * n;
+      if (accumulate) {
+        for (int64_t j = 0; j < n; ++j) row[j] += first[j];
+      } else {
+        std::copy(first, first + n, row);
+      }
+      for (int64_t p = 1; p < count; ++p) {
+        const R* part = scratch + (p * m + i) * n;
+        for (int64_t j = 0; j < n; ++j) row[j] += part[j];
       }
     }
   });

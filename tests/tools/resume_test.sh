@@ -71,10 +71,13 @@ else
   echo "ok   --fp8_head changes the trajectory (the head's GEMMs are FP8)"
 fi
 # FP8 flags without --precision=fp8 are refused, not ignored.
-for args in "--fp8_recipe=block" "--fp8_head" "--fp8_margin=1"; do
+# A flag given at its default value counts as given.
+for args in "--fp8_recipe=block" "--fp8_head" "--fp8_margin=1" "--fp8_recipe=delayed" \
+  "--fp8_amax_history_len=1024"; do
   want="--fp8_recipe is set, but --precision=f32 does not train in FP8 (use --precision=fp8)"
   [ "$args" = --fp8_head ] && want="--fp8_head needs --precision=fp8"
   [ "$args" = --fp8_margin=1 ] && want="--fp8_margin is set, but --precision=f32 does not train in FP8 (use --precision=fp8)"
+  [ "$args" = --fp8_amax_history_len=1024 ] && want="--fp8_amax_history_len is set, but --precision=f32 does not train in FP8 (use --precision=fp8)"
   if "$train_gpt" --data="$text" --steps=1 $args >"$tmp/refused.log" 2>&1; then
     echo "FAIL $args without --precision=fp8 was accepted"; failures=$((failures + 1))
   elif grep -qF -- "$want" "$tmp/refused.log"; then
