@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/strings/str_cat.h"
 #include "train/flags.h"
 
@@ -17,13 +18,16 @@ absl::StatusOr<std::unique_ptr<amp::Fp8Training>> MakeFp8Training(
   if (!precision.fp8) {
     // A recipe asked for but not used would leave the run in bf16 without saying so: a flag
     // given on the command line, even at its default value, or changed by the program.
-    auto given = [](const auto& flag, bool changed) {
-      return changed || absl::GetFlagReflectionHandle(flag).IsSpecifiedOnCommandLine();
+    // (This absl keeps CommandLineFlag::IsSpecifiedOnCommandLine private; the parser's own
+    // record is flags_internal::WasPresentOnCommandLine.)
+    auto given = [](const char* name, bool changed) {
+      return changed || absl::flags_internal::WasPresentOnCommandLine(name);
     };
-    const char* changed = given(FLAGS_fp8_recipe, recipe != "delayed")   ? "--fp8_recipe"
-                          : given(FLAGS_fp8_amax_history_len, history != 1024) ? "--fp8_amax_history_len"
-                          : given(FLAGS_fp8_margin, margin != 0)         ? "--fp8_margin"
-                                                                         : nullptr;
+    const char* changed = given("fp8_recipe", recipe != "delayed") ? "--fp8_recipe"
+                          : given("fp8_amax_history_len", history != 1024)
+                              ? "--fp8_amax_history_len"
+                          : given("fp8_margin", margin != 0) ? "--fp8_margin"
+                                                             : nullptr;
     if (changed != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(changed, " is set, but --precision=", absl::GetFlag(FLAGS_precision),
