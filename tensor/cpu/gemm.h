@@ -191,13 +191,26 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
                                         : std::chrono::steady_clock::time_point();
   const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    // The smallest products (an attention head's) in one pass of our own: OpenBLAS's fixed
+    // costs per call (zeroing C, packing both operands) were most of their time.
+    if (m * n * k <= 64 * 64 * 64) {
+      SmallGemmF32(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+      AddBias(m, n, bias, c, ldc);
+      if (profile != nullptr) {
+        profile->calls += 1;
+        profile->seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        profile->flops += 2.0 * static_cast<double>(m) * n * k;
+      }
+      return;
+    }
+  }
   const GemmSplit split = SplitGemm(m, n, k, /*allow_depth=*/bias == nullptr);
   const bool depth = split.kind == GemmSplit::kDepth;
   // f32: oneDNN's matmul where it has a fast kernel (it is faster than OpenBLAS on the
-  // products of these models), else OpenBLAS; accumulation is OpenBLAS's, and so are the
-  // smallest products (an attention head's): there oneDNN's cost per call (the primitive's
-  // lookup, its memory objects: ~1-2 us) exceeds the product's own time.
-  const bool blas_only = accumulate || split.count == 1 && m * n * k <= 64 * 64 * 64;
+  // products of these models), else OpenBLAS; accumulation is OpenBLAS's.
+  const bool blas_only = accumulate;
   ScratchVector<T> parts(depth ? static_cast<size_t>(split.count * m * n) : 0);
   ForEachGemmPart<T, T>(split, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, bias, parts.data(),
                         [&](int64_t pm, int64_t pn, int64_t pk, const T* pa, const T* pb, T* pc,

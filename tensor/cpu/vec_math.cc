@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -534,6 +535,106 @@ void Normalize(const float* x, int64_t n, float mean, float rstd, const float* w
   }
 }
 
+// C [m, n] = A @ B (+ C when accumulate) for small f32 products (an attention head's), where
+// OpenBLAS's fixed costs per call (its zeroing pass over C, packing both operands) outweigh the
+// product: B [k, n] row-major (the caller packs a transposed B), its rows loaded as vectors and
+// A's entries broadcast, 4 rows by 2 vectors of C at a time. Each element is its sum over k in
+// order, one MulAdd per term from 0, then C added; the columns past the last whole vector go
+// through a zero-padded copy of B's last columns, so that every element takes the same steps.
+template <int kRows, int kVecs, class D>
+HWY_INLINE void SmallGemmBlock(D d, bool ta, int64_t k, const float* a, int64_t lda, int64_t i,
+                               const float* b, int64_t ldb, float* c, int64_t ldc, int64_t cols,
+                               bool accumulate) {
+  static_assert(kRows == 1 || kRows == 4, "SmallGemmBlock: 1 or 4 rows");
+  static_assert(kVecs == 1 || kVecs == 2, "SmallGemmBlock: 1 or 2 vectors");
+  using V = hn::Vec<D>;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  // Named accumulators (an array stayed in memory): row r, vector v is a<r><v>.
+  V a00 = hn::Zero(d), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  // A's entry (row i + r, column p) and the step from one p to the next.
+  const float* ap = ta ? a + i : a + i * lda;
+  const int64_t a_row = ta ? 1 : lda, a_step = ta ? lda : 1;
+  for (int64_t p = 0; p < k; ++p, ap += a_step) {
+    const float* bp = b + p * ldb;
+    const V b0 = hn::LoadU(d, bp);
+    const V b1 = kVecs == 2 ? hn::LoadU(d, bp + lanes) : b0;
+    const V x0 = hn::Set(d, ap[0]);
+    a00 = hn::MulAdd(x0, b0, a00);
+    if (kVecs == 2) a01 = hn::MulAdd(x0, b1, a01);
+    if (kRows == 4) {
+      const V x1 = hn::Set(d, ap[a_row]), x2 = hn::Set(d, ap[2 * a_row]),
+              x3 = hn::Set(d, ap[3 * a_row]);
+      a10 = hn::MulAdd(x1, b0, a10);
+      a20 = hn::MulAdd(x2, b0, a20);
+      a30 = hn::MulAdd(x3, b0, a30);
+      if (kVecs == 2) {
+        a11 = hn::MulAdd(x1, b1, a11);
+        a21 = hn::MulAdd(x2, b1, a21);
+        a31 = hn::MulAdd(x3, b1, a31);
+      }
+    }
+  }
+  HWY_ALIGN float tail[64];  // a vector's lanes (at most 16 f32 on x86)
+  auto store = [&](V acc, int64_t r, int64_t v) {
+    float* row = c + (i + r) * ldc + v * lanes;
+    const int64_t count = std::min(lanes, cols - v * lanes);
+    if (count == lanes) {
+      hn::StoreU(accumulate ? hn::Add(hn::LoadU(d, row), acc) : acc, d, row);
+    } else {
+      hn::Store(acc, d, tail);
+      for (int64_t t = 0; t < count; ++t) row[t] = accumulate ? row[t] + tail[t] : tail[t];
+    }
+  };
+  store(a00, 0, 0);
+  if (kVecs == 2) store(a01, 0, 1);
+  if (kRows == 4) {
+    store(a10, 1, 0);
+    store(a20, 2, 0);
+    store(a30, 3, 0);
+    if (kVecs == 2) {
+      store(a11, 1, 1);
+      store(a21, 2, 1);
+      store(a31, 3, 1);
+    }
+  }
+}
+
+void SmallGemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* padded) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto columns = [&](const float* bj, int64_t ld, int64_t j, int64_t width) {
+    int64_t i = 0;
+    if (width > lanes) {
+      for (; i + 4 <= m; i += 4) {
+        SmallGemmBlock<4, 2>(d, ta, k, a, lda, i, bj, ld, c + j, ldc, width, accumulate);
+      }
+      for (; i < m; ++i) {
+        SmallGemmBlock<1, 2>(d, ta, k, a, lda, i, bj, ld, c + j, ldc, width, accumulate);
+      }
+    } else {
+      for (; i + 4 <= m; i += 4) {
+        SmallGemmBlock<4, 1>(d, ta, k, a, lda, i, bj, ld, c + j, ldc, width, accumulate);
+      }
+      for (; i < m; ++i) {
+        SmallGemmBlock<1, 1>(d, ta, k, a, lda, i, bj, ld, c + j, ldc, width, accumulate);
+      }
+    }
+  };
+  int64_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) columns(b + j, ldb, j, 2 * lanes);
+  for (; j + lanes <= n; j += lanes) columns(b + j, ldb, j, lanes);
+  if (j < n) {
+    // `padded` holds k x lanes floats.
+    for (int64_t p = 0; p < k; ++p) {
+      float* row = padded + p * lanes;
+      std::copy(b + p * ldb + j, b + p * ldb + n, row);
+      std::fill(row + (n - j), row + lanes, 0.0f);
+    }
+    columns(padded, lanes, j, n - j);
+  }
+}
+
 void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
@@ -563,6 +664,7 @@ HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
 HWY_EXPORT(ScaleToFp8);
 HWY_EXPORT(Fp8ToFloat);
+HWY_EXPORT(SmallGemm);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
@@ -610,6 +712,23 @@ void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4
 }
 void Fp8ToF32(const uint8_t* in, float* out, int64_t n, bool e4m3) {
   HWY_DYNAMIC_DISPATCH(Fp8ToFloat)(in, out, n, e4m3);
+}
+void SmallGemmF32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  // A transposed B is packed to [k, n]; the padded copy of the last columns needs k x lanes
+  // (at most 64 floats per row on any target).
+  thread_local std::vector<float> packed, padded;
+  if (tb) {
+    packed.resize(static_cast<size_t>(k * n));
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < n; ++j) packed[static_cast<size_t>(p * n + j)] = b[j * ldb + p];
+    }
+    b = packed.data();
+    ldb = n;
+  }
+  padded.resize(static_cast<size_t>(std::max<int64_t>(k, 1) * 64));
+  HWY_DYNAMIC_DISPATCH(SmallGemm)(ta, m, n, k, a, lda, b, ldb, c, ldc, accumulate, padded.data());
 }
 
 const char* VecMathTarget() {

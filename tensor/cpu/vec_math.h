@@ -117,6 +117,14 @@ void RoundToPrecisionOf(float* x, int64_t n) {
   }
 }
 
+// C [m, n] = A @ B (+ C when accumulate), row-major, A [m, k] / B [k, n] optionally stored
+// transposed (as cblas, alpha 1), for small f32 products (gemm.h sends those of at most 64^3
+// multiply-adds here): each element is its sum over k in order, one fused multiply-add per term
+// (on targets with FMA) from 0, then C added. Deterministic and the same for every element's
+// position; no thread is used.
+void SmallGemmF32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
 // The name of the instruction set the functions above run with on this CPU ("AVX3", "AVX2", ...).
 const char* VecMathTarget();
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -375,6 +376,62 @@ TEST(VecMath, Fp8DecodeAndCastMatchTheScalarRules) {
       for (size_t i = 0; i < x.size(); ++i) {
         const uint8_t want = e4m3 ? FloatToE4M3Bits(x[i] * scale) : FloatToE5M2Bits(x[i] * scale);
         ASSERT_EQ(out[i], want) << (e4m3 ? "e4m3 " : "e5m2 ") << "scale " << scale << " i " << i;
+      }
+    }
+  }
+}
+
+// SmallGemmF32 against the rule it states: each element the sum over k in order, one fused
+// multiply-add per term from 0, then C added -- bit for bit on targets with FMA (std::fma is the
+// reference), within rounding on the others. Every transposition, row and column counts around
+// the 4-row and 2-vector blocks and their tails, k = 0, and accumulation.
+TEST(VecMath, SmallGemmIsEachElementsInOrderSumOfFusedTerms) {
+  const std::string target = cpu::VecMathTarget();
+  const bool fma = target.rfind("AVX2", 0) == 0 || target.rfind("AVX3", 0) == 0;
+  Generator gen(5);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = static_cast<float>(gen.NextU32() % 2001) / 256.0f - 3.9f;
+    return v;
+  };
+  for (int64_t m : {1, 3, 4, 5, 9}) {
+    for (int64_t n : {1, 7, 8, 9, 16, 17, 33, 64, 65}) {
+      for (int64_t k : {0, 1, 16, 37}) {
+        for (int layout = 0; layout < 8; ++layout) {
+          const bool ta = layout & 1, tb = layout & 2, accumulate = layout & 4;
+          // Leading dimensions wider than the rows, so that strides are exercised.
+          const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+          const std::vector<float> a = values((ta ? k : m) * lda + 1);
+          const std::vector<float> b = values((tb ? n : k) * ldb + 1);
+          std::vector<float> c = values(m * ldc), want = c;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              float sum = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                sum = std::fma(ta ? a[p * lda + i] : a[i * lda + p],
+                               tb ? b[j * ldb + p] : b[p * ldb + j], sum);
+              }
+              float& w = want[static_cast<size_t>(i * ldc + j)];
+              w = accumulate ? w + sum : sum;
+            }
+          }
+          cpu::SmallGemmF32(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc,
+                            accumulate);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(i * ldc + j);
+              if (fma || j >= n) {
+                // Past column n the row is untouched.
+                ASSERT_EQ(FloatBits(c[at]), FloatBits(want[at]))
+                    << "m " << m << " n " << n << " k " << k << " layout " << layout << " at (" << i
+                    << ", " << j << ") on " << target;
+              } else {
+                ASSERT_NEAR(c[at], want[at], 1e-4 * (std::abs(want[at]) + k))
+                    << "m " << m << " n " << n << " k " << k << " on " << target;
+              }
+            }
+          }
+        }
       }
     }
   }
