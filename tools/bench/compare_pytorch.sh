@@ -12,7 +12,9 @@
 # takes a while: PYTORCH_VARIANTS=eager,composed skips it). Each row's ratio is against the
 # fastest variant run, named on the row.
 # Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20), for bazel in BAZEL_FLAGS
-# (e.g. --config=cpu).
+# (e.g. --config=cpu). PAUSE=S sleeps S seconds before each measurement, for machines whose speed
+# drops under sustained load (a VM with a burst budget); on the 2-vCPU EPYC of 2026-11-28 it did
+# not change the 2-thread spread, which followed the address layout instead (docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py="$(tools/bench/setup_pytorch_venv.sh | tail -1)"
@@ -22,8 +24,10 @@ trap 'rm -f "${json}"' EXIT
 threads=("$@")
 [[ ${#threads[@]} -gt 0 ]] || threads=(1 2)
 for n in "${threads[@]}"; do
+  sleep "${PAUSE:-0}"
   "${py}" tools/bench/train_step_pytorch.py --threads "${n}" \
     --variants "${PYTORCH_VARIANTS:-eager,composed,compile}" --out "${json}" >/dev/null
+  sleep "${PAUSE:-0}"
   OMP_NUM_THREADS="${n}" bazel-bin/tools/bench/train_step --pytorch_json="${json}" \
     ${TRAIN_STEP_FLAGS:-}
 done
