@@ -14,7 +14,7 @@
 # Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20), for bazel in BAZEL_FLAGS
 # (e.g. --config=cpu). PAUSE=S sleeps S seconds before each measurement, for machines whose speed
 # drops under sustained load (a VM with a burst budget); on the 2-vCPU EPYC of 2026-11-28 it did
-# not change the 2-thread spread, which followed the address layout instead (docs/performance.md).
+# not change the 2-thread spread, which came in phases of the VM's own (docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py="$(tools/bench/setup_pytorch_venv.sh | tail -1)"
