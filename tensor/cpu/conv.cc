@@ -21,6 +21,7 @@
 // window's elements in row-major order with PyTorch's CPU rule (first maximum, NaN wins).
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -380,11 +381,49 @@ bool DnnlConv(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
   if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
   if (g.n == 0 || g.c == 0 || g.o == 0 || g.oh == 0 || g.ow == 0) return false;
   static DnnlCache* cache = new DnnlCache;
-  const std::shared_ptr<const DnnlPrimitive> p = cache->Get(
-      {static_cast<int64_t>(pass), static_cast<int64_t>(dtype), g.n, g.c, g.h, g.w, g.o, g.kh,
-       g.kw, g.oh, g.ow, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, with_bias ? 1 : 0},
-      [&] { return MakeDnnlConv(pass, dtype, g, with_bias); });
+  const std::shared_ptr<const DnnlPrimitive> p =
+      cache->Get({static_cast<int64_t>(pass), static_cast<int64_t>(dtype), g.n, g.c, g.h, g.w, g.o,
+                  g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, with_bias ? 1 : 0},
+                 [&] { return MakeDnnlConv(pass, dtype, g, with_bias); });
   return p != nullptr && DnnlExecute(*p, pointers);
+}
+
+// The f32 weight gradient through oneDNN with the same bits at every thread count: oneDNN's
+// backward-weights primitive shares the minibatch among its threads and adds their partial sums,
+// so its bits follow the thread count (tests/train:thread_count_test's CNN at 1 and 3 threads).
+// The minibatch is cut here into chunks of kChunk samples, each chunk's gradient computed by a
+// single-threaded primitive, and the chunks' gradients added in order. False where oneDNN cannot
+// (then nothing reliable was written).
+bool DnnlWeightGradInChunks(const Window2d& g, const Tensor& x, const Tensor& grad_out,
+                            const Tensor& gw) {
+  constexpr int64_t kChunk = 16;
+  if (g.n == 0) return false;
+  const int64_t chunks = (g.n + kChunk - 1) / kChunk, wsize = gw.numel();
+  const int64_t x_step = g.c * g.h * g.w, go_step = g.o * g.oh * g.ow;
+  std::vector<float> parts(static_cast<size_t>(chunks * wsize));
+  std::atomic<bool> ok{true};
+  ParallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
+    const LibraryThreads single(1);
+    for (int64_t i = begin; i < end && ok.load(std::memory_order_relaxed); ++i) {
+      Window2d chunk = g;
+      chunk.n = std::min(kChunk, g.n - i * kChunk);
+      if (!DnnlConv(ConvPass::kBackwardWeights, DType::kF32, chunk, false,
+                    {x.data<float>() + i * kChunk * x_step,
+                     grad_out.data<float>() + i * kChunk * go_step, parts.data() + i * wsize})) {
+        ok.store(false, std::memory_order_relaxed);
+      }
+    }
+  });
+  if (!ok.load()) return false;
+  float* out = gw.data<float>();
+  ParallelFor(wsize, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+    std::copy(parts.data() + begin, parts.data() + end, out + begin);
+    for (int64_t i = 1; i < chunks; ++i) {
+      const float* part = parts.data() + i * wsize;
+      for (int64_t j = begin; j < end; ++j) out[j] += part[j];
+    }
+  });
+  return true;
 }
 
 // One step of a window's running maximum (value, tap) over its elements in row-major order, with
@@ -407,9 +446,8 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 template <typename T>
 void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
   using C = ComputeType<T>;
-  TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(),
-           "max_pool2d: a window [", g.kh, ", ", g.kw, "] over an input ", g.w,
-           " wide spans more than 2^31 - 1 elements");
+  TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window [",
+           g.kh, ", ", g.kw, "] over an input ", g.w, " wide spans more than 2^31 - 1 elements");
   const int64_t planes = g.n * g.c, plane = g.h * g.w, L = g.oh * g.ow;
   const int64_t width = g.w, ow = g.ow, sw = g.sw, kw = g.kw;
   const T* xp = x.data<T>();
@@ -419,7 +457,7 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
   for (int64_t j = 0; j < kw; ++j) tap_range[j] = ValidRange(j - g.pw, sw, width, ow);
   const bool window_2x2 = g.kh == 2 && g.kw == 2 && g.ph == 0 && g.pw == 0;
   ParallelFor(planes, RowsPerThread(plane), [&](int64_t p0, int64_t p1) {
-    std::vector<C> value_row(static_cast<size_t>(ow));     // each window's running maximum
+    std::vector<C> value_row(static_cast<size_t>(ow));      // each window's running maximum
     std::vector<int32_t> tap_row(static_cast<size_t>(ow));  // and its tap's offset i * W + j
     C* value = value_row.data();
     int32_t* tap = tap_row.data();
@@ -536,11 +574,11 @@ Tensor ToF32(const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); }
 void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
             const Window2d& g) {
   const DType dtype = out.dtype();
-  if (DnnlConv(ConvPass::kForward, dtype, g, bias.defined(),
-               bias.defined() ? std::vector<void*>{x.raw_data(), weight.raw_data(),
-                                                   bias.raw_data(), out.raw_data()}
-                              : std::vector<void*>{x.raw_data(), weight.raw_data(),
-                                                   out.raw_data()})) {
+  if (DnnlConv(
+          ConvPass::kForward, dtype, g, bias.defined(),
+          bias.defined()
+              ? std::vector<void*>{x.raw_data(), weight.raw_data(), bias.raw_data(), out.raw_data()}
+              : std::vector<void*>{x.raw_data(), weight.raw_data(), out.raw_data()})) {
     return;
   }
   switch (dtype) {
@@ -571,9 +609,14 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
                                {grad_out.raw_data(), weight.raw_data(), gi.raw_data()})) {
     gi = Tensor();
   }
-  if (gw.defined() && DnnlConv(ConvPass::kBackwardWeights, dtype, g, false,
-                               {x.raw_data(), grad_out.raw_data(), gw.raw_data()})) {
-    gw = Tensor();
+  if (gw.defined()) {
+    // f32 in chunks of the minibatch (the same bits at every thread count); bf16 (AVX-512 BF16
+    // only) in one call: its bits at other thread counts are not shown (docs/cpu.md).
+    const bool done = dtype == DType::kF32
+                          ? DnnlWeightGradInChunks(g, x, grad_out, gw)
+                          : DnnlConv(ConvPass::kBackwardWeights, dtype, g, false,
+                                     {x.raw_data(), grad_out.raw_data(), gw.raw_data()});
+    if (done) gw = Tensor();
   }
   if (!gi.defined() && !gw.defined()) return;
   switch (dtype) {
