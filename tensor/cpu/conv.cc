@@ -415,14 +415,10 @@ bool DnnlWeightGradInChunks(const Window2d& g, const Tensor& x, const Tensor& gr
     }
   });
   if (!ok.load()) return false;
-  float* out = gw.data<float>();
-  ParallelFor(wsize, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
-    std::copy(parts.data() + begin, parts.data() + end, out + begin);
-    for (int64_t i = 1; i < chunks; ++i) {
-      const float* part = parts.data() + i * wsize;
-      for (int64_t j = begin; j < end; ++j) out[j] += part[j];
-    }
-  });
+  // The chunks' gradients added in order, as a product's k parts are (gemm.h), viewed as
+  // [o, wsize / o] rows.
+  const int64_t cols = wsize / g.o;
+  AddDepthParts(chunks, g.o, cols, parts.data(), gw.data<float>(), cols, /*accumulate=*/false);
   return true;
 }
 

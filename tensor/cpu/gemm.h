@@ -76,6 +76,31 @@ void AddBias(int64_t m, int64_t n, const T* bias, T* c, int64_t ldc) {
   });
 }
 
+// The optional per-thread accounting of one product (tensor/profile.h): its time from
+// construction to destruction, its multiply-adds, unless cancelled.
+class GemmTiming {
+ public:
+  GemmTiming(int64_t m, int64_t n, int64_t k)
+      : profile_(CurrentGemmProfile()), flops_(2.0 * static_cast<double>(m) * n * k) {
+    if (profile_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
+  ~GemmTiming() {
+    if (profile_ == nullptr) return;
+    profile_->calls += 1;
+    profile_->seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    profile_->flops += flops_;
+  }
+  void Cancel() { profile_ = nullptr; }
+  GemmTiming(const GemmTiming&) = delete;
+  GemmTiming& operator=(const GemmTiming&) = delete;
+
+ private:
+  GemmProfile* profile_;
+  double flops_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // How a product is split into parts so that its bits do not depend on the thread count. OpenBLAS
 // and oneDNN each choose how to share a product among threads, and with it how the sums over k
 // are blocked, from the thread count (measured 2026-11-28 on an AVX2 EPYC: OpenBLAS 0.3.21 at 1
@@ -186,9 +211,7 @@ template <typename T>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, T* c, int64_t ldc, bool accumulate = false, const T* bias = nullptr) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "Gemm: f32 or f64");
-  GemmProfile* profile = CurrentGemmProfile();
-  const auto start = profile != nullptr ? std::chrono::steady_clock::now()
-                                        : std::chrono::steady_clock::time_point();
+  GemmTiming timing(m, n, k);
   const CBLAS_TRANSPOSE transa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
@@ -197,12 +220,6 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
     if (m * n * k <= 64 * 64 * 64) {
       SmallGemmF32(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
       AddBias(m, n, bias, c, ldc);
-      if (profile != nullptr) {
-        profile->calls += 1;
-        profile->seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        profile->flops += 2.0 * static_cast<double>(m) * n * k;
-      }
       return;
     }
   }
@@ -210,14 +227,13 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   const bool depth = split.kind == GemmSplit::kDepth;
   // f32: oneDNN's matmul where it has a fast kernel (it is faster than OpenBLAS on the
   // products of these models), else OpenBLAS; accumulation is OpenBLAS's.
-  const bool blas_only = accumulate;
   ScratchVector<T> parts(depth ? static_cast<size_t>(split.count * m * n) : 0);
   ForEachGemmPart<T, T>(split, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, bias, parts.data(),
                         [&](int64_t pm, int64_t pn, int64_t pk, const T* pa, const T* pb, T* pc,
                             int64_t pldc, const T* pbias) {
                           if constexpr (std::is_same_v<T, float>) {
-                            if (!blas_only && DnnlMatmul(DType::kF32, DType::kF32, ta, tb, pm, pn,
-                                                         pk, pa, lda, pb, ldb, pc, pldc, pbias)) {
+                            if (!accumulate && DnnlMatmul(DType::kF32, DType::kF32, ta, tb, pm, pn,
+                                                          pk, pa, lda, pb, ldb, pc, pldc, pbias)) {
                               return true;
                             }
                             cblas_sgemm(CblasRowMajor, transa, transb, pm, pn, pk, 1.0f, pa, lda,
@@ -230,12 +246,6 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
                           return true;
                         });
   if (depth) AddDepthParts(split.count, m, n, parts.data(), c, ldc, accumulate);
-  if (profile != nullptr) {
-    profile->calls += 1;
-    profile->seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    profile->flops += 2.0 * static_cast<double>(m) * n * k;
-  }
 }
 
 // C = A @ B as in Gemm, for A and B of f16/bf16 T, accumulated in f32 and written as Out (float:
@@ -247,9 +257,7 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
                       const T* b, int64_t ldb, Out* c, int64_t ldc) {
   static_assert(kIsReduced<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>),
                 "LowPrecisionGemm: f16/bf16 operands, an f32 or same-type result");
-  GemmProfile* profile = CurrentGemmProfile();
-  const auto start = profile != nullptr ? std::chrono::steady_clock::now()
-                                        : std::chrono::steady_clock::time_point();
+  GemmTiming timing(m, n, k);
   // Split as Gemm splits (SplitGemm), for the same bits at every thread count; no kDepth parts,
   // since a rounded result is rounded once from the whole sum.
   const bool done = ForEachGemmPart<T, Out>(
@@ -260,14 +268,8 @@ bool LowPrecisionGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T
         return DnnlMatmul(DTypeOf<T>(), DTypeOf<Out>(), ta, tb, pm, pn, pk, pa, lda, pb, ldb, pc,
                           pldc);
       });
-  if (!done) return false;
-  if (profile != nullptr) {
-    profile->calls += 1;
-    profile->seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    profile->flops += 2.0 * static_cast<double>(m) * n * k;
-  }
-  return true;
+  if (!done) timing.Cancel();  // the caller multiplies instead, and that product is timed
+  return done;
 }
 
 // A GEMM operand of `count` contiguous values in the compute type C (float for f16/bf16/f32,
