@@ -18,13 +18,22 @@
 // bf16 SDPA kernel on a CPU without AMX is slower than the same attention from plain ops).
 // tools/bench/compare_pytorch.sh runs both, interleaved, at 1 and 2 threads.
 //
+// Each row's timing is bracketed by the cache-line round trip between two CPUs (core_latency.h),
+// printed as "cores 68/70 ns". A virtual machine's host moves its vCPUs, and 2-thread steps are
+// slower while the vCPUs sit far apart; a ratio is only meaningful when both sides were timed in
+// one placement, so a row whose probes and PyTorch's (the "core_ns" of its lines) are not all
+// within 2x of each other says "phases differ". --json_out=FILE appends one JSON line per row
+// (ms, probes, PyTorch's best, ratio, same_phase) for compare_pytorch.sh's summary.
+//
 // The inputs are random (same shapes and cost as the real data); the step median is reported.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +53,7 @@
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/profile.h"
+#include "tools/bench/core_latency.h"
 #include "train/flag_values.h"
 #include "train/optimizer_setup.h"
 #include "train/run_main.h"
@@ -55,6 +65,8 @@ ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cn
 ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
           "precisions to time (f32, f16, bf16, fp8/delayed, fp8/current, fp8/block); f32 is the "
           "reference of the 'vs f32' column when timed");
+ABSL_FLAG(std::string, json_out, "",
+          "append one JSON line per row to this file (for compare_pytorch.sh's summary)");
 ABSL_FLAG(std::string, pytorch_json, "",
           "JSON lines from tools/bench/train_step_pytorch.py: adds PyTorch's fastest variant's "
           "ms/step at this thread count (and its name) and the ratio to each row");
@@ -64,6 +76,7 @@ namespace {
 
 struct Result {
   double ms_per_step = 0;
+  std::vector<double> core_ns;  // the round trip between two CPUs before and after the timing
   double items_per_second = 0;
   double gemm_share = 0;
   double gemm_gflops = 0;
@@ -108,7 +121,10 @@ Result Measure(nn::Module& model, DType dtype, const std::string& fp8_recipe, in
   // The step time without the GEMM accounting (two clock reads per product), then as many steps
   // again with it for the GEMM share.
   std::vector<double> times;
+  Result r;
+  r.core_ns.push_back(bench::CoreRoundTripNs());
   timed_steps(&times);
+  r.core_ns.push_back(bench::CoreRoundTripNs());
   GemmProfile gemm;
   double total = 0;
   {
@@ -116,7 +132,6 @@ Result Measure(nn::Module& model, DType dtype, const std::string& fp8_recipe, in
     total = timed_steps(nullptr);
   }
   std::sort(times.begin(), times.end());
-  Result r;
   const double median = times[times.size() / 2];
   r.ms_per_step = 1e3 * median;
   r.items_per_second = items_per_step / median;
@@ -125,10 +140,23 @@ Result Measure(nn::Module& model, DType dtype, const std::string& fp8_recipe, in
   return r;
 }
 
-// PyTorch's ms/step by variant, for one "model/dtype" row.
-using PyTorchRow = std::map<std::string, double>;
+// One PyTorch variant's timing: ms/step and the core round trips around it (none in files from
+// before the probes).
+struct PyTorchTiming {
+  double ms = 0;
+  std::vector<double> core_ns;
+};
+// PyTorch's timings by variant, for one "model/dtype" row.
+using PyTorchRow = std::map<std::string, PyTorchTiming>;
 
-// PyTorch's ms/step by "model/dtype" and variant at `threads` threads, from
+// A "core_ns" field: an array of numbers, or nulls for probes on one CPU.
+bool ProbesValid(const nlohmann::json& ns) {
+  return ns.is_array() && std::all_of(ns.begin(), ns.end(), [](const nlohmann::json& x) {
+           return x.is_number() || x.is_null();
+         });
+}
+
+// PyTorch's timings by "model/dtype" and variant at `threads` threads, from
 // train_step_pytorch.py's lines; a line without "variant" is "eager", and a repeated
 // (row, variant) keeps the last line.
 std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int threads) {
@@ -144,42 +172,76 @@ std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int t
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("model") || !j.contains("dtype") || !j.contains("threads") ||
         !j.contains("ms_per_step") || !j["ms_per_step"].is_number() ||
-        (j.contains("variant") && !j["variant"].is_string())) {
+        (j.contains("variant") && !j["variant"].is_string()) ||
+        (j.contains("core_ns") && !ProbesValid(j["core_ns"]))) {
       std::fprintf(stderr, "train_step: %s line %d is not a train_step_pytorch.py record\n",
                    path.c_str(), number);
       std::exit(1);
     }
     if (j["threads"].get<int>() != threads) continue;
     const std::string variant = j.contains("variant") ? j["variant"].get<std::string>() : "eager";
-    ms[j["model"].get<std::string>() + "/" + j["dtype"].get<std::string>()][variant] =
-        j["ms_per_step"].get<double>();
+    PyTorchTiming timing{j["ms_per_step"].get<double>(), {}};
+    if (j.contains("core_ns")) {
+      for (const nlohmann::json& ns : j["core_ns"]) {
+        timing.core_ns.push_back(ns.is_number() ? ns.get<double>()
+                                                : std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+    ms[j["model"].get<std::string>() + "/" + j["dtype"].get<std::string>()][variant] = timing;
   }
   return ms;
 }
 
+// NaN (a probe on one CPU) as JSON null.
+nlohmann::json ProbesJson(const std::vector<double>& ns) {
+  nlohmann::json out = nlohmann::json::array();
+  for (double x : ns) out.push_back(std::isnan(x) ? nlohmann::json(nullptr) : nlohmann::json(x));
+  return out;
+}
+
+// Prints the row and, when `json_out` is open, appends it as a JSON line.
 // `precision`: the row's --dtypes entry ("bf16", "fp8/delayed", ...).
-void Row(const char* model, const std::string& precision, const Result& r, const Result& f32,
-         const char* unit, const std::map<std::string, PyTorchRow>& pytorch) {
-  std::printf("%-5s %-12s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)",
+void Row(const char* model, const std::string& precision, int threads, const Result& r,
+         const Result& f32, const char* unit, const std::map<std::string, PyTorchRow>& pytorch,
+         std::ofstream* json_out) {
+  std::printf("%-5s %-12s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)"
+              "  cores %.0f/%.0f ns",
               model, precision.c_str(), r.ms_per_step, r.items_per_second, unit,
-              f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops);
+              f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops, r.core_ns[0],
+              r.core_ns[1]);
+  nlohmann::json record = {{"model", model},        {"dtype", precision},
+                           {"threads", threads},    {"ms_per_step", r.ms_per_step},
+                           {"core_ns", ProbesJson(r.core_ns)}};
   const auto it = pytorch.find(std::string(model) + "/" + precision);
   if (it != pytorch.end() && !it->second.empty()) {
-    const auto best =
-        std::min_element(it->second.begin(), it->second.end(),
-                         [](const auto& a, const auto& b) { return a.second < b.second; });
-    std::printf("   PyTorch best %8.2f ms/step (%s)  ratio %.2f", best->second, best->first.c_str(),
-                r.ms_per_step / best->second);
+    const auto best = std::min_element(
+        it->second.begin(), it->second.end(),
+        [](const auto& a, const auto& b) { return a.second.ms < b.second.ms; });
+    const double ratio = r.ms_per_step / best->second.ms;
+    // Every variant's probes with ours: a variant timed in the other placement could have been
+    // the fastest, or not, in ours.
+    std::vector<double> probes = r.core_ns;
+    for (const auto& [variant, timing] : it->second) {
+      probes.insert(probes.end(), timing.core_ns.begin(), timing.core_ns.end());
+    }
+    const bool same_phase = bench::SameCorePhase(probes);
+    std::printf("   PyTorch best %8.2f ms/step (%s)  ratio %.2f%s", best->second.ms,
+                best->first.c_str(), ratio, same_phase ? "" : " (phases differ)");
     if (it->second.size() > 1) {
       const char* sep = "  [";
-      for (const auto& [variant, ms] : it->second) {
-        std::printf("%s%s=%.2f", sep, variant.c_str(), ms);
+      for (const auto& [variant, timing] : it->second) {
+        std::printf("%s%s=%.2f", sep, variant.c_str(), timing.ms);
         sep = " ";
       }
       std::printf("]");
     }
+    record["pytorch_best"] = best->first;
+    record["pytorch_ms_per_step"] = best->second.ms;
+    record["ratio"] = ratio;
+    record["same_phase"] = same_phase;
   }
   std::printf("\n");
+  if (json_out != nullptr && json_out->is_open()) *json_out << record.dump() << "\n" << std::flush;
 }
 
 }  // namespace
@@ -203,6 +265,15 @@ int main(int argc, char** argv) {
     if (pytorch.empty()) {
       std::fprintf(stderr, "train_step: %s has no records at %d threads (OMP_NUM_THREADS)\n",
                    absl::GetFlag(FLAGS_pytorch_json).c_str(), threads);
+      return 1;
+    }
+  }
+  std::ofstream json_out;
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    json_out.open(absl::GetFlag(FLAGS_json_out), std::ios::app);
+    if (!json_out) {
+      std::fprintf(stderr, "train_step: cannot open --json_out=%s for appending\n",
+                   absl::GetFlag(FLAGS_json_out).c_str());
       return 1;
     }
   }
@@ -263,7 +334,8 @@ int main(int argc, char** argv) {
       }
       Result r = Measure(*model, dtype, fp8_recipe, steps, items, loss_fn);
       if (dtype == kF32) f32 = r;
-      Row(name, dtype_name, r, f32, name == std::string("gpt") ? "tok/s" : "img/s", pytorch);
+      Row(name, dtype_name, threads, r, f32, name == std::string("gpt") ? "tok/s" : "img/s",
+          pytorch, &json_out);
     }
   }
   return 0;

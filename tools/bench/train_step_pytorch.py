@@ -6,8 +6,11 @@ PyTorch's usual ways to run them, so that tapegrad is compared with PyTorch's fa
 Writes one JSON line per (model, dtype, threads, variant) that `train_step --pytorch_json=FILE`
 reads; train_step takes the fastest variant of each row:
   {"model": "gpt", "dtype": "bf16", "threads": 2, "variant": "compile", "ms_per_step": 12.3,
-   "torch": "2.15.0"}
-A line without "variant" (files from before variants) is "eager".
+   "torch": "2.15.0", "core_ns": [68.2, 70.1]}
+A line without "variant" (files from before variants) is "eager". "core_ns" (with --core-probe,
+the path of bazel-bin/tools/bench/core_round_trip) is the cache-line round trip between two CPUs
+just before and just after the timed steps (tools/bench/core_latency.h): train_step compares a
+row only with timings taken in the same placement of the VM's CPUs.
 
 Variants (--variants, default all three; `--no-compile` drops compile, which takes a while):
   eager     today's models as written: the GPT's attention is F.scaled_dot_product_attention.
@@ -35,6 +38,7 @@ import itertools
 import json
 import math
 import statistics
+import subprocess
 import time
 
 import torch
@@ -121,9 +125,18 @@ DTYPES = {"f32": None, "f16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = {"eager": "eager", "composed": "eager_composed_attention", "compile": "compile"}
 
 
-def measure(model, dtype, steps, make_loss):
+def core_round_trip_ns(probe):
+    """The probe binary's figure (None for "nan": one CPU), or None without a probe."""
+    if not probe:
+        return None
+    value = float(subprocess.run([probe], check=True, capture_output=True, text=True).stdout)
+    return None if math.isnan(value) else value
+
+
+def measure(model, dtype, steps, make_loss, probe=None):
     """`model` holds the parameters the optimizer steps; `make_loss` may call a compiled wrapper
-    of it (which shares those parameters)."""
+    of it (which shares those parameters). Returns ms/step and the core round trips (`probe`)
+    just before and just after the timed steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
     amp_dtype = DTYPES[dtype]
     scaler = torch.amp.GradScaler("cpu", enabled=dtype == "f16")
@@ -141,12 +154,14 @@ def measure(model, dtype, steps, make_loss):
 
     for _ in range(3):
         step()
+    core_ns = [core_round_trip_ns(probe)]
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
+    core_ns.append(core_round_trip_ns(probe))
+    return 1e3 * sorted(times)[len(times) // 2], core_ns
 
 
 def main():
@@ -160,6 +175,9 @@ def main():
     parser.add_argument("--no-compile", action="store_true",
                         help="drop compile from --variants (torch.compile takes a while)")
     parser.add_argument("--out", required=True, help="JSON lines file to write")
+    parser.add_argument("--core-probe", default="",
+                        help="path of tools/bench:core_round_trip: record the core round trip "
+                             "around each timing (\"core_ns\")")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -195,10 +213,12 @@ def main():
                     loss = lambda: F.cross_entropy(run(x).flatten(0, 1), y.flatten())
                 else:
                     loss = lambda: F.cross_entropy(run(images), labels)
-                ms = measure(model, dtype, args.steps, loss)
+                ms, core_ns = measure(model, dtype, args.steps, loss, args.core_probe)
                 record = {"model": name, "dtype": dtype, "threads": threads,
                           "variant": VARIANTS[variant], "ms_per_step": ms,
                           "torch": torch.__version__}
+                if args.core_probe:
+                    record["core_ns"] = core_ns
                 print(json.dumps(record), flush=True)
                 out.write(json.dumps(record) + "\n")
 
