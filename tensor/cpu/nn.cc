@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/convert.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/philox.h"
 
 namespace tg::cpu {
@@ -187,20 +189,22 @@ bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
     using C = ComputeType<T>;
     const C s = static_cast<C>(scale);
     auto scale_range = [&](T* p, int64_t n) {
-      if (!check_finite) {
+      if constexpr (std::is_same_v<T, float>) {
+        // Highway (the -O2 build vectorizes neither loop below): the same products.
+        if (ScaleF32(p, n, s, check_finite)) found = true;
+      } else if (!check_finite) {
         for (int64_t i = 0; i < n; ++i) p[i] = Convert<T>(Widen(p[i]) * s);
-        return;
+      } else {
+        // v * 0 is NaN exactly when v is inf or NaN: a local flag, not a branch per element.
+        bool bad = false;
+        for (int64_t i = 0; i < n; ++i) {
+          const C v = Widen(p[i]);
+          const C z = v * C(0);
+          bad |= z != z;
+          p[i] = Convert<T>(v * s);
+        }
+        if (bad) found = true;
       }
-      // v * 0 is NaN exactly when v is inf or NaN; OR-ing a local flag (not a branch on
-      // isfinite) keeps the loop vectorisable: one pass at close to copy bandwidth.
-      bool bad = false;
-      for (int64_t i = 0; i < n; ++i) {
-        const C v = Widen(p[i]);
-        const C z = v * C(0);
-        bad |= z != z;
-        p[i] = Convert<T>(v * s);
-      }
-      if (bad) found = true;
     };
     auto scale_all = [&](T* p, int64_t n) {
       ParallelFor(n, int64_t{1} << 15,

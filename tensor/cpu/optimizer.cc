@@ -325,7 +325,12 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
           if (inf_norm) {
             r = MaxChunk(p, len);
           } else if (norm_type == 2) {
-            r = SumChunk(p, len, [](double v) { return v * v; });
+            if constexpr (std::is_same_v<T, float>) {
+              // Vectorized, in SumChunk's order and with its bits: (double(x) - 0)^2 = x^2.
+              r = {SumSquaredDeviationsF64(p, len, 0.0), false};
+            } else {
+              r = SumChunk(p, len, [](double v) { return v * v; });
+            }
           } else if (norm_type == 1) {
             r = SumChunk(p, len, [](double v) { return std::fabs(v); });
           } else {

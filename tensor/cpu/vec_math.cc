@@ -384,6 +384,31 @@ float Max(const float* x, int64_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, max));
 }
 
+// x[i] *= s (one f32 product each, as the scalar loop); returns whether any x[i] was inf or NaN
+// (before scaling) when check_finite. The tail through one vector padded with zeros.
+bool Scale(float* x, int64_t n, float s, bool check_finite) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto scale = hn::Set(d, s);
+  auto bad = hn::FirstN(d, 0);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    if (check_finite) bad = hn::Or(bad, hn::Not(hn::IsFinite(v)));
+    hn::StoreU(hn::Mul(v, scale), d, x + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t rest = static_cast<size_t>(n - i);
+    std::memcpy(tail, x + i, rest * sizeof(float));
+    const auto v = hn::Load(d, tail);
+    if (check_finite) bad = hn::Or(bad, hn::Not(hn::IsFinite(v)));
+    hn::Store(hn::Mul(v, scale), d, tail);
+    std::memcpy(x + i, tail, rest * sizeof(float));
+  }
+  return check_finite && !hn::AllFalse(d, bad);
+}
+
 // Sums in f64 in the order of tensor/cpu/rows.h's SumF64: eight partial sums, element i going to
 // sum i % 8, each added in the order of i, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
 // The eight sums are 8 / lanes vectors of f64 (one on AVX-512, two on AVX2, four on SSE4), so
@@ -653,6 +678,7 @@ HWY_EXPORT(FloatToHalf);
 HWY_EXPORT(Adam);
 HWY_EXPORT(Exp);
 HWY_EXPORT(Max);
+HWY_EXPORT(Scale);
 HWY_EXPORT(SumAsF64);
 HWY_EXPORT(SumProductsAsF64);
 HWY_EXPORT(SumSquaredDeviationsF64);
@@ -668,6 +694,9 @@ HWY_EXPORT(SmallGemm);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
+bool ScaleF32(float* x, int64_t n, float s, bool check_finite) {
+  return HWY_DYNAMIC_DISPATCH(Scale)(x, n, s, check_finite);
+}
 double SumAsF64(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumAsF64)(x, n); }
 double SumProductsAsF64(const float* x, const float* y, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(SumProductsAsF64)(x, y, n);

@@ -27,6 +27,9 @@ namespace tg::cpu {
 
 void ExpF32(const float* x, float* y, int64_t n);
 float MaxF32(const float* x, int64_t n);
+// x[i] *= s for i < n, each an f32 product; with check_finite, returns whether any x[i] was inf or
+// NaN before (else false).
+bool ScaleF32(float* x, int64_t n, float s, bool check_finite);
 
 // Sums of n terms in f64, in the order of tensor/cpu/rows.h's SumF64 (eight interleaved partial
 // sums) and with its bits on every target: the terms are double(x[i]), double(x[i] * y[i]) (the

@@ -195,6 +195,41 @@ TEST(VecMath, F64SumsHaveTheBitsOfTheEightPartialSumsAtEveryLength) {
   }
 }
 
+// ScaleF32: each element the f32 product x * s (bits compared, NaN payloads kept as the FPU keeps
+// them), at every length (tails included); with check_finite, true exactly when some element was
+// inf or NaN, wherever it is.
+TEST(VecMath, ScaleIsTheF32ProductAndFindsEveryNonFiniteValue) {
+  Generator gen(8);
+  const std::vector<float> x = RandNormal({70}, gen).to_vector<float>();
+  const float s = 0.3183099f;
+  auto bits = [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    return b;
+  };
+  for (int64_t len = 0; len <= 70; ++len) {
+    for (bool check : {false, true}) {
+      std::vector<float> y(x.begin(), x.begin() + len);
+      ASSERT_FALSE(cpu::ScaleF32(y.data(), len, s, check)) << "length " << len;
+      for (int64_t i = 0; i < len; ++i) ASSERT_EQ(bits(y[i]), bits(x[i] * s)) << len << " " << i;
+    }
+    for (int64_t at = 0; at < len; ++at) {
+      for (float bad : {kInf, -kInf, std::nanf(""), -std::nanf("0x2a")}) {
+        std::vector<float> y(x.begin(), x.begin() + len);
+        y[at] = bad;
+        ASSERT_TRUE(cpu::ScaleF32(y.data(), len, s, true)) << "length " << len << " at " << at;
+        EXPECT_EQ(bits(y[at]), bits(bad * s));
+        y[at] = bad;
+        ASSERT_FALSE(cpu::ScaleF32(y.data(), len, s, false)) << "not asked to check";
+      }
+    }
+  }
+  // A finite value that overflows when scaled is not reported: the check is of the input.
+  std::vector<float> big = {3e38f, 1.0f};
+  EXPECT_FALSE(cpu::ScaleF32(big.data(), 2, 4.0f, true));
+  EXPECT_EQ(big[0], kInf);
+}
+
 TEST(VecMath, ColumnSumsAddEachRowInOrderInF64) {
   Generator gen(7);
   const int64_t rows = 37, stride = 75;
