@@ -23,7 +23,8 @@
 // slower while the vCPUs sit far apart; a ratio is only meaningful when both sides were timed in
 // one placement, so a row whose probes and PyTorch's (the "core_ns" of its lines) are not all
 // within 2x of each other says "phases differ". --json_out=FILE appends one JSON line per row
-// (ms, probes, PyTorch's best, ratio, same_phase) for compare_pytorch.sh's summary.
+// (ms, probes, each PyTorch variant's ms, the best, ratio, same_phase) for compare_pytorch.sh's
+// summary.
 //
 // The inputs are random (same shapes and cost as the real data); the step median is reported.
 #include <algorithm>
@@ -149,10 +150,10 @@ struct PyTorchTiming {
 // PyTorch's timings by variant, for one "model/dtype" row.
 using PyTorchRow = std::map<std::string, PyTorchTiming>;
 
-// A "core_ns" field: an array of numbers, or nulls for probes on one CPU.
+// A "core_ns" field: an array of positive numbers, or nulls for probes on one CPU.
 bool ProbesValid(const nlohmann::json& ns) {
   return ns.is_array() && std::all_of(ns.begin(), ns.end(), [](const nlohmann::json& x) {
-           return x.is_number() || x.is_null();
+           return (x.is_number() && x.get<double>() > 0) || x.is_null();
          });
 }
 
@@ -170,8 +171,10 @@ std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int t
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("model") || !j.contains("dtype") || !j.contains("threads") ||
-        !j.contains("ms_per_step") || !j["ms_per_step"].is_number() ||
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_string() ||
+        !j.contains("dtype") || !j["dtype"].is_string() || !j.contains("threads") ||
+        !j["threads"].is_number_integer() || !j.contains("ms_per_step") ||
+        !j["ms_per_step"].is_number() || !(j["ms_per_step"].get<double>() > 0) ||
         (j.contains("variant") && !j["variant"].is_string()) ||
         (j.contains("core_ns") && !ProbesValid(j["core_ns"]))) {
       std::fprintf(stderr, "train_step: %s line %d is not a train_step_pytorch.py record\n",
@@ -235,6 +238,9 @@ void Row(const char* model, const std::string& precision, int threads, const Res
       }
       std::printf("]");
     }
+    nlohmann::json variants = nlohmann::json::object();
+    for (const auto& [variant, timing] : it->second) variants[variant] = timing.ms;
+    record["pytorch_ms_per_step_by_variant"] = variants;
     record["pytorch_best"] = best->first;
     record["pytorch_ms_per_step"] = best->second.ms;
     record["ratio"] = ratio;
