@@ -22,14 +22,20 @@
 # fastest variant run, named on the row.
 # Extra flags for train_step go in TRAIN_STEP_FLAGS (e.g. --steps=20), for
 # train_step_pytorch.py in PYTORCH_FLAGS (e.g. "--models mlp,gpt --dtypes f32"), for bazel in
-# BAZEL_FLAGS (e.g. --config=cpu). PAUSE=S sleeps S seconds before each measurement.
+# BAZEL_FLAGS (e.g. --config=cpu). PAUSE=S sleeps S seconds before each measurement. ROWS=FILE
+# appends the rows' JSON lines to FILE and keeps it (tools/bench/pair_summary.py FILE).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py="$(tools/bench/setup_pytorch_venv.sh | tail -1)"
 bazel build -c opt ${BAZEL_FLAGS:-} //tools/bench:train_step //tools/bench:core_round_trip >&2
 json="$(mktemp --suffix=.jsonl)"
-rows="$(mktemp --suffix=.jsonl)"
-trap 'rm -f "${json}" "${rows}"' EXIT
+if [[ -n "${ROWS:-}" ]]; then
+  rows="${ROWS}"  # kept: the rows of several runs can be summarised together
+  trap 'rm -f "${json}"' EXIT
+else
+  rows="$(mktemp --suffix=.jsonl)"
+  trap 'rm -f "${json}" "${rows}"' EXIT
+fi
 threads=("$@")
 [[ ${#threads[@]} -gt 0 ]] || threads=(1 2)
 rounds="${ROUNDS:-3}"
