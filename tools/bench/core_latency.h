@@ -17,8 +17,9 @@
 
 namespace tg::bench {
 
-// Median of 5 runs of `trips` round trips, in ns per round trip; NaN when the affinity mask has
-// fewer than two CPUs (or the threads cannot be pinned).
+// Median of 5 runs of `trips` round trips (each run cut at 50 ms, for a machine other processes
+// keep busy), in ns per round trip; NaN when the affinity mask has fewer than two CPUs (or the
+// threads cannot be pinned).
 double CoreRoundTripNs(int trips = 20000);
 
 // Whether round-trip figures come from one placement of the CPUs: the largest at most twice the
