@@ -624,6 +624,36 @@ HWY_INLINE void SmallGemmBlock(D d, bool ta, int64_t k, const float* a, int64_t 
   }
 }
 
+// out[p * n + j] = b[j * ldb + p] for p < k, j < n (SmallGemmF32's copy of a transposed B): 4 x 4
+// blocks through 128-bit vectors (four row loads, a transpose in registers, four row stores),
+// the edges one element at a time. A copy: the same values on every target.
+void TransposeToRows(const float* b, int64_t ldb, int64_t n, int64_t k, float* out) {
+  int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR  // one lane: no 4-lane vectors
+  const hn::FixedTag<float, 4> d;
+  for (; j + 4 <= n; j += 4) {
+    const float* row = b + j * ldb;
+    int64_t p = 0;
+    for (; p + 4 <= k; p += 4) {
+      const auto r0 = hn::LoadU(d, row + p), r1 = hn::LoadU(d, row + ldb + p);
+      const auto r2 = hn::LoadU(d, row + 2 * ldb + p), r3 = hn::LoadU(d, row + 3 * ldb + p);
+      const auto t0 = hn::InterleaveLower(d, r0, r1), t1 = hn::InterleaveLower(d, r2, r3);
+      const auto t2 = hn::InterleaveUpper(d, r0, r1), t3 = hn::InterleaveUpper(d, r2, r3);
+      hn::StoreU(hn::ConcatLowerLower(d, t1, t0), d, out + p * n + j);
+      hn::StoreU(hn::ConcatUpperUpper(d, t1, t0), d, out + (p + 1) * n + j);
+      hn::StoreU(hn::ConcatLowerLower(d, t3, t2), d, out + (p + 2) * n + j);
+      hn::StoreU(hn::ConcatUpperUpper(d, t3, t2), d, out + (p + 3) * n + j);
+    }
+    for (; p < k; ++p) {
+      for (int64_t r = 0; r < 4; ++r) out[p * n + j + r] = row[r * ldb + p];
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    for (int64_t p = 0; p < k; ++p) out[p * n + j] = b[j * ldb + p];
+  }
+}
+
 void SmallGemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* padded) {
   const hn::ScalableTag<float> d;
@@ -691,6 +721,7 @@ HWY_EXPORT(GeluTanhGrad);
 HWY_EXPORT(ScaleToFp8);
 HWY_EXPORT(Fp8ToFloat);
 HWY_EXPORT(SmallGemm);
+HWY_EXPORT(TransposeToRows);
 
 void ExpF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Exp)(x, y, n); }
 float MaxF32(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(Max)(x, n); }
@@ -750,9 +781,7 @@ void SmallGemmF32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float
   thread_local std::vector<float> packed, padded;
   if (tb) {
     packed.resize(static_cast<size_t>(k * n));
-    for (int64_t p = 0; p < k; ++p) {
-      for (int64_t j = 0; j < n; ++j) packed[static_cast<size_t>(p * n + j)] = b[j * ldb + p];
-    }
+    HWY_DYNAMIC_DISPATCH(TransposeToRows)(b, ldb, n, k, packed.data());
     b = packed.data();
     ldb = n;
   }
