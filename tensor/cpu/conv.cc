@@ -34,6 +34,7 @@
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/vec_math.h"
 
 namespace tg::cpu {
 namespace {
@@ -465,7 +466,14 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
       const C* src = GemmOperand<C>(in, plane, widened);
       for (int64_t oy = 0; oy < g.oh; ++oy) {
         const int64_t y0 = oy * g.sh - g.ph;
-        if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
+        if (window_2x2 && sw == 2 && std::is_same_v<C, float>) {
+          // The CNNs' pooling (f32 and the widened f16/bf16 planes) through whole vectors
+          // (vec_math.h): the same rule, the same results.
+          if constexpr (std::is_same_v<C, float>) {
+            const float* r0 = src + y0 * width;
+            MaxPool2x2RowF32(r0, r0 + width, ow, static_cast<int32_t>(width), value, tap);
+          }
+        } else if (window_2x2) {  // the common 2 x 2 window without padding: all four taps at once
           const C* r0 = src + y0 * width;
           const C* r1 = r0 + width;
           const int32_t below = static_cast<int32_t>(width);

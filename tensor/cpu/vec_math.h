@@ -30,6 +30,12 @@ float MaxF32(const float* x, int64_t n);
 // x[i] *= s for i < n, each an f32 product; with check_finite, returns whether any x[i] was inf or
 // NaN before (else false).
 bool ScaleF32(float* x, int64_t n, float s, bool check_finite);
+// Max pooling's 2 x 2 windows at stride 2 along an output row of ow windows: window ox holds
+// r0[2 ox], r0[2 ox + 1], r1[2 ox], r1[2 ox + 1], offsets 0, 1, below, below + 1 from its corner.
+// value[ox] is its maximum and tap[ox] that element's offset, the elements taken in that order,
+// a later one winning when larger or NaN (the first of equal maxima; the first NaN).
+void MaxPool2x2RowF32(const float* r0, const float* r1, int64_t ow, int32_t below, float* value,
+                      int32_t* tap);
 
 // Sums of n terms in f64, in the order of tensor/cpu/rows.h's SumF64 (eight interleaved partial
 // sums) and with its bits on every target: the terms are double(x[i]), double(x[i] * y[i]) (the

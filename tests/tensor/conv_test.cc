@@ -636,6 +636,8 @@ TEST(MaxPool2d, TwoByTwoAndGeneralWindowsWithNaNAndTies) {
       {{2, 3, 28, 28}, {2, 2}, {2, 2}, {0, 0}}, {{3, 2, 9, 7}, {2, 2}, {2, 2}, {0, 0}},
       {{2, 2, 9, 8}, {2, 2}, {1, 1}, {0, 0}},   {{2, 2, 10, 11}, {2, 2}, {3, 2}, {0, 0}},
       {{2, 2, 9, 9}, {2, 2}, {2, 2}, {1, 1}},   {{2, 3, 12, 10}, {3, 3}, {2, 2}, {1, 1}},
+      // Rows of 35 windows: whole vectors and a tail on every x86 target (4, 8 or 16 lanes).
+      {{1, 2, 6, 71}, {2, 2}, {2, 2}, {0, 0}},
   };
   Generator gen(8);
   for (const PoolCase& c : cases) {
