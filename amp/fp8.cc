@@ -131,7 +131,11 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
   }
 
   // Delayed scaling: the forward amax recorded since the last update (undefined: none).
-  Tensor TakeAmax() { return std::exchange(amax_, Tensor()); }
+  Tensor TakeAmax() {
+    Tensor amax = std::move(amax_);
+    amax_.reset();
+    return amax;
+  }
   const Tensor& last_scale() const { return last_scale_; }
 
  private:

@@ -305,7 +305,7 @@ Variable SavedVariable::RelinkInput(const Variable& unpacked) const {
 void SavedVariable::Release() {
   if (!defined_) return;
   released_ = true;
-  data_ = Tensor();
+  data_.reset();
   variable_ = Variable();
   packed_value_.reset();
   unpack_hook_ = nullptr;

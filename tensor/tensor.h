@@ -75,6 +75,18 @@ class Tensor {
   }
 
   bool defined() const { return storage_ != nullptr; }
+  // Makes this tensor undefined, releasing its storage (libtorch's reset()). Preferred over
+  // `t = Tensor()`: moving from a default Shape copies its uninitialised inline buffer, which
+  // GCC 12 rightly reports (-Wmaybe-uninitialized).
+  void reset() {
+    storage_.reset();
+    shape_.clear();
+    strides_.clear();
+    offset_ = 0;
+    numel_ = 0;
+    dtype_ = kF32;
+    contiguous_ = true;
+  }
   DType dtype() const { return dtype_; }
   Device device() const;
   const Shape& shape() const { return shape_; }

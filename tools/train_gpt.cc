@@ -4,8 +4,8 @@
 //   bazel run -c opt //tools:train_gpt -- --data=data/tinyshakespeare.txt
 //   bazel run -c opt //tools:train_gpt -- --data=train.bin --val_data=val.bin --n_layer=12 ...
 //   bazel run -c opt //tools:train_gpt -- --data=... --precision=bf16 --checkpoint_dir=ckpt
-//   bazel run -c opt //tools:train_gpt -- --init_from=gpt2_124M.bin --data=train.bin \
-//       --export_hf=finetuned     # GPT-2 weights in (HF or llm.c), HF directory out
+//   bazel run -c opt //tools:train_gpt -- --init_from=gpt2_124M.bin --data=train.bin
+//       --export_hf=finetuned     # (one line) GPT-2 weights in (HF or llm.c), HF directory out
 //
 // A text file is tokenized by characters (vocabulary: its distinct bytes) and split 90/10 into
 // train/val as nanoGPT does; a .bin file is an llm.c shard of GPT-2 tokens (vocabulary 50257,

@@ -309,7 +309,7 @@ enum class ConvPass : int64_t { kForward, kBackwardData, kBackwardWeights };
 // oneDNN's primitive for `pass` over window g in `dtype` (f32 or bf16), arguments in the order
 //   forward:          x, weight, [bias], out
 //   backward data:    grad_out, weight, grad_input
-//   backward weights: x, grad_out, grad_weight
+//   backward weights: x, grad_out, grad_weight (f32 for either dtype)
 // or nullptr where oneDNN has only a reference implementation.
 std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Window2d& g,
                                             bool with_bias) {
@@ -360,14 +360,19 @@ std::shared_ptr<DnnlPrimitive> MakeDnnlConv(ConvPass pass, DType dtype, const Wi
       return p;
     }
     case ConvPass::kBackwardWeights: {
+      // The weight gradient is f32 whatever the operands (bf16 accumulates in f32 anyway): it
+      // is a partial sum over a chunk of the minibatch, added to the other chunks' before the
+      // one rounding (DnnlConvInChunks).
+      const memory::data_type f32 = memory::data_type::f32;
+      const memory::desc gw_any(wei, f32, Tag::any), gw_plain(wei, f32, Tag::oihw);
       const dnnl::convolution_backward_weights::primitive_desc bwd(
-          {algo, src_any, wei_any, dst_any, strides, dilates, pad_l, pad_r}, attr, engine, fwd);
+          {algo, src_any, gw_any, dst_any, strides, dilates, pad_l, pad_r}, attr, engine, fwd);
       if (IsDnnlReference(bwd)) return nullptr;
       p->primitive = dnnl::convolution_backward_weights(bwd);
       p->scratchpad = bwd.scratchpad_desc();
       p->AddArg(DNNL_ARG_SRC, src_plain, bwd.src_desc(), false);
       p->AddArg(DNNL_ARG_DIFF_DST, dst_plain, bwd.diff_dst_desc(), false);
-      p->AddArg(DNNL_ARG_DIFF_WEIGHTS, wei_plain, bwd.diff_weights_desc(), true);
+      p->AddArg(DNNL_ARG_DIFF_WEIGHTS, gw_plain, bwd.diff_weights_desc(), true);
       return p;
     }
   }
@@ -389,37 +394,77 @@ bool DnnlConv(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
   return p != nullptr && DnnlExecute(*p, pointers);
 }
 
-// The f32 weight gradient through oneDNN with the same bits at every thread count: oneDNN's
-// backward-weights primitive shares the minibatch among its threads and adds their partial sums,
-// so its bits follow the thread count (tests/train:thread_count_test's CNN at 1 and 3 threads).
-// The minibatch is cut here into chunks of kChunk samples, each chunk's gradient computed by a
-// single-threaded primitive, and the chunks' gradients added in order. False where oneDNN cannot
-// (then nothing reliable was written).
-bool DnnlWeightGradInChunks(const Window2d& g, const Tensor& x, const Tensor& grad_out,
-                            const Tensor& gw) {
-  constexpr int64_t kChunk = 16;
-  if (g.n == 0) return false;
-  const int64_t chunks = (g.n + kChunk - 1) / kChunk, wsize = gw.numel();
-  const int64_t x_step = g.c * g.h * g.w, go_step = g.o * g.oh * g.ow;
-  std::vector<float> parts(static_cast<size_t>(chunks * wsize));
+// Every pass through oneDNN with the same bits at every thread count, by construction: oneDNN
+// chooses how to share a primitive's work among threads from the thread count, and some of its
+// kernels share a reduction (the backward-weights primitives share the minibatch and add their
+// partial sums; tests/train:thread_count_test's CNN differed at 1 and 3 threads in f32 on AVX2
+// and in bf16 on AVX-512 BF16), and which ones do depends on the ISA the CPU has. So no
+// primitive here ever runs on more than one thread: the minibatch is cut into chunks of
+// kDnnlImagesPerChunk images (the last one shorter), fixed by the shape alone, each chunk is one
+// single-threaded primitive call, and the chunks are spread over the threads. A forward or
+// input-gradient chunk writes its own images' outputs, which depend on its images only; the
+// weight gradient of each chunk is an f32 partial sum (bf16 too), and the chunks' partial sums are
+// added in chunk order (AddDepthParts, as a product's k parts are), then rounded once into
+// `pointers`' gradient. `pointers` are MakeDnnlConv's for the whole minibatch. False where oneDNN
+// cannot (then nothing reliable was written, and the caller computes the pass itself).
+constexpr int64_t kDnnlImagesPerChunk = 16;
+
+bool DnnlConvInChunks(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
+                      const std::vector<void*>& pointers) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
+  if (g.n == 0 || g.c == 0 || g.o == 0 || g.oh == 0 || g.ow == 0) return false;
+  const int64_t chunks = (g.n + kDnnlImagesPerChunk - 1) / kDnnlImagesPerChunk;
+  const int64_t esize = static_cast<int64_t>(ElementSize(dtype));
+  // Bytes per image of the input and of the output (or their gradients).
+  const int64_t x_bytes = g.c * g.h * g.w * esize, y_bytes = g.o * g.oh * g.ow * esize;
+  const int64_t wsize = g.o * g.c * g.kh * g.kw;
+  const bool weights = pass == ConvPass::kBackwardWeights;
+  // [chunks, wsize] f32: each chunk's weight gradient.
+  ScratchVector<float> parts(weights ? static_cast<size_t>(chunks * wsize) : 0);
   std::atomic<bool> ok{true};
   ParallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
     const LibraryThreads single(1);
     for (int64_t i = begin; i < end && ok.load(std::memory_order_relaxed); ++i) {
       Window2d chunk = g;
-      chunk.n = std::min(kChunk, g.n - i * kChunk);
-      if (!DnnlConv(ConvPass::kBackwardWeights, DType::kF32, chunk, false,
-                    {x.data<float>() + i * kChunk * x_step,
-                     grad_out.data<float>() + i * kChunk * go_step, parts.data() + i * wsize})) {
+      const int64_t first = i * kDnnlImagesPerChunk;
+      chunk.n = std::min(kDnnlImagesPerChunk, g.n - first);
+      // The chunk's images in each per-image argument; the weight and bias are whole.
+      auto at = [&](void* p, int64_t bytes_per_image) {
+        return static_cast<void*>(static_cast<char*>(p) + first * bytes_per_image);
+      };
+      std::vector<void*> args = pointers;
+      switch (pass) {
+        case ConvPass::kForward:
+          args.front() = at(args.front(), x_bytes);
+          args.back() = at(args.back(), y_bytes);
+          break;
+        case ConvPass::kBackwardData:
+          args[0] = at(args[0], y_bytes);
+          args[2] = at(args[2], x_bytes);
+          break;
+        case ConvPass::kBackwardWeights:
+          args[0] = at(args[0], x_bytes);
+          args[1] = at(args[1], y_bytes);
+          args[2] = parts.data() + i * wsize;
+          break;
+      }
+      if (!DnnlConv(pass, dtype, chunk, with_bias, args)) {
         ok.store(false, std::memory_order_relaxed);
       }
     }
   });
   if (!ok.load()) return false;
-  // The chunks' gradients added in order, as a product's k parts are (gemm.h), viewed as
-  // [o, wsize / o] rows.
+  if (!weights) return true;
+  // The chunks' gradients added in order, viewed as [o, wsize / o] rows, then rounded once.
   const int64_t cols = wsize / g.o;
-  AddDepthParts(chunks, g.o, cols, parts.data(), gw.data<float>(), cols, /*accumulate=*/false);
+  if (dtype == DType::kF32) {
+    AddDepthParts(chunks, g.o, cols, parts.data(), static_cast<float*>(pointers[2]), cols,
+                  /*accumulate=*/false);
+  } else {
+    ScratchVector<float> sum(static_cast<size_t>(wsize));
+    AddDepthParts(chunks, g.o, cols, parts.data(), sum.data(), cols, /*accumulate=*/false);
+    StoreGemmResult(sum.data(), wsize, static_cast<BFloat16*>(pointers[2]));
+  }
   return true;
 }
 
@@ -578,7 +623,7 @@ Tensor ToF32(const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); }
 void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
             const Window2d& g) {
   const DType dtype = out.dtype();
-  if (DnnlConv(
+  if (DnnlConvInChunks(
           ConvPass::kForward, dtype, g, bias.defined(),
           bias.defined()
               ? std::vector<void*>{x.raw_data(), weight.raw_data(), bias.raw_data(), out.raw_data()}
@@ -609,18 +654,13 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
   }
   // Each gradient through oneDNN where it can; those left undefined here are computed below.
   Tensor gi = grad_input, gw = grad_weight;
-  if (gi.defined() && DnnlConv(ConvPass::kBackwardData, dtype, g, false,
-                               {grad_out.raw_data(), weight.raw_data(), gi.raw_data()})) {
-    gi = Tensor();
+  if (gi.defined() && DnnlConvInChunks(ConvPass::kBackwardData, dtype, g, false,
+                                       {grad_out.raw_data(), weight.raw_data(), gi.raw_data()})) {
+    gi.reset();
   }
-  if (gw.defined()) {
-    // f32 in chunks of the minibatch (the same bits at every thread count); bf16 (AVX-512 BF16
-    // only) in one call: its bits at other thread counts are not shown (docs/cpu.md).
-    const bool done = dtype == DType::kF32
-                          ? DnnlWeightGradInChunks(g, x, grad_out, gw)
-                          : DnnlConv(ConvPass::kBackwardWeights, dtype, g, false,
-                                     {x.raw_data(), grad_out.raw_data(), gw.raw_data()});
-    if (done) gw = Tensor();
+  if (gw.defined() && DnnlConvInChunks(ConvPass::kBackwardWeights, dtype, g, false,
+                                       {x.raw_data(), grad_out.raw_data(), gw.raw_data()})) {
+    gw.reset();
   }
   if (!gi.defined() && !gw.defined()) return;
   switch (dtype) {

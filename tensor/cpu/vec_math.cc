@@ -417,7 +417,7 @@ bool Scale(float* x, int64_t n, float s, bool check_finite) {
 template <class Term, class Scalar>
 double SumF64Order(int64_t n, Term term, Scalar scalar) {
   const hn::CappedTag<double, 8> d;
-  constexpr size_t kMaxVectors = 4;  // 8 sums in vectors of at least 2 lanes
+  constexpr size_t kMaxVectors = 8;  // 8 sums in vectors of 1 lane (HWY_SCALAR) or more
   const size_t lanes = hn::Lanes(d), vectors = 8 / lanes;
   hn::Vec<decltype(d)> acc[kMaxVectors];
   for (size_t v = 0; v < kMaxVectors; ++v) acc[v] = hn::Zero(d);

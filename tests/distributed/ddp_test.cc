@@ -664,7 +664,9 @@ TEST(DdpTest, F16OverflowOnOneRankSkipsTheStepOnEveryRank) {
         std::vector<Variable> mv;
         for (const Tensor& t : *masters) mv.push_back(Variable(t));
         const auto gathered = GatherParams(*pg, mv);
-        if (step != kOverflowStep) EXPECT_EQ(gathered[1], gathered[0]) << "step " << step;
+        if (step != kOverflowStep) {
+          EXPECT_EQ(gathered[1], gathered[0]) << "step " << step;
+        }
         const amp::StepResult result = opt.step();
         EXPECT_EQ(result.skipped, step == kOverflowStep) << "step " << step;
       }

@@ -126,10 +126,16 @@ if [ "$elapsed" -ge 20 ]; then fail "grace: took ${elapsed}s"; fi
 
 # --max_restarts: after rank 1 fails on the first attempt, every rank is stopped and all start
 # again with TORCHELASTIC_RESTART_COUNT=1 and a fresh job id; the second attempt succeeds.
+# Rank 1 fails only once rank 0 has written its first line (it says so through a file), so the
+# expected output does not depend on which rank the scheduler runs first.
 run restart --nproc=2 --max_restarts=2 --job_id=j -- /bin/sh -c '
   echo "attempt=$TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS job=$TG_JOB_ID"
-  if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 5; fi
-  [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && sleep 60; exit 0'
+  if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+    if [ "$RANK" = 0 ]; then touch "'"$tmp"'/restart_rank0_wrote"; sleep 60; exit 0; fi
+    while [ ! -e "'"$tmp"'/restart_rank0_wrote" ]; do sleep 0.05; done
+    exit 5
+  fi
+  exit 0'
 expect restart 0 "[rank 0] attempt=0 of 2 job=j
 [rank 0] attempt=1 of 2 job=j-restart1
 [rank 1] attempt=0 of 2 job=j

@@ -1,6 +1,10 @@
 // A training step gives the same bits at every thread count: the MLP, the CNN and the tiny GPT,
 // each in f32 and in bf16 (f32 masters), three steps of AdamW at 1, 2, 3 and 4 threads (set in
-// process with omp_set_num_threads), every parameter compared byte for byte. This is what lets
+// process with omp_set_num_threads), every parameter compared byte for byte; and the kernels
+// whose libraries choose their split by the thread count (products, convolutions, FP8 GEMMs)
+// alone, in every dtype. The same binary runs three times (tests/train/BUILD): with every ISA
+// the CPU has, and with oneDNN capped at AVX-512 (no BF16/AMX) and at AVX2, so that one machine
+// runs the lower ISAs' kernels too (docs/cpu.md has the table of what ran where). This is what lets
 // the CPU thread governor (tensor/cpu/thread_governor.h) change the thread count during a run:
 // a run's result must not depend on how busy the machine was.
 #include <omp.h>
@@ -11,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
@@ -125,6 +130,93 @@ TEST(ThreadCountProductTest, MatmulGivesTheSameBitsAtOneAndTwoThreads) {
         EXPECT_TRUE(results[0] == results[1]) << c.m << "x" << c.k << "x" << c.n << " "
                                               << DTypeName(dtype) << " ta " << ta << " tb " << tb;
       }
+    }
+  }
+}
+
+// The bytes of `tensors` (each as f64, contiguous) computed by fn() at `threads` threads.
+std::vector<std::vector<char>> BytesAtThreads(int threads,
+                                              const std::function<std::vector<Tensor>()>& fn) {
+  const int saved = omp_get_max_threads();
+  cpu::SetThreadGovernor(false);
+  omp_set_num_threads(threads);
+  const std::vector<Tensor> tensors = fn();
+  omp_set_num_threads(saved);
+  cpu::SetThreadGovernor(true);
+  std::vector<std::vector<char>> bytes;
+  for (const Tensor& t : tensors) {
+    const Tensor f = t.to(kF64).contiguous();
+    bytes.emplace_back(f.numel() * sizeof(double));
+    std::memcpy(bytes.back().data(), f.data<double>(), bytes.back().size());
+  }
+  return bytes;
+}
+
+// fn() gives the same bytes at 2, 3 and 4 threads as at 1; `what` names the case.
+void ExpectSameBitsAtEveryThreadCount(const std::string& what,
+                                      const std::function<std::vector<Tensor>()>& fn) {
+  const auto one = BytesAtThreads(1, fn);
+  for (int threads : {2, 3, 4}) {
+    const auto other = BytesAtThreads(threads, fn);
+    ASSERT_EQ(one.size(), other.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_TRUE(one[i] == other[i])
+          << what << ": result " << i << " differs between 1 and " << threads << " threads";
+    }
+  }
+}
+
+// Convolution alone, forward and the three gradients, in every dtype, on the CNN's shapes and
+// on batches that are not a multiple of the minibatch chunk (conv.cc), at 1-4 threads: oneDNN's
+// primitives (f32, bf16 where the CPU multiplies bf16) and the im2col + GEMM code (f64, f16 and
+// whatever oneDNN declines). A run with ONEDNN_MAX_CPU_ISA capped (the _avx2 and
+// _avx512_core targets) takes the lower ISAs' kernels on the same machine.
+TEST(ThreadCountKernelTest, ConvolutionGivesTheSameBitsAtEveryThreadCount) {
+  struct Case {
+    int64_t n, c, h, o, k, stride, pad;
+  };
+  for (const Case c : {Case{128, 1, 28, 32, 3, 1, 1}, Case{37, 32, 14, 64, 3, 1, 1},
+                       Case{5, 3, 11, 8, 5, 2, 2}, Case{1, 16, 9, 16, 1, 1, 0}}) {
+    for (DType dtype : {kF32, kBF16, kF16, kF64}) {
+      Generator gen(3);
+      const Tensor x = RandNormal({c.n, c.c, c.h, c.h}, gen).to(dtype);
+      const Tensor w = RandNormal({c.o, c.c, c.k, c.k}, gen).to(dtype);
+      const Tensor b = RandNormal({c.o}, gen).to(dtype);
+      Conv2dParams p;
+      p.stride = {c.stride, c.stride};
+      p.padding = {c.pad, c.pad};
+      const Tensor y = Conv2d(x, w, b, p);
+      const Tensor g = RandNormal(y.shape(), gen).to(dtype);
+      ExpectSameBitsAtEveryThreadCount(
+          absl::StrCat("conv ", c.n, "x", c.c, "x", c.h, "x", c.h, " -> ", c.o, " k", c.k, " ",
+                       DTypeName(dtype)),
+          [&] {
+            const Conv2dGrads grads = Conv2dBackward(g, x, w, p);
+            return std::vector<Tensor>{Conv2d(x, w, b, p), grads.grad_input, grads.grad_weight,
+                                       grads.grad_bias};
+          });
+    }
+  }
+}
+
+// FP8 GEMMs (per-tensor and block scaling, each output dtype) with their casts and amaxes.
+TEST(ThreadCountKernelTest, Fp8CastsAndGemmsGiveTheSameBitsAtEveryThreadCount) {
+  constexpr int64_t m = 300, n = 260, k = 384;
+  for (const Fp8Tiling tiling : {Fp8Tiling::kTensor, Fp8Tiling::k1x128, Fp8Tiling::k128x128}) {
+    for (DType out : {kF32, kBF16}) {
+      Generator gen(5);
+      const Tensor a = RandNormal({m, k}, gen).to(kBF16);
+      const Tensor b = RandNormal({n, k}, gen).to(kBF16);
+      ExpectSameBitsAtEveryThreadCount(
+          absl::StrCat("fp8 ", Fp8TilingName(tiling), " -> ", DTypeName(out)), [&] {
+            const Fp8Scales sa = Fp8ScaleFromAmax(Fp8Amax(a, tiling), Fp8ScaleOptions{});
+            const Fp8Scales sb = Fp8ScaleFromAmax(Fp8Amax(b, tiling), Fp8ScaleOptions{});
+            const Fp8CastResult qa = Fp8Cast(a, sa.scale, tiling, kF8E4M3, true, true);
+            const Fp8CastResult qb = Fp8Cast(b, sb.scale, tiling, kF8E4M3);
+            const Tensor y =
+                Fp8Gemm(qa.data, sa.scale_inv, tiling, qb.data, sb.scale_inv, tiling, Tensor(), out);
+            return std::vector<Tensor>{qa.data_t, qa.amax, y};
+          });
     }
   }
 }
