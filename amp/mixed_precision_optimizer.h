@@ -36,7 +36,10 @@
 //   opt.backward(loss): the first hook of the outermost user backward queues the master-grad
 //   update as a callback of that outermost graph task, so it runs exactly once per backward,
 //   after every gradient (also those accumulated in nested tasks of reentrant checkpointing);
-//   backward passes started inside a ForwardScope (issued by a model's forward) are ignored.
+//   backward passes started inside a ForwardScope (issued by a model's forward, a forward hook or
+//   a custom function's Forward: nn::Module calls and custom functions enter one) queue nothing:
+//   their gradients stay in .grad and the next update (the user backward's, or step()'s)
+//   includes them, so a forward-time backward is counted once, like DDP and ZeroOptimizer.
 // - found_inf and the scale live with the tensors (a 0-d f32 tensor); step() does one host read
 //   of found_inf, and only when it checks for overflow (check_non_finite): bf16 runs read nothing.
 // - Every device runs the same code (every parameter on one device; build the optimizer after

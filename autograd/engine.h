@@ -70,10 +70,15 @@ int64_t outermost_graph_task_id();
 void queue_callback_on_outermost_task(std::function<void()> callback,
                                       const char* trace_name = "callback");
 
-// Marks code that computes a forward pass (nn modules enter one around forward). A backward
-// started inside it (an auxiliary backward issued by a model's forward) is flagged, and so are
-// the tasks nested in it, so that post-backward epilogues keyed to the user's backward
-// (mixed-precision master grads, DDP) can ignore it.
+// Marks code that computes a forward pass: nn::Module::operator() enters one around its
+// pre-hooks, forward and hooks, a custom Function around its Forward, and DDP around the wrapped
+// module. A backward started inside it outside any backward (an auxiliary backward issued by a
+// model's forward or a forward hook, a tiled loss's per-tile backward) is flagged, and so are
+// the tasks nested in it, so that the post-backward epilogues keyed to the user's backward
+// (mixed-precision master grads, DDP, ZeRO) do not run for it: the gradients it accumulates
+// stay in .grad and are included by the next user backward's epilogue (DeepSpeed's rule). A
+// backward started inside an already running backward (e.g. a checkpoint's recomputation)
+// takes its parent task's flag, whatever scope is active.
 class ForwardScope {
  public:
   ForwardScope();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 
@@ -59,8 +60,11 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
 
   VariableList outputs;
   {
-    // Forward computes on data: nothing it does is recorded, only the node below.
+    // Forward computes on data: nothing it does is recorded, only the node below. It is
+    // forward-pass code: a backward it runs itself (a tiled loss computing a weight's gradient
+    // tile by tile) is flagged as issued in forward, as inside nn::Module::operator().
     NoGradGuard no_grad;
+    ForwardScope forward_scope;
     outputs = forward(*ctx);
   }
   for (size_t i = 0; i < outputs.size(); ++i) {

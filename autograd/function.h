@@ -21,6 +21,9 @@
 //   tg::Variable y = Cube::Apply({x})[0];   // y.grad_fn()->name() == "CubeBackward"
 //
 // Semantics follow PyTorch where docs/architecture.md is silent:
+// - Forward runs inside a ForwardScope (autograd/engine.h), as nn modules' forwards do: a
+//   backward it starts itself (EnableGradGuard + Engine::Backward on an inner graph, e.g. a tiled
+//   loss accumulating a weight's gradient tile by tile) is flagged as issued in forward.
 // - Backward runs with grad mode == create_graph, so a Backward composed of differentiable
 //   ops gives higher-order gradients; it may call Engine::Backward itself (a nested task).
 // - Gradients of outputs that received none (or are non-differentiable) arrive as zeros

@@ -184,7 +184,12 @@ std::vector<DdpBucketLayout> DistributedDataParallel::bucket_layout() const {
 // ---- The backward path ------------------------------------------------------------------------
 
 void DistributedDataParallel::OnGradAccumulated(int32_t index) {
-  if (no_sync_depth_ > 0 || backward_issued_in_forward()) return;
+  if (backward_issued_in_forward()) {
+    // Issued by a forward: kept in .grad for the next synchronised backward (see ddp.h).
+    params_[index].forward_grad = true;
+    return;
+  }
+  if (no_sync_depth_ > 0) return;
   const int64_t task = outermost_graph_task_id();
   if (task != armed_task_) StartBackward(task);
   Param& p = params_[index];
@@ -265,12 +270,20 @@ void DistributedDataParallel::Finalize() {
   for (int32_t i = 0; i < static_cast<int32_t>(params_.size()); ++i) {
     Param& p = params_[i];
     if (p.ready) continue;
+    const Variable& g = p.var.impl()->grad;
+    if (p.forward_grad && g.defined()) {
+      // Its only gradient since the last reduction came from a backward issued in forward.
+      CopyGradIntoSlot(p);
+      ++stats_.forward_grads_reduced;
+      p.ready = true;
+      --buckets_[p.bucket].pending;
+      continue;
+    }
     if (!options_.find_unused_parameters) {
       missing.push_back(i);
       continue;
     }
     // Unused in this backward: its current .grad (e.g. accumulated under no_sync) or zeros.
-    const Variable& g = p.var.impl()->grad;
     if (g.defined()) {
       CopyGradIntoSlot(p);
     } else {
@@ -292,6 +305,8 @@ void DistributedDataParallel::Finalize() {
         " (pass find_unused_parameters=true in DdpOptions when some parameters legitimately take "
         "no part in the loss, or make every parameter contribute to it)"));
   }
+  // Every parameter's .grad, forward-time parts included, is in its slot now.
+  for (Param& p : params_) p.forward_grad = false;
   const auto wait_start = std::chrono::steady_clock::now();
   LaunchCompleteBuckets(/*from_hook=*/false);
   const absl::Status status = WaitAll();

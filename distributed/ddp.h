@@ -60,8 +60,20 @@
 //   zero_grad accumulates straight into the bucket (then the hook's copy is skipped), and a
 //   .grad tensor held by the caller is overwritten by the next synchronised backward; zero_grad
 //   (set to none or in place) and optimizers work as usual.
-// - Backward passes started inside a ForwardScope (backward_issued_in_forward(), e.g. issued by a
-//   model's forward) are ignored, and operator() enters a ForwardScope around the module.
+// - Backward passes started inside a ForwardScope (backward_issued_in_forward(): issued by a
+//   model's forward, a forward hook or a custom function's Forward; operator() enters a
+//   ForwardScope around the module, and so does every nn::Module call) communicate nothing:
+//   their gradients stay in .grad and the hook only records that the parameter has one. The
+//   next synchronised backward reduces them (DeepSpeed's rule: the inner backward calls feed
+//   the gradients, the reduction runs once, after the user's backward): a parameter whose hook
+//   fires there already holds the forward-time part in its .grad (AccumulateGrad adds to it);
+//   one whose hook does not fire (its only gradient came from the forward, e.g. the head of a
+//   tiled loss) is reduced with its .grad by the finaliser, as if its hook had fired, also
+//   without find_unused_parameters (stats().forward_grads_reduced counts them). Under
+//   no_sync the record survives until the next synchronised backward. The finaliser is queued
+//   by the user backward's first hook, so that backward must reach at least one parameter of
+//   the module; DDP does not own step(): a step taken after a forward-time backward and no user
+//   backward uses the local, unreduced .grad (as PyTorch's DDP would).
 // - A hook that fires a second time for the same parameter in one backward (a parameter used
 //   both inside and outside a reentrant checkpoint: its .grad accumulates in two graph tasks)
 //   copies the slot again when the bucket has not been launched yet (the slot then holds the
@@ -142,6 +154,9 @@ struct DdpStats {
   int64_t launched_from_hooks = 0;     // of those, launched during backward (overlapped)
   int64_t grads_copied = 0;            // hook calls that copied a gradient into its slot
   int64_t recopies = 0;                // of those, a second hook for the same parameter
+  // Parameters whose hook did not fire in a synchronised backward, reduced with the gradient a
+  // backward issued in forward left in their .grad.
+  int64_t forward_grads_reduced = 0;
   // Time the finalisers spent launching the remaining buckets and waiting for every Work: the
   // communication that backward did not hide.
   double exposed_comm_seconds = 0;
@@ -201,6 +216,9 @@ class DistributedDataParallel {
     Tensor slot;                     // view of the bucket buffer with the parameter's shape
     Variable grad_view;              // Variable(slot): becomes .grad after the reduction
     bool ready = false;              // the slot holds this backward's gradient
+    // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) since
+    // the last synchronised backward: reduced by the next one even if its hook does not fire.
+    bool forward_grad = false;
   };
   struct Bucket {
     Tensor buffer;                           // [numel] of the bucket's dtype, on pg_->device()

@@ -417,7 +417,10 @@ double ZeroOptimizer::ReduceNorm(double local, double norm_type) {
 
 void ZeroOptimizer::zero_grad() {
   ResetBackwardState();
-  for (Param& p : params_) p.var.set_grad(Variable());
+  for (Param& p : params_) {
+    p.var.set_grad(Variable());
+    p.forward_grad = false;
+  }
   for (Flat& f : flats_) {
     f.master.set_grad(Variable());
     f.master_grad = Tensor();

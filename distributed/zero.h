@@ -55,7 +55,8 @@
 // Per stage:
 // - Stage 1: a post-accumulate-grad hook on every parameter queues an epilogue on the outermost
 //   graph task of the user's backward (as MixedPrecisionOptimizer::attach does, always
-//   installed here; backward passes issued inside a ForwardScope are ignored). The epilogue
+//   installed here; backward passes issued inside a ForwardScope do not arm it, see below). The
+//   epilogue
 //   copies each parameter's .grad into its bucket, releases the .grad, reduce_scatters each
 //   bucket (kAvg), unscales (and checks) the shard gradient in f32 and accumulates it into the
 //   master gradient. backward(loss, {.update_master_grads = false}) defers this: .grad
@@ -67,7 +68,8 @@
 //   reductions are in flight: launching one more first finishes the oldest (wait, unscale into
 //   the master gradient, free the bucket), which bounds the gradient memory to
 //   (max_inflight_buckets + 1) buckets. The epilogue launches the rest (parameters without a
-//   gradient contribute zeros; a bucket with none is skipped) and finishes all of them.
+//   gradient contribute zeros, those with a forward-time gradient their .grad; a bucket with
+//   neither is skipped) and finishes all of them.
 //   Gradient accumulation over several backward calls works: the master gradients accumulate
 //   until zero_grad(), like .grad.
 // - Stage 3: units are modules: by default every module of ZeroOptions::module that has
@@ -96,6 +98,24 @@
 //   * step() updates the masters and rounds them into the model-dtype shards; the next forward
 //     gathers the new values. A model state_dict() taken outside forward sees the NaN
 //     placeholders: use full_parameters() (a collective).
+// - Backward calls issued during forward (inside a ForwardScope: every nn::Module call, a custom
+//   function's Forward, e.g. a tiled logits loss computing the head's gradient tile by tile, or
+//   a forward hook back-propagating an auxiliary loss; DeepSpeed's BackwardHookStateManager
+//   "case 2") feed the gradients but run no epilogue: the hook only records that the
+//   parameter's .grad holds a forward-time gradient. The one epilogue of the next user backward
+//   includes it, the same in every stage: a parameter whose hook fires there has the
+//   forward-time part in its .grad already (AccumulateGrad adds to it); one whose hook does not
+//   fire (its only gradient came from the forward) has its .grad copied into its bucket (stage
+//   3: unit buffer) and released when that bucket launches -- in the fixed bucket order, from a
+//   hook (stage 3: the unit's other gradients arrived) or from the epilogue, which launches a
+//   bucket holding only such gradients too; stage 1 reads every .grad in the epilogue anyway.
+//   Nothing is dropped or counted twice, and every rank issues the same collectives (every rank
+//   runs the same forward). A bucket with a forward-time-only gradient waits for the epilogue
+//   (no overlap for it). stats().forward_grads_reduced counts such copies (stage 2/3).
+// - step() (and clip_master_grads, update_master_grads) after a forward-time backward with no
+//   user backward since includes those gradients, as amp::MixedPrecisionOptimizer does (it
+//   reads .grad in step()): stage 1 reduces the model .grad, stage 2/3 launch the buckets that
+//   hold them in bucket order; either counts as one epilogue (stats().epilogues).
 // - clip_master_grads(max_norm, p): this rank's part (optim::clip_grad_norm over its master
 //   shards with an infinite max_norm, i.e. the norm without clipping) raised to p, summed over
 //   ranks (max for the inf norm; a NaN on any rank gives NaN everywhere), then the p-th root:
@@ -199,6 +219,9 @@ struct ZeroStats {
                                        // on the device; stats() reads it)
   int64_t grad_buffer_bytes = 0;       // gradient bucket buffers allocated now
   int64_t peak_grad_buffer_bytes = 0;  // the most at once
+  // Stage 2/3: parameters whose gradient came into a bucket from .grad at its launch (a
+  // gradient a backward issued in forward left there; their hook did not fire since).
+  int64_t forward_grads_reduced = 0;
 };
 
 // A flat buffer of the layout, for tests and logs.
@@ -298,6 +321,8 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void CopyGradIntoBucket(Param& p, bool add);
   void LaunchBucket(int b, bool from_hook);
   void LaunchReadyBuckets();
+  bool BucketHasForwardGrad(int b) const;
+  bool ReduceForwardGrads();  // stage 2/3, outside backward
   void FinishBucket(int b);
   void FinishAll();
   void ReduceModelGrads();                                  // stage 1

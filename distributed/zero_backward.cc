@@ -60,7 +60,14 @@ void ZeroOptimizer::backward(const Variable& loss, const amp::MasterBackwardOpti
 }
 
 void ZeroOptimizer::OnGradAccumulated(int index) {
-  if (defer_ || backward_issued_in_forward()) return;
+  if (backward_issued_in_forward()) {
+    // A backward issued by a forward (a tiled loss's per-tile backward, a forward hook's): it
+    // feeds .grad, the epilogue runs once after the user's backward and takes it from there
+    // (stage 1 reads every .grad; stage 2/3 fold it in when the bucket launches).
+    params_[index].forward_grad = true;
+    return;
+  }
+  if (defer_) return;
   ArmEpilogue();
   Param& p = params_[index];
   if (options_.stage == 1) return;  // the epilogue reads .grad
@@ -74,7 +81,8 @@ void ZeroOptimizer::OnGradAccumulated(int index) {
            " was reduce-scattered in this backward (it accumulates in two graph tasks, e.g. "
            "inside and outside a reentrant checkpoint); a larger bucket_cap_bytes avoids it");
   if (!b.grad.defined()) AllocateGradBuffer(b);
-  CopyGradIntoBucket(p, /*add=*/p.arrived);
+  CopyGradIntoBucket(p, /*add=*/p.arrived);  // with any forward-time part (.grad holds both)
+  p.forward_grad = false;
   if (!p.arrived) {
     p.arrived = true;
     ++b.arrived;
@@ -97,9 +105,11 @@ void ZeroOptimizer::Epilogue() {
     ReduceModelGrads();
   } else {
     // Buckets (stage 3: units) whose gradients did not all arrive, in the fixed order;
-    // parameters without a gradient contribute zeros, a bucket without any is skipped.
+    // parameters without a gradient contribute zeros, those whose only gradient came from a
+    // backward issued in forward their .grad; a bucket without any gradient is skipped.
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (!buckets_[b].launched && buckets_[b].arrived > 0) {
+      if (!buckets_[b].launched &&
+          (buckets_[b].arrived > 0 || BucketHasForwardGrad(static_cast<int>(b)))) {
         LaunchBucket(static_cast<int>(b), /*from_hook=*/false);
       }
     }
@@ -142,6 +152,18 @@ void ZeroOptimizer::LaunchBucket(int b, bool from_hook) {
     FinishBucket(inflight_.front());
   }
   Bucket& bucket = buckets_[b];
+  // Gradients left in .grad by a backward issued in forward, of parameters that did not arrive
+  // in this backward (stage 1 copied every .grad already).
+  for (int i : bucket.params) {
+    Param& p = params_[i];
+    if (!p.forward_grad) continue;
+    p.forward_grad = false;
+    if (p.arrived || !p.var.grad().defined()) continue;
+    if (!bucket.grad.defined()) AllocateGradBuffer(bucket);
+    CopyGradIntoBucket(p, /*add=*/false);
+    p.var.set_grad(Variable());
+    ++stats_.forward_grads_reduced;
+  }
   bucket.shard_grad = Tensor::Empty({bucket.chunk}, flats_[bucket.flat].reduce_dtype, device_);
   stats_.grad_buffer_bytes += Bytes(bucket.shard_grad);
   stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
@@ -160,6 +182,33 @@ void ZeroOptimizer::LaunchReadyBuckets() {
     if (b.arrived != static_cast<int>(b.params.size())) break;
     LaunchBucket(next_launch_++, /*from_hook=*/true);
   }
+}
+
+bool ZeroOptimizer::BucketHasForwardGrad(int b) const {
+  for (int i : buckets_[b].params) {
+    const Param& p = params_[i];
+    if (p.forward_grad && !p.arrived && p.var.grad().defined()) return true;
+  }
+  return false;
+}
+
+bool ZeroOptimizer::ReduceForwardGrads() {
+  bool any = false;
+  for (size_t b = 0; b < buckets_.size() && !any; ++b) {
+    any = BucketHasForwardGrad(static_cast<int>(b));
+  }
+  if (!any) return false;
+  // No user backward took them: one epilogue of their own, in the fixed bucket order (every
+  // rank ran the same forward, so every rank has the same buckets to launch).
+  ResetBackwardState();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (BucketHasForwardGrad(static_cast<int>(b))) {
+      LaunchBucket(static_cast<int>(b), /*from_hook=*/false);
+    }
+  }
+  FinishAll();
+  ResetBackwardState();
+  return true;
 }
 
 void ZeroOptimizer::FinishBucket(int b) {
@@ -250,6 +299,9 @@ void ZeroOptimizer::update_master_grads() {
     }
   } else {
     FinishAll();
+    // Gradients a backward issued in forward left in .grad with no user backward since (the
+    // same rule as stage 1 and amp::MixedPrecisionOptimizer, which read every .grad here).
+    if (ReduceForwardGrads()) ++stats_.epilogues;
   }
 }
 

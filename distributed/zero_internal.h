@@ -58,6 +58,9 @@ struct ZeroOptimizer::Param {
   DType dtype = kF32;
   bool arrived = false;  // stage 2/3: this backward's gradient is in its bucket
   Tensor placeholder;    // stage 3: 1-element NaN storage expanded to `shape`
+  // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) that no
+  // epilogue has taken yet: the next launch of its bucket includes it (see zero.h).
+  bool forward_grad = false;
 };
 
 struct ZeroOptimizer::Bucket {

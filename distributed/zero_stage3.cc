@@ -150,7 +150,8 @@ void ZeroOptimizer::OnUnitGrad(int index) {
            ") received a gradient after its unit '", unit.name,
            "' was reduce-scattered in this backward");
   if (!b.grad.defined()) AllocateGradBuffer(b);
-  CopyGradIntoBucket(p, /*add=*/p.arrived);
+  CopyGradIntoBucket(p, /*add=*/p.arrived);  // with any forward-time part (.grad holds both)
+  p.forward_grad = false;
   if (!p.arrived) {
     p.arrived = true;
     ++unit.arrived;
@@ -161,7 +162,9 @@ void ZeroOptimizer::OnUnitGrad(int index) {
   // Every gradient of the unit is in: every node that used its parameters has run.
   for (int fi : unit.flats) {
     const int bi = flats_[fi].buckets[0];
-    if (buckets_[bi].grad.defined() && !buckets_[bi].launched) LaunchBucket(bi, /*from_hook=*/true);
+    if (!buckets_[bi].launched && (buckets_[bi].grad.defined() || BucketHasForwardGrad(bi))) {
+      LaunchBucket(bi, /*from_hook=*/true);
+    }
   }
   if (unit.gathered && unit.active == 0) Free(p.unit);
 }

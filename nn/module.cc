@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "autograd/autocast.h"
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
@@ -59,6 +60,12 @@ Variable Module::forward(const Variable&) {
 }
 
 Variable Module::operator()(const Variable& input) {
+  // Pre-hooks, forward and hooks are forward-pass code: a backward started in them (a tiled
+  // loss's per-tile backward, an auxiliary loss back-propagated from a hook) is flagged, so the
+  // post-backward epilogues keyed to the user's backward (amp, DDP, ZeRO) run once, after it.
+  // A nested scope is a counter; inside a backward (checkpoint recomputation) the task's flag
+  // is inherited from its parent task, not read from the scope.
+  ForwardScope forward_scope;
   Variable x = input;
   if (hooks_ != nullptr) {
     auto pre = hooks_->pre;  // a hook may remove itself

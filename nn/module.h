@@ -19,7 +19,10 @@
 //
 // Call a module with operator(), not forward(): operator() runs the forward pre-hooks, forward(),
 // then the forward hooks, and (for layers that opt in, see Options::autocast_scope) enters the
-// autocast module scope that implements amp's lower-precision-safe module list.
+// autocast module scope that implements amp's lower-precision-safe module list. All of it runs
+// inside a tg::ForwardScope (autograd/engine.h): a backward started by the forward or a hook is
+// flagged as issued in forward, so the post-backward epilogues of amp, DDP and ZeRO wait for the
+// user's backward (the gradients it accumulates are kept and included there).
 #ifndef TAPEGRAD_NN_MODULE_H_
 #define TAPEGRAD_NN_MODULE_H_
 

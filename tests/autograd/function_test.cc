@@ -281,6 +281,37 @@ TEST(FunctionTest, BackwardMayRunANestedBackward) {
   EXPECT_EQ(ReentrantSquare::nested_depth, 1);
 }
 
+// Forward runs a backward of its own (a tiled loss accumulating a weight's gradient) inside a
+// ForwardScope: that backward is flagged as issued in forward; the user's backward is not.
+struct BackwardInForward : Function<BackwardInForward> {
+  static constexpr const char* kName = "BackwardInForward";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    EXPECT_TRUE(ForwardScope::active());
+    EnableGradGuard grad;
+    Sum(Mul(in[1], in[1])).backward();  // w.grad += 2w, flagged
+    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    return {grads[0], Variable()};  // no gradient for w: accumulated in Forward
+  }
+};
+
+TEST(FunctionTest, ForwardRunsInsideAForwardScope) {
+  Variable x = Leaf({1, 2}, {2});
+  Variable w = Leaf({3, -1}, {2});
+  std::vector<bool> flags;
+  HookHandle h = w.register_post_accumulate_grad_hook(
+      [&](const Variable&) { flags.push_back(backward_issued_in_forward()); });
+  HookHandle hx = x.register_post_accumulate_grad_hook(
+      [&](const Variable&) { flags.push_back(backward_issued_in_forward()); });
+  EXPECT_FALSE(ForwardScope::active());
+  Sum(BackwardInForward::Apply({x, w})[0]).backward();
+  EXPECT_FALSE(ForwardScope::active());
+  EXPECT_EQ(flags, (std::vector<bool>{true, false}));  // w in Forward, x in the user's backward
+  EXPECT_EQ(Values(w.grad()), (std::vector<double>{6, -2}));
+  EXPECT_EQ(Values(x.grad()), (std::vector<double>{1, 1}));
+}
+
 // 2x whose backward gives no gradient (PyTorch's test_function_returns_undefined_tensor).
 struct ReturnsNone : Function<ReturnsNone> {
   static constexpr const char* kName = "ReturnsNone";

@@ -21,6 +21,7 @@
 #include "amp/mixed_precision_optimizer.h"
 #include "autograd/checkpoint.h"
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "distributed/init.h"
 #include "nn/layers.h"
@@ -59,6 +60,9 @@ class Net : public nn::Module {
     bool checkpoint_fc1 = false;
     bool reuse_fc1 = false;
     bool use_extra = false;
+    // The forward back-propagates sum(extra.weight^2) + sum(extra.bias) itself (a gradient
+    // computed during forward, like a tiled loss's head).
+    bool extra_backward_in_forward = false;
   };
   Net(uint64_t seed, Options options) : Module("Net"), options_(options) {
     Generator gen(seed);
@@ -68,6 +72,11 @@ class Net : public nn::Module {
     extra_ = register_module("extra", std::make_shared<nn::Linear>(kOut, kOut, gen));
   }
   Variable forward(const Variable& x) override {
+    if (options_.extra_backward_in_forward) {
+      EnableGradGuard grad;
+      const Variable& w = extra_->weight();
+      Add(Sum(Mul(w, w)), Sum(extra_->bias())).backward();
+    }
     Variable h = Relu((*fc0_)(x));
     if (options_.checkpoint_fc1) {
       h = Checkpoint([this](const VariableList& in) { return Relu((*fc1_)(in[0])); }, {h},
@@ -307,6 +316,37 @@ TEST(DdpSingleProcessTest, NoSyncAndForwardIssuedBackwardDoNotCommunicate) {
   MseOf(ddp, b).backward();
   EXPECT_EQ(pg->all_reduce_numels.size(), 1u);
   EXPECT_EQ(ddp.stats().synchronized_backwards, 1);
+}
+
+// A parameter whose only gradient came from a backward issued in forward is reduced by the
+// next backward with that gradient (not reported as unused, not zeroed); the others as usual.
+TEST(DdpSingleProcessTest, ForwardTimeGradientIsReducedByTheNextBackward) {
+  auto pg = std::make_shared<FakeGroup>();
+  Net::Options o;
+  o.extra_backward_in_forward = true;
+  auto model = std::make_shared<Net>(kInitSeed, o);
+  DistributedDataParallel ddp(model, pg);  // find_unused_parameters = false
+  const Batch b = GlobalBatch(6, 0);
+  Variable loss = MseOf(ddp, b);
+  EXPECT_TRUE(pg->all_reduce_numels.empty());  // the forward's backward communicates nothing
+  loss.backward();
+  EXPECT_EQ(ddp.stats().synchronized_backwards, 1);
+  EXPECT_EQ(ddp.stats().forward_grads_reduced, 2);
+  for (const auto& [name, p] : model->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    if (name == "extra.weight") {
+      std::vector<float> twice = p.data().to_vector<float>();
+      for (float& v : twice) v *= 2;
+      EXPECT_EQ(p.grad().data().to_vector<float>(), twice);
+    } else if (name == "extra.bias") {
+      EXPECT_EQ(p.grad().data().to_vector<float>(), std::vector<float>(kOut, 1.0f));
+    }
+  }
+  // The next backward reduces only what it and its own forward accumulate.
+  for (const Variable& p : model->parameters()) p.set_grad(Variable());
+  MseOf(ddp, b).backward();
+  EXPECT_EQ(ddp.stats().synchronized_backwards, 2);
+  EXPECT_EQ(ddp.stats().forward_grads_reduced, 4);
 }
 
 TEST(DdpSingleProcessTest, FailedAllReducePropagatesOutOfBackward) {

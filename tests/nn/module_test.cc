@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/layers.h"
 #include "tests/tensor/throws.h"
@@ -212,6 +214,49 @@ TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
   events.clear();
   lin.forward(x);
   EXPECT_TRUE(events.empty());
+}
+
+// operator() runs pre-hooks, forward and hooks inside a ForwardScope (autograd/engine.h): a
+// backward a forward or a hook starts is flagged as issued in forward (the epilogues of amp,
+// DDP and ZeRO wait for the user's backward); the user's backward after it is not.
+class BackwardInForward : public Module {
+ public:
+  explicit BackwardInForward(Generator& gen) : Module("BackwardInForward") {
+    lin_ = register_module("lin", std::make_shared<Linear>(2, 2, gen));
+  }
+  Variable forward(const Variable& x) override {
+    {
+      EnableGradGuard grad;
+      Sum(Mul(lin_->weight(), lin_->weight())).backward();  // an auxiliary backward
+    }
+    return (*lin_)(x);
+  }
+  std::shared_ptr<Linear> lin_;
+};
+
+TEST(ModuleTest, OperatorCallEntersAForwardScope) {
+  Generator gen(0);
+  BackwardInForward net(gen);
+  std::vector<std::string> events;
+  HookHandle flag = net.lin_->weight().register_post_accumulate_grad_hook([&](const Variable&) {
+    events.push_back(backward_issued_in_forward() ? "in forward" : "user");
+  });
+  HookHandle hook =
+      net.lin_->register_forward_hook([&](Module&, const Variable&, const Variable& y) {
+        EXPECT_TRUE(ForwardScope::active());
+        Sum(y).backward(Variable(), {/*retain_graph=*/true});  // from a forward hook
+        return Variable();
+      });
+  EXPECT_FALSE(ForwardScope::active());
+  Variable y = net(Variable(Tensor::Ones({1, 2})));
+  EXPECT_FALSE(ForwardScope::active());
+  Sum(y).backward();
+  EXPECT_EQ(events, (std::vector<std::string>{"in forward", "in forward", "user"}));
+  // forward() called directly enters no scope (as it runs no hooks).
+  events.clear();
+  hook.remove();
+  net.forward(Variable(Tensor::Ones({1, 2})));
+  EXPECT_EQ(events, std::vector<std::string>{"user"});
 }
 
 TEST(ModuleTest, ToStringShowsTheTreeAndParameterCounts) {
