@@ -22,8 +22,10 @@ namespace {
 
 // Runs a recomputation between recompute_begin and recompute_end; the end is recorded (with the
 // error) also when `body` throws, so the trace's spans stay nested.
+// A backward started inside the recomputation throws (RecomputeScope, autograd/engine.h).
 template <typename Body>
 void TracedRecompute(const char* mode, Body&& body) {
+  const RecomputeScope recomputing;
   if (!TracingEnabled()) return body();
   trace_internal::Recompute(TraceKind::kRecomputeBegin, mode);
   try {

@@ -454,6 +454,11 @@ void InitTask(GraphTask& task, bool keep_graph, bool create_graph) {
 
 void Engine::Backward(const VariableList& roots, const VariableList& grad_outputs,
                       const BackwardOptions& options) {
+  TG_CHECK(!RecomputeScope::active(),
+           "backward: called while a checkpoint recomputes its function (from the function's "
+           "forward or a hook inside it); its gradients were accumulated when the forward first "
+           "ran and would be accumulated a second time. Keep code that runs a backward in its "
+           "forward (a tiled loss) outside the checkpointed function, or use Engine::Grad() there");
   GraphTask task;
   InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
   auto root_grads = PrepareTask(task, "backward", roots, grad_outputs);
@@ -546,11 +551,16 @@ bool backward_issued_in_forward() {
 
 namespace {
 thread_local int forward_scope_depth = 0;
+thread_local int recompute_scope_depth = 0;
 }  // namespace
 
 ForwardScope::ForwardScope() { ++forward_scope_depth; }
 ForwardScope::~ForwardScope() { --forward_scope_depth; }
 bool ForwardScope::active() { return forward_scope_depth > 0; }
+
+RecomputeScope::RecomputeScope() { ++recompute_scope_depth; }
+RecomputeScope::~RecomputeScope() { --recompute_scope_depth; }
+bool RecomputeScope::active() { return recompute_scope_depth > 0; }
 
 bool will_execute(const std::shared_ptr<Node>& node) {
   TG_CHECK(current_task != nullptr, "will_execute can only be called during backward");
@@ -610,7 +620,8 @@ struct MultiGradState {
     for (PerTask& t : tasks) {
       if (t.task_id == id) return t;
     }
-    PerTask& t = tasks.emplace_back(PerTask{id});
+    PerTask& t = tasks.emplace_back();
+    t.task_id = id;
     t.grads.resize(vars.size());
     if (mode == MultiGradMode::kAll) {
       for (const auto& weak : vars) {

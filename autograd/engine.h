@@ -90,6 +90,21 @@ class ForwardScope {
 // Inside backward: whether the outermost task was started inside a ForwardScope.
 bool backward_issued_in_forward();
 
+// Marks a checkpoint's recomputation of a forward (autograd/checkpoint.cc enters one around the
+// checkpointed function, in both modes). Engine::Backward started inside it throws: the gradients
+// such a backward accumulates (a tiled loss's per-tile backward, a forward hook's auxiliary
+// backward) were accumulated when the forward first ran, and the recomputation would add them a
+// second time. PyTorch adds them twice; tapegrad refuses (docs/semantics.md). Engine::Grad()
+// accumulates nothing and stays allowed.
+class RecomputeScope {
+ public:
+  RecomputeScope();
+  ~RecomputeScope();
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+  static bool active();
+};
+
 // Inside backward: whether the current task will run `node` (PyTorch's
 // _will_engine_execute_node): every node of the graph for a plain Backward; with inputs, the
 // nodes some requested gradient lies below, and Grad()'s captured non-leaf inputs (only their

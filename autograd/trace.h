@@ -58,7 +58,9 @@ enum class TraceKind {
 const char* TraceKindName(TraceKind kind);
 
 struct TraceRecord {
-  TraceKind kind;
+  TraceRecord() = default;
+  TraceRecord(TraceKind k, std::string n) : kind(k), name(std::move(n)) {}
+  TraceKind kind = TraceKind::kUser;
   std::string name;
   std::string node;    // hooks: the node they belong to
   std::string detail;  // user events: the message

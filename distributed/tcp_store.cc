@@ -330,7 +330,7 @@ void TcpStoreServer::Loop() {
         if (fd < 0) break;  // EAGAIN, or out of descriptors (the client's connect times out)
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        st.conns.push_back(State::Conn{fd});
+        st.conns.emplace_back().fd = fd;
       }
     }
     // fds[2 + i] belongs to conns[i] for the connections that existed before accepting.

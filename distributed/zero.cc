@@ -423,7 +423,7 @@ void ZeroOptimizer::zero_grad() {
   }
   for (Flat& f : flats_) {
     f.master.set_grad(Variable());
-    f.master_grad = Tensor();
+    f.master_grad.reset();
   }
   core_->ClearFoundInf();
   has_master_grads_ = false;

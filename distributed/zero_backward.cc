@@ -130,8 +130,8 @@ void ZeroOptimizer::AllocateGradBuffer(Bucket& bucket) {
 
 void ZeroOptimizer::FreeGradBuffer(Bucket& bucket) {
   stats_.grad_buffer_bytes -= Bytes(bucket.grad) + Bytes(bucket.shard_grad);
-  bucket.grad = Tensor();
-  bucket.shard_grad = Tensor();
+  bucket.grad.reset();
+  bucket.shard_grad.reset();
 }
 
 void ZeroOptimizer::CopyGradIntoBucket(Param& p, bool add) {

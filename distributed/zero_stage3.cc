@@ -58,7 +58,7 @@ void ZeroOptimizer::Gather(int u, bool in_backward) {
 void ZeroOptimizer::Free(int u) {
   Unit& unit = units_[u];
   for (int i : unit.params) params_[i].var.set_data(params_[i].placeholder);
-  for (int fi : unit.flats) flats_[fi].full = Tensor();
+  for (int fi : unit.flats) flats_[fi].full.reset();
   unit.gathered = false;
 }
 

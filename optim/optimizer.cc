@@ -262,8 +262,11 @@ void Optimizer::step(const Tensor& found_inf) {
     std::vector<ParamUpdate> updates;
     updates.reserve(work[g].size());
     for (auto& [p, grad] : work[g]) {
-      Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict()}).first->second;
-      ParamUpdate u{p, grad, &entry.state};
+      Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict(), {}}).first->second;
+      ParamUpdate u;
+      u.param = p;
+      u.grad = grad;
+      u.state = &entry.state;
       if (found_inf.defined()) {
         u.found_inf = found_inf;
         u.device_state = &entry.device_state;
@@ -427,7 +430,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     for (const std::string& key : spec.scalars) {
       TG_CHECK(state_scalars[id].count(key) != 0, op, "missing scalar '", sp, key, "'");
     }
-    Entry entry{p, StateDict()};
+    Entry entry{p, StateDict(), {}};
     for (const std::string& key : state_tensors[id]) {
       TG_CHECK(allowed_tensors.count(key) != 0, op, "unexpected tensor '", sp, key, "'");
       const Tensor& t = sd.tensor(sp + key);

@@ -206,7 +206,7 @@ class Optimizer {
   struct ParamUpdate {
     Variable param;
     Tensor grad;        // param's shape, any floating dtype
-    StateDict* state;   // this parameter's state; empty at its first step
+    StateDict* state = nullptr;  // this parameter's state; empty at its first step
     Tensor model_copy;  // set_model_copy's tensor, or undefined
     // Set by a StepGroup that wrote model_copy itself; otherwise step() copies afterwards.
     mutable bool model_copy_written = false;

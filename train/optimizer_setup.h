@@ -39,7 +39,7 @@ struct PrecisionConfig {
   // "apex" (NVIDIA Apex amp) | "none"; each with its library's default settings.
   std::string loss_scaler = "auto";
   // Data-parallel runs: makes found_inf the max over the ranks (DataParallel::ReduceFoundInf).
-  std::function<void(const Tensor& found_inf)> reduce_found_inf;
+  std::function<void(const Tensor& found_inf)> reduce_found_inf = nullptr;
 };
 
 // The optimizer named by `config` over `params` (with decay_matrices_only: group 0 the matrices,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
@@ -350,6 +351,44 @@ TEST(CheckpointTest, RecomputationThatSavesFewerTensorsThrows) {
       "recomputation: 5 in the forward, 3 in the recomputation (none at position 3); the "
       "checkpointed function must run the same ops on the same shapes both times (pass the "
       "generators it draws from in CheckpointOptions::generators) [in TanhBackward]"));
+}
+
+// A function whose forward runs a backward of its own (a tiled loss accumulating w's gradient
+// while it computes x * w), inside a checkpointed function: the recomputation would accumulate
+// w's gradient a second time (PyTorch does), so the backward it starts there throws, in both
+// modes, and w keeps the one gradient of the original forward.
+struct BackwardInForward : Function<BackwardInForward> {
+  static constexpr const char* kName = "BackwardInForward";
+  static VariableList Forward(FunctionCtx&, const VariableList& in) {
+    EnableGradGuard grad;
+    Sum(Mul(in[1], in[1])).backward();  // w.grad += 2w
+    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    return {grads[0], Variable()};  // w's gradient was accumulated in Forward
+  }
+};
+
+TEST(CheckpointTest, ABackwardStartedDuringTheRecomputationThrowsInsteadOfCountingTwice) {
+  for (const bool reentrant : {true, false}) {
+    SCOPED_TRACE(reentrant ? "reentrant" : "non-reentrant");
+    Variable x(Tensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
+    Variable w(Tensor::FromVector<double>({3, -1}, {2}, kF64), /*requires_grad=*/true);
+    CheckpointOptions options;
+    options.reentrant = reentrant;
+    auto fn = [&](const VariableList& in) {
+      const Variable y = BackwardInForward::Apply({in[0], w})[0];
+      return Mul(y, in[0]);  // saves tensors: the non-reentrant recomputation runs
+    };
+    Variable loss = Sum(Checkpoint(fn, {x}, options));
+    EXPECT_EQ(Values(w.grad()), (std::vector<double>{6, -2}));  // once, in the forward
+    EXPECT_TRUE(ThrowsError(
+        [&] { loss.backward(); },
+        "backward: called while a checkpoint recomputes its function (from the function's "
+        "forward or a hook inside it); its gradients were accumulated when the forward first "
+        "ran and would be accumulated a second time."));
+    EXPECT_EQ(Values(w.grad()), (std::vector<double>{6, -2}));
+  }
 }
 
 TEST(CheckpointTest, RecomputationThatSavesDifferentShapesThrows) {

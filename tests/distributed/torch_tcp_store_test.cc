@@ -45,7 +45,7 @@ std::string Str(const std::string& s) { return U64(s.size()) + s; }
 // connection stays open and silent), `wrong_echo` answers the ping with nonce + 1, and
 // `close_after_handshake` closes right after the ping.
 struct FakeOptions {
-  std::optional<std::string> canned;
+  std::optional<std::string> canned = std::nullopt;
   bool wrong_echo = false;
   bool close_after_handshake = false;
 };

@@ -66,7 +66,8 @@ std::vector<std::vector<char>> TrainedBytes(const std::string& model_name, DType
   model->to(dtype);
   train::OptimizerConfig opt_config;
   opt_config.lr = 1e-3;
-  train::PrecisionConfig precision{dtype, "auto"};
+  train::PrecisionConfig precision;
+  precision.dtype = dtype;
   auto opt = train::MakeMixedPrecisionOptimizer(model->parameters(), opt_config, precision);
   EXPECT_TRUE(opt.ok()) << opt.status();
   optim::ConstantLr schedule((*opt)->optimizer());

@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 // A timed case: `run` is timed; `setup` (if any) runs untimed before it.
 struct Case {
   std::function<void()> run;
-  std::function<void()> setup;
+  std::function<void()> setup = nullptr;
 };
 
 // Evicts the caches (the last-level cache of a server CPU can hold 100 MB, i.e. most of the 40 MB
