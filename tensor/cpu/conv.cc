@@ -412,6 +412,7 @@ constexpr int64_t kDnnlImagesPerChunk = 16;
 bool DnnlConvInChunks(ConvPass pass, DType dtype, const Window2d& g, bool with_bias,
                       const std::vector<void*>& pointers) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
+  if (dtype == DType::kBF16 && !DnnlBf16ProductsPay()) return false;
   if (g.n == 0 || g.c == 0 || g.o == 0 || g.oh == 0 || g.ow == 0) return false;
   const int64_t chunks = (g.n + kDnnlImagesPerChunk - 1) / kDnnlImagesPerChunk;
   const int64_t esize = static_cast<int64_t>(ElementSize(dtype));

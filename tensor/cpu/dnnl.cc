@@ -1,6 +1,9 @@
 #include "tensor/cpu/dnnl.h"
 
+#include <cpuid.h>
 #include <omp.h>
+
+#include <cstring>
 
 #include <string>
 #include <unordered_map>
@@ -150,10 +153,27 @@ std::shared_ptr<const DnnlPrimitive> DnnlCache::Get(
   return map_.emplace(key, std::move(made)).first->second;
 }
 
+bool DnnlBf16ProductsPay() {
+  static const bool pays = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    if (isa == dnnl::cpu_isa::avx512_core_amx) return true;
+    if (isa != dnnl::cpu_isa::avx512_core_bf16) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0;
+  }();
+  return pays;
+}
+
 bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                 const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
                 const float* bias) {
   if (in != DType::kBF16 && in != DType::kF16 && in != DType::kF32) return false;
+  if (in == DType::kBF16 && !DnnlBf16ProductsPay()) return false;
   if (out != in && out != DType::kF32) return false;
   if (bias != nullptr && out != DType::kF32) return false;
   if (m <= 0 || n <= 0 || k <= 0) return false;

@@ -36,6 +36,17 @@ dnnl::memory::data_type DnnlType(DType dtype);
 // (plain C++ loops, much slower than our own kernels), judged by its implementation name.
 bool IsDnnlReference(const dnnl::primitive_desc_base& pd);
 
+// Whether oneDNN's bf16 products beat widening the operands to f32 and multiplying in f32 on this
+// CPU; decided once per process from the ISA oneDNN dispatches to (ONEDNN_MAX_CPU_ISA caps it)
+// and the CPU's vendor, never by timing (a timed choice would make results depend on the load):
+// - AMX: yes (tile products, several times the f32 rate);
+// - AVX-512 BF16 without AMX: on AMD yes (Zen 4: 251 against 150 GFLOP/s f32, issue 39), on
+//   Intel no (VDPBF16PS issues on one port where f32 FMAs use two: 73 against 124 GFLOP/s on an
+//   Emerald Rapids VM whose AMX is hidden, PyTorch's own matmul alike; docs/performance.md);
+// - below that oneDNN has only reference bf16 kernels, which are refused anyway.
+// DnnlMatmul declines bf16 where this is false, and its callers widen (gemm.h).
+bool DnnlBf16ProductsPay();
+
 // The attributes every primitive here is created with: a user-managed scratchpad, which
 // DnnlExecute gives per thread. (oneDNN's own scratchpad is one global buffer in Debian's build,
 // without concurrent execution: two threads running primitives at once, as attention heads in
@@ -88,7 +99,8 @@ class DnnlCache {
 // f32 and written as `out` (f32: the unrounded sums; `in`: each rounded once), all row-major with
 // leading dimensions lda/ldb/ldc, a and b optionally stored transposed (as in cblas). Returns
 // false, and the caller multiplies itself, where oneDNN has no fast implementation for it on
-// this CPU (oneDNN 2.6: f16 anywhere, bf16 without AVX-512), for empty sizes, or on a failure.
+// this CPU (oneDNN 2.6: f16 anywhere, bf16 without AVX-512 BF16 or where DnnlBf16ProductsPay()
+// says widening is faster), for empty sizes, or on a failure.
 // With `bias` (f32 [n], only for an f32 result) each c[i, j] is the f32 sum plus bias[j],
 // rounded once more: what adding the bias to the finished product gives, in the product's pass.
 bool DnnlMatmul(DType in, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
