@@ -3,6 +3,9 @@
 // its event-loop thread) or complete with wrong data. Now every rank's Work fails within the
 // timeout with an error naming what the other ranks issued, the group stays broken with that
 // error, and no rank aborts or hangs.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +38,23 @@ RunOptions MismatchRunOptions() {
   options.dist_timeout = kTimeout;
   options.deadline = absl::Seconds(60);
   return options;
+}
+
+// Every rank waits here until all have made their checks, so that none exits (closing its
+// connections) while another is still finding out why its collective failed: on a busy machine
+// the slower rank then saw "Connection closed by peer" first. A peer that has exited is another
+// failure than the one these tests are about. Through marker files in the run's fresh
+// rendezvous directory (TG_RDZV=file:///dir), not through the broken group.
+void WaitForEveryRank(const Rank& me) {
+  const char* rdzv = std::getenv("TG_RDZV");
+  ASSERT_NE(rdzv, nullptr);
+  const std::string dir = std::string(rdzv).substr(std::string("file://").size());
+  const auto marker = [&](int r) { return absl::StrCat(dir, "/checks_done_", r); };
+  std::ofstream(marker(me.rank)).put('1');
+  for (int r = 0; r < me.world_size; ++r) {
+    // Bounded by RunRanks' deadline, which kills a rank that waits forever.
+    while (!std::filesystem::exists(marker(r))) absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 // Rank `rank` issues its collective of a mismatched pair.
@@ -80,6 +100,7 @@ void ExpectEveryRankFails(int world, const Issue& issue,
                   absl::StrCat("barrier on group 'default' (rank ", me.rank, " of ", world,
                                ", gloo) failed: the group is broken by an earlier failure: ",
                                expected(me.rank)));
+        WaitForEveryRank(me);
       },
       options));
 }
@@ -110,6 +131,7 @@ TEST(GlooMismatch, DdpWithDifferentModels) {
                 Mismatch("broadcast of " + mine + " f32 elements from rank 0", me.rank, 2, 1,
                          absl::StrCat("rank ", 1 - me.rank, " issued broadcast of ", theirs,
                                       " f32 elements from rank 0"))));
+        WaitForEveryRank(me);
       },
       options));
 }
@@ -229,6 +251,7 @@ TEST(GlooMismatch, SkippedCollective) {
           EXPECT_EQ(std::string(only->wait().message()),
                     Mismatch(sig1000, 1, 2, 1, "rank 0 issued " + sig8));
         }
+        WaitForEveryRank(me);
       },
       options));
 }
