@@ -1,9 +1,11 @@
 // 2-D convolution and max pooling over [N, C, H, W].
 //
 // Convolution in f32 and bf16 runs oneDNN's convolution primitives (tensor/cpu/dnnl.h) where
-// oneDNN has a fast implementation for the dtype and shape on the running CPU: they pick their
-// own data layouts (blocked ones on AVX-512/AMX), and our NCHW/OIHW buffers are reordered to and
-// from them, which measured 2-10x faster than the plain layouts. bf16 accumulates in f32 and
+// oneDNN has a fast implementation for the dtype and shape on the running CPU (bf16 only where
+// DnnlBf16ProductsPay(); elsewhere bf16 goes through f32 copies), each single-threaded on a
+// fixed chunk of the minibatch (DnnlConvInChunks: the same bits at every thread count). They
+// pick their own data layouts (blocked ones on AVX-512/AMX), and our NCHW/OIHW buffers are
+// reordered to and from them, which measured 2-10x faster than the plain layouts. bf16 accumulates in f32 and
 // rounds each result once, as below. f16 (oneDNN 2.6 has no f16 convolution on CPU) computes on
 // f32 copies through the f32 path; f64 (gradchecks) and whatever oneDNN declines, including its
 // reference implementations, use the im2col + GEMM code below. The bias gradient is always ours
