@@ -475,6 +475,15 @@ GlooProcessGroup::~GlooProcessGroup() {
   }
 }
 
+absl::Status GlooProcessGroup::CheckInterface(int rank, const std::string& name,
+                                             const GlooOptions& options) {
+  // gloo looks the interface up itself, but leaks getifaddrs' list when it is missing.
+  if (options.iface.empty() || if_nametoindex(options.iface.c_str()) != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gloo group '", name, "': rank ", rank, " has no network interface '", options.iface,
+      "' (GLOO_SOCKET_IFNAME or DistOptions::gloo_iface; see `ip link`)"));
+}
+
 absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
     int rank, int size, const std::string& name, absl::Duration timeout,
     std::shared_ptr<Store> group_store, const GlooOptions& options) {
@@ -482,6 +491,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
     return absl::InvalidArgumentError(absl::StrCat("gloo group '", name, "': rank ", rank,
                                                    " is out of range for world size ", size));
   }
+  if (absl::Status iface = CheckInterface(rank, name, options); !iface.ok()) return iface;
   // Announce, then wait for everyone: a missing rank is named here, before gloo's own
   // rendezvous (whose store waits use a fixed timeout and name only keys).
   absl::Status set = group_store->Set(absl::StrCat("rank/", rank), "joined");
@@ -502,12 +512,6 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
         joined.message(), ")"));
   }
 
-  // gloo looks the interface up itself, but leaks getifaddrs' list when it is missing.
-  if (!options.iface.empty() && if_nametoindex(options.iface.c_str()) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo group '", name, "': rank ", rank, " has no network interface '", options.iface,
-        "' (GLOO_SOCKET_IFNAME or DistOptions::gloo_iface; see `ip link`)"));
-  }
   auto group = std::shared_ptr<GlooProcessGroup>(new GlooProcessGroup(rank, size, name, timeout));
   Impl& impl = *group->impl_;
   impl.rank = rank;

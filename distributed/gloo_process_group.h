@@ -52,13 +52,19 @@ class GlooProcessGroup final : public ProcessGroup {
  public:
   // Meets the other ranks through `group_store` (a store view private to this group): every
   // rank announces itself under "rank/<r>"; when some rank does not within `timeout`,
-  // DeadlineExceeded names the missing ranks. Then gloo connects a full TCP mesh.
+  // DeadlineExceeded names the missing ranks. Then gloo connects a full TCP mesh. An interface
+  // that does not exist is refused first (CheckInterface), before any store traffic.
   static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(int rank, int size,
                                                               const std::string& name,
                                                               absl::Duration timeout,
                                                               std::shared_ptr<Store> group_store,
                                                               const GlooOptions& options = {});
   ~GlooProcessGroup() override;
+
+  // InvalidArgument naming the group and rank when `options.iface` is set and this machine has
+  // no such interface. A local check: InitProcessGroup runs it before it opens the job's store,
+  // so a rank that fails it never takes the store (hosted by rank 0) away from the others.
+  static absl::Status CheckInterface(int rank, const std::string& name, const GlooOptions& options);
 
   const char* backend() const override { return "gloo"; }
   std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override;

@@ -255,6 +255,12 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NewProcessGroup(const DistEnv& env
 absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(const DistOptions& options) {
   auto env = ResolveDistEnv(options);
   if (!env.ok()) return env.status();
+  if (options.backend == "gloo") {
+    GlooOptions gloo;
+    gloo.iface = env->gloo_iface;
+    absl::Status iface = GlooProcessGroup::CheckInterface(env->rank, options.group_name, gloo);
+    if (!iface.ok()) return iface;
+  }
   auto store = OpenJobStore(*env);
   if (!store.ok()) return store.status();
   return NewProcessGroup(*env, *store, options.group_name, options.backend);
