@@ -4,6 +4,8 @@
 //
 //   LoadRow(src, stride, n, row);     // row[j] = src[j * stride] widened to C
 //   StoreRow(row, n, dst, stride);    // dst[j * stride] = row[j] rounded to T
+//   LoadRows(src, row_stride, stride, rows, n, block);  // the same for a [rows, n] block
+//   StoreRows(block, rows, n, dst, row_stride, stride);
 //   RoundRow<T>(row, n);              // row[j] = row[j] rounded to T, as C
 //   const C* v = RowAs<C>(src, n, buf);  // src itself when T is C, else widened into buf
 #ifndef TAPEGRAD_TENSOR_CPU_CONVERT_ROWS_H_
@@ -32,6 +34,24 @@ void StoreRow(const C* src, int64_t n, T* dst, int64_t stride) {
     if (stride == 1) return RoundFromF32(src, dst, n);
   }
   for (int64_t j = 0; j < n; ++j) dst[j * stride] = Convert<T>(src[j]);
+}
+
+// A [rows, n] block: src rows `row_stride` apart with element stride `stride`, dst dense (and
+// the reverse): the vectorised block conversions when the elements are contiguous.
+template <typename T, typename C>
+void LoadRows(const T* src, int64_t row_stride, int64_t stride, int64_t rows, int64_t n, C* dst) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (stride == 1) return WidenRowsToF32(src, row_stride, rows, n, dst);
+  }
+  for (int64_t r = 0; r < rows; ++r) LoadRow(src + r * row_stride, stride, n, dst + r * n);
+}
+template <typename T, typename C>
+void StoreRows(const C* src, int64_t rows, int64_t n, T* dst, int64_t row_stride,
+               int64_t stride) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (stride == 1) return RoundRowsFromF32(src, rows, n, dst, row_stride);
+  }
+  for (int64_t r = 0; r < rows; ++r) StoreRow(src + r * n, n, dst + r * row_stride, stride);
 }
 
 // n contiguous values of T as C: src itself when T is C, else widened into `buffer` (n values).

@@ -41,7 +41,7 @@ const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& sc
     }
   }
   scratch.resize(static_cast<size_t>(rows * d));
-  for (int64_t i = 0; i < rows; ++i) LoadRow(base + i * st[2], st[3], d, scratch.data() + i * d);
+  LoadRows(base, st[2], st[3], rows, d, scratch.data());
   *ld = std::max<int64_t>(d, 1);
   return scratch.data();
 }
@@ -70,7 +70,7 @@ void StoreHeadResult(const C* result, const Tensor& t, int64_t b, int64_t h) {
   T* base = t.data<T>() + b * st[0] + h * st[1];
   if (reinterpret_cast<const void*>(result) == reinterpret_cast<const void*>(base)) return;
   const int64_t rows = t.size(2), d = t.size(3);
-  for (int64_t i = 0; i < rows; ++i) StoreRow(result + i * d, d, base + i * st[2], st[3]);
+  StoreRows(result, rows, d, base, st[2], st[3]);
 }
 
 // s [rows, cols] (leading dimension lds) = q [rows, d] @ k [cols, d]^T, unscaled; zero when

@@ -136,6 +136,41 @@ void FloatToBFloat16(const float* in, uint16_t* out, int64_t n) {
       [](float f) { return FloatToBFloat16Bits(f); });
 }
 
+// x[i] = x[i] rounded to bf16 and widened back, in one pass: FloatToBFloat16's bits shifted
+// into the upper half of an f32 (the same rounding and NaN rule), so the same values as
+// BFloat16ToFloat(FloatToBFloat16(x)).
+void RoundToBFloat16(float* x, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du32;
+  Convert(
+      x, x, n, static_cast<int64_t>(hn::Lanes(df)),
+      [&](const float* src, float* dst) {
+        const auto u = hn::BitCast(du32, hn::LoadU(df, src));
+        const auto upper = hn::ShiftRight<16>(u);
+        const auto rounded = hn::And(
+            hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, hn::Set(du32, 1u)))),
+            hn::Set(du32, 0xffff0000u));
+        const auto is_nan =
+            hn::Gt(hn::And(u, hn::Set(du32, 0x7fffffffu)), hn::Set(du32, 0x7f800000u));
+        const auto empty = hn::Eq(hn::And(upper, hn::Set(du32, 0x7fu)), hn::Zero(du32));
+        const auto nan =
+            hn::ShiftLeft<16>(hn::IfThenElse(empty, hn::Or(upper, hn::Set(du32, 0x40u)), upper));
+        hn::StoreU(hn::BitCast(df, hn::IfThenElse(is_nan, nan, rounded)), df, dst);
+      },
+      [](float f) { return BFloat16BitsToFloat(FloatToBFloat16Bits(f)); });
+}
+
+// The row loops of a [rows, n] block with strided rows: one dispatch per block, not per row (a
+// head of attention is 64 rows of 16 values).
+void BFloat16RowsToFloat(const uint16_t* in, int64_t in_stride, int64_t rows, int64_t n,
+                         float* out) {
+  for (int64_t r = 0; r < rows; ++r) BFloat16ToFloat(in + r * in_stride, out + r * n, n);
+}
+void FloatRowsToBFloat16(const float* in, int64_t rows, int64_t n, uint16_t* out,
+                         int64_t out_stride) {
+  for (int64_t r = 0; r < rows; ++r) FloatToBFloat16(in + r * n, out + r * out_stride, n);
+}
+
 // out[i] = tensor/float8.h's saturating cast (kSatFinite) of x[i] * scale, the product one f32
 // rounding: the same bits as FloatToE4M3Bits / FloatToE5M2Bits (tests/tensor:fp8_ops_test casts
 // every f16 and bf16 pattern through the CPU's Fp8Cast). Normal results rebias the exponent and
@@ -747,6 +782,9 @@ namespace tg::cpu {
 
 HWY_EXPORT(BFloat16ToFloat);
 HWY_EXPORT(FloatToBFloat16);
+HWY_EXPORT(RoundToBFloat16);
+HWY_EXPORT(BFloat16RowsToFloat);
+HWY_EXPORT(FloatRowsToBFloat16);
 HWY_EXPORT(HalfToFloat);
 HWY_EXPORT(FloatToHalf);
 HWY_EXPORT(Adam);
@@ -804,6 +842,15 @@ void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n) {
 }
 void F32ToBFloat16Bits(const float* in, uint16_t* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(FloatToBFloat16)(in, out, n);
+}
+void RoundToBFloat16F32(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundToBFloat16)(x, n); }
+void BFloat16BitsRowsToF32(const uint16_t* in, int64_t in_stride, int64_t rows, int64_t n,
+                           float* out) {
+  HWY_DYNAMIC_DISPATCH(BFloat16RowsToFloat)(in, in_stride, rows, n, out);
+}
+void F32RowsToBFloat16Bits(const float* in, int64_t rows, int64_t n, uint16_t* out,
+                           int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(FloatRowsToBFloat16)(in, rows, n, out, out_stride);
 }
 void HalfBitsToF32(const uint16_t* in, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(HalfToFloat)(in, out, n);

@@ -87,6 +87,17 @@ void F32ToHalfBits(const float* in, uint16_t* out, int64_t n);
 void BFloat16BitsToF32(const uint16_t* in, float* out, int64_t n);
 void F32ToBFloat16Bits(const float* in, uint16_t* out, int64_t n);
 
+// x[i] = x[i] rounded to bf16 and read back as f32, in one pass (the values of F32ToBFloat16Bits
+// then BFloat16BitsToF32).
+void RoundToBFloat16F32(float* x, int64_t n);
+// The same conversions for a [rows, n] block whose bf16 rows lie `stride` elements apart (the
+// f32 rows are dense): out[r * n + j] from in[r * in_stride + j], out[r * out_stride + j] from
+// in[r * n + j].
+void BFloat16BitsRowsToF32(const uint16_t* in, int64_t in_stride, int64_t rows, int64_t n,
+                           float* out);
+void F32RowsToBFloat16Bits(const float* in, int64_t rows, int64_t n, uint16_t* out,
+                           int64_t out_stride);
+
 // The same for typed arrays: T float (a copy), Half or BFloat16.
 template <typename T>
 void WidenToF32(const T* in, float* out, int64_t n) {
@@ -111,11 +122,32 @@ void RoundFromF32(const float* in, T* out, int64_t n) {
   }
 }
 
+// A [rows, n] block between T (rows `stride` elements apart) and dense f32 rows: one call for
+// bf16, a call per row otherwise.
+template <typename T>
+void WidenRowsToF32(const T* in, int64_t in_stride, int64_t rows, int64_t n, float* out) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    BFloat16BitsRowsToF32(reinterpret_cast<const uint16_t*>(in), in_stride, rows, n, out);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) WidenToF32(in + r * in_stride, out + r * n, n);
+  }
+}
+template <typename T>
+void RoundRowsFromF32(const float* in, int64_t rows, int64_t n, T* out, int64_t out_stride) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    F32RowsToBFloat16Bits(in, rows, n, reinterpret_cast<uint16_t*>(out), out_stride);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) RoundFromF32(in + r * n, out + r * out_stride, n);
+  }
+}
+
 // x[i] = x[i] rounded to T's precision, kept as float (T float: unchanged): the value a float
 // takes when stored as T and read back.
 template <typename T>
 void RoundToPrecisionOf(float* x, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    RoundToBFloat16F32(x, n);
+  } else if constexpr (!std::is_same_v<T, float>) {
     constexpr int64_t kBlock = 256;
     T block[kBlock];
     for (int64_t i = 0; i < n; i += kBlock) {

@@ -371,6 +371,29 @@ TEST(VecMath, RoundingMatchesTheScalarConversions) {
       ASSERT_EQ(half[i], FloatToHalfBits(x[i])) << std::hex << FloatBits(x[i]);
       ASSERT_EQ(bf16[i], FloatToBFloat16Bits(x[i])) << std::hex << FloatBits(x[i]);
     }
+    // The one-pass rounding in place: the bits of the round trip through bf16.
+    std::vector<float> rounded(x.begin(), x.begin() + len);
+    cpu::RoundToBFloat16F32(rounded.data(), len);
+    for (int64_t i = 0; i < len; ++i) {
+      ASSERT_EQ(FloatBits(rounded[i]), FloatBits(BFloat16BitsToFloat(FloatToBFloat16Bits(x[i]))))
+          << std::hex << FloatBits(x[i]);
+    }
+  }
+  // Blocks of strided rows (an attention head: 16 of every 48 values), both ways.
+  const int64_t rows = 1000, cols = 16, stride = 48;
+  std::vector<uint16_t> strided(rows * stride, 0xabcd);
+  cpu::F32RowsToBFloat16Bits(x.data(), rows, cols, strided.data(), stride);
+  std::vector<float> widened(rows * cols);
+  cpu::BFloat16BitsRowsToF32(strided.data(), stride, rows, cols, widened.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < stride; ++j) {
+      const uint16_t want = j < cols ? FloatToBFloat16Bits(x[r * cols + j]) : 0xabcd;
+      ASSERT_EQ(strided[r * stride + j], want) << r << ", " << j;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      ASSERT_EQ(FloatBits(widened[r * cols + j]),
+                FloatBits(BFloat16BitsToFloat(strided[r * stride + j])));
+    }
   }
 }
 
