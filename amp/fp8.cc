@@ -23,15 +23,15 @@ DType Fp8DTypeOf(float fp8_max) { return fp8_max == kE4M3Max ? kF8E4M3 : kF8E5M2
 // and hide it from the loss scaler's non-finite check; with the tile's scale_inv NaN, the GEMM
 // outputs that read the tile are NaN, as the same GEMM in bf16 would be inf or NaN. (A NaN needs
 // nothing: it casts to a NaN code, which decodes to NaN.) On the device, no host read.
-Tensor PoisonNonFinite(const Tensor& scale_inv, const Tensor& amax) {
-  const Tensor finite = Eq(Sub(amax, amax), Tensor::Zeros({1}, kF32, amax.device()));
+RawTensor PoisonNonFinite(const RawTensor& scale_inv, const RawTensor& amax) {
+  const RawTensor finite = Eq(Sub(amax, amax), RawTensor::Zeros({1}, kF32, amax.device()));
   return Where(finite, scale_inv,
-               Tensor::Full({1}, std::numeric_limits<double>::quiet_NaN(), kF32, amax.device()));
+               RawTensor::Full({1}, std::numeric_limits<double>::quiet_NaN(), kF32, amax.device()));
 }
 
 // A [1, 1] f32 tensor holding `value` on `device` (the per-tensor scale grid).
-Tensor ScalarGrid(float value, Device device) {
-  return Tensor::FromVector<float>({value}, {1, 1}).to(device);
+RawTensor ScalarGrid(float value, Device device) {
+  return RawTensor::FromVector<float>({value}, {1, 1}).to(device);
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
   Quantizer(std::shared_ptr<Fp8Training*> owner, int64_t layer, Fp8Role role)
       : owner_(std::move(owner)), layer_(layer), role_(role) {}
 
-  Fp8Quantized Quantize(const Tensor& x, bool rowwise, bool columnwise) override {
+  Fp8Quantized Quantize(const RawTensor& x, bool rowwise, bool columnwise) override {
     Fp8Training* t = *owner_;
     TG_CHECK(t != nullptr, "FP8 quantizer (layer ", layer_, ", ", Fp8RoleName(role_),
              "): its Fp8Training was destroyed before this cast (a backward of a graph "
@@ -84,12 +84,12 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     o.value_for_inf = ValueForInf(x.dtype());
     if (!block) {
       Fp8Quantized q;
-      const Tensor amax = Fp8Amax(x, Fp8Tiling::kTensor);
+      const RawTensor amax = Fp8Amax(x, Fp8Tiling::kTensor);
       const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::kTensor, dtype, columnwise);
       last_scale_ = s.scale;
       TraceCast(*t, "per tensor");
-      const Tensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
+      const RawTensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
       if (rowwise) q.rowwise = {r.data, scale_inv, Fp8Tiling::kTensor};
       if (columnwise) q.columnwise = {r.data_t, scale_inv, Fp8Tiling::kTensor};
       return q;
@@ -97,12 +97,12 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     if (role_ == Fp8Role::kWeight) {
       // 128x128 blocks: the transposed blocks are the blocks of the transpose, so one cast gives
       // both operands, the scale grid transposed with them.
-      const Tensor amax = Fp8Amax(x, Fp8Tiling::k128x128);
+      const RawTensor amax = Fp8Amax(x, Fp8Tiling::k128x128);
       const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
       const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::k128x128, dtype, columnwise);
       last_scale_ = s.scale;
       TraceCast(*t, "128x128 blocks");
-      const Tensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
+      const RawTensor scale_inv = PoisonNonFinite(s.scale_inv, amax);
       Fp8Quantized q;
       if (rowwise) q.rowwise = {r.data, scale_inv, Fp8Tiling::k128x128};
       if (columnwise) {
@@ -131,12 +131,12 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
   }
 
   // Delayed scaling: the forward amax recorded since the last update (undefined: none).
-  Tensor TakeAmax() {
-    Tensor amax = std::move(amax_);
+  RawTensor TakeAmax() {
+    RawTensor amax = std::move(amax_);
     amax_.reset();
     return amax;
   }
-  const Tensor& last_scale() const { return last_scale_; }
+  const RawTensor& last_scale() const { return last_scale_; }
 
  private:
   // The largest finite value of x's dtype: what an overflowing scale becomes (TE's
@@ -145,15 +145,15 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     return dtype == kF16 ? 65504.0f : std::numeric_limits<float>::max();
   }
 
-  Fp8Operand Tiles1x128(const Tensor& x, const Fp8ScaleOptions& o, DType dtype) {
-    const Tensor amax = Fp8Amax(x, Fp8Tiling::k1x128);
+  Fp8Operand Tiles1x128(const RawTensor& x, const Fp8ScaleOptions& o, DType dtype) {
+    const RawTensor amax = Fp8Amax(x, Fp8Tiling::k1x128);
     const Fp8Scales s = Fp8ScaleFromAmax(amax, o);
     const Fp8CastResult r = Fp8Cast(x, s.scale, Fp8Tiling::k1x128, dtype);
     last_scale_ = s.scale;
     return {r.data, PoisonNonFinite(s.scale_inv, amax), Fp8Tiling::k1x128};
   }
 
-  Fp8Quantized Delayed(Fp8Training& t, const Tensor& x, DType dtype, bool columnwise) {
+  Fp8Quantized Delayed(Fp8Training& t, const RawTensor& x, DType dtype, bool columnwise) {
     const Device device = x.device();
     if (generation_ != t.generation_ || !scale_.defined() || scale_.device() != device) {
       const Fp8TensorScaling& s = t.delayed_->tensor(layer_, role_);
@@ -167,7 +167,7 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
     amax_ = amax_.defined() ? Maximum(amax_, r.amax) : r.amax;
     last_scale_ = scale_;
     if (role_ == Fp8Role::kGradOutput) t.QueueBackwardUpdate(owner_);
-    const Tensor scale_inv = PoisonNonFinite(scale_inv_, r.amax);
+    const RawTensor scale_inv = PoisonNonFinite(scale_inv_, r.amax);
     Fp8Quantized q;
     q.rowwise = {r.data, scale_inv, Fp8Tiling::kTensor};
     if (columnwise) q.columnwise = {r.data_t, scale_inv, Fp8Tiling::kTensor};
@@ -177,13 +177,13 @@ class Fp8Training::Quantizer final : public Fp8Quantizer {
   std::shared_ptr<Fp8Training*> owner_;
   int64_t layer_;
   Fp8Role role_;
-  Tensor scale_, scale_inv_;  // delayed: the recipe's scale on the device, for generation_
+  RawTensor scale_, scale_inv_;  // delayed: the recipe's scale on the device, for generation_
   int64_t generation_ = -1;
-  Tensor amax_;        // delayed: this pass's amax
-  Tensor last_scale_;  // the scale (grid) of the latest cast
+  RawTensor amax_;        // delayed: this pass's amax
+  RawTensor last_scale_;  // the scale (grid) of the latest cast
 };
 
-Fp8Training::Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions& options)
+Fp8Training::Fp8Training(std::vector<Tensor> weights, const Fp8TrainingOptions& options)
     : options_(options),
       format_(options.format.value_or(options.recipe == Fp8Recipe::kBlock ? Fp8Format::kE4M3
                                                                           : Fp8Format::kHybrid)),
@@ -196,7 +196,7 @@ Fp8Training::Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions
   TG_CHECK(std::isfinite(options.amax_epsilon) && options.amax_epsilon >= 0.0f, kOp,
            "amax_epsilon must be finite and >= 0, got ", options.amax_epsilon);
   for (size_t i = 0; i < weights_.size(); ++i) {
-    const Variable& w = weights_[i];
+    const Tensor& w = weights_[i];
     TG_CHECK(w.defined(), kOp, "weight ", i, " is undefined");
     TG_CHECK(w.dim() == 2, kOp, "weight ", i, " must be 2-D [out, in], got shape ",
              ShapeToString(w.shape()));
@@ -217,7 +217,7 @@ Fp8Training::Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions
 
 Fp8Training::~Fp8Training() { *owner_ = nullptr; }
 
-std::optional<Fp8LinearQuantizers> Fp8Training::LinearQuantizers(const Variable& weight) {
+std::optional<Fp8LinearQuantizers> Fp8Training::LinearQuantizers(const Tensor& weight) {
   if (!weight.defined()) return std::nullopt;
   const auto it = layer_of_.find(weight.impl().get());
   if (it == layer_of_.end()) return std::nullopt;
@@ -244,14 +244,14 @@ void Fp8Training::Update(bool forward) {
   // The pass's amaxes gathered on their device into one buffer (0 for a layer that did not
   // run), then one host read: one synchronisation per pass on a GPU, not one per tensor.
   const int64_t count = static_cast<int64_t>(roles.size()) * num_layers();
-  std::vector<Tensor> pending;
+  std::vector<RawTensor> pending;
   pending.reserve(static_cast<size_t>(count));
-  Tensor buffer;
+  RawTensor buffer;
   for (int64_t layer = 0; layer < num_layers(); ++layer) {
     for (Fp8Role role : roles) {
       pending.push_back(quantizers_[layer * 3 + static_cast<int>(role)]->TakeAmax());
       if (!buffer.defined() && pending.back().defined()) {
-        buffer = Tensor::Zeros({count}, kF32, pending.back().device());
+        buffer = RawTensor::Zeros({count}, kF32, pending.back().device());
       }
     }
   }
@@ -303,7 +303,7 @@ Fp8RoleSummary Fp8Training::Summary(Fp8Role role) const {
       add(delayed_->scale(layer, role));
       continue;
     }
-    const Tensor& last = quantizers_[layer * 3 + static_cast<int>(role)]->last_scale();
+    const RawTensor& last = quantizers_[layer * 3 + static_cast<int>(role)]->last_scale();
     if (!last.defined()) continue;
     for (float v : last.to_vector<float>()) add(v);
   }

@@ -6,7 +6,7 @@
 //   o.recipe = tg::amp::Fp8Recipe::kDelayed;               // or kCurrent, kBlock
 //   tg::amp::Fp8Training fp8(tg::nn::Fp8LinearWeights(model), o);
 //   for (...) {
-//     tg::Variable loss;
+//     tg::Tensor loss;
 //     {
 //       tg::amp::AutocastGuard autocast(tg::kBF16);        // FP8 sits inside bf16 autocast
 //       tg::amp::Fp8Autocast on(fp8);                      // TE's fp8_autocast
@@ -89,7 +89,7 @@ class Fp8Training final : public Fp8Scope {
  public:
   // Throws tg::Error for an undefined or repeated weight, a weight that is not 2-D, E5M2 as the
   // format, or invalid recipe options (named with their values).
-  Fp8Training(std::vector<Variable> weights, const Fp8TrainingOptions& options = {});
+  Fp8Training(std::vector<Tensor> weights, const Fp8TrainingOptions& options = {});
   ~Fp8Training() override;
 
   Fp8Recipe recipe() const { return options_.recipe; }
@@ -101,7 +101,7 @@ class Fp8Training final : public Fp8Scope {
   void set_amax_reducer(Fp8DelayedScaling::AmaxReducer reducer) { reducer_ = std::move(reducer); }
 
   // Fp8Scope: the quantizers of a covered weight (matched by identity), else nullopt.
-  std::optional<Fp8LinearQuantizers> LinearQuantizers(const Variable& weight) override;
+  std::optional<Fp8LinearQuantizers> LinearQuantizers(const Tensor& weight) override;
 
   // Delayed scaling's updates (no-ops for the other recipes); Fp8Autocast and the backward
   // callback call them, tests may too.
@@ -132,7 +132,7 @@ class Fp8Training final : public Fp8Scope {
 
   Fp8TrainingOptions options_;
   Fp8Format format_;
-  std::vector<Variable> weights_;
+  std::vector<Tensor> weights_;
   // Cleared by the destructor: the quantizers (kept alive by recorded graphs) see it.
   std::shared_ptr<Fp8Training*> owner_;
   std::unordered_map<const void*, int64_t> layer_of_;   // weight's impl -> layer

@@ -112,7 +112,7 @@ Fp8BlockScales ComputeBlockScales(const std::vector<float>& values, int64_t rows
   return out;
 }
 
-Fp8BlockScales ComputeBlockScales(const Tensor& x, Fp8BlockShape shape, float fp8_max,
+Fp8BlockScales ComputeBlockScales(const RawTensor& x, Fp8BlockShape shape, float fp8_max,
                                   const Fp8CurrentScalingOptions& options) {
   TG_CHECK(x.dim() == 2, "ComputeBlockScales: expected a 2-D tensor, got shape ",
            ShapeToString(x.shape()));
@@ -210,7 +210,7 @@ StateDict Fp8DelayedScaling::state_dict() const {
       const Fp8TensorScaling& t = tensor(layer, role);
       sd.scalars[ScaleKey(layer, role)] = t.scale;
       sd.tensors[HistoryKey(layer, role)] =
-          Tensor::FromVector<float>(t.amax_history, {static_cast<int64_t>(t.amax_history.size())});
+          RawTensor::FromVector<float>(t.amax_history, {static_cast<int64_t>(t.amax_history.size())});
     }
   }
   return sd;
@@ -255,7 +255,7 @@ void Fp8DelayedScaling::load_state_dict(const StateDict& state) {
       t.scale = static_cast<float>(scale);
 
       const std::string history_key = HistoryKey(layer, role);
-      const Tensor& h = state.tensor(history_key);
+      const RawTensor& h = state.tensor(history_key);
       TG_CHECK(h.dtype() == kF32 && h.dim() == 1 && h.shape()[0] == length, kOp, "'", history_key,
                "' must be an f32 tensor of shape [", length, "] (amax_history_len), got ",
                DTypeName(h.dtype()), " ", ShapeToString(h.shape()));

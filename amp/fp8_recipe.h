@@ -119,7 +119,7 @@ Fp8BlockScales ComputeBlockScales(const std::vector<float>& values, int64_t rows
                                   Fp8BlockShape shape, float fp8_max,
                                   const Fp8CurrentScalingOptions& options = BlockScalingDefaults());
 // The same for a 2-D f32 tensor on the CPU (any strides).
-Fp8BlockScales ComputeBlockScales(const Tensor& x, Fp8BlockShape shape, float fp8_max,
+Fp8BlockScales ComputeBlockScales(const RawTensor& x, Fp8BlockShape shape, float fp8_max,
                                   const Fp8CurrentScalingOptions& options = BlockScalingDefaults());
 
 // ---- Delayed scaling -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
            "parameters are replaced by f32 masters)");
   bool any_f16 = false;
   for (optim::ParamGroup& group : optimizer_->param_groups()) {
-    for (Variable& p : group.params) {
+    for (Tensor& p : group.params) {
       if (model_.empty()) device_ = p.data().device();
       TG_CHECK(p.data().device() == device_, kName, ": parameter ", model_.size(), " is on ",
                p.data().device().ToString(), " but parameter 0 is on ", device_.ToString(),
@@ -37,7 +37,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
       model_.push_back(p);
       if (IsLowPrecision(p.dtype())) {
         any_f16 = any_f16 || p.dtype() == kF16;
-        Variable master(p.data().to(kF32), /*requires_grad=*/true);
+        Tensor master(p.data().to(kF32), /*requires_grad=*/true);
         master.set_name(p.name().empty() ? std::string("master") : p.name() + " (master)");
         p = master;  // the optimizer now updates the master
       }
@@ -50,13 +50,13 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<optim::Optimize
 
 MixedPrecisionOptimizer::~MixedPrecisionOptimizer() { detach(); }
 
-Variable MixedPrecisionOptimizer::scale(const Variable& loss) const {
+Tensor MixedPrecisionOptimizer::scale(const Tensor& loss) const {
   TG_CHECK(loss.defined(), kName, ": scale() got an undefined loss");
   return core_->Scale(loss);
 }
 
-void MixedPrecisionOptimizer::backward(const Variable& loss, const MasterBackwardOptions& options) {
-  const Variable scaled = scale(loss);
+void MixedPrecisionOptimizer::backward(const Tensor& loss, const MasterBackwardOptions& options) {
+  const Tensor scaled = scale(loss);
   // The hooks of attach() must not queue a second update for this backward.
   struct Quiet {
     bool& flag;
@@ -66,12 +66,12 @@ void MixedPrecisionOptimizer::backward(const Variable& loss, const MasterBackwar
   in_facade_backward_ = true;
   BackwardOptions backward_options;
   backward_options.retain_graph = options.retain_graph;
-  scaled.backward(Variable(), backward_options);
+  scaled.backward(Tensor(), backward_options);
   if (options.update_master_grads) update_master_grads();
 }
 
 bool MixedPrecisionOptimizer::HasModelGrads() const {
-  for (const Variable& p : model_) {
+  for (const Tensor& p : model_) {
     if (p.grad().defined()) return true;
   }
   return false;
@@ -79,22 +79,22 @@ bool MixedPrecisionOptimizer::HasModelGrads() const {
 
 void MixedPrecisionOptimizer::update_master_grads() {
   std::vector<size_t> index;
-  std::vector<Tensor> fresh;  // each param's new contribution, f32 (f64 for f64 params)
+  std::vector<RawTensor> fresh;  // each param's new contribution, f32 (f64 for f64 params)
   for (size_t i = 0; i < model_.size(); ++i) {
-    const Variable g = model_[i].grad();
+    const Tensor g = model_[i].grad();
     if (!g.defined()) continue;
     // Always a copy: a .grad may be a broadcast view or shared between parameters (the engine
     // hands one gradient to several inputs), so it must not be unscaled in place.
     const DType to = model_[i].dtype() == kF64 ? kF64 : kF32;
     fresh.push_back(g.dtype() == to ? g.data().clone() : g.data().to(to));
     index.push_back(i);
-    model_[i].set_grad(Variable());  // the next backward accumulates only its own gradients
+    model_[i].set_grad(Tensor());  // the next backward accumulates only its own gradients
   }
   if (fresh.empty()) return;
   // One fused pass: divide by the scale and record inf/NaN (found_inf accumulates until step).
   core_->Unscale(fresh);
   for (size_t k = 0; k < index.size(); ++k) {
-    Tensor& master_grad = master_grads_[index[k]];
+    RawTensor& master_grad = master_grads_[index[k]];
     master_grad = master_grad.defined() ? tg::Add(master_grad, fresh[k]) : std::move(fresh[k]);
   }
   ++master_grad_updates_;
@@ -131,15 +131,15 @@ StepResult MixedPrecisionOptimizer::step() {
   return result;
 }
 
-std::optional<std::vector<Tensor>> MixedPrecisionOptimizer::inspect_master_grads() const {
+std::optional<std::vector<RawTensor>> MixedPrecisionOptimizer::inspect_master_grads() const {
   if (HasModelGrads()) return std::nullopt;
   return master_grads_;
 }
 
 double MixedPrecisionOptimizer::clip_master_grads(double max_norm, double norm_type) {
   MakeMasterGradsCurrent();
-  std::vector<Tensor> grads;
-  for (const Tensor& g : master_grads_) {
+  std::vector<RawTensor> grads;
+  for (const RawTensor& g : master_grads_) {
     if (g.defined()) grads.push_back(g);
   }
   return core_->ClipGradNorm(grads, max_norm, norm_type);  // scales master_grads_ in place
@@ -147,10 +147,10 @@ double MixedPrecisionOptimizer::clip_master_grads(double max_norm, double norm_t
 
 void MixedPrecisionOptimizer::ClearAllGrads() {
   for (size_t i = 0; i < model_.size(); ++i) {
-    model_[i].set_grad(Variable());
-    master_[i].set_grad(Variable());
+    model_[i].set_grad(Tensor());
+    master_[i].set_grad(Tensor());
   }
-  master_grads_.assign(master_grads_.size(), Tensor());
+  master_grads_.assign(master_grads_.size(), RawTensor());
   core_->ClearFoundInf();
 }
 
@@ -170,7 +170,7 @@ StateDict MixedPrecisionOptimizer::state_dict() const {
 
 void MixedPrecisionOptimizer::load_state_dict(const StateDict& state) {
   // Everything is validated before anything changes.
-  std::vector<Tensor> masters(master_.size());
+  std::vector<RawTensor> masters(master_.size());
   for (size_t i = 0; i < master_.size(); ++i) {
     const std::string key = "master." + std::to_string(i);
     if (master_[i].is_same(model_[i])) {
@@ -212,9 +212,9 @@ void MixedPrecisionOptimizer::load_state_dict(const StateDict& state) {
 
 void MixedPrecisionOptimizer::attach() {
   TG_CHECK(hooks_.empty(), kName, ": attach() was already called");
-  for (const Variable& p : model_) {
+  for (const Tensor& p : model_) {
     if (!p.requires_grad()) continue;
-    hooks_.push_back(p.register_post_accumulate_grad_hook([this](const Variable&) {
+    hooks_.push_back(p.register_post_accumulate_grad_hook([this](const Tensor&) {
       if (in_facade_backward_ || backward_issued_in_forward()) return;
       const int64_t task = outermost_graph_task_id();
       if (task == armed_task_) return;  // already queued for this backward

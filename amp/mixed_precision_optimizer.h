@@ -100,9 +100,9 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
-  Variable scale(const Variable& loss) const override;
+  Tensor scale(const Tensor& loss) const override;
   // scale(loss), backward, then (unless deferred) update_master_grads().
-  void backward(const Variable& loss, const MasterBackwardOptions& options) override;
+  void backward(const Tensor& loss, const MasterBackwardOptions& options) override;
   using TrainingOptimizer::backward;  // backward(loss): not deferred
   // Moves the model .grad into the master grads (f32, divided by the scale), recording found_inf.
   // No-op when no model parameter has a .grad.
@@ -117,7 +117,7 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   // The master gradients (f32; undefined for parameters without one), by parameter number in
   // group order; nullopt while they are not current (a backward's gradients are still in the
   // model's .grad).
-  std::optional<std::vector<Tensor>> inspect_master_grads() const;
+  std::optional<std::vector<RawTensor>> inspect_master_grads() const;
   // clip_grad_norm over the master gradients (made current first); returns the total norm,
   // inf/NaN when some gradient is (then nothing is scaled).
   double clip_master_grads(double max_norm, double norm_type) override;
@@ -142,14 +142,14 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   LossScaler& scaler() override { return core_->scaler(); }
   optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters and their masters, by parameter number in group order.
-  const std::vector<Variable>& model_params() const override { return model_; }
-  const std::vector<Variable>& master_params() const { return master_; }
+  const std::vector<Tensor>& model_params() const override { return model_; }
+  const std::vector<Tensor>& master_params() const { return master_; }
   // The parameters' device (every parameter is on it).
   Device device() const { return device_; }
   // With a dynamic scaler updated here: the mirrored copy of the scaler's state, on the
   // parameters' device (tg::ReadLossScaleState reads it; a synchronisation on a GPU). Undefined
   // otherwise. For tests.
-  const Tensor& device_scaler_state() const { return core_->device_scaler_state(); }
+  const RawTensor& device_scaler_state() const { return core_->device_scaler_state(); }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
   // The mechanics of the step (shared with dist::ZeroOptimizer): its skip and host-read counts.
@@ -162,9 +162,9 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   void ClearAllGrads();
 
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::vector<Variable> model_;       // the model's parameters
-  std::vector<Variable> master_;      // f32 copies for f16/bf16, else the same Variable
-  std::vector<Tensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
+  std::vector<Tensor> model_;       // the model's parameters
+  std::vector<Tensor> master_;      // f32 copies for f16/bf16, else the same Tensor
+  std::vector<RawTensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
   Device device_;                     // of every parameter
   // The step's mechanics (scaler, found_inf, unscale, clip, skip), shared with ZeroOptimizer.
   std::unique_ptr<StepCore> core_;

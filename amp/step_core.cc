@@ -34,16 +34,16 @@ StepCore::StepCore(const MixedPrecisionOptions& options, bool any_f16, Device de
     TG_CHECK(check_non_finite_,
              "MixedPrecisionOptions: skip_on_device decides the overflow skip on the device; "
              "check_non_finite = false turns that skip off");
-    device_skipped_ = Tensor::Zeros({}, kF64, device_);
+    device_skipped_ = RawTensor::Zeros({}, kF64, device_);
   }
-  found_inf_ = Tensor::Zeros({}, kF32, device_);
+  found_inf_ = RawTensor::Zeros({}, kF32, device_);
   // A dynamic scaler updated here also lives with the tensors; a shared scaler (update_scaler =
   // false) is updated by its owner on the host.
   device_scaler_ = update_scaler_ && scaler_->options().dynamic;
   if (device_scaler_) {
-    scale_t_ = Tensor::Empty({}, kF32, device_);
-    inv_scale_t_ = Tensor::Empty({}, kF32, device_);
-    found_one_ = Tensor::Ones({}, kF32, device_);
+    scale_t_ = RawTensor::Empty({}, kF32, device_);
+    inv_scale_t_ = RawTensor::Empty({}, kF32, device_);
+    found_one_ = RawTensor::Ones({}, kF32, device_);
     SyncDeviceScaler();
   }
 }
@@ -85,36 +85,36 @@ void StepCore::SyncDeviceScaler() const {
   mirrored_ = now;
 }
 
-Variable StepCore::Scale(const Variable& loss) const {
+Tensor StepCore::Scale(const Tensor& loss) const {
   if (skip_on_device_) {
     // The device scale, copied (a device copy): the next step writes scale_t_ in place, and the
     // backward of this product reads it. The same f32 product as MulScalar with the host scale.
     SyncDeviceScaler();
-    return Mul(Cast(loss, kF32), Variable(scale_t_.clone()));
+    return Mul(Cast(loss, kF32), Tensor(scale_t_.clone()));
   }
   return MulScalar(Cast(loss, kF32), scaler_->scale());
 }
 
-Tensor StepCore::InvScale() {
+RawTensor StepCore::InvScale() {
   if (device_scaler_) {
     SyncDeviceScaler();
     return inv_scale_t_;
   }
   // A fill on the device (a kernel argument, not an upload) or a host scalar.
-  return Tensor::Full({}, 1.0 / scaler_->scale(), kF32, device_);
+  return RawTensor::Full({}, 1.0 / scaler_->scale(), kF32, device_);
 }
 
-void StepCore::Unscale(const std::vector<Tensor>& grads) {
+void StepCore::Unscale(const std::vector<RawTensor>& grads) {
   if (grads.empty()) return;
   NonFiniteCheckAndUnscale(grads, found_inf_, InvScale());
 }
 
-double StepCore::ClipGradNorm(const std::vector<Tensor>& grads, double max_norm, double norm_type) {
+double StepCore::ClipGradNorm(const std::vector<RawTensor>& grads, double max_norm, double norm_type) {
   TG_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   TG_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (or inf), got ", norm_type);
   if (grads.empty() && !hooks_.reduce_norm) return 0;
   // This rank's norm: 0-d f64 where the gradients live.
-  Tensor norm = grads.empty() ? Tensor() : GlobalGradNorm(grads, norm_type);
+  RawTensor norm = grads.empty() ? RawTensor() : GlobalGradNorm(grads, norm_type);
   double total = 0;
   if (norm.defined()) {
     total = norm.item();  // one host read (a device sync)
@@ -142,7 +142,7 @@ void StepCore::UpdateScaler(bool found_inf, double scale_used) {
     // The same state machine where the tensors live (tensor/loss_scale_update.h), so the next
     // step's inverse scale is already there; the host scaler stays current for logs and
     // checkpoints.
-    StepLossScale(scaler_state_, found_inf ? found_one_ : Tensor(), scale_t_, inv_scale_t_);
+    StepLossScale(scaler_state_, found_inf ? found_one_ : RawTensor(), scale_t_, inv_scale_t_);
     mirrored_ = HostCounters();
   }
 }
@@ -157,16 +157,16 @@ StepResult StepCore::StepOnDevice(const std::vector<MasterPiece>& pieces,
   result.device_found_inf = found_inf_.clone();
   result.device_scale = scale_t_.clone();
   for (const MasterPiece& p : pieces) {
-    p.master.set_grad(p.grad.defined() ? Variable(p.grad) : Variable());
+    p.master.set_grad(p.grad.defined() ? Tensor(p.grad) : Tensor());
     if (p.model_copy.defined()) optimizer.set_model_copy(p.master, p.model_copy);
   }
   try {
     optimizer.step(found_inf_);  // writes nothing where found_inf != 0
   } catch (...) {
-    for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+    for (const MasterPiece& p : pieces) p.master.set_grad(Tensor());
     throw;
   }
-  for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+  for (const MasterPiece& p : pieces) p.master.set_grad(Tensor());
   // Publishing unchanged masters after a skipped step is harmless (their values are what the
   // model already holds); on_skip cannot run, as the host does not know: the owner's
   // zero_grad() before the next backward clears the gradients either way.
@@ -201,7 +201,7 @@ StepResult StepCore::Step(const std::vector<MasterPiece>& pieces, optim::Optimiz
     if (on_skip) on_skip();
   } else {
     for (const MasterPiece& p : pieces) {
-      p.master.set_grad(p.grad.defined() ? Variable(p.grad) : Variable());
+      p.master.set_grad(p.grad.defined() ? Tensor(p.grad) : Tensor());
       // The optimizer writes the model's copy (rounded to the model's dtype): tg::FusedAdam in
       // the pass that updates the master, other updates right after it.
       if (p.model_copy.defined()) optimizer.set_model_copy(p.master, p.model_copy);
@@ -209,12 +209,12 @@ StepResult StepCore::Step(const std::vector<MasterPiece>& pieces, optim::Optimiz
     try {
       optimizer.step();
     } catch (...) {
-      for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+      for (const MasterPiece& p : pieces) p.master.set_grad(Tensor());
       throw;
     }
     // Masters keep their gradient with the owner only: an f32 parameter that is its own master
     // must have its .grad free for the next backward.
-    for (const MasterPiece& p : pieces) p.master.set_grad(Variable());
+    for (const MasterPiece& p : pieces) p.master.set_grad(Tensor());
     if (on_update) on_update();
   }
   if (update_scaler_) UpdateScaler(found_inf, result.scale);

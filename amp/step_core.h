@@ -50,7 +50,7 @@ struct MixedPrecisionOptions {
   bool update_scaler = true;
   // Set by data-parallel training: makes found_inf (0-d f32, 0 or 1) the max over all ranks, in
   // place, so that every rank skips the same steps.
-  std::function<void(const Tensor& found_inf)> reduce_found_inf;
+  std::function<void(const RawTensor& found_inf)> reduce_found_inf;
   // The zero-wait step: found_inf is never read by the host during a step. The optimizer skips
   // on the device (optim::Optimizer::step(found_inf)), the dynamic scaler moves on the device
   // (StepLossScale with the device found_inf), and the loss is multiplied by the device scale,
@@ -64,21 +64,21 @@ struct MixedPrecisionOptions {
   bool skip_on_device = false;
 };
 
-// A piece of master weights that this process (rank) owns and steps: the master Variable that
+// A piece of master weights that this process (rank) owns and steps: the master Tensor that
 // the wrapped optimizer holds, its gradient (f32, f64 for f64 masters; undefined: no gradient
 // this step, the optimizer skips the piece) and, optionally, the model tensor that receives the
 // updated master rounded to its dtype (optim::Optimizer::set_model_copy; undefined: none).
 struct MasterPiece {
-  Variable master;
-  Tensor grad;
-  Tensor model_copy;
+  Tensor master;
+  RawTensor grad;
+  RawTensor model_copy;
 };
 
 // The cross-rank reductions; both empty in one process.
 struct StepCoreHooks {
   // found_inf (0-d f32, 0 or 1) made the max over every rank, in place, so that every rank
   // skips the same steps. Runs once per step(), before its host read.
-  std::function<void(const Tensor& found_inf)> reduce_found_inf;
+  std::function<void(const RawTensor& found_inf)> reduce_found_inf;
   // The norm of every rank's gradient from this rank's `local` norm of its own pieces (the norm
   // of norm_type over them; 0 when it owns none): sum of local^p over ranks then the p-th root
   // (max for the inf norm), NaN when any rank's is NaN.
@@ -95,19 +95,19 @@ class StepCore {
            StepCoreHooks hooks = {});
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
-  Variable Scale(const Variable& loss) const;
+  Tensor Scale(const Tensor& loss) const;
   // 1 / scale as a 0-d f32 tensor on the device (the device scaler's own when there is one).
-  Tensor InvScale();
+  RawTensor InvScale();
   // Divides every tensor (f32/f64, owned by the caller) by the scale in place, in one fused pass
   // that also records inf/NaN in found_inf (which accumulates until Step or ClearFoundInf).
-  void Unscale(const std::vector<Tensor>& grads);
+  void Unscale(const std::vector<RawTensor>& grads);
 
   // clip_grad_norm over `grads` (this rank's pieces; may be empty) with the norm taken over every
   // rank: returns the total norm; when it is finite and max_norm / (total + 1e-6) < 1 every
   // gradient is multiplied by that coefficient (tg::ClipCoefficient, the one clip rule), else
   // nothing changes. Throws tg::Error for max_norm < 0 or norm_type <= 0 (clip_grad_norm's
   // messages). A collective with the reduce_norm hook.
-  double ClipGradNorm(const std::vector<Tensor>& grads, double max_norm, double norm_type);
+  double ClipGradNorm(const std::vector<RawTensor>& grads, double max_norm, double norm_type);
 
   // The step: found_inf (reduced by the hook) decides, with a scale whose unscale cannot be
   // finite (amp::UnscalesFinitely), whether it is skipped. Skipped: on_skip() runs (the owner
@@ -121,7 +121,7 @@ class StepCore {
 
   // Clears found_inf (zero_grad).
   void ClearFoundInf() { found_inf_.zero_(); }
-  const Tensor& found_inf() const { return found_inf_; }
+  const RawTensor& found_inf() const { return found_inf_; }
 
   // The host scaler. With skip_on_device it is brought up to date from the device first when a
   // step moved it (one host read, a device sync on a GPU): call it to log or checkpoint, not per
@@ -144,7 +144,7 @@ class StepCore {
   Device device() const { return device_; }
   // With a dynamic scaler updated here: its mirrored state on the device (tg::ReadLossScaleState
   // reads it); undefined otherwise.
-  const Tensor& device_scaler_state() const { return scaler_state_; }
+  const RawTensor& device_scaler_state() const { return scaler_state_; }
   // Steps skipped; with skip_on_device, counted on the device and read here (a host read).
   int64_t skipped_steps() const;
   // The values this core has read back to the host (found_inf in Step, the norm in
@@ -178,19 +178,19 @@ class StepCore {
   bool update_scaler_;
   Device device_;
   StepCoreHooks hooks_;
-  Tensor found_inf_;  // 0-d f32 on device_
+  RawTensor found_inf_;  // 0-d f32 on device_
   // A dynamic scaler updated here: the scaler's state (LossScaleStateTensor's u8 tensor), the
   // scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and the host state
   // they mirror.
   bool device_scaler_ = false;
   bool skip_on_device_ = false;
   // Mutable: the const readers (scaler(), Scale) bring the two copies of the scaler together.
-  mutable Tensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
+  mutable RawTensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
   mutable ScalerCounters mirrored_;
   // skip_on_device: the device state moved since the host scaler last read it.
   mutable bool host_behind_ = false;
   // skip_on_device: steps skipped on the device (0-d f64), added to skipped_steps_ when read.
-  mutable Tensor device_skipped_;
+  mutable RawTensor device_skipped_;
   mutable int64_t skipped_steps_ = 0;
   mutable int64_t host_reads_ = 0;
 };

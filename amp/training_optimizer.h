@@ -4,7 +4,7 @@
 // in one process (or with DDP), dist::ZeroOptimizer with its state sharded across ranks, so a
 // training loop (tools/train) is written once for both:
 //
-//   void Step(tg::amp::TrainingOptimizer& opt, const tg::Variable& loss) {
+//   void Step(tg::amp::TrainingOptimizer& opt, const tg::Tensor& loss) {
 //     opt.zero_grad();
 //     opt.backward(loss);                      // scale, backward, master grads = grads / scale
 //     double norm = opt.clip_master_grads(1.0);  // the norm of the whole (unscaled) gradient
@@ -55,7 +55,7 @@ struct StepResult {
   // With MixedPrecisionOptions::skip_on_device the host does not know the two above (skipped
   // is false, scale 0): these device copies hold them (0-d f32), read by was_skipped() and
   // used_scale() (a device sync each). Undefined otherwise.
-  Tensor device_found_inf, device_scale;
+  RawTensor device_found_inf, device_scale;
   bool was_skipped() const {
     return device_found_inf.defined() ? device_found_inf.item() != 0 : skipped;
   }
@@ -67,10 +67,10 @@ class TrainingOptimizer {
   virtual ~TrainingOptimizer() = default;
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
-  virtual Variable scale(const Variable& loss) const = 0;
+  virtual Tensor scale(const Tensor& loss) const = 0;
   // scale(loss), backward, then (unless deferred) the master-gradient update.
-  virtual void backward(const Variable& loss, const MasterBackwardOptions& options) = 0;
-  void backward(const Variable& loss) { backward(loss, MasterBackwardOptions{}); }
+  virtual void backward(const Tensor& loss, const MasterBackwardOptions& options) = 0;
+  void backward(const Tensor& loss) { backward(loss, MasterBackwardOptions{}); }
   // Moves the gradients of deferred backward passes into the master gradients.
   virtual void update_master_grads() = 0;
   // Whether backward(loss, {update_master_grads = false}) is supported.
@@ -93,7 +93,7 @@ class TrainingOptimizer {
   // The wrapped optimizer (its param groups hold the masters; the LR schedule drives it).
   virtual optim::Optimizer& optimizer() = 0;
   // The model parameters, by parameter number in optimizer order.
-  virtual const std::vector<Variable>& model_params() const = 0;
+  virtual const std::vector<Tensor>& model_params() const = 0;
   virtual int64_t skipped_steps() const = 0;
 };
 

@@ -8,8 +8,8 @@
 //
 //   {
 //     tg::amp::AutocastGuard autocast(tg::kBF16);
-//     tg::Variable h = tg::Linear(x, w, b);        // bf16 (w's bf16 copy is cached)
-//     tg::Variable loss = tg::CrossEntropy(h, y);  // computed in f32
+//     tg::Tensor h = tg::Linear(x, w, b);        // bf16 (w's bf16 copy is cached)
+//     tg::Tensor loss = tg::CrossEntropy(h, y);  // computed in f32
 //   }
 //   loss.backward();                               // outside the guard, as in PyTorch
 //

@@ -45,7 +45,7 @@ void TracedRecompute(const char* mode, Body&& body) {
 // A node inside a nested checkpoint is marked already but still walked through: the outer
 // segment's nodes created before the inner checkpoint lie below it. The mark lives in the
 // node's Extras (one small allocation per segment node, at forward time).
-void MarkRecomputed(const Variable& out, uint64_t first) {
+void MarkRecomputed(const Tensor& out, uint64_t first) {
   const uint64_t end = Node::next_sequence_nr();
   std::vector<Node*> stack;
   std::unordered_set<Node*> seen;
@@ -104,20 +104,20 @@ class ScopedGeneratorStates {
 VariableList DetachInputs(const VariableList& inputs) {
   VariableList detached;
   detached.reserve(inputs.size());
-  for (const Variable& in : inputs) {
+  for (const Tensor& in : inputs) {
     if (!in.defined()) {
       detached.emplace_back();
       continue;
     }
-    Variable d = in.detach();
+    Tensor d = in.detach();
     if (in.requires_grad()) d.set_requires_grad(true);
     detached.push_back(std::move(d));
   }
   return detached;
 }
 
-Variable CheckedCall(const CheckpointFn& fn, const VariableList& inputs) {
-  Variable out = fn(inputs);
+Tensor CheckedCall(const CheckpointFn& fn, const VariableList& inputs) {
+  Tensor out = fn(inputs);
   TG_CHECK(out.defined(), "checkpoint: the checkpointed function returned an undefined variable");
   return out;
 }
@@ -132,7 +132,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     // Captured before fn draws anything, so the recomputation sees the same random numbers.
     ctx.saved_data["generators"] = GeneratorStates::Capture(generators);
     ctx.saved_data["autocast"] = amp::GetAutocastState();
-    Variable out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
+    Tensor out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
     ctx.save_for_backward(inputs);           // version-checked when the backward recomputes
     ctx.saved_data["fn"] = std::move(fn);
     return {out};
@@ -148,7 +148,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     const auto& generators = std::any_cast<const GeneratorStates&>(ctx.saved_data.at("generators"));
     const auto& autocast = std::any_cast<const amp::AutocastState&>(ctx.saved_data.at("autocast"));
     const VariableList detached = DetachInputs(ctx.saved_variables());
-    Variable out;
+    Tensor out;
     TracedRecompute("reentrant", [&] {
       ScopedGeneratorStates rng(generators);
       // The recomputation runs under the forward's autocast state (so it makes the same casts);
@@ -165,7 +165,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     VariableList input_grads;
     input_grads.reserve(detached.size());
     for (size_t i = 0; i < detached.size(); ++i) {
-      input_grads.push_back(ctx.needs_input_grad(i) ? detached[i].grad() : Variable());
+      input_grads.push_back(ctx.needs_input_grad(i) ? detached[i].grad() : Tensor());
     }
     return input_grads;
   }
@@ -182,7 +182,7 @@ struct SavedMetadata {
   }
 };
 
-SavedMetadata MetadataOf(const Variable& v) { return {v.shape(), v.dtype(), v.data().device()}; }
+SavedMetadata MetadataOf(const Tensor& v) { return {v.shape(), v.dtype(), v.data().device()}; }
 
 // Shared by the pack/unpack hooks of one checkpointed call; owned by the saved variables of
 // the segment's nodes (through their unpack hooks), so it lives as long as the graph does.
@@ -222,12 +222,12 @@ void Recompute(NonReentrantState& s) {
     // (early stop, its default), the recomputation stops as soon as it has saved as many
     // tensors as the forward did, so a recomputation that would save more is fine.
     SavedTensorHooks recorder(
-        [&saved, expected](const Variable& v) -> std::any {
+        [&saved, expected](const Tensor& v) -> std::any {
           saved.push_back(v.detach());
           if (saved.size() == expected) throw StopRecomputation{};
           return std::any();
         },
-        [](const std::any&) -> Variable {
+        [](const std::any&) -> Tensor {
           throw Error(
               "checkpoint: a tensor saved during the recomputation was unpacked; "
               "backward through the recomputed graph is not supported");
@@ -260,7 +260,7 @@ void Recompute(NonReentrantState& s) {
   s.unpacked.assign(s.recomputed.size(), false);
 }
 
-Variable Unpack(NonReentrantState& s, size_t index) {
+Tensor Unpack(NonReentrantState& s, size_t index) {
   const int64_t task = current_graph_task_id();
   // One recomputation per graph task serves all of the segment's saved tensors; a new task
   // (a second backward with retain_graph, or Grad()) recomputes again, and so does every
@@ -276,31 +276,31 @@ Variable Unpack(NonReentrantState& s, size_t index) {
            ", which was already unpacked once in this backward; if you call "
            "FunctionCtx::saved_variables() in backward, call it only once");
   s.unpacked[index] = true;
-  Variable v = std::move(s.recomputed[index]);
-  s.recomputed[index] = Variable();
+  Tensor v = std::move(s.recomputed[index]);
+  s.recomputed[index] = Tensor();
   return v;
 }
 
-Variable NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
+Tensor NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
                                 const std::vector<Generator*>& generators) {
   auto state = std::make_shared<NonReentrantState>();
   state->fn = std::move(fn);
   state->inputs = DetachInputs(inputs);
-  for (const Variable& in : inputs) {
+  for (const Tensor& in : inputs) {
     state->input_versions.push_back(in.defined() ? in.version() : 0);
   }
   state->generators = GeneratorStates::Capture(generators);
   state->autocast = amp::GetAutocastState();
   SavedTensorHooks hooks(
-      [state](const Variable& v) -> std::any {
+      [state](const Tensor& v) -> std::any {
         state->forward_saved.push_back(MetadataOf(v));
         return state->forward_saved.size() - 1;  // only the index is kept, not the tensor
       },
-      [state](const std::any& packed) -> Variable {
+      [state](const std::any& packed) -> Tensor {
         return Unpack(*state, std::any_cast<size_t>(packed));
       });
   const uint64_t first = Node::next_sequence_nr();
-  Variable out = CheckedCall(state->fn, inputs);
+  Tensor out = CheckedCall(state->fn, inputs);
   MarkRecomputed(out, first);
   return out;
 }
@@ -316,7 +316,7 @@ const char* const kCheckpointNoGradInputsWarning =
     "checkpoint: none of the inputs requires grad, so with reentrant checkpointing the output "
     "does not either and the gradients of the parameters used inside will be undefined";
 
-Variable Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointOptions& options) {
+Tensor Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointOptions& options) {
   TG_CHECK(fn != nullptr, "checkpoint: the function is empty");
   // The recomputation would cast with the recipe's scales of the backward's time (moved on since
   // the forward) and record its amaxes a second time: refused rather than silently different.
@@ -333,7 +333,7 @@ Variable Checkpoint(CheckpointFn fn, const VariableList& inputs, const Checkpoin
   }
   // PyTorch's check_backward_validity (use_reentrant=True only).
   if (std::none_of(inputs.begin(), inputs.end(),
-                   [](const Variable& in) { return in.requires_grad(); })) {
+                   [](const Tensor& in) { return in.requires_grad(); })) {
     Warn(kCheckpointNoGradInputsWarning);
   }
   return CheckpointFunction::Apply(inputs, std::move(fn), options.generators)[0];

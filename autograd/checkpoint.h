@@ -2,7 +2,7 @@
 // the model saves for backward, and recomputing the segment when the backward needs them.
 //
 //   tg::Generator dropout_gen(0);
-//   tg::Variable h = tg::Checkpoint(
+//   tg::Tensor h = tg::Checkpoint(
 //       [&](const tg::VariableList& in) {
 //         return tg::Dropout(tg::GeluTanh(tg::Matmul(in[0], w1) + b1), 0.1, dropout_gen);
 //       },
@@ -58,14 +58,14 @@ struct CheckpointOptions {
   std::vector<Generator*> generators;
 };
 
-using CheckpointFn = std::function<Variable(const VariableList& inputs)>;
+using CheckpointFn = std::function<Tensor(const VariableList& inputs)>;
 
 // The texts of the two warnings above.
 extern const char* const kCheckpointReentrancyWarning;
 extern const char* const kCheckpointNoGradInputsWarning;
 
 // Returns fn(inputs), recomputing fn during backward instead of keeping what it saves.
-Variable Checkpoint(CheckpointFn fn, const VariableList& inputs,
+Tensor Checkpoint(CheckpointFn fn, const VariableList& inputs,
                     const CheckpointOptions& options = {});
 
 }  // namespace tg

@@ -89,20 +89,20 @@ struct ReadyEntry {
 };
 
 // a + b where either may be undefined; recorded (so differentiable) only under create_graph.
-Variable SumGrads(const Variable& a, const Variable& b) {
+Tensor SumGrads(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
-  Tensor sum = tg::Add(a.data(), b.data());
-  if (!ShouldRecord({a, b})) return Variable(std::move(sum));
+  RawTensor sum = tg::Add(a.data(), b.data());
+  if (!ShouldRecord({a, b})) return Tensor(std::move(sum));
   return Record("AddBackward", sum, {a, b}, {}, [](const BackwardContext& ctx) -> VariableList {
     return {ctx.grads[0], ctx.grads[0]};
   });
 }
 
 // g cast to `dtype`; recorded (so differentiable) when g requires grad and grad mode is on.
-Variable CastGrad(const Variable& g, DType dtype) {
-  Tensor cast = g.data().to(dtype);
-  if (!ShouldRecord({g})) return Variable(std::move(cast));
+Tensor CastGrad(const Tensor& g, DType dtype) {
+  RawTensor cast = g.data().to(dtype);
+  if (!ShouldRecord({g})) return Tensor(std::move(cast));
   const DType from = g.dtype();
   return Record("CastBackward", std::move(cast), {g}, {},
                 [from](const BackwardContext& ctx) -> VariableList {
@@ -202,10 +202,10 @@ void ValidateOutputs(const Node& node, VariableList& grads) {
       TG_CHECK(grads[i].dim() == 0, node.name(), " returned a gradient on ",
                grads[i].data().device().ToString(), " for input ", i, ", which is on ",
                m.device.ToString());
-      grads[i] = Variable(grads[i].data().to(m.device));
+      grads[i] = Tensor(grads[i].data().to(m.device));
     }
     // The gradient of an input has the input's dtype (an f16 weight gets an f16 gradient).
-    if (grads[i].dtype() != m.dtype) grads[i] = Variable(grads[i].data().to(m.dtype));
+    if (grads[i].dtype() != m.dtype) grads[i] = Tensor(grads[i].data().to(m.dtype));
   }
 }
 
@@ -251,7 +251,7 @@ void RunNodeBody(GraphTask& task, Node* node, NodeState& state,
     NodeState& next_state = *task.Find(next);
     if (!next_state.reached()) continue;  // not part of this task: it never runs
     if (next_state.buffer.empty()) next_state.buffer.resize(next->num_inputs());
-    Variable& slot = next_state.buffer[edges[i].input_nr];
+    Tensor& slot = next_state.buffer[edges[i].input_nr];
     slot = slot.defined() ? SumGrads(slot, outputs[i]) : std::move(outputs[i]);
     if (--next_state.dependencies == 0) {
       // It runs soon (next, in a chain): start fetching the node while this one finishes.
@@ -404,12 +404,12 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
            " roots but ", grad_outputs.size(), " grad_outputs");
   std::vector<std::pair<Node*, VariableList>> root_grads;
   for (size_t i = 0; i < roots.size(); ++i) {
-    const Variable& root = roots[i];
+    const Tensor& root = roots[i];
     TG_CHECK(root.defined(), op, ": root ", i, " is undefined");
     std::shared_ptr<Node> node = root.gradient_edge_node();
     TG_CHECK(node != nullptr, op, ": root ", i, root.name().empty() ? "" : " (" + root.name() + ")",
              " does not require grad and has no grad_fn");
-    Variable g = grad_outputs.empty() ? Variable() : grad_outputs[i];
+    Tensor g = grad_outputs.empty() ? Tensor() : grad_outputs[i];
     if (g.defined()) {
       TG_CHECK(g.shape() == root.shape(), op, ": grad_output ", i, " has shape ",
                ShapeToString(g.shape()), " but root ", i, " has shape ",
@@ -420,7 +420,7 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
       if (g.data().device() != root.data().device()) {
         TG_CHECK(g.dim() == 0, op, ": grad_output ", i, " is on ", g.data().device().ToString(),
                  " but root ", i, " is on ", root.data().device().ToString());
-        g = Variable(g.data().to(root.data().device()));
+        g = Tensor(g.data().to(root.data().device()));
       }
       if (g.dtype() != root.dtype()) g = CastGrad(g, root.dtype());
     } else {
@@ -430,7 +430,7 @@ std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const c
                i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
       // On the root's device: the whole backward then runs there (a CPU seed would make the
       // first node mix devices).
-      g = Variable(Tensor::Ones(root.shape(), root.dtype(), root.data().device()));
+      g = Tensor(RawTensor::Ones(root.shape(), root.dtype(), root.data().device()));
     }
     VariableList grads(node->num_inputs());
     grads[root.output_nr()] = g;
@@ -467,7 +467,7 @@ void Engine::Backward(const VariableList& roots, const VariableList& grad_output
     task.partial = true;
     std::vector<Node*> targets;
     for (size_t i = 0; i < options.inputs->size(); ++i) {
-      const Variable& in = (*options.inputs)[i];
+      const Tensor& in = (*options.inputs)[i];
       TG_CHECK(in.defined(), "backward: input ", i, " is undefined");
       std::shared_ptr<Node> node = in.gradient_edge_node();
       TG_CHECK(node != nullptr, "backward: input ", i,
@@ -656,7 +656,7 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
   auto state = std::make_shared<MultiGradState>();
   state->mode = mode;
   state->fn = std::move(fn);
-  for (const Variable& v : vars) {
+  for (const Tensor& v : vars) {
     TG_CHECK(v.defined(), "register_multi_grad_hook: variable ", state->vars.size(),
              " is undefined");
     state->vars.push_back(v.impl());
@@ -664,20 +664,20 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
   std::vector<HookHandle> handles;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (mode == MultiGradMode::kAny && !vars[i].requires_grad()) continue;  // as PyTorch
-    handles.push_back(vars[i].register_hook([state, i](const Variable& g) -> Variable {
+    handles.push_back(vars[i].register_hook([state, i](const Tensor& g) -> Tensor {
       VariableList grads;
       {
         std::lock_guard<std::mutex> lock(state->mu);
         MultiGradState::PerTask& t = state->ForCurrentTask(state);
-        if (t.fired) return Variable();
+        if (t.fired) return Tensor();
         t.grads[i] = g;
-        if (state->mode == MultiGradMode::kAll && ++t.seen < t.expected) return Variable();
+        if (state->mode == MultiGradMode::kAll && ++t.seen < t.expected) return Tensor();
         t.fired = true;
         grads = std::move(t.grads);  // kAny: only grads[i] is defined
       }
       if (TracingEnabled()) trace_internal::Hook("multi_grad", absl::StrCat("vars[", i, "]"), 0);
       state->fn(grads);  // outside the lock: it may start a backward that reaches these again
-      return Variable();
+      return Tensor();
     }));
   }
   return HookHandle([handles]() mutable {
@@ -686,7 +686,7 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
 }
 
 HookHandle register_multi_grad_hook(const VariableList& vars,
-                                    std::function<void(const Variable& grad)> fn,
+                                    std::function<void(const Tensor& grad)> fn,
                                     MultiGradMode mode) {
   TG_CHECK(mode == MultiGradMode::kAny,
            "register_multi_grad_hook: a hook taking one gradient needs MultiGradMode::kAny; "
@@ -695,10 +695,10 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
   return register_multi_grad_hook(
       vars,
       [fn = std::move(fn)](const VariableList& grads) {
-        for (const Variable& g : grads) {
+        for (const Tensor& g : grads) {
           if (g.defined()) return fn(g);
         }
-        fn(Variable());  // the first gradient to arrive was itself undefined
+        fn(Tensor());  // the first gradient to arrive was itself undefined
       },
       MultiGradMode::kAny);
 }

@@ -28,8 +28,8 @@ namespace tg {
 // One GEMM operand: FP8 data [rows, k] (k contiguous, the layout of tg::Fp8Gemm's a and b) and
 // its scale_inv grid of `tiling`.
 struct Fp8Operand {
-  Tensor data;
-  Tensor scale_inv;
+  RawTensor data;
+  RawTensor scale_inv;
   Fp8Tiling tiling = Fp8Tiling::kTensor;
 };
 
@@ -47,7 +47,7 @@ class Fp8Quantizer {
  public:
   virtual ~Fp8Quantizer() = default;
   // x: contiguous [rows, cols] of f32, bf16 or f16.
-  virtual Fp8Quantized Quantize(const Tensor& x, bool rowwise, bool columnwise) = 0;
+  virtual Fp8Quantized Quantize(const RawTensor& x, bool rowwise, bool columnwise) = 0;
 };
 
 // The quantizers of one FP8 Linear, kept alive by its backward node.
@@ -62,7 +62,7 @@ class Fp8Scope {
  public:
   virtual ~Fp8Scope() = default;
   // The quantizers for `weight`, or nullopt when the scope does not cover that weight.
-  virtual std::optional<Fp8LinearQuantizers> LinearQuantizers(const Variable& weight) = 0;
+  virtual std::optional<Fp8LinearQuantizers> LinearQuantizers(const Tensor& weight) = 0;
 };
 
 // The scope installed on this thread, or nullptr.

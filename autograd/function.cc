@@ -75,21 +75,21 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
   node->input_shapes_.reserve(inputs.size());
-  for (const Variable& in : inputs) {
+  for (const Tensor& in : inputs) {
     edges.push_back(in.defined() ? Edge{in.gradient_edge_node(), in.output_nr()} : Edge{});
     node->input_shapes_.push_back(in.defined() ? in.shape() : Shape{});
   }
 
   // Outputs get fresh variables sharing the forward's data (so an input returned as is becomes
   // a new non-leaf rather than having its own history rewritten).
-  auto is_marked = [&](const Variable& out) {
+  auto is_marked = [&](const Tensor& out) {
     return std::any_of(ctx->non_differentiable_.begin(), ctx->non_differentiable_.end(),
-                       [&](const Variable& v) { return v.is_same(out); });
+                       [&](const Tensor& v) { return v.is_same(out); });
   };
   VariableList results;
   results.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const Tensor& data = outputs[i].data();
+    const RawTensor& data = outputs[i].data();
     node->AddInputMetadata(data);
     // Integer outputs cannot carry gradients (PyTorch treats them as non-differentiable too).
     if (is_marked(outputs[i]) || !IsFloating(data.dtype())) {
@@ -101,17 +101,17 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
 
   // Saved outputs are saved as outputs (their grad_fn held weakly: no node -> itself cycle).
   // Saving happens after Forward, so the recorded versions are those Backward must see.
-  for (const Variable& v : ctx->to_save_) {
+  for (const Tensor& v : ctx->to_save_) {
     if (!v.defined()) {
       ctx->saved_.emplace_back();
       continue;
     }
     auto it = std::find_if(outputs.begin(), outputs.end(),
-                           [&](const Variable& out) { return out.is_same(v); });
+                           [&](const Tensor& out) { return out.is_same(v); });
     if (it == outputs.end()) {
       ctx->saved_.emplace_back(v, /*is_output=*/false);
     } else {
-      const Variable& result = results[static_cast<size_t>(it - outputs.begin())];
+      const Tensor& result = results[static_cast<size_t>(it - outputs.begin())];
       ctx->saved_.emplace_back(result, /*is_output=*/result.grad_fn() == node);
     }
   }
@@ -125,7 +125,7 @@ VariableList CustomFunctionNode::Apply(VariableList grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
-      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype, m.device));
+      grads[i] = Tensor(RawTensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
   VariableList result = backward_(ctx_, grads);
@@ -135,7 +135,7 @@ VariableList CustomFunctionNode::Apply(VariableList grads) {
            result.size(), ")");
   for (size_t i = 0; i < result.size(); ++i) {
     if (!edges[i].valid()) {
-      result[i] = Variable();  // the input does not require grad: ignored, as in PyTorch
+      result[i] = Tensor();  // the input does not require grad: ignored, as in PyTorch
       continue;
     }
     if (!result[i].defined()) continue;

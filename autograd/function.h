@@ -5,20 +5,20 @@
 // A function is a struct deriving from tg::Function<Self> with a name and two static members.
 // Forward receives the inputs (and any extra non-tensor arguments given to Apply) and runs
 // under no-grad; Backward receives one gradient per forward output and returns one gradient
-// (or an undefined Variable) per input.
+// (or an undefined Tensor) per input.
 //
 //   struct Cube : tg::Function<Cube> {
 //     static constexpr const char* kName = "Cube";
 //     static tg::VariableList Forward(tg::FunctionCtx& ctx, const tg::VariableList& in) {
 //       ctx.save_for_backward({in[0]});
-//       return {tg::Variable(tg::Pow(in[0].data(), 3.0))};
+//       return {tg::Tensor(tg::Pow(in[0].data(), 3.0))};
 //     }
 //     static tg::VariableList Backward(tg::FunctionCtx& ctx, const tg::VariableList& grads) {
-//       tg::Variable x = ctx.saved_variables()[0];
+//       tg::Tensor x = ctx.saved_variables()[0];
 //       return {tg::Mul(grads[0], tg::MulScalar(tg::Mul(x, x), 3))};   // 3x^2 * g
 //     }
 //   };
-//   tg::Variable y = Cube::Apply({x})[0];   // y.grad_fn()->name() == "CubeBackward"
+//   tg::Tensor y = Cube::Apply({x})[0];   // y.grad_fn()->name() == "CubeBackward"
 //
 // Semantics follow PyTorch where docs/architecture.md is silent:
 // - Forward runs inside a ForwardScope (autograd/engine.h), as nn modules' forwards do: a

@@ -3,7 +3,7 @@
 //
 //   {
 //     tg::NoGradGuard no_grad;
-//     tg::Variable y = tg::Mul(x, w);   // y.grad_fn() == nullptr
+//     tg::Tensor y = tg::Mul(x, w);   // y.grad_fn() == nullptr
 //   }
 #ifndef TAPEGRAD_AUTOGRAD_GRAD_MODE_H_
 #define TAPEGRAD_AUTOGRAD_GRAD_MODE_H_

@@ -9,7 +9,7 @@
 
 namespace tg {
 
-GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn,
+GradcheckResult Gradcheck(const std::function<Tensor(const VariableList&)>& fn,
                           const VariableList& inputs, const GradcheckOptions& options) {
   // Private contiguous f64 copies, so perturbing them touches nothing of the caller's.
   VariableList leaves;
@@ -17,18 +17,18 @@ GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn
     TG_CHECK(inputs[i].defined(), "gradcheck: input ", i, " is undefined");
     TG_CHECK(inputs[i].dtype() == kF64 || !inputs[i].requires_grad(), "gradcheck: input ", i,
              " is ", DTypeName(inputs[i].dtype()), "; gradcheck needs f64 inputs");
-    Variable leaf(inputs[i].data().clone());
+    Tensor leaf(inputs[i].data().clone());
     if (inputs[i].requires_grad()) leaf.set_requires_grad(true);
     leaves.push_back(leaf);
   }
   auto evaluate = [&]() {
     NoGradGuard no_grad;
-    Variable out = fn(leaves);
+    Tensor out = fn(leaves);
     TG_CHECK(out.dtype() == kF64, "gradcheck: the function returned ", DTypeName(out.dtype()),
              ", expected f64");
     return out.data().to_vector<double>();
   };
-  Variable output = fn(leaves);
+  Tensor output = fn(leaves);
   const int64_t n_out = output.numel();
   GradcheckResult result;
   result.ok = true;
@@ -49,10 +49,10 @@ GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn
     analytical[k].assign(static_cast<size_t>(checked[k].numel()), std::vector<double>(n_out, 0.0));
   }
   for (int64_t o = 0; o < n_out; ++o) {
-    Tensor seed = Tensor::Zeros(output.shape(), kF64);
+    RawTensor seed = RawTensor::Zeros(output.shape(), kF64);
     static_cast<double*>(seed.raw_data())[o] = 1.0;
     VariableList grads =
-        Engine::Grad({output}, checked, {Variable(seed)},
+        Engine::Grad({output}, checked, {Tensor(seed)},
                      GradOptions{/*retain_graph=*/true, false, /*allow_unused=*/true});
     for (size_t k = 0; k < checked.size(); ++k) {
       if (!grads[k].defined()) continue;
@@ -61,7 +61,7 @@ GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn
     }
   }
   for (size_t k = 0; k < checked.size(); ++k) {
-    Tensor data = checked[k].data();  // contiguous f64 (a clone)
+    RawTensor data = checked[k].data();  // contiguous f64 (a clone)
     double* p = static_cast<double*>(data.raw_data());
     for (int64_t j = 0; j < data.numel(); ++j) {
       const double saved = p[j];

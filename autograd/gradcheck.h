@@ -27,7 +27,7 @@ struct GradcheckResult {
   std::string message;   // the worst element: input, input element, output element, values
 };
 
-GradcheckResult Gradcheck(const std::function<Variable(const VariableList&)>& fn,
+GradcheckResult Gradcheck(const std::function<Tensor(const VariableList&)>& fn,
                           const VariableList& inputs, const GradcheckOptions& options = {});
 
 }  // namespace tg

@@ -49,7 +49,7 @@ std::string NodeLabel(const Node& node) {
 
 }  // namespace
 
-std::string BackwardGraphToDot(const Variable& root) {
+std::string BackwardGraphToDot(const Tensor& root) {
   std::string out = "digraph backward {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n";
   std::shared_ptr<Node> start =
       root.defined() && root.requires_grad() ? root.gradient_edge_node() : nullptr;

@@ -18,7 +18,7 @@ namespace tg {
 // Walks the graph iteratively (no recursion: graphs may be long); each node appears once.
 // A root that is a leaf without grad_fn gives its AccumulateGrad alone; one that does not
 // require grad gives an empty graph.
-std::string BackwardGraphToDot(const Variable& root);
+std::string BackwardGraphToDot(const Tensor& root);
 
 }  // namespace tg
 

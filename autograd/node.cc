@@ -69,7 +69,7 @@ const std::string& Node::creation_trace() const {
   return extras_ ? extras_->creation_trace : kNone;
 }
 
-uint32_t Node::AddInputMetadata(const Tensor& t) {
+uint32_t Node::AddInputMetadata(const RawTensor& t) {
   input_metadata_.push_back(InputMetadata{t.shape(), t.dtype(), t.device()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
 }
@@ -135,8 +135,8 @@ namespace {
 // Runs one tensor hook on `grad`: a defined result replaces it (and must keep its shape). As
 // in PyTorch, the hook also runs when the gradient is undefined (no gradient reached it; a
 // multi-grad hook counts on that), and then may not return one.
-void ApplyTensorHook(const TensorHook& hook, Variable& grad, const std::string& where) {
-  Variable result = hook(grad);
+void ApplyTensorHook(const TensorHook& hook, Tensor& grad, const std::string& where) {
+  Tensor result = hook(grad);
   if (!result.defined()) return;
   TG_CHECK(grad.defined(), "hook on ", where,
            " returned a gradient where it received none (an undefined gradient)");
@@ -167,12 +167,12 @@ void Node::RunRetainGrad(const VariableList& grads) const {
     auto impl = weak.lock();
     if (!impl || !grads[output_nr].defined()) continue;
     if (TracingEnabled()) trace_internal::Hook("retain_grad", trace_name(), 0);
-    const Variable& g = grads[output_nr];
+    const Tensor& g = grads[output_nr];
     // Like PyTorch: the first gradient is copied, later backward calls accumulate.
     if (!impl->grad.defined()) {
-      impl->grad = GradMode::is_enabled() ? g : Variable(g.data().clone());
+      impl->grad = GradMode::is_enabled() ? g : Tensor(g.data().clone());
     } else {
-      impl->grad = Variable(tg::Add(impl->grad.data(), g.data()));
+      impl->grad = Tensor(tg::Add(impl->grad.data(), g.data()));
     }
   }
 }
@@ -215,7 +215,7 @@ const std::pair<PackHook, UnpackHook>* SavedTensorHooks::Current() {
   return saved_tensor_hooks.empty() ? nullptr : &saved_tensor_hooks.back();
 }
 
-SavedVariable::SavedVariable(const Variable& v, bool is_output) {
+SavedVariable::SavedVariable(const Tensor& v, bool is_output) {
   if (!v.defined()) return;
   defined_ = true;
   is_output_ = is_output;
@@ -244,15 +244,15 @@ SavedVariable::SavedVariable(const Variable& v, bool is_output) {
   }
 }
 
-Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
-  if (!defined_) return Variable();
+Tensor SavedVariable::Unpack(const Node& owner, size_t index) const {
+  if (!defined_) return Tensor();
   TG_CHECK(!released_, owner.name(),
            ": the tensors it saved for backward were released after "
            "an earlier backward through this graph; pass retain_graph=true to that backward to "
            "run backward through the graph again");
-  Variable v;
+  Tensor v;
   if (packed_) {
-    Variable unpacked = unpack_hook_(packed_value_);
+    Tensor unpacked = unpack_hook_(packed_value_);
     TG_CHECK(unpacked.defined(), owner.name(),
              ": the unpack hook returned an undefined variable "
              "for saved tensor ",
@@ -263,7 +263,7 @@ Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
   }
   if (is_output_) {
     std::shared_ptr<Node> fn = grad_fn_.lock();
-    v = fn ? MakeNonLeaf(data_, std::move(fn), output_nr_) : Variable(data_);
+    v = fn ? MakeNonLeaf(data_, std::move(fn), output_nr_) : Tensor(data_);
   } else {
     v = variable_;
   }
@@ -280,16 +280,16 @@ Variable SavedVariable::Unpack(const Node& owner, size_t index) const {
 
 namespace {
 
-bool SameData(const Tensor& a, const Tensor& b) {
+bool SameData(const RawTensor& a, const RawTensor& b) {
   return a.storage() == b.storage() && a.offset() == b.offset() && a.shape() == b.shape() &&
          a.strides() == b.strides() && a.dtype() == b.dtype();
 }
 
 }  // namespace
 
-Variable SavedVariable::RelinkInput(const Variable& unpacked) const {
+Tensor SavedVariable::RelinkInput(const Tensor& unpacked) const {
   if (auto original = original_.lock(); original && SameData(original->data, unpacked.data())) {
-    return Variable(std::move(original));
+    return Tensor(std::move(original));
   }
   if (input_grad_fn_) return MakeNonLeaf(unpacked.data(), input_grad_fn_, output_nr_);
   if (!requires_grad_) return unpacked;
@@ -299,14 +299,14 @@ Variable SavedVariable::RelinkInput(const Variable& unpacked) const {
   impl->data = unpacked.data();
   impl->requires_grad = true;
   impl->grad_accumulator = grad_accumulator_;
-  return Variable(std::move(impl));
+  return Tensor(std::move(impl));
 }
 
 void SavedVariable::Release() {
   if (!defined_) return;
   released_ = true;
   data_.reset();
-  variable_ = Variable();
+  variable_ = Tensor();
   packed_value_.reset();
   unpack_hook_ = nullptr;
   input_grad_fn_ = nullptr;
@@ -329,14 +329,14 @@ VariableList FunctionNode::Apply(VariableList grads) {
   // would reach AccumulateGrad as a gradient of 0, and an optimizer would then step a parameter
   // that should be skipped (Adam moves it through momentum and weight decay).
   const bool any_defined =
-      std::any_of(grads.begin(), grads.end(), [](const Variable& g) { return g.defined(); });
+      std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
   if (!any_defined) return VariableList(next_edges().size());
   // Outputs that received no gradient while another did count as zeros (PyTorch's formulas
   // treat an undefined output gradient as zero too); the backward lambdas need no such case.
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
-      grads[i] = Variable(Tensor::Zeros(m.shape, m.dtype, m.device));
+      grads[i] = Tensor(RawTensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
   return backward_(BackwardContext{grads, saved, next_edges()});
@@ -375,24 +375,24 @@ void AccumulateGrad::RunTensorHooks(VariableList& grads) const {
 }
 
 VariableList AccumulateGrad::Apply(VariableList grads) {
-  const Variable& g = grads[0];
+  const Tensor& g = grads[0];
   if (!g.defined()) return {};
-  Variable& grad = leaf_->grad;
+  Tensor& grad = leaf_->grad;
   if (!grad.defined()) {
     // Steal the incoming buffer when nothing else can see it; otherwise copy, so that later
     // in-place accumulation never writes into another tensor.
-    const Tensor& d = g.data();
+    const RawTensor& d = g.data();
     const bool exclusive =
         !GradMode::is_enabled() && d.storage().use_count() == 1 && d.is_contiguous() &&
         d.offset() == 0 &&
         d.storage()->nbytes() == static_cast<size_t>(d.numel()) * d.element_size();
-    grad = GradMode::is_enabled() ? g : Variable(exclusive ? d : d.clone());
+    grad = GradMode::is_enabled() ? g : Tensor(exclusive ? d : d.clone());
   } else if (GradMode::is_enabled()) {
-    grad = Variable(tg::Add(grad.data(), g.data()));  // create_graph: out of place
+    grad = Tensor(tg::Add(grad.data(), g.data()));  // create_graph: out of place
   } else {
     grad.data().copy_(tg::Add(grad.data(), g.data()));  // in place: same storage
   }
-  const Variable leaf(leaf_);
+  const Tensor leaf(leaf_);
   const auto hooks = leaf_->post_accumulate_hooks;  // a copy (see Node::RunTensorHooks)
   for (const auto& [id, hook] : hooks) {
     if (TracingEnabled()) trace_internal::Hook("post_accumulate_grad", trace_name(), id);
@@ -403,7 +403,7 @@ VariableList AccumulateGrad::Apply(VariableList grads) {
 
 // ---- Recording ---------------------------------------------------------------------------------
 
-void RebaseHistory(const Variable& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr) {
+void RebaseHistory(const Tensor& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr) {
   TG_CHECK(self.defined() && grad_fn != nullptr, "RebaseHistory: undefined variable or node");
   VariableImpl& impl = *self.impl();
   if (impl.retains_grad && impl.grad_fn) impl.grad_fn->ClearRetainGrad(&impl);
@@ -414,7 +414,7 @@ void RebaseHistory(const Variable& self, std::shared_ptr<Node> grad_fn, uint32_t
 
 bool ShouldRecord(const VariableList& inputs) {
   if (!GradMode::is_enabled()) return false;
-  for (const Variable& v : inputs) {
+  for (const Tensor& v : inputs) {
     if (v.requires_grad()) return true;
   }
   return false;
@@ -428,20 +428,20 @@ std::shared_ptr<FunctionNode> MakeNode(const char* name, const VariableList& inp
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
-  for (const Variable& in : inputs) edges.push_back(Edge{in.gradient_edge_node(), in.output_nr()});
-  for (const Variable& s : saved) node->Save(s, false);
+  for (const Tensor& in : inputs) edges.push_back(Edge{in.gradient_edge_node(), in.output_nr()});
+  for (const Tensor& s : saved) node->Save(s, false);
   return node;
 }
 
 }  // namespace
 
-VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
+VariableList RecordMulti(const char* name, absl::Span<const RawTensor> results,
                          const VariableList& inputs, const VariableList& saved,
                          BackwardFn backward) {
   VariableList outputs;
   outputs.reserve(results.size());
   if (!ShouldRecord(inputs)) {
-    for (const Tensor& r : results) outputs.emplace_back(r);
+    for (const RawTensor& r : results) outputs.emplace_back(r);
     return outputs;
   }
   std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
@@ -452,13 +452,13 @@ VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
   return outputs;
 }
 
-Variable Record(const char* name, Tensor result, const VariableList& inputs,
+Tensor Record(const char* name, RawTensor result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output) {
-  if (!ShouldRecord(inputs)) return Variable(std::move(result));
+  if (!ShouldRecord(inputs)) return Tensor(std::move(result));
   std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
   node->AddInputMetadata(result);
   FunctionNode* raw = node.get();
-  Variable out = MakeNonLeaf(std::move(result), std::move(node), 0);
+  Tensor out = MakeNonLeaf(std::move(result), std::move(node), 0);
   if (save_output) raw->Save(out, true);
   return out;
 }

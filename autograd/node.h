@@ -7,10 +7,10 @@
 // Differentiable ops are written with Record(): the backward is a lambda over the saved
 // variables, composed of differentiable ops so that create_graph gives higher-order gradients.
 //
-//   Variable Mul(const Variable& a, const Variable& b) {
+//   Tensor Mul(const Tensor& a, const Tensor& b) {
 //     return Record("MulBackward", tg::Mul(a.data(), b.data()), {a, b}, {a, b},
 //                   [](const BackwardContext& ctx) -> VariableList {
-//                     const Variable& g = ctx.grads[0];
+//                     const Tensor& g = ctx.grads[0];
 //                     return {Mul(g, ctx.saved[1]), Mul(g, ctx.saved[0])};   // (+ SumTo)
 //                   });
 //   }
@@ -84,12 +84,12 @@ class Node : public std::enable_shared_from_this<Node> {
   const EdgeList& next_edges() const { return next_edges_; }
   EdgeList& mutable_next_edges() { return next_edges_; }
   const InputMetadataList& input_metadata() const { return input_metadata_; }
-  uint32_t AddInputMetadata(const Tensor& t);
+  uint32_t AddInputMetadata(const RawTensor& t);
   size_t num_inputs() const { return input_metadata_.size(); }
 
   HookHandle RegisterPreHook(NodePreHook hook);
   HookHandle RegisterPostHook(NodePostHook hook);
-  // Tensor hooks of the forward output `output_nr` (run before node pre-hooks).
+  // RawTensor hooks of the forward output `output_nr` (run before node pre-hooks).
   HookHandle RegisterTensorHook(uint32_t output_nr, TensorHook hook);
   // retain_grad of output `output_nr`: the variable whose .grad receives the hooked gradient.
   void SetRetainGrad(uint32_t output_nr, const std::weak_ptr<VariableImpl>& var);
@@ -179,26 +179,26 @@ class Node : public std::enable_shared_from_this<Node> {
 class SavedVariable {
  public:
   SavedVariable() = default;
-  SavedVariable(const Variable& v, bool is_output);
-  Variable Unpack(const Node& owner, size_t index) const;
+  SavedVariable(const Tensor& v, bool is_output);
+  Tensor Unpack(const Node& owner, size_t index) const;
   void Release();
   bool defined() const { return defined_; }
 
  private:
-  Variable RelinkInput(const Variable& unpacked) const;
+  Tensor RelinkInput(const Tensor& unpacked) const;
 
   bool defined_ = false;
   bool released_ = false;
   bool is_output_ = false;
-  Tensor data_;
-  Variable variable_;            // inputs: the variable itself (keeps its history)
+  RawTensor data_;
+  Tensor variable_;            // inputs: the variable itself (keeps its history)
   std::weak_ptr<Node> grad_fn_;  // outputs: the producing node, held weakly
   uint32_t output_nr_ = 0;
   bool requires_grad_ = false;
   uint64_t version_ = 0;
   bool packed_ = false;
   std::any packed_value_;
-  std::function<Variable(const std::any&)> unpack_hook_;
+  std::function<Tensor(const std::any&)> unpack_hook_;
   // Packed inputs: the saved variable (weakly: the hooks may exist to free it) and its place
   // in the graph (a non-leaf's node is held, as PyTorch does; it is in the graph anyway).
   std::weak_ptr<VariableImpl> original_;
@@ -209,8 +209,8 @@ class SavedVariable {
 // Saved-tensor hooks (thread-local, nestable): while a guard lives, every variable saved for
 // backward goes through pack() and comes back through unpack() when the backward needs it.
 // Non-reentrant checkpointing is built on these; users may install their own (e.g. offload).
-using PackHook = std::function<std::any(const Variable&)>;
-using UnpackHook = std::function<Variable(const std::any&)>;
+using PackHook = std::function<std::any(const Tensor&)>;
+using UnpackHook = std::function<Tensor(const std::any&)>;
 class SavedTensorHooks {
  public:
   SavedTensorHooks(PackHook pack, UnpackHook unpack);
@@ -241,7 +241,7 @@ class FunctionNode : public Node {
   VariableList Apply(VariableList grads) override;
   std::string name() const override { return name_; }
   void ReleaseSaved() override;
-  void Save(const Variable& v, bool is_output) { saved_.emplace_back(v, is_output); }
+  void Save(const Tensor& v, bool is_output) { saved_.emplace_back(v, is_output); }
 
  private:
   const char* name_;
@@ -270,7 +270,7 @@ class AccumulateGrad : public Node {
 // node self's history: self becomes a non-leaf. As in PyTorch, a retain_grad() of self moves to
 // the new node (.grad is the gradient of the latest value), while tensor hooks registered before
 // stay on the old node and see the gradient of the old value.
-void RebaseHistory(const Variable& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
+void RebaseHistory(const Tensor& self, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
 
 // Whether any of `inputs` requires grad while grad mode is on: the op must record a node.
 bool ShouldRecord(const VariableList& inputs);
@@ -278,10 +278,10 @@ bool ShouldRecord(const VariableList& inputs);
 // Records a differentiable op with one output. `inputs` get the edges (in order); `saved` are
 // kept for backward (and appear in ctx.saved); `save_output` also saves the result (appended
 // last to ctx.saved). Without recording (no grad needed) it only wraps `result`.
-Variable Record(const char* name, Tensor result, const VariableList& inputs,
+Tensor Record(const char* name, RawTensor result, const VariableList& inputs,
                 const VariableList& saved, BackwardFn backward, bool save_output = false);
 // The same with several outputs.
-VariableList RecordMulti(const char* name, absl::Span<const Tensor> results,
+VariableList RecordMulti(const char* name, absl::Span<const RawTensor> results,
                          const VariableList& inputs, const VariableList& saved,
                          BackwardFn backward);
 

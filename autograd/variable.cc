@@ -35,22 +35,22 @@ HookHandle RemoverFor(const std::shared_ptr<VariableImpl>& impl, List VariableIm
 
 }  // namespace
 
-Variable::Variable(Tensor data, bool requires_grad) : impl_(std::make_shared<VariableImpl>()) {
-  TG_CHECK(data.defined(), "Variable: the data tensor is undefined");
+Tensor::Tensor(RawTensor data, bool requires_grad) : impl_(std::make_shared<VariableImpl>()) {
+  TG_CHECK(data.defined(), "Tensor: the data tensor is undefined");
   impl_->data = std::move(data);
   if (requires_grad) set_requires_grad(true);
 }
 
-void Variable::ThrowUndefined(const char* what) {
+void Tensor::ThrowUndefined(const char* what) {
   throw Error(absl::StrCat(what, ": the variable is undefined"));
 }
 
-const Tensor& Variable::data() const {
+const RawTensor& Tensor::data() const {
   CheckDefined("data");
   return impl_->data;
 }
 
-void Variable::set_data(const Tensor& data) const {
+void Tensor::set_data(const RawTensor& data) const {
   CheckDefined("set_data");
   TG_CHECK(data.shape() == impl_->data.shape() && data.dtype() == impl_->data.dtype(),
            "set_data: new data ", DTypeName(data.dtype()), " ", ShapeToString(data.shape()),
@@ -59,12 +59,12 @@ void Variable::set_data(const Tensor& data) const {
   impl_->data = data;
 }
 
-bool Variable::requires_grad() const {
+bool Tensor::requires_grad() const {
   RefreshViewGradFn();
   return impl_ != nullptr && (impl_->requires_grad || impl_->grad_fn != nullptr);
 }
 
-const Variable& Variable::set_requires_grad(bool requires_grad) const {
+const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
   CheckDefined("set_requires_grad");
   TG_CHECK(is_leaf(), "set_requires_grad: ", name().empty() ? "the variable" : name(),
            " is not a leaf; detach() it first");
@@ -75,31 +75,31 @@ const Variable& Variable::set_requires_grad(bool requires_grad) const {
   return *this;
 }
 
-bool Variable::is_leaf() const {
+bool Tensor::is_leaf() const {
   RefreshViewGradFn();
   return impl_ == nullptr || impl_->grad_fn == nullptr;
 }
 
-const std::shared_ptr<Node>& Variable::grad_fn() const {
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<Node> kNone;
   RefreshViewGradFn();
   return impl_ ? impl_->grad_fn : kNone;
 }
 
-uint32_t Variable::output_nr() const {
+uint32_t Tensor::output_nr() const {
   RefreshViewGradFn();
   return impl_ ? impl_->output_nr : 0;
 }
 
-bool Variable::is_view() const { return impl_ != nullptr && impl_->view != nullptr; }
+bool Tensor::is_view() const { return impl_ != nullptr && impl_->view != nullptr; }
 
-Variable Variable::base() const { return is_view() ? impl_->view->base : Variable(); }
+Tensor Tensor::base() const { return is_view() ? impl_->view->base : Tensor(); }
 
 // PyTorch's VariableHooks::grad_fn for views: the view function replayed on the base under grad
 // mode (a chain of view nodes where PyTorch makes one AsStridedBackward; the gradients are the
 // same). As in PyTorch's update_tensor_hooks_on_new_gradfn, a retain_grad() moves to the new
 // node while tensor hooks stay on the old one (which is no longer in the view's history).
-void Variable::RefreshViewGradFn() const {
+void Tensor::RefreshViewGradFn() const {
   if (impl_ == nullptr || impl_->view == nullptr) return;
   ViewInfo& view = *impl_->view;
   if (view.made_in_no_grad) return;
@@ -107,7 +107,7 @@ void Variable::RefreshViewGradFn() const {
   const uint64_t now = version();
   if (view.attr_version == now) return;
   view.attr_version = now;
-  Variable remade;
+  Tensor remade;
   {
     EnableGradGuard grad_on;  // also when reached from a backward or under NoGradGuard
     remade = view.fn(view.base);
@@ -121,13 +121,13 @@ void Variable::RefreshViewGradFn() const {
   }
 }
 
-Variable MakeView(Variable out, const Variable& input, ViewFn fn) {
+Tensor MakeView(Tensor out, const Tensor& input, ViewFn fn) {
   if (!out.data().shares_storage(input.data())) return out;  // e.g. a reshape that copied
   auto view = std::make_unique<ViewInfo>();
   const bool no_grad = !GradMode::is_enabled();
   if (const ViewInfo* outer = input.impl()->view.get()) {
     view->base = outer->base;
-    view->fn = [first = outer->fn, then = std::move(fn)](const Variable& base) {
+    view->fn = [first = outer->fn, then = std::move(fn)](const Tensor& base) {
       return then(first(base));
     };
     view->made_in_no_grad = outer->made_in_no_grad || no_grad;
@@ -142,7 +142,7 @@ Variable MakeView(Variable out, const Variable& input, ViewFn fn) {
   return out;
 }
 
-Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name,
                              size_t index) {
   const std::string output = absl::StrCat("Output ", index, " of ", node_name, " is a view and ");
   const std::string rest =
@@ -153,19 +153,19 @@ Variable MakeMultiOutputView(Variable out, const Variable& input, const char* no
       absl::StrCat(output, "its base or another view of its base has been modified inplace", rest);
   // Remaking its grad_fn (after an in-place op on its base) throws, as PyTorch's view_func does.
   out = MakeView(std::move(out), input,
-                 [indirect](const Variable&) -> Variable { throw Error(indirect); });
+                 [indirect](const Tensor&) -> Tensor { throw Error(indirect); });
   if (out.is_view()) {
     out.impl()->view->multi_output_error = absl::StrCat(output, "is being modified inplace", rest);
   }
   return out;
 }
 
-Variable Variable::grad() const {
+Tensor Tensor::grad() const {
   CheckDefined("grad");
   return impl_->grad;
 }
 
-void Variable::set_grad(const Variable& grad) const {
+void Tensor::set_grad(const Tensor& grad) const {
   CheckDefined("set_grad");
   if (grad.defined()) {
     TG_CHECK(grad.shape() == shape(), "set_grad: gradient of shape ", ShapeToString(grad.shape()),
@@ -174,7 +174,7 @@ void Variable::set_grad(const Variable& grad) const {
   impl_->grad = grad;
 }
 
-void Variable::retain_grad() const {
+void Tensor::retain_grad() const {
   CheckDefined("retain_grad");
   RefreshViewGradFn();
   TG_CHECK(requires_grad(), "retain_grad: the variable does not require grad");
@@ -183,25 +183,25 @@ void Variable::retain_grad() const {
   impl_->grad_fn->SetRetainGrad(impl_->output_nr, impl_);
 }
 
-bool Variable::retains_grad() const { return impl_ != nullptr && impl_->retains_grad; }
+bool Tensor::retains_grad() const { return impl_ != nullptr && impl_->retains_grad; }
 
-Variable Variable::detach() const {
+Tensor Tensor::detach() const {
   CheckDefined("detach");
-  return Variable(impl_->data);
+  return Tensor(impl_->data);
 }
 
-const std::string& Variable::name() const {
+const std::string& Tensor::name() const {
   static const std::string kEmpty;
   return impl_ ? impl_->name : kEmpty;
 }
 
-const Variable& Variable::set_name(std::string name) const {
+const Tensor& Tensor::set_name(std::string name) const {
   CheckDefined("set_name");
   impl_->name = std::move(name);
   return *this;
 }
 
-std::shared_ptr<Node> Variable::gradient_edge_node() const {
+std::shared_ptr<Node> Tensor::gradient_edge_node() const {
   if (impl_ == nullptr) return nullptr;
   RefreshViewGradFn();
   if (impl_->grad_fn) return impl_->grad_fn;
@@ -214,7 +214,7 @@ std::shared_ptr<Node> Variable::gradient_edge_node() const {
   return acc;
 }
 
-HookHandle Variable::register_hook(TensorHook hook) const {
+HookHandle Tensor::register_hook(TensorHook hook) const {
   CheckDefined("register_hook");
   TG_CHECK(requires_grad(),
            "register_hook: cannot register a hook on a variable that does not "
@@ -227,7 +227,7 @@ HookHandle Variable::register_hook(TensorHook hook) const {
   return RemoverFor(impl_, &VariableImpl::tensor_hooks, id);
 }
 
-HookHandle Variable::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
+HookHandle Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
   CheckDefined("register_post_accumulate_grad_hook");
   TG_CHECK(is_leaf(),
            "register_post_accumulate_grad_hook: post-accumulate-grad hooks can only "
@@ -239,16 +239,16 @@ HookHandle Variable::register_post_accumulate_grad_hook(PostAccumulateGradHook h
   return RemoverFor(impl_, &VariableImpl::post_accumulate_hooks, id);
 }
 
-void Variable::backward(const Variable& grad, const BackwardOptions& options) const {
+void Tensor::backward(const Tensor& grad, const BackwardOptions& options) const {
   Engine::Backward({*this}, {grad}, options);
 }
 
-Variable MakeNonLeaf(Tensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr) {
+Tensor MakeNonLeaf(RawTensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr) {
   auto impl = std::make_shared<VariableImpl>();
   impl->data = std::move(data);
   impl->grad_fn = std::move(grad_fn);
   impl->output_nr = output_nr;
-  return Variable(std::move(impl));
+  return Tensor(std::move(impl));
 }
 
 }  // namespace tg

@@ -1,15 +1,15 @@
-// Variable: a tensor that takes part in automatic differentiation.
+// Tensor: a tensor that takes part in automatic differentiation.
 //
-// A Variable is a cheap handle (shared ownership) to its data Tensor and its autograd state:
+// A Tensor is a cheap handle (shared ownership) to its data RawTensor and its autograd state:
 // requires_grad, the accumulated `grad`, `grad_fn` (the Node that produced it, null for a
 // leaf), its output index in that node, hooks, and a name used in error messages. Leaves that
 // require grad accumulate through an AccumulateGrad node, created on first use and held weakly
 // (the graph owns it, as in PyTorch).
 //
-//   tg::Variable w(tg::RandNormal({3, 3}, gen), /*requires_grad=*/true);
-//   tg::Variable loss = tg::Sum(tg::Mul(w, w));
+//   tg::Tensor w(tg::RandNormal({3, 3}, gen), /*requires_grad=*/true);
+//   tg::Tensor loss = tg::Sum(tg::Mul(w, w));
 //   loss.backward();                       // w.grad() == 2 * w
-//   auto h = w.register_hook([](const tg::Variable& g) { return tg::MulScalar(g, 0.5); });
+//   auto h = w.register_hook([](const tg::Tensor& g) { return tg::MulScalar(g, 0.5); });
 //   h.remove();
 #ifndef TAPEGRAD_AUTOGRAD_VARIABLE_H_
 #define TAPEGRAD_AUTOGRAD_VARIABLE_H_
@@ -26,11 +26,11 @@
 namespace tg {
 
 class Node;
-class Variable;
+class Tensor;
 struct VariableImpl;
 
 // Gradients and inputs of one node: inline storage for the common one- and two-element lists.
-using VariableList = absl::InlinedVector<Variable, 2>;
+using VariableList = absl::InlinedVector<Tensor, 2>;
 
 // Removes a registered hook when remove() is called (idempotent). Dropping the handle without
 // calling remove() keeps the hook.
@@ -53,12 +53,12 @@ class HookHandle {
 // A tensor hook sees the gradient and may return a replacement (an undefined return keeps it).
 // As in PyTorch it also runs, with an undefined gradient, when the node was reached but no
 // gradient flowed into this output; it must then return an undefined variable.
-using TensorHook = std::function<Variable(const Variable& grad)>;
+using TensorHook = std::function<Tensor(const Tensor& grad)>;
 // A post-accumulate-grad hook sees the leaf after its .grad was updated.
-using PostAccumulateGradHook = std::function<void(const Variable& leaf)>;
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 // A view function: recreates a view from its base with the differentiable view ops (recorded
-// when grad mode is on), e.g. [](const Variable& b) { return Slice(b, 0, 1, 3); }.
-using ViewFn = std::function<Variable(const Variable&)>;
+// when grad mode is on), e.g. [](const Tensor& b) { return Slice(b, 0, 1, 3); }.
+using ViewFn = std::function<Tensor(const Tensor&)>;
 
 struct BackwardOptions {
   bool retain_graph = false;             // keep saved tensors for another backward
@@ -66,18 +66,18 @@ struct BackwardOptions {
   const VariableList* inputs = nullptr;  // accumulate only into these (all leaves if null)
 };
 
-class Variable {
+class Tensor {
  public:
   // An undefined variable (defined() == false), used as "no gradient" / zeros.
-  Variable() = default;
+  Tensor() = default;
   // A leaf wrapping `data`.
-  explicit Variable(Tensor data, bool requires_grad = false);
+  explicit Tensor(RawTensor data, bool requires_grad = false);
 
   bool defined() const { return impl_ != nullptr; }
-  const Tensor& data() const;
-  // The same Variable identity with new data (shape and dtype must stay the same); used by
+  const RawTensor& data() const;
+  // The same Tensor identity with new data (shape and dtype must stay the same); used by
   // optimizers and in-place updates outside autograd.
-  void set_data(const Tensor& data) const;
+  void set_data(const RawTensor& data) const;
 
   // Shorthands for data().
   const Shape& shape() const { return data().shape(); }
@@ -89,21 +89,21 @@ class Variable {
 
   bool requires_grad() const;
   // Only on leaves; requires a floating dtype.
-  const Variable& set_requires_grad(bool requires_grad) const;
+  const Tensor& set_requires_grad(bool requires_grad) const;
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   uint32_t output_nr() const;
 
   // The accumulated gradient (undefined until a backward reaches this leaf).
-  Variable grad() const;
-  void set_grad(const Variable& grad) const;
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
   // Keep .grad on a non-leaf (sees the result of all tensor hooks). No-op on leaves.
   void retain_grad() const;
   bool retains_grad() const;
 
   // A leaf sharing this data (and its version counter) without history. Not a view for
   // autograd (PyTorch's detach()).
-  Variable detach() const;
+  Tensor detach() const;
 
   // Views (PyTorch's): the result of a view op (Slice, Select, Narrow, Transpose, Permute,
   // Reshape/Unsqueeze/Squeeze when they do not copy, Expand) knows its root base and how to
@@ -113,14 +113,14 @@ class Variable {
   // base's history (CopySlices, autograd/ops/inplace.cc).
   bool is_view() const;
   // The root base of a view (never itself a view); undefined for a non-view.
-  Variable base() const;
+  Tensor base() const;
 
   // Version of the underlying storage, bumped by in-place ops.
   uint64_t version() const { return data().storage()->version(); }
   void bump_version() const { data().storage()->bump_version(); }
 
   const std::string& name() const;
-  const Variable& set_name(std::string name) const;
+  const Tensor& set_name(std::string name) const;
 
   HookHandle register_hook(TensorHook hook) const;
   // Leaf only; throws on a non-leaf.
@@ -131,12 +131,12 @@ class Variable {
   std::shared_ptr<Node> gradient_edge_node() const;
 
   // Engine::Backward({*this}, {grad}, options).
-  void backward(const Variable& grad = Variable(), const BackwardOptions& options = {}) const;
+  void backward(const Tensor& grad = Tensor(), const BackwardOptions& options = {}) const;
 
   // Identity of the handle (two Variables are the same tensor of the graph).
-  bool is_same(const Variable& other) const { return impl_ == other.impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const std::shared_ptr<VariableImpl>& impl() const { return impl_; }
-  explicit Variable(std::shared_ptr<VariableImpl> impl) : impl_(std::move(impl)) {}
+  explicit Tensor(std::shared_ptr<VariableImpl> impl) : impl_(std::move(impl)) {}
 
  private:
   void CheckDefined(const char* what) const {
@@ -150,7 +150,7 @@ class Variable {
 
 // What a view knows about its base (PyTorch's DifferentiableViewMeta, backward part).
 struct ViewInfo {
-  Variable base;  // the root base: a view of a view has its base's base
+  Tensor base;  // the root base: a view of a view has its base's base
   ViewFn fn;      // base -> this view: the composition of the view ops from the root base
   // The storage version when grad_fn was last made from the base; grad_fn is remade when the
   // version differs (an in-place op on the base or on a view of it happened since).
@@ -165,29 +165,29 @@ struct ViewInfo {
 };
 
 struct VariableImpl {
-  Tensor data;
+  RawTensor data;
   bool requires_grad = false;  // leaves only; non-leaves require grad through grad_fn
   std::shared_ptr<Node> grad_fn;
   uint32_t output_nr = 0;
-  Variable grad;
+  Tensor grad;
   std::weak_ptr<Node> grad_accumulator;
   std::vector<std::pair<uint64_t, TensorHook>> tensor_hooks;  // leaves (non-leaves: on grad_fn)
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;
   bool retains_grad = false;
-  std::unique_ptr<ViewInfo> view;  // set on views only (Variable::is_view)
+  std::unique_ptr<ViewInfo> view;  // set on views only (Tensor::is_view)
   std::string name;
 };
 
 // Makes `out` (the result of a view op on `input` whose data shares input's storage) a view: its
 // base is input's root base and its view function `fn` applied after input's. A result that
 // does not share storage (a reshape that copied) is returned as it is. Returns `out`.
-Variable MakeView(Variable out, const Variable& input, ViewFn fn);
+Tensor MakeView(Tensor out, const Tensor& input, ViewFn fn);
 // The same for output `index` of `node_name` (Split), an op that returns several views.
-Variable MakeMultiOutputView(Variable out, const Variable& input, const char* node_name,
+Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name,
                              size_t index);
 
 // The variable produced by `grad_fn` (output `output_nr`) holding `data`.
-Variable MakeNonLeaf(Tensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
+Tensor MakeNonLeaf(RawTensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);
 
 }  // namespace tg
 

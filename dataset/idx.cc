@@ -96,7 +96,7 @@ std::string GzipSuffix(const std::string& error) {
 
 }  // namespace
 
-absl::StatusOr<Tensor> ReadIdx(const std::string& path, int64_t max_bytes) {
+absl::StatusOr<RawTensor> ReadIdx(const std::string& path, int64_t max_bytes) {
   TG_CHECK(max_bytes > 0, "ReadIdx: max_bytes must be positive, got ", max_bytes);
   const std::string where = absl::StrCat("ReadIdx: '", path, "'");
 
@@ -247,12 +247,12 @@ absl::StatusOr<Tensor> ReadIdx(const std::string& path, int64_t max_bytes) {
   }
 
   Shape shape(dims.begin(), dims.end());
-  Tensor out = Tensor::Empty(shape, kU8);
+  RawTensor out = RawTensor::Empty(shape, kU8);
   std::memcpy(out.data<uint8_t>(), data.data(), static_cast<size_t>(data_bytes));
   return out;
 }
 
-absl::Status WriteIdx(const std::string& path, const Tensor& data, bool gzip) {
+absl::Status WriteIdx(const std::string& path, const RawTensor& data, bool gzip) {
   TG_CHECK(data.defined(), "WriteIdx: undefined tensor");
   TG_CHECK(data.dtype() == kU8, "WriteIdx: expected a u8 tensor, got ", DTypeName(data.dtype()));
   TG_CHECK(data.device().is_cpu(), "WriteIdx: expected a CPU tensor, got ",
@@ -269,7 +269,7 @@ absl::Status WriteIdx(const std::string& path, const Tensor& data, bool gzip) {
     const uint64_t s = static_cast<uint64_t>(data.size(d));
     for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<uint8_t>(s >> shift));
   }
-  const Tensor c = data.contiguous();
+  const RawTensor c = data.contiguous();
   const uint8_t* p = c.data<uint8_t>();
   bytes.insert(bytes.end(), p, p + c.numel());
 

@@ -2,7 +2,7 @@
 // every header field against the file's length before it allocates, and a writer for tests and
 // conversion tools.
 //
-//   absl::StatusOr<tg::Tensor> images = tg::data::ReadIdx("train-images-idx3-ubyte.gz");
+//   absl::StatusOr<tg::RawTensor> images = tg::data::ReadIdx("train-images-idx3-ubyte.gz");
 //   if (!images.ok()) return images.status();   // e.g. DataLoss "... expected 47040016 bytes ..."
 //   // images->dtype() == tg::kU8, images->shape() == [60000, 28, 28]
 //
@@ -38,12 +38,12 @@ inline constexpr int64_t kIdxMaxBytes = int64_t{1} << 32;
 
 // Reads an IDX file of unsigned bytes: a contiguous CPU tensor of dtype u8 whose shape is the
 // file's dims (e.g. [N, 28, 28] for images, [N] for labels).
-absl::StatusOr<Tensor> ReadIdx(const std::string& path, int64_t max_bytes = kIdxMaxBytes);
+absl::StatusOr<RawTensor> ReadIdx(const std::string& path, int64_t max_bytes = kIdxMaxBytes);
 
 // Writes `data` (u8, 1 to 4 dims, every size in [1, 2^32)) as an IDX file, gzip-compressed when
 // `gzip` is true (the reader does not look at the file name). Throws tg::Error on a tensor it
 // cannot represent; returns the errno status when the file cannot be written.
-absl::Status WriteIdx(const std::string& path, const Tensor& data, bool gzip);
+absl::Status WriteIdx(const std::string& path, const RawTensor& data, bool gzip);
 
 }  // namespace tg::data
 

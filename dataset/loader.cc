@@ -50,7 +50,7 @@ void CheckOnlyKeys(const char* op, const StateDict& sd, std::initializer_list<co
 }
 
 // N of images [N, ...], checked before the IndexBatcher is built.
-int64_t NumRows(const Tensor& images) {
+int64_t NumRows(const RawTensor& images) {
   TG_CHECK(images.defined() && images.dim() >= 1, "ImageBatcher: expected images [N, ...], got ",
            images.defined() ? ShapeToString(images.shape()) : "an undefined tensor");
   return images.size(0);
@@ -77,16 +77,16 @@ uint64_t UniformBelow(Generator& gen, uint64_t bound) {
   }
 }
 
-Tensor GatherRows(const Tensor& x, absl::Span<const int64_t> indices) {
+RawTensor GatherRows(const RawTensor& x, absl::Span<const int64_t> indices) {
   TG_CHECK(x.defined(), "GatherRows: undefined tensor");
   TG_CHECK(x.device().is_cpu(), "GatherRows: expected a CPU tensor, got ", x.device().ToString());
   TG_CHECK(x.dim() >= 1, "GatherRows: expected at least 1 dim, got shape ",
            ShapeToString(x.shape()));
-  const Tensor c = x.contiguous();
+  const RawTensor c = x.contiguous();
   const int64_t n = c.size(0);
   Shape shape = c.shape();
   shape[0] = static_cast<int64_t>(indices.size());
-  Tensor out = Tensor::Empty(shape, c.dtype());
+  RawTensor out = RawTensor::Empty(shape, c.dtype());
   const size_t row_bytes = static_cast<size_t>(n == 0 ? 0 : c.numel() / n) * c.element_size();
   const char* src = static_cast<const char*>(c.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -194,7 +194,7 @@ void IndexBatcher::load_state_dict(const StateDict& sd) {
 
 // ---- ImageBatcher ----
 
-ImageBatcher::ImageBatcher(Tensor images, Tensor labels, const BatcherOptions& options)
+ImageBatcher::ImageBatcher(RawTensor images, RawTensor labels, const BatcherOptions& options)
     : images_(std::move(images)), labels_(std::move(labels)), indices_(NumRows(images_), options) {
   TG_CHECK(labels_.defined() && labels_.dim() == 1 && labels_.size(0) == images_.size(0),
            "ImageBatcher: expected labels [", images_.size(0), "], got ",
@@ -251,8 +251,8 @@ TokenBatcher::TokenBatcher(std::vector<uint16_t> tokens, int64_t batch_size, int
 TokenBatcher::Batch TokenBatcher::Windows(absl::Span<const int64_t> offsets) const {
   const int64_t b = static_cast<int64_t>(offsets.size()), t = block_size_;
   Batch out;
-  out.x = Tensor::Empty({b, t}, kI64);
-  out.y = Tensor::Empty({b, t}, kI64);
+  out.x = RawTensor::Empty({b, t}, kI64);
+  out.y = RawTensor::Empty({b, t}, kI64);
   int64_t* x = out.x.data<int64_t>();
   int64_t* y = out.y.data<int64_t>();
   for (int64_t r = 0; r < b; ++r) {

@@ -48,7 +48,7 @@ uint64_t UniformBelow(Generator& gen, uint64_t bound);
 
 // Rows `indices` of x along dim 0: [indices.size(), x.shape()[1:]...], x's dtype, contiguous.
 // Throws tg::Error for an index outside [0, x.size(0)) or a non-CPU tensor.
-Tensor GatherRows(const Tensor& x, absl::Span<const int64_t> indices);
+RawTensor GatherRows(const RawTensor& x, absl::Span<const int64_t> indices);
 
 struct BatcherOptions {
   int64_t batch_size = 1;
@@ -116,13 +116,13 @@ class IndexBatcher {
 class ImageBatcher {
  public:
   struct Batch {
-    Tensor images;  // [b, images.shape()[1:]...], the images' dtype (f32 [b, 1, 28, 28])
-    Tensor labels;  // [b], the labels' dtype (i64)
+    RawTensor images;  // [b, images.shape()[1:]...], the images' dtype (f32 [b, 1, 28, 28])
+    RawTensor labels;  // [b], the labels' dtype (i64)
     std::vector<int64_t> indices;  // the example indices of the batch, in order
   };
 
   // images [N, ...] and labels [N] on the CPU (tg::Error otherwise).
-  ImageBatcher(Tensor images, Tensor labels, const BatcherOptions& options);
+  ImageBatcher(RawTensor images, RawTensor labels, const BatcherOptions& options);
 
   Batch Next();
   // Data parallel: the same batch as Next() (the same indices, the same state afterwards), but
@@ -139,16 +139,16 @@ class ImageBatcher {
   void load_state_dict(const StateDict& state_dict) { indices_.load_state_dict(state_dict); }
 
  private:
-  Tensor images_;
-  Tensor labels_;
+  RawTensor images_;
+  RawTensor labels_;
   IndexBatcher indices_;
 };
 
 class TokenBatcher {
  public:
   struct Batch {
-    Tensor x;  // i64 [B, T]: tokens[o_b + t]
-    Tensor y;  // i64 [B, T]: tokens[o_b + t + 1], the next-token targets
+    RawTensor x;  // i64 [B, T]: tokens[o_b + t]
+    RawTensor y;  // i64 [B, T]: tokens[o_b + t + 1], the next-token targets
   };
 
   // Needs at least block_size + 1 tokens (one window and its targets), batch_size >= 1 and

@@ -31,9 +31,9 @@ absl::StatusOr<MnistData> LoadMnistFiles(const std::string& images_path,
   TG_CHECK(std::isfinite(options.mean), "LoadMnist: mean must be finite, got ", options.mean);
   TG_CHECK(std::isfinite(options.std) && options.std > 0,
            "LoadMnist: std must be positive and finite, got ", options.std);
-  absl::StatusOr<Tensor> images = ReadIdx(images_path);
+  absl::StatusOr<RawTensor> images = ReadIdx(images_path);
   if (!images.ok()) return images.status();
-  absl::StatusOr<Tensor> labels = ReadIdx(labels_path);
+  absl::StatusOr<RawTensor> labels = ReadIdx(labels_path);
   if (!labels.ok()) return labels.status();
 
   if (images->dim() != 3 || images->size(1) != kMnistImageSize ||
@@ -55,7 +55,7 @@ absl::StatusOr<MnistData> LoadMnistFiles(const std::string& images_path,
   }
 
   MnistData out;
-  out.labels = Tensor::Empty({n}, kI64);
+  out.labels = RawTensor::Empty({n}, kI64);
   const uint8_t* l = labels->data<uint8_t>();
   int64_t* lo = out.labels.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
@@ -72,7 +72,7 @@ absl::StatusOr<MnistData> LoadMnistFiles(const std::string& images_path,
   for (int p = 0; p < 256; ++p) {
     table[p] = static_cast<float>((p / 255.0 - options.mean) / options.std);
   }
-  out.images = Tensor::Empty({n, 1, kMnistImageSize, kMnistImageSize}, kF32);
+  out.images = RawTensor::Empty({n, 1, kMnistImageSize, kMnistImageSize}, kF32);
   const uint8_t* src = images->data<uint8_t>();
   float* dst = out.images.data<float>();
   for (int64_t i = 0; i < images->numel(); ++i) dst[i] = table[src[i]];

@@ -44,8 +44,8 @@ struct MnistOptions {
 };
 
 struct MnistData {
-  Tensor images;  // f32 [N, 1, 28, 28]
-  Tensor labels;  // i64 [N], values in [0, 10)
+  RawTensor images;  // f32 [N, 1, 28, 28]
+  RawTensor labels;  // i64 [N], values in [0, 10)
 };
 
 // Loads one split from `dir` ("train-*" or "t10k-*" files).

@@ -36,7 +36,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   const Device device = pg_->device();
 
   // named_parameters() lists a shared parameter once, under its first name.
-  const std::vector<std::pair<std::string, Variable>> named = module_->named_parameters();
+  const std::vector<std::pair<std::string, Tensor>> named = module_->named_parameters();
   for (const auto& [name, p] : named) {
     TG_CHECK(p.data().device() == device, kName, ": parameter ", name, " is on ",
              p.data().device().ToString(), " but the process group '", pg_->name(), "' (",
@@ -46,7 +46,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
   // ---- All replicas start from rank 0's state.
   if (pg_->size() > 1 && options_.broadcast_parameters) {
-    std::vector<Tensor> data;
+    std::vector<RawTensor> data;
     data.reserve(named.size());
     for (const auto& [name, p] : named) data.push_back(p.data());
     BroadcastFromRank0(data, "parameters");
@@ -65,13 +65,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   int64_t bucket_bytes = 0;
   int64_t bucket_numel = 0;
   for (const int32_t i : order) {
-    const Variable& var = named[i].second;
+    const Tensor& var = named[i].second;
     const int64_t bytes = var.numel() * static_cast<int64_t>(ElementSize(var.dtype()));
     const bool start_new = buckets_.empty() || var.dtype() != params_.back().var.dtype() ||
                            (bucket_bytes > 0 && bucket_bytes + bytes > options_.bucket_cap_bytes);
     if (start_new) {
       if (!buckets_.empty()) {
-        buckets_.back().buffer = Tensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
+        buckets_.back().buffer = RawTensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
       }
       buckets_.emplace_back();
       buckets_.back().first_param = static_cast<int32_t>(params_.size());
@@ -89,10 +89,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     bucket_bytes += bytes;
     bucket_numel += var.numel();
   }
-  buckets_.back().buffer = Tensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
+  buckets_.back().buffer = RawTensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
   for (Param& p : params_) {
     p.slot = buckets_[p.bucket].buffer.narrow(0, p.offset, p.var.numel()).view(p.var.shape());
-    p.grad_view = Variable(p.slot);
+    p.grad_view = Tensor(p.slot);
   }
   for (Bucket& b : buckets_) b.pending = b.end_param - b.first_param;
 
@@ -101,7 +101,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   hooks_.reserve(params_.size());
   for (int32_t i = 0; i < static_cast<int32_t>(params_.size()); ++i) {
     hooks_.push_back(params_[i].var.register_post_accumulate_grad_hook(
-        [this, i](const Variable&) { OnGradAccumulated(i); }));
+        [this, i](const Tensor&) { OnGradAccumulated(i); }));
   }
 }
 
@@ -110,21 +110,21 @@ DistributedDataParallel::~DistributedDataParallel() {
   (void)WaitAll();  // buffers must outlive the collectives that use them
 }
 
-void DistributedDataParallel::BroadcastFromRank0(const std::vector<Tensor>& tensors,
+void DistributedDataParallel::BroadcastFromRank0(const std::vector<RawTensor>& tensors,
                                                  const char* what) {
   // One flat buffer per transport dtype, in first-appearance order (the same on every rank).
   std::vector<DType> dtypes;
   std::map<DType, int64_t> numel;
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     const DType d = TransportDType(t.dtype());
     if (numel.find(d) == numel.end()) dtypes.push_back(d);
     numel[d] += t.numel();
   }
   const Device device = pg_->device();
   for (const DType d : dtypes) {
-    Tensor flat = Tensor::Empty({numel[d]}, d, device);  // [numel of this dtype]
+    RawTensor flat = RawTensor::Empty({numel[d]}, d, device);  // [numel of this dtype]
     int64_t offset = 0;
-    for (const Tensor& t : tensors) {
+    for (const RawTensor& t : tensors) {
       if (TransportDType(t.dtype()) != d) continue;
       flat.narrow(0, offset, t.numel()).view(t.shape()).copy_(t);
       offset += t.numel();
@@ -137,7 +137,7 @@ void DistributedDataParallel::BroadcastFromRank0(const std::vector<Tensor>& tens
     }
     if (pg_->rank() == 0) continue;
     offset = 0;
-    for (const Tensor& t : tensors) {
+    for (const RawTensor& t : tensors) {
       if (TransportDType(t.dtype()) != d) continue;
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
       t.storage()->bump_version();
@@ -147,9 +147,9 @@ void DistributedDataParallel::BroadcastFromRank0(const std::vector<Tensor>& tens
 }
 
 void DistributedDataParallel::BroadcastBuffers() {
-  const std::vector<std::pair<std::string, Tensor>> named = module_->named_buffers();
+  const std::vector<std::pair<std::string, RawTensor>> named = module_->named_buffers();
   if (named.empty()) return;
-  std::vector<Tensor> buffers;
+  std::vector<RawTensor> buffers;
   std::set<std::pair<const Storage*, int64_t>> seen;  // a shared buffer once
   for (const auto& [name, b] : named) {
     TG_CHECK(b.device() == pg_->device(), kName, ": buffer ", name, " is on ",
@@ -159,7 +159,7 @@ void DistributedDataParallel::BroadcastBuffers() {
   BroadcastFromRank0(buffers, "buffers");
 }
 
-Variable DistributedDataParallel::operator()(const Variable& input) {
+Tensor DistributedDataParallel::operator()(const Tensor& input) {
   SetTraceRank(pg_->rank());  // traces name this thread "rank R / ..." (a thread-local store)
   if (options_.broadcast_buffers && pg_->size() > 1) BroadcastBuffers();
   ForwardScope forward;  // backward passes issued by the model's forward are not reduced
@@ -229,7 +229,7 @@ void DistributedDataParallel::StartBackward(int64_t task) {
 
 void DistributedDataParallel::CopyGradIntoSlot(Param& p) {
   ++stats_.grads_copied;
-  const Tensor& g = p.var.impl()->grad.data();
+  const RawTensor& g = p.var.impl()->grad.data();
   // .grad is already this slot (a view set by an earlier reduction, accumulated in place).
   if (g.shares_storage(p.slot) && g.offset() == p.slot.offset() &&
       g.strides() == p.slot.strides()) {
@@ -270,7 +270,7 @@ void DistributedDataParallel::Finalize() {
   for (int32_t i = 0; i < static_cast<int32_t>(params_.size()); ++i) {
     Param& p = params_[i];
     if (p.ready) continue;
-    const Variable& g = p.var.impl()->grad;
+    const Tensor& g = p.var.impl()->grad;
     if (p.forward_grad && g.defined()) {
       // Its only gradient since the last reduction came from a backward issued in forward.
       CopyGradIntoSlot(p);
@@ -321,17 +321,17 @@ void DistributedDataParallel::Finalize() {
   for (Param& p : params_) {
     if (!p.grad_view.data().shares_storage(p.slot) ||
         p.grad_view.data().offset() != p.slot.offset()) {
-      p.grad_view = Variable(p.slot);  // someone replaced the view's data (set_data)
+      p.grad_view = Tensor(p.slot);  // someone replaced the view's data (set_data)
     }
     if (!p.var.impl()->grad.is_same(p.grad_view)) p.var.set_grad(p.grad_view);
   }
   ++stats_.synchronized_backwards;
 }
 
-std::function<void(const Tensor& found_inf)> MaxFoundInfAcrossRanks(
+std::function<void(const RawTensor& found_inf)> MaxFoundInfAcrossRanks(
     std::shared_ptr<ProcessGroup> pg) {
   TG_CHECK(pg != nullptr, "MaxFoundInfAcrossRanks: the process group is null");
-  return [pg = std::move(pg)](const Tensor& found_inf) {
+  return [pg = std::move(pg)](const RawTensor& found_inf) {
     TG_DIST_CHECK_OK(pg->all_reduce(found_inf, ReduceOp::kMax)->wait());
   };
 }
@@ -341,8 +341,8 @@ std::function<void(std::vector<float>& amaxes)> MaxAmaxesAcrossRanks(
   TG_CHECK(pg != nullptr, "MaxAmaxesAcrossRanks: the process group is null");
   return [pg = std::move(pg), device](std::vector<float>& amaxes) {
     if (amaxes.empty()) return;  // no FP8 layer: every rank skips alike
-    const Tensor t =
-        Tensor::FromVector<float>(amaxes, {static_cast<int64_t>(amaxes.size())}).to(device);
+    const RawTensor t =
+        RawTensor::FromVector<float>(amaxes, {static_cast<int64_t>(amaxes.size())}).to(device);
     TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kMax)->wait());
     amaxes = t.to_vector<float>();
   };

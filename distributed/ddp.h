@@ -10,7 +10,7 @@
 //   tg::optim::SGD sgd(model->parameters(), sgd_options);
 //   for (...) {
 //     sgd.zero_grad();
-//     tg::Variable loss = tg::nn::MseLoss(ddp(x_local), y_local);   // mean over the local batch
+//     tg::Tensor loss = tg::nn::MseLoss(ddp(x_local), y_local);   // mean over the local batch
 //     loss.backward();          // .grad = mean over ranks of the local gradients, on every rank
 //     sgd.step();
 //   }
@@ -176,8 +176,8 @@ class DistributedDataParallel {
 
   // The module's forward (operator(), with its hooks) inside a ForwardScope, after the buffer
   // broadcast when enabled.
-  Variable operator()(const Variable& input);
-  Variable forward(const Variable& input) { return (*this)(input); }
+  Tensor operator()(const Tensor& input);
+  Tensor forward(const Tensor& input) { return (*this)(input); }
 
   // RAII: while alive, backward passes do not communicate and .grad accumulates locally.
   class NoSyncGuard {
@@ -208,27 +208,27 @@ class DistributedDataParallel {
 
  private:
   struct Param {
-    Variable var;
+    Tensor var;
     std::string name;
     int32_t bucket = 0;
     int32_t registration_index = 0;  // position in the module's deduplicated parameters
     int64_t offset = 0;              // first element of the slot in the bucket buffer
-    Tensor slot;                     // view of the bucket buffer with the parameter's shape
-    Variable grad_view;              // Variable(slot): becomes .grad after the reduction
+    RawTensor slot;                     // view of the bucket buffer with the parameter's shape
+    Tensor grad_view;              // Tensor(slot): becomes .grad after the reduction
     bool ready = false;              // the slot holds this backward's gradient
     // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) since
     // the last synchronised backward: reduced by the next one even if its hook does not fire.
     bool forward_grad = false;
   };
   struct Bucket {
-    Tensor buffer;                           // [numel] of the bucket's dtype, on pg_->device()
+    RawTensor buffer;                           // [numel] of the bucket's dtype, on pg_->device()
     int32_t first_param = 0, end_param = 0;  // range in params_
     int32_t pending = 0;                     // parameters not ready yet in this backward
     bool launched = false;
     std::shared_ptr<Work> work;
   };
 
-  void BroadcastFromRank0(const std::vector<Tensor>& tensors, const char* what);
+  void BroadcastFromRank0(const std::vector<RawTensor>& tensors, const char* what);
   void BroadcastBuffers();
   void OnGradAccumulated(int32_t index);
   void StartBackward(int64_t task);
@@ -254,7 +254,7 @@ class DistributedDataParallel {
 
 // For MixedPrecisionOptions::reduce_found_inf: all_reduce(kMax) of found_inf in place and wait
 // (a synchronisation with every rank); a failed collective throws tg::Error.
-std::function<void(const Tensor& found_inf)> MaxFoundInfAcrossRanks(
+std::function<void(const RawTensor& found_inf)> MaxFoundInfAcrossRanks(
     std::shared_ptr<ProcessGroup> pg);
 
 // For amp::Fp8Training::set_amax_reducer (delayed FP8 scaling): the amaxes of a pass, as one f32

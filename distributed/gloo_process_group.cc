@@ -534,7 +534,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::Create(
   return std::shared_ptr<ProcessGroup>(group);
 }
 
-std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
+std::shared_ptr<Work> GlooProcessGroup::all_reduce(const RawTensor& tensor, ReduceOp op) {
   CheckTensor("all_reduce", "tensor", tensor);
   CheckReduceOp("all_reduce", tensor, op);
   const ReduceFn fn = ReduceFor(tensor.dtype(), op);
@@ -574,7 +574,7 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const Tensor& tensor, ReduceO
                        });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input,
+std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const RawTensor& output, const RawTensor& input,
                                                        ReduceOp op) {
   CheckTensor("reduce_scatter", "output", output);
   CheckTensor("reduce_scatter", "input", input);
@@ -606,7 +606,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& output, con
                        });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
+std::shared_ptr<Work> GlooProcessGroup::all_gather(const RawTensor& output, const RawTensor& input) {
   CheckTensor("all_gather", "output", output);
   CheckTensor("all_gather", "input", input);
   CheckChunks("all_gather", "output", output, "input", input);
@@ -636,7 +636,7 @@ std::shared_ptr<Work> GlooProcessGroup::all_gather(const Tensor& output, const T
       });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::broadcast(const Tensor& tensor, int root) {
+std::shared_ptr<Work> GlooProcessGroup::broadcast(const RawTensor& tensor, int root) {
   CheckTensor("broadcast", "tensor", tensor);
   TG_CHECK(root >= 0 && root < size(), Describe("broadcast"), ": root ", root,
            " is out of range for world size ", size());

@@ -67,11 +67,11 @@ class GlooProcessGroup final : public ProcessGroup {
   static absl::Status CheckInterface(int rank, const std::string& name, const GlooOptions& options);
 
   const char* backend() const override { return "gloo"; }
-  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override;
-  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
+  std::shared_ptr<Work> all_reduce(const RawTensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter(const RawTensor& output, const RawTensor& input,
                                        ReduceOp op) override;
-  std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) override;
-  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override;
+  std::shared_ptr<Work> all_gather(const RawTensor& output, const RawTensor& input) override;
+  std::shared_ptr<Work> broadcast(const RawTensor& tensor, int root) override;
   std::shared_ptr<Work> barrier() override;
 
   struct Impl;

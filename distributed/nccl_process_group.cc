@@ -156,7 +156,7 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
 // A collective whose tensors the group holds until its end event has completed.
 struct Held {
   std::shared_ptr<cuda::Event> end;
-  absl::InlinedVector<Tensor, 4> tensors;
+  absl::InlinedVector<RawTensor, 4> tensors;
   Op op;
   absl::Time issued;
 };
@@ -546,7 +546,7 @@ struct Staging {
 // holds `tensors` until it has completed.
 template <typename Call>
 std::shared_ptr<Work> Launch(const std::shared_ptr<NcclProcessGroup::State>& state, Op op,
-                             absl::InlinedVector<Tensor, 4> tensors, int64_t count,
+                             absl::InlinedVector<RawTensor, 4> tensors, int64_t count,
                              const char* call_text, int line, Call&& call,
                              const Staging& staging = {}) {
   NcclProcessGroup::State& s = *state;
@@ -616,11 +616,11 @@ bool ReduceThroughF32(DType dtype, ReduceOp op) {
 
 }  // namespace
 
-std::shared_ptr<Work> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
+std::shared_ptr<Work> NcclProcessGroup::all_reduce(const RawTensor& tensor, ReduceOp op) {
   CheckTensor("all_reduce", "tensor", tensor);
   CheckReduceOp("all_reduce", tensor, op);
   if (ReduceThroughF32(tensor.dtype(), op)) {
-    const Tensor wide = Tensor::Empty(tensor.shape(), kF32, device());
+    const RawTensor wide = RawTensor::Empty(tensor.shape(), kF32, device());
     void* data = wide.raw_data();
     const size_t count = static_cast<size_t>(tensor.numel());
     const double inv_size = 1.0 / size();
@@ -649,15 +649,15 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce(const Tensor& tensor, ReduceO
                 });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input,
+std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const RawTensor& output, const RawTensor& input,
                                                        ReduceOp op) {
   CheckTensor("reduce_scatter", "output", output);
   CheckTensor("reduce_scatter", "input", input);
   CheckChunks("reduce_scatter", "input", input, "output", output);
   CheckReduceOp("reduce_scatter", input, op);
   if (ReduceThroughF32(input.dtype(), op)) {
-    const Tensor wide_in = Tensor::Empty(input.shape(), kF32, device());
-    const Tensor wide_out = Tensor::Empty(output.shape(), kF32, device());
+    const RawTensor wide_in = RawTensor::Empty(input.shape(), kF32, device());
+    const RawTensor wide_out = RawTensor::Empty(output.shape(), kF32, device());
     const void* send = wide_in.raw_data();
     void* recv = wide_out.raw_data();
     const size_t count = static_cast<size_t>(output.numel());
@@ -688,7 +688,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
                 });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
+std::shared_ptr<Work> NcclProcessGroup::all_gather(const RawTensor& output, const RawTensor& input) {
   CheckTensor("all_gather", "output", output);
   CheckTensor("all_gather", "input", input);
   CheckChunks("all_gather", "output", output, "input", input);
@@ -703,7 +703,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_gather(const Tensor& output, const T
                 });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::broadcast(const Tensor& tensor, int root) {
+std::shared_ptr<Work> NcclProcessGroup::broadcast(const RawTensor& tensor, int root) {
   CheckTensor("broadcast", "tensor", tensor);
   TG_CHECK(root >= 0 && root < size(), Describe("broadcast"), ": root ", root,
            " is not a rank of the group (size ", size(), ")");

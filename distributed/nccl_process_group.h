@@ -42,7 +42,7 @@
 // TG_CUDA_CHECK; argument errors throw tg::Error (ProcessGroup's checks) before anything is
 // queued.
 //
-// Tensor lifetime: tapegrad's caching allocator hands a freed block out again at once, which
+// RawTensor lifetime: tapegrad's caching allocator hands a freed block out again at once, which
 // is safe only for memory used on one stream. The tensors of a collective are used on the
 // communication stream, so the group keeps a reference to each of them until the collective's
 // end event has completed, whatever the caller does with its handles or the Work. They are
@@ -101,12 +101,12 @@ class NcclProcessGroup final : public ProcessGroup {
   ~NcclProcessGroup() override;
 
   const char* backend() const override { return "nccl"; }
-  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override;
-  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
+  std::shared_ptr<Work> all_reduce(const RawTensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter(const RawTensor& output, const RawTensor& input,
                                        ReduceOp op) override;
-  std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) override;
+  std::shared_ptr<Work> all_gather(const RawTensor& output, const RawTensor& input) override;
   // root must be in [0, size()) (tg::Error otherwise).
-  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override;
+  std::shared_ptr<Work> broadcast(const RawTensor& tensor, int root) override;
   // An all_reduce of a 1-element device buffer; its Work's wait() blocks the host (see above).
   std::shared_ptr<Work> barrier() override;
 

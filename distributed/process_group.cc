@@ -24,7 +24,7 @@ std::string ProcessGroup::Describe(const char* op) const {
                       backend(), ")");
 }
 
-void ProcessGroup::CheckTensor(const char* op, const char* arg, const Tensor& t) const {
+void ProcessGroup::CheckTensor(const char* op, const char* arg, const RawTensor& t) const {
   TG_CHECK(t.defined(), Describe(op), ": ", arg, " is undefined");
   TG_CHECK(t.device() == device_, Describe(op), ": ", arg, " is on ", t.device().ToString(),
            ", the group's tensors must be on ", device_.ToString());
@@ -36,13 +36,13 @@ void ProcessGroup::CheckTensor(const char* op, const char* arg, const Tensor& t)
            " (f32, f64, f16, bf16, i32, i64)");
 }
 
-void ProcessGroup::CheckReduceOp(const char* op, const Tensor& t, ReduceOp reduce) const {
+void ProcessGroup::CheckReduceOp(const char* op, const RawTensor& t, ReduceOp reduce) const {
   TG_CHECK(reduce != ReduceOp::kAvg || IsFloating(t.dtype()), Describe(op),
            ": ReduceOp avg needs a floating dtype, got ", DTypeName(t.dtype()));
 }
 
-void ProcessGroup::CheckChunks(const char* op, const char* big_arg, const Tensor& big,
-                               const char* small_arg, const Tensor& small) const {
+void ProcessGroup::CheckChunks(const char* op, const char* big_arg, const RawTensor& big,
+                               const char* small_arg, const RawTensor& small) const {
   TG_CHECK(big.dtype() == small.dtype(), Describe(op), ": ", big_arg, " has dtype ",
            DTypeName(big.dtype()), " but ", small_arg, " has dtype ", DTypeName(small.dtype()));
   TG_CHECK(big.numel() == small.numel() * size_, Describe(op), ": ", big_arg, " must hold ",

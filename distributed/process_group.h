@@ -80,11 +80,11 @@ class ProcessGroup {
   // "gloo" or "nccl".
   virtual const char* backend() const = 0;
 
-  virtual std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output, const Tensor& input,
+  virtual std::shared_ptr<Work> all_reduce(const RawTensor& tensor, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> reduce_scatter(const RawTensor& output, const RawTensor& input,
                                                ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> all_gather(const Tensor& output, const Tensor& input) = 0;
-  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) = 0;
+  virtual std::shared_ptr<Work> all_gather(const RawTensor& output, const RawTensor& input) = 0;
+  virtual std::shared_ptr<Work> broadcast(const RawTensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 
  protected:
@@ -93,11 +93,11 @@ class ProcessGroup {
 
   // Argument checks shared by the backends (throw tg::Error naming `op` and the argument):
   // contiguous, on device(), a dtype the backend supports (f32, f64, f16, bf16, i32, i64).
-  void CheckTensor(const char* op, const char* arg, const Tensor& t) const;
-  void CheckReduceOp(const char* op, const Tensor& t, ReduceOp reduce) const;
+  void CheckTensor(const char* op, const char* arg, const RawTensor& t) const;
+  void CheckReduceOp(const char* op, const RawTensor& t, ReduceOp reduce) const;
   // `big` must hold size() chunks of small.numel() elements, same dtype.
-  void CheckChunks(const char* op, const char* big_arg, const Tensor& big, const char* small_arg,
-                   const Tensor& small) const;
+  void CheckChunks(const char* op, const char* big_arg, const RawTensor& big, const char* small_arg,
+                   const RawTensor& small) const;
   // "all_reduce on group 'default' (rank 1 of 4)" for error messages.
   std::string Describe(const char* op) const;
 

@@ -62,7 +62,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
   bool any_f16 = false;
   const auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    for (const Variable& p : groups[g].params) {
+    for (const Tensor& p : groups[g].params) {
       const size_t i = model_.size();
       TG_CHECK(p.defined(), kName, ": parameter ", i, " is undefined");
       const std::string what = absl::StrCat(
@@ -97,9 +97,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
   // reductions are the hooks. found_inf's local value is counted on the device (stats() reads it
   // lazily), so a step keeps StepCore's one host read (none with skip_on_device: the
   // all-reduced found_inf goes to the optimizer on the device).
-  local_overflows_ = Tensor::Zeros({}, kF32, device_);
+  local_overflows_ = RawTensor::Zeros({}, kF32, device_);
   amp::StepCoreHooks hooks;
-  hooks.reduce_found_inf = [this](const Tensor& found_inf) {
+  hooks.reduce_found_inf = [this](const RawTensor& found_inf) {
     local_overflows_.copy_(tg::Add(local_overflows_, found_inf));
     TG_DIST_CHECK_OK(pg_->all_reduce(found_inf, ReduceOp::kMax)->wait());
   };
@@ -191,7 +191,7 @@ void ZeroOptimizer::InitStage12() {
   NoGradGuard no_grad;
   std::vector<std::shared_ptr<Work>> works;
   for (Flat& f : flats_) {
-    f.full = Tensor::Zeros({f.numel}, f.dtype, device_);
+    f.full = RawTensor::Zeros({f.numel}, f.dtype, device_);
     for (int i : f.params) {
       const Param& p = params_[i];
       f.full.narrow(0, p.offset, p.numel).view(p.shape).copy_(p.var.data());
@@ -205,13 +205,13 @@ void ZeroOptimizer::InitStage12() {
       Param& p = params_[i];
       p.var.set_data(f.full.narrow(0, p.offset, p.numel).view(p.shape));
     }
-    Tensor m = Tensor::Empty({f.shard_numel}, MasterDType(f.dtype), device_);
+    RawTensor m = RawTensor::Empty({f.shard_numel}, MasterDType(f.dtype), device_);
     for (int b : f.buckets) {
       const Bucket& bucket = buckets_[b];
       m.narrow(0, bucket.master_offset, bucket.chunk)
           .copy_(f.full.narrow(0, bucket.start + rank_ * bucket.chunk, bucket.chunk));
     }
-    f.master = Variable(m, /*requires_grad=*/true);
+    f.master = Tensor(m, /*requires_grad=*/true);
     f.master.set_name(absl::StrCat("zero master ", fi, " (rank ", rank_, ")"));
   }
 }
@@ -241,7 +241,7 @@ std::vector<std::vector<int>> ZeroOptimizer::AssignUnits() {
   std::vector<bool> claimed(model_.size(), false);
   for (auto& [name, m] : candidates) {
     std::vector<int> mine;
-    for (const Variable& p : m->parameters(recurse)) {
+    for (const Tensor& p : m->parameters(recurse)) {
       auto it = index.find(p.impl().get());
       if (it == index.end() || claimed[it->second]) continue;
       claimed[it->second] = true;
@@ -301,7 +301,7 @@ void ZeroOptimizer::InitStage3() {
     }
   }
   NoGradGuard no_grad;
-  std::vector<Tensor> fulls(flats_.size());
+  std::vector<RawTensor> fulls(flats_.size());
   std::vector<std::shared_ptr<Work>> works;
   for (size_t fi = 0; fi < flats_.size(); ++fi) {
     Flat& f = flats_[fi];
@@ -310,7 +310,7 @@ void ZeroOptimizer::InitStage3() {
     b.chunk = b.numel / world_;
     f.numel = b.numel;
     f.shard_numel = b.chunk;
-    fulls[fi] = Tensor::Zeros({f.numel}, f.dtype, device_);
+    fulls[fi] = RawTensor::Zeros({f.numel}, f.dtype, device_);
     for (int i : f.params) {
       const Param& p = params_[i];
       fulls[fi].narrow(0, p.offset, p.numel).view(p.shape).copy_(p.var.data());
@@ -322,13 +322,13 @@ void ZeroOptimizer::InitStage3() {
     Flat& f = flats_[fi];
     f.shard = fulls[fi].narrow(0, rank_ * f.shard_numel, f.shard_numel).clone();
     // An f32 (f64) shard is its own master; f16/bf16 shards get an f32 copy.
-    f.master = Variable(MasterDType(f.dtype) == f.dtype ? f.shard : f.shard.to(kF32),
+    f.master = Tensor(MasterDType(f.dtype) == f.dtype ? f.shard : f.shard.to(kF32),
                         /*requires_grad=*/true);
     f.master.set_name(
         absl::StrCat("zero master ", fi, " (", units_[f.unit].name, ", rank ", rank_, ")"));
     for (int i : f.params) {
       Param& p = params_[i];
-      p.placeholder = Tensor::Full({}, std::numeric_limits<double>::quiet_NaN(), p.dtype, device_)
+      p.placeholder = RawTensor::Full({}, std::numeric_limits<double>::quiet_NaN(), p.dtype, device_)
                           .expand(p.shape);
       p.var.set_data(p.placeholder);
     }
@@ -339,19 +339,19 @@ void ZeroOptimizer::InstallHooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const int index = static_cast<int>(i);
     hooks_.push_back(params_[i].var.register_post_accumulate_grad_hook(
-        [this, index](const Variable&) { OnGradAccumulated(index); }));
+        [this, index](const Tensor&) { OnGradAccumulated(index); }));
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     const int unit = static_cast<int>(u);
     hooks_.push_back(units_[u].module->register_forward_pre_hook(
-        [this, unit](nn::Module&, const Variable&) -> Variable {
+        [this, unit](nn::Module&, const Tensor&) -> Tensor {
           OnUnitPreForward(unit);
-          return Variable();
+          return Tensor();
         }));
     hooks_.push_back(units_[u].module->register_forward_hook(
-        [this, unit](nn::Module&, const Variable&, const Variable&) -> Variable {
+        [this, unit](nn::Module&, const Tensor&, const Tensor&) -> Tensor {
           OnUnitForward(unit);
-          return Variable();
+          return Tensor();
         }));
   }
 }
@@ -364,7 +364,7 @@ amp::StepResult ZeroOptimizer::step() {
            ": step() found no gradients; run a backward (opt.backward(loss) or "
            "opt.scale(loss).backward()) between zero_grad() and step()");
   std::vector<amp::MasterPiece> pieces;
-  for (const Flat& f : flats_) pieces.push_back({f.master, f.master_grad, Tensor()});
+  for (const Flat& f : flats_) pieces.push_back({f.master, f.master_grad, RawTensor()});
   return core_->Step(
       pieces, *optimizer_, [this] { zero_grad(); }, [this] { PublishMasters(); });
 }
@@ -380,7 +380,7 @@ void ZeroOptimizer::PublishMasters() {
     }
     for (int b : f.buckets) {
       const Bucket& bucket = buckets_[b];
-      const Tensor mine = f.master.data().narrow(0, bucket.master_offset, bucket.chunk);
+      const RawTensor mine = f.master.data().narrow(0, bucket.master_offset, bucket.chunk);
       works.push_back(
           pg_->all_gather(f.full.narrow(0, bucket.start, bucket.numel), mine.to(f.dtype)));
     }
@@ -393,7 +393,7 @@ void ZeroOptimizer::PublishMasters() {
 
 double ZeroOptimizer::clip_master_grads(double max_norm, double norm_type) {
   update_master_grads();
-  std::vector<Tensor> grads;
+  std::vector<RawTensor> grads;
   for (const Flat& f : flats_) {
     if (f.master_grad.defined()) grads.push_back(f.master_grad);
   }
@@ -404,9 +404,9 @@ double ZeroOptimizer::ReduceNorm(double local, double norm_type) {
   // This rank's part raised to p (max for the inf norm) and a NaN flag (a max over ranks would
   // drop a NaN), reduced over the group, then the p-th root: the norm of the whole gradient.
   const bool inf_norm = std::isinf(norm_type);
-  const Tensor parts = Tensor::FromVector<double>(
+  const RawTensor parts = RawTensor::FromVector<double>(
       {inf_norm ? local : std::pow(local, norm_type), std::isnan(local) ? 1.0 : 0.0}, {2});
-  Tensor reduced = parts.to(device_);
+  RawTensor reduced = parts.to(device_);
   TG_DIST_CHECK_OK(pg_->all_reduce(reduced, inf_norm ? ReduceOp::kMax : ReduceOp::kSum)->wait());
   const std::vector<double> v = reduced.to_vector<double>();
   if (v[1] > 0) return std::nan("");
@@ -418,11 +418,11 @@ double ZeroOptimizer::ReduceNorm(double local, double norm_type) {
 void ZeroOptimizer::zero_grad() {
   ResetBackwardState();
   for (Param& p : params_) {
-    p.var.set_grad(Variable());
+    p.var.set_grad(Tensor());
     p.forward_grad = false;
   }
   for (Flat& f : flats_) {
-    f.master.set_grad(Variable());
+    f.master.set_grad(Tensor());
     f.master_grad.reset();
   }
   core_->ClearFoundInf();
@@ -431,8 +431,8 @@ void ZeroOptimizer::zero_grad() {
 
 // ---- Inspection -------------------------------------------------------------------------------
 
-std::vector<Tensor> ZeroOptimizer::full_parameters() {
-  std::vector<Tensor> out(params_.size());
+std::vector<RawTensor> ZeroOptimizer::full_parameters() {
+  std::vector<RawTensor> out(params_.size());
   NoGradGuard no_grad;
   if (options_.stage != 3) {
     for (size_t i = 0; i < params_.size(); ++i) out[i] = params_[i].var.data().clone();
@@ -450,14 +450,14 @@ std::vector<Tensor> ZeroOptimizer::full_parameters() {
   return out;
 }
 
-std::vector<Variable> ZeroOptimizer::master_params() const {
-  std::vector<Variable> out;
+std::vector<Tensor> ZeroOptimizer::master_params() const {
+  std::vector<Tensor> out;
   for (const Flat& f : flats_) out.push_back(f.master);
   return out;
 }
 
-std::vector<Tensor> ZeroOptimizer::master_grads() const {
-  std::vector<Tensor> out;
+std::vector<RawTensor> ZeroOptimizer::master_grads() const {
+  std::vector<RawTensor> out;
   for (const Flat& f : flats_) out.push_back(f.master_grad);
   return out;
 }

@@ -17,7 +17,7 @@
 //     double norm = opt.clip_master_grads(1.0);           // the norm over all shards
 //     tg::amp::StepResult r = opt.step();                 // every rank skips the same steps
 //   }
-//   std::vector<tg::Tensor> full = opt.full_parameters();  // a collective (every rank calls it)
+//   std::vector<tg::RawTensor> full = opt.full_parameters();  // a collective (every rank calls it)
 //
 // Semantics (amp::MixedPrecisionOptimizer's, see amp/mixed_precision_optimizer.h, on shards; the
 // unscale, overflow check, clip, skip and scaler update are one amp::StepCore, amp/step_core.h,
@@ -39,7 +39,7 @@
 //   contiguous chunk r. A rank's shard of a flat buffer is the concatenation of its chunks:
 //   per-bucket chunks let a bucket's reduce_scatter deliver exactly the part the rank owns.
 //   With one bucket (the default cap is large) the shard is the classic contiguous 1/W slice.
-// - Masters: one f32 Variable per flat buffer (f64 for f64 parameters) holding the rank's shard,
+// - Masters: one f32 Tensor per flat buffer (f64 for f64 parameters) holding the rank's shard,
 //   so the wrapped optimizer steps on 1/W of the elements (its groups' params are replaced by
 //   these masters; the optimizer must not have stepped). Padding elements have zero gradients
 //   and stay zero under SGD/Adam/AdamW. Stage 1/2 f32 parameters also get a separate master
@@ -75,7 +75,7 @@
 // - Stage 3: units are modules: by default every module of ZeroOptions::module that has
 //   parameters of its own, owning exactly those; or ZeroOptions::units, each owning the
 //   optimizer parameters of its subtree not claimed by an earlier unit. Between uses each
-//   parameter's data is a 1-element NaN storage expanded to its shape (Tensor::expand: stride
+//   parameter's data is a 1-element NaN storage expanded to its shape (RawTensor::expand: stride
 //   0), so the full values are not resident; the rank keeps only its shard (model dtype) and
 //   master.
 //   * A forward pre-hook all-gathers the unit's flat buffers (each parameter becomes a view of
@@ -248,10 +248,10 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale.
-  Variable scale(const Variable& loss) const override;
+  Tensor scale(const Tensor& loss) const override;
   // scale(loss).backward(); the reduction runs from the hooks (see the header comment).
   // update_master_grads = false (stage 1 only) keeps the gradients in .grad.
-  void backward(const Variable& loss, const amp::MasterBackwardOptions& options) override;
+  void backward(const Tensor& loss, const amp::MasterBackwardOptions& options) override;
   using TrainingOptimizer::backward;  // backward(loss): not deferred
   // Stage 1: reduces the gradients accumulated in the model's .grad now (a collective).
   // Stage 2/3: finishes reductions still in flight.
@@ -266,7 +266,7 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void zero_grad() override;
 
   // The model parameters' full values, in optimizer order (copies). A collective in stage 3.
-  std::vector<Tensor> full_parameters();
+  std::vector<RawTensor> full_parameters();
 
   // The whole optimizer state in amp::MixedPrecisionOptimizer's format, the same for every world
   // size and stage: "master.<i>" (the f32 master of each f16/bf16 parameter i, optimizer order),
@@ -290,10 +290,10 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   amp::LossScaler& scaler() override { return core_->scaler(); }
   optim::Optimizer& optimizer() override { return *optimizer_; }
   // The model parameters in optimizer order, and this rank's master shard per flat buffer.
-  const std::vector<Variable>& model_params() const override { return model_; }
-  std::vector<Variable> master_params() const;
+  const std::vector<Tensor>& model_params() const override { return model_; }
+  std::vector<Tensor> master_params() const;
   // This rank's master gradients (f32, [shard_numel] per flat buffer; undefined: none yet).
-  std::vector<Tensor> master_grads() const;
+  std::vector<RawTensor> master_grads() const;
   int64_t shard_numel() const;  // elements of all masters of this rank
   std::vector<ZeroFlatLayout> layout() const;
   ZeroMemory memory() const;
@@ -326,8 +326,8 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void FinishBucket(int b);
   void FinishAll();
   void ReduceModelGrads();                                  // stage 1
-  Tensor GatherFlat(const Flat& f, const Tensor& shard);    // [shard_numel] -> [numel], collective
-  Tensor ShardOf(const Flat& f, const Tensor& full) const;  // [numel] -> this rank's [shard_numel]
+  RawTensor GatherFlat(const Flat& f, const RawTensor& shard);    // [shard_numel] -> [numel], collective
+  RawTensor ShardOf(const Flat& f, const RawTensor& full) const;  // [numel] -> this rank's [shard_numel]
   void AllocateGradBuffer(Bucket& bucket);
   void FreeGradBuffer(Bucket& bucket);
   bool HasModelGrads() const;
@@ -344,18 +344,18 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void OnUnitPreForward(int unit);
   void OnUnitForward(int unit);
   void OnUnitGrad(int index);
-  std::any Pack(int unit, const Variable& v);
+  std::any Pack(int unit, const Tensor& v);
 
   std::shared_ptr<ProcessGroup> pg_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   ZeroOptions options_;
   // Unscale, overflow check, clip, skip and scaler update: the one amp::StepCore.
   std::unique_ptr<amp::StepCore> core_;
-  Tensor local_overflows_;  // 0-d f32: steps whose own shard gradients had inf/NaN
+  RawTensor local_overflows_;  // 0-d f32: steps whose own shard gradients had inf/NaN
   int rank_ = 0, world_ = 1;
   Device device_;
 
-  std::vector<Variable> model_;     // optimizer order
+  std::vector<Tensor> model_;     // optimizer order
   std::vector<std::string> names_;  // for errors and layout()
   std::vector<Param> params_;       // parallel to model_
   std::vector<Flat> flats_;

@@ -33,25 +33,25 @@ using zero_internal::RoundUp;
 
 // ---- Backward: hooks, buckets and the epilogue ----------------------------------------------
 
-Variable ZeroOptimizer::scale(const Variable& loss) const {
+Tensor ZeroOptimizer::scale(const Tensor& loss) const {
   TG_CHECK(loss.defined(), kName, ": scale() got an undefined loss");
   return core_->Scale(loss);
 }
 
-void ZeroOptimizer::backward(const Variable& loss, const amp::MasterBackwardOptions& options) {
+void ZeroOptimizer::backward(const Tensor& loss, const amp::MasterBackwardOptions& options) {
   TG_CHECK(options.update_master_grads || options_.stage == 1, kName,
            ": backward with update_master_grads=false needs stage 1; stage ", options_.stage,
            " reduce-scatters the gradients during backward");
-  const Variable scaled = scale(loss);
+  const Tensor scaled = scale(loss);
   BackwardOptions bo;
   bo.retain_graph = options.retain_graph;
   if (options.update_master_grads) {
-    scaled.backward(Variable(), bo);
+    scaled.backward(Tensor(), bo);
     return;
   }
   defer_ = true;  // the hooks stay quiet: .grad accumulates locally
   try {
-    scaled.backward(Variable(), bo);
+    scaled.backward(Tensor(), bo);
   } catch (...) {
     defer_ = false;
     throw;
@@ -87,7 +87,7 @@ void ZeroOptimizer::OnGradAccumulated(int index) {
     p.arrived = true;
     ++b.arrived;
   }
-  p.var.set_grad(Variable());  // stage 2 keeps no full gradient
+  p.var.set_grad(Tensor());  // stage 2 keeps no full gradient
   if (b.arrived == static_cast<int>(b.params.size())) LaunchReadyBuckets();
 }
 
@@ -123,7 +123,7 @@ void ZeroOptimizer::Epilogue() {
 }
 
 void ZeroOptimizer::AllocateGradBuffer(Bucket& bucket) {
-  bucket.grad = Tensor::Zeros({bucket.numel}, flats_[bucket.flat].reduce_dtype, device_);
+  bucket.grad = RawTensor::Zeros({bucket.numel}, flats_[bucket.flat].reduce_dtype, device_);
   stats_.grad_buffer_bytes += Bytes(bucket.grad);
   stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
 }
@@ -136,10 +136,10 @@ void ZeroOptimizer::FreeGradBuffer(Bucket& bucket) {
 
 void ZeroOptimizer::CopyGradIntoBucket(Param& p, bool add) {
   Bucket& b = buckets_[p.bucket];
-  const Variable g = p.var.grad();
+  const Tensor g = p.var.grad();
   if (!g.defined()) return;
   NoGradGuard no_grad;
-  const Tensor slot = b.grad.narrow(0, p.offset - b.start, p.numel).view(p.shape);
+  const RawTensor slot = b.grad.narrow(0, p.offset - b.start, p.numel).view(p.shape);
   if (add) {
     slot.copy_(tg::Add(slot, g.data()));
   } else {
@@ -161,10 +161,10 @@ void ZeroOptimizer::LaunchBucket(int b, bool from_hook) {
     if (p.arrived || !p.var.grad().defined()) continue;
     if (!bucket.grad.defined()) AllocateGradBuffer(bucket);
     CopyGradIntoBucket(p, /*add=*/false);
-    p.var.set_grad(Variable());
+    p.var.set_grad(Tensor());
     ++stats_.forward_grads_reduced;
   }
-  bucket.shard_grad = Tensor::Empty({bucket.chunk}, flats_[bucket.flat].reduce_dtype, device_);
+  bucket.shard_grad = RawTensor::Empty({bucket.chunk}, flats_[bucket.flat].reduce_dtype, device_);
   stats_.grad_buffer_bytes += Bytes(bucket.shard_grad);
   stats_.peak_grad_buffer_bytes = std::max(stats_.peak_grad_buffer_bytes, stats_.grad_buffer_bytes);
   bucket.work = pg_->reduce_scatter(bucket.shard_grad, bucket.grad, options_.reduce_op);
@@ -224,10 +224,10 @@ void ZeroOptimizer::FinishBucket(int b) {
   const DType md = MasterDType(f.dtype);
   // The reduce dtype -> master dtype (a copy unless equal; the shard gradient is ours anyway),
   // then one pass that divides by the scale and records inf/NaN of this rank's shard.
-  Tensor g = bucket.shard_grad.to(md);
+  RawTensor g = bucket.shard_grad.to(md);
   core_->Unscale({g});
-  if (!f.master_grad.defined()) f.master_grad = Tensor::Zeros({f.shard_numel}, md, device_);
-  const Tensor dst = f.master_grad.narrow(0, bucket.master_offset, bucket.chunk);
+  if (!f.master_grad.defined()) f.master_grad = RawTensor::Zeros({f.shard_numel}, md, device_);
+  const RawTensor dst = f.master_grad.narrow(0, bucket.master_offset, bucket.chunk);
   dst.copy_(tg::Add(dst, g));
   has_master_grads_ = true;
   FreeGradBuffer(bucket);
@@ -264,7 +264,7 @@ void ZeroOptimizer::ReduceModelGrads() {
     AllocateGradBuffer(bucket);
     for (int i : bucket.params) {
       CopyGradIntoBucket(params_[i], /*add=*/false);
-      params_[i].var.set_grad(Variable());  // the next backward accumulates only its own
+      params_[i].var.set_grad(Tensor());  // the next backward accumulates only its own
     }
     LaunchBucket(static_cast<int>(b), /*from_hook=*/false);
   }

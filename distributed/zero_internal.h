@@ -26,16 +26,16 @@ inline bool IsLowPrecision(DType d) { return d == kF16 || d == kBF16; }
 // The dtype of masters, master gradients and optimizer state (optim::StateDType's rule).
 inline DType MasterDType(DType d) { return d == kF64 ? kF64 : kF32; }
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-inline int64_t Bytes(const Tensor& t) {
+inline int64_t Bytes(const RawTensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 // What a stage 3 unit's pack hook stores for a tensor that is not in a gathered buffer: the
 // leaf itself (it has no history to cycle through), or the data of a non-leaf (keeping the
-// Variable would make a cycle node -> saved -> variable -> node for a saved output).
+// Tensor would make a cycle node -> saved -> variable -> node for a saved output).
 struct PlainSaved {
-  Variable leaf;
-  Tensor data;
+  Tensor leaf;
+  RawTensor data;
   uint64_t version = 0;
 };
 // A tensor saved while hooks from outside the unit were active: theirs to store and restore.
@@ -47,7 +47,7 @@ struct Delegated {
 }  // namespace zero_internal
 
 struct ZeroOptimizer::Param {
-  Variable var;
+  Tensor var;
   int group = 0;
   int flat = -1;
   int bucket = -1;
@@ -57,7 +57,7 @@ struct ZeroOptimizer::Param {
   Shape shape;
   DType dtype = kF32;
   bool arrived = false;  // stage 2/3: this backward's gradient is in its bucket
-  Tensor placeholder;    // stage 3: 1-element NaN storage expanded to `shape`
+  RawTensor placeholder;    // stage 3: 1-element NaN storage expanded to `shape`
   // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) that no
   // epilogue has taken yet: the next launch of its bucket includes it (see zero.h).
   bool forward_grad = false;
@@ -70,8 +70,8 @@ struct ZeroOptimizer::Bucket {
   int64_t numel = 0;          // padded to a multiple of the world size
   int64_t chunk = 0;          // numel / world: the part each rank owns
   int64_t master_offset = 0;  // where this rank's chunk lives in the flat buffer's master
-  Tensor grad;                // [numel] reduce dtype, while filling or in flight
-  Tensor shard_grad;          // [chunk] reduce dtype, the reduce_scatter's output
+  RawTensor grad;                // [numel] reduce dtype, while filling or in flight
+  RawTensor shard_grad;          // [chunk] reduce dtype, the reduce_scatter's output
   std::shared_ptr<Work> work;
   int arrived = 0;
   bool launched = false;
@@ -86,10 +86,10 @@ struct ZeroOptimizer::Flat {
   std::vector<int> buckets;  // buffer order
   int64_t numel = 0;         // padded, all ranks
   int64_t shard_numel = 0;   // this rank's elements
-  Tensor full;               // [numel] model dtype (stage 3: only while gathered)
-  Tensor shard;              // stage 3: [shard_numel] model dtype
-  Variable master;           // [shard_numel] f32 (f64 for f64)
-  Tensor master_grad;        // [shard_numel] master dtype, or undefined
+  RawTensor full;               // [numel] model dtype (stage 3: only while gathered)
+  RawTensor shard;              // stage 3: [shard_numel] model dtype
+  Tensor master;           // [shard_numel] f32 (f64 for f64)
+  RawTensor master_grad;        // [shard_numel] master dtype, or undefined
 };
 
 struct ZeroOptimizer::Unit {

@@ -39,7 +39,7 @@ void ZeroOptimizer::Gather(int u, bool in_backward) {
   std::vector<std::shared_ptr<Work>> works;
   for (int fi : unit.flats) {
     Flat& f = flats_[fi];
-    f.full = Tensor::Empty({f.numel}, f.dtype, device_);
+    f.full = RawTensor::Empty({f.numel}, f.dtype, device_);
     works.push_back(pg_->all_gather(f.full, f.shard));
   }
   for (auto& w : works) TG_DIST_CHECK_OK(w->wait());
@@ -62,8 +62,8 @@ void ZeroOptimizer::Free(int u) {
   unit.gathered = false;
 }
 
-std::any ZeroOptimizer::Pack(int u, const Variable& v) {
-  const Tensor& d = v.data();
+std::any ZeroOptimizer::Pack(int u, const Tensor& v) {
+  const RawTensor& d = v.data();
   for (int fi : units_[u].flats) {
     const Flat& f = flats_[fi];
     if (f.full.defined() && d.storage() == f.full.storage()) {
@@ -92,26 +92,26 @@ void ZeroOptimizer::OnUnitPreForward(int u) {
   // are not ours.
   std::optional<std::pair<PackHook, UnpackHook>> outer;
   if (const auto* current = SavedTensorHooks::Current()) outer = *current;
-  PackHook pack = [this, u, outer](const Variable& v) -> std::any {
+  PackHook pack = [this, u, outer](const Tensor& v) -> std::any {
     std::any packed = Pack(u, v);
     if (outer && std::any_cast<ParamRef>(&packed) == nullptr) {
       return Delegated{outer->second, outer->first(v)};
     }
     return packed;
   };
-  UnpackHook unpack = [this](const std::any& value) -> Variable {
+  UnpackHook unpack = [this](const std::any& value) -> Tensor {
     if (const auto* ref = std::any_cast<ParamRef>(&value)) {
       Flat& f = flats_[ref->flat];
       // The first use in a backward gathers the unit again; it stays until its gradients are
       // reduce-scattered (or the epilogue).
       if (!f.full.defined()) Gather(f.unit, /*in_backward=*/true);
-      return Variable(Tensor(f.full.storage(), ref->shape, ref->strides, ref->offset, f.dtype));
+      return Tensor(RawTensor(f.full.storage(), ref->shape, ref->strides, ref->offset, f.dtype));
     }
     if (const auto* delegated = std::any_cast<Delegated>(&value)) {
       return delegated->unpack(delegated->value);
     }
     const auto& s = std::any_cast<const PlainSaved&>(value);
-    Variable v = s.leaf.defined() ? s.leaf : Variable(s.data);
+    Tensor v = s.leaf.defined() ? s.leaf : Tensor(s.data);
     const uint64_t now = v.version();
     TG_CHECK(now == s.version, kName, ": a tensor saved for backward in a stage 3 unit (",
              DTypeName(v.dtype()), " ", ShapeToString(v.shape()),
@@ -157,7 +157,7 @@ void ZeroOptimizer::OnUnitGrad(int index) {
     ++unit.arrived;
     ++b.arrived;
   }
-  p.var.set_grad(Variable());
+  p.var.set_grad(Tensor());
   if (unit.arrived < unit.expected) return;
   // Every gradient of the unit is in: every node that used its parameters has run.
   for (int fi : unit.flats) {

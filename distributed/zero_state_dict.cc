@@ -33,8 +33,8 @@ using zero_internal::RoundUp;
 
 // ---- State dict ------------------------------------------------------------------------------
 
-Tensor ZeroOptimizer::GatherFlat(const Flat& f, const Tensor& shard) {
-  Tensor full = Tensor::Zeros({f.numel}, shard.dtype(), device_);
+RawTensor ZeroOptimizer::GatherFlat(const Flat& f, const RawTensor& shard) {
+  RawTensor full = RawTensor::Zeros({f.numel}, shard.dtype(), device_);
   std::vector<std::shared_ptr<Work>> works;
   for (int b : f.buckets) {
     const Bucket& bucket = buckets_[b];
@@ -45,8 +45,8 @@ Tensor ZeroOptimizer::GatherFlat(const Flat& f, const Tensor& shard) {
   return full;
 }
 
-Tensor ZeroOptimizer::ShardOf(const Flat& f, const Tensor& full) const {
-  Tensor shard = Tensor::Empty({f.shard_numel}, full.dtype(), device_);
+RawTensor ZeroOptimizer::ShardOf(const Flat& f, const RawTensor& full) const {
+  RawTensor shard = RawTensor::Empty({f.shard_numel}, full.dtype(), device_);
   for (int b : f.buckets) {
     const Bucket& bucket = buckets_[b];
     shard.narrow(0, bucket.master_offset, bucket.chunk)
@@ -57,7 +57,7 @@ Tensor ZeroOptimizer::ShardOf(const Flat& f, const Tensor& full) const {
 
 StateDict ZeroOptimizer::state_dict() {
   NoGradGuard no_grad;
-  auto piece = [&](const Tensor& full, int i) {
+  auto piece = [&](const RawTensor& full, int i) {
     return full.narrow(0, params_[i].offset, params_[i].numel).view(params_[i].shape).clone();
   };
   StateDict out, opt;
@@ -71,12 +71,12 @@ StateDict ZeroOptimizer::state_dict() {
       if (params_[i].group == static_cast<int>(g)) ids.push_back(static_cast<int64_t>(i));
     }
     opt.tensors[gp + "params"] =
-        Tensor::FromVector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
+        RawTensor::FromVector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
   }
   // The same flats and state keys on every rank, in the same order: the collectives match.
   for (const Flat& f : flats_) {
     if (IsLowPrecision(f.dtype)) {
-      const Tensor full = GatherFlat(f, f.master.data());
+      const RawTensor full = GatherFlat(f, f.master.data());
       for (int i : f.params) out.tensors[absl::StrCat("master.", i)] = piece(full, i);
     }
     const StateDict* st = optimizer_->param_state(f.master);
@@ -85,7 +85,7 @@ StateDict ZeroOptimizer::state_dict() {
       TG_CHECK(t.dim() == 1 && t.numel() == f.shard_numel, kName, ": state_dict: the wrapped ",
                optimizer_->name(), "'s state '", key, "' is ", ShapeToString(t.shape()),
                ", not one value per element of the shard [", f.shard_numel, "]");
-      const Tensor full = GatherFlat(f, t);
+      const RawTensor full = GatherFlat(f, t);
       for (int i : f.params) opt.tensors[absl::StrCat("state.", i, ".", key)] = piece(full, i);
     }
     for (const auto& [key, v] : st->scalars) {
@@ -109,7 +109,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
              "unexpected tensor '", key, "'");
   }
   // Masters of the f16/bf16 parameters.
-  std::vector<Tensor> masters(params_.size());
+  std::vector<RawTensor> masters(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     const std::string key = absl::StrCat("master.", i);
@@ -145,7 +145,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
     }
     const std::string params_key = gp + "params";
     TG_CHECK(in.has_tensor(params_key), op, "missing 'optimizer.", params_key, "'");
-    const Tensor listed = in.tensor(params_key);
+    const RawTensor listed = in.tensor(params_key);
     TG_CHECK(listed.dtype() == kI64 && listed.dim() == 1 && listed.to_vector<int64_t>() == ids, op,
              "'optimizer.", params_key, "' does not list the parameters of group ", g,
              " of this optimizer (", ids.size(), " parameters from ", ids.empty() ? 0 : ids.front(),
@@ -173,10 +173,10 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
       const std::string sp = absl::StrCat("state.", id, ".");
       for (const auto& [k, v] : first_state.scalars) sharded.scalars[sp + k] = v;
       for (const auto& [k, t0] : first_state.tensors) {
-        Tensor full = Tensor::Zeros({f.numel}, t0.dtype(), device_);
+        RawTensor full = RawTensor::Zeros({f.numel}, t0.dtype(), device_);
         for (int i : f.params) {
           const std::string key = absl::StrCat("state.", i, ".", k);
-          const Tensor& t = in.tensor(key);
+          const RawTensor& t = in.tensor(key);
           TG_CHECK(t.dtype() == t0.dtype() && t.shape() == params_[i].shape, op, "'optimizer.", key,
                    "' is ", DTypeName(t.dtype()), " ", ShapeToString(t.shape()), " but ",
                    describe(i), " is ", ShapeToString(params_[i].shape), " (",
@@ -193,7 +193,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
       }
     }
     sharded.tensors[params_key] =
-        Tensor::FromVector<int64_t>(master_ids, {static_cast<int64_t>(master_ids.size())});
+        RawTensor::FromVector<int64_t>(master_ids, {static_cast<int64_t>(master_ids.size())});
   }
   for (const auto& [key, t] : in.tensors) {
     (void)t;
@@ -225,11 +225,11 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
   NoGradGuard no_grad;
   for (Flat& f : flats_) {
     if (options_.stage == 3 && !IsLowPrecision(f.dtype)) continue;  // the shard is the master
-    Tensor full = Tensor::Zeros({f.numel}, MasterDType(f.dtype), device_);
+    RawTensor full = RawTensor::Zeros({f.numel}, MasterDType(f.dtype), device_);
     for (int i : f.params) {
       const Param& p = params_[i];
       // Stage 1/2 model parameters are views of f.full: their current values.
-      const Tensor value = IsLowPrecision(f.dtype) ? masters[i].to(device_) : p.var.data();
+      const RawTensor value = IsLowPrecision(f.dtype) ? masters[i].to(device_) : p.var.data();
       full.narrow(0, p.offset, p.numel).view(p.shape).copy_(value);
     }
     f.master.data().copy_(ShardOf(f, full));

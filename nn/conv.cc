@@ -27,16 +27,16 @@ Conv2d::Conv2d(const Conv2dOptions& options, Generator& gen)
   params_.padding = options.padding();
   params_.dilation = options.dilation();
   weight_ = register_parameter("weight",
-                               Tensor::Empty({out_channels, in_channels, kernel[0], kernel[1]}));
+                               RawTensor::Empty({out_channels, in_channels, kernel[0], kernel[1]}));
   init::KaimingUniform(weight_, gen, std::sqrt(5.0));
   if (options.bias()) {
     double bound = 1.0 / std::sqrt(static_cast<double>(init::FanInAndOut(weight_.shape()).first));
-    bias_ = register_parameter("bias", Tensor::Empty({out_channels}));
+    bias_ = register_parameter("bias", RawTensor::Empty({out_channels}));
     init::Uniform(bias_, gen, -bound, bound);
   }
 }
 
-Variable Conv2d::forward(const Variable& x) { return tg::Conv2d(x, weight_, bias_, params_); }
+Tensor Conv2d::forward(const Tensor& x) { return tg::Conv2d(x, weight_, bias_, params_); }
 
 std::string Conv2d::extra_repr() const {
   return absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
@@ -47,7 +47,7 @@ std::string Conv2d::extra_repr() const {
 
 MaxPool2d::MaxPool2d(const MaxPool2dOptions& options) : Module("MaxPool2d"), options_(options) {}
 
-Variable MaxPool2d::forward(const Variable& x) {
+Tensor MaxPool2d::forward(const Tensor& x) {
   return tg::MaxPool2d(x, options_.kernel_size(), options_.stride(), options_.padding());
 }
 

@@ -4,7 +4,7 @@
 //
 //   tg::nn::Conv2d conv(tg::nn::Conv2dOptions(1, 32, {3, 3}).padding({1, 1}), gen);
 //   tg::nn::MaxPool2d pool({2, 2});   // MaxPool2dOptions({2, 2}).stride({1, 1}) for others
-//   tg::Variable y = pool(tg::Relu(conv(images)));   // [b, 1, 28, 28] -> [b, 32, 14, 14]
+//   tg::Tensor y = pool(tg::Relu(conv(images)));   // [b, 1, 28, 28] -> [b, 32, 14, 14]
 #ifndef TAPEGRAD_NN_CONV_H_
 #define TAPEGRAD_NN_CONV_H_
 
@@ -45,16 +45,16 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
          Generator& gen)  // stride 1, no padding, with a bias
       : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size), gen) {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  const Variable& weight() const { return weight_; }  // [out, in, kh, kw]
-  const Variable& bias() const { return bias_; }      // [out] or undefined
+  const Tensor& weight() const { return weight_; }  // [out, in, kh, kw]
+  const Tensor& bias() const { return bias_; }      // [out] or undefined
   const Conv2dOptions& options() const { return options_; }
 
  private:
   Conv2dOptions options_;
   Conv2dParams params_;  // stride, padding and dilation of options_, as tg::Conv2d takes them
-  Variable weight_, bias_;
+  Tensor weight_, bias_;
 };
 
 // MaxPool2d's options, as torch::nn::MaxPool2dOptions; the stride defaults to the kernel size
@@ -72,7 +72,7 @@ class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(const MaxPool2dOptions& options);
   explicit MaxPool2d(Size2 kernel_size) : MaxPool2d(MaxPool2dOptions(kernel_size)) {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const MaxPool2dOptions& options() const { return options_; }
 

@@ -10,7 +10,7 @@ namespace init {
 
 namespace {
 
-const Variable& Overwrite(const Variable& v, const Tensor& values) {
+const Tensor& Overwrite(const Tensor& v, const RawTensor& values) {
   TG_CHECK(v.defined(), "init: undefined variable");
   TG_CHECK(IsFloating(v.dtype()), "init: ", v.name().empty() ? "the variable" : v.name(),
            " has dtype ", DTypeName(v.dtype()), "; initialisers need a floating dtype");
@@ -43,42 +43,42 @@ double Gain(Nonlinearity nonlinearity, double param) {
   return 1.0;
 }
 
-const Variable& Normal(const Variable& v, Generator& gen, double mean, double stddev) {
+const Tensor& Normal(const Tensor& v, Generator& gen, double mean, double stddev) {
   return Overwrite(v, RandNormal(v.shape(), gen, mean, stddev));
 }
 
-const Variable& Uniform(const Variable& v, Generator& gen, double low, double high) {
+const Tensor& Uniform(const Tensor& v, Generator& gen, double low, double high) {
   return Overwrite(v, RandUniform(v.shape(), gen, low, high));
 }
 
-const Variable& Constant(const Variable& v, double value) {
+const Tensor& Constant(const Tensor& v, double value) {
   TG_CHECK(v.defined(), "init: undefined variable");
   v.data().fill_(value);
   return v;
 }
 
-const Variable& Zeros(const Variable& v) { return Constant(v, 0); }
-const Variable& Ones(const Variable& v) { return Constant(v, 1); }
+const Tensor& Zeros(const Tensor& v) { return Constant(v, 0); }
+const Tensor& Ones(const Tensor& v) { return Constant(v, 1); }
 
-const Variable& KaimingUniform(const Variable& v, Generator& gen, double a,
+const Tensor& KaimingUniform(const Tensor& v, Generator& gen, double a,
                                Nonlinearity nonlinearity) {
   double bound = Gain(nonlinearity, a) * std::sqrt(3.0 / FanInAndOut(v.shape()).first);
   return Uniform(v, gen, -bound, bound);
 }
 
-const Variable& KaimingNormal(const Variable& v, Generator& gen, double a,
+const Tensor& KaimingNormal(const Tensor& v, Generator& gen, double a,
                               Nonlinearity nonlinearity) {
   double stddev = Gain(nonlinearity, a) / std::sqrt(FanInAndOut(v.shape()).first);
   return Normal(v, gen, 0, stddev);
 }
 
-const Variable& XavierUniform(const Variable& v, Generator& gen, double gain) {
+const Tensor& XavierUniform(const Tensor& v, Generator& gen, double gain) {
   auto [fan_in, fan_out] = FanInAndOut(v.shape());
   double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
   return Uniform(v, gen, -bound, bound);
 }
 
-const Variable& XavierNormal(const Variable& v, Generator& gen, double gain) {
+const Tensor& XavierNormal(const Tensor& v, Generator& gen, double gain) {
   auto [fan_in, fan_out] = FanInAndOut(v.shape());
   return Normal(v, gen, 0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)));
 }

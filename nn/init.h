@@ -27,21 +27,21 @@ double Gain(Nonlinearity nonlinearity, double param = 0.01);
 
 // Each overwrites the variable's data (any floating dtype; drawn in f32 and rounded) and returns
 // it. They do not record on the tape.
-const Variable& Normal(const Variable& v, Generator& gen, double mean = 0, double stddev = 1);
-const Variable& Uniform(const Variable& v, Generator& gen, double low = 0, double high = 1);
-const Variable& Constant(const Variable& v, double value);
-const Variable& Zeros(const Variable& v);
-const Variable& Ones(const Variable& v);
+const Tensor& Normal(const Tensor& v, Generator& gen, double mean = 0, double stddev = 1);
+const Tensor& Uniform(const Tensor& v, Generator& gen, double low = 0, double high = 1);
+const Tensor& Constant(const Tensor& v, double value);
+const Tensor& Zeros(const Tensor& v);
+const Tensor& Ones(const Tensor& v);
 // U(-b, b) with b = gain * sqrt(3 / fan_in), gain = Gain(nonlinearity, a) (fan_in mode).
-const Variable& KaimingUniform(const Variable& v, Generator& gen, double a = 0,
+const Tensor& KaimingUniform(const Tensor& v, Generator& gen, double a = 0,
                                Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
 // N(0, std) with std = gain / sqrt(fan_in).
-const Variable& KaimingNormal(const Variable& v, Generator& gen, double a = 0,
+const Tensor& KaimingNormal(const Tensor& v, Generator& gen, double a = 0,
                               Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
 // U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)).
-const Variable& XavierUniform(const Variable& v, Generator& gen, double gain = 1);
+const Tensor& XavierUniform(const Tensor& v, Generator& gen, double gain = 1);
 // N(0, std) with std = gain * sqrt(2 / (fan_in + fan_out)).
-const Variable& XavierNormal(const Variable& v, Generator& gen, double gain = 1);
+const Tensor& XavierNormal(const Tensor& v, Generator& gen, double gain = 1);
 
 }  // namespace init
 }  // namespace nn

@@ -25,17 +25,17 @@ Linear::Linear(const LinearOptions& options, Generator& gen)
            "Linear: sizes must be positive, got in=", in_features, " out=", out_features);
   double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   // kaiming_uniform(a = sqrt(5)) as PyTorch's reset_parameters: the same bound 1/sqrt(in).
-  weight_ = register_parameter("weight", Tensor::Empty({out_features, in_features}));
+  weight_ = register_parameter("weight", RawTensor::Empty({out_features, in_features}));
   init::KaimingUniform(weight_, gen, std::sqrt(5.0));
   if (options.bias()) {
-    bias_ = register_parameter("bias", Tensor::Empty({out_features}));
+    bias_ = register_parameter("bias", RawTensor::Empty({out_features}));
     init::Uniform(bias_, gen, -bound, bound);
   }
 }
 
-Variable Linear::forward(const Variable& x) { return tg::Linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) { return tg::Linear(x, weight_, bias_); }
 
-Variable Linear::ForwardActivated(const Variable& x, tg::Activation act) {
+Tensor Linear::ForwardActivated(const Tensor& x, tg::Activation act) {
   amp::AutocastModuleScope scope(type_name());  // as operator() does for this layer
   return tg::Linear(x, weight_, bias_, act);
 }
@@ -51,11 +51,11 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
     : Module("Embedding"), num_(num_embeddings), dim_(dim) {
   TG_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
            " x ", dim);
-  weight_ = register_parameter("weight", Tensor::Empty({num_embeddings, dim}));
+  weight_ = register_parameter("weight", RawTensor::Empty({num_embeddings, dim}));
   init::Normal(weight_, gen);
 }
 
-Variable Embedding::forward(const Variable& indices) {
+Tensor Embedding::forward(const Tensor& indices) {
   return tg::Embedding(weight_, indices.data());
 }
 
@@ -67,12 +67,12 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   const int64_t dim = options.dim();
   TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   if (options.elementwise_affine()) {
-    weight_ = register_parameter("weight", Tensor::Ones({dim}));
-    if (options.bias()) bias_ = register_parameter("bias", Tensor::Zeros({dim}));
+    weight_ = register_parameter("weight", RawTensor::Ones({dim}));
+    if (options.bias()) bias_ = register_parameter("bias", RawTensor::Zeros({dim}));
   }
 }
 
-Variable LayerNorm::forward(const Variable& x) {
+Tensor LayerNorm::forward(const Tensor& x) {
   return tg::LayerNorm(x, weight_, bias_, options_.eps());
 }
 
@@ -83,16 +83,16 @@ std::string LayerNorm::extra_repr() const {
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
   TG_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
-  weight_ = register_parameter("weight", Tensor::Ones({dim}));
+  weight_ = register_parameter("weight", RawTensor::Ones({dim}));
 }
 
-Variable RMSNorm::forward(const Variable& x) {
+Tensor RMSNorm::forward(const Tensor& x) {
   TG_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "RMSNorm: input ", ShapeToString(x.shape()),
            " does not end in ", dim_);
   bool low = x.dtype() == kF16 || x.dtype() == kBF16;
-  Variable xf = low ? Cast(x, kF32) : x;
-  Variable ms = Mean(Mul(xf, xf), {-1}, /*keepdim=*/true);
-  Variable y = Mul(Mul(xf, Pow(AddScalar(ms, eps_), -0.5)), weight_);
+  Tensor xf = low ? Cast(x, kF32) : x;
+  Tensor ms = Mean(Mul(xf, xf), {-1}, /*keepdim=*/true);
+  Tensor y = Mul(Mul(xf, Pow(AddScalar(ms, eps_), -0.5)), weight_);
   if (low && !amp::AutocastEnabled()) y = Cast(y, x.dtype());
   return y;
 }
@@ -105,26 +105,26 @@ Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen
   TG_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
 }
 
-Variable Dropout::forward(const Variable& x) {
+Tensor Dropout::forward(const Tensor& x) {
   if (p_ == 0 || !is_training()) return x;
   return tg::Dropout(x, p_, *gen_, /*training=*/true);
 }
 
 std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
 
-Variable ReLU::forward(const Variable& x) { return Relu(x); }
+Tensor ReLU::forward(const Tensor& x) { return Relu(x); }
 GELU::GELU(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
   TG_CHECK(tanh_ || options.approximate() == "none",
            "GELU: approximate must be 'none' or 'tanh', got '", options.approximate(), "'");
 }
 
-Variable GELU::forward(const Variable& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
+Tensor GELU::forward(const Tensor& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
 std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
-Variable Tanh::forward(const Variable& x) { return tg::Tanh(x); }
+Tensor Tanh::forward(const Tensor& x) { return tg::Tanh(x); }
 
-Variable SiLU::forward(const Variable& x) { return tg::Silu(x); }
+Tensor SiLU::forward(const Tensor& x) { return tg::Silu(x); }
 
-Variable Flatten::forward(const Variable& x) {
+Tensor Flatten::forward(const Tensor& x) {
   int64_t start = start_ < 0 ? start_ + x.dim() : start_;
   TG_CHECK(start >= 0 && start < std::max<int64_t>(x.dim(), 1), "Flatten: start_dim ", start_,
            " is out of range for input ", ShapeToString(x.shape()));
@@ -137,7 +137,7 @@ Variable Flatten::forward(const Variable& x) {
 
 std::string Flatten::extra_repr() const { return absl::StrCat("start_dim=", start_); }
 
-Variable Activate(const Variable& x, Activation activation) {
+Tensor Activate(const Tensor& x, Activation activation) {
   switch (activation) {
     case Activation::kRelu:
       return Relu(x);
@@ -167,8 +167,8 @@ const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
   return modules_[i];
 }
 
-Variable Sequential::forward(const Variable& x) {
-  Variable h = x;
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
   for (const auto& m : modules_) h = (*m)(h);
   return h;
 }
@@ -207,8 +207,8 @@ Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& optio
   }
 }
 
-Variable Mlp::forward(const Variable& x) {
-  Variable h = x;
+Tensor Mlp::forward(const Tensor& x) {
+  Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const bool hidden = i + 1 < layers_.size();
     // The tanh-GELU runs in the product's epilogue (and its derivative in the backward's),
@@ -231,13 +231,13 @@ std::string Mlp::extra_repr() const {
   return absl::StrCat("activation=", kNames[static_cast<int>(options_.activation)]);
 }
 
-std::vector<Variable> LinearWeights(Module& root) {
-  std::vector<Variable> weights;
+std::vector<Tensor> LinearWeights(Module& root) {
+  std::vector<Tensor> weights;
   for (const auto& [name, module] : root.named_modules()) {
     const auto* linear = dynamic_cast<const Linear*>(module.get());
     if (linear == nullptr) continue;
-    const Variable& w = linear->weight();
-    const bool seen = std::any_of(weights.begin(), weights.end(), [&](const Variable& v) {
+    const Tensor& w = linear->weight();
+    const bool seen = std::any_of(weights.begin(), weights.end(), [&](const Tensor& v) {
       return v.impl() == w.impl();
     });
     if (!seen) weights.push_back(w);

@@ -7,7 +7,7 @@
 //       std::make_shared<tg::nn::Flatten>(), std::make_shared<tg::nn::Linear>(784, 256, gen),
 //       std::make_shared<tg::nn::ReLU>(),
 //       std::make_shared<tg::nn::Linear>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
-//   tg::Variable logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
+//   tg::Tensor logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
 #ifndef TAPEGRAD_NN_LAYERS_H_
 #define TAPEGRAD_NN_LAYERS_H_
 
@@ -45,33 +45,33 @@ class Linear : public Module {
   Linear(const LinearOptions& options, Generator& gen);
   Linear(int64_t in_features, int64_t out_features, Generator& gen)  // with a bias
       : Linear(LinearOptions(in_features, out_features), gen) {}
-  Variable forward(const Variable& x) override;  // [..., in] -> [..., out]
+  Tensor forward(const Tensor& x) override;  // [..., in] -> [..., out]
   // act(forward(x)) as one fused op (tg::Linear with an Activation: the GELU in the cuBLASLt
   // epilogue on CUDA), in the layer's autocast module scope like operator(). Forward hooks do
   // not run: containers use it only for layers without hooks (has_forward_hooks()).
-  Variable ForwardActivated(const Variable& x, tg::Activation act);
+  Tensor ForwardActivated(const Tensor& x, tg::Activation act);
   std::string extra_repr() const override;
-  const Variable& weight() const { return weight_; }
-  const Variable& bias() const { return bias_; }  // undefined without bias
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }  // undefined without bias
   const LinearOptions& options() const { return options_; }
 
  private:
   LinearOptions options_;
-  Variable weight_, bias_;
+  Tensor weight_, bias_;
 };
 
 // Row lookup: weight [num, dim] ~ N(0, 1). The input holds i32/i64 indices (any shape; wrap a
-// Tensor in a Variable without grad) -> [indices..., dim].
+// RawTensor in a Tensor without grad) -> [indices..., dim].
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, Generator& gen);
-  Variable forward(const Variable& indices) override;
+  Tensor forward(const Tensor& indices) override;
   std::string extra_repr() const override;
-  const Variable& weight() const { return weight_; }
+  const Tensor& weight() const { return weight_; }
 
  private:
   int64_t num_, dim_;
-  Variable weight_;
+  Tensor weight_;
 };
 
 // LayerNorm's options, as torch::nn::LayerNormOptions (over the last dim only):
@@ -90,13 +90,13 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(const LayerNormOptions& options);
   explicit LayerNorm(int64_t dim) : LayerNorm(LayerNormOptions(dim)) {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const LayerNormOptions& options() const { return options_; }
 
  private:
   LayerNormOptions options_;
-  Variable weight_, bias_;
+  Tensor weight_, bias_;
 };
 
 // x / sqrt(mean(x^2 over the last dim) + eps) * weight (weight = 1, [dim]). f16/bf16 inputs are
@@ -105,13 +105,13 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6);
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
   int64_t dim_;
   double eps_;
-  Variable weight_;
+  Tensor weight_;
 };
 
 // Zeroes elements with probability p in training mode and scales the rest by 1/(1-p); the
@@ -120,7 +120,7 @@ class RMSNorm : public Module {
 class Dropout : public Module {
  public:
   Dropout(double p, Generator& gen);
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
@@ -131,7 +131,7 @@ class Dropout : public Module {
 class ReLU : public Module {
  public:
   ReLU() : Module("ReLU") {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
 };
 
 // GELU's options, as torch::nn::GELUOptions: GELUOptions().approximate("tanh").
@@ -144,7 +144,7 @@ class GELUOptions {
 class GELU : public Module {
  public:
   explicit GELU(const GELUOptions& options = GELUOptions());
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
@@ -154,21 +154,21 @@ class GELU : public Module {
 class Tanh : public Module {
  public:
   Tanh() : Module("Tanh") {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
 };
 
 // x * sigmoid(x), as torch.nn.SiLU (the MLP activation of LLaMA-style models).
 class SiLU : public Module {
  public:
   SiLU() : Module("SiLU") {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
 };
 
 // [d0, d1, ..., dn] -> [d0, ..., d(start-1), product of the rest].
 class Flatten : public Module {
  public:
   explicit Flatten(int64_t start_dim = 1) : Module("Flatten"), start_(start_dim) {}
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
@@ -183,7 +183,7 @@ class Sequential : public Module {
   void push_back(std::shared_ptr<Module> module);
   size_t size() const { return modules_.size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const;
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;
@@ -225,7 +225,7 @@ class Mlp : public Module {
     Generator* dropout_gen = nullptr;  // required when dropout > 0
   };
   Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& options);
-  Variable forward(const Variable& x) override;
+  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const std::shared_ptr<Linear>& layer(size_t i) const { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }
@@ -236,12 +236,12 @@ class Mlp : public Module {
   std::shared_ptr<Dropout> dropout_;
 };
 
-Variable Activate(const Variable& x, Activation activation);
+Tensor Activate(const Tensor& x, Activation activation);
 
 // The weights of every nn::Linear in `root`'s tree (root included), depth first in registration
 // order, each once: what amp::Fp8Training covers for FP8 training (TE converts the te.Linear
 // layers; a tied head, which is not a Linear module, is added by the caller).
-std::vector<Variable> LinearWeights(Module& root);
+std::vector<Tensor> LinearWeights(Module& root);
 
 }  // namespace nn
 }  // namespace tg

@@ -7,7 +7,7 @@
 namespace tg {
 namespace nn {
 
-Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
+Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
                           const CrossEntropyOptions& options) {
   TG_CHECK(logits.dim() >= 1, "CrossEntropyLoss: logits must have a class dim, got ",
            ShapeToString(logits.shape()));
@@ -19,8 +19,8 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
   const int64_t rows = logits.numel() / classes;
   TG_CHECK(targets.numel() == rows, "CrossEntropyLoss: targets ", ShapeToString(targets.shape()),
            " do not match the ", rows, " rows of logits ", ShapeToString(logits.shape()));
-  Variable flat = logits.dim() == 2 ? logits : Reshape(logits, {rows, classes});
-  Tensor flat_targets = targets.dim() == 1 ? targets : targets.reshape({rows});
+  Tensor flat = logits.dim() == 2 ? logits : Reshape(logits, {rows, classes});
+  RawTensor flat_targets = targets.dim() == 1 ? targets : targets.reshape({rows});
   if (eps == 0) {
     if (options.fused) {
       return FusedCrossEntropy(flat, flat_targets, options.ignore_index, options.reduction);
@@ -29,12 +29,12 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
   }
 
   // Per-row pieces, then one reduction over the rows that are not ignored.
-  Variable nll = CrossEntropy(flat, flat_targets, options.ignore_index, Reduction::kNone);  // [N]
-  Variable smooth = MulScalar(Mean(LogSoftmax(flat), {-1}), -1.0);  // [N] mean_c(-log p)
-  Tensor keep = Ne(flat_targets, Tensor::Full({}, static_cast<double>(options.ignore_index),
+  Tensor nll = CrossEntropy(flat, flat_targets, options.ignore_index, Reduction::kNone);  // [N]
+  Tensor smooth = MulScalar(Mean(LogSoftmax(flat), {-1}), -1.0);  // [N] mean_c(-log p)
+  RawTensor keep = Ne(flat_targets, RawTensor::Full({}, static_cast<double>(options.ignore_index),
                                               flat_targets.dtype(), flat_targets.device()))
                     .to(smooth.dtype());  // [N] 1 for rows that count
-  Variable per_row = Add(MulScalar(nll, 1 - eps), MulScalar(Mul(smooth, Variable(keep)), eps));
+  Tensor per_row = Add(MulScalar(nll, 1 - eps), MulScalar(Mul(smooth, Tensor(keep)), eps));
   switch (options.reduction) {
     case Reduction::kNone:
       return per_row;
@@ -45,18 +45,18 @@ Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
   }
   // Divided by the count on the tensor's device (no host read, so no device sync on CUDA); NaN
   // when every row is ignored, like the unsmoothed mean (0 / 0).
-  return Div(Sum(per_row), Variable(tg::Sum(keep)));
+  return Div(Sum(per_row), Tensor(tg::Sum(keep)));
 }
 
-Variable MseLoss(const Variable& prediction, const Tensor& target, Reduction reduction) {
+Tensor MseLoss(const Tensor& prediction, const RawTensor& target, Reduction reduction) {
   TG_CHECK(prediction.shape() == target.shape(), "MseLoss: prediction ",
            ShapeToString(prediction.shape()), " and target ", ShapeToString(target.shape()),
            " differ in shape");
   // On PyTorch's autocast f32 list: squares of f16 values overflow above 256.
   bool low = prediction.dtype() == kF16 || prediction.dtype() == kBF16;
-  Variable pred = low && amp::AutocastEnabled() ? Cast(prediction, kF32) : prediction;
-  Variable diff = Sub(pred, Variable(target));
-  Variable sq = Mul(diff, diff);
+  Tensor pred = low && amp::AutocastEnabled() ? Cast(prediction, kF32) : prediction;
+  Tensor diff = Sub(pred, Tensor(target));
+  Tensor sq = Mul(diff, diff);
   switch (reduction) {
     case Reduction::kNone:
       return sq;

@@ -1,8 +1,8 @@
 // Losses: cross-entropy with ignore_index and label smoothing, and mean squared error (PyTorch's
 // torch.nn.functional semantics). Computed in f32 under autocast.
 //
-//   tg::Variable loss = tg::nn::CrossEntropyLoss(logits, targets, {.label_smoothing = 0.1});
-//   tg::Variable mse = tg::nn::MseLoss(prediction, target);
+//   tg::Tensor loss = tg::nn::CrossEntropyLoss(logits, targets, {.label_smoothing = 0.1});
+//   tg::Tensor mse = tg::nn::MseLoss(prediction, target);
 #ifndef TAPEGRAD_NN_LOSS_H_
 #define TAPEGRAD_NN_LOSS_H_
 
@@ -27,11 +27,11 @@ struct CrossEntropyOptions {
 };
 
 // logits [..., C], targets [...] i32/i64 (leading dims flattened into rows).
-Variable CrossEntropyLoss(const Variable& logits, const Tensor& targets,
+Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
                           const CrossEntropyOptions& options = {});
 
 // (prediction - target)^2, reduced; target is not differentiated.
-Variable MseLoss(const Variable& prediction, const Tensor& target,
+Tensor MseLoss(const Tensor& prediction, const RawTensor& target,
                  Reduction reduction = Reduction::kMean);
 
 }  // namespace nn

@@ -54,27 +54,27 @@ std::string WithThousands(int64_t n) {
 Module::Module(std::string type_name, bool autocast_scope)
     : type_name_(std::move(type_name)), autocast_scope_(autocast_scope) {}
 
-Variable Module::forward(const Variable&) {
+Tensor Module::forward(const Tensor&) {
   throw Error(absl::StrCat(type_name_, ": this module has no single-input forward(); call its ",
                            "parts or its own methods"));
 }
 
-Variable Module::operator()(const Variable& input) {
+Tensor Module::operator()(const Tensor& input) {
   // Pre-hooks, forward and hooks are forward-pass code: a backward started in them (a tiled
   // loss's per-tile backward, an auxiliary loss back-propagated from a hook) is flagged, so the
   // post-backward epilogues keyed to the user's backward (amp, DDP, ZeRO) run once, after it.
   // A nested scope is a counter; inside a backward (checkpoint recomputation) the task's flag
   // is inherited from its parent task, not read from the scope.
   ForwardScope forward_scope;
-  Variable x = input;
+  Tensor x = input;
   if (hooks_ != nullptr) {
     auto pre = hooks_->pre;  // a hook may remove itself
     for (auto& [id, hook] : pre) {
-      Variable replaced = hook(*this, x);
+      Tensor replaced = hook(*this, x);
       if (replaced.defined()) x = std::move(replaced);
     }
   }
-  Variable out;
+  Tensor out;
   if (autocast_scope_) {
     amp::AutocastModuleScope scope(type_name_);
     out = forward(x);
@@ -84,7 +84,7 @@ Variable Module::operator()(const Variable& input) {
   if (hooks_ != nullptr) {
     auto post = hooks_->post;
     for (auto& [id, hook] : post) {
-      Variable replaced = hook(*this, x, out);
+      Tensor replaced = hook(*this, x, out);
       if (replaced.defined()) out = std::move(replaced);
     }
   }
@@ -117,16 +117,16 @@ void Module::CheckNewName(const std::string& name, const char* what) const {
            " name '", name, "' is already registered");
 }
 
-Variable Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+Tensor Module::register_parameter(const std::string& name, RawTensor value, bool requires_grad) {
   CheckNewName(name, "parameter");
   TG_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
-  Variable p(std::move(value), requires_grad);
+  Tensor p(std::move(value), requires_grad);
   p.set_name(name);
   parameters_.emplace_back(name, p);
   return p;
 }
 
-void Module::register_buffer(const std::string& name, Tensor value) {
+void Module::register_buffer(const std::string& name, RawTensor value) {
   CheckNewName(name, "buffer");
   TG_CHECK(value.defined(), type_name_, ": buffer '", name, "' is undefined");
   buffers_.emplace_back(name, std::move(value));
@@ -141,13 +141,13 @@ void Module::AddChild(const std::string& name, std::shared_ptr<Module> module) {
 // ---- The tree --------------------------------------------------------------------------------
 
 void Module::CollectParameters(const std::string& prefix,
-                               std::vector<std::pair<std::string, Variable>>* out) const {
+                               std::vector<std::pair<std::string, Tensor>>* out) const {
   for (const auto& [name, p] : parameters_) out->emplace_back(prefix + name, p);
   for (const auto& [name, child] : children_) child->CollectParameters(prefix + name + ".", out);
 }
 
 void Module::CollectBuffers(const std::string& prefix,
-                            std::vector<std::pair<std::string, Tensor>>* out) const {
+                            std::vector<std::pair<std::string, RawTensor>>* out) const {
   for (const auto& [name, b] : buffers_) out->emplace_back(prefix + name, b);
   for (const auto& [name, child] : children_) child->CollectBuffers(prefix + name + ".", out);
 }
@@ -161,12 +161,12 @@ void Module::CollectModules(const std::string& prefix,
   }
 }
 
-std::vector<std::pair<std::string, Variable>> Module::named_parameters(bool recurse) const {
-  std::vector<std::pair<std::string, Variable>> all;
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> all;
   if (!recurse) return parameters_;
   CollectParameters("", &all);
   // A module reachable twice (shared) lists its parameters once, under the first name.
-  std::vector<std::pair<std::string, Variable>> unique;
+  std::vector<std::pair<std::string, Tensor>> unique;
   std::set<const VariableImpl*> seen;
   for (auto& entry : all) {
     if (seen.insert(entry.second.impl().get()).second) unique.push_back(std::move(entry));
@@ -174,15 +174,15 @@ std::vector<std::pair<std::string, Variable>> Module::named_parameters(bool recu
   return unique;
 }
 
-std::vector<Variable> Module::parameters(bool recurse) const {
-  std::vector<Variable> out;
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
   for (auto& entry : named_parameters(recurse)) out.push_back(std::move(entry.second));
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+std::vector<std::pair<std::string, RawTensor>> Module::named_buffers(bool recurse) const {
   if (!recurse) return buffers_;
-  std::vector<std::pair<std::string, Tensor>> out;
+  std::vector<std::pair<std::string, RawTensor>> out;
   CollectBuffers("", &out);
   return out;
 }
@@ -204,14 +204,14 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
-const Variable& Module::parameter(const std::string& name) const {
+const Tensor& Module::parameter(const std::string& name) const {
   for (const auto& entry : parameters_) {
     if (entry.first == name) return entry.second;
   }
   throw Error(absl::StrCat(type_name_, ": no parameter '", name, "'"));
 }
 
-const Tensor& Module::buffer(const std::string& name) const {
+const RawTensor& Module::buffer(const std::string& name) const {
   for (const auto& entry : buffers_) {
     if (entry.first == name) return entry.second;
   }
@@ -225,7 +225,7 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
-void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert) {
+void Module::ConvertTensors(const std::function<RawTensor(const RawTensor&)>& convert) {
   // Every tensor is converted first and the results are committed only when all conversions
   // succeeded: an error halfway (out of device memory, a non-leaf parameter) leaves the whole
   // module as it was, never half moved. The new tensors exist next to the old ones until the
@@ -233,21 +233,21 @@ void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert)
   // both copies for a moment).
   struct NewParam {
     VariableImpl* impl;
-    Tensor data;
-    Tensor grad;  // undefined: the parameter has no gradient
+    RawTensor data;
+    RawTensor grad;  // undefined: the parameter has no gradient
   };
   std::vector<NewParam> params;
-  std::vector<std::pair<Tensor*, Tensor>> buffers;
+  std::vector<std::pair<RawTensor*, RawTensor>> buffers;
   std::set<const VariableImpl*> seen_params;  // a parameter shared by two modules: once
-  std::set<const Tensor*> seen_buffers;       // a module reachable twice: its buffers once
+  std::set<const RawTensor*> seen_buffers;       // a module reachable twice: its buffers once
   std::function<void(Module&)> collect = [&](Module& m) {
     for (auto& [name, p] : m.parameters_) {
       VariableImpl& impl = *p.impl();
       if (!seen_params.insert(&impl).second) continue;
       TG_CHECK(impl.grad_fn == nullptr, m.type_name_, ": parameter '", name, "' is not a leaf");
-      Tensor converted = convert(impl.data);
+      RawTensor converted = convert(impl.data);
       if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
-      Tensor grad = impl.grad.defined() ? convert(impl.grad.data()) : Tensor();
+      RawTensor grad = impl.grad.defined() ? convert(impl.grad.data()) : RawTensor();
       params.push_back({&impl, std::move(converted), std::move(grad)});
     }
     for (auto& [name, b] : m.buffers_) {
@@ -258,7 +258,7 @@ void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert)
   collect(*this);
   for (NewParam& np : params) {
     np.impl->data = std::move(np.data);
-    if (np.grad.defined()) np.impl->grad = Variable(std::move(np.grad));
+    if (np.grad.defined()) np.impl->grad = Tensor(std::move(np.grad));
     // As PyTorch's set_data when the type changes: a graph recorded before keeps its old
     // accumulator (whose metadata says the old dtype and device); new graphs get a fresh one.
     // The leaf's hooks live on the leaf, not on the accumulator, so none is lost.
@@ -270,7 +270,7 @@ void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert)
 void Module::to(DType dtype) {
   TG_CHECK(IsFloating(dtype), type_name_, ".to(", DTypeName(dtype),
            "): the target must be a floating dtype");
-  ConvertTensors([dtype](const Tensor& t) {
+  ConvertTensors([dtype](const RawTensor& t) {
     return IsFloating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
   });
 }
@@ -284,7 +284,7 @@ void Module::to(Device device) {
       throw Error(absl::StrCat(type_name_, ".to(", device.ToString(), "): ", e.what()));
     }
   }
-  ConvertTensors([device](const Tensor& t) { return t.to(device); });
+  ConvertTensors([device](const RawTensor& t) { return t.to(device); });
 }
 
 // ---- State -----------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ StateDict Module::state_dict() const {
 }
 
 void Module::load_state_dict(const StateDict& state, bool strict) {
-  std::map<std::string, Tensor> targets;  // destination tensors (share storage with the module)
+  std::map<std::string, RawTensor> targets;  // destination tensors (share storage with the module)
   for (const auto& [name, p] : named_parameters()) targets[name] = p.data();
   for (const auto& [name, b] : named_buffers()) targets[name] = b;
 

@@ -10,7 +10,7 @@
 //       fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
 //       fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
 //     }
-//     tg::Variable forward(const tg::Variable& x) override {
+//     tg::Tensor forward(const tg::Tensor& x) override {
 //       return (*fc2_)(tg::Relu((*fc1_)(x)));
 //     }
 //    private:
@@ -47,9 +47,9 @@ class Module;
 // A pre-hook sees the input and may return a replacement (an undefined return keeps it); a
 // forward hook sees input and output and may return a replacement output. PyTorch's order:
 // pre-hooks in registration order, forward, hooks in registration order.
-using ForwardPreHook = std::function<Variable(Module& module, const Variable& input)>;
+using ForwardPreHook = std::function<Tensor(Module& module, const Tensor& input)>;
 using ForwardHook =
-    std::function<Variable(Module& module, const Variable& input, const Variable& output)>;
+    std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:
@@ -66,17 +66,17 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // The computation. The default throws: a module without a single-input forward (ModuleList) is
   // used through its parts.
-  virtual Variable forward(const Variable& input);
+  virtual Tensor forward(const Tensor& input);
   // Hooks + forward (see the file comment).
-  Variable operator()(const Variable& input);
+  Tensor operator()(const Tensor& input);
 
   const std::string& type_name() const { return type_name_; }
 
   // ---- The tree ----------------------------------------------------------------------------
   // Own parameters, buffers and children in registration order; recurse = false for own only.
-  std::vector<Variable> parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Variable>> named_parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, RawTensor>> named_buffers(bool recurse = true) const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // This module (name "") and every descendant, depth first in registration order.
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
@@ -84,8 +84,8 @@ class Module : public std::enable_shared_from_this<Module> {
   int64_t num_parameters() const;
 
   // Own parameter / buffer / child by name; throws tg::Error naming the module and the key.
-  const Variable& parameter(const std::string& name) const;
-  const Tensor& buffer(const std::string& name) const;
+  const Tensor& parameter(const std::string& name) const;
+  const RawTensor& buffer(const std::string& name) const;
 
   // ---- Modes and conversion ----------------------------------------------------------------
   // Sets training mode on the whole tree (dropout is active only in training).
@@ -131,9 +131,9 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual std::string extra_repr() const { return ""; }
 
  protected:
-  // Registers a leaf parameter `name` holding `value` (requires grad); returns the Variable.
-  Variable register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
-  void register_buffer(const std::string& name, Tensor value);
+  // Registers a leaf parameter `name` holding `value` (requires grad); returns the Tensor.
+  Tensor register_parameter(const std::string& name, RawTensor value, bool requires_grad = true);
+  void register_buffer(const std::string& name, RawTensor value);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     AddChild(name, module);
@@ -145,19 +145,19 @@ class Module : public std::enable_shared_from_this<Module> {
   void CheckNewName(const std::string& name, const char* what) const;
   void AddChild(const std::string& name, std::shared_ptr<Module> module);
   void CollectParameters(const std::string& prefix,
-                         std::vector<std::pair<std::string, Variable>>* out) const;
+                         std::vector<std::pair<std::string, Tensor>>* out) const;
   void CollectBuffers(const std::string& prefix,
-                      std::vector<std::pair<std::string, Tensor>>* out) const;
+                      std::vector<std::pair<std::string, RawTensor>>* out) const;
   void CollectModules(const std::string& prefix,
                       std::vector<std::pair<std::string, std::shared_ptr<Module>>>* out);
   void AppendString(const std::string& name, int indent, std::string* out) const;
-  void ConvertTensors(const std::function<Tensor(const Tensor&)>& convert);
+  void ConvertTensors(const std::function<RawTensor(const RawTensor&)>& convert);
 
   std::string type_name_;
   bool autocast_scope_;
   bool training_ = true;
-  std::vector<std::pair<std::string, Variable>> parameters_;
-  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, RawTensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<Hooks> hooks_;
 };

@@ -31,9 +31,9 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
   }
 }
 
-const Tensor& CausalSelfAttention::CausalMask(int64_t seq, Device device) {
+const RawTensor& CausalSelfAttention::CausalMask(int64_t seq, Device device) {
   if (!mask_.defined() || mask_.size(0) != seq || mask_.device() != device) {
-    Tensor mask = Tensor::Zeros({seq, seq});
+    RawTensor mask = RawTensor::Zeros({seq, seq});
     float* m = mask.data<float>();
     for (int64_t i = 0; i < seq; ++i) {
       for (int64_t j = i + 1; j < seq; ++j)
@@ -45,12 +45,12 @@ const Tensor& CausalSelfAttention::CausalMask(int64_t seq, Device device) {
   return mask_;
 }
 
-Variable CausalSelfAttention::forward(const Variable& x) {
+Tensor CausalSelfAttention::forward(const Tensor& x) {
   TG_CHECK(x.dim() == 3 && x.size(2) == options_.n_embd, "CausalSelfAttention: input ",
            ShapeToString(x.shape()), " is not [batch, seq, ", options_.n_embd, "]");
   const int64_t b = x.size(0), t = x.size(1), c = options_.n_embd, h = options_.n_head;
   const int64_t d = c / h;
-  Variable qkv = (*qkv_)(x);  // [b, t, 3c]
+  Tensor qkv = (*qkv_)(x);  // [b, t, 3c]
   const bool attn_dropout = attn_dropout_ != nullptr && is_training();
   if (!attn_dropout) {
     // One fused attention (the kernel list's ScaledDotProductAttention: cuDNN's flash attention on
@@ -59,10 +59,10 @@ Variable CausalSelfAttention::forward(const Variable& x) {
     // Attention dropout (training with p > 0) needs the probabilities, so it keeps the composed
     // path below on every device.
     const VariableList parts = Split(qkv, c, 2);  // 3 x [b, t, c]
-    auto heads = [&](const Variable& part) {
+    auto heads = [&](const Tensor& part) {
       return Permute(Reshape(part, {b, t, h, d}), {0, 2, 1, 3});  // [b, h, t, d]
     };
-    Variable y = ScaledDotProductAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+    Tensor y = ScaledDotProductAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                            /*causal=*/true, 1.0 / std::sqrt(double(d)));
     y = Reshape(Permute(y, {0, 2, 1, 3}), {b, t, c});
     y = (*proj_)(y);
@@ -70,14 +70,14 @@ Variable CausalSelfAttention::forward(const Variable& x) {
     return y;
   }
   // [b, t, 3, h, d] -> [3, b, h, t, d]; each of q, k, v as [b*h, t, d].
-  Variable heads = Permute(Reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4});
+  Tensor heads = Permute(Reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4});
   auto part = [&](int64_t i) { return Reshape(Select(heads, 0, i), {b * h, t, d}); };
-  Variable q = part(0), k = part(1), v = part(2);
-  Variable scores = MulScalar(Bmm(q, Transpose(k, 1, 2)), 1.0 / std::sqrt(double(d)));
-  scores = Add(scores, Variable(CausalMask(t, x.data().device())));  // [b*h, t, t]
-  Variable att = Softmax(scores);
+  Tensor q = part(0), k = part(1), v = part(2);
+  Tensor scores = MulScalar(Bmm(q, Transpose(k, 1, 2)), 1.0 / std::sqrt(double(d)));
+  scores = Add(scores, Tensor(CausalMask(t, x.data().device())));  // [b*h, t, t]
+  Tensor att = Softmax(scores);
   if (attn_dropout_ != nullptr) att = (*attn_dropout_)(att);
-  Variable y = Bmm(att, v);  // [b*h, t, d]
+  Tensor y = Bmm(att, v);  // [b*h, t, d]
   y = Reshape(Permute(Reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b, t, c});
   y = (*proj_)(y);
   if (resid_dropout_ != nullptr) y = (*resid_dropout_)(y);
@@ -107,9 +107,9 @@ TransformerBlock::TransformerBlock(const AttentionOptions& options, Generator& g
   }
 }
 
-Variable TransformerBlock::forward(const Variable& x) {
-  Variable h = Add(x, (*attn_)((*ln1_)(x)));
-  Variable m = (*mlp_)((*ln2_)(h));
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = Add(x, (*attn_)((*ln1_)(x)));
+  Tensor m = (*mlp_)((*ln2_)(h));
   if (mlp_dropout_ != nullptr) m = (*mlp_dropout_)(m);
   return Add(h, m);
 }

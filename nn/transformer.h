@@ -2,7 +2,7 @@
 //
 //   tg::Generator gen(0);
 //   tg::nn::TransformerBlock block({/*n_embd=*/64, /*n_head=*/4}, gen);
-//   tg::Variable y = block(x);   // x, y: [batch, seq, 64]
+//   tg::Tensor y = block(x);   // x, y: [batch, seq, 64]
 #ifndef TAPEGRAD_NN_TRANSFORMER_H_
 #define TAPEGRAD_NN_TRANSFORMER_H_
 
@@ -34,26 +34,26 @@ struct AttentionOptions {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const AttentionOptions& options, Generator& gen);
-  Variable forward(const Variable& x) override;  // [batch, seq, n_embd] -> same
+  Tensor forward(const Tensor& x) override;  // [batch, seq, n_embd] -> same
   std::string extra_repr() const override;
   const std::shared_ptr<Linear>& qkv() const { return qkv_; }
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
  private:
   // [seq, seq] f32 on `device`: 0 on and below the diagonal, -inf above.
-  const Tensor& CausalMask(int64_t seq, Device device);
+  const RawTensor& CausalMask(int64_t seq, Device device);
 
   AttentionOptions options_;
   std::shared_ptr<Linear> qkv_, proj_;
   std::shared_ptr<Dropout> attn_dropout_, resid_dropout_;
-  Tensor mask_;  // cached for the last sequence length and device
+  RawTensor mask_;  // cached for the last sequence length and device
 };
 
 // x + attn(ln1(x)), then + mlp(ln2(x)) with Mlp({n_embd, 4 n_embd, n_embd}, gelu_tanh).
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const AttentionOptions& options, Generator& gen);
-  Variable forward(const Variable& x) override;  // [batch, seq, n_embd] -> same
+  Tensor forward(const Tensor& x) override;  // [batch, seq, n_embd] -> same
   const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
   const std::shared_ptr<Mlp>& mlp() const { return mlp_; }
 

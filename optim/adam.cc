@@ -16,23 +16,23 @@ constexpr char kExpAvg[] = "exp_avg";
 constexpr char kExpAvgSq[] = "exp_avg_sq";
 constexpr char kMaxExpAvgSq[] = "max_exp_avg_sq";
 
-std::vector<ParamGroup> OneGroup(const char* name, std::vector<Variable> params) {
+std::vector<ParamGroup> OneGroup(const char* name, std::vector<Tensor> params) {
   TG_CHECK(!params.empty(), name, ": got an empty parameter list");
   return {ParamGroup(std::move(params))};
 }
 
 // The state of a parameter, created at its first step (zeros, compute dtype).
 struct AdamState {
-  Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;  // [param shape] StateDType(param); last: amsgrad
+  RawTensor exp_avg, exp_avg_sq, max_exp_avg_sq;  // [param shape] StateDType(param); last: amsgrad
   double step;                                 // after this update's increment
 };
 
-AdamState PrepareState(StateDict* state, const Tensor& param, bool amsgrad) {
+AdamState PrepareState(StateDict* state, const RawTensor& param, bool amsgrad) {
   const DType cd = StateDType(param.dtype());
   auto get = [&](const char* key) {
     auto it = state->tensors.find(key);
     if (it != state->tensors.end()) return it->second;
-    Tensor t = Tensor::Zeros(param.shape(), cd, param.device());
+    RawTensor t = RawTensor::Zeros(param.shape(), cd, param.device());
     state->tensors[key] = t;
     return t;
   };
@@ -83,7 +83,7 @@ bool AdamOptions::SetNamed(const std::string& name, double value, const std::str
   return true;
 }
 
-Adam::Adam(std::vector<Variable> params, const AdamOptions& options)
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
     : Adam("Adam", false, OneGroup("Adam", std::move(params)), options) {}
 
 Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults)
@@ -99,7 +99,7 @@ Adam::Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
   Init(std::move(groups));
 }
 
-AdamW::AdamW(std::vector<Variable> params, const AdamWOptions& options)
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : Adam("AdamW", true, OneGroup("AdamW", std::move(params)), options) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
@@ -152,7 +152,7 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
     return;
   }
   for (const ParamUpdate& u : updates) {
-    const Tensor& param = u.param.data();
+    const RawTensor& param = u.param.data();
     const AdamState st = PrepareState(u.state, param, o.amsgrad);
     const Key key(param.device().type, param.device().index, st.step);
     AdamTensorLists& lists = by_step[key];
@@ -182,32 +182,32 @@ void Adam::StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamO
   // The step count of each parameter is a 0-d f64 on its device (FusedAdam's device_step:
   // incremented by the kernel unless found_inf is set); parameters whose count is made in this
   // call, from the same host count, share one, so the update stays one call per device.
-  std::map<std::tuple<DeviceType, int, double>, Tensor> made;
+  std::map<std::tuple<DeviceType, int, double>, RawTensor> made;
   for (const ParamUpdate& u : updates) {
-    const Tensor& param = u.param.data();
+    const RawTensor& param = u.param.data();
     const DType cd = StateDType(param.dtype());
     for (const char* key : {kExpAvg, kExpAvgSq}) {
       if (u.state->tensors.count(key) == 0) {
-        u.state->tensors[key] = Tensor::Zeros(param.shape(), cd, param.device());
+        u.state->tensors[key] = RawTensor::Zeros(param.shape(), cd, param.device());
       }
     }
     if (f.amsgrad && u.state->tensors.count(kMaxExpAvgSq) == 0) {
-      u.state->tensors[kMaxExpAvgSq] = Tensor::Zeros(param.shape(), cd, param.device());
+      u.state->tensors[kMaxExpAvgSq] = RawTensor::Zeros(param.shape(), cd, param.device());
     }
     if (u.device_state->count(kStep) != 0) continue;
     // The host count (absent before the first step) is the start; it stays in `state` (stale)
     // until DeviceStateToHost overwrites it, which tells a loaded count from none.
     const double start = u.state->has_scalar(kStep) ? u.state->scalar(kStep) : 0;
-    Tensor& t = made[{param.device().type, param.device().index, start}];
-    if (!t.defined()) t = Tensor::Full({}, start, kF64, param.device());  // a fill, no upload
+    RawTensor& t = made[{param.device().type, param.device().index, start}];
+    if (!t.defined()) t = RawTensor::Full({}, start, kF64, param.device());  // a fill, no upload
     (*u.device_state)[kStep] = t;
   }
   UnshareDeviceState(updates, kStep);
   std::map<const void*, AdamTensorLists> by_count;
-  std::map<const void*, Tensor> counts;
+  std::map<const void*, RawTensor> counts;
   std::map<const void*, bool> has_copies;
   for (const ParamUpdate& u : updates) {
-    const Tensor& count = u.device_state->at(kStep);
+    const RawTensor& count = u.device_state->at(kStep);
     const void* id = count.raw_data();
     counts[id] = count;
     AdamTensorLists& lists = by_count[id];
@@ -234,7 +234,7 @@ void Adam::StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamO
   }
 }
 
-bool Adam::DeviceStateToHost(std::map<std::string, Tensor>* device_state, StateDict* state) const {
+bool Adam::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict* state) const {
   auto it = device_state->find(kStep);
   if (it == device_state->end()) return true;
   const double count = it->second.item();  // the one host read (a device sync on a GPU)

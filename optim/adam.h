@@ -89,7 +89,7 @@ struct AdamWOptions : AdamOptions {
 
 class Adam : public Optimizer {
  public:
-  explicit Adam(std::vector<Variable> params, const AdamOptions& options = {});
+  explicit Adam(std::vector<Tensor> params, const AdamOptions& options = {});
   explicit Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
 
   bool decoupled_weight_decay() const { return decoupled_; }
@@ -102,7 +102,7 @@ class Adam : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-  bool DeviceStateToHost(std::map<std::string, Tensor>* device_state,
+  bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
                          StateDict* state) const override;
 
  private:
@@ -114,7 +114,7 @@ class Adam : public Optimizer {
 
 class AdamW : public Adam {
  public:
-  explicit AdamW(std::vector<Variable> params, const AdamWOptions& options = {});
+  explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
   explicit AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults = {});
 };
 

@@ -9,16 +9,16 @@
 
 namespace tg::optim {
 
-double clip_grad_norm(const std::vector<Variable>& params, double max_norm, double norm_type) {
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   TG_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   TG_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (or inf), got ", norm_type);
-  std::vector<Variable> grads;
+  std::vector<Tensor> grads;
   std::unordered_set<const VariableImpl*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Variable& p = params[i];
+    const Tensor& p = params[i];
     TG_CHECK(p.defined(), "clip_grad_norm: parameter ", i, " is undefined");
     if (!seen.insert(p.impl().get()).second) continue;
-    Variable g = p.grad();
+    Tensor g = p.grad();
     if (!g.defined()) continue;
     TG_CHECK(IsFloating(g.dtype()), "clip_grad_norm: the gradient of parameter ", i, " has dtype ",
              DTypeName(g.dtype()), "; expected a floating dtype");
@@ -30,16 +30,16 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm, doub
   }
 
   if (grads.empty()) return 0;
-  std::vector<Tensor> data;
+  std::vector<RawTensor> data;
   data.reserve(grads.size());
-  for (const Variable& g : grads) data.push_back(g.data());
-  const Tensor norm = GlobalGradNorm(data, norm_type);  // 0-d f64 on the grads' device
+  for (const Tensor& g : grads) data.push_back(g.data());
+  const RawTensor norm = GlobalGradNorm(data, norm_type);  // 0-d f64 on the grads' device
   const double total = norm.item();  // the function's one host read (a device sync)
   double clip_coef = 1;
   // The one clip rule (tensor/optimizer_kernels.h); a non-finite total leaves the grads untouched.
   if (ClipCoefficient(total, max_norm, &clip_coef)) {
     ClipByNorm(data, norm, max_norm);  // takes the same decision where the norm lives
-    for (const Variable& g : grads) g.bump_version();
+    for (const Tensor& g : grads) g.bump_version();
   }
   return total;
 }

@@ -38,7 +38,7 @@ namespace tg::optim {
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
 // Returns the total norm of the gradients before clipping.
-double clip_grad_norm(const std::vector<Variable>& params, double max_norm, double norm_type = 2.0);
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
 }  // namespace tg::optim
 

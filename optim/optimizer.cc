@@ -105,7 +105,7 @@ void Optimizer::CheckValues(const OptimizerOptions& options, const std::string& 
   CheckOptions(options, context);
 }
 
-void Optimizer::CheckParam(const Variable& p, size_t g, size_t i) const {
+void Optimizer::CheckParam(const Tensor& p, size_t g, size_t i) const {
   TG_CHECK(p.defined(), name_, ": ", ParamName(g, i), " is undefined");
   TG_CHECK(p.is_leaf(), name_, ": ", ParamName(g, i),
            " is not a leaf; optimizers update leaves (detach() it)");
@@ -133,7 +133,7 @@ void Optimizer::add_param_group(ParamGroup group) {
   groups_.push_back(std::move(group));
 }
 
-void Optimizer::set_model_copy(const Variable& param, const Tensor& copy) {
+void Optimizer::set_model_copy(const Tensor& param, const RawTensor& copy) {
   TG_CHECK(param.defined(), name_, ".set_model_copy: the parameter is undefined");
   if (!copy.defined()) {
     model_copies_.erase(param.impl().get());
@@ -153,7 +153,7 @@ bool Optimizer::has_state() const {
   return !state_.empty();
 }
 
-bool Optimizer::DeviceStateToHost(std::map<std::string, Tensor>* device_state, StateDict*) const {
+bool Optimizer::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict*) const {
   device_state->clear();
   return true;
 }
@@ -184,48 +184,48 @@ void Optimizer::UnshareDeviceState(const std::vector<ParamUpdate>& updates,
     auto it = e.device_state.find(key);
     if (it != e.device_state.end()) ++held[it->second.raw_data()];
   }
-  std::map<const void*, Tensor> copies;
+  std::map<const void*, RawTensor> copies;
   for (const ParamUpdate& u : updates) {
     auto it = u.device_state->find(key);
     if (it == u.device_state->end()) continue;
     const void* id = it->second.raw_data();
     if (in_call[id] == held[id]) continue;
-    auto [c, inserted] = copies.emplace(id, Tensor());
+    auto [c, inserted] = copies.emplace(id, RawTensor());
     if (inserted) c->second = it->second.clone();
     it->second = c->second;
   }
 }
 
-const StateDict* Optimizer::param_state(const Variable& param) const {
+const StateDict* Optimizer::param_state(const Tensor& param) const {
   if (!param.defined()) return nullptr;
   StateToHost();
   auto it = state_.find(param.impl().get());
   return it == state_.end() ? nullptr : &it->second.state;
 }
 
-void Optimizer::step() { step(Tensor()); }
+void Optimizer::step() { step(RawTensor()); }
 
-void Optimizer::step(const Tensor& found_inf) {
+void Optimizer::step(const RawTensor& found_inf) {
   // A host-decided step continues from host counters.
   if (!found_inf.defined()) StateToHost();
   // Validate everything before changing anything.
   std::unordered_map<const VariableImpl*, std::pair<size_t, size_t>> seen;
-  std::vector<std::vector<std::pair<Variable, Tensor>>> work(groups_.size());
+  std::vector<std::vector<std::pair<Tensor, RawTensor>>> work(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
     const std::string context = absl::StrCat(name_, ".step: ", GroupName(g), ": ");
     TG_CHECK(group.has_options(), context, "the group has no options");
     CheckValues(group.options(), context);  // the type and value ranges
     for (size_t i = 0; i < group.params.size(); ++i) {
-      const Variable& p = group.params[i];
+      const Tensor& p = group.params[i];
       CheckParam(p, g, i);
       auto [it, inserted] = seen.emplace(p.impl().get(), std::make_pair(g, i));
       TG_CHECK(inserted, name_, ".step: ", ParamName(g, i), " is the same variable as ",
                ParamName(it->second.first, it->second.second),
                "; a parameter may appear only once");
-      const Variable grad = p.grad();
+      const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      const Tensor& gd = grad.data();
+      const RawTensor& gd = grad.data();
       TG_CHECK(IsFloating(gd.dtype()), name_, ".step: the gradient of ", ParamName(g, i),
                " has dtype ", DTypeName(gd.dtype()), "; expected a floating dtype");
       TG_CHECK(gd.shape() == p.shape(), name_, ".step: the gradient of ", ParamName(g, i),
@@ -290,12 +290,12 @@ void Optimizer::step(const Tensor& found_inf) {
 
 void Optimizer::zero_grad(bool set_to_none) {
   for (const ParamGroup& group : groups_) {
-    for (const Variable& p : group.params) {
+    for (const Tensor& p : group.params) {
       if (!p.defined()) continue;
-      Variable grad = p.grad();
+      Tensor grad = p.grad();
       if (!grad.defined()) continue;
       if (set_to_none) {
-        p.set_grad(Variable());
+        p.set_grad(Tensor());
         continue;
       }
       // Like PyTorch's zero_grad(set_to_none=False): a grad with history (create_graph) is
@@ -319,7 +319,7 @@ StateDict Optimizer::state_dict() const {
     const std::string gp = absl::StrCat("param_groups.", g, ".");
     for (const NamedOption& o : group.options().named()) sd.scalars[gp + o.name] = o.value;
     std::vector<int64_t> ids;
-    for (const Variable& p : group.params) {
+    for (const Tensor& p : group.params) {
       const int64_t id = index++;
       ids.push_back(id);
       const StateDict* st = param_state(p);
@@ -329,7 +329,7 @@ StateDict Optimizer::state_dict() const {
       for (const auto& [key, v] : st->scalars) sd.scalars[sp + key] = v;
     }
     sd.tensors[gp + "params"] =
-        Tensor::FromVector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
+        RawTensor::FromVector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
   }
   return sd;
 }
@@ -373,7 +373,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     TG_CHECK(group_ids.count(static_cast<int64_t>(g)) != 0, op, "param group ", g,
              " is missing from the state dict");
     TG_CHECK(sd.has_tensor(gp + "params"), op, "missing tensor '", gp, "params'");
-    const Tensor& ids = sd.tensor(gp + "params");
+    const RawTensor& ids = sd.tensor(gp + "params");
     TG_CHECK(ids.dtype() == kI64 && ids.dim() == 1, op, "'", gp,
              "params' must be a 1-D i64 tensor, got ", DTypeName(ids.dtype()), " ",
              ShapeToString(ids.shape()));
@@ -418,7 +418,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     TG_CHECK(where != id_to_param.end(), op, "state for param id ", id,
              " but no param has that id ('", sp, "...')");
     const auto [g, i] = where->second;
-    const Variable& p = groups_[g].params[i];
+    const Tensor& p = groups_[g].params[i];
     CheckParam(p, g, i);
     const StateSpec spec = ParamStateSpec(*new_options[g]);
     const DType want = StateDType(p.dtype());
@@ -433,7 +433,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     Entry entry{p, StateDict(), {}};
     for (const std::string& key : state_tensors[id]) {
       TG_CHECK(allowed_tensors.count(key) != 0, op, "unexpected tensor '", sp, key, "'");
-      const Tensor& t = sd.tensor(sp + key);
+      const RawTensor& t = sd.tensor(sp + key);
       TG_CHECK(t.shape() == p.shape(), op, "'", sp, key, "' has shape ", ShapeToString(t.shape()),
                " but ", ParamName(g, i), " has shape ", ShapeToString(p.shape()));
       TG_CHECK(t.dtype() == want, op, "'", sp, key, "' has dtype ", DTypeName(t.dtype()),
@@ -443,7 +443,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
       TG_CHECK(!AnyNonFinite({t}), op, "'", sp, key,
                "' holds a NaN or infinite value; the "
                "state of an optimizer must be finite");
-      Tensor copy = Tensor::Empty(t.shape(), t.dtype(), p.data().device());
+      RawTensor copy = RawTensor::Empty(t.shape(), t.dtype(), p.data().device());
       copy.copy_(t);
       entry.state.tensors[key] = copy;
     }

@@ -91,11 +91,11 @@ class Optimizer;
 struct ParamGroup {
   ParamGroup() = default;
   // A group that takes the optimizer's defaults when it is added.
-  ParamGroup(std::vector<Variable> params)  // NOLINT: ParamGroup({w, b})
+  ParamGroup(std::vector<Tensor> params)  // NOLINT: ParamGroup({w, b})
       : params(std::move(params)) {}
   // A group with its own hyper-parameters (a copy of `options`, which must be the optimizer's
   // type: the optimizer throws tg::Error otherwise).
-  ParamGroup(std::vector<Variable> params, const OptimizerOptions& options)
+  ParamGroup(std::vector<Tensor> params, const OptimizerOptions& options)
       : params(std::move(params)), options_(options.clone()) {}
   ParamGroup(const ParamGroup& other);
   ParamGroup& operator=(const ParamGroup& other);
@@ -104,7 +104,7 @@ struct ParamGroup {
 
   // Leaves of floating dtype, each in at most one group. Publicly mutable: a mixed-precision
   // wrapper swaps f16/bf16 params for f32 masters before the first step.
-  std::vector<Variable> params;
+  std::vector<Tensor> params;
 
   // False only for a group not yet added to an optimizer that was made without options.
   bool has_options() const { return options_ != nullptr; }
@@ -160,7 +160,7 @@ class Optimizer {
   // written (a parameter whose every step was skipped has no state). Versions are bumped and
   // model copies written (unchanged values when skipped) as by step(). An undefined found_inf
   // is step(). Throws tg::Error for a found_inf of the wrong dtype, size or device.
-  void step(const Tensor& found_inf);
+  void step(const RawTensor& found_inf);
   // set_to_none: every grad becomes undefined; otherwise grad data is zeroed in place.
   void zero_grad(bool set_to_none = true);
 
@@ -177,7 +177,7 @@ class Optimizer {
   bool has_state() const;
   // The state of `param` (its tensors and scalars, e.g. "exp_avg", "step"); null before its
   // first step. After step(found_inf): reads the device counters back first.
-  const StateDict* param_state(const Variable& param) const;
+  const StateDict* param_state(const Tensor& param) const;
 
   // Keys like PyTorch, parameters numbered 0, 1, ... across groups in order:
   //   param_groups.<g>.<option>   scalar, every option of group g (OptimizerOptions::named())
@@ -194,7 +194,7 @@ class Optimizer {
   // device). The fused Adam kernels (tg::FusedAdam) write it in the same pass as the update;
   // every other path copies it when the update is done. An undefined `copy` removes the entry.
   // Copies are not part of state_dict().
-  void set_model_copy(const Variable& param, const Tensor& copy);
+  void set_model_copy(const Tensor& param, const RawTensor& copy);
 
   // "SGD", "Adam", "AdamW": the prefix of every error message.
   const std::string& name() const { return name_; }
@@ -204,17 +204,17 @@ class Optimizer {
  protected:
   // One parameter of a step: its data is updated in place.
   struct ParamUpdate {
-    Variable param;
-    Tensor grad;        // param's shape, any floating dtype
+    Tensor param;
+    RawTensor grad;        // param's shape, any floating dtype
     StateDict* state = nullptr;  // this parameter's state; empty at its first step
-    Tensor model_copy;  // set_model_copy's tensor, or undefined
+    RawTensor model_copy;  // set_model_copy's tensor, or undefined
     // Set by a StepGroup that wrote model_copy itself; otherwise step() copies afterwards.
     mutable bool model_copy_written = false;
     // step(found_inf)'s flag (undefined for step()): the update writes nothing where it is != 0.
-    Tensor found_inf;
+    RawTensor found_inf;
     // This parameter's counters that live on the device while steps are skipped there (0-d
     // tensors on its device, keyed like its state; see DeviceStateToHost). Empty after step().
-    std::map<std::string, Tensor>* device_state = nullptr;
+    std::map<std::string, RawTensor>* device_state = nullptr;
   };
   // The state entries a parameter of `group` has once it stepped (checked by load_state_dict):
   // required ones must all be present; optional ones may be.
@@ -241,7 +241,7 @@ class Optimizer {
   // each. Returns false when the parameter never stepped (every step(found_inf) that would
   // have made its state was skipped): the base then drops the state, as if it had none. The
   // default (an optimizer that keeps no device counters) has none to move.
-  virtual bool DeviceStateToHost(std::map<std::string, Tensor>* device_state,
+  virtual bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
                                  StateDict* state) const;
   // Device counters are shared by the parameters that made them in one call (one kernel call
   // moves one counter). Before a call moves the counter `key` of `updates`, gives those
@@ -251,15 +251,15 @@ class Optimizer {
 
  private:
   struct Entry {
-    Variable param;  // keeps the key alive (no address reuse), as PyTorch's state dict does
+    Tensor param;  // keeps the key alive (no address reuse), as PyTorch's state dict does
     StateDict state;
-    std::map<std::string, Tensor> device_state;  // ParamUpdate::device_state
+    std::map<std::string, RawTensor> device_state;  // ParamUpdate::device_state
   };
   // Every entry's device counters to the host (DeviceStateToHost); no-op without any.
   void StateToHost() const;
   // The type, non-finite values, then CheckOptions; errors start with `context`.
   void CheckValues(const OptimizerOptions& options, const std::string& context) const;
-  void CheckParam(const Variable& p, size_t group, size_t index) const;
+  void CheckParam(const Tensor& p, size_t group, size_t index) const;
 
   std::string name_;
   std::unique_ptr<OptimizerOptions> defaults_;
@@ -268,7 +268,7 @@ class Optimizer {
   // Mutable: the const readers bring device counters back to the host first (StateToHost).
   mutable std::unordered_map<const VariableImpl*, Entry> state_;
   mutable bool device_state_ = false;  // some entry has device counters
-  std::unordered_map<const VariableImpl*, Tensor> model_copies_;
+  std::unordered_map<const VariableImpl*, RawTensor> model_copies_;
 };
 
 }  // namespace tg::optim

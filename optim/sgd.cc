@@ -13,7 +13,7 @@ namespace {
 
 constexpr char kMomentumBuffer[] = "momentum_buffer";
 
-std::vector<ParamGroup> OneGroup(const char* name, std::vector<Variable> params) {
+std::vector<ParamGroup> OneGroup(const char* name, std::vector<Tensor> params) {
   TG_CHECK(!params.empty(), name, ": got an empty parameter list");
   return {ParamGroup(std::move(params))};
 }
@@ -49,7 +49,7 @@ bool SGDOptions::SetNamed(const std::string& name, double value, const std::stri
   return true;
 }
 
-SGD::SGD(std::vector<Variable> params, const SGDOptions& options)
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
     : SGD(OneGroup("SGD", std::move(params)), options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
@@ -82,20 +82,20 @@ Optimizer::StateSpec SGD::ParamStateSpec(const OptimizerOptions& options) const 
 
 void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
   const SGDOptions& o = group.options_as<SGDOptions>();
-  const Tensor found_inf = updates.empty() ? Tensor() : updates[0].found_inf;
+  const RawTensor found_inf = updates.empty() ? RawTensor() : updates[0].found_inf;
   // step(found_inf): a buffer made while a skip is decided on the device gets a flag there
   // (FusedSgdOptions::momentum_buffers_valid: 0 until an update that was not skipped sets it),
   // one per device for the buffers made in this call, so whether the buffer is initialised
   // needs no host decision.
   if (found_inf.defined() && o.momentum != 0) {
-    std::map<std::pair<DeviceType, int>, Tensor> made;
+    std::map<std::pair<DeviceType, int>, RawTensor> made;
     for (const ParamUpdate& u : updates) {
       if (u.state->tensors.count(kMomentumBuffer) != 0) continue;
-      const Tensor& param = u.param.data();
+      const RawTensor& param = u.param.data();
       u.state->tensors[kMomentumBuffer] =
-          Tensor::Zeros(param.shape(), StateDType(param.dtype()), param.device());
-      Tensor& flag = made[{param.device().type, param.device().index}];
-      if (!flag.defined()) flag = Tensor::Zeros({}, kF32, param.device());
+          RawTensor::Zeros(param.shape(), StateDType(param.dtype()), param.device());
+      RawTensor& flag = made[{param.device().type, param.device().index}];
+      if (!flag.defined()) flag = RawTensor::Zeros({}, kF32, param.device());
       (*u.device_state)[kMomentumBuffer] = flag;
     }
     UnshareDeviceState(updates, kMomentumBuffer);
@@ -104,15 +104,15 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   // their flag says): the op takes the tensors of one device.
   using Key = std::tuple<DeviceType, int, bool, const void*>;  // (device, init, flag)
   std::map<Key, SgdTensorLists> lists;
-  std::map<Key, Tensor> flags;
+  std::map<Key, RawTensor> flags;
   for (const ParamUpdate& u : updates) {
-    const Tensor& param = u.param.data();
-    Tensor buf, flag;
+    const RawTensor& param = u.param.data();
+    RawTensor buf, flag;
     bool init_buf = false;
     if (o.momentum != 0) {
       auto it = u.state->tensors.find(kMomentumBuffer);
       if (it == u.state->tensors.end()) {
-        buf = Tensor::Empty(param.shape(), StateDType(param.dtype()), param.device());
+        buf = RawTensor::Empty(param.shape(), StateDType(param.dtype()), param.device());
         u.state->tensors[kMomentumBuffer] = buf;
         init_buf = true;
       } else {
@@ -141,7 +141,7 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   for (const auto& [key, l] : lists) {
     f.init_momentum_buffers = std::get<2>(key);
     auto flag = flags.find(key);
-    f.momentum_buffers_valid = flag != flags.end() ? flag->second : Tensor();
+    f.momentum_buffers_valid = flag != flags.end() ? flag->second : RawTensor();
     if (fused()) {
       FusedSgd(l, f);  // the device's one-pass kernel, or the composed ops where it declines
     } else {
@@ -150,7 +150,7 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   }
 }
 
-bool SGD::DeviceStateToHost(std::map<std::string, Tensor>* device_state, StateDict* state) const {
+bool SGD::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict* state) const {
   auto it = device_state->find(kMomentumBuffer);
   if (it == device_state->end()) return true;
   const bool valid = it->second.item() != 0;  // the one host read (a device sync on a GPU)

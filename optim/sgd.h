@@ -59,7 +59,7 @@ struct SGDOptions : OptimizerOptions {
 class SGD : public Optimizer {
  public:
   // One group holding `params` (throws on an empty list).
-  explicit SGD(std::vector<Variable> params, const SGDOptions& options = {});
+  explicit SGD(std::vector<Tensor> params, const SGDOptions& options = {});
   // Groups override any of the options; `defaults` fills in the rest.
   explicit SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults = {});
 
@@ -68,7 +68,7 @@ class SGD : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-  bool DeviceStateToHost(std::map<std::string, Tensor>* device_state,
+  bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
                          StateDict* state) const override;
 };
 

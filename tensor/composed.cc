@@ -13,35 +13,35 @@ DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
 // ---- Linear ----
 
 // With u = k (x + c x^3): gelu'(x) = (1 + tanh u) / 2 + x / 2 (1 - tanh^2 u) k (1 + 3 c x^2).
-Tensor GeluTanhGrad(const Tensor& x) {
+RawTensor GeluTanhGrad(const RawTensor& x) {
   const double k = 0.7978845608028654, c = 0.044715;  // sqrt(2 / pi)
-  const Tensor x2 = Mul(x, x);
-  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
-  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
-  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
-  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  const RawTensor x2 = Mul(x, x);
+  const RawTensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const RawTensor left = MulScalar(AddScalar(t, 1), 0.5);
+  const RawTensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const RawTensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
   return Add(left, right);
 }
 
-LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act) {
   const DType dtype = x.dtype(), ct = ComputeDType(dtype);
-  Tensor pre = Matmul(x.to(ct), weight.to(ct).transpose(0, 1));
+  RawTensor pre = Matmul(x.to(ct), weight.to(ct).transpose(0, 1));
   if (bias.defined()) pre = Add(pre, bias.to(ct));
-  if (act == Activation::kNone) return {pre.to(dtype), Tensor()};
+  if (act == Activation::kNone) return {pre.to(dtype), RawTensor()};
   return {GeluTanh(pre).to(dtype), pre.to(dtype)};
 }
 
-LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                           const Tensor& pre, Activation act, bool need_input, bool need_weight,
+LinearGrads LinearBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
+                           const RawTensor& pre, Activation act, bool need_input, bool need_weight,
                            bool need_bias) {
   const DType dtype = x.dtype(), ct = ComputeDType(dtype);
   // g = grad_out * act'(pre) in the compute dtype, rounded to the dtype for the products; the
   // bias gradient sums g before rounding.
-  Tensor g = grad_out, g_sum;
+  RawTensor g = grad_out, g_sum;
   if (act == Activation::kNone) {
     if (need_bias) g_sum = Sum(grad_out, {0});
   } else {
-    const Tensor gc = Mul(grad_out.to(ct), GeluTanhGrad(pre.to(ct)));
+    const RawTensor gc = Mul(grad_out.to(ct), GeluTanhGrad(pre.to(ct)));
     g = gc.to(dtype);
     if (need_bias) g_sum = Sum(gc, {0});
   }
@@ -57,18 +57,18 @@ LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor
 namespace {
 
 // [t, t] of `dtype`: 0 on and below the diagonal, -inf above it (query i sees keys 0..i).
-Tensor CausalMask(int64_t t, DType dtype, Device device) {
+RawTensor CausalMask(int64_t t, DType dtype, Device device) {
   std::vector<double> host(static_cast<size_t>(t * t), 0.0);
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = i + 1; j < t; ++j) host[i * t + j] = -std::numeric_limits<double>::infinity();
   }
-  return Tensor::FromVector(host, {t, t}).to(device, dtype);
+  return RawTensor::FromVector(host, {t, t}).to(device, dtype);
 }
 
 // scale * q @ k^T (+ the causal mask) [B, H, Tq, Tk] in the compute dtype.
-Tensor AttentionScores(const Tensor& q, const Tensor& k, bool causal, double scale) {
+RawTensor AttentionScores(const RawTensor& q, const RawTensor& k, bool causal, double scale) {
   const DType ct = ComputeDType(q.dtype());
-  Tensor s = MulScalar(Matmul(q.to(ct), k.to(ct).transpose(2, 3)), scale);
+  RawTensor s = MulScalar(Matmul(q.to(ct), k.to(ct).transpose(2, 3)), scale);
   if (causal) s = Add(s, CausalMask(q.size(2), ct, q.device()));
   return s;
 }
@@ -77,37 +77,37 @@ Tensor AttentionScores(const Tensor& q, const Tensor& k, bool causal, double sca
 
 // Masked scores are -inf and give probability 0; the diagonal is never masked, so each row's
 // maximum is finite.
-AttentionResult Attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                           double scale) {
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2);
   if (b * h * tq == 0)
-    return {Tensor::Zeros(q.shape(), dtype, q.device()), Tensor::Zeros({b, h, tq}, ct, q.device())};
-  const Tensor s = AttentionScores(q, k, causal, scale);
-  const Tensor max = Max(s, -1, /*keepdim=*/true);
-  const Tensor e = Exp(Sub(s, max));
-  const Tensor sum = Sum(e, {-1}, /*keepdim=*/true);
-  const Tensor p = Div(e, sum);
+    return {RawTensor::Zeros(q.shape(), dtype, q.device()), RawTensor::Zeros({b, h, tq}, ct, q.device())};
+  const RawTensor s = AttentionScores(q, k, causal, scale);
+  const RawTensor max = Max(s, -1, /*keepdim=*/true);
+  const RawTensor e = Exp(Sub(s, max));
+  const RawTensor sum = Sum(e, {-1}, /*keepdim=*/true);
+  const RawTensor p = Div(e, sum);
   return {Matmul(p.to(dtype), v), Add(max, Log(sum)).squeeze(-1)};
 }
 
-AttentionGrads AttentionBackward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& output, const Tensor& stats,
+AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
+                                 const RawTensor& v, const RawTensor& output, const RawTensor& stats,
                                  bool causal, double scale) {
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   if (q.numel() == 0) {  // no queries (or empty heads): nothing flows back
-    return {Tensor::Zeros(q.shape(), dtype, q.device()),
-            Tensor::Zeros(k.shape(), dtype, q.device()),
-            Tensor::Zeros(v.shape(), dtype, q.device())};
+    return {RawTensor::Zeros(q.shape(), dtype, q.device()),
+            RawTensor::Zeros(k.shape(), dtype, q.device()),
+            RawTensor::Zeros(v.shape(), dtype, q.device())};
   }
-  const Tensor p = Exp(Sub(AttentionScores(q, k, causal, scale), stats.to(ct).unsqueeze(-1)));
+  const RawTensor p = Exp(Sub(AttentionScores(q, k, causal, scale), stats.to(ct).unsqueeze(-1)));
   AttentionGrads r;
   r.grad_v = Matmul(p.to(dtype).transpose(2, 3), grad_out);
-  const Tensor go = grad_out.to(ct);
-  const Tensor dp = Matmul(go, v.to(ct).transpose(2, 3));
+  const RawTensor go = grad_out.to(ct);
+  const RawTensor dp = Matmul(go, v.to(ct).transpose(2, 3));
   // The softmax backward's row term, sum_k p * dp, equals sum_d grad_out * output.
-  const Tensor delta = Sum(Mul(go, output.to(ct)), {-1}, /*keepdim=*/true);
-  const Tensor ds = MulScalar(Mul(p, Sub(dp, delta)), scale).to(dtype);
+  const RawTensor delta = Sum(Mul(go, output.to(ct)), {-1}, /*keepdim=*/true);
+  const RawTensor ds = MulScalar(Mul(p, Sub(dp, delta)), scale).to(dtype);
   r.grad_q = Matmul(ds, k);
   r.grad_k = Matmul(ds.transpose(2, 3), q);
   return r;
@@ -115,17 +115,17 @@ AttentionGrads AttentionBackward(const Tensor& grad_out, const Tensor& q, const 
 
 // ---- Layer norm ----
 
-LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& weight, bool need_weight_bias) {
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
+                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias) {
   const DType ct = ComputeDType(x.dtype());
   const int64_t rows = x.size(0);
   // The formulas in the compute dtype (rows of x against [rows, 1] statistics).
-  const Tensor mean_c = mean.reshape({rows, 1}).to(ct), rstd_c = rstd.reshape({rows, 1}).to(ct);
-  const Tensor go = grad_out.to(ct);
-  const Tensor xhat = Mul(Sub(x.to(ct), mean_c), rstd_c);
-  const Tensor dxhat = weight.defined() ? Mul(go, weight.to(ct)) : go;
-  const Tensor mean_dxhat = Mean(dxhat, {1}, /*keepdim=*/true);
-  const Tensor mean_dxhat_xhat = Mean(Mul(dxhat, xhat), {1}, /*keepdim=*/true);
+  const RawTensor mean_c = mean.reshape({rows, 1}).to(ct), rstd_c = rstd.reshape({rows, 1}).to(ct);
+  const RawTensor go = grad_out.to(ct);
+  const RawTensor xhat = Mul(Sub(x.to(ct), mean_c), rstd_c);
+  const RawTensor dxhat = weight.defined() ? Mul(go, weight.to(ct)) : go;
+  const RawTensor mean_dxhat = Mean(dxhat, {1}, /*keepdim=*/true);
+  const RawTensor mean_dxhat_xhat = Mean(Mul(dxhat, xhat), {1}, /*keepdim=*/true);
   LayerNormGrads r;
   r.grad_input = Mul(rstd_c, Sub(Sub(dxhat, mean_dxhat), Mul(xhat, mean_dxhat_xhat))).to(x.dtype());
   if (need_weight_bias) {
@@ -135,8 +135,8 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
   return r;
 }
 
-AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
-                                const Tensor& bias, double eps) {
+AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
+                                const RawTensor& bias, double eps) {
   AddLayerNormResult r;
   r.residual = Add(a, b);
   r.norm = LayerNorm(r.residual, weight, bias, eps);
@@ -145,16 +145,16 @@ AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& 
 
 // ---- Cross-entropy ----
 
-CrossEntropyResult SoftmaxCrossEntropy(const Tensor& logits, const Tensor& targets,
-                                       const Tensor& row_scale, int64_t ignore_index) {
+CrossEntropyResult SoftmaxCrossEntropy(const RawTensor& logits, const RawTensor& targets,
+                                       const RawTensor& row_scale, int64_t ignore_index) {
   return {CrossEntropy(logits, targets, ignore_index, Reduction::kNone),
           CrossEntropyBackward(logits, targets, row_scale, ignore_index, Reduction::kNone)};
 }
 
 // ---- Mixed precision ----
 
-void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                              const Tensor& inv_scale) {
+void NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                              const RawTensor& inv_scale) {
   const double inv = inv_scale.item();
   if (AnyNonFinite(tensors)) found_inf.fill_(1);
   MulScalarInPlace(tensors, inv);
@@ -168,24 +168,24 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
       o.device_step.defined() ? o.device_step.item() + 1 : static_cast<double>(o.step);
   const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
-    const Tensor& param = lists.params[i];
-    const Tensor& exp_avg = lists.exp_avgs[i];
-    const Tensor& exp_avg_sq = lists.exp_avg_sqs[i];
+    const RawTensor& param = lists.params[i];
+    const RawTensor& exp_avg = lists.exp_avgs[i];
+    const RawTensor& exp_avg_sq = lists.exp_avg_sqs[i];
     const DType cd = ComputeDType(param.dtype());
-    Tensor p = param.to(cd);  // [param shape] compute dtype
-    Tensor g = lists.grads[i].to(cd);
+    RawTensor p = param.to(cd);  // [param shape] compute dtype
+    RawTensor g = lists.grads[i].to(cd);
     if (o.inv_scale.defined()) g = MulScalar(g, o.inv_scale.item());
     if (o.decay == WeightDecay::kL2) g = Add(g, MulScalar(p, o.weight_decay));
     if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, scalars.decay);
     exp_avg.copy_(Add(MulScalar(exp_avg, o.beta1), MulScalar(g, 1 - o.beta1)));
     exp_avg_sq.copy_(Add(MulScalar(exp_avg_sq, o.beta2), Mul(MulScalar(g, 1 - o.beta2), g)));
-    Tensor v = exp_avg_sq;
+    RawTensor v = exp_avg_sq;
     if (o.amsgrad) {
-      const Tensor& max_exp_avg_sq = lists.max_exp_avg_sqs[i];
+      const RawTensor& max_exp_avg_sq = lists.max_exp_avg_sqs[i];
       max_exp_avg_sq.copy_(Maximum(max_exp_avg_sq, exp_avg_sq));
       v = max_exp_avg_sq;
     }
-    const Tensor denom =
+    const RawTensor denom =
         AddScalar(BinaryScalar(BinaryOp::kDiv, Sqrt(v), scalars.bias_correction2_sqrt), o.eps);
     param.copy_(Sub(p, Div(MulScalar(exp_avg, scalars.step_size), denom)));
     if (!lists.model_params.empty() && lists.model_params[i].defined()) {
@@ -201,20 +201,20 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   // the device (no host wait), selecting between values computed as the host-decided form
   // computes them, so both forms give the same bits.
   const Device device = lists.params[0].device();
-  Tensor skip, init;  // bool 0-d, or undefined: decided on the host
-  if (o.found_inf.defined()) skip = Ne(o.found_inf, Tensor::Zeros({}, kF32, device));
+  RawTensor skip, init;  // bool 0-d, or undefined: decided on the host
+  if (o.found_inf.defined()) skip = Ne(o.found_inf, RawTensor::Zeros({}, kF32, device));
   if (o.momentum_buffers_valid.defined()) {
-    init = Eq(o.momentum_buffers_valid, Tensor::Zeros({}, kF32, device));
+    init = Eq(o.momentum_buffers_valid, RawTensor::Zeros({}, kF32, device));
   }
   for (size_t i = 0; i < lists.params.size(); ++i) {
-    const Tensor& param = lists.params[i];
+    const RawTensor& param = lists.params[i];
     const DType cd = ComputeDType(param.dtype());
-    const Tensor p = param.to(cd);  // [param shape] compute dtype (param itself when f32/f64)
-    Tensor g = lists.grads[i].to(cd);
+    const RawTensor p = param.to(cd);  // [param shape] compute dtype (param itself when f32/f64)
+    RawTensor g = lists.grads[i].to(cd);
     if (o.weight_decay != 0) g = Add(g, MulScalar(p, o.weight_decay));
     if (o.momentum != 0) {
-      const Tensor& buf = lists.momentum_buffers[i];
-      Tensor b;
+      const RawTensor& buf = lists.momentum_buffers[i];
+      RawTensor b;
       if (init.defined()) {
         b = Where(init, g, Add(MulScalar(buf, o.momentum), MulScalar(g, 1 - o.dampening)));
       } else if (o.init_momentum_buffers) {
@@ -225,23 +225,23 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
       g = o.nesterov ? Add(g, MulScalar(b, o.momentum)) : b;
       buf.copy_(skip.defined() ? Where(skip, buf, b) : b);
     }
-    const Tensor updated = Sub(p, MulScalar(g, o.lr));
+    const RawTensor updated = Sub(p, MulScalar(g, o.lr));
     // Where(skip, param, updated) holds param's own value exactly (widened, then rounded back).
     param.copy_(skip.defined() ? Where(skip, param, updated) : updated);
   }
   if (o.momentum_buffers_valid.defined()) {
-    const Tensor one = Tensor::Ones({}, kF32, device);
+    const RawTensor one = RawTensor::Ones({}, kF32, device);
     o.momentum_buffers_valid.copy_(skip.defined() ? Where(skip, o.momentum_buffers_valid, one)
                                                   : one);
   }
 }
 
-void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, double norm_type) {
+void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type) {
   const bool inf_norm = std::isinf(norm_type);
-  Tensor acc = Tensor::Zeros({}, kF64, norm.device());  // sum of |x|^p, or max |x|
-  for (const Tensor& t : tensors) {
+  RawTensor acc = RawTensor::Zeros({}, kF64, norm.device());  // sum of |x|^p, or max |x|
+  for (const RawTensor& t : tensors) {
     if (t.numel() == 0) continue;
-    const Tensor x = Abs(t.to(kF64));
+    const RawTensor x = Abs(t.to(kF64));
     if (inf_norm) {
       acc = Maximum(acc, Max(x.reshape({-1}), 0));  // both keep a NaN
     } else if (norm_type == 2) {
@@ -256,7 +256,7 @@ void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, doub
   norm.copy_(acc);
 }
 
-void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm) {
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm) {
   double clip_coef = 1;
   if (ClipCoefficient(total_norm.item(), max_norm, &clip_coef)) {
     MulScalarInPlace(tensors, clip_coef);

@@ -18,34 +18,34 @@ namespace tg::composed {
 DType ComputeDType(DType dtype);
 
 // Linear on x [m, k] (2-D): output and, for act != kNone, the pre-activation.
-LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act);
 // Its gradients for grad_out [m, n]; pre is Linear's pre-activation (act != kNone).
-LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                           const Tensor& pre, Activation act, bool need_input, bool need_weight,
+LinearGrads LinearBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
+                           const RawTensor& pre, Activation act, bool need_input, bool need_weight,
                            bool need_bias);
 // d gelu_tanh(x) / dx, elementwise, in x's dtype.
-Tensor GeluTanhGrad(const Tensor& x);
+RawTensor GeluTanhGrad(const RawTensor& x);
 
-AttentionResult Attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                           double scale);
-AttentionGrads AttentionBackward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& output, const Tensor& stats,
+AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
+                                 const RawTensor& v, const RawTensor& output, const RawTensor& stats,
                                  bool causal, double scale);
 
 // x and grad_out [rows, n]; mean and rstd [rows] or [rows, 1].
-LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& weight, bool need_weight_bias);
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
+                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias);
 // residual = a + b, then LayerNorm(residual, weight, bias, eps).
-AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
-                                const Tensor& bias, double eps);
+AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
+                                const RawTensor& bias, double eps);
 
 // losses [N] of logits' dtype and the gradient rows (softmax - onehot) * row_scale (f64 [N]).
-CrossEntropyResult SoftmaxCrossEntropy(const Tensor& logits, const Tensor& targets,
-                                       const Tensor& row_scale, int64_t ignore_index);
+CrossEntropyResult SoftmaxCrossEntropy(const RawTensor& logits, const RawTensor& targets,
+                                       const RawTensor& row_scale, int64_t ignore_index);
 
 // The check and unscale with inv_scale read on the host.
-void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                              const Tensor& inv_scale);
+void NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                              const RawTensor& inv_scale);
 
 // The optimizer ops as per-parameter chains of the plain ops, with inv_scale, found_inf and
 // device_step read on the host (the order and roundings of tensor/kernel_list.inc's contracts;
@@ -53,8 +53,8 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
 void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& options);
 void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // Writes the norm into `norm` (0-d f64 or f32 on the tensors' device).
-void GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors, double norm_type);
-void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm);
+void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type);
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm);
 
 }  // namespace tg::composed
 

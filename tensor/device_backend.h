@@ -2,7 +2,7 @@
 // table (the kernel list, tensor/kernel_list.inc), plus the preferences the ops ask of it (layouts).
 // Every device, the CPU included, registers one from a static initializer of an alwayslink
 // library in its own sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the tensor core
-// (Tensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc) find it here and
+// (RawTensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc) find it here and
 // never branch on the device type. A binary without a device's backend gets a tg::Error that says
 // what to link. This is the only registry of devices.
 //
@@ -26,7 +26,7 @@
 
 namespace tg {
 
-class Tensor;
+class RawTensor;
 
 // How a device wants the ops to lay out what they allocate for its kernels. Asked by the ops
 // (tensor/ops_*.cc) instead of branching on the device, so a new device states its choice.
@@ -65,10 +65,10 @@ class DeviceBackend {
   // dst = src converted to dst's dtype. Same shape (the caller broadcasts src; stride 0 may
   // occur), any strides, at least one side on this backend's device type, the other on the
   // CPU (the host) or on this device type.
-  virtual void Copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void Copy(const RawTensor& dst, const RawTensor& src) = 0;
   // Every element of dst (any strides, no stride-0 dim of size > 1, on this backend's device
   // type) = value.
-  virtual void Fill(const Tensor& dst, double value) = 0;
+  virtual void Fill(const RawTensor& dst, double value) = 0;
   // Waits until the work the calling thread enqueued on device `index` has completed.
   virtual void Synchronize(int index) = 0;
   // The native handle of the stream the calling thread enqueues device `index`'s work on (a

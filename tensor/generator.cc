@@ -37,10 +37,10 @@ double Generator::NextNormal() {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-Tensor RandUniform(const Shape& shape, Generator& gen, double low, double high, DType dtype) {
+RawTensor RandUniform(const Shape& shape, Generator& gen, double low, double high, DType dtype) {
   TG_CHECK(low <= high, "rand_uniform: low ", low, " is greater than high ", high);
   TG_CHECK(IsFloating(dtype), "rand_uniform: expected a floating dtype, got ", DTypeName(dtype));
-  Tensor t = Tensor::Empty(shape, kF64);
+  RawTensor t = RawTensor::Empty(shape, kF64);
   double* p = t.data<double>();
   for (int64_t i = 0; i < t.numel(); ++i) {
     const double u = dtype == kF64 ? gen.NextUniformDouble() : gen.NextUniform();
@@ -49,10 +49,10 @@ Tensor RandUniform(const Shape& shape, Generator& gen, double low, double high, 
   return t.to(dtype);
 }
 
-Tensor RandNormal(const Shape& shape, Generator& gen, double mean, double stddev, DType dtype) {
+RawTensor RandNormal(const Shape& shape, Generator& gen, double mean, double stddev, DType dtype) {
   TG_CHECK(stddev >= 0, "rand_normal: stddev must be non-negative, got ", stddev);
   TG_CHECK(IsFloating(dtype), "rand_normal: expected a floating dtype, got ", DTypeName(dtype));
-  Tensor t = Tensor::Empty(shape, kF64);
+  RawTensor t = RawTensor::Empty(shape, kF64);
   double* p = t.data<double>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = mean + stddev * gen.NextNormal();
   return t.to(dtype);

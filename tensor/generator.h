@@ -4,7 +4,7 @@
 // kernel can reproduce any slice of the stream from the same two numbers.
 //
 //   tg::Generator gen(42);
-//   tg::Tensor w = tg::RandNormal({768, 768}, gen, 0.0, 0.02);
+//   tg::RawTensor w = tg::RandNormal({768, 768}, gen, 0.0, 0.02);
 //   tg::Generator::State saved = gen.state();
 //   float a = gen.NextUniform(); gen.set_state(saved); float b = gen.NextUniform();  // a == b
 #ifndef TAPEGRAD_TENSOR_GENERATOR_H_
@@ -53,9 +53,9 @@ class Generator {
 };
 
 // Tensors of `shape` drawn from the generator in row-major order; f16/bf16 draw in f32 and round.
-Tensor RandUniform(const Shape& shape, Generator& gen, double low = 0, double high = 1,
+RawTensor RandUniform(const Shape& shape, Generator& gen, double low = 0, double high = 1,
                    DType dtype = kF32);
-Tensor RandNormal(const Shape& shape, Generator& gen, double mean = 0, double stddev = 1,
+RawTensor RandNormal(const Shape& shape, Generator& gen, double mean = 0, double stddev = 1,
                   DType dtype = kF32);
 
 }  // namespace tg

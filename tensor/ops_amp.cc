@@ -21,9 +21,9 @@ using ops_internal::CommonDevice;
 using ops_internal::Declined;
 using ops_internal::IndicesI64;
 
-bool AnyNonFinite(const std::vector<Tensor>& tensors) {
+bool AnyNonFinite(const std::vector<RawTensor>& tensors) {
   bool found = false;
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     CheckDefined("non_finite_check", t, "a list element");
     CommonDevice("non_finite_check", {&t});
     if (IsFloating(t.dtype()))
@@ -32,17 +32,17 @@ bool AnyNonFinite(const std::vector<Tensor>& tensors) {
   return found;
 }
 
-void MulScalarInPlace(const std::vector<Tensor>& tensors, double scale) {
-  for (const Tensor& t : tensors) {
+void MulScalarInPlace(const std::vector<RawTensor>& tensors, double scale) {
+  for (const RawTensor& t : tensors) {
     CheckDefined("mul_scalar_", t, "a list element");
     CommonDevice("mul_scalar_", {&t});
     CheckFloating("mul_scalar_", t.dtype());
   }
-  for (const Tensor& t : tensors) KernelsFor(t.device()).ScaleInPlace(t, scale, false);
+  for (const RawTensor& t : tensors) KernelsFor(t.device()).ScaleInPlace(t, scale, false);
 }
 
-void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                              const Tensor& inv_scale) {
+void NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                              const RawTensor& inv_scale) {
   const char* op = "non_finite_check_and_unscale";
   CheckDefined(op, found_inf, "found_inf");
   CheckDefined(op, inv_scale, "inv_scale");
@@ -52,16 +52,16 @@ void NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& 
   TG_CHECK(inv_scale.numel() == 1 && inv_scale.dtype() == kF32, op,
            ": inv_scale must be a one-element f32 tensor, got ", DTypeName(inv_scale.dtype()), " ",
            ShapeToString(inv_scale.shape()));
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     CheckDefined(op, t, "a list element");
     CommonDevice(op, {&t, &found_inf, &inv_scale});
     CheckFloating(op, t.dtype());
   }
   // The kernels take a non-empty list of contiguous, non-empty tensors: empty ones have nothing
   // to scale, and a strided one is scaled in a contiguous copy that is written back.
-  std::vector<Tensor> dense;
-  std::vector<std::pair<Tensor, Tensor>> write_back;  // {view, its contiguous copy}
-  for (const Tensor& t : tensors) {
+  std::vector<RawTensor> dense;
+  std::vector<std::pair<RawTensor, RawTensor>> write_back;  // {view, its contiguous copy}
+  for (const RawTensor& t : tensors) {
     if (t.numel() == 0) continue;
     if (t.is_contiguous()) {
       dense.push_back(t);
@@ -84,7 +84,7 @@ namespace {
 
 constexpr int64_t kLossScaleStateBytes = static_cast<int64_t>(sizeof(LossScaleState));
 
-void CheckLossScaleState(const char* op, const Tensor& state) {
+void CheckLossScaleState(const char* op, const RawTensor& state) {
   CheckDefined(op, state, "the loss-scale state");
   TG_CHECK(
       state.dtype() == kU8 && state.shape() == Shape{kLossScaleStateBytes} && state.is_contiguous(),
@@ -94,7 +94,7 @@ void CheckLossScaleState(const char* op, const Tensor& state) {
 }
 
 // A one-element f32 tensor on the state's device, or undefined.
-void CheckScaleScalar(const char* op, const char* what, const Tensor& t, const Tensor& state) {
+void CheckScaleScalar(const char* op, const char* what, const RawTensor& t, const RawTensor& state) {
   if (!t.defined()) return;
   CommonDevice(op, {&state, &t});
   TG_CHECK(t.numel() == 1 && t.dtype() == kF32 && t.is_contiguous(), op, ": ", what,
@@ -104,22 +104,22 @@ void CheckScaleScalar(const char* op, const char* what, const Tensor& t, const T
 
 }  // namespace
 
-Tensor LossScaleStateTensor(const LossScaleState& state, Device device) {
-  Tensor host = Tensor::Empty({kLossScaleStateBytes}, kU8);
+RawTensor LossScaleStateTensor(const LossScaleState& state, Device device) {
+  RawTensor host = RawTensor::Empty({kLossScaleStateBytes}, kU8);
   std::memcpy(host.raw_data(), &state, sizeof(state));
   return host.to(device);  // the bytes, copied to where they live (host itself on the CPU)
 }
 
-LossScaleState ReadLossScaleState(const Tensor& state) {
+LossScaleState ReadLossScaleState(const RawTensor& state) {
   CheckLossScaleState("read_loss_scale_state", state);
-  const Tensor host = state.to(Device());
+  const RawTensor host = state.to(Device());
   LossScaleState s;
   std::memcpy(&s, host.raw_data(), sizeof(s));
   return s;
 }
 
-void StepLossScale(const Tensor& state, const Tensor& found_inf, const Tensor& scale,
-                   const Tensor& inv_scale) {
+void StepLossScale(const RawTensor& state, const RawTensor& found_inf, const RawTensor& scale,
+                   const RawTensor& inv_scale) {
   const char* op = "step_loss_scale";
   CheckLossScaleState(op, state);
   CheckScaleScalar(op, "found_inf", found_inf, state);
@@ -131,13 +131,13 @@ void StepLossScale(const Tensor& state, const Tensor& found_inf, const Tensor& s
       op, ": no kernel on ", state.device().ToString());
 }
 
-void WriteLossScale(const Tensor& state, const Tensor& scale, const Tensor& inv_scale) {
+void WriteLossScale(const RawTensor& state, const RawTensor& scale, const RawTensor& inv_scale) {
   const char* op = "write_loss_scale";
   CheckLossScaleState(op, state);
   CheckScaleScalar(op, "scale", scale, state);
   CheckScaleScalar(op, "inv_scale", inv_scale, state);
   TG_CHECK(
-      !Declined(KernelsFor(state.device()).LossScaleStep(state, Tensor(), false, scale, inv_scale)),
+      !Declined(KernelsFor(state.device()).LossScaleStep(state, RawTensor(), false, scale, inv_scale)),
       op, ": no kernel on ", state.device().ToString());
 }
 

@@ -29,7 +29,7 @@ using composed::ComputeDType;
 namespace {
 
 // Validates q, k, v of attention (shared by the backward).
-void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+void CheckAttentionInputs(const char* op, const RawTensor& q, const RawTensor& k, const RawTensor& v,
                           bool causal, double scale) {
   CheckDefined(op, q, "q");
   CheckDefined(op, k, "k");
@@ -57,13 +57,13 @@ void CheckAttentionInputs(const char* op, const Tensor& q, const Tensor& k, cons
 
 // A [B, H, T, D] tensor for attention's output or gradients, of `like`'s shape, in the memory
 // order its device's backend prefers (DevicePreferences::attention_layout).
-Tensor AttentionTensor(const Tensor& like, DType dtype) {
+RawTensor AttentionTensor(const RawTensor& like, DType dtype) {
   const Device device = like.device();
   switch (GetDeviceBackend(device.type)->preferences().attention_layout) {
     case DevicePreferences::AttentionLayout::kHeadsMajor:
-      return Tensor::Empty(like.shape(), dtype, device);
+      return RawTensor::Empty(like.shape(), dtype, device);
     case DevicePreferences::AttentionLayout::kTokensMajor:
-      return Tensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype, device)
+      return RawTensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype, device)
           .permute({0, 2, 1, 3});
   }
   throw Error("scaled_dot_product_attention: unknown attention layout");
@@ -71,13 +71,13 @@ Tensor AttentionTensor(const Tensor& like, DType dtype) {
 
 }  // namespace
 
-AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k, const RawTensor& v,
                                           bool causal, double scale) {
   CheckAttentionInputs("scaled_dot_product_attention", q, k, v, causal, scale);
   if (q.size(0) * q.size(1) * q.size(2) > 0) {
     AttentionResult r{
         AttentionTensor(q, q.dtype()),
-        Tensor::Empty({q.size(0), q.size(1), q.size(2)}, ComputeDType(q.dtype()), q.device())};
+        RawTensor::Empty({q.size(0), q.size(1), q.size(2)}, ComputeDType(q.dtype()), q.device())};
     if (!Declined(KernelsFor(q.device())
                       .ScaledDotProductAttention(r.output, r.stats, q, k, v, causal, scale))) {
       return r;
@@ -86,9 +86,9 @@ AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, cons
   return composed::Attention(q, k, v, causal, scale);
 }
 
-AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const Tensor& q,
-                                                 const Tensor& k, const Tensor& v,
-                                                 const Tensor& output, const Tensor& stats,
+AttentionGrads ScaledDotProductAttentionBackward(const RawTensor& grad_out, const RawTensor& q,
+                                                 const RawTensor& k, const RawTensor& v,
+                                                 const RawTensor& output, const RawTensor& stats,
                                                  bool causal, double scale) {
   const char* op = "scaled_dot_product_attention_backward";
   CheckAttentionInputs(op, q, k, v, causal, scale);
@@ -96,7 +96,7 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
   CheckDefined(op, output, "the output");
   CheckDefined(op, stats, "stats");
   CommonDevice(op, {&q, &grad_out, &output, &stats});
-  for (const Tensor* t : {&grad_out, &output}) {
+  for (const RawTensor* t : {&grad_out, &output}) {
     const char* what = t == &grad_out ? "gradient" : "output";
     TG_CHECK(t->shape() == q.shape(), op, ": ", what, " of shape ", ShapeToString(t->shape()),
              " does not match q of shape ", ShapeToString(q.shape()));
@@ -110,7 +110,7 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad_out, const T
            ShapeToString(stats_shape), " ", DTypeName(stats_dtype),
            " (as the forward returns them)");
   // Contiguous when the device's kernel asks for it (DevicePreferences), else any strides.
-  const Tensor dout = GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
+  const RawTensor dout = GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
                           ? grad_out.contiguous()
                           : grad_out;
   if (q.numel() > 0) {

@@ -45,7 +45,7 @@ void CheckPair(const char* op, const char* what, const std::array<int64_t, 2>& v
 
 // Validates the input [N, C, H, W] and the window of a conv/pool op and fills the sizes (o, kh,
 // kw and, for pooling, dilation 1 are set by the caller first).
-void FillWindow(const char* op, const Tensor& x, const std::array<int64_t, 2>& stride,
+void FillWindow(const char* op, const RawTensor& x, const std::array<int64_t, 2>& stride,
                 const std::array<int64_t, 2>& padding, const std::array<int64_t, 2>& dilation,
                 const std::string& kernel_owner, Window2d* g) {
   CheckPair(op, "stride", stride, 1);
@@ -69,7 +69,7 @@ void FillWindow(const char* op, const Tensor& x, const std::array<int64_t, 2>& s
            ")");
 }
 
-Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+Window2d ConvWindow(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
                     const Conv2dParams& p) {
   CheckDefined(op, x, "the input");
   CheckDefined(op, weight, "the weight");
@@ -106,19 +106,19 @@ Window2d ConvWindow(const char* op, const Tensor& x, const Tensor& weight, const
 
 }  // namespace
 
-Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dParams p) {
+RawTensor Conv2d(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Conv2dParams p) {
   const Window2d g = ConvWindow("conv2d", x, weight, bias, p);
-  Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow}, x.dtype(), x.device());
+  RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow}, x.dtype(), x.device());
   KernelsFor(x.device())
       .Conv2d(out, x.contiguous(), weight.contiguous(),
-              bias.defined() ? bias.contiguous() : Tensor(), g);
+              bias.defined() ? bias.contiguous() : RawTensor(), g);
   return out;
 }
 
-Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+Conv2dGrads Conv2dBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
                            Conv2dParams p, bool need_input, bool need_weight, bool need_bias) {
   const char* op = "conv2d_backward";
-  const Window2d g = ConvWindow(op, x, weight, Tensor(), p);
+  const Window2d g = ConvWindow(op, x, weight, RawTensor(), p);
   CheckDefined(op, grad_out, "the gradient");
   CommonDevice(op, {&x, &grad_out});
   const Shape out_shape = {g.n, g.o, g.oh, g.ow};
@@ -130,18 +130,18 @@ Conv2dGrads Conv2dBackward(const Tensor& grad_out, const Tensor& x, const Tensor
            " differs from input dtype ", DTypeName(x.dtype()));
   Conv2dGrads r;
   const Device device = x.device();
-  if (need_input) r.grad_input = Tensor::Empty(x.shape(), x.dtype(), device);
-  if (need_weight) r.grad_weight = Tensor::Empty(weight.shape(), x.dtype(), device);
-  if (need_bias) r.grad_bias = Tensor::Empty({g.o}, x.dtype(), device);
+  if (need_input) r.grad_input = RawTensor::Empty(x.shape(), x.dtype(), device);
+  if (need_weight) r.grad_weight = RawTensor::Empty(weight.shape(), x.dtype(), device);
+  if (need_bias) r.grad_bias = RawTensor::Empty({g.o}, x.dtype(), device);
   if (need_input || need_weight || need_bias) {
     KernelsFor(device).Conv2dBackward(
         r.grad_input, r.grad_weight, r.grad_bias, grad_out.contiguous(),
-        need_weight ? x.contiguous() : Tensor(), need_input ? weight.contiguous() : Tensor(), g);
+        need_weight ? x.contiguous() : RawTensor(), need_input ? weight.contiguous() : RawTensor(), g);
   }
   return r;
 }
 
-MaxPool2dResult MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel,
+MaxPool2dResult MaxPool2d(const RawTensor& x, std::array<int64_t, 2> kernel,
                           std::array<int64_t, 2> stride, std::array<int64_t, 2> padding) {
   const char* op = "max_pool2d";
   CheckDefined(op, x, "the input");
@@ -158,13 +158,13 @@ MaxPool2dResult MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel,
   g.kh = kernel[0];
   g.kw = kernel[1];
   FillWindow(op, x, stride, padding, {1, 1}, absl::StrCat("kernel ", Pair(kernel)), &g);
-  MaxPool2dResult r{Tensor::Empty({g.n, g.c, g.oh, g.ow}, x.dtype(), device),
-                    Tensor::Empty({g.n, g.c, g.oh, g.ow}, kI64, device)};
+  MaxPool2dResult r{RawTensor::Empty({g.n, g.c, g.oh, g.ow}, x.dtype(), device),
+                    RawTensor::Empty({g.n, g.c, g.oh, g.ow}, kI64, device)};
   KernelsFor(device).MaxPool2d(r.output, r.indices, x.contiguous(), g);
   return r;
 }
 
-Tensor MaxPool2dBackward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape) {
+RawTensor MaxPool2dBackward(const RawTensor& grad_out, const RawTensor& indices, const Shape& input_shape) {
   const char* op = "max_pool2d_backward";
   CheckDefined(op, grad_out, "the gradient");
   CheckDefined(op, indices, "the indices");
@@ -179,7 +179,7 @@ Tensor MaxPool2dBackward(const Tensor& grad_out, const Tensor& indices, const Sh
            op, ": input shape ", ShapeToString(input_shape), " does not match gradient of shape ",
            ShapeToString(grad_out.shape()), " (expected [", grad_out.size(0), ", ",
            grad_out.size(1), ", H, W])");
-  Tensor out = Tensor::Empty(input_shape, grad_out.dtype(), device);
+  RawTensor out = RawTensor::Empty(input_shape, grad_out.dtype(), device);
   KernelsFor(device).MaxPool2dBackward(out, grad_out.contiguous(), indices.contiguous());
   return out;
 }

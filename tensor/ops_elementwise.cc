@@ -29,7 +29,7 @@ bool IsFloatingOnly(UnaryOp op) {
 
 }  // namespace
 
-Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+RawTensor Binary(BinaryOp op, const RawTensor& a, const RawTensor& b) {
   const char* name = BinaryOpName(op);
   CheckDefined(name, a, "the first input");
   CheckDefined(name, b, "the second input");
@@ -41,12 +41,12 @@ Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     TG_CHECK(IsFloating(dtype), name, ": expected floating inputs, got ", DTypeName(a.dtype()),
              " and ", DTypeName(b.dtype()), "; cast them first");
   }
-  Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), dtype, device);
+  RawTensor out = RawTensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), dtype, device);
   KernelsFor(device).Binary(op, out, a.to(dtype), b.to(dtype));
   return out;
 }
 
-Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
+RawTensor BinaryScalar(BinaryOp op, const RawTensor& x, double scalar) {
   const char* name = BinaryOpName(op);
   CheckDefined(name, x, "the input");
   const Device device = CommonDevice(name, {&x});
@@ -59,35 +59,35 @@ Tensor BinaryScalar(BinaryOp op, const Tensor& x, double scalar) {
     TG_CHECK(std::trunc(scalar) == scalar && std::abs(scalar) < 9.2e18, name, ": scalar ", scalar,
              " is not an integer, and the tensor is ", DTypeName(x.dtype()), "; cast it first");
   }
-  Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
+  RawTensor out = RawTensor::Empty(x.shape(), x.dtype(), device);
   KernelsFor(device).BinaryScalar(op, out, x, scalar);
   return out;
 }
 
-Tensor Compare(CompareOp op, const Tensor& a, const Tensor& b) {
+RawTensor Compare(CompareOp op, const RawTensor& a, const RawTensor& b) {
   const char* name = CompareOpName(op);
   CheckDefined(name, a, "the first input");
   CheckDefined(name, b, "the second input");
   const Device device = CommonDevice(name, {&a, &b});
   const DType dtype = PromoteTypes(a.dtype(), b.dtype());
-  Tensor out = Tensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), kBool, device);
+  RawTensor out = RawTensor::Empty(BroadcastShapes(name, a.shape(), b.shape()), kBool, device);
   KernelsFor(device).Compare(op, out, a.to(dtype), b.to(dtype));
   return out;
 }
 
-Tensor Unary(UnaryOp op, const Tensor& x) {
+RawTensor Unary(UnaryOp op, const RawTensor& x) {
   const char* name = UnaryOpName(op);
   CheckDefined(name, x, "the input");
   const Device device = CommonDevice(name, {&x});
   if (IsFloat8(x.dtype())) throw Error(Float8NotComputedMessage(name, x.dtype()));
   if (IsFloatingOnly(op)) CheckFloating(name, x.dtype());
   TG_CHECK(x.dtype() != kBool, name, ": not defined for bool tensors; cast them first");
-  Tensor out = Tensor::Empty(x.shape(), x.dtype(), device);
+  RawTensor out = RawTensor::Empty(x.shape(), x.dtype(), device);
   KernelsFor(device).Unary(op, out, x);
   return out;
 }
 
-Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+RawTensor Where(const RawTensor& cond, const RawTensor& a, const RawTensor& b) {
   CheckDefined("where", cond, "the condition");
   CheckDefined("where", a, "the first input");
   CheckDefined("where", b, "the second input");
@@ -97,15 +97,15 @@ Tensor Where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const DType dtype = PromoteTypes(a.dtype(), b.dtype());
   const Shape shape =
       BroadcastShapes("where", cond.shape(), BroadcastShapes("where", a.shape(), b.shape()));
-  Tensor out = Tensor::Empty(shape, dtype, device);
+  RawTensor out = RawTensor::Empty(shape, dtype, device);
   KernelsFor(device).Where(out, cond, a.to(dtype), b.to(dtype));
   return out;
 }
 
-Tensor DropoutMask(const Shape& shape, double p, Generator& gen, DType dtype, Device device) {
+RawTensor DropoutMask(const Shape& shape, double p, Generator& gen, DType dtype, Device device) {
   TG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
   CheckFloating("dropout", dtype);
-  Tensor out = Tensor::Empty(shape, dtype, device);
+  RawTensor out = RawTensor::Empty(shape, dtype, device);
   const Generator::State start = gen.Reserve(static_cast<uint64_t>(out.numel()));
   KernelsFor(device).DropoutMask(out, start.seed, start.offset, p);
   return out;

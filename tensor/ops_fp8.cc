@@ -22,7 +22,7 @@ namespace {
 
 // The matrix view [rows, cols] of x, contiguous, after x's checks: defined, not 0-d, and an
 // f32, bf16 or f16 tensor.
-Tensor XMatrix(const char* op, const Tensor& x) {
+RawTensor XMatrix(const char* op, const RawTensor& x) {
   CheckDefined(op, x, "x");
   TG_CHECK(x.dtype() != kF64, op,
            ": x is f64: FP8 casts take f32, bf16 or f16 (cast f64 to f32 first)");
@@ -41,7 +41,7 @@ Shape GridShape(int64_t rows, int64_t cols, Fp8Tiling tiling) {
 
 // t (named `what`) is an f32 grid of `shape`, the `tiling` grid of `of` ("x [4, 300]"), on
 // `device`; returns it contiguous.
-Tensor CheckGrid(const char* op, const Tensor& t, const char* what, const Shape& shape,
+RawTensor CheckGrid(const char* op, const RawTensor& t, const char* what, const Shape& shape,
                  Fp8Tiling tiling, const std::string& of, Device device) {
   CheckDefined(op, t, what);
   TG_CHECK(t.dtype() == kF32, op, ": ", what, " must be f32, got ", DTypeName(t.dtype()));
@@ -53,22 +53,22 @@ Tensor CheckGrid(const char* op, const Tensor& t, const char* what, const Shape&
   return t.contiguous();
 }
 
-std::string Described(const char* name, const Tensor& t) {
+std::string Described(const char* name, const RawTensor& t) {
   return std::string(name) + " " + ShapeToString(t.shape());
 }
 
 }  // namespace
 
-Tensor Fp8Amax(const Tensor& x_in, Fp8Tiling tiling) {
+RawTensor Fp8Amax(const RawTensor& x_in, Fp8Tiling tiling) {
   const char* op = OpTorchName(OpId::kFp8Amax);
-  const Tensor x = XMatrix(op, x_in);
+  const RawTensor x = XMatrix(op, x_in);
   const Shape grid = GridShape(x.size(0), x.size(1), tiling);
-  Tensor amax = Tensor::Empty(grid, kF32, x.device());
+  RawTensor amax = RawTensor::Empty(grid, kF32, x.device());
   if (x.numel() > 0) KernelsFor(x.device()).Fp8Amax(amax, x, tiling);
   return amax;
 }
 
-Fp8Scales Fp8ScaleFromAmax(const Tensor& amax_in, const Fp8ScaleOptions& options) {
+Fp8Scales Fp8ScaleFromAmax(const RawTensor& amax_in, const Fp8ScaleOptions& options) {
   const char* op = OpTorchName(OpId::kFp8ScaleFromAmax);
   CheckDefined(op, amax_in, "amax");
   TG_CHECK(amax_in.dtype() == kF32, op, ": amax must be f32, got ", DTypeName(amax_in.dtype()));
@@ -78,37 +78,37 @@ Fp8Scales Fp8ScaleFromAmax(const Tensor& amax_in, const Fp8ScaleOptions& options
            ": value_for_inf must be finite and > 0, got ", options.value_for_inf);
   TG_CHECK(std::isfinite(options.amax_epsilon) && options.amax_epsilon >= 0.0f, op,
            ": amax_epsilon must be finite and >= 0, got ", options.amax_epsilon);
-  const Tensor amax = amax_in.contiguous();
+  const RawTensor amax = amax_in.contiguous();
   Fp8Scales r;
-  r.scale = Tensor::Empty(amax.shape(), kF32, amax.device());
-  r.scale_inv = Tensor::Empty(amax.shape(), kF32, amax.device());
+  r.scale = RawTensor::Empty(amax.shape(), kF32, amax.device());
+  r.scale_inv = RawTensor::Empty(amax.shape(), kF32, amax.device());
   if (amax.numel() > 0) KernelsFor(amax.device()).Fp8Scale(r.scale, r.scale_inv, amax, options);
   return r;
 }
 
-Fp8CastResult Fp8Cast(const Tensor& x_in, const Tensor& scale_in, Fp8Tiling tiling, DType dtype,
+Fp8CastResult Fp8Cast(const RawTensor& x_in, const RawTensor& scale_in, Fp8Tiling tiling, DType dtype,
                       bool transpose, bool amax) {
   const char* op = OpTorchName(OpId::kFp8Cast);
-  const Tensor x = XMatrix(op, x_in);
+  const RawTensor x = XMatrix(op, x_in);
   TG_CHECK(IsFloat8(dtype), op, ": dtype ", DTypeName(dtype),
            " is not an FP8 dtype (f8e4m3 or f8e5m2)");
   const int64_t rows = x.size(0), cols = x.size(1);
   const Shape grid = GridShape(rows, cols, tiling);
-  const Tensor scale =
+  const RawTensor scale =
       CheckGrid(op, scale_in, "scale", grid, tiling, Described("x", x_in), x.device());
   Fp8CastResult r;
-  r.data = Tensor::Empty({rows, cols}, dtype, x.device());
-  if (transpose) r.data_t = Tensor::Empty({cols, rows}, dtype, x.device());
-  if (amax) r.amax = Tensor::Empty(grid, kF32, x.device());
+  r.data = RawTensor::Empty({rows, cols}, dtype, x.device());
+  if (transpose) r.data_t = RawTensor::Empty({cols, rows}, dtype, x.device());
+  if (amax) r.amax = RawTensor::Empty(grid, kF32, x.device());
   if (x.numel() > 0) {
     KernelsFor(x.device()).Fp8Cast(r.data, r.data_t, r.amax, x, scale, tiling);
   }
   return r;
 }
 
-Tensor Fp8Gemm(const Tensor& a_in, const Tensor& a_scale_inv_in, Fp8Tiling a_tiling,
-               const Tensor& b_in, const Tensor& b_scale_inv_in, Fp8Tiling b_tiling,
-               const Tensor& bias_in, DType out_dtype) {
+RawTensor Fp8Gemm(const RawTensor& a_in, const RawTensor& a_scale_inv_in, Fp8Tiling a_tiling,
+               const RawTensor& b_in, const RawTensor& b_scale_inv_in, Fp8Tiling b_tiling,
+               const RawTensor& bias_in, DType out_dtype) {
   const char* op = OpTorchName(OpId::kFp8Gemm);
   CheckDefined(op, a_in, "a");
   CheckDefined(op, b_in, "b");
@@ -131,11 +131,11 @@ Tensor Fp8Gemm(const Tensor& a_in, const Tensor& a_scale_inv_in, Fp8Tiling a_til
            ") disagree along k: both must be tensor, or both block tilings (1x128, 128x128)");
   TG_CHECK(out_dtype == kF32 || out_dtype == kBF16 || out_dtype == kF16, op, ": out_dtype is ",
            DTypeName(out_dtype), ": expected f32, bf16 or f16");
-  const Tensor a_scale_inv = CheckGrid(op, a_scale_inv_in, "a_scale_inv", GridShape(m, k, a_tiling),
+  const RawTensor a_scale_inv = CheckGrid(op, a_scale_inv_in, "a_scale_inv", GridShape(m, k, a_tiling),
                                        a_tiling, Described("a", a_in), device);
-  const Tensor b_scale_inv = CheckGrid(op, b_scale_inv_in, "b_scale_inv", GridShape(n, k, b_tiling),
+  const RawTensor b_scale_inv = CheckGrid(op, b_scale_inv_in, "b_scale_inv", GridShape(n, k, b_tiling),
                                        b_tiling, Described("b", b_in), device);
-  Tensor bias;
+  RawTensor bias;
   if (bias_in.defined()) {
     CommonDevice(op, {&a_in, &bias_in});
     TG_CHECK(bias_in.shape() == Shape{n}, op, ": bias of shape ", ShapeToString(bias_in.shape()),
@@ -144,7 +144,7 @@ Tensor Fp8Gemm(const Tensor& a_in, const Tensor& a_scale_inv_in, Fp8Tiling a_til
              ", out_dtype is ", DTypeName(out_dtype), ": they must match");
     bias = bias_in.contiguous();
   }
-  Tensor out = Tensor::Empty({m, n}, out_dtype, device);
+  RawTensor out = RawTensor::Empty({m, n}, out_dtype, device);
   if (m > 0 && n > 0) {
     KernelsFor(device).Fp8Gemm(out, a_in.contiguous(), a_scale_inv, a_tiling, b_in.contiguous(),
                                b_scale_inv, b_tiling, bias);

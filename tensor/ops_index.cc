@@ -20,11 +20,11 @@ using ops_internal::CommonDevice;
 using ops_internal::Declined;
 using ops_internal::IndicesI64;
 
-Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index) {
+RawTensor Gather(const RawTensor& x, int64_t dim, const RawTensor& index) {
   CheckDefined("gather", x, "the input");
   CheckDefined("gather", index, "the index");
   const Device device = CommonDevice("gather", {&x, &index});
-  const Tensor idx = IndicesI64("gather", index);
+  const RawTensor idx = IndicesI64("gather", index);
   TG_CHECK(index.dim() == x.dim(), "gather: index of shape ", ShapeToString(index.shape()),
            " and input of shape ", ShapeToString(x.shape()), " differ in rank");
   const int64_t d = WrapDim("gather", dim, x.dim());
@@ -33,7 +33,7 @@ Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index) {
              ShapeToString(index.shape()), " is larger than input of shape ",
              ShapeToString(x.shape()), " at dim ", k, " (only dim ", d, " may be larger)");
   }
-  Tensor out = Tensor::Empty(index.shape(), x.dtype(), device);
+  RawTensor out = RawTensor::Empty(index.shape(), x.dtype(), device);
   if (x.dim() == 0) {  // a 0-d input is one element along dim 0
     KernelsFor(device).Gather(out.reshape({1}), x.reshape({1}), idx.reshape({1}), 0);
   } else {
@@ -42,13 +42,13 @@ Tensor Gather(const Tensor& x, int64_t dim, const Tensor& index) {
   return out;
 }
 
-Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+RawTensor ScatterAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src) {
   const char* op = "scatter_add";
   CheckDefined(op, self, "self");
   CheckDefined(op, index, "the index");
   CheckDefined(op, src, "src");
   CommonDevice(op, {&self, &index, &src});
-  const Tensor idx = IndicesI64(op, index);
+  const RawTensor idx = IndicesI64(op, index);
   TG_CHECK(self.dtype() != kBool, op, ": not defined for bool tensors; cast them first");
   TG_CHECK(src.dtype() == self.dtype(), op, ": src dtype ", DTypeName(src.dtype()),
            " differs from self dtype ", DTypeName(self.dtype()));
@@ -62,7 +62,7 @@ Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Te
              ShapeToString(src.shape()), " or self of shape ", ShapeToString(self.shape()),
              " at dim ", k);
   }
-  Tensor out = self.clone();
+  RawTensor out = self.clone();
   if (self.dim() == 0) {
     KernelsFor(self.device()).ScatterAdd(out.reshape({1}), idx.reshape({1}), src.reshape({1}), 0);
   } else {
@@ -74,8 +74,8 @@ Tensor ScatterAdd(const Tensor& self, int64_t dim, const Tensor& index, const Te
 namespace {
 
 // The index of index_select / index_add: i32/i64, at most 1-D; returned as contiguous i64 [k].
-Tensor IndexList(const char* op, const Tensor& index) {
-  const Tensor idx = IndicesI64(op, index);
+RawTensor IndexList(const char* op, const RawTensor& index) {
+  const RawTensor idx = IndicesI64(op, index);
   TG_CHECK(index.dim() <= 1, op, ": expected a 1-D index, got shape ",
            ShapeToString(index.shape()));
   return idx.reshape({idx.numel()});
@@ -83,21 +83,21 @@ Tensor IndexList(const char* op, const Tensor& index) {
 
 }  // namespace
 
-Tensor IndexSelect(const Tensor& x, int64_t dim, const Tensor& index) {
+RawTensor IndexSelect(const RawTensor& x, int64_t dim, const RawTensor& index) {
   CheckDefined("index_select", x, "the input");
   CheckDefined("index_select", index, "the index");
   const Device device = CommonDevice("index_select", {&x, &index});
   TG_CHECK(x.dim() >= 1, "index_select: cannot index a 0-d tensor");
-  const Tensor idx = IndexList("index_select", index);
+  const RawTensor idx = IndexList("index_select", index);
   const int64_t d = WrapDim("index_select", dim, x.dim());
   Shape shape = x.shape();
   shape[d] = idx.numel();
-  Tensor out = Tensor::Empty(shape, x.dtype(), device);
+  RawTensor out = RawTensor::Empty(shape, x.dtype(), device);
   KernelsFor(device).IndexSelect(out, x, idx, d);
   return out;
 }
 
-Tensor IndexAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+RawTensor IndexAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src) {
   const char* op = "index_add";
   CheckDefined(op, self, "self");
   CheckDefined(op, index, "the index");
@@ -107,14 +107,14 @@ Tensor IndexAdd(const Tensor& self, int64_t dim, const Tensor& index, const Tens
   TG_CHECK(self.dtype() != kBool, op, ": not defined for bool tensors; cast them first");
   TG_CHECK(src.dtype() == self.dtype(), op, ": src dtype ", DTypeName(src.dtype()),
            " differs from self dtype ", DTypeName(self.dtype()));
-  const Tensor idx = IndexList(op, index);
+  const RawTensor idx = IndexList(op, index);
   const int64_t d = WrapDim(op, dim, self.dim());
   Shape expected = self.shape();
   expected[d] = idx.numel();
   TG_CHECK(src.shape() == expected, op, ": src of shape ", ShapeToString(src.shape()),
            " does not match self of shape ", ShapeToString(self.shape()), " with ", idx.numel(),
            " indices at dim ", d, " (expected ", ShapeToString(expected), ")");
-  Tensor out = self.clone();
+  RawTensor out = self.clone();
   KernelsFor(self.device()).IndexAdd(out, idx, src, d);
   return out;
 }

@@ -17,14 +17,14 @@
 
 namespace tg::ops_internal {
 
-inline void CheckDefined(const char* op, const Tensor& t, const char* what) {
+inline void CheckDefined(const char* op, const RawTensor& t, const char* what) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
 }
 
 // The device all inputs share (no implicit transfers).
-inline Device CommonDevice(const char* op, std::initializer_list<const Tensor*> inputs) {
+inline Device CommonDevice(const char* op, std::initializer_list<const RawTensor*> inputs) {
   const Device d = (*inputs.begin())->device();
-  for (const Tensor* t : inputs) {
+  for (const RawTensor* t : inputs) {
     TG_CHECK(t->device() == d, op, ": expected all tensors on one device, got ", d.ToString(),
              " and ", t->device().ToString());
   }
@@ -40,7 +40,7 @@ inline void CheckFloating(const char* op, DType dtype) {
 }
 
 // Indices as contiguous i64 (validated dtype).
-inline Tensor IndicesI64(const char* op, const Tensor& indices) {
+inline RawTensor IndicesI64(const char* op, const RawTensor& indices) {
   VisitIndex(op, indices.dtype(), [](auto) {});
   return indices.to(kI64).contiguous();
 }

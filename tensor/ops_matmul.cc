@@ -21,7 +21,7 @@ using ops_internal::CommonDevice;
 using ops_internal::Declined;
 using ops_internal::IndicesI64;
 
-Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
+RawTensor Matmul(const RawTensor& a_in, const RawTensor& b_in) {
   CheckDefined("matmul", a_in, "the first input");
   CheckDefined("matmul", b_in, "the second input");
   const Device device = CommonDevice("matmul", {&a_in, &b_in});
@@ -31,8 +31,8 @@ Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
            DTypeName(b_in.dtype()), " differ");
   CheckFloating("matmul", a_in.dtype());
   // 1-D operands: a vector is a [1, k] row on the left and a [k, 1] column on the right.
-  const Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
-  const Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  const RawTensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
+  const RawTensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
   const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
   TG_CHECK(k == k2, "matmul: shapes ", ShapeToString(a_in.shape()), " and ",
            ShapeToString(b_in.shape()), " cannot be multiplied (", k, " != ", k2, ")");
@@ -49,14 +49,14 @@ Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
   a_shape.insert(a_shape.end(), {m, k});
   b_shape.insert(b_shape.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
-  Tensor out = Tensor::Empty(out_shape, a.dtype(), device);
+  RawTensor out = RawTensor::Empty(out_shape, a.dtype(), device);
   KernelsFor(device).Matmul(out, a.expand(a_shape), b.expand(b_shape));
   if (a_in.dim() == 1) out = out.squeeze(-2);
   if (b_in.dim() == 1) out = out.squeeze(-1);
   return out;
 }
 
-Tensor Bmm(const Tensor& a, const Tensor& b) {
+RawTensor Bmm(const RawTensor& a, const RawTensor& b) {
   CheckDefined("bmm", a, "the first input");
   CheckDefined("bmm", b, "the second input");
   TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
@@ -73,7 +73,7 @@ using composed::ComputeDType;
 
 // ---- Linear ----
 
-void CheckLinearInputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void CheckLinearInputs(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias) {
   CheckDefined(op, x, "the input");
   CheckDefined(op, weight, "the weight");
   CommonDevice(op, {&x, &weight});
@@ -103,22 +103,22 @@ Shape WithLastDim(const Shape& shape, int64_t last) {
 
 // A [rows, n] view of a buffer whose row stride is n rounded up to a multiple of 8: cuBLASLt's
 // layout rule for the GELU input its epilogues save and read back (aux in tensor/cuda/blas.h).
-Tensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
-  return Tensor::Empty({rows, (n + 7) / 8 * 8}, dtype, device).narrow(1, 0, n);
+RawTensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
+  return RawTensor::Empty({rows, (n + 7) / 8 * 8}, dtype, device).narrow(1, 0, n);
 }
 
 }  // namespace
 
-LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act) {
   CheckLinearInputs("linear", x, weight, bias);
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t m = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
-  const Tensor x2 = x.reshape({m, k});
-  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  const RawTensor x2 = x.reshape({m, k});
+  const RawTensor b = bias.defined() ? bias.contiguous() : RawTensor();
   LinearResult r;
   // An empty reduction (k == 0) is the bias (or 0): the composition gives it.
   if (k > 0) {
-    r.output = Tensor::Empty({m, n}, x.dtype(), x.device());
+    r.output = RawTensor::Empty({m, n}, x.dtype(), x.device());
     if (act != Activation::kNone) r.pre_activation = PaddedRows(m, n, x.dtype(), x.device());
     if (Declined(KernelsFor(x.device())
                      .LinearForward(r.output, r.pre_activation, x2.contiguous(),
@@ -133,11 +133,11 @@ LinearResult Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, A
   return r;
 }
 
-LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                           const Tensor& pre_activation, Activation act, bool need_input,
+LinearGrads LinearBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
+                           const RawTensor& pre_activation, Activation act, bool need_input,
                            bool need_weight, bool need_bias) {
   const char* op = "linear_backward";
-  CheckLinearInputs(op, x, weight, Tensor());
+  CheckLinearInputs(op, x, weight, RawTensor());
   CheckDefined(op, grad_out, "the gradient");
   CommonDevice(op, {&x, &grad_out});
   const int64_t n = weight.size(0), k = weight.size(1);
@@ -159,14 +159,14 @@ LinearGrads LinearBackward(const Tensor& grad_out, const Tensor& x, const Tensor
   LinearGrads r;
   if (!need_input && !need_weight && !need_bias) return r;
   const int64_t m = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
-  const Tensor pre =
-      act == Activation::kNone ? Tensor() : pre_activation.reshape({m, n});  // a view if padded
-  const Tensor go = grad_out.reshape({m, n}).contiguous(), x2 = x.reshape({m, k}).contiguous();
+  const RawTensor pre =
+      act == Activation::kNone ? RawTensor() : pre_activation.reshape({m, n});  // a view if padded
+  const RawTensor go = grad_out.reshape({m, n}).contiguous(), x2 = x.reshape({m, k}).contiguous();
   if (m > 0 && n > 0 && k > 0) {
     const Device device = x.device();
-    if (need_input) r.grad_input = Tensor::Empty({m, k}, x.dtype(), device);
-    if (need_weight) r.grad_weight = Tensor::Empty({n, k}, x.dtype(), device);
-    if (need_bias) r.grad_bias = Tensor::Empty({n}, x.dtype(), device);
+    if (need_input) r.grad_input = RawTensor::Empty({m, k}, x.dtype(), device);
+    if (need_weight) r.grad_weight = RawTensor::Empty({n, k}, x.dtype(), device);
+    if (need_bias) r.grad_bias = RawTensor::Empty({n}, x.dtype(), device);
     if (Declined(KernelsFor(device).LinearBackward(r.grad_input, r.grad_weight, r.grad_bias, go, x2,
                                                    weight.contiguous(), pre, act))) {
       r = LinearGrads();

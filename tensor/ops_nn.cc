@@ -25,7 +25,7 @@ using ops_internal::IndicesI64;
 namespace {
 
 // Last-dim ops see x as contiguous [rows, n].
-Tensor AsRows(const Tensor& x) {
+RawTensor AsRows(const RawTensor& x) {
   const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
   const int64_t rows =
       x.dim() == 0 ? 1 : NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
@@ -38,29 +38,29 @@ using composed::ComputeDType;
 
 namespace {
 
-Tensor SoftmaxImpl(const char* op, const Tensor& x, bool log) {
+RawTensor SoftmaxImpl(const char* op, const RawTensor& x, bool log) {
   CheckDefined(op, x, "the input");
   const Device device = CommonDevice(op, {&x});
   CheckFloating(op, x.dtype());
-  const Tensor rows = AsRows(x);
-  Tensor out = Tensor::Empty(rows.shape(), x.dtype(), device);
+  const RawTensor rows = AsRows(x);
+  RawTensor out = RawTensor::Empty(rows.shape(), x.dtype(), device);
   KernelsFor(device).Softmax(out, rows, log);
   return out.reshape(x.shape());
 }
 
 }  // namespace
 
-Tensor Softmax(const Tensor& x) { return SoftmaxImpl("softmax", x, false); }
-Tensor LogSoftmax(const Tensor& x) { return SoftmaxImpl("log_softmax", x, true); }
+RawTensor Softmax(const RawTensor& x) { return SoftmaxImpl("softmax", x, false); }
+RawTensor LogSoftmax(const RawTensor& x) { return SoftmaxImpl("log_softmax", x, true); }
 
 namespace {
 
 // eps, and weight / bias (each [last dim of x], x's dtype and device, or undefined).
-void CheckLayerNormParams(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+void CheckLayerNormParams(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
                           double eps) {
   TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const int64_t n = x.size(-1);
-  for (const Tensor* p : {&weight, &bias}) {
+  for (const RawTensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     const char* what = p == &weight ? "weight" : "bias";
     TG_CHECK(p->shape() == Shape{n}, op, ": ", what, " of shape ", ShapeToString(p->shape()),
@@ -73,17 +73,17 @@ void CheckLayerNormParams(const char* op, const Tensor& x, const Tensor& weight,
 
 }  // namespace
 
-LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+LayerNormResult LayerNorm(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, double eps) {
   CheckDefined("layer_norm", x, "the input");
   const Device device = CommonDevice("layer_norm", {&x});
   CheckFloating("layer_norm", x.dtype());
   TG_CHECK(x.dim() >= 1, "layer_norm: expected at least 1 dim, got a 0-d tensor");
   CheckLayerNormParams("layer_norm", x, weight, bias, eps);
-  const Tensor rows = AsRows(x);
+  const RawTensor rows = AsRows(x);
   const DType stat_dtype = x.dtype() == kF64 ? kF64 : kF32;
-  LayerNormResult r{Tensor::Empty(rows.shape(), x.dtype(), device),
-                    Tensor::Empty({rows.size(0)}, stat_dtype, device),
-                    Tensor::Empty({rows.size(0)}, stat_dtype, device)};
+  LayerNormResult r{RawTensor::Empty(rows.shape(), x.dtype(), device),
+                    RawTensor::Empty({rows.size(0)}, stat_dtype, device),
+                    RawTensor::Empty({rows.size(0)}, stat_dtype, device)};
   // An empty last dim gives NaN statistics (0/0), like a mean over nothing.
   KernelsFor(device).LayerNorm(r.output, r.mean, r.rstd, rows, weight, bias, eps);
   const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
@@ -93,21 +93,21 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
   return r;
 }
 
-Tensor Embedding(const Tensor& weight, const Tensor& indices) {
+RawTensor Embedding(const RawTensor& weight, const RawTensor& indices) {
   CheckDefined("embedding", weight, "the weight");
   CheckDefined("embedding", indices, "the indices");
   const Device device = CommonDevice("embedding", {&weight, &indices});
   TG_CHECK(weight.dim() == 2, "embedding: expected a 2-D weight [rows, dim], got ",
            ShapeToString(weight.shape()));
-  const Tensor idx = IndicesI64("embedding", indices);
-  Tensor out = Tensor::Empty({idx.numel(), weight.size(1)}, weight.dtype(), device);
+  const RawTensor idx = IndicesI64("embedding", indices);
+  RawTensor out = RawTensor::Empty({idx.numel(), weight.size(1)}, weight.dtype(), device);
   KernelsFor(device).Embedding(out, weight, idx);
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
   return out.reshape(shape);
 }
 
-Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
+RawTensor EmbeddingBackward(const RawTensor& grad, const RawTensor& indices, int64_t num_rows) {
   CheckDefined("embedding_backward", grad, "the gradient");
   CheckDefined("embedding_backward", indices, "the indices");
   const Device device = CommonDevice("embedding_backward", {&grad, &indices});
@@ -117,16 +117,16 @@ Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_
                Shape(grad.shape().begin(), grad.shape().end() - 1) == indices.shape(),
            "embedding_backward: gradient shape ", ShapeToString(grad.shape()),
            " does not match indices shape ", ShapeToString(indices.shape()), " plus one dim");
-  const Tensor idx = IndicesI64("embedding_backward", indices);
+  const RawTensor idx = IndicesI64("embedding_backward", indices);
   const int64_t dim = grad.size(-1);
-  Tensor out = Tensor::Zeros({num_rows, dim}, grad.dtype(), device);
+  RawTensor out = RawTensor::Zeros({num_rows, dim}, grad.dtype(), device);
   KernelsFor(device).EmbeddingBackward(out, grad.contiguous().reshape({idx.numel(), dim}), idx);
   return out;
 }
 
 namespace {
 
-void CheckCrossEntropyInputs(const char* op, const Tensor& logits, const Tensor& targets) {
+void CheckCrossEntropyInputs(const char* op, const RawTensor& logits, const RawTensor& targets) {
   CheckDefined(op, logits, "the logits");
   CheckDefined(op, targets, "the targets");
   CommonDevice(op, {&logits, &targets});
@@ -139,30 +139,30 @@ void CheckCrossEntropyInputs(const char* op, const Tensor& logits, const Tensor&
 
 }  // namespace
 
-Tensor CrossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+RawTensor CrossEntropy(const RawTensor& logits, const RawTensor& targets, int64_t ignore_index,
                     Reduction reduction) {
   CheckCrossEntropyInputs("cross_entropy", logits, targets);
-  const Tensor t = IndicesI64("cross_entropy", targets);
-  Tensor losses = Tensor::Empty({logits.size(0)}, logits.dtype(), logits.device());
+  const RawTensor t = IndicesI64("cross_entropy", targets);
+  RawTensor losses = RawTensor::Empty({logits.size(0)}, logits.dtype(), logits.device());
   const int64_t counted =
       KernelsFor(logits.device()).CrossEntropy(losses, logits.contiguous(), t, ignore_index);
   if (reduction == Reduction::kNone) return losses;
   // Reduce in f64 from the per-row losses' compute values, then round once.
   // On the logits' device: the f64 product rounds once to the logits' dtype, as on the host.
-  const Tensor total = Sum(losses.to(kF64));
+  const RawTensor total = Sum(losses.to(kF64));
   const double scale = reduction == Reduction::kMean ? 1.0 / static_cast<double>(counted) : 1.0;
   return BinaryScalar(BinaryOp::kMul, total, scale).to(logits.dtype());
 }
 
-Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& grad_loss,
+RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets, const RawTensor& grad_loss,
                             int64_t ignore_index, Reduction reduction) {
   CheckCrossEntropyInputs("cross_entropy_backward", logits, targets);
   CheckDefined("cross_entropy_backward", grad_loss, "the loss gradient");
   // The row scales are built from grad_loss where it lives and read by the logits' kernel.
   CommonDevice("cross_entropy_backward", {&logits, &grad_loss});
   const int64_t n = logits.size(0);
-  const Tensor t = IndicesI64("cross_entropy_backward", targets);
-  Tensor row_scale;
+  const RawTensor t = IndicesI64("cross_entropy_backward", targets);
+  RawTensor row_scale;
   if (reduction == Reduction::kNone) {
     TG_CHECK(grad_loss.shape() == Shape{n},
              "cross_entropy_backward: expected a loss gradient of shape [", n,
@@ -175,14 +175,14 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
     // The same double arithmetic as a host loop, kept on the logits' device: the count of rows
     // that are not ignored stays there too (no host read, so no wait for a CUDA device), and
     // g / count is the one IEEE division the host would do.
-    Tensor g = grad_loss.to(kF64).reshape({1});
+    RawTensor g = grad_loss.to(kF64).reshape({1});
     if (reduction == Reduction::kMean) {
-      const Tensor ignore = Tensor::Full({}, static_cast<double>(ignore_index), kI64, t.device());
+      const RawTensor ignore = RawTensor::Full({}, static_cast<double>(ignore_index), kI64, t.device());
       g = Div(g, Sum(Ne(t, ignore)).to(kF64));
     }
     row_scale = g.expand({n}).contiguous();
   }
-  Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
+  RawTensor grad = RawTensor::Empty(logits.shape(), logits.dtype(), logits.device());
   KernelsFor(logits.device())
       .CrossEntropyBackward(grad, logits.contiguous(), t, row_scale, ignore_index);
   return grad;
@@ -190,8 +190,8 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const T
 
 // ---- Layer norm ----
 
-LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& weight, bool need_weight_bias) {
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
+                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias) {
   const char* op = "layer_norm_backward";
   CheckDefined(op, grad_out, "the gradient");
   CheckDefined(op, x, "the input");
@@ -207,7 +207,7 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
            " differs from input dtype ", DTypeName(x.dtype()));
   const DType ct = ComputeDType(x.dtype());
   const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  for (const Tensor* t : {&mean, &rstd}) {
+  for (const RawTensor* t : {&mean, &rstd}) {
     TG_CHECK(t->shape() == stat_shape && t->dtype() == ct, op, ": ", t == &mean ? "mean" : "rstd",
              " ", ShapeToString(t->shape()), " ", DTypeName(t->dtype()),
              " does not match input of shape ", ShapeToString(x.shape()), " (expected ",
@@ -221,26 +221,26 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_out, const Tensor& x, const 
     TG_CHECK(weight.dtype() == x.dtype(), op, ": weight dtype ", DTypeName(weight.dtype()),
              " differs from input dtype ", DTypeName(x.dtype()));
   }
-  const Tensor xr = AsRows(x), gr = AsRows(grad_out);
+  const RawTensor xr = AsRows(x), gr = AsRows(grad_out);
   const int64_t rows = xr.size(0);
-  const Tensor mean_r = mean.reshape({rows}).contiguous();
-  const Tensor rstd_r = rstd.reshape({rows}).contiguous();
-  LayerNormGrads r{Tensor::Empty(xr.shape(), x.dtype(), device), Tensor(), Tensor()};
+  const RawTensor mean_r = mean.reshape({rows}).contiguous();
+  const RawTensor rstd_r = rstd.reshape({rows}).contiguous();
+  LayerNormGrads r{RawTensor::Empty(xr.shape(), x.dtype(), device), RawTensor(), RawTensor()};
   if (need_weight_bias) {
-    r.grad_weight = Tensor::Empty({n}, x.dtype(), device);
-    r.grad_bias = Tensor::Empty({n}, x.dtype(), device);
+    r.grad_weight = RawTensor::Empty({n}, x.dtype(), device);
+    r.grad_bias = RawTensor::Empty({n}, x.dtype(), device);
   }
   if (Declined(KernelsFor(device).LayerNormBackward(
           r.grad_input, r.grad_weight, r.grad_bias, gr, xr, mean_r, rstd_r,
-          weight.defined() ? weight.contiguous() : Tensor()))) {
+          weight.defined() ? weight.contiguous() : RawTensor()))) {
     r = composed::LayerNormBackward(gr, xr, mean_r, rstd_r, weight, need_weight_bias);
   }
   r.grad_input = r.grad_input.reshape(x.shape());
   return r;
 }
 
-AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& weight,
-                                const Tensor& bias, double eps) {
+AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
+                                const RawTensor& bias, double eps) {
   const char* op = "add_layer_norm";
   CheckDefined(op, a, "the first input");
   CheckDefined(op, b, "the second input");
@@ -251,18 +251,18 @@ AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& 
   CheckFloating(op, a.dtype());
   TG_CHECK(a.dim() >= 1, op, ": expected at least 1 dim, got a 0-d tensor");
   CheckLayerNormParams(op, a, weight, bias, eps);
-  const Tensor ar = AsRows(a), br = AsRows(b);
+  const RawTensor ar = AsRows(a), br = AsRows(b);
   const int64_t rows = ar.size(0);
   const Shape stat_shape(a.shape().begin(), a.shape().end() - 1);
   const DType ct = ComputeDType(a.dtype());
   AddLayerNormResult r;
-  r.residual = Tensor::Empty(ar.shape(), a.dtype(), device);
-  r.norm = {Tensor::Empty(ar.shape(), a.dtype(), device), Tensor::Empty({rows}, ct, device),
-            Tensor::Empty({rows}, ct, device)};
+  r.residual = RawTensor::Empty(ar.shape(), a.dtype(), device);
+  r.norm = {RawTensor::Empty(ar.shape(), a.dtype(), device), RawTensor::Empty({rows}, ct, device),
+            RawTensor::Empty({rows}, ct, device)};
   if (Declined(
           KernelsFor(device).AddLayerNorm(r.residual, r.norm.output, r.norm.mean, r.norm.rstd, ar,
-                                          br, weight.defined() ? weight.contiguous() : Tensor(),
-                                          bias.defined() ? bias.contiguous() : Tensor(), eps))) {
+                                          br, weight.defined() ? weight.contiguous() : RawTensor(),
+                                          bias.defined() ? bias.contiguous() : RawTensor(), eps))) {
     return composed::AddLayerNorm(a, b, weight, bias, eps);
   }
   r.residual = r.residual.reshape(a.shape());
@@ -274,28 +274,28 @@ AddLayerNormResult AddLayerNorm(const Tensor& a, const Tensor& b, const Tensor& 
 
 // ---- Cross-entropy with its gradient ----
 
-CrossEntropyResult CrossEntropyWithGrad(const Tensor& logits, const Tensor& targets,
+CrossEntropyResult CrossEntropyWithGrad(const RawTensor& logits, const RawTensor& targets,
                                         int64_t ignore_index, Reduction reduction,
                                         double grad_scale) {
   const char* op = "cross_entropy_with_grad";
   CheckCrossEntropyInputs(op, logits, targets);
-  const Tensor t = IndicesI64(op, targets);
+  const RawTensor t = IndicesI64(op, targets);
   const Device device = logits.device();
   const int64_t n = logits.size(0);
-  const Tensor lg = logits.contiguous();
+  const RawTensor lg = logits.contiguous();
   // Row scales and the mean's divisor in f64 where the logits live, with the arithmetic of
   // CrossEntropy / CrossEntropyBackward: grad_scale / count, and total * (1 / count). The count
   // stays on the device (no host wait).
-  Tensor row_scale = Tensor::Full({n}, grad_scale, kF64, device);
-  Tensor inv_count;
+  RawTensor row_scale = RawTensor::Full({n}, grad_scale, kF64, device);
+  RawTensor inv_count;
   if (reduction == Reduction::kMean) {
-    const Tensor ignore = Tensor::Full({}, static_cast<double>(ignore_index), kI64, device);
-    const Tensor count = Sum(Ne(t, ignore)).to(kF64);
+    const RawTensor ignore = RawTensor::Full({}, static_cast<double>(ignore_index), kI64, device);
+    const RawTensor count = Sum(Ne(t, ignore)).to(kF64);
     row_scale = Div(row_scale, count);
-    inv_count = Div(Tensor::Full({}, 1.0, kF64, device), count);
+    inv_count = Div(RawTensor::Full({}, 1.0, kF64, device), count);
   }
-  CrossEntropyResult r{Tensor::Empty({n}, logits.dtype(), device),
-                       Tensor::Empty(lg.shape(), logits.dtype(), device)};
+  CrossEntropyResult r{RawTensor::Empty({n}, logits.dtype(), device),
+                       RawTensor::Empty(lg.shape(), logits.dtype(), device)};
   if (Declined(KernelsFor(device).SoftmaxCrossEntropy(r.loss, r.grad_logits, lg, t, row_scale,
                                                       ignore_index))) {
     r = composed::SoftmaxCrossEntropy(lg, t, row_scale, ignore_index);

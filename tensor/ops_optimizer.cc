@@ -28,12 +28,12 @@ using composed::ComputeDType;
 namespace {
 
 // Checks list `what` (`n` tensors, defined, floating, on `device`, of the shapes of `params`).
-void CheckParamList(const char* op, const char* what, const std::vector<Tensor>& list,
-                    const std::vector<Tensor>& params, Device device, bool allow_undefined) {
+void CheckParamList(const char* op, const char* what, const std::vector<RawTensor>& list,
+                    const std::vector<RawTensor>& params, Device device, bool allow_undefined) {
   TG_CHECK(list.size() == params.size(), op, ": ", what, " has ", list.size(),
            " tensors, params has ", params.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    const Tensor& t = list[i];
+    const RawTensor& t = list[i];
     if (allow_undefined && !t.defined()) continue;
     TG_CHECK(t.defined(), op, ": ", what, "[", i, "] is an undefined tensor");
     TG_CHECK(t.device() == device, op, ": ", what, "[", i, "] is on ", t.device().ToString(),
@@ -46,8 +46,8 @@ void CheckParamList(const char* op, const char* what, const std::vector<Tensor>&
 }
 
 // State tensors hold the compute dtype of their parameter.
-void CheckStateDTypes(const char* op, const char* what, const std::vector<Tensor>& list,
-                      const std::vector<Tensor>& params) {
+void CheckStateDTypes(const char* op, const char* what, const std::vector<RawTensor>& list,
+                      const std::vector<RawTensor>& params) {
   for (size_t i = 0; i < list.size(); ++i) {
     const DType cd = ComputeDType(params[i].dtype());
     TG_CHECK(list[i].dtype() == cd, op, ": ", what, "[", i, "] is ", DTypeName(list[i].dtype()),
@@ -56,7 +56,7 @@ void CheckStateDTypes(const char* op, const char* what, const std::vector<Tensor
 }
 
 // A one-element tensor of `dtype` on `device`, or undefined.
-void CheckOptionalScalar(const char* op, const char* what, const Tensor& t, Device device,
+void CheckOptionalScalar(const char* op, const char* what, const RawTensor& t, Device device,
                          DType dtype) {
   if (!t.defined()) return;
   TG_CHECK(t.numel() == 1 && t.dtype() == dtype, op, ": ", what, " must be a one-element ",
@@ -69,7 +69,7 @@ void CheckOptionalScalar(const char* op, const char* what, const Tensor& t, Devi
 
 void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
   const char* op = "FusedAdam";
-  const std::vector<Tensor>& params = lists.params;
+  const std::vector<RawTensor>& params = lists.params;
   TG_CHECK(o.lr >= 0 && o.eps >= 0 && o.weight_decay >= 0 && o.beta1 >= 0 && o.beta1 < 1 &&
                o.beta2 >= 0 && o.beta2 < 1,
            op, ": invalid options lr ", o.lr, ", betas (", o.beta1, ", ", o.beta2, "), eps ", o.eps,
@@ -117,7 +117,7 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
 
 void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   const char* op = "FusedSgd";
-  const std::vector<Tensor>& params = lists.params;
+  const std::vector<RawTensor>& params = lists.params;
   TG_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, op, ": invalid options lr ", o.lr,
            ", momentum ", o.momentum, ", weight_decay ", o.weight_decay);
   TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), op,
@@ -138,7 +138,7 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   if (Declined(KernelsFor(device).FusedSgd(lists, o))) composed::FusedSgd(lists, o);
 }
 
-Tensor GlobalGradNorm(const std::vector<Tensor>& tensors, double norm_type, DType dtype) {
+RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type, DType dtype) {
   const char* op = "GlobalGradNorm";
   TG_CHECK(norm_type > 0, op, ": norm_type must be > 0 (or inf), got ", norm_type);
   TG_CHECK(dtype == kF64 || dtype == kF32, op, ": the norm's dtype must be f64 or f32, got ",
@@ -149,14 +149,14 @@ Tensor GlobalGradNorm(const std::vector<Tensor>& tensors, double norm_type, DTyp
     CommonDevice(op, {&tensors[0], &tensors[i]});
     CheckFloating(op, tensors[i].dtype());
   }
-  Tensor norm = Tensor::Empty({}, dtype, tensors[0].device());
+  RawTensor norm = RawTensor::Empty({}, dtype, tensors[0].device());
   if (Declined(KernelsFor(norm.device()).GlobalGradNorm(norm, tensors, norm_type))) {
     composed::GlobalGradNorm(norm, tensors, norm_type);
   }
   return norm;
 }
 
-void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, double max_norm) {
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm) {
   const char* op = "ClipByNorm";
   TG_CHECK(max_norm >= 0, op, ": max_norm must be >= 0, got ", max_norm);
   CheckDefined(op, total_norm, "total_norm");
@@ -164,7 +164,7 @@ void ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm, do
            op, ": total_norm must be a one-element f64 or f32 tensor, got ",
            DTypeName(total_norm.dtype()), " ", ShapeToString(total_norm.shape()));
   if (tensors.empty()) return;
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     CheckDefined(op, t, "a list element");
     CommonDevice(op, {&total_norm, &t});
     CheckFloating(op, t.dtype());

@@ -25,12 +25,12 @@ namespace {
 
 // x with `dims` moved last and flattened: contiguous [rows, reduced]; also the result shape.
 struct RowsView {
-  Tensor rows;
+  RawTensor rows;
   Shape out_shape;
 };
 
-RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
-  const Tensor src = x.dim() == 0 ? x.reshape({1}) : x;
+RowsView ReduceToRows(const char* op, const RawTensor& x, std::vector<int64_t> dims, bool keepdim) {
+  const RawTensor src = x.dim() == 0 ? x.reshape({1}) : x;
   const int64_t nd = src.dim();
   std::vector<bool> reduced(static_cast<size_t>(nd), dims.empty());
   for (int64_t d : dims) {
@@ -64,24 +64,24 @@ RowsView ReduceToRows(const char* op, const Tensor& x, std::vector<int64_t> dims
 
 }  // namespace
 
-Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+RawTensor Sum(const RawTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined("sum", x, "the input");
   const Device device = CommonDevice("sum", {&x});
   RowsView v = ReduceToRows("sum", x, dims, keepdim);
   const DType dtype = IsFloating(x.dtype()) ? x.dtype() : kI64;
-  Tensor out = Tensor::Empty({v.rows.size(0)}, dtype, device);
+  RawTensor out = RawTensor::Empty({v.rows.size(0)}, dtype, device);
   KernelsFor(device).SumRows(out, v.rows);
   return out.reshape(v.out_shape);
 }
 
-Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+RawTensor Mean(const RawTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined("mean", x, "the input");
   const Device device = CommonDevice("mean", {&x});
   CheckFloating("mean", x.dtype());
   // Sum in f64 and divide before rounding: sum/count rounded once to x's dtype, so a f16 sum
   // that would overflow f16 still gives its finite mean; NaN for an empty reduction.
   RowsView v = ReduceToRows("mean", x, dims, keepdim);
-  Tensor sum = Tensor::Empty({v.rows.size(0)}, kF64, device);
+  RawTensor sum = RawTensor::Empty({v.rows.size(0)}, kF64, device);
   KernelsFor(device).SumRows(sum, v.rows);  // the f64 sums, read from x's dtype
   const double count = static_cast<double>(v.rows.size(1));
   return BinaryScalar(BinaryOp::kDiv, sum, count).to(x.dtype()).reshape(v.out_shape);
@@ -89,7 +89,7 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 namespace {
 
-Tensor MaxImpl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool values) {
+RawTensor MaxImpl(const char* op, const RawTensor& x, int64_t dim, bool keepdim, bool values) {
   CheckDefined(op, x, "the input");
   const Device device = CommonDevice(op, {&x});
   const int64_t d = WrapDim(op, dim, x.dim());
@@ -97,18 +97,18 @@ Tensor MaxImpl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool 
   TG_CHECK(size > 0, op, ": dim ", d, " of shape ", ShapeToString(x.shape()),
            " is empty; there is no maximum");
   RowsView v = ReduceToRows(op, x, {d}, keepdim);
-  Tensor out = Tensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
-  KernelsFor(device).MaxRows(values ? out : Tensor(), values ? Tensor() : out, v.rows.contiguous());
+  RawTensor out = RawTensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
+  KernelsFor(device).MaxRows(values ? out : RawTensor(), values ? RawTensor() : out, v.rows.contiguous());
   return out.reshape(v.out_shape);
 }
 
 }  // namespace
 
-Tensor Max(const Tensor& x, int64_t dim, bool keepdim) {
+RawTensor Max(const RawTensor& x, int64_t dim, bool keepdim) {
   return MaxImpl("max", x, dim, keepdim, true);
 }
 
-Tensor Argmax(const Tensor& x, int64_t dim, bool keepdim) {
+RawTensor Argmax(const RawTensor& x, int64_t dim, bool keepdim) {
   return MaxImpl("argmax", x, dim, keepdim, false);
 }
 

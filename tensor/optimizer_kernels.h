@@ -32,12 +32,12 @@ enum class WeightDecay { kNone, kL2, kDecoupled };
 // parameter, undefined or a tensor of the parameter's shape (f32, f16 or bf16) that receives the
 // updated parameter rounded to its dtype (the model copy of an f32 master weight).
 struct AdamTensorLists {
-  std::vector<Tensor> params;
-  std::vector<Tensor> grads;
-  std::vector<Tensor> exp_avgs;
-  std::vector<Tensor> exp_avg_sqs;
-  std::vector<Tensor> max_exp_avg_sqs;  // empty unless amsgrad
-  std::vector<Tensor> model_params;     // empty: no model copies
+  std::vector<RawTensor> params;
+  std::vector<RawTensor> grads;
+  std::vector<RawTensor> exp_avgs;
+  std::vector<RawTensor> exp_avg_sqs;
+  std::vector<RawTensor> max_exp_avg_sqs;  // empty unless amsgrad
+  std::vector<RawTensor> model_params;     // empty: no model copies
 };
 
 // The scalars of Adam's update t (t >= 1) that every device derives from the options: doubles (as
@@ -66,12 +66,12 @@ struct FusedAdamOptions {
   // 0-d f64 on the params' device, or undefined: the number of updates done so far; t =
   // device_step + 1, and device_step is incremented after the update unless it was skipped
   // (PyTorch's capturable Adam), so skipped steps need no host decision.
-  Tensor device_step;
+  RawTensor device_step;
   // 0-d f32 on the params' device, or undefined: every gradient element is multiplied by it
   // first, in the compute dtype (the unscale of a loss-scaled gradient).
-  Tensor inv_scale;
+  RawTensor inv_scale;
   // 0-d f32 on the params' device, or undefined: when it is != 0 nothing is written.
-  Tensor found_inf;
+  RawTensor found_inf;
 };
 
 // clip_grad_norm's rule (torch.nn.utils.clip_grad_norm_), written once for every place that
@@ -99,9 +99,9 @@ TG_HOST_DEVICE inline bool ClipCoefficient(double total, double max_norm, double
 // (any floating dtype, read as converted to the compute dtype) and, with momentum != 0,
 // momentum_buffers[i] of the compute dtype (empty list without momentum), all of one shape.
 struct SgdTensorLists {
-  std::vector<Tensor> params;
-  std::vector<Tensor> grads;
-  std::vector<Tensor> momentum_buffers;
+  std::vector<RawTensor> params;
+  std::vector<RawTensor> grads;
+  std::vector<RawTensor> momentum_buffers;
 };
 
 struct FusedSgdOptions {
@@ -118,10 +118,10 @@ struct FusedSgdOptions {
   // it was skipped. With it, a first step that is skipped on the device leaves the buffers
   // without a value, and the next one still initialises them (optim::SGD's step(found_inf)).
   // Only with momentum != 0 and init_momentum_buffers false.
-  Tensor momentum_buffers_valid;
+  RawTensor momentum_buffers_valid;
   // 0-d f32 on the params' device, or undefined: when it is != 0 nothing is written (neither the
   // parameters, nor the buffers, nor momentum_buffers_valid).
-  Tensor found_inf;
+  RawTensor found_inf;
 };
 
 }  // namespace tg

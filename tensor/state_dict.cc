@@ -30,7 +30,7 @@ void SubInto(Map& into, const std::string& prefix, const Map& from) {
 
 }  // namespace
 
-const Tensor& StateDict::tensor(const std::string& key) const {
+const RawTensor& StateDict::tensor(const std::string& key) const {
   return Lookup(tensors, key, "tensor");
 }
 

@@ -20,11 +20,11 @@
 namespace tg {
 
 struct StateDict {
-  std::map<std::string, Tensor> tensors;
+  std::map<std::string, RawTensor> tensors;
   std::map<std::string, double> scalars;
 
   // The entry under `key`; throws tg::Error "StateDict: missing tensor 'key'" if absent.
-  const Tensor& tensor(const std::string& key) const;
+  const RawTensor& tensor(const std::string& key) const;
   double scalar(const std::string& key) const;
   bool has_tensor(const std::string& key) const { return tensors.count(key) != 0; }
   bool has_scalar(const std::string& key) const { return scalars.count(key) != 0; }

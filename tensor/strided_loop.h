@@ -20,7 +20,7 @@
 namespace tg {
 
 // Strides of `t` in bytes after broadcasting it to `shape` (0 on broadcast dims).
-Shape BroadcastByteStrides(const Tensor& t, const Shape& shape);
+Shape BroadcastByteStrides(const RawTensor& t, const Shape& shape);
 
 template <size_t N, typename Fn>
 void ForEachRow(const Shape& shape, std::array<char*, N> base,

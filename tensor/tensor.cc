@@ -59,7 +59,7 @@ int64_t WrapDim(const char* op, int64_t dim, int64_t ndim) {
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
-Shape BroadcastByteStrides(const Tensor& t, const Shape& shape) {
+Shape BroadcastByteStrides(const RawTensor& t, const Shape& shape) {
   const size_t n = shape.size();
   TG_CHECK(t.shape().size() <= n, "broadcast: cannot broadcast shape ", ShapeToString(t.shape()),
            " to ", ShapeToString(shape));
@@ -117,7 +117,7 @@ bool ComputeContiguous(const Shape& shape, const Shape& strides, int64_t numel) 
 }
 
 // A destination that overlaps itself (an expanded view) would be written twice.
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CheckWritable(const char* op, const Tensor& dst) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CheckWritable(const char* op, const RawTensor& dst) {
   for (size_t i = 0; i < dst.shape().size(); ++i) {
     TG_CHECK(dst.strides()[i] != 0 || dst.shape()[i] <= 1, op, ": the destination of shape ",
              ShapeToString(dst.shape()),
@@ -127,7 +127,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CheckWritable(const char* op, const Ten
 
 }  // namespace
 
-Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+RawTensor::RawTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
                DType dtype)
     : storage_(std::move(storage)),
       shape_(std::move(shape)),
@@ -135,10 +135,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
       offset_(offset),
       numel_(NumElements(shape_)),
       dtype_(dtype) {
-  TG_CHECK(storage_ != nullptr, "Tensor: null storage");
-  TG_CHECK(shape_.size() == strides_.size(), "Tensor: shape ", ShapeToString(shape_),
+  TG_CHECK(storage_ != nullptr, "RawTensor: null storage");
+  TG_CHECK(shape_.size() == strides_.size(), "RawTensor: shape ", ShapeToString(shape_),
            " and strides ", ShapeToString(strides_), " differ in length");
-  TG_CHECK(offset_ >= 0, "Tensor: negative offset ", offset_);
+  TG_CHECK(offset_ >= 0, "RawTensor: negative offset ", offset_);
   contiguous_ = ComputeContiguous(shape_, strides_, numel_);
   if (numel_ == 0) return;
   // The lowest and highest element addressed must lie inside the storage.
@@ -148,17 +148,17 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
     (span < 0 ? lo : hi) += span;
   }
   const int64_t capacity = static_cast<int64_t>(storage_->nbytes() / ElementSize(dtype_));
-  TG_CHECK(lo >= 0 && hi < capacity, "Tensor: view of shape ", ShapeToString(shape_),
+  TG_CHECK(lo >= 0 && hi < capacity, "RawTensor: view of shape ", ShapeToString(shape_),
            " with strides ", ShapeToString(strides_), " and offset ", offset_,
            " reaches outside a storage of ", capacity, " ", DTypeName(dtype_), " elements");
 }
 
-Tensor Tensor::NewContiguous(const char* op, const Shape& shape, DType dtype, Device device) {
+RawTensor RawTensor::NewContiguous(const char* op, const Shape& shape, DType dtype, Device device) {
   const int64_t n = NumElements(shape);
   TG_CHECK(n <= std::numeric_limits<int64_t>::max() / 8, op, ": shape ", ShapeToString(shape),
            " is too large");
   Allocator* allocator = BackendAllocator(op, device);
-  Tensor t;
+  RawTensor t;
   t.storage_ =
       std::make_shared<Storage>(static_cast<size_t>(n) * ElementSize(dtype), allocator, device);
   t.shape_ = shape;
@@ -173,29 +173,29 @@ Tensor Tensor::NewContiguous(const char* op, const Shape& shape, DType dtype, De
   return t;
 }
 
-Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+RawTensor RawTensor::Empty(const Shape& shape, DType dtype, Device device) {
   return NewContiguous("empty", shape, dtype, device);
 }
 
-Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor t = Empty(shape, dtype, device);
+RawTensor RawTensor::Zeros(const Shape& shape, DType dtype, Device device) {
+  RawTensor t = Empty(shape, dtype, device);
   t.fill_(0);  // the CPU's backend memsets
   return t;
 }
 
-Tensor Tensor::Ones(const Shape& shape, DType dtype, Device device) {
+RawTensor RawTensor::Ones(const Shape& shape, DType dtype, Device device) {
   return Full(shape, 1, dtype, device);
 }
 
-Tensor Tensor::Full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor t = Empty(shape, dtype, device);
+RawTensor RawTensor::Full(const Shape& shape, double value, DType dtype, Device device) {
+  RawTensor t = Empty(shape, dtype, device);
   t.fill_(value);
   return t;
 }
 
-Tensor Tensor::Scalar(double value, DType dtype) { return Full({}, value, dtype); }
+RawTensor RawTensor::Scalar(double value, DType dtype) { return Full({}, value, dtype); }
 
-Tensor Tensor::Arange(double start, double end, double step, DType dtype) {
+RawTensor RawTensor::Arange(double start, double end, double step, DType dtype) {
   TG_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end),
            "arange: start ", start, ", end ", end, " and step ", step,
            " must be finite with a non-zero step");
@@ -204,25 +204,25 @@ Tensor Tensor::Arange(double start, double end, double step, DType dtype) {
   // Clamp before converting: a hugely negative count (an empty range such as
   // Arange(0, 1e300, -1)) does not fit int64, and converting it would be undefined behaviour.
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
-  Tensor values = Empty({n}, kF64);
+  RawTensor values = Empty({n}, kF64);
   double* p = values.data<double>();
   for (int64_t i = 0; i < n; ++i) p[i] = start + static_cast<double>(i) * step;
   return values.to(dtype);
 }
 
-Device Tensor::device() const {
+Device RawTensor::device() const {
   CheckDefined("device");
   return storage_->device();
 }
 
-int64_t Tensor::size(int64_t d) const { return shape_[WrapDim("size", d, dim())]; }
+int64_t RawTensor::size(int64_t d) const { return shape_[WrapDim("size", d, dim())]; }
 
-void* Tensor::raw_data() const {
+void* RawTensor::raw_data() const {
   CheckDefined("raw_data");
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
 }
 
-void Tensor::ThrowUndefined(const char* op) {
+void RawTensor::ThrowUndefined(const char* op) {
   throw Error(absl::StrCat(op, ": the tensor is undefined"));
 }
 
@@ -290,7 +290,7 @@ Shape ViewStrides(const Shape& shape, const Shape& strides, const Shape& target,
 
 }  // namespace
 
-Tensor Tensor::view(const Shape& shape) const {
+RawTensor RawTensor::view(const Shape& shape) const {
   CheckDefined("view");
   const Shape target = InferShape("view", shape, numel_);
   bool ok;
@@ -298,19 +298,19 @@ Tensor Tensor::view(const Shape& shape) const {
   TG_CHECK(ok, "view: shape ", ShapeToString(target), " is not compatible with the strides ",
            ShapeToString(strides_), " of a tensor of shape ", ShapeToString(shape_),
            "; use reshape() to copy");
-  return Tensor(storage_, target, std::move(strides), offset_, dtype_);
+  return RawTensor(storage_, target, std::move(strides), offset_, dtype_);
 }
 
-Tensor Tensor::reshape(const Shape& shape) const {
+RawTensor RawTensor::reshape(const Shape& shape) const {
   CheckDefined("reshape");
   const Shape target = InferShape("reshape", shape, numel_);
   bool ok;
   Shape strides = ViewStrides(shape_, strides_, target, &ok);
-  if (ok) return Tensor(storage_, target, std::move(strides), offset_, dtype_);
+  if (ok) return RawTensor(storage_, target, std::move(strides), offset_, dtype_);
   return contiguous().view(target);
 }
 
-Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
+RawTensor RawTensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
   CheckDefined("slice");
   const int64_t d = WrapDim("slice", dim, this->dim());
   TG_CHECK(this->dim() > 0, "slice: cannot slice a 0-d tensor");
@@ -323,10 +323,10 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   shape[d] = (end - start + step - 1) / step;
   strides[d] *= step;
   const int64_t offset = shape[d] == 0 ? offset_ : offset_ + start * strides_[d];
-  return Tensor(storage_, std::move(shape), std::move(strides), offset, dtype_);
+  return RawTensor(storage_, std::move(shape), std::move(strides), offset, dtype_);
 }
 
-Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+RawTensor RawTensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   CheckDefined("narrow");
   const int64_t d = WrapDim("narrow", dim, this->dim());
   TG_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow: range [", start, ", ",
@@ -334,7 +334,7 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   return slice(d, start, start + length);
 }
 
-Tensor Tensor::select(int64_t dim, int64_t index) const {
+RawTensor RawTensor::select(int64_t dim, int64_t index) const {
   CheckDefined("select");
   TG_CHECK(this->dim() > 0, "select: cannot select from a 0-d tensor");
   const int64_t d = WrapDim("select", dim, this->dim());
@@ -345,11 +345,11 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   Shape shape = shape_, strides = strides_;
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
-  return Tensor(storage_, std::move(shape), std::move(strides), offset_ + index * strides_[d],
+  return RawTensor(storage_, std::move(shape), std::move(strides), offset_ + index * strides_[d],
                 dtype_);
 }
 
-Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+RawTensor RawTensor::transpose(int64_t dim0, int64_t dim1) const {
   CheckDefined("transpose");
   if (this->dim() == 0) return *this;
   Shape dims(shape_.size());
@@ -359,7 +359,7 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   return permute(dims);
 }
 
-Tensor Tensor::permute(const Shape& dims) const {
+RawTensor RawTensor::permute(const Shape& dims) const {
   CheckDefined("permute");
   TG_CHECK(static_cast<int64_t>(dims.size()) == this->dim(), "permute: ", dims.size(),
            " dims given for a tensor of shape ", ShapeToString(shape_));
@@ -372,10 +372,10 @@ Tensor Tensor::permute(const Shape& dims) const {
     shape[i] = shape_[d];
     strides[i] = strides_[d];
   }
-  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+  return RawTensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
 }
 
-Tensor Tensor::expand(const Shape& shape) const {
+RawTensor RawTensor::expand(const Shape& shape) const {
   CheckDefined("expand");
   TG_CHECK(shape.size() >= shape_.size(), "expand: cannot expand shape ", ShapeToString(shape_),
            " to ", ShapeToString(shape));
@@ -394,20 +394,20 @@ Tensor Tensor::expand(const Shape& shape) const {
     out_shape[i] = want;
     out_strides[i] = have == 1 && want != 1 ? 0 : strides_[i - lead];
   }
-  return Tensor(storage_, std::move(out_shape), std::move(out_strides), offset_, dtype_);
+  return RawTensor(storage_, std::move(out_shape), std::move(out_strides), offset_, dtype_);
 }
 
-Tensor Tensor::unsqueeze(int64_t dim) const {
+RawTensor RawTensor::unsqueeze(int64_t dim) const {
   CheckDefined("unsqueeze");
   const int64_t d = WrapDim("unsqueeze", dim, this->dim() + 1);
   Shape shape = shape_, strides = strides_;
   const int64_t stride = d < this->dim() ? strides_[d] * shape_[d] : 1;
   shape.insert(shape.begin() + d, 1);
   strides.insert(strides.begin() + d, stride);
-  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+  return RawTensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
 }
 
-Tensor Tensor::squeeze(int64_t dim) const {
+RawTensor RawTensor::squeeze(int64_t dim) const {
   CheckDefined("squeeze");
   if (this->dim() == 0) return *this;
   const int64_t d = WrapDim("squeeze", dim, this->dim());
@@ -415,43 +415,43 @@ Tensor Tensor::squeeze(int64_t dim) const {
   Shape shape = shape_, strides = strides_;
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
-  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+  return RawTensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
 }
 
-Tensor Tensor::contiguous() const {
+RawTensor RawTensor::contiguous() const {
   CheckDefined("contiguous");
   return is_contiguous() ? *this : clone();
 }
 
-Tensor Tensor::clone() const {
+RawTensor RawTensor::clone() const {
   CheckDefined("clone");
-  Tensor out = NewContiguous("clone", shape_, dtype_, device());
+  RawTensor out = NewContiguous("clone", shape_, dtype_, device());
   CopyInto(out, *this);
   return out;
 }
 
-Tensor Tensor::to(DType dtype) const {
+RawTensor RawTensor::to(DType dtype) const {
   CheckDefined("to");
   if (dtype == dtype_) return *this;
-  Tensor out = NewContiguous("to", shape_, dtype, device());
+  RawTensor out = NewContiguous("to", shape_, dtype, device());
   CopyInto(out, *this);
   return out;
 }
 
-Tensor Tensor::to(Device device) const {
+RawTensor RawTensor::to(Device device) const {
   CheckDefined("to");
   return to(device, dtype_);
 }
 
-Tensor Tensor::to(Device device, DType dtype) const {
+RawTensor RawTensor::to(Device device, DType dtype) const {
   CheckDefined("to");
   if (device == storage_->device() && dtype == dtype_) return *this;
-  Tensor out = NewContiguous("to", shape_, dtype, device);
+  RawTensor out = NewContiguous("to", shape_, dtype, device);
   CopyInto(out, *this);
   return out;
 }
 
-const Tensor& Tensor::fill_(double value) const {
+const RawTensor& RawTensor::fill_(double value) const {
   CheckDefined("fill_");
   CheckWritable("fill_", *this);
   const Device device = storage_->device();
@@ -463,26 +463,26 @@ const Tensor& Tensor::fill_(double value) const {
   return *this;
 }
 
-const Tensor& Tensor::copy_(const Tensor& src) const {
+const RawTensor& RawTensor::copy_(const RawTensor& src) const {
   CheckDefined("copy_");
   CopyInto(*this, src);
   return *this;
 }
 
-double Tensor::item() const {
+double RawTensor::item() const {
   CheckDefined("item");
   TG_CHECK(numel_ == 1, "item: the tensor has ", numel_, " elements (shape ", ShapeToString(shape_),
            "), expected 1");
   // Read on the host: a copy there (which synchronises with a device's stream) unless the
   // tensor is in host memory already (to() returns it then).
-  const Tensor host = to(Device::Cpu());
+  const RawTensor host = to(Device::Cpu());
   return VisitStorage(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return Convert<double>(*static_cast<const T*>(host.raw_data()));
   });
 }
 
-std::string Tensor::ToString(int64_t max_elements) const {
+std::string RawTensor::ToString(int64_t max_elements) const {
   if (!defined()) return "tensor(undefined)";
   const std::vector<double> v =
       numel_ <= max_elements ? to_vector<double>() : std::vector<double>{};
@@ -517,7 +517,7 @@ namespace {
 
 // The backend that copies between dst's and src's devices: the one of the side that is not the
 // host (the CPU), or the host's for a copy within host memory.
-DeviceBackend* CopyBackend(const Tensor& dst, const Tensor& src) {
+DeviceBackend* CopyBackend(const RawTensor& dst, const RawTensor& src) {
   const Device to = dst.device(), from = src.device();
   const DeviceType type = to.is_cpu() ? from.type : to.type;
   DeviceBackend* backend = FindDeviceBackend(type);
@@ -532,14 +532,14 @@ DeviceBackend* CopyBackend(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-void CopyInto(const Tensor& dst, const Tensor& src) {
+void CopyInto(const RawTensor& dst, const RawTensor& src) {
   TG_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
   CheckWritable("copy_", dst);
   if (src.shape() == dst.shape()) {
     CopyBackend(dst, src)->Copy(dst, src);
     return;
   }
-  Tensor expanded;
+  RawTensor expanded;
   try {
     expanded = src.expand(dst.shape());
   } catch (const Error&) {

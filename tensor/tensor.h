@@ -1,7 +1,7 @@
-// Tensor: a cheap handle to a strided view of a shared Storage.
+// RawTensor: a cheap handle to a strided view of a shared Storage.
 //
-// A Tensor holds a shape, element strides, an element offset into its storage, a dtype and (via
-// the storage) a device. Copying a Tensor copies the handle, not the data. View methods
+// A RawTensor holds a shape, element strides, an element offset into its storage, a dtype and (via
+// the storage) a device. Copying a RawTensor copies the handle, not the data. View methods
 // (reshape of viewable data, slice, select, transpose, permute, expand, squeeze, unsqueeze) share
 // storage with their source; contiguous(), clone() and to() copy when they must. Every view is
 // validated so that no element it addresses lies outside its storage.
@@ -11,11 +11,11 @@
 // reads of device data (item(), to_vector(), ToString()) copy to the CPU first, which waits for
 // the device.
 //
-//   tg::Tensor x = tg::Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
-//   tg::Tensor xt = x.transpose(0, 1);          // [3, 2] view, strides {1, 3}
-//   tg::Tensor y = xt.contiguous().to(tg::kF16);
+//   tg::RawTensor x = tg::RawTensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+//   tg::RawTensor xt = x.transpose(0, 1);          // [3, 2] view, strides {1, 3}
+//   tg::RawTensor y = xt.contiguous().to(tg::kF16);
 //   float v = x.slice(1, 1, 3).select(0, 1).item();   // 5
-//   tg::Tensor g = x.to(tg::Device::Cuda(0));   // with //tensor/cuda:backend linked
+//   tg::RawTensor g = x.to(tg::Device::Cuda(0));   // with //tensor/cuda:backend linked
 #ifndef TAPEGRAD_TENSOR_TENSOR_H_
 #define TAPEGRAD_TENSOR_TENSOR_H_
 
@@ -48,35 +48,35 @@ Shape BroadcastShapes(const char* op, const Shape& a, const Shape& b);
 // Wraps a possibly negative dim into [0, ndim); throws naming the op when it is out of range.
 int64_t WrapDim(const char* op, int64_t dim, int64_t ndim);
 
-class Tensor {
+class RawTensor {
  public:
   // An undefined tensor (defined() == false); most methods throw on it.
-  Tensor() = default;
+  RawTensor() = default;
   // A view of `storage`; throws unless every addressed element lies inside the storage.
-  Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
+  RawTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 
   // Uninitialised memory of the given shape (contiguous). A non-CPU device allocates through
   // its backend; throws when the backend is not linked or the device does not exist.
-  static Tensor Empty(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
-  static Tensor Zeros(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
-  static Tensor Ones(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
-  static Tensor Full(const Shape& shape, double value, DType dtype = kF32,
+  static RawTensor Empty(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static RawTensor Zeros(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static RawTensor Ones(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
+  static RawTensor Full(const Shape& shape, double value, DType dtype = kF32,
                      Device device = Device::Cpu());
   // A 0-d tensor holding `value`.
-  static Tensor Scalar(double value, DType dtype = kF32);
+  static RawTensor Scalar(double value, DType dtype = kF32);
   // [start, start + step, ...) below `end` (above it for a negative step), like torch.arange.
-  static Tensor Arange(double start, double end, double step = 1, DType dtype = kF32);
+  static RawTensor Arange(double start, double end, double step = 1, DType dtype = kF32);
   // Copies `values` (converted to `dtype`, default the dtype of T) into a tensor of `shape`.
   template <typename T>
-  static Tensor FromVector(const std::vector<T>& values, const Shape& shape);
+  static RawTensor FromVector(const std::vector<T>& values, const Shape& shape);
   template <typename T>
-  static Tensor FromVector(const std::vector<T>& values, const Shape& shape, DType dtype) {
+  static RawTensor FromVector(const std::vector<T>& values, const Shape& shape, DType dtype) {
     return FromVector(values, shape).to(dtype);
   }
 
   bool defined() const { return storage_ != nullptr; }
   // Makes this tensor undefined, releasing its storage (libtorch's reset()). Preferred over
-  // `t = Tensor()`: moving from a default Shape copies its uninitialised inline buffer, which
+  // `t = RawTensor()`: moving from a default Shape copies its uninitialised inline buffer, which
   // GCC 12 rightly reports (-Wmaybe-uninitialized).
   void reset() {
     storage_.reset();
@@ -100,7 +100,7 @@ class Tensor {
   bool is_contiguous() const { return contiguous_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Whether two tensors address the same storage.
-  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  bool shares_storage(const RawTensor& other) const { return storage_ == other.storage_; }
 
   // Pointer to the first element (at offset()); T must match dtype().
   template <typename T>
@@ -109,37 +109,37 @@ class Tensor {
 
   // Views. Dims may be negative. reshape() returns a view when the strides allow it and a copy
   // otherwise (like torch.reshape); view() throws instead of copying. One size may be -1.
-  Tensor view(const Shape& shape) const;
-  Tensor reshape(const Shape& shape) const;
+  RawTensor view(const Shape& shape) const;
+  RawTensor reshape(const Shape& shape) const;
   // Elements start, start+step, ... below end of `dim`; start/end are clamped like Python slices
   // (negative values count from the end); step must be positive.
-  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
-  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  RawTensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  RawTensor narrow(int64_t dim, int64_t start, int64_t length) const;
   // Index `index` of `dim`, removing that dim.
-  Tensor select(int64_t dim, int64_t index) const;
-  Tensor transpose(int64_t dim0, int64_t dim1) const;
-  Tensor permute(const Shape& dims) const;
+  RawTensor select(int64_t dim, int64_t index) const;
+  RawTensor transpose(int64_t dim0, int64_t dim1) const;
+  RawTensor permute(const Shape& dims) const;
   // Broadcast view: size-1 dims (or new leading dims) get stride 0. -1 keeps a size.
-  Tensor expand(const Shape& shape) const;
-  Tensor unsqueeze(int64_t dim) const;
-  Tensor squeeze(int64_t dim) const;
-  Tensor flatten() const { return reshape({numel_}); }
+  RawTensor expand(const Shape& shape) const;
+  RawTensor unsqueeze(int64_t dim) const;
+  RawTensor squeeze(int64_t dim) const;
+  RawTensor flatten() const { return reshape({numel_}); }
 
   // Copies: contiguous() returns *this when already contiguous.
-  Tensor contiguous() const;
-  Tensor clone() const;
+  RawTensor contiguous() const;
+  RawTensor clone() const;
   // Converts to `dtype` (returns *this when equal). Float -> int truncates toward zero and
   // saturates, NaN becomes 0; anything -> bool is `value != 0`.
-  Tensor to(DType dtype) const;
+  RawTensor to(DType dtype) const;
   // Copies to `device` (returns *this when equal); with a dtype, converts in the same copy.
-  Tensor to(Device device) const;
-  Tensor to(Device device, DType dtype) const;
+  RawTensor to(Device device) const;
+  RawTensor to(Device device, DType dtype) const;
 
   // In place (const like every handle method: they change the data, not the handle).
   // copy_ broadcasts `src` to this shape and converts its dtype.
-  const Tensor& fill_(double value) const;
-  const Tensor& zero_() const { return fill_(0); }
-  const Tensor& copy_(const Tensor& src) const;
+  const RawTensor& fill_(double value) const;
+  const RawTensor& zero_() const { return fill_(0); }
+  const RawTensor& copy_(const RawTensor& src) const;
 
   // The value of a one-element tensor, as double (a device tensor is copied to the host).
   double item() const;
@@ -155,7 +155,7 @@ class Tensor {
   // Uninitialised contiguous memory; `op` names the caller in errors. Skips the view checks of
   // the public constructor (the storage is sized for the shape): this is the allocation every
   // op makes, and its cost dominates ops on small tensors.
-  static Tensor NewContiguous(const char* op, const Shape& shape, DType dtype, Device device);
+  static RawTensor NewContiguous(const char* op, const Shape& shape, DType dtype, Device device);
 
   void CheckDefined(const char* op) const {
     if (storage_ == nullptr) ThrowUndefined(op);
@@ -173,10 +173,10 @@ class Tensor {
 
 // Copies src (broadcast to dst's shape) into dst with dtype conversion. Both on the CPU runs
 // here; otherwise the device backend copies (same device, across devices, or host <-> device).
-void CopyInto(const Tensor& dst, const Tensor& src);
+void CopyInto(const RawTensor& dst, const RawTensor& src);
 
 template <typename T>
-T* Tensor::data() const {
+T* RawTensor::data() const {
   CheckDefined("data");
   TG_CHECK(DTypeOf<T>() == dtype_, "data<", DTypeName(DTypeOf<T>()), ">: tensor has dtype ",
            DTypeName(dtype_));
@@ -184,8 +184,8 @@ T* Tensor::data() const {
 }
 
 template <typename T>
-Tensor Tensor::FromVector(const std::vector<T>& values, const Shape& shape) {
-  Tensor t = Empty(shape, DTypeOf<T>());
+RawTensor RawTensor::FromVector(const std::vector<T>& values, const Shape& shape) {
+  RawTensor t = Empty(shape, DTypeOf<T>());
   TG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "FromVector: ", values.size(),
            " values do not fill shape ", ShapeToString(shape));
   std::copy(values.begin(), values.end(), t.data<T>());
@@ -193,8 +193,8 @@ Tensor Tensor::FromVector(const std::vector<T>& values, const Shape& shape) {
 }
 
 template <typename T>
-std::vector<T> Tensor::to_vector() const {
-  Tensor c = to(Device::Cpu(), DTypeOf<T>()).contiguous();
+std::vector<T> RawTensor::to_vector() const {
+  RawTensor c = to(Device::Cpu(), DTypeOf<T>()).contiguous();
   const T* p = c.data<T>();
   return std::vector<T>(p, p + c.numel());
 }

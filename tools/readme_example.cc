@@ -19,7 +19,7 @@ class TwoLayer : public tg::nn::Module {
     fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
     fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
   }
-  tg::Variable forward(const tg::Variable& x) override {
+  tg::Tensor forward(const tg::Tensor& x) override {
     return (*fc2_)(tg::Relu((*fc1_)(tg::Reshape(x, {x.size(0), 784}))));
   }
 
@@ -37,11 +37,11 @@ int main() {
       std::make_unique<tg::optim::AdamW>(model->parameters(), adamw));
 
   // A batch of 64 random images with random labels (the real loaders: dataset/mnist.h).
-  const tg::Variable images(tg::RandNormal({64, 1, 28, 28}, gen));
-  const tg::Tensor labels = tg::RandUniform({64}, gen, 0, 10).to(tg::kI64);
+  const tg::Tensor images(tg::RandNormal({64, 1, 28, 28}, gen));
+  const tg::RawTensor labels = tg::RandUniform({64}, gen, 0, 10).to(tg::kI64);
   for (int step = 1; step <= 50; ++step) {
     opt.zero_grad();
-    tg::Variable loss;
+    tg::Tensor loss;
     {
       tg::amp::AutocastGuard autocast(tg::kBF16);  // matmuls in bf16, the loss in f32
       loss = tg::nn::CrossEntropyLoss((*model)(images), labels);

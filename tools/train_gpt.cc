@@ -169,7 +169,7 @@ double Evaluate(nn::Gpt& model, const data::TokenBatcher& val, int64_t batches,
   train::CrossEntropyEval loss(precision);
   for (int64_t i = 0; i < n; ++i) {
     data::TokenBatcher::Batch b = val.EvalBatch(i);
-    loss.Add([&] { return model(Variable(b.x.to(device))); }, b.y.to(device));
+    loss.Add([&] { return model(Tensor(b.x.to(device))); }, b.y.to(device));
   }
   model.train();
   return loss.mean();
@@ -469,7 +469,7 @@ int Main() {
   // --precision=fp8: the Linear weights of the blocks in FP8; the tied head (wte, also the token
   // embedding's table, which stays a lookup) only with --fp8_head, as Transformer Engine's recipes
   // leave the output layer in higher precision.
-  std::vector<Variable> fp8_weights = nn::LinearWeights(*model);
+  std::vector<Tensor> fp8_weights = nn::LinearWeights(*model);
   if (absl::GetFlag(FLAGS_fp8_head)) {
     if (!precision_or->fp8) {
       return Fail(absl::InvalidArgumentError("--fp8_head needs --precision=fp8"));
@@ -593,7 +593,7 @@ int Main() {
     train::StepStats stats = train::TrainStep(
         opt, schedule, forward_precision, absl::GetFlag(FLAGS_grad_clip),
         [&](int64_t k) {
-          return nn::CrossEntropyLoss(dp.Forward(*model, Variable(dp.Micro(batch.x, k).to(device))),
+          return nn::CrossEntropyLoss(dp.Forward(*model, Tensor(dp.Micro(batch.x, k).to(device))),
                                       dp.Micro(batch.y, k).to(device));
         },
         dp.accumulation());

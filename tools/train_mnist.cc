@@ -105,9 +105,9 @@ Eval Evaluate(nn::Module& model, const data::MnistData& split,
   int64_t correct = 0;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    Tensor images = split.images.narrow(0, start, len).to(device, dtype);
-    Tensor labels = split.labels.narrow(0, start, len);
-    const Variable logits = loss.Add([&] { return model(Variable(images)); }, labels.to(device));
+    RawTensor images = split.images.narrow(0, start, len).to(device, dtype);
+    RawTensor labels = split.labels.narrow(0, start, len);
+    const Tensor logits = loss.Add([&] { return model(Tensor(images)); }, labels.to(device));
     std::vector<int64_t> predicted = Argmax(logits.data(), 1).to_vector<int64_t>();
     std::vector<int64_t> truth = labels.to_vector<int64_t>();
     for (int64_t i = 0; i < len; ++i) correct += predicted[i] == truth[i];
@@ -359,7 +359,7 @@ int Main() {
         opt, schedule, forward_precision, /*max_grad_norm=*/0,
         [&](int64_t k) {
           return nn::CrossEntropyLoss(
-              dp.Forward(*model, Variable(dp.Micro(batch.images, k).to(device, dtype))),
+              dp.Forward(*model, Tensor(dp.Micro(batch.images, k).to(device, dtype))),
               dp.Micro(batch.labels, k).to(device));
         },
         dp.accumulation());

@@ -135,7 +135,7 @@ void DataParallel::Wrap(std::shared_ptr<nn::Module> model,
   // as before (dividing the seed by a world size that is not a power of two rounds differently).
   sum_gradients_ = false;
   if (group_ != nullptr) {
-    for (const Variable& p : model->parameters()) {
+    for (const Tensor& p : model->parameters()) {
       if (p.requires_grad() && p.dtype() == kF16) sum_gradients_ = true;
     }
   }
@@ -186,8 +186,8 @@ RunState::Sharding DataParallel::sharding() const {
     s.model_state = [zero, model] {
       // The placeholders replaced by the gathered parameters (optimizer order -> names).
       StateDict state = model->state_dict();
-      const std::vector<Tensor> full = zero->full_parameters();
-      const std::vector<Variable>& params = zero->model_params();
+      const std::vector<RawTensor> full = zero->full_parameters();
+      const std::vector<Tensor>& params = zero->model_params();
       for (const auto& [name, p] : model->named_parameters()) {
         for (size_t i = 0; i < params.size(); ++i) {
           if (params[i].impl() == p.impl()) state.tensors[name] = full[i];
@@ -217,7 +217,7 @@ Accumulation DataParallel::accumulation() {
   return a;
 }
 
-Tensor DataParallel::Micro(const Tensor& rows, int64_t k) const {
+RawTensor DataParallel::Micro(const RawTensor& rows, int64_t k) const {
   if (grad_accum_steps_ == 1) return rows;
   const int64_t n = rows.size(0) / grad_accum_steps_;
   TG_CHECK(n * grad_accum_steps_ == rows.size(0), "DataParallel::Micro: ", rows.size(0),
@@ -227,7 +227,7 @@ Tensor DataParallel::Micro(const Tensor& rows, int64_t k) const {
   return rows.narrow(0, k * n, n);
 }
 
-Variable DataParallel::Forward(nn::Module& model, const Variable& input) {
+Tensor DataParallel::Forward(nn::Module& model, const Tensor& input) {
   if (ddp_ != nullptr) {
     TG_CHECK(ddp_->module().get() == &model,
              "DataParallel::Forward: the model is not the one passed to Wrap()");
@@ -236,7 +236,7 @@ Variable DataParallel::Forward(nn::Module& model, const Variable& input) {
   return model(input);
 }
 
-Tensor DataParallel::Local(const Tensor& global) const {
+RawTensor DataParallel::Local(const RawTensor& global) const {
   if (world_size_ == 1) return global;
   const int64_t rows = global.size(0) / world_size_;
   TG_CHECK(rows * world_size_ == global.size(0), "DataParallel::Local: ", global.size(0),
@@ -250,7 +250,7 @@ DataParallel::Agreement DataParallel::Agree(double loss, int signal) const {
   std::vector<double> v(1 + world_size_, 0.0);
   v[0] = loss;
   v[1 + rank_] = signal;
-  Tensor t = Tensor::FromVector(v, {static_cast<int64_t>(v.size())}).to(group_->device());
+  RawTensor t = RawTensor::FromVector(v, {static_cast<int64_t>(v.size())}).to(group_->device());
   TG_DIST_CHECK_OK(group_->all_reduce(t, dist::ReduceOp::kSum)->wait());
   v = t.to_vector<double>();
   Agreement agreed;
@@ -281,15 +281,15 @@ absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) c
   std::string text;
   for (const std::string& line : lines) absl::StrAppend(&text, line, "\n");
   const int world = world_size_;
-  auto gather = [&](const Tensor& mine) -> absl::StatusOr<Tensor> {
-    Tensor all = Tensor::Empty({world * mine.numel()}, mine.dtype(), group_->device());
+  auto gather = [&](const RawTensor& mine) -> absl::StatusOr<RawTensor> {
+    RawTensor all = RawTensor::Empty({world * mine.numel()}, mine.dtype(), group_->device());
     absl::Status s = group_->all_gather(all, mine.to(group_->device()))->wait();
     if (!s.ok()) return s;
     return all.to(Device::Cpu());
   };
   // 1. The hash and the length: equal everywhere is the common case, one small collective.
   const uint64_t h = Fingerprint(text);
-  absl::StatusOr<Tensor> heads = gather(Tensor::FromVector(
+  absl::StatusOr<RawTensor> heads = gather(RawTensor::FromVector(
       std::vector<int64_t>{static_cast<int64_t>(h >> 32), static_cast<int64_t>(h & 0xffffffffu),
                            static_cast<int64_t>(text.size())},
       {3}));
@@ -307,8 +307,8 @@ absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) c
   // collectives take no u8).
   std::vector<int32_t> padded(static_cast<size_t>(std::max<int64_t>(longest, 1)), 0);
   std::copy(text.begin(), text.end(), padded.begin());
-  absl::StatusOr<Tensor> texts =
-      gather(Tensor::FromVector(padded, {static_cast<int64_t>(padded.size())}));
+  absl::StatusOr<RawTensor> texts =
+      gather(RawTensor::FromVector(padded, {static_cast<int64_t>(padded.size())}));
   if (!texts.ok()) return texts.status();
   const std::vector<int32_t> chars = texts->to_vector<int32_t>();
   auto lines_of = [&](int r) -> std::vector<std::string> {
@@ -333,7 +333,7 @@ absl::Status DataParallel::CheckSameRun(const std::vector<std::string>& lines) c
   return absl::OkStatus();  // equal texts with a hash collision: impossible, but not an error
 }
 
-std::function<void(const Tensor&)> DataParallel::ReduceFoundInf() const {
+std::function<void(const RawTensor&)> DataParallel::ReduceFoundInf() const {
   if (group_ == nullptr) return nullptr;
   return dist::MaxFoundInfAcrossRanks(group_);
 }

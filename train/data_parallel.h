@@ -17,7 +17,7 @@
 //   auto opt = dp->MakeOptimizer(model, opt_config, precision).value();   // MPO or ZeRO
 //   auto b = batcher.Next(dp->rank(), dp->world_size());                  // this rank's rows
 //   TrainStep(*opt, schedule, dtype, clip, [&](int64_t k) {
-//     return nn::CrossEntropyLoss(dp->Forward(*model, Variable(dp->Micro(b.images, k))),
+//     return nn::CrossEntropyLoss(dp->Forward(*model, Tensor(dp->Micro(b.images, k))),
 //                                 dp->Micro(b.labels, k)); }, dp->accumulation());
 #ifndef TAPEGRAD_TRAIN_DATA_PARALLEL_H_
 #define TAPEGRAD_TRAIN_DATA_PARALLEL_H_
@@ -120,12 +120,12 @@ class DataParallel {
   // The micro-batching of TrainStep: --grad_accum_steps, and DDP's no_sync.
   Accumulation accumulation();
   // The model's forward (through DDP when distributed).
-  Variable Forward(nn::Module& model, const Variable& input);
+  Tensor Forward(nn::Module& model, const Tensor& input);
   // This rank's rows of a global batch [B, ...]: rows [rank * B / world, (rank + 1) * B / world).
-  Tensor Local(const Tensor& global) const;
+  RawTensor Local(const RawTensor& global) const;
   // Micro-batch k of this rank's rows [b, ...]: rows [k * b / N, (k + 1) * b / N) for
   // N = grad_accum_steps (the rows themselves for N = 1).
-  Tensor Micro(const Tensor& rows, int64_t k) const;
+  RawTensor Micro(const RawTensor& rows, int64_t k) const;
   // After each step, on every rank: the mean of `loss` over the ranks (the loss of the global
   // batch, for reports) and whether a rank wants to stop (`signal` != 0: a signal reaches the
   // ranks at different steps; they must stop after the same one), with the signal and the lowest
@@ -144,7 +144,7 @@ class DataParallel {
   // fixed-size collectives only (a hash, then the lengths, then the padded texts).
   absl::Status CheckSameRun(const std::vector<std::string>& lines) const;
   // For MixedPrecisionOptions::reduce_found_inf (null for one process).
-  std::function<void(const Tensor&)> ReduceFoundInf() const;
+  std::function<void(const RawTensor&)> ReduceFoundInf() const;
   // For amp::Fp8Training::set_amax_reducer: the all-reduce MAX of a pass's amaxes over the
   // ranks (null for one process).
   std::function<void(std::vector<float>&)> AmaxReducer() const;

@@ -8,14 +8,14 @@
 
 namespace tg::train {
 
-Variable CrossEntropyEval::Add(const std::function<Variable()>& forward, const Tensor& targets) {
+Tensor CrossEntropyEval::Add(const std::function<Tensor()>& forward, const RawTensor& targets) {
   PrecisionScope precision(precision_, /*update_fp8=*/false);
-  Variable logits = forward();
+  Tensor logits = forward();
   // Per-row losses (f32 under autocast, f64 for f64 logits), summed in f64 where they live: one
   // host read per batch, as before.
   nn::CrossEntropyOptions rows;
   rows.reduction = Reduction::kNone;
-  const Tensor losses = nn::CrossEntropyLoss(logits, targets, rows).data();
+  const RawTensor losses = nn::CrossEntropyLoss(logits, targets, rows).data();
   total_ += Sum(losses.to(kF64)).item();
   rows_ += losses.numel();
   return logits;

@@ -6,7 +6,7 @@
 //       total += F.cross_entropy(logits, y, reduction="sum").item()    # f32: autocast's policy
 //
 //   tg::train::CrossEntropyEval eval(dtype);
-//   for (...) eval.Add([&] { return model(Variable(x)); }, y);
+//   for (...) eval.Add([&] { return model(Tensor(x)); }, y);
 //   double mean = eval.mean();   // nats per row
 //
 // The forward and the loss both run inside PrecisionScope(dtype), so cross-entropy reads f16/bf16
@@ -36,7 +36,7 @@ class CrossEntropyEval {
   // logits [..., C] against `targets` [...] (i32/i64 class ids, on the logits' device), in f32 or
   // wider, to the f64 total. Returns the logits (for an accuracy). The caller sets eval mode and
   // no_grad.
-  Variable Add(const std::function<Variable()>& forward, const Tensor& targets);
+  Tensor Add(const std::function<Tensor()>& forward, const RawTensor& targets);
 
   double total() const { return total_; }  // summed loss of every row added
   int64_t rows() const { return rows_; }

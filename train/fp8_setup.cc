@@ -10,7 +10,7 @@
 namespace tg::train {
 
 absl::StatusOr<std::unique_ptr<amp::Fp8Training>> MakeFp8Training(
-    const Precision& precision, std::vector<Variable> weights,
+    const Precision& precision, std::vector<Tensor> weights,
     amp::Fp8DelayedScaling::AmaxReducer reducer) {
   const std::string recipe = absl::GetFlag(FLAGS_fp8_recipe);
   const int64_t history = absl::GetFlag(FLAGS_fp8_amax_history_len);

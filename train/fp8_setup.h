@@ -26,7 +26,7 @@ namespace tg::train {
 // or nullptr when !precision.fp8. InvalidArgument for an unknown recipe, a flag outside its range,
 // or an --fp8_* flag changed from its default without --precision=fp8.
 absl::StatusOr<std::unique_ptr<amp::Fp8Training>> MakeFp8Training(
-    const Precision& precision, std::vector<Variable> weights,
+    const Precision& precision, std::vector<Tensor> weights,
     amp::Fp8DelayedScaling::AmaxReducer reducer);
 
 // What a checkpoint holds of an FP8 run: fp8->state_dict() under "fp8." (empty for nullptr),

@@ -27,11 +27,11 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
   if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
 }
 
-absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Tensor>& params,
                                                                 const OptimizerConfig& config) {
-  std::vector<Variable> matrices, others;
+  std::vector<Tensor> matrices, others;
   if (config.decay_matrices_only) {
-    for (const Variable& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
+    for (const Tensor& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
   }
   // The groups for the optimizer's options: with decay_matrices_only, group 1 (the vectors) has
   // the same options without weight decay.
@@ -111,7 +111,7 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
 }
 
 absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
-    const std::vector<Variable>& params, const OptimizerConfig& config,
+    const std::vector<Tensor>& params, const OptimizerConfig& config,
     const PrecisionConfig& precision) {
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> opt = MakeOptimizer(params, config);
   if (!opt.ok()) return opt.status();

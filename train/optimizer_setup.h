@@ -39,12 +39,12 @@ struct PrecisionConfig {
   // "apex" (NVIDIA Apex amp) | "none"; each with its library's default settings.
   std::string loss_scaler = "auto";
   // Data-parallel runs: makes found_inf the max over the ranks (DataParallel::ReduceFoundInf).
-  std::function<void(const Tensor& found_inf)> reduce_found_inf = nullptr;
+  std::function<void(const RawTensor& found_inf)> reduce_found_inf = nullptr;
 };
 
 // The optimizer named by `config` over `params` (with decay_matrices_only: group 0 the matrices,
 // group 1 the rest, without weight decay). InvalidArgument names an unknown optimizer.
-absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Variable>& params,
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Tensor>& params,
                                                                 const OptimizerConfig& config);
 // The MixedPrecisionOptions of `precision` (the scaler preset, reduce_found_inf).
 // InvalidArgument names an unknown scaler.
@@ -55,7 +55,7 @@ absl::StatusOr<amp::MixedPrecisionOptions> MakeMixedPrecisionOptions(
 // parameters; f32 parameters are their own masters), with the scaler preset. InvalidArgument
 // names an unknown optimizer or scaler.
 absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecisionOptimizer(
-    const std::vector<Variable>& params, const OptimizerConfig& optimizer,
+    const std::vector<Tensor>& params, const OptimizerConfig& optimizer,
     const PrecisionConfig& precision);
 
 // After a resume with --override: applies the overridden optimizer settings of `config` ("lr":

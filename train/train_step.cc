@@ -9,7 +9,7 @@ namespace tg::train {
 
 StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
                     const ForwardPrecision& precision, double max_grad_norm,
-                    const std::function<Variable()>& loss_fn) {
+                    const std::function<Tensor()>& loss_fn) {
   return TrainStep(
       opt, schedule, precision, max_grad_norm, [&](int64_t) { return loss_fn(); },
       Accumulation{});
@@ -17,7 +17,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
 
 StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
                     const ForwardPrecision& precision, double max_grad_norm,
-                    const std::function<Variable(int64_t micro)>& loss_fn,
+                    const std::function<Tensor(int64_t micro)>& loss_fn,
                     const Accumulation& accumulation) {
   const int64_t n = accumulation.micro_batches;
   TG_CHECK(n >= 1, "TrainStep: micro_batches must be >= 1, got ", n);
@@ -32,7 +32,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
   for (int64_t k = 0; k < n; ++k) {
     const bool last = k == n - 1;
     auto body = [&] {
-      Variable loss;
+      Tensor loss;
       {
         PrecisionScope scope(precision);
         loss = loss_fn(k);

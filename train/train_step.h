@@ -74,7 +74,7 @@ struct Accumulation {
 // and the schedule's step (which does not advance when the optimizer step was skipped).
 StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
                     const ForwardPrecision& precision, double max_grad_norm,
-                    const std::function<Variable()>& loss_fn);
+                    const std::function<Tensor()>& loss_fn);
 // With accumulation: `loss_fn(k)` is the mean loss of micro-batch k (of equal sizes), and the
 // backward runs on loss / micro_batches (/ summed_ranks), so the master gradients end as the
 // gradient of the mean over all micro-batches (the large batch, within f32 rounding); one clip, one
@@ -85,7 +85,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
 // master gradients. StepStats::loss is the mean of the micro-batch losses.
 StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
                     const ForwardPrecision& precision, double max_grad_norm,
-                    const std::function<Variable(int64_t micro)>& loss_fn,
+                    const std::function<Tensor(int64_t micro)>& loss_fn,
                     const Accumulation& accumulation);
 
 }  // namespace tg::train

@@ -10,13 +10,13 @@ namespace {
 
 // A cache entry keeps the source alive, so its address (the key) is not reused meanwhile.
 struct CachedCast {
-  Variable source;
-  Variable cast;
+  Tensor source;
+  Tensor cast;
 };
 
 }  // namespace
 
-Variable AutocastInput(const Variable& x, CastPolicy policy) {
+Tensor AutocastInput(const Tensor& x, CastPolicy policy) {
   if (!x.defined()) return x;
   const DType to = amp::AutocastTargetDType(policy, x.dtype());
   if (to == x.dtype()) return x;
@@ -29,7 +29,7 @@ Variable AutocastInput(const Variable& x, CastPolicy policy) {
       return static_cast<const CachedCast*>(hit.get())->cast;
     }
   }
-  Variable cast = Cast(x, to);
+  Tensor cast = Cast(x, to);
   if (cacheable) {
     amp::StoreCachedCast(x.impl().get(), to,
                          std::make_shared<const CachedCast>(CachedCast{x, cast}));

@@ -20,7 +20,7 @@ namespace tg {
 
 // `x` cast (a recorded Cast) to the dtype `policy` asks for; the low-precision cast of an f32
 // leaf that requires grad is taken from / put into the autocast cache.
-Variable AutocastInput(const Variable& x, CastPolicy policy);
+Tensor AutocastInput(const Tensor& x, CastPolicy policy);
 
 // An op's inputs after autocast: true, with every input cast to its policy's dtype, when autocast
 // casts at least one of them; false (and empty) otherwise.
@@ -28,17 +28,17 @@ template <size_t N>
 class AutocastedInputs {
  public:
   explicit operator bool() const { return cast_; }
-  const Variable& operator[](size_t i) const { return inputs_[i]; }
+  const Tensor& operator[](size_t i) const { return inputs_[i]; }
 
  private:
   template <typename... Vs>
   friend AutocastedInputs<sizeof...(Vs)> AutocastInputs(OpId op, const Vs&... xs);
 
-  std::array<Variable, N> inputs_;
+  std::array<Tensor, N> inputs_;
   bool cast_ = false;
 };
 
-// Applies the autocast policy of `op` (AutocastPolicyOf, tensor/op_list.h) to its Variable
+// Applies the autocast policy of `op` (AutocastPolicyOf, tensor/op_list.h) to its Tensor
 // inputs (undefined ones, absent optional inputs, stay undefined). Autocast off costs one
 // thread-local read. The inputs are cast last to first, as the hand-written prologues this
 // replaced did (GCC evaluates call arguments right to left): the casts' nodes keep their
@@ -49,9 +49,9 @@ AutocastedInputs<sizeof...(Vs)> AutocastInputs(OpId op, const Vs&... xs) {
   AutocastedInputs<n> result;
   if (!amp::AutocastEnabled()) return result;  // the fast path
   const CastPolicy policy = AutocastPolicyOf(op);
-  const std::array<const Variable*, n> in = {&xs...};
+  const std::array<const Tensor*, n> in = {&xs...};
   bool needed = false;
-  for (const Variable* x : in) {
+  for (const Tensor* x : in) {
     needed = needed || (x->defined() && amp::AutocastTargetDType(policy, x->dtype()) != x->dtype());
   }
   if (!needed) return result;

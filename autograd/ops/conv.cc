@@ -17,83 +17,83 @@
 namespace tg {
 namespace {
 
-Variable Wrap(const Tensor& t) { return t.defined() ? Variable(t) : Variable(); }
+Tensor Wrap(const RawTensor& t) { return t.defined() ? Tensor(t) : Tensor(); }
 
-Variable Conv2dGradWeight(const Variable& g, const Variable& x, const Shape& weight_shape,
+Tensor Conv2dGradWeight(const Tensor& g, const Tensor& x, const Shape& weight_shape,
                           Conv2dParams p);
 
 // The input gradient of conv2d for output gradient g and weight w; `x` supplies the input's
 // shape and dtype only.
-Variable Conv2dGradInput(const Variable& g, const Variable& w, const Tensor& x, Conv2dParams p) {
-  const Tensor gx = tg::Conv2dBackward(g.data(), x, w.data(), p, /*need_input=*/true,
+Tensor Conv2dGradInput(const Tensor& g, const Tensor& w, const RawTensor& x, Conv2dParams p) {
+  const RawTensor gx = tg::Conv2dBackward(g.data(), x, w.data(), p, /*need_input=*/true,
                                        /*need_weight=*/false, /*need_bias=*/false)
                         .grad_input;
   return Record("Conv2dGradInputBackward", gx, {g, w}, {g, w},
                 [p](const BackwardContext& ctx) -> VariableList {
-                  const Variable& gg = ctx.grads[0];  // x's shape
-                  const Variable& g = ctx.saved[0];
-                  const Variable& w = ctx.saved[1];
-                  Variable dg, dw;
-                  if (ctx.needs(0)) dg = Conv2d(gg, w, Variable(), p);
+                  const Tensor& gg = ctx.grads[0];  // x's shape
+                  const Tensor& g = ctx.saved[0];
+                  const Tensor& w = ctx.saved[1];
+                  Tensor dg, dw;
+                  if (ctx.needs(0)) dg = Conv2d(gg, w, Tensor(), p);
                   if (ctx.needs(1)) dw = Conv2dGradWeight(g, gg, w.shape(), p);
                   return {dg, dw};
                 });
 }
 
 // The weight gradient of conv2d for output gradient g and input x.
-Variable Conv2dGradWeight(const Variable& g, const Variable& x, const Shape& weight_shape,
+Tensor Conv2dGradWeight(const Tensor& g, const Tensor& x, const Shape& weight_shape,
                           Conv2dParams p) {
   // Only the weight's shape and dtype are read: a broadcast zero stands in for it.
-  const Tensor w_like =
-      Tensor::Zeros({1, 1, 1, 1}, x.dtype(), x.data().device()).expand(weight_shape);
-  const Tensor gw = tg::Conv2dBackward(g.data(), x.data(), w_like, p, /*need_input=*/false,
+  const RawTensor w_like =
+      RawTensor::Zeros({1, 1, 1, 1}, x.dtype(), x.data().device()).expand(weight_shape);
+  const RawTensor gw = tg::Conv2dBackward(g.data(), x.data(), w_like, p, /*need_input=*/false,
                                        /*need_weight=*/true, /*need_bias=*/false)
                         .grad_weight;
   return Record("Conv2dGradWeightBackward", gw, {g, x}, {g, x},
                 [p](const BackwardContext& ctx) -> VariableList {
-                  const Variable& gg = ctx.grads[0];  // the weight's shape
-                  const Variable& g = ctx.saved[0];
-                  const Variable& x = ctx.saved[1];
-                  Variable dg, dx;
-                  if (ctx.needs(0)) dg = Conv2d(x, gg, Variable(), p);
+                  const Tensor& gg = ctx.grads[0];  // the weight's shape
+                  const Tensor& g = ctx.saved[0];
+                  const Tensor& x = ctx.saved[1];
+                  Tensor dg, dx;
+                  if (ctx.needs(0)) dg = Conv2d(x, gg, Tensor(), p);
                   if (ctx.needs(1)) dx = Conv2dGradInput(g, gg, x.data(), p);
                   return {dg, dx};
                 });
 }
 
 // The input gradient of max_pool2d: g scattered (added) at the saved indices.
-Variable MaxPool2dGradInput(const Variable& g, const Tensor& indices, const Shape& input_shape) {
+Tensor MaxPool2dGradInput(const Tensor& g, const RawTensor& indices, const Shape& input_shape) {
   return Record(
       "MaxPool2dGradInputBackward", tg::MaxPool2dBackward(g.data(), indices, input_shape), {g},
-      {Variable(indices)}, [input_shape](const BackwardContext& ctx) -> VariableList {
+      {Tensor(indices)}, [input_shape](const BackwardContext& ctx) -> VariableList {
         // The adjoint of the scatter: gather the incoming gradient at the same indices.
-        const Tensor& idx = ctx.saved[0].data();
+        const RawTensor& idx = ctx.saved[0].data();
         const int64_t n = idx.size(0), c = idx.size(1);
-        const Variable flat = Reshape(ctx.grads[0], {n, c, input_shape[2] * input_shape[3]});
-        const Variable picked = Gather(flat, 2, idx.reshape({n, c, idx.size(2) * idx.size(3)}));
+        const Tensor flat = Reshape(ctx.grads[0], {n, c, input_shape[2] * input_shape[3]});
+        const Tensor picked = Gather(flat, 2, idx.reshape({n, c, idx.size(2) * idx.size(3)}));
         return {Reshape(picked, idx.shape())};
       });
 }
 
 }  // namespace
 
-Variable Conv2d(const Variable& x, const Variable& weight, const Variable& bias, Conv2dParams p) {
+Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dParams p) {
   if (const auto in = AutocastInputs(OpId::kConv2d, x, weight, bias)) {
     return Conv2d(in[0], in[1], in[2], p);
   }
-  const Tensor out =
-      tg::Conv2d(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(), p);
+  const RawTensor out =
+      tg::Conv2d(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(), p);
   return Record(OpNodeName(OpId::kConv2d), out, {x, weight, bias}, {x, weight},
                 [p](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  const Variable& x = ctx.saved[0];
-                  const Variable& w = ctx.saved[1];
+                  const Tensor& g = ctx.grads[0];
+                  const Tensor& x = ctx.saved[0];
+                  const Tensor& w = ctx.saved[1];
                   if (!GradMode::is_enabled()) {
                     Conv2dGrads r = tg::Conv2dBackward(g.data(), x.data(), w.data(), p,
                                                        ctx.needs(0), ctx.needs(1), ctx.needs(2));
                     return {Wrap(r.grad_input), Wrap(r.grad_weight), Wrap(r.grad_bias)};
                   }
-                  Variable gx, gw, gb;
+                  Tensor gx, gw, gb;
                   if (ctx.needs(0)) gx = Conv2dGradInput(g, w, x.data(), p);
                   if (ctx.needs(1)) gw = Conv2dGradWeight(g, x, w.shape(), p);
                   if (ctx.needs(2)) gb = Cast(Sum(g, {0, 2, 3}), g.dtype());
@@ -101,11 +101,11 @@ Variable Conv2d(const Variable& x, const Variable& weight, const Variable& bias,
                 });
 }
 
-Variable MaxPool2d(const Variable& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+Tensor MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                    std::array<int64_t, 2> padding) {
   MaxPool2dResult r = tg::MaxPool2d(x.data(), kernel, stride, padding);
   const Shape input_shape = x.shape();
-  return Record(OpNodeName(OpId::kMaxPool2d), r.output, {x}, {Variable(r.indices)},
+  return Record(OpNodeName(OpId::kMaxPool2d), r.output, {x}, {Tensor(r.indices)},
                 [input_shape](const BackwardContext& ctx) -> VariableList {
                   return {MaxPool2dGradInput(ctx.grads[0], ctx.saved[0].data(), input_shape)};
                 });

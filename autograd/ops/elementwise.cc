@@ -12,108 +12,108 @@ namespace tg {
 namespace {
 
 // The gradient of a broadcast input: summed back to the input's shape.
-Variable Reduce(const Variable& g, const Variable& input) { return SumTo(g, input.shape()); }
+Tensor Reduce(const Tensor& g, const Tensor& input) { return SumTo(g, input.shape()); }
 
 // A 0-d constant of x's dtype on x's device (binary ops take no implicit device transfers).
-Tensor ScalarTensor(double v, const Tensor& like) {
-  return Tensor::Full({}, v, like.dtype(), like.device());
+RawTensor ScalarTensor(double v, const RawTensor& like) {
+  return RawTensor::Full({}, v, like.dtype(), like.device());
 }
 
-Variable ScalarLike(const Variable& x, double v) { return Variable(ScalarTensor(v, x.data())); }
+Tensor ScalarLike(const Tensor& x, double v) { return Tensor(ScalarTensor(v, x.data())); }
 
 }  // namespace
 
-Variable Add(const Variable& a, const Variable& b) {
+Tensor Add(const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
   return Record(
       OpNodeName(OpId::kAdd), tg::Add(a.data(), b.data()), {a, b}, {},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
-        const Variable& g = ctx.grads[0];
-        return {ctx.needs(0) ? SumTo(g, sa) : Variable(), ctx.needs(1) ? SumTo(g, sb) : Variable()};
+        const Tensor& g = ctx.grads[0];
+        return {ctx.needs(0) ? SumTo(g, sa) : Tensor(), ctx.needs(1) ? SumTo(g, sb) : Tensor()};
       });
 }
 
-Variable Sub(const Variable& a, const Variable& b) {
+Tensor Sub(const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
   return Record(OpNodeName(OpId::kSub), tg::Sub(a.data(), b.data()), {a, b}, {},
                 [sa, sb](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  return {ctx.needs(0) ? SumTo(g, sa) : Variable(),
-                          ctx.needs(1) ? SumTo(Neg(g), sb) : Variable()};
+                  const Tensor& g = ctx.grads[0];
+                  return {ctx.needs(0) ? SumTo(g, sa) : Tensor(),
+                          ctx.needs(1) ? SumTo(Neg(g), sb) : Tensor()};
                 });
 }
 
-Variable Mul(const Variable& a, const Variable& b) {
+Tensor Mul(const Tensor& a, const Tensor& b) {
   return Record(OpNodeName(OpId::kMul), tg::Mul(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  const Variable& a = ctx.saved[0];
-                  const Variable& b = ctx.saved[1];
-                  return {ctx.needs(0) ? Reduce(Mul(g, b), a) : Variable(),
-                          ctx.needs(1) ? Reduce(Mul(g, a), b) : Variable()};
+                  const Tensor& g = ctx.grads[0];
+                  const Tensor& a = ctx.saved[0];
+                  const Tensor& b = ctx.saved[1];
+                  return {ctx.needs(0) ? Reduce(Mul(g, b), a) : Tensor(),
+                          ctx.needs(1) ? Reduce(Mul(g, a), b) : Tensor()};
                 });
 }
 
-Variable Div(const Variable& a, const Variable& b) {
+Tensor Div(const Tensor& a, const Tensor& b) {
   return Record(OpNodeName(OpId::kDiv), tg::Div(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  const Variable& a = ctx.saved[0];
-                  const Variable& b = ctx.saved[1];
+                  const Tensor& g = ctx.grads[0];
+                  const Tensor& a = ctx.saved[0];
+                  const Tensor& b = ctx.saved[1];
                   // d(a/b)/da = 1/b, d(a/b)/db = -a/b^2
-                  return {ctx.needs(0) ? Reduce(Div(g, b), a) : Variable(),
-                          ctx.needs(1) ? Reduce(Neg(Div(Mul(g, a), Mul(b, b))), b) : Variable()};
+                  return {ctx.needs(0) ? Reduce(Div(g, b), a) : Tensor(),
+                          ctx.needs(1) ? Reduce(Neg(Div(Mul(g, a), Mul(b, b))), b) : Tensor()};
                 });
 }
 
-Variable Pow(const Variable& a, const Variable& b) {
+Tensor Pow(const Tensor& a, const Tensor& b) {
   if (const auto in = AutocastInputs(OpId::kPow, a, b)) return Pow(in[0], in[1]);
   return Record(OpNodeName(OpId::kPow), tg::Pow(a.data(), b.data()), {a, b}, {a, b},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  const Variable& a = ctx.saved[0];
-                  const Variable& b = ctx.saved[1];
+                  const Tensor& g = ctx.grads[0];
+                  const Tensor& a = ctx.saved[0];
+                  const Tensor& b = ctx.saved[1];
                   // d/da = b a^(b-1); d/db = a^b log a (0 where a == 0, as in PyTorch)
-                  Variable ga, gb;
+                  Tensor ga, gb;
                   if (ctx.needs(0))
                     ga = Reduce(Mul(g, Mul(b, Pow(a, Sub(b, ScalarLike(b, 1))))), a);
                   if (ctx.needs(1)) {
-                    const Tensor zero = tg::Eq(a.data(), ScalarTensor(0, a.data()));
-                    Variable term = Mul(Pow(a, b), Log(a));
-                    term = Where(zero, Variable(ScalarTensor(0, term.data())), term);
+                    const RawTensor zero = tg::Eq(a.data(), ScalarTensor(0, a.data()));
+                    Tensor term = Mul(Pow(a, b), Log(a));
+                    term = Where(zero, Tensor(ScalarTensor(0, term.data())), term);
                     gb = Reduce(Mul(g, term), b);
                   }
                   return {ga, gb};
                 });
 }
 
-Variable Pow(const Variable& x, double exponent) {
+Tensor Pow(const Tensor& x, double exponent) {
   if (const auto in = AutocastInputs(OpId::kPow, x)) return Pow(in[0], exponent);
   return Record("PowScalarBackward", tg::Pow(x.data(), exponent), {x}, {x},
                 [exponent](const BackwardContext& ctx) -> VariableList {
-                  const Variable& x = ctx.saved[0];
+                  const Tensor& x = ctx.saved[0];
                   if (exponent == 0) return {MulScalar(ctx.grads[0], 0)};
                   return {Mul(ctx.grads[0], MulScalar(Pow(x, exponent - 1), exponent))};
                 });
 }
 
-Variable AddScalar(const Variable& x, double s) {
+Tensor AddScalar(const Tensor& x, double s) {
   return Record(OpNodeName(OpId::kAddScalar), tg::AddScalar(x.data(), s), {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {ctx.grads[0]}; });
 }
 
-Variable MulScalar(const Variable& x, double s) {
+Tensor MulScalar(const Tensor& x, double s) {
   return Record(
       OpNodeName(OpId::kMulScalar), tg::MulScalar(x.data(), s), {x}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
-Variable Neg(const Variable& x) {
+Tensor Neg(const Tensor& x) {
   return Record(OpNodeName(OpId::kNeg), tg::Neg(x.data()), {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {Neg(ctx.grads[0])}; });
 }
 
-Variable Exp(const Variable& x) {
+Tensor Exp(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kExp, x)) return Exp(in[0]);
   return Record(
       OpNodeName(OpId::kExp), tg::Exp(x.data()), {x}, {},
@@ -123,14 +123,14 @@ Variable Exp(const Variable& x) {
       /*save_output=*/true);
 }
 
-Variable Log(const Variable& x) {
+Tensor Log(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kLog, x)) return Log(in[0]);
   return Record(
       OpNodeName(OpId::kLog), tg::Log(x.data()), {x}, {x},
       [](const BackwardContext& ctx) -> VariableList { return {Div(ctx.grads[0], ctx.saved[0])}; });
 }
 
-Variable Sqrt(const Variable& x) {
+Tensor Sqrt(const Tensor& x) {
   return Record(
       OpNodeName(OpId::kSqrt), tg::Sqrt(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
@@ -140,37 +140,37 @@ Variable Sqrt(const Variable& x) {
       /*save_output=*/true);
 }
 
-Variable Tanh(const Variable& x) {
+Tensor Tanh(const Tensor& x) {
   return Record(
       OpNodeName(OpId::kTanh), tg::Tanh(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
-        const Variable& y = ctx.saved[0];
+        const Tensor& y = ctx.saved[0];
         return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
       },
       /*save_output=*/true);
 }
 
-Variable Sigmoid(const Variable& x) {
+Tensor Sigmoid(const Tensor& x) {
   return Record(
       OpNodeName(OpId::kSigmoid), tg::Sigmoid(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
-        const Variable& y = ctx.saved[0];
+        const Tensor& y = ctx.saved[0];
         return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
       },
       /*save_output=*/true);
 }
 
-Variable Silu(const Variable& x) {
+Tensor Silu(const Tensor& x) {
   return Record(OpNodeName(OpId::kSilu), tg::Silu(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& x = ctx.saved[0];
-                  const Variable s = Sigmoid(x);
+                  const Tensor& x = ctx.saved[0];
+                  const Tensor s = Sigmoid(x);
                   // d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))
                   return {Mul(ctx.grads[0], Mul(s, AddScalar(Mul(x, AddScalar(Neg(s), 1)), 1)))};
                 });
 }
 
-Variable Relu(const Variable& x) {
+Tensor Relu(const Tensor& x) {
   return Record(
       OpNodeName(OpId::kRelu), tg::Relu(x.data()), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
@@ -179,83 +179,83 @@ Variable Relu(const Variable& x) {
       /*save_output=*/true);
 }
 
-Variable ReluBackward(const Variable& grad, const Variable& y) {
+Tensor ReluBackward(const Tensor& grad, const Tensor& y) {
   return Record(OpNodeName(OpId::kReluBackward), tg::ReluBackward(grad.data(), y.data()), {grad},
                 {y}, [](const BackwardContext& ctx) -> VariableList {
                   return {ReluBackward(ctx.grads[0], ctx.saved[0])};
                 });
 }
 
-Variable Erf(const Variable& x) {
+Tensor Erf(const Tensor& x) {
   return Record(OpNodeName(OpId::kErf), tg::Erf(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& x = ctx.saved[0];
+                  const Tensor& x = ctx.saved[0];
                   const double k2OverSqrtPi = 1.1283791670955126;
                   return {Mul(ctx.grads[0], MulScalar(Exp(Neg(Mul(x, x))), k2OverSqrtPi))};
                 });
 }
 
-Variable Gelu(const Variable& x) {
+Tensor Gelu(const Tensor& x) {
   return Record(OpNodeName(OpId::kGelu), tg::Gelu(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   // d/dx x Phi(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
-                  const Variable& x = ctx.saved[0];
+                  const Tensor& x = ctx.saved[0];
                   const double kInvSqrt2 = 0.7071067811865476, kInvSqrt2Pi = 0.3989422804014327;
-                  Variable cdf = MulScalar(AddScalar(Erf(MulScalar(x, kInvSqrt2)), 1), 0.5);
-                  Variable pdf = MulScalar(Exp(MulScalar(Mul(x, x), -0.5)), kInvSqrt2Pi);
+                  Tensor cdf = MulScalar(AddScalar(Erf(MulScalar(x, kInvSqrt2)), 1), 0.5);
+                  Tensor pdf = MulScalar(Exp(MulScalar(Mul(x, x), -0.5)), kInvSqrt2Pi);
                   return {Mul(ctx.grads[0], Add(cdf, Mul(x, pdf)))};
                 });
 }
 
-Variable GeluTanh(const Variable& x) {
+Tensor GeluTanh(const Tensor& x) {
   return Record(OpNodeName(OpId::kGeluTanh), tg::GeluTanh(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
-                  const Variable& x = ctx.saved[0];
+                  const Tensor& x = ctx.saved[0];
                   // One pass in the compute dtype (tensor/elementwise_formulas.h has the
                   // formula), rounded once; recorded (create_graph), the same formula with
                   // differentiable ops:
                   if (!GradMode::is_enabled()) {
-                    return {Variable(tg::GeluTanhBackward(ctx.grads[0].data(), x.data()))};
+                    return {Tensor(tg::GeluTanhBackward(ctx.grads[0].data(), x.data()))};
                   }
                   // y = x/2 (1 + tanh u), u = k (x + c x^3):
                   // dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) k (1 + 3 c x^2)
                   const double k = 0.7978845608028654, c = 0.044715;
-                  Variable x2 = Mul(x, x);
-                  Variable t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
-                  Variable left = MulScalar(AddScalar(t, 1), 0.5);
-                  Variable du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
-                  Variable right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+                  Tensor x2 = Mul(x, x);
+                  Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+                  Tensor left = MulScalar(AddScalar(t, 1), 0.5);
+                  Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+                  Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
                   return {Mul(ctx.grads[0], Add(left, right))};
                 });
 }
 
-Variable Abs(const Variable& x) {
+Tensor Abs(const Tensor& x) {
   return Record(OpNodeName(OpId::kAbs), tg::Abs(x.data()), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   // sign(x), 0 at 0 (as in PyTorch)
-                  const Tensor& x = ctx.saved[0].data();
-                  const Tensor zero = ScalarTensor(0, x);
-                  const Tensor sign =
+                  const RawTensor& x = ctx.saved[0].data();
+                  const RawTensor zero = ScalarTensor(0, x);
+                  const RawTensor sign =
                       tg::Sub(tg::Gt(x, zero).to(x.dtype()), tg::Lt(x, zero).to(x.dtype()));
-                  return {Mul(ctx.grads[0], Variable(sign))};
+                  return {Mul(ctx.grads[0], Tensor(sign))};
                 });
 }
 
-Variable Where(const Tensor& cond, const Variable& a, const Variable& b) {
+Tensor Where(const RawTensor& cond, const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
   return Record(OpNodeName(OpId::kWhere), tg::Where(cond, a.data(), b.data()), {a, b},
-                {Variable(cond)}, [sa, sb](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  const Tensor& c = ctx.saved[0].data();
-                  const Variable zero(ScalarTensor(0, g.data()));
-                  return {ctx.needs(0) ? SumTo(Where(c, g, zero), sa) : Variable(),
-                          ctx.needs(1) ? SumTo(Where(c, zero, g), sb) : Variable()};
+                {Tensor(cond)}, [sa, sb](const BackwardContext& ctx) -> VariableList {
+                  const Tensor& g = ctx.grads[0];
+                  const RawTensor& c = ctx.saved[0].data();
+                  const Tensor zero(ScalarTensor(0, g.data()));
+                  return {ctx.needs(0) ? SumTo(Where(c, g, zero), sa) : Tensor(),
+                          ctx.needs(1) ? SumTo(Where(c, zero, g), sb) : Tensor()};
                 });
 }
 
-Variable Cast(const Variable& x, DType dtype) {
+Tensor Cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  if (!IsFloating(dtype)) return Variable(x.data().to(dtype));  // integers carry no gradient
+  if (!IsFloating(dtype)) return Tensor(x.data().to(dtype));  // integers carry no gradient
   const DType from = x.dtype();
   return Record(
       OpNodeName(OpId::kCast), x.data().to(dtype), {x}, {},

@@ -29,15 +29,15 @@ namespace {
 
 constexpr const char* kOp = "linear (FP8)";
 
-Variable Wrap(const Tensor& t) { return t.defined() ? Variable(t) : Variable(); }
+Tensor Wrap(const RawTensor& t) { return t.defined() ? Tensor(t) : Tensor(); }
 
-Tensor Gemm(const Fp8Operand& a, const Fp8Operand& b, const Tensor& bias, DType out_dtype) {
+RawTensor Gemm(const Fp8Operand& a, const Fp8Operand& b, const RawTensor& bias, DType out_dtype) {
   return tg::Fp8Gemm(a.data, a.scale_inv, a.tiling, b.data, b.scale_inv, b.tiling, bias, out_dtype);
 }
 
 }  // namespace
 
-Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bias,
+Tensor Fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                    const Fp8LinearQuantizers& quantizers, Activation act) {
   TG_CHECK(quantizers.input && quantizers.weight && quantizers.grad_output, kOp,
            ": every quantizer (input, weight, grad_output) must be set");
@@ -46,7 +46,7 @@ Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bi
            ShapeToString(weight.shape()));
   TG_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), kOp,
            ": expected bias [", weight.size(0), "], got ", ShapeToString(bias.shape()));
-  for (const Variable* v : {&x, &weight, &bias}) {
+  for (const Tensor* v : {&x, &weight, &bias}) {
     if (!v->defined()) continue;
     const DType d = v->dtype();
     TG_CHECK(d == kF32 || d == kBF16 || d == kF16, kOp,
@@ -66,12 +66,12 @@ Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bi
                                                      /*rowwise=*/true, need_wgrad);
   const Fp8Quantized wq =
       quantizers.weight->Quantize(weight.data().contiguous(), /*rowwise=*/true, need_dgrad);
-  const Tensor b = bias.defined() ? bias.data().to(out_dtype) : Tensor();
+  const RawTensor b = bias.defined() ? bias.data().to(out_dtype) : RawTensor();
   Shape out_shape = x.shape();
   out_shape.back() = n;
-  const Tensor pre = Gemm(xq.rowwise, wq.rowwise, b, out_dtype).view(out_shape);
+  const RawTensor pre = Gemm(xq.rowwise, wq.rowwise, b, out_dtype).view(out_shape);
   const bool gelu = act == Activation::kGeluTanh;
-  const Tensor y = gelu ? tg::GeluTanh(pre) : pre;
+  const RawTensor y = gelu ? tg::GeluTanh(pre) : pre;
 
   const Shape x_shape = x.shape();
   const DType x_dtype = x.dtype(), w_dtype = weight.dtype();
@@ -81,35 +81,35 @@ Variable Fp8Linear(const Variable& x, const Variable& weight, const Variable& bi
   return Record(
       OpNodeName(OpId::kLinear), y, {bias, x, weight},
       {Wrap(xq.columnwise.data), Wrap(xq.columnwise.scale_inv), Wrap(wq.columnwise.data),
-       Wrap(wq.columnwise.scale_inv), gelu ? Variable(pre) : Variable()},
+       Wrap(wq.columnwise.scale_inv), gelu ? Tensor(pre) : Tensor()},
       [grad_quantizer = quantizers.grad_output, x_shape, x_dtype, w_dtype, b_dtype, x_tiling,
        w_tiling, m, n](const BackwardContext& ctx) -> VariableList {
         TG_CHECK(!GradMode::is_enabled(), kOp,
                  ": no second derivative (the FP8 GEMMs take the straight-through gradient); "
                  "run backward without create_graph");
         const bool needs_bias = ctx.needs(0), needs_x = ctx.needs(1), needs_w = ctx.needs(2);
-        Tensor g = ctx.grads[0].data();
+        RawTensor g = ctx.grads[0].data();
         if (ctx.saved[4].defined()) g = tg::GeluTanhBackward(g, ctx.saved[4].data());
         g = g.reshape({m, n}).contiguous();
-        Variable gb, gx, gw;
+        Tensor gb, gx, gw;
         if (needs_x || needs_w) {
           const Fp8Quantized gq = grad_quantizer->Quantize(g, needs_x, needs_w);
           if (needs_x) {
             const Fp8Operand wt{ctx.saved[2].data(), ctx.saved[3].data(), w_tiling};
-            gx = Variable(Gemm(gq.rowwise, wt, Tensor(), x_dtype).view(x_shape));
+            gx = Tensor(Gemm(gq.rowwise, wt, RawTensor(), x_dtype).view(x_shape));
           }
           if (needs_w) {
             const Fp8Operand xt{ctx.saved[0].data(), ctx.saved[1].data(), x_tiling};
-            gw = Variable(Gemm(gq.columnwise, xt, Tensor(), w_dtype));
+            gw = Tensor(Gemm(gq.columnwise, xt, RawTensor(), w_dtype));
           }
         }
-        if (needs_bias) gb = Variable(tg::Sum(g.to(b_dtype), {0}));
+        if (needs_bias) gb = Tensor(tg::Sum(g.to(b_dtype), {0}));
         return {gb, gx, gw};
       });
 }
 
-std::optional<Variable> MaybeFp8Linear(const Variable& x, const Variable& weight,
-                                       const Variable& bias, Activation act) {
+std::optional<Tensor> MaybeFp8Linear(const Tensor& x, const Tensor& weight,
+                                       const Tensor& bias, Activation act) {
   if constexpr (Fp8PolicyOf(OpId::kLinear) != Fp8Policy::kGemm) return std::nullopt;
   Fp8Scope* scope = CurrentFp8Scope();
   if (scope == nullptr) return std::nullopt;

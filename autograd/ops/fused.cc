@@ -25,22 +25,22 @@ namespace {
 
 DType ComputeDType(DType dtype) { return dtype == kF64 ? kF64 : kF32; }
 
-Variable Wrap(const Tensor& t) { return t.defined() ? Variable(t) : Variable(); }
+Tensor Wrap(const RawTensor& t) { return t.defined() ? Tensor(t) : Tensor(); }
 
 // d gelu_tanh(x) / dx with differentiable ops (the formula of GeluTanh's backward).
-Variable GeluTanhDerivative(const Variable& x) {
+Tensor GeluTanhDerivative(const Tensor& x) {
   const double k = 0.7978845608028654, c = 0.044715;
-  const Variable x2 = Mul(x, x);
-  const Variable t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
-  const Variable left = MulScalar(AddScalar(t, 1), 0.5);
-  const Variable du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
-  const Variable right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  const Tensor x2 = Mul(x, x);
+  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
+  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
   return Add(left, right);
 }
 
 // [t, t] of `dtype` on `device`: 0 on and below the diagonal, -inf above it.
-Tensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
-  Tensor mask = Tensor::Zeros({t, t}, kF64);
+RawTensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
+  RawTensor mask = RawTensor::Zeros({t, t}, kF64);
   double* m = mask.data<double>();
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = i + 1; j < t; ++j) m[i * t + j] = -std::numeric_limits<double>::infinity();
@@ -50,12 +50,12 @@ Tensor CausalMaskTensor(int64_t t, DType dtype, Device device) {
 
 }  // namespace
 
-Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, Activation act) {
+Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   if (auto fp8 = MaybeFp8Linear(x, weight, bias, act)) return *fp8;
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
     return Linear(in[0], in[1], in[2], act);
   }
-  LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : Tensor(),
+  LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(),
                               act);  // validates
   // Edges in PyTorch's addmm order (bias, input, weight): the engine runs a ready AccumulateGrad
   // first, in the order its node lists them, so a layer's bias gradient arrives before its
@@ -64,29 +64,29 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
       OpNodeName(OpId::kLinear), r.output, {bias, x, weight},
       {x, weight, bias, Wrap(r.pre_activation)}, [act](const BackwardContext& ctx) -> VariableList {
         const bool needs_bias = ctx.needs(0), needs_x = ctx.needs(1), needs_w = ctx.needs(2);
-        const Variable& x = ctx.saved[0];
-        const Variable& w = ctx.saved[1];
-        const Variable& b = ctx.saved[2];
-        const Variable& g = ctx.grads[0];
+        const Tensor& x = ctx.saved[0];
+        const Tensor& w = ctx.saved[1];
+        const Tensor& b = ctx.saved[2];
+        const Tensor& g = ctx.grads[0];
         if (!GradMode::is_enabled()) {
           // One fused backward: g * act'(pre) (with the bias gradient) in one pass, then the
           // input and weight products.
-          const Variable& pre = ctx.saved[3];
+          const Tensor& pre = ctx.saved[3];
           const LinearGrads r = tg::LinearBackward(g.data(), x.data(), w.data(),
-                                                   pre.defined() ? pre.data() : Tensor(), act,
+                                                   pre.defined() ? pre.data() : RawTensor(), act,
                                                    needs_x, needs_w, needs_bias);
           return {Wrap(r.grad_bias), Wrap(r.grad_input), Wrap(r.grad_weight)};
         }
         // create_graph: the same gradients with differentiable ops; the pre-activation is
         // recomputed so that second derivatives see how it depends on x, w and b.
         const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
-        Variable gpre = g;
+        Tensor gpre = g;
         if (act == Activation::kGeluTanh) {
-          Variable pre = Matmul(x, Transpose(w, 0, 1));
+          Tensor pre = Matmul(x, Transpose(w, 0, 1));
           if (b.defined()) pre = Add(pre, b);
           gpre = Mul(g, GeluTanhDerivative(pre));
         }
-        Variable gx, gw, gb;
+        Tensor gx, gw, gb;
         if (needs_x) gx = Matmul(gpre, w);
         if (needs_w) gw = Matmul(Transpose(Reshape(gpre, {m, n}), 0, 1), Reshape(x, {m, k}));
         if (needs_bias) gb = Sum(Reshape(gpre, {m, n}), {0});
@@ -94,7 +94,7 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias,
       });
 }
 
-Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const Variable& v,
+Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    bool causal, double scale) {
   if (const auto in = AutocastInputs(OpId::kScaledDotProductAttention, q, k, v)) {
     return ScaledDotProductAttention(in[0], in[1], in[2], causal, scale);
@@ -102,31 +102,31 @@ Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const V
   AttentionResult r = tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale);
   return Record(
       OpNodeName(OpId::kScaledDotProductAttention), r.output, {q, k, v},
-      {q, k, v, Variable(r.stats)},
+      {q, k, v, Tensor(r.stats)},
       [causal, scale](const BackwardContext& ctx) -> VariableList {
-        const Variable& q = ctx.saved[0];
-        const Variable& k = ctx.saved[1];
-        const Variable& v = ctx.saved[2];
-        const Variable& g = ctx.grads[0];
+        const Tensor& q = ctx.saved[0];
+        const Tensor& k = ctx.saved[1];
+        const Tensor& v = ctx.saved[2];
+        const Tensor& g = ctx.grads[0];
         if (!GradMode::is_enabled()) {
           // The probabilities are recomputed from the saved log-sum-exps (flash attention's
           // backward; cuDNN's fused kernel on CUDA).
           const AttentionGrads r = tg::ScaledDotProductAttentionBackward(
               g.data(), q.data(), k.data(), v.data(), ctx.saved[4].data(), ctx.saved[3].data(),
               causal, scale);
-          return {ctx.needs(0) ? Variable(r.grad_q) : Variable(),
-                  ctx.needs(1) ? Variable(r.grad_k) : Variable(),
-                  ctx.needs(2) ? Variable(r.grad_v) : Variable()};
+          return {ctx.needs(0) ? Tensor(r.grad_q) : Tensor(),
+                  ctx.needs(1) ? Tensor(r.grad_k) : Tensor(),
+                  ctx.needs(2) ? Tensor(r.grad_v) : Tensor()};
         }
         // create_graph: softmax attention's backward with differentiable ops, in the compute
         // dtype, from probabilities recomputed with differentiable ops.
         const DType dtype = q.dtype(), ct = ComputeDType(dtype);
-        const Variable qc = Cast(q, ct), kc = Cast(k, ct), vc = Cast(v, ct), gc = Cast(g, ct);
-        Variable s = MulScalar(Matmul(qc, Transpose(kc, 2, 3)), scale);
-        if (causal) s = Add(s, Variable(CausalMaskTensor(q.size(2), ct, q.data().device())));
-        const Variable p = Softmax(s);
-        const Variable dp = Matmul(gc, Transpose(vc, 2, 3));
-        const Variable ds =
+        const Tensor qc = Cast(q, ct), kc = Cast(k, ct), vc = Cast(v, ct), gc = Cast(g, ct);
+        Tensor s = MulScalar(Matmul(qc, Transpose(kc, 2, 3)), scale);
+        if (causal) s = Add(s, Tensor(CausalMaskTensor(q.size(2), ct, q.data().device())));
+        const Tensor p = Softmax(s);
+        const Tensor dp = Matmul(gc, Transpose(vc, 2, 3));
+        const Tensor ds =
             MulScalar(Mul(p, Sub(dp, Sum(Mul(dp, p), {-1}, /*keepdim=*/true))), scale);
         return {Cast(Matmul(ds, kc), dtype), Cast(Matmul(Transpose(ds, 2, 3), qc), dtype),
                 Cast(Matmul(Transpose(p, 2, 3), gc), dtype)};
@@ -134,29 +134,29 @@ Variable ScaledDotProductAttention(const Variable& q, const Variable& k, const V
       /*save_output=*/true);
 }
 
-Variable FusedCrossEntropy(const Variable& logits, const Tensor& targets, int64_t ignore_index,
+Tensor FusedCrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index,
                            Reduction reduction) {
   if (const auto in = AutocastInputs(OpId::kFusedCrossEntropy, logits)) {
     return FusedCrossEntropy(in[0], targets, ignore_index, reduction);
   }
   // Without a gradient to compute this is the plain loss.
   if (!ShouldRecord({logits})) {
-    return Variable(tg::CrossEntropy(logits.data(), targets, ignore_index, reduction));
+    return Tensor(tg::CrossEntropy(logits.data(), targets, ignore_index, reduction));
   }
   // d loss / d logits for a loss gradient of 1, computed by the same pass as the loss; the
   // backward only scales it. Saving it instead of the logits lets the logits go right away.
   CrossEntropyResult r =
       tg::CrossEntropyWithGrad(logits.data(), targets, ignore_index, reduction, 1.0);
   return Record(
-      OpNodeName(OpId::kFusedCrossEntropy), r.loss, {logits}, {Variable(r.grad_logits)},
+      OpNodeName(OpId::kFusedCrossEntropy), r.loss, {logits}, {Tensor(r.grad_logits)},
       [reduction](const BackwardContext& ctx) -> VariableList {
         TG_CHECK(!GradMode::is_enabled(), OpNodeName(OpId::kFusedCrossEntropy),
                  ": a create_graph backward needs the logits, "
                  "which the fused loss does not keep; use tg::CrossEntropy (or "
                  "nn::CrossEntropyLoss with CrossEntropyOptions::fused = false)");
-        const Tensor& unit = ctx.saved[0].data();  // [N, C]
-        const Tensor& g = ctx.grads[0].data();     // 0-d, or [N] for kNone
-        return {Variable(tg::Mul(unit, reduction == Reduction::kNone ? g.unsqueeze(1) : g))};
+        const RawTensor& unit = ctx.saved[0].data();  // [N, C]
+        const RawTensor& g = ctx.grads[0].data();     // 0-d, or [N] for kNone
+        return {Tensor(tg::Mul(unit, reduction == Reduction::kNone ? g.unsqueeze(1) : g))};
       });
 }
 

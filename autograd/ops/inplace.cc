@@ -1,10 +1,10 @@
 // Differentiable in-place ops, following PyTorch's rules:
 //  - a leaf that requires grad cannot be modified in place while grad mode is on (its .grad
 //    would describe a value that no longer exists), nor can a view of one;
-//  - the new value is written into self's storage (Tensor::copy_, so views of it see it) and the
+//  - the new value is written into self's storage (RawTensor::copy_, so views of it see it) and the
 //    version counter (on the storage, so shared by a base and all its views) is bumped: a node
 //    that saved the old value refuses to run backward, and every view of the same base remakes
-//    its grad_fn from the base on next use (Variable::RefreshViewGradFn);
+//    its grad_fn from the base on next use (Tensor::RefreshViewGradFn);
 //  - when the op records on a non-view, self's history is rebased: it becomes a non-leaf whose
 //    grad_fn is the new node, whose edges lead to self's old history;
 //  - when it records on a view, the base's history is rewritten instead (PyTorch's CopySlices):
@@ -23,7 +23,7 @@ namespace tg {
 namespace {
 
 // PyTorch's check_inplace: `other` (may be undefined) is the op's other differentiable input.
-void CheckInPlaceAllowed(const char* op, const Variable& self, const Variable& other = Variable()) {
+void CheckInPlaceAllowed(const char* op, const Tensor& self, const Tensor& other = Tensor()) {
   TG_CHECK(self.defined(), op, ": self is undefined");
   if (!GradMode::is_enabled()) return;
   const bool records = self.requires_grad() || (other.defined() && other.requires_grad());
@@ -50,11 +50,11 @@ void CheckInPlaceAllowed(const char* op, const Variable& self, const Variable& o
 // `grad` (the base's shape) with the region that `view_fn` selects replaced by `src` (the
 // view's shape), out of place; recorded when an input requires grad (create_graph), its
 // backward being the same op with zeros (for grad) and the view of the gradient (for src).
-Variable WriteIntoView(const Variable& grad, const Variable& src, const ViewFn& view_fn) {
-  Tensor out = grad.data().clone();  // contiguous: every view function stays a view of it
+Tensor WriteIntoView(const Tensor& grad, const Tensor& src, const ViewFn& view_fn) {
+  RawTensor out = grad.data().clone();  // contiguous: every view function stays a view of it
   {
     NoGradGuard no_grad;
-    const Tensor region = view_fn(Variable(out)).data();
+    const RawTensor region = view_fn(Tensor(out)).data();
     TG_CHECK(region.shares_storage(out),
              "CopySlices: the view function copied instead of viewing (internal error)");
     region.copy_(src.data());
@@ -62,10 +62,10 @@ Variable WriteIntoView(const Variable& grad, const Variable& src, const ViewFn& 
   const Shape src_shape = src.shape();
   return Record("CopySlicesWriteBackward", std::move(out), {grad, src}, {},
                 [view_fn, src_shape](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  Variable g_grad, g_src;
+                  const Tensor& g = ctx.grads[0];
+                  Tensor g_grad, g_src;
                   if (ctx.needs(0)) {
-                    const Variable zeros(Tensor::Zeros(src_shape, g.dtype(), g.data().device()));
+                    const Tensor zeros(RawTensor::Zeros(src_shape, g.dtype(), g.data().device()));
                     g_grad = WriteIntoView(g, zeros, view_fn);
                   }
                   if (ctx.needs(1)) g_src = view_fn(g);
@@ -77,7 +77,7 @@ Variable WriteIntoView(const Variable& grad, const Variable& src, const ViewFn& 
 // edges are the base's old history, then fn's edges for fn's other inputs.
 class CopySlices : public Node {
  public:
-  CopySlices(const Variable& base, ViewFn view_fn, std::shared_ptr<Node> fn)
+  CopySlices(const Tensor& base, ViewFn view_fn, std::shared_ptr<Node> fn)
       : view_fn_(std::move(view_fn)), fn_(std::move(fn)) {
     AddInputMetadata(base.data());
     auto& edges = mutable_next_edges();
@@ -89,16 +89,16 @@ class CopySlices : public Node {
 
   VariableList Apply(VariableList grads) override {
     VariableList result(next_edges().size());
-    const Variable& grad = grads[0];  // [base shape]
+    const Tensor& grad = grads[0];  // [base shape]
     if (!grad.defined()) return result;
     // fn's backward sees the gradient of the view's new value; what it returns for the view's
     // old value goes back into the region, the rest of the base's gradient passes through.
     VariableList res = fn_->Apply({view_fn_(grad)});
     if (next_edges()[0].valid()) {
-      Variable in_region = res[0];
+      Tensor in_region = res[0];
       if (!in_region.defined()) {  // no gradient: zeros (PyTorch drops the whole base gradient)
         const InputMetadata& m = fn_->input_metadata()[0];
-        in_region = Variable(Tensor::Zeros(m.shape, grad.dtype(), m.device));
+        in_region = Tensor(RawTensor::Zeros(m.shape, grad.dtype(), m.device));
       }
       result[0] = WriteIntoView(grad, in_region, view_fn_);
     }
@@ -113,7 +113,7 @@ class CopySlices : public Node {
 
 // After the in-place op on view `self` recorded `fn`: the base's history becomes CopySlices
 // over fn, and self's grad_fn is remade from it now (PyTorch's rebase_history for views).
-void RebaseViewHistory(const Variable& self, std::shared_ptr<Node> fn) {
+void RebaseViewHistory(const Tensor& self, std::shared_ptr<Node> fn) {
   ViewInfo& view = *self.impl()->view;
   RebaseHistory(view.base, std::make_shared<CopySlices>(view.base, view.fn, std::move(fn)), 0);
   view.attr_version = self.version() + 1;  // stale: the next line remakes self's grad_fn
@@ -126,7 +126,7 @@ namespace {
 
 // The value written into self keeps self's shape (other broadcasts into self, never the
 // reverse) and must not need a float -> integer conversion (PyTorch refuses both).
-void CheckWritable(const char* op, const Variable& self, const Tensor& value) {
+void CheckWritable(const char* op, const Tensor& self, const RawTensor& value) {
   TG_CHECK(value.shape() == self.shape(), op, ": the result of shape ",
            ShapeToString(value.shape()), " does not fit self of shape ",
            ShapeToString(self.shape()));
@@ -136,22 +136,22 @@ void CheckWritable(const char* op, const Variable& self, const Tensor& value) {
 }
 
 // A copy of v's current value at v's place in the graph (undefined for undefined v).
-Variable Snapshot(const Variable& v) {
-  if (!v.defined()) return Variable();
-  Tensor copy = v.data().clone();
+Tensor Snapshot(const Tensor& v) {
+  if (!v.defined()) return Tensor();
+  RawTensor copy = v.data().clone();
   std::shared_ptr<Node> node = v.gradient_edge_node();
-  if (!node) return Variable(std::move(copy));
+  if (!node) return Tensor(std::move(copy));
   return MakeNonLeaf(std::move(copy), std::move(node), v.output_nr());
 }
 
 // Writes `value` into self, bumps its version and records the op with self's new value as the
 // output (edges from `inputs`, taken before the rebase); the node becomes self's grad_fn.
-const Variable& Commit(const char* name, const Variable& self, const Tensor& value,
+const Tensor& Commit(const char* name, const Tensor& self, const RawTensor& value,
                        const VariableList& inputs, const VariableList& saved, BackwardFn backward,
                        bool save_output = false) {
   self.data().copy_(value);
   self.bump_version();
-  const Variable out = Record(name, self.data(), inputs, saved, std::move(backward), save_output);
+  const Tensor out = Record(name, self.data(), inputs, saved, std::move(backward), save_output);
   if (out.grad_fn() == nullptr) return self;
   if (self.is_view()) {
     RebaseViewHistory(self, out.grad_fn());
@@ -163,29 +163,29 @@ const Variable& Commit(const char* name, const Variable& self, const Tensor& val
 
 }  // namespace
 
-const Variable& AddInPlace(const Variable& self, const Variable& other) {
+const Tensor& AddInPlace(const Tensor& self, const Tensor& other) {
   constexpr const char* kOp = OpTorchName(OpId::kAddInPlace);
   CheckInPlaceAllowed(kOp, self, other);
   TG_CHECK(other.defined(), kOp, ": other is undefined");
-  const Tensor value = tg::Add(self.data(), other.data());
+  const RawTensor value = tg::Add(self.data(), other.data());
   CheckWritable(kOp, self, value);
   const DType self_dtype = self.dtype(), other_dtype = other.dtype();
   const Shape other_shape = other.shape();
   return Commit(OpNodeName(OpId::kAddInPlace), self, value, {self, other}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  return {ctx.needs(0) ? Cast(g, self_dtype) : Variable(),
-                          ctx.needs(1) ? Cast(SumTo(g, other_shape), other_dtype) : Variable()};
+                  const Tensor& g = ctx.grads[0];
+                  return {ctx.needs(0) ? Cast(g, self_dtype) : Tensor(),
+                          ctx.needs(1) ? Cast(SumTo(g, other_shape), other_dtype) : Tensor()};
                 });
 }
 
-const Variable& MulInPlace(const Variable& self, const Variable& other) {
+const Tensor& MulInPlace(const Tensor& self, const Tensor& other) {
   constexpr const char* kOp = OpTorchName(OpId::kMulInPlace);
   CheckInPlaceAllowed(kOp, self, other);
   TG_CHECK(other.defined(), kOp, ": other is undefined");
-  const Tensor value = tg::Mul(self.data(), other.data());
+  const RawTensor value = tg::Mul(self.data(), other.data());
   CheckWritable(kOp, self, value);
-  Variable self_before, other_saved;
+  Tensor self_before, other_saved;
   if (ShouldRecord({self, other})) {
     // d/d other needs self's old value; d/d self needs other, which the write changes too when
     // it shares self's storage (x.mul_(x)).
@@ -198,8 +198,8 @@ const Variable& MulInPlace(const Variable& self, const Variable& other) {
   const Shape other_shape = other.shape();
   return Commit(OpNodeName(OpId::kMulInPlace), self, value, {self, other},
                 {self_before, other_saved}, [=](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  Variable gs, go;
+                  const Tensor& g = ctx.grads[0];
+                  Tensor gs, go;
                   if (ctx.needs(0)) gs = Cast(Mul(g, ctx.saved[1]), self_dtype);
                   if (ctx.needs(1)) {
                     go = Cast(SumTo(Mul(g, ctx.saved[0]), other_shape), other_dtype);
@@ -208,19 +208,19 @@ const Variable& MulInPlace(const Variable& self, const Variable& other) {
                 });
 }
 
-const Variable& MulScalarInPlace(const Variable& self, double s) {
+const Tensor& MulScalarInPlace(const Tensor& self, double s) {
   constexpr const char* kOp = OpTorchName(OpId::kMulScalarInPlace);
   CheckInPlaceAllowed(kOp, self);
-  const Tensor value = tg::MulScalar(self.data(), s);
+  const RawTensor value = tg::MulScalar(self.data(), s);
   return Commit(
       OpNodeName(OpId::kMulScalarInPlace), self, value, {self}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
-const Variable& ReluInPlace(const Variable& self) {
+const Tensor& ReluInPlace(const Tensor& self) {
   constexpr const char* kOp = OpTorchName(OpId::kReluInPlace);
   CheckInPlaceAllowed(kOp, self);
-  const Tensor value = tg::Relu(self.data());
+  const RawTensor value = tg::Relu(self.data());
   // Saves self's new value (as PyTorch's relu_ does): modifying self again in place before
   // backward makes this node refuse to run.
   return Commit(
@@ -231,36 +231,36 @@ const Variable& ReluInPlace(const Variable& self) {
       /*save_output=*/true);
 }
 
-const Variable& CopyInPlace(const Variable& self, const Variable& src) {
+const Tensor& CopyInPlace(const Tensor& self, const Tensor& src) {
   constexpr const char* kOp = OpTorchName(OpId::kCopyInPlace);
   CheckInPlaceAllowed(kOp, self, src);
   TG_CHECK(src.defined(), kOp, ": src is undefined");
   // A separate buffer first: src may overlap self (x.copy_(x.t())).
-  Tensor value = Tensor::Empty(self.shape(), self.dtype(), self.data().device());
+  RawTensor value = RawTensor::Empty(self.shape(), self.dtype(), self.data().device());
   value.copy_(src.data());  // broadcasts src and converts its dtype (throws if it cannot)
   const Shape self_shape = self.shape(), src_shape = src.shape();
   const DType self_dtype = self.dtype(), src_dtype = src.dtype();
   return Commit(OpNodeName(OpId::kCopyInPlace), self, value, {self, src}, {},
                 [=](const BackwardContext& ctx) -> VariableList {
-                  const Variable& g = ctx.grads[0];
-                  Variable gs, gsrc;
+                  const Tensor& g = ctx.grads[0];
+                  Tensor gs, gsrc;
                   if (ctx.needs(0)) {
-                    gs = Variable(Tensor::Zeros(self_shape, self_dtype, g.data().device()));
+                    gs = Tensor(RawTensor::Zeros(self_shape, self_dtype, g.data().device()));
                   }
                   if (ctx.needs(1)) gsrc = Cast(SumTo(g, src_shape), src_dtype);
                   return {gs, gsrc};
                 });
 }
 
-const Variable& FillInPlace(const Variable& self, double value) {
+const Tensor& FillInPlace(const Tensor& self, double value) {
   constexpr const char* kOp = OpTorchName(OpId::kFillInPlace);
   CheckInPlaceAllowed(kOp, self);
-  const Tensor full = Tensor::Full(self.shape(), value, self.dtype(), self.data().device());
+  const RawTensor full = RawTensor::Full(self.shape(), value, self.dtype(), self.data().device());
   const Shape shape = self.shape();
   const DType dtype = self.dtype();
   return Commit(OpNodeName(OpId::kFillInPlace), self, full, {self}, {},
                 [shape, dtype](const BackwardContext& ctx) -> VariableList {
-                  return {Variable(Tensor::Zeros(shape, dtype, ctx.grads[0].data().device()))};
+                  return {Tensor(RawTensor::Zeros(shape, dtype, ctx.grads[0].data().device()))};
                 });
 }
 

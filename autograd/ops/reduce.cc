@@ -24,7 +24,7 @@ Shape KeptShape(const Shape& shape, const std::vector<int64_t>& dims) {
 
 }  // namespace
 
-Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   if (const auto in = AutocastInputs(OpId::kSum, x)) return Sum(in[0], dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
@@ -34,7 +34,7 @@ Variable Sum(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) 
                 });
 }
 
-Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   if (const auto in = AutocastInputs(OpId::kMean, x)) return Mean(in[0], dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
@@ -48,28 +48,28 @@ Variable Mean(const Variable& x, const std::vector<int64_t>& dims, bool keepdim)
                 });
 }
 
-Variable Max(const Variable& x, int64_t dim, bool keepdim) {
+Tensor Max(const Tensor& x, int64_t dim, bool keepdim) {
   constexpr const char* kOp = OpTorchName(OpId::kMax);
   const Shape in_shape = x.shape();
   const int64_t d = WrapDim(kOp, dim, x.dim());
-  const Tensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
-  return Record(OpNodeName(OpId::kMax), tg::Max(x.data(), d, keepdim), {x}, {Variable(index)},
+  const RawTensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
+  return Record(OpNodeName(OpId::kMax), tg::Max(x.data(), d, keepdim), {x}, {Tensor(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   // Scatter the gradient to the arg-max: a one-hot mask times the broadcast grad.
                   // The mask is scattered where the index lives (ones at the arg-max along d),
                   // so CUDA uploads nothing.
-                  const Tensor& index = ctx.saved[0].data();
+                  const RawTensor& index = ctx.saved[0].data();
                   Shape kept = in_shape;
                   kept[d] = 1;
                   const DType dtype = ctx.grads[0].dtype();
-                  const Tensor mask =
-                      tg::ScatterAdd(Tensor::Zeros(in_shape, dtype, index.device()), d, index,
-                                     Tensor::Ones(kept, dtype, index.device()));
-                  return {Mul(Expand(Reshape(ctx.grads[0], kept), in_shape), Variable(mask))};
+                  const RawTensor mask =
+                      tg::ScatterAdd(RawTensor::Zeros(in_shape, dtype, index.device()), d, index,
+                                     RawTensor::Ones(kept, dtype, index.device()));
+                  return {Mul(Expand(Reshape(ctx.grads[0], kept), in_shape), Tensor(mask))};
                 });
 }
 
-Variable SumTo(const Variable& x, const Shape& shape) {
+Tensor SumTo(const Tensor& x, const Shape& shape) {
   constexpr const char* kOp = OpTorchName(OpId::kSumTo);
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
@@ -86,24 +86,24 @@ Variable SumTo(const Variable& x, const Shape& shape) {
                ShapeToString(x.shape()), " to ", ShapeToString(shape));
     }
   }
-  Variable summed = dims.empty() ? x : Sum(x, dims, /*keepdim=*/true);
+  Tensor summed = dims.empty() ? x : Sum(x, dims, /*keepdim=*/true);
   return Reshape(summed, shape);
 }
 
-Variable Matmul(const Variable& a, const Variable& b) {
+Tensor Matmul(const Tensor& a, const Tensor& b) {
   if (const auto in = AutocastInputs(OpId::kMatmul, a, b)) return Matmul(in[0], in[1]);
   const Shape sa = a.shape(), sb = b.shape();
   return Record(
       OpNodeName(OpId::kMatmul), tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
-        Variable g = ctx.grads[0];
-        Variable a = ctx.saved[0], b = ctx.saved[1];
+        Tensor g = ctx.grads[0];
+        Tensor a = ctx.saved[0], b = ctx.saved[1];
         // Treat 1-D operands as a row (left) / column (right), as the forward did.
         if (sa.size() == 1) a = Unsqueeze(a, 0);
         if (sb.size() == 1) b = Unsqueeze(b, 1);
         if (sa.size() == 1) g = Unsqueeze(g, sb.size() == 1 ? 0 : -2);
         if (sb.size() == 1) g = Unsqueeze(g, -1);
-        Variable ga, gb;
+        Tensor ga, gb;
         if (ctx.needs(0))
           ga = Reshape(SumTo(Matmul(g, Transpose(b, -1, -2)), sa.size() == 1 ? a.shape() : sa), sa);
         if (ctx.needs(1))
@@ -112,7 +112,7 @@ Variable Matmul(const Variable& a, const Variable& b) {
       });
 }
 
-Variable Bmm(const Variable& a, const Variable& b) {
+Tensor Bmm(const Tensor& a, const Tensor& b) {
   constexpr const char* kOp = OpTorchName(OpId::kBmm);
   TG_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), kOp,
            ": expected [b, m, k] and [b, k, n], got ", ShapeToString(a.shape()), " and ",
@@ -120,7 +120,7 @@ Variable Bmm(const Variable& a, const Variable& b) {
   return Matmul(a, b);
 }
 
-Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
+Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* kOp = OpTorchName(OpId::kLinear);
   if (auto fp8 = MaybeFp8Linear(x, weight, bias, Activation::kNone)) return *fp8;
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
@@ -138,26 +138,26 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias)
 
 // ---- Views ----
 
-Variable Reshape(const Variable& x, const Shape& shape) {
+Tensor Reshape(const Tensor& x, const Shape& shape) {
   const Shape in_shape = x.shape();
   return MakeView(Record(OpNodeName(OpId::kReshape), x.data().reshape(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x, [shape](const Variable& b) { return Reshape(b, shape); });
+                  x, [shape](const Tensor& b) { return Reshape(b, shape); });
 }
 
-Variable Transpose(const Variable& x, int64_t dim0, int64_t dim1) {
+Tensor Transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
   return MakeView(Record(OpNodeName(OpId::kTranspose), x.data().transpose(dim0, dim1), {x}, {},
                          [dim0, dim1](const BackwardContext& ctx) -> VariableList {
                            return {Transpose(ctx.grads[0], dim0, dim1)};
                          }),
-                  x, [dim0, dim1](const Variable& b) { return Transpose(b, dim0, dim1); });
+                  x, [dim0, dim1](const Tensor& b) { return Transpose(b, dim0, dim1); });
 }
 
-Variable Permute(const Variable& x, const Shape& dims) {
+Tensor Permute(const Tensor& x, const Shape& dims) {
   constexpr const char* kOp = OpTorchName(OpId::kPermute);
-  const Tensor out = x.data().permute(dims);
+  const RawTensor out = x.data().permute(dims);
   Shape inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     inverse[WrapDim(kOp, dims[i], x.dim())] = static_cast<int64_t>(i);
@@ -165,34 +165,34 @@ Variable Permute(const Variable& x, const Shape& dims) {
                          [inverse](const BackwardContext& ctx) -> VariableList {
                            return {Permute(ctx.grads[0], inverse)};
                          }),
-                  x, [dims](const Variable& b) { return Permute(b, dims); });
+                  x, [dims](const Tensor& b) { return Permute(b, dims); });
 }
 
-Variable Expand(const Variable& x, const Shape& shape) {
+Tensor Expand(const Tensor& x, const Shape& shape) {
   const Shape in_shape = x.shape();
   return MakeView(Record(OpNodeName(OpId::kExpand), x.data().expand(shape), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {SumTo(ctx.grads[0], in_shape)};
                          }),
-                  x, [shape](const Variable& b) { return Expand(b, shape); });
+                  x, [shape](const Tensor& b) { return Expand(b, shape); });
 }
 
-Variable Unsqueeze(const Variable& x, int64_t dim) {
+Tensor Unsqueeze(const Tensor& x, int64_t dim) {
   const Shape in_shape = x.shape();
   return MakeView(Record(OpNodeName(OpId::kUnsqueeze), x.data().unsqueeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x, [dim](const Variable& b) { return Unsqueeze(b, dim); });
+                  x, [dim](const Tensor& b) { return Unsqueeze(b, dim); });
 }
 
-Variable Squeeze(const Variable& x, int64_t dim) {
+Tensor Squeeze(const Tensor& x, int64_t dim) {
   const Shape in_shape = x.shape();
   return MakeView(Record(OpNodeName(OpId::kSqueeze), x.data().squeeze(dim), {x}, {},
                          [in_shape](const BackwardContext& ctx) -> VariableList {
                            return {Reshape(ctx.grads[0], in_shape)};
                          }),
-                  x, [dim](const Variable& b) { return Squeeze(b, dim); });
+                  x, [dim](const Tensor& b) { return Squeeze(b, dim); });
 }
 
 }  // namespace tg

@@ -13,9 +13,9 @@ namespace tg {
 namespace {
 
 // Zeros of `shape` with `g` written into slice (dim, start, end, step): the adjoint of Slice.
-Variable SliceScatter(const Variable& g, const Shape& shape, int64_t dim, int64_t start,
+Tensor SliceScatter(const Tensor& g, const Shape& shape, int64_t dim, int64_t start,
                       int64_t end, int64_t step) {
-  Tensor out = Tensor::Zeros(shape, g.dtype(), g.data().device());
+  RawTensor out = RawTensor::Zeros(shape, g.dtype(), g.data().device());
   out.slice(dim, start, end, step).copy_(g.data());
   return Record("SliceScatterBackward", out, {g}, {},
                 [dim, start, end, step](const BackwardContext& ctx) -> VariableList {
@@ -24,8 +24,8 @@ Variable SliceScatter(const Variable& g, const Shape& shape, int64_t dim, int64_
 }
 
 // Zeros of `shape` with `g` written at `index` of `dim`: the adjoint of Select.
-Variable SelectScatter(const Variable& g, const Shape& shape, int64_t dim, int64_t index) {
-  Tensor out = Tensor::Zeros(shape, g.dtype(), g.data().device());
+Tensor SelectScatter(const Tensor& g, const Shape& shape, int64_t dim, int64_t index) {
+  RawTensor out = RawTensor::Zeros(shape, g.dtype(), g.data().device());
   out.select(dim, index).copy_(g.data());
   return Record("SelectScatterBackward", out, {g}, {},
                 [dim, index](const BackwardContext& ctx) -> VariableList {
@@ -34,18 +34,18 @@ Variable SelectScatter(const Variable& g, const Shape& shape, int64_t dim, int64
 }
 
 // Zeros of `shape` with `g` scatter-added along `dim` at `index`: the adjoint of Gather.
-Variable ScatterAddInto(const Variable& g, const Shape& shape, int64_t dim, const Tensor& index) {
-  const Tensor zeros = Tensor::Zeros(shape, g.dtype(), g.data().device());
+Tensor ScatterAddInto(const Tensor& g, const Shape& shape, int64_t dim, const RawTensor& index) {
+  const RawTensor zeros = RawTensor::Zeros(shape, g.dtype(), g.data().device());
   return Record("ScatterAddBackward", tg::ScatterAdd(zeros, dim, index, g.data()), {g},
-                {Variable(index)}, [dim](const BackwardContext& ctx) -> VariableList {
+                {Tensor(index)}, [dim](const BackwardContext& ctx) -> VariableList {
                   return {Gather(ctx.grads[0], dim, ctx.saved[0].data())};
                 });
 }
 
 // Zeros of `shape` with the rows of `g` added at rows `index`: the adjoint of IndexSelect.
-Variable IndexAddInto(const Variable& g, const Shape& shape, const Tensor& index) {
-  const Tensor zeros = Tensor::Zeros(shape, g.dtype(), g.data().device());
-  return Record("IndexAddBackward", tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Variable(index)},
+Tensor IndexAddInto(const Tensor& g, const Shape& shape, const RawTensor& index) {
+  const RawTensor zeros = RawTensor::Zeros(shape, g.dtype(), g.data().device());
+  return Record("IndexAddBackward", tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Tensor(index)},
                 [](const BackwardContext& ctx) -> VariableList {
                   return {IndexSelect(ctx.grads[0], ctx.saved[0].data())};
                 });
@@ -53,9 +53,9 @@ Variable IndexAddInto(const Variable& g, const Shape& shape, const Tensor& index
 
 }  // namespace
 
-Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+Tensor Slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
   constexpr const char* kOp = OpTorchName(OpId::kSlice);
-  const Tensor out = x.data().slice(dim, start, end, step);  // validates dim and step
+  const RawTensor out = x.data().slice(dim, start, end, step);  // validates dim and step
   const int64_t d = WrapDim(kOp, dim, x.dim());
   const Shape in_shape = x.shape();
   return MakeView(
@@ -63,10 +63,10 @@ Variable Slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
              [in_shape, d, start, end, step](const BackwardContext& ctx) -> VariableList {
                return {SliceScatter(ctx.grads[0], in_shape, d, start, end, step)};
              }),
-      x, [d, start, end, step](const Variable& b) { return Slice(b, d, start, end, step); });
+      x, [d, start, end, step](const Tensor& b) { return Slice(b, d, start, end, step); });
 }
 
-Variable Narrow(const Variable& x, int64_t dim, int64_t start, int64_t length) {
+Tensor Narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   constexpr const char* kOp = OpTorchName(OpId::kNarrow);
   TG_CHECK(x.dim() > 0, kOp, ": cannot narrow a 0-d tensor");
   const int64_t d = WrapDim(kOp, dim, x.dim());
@@ -79,9 +79,9 @@ Variable Narrow(const Variable& x, int64_t dim, int64_t start, int64_t length) {
   return Slice(x, d, s, s + length);
 }
 
-Variable Select(const Variable& x, int64_t dim, int64_t index) {
+Tensor Select(const Tensor& x, int64_t dim, int64_t index) {
   constexpr const char* kOp = OpTorchName(OpId::kSelect);
-  const Tensor out = x.data().select(dim, index);  // validates dim and index
+  const RawTensor out = x.data().select(dim, index);  // validates dim and index
   const int64_t d = WrapDim(kOp, dim, x.dim());
   const int64_t i = index < 0 ? index + x.size(d) : index;
   const Shape in_shape = x.shape();
@@ -89,10 +89,10 @@ Variable Select(const Variable& x, int64_t dim, int64_t index) {
                          [in_shape, d, i](const BackwardContext& ctx) -> VariableList {
                            return {SelectScatter(ctx.grads[0], in_shape, d, i)};
                          }),
-                  x, [d, i](const Variable& b) { return Select(b, d, i); });
+                  x, [d, i](const Tensor& b) { return Select(b, d, i); });
 }
 
-Variable Cat(const VariableList& xs, int64_t dim) {
+Tensor Cat(const VariableList& xs, int64_t dim) {
   constexpr const char* kOp = OpTorchName(OpId::kCat);
   TG_CHECK(!xs.empty(), kOp, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -120,7 +120,7 @@ Variable Cat(const VariableList& xs, int64_t dim) {
     dtypes.push_back(xs[i].dtype());
     dtype = PromoteTypes(dtype, xs[i].dtype());  // torch.cat promotes like binary ops
   }
-  Tensor out = Tensor::Empty(out_shape, dtype, xs[0].data().device());
+  RawTensor out = RawTensor::Empty(out_shape, dtype, xs[0].data().device());
   for (size_t i = 0, offset = 0; i < xs.size(); offset += sizes[i], ++i) {
     out.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
         .copy_(xs[i].data());
@@ -137,7 +137,7 @@ Variable Cat(const VariableList& xs, int64_t dim) {
                 });
 }
 
-Variable Stack(const VariableList& xs, int64_t dim) {
+Tensor Stack(const VariableList& xs, int64_t dim) {
   constexpr const char* kOp = OpTorchName(OpId::kStack);
   TG_CHECK(!xs.empty(), kOp, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -150,18 +150,18 @@ Variable Stack(const VariableList& xs, int64_t dim) {
   // stack = cat of the inputs unsqueezed at dim; the gradient flows back through both ops.
   VariableList unsqueezed;
   unsqueezed.reserve(xs.size());
-  for (const Variable& x : xs) unsqueezed.push_back(Unsqueeze(x, d));
+  for (const Tensor& x : xs) unsqueezed.push_back(Unsqueeze(x, d));
   return Cat(unsqueezed, d);
 }
 
-VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
+VariableList Split(const Tensor& x, int64_t split_size, int64_t dim) {
   constexpr const char* kOp = OpTorchName(OpId::kSplit);
   TG_CHECK(split_size > 0, kOp, ": split_size must be positive, got ", split_size);
   TG_CHECK(x.dim() > 0, kOp, ": cannot split a 0-d tensor");
   const int64_t d = WrapDim(kOp, dim, x.dim());
   const int64_t n = x.size(d);
   // Chunks of split_size, the last one shorter; an empty dim gives one empty chunk (PyTorch).
-  std::vector<Tensor> chunks;
+  std::vector<RawTensor> chunks;
   for (int64_t start = 0; start < n || chunks.empty(); start += split_size) {
     chunks.push_back(x.data().slice(d, start, std::min(start + split_size, n)));
   }
@@ -176,21 +176,21 @@ VariableList Split(const Variable& x, int64_t split_size, int64_t dim) {
   return outputs;
 }
 
-Variable Gather(const Variable& x, int64_t dim, const Tensor& index) {
+Tensor Gather(const Tensor& x, int64_t dim, const RawTensor& index) {
   constexpr const char* kOp = OpTorchName(OpId::kGather);
-  const Tensor out = tg::Gather(x.data(), dim, index);  // validates
+  const RawTensor out = tg::Gather(x.data(), dim, index);  // validates
   const int64_t d = WrapDim(kOp, dim, x.dim());
   const Shape in_shape = x.shape();
-  return Record(OpNodeName(OpId::kGather), out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kGather), out, {x}, {Tensor(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   return {ScatterAddInto(ctx.grads[0], in_shape, d, ctx.saved[0].data())};
                 });
 }
 
-Variable IndexSelect(const Variable& x, const Tensor& index) {
-  const Tensor out = tg::IndexSelect(x.data(), 0, index);  // validates
+Tensor IndexSelect(const Tensor& x, const RawTensor& index) {
+  const RawTensor out = tg::IndexSelect(x.data(), 0, index);  // validates
   const Shape in_shape = x.shape();
-  return Record(OpNodeName(OpId::kIndexSelect), out, {x}, {Variable(index)},
+  return Record(OpNodeName(OpId::kIndexSelect), out, {x}, {Tensor(index)},
                 [in_shape](const BackwardContext& ctx) -> VariableList {
                   return {IndexAddInto(ctx.grads[0], in_shape, ctx.saved[0].data())};
                 });

@@ -81,28 +81,28 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
   }
 }
 
-const Tensor& Gpt::Positions(int64_t t) {
+const RawTensor& Gpt::Positions(int64_t t) {
   const Device device = wpe_->weight().data().device();
   if (!positions_.defined() || positions_.size(0) != t || positions_.device() != device) {
     // Made on the host and copied once per length and device: an upload in every step would
     // wait for the device each time.
-    positions_ = Tensor::Arange(0, static_cast<double>(t), 1, kI64).to(device);
+    positions_ = RawTensor::Arange(0, static_cast<double>(t), 1, kI64).to(device);
   }
   return positions_;
 }
 
-Variable Gpt::forward(const Variable& tokens) {
+Tensor Gpt::forward(const Tensor& tokens) {
   TG_CHECK(tokens.dim() == 2, "Gpt: tokens must be [batch, seq], got ",
            ShapeToString(tokens.shape()));
   const int64_t t = tokens.size(1);
   TG_CHECK(t >= 1 && t <= config_.block_size, "Gpt: sequence length ", t, " exceeds block_size ",
            config_.block_size);
-  Variable positions(Positions(t));
-  Variable x = Add((*wte_)(tokens), (*wpe_)(positions));  // [b, t, c] + [t, c]
+  Tensor positions(Positions(t));
+  Tensor x = Add((*wte_)(tokens), (*wpe_)(positions));  // [b, t, c] + [t, c]
   if (drop_ != nullptr) x = (*drop_)(x);
   for (size_t i = 0; i < blocks_->size(); ++i) x = (*(*blocks_)[i])(x);
   x = (*ln_f_)(x);
-  Variable logits = tg::Linear(x, wte_->weight());  // tied head: [b, t, padded_vocab]
+  Tensor logits = tg::Linear(x, wte_->weight());  // tied head: [b, t, padded_vocab]
   if (config_.padded_vocab() != config_.vocab_size) {
     logits = Slice(logits, 2, 0, config_.vocab_size);
   }
@@ -135,8 +135,8 @@ std::vector<int64_t> Gpt::Generate(const std::vector<int64_t>& prompt, int64_t n
         std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
     std::vector<int64_t> context(out.begin() + start, out.end());
     const int64_t t = static_cast<int64_t>(context.size());
-    const Tensor ids = Tensor::FromVector(context, {1, t}).to(wte_->weight().data().device());
-    Tensor logits = forward(Variable(ids)).data();
+    const RawTensor ids = RawTensor::FromVector(context, {1, t}).to(wte_->weight().data().device());
+    RawTensor logits = forward(Tensor(ids)).data();
     std::vector<float> last = logits.select(1, t - 1).to_vector<float>();  // [v]
     // softmax(last / temperature) over the top_k entries (all when top_k <= 0).
     std::iota(order.begin(), order.end(), 0);

@@ -4,8 +4,8 @@
 //
 //   tg::Generator gen(1337);
 //   tg::nn::Gpt model(tg::nn::GptConfig::Tiny(/*vocab_size=*/65), gen);
-//   tg::Variable logits = model(tg::Variable(tokens));   // tokens [batch, seq] i64
-//   tg::Variable loss = tg::nn::CrossEntropyLoss(logits, targets);
+//   tg::Tensor logits = model(tg::Tensor(tokens));   // tokens [batch, seq] i64
+//   tg::Tensor loss = tg::nn::CrossEntropyLoss(logits, targets);
 #ifndef TAPEGRAD_NN_MODELS_GPT_H_
 #define TAPEGRAD_NN_MODELS_GPT_H_
 
@@ -50,7 +50,7 @@ class Gpt : public Module {
   Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen = nullptr);
   // tokens [batch, seq] i32/i64 (seq <= block_size) on the model's device -> logits
   // [batch, seq, vocab_size].
-  Variable forward(const Variable& tokens) override;
+  Tensor forward(const Tensor& tokens) override;
   std::string extra_repr() const override;
   const GptConfig& config() const { return config_; }
 
@@ -62,10 +62,10 @@ class Gpt : public Module {
 
  private:
   // [t] i64 0, 1, ..., t - 1 on the model's device, cached for the last length.
-  const Tensor& Positions(int64_t t);
+  const RawTensor& Positions(int64_t t);
 
   GptConfig config_;
-  Tensor positions_;
+  RawTensor positions_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<Dropout> drop_;
   std::shared_ptr<ModuleList> blocks_;

@@ -76,9 +76,9 @@ constexpr LayerTensor kLayerTensors[] = {
 };
 
 // The embedding with rows up to `padded` (new rows zero).
-Tensor PadRows(const Tensor& wte, int64_t padded) {
+RawTensor PadRows(const RawTensor& wte, int64_t padded) {
   if (wte.size(0) == padded) return wte;
-  Tensor out = Tensor::Zeros({padded, wte.size(1)}, kF32);
+  RawTensor out = RawTensor::Zeros({padded, wte.size(1)}, kF32);
   out.narrow(0, 0, wte.size(0)).copy_(wte);
   return out;
 }
@@ -236,10 +236,10 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
         absl::StrCat(where, ": ", size - expected, " bytes after the parameters (the file has ",
                      size, " bytes; the header implies ", expected, ")"));
   }
-  std::map<std::string, Tensor> read;
+  std::map<std::string, RawTensor> read;
   int64_t offset = kLlmcHeaderBytes;
   for (const Param& p : params) {
-    Tensor t = Tensor::Empty(p.shape, bf16 ? kBF16 : kF32);
+    RawTensor t = RawTensor::Empty(p.shape, bf16 ? kBF16 : kF32);
     const int64_t n = elem_bytes * t.numel();
     if (absl::Status s = ReadAt(fd.get(), offset, n, t.raw_data(), where); !s.ok()) return s;
     offset += n;
@@ -259,7 +259,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
   StateDict& w = ckpt.weights;
   // llm.c's padding rows are zero in its own files; rows at or past V are made zero here so that
   // a file with other values there still loads as the GPT-2 it describes.
-  Tensor wte = PadRows(read["wte"], config.padded_vocab_size);
+  RawTensor wte = PadRows(read["wte"], config.padded_vocab_size);
   if (config.padded_vocab_size > v) wte.narrow(0, v, config.padded_vocab_size - v).zero_();
   w.tensors["wte.weight"] = wte;
   w.tensors["wpe.weight"] = read["wpe"];
@@ -419,8 +419,8 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   if (!hf_config.ok()) return hf_config.status();
 
   // Names without "transformer."; lm_head and the attention mask buffers set aside.
-  std::map<std::string, Tensor> tensors;
-  Tensor lm_head;
+  std::map<std::string, RawTensor> tensors;
+  RawTensor lm_head;
   std::set<int64_t> layers;
   for (auto& [full_name, tensor] : st->tensors) {
     absl::string_view name = full_name;
@@ -449,13 +449,13 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   }
   std::set<std::string> used;
   auto take = [&](const std::string& name, const Shape& shape,
-                  const std::string& why) -> absl::StatusOr<Tensor> {
+                  const std::string& why) -> absl::StatusOr<RawTensor> {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": missing tensor ", Quote(name), " (", why, ")"));
     }
-    const Tensor& t = it->second;
+    const RawTensor& t = it->second;
     if (t.shape() != shape) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", Quote(name), " has shape ",
                                                      ShapeText(t.shape()), "; expected ",
@@ -559,30 +559,30 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   config.n_embd = c;
   StateDict& w = ckpt.weights;
   const std::string from_wte = absl::StrCat("n_embd ", c, " from wte.weight");
-  absl::StatusOr<Tensor> wte = take("wte.weight", {rows, c}, "[vocab_size, n_embd]");
+  absl::StatusOr<RawTensor> wte = take("wte.weight", {rows, c}, "[vocab_size, n_embd]");
   if (!wte.ok()) return wte.status();
-  Tensor padded = PadRows(*wte, config.padded_vocab_size);
+  RawTensor padded = PadRows(*wte, config.padded_vocab_size);
   if (padded.shares_storage(*wte)) padded = padded.clone();
   // Rows past the vocabulary are padding: zero, whatever the file holds there.
   if (config.padded_vocab_size > config.vocab_size) {
     padded.narrow(0, config.vocab_size, config.padded_vocab_size - config.vocab_size).zero_();
   }
   w.tensors["wte.weight"] = padded;
-  absl::StatusOr<Tensor> wpe = take("wpe.weight", {positions, c}, from_wte);
+  absl::StatusOr<RawTensor> wpe = take("wpe.weight", {positions, c}, from_wte);
   if (!wpe.ok()) return wpe.status();
   w.tensors["wpe.weight"] = *wpe;
   for (int64_t i = 0; i < n_layer; ++i) {
     for (const LayerTensor& lt : kLayerTensors) {
       Shape shape = {lt.rows * c};
       if (lt.cols > 0) shape.push_back(lt.cols * c);
-      absl::StatusOr<Tensor> t = take(absl::StrCat("h.", i, ".", lt.hf), shape, from_wte);
+      absl::StatusOr<RawTensor> t = take(absl::StrCat("h.", i, ".", lt.hf), shape, from_wte);
       if (!t.ok()) return t.status();
       w.tensors[absl::StrCat("blocks.", i, ".", lt.tg)] =
           lt.conv1d ? t->transpose(0, 1).contiguous() : *t;
     }
   }
   for (const char* name : {"weight", "bias"}) {
-    absl::StatusOr<Tensor> t = take(absl::StrCat("ln_f.", name), {c}, from_wte);
+    absl::StatusOr<RawTensor> t = take(absl::StrCat("ln_f.", name), {c}, from_wte);
     if (!t.ok()) return t.status();
     w.tensors[absl::StrCat("ln_f.", name)] = *t;
   }
@@ -821,11 +821,11 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
 StateDict Gpt2HfStateDict(const Gpt& model) {
   const GptConfig& config = model.config();
   TG_CHECK(config.bias, "Gpt2HfStateDict: GPT-2 has biases; the model was built with bias=false");
-  std::map<std::string, Tensor> params;
+  std::map<std::string, RawTensor> params;
   for (const auto& [name, p] : model.named_parameters()) {
     params[name] = p.data().to(Device::Cpu(), kF32);
   }
-  auto get = [&](const std::string& name) -> const Tensor& {
+  auto get = [&](const std::string& name) -> const RawTensor& {
     auto it = params.find(name);
     TG_CHECK(it != params.end(), "Gpt2HfStateDict: the model has no parameter '", name, "'");
     return it->second;
@@ -835,7 +835,7 @@ StateDict Gpt2HfStateDict(const Gpt& model) {
   sd.tensors["wpe.weight"] = get("wpe.weight");
   for (int64_t i = 0; i < config.n_layer; ++i) {
     for (const LayerTensor& lt : kLayerTensors) {
-      const Tensor& t = get(absl::StrCat("blocks.", i, ".", lt.tg));
+      const RawTensor& t = get(absl::StrCat("blocks.", i, ".", lt.tg));
       sd.tensors[absl::StrCat("h.", i, ".", lt.hf)] =
           lt.conv1d ? t.transpose(0, 1).contiguous() : t;
     }

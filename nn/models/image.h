@@ -2,7 +2,7 @@
 //
 //   tg::Generator gen(0);
 //   std::shared_ptr<tg::nn::Sequential> cnn = tg::nn::MakeImageCnn(gen);
-//   tg::Variable logits = (*cnn)(images);   // [batch, 1, 28, 28] f32 -> [batch, 10]
+//   tg::Tensor logits = (*cnn)(images);   // [batch, 1, 28, 28] f32 -> [batch, 10]
 #ifndef TAPEGRAD_NN_MODELS_IMAGE_H_
 #define TAPEGRAD_NN_MODELS_IMAGE_H_
 

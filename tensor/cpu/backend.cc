@@ -83,7 +83,7 @@ void CopyRows(const Shape& shape, char* dst, const Shape& dst_strides, const cha
 }
 
 // dst = src (one shape, src's stride-0 dims broadcast), both in host memory.
-void HostCopy(const Tensor& dst, const Tensor& src) {
+void HostCopy(const RawTensor& dst, const RawTensor& src) {
   const Shape dst_strides = BroadcastByteStrides(dst, dst.shape());
   const Shape src_strides = BroadcastByteStrides(src, dst.shape());
   // Large copies between two storages split their first dimension over the threads (each element
@@ -136,15 +136,15 @@ class CpuBackend final : public DeviceBackend {
     return &allocator_;
   }
 
-  void Copy(const Tensor& dst, const Tensor& src) override { HostCopy(dst, src); }
+  void Copy(const RawTensor& dst, const RawTensor& src) override { HostCopy(dst, src); }
 
-  void Fill(const Tensor& dst, double value) override {
+  void Fill(const RawTensor& dst, double value) override {
     // All-zero bytes are 0 in every dtype (+0.0 for the floating ones): a memset.
     if (value == 0 && !std::signbit(value) && dst.is_contiguous()) {
       std::memset(dst.raw_data(), 0, static_cast<size_t>(dst.numel()) * dst.element_size());
       return;
     }
-    const Tensor v = Tensor::Empty({}, kF64);
+    const RawTensor v = RawTensor::Empty({}, kF64);
     *v.data<double>() = value;
     HostCopy(dst, v.expand(dst.shape()));
   }

@@ -175,7 +175,7 @@ void Col2Im(const T* cols, int64_t images, const Window2d& g, T* grad_x) {
 }
 
 template <typename T>
-void Conv2dImpl(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+void Conv2dImpl(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
                 const Window2d& g) {
   const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
   if (out.numel() == 0) return;
@@ -224,8 +224,8 @@ void Conv2dImpl(const Tensor& out, const Tensor& x, const Tensor& weight, const 
 }
 
 template <typename T>
-void Conv2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_out,
-                        const Tensor& x, const Tensor& weight, const Window2d& g) {
+void Conv2dBackwardImpl(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_out,
+                        const RawTensor& x, const RawTensor& weight, const Window2d& g) {
   const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
   const bool need_input = grad_input.defined(), need_weight = grad_weight.defined();
   T* gip = need_input ? grad_input.data<T>() : nullptr;
@@ -278,7 +278,7 @@ void Conv2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight, con
 // grad_bias[o] = the sum of grad_out[:, o] over N, Ho, Wo, in f64, rounded once; channels in
 // parallel (each summed by one thread in the serial order, so any thread count gives the same).
 template <typename T>
-void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g) {
+void BiasGrad(const RawTensor& grad_bias, const RawTensor& grad_out, const Window2d& g) {
   const int64_t L = g.oh * g.ow;
   const T* go = grad_out.data<T>();
   T* gb = grad_bias.data<T>();
@@ -489,7 +489,7 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 // vectors, which GCC vectorises (a jump on the data-dependent comparison would be mispredicted
 // half the time).
 template <typename T>
-void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
+void MaxPool2dImpl(const RawTensor& out, const RawTensor& indices, const RawTensor& x, const Window2d& g) {
   using C = ComputeType<T>;
   TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window [",
            g.kh, ", ", g.kw, "] over an input ", g.w, " wide spans more than 2^31 - 1 elements");
@@ -573,8 +573,8 @@ void MaxPool2dImpl(const Tensor& out, const Tensor& indices, const Tensor& x, co
 // one in memory order), naming its position; the check rides along with the scatter, which reads
 // the indices once.
 template <typename T>
-void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
-                           const Tensor& indices) {
+void MaxPool2dBackwardImpl(const RawTensor& grad_input, const RawTensor& grad_out,
+                           const RawTensor& indices) {
   using C = ComputeType<T>;
   const int64_t planes = grad_input.size(0) * grad_input.size(1);
   const int64_t plane = grad_input.size(2) * grad_input.size(3);
@@ -619,11 +619,11 @@ void MaxPool2dBackwardImpl(const Tensor& grad_input, const Tensor& grad_out,
 }
 
 // An f32 copy of an f16/bf16 tensor (undefined stays undefined).
-Tensor ToF32(const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); }
+RawTensor ToF32(const RawTensor& t) { return t.defined() ? t.to(kF32) : RawTensor(); }
 
 }  // namespace
 
-void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
             const Window2d& g) {
   const DType dtype = out.dtype();
   if (DnnlConvInChunks(
@@ -640,15 +640,15 @@ void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
       return Conv2dImpl<double>(out, x, weight, bias, g);
     default: {  // f16/bf16: compute in f32 (bias included), round once
       VisitFloating("conv2d", dtype, [](auto) {});
-      Tensor out32 = Tensor::Empty(out.shape(), kF32);
+      RawTensor out32 = RawTensor::Empty(out.shape(), kF32);
       Conv2d(out32, ToF32(x), ToF32(weight), ToF32(bias), g);
       out.copy_(out32);
     }
   }
 }
 
-void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_bias,
-                    const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_bias,
+                    const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
                     const Window2d& g) {
   const DType dtype = grad_out.dtype();
   if (grad_bias.defined()) {
@@ -656,7 +656,7 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
                   [&](auto tag) { BiasGrad<decltype(tag)>(grad_bias, grad_out, g); });
   }
   // Each gradient through oneDNN where it can; those left undefined here are computed below.
-  Tensor gi = grad_input, gw = grad_weight;
+  RawTensor gi = grad_input, gw = grad_weight;
   if (gi.defined() && DnnlConvInChunks(ConvPass::kBackwardData, dtype, g, false,
                                        {grad_out.raw_data(), weight.raw_data(), gi.raw_data()})) {
     gi.reset();
@@ -673,22 +673,22 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
       return Conv2dBackwardImpl<double>(gi, gw, grad_out, x, weight, g);
     default: {  // f16/bf16: compute in f32 (through oneDNN where it can), round each gradient once
       VisitFloating("conv2d_backward", dtype, [](auto) {});
-      const Tensor gi32 = gi.defined() ? Tensor::Empty(gi.shape(), kF32) : Tensor();
-      const Tensor gw32 = gw.defined() ? Tensor::Empty(gw.shape(), kF32) : Tensor();
-      Conv2dBackward(gi32, gw32, Tensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : Tensor(),
-                     gi32.defined() ? ToF32(weight) : Tensor(), g);
+      const RawTensor gi32 = gi.defined() ? RawTensor::Empty(gi.shape(), kF32) : RawTensor();
+      const RawTensor gw32 = gw.defined() ? RawTensor::Empty(gw.shape(), kF32) : RawTensor();
+      Conv2dBackward(gi32, gw32, RawTensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : RawTensor(),
+                     gi32.defined() ? ToF32(weight) : RawTensor(), g);
       if (gi32.defined()) gi.copy_(gi32);
       if (gw32.defined()) gw.copy_(gw32);
     }
   }
 }
 
-void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
+void MaxPool2d(const RawTensor& out, const RawTensor& indices, const RawTensor& x, const Window2d& g) {
   VisitFloating("max_pool2d", x.dtype(),
                 [&](auto tag) { MaxPool2dImpl<decltype(tag)>(out, indices, x, g); });
 }
 
-void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices) {
+void MaxPool2dBackward(const RawTensor& grad_input, const RawTensor& grad_out, const RawTensor& indices) {
   VisitFloating("max_pool2d_backward", grad_out.dtype(), [&](auto tag) {
     MaxPool2dBackwardImpl<decltype(tag)>(grad_input, grad_out, indices);
   });

@@ -16,7 +16,7 @@ namespace tg::cpu {
 namespace {
 
 template <size_t N>
-std::array<Shape, N> RowStrides(const Tensor& out, const std::array<const Tensor*, N - 1>& in) {
+std::array<Shape, N> RowStrides(const RawTensor& out, const std::array<const RawTensor*, N - 1>& in) {
   std::array<Shape, N> s;
   s[0] = BroadcastByteStrides(out, out.shape());
   for (size_t k = 0; k + 1 < N; ++k) s[k + 1] = BroadcastByteStrides(*in[k], out.shape());
@@ -25,9 +25,9 @@ std::array<Shape, N> RowStrides(const Tensor& out, const std::array<const Tensor
 
 // The common case: every operand contiguous with out's shape, walked as one flat row without
 // computing broadcast strides (most of the cost of an op on a small tensor).
-bool FlatSameShape(const Tensor& out, std::initializer_list<const Tensor*> inputs) {
+bool FlatSameShape(const RawTensor& out, std::initializer_list<const RawTensor*> inputs) {
   if (!out.is_contiguous()) return false;
-  for (const Tensor* t : inputs) {
+  for (const RawTensor* t : inputs) {
     if (t->shape() != out.shape() || !t->is_contiguous()) return false;
   }
   return true;
@@ -45,7 +45,7 @@ constexpr bool kTwoByteFloats = std::is_same_v<Out, In> &&
 
 // out[i] = f(a[i], b[i]) with Out/In storage types; f takes and returns compute types.
 template <typename Out, typename In, typename F>
-void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+void Map2(const RawTensor& out, const RawTensor& a, const RawTensor& b, F f) {
   // n contiguous elements (f16/bf16: widened and rounded in blocks by the vector conversions).
   auto contiguous = [&](Out* o, const In* x, const In* y, int64_t n) {
     if constexpr (kTwoByteFloats<Out, In>) {
@@ -92,7 +92,7 @@ void Map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
 }
 
 template <typename Out, typename In, typename F>
-void Map1(const Tensor& out, const Tensor& x, F f) {
+void Map1(const RawTensor& out, const RawTensor& x, F f) {
   if (FlatSameShape(out, {&x})) {
     Out* o = static_cast<Out*>(out.raw_data());
     const In* v = static_cast<const In*>(x.raw_data());
@@ -130,7 +130,7 @@ void Map1(const Tensor& out, const Tensor& x, F f) {
 // values go through row_fn in blocks of the compute type C, widened from T and rounded back, so
 // every layout and dtype gets the row form's value for each element.
 template <typename T, typename RowFn>
-void MapRows(const Tensor& out, const Tensor& x, RowFn row_fn) {
+void MapRows(const RawTensor& out, const RawTensor& x, RowFn row_fn) {
   using C = ComputeType<T>;
   auto run = [&](T* o, int64_t so, const T* v, int64_t sv, int64_t n) {
     if constexpr (std::is_same_v<T, C>) {
@@ -197,7 +197,7 @@ void ForBinaryOp(BinaryOp op, Fn&& run) {
 // the compute type, times the widened grad, rounded once: the epilogue of the fused Linear's
 // backward (fused_linear.cc). grad and x are broadcast to out's shape.
 template <typename T>
-void GeluTanhBackwardRows(const Tensor& out, const Tensor& grad, const Tensor& x) {
+void GeluTanhBackwardRows(const RawTensor& out, const RawTensor& grad, const RawTensor& x) {
   using C = ComputeType<T>;
   auto run = [](T* o, int64_t so, const T* g, int64_t sg, const T* v, int64_t sv, int64_t n) {
     C d[kBlock], gw[kBlock];
@@ -274,7 +274,7 @@ void VisitNumeric(DType dtype, Fn&& fn) {
 
 }  // namespace
 
-void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+void Binary(BinaryOp op, const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   VisitNumeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<ComputeType<T>>) {
@@ -284,7 +284,7 @@ void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
-void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar) {
+void BinaryScalar(BinaryOp op, const RawTensor& out, const RawTensor& x, double scalar) {
   VisitNumeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = ComputeType<T>;
@@ -293,7 +293,7 @@ void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar
   });
 }
 
-void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+void Compare(CompareOp op, const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   Visit(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = ComputeType<T>;
@@ -312,7 +312,7 @@ void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) 
   });
 }
 
-void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
+void Unary(UnaryOp op, const RawTensor& out, const RawTensor& x) {
   VisitNumeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = ComputeType<T>;
@@ -331,7 +331,7 @@ void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
   });
 }
 
-void Where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void Where(const RawTensor& out, const RawTensor& cond, const RawTensor& a, const RawTensor& b) {
   Visit(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     ForEachRow<4>(out.shape(),

@@ -145,8 +145,8 @@ void ReduceRowMax(const float* row_max, int64_t rows, Fp8Tile tile, Fp8Tile grid
 
 // Fp8Amax and Fp8Cast: the cast pass with the amaxes gathered per row, then reduced per tile
 // (1x128 tiles are rows: their row maxima are the amaxes, written in place).
-void CastAndAmax(const Tensor& out, const Tensor& out_t, const Tensor& amax, const Tensor& x,
-                 const Tensor& scale, Fp8Tiling tiling) {
+void CastAndAmax(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax, const RawTensor& x,
+                 const RawTensor& scale, Fp8Tiling tiling) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const Fp8Tile tile = Fp8TileOf(rows, cols, tiling), grid = Fp8GridOf(rows, cols, tiling);
   if (rows == 0 || cols == 0) return;
@@ -205,7 +205,7 @@ struct DecodeTable {
 
 // The FP8 tensor t (contiguous) decoded into `dst` as E (bf16 or f32).
 template <typename E>
-void Decode(const Tensor& t, ScratchVector<E>& dst) {
+void Decode(const RawTensor& t, ScratchVector<E>& dst) {
   static const DecodeTable<E> e4m3(kF8E4M3), e5m2(kF8E5M2);
   const std::array<E, 256>& table = (t.dtype() == kF8E4M3 ? e4m3 : e5m2).values;
   const uint8_t* src = static_cast<const uint8_t*>(t.raw_data());
@@ -266,8 +266,8 @@ void StoreTile(float* acc, int64_t acc_ld, const float* bias, int64_t rows, int6
 
 // T: out's type; E: the decoded operands' (bf16 or f32).
 template <typename T, typename E>
-void Fp8GemmTyped(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
-                  const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling,
+void Fp8GemmTyped(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+                  const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
                   const float* bias) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   T* o = out.data<T>();
@@ -327,11 +327,11 @@ void Fp8GemmTyped(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv,
 
 }  // namespace
 
-void Fp8Amax(const Tensor& amax, const Tensor& x, Fp8Tiling tiling) {
-  CastAndAmax(Tensor(), Tensor(), amax, x, Tensor(), tiling);
+void Fp8Amax(const RawTensor& amax, const RawTensor& x, Fp8Tiling tiling) {
+  CastAndAmax(RawTensor(), RawTensor(), amax, x, RawTensor(), tiling);
 }
 
-void Fp8Scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax,
+void Fp8Scale(const RawTensor& scale, const RawTensor& scale_inv, const RawTensor& amax,
               const Fp8ScaleOptions& options) {
   const float* a = amax.data<float>();
   float* s = scale.data<float>();
@@ -342,13 +342,13 @@ void Fp8Scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax,
   }
 }
 
-void Fp8Cast(const Tensor& out, const Tensor& out_t, const Tensor& amax, const Tensor& x,
-             const Tensor& scale, Fp8Tiling tiling) {
+void Fp8Cast(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax, const RawTensor& x,
+             const RawTensor& scale, Fp8Tiling tiling) {
   CastAndAmax(out, out_t, amax, x, scale, tiling);
 }
 
-void Fp8Gemm(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
-             const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling, const Tensor& bias) {
+void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+             const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling, const RawTensor& bias) {
   if (out.numel() == 0) return;
   VisitFloating("fp8_gemm", out.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -18,11 +18,11 @@
 
 namespace tg::cpu {
 
-KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                                      const Tensor& inv_scale) {
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                                      const RawTensor& inv_scale) {
   const double inv = inv_scale.item();
   bool found = false;
-  for (const Tensor& t : tensors) found = ScaleInPlace(t, inv, true) || found;
+  for (const RawTensor& t : tensors) found = ScaleInPlace(t, inv, true) || found;
   if (found) found_inf.fill_(1);
   return KernelStatus::kDone;
 }
@@ -32,9 +32,9 @@ KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const 
 // f64 sums (rows.h's SumF64) divided by n and rounded to C. grad_weight and grad_bias accumulate
 // grad_out * xhat and grad_out in f64 per column, rows in order (deterministic, independent of
 // any blocking), and round once at the end.
-KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weight,
-                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                               const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+KernelStatus LayerNormBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                               const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                               const RawTensor& mean, const RawTensor& rstd, const RawTensor& weight) {
   const int64_t rows = x.size(0), n = x.size(1);
   VisitFloating("layer_norm_backward", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -108,9 +108,9 @@ KernelStatus LayerNormBackward(const Tensor& grad_input, const Tensor& grad_weig
 
 // Per row: residual = round(a + b), then LayerNormRow on the rounded residual -- the same
 // arithmetic as Add followed by the LayerNorm kernel, in one pass over a and b.
-KernelStatus AddLayerNorm(const Tensor& residual, const Tensor& out, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& a, const Tensor& b,
-                          const Tensor& weight, const Tensor& bias, double eps) {
+KernelStatus AddLayerNorm(const RawTensor& residual, const RawTensor& out, const RawTensor& mean,
+                          const RawTensor& rstd, const RawTensor& a, const RawTensor& b,
+                          const RawTensor& weight, const RawTensor& bias, double eps) {
   const int64_t rows = a.size(0), n = a.size(1);
   VisitFloating("add_layer_norm", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -140,9 +140,9 @@ KernelStatus AddLayerNorm(const Tensor& residual, const Tensor& out, const Tenso
 // Per row: one RowLogSumExp gives both the loss and the gradient row, with the arithmetic of
 // the CrossEntropy and CrossEntropyBackward kernels (bit-identical results) and their error
 // text for a target out of range; ignore_index rows give 0 loss and a 0 gradient row.
-KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits,
-                                 const Tensor& logits, const Tensor& targets,
-                                 const Tensor& row_scale, int64_t ignore_index) {
+KernelStatus SoftmaxCrossEntropy(const RawTensor& losses, const RawTensor& grad_logits,
+                                 const RawTensor& logits, const RawTensor& targets,
+                                 const RawTensor& row_scale, int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
   const double* scale = row_scale.data<double>();
@@ -175,8 +175,8 @@ KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits
 }
 
 // The host's own state machine on the state's bytes (the CPU reads found_inf directly).
-KernelStatus LossScaleStep(const Tensor& state, const Tensor& found_inf, bool update,
-                           const Tensor& scale_out, const Tensor& inv_scale_out) {
+KernelStatus LossScaleStep(const RawTensor& state, const RawTensor& found_inf, bool update,
+                           const RawTensor& scale_out, const RawTensor& inv_scale_out) {
   auto* s = static_cast<LossScaleState*>(state.raw_data());
   if (update) UpdateLossScale(s, found_inf.defined() && found_inf.item() != 0);
   LossScaleOutputs(

@@ -29,7 +29,7 @@ namespace {
 // a [B, T, H, D] projection, row stride 3 H D, say), else copied into `scratch` (contiguous,
 // compute type C). The copy costs O(T D) against the O(T^2 D) products.
 template <typename T, typename C>
-const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch,
+const C* HeadOperand(const RawTensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch,
                      int64_t* ld) {
   const Shape& st = t.strides();
   const int64_t rows = t.size(2), d = t.size(3);
@@ -51,7 +51,7 @@ const C* HeadOperand(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& sc
 // layout the ops allocate on the CPU, or a contiguous one), else `scratch` (contiguous), which
 // StoreHeadResult then rounds into t.
 template <typename T, typename C>
-C* HeadResult(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch, int64_t* ld) {
+C* HeadResult(const RawTensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch, int64_t* ld) {
   const Shape& st = t.strides();
   const int64_t rows = t.size(2), d = t.size(3);
   if constexpr (std::is_same_v<T, C>) {
@@ -65,7 +65,7 @@ C* HeadResult(const Tensor& t, int64_t b, int64_t h, ScratchVector<C>& scratch, 
   return scratch.data();
 }
 template <typename T, typename C>
-void StoreHeadResult(const C* result, const Tensor& t, int64_t b, int64_t h) {
+void StoreHeadResult(const C* result, const RawTensor& t, int64_t b, int64_t h) {
   const Shape& st = t.strides();
   T* base = t.data<T>() + b * st[0] + h * st[1];
   if (reinterpret_cast<const void*>(result) == reinterpret_cast<const void*>(base)) return;
@@ -115,8 +115,8 @@ void ForEachQueryBlock(bool causal, int64_t tq, int64_t tk, F f) {
 }
 
 template <typename T>
-void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
-                   const Tensor& v, bool causal, double scale) {
+void AttentionImpl(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
+                   const RawTensor& v, bool causal, double scale) {
   using C = ComputeType<T>;
   const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
   const C cscale = static_cast<C>(scale);
@@ -171,9 +171,9 @@ void AttentionImpl(const Tensor& out, const Tensor& stats, const Tensor& q, cons
 }
 
 template <typename T>
-void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
-                           const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const Tensor& out, const Tensor& stats, bool causal,
+void AttentionBackwardImpl(const RawTensor& grad_q, const RawTensor& grad_k, const RawTensor& grad_v,
+                           const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
+                           const RawTensor& v, const RawTensor& out, const RawTensor& stats, bool causal,
                            double scale) {
   using C = ComputeType<T>;
   const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
@@ -258,8 +258,8 @@ void AttentionBackwardImpl(const Tensor& grad_q, const Tensor& grad_k, const Ten
 
 }  // namespace
 
-KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, const Tensor& q,
-                                       const Tensor& k, const Tensor& v, bool causal,
+KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+                                       const RawTensor& k, const RawTensor& v, bool causal,
                                        double scale) {
   VisitFloating("scaled_dot_product_attention", q.dtype(), [&](auto tag) {
     AttentionImpl<decltype(tag)>(out, stats, q, k, v, causal, scale);
@@ -267,10 +267,10 @@ KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, c
   return KernelStatus::kDone;
 }
 
-KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tensor& grad_k,
-                                               const Tensor& grad_v, const Tensor& grad_out,
-                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const Tensor& out, const Tensor& stats, bool causal,
+KernelStatus ScaledDotProductAttentionBackward(const RawTensor& grad_q, const RawTensor& grad_k,
+                                               const RawTensor& grad_v, const RawTensor& grad_out,
+                                               const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                               const RawTensor& out, const RawTensor& stats, bool causal,
                                                double scale) {
   VisitFloating("scaled_dot_product_attention_backward", q.dtype(), [&](auto tag) {
     AttentionBackwardImpl<decltype(tag)>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats,

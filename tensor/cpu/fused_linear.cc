@@ -51,8 +51,8 @@ void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
 // out [m, n] = act(x [m, k] @ weight [n, k]^T + bias), pre [m, n] (strided rows) = the sum
 // before act, each rounded once to T from the compute type C.
 template <typename T>
-void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& weight,
-                       const Tensor& bias, Activation act) {
+void LinearForwardImpl(const RawTensor& out, const RawTensor& pre, const RawTensor& x, const RawTensor& weight,
+                       const RawTensor& bias, Activation act) {
   using C = ComputeType<T>;
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   if (m == 0 || n == 0) return;
@@ -131,9 +131,9 @@ void LinearForwardImpl(const Tensor& out, const Tensor& pre, const Tensor& x, co
 // grad_input = g @ weight, grad_weight = g^T @ x, grad_bias = column sums of g, for g =
 // grad_out * act'(pre) computed in C and rounded to T before the products.
 template <typename T>
-void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
-                        const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                        const Tensor& weight, const Tensor& pre, Activation act) {
+void LinearBackwardImpl(const RawTensor& grad_input, const RawTensor& grad_weight,
+                        const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                        const RawTensor& weight, const RawTensor& pre, Activation act) {
   using C = ComputeType<T>;
   const int64_t m = grad_out.size(0), n = grad_out.size(1), k = x.size(1);
   const T* go = grad_out.data<T>();
@@ -229,17 +229,17 @@ void LinearBackwardImpl(const Tensor& grad_input, const Tensor& grad_weight,
 
 }  // namespace
 
-KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x,
-                           const Tensor& weight, const Tensor& bias, Activation act) {
+KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const RawTensor& x,
+                           const RawTensor& weight, const RawTensor& bias, Activation act) {
   VisitFloating("linear", x.dtype(), [&](auto tag) {
     LinearForwardImpl<decltype(tag)>(out, pre, x, weight, bias, act);
   });
   return KernelStatus::kDone;
 }
 
-KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
-                            const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                            const Tensor& weight, const Tensor& pre, Activation act) {
+KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                            const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                            const RawTensor& weight, const RawTensor& pre, Activation act) {
   VisitFloating("linear_backward", x.dtype(), [&](auto tag) {
     LinearBackwardImpl<decltype(tag)>(grad_input, grad_weight, grad_bias, grad_out, x, weight, pre,
                                       act);

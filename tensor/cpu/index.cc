@@ -42,7 +42,7 @@ int64_t OffsetWithout(const std::vector<int64_t>& pos, const Shape& strides, int
 std::string PositionString(const std::vector<int64_t>& pos) { return ShapeToString(pos); }
 
 // Throws unless every index lies in [0, size) (1-D index lists of index_select / index_add).
-void CheckIndexList(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+void CheckIndexList(const char* op, const RawTensor& index, int64_t dim, int64_t size) {
   const int64_t* idx = index.data<int64_t>();
   for (int64_t i = 0; i < index.numel(); ++i) {
     TG_CHECK(idx[i] >= 0 && idx[i] < size, op, ": index ", idx[i], " at position ", i,
@@ -57,7 +57,7 @@ using Accumulator = std::conditional_t<std::is_floating_point_v<ComputeType<T>>,
 // Adds `src` (strided) into `out` (contiguous) at the element offsets `dst_offset(i, pos)` for
 // every position of src's shape `shape`, accumulating in f64/u64 and rounding once.
 template <typename OffsetFn>
-void AccumulateInto(const char* op, const Tensor& out, const Tensor& src, const Shape& shape,
+void AccumulateInto(const char* op, const RawTensor& out, const RawTensor& src, const Shape& shape,
                     OffsetFn&& dst_offset) {
   Visit(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -80,7 +80,7 @@ void AccumulateInto(const char* op, const Tensor& out, const Tensor& src, const 
 
 }  // namespace
 
-void Gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
+void Gather(const RawTensor& out, const RawTensor& x, const RawTensor& index, int64_t dim) {
   const int64_t size = x.size(dim);
   const int64_t* idx = index.data<int64_t>();
   const size_t es = x.element_size();
@@ -96,7 +96,7 @@ void Gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim
   });
 }
 
-void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+void ScatterAdd(const RawTensor& out, const RawTensor& index, const RawTensor& src, int64_t dim) {
   const int64_t size = out.size(dim);
   const int64_t* idx = index.data<int64_t>();
   // Validate every index before touching out, so a bad index leaves no partial result.
@@ -106,8 +106,8 @@ void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64
   });
   const Shape os = ContiguousStrides(out.shape());
   // src is read only where index has elements (index may be smaller than src).
-  const Tensor src_view = [&] {
-    Tensor v = src;
+  const RawTensor src_view = [&] {
+    RawTensor v = src;
     for (int64_t d = 0; d < index.dim(); ++d) v = v.slice(d, 0, index.size(d));
     return v;
   }();
@@ -117,7 +117,7 @@ void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64
                  });
 }
 
-void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
+void IndexSelect(const RawTensor& out, const RawTensor& x, const RawTensor& index, int64_t dim) {
   CheckIndexList("index_select", index, dim, x.size(dim));
   const int64_t* idx = index.data<int64_t>();
   const size_t es = x.element_size();
@@ -130,7 +130,7 @@ void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_
   });
 }
 
-void IndexAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+void IndexAdd(const RawTensor& out, const RawTensor& index, const RawTensor& src, int64_t dim) {
   CheckIndexList("index_add", index, dim, out.size(dim));
   const int64_t* idx = index.data<int64_t>();
   const Shape os = ContiguousStrides(out.shape());

@@ -30,7 +30,7 @@ BlasLayout LayoutOf(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_
   return {};
 }
 
-BlasLayout MatrixLayout(const Tensor& t) {
+BlasLayout MatrixLayout(const RawTensor& t) {
   const int64_t d = t.dim();
   return LayoutOf(t.size(d - 2), t.size(d - 1), t.strides()[d - 2], t.strides()[d - 1]);
 }
@@ -38,7 +38,7 @@ BlasLayout MatrixLayout(const Tensor& t) {
 // Calls gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc) -> bool for each batch entry of out = a @ b
 // (T: the storage type); false as soon as one call returns false.
 template <typename T, typename GemmFn>
-bool BatchedGemm(const Tensor& out, Tensor a, Tensor b, GemmFn&& gemm) {
+bool BatchedGemm(const RawTensor& out, RawTensor a, RawTensor b, GemmFn&& gemm) {
   if (!MatrixLayout(a).ok) a = a.contiguous();
   if (!MatrixLayout(b).ok) b = b.contiguous();
   const BlasLayout la = MatrixLayout(a), lb = MatrixLayout(b);
@@ -46,7 +46,7 @@ bool BatchedGemm(const Tensor& out, Tensor a, Tensor b, GemmFn&& gemm) {
   const int64_t m = out.size(d - 2), n = out.size(d - 1), k = a.size(d - 1);
   if (m == 0 || n == 0) return true;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
-  auto batch_strides = [&](const Tensor& t) {
+  auto batch_strides = [&](const RawTensor& t) {
     Shape s = BroadcastByteStrides(t, t.shape());
     return Shape(s.begin(), s.end() - 2);
   };
@@ -71,7 +71,7 @@ bool BatchedGemm(const Tensor& out, Tensor a, Tensor b, GemmFn&& gemm) {
 }
 
 template <typename T>
-void BlasBatchedGemm(const Tensor& out, const Tensor& a, const Tensor& b) {
+void BlasBatchedGemm(const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   BatchedGemm<T>(out, a, b, [](auto... args) {
     Gemm<T>(args...);
     return true;
@@ -80,7 +80,7 @@ void BlasBatchedGemm(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+void Matmul(const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   switch (out.dtype()) {
     case DType::kF32:
       return BlasBatchedGemm<float>(out, a, b);
@@ -98,7 +98,7 @@ void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
       });
       if (done) return;
       // Where oneDNN cannot: multiply in f32, round once.
-      Tensor out32 = Tensor::Empty(out.shape(), kF32);
+      RawTensor out32 = RawTensor::Empty(out.shape(), kF32);
       BlasBatchedGemm<float>(out32, a.to(kF32), b.to(kF32));
       out.copy_(out32);
     }

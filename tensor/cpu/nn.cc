@@ -18,7 +18,7 @@
 
 namespace tg::cpu {
 
-void Softmax(const Tensor& out, const Tensor& x, bool log) {
+void Softmax(const RawTensor& out, const RawTensor& x, bool log) {
   const int64_t rows = x.size(0), n = x.size(1);
   VisitFloating("softmax", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -43,15 +43,15 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
   });
 }
 
-void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-               const Tensor& weight, const Tensor& bias, double eps) {
+void LayerNorm(const RawTensor& out, const RawTensor& mean, const RawTensor& rstd, const RawTensor& x,
+               const RawTensor& weight, const RawTensor& bias, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   VisitFloating("layer_norm", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = ComputeType<T>;
     const T* in = x.data<T>();
-    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
-    const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+    const RawTensor wc = weight.defined() ? weight.contiguous() : RawTensor();
+    const RawTensor bc = bias.defined() ? bias.contiguous() : RawTensor();
     const T* w = wc.defined() ? wc.data<T>() : nullptr;
     const T* b = bc.defined() ? bc.data<T>() : nullptr;
     T* o = out.data<T>();
@@ -65,14 +65,14 @@ void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const 
   });
 }
 
-void Embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {
+void Embedding(const RawTensor& out, const RawTensor& weight, const RawTensor& indices) {
   const int64_t count = indices.numel(), rows = weight.size(0), dim = weight.size(1);
   const int64_t* idx = indices.data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     TG_CHECK(idx[i] >= 0 && idx[i] < rows, "embedding: index ", idx[i], " at position ", i,
              " is out of range for ", rows, " rows");
   }
-  const Tensor w = weight.contiguous();
+  const RawTensor w = weight.contiguous();
   const size_t row_bytes = static_cast<size_t>(dim) * w.element_size();
   const char* src = static_cast<const char*>(w.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -81,7 +81,7 @@ void Embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {
   }
 }
 
-void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indices) {
+void EmbeddingBackward(const RawTensor& out, const RawTensor& grad, const RawTensor& indices) {
   const int64_t count = indices.numel(), rows = out.size(0), dim = out.size(1);
   const int64_t* idx = indices.data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
@@ -101,7 +101,7 @@ void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indi
   });
 }
 
-int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+int64_t CrossEntropy(const RawTensor& losses, const RawTensor& logits, const RawTensor& targets,
                      int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
@@ -126,8 +126,8 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
   return counted;
 }
 
-void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const Tensor& targets,
-                          const Tensor& row_scale, int64_t ignore_index) {
+void CrossEntropyBackward(const RawTensor& grad_logits, const RawTensor& logits, const RawTensor& targets,
+                          const RawTensor& row_scale, int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
   const double* scale = row_scale.data<double>();
@@ -153,7 +153,7 @@ void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const
   });
 }
 
-void DropoutMask(const Tensor& out, uint64_t seed, uint64_t offset, double p) {
+void DropoutMask(const RawTensor& out, uint64_t seed, uint64_t offset, double p) {
   const uint32_t threshold = DropoutThreshold(p);
   const uint64_t n = static_cast<uint64_t>(out.numel());
   VisitFloating("dropout", out.dtype(), [&](auto tag) {
@@ -171,18 +171,18 @@ void DropoutMask(const Tensor& out, uint64_t seed, uint64_t offset, double p) {
   });
 }
 
-bool AnyNonFinite(const Tensor& t) {
+bool AnyNonFinite(const RawTensor& t) {
   bool found = false;
   VisitFloating("non_finite_check", t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const Tensor c = t.contiguous();
+    const RawTensor c = t.contiguous();
     const T* p = c.data<T>();
     for (int64_t i = 0; i < c.numel() && !found; ++i) found = !std::isfinite(Widen(p[i]));
   });
   return found;
 }
 
-bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
+bool ScaleInPlace(const RawTensor& t, double scale, bool check_finite) {
   std::atomic<bool> found{false};  // OR-ed: the same answer whatever the thread split
   VisitFloating("mul_scalar_", t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -214,7 +214,7 @@ bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
       scale_all(t.data<T>(), t.numel());
     } else {
       // A non-contiguous view: scale through a contiguous copy and write it back.
-      Tensor c = t.clone();
+      RawTensor c = t.clone();
       scale_all(c.data<T>(), c.numel());
       t.copy_(c);
     }

@@ -28,11 +28,11 @@ constexpr int64_t kElementsPerThread = int64_t{1} << 15;
 // what the composed form's grad.to(compute dtype) does). With inv_scale (0-d f32, defined), the
 // gradient is a compute-dtype copy multiplied by it (ScaleInPlace: one rounding per element).
 struct FlatParam {
-  Tensor param;    // contiguous; the parameter itself unless it was a strided view
-  Tensor grad;     // contiguous, dtype param.dtype() or the compute dtype
+  RawTensor param;    // contiguous; the parameter itself unless it was a strided view
+  RawTensor grad;     // contiguous, dtype param.dtype() or the compute dtype
   bool copy_back;  // param is a copy that must be written back
 
-  static FlatParam Make(const Tensor& param, const Tensor& grad, const Tensor& inv_scale) {
+  static FlatParam Make(const RawTensor& param, const RawTensor& grad, const RawTensor& inv_scale) {
     FlatParam f;
     f.copy_back = !param.is_contiguous();
     f.param = f.copy_back ? param.contiguous() : param;
@@ -46,7 +46,7 @@ struct FlatParam {
     f.grad = f.grad.contiguous();
     return f;
   }
-  void WriteBack(const Tensor& param) const {
+  void WriteBack(const RawTensor& param) const {
     if (copy_back) param.copy_(this->param);
   }
 };
@@ -158,7 +158,7 @@ void SgdLoop(T* p, const G* g, C* buf, int64_t n, C lr, C weight_decay, C moment
   }
 }
 
-void CheckContiguousState(const char* op, const Tensor& t) {
+void CheckContiguousState(const char* op, const RawTensor& t) {
   TG_CHECK(!t.defined() || t.is_contiguous(), op, ": state tensors must be contiguous");
 }
 
@@ -171,11 +171,11 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
       o.device_step.defined() ? o.device_step.item() + 1 : static_cast<double>(o.step);
   const AdamStepScalars scalars = o.ScalarsAt(step);
   for (size_t i = 0; i < lists.params.size(); ++i) {
-    const Tensor& param = lists.params[i];
+    const RawTensor& param = lists.params[i];
     if (param.numel() == 0) continue;
-    const Tensor& exp_avg = lists.exp_avgs[i];
-    const Tensor& exp_avg_sq = lists.exp_avg_sqs[i];
-    const Tensor max_exp_avg_sq = o.amsgrad ? lists.max_exp_avg_sqs[i] : Tensor();
+    const RawTensor& exp_avg = lists.exp_avgs[i];
+    const RawTensor& exp_avg_sq = lists.exp_avg_sqs[i];
+    const RawTensor max_exp_avg_sq = o.amsgrad ? lists.max_exp_avg_sqs[i] : RawTensor();
     CheckContiguousState(op, exp_avg);
     CheckContiguousState(op, exp_avg_sq);
     CheckContiguousState(op, max_exp_avg_sq);
@@ -229,10 +229,10 @@ KernelStatus FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
                                 ? o.momentum_buffers_valid.item() == 0
                                 : o.init_momentum_buffers;
   for (size_t i = 0; i < lists.params.size(); ++i) {
-    const Tensor& param = lists.params[i];
+    const RawTensor& param = lists.params[i];
     if (param.numel() == 0) continue;
-    const FlatParam f = FlatParam::Make(param, lists.grads[i], Tensor());
-    const Tensor buf = o.momentum != 0 ? lists.momentum_buffers[i] : Tensor();
+    const FlatParam f = FlatParam::Make(param, lists.grads[i], RawTensor());
+    const RawTensor buf = o.momentum != 0 ? lists.momentum_buffers[i] : RawTensor();
     CheckContiguousState(op, buf);
     VisitParamGrad(op, f.param.dtype(), f.grad.dtype(), [&](auto p_tag, auto g_tag) {
       using T = decltype(p_tag);
@@ -303,14 +303,14 @@ NormPartial MaxChunk(const T* x, int64_t n) {
 
 // Each tensor in chunks of kNormChunk elements, the chunks' partials on all threads and then
 // combined in list and chunk order: the same result at any thread count.
-KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors,
+KernelStatus GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors,
                             double norm_type) {
   constexpr int64_t kNormChunk = int64_t{1} << 14;
   const bool inf_norm = std::isinf(norm_type);
   double acc = 0;  // sum of |x|^p, or max |x| for the inf norm
   bool nan = false;
-  for (const Tensor& t : tensors) {
-    const Tensor c = t.contiguous();
+  for (const RawTensor& t : tensors) {
+    const RawTensor c = t.contiguous();
     VisitFloating("GlobalGradNorm", c.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* x = c.data<T>();
@@ -362,11 +362,11 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
   return KernelStatus::kDone;
 }
 
-KernelStatus ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm,
+KernelStatus ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
                         double max_norm) {
   double clip_coef = 1;
   if (ClipCoefficient(total_norm.item(), max_norm, &clip_coef)) {
-    for (const Tensor& t : tensors) ScaleInPlace(t, clip_coef, false);
+    for (const RawTensor& t : tensors) ScaleInPlace(t, clip_coef, false);
   }
   return KernelStatus::kDone;
 }

@@ -42,7 +42,7 @@ void SumRowRange(const T* x, int64_t begin, int64_t end, int64_t n, int64_t rs, 
 
 }  // namespace
 
-void SumRows(const Tensor& out, const Tensor& x) {
+void SumRows(const RawTensor& out, const RawTensor& x) {
   const int64_t rows = x.size(0), n = x.size(1);
   const int64_t rs = x.strides()[0], cs = x.strides()[1];
   Visit(x.dtype(), [&](auto tag) {
@@ -73,7 +73,7 @@ void SumRows(const Tensor& out, const Tensor& x) {
   });
 }
 
-void MaxRows(const Tensor& values, const Tensor& indices, const Tensor& x) {
+void MaxRows(const RawTensor& values, const RawTensor& indices, const RawTensor& x) {
   const int64_t rows = x.size(0), n = x.size(1);
   Visit(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

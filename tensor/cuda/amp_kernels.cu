@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kThreads)
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;
 }
 
-void RunNonFiniteCheck(const char* op, const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                       const Tensor* inv_scale) {
+void RunNonFiniteCheck(const char* op, const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                       const RawTensor* inv_scale) {
   if (tensors.empty()) return;
   const Device device = CheckList(op, "tensors", tensors, /*in_place=*/inv_scale != nullptr);
   CheckScalar(op, "found_inf", found_inf, device);
@@ -81,7 +81,7 @@ __global__ void WriteScaleKernel(const LossScaleState* state, float* scale_out,
   LossScaleOutputs(*state, scale_out, inv_scale_out);
 }
 
-void CheckState(const char* op, const Tensor& state) {
+void CheckState(const char* op, const RawTensor& state) {
   TG_CHECK(state.defined(), op, ": the scaler state is an undefined tensor");
   TG_CHECK(state.device().is_cuda() && state.dtype() == kU8 && state.is_contiguous() &&
                state.numel() == static_cast<int64_t>(sizeof(LossScaleState)),
@@ -91,7 +91,7 @@ void CheckState(const char* op, const Tensor& state) {
 }
 
 // A one-element f32 output on the state's device, or null when undefined.
-float* OptionalScalarOut(const char* op, const char* what, const Tensor& t, Device device) {
+float* OptionalScalarOut(const char* op, const char* what, const RawTensor& t, Device device) {
   if (!t.defined()) return nullptr;
   CheckScalar(op, what, t, device);
   return static_cast<float*>(t.raw_data());
@@ -99,27 +99,27 @@ float* OptionalScalarOut(const char* op, const char* what, const Tensor& t, Devi
 
 }  // namespace
 
-KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                                      const Tensor& inv_scale) {
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                                      const RawTensor& inv_scale) {
   RunNonFiniteCheck("non_finite_check_and_unscale", tensors, found_inf, &inv_scale);
   return KernelStatus::kDone;
 }
 
-void NonFiniteCheck(const std::vector<Tensor>& tensors, const Tensor& found_inf) {
+void NonFiniteCheck(const std::vector<RawTensor>& tensors, const RawTensor& found_inf) {
   RunNonFiniteCheck("non_finite_check", tensors, found_inf, nullptr);
 }
 
-Tensor UploadScalerState(const LossScaleState& state, Device device) {
+RawTensor UploadScalerState(const LossScaleState& state, Device device) {
   TG_CHECK(device.is_cuda(), "UploadScalerState: expected a CUDA device, got ", device.ToString());
   DeviceGuard guard(device.index);
-  Tensor t = Tensor::Empty({static_cast<int64_t>(sizeof(LossScaleState))}, kU8, device);
+  RawTensor t = RawTensor::Empty({static_cast<int64_t>(sizeof(LossScaleState))}, kU8, device);
   // From pageable memory the call returns once `state` has been staged, so it may go away.
   TG_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), &state, sizeof(state), cudaMemcpyHostToDevice,
                                 CurrentStream(device.index)));
   return t;
 }
 
-LossScaleState DownloadScalerState(const Tensor& state) {
+LossScaleState DownloadScalerState(const RawTensor& state) {
   CheckState("DownloadScalerState", state);
   DeviceGuard guard(state.device().index);
   cudaStream_t stream = CurrentStream(state.device().index);
@@ -129,8 +129,8 @@ LossScaleState DownloadScalerState(const Tensor& state) {
   return s;
 }
 
-void UpdateScaleOnDevice(const Tensor& state, const Tensor& found_inf, const Tensor& scale_out,
-                         const Tensor& inv_scale_out) {
+void UpdateScaleOnDevice(const RawTensor& state, const RawTensor& found_inf, const RawTensor& scale_out,
+                         const RawTensor& inv_scale_out) {
   const char* op = "UpdateScaleOnDevice";
   CheckState(op, state);
   const Device device = state.device();
@@ -147,7 +147,7 @@ void UpdateScaleOnDevice(const Tensor& state, const Tensor& found_inf, const Ten
   TG_CUDA_CHECK_LAUNCH("UpdateScaleKernel");
 }
 
-void WriteScaleOnDevice(const Tensor& state, const Tensor& scale_out, const Tensor& inv_scale_out) {
+void WriteScaleOnDevice(const RawTensor& state, const RawTensor& scale_out, const RawTensor& inv_scale_out) {
   const char* op = "WriteScaleOnDevice";
   CheckState(op, state);
   const Device device = state.device();
@@ -159,8 +159,8 @@ void WriteScaleOnDevice(const Tensor& state, const Tensor& scale_out, const Tens
   TG_CUDA_CHECK_LAUNCH("WriteScaleKernel");
 }
 
-KernelStatus LossScaleStep(const Tensor& state, const Tensor& found_inf, bool update,
-                           const Tensor& scale_out, const Tensor& inv_scale_out) {
+KernelStatus LossScaleStep(const RawTensor& state, const RawTensor& found_inf, bool update,
+                           const RawTensor& scale_out, const RawTensor& inv_scale_out) {
   if (update) {
     UpdateScaleOnDevice(state, found_inf, scale_out, inv_scale_out);
   } else {

@@ -7,7 +7,7 @@
 // the kernel list, in tensor/cuda/optimizer_kernels.cu, reached through tensor/ops.h:
 //
 //   // Once: the scaler's state on the device; scale / inv_scale as 0-d f32 device tensors.
-//   Tensor state = tg::cuda::UploadScalerState(scaler.state(), dev);
+//   RawTensor state = tg::cuda::UploadScalerState(scaler.state(), dev);
 //   tg::cuda::WriteScaleOnDevice(state, scale, inv_scale);
 //   // Every step (loss scaled by `scale` on the device, backward, bf16/f16 grads in `grads`):
 //   found_inf.zero_();
@@ -47,11 +47,11 @@ namespace tg::cuda {
 // the CPU op), and found_inf is set to 1 if any element was inf/NaN before scaling. found_inf
 // is never reset to 0 here, so it accumulates across calls (zero it once per step).
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
-KernelStatus NonFiniteCheckAndUnscale(const std::vector<Tensor>& tensors, const Tensor& found_inf,
-                                      const Tensor& inv_scale);
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
+                                      const RawTensor& inv_scale);
 // The check alone (read-only): for low-precision gradients that FusedAdam unscales itself, so
 // they are not rounded to f16/bf16 a second time by an in-place unscale.
-void NonFiniteCheck(const std::vector<Tensor>& tensors, const Tensor& found_inf);
+void NonFiniteCheck(const std::vector<RawTensor>& tensors, const RawTensor& found_inf);
 
 // ---- Dynamic loss scale on the device --------------------------------------------------------
 
@@ -64,18 +64,18 @@ void NonFiniteCheck(const std::vector<Tensor>& tensors, const Tensor& found_inf)
 // recorded in min_scale_error, which LossScaler::load_state turns into the host's error).
 
 // A u8 device tensor of sizeof(LossScaleState) bytes on `device` holding `state`.
-Tensor UploadScalerState(const LossScaleState& state, Device device);
+RawTensor UploadScalerState(const LossScaleState& state, Device device);
 // The state held by UploadScalerState's tensor. Synchronises the host with the current stream
 // (checkpoints and logs only; the training loop never needs it).
-LossScaleState DownloadScalerState(const Tensor& state);
+LossScaleState DownloadScalerState(const RawTensor& state);
 // One UpdateLossScale(state, found_inf = *found_inf != 0) in a single device thread. found_inf
 // undefined: a clean step. scale_out / inv_scale_out (0-d f32, or undefined) then receive the
 // new scale and 1 / scale rounded to f32, exactly what the host facade hands to the loss
 // multiply and to NonFiniteCheckAndUnscale.
-void UpdateScaleOnDevice(const Tensor& state, const Tensor& found_inf, const Tensor& scale_out,
-                         const Tensor& inv_scale_out);
+void UpdateScaleOnDevice(const RawTensor& state, const RawTensor& found_inf, const RawTensor& scale_out,
+                         const RawTensor& inv_scale_out);
 // Writes scale_out / inv_scale_out from the state without updating it (the first step).
-void WriteScaleOnDevice(const Tensor& state, const Tensor& scale_out, const Tensor& inv_scale_out);
+void WriteScaleOnDevice(const RawTensor& state, const RawTensor& scale_out, const RawTensor& inv_scale_out);
 
 }  // namespace tg::cuda
 

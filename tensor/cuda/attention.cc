@@ -62,7 +62,7 @@ struct Sizes {
   int64_t b, h, tq, tk, d;
 };
 
-void CheckTensor(const char* op, const Tensor& t, const char* what, const Shape& shape, DType dtype,
+void CheckTensor(const char* op, const RawTensor& t, const char* what, const Shape& shape, DType dtype,
                  Device device) {
   TG_CHECK(t.defined(), op, ": ", what, " is undefined");
   TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", expected ",
@@ -74,8 +74,8 @@ void CheckTensor(const char* op, const Tensor& t, const char* what, const Shape&
 }
 
 // Validates the forward's tensors (shared by the backward) and returns the sizes.
-Sizes Validate(const char* op, const Tensor& out, const Tensor& stats, const Tensor& q,
-               const Tensor& k, const Tensor& v, bool causal, double scale) {
+Sizes Validate(const char* op, const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+               const RawTensor& k, const RawTensor& v, bool causal, double scale) {
   TG_CHECK(q.defined() && k.defined() && v.defined(), op, ": q, k and v must be defined");
   TG_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected q, k, v as [B, H, T, D],",
            " got ", ShapeToString(q.shape()), ", ", ShapeToString(k.shape()), ", ",
@@ -106,7 +106,7 @@ cudnnDataType_t IoType(DType dtype) {
   return dtype == kF16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
 }
 
-std::vector<int64_t> Strides(const Tensor& t) {
+std::vector<int64_t> Strides(const RawTensor& t) {
   return std::vector<int64_t>(t.strides().begin(), t.strides().end());
 }
 
@@ -121,11 +121,11 @@ class SdpaGraph {
  public:
   const dnn::Descriptor& Input(int64_t uid, cudnnDataType_t type, std::vector<int64_t> dims,
                                std::vector<int64_t> strides, bool by_value = false) {
-    return graph.Tensor({uid, type, std::move(dims), std::move(strides), false, by_value, 16});
+    return graph.RawTensor({uid, type, std::move(dims), std::move(strides), false, by_value, 16});
   }
   const dnn::Descriptor& Virtual(cudnnDataType_t type, std::vector<int64_t> dims,
                                  std::vector<int64_t> strides) {
-    return graph.Tensor({next_uid_++, type, std::move(dims), std::move(strides), true, false, 16});
+    return graph.RawTensor({next_uid_++, type, std::move(dims), std::move(strides), true, false, 16});
   }
   // y = mode(x[, b[, t]]), computed in `compute`; axis for GEN_INDEX.
   void Pointwise(cudnnPointwiseMode_t mode, const dnn::Descriptor& x, const dnn::Descriptor* b,
@@ -233,8 +233,8 @@ struct Problem {
   std::vector<int64_t> q, k, v, o, d_o, dq, dk, dv;  // strides (the backward's last four)
 };
 
-Problem MakeProblem(const Sizes& z, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const Tensor& out, bool causal) {
+Problem MakeProblem(const Sizes& z, const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                    const RawTensor& out, bool causal) {
   Problem p;
   p.z = z;
   p.io = IoType(q.dtype());
@@ -473,15 +473,15 @@ const CachedPlan& SdpaPlan(const char* op, bool backward, int device, const Prob
 
 size_t RoundUp(size_t n) { return (n + 255) / 256 * 256; }
 
-void CheckCudnn(const char* op, std::initializer_list<const Tensor*> tensors) {
+void CheckCudnn(const char* op, std::initializer_list<const RawTensor*> tensors) {
   std::string why;
   TG_CHECK(CudnnAttentionSupported(tensors, &why), op,
            ": cuDNN's fused attention does not support these tensors: ", why);
 }
 
 // Returns false (nothing enqueued, *why set) when cuDNN has no engine for the problem.
-bool CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
-                  const Tensor& v, bool causal, double scale, const Sizes& z, std::string* why) {
+bool CudnnForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
+                  const RawTensor& v, bool causal, double scale, const Sizes& z, std::string* why) {
   const char* op = "attention_forward";
   CheckCudnn(op, {&out, &q, &k, &v});
   const int device = q.device().index;
@@ -507,9 +507,9 @@ bool CudnnForward(const Tensor& out, const Tensor& stats, const Tensor& q, const
   return true;
 }
 
-bool CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                   const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                   const Tensor& stats, bool causal, double scale, const Sizes& z,
+bool CudnnBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
+                   const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
+                   const RawTensor& stats, bool causal, double scale, const Sizes& z,
                    std::string* why) {
   const char* op = "attention_backward";
   CheckCudnn(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out});
@@ -555,12 +555,12 @@ bool CudnnBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 
 }  // namespace
 
-bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why) {
+bool CudnnAttentionSupported(std::initializer_list<const RawTensor*> tensors, std::string* why) {
   auto fail = [&](const std::string& reason) {
     if (why != nullptr) *why = reason;
     return false;
   };
-  for (const Tensor* t : tensors) {
+  for (const RawTensor* t : tensors) {
     if (t == nullptr || !t->defined()) continue;
     const std::string name = ShapeToString(t->shape());
     if (t->dtype() != kF16 && t->dtype() != kBF16) {
@@ -587,8 +587,8 @@ bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::
   return true;
 }
 
-bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
-                      const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
+bool AttentionForward(const RawTensor& out, const RawTensor& softmax_stats, const RawTensor& q,
+                      const RawTensor& k, const RawTensor& v, bool causal, double scale, double dropout,
                       std::string* why) {
   const char* op = "attention_forward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
@@ -601,9 +601,9 @@ bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tens
   return CudnnForward(out, softmax_stats, q, k, v, causal, scale, z, why);
 }
 
-bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& softmax_stats, bool causal, double scale, std::string* why) {
+bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
+                       const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
+                       const RawTensor& softmax_stats, bool causal, double scale, std::string* why) {
   const char* op = "attention_backward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   const DType dtype = q.dtype();
@@ -611,14 +611,14 @@ bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, con
   CheckTensor(op, dq, "dq", q.shape(), dtype, q.device());
   CheckTensor(op, dk, "dk", k.shape(), dtype, q.device());
   CheckTensor(op, dv, "dv", v.shape(), dtype, q.device());
-  for (const Tensor* t : {&dq, &dk, &dv}) {
+  for (const RawTensor* t : {&dq, &dk, &dv}) {
     TG_CHECK(t->size(3) == 1 || t->strides()[3] == 1, op, ": gradient ", ShapeToString(t->shape()),
              " needs unit stride along D");
   }
   DeviceGuard guard(q.device().index);
   if (z.tq == 0 || z.b * z.h == 0 || z.d == 0) {
     // No scores (or empty heads): what is not written by a product is zero.
-    for (const Tensor* t : {&dq, &dk, &dv}) {
+    for (const RawTensor* t : {&dq, &dk, &dv}) {
       if (t->numel() > 0) t->zero_();
     }
     return true;

@@ -40,22 +40,22 @@ namespace tg::cuda {
 // Enqueues on the current stream and returns true; throws tg::Error on invalid input (tensors
 // CudnnAttentionSupported rejects included). Returns false (no engine for the problem; *why says
 // which) with nothing enqueued.
-bool AttentionForward(const Tensor& out, const Tensor& softmax_stats, const Tensor& q,
-                      const Tensor& k, const Tensor& v, bool causal, double scale,
+bool AttentionForward(const RawTensor& out, const RawTensor& softmax_stats, const RawTensor& q,
+                      const RawTensor& k, const RawTensor& v, bool causal, double scale,
                       double dropout = 0, std::string* why = nullptr);
 
 // dq, dk, dv (shapes of q, k, v, their dtype, unit stride along D) are written from dout (out's
 // shape) and the forward's q, k, v, out and softmax_stats, with the forward's causal and scale.
 // Returns false as AttentionForward does.
-bool AttentionBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& softmax_stats, bool causal, double scale,
+bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
+                       const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
+                       const RawTensor& softmax_stats, bool causal, double scale,
                        std::string* why = nullptr);
 
 // Whether the fused kernel accepts these tensors (dtype, head size, strides, alignment);
 // when not, *why (if given) says which rule fails. Pass every tensor of the call (forward: out,
 // q, k, v; backward: also dq, dk, dv, dout); undefined ones are skipped.
-bool CudnnAttentionSupported(std::initializer_list<const Tensor*> tensors, std::string* why);
+bool CudnnAttentionSupported(std::initializer_list<const RawTensor*> tensors, std::string* why);
 
 }  // namespace tg::cuda
 

@@ -1,7 +1,7 @@
 // The CUDA device backend (tensor/device_backend.h): its allocators (the caching allocator of
 // runtime.h), copies, fill, streams, preferences and kernel table (every entry of the kernel list
 // points at tg::cuda's function of the same name). Registers itself when //tensor/cuda:backend is
-// linked (//tensor:devices links it), so that Tensor::Empty/Zeros/Full, copy_, fill_, to(Device),
+// linked (//tensor:devices links it), so that RawTensor::Empty/Zeros/Full, copy_, fill_, to(Device),
 // contiguous(), clone(), item() and every op work on CUDA tensors.
 //
 // Copies (dst and src have one shape; the core broadcast src already):
@@ -18,7 +18,7 @@
 //     that the source's memory is not reused under it.
 //
 //   // BUILD: deps = ["//tensor:devices"]
-//   tg::Tensor x = tg::Tensor::Ones({2, 3}, tg::kF16, tg::Device::Cuda(0));
+//   tg::RawTensor x = tg::RawTensor::Ones({2, 3}, tg::kF16, tg::Device::Cuda(0));
 //   double v = x.select(0, 1).select(0, 2).item();   // 1, read back through the host
 #include <cstddef>
 #include <cstdint>
@@ -36,26 +36,26 @@
 namespace tg::cuda {
 namespace {
 
-size_t Bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+size_t Bytes(const RawTensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 // src converted to `dtype` and densified on its device (the current one); src when it already
 // is both.
-Tensor DenseOnDevice(const Tensor& src, DType dtype) {
+RawTensor DenseOnDevice(const RawTensor& src, DType dtype) {
   if (src.dtype() == dtype && src.is_contiguous()) return src;
-  Tensor out = Tensor::Empty(src.shape(), dtype, src.device());
+  RawTensor out = RawTensor::Empty(src.shape(), dtype, src.device());
   tg::cuda::Copy(out, src);
   return out;
 }
 
 // Whether dst and src share bytes in a way an elementwise copy could read after writing (an
 // exact alias, the same elements in place, is fine). Strides are never negative.
-bool PartialOverlap(const Tensor& dst, const Tensor& src) {
+bool PartialOverlap(const RawTensor& dst, const RawTensor& src) {
   if (!dst.shares_storage(src)) return false;
   if (dst.raw_data() == src.raw_data() && dst.strides() == src.strides() &&
       dst.dtype() == src.dtype()) {
     return false;
   }
-  auto extent = [](const Tensor& t) {
+  auto extent = [](const RawTensor& t) {
     int64_t last = 0;
     for (size_t d = 0; d < t.shape().size(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
     const int64_t esize = static_cast<int64_t>(t.element_size());
@@ -68,25 +68,25 @@ bool PartialOverlap(const Tensor& dst, const Tensor& src) {
 }
 
 // dst itself when the bytes can land in it directly, else a contiguous tensor like it.
-Tensor Landing(const Tensor& dst) {
-  return dst.is_contiguous() ? dst : Tensor::Empty(dst.shape(), dst.dtype(), dst.device());
+RawTensor Landing(const RawTensor& dst) {
+  return dst.is_contiguous() ? dst : RawTensor::Empty(dst.shape(), dst.dtype(), dst.device());
 }
 
-void HostToDevice(const Tensor& dst, const Tensor& src) {
+void HostToDevice(const RawTensor& dst, const RawTensor& src) {
   const int device = dst.device().index;
   DeviceGuard guard(device);
-  const Tensor host = src.to(dst.dtype()).contiguous();
-  const Tensor landing = Landing(dst);
+  const RawTensor host = src.to(dst.dtype()).contiguous();
+  const RawTensor landing = Landing(dst);
   TG_CUDA_CHECK(cudaMemcpyAsync(landing.raw_data(), host.raw_data(), Bytes(dst),
                                 cudaMemcpyHostToDevice, CurrentStream(device)));
   if (!landing.shares_storage(dst)) tg::cuda::Copy(dst, landing);
 }
 
-void DeviceToHost(const Tensor& dst, const Tensor& src) {
+void DeviceToHost(const RawTensor& dst, const RawTensor& src) {
   const int device = src.device().index;
   DeviceGuard guard(device);
-  const Tensor dense = DenseOnDevice(src, dst.dtype());
-  const Tensor landing = Landing(dst);
+  const RawTensor dense = DenseOnDevice(src, dst.dtype());
+  const RawTensor landing = Landing(dst);
   const cudaStream_t stream = CurrentStream(device);
   TG_CUDA_CHECK(cudaMemcpyAsync(landing.raw_data(), dense.raw_data(), Bytes(dst),
                                 cudaMemcpyDeviceToHost, stream));
@@ -94,9 +94,9 @@ void DeviceToHost(const Tensor& dst, const Tensor& src) {
   if (!landing.shares_storage(dst)) CopyInto(dst, landing);
 }
 
-void AcrossDevices(const Tensor& dst, const Tensor& src) {
+void AcrossDevices(const RawTensor& dst, const RawTensor& src) {
   const int from = src.device().index, to = dst.device().index;
-  Tensor dense;
+  RawTensor dense;
   std::unique_ptr<Event> source_ready, copied;  // each created on the device it is recorded on
   {
     DeviceGuard guard(from);
@@ -107,7 +107,7 @@ void AcrossDevices(const Tensor& dst, const Tensor& src) {
   {
     DeviceGuard guard(to);
     const cudaStream_t stream = CurrentStream(to);
-    const Tensor landing = Landing(dst);
+    const RawTensor landing = Landing(dst);
     source_ready->Block(stream);
     TG_CUDA_CHECK(
         cudaMemcpyPeerAsync(landing.raw_data(), to, dense.raw_data(), from, Bytes(dst), stream));
@@ -152,7 +152,7 @@ class CudaBackend final : public DeviceBackend {
     return DeviceAllocator(index);
   }
 
-  void Copy(const Tensor& dst, const Tensor& src) override {
+  void Copy(const RawTensor& dst, const RawTensor& src) override {
     if (dst.numel() == 0) return;
     const Device to = dst.device(), from = src.device();
     if (to.is_cuda() && from.is_cuda()) {
@@ -160,7 +160,7 @@ class CudaBackend final : public DeviceBackend {
         DeviceGuard guard(to.index);
         if (PartialOverlap(dst, src)) {
           // Read everything before writing anything, as the CPU's memmove would.
-          const Tensor staged = Tensor::Empty(src.shape(), dst.dtype(), from);
+          const RawTensor staged = RawTensor::Empty(src.shape(), dst.dtype(), from);
           tg::cuda::Copy(staged, src);
           tg::cuda::Copy(dst, staged);
         } else {
@@ -176,7 +176,7 @@ class CudaBackend final : public DeviceBackend {
     }
   }
 
-  void Fill(const Tensor& dst, double value) override {
+  void Fill(const RawTensor& dst, double value) override {
     if (dst.numel() == 0) return;
     DeviceGuard guard(dst.device().index);
     tg::cuda::Fill(dst, value);  // a memset where every element's bytes are equal

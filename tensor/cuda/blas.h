@@ -17,13 +17,13 @@
 //
 //   // forward; pre [M, H] keeps the GELU input for the backward (row stride a multiple of 8)
 //   MatmulEx(h, x, false, w1, /*transpose_b=*/true, Epilogue::kBiasGelu, b1, pre);
-//   MatmulEx(y, h, false, w2, /*transpose_b=*/true, Epilogue::kBias, b2, Tensor());
+//   MatmulEx(y, h, false, w2, /*transpose_b=*/true, Epilogue::kBias, b2, RawTensor());
 //   // backward: dW2 = dy^T h, and db2 = the column sums of dy in the same product
-//   MatmulEx(dw2, dy, /*transpose_a=*/true, h, false, Epilogue::kBgrad, db2, Tensor());
+//   MatmulEx(dw2, dy, /*transpose_a=*/true, h, false, Epilogue::kBgrad, db2, RawTensor());
 //   // dpre = (dy W2) * gelu'(pre), and db1 = the column sums of dpre
 //   MatmulEx(dpre, dy, false, w2, false, Epilogue::kDGeluBgrad, db1, pre);
-//   MatmulEx(dw1, dpre, /*transpose_a=*/true, x, false, Epilogue::kNone, Tensor(), Tensor());
-//   MatmulEx(dx, dpre, false, w1, false, Epilogue::kNone, Tensor(), Tensor());
+//   MatmulEx(dw1, dpre, /*transpose_a=*/true, x, false, Epilogue::kNone, RawTensor(), RawTensor());
+//   MatmulEx(dx, dpre, false, w1, false, Epilogue::kNone, RawTensor(), RawTensor());
 #ifndef TAPEGRAD_TENSOR_CUDA_BLAS_H_
 #define TAPEGRAD_TENSOR_CUDA_BLAS_H_
 
@@ -77,17 +77,17 @@ const char* EpilogueName(Epilogue epilogue);
 // Throws tg::Error ("matmul_ex: ...", with the shapes) on invalid input. Returns false, with
 // nothing enqueued and cuBLASLt's reason in *why (if given), when cuBLASLt has no algorithm for
 // the combination (e.g. a GELU epilogue with f64): the fused Linear kernels then decline.
-bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-                 bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+bool TryMatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
+                 bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
                  float alpha, float beta, std::string* why);
 // TryMatmulEx that throws tg::Error with the reason when cuBLASLt has no algorithm.
-void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-              bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+void MatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
+              bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
               float alpha = 1, float beta = 0);
 
 // A contiguous vector of n ones of `dtype` on CUDA device `device`: cached per device and dtype
 // and grown on demand (never freed), for sums and broadcasts written as products.
-Tensor OnesVector(int64_t n, DType dtype, int device);
+RawTensor OnesVector(int64_t n, DType dtype, int device);
 
 // Lets f32 matmuls on the calling thread use TF32 (or, with allow = false, forbids it) while it
 // lives, whatever KernelOptions::allow_tf32 says (nesting restores the previous setting).

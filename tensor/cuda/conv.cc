@@ -106,11 +106,11 @@ std::shared_ptr<const dnn::Plan> ConvPlan(const char* op, ConvKind kind, DType d
                              y_dims = {g.n, g.o, g.oh, g.ow};
   dnn::Graph graph;
   const dnn::Descriptor& xd =
-      graph.Tensor({kUidX, type, x_dims, Contiguous(x_dims), false, false, Alignment(x)});
+      graph.RawTensor({kUidX, type, x_dims, Contiguous(x_dims), false, false, Alignment(x)});
   const dnn::Descriptor& wd =
-      graph.Tensor({kUidW, type, w_dims, Contiguous(w_dims), false, false, Alignment(w)});
+      graph.RawTensor({kUidW, type, w_dims, Contiguous(w_dims), false, false, Alignment(w)});
   const dnn::Descriptor& yd =
-      graph.Tensor({kUidY, type, y_dims, Contiguous(y_dims), false, false, Alignment(y)});
+      graph.RawTensor({kUidY, type, y_dims, Contiguous(y_dims), false, false, Alignment(y)});
 
   dnn::Descriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -193,35 +193,35 @@ void RunConv(const char* op, ConvKind kind, DType dtype, const Window2d& g, int 
 }
 
 // out [N, O, L] += bias [O] broadcast over images and positions.
-void AddBias(const Tensor& out, const Tensor& bias, const Window2d& g, int device) {
+void AddBias(const RawTensor& out, const RawTensor& bias, const Window2d& g, int device) {
   AllowTf32Scope exact(false);  // the bias is added in full f32 also under a TF32 scope
   const int64_t L = g.oh * g.ow;
-  const Tensor ones =
+  const RawTensor ones =
       OnesVector(L, out.dtype(), device).view({1, L}).unsqueeze(0).expand({g.n, 1, L});
   MatmulEx(out.view({g.n, g.o, L}), bias.view({g.o, 1}).unsqueeze(0).expand({g.n, g.o, 1}), false,
-           ones, false, Epilogue::kNone, Tensor(), Tensor(), 1.0f, 1.0f);
+           ones, false, Epilogue::kNone, RawTensor(), RawTensor(), 1.0f, 1.0f);
 }
 
 // grad_bias [O] = the sum of grad_out [N, O, L] over images and positions.
-void BiasGrad(const Tensor& grad_bias, const Tensor& grad_out, const Window2d& g, int device) {
+void BiasGrad(const RawTensor& grad_bias, const RawTensor& grad_out, const Window2d& g, int device) {
   AllowTf32Scope exact(false);  // sums of f32 values, not of their TF32 roundings
   const int64_t L = g.oh * g.ow;
   const DType dtype = grad_out.dtype();
   const DType acc = dtype == kF64 ? kF64 : kF32;
   const Device dev = Device::Cuda(device);
   // Per image: sums [N, O, 1] (acc) = grad_out[n] [O, L] @ ones [L, 1].
-  const Tensor sums = Tensor::Empty({g.n, g.o, 1}, acc, dev);
+  const RawTensor sums = RawTensor::Empty({g.n, g.o, 1}, acc, dev);
   MatmulEx(sums, grad_out.view({g.n, g.o, L}), false,
            OnesVector(L, dtype, device).view({L, 1}).unsqueeze(0).expand({g.n, L, 1}), false,
-           Epilogue::kNone, Tensor(), Tensor());
+           Epilogue::kNone, RawTensor(), RawTensor());
   // Over images: [1, O] = ones [1, N] @ sums [N, O], in the accumulator type.
-  const Tensor total = acc == dtype ? grad_bias : Tensor::Empty({g.o}, acc, dev);
+  const RawTensor total = acc == dtype ? grad_bias : RawTensor::Empty({g.o}, acc, dev);
   MatmulEx(total.view({1, g.o}), OnesVector(g.n, acc, device).view({1, g.n}), false,
-           sums.view({g.n, g.o}), false, Epilogue::kNone, Tensor(), Tensor());
+           sums.view({g.n, g.o}), false, Epilogue::kNone, RawTensor(), RawTensor());
   if (acc != dtype) grad_bias.copy_(total);
 }
 
-void CheckCuda(const char* op, const Tensor& t, const char* what, Device device, DType dtype) {
+void CheckCuda(const char* op, const RawTensor& t, const char* what, Device device, DType dtype) {
   if (!t.defined()) return;
   TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", expected ",
            device.ToString());
@@ -232,7 +232,7 @@ void CheckCuda(const char* op, const Tensor& t, const char* what, Device device,
 
 }  // namespace
 
-void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
             const Window2d& g) {
   const char* op = "conv2d";
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),
@@ -255,8 +255,8 @@ void Conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   if (bias.defined()) AddBias(out, bias, g, device);
 }
 
-void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const Tensor& grad_bias,
-                    const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_bias,
+                    const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
                     const Window2d& g) {
   const char* op = "conv2d_backward";
   TG_CHECK(grad_out.device().is_cuda(), op, ": the gradient is on ", grad_out.device().ToString(),
@@ -276,7 +276,7 @@ void Conv2dBackward(const Tensor& grad_input, const Tensor& grad_weight, const T
   DeviceGuard guard(device);
   if (grad_out.numel() == 0 || g.c == 0) {
     // Nothing flows back (no images, output channels or positions), or nothing to flow into.
-    for (const Tensor* t : {&grad_input, &grad_weight, &grad_bias}) {
+    for (const RawTensor* t : {&grad_input, &grad_weight, &grad_bias}) {
       if (t->defined() && t->numel() > 0) t->zero_();
     }
     if (g.c == 0 && grad_bias.defined() && grad_out.numel() > 0) {

@@ -84,7 +84,7 @@ void Descriptor::Finalize(const char* what) {
 
 cudnnStatus_t Descriptor::TryFinalize() { return cudnnBackendFinalize(desc_); }
 
-const Descriptor& Graph::Tensor(const TensorSpec& s) {
+const Descriptor& Graph::RawTensor(const TensorSpec& s) {
   Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   t.SetDataType(CUDNN_ATTR_TENSOR_DATA_TYPE, s.dtype)
       .SetInt64s(CUDNN_ATTR_TENSOR_DIMENSIONS, s.dims)

@@ -11,7 +11,7 @@
 // engines: seconds), so callers cache plans per problem; executing one costs a launch.
 //
 //   dnn::Graph g;
-//   const dnn::Descriptor& x = g.Tensor({kX, CUDNN_DATA_FLOAT, {n, c, h, w}, strides});
+//   const dnn::Descriptor& x = g.RawTensor({kX, CUDNN_DATA_FLOAT, {n, c, h, w}, strides});
 //   ...
 //   g.AddOp(std::move(conv_op));
 //   std::string why;
@@ -77,7 +77,7 @@ struct TensorSpec {
 // The descriptors of one operation graph, kept alive together (a plan is built from them).
 class Graph {
  public:
-  const Descriptor& Tensor(const TensorSpec& spec);
+  const Descriptor& RawTensor(const TensorSpec& spec);
   // Keeps a helper descriptor (convolution, matmul, pointwise, reduction settings) alive.
   const Descriptor& Keep(Descriptor d);
   // Adds a finalised operation to the graph, in the order given.

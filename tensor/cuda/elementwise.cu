@@ -291,7 +291,7 @@ bool VisitFloatingIf(DType dtype, Fn&& fn) {
 
 }  // namespace
 
-void Copy(const Tensor& dst, const Tensor& src) {
+void Copy(const RawTensor& dst, const RawTensor& src) {
   TG_CHECK(dst.device().is_cuda() && src.device() == dst.device(), "copy: from ",
            src.device().ToString(), " to ", dst.device().ToString(),
            " (the CUDA copy kernel needs both tensors on one CUDA device)");
@@ -335,7 +335,7 @@ void Copy(const Tensor& dst, const Tensor& src) {
       });
 }
 
-void Fill(const Tensor& dst, double value) {
+void Fill(const RawTensor& dst, double value) {
   if (dst.numel() == 0) return;
   const DeviceGuard guard(dst.device().index);
   // The stored bit pattern, converted on the host exactly as the CPU's fill_ does.
@@ -360,7 +360,7 @@ void Fill(const Tensor& dst, double value) {
   });
 }
 
-void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+void Binary(BinaryOp op, const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   const DeviceGuard guard(out.device().index);
   VisitDevice(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -372,7 +372,7 @@ void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
-void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar) {
+void BinaryScalar(BinaryOp op, const RawTensor& out, const RawTensor& x, double scalar) {
   const DeviceGuard guard(out.device().index);
   VisitDevice(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -386,7 +386,7 @@ void BinaryScalar(BinaryOp op, const Tensor& out, const Tensor& x, double scalar
   });
 }
 
-void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+void Compare(CompareOp op, const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   const DeviceGuard guard(out.device().index);
   VisitDevice(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -394,7 +394,7 @@ void Compare(CompareOp op, const Tensor& out, const Tensor& a, const Tensor& b) 
   });
 }
 
-void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
+void Unary(UnaryOp op, const RawTensor& out, const RawTensor& x) {
   const DeviceGuard guard(out.device().index);
   VisitDevice(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -406,9 +406,9 @@ void Unary(UnaryOp op, const Tensor& out, const Tensor& x) {
   });
 }
 
-void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& pre) {
+void GeluTanhBackward(const RawTensor& grad_in, const RawTensor& grad_out, const RawTensor& pre) {
   const char* op = "gelu_tanh_backward";
-  for (const Tensor* t : {&grad_out, &pre}) {
+  for (const RawTensor* t : {&grad_out, &pre}) {
     TG_CHECK(t->device() == grad_in.device() && t->dtype() == grad_in.dtype() &&
                  t->shape() == grad_in.shape(),
              op, ": grad_out and pre must match grad_in (", ShapeToString(grad_in.shape()), " ",
@@ -422,7 +422,7 @@ void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
   });
 }
 
-void Where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+void Where(const RawTensor& out, const RawTensor& cond, const RawTensor& a, const RawTensor& b) {
   TG_CHECK(cond.element_size() == 1, "where: the condition must be bool or u8, got ",
            DTypeName(cond.dtype()));
   const DeviceGuard guard(out.device().index);

@@ -147,8 +147,8 @@ __global__ void Fp8ScaleKernel(float* scale, float* scale_inv, const float* amax
 
 // ---- Argument checks ---------------------------------------------------------------------------
 
-void CheckF32Grid(const char* op, const char* what, const Tensor& t, const Fp8Tile& grid,
-                  const Tensor& x) {
+void CheckF32Grid(const char* op, const char* what, const RawTensor& t, const Fp8Tile& grid,
+                  const RawTensor& x) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   TG_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device().ToString(),
            " but x is on ", x.device().ToString());
@@ -163,7 +163,7 @@ struct Matrix {
 
 // x is [..., cols] (the kernel list says [rows, cols]; a caller may pass its tensor unflattened):
 // the matrix [product of the leading dims, cols].
-Matrix CheckInput(const char* op, const Tensor& x) {
+Matrix CheckInput(const char* op, const RawTensor& x) {
   TG_CHECK(x.defined(), op, ": x is an undefined tensor");
   TG_CHECK(x.device().is_cuda(), op, ": x is on ", x.device().ToString(),
            ", expected a CUDA device");
@@ -177,7 +177,7 @@ Matrix CheckInput(const char* op, const Tensor& x) {
   return {rows, x.size(-1)};
 }
 
-void LaunchCast(const char* op, const Tensor& x, const CastArgs& args) {
+void LaunchCast(const char* op, const RawTensor& x, const CastArgs& args) {
   const int64_t chunks =
       ((args.rows + kChunkRows - 1) / kChunkRows) * ((args.cols + kChunkCols - 1) / kChunkCols);
   if (chunks == 0) return;
@@ -197,7 +197,7 @@ void LaunchCast(const char* op, const Tensor& x, const CastArgs& args) {
 
 }  // namespace
 
-void Fp8Amax(const Tensor& amax, const Tensor& x, Fp8Tiling tiling) {
+void Fp8Amax(const RawTensor& amax, const RawTensor& x, Fp8Tiling tiling) {
   const char* op = "fp8_amax";
   const Matrix mx = CheckInput(op, x);
   const Fp8Tile grid = Fp8GridOf(mx.rows, mx.cols, tiling);
@@ -217,14 +217,14 @@ void Fp8Amax(const Tensor& amax, const Tensor& x, Fp8Tiling tiling) {
   LaunchCast(op, x, args);
 }
 
-void Fp8Scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax,
+void Fp8Scale(const RawTensor& scale, const RawTensor& scale_inv, const RawTensor& amax,
               const Fp8ScaleOptions& options) {
   const char* op = "fp8_scale";
   TG_CHECK(amax.defined() && scale.defined() && scale_inv.defined(), op,
            ": scale, scale_inv and amax must be defined");
   TG_CHECK(amax.device().is_cuda(), op, ": amax is on ", amax.device().ToString(),
            ", expected a CUDA device");
-  for (const Tensor* t : {&scale, &scale_inv, &amax}) {
+  for (const RawTensor* t : {&scale, &scale_inv, &amax}) {
     TG_CHECK(t->device() == amax.device() && t->dtype() == kF32 && t->is_contiguous() &&
                  t->shape() == amax.shape(),
              op,
@@ -242,8 +242,8 @@ void Fp8Scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax,
   TG_CUDA_CHECK_LAUNCH("Fp8ScaleKernel");
 }
 
-void Fp8Cast(const Tensor& out, const Tensor& out_t, const Tensor& amax, const Tensor& x,
-             const Tensor& scale, Fp8Tiling tiling) {
+void Fp8Cast(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax, const RawTensor& x,
+             const RawTensor& scale, Fp8Tiling tiling) {
   const char* op = "fp8_cast";
   const Matrix mx = CheckInput(op, x);
   const Fp8Tile grid = Fp8GridOf(mx.rows, mx.cols, tiling);
@@ -331,14 +331,14 @@ __global__ void FinishKernel(Out* out, const float* acc, const Out* bias, int64_
   }
 }
 
-ScaleGrid GridOf(const Tensor& t, Fp8Tiling tiling) {
+ScaleGrid GridOf(const RawTensor& t, Fp8Tiling tiling) {
   return {static_cast<const float*>(t.raw_data()), static_cast<int>(tiling),
           tiling == Fp8Tiling::kTensor ? 1 : t.size(-1)};
 }
 
 }  // namespace
 
-Tensor Fp8ScalesForCublasLt(const Tensor& src, Fp8Tiling tiling) {
+RawTensor Fp8ScalesForCublasLt(const RawTensor& src, Fp8Tiling tiling) {
   TG_CHECK(
       tiling != Fp8Tiling::kTensor && src.dim() == 2 && src.dtype() == kF32 && src.is_contiguous(),
       "fp8_gemm: block scales must be a contiguous f32 grid, got ", DTypeName(src.dtype()), " ",
@@ -347,8 +347,8 @@ Tensor Fp8ScalesForCublasLt(const Tensor& src, Fp8Tiling tiling) {
   const bool transpose = tiling == Fp8Tiling::k1x128;
   const int64_t ld = transpose ? rows : (slices + 3) / 4 * 4;
   DeviceGuard guard(src.device().index);
-  Tensor dst = transpose ? Tensor::Empty({slices, rows}, kF32, src.device())
-                         : Tensor::Zeros({rows, ld}, kF32, src.device());
+  RawTensor dst = transpose ? RawTensor::Empty({slices, rows}, kF32, src.device())
+                         : RawTensor::Zeros({rows, ld}, kF32, src.device());
   if (rows * slices == 0) return dst;
   ScalesForCublasLtKernel<<<BlocksFor(rows * slices), 256, 0, StreamOf(src)>>>(
       static_cast<float*>(dst.raw_data()), static_cast<const float*>(src.raw_data()), rows, slices,
@@ -357,8 +357,8 @@ Tensor Fp8ScalesForCublasLt(const Tensor& src, Fp8Tiling tiling) {
   return dst;
 }
 
-void Fp8AccumulateSlice(const Tensor& acc, const Tensor& partial, const Tensor& a_scale_inv,
-                        Fp8Tiling a_tiling, const Tensor& b_scale_inv, Fp8Tiling b_tiling,
+void Fp8AccumulateSlice(const RawTensor& acc, const RawTensor& partial, const RawTensor& a_scale_inv,
+                        Fp8Tiling a_tiling, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
                         int64_t slice, bool first) {
   const int64_t m = acc.size(0), n = acc.size(1);
   if (m * n == 0) return;
@@ -369,7 +369,7 @@ void Fp8AccumulateSlice(const Tensor& acc, const Tensor& partial, const Tensor& 
   TG_CUDA_CHECK_LAUNCH("AccumulateSliceKernel");
 }
 
-void FinishFp8Gemm(const Tensor& out, const Tensor& acc, const Tensor& bias) {
+void FinishFp8Gemm(const RawTensor& out, const RawTensor& acc, const RawTensor& bias) {
   const int64_t m = out.size(0), n = out.size(1);
   if (m * n == 0) return;
   DeviceGuard guard(out.device().index);

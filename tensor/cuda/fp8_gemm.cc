@@ -109,8 +109,8 @@ LtAlgoCache& AlgoCache() {
 // scalars, or block scales already in cuBLASLt's layouts) and an optional bias epilogue (bias of
 // d's dtype). Returns false, with nothing enqueued and the reason in *why, when cuBLASLt has no
 // algorithm.
-bool RunLtFp8(int device, void* d, DType d_dtype, const Tensor& a, const void* a_scale,
-              Fp8Tiling a_tiling, const Tensor& b, const void* b_scale, Fp8Tiling b_tiling,
+bool RunLtFp8(int device, void* d, DType d_dtype, const RawTensor& a, const void* a_scale,
+              Fp8Tiling a_tiling, const RawTensor& b, const void* b_scale, Fp8Tiling b_tiling,
               const void* bias, std::string* why) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const bool block = a_tiling != Fp8Tiling::kTensor;
@@ -194,35 +194,35 @@ bool RunLtFp8(int device, void* d, DType d_dtype, const Tensor& a, const void* a
 
 // The bf16 fallback: exact decoding, bf16 GEMMs with f32 output and accumulation, the scales
 // applied to f32 partial sums (per tensor: one product; per block: one per 128-wide k slice).
-void Bf16Fallback(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
-                  const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling,
-                  const Tensor& bias) {
+void Bf16Fallback(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+                  const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
+                  const RawTensor& bias) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const Device device = out.device();
-  Tensor a16 = Tensor::Empty({m, k}, kBF16, device);
-  Tensor b16 = Tensor::Empty({n, k}, kBF16, device);
+  RawTensor a16 = RawTensor::Empty({m, k}, kBF16, device);
+  RawTensor b16 = RawTensor::Empty({n, k}, kBF16, device);
   Copy(a16, a);  // every e4m3 / e5m2 value is a bf16: exact
   Copy(b16, b);
-  const Tensor acc = out.dtype() == kF32 ? out : Tensor::Empty({m, n}, kF32, device);
+  const RawTensor acc = out.dtype() == kF32 ? out : RawTensor::Empty({m, n}, kF32, device);
   if (a_tiling == Fp8Tiling::kTensor) {
-    MatmulEx(acc, a16, false, b16, true, Epilogue::kNone, Tensor(), Tensor());
+    MatmulEx(acc, a16, false, b16, true, Epilogue::kNone, RawTensor(), RawTensor());
     Fp8AccumulateSlice(acc, acc, a_scale_inv, a_tiling, b_scale_inv, b_tiling, 0, true);
   } else {
     const int64_t slices = (k + kFp8BlockSize - 1) / kFp8BlockSize;
-    const Tensor partial = slices == 1 ? acc : Tensor::Empty({m, n}, kF32, device);
+    const RawTensor partial = slices == 1 ? acc : RawTensor::Empty({m, n}, kF32, device);
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t begin = s * kFp8BlockSize;
       const int64_t width = std::min<int64_t>(kFp8BlockSize, k - begin);
       MatmulEx(partial, a16.narrow(1, begin, width), false, b16.narrow(1, begin, width), true,
-               Epilogue::kNone, Tensor(), Tensor());
+               Epilogue::kNone, RawTensor(), RawTensor());
       Fp8AccumulateSlice(acc, partial, a_scale_inv, a_tiling, b_scale_inv, b_tiling, s, s == 0);
     }
   }
   if (bias.defined() || !acc.shares_storage(out)) FinishFp8Gemm(out, acc, bias);
 }
 
-void CheckScaleGrid(const char* op, const char* what, const Tensor& t, int64_t rows, int64_t k,
-                    Fp8Tiling tiling, const Tensor& out) {
+void CheckScaleGrid(const char* op, const char* what, const RawTensor& t, int64_t rows, int64_t k,
+                    Fp8Tiling tiling, const RawTensor& out) {
   const Fp8Tile grid = Fp8GridOf(rows, k, tiling);
   TG_CHECK(t.defined() && t.device() == out.device() && t.dtype() == kF32 && t.is_contiguous() &&
                t.numel() == grid.rows * grid.cols,
@@ -278,8 +278,8 @@ Fp8GemmPlan PlanFp8Gemm(int sm, int64_t m, int64_t n, int64_t k, DType a_dtype, 
 
 Fp8GemmPlan LastFp8GemmPlan() { return last_plan; }
 
-void Fp8Gemm(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8Tiling a_tiling,
-             const Tensor& b, const Tensor& b_scale_inv, Fp8Tiling b_tiling, const Tensor& bias) {
+void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+             const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling, const RawTensor& bias) {
   const char* op = "fp8_gemm";
   TG_CHECK(out.defined() && a.defined() && b.defined(), op, ": out, a and b must be defined");
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),
@@ -322,13 +322,13 @@ void Fp8Gemm(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8T
     return;
   }
   bool aligned = true;
-  for (const Tensor* t : {&out, &a, &b, &a_scale_inv, &b_scale_inv, &bias}) {
+  for (const RawTensor* t : {&out, &a, &b, &a_scale_inv, &b_scale_inv, &bias}) {
     if (t->defined()) aligned = aligned && AlignmentOf(t->raw_data()) >= 16;
   }
   Fp8GemmPlan plan = PlanFp8Gemm(ComputeCapability(device), m, n, k, a.dtype(), b.dtype(), a_tiling,
                                  b_tiling, out.dtype(), bias.defined(), aligned);
   if (plan.path == Fp8GemmPlan::Path::kCublasLt) {
-    Tensor a_scales = a_scale_inv, b_scales = b_scale_inv;
+    RawTensor a_scales = a_scale_inv, b_scales = b_scale_inv;
     if (plan.block_scaled) {
       a_scales = Fp8ScalesForCublasLt(
           a_scale_inv.view(Shape({Fp8GridOf(m, k, a_tiling).rows, Fp8GridOf(m, k, a_tiling).cols})),
@@ -348,7 +348,7 @@ void Fp8Gemm(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, Fp8T
     }
     // 2. The bias epilogue declined: an f32 D, then the bias and one rounding.
     if (plan.bias_epilogue) {
-      const Tensor acc = Tensor::Empty({m, n}, kF32, out.device());
+      const RawTensor acc = RawTensor::Empty({m, n}, kF32, out.device());
       std::string why_f32;
       if (RunLtFp8(device, acc.raw_data(), kF32, a, a_scales.raw_data(), a_tiling, b,
                    b_scales.raw_data(), b_tiling, nullptr, &why_f32)) {

@@ -16,11 +16,11 @@ namespace tg::cuda {
 
 // One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
 // pre-activation (aux). cuBLASLt has no GELU epilogue for f64.
-KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x,
-                           const Tensor& weight, const Tensor& bias, Activation act) {
+KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const RawTensor& x,
+                           const RawTensor& weight, const RawTensor& bias, Activation act) {
   if (act == Activation::kNone) {
     MatmulEx(out, x, false, weight, true, bias.defined() ? Epilogue::kBias : Epilogue::kNone, bias,
-             Tensor());
+             RawTensor());
     return KernelStatus::kDone;
   }
   if (x.dtype() == kF64) return KernelStatus::kNoKernel;
@@ -35,40 +35,40 @@ KernelStatus LinearForward(const Tensor& out, const Tensor& pre, const Tensor& x
 // (kBgrad), or from ones [1, m] @ g without one. (cuBLASLt's dGELU epilogue needs a product in
 // front of it, and a layer's own backward has none; run on a zero rank-1 product, as before, it
 // took 0.33 ms on the H200 for a [16384, 3072] bf16 gradient, plus a copy of grad_out.)
-KernelStatus LinearBackward(const Tensor& grad_input, const Tensor& grad_weight,
-                            const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                            const Tensor& weight, const Tensor& pre, Activation act) {
+KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                            const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                            const RawTensor& weight, const RawTensor& pre, Activation act) {
   const DType dtype = x.dtype();
   const Device device = x.device();
   const int64_t m = x.size(0), n = weight.size(0);
-  Tensor g = grad_out;
+  RawTensor g = grad_out;
   if (act == Activation::kGeluTanh) {
-    g = Tensor::Empty({m, n}, dtype, device);
+    g = RawTensor::Empty({m, n}, dtype, device);
     GeluTanhBackward(g, grad_out, pre);
   }
   const bool bgrad = grad_bias.defined() && grad_weight.defined();
   if (grad_weight.defined()) {
     // grad_weight = g^T @ x, and the bias gradient (the row sums of g^T) from the same product.
     MatmulEx(grad_weight, g, true, x, false, bgrad ? Epilogue::kBgrad : Epilogue::kNone,
-             bgrad ? grad_bias : Tensor(), Tensor());
+             bgrad ? grad_bias : RawTensor(), RawTensor());
   }
   if (grad_bias.defined() && !bgrad) {  // the column sums of g as ones [1, m] @ g
     AllowTf32Scope exact(false);
     MatmulEx(grad_bias.view({1, n}), OnesVector(m, dtype, device.index).view({1, m}), false, g,
-             false, Epilogue::kNone, Tensor(), Tensor());
+             false, Epilogue::kNone, RawTensor(), RawTensor());
   }
   if (grad_input.defined()) {
-    MatmulEx(grad_input, g, false, weight, false, Epilogue::kNone, Tensor(), Tensor());
+    MatmulEx(grad_input, g, false, weight, false, Epilogue::kNone, RawTensor(), RawTensor());
   }
   return KernelStatus::kDone;
 }
 
 // cuDNN's fused kernel where the options allow it and the tensors qualify; declined otherwise
 // (the op then runs the composed form of tensor/composed.h, the one every device shares).
-KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, const Tensor& q,
-                                       const Tensor& k, const Tensor& v, bool causal,
+KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+                                       const RawTensor& k, const RawTensor& v, bool causal,
                                        double scale) {
-  const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
+  const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention && CudnnAttentionSupported({&out, &q, &k, &v}, nullptr) &&
       AttentionForward(out, stats4, q, k, v, causal, scale)) {
     return KernelStatus::kDone;
@@ -76,12 +76,12 @@ KernelStatus ScaledDotProductAttention(const Tensor& out, const Tensor& stats, c
   return KernelStatus::kNoKernel;
 }
 
-KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tensor& grad_k,
-                                               const Tensor& grad_v, const Tensor& grad_out,
-                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const Tensor& out, const Tensor& stats, bool causal,
+KernelStatus ScaledDotProductAttentionBackward(const RawTensor& grad_q, const RawTensor& grad_k,
+                                               const RawTensor& grad_v, const RawTensor& grad_out,
+                                               const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                               const RawTensor& out, const RawTensor& stats, bool causal,
                                                double scale) {
-  const Tensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
+  const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention &&
       CudnnAttentionSupported({&grad_q, &grad_k, &grad_v, &grad_out, &q, &k, &v, &out}, nullptr) &&
       AttentionBackward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats4, causal, scale)) {
@@ -90,9 +90,9 @@ KernelStatus ScaledDotProductAttentionBackward(const Tensor& grad_q, const Tenso
   return KernelStatus::kNoKernel;
 }
 
-KernelStatus SoftmaxCrossEntropy(const Tensor& losses, const Tensor& grad_logits,
-                                 const Tensor& logits, const Tensor& targets,
-                                 const Tensor& row_scale, int64_t ignore_index) {
+KernelStatus SoftmaxCrossEntropy(const RawTensor& losses, const RawTensor& grad_logits,
+                                 const RawTensor& logits, const RawTensor& targets,
+                                 const RawTensor& row_scale, int64_t ignore_index) {
   SoftmaxCrossEntropyFused(losses, grad_logits, logits, targets, row_scale, ignore_index);
   return KernelStatus::kDone;
 }

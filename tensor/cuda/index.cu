@@ -312,7 +312,7 @@ __global__ void AddIndexedKernel(A* acc, const S* src, const int64_t* idx, Geome
 
 constexpr int kBlockThreads = 256;
 
-void LaunchCopyIndexed(const Tensor& out, const Tensor& x, const Tensor& index, const Geometry& g,
+void LaunchCopyIndexed(const RawTensor& out, const RawTensor& x, const RawTensor& index, const Geometry& g,
                        bool per_element, IndexOp op, int device) {
   if (g.numel == 0) return;
   const cudaStream_t stream = CurrentStream(device);
@@ -341,8 +341,8 @@ void LaunchCopyIndexed(const Tensor& out, const Tensor& x, const Tensor& index, 
   TG_CUDA_CHECK_LAUNCH("CopyIndexedKernel");
 }
 
-void LaunchAddIndexed(const char* op_name, const Tensor& out, const Tensor& src,
-                      const Tensor& index, const Geometry& g, bool per_element, IndexOp op,
+void LaunchAddIndexed(const char* op_name, const RawTensor& out, const RawTensor& src,
+                      const RawTensor& index, const Geometry& g, bool per_element, IndexOp op,
                       int device) {
   if (g.numel == 0) return;
   const cudaStream_t stream = CurrentStream(device);
@@ -357,11 +357,11 @@ void LaunchAddIndexed(const char* op_name, const Tensor& out, const Tensor& src,
       auto* o = static_cast<S*>(out.raw_data());
       const auto* s = static_cast<const S*>(src.raw_data());
       const int64_t n = out.numel();
-      Tensor scratch;
+      RawTensor scratch;
       A* acc = reinterpret_cast<A*>(o);
       if constexpr (Accum<S>::kScratch) {
         scratch =
-            Tensor::Empty({std::max<int64_t>(n, 1)}, sizeof(A) == 8 ? kF64 : kI32, out.device());
+            RawTensor::Empty({std::max<int64_t>(n, 1)}, sizeof(A) == 8 ? kF64 : kI32, out.device());
         acc = static_cast<A*>(scratch.raw_data());
         // An empty output still runs the add kernel below: its indices are all out of range.
         if (n > 0)
@@ -382,7 +382,7 @@ void LaunchAddIndexed(const char* op_name, const Tensor& out, const Tensor& src,
 
 }  // namespace
 
-void Gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
+void Gather(const RawTensor& out, const RawTensor& x, const RawTensor& index, int64_t dim) {
   const int device = out.device().index;
   DeviceGuard guard(device);
   ThrowIfIndexError(device);
@@ -390,7 +390,7 @@ void Gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim
   LaunchCopyIndexed(out, x, index, g, /*per_element=*/true, IndexOp::kGather, device);
 }
 
-void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+void ScatterAdd(const RawTensor& out, const RawTensor& index, const RawTensor& src, int64_t dim) {
   const int device = out.device().index;
   DeviceGuard guard(device);
   ThrowIfIndexError(device);
@@ -400,7 +400,7 @@ void ScatterAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64
                    device);
 }
 
-void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
+void IndexSelect(const RawTensor& out, const RawTensor& x, const RawTensor& index, int64_t dim) {
   const int device = out.device().index;
   DeviceGuard guard(device);
   ThrowIfIndexError(device);
@@ -408,7 +408,7 @@ void IndexSelect(const Tensor& out, const Tensor& x, const Tensor& index, int64_
   LaunchCopyIndexed(out, x, index, g, /*per_element=*/false, IndexOp::kIndexSelect, device);
 }
 
-void IndexAdd(const Tensor& out, const Tensor& index, const Tensor& src, int64_t dim) {
+void IndexAdd(const RawTensor& out, const RawTensor& index, const RawTensor& src, int64_t dim) {
   const int device = out.device().index;
   DeviceGuard guard(device);
   ThrowIfIndexError(device);

@@ -17,9 +17,9 @@
 namespace tg::cuda {
 
 // dst = src converted to dst's dtype; same shape, any strides, both on the same CUDA device.
-void Copy(const Tensor& dst, const Tensor& src);
+void Copy(const RawTensor& dst, const RawTensor& src);
 // Every element of dst (any strides) = value converted to dst's dtype.
-void Fill(const Tensor& dst, double value);
+void Fill(const RawTensor& dst, double value);
 
 #define TG_KERNEL(ret, name, params) ret name params;
 #include "tensor/kernel_list.inc"  // IWYU pragma: export

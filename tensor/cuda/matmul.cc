@@ -68,7 +68,7 @@ StoredLayout LayoutOf(int64_t rows, int64_t cols, int64_t row_stride, int64_t co
   return {};
 }
 
-StoredLayout MatrixLayout(const Tensor& t) {
+StoredLayout MatrixLayout(const RawTensor& t) {
   const int64_t d = t.dim();
   return LayoutOf(t.size(d - 2), t.size(d - 1), t.strides()[d - 2], t.strides()[d - 1]);
 }
@@ -190,10 +190,10 @@ LtAlgoCache& AlgoCache() {
 // Describes the call that failed, for the error when cuBLASLt has no algorithm.
 struct CallContext {
   const char* op;
-  const Tensor* out;
-  const Tensor* a;
+  const RawTensor* out;
+  const RawTensor* a;
   bool transpose_a;
-  const Tensor* b;
+  const RawTensor* b;
   bool transpose_b;
   Epilogue epilogue;
 };
@@ -300,7 +300,7 @@ bool RunLt(const LtProblem& p, const CallContext& ctx, const void* a, const void
 }
 
 // Batch-dim byte strides of t (its dims before the last `matrix_dims`).
-Shape BatchByteStrides(const Tensor& t, int64_t batch_dims) {
+Shape BatchByteStrides(const RawTensor& t, int64_t batch_dims) {
   Shape s(t.strides().begin(), t.strides().begin() + batch_dims);
   for (int64_t& v : s) v *= static_cast<int64_t>(t.element_size());
   return s;
@@ -309,8 +309,8 @@ Shape BatchByteStrides(const Tensor& t, int64_t batch_dims) {
 // The shared implementation; every argument is validated by the caller. Returns "" when the
 // product was enqueued, else why cuBLASLt cannot run it (nothing was enqueued then: every batch
 // call shares one problem, so only the first can miss).
-std::string TryGemm(const char* op, const Tensor& out, Tensor a, bool transpose_a, Tensor b,
-                    bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+std::string TryGemm(const char* op, const RawTensor& out, RawTensor a, bool transpose_a, RawTensor b,
+                    bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
                     double alpha, double beta) {
   const int64_t nd = out.dim(), batch_dims = nd - 2;
   const int64_t m = out.size(nd - 2), n = out.size(nd - 1);
@@ -398,8 +398,8 @@ std::string TryGemm(const char* op, const Tensor& out, Tensor a, bool transpose_
   return failure;
 }
 
-void Gemm(const char* op, const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-          bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux, double alpha,
+void Gemm(const char* op, const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
+          bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux, double alpha,
           double beta) {
   const std::string failure =
       TryGemm(op, out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta);
@@ -407,20 +407,20 @@ void Gemm(const char* op, const Tensor& out, const Tensor& a, bool transpose_a, 
 }
 
 // `matrix` [r, c] broadcast (stride 0) to [batch..., r, c].
-Tensor BroadcastTo(const Tensor& matrix, const Shape& batch) {
-  Tensor t = matrix;
+RawTensor BroadcastTo(const RawTensor& matrix, const Shape& batch) {
+  RawTensor t = matrix;
   Shape shape = batch;
   shape.insert(shape.end(), {matrix.size(0), matrix.size(1)});
   for (size_t i = 0; i < batch.size(); ++i) t = t.unsqueeze(0);
   return t.expand(shape);
 }
 
-std::string Shapes(const Tensor& out, const Tensor& a, const Tensor& b) {
+std::string Shapes(const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   return absl::StrCat("out ", ShapeToString(out.shape()), ", a ", ShapeToString(a.shape()), ", b ",
                       ShapeToString(b.shape()));
 }
 
-void CheckOnDevice(const char* op, const Tensor& t, const char* what, const Tensor& out) {
+void CheckOnDevice(const char* op, const RawTensor& t, const char* what, const RawTensor& out) {
   TG_CHECK(t.device() == out.device(), op, ": ", what, " is on ", t.device().ToString(),
            " but out is on ", out.device().ToString());
 }
@@ -451,7 +451,7 @@ AllowTf32Scope::AllowTf32Scope(bool allow) : previous_(tf32_scope) { tf32_scope 
 AllowTf32Scope::~AllowTf32Scope() { tf32_scope = previous_; }
 bool Tf32Allowed() { return tf32_scope < 0 ? GetKernelOptions().allow_tf32 : tf32_scope == 1; }
 
-void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+void Matmul(const RawTensor& out, const RawTensor& a, const RawTensor& b) {
   const char* op = "matmul";
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),
            ", expected a CUDA device");
@@ -464,11 +464,11 @@ void Matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
                a.size(-1) == b.size(-2) && a.size(-2) == out.size(-2) && b.size(-1) == out.size(-1),
            op, ": ", Shapes(out, a, b), " do not form [batch..., m, k] @ [batch..., k, n]");
   TG_CHECK(out.is_contiguous(), op, ": out ", ShapeToString(out.shape()), " must be contiguous");
-  Gemm(op, out, a, false, b, false, Epilogue::kNone, Tensor(), Tensor(), 1.0, 0.0);
+  Gemm(op, out, a, false, b, false, Epilogue::kNone, RawTensor(), RawTensor(), 1.0, 0.0);
 }
 
-bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-                 bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+bool TryMatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
+                 bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
                  float alpha, float beta, std::string* why) {
   const char* op = "matmul_ex";
   TG_CHECK(out.defined() && a.defined() && b.defined(), op, ": out, a and b must be defined");
@@ -577,29 +577,29 @@ bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Ten
   };
   switch (epilogue) {
     case Epilogue::kBias: {  // out = P, then out += ones [m, 1] @ bias [1, n]
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, Tensor(), Tensor(), alpha,
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(), alpha,
            beta);
       AllowTf32Scope exact(false);
       Gemm(op, out, BroadcastTo(OnesVector(m, out.dtype(), device).view({m, 1}), batch), false,
-           BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, Tensor(), Tensor(), 1.0,
+           BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, RawTensor(), RawTensor(), 1.0,
            1.0);
       return true;
     }
     case Epilogue::kBgrad: {  // out = P, and bias [.., m, 1] = op(a) [m, k] @ ones [k, 1]
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, Tensor(), Tensor(), alpha,
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(), alpha,
            beta);
       AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(m, 1)), a, transpose_a,
            BroadcastTo(OnesVector(k, in, device).view({k, 1}), batch), false, Epilogue::kNone,
-           Tensor(), Tensor(), 1.0, 0.0);
+           RawTensor(), RawTensor(), 1.0, 0.0);
       return true;
     }
     case Epilogue::kDGeluBgrad: {  // out = dgelu(P), and bias [.., 1, n] = ones [1, m] @ out
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, Tensor(), aux, alpha, beta);
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, RawTensor(), aux, alpha, beta);
       AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(1, n)),
            BroadcastTo(OnesVector(m, out.dtype(), device).view({1, m}), batch), false, out, false,
-           Epilogue::kNone, Tensor(), Tensor(), 1.0, 0.0);
+           Epilogue::kNone, RawTensor(), RawTensor(), 1.0, 0.0);
       return true;
     }
     default:
@@ -608,8 +608,8 @@ bool TryMatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Ten
   }
 }
 
-void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor& b,
-              bool transpose_b, Epilogue epilogue, const Tensor& bias, const Tensor& aux,
+void MatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
+              bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
               float alpha, float beta) {
   std::string why;
   if (!TryMatmulEx(out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta, &why)) {
@@ -617,19 +617,19 @@ void MatmulEx(const Tensor& out, const Tensor& a, bool transpose_a, const Tensor
   }
 }
 
-Tensor OnesVector(int64_t n, DType dtype, int device) {
+RawTensor OnesVector(int64_t n, DType dtype, int device) {
   static std::mutex* mu = new std::mutex;
-  static auto* cache = new std::map<std::pair<int, DType>, Tensor>;
-  static auto* retired = new std::vector<Tensor>;
+  static auto* cache = new std::map<std::pair<int, DType>, RawTensor>;
+  static auto* retired = new std::vector<RawTensor>;
   std::lock_guard<std::mutex> lock(*mu);
-  Tensor& ones = (*cache)[{device, dtype}];
+  RawTensor& ones = (*cache)[{device, dtype}];
   if (!ones.defined() || ones.numel() < n) {
     // Work already enqueued may still read the old vector: keep it (sizes double, so the
     // retired vectors cost at most as much as the current one).
     if (ones.defined()) retired->push_back(ones);
     const int64_t size = std::max<int64_t>(n, ones.defined() ? 2 * ones.numel() : int64_t{1} << 16);
     DeviceGuard guard(device);
-    ones = Tensor::Full({size}, 1.0, dtype, Device::Cuda(device));
+    ones = RawTensor::Full({size}, 1.0, dtype, Device::Cuda(device));
     // The fill is enqueued on this thread's current stream, but the vector is handed to work on
     // any stream (and thread): wait for it once here, so no reader needs an event.
     SynchronizeStream(CurrentStream(device));

@@ -138,13 +138,13 @@ constexpr DType kFloatingTypes[] = {kF32, kF64, kF16, kBF16};
 
 // Checks that every tensor is defined, contiguous, floating and on one CUDA device (and, for an
 // in-place op, listed once); returns that device. `what` names the list in messages.
-inline Device CheckList(const char* op, const char* what, const std::vector<Tensor>& tensors,
+inline Device CheckList(const char* op, const char* what, const std::vector<RawTensor>& tensors,
                         bool in_place) {
   TG_CHECK(!tensors.empty(), op, ": ", what, " is empty");
   std::unordered_set<const void*> seen;
   Device device;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
+    const RawTensor& t = tensors[i];
     TG_CHECK(t.defined(), op, ": ", what, "[", i, "] is an undefined tensor");
     if (i == 0) device = t.device();
     TG_CHECK(t.device().is_cuda(), op, ": ", what, "[", i, "] is on ", t.device().ToString(),
@@ -164,7 +164,7 @@ inline Device CheckList(const char* op, const char* what, const std::vector<Tens
 }
 
 // A one-element tensor of `dtype` on `device` (`what` names it in messages).
-inline void CheckScalar(const char* op, const char* what, const Tensor& t, Device device,
+inline void CheckScalar(const char* op, const char* what, const RawTensor& t, Device device,
                         DType dtype = kF32) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   TG_CHECK(t.numel() == 1 && t.dtype() == dtype, op, ": ", what, " must be a one-element ",
@@ -176,11 +176,11 @@ inline void CheckScalar(const char* op, const char* what, const Tensor& t, Devic
 // Calls fn(T{}, ptrs, numel) once per floating dtype present in `tensors`, with the tensors of
 // that dtype as depth-1 rows.
 template <typename Fn>
-void ForEachDTypeGroup(const std::vector<Tensor>& tensors, Fn&& fn) {
+void ForEachDTypeGroup(const std::vector<RawTensor>& tensors, Fn&& fn) {
   for (DType dtype : kFloatingTypes) {
     std::vector<std::array<void*, 1>> ptrs;
     std::vector<int64_t> numel;
-    for (const Tensor& t : tensors) {
+    for (const RawTensor& t : tensors) {
       if (t.dtype() != dtype) continue;
       ptrs.push_back({t.raw_data()});
       numel.push_back(t.numel());

@@ -114,7 +114,7 @@ __global__ void EmbeddingKernel(E* out, const E* w, int64_t w_stride0, int64_t w
 }
 
 template <typename E>
-void LaunchEmbedding(const Tensor& out, const Tensor& weight, const Tensor& indices,
+void LaunchEmbedding(const RawTensor& out, const RawTensor& weight, const RawTensor& indices,
                      IndexErrorSink rec, cudaStream_t stream) {
   const int64_t count = indices.numel(), rows = weight.size(0), dim = weight.size(1);
   const int64_t es = static_cast<int64_t>(sizeof(E));
@@ -279,11 +279,11 @@ __global__ void CrossEntropyBackwardKernel(T* grad, const T* logits, const int64
   }
 }
 
-int DeviceOf(const Tensor& t) { return t.device().index; }
+int DeviceOf(const RawTensor& t) { return t.device().index; }
 
 }  // namespace
 
-void Softmax(const Tensor& out, const Tensor& x, bool log) {
+void Softmax(const RawTensor& out, const RawTensor& x, bool log) {
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0 || n == 0) return;
   const int device = DeviceOf(out);
@@ -301,8 +301,8 @@ void Softmax(const Tensor& out, const Tensor& x, bool log) {
   });
 }
 
-void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-               const Tensor& weight, const Tensor& bias, double eps) {
+void LayerNorm(const RawTensor& out, const RawTensor& mean, const RawTensor& rstd, const RawTensor& x,
+               const RawTensor& weight, const RawTensor& bias, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0) return;
   const int device = DeviceOf(out);
@@ -327,7 +327,7 @@ void LayerNorm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const 
   });
 }
 
-void Embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {
+void Embedding(const RawTensor& out, const RawTensor& weight, const RawTensor& indices) {
   const int device = DeviceOf(out);
   DeviceGuard guard(device);
   ThrowIfIndexError(device);
@@ -346,7 +346,7 @@ void Embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {
   }
 }
 
-void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indices) {
+void EmbeddingBackward(const RawTensor& out, const RawTensor& grad, const RawTensor& indices) {
   const int64_t count = indices.numel(), rows = out.size(0), dim = out.size(1);
   const int device = DeviceOf(out);
   DeviceGuard guard(device);
@@ -359,7 +359,7 @@ void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indi
            count, " indices and ", rows, " rows");
   const cudaStream_t stream = CurrentStream(device);
   IndexErrorSink rec = IndexErrorSinkFor(device);
-  const Tensor scratch = Tensor::Empty({4 * count}, kI32, out.device());
+  const RawTensor scratch = RawTensor::Empty({4 * count}, kI32, out.device());
   int32_t* keys = scratch.data<int32_t>();
   int32_t* positions = keys + count;
   int32_t* sorted_keys = keys + 2 * count;
@@ -375,8 +375,8 @@ void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indi
   TG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys, positions,
                                                 sorted_positions, static_cast<int>(count), 0,
                                                 end_bit, stream));
-  const Tensor temp =
-      Tensor::Empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, kU8, out.device());
+  const RawTensor temp =
+      RawTensor::Empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, kU8, out.device());
   TG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, keys, sorted_keys,
                                                 positions, sorted_positions,
                                                 static_cast<int>(count), 0, end_bit, stream));
@@ -405,7 +405,7 @@ void EmbeddingBackward(const Tensor& out, const Tensor& grad, const Tensor& indi
   });
 }
 
-int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+int64_t CrossEntropy(const RawTensor& losses, const RawTensor& logits, const RawTensor& targets,
                      int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int device = DeviceOf(losses);
@@ -414,7 +414,7 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
   if (rows == 0) return 0;
   const cudaStream_t stream = CurrentStream(device);
   IndexErrorSink rec = IndexErrorSinkFor(device);
-  const Tensor counted = Tensor::Empty({1}, kI64, losses.device());
+  const RawTensor counted = RawTensor::Empty({1}, kI64, losses.device());
   auto* counted_ptr = static_cast<unsigned long long*>(counted.raw_data());
   TG_CUDA_CHECK(cudaMemsetAsync(counted_ptr, 0, sizeof(unsigned long long), stream));
   VisitDeviceFloating("cross_entropy", logits.dtype(), [&](auto tag) {
@@ -439,8 +439,8 @@ int64_t CrossEntropy(const Tensor& losses, const Tensor& logits, const Tensor& t
   return static_cast<int64_t>(host_count);
 }
 
-void CrossEntropyBackward(const Tensor& grad_logits, const Tensor& logits, const Tensor& targets,
-                          const Tensor& row_scale, int64_t ignore_index) {
+void CrossEntropyBackward(const RawTensor& grad_logits, const RawTensor& logits, const RawTensor& targets,
+                          const RawTensor& row_scale, int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int device = DeviceOf(grad_logits);
   DeviceGuard guard(device);

@@ -22,7 +22,7 @@ using namespace nn_detail;  // NOLINT(build/namespaces): this target's own helpe
 // ---- Validation -------------------------------------------------------------------------------
 
 // Checks that `t` is defined, contiguous, on `device` (a CUDA device), of `shape` and `dtype`.
-void CheckTensor(const char* op, const char* what, const Tensor& t, const Device& device,
+void CheckTensor(const char* op, const char* what, const RawTensor& t, const Device& device,
                  const Shape& shape, DType dtype) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", expected ",
@@ -35,7 +35,7 @@ void CheckTensor(const char* op, const char* what, const Tensor& t, const Device
 }
 
 // The CUDA device of the defining tensor `t` ([rows, n], floating), checked.
-Device RowsDevice(const char* op, const char* what, const Tensor& t) {
+Device RowsDevice(const char* op, const char* what, const RawTensor& t) {
   TG_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   TG_CHECK(t.device().is_cuda(), op, ": ", what, " is on ", t.device().ToString(),
            ", expected a CUDA device");
@@ -49,8 +49,8 @@ Device RowsDevice(const char* op, const char* what, const Tensor& t) {
 // An output may be one of the inputs (the very same elements) or separate from it, but not an
 // overlapping view: the kernels rely on each element being read before it is overwritten by the
 // same thread.
-void CheckAliasing(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                   const Tensor& in) {
+void CheckAliasing(const char* op, const char* out_name, const RawTensor& out, const char* in_name,
+                   const RawTensor& in) {
   TG_CHECK(!out.shares_storage(in) || out.raw_data() == in.raw_data(), op, ": ", out_name,
            " must be ", in_name, " itself or not share memory with it");
 }
@@ -260,8 +260,8 @@ __global__ void AddLayerNormKernel(T* residual, T* out, Acc<T>* mean, Acc<T>* rs
 
 }  // namespace
 
-void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, const Tensor& logits,
-                              const Tensor& targets, const Tensor& row_scale,
+void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_logits, const RawTensor& logits,
+                              const RawTensor& targets, const RawTensor& row_scale,
                               int64_t ignore_index) {
   const char* op = "softmax_cross_entropy_fused";
   const Device device = RowsDevice(op, "logits", logits);
@@ -282,10 +282,10 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
   const cudaStream_t stream = CurrentStream(device.index);
   const IndexErrorSink sink = IndexErrorSinkFor(device.index);
   const int64_t* t = targets.data<int64_t>();
-  Tensor counted;
+  RawTensor counted;
   unsigned long long* counted_ptr = nullptr;
   if (!row_scale.defined()) {
-    counted = Tensor::Empty({1}, kI64, device);
+    counted = RawTensor::Empty({1}, kI64, device);
     counted_ptr = static_cast<unsigned long long*>(counted.raw_data());
     TG_CUDA_CHECK(cudaMemsetAsync(counted_ptr, 0, sizeof(unsigned long long), stream));
     CountNotIgnoredKernel<<<BlocksFor(rows, 256), 256, 0, stream>>>(counted_ptr, t, rows,
@@ -307,9 +307,9 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
   });
 }
 
-KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
-                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                               const Tensor& mean, const Tensor& rstd, const Tensor& weight) {
+KernelStatus LayerNormBackward(const RawTensor& grad_x, const RawTensor& grad_weight,
+                               const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                               const RawTensor& mean, const RawTensor& rstd, const RawTensor& weight) {
   const char* op = "layer_norm_backward";
   const Device device = RowsDevice(op, "x", x);
   const int64_t rows = x.size(0), n = x.size(1);
@@ -345,10 +345,10 @@ KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
     const RowPlan plan =
         PlanRows<T>(rows, n, 2 * static_cast<int64_t>(MultiProcessorCount(device.index)));
     const int64_t groups = static_cast<int64_t>(plan.blocks) * (plan.warp ? plan.threads / 32 : 1);
-    Tensor partial;
+    RawTensor partial;
     C* part = nullptr;
     if (params) {
-      partial = Tensor::Empty({groups * 2 * n}, StatDType(dtype), device);
+      partial = RawTensor::Empty({groups * 2 * n}, StatDType(dtype), device);
       part = static_cast<C*>(partial.raw_data());
       TG_CUDA_CHECK(cudaMemsetAsync(part, 0, groups * 2 * n * sizeof(C), stream));
     }
@@ -373,9 +373,9 @@ KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
   return KernelStatus::kDone;
 }
 
-KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& a, const Tensor& b,
-                          const Tensor& weight, const Tensor& bias, double eps) {
+KernelStatus AddLayerNorm(const RawTensor& residual_out, const RawTensor& ln_out, const RawTensor& mean,
+                          const RawTensor& rstd, const RawTensor& a, const RawTensor& b,
+                          const RawTensor& weight, const RawTensor& bias, double eps) {
   const char* op = "add_layer_norm";
   const Device device = RowsDevice(op, "a", a);
   const int64_t rows = a.size(0), n = a.size(1);

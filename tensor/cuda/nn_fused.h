@@ -13,7 +13,7 @@
 // tensor/cuda/index_errors.h.
 //
 //   // Classifier head of a GPT step: loss per token and d(mean loss)/d(logits), in place.
-//   tg::cuda::SoftmaxCrossEntropyFused(losses, logits, logits, targets, tg::Tensor(), -100);
+//   tg::cuda::SoftmaxCrossEntropyFused(losses, logits, logits, targets, tg::RawTensor(), -100);
 //   // Pre-norm block: x += attn_out; h = layer_norm(x), in one pass.
 //   tg::cuda::AddLayerNorm(x, h, mean, rstd, x, attn_out, ln_w, ln_b, 1e-5);
 #ifndef TAPEGRAD_TENSOR_CUDA_NN_FUSED_H_
@@ -41,8 +41,8 @@ namespace tg::cuda {
 //   the count of rows with t_r != ignore_index is computed on the device (no host wait). An
 //   all-ignored batch gives zero gradients and zero losses (the mean itself, 0/0, is the
 //   caller's).
-void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, const Tensor& logits,
-                              const Tensor& targets, const Tensor& row_scale, int64_t ignore_index);
+void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_logits, const RawTensor& logits,
+                              const RawTensor& targets, const RawTensor& row_scale, int64_t ignore_index);
 
 // The backward of tg::LayerNorm for x [rows, n] (f32, f64, f16 or bf16) from its saved
 // statistics, with xhat = (x - mean) * rstd and dxhat = grad_out * weight (grad_out when weight
@@ -58,9 +58,9 @@ void SoftmaxCrossEntropyFused(const Tensor& losses, const Tensor& grad_logits, c
 // are accumulated by that same kernel into per-warp/per-block f32 (f64) partial sums, which a
 // second kernel adds up in a fixed order: deterministic, no atomics.
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
-KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
-                               const Tensor& grad_bias, const Tensor& grad_out, const Tensor& x,
-                               const Tensor& mean, const Tensor& rstd, const Tensor& weight);
+KernelStatus LayerNormBackward(const RawTensor& grad_x, const RawTensor& grad_weight,
+                               const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                               const RawTensor& mean, const RawTensor& rstd, const RawTensor& weight);
 
 // residual_out = a + b (rounded to the dtype), then ln_out, mean, rstd =
 // tg::LayerNorm(residual_out, weight, bias, eps), in one kernel: that is
@@ -69,15 +69,15 @@ KernelStatus LayerNormBackward(const Tensor& grad_x, const Tensor& grad_weight,
 // stream update); mean and rstd are [rows] f32 (f64 for f64); weight and bias are [n] of that
 // dtype or undefined; eps >= 0.
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
-KernelStatus AddLayerNorm(const Tensor& residual_out, const Tensor& ln_out, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& a, const Tensor& b,
-                          const Tensor& weight, const Tensor& bias, double eps);
+KernelStatus AddLayerNorm(const RawTensor& residual_out, const RawTensor& ln_out, const RawTensor& mean,
+                          const RawTensor& rstd, const RawTensor& a, const RawTensor& b,
+                          const RawTensor& weight, const RawTensor& bias, double eps);
 
 // grad_in = grad_out * gelu_tanh'(pre), computed in f32 (f64 for f64) with the operations of
 // composed::GeluTanhGrad and rounded once: the first step of a Linear + GELU backward (tg::cuda
 // LinearBackward). One elementwise pass over tensors of one shape, dtype and device, any strides
 // (pre may be the forward epilogue's padded-row buffer); grad_in may be grad_out (in place).
-void GeluTanhBackward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& pre);
+void GeluTanhBackward(const RawTensor& grad_in, const RawTensor& grad_out, const RawTensor& pre);
 
 }  // namespace tg::cuda
 

@@ -41,8 +41,8 @@
 namespace tg::cuda {
 namespace {
 
-bool AllContiguous(const std::vector<Tensor>& tensors) {
-  for (const Tensor& t : tensors) {
+bool AllContiguous(const std::vector<RawTensor>& tensors) {
+  for (const RawTensor& t : tensors) {
     if (t.defined() && !t.is_contiguous()) return false;
   }
   return true;
@@ -143,13 +143,13 @@ void VisitAdamWTypes(DType grad, DType model, Fn&& fn) {
 // Whether the Adam kernel does this update (see the file comment); the rest is composed.
 bool Handles(const AdamTensorLists& lists, const FusedAdamOptions& o) {
   if (o.decay == WeightDecay::kL2) return false;
-  for (const Tensor& p : lists.params) {
+  for (const RawTensor& p : lists.params) {
     if (p.dtype() != kF32) return false;
   }
-  for (const Tensor& g : lists.grads) {
+  for (const RawTensor& g : lists.grads) {
     if (g.dtype() == kF64) return false;
   }
-  for (const Tensor& m : lists.model_params) {
+  for (const RawTensor& m : lists.model_params) {
     if (m.defined() && m.dtype() == kF64) return false;
   }
   return AllContiguous(lists.params) && AllContiguous(lists.grads) &&
@@ -247,7 +247,7 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
   const size_t n = lists.params.size();
   if (n == 0) return KernelStatus::kDone;
   if (!Handles(lists, o)) return KernelStatus::kNoKernel;
-  auto check_length = [&](const std::vector<Tensor>& list, const char* what) {
+  auto check_length = [&](const std::vector<RawTensor>& list, const char* what) {
     TG_CHECK(list.size() == n, op, ": ", what, " has ", list.size(), " tensors, params has ", n);
   };
   check_length(lists.grads, "grads");
@@ -265,14 +265,14 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
   CheckList(op, "exp_avgs", lists.exp_avgs, /*in_place=*/true);
   CheckList(op, "exp_avg_sqs", lists.exp_avg_sqs, /*in_place=*/true);
   if (o.amsgrad) CheckList(op, "max_exp_avg_sqs", lists.max_exp_avg_sqs, /*in_place=*/true);
-  std::vector<Tensor> models;
-  for (const Tensor& t : lists.model_params) {
+  std::vector<RawTensor> models;
+  for (const RawTensor& t : lists.model_params) {
     if (t.defined()) models.push_back(t);
   }
   if (!models.empty()) CheckList(op, "model_params", models, /*in_place=*/true);
   for (size_t i = 0; i < n; ++i) {
-    const Tensor& master = lists.params[i];  // f32 (Handles)
-    auto same = [&](const Tensor& t, const char* what, bool f32) {
+    const RawTensor& master = lists.params[i];  // f32 (Handles)
+    auto same = [&](const RawTensor& t, const char* what, bool f32) {
       TG_CHECK(t.device() == device, op, ": ", what, "[", i, "] is on ", t.device().ToString(),
                ", params on ", device.ToString());
       TG_CHECK(t.shape() == master.shape(), op, ": ", what, "[", i, "] has shape ",
@@ -331,7 +331,7 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
       std::vector<std::array<void*, kAdamWDepth>> ptrs;
       std::vector<int64_t> numel;
       for (size_t i = 0; i < n; ++i) {
-        const Tensor* model = !lists.model_params.empty() && lists.model_params[i].defined()
+        const RawTensor* model = !lists.model_params.empty() && lists.model_params[i].defined()
                                   ? &lists.model_params[i]
                                   : nullptr;
         if (lists.grads[i].dtype() != grad_dtype ||
@@ -377,7 +377,7 @@ KernelStatus FusedSgd(const SgdTensorLists&, const FusedSgdOptions&) {
   return KernelStatus::kNoKernel;
 }
 
-KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tensors,
+KernelStatus GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors,
                             double norm_type) {
   const char* op = "GlobalGradNorm";
   const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
@@ -386,10 +386,10 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
   DeviceGuard guard(device.index);
   cudaStream_t stream = CurrentStream(device.index);
   int64_t blocks = 0;
-  for (const Tensor& t : tensors) blocks += (t.numel() + kChunkSize - 1) / kChunkSize;
+  for (const RawTensor& t : tensors) blocks += (t.numel() + kChunkSize - 1) / kChunkSize;
   // Freed when this returns: the caching allocator hands it out again only to work ordered
   // after the kernels below on this stream (the usual stream-ordered reuse).
-  Tensor partials = Tensor::Empty({std::max<int64_t>(blocks, 1)}, kF64, device);
+  RawTensor partials = RawTensor::Empty({std::max<int64_t>(blocks, 1)}, kF64, device);
   double* partial = partials.data<double>();
   int64_t offset = 0;  // partials written by earlier dtype groups
   ForEachDTypeGroup(tensors, [&](auto tag, const auto& ptrs, const auto& numel) {
@@ -423,7 +423,7 @@ KernelStatus GlobalGradNorm(const Tensor& norm, const std::vector<Tensor>& tenso
   return KernelStatus::kDone;
 }
 
-KernelStatus ClipByNorm(const std::vector<Tensor>& tensors, const Tensor& total_norm,
+KernelStatus ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
                         double max_norm) {
   const char* op = "ClipByNorm";
   if (!AllContiguous(tensors)) return KernelStatus::kNoKernel;

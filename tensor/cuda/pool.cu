@@ -86,7 +86,7 @@ __global__ void RoundKernel(T* dst, const float* src, int64_t n) {
 
 }  // namespace
 
-void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& g) {
+void MaxPool2d(const RawTensor& out, const RawTensor& indices, const RawTensor& x, const Window2d& g) {
   const int64_t total = out.numel();
   if (total == 0) return;
   const int device = out.device().index;
@@ -101,7 +101,7 @@ void MaxPool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const 
   });
 }
 
-void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const Tensor& indices) {
+void MaxPool2dBackward(const RawTensor& grad_input, const RawTensor& grad_out, const RawTensor& indices) {
   const int device = grad_input.device().index;
   DeviceGuard guard(device);
   ThrowIfIndexError(device);
@@ -116,9 +116,9 @@ void MaxPool2dBackward(const Tensor& grad_input, const Tensor& grad_out, const T
     auto* gi = static_cast<T*>(grad_input.raw_data());
     const auto* go = static_cast<const T*>(grad_out.raw_data());
     C* acc = reinterpret_cast<C*>(gi);
-    Tensor scratch;
+    RawTensor scratch;
     if constexpr (!std::is_same_v<T, C>) {
-      scratch = Tensor::Empty({std::max<int64_t>(n, 1)}, kF32, grad_input.device());
+      scratch = RawTensor::Empty({std::max<int64_t>(n, 1)}, kF32, grad_input.device());
       acc = static_cast<C*>(scratch.raw_data());
     }
     if (n > 0) TG_CUDA_CHECK(cudaMemsetAsync(acc, 0, n * sizeof(C), stream));

@@ -32,7 +32,7 @@ __global__ void DropoutMaskKernel(T* out, int64_t n, uint64_t seed, uint64_t off
 
 }  // namespace
 
-void DropoutMask(const Tensor& out, uint64_t seed, uint64_t offset, double p) {
+void DropoutMask(const RawTensor& out, uint64_t seed, uint64_t offset, double p) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const DeviceGuard guard(out.device().index);

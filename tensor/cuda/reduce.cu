@@ -324,16 +324,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // Scales t by `scale` (when write) and checks it for inf/NaN (when check) in one pass. Returns
 // whether a non-finite element was found; checking waits for the device (a 4-byte copy back).
-bool ScaleOrCheck(const char* op, const Tensor& t, double scale, bool write, bool check) {
+bool ScaleOrCheck(const char* op, const RawTensor& t, double scale, bool write, bool check) {
   return VisitDeviceFloating(op, t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (t.numel() == 0) return false;
     const DeviceGuard guard(t.device().index);
     const cudaStream_t stream = StreamOf(t);
-    Tensor flag;
+    RawTensor flag;
     int* found = nullptr;
     if (check) {
-      flag = Tensor::Empty({1}, kI32, t.device());
+      flag = RawTensor::Empty({1}, kI32, t.device());
       found = static_cast<int*>(flag.raw_data());
       TG_CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(int), stream));
     }
@@ -365,9 +365,9 @@ bool ScaleOrCheck(const char* op, const Tensor& t, double scale, bool write, boo
 
 }  // namespace
 
-void SumRows(const Tensor& out, const Tensor& strided) {
+void SumRows(const RawTensor& out, const RawTensor& strided) {
   // The segmented kernels read contiguous rows.
-  const Tensor x = strided.contiguous();
+  const RawTensor x = strided.contiguous();
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0) return;
   const DeviceGuard guard(x.device().index);
@@ -388,7 +388,7 @@ void SumRows(const Tensor& out, const Tensor& strided) {
       // Chunk sums in the accumulator type (8 bytes either way), then one sum per row. The
       // scratch goes back to the caching allocator at the end of this scope, which is safe: the
       // allocator hands it out again only to work ordered after these kernels on this stream.
-      const Tensor partial = Tensor::Empty({seg.count()}, kI64, x.device());
+      const RawTensor partial = RawTensor::Empty({seg.count()}, kI64, x.device());
       Acc* p = static_cast<Acc*>(partial.raw_data());
       LaunchSum<T, Acc, Acc>(in, seg, p, stream);
       const Segments second = MakeSegments(rows, seg.chunks, x.device().index);
@@ -406,7 +406,7 @@ void SumRows(const Tensor& out, const Tensor& strided) {
   });
 }
 
-void MaxRows(const Tensor& values, const Tensor& indices, const Tensor& x) {
+void MaxRows(const RawTensor& values, const RawTensor& indices, const RawTensor& x) {
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0) return;
   TG_CHECK(n > 0, "max: rows of length 0 have no maximum (shape ", ShapeToString(x.shape()), ")");
@@ -426,7 +426,7 @@ void MaxRows(const Tensor& values, const Tensor& indices, const Tensor& x) {
     }
     // The best column of each chunk, then the best of those per row (same scratch rule as
     // SumRows).
-    const Tensor best = Tensor::Empty({seg.count()}, kI64, x.device());
+    const RawTensor best = RawTensor::Empty({seg.count()}, kI64, x.device());
     int64_t* b = static_cast<int64_t*>(best.raw_data());
     MaxSegmentsKernel<T>
         <<<BlocksForSegments(seg), kThreads, 0, stream>>>(in, n, seg, nullptr, b, nullptr, nullptr);
@@ -438,11 +438,11 @@ void MaxRows(const Tensor& values, const Tensor& indices, const Tensor& x) {
   });
 }
 
-bool AnyNonFinite(const Tensor& t) {
+bool AnyNonFinite(const RawTensor& t) {
   return ScaleOrCheck("non_finite_check", t, 1.0, /*write=*/false, /*check=*/true);
 }
 
-bool ScaleInPlace(const Tensor& t, double scale, bool check_finite) {
+bool ScaleInPlace(const RawTensor& t, double scale, bool check_finite) {
   // Threads would race on an element that an expanded view (stride 0) addresses twice.
   for (int64_t d = 0; d < t.dim(); ++d) {
     TG_CHECK(t.strides()[d] != 0 || t.shape()[d] <= 1, "mul_scalar_: the tensor of shape ",

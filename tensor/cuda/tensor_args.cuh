@@ -428,14 +428,14 @@ inline bool IsAligned(const void* p, size_t bytes) {
 }
 
 // The current stream of t's device, where kernels writing t enqueue.
-inline cudaStream_t StreamOf(const Tensor& t) { return CurrentStream(t.device().index); }
+inline cudaStream_t StreamOf(const RawTensor& t) { return CurrentStream(t.device().index); }
 
 // out[i] = f(in[i]...) for every element of out (any strides); each input has the storage type
 // in In... and broadcasts to out's shape. Enqueues on out's device's current stream; `name`
 // labels launch errors. The caller makes out's device current.
 template <typename Out, typename... In, typename F>
-void LaunchElementwise(const char* name, const Tensor& out,
-                       const std::array<const Tensor*, sizeof...(In)>& in, const F& f) {
+void LaunchElementwise(const char* name, const RawTensor& out,
+                       const std::array<const RawTensor*, sizeof...(In)>& in, const F& f) {
   constexpr int N = 1 + sizeof...(In);
   const int64_t n = out.numel();
   if (n == 0) return;

@@ -31,7 +31,7 @@ namespace tg {
 namespace io {
 namespace {
 
-// Tensor bytes are copied as they are in memory; the format is little-endian.
+// RawTensor bytes are copied as they are in memory; the format is little-endian.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors I/O assumes a little-endian host");
 
@@ -136,11 +136,11 @@ struct WritePlan {
   // The 8-byte header length followed by the padded JSON header.
   std::string prefix;
   // Contiguous tensors in file order.
-  std::vector<Tensor> tensors;
+  std::vector<RawTensor> tensors;
   uint64_t data_bytes = 0;
 };
 
-uint64_t NumBytes(const Tensor& t) {
+uint64_t NumBytes(const RawTensor& t) {
   return static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size());
 }
 
@@ -228,7 +228,7 @@ absl::StatusOr<WritePlan> PlanWrite(const Safetensors& st) {
   }
   struct Item {
     const std::string* name;
-    Tensor tensor;
+    RawTensor tensor;
     int rank;
   };
   std::vector<Item> items;
@@ -743,10 +743,10 @@ absl::StatusOr<Safetensors> Read(const std::string& where, uint64_t total, const
   header = std::string();
 
   for (const HeaderEntry& e : entries) {
-    Tensor t;
+    RawTensor t;
     try {
       // Every size was checked against the bytes the source holds.
-      t = Tensor::Empty(e.shape, e.dtype->dtype);
+      t = RawTensor::Empty(e.shape, e.dtype->dtype);
     } catch (const Error& error) {
       return absl::InternalError(
           absl::StrCat(where, ": tensor ", Quote(e.name), ": ", error.what()));
@@ -844,7 +844,7 @@ absl::Status WriteFileAtomically(const char* caller, const std::string& path,
   };
   absl::Status status = WriteAll(caller, fd.get(), plan.prefix.data(), plan.prefix.size(), tmp);
   for (size_t i = 0; status.ok() && i < plan.tensors.size(); ++i) {
-    const Tensor& t = plan.tensors[i];
+    const RawTensor& t = plan.tensors[i];
     status = WriteAll(caller, fd.get(), t.raw_data(), NumBytes(t), tmp);
   }
   if (!status.ok()) return fail(status);
@@ -879,7 +879,7 @@ absl::StatusOr<std::string> SerializeSafetensors(const Safetensors& st) {
   std::string out;
   out.reserve(plan->prefix.size() + plan->data_bytes);
   out += plan->prefix;
-  for (const Tensor& t : plan->tensors) {
+  for (const RawTensor& t : plan->tensors) {
     out.append(static_cast<const char*>(t.raw_data()), NumBytes(t));
   }
   return out;

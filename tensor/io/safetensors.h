@@ -34,7 +34,7 @@
 // the check is one of the format's, "(safetensors rule)".
 //
 //   tg::io::Safetensors st;
-//   st.tensors["w"] = tg::Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+//   st.tensors["w"] = tg::RawTensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
 //   st.metadata["format"] = "pt";
 //   absl::Status s = tg::io::SaveSafetensors("/tmp/w.safetensors", st);
 //   absl::StatusOr<tg::io::Safetensors> back = tg::io::LoadSafetensors("/tmp/w.safetensors");
@@ -65,7 +65,7 @@ namespace io {
 
 struct Safetensors {
   // CPU tensors; the reader returns contiguous tensors, the writer takes any layout.
-  std::map<std::string, Tensor> tensors;
+  std::map<std::string, RawTensor> tensors;
   // The "__metadata__" object.
   std::map<std::string, std::string> metadata;
 };

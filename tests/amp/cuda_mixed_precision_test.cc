@@ -39,25 +39,25 @@ const Device kGpu = Device::Cuda(0);
 // y = (x w + b) * s: w, b in the model dtype, s an f32 parameter (its own master). Made on the
 // CPU from the seed, then moved, so both devices start from the same bits.
 struct Model {
-  Variable w, b, s;
+  Tensor w, b, s;
   Model(DType dtype, uint64_t seed, Device device) {
     Generator gen(seed);
-    w = Variable(RandNormal({8, 6}, gen).to(dtype).to(device), true);
-    b = Variable(RandNormal({6}, gen).to(dtype).to(device), true);
-    s = Variable(RandNormal({6}, gen).to(device), true);
+    w = Tensor(RandNormal({8, 6}, gen).to(dtype).to(device), true);
+    b = Tensor(RandNormal({6}, gen).to(dtype).to(device), true);
+    s = Tensor(RandNormal({6}, gen).to(device), true);
   }
-  std::vector<Variable> params() const { return {w, b, s}; }
-  Variable Forward(const Variable& x) const { return Mul(Add(Matmul(x, w), b), s); }
+  std::vector<Tensor> params() const { return {w, b, s}; }
+  Tensor Forward(const Tensor& x) const { return Mul(Add(Matmul(x, w), b), s); }
 };
 
-Variable Inputs(DType dtype, uint64_t seed, Device device) {
+Tensor Inputs(DType dtype, uint64_t seed, Device device) {
   Generator gen(seed);
-  return Variable(RandNormal({5, 8}, gen).to(dtype).to(device));
+  return Tensor(RandNormal({5, 8}, gen).to(dtype).to(device));
 }
 
-Variable Loss(const Variable& y) { return Mean(Mul(y, y)); }
+Tensor Loss(const Tensor& y) { return Mean(Mul(y, y)); }
 
-std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
+std::vector<float> Values(const RawTensor& t) { return t.to_vector<float>(); }
 
 // Equal element by element, any two NaNs counting as equal (an overflowed run's NaN payloads
 // depend on the conversion that made them).
@@ -121,7 +121,7 @@ std::vector<StepState> RunScenario(const Scenario& sc, Device device) {
   for (int step = 0; step < sc.steps; ++step) {
     opt.zero_grad();
     for (int micro = 0; micro < sc.micro_batches; ++micro) {
-      Variable loss = Loss(m.Forward(Inputs(sc.dtype, 100 * step + micro, device)));
+      Tensor loss = Loss(m.Forward(Inputs(sc.dtype, 100 * step + micro, device)));
       if (sc.overflow(step, micro)) loss = MulScalar(loss, sc.overflow_factor);
       opt.backward(loss);
     }
@@ -132,7 +132,7 @@ std::vector<StepState> RunScenario(const Scenario& sc, Device device) {
     s.scale_after = opt.loss_scale();
     s.skipped_steps = opt.skipped_steps();
     s.iteration = opt.scaler().iteration();
-    for (const Variable& p : opt.master_params()) s.masters.push_back(Values(p.data()));
+    for (const Tensor& p : opt.master_params()) s.masters.push_back(Values(p.data()));
     s.model_w = Values(m.w.data());
     if (sc.dtype != kF32) {
       // The model weight is its master rounded once (on CUDA: written by the update's own pass).
@@ -257,7 +257,7 @@ TEST(CudaMixedPrecisionTest, StateDictSavedOnCudaResumesOnEitherDevice) {
   auto run = [](MixedPrecisionOptimizer& opt, const Model& m, Device device, int from, int to) {
     for (int step = from; step < to; ++step) {
       opt.zero_grad();
-      Variable loss = Loss(m.Forward(Inputs(kF16, 100 + step, device)));
+      Tensor loss = Loss(m.Forward(Inputs(kF16, 100 + step, device)));
       if (step == 1) loss = MulScalar(loss, 1e8);
       opt.backward(loss);
       opt.step();
@@ -300,17 +300,17 @@ TEST(CudaMixedPrecisionTest, StateDictSavedOnCudaResumesOnEitherDevice) {
 // ---- Optimizers on CUDA parameters --------------------------------------------------------------
 
 // f32 parameters on `device` with the same values, and the same gradients for `steps` steps.
-std::vector<Variable> Params(Device device) {
+std::vector<Tensor> Params(Device device) {
   Generator gen(5);
-  return {Variable(RandNormal({64, 33}, gen).to(device), true),
-          Variable(RandNormal({33}, gen).to(device), true),
-          Variable(RandNormal({7, 3, 5}, gen).to(device), true)};
+  return {Tensor(RandNormal({64, 33}, gen).to(device), true),
+          Tensor(RandNormal({33}, gen).to(device), true),
+          Tensor(RandNormal({7, 3, 5}, gen).to(device), true)};
 }
 
-void SetGrads(const std::vector<Variable>& params, int step) {
+void SetGrads(const std::vector<Tensor>& params, int step) {
   Generator gen(1000 + step);
-  for (const Variable& p : params) {
-    p.set_grad(Variable(RandNormal(p.shape(), gen).to(p.data().device())));
+  for (const Tensor& p : params) {
+    p.set_grad(Tensor(RandNormal(p.shape(), gen).to(p.data().device())));
   }
 }
 
@@ -323,7 +323,7 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
     o.amsgrad = amsgrad;
     optim::AdamWOptions no_decay = o;
     no_decay.weight_decay = 0;
-    const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+    const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
     // Two groups, one without decay, as the training binaries make them.
     optim::AdamW cpu_opt(
         {optim::ParamGroup({cpu[0], cpu[2]}), optim::ParamGroup({cpu[1]}, no_decay)}, o);
@@ -353,11 +353,11 @@ TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
   optim::AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.1;
-  const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+  const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
   optim::AdamW cpu_opt(cpu, o), gpu_opt(gpu, o);
   // Copies for params 0 and 2; param 1 is its own model parameter.
-  const Tensor cpu_copies[] = {cpu[0].data().to(kBF16), cpu[2].data().to(kBF16)};
-  const Tensor gpu_copies[] = {gpu[0].data().to(kBF16), gpu[2].data().to(kBF16)};
+  const RawTensor cpu_copies[] = {cpu[0].data().to(kBF16), cpu[2].data().to(kBF16)};
+  const RawTensor gpu_copies[] = {gpu[0].data().to(kBF16), gpu[2].data().to(kBF16)};
   cpu_opt.set_model_copy(cpu[0], cpu_copies[0]);
   cpu_opt.set_model_copy(cpu[2], cpu_copies[1]);
   gpu_opt.set_model_copy(gpu[0], gpu_copies[0]);
@@ -367,11 +367,11 @@ TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
     SetGrads(cpu, step);
     SetGrads(gpu, step);
     // Param 2's gradient in bf16 (the kernel reads it in its own format).
-    cpu[2].set_grad(Variable(cpu[2].grad().data().to(kBF16)));
-    gpu[2].set_grad(Variable(gpu[2].grad().data().to(kBF16)));
+    cpu[2].set_grad(Tensor(cpu[2].grad().data().to(kBF16)));
+    gpu[2].set_grad(Tensor(gpu[2].grad().data().to(kBF16)));
     if (step == 1) {  // param 0 skips this step: from now on it is one step behind
-      cpu[0].set_grad(Variable());
-      gpu[0].set_grad(Variable());
+      cpu[0].set_grad(Tensor());
+      gpu[0].set_grad(Tensor());
     }
     cpu_opt.step();
     gpu_opt.step();
@@ -390,7 +390,7 @@ TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
     ASSERT_NE(st, nullptr);
     EXPECT_EQ(st->scalar("step"), want_steps[p]) << "param " << p;
     for (const char* key : {"exp_avg", "exp_avg_sq"}) {
-      const Tensor& t = st->tensor(key);
+      const RawTensor& t = st->tensor(key);
       EXPECT_TRUE(t.device() == kGpu) << key;
       EXPECT_EQ(t.dtype(), kF32) << key;
       EXPECT_EQ(Values(t), Values(cpu_opt.param_state(cpu[p])->tensor(key))) << key << " " << p;
@@ -407,11 +407,11 @@ TEST(CudaOptimizerTest, SgdAndAdamWithL2TakeTheTensorOpsOnTheDevice) {
   so.weight_decay = 1e-2;
   optim::AdamOptions ao;
   ao.weight_decay = 1e-2;  // L2: not the fused kernel's decoupled decay
-  const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
-  optim::SGD cpu_sgd(std::vector<Variable>{cpu[0], cpu[1]}, so);
-  optim::SGD gpu_sgd(std::vector<Variable>{gpu[0], gpu[1]}, so);
-  optim::Adam cpu_adam(std::vector<Variable>{cpu[2]}, ao);
-  optim::Adam gpu_adam(std::vector<Variable>{gpu[2]}, ao);
+  const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
+  optim::SGD cpu_sgd(std::vector<Tensor>{cpu[0], cpu[1]}, so);
+  optim::SGD gpu_sgd(std::vector<Tensor>{gpu[0], gpu[1]}, so);
+  optim::Adam cpu_adam(std::vector<Tensor>{cpu[2]}, ao);
+  optim::Adam gpu_adam(std::vector<Tensor>{gpu[2]}, ao);
   for (int step = 0; step < 3; ++step) {
     SetGrads(cpu, step);
     SetGrads(gpu, step);
@@ -430,7 +430,7 @@ TEST(CudaOptimizerTest, ClipGradNormOnTheDeviceMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (double norm_type : {2.0, optim::kInfNorm, 1.0}) {
     SCOPED_TRACE(norm_type);
-    const std::vector<Variable> cpu = Params(kCpu), gpu = Params(kGpu);
+    const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
     SetGrads(cpu, 0);
     SetGrads(gpu, 0);
     const double want = optim::clip_grad_norm(cpu, 0.5, norm_type);
@@ -454,7 +454,7 @@ TEST(CudaMixedPrecisionTest, HostWaitsPerStepAreStepCoresHostReads) {
   for (const DType dtype : {kF16, kBF16}) {
     Model m(dtype, 1, kGpu);
     MixedPrecisionOptimizer opt(MakeOptimizer(Opt::kAdamW, m));
-    std::vector<Variable> inputs;
+    std::vector<Tensor> inputs;
     for (int step = 0; step < 4; ++step) inputs.push_back(Inputs(dtype, 100 * step, kGpu));
     auto run = [&](int step, bool clip) {
       opt.zero_grad();
@@ -483,11 +483,11 @@ TEST(CudaMixedPrecisionTest, HostWaitsPerStepAreStepCoresHostReads) {
     o.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024));  // O(1) grads: no overflow
     o.skip_on_device = true;
     MixedPrecisionOptimizer opt(MakeOptimizer(which, m), o);
-    std::vector<Variable> inputs;
+    std::vector<Tensor> inputs;
     for (int step = 0; step < 4; ++step) inputs.push_back(Inputs(kF16, 100 * step, kGpu));
     auto run = [&](int step) {
       opt.zero_grad();
-      Variable loss = Loss(m.Forward(inputs[step]));
+      Tensor loss = Loss(m.Forward(inputs[step]));
       if (step == 2) loss = MulScalar(loss, 1e8);  // overflows: skipped on the device
       opt.backward(loss);
       return opt.step();

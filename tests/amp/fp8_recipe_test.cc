@@ -315,7 +315,7 @@ TEST(Fp8BlockScalingTest, OneTwentyEightSquareBlocksWithF32Scales) {
   EXPECT_TRUE(SameBits(s.amaxes, {5.0f, 2.0f, 1.0f, kInf, 0.0f, 7.0f}));
   EXPECT_TRUE(SameBits(s.scales, {448.0f / 5.0f, 224.0f, 448.0f, 1.0f, 1.0f, 64.0f}));
   // The tensor overload reads any strides: a transposed view gives the transposed grid.
-  const Tensor x = Tensor::FromVector<float>(Planted(), {130, 260});
+  const RawTensor x = RawTensor::FromVector<float>(Planted(), {130, 260});
   const Fp8BlockScales t =
       ComputeBlockScales(x.transpose(0, 1), Fp8BlockShape::k128x128, kE4M3Max, f32_scales);
   EXPECT_EQ(t.grid_rows, 3);
@@ -481,7 +481,7 @@ TEST(Fp8DelayedScalingTest, LoadStateDictRefusals) {
   sd.scalars.erase("layer.0.weight.scale");
   sd.tensors.erase("layer.0.input.amax_history");
   sd.scalars["layer.1.input.scale"] = 2.0;
-  sd.tensors["extra"] = Tensor::Zeros({1});
+  sd.tensors["extra"] = RawTensor::Zeros({1});
   EXPECT_TRUE(refused(sd, op +
                               "missing scalar 'layer.0.weight.scale', tensor "
                               "'layer.0.input.amax_history'; unexpected scalar "
@@ -489,16 +489,16 @@ TEST(Fp8DelayedScalingTest, LoadStateDictRefusals) {
                               keys));
 
   sd = good;
-  sd.tensors["layer.0.weight.amax_history"] = Tensor::Zeros({5});
+  sd.tensors["layer.0.weight.amax_history"] = RawTensor::Zeros({5});
   EXPECT_TRUE(refused(sd, op + "'layer.0.weight.amax_history' must be an f32 tensor of shape "
                                "[4] (amax_history_len), got f32 [5]"));
   sd = good;
-  sd.tensors["layer.0.weight.amax_history"] = Tensor::Zeros({4}, kF16);
+  sd.tensors["layer.0.weight.amax_history"] = RawTensor::Zeros({4}, kF16);
   EXPECT_TRUE(refused(sd, op + "'layer.0.weight.amax_history' must be an f32 tensor of shape "
                                "[4] (amax_history_len), got f16 [4]"));
   sd = good;
   sd.tensors["layer.0.grad_output.amax_history"] =
-      Tensor::FromVector<float>({0.0f, kInf, kNaN, -1.5f}, {4});
+      RawTensor::FromVector<float>({0.0f, kInf, kNaN, -1.5f}, {4});
   EXPECT_TRUE(refused(sd, op + "'layer.0.grad_output.amax_history' entry 3 is -1.5 (amaxes are "
                                ">= 0, inf or NaN)"));
   const struct {

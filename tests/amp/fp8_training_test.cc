@@ -37,7 +37,7 @@ namespace {
 using ::tg::testing::ThrowsError;
 using ::tg::testing::ThrowsErrorExactly;
 
-Tensor Random(const Shape& shape, uint64_t seed, double scale = 1.0) {
+RawTensor Random(const Shape& shape, uint64_t seed, double scale = 1.0) {
   Generator gen(seed);
   return RandNormal(shape, gen, 0.0, scale);
 }
@@ -128,13 +128,13 @@ struct StepResult {
   std::vector<float> y, dx, dw;
 };
 
-StepResult RunStep(Fp8Training& fp8, const Variable& x, const Variable& w, const Tensor& c) {
-  Variable y;
+StepResult RunStep(Fp8Training& fp8, const Tensor& x, const Tensor& w, const RawTensor& c) {
+  Tensor y;
   {
     Fp8Autocast on(fp8);
     y = Linear(x, w);
   }
-  Sum(Mul(y, Variable(c))).backward();
+  Sum(Mul(y, Tensor(c))).backward();
   return {y.data().to_vector<float>(), x.grad().data().to_vector<float>(),
           w.grad().data().to_vector<float>()};
 }
@@ -170,9 +170,9 @@ Fp8TrainingOptions Options(Fp8Recipe recipe) {
 // then casts with.
 TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
   const int64_t m = 6, n = 5, k = 40;
-  const Tensor xt = Random({m, k}, 1, 3.0), wt = Random({n, k}, 2, 0.05),
+  const RawTensor xt = Random({m, k}, 1, 3.0), wt = Random({n, k}, 2, 0.05),
                ct = Random({m, n}, 3, 1e-3);
-  Variable x(xt, true), w(wt, true);
+  Tensor x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
   EXPECT_EQ(fp8.format(), Fp8Format::kHybrid);
   const std::vector<float> xv = xt.to_vector<float>(), wv = wt.to_vector<float>(),
@@ -183,13 +183,13 @@ TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
   EXPECT_EQ(fp8.delayed()->scale(0, Fp8Role::kInput), 448.0f / AmaxOf(xv));
   EXPECT_EQ(fp8.delayed()->scale(0, Fp8Role::kWeight), 448.0f / AmaxOf(wv));
   EXPECT_EQ(fp8.delayed()->scale(0, Fp8Role::kGradOutput), 57344.0f / AmaxOf(gv));
-  x.set_grad(Variable());
-  w.set_grad(Variable());
+  x.set_grad(Tensor());
+  w.set_grad(Tensor());
   const StepResult second = RunStep(fp8, x, w, ct);
   CheckStepAgainstReference(second, xv, wv, gv, m, n, k, 448.0f / AmaxOf(xv), 448.0f / AmaxOf(wv),
                             57344.0f / AmaxOf(gv), false);
   // The FP8 result is not the f32 one (the casts happened): an f32 Linear differs.
-  const std::vector<float> plain = Linear(Variable(xt), Variable(wt)).data().to_vector<float>();
+  const std::vector<float> plain = Linear(Tensor(xt), Tensor(wt)).data().to_vector<float>();
   EXPECT_NE(plain, second.y);
   const Fp8RoleSummary s = fp8.Summary(Fp8Role::kWeight);
   EXPECT_EQ(s.min_scale, 448.0f / AmaxOf(wv));
@@ -199,18 +199,18 @@ TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
 // The reducer sees all of a pass's amaxes at once, in layer order (input, weight per layer
 // forward; grad_output per layer backward); the scales follow the reduced values.
 TEST(Fp8TrainingTest, DelayedScalingReducesEveryPassOnceBeforeUpdating) {
-  const Tensor x0 = Random({3, 8}, 4);
-  Variable w0(Random({4, 8}, 5), true), w1(Random({2, 4}, 6), true);
+  const RawTensor x0 = Random({3, 8}, 4);
+  Tensor w0(Random({4, 8}, 5), true), w1(Random({2, 4}, 6), true);
   Fp8Training fp8({w0, w1}, Options(Fp8Recipe::kDelayed));
   std::vector<std::vector<float>> seen;
   fp8.set_amax_reducer([&](std::vector<float>& amaxes) {
     seen.push_back(amaxes);
     for (float& a : amaxes) a *= 2;  // another rank saw twice as much
   });
-  Variable h;
+  Tensor h;
   {
     Fp8Autocast on(fp8);
-    h = Linear(Linear(Variable(x0), w0), w1);
+    h = Linear(Linear(Tensor(x0), w0), w1);
   }
   ASSERT_EQ(seen.size(), 1u);
   ASSERT_EQ(seen[0].size(), 4u);
@@ -228,39 +228,39 @@ TEST(Fp8TrainingTest, DelayedScalingReducesEveryPassOnceBeforeUpdating) {
 // A run saved after step 2 and resumed in a fresh Fp8Training continues bit for bit.
 TEST(Fp8TrainingTest, DelayedScalingResumeIsBitIdentical) {
   const int64_t m = 4, n = 3, k = 16;
-  const Tensor wt = Random({n, k}, 7, 0.1), ct = Random({m, n}, 8);
-  const auto run = [&](Fp8Training& fp8, Variable& w, int from, int to) {
+  const RawTensor wt = Random({n, k}, 7, 0.1), ct = Random({m, n}, 8);
+  const auto run = [&](Fp8Training& fp8, Tensor& w, int from, int to) {
     std::vector<float> out;
     for (int step = from; step < to; ++step) {
-      Variable x(Random({m, k}, 100 + step, 1.0 + step), true);
-      w.set_grad(Variable());
+      Tensor x(Random({m, k}, 100 + step, 1.0 + step), true);
+      w.set_grad(Tensor());
       const StepResult r = RunStep(fp8, x, w, ct);
       out.insert(out.end(), r.y.begin(), r.y.end());
       out.insert(out.end(), r.dw.begin(), r.dw.end());
     }
     return out;
   };
-  Variable w_full(wt.clone(), true);
+  Tensor w_full(wt.clone(), true);
   Fp8Training full({w_full}, Options(Fp8Recipe::kDelayed));
   run(full, w_full, 0, 2);
   const std::vector<float> expected = run(full, w_full, 2, 5);
 
-  Variable w_first(wt.clone(), true);
+  Tensor w_first(wt.clone(), true);
   Fp8Training first({w_first}, Options(Fp8Recipe::kDelayed));
   run(first, w_first, 0, 2);
   const StateDict saved = first.state_dict();
-  Variable w_resumed(wt.clone(), true);
+  Tensor w_resumed(wt.clone(), true);
   Fp8Training resumed({w_resumed}, Options(Fp8Recipe::kDelayed));
   resumed.load_state_dict(saved);
   EXPECT_EQ(run(resumed, w_resumed, 2, 5), expected);
   // Without the state the scales restart at 1 and the run differs.
-  Variable w_fresh(wt.clone(), true);
+  Tensor w_fresh(wt.clone(), true);
   Fp8Training fresh({w_fresh}, Options(Fp8Recipe::kDelayed));
   EXPECT_NE(run(fresh, w_fresh, 2, 5), expected);
 }
 
 TEST(Fp8TrainingTest, LoadStateDictRefusesAnotherRunsState) {
-  Variable w(Random({2, 4}, 9), true), v(Random({2, 2}, 10), true);
+  Tensor w(Random({2, 4}, 9), true), v(Random({2, 2}, 10), true);
   Fp8Training delayed({w}, Options(Fp8Recipe::kDelayed));
   Fp8Training current({w}, Options(Fp8Recipe::kCurrent));
   Fp8Training two({w, v}, Options(Fp8Recipe::kDelayed));
@@ -286,8 +286,8 @@ TEST(Fp8TrainingTest, LoadStateDictRefusesAnotherRunsState) {
 // Current scaling: every cast's scale is this tensor's own amax (TE's compute_scale_from_amax).
 TEST(Fp8TrainingTest, CurrentScalingMatchesTheReference) {
   const int64_t m = 5, n = 7, k = 33;
-  const Tensor xt = Random({m, k}, 11, 2.0), wt = Random({n, k}, 12, 0.1), ct = Random({m, n}, 13);
-  Variable x(xt, true), w(wt, true);
+  const RawTensor xt = Random({m, k}, 11, 2.0), wt = Random({n, k}, 12, 0.1), ct = Random({m, n}, 13);
+  Tensor x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
   const StepResult r = RunStep(fp8, x, w, ct);
   const std::vector<float> xv = xt.to_vector<float>(), wv = wt.to_vector<float>(),
@@ -305,11 +305,11 @@ TEST(Fp8TrainingTest, CurrentScalingMatchesTheReference) {
 // takes its tile scales from ComputeBlockScales.
 TEST(Fp8TrainingTest, BlockScalingMatchesTheReference) {
   const int64_t m = 130, n = 129, k = 260;
-  const Tensor xt = Random({m, k}, 14, 1e-3);
+  const RawTensor xt = Random({m, k}, 14, 1e-3);
   // Tiles of very different magnitudes, so that one scale for all would lose the small ones.
   xt.narrow(1, 128, 128).copy_(MulScalar(xt.narrow(1, 128, 128), 1e4));
-  const Tensor wt = Random({n, k}, 15, 0.05), ct = Random({m, n}, 16);
-  Variable x(xt, true), w(wt, true);
+  const RawTensor wt = Random({n, k}, 15, 0.05), ct = Random({m, n}, 16);
+  Tensor x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kBlock));
   EXPECT_EQ(fp8.format(), Fp8Format::kE4M3);
   const StepResult r = RunStep(fp8, x, w, ct);
@@ -338,7 +338,7 @@ TEST(Fp8TrainingTest, BlockScalingMatchesTheReference) {
 
 // ---- Non-finite values are not hidden ----------------------------------------------------------
 
-bool AllFinite(const Tensor& t) {
+bool AllFinite(const RawTensor& t) {
   for (float v : t.to_vector<float>()) {
     if (!std::isfinite(v)) return false;
   }
@@ -352,14 +352,14 @@ TEST(Fp8TrainingTest, InfInTheInputOrTheGradientIsNotHiddenBySaturation) {
   for (Fp8Recipe recipe : {Fp8Recipe::kDelayed, Fp8Recipe::kCurrent, Fp8Recipe::kBlock}) {
     SCOPED_TRACE(Fp8RecipeName(recipe));
     const float inf = std::numeric_limits<float>::infinity();
-    Variable w(Random({4, 8}, 30), true);
+    Tensor w(Random({4, 8}, 30), true);
     Fp8Training fp8({w}, Options(recipe));
-    Tensor xt = Random({3, 8}, 31);
+    RawTensor xt = Random({3, 8}, 31);
     xt.narrow(0, 1, 1).narrow(1, 2, 1).fill_(inf);
-    Variable y;
+    Tensor y;
     {
       Fp8Autocast on(fp8);
-      y = Linear(Variable(xt), w);
+      y = Linear(Tensor(xt), w);
     }
     // Per tensor the whole output is NaN (one scale for all); per 1x128 tile only the row whose
     // tile held the inf.
@@ -368,14 +368,14 @@ TEST(Fp8TrainingTest, InfInTheInputOrTheGradientIsNotHiddenBySaturation) {
     Sum(y).backward();
     EXPECT_FALSE(AllFinite(w.grad().data()));
     // A finite input with an overflowing output gradient.
-    w.set_grad(Variable());
-    Tensor ct = Tensor::Ones({3, 4});
+    w.set_grad(Tensor());
+    RawTensor ct = RawTensor::Ones({3, 4});
     ct.narrow(0, 2, 1).narrow(1, 1, 1).fill_(inf);
     {
       Fp8Autocast on(fp8);
-      y = Linear(Variable(Random({3, 8}, 32)), w);
+      y = Linear(Tensor(Random({3, 8}, 32)), w);
     }
-    Sum(Mul(y, Variable(ct))).backward();
+    Sum(Mul(y, Tensor(ct))).backward();
     EXPECT_FALSE(AllFinite(w.grad().data()));
   }
 }
@@ -395,15 +395,15 @@ std::vector<std::string> Fp8Events(const std::vector<TraceRecord>& events) {
 // backward's in an engine callback after the backward's nodes; current scaling's casts each
 // show their scale.
 TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
-  const Tensor xt = Tensor::FromVector<float>({1, -3.5f, 2, 0.5f}, {2, 2});
-  Variable w(Tensor::FromVector<float>({0.5f, 0.25f, -1, 2}, {2, 2}), true);
+  const RawTensor xt = RawTensor::FromVector<float>({1, -3.5f, 2, 0.5f}, {2, 2});
+  Tensor w(RawTensor::FromVector<float>({0.5f, 0.25f, -1, 2}, {2, 2}), true);
   {
     Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
     TraceScope trace;
-    Variable y;
+    Tensor y;
     {
       Fp8Autocast on(fp8);
-      y = Linear(Variable(xt), w);
+      y = Linear(Tensor(xt), w);
     }
     Sum(y).backward();
     EXPECT_THAT(Fp8Events(trace.events()),
@@ -414,11 +414,11 @@ TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
                     "backward update (delayed): grad_output scales in [57344, 57344] over 1 "
                     "layers"));
   }
-  w.set_grad(Variable());
+  w.set_grad(Tensor());
   Fp8Training current({w}, Options(Fp8Recipe::kCurrent));
   TraceScope trace;
   Fp8Autocast on(current);
-  Linear(Variable(xt), w);
+  Linear(Tensor(xt), w);
   EXPECT_THAT(
       Fp8Events(trace.events()),
       ::testing::ElementsAre("cast layer 0 input (current, per tensor): scale in [128, 128]",
@@ -429,38 +429,38 @@ TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
 // ---- Scope, coverage and refusals ----------------------------------------------------------
 
 TEST(Fp8TrainingTest, OnlyCoveredWeightsInsideTheScopeRunInFp8) {
-  const Tensor xt = Random({3, 8}, 17);
-  Variable w(Random({4, 8}, 18), true), other(Random({4, 8}, 19), true);
+  const RawTensor xt = Random({3, 8}, 17);
+  Tensor w(Random({4, 8}, 18), true), other(Random({4, 8}, 19), true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
-  const std::vector<float> plain_w = Linear(Variable(xt), w).data().to_vector<float>();
-  const std::vector<float> plain_other = Linear(Variable(xt), other).data().to_vector<float>();
+  const std::vector<float> plain_w = Linear(Tensor(xt), w).data().to_vector<float>();
+  const std::vector<float> plain_other = Linear(Tensor(xt), other).data().to_vector<float>();
   Fp8Autocast on(fp8);
-  EXPECT_NE(Linear(Variable(xt), w).data().to_vector<float>(), plain_w);
-  EXPECT_EQ(Linear(Variable(xt), other).data().to_vector<float>(), plain_other);
+  EXPECT_NE(Linear(Tensor(xt), w).data().to_vector<float>(), plain_w);
+  EXPECT_EQ(Linear(Tensor(xt), other).data().to_vector<float>(), plain_other);
   // The fused-activation form is the FP8 Linear, then its GELU, forward and backward (the GELU's
   // derivative in one pass either way).
-  Variable xa(xt, true), xb(xt, true);
-  const Variable y = Linear(xa, w, Variable(), Activation::kGeluTanh);
-  const Variable unfused = GeluTanh(Linear(xb, w));
+  Tensor xa(xt, true), xb(xt, true);
+  const Tensor y = Linear(xa, w, Tensor(), Activation::kGeluTanh);
+  const Tensor unfused = GeluTanh(Linear(xb, w));
   EXPECT_EQ(y.data().to_vector<float>(), unfused.data().to_vector<float>());
   Sum(y).backward();
   const std::vector<float> gw = w.grad().data().to_vector<float>();
-  w.set_grad(Variable());
+  w.set_grad(Tensor());
   Sum(unfused).backward();
   EXPECT_EQ(xa.grad().data().to_vector<float>(), xb.grad().data().to_vector<float>());
   EXPECT_EQ(gw, w.grad().data().to_vector<float>());
   {
     Fp8Autocast off(fp8, /*enabled=*/false);
-    EXPECT_EQ(Linear(Variable(xt), w).data().to_vector<float>(), plain_w);
+    EXPECT_EQ(Linear(Tensor(xt), w).data().to_vector<float>(), plain_w);
   }
 }
 
 // Under bf16 autocast the output is bf16 and the f32 master weight is cast to FP8 directly
 // (its gradient arrives in f32).
 TEST(Fp8TrainingTest, UnderAutocastTheOutputIsLowPrecisionAndTheMasterGradF32) {
-  Variable x(Random({4, 16}, 20), true), w(Random({8, 16}, 21), true), b(Random({8}, 22), true);
+  Tensor x(Random({4, 16}, 20), true), w(Random({8, 16}, 21), true), b(Random({8}, 22), true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
-  Variable y;
+  Tensor y;
   {
     AutocastGuard autocast(kBF16);
     Fp8Autocast on(fp8);
@@ -475,7 +475,7 @@ TEST(Fp8TrainingTest, UnderAutocastTheOutputIsLowPrecisionAndTheMasterGradF32) {
 }
 
 TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
-  Variable w(Random({2, 4}, 23), true);
+  Tensor w(Random({2, 4}, 23), true);
   Fp8TrainingOptions e5m2;
   e5m2.format = Fp8Format::kE5M2;
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({w}, e5m2); },
@@ -486,20 +486,20 @@ TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
         Fp8Training t({w, w});
       },
       "Fp8Training: weight 1 is weight 0 again"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({Variable(Random({4}, 1), true)}); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Training t({Tensor(Random({4}, 1), true)}); },
                                  "Fp8Training: weight 0 must be 2-D [out, in], got shape [4]"));
   EXPECT_TRUE(ThrowsErrorExactly([] { ParseFp8Recipe("mxfp8"); },
                                  "FP8 recipe 'mxfp8': expected delayed, current or block"));
   Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
   Fp8Autocast on(fp8);
   // f64 has no FP8 GEMM.
-  Variable w64(Random({2, 4}, 24).to(kF64), true);
+  Tensor w64(Random({2, 4}, 24).to(kF64), true);
   Fp8Training fp8_64({w64}, Options(Fp8Recipe::kCurrent));
   {
     Fp8Autocast on64(fp8_64);
     EXPECT_TRUE(ThrowsErrorExactly(
         [&] {
-          Linear(Variable(Random({1, 4}, 25).to(kF64)), w64);
+          Linear(Tensor(Random({1, 4}, 25).to(kF64)), w64);
         },
         "linear (FP8): expected f32, bf16 or f16 tensors (FP8 GEMMs have no f64 form), got f64"));
   }
@@ -507,13 +507,13 @@ TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         Checkpoint([&](const VariableList& in) { return Linear(in[0], w); },
-                   {Variable(Random({1, 4}, 26), true)}, CheckpointOptions{});
+                   {Tensor(Random({1, 4}, 26), true)}, CheckpointOptions{});
       },
       "checkpoint: FP8 training (an FP8 scope is installed) inside a checkpointed segment is "
       "not supported; turn activation checkpointing off or run the segment outside the scope"));
   // No second derivative.
-  Variable x(Random({3, 4}, 27), true);
-  const Variable y = Linear(x, w);
+  Tensor x(Random({3, 4}, 27), true);
+  const Tensor y = Linear(x, w);
   EXPECT_TRUE(ThrowsError(
       [&] { Engine::Grad({Sum(y)}, {x}, {}, {.create_graph = true}); },
       "linear (FP8): no second derivative (the FP8 GEMMs take the straight-through gradient); "
@@ -521,12 +521,12 @@ TEST(Fp8TrainingTest, RefusesWhatItCannotDo) {
 }
 
 TEST(Fp8TrainingTest, BackwardAfterTheTrainingIsGoneFailsClearly) {
-  Variable w(Random({2, 4}, 28), true);
-  Variable y;
+  Tensor w(Random({2, 4}, 28), true);
+  Tensor y;
   {
     Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
     Fp8Autocast on(fp8);
-    y = Linear(Variable(Random({3, 4}, 29)), w);
+    y = Linear(Tensor(Random({3, 4}, 29)), w);
   }
   EXPECT_TRUE(ThrowsError([&] { Sum(y).backward(); },
                           "FP8 quantizer (layer 0, grad_output): its Fp8Training was destroyed "

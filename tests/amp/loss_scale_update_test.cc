@@ -39,14 +39,14 @@ TEST(LossScaleUpdateTest, MatchesLossScalerUpdateForEveryPreset) {
 TEST(LossScaleUpdateTest, StepLossScaleOnATensorMatchesLossScalerUpdateForEveryPreset) {
   for (const ::tg::testing::ScalerCase& c : ::tg::testing::ScalerCases()) {
     const LossScaleState initial = c.make().state();
-    const Tensor state = LossScaleStateTensor(initial, Device());
-    const Tensor scale = Tensor::Zeros({}, kF32), inv_scale = Tensor::Zeros({}, kF32);
+    const RawTensor state = LossScaleStateTensor(initial, Device());
+    const RawTensor scale = RawTensor::Zeros({}, kF32), inv_scale = RawTensor::Zeros({}, kF32);
     WriteLossScale(state, scale, inv_scale);
     EXPECT_EQ(scale.item(), static_cast<float>(initial.scale)) << c.name;
     ::tg::testing::RunScalerCase(
         c,
         [&](bool found_inf) {
-          StepLossScale(state, Tensor::Full({}, found_inf ? 1.0 : 0.0, kF32), scale, inv_scale);
+          StepLossScale(state, RawTensor::Full({}, found_inf ? 1.0 : 0.0, kF32), scale, inv_scale);
           const LossScaleState now = ReadLossScaleState(state);
           if (now.min_scale_error == 0) {
             EXPECT_EQ(scale.item(), static_cast<float>(now.scale)) << c.name;
@@ -59,11 +59,11 @@ TEST(LossScaleUpdateTest, StepLossScaleOnATensorMatchesLossScalerUpdateForEveryP
 }
 
 TEST(LossScaleUpdateTest, LossScaleOpsRejectAStateOfTheWrongShape) {
-  EXPECT_TRUE(ThrowsError([] { ReadLossScaleState(Tensor::Zeros({3}, kU8)); },
+  EXPECT_TRUE(ThrowsError([] { ReadLossScaleState(RawTensor::Zeros({3}, kU8)); },
                           "read_loss_scale_state: expected the loss-scale state of "
                           "LossScaleStateTensor (contiguous u8 ["));
-  const Tensor state = LossScaleStateTensor(LossScaler::PyTorch().state(), Device());
-  EXPECT_TRUE(ThrowsError([&] { StepLossScale(state, Tensor::Zeros({}, kF64), Tensor(), Tensor()); },
+  const RawTensor state = LossScaleStateTensor(LossScaler::PyTorch().state(), Device());
+  EXPECT_TRUE(ThrowsError([&] { StepLossScale(state, RawTensor::Zeros({}, kF64), RawTensor(), RawTensor()); },
                           "step_loss_scale: found_inf must be a one-element f32 tensor, got f64"));
 }
 

@@ -669,7 +669,7 @@ TEST(LossScalerTest, LoadStateDictRejectsWrongState) {
                           "unexpected scalar '_growth_tracker'"));
   EXPECT_TRUE(ThrowsError(edited([](StateDict& s) {
                             s.scalars.erase("scale");
-                            s.tensors["scale"] = Tensor();
+                            s.tensors["scale"] = RawTensor();
                           }),
                           "missing scalar(s) 'scale'; unexpected tensor 'scale'"));
   EXPECT_TRUE(ThrowsErrorExactly(

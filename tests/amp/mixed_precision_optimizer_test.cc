@@ -29,24 +29,24 @@ using testing::ThrowsErrorExactly;
 
 // y = (x w1 + b1) * s, with w1/b1 in the model dtype and s an f32 parameter (its own master).
 struct Model {
-  Variable w, b, s;
+  Tensor w, b, s;
   Model(DType dtype, uint64_t seed) {
     Generator gen(seed);
-    w = Variable(RandNormal({4, 3}, gen).to(dtype), true);
-    b = Variable(RandNormal({3}, gen).to(dtype), true);
-    s = Variable(RandNormal({3}, gen), true);
+    w = Tensor(RandNormal({4, 3}, gen).to(dtype), true);
+    b = Tensor(RandNormal({3}, gen).to(dtype), true);
+    s = Tensor(RandNormal({3}, gen), true);
   }
-  std::vector<Variable> params() const { return {w, b, s}; }
-  Variable Hidden(const Variable& x) const { return Add(Matmul(x, w), b); }
-  Variable Forward(const Variable& x) const { return Mul(Hidden(x), s); }
+  std::vector<Tensor> params() const { return {w, b, s}; }
+  Tensor Hidden(const Tensor& x) const { return Add(Matmul(x, w), b); }
+  Tensor Forward(const Tensor& x) const { return Mul(Hidden(x), s); }
 };
 
-Variable Inputs(DType dtype, uint64_t seed) {
+Tensor Inputs(DType dtype, uint64_t seed) {
   Generator gen(seed);
-  return Variable(RandNormal({5, 4}, gen).to(dtype));
+  return Tensor(RandNormal({5, 4}, gen).to(dtype));
 }
 
-Variable Loss(const Variable& y) { return Mean(Mul(y, y)); }
+Tensor Loss(const Tensor& y) { return Mean(Mul(y, y)); }
 
 std::unique_ptr<optim::Optimizer> Sgd(const Model& m, double lr = 0.1) {
   optim::SGDOptions o;
@@ -62,12 +62,12 @@ MixedPrecisionOptimizer::Options Scaled(double init) {
   return o;
 }
 
-std::vector<float> Values(const Variable& v) { return v.data().to_vector<float>(); }
-std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
+std::vector<float> Values(const Tensor& v) { return v.data().to_vector<float>(); }
+std::vector<float> Values(const RawTensor& t) { return t.to_vector<float>(); }
 
 std::vector<std::vector<float>> MasterValues(const MixedPrecisionOptimizer& opt) {
   std::vector<std::vector<float>> out;
-  for (const Variable& m : opt.master_params()) out.push_back(Values(m));
+  for (const Tensor& m : opt.master_params()) out.push_back(Values(m));
   return out;
 }
 
@@ -91,7 +91,7 @@ TEST(MixedPrecisionOptimizerTest, HostReadsPerStepAreTheFoundInfReadAndTheNormRe
   for (const DType dtype : {kF16, kBF16}) {
     Model m(dtype, 1);
     MixedPrecisionOptimizer opt(Sgd(m), dtype == kF16 ? Scaled(1024) : MixedPrecisionOptions());
-    const Variable x = Inputs(dtype, 2);
+    const Tensor x = Inputs(dtype, 2);
     for (int s = 0; s < 3; ++s) {
       opt.zero_grad();
       opt.backward(Loss(m.Forward(x)));
@@ -151,7 +151,7 @@ TEST(MixedPrecisionOptimizerTest, SkipOnDeviceReadsNothingPerStepAndMatchesTheHo
       for (Run* r : {&host, &device}) {
         for (size_t step = 0; step < overflow.size(); ++step) {
           r->opt->zero_grad();
-          Variable loss = Loss(r->model.Forward(Inputs(kF16, 100 + step)));
+          Tensor loss = Loss(r->model.Forward(Inputs(kF16, 100 + step)));
           if (overflow[step]) loss = MulScalar(loss, 1e8);
           r->opt->backward(loss);
           r->results.push_back(r->opt->step());
@@ -204,7 +204,7 @@ TEST(MixedPrecisionOptimizerTest, SkipOnDeviceNeedsADynamicScalerItUpdates) {
 TEST(MixedPrecisionOptimizerTest, OverflowSkipsTheStepBacksOffAndTheNextCleanStepApplies) {
   Model m(kF16, 1);
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
-  const Variable x = Inputs(kF16, 2);
+  const Tensor x = Inputs(kF16, 2);
   const auto masters_before = MasterValues(opt);
   const auto w_before = Values(m.w);
   // A huge loss: its scaled gradients overflow f16.
@@ -217,11 +217,11 @@ TEST(MixedPrecisionOptimizerTest, OverflowSkipsTheStepBacksOffAndTheNextCleanSte
   EXPECT_EQ(opt.loss_scale(), 512.0);
   EXPECT_EQ(opt.skipped_steps(), 1);
   ASSERT_TRUE(opt.inspect_master_grads().has_value());
-  const std::vector<Tensor> zeroed = *opt.inspect_master_grads();
-  for (const Tensor& g : zeroed) EXPECT_FALSE(g.defined());
+  const std::vector<RawTensor> zeroed = *opt.inspect_master_grads();
+  for (const RawTensor& g : zeroed) EXPECT_FALSE(g.defined());
   // The next clean step applies: masters move by -lr * grad, the model gets them in f16.
   opt.backward(Loss(m.Forward(x)));
-  const std::vector<Tensor> grads = *opt.inspect_master_grads();
+  const std::vector<RawTensor> grads = *opt.inspect_master_grads();
   const std::vector<float> w_master = Values(opt.master_params()[0]);
   r = opt.step();
   EXPECT_FALSE(r.skipped);
@@ -269,10 +269,10 @@ TEST(MixedPrecisionOptimizerTest, AScaleThatCannotUnscaleFinitelySkipsTheStep) {
 TEST(MixedPrecisionOptimizerTest, SmallGradientUnderflowsWithoutScalingAndSurvivesWithIt) {
   const float tiny = 1e-8f;
   for (double scale : {1.0, 65536.0}) {
-    const Variable w(Tensor::Ones({1}, kF16), true);
+    const Tensor w(RawTensor::Ones({1}, kF16), true);
     MixedPrecisionOptimizer::Options o;
     o.scaler = std::make_shared<LossScaler>(LossScaler::Constant(scale));
-    MixedPrecisionOptimizer opt(std::make_unique<optim::SGD>(std::vector<Variable>{w}), o);
+    MixedPrecisionOptimizer opt(std::make_unique<optim::SGD>(std::vector<Tensor>{w}), o);
     // d loss / d w = 1e-8, computed in f32 and handed to the f16 parameter.
     opt.backward(Sum(MulScalar(Cast(w, kF32), tiny)));
     const float master_grad = Values((*opt.inspect_master_grads())[0])[0];
@@ -282,7 +282,7 @@ TEST(MixedPrecisionOptimizerTest, SmallGradientUnderflowsWithoutScalingAndSurviv
       // The scaled gradient 1e-8 * 2^16 = 6.6e-4 is a normal f16: one f16 rounding, then an
       // exact division by 2^16.
       const float expected =
-          static_cast<float>(Tensor::Scalar(tiny * 65536.0f).to(kF16).item()) / 65536.0f;
+          static_cast<float>(RawTensor::Scalar(tiny * 65536.0f).to(kF16).item()) / 65536.0f;
       EXPECT_EQ(master_grad, expected);
       EXPECT_NEAR(master_grad, tiny, tiny * std::ldexp(1.0, -11));
     }
@@ -295,14 +295,14 @@ TEST(MixedPrecisionOptimizerTest, GradientAccumulationChecksAndUpdatesOncePerEff
     Model m(kF16, 1), ref(kF32, 1);
     MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
     std::vector<double> scales;
-    Variable ref_loss;
+    Tensor ref_loss;
     for (int micro = 0; micro < 4; ++micro) {
-      const Variable x = Inputs(kF16, 10 + micro);
+      const Tensor x = Inputs(kF16, 10 + micro);
       scales.push_back(opt.loss_scale());
       MasterBackwardOptions bo;
       bo.update_master_grads = !defer || micro == 3;
       opt.backward(Loss(m.Forward(x)), bo);
-      const Variable l = Loss(ref.Forward(Variable(x.data().to(kF32))));
+      const Tensor l = Loss(ref.Forward(Tensor(x.data().to(kF32))));
       ref_loss = ref_loss.defined() ? Add(ref_loss, l) : l;
     }
     EXPECT_EQ(scales, std::vector<double>(4, 1024.0));  // constant during accumulation
@@ -310,8 +310,8 @@ TEST(MixedPrecisionOptimizerTest, GradientAccumulationChecksAndUpdatesOncePerEff
     ref_loss.backward();
     // The accumulated master grads are the f32 gradients of the summed loss, up to the f16
     // rounding of the forward and of each micro-batch's gradient (relative ~1e-3).
-    const std::vector<Tensor> grads = *opt.inspect_master_grads();
-    const std::vector<Variable> ref_params = ref.params();
+    const std::vector<RawTensor> grads = *opt.inspect_master_grads();
+    const std::vector<Tensor> ref_params = ref.params();
     for (size_t p = 0; p < grads.size(); ++p) {
       const std::vector<float> got = Values(grads[p]), want = Values(ref_params[p].grad());
       for (size_t i = 0; i < got.size(); ++i)
@@ -327,7 +327,7 @@ TEST(MixedPrecisionOptimizerTest, AnOverflowInOneMicroBatchSkipsTheEffectiveBatc
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
   const auto before = MasterValues(opt);
   for (int micro = 0; micro < 4; ++micro) {
-    Variable loss = Loss(m.Forward(Inputs(kF16, 10 + micro)));
+    Tensor loss = Loss(m.Forward(Inputs(kF16, 10 + micro)));
     if (micro == 2) loss = MulScalar(loss, 1e8);
     opt.backward(loss);
   }
@@ -344,7 +344,7 @@ TEST(MixedPrecisionOptimizerTest, TwoOptimizersDecideTheirOwnSkipAndTheSharedSca
   o.update_scaler = false;
   MixedPrecisionOptimizer opt1(Sgd(m1), o), opt2(Sgd(m2), o);
   const auto before1 = MasterValues(opt1), before2 = MasterValues(opt2);
-  const Variable x = Inputs(kF16, 3);
+  const Tensor x = Inputs(kF16, 3);
   opt1.backward(MulScalar(Loss(m1.Forward(x)), 1e8));  // overflows
   opt2.backward(Loss(m2.Forward(x)));                  // clean
   const StepResult r1 = opt1.step(), r2 = opt2.step();
@@ -362,19 +362,19 @@ TEST(MixedPrecisionOptimizerTest, TwoOptimizersDecideTheirOwnSkipAndTheSharedSca
 std::vector<std::vector<float>> FacadeMasterGrads(bool checkpointed) {
   Model m(kF16, 1);
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
-  Variable x = Inputs(kF16, 2);
+  Tensor x = Inputs(kF16, 2);
   (void)checkpointed;
   opt.backward(Loss(m.Forward(x)));
   std::vector<std::vector<float>> out;
-  const std::vector<Tensor> grads = *opt.inspect_master_grads();
-  for (const Tensor& g : grads) out.push_back(Values(g));
+  const std::vector<RawTensor> grads = *opt.inspect_master_grads();
+  for (const RawTensor& g : grads) out.push_back(Values(g));
   return out;
 }
 
 std::vector<std::vector<float>> MasterGrads(const MixedPrecisionOptimizer& opt) {
   std::vector<std::vector<float>> out;
-  const std::vector<Tensor> grads = *opt.inspect_master_grads();
-  for (const Tensor& g : grads) out.push_back(Values(g));
+  const std::vector<RawTensor> grads = *opt.inspect_master_grads();
+  for (const RawTensor& g : grads) out.push_back(Values(g));
   return out;
 }
 
@@ -397,12 +397,12 @@ TEST(MixedPrecisionOptimizerTest, PlainNonScalarBackwardWithGradOutputMatchesThe
   Model m(kF16, 1);
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
   opt.attach();
-  const Variable y = m.Forward(Inputs(kF16, 2));  // [5, 3] f32 (s is f32)
+  const Tensor y = m.Forward(Inputs(kF16, 2));  // [5, 3] f32 (s is f32)
   // d Loss / dy = 2 y / numel, times the scale: what the facade's backward sends into y.
   const double scale = opt.loss_scale();
-  const Tensor grad =
+  const RawTensor grad =
       tg::MulScalar(tg::MulScalar(y.data(), 2.0 / static_cast<double>(y.numel())), scale);
-  y.backward(Variable(grad));
+  y.backward(Tensor(grad));
   EXPECT_EQ(opt.master_grad_updates(), 1);
   const auto got = MasterGrads(opt), want = FacadeMasterGrads(false);
   ASSERT_EQ(got.size(), want.size());
@@ -416,16 +416,16 @@ TEST(MixedPrecisionOptimizerTest, ReentrantCheckpointRunsTheEpilogueOnceAfterAll
   MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
   opt.attach();
   int updates_seen_in_nested_task = -1;
-  const Variable x(Inputs(kF16, 2).data(), /*requires_grad=*/true);
+  const Tensor x(Inputs(kF16, 2).data(), /*requires_grad=*/true);
   // w and b are used inside the checkpoint: their hooks fire in the nested task; s's in the
   // outer one, which must still be pending when the nested task ends.
-  const Variable h = Checkpoint(
+  const Tensor h = Checkpoint(
       [&](const VariableList& in) {
-        Variable out = m.Hidden(in[0]);
+        Tensor out = m.Hidden(in[0]);
         return out;
       },
       {x}, CheckpointOptions{/*reentrant=*/true, {}});
-  HookHandle probe = m.w.register_post_accumulate_grad_hook([&](const Variable&) {
+  HookHandle probe = m.w.register_post_accumulate_grad_hook([&](const Tensor&) {
     EXPECT_EQ(current_reentrant_depth(), 1);
     updates_seen_in_nested_task = static_cast<int>(opt.master_grad_updates());
   });
@@ -446,7 +446,7 @@ TEST(MixedPrecisionOptimizerTest, BackwardIssuedInsideForwardDoesNotTriggerTheEp
   }
   EXPECT_EQ(opt.master_grad_updates(), 0);
   EXPECT_TRUE(m.s.grad().defined());  // left to the model
-  m.s.set_grad(Variable());
+  m.s.set_grad(Tensor());
   opt.scale(Loss(m.Forward(Inputs(kF16, 2)))).backward();
   EXPECT_EQ(opt.master_grad_updates(), 1);
   EXPECT_EQ(MasterGrads(opt), FacadeMasterGrads(false));
@@ -463,17 +463,17 @@ TEST(MixedPrecisionOptimizerTest, UnscaleOncePerStepInspectAndClip) {
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { opt.unscale(); },
       "MixedPrecisionOptimizer: unscale() has already been called since the last step()"));
-  const std::vector<Tensor> grads = *opt.inspect_master_grads();
+  const std::vector<RawTensor> grads = *opt.inspect_master_grads();
   double sq = 0;
-  for (const Tensor& g : grads) {
+  for (const RawTensor& g : grads) {
     for (float v : Values(g)) sq += static_cast<double>(v) * v;
   }
   const double norm = std::sqrt(sq);
   ASSERT_GT(norm, 0.5);
   EXPECT_DOUBLE_EQ(opt.clip_master_grads(0.5), norm);
   double clipped = 0;
-  const std::vector<Tensor> after = *opt.inspect_master_grads();
-  for (const Tensor& g : after) {
+  const std::vector<RawTensor> after = *opt.inspect_master_grads();
+  for (const RawTensor& g : after) {
     for (float v : Values(g)) clipped += static_cast<double>(v) * v;
   }
   EXPECT_NEAR(std::sqrt(clipped), 0.5, 1e-6);
@@ -502,7 +502,7 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   auto run = [](MixedPrecisionOptimizer& opt, Model& m, int from, int to) {
     for (int step = from; step < to; ++step) {
       opt.zero_grad();
-      Variable loss = Loss(m.Forward(Inputs(kF16, 100 + step)));
+      Tensor loss = Loss(m.Forward(Inputs(kF16, 100 + step)));
       if (step == 1) loss = MulScalar(loss, 1e8);  // one overflow on the way
       opt.backward(loss);
       opt.step();
@@ -547,7 +547,7 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   StateDict nan_master = saved;
   std::vector<float> m = nan_master.tensor("master.1").to_vector<float>();
   m[0] = NAN;
-  nan_master.tensors["master.1"] = Tensor::FromVector<float>(m, saved.tensor("master.1").shape());
+  nan_master.tensors["master.1"] = RawTensor::FromVector<float>(m, saved.tensor("master.1").shape());
   const std::vector<std::vector<float>> before = MasterValues(resumed);
   EXPECT_TRUE(ThrowsErrorExactly([&] { resumed.load_state_dict(nan_master); },
                                  "MixedPrecisionOptimizer: load_state_dict: 'master.1' holds a NaN "
@@ -564,10 +564,10 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
 // at the second step.)
 TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFoundInf) {
   Generator gen(31);
-  const std::vector<Variable> params = {
-      Variable(RandNormal({300, 257}, gen).to(kF16), true),
-      Variable(RandNormal({1000}, gen).to(kBF16), true),
-      Variable(RandNormal({7}, gen), true),  // f32: its own master
+  const std::vector<Tensor> params = {
+      Tensor(RandNormal({300, 257}, gen).to(kF16), true),
+      Tensor(RandNormal({1000}, gen).to(kBF16), true),
+      Tensor(RandNormal({7}, gen), true),  // f32: its own master
   };
   optim::AdamWOptions o;
   o.lr = 1e-2;
@@ -580,16 +580,16 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
 
   AdamTensorLists lists;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Variable& master = opt.master_params()[i];
+    const Tensor& master = opt.master_params()[i];
     lists.params.push_back(master.data().clone());
-    lists.exp_avgs.push_back(Tensor::Zeros(master.shape(), kF32));
-    lists.exp_avg_sqs.push_back(Tensor::Zeros(master.shape(), kF32));
-    lists.model_params.push_back(master.is_same(params[i]) ? Tensor() : params[i].data().clone());
+    lists.exp_avgs.push_back(RawTensor::Zeros(master.shape(), kF32));
+    lists.exp_avg_sqs.push_back(RawTensor::Zeros(master.shape(), kF32));
+    lists.model_params.push_back(master.is_same(params[i]) ? RawTensor() : params[i].data().clone());
   }
-  const Tensor state = LossScaleStateTensor(opt.scaler().state(), Device::Cpu());
-  const Tensor scale = Tensor::Zeros({}, kF32);
-  const Tensor inv_scale = Tensor::Zeros({}, kF32);
-  const Tensor found_inf = Tensor::Zeros({}, kF32);
+  const RawTensor state = LossScaleStateTensor(opt.scaler().state(), Device::Cpu());
+  const RawTensor scale = RawTensor::Zeros({}, kF32);
+  const RawTensor inv_scale = RawTensor::Zeros({}, kF32);
+  const RawTensor found_inf = RawTensor::Zeros({}, kF32);
   WriteLossScale(state, scale, inv_scale);
   FusedAdamOptions f;
   f.lr = o.lr;
@@ -598,7 +598,7 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
   f.eps = o.eps;
   f.weight_decay = o.weight_decay;
   f.decay = WeightDecay::kDecoupled;
-  f.device_step = Tensor::Zeros({}, kF64);
+  f.device_step = RawTensor::Zeros({}, kF64);
   f.inv_scale = inv_scale;
   f.found_inf = found_inf;
 
@@ -609,13 +609,13 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
     opt.zero_grad();
     lists.grads.clear();
     for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor grad =
+      const RawTensor grad =
           RandNormal(params[i].shape(), gen, 0, 0.01 * opt.loss_scale()).to(params[i].dtype());
       if (k == 3 && i == 0) {
         grad.flatten().slice(0, 70000, 70001).fill_(std::numeric_limits<double>::infinity());
       }
       if (k == 6 && i == 2) grad.flatten().slice(0, 2, 3).fill_(std::nan(""));
-      params[i].set_grad(Variable(grad.clone()));
+      params[i].set_grad(Tensor(grad.clone()));
       lists.grads.push_back(grad);
     }
     const StepResult r = opt.step();
@@ -630,7 +630,7 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
     EXPECT_EQ(ReadLossScaleState(state).scale, opt.scaler().scale());
     for (size_t i = 0; i < params.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "param " << i);
-      const Variable& master = opt.master_params()[i];
+      const Tensor& master = opt.master_params()[i];
       ASSERT_EQ(master.data().to_vector<double>(), lists.params[i].to_vector<double>());
       if (lists.model_params[i].defined()) {
         ASSERT_EQ(params[i].data().to_vector<double>(), lists.model_params[i].to_vector<double>());

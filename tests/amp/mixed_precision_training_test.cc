@@ -48,40 +48,40 @@ constexpr int kSteps = 300;
 
 // The fixed synthetic task (f32): inputs x [kBatch, kIn] and targets y [kBatch, kOut].
 struct Task {
-  Tensor x, y;
+  RawTensor x, y;
 };
 
 Task MakeTask() {
   Generator gen(1234);
   Task task;
   task.x = RandNormal({kBatch, kIn}, gen);
-  const Tensor w1 = RandNormal({kHidden, kIn}, gen, 0.0, 1.0 / std::sqrt(kIn));
-  const Tensor b1 = RandNormal({kHidden}, gen, 0.0, 0.1);
-  const Tensor w2 = RandNormal({kOut, kHidden}, gen, 0.0, 1.0 / std::sqrt(kHidden));
-  const Tensor h = Tanh(Add(Matmul(task.x, w1.transpose(0, 1)), b1));
+  const RawTensor w1 = RandNormal({kHidden, kIn}, gen, 0.0, 1.0 / std::sqrt(kIn));
+  const RawTensor b1 = RandNormal({kHidden}, gen, 0.0, 0.1);
+  const RawTensor w2 = RandNormal({kOut, kHidden}, gen, 0.0, 1.0 / std::sqrt(kHidden));
+  const RawTensor h = Tanh(Add(Matmul(task.x, w1.transpose(0, 1)), b1));
   task.y = MulScalar(Matmul(h, w2.transpose(0, 1)), kUnit);
   return task;
 }
 
 struct Mlp {
-  Variable w1, b1, w2, b2;
+  Tensor w1, b1, w2, b2;
 
   // Parameters drawn in f32 from one seed (the same values for every dtype) and rounded to
   // `dtype` by RandNormal.
   explicit Mlp(DType dtype) {
     Generator gen(42);
-    w1 = Variable(RandNormal({kHidden, kIn}, gen, 0.0, 1.0 / std::sqrt(kIn), dtype), true);
-    b1 = Variable(RandNormal({kHidden}, gen, 0.0, 0.1, dtype), true);
-    w2 = Variable(RandNormal({kOut, kHidden}, gen, 0.0, 1.0 / std::sqrt(kHidden), dtype), true);
-    b2 = Variable(RandNormal({kOut}, gen, 0.0, 0.1, dtype), true);
+    w1 = Tensor(RandNormal({kHidden, kIn}, gen, 0.0, 1.0 / std::sqrt(kIn), dtype), true);
+    b1 = Tensor(RandNormal({kHidden}, gen, 0.0, 0.1, dtype), true);
+    w2 = Tensor(RandNormal({kOut, kHidden}, gen, 0.0, 1.0 / std::sqrt(kHidden), dtype), true);
+    b2 = Tensor(RandNormal({kOut}, gen, 0.0, 0.1, dtype), true);
   }
-  std::vector<Variable> params() const { return {w1, b1, w2, b2}; }
+  std::vector<Tensor> params() const { return {w1, b1, w2, b2}; }
 
   // The forward runs in the parameters' dtype; the loss in f32.
-  Variable Loss(const Task& task) const {
-    const Variable x(task.x.to(w1.dtype()));
-    const Variable out = Linear(Tanh(Linear(x, w1, b1)), w2, b2);
-    const Variable diff = Sub(MulScalar(Cast(out, kF32), kUnit), Variable(task.y));
+  Tensor Loss(const Task& task) const {
+    const Tensor x(task.x.to(w1.dtype()));
+    const Tensor out = Linear(Tanh(Linear(x, w1, b1)), w2, b2);
+    const Tensor diff = Sub(MulScalar(Cast(out, kF32), kUnit), Tensor(task.y));
     return Mean(Mul(diff, diff));
   }
 };
@@ -110,15 +110,15 @@ RunResult Train(const char* label, const Task& task, DType dtype,
   int64_t zeros = 0, elements = 0;
   for (int step = 0; step < kSteps; ++step) {
     opt.zero_grad();
-    const Variable loss = model.Loss(task);
+    const Tensor loss = model.Loss(task);
     if (step == 0) r.initial_loss = loss.data().item();
     opt.backward(loss);
-    const std::optional<std::vector<Tensor>> grads = opt.inspect_master_grads();
+    const std::optional<std::vector<RawTensor>> grads = opt.inspect_master_grads();
     EXPECT_TRUE(grads.has_value());
-    for (const Tensor& g : *grads) {
+    for (const RawTensor& g : *grads) {
       EXPECT_TRUE(g.defined());
       EXPECT_EQ(g.dtype(), kF32);
-      const Tensor c = g.contiguous();
+      const RawTensor c = g.contiguous();
       for (int64_t i = 0; i < c.numel(); ++i) zeros += c.data<float>()[i] == 0.0f ? 1 : 0;
       elements += c.numel();
     }

@@ -17,12 +17,12 @@ using testing::ThrowsError;
 // sum(where(x > 0, log(x), 0)) at x = [0, 2]: the forward is finite (log(0) = -inf is not
 // selected), but LogBackward divides the zero gradient WhereBackward sends it by x = 0.
 struct MaskedLog {
-  Variable x{Tensor::FromVector<double>({0, 2}, {2}, kF64), /*requires_grad=*/true};
-  Variable loss;
+  Tensor x{RawTensor::FromVector<double>({0, 2}, {2}, kF64), /*requires_grad=*/true};
+  Tensor loss;
 
   MaskedLog() {
-    const Tensor zeros = Tensor::Zeros({2}, kF64);
-    loss = Sum(Where(tg::Gt(x.data(), zeros), Log(x), Variable(zeros)));
+    const RawTensor zeros = RawTensor::Zeros({2}, kF64);
+    loss = Sum(Where(tg::Gt(x.data(), zeros), Log(x), Tensor(zeros)));
   }
 };
 

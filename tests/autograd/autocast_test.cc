@@ -17,25 +17,25 @@ namespace {
 
 using amp::AutocastGuard;
 
-Variable Param(const Shape& shape, uint64_t seed, DType dtype = kF32) {
+Tensor Param(const Shape& shape, uint64_t seed, DType dtype = kF32) {
   Generator gen(seed);
-  return Variable(RandNormal(shape, gen).to(dtype), true);
+  return Tensor(RandNormal(shape, gen).to(dtype), true);
 }
 
 TEST(AutocastTest, OpPolicy) {
-  const Variable x = Param({4, 3}, 1), w = Param({3, 5}, 2), b = Param({5}, 3);
-  const Variable w_lin = Param({5, 3}, 4);
-  const Tensor targets = Tensor::FromVector<int64_t>({0, 1, 2, 3}, {4});
+  const Tensor x = Param({4, 3}, 1), w = Param({3, 5}, 2), b = Param({5}, 3);
+  const Tensor w_lin = Param({5, 3}, 4);
+  const RawTensor targets = RawTensor::FromVector<int64_t>({0, 1, 2, 3}, {4});
   for (DType low : {kF16, kBF16}) {
     AutocastGuard autocast(low);
-    const Variable h = Matmul(x, w);
+    const Tensor h = Matmul(x, w);
     EXPECT_EQ(h.dtype(), low);
     EXPECT_EQ(Linear(x, w_lin, b).dtype(), low);
     EXPECT_EQ(Bmm(Reshape(x, {1, 4, 3}), Reshape(w, {1, 3, 5})).dtype(), low);
     // f32 ops take the low-precision activation back to f32.
     EXPECT_EQ(Softmax(h).dtype(), kF32);
     EXPECT_EQ(LogSoftmax(h).dtype(), kF32);
-    EXPECT_EQ(LayerNorm(h, Variable(), Variable()).dtype(), kF32);
+    EXPECT_EQ(LayerNorm(h, Tensor(), Tensor()).dtype(), kF32);
     EXPECT_EQ(LayerNorm(h, Param({5}, 5, low), Param({5}, 6, low)).dtype(), kF32);
     EXPECT_EQ(CrossEntropy(h, targets).dtype(), kF32);
     EXPECT_EQ(Exp(h).dtype(), kF32);
@@ -49,10 +49,10 @@ TEST(AutocastTest, OpPolicy) {
     EXPECT_EQ(Add(h, b).dtype(), kF32);
     EXPECT_EQ(Mul(h, h).dtype(), low);
     // f64 and integer tensors are never cast.
-    const Variable x64 = Param({4, 3}, 7, kF64), w64 = Param({3, 5}, 8, kF64);
+    const Tensor x64 = Param({4, 3}, 7, kF64), w64 = Param({3, 5}, 8, kF64);
     EXPECT_EQ(Matmul(x64, w64).dtype(), kF64);
     EXPECT_EQ(Exp(x64).dtype(), kF64);
-    EXPECT_EQ(Sum(Variable(Tensor::FromVector<int64_t>({1, 2}, {2}))).dtype(), kI64);
+    EXPECT_EQ(Sum(Tensor(RawTensor::FromVector<int64_t>({1, 2}, {2}))).dtype(), kI64);
   }
   // Outside the guard nothing is cast.
   EXPECT_EQ(Matmul(x, w).dtype(), kF32);
@@ -87,10 +87,10 @@ TEST(AutocastTest, TargetDTypeOfEachPolicy) {
 // x's cast before the weight's and the weight's before the bias's.
 TEST(AutocastTest, InputsAreCastLastToFirst) {
   // Non-leaves, so no cast comes from the cache.
-  const Variable x = MulScalar(Param({2, 3}, 1), 1), w = MulScalar(Param({4, 3}, 2), 1),
+  const Tensor x = MulScalar(Param({2, 3}, 1), 1), w = MulScalar(Param({4, 3}, 2), 1),
                  b = MulScalar(Param({4}, 3), 1);
   AutocastGuard autocast(kBF16);
-  const Variable y = Linear(x, w, b, Activation::kNone);
+  const Tensor y = Linear(x, w, b, Activation::kNone);
   ASSERT_EQ(y.dtype(), kBF16);
   const EdgeList& edges = y.grad_fn()->next_edges();  // bias, x, weight (addmm's order)
   ASSERT_EQ(edges.size(), 3u);
@@ -102,8 +102,8 @@ TEST(AutocastTest, InputsAreCastLastToFirst) {
 }
 
 TEST(AutocastTest, GradientsReachTheF32LeavesInTheirDtype) {
-  const Variable x = Param({4, 3}, 1), w = Param({3, 5}, 2);
-  Variable loss;
+  const Tensor x = Param({4, 3}, 1), w = Param({3, 5}, 2);
+  Tensor loss;
   {
     AutocastGuard autocast(kF16);
     loss = Sum(Matmul(x, w));
@@ -112,24 +112,24 @@ TEST(AutocastTest, GradientsReachTheF32LeavesInTheirDtype) {
   ASSERT_EQ(w.grad().dtype(), kF32);
   ASSERT_EQ(x.grad().dtype(), kF32);
   // d sum(x w) / dw = x^T 1: the f16 matmul of the f16 casts, cast back to f32.
-  const Tensor expected_w =
-      tg::Matmul(x.data().to(kF16).transpose(0, 1), Tensor::Ones({4, 5}, kF16)).to(kF32);
+  const RawTensor expected_w =
+      tg::Matmul(x.data().to(kF16).transpose(0, 1), RawTensor::Ones({4, 5}, kF16)).to(kF32);
   EXPECT_EQ(w.grad().data().to_vector<float>(), expected_w.to_vector<float>());
-  const Tensor expected_x =
-      tg::Matmul(Tensor::Ones({4, 5}, kF16), w.data().to(kF16).transpose(0, 1)).to(kF32);
+  const RawTensor expected_x =
+      tg::Matmul(RawTensor::Ones({4, 5}, kF16), w.data().to(kF16).transpose(0, 1)).to(kF32);
   EXPECT_EQ(x.grad().data().to_vector<float>(), expected_x.to_vector<float>());
 }
 
 TEST(AutocastTest, WeightCastIsCachedUntilTheOutermostGuardExits) {
-  const Variable w = Param({3, 3}, 1);
-  const Variable x = Param({2, 3}, 2);
+  const Tensor w = Param({3, 3}, 1);
+  const Tensor x = Param({2, 3}, 2);
   {
     AutocastGuard outer(kBF16);
-    const Variable a = Matmul(x, w);
+    const Tensor a = Matmul(x, w);
     EXPECT_EQ(amp::CachedCastCount(), 2u);  // x and w are both f32 leaves requiring grad
     {
       AutocastGuard inner(kBF16);
-      const Variable b = Matmul(a, w);
+      const Tensor b = Matmul(a, w);
       // w's cast is reused: both matmuls point at the same CastBackward node.
       EXPECT_EQ(amp::CachedCastCount(), 2u);
       EXPECT_EQ(a.grad_fn()->next_edges()[1].fn, b.grad_fn()->next_edges()[1].fn);
@@ -140,7 +140,7 @@ TEST(AutocastTest, WeightCastIsCachedUntilTheOutermostGuardExits) {
       Matmul(Param({2, 3}, 3), Param({3, 3}, 4));
       EXPECT_EQ(amp::CachedCastCount(), 2u);
     }
-    Matmul(Matmul(x, w), Variable(Tensor::Ones({3, 3})));  // non-leaves and constants: no entry
+    Matmul(Matmul(x, w), Tensor(RawTensor::Ones({3, 3})));  // non-leaves and constants: no entry
     EXPECT_EQ(amp::CachedCastCount(), 2u);
     Sum(Matmul(x, w)).backward();
     // Both uses of w fed one gradient through the cached cast.
@@ -172,7 +172,7 @@ TEST(AutocastTest, GuardsNestAndRestore) {
 }
 
 TEST(AutocastTest, ModuleScopeRunsUnsafeModuleTypesInF32) {
-  const Variable x = Param({2, 3}, 1), w = Param({3, 3}, 2);
+  const Tensor x = Param({2, 3}, 1), w = Param({3, 3}, 2);
   AutocastGuard autocast(kF16, true, {"Linear", "Attention"});
   {
     amp::AutocastModuleScope scope("Linear");
@@ -182,7 +182,7 @@ TEST(AutocastTest, ModuleScopeRunsUnsafeModuleTypesInF32) {
     amp::AutocastModuleScope scope("MyGatingNetwork");
     EXPECT_EQ(Matmul(x, w).dtype(), kF32);
     EXPECT_EQ(Matmul(x.data().to(kF16), w.data().to(kF16)).dtype(), kF16);  // tensor op: untouched
-    EXPECT_EQ(Matmul(Variable(x.data().to(kF16)), Variable(w.data().to(kF16))).dtype(), kF32);
+    EXPECT_EQ(Matmul(Tensor(x.data().to(kF16)), Tensor(w.data().to(kF16))).dtype(), kF32);
     amp::AutocastModuleScope inner("Linear");  // inside an unsafe module: stays f32
     EXPECT_EQ(Matmul(x, w).dtype(), kF32);
   }
@@ -195,11 +195,11 @@ TEST(AutocastTest, ModuleScopeRunsUnsafeModuleTypesInF32) {
 TEST(AutocastTest, CheckpointRecomputesUnderTheForwardsState) {
   for (bool reentrant : {true, false}) {
     SCOPED_TRACE(reentrant ? "reentrant" : "non-reentrant");
-    const Variable x = Param({4, 6}, 1), w1 = Param({6, 6}, 2), w2 = Param({6, 3}, 3);
+    const Tensor x = Param({4, 6}, 1), w1 = Param({6, 6}, 2), w2 = Param({6, 3}, 3);
     auto segment = [&](const VariableList& in) {
       return Softmax(Matmul(Tanh(Matmul(in[0], w1)), w2));
     };
-    Variable plain_loss, ckpt_loss;
+    Tensor plain_loss, ckpt_loss;
     {
       AutocastGuard autocast(kF16);
       plain_loss = Sum(segment({x}));
@@ -208,7 +208,7 @@ TEST(AutocastTest, CheckpointRecomputesUnderTheForwardsState) {
     const std::vector<float> g1 = w1.grad().data().to_vector<float>();
     const std::vector<float> g2 = w2.grad().data().to_vector<float>();
     const std::vector<float> gx = x.grad().data().to_vector<float>();
-    for (const Variable& v : {x, w1, w2}) v.set_grad(Variable());
+    for (const Tensor& v : {x, w1, w2}) v.set_grad(Tensor());
     {
       AutocastGuard autocast(kF16);
       ckpt_loss = Sum(Checkpoint(segment, {x}, CheckpointOptions{reentrant, {}}));

@@ -55,11 +55,11 @@ struct Tag : Function<Tag> {
 TEST(CheckpointSemanticsTest, EarlyStop) {
   Events ev;
   events = &ev;
-  Variable x = Leaf({1});
-  Variable out = Checkpoint(
+  Tensor x = Leaf({1});
+  Tensor out = Checkpoint(
       [](const VariableList& in) {
-        Variable a = Tag::Apply({in[0]}, std::string("a"))[0];
-        Variable b = Tag::Apply({a}, std::string("b"))[0];
+        Tensor a = Tag::Apply({in[0]}, std::string("a"))[0];
+        Tensor b = Tag::Apply({a}, std::string("b"))[0];
         return Tag::Apply({b}, std::string("tail"))[0];
       },
       {x}, NonReentrant());
@@ -72,10 +72,10 @@ TEST(CheckpointSemanticsTest, EarlyStop) {
 
 TEST(CheckpointSemanticsTest, RecomputationThatSavesMore) {
   int calls = 0;
-  Variable x = Leaf({1.5});
-  Variable out = Checkpoint(
+  Tensor x = Leaf({1.5});
+  Tensor out = Checkpoint(
       [&](const VariableList& in) {
-        Variable y = Mul(in[0], in[0]);      // saves 2
+        Tensor y = Mul(in[0], in[0]);      // saves 2
         if (++calls > 1) y = Mul(y, in[0]);  // the recomputation would save 2 more
         return y;
       },
@@ -86,10 +86,10 @@ TEST(CheckpointSemanticsTest, RecomputationThatSavesMore) {
 
 TEST(CheckpointSemanticsTest, RecomputationThatSavesFewer) {
   int calls = 0;
-  Variable x = Leaf({1.5});
-  Variable out = Checkpoint(
+  Tensor x = Leaf({1.5});
+  Tensor out = Checkpoint(
       [&](const VariableList& in) {
-        Variable y = Mul(in[0], in[0]);
+        Tensor y = Mul(in[0], in[0]);
         if (++calls == 1) y = Mul(y, in[0]);
         return y;
       },
@@ -105,10 +105,10 @@ TEST(CheckpointSemanticsTest, RecomputationThatSavesFewer) {
 
 TEST(CheckpointSemanticsTest, RecomputationWithOtherMetadata) {
   int calls = 0;
-  Variable x = Leaf({1, 2, 3, 4, 5, 6});
-  Variable out = Checkpoint(
+  Tensor x = Leaf({1, 2, 3, 4, 5, 6});
+  Tensor out = Checkpoint(
       [&](const VariableList& in) {
-        Variable r = Reshape(in[0], ++calls == 1 ? Shape{2, 3} : Shape{3, 2});
+        Tensor r = Reshape(in[0], ++calls == 1 ? Shape{2, 3} : Shape{3, 2});
         return Mul(r, r);
       },
       {x}, NonReentrant());
@@ -135,8 +135,8 @@ struct UnpackTwice : Function<UnpackTwice> {
 };
 
 TEST(CheckpointSemanticsTest, UnpackTwice) {
-  Variable x = Leaf({1});
-  Variable out = Checkpoint(
+  Tensor x = Leaf({1});
+  Tensor out = Checkpoint(
       [](const VariableList& in) { return UnpackTwice::Apply({MulScalar(in[0], 3)})[0]; }, {x},
       NonReentrant());
   // PyTorch: "Unpack is being triggered for a tensor that was already unpacked once. ...".
@@ -158,7 +158,7 @@ struct Inspect : Function<Inspect> {
     const VariableList saved = ctx.saved_variables();
     const char* names[] = {"x", "h"};
     for (size_t i = 0; i < 2; ++i) {
-      const Variable& t = saved[i];
+      const Tensor& t = saved[i];
       events->push_back(std::string(names[i]) + " leaf=" + std::to_string(t.is_leaf()) +
                         " requires_grad=" + std::to_string(t.requires_grad()) +
                         " grad_fn=" + (t.grad_fn() ? t.grad_fn()->name() : "-") + " " + Fmt(t));
@@ -170,9 +170,9 @@ struct Inspect : Function<Inspect> {
 TEST(CheckpointSemanticsTest, SavedInputsKeepTheirPlace) {
   Events ev;
   events = &ev;
-  Variable x = Leaf({2});
-  Variable h = Mul(x, Variable(Tensor::FromVector<double>({3}, {1}, kF64)));
-  Variable out = Checkpoint(
+  Tensor x = Leaf({2});
+  Tensor h = Mul(x, Tensor(RawTensor::FromVector<double>({3}, {1}, kF64)));
+  Tensor out = Checkpoint(
       [](const VariableList& in) {
         return Inspect::Apply({in[0], in[1]})[0];
       },
@@ -186,13 +186,13 @@ TEST(CheckpointSemanticsTest, SavedInputsKeepTheirPlace) {
 // 2 * x; its backward hands out the unpacked saved input.
 struct Keep : Function<Keep> {
   static constexpr const char* kName = "Keep";
-  static VariableList Forward(FunctionCtx& ctx, const VariableList& in, Variable* seen) {
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in, Tensor* seen) {
     ctx.save_for_backward({in[0]});
     ctx.saved_data["seen"] = seen;
     return {MulScalar(in[0], 2)};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
-    *std::any_cast<Variable*>(ctx.saved_data.at("seen")) = ctx.saved_variables()[0];
+    *std::any_cast<Tensor*>(ctx.saved_data.at("seen")) = ctx.saved_variables()[0];
     return {MulScalar(grads[0], 2)};
   }
 };
@@ -200,9 +200,9 @@ struct Keep : Function<Keep> {
 // Deliberately unlike PyTorch (whose unpacked tensors are new objects on the same graph
 // places): a saved input unpacks as the input variable itself, as it does without checkpointing.
 TEST(CheckpointSemanticsTest, SavedInputUnpacksAsTheSameVariable) {
-  Variable x = Leaf({2});
-  Variable seen;
-  Variable out = Checkpoint([&](const VariableList& in) { return Keep::Apply({in[0]}, &seen)[0]; },
+  Tensor x = Leaf({2});
+  Tensor seen;
+  Tensor out = Checkpoint([&](const VariableList& in) { return Keep::Apply({in[0]}, &seen)[0]; },
                             {x}, NonReentrant());
   Sum(out).backward();
   EXPECT_TRUE(seen.is_same(x));
@@ -210,16 +210,16 @@ TEST(CheckpointSemanticsTest, SavedInputUnpacksAsTheSameVariable) {
 
 TEST(CheckpointSemanticsTest, DoubleBackwardThroughCheckpoint) {
   Events ev;
-  Variable x = Leaf({3});
-  x.register_hook([&](const Variable& g) {
+  Tensor x = Leaf({3});
+  x.register_hook([&](const Tensor& g) {
     ev.push_back("x hook " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  Variable y = Checkpoint([](const VariableList& in) { return Mul(Mul(in[0], in[0]), in[0]); }, {x},
+  Tensor y = Checkpoint([](const VariableList& in) { return Mul(Mul(in[0], in[0]), in[0]); }, {x},
                           NonReentrant());
   GradOptions options;
   options.create_graph = true;
-  Variable g = Engine::Grad({y}, {x}, {}, options)[0];
+  Tensor g = Engine::Grad({y}, {x}, {}, options)[0];
   ev.push_back("g " + Fmt(g) + " requires_grad=" + std::to_string(g.requires_grad()));
   g.backward();
   EXPECT_EQ(ev, (Events{"x hook [27]", "g [27] requires_grad=1", "x hook [18]"}));
@@ -228,21 +228,21 @@ TEST(CheckpointSemanticsTest, DoubleBackwardThroughCheckpoint) {
 
 TEST(CheckpointSemanticsTest, SavedTensorHooksCopyKeepsThePlace) {
   Events ev;
-  Variable x = Leaf({3});
-  x.register_hook([&](const Variable& g) {
+  Tensor x = Leaf({3});
+  x.register_hook([&](const Tensor& g) {
     ev.push_back("x hook " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  Variable y;
+  Tensor y;
   {
     SavedTensorHooks copies(
-        [](const Variable& v) -> std::any { return v.data().clone(); },
-        [](const std::any& packed) -> Variable { return Variable(std::any_cast<Tensor>(packed)); });
+        [](const Tensor& v) -> std::any { return v.data().clone(); },
+        [](const std::any& packed) -> Tensor { return Tensor(std::any_cast<RawTensor>(packed)); });
     y = Mul(Mul(x, x), x);
   }
   GradOptions options;
   options.create_graph = true;
-  Variable g = Engine::Grad({y}, {x}, {}, options)[0];
+  Tensor g = Engine::Grad({y}, {x}, {}, options)[0];
   ev.push_back("g " + Fmt(g) + " requires_grad=" + std::to_string(g.requires_grad()));
   g.backward();
   EXPECT_EQ(ev, (Events{"x hook [27]", "g [27] requires_grad=1", "x hook [18]"}));

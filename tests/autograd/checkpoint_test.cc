@@ -25,10 +25,10 @@ namespace {
 using testing::ThrowsError;
 using testing::ThrowsErrorExactly;
 
-std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+std::vector<double> Values(const Tensor& v) { return v.data().to_vector<double>(); }
 
-Variable Param(Generator& gen, Shape shape, const std::string& name) {
-  Variable p(RandNormal(shape, gen, 0, 0.5, kF64), /*requires_grad=*/true);
+Tensor Param(Generator& gen, Shape shape, const std::string& name) {
+  Tensor p(RandNormal(shape, gen, 0, 0.5, kF64), /*requires_grad=*/true);
   p.set_name(name);
   return p;
 }
@@ -36,29 +36,29 @@ Variable Param(Generator& gen, Shape shape, const std::string& name) {
 // linear1 (Matmul + b1, GeluTanh, optional dropout-like mask) -> linear2 (Matmul + b2).
 struct TwoLayer {
   Generator init{7};
-  Variable w1 = Param(init, {4, 5}, "W1");
-  Variable b1 = Param(init, {5}, "b1");
-  Variable w2 = Param(init, {5, 3}, "W2");
-  Variable b2 = Param(init, {3}, "b2");
+  Tensor w1 = Param(init, {4, 5}, "W1");
+  Tensor b1 = Param(init, {5}, "b1");
+  Tensor w2 = Param(init, {5, 3}, "W2");
+  Tensor b2 = Param(init, {3}, "b2");
   Generator dropout{123};
   bool use_dropout = false;
   // Told "forward" or "recompute" each time linear1 runs.
   std::function<void(const std::string&)> trace;
 
-  Variable Linear1(const Variable& x) {
+  Tensor Linear1(const Tensor& x) {
     if (trace) trace(current_graph_task_id() == -1 ? "forward" : "recompute");
-    Variable h = GeluTanh(Add(Matmul(x, w1), b1));
+    Tensor h = GeluTanh(Add(Matmul(x, w1), b1));
     if (use_dropout) {
       // Keep with probability 0.7, scaled: the mask comes from `dropout`.
-      Tensor keep = tg::Gt(RandUniform(h.shape(), dropout, 0, 1, kF64), Tensor::Scalar(0.3, kF64));
-      h = Mul(h, Variable(tg::MulScalar(keep.to(kF64), 1 / 0.7)));
+      RawTensor keep = tg::Gt(RandUniform(h.shape(), dropout, 0, 1, kF64), RawTensor::Scalar(0.3, kF64));
+      h = Mul(h, Tensor(tg::MulScalar(keep.to(kF64), 1 / 0.7)));
     }
     return h;
   }
 
   // mode: 0 = no checkpoint, 1 = reentrant, 2 = non-reentrant.
-  Variable Loss(const Variable& x, int mode, bool pass_generator = true) {
-    Variable h;
+  Tensor Loss(const Tensor& x, int mode, bool pass_generator = true) {
+    Tensor h;
     if (mode == 0) {
       h = Linear1(x);
     } else {
@@ -67,29 +67,29 @@ struct TwoLayer {
       if (pass_generator) options.generators = {&dropout};
       h = Checkpoint([this](const VariableList& in) { return Linear1(in[0]); }, {x}, options);
     }
-    Variable out = Add(Matmul(h, w2), b2);
+    Tensor out = Add(Matmul(h, w2), b2);
     return Sum(Mul(out, out));
   }
 
   VariableList Params() const { return {w1, b1, w2, b2}; }
   void ZeroGrad() {
-    for (const Variable& p : Params()) p.set_grad(Variable());
+    for (const Tensor& p : Params()) p.set_grad(Tensor());
   }
 };
 
-Variable Input(bool requires_grad = true) {
+Tensor Input(bool requires_grad = true) {
   Generator gen(99);
-  return Variable(RandNormal({2, 4}, gen, 0, 1, kF64), requires_grad);
+  return Tensor(RandNormal({2, 4}, gen, 0, 1, kF64), requires_grad);
 }
 
 // Gradients of the four parameters and the input after one backward in `mode`.
 std::vector<std::vector<double>> Grads(int mode, bool dropout, bool pass_generator = true) {
   TwoLayer m;
   m.use_dropout = dropout;
-  Variable x = Input();
+  Tensor x = Input();
   m.Loss(x, mode, pass_generator).backward();
   std::vector<std::vector<double>> grads;
-  for (const Variable& v : {m.w1, m.b1, m.w2, m.b2, x}) grads.push_back(Values(v.grad()));
+  for (const Tensor& v : {m.w1, m.b1, m.w2, m.b2, x}) grads.push_back(Values(v.grad()));
   return grads;
 }
 
@@ -112,7 +112,7 @@ TEST(CheckpointTest, TheCallersRandomStreamIsUnaffectedByTheRecomputation) {
   for (int mode : {1, 2}) {
     TwoLayer m;
     m.use_dropout = true;
-    Variable loss = m.Loss(Input(), mode);
+    Tensor loss = m.Loss(Input(), mode);
     const Generator::State after_forward = m.dropout.state();
     loss.backward();
     EXPECT_EQ(m.dropout.state(), after_forward) << "mode " << mode;
@@ -128,8 +128,8 @@ TEST(CheckpointTest, ForwardValueEqualsTheUncheckpointedOne) {
 
 TEST(CheckpointTest, ReentrantForwardRecordsOneNodeAndNothingInside) {
   TwoLayer m;
-  Variable x = Input();
-  Variable h = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); }, {x});
+  Tensor x = Input();
+  Tensor h = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); }, {x});
   ASSERT_NE(h.grad_fn(), nullptr);
   EXPECT_EQ(h.grad_fn()->name(), "CheckpointBackward");
   ASSERT_EQ(h.grad_fn()->next_edges().size(), 1u);
@@ -145,12 +145,12 @@ TEST(CheckpointTest, TheSegmentsSavedTensorsAreNotKept) {
   for (int mode : {0, 1, 2}) {
     std::weak_ptr<Storage> intermediate;
     auto fn = [&](const VariableList& in) {
-      Variable a = Exp(in[0]);
+      Tensor a = Exp(in[0]);
       intermediate = a.data().storage();
       return Mul(a, a);
     };
-    Variable x(Tensor::FromVector<double>({0.5, 1}, {2}, kF64), /*requires_grad=*/true);
-    Variable loss;
+    Tensor x(RawTensor::FromVector<double>({0.5, 1}, {2}, kF64), /*requires_grad=*/true);
+    Tensor loss;
     if (mode == 0) {
       loss = Sum(fn({x}));
     } else {
@@ -188,8 +188,8 @@ std::vector<std::vector<Event>> PhaseEvents(int mode) {
   m.trace = record;
   int64_t queued_for = -1;
   std::vector<HookHandle> handles;
-  for (const Variable& p : m.Params()) {
-    handles.push_back(p.register_post_accumulate_grad_hook([&](const Variable& leaf) {
+  for (const Tensor& p : m.Params()) {
+    handles.push_back(p.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
       record(leaf.name());
       if (current_reentrant_depth() == 0 && queued_for != current_graph_task_id()) {
         queued_for = current_graph_task_id();
@@ -262,8 +262,8 @@ constexpr char kReentrantPartialError[] =
 
 TEST(CheckpointTest, ReentrantRefusesUnderGradAndBackwardWithInputs) {
   TwoLayer m;
-  Variable x = Input();
-  Variable loss = m.Loss(x, 1);
+  Tensor x = Input();
+  Tensor loss = m.Loss(x, 1);
   EXPECT_TRUE(
       ThrowsErrorExactly([&] { Engine::Grad({loss}, {x}, {}, GradOptions{/*retain_graph=*/true}); },
                          kReentrantPartialError));
@@ -278,7 +278,7 @@ TEST(CheckpointTest, ReentrantRefusesUnderGradAndBackwardWithInputs) {
 
 TEST(CheckpointTest, NonReentrantWorksUnderGrad) {
   TwoLayer reference_model, m;
-  Variable x0 = Input(), x = Input();
+  Tensor x0 = Input(), x = Input();
   const VariableList want =
       Engine::Grad({reference_model.Loss(x0, 0)}, {reference_model.w1, reference_model.b2, x0});
   const VariableList got = Engine::Grad({m.Loss(x, 2)}, {m.w1, m.b2, x});
@@ -289,7 +289,7 @@ TEST(CheckpointTest, NonReentrantWorksUnderGrad) {
 
 TEST(CheckpointTest, NonReentrantWorksWithBackwardInputs) {
   TwoLayer reference_model, m;
-  Variable x0 = Input(), x = Input();
+  Tensor x0 = Input(), x = Input();
   VariableList want_inputs = {reference_model.w1}, inputs = {m.w1};
   Engine::Backward({reference_model.Loss(x0, 0)}, {}, BackwardOptions{false, false, &want_inputs});
   Engine::Backward({m.Loss(x, 2)}, {}, BackwardOptions{false, false, &inputs});
@@ -301,11 +301,11 @@ TEST(CheckpointTest, NonReentrantRecomputesOncePerBackwardWithRetainGraph) {
   TwoLayer reference_model, m;
   int recomputes = 0;
   m.trace = [&](const std::string& what) { recomputes += what == "recompute"; };
-  Variable x0 = Input(), x = Input();
-  Variable want = reference_model.Loss(x0, 0), loss = m.Loss(x, 2);
+  Tensor x0 = Input(), x = Input();
+  Tensor want = reference_model.Loss(x0, 0), loss = m.Loss(x, 2);
   for (int i = 0; i < 2; ++i) {
-    want.backward(Variable(), BackwardOptions{/*retain_graph=*/true});
-    loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+    want.backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
+    loss.backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
     EXPECT_EQ(recomputes, i + 1);
   }
   EXPECT_EQ(Values(m.w1.grad()), Values(reference_model.w1.grad()));
@@ -314,7 +314,7 @@ TEST(CheckpointTest, NonReentrantRecomputesOncePerBackwardWithRetainGraph) {
 
 TEST(CheckpointTest, NonReentrantPassesGradcheck) {
   TwoLayer m;
-  Variable x = Input();
+  Tensor x = Input();
   GradcheckResult r = Gradcheck(
       [&](const VariableList& in) {
         CheckpointOptions options;
@@ -337,13 +337,13 @@ CheckpointOptions NonReentrant() {
 // checkpoint_semantics_test.cc pins them against PyTorch; here the texts on a two-layer segment.
 TEST(CheckpointTest, RecomputationThatSavesFewerTensorsThrows) {
   bool extra_op = true;
-  Variable x(Tensor::FromVector<double>({1, 2, 3}, {3}, kF64), /*requires_grad=*/true);
+  Tensor x(RawTensor::FromVector<double>({1, 2, 3}, {3}, kF64), /*requires_grad=*/true);
   auto fn = [&](const VariableList& in) {
-    Variable y = Mul(in[0], in[0]);   // saves 2
+    Tensor y = Mul(in[0], in[0]);   // saves 2
     if (extra_op) y = Mul(y, in[0]);  // saves 2 more
     return Tanh(y);                   // saves its output
   };
-  Variable loss = Sum(Checkpoint(fn, {x}, NonReentrant()));
+  Tensor loss = Sum(Checkpoint(fn, {x}, NonReentrant()));
   extra_op = false;  // the recomputation no longer matches the forward
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { loss.backward(); },
@@ -362,25 +362,25 @@ struct BackwardInForward : Function<BackwardInForward> {
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
     EnableGradGuard grad;
     Sum(Mul(in[1], in[1])).backward();  // w.grad += 2w
-    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+    return {Tensor(tg::Mul(in[0].data(), in[1].data()))};
   }
   static VariableList Backward(FunctionCtx&, const VariableList& grads) {
-    return {grads[0], Variable()};  // w's gradient was accumulated in Forward
+    return {grads[0], Tensor()};  // w's gradient was accumulated in Forward
   }
 };
 
 TEST(CheckpointTest, ABackwardStartedDuringTheRecomputationThrowsInsteadOfCountingTwice) {
   for (const bool reentrant : {true, false}) {
     SCOPED_TRACE(reentrant ? "reentrant" : "non-reentrant");
-    Variable x(Tensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
-    Variable w(Tensor::FromVector<double>({3, -1}, {2}, kF64), /*requires_grad=*/true);
+    Tensor x(RawTensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
+    Tensor w(RawTensor::FromVector<double>({3, -1}, {2}, kF64), /*requires_grad=*/true);
     CheckpointOptions options;
     options.reentrant = reentrant;
     auto fn = [&](const VariableList& in) {
-      const Variable y = BackwardInForward::Apply({in[0], w})[0];
+      const Tensor y = BackwardInForward::Apply({in[0], w})[0];
       return Mul(y, in[0]);  // saves tensors: the non-reentrant recomputation runs
     };
-    Variable loss = Sum(Checkpoint(fn, {x}, options));
+    Tensor loss = Sum(Checkpoint(fn, {x}, options));
     EXPECT_EQ(Values(w.grad()), (std::vector<double>{6, -2}));  // once, in the forward
     EXPECT_TRUE(ThrowsError(
         [&] { loss.backward(); },
@@ -393,12 +393,12 @@ TEST(CheckpointTest, ABackwardStartedDuringTheRecomputationThrowsInsteadOfCounti
 
 TEST(CheckpointTest, RecomputationThatSavesDifferentShapesThrows) {
   bool transposed = false;
-  Variable x(Tensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {6}, kF64), /*requires_grad=*/true);
+  Tensor x(RawTensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {6}, kF64), /*requires_grad=*/true);
   auto fn = [&](const VariableList& in) {
-    Variable r = Reshape(in[0], transposed ? Shape{3, 2} : Shape{2, 3});
+    Tensor r = Reshape(in[0], transposed ? Shape{3, 2} : Shape{2, 3});
     return Mul(r, r);
   };
-  Variable loss = Sum(Checkpoint(fn, {x}, NonReentrant()));
+  Tensor loss = Sum(Checkpoint(fn, {x}, NonReentrant()));
   transposed = true;
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { loss.backward(); },
@@ -409,16 +409,16 @@ TEST(CheckpointTest, RecomputationThatSavesDifferentShapesThrows) {
 }
 
 TEST(CheckpointTest, InputsModifiedInPlaceAfterTheForwardAreDetected) {
-  Variable x(Tensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
-  Variable loss = Sum(
+  Tensor x(RawTensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
+  Tensor loss = Sum(
       Checkpoint([](const VariableList& in) { return Mul(in[0], in[0]); }, {x}, NonReentrant()));
   x.bump_version();
   EXPECT_TRUE(ThrowsError([&] { loss.backward(); },
                           "checkpoint: input 0 was modified in place after the checkpointed "
                           "forward (version 0, now 1)"));
 
-  Variable y(Tensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
-  Variable loss2 = Sum(Checkpoint([](const VariableList& in) { return Mul(in[0], in[0]); }, {y}));
+  Tensor y(RawTensor::FromVector<double>({1, 2}, {2}, kF64), /*requires_grad=*/true);
+  Tensor loss2 = Sum(Checkpoint([](const VariableList& in) { return Mul(in[0], in[0]); }, {y}));
   y.bump_version();
   EXPECT_TRUE(ThrowsError([&] { loss2.backward(); }, "was modified in place after it was saved"));
 }
@@ -427,11 +427,11 @@ TEST(CheckpointTest, ReentrantWithoutAnInputRequiringGradDoesNotRecord) {
   // As in PyTorch (use_reentrant=True): the output does not require grad, so parameters used
   // only inside fn get no gradient.
   TwoLayer m;
-  Variable h = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
+  Tensor h = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
                           {Input(/*requires_grad=*/false)});
   EXPECT_FALSE(h.requires_grad());
   CheckpointOptions options = NonReentrant();
-  Variable h2 = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
+  Tensor h2 = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
                            {Input(/*requires_grad=*/false)}, options);
   EXPECT_TRUE(h2.requires_grad());  // non-reentrant records normally
 }

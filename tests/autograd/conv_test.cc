@@ -28,7 +28,7 @@ namespace {
 
 using ::tg::testing::ExpectCloseToF32;
 
-using Fn = std::function<Variable(const VariableList&)>;
+using Fn = std::function<Tensor(const VariableList&)>;
 
 Conv2dParams Params(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                     std::array<int64_t, 2> dilation) {
@@ -39,11 +39,11 @@ Conv2dParams Params(std::array<int64_t, 2> stride, std::array<int64_t, 2> paddin
   return p;
 }
 
-std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+std::vector<double> Values(const Tensor& v) { return v.data().to_vector<double>(); }
 
-Variable Param(const Shape& shape, uint64_t seed, DType dtype = kF64, double scale = 1) {
+Tensor Param(const Shape& shape, uint64_t seed, DType dtype = kF64, double scale = 1) {
   Generator gen(seed);
-  return Variable(RandUniform(shape, gen, -scale, scale, kF64).to(dtype), /*requires_grad=*/true);
+  return Tensor(RandUniform(shape, gen, -scale, scale, kF64).to(dtype), /*requires_grad=*/true);
 }
 
 struct ConvCase {
@@ -75,7 +75,7 @@ VariableList ConvInputs(const ConvCase& c, uint64_t seed, DType dtype = kF64) {
 
 Fn ConvFn(const ConvCase& c) {
   return [c](const VariableList& in) {
-    return Conv2d(in[0], in[1], c.bias ? in[2] : Variable(), c.p);
+    return Conv2d(in[0], in[1], c.bias ? in[2] : Tensor(), c.p);
   };
 }
 
@@ -84,35 +84,35 @@ Fn ConvFn(const ConvCase& c) {
 
 TEST(Conv2dGrad, NodeNamesAndOnlyNeededGradients) {
   const ConvCase c = ConvCases()[2];
-  const Variable x(Param(c.x, 1).data());  // does not require grad
-  const Variable w = Param(c.w, 2), b = Param({c.w[0]}, 3);
-  const Variable y = Conv2d(x, w, b, c.p);
+  const Tensor x(Param(c.x, 1).data());  // does not require grad
+  const Tensor w = Param(c.w, 2), b = Param({c.w[0]}, 3);
+  const Tensor y = Conv2d(x, w, b, c.p);
   ASSERT_NE(y.grad_fn(), nullptr);
   EXPECT_EQ(y.grad_fn()->name(), "Conv2dBackward");
   EXPECT_EQ(y.grad_fn()->next_edges().size(), 3u);
   EXPECT_FALSE(y.grad_fn()->next_edges()[0].valid());
-  const Variable pooled = MaxPool2d(y, {2, 2}, {1, 1});
+  const Tensor pooled = MaxPool2d(y, {2, 2}, {1, 1});
   EXPECT_EQ(pooled.grad_fn()->name(), "MaxPool2dBackward");
   Sum(y).backward();
   EXPECT_FALSE(x.grad().defined());
   ASSERT_TRUE(w.grad().defined());
   ASSERT_TRUE(b.grad().defined());
-  const Conv2dGrads ref = Conv2dBackward(Tensor::Ones(y.shape(), kF64), x.data(), w.data(), c.p);
+  const Conv2dGrads ref = Conv2dBackward(RawTensor::Ones(y.shape(), kF64), x.data(), w.data(), c.p);
   EXPECT_EQ(Values(w.grad()), ref.grad_weight.to_vector<double>());
   EXPECT_EQ(Values(b.grad()), ref.grad_bias.to_vector<double>());
 
   // No grad mode: nothing is recorded.
   NoGradGuard no_grad;
   EXPECT_EQ(Conv2d(x, w, b, c.p).grad_fn(), nullptr);
-  EXPECT_EQ(MaxPool2d(Variable(y.data()), {2, 2}, {2, 2}).grad_fn(), nullptr);
+  EXPECT_EQ(MaxPool2d(Tensor(y.data()), {2, 2}, {2, 2}).grad_fn(), nullptr);
 }
 
 TEST(Conv2dGrad, FusedAndRecordedBackwardsAgree) {
   for (const ConvCase& c : ConvCases()) {
     SCOPED_TRACE(c.name);
     const VariableList in = ConvInputs(c, 7);
-    const Variable g(Param(Conv2d(in[0].data(), in[1].data(), Tensor(), c.p).shape(), 9).data());
-    const Variable out = ConvFn(c)(in);
+    const Tensor g(Param(Conv2d(in[0].data(), in[1].data(), RawTensor(), c.p).shape(), 9).data());
+    const Tensor out = ConvFn(c)(in);
     GradOptions retain;
     retain.retain_graph = true;
     const VariableList fused = Engine::Grad({out}, in, {g}, retain);
@@ -132,8 +132,8 @@ TEST(Conv2dGrad, FusedAndRecordedBackwardsAgree) {
 }
 
 TEST(MaxPool2dGrad, GradientGoesToTheFirstMaximum) {
-  const Variable x(Tensor::FromVector<double>({1, 4, 3, 2, 4, 0, 1, 3}, {1, 1, 2, 4}), true);
-  const Variable y = MaxPool2d(x, {2, 2}, {2, 2});
+  const Tensor x(RawTensor::FromVector<double>({1, 4, 3, 2, 4, 0, 1, 3}, {1, 1, 2, 4}), true);
+  const Tensor y = MaxPool2d(x, {2, 2}, {2, 2});
   EXPECT_EQ(Values(y), (std::vector<double>{4, 3}));
   Sum(MulScalar(y, 2.0)).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{0, 2, 2, 0, 0, 0, 0, 0}));
@@ -143,11 +143,11 @@ TEST(MaxPool2dGrad, GradientGoesToTheFirstMaximum) {
 
 // conv -> relu -> max pool, then sum(c * out): gradients for every input.
 VariableList ConvPoolGrads(const ConvCase& c, const VariableList& in) {
-  const Variable out = MaxPool2d(Relu(ConvFn(c)(in)), {2, 2}, {1, 1});
+  const Tensor out = MaxPool2d(Relu(ConvFn(c)(in)), {2, 2}, {1, 1});
   std::vector<double> w(static_cast<size_t>(out.numel()));
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
   return Engine::Grad(
-      {Sum(Mul(out, Variable(Tensor::FromVector<double>(w, out.shape(), out.dtype()))))}, in);
+      {Sum(Mul(out, Tensor(RawTensor::FromVector<double>(w, out.shape(), out.dtype()))))}, in);
 }
 
 TEST(Conv2dLowPrecision, GradientsMatchF32) {
@@ -156,7 +156,7 @@ TEST(Conv2dLowPrecision, GradientsMatchF32) {
       SCOPED_TRACE(c.name + " " + DTypeName(dtype));
       const VariableList low = ConvInputs(c, 31, dtype);
       VariableList ref;  // the same rounded values in f32
-      for (const Variable& v : low) ref.emplace_back(v.data().to(kF32), true);
+      for (const Tensor& v : low) ref.emplace_back(v.data().to(kF32), true);
       EXPECT_EQ(ConvFn(c)(low).dtype(), dtype);
       const VariableList g_low = ConvPoolGrads(c, low), g_ref = ConvPoolGrads(c, ref);
       for (size_t i = 0; i < low.size(); ++i) {
@@ -169,21 +169,21 @@ TEST(Conv2dLowPrecision, GradientsMatchF32) {
 TEST(Conv2dAutocast, RunsInTheLowDtypeWithTheWeightCastCached) {
   for (DType low : {kF16, kBF16}) {
     SCOPED_TRACE(DTypeName(low));
-    const Variable x = Param({2, 3, 6, 6}, 1, kF32);
-    const Variable w = Param({4, 3, 3, 3}, 2, kF32), b = Param({4}, 3, kF32);
-    const Variable w2 = Param({4, 4, 3, 3}, 4, kF32);
-    Variable loss;
+    const Tensor x = Param({2, 3, 6, 6}, 1, kF32);
+    const Tensor w = Param({4, 3, 3, 3}, 2, kF32), b = Param({4}, 3, kF32);
+    const Tensor w2 = Param({4, 4, 3, 3}, 4, kF32);
+    Tensor loss;
     {
       amp::AutocastGuard autocast(low);
-      const Variable y = Conv2d(x, w, b, Params({1, 1}, {1, 1}, {1, 1}));
+      const Tensor y = Conv2d(x, w, b, Params({1, 1}, {1, 1}, {1, 1}));
       EXPECT_EQ(y.dtype(), low);
       EXPECT_EQ(y.grad_fn()->name(), "Conv2dBackward");
       EXPECT_EQ(amp::CachedCastCount(), 3u);  // x, w and b are f32 leaves requiring grad
-      const Variable h = MaxPool2d(Relu(y), {2, 2}, {2, 2});
+      const Tensor h = MaxPool2d(Relu(y), {2, 2}, {2, 2});
       EXPECT_EQ(h.dtype(), low);  // pooling keeps its input's dtype
       // A second use of w reuses its cast: both convs point at the same CastBackward node.
-      const Variable z = Conv2d(h, w2);
-      const Variable y2 = Conv2d(x, w);
+      const Tensor z = Conv2d(h, w2);
+      const Tensor y2 = Conv2d(x, w);
       EXPECT_EQ(z.dtype(), low);
       EXPECT_EQ(y.grad_fn()->next_edges()[1].fn, y2.grad_fn()->next_edges()[1].fn);
       EXPECT_EQ(amp::CachedCastCount(), 4u);  // + w2
@@ -194,17 +194,17 @@ TEST(Conv2dAutocast, RunsInTheLowDtypeWithTheWeightCastCached) {
     }
     EXPECT_EQ(amp::CachedCastCount(), 0u);
     loss.backward();
-    for (const Variable& v : {x, w, b, w2}) {
+    for (const Tensor& v : {x, w, b, w2}) {
       ASSERT_TRUE(v.grad().defined());
       EXPECT_EQ(v.grad().dtype(), kF32);
     }
     // The same network in f32 on the rounded values gives close gradients.
-    auto rounded = [&](const Variable& v) { return Variable(v.data().to(low).to(kF32), true); };
-    const Variable xr = rounded(x), wr = rounded(w), br = rounded(b), w2r = rounded(w2);
-    const Variable y = Conv2d(xr, wr, br, Params({1, 1}, {1, 1}, {1, 1}));
-    const Variable z = Conv2d(MaxPool2d(Relu(y), {2, 2}, {2, 2}), w2r);
+    auto rounded = [&](const Tensor& v) { return Tensor(v.data().to(low).to(kF32), true); };
+    const Tensor xr = rounded(x), wr = rounded(w), br = rounded(b), w2r = rounded(w2);
+    const Tensor y = Conv2d(xr, wr, br, Params({1, 1}, {1, 1}, {1, 1}));
+    const Tensor z = Conv2d(MaxPool2d(Relu(y), {2, 2}, {2, 2}), w2r);
     Add(Sum(z), Sum(Conv2d(xr, wr))).backward();
-    const std::pair<Variable, Variable> pairs[] = {{x, xr}, {w, wr}, {b, br}, {w2, w2r}};
+    const std::pair<Tensor, Tensor> pairs[] = {{x, xr}, {w, wr}, {b, br}, {w2, w2r}};
     for (const auto& [got, ref] : pairs) {
       ExpectCloseToF32(got.grad(), ref.grad(), kF32, "autocast gradient");
     }
@@ -217,28 +217,28 @@ TEST(Conv2dAutocast, RunsInTheLowDtypeWithTheWeightCastCached) {
 TEST(Conv2dTraining, SmallCnnLossDecreases) {
   // conv 1->4 3x3 pad 1, relu, pool 2, conv 4->8 3x3 pad 1, relu, pool 2, linear 8*2*2 -> 3.
   Generator gen(11);
-  const Tensor images = RandUniform({12, 1, 8, 8}, gen, 0, 1);
+  const RawTensor images = RandUniform({12, 1, 8, 8}, gen, 0, 1);
   std::vector<int64_t> labels(12);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 3);
-  const Tensor targets = Tensor::FromVector<int64_t>(labels, {12});
+  const RawTensor targets = RawTensor::FromVector<int64_t>(labels, {12});
   const VariableList params = {
-      Variable(RandNormal({4, 1, 3, 3}, gen, 0, 0.5), true), Variable(Tensor::Zeros({4}), true),
-      Variable(RandNormal({8, 4, 3, 3}, gen, 0, 0.2), true), Variable(Tensor::Zeros({8}), true),
-      Variable(RandNormal({3, 32}, gen, 0, 0.2), true),      Variable(Tensor::Zeros({3}), true)};
+      Tensor(RandNormal({4, 1, 3, 3}, gen, 0, 0.5), true), Tensor(RawTensor::Zeros({4}), true),
+      Tensor(RandNormal({8, 4, 3, 3}, gen, 0, 0.2), true), Tensor(RawTensor::Zeros({8}), true),
+      Tensor(RandNormal({3, 32}, gen, 0, 0.2), true),      Tensor(RawTensor::Zeros({3}), true)};
   const Conv2dParams same = Params({1, 1}, {1, 1}, {1, 1});
   auto forward = [&] {
-    Variable h =
-        MaxPool2d(Relu(Conv2d(Variable(images), params[0], params[1], same)), {2, 2}, {2, 2});
+    Tensor h =
+        MaxPool2d(Relu(Conv2d(Tensor(images), params[0], params[1], same)), {2, 2}, {2, 2});
     h = MaxPool2d(Relu(Conv2d(h, params[2], params[3], same)), {2, 2}, {2, 2});
     return CrossEntropy(Linear(Reshape(h, {12, 32}), params[4], params[5]), targets);
   };
   const double first = forward().item();
   for (int step = 0; step < 30; ++step) {
-    const Variable loss = forward();
-    for (const Variable& p : params) p.set_grad(Variable());
+    const Tensor loss = forward();
+    for (const Tensor& p : params) p.set_grad(Tensor());
     loss.backward();
     NoGradGuard no_grad;
-    for (const Variable& p : params) {
+    for (const Tensor& p : params) {
       ASSERT_EQ(p.grad().shape(), p.shape());
       p.data().copy_(tg::Sub(p.data(), tg::MulScalar(p.grad().data(), 0.5)));
     }

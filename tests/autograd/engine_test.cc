@@ -18,16 +18,16 @@ namespace {
 using testing::ThrowsError;
 using testing::ThrowsErrorExactly;
 
-Variable Leaf(std::vector<double> values, Shape shape, DType dtype = kF64) {
-  return Variable(Tensor::FromVector<double>(values, shape, dtype), /*requires_grad=*/true);
+Tensor Leaf(std::vector<double> values, Shape shape, DType dtype = kF64) {
+  return Tensor(RawTensor::FromVector<double>(values, shape, dtype), /*requires_grad=*/true);
 }
 
-std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+std::vector<double> Values(const Tensor& v) { return v.data().to_vector<double>(); }
 
 // A node whose backward throws, for failure tests.
 class FailingNode : public Node {
  public:
-  explicit FailingNode(const Variable& input) {
+  explicit FailingNode(const Tensor& input) {
     mutable_next_edges().push_back(Edge{input.gradient_edge_node(), 0});
     AddInputMetadata(input.data());
   }
@@ -35,19 +35,19 @@ class FailingNode : public Node {
   std::string name() const override { return "FailingBackward"; }
 };
 
-Variable Failing(const Variable& x) {
+Tensor Failing(const Tensor& x) {
   return MakeNonLeaf(x.data().clone(), std::make_shared<FailingNode>(x), 0);
 }
 
 TEST(EngineTest, SimpleChainRule) {
-  Variable x = Leaf({1, 2, 3}, {3});
+  Tensor x = Leaf({1, 2, 3}, {3});
   Sum(Mul(x, x)).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2, 4, 6}));
 }
 
 TEST(EngineTest, GradcheckSmoke) {
-  Variable a = Leaf({0.5, -1.0, 2.0, 0.3}, {2, 2});
-  Variable b = Leaf({1.5, 0.25}, {2});
+  Tensor a = Leaf({0.5, -1.0, 2.0, 0.3}, {2, 2});
+  Tensor b = Leaf({1.5, 0.25}, {2});
   GradcheckResult r = Gradcheck(
       [](const VariableList& in) { return Tanh(Add(Matmul(in[0], in[0]), in[1])); }, {a, b});
   EXPECT_TRUE(r.ok) << r.message;
@@ -58,11 +58,11 @@ TEST(EngineTest, GradcheckSmoke) {
 TEST(GraphTaskIdTest, IncreasesAcrossCallsAndIsMinusOneOutside) {
   EXPECT_EQ(current_graph_task_id(), -1);
   EXPECT_EQ(current_reentrant_depth(), -1);
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   std::vector<int64_t> ids;
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     ids.push_back(current_graph_task_id());
-    return Variable();
+    return Tensor();
   });
   for (int i = 0; i < 3; ++i) Sum(x).backward();
   ASSERT_EQ(ids.size(), 3u);
@@ -73,12 +73,12 @@ TEST(GraphTaskIdTest, IncreasesAcrossCallsAndIsMinusOneOutside) {
 }
 
 TEST(GraphTaskIdTest, CallbackSeesTheIdOfItsTasksHooks) {
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   int64_t hook_id = -2, callback_id = -3;
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     hook_id = current_graph_task_id();
     queue_callback([&] { callback_id = current_graph_task_id(); });
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   EXPECT_GE(hook_id, 0);
@@ -86,21 +86,21 @@ TEST(GraphTaskIdTest, CallbackSeesTheIdOfItsTasksHooks) {
 }
 
 TEST(GraphTaskIdTest, NestedTaskHasItsOwnIdAndTheParentsComesBack) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable inner = Leaf({3}, {1});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor inner = Leaf({3}, {1});
   int64_t outer_before = -1, nested = -1, outer_after = -1, inner_depth = -1;
-  inner.register_hook([&](const Variable&) {
+  inner.register_hook([&](const Tensor&) {
     nested = current_graph_task_id();
     inner_depth = current_reentrant_depth();
-    return Variable();
+    return Tensor();
   });
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     outer_before = current_graph_task_id();
     EXPECT_EQ(current_reentrant_depth(), 0);
     EnableGradGuard grad;  // hooks run without grad, as in PyTorch
     Sum(Mul(inner, inner)).backward();
     outer_after = current_graph_task_id();
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   EXPECT_GE(outer_before, 0);
@@ -114,10 +114,10 @@ TEST(GraphTaskIdTest, NestedTaskHasItsOwnIdAndTheParentsComesBack) {
 // ---- Callbacks ---------------------------------------------------------------------------------
 
 TEST(CallbackTest, ACallbackMayQueueAnotherAndBothRunBeforeBackwardReturns) {
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   int count = 0;
   std::vector<double> grad_seen_by_callback;
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     queue_callback([&] {
       ++count;
       queue_callback([&] {
@@ -125,7 +125,7 @@ TEST(CallbackTest, ACallbackMayQueueAnotherAndBothRunBeforeBackwardReturns) {
         grad_seen_by_callback = Values(x.grad());  // .grad is final when callbacks run
       });
     });
-    return Variable();
+    return Tensor();
   });
   Sum(MulScalar(x, 3)).backward();
   EXPECT_EQ(count, 2);
@@ -133,11 +133,11 @@ TEST(CallbackTest, ACallbackMayQueueAnotherAndBothRunBeforeBackwardReturns) {
 }
 
 TEST(CallbackTest, CallbacksRunFifoOnce) {
-  Variable x = Leaf({1}, {1});
+  Tensor x = Leaf({1}, {1});
   std::vector<int> order;
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     for (int i = 0; i < 4; ++i) queue_callback([&order, i] { order.push_back(i); });
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
@@ -146,19 +146,19 @@ TEST(CallbackTest, CallbacksRunFifoOnce) {
 }
 
 TEST(CallbackTest, InnerOuterAndBothDepthCallbacksFireOnceInTheirOwnTask) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = Leaf({5}, {1});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = Leaf({5}, {1});
   std::vector<std::string> events;
   int64_t outer_id = -1, inner_id = -1;
-  y.register_hook([&](const Variable&) {
+  y.register_hook([&](const Tensor&) {
     inner_id = current_graph_task_id();
     queue_callback([&] {
       events.push_back("inner-callback task " +
                        std::to_string(current_graph_task_id() == inner_id));
     });
-    return Variable();
+    return Tensor();
   });
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     outer_id = current_graph_task_id();
     queue_callback([&] {
       events.push_back("outer-callback task " +
@@ -170,7 +170,7 @@ TEST(CallbackTest, InnerOuterAndBothDepthCallbacksFireOnceInTheirOwnTask) {
     }
     events.push_back("nested backward returned");
     queue_callback([&] { events.push_back("outer-callback-2"); });
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   EXPECT_EQ(events, (std::vector<std::string>{"inner-callback task 1", "nested backward returned",
@@ -178,20 +178,20 @@ TEST(CallbackTest, InnerOuterAndBothDepthCallbacksFireOnceInTheirOwnTask) {
 }
 
 TEST(CallbackTest, OutermostTaskCallbackQueuedInANestedTaskRunsAfterTheWholeBackward) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = Leaf({5}, {1});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = Leaf({5}, {1});
   std::vector<std::string> events;
   int64_t outer_id = -1;
-  y.register_hook([&](const Variable&) {
+  y.register_hook([&](const Tensor&) {
     EXPECT_EQ(current_reentrant_depth(), 1);
     EXPECT_EQ(outermost_graph_task_id(), outer_id);
     queue_callback_on_outermost_task([&] {
       events.push_back("outermost callback in task " +
                        std::to_string(current_graph_task_id() == outer_id));
     });
-    return Variable();
+    return Tensor();
   });
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     outer_id = current_graph_task_id();
     EXPECT_EQ(outermost_graph_task_id(), outer_id);
     {
@@ -199,7 +199,7 @@ TEST(CallbackTest, OutermostTaskCallbackQueuedInANestedTaskRunsAfterTheWholeBack
       Sum(y).backward();
     }
     events.push_back("nested backward returned");
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   EXPECT_EQ(events,
@@ -210,18 +210,18 @@ TEST(CallbackTest, OutermostTaskCallbackQueuedInANestedTaskRunsAfterTheWholeBack
 }
 
 TEST(CallbackTest, BackwardStartedInsideAForwardScopeIsFlaggedWithItsNestedTasks) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = Leaf({5}, {1});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = Leaf({5}, {1});
   std::vector<int> flags;  // x's hook (outer), then y's (nested)
-  y.register_hook([&](const Variable&) {
+  y.register_hook([&](const Tensor&) {
     flags.push_back(backward_issued_in_forward());
-    return Variable();
+    return Tensor();
   });
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     flags.push_back(backward_issued_in_forward());
     EnableGradGuard grad;
     Sum(y).backward();
-    return Variable();
+    return Tensor();
   });
   Sum(x).backward();
   {
@@ -239,15 +239,15 @@ TEST(CallbackTest, QueueingOutsideBackwardThrows) {
 }
 
 TEST(CallbackTest, AFailingNodeMeansNoCallbacksRunAndTheErrorNamesIt) {
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   bool ran = false;
-  Variable z = Leaf({1}, {1});
-  z.register_hook([&](const Variable&) {
+  Tensor z = Leaf({1}, {1});
+  z.register_hook([&](const Tensor&) {
     queue_callback([&] { ran = true; });
-    return Variable();
+    return Tensor();
   });
   // z's hook runs first (its node is created later), then the failing node throws.
-  Variable loss = Add(Sum(Failing(x)), z);
+  Tensor loss = Add(Sum(Failing(x)), z);
   EXPECT_TRUE(ThrowsErrorExactly([&] { loss.backward(); }, "boom [in FailingBackward]"));
   EXPECT_FALSE(ran);
   EXPECT_EQ(current_graph_task_id(), -1);  // the task state was unwound
@@ -257,14 +257,14 @@ TEST(CallbackTest, AFailingNodeMeansNoCallbacksRunAndTheErrorNamesIt) {
 // ----------------------------------------------------------------------------------
 
 TEST(HookOrderTest, LeafHooksRunInTheDocumentedOrder) {
-  Variable x = Leaf({1, 2, 3, 4}, {4});
-  Variable loss = Sum(x);
+  Tensor x = Leaf({1, 2, 3, 4}, {4});
+  Tensor loss = Sum(x);
   std::shared_ptr<Node> acc = x.gradient_edge_node();
-  x.register_hook([](const Variable& g) { return AddScalar(g, -2); });  // 1 -> -1
+  x.register_hook([](const Tensor& g) { return AddScalar(g, -2); });  // 1 -> -1
   acc->RegisterPreHook([](const VariableList& g) -> VariableList {      // -> -0.2
     return {MulScalar(g[0], 1.0 / 5)};
   });
-  x.register_post_accumulate_grad_hook([](const Variable& leaf) {  // -> 0.3
+  x.register_post_accumulate_grad_hook([](const Tensor& leaf) {  // -> 0.3
     leaf.grad().data().copy_(tg::AddScalar(leaf.grad().data(), 0.5));
   });
   acc->RegisterPostHook([&x](const VariableList&, const VariableList&) {  // -> 3
@@ -275,15 +275,15 @@ TEST(HookOrderTest, LeafHooksRunInTheDocumentedOrder) {
 }
 
 TEST(HookOrderTest, TensorHooksChainRetainGradSeesTheResultAndNodeHooksFollow) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = MulScalar(x, 2);
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = MulScalar(x, 2);
   y.retain_grad();
   std::vector<std::string> events;
-  y.register_hook([&](const Variable& g) {
+  y.register_hook([&](const Tensor& g) {
     events.push_back("tensor hook 1");
     return MulScalar(g, 3);
   });
-  y.register_hook([&](const Variable& g) {
+  y.register_hook([&](const Tensor& g) {
     events.push_back("tensor hook 2 sees " + std::to_string(static_cast<int>(Values(g)[0])));
     return AddScalar(g, 1);
   });
@@ -302,13 +302,13 @@ TEST(HookOrderTest, TensorHooksChainRetainGradSeesTheResultAndNodeHooksFollow) {
 }
 
 TEST(HookOrderTest, RemovedHooksDoNotRun) {
-  Variable x = Leaf({1}, {1});
+  Tensor x = Leaf({1}, {1});
   int calls = 0;
-  HookHandle h = x.register_hook([&](const Variable&) {
+  HookHandle h = x.register_hook([&](const Tensor&) {
     ++calls;
-    return Variable();
+    return Tensor();
   });
-  HookHandle p = x.register_post_accumulate_grad_hook([&](const Variable&) { ++calls; });
+  HookHandle p = x.register_post_accumulate_grad_hook([&](const Tensor&) { ++calls; });
   Sum(x).backward();
   EXPECT_EQ(calls, 2);
   h.remove();
@@ -319,24 +319,24 @@ TEST(HookOrderTest, RemovedHooksDoNotRun) {
 }
 
 TEST(HookOrderTest, PostAccumulateGradHookOnANonLeafThrows) {
-  Variable x = Leaf({1}, {1});
-  Variable y = MulScalar(x, 2);
-  EXPECT_TRUE(ThrowsError([&] { y.register_post_accumulate_grad_hook([](const Variable&) {}); },
+  Tensor x = Leaf({1}, {1});
+  Tensor y = MulScalar(x, 2);
+  EXPECT_TRUE(ThrowsError([&] { y.register_post_accumulate_grad_hook([](const Tensor&) {}); },
                           "post-accumulate-grad hooks can only be registered on leaf variables"));
 }
 
 TEST(HookOrderTest, MultiGradHookFiresOncePerBackwardAfterTheLastGradient) {
-  Variable a = Leaf({1}, {1});
-  Variable b = Leaf({2}, {1});
-  Variable unused = Leaf({3}, {1});
+  Tensor a = Leaf({1}, {1});
+  Tensor b = Leaf({2}, {1});
+  Tensor unused = Leaf({3}, {1});
   std::vector<std::string> events;
-  a.register_hook([&](const Variable&) {
+  a.register_hook([&](const Tensor&) {
     events.push_back("a");
-    return Variable();
+    return Tensor();
   });
-  b.register_hook([&](const Variable&) {
+  b.register_hook([&](const Tensor&) {
     events.push_back("b");
-    return Variable();
+    return Tensor();
   });
   register_multi_grad_hook({a, b, unused}, [&](const VariableList& grads) {
     events.push_back("multi " + std::to_string(grads[0].defined()) +
@@ -353,17 +353,17 @@ TEST(HookOrderTest, MultiGradHookFiresOncePerBackwardAfterTheLastGradient) {
 // ---- retain_graph and accumulation -------------------------------------------------------------
 
 TEST(RetainGraphTest, SecondBackwardThroughSavedTensorsSaysToRetain) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable loss = Sum(Mul(x, x));
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor loss = Sum(Mul(x, x));
   loss.backward();
   EXPECT_TRUE(ThrowsError([&] { loss.backward(); }, "pass retain_graph=true"));
   EXPECT_TRUE(ThrowsError([&] { loss.backward(); }, "MulBackward"));
 }
 
 TEST(RetainGraphTest, RetainedGraphRunsAgainAndGradAccumulatesInPlace) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable loss = Sum(Mul(x, x));
-  loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor loss = Sum(Mul(x, x));
+  loss.backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
   const void* storage = x.grad().data().raw_data();
   loss.backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{4, 8}));
@@ -371,8 +371,8 @@ TEST(RetainGraphTest, RetainedGraphRunsAgainAndGradAccumulatesInPlace) {
 }
 
 TEST(RetainGraphTest, NodesThatSaveNothingCanRunTwice) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable loss = Sum(AddScalar(MulScalar(x, 3), 1));
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor loss = Sum(AddScalar(MulScalar(x, 3), 1));
   loss.backward();
   loss.backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{6, 6}));
@@ -383,36 +383,36 @@ TEST(RetainGraphTest, NodesThatSaveNothingCanRunTwice) {
 
 // (A grad_output of another dtype is cast: hook_semantics_test.cc.)
 TEST(RootsTest, NonScalarRootNeedsMatchingGradOutputs) {
-  Variable x = Leaf({1, 2, 3, 4, 5, 6}, {2, 3});
-  Variable y = MulScalar(x, 2);
+  Tensor x = Leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor y = MulScalar(x, 2);
   EXPECT_TRUE(ThrowsError([&] { y.backward(); }, "root 0 has shape [2, 3]"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        y.backward(Variable(Tensor::Ones({3, 2}, kF64)));
+        y.backward(Tensor(RawTensor::Ones({3, 2}, kF64)));
       },
       "backward: grad_output 0 has shape [3, 2] but root 0 has shape [2, 3]"));
-  y.backward(Variable(Tensor::FromVector<double>({1, 0, 2, 0, 3, 0}, {2, 3})));
+  y.backward(Tensor(RawTensor::FromVector<double>({1, 0, 2, 0, 3, 0}, {2, 3})));
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2, 0, 4, 0, 6, 0}));
 }
 
 TEST(RootsTest, SeveralAndRepeatedRootsSum) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable a = Sum(MulScalar(x, 2));
-  Variable b = Sum(Mul(x, x));
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor a = Sum(MulScalar(x, 2));
+  Tensor b = Sum(Mul(x, x));
   Engine::Backward({a, b, a});
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2 + 2 + 2, 4 + 2 + 2}));
 }
 
 TEST(RootsTest, RootThatDoesNotRequireGradThrows) {
-  Variable c(Tensor::Ones({1}, kF64));
+  Tensor c(RawTensor::Ones({1}, kF64));
   EXPECT_TRUE(ThrowsErrorExactly([&] { c.backward(); },
                                  "backward: root 0 does not require grad and has no grad_fn"));
 }
 
 TEST(RootsTest, ARootThatIsAlsoInsideTheGraphWaitsForItsDependencies) {
-  Variable x = Leaf({3}, {1});
-  Variable y = MulScalar(x, 2);  // root 1
-  Variable z = Mul(y, y);        // root 0 depends on y
+  Tensor x = Leaf({3}, {1});
+  Tensor y = MulScalar(x, 2);  // root 1
+  Tensor z = Mul(y, y);        // root 0 depends on y
   Engine::Backward({z, y});
   // dz/dx = 2y * 2 = 24, dy/dx = 2
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{26}));
@@ -422,13 +422,13 @@ TEST(RootsTest, ARootThatIsAlsoInsideTheGraphWaitsForItsDependencies) {
 // -----------------------------------------------------------------
 
 TEST(GradTest, NeverTouchesGradAndRunsInputTensorHooksButNotAccumulation) {
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   int tensor_hooks = 0, post_acc = 0;
-  x.register_hook([&](const Variable& g) {
+  x.register_hook([&](const Tensor& g) {
     ++tensor_hooks;
     return MulScalar(g, 10);
   });
-  x.register_post_accumulate_grad_hook([&](const Variable&) { ++post_acc; });
+  x.register_post_accumulate_grad_hook([&](const Tensor&) { ++post_acc; });
   VariableList g = Engine::Grad({Sum(Mul(x, x))}, {x});
   EXPECT_EQ(Values(g[0]), (std::vector<double>{20, 40}));
   EXPECT_FALSE(x.grad().defined());
@@ -437,10 +437,10 @@ TEST(GradTest, NeverTouchesGradAndRunsInputTensorHooksButNotAccumulation) {
 }
 
 TEST(GradTest, NonLeafInputsAndUnusedInputs) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable unused = Leaf({5}, {1});
-  Variable h = MulScalar(x, 3);
-  Variable loss = Sum(Mul(h, h));
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor unused = Leaf({5}, {1});
+  Tensor h = MulScalar(x, 3);
+  Tensor loss = Sum(Mul(h, h));
   VariableList g = Engine::Grad({loss}, {h, x}, {}, GradOptions{true, false, false});
   EXPECT_EQ(Values(g[0]), (std::vector<double>{6, 12}));
   EXPECT_EQ(Values(g[1]), (std::vector<double>{18, 36}));
@@ -451,20 +451,20 @@ TEST(GradTest, NonLeafInputsAndUnusedInputs) {
 }
 
 TEST(GradTest, BackwardWithInputsAccumulatesOnlyThere) {
-  Variable a = Leaf({1}, {1});
-  Variable b = Leaf({2}, {1});
-  Variable loss = Sum(Mul(a, b));
+  Tensor a = Leaf({1}, {1});
+  Tensor b = Leaf({2}, {1});
+  Tensor loss = Sum(Mul(a, b));
   VariableList inputs = {a};
-  loss.backward(Variable(), BackwardOptions{false, false, &inputs});
+  loss.backward(Tensor(), BackwardOptions{false, false, &inputs});
   EXPECT_EQ(Values(a.grad()), (std::vector<double>{2}));
   EXPECT_FALSE(b.grad().defined());
 }
 
 TEST(GradTest, WillExecuteTellsWhichNodesRun) {
-  Variable a = Leaf({1}, {1});
-  Variable b = Leaf({2}, {1});
-  Variable other = Leaf({3}, {1});
-  Variable loss = Sum(Mul(a, b));
+  Tensor a = Leaf({1}, {1});
+  Tensor b = Leaf({2}, {1});
+  Tensor other = Leaf({3}, {1});
+  Tensor loss = Sum(Mul(a, b));
   std::shared_ptr<Node> acc_a = a.gradient_edge_node(), acc_b = b.gradient_edge_node();
   std::shared_ptr<Node> acc_other = other.gradient_edge_node();
   std::vector<bool> seen;
@@ -472,10 +472,10 @@ TEST(GradTest, WillExecuteTellsWhichNodesRun) {
     seen = {will_execute(acc_a), will_execute(acc_b), will_execute(acc_other)};
     return {};
   });
-  loss.backward(Variable(), BackwardOptions{true});
+  loss.backward(Tensor(), BackwardOptions{true});
   EXPECT_EQ(seen, (std::vector<bool>{true, true, false}));
   VariableList only_a = {a};
-  loss.backward(Variable(), BackwardOptions{true, false, &only_a});
+  loss.backward(Tensor(), BackwardOptions{true, false, &only_a});
   EXPECT_EQ(seen, (std::vector<bool>{true, false, false}));
   EXPECT_TRUE(ThrowsError([&] { will_execute(acc_a); }, "only be called during backward"));
 }
@@ -485,10 +485,10 @@ TEST(GradTest, WillExecuteTellsWhichNodesRun) {
 // _will_engine_execute_node raises "A leaf node was passed to _will_engine_execute_node but we
 // are currently running autograd.grad()".
 TEST(GradTest, WillExecuteRefusesALeafInputOfGrad) {
-  Variable a = Leaf({1}, {1});
-  Variable b = Leaf({2}, {1});
+  Tensor a = Leaf({1}, {1});
+  Tensor b = Leaf({2}, {1});
   a.set_name("a");
-  Variable loss = Sum(Mul(a, b));
+  Tensor loss = Sum(Mul(a, b));
   std::shared_ptr<Node> acc_a = a.gradient_edge_node(), acc_b = b.gradient_edge_node();
   std::vector<bool> seen;
   std::string refused;
@@ -512,7 +512,7 @@ TEST(GradTest, WillExecuteRefusesALeafInputOfGrad) {
             "there (PyTorch refuses it too)");
   // The same leaf through Backward(inputs=) runs its AccumulateGrad: answered.
   VariableList only_a = {a};
-  loss.backward(Variable(), BackwardOptions{true, false, &only_a});
+  loss.backward(Tensor(), BackwardOptions{true, false, &only_a});
   EXPECT_EQ(refused, "(answered)");
 }
 
@@ -520,7 +520,7 @@ TEST(GradTest, WillExecuteRefusesALeafInputOfGrad) {
 // -----------------------------------------------------------------------------------
 
 TEST(GradModeTest, NoGradRecordsNothingAndBackwardBodiesRunWithoutGrad) {
-  Variable x = Leaf({1, 2}, {2});
+  Tensor x = Leaf({1, 2}, {2});
   {
     NoGradGuard no_grad;
     EXPECT_FALSE(Mul(x, x).requires_grad());
@@ -528,9 +528,9 @@ TEST(GradModeTest, NoGradRecordsNothingAndBackwardBodiesRunWithoutGrad) {
     EXPECT_TRUE(Mul(x, x).requires_grad());
   }
   std::vector<bool> modes;
-  x.register_hook([&](const Variable&) {
+  x.register_hook([&](const Tensor&) {
     modes.push_back(GradMode::is_enabled());
-    return Variable();
+    return Tensor();
   });
   Sum(Mul(x, x)).backward();
   Engine::Grad({Sum(Mul(x, x))}, {x}, {}, GradOptions{false, /*create_graph=*/true});
@@ -539,7 +539,7 @@ TEST(GradModeTest, NoGradRecordsNothingAndBackwardBodiesRunWithoutGrad) {
 }
 
 TEST(GradModeTest, CreateGraphGivesSecondDerivatives) {
-  Variable x = Leaf({1, 2, 3}, {3});
+  Tensor x = Leaf({1, 2, 3}, {3});
   VariableList g = Engine::Grad({Sum(Mul(Mul(x, x), x))}, {x}, {}, GradOptions{false, true});
   EXPECT_EQ(Values(g[0]), (std::vector<double>{3, 12, 27}));
   VariableList gg = Engine::Grad({Sum(g[0])}, {x});
@@ -550,11 +550,11 @@ TEST(GradModeTest, CreateGraphGivesSecondDerivatives) {
 
 void RecurseBackward(int remaining, int* deepest) {
   EnableGradGuard grad;
-  Variable x = Leaf({1}, {1});
-  x.register_hook([remaining, deepest](const Variable&) {
+  Tensor x = Leaf({1}, {1});
+  x.register_hook([remaining, deepest](const Tensor&) {
     *deepest = std::max(*deepest, current_reentrant_depth());
     if (remaining > 0) RecurseBackward(remaining - 1, deepest);
-    return Variable();
+    return Tensor();
   });
   Sum(MulScalar(x, 2)).backward();
 }
@@ -569,13 +569,13 @@ TEST(ReentrantTest, TwoThousandLevelsCompleteWithoutOverflowingTheStack) {
 TEST(ReentrantTest, NestedTaskThroughNodesOfTheOuterGraphLeavesTheOuterStateIntact) {
   // The nested backward runs MulBackward and x's AccumulateGrad, which the outer task has not
   // reached yet; the outer task must still find its own state for them afterwards.
-  Variable x = Leaf({1, 2}, {2});
-  Variable s = Mul(x, x);
-  Variable a = MulScalar(s, 3);
-  a.register_hook([&](const Variable&) {
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor s = Mul(x, x);
+  Tensor a = MulScalar(s, 3);
+  a.register_hook([&](const Tensor&) {
     EnableGradGuard grad;
-    Sum(s).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
-    return Variable();
+    Sum(s).backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
+    return Tensor();
   });
   Sum(a).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2 + 6, 4 + 12}));
@@ -583,15 +583,15 @@ TEST(ReentrantTest, NestedTaskThroughNodesOfTheOuterGraphLeavesTheOuterStateInta
 
 TEST(ReentrantTest, ErrorsPropagateThroughHandOffThreads) {
   int deepest = -1;
-  Variable x = Leaf({1}, {1});
+  Tensor x = Leaf({1}, {1});
   std::function<void(int)> recurse = [&](int remaining) {
     EnableGradGuard grad;
-    Variable y = Leaf({1}, {1});
-    y.register_hook([&, remaining](const Variable&) {
+    Tensor y = Leaf({1}, {1});
+    y.register_hook([&, remaining](const Tensor&) {
       deepest = std::max(deepest, current_reentrant_depth());
       if (remaining == 0) throw Error("deep failure");
       recurse(remaining - 1);
-      return Variable();
+      return Tensor();
     });
     Sum(y).backward();
   };
@@ -601,17 +601,17 @@ TEST(ReentrantTest, ErrorsPropagateThroughHandOffThreads) {
 }
 
 TEST(GraphSizeTest, ChainOfOneHundredThousandNodes) {
-  Variable x = Leaf({1}, {1});
-  Variable y = x;
+  Tensor x = Leaf({1}, {1});
+  Tensor y = x;
   for (int i = 0; i < 100000; ++i) y = AddScalar(y, 1);
   Sum(y).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{1}));
-  y = Variable();  // destroying a long graph must not recurse either
+  y = Tensor();  // destroying a long graph must not recurse either
 }
 
 TEST(GraphSizeTest, FanInOfTenThousandLeaves) {
   VariableList leaves;
-  Variable total = Variable(Tensor::Zeros({1}, kF64));
+  Tensor total = Tensor(RawTensor::Zeros({1}, kF64));
   for (int i = 0; i < 10000; ++i) {
     leaves.push_back(Leaf({static_cast<double>(i)}, {1}));
     total = Add(total, MulScalar(leaves.back(), i % 7));

@@ -20,11 +20,11 @@ namespace {
 using testing::ThrowsError;
 using testing::ThrowsErrorExactly;
 
-Variable Leaf(std::vector<double> values, Shape shape, bool requires_grad = true) {
-  return Variable(Tensor::FromVector<double>(values, shape, kF64), requires_grad);
+Tensor Leaf(std::vector<double> values, Shape shape, bool requires_grad = true) {
+  return Tensor(RawTensor::FromVector<double>(values, shape, kF64), requires_grad);
 }
 
-std::vector<double> Values(const Variable& v) { return v.data().to_vector<double>(); }
+std::vector<double> Values(const Tensor& v) { return v.data().to_vector<double>(); }
 
 // x^3 with the hand-written backward 3x^2 * g, made of differentiable ops (so create_graph
 // gives the second derivative).
@@ -33,17 +33,17 @@ struct Cube : Function<Cube> {
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
     EXPECT_FALSE(GradMode::is_enabled());  // Forward computes on data
     ctx.save_for_backward({in[0]});
-    return {Variable(tg::Pow(in[0].data(), 3.0))};
+    return {Tensor(tg::Pow(in[0].data(), 3.0))};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
-    const Variable x = ctx.saved_variables()[0];
+    const Tensor x = ctx.saved_variables()[0];
     return {Mul(grads[0], MulScalar(Mul(x, x), 3))};
   }
 };
 
 TEST(FunctionTest, CubeRecordsOneNodeAndPassesGradcheck) {
-  Variable x = Leaf({0.5, -1.25, 2.0, 0.75}, {2, 2});
-  Variable y = Cube::Apply({x})[0];
+  Tensor x = Leaf({0.5, -1.25, 2.0, 0.75}, {2, 2});
+  Tensor y = Cube::Apply({x})[0];
   ASSERT_NE(y.grad_fn(), nullptr);
   EXPECT_EQ(y.grad_fn()->name(), "CubeBackward");
   ASSERT_EQ(y.grad_fn()->next_edges().size(), 1u);
@@ -56,22 +56,22 @@ TEST(FunctionTest, CubeRecordsOneNodeAndPassesGradcheck) {
 }
 
 TEST(FunctionTest, BackwardRunsUnderCreateGraphForSecondDerivatives) {
-  Variable x = Leaf({1.5, -2.0}, {2});
-  Variable y = Sum(Cube::Apply({x})[0]);
-  Variable gx = Engine::Grad({y}, {x}, {}, GradOptions{false, /*create_graph=*/true})[0];
+  Tensor x = Leaf({1.5, -2.0}, {2});
+  Tensor y = Sum(Cube::Apply({x})[0]);
+  Tensor gx = Engine::Grad({y}, {x}, {}, GradOptions{false, /*create_graph=*/true})[0];
   EXPECT_EQ(Values(gx), (std::vector<double>{3 * 1.5 * 1.5, 12.0}));
   ASSERT_TRUE(gx.requires_grad());
-  Variable ggx = Engine::Grad({Sum(gx)}, {x})[0];
+  Tensor ggx = Engine::Grad({Sum(gx)}, {x})[0];
   EXPECT_EQ(Values(ggx), (std::vector<double>{9.0, -12.0}));  // 6x
 }
 
 TEST(FunctionTest, NotRecordedWithoutGradOrUnderNoGrad) {
-  Variable plain = Leaf({2}, {1}, /*requires_grad=*/false);
-  Variable y = Cube::Apply({plain})[0];
+  Tensor plain = Leaf({2}, {1}, /*requires_grad=*/false);
+  Tensor y = Cube::Apply({plain})[0];
   EXPECT_FALSE(y.requires_grad());
-  Variable x = Leaf({2}, {1});
+  Tensor x = Leaf({2}, {1});
   NoGradGuard no_grad;
-  Variable z = Cube::Apply({x})[0];
+  Tensor z = Cube::Apply({x})[0];
   EXPECT_FALSE(z.requires_grad());
   EXPECT_EQ(Values(z), (std::vector<double>{8}));
 }
@@ -80,7 +80,7 @@ TEST(FunctionTest, NotRecordedWithoutGradOrUnderNoGrad) {
 struct BadCount : Function<BadCount> {
   static constexpr const char* kName = "BadCount";
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
-    return {Variable(in[0].data().clone())};
+    return {Tensor(in[0].data().clone())};
   }
   static VariableList Backward(FunctionCtx&, const VariableList& grads) {
     return {grads[0], grads[0]};
@@ -88,8 +88,8 @@ struct BadCount : Function<BadCount> {
 };
 
 TEST(FunctionTest, WrongGradientCountNamesTheFunctionAndBothCounts) {
-  Variable x = Leaf({1, 2, 3}, {3});
-  Variable y = Sum(BadCount::Apply({x})[0]);
+  Tensor x = Leaf({1, 2, 3}, {3});
+  Tensor y = Sum(BadCount::Apply({x})[0]);
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { y.backward(); },
       "function BadCountBackward returned an incorrect number of gradients (expected 1, got 2) "
@@ -100,16 +100,16 @@ TEST(FunctionTest, WrongGradientCountNamesTheFunctionAndBothCounts) {
 struct BadShape : Function<BadShape> {
   static constexpr const char* kName = "BadShape";
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
-    return {Variable(in[0].data().clone())};
+    return {Tensor(in[0].data().clone())};
   }
   static VariableList Backward(FunctionCtx&, const VariableList&) {
-    return {Variable(Tensor::Ones({2, 3}, kF64))};
+    return {Tensor(RawTensor::Ones({2, 3}, kF64))};
   }
 };
 
 TEST(FunctionTest, WrongGradientShapeNamesBothShapes) {
-  Variable x = Leaf({1, 2, 3}, {3});
-  Variable y = Sum(BadShape::Apply({x})[0]);
+  Tensor x = Leaf({1, 2, 3}, {3});
+  Tensor y = Sum(BadShape::Apply({x})[0]);
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { y.backward(); },
       "function BadShapeBackward returned a gradient of shape [2, 3] for input 0, which has "
@@ -123,7 +123,7 @@ struct MulAdd : Function<MulAdd> {
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
     forward_needs = {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
     ctx.save_for_backward({in[0], in[1]});
-    return {Variable(tg::Add(tg::Mul(in[0].data(), in[1].data()), in[2].data()))};
+    return {Tensor(tg::Add(tg::Mul(in[0].data(), in[1].data()), in[2].data()))};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
     backward_needs = {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
@@ -136,10 +136,10 @@ std::vector<bool> MulAdd::forward_needs;
 std::vector<bool> MulAdd::backward_needs;
 
 TEST(FunctionTest, NeedsInputGradReflectsRequiresGrad) {
-  Variable a = Leaf({1, 2}, {2});
-  Variable b = Leaf({3, 4}, {2}, /*requires_grad=*/false);
-  Variable c = Leaf({5, 6}, {2}, /*requires_grad=*/false);
-  Variable y = MulAdd::Apply({a, b, c})[0];
+  Tensor a = Leaf({1, 2}, {2});
+  Tensor b = Leaf({3, 4}, {2}, /*requires_grad=*/false);
+  Tensor c = Leaf({5, 6}, {2}, /*requires_grad=*/false);
+  Tensor y = MulAdd::Apply({a, b, c})[0];
   EXPECT_EQ(MulAdd::forward_needs, (std::vector<bool>{true, false, false}));
   Sum(y).backward();
   EXPECT_EQ(MulAdd::backward_needs, (std::vector<bool>{true, false, false}));
@@ -160,8 +160,8 @@ struct TwiceAndSign : Function<TwiceAndSign> {
   static constexpr const char* kName = "TwiceAndSign";
   static VariableList seen_grads;
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
-    Variable twice(tg::MulScalar(in[0].data(), 2));
-    Variable sign(tg::Gt(in[0].data(), Tensor::Scalar(0, kF64)).to(kF64));
+    Tensor twice(tg::MulScalar(in[0].data(), 2));
+    Tensor sign(tg::Gt(in[0].data(), RawTensor::Scalar(0, kF64)).to(kF64));
     ctx.mark_non_differentiable({sign});
     return {twice, sign};
   }
@@ -173,7 +173,7 @@ struct TwiceAndSign : Function<TwiceAndSign> {
 VariableList TwiceAndSign::seen_grads;
 
 TEST(FunctionTest, NonDifferentiableOutputsDoNotRequireGradAndGetZeroGradients) {
-  Variable x = Leaf({-1, 2, 3}, {3});
+  Tensor x = Leaf({-1, 2, 3}, {3});
   VariableList out = TwiceAndSign::Apply({x});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_TRUE(out[0].requires_grad());
@@ -192,7 +192,7 @@ TEST(FunctionTest, NonDifferentiableOutputsDoNotRequireGradAndGetZeroGradients) 
 struct ExpFn : Function<ExpFn> {
   static constexpr const char* kName = "ExpFn";
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
-    Variable y(tg::Exp(in[0].data()));
+    Tensor y(tg::Exp(in[0].data()));
     ctx.save_for_backward({y});
     return {y};
   }
@@ -202,8 +202,8 @@ struct ExpFn : Function<ExpFn> {
 };
 
 TEST(FunctionTest, SavedOutputAndNonTensorData) {
-  Variable x = Leaf({0, 1}, {2});
-  Variable y = ExpFn::Apply({x})[0];
+  Tensor x = Leaf({0, 1}, {2});
+  Tensor y = ExpFn::Apply({x})[0];
   Sum(y).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{1, std::exp(1.0)}));
 }
@@ -212,7 +212,7 @@ struct ScaleBy : Function<ScaleBy> {
   static constexpr const char* kName = "ScaleBy";
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in, double factor) {
     ctx.saved_data["factor"] = factor;
-    return {Variable(tg::MulScalar(in[0].data(), factor))};
+    return {Tensor(tg::MulScalar(in[0].data(), factor))};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
     return {MulScalar(grads[0], std::any_cast<double>(ctx.saved_data.at("factor")))};
@@ -220,21 +220,21 @@ struct ScaleBy : Function<ScaleBy> {
 };
 
 TEST(FunctionTest, ExtraArgumentsReachForwardAndSavedDataReachesBackward) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = ScaleBy::Apply({x}, 2.5)[0];
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = ScaleBy::Apply({x}, 2.5)[0];
   EXPECT_EQ(Values(y), (std::vector<double>{2.5, 5}));
   Sum(y).backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{2.5, 2.5}));
 }
 
 TEST(FunctionTest, SavedVariablesAreVersionCheckedAndReleased) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable y = Sum(Cube::Apply({x})[0]);
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor y = Sum(Cube::Apply({x})[0]);
   x.bump_version();  // what an in-place op on x would do
   EXPECT_TRUE(ThrowsError([&] { y.backward(); }, "was modified in place after it was saved"));
 
-  Variable x2 = Leaf({1, 2}, {2});
-  Variable y2 = Sum(Cube::Apply({x2})[0]);
+  Tensor x2 = Leaf({1, 2}, {2});
+  Tensor y2 = Sum(Cube::Apply({x2})[0]);
   y2.backward();
   EXPECT_TRUE(ThrowsError([&] { y2.backward(); }, "pass retain_graph=true"));
 }
@@ -246,8 +246,8 @@ struct Throwing : Function<Throwing> {
 };
 
 TEST(FunctionTest, ErrorsFromBackwardPropagate) {
-  Variable x = Leaf({1}, {1});
-  Variable y = Throwing::Apply({x})[0];
+  Tensor x = Leaf({1}, {1});
+  Tensor y = Throwing::Apply({x})[0];
   EXPECT_TRUE(ThrowsErrorExactly([&] { y.backward(); }, "nope [in ThrowingBackward]"));
 }
 
@@ -258,13 +258,13 @@ struct ReentrantSquare : Function<ReentrantSquare> {
   static int nested_depth;
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
     ctx.save_for_backward({in[0]});
-    return {Variable(tg::Mul(in[0].data(), in[0].data()))};
+    return {Tensor(tg::Mul(in[0].data(), in[0].data()))};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
-    Variable x = ctx.saved_variables()[0].detach().set_requires_grad(true);
-    x.register_hook([](const Variable&) {
+    Tensor x = ctx.saved_variables()[0].detach().set_requires_grad(true);
+    x.register_hook([](const Tensor&) {
       nested_depth = current_reentrant_depth();
-      return Variable();
+      return Tensor();
     });
     EnableGradGuard grad;
     Engine::Backward({Mul(x, x)}, {grads[0]});
@@ -274,8 +274,8 @@ struct ReentrantSquare : Function<ReentrantSquare> {
 int ReentrantSquare::nested_depth = -1;
 
 TEST(FunctionTest, BackwardMayRunANestedBackward) {
-  Variable x = Leaf({1, -3}, {2});
-  Variable y = Sum(MulScalar(ReentrantSquare::Apply({x})[0], 2));
+  Tensor x = Leaf({1, -3}, {2});
+  Tensor y = Sum(MulScalar(ReentrantSquare::Apply({x})[0], 2));
   y.backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{4, -12}));
   EXPECT_EQ(ReentrantSquare::nested_depth, 1);
@@ -289,21 +289,21 @@ struct BackwardInForward : Function<BackwardInForward> {
     EXPECT_TRUE(ForwardScope::active());
     EnableGradGuard grad;
     Sum(Mul(in[1], in[1])).backward();  // w.grad += 2w, flagged
-    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+    return {Tensor(tg::Mul(in[0].data(), in[1].data()))};
   }
   static VariableList Backward(FunctionCtx&, const VariableList& grads) {
-    return {grads[0], Variable()};  // no gradient for w: accumulated in Forward
+    return {grads[0], Tensor()};  // no gradient for w: accumulated in Forward
   }
 };
 
 TEST(FunctionTest, ForwardRunsInsideAForwardScope) {
-  Variable x = Leaf({1, 2}, {2});
-  Variable w = Leaf({3, -1}, {2});
+  Tensor x = Leaf({1, 2}, {2});
+  Tensor w = Leaf({3, -1}, {2});
   std::vector<bool> flags;
   HookHandle h = w.register_post_accumulate_grad_hook(
-      [&](const Variable&) { flags.push_back(backward_issued_in_forward()); });
+      [&](const Tensor&) { flags.push_back(backward_issued_in_forward()); });
   HookHandle hx = x.register_post_accumulate_grad_hook(
-      [&](const Variable&) { flags.push_back(backward_issued_in_forward()); });
+      [&](const Tensor&) { flags.push_back(backward_issued_in_forward()); });
   EXPECT_FALSE(ForwardScope::active());
   Sum(BackwardInForward::Apply({x, w})[0]).backward();
   EXPECT_FALSE(ForwardScope::active());
@@ -316,24 +316,24 @@ TEST(FunctionTest, ForwardRunsInsideAForwardScope) {
 struct ReturnsNone : Function<ReturnsNone> {
   static constexpr const char* kName = "ReturnsNone";
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
-    return {Variable(tg::MulScalar(in[0].data(), 2))};
+    return {Tensor(tg::MulScalar(in[0].data(), 2))};
   }
-  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Variable()}; }
+  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Tensor()}; }
 };
 
 // An undefined gradient is "no gradient", not zeros: built-in nodes that receive nothing else
 // (x^2's PowBackward, exp's, mul's) pass none on, so x.grad stays undefined, and Grad() gives
 // an undefined result under allow_unused and an error without it, as PyTorch.
 TEST(FunctionTest, UndefinedGradientFlowsAsNoGradient) {
-  Variable x = Leaf({1}, {1});
+  Tensor x = Leaf({1}, {1});
   x.set_name("x");
   std::vector<std::string> hook_saw;
-  x.register_hook([&](const Variable& g) {
+  x.register_hook([&](const Tensor& g) {
     hook_saw.push_back(g.defined() ? absl::StrCat(Values(g)[0]) : "undef");
-    return Variable();
+    return Tensor();
   });
   int accumulated = 0;
-  x.register_post_accumulate_grad_hook([&](const Variable&) { ++accumulated; });
+  x.register_post_accumulate_grad_hook([&](const Tensor&) { ++accumulated; });
 
   ReturnsNone::Apply({x})[0].backward();
   EXPECT_FALSE(x.grad().defined());
@@ -359,7 +359,7 @@ TEST(FunctionTest, UndefinedGradientFlowsAsNoGradient) {
       "gradient); pass allow_unused=true to get an undefined gradient"));
 
   // A gradient already in .grad is left as it was; another path's gradient still adds up.
-  x.set_grad(Variable(Tensor::FromVector<double>({5}, {1}, kF64)));
+  x.set_grad(Tensor(RawTensor::FromVector<double>({5}, {1}, kF64)));
   ReturnsNone::Apply({Pow(x, 2.0)})[0].backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<double>{5}));
   Add(ReturnsNone::Apply({Pow(x, 2.0)})[0], MulScalar(x, 3)).backward();

@@ -34,9 +34,9 @@ std::string FmtList(const VariableList& grads) {
 
 // sum(a * 2 + b * 5), recording a's node first as Python does (C++ leaves the order in which
 // function arguments are evaluated open, and node order decides which ready node runs first).
-Variable TwoAFiveB(const Variable& a, const Variable& b) {
-  Variable two_a = MulScalar(a, 2);
-  Variable five_b = MulScalar(b, 5);
+Tensor TwoAFiveB(const Tensor& a, const Tensor& b) {
+  Tensor two_a = MulScalar(a, 2);
+  Tensor five_b = MulScalar(b, 5);
   return Sum(Add(two_a, five_b));
 }
 
@@ -45,10 +45,10 @@ struct Recorder {
   Events events;
   std::vector<std::shared_ptr<tg::Node>> nodes;  // a leaf's AccumulateGrad lives only while held
 
-  void Tensor(const Variable& v, const std::string& name, double scale = 0) {
-    v.register_hook([this, name, scale](const Variable& g) {
+  void RawTensor(const Tensor& v, const std::string& name, double scale = 0) {
+    v.register_hook([this, name, scale](const Tensor& g) {
       events.push_back(name + " hook " + Fmt(g));
-      return scale == 0 ? Variable() : MulScalar(g, scale);
+      return scale == 0 ? Tensor() : MulScalar(g, scale);
     });
   }
   void Node(const std::shared_ptr<tg::Node>& node, const std::string& name) {
@@ -61,8 +61,8 @@ struct Recorder {
       events.push_back(name + " post");
     });
   }
-  void PostAcc(const Variable& v, const std::string& name) {
-    v.register_post_accumulate_grad_hook([this, name](const Variable& leaf) {
+  void PostAcc(const Tensor& v, const std::string& name) {
+    v.register_post_accumulate_grad_hook([this, name](const Tensor& leaf) {
       events.push_back(name + " postacc " + Fmt(leaf.grad()));
     });
   }
@@ -75,16 +75,16 @@ struct Recorder {
 
 // loss = sum(a * b + c * 2), c = b * 3.
 struct UnneededLeafGraph {
-  Variable a = Leaf({1}), b = Leaf({2}), loss;
+  Tensor a = Leaf({1}), b = Leaf({2}), loss;
   explicit UnneededLeafGraph(Recorder& r) {
-    r.Tensor(a, "a");
-    r.Tensor(b, "b");
+    r.RawTensor(a, "a");
+    r.RawTensor(b, "b");
     r.PostAcc(a, "a");
     r.PostAcc(b, "b");
     r.Node(b.gradient_edge_node(), "b.acc");
-    Variable prod = Mul(a, b);
-    Variable c = MulScalar(b, 3);
-    r.Tensor(c, "c");
+    Tensor prod = Mul(a, b);
+    Tensor c = MulScalar(b, 3);
+    r.RawTensor(c, "c");
     r.Node(c.grad_fn(), "c");
     loss = Sum(Add(prod, MulScalar(c, 2)));
     r.Node(prod.grad_fn(), "prod");
@@ -95,7 +95,7 @@ TEST(HookSemanticsTest, BackwardInputsSkipsUnneededLeaf) {
   Recorder r;
   UnneededLeafGraph g(r);
   VariableList inputs = {g.a};
-  g.loss.backward(Variable(), BackwardOptions{false, false, &inputs});
+  g.loss.backward(Tensor(), BackwardOptions{false, false, &inputs});
   EXPECT_EQ(r.events, (Events{"prod pre [1]", "prod post", "a hook [2]", "a postacc [2]"}));
   EXPECT_EQ(Fmt(g.a.grad()), "[2]");
   EXPECT_EQ(Fmt(g.b.grad()), "undef");
@@ -118,13 +118,13 @@ TEST(HookSemanticsTest, AccumulateGradRunsFirst) {
   // before z's MulBackward, which was created later than it (PyTorch gives AccumulateGrad the
   // highest sequence number).
   Recorder r;
-  Variable x = Leaf({1}), z = Leaf({2});
-  r.Tensor(x, "x");
-  r.Tensor(z, "z");
+  Tensor x = Leaf({1}), z = Leaf({2});
+  r.RawTensor(x, "x");
+  r.RawTensor(z, "z");
   r.Node(x.gradient_edge_node(), "x.acc");
-  Variable c = MulScalar(z, 3);
+  Tensor c = MulScalar(z, 3);
   r.Node(c.grad_fn(), "c");
-  Variable y = MulScalar(x, 2);
+  Tensor y = MulScalar(x, 2);
   r.Node(y.grad_fn(), "y");
   Sum(Mul(y, c)).backward();
   EXPECT_EQ(r.events, (Events{"y pre [6]", "y post", "x hook [12]", "x.acc pre [12]", "x.acc post",
@@ -137,14 +137,14 @@ TEST(HookSemanticsTest, AccumulateGradRunsFirst) {
 
 // loss = sum(h * h), h = x * 3; h's hook multiplies its gradient by 10.
 struct NonLeafGraph {
-  Variable x = Leaf({1, 2}), h, loss;
+  Tensor x = Leaf({1, 2}), h, loss;
   explicit NonLeafGraph(Recorder& r) {
-    r.Tensor(x, "x");
+    r.RawTensor(x, "x");
     r.PostAcc(x, "x");
     r.Node(x.gradient_edge_node(), "x.acc");
     h = MulScalar(x, 3);
     h.retain_grad();
-    r.Tensor(h, "h", 10);
+    r.RawTensor(h, "h", 10);
     r.Node(h.grad_fn(), "h");
     loss = Sum(Mul(h, h));
     r.Node(loss.grad_fn(), "loss");
@@ -177,15 +177,15 @@ TEST(HookSemanticsTest, GradNonLeafAndLeafBelow) {
 
 TEST(HookSemanticsTest, BackwardInputsNonLeaf) {
   Recorder r;
-  Variable x = Leaf({1, 2});
-  r.Tensor(x, "x");
+  Tensor x = Leaf({1, 2});
+  r.RawTensor(x, "x");
   r.PostAcc(x, "x");
-  Variable h = MulScalar(x, 3);
-  r.Tensor(h, "h", 10);
+  Tensor h = MulScalar(x, 3);
+  r.RawTensor(h, "h", 10);
   r.Node(h.grad_fn(), "h");
-  Variable loss = Sum(Mul(h, h));
+  Tensor loss = Sum(Mul(h, h));
   VariableList inputs = {h};
-  loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true, false, &inputs});
+  loss.backward(Tensor(), BackwardOptions{/*retain_graph=*/true, false, &inputs});
   EXPECT_EQ(Fmt(h.grad()), "[60, 120]");
   EXPECT_EQ(Fmt(x.grad()), "undef");
   EXPECT_TRUE(h.retains_grad());  // PyTorch leaves retain_grad on
@@ -200,12 +200,12 @@ TEST(HookSemanticsTest, BackwardInputsNonLeaf) {
 
 TEST(HookSemanticsTest, RootIsTheInput) {
   Recorder r;
-  Variable x = Leaf({1, 2});
-  r.Tensor(x, "x");
-  Variable y = MulScalar(x, 3);
-  r.Tensor(y, "y", 2);
+  Tensor x = Leaf({1, 2});
+  r.RawTensor(x, "x");
+  Tensor y = MulScalar(x, 3);
+  r.RawTensor(y, "y", 2);
   r.Node(y.grad_fn(), "y");
-  const Variable grad_output(Tensor::FromVector<double>({1, 5}, {2}));
+  const Tensor grad_output(RawTensor::FromVector<double>({1, 5}, {2}));
   VariableList gy = Engine::Grad({y}, {y}, {grad_output});
   r.events.push_back("-- backward inputs=[y]");
   VariableList inputs = {y};
@@ -218,9 +218,9 @@ TEST(HookSemanticsTest, RootIsTheInput) {
 }
 
 TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
-  Variable x = Leaf({1, 2});
-  Variable h = MulScalar(x, 3);
-  Variable loss = Sum(Mul(h, h));
+  Tensor x = Leaf({1, 2});
+  Tensor h = MulScalar(x, 3);
+  Tensor loss = Sum(Mul(h, h));
   std::vector<bool> seen;
   bool ask_leaf = true;
   loss.grad_fn()->RegisterPreHook([&](const VariableList&) -> VariableList {
@@ -237,7 +237,7 @@ TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
   EXPECT_EQ(seen, (std::vector<bool>{true, false}));
   ask_leaf = true;
   VariableList inputs = {h};
-  loss.backward(Variable(), BackwardOptions{true, false, &inputs});
+  loss.backward(Tensor(), BackwardOptions{true, false, &inputs});
   EXPECT_EQ(seen, (std::vector<bool>{true, false}));
   loss.backward();
   EXPECT_EQ(seen, (std::vector<bool>{true, true}));
@@ -247,20 +247,20 @@ TEST(HookSemanticsTest, WillExecuteCountsCapturedNonLeafInputs) {
 
 TEST(HookSemanticsTest, MultiGradAll) {
   Recorder r;
-  Variable a = Leaf({1}), b = Leaf({2}), u = Leaf({3});
-  r.Tensor(a, "a");
+  Tensor a = Leaf({1}), b = Leaf({2}), u = Leaf({3});
+  r.RawTensor(a, "a");
   HookHandle handle = register_multi_grad_hook({a, b, u}, r.Multi());
-  r.Tensor(b, "b");
+  r.RawTensor(b, "b");
   r.events.push_back("-- both");
   TwoAFiveB(a, b).backward();
   r.events.push_back("-- a only");
   Sum(a).backward();
-  Variable loss = TwoAFiveB(a, b);
+  Tensor loss = TwoAFiveB(a, b);
   r.events.push_back("-- backward inputs=[a]");
   VariableList only_a = {a}, only_b = {b};
-  loss.backward(Variable(), BackwardOptions{true, false, &only_a});
+  loss.backward(Tensor(), BackwardOptions{true, false, &only_a});
   r.events.push_back("-- backward inputs=[b]");
-  loss.backward(Variable(), BackwardOptions{false, false, &only_b});
+  loss.backward(Tensor(), BackwardOptions{false, false, &only_b});
   handle.remove();
   r.events.push_back("-- removed");
   TwoAFiveB(a, b).backward();
@@ -273,11 +273,11 @@ TEST(HookSemanticsTest, MultiGradAll) {
 
 TEST(HookSemanticsTest, MultiGradAny) {
   Recorder r;
-  Variable a = Leaf({1}), b = Leaf({2});
-  r.Tensor(a, "a");
-  r.Tensor(b, "b");
+  Tensor a = Leaf({1}), b = Leaf({2});
+  r.RawTensor(a, "a");
+  r.RawTensor(b, "b");
   HookHandle handle = register_multi_grad_hook(
-      {a, b}, [&](const Variable& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
+      {a, b}, [&](const Tensor& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
   r.events.push_back("-- first");
   TwoAFiveB(a, b).backward();
   r.events.push_back("-- second");
@@ -293,7 +293,7 @@ TEST(HookSemanticsTest, MultiGradAny) {
 }
 
 TEST(HookSemanticsTest, MultiGradAnyWithTheListSignature) {
-  Variable a = Leaf({1}), b = Leaf({2});
+  Tensor a = Leaf({1}), b = Leaf({2});
   Events events;
   register_multi_grad_hook(
       {a, b}, [&](const VariableList& grads) { events.push_back("any " + FmtList(grads)); },
@@ -303,24 +303,24 @@ TEST(HookSemanticsTest, MultiGradAnyWithTheListSignature) {
   EXPECT_TRUE(ThrowsError(
       [&] {
         register_multi_grad_hook(
-            {a}, [](const Variable&) {}, MultiGradMode::kAll);
+            {a}, [](const Tensor&) {}, MultiGradMode::kAll);
       },
       "register_multi_grad_hook: a hook taking one gradient needs MultiGradMode::kAny"));
 }
 
 TEST(HookSemanticsTest, MultiGradNonLeaf) {
   Recorder r;
-  Variable x = Leaf({1, 2});
-  Variable p = MulScalar(x, 2), q = MulScalar(x, 3);
+  Tensor x = Leaf({1, 2});
+  Tensor p = MulScalar(x, 2), q = MulScalar(x, 3);
   register_multi_grad_hook({p, q}, r.Multi());
-  Variable loss = Sum(Mul(p, q));
+  Tensor loss = Sum(Mul(p, q));
   r.events.push_back("-- grad p");
   Engine::Grad({loss}, {p}, {}, GradOptions{true});
   r.events.push_back("-- grad x");
   Engine::Grad({loss}, {x}, {}, GradOptions{true});
   r.events.push_back("-- backward inputs=[x]");
   VariableList inputs = {x};
-  loss.backward(Variable(), BackwardOptions{true, false, &inputs});
+  loss.backward(Tensor(), BackwardOptions{true, false, &inputs});
   r.events.push_back("-- full");
   loss.backward();
   EXPECT_EQ(r.events, (Events{"-- grad p", "multi [[3, 6], undef]", "-- grad x",
@@ -330,22 +330,22 @@ TEST(HookSemanticsTest, MultiGradNonLeaf) {
 
 TEST(HookSemanticsTest, MultiGradReentrant) {
   Recorder r;
-  Variable a = Leaf({1}), b = Leaf({2}), c = Leaf({7});
+  Tensor a = Leaf({1}), b = Leaf({2}), c = Leaf({7});
   register_multi_grad_hook({a, b}, r.Multi());
   register_multi_grad_hook(
-      {a, b}, [&](const Variable& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
-  c.register_hook([&](const Variable&) {
+      {a, b}, [&](const Tensor& g) { r.events.push_back("any " + Fmt(g)); }, MultiGradMode::kAny);
+  c.register_hook([&](const Tensor&) {
     r.events.push_back("c hook: nested backward");
     {
       EnableGradGuard grad;
       Sum(MulScalar(a, 3)).backward();
     }
     r.events.push_back("c hook: nested backward returned");
-    return Variable();
+    return Tensor();
   });
-  Variable two_a = MulScalar(a, 2);
-  Variable five_b = MulScalar(b, 5);
-  Variable sum_ab = Add(two_a, five_b);
+  Tensor two_a = MulScalar(a, 2);
+  Tensor five_b = MulScalar(b, 5);
+  Tensor sum_ab = Add(two_a, five_b);
   Sum(Add(sum_ab, c)).backward();
   EXPECT_EQ(r.events, (Events{"c hook: nested backward", "multi [[3], undef]", "any [3]",
                               "c hook: nested backward returned", "any [5]", "multi [[2], [5]]"}));
@@ -357,18 +357,18 @@ TEST(HookSemanticsTest, MultiGradReentrant) {
 struct DropSecond : Function<DropSecond> {
   static constexpr const char* kName = "DropSecond";
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
-    return {Variable(tg::Mul(in[0].data(), in[1].data()))};
+    return {Tensor(tg::Mul(in[0].data(), in[1].data()))};
   }
   static VariableList Backward(FunctionCtx&, const VariableList& grads) {
-    return {grads[0], Variable()};
+    return {grads[0], Tensor()};
   }
 };
 
 TEST(HookSemanticsTest, UndefinedGradientReachesHooks) {
   Recorder r;
-  Variable a = Leaf({1}), b = Leaf({2});
-  r.Tensor(a, "a");
-  r.Tensor(b, "b");
+  Tensor a = Leaf({1}), b = Leaf({2});
+  r.RawTensor(a, "a");
+  r.RawTensor(b, "b");
   register_multi_grad_hook({a, b}, r.Multi());
   Sum(DropSecond::Apply({a, b})[0]).backward();
   EXPECT_EQ(r.events, (Events{"a hook [1]", "b hook undef", "multi [[1], undef]"}));
@@ -377,9 +377,9 @@ TEST(HookSemanticsTest, UndefinedGradientReachesHooks) {
 }
 
 TEST(HookSemanticsTest, AHookMayNotInventAGradient) {
-  Variable a = Leaf({1}), b = Leaf({2});
+  Tensor a = Leaf({1}), b = Leaf({2});
   b.set_name("b");
-  b.register_hook([](const Variable&) { return Variable(Tensor::Ones({1}, kF64)); });
+  b.register_hook([](const Tensor&) { return Tensor(RawTensor::Ones({1}, kF64)); });
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         Sum(DropSecond::Apply({a, b})[0]).backward();
@@ -392,32 +392,32 @@ TEST(HookSemanticsTest, AHookMayNotInventAGradient) {
 TEST(HookSemanticsTest, RootGradientDtypeCast) {
   Events events;
   for (DType dtype : {kF64, kF16, kI64}) {
-    Variable x = Leaf({1, 2}, kF32);
-    Variable y = MulScalar(x, 2);
-    y.register_hook([&](const Variable& g) {
+    Tensor x = Leaf({1, 2}, kF32);
+    Tensor y = MulScalar(x, 2);
+    y.register_hook([&](const Tensor& g) {
       events.push_back(std::string("y hook ") + DTypeName(g.dtype()) + " " + Fmt(g));
-      return Variable();
+      return Tensor();
     });
-    y.backward(Variable(Tensor::FromVector<double>({1, 3}, {2}, dtype)));
+    y.backward(Tensor(RawTensor::FromVector<double>({1, 3}, {2}, dtype)));
     EXPECT_EQ(x.grad().dtype(), kF32) << DTypeName(dtype);
     EXPECT_EQ(Fmt(x.grad()), "[2, 6]") << DTypeName(dtype);
   }
   EXPECT_EQ(events, (Events{"y hook f32 [1, 3]", "y hook f32 [1, 3]", "y hook f32 [1, 3]"}));
-  Variable x = Leaf({1, 2}, kF32);
+  Tensor x = Leaf({1, 2}, kF32);
   VariableList gx = Engine::Grad({MulScalar(x, 2)}, {x},
-                                 {Variable(Tensor::FromVector<double>({0.5, 1}, {2}, kF64))});
+                                 {Tensor(RawTensor::FromVector<double>({0.5, 1}, {2}, kF64))});
   EXPECT_EQ(gx[0].dtype(), kF32);
   EXPECT_EQ(Fmt(gx[0]), "[1, 2]");
   // The shape must still match exactly (PyTorch: "Mismatch in shape: grad_output[0] has a
   // shape of torch.Size([3]) and output[0] has a shape of torch.Size([2]).").
   EXPECT_TRUE(
-      ThrowsErrorExactly([&] { MulScalar(x, 2).backward(Variable(Tensor::Ones({3}, kF64))); },
+      ThrowsErrorExactly([&] { MulScalar(x, 2).backward(Tensor(RawTensor::Ones({3}, kF64))); },
                          "backward: grad_output 0 has shape [3] but root 0 has shape [2]"));
 }
 
 TEST(HookSemanticsTest, RootGradientCastIsDifferentiableUnderCreateGraph) {
-  Variable x = Leaf({1, 2}, kF32);
-  Variable v = Leaf({3, 4}, kF64);  // the grad_output itself requires grad
+  Tensor x = Leaf({1, 2}, kF32);
+  Tensor v = Leaf({3, 4}, kF64);  // the grad_output itself requires grad
   VariableList gx = Engine::Grad({Mul(x, x)}, {x}, {v}, GradOptions{false, /*create_graph=*/true});
   EXPECT_EQ(Fmt(gx[0]), "[6, 16]");  // 2 x v
   VariableList gv = Engine::Grad({Sum(gx[0])}, {v});
@@ -433,26 +433,26 @@ TEST(HookSemanticsTest, RootGradientCastIsDifferentiableUnderCreateGraph) {
 TEST(HookSemanticsTest, HooksChangedWhileTensorHooksRun) {
   Events events;
   HookHandle h2;
-  Variable a = Leaf({1});
-  Variable y = MulScalar(a, 2);
-  y.register_hook([&](const Variable& g) {
+  Tensor a = Leaf({1});
+  Tensor y = MulScalar(a, 2);
+  y.register_hook([&](const Tensor& g) {
     events.push_back("h1 " + Fmt(g));
     h2.remove();
-    y.register_hook([&](const Variable& g) {
+    y.register_hook([&](const Tensor& g) {
       events.push_back("h4 " + Fmt(g));
-      return Variable();
+      return Tensor();
     });
-    return Variable();
+    return Tensor();
   });
-  h2 = y.register_hook([&](const Variable& g) {
+  h2 = y.register_hook([&](const Tensor& g) {
     events.push_back("h2 " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  y.register_hook([&](const Variable& g) {
+  y.register_hook([&](const Tensor& g) {
     events.push_back("h3 " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  Sum(y).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  Sum(y).backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
   events.push_back("--");
   Sum(y).backward();
   EXPECT_EQ(events, (Events{"h1 [1]", "h2 [1]", "h3 [1]", "--", "h1 [1]", "h3 [1]", "h4 [1]"}));
@@ -461,28 +461,28 @@ TEST(HookSemanticsTest, HooksChangedWhileTensorHooksRun) {
 TEST(HookSemanticsTest, HooksChangedWhileLeafHooksRun) {
   Events events;
   HookHandle t2, p2;
-  Variable a = Leaf({1});
-  a.register_hook([&](const Variable& g) {
+  Tensor a = Leaf({1});
+  a.register_hook([&](const Tensor& g) {
     events.push_back("t1 " + Fmt(g));
     t2.remove();
-    a.register_hook([&](const Variable& g) {
+    a.register_hook([&](const Tensor& g) {
       events.push_back("t3 " + Fmt(g));
-      return Variable();
+      return Tensor();
     });
-    return Variable();
+    return Tensor();
   });
-  t2 = a.register_hook([&](const Variable& g) {
+  t2 = a.register_hook([&](const Tensor& g) {
     events.push_back("t2 " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  a.register_post_accumulate_grad_hook([&](const Variable& p) {
+  a.register_post_accumulate_grad_hook([&](const Tensor& p) {
     events.push_back("p1 " + Fmt(p.grad()));
     p2.remove();
     a.register_post_accumulate_grad_hook(
-        [&](const Variable& p) { events.push_back("p3 " + Fmt(p.grad())); });
+        [&](const Tensor& p) { events.push_back("p3 " + Fmt(p.grad())); });
   });
   p2 = a.register_post_accumulate_grad_hook(
-      [&](const Variable& p) { events.push_back("p2 " + Fmt(p.grad())); });
+      [&](const Tensor& p) { events.push_back("p2 " + Fmt(p.grad())); });
   Sum(MulScalar(a, 2)).backward();
   events.push_back("--");
   Sum(MulScalar(a, 2)).backward();
@@ -493,8 +493,8 @@ TEST(HookSemanticsTest, HooksChangedWhileLeafHooksRun) {
 TEST(HookSemanticsTest, HooksChangedWhileNodeHooksRun) {
   Events events;
   HookHandle pre2, post2;
-  Variable a = Leaf({1});
-  Variable y = MulScalar(a, 2);
+  Tensor a = Leaf({1});
+  Tensor y = MulScalar(a, 2);
   std::shared_ptr<Node> n = y.grad_fn();
   n->RegisterPreHook([&](const VariableList& go) -> VariableList {
     events.push_back("pre1 " + Fmt(go[0]));
@@ -517,7 +517,7 @@ TEST(HookSemanticsTest, HooksChangedWhileNodeHooksRun) {
   });
   post2 = n->RegisterPostHook(
       [&](const VariableList&, const VariableList&) { events.push_back("post2"); });
-  Sum(y).backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  Sum(y).backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
   events.push_back("--");
   Sum(y).backward();
   EXPECT_EQ(events, (Events{"pre1 [1]", "pre2 [1]", "post1", "post2", "--", "pre1 [1]", "pre3 [1]",
@@ -528,12 +528,12 @@ TEST(HookSemanticsTest, HooksChangedWhileNodeHooksRun) {
 // first hook), and those of an output that received no gradient see an undefined one.
 TEST(HookSemanticsTest, MultiOutputHookOrder) {
   Events events;
-  Variable a = Leaf({1, 2});
+  Tensor a = Leaf({1, 2});
   VariableList uv = Split(MulScalar(a, 1), 1, 0);
   auto hook = [&](const std::string& name) {
-    return [&events, name](const Variable& g) {
+    return [&events, name](const Tensor& g) {
       events.push_back(name + " " + Fmt(g));
-      return Variable();
+      return Tensor();
     };
   };
   uv[0].register_hook(hook("u1"));
@@ -547,34 +547,34 @@ TEST(HookSemanticsTest, MultiOutputHookOrder) {
 TEST(HookSemanticsTest, MultiOutputHooksChangedByAnotherOutput) {
   Events events;
   HookHandle v1;
-  Variable a = Leaf({1, 2, 3});
+  Tensor a = Leaf({1, 2, 3});
   VariableList uvw = Split(MulScalar(a, 1), 1, 0);
-  const Variable u = uvw[0], v = uvw[1], w = uvw[2];
+  const Tensor u = uvw[0], v = uvw[1], w = uvw[2];
   bool w_hooked = false;
-  u.register_hook([&](const Variable& g) {
+  u.register_hook([&](const Tensor& g) {
     events.push_back("u1 " + Fmt(g));
     v1.remove();
-    v.register_hook([&](const Variable& g) {
+    v.register_hook([&](const Tensor& g) {
       events.push_back("v2 " + Fmt(g));
-      return Variable();
+      return Tensor();
     });
     // Not in the reference script (undefined in PyTorch, see there): w's first hook, added
     // while the node's tensor hooks run, runs from the next backward on.
     if (!w_hooked) {
       w_hooked = true;
-      w.register_hook([&](const Variable& g) {
+      w.register_hook([&](const Tensor& g) {
         events.push_back("w1 " + Fmt(g));
-        return Variable();
+        return Tensor();
       });
     }
-    return Variable();
+    return Tensor();
   });
-  v1 = v.register_hook([&](const Variable& g) {
+  v1 = v.register_hook([&](const Tensor& g) {
     events.push_back("v1 " + Fmt(g));
-    return Variable();
+    return Tensor();
   });
-  Variable loss = Sum(Add(MulScalar(u, 3), MulScalar(v, 5)));
-  loss.backward(Variable(), BackwardOptions{/*retain_graph=*/true});
+  Tensor loss = Sum(Add(MulScalar(u, 3), MulScalar(v, 5)));
+  loss.backward(Tensor(), BackwardOptions{/*retain_graph=*/true});
   events.push_back("--");
   loss.backward();
   EXPECT_EQ(events, (Events{"u1 [3]", "v2 [5]", "--", "u1 [3]", "v2 [5]", "v2 [5]", "w1 undef"}));

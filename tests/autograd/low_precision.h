@@ -15,7 +15,7 @@
 
 namespace tg::testing {
 
-inline void ExpectCloseToF32(const Variable& got, const Variable& ref, DType dtype,
+inline void ExpectCloseToF32(const Tensor& got, const Tensor& ref, DType dtype,
                              const std::string& what) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_TRUE(ref.defined()) << what;

@@ -83,7 +83,7 @@ Tols ReductionCuda(double f32, const std::string& why) {
 }
 
 OpRow Row(std::string op, std::string name, std::vector<InputSpec> inputs,
-          std::function<Variable(const VariableList&)> run) {
+          std::function<Tensor(const VariableList&)> run) {
   OpRow row;
   row.op = std::move(op);
   row.name = std::move(name);
@@ -97,16 +97,16 @@ OpRow Row(std::string op, std::string name, std::vector<InputSpec> inputs,
 
 // ---- Constants of the rows, made on the inputs' device ------------------------------------------
 
-Tensor I64(const std::vector<int64_t>& values, const Shape& shape, const Variable& like) {
-  return Tensor::FromVector<int64_t>(values, shape).to(like.data().device());
+RawTensor I64(const std::vector<int64_t>& values, const Shape& shape, const Tensor& like) {
+  return RawTensor::FromVector<int64_t>(values, shape).to(like.data().device());
 }
 
-Tensor WhereCond(const Variable& like) {
-  return Tensor::FromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3}).to(kBool).to(like.data().device());
+RawTensor WhereCond(const Tensor& like) {
+  return RawTensor::FromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3}).to(kBool).to(like.data().device());
 }
 
 // A fresh non-leaf copy of x (in-place ops may not modify a leaf that requires grad).
-Variable NonLeaf(const Variable& x) { return MulScalar(x, 1.0); }
+Tensor NonLeaf(const Tensor& x) { return MulScalar(x, 1.0); }
 
 Conv2dParams Params(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                     std::array<int64_t, 2> dilation) {
@@ -211,7 +211,7 @@ void AddLinearAlgebraRows(std::vector<OpRow>& t) {
   t.push_back(Row("Linear", "fused GELU", {{{2, 4, 3}, -2, 2}, {{5, 3}}, {{5}}},
                   [](In in) { return Linear(in[0], in[1], in[2], Activation::kGeluTanh); }));
   t.push_back(Row("Linear", "fused GELU, no bias, 1-D", {{{3}, -2, 2}, {{4, 3}}},
-                  [](In in) { return Linear(in[0], in[1], Variable(), Activation::kGeluTanh); }));
+                  [](In in) { return Linear(in[0], in[1], Tensor(), Activation::kGeluTanh); }));
 }
 
 void AddShapeRows(std::vector<OpRow>& t) {
@@ -271,9 +271,9 @@ void AddNnRows(std::vector<OpRow>& t) {
   t.push_back(Row("LayerNorm", "affine", {{{2, 2, 4}, -2, 2}, {{4}, 0.5, 1.5}, {{4}}},
                   [](In in) { return LayerNorm(in[0], in[1], in[2]); }));
   t.push_back(Row("LayerNorm", "no affine", {{{3, 4}, -2, 2}},
-                  [](In in) { return LayerNorm(in[0], Variable(), Variable()); }));
+                  [](In in) { return LayerNorm(in[0], Tensor(), Tensor()); }));
   t.push_back(Row("LayerNorm", "weight only, 1-D, eps 1e-3", {{{5}, -2, 2}, {{5}, 0.5, 1.5}},
-                  [](In in) { return LayerNorm(in[0], in[1], Variable(), 1e-3); }));
+                  [](In in) { return LayerNorm(in[0], in[1], Tensor(), 1e-3); }));
   t.push_back(Row("Embedding", "repeated indices", {{{5, 3}}}, [](In in) {
     return Embedding(in[0], I64({4, 0, 4, 2, 1, 4}, {2, 3}, in[0]));
   }));
@@ -345,7 +345,7 @@ void AddNnRows(std::vector<OpRow>& t) {
     std::vector<InputSpec> inputs = {{c.x}, {c.w}};
     if (c.bias) inputs.push_back({{c.w[0]}});
     t.push_back(Row("Conv2d", c.name, inputs, [c](In in) {
-                  return Conv2d(in[0], in[1], c.bias ? in[2] : Variable(), c.p);
+                  return Conv2d(in[0], in[1], c.bias ? in[2] : Tensor(), c.p);
                 }).WithCuda(conv));
   }
   struct PoolCase {
@@ -374,29 +374,29 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
   const double kAway = 0.1;
   // On non-leaf copies (a leaf that requires grad may not be modified in place).
   t.push_back(Row("AddInPlace", "broadcast other, then squared", {{{2, 3}}, {{3}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     AddInPlace(y, in[1]);
     return Mul(y, y);
   }));
   t.push_back(Row("MulInPlace", "broadcast other", {{{2, 3}}, {{2, 1}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     return MulInPlace(y, in[1]);
   }));
   t.push_back(Row("MulInPlace", "aliasing self", {{{4}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     return MulInPlace(y, y);
   }));
   t.push_back(Row("MulScalarInPlace", "of a product", {{{2, 3}}}, [](In in) {
-    Variable y = Mul(in[0], in[0]);  // saves its inputs, not y
+    Tensor y = Mul(in[0], in[0]);  // saves its inputs, not y
     return MulScalarInPlace(y, -2.5);
   }));
   t.push_back(Row("ReluInPlace", "times its input", {{{2, 3}, -1, 1, kAway}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     return Mul(ReluInPlace(y), in[0]);
   }));
   t.push_back(Row("AddInPlace", "chain of every in-place op",
                   {{{2, 3}, -1, 1, kAway}, {{3}}, {{2, 1}}}, [](In in) {
-                    Variable y = MulScalar(in[0], 2);
+                    Tensor y = MulScalar(in[0], 2);
                     AddInPlace(y, in[1]);
                     MulInPlace(y, in[2]);
                     MulScalarInPlace(y, 1.5);
@@ -404,41 +404,41 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
                     return y;
                   }));
   t.push_back(Row("CopyInPlace", "broadcast src, then squared", {{{2, 3}}, {{3}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     CopyInPlace(y, in[1]);
     return Mul(y, in[0]);
   }));
   t.push_back(Row("FillInPlace", "then times the input", {{{2, 3}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     return Mul(FillInPlace(y, 1.5), in[0]);
   }));
   t.push_back(
       Row("Narrow", "negative start", {{{4, 3}}}, [](In in) { return Narrow(in[0], 0, -3, 2); }));
   // On views of a non-leaf base (CopySlices rewrites the base's history; the base is returned).
   t.push_back(Row("MulInPlace", "on a slice of the base", {{{4, 3}}, {{2, 3}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     MulInPlace(Slice(y, 0, 1, 3), in[1]);
     return Mul(y, y);
   }));
   t.push_back(Row("AddInPlace", "on a select of a transposed view", {{{3, 4}}, {{3}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     AddInPlace(Select(Transpose(y, 0, 1), 0, 2), in[1]);
     return Mul(y, in[0]);
   }));
   t.push_back(Row("CopyInPlace", "into a narrowed view", {{{5}}, {{2}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     CopyInPlace(Narrow(y, 0, 1, 2), in[1]);
     return Mul(y, y);
   }));
   t.push_back(Row("FillInPlace", "on a slice, base used", {{{6}}}, [](In in) {
-    Variable y = NonLeaf(in[0]);
+    Tensor y = NonLeaf(in[0]);
     FillInPlace(Slice(y, 0, 0, 6, 2), 0.5);
     return Mul(y, in[0]);
   }));
   t.push_back(Row("ReluInPlace", "on a slice taken before the base's in-place op",
                   {{{4}, -1, 1, kAway}}, [](In in) {
-                    Variable y = NonLeaf(in[0]);
-                    Variable v = Slice(y, 0, 1, 4);
+                    Tensor y = NonLeaf(in[0]);
+                    Tensor v = Slice(y, 0, 1, 4);
                     MulScalarInPlace(y, 2);  // v's grad_fn is remade from the base
                     ReluInPlace(v);
                     return Mul(Slice(y, 0, 0, 3), Add(v, v));
@@ -446,7 +446,7 @@ void AddInPlaceRows(std::vector<OpRow>& t) {
 }
 
 // A shuffled grid of values 0.01 apart from -1 up (Fisher-Yates with the row's generator).
-Tensor DistinctValues(const Shape& shape, Generator& gen) {
+RawTensor DistinctValues(const Shape& shape, Generator& gen) {
   const int64_t n = NumElements(shape);
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 0.01 * static_cast<double>(i) - 1;
@@ -454,16 +454,16 @@ Tensor DistinctValues(const Shape& shape, Generator& gen) {
     const int64_t j = static_cast<int64_t>(gen.NextUniformDouble() * static_cast<double>(i + 1));
     std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(std::min(j, i))]);
   }
-  return Tensor::FromVector<double>(v, shape);
+  return RawTensor::FromVector<double>(v, shape);
 }
 
-Tensor Draw(const InputSpec& spec, Generator& gen) {
+RawTensor Draw(const InputSpec& spec, Generator& gen) {
   if (spec.distinct) return DistinctValues(spec.shape, gen);
   std::vector<double> v = RandUniform(spec.shape, gen, spec.lo, spec.hi, kF64).to_vector<double>();
   if (spec.min_abs > 0) {
     for (double& x : v) x = x >= 0 ? x + spec.min_abs : x - spec.min_abs;
   }
-  return Tensor::FromVector<double>(v, spec.shape);
+  return RawTensor::FromVector<double>(v, spec.shape);
 }
 
 }  // namespace
@@ -501,15 +501,15 @@ uint64_t SeedOf(const OpRow& row) {
   return h;
 }
 
-VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,
+VariableList OutputAndGrads(const std::function<Tensor(const VariableList&)>& fn,
                             const VariableList& inputs) {
-  const Variable out = fn(inputs);
+  const Tensor out = fn(inputs);
   std::vector<double> c(static_cast<size_t>(out.numel()));
   for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5 + 0.125 * static_cast<double>(i % 7);
-  const Variable weights(
-      Tensor::FromVector<double>(c, out.shape(), out.dtype()).to(out.data().device()));
+  const Tensor weights(
+      RawTensor::FromVector<double>(c, out.shape(), out.dtype()).to(out.data().device()));
   VariableList result = {out};
-  for (const Variable& g : Engine::Grad({Sum(Mul(out, weights))}, inputs)) result.push_back(g);
+  for (const Tensor& g : Engine::Grad({Sum(Mul(out, weights))}, inputs)) result.push_back(g);
   return result;
 }
 

@@ -58,7 +58,7 @@ struct OpRow {
   std::vector<InputSpec> inputs;
   // The op on the inputs (leaves that require grad, all of one dtype and device); any constant
   // it needs (indices, masks) is made on the inputs' device.
-  std::function<Variable(const VariableList&)> run;
+  std::function<Tensor(const VariableList&)> run;
   GradcheckTol gradcheck;
   // The backward is made of differentiable ops (create_graph works); "" when it is, else why not.
   std::string first_order_only;
@@ -90,7 +90,7 @@ std::string Describe(const OpRow& row);
 uint64_t SeedOf(const OpRow& row);
 // The output of fn and the gradients of sum(c * output) with respect to every input, with c a
 // fixed weighting (exact in every floating dtype).
-VariableList OutputAndGrads(const std::function<Variable(const VariableList&)>& fn,
+VariableList OutputAndGrads(const std::function<Tensor(const VariableList&)>& fn,
                             const VariableList& inputs);
 
 // The message of the exception fn throws ("" when it throws none).

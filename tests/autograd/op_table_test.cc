@@ -40,7 +40,7 @@ using testing::OutputAndGrads;
 using testing::SeedOf;
 using testing::Tol;
 using testing::ValueMismatches;
-using Fn = std::function<Variable(const VariableList&)>;
+using Fn = std::function<Tensor(const VariableList&)>;
 
 // ---- (a) f64 gradcheck -------------------------------------------------------------------------
 
@@ -64,16 +64,16 @@ TEST(OpTableGradcheck, EveryRow) {
 Fn GradientOf(const Fn& fn) {
   return [fn](const VariableList& in) {
     EnableGradGuard grad_mode;  // gradcheck evaluates under no-grad; this backward needs a graph
-    const Variable out = fn(in);
+    const Tensor out = fn(in);
     std::vector<double> w(static_cast<size_t>(out.numel()));
     for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
-    const Variable loss =
-        Sum(Mul(Mul(out, out), Variable(Tensor::FromVector<double>(w, out.shape()))));
+    const Tensor loss =
+        Sum(Mul(Mul(out, out), Tensor(RawTensor::FromVector<double>(w, out.shape()))));
     GradOptions options;
     options.create_graph = true;
     VariableList grads = Engine::Grad({loss}, in, {}, options);
     VariableList flat;
-    for (const Variable& g : grads) flat.push_back(Reshape(g, {g.numel()}));
+    for (const Tensor& g : grads) flat.push_back(Reshape(g, {g.numel()}));
     return Cat(flat, 0);
   };
 }
@@ -98,7 +98,7 @@ TEST(OpTableGradcheck, SecondOrderOfEveryRowWithADifferentiableBackward) {
 
 // `got` has `dtype` and want's shape and is within tol (atol of want's largest magnitude, at
 // least 1e-4) of want.
-void ExpectClose(const Variable& got, const Variable& want, DType dtype, const Tol& tol,
+void ExpectClose(const Tensor& got, const Tensor& want, DType dtype, const Tol& tol,
                  const std::string& what, const std::string& why) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_TRUE(want.defined()) << what;
@@ -118,7 +118,7 @@ TEST(OpTableLowPrecision, EveryRowForwardAndGradientsMatchF64) {
       SCOPED_TRACE(what);
       const VariableList low = MakeInputs(row, SeedOf(row), dtype);
       VariableList ref;  // the same rounded values in f64
-      for (const Variable& v : low) ref.emplace_back(v.data().to(kF64), true);
+      for (const Tensor& v : low) ref.emplace_back(v.data().to(kF64), true);
       VariableList got, want;
       const std::string error = ErrorOf([&] {
         got = OutputAndGrads(row.run, low);
@@ -142,8 +142,8 @@ TEST(OpTableLowPrecision, EveryRowForwardAndGradientsMatchF64) {
 DType OutputDTypeUnderAutocast(const OpRow& row, uint64_t seed, DType low,
                                const std::vector<DType>& dtypes, const std::string& what) {
   VariableList in = MakeInputs(row, seed);
-  for (size_t i = 0; i < in.size(); ++i) in[i] = Variable(in[i].data().to(dtypes[i]), true);
-  Variable out;
+  for (size_t i = 0; i < in.size(); ++i) in[i] = Tensor(in[i].data().to(dtypes[i]), true);
+  Tensor out;
   {
     amp::AutocastGuard autocast(low);
     out = row.run(in);

@@ -2,7 +2,7 @@
 // (hook_semantics_reference.py, checkpoint_reference.py): f64 leaves and gradients formatted as
 // the scripts print them.
 //
-//   Variable x = Leaf({1, 2});
+//   Tensor x = Leaf({1, 2});
 //   EXPECT_EQ(Fmt(x.grad()), "[0.5, 1]");
 #ifndef TAPEGRAD_TESTS_AUTOGRAD_REFERENCE_VALUES_H_
 #define TAPEGRAD_TESTS_AUTOGRAD_REFERENCE_VALUES_H_
@@ -21,13 +21,13 @@ namespace tg::testing {
 using Events = std::vector<std::string>;
 
 // A 1-d leaf that requires grad.
-inline Variable Leaf(std::vector<double> values, DType dtype = kF64) {
+inline Tensor Leaf(std::vector<double> values, DType dtype = kF64) {
   const int64_t n = static_cast<int64_t>(values.size());
-  return Variable(Tensor::FromVector<double>(values, {n}, dtype), /*requires_grad=*/true);
+  return Tensor(RawTensor::FromVector<double>(values, {n}, dtype), /*requires_grad=*/true);
 }
 
 // A gradient as the reference scripts print it: [v, ...] with %g, or "undef".
-inline std::string Fmt(const Variable& g) {
+inline std::string Fmt(const Tensor& g) {
   if (!g.defined()) return "undef";
   std::ostringstream os;
   os << "[";

@@ -35,15 +35,15 @@ std::vector<std::string> Sequence(const std::vector<TraceRecord>& events) {
   return out;
 }
 
-Variable Leaf(std::vector<float> values, const char* name) {
-  Variable v(Tensor::FromVector<float>(values, {static_cast<int64_t>(values.size())}), true);
+Tensor Leaf(std::vector<float> values, const char* name) {
+  Tensor v(RawTensor::FromVector<float>(values, {static_cast<int64_t>(values.size())}), true);
   v.set_name(name);
   return v;
 }
 
 TEST(Trace, OffRecordsNothingAndIsOffByDefault) {
   EXPECT_FALSE(TracingEnabled());
-  Variable x = Leaf({1, 2}, "x");
+  Tensor x = Leaf({1, 2}, "x");
   Sum(Mul(x, x)).backward();
   TraceEvent("test", "not recorded");
   TraceScope trace;
@@ -52,15 +52,15 @@ TEST(Trace, OffRecordsNothingAndIsOffByDefault) {
 }
 
 TEST(Trace, HooksNodesAndCallbacksInEngineOrder) {
-  Variable x = Leaf({1, 2}, "x");
-  Variable y = Mul(x, x);
+  Tensor x = Leaf({1, 2}, "x");
+  Tensor y = Mul(x, x);
   y.retain_grad();
-  y.register_hook([](const Variable&) { return Variable(); });
+  y.register_hook([](const Tensor&) { return Tensor(); });
   y.grad_fn()->RegisterPreHook([](const VariableList&) { return VariableList(); });
   y.grad_fn()->RegisterPostHook([](const VariableList&, const VariableList&) {});
-  x.register_hook([](const Variable&) { return Variable(); });
-  x.register_post_accumulate_grad_hook([](const Variable&) { queue_callback([] {}); });
-  Variable loss = Sum(y);
+  x.register_hook([](const Tensor&) { return Tensor(); });
+  x.register_post_accumulate_grad_hook([](const Tensor&) { queue_callback([] {}); });
+  Tensor loss = Sum(y);
   std::vector<TraceRecord> events;
   {
     TraceScope trace;
@@ -86,10 +86,10 @@ TEST(Trace, HooksNodesAndCallbacksInEngineOrder) {
 }
 
 TEST(Trace, GradTaskAndMultiGradHook) {
-  Variable a = Leaf({1}, "a");
-  Variable b = Leaf({2}, "b");
+  Tensor a = Leaf({1}, "a");
+  Tensor b = Leaf({2}, "b");
   auto handle = register_multi_grad_hook({a, b}, [](const VariableList&) {});
-  Variable loss = Sum(Mul(a, b));
+  Tensor loss = Sum(Mul(a, b));
   TraceScope trace;
   Engine::Grad({loss}, {a, b});
   const std::vector<std::string> seq = Sequence(trace.events());
@@ -106,12 +106,12 @@ TEST(Trace, GradTaskAndMultiGradHook) {
 }
 
 TEST(Trace, ReentrantCheckpointNestsATask) {
-  Variable x = Leaf({1, 2}, "x");
-  Variable w = Leaf({3, 4}, "w");
+  Tensor x = Leaf({1, 2}, "x");
+  Tensor w = Leaf({3, 4}, "w");
   CheckpointOptions options;
   options.reentrant = true;
-  Variable h = Checkpoint([&w](const VariableList& in) { return Mul(in[0], w); }, {x}, options);
-  Variable loss = Sum(h);
+  Tensor h = Checkpoint([&w](const VariableList& in) { return Mul(in[0], w); }, {x}, options);
+  Tensor loss = Sum(h);
   TraceScope trace;
   loss.backward();
   const auto events = trace.events();
@@ -130,11 +130,11 @@ TEST(Trace, ReentrantCheckpointNestsATask) {
 }
 
 TEST(Trace, NonReentrantCheckpointRecomputesInsideTheNode) {
-  Variable x = Leaf({1, 2}, "x");
+  Tensor x = Leaf({1, 2}, "x");
   CheckpointOptions options;
   options.reentrant = false;
-  Variable h = Checkpoint([](const VariableList& in) { return Tanh(in[0]); }, {x}, options);
-  Variable loss = Sum(h);
+  Tensor h = Checkpoint([](const VariableList& in) { return Tanh(in[0]); }, {x}, options);
+  Tensor loss = Sum(h);
   TraceScope trace;
   loss.backward();
   EXPECT_THAT(Sequence(trace.events()),
@@ -146,9 +146,9 @@ TEST(Trace, NonReentrantCheckpointRecomputesInsideTheNode) {
 }
 
 TEST(Trace, AFailedTaskEndsWithItsError) {
-  Variable x = Leaf({1}, "x");
-  x.register_hook([](const Variable&) -> Variable { throw Error("boom"); });
-  Variable loss = Sum(x);
+  Tensor x = Leaf({1}, "x");
+  x.register_hook([](const Tensor&) -> Tensor { throw Error("boom"); });
+  Tensor loss = Sum(x);
   TraceScope trace;
   EXPECT_THROW(loss.backward(), Error);
   const auto events = trace.events();
@@ -182,10 +182,10 @@ std::vector<std::string> UnclosedSpans(const nlohmann::json& doc) {
 }
 
 TEST(Trace, ANodeThatThrowsEndsEverySpanInOrder) {
-  Variable x = Leaf({1, 2}, "x");
-  Variable y = Mul(x, x);
+  Tensor x = Leaf({1, 2}, "x");
+  Tensor y = Mul(x, x);
   y.grad_fn()->RegisterPreHook([](const VariableList&) -> VariableList { throw Error("boom"); });
-  Variable loss = Sum(y);
+  Tensor loss = Sum(y);
   TraceScope trace;
   EXPECT_THROW(loss.backward(), Error);
   const auto events = trace.events();
@@ -212,17 +212,17 @@ TEST(Trace, ANodeThatThrowsEndsEverySpanInOrder) {
 
 TEST(Trace, AFailedRecomputeInANestedTaskEndsEverySpan) {
   // A reentrant checkpoint whose recomputation throws: recompute, node and task all end.
-  Variable x = Leaf({1, 2}, "x");
+  Tensor x = Leaf({1, 2}, "x");
   int calls = 0;
   CheckpointOptions options;
   options.reentrant = true;
-  Variable h = Checkpoint(
+  Tensor h = Checkpoint(
       [&calls](const VariableList& in) {
         if (++calls == 2) throw Error("recompute failed");
         return Tanh(in[0]);
       },
       {x}, options);
-  Variable loss = Sum(h);
+  Tensor loss = Sum(h);
   TraceScope trace;
   EXPECT_THROW(loss.backward(), Error);
   const auto events = trace.events();
@@ -237,12 +237,12 @@ TEST(Trace, AFailedRecomputeInANestedTaskEndsEverySpan) {
 }
 
 TEST(Trace, ACallbackIsASpanThatEndsWhenItThrows) {
-  Variable x = Leaf({1}, "x");
-  x.register_post_accumulate_grad_hook([](const Variable&) {
+  Tensor x = Leaf({1}, "x");
+  x.register_post_accumulate_grad_hook([](const Tensor&) {
     queue_callback([] {}, "first");
     queue_callback([] { throw Error("callback failed"); }, "second");
   });
-  Variable loss = Sum(x);
+  Tensor loss = Sum(x);
   TraceScope trace;
   EXPECT_THROW(loss.backward(), Error);
   const auto events = trace.events();
@@ -263,7 +263,7 @@ TEST(Trace, ACallbackIsASpanThatEndsWhenItThrows) {
 }
 
 TEST(Trace, ThreadsAreNamedByRankAndRole) {
-  Variable x = Leaf({1}, "x");
+  Tensor x = Leaf({1}, "x");
   TraceScope trace;
   Sum(x).backward();
   std::thread other([&] {
@@ -299,12 +299,12 @@ TEST(Trace, TextIndentationIsCappedAtReentrantDepth47) {
   // each nests two levels (its task, the leaf's AccumulateGrad whose hook starts the next).
   std::function<void(int)> nest = [&](int level) {
     EnableGradGuard grad;
-    Variable x = Leaf({1}, "x");
-    Variable y = MulScalar(x, 2);
+    Tensor x = Leaf({1}, "x");
+    Tensor y = MulScalar(x, 2);
     if (level > 0) {
-      x.register_hook([&, level](const Variable&) {
+      x.register_hook([&, level](const Tensor&) {
         nest(level - 1);
-        return Variable();
+        return Tensor();
       });
     }
     Sum(y).backward();
@@ -334,7 +334,7 @@ TEST(Trace, TextIndentationIsCappedAtReentrantDepth47) {
 }
 
 TEST(Trace, NestedScopesSeeTheirOwnStretch) {
-  Variable x = Leaf({1}, "x");
+  Tensor x = Leaf({1}, "x");
   TraceScope outer;
   TraceEvent("t", "outer only");
   std::vector<std::string> inner_seq;
@@ -357,7 +357,7 @@ TEST(Trace, ThreadsRecordIntoTheirOwnScopesUnlessTheyJoin) {
     EXPECT_FALSE(TracingEnabled());  // scopes are per thread
     TraceEvent("t", "dropped");
     TraceScope own;
-    Variable x = Leaf({1}, "x");
+    Tensor x = Leaf({1}, "x");
     Sum(x).backward();
     other_seq = Sequence(own.events());
   });
@@ -381,12 +381,12 @@ TEST(Trace, DeepReentrantBackwardHandsOffAndKeepsTracing) {
   const int depth = Engine::kMaxDepthPerThread + 2;
   std::function<void(int)> nest = [&](int level) {
     EnableGradGuard grad;         // hooks run under no-grad
-    Variable x = Leaf({1}, "x");  // a leaf: hooks run under no-grad, where ops record nothing
-    Variable y = MulScalar(x, 2);
+    Tensor x = Leaf({1}, "x");  // a leaf: hooks run under no-grad, where ops record nothing
+    Tensor y = MulScalar(x, 2);
     if (level > 0) {
-      x.register_hook([&, level](const Variable&) {
+      x.register_hook([&, level](const Tensor&) {
         nest(level - 1);
-        return Variable();
+        return Tensor();
       });
     }
     Sum(y).backward();
@@ -417,9 +417,9 @@ TEST(Trace, DeepReentrantBackwardHandsOffAndKeepsTracing) {
 }
 
 TEST(Trace, ChromeJsonAndTextExports) {
-  Variable x = Leaf({1, 2}, "x");
-  x.register_post_accumulate_grad_hook([](const Variable&) {});
-  Variable loss = Sum(Mul(x, x));
+  Tensor x = Leaf({1, 2}, "x");
+  x.register_post_accumulate_grad_hook([](const Tensor&) {});
+  Tensor loss = Sum(Mul(x, x));
   TraceScope trace;
   loss.backward();
   TraceEvent("ddp", "bucket 0 launched");
@@ -458,12 +458,12 @@ TEST(Trace, ChromeJsonAndTextExports) {
 }
 
 TEST(GraphDot, NamesEdgesHooksAndRetainedGrads) {
-  Variable x = Leaf({1, 2}, "x");
-  Variable w = Leaf({3, 4}, "w");
-  Variable y = Mul(x, w);
+  Tensor x = Leaf({1, 2}, "x");
+  Tensor w = Leaf({3, 4}, "w");
+  Tensor y = Mul(x, w);
   y.retain_grad();
-  w.register_post_accumulate_grad_hook([](const Variable&) {});
-  Variable loss = Sum(y);
+  w.register_post_accumulate_grad_hook([](const Tensor&) {});
+  Tensor loss = Sum(y);
   loss.set_name("loss");
   const std::string dot = BackwardGraphToDot(loss);
   EXPECT_THAT(dot, HasSubstr("digraph backward {"));
@@ -477,20 +477,20 @@ TEST(GraphDot, NamesEdgesHooksAndRetainedGrads) {
   size_t arrows = 0;
   for (size_t p = dot.find("->"); p != std::string::npos; p = dot.find("->", p + 1)) ++arrows;
   EXPECT_EQ(arrows, 4u);
-  EXPECT_EQ(BackwardGraphToDot(Variable(Tensor::Ones({1}))),
+  EXPECT_EQ(BackwardGraphToDot(Tensor(RawTensor::Ones({1}))),
             "digraph backward {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n}\n");
 }
 
 TEST(GraphDot, MarksTheNodesANonReentrantCheckpointRecomputes) {
-  Variable x = Leaf({1, 2}, "x");
-  Variable w = Leaf({3, 4}, "w");
-  Variable x2 = MulScalar(x, 2);  // before the checkpoint: kept, not recomputed
+  Tensor x = Leaf({1, 2}, "x");
+  Tensor w = Leaf({3, 4}, "w");
+  Tensor x2 = MulScalar(x, 2);  // before the checkpoint: kept, not recomputed
   CheckpointOptions options;
   options.reentrant = false;
-  Variable h =
+  Tensor h =
       Checkpoint([&w](const VariableList& in) { return Tanh(Mul(in[0], w)); }, {x2}, options);
   h.retain_grad();
-  Variable loss = Sum(h);
+  Tensor loss = Sum(h);
   loss.set_name("loss");
   const Node* sum = loss.grad_fn().get();
   const Node* tanh = h.grad_fn().get();
@@ -527,13 +527,13 @@ TEST(GraphDot, MarksTheNodesANonReentrantCheckpointRecomputes) {
 }
 
 TEST(GraphDot, NestedCheckpointsMarkTheOuterSegmentBelowTheInnerOne) {
-  Variable x = Leaf({1, 2}, "x");
+  Tensor x = Leaf({1, 2}, "x");
   CheckpointOptions options;
   options.reentrant = false;
-  Variable h = Checkpoint(
+  Tensor h = Checkpoint(
       [&options](const VariableList& in) {
-        Variable a = Exp(in[0]);  // outer segment, below the inner checkpoint
-        Variable b = Checkpoint([](const VariableList& v) { return Tanh(v[0]); }, {a}, options);
+        Tensor a = Exp(in[0]);  // outer segment, below the inner checkpoint
+        Tensor b = Checkpoint([](const VariableList& v) { return Tanh(v[0]); }, {a}, options);
         return Sum(b);
       },
       {x}, options);

@@ -20,27 +20,27 @@ using testing::Events;
 using testing::Fmt;
 using testing::Leaf;
 
-Variable Leaf2d(std::vector<double> values, const Shape& shape) {
-  return Variable(Tensor::FromVector<double>(values, shape, kF64), /*requires_grad=*/true);
+Tensor Leaf2d(std::vector<double> values, const Shape& shape) {
+  return Tensor(RawTensor::FromVector<double>(values, shape, kF64), /*requires_grad=*/true);
 }
 
-Variable Constant(std::vector<double> values, const Shape& shape) {
-  return Variable(Tensor::FromVector<double>(values, shape, kF64));
+Tensor Constant(std::vector<double> values, const Shape& shape) {
+  return Tensor(RawTensor::FromVector<double>(values, shape, kF64));
 }
 
 // A tensor hook that appends "<label> hook <grad>" to `events`.
 TensorHook Rec(Events& events, const std::string& label) {
-  return [&events, label](const Variable& g) {
+  return [&events, label](const Tensor& g) {
     events.push_back(label + " hook " + Fmt(g));
-    return Variable();
+    return Tensor();
   };
 }
 
 TEST(Views, AViewKnowsItsRootBaseAndSharesItsVersionCounter) {
-  const Variable a = Leaf({1, 2, 3, 4, 5, 6});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 5);
-  const Variable u = Transpose(Reshape(v, {2, 2}), 0, 1);
+  const Tensor a = Leaf({1, 2, 3, 4, 5, 6});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 5);
+  const Tensor u = Transpose(Reshape(v, {2, 2}), 0, 1);
   EXPECT_FALSE(x.is_view());
   EXPECT_TRUE(v.is_view());
   EXPECT_TRUE(u.is_view());
@@ -52,7 +52,7 @@ TEST(Views, AViewKnowsItsRootBaseAndSharesItsVersionCounter) {
   MulScalarInPlace(x, 2);  // the base bumps the views' version
   EXPECT_EQ(v.version(), 1u);
   EXPECT_EQ(u.version(), 1u);
-  AddInPlace(u, Variable(Tensor::Ones({2, 2}, kF64)));  // a view bumps the base's and siblings'
+  AddInPlace(u, Tensor(RawTensor::Ones({2, 2}, kF64)));  // a view bumps the base's and siblings'
   EXPECT_EQ(x.version(), 2u);
   EXPECT_EQ(v.version(), 2u);
 }
@@ -60,9 +60,9 @@ TEST(Views, AViewKnowsItsRootBaseAndSharesItsVersionCounter) {
 // SliceMul: a.grad = "[10, 40, 60, 40]", w.grad = "[1, 4, 6, 4]", x = "[1, 4, 6, 4]",
 // x.grad_fn = "CopySlices", x.version = v.version = 1.
 TEST(Views, SliceMulRewritesTheBaseHistory) {
-  const Variable a = Leaf({1, 2, 3, 4}), w = Leaf({10, 20, 30, 40});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
+  const Tensor a = Leaf({1, 2, 3, 4}), w = Leaf({10, 20, 30, 40});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
   MulScalarInPlace(v, 2);
   EXPECT_EQ(x.grad_fn()->name(), "CopySlices");
   EXPECT_EQ(x.version(), 1u);
@@ -75,8 +75,8 @@ TEST(Views, SliceMulRewritesTheBaseHistory) {
 
 // SelectAdd: a.grad = "[2, 4, 6, 9, 8, 16]", b.grad = "[9, 8, 16]", x = "[1, 2, 3, 4.5, 4, 8]".
 TEST(Views, SelectAdd) {
-  const Variable a = Leaf2d({1, 2, 3, 4, 5, 6}, {2, 3}), b = Leaf({0.5, -1, 2});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf2d({1, 2, 3, 4, 5, 6}, {2, 3}), b = Leaf({0.5, -1, 2});
+  const Tensor x = MulScalar(a, 1);
   AddInPlace(Select(x, 0, 1), b);
   Sum(Mul(x, x)).backward();
   EXPECT_EQ(Fmt(a.grad()), "[2, 4, 6, 9, 8, 16]");
@@ -87,10 +87,10 @@ TEST(Views, SelectAdd) {
 // TransposeMulThenBase: a.grad = "[1, 4, 9, -4, 2.5, -12]", m.grad = "[1, 16, 4, 25, 9, 36]",
 // x = "[1, 4, 9, -4, 2.5, -12]".
 TEST(Views, TransposeMulThenUseOfTheBase) {
-  const Variable a = Leaf2d({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Variable m = Leaf2d({1, -1, 2, 0.5, 3, -2}, {3, 2});
-  const Variable c = Constant({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf2d({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor m = Leaf2d({1, -1, 2, 0.5, 3, -2}, {3, 2});
+  const Tensor c = Constant({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor x = MulScalar(a, 1);
   MulInPlace(Transpose(x, 0, 1), m);
   Sum(Mul(x, c)).backward();
   EXPECT_EQ(Fmt(a.grad()), "[1, 4, 9, -4, 2.5, -12]");
@@ -103,13 +103,13 @@ TEST(Views, TransposeMulThenUseOfTheBase) {
 TEST(Views, ChainOfTwoViewsAndTheIntermediateViewAfterwards) {
   std::vector<double> values;
   for (int i = 1; i <= 12; ++i) values.push_back(i);
-  const Variable a = Leaf2d(values, {3, 4}), s = Leaf({2, -3});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
-  const Variable u = Select(v, 1, 1);
+  const Tensor a = Leaf2d(values, {3, 4}), s = Leaf({2, -3});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
+  const Tensor u = Select(v, 1, 1);
   MulInPlace(u, s);
   EXPECT_EQ(v.version(), 1u);
-  const Variable loss = Add(Add(Sum(Mul(x, x)), Sum(MulScalar(v, 3))), Sum(Mul(u, u)));
+  const Tensor loss = Add(Add(Sum(Mul(x, x)), Sum(MulScalar(v, 3))), Sum(Mul(u, u)));
   loss.backward();
   EXPECT_EQ(Fmt(a.grad()), "[2, 4, 6, 8, 13, 102, 17, 19, 21, 351, 25, 27]");
   EXPECT_EQ(Fmt(s.grad()), "[306, -1170]");
@@ -119,9 +119,9 @@ TEST(Views, ChainOfTwoViewsAndTheIntermediateViewAfterwards) {
 // BaseInPlaceThenView: a.grad = "[0, 30, 60, 0]", w.grad = "[6, 9]", v = "[6, 9]",
 // v.version 0 before, 1 after.
 TEST(Views, InPlaceOnTheBaseRemakesTheViewsGradFn) {
-  const Variable a = Leaf({1, 2, 3, 4}), w = Leaf({10, 20});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
+  const Tensor a = Leaf({1, 2, 3, 4}), w = Leaf({10, 20});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
   const std::shared_ptr<Node> old_fn = v.grad_fn();
   EXPECT_EQ(v.version(), 0u);
   MulScalarInPlace(x, 3);
@@ -136,8 +136,8 @@ TEST(Views, InPlaceOnTheBaseRemakesTheViewsGradFn) {
 
 // NarrowZero: a.grad = "[8, 16, 0, 0, 40]", x = "[2, 4, 0, 0, 10]".
 TEST(Views, NarrowZero) {
-  const Variable a = Leaf({1, 2, 3, 4, 5});
-  const Variable x = MulScalar(a, 2);
+  const Tensor a = Leaf({1, 2, 3, 4, 5});
+  const Tensor x = MulScalar(a, 2);
   FillInPlace(Narrow(x, 0, -3, 2), 0);
   Sum(Mul(x, x)).backward();
   EXPECT_EQ(Fmt(a.grad()), "[8, 16, 0, 0, 40]");
@@ -146,9 +146,9 @@ TEST(Views, NarrowZero) {
 
 // CopyIntoSlice: a.grad = "[0, 0, 3, 4]", src.grad = "[3]", x = "[7, 7, 3, 4]".
 TEST(Views, CopyIntoSliceWithBroadcast) {
-  const Variable a = Leaf({1, 2, 3, 4}), src = Leaf({7});
-  const Variable w = Constant({1, 2, 3, 4}, {4});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf({1, 2, 3, 4}), src = Leaf({7});
+  const Tensor w = Constant({1, 2, 3, 4}, {4});
+  const Tensor x = MulScalar(a, 1);
   CopyInPlace(Slice(x, 0, 0, 2), src);
   Sum(Mul(x, w)).backward();
   EXPECT_EQ(Fmt(a.grad()), "[0, 0, 3, 4]");
@@ -158,9 +158,9 @@ TEST(Views, CopyIntoSliceWithBroadcast) {
 
 // ReluOnSlice: a.grad = "[1, 2, 0, 4]", x = "[-1, 2, 0, 4]".
 TEST(Views, ReluOnSlice) {
-  const Variable a = Leaf({-1, 2, -3, 4});
-  const Variable w = Constant({1, 2, 3, 4}, {4});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf({-1, 2, -3, 4});
+  const Tensor w = Constant({1, 2, 3, 4}, {4});
+  const Tensor x = MulScalar(a, 1);
   ReluInPlace(Slice(x, 0, 1, 4));
   Sum(Mul(x, w)).backward();
   EXPECT_EQ(Fmt(a.grad()), "[1, 2, 0, 4]");
@@ -170,9 +170,9 @@ TEST(Views, ReluOnSlice) {
 // BaseWithoutGrad: a.grad = "[40, 108]", x = "[1, 10, 18, 4]", x.grad_fn = "CopySlices",
 // before = "(False, False)", after = "(True, True)".
 TEST(Views, ABaseWithoutGradStartsRequiringGrad) {
-  const Variable x(Tensor::FromVector<double>({1, 2, 3, 4}, {4}, kF64));
-  const Variable a = Leaf({5, 6});
-  const Variable v = Slice(x, 0, 1, 3), v2 = Slice(x, 0, 2, 4);
+  const Tensor x(RawTensor::FromVector<double>({1, 2, 3, 4}, {4}, kF64));
+  const Tensor a = Leaf({5, 6});
+  const Tensor v = Slice(x, 0, 1, 3), v2 = Slice(x, 0, 2, 4);
   EXPECT_FALSE(x.requires_grad());
   EXPECT_FALSE(v2.requires_grad());
   MulInPlace(v, a);
@@ -194,12 +194,12 @@ TEST(Views, HooksAroundInPlaceOnView) {
       "x before hook [10, 46, 66, 40]",
   };
   Events events;
-  const Variable a = Leaf({1, 2, 3, 4});
-  const Variable w = Constant({10, 20, 30, 40}, {4});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf({1, 2, 3, 4});
+  const Tensor w = Constant({10, 20, 30, 40}, {4});
+  const Tensor x = MulScalar(a, 1);
   x.register_hook(Rec(events, "x before"));
   x.retain_grad();
-  const Variable v = Slice(x, 0, 1, 3);
+  const Tensor v = Slice(x, 0, 1, 3);
   v.register_hook(Rec(events, "v before"));
   v.retain_grad();
   MulScalarInPlace(v, 2);
@@ -219,10 +219,10 @@ TEST(Views, ViewHookThenBaseInPlace) {
       "v after hook [10, 20]",
   };
   Events events;
-  const Variable a = Leaf({1, 2, 3, 4});
-  const Variable w = Constant({10, 20}, {2});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
+  const Tensor a = Leaf({1, 2, 3, 4});
+  const Tensor w = Constant({10, 20}, {2});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
   v.register_hook(Rec(events, "v before"));
   MulScalarInPlace(x, 2);
   v.register_hook(Rec(events, "v after"));
@@ -234,19 +234,19 @@ TEST(Views, ViewHookThenBaseInPlace) {
 // LeafViewError, SavedViewModified, NoGradViewError: PyTorch's texts for the first and last;
 // the saved-tensor check keeps tapegrad's text (same facts: the versions).
 TEST(Views, Errors) {
-  const Variable a = Leaf({1, 2, 3, 4});
+  const Tensor a = Leaf({1, 2, 3, 4});
   EXPECT_TRUE(testing::ThrowsErrorExactly(
       [&] { MulScalarInPlace(Slice(a, 0, 1, 3), 2); },
       "mul_: a view of a leaf Variable that requires grad is being used in an in-place "
       "operation."));
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
-  const Variable y = Mul(v, v);  // saves v
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
+  const Tensor y = Mul(v, v);  // saves v
   MulScalarInPlace(x, 2);
   EXPECT_TRUE(testing::ThrowsError([&] { Sum(y).backward(); },
                                    "MulBackward: saved tensor 0 (f64 [2]) was modified in place "
                                    "after it was saved (version 0, now 1)"));
-  Variable nv;
+  Tensor nv;
   {
     NoGradGuard no_grad;
     nv = Slice(x, 0, 0, 2);
@@ -264,8 +264,8 @@ TEST(Views, Errors) {
 
 // SplitOutputInPlace, SplitOutputAfterBaseInPlace: PyTorch's texts.
 TEST(Views, OutputsOfSplitAreViewsThatCannotBeModifiedInPlace) {
-  const Variable a = Leaf({1, 2, 3, 4});
-  const Variable x = MulScalar(a, 1);
+  const Tensor a = Leaf({1, 2, 3, 4});
+  const Tensor x = MulScalar(a, 1);
   const VariableList c = Split(x, 2, 0);
   EXPECT_TRUE(c[1].is_view());
   EXPECT_TRUE(testing::ThrowsErrorExactly(
@@ -286,24 +286,24 @@ TEST(Views, OutputsOfSplitAreViewsThatCannotBeModifiedInPlace) {
 // An expanded view cannot be written (PyTorch: "unsupported operation: more than one element of
 // the written-to tensor refers to a single memory location").
 TEST(Views, InPlaceOnAnExpandedViewIsRefused) {
-  const Variable x = MulScalar(Leaf({1}), 1);
+  const Tensor x = MulScalar(Leaf({1}), 1);
   EXPECT_TRUE(testing::ThrowsError([&] { MulScalarInPlace(Expand(x, {3}), 2); }, "expanded view"));
 }
 
 // create_graph through CopySlices: the second derivative of sum((x with x[1:3] *= x[1:3])^2)
 // over the leaf, against the closed form (d/da of 2*y*dy/da: 2 outside, 12*a^2 inside).
 TEST(Views, SecondOrderThroughCopySlices) {
-  const Variable a = Leaf({1, 2, 3, 4});
-  const Variable x = MulScalar(a, 1);
-  const Variable v = Slice(x, 0, 1, 3);
+  const Tensor a = Leaf({1, 2, 3, 4});
+  const Tensor x = MulScalar(a, 1);
+  const Tensor v = Slice(x, 0, 1, 3);
   MulInPlace(v, MulScalar(Slice(a, 0, 1, 3), 1));  // y = a^2 in the region
-  const Variable loss = Sum(Mul(x, x));            // sum a^2 outside, a^4 inside
+  const Tensor loss = Sum(Mul(x, x));            // sum a^2 outside, a^4 inside
   BackwardOptions options;
   options.create_graph = true;
-  loss.backward(Variable(), options);
+  loss.backward(Tensor(), options);
   EXPECT_EQ(Fmt(a.grad()), "[2, 32, 108, 8]");  // 2a outside, 4a^3 inside
-  const Variable g = a.grad();
-  a.set_grad(Variable());
+  const Tensor g = a.grad();
+  a.set_grad(Tensor());
   Sum(g).backward();
   EXPECT_EQ(Fmt(a.grad()), "[2, 48, 108, 2]");  // 2 outside, 12a^2 inside
 }

@@ -40,11 +40,11 @@ TEST(WarningTest, AGuardInstallsAHandlerAndPutsThePreviousOneBack) {
 }
 
 TEST(WarningTest, CheckpointWarnsWhenReentrancyIsNotChosenAsPyTorchDoes) {
-  Variable x(Tensor::FromVector<double>({1, 2}, {2}), /*requires_grad=*/true);
+  Tensor x(RawTensor::FromVector<double>({1, 2}, {2}), /*requires_grad=*/true);
   auto square = [](const VariableList& in) { return Mul(in[0], in[0]); };
   Messages seen;
   WarningHandlerGuard guard([&](const std::string& m) { seen.push_back(m); });
-  Variable h = Checkpoint(square, {x});
+  Tensor h = Checkpoint(square, {x});
   EXPECT_EQ(seen, (Messages{kCheckpointReentrancyWarning}));
   Sum(h).backward();  // unset means reentrant, PyTorch's default
   EXPECT_EQ(x.grad().data().to_vector<double>(), (std::vector<double>{2, 4}));
@@ -58,8 +58,8 @@ TEST(WarningTest, CheckpointWarnsWhenReentrancyIsNotChosenAsPyTorchDoes) {
 }
 
 TEST(WarningTest, ReentrantCheckpointOfInputsThatDoNotRequireGradWarns) {
-  Variable c(Tensor::FromVector<double>({1, 2}, {2}));
-  Variable w(Tensor::FromVector<double>({3, 4}, {2}), /*requires_grad=*/true);
+  Tensor c(RawTensor::FromVector<double>({1, 2}, {2}));
+  Tensor w(RawTensor::FromVector<double>({3, 4}, {2}), /*requires_grad=*/true);
   auto scale = [&](const VariableList& in) { return Mul(in[0], w); };
   Messages seen;
   WarningHandlerGuard guard([&](const std::string& m) { seen.push_back(m); });

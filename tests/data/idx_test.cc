@@ -51,7 +51,7 @@ absl::Status ReadStatus(const std::vector<uint8_t>& bytes, std::string* path_out
 TEST(IdxTest, ReadsRawFileExactly) {
   const std::string path = TempPath("raw.idx");
   WriteBytes(path, SmallIdx3());
-  absl::StatusOr<Tensor> t = ReadIdx(path);
+  absl::StatusOr<RawTensor> t = ReadIdx(path);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->dtype(), kU8);
   EXPECT_EQ(t->shape(), (Shape{2, 3, 4}));
@@ -63,7 +63,7 @@ TEST(IdxTest, ReadsGzipFileExactly) {
   const std::string path = TempPath("file.idx.gz");
   WriteGzipBytes(path, SmallIdx3());
   ASSERT_EQ(ReadBytes(path).at(0), 0x1f);  // really compressed
-  absl::StatusOr<Tensor> t = ReadIdx(path);
+  absl::StatusOr<RawTensor> t = ReadIdx(path);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->shape(), (Shape{2, 3, 4}));
   EXPECT_EQ(t->to_vector<uint8_t>(), SmallIdx3Values());
@@ -72,7 +72,7 @@ TEST(IdxTest, ReadsGzipFileExactly) {
 TEST(IdxTest, ReadsOneDimensionalLabels) {
   const std::string path = TempPath("labels.idx");
   WriteBytes(path, {0, 0, 8, 1, 0, 0, 0, 5, 9, 0, 0, 3, 255});
-  absl::StatusOr<Tensor> t = ReadIdx(path);
+  absl::StatusOr<RawTensor> t = ReadIdx(path);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->shape(), (Shape{5}));
   EXPECT_EQ(t->to_vector<int64_t>(), (std::vector<int64_t>{9, 0, 0, 3, 255}));
@@ -84,7 +84,7 @@ TEST(IdxTest, ReadsBigEndianSizesAndFourDims) {
   for (int i = 0; i < 256; ++i) b.push_back(static_cast<uint8_t>(255 - i));
   const std::string path = TempPath("four.idx");
   WriteBytes(path, b);
-  absl::StatusOr<Tensor> t = ReadIdx(path);
+  absl::StatusOr<RawTensor> t = ReadIdx(path);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->shape(), (Shape{256, 1, 1, 1}));
   EXPECT_EQ(t->to_vector<int64_t>()[0], 255);
@@ -96,16 +96,16 @@ TEST(IdxTest, LargeGzipFileReadsInChunks) {
   const int64_t n = (int64_t{3} << 20) + 5;
   std::vector<uint8_t> values(n);
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<uint8_t>((i * 131) >> 3);
-  const Tensor t = Tensor::FromVector<uint8_t>(values, {n});
+  const RawTensor t = RawTensor::FromVector<uint8_t>(values, {n});
   const std::string path = TempPath("big.idx.gz");
   ASSERT_TRUE(WriteIdx(path, t, /*gzip=*/true).ok());
-  absl::StatusOr<Tensor> r = ReadIdx(path);
+  absl::StatusOr<RawTensor> r = ReadIdx(path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->to_vector<uint8_t>(), values);
 }
 
 TEST(IdxTest, WriteIdxWritesTheFormatAndRoundTrips) {
-  const Tensor t = Tensor::FromVector<uint8_t>(SmallIdx3Values(), {2, 3, 4});
+  const RawTensor t = RawTensor::FromVector<uint8_t>(SmallIdx3Values(), {2, 3, 4});
   const std::string raw = TempPath("w.idx");
   ASSERT_TRUE(WriteIdx(raw, t, /*gzip=*/false).ok());
   EXPECT_EQ(ReadBytes(raw), SmallIdx3());
@@ -116,15 +116,15 @@ TEST(IdxTest, WriteIdxWritesTheFormatAndRoundTrips) {
   ASSERT_GE(gz_bytes.size(), 2u);
   EXPECT_EQ(gz_bytes[0], 0x1f);
   EXPECT_EQ(gz_bytes[1], 0x8b);
-  absl::StatusOr<Tensor> back = ReadIdx(gz);
+  absl::StatusOr<RawTensor> back = ReadIdx(gz);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->shape(), t.shape());
   EXPECT_EQ(back->to_vector<uint8_t>(), SmallIdx3Values());
 
   // A non-contiguous view is written in its logical (row-major) order.
-  const Tensor tt = t.transpose(1, 2);  // [2, 4, 3]
+  const RawTensor tt = t.transpose(1, 2);  // [2, 4, 3]
   ASSERT_TRUE(WriteIdx(raw, tt, false).ok());
-  absl::StatusOr<Tensor> back_t = ReadIdx(raw);
+  absl::StatusOr<RawTensor> back_t = ReadIdx(raw);
   ASSERT_TRUE(back_t.ok()) << back_t.status();
   EXPECT_EQ(back_t->shape(), (Shape{2, 4, 3}));
   EXPECT_EQ(back_t->to_vector<uint8_t>(), tt.to_vector<uint8_t>());
@@ -132,22 +132,22 @@ TEST(IdxTest, WriteIdxWritesTheFormatAndRoundTrips) {
 }
 
 TEST(IdxTest, WriteIdxRejectsTensorsItCannotRepresent) {
-  EXPECT_TRUE(ThrowsError([] { (void)WriteIdx(TempPath("x"), Tensor::Zeros({2}), false); },
+  EXPECT_TRUE(ThrowsError([] { (void)WriteIdx(TempPath("x"), RawTensor::Zeros({2}), false); },
                           "WriteIdx: expected a u8 tensor, got f32"));
   EXPECT_TRUE(ThrowsError(
       [] {
-        (void)WriteIdx(TempPath("x"), Tensor::Zeros({1, 1, 1, 1, 1}, kU8), false);
+        (void)WriteIdx(TempPath("x"), RawTensor::Zeros({1, 1, 1, 1, 1}, kU8), false);
       },
       "WriteIdx: expected 1 to 4 dims, got shape [1, 1, 1, 1, 1]"));
   EXPECT_TRUE(ThrowsError(
       [] {
-        (void)WriteIdx(TempPath("x"), Tensor::Zeros({0, 3}, kU8), false);
+        (void)WriteIdx(TempPath("x"), RawTensor::Zeros({0, 3}, kU8), false);
       },
       "WriteIdx: size 0 of dim 0"));
 }
 
 TEST(IdxTest, WriteIdxToAMissingDirectoryIsNotFound) {
-  const absl::Status s = WriteIdx(TempPath("no/such/dir/x.idx"), Tensor::Zeros({2}, kU8), false);
+  const absl::Status s = WriteIdx(TempPath("no/such/dir/x.idx"), RawTensor::Zeros({2}, kU8), false);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }
 
@@ -363,7 +363,7 @@ TEST(IdxTest, CorruptGzipNeverCrashesAndNeverReturnsWrongData) {
       bad[i] ^= flip;
       const std::string path = TempPath("flip.idx.gz");
       WriteBytes(path, bad);
-      absl::StatusOr<Tensor> t = ReadIdx(path);
+      absl::StatusOr<RawTensor> t = ReadIdx(path);
       if (t.ok()) {
         // Only bytes the gzip format does not check (e.g. the header's mtime and OS fields) may
         // change without an error, and then the data must be unchanged.

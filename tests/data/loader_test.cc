@@ -250,8 +250,8 @@ TEST(IndexBatcherTest, LoadStateDictValidatesEveryEntry) {
 TEST(ImageBatcherTest, GathersTheRowsOfEachBatch) {
   std::vector<float> pixels(5 * 4);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<float>(i) * 0.5f;
-  const Tensor images = Tensor::FromVector<float>(pixels, {5, 1, 2, 2});
-  const Tensor labels = Tensor::FromVector<int64_t>({10, 11, 12, 13, 14}, {5});
+  const RawTensor images = RawTensor::FromVector<float>(pixels, {5, 1, 2, 2});
+  const RawTensor labels = RawTensor::FromVector<int64_t>({10, 11, 12, 13, 14}, {5});
   ImageBatcher b(images, labels, Options(2, 3));
   ImageBatcher same(images, labels, Options(2, 3));
   for (int step = 0; step < 7; ++step) {
@@ -270,15 +270,15 @@ TEST(ImageBatcherTest, GathersTheRowsOfEachBatch) {
     }
     EXPECT_EQ(same.Next().indices, batch.indices);
   }
-  EXPECT_TRUE(ThrowsError([&] { ImageBatcher(images, Tensor::Zeros({4}, kI64), Options(2, 0)); },
+  EXPECT_TRUE(ThrowsError([&] { ImageBatcher(images, RawTensor::Zeros({4}, kI64), Options(2, 0)); },
                           "ImageBatcher: expected labels [5], got [4]"));
-  EXPECT_TRUE(ThrowsError([&] { ImageBatcher(Tensor(), labels, Options(2, 0)); },
+  EXPECT_TRUE(ThrowsError([&] { ImageBatcher(RawTensor(), labels, Options(2, 0)); },
                           "ImageBatcher: expected images [N, ...], got an undefined tensor"));
 }
 
 TEST(ImageBatcherTest, ResumesExactly) {
-  const Tensor images = Tensor::Arange(0, 7 * 3, 1, kF32).reshape({7, 3});
-  const Tensor labels = Tensor::Arange(0, 7, 1, kI64);
+  const RawTensor images = RawTensor::Arange(0, 7 * 3, 1, kF32).reshape({7, 3});
+  const RawTensor labels = RawTensor::Arange(0, 7, 1, kI64);
   ImageBatcher a(images, labels, Options(3, 8));
   for (int i = 0; i < 4; ++i) a.Next();
   ImageBatcher b(images, labels, Options(3, 1));
@@ -291,8 +291,8 @@ TEST(ImageBatcherTest, ResumesExactly) {
 }
 
 TEST(GatherRowsTest, CopiesRowsInIndexOrderAndChecksIndices) {
-  const Tensor x = Tensor::FromVector<int32_t>({1, 2, 3, 4, 5, 6}, {3, 2});
-  const Tensor g = GatherRows(x.transpose(0, 1).contiguous().transpose(0, 1), {2, 0, 2});
+  const RawTensor x = RawTensor::FromVector<int32_t>({1, 2, 3, 4, 5, 6}, {3, 2});
+  const RawTensor g = GatherRows(x.transpose(0, 1).contiguous().transpose(0, 1), {2, 0, 2});
   EXPECT_EQ(g.shape(), (Shape{3, 2}));
   EXPECT_EQ(g.to_vector<int32_t>(), (std::vector<int32_t>{5, 6, 1, 2, 5, 6}));
   EXPECT_EQ(GatherRows(x, {}).shape(), (Shape{0, 2}));

@@ -25,16 +25,16 @@ using ::tg::testing::ThrowsError;
 // Pixel j of image i in the synthetic files.
 uint8_t Pixel(int64_t i, int64_t j) { return static_cast<uint8_t>((i * 784 + j) * 37 % 256); }
 
-Tensor SyntheticImages(int64_t n, int64_t h = 28, int64_t w = 28) {
+RawTensor SyntheticImages(int64_t n, int64_t h = 28, int64_t w = 28) {
   std::vector<uint8_t> v;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < h * w; ++j) v.push_back(Pixel(i, j));
   }
-  return Tensor::FromVector<uint8_t>(v, {n, h, w});
+  return RawTensor::FromVector<uint8_t>(v, {n, h, w});
 }
 
 // A directory holding train-* files (gzip) for `images` and `labels`.
-std::string MakeDir(const Tensor& images, const Tensor& labels, bool gzip = true,
+std::string MakeDir(const RawTensor& images, const RawTensor& labels, bool gzip = true,
                     const std::string& prefix = "train") {
   const std::string dir = TempPath("mnist");
   EXPECT_EQ(mkdir(dir.c_str(), 0755), 0);
@@ -47,7 +47,7 @@ std::string MakeDir(const Tensor& images, const Tensor& labels, bool gzip = true
 }
 
 TEST(MnistTest, LoadsSyntheticSplitExactly) {
-  const Tensor labels = Tensor::FromVector<uint8_t>({7, 0, 9}, {3});
+  const RawTensor labels = RawTensor::FromVector<uint8_t>({7, 0, 9}, {3});
   const std::string dir = MakeDir(SyntheticImages(3), labels);
   absl::StatusOr<MnistData> d = LoadMnist(dir, MnistSplit::kTrain);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -65,7 +65,7 @@ TEST(MnistTest, LoadsSyntheticSplitExactly) {
 }
 
 TEST(MnistTest, NormalisesWithTheCallersMeanAndStd) {
-  const std::string dir = MakeDir(SyntheticImages(2), Tensor::FromVector<uint8_t>({1, 2}, {2}));
+  const std::string dir = MakeDir(SyntheticImages(2), RawTensor::FromVector<uint8_t>({1, 2}, {2}));
   MnistOptions o;
   o.mean = kFashionMnistMean;
   o.std = kFashionMnistStd;
@@ -78,7 +78,7 @@ TEST(MnistTest, NormalisesWithTheCallersMeanAndStd) {
 }
 
 TEST(MnistTest, TestSplitAndUncompressedFiles) {
-  const std::string dir = MakeDir(SyntheticImages(2), Tensor::FromVector<uint8_t>({4, 5}, {2}),
+  const std::string dir = MakeDir(SyntheticImages(2), RawTensor::FromVector<uint8_t>({4, 5}, {2}),
                                   /*gzip=*/false, "t10k");
   absl::StatusOr<MnistData> d = LoadMnist(dir + "/", MnistSplit::kTest);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -88,7 +88,7 @@ TEST(MnistTest, TestSplitAndUncompressedFiles) {
 }
 
 TEST(MnistTest, CountMismatchIsInvalidArgument) {
-  const std::string dir = MakeDir(SyntheticImages(3), Tensor::FromVector<uint8_t>({1, 2}, {2}));
+  const std::string dir = MakeDir(SyntheticImages(3), RawTensor::FromVector<uint8_t>({1, 2}, {2}));
   const absl::Status s = LoadMnist(dir, MnistSplit::kTrain).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(s.message(), absl::StrCat("LoadMnist: '", dir,
@@ -101,7 +101,7 @@ TEST(MnistTest, CountMismatchIsInvalidArgument) {
 
 TEST(MnistTest, WrongImageShapeIsInvalidArgument) {
   const std::string dir =
-      MakeDir(SyntheticImages(2, 27, 28), Tensor::FromVector<uint8_t>({1, 2}, {2}));
+      MakeDir(SyntheticImages(2, 27, 28), RawTensor::FromVector<uint8_t>({1, 2}, {2}));
   const absl::Status s = LoadMnist(dir, MnistSplit::kTrain).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(s.message(), absl::StrCat("LoadMnist: '", dir,
@@ -110,7 +110,7 @@ TEST(MnistTest, WrongImageShapeIsInvalidArgument) {
 }
 
 TEST(MnistTest, LabelsMustBeOneDimensional) {
-  const std::string dir = MakeDir(SyntheticImages(2), Tensor::Zeros({2, 1}, kU8));
+  const std::string dir = MakeDir(SyntheticImages(2), RawTensor::Zeros({2, 1}, kU8));
   const absl::Status s = LoadMnist(dir, MnistSplit::kTrain).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(s.message(), absl::StrCat("LoadMnist: '", dir,
@@ -120,7 +120,7 @@ TEST(MnistTest, LabelsMustBeOneDimensional) {
 
 TEST(MnistTest, LabelOutOfRangeIsInvalidArgument) {
   const std::string dir =
-      MakeDir(SyntheticImages(3), Tensor::FromVector<uint8_t>({3, 10, 200}, {3}));
+      MakeDir(SyntheticImages(3), RawTensor::FromVector<uint8_t>({3, 10, 200}, {3}));
   const absl::Status s = LoadMnist(dir, MnistSplit::kTrain).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(s.message(), absl::StrCat("LoadMnist: '", dir,
@@ -184,7 +184,7 @@ TEST(MnistTest, RealFashionMnistTest) {
   EXPECT_EQ(histogram, std::vector<int64_t>(10, 1000));
   EXPECT_EQ(labels[0], 9);
   EXPECT_EQ(labels[1], 2);
-  absl::StatusOr<Tensor> raw =
+  absl::StatusOr<RawTensor> raw =
       ReadIdx(absl::StrCat(kFashionMnistDir, "/t10k-images-idx3-ubyte.gz"));
   ASSERT_TRUE(raw.ok()) << raw.status();
   int64_t sum = 0;

@@ -36,10 +36,10 @@ using tg::testing::ThrowsErrorExactly;
 // every dtype, bf16 included; the sign varies so max and min differ from sum.
 double Value(int r, int64_t i) { return ((r + 1) * (i % 7) - 3 * (i % 3)) * 0.5 + r; }
 
-Tensor RankTensor(int r, int64_t n, DType dtype) {
+RawTensor RankTensor(int r, int64_t n, DType dtype) {
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = Value(r, i);
-  return Tensor::FromVector(v, {n}, dtype);
+  return RawTensor::FromVector(v, {n}, dtype);
 }
 
 // The reduction of every rank's Value(., i), rounded to `dtype` the way the backend does: the
@@ -60,7 +60,7 @@ double Expected(ReduceOp op, int world, int64_t i, DType dtype) {
   return q;
 }
 
-void ExpectValues(const Tensor& t, const std::function<double(int64_t)>& expected,
+void ExpectValues(const RawTensor& t, const std::function<double(int64_t)>& expected,
                   const std::string& what) {
   const std::vector<double> got = t.to_vector<double>();
   int reported = 0;
@@ -89,14 +89,14 @@ void CheckEveryCollective(const Rank& me) {
       if (!floating) break;  // integer dtypes: below
       const std::string what = absl::StrCat(DTypeName(dtype), " ", ReduceOpName(op), " world ",
                                             world, " rank ", me.rank);
-      Tensor t = RankTensor(me.rank, n, dtype);
+      RawTensor t = RankTensor(me.rank, n, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(t, op)->wait());
       ExpectValues(
           t, [&](int64_t i) { return Expected(op, world, i, dtype); }, "all_reduce " + what);
 
       // reduce_scatter: input [world * chunk]; rank r gets the reduction of chunk r.
-      Tensor in = RankTensor(me.rank, world * chunk, dtype);
-      Tensor out = Tensor::Empty({chunk}, dtype);
+      RawTensor in = RankTensor(me.rank, world * chunk, dtype);
+      RawTensor out = RawTensor::Empty({chunk}, dtype);
       TG_DIST_CHECK_OK(pg->reduce_scatter(out, in, op)->wait());
       ExpectValues(
           out, [&](int64_t k) { return Expected(op, world, me.rank * chunk + k, dtype); },
@@ -106,13 +106,13 @@ void CheckEveryCollective(const Rank& me) {
       // i32/i64: integer values only.
       std::vector<int64_t> v(n);
       for (int64_t i = 0; i < n; ++i) v[i] = (me.rank + 1) * (i % 11) - 5;
-      Tensor t = Tensor::FromVector(v, {n}, dtype);
+      RawTensor t = RawTensor::FromVector(v, {n}, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
       const int64_t ranks_sum = world * (world + 1) / 2;
       ExpectValues(
           t, [&](int64_t i) { return double(ranks_sum * (i % 11) - 5 * world); },
           absl::StrCat("all_reduce ", DTypeName(dtype)));
-      Tensor m = Tensor::FromVector(v, {n}, dtype);
+      RawTensor m = RawTensor::FromVector(v, {n}, dtype);
       TG_DIST_CHECK_OK(pg->all_reduce(m, ReduceOp::kMax)->wait());
       ExpectValues(
           m, [&](int64_t i) { return double(i % 11 == 0 ? -5 : world * (i % 11) - 5); },
@@ -120,22 +120,22 @@ void CheckEveryCollective(const Rank& me) {
     }
 
     // all_gather: chunk r of the output is rank r's input.
-    Tensor mine = RankTensor(me.rank, chunk, floating ? dtype : kF64).to(dtype);
-    Tensor gathered = Tensor::Zeros({world, chunk}, dtype);
+    RawTensor mine = RankTensor(me.rank, chunk, floating ? dtype : kF64).to(dtype);
+    RawTensor gathered = RawTensor::Zeros({world, chunk}, dtype);
     TG_DIST_CHECK_OK(pg->all_gather(gathered, mine)->wait());
     ExpectValues(
         gathered.flatten(),
         [&](int64_t k) {
-          return Tensor::Scalar(Value(k / chunk, k % chunk), kF64).to(dtype).item();
+          return RawTensor::Scalar(Value(k / chunk, k % chunk), kF64).to(dtype).item();
         },
         absl::StrCat("all_gather ", DTypeName(dtype)));
 
     // broadcast from every root.
     for (int root = 0; root < world; ++root) {
-      Tensor b = RankTensor(me.rank, 33, floating ? dtype : kF64).to(dtype);
+      RawTensor b = RankTensor(me.rank, 33, floating ? dtype : kF64).to(dtype);
       TG_DIST_CHECK_OK(pg->broadcast(b, root)->wait());
       ExpectValues(
-          b, [&](int64_t i) { return Tensor::Scalar(Value(root, i), kF64).to(dtype).item(); },
+          b, [&](int64_t i) { return RawTensor::Scalar(Value(root, i), kF64).to(dtype).item(); },
           absl::StrCat("broadcast ", DTypeName(dtype), " root ", root));
     }
   }
@@ -158,17 +158,17 @@ TEST(Collectives, InexactValuesWithinRounding) {
     for (DType dtype : kFloatTypes) {
       std::vector<double> v(n);
       for (int64_t i = 0; i < n; ++i) v[i] = value(me.rank, i);
-      Tensor t = Tensor::FromVector(v, {n}, dtype);
-      Tensor in = t.clone();
+      RawTensor t = RawTensor::FromVector(v, {n}, dtype);
+      RawTensor in = t.clone();
       TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
-      Tensor out = Tensor::Empty({100}, dtype);
+      RawTensor out = RawTensor::Empty({100}, dtype);
       TG_DIST_CHECK_OK(pg->reduce_scatter(out, in, ReduceOp::kSum)->wait());
       const double tol = dtype == kF64 ? 1e-12 : dtype == kF32 ? 1e-5 : dtype == kF16 ? 2e-2 : 0.1;
       const std::vector<double> got = t.to_vector<double>();
       const std::vector<double> got_rs = out.to_vector<double>();
       for (int64_t i = 0; i < n; ++i) {
         double ref = 0;
-        for (int r = 0; r < 3; ++r) ref += Tensor::Scalar(value(r, i), kF64).to(dtype).item();
+        for (int r = 0; r < 3; ++r) ref += RawTensor::Scalar(value(r, i), kF64).to(dtype).item();
         EXPECT_NEAR(got[i], ref, tol * std::max(1.0, std::abs(ref)))
             << DTypeName(dtype) << " " << i;
         if (i / 100 == me.rank) {
@@ -244,14 +244,14 @@ TEST(Collectives, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
           auto expected = [&](int64_t i) {
             double sum = 0;
             for (int r = 0; r < world; ++r) {
-              sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(dtype).item();
+              sum += RawTensor::Scalar(value(i % kKinds, r), kF64).to(dtype).item();
             }
             const float reduced = op == ReduceOp::kAvg
                                       ? static_cast<float>(sum) / static_cast<float>(world)
                                       : static_cast<float>(sum);
-            return Tensor::Scalar(reduced, kF32).to(dtype).item();
+            return RawTensor::Scalar(reduced, kF32).to(dtype).item();
           };
-          auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+          auto check = [&](const RawTensor& got, int64_t first, const std::string& what) {
             const std::vector<double> v = got.to_vector<double>();
             for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
               const double e = expected(first + j);
@@ -265,16 +265,16 @@ TEST(Collectives, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
           };
           std::vector<double> mine(n);
           for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
-          Tensor t = Tensor::FromVector(mine, {n}, dtype);
+          RawTensor t = RawTensor::FromVector(mine, {n}, dtype);
           TG_DIST_CHECK_OK(pg->all_reduce(t, op)->wait());
           check(t, 0, absl::StrCat("all_reduce ", ReduceOpName(op), " ", DTypeName(dtype)));
 
           // reduce_scatter: chunk c of every rank holds elements [c * 8, c * 8 + 8).
           std::vector<double> chunks(world * kKinds);
           for (int64_t i = 0; i < world * kKinds; ++i) chunks[i] = value(i % kKinds, me.rank);
-          Tensor out = Tensor::Empty({kKinds}, dtype);
+          RawTensor out = RawTensor::Empty({kKinds}, dtype);
           TG_DIST_CHECK_OK(
-              pg->reduce_scatter(out, Tensor::FromVector(chunks, {world * kKinds}, dtype), op)
+              pg->reduce_scatter(out, RawTensor::FromVector(chunks, {world * kKinds}, dtype), op)
                   ->wait());
           check(out, 0, absl::StrCat("reduce_scatter ", ReduceOpName(op), " ", DTypeName(dtype)));
         }
@@ -288,10 +288,10 @@ TEST(Collectives, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
 TEST(Collectives, AsyncQueueAndInPlaceViews) {
   testing::ExpectAllSucceeded(RunRanks(2, [](const Rank& me) {
     auto pg = testing::JoinDefaultGroup();
-    std::vector<Tensor> ts;
+    std::vector<RawTensor> ts;
     std::vector<std::shared_ptr<Work>> works;
     for (int k = 0; k < 8; ++k) {
-      ts.push_back(Tensor::Full({64}, k + me.rank, kF32));
+      ts.push_back(RawTensor::Full({64}, k + me.rank, kF32));
       works.push_back(pg->all_reduce(ts.back(), ReduceOp::kSum));
     }
     for (int k = 7; k >= 0; --k) {
@@ -300,15 +300,15 @@ TEST(Collectives, AsyncQueueAndInPlaceViews) {
       EXPECT_EQ(ts[k].to_vector<float>()[17], 2 * k + 1);
     }
     // All-gather in place: this rank's input is its chunk of the output.
-    Tensor flat = Tensor::Zeros({2, 5}, kF32);
-    Tensor shard = flat.select(0, me.rank);
+    RawTensor flat = RawTensor::Zeros({2, 5}, kF32);
+    RawTensor shard = flat.select(0, me.rank);
     shard.fill_(me.rank + 10);
     TG_DIST_CHECK_OK(pg->all_gather(flat, shard)->wait());
     EXPECT_EQ(flat.to_vector<float>(),
               std::vector<float>({10, 10, 10, 10, 10, 11, 11, 11, 11, 11}));
     // Reduce-scatter in place: the output is this rank's chunk of the input.
-    Tensor grads = Tensor::Full({2, 3}, me.rank + 1, kF32);
-    Tensor out = grads.select(0, me.rank);
+    RawTensor grads = RawTensor::Full({2, 3}, me.rank + 1, kF32);
+    RawTensor out = grads.select(0, me.rank);
     TG_DIST_CHECK_OK(pg->reduce_scatter(out, grads, ReduceOp::kAvg)->wait());
     EXPECT_EQ(out.to_vector<float>(), std::vector<float>({1.5, 1.5, 1.5}));
   }));
@@ -322,31 +322,31 @@ TEST(Collectives, ArgumentErrorsNameTheProblem) {
   auto pg_or = InitProcessGroup(o);
   ASSERT_TRUE(pg_or.ok()) << pg_or.status();
   ProcessGroup& pg = **pg_or;
-  Tensor m = Tensor::Zeros({3, 4}, kF32);
+  RawTensor m = RawTensor::Zeros({3, 4}, kF32);
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { pg.all_reduce(m.transpose(0, 1), ReduceOp::kSum); },
       "all_reduce on group 'default' (rank 0 of 1, gloo): tensor of shape [4, 3] must be "
       "contiguous"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg.all_reduce(Tensor::Zeros({2}, kI32), ReduceOp::kAvg); },
+      [&] { pg.all_reduce(RawTensor::Zeros({2}, kI32), ReduceOp::kAvg); },
       "all_reduce on group 'default' (rank 0 of 1, gloo): ReduceOp avg needs a floating dtype, "
       "got i32"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg.all_reduce(Tensor::Zeros({2}, kU8), ReduceOp::kSum); },
+      [&] { pg.all_reduce(RawTensor::Zeros({2}, kU8), ReduceOp::kSum); },
       "all_reduce on group 'default' (rank 0 of 1, gloo): tensor has unsupported dtype u8 "
       "(f32, f64, f16, bf16, i32, i64)"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg.reduce_scatter(Tensor::Zeros({3}), Tensor::Zeros({4}), ReduceOp::kSum); },
+      [&] { pg.reduce_scatter(RawTensor::Zeros({3}), RawTensor::Zeros({4}), ReduceOp::kSum); },
       "reduce_scatter on group 'default' (rank 0 of 1, gloo): input must hold 1 x 3 = 3 "
       "elements (output has shape [3]), got 4 (shape [4])"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg.all_gather(Tensor::Zeros({3}, kF16), Tensor::Zeros({3})); },
+      [&] { pg.all_gather(RawTensor::Zeros({3}, kF16), RawTensor::Zeros({3})); },
       "all_gather on group 'default' (rank 0 of 1, gloo): output has dtype f16 but input has "
       "dtype f32"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { pg.broadcast(Tensor::Zeros({3}), 1); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { pg.broadcast(RawTensor::Zeros({3}), 1); },
                                  "broadcast on group 'default' (rank 0 of 1, gloo): root 1 is "
                                  "out of range for world size 1"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { pg.all_reduce(Tensor(), ReduceOp::kSum); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { pg.all_reduce(RawTensor(), ReduceOp::kSum); },
                                  "all_reduce on group 'default' (rank 0 of 1, gloo): tensor is "
                                  "undefined"));
 }
@@ -391,7 +391,7 @@ TEST(Collectives, KilledRankFailsTheOthersWithinTheTimeout) {
       3,
       [](const Rank& me) {
         auto pg = testing::JoinDefaultGroup();
-        Tensor t = Tensor::Ones({1 << 12}, kF32);
+        RawTensor t = RawTensor::Ones({1 << 12}, kF32);
         for (int step = 0; step < 5; ++step)
           TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
         if (me.rank == 2) raise(SIGKILL);
@@ -594,7 +594,7 @@ TEST(Collectives, RedisRendezvous) {
       3,
       [](const Rank& me) {
         auto pg = testing::JoinDefaultGroup();
-        Tensor t = Tensor::Full({10}, me.rank, kF32);
+        RawTensor t = RawTensor::Full({10}, me.rank, kF32);
         TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kMax)->wait());
         EXPECT_EQ(t.to_vector<float>()[9], 2);
       },

@@ -71,13 +71,13 @@ class Net : public nn::Module {
     fc2_ = register_module("fc2", std::make_shared<nn::Linear>(kHidden, kOut, gen));
     extra_ = register_module("extra", std::make_shared<nn::Linear>(kOut, kOut, gen));
   }
-  Variable forward(const Variable& x) override {
+  Tensor forward(const Tensor& x) override {
     if (options_.extra_backward_in_forward) {
       EnableGradGuard grad;
-      const Variable& w = extra_->weight();
+      const Tensor& w = extra_->weight();
       Add(Sum(Mul(w, w)), Sum(extra_->bias())).backward();
     }
-    Variable h = Relu((*fc0_)(x));
+    Tensor h = Relu((*fc0_)(x));
     if (options_.checkpoint_fc1) {
       h = Checkpoint([this](const VariableList& in) { return Relu((*fc1_)(in[0])); }, {h},
                      CheckpointOptions{/*reentrant=*/true, {}});
@@ -85,7 +85,7 @@ class Net : public nn::Module {
       h = Relu((*fc1_)(h));
     }
     if (options_.reuse_fc1) h = Relu((*fc1_)(h));
-    Variable out = (*fc2_)(h);
+    Tensor out = (*fc2_)(h);
     if (options_.use_extra) out = Add(out, (*extra_)(out));
     return out;
   }
@@ -97,8 +97,8 @@ class Net : public nn::Module {
 };
 
 struct Batch {
-  Tensor x;  // [rows, kIn] f32
-  Tensor y;  // [rows, kOut] f32
+  RawTensor x;  // [rows, kIn] f32
+  RawTensor y;  // [rows, kOut] f32
 };
 
 // The global batch of a step (the same on every rank).
@@ -111,9 +111,9 @@ Batch Rows(const Batch& b, int64_t begin, int64_t n) {
   return {b.x.narrow(0, begin, n).contiguous(), b.y.narrow(0, begin, n).contiguous()};
 }
 
-Variable MseOf(nn::Module& m, const Batch& b) { return nn::MseLoss(m(Variable(b.x)), b.y); }
-Variable MseOf(DistributedDataParallel& ddp, const Batch& b) {
-  return nn::MseLoss(ddp(Variable(b.x)), b.y);
+Tensor MseOf(nn::Module& m, const Batch& b) { return nn::MseLoss(m(Tensor(b.x)), b.y); }
+Tensor MseOf(DistributedDataParallel& ddp, const Batch& b) {
+  return nn::MseLoss(ddp(Tensor(b.x)), b.y);
 }
 
 optim::SGDOptions Sgd() {
@@ -128,7 +128,7 @@ uint64_t SeedOf(int rank) { return kInitSeed + 17 * rank; }
 
 // Largest |a - b| / (1e-1 + |b|) over all parameter elements (f32 results differ from the
 // reference only by summation order).
-double MaxRelDiff(const std::vector<Variable>& a, const std::vector<Variable>& b) {
+double MaxRelDiff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -149,16 +149,16 @@ std::vector<std::string> Names(const nn::Module& m) {
 }
 
 // All of this rank's parameters as one f32 vector, gathered from every rank: [world][n].
-std::vector<std::vector<float>> GatherParams(ProcessGroup& pg, const std::vector<Variable>& ps) {
+std::vector<std::vector<float>> GatherParams(ProcessGroup& pg, const std::vector<Tensor>& ps) {
   int64_t n = 0;
-  for (const Variable& p : ps) n += p.numel();
-  Tensor mine = Tensor::Empty({n}, kF32);
+  for (const Tensor& p : ps) n += p.numel();
+  RawTensor mine = RawTensor::Empty({n}, kF32);
   int64_t offset = 0;
-  for (const Variable& p : ps) {
+  for (const Tensor& p : ps) {
     mine.narrow(0, offset, p.numel()).view(p.shape()).copy_(p.data());
     offset += p.numel();
   }
-  Tensor all = Tensor::Empty({pg.size() * n}, kF32);
+  RawTensor all = RawTensor::Empty({pg.size() * n}, kF32);
   TG_DIST_CHECK_OK(pg.all_gather(all, mine)->wait());
   std::vector<std::vector<float>> out;
   for (int r = 0; r < pg.size(); ++r) out.push_back(all.narrow(0, r * n, n).to_vector<float>());
@@ -166,8 +166,8 @@ std::vector<std::vector<float>> GatherParams(ProcessGroup& pg, const std::vector
 }
 
 std::vector<float> GatherScalar(ProcessGroup& pg, double value) {
-  Tensor all = Tensor::Empty({pg.size()}, kF32);
-  TG_DIST_CHECK_OK(pg.all_gather(all, Tensor::Full({1}, value, kF32))->wait());
+  RawTensor all = RawTensor::Empty({pg.size()}, kF32);
+  TG_DIST_CHECK_OK(pg.all_gather(all, RawTensor::Full({1}, value, kF32))->wait());
   return all.to_vector<float>();
 }
 
@@ -187,21 +187,21 @@ class FakeGroup : public ProcessGroup {
  public:
   FakeGroup() : ProcessGroup(0, 1, "fake", absl::Seconds(1), Device::Cpu()) {}
   const char* backend() const override { return "fake"; }
-  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override {
+  std::shared_ptr<Work> all_reduce(const RawTensor& t, ReduceOp op) override {
     CheckTensor("all_reduce", "tensor", t);
     CheckReduceOp("all_reduce", t, op);
     all_reduce_numels.push_back(t.numel());
     return std::make_shared<DoneWork>(fail);
   }
-  std::shared_ptr<Work> reduce_scatter(const Tensor& o, const Tensor& i, ReduceOp) override {
+  std::shared_ptr<Work> reduce_scatter(const RawTensor& o, const RawTensor& i, ReduceOp) override {
     o.copy_(i);
     return std::make_shared<DoneWork>(fail);
   }
-  std::shared_ptr<Work> all_gather(const Tensor& o, const Tensor& i) override {
+  std::shared_ptr<Work> all_gather(const RawTensor& o, const RawTensor& i) override {
     o.copy_(i);
     return std::make_shared<DoneWork>(fail);
   }
-  std::shared_ptr<Work> broadcast(const Tensor&, int) override {
+  std::shared_ptr<Work> broadcast(const RawTensor&, int) override {
     return std::make_shared<DoneWork>(fail);
   }
   std::shared_ptr<Work> barrier() override { return std::make_shared<DoneWork>(fail); }
@@ -245,11 +245,11 @@ TEST(DdpLayoutTest, BucketsInReverseRegistrationOrderCappedByBytes) {
 class Mixed : public nn::Module {
  public:
   Mixed() : Module("Mixed") {
-    register_parameter("a", Tensor::Zeros({10}, kF32));
-    register_parameter("b", Tensor::Zeros({3}, kF64));
-    register_parameter("c", Tensor::Zeros({2}, kF64));
-    register_parameter("frozen", Tensor::Zeros({7}, kF32), /*requires_grad=*/false);
-    register_parameter("d", Tensor::Zeros({100}, kF32));
+    register_parameter("a", RawTensor::Zeros({10}, kF32));
+    register_parameter("b", RawTensor::Zeros({3}, kF64));
+    register_parameter("c", RawTensor::Zeros({2}, kF64));
+    register_parameter("frozen", RawTensor::Zeros({7}, kF32), /*requires_grad=*/false);
+    register_parameter("d", RawTensor::Zeros({100}, kF32));
   }
 };
 
@@ -327,7 +327,7 @@ TEST(DdpSingleProcessTest, ForwardTimeGradientIsReducedByTheNextBackward) {
   auto model = std::make_shared<Net>(kInitSeed, o);
   DistributedDataParallel ddp(model, pg);  // find_unused_parameters = false
   const Batch b = GlobalBatch(6, 0);
-  Variable loss = MseOf(ddp, b);
+  Tensor loss = MseOf(ddp, b);
   EXPECT_TRUE(pg->all_reduce_numels.empty());  // the forward's backward communicates nothing
   loss.backward();
   EXPECT_EQ(ddp.stats().synchronized_backwards, 1);
@@ -343,7 +343,7 @@ TEST(DdpSingleProcessTest, ForwardTimeGradientIsReducedByTheNextBackward) {
     }
   }
   // The next backward reduces only what it and its own forward accumulate.
-  for (const Variable& p : model->parameters()) p.set_grad(Variable());
+  for (const Tensor& p : model->parameters()) p.set_grad(Tensor());
   MseOf(ddp, b).backward();
   EXPECT_EQ(ddp.stats().synchronized_backwards, 2);
   EXPECT_EQ(ddp.stats().forward_grads_reduced, 4);
@@ -386,7 +386,7 @@ TEST(DdpSingleProcessTest, BadOptionsAndModules) {
   EXPECT_TRUE(ThrowsError([&] { DistributedDataParallel ddp(MakeMlp(1), pg, o); },
                           "reduce_op must be avg or sum, got max"));
   auto frozen = MakeMlp(1);
-  for (const Variable& p : frozen->parameters()) p.set_requires_grad(false);
+  for (const Tensor& p : frozen->parameters()) p.set_requires_grad(false);
   EXPECT_TRUE(ThrowsError([&] { DistributedDataParallel ddp(frozen, pg); },
                           "DistributedDataParallel: the module (Mlp) has no parameter that "
                           "requires grad"));
@@ -485,7 +485,7 @@ TEST(DdpTest, FirstBucketIsLaunchedWhileBackwardStillRuns) {
     DdpOptions o;
     o.bucket_cap_bytes = 300;  // 5 buckets, see DdpLayoutTest
     DistributedDataParallel ddp(model, pg, o);
-    const Variable fc0_weight = model->named_parameters()[0].second;
+    const Tensor fc0_weight = model->named_parameters()[0].second;
     std::vector<std::string> events;
     bool fc0_weight_grad_at_first_launch = true;
     ddp.set_bucket_launch_observer([&](int bucket) {
@@ -495,7 +495,7 @@ TEST(DdpTest, FirstBucketIsLaunchedWhileBackwardStillRuns) {
     std::vector<HookHandle> probes;
     for (const auto& [name, p] : model->named_parameters()) {
       probes.push_back(p.register_post_accumulate_grad_hook(
-          [&events, name = name](const Variable&) { events.push_back("grad " + name); }));
+          [&events, name = name](const Tensor&) { events.push_back("grad " + name); }));
     }
     const Batch b = Rows(GlobalBatch(12, 0), r.rank * 6, 6);
     MseOf(ddp, b).backward();
@@ -604,10 +604,10 @@ TEST(DdpTest, ParameterUsedOnSomeRanksOnly) {
       MseOf(ddp, Rows(global, r.rank * local, local)).backward();
       opt.step();
       ref_opt.zero_grad();
-      Variable total;
+      Tensor total;
       for (int k = 0; k < r.world_size; ++k) {
         reference->options().use_extra = k == 1;
-        Variable l = MseOf(*reference, Rows(global, k * local, local));
+        Tensor l = MseOf(*reference, Rows(global, k * local, local));
         total = total.defined() ? Add(total, l) : l;
       }
       MulScalar(total, 1.0 / r.world_size).backward();
@@ -692,17 +692,17 @@ TEST(DdpTest, F16OverflowOnOneRankSkipsTheStepOnEveryRank) {
       constexpr int kOverflowStep = 3;
       for (int step = 0; step < 6; ++step) {
         Batch b = Rows(GlobalBatch(12, step), r.rank * 6, 6);
-        Tensor x = b.x.to(kF16);
+        RawTensor x = b.x.to(kF16);
         if (step == kOverflowStep && r.rank == 1) {
           x.narrow(0, 0, 1).narrow(1, 0, 1).fill_(std::numeric_limits<double>::infinity());
         }
         opt.zero_grad();
-        opt.scale(nn::MseLoss(ddp(Variable(x)), b.y.to(kF16))).backward();
+        opt.scale(nn::MseLoss(ddp(Tensor(x)), b.y.to(kF16))).backward();
         // The master gradients were made from the averaged gradients: equal on every rank.
-        const std::optional<std::vector<Tensor>> masters = opt.inspect_master_grads();
+        const std::optional<std::vector<RawTensor>> masters = opt.inspect_master_grads();
         ASSERT_TRUE(masters.has_value());
-        std::vector<Variable> mv;
-        for (const Tensor& t : *masters) mv.push_back(Variable(t));
+        std::vector<Tensor> mv;
+        for (const RawTensor& t : *masters) mv.push_back(Tensor(t));
         const auto gathered = GatherParams(*pg, mv);
         if (step != kOverflowStep) {
           EXPECT_EQ(gathered[1], gathered[0]) << "step " << step;
@@ -728,7 +728,7 @@ TEST(DdpTest, MaxFoundInfAcrossRanks) {
   auto results = RunRanks(3, [](const Rank& r) {
     auto pg = testing::JoinDefaultGroup();
     const auto reduce = MaxFoundInfAcrossRanks(pg);
-    Tensor found_inf = Tensor::Scalar(r.rank == 1 ? 1.0 : 0.0);
+    RawTensor found_inf = RawTensor::Scalar(r.rank == 1 ? 1.0 : 0.0);
     reduce(found_inf);
     EXPECT_EQ(found_inf.item(), 1.0);
     found_inf.zero_();

@@ -238,7 +238,7 @@ void AllReduceAndCheck(const Rank& me) {
   auto pg = testing::JoinDefaultGroup();
   EXPECT_EQ(pg->rank(), me.rank);
   EXPECT_EQ(pg->size(), me.world_size);
-  Tensor t = Tensor::FromVector(
+  RawTensor t = RawTensor::FromVector(
       std::vector<float>{1.f * (me.rank + 1), 2.f * (me.rank + 1), 3.f * (me.rank + 1)}, {3}, kF32);
   TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
   const float s = me.world_size * (me.world_size + 1) / 2.f;

@@ -58,30 +58,30 @@ constexpr double kInitScale = 1024;  // f16: a PyTorch scaler from here
 // for the head: it is already accumulated.
 struct TiledLoss : Function<TiledLoss> {
   static constexpr const char* kName = "TiledLoss";
-  static VariableList Forward(FunctionCtx& ctx, const VariableList& in, const Tensor& targets,
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in, const RawTensor& targets,
                               double seed) {
-    const Variable& h = in[0];
-    const Variable& head = in[1];
-    Variable hd(h.data(), /*requires_grad=*/true);
+    const Tensor& h = in[0];
+    const Tensor& head = in[1];
+    Tensor hd(h.data(), /*requires_grad=*/true);
     const int64_t rows = h.shape()[0];
     double total = 0;
     EnableGradGuard grad;
     for (int64_t t = 0; t < kVocab / kTile; ++t) {
-      const Variable w = Narrow(head, 0, t * kTile, kTile);
-      const Variable logits = Cast(Matmul(hd, Transpose(w, 0, 1)), kF32);
-      const Variable d = Sub(logits, Variable(targets.narrow(1, t * kTile, kTile)));
-      const Variable l = MulScalar(Sum(Mul(d, d)), 1.0 / static_cast<double>(rows * kVocab));
+      const Tensor w = Narrow(head, 0, t * kTile, kTile);
+      const Tensor logits = Cast(Matmul(hd, Transpose(w, 0, 1)), kF32);
+      const Tensor d = Sub(logits, Tensor(targets.narrow(1, t * kTile, kTile)));
+      const Tensor l = MulScalar(Sum(Mul(d, d)), 1.0 / static_cast<double>(rows * kVocab));
       total += l.data().item();
-      Engine::Backward({l}, {Variable(Tensor::Full({}, seed, kF32))});
+      Engine::Backward({l}, {Tensor(RawTensor::Full({}, seed, kF32))});
     }
     ctx.saved_data["grad_h"] = hd.grad().data();
     ctx.saved_data["seed"] = seed;
-    return {Variable(Tensor::Full({}, total, kF32))};
+    return {Tensor(RawTensor::Full({}, total, kF32))};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
-    const Tensor gh = std::any_cast<Tensor>(ctx.saved_data["grad_h"]);
+    const RawTensor gh = std::any_cast<RawTensor>(ctx.saved_data["grad_h"]);
     const double factor = grads[0].data().item() / std::any_cast<double>(ctx.saved_data["seed"]);
-    return {MulScalar(Variable(gh), factor), Variable()};
+    return {MulScalar(Tensor(gh), factor), Tensor()};
   }
 };
 
@@ -130,27 +130,27 @@ class TiledModel : public nn::Module {
     body_ = register_module("body", std::make_shared<nn::Linear>(kIn, kHidden, gen));
     head_ = register_parameter("head", RandNormal({kVocab, kHidden}, gen, 0.0, 0.5));
     if (dtype != kF32) to(dtype);
-    body_->register_forward_hook([this](Module&, const Variable&, const Variable& out) {
-      if (!hook) return Variable();
-      const Variable o = Cast(out, kF32);
-      const Variable aux = MulScalar(Sum(Mul(o, o)), kAux);
+    body_->register_forward_hook([this](Module&, const Tensor&, const Tensor& out) {
+      if (!hook) return Tensor();
+      const Tensor o = Cast(out, kF32);
+      const Tensor aux = MulScalar(Sum(Mul(o, o)), kAux);
       BackwardOptions bo;
       bo.retain_graph = true;  // the user's backward goes through `out` again
-      Engine::Backward({aux}, {Variable(Tensor::Full({}, seed, kF32))}, bo);
-      return Variable();
+      Engine::Backward({aux}, {Tensor(RawTensor::Full({}, seed, kF32))}, bo);
+      return Tensor();
     });
   }
-  Variable forward(const Variable& x) override {
-    const Variable h = Tanh((*body_)(x));
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = Tanh((*body_)(x));
     if (return_h) return h;
-    Variable loss = TiledLoss::Apply({h, head_}, targets, seed)[0];
+    Tensor loss = TiledLoss::Apply({h, head_}, targets, seed)[0];
     if (tied) loss = Add(loss, MulScalar(Sum(Mul(Cast(head_, kF32), Cast(head_, kF32))), kTie));
     return loss;
   }
-  const Variable& head() const { return head_; }
+  const Tensor& head() const { return head_; }
 
   // Set before each forward.
-  Tensor targets;     // [rows, kVocab] f32
+  RawTensor targets;     // [rows, kVocab] f32
   double seed = 1;    // loss scale x the multiplier applied to the loss
   bool hook = false;  // Scenario::hook
   bool tied = false;
@@ -158,11 +158,11 @@ class TiledModel : public nn::Module {
 
  private:
   std::shared_ptr<nn::Linear> body_;
-  Variable head_;
+  Tensor head_;
 };
 
 struct Batch {
-  Tensor x, y;
+  RawTensor x, y;
 };
 // Micro-batch k of step s: rank r's m-th micro-batch is k = m * world + r.
 Batch MakeBatch(int s, int k, DType dtype) {
@@ -184,9 +184,9 @@ struct Outcome {
   int64_t synchronized = 0;   // DDP: synchronised backwards
 };
 
-std::vector<float> Concat(const std::vector<Tensor>& tensors) {
+std::vector<float> Concat(const std::vector<RawTensor>& tensors) {
   std::vector<float> out;
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     const std::vector<float> v = t.to(kF32).to_vector<float>();
     out.insert(out.end(), v.begin(), v.end());
   }
@@ -195,8 +195,8 @@ std::vector<float> Concat(const std::vector<Tensor>& tensors) {
 
 // The f32 masters of the optimizer's state_dict ("master.<i>") where a parameter has one, else
 // the parameter itself: f16 runs compare the masters (the model values are their f16 rounding).
-std::vector<float> MastersOrParams(const StateDict& sd, const std::vector<Tensor>& params) {
-  std::vector<Tensor> out;
+std::vector<float> MastersOrParams(const StateDict& sd, const std::vector<RawTensor>& params) {
+  std::vector<RawTensor> out;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string key = absl::StrCat("master.", i);
     out.push_back(sd.has_tensor(key) ? sd.tensor(key) : params[i]);
@@ -212,7 +212,7 @@ amp::MixedPrecisionOptions MixedOptions(DType dtype) {
   return o;
 }
 
-std::unique_ptr<optim::Optimizer> MakeSgd(const std::vector<Variable>& params) {
+std::unique_ptr<optim::Optimizer> MakeSgd(const std::vector<Tensor>& params) {
   optim::SGDOptions o;
   o.lr = kLr;
   return std::make_unique<optim::SGD>(params, o);
@@ -221,7 +221,7 @@ std::unique_ptr<optim::Optimizer> MakeSgd(const std::vector<Variable>& params) {
 // One micro-batch of the scenario through `call` (the module, or DDP around it); returns the
 // loss (undefined for step_only: the forward's own backward is all there is).
 template <class Call>
-Variable Forward(TiledModel& model, Call&& call, const Scenario& sc, int s, int k, DType dtype,
+Tensor Forward(TiledModel& model, Call&& call, const Scenario& sc, int s, int k, DType dtype,
                  double loss_scale) {
   const Batch b = MakeBatch(s, k, dtype);
   const double multiplier = 1.0 / sc.micro;
@@ -230,15 +230,15 @@ Variable Forward(TiledModel& model, Call&& call, const Scenario& sc, int s, int 
   model.hook = sc.hook;
   model.tied = sc.tied;
   model.return_h = sc.top_level;
-  Variable loss;
+  Tensor loss;
   if (sc.explicit_scope) {
     ForwardScope forward;
-    loss = call(Variable(b.x));
+    loss = call(Tensor(b.x));
   } else {
-    loss = call(Variable(b.x));
+    loss = call(Tensor(b.x));
   }
   if (sc.top_level) loss = TiledLoss::Apply({loss, model.head()}, b.y, model.seed)[0];
-  if (sc.step_only) return Variable();
+  if (sc.step_only) return Tensor();
   return sc.micro > 1 ? MulScalar(loss, multiplier) : loss;
 }
 
@@ -254,28 +254,28 @@ Outcome Train(Mode mode, const Scenario& sc, DType dtype, const std::shared_ptr<
     if (pg) mo.reduce_found_inf = MaxFoundInfAcrossRanks(pg);
     amp::MixedPrecisionOptimizer opt(MakeSgd(model->parameters()), mo);
     opt.attach();  // after DDP: DDP's finaliser runs first
-    auto call = [&](const Variable& x) { return ddp ? (*ddp)(x) : (*model)(x); };
+    auto call = [&](const Tensor& x) { return ddp ? (*ddp)(x) : (*model)(x); };
     for (int s = 0; s < kSteps; ++s) {
       opt.zero_grad();
       for (int m = 0; m < sc.micro; ++m) {
         if (sc.no_sync && m == 0 && ddp) {
           auto guard = ddp->no_sync();
-          const Variable loss =
+          const Tensor loss =
               Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
           amp::MasterBackwardOptions defer;
           defer.update_master_grads = false;
           opt.backward(loss, defer);
           continue;
         }
-        const Variable loss =
+        const Tensor loss =
             Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
         if (loss.defined()) opt.scale(loss).backward();
       }
       opt.step();
     }
     out.params = MastersOrParams(opt.state_dict(), [&] {
-      std::vector<Tensor> t;
-      for (const Variable& p : model->parameters()) t.push_back(p.data());
+      std::vector<RawTensor> t;
+      for (const Tensor& p : model->parameters()) t.push_back(p.data());
       return t;
     }());
     out.epilogues = opt.master_grad_updates();
@@ -288,11 +288,11 @@ Outcome Train(Mode mode, const Scenario& sc, DType dtype, const std::shared_ptr<
   zo.mixed_precision = MixedOptions(dtype);
   zo.bucket_cap_bytes = bucket_cap_bytes;
   ZeroOptimizer opt(pg, MakeSgd(model->parameters()), zo);
-  auto call = [&](const Variable& x) { return (*model)(x); };
+  auto call = [&](const Tensor& x) { return (*model)(x); };
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
     for (int m = 0; m < sc.micro; ++m) {
-      const Variable loss = Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
+      const Tensor loss = Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
       if (loss.defined()) opt.scale(loss).backward();
     }
     opt.step();
@@ -307,23 +307,23 @@ Outcome Train(Mode mode, const Scenario& sc, DType dtype, const std::shared_ptr<
 // computes written into the loss, SGD by hand.
 std::vector<float> Reference(const Scenario& sc, DType dtype, int world) {
   auto model = std::make_shared<TiledModel>(dtype);
-  std::map<std::string, Variable> p;
+  std::map<std::string, Tensor> p;
   std::vector<std::string> order;
   for (const auto& [name, v] : model->named_parameters()) {
-    p[name] = Variable(v.data().to(kF64), /*requires_grad=*/true);
+    p[name] = Tensor(v.data().to(kF64), /*requires_grad=*/true);
     order.push_back(name);
   }
   for (int s = 0; s < kSteps; ++s) {
-    for (auto& [name, v] : p) v.set_grad(Variable());
+    for (auto& [name, v] : p) v.set_grad(Tensor());
     for (int m = 0; m < sc.micro; ++m) {
       for (int r = 0; r < world; ++r) {
         const Batch b = MakeBatch(s, m * world + r, dtype);
-        const Variable pre = Linear(Variable(b.x.to(kF64)), p["body.weight"], p["body.bias"]);
-        Variable h = Tanh(pre);
+        const Tensor pre = Linear(Tensor(b.x.to(kF64)), p["body.weight"], p["body.bias"]);
+        Tensor h = Tanh(pre);
         // step_only: the function's Backward never runs, so nothing flows into the body.
-        if (sc.step_only) h = Variable(h.data());
-        const Variable d = Sub(Matmul(h, Transpose(p["head"], 0, 1)), Variable(b.y.to(kF64)));
-        Variable loss = MulScalar(Sum(Mul(d, d)), 1.0 / (kRows * kVocab));
+        if (sc.step_only) h = Tensor(h.data());
+        const Tensor d = Sub(Matmul(h, Transpose(p["head"], 0, 1)), Tensor(b.y.to(kF64)));
+        Tensor loss = MulScalar(Sum(Mul(d, d)), 1.0 / (kRows * kVocab));
         if (sc.hook) loss = Add(loss, MulScalar(Sum(Mul(pre, pre)), kAux));
         if (sc.tied && !sc.step_only) {
           loss = Add(loss, MulScalar(Sum(Mul(p["head"], p["head"])), kTie));
@@ -334,17 +334,17 @@ std::vector<float> Reference(const Scenario& sc, DType dtype, int world) {
     NoGradGuard no_grad;
     for (auto& [name, v] : p) {
       if (!v.grad().defined()) continue;
-      v = Variable(tg::Sub(v.data(), tg::MulScalar(v.grad().data(), kLr)), /*requires_grad=*/true);
+      v = Tensor(tg::Sub(v.data(), tg::MulScalar(v.grad().data(), kLr)), /*requires_grad=*/true);
     }
   }
-  std::vector<Tensor> out;
+  std::vector<RawTensor> out;
   for (const std::string& name : order) out.push_back(p[name].data());
   return Concat(out);
 }
 
 std::vector<float> Initial(DType dtype) {
-  std::vector<Tensor> t;
-  for (const Variable& v : TiledModel(dtype).parameters()) t.push_back(v.data());
+  std::vector<RawTensor> t;
+  for (const Tensor& v : TiledModel(dtype).parameters()) t.push_back(v.data());
   return Concat(t);
 }
 

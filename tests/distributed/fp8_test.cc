@@ -20,12 +20,12 @@ namespace {
 using testing::Rank;
 
 // Rank r's input: the same draw scaled by r + 1 (so rank world_size - 1 has the largest amax).
-Tensor InputOf(int rank) {
+RawTensor InputOf(int rank) {
   Generator gen(7);
   return RandNormal({4, 16}, gen, 0.0, 1.0 + rank);
 }
 
-float Amax(const Tensor& t) {
+float Amax(const RawTensor& t) {
   float a = 0;
   for (float v : t.to_vector<float>()) a = std::max(a, std::fabs(v));
   return a;
@@ -36,16 +36,16 @@ TEST(Fp8DataParallelTest, DelayedScalingStateIsTheSameOnEveryRank) {
   auto results = testing::RunRanks(world, [](const Rank& r) {
     auto pg = testing::JoinDefaultGroup();
     Generator init(1);  // the same weights on every rank
-    Variable w0(RandNormal({8, 16}, init, 0.0, 0.1), true);
-    Variable w1(RandNormal({2, 8}, init, 0.0, 0.1), true);
+    Tensor w0(RandNormal({8, 16}, init, 0.0, 0.1), true);
+    Tensor w1(RandNormal({2, 8}, init, 0.0, 0.1), true);
     amp::Fp8TrainingOptions o;
     o.delayed.amax_history_len = 2;
     amp::Fp8Training fp8({w0, w1}, o);
     fp8.set_amax_reducer(MaxAmaxesAcrossRanks(pg, Device::Cpu()));
-    Variable h0, y;
+    Tensor h0, y;
     {
       amp::Fp8Autocast on(fp8);
-      h0 = Linear(Variable(InputOf(r.rank)), w0);
+      h0 = Linear(Tensor(InputOf(r.rank)), w0);
       y = Linear(h0, w1);
     }
     // The forward update used the largest input amax of any rank (the last rank's).
@@ -63,7 +63,7 @@ TEST(Fp8DataParallelTest, DelayedScalingStateIsTheSameOnEveryRank) {
         scales.push_back(fp8.delayed()->scale(layer, role));
       }
     }
-    Tensor mx = Tensor::FromVector<float>(scales, {6}), mn = mx.clone();
+    RawTensor mx = RawTensor::FromVector<float>(scales, {6}), mn = mx.clone();
     ASSERT_TRUE(pg->all_reduce(mx, ReduceOp::kMax)->wait().ok());
     ASSERT_TRUE(pg->all_reduce(mn, ReduceOp::kMin)->wait().ok());
     EXPECT_EQ(mx.to_vector<float>(), scales);

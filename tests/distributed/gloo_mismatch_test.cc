@@ -87,7 +87,7 @@ void ExpectEveryRankFails(int world, const Issue& issue,
       world,
       [&](const Rank& me) {
         auto pg = testing::JoinDefaultGroup();
-        Tensor warm = Tensor::Ones({8}, kF32);
+        RawTensor warm = RawTensor::Ones({8}, kF32);
         TG_DIST_CHECK_OK(pg->all_reduce(warm, ReduceOp::kSum)->wait());
         EXPECT_EQ(warm.to_vector<float>()[0], world);
         const absl::Time start = absl::Now();
@@ -141,7 +141,7 @@ TEST(GlooMismatch, DdpWithDifferentModels) {
 TEST(GlooMismatch, AllReduceSizes) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return pg.all_reduce(Tensor::Ones({rank == 0 ? 1000 : 1200}, kF32), ReduceOp::kSum);
+        return pg.all_reduce(RawTensor::Ones({rank == 0 ? 1000 : 1200}, kF32), ReduceOp::kSum);
       },
       "all_reduce of 1000 f32 elements (sum)", "all_reduce of 1200 f32 elements (sum)");
 }
@@ -151,12 +151,12 @@ TEST(GlooMismatch, AllReduceSizes) {
 TEST(GlooMismatch, AllReduceDtypes) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return pg.all_reduce(Tensor::Ones({100}, rank == 0 ? kF32 : kF64), ReduceOp::kSum);
+        return pg.all_reduce(RawTensor::Ones({100}, rank == 0 ? kF32 : kF64), ReduceOp::kSum);
       },
       "all_reduce of 100 f32 elements (sum)", "all_reduce of 100 f64 elements (sum)");
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return pg.all_reduce(Tensor::Ones({100}, rank == 0 ? kF32 : kI32), ReduceOp::kSum);
+        return pg.all_reduce(RawTensor::Ones({100}, rank == 0 ? kF32 : kI32), ReduceOp::kSum);
       },
       "all_reduce of 100 f32 elements (sum)", "all_reduce of 100 i32 elements (sum)");
 }
@@ -165,7 +165,7 @@ TEST(GlooMismatch, AllReduceDtypes) {
 TEST(GlooMismatch, AllReduceOps) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return pg.all_reduce(Tensor::Ones({100}, kF32),
+        return pg.all_reduce(RawTensor::Ones({100}, kF32),
                              rank == 0 ? ReduceOp::kSum : ReduceOp::kMax);
       },
       "all_reduce of 100 f32 elements (sum)", "all_reduce of 100 f32 elements (max)");
@@ -175,13 +175,13 @@ TEST(GlooMismatch, AllGatherAndReduceScatterSizes) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
         const int64_t n = rank == 0 ? 100 : 120;
-        return pg.all_gather(Tensor::Zeros({2 * n}, kF32), Tensor::Ones({n}, kF32));
+        return pg.all_gather(RawTensor::Zeros({2 * n}, kF32), RawTensor::Ones({n}, kF32));
       },
       "all_gather of 100 f32 elements per rank", "all_gather of 120 f32 elements per rank");
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
         const int64_t n = rank == 0 ? 100 : 120;
-        return pg.reduce_scatter(Tensor::Zeros({n}, kF32), Tensor::Ones({2 * n}, kF32),
+        return pg.reduce_scatter(RawTensor::Zeros({n}, kF32), RawTensor::Ones({2 * n}, kF32),
                                  ReduceOp::kSum);
       },
       "reduce_scatter of 200 f32 elements (sum)", "reduce_scatter of 240 f32 elements (sum)");
@@ -191,24 +191,24 @@ TEST(GlooMismatch, AllGatherAndReduceScatterSizes) {
 TEST(GlooMismatch, BroadcastSizesAndRoots) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return pg.broadcast(Tensor::Ones({rank == 0 ? 100 : 120}, kF32), 0);
+        return pg.broadcast(RawTensor::Ones({rank == 0 ? 100 : 120}, kF32), 0);
       },
       "broadcast of 100 f32 elements from rank 0", "broadcast of 120 f32 elements from rank 0");
   ExpectPairFails(
-      [](ProcessGroup& pg, int rank) { return pg.broadcast(Tensor::Ones({100}, kF32), rank); },
+      [](ProcessGroup& pg, int rank) { return pg.broadcast(RawTensor::Ones({100}, kF32), rank); },
       "broadcast of 100 f32 elements from rank 0", "broadcast of 100 f32 elements from rank 1");
 }
 
 TEST(GlooMismatch, DifferentOps) {
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        Tensor t = Tensor::Ones({100}, kF32);
+        RawTensor t = RawTensor::Ones({100}, kF32);
         return rank == 0 ? pg.all_reduce(t, ReduceOp::kSum) : pg.broadcast(t, 0);
       },
       "all_reduce of 100 f32 elements (sum)", "broadcast of 100 f32 elements from rank 0");
   ExpectPairFails(
       [](ProcessGroup& pg, int rank) {
-        return rank == 0 ? pg.barrier() : pg.all_reduce(Tensor::Ones({4}, kF32), ReduceOp::kMin);
+        return rank == 0 ? pg.barrier() : pg.all_reduce(RawTensor::Ones({4}, kF32), ReduceOp::kMin);
       },
       "barrier", "all_reduce of 4 f32 elements (min)");
 }
@@ -220,7 +220,7 @@ TEST(GlooMismatch, OneOfThreeRanks) {
   ExpectEveryRankFails(
       3,
       [](ProcessGroup& pg, int rank) {
-        return pg.all_reduce(Tensor::Ones({rank == 2 ? 301 : 300}, kF32), ReduceOp::kSum);
+        return pg.all_reduce(RawTensor::Ones({rank == 2 ? 301 : 300}, kF32), ReduceOp::kSum);
       },
       [&](int rank) {
         return rank == 2 ? Mismatch(odd, 2, 3, 2, "ranks 0, 1 issued " + same)
@@ -239,15 +239,15 @@ TEST(GlooMismatch, SkippedCollective) {
         const std::string sig8 = "all_reduce of 8 f32 elements (sum)";
         const std::string sig1000 = "all_reduce of 1000 f32 elements (sum)";
         if (me.rank == 0) {
-          auto first = pg->all_reduce(Tensor::Ones({8}, kF32), ReduceOp::kSum);
-          auto second = pg->all_reduce(Tensor::Ones({1000}, kF32), ReduceOp::kSum);
+          auto first = pg->all_reduce(RawTensor::Ones({8}, kF32), ReduceOp::kSum);
+          auto second = pg->all_reduce(RawTensor::Ones({1000}, kF32), ReduceOp::kSum);
           const std::string expected = Mismatch(sig8, 0, 2, 1, "rank 1 issued " + sig1000);
           EXPECT_EQ(std::string(first->wait().message()), expected);
           EXPECT_EQ(std::string(second->wait().message()),
                     absl::StrCat(Described(sig1000, 0, 2),
                                  " failed: the group is broken by an earlier failure: ", expected));
         } else {
-          auto only = pg->all_reduce(Tensor::Ones({1000}, kF32), ReduceOp::kSum);
+          auto only = pg->all_reduce(RawTensor::Ones({1000}, kF32), ReduceOp::kSum);
           EXPECT_EQ(std::string(only->wait().message()),
                     Mismatch(sig1000, 1, 2, 1, "rank 0 issued " + sig8));
         }

@@ -96,10 +96,10 @@ double Value(int r, int64_t i, DType dtype) {
   return IsFloating(dtype) ? base * 0.5 : base;
 }
 
-Tensor RankTensor(int r, int64_t n, DType dtype, int device) {
+RawTensor RankTensor(int r, int64_t n, DType dtype, int device) {
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = Value(r, i, dtype);
-  return Tensor::FromVector(v, {n}).to(Device::Cuda(device), dtype);
+  return RawTensor::FromVector(v, {n}).to(Device::Cuda(device), dtype);
 }
 
 double Reduce(ReduceOp op, int world, int64_t i, DType dtype) {
@@ -128,7 +128,7 @@ double Tolerance(ReduceOp op, DType dtype) {
   }
 }
 
-void ExpectValues(const Tensor& t, const std::function<double(int64_t)>& expected, double tol,
+void ExpectValues(const RawTensor& t, const std::function<double(int64_t)>& expected, double tol,
                   const std::string& what) {
   const std::vector<double> got = t.to_vector<double>();
   int reported = 0;
@@ -151,8 +151,8 @@ void CheckAllCollectives(ProcessGroup& pg, int device) {
       if (op == ReduceOp::kAvg && !IsFloating(dtype)) continue;
       const std::string what = absl::StrCat(dt, " ", ReduceOpName(op));
       // all_reduce in place, on a view at an offset of its storage.
-      Tensor big = Tensor::Full({n + 5}, -9, dtype, Device::Cuda(device));
-      Tensor t = big.slice(0, 3, 3 + n);
+      RawTensor big = RawTensor::Full({n + 5}, -9, dtype, Device::Cuda(device));
+      RawTensor t = big.slice(0, 3, 3 + n);
       t.copy_(RankTensor(r, n, dtype, device));
       ASSERT_TRUE(pg.all_reduce(t, op)->wait().ok()) << what;
       ExpectValues(
@@ -164,22 +164,22 @@ void CheckAllCollectives(ProcessGroup& pg, int device) {
           big.slice(0, 3 + n, n + 5), [](int64_t) { return -9; }, 0, "all_reduce tail " + what);
 
       // reduce_scatter: rank r gets the reduction of chunk r.
-      Tensor input = RankTensor(r, n * world, dtype, device);
-      Tensor output = Tensor::Full({n}, -9, dtype, Device::Cuda(device));
+      RawTensor input = RankTensor(r, n * world, dtype, device);
+      RawTensor output = RawTensor::Full({n}, -9, dtype, Device::Cuda(device));
       ASSERT_TRUE(pg.reduce_scatter(output, input, op)->wait().ok()) << what;
       ExpectValues(
           output, [&](int64_t i) { return Reduce(op, world, r * n + i, dtype); },
           Tolerance(op, dtype), "reduce_scatter " + what);
     }
     // all_gather: chunk q is rank q's input; shapes are free (input [n], output [world, n]).
-    Tensor input = RankTensor(r, n, dtype, device);
-    Tensor output = Tensor::Full({world, n}, -9, dtype, Device::Cuda(device));
+    RawTensor input = RankTensor(r, n, dtype, device);
+    RawTensor output = RawTensor::Full({world, n}, -9, dtype, Device::Cuda(device));
     ASSERT_TRUE(pg.all_gather(output, input)->wait().ok()) << dt;
     ExpectValues(
         output, [&](int64_t i) { return Value(i / n, i % n, dtype); }, 0, "all_gather " + dt);
     // broadcast from every root.
     for (int root = 0; root < world; ++root) {
-      Tensor t = RankTensor(r, n, dtype, device);
+      RawTensor t = RankTensor(r, n, dtype, device);
       ASSERT_TRUE(pg.broadcast(t, root)->wait().ok()) << dt;
       ExpectValues(
           t, [&](int64_t i) { return Value(root, i, dtype); }, 0,
@@ -286,7 +286,7 @@ TEST(NcclWorldOneTest, EveryCollectiveAndDtypeAgainstTheCpu) {
   // Waiting again, and on a compute stream of the caller's own.
   cuda::Stream compute;
   cuda::StreamGuard guard(compute);
-  Tensor t = RankTensor(0, 1000, kF32, 0);
+  RawTensor t = RankTensor(0, 1000, kF32, 0);
   auto work = pg->all_reduce(t, ReduceOp::kSum);
   EXPECT_TRUE(work->wait().ok());
   EXPECT_TRUE(work->wait().ok());
@@ -301,7 +301,7 @@ TEST(NcclWorldOneTest, EmptyTensorsCompleteAtOnce) {
   SKIP_WITHOUT_GPUS(1);
   auto pg = SoloGroup("empty");
   ASSERT_NE(pg, nullptr);
-  Tensor empty = Tensor::Empty({0}, kF32, Device::Cuda(0));
+  RawTensor empty = RawTensor::Empty({0}, kF32, Device::Cuda(0));
   auto work = pg->all_reduce(empty, ReduceOp::kSum);
   EXPECT_TRUE(work->is_completed());
   EXPECT_TRUE(work->wait().ok());
@@ -316,44 +316,44 @@ TEST(NcclWorldOneTest, ArgumentErrorsThrowBeforeAnythingIsQueued) {
   const Device dev = Device::Cuda(0);
   const std::string g = "on group 'default' (rank 0 of 1, nccl)";
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_reduce(Tensor::Ones({4}), ReduceOp::kSum); },
+      [&] { pg->all_reduce(RawTensor::Ones({4}), ReduceOp::kSum); },
       "all_reduce " + g + ": tensor is on cpu, the group's tensors must be on cuda:0"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        pg->all_reduce(Tensor::Ones({2, 3}, kF32, dev).transpose(0, 1), ReduceOp::kSum);
+        pg->all_reduce(RawTensor::Ones({2, 3}, kF32, dev).transpose(0, 1), ReduceOp::kSum);
       },
       "all_reduce " + g + ": tensor of shape [3, 2] must be contiguous"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_reduce(Tensor::Ones({4}, kU8, dev), ReduceOp::kMax); },
+      [&] { pg->all_reduce(RawTensor::Ones({4}, kU8, dev), ReduceOp::kMax); },
       "all_reduce " + g + ": tensor has unsupported dtype u8 (f32, f64, f16, bf16, i32, i64)"));
   EXPECT_TRUE(
-      ThrowsErrorExactly([&] { pg->all_reduce(Tensor::Ones({4}, kI32, dev), ReduceOp::kAvg); },
+      ThrowsErrorExactly([&] { pg->all_reduce(RawTensor::Ones({4}, kI32, dev), ReduceOp::kAvg); },
                          "all_reduce " + g + ": ReduceOp avg needs a floating dtype, got i32"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        pg->reduce_scatter(Tensor::Ones({4}, kF32, dev), Tensor::Ones({5}, kF32, dev),
+        pg->reduce_scatter(RawTensor::Ones({4}, kF32, dev), RawTensor::Ones({5}, kF32, dev),
                            ReduceOp::kSum);
       },
       "reduce_scatter " + g +
           ": input must hold 1 x 4 = 4 elements (output has shape [4]), got 5 (shape [5])"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        pg->all_gather(Tensor::Ones({2, 3}, kF32, dev), Tensor::Ones({4}, kF32, dev));
+        pg->all_gather(RawTensor::Ones({2, 3}, kF32, dev), RawTensor::Ones({4}, kF32, dev));
       },
       "all_gather " + g +
           ": output must hold 1 x 4 = 4 elements (input has shape [4]), got 6 (shape [2, 3])"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_gather(Tensor::Ones({4}, kF16, dev), Tensor::Ones({4}, kF32, dev)); },
+      [&] { pg->all_gather(RawTensor::Ones({4}, kF16, dev), RawTensor::Ones({4}, kF32, dev)); },
       "all_gather " + g + ": output has dtype f16 but input has dtype f32"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { pg->all_gather(Tensor::Ones({4}, kF32, dev), Tensor::Ones({4})); },
+      [&] { pg->all_gather(RawTensor::Ones({4}, kF32, dev), RawTensor::Ones({4})); },
       "all_gather " + g + ": input is on cpu, the group's tensors must be on cuda:0"));
   EXPECT_TRUE(
-      ThrowsErrorExactly([&] { pg->broadcast(Tensor::Ones({4}, kF32, dev), 1); },
+      ThrowsErrorExactly([&] { pg->broadcast(RawTensor::Ones({4}, kF32, dev), 1); },
                          "broadcast " + g + ": root 1 is not a rank of the group (size 1)"));
   if (cuda::DeviceCount() >= 2) {
     EXPECT_TRUE(ThrowsErrorExactly(
-        [&] { pg->broadcast(Tensor::Ones({4}, kF32, Device::Cuda(1)), 0); },
+        [&] { pg->broadcast(RawTensor::Ones({4}, kF32, Device::Cuda(1)), 0); },
         "broadcast " + g + ": tensor is on cuda:1, the group's tensors must be on cuda:0"));
   }
   EXPECT_EQ(Nccl(pg).held_collectives(), 0);
@@ -370,8 +370,8 @@ TEST(NcclWorldOneTest, OrderedAfterTheCallersStreamAndHoldsTensorsUntilDone) {
   cuda::Stream compute;
   cuda::StreamGuard guard(compute);
   const int64_t n = 1 << 16;
-  Tensor input = Tensor::Zeros({n}, kF32, Device::Cuda(0));
-  Tensor output = Tensor::Full({n}, -1, kF32, Device::Cuda(0));
+  RawTensor input = RawTensor::Zeros({n}, kF32, Device::Cuda(0));
+  RawTensor output = RawTensor::Full({n}, -1, kF32, Device::Cuda(0));
   cuda::Synchronize();
   std::weak_ptr<Storage> input_storage = input.storage();
 
@@ -383,7 +383,7 @@ TEST(NcclWorldOneTest, OrderedAfterTheCallersStreamAndHoldsTensorsUntilDone) {
   EXPECT_TRUE(work->wait().ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // no host wait
   EXPECT_FALSE(work->is_completed());
-  input = Tensor();
+  input = RawTensor();
   work.reset();
   EXPECT_FALSE(input_storage.expired());  // held by the group
   EXPECT_EQ(Nccl(pg).held_collectives(), 1);
@@ -394,7 +394,7 @@ TEST(NcclWorldOneTest, OrderedAfterTheCallersStreamAndHoldsTensorsUntilDone) {
       output, [](int64_t) { return 3; }, 0, "all_gather after the gate");
   TG_CUDA_CHECK(cudaStreamSynchronize(Nccl(pg).stream()));
   // Released lazily, by the next collective.
-  Tensor other = Tensor::Ones({4}, kF32, Device::Cuda(0));
+  RawTensor other = RawTensor::Ones({4}, kF32, Device::Cuda(0));
   auto next = pg->all_reduce(other, ReduceOp::kSum);
   EXPECT_TRUE(input_storage.expired());
   EXPECT_TRUE(next->wait().ok());
@@ -405,7 +405,7 @@ TEST(NcclWorldOneTest, WorkOutlivesTheGroup) {
   SKIP_WITHOUT_GPUS(1);
   auto pg = SoloGroup("short_lived");
   ASSERT_NE(pg, nullptr);
-  Tensor t = RankTensor(0, 100, kBF16, 0);
+  RawTensor t = RankTensor(0, 100, kBF16, 0);
   auto work = pg->all_reduce(t, ReduceOp::kMax);
   pg.reset();
   EXPECT_TRUE(work->wait().ok());
@@ -421,8 +421,8 @@ TEST(NcclWorldOneTest, BlockingWaitTimesOutAbortsAndBreaksTheGroup) {
     options.blocking_wait = true;
     auto pg = SoloGroup("blocking", options);
     ASSERT_NE(pg, nullptr);
-    Tensor t = Tensor::Ones({16}, kF32, Device::Cuda(0));
-    Tensor u = Tensor::Ones({16}, kF32, Device::Cuda(0));
+    RawTensor t = RawTensor::Ones({16}, kF32, Device::Cuda(0));
+    RawTensor u = RawTensor::Ones({16}, kF32, Device::Cuda(0));
     cuda::Synchronize();
     Gate gate(cuda::CurrentStream(0), absl::Seconds(3));
     auto work = pg->all_reduce(t, ReduceOp::kSum);
@@ -468,8 +468,8 @@ TEST(NcclWorldOneTest, BarrierWaitsOnTheHost) {
 TEST(NcclWorldOneTest, OverdueCollectiveBreaksTheGroupAtTheNextIssue) {
   SKIP_WITHOUT_GPUS(1);
   auto results = RunRanks(1, [](const Rank&) {
-    Tensor t = Tensor::Ones({16}, kF32, Device::Cuda(0));
-    Tensor u = Tensor::Ones({16}, kF32, Device::Cuda(0));
+    RawTensor t = RawTensor::Ones({16}, kF32, Device::Cuda(0));
+    RawTensor u = RawTensor::Ones({16}, kF32, Device::Cuda(0));
     cuda::Synchronize();
     auto pg = SoloGroup("overdue", {}, absl::Seconds(3));
     ASSERT_NE(pg, nullptr);
@@ -586,16 +586,16 @@ TEST(NcclMultiRankTest, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
         auto expected = [&](int64_t i) {
           double sum = 0;
           for (int r = 0; r < world; ++r) {
-            sum += Tensor::Scalar(value(i % kKinds, r), kF64).to(kF16).item();
+            sum += RawTensor::Scalar(value(i % kKinds, r), kF64).to(kF16).item();
           }
           const float reduced = op == ReduceOp::kAvg
                                     ? static_cast<float>(sum) * static_cast<float>(1.0 / world)
                                     : static_cast<float>(sum);
-          return Tensor::Scalar(reduced, kF32).to(kF16).item();
+          return RawTensor::Scalar(reduced, kF32).to(kF16).item();
         };
         // Exact equality (inf == inf; ExpectValues' relative tolerance would accept anything
         // against inf).
-        auto check = [&](const Tensor& got, int64_t first, const std::string& what) {
+        auto check = [&](const RawTensor& got, int64_t first, const std::string& what) {
           const std::vector<double> v = got.to_vector<double>();
           for (int64_t j = 0; j < static_cast<int64_t>(v.size()); ++j) {
             EXPECT_EQ(v[j], expected(first + j)) << what << " " << ReduceOpName(op) << " on "
@@ -606,12 +606,12 @@ TEST(NcclMultiRankTest, F16SumAndAverageRoundOnceAndAreFiniteWhereEveryRankIs) {
         std::vector<double> mine(n);
         for (int64_t i = 0; i < n; ++i) mine[i] = value(i % kKinds, me.rank);
         const Device dev = Device::Cuda(me.rank);
-        Tensor t = Tensor::FromVector(mine, {n}).to(dev, kF16);
+        RawTensor t = RawTensor::FromVector(mine, {n}).to(dev, kF16);
         ASSERT_TRUE(pg->all_reduce(t, op)->wait().ok());
         check(t, 0, "all_reduce f16");
         // reduce_scatter: rank r gets elements [r * 3 * kKinds, (r + 1) * 3 * kKinds).
-        Tensor in = Tensor::FromVector(mine, {n}).to(dev, kF16);
-        Tensor out = Tensor::Full({3 * kKinds}, -9, kF16, dev);
+        RawTensor in = RawTensor::FromVector(mine, {n}).to(dev, kF16);
+        RawTensor out = RawTensor::Full({3 * kKinds}, -9, kF16, dev);
         ASSERT_TRUE(pg->reduce_scatter(out, in, op)->wait().ok());
         check(out, me.rank * 3 * kKinds, "reduce_scatter f16");
       }
@@ -631,7 +631,7 @@ TEST(NcclMultiRankTest, RankThatSkipsACollectiveTimesOutTheOthers) {
         options.blocking_wait = true;
         auto pg = RankGroup("desync", options, absl::Seconds(20));
         ASSERT_NE(pg, nullptr);
-        Tensor t = RankTensor(me.rank, 1024, kF32, me.rank);
+        RawTensor t = RankTensor(me.rank, 1024, kF32, me.rank);
         ASSERT_TRUE(pg->all_reduce(t, ReduceOp::kSum)->wait().ok());  // connected and working
         if (me.rank == 1) {
           absl::SleepFor(absl::Seconds(6));  // skips the next all_reduce, outlives rank 0's wait

@@ -429,7 +429,7 @@ TEST(TorchTcpStore, TorchrunAgentStoreInit) {
         ASSERT_TRUE(env.ok()) << env.status();
         EXPECT_TRUE(absl::StartsWith(env->rdzv, "torch-tcp://127.0.0.1:")) << env->rdzv;
         auto pg = testing::JoinDefaultGroup();
-        Tensor t = Tensor::FromVector(std::vector<float>{1.f * (me.rank + 1)}, {1}, kF32);
+        RawTensor t = RawTensor::FromVector(std::vector<float>{1.f * (me.rank + 1)}, {1}, kF32);
         TG_DIST_CHECK_OK(pg->all_reduce(t, ReduceOp::kSum)->wait());
         EXPECT_EQ(t.to_vector<float>(), std::vector<float>({3.f}));
       },

@@ -60,7 +60,7 @@ std::shared_ptr<nn::Mlp> MakeMlp(DType dtype) {
   return model;
 }
 
-std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Variable>& params) {
+std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Tensor>& params) {
   optim::AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.01;
@@ -69,7 +69,7 @@ std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Variable>& params)
 
 // Two groups: weights with decay 0.1, biases without (and a larger lr).
 std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
-  std::vector<Variable> weights, biases;
+  std::vector<Tensor> weights, biases;
   for (size_t i = 0; i < model.num_layers(); ++i) {
     weights.push_back(model.layer(i)->weight());
     biases.push_back(model.layer(i)->bias());
@@ -87,11 +87,11 @@ std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
 }
 
 // Micro-batch k of step `step`: rank r's m-th micro-batch is k = m * world + r.
-Variable Loss(nn::Module& model, int step, int k, DType dtype) {
+Tensor Loss(nn::Module& model, int step, int k, DType dtype) {
   Generator gen(1000 + 100 * step + k);
-  const Tensor x = RandNormal({kRows, kIn}, gen).to(dtype);
-  const Tensor y = RandNormal({kRows, kOut}, gen);
-  return nn::MseLoss(Cast(model(Variable(x)), kF32), y);
+  const RawTensor x = RandNormal({kRows, kIn}, gen).to(dtype);
+  const RawTensor y = RandNormal({kRows, kOut}, gen);
+  return nn::MseLoss(Cast(model(Tensor(x)), kF32), y);
 }
 
 struct Config {
@@ -145,18 +145,18 @@ std::vector<float> Masters(const StateDict& sd, int64_t n) {
   return out;
 }
 
-std::vector<float> Concat(const std::vector<Tensor>& tensors) {
+std::vector<float> Concat(const std::vector<RawTensor>& tensors) {
   std::vector<float> out;
-  for (const Tensor& t : tensors) {
+  for (const RawTensor& t : tensors) {
     const std::vector<float> v = t.to_vector<float>();
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
 }
 
-std::vector<float> Concat(const std::vector<Variable>& vars) {
-  std::vector<Tensor> data;
-  for (const Variable& v : vars) data.push_back(v.data());
+std::vector<float> Concat(const std::vector<Tensor>& vars) {
+  std::vector<RawTensor> data;
+  for (const Tensor& v : vars) data.push_back(v.data());
   return Concat(data);
 }
 
@@ -173,11 +173,11 @@ amp::MixedPrecisionOptions MixedOptions(const Config& c) {
 
 // A tensor hook on fc0.weight that makes its last element inf while *armed.
 HookHandle InjectInf(nn::Mlp& model, const bool* armed) {
-  return model.layer(0)->weight().register_hook([armed](const Variable& g) -> Variable {
-    if (!*armed) return Variable();
-    Tensor t = g.data().clone();
+  return model.layer(0)->weight().register_hook([armed](const Tensor& g) -> Tensor {
+    if (!*armed) return Tensor();
+    RawTensor t = g.data().clone();
     t.view({t.numel()}).narrow(0, t.numel() - 1, 1).fill_(std::numeric_limits<double>::infinity());
-    return Variable(t);
+    return Tensor(t);
   });
 }
 
@@ -201,7 +201,7 @@ Outcome TrainZero(const std::shared_ptr<ProcessGroup>& pg, const Config& c) {
   for (int s = 0; s < c.steps; ++s) {
     opt.zero_grad();
     for (int m = 0; m < c.micro; ++m) {
-      Variable loss = Loss(*model, s, m * pg->size() + pg->rank(), c.dtype);
+      Tensor loss = Loss(*model, s, m * pg->size() + pg->rank(), c.dtype);
       if (c.micro > 1) loss = MulScalar(loss, 1.0 / c.micro);
       armed = s == c.inf_step && m == 0 && pg->rank() == c.inf_rank;
       if (c.plain_backward) {
@@ -374,9 +374,9 @@ TEST(ZeroTest, MatchesDistributedDataParallel) {
         for (int s = 0; s < 20; ++s) {
           opt.zero_grad();
           Generator gen(1000 + 100 * s + r.rank);  // Loss()'s micro-batch k = rank
-          const Tensor x = RandNormal({kRows, kIn}, gen);
-          const Tensor y = RandNormal({kRows, kOut}, gen);
-          opt.backward(nn::MseLoss(Cast(ddp(Variable(x)), kF32), y));
+          const RawTensor x = RandNormal({kRows, kIn}, gen);
+          const RawTensor y = RandNormal({kRows, kOut}, gen);
+          opt.backward(nn::MseLoss(Cast(ddp(Tensor(x)), kF32), y));
           opt.step();
         }
         ddp_out.params = Concat(opt.model_params());
@@ -573,9 +573,9 @@ TEST(ZeroTest, OverflowOnOneRankSkipsTheSameStepOnEveryRank) {
       EXPECT_EQ(opt.stats().local_overflow_steps, r.rank == 1 ? 1 : 0) << "stage " << stage;
       // Identical parameters on both ranks, and equal to the reference.
       const std::vector<float> mine = Concat(opt.full_parameters());
-      Tensor all = Tensor::Empty({2 * static_cast<int64_t>(mine.size())});
+      RawTensor all = RawTensor::Empty({2 * static_cast<int64_t>(mine.size())});
       TG_DIST_CHECK_OK(
-          pg->all_gather(all, Tensor::FromVector<float>(mine, {static_cast<int64_t>(mine.size())}))
+          pg->all_gather(all, RawTensor::FromVector<float>(mine, {static_cast<int64_t>(mine.size())}))
               ->wait());
       const std::vector<float> both = all.to_vector<float>();
       EXPECT_TRUE(std::equal(both.begin(), both.begin() + mine.size(), both.begin() + mine.size()));
@@ -623,26 +623,26 @@ TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
     auto model = MakeMlp(kF32);
     ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
     const std::shared_ptr<nn::Linear>& fc0 = model->layer(0);
-    const Variable weight = fc0->weight();
+    const Tensor weight = fc0->weight();
     // Between uses: a 1-element NaN placeholder expanded to [13, 7].
     EXPECT_EQ(weight.shape(), (Shape{kHidden, kIn}));
     EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
     EXPECT_TRUE(std::isnan(weight.data().to_vector<float>()[0]));
 
     std::weak_ptr<Storage> in_forward, in_backward;
-    HookHandle pre = fc0->register_forward_pre_hook([&](nn::Module&, const Variable&) -> Variable {
+    HookHandle pre = fc0->register_forward_pre_hook([&](nn::Module&, const Tensor&) -> Tensor {
       in_forward = weight.data().storage();  // after the gather: the unit's flat buffer
       EXPECT_EQ(weight.data().storage()->nbytes(), 104u * 4);  // 91 + 13, padded to 104
-      return Variable();
+      return Tensor();
     });
-    HookHandle grad_hook = weight.register_hook([&](const Variable&) -> Variable {
+    HookHandle grad_hook = weight.register_hook([&](const Tensor&) -> Tensor {
       in_backward = weight.data().storage();  // gathered again for fc0's backward
       EXPECT_EQ(weight.data().storage()->nbytes(), 104u * 4);
-      return Variable();
+      return Tensor();
     });
     for (int s = 0; s < 3; ++s) {
       opt.zero_grad();
-      Variable loss = Loss(*model, s, r.rank, kF32);
+      Tensor loss = Loss(*model, s, r.rank, kF32);
       // The forward freed both units: nothing (saved tensors included) holds the buffer.
       EXPECT_TRUE(in_forward.expired());
       EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
@@ -664,7 +664,7 @@ TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
     // A forward without grad gathers and frees too.
     {
       NoGradGuard no_grad;
-      (void)(*model)(Variable(Tensor::Zeros({1, kIn})));
+      (void)(*model)(Tensor(RawTensor::Zeros({1, kIn})));
     }
     EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
     EXPECT_EQ(opt.stats().forward_gathers, 8);
@@ -684,11 +684,11 @@ class ScaledLinear : public nn::Module {
     fc_ = register_module("fc", std::make_shared<nn::Linear>(kIn, kOut, gen));
     scale_ = register_parameter("scale", RandNormal({kOut}, gen));
   }
-  Variable forward(const Variable& x) override { return Mul(Relu((*fc_)(x)), scale_); }
+  Tensor forward(const Tensor& x) override { return Mul(Relu((*fc_)(x)), scale_); }
 
  private:
   std::shared_ptr<nn::Linear> fc_;
-  Variable scale_;
+  Tensor scale_;
 };
 
 TEST(ZeroTest, Stage3UnitsOwnTheirOwnParametersAndNest) {
@@ -744,8 +744,8 @@ TEST(ZeroTest, Stage2ReleasesEveryGradAndBoundsItsBuckets) {
     // Hooks registered after the optimizer's: the .grad is already gone.
     int seen = 0;
     std::vector<HookHandle> hooks;
-    for (const Variable& p : model->parameters()) {
-      hooks.push_back(p.register_post_accumulate_grad_hook([&seen](const Variable& leaf) {
+    for (const Tensor& p : model->parameters()) {
+      hooks.push_back(p.register_post_accumulate_grad_hook([&seen](const Tensor& leaf) {
         EXPECT_FALSE(leaf.grad().defined());
         ++seen;
       }));
@@ -772,12 +772,12 @@ class CudaFakeGroup final : public ProcessGroup {
  public:
   CudaFakeGroup() : ProcessGroup(0, 1, "fake", absl::Seconds(1), Device::Cuda(0)) {}
   const char* backend() const override { return "fake"; }
-  std::shared_ptr<Work> all_reduce(const Tensor&, ReduceOp) override { return Fail(); }
-  std::shared_ptr<Work> reduce_scatter(const Tensor&, const Tensor&, ReduceOp) override {
+  std::shared_ptr<Work> all_reduce(const RawTensor&, ReduceOp) override { return Fail(); }
+  std::shared_ptr<Work> reduce_scatter(const RawTensor&, const RawTensor&, ReduceOp) override {
     return Fail();
   }
-  std::shared_ptr<Work> all_gather(const Tensor&, const Tensor&) override { return Fail(); }
-  std::shared_ptr<Work> broadcast(const Tensor&, int) override { return Fail(); }
+  std::shared_ptr<Work> all_gather(const RawTensor&, const RawTensor&) override { return Fail(); }
+  std::shared_ptr<Work> broadcast(const RawTensor&, int) override { return Fail(); }
   std::shared_ptr<Work> barrier() override { return Fail(); }
 
  private:
@@ -810,9 +810,9 @@ void TrainReferenceSteps(amp::MixedPrecisionOptimizer& opt, nn::Module& model, i
   }
 }
 
-void LoadParameters(nn::Module& model, const std::vector<Tensor>& values) {
+void LoadParameters(nn::Module& model, const std::vector<RawTensor>& values) {
   NoGradGuard no_grad;
-  const std::vector<Variable> params = model.parameters();
+  const std::vector<Tensor> params = model.parameters();
   ASSERT_EQ(params.size(), values.size());
   for (size_t i = 0; i < params.size(); ++i) params[i].data().copy_(values[i]);
 }
@@ -827,7 +827,7 @@ void ExpectSameState(const StateDict& a, const StateDict& b, const std::string& 
   ASSERT_EQ(ka, kb) << what;
   EXPECT_EQ(a.scalars, b.scalars) << what;
   for (const auto& [k, t] : a.tensors) {
-    const Tensor& u = b.tensor(k);
+    const RawTensor& u = b.tensor(k);
     ASSERT_EQ(t.dtype(), u.dtype()) << what << " " << k;
     ASSERT_EQ(t.shape(), u.shape()) << what << " " << k;
     const std::vector<double> x = t.to(kF64).to_vector<double>(),
@@ -870,7 +870,7 @@ TEST(ZeroTest, StateDictResumesExactlyAndIsTheSingleProcessOne) {
       ZeroOptimizer first(pg, MakeOptimizer(*first_model, c), MakeZeroOptions(c, first_model));
       TrainZeroSteps(first, *first_model, *pg, c, 0, 4);
       const StateDict saved = first.state_dict();
-      const std::vector<Tensor> saved_params = first.full_parameters();
+      const std::vector<RawTensor> saved_params = first.full_parameters();
 
       auto ref_model = MakeMlp(c.dtype);
       amp::MixedPrecisionOptimizer ref(MakeOptimizer(*ref_model, c), MixedOptions(c));
@@ -909,7 +909,7 @@ TEST(ZeroTest, StateDictMovesBetweenWorldSizesStagesAndOneProcess) {
     ZeroOptimizer opt(pg, MakeOptimizer(*model, two), MakeZeroOptions(two, model));
     TrainZeroSteps(opt, *model, *pg, two, 0, 4);
     StateDict sd = opt.state_dict();
-    const std::vector<Tensor> params = opt.full_parameters();
+    const std::vector<RawTensor> params = opt.full_parameters();
     for (size_t i = 0; i < params.size(); ++i) sd.tensors[absl::StrCat("model.", i)] = params[i];
     if (r.rank == 0) {
       ASSERT_TRUE(io::SaveStateDict(path, sd).ok());
@@ -924,7 +924,7 @@ TEST(ZeroTest, StateDictMovesBetweenWorldSizesStagesAndOneProcess) {
 
   absl::StatusOr<StateDict> loaded = io::LoadStateDict(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  std::vector<Tensor> params;
+  std::vector<RawTensor> params;
   for (size_t i = 0; loaded->has_tensor(absl::StrCat("model.", i)); ++i) {
     params.push_back(loaded->tensor(absl::StrCat("model.", i)));
   }
@@ -979,7 +979,7 @@ TEST(ZeroTest, LoadStateDictValidatesBeforeChangingAnything) {
   missing.tensors.erase("master.1");
   expect_error(missing, "ZeroOptimizer: load_state_dict: missing 'master.1'");
   StateDict shape = good;
-  shape.tensors["master.0"] = Tensor::Zeros({7, 13}, kF32);
+  shape.tensors["master.0"] = RawTensor::Zeros({7, 13}, kF32);
   expect_error(shape,
                "ZeroOptimizer: load_state_dict: 'master.0' is f32 [7, 13] but parameter 0 "
                "'weight' has an f32 master of shape [13, 7]");
@@ -990,7 +990,7 @@ TEST(ZeroTest, LoadStateDictValidatesBeforeChangingAnything) {
                "differs in its keys or scalars (e.g. the step count) from that of parameter 2 "
                "'bias'; ZeroOptimizer steps them together in one flat buffer");
   StateDict extra = good;
-  extra.tensors["optimizer.state.9.exp_avg"] = Tensor::Zeros({1}, kF32);
+  extra.tensors["optimizer.state.9.exp_avg"] = RawTensor::Zeros({1}, kF32);
   expect_error(extra,
                "ZeroOptimizer: load_state_dict: unexpected tensor 'optimizer.state.9.exp_avg' "
                "(this optimizer has 4 parameters in 2 groups)");
@@ -1026,15 +1026,15 @@ TEST(ZeroTest, ErrorsNameTheProblem) {
       [&] { make(no_module); },
       "ZeroOptimizer: stage 3 shards the parameters of a module; set ZeroOptions::module"));
   ZeroOptions reduce;
-  reduce.mixed_precision.reduce_found_inf = [](const Tensor&) {};
+  reduce.mixed_precision.reduce_found_inf = [](const RawTensor&) {};
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { make(reduce); },
       "ZeroOptimizer: MixedPrecisionOptions::reduce_found_inf must be empty; ZeroOptimizer "
       "max-reduces found_inf over its process group itself"));
   {
-    Variable extra(Tensor::Zeros({3}), true);
+    Tensor extra(RawTensor::Zeros({3}), true);
     extra.set_name("extra");
-    std::vector<Variable> params = model->parameters();
+    std::vector<Tensor> params = model->parameters();
     params.push_back(extra);
     ZeroOptions o;
     o.stage = 3;
@@ -1046,9 +1046,9 @@ TEST(ZeroTest, ErrorsNameTheProblem) {
         "belong to a module whose forward gathers it"));
   }
   {
-    Variable w(Tensor::Ones({2}), true);
+    Tensor w(RawTensor::Ones({2}), true);
     auto adamw = MakeAdamW({w});
-    w.set_grad(Variable(Tensor::Ones({2})));
+    w.set_grad(Tensor(RawTensor::Ones({2})));
     adamw->step();
     EXPECT_TRUE(ThrowsErrorExactly(
         [&] { ZeroOptimizer opt(pg, std::move(adamw)); },

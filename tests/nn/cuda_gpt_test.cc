@@ -32,17 +32,17 @@ namespace {
 const Device kCpu = Device::Cpu();
 const Device kGpu = Device::Cuda(0);
 
-std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
+std::vector<float> Values(const RawTensor& t) { return t.to_vector<float>(); }
 
 // A layer with a floating and an integer buffer next to its parameters.
 class WithBuffers : public Module {
  public:
   explicit WithBuffers(Generator& gen) : Module("WithBuffers") {
     lin_ = register_module("lin", std::make_shared<Linear>(4, 3, gen));
-    register_buffer("running", Tensor::Full({3}, 0.5));
-    register_buffer("steps", Tensor::Full({1}, 7, kI64));
+    register_buffer("running", RawTensor::Full({3}, 0.5));
+    register_buffer("steps", RawTensor::Full({1}, 7, kI64));
   }
-  Variable forward(const Variable& x) override { return (*lin_)(x); }
+  Tensor forward(const Tensor& x) override { return (*lin_)(x); }
 
  private:
   std::shared_ptr<Linear> lin_;
@@ -52,14 +52,14 @@ TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {
   SKIP_WITHOUT_GPU();
   Generator gen(0);
   auto m = std::make_shared<WithBuffers>(gen);
-  const std::vector<Variable> params = m->parameters();
+  const std::vector<Tensor> params = m->parameters();
   std::vector<std::vector<float>> before;
-  for (const Variable& p : params) before.push_back(Values(p.data()));
-  Sum((*m)(Variable(Tensor::Ones({2, 4})))).backward();
+  for (const Tensor& p : params) before.push_back(Values(p.data()));
+  Sum((*m)(Tensor(RawTensor::Ones({2, 4})))).backward();
   const std::vector<float> grad_before = Values(params[0].grad().data());
 
   m->to(kGpu);
-  for (const Variable& p : m->parameters()) {
+  for (const Tensor& p : m->parameters()) {
     EXPECT_TRUE(p.data().device() == kGpu);
     EXPECT_TRUE(p.grad().data().device() == kGpu);
   }
@@ -69,7 +69,7 @@ TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {
   EXPECT_EQ(m->buffer("steps").dtype(), kI64);
 
   // Backward on the device accumulates into the moved gradient.
-  Sum((*m)(Variable(Tensor::Ones({2, 4}, kF32, kGpu)))).backward();
+  Sum((*m)(Tensor(RawTensor::Ones({2, 4}, kF32, kGpu)))).backward();
   const std::vector<float> grad_after = Values(params[0].grad().data());
   for (size_t i = 0; i < grad_after.size(); ++i) EXPECT_EQ(grad_after[i], 2 * grad_before[i]);
 
@@ -87,18 +87,18 @@ TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {
 class TooLargeForTheDevice : public Module {
  public:
   TooLargeForTheDevice() : Module("TooLargeForTheDevice") {
-    small_ = register_parameter("small", Tensor::Full({3}, 1.5));
-    huge_ = register_parameter("huge", Tensor::Scalar(0.25f).expand({int64_t{1} << 38}));
-    register_buffer("running", Tensor::Full({2}, 0.5));
+    small_ = register_parameter("small", RawTensor::Full({3}, 1.5));
+    huge_ = register_parameter("huge", RawTensor::Scalar(0.25f).expand({int64_t{1} << 38}));
+    register_buffer("running", RawTensor::Full({2}, 0.5));
   }
-  Variable small_, huge_;
+  Tensor small_, huge_;
 };
 
 TEST(CudaModuleTest, ToAnUnusableDeviceOrOutOfMemoryMovesNothing) {
   SKIP_WITHOUT_GPU();
   Generator gen(0);
   auto m = std::make_shared<WithBuffers>(gen);
-  const Tensor weight = m->parameters()[0].data();
+  const RawTensor weight = m->parameters()[0].data();
   const Device missing = Device::Cuda(DeviceCount(DeviceType::kCuda));
   EXPECT_THROW(m->to(missing), Error);
   EXPECT_TRUE(m->parameters()[0].data().shares_storage(weight));
@@ -107,7 +107,7 @@ TEST(CudaModuleTest, ToAnUnusableDeviceOrOutOfMemoryMovesNothing) {
   // The allocation of the second parameter fails after the first one's copy was made: the
   // module is left as it was, not half moved, and the device stays usable.
   auto big = std::make_shared<TooLargeForTheDevice>();
-  const Tensor small = big->small_.data();
+  const RawTensor small = big->small_.data();
   try {
     big->to(kGpu);
     ADD_FAILURE() << "moving 1 TiB to the device did not throw";
@@ -117,7 +117,7 @@ TEST(CudaModuleTest, ToAnUnusableDeviceOrOutOfMemoryMovesNothing) {
   EXPECT_TRUE(big->small_.data().shares_storage(small));
   EXPECT_TRUE(big->huge_.data().device().is_cpu());
   EXPECT_TRUE(big->buffer("running").device().is_cpu());
-  EXPECT_EQ(Values(Tensor::Full({4}, 2, kF32, kGpu)), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(Values(RawTensor::Full({4}, 2, kF32, kGpu)), std::vector<float>(4, 2.0f));
   m->to(kGpu);
   EXPECT_TRUE(m->parameters()[0].data().device() == kGpu);
 }
@@ -129,13 +129,13 @@ TEST(CudaModuleTest, AnOptimizerMadeBeforeTheMoveRefusesToStep) {
   Generator gen(0);
   auto m = std::make_shared<WithBuffers>(gen);
   optim::AdamW opt(m->parameters());
-  Sum((*m)(Variable(Tensor::Ones({2, 4})))).backward();
+  Sum((*m)(Tensor(RawTensor::Ones({2, 4})))).backward();
   opt.step();
   opt.zero_grad();
   m->to(kGpu);
-  Sum((*m)(Variable(Tensor::Ones({2, 4}, kF32, kGpu)))).backward();
+  Sum((*m)(Tensor(RawTensor::Ones({2, 4}, kF32, kGpu)))).backward();
   std::vector<std::vector<float>> before;
-  for (const Variable& p : m->parameters()) before.push_back(Values(p.data()));
+  for (const Tensor& p : m->parameters()) before.push_back(Values(p.data()));
   try {
     opt.step();
     ADD_FAILURE() << "step() with CPU state and CUDA parameters did not throw";
@@ -144,7 +144,7 @@ TEST(CudaModuleTest, AnOptimizerMadeBeforeTheMoveRefusesToStep) {
               std::string::npos)
         << e.what();
   }
-  const std::vector<Variable> params = m->parameters();
+  const std::vector<Tensor> params = m->parameters();
   for (size_t p = 0; p < params.size(); ++p) EXPECT_EQ(Values(params[p].data()), before[p]);
 }
 
@@ -158,7 +158,7 @@ GptConfig TinyConfig(double dropout = 0) {
 }
 
 struct Batch {
-  Tensor x, y;  // [4, 16] i64 on the CPU
+  RawTensor x, y;  // [4, 16] i64 on the CPU
 };
 
 Batch MakeBatch(uint64_t seed) {
@@ -166,7 +166,7 @@ Batch MakeBatch(uint64_t seed) {
   std::vector<int64_t> x(64), y(64);
   for (auto& v : x) v = gen.NextU32() % 50;
   for (auto& v : y) v = gen.NextU32() % 50;
-  return {Tensor::FromVector(x, {4, 16}), Tensor::FromVector(y, {4, 16})};
+  return {RawTensor::FromVector(x, {4, 16}), RawTensor::FromVector(y, {4, 16})};
 }
 
 struct LossAndGrads {
@@ -181,11 +181,11 @@ LossAndGrads ForwardBackward(Device device, bool bf16, double dropout = 0) {
   Gpt model(TinyConfig(dropout), gen, &dropout_gen);
   model.to(device);
   const Batch b = MakeBatch(9);
-  Variable loss;
+  Tensor loss;
   {
     std::optional<amp::AutocastGuard> autocast;
     if (bf16) autocast.emplace(kBF16);
-    loss = CrossEntropyLoss(model(Variable(b.x.to(device))), b.y.to(device));
+    loss = CrossEntropyLoss(model(Tensor(b.x.to(device))), b.y.to(device));
   }
   loss.backward();
   LossAndGrads out;
@@ -251,10 +251,10 @@ std::vector<double> TrainLosses(Device device, int steps) {
   const Batch b = MakeBatch(11);
   for (int step = 0; step < steps; ++step) {
     opt.zero_grad();
-    Variable loss;
+    Tensor loss;
     {
       amp::AutocastGuard autocast(kBF16);
-      loss = CrossEntropyLoss(model(Variable(b.x.to(device))), b.y.to(device));
+      loss = CrossEntropyLoss(model(Tensor(b.x.to(device))), b.y.to(device));
     }
     opt.backward(loss);
     EXPECT_FALSE(opt.step().skipped);

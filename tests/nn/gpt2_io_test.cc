@@ -110,10 +110,10 @@ void WriteText(const std::string& path, const std::string& text) {
 }
 
 // [1, seq, vocab] logits of `model` for kTokens.
-Tensor Logits(Gpt& model) {
+RawTensor Logits(Gpt& model) {
   NoGradGuard no_grad;
   model.eval();
-  return model(Variable(Tensor::FromVector(kTokens, {1, static_cast<int64_t>(kTokens.size())})))
+  return model(Tensor(RawTensor::FromVector(kTokens, {1, static_cast<int64_t>(kTokens.size())})))
       .data();
 }
 
@@ -136,12 +136,12 @@ TEST(Gpt2IoTest, TinyHfLoadsWithTransformersLogits) {
   EXPECT_EQ(c.n_layer, 2);
   EXPECT_EQ(c.n_head, 2);
   EXPECT_EQ(c.n_embd, 16);
-  const Tensor& wte = ckpt->weights.tensor("wte.weight");
+  const RawTensor& wte = ckpt->weights.tensor("wte.weight");
   ASSERT_EQ(wte.shape(), (Shape{128, 16}));
   for (float v : wte.narrow(0, 100, 28).to_vector<float>()) ASSERT_EQ(v, 0.0f);
 
   std::unique_ptr<Gpt> model = Build(*ckpt);
-  Tensor logits = Logits(*model);
+  RawTensor logits = Logits(*model);
   ASSERT_EQ(logits.shape(), (Shape{1, static_cast<int64_t>(kTokens.size()), 100}));
   for (size_t p = 0; p < kLogitPositions.size(); ++p) {
     std::vector<float> got = logits.select(1, kLogitPositions[p]).to_vector<float>();
@@ -174,8 +174,8 @@ TEST(Gpt2IoTest, ExportReadsBackToTheSameLogits) {
   EXPECT_EQ(st->tensors.at("transformer.h.1.attn.c_attn.weight").shape(), (Shape{16, 48}));
   EXPECT_EQ(st->tensors.at("transformer.h.0.mlp.c_proj.weight").shape(), (Shape{64, 16}));
   // Conv1D's [in, out]: the transpose of our Linear's [out, in].
-  const Tensor ours = ckpt->weights.tensor("blocks.0.mlp.fc0.weight");      // [64, 16]
-  const Tensor theirs = st->tensors.at("transformer.h.0.mlp.c_fc.weight");  // [16, 64]
+  const RawTensor ours = ckpt->weights.tensor("blocks.0.mlp.fc0.weight");      // [64, 16]
+  const RawTensor theirs = st->tensors.at("transformer.h.0.mlp.c_fc.weight");  // [16, 64]
   EXPECT_EQ(theirs.to_vector<float>(), ours.transpose(0, 1).contiguous().to_vector<float>());
   // Every tensor equals the committed transformers file's.
   absl::StatusOr<io::Safetensors> original =
@@ -215,11 +215,11 @@ std::string LlmcBytes(const Gpt& model, int32_t version) {
   header[6] = static_cast<int32_t>(c.n_embd);
   if (version != 1) header[7] = static_cast<int32_t>(c.padded_vocab());
   std::string out(reinterpret_cast<const char*>(header.data()), 1024);
-  std::map<std::string, Tensor> p;
+  std::map<std::string, RawTensor> p;
   for (const auto& [name, v] : model.named_parameters()) p[name] = v.data();
-  auto append = [&](const Tensor& t) {
+  auto append = [&](const RawTensor& t) {
     if (version == 5) {  // bf16, as llm.c's train_gpt2.py writes gpt2_124M_bf16.bin
-      Tensor b = t.to(kBF16).contiguous();
+      RawTensor b = t.to(kBF16).contiguous();
       out.append(static_cast<const char*>(b.raw_data()), b.numel() * 2);
       return;
     }
@@ -256,9 +256,9 @@ std::unique_ptr<Gpt> RandomModel(const GptConfig& config) {
   for (const auto& [name, p] : model->named_parameters()) {
     std::vector<float> v(p.numel());
     for (size_t i = 0; i < v.size(); ++i) v[i] = 0.3f * std::sin(0.7f * i + name.size());
-    p.data().copy_(Tensor::FromVector(v, p.shape()));
+    p.data().copy_(RawTensor::FromVector(v, p.shape()));
   }
-  Tensor wte = model->named_parameters()[0].second.data();
+  RawTensor wte = model->named_parameters()[0].second.data();
   wte.narrow(0, config.vocab_size, config.padded_vocab() - config.vocab_size).zero_();
   return model;
 }
@@ -310,7 +310,7 @@ TEST(Gpt2IoTest, Gpt2VocabularyPadsTo50304AndExportsBackTo50257) {
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_EQ(ckpt->config.vocab_size, 50257);
   EXPECT_EQ(ckpt->config.padded_vocab_size, 50304);
-  const Tensor& wte = ckpt->weights.tensor("wte.weight");
+  const RawTensor& wte = ckpt->weights.tensor("wte.weight");
   ASSERT_EQ(wte.shape(), (Shape{50304, 8}));
   for (float v : wte.narrow(0, 50257, 47).to_vector<float>()) ASSERT_EQ(v, 0.0f);
   EXPECT_EQ(wte.narrow(0, 0, 50257).to_vector<float>(),
@@ -408,7 +408,7 @@ TEST(Gpt2IoTest, HfErrors) {
       kInvalid, "missing tensor 'wte.weight'");
   ExpectError(LoadEdited("shape",
                          [](io::Safetensors& st) {
-                           Tensor& t = st.tensors["transformer.h.0.attn.c_attn.weight"];
+                           RawTensor& t = st.tensors["transformer.h.0.attn.c_attn.weight"];
                            t = t.transpose(0, 1).contiguous();  // a Linear's [out, in]
                          }),
               kInvalid,
@@ -416,13 +416,13 @@ TEST(Gpt2IoTest, HfErrors) {
               "from wte.weight)");
   ExpectError(LoadEdited("unexpected",
                          [](io::Safetensors& st) {
-                           st.tensors["transformer.h.0.attn.q_proj.weight"] = Tensor::Zeros({2});
+                           st.tensors["transformer.h.0.attn.q_proj.weight"] = RawTensor::Zeros({2});
                          }),
               kInvalid, "unexpected tensor 'h.0.attn.q_proj.weight' of shape [2]");
   ExpectError(LoadEdited("gap",
                          [](io::Safetensors& st) {
                            // Layer 1 renamed to 2: the file skips h.1.
-                           std::map<std::string, Tensor> renamed;
+                           std::map<std::string, RawTensor> renamed;
                            for (auto& [name, t] : st.tensors) {
                              std::string n = name;
                              const size_t at = n.find("h.1.");
@@ -434,14 +434,14 @@ TEST(Gpt2IoTest, HfErrors) {
               kInvalid, "missing layer h.1 (the file has layers up to h.2)");
   ExpectError(LoadEdited("lm_head",
                          [](io::Safetensors& st) {
-                           st.tensors["lm_head.weight"] = Tensor::Zeros({100, 16});
+                           st.tensors["lm_head.weight"] = RawTensor::Zeros({100, 16});
                          }),
               kInvalid, "'lm_head.weight' differs from 'wte.weight'");
   // A tied lm_head and the old attention-mask buffers load.
   absl::StatusOr<Gpt2Checkpoint> with_buffers = LoadEdited("buffers", [](io::Safetensors& st) {
     st.tensors["lm_head.weight"] = st.tensors.at("transformer.wte.weight").clone();
-    st.tensors["transformer.h.0.attn.bias"] = Tensor::Ones({1, 1, 32, 32});
-    st.tensors["transformer.h.0.attn.masked_bias"] = Tensor::Scalar(-1e4);
+    st.tensors["transformer.h.0.attn.bias"] = RawTensor::Ones({1, 1, 32, 32});
+    st.tensors["transformer.h.0.attn.masked_bias"] = RawTensor::Scalar(-1e4);
   });
   EXPECT_TRUE(with_buffers.ok()) << with_buffers.status();
 

@@ -242,7 +242,7 @@ TEST(GptPytorchReferenceTest, LossLogitsAndGradientsMatchPytorch) {
   ASSERT_EQ(named.size(), kNames.size());  // in particular no separate lm_head weight
   for (size_t k = 0; k < named.size(); ++k) {
     ASSERT_EQ(named[k].first, kNames[k].second) << k;
-    const Tensor& p = named[k].second.data();
+    const RawTensor& p = named[k].second.data();
     ASSERT_EQ(p.dtype(), kF64);
     ASSERT_TRUE(p.is_contiguous());
     double* v = p.data<double>();
@@ -251,10 +251,10 @@ TEST(GptPytorchReferenceTest, LossLogitsAndGradientsMatchPytorch) {
     }
   }
 
-  Variable logits = model(Variable(Tensor::FromVector(kTokens, {2, 8})));
+  Tensor logits = model(Tensor(RawTensor::FromVector(kTokens, {2, 8})));
   ASSERT_EQ(logits.data().shape(), (Shape{2, 8, 11}));
   ASSERT_EQ(logits.data().dtype(), kF64);
-  Variable loss = CrossEntropyLoss(logits, Tensor::FromVector(kTargets, {2, 8}));
+  Tensor loss = CrossEntropyLoss(logits, RawTensor::FromVector(kTargets, {2, 8}));
   loss.backward();
 
   EXPECT_TRUE(Near(loss.item(), kLoss)) << "loss";

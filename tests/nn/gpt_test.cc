@@ -48,17 +48,17 @@ TEST(GptTest, ShapesCausalityAndInitialLoss) {
   GptConfig c = GptConfig::Tiny(50);
   c.padded_vocab_size = 64;
   Gpt model(c, gen);
-  Tensor tokens = Tensor::FromVector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
-  Tensor logits = model(Variable(tokens)).data();
+  RawTensor tokens = RawTensor::FromVector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  RawTensor logits = model(Tensor(tokens)).data();
   EXPECT_EQ(logits.shape(), (Shape{2, 4, 50}));  // padding rows dropped
-  Tensor changed = tokens.clone();
+  RawTensor changed = tokens.clone();
   changed.select(1, 3).fill_(0);
-  Tensor logits2 = model(Variable(changed)).data();
+  RawTensor logits2 = model(Tensor(changed)).data();
   EXPECT_EQ(logits.slice(1, 0, 3).to_vector<float>(), logits2.slice(1, 0, 3).to_vector<float>());
   // Small initial weights: the loss starts at about ln(vocab).
   // (Targets other than the inputs: the tied head favours the input token itself.)
-  Tensor targets = Tensor::FromVector<int64_t>({20, 31, 42, 13, 24, 35, 46, 17}, {2, 4});
-  double loss = CrossEntropyLoss(Variable(logits), targets).item();
+  RawTensor targets = RawTensor::FromVector<int64_t>({20, 31, 42, 13, 24, 35, 46, 17}, {2, 4});
+  double loss = CrossEntropyLoss(Tensor(logits), targets).item();
   EXPECT_NEAR(loss, std::log(50.0), 0.1);
 }
 
@@ -72,8 +72,8 @@ TEST(GptTest, LearnsAFixedSequenceAndSamplesIt) {
   // The cyclic sequence 0 1 2 ... 7 0 1 ...: each next token is determined by the current one.
   std::vector<int64_t> seq;
   for (int i = 0; i < 9; ++i) seq.push_back(i % 8);
-  Tensor x = Tensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8});
-  Tensor y = Tensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin() + 1, seq.end()), {1, 8});
+  RawTensor x = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8});
+  RawTensor y = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin() + 1, seq.end()), {1, 8});
   optim::AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0;
@@ -81,7 +81,7 @@ TEST(GptTest, LearnsAFixedSequenceAndSamplesIt) {
   double first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {
     opt.zero_grad();
-    Variable loss = CrossEntropyLoss(model(Variable(x)), y);
+    Tensor loss = CrossEntropyLoss(model(Tensor(x)), y);
     loss.backward();
     opt.step();
     (step == 0 ? first : last) = loss.item();
@@ -101,7 +101,7 @@ TEST(GptTest, BadInputsThrow) {
   Gpt model(GptConfig::Tiny(10), gen);
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        model(Variable(Tensor::Zeros({1, 65}, kI64)));
+        model(Tensor(RawTensor::Zeros({1, 65}, kI64)));
       },
       "Gpt: sequence length 65 exceeds block_size 64"));
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly([&] { model.Generate({12}, 1, gen); },

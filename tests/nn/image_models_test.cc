@@ -25,7 +25,7 @@ TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
   for (float w : conv.weight().data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
   for (float b : conv.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
   EXPECT_EQ(conv.weight().shape(), (Shape{8, 3, 3, 3}));
-  Variable x(RandNormal({2, 3, 5, 5}, gen));
+  Tensor x(RandNormal({2, 3, 5, 5}, gen));
   EXPECT_EQ(conv(x).data().to_vector<float>(),
             tg::Conv2d(x, conv.weight(), conv.bias(), p).data().to_vector<float>());
   EXPECT_EQ(conv.extra_repr(), "3, 8, kernel=(3, 3), stride=(1, 1), padding=(1, 1), bias=true");
@@ -51,14 +51,14 @@ TEST(Conv2dLayerTest, OptionsDefaultsChainingAndTheGeneratorContract) {
   EXPECT_EQ(with.weight().data().to_vector<float>(), without.weight().data().to_vector<float>());
   EXPECT_EQ(with.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
   EXPECT_EQ(without.extra_repr(), "3, 8, kernel=(3, 3), stride=(2, 2), padding=(1, 0), bias=false");
-  Variable x(RandNormal({1, 3, 5, 5}, g1));
+  Tensor x(RandNormal({1, 3, 5, 5}, g1));
   EXPECT_EQ(without(x).shape(), (Shape{1, 8, 3, 2}));
 }
 
 TEST(MaxPool2dLayerTest, StrideDefaultsToTheKernel) {
   MaxPool2d pool({2, 2});
   EXPECT_EQ(pool.options().stride(), (std::array<int64_t, 2>{2, 2}));
-  Variable x(Tensor::Arange(0, 16).reshape({1, 1, 4, 4}));
+  Tensor x(RawTensor::Arange(0, 16).reshape({1, 1, 4, 4}));
   EXPECT_EQ(pool(x).data().to_vector<float>(), (std::vector<float>{5, 7, 13, 15}));
   MaxPool2d overlapping(MaxPool2dOptions({2, 2}).stride({1, 1}));
   EXPECT_EQ(overlapping(x).data().to_vector<float>(),
@@ -70,7 +70,7 @@ TEST(ImageModelsTest, ShapesNamesAndCounts) {
   Generator gen(1);
   auto mlp = MakeImageMlp(gen);
   auto cnn = MakeImageCnn(gen);
-  Variable images(RandNormal({4, 1, 28, 28}, gen));
+  Tensor images(RandNormal({4, 1, 28, 28}, gen));
   EXPECT_EQ((*mlp)(images).shape(), (Shape{4, 10}));
   EXPECT_EQ((*cnn)(images).shape(), (Shape{4, 10}));
   EXPECT_EQ(mlp->num_parameters(), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
@@ -85,16 +85,16 @@ TEST(ImageModelsTest, ShapesNamesAndCounts) {
 TEST(ImageModelsTest, CnnLearnsASmallBatch) {
   Generator gen(2);
   auto cnn = MakeImageCnn(gen, {4, 8});
-  Tensor images = RandNormal({16, 1, 28, 28}, gen);
-  Tensor labels =
-      Tensor::FromVector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16});
+  RawTensor images = RandNormal({16, 1, 28, 28}, gen);
+  RawTensor labels =
+      RawTensor::FromVector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16});
   optim::AdamOptions o;
   o.lr = 3e-3;
   optim::Adam opt(cnn->parameters(), o);
   double first = 0, last = 0;
   for (int step = 0; step < 40; ++step) {
     opt.zero_grad();
-    Variable loss = CrossEntropyLoss((*cnn)(Variable(images)), labels);
+    Tensor loss = CrossEntropyLoss((*cnn)(Tensor(images)), labels);
     loss.backward();
     opt.step();
     (step == 0 ? first : last) = loss.item();

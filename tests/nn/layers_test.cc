@@ -20,7 +20,7 @@ namespace {
 
 using ::tg::testing::ThrowsErrorExactly;
 
-void ExpectNear(const Tensor& got, const std::vector<double>& want, double tol) {
+void ExpectNear(const RawTensor& got, const std::vector<double>& want, double tol) {
   std::vector<double> g = got.to_vector<double>();
   ASSERT_EQ(g.size(), want.size());
   for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], want[i], tol) << "element " << i;
@@ -65,7 +65,7 @@ TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
 TEST(GeluTest, OptionsPickTheFormula) {
   EXPECT_EQ(GELUOptions().approximate(), "none");
   GELU exact, approx(GELUOptions().approximate("tanh"));
-  Variable x(Tensor::FromVector<float>({-2, 0.5, 2}, {3}));
+  Tensor x(RawTensor::FromVector<float>({-2, 0.5, 2}, {3}));
   EXPECT_EQ(exact(x).data().to_vector<float>(), Gelu(x).data().to_vector<float>());
   EXPECT_EQ(approx(x).data().to_vector<float>(), GeluTanh(x).data().to_vector<float>());
   EXPECT_EQ(exact.extra_repr(), "");
@@ -80,8 +80,8 @@ TEST(GeluTest, OptionsPickTheFormula) {
 // vectorised exp and the C library's may round differently.
 TEST(SiluTest, ModuleMatchesPyTorch) {
   SiLU silu;
-  Variable x(Tensor::FromVector<float>({-2, 0.5, 2}, {3}), /*requires_grad=*/true);
-  const Variable y = silu(x);
+  Tensor x(RawTensor::FromVector<float>({-2, 0.5, 2}, {3}), /*requires_grad=*/true);
+  const Tensor y = silu(x);
   Sum(y).backward();
   const std::vector<float> got = y.data().to_vector<float>();
   const std::vector<float> grad = x.grad().data().to_vector<float>();
@@ -112,8 +112,8 @@ TEST(LinearTest, ForwardIsXWTransposePlusB) {
   Generator gen(1);
   Linear lin(3, 2, gen);
   lin.to(kF64);
-  Variable x(RandNormal({4, 3}, gen, 0, 1, kF64));
-  Variable want = Add(Matmul(x, Transpose(lin.weight(), 0, 1)), lin.bias());
+  Tensor x(RandNormal({4, 3}, gen, 0, 1, kF64));
+  Tensor want = Add(Matmul(x, Transpose(lin.weight(), 0, 1)), lin.bias());
   ExpectNear(lin(x).data(), want.data().to_vector<double>(), 1e-15);
 }
 
@@ -121,8 +121,8 @@ TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
   RMSNorm norm(4, 1e-6);
   norm.to(kF64);
   Generator gen(2);
-  norm.parameter("weight").data().copy_(Tensor::FromVector<double>({0.5, 1, 2, -1}, {4}));
-  Tensor x = RandNormal({3, 4}, gen, 0, 1, kF64);
+  norm.parameter("weight").data().copy_(RawTensor::FromVector<double>({0.5, 1, 2, -1}, {4}));
+  RawTensor x = RandNormal({3, 4}, gen, 0, 1, kF64);
   std::vector<double> xv = x.to_vector<double>(), want;
   const double w[] = {0.5, 1, 2, -1};
   for (int r = 0; r < 3; ++r) {
@@ -130,12 +130,12 @@ TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
     for (int c = 0; c < 4; ++c) ms += xv[r * 4 + c] * xv[r * 4 + c] / 4;
     for (int c = 0; c < 4; ++c) want.push_back(xv[r * 4 + c] / std::sqrt(ms + 1e-6) * w[c]);
   }
-  ExpectNear(norm(Variable(x)).data(), want, 1e-14);
+  ExpectNear(norm(Tensor(x)).data(), want, 1e-14);
   GradcheckResult r =
-      Gradcheck([&](const VariableList& in) { return norm(in[0]); }, {Variable(x, true)});
+      Gradcheck([&](const VariableList& in) { return norm(in[0]); }, {Tensor(x, true)});
   EXPECT_TRUE(r.ok) << r.message;
   // bf16 input: normalised in f32, returned in bf16 without autocast, f32 with it.
-  Variable xb(Tensor::Ones({2, 4}, kBF16));
+  Tensor xb(RawTensor::Ones({2, 4}, kBF16));
   RMSNorm norm32(4);
   EXPECT_EQ(norm32(xb).dtype(), kBF16);
   amp::AutocastGuard autocast(kBF16);
@@ -145,7 +145,7 @@ TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
 TEST(DropoutTest, TrainingScalesSurvivorsAndEvalIsIdentity) {
   Generator gen(3);
   Dropout drop(0.25, gen);
-  Variable x(Tensor::Ones({10000}));
+  Tensor x(RawTensor::Ones({10000}));
   std::vector<float> y = drop(x).data().to_vector<float>();
   int zeros = 0;
   for (float v : y) {
@@ -164,9 +164,9 @@ TEST(DropoutTest, TrainingScalesSurvivorsAndEvalIsIdentity) {
 
 TEST(FlattenTest, KeepsLeadingDims) {
   Flatten flat;
-  EXPECT_EQ(flat(Variable(Tensor::Zeros({2, 1, 28, 28}))).shape(), (Shape{2, 784}));
+  EXPECT_EQ(flat(Tensor(RawTensor::Zeros({2, 1, 28, 28}))).shape(), (Shape{2, 784}));
   Flatten from2(2);
-  EXPECT_EQ(from2(Variable(Tensor::Zeros({2, 3, 4, 5}))).shape(), (Shape{2, 3, 20}));
+  EXPECT_EQ(from2(Tensor(RawTensor::Zeros({2, 3, 4, 5}))).shape(), (Shape{2, 3, 20}));
 }
 
 TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
@@ -175,10 +175,10 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
   options.activation = Activation::kTanh;
   Mlp mlp({4, 8, 3}, gen, options);
   mlp.to(kF64);
-  Variable x(RandNormal({5, 4}, gen, 0, 1, kF64));
+  Tensor x(RandNormal({5, 4}, gen, 0, 1, kF64));
   const Linear& l0 = *mlp.layer(0);
   const Linear& l1 = *mlp.layer(1);
-  Variable want =
+  Tensor want =
       tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
   ExpectNear(mlp(x).data(), want.data().to_vector<double>(), 0);
   std::vector<std::string> names;
@@ -187,10 +187,10 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
 }
 
 // Reference attention in f64 loops: per batch and head, causal softmax(q k^T / sqrt(d)) v.
-std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const Tensor& x,
+std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const RawTensor& x,
                                        int64_t h) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / h;
-  std::vector<double> qkv = tg::Linear(Variable(x), attn.qkv()->weight(), attn.qkv()->bias())
+  std::vector<double> qkv = tg::Linear(Tensor(x), attn.qkv()->weight(), attn.qkv()->bias())
                                 .data()
                                 .to_vector<double>();  // [b, t, 3c]
   std::vector<double> y(b * t * c, 0.0);
@@ -218,8 +218,8 @@ std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const Te
       }
     }
   }
-  Tensor yt = Tensor::FromVector<double>(y, {b, t, c});
-  return tg::Linear(Variable(yt), attn.proj()->weight(), attn.proj()->bias())
+  RawTensor yt = RawTensor::FromVector<double>(y, {b, t, c});
+  return tg::Linear(Tensor(yt), attn.proj()->weight(), attn.proj()->bias())
       .data()
       .to_vector<double>();
 }
@@ -228,13 +228,13 @@ TEST(AttentionTest, MatchesPerHeadReferenceAndIsCausal) {
   Generator gen(5);
   CausalSelfAttention attn({/*n_embd=*/8, /*n_head=*/2}, gen);
   attn.to(kF64);
-  Tensor x = RandNormal({2, 5, 8}, gen, 0, 1, kF64);
-  Tensor y = attn(Variable(x)).data();
+  RawTensor x = RandNormal({2, 5, 8}, gen, 0, 1, kF64);
+  RawTensor y = attn(Tensor(x)).data();
   ExpectNear(y, ReferenceAttention(attn, x, 2), 1e-13);
   // Changing the last position changes no earlier output, bit for bit.
-  Tensor x2 = x.clone();
+  RawTensor x2 = x.clone();
   x2.select(1, 4).fill_(9.0);
-  std::vector<double> a = y.to_vector<double>(), b = attn(Variable(x2)).data().to_vector<double>();
+  std::vector<double> a = y.to_vector<double>(), b = attn(Tensor(x2)).data().to_vector<double>();
   for (int64_t bi = 0; bi < 2; ++bi) {
     for (int64_t i = 0; i < 5 * 8; ++i) {
       size_t k = bi * 40 + i;
@@ -251,8 +251,8 @@ TEST(AttentionTest, GradchecksInputAndWeights) {
   Generator gen(6);
   CausalSelfAttention attn({/*n_embd=*/4, /*n_head=*/2}, gen);
   attn.to(kF64);
-  Variable x(RandNormal({2, 3, 4}, gen, 0, 1, kF64), true);
-  Variable w = attn.qkv()->weight();
+  Tensor x(RandNormal({2, 3, 4}, gen, 0, 1, kF64), true);
+  Tensor w = attn.qkv()->weight();
   GradcheckResult r = Gradcheck([&](const VariableList& in) { return attn(in[0]); }, {x, w});
   EXPECT_TRUE(r.ok) << r.message;
 }
@@ -261,7 +261,7 @@ TEST(TransformerBlockTest, GradchecksAndNamesItsParts) {
   Generator gen(7);
   TransformerBlock block({/*n_embd=*/4, /*n_head=*/2}, gen);
   block.to(kF64);
-  Variable x(RandNormal({1, 3, 4}, gen, 0, 1, kF64), true);
+  Tensor x(RandNormal({1, 3, 4}, gen, 0, 1, kF64), true);
   GradcheckResult r = Gradcheck([&](const VariableList& in) { return block(in[0]); }, {x});
   EXPECT_TRUE(r.ok) << r.message;
   std::vector<std::string> names;
@@ -275,7 +275,7 @@ TEST(TransformerBlockTest, GradchecksAndNamesItsParts) {
 TEST(AutocastModulesTest, SafeListDecidesWhereMatmulsRunInLowPrecision) {
   Generator gen(8);
   CausalSelfAttention attn({/*n_embd=*/8, /*n_head=*/2}, gen);
-  Variable x(RandNormal({1, 4, 8}, gen));
+  Tensor x(RandNormal({1, 4, 8}, gen));
   {
     amp::AutocastGuard autocast(kBF16);
     EXPECT_EQ(attn(x).dtype(), kBF16);

@@ -38,9 +38,9 @@ std::vector<double> Reference(const std::vector<double>& logits, const std::vect
 
 TEST(CrossEntropyLossTest, LabelSmoothingAndIgnoreIndexMatchTheFormula) {
   Generator gen(0);
-  Tensor logits = RandNormal({2, 3, 5}, gen, 0, 2, kF64);  // [batch, seq, classes]
+  RawTensor logits = RandNormal({2, 3, 5}, gen, 0, 2, kF64);  // [batch, seq, classes]
   std::vector<int64_t> y = {1, -1, 4, 0, 3, -1};
-  Tensor targets = Tensor::FromVector<int64_t>(y, {2, 3});
+  RawTensor targets = RawTensor::FromVector<int64_t>(y, {2, 3});
   for (double eps : {0.0, 0.1, 1.0}) {
     std::vector<double> ref = Reference(logits.to_vector<double>(), y, 5, eps, -1);
     CrossEntropyOptions o;
@@ -49,23 +49,23 @@ TEST(CrossEntropyLossTest, LabelSmoothingAndIgnoreIndexMatchTheFormula) {
     o.reduction = Reduction::kNone;
     if (eps > 0) {  // the unsmoothed path is the op's own kNone
       std::vector<double> rows =
-          CrossEntropyLoss(Variable(logits), targets, o).data().to_vector<double>();
+          CrossEntropyLoss(Tensor(logits), targets, o).data().to_vector<double>();
       for (size_t i = 0; i < ref.size(); ++i)
         EXPECT_NEAR(rows[i], ref[i], 1e-12) << eps << " " << i;
     }
     double sum = 0;
     for (double v : ref) sum += v;
     o.reduction = Reduction::kSum;
-    EXPECT_NEAR(CrossEntropyLoss(Variable(logits), targets, o).item(), sum, 1e-12) << eps;
+    EXPECT_NEAR(CrossEntropyLoss(Tensor(logits), targets, o).item(), sum, 1e-12) << eps;
     o.reduction = Reduction::kMean;
-    EXPECT_NEAR(CrossEntropyLoss(Variable(logits), targets, o).item(), sum / 4, 1e-12) << eps;
+    EXPECT_NEAR(CrossEntropyLoss(Tensor(logits), targets, o).item(), sum / 4, 1e-12) << eps;
   }
 }
 
 TEST(CrossEntropyLossTest, SmoothedLossGradchecks) {
   Generator gen(1);
-  Variable logits(RandNormal({4, 3}, gen, 0, 1, kF64), true);
-  Tensor targets = Tensor::FromVector<int64_t>({2, 0, -100, 1}, {4});
+  Tensor logits(RandNormal({4, 3}, gen, 0, 1, kF64), true);
+  RawTensor targets = RawTensor::FromVector<int64_t>({2, 0, -100, 1}, {4});
   CrossEntropyOptions o;
   o.label_smoothing = 0.2;
   GradcheckResult r = Gradcheck(
@@ -74,32 +74,32 @@ TEST(CrossEntropyLossTest, SmoothedLossGradchecks) {
 }
 
 TEST(CrossEntropyLossTest, AllIgnoredIsNaNAndBadInputsThrow) {
-  Variable logits(Tensor::Zeros({2, 3}));
+  Tensor logits(RawTensor::Zeros({2, 3}));
   CrossEntropyOptions o;
   o.label_smoothing = 0.1;
   EXPECT_TRUE(std::isnan(
-      CrossEntropyLoss(logits, Tensor::FromVector<int64_t>({-100, -100}, {2}), o).item()));
+      CrossEntropyLoss(logits, RawTensor::FromVector<int64_t>({-100, -100}, {2}), o).item()));
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyLoss(logits, Tensor::FromVector<int64_t>({0, 1, 2}, {3}));
+        CrossEntropyLoss(logits, RawTensor::FromVector<int64_t>({0, 1, 2}, {3}));
       },
       "CrossEntropyLoss: targets [3] do not match the 2 rows of logits [2, 3]"));
   o.label_smoothing = 1.5;
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyLoss(logits, Tensor::FromVector<int64_t>({0, 1}, {2}), o);
+        CrossEntropyLoss(logits, RawTensor::FromVector<int64_t>({0, 1}, {2}), o);
       },
       "CrossEntropyLoss: label_smoothing must be in [0, 1], got 1.5"));
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyLoss(Variable(Tensor::Zeros({2, 0})), Tensor::FromVector<int64_t>({0, 1}, {2}));
+        CrossEntropyLoss(Tensor(RawTensor::Zeros({2, 0})), RawTensor::FromVector<int64_t>({0, 1}, {2}));
       },
       "CrossEntropyLoss: logits [2, 0] have an empty class dim"));
 }
 
 TEST(MseLossTest, MeanSumNone) {
-  Variable p(Tensor::FromVector<double>({1, 2, 4}, {3}), true);
-  Tensor t = Tensor::FromVector<double>({0, 2, 1}, {3});
+  Tensor p(RawTensor::FromVector<double>({1, 2, 4}, {3}), true);
+  RawTensor t = RawTensor::FromVector<double>({0, 2, 1}, {3});
   EXPECT_EQ(MseLoss(p, t).item(), 10.0 / 3);
   EXPECT_EQ(MseLoss(p, t, Reduction::kSum).item(), 10.0);
   EXPECT_EQ(MseLoss(p, t, Reduction::kNone).data().to_vector<double>(),

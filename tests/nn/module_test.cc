@@ -26,25 +26,25 @@ using ::tg::testing::ThrowsErrorExactly;
 class Net : public Module {
  public:
   explicit Net(Generator& gen) : Module("Net") {
-    scale_ = register_parameter("scale", Tensor::Full({2}, 3.0));
-    register_buffer("steps", Tensor::Zeros({1}, kI64));
-    register_buffer("running", Tensor::Ones({2}));
+    scale_ = register_parameter("scale", RawTensor::Full({2}, 3.0));
+    register_buffer("steps", RawTensor::Zeros({1}, kI64));
+    register_buffer("running", RawTensor::Ones({2}));
     encoder_ = register_module("encoder", std::make_shared<Linear>(3, 2, gen));
     head_ = register_module("head",
                             std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
                                 std::make_shared<ReLU>(),
                                 std::make_shared<Linear>(LinearOptions(2, 2).bias(false), gen)}));
   }
-  Variable forward(const Variable& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
+  Tensor forward(const Tensor& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
   using Module::register_buffer;
   using Module::register_parameter;
 
-  Variable scale_;
+  Tensor scale_;
   std::shared_ptr<Linear> encoder_;
   std::shared_ptr<Sequential> head_;
 };
 
-std::vector<std::string> Names(const std::vector<std::pair<std::string, Variable>>& list) {
+std::vector<std::string> Names(const std::vector<std::pair<std::string, Tensor>>& list) {
   std::vector<std::string> out;
   for (const auto& e : list) out.push_back(e.first);
   return out;
@@ -72,18 +72,18 @@ TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
 TEST(ModuleTest, RegistrationErrorsNameTheModuleAndKey) {
   Generator gen(0);
   Net net(gen);
-  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("scale", Tensor::Ones({1})); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("scale", RawTensor::Ones({1})); },
                                  "Net: parameter name 'scale' is already registered"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_buffer("encoder", Tensor::Ones({1})); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_buffer("encoder", RawTensor::Ones({1})); },
                                  "Net: buffer name 'encoder' is already registered"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("a.b", Tensor::Ones({1})); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { net.register_parameter("a.b", RawTensor::Ones({1})); },
                                  "Net: parameter name 'a.b' must be non-empty and contain no '.'"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { net.parameter("nope"); }, "Net: no parameter 'nope'"));
   ModuleList list;
   list.push_back(std::make_shared<ReLU>());
   EXPECT_TRUE(ThrowsErrorExactly([&] { list.at<Linear>(0); },
                                  "ModuleList: module 0 is a ReLU, not the requested type"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { list(Variable(Tensor::Ones({1}))); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { list(Tensor(RawTensor::Ones({1}))); },
                                  "ModuleList: this module has no single-input forward(); call "
                                  "its parts or its own methods"));
 }
@@ -100,9 +100,9 @@ TEST(ModuleTest, TrainEvalReachesEveryDescendant) {
 TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
   Generator gen(0);
   auto net = std::make_shared<Net>(gen);
-  Variable w = net->encoder_->weight();
+  Tensor w = net->encoder_->weight();
   std::vector<float> before = w.data().to_vector<float>();
-  Variable x(Tensor::Ones({4, 3}));
+  Tensor x(RawTensor::Ones({4, 3}));
   Sum((*net)(x)).backward();
   net->to(kBF16);
   EXPECT_EQ(w.dtype(), kBF16);                    // the handle held outside sees the change
@@ -112,7 +112,7 @@ TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
   net->to(kF32);
   std::vector<float> after = w.data().to_vector<float>();
   for (size_t i = 0; i < before.size(); ++i) {
-    EXPECT_EQ(after[i], Tensor::Scalar(before[i]).to(kBF16).item()) << i;  // one bf16 rounding
+    EXPECT_EQ(after[i], RawTensor::Scalar(before[i]).to(kBF16).item()) << i;  // one bf16 rounding
   }
   EXPECT_TRUE(ThrowsError([&] { net->to(kI32); }, "the target must be a floating dtype"));
 }
@@ -120,8 +120,8 @@ TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
 TEST(ModuleTest, ToAnUnusableDeviceThrowsBeforeMovingAnything) {
   Generator gen(0);
   auto net = std::make_shared<Net>(gen);
-  Variable w = net->encoder_->weight();
-  const Tensor before = w.data();
+  Tensor w = net->encoder_->weight();
+  const RawTensor before = w.data();
   // No machine has 100 GPUs; without a GPU (or without the CUDA backend) cuda:0 fails the same
   // way, with the reason after the prefix.
   EXPECT_TRUE(ThrowsError([&] { net->to(Device::Cuda(99)); }, "Net.to(cuda:99): "));
@@ -138,14 +138,14 @@ TEST(ModuleTest, StateDictRoundTripIsExact) {
   a->buffer("steps").fill_(7);
   StateDict sd = a->state_dict();
   EXPECT_EQ(sd.tensors.size(), 6u);
-  Variable bw = b->encoder_->weight();
+  Tensor bw = b->encoder_->weight();
   b->load_state_dict(sd);
   EXPECT_TRUE(bw.is_same(b->encoder_->weight()));  // loaded in place
   for (const auto& [name, t] : b->state_dict().tensors) {
     EXPECT_EQ(t.to_vector<double>(), sd.tensor(name).to_vector<double>()) << name;
     EXPECT_FALSE(t.shares_storage(sd.tensor(name))) << name;
   }
-  Variable x(RandNormal({5, 3}, gen_a));
+  Tensor x(RandNormal({5, 3}, gen_a));
   EXPECT_EQ((*a)(x).data().to_vector<float>(), (*b)(x).data().to_vector<float>());
 }
 
@@ -158,9 +158,9 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
   bad.tensors = sd.tensors;
   bad.tensors.erase("head.1.weight");
   bad.tensors.erase("steps");
-  bad.tensors["extra.weight"] = Tensor::Ones({1});
-  bad.tensors["encoder.weight"] = Tensor::Zeros({3, 2});
-  bad.tensors["scale"] = Tensor::Zeros({3});
+  bad.tensors["extra.weight"] = RawTensor::Ones({1});
+  bad.tensors["encoder.weight"] = RawTensor::Zeros({3, 2});
+  bad.tensors["scale"] = RawTensor::Zeros({3});
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { net->load_state_dict(bad); },
       "load_state_dict(Net): missing keys: head.1.weight, steps; unexpected keys: extra.weight; "
@@ -173,8 +173,8 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
       "load_state_dict(Net): shape mismatch: encoder.weight: checkpoint [3, 2] vs model [2, 3]; "
       "scale: checkpoint [3] vs model [2]"));
   StateDict partial;
-  partial.tensors["scale"] = Tensor::Full({2}, 5.0, kF64);  // converted as copy_ does
-  partial.tensors["unknown"] = Tensor::Ones({1});
+  partial.tensors["scale"] = RawTensor::Full({2}, 5.0, kF64);  // converted as copy_ does
+  partial.tensors["unknown"] = RawTensor::Ones({1});
   net->load_state_dict(partial, /*strict=*/false);
   EXPECT_EQ(net->scale_.data().to_vector<float>(), (std::vector<float>{5, 5}));
   EXPECT_EQ(net->encoder_->weight().data().to_vector<float>(), before);
@@ -184,21 +184,21 @@ TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
   Generator gen(0);
   Linear lin(2, 2, gen);
   std::vector<std::string> events;
-  HookHandle pre1 = lin.register_forward_pre_hook([&](Module& m, const Variable& x) {
+  HookHandle pre1 = lin.register_forward_pre_hook([&](Module& m, const Tensor& x) {
     events.push_back("pre1 " + m.type_name());
     return MulScalar(x, 2.0);  // replaces the input
   });
-  HookHandle pre2 = lin.register_forward_pre_hook([&](Module&, const Variable& x) {
+  HookHandle pre2 = lin.register_forward_pre_hook([&](Module&, const Tensor& x) {
     events.push_back("pre2 " + std::to_string(x.data().to_vector<float>()[0]));
-    return Variable();
+    return Tensor();
   });
-  HookHandle post = lin.register_forward_hook([&](Module&, const Variable& x, const Variable& y) {
+  HookHandle post = lin.register_forward_hook([&](Module&, const Tensor& x, const Tensor& y) {
     events.push_back("post " + std::to_string(x.data().to_vector<float>()[0]));
     return AddScalar(y, 100.0);
   });
-  Variable x(Tensor::FromVector<float>({1, 1}, {1, 2}));
-  Variable expected = tg::Linear(MulScalar(x, 2.0), lin.weight(), lin.bias());
-  Variable y = lin(x);
+  Tensor x(RawTensor::FromVector<float>({1, 1}, {1, 2}));
+  Tensor expected = tg::Linear(MulScalar(x, 2.0), lin.weight(), lin.bias());
+  Tensor y = lin(x);
   EXPECT_EQ(events, (std::vector<std::string>{"pre1 Linear", "pre2 2.000000", "post 2.000000"}));
   std::vector<float> got = y.data().to_vector<float>(), want = expected.data().to_vector<float>();
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i] + 100.0f);
@@ -224,7 +224,7 @@ class BackwardInForward : public Module {
   explicit BackwardInForward(Generator& gen) : Module("BackwardInForward") {
     lin_ = register_module("lin", std::make_shared<Linear>(2, 2, gen));
   }
-  Variable forward(const Variable& x) override {
+  Tensor forward(const Tensor& x) override {
     {
       EnableGradGuard grad;
       Sum(Mul(lin_->weight(), lin_->weight())).backward();  // an auxiliary backward
@@ -238,24 +238,24 @@ TEST(ModuleTest, OperatorCallEntersAForwardScope) {
   Generator gen(0);
   BackwardInForward net(gen);
   std::vector<std::string> events;
-  HookHandle flag = net.lin_->weight().register_post_accumulate_grad_hook([&](const Variable&) {
+  HookHandle flag = net.lin_->weight().register_post_accumulate_grad_hook([&](const Tensor&) {
     events.push_back(backward_issued_in_forward() ? "in forward" : "user");
   });
   HookHandle hook =
-      net.lin_->register_forward_hook([&](Module&, const Variable&, const Variable& y) {
+      net.lin_->register_forward_hook([&](Module&, const Tensor&, const Tensor& y) {
         EXPECT_TRUE(ForwardScope::active());
-        Sum(y).backward(Variable(), {/*retain_graph=*/true});  // from a forward hook
-        return Variable();
+        Sum(y).backward(Tensor(), {/*retain_graph=*/true});  // from a forward hook
+        return Tensor();
       });
   EXPECT_FALSE(ForwardScope::active());
-  Variable y = net(Variable(Tensor::Ones({1, 2})));
+  Tensor y = net(Tensor(RawTensor::Ones({1, 2})));
   EXPECT_FALSE(ForwardScope::active());
   Sum(y).backward();
   EXPECT_EQ(events, (std::vector<std::string>{"in forward", "in forward", "user"}));
   // forward() called directly enters no scope (as it runs no hooks).
   events.clear();
   hook.remove();
-  net.forward(Variable(Tensor::Ones({1, 2})));
+  net.forward(Tensor(RawTensor::Ones({1, 2})));
   EXPECT_EQ(events, std::vector<std::string>{"user"});
 }
 

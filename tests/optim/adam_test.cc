@@ -110,12 +110,12 @@ TEST(AdamTest, StateAfterTrace) {
     AdamOptions o;
     o.lr = 0.01;
     o.fused = fused;
-    Variable p = testing::TraceParam();
-    Adam opt(std::vector<Variable>{p}, o);
+    Tensor p = testing::TraceParam();
+    Adam opt(std::vector<Tensor>{p}, o);
     o.weight_decay = 0.001;
     o.amsgrad = true;
-    Variable q = testing::TraceParam();
-    Adam ams(std::vector<Variable>{q}, o);
+    Tensor q = testing::TraceParam();
+    Adam ams(std::vector<Tensor>{q}, o);
     for (int k = 0; k < testing::kTraceSteps; ++k) {
       testing::SetTraceGrad(p, k, kF32);
       testing::SetTraceGrad(q, k, kF32);
@@ -140,8 +140,8 @@ TEST(AdamTest, F64ParamsComputeInF64) {
     o.lr = 0.01;
     o.amsgrad = true;
     o.fused = fused;
-    Variable p = testing::TraceParam(kF64);
-    Adam opt(std::vector<Variable>{p}, o);
+    Tensor p = testing::TraceParam(kF64);
+    Adam opt(std::vector<Tensor>{p}, o);
     for (int k = 0; k < testing::kTraceSteps; ++k) {
       testing::SetTraceGrad(p, k, kF64);
       opt.step();
@@ -166,8 +166,8 @@ TEST(AdamTest, AdamWWithoutDecayIsAdam) {
 }
 
 TEST(AdamTest, DefaultsLikePyTorch) {
-  Variable p = testing::TraceParam();
-  Adam adam(std::vector<Variable>{p});
+  Tensor p = testing::TraceParam();
+  Adam adam(std::vector<Tensor>{p});
   EXPECT_EQ(adam.defaults().named(), (std::vector<NamedOption>{{"amsgrad", 0},
                                                                {"beta1", 0.9},
                                                                {"beta2", 0.999},
@@ -177,7 +177,7 @@ TEST(AdamTest, DefaultsLikePyTorch) {
   EXPECT_STREQ(adam.defaults().type_name(), "AdamOptions");
   EXPECT_FALSE(adam.decoupled_weight_decay());
   EXPECT_EQ(adam.name(), "Adam");
-  AdamW adamw(std::vector<Variable>{p});
+  AdamW adamw(std::vector<Tensor>{p});
   EXPECT_EQ(dynamic_cast<const AdamWOptions&>(adamw.defaults()).weight_decay, 1e-2);
   EXPECT_TRUE(adamw.decoupled_weight_decay());
   EXPECT_EQ(adamw.name(), "AdamW");
@@ -185,10 +185,10 @@ TEST(AdamTest, DefaultsLikePyTorch) {
 }
 
 TEST(AdamTest, TurningAmsgradOnLaterStartsTheMaximumAtZero) {
-  Variable p = testing::TraceParam();
+  Tensor p = testing::TraceParam();
   AdamOptions o;
   o.lr = 0.01;
-  Adam opt(std::vector<Variable>{p}, o);
+  Adam opt(std::vector<Tensor>{p}, o);
   testing::SetTraceGrad(p, 0, kF32);
   opt.step();
   opt.param_groups()[0].options_as<AdamOptions>().amsgrad = true;
@@ -204,9 +204,9 @@ TEST(AdamTest, TurningAmsgradOnLaterStartsTheMaximumAtZero) {
 struct ReturnsNone : Function<ReturnsNone> {
   static constexpr const char* kName = "ReturnsNone";
   static VariableList Forward(FunctionCtx&, const VariableList& in) {
-    return {Variable(tg::MulScalar(in[0].data(), 2))};
+    return {Tensor(tg::MulScalar(in[0].data(), 2))};
   }
-  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Variable()}; }
+  static VariableList Backward(FunctionCtx&, const VariableList&) { return {Tensor()}; }
 };
 
 // A parameter whose gradient is undefined after backward (every path to it went through a
@@ -216,8 +216,8 @@ TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
   for (const bool decoupled : {false, true}) {
     for (const bool fused : {true, false}) {
       SCOPED_TRACE(::testing::Message() << (decoupled ? "AdamW" : "Adam") << " fused=" << fused);
-      Variable p(Tensor::FromVector<float>({0.5f, -1.5f}, {2}), /*requires_grad=*/true);
-      Variable q(Tensor::FromVector<float>({2.0f, 3.0f}, {2}), /*requires_grad=*/true);
+      Tensor p(RawTensor::FromVector<float>({0.5f, -1.5f}, {2}), /*requires_grad=*/true);
+      Tensor q(RawTensor::FromVector<float>({2.0f, 3.0f}, {2}), /*requires_grad=*/true);
       AdamOptions o;
       o.lr = 0.1;
       o.weight_decay = 0.1;
@@ -226,9 +226,9 @@ TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
       if (decoupled) {
         AdamWOptions w;
         static_cast<AdamOptions&>(w) = o;
-        opt = std::make_unique<AdamW>(std::vector<Variable>{p, q}, w);
+        opt = std::make_unique<AdamW>(std::vector<Tensor>{p, q}, w);
       } else {
-        opt = std::make_unique<Adam>(std::vector<Variable>{p, q}, o);
+        opt = std::make_unique<Adam>(std::vector<Tensor>{p, q}, o);
       }
       // A first step with gradients for both: p gets momentum.
       Add(Sum(Mul(p, p)), Sum(Mul(q, q))).backward();
@@ -248,27 +248,27 @@ TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
 }
 
 TEST(AdamTest, InvalidOptionsAreNamed) {
-  Variable p = testing::TraceParam();
+  Tensor p = testing::TraceParam();
   AdamOptions o;
   o.beta1 = 1;
   EXPECT_TRUE(
-      tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Variable>{p}, o); },
+      tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Tensor>{p}, o); },
                                       "Adam: param group 0: invalid beta1 1 (must be in [0, 1))"));
   o = AdamOptions();
   o.beta2 = -0.5;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
-      [&] { Adam(std::vector<Variable>{p}, o); },
+      [&] { Adam(std::vector<Tensor>{p}, o); },
       "Adam: param group 0: invalid beta2 -0.5 (must be in [0, 1))"));
   AdamWOptions w;
   w.eps = -1e-8;
   EXPECT_TRUE(
-      tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Variable>{p}, w); },
+      tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Tensor>{p}, w); },
                                       "AdamW: param group 0: invalid eps -1e-08 (must be > 0)"));
   w.eps = 0;
-  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Variable>{p}, w); },
+  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Tensor>{p}, w); },
                                               "AdamW: param group 0: invalid eps 0 (must be > 0)"));
   {  // A boolean can only be out of range in a state dict.
-    AdamW opt(std::vector<Variable>{p});
+    AdamW opt(std::vector<Tensor>{p});
     StateDict sd = opt.state_dict();
     sd.scalars["param_groups.0.amsgrad"] = 2;
     EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
@@ -276,7 +276,7 @@ TEST(AdamTest, InvalidOptionsAreNamed) {
         "AdamW.load_state_dict: param group 0: amsgrad must be 0 or 1, got 2"));
     EXPECT_FALSE(opt.param_groups()[0].options_as<AdamOptions>().amsgrad);
   }
-  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Variable>{}); },
+  EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Tensor>{}); },
                                               "Adam: got an empty parameter list"));
 }
 

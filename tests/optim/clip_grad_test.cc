@@ -16,20 +16,20 @@
 namespace tg::optim {
 namespace {
 
-Variable WithGrad(std::vector<float> grad, DType dtype = kF32) {
+Tensor WithGrad(std::vector<float> grad, DType dtype = kF32) {
   const int64_t n = static_cast<int64_t>(grad.size());
-  Variable p(Tensor::Zeros({n}, dtype), true);
-  p.set_grad(Variable(Tensor::FromVector<float>(grad, {n}).to(dtype)));
+  Tensor p(RawTensor::Zeros({n}, dtype), true);
+  p.set_grad(Tensor(RawTensor::FromVector<float>(grad, {n}).to(dtype)));
   return p;
 }
 
-std::vector<float> Grad(const Variable& p) { return p.grad().data().to_vector<float>(); }
+std::vector<float> Grad(const Tensor& p) { return p.grad().data().to_vector<float>(); }
 
 // Total 5; clip_coef = 1 / (5 + 1e-6) = 0.199999960000008, rounded to f32 (0.19999995827674866)
 // and multiplied in f32: 3 -> 0.599999905, 4 -> 0.799999833 (reference: Python with
 // struct.pack('f') rounding; exact equality because both sides do the same two roundings).
 TEST(ClipGradTest, TwoNormClipsInPlace) {
-  Variable a = WithGrad({3}), b = WithGrad({0, 4}), none(Tensor::Zeros({2}), true);
+  Tensor a = WithGrad({3}), b = WithGrad({0, 4}), none(RawTensor::Zeros({2}), true);
   const uint64_t version = a.grad().version();
   const double total = clip_grad_norm({a, none, b}, 1.0);
   EXPECT_EQ(total, 5.0);
@@ -40,11 +40,11 @@ TEST(ClipGradTest, TwoNormClipsInPlace) {
 }
 
 TEST(ClipGradTest, BelowMaxNormLeavesGradsAlone) {
-  Variable a = WithGrad({3, -4});
+  Tensor a = WithGrad({3, -4});
   const uint64_t version = a.grad().version();
   EXPECT_EQ(clip_grad_norm({a}, 5.0), 5.0);  // clip_coef = 5 / (5 + 1e-6) < 1: clipped
   EXPECT_GT(a.grad().version(), version);
-  Variable b = WithGrad({3, -4});
+  Tensor b = WithGrad({3, -4});
   const uint64_t vb = b.grad().version();
   EXPECT_EQ(clip_grad_norm({b}, 6.0), 5.0);
   EXPECT_EQ(Grad(b), (std::vector<float>{3, -4}));
@@ -52,7 +52,7 @@ TEST(ClipGradTest, BelowMaxNormLeavesGradsAlone) {
 }
 
 TEST(ClipGradTest, OtherNormTypes) {
-  Variable a = WithGrad({3, -4}), b = WithGrad({-1});
+  Tensor a = WithGrad({3, -4}), b = WithGrad({-1});
   EXPECT_EQ(clip_grad_norm({a, b}, 100, kInfNorm), 4.0);
   EXPECT_EQ(clip_grad_norm({a, b}, 100, 1), 8.0);
   EXPECT_EQ(clip_grad_norm({a, b}, 100, 3), std::pow(27.0 + 64.0 + 1.0, 1.0 / 3.0));
@@ -65,13 +65,13 @@ TEST(ClipGradTest, OtherNormTypes) {
 
 // Accumulation in double: squares that overflow f32 (1e20^2) still give a finite norm.
 TEST(ClipGradTest, AccumulatesInDouble) {
-  Variable a = WithGrad({1e20f, 1e20f});
+  Tensor a = WithGrad({1e20f, 1e20f});
   const double x = static_cast<double>(1e20f);
   EXPECT_EQ(clip_grad_norm({a}, 1e30), std::sqrt(x * x + x * x));
   // f16 grads: the norm of the exact f16 values (65504^2 overflows f16); the scaling computes
   // 65504 * f32(65504 / (92636.64518968722 + 1e-6)) = 46318.3203125 in f32 and rounds it to f16
   // (46304; Python reference with struct 'f' and 'e' rounding).
-  Variable h = WithGrad({65504, 65504}, kF16);
+  Tensor h = WithGrad({65504, 65504}, kF16);
   EXPECT_EQ(clip_grad_norm({h}, 65504), 92636.64518968722);
   EXPECT_EQ(h.grad().dtype(), kF16);
   EXPECT_EQ(Grad(h), (std::vector<float>{46304, 46304}));
@@ -82,12 +82,12 @@ TEST(ClipGradTest, AccumulatesInDouble) {
 TEST(ClipGradTest, NonFiniteNormLeavesGradsAlone) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  Variable a = WithGrad({1, inf}), b = WithGrad({3, 4});
+  Tensor a = WithGrad({1, inf}), b = WithGrad({3, 4});
   const uint64_t version = b.grad().version();
   EXPECT_EQ(clip_grad_norm({a, b}, 1.0), std::numeric_limits<double>::infinity());
   EXPECT_EQ(Grad(b), (std::vector<float>{3, 4}));
   EXPECT_EQ(b.grad().version(), version);
-  Variable n = WithGrad({nan, 1});
+  Tensor n = WithGrad({nan, 1});
   EXPECT_TRUE(std::isnan(clip_grad_norm({n, b}, 1.0)));
   EXPECT_TRUE(std::isnan(clip_grad_norm({b, n}, 1.0, kInfNorm)));
   EXPECT_EQ(clip_grad_norm({a, b}, 1.0, kInfNorm), std::numeric_limits<double>::infinity());
@@ -95,20 +95,20 @@ TEST(ClipGradTest, NonFiniteNormLeavesGradsAlone) {
 }
 
 TEST(ClipGradTest, DuplicatesCountOnceAndEmptyIsZero) {
-  Variable a = WithGrad({3, 4});
+  Tensor a = WithGrad({3, 4});
   EXPECT_EQ(clip_grad_norm({a, a}, 10), 5.0);
   EXPECT_EQ(clip_grad_norm({}, 1), 0.0);
 }
 
 TEST(ClipGradTest, ErrorsAreNamed) {
-  Variable a = WithGrad({3, 4});
+  Tensor a = WithGrad({3, 4});
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { clip_grad_norm({a}, -1); },
                                               "clip_grad_norm: max_norm must be >= 0, got -1"));
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] { clip_grad_norm({a}, 1, 0); }, "clip_grad_norm: norm_type must be > 0 (or inf), got 0"));
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] {
-        clip_grad_norm({a, Variable()}, 1);
+        clip_grad_norm({a, Tensor()}, 1);
       },
       "clip_grad_norm: parameter 1 is undefined"));
 }
@@ -139,22 +139,22 @@ TEST(ClipGradTest, OneClipRuleForEveryPath) {
       if (ClipCoefficient(t, max_norm, &coef)) expected = t * static_cast<float>(coef);
       const std::string where = "t " + std::to_string(t) + ", max_norm " + std::to_string(max_norm);
 
-      Variable p = WithGrad({t});
+      Tensor p = WithGrad({t});
       EXPECT_EQ(clip_grad_norm({p}, max_norm), static_cast<double>(t)) << where;
       EXPECT_EQ(Grad(p), std::vector<float>{expected}) << "clip_grad_norm: " << where;
 
-      const Tensor g = Tensor::FromVector<float>({t}, {1});
+      const RawTensor g = RawTensor::FromVector<float>({t}, {1});
       tg::ClipByNorm({g}, GlobalGradNorm({g}, 2.0), max_norm);
       EXPECT_EQ(g.to_vector<float>(), std::vector<float>{expected}) << "ClipByNorm: " << where;
 
-      const Tensor c = Tensor::FromVector<float>({t}, {1});
+      const RawTensor c = RawTensor::FromVector<float>({t}, {1});
       composed::ClipByNorm({c}, GlobalGradNorm({c}, 2.0), max_norm);
       EXPECT_EQ(c.to_vector<float>(), std::vector<float>{expected}) << "composed: " << where;
 
       // The master gradient of an f32 parameter with loss scale 1: its .grad moves into it.
-      Variable w(Tensor::Zeros({1}), true);
-      amp::MixedPrecisionOptimizer opt(std::make_unique<SGD>(std::vector<Variable>{w}));
-      w.set_grad(Variable(Tensor::FromVector<float>({t}, {1})));
+      Tensor w(RawTensor::Zeros({1}), true);
+      amp::MixedPrecisionOptimizer opt(std::make_unique<SGD>(std::vector<Tensor>{w}));
+      w.set_grad(Tensor(RawTensor::FromVector<float>({t}, {1})));
       EXPECT_EQ(opt.clip_master_grads(max_norm), static_cast<double>(t)) << where;
       EXPECT_EQ((*opt.inspect_master_grads())[0].to_vector<float>(), std::vector<float>{expected})
           << "StepCore: " << where;

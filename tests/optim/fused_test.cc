@@ -30,28 +30,28 @@ struct DTypes {
 const DTypes kDTypes[] = {{kF32, kF32},  {kF16, kF16}, {kBF16, kBF16}, {kF16, kF32},
                           {kBF16, kF32}, {kF64, kF64}, {kF32, kBF16},  {kF16, kBF16}};
 
-bool SameBits(const Tensor& a, const Tensor& b) {
+bool SameBits(const RawTensor& a, const RawTensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  const RawTensor ca = a.contiguous(), cb = b.contiguous();
   return std::memcmp(ca.raw_data(), cb.raw_data(), ca.numel() * ca.element_size()) == 0;
 }
 
 // Parameters of several sizes; one is a transposed (non-contiguous) view of its storage.
-std::vector<Variable> MakeParams(Generator& gen, DType dtype) {
-  std::vector<Variable> params;
+std::vector<Tensor> MakeParams(Generator& gen, DType dtype) {
+  std::vector<Tensor> params;
   for (const Shape& shape : {Shape{7}, Shape{3, 5}, Shape{1}, Shape{33}, Shape{4, 6}}) {
-    Tensor t = RandNormal(shape, gen, 0, 1, dtype);
+    RawTensor t = RandNormal(shape, gen, 0, 1, dtype);
     params.emplace_back(t, true);
   }
   params.emplace_back(RandNormal({5, 3}, gen, 0, 1, dtype).transpose(0, 1), true);
   return params;
 }
 
-std::vector<Variable> Clone(const std::vector<Variable>& params) {
-  std::vector<Variable> out;
-  for (const Variable& p : params) {
+std::vector<Tensor> Clone(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : params) {
     // Keep the layout: a transposed view stays a transposed view.
-    Tensor data = p.data().is_contiguous() ? p.data().clone()
+    RawTensor data = p.data().is_contiguous() ? p.data().clone()
                                            : p.data().transpose(0, 1).clone().transpose(0, 1);
     out.emplace_back(data, true);
   }
@@ -68,9 +68,9 @@ void ExpectFusedMatchesPerTensor(const std::string& label, const MakeOptimizer& 
   for (const DTypes& dt : kDTypes) {
     SCOPED_TRACE(absl::StrCat(label, " param ", DTypeName(dt.param), " grad ", DTypeName(dt.grad)));
     Generator gen(1234);
-    const std::vector<Variable> a = MakeParams(gen, dt.param);
-    const std::vector<Variable> b = Clone(a);
-    auto groups = [&](const std::vector<Variable>& p) {
+    const std::vector<Tensor> a = MakeParams(gen, dt.param);
+    const std::vector<Tensor> b = Clone(a);
+    auto groups = [&](const std::vector<Tensor>& p) {
       return std::vector<ParamGroup>{ParamGroup({p[0], p[1], p[2]}),
                                      ParamGroup({p[3], p[4], p[5]}, second_group)};
     };
@@ -81,13 +81,13 @@ void ExpectFusedMatchesPerTensor(const std::string& label, const MakeOptimizer& 
     for (int k = 0; k < 10; ++k) {
       for (size_t i = 0; i < a.size(); ++i) {
         if ((k + static_cast<int>(i)) % 4 == 0) {
-          a[i].set_grad(Variable());
-          b[i].set_grad(Variable());
+          a[i].set_grad(Tensor());
+          b[i].set_grad(Tensor());
           continue;
         }
-        const Tensor g = RandNormal(a[i].shape(), gen, 0, k < 5 ? 1.0 : 0.01, dt.grad);
-        a[i].set_grad(Variable(g));
-        b[i].set_grad(Variable(g.clone()));
+        const RawTensor g = RandNormal(a[i].shape(), gen, 0, k < 5 ? 1.0 : 0.01, dt.grad);
+        a[i].set_grad(Tensor(g));
+        b[i].set_grad(Tensor(g.clone()));
       }
       fused->step();
       per_tensor->step();
@@ -181,10 +181,10 @@ TEST(FusedTest, AdamAndAdamWEveryOptionCombination) {
 // inf in the moments).
 TEST(FusedTest, NonFiniteGradientsGiveTheSameBits) {
   for (bool amsgrad : {false, true}) {
-    std::vector<Variable> params[2];
+    std::vector<Tensor> params[2];
     std::unique_ptr<Optimizer> opts[2];
     for (int f = 0; f < 2; ++f) {
-      params[f] = {Variable(Tensor::FromVector<float>({1, 2, 3, 4}, {4}), true)};
+      params[f] = {Tensor(RawTensor::FromVector<float>({1, 2, 3, 4}, {4}), true)};
       AdamWOptions o;
       o.amsgrad = amsgrad;
       o.fused = f == 0;
@@ -196,7 +196,7 @@ TEST(FusedTest, NonFiniteGradientsGiveTheSameBits) {
         {1, -1, 0.5f, 2}, {inf, 1, -inf, 0}, {nan, 0, 1, -nan}, {1, 2, 3, 4}};
     for (const auto& g : grads) {
       for (int f = 0; f < 2; ++f) {
-        params[f][0].set_grad(Variable(Tensor::FromVector<float>(g, {4})));
+        params[f][0].set_grad(Tensor(RawTensor::FromVector<float>(g, {4})));
         opts[f]->step();
       }
       EXPECT_TRUE(SameBits(params[0][0].data(), params[1][0].data()));

@@ -15,11 +15,11 @@ using tg::testing::ThrowsErrorExactly;
 
 // An SGD with two groups of base lr 6e-4 and 1e-3.
 struct Fixture {
-  Variable w{Tensor::FromVector<float>({1, 2}, {2}), true};
-  Variable b{Tensor::FromVector<float>({3}, {1}), true};
+  Tensor w{RawTensor::FromVector<float>({1, 2}, {2}), true};
+  Tensor b{RawTensor::FromVector<float>({3}, {1}), true};
   SGD opt;
   Fixture() : opt(MakeGroups(w, b), Defaults()) {}
-  static std::vector<ParamGroup> MakeGroups(const Variable& w, const Variable& b) {
+  static std::vector<ParamGroup> MakeGroups(const Tensor& w, const Tensor& b) {
     SGDOptions second = Defaults();
     second.lr = 1e-3;
     return {ParamGroup({w}), ParamGroup({b}, second)};
@@ -82,10 +82,10 @@ TEST(LrScheduleTest, StepLrSequence) {
   // A gamma that is not a power of two: base * pow(0.1, t / 3) (PyTorch's closed form).
   SGDOptions o;
   o.lr = 0.1;
-  Variable w(Tensor::Zeros({1}), true);
+  Tensor w(RawTensor::Zeros({1}), true);
   SGDOptions half = o;
   half.lr = 0.5;
-  SGD opt({ParamGroup({w}), ParamGroup(std::vector<Variable>{}, half)}, o);
+  SGD opt({ParamGroup({w}), ParamGroup(std::vector<Tensor>{}, half)}, o);
   StepLr tenth(opt, /*step_size=*/3);
   const double kTenth0[] = {0.1,
                             0.1,
@@ -130,13 +130,13 @@ TEST(LrScheduleTest, SkippedStepsDoNotAdvance) {
 }
 
 TEST(LrScheduleTest, TheOptimizerStepsWithTheScheduledLr) {
-  Variable w(Tensor::FromVector<float>({1}, {1}), true);
+  Tensor w(RawTensor::FromVector<float>({1}, {1}), true);
   SGDOptions o;
   o.lr = 1;
-  SGD opt(std::vector<Variable>{w}, o);
+  SGD opt(std::vector<Tensor>{w}, o);
   StepLr sched(opt, 1, 0.5);  // lr 1, 0.5, 0.25, ...
   for (int k = 0; k < 3; ++k) {
-    w.set_grad(Variable(Tensor::FromVector<float>({1}, {1})));
+    w.set_grad(Tensor(RawTensor::FromVector<float>({1}, {1})));
     opt.step();
     sched.step();
   }

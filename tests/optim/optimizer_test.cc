@@ -18,19 +18,19 @@ namespace {
 using tg::testing::ThrowsError;
 using tg::testing::ThrowsErrorExactly;
 
-Variable Param(std::vector<float> values, DType dtype = kF32) {
+Tensor Param(std::vector<float> values, DType dtype = kF32) {
   const int64_t n = static_cast<int64_t>(values.size());
-  return Variable(Tensor::FromVector<float>(values, {n}).to(dtype), true);
+  return Tensor(RawTensor::FromVector<float>(values, {n}).to(dtype), true);
 }
 
-void SetGrad(const Variable& p, std::vector<float> values) {
+void SetGrad(const Tensor& p, std::vector<float> values) {
   const int64_t n = static_cast<int64_t>(values.size());
-  p.set_grad(Variable(Tensor::FromVector<float>(values, {n}).to(p.dtype())));
+  p.set_grad(Tensor(RawTensor::FromVector<float>(values, {n}).to(p.dtype())));
 }
 
-bool SameBits(const Tensor& a, const Tensor& b) {
+bool SameBits(const RawTensor& a, const RawTensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  const RawTensor ca = a.contiguous(), cb = b.contiguous();
   return std::memcmp(ca.raw_data(), cb.raw_data(), ca.numel() * ca.element_size()) == 0;
 }
 
@@ -44,7 +44,7 @@ void ExpectSameStateDict(const StateDict& a, const StateDict& b) {
 }
 
 TEST(OptimizerTest, GroupsTakeDefaultsAndKeepOverrides) {
-  Variable w = Param({1, 2}), b = Param({3});
+  Tensor w = Param({1, 2}), b = Param({3});
   SGDOptions o;
   o.lr = 0.1;
   o.momentum = 0.9;
@@ -72,19 +72,19 @@ TEST(OptimizerTest, GroupsTakeDefaultsAndKeepOverrides) {
   copy.set_lr(0.5);
   EXPECT_EQ(opt.param_groups()[1].lr(), 0.02);
 
-  Variable c = Param({4});
+  Tensor c = Param({4});
   SGDOptions third = o;
   third.momentum = 0;
   opt.add_param_group(ParamGroup({c}, third));
   EXPECT_EQ(opt.param_groups()[2].options_as<SGDOptions>().momentum, 0);
   EXPECT_EQ(opt.param_groups()[2].lr(), 0.1);
-  Variable d = Param({5});
+  Tensor d = Param({5});
   opt.add_param_group(ParamGroup({d}));  // the defaults
   EXPECT_EQ(opt.param_groups()[3].options().named(), o.named());
 }
 
 TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
-  Variable w = Param({1, 2});
+  Tensor w = Param({1, 2});
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         SGD({ParamGroup({w}), ParamGroup({Param({1})}, AdamOptions())});
@@ -98,15 +98,15 @@ TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
       "of param group 0; a parameter may appear only once"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<ParamGroup>{}); },
                                  "SGD: got an empty list of param groups"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<Variable>{}); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{}); },
                                  "SGD: got an empty parameter list"));
-  Variable ints(Tensor::FromVector<int64_t>({1, 2}, {2}));
+  Tensor ints(RawTensor::FromVector<int64_t>({1, 2}, {2}));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        SGD(std::vector<Variable>{w, ints});
+        SGD(std::vector<Tensor>{w, ints});
       },
       "SGD: param 1 of param group 0 has dtype i64; only floating parameters can be optimized"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<Variable>{Variable()}); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{Tensor()}); },
                                  "SGD: param 0 of param group 0 is undefined"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
@@ -118,8 +118,8 @@ TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
 }
 
 TEST(OptimizerTest, ZeroGradSetToNone) {
-  Variable w = Param({1, 2});
-  SGD opt(std::vector<Variable>{w});
+  Tensor w = Param({1, 2});
+  SGD opt(std::vector<Tensor>{w});
   SetGrad(w, {3, 4});
   opt.zero_grad();
   EXPECT_FALSE(w.grad().defined());
@@ -128,11 +128,11 @@ TEST(OptimizerTest, ZeroGradSetToNone) {
 }
 
 TEST(OptimizerTest, ZeroGradInPlaceKeepsTheTensor) {
-  Variable w = Param({1, 2});
-  Variable none = Param({5});
-  SGD opt(std::vector<Variable>{w, none});
+  Tensor w = Param({1, 2});
+  Tensor none = Param({5});
+  SGD opt(std::vector<Tensor>{w, none});
   SetGrad(w, {3, 4});
-  const Variable grad = w.grad();
+  const Tensor grad = w.grad();
   const uint64_t version = grad.version();
   opt.zero_grad(/*set_to_none=*/false);
   ASSERT_TRUE(w.grad().defined());
@@ -143,11 +143,11 @@ TEST(OptimizerTest, ZeroGradInPlaceKeepsTheTensor) {
 }
 
 TEST(OptimizerTest, StepSkipsParamsWithoutGradAndBumpsVersions) {
-  Variable w = Param({1, 2}), b = Param({3});
+  Tensor w = Param({1, 2}), b = Param({3});
   SGDOptions o;
   o.lr = 0.5;
   o.momentum = 0.9;
-  SGD opt(std::vector<Variable>{w, b}, o);
+  SGD opt(std::vector<Tensor>{w, b}, o);
   EXPECT_FALSE(opt.has_state());
   SetGrad(w, {1, -1});
   const uint64_t vw = w.version(), vb = b.version();
@@ -162,8 +162,8 @@ TEST(OptimizerTest, StepSkipsParamsWithoutGradAndBumpsVersions) {
 }
 
 TEST(OptimizerTest, StateIsCreatedLazilyInTheComputeDType) {
-  Variable h = Param({1, 2}, kF16), bf = Param({1}, kBF16), d = Param({1}, kF64);
-  Adam opt(std::vector<Variable>{h, bf, d});
+  Tensor h = Param({1, 2}, kF16), bf = Param({1}, kBF16), d = Param({1}, kF64);
+  Adam opt(std::vector<Tensor>{h, bf, d});
   EXPECT_EQ(opt.param_state(h), nullptr);
   SetGrad(h, {1, 1});
   SetGrad(bf, {1});
@@ -180,14 +180,14 @@ TEST(OptimizerTest, StateIsCreatedLazilyInTheComputeDType) {
 
 // What MixedPrecisionOptimizer does: before the first step, swap a f16 param for an f32 master.
 TEST(OptimizerTest, ParamGroupsAreMutableBeforeTheFirstStep) {
-  Variable model = Param({1, 2}, kF16);
+  Tensor model = Param({1, 2}, kF16);
   SGDOptions o;
   o.lr = 0.5;
-  SGD opt(std::vector<Variable>{model}, o);
+  SGD opt(std::vector<Tensor>{model}, o);
   EXPECT_FALSE(opt.has_state());
-  Variable master(model.data().to(kF32), true);
+  Tensor master(model.data().to(kF32), true);
   opt.param_groups()[0].params[0] = master;
-  master.set_grad(Variable(Tensor::FromVector<float>({2, 4}, {2})));
+  master.set_grad(Tensor(RawTensor::FromVector<float>({2, 4}, {2})));
   opt.step();
   EXPECT_EQ(master.data().to_vector<float>(), (std::vector<float>{0, 0}));
   EXPECT_EQ(model.data().to_vector<float>(), (std::vector<float>{1, 2}));
@@ -196,8 +196,8 @@ TEST(OptimizerTest, ParamGroupsAreMutableBeforeTheFirstStep) {
 }
 
 TEST(OptimizerTest, StepUsesTheGroupLrAsWritten) {
-  Variable w = Param({1});
-  SGD opt(std::vector<Variable>{w});
+  Tensor w = Param({1});
+  SGD opt(std::vector<Tensor>{w});
   opt.param_groups()[0].set_lr(0.25);
   SetGrad(w, {2});
   opt.step();
@@ -205,12 +205,12 @@ TEST(OptimizerTest, StepUsesTheGroupLrAsWritten) {
 }
 
 TEST(OptimizerTest, StepValidatesEverythingBeforeUpdating) {
-  Variable w = Param({1}), b = Param({2});
+  Tensor w = Param({1}), b = Param({2});
   SGDOptions o;
   o.lr = 1;
   SGD opt({ParamGroup({w}), ParamGroup({b})}, o);
   SetGrad(w, {1});
-  b.set_grad(Variable(Tensor::FromVector<int64_t>({1}, {1})));
+  b.set_grad(Tensor(RawTensor::FromVector<int64_t>({1}, {1})));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { opt.step(); },
       "SGD.step: the gradient of param 0 of param group 1 has dtype i64; expected a floating "
@@ -238,7 +238,7 @@ TEST(OptimizerTest, StepValidatesEverythingBeforeUpdating) {
 
 // Adam with two groups; param 1 never gets a gradient, so it has no state entries.
 struct AdamFixture {
-  std::vector<Variable> params;
+  std::vector<Tensor> params;
   std::unique_ptr<Adam> opt;
   explicit AdamFixture(bool amsgrad = true) {
     params = {Param({1, 2, 3}), Param({4}), Param({5, 6}, kF16)};
@@ -303,10 +303,10 @@ TEST(OptimizerTest, TypedOptionsLoadAndSaveTheOldKeys) {
                  {"param_groups.1.momentum", 0.9},
                  {"param_groups.1.nesterov", 1},
                  {"param_groups.1.weight_decay", 0}};
-  old.tensors = {{"param_groups.0.params", Tensor::FromVector<int64_t>({0}, {1})},
-                 {"param_groups.1.params", Tensor::FromVector<int64_t>({1}, {1})},
-                 {"state.1.momentum_buffer", Tensor::FromVector<float>({3}, {1})}};
-  Variable w = Param({1, 2}), b = Param({3});
+  old.tensors = {{"param_groups.0.params", RawTensor::FromVector<int64_t>({0}, {1})},
+                 {"param_groups.1.params", RawTensor::FromVector<int64_t>({1}, {1})},
+                 {"state.1.momentum_buffer", RawTensor::FromVector<float>({3}, {1})}};
+  Tensor w = Param({1, 2}), b = Param({3});
   SGD opt({ParamGroup({w}), ParamGroup({b})});
   opt.load_state_dict(old);
   const SGDOptions& g0 = opt.param_groups()[0].options_as<SGDOptions>();
@@ -372,9 +372,9 @@ TEST(OptimizerTest, SgdMomentumStateDictRoundTrip) {
   SGDOptions o;
   o.lr = 0.1;
   o.momentum = 0.9;
-  Variable w = Param({1, 2}), w2 = Param({1, 2});
-  SGD a(std::vector<Variable>{w}, o);
-  SGD b(std::vector<Variable>{w2}, o);
+  Tensor w = Param({1, 2}), w2 = Param({1, 2});
+  SGD a(std::vector<Tensor>{w}, o);
+  SGD b(std::vector<Tensor>{w2}, o);
   SetGrad(w, {1, 2});
   a.step();
   b.load_state_dict(a.state_dict());
@@ -410,7 +410,7 @@ TEST(OptimizerTest, LoadStateDictValidatesAndLeavesTheOptimizerUnchanged) {
   }
   {  // params per group
     StateDict sd = good;
-    sd.tensors["param_groups.0.params"] = Tensor::FromVector<int64_t>({0}, {1});
+    sd.tensors["param_groups.0.params"] = RawTensor::FromVector<int64_t>({0}, {1});
     expect_error(sd, op + "param group 0 has 1 params in the state dict, 2 in the optimizer");
   }
   {  // missing option
@@ -445,13 +445,13 @@ TEST(OptimizerTest, LoadStateDictValidatesAndLeavesTheOptimizerUnchanged) {
   }
   {  // state shape
     StateDict sd = good;
-    sd.tensors["state.0.exp_avg"] = Tensor::Zeros({2});
+    sd.tensors["state.0.exp_avg"] = RawTensor::Zeros({2});
     expect_error(sd, op + "'state.0.exp_avg' has shape [2] but param 0 of param group 0 has "
                           "shape [3]");
   }
   {  // state dtype (the f16 param keeps f32 state)
     StateDict sd = good;
-    sd.tensors["state.2.exp_avg"] = Tensor::Zeros({2}, kF16);
+    sd.tensors["state.2.exp_avg"] = RawTensor::Zeros({2}, kF16);
     expect_error(sd, op + "'state.2.exp_avg' has dtype f16, expected f32 (the state dtype of a "
                           "f16 param)");
   }
@@ -462,12 +462,12 @@ TEST(OptimizerTest, LoadStateDictValidatesAndLeavesTheOptimizerUnchanged) {
   }
   {  // unknown state entry
     StateDict sd = good;
-    sd.tensors["state.0.momentum_buffer"] = Tensor::Zeros({3});
+    sd.tensors["state.0.momentum_buffer"] = RawTensor::Zeros({3});
     expect_error(sd, op + "unexpected tensor 'state.0.momentum_buffer'");
   }
   {  // a non-finite moment (an inf second moment froze its element for good)
     StateDict sd = good;
-    sd.tensors["state.0.exp_avg_sq"] = Tensor::FromVector<float>({0, INFINITY, 0}, {3});
+    sd.tensors["state.0.exp_avg_sq"] = RawTensor::FromVector<float>({0, INFINITY, 0}, {3});
     expect_error(sd, op + "'state.0.exp_avg_sq' holds a NaN or infinite value; the state of an "
                           "optimizer must be finite");
   }
@@ -506,9 +506,9 @@ TEST(OptimizerTest, LoadedStateIsACopy) {
 namespace tg::optim {
 namespace {
 
-std::vector<float> Floats(const Tensor& t) { return t.to_vector<float>(); }
+std::vector<float> Floats(const RawTensor& t) { return t.to_vector<float>(); }
 
-Tensor Flag(float v) { return Tensor::Full({}, v, kF32); }
+RawTensor Flag(float v) { return RawTensor::Full({}, v, kF32); }
 
 // step(found_inf) with found_inf != 0 writes nothing: not the parameters, not Adam's moments or
 // its step count (the next bias correction is that of step 2), not SGD's momentum; a first step
@@ -518,36 +518,36 @@ Tensor Flag(float v) { return Tensor::Full({}, v, kF32); }
 TEST(OptimizerTest, StepWithFoundInfSkipsOnTheDeviceAndKeepsCountsAndMomentum) {
   for (const bool fused : {true, false}) {
     for (int kind = 0; kind < 3; ++kind) {  // Adam, AdamW (amsgrad), SGD (momentum, dampening)
-      auto make = [&](const Variable& p) -> std::unique_ptr<Optimizer> {
+      auto make = [&](const Tensor& p) -> std::unique_ptr<Optimizer> {
         if (kind == 2) {
           SGDOptions o;
           o.lr = 0.1;
           o.momentum = 0.9;
           o.dampening = 0.25;
           o.fused = fused;
-          return std::make_unique<SGD>(std::vector<Variable>{p}, o);
+          return std::make_unique<SGD>(std::vector<Tensor>{p}, o);
         }
         AdamWOptions o;
         o.lr = 0.01;
         o.weight_decay = kind == 1 ? 0.1 : 0;
         o.amsgrad = kind == 1;
         o.fused = fused;
-        if (kind == 0) return std::make_unique<Adam>(std::vector<Variable>{p}, o);
-        return std::make_unique<AdamW>(std::vector<Variable>{p}, o);
+        if (kind == 0) return std::make_unique<Adam>(std::vector<Tensor>{p}, o);
+        return std::make_unique<AdamW>(std::vector<Tensor>{p}, o);
       };
       const std::string what = "kind " + std::to_string(kind) + " fused " + std::to_string(fused);
-      Variable p(Tensor::FromVector<float>({0.5f, -1.25f, 2.0f}, {3}), true);
-      Variable q(p.data().clone(), true);
+      Tensor p(RawTensor::FromVector<float>({0.5f, -1.25f, 2.0f}, {3}), true);
+      Tensor q(p.data().clone(), true);
       std::unique_ptr<Optimizer> opt = make(p), ref = make(q);
       const std::vector<std::vector<float>> grads = {
           {1.0f, 2.0f, -3.0f}, {0.5f, -0.5f, 0.25f}, {-2.0f, 1.0f, 4.0f}, {3.0f, 0.0f, -1.0f}};
       const std::vector<bool> skip = {true, false, true, false};
       for (size_t s = 0; s < grads.size(); ++s) {
-        const Tensor g = Tensor::FromVector<float>(grads[s], {3});
+        const RawTensor g = RawTensor::FromVector<float>(grads[s], {3});
         const std::vector<float> before = Floats(p.data());
         const StateDict* st = opt->param_state(p);
         const StateDict state_before = st == nullptr ? StateDict() : *st;
-        p.set_grad(Variable(g.clone()));
+        p.set_grad(Tensor(g.clone()));
         opt->step(Flag(skip[s] ? 1.0f : 0.0f));
         if (skip[s]) {
           EXPECT_EQ(Floats(p.data()), before) << what << " step " << s;
@@ -563,7 +563,7 @@ TEST(OptimizerTest, StepWithFoundInfSkipsOnTheDeviceAndKeepsCountsAndMomentum) {
           }
           continue;
         }
-        q.set_grad(Variable(g.clone()));
+        q.set_grad(Tensor(g.clone()));
         ref->step();
         EXPECT_EQ(Floats(p.data()), Floats(q.data())) << what << " step " << s;
       }
@@ -583,14 +583,14 @@ TEST(OptimizerTest, StepWithFoundInfSkipsOnTheDeviceAndKeepsCountsAndMomentum) {
 
 // The host-decided step continues from the counters the device kept, and found_inf is checked.
 TEST(OptimizerTest, StepWithFoundInfThenStepContinuesTheCountAndChecksFoundInf) {
-  Variable p(Tensor::FromVector<float>({1.0f, 2.0f}, {2}), true);
+  Tensor p(RawTensor::FromVector<float>({1.0f, 2.0f}, {2}), true);
   Adam opt({p});
-  p.set_grad(Variable(Tensor::FromVector<float>({1.0f, 1.0f}, {2})));
+  p.set_grad(Tensor(RawTensor::FromVector<float>({1.0f, 1.0f}, {2})));
   opt.step(Flag(0));
   opt.step(Flag(1));
   opt.step();  // step 2
   EXPECT_EQ(opt.param_state(p)->scalar("step"), 2);
-  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.step(Tensor::Zeros({}, kF64)); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { opt.step(RawTensor::Zeros({}, kF64)); },
                                  "Adam.step: found_inf must be a one-element f32 tensor, got "
                                  "f64 []"));
 }

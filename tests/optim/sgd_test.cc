@@ -86,8 +86,8 @@ TEST(SgdTest, MomentumBufferStateAndFirstStep) {
       o.weight_decay = 0.01;
       o.nesterov = c.nesterov;
       o.fused = fused;
-      Variable p = testing::TraceParam();
-      SGD opt(std::vector<Variable>{p}, o);
+      Tensor p = testing::TraceParam();
+      SGD opt(std::vector<Tensor>{p}, o);
       testing::SetTraceGrad(p, 0, kF32);
       opt.step();
       // buf = g + 0.01 * p0, undampened (reference_traces.py arithmetic, by hand).
@@ -97,7 +97,7 @@ TEST(SgdTest, MomentumBufferStateAndFirstStep) {
         testing::SetTraceGrad(p, k, kF32);
         opt.step();
       }
-      const Tensor buf = opt.param_state(p)->tensor("momentum_buffer");
+      const RawTensor buf = opt.param_state(p)->tensor("momentum_buffer");
       EXPECT_EQ(buf.dtype(), kF32);
       EXPECT_EQ(buf.to_vector<float>(), std::vector<float>(c.buffer, c.buffer + 3));
     }
@@ -105,8 +105,8 @@ TEST(SgdTest, MomentumBufferStateAndFirstStep) {
 }
 
 TEST(SgdTest, PlainSgdKeepsNoBuffer) {
-  Variable p = testing::TraceParam();
-  SGD opt(std::vector<Variable>{p});
+  Tensor p = testing::TraceParam();
+  SGD opt(std::vector<Tensor>{p});
   testing::SetTraceGrad(p, 0, kF32);
   opt.step();
   EXPECT_TRUE(opt.has_state());
@@ -142,28 +142,28 @@ TEST(SgdTest, OptionsRoundTripThroughTheirStateDictNames) {
 }
 
 TEST(SgdTest, InvalidOptionsAreNamed) {
-  Variable p = testing::TraceParam();
+  Tensor p = testing::TraceParam();
   SGDOptions o;
   o.lr = -0.1;
   EXPECT_TRUE(
-      tg::testing::ThrowsErrorExactly([&] { SGD(std::vector<Variable>{p}, o); },
+      tg::testing::ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{p}, o); },
                                       "SGD: param group 0: invalid lr -0.1 (must be >= 0)"));
   o = SGDOptions();
   o.nesterov = true;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
-      [&] { SGD(std::vector<Variable>{p}, o); },
+      [&] { SGD(std::vector<Tensor>{p}, o); },
       "SGD: param group 0: nesterov momentum requires a momentum > 0 and zero dampening, got "
       "momentum 0 and dampening 0"));
   o.momentum = 0.9;
   o.dampening = 0.1;
-  EXPECT_TRUE(tg::testing::ThrowsError([&] { SGD(std::vector<Variable>{p}, o); },
+  EXPECT_TRUE(tg::testing::ThrowsError([&] { SGD(std::vector<Tensor>{p}, o); },
                                        "got momentum 0.9 and dampening 0.1"));
   o = SGDOptions();
   o.weight_decay = -1;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
-      [&] { SGD(std::vector<Variable>{p}, o); },
+      [&] { SGD(std::vector<Tensor>{p}, o); },
       "SGD: param group 0: invalid weight_decay -1 (must be >= 0)"));
-  SGD opt(std::vector<Variable>{p});
+  SGD opt(std::vector<Tensor>{p});
   StateDict sd = opt.state_dict();
   sd.scalars["param_groups.0.nesterov"] = 0.5;
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(

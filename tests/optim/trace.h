@@ -22,15 +22,15 @@ inline float TraceGrad(int k, int j) {
   return static_cast<float>(((k * 3 + j * 5) % 7) - 3) * (k < 4 ? 0.37f : 0.001f);
 }
 
-inline Variable TraceParam(DType dtype = kF32) {
-  return Variable(Tensor::FromVector<float>({0.5f, -1.25f, 2.0f}, {3}).to(dtype), true);
+inline Tensor TraceParam(DType dtype = kF32) {
+  return Tensor(RawTensor::FromVector<float>({0.5f, -1.25f, 2.0f}, {3}).to(dtype), true);
 }
 
 // Sets p's grad for step k (the f32 values converted to `dtype`).
-inline void SetTraceGrad(const Variable& p, int k, DType dtype) {
+inline void SetTraceGrad(const Tensor& p, int k, DType dtype) {
   std::vector<float> g;
   for (int j = 0; j < 3; ++j) g.push_back(TraceGrad(k, j));
-  p.set_grad(Variable(Tensor::FromVector<float>(g, {3}).to(dtype)));
+  p.set_grad(Tensor(RawTensor::FromVector<float>(g, {3}).to(dtype)));
 }
 
 // Runs the trace on both paths and expects every step's parameter to equal `expected` exactly.
@@ -41,8 +41,8 @@ template <typename Opt, typename Options>
 void ExpectTrace(Options options, const float (&expected)[kTraceSteps][3], DType dtype = kF32) {
   for (bool fused : {true, false}) {
     options.fused = fused;
-    Variable p = TraceParam(dtype);
-    Opt opt(std::vector<Variable>{p}, options);
+    Tensor p = TraceParam(dtype);
+    Opt opt(std::vector<Tensor>{p}, options);
     for (int k = 0; k < kTraceSteps; ++k) {
       SetTraceGrad(p, k, dtype);
       opt.step();

@@ -39,7 +39,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 #define EXPECT_ERROR_CONTAINS(stmt, text) \
   EXPECT_TRUE(::tg::testing::ThrowsError([&] { (void)(stmt); }, text))
 
-std::vector<double> Values(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<double> Values(const RawTensor& t) { return t.to_vector<double>(); }
 
 // ---- The direct reference --------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ void ExpectSame(const std::vector<double>& got, const std::vector<double>& ref,
 }
 
 struct ConvInputs {
-  Tensor x, w, b, g;  // f64
+  RawTensor x, w, b, g;  // f64
 };
 
 ConvInputs MakeInputs(const ConvCase& k, uint64_t seed) {
@@ -196,9 +196,9 @@ void CheckAgainstReference(const ConvCase& k, uint64_t seed) {
   for (DType dtype : {kF64, kF32}) {
     SCOPED_TRACE(DTypeName(dtype));
     const double rel = dtype == kF64 ? 1e-12 : 1e-5;
-    const Tensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
-    const Tensor b = k.bias ? in.b.to(dtype) : Tensor();
-    const Tensor out = Conv2d(x, w, b, k.p);
+    const RawTensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
+    const RawTensor b = k.bias ? in.b.to(dtype) : RawTensor();
+    const RawTensor out = Conv2d(x, w, b, k.p);
     ASSERT_EQ(out.shape(), (Shape{k.n, k.o, k.OutH(), k.OutW()}));
     EXPECT_EQ(out.dtype(), dtype);
     ExpectClose(Values(out), ref.out, rel, "output");
@@ -229,17 +229,17 @@ TEST(Conv2d, BatchSplitIntoSeveralIm2colChunksMatchesReference) {
 }
 
 TEST(Conv2d, HandComputedValues) {
-  const Tensor x = Tensor::FromVector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
-  const Tensor w = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2});
-  const Tensor b = Tensor::FromVector<double>({0.5}, {1});
+  const RawTensor x = RawTensor::FromVector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
+  const RawTensor w = RawTensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2});
+  const RawTensor b = RawTensor::FromVector<double>({0.5}, {1});
   for (DType dtype : {kF64, kF32, kF16, kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const Tensor xd = x.to(dtype), wd = w.to(dtype), bd = b.to(dtype);
-    const Tensor out = Conv2d(xd, wd, bd);
+    const RawTensor xd = x.to(dtype), wd = w.to(dtype), bd = b.to(dtype);
+    const RawTensor out = Conv2d(xd, wd, bd);
     EXPECT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
     EXPECT_EQ(out.dtype(), dtype);
     EXPECT_EQ(Values(out), (std::vector<double>{37.5, 47.5, 67.5, 77.5}));
-    const Conv2dGrads grads = Conv2dBackward(Tensor::Ones({1, 1, 2, 2}, dtype), xd, wd, {});
+    const Conv2dGrads grads = Conv2dBackward(RawTensor::Ones({1, 1, 2, 2}, dtype), xd, wd, {});
     EXPECT_EQ(Values(grads.grad_input), (std::vector<double>{1, 3, 2, 4, 10, 6, 3, 7, 4}));
     EXPECT_EQ(Values(grads.grad_weight), (std::vector<double>{12, 16, 24, 28}));
     EXPECT_EQ(Values(grads.grad_bias), (std::vector<double>{4}));
@@ -248,8 +248,8 @@ TEST(Conv2d, HandComputedValues) {
     Conv2dParams p;
     p.stride = {2, 2};
     p.padding = {1, 1};
-    EXPECT_EQ(Values(Conv2d(xd, wd, Tensor(), p)), (std::vector<double>{4, 18, 36, 77}));
-    const Tensor g = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}, dtype);
+    EXPECT_EQ(Values(Conv2d(xd, wd, RawTensor(), p)), (std::vector<double>{4, 18, 36, 77}));
+    const RawTensor g = RawTensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}, dtype);
     const Conv2dGrads padded = Conv2dBackward(g, xd, wd, p, true, true, false);
     // x[0][0] meets w[1][1] in window 0; x[0][1], x[0][2] meet w[1][0], w[1][1] in window 1, ...
     EXPECT_EQ(Values(padded.grad_input), (std::vector<double>{4, 6, 8, 6, 4, 8, 12, 12, 16}));
@@ -281,9 +281,9 @@ TEST(Conv2d, NonContiguousInputsGiveTheSameNumbers) {
   const ConvCase k{2, 3, 6, 5, 4, 3, 2, {}, true};
   const ConvInputs in = MakeInputs(k, 6);
   // The same values through transposed storage: [N, C, W, H] transposed back to [N, C, H, W].
-  const Tensor xt = in.x.transpose(2, 3).contiguous().transpose(2, 3);
-  const Tensor wt = in.w.transpose(0, 1).contiguous().transpose(0, 1);
-  const Tensor gt = in.g.transpose(0, 1).contiguous().transpose(0, 1);
+  const RawTensor xt = in.x.transpose(2, 3).contiguous().transpose(2, 3);
+  const RawTensor wt = in.w.transpose(0, 1).contiguous().transpose(0, 1);
+  const RawTensor gt = in.g.transpose(0, 1).contiguous().transpose(0, 1);
   ASSERT_FALSE(xt.is_contiguous());
   EXPECT_EQ(Values(Conv2d(xt, wt, in.b, k.p)), Values(Conv2d(in.x, in.w, in.b, k.p)));
   const Conv2dGrads a = Conv2dBackward(gt, xt, wt, k.p), r = Conv2dBackward(in.g, in.x, in.w, k.p);
@@ -293,26 +293,26 @@ TEST(Conv2d, NonContiguousInputsGiveTheSameNumbers) {
 }
 
 TEST(Conv2d, EmptyBatchAndNoOutputChannels) {
-  const Tensor x = Tensor::Zeros({0, 2, 5, 5}, kF32), w = Tensor::Ones({3, 2, 3, 3}, kF32);
+  const RawTensor x = RawTensor::Zeros({0, 2, 5, 5}, kF32), w = RawTensor::Ones({3, 2, 3, 3}, kF32);
   EXPECT_EQ(Conv2d(x, w).shape(), (Shape{0, 3, 3, 3}));
-  const Conv2dGrads g = Conv2dBackward(Tensor::Zeros({0, 3, 3, 3}), x, w, {});
+  const Conv2dGrads g = Conv2dBackward(RawTensor::Zeros({0, 3, 3, 3}), x, w, {});
   EXPECT_EQ(g.grad_input.shape(), x.shape());
   EXPECT_EQ(Values(g.grad_weight), std::vector<double>(54, 0.0));
   EXPECT_EQ(Values(g.grad_bias), std::vector<double>(3, 0.0));
   // No input channels: the output is the bias.
-  const Tensor x0 = Tensor::Zeros({2, 0, 4, 4}), w0 = Tensor::Zeros({3, 0, 2, 2});
-  const Tensor b0 = Tensor::FromVector<float>({1, 2, 3}, {3});
-  const Tensor out0 = Conv2d(x0, w0, b0);
+  const RawTensor x0 = RawTensor::Zeros({2, 0, 4, 4}), w0 = RawTensor::Zeros({3, 0, 2, 2});
+  const RawTensor b0 = RawTensor::FromVector<float>({1, 2, 3}, {3});
+  const RawTensor out0 = Conv2d(x0, w0, b0);
   EXPECT_EQ(out0.shape(), (Shape{2, 3, 3, 3}));
   EXPECT_EQ(Values(tg::Sum(out0, {0, 2, 3})), (std::vector<double>{18, 36, 54}));
-  const Conv2dGrads gb0 = Conv2dBackward(Tensor::Ones({2, 3, 3, 3}), x0, w0, {});
+  const Conv2dGrads gb0 = Conv2dBackward(RawTensor::Ones({2, 3, 3, 3}), x0, w0, {});
   EXPECT_EQ(gb0.grad_input.numel(), 0);
   EXPECT_EQ(gb0.grad_weight.numel(), 0);
   EXPECT_EQ(Values(gb0.grad_bias), (std::vector<double>{18, 18, 18}));
-  const Tensor x1 = Tensor::Ones({1, 2, 4, 4});
-  EXPECT_EQ(Conv2d(x1, Tensor::Zeros({0, 2, 3, 3})).shape(), (Shape{1, 0, 2, 2}));
+  const RawTensor x1 = RawTensor::Ones({1, 2, 4, 4});
+  EXPECT_EQ(Conv2d(x1, RawTensor::Zeros({0, 2, 3, 3})).shape(), (Shape{1, 0, 2, 2}));
   const Conv2dGrads g0 =
-      Conv2dBackward(Tensor::Zeros({1, 0, 2, 2}), x1, Tensor::Zeros({0, 2, 3, 3}), {});
+      Conv2dBackward(RawTensor::Zeros({1, 0, 2, 2}), x1, RawTensor::Zeros({0, 2, 3, 3}), {});
   EXPECT_EQ(Values(g0.grad_input), std::vector<double>(32, 0.0));
 }
 
@@ -324,14 +324,14 @@ TEST(Conv2d, LowPrecisionEqualsTheF32ResultRoundedOnce) {
                                     k.bias ? Values(in.b) : std::vector<double>(), Values(in.g));
     for (DType dtype : {kF16, kBF16}) {
       SCOPED_TRACE(k.Name() + " " + DTypeName(dtype));
-      const Tensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
-      const Tensor b = k.bias ? in.b.to(dtype) : Tensor();
-      auto f32 = [](const Tensor& t) { return t.defined() ? t.to(kF32) : Tensor(); };
-      const Tensor out = Conv2d(x, w, b, k.p);
+      const RawTensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
+      const RawTensor b = k.bias ? in.b.to(dtype) : RawTensor();
+      auto f32 = [](const RawTensor& t) { return t.defined() ? t.to(kF32) : RawTensor(); };
+      const RawTensor out = Conv2d(x, w, b, k.p);
       EXPECT_EQ(out.dtype(), dtype);
-      const Tensor out32 = Conv2d(f32(x), f32(w), f32(b), k.p);
+      const RawTensor out32 = Conv2d(f32(x), f32(w), f32(b), k.p);
       const int bits = dtype == kF16 ? 10 : 7;
-      auto expect_rounded = [&](const Tensor& low, const Tensor& wide, const char* what) {
+      auto expect_rounded = [&](const RawTensor& low, const RawTensor& wide, const char* what) {
         if (dtype == kF16) {
           ExpectSame(Values(low), Values(wide.to(dtype)), what);
         } else {
@@ -387,15 +387,15 @@ TEST(Conv2d, ChannelBlockedShapesInEveryDtypeMatchReference) {
     const ConvInputs in = MakeInputs(k, ++seed);
     for (DType dtype : {kF64, kF32, kBF16, kF16}) {
       SCOPED_TRACE(k.Name() + " " + DTypeName(dtype));
-      const Tensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
-      const Tensor b = k.bias ? in.b.to(dtype) : Tensor();
+      const RawTensor x = in.x.to(dtype), w = in.w.to(dtype), g = in.g.to(dtype);
+      const RawTensor b = k.bias ? in.b.to(dtype) : RawTensor();
       const RefConv ref = Reference(k, Values(x), Values(w),
                                     k.bias ? Values(b) : std::vector<double>(), Values(g));
       const double rel = dtype == kF64    ? 1e-12
                          : dtype == kF32  ? 1e-5
                          : dtype == kBF16 ? std::ldexp(1.0, -8) + 3e-4
                                           : std::ldexp(1.0, -11) + 3e-4;
-      const Tensor out = Conv2d(x, w, b, k.p);
+      const RawTensor out = Conv2d(x, w, b, k.p);
       EXPECT_EQ(out.dtype(), dtype);
       ExpectClose(Values(out), ref.out, rel, "output");
       const Conv2dGrads grads = Conv2dBackward(g, x, w, k.p);
@@ -417,55 +417,55 @@ TEST(Conv2d, ChannelBlockedShapesInEveryDtypeMatchReference) {
 }
 
 TEST(Conv2d, Errors) {
-  const Tensor x = Tensor::Zeros({2, 3, 5, 5}), w = Tensor::Zeros({4, 3, 3, 3});
-  EXPECT_ERROR_CONTAINS(Conv2d(Tensor::Zeros({3, 5, 5}), w),
+  const RawTensor x = RawTensor::Zeros({2, 3, 5, 5}), w = RawTensor::Zeros({4, 3, 3, 3});
+  EXPECT_ERROR_CONTAINS(Conv2d(RawTensor::Zeros({3, 5, 5}), w),
                         "conv2d: expected input [N, C, H, W], got shape [3, 5, 5]");
-  EXPECT_ERROR_CONTAINS(Conv2d(x, Tensor::Zeros({4, 3, 3})),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, RawTensor::Zeros({4, 3, 3})),
                         "conv2d: expected weight [O, C, kh, kw], got shape [4, 3, 3]");
   EXPECT_ERROR_CONTAINS(
-      Conv2d(x, Tensor::Zeros({4, 2, 3, 3})),
+      Conv2d(x, RawTensor::Zeros({4, 2, 3, 3})),
       "conv2d: input [2, 3, 5, 5] has 3 channels but weight [4, 2, 3, 3] expects 2");
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor::Zeros({3})),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor::Zeros({3})),
                         "conv2d: bias of shape [3] does not match weight [4, 3, 3, 3] "
                         "(expected [4])");
   EXPECT_ERROR_CONTAINS(Conv2d(x, w.to(kF16)),
                         "conv2d: weight dtype f16 differs from input dtype f32");
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor::Zeros({4}, kF64)),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor::Zeros({4}, kF64)),
                         "conv2d: bias dtype f64 differs from input dtype f32");
   EXPECT_ERROR_CONTAINS(Conv2d(x.to(kI64), w.to(kI64)),
                         "conv2d: expected a floating dtype (f32, f64, f16, bf16), got i64");
-  EXPECT_ERROR_CONTAINS(Conv2d(x, Tensor::Zeros({4, 3, 6, 3})),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, RawTensor::Zeros({4, 3, 6, 3})),
                         "conv2d: weight [4, 3, 6, 3] (kernel [6, 3]) is larger than the padded "
                         "input (input [2, 3, 5, 5], padding [0, 0])");
   Conv2dParams dilated;
   dilated.dilation = {3, 1};
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor(), dilated),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), dilated),
                         "conv2d: weight [4, 3, 3, 3] (kernel [3, 3]) is larger than the padded "
                         "input (input [2, 3, 5, 5], padding [0, 0], dilation [3, 1])");
   dilated.padding = {1, 0};  // 5 + 2 = 7 = 3 * 2 + 1: fits
-  EXPECT_EQ(Conv2d(x, w, Tensor(), dilated).shape(), (Shape{2, 4, 1, 3}));
+  EXPECT_EQ(Conv2d(x, w, RawTensor(), dilated).shape(), (Shape{2, 4, 1, 3}));
   Conv2dParams bad;
   bad.stride = {0, 1};
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor(), bad), "conv2d: stride must be positive, got [0, 1]");
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad), "conv2d: stride must be positive, got [0, 1]");
   bad = {};
   bad.padding = {0, -1};
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor(), bad),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad),
                         "conv2d: padding must be non-negative, got [0, -1]");
   bad = {};
   bad.dilation = {1, 0};
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, Tensor(), bad),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad),
                         "conv2d: dilation must be positive, got [1, 0]");
-  EXPECT_ERROR_CONTAINS(Conv2d(x, Tensor::Zeros({4, 3, 0, 3})),
+  EXPECT_ERROR_CONTAINS(Conv2d(x, RawTensor::Zeros({4, 3, 0, 3})),
                         "conv2d: weight [4, 3, 0, 3] has an empty kernel");
-  EXPECT_ERROR_CONTAINS(Conv2d(Tensor(), w), "conv2d: the input is an undefined tensor");
+  EXPECT_ERROR_CONTAINS(Conv2d(RawTensor(), w), "conv2d: the input is an undefined tensor");
 
-  const Tensor g = Tensor::Zeros({2, 4, 3, 3});
-  EXPECT_ERROR_CONTAINS(Conv2dBackward(Tensor::Zeros({2, 4, 3, 2}), x, w, {}),
+  const RawTensor g = RawTensor::Zeros({2, 4, 3, 3});
+  EXPECT_ERROR_CONTAINS(Conv2dBackward(RawTensor::Zeros({2, 4, 3, 2}), x, w, {}),
                         "conv2d_backward: gradient of shape [2, 4, 3, 2] does not match the "
                         "output shape [2, 4, 3, 3] of input [2, 3, 5, 5] and weight [4, 3, 3, 3]");
   EXPECT_ERROR_CONTAINS(Conv2dBackward(g.to(kF64), x, w, {}),
                         "conv2d_backward: gradient dtype f64 differs from input dtype f32");
-  EXPECT_ERROR_CONTAINS(Conv2dBackward(g, x, Tensor::Zeros({4, 2, 3, 3}), {}),
+  EXPECT_ERROR_CONTAINS(Conv2dBackward(g, x, RawTensor::Zeros({4, 2, 3, 3}), {}),
                         "conv2d_backward: input [2, 3, 5, 5] has 3 channels but weight "
                         "[4, 2, 3, 3] expects 2");
 }
@@ -509,8 +509,8 @@ PoolRef ReferencePool(const std::vector<double>& x, const Shape& s, std::array<i
 }
 
 TEST(MaxPool2d, ValuesAndIndicesByHand) {
-  const Tensor x =
-      Tensor::FromVector<double>({1, 3, 2, 4, 5, 7, 6, 8, 9, 2, 1, 0, 3, 4, 5, 6}, {1, 1, 4, 4});
+  const RawTensor x =
+      RawTensor::FromVector<double>({1, 3, 2, 4, 5, 7, 6, 8, 9, 2, 1, 0, 3, 4, 5, 6}, {1, 1, 4, 4});
   for (DType dtype : {kF64, kF32, kF16, kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     const MaxPool2dResult r = MaxPool2d(x.to(dtype), {2, 2}, {2, 2});
@@ -519,51 +519,51 @@ TEST(MaxPool2d, ValuesAndIndicesByHand) {
     EXPECT_EQ(r.output.shape(), (Shape{1, 1, 2, 2}));
     EXPECT_EQ(Values(r.output), (std::vector<double>{7, 8, 9, 6}));
     EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{5, 7, 8, 15}));
-    const Tensor g = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}, dtype);
+    const RawTensor g = RawTensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}, dtype);
     EXPECT_EQ(Values(MaxPool2dBackward(g, r.indices, x.shape())),
               (std::vector<double>{0, 0, 0, 0, 0, 1, 0, 2, 3, 0, 0, 0, 0, 0, 0, 4}));
   }
 }
 
 TEST(MaxPool2d, TiesPickTheFirstMaximum) {
-  const Tensor x = Tensor::FromVector<double>({5, 5, 1, 1, 5, 2, 1, 1}, {1, 1, 2, 4});
+  const RawTensor x = RawTensor::FromVector<double>({5, 5, 1, 1, 5, 2, 1, 1}, {1, 1, 2, 4});
   const MaxPool2dResult r = MaxPool2d(x, {2, 2}, {2, 2});
   EXPECT_EQ(Values(r.output), (std::vector<double>{5, 1}));
   EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 2}));
   // The gradient goes to the first maximum only.
-  EXPECT_EQ(Values(MaxPool2dBackward(Tensor::Ones({1, 1, 1, 2}, kF64), r.indices, x.shape())),
+  EXPECT_EQ(Values(MaxPool2dBackward(RawTensor::Ones({1, 1, 1, 2}, kF64), r.indices, x.shape())),
             (std::vector<double>{1, 0, 1, 0, 0, 0, 0, 0}));
 }
 
 TEST(MaxPool2d, PaddingIsNeverSelected) {
   // All negative: a zero padding would win; -inf padding does not.
-  const Tensor x = Tensor::FromVector<double>({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {1, 1, 3, 3});
+  const RawTensor x = RawTensor::FromVector<double>({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {1, 1, 3, 3});
   const MaxPool2dResult r = MaxPool2d(x, {3, 3}, {2, 2}, {1, 1});
   EXPECT_EQ(Values(r.output), (std::vector<double>{-1, -2, -4, -5}));
   EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 3, 4}));
   // Overlapping windows: x[0][0] is no window's max except the first; x[1][1] (-5) the last.
-  const Tensor g = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2});
+  const RawTensor g = RawTensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2});
   EXPECT_EQ(Values(MaxPool2dBackward(g, r.indices, x.shape())),
             (std::vector<double>{1, 2, 0, 3, 4, 0, 0, 0, 0}));
 }
 
 TEST(MaxPool2d, OverlappingWindowsAccumulateTheGradient) {
   // The centre 9 is the max of all four 2 x 2 windows of stride 1.
-  const Tensor x = Tensor::FromVector<double>({1, 2, 3, 4, 9, 5, 6, 7, 8}, {1, 1, 3, 3});
+  const RawTensor x = RawTensor::FromVector<double>({1, 2, 3, 4, 9, 5, 6, 7, 8}, {1, 1, 3, 3});
   for (DType dtype : {kF64, kF32, kF16, kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     const MaxPool2dResult r = MaxPool2d(x.to(dtype), {2, 2}, {1, 1});
     EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{4, 4, 4, 4}));
     // 0.1 + 0.2 + 0.3 + 0.4 in f32, rounded once to the low dtype.
-    const Tensor g = Tensor::FromVector<double>({0.1, 0.2, 0.3, 0.4}, {1, 1, 2, 2}, dtype);
+    const RawTensor g = RawTensor::FromVector<double>({0.1, 0.2, 0.3, 0.4}, {1, 1, 2, 2}, dtype);
     const std::vector<double> gv = Values(g);
-    const Tensor grad = MaxPool2dBackward(g, r.indices, x.shape());
+    const RawTensor grad = MaxPool2dBackward(g, r.indices, x.shape());
     EXPECT_EQ(grad.dtype(), dtype);
     double expected = gv[0] + gv[1] + gv[2] + gv[3];
     if (dtype != kF64) {
       float sum = 0;
       for (double v : gv) sum += static_cast<float>(v);
-      expected = Values(Tensor::Scalar(sum, kF32).to(dtype))[0];
+      expected = Values(RawTensor::Scalar(sum, kF32).to(dtype))[0];
     }
     EXPECT_EQ(Values(grad), (std::vector<double>{0, 0, 0, 0, expected, 0, 0, 0, 0}));
   }
@@ -572,7 +572,7 @@ TEST(MaxPool2d, OverlappingWindowsAccumulateTheGradient) {
 TEST(MaxPool2d, InfinitiesAndNaN) {
   // An all -inf window selects its first element; a NaN is always selected, the last one when
   // there are several (PyTorch's CPU kernel).
-  const Tensor x = Tensor::FromVector<double>(
+  const RawTensor x = RawTensor::FromVector<double>(
       {-kInf, -kInf, 1, kNaN, -kInf, -kInf, 2, 3, kNaN, 1, kInf, 4, 2, kNaN, 5, kNaN},
       {1, 1, 4, 4});
   for (DType dtype : {kF64, kF32, kF16, kBF16}) {
@@ -600,9 +600,9 @@ TEST(MaxPool2d, MatchesReferenceOnRandomInputs) {
     // Values on a coarse grid, so that ties occur and are exact in every dtype.
     std::vector<double> v = Values(RandUniform(c.shape, gen, -8, 8, kF64));
     for (double& e : v) e = std::floor(e);
-    const Tensor x = Tensor::FromVector<double>(v, c.shape);
+    const RawTensor x = RawTensor::FromVector<double>(v, c.shape);
     const PoolRef ref = ReferencePool(v, c.shape, c.k, c.s, c.p);
-    const Tensor g =
+    const RawTensor g =
         RandUniform(Shape{c.shape[0], c.shape[1], (c.shape[2] + 2 * c.p[0] - c.k[0]) / c.s[0] + 1,
                           (c.shape[3] + 2 * c.p[1] - c.k[1]) / c.s[1] + 1},
                     gen, -1, 1, kF64);
@@ -648,7 +648,7 @@ TEST(MaxPool2d, TwoByTwoAndGeneralWindowsWithNaNAndTies) {
     for (size_t i = 0; i < v.size(); ++i) {
       v[i] = u[i] < 0.03 ? kNaN : std::floor(v[i]);  // coarse grid: ties, exact in every dtype
     }
-    const Tensor x = Tensor::FromVector<double>(v, c.shape);
+    const RawTensor x = RawTensor::FromVector<double>(v, c.shape);
     const PoolRef ref = ReferencePool(v, c.shape, c.k, c.s, c.p);
     const int64_t oh = (c.shape[2] + 2 * c.p[0] - c.k[0]) / c.s[0] + 1;
     const int64_t ow = (c.shape[3] + 2 * c.p[1] - c.k[1]) / c.s[1] + 1;
@@ -666,7 +666,7 @@ TEST(MaxPool2d, TwoByTwoAndGeneralWindowsWithNaNAndTies) {
       const MaxPool2dResult r = MaxPool2d(x.to(dtype), c.k, c.s, c.p);
       ExpectSame(Values(r.output), ref.out, "output");
       EXPECT_EQ(r.indices.to_vector<int64_t>(), ref.indices);
-      const Tensor g = Tensor::FromVector<double>(gv, r.indices.shape(), dtype);
+      const RawTensor g = RawTensor::FromVector<double>(gv, r.indices.shape(), dtype);
       EXPECT_EQ(Values(MaxPool2dBackward(g, r.indices, c.shape)), ref_grad);
     }
   }
@@ -674,8 +674,8 @@ TEST(MaxPool2d, TwoByTwoAndGeneralWindowsWithNaNAndTies) {
 
 TEST(MaxPool2d, NonContiguousInput) {
   Generator gen(4);
-  const Tensor x = RandUniform({2, 3, 6, 5}, gen, -1, 1, kF64);
-  const Tensor xt = x.transpose(2, 3).contiguous().transpose(2, 3);
+  const RawTensor x = RandUniform({2, 3, 6, 5}, gen, -1, 1, kF64);
+  const RawTensor xt = x.transpose(2, 3).contiguous().transpose(2, 3);
   const MaxPool2dResult a = MaxPool2d(xt, {2, 2}, {2, 1}, {1, 1});
   const MaxPool2dResult b = MaxPool2d(x, {2, 2}, {2, 1}, {1, 1});
   EXPECT_EQ(Values(a.output), Values(b.output));
@@ -683,8 +683,8 @@ TEST(MaxPool2d, NonContiguousInput) {
 }
 
 TEST(MaxPool2d, Errors) {
-  const Tensor x = Tensor::Zeros({2, 3, 5, 5});
-  EXPECT_ERROR_CONTAINS(MaxPool2d(Tensor::Zeros({3, 5, 5}), {2, 2}, {2, 2}),
+  const RawTensor x = RawTensor::Zeros({2, 3, 5, 5});
+  EXPECT_ERROR_CONTAINS(MaxPool2d(RawTensor::Zeros({3, 5, 5}), {2, 2}, {2, 2}),
                         "max_pool2d: expected input [N, C, H, W], got shape [3, 5, 5]");
   EXPECT_ERROR_CONTAINS(MaxPool2d(x, {0, 2}, {2, 2}),
                         "max_pool2d: kernel size must be positive, got [0, 2]");
@@ -701,10 +701,10 @@ TEST(MaxPool2d, Errors) {
                         "max_pool2d: expected a floating dtype (f32, f64, f16, bf16), got i32");
 
   const MaxPool2dResult r = MaxPool2d(x, {2, 2}, {2, 2});
-  const Tensor g = Tensor::Zeros({2, 3, 2, 2});
+  const RawTensor g = RawTensor::Zeros({2, 3, 2, 2});
   EXPECT_ERROR_CONTAINS(MaxPool2dBackward(g, r.indices.to(kI32), x.shape()),
                         "max_pool2d_backward: expected i64 indices, got i32");
-  EXPECT_ERROR_CONTAINS(MaxPool2dBackward(Tensor::Zeros({2, 3, 2, 1}), r.indices, x.shape()),
+  EXPECT_ERROR_CONTAINS(MaxPool2dBackward(RawTensor::Zeros({2, 3, 2, 1}), r.indices, x.shape()),
                         "max_pool2d_backward: gradient of shape [2, 3, 2, 1] and indices of "
                         "shape [2, 3, 2, 2] must be one [N, C, Ho, Wo] shape");
   EXPECT_ERROR_CONTAINS(MaxPool2dBackward(g, r.indices, {2, 4, 5, 5}),
@@ -713,7 +713,7 @@ TEST(MaxPool2d, Errors) {
   EXPECT_ERROR_CONTAINS(MaxPool2dBackward(g, r.indices, {2, 3, 2, 2}),
                         "max_pool2d_backward: index 10 at position 2 is out of range for an input "
                         "plane of 2 x 2 elements");
-  EXPECT_ERROR_CONTAINS(MaxPool2dBackward(g, Tensor::Full({2, 3, 2, 2}, -1, kI64), x.shape()),
+  EXPECT_ERROR_CONTAINS(MaxPool2dBackward(g, RawTensor::Full({2, 3, 2, 2}, -1, kI64), x.shape()),
                         "max_pool2d_backward: index -1 at position 0 is out of range");
 }
 

@@ -35,7 +35,7 @@ TEST(ElementwiseFormulasTest, CpuUnaryKernelsAreTheSharedFormulas) {
   // exp, tanh and GELU-tanh run the vectorised row forms on the CPU (tensor/cpu/vec_math.h).
   for (const UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kLog, UnaryOp::kSqrt,
                            UnaryOp::kSigmoid, UnaryOp::kRelu, UnaryOp::kGelu, UnaryOp::kErf}) {
-    const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+    const RawTensor x = RawTensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
     const std::vector<double> got = Unary(op, x).to_vector<double>();
     for (size_t i = 0; i < kValues.size(); ++i) {
       ExpectSame(got[i], elementwise::ApplyUnary<HostMath>(op, kValues[i]),
@@ -50,9 +50,9 @@ TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
         BinaryOp::kMaximum, BinaryOp::kMinimum, BinaryOp::kReluBackward,
         BinaryOp::kGeluTanhBackward}) {
     for (const double a : kValues) {
-      const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+      const RawTensor x = RawTensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
       const std::vector<double> got =
-          Binary(op, Tensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
+          Binary(op, RawTensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
               .to_vector<double>();
       for (size_t i = 0; i < kValues.size(); ++i) {
         ExpectSame(got[i], elementwise::ApplyBinary<HostMath>(op, a, kValues[i]),
@@ -63,7 +63,7 @@ TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
   }
   // Integers wrap around instead of overflowing.
   const int64_t big = std::numeric_limits<int64_t>::max();
-  const Tensor i = Tensor::Full({1}, 0, kI64);
+  const RawTensor i = RawTensor::Full({1}, 0, kI64);
   i.data<int64_t>()[0] = big;
   EXPECT_EQ(Binary(BinaryOp::kAdd, i, i).to_vector<int64_t>()[0],
             elementwise::ApplyBinary<HostMath>(BinaryOp::kAdd, big, big));
@@ -75,9 +75,9 @@ TEST(ElementwiseFormulasTest, CpuCompareKernelsAreTheSharedFormulas) {
   for (const CompareOp op : {CompareOp::kEq, CompareOp::kNe, CompareOp::kLt, CompareOp::kLe,
                              CompareOp::kGt, CompareOp::kGe}) {
     for (const double a : kValues) {
-      const Tensor x = Tensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
+      const RawTensor x = RawTensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
       const std::vector<double> got =
-          Compare(op, Tensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
+          Compare(op, RawTensor::Full({static_cast<int64_t>(kValues.size())}, a, kF64), x)
               .to_vector<double>();
       for (size_t i = 0; i < kValues.size(); ++i) {
         EXPECT_EQ(got[i] != 0, elementwise::ApplyCompare(op, a, kValues[i]))

@@ -23,16 +23,16 @@ namespace {
 
 using ::tg::testing::ThrowsErrorExactly;
 
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const Tensor c = t.contiguous();
+std::vector<uint8_t> Bytes(const RawTensor& t) {
+  const RawTensor c = t.contiguous();
   std::vector<uint8_t> out(static_cast<size_t>(c.numel()));
   std::memcpy(out.data(), c.raw_data(), out.size());
   return out;
 }
 
 // Every 16-bit pattern, as an f16 or bf16 tensor [65536].
-Tensor AllPatterns(DType dtype) {
-  Tensor t = Tensor::Empty({65536}, dtype);
+RawTensor AllPatterns(DType dtype) {
+  RawTensor t = RawTensor::Empty({65536}, dtype);
   auto* bits = static_cast<uint16_t*>(t.raw_data());
   for (uint32_t i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
   return t;
@@ -74,7 +74,7 @@ TEST(Float8TensorTest, ComputeVisitorsRefuseFp8) {
                                  "softmax: f8e5m2 is an FP8 storage dtype: only copies, casts and "
                                  "the FP8 ops take it (cast it to a compute dtype first)"));
   // An op on FP8 tensors reaches a kernel's visitor and throws, computing nothing.
-  const Tensor a = Tensor::FromVector<float>({1, 2}, {2}).to(kF8E4M3);
+  const RawTensor a = RawTensor::FromVector<float>({1, 2}, {2}).to(kF8E4M3);
   EXPECT_TRUE(ThrowsErrorExactly([&] { Add(a, a); },
                                  "add: f8e4m3 is an FP8 storage dtype: only copies, casts and the "
                                  "FP8 ops take it (cast it to a compute dtype first)"));
@@ -90,9 +90,9 @@ TEST(Float8TensorTest, ComputeVisitorsRefuseFp8) {
 // back is exact.
 TEST(Float8TensorTest, CastsFromEveryF16AndBf16PatternMatchTheScalarRule) {
   for (DType source : {kF16, kBF16}) {
-    const Tensor x = AllPatterns(source);
+    const RawTensor x = AllPatterns(source);
     for (DType target : {kF8E4M3, kF8E5M2}) {
-      const Tensor q = x.to(target);
+      const RawTensor q = x.to(target);
       ASSERT_EQ(q.dtype(), target);
       const std::vector<uint8_t> got = Bytes(q);
       int failures = 0;
@@ -123,7 +123,7 @@ TEST(Float8TensorTest, CastsFromEveryF16AndBf16PatternMatchTheScalarRule) {
 // Special values and saturation through the tensor cast (TE's __NV_SATFINITE rule), from f32.
 TEST(Float8TensorTest, SaturatesAndKeepsSpecials) {
   const float inf = std::numeric_limits<float>::infinity();
-  const Tensor x = Tensor::FromVector<float>(
+  const RawTensor x = RawTensor::FromVector<float>(
       {464.0f, 464.01f, 500.0f, -inf, inf, -0.0f, std::nanf(""), 61440.0f, 57344.0f}, {9});
   EXPECT_EQ(Bytes(x.to(kF8E4M3)),
             (std::vector<uint8_t>{0x7e, 0x7e, 0x7e, 0xfe, 0x7e, 0x80, 0x7f, 0x7e, 0x7e}));
@@ -136,25 +136,25 @@ TEST(Float8TensorTest, SaturatesAndKeepsSpecials) {
 TEST(Float8TensorTest, FromF64RoundsOnce) {
   const double above_tie = 1.0625 + std::ldexp(1.0, -40);
   ASSERT_EQ(static_cast<float>(above_tie), 1.0625f);  // the double rounding this avoids
-  const Tensor x = Tensor::FromVector<double>({above_tie, -above_tie, 1.0625}, {3});
+  const RawTensor x = RawTensor::FromVector<double>({above_tie, -above_tie, 1.0625}, {3});
   EXPECT_EQ(Bytes(x.to(kF8E4M3)), (std::vector<uint8_t>{0x39, 0xb9, 0x38}));
   EXPECT_EQ(Convert<Float8E4M3>(above_tie).bits, 0x39);
   // Integers convert through the same single rounding: 17 is the e4m3 tie between 16 and 18.
-  const Tensor i = Tensor::FromVector<int64_t>({17, 19, 1000, -1000}, {4});
+  const RawTensor i = RawTensor::FromVector<int64_t>({17, 19, 1000, -1000}, {4});
   EXPECT_EQ(i.to(kF8E4M3).to_vector<double>(), (std::vector<double>{16, 20, 448, -448}));
 }
 
 TEST(Float8TensorTest, StridedCopiesItemAndPrinting) {
-  const Tensor x = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Tensor q = x.to(kF8E5M2);
+  const RawTensor x = RawTensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const RawTensor q = x.to(kF8E5M2);
   // A transposed view copied into a contiguous FP8 tensor, and FP8 to FP8 of the other format.
-  const Tensor t = q.transpose(0, 1).contiguous();
+  const RawTensor t = q.transpose(0, 1).contiguous();
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
   EXPECT_EQ(q.to(kF8E4M3).to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
-  Tensor dst = Tensor::Empty({3, 2}, kF8E4M3);
+  RawTensor dst = RawTensor::Empty({3, 2}, kF8E4M3);
   dst.copy_(x.transpose(0, 1));
   EXPECT_EQ(dst.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
-  EXPECT_EQ(Tensor::FromVector<float>({0.3f}, {}).to(kF8E4M3).item(), 0.3125);
+  EXPECT_EQ(RawTensor::FromVector<float>({0.3f}, {}).to(kF8E4M3).item(), 0.3125);
   EXPECT_EQ(q.ToString(), "tensor([[1, 2, 3], [4, 5, 6]], f8e5m2, shape=[2, 3])");
 }
 

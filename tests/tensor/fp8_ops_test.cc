@@ -39,8 +39,8 @@ uint32_t Bits(float x) {
   return b;
 }
 
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const Tensor c = t.contiguous();
+std::vector<uint8_t> Bytes(const RawTensor& t) {
+  const RawTensor c = t.contiguous();
   std::vector<uint8_t> out(static_cast<size_t>(c.numel()));
   if (!out.empty()) std::memcpy(out.data(), c.raw_data(), out.size());
   return out;
@@ -110,10 +110,10 @@ std::vector<float> SpecialMatrix() {
 
 TEST(Fp8AmaxTest, PerTilingAgainstAPlainLoop) {
   const std::vector<float> values = SpecialMatrix();
-  const Tensor x = Tensor::FromVector(values, {130, 300});
+  const RawTensor x = RawTensor::FromVector(values, {130, 300});
   for (Fp8Tiling tiling : kTilings) {
     SCOPED_TRACE(Fp8TilingName(tiling));
-    const Tensor amax = Fp8Amax(x, tiling);
+    const RawTensor amax = Fp8Amax(x, tiling);
     const Fp8Tile grid = Fp8GridOf(130, 300, tiling);
     EXPECT_EQ(amax.shape(), (Shape{grid.rows, grid.cols}));
     EXPECT_EQ(amax.dtype(), kF32);
@@ -122,7 +122,7 @@ TEST(Fp8AmaxTest, PerTilingAgainstAPlainLoop) {
     // The same matrix as [2, 65, 300] (leading dims flattened), and as bf16 / f16.
     EXPECT_TRUE(SameBits(Fp8Amax(x.reshape({2, 65, 300}), tiling).to_vector<float>(), expected));
     for (DType d : {kBF16, kF16}) {
-      const Tensor xd = x.to(d);
+      const RawTensor xd = x.to(d);
       EXPECT_TRUE(SameBits(Fp8Amax(xd, tiling).to_vector<float>(),
                            ReferenceAmax(xd.to_vector<float>(), 130, 300, tiling)));
     }
@@ -138,7 +138,7 @@ TEST(Fp8AmaxTest, PerTilingAgainstAPlainLoop) {
   EXPECT_EQ(Fp8Amax(x, Fp8Tiling::k128x128).to_vector<float>()[3], 7000.0f);
   // Block amaxes agree with the host recipe's (amp::ComputeBlockScales).
   const std::vector<float> finite = Values(130 * 300, 2);
-  const Tensor xf = Tensor::FromVector(finite, {130, 300});
+  const RawTensor xf = RawTensor::FromVector(finite, {130, 300});
   EXPECT_TRUE(
       SameBits(Fp8Amax(xf, Fp8Tiling::k1x128).to_vector<float>(),
                amp::ComputeBlockScales(finite, 130, 300, amp::Fp8BlockShape::k1x128, 448).amaxes));
@@ -149,23 +149,23 @@ TEST(Fp8AmaxTest, PerTilingAgainstAPlainLoop) {
 
 TEST(Fp8AmaxTest, StridedEmptyAndOneDimensionalInputs) {
   const std::vector<float> values = Values(40 * 200, 3);
-  const Tensor xt = Tensor::FromVector(values, {40, 200}).transpose(0, 1);  // [200, 40] strided
+  const RawTensor xt = RawTensor::FromVector(values, {40, 200}).transpose(0, 1);  // [200, 40] strided
   EXPECT_TRUE(SameBits(Fp8Amax(xt, Fp8Tiling::k1x128).to_vector<float>(),
                        Fp8Amax(xt.contiguous(), Fp8Tiling::k1x128).to_vector<float>()));
   // 1-D x is one row.
-  const Tensor v = Tensor::FromVector<float>({1, -3, 2}, {3});
+  const RawTensor v = RawTensor::FromVector<float>({1, -3, 2}, {3});
   EXPECT_EQ(Fp8Amax(v, Fp8Tiling::k1x128).shape(), (Shape{1, 1}));
   EXPECT_EQ(Fp8Amax(v, Fp8Tiling::k1x128).to_vector<float>(), std::vector<float>{3.0f});
   // An empty x has an empty grid (Fp8GridOf): no amax values.
-  EXPECT_EQ(Fp8Amax(Tensor::Zeros({0, 5}), Fp8Tiling::kTensor).shape(), (Shape{0, 1}));
-  EXPECT_EQ(Fp8Amax(Tensor::Zeros({3, 0}), Fp8Tiling::k1x128).shape(), (Shape{3, 0}));
-  EXPECT_EQ(Fp8Amax(Tensor::Zeros({2, 0, 7}), Fp8Tiling::k128x128).shape(), (Shape{0, 1}));
+  EXPECT_EQ(Fp8Amax(RawTensor::Zeros({0, 5}), Fp8Tiling::kTensor).shape(), (Shape{0, 1}));
+  EXPECT_EQ(Fp8Amax(RawTensor::Zeros({3, 0}), Fp8Tiling::k1x128).shape(), (Shape{3, 0}));
+  EXPECT_EQ(Fp8Amax(RawTensor::Zeros({2, 0, 7}), Fp8Tiling::k128x128).shape(), (Shape{0, 1}));
 }
 
 TEST(Fp8AmaxTest, SameBitsAtOneAndTwoThreads) {
   const std::vector<float> values = Values(300 * 520, 4);
-  const Tensor x = Tensor::FromVector(values, {300, 520});
-  const Tensor scale = Tensor::Full({3, 5}, 3.0);
+  const RawTensor x = RawTensor::FromVector(values, {300, 520});
+  const RawTensor scale = RawTensor::Full({3, 5}, 3.0);
   const int threads = omp_get_max_threads();
   cpu::SetThreadGovernor(false);  // 2 means 2, on a machine busy with other tests too
   omp_set_num_threads(1);
@@ -188,7 +188,7 @@ TEST(Fp8ScaleFromAmaxTest, EqualsTheHostRecipeRule) {
   const std::vector<float> amaxes = {0.0f,   kInf,    kNaN,  -kInf,   tiny,   1e-40f,
                                      1e-30f, 0.75f,   1.0f,  3.5f,    448.0f, 1024.0f,
                                      0.001f, 57344.f, 1e30f, 3.4e38f, -2.0f,  0.0009765625f};
-  const Tensor amax = Tensor::FromVector(amaxes, {2, 9});
+  const RawTensor amax = RawTensor::FromVector(amaxes, {2, 9});
   struct Case {
     float fp8_max, epsilon, value_for_inf;
     bool pow2;
@@ -236,16 +236,16 @@ TEST(Fp8ScaleFromAmaxTest, EqualsTheHostRecipeRule) {
   // A zero scale (pow2 of a subnormal quotient) has an inf inverse.
   o.fp8_max = 1e-38f;
   o.value_for_inf = 1.0f;
-  const Fp8Scales z = Fp8ScaleFromAmax(Tensor::FromVector<float>({1e30f}, {1}), o);
+  const Fp8Scales z = Fp8ScaleFromAmax(RawTensor::FromVector<float>({1e30f}, {1}), o);
   EXPECT_EQ(z.scale.to_vector<float>()[0], 0.0f);
   EXPECT_EQ(z.scale_inv.to_vector<float>()[0], kInf);
   // Empty amax: empty results.
-  EXPECT_EQ(Fp8ScaleFromAmax(Tensor::Zeros({0, 1}), Fp8ScaleOptions()).scale.shape(),
+  EXPECT_EQ(Fp8ScaleFromAmax(RawTensor::Zeros({0, 1}), Fp8ScaleOptions()).scale.shape(),
             (Shape{0, 1}));
 }
 
 TEST(Fp8ScaleFromAmaxTest, RefusesBadOptionsAndAmaxes) {
-  const Tensor amax = Tensor::Ones({1, 1});
+  const RawTensor amax = RawTensor::Ones({1, 1});
   auto with = [&](float fp8_max, float epsilon, float value_for_inf) {
     Fp8ScaleOptions o;
     o.fp8_max = fp8_max;
@@ -267,21 +267,21 @@ TEST(Fp8ScaleFromAmaxTest, RefusesBadOptionsAndAmaxes) {
       with(448, -0.5f, 1), "fp8_scale_from_amax: amax_epsilon must be finite and >= 0, got -0.5"));
   EXPECT_TRUE(ThrowsErrorExactly(
       with(448, kInf, 1), "fp8_scale_from_amax: amax_epsilon must be finite and >= 0, got inf"));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Fp8ScaleFromAmax(Tensor::Ones({2}, kF64), {}); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { Fp8ScaleFromAmax(RawTensor::Ones({2}, kF64), {}); },
                                  "fp8_scale_from_amax: amax must be f32, got f64"));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Fp8ScaleFromAmax(Tensor(), {}); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { Fp8ScaleFromAmax(RawTensor(), {}); },
                                  "fp8_scale_from_amax: amax is an undefined tensor"));
 }
 
 // ---- Fp8Cast ----
 
 // A scale grid for x [rows, cols] of `tiling`: powers of two and other values, one per tile.
-Tensor ScaleGrid(int64_t rows, int64_t cols, Fp8Tiling tiling, uint64_t seed) {
+RawTensor ScaleGrid(int64_t rows, int64_t cols, Fp8Tiling tiling, uint64_t seed) {
   const Fp8Tile grid = Fp8GridOf(rows, cols, tiling);
   std::vector<float> s(static_cast<size_t>(grid.rows * grid.cols));
   const std::vector<float> v = Values(static_cast<int64_t>(s.size()), seed);
   for (size_t i = 0; i < s.size(); ++i) s[i] = std::fabs(v[i]) + 0.25f + (i % 3 == 0 ? 9.0f : 0);
-  return Tensor::FromVector(s, {grid.rows, grid.cols});
+  return RawTensor::FromVector(s, {grid.rows, grid.cols});
 }
 
 uint8_t CastBits(float v, DType dtype) {
@@ -293,10 +293,10 @@ TEST(Fp8CastTest, BytesAreTheScalarCastsOfXTimesScale) {
   values[11 * 300 + 7] = 1e-6f;  // subnormal in both formats after scaling
   values[11 * 300 + 8] = 3e4f;   // saturates
   for (DType xd : {kF32, kBF16, kF16}) {
-    const Tensor x = Tensor::FromVector(values, {130, 300}).to(xd);
+    const RawTensor x = RawTensor::FromVector(values, {130, 300}).to(xd);
     const std::vector<float> xv = x.to_vector<float>();
     for (Fp8Tiling tiling : kTilings) {
-      const Tensor scale = ScaleGrid(130, 300, tiling, 7);
+      const RawTensor scale = ScaleGrid(130, 300, tiling, 7);
       const std::vector<float> sv = scale.to_vector<float>();
       for (DType dtype : {kF8E4M3, kF8E5M2}) {
         SCOPED_TRACE(std::string(DTypeName(xd)) + " " + Fp8TilingName(tiling) + " " +
@@ -330,14 +330,14 @@ TEST(Fp8CastTest, BytesAreTheScalarCastsOfXTimesScale) {
 // (every value class: zeros, subnormals of both formats and their halfway points, saturation,
 // inf, NaN of both signs) and 2^16 random f32 patterns, times scales 1, 3 and 2^-20.
 TEST(Fp8CastTest, EveryF16AndBf16PatternCastsAsTheScalarReference) {
-  std::vector<Tensor> inputs;
+  std::vector<RawTensor> inputs;
   for (DType d : {kF16, kBF16}) {
-    Tensor t = Tensor::Empty({512, 128}, d);
+    RawTensor t = RawTensor::Empty({512, 128}, d);
     auto* bits = static_cast<uint16_t*>(t.raw_data());
     for (uint32_t i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
     inputs.push_back(t);
   }
-  Tensor f32 = Tensor::Empty({512, 128}, kF32);
+  RawTensor f32 = RawTensor::Empty({512, 128}, kF32);
   uint64_t state = 99;
   for (int64_t i = 0; i < f32.numel(); ++i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -345,14 +345,14 @@ TEST(Fp8CastTest, EveryF16AndBf16PatternCastsAsTheScalarReference) {
     std::memcpy(f32.data<float>() + i, &bits, sizeof bits);
   }
   inputs.push_back(f32);
-  for (const Tensor& x : inputs) {
+  for (const RawTensor& x : inputs) {
     const std::vector<float> xv = x.to_vector<float>();
     for (float scale : {1.0f, 3.0f, 0x1p-20f}) {
       for (DType dtype : {kF8E4M3, kF8E5M2}) {
         SCOPED_TRACE(std::string(DTypeName(x.dtype())) + " to " + DTypeName(dtype) + " at scale " +
                      std::to_string(scale));
         const std::vector<uint8_t> got =
-            Bytes(Fp8Cast(x, Tensor::Full({1, 1}, scale), Fp8Tiling::kTensor, dtype).data);
+            Bytes(Fp8Cast(x, RawTensor::Full({1, 1}, scale), Fp8Tiling::kTensor, dtype).data);
         int64_t bad = 0, first = -1;
         for (size_t i = 0; i < xv.size(); ++i) {
           if (got[i] != CastBits(xv[i] * scale, dtype)) {
@@ -368,36 +368,36 @@ TEST(Fp8CastTest, EveryF16AndBf16PatternCastsAsTheScalarReference) {
 
 TEST(Fp8CastTest, LeadingDimsStridesAndEmptyInputs) {
   const std::vector<float> values = Values(2 * 70 * 33, 5);
-  const Tensor x = Tensor::FromVector(values, {2, 70, 33});
-  const Tensor scale = ScaleGrid(140, 33, Fp8Tiling::k1x128, 3);
+  const RawTensor x = RawTensor::FromVector(values, {2, 70, 33});
+  const RawTensor scale = ScaleGrid(140, 33, Fp8Tiling::k1x128, 3);
   const Fp8CastResult r = Fp8Cast(x, scale, Fp8Tiling::k1x128, kF8E5M2, true);
   EXPECT_EQ(r.data.shape(), (Shape{140, 33}));
   EXPECT_EQ(Bytes(r.data),
             Bytes(Fp8Cast(x.reshape({140, 33}), scale, Fp8Tiling::k1x128, kF8E5M2).data));
   // A strided x (a transposed view) casts as its contiguous copy.
-  const Tensor xt = Tensor::FromVector(values, {33, 140}).transpose(0, 1);
+  const RawTensor xt = RawTensor::FromVector(values, {33, 140}).transpose(0, 1);
   EXPECT_EQ(Bytes(Fp8Cast(xt, scale, Fp8Tiling::k1x128, kF8E4M3, true).data_t),
             Bytes(Fp8Cast(xt.contiguous(), scale, Fp8Tiling::k1x128, kF8E4M3, true).data_t));
   // A strided scale is read by value.
-  const Tensor grid = ScaleGrid(140, 33, Fp8Tiling::k1x128, 4);  // [140, 1]
-  const Tensor strided = Tensor::Zeros({140, 2}).narrow(1, 0, 1);
+  const RawTensor grid = ScaleGrid(140, 33, Fp8Tiling::k1x128, 4);  // [140, 1]
+  const RawTensor strided = RawTensor::Zeros({140, 2}).narrow(1, 0, 1);
   strided.copy_(grid);
   EXPECT_EQ(Bytes(Fp8Cast(x, strided, Fp8Tiling::k1x128, kF8E4M3).data),
             Bytes(Fp8Cast(x, grid, Fp8Tiling::k1x128, kF8E4M3).data));
   // Empty x: empty data, transpose and amax (grids [0, 1] and [3, 0]).
-  const Fp8CastResult e = Fp8Cast(Tensor::Zeros({0, 5}), Tensor::Zeros({0, 1}), Fp8Tiling::kTensor,
+  const Fp8CastResult e = Fp8Cast(RawTensor::Zeros({0, 5}), RawTensor::Zeros({0, 1}), Fp8Tiling::kTensor,
                                   kF8E4M3, true, true);
   EXPECT_EQ(e.data.shape(), (Shape{0, 5}));
   EXPECT_EQ(e.data_t.shape(), (Shape{5, 0}));
   EXPECT_EQ(e.amax.shape(), (Shape{0, 1}));
-  EXPECT_EQ(Fp8Cast(Tensor::Zeros({3, 0}), Tensor::Zeros({3, 0}), Fp8Tiling::k1x128, kF8E5M2)
+  EXPECT_EQ(Fp8Cast(RawTensor::Zeros({3, 0}), RawTensor::Zeros({3, 0}), Fp8Tiling::k1x128, kF8E5M2)
                 .data.shape(),
             (Shape{3, 0}));
 }
 
 TEST(Fp8CastTest, RefusesBadInputs) {
-  const Tensor x = Tensor::Ones({4, 300});
-  const Tensor s = Tensor::Ones({1, 1});
+  const RawTensor x = RawTensor::Ones({4, 300});
+  const RawTensor s = RawTensor::Ones({1, 1});
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { Fp8Cast(x.to(kF64), s, Fp8Tiling::kTensor, kF8E4M3); },
       "fp8_cast: x is f64: FP8 casts take f32, bf16 or f16 (cast f64 to f32 first)"));
@@ -405,10 +405,10 @@ TEST(Fp8CastTest, RefusesBadInputs) {
                                  "fp8_cast: x is i32: FP8 casts take f32, bf16 or f16"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(x.to(kF8E4M3), s, Fp8Tiling::kTensor, kF8E4M3); },
                                  "fp8_cast: x is f8e4m3: FP8 casts take f32, bf16 or f16"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(Tensor(), s, Fp8Tiling::kTensor, kF8E4M3); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(RawTensor(), s, Fp8Tiling::kTensor, kF8E4M3); },
                                  "fp8_cast: x is an undefined tensor"));
   EXPECT_TRUE(
-      ThrowsErrorExactly([&] { Fp8Cast(Tensor::Scalar(1), s, Fp8Tiling::kTensor, kF8E4M3); },
+      ThrowsErrorExactly([&] { Fp8Cast(RawTensor::Scalar(1), s, Fp8Tiling::kTensor, kF8E4M3); },
                          "fp8_cast: expected x [..., cols], got a 0-d tensor"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(x, s, Fp8Tiling::kTensor, kBF16); },
                                  "fp8_cast: dtype bf16 is not an FP8 dtype (f8e4m3 or f8e5m2)"));
@@ -417,25 +417,25 @@ TEST(Fp8CastTest, RefusesBadInputs) {
                                  "[4, 3] of x [4, 300]"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
-        Fp8Cast(x.reshape({2, 2, 300}), Tensor::Ones({4, 3}), Fp8Tiling::k128x128, kF8E4M3);
+        Fp8Cast(x.reshape({2, 2, 300}), RawTensor::Ones({4, 3}), Fp8Tiling::k128x128, kF8E4M3);
       },
       "fp8_cast: scale of shape [4, 3] does not match the 128x128 grid [1, 3] of x [2, 2, 300]"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(x, s.to(kBF16), Fp8Tiling::kTensor, kF8E4M3); },
                                  "fp8_cast: scale must be f32, got bf16"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(x, Tensor(), Fp8Tiling::kTensor, kF8E4M3); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Cast(x, RawTensor(), Fp8Tiling::kTensor, kF8E4M3); },
                                  "fp8_cast: scale is an undefined tensor"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Amax(x.to(kF64), Fp8Tiling::kTensor); },
                                  "fp8_amax: x is f64: FP8 casts take f32, bf16 or f16 (cast f64 "
                                  "to f32 first)"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Amax(Tensor::Scalar(2), Fp8Tiling::kTensor); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Amax(RawTensor::Scalar(2), Fp8Tiling::kTensor); },
                                  "fp8_amax: expected x [..., cols], got a 0-d tensor"));
 }
 
 // ---- Fp8Gemm ----
 
 struct Quantized {
-  Tensor data;       // FP8 [rows, k]
-  Tensor scale_inv;  // the tiling's grid
+  RawTensor data;       // FP8 [rows, k]
+  RawTensor scale_inv;  // the tiling's grid
   std::vector<float> decoded;
   std::vector<float> scale_inv_values;
 };
@@ -444,7 +444,7 @@ struct Quantized {
 // (fp8_max / amax).
 Quantized Quantize(int64_t rows, int64_t k, uint64_t seed, DType dtype, Fp8Tiling tiling,
                    float range) {
-  const Tensor x = MulScalar(Tensor::FromVector(Values(rows * k, seed), {rows, k}), range);
+  const RawTensor x = MulScalar(RawTensor::FromVector(Values(rows * k, seed), {rows, k}), range);
   Fp8ScaleOptions o;
   o.fp8_max = dtype == kF8E4M3 ? 448.0f : 57344.0f;
   const Fp8Scales s = Fp8ScaleFromAmax(Fp8Amax(x, tiling), o);
@@ -520,12 +520,12 @@ TEST(Fp8GemmTest, EqualsAnF64GemmOfTheDequantizedInputsWithinTheF32Bound) {
     const Quantized a = Quantize(m, k, 11, c.ad, c.at, c.range);
     const Quantized b = Quantize(n, k, 12, c.bd, c.bt, c.range);
     std::vector<float> bias;
-    Tensor bias_t;
+    RawTensor bias_t;
     if (c.bias) {
-      bias_t = Tensor::FromVector(Values(n, 13), {n}).to(c.out);
+      bias_t = RawTensor::FromVector(Values(n, 13), {n}).to(c.out);
       bias = bias_t.to_vector<float>();
     }
-    const Tensor out = Fp8Gemm(a.data, a.scale_inv, c.at, b.data, b.scale_inv, c.bt, bias_t, c.out);
+    const RawTensor out = Fp8Gemm(a.data, a.scale_inv, c.at, b.data, b.scale_inv, c.bt, bias_t, c.out);
     ASSERT_EQ(out.shape(), (Shape{m, n}));
     ASSERT_EQ(out.dtype(), c.out);
     const std::vector<float> got = out.to_vector<float>();
@@ -548,9 +548,9 @@ TEST(Fp8GemmTest, ExactWhereEveryPartialSumIsExact) {
   std::vector<float> av(m * k), bv(n * k);
   for (int64_t e = 0; e < m * k; ++e) av[e] = static_cast<float>(static_cast<int>(e % 7) - 3);
   for (int64_t e = 0; e < n * k; ++e) bv[e] = static_cast<float>(static_cast<int>(e % 5) - 2) / 2;
-  const Tensor a = Tensor::FromVector(av, {m, k}).to(kF8E4M3);
-  const Tensor b = Tensor::FromVector(bv, {n, k}).to(kF8E5M2);
-  const Tensor bias = Tensor::FromVector<float>({0.5f, -3.0f}, {2});
+  const RawTensor a = RawTensor::FromVector(av, {m, k}).to(kF8E4M3);
+  const RawTensor b = RawTensor::FromVector(bv, {n, k}).to(kF8E5M2);
+  const RawTensor bias = RawTensor::FromVector<float>({0.5f, -3.0f}, {2});
   // Per-tensor, scale_invs 2 and 0.25.
   std::vector<double> per_tensor(m * n), block(m * n);
   const float sa_block[3][3] = {{1, 2, 4}, {0.5f, 1, 8}, {2, 2, 0.25f}};  // 1x128: [m, 3]
@@ -567,15 +567,15 @@ TEST(Fp8GemmTest, ExactWhereEveryPartialSumIsExact) {
       block[i * n + j] = bsum + (j == 0 ? 0.5 : -3.0);
     }
   }
-  const std::vector<float> pt = Fp8Gemm(a, Tensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b,
-                                        Tensor::Full({1, 1}, 0.25), Fp8Tiling::kTensor, bias, kF32)
+  const std::vector<float> pt = Fp8Gemm(a, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b,
+                                        RawTensor::Full({1, 1}, 0.25), Fp8Tiling::kTensor, bias, kF32)
                                     .to_vector<float>();
   std::vector<float> sa_flat, sb_flat;
   for (const auto& row : sa_block) sa_flat.insert(sa_flat.end(), row, row + 3);
   sb_flat.assign(sb_block[0], sb_block[0] + 3);
   const std::vector<float> bl =
-      Fp8Gemm(a, Tensor::FromVector(sa_flat, {3, 3}), Fp8Tiling::k1x128, b,
-              Tensor::FromVector(sb_flat, {1, 3}), Fp8Tiling::k128x128, bias, kF32)
+      Fp8Gemm(a, RawTensor::FromVector(sa_flat, {3, 3}), Fp8Tiling::k1x128, b,
+              RawTensor::FromVector(sb_flat, {1, 3}), Fp8Tiling::k128x128, bias, kF32)
           .to_vector<float>();
   for (int64_t e = 0; e < m * n; ++e) {
     EXPECT_EQ(pt[e], per_tensor[e]) << e;
@@ -583,69 +583,69 @@ TEST(Fp8GemmTest, ExactWhereEveryPartialSumIsExact) {
   }
   // A strided a (a transposed view) multiplies as its contiguous copy; m or n of 0 gives an
   // empty result.
-  const Tensor at = a.transpose(0, 1).contiguous().transpose(0, 1);
-  EXPECT_EQ(Fp8Gemm(at, Tensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b, Tensor::Full({1, 1}, 0.25),
+  const RawTensor at = a.transpose(0, 1).contiguous().transpose(0, 1);
+  EXPECT_EQ(Fp8Gemm(at, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b, RawTensor::Full({1, 1}, 0.25),
                     Fp8Tiling::kTensor, bias, kF32)
                 .to_vector<float>(),
             pt);
-  EXPECT_EQ(Fp8Gemm(a.narrow(0, 0, 0), Tensor::Ones({0, 3}), Fp8Tiling::k1x128, b,
-                    Tensor::Ones({1, 3}), Fp8Tiling::k128x128, Tensor(), kBF16)
+  EXPECT_EQ(Fp8Gemm(a.narrow(0, 0, 0), RawTensor::Ones({0, 3}), Fp8Tiling::k1x128, b,
+                    RawTensor::Ones({1, 3}), Fp8Tiling::k128x128, RawTensor(), kBF16)
                 .shape(),
             (Shape{0, 2}));
 }
 
 TEST(Fp8GemmTest, RefusesBadInputs) {
-  const Tensor a = Tensor::Ones({4, 16}).to(kF8E4M3);
-  const Tensor b = Tensor::Ones({8, 16}).to(kF8E5M2);
-  const Tensor s = Tensor::Ones({1, 1});
+  const RawTensor a = RawTensor::Ones({4, 16}).to(kF8E4M3);
+  const RawTensor b = RawTensor::Ones({8, 16}).to(kF8E5M2);
+  const RawTensor s = RawTensor::Ones({1, 1});
   const Fp8Tiling kT = Fp8Tiling::kTensor;
-  auto gemm = [&](const Tensor& a_, const Tensor& sa, Fp8Tiling at, const Tensor& b_,
-                  const Tensor& sb, Fp8Tiling bt, const Tensor& bias,
+  auto gemm = [&](const RawTensor& a_, const RawTensor& sa, Fp8Tiling at, const RawTensor& b_,
+                  const RawTensor& sb, Fp8Tiling bt, const RawTensor& bias,
                   DType out) { return [=] { Fp8Gemm(a_, sa, at, b_, sb, bt, bias, out); }; };
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(Tensor(), s, kT, b, s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(RawTensor(), s, kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a is an undefined tensor"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, Tensor(), s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, RawTensor(), s, kT, RawTensor(), kF32),
                                  "fp8_gemm: b is an undefined tensor"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.reshape({2, 2, 16}), s, kT, b, s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.reshape({2, 2, 16}), s, kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a must be 2-D [m, k], got [2, 2, 16]"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b.reshape({128}), s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b.reshape({128}), s, kT, RawTensor(), kF32),
                                  "fp8_gemm: b must be 2-D [n, k], got [128]"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.to(kBF16), s, kT, b, s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.to(kBF16), s, kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a is bf16: expected an FP8 dtype (f8e4m3 or f8e5m2)"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b.to(kF32), s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b.to(kF32), s, kT, RawTensor(), kF32),
                                  "fp8_gemm: b is f32: expected an FP8 dtype (f8e4m3 or f8e5m2)"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.to(kF8E5M2), s, kT, b, s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a.to(kF8E5M2), s, kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a and b are both f8e5m2: FP8 GEMMs take e4m3 x e4m3, "
                                  "e4m3 x e5m2 or e5m2 x e4m3"));
   EXPECT_TRUE(
-      ThrowsErrorExactly(gemm(a, s, kT, Tensor::Ones({8, 15}).to(kF8E4M3), s, kT, Tensor(), kF32),
+      ThrowsErrorExactly(gemm(a, s, kT, RawTensor::Ones({8, 15}).to(kF8E4M3), s, kT, RawTensor(), kF32),
                          "fp8_gemm: a [m, k] and b [n, k] differ in k: a [4, 16], b [8, 15]"));
   EXPECT_TRUE(
-      ThrowsErrorExactly(gemm(a.narrow(1, 0, 0), s, kT, b.narrow(1, 0, 0), s, kT, Tensor(), kF32),
+      ThrowsErrorExactly(gemm(a.narrow(1, 0, 0), s, kT, b.narrow(1, 0, 0), s, kT, RawTensor(), kF32),
                          "fp8_gemm: k is 0 (a [4, 0], b [8, 0]): an FP8 GEMM needs k > 0"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, Fp8Tiling::k1x128, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, Fp8Tiling::k1x128, RawTensor(), kF32),
                                  "fp8_gemm: the tilings of a (tensor) and b (1x128) disagree "
                                  "along k: both must be tensor, or both block tilings (1x128, "
                                  "128x128)"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, Tensor(), kF64),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, RawTensor(), kF64),
                                  "fp8_gemm: out_dtype is f64: expected f32, bf16 or f16"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, Tensor(), kF8E4M3),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, RawTensor(), kF8E4M3),
                                  "fp8_gemm: out_dtype is f8e4m3: expected f32, bf16 or f16"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s.to(kF64), kT, b, s, kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s.to(kF64), kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a_scale_inv must be f32, got f64"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, Tensor(), kT, Tensor(), kF32),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, RawTensor(), kT, RawTensor(), kF32),
                                  "fp8_gemm: b_scale_inv is an undefined tensor"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      gemm(a, s, Fp8Tiling::k1x128, b, Tensor::Ones({1, 1}), Fp8Tiling::k128x128, Tensor(), kF32),
+      gemm(a, s, Fp8Tiling::k1x128, b, RawTensor::Ones({1, 1}), Fp8Tiling::k128x128, RawTensor(), kF32),
       "fp8_gemm: a_scale_inv of shape [1, 1] does not match the 1x128 grid [4, 1] of a [4, 16]"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      gemm(a, Tensor::Ones({4, 1}), Fp8Tiling::k1x128, b, Tensor::Ones({8, 1}), Fp8Tiling::k128x128,
-           Tensor(), kF32),
+      gemm(a, RawTensor::Ones({4, 1}), Fp8Tiling::k1x128, b, RawTensor::Ones({8, 1}), Fp8Tiling::k128x128,
+           RawTensor(), kF32),
       "fp8_gemm: b_scale_inv of shape [8, 1] does not match the 128x128 grid [1, 1] of b [8, 16]"));
   EXPECT_TRUE(
-      ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, Tensor::Ones({4}), kF32),
+      ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, RawTensor::Ones({4}), kF32),
                          "fp8_gemm: bias of shape [4] does not match n = 8 (expected [8])"));
-  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, Tensor::Ones({8}), kBF16),
+  EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, RawTensor::Ones({8}), kBF16),
                                  "fp8_gemm: bias is f32, out_dtype is bf16: they must match"));
 }
 

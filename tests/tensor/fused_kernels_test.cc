@@ -78,7 +78,7 @@ Tol F64RefTol(DType dtype) {
   }
 }
 
-void ExpectClose(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
+void ExpectClose(const RawTensor& got, const RawTensor& want, Tol tol, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_TRUE(want.defined()) << what;
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -87,7 +87,7 @@ void ExpectClose(const Tensor& got, const Tensor& want, Tol tol, const std::stri
 }
 
 // Bit-for-bit equality (compared as f64, which holds every value of every dtype exactly).
-void ExpectEqual(const Tensor& got, const Tensor& want, const std::string& what) {
+void ExpectEqual(const RawTensor& got, const RawTensor& want, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_TRUE(want.defined()) << what;
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -102,7 +102,7 @@ void ExpectEqual(const Tensor& got, const Tensor& want, const std::string& what)
   }
 }
 
-Tensor Randn(const Shape& shape, Generator& gen, DType dtype, double stddev = 1) {
+RawTensor Randn(const Shape& shape, Generator& gen, DType dtype, double stddev = 1) {
   return RandNormal(shape, gen, 0, stddev, dtype);
 }
 
@@ -123,9 +123,9 @@ TEST(FusedLinearTest, ForwardMatchesComposed) {
       for (bool gelu : {false, true}) {
         for (bool with_bias : {false, true}) {
           const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
-          const Tensor x = Randn({c.m, c.k}, gen, dtype);
-          const Tensor w = Randn({c.n, c.k}, gen, dtype, 0.5);
-          const Tensor b = with_bias ? Randn({c.n}, gen, dtype) : Tensor();
+          const RawTensor x = Randn({c.m, c.k}, gen, dtype);
+          const RawTensor w = Randn({c.n, c.k}, gen, dtype, 0.5);
+          const RawTensor b = with_bias ? Randn({c.n}, gen, dtype) : RawTensor();
           const std::string what = Name(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" +
                                             std::to_string(c.n) + (gelu ? " gelu" : " none") +
                                             (with_bias ? " bias" : ""),
@@ -134,7 +134,7 @@ TEST(FusedLinearTest, ForwardMatchesComposed) {
           const LinearResult want = composed::Linear(x, w, b, act);
           ExpectClose(got.output, want.output, ComposedTol(dtype), "output " + what);
           const LinearResult want64 = composed::Linear(
-              x.to(kF64), w.to(kF64), with_bias ? b.to(kF64) : Tensor(), act);
+              x.to(kF64), w.to(kF64), with_bias ? b.to(kF64) : RawTensor(), act);
           ExpectClose(got.output, want64.output, F64RefTol(dtype), "output vs f64 " + what);
           ASSERT_EQ(got.pre_activation.defined(), gelu) << what;
           if (gelu) {
@@ -151,8 +151,8 @@ TEST(FusedLinearTest, ForwardMatchesComposed) {
 
 TEST(FusedLinearTest, BatchedInputKeepsItsShape) {
   Generator gen(102);
-  const Tensor x = Randn({2, 3, 5}, gen, kF32), w = Randn({9, 5}, gen, kF32);
-  const Tensor b = Randn({9}, gen, kF32);
+  const RawTensor x = Randn({2, 3, 5}, gen, kF32), w = Randn({9, 5}, gen, kF32);
+  const RawTensor b = Randn({9}, gen, kF32);
   const LinearResult got = Linear(x, w, b, Activation::kGeluTanh);
   EXPECT_EQ(got.output.shape(), (Shape{2, 3, 9}));
   EXPECT_EQ(got.pre_activation.shape(), (Shape{2, 3, 9}));
@@ -172,12 +172,12 @@ TEST(FusedLinearTest, BackwardMatchesComposed) {
     for (const LinearCase& c : kLinearCases) {
       for (bool gelu : {false, true}) {
         const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
-        const Tensor x = Randn({c.m, c.k}, gen, dtype);
-        const Tensor w = Randn({c.n, c.k}, gen, dtype, 0.5);
-        const Tensor b = Randn({c.n}, gen, dtype);
-        const Tensor go = Randn({c.m, c.n}, gen, dtype);
+        const RawTensor x = Randn({c.m, c.k}, gen, dtype);
+        const RawTensor w = Randn({c.n, c.k}, gen, dtype, 0.5);
+        const RawTensor b = Randn({c.n}, gen, dtype);
+        const RawTensor go = Randn({c.m, c.n}, gen, dtype);
         // pre as the forward returns it: a view with padded rows.
-        const Tensor pre = Linear(x, w, b, act).pre_activation;
+        const RawTensor pre = Linear(x, w, b, act).pre_activation;
         for (const Wanted& want_grads : kWanted) {
           const std::string what =
               Name(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) +
@@ -190,7 +190,7 @@ TEST(FusedLinearTest, BackwardMatchesComposed) {
               composed::LinearBackward(go, x, w, pre, act, want_grads.input, want_grads.weight,
                                        want_grads.bias);
           const LinearGrads want64 = composed::LinearBackward(
-              go.to(kF64), x.to(kF64), w.to(kF64), gelu ? pre.to(kF64) : Tensor(), act,
+              go.to(kF64), x.to(kF64), w.to(kF64), gelu ? pre.to(kF64) : RawTensor(), act,
               want_grads.input, want_grads.weight, want_grads.bias);
           EXPECT_EQ(got.grad_input.defined(), want_grads.input) << what;
           EXPECT_EQ(got.grad_weight.defined(), want_grads.weight) << what;
@@ -238,9 +238,9 @@ std::string CaseName(const AttentionCase& c) {
 }
 
 // [B, H, T, D] of `dtype`: contiguous, or the [B, H, T, D] transpose of a [B, T, H, D] tensor.
-Tensor Heads(const AttentionCase& c, int64_t t, Generator& gen, DType dtype) {
+RawTensor Heads(const AttentionCase& c, int64_t t, Generator& gen, DType dtype) {
   if (!c.transposed) return Randn({c.b, c.h, t, c.d}, gen, dtype);
-  const Tensor heads = Randn({c.b, t, c.h, c.d}, gen, dtype).transpose(1, 2);
+  const RawTensor heads = Randn({c.b, t, c.h, c.d}, gen, dtype).transpose(1, 2);
   EXPECT_FALSE(heads.is_contiguous());
   return heads;
 }
@@ -249,7 +249,7 @@ TEST(FusedAttentionTest, ForwardMatchesComposed) {
   Generator gen(201);
   for (DType dtype : kFloatTypes) {
     for (const AttentionCase& c : kAttentionCases) {
-      const Tensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
+      const RawTensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
                    v = Heads(c, c.tk, gen, dtype);
       const double scale = 1 / std::sqrt(static_cast<double>(c.d));
       const std::string what = Name(CaseName(c), dtype);
@@ -272,9 +272,9 @@ TEST(FusedAttentionTest, BackwardMatchesComposed) {
   Generator gen(202);
   for (DType dtype : kFloatTypes) {
     for (const AttentionCase& c : kAttentionCases) {
-      const Tensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
+      const RawTensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
                    v = Heads(c, c.tk, gen, dtype);
-      const Tensor go = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
+      const RawTensor go = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
       const double scale = 1 / std::sqrt(static_cast<double>(c.d));
       const std::string what = Name(CaseName(c), dtype);
       const AttentionResult fwd = ScaledDotProductAttention(q, k, v, c.causal, scale);
@@ -286,7 +286,7 @@ TEST(FusedAttentionTest, BackwardMatchesComposed) {
       ExpectClose(got.grad_k, want.grad_k, ComposedTol(dtype), "grad_k " + what);
       ExpectClose(got.grad_v, want.grad_v, ComposedTol(dtype), "grad_v " + what);
       // The f64 reference: the f64 forward and backward on the same values.
-      const Tensor q64 = q.to(kF64), k64 = k.to(kF64), v64 = v.to(kF64);
+      const RawTensor q64 = q.to(kF64), k64 = k.to(kF64), v64 = v.to(kF64);
       const AttentionResult fwd64 = composed::Attention(q64, k64, v64, c.causal, scale);
       const AttentionGrads want64 = composed::AttentionBackward(
           go.to(kF64), q64, k64, v64, fwd64.output, fwd64.stats, c.causal, scale);
@@ -308,10 +308,10 @@ TEST(FusedAttentionTest, BackwardMatchesComposed) {
 // time, as a single call does: no state shared between concurrent calls (oneDNN's scratchpad).
 TEST(FusedAttentionTest, SameBitsRunToRunAndAcrossConcurrentCalls) {
   Generator gen(77);
-  const Tensor q = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
-  const Tensor k = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
-  const Tensor v = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
-  const Tensor go = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const RawTensor q = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const RawTensor k = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const RawTensor v = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
+  const RawTensor go = Randn({4, 8, 40, 16}, gen, kF32, 1.0);
   const AttentionResult first = ScaledDotProductAttention(q, k, v, true, 0.25);
   const AttentionGrads first_grads =
       ScaledDotProductAttentionBackward(go, q, k, v, first.output, first.stats, true, 0.25);
@@ -324,7 +324,7 @@ TEST(FusedAttentionTest, SameBitsRunToRunAndAcrossConcurrentCalls) {
     ASSERT_EQ(g.grad_k.to_vector<float>(), first_grads.grad_k.to_vector<float>()) << run;
     ASSERT_EQ(g.grad_v.to_vector<float>(), first_grads.grad_v.to_vector<float>()) << run;
   }
-  const Tensor a = Randn({96, 200}, gen, kF32, 1.0), b = Randn({200, 72}, gen, kF32, 1.0);
+  const RawTensor a = Randn({96, 200}, gen, kF32, 1.0), b = Randn({200, 72}, gen, kF32, 1.0);
   const std::vector<float> want = Matmul(a, b).to_vector<float>();
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
@@ -345,10 +345,10 @@ TEST(FusedLayerNormBackwardTest, MatchesComposed) {
       for (bool with_weight : {false, true}) {
         for (bool need_weight_bias : {false, true}) {
           const int64_t n = shape.back();
-          const Tensor x = Randn(shape, gen, dtype, 2.0);
-          const Tensor w = with_weight ? Randn({n}, gen, dtype) : Tensor();
-          const Tensor b = Randn({n}, gen, dtype);
-          const Tensor go = Randn(shape, gen, dtype);
+          const RawTensor x = Randn(shape, gen, dtype, 2.0);
+          const RawTensor w = with_weight ? Randn({n}, gen, dtype) : RawTensor();
+          const RawTensor b = Randn({n}, gen, dtype);
+          const RawTensor go = Randn(shape, gen, dtype);
           const LayerNormResult fwd = LayerNorm(x, w, b);
           const std::string what =
               Name(ShapeToString(shape) + (with_weight ? " weight" : " no weight") +
@@ -365,7 +365,7 @@ TEST(FusedLayerNormBackwardTest, MatchesComposed) {
                       "grad_input " + what);
           const LayerNormGrads want64 = composed::LayerNormBackward(
               go.reshape({rows, n}).to(kF64), x.reshape({rows, n}).to(kF64),
-              fwd.mean.to(kF64), fwd.rstd.to(kF64), with_weight ? w.to(kF64) : Tensor(),
+              fwd.mean.to(kF64), fwd.rstd.to(kF64), with_weight ? w.to(kF64) : RawTensor(),
               need_weight_bias);
           ExpectClose(got.grad_input.reshape({rows, n}), want64.grad_input, F64RefTol(dtype),
                       "grad_input vs f64 " + what);
@@ -390,9 +390,9 @@ TEST(FusedLayerNormBackwardTest, MatchesComposed) {
 // same input gives the same bits on every call.
 TEST(FusedLayerNormBackwardTest, ParameterGradientsAreDeterministic) {
   Generator gen(302);
-  const Tensor x = Randn({257, 12}, gen, kF32), go = Randn({257, 12}, gen, kF32);
-  const Tensor w = Randn({12}, gen, kF32);
-  const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+  const RawTensor x = Randn({257, 12}, gen, kF32), go = Randn({257, 12}, gen, kF32);
+  const RawTensor w = Randn({12}, gen, kF32);
+  const LayerNormResult fwd = LayerNorm(x, w, RawTensor());
   const LayerNormGrads first = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w, true);
   for (int i = 0; i < 3; ++i) {
     const LayerNormGrads again = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w, true);
@@ -409,9 +409,9 @@ TEST(FusedAddLayerNormTest, EqualsAddThenLayerNorm) {
     for (const Shape& shape : kShapes) {
       for (bool with_params : {false, true}) {
         const int64_t n = shape.back();
-        const Tensor a = Randn(shape, gen, dtype, 3.0), b = Randn(shape, gen, dtype);
-        const Tensor w = with_params ? Randn({n}, gen, dtype) : Tensor();
-        const Tensor bias = with_params ? Randn({n}, gen, dtype) : Tensor();
+        const RawTensor a = Randn(shape, gen, dtype, 3.0), b = Randn(shape, gen, dtype);
+        const RawTensor w = with_params ? Randn({n}, gen, dtype) : RawTensor();
+        const RawTensor bias = with_params ? Randn({n}, gen, dtype) : RawTensor();
         const std::string what =
             Name(ShapeToString(shape) + (with_params ? " params" : " no params"), dtype);
         const AddLayerNormResult got = AddLayerNorm(a, b, w, bias, 1e-5);
@@ -422,8 +422,8 @@ TEST(FusedAddLayerNormTest, EqualsAddThenLayerNorm) {
         ExpectEqual(got.norm.rstd, want.norm.rstd, "rstd " + what);
         // And against f64 on the same (rounded) residual.
         const LayerNormResult want64 =
-            LayerNorm(want.residual.to(kF64), with_params ? w.to(kF64) : Tensor(),
-                      with_params ? bias.to(kF64) : Tensor(), 1e-5);
+            LayerNorm(want.residual.to(kF64), with_params ? w.to(kF64) : RawTensor(),
+                      with_params ? bias.to(kF64) : RawTensor(), 1e-5);
         ExpectClose(got.norm.output, want64.output, F64RefTol(dtype), "output vs f64 " + what);
       }
     }
@@ -435,14 +435,14 @@ TEST(FusedAddLayerNormTest, EqualsAddThenLayerNorm) {
 TEST(FusedSoftmaxCrossEntropyTest, EqualsCrossEntropyAndItsBackward) {
   Generator gen(501);
   // Rows 1 and 4 are ignored; 9 classes is not a multiple of 8.
-  const Tensor targets = Tensor::FromVector<int64_t>({2, -100, 0, 8, -100, 5}, {6});
+  const RawTensor targets = RawTensor::FromVector<int64_t>({2, -100, 0, 8, -100, 5}, {6});
   for (DType dtype : kFloatTypes) {
-    const Tensor logits = Randn({6, 9}, gen, dtype, 3.0);
+    const RawTensor logits = Randn({6, 9}, gen, dtype, 3.0);
     const double grad_scale = 0.5;
     const CrossEntropyResult got =
         CrossEntropyWithGrad(logits, targets, -100, Reduction::kNone, grad_scale);
     const CrossEntropyResult want = composed::SoftmaxCrossEntropy(
-        logits, targets, Tensor::Full({6}, grad_scale, kF64), -100);
+        logits, targets, RawTensor::Full({6}, grad_scale, kF64), -100);
     ExpectEqual(got.loss, want.loss, Name("loss", dtype));
     ExpectEqual(got.grad_logits, want.grad_logits, Name("grad_logits", dtype));
     // Ignored rows: 0 loss and a 0 gradient row.
@@ -454,7 +454,7 @@ TEST(FusedSoftmaxCrossEntropyTest, EqualsCrossEntropyAndItsBackward) {
     }
     // Against f64: the loss and the gradient rows of the f64 op on the same logits.
     const CrossEntropyResult want64 = composed::SoftmaxCrossEntropy(
-        logits.to(kF64), targets, Tensor::Full({6}, grad_scale, kF64), -100);
+        logits.to(kF64), targets, RawTensor::Full({6}, grad_scale, kF64), -100);
     ExpectClose(got.loss, want64.loss, F64RefTol(dtype), Name("loss vs f64", dtype));
     ExpectClose(got.grad_logits, want64.grad_logits, F64RefTol(dtype),
                 Name("grad_logits vs f64", dtype));
@@ -464,8 +464,8 @@ TEST(FusedSoftmaxCrossEntropyTest, EqualsCrossEntropyAndItsBackward) {
 TEST(FusedSoftmaxCrossEntropyTest, AllRowsIgnored) {
   for (DType dtype : kFloatTypes) {
     const CrossEntropyResult r =
-        CrossEntropyWithGrad(Tensor::Ones({3, 4}, dtype),
-                             Tensor::FromVector<int64_t>({-1, -1, -1}, {3}), -1, Reduction::kNone);
+        CrossEntropyWithGrad(RawTensor::Ones({3, 4}, dtype),
+                             RawTensor::FromVector<int64_t>({-1, -1, -1}, {3}), -1, Reduction::kNone);
     EXPECT_EQ(r.loss.to_vector<double>(), std::vector<double>(3, 0.0)) << DTypeName(dtype);
     EXPECT_EQ(r.grad_logits.to_vector<double>(), std::vector<double>(12, 0.0))
         << DTypeName(dtype);
@@ -473,17 +473,17 @@ TEST(FusedSoftmaxCrossEntropyTest, AllRowsIgnored) {
 }
 
 TEST(FusedSoftmaxCrossEntropyTest, TargetOutOfRange) {
-  const Tensor logits = Tensor::Zeros({3, 5});
+  const RawTensor logits = RawTensor::Zeros({3, 5});
   // The first bad row in order is reported, with the plain cross-entropy kernel's text.
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyWithGrad(logits, Tensor::FromVector<int64_t>({1, 7, 9}, {3}), -100,
+        CrossEntropyWithGrad(logits, RawTensor::FromVector<int64_t>({1, 7, 9}, {3}), -100,
                              Reduction::kNone);
       },
       "cross_entropy: target 7 at position 1 is out of range for 5 classes"));
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyWithGrad(logits.to(kBF16), Tensor::FromVector<int32_t>({-3, 0, 0}, {3}),
+        CrossEntropyWithGrad(logits.to(kBF16), RawTensor::FromVector<int32_t>({-3, 0, 0}, {3}),
                              -100, Reduction::kMean);
       },
       "cross_entropy: target -3 at position 0 is out of range for 5 classes"));
@@ -498,61 +498,61 @@ TEST(FusedKernelTableTest, EveryCpuFusedEntryIsDone) {
     const DType ct = composed::ComputeDType(dtype);
     const std::string what = DTypeName(dtype);
     {
-      const Tensor x = Randn({3, 4}, gen, dtype), w = Randn({5, 4}, gen, dtype);
-      const Tensor b = Randn({5}, gen, dtype);
-      const Tensor out = Tensor::Empty({3, 5}, dtype);
-      const Tensor pre = Tensor::Empty({3, 8}, dtype).narrow(1, 0, 5);
+      const RawTensor x = Randn({3, 4}, gen, dtype), w = Randn({5, 4}, gen, dtype);
+      const RawTensor b = Randn({5}, gen, dtype);
+      const RawTensor out = RawTensor::Empty({3, 5}, dtype);
+      const RawTensor pre = RawTensor::Empty({3, 8}, dtype).narrow(1, 0, 5);
       EXPECT_EQ(cpu.LinearForward(out, pre, x, w, b, Activation::kGeluTanh), KernelStatus::kDone)
           << what;
-      const Tensor gi = Tensor::Empty({3, 4}, dtype), gw = Tensor::Empty({5, 4}, dtype),
-                   gb = Tensor::Empty({5}, dtype);
+      const RawTensor gi = RawTensor::Empty({3, 4}, dtype), gw = RawTensor::Empty({5, 4}, dtype),
+                   gb = RawTensor::Empty({5}, dtype);
       EXPECT_EQ(cpu.LinearBackward(gi, gw, gb, Randn({3, 5}, gen, dtype), x, w, pre,
                                    Activation::kGeluTanh),
                 KernelStatus::kDone)
           << what;
     }
     {
-      const Tensor q = Randn({1, 2, 3, 4}, gen, dtype), k = Randn({1, 2, 3, 4}, gen, dtype),
+      const RawTensor q = Randn({1, 2, 3, 4}, gen, dtype), k = Randn({1, 2, 3, 4}, gen, dtype),
                    v = Randn({1, 2, 3, 4}, gen, dtype);
-      const Tensor out = Tensor::Empty({1, 2, 3, 4}, dtype), stats = Tensor::Empty({1, 2, 3}, ct);
+      const RawTensor out = RawTensor::Empty({1, 2, 3, 4}, dtype), stats = RawTensor::Empty({1, 2, 3}, ct);
       EXPECT_EQ(cpu.ScaledDotProductAttention(out, stats, q, k, v, true, 0.5), KernelStatus::kDone)
           << what;
-      const Tensor gq = Tensor::Empty(q.shape(), dtype), gk = Tensor::Empty(k.shape(), dtype),
-                   gv = Tensor::Empty(v.shape(), dtype);
+      const RawTensor gq = RawTensor::Empty(q.shape(), dtype), gk = RawTensor::Empty(k.shape(), dtype),
+                   gv = RawTensor::Empty(v.shape(), dtype);
       EXPECT_EQ(cpu.ScaledDotProductAttentionBackward(gq, gk, gv, Randn(q.shape(), gen, dtype), q,
                                                       k, v, out, stats, true, 0.5),
                 KernelStatus::kDone)
           << what;
     }
     {
-      const Tensor x = Randn({3, 6}, gen, dtype), w = Randn({6}, gen, dtype);
-      const LayerNormResult fwd = LayerNorm(x, w, Tensor());
-      const Tensor gi = Tensor::Empty({3, 6}, dtype), gw = Tensor::Empty({6}, dtype),
-                   gb = Tensor::Empty({6}, dtype);
+      const RawTensor x = Randn({3, 6}, gen, dtype), w = Randn({6}, gen, dtype);
+      const LayerNormResult fwd = LayerNorm(x, w, RawTensor());
+      const RawTensor gi = RawTensor::Empty({3, 6}, dtype), gw = RawTensor::Empty({6}, dtype),
+                   gb = RawTensor::Empty({6}, dtype);
       EXPECT_EQ(cpu.LayerNormBackward(gi, gw, gb, Randn({3, 6}, gen, dtype), x, fwd.mean,
                                       fwd.rstd, w),
                 KernelStatus::kDone)
           << what;
-      const Tensor residual = Tensor::Empty({3, 6}, dtype), out = Tensor::Empty({3, 6}, dtype);
-      const Tensor mean = Tensor::Empty({3}, ct), rstd = Tensor::Empty({3}, ct);
+      const RawTensor residual = RawTensor::Empty({3, 6}, dtype), out = RawTensor::Empty({3, 6}, dtype);
+      const RawTensor mean = RawTensor::Empty({3}, ct), rstd = RawTensor::Empty({3}, ct);
       EXPECT_EQ(cpu.AddLayerNorm(residual, out, mean, rstd, x, Randn({3, 6}, gen, dtype), w,
-                                 Tensor(), 1e-5),
+                                 RawTensor(), 1e-5),
                 KernelStatus::kDone)
           << what;
     }
     {
-      const Tensor logits = Randn({3, 4}, gen, dtype);
-      const Tensor losses = Tensor::Empty({3}, dtype), grad = Tensor::Empty({3, 4}, dtype);
+      const RawTensor logits = Randn({3, 4}, gen, dtype);
+      const RawTensor losses = RawTensor::Empty({3}, dtype), grad = RawTensor::Empty({3, 4}, dtype);
       EXPECT_EQ(cpu.SoftmaxCrossEntropy(losses, grad, logits,
-                                        Tensor::FromVector<int64_t>({0, -100, 3}, {3}),
-                                        Tensor::Full({3}, 1.0, kF64), -100),
+                                        RawTensor::FromVector<int64_t>({0, -100, 3}, {3}),
+                                        RawTensor::Full({3}, 1.0, kF64), -100),
                 KernelStatus::kDone)
           << what;
     }
     {
-      const Tensor t = Randn({4}, gen, dtype == kF64 ? kF64 : kF32);
-      const Tensor found_inf = Tensor::Zeros({}, kF32);
-      EXPECT_EQ(cpu.NonFiniteCheckAndUnscale({t}, found_inf, Tensor::Scalar(0.5, kF32)),
+      const RawTensor t = Randn({4}, gen, dtype == kF64 ? kF64 : kF32);
+      const RawTensor found_inf = RawTensor::Zeros({}, kF32);
+      EXPECT_EQ(cpu.NonFiniteCheckAndUnscale({t}, found_inf, RawTensor::Scalar(0.5, kF32)),
                 KernelStatus::kDone)
           << what;
     }

@@ -66,7 +66,7 @@ Tol TwoRoundingsTol(DType dtype) {
   return {2 * t.rtol, 2 * t.atol};
 }
 
-void ExpectClose(const Tensor& got, const std::vector<double>& want, Tol tol,
+void ExpectClose(const RawTensor& got, const std::vector<double>& want, Tol tol,
                  const std::string& what) {
   ASSERT_TRUE(got.defined()) << what;
   const std::vector<double> g = got.to_vector<double>();
@@ -83,7 +83,7 @@ void ExpectClose(const Tensor& got, const std::vector<double>& want, Tol tol,
   }
 }
 
-void ExpectClose(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
+void ExpectClose(const RawTensor& got, const RawTensor& want, Tol tol, const std::string& what) {
   ASSERT_TRUE(want.defined()) << what;
   EXPECT_EQ(got.shape(), want.shape()) << what;
   ExpectClose(got, want.to_vector<double>(), tol, what);
@@ -123,7 +123,7 @@ LinearRef LinearReference(const std::vector<double>& x, const std::vector<double
 struct AttentionRef {
   std::vector<double> out, lse;
 };
-AttentionRef AttentionReference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+AttentionRef AttentionReference(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                                 double scale) {
   const std::vector<double> qv = q.to_vector<double>(), kv = k.to_vector<double>(),
                             vv = v.to_vector<double>();
@@ -154,7 +154,7 @@ AttentionRef AttentionReference(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 // Sum of a .* b over all elements, in f64.
-double Dot(const Tensor& a, const Tensor& b) {
+double Dot(const RawTensor& a, const RawTensor& b) {
   const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
   EXPECT_EQ(av.size(), bv.size());
   double s = 0;
@@ -164,7 +164,7 @@ double Dot(const Tensor& a, const Tensor& b) {
 
 // Central differences of loss() with respect to every element of `param` (a contiguous f64
 // tensor that loss() reads).
-std::vector<double> NumericGrad(const Tensor& param, const std::function<double()>& loss) {
+std::vector<double> NumericGrad(const RawTensor& param, const std::function<double()>& loss) {
   EXPECT_TRUE(param.dtype() == kF64 && param.is_contiguous());
   double* p = param.data<double>();
   const double h = 1e-6;
@@ -184,7 +184,7 @@ std::vector<double> NumericGrad(const Tensor& param, const std::function<double(
 // Finite differences in f64 carry h^2 truncation and eps/h cancellation: ~1e-9 of the scale.
 constexpr Tol kFiniteDifferenceTol = {1e-6, 1e-7};
 
-Tensor Randn(const Shape& shape, Generator& gen, DType dtype = kF64, double stddev = 1) {
+RawTensor Randn(const Shape& shape, Generator& gen, DType dtype = kF64, double stddev = 1) {
   return RandNormal(shape, gen, 0, stddev, dtype);
 }
 
@@ -196,9 +196,9 @@ TEST(LinearTest, MatchesTheReferenceInEveryDtype) {
     for (bool gelu : {false, true}) {
       for (bool with_bias : {false, true}) {
         // x [2, 3, 5] (m = 6 rows), weight [4, 5]: n is not a multiple of 8 (CUDA pads aux).
-        const Tensor x = Randn({2, 3, 5}, gen, dtype);
-        const Tensor w = Randn({4, 5}, gen, dtype, 0.5);
-        const Tensor b = with_bias ? Randn({4}, gen, dtype) : Tensor();
+        const RawTensor x = Randn({2, 3, 5}, gen, dtype);
+        const RawTensor w = Randn({4, 5}, gen, dtype, 0.5);
+        const RawTensor b = with_bias ? Randn({4}, gen, dtype) : RawTensor();
         const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
         const LinearResult r = Linear(x, w, b, act);
         const LinearRef ref = LinearReference(
@@ -221,12 +221,12 @@ TEST(LinearTest, MatchesTheReferenceInEveryDtype) {
 TEST(LinearTest, GeluReadsTheUnroundedPreActivation) {
   // f16: gelu(pre) rounded once, not gelu(round(pre)). pre = 1.5 + 2^-10 + 2^-12 is not an f16
   // value (it rounds to 1.5 + 2^-10), and the two orders give different f16 outputs.
-  const Tensor x = Tensor::FromVector<double>({1.5}, {1, 1}).to(kF16);
-  const Tensor w = Tensor::FromVector<double>({1.0}, {1, 1}).to(kF16);
-  const Tensor b = Tensor::FromVector<double>({0.0009765625 + 0.000244140625}, {1}).to(kF16);
+  const RawTensor x = RawTensor::FromVector<double>({1.5}, {1, 1}).to(kF16);
+  const RawTensor w = RawTensor::FromVector<double>({1.0}, {1, 1}).to(kF16);
+  const RawTensor b = RawTensor::FromVector<double>({0.0009765625 + 0.000244140625}, {1}).to(kF16);
   const LinearResult r = Linear(x, w, b, Activation::kGeluTanh);
   const double pre = 1.5 + b.item();
-  const auto to_f16 = [](double v) { return Tensor::Scalar(v, kF64).to(kF16).item(); };
+  const auto to_f16 = [](double v) { return RawTensor::Scalar(v, kF64).to(kF16).item(); };
   ASSERT_NE(to_f16(GeluTanhRef(pre)), to_f16(GeluTanhRef(to_f16(pre))));
   EXPECT_EQ(r.output.item(), to_f16(GeluTanhRef(pre)));
   EXPECT_EQ(r.pre_activation.item(), to_f16(pre));
@@ -234,10 +234,10 @@ TEST(LinearTest, GeluReadsTheUnroundedPreActivation) {
 
 TEST(LinearTest, NonContiguousInputsAndWeights) {
   Generator gen(2);
-  const Tensor x_base = Randn({5, 6}, gen, kF32);            // x = its transpose [6, 5]
-  const Tensor w_base = Randn({5, 4}, gen, kF32);            // weight = its transpose [4, 5]
-  const Tensor b = Randn({8}, gen, kF32).slice(0, 0, 8, 2);  // stepped bias [4]
-  const Tensor x = x_base.transpose(0, 1), w = w_base.transpose(0, 1);
+  const RawTensor x_base = Randn({5, 6}, gen, kF32);            // x = its transpose [6, 5]
+  const RawTensor w_base = Randn({5, 4}, gen, kF32);            // weight = its transpose [4, 5]
+  const RawTensor b = Randn({8}, gen, kF32).slice(0, 0, 8, 2);  // stepped bias [4]
+  const RawTensor x = x_base.transpose(0, 1), w = w_base.transpose(0, 1);
   const LinearResult r = Linear(x, w, b, Activation::kGeluTanh);
   const LinearRef ref = LinearReference(x.to_vector<double>(), w.to_vector<double>(),
                                         b.to_vector<double>(), 6, 5, 4, true);
@@ -246,12 +246,12 @@ TEST(LinearTest, NonContiguousInputsAndWeights) {
 }
 
 TEST(LinearTest, EmptyInputsAndAnEmptyReduction) {
-  const Tensor w = Tensor::Ones({3, 2});
-  const LinearResult r = Linear(Tensor::Zeros({0, 2}), w, Tensor::Ones({3}));
+  const RawTensor w = RawTensor::Ones({3, 2});
+  const LinearResult r = Linear(RawTensor::Zeros({0, 2}), w, RawTensor::Ones({3}));
   EXPECT_EQ(r.output.shape(), (Shape{0, 3}));
   // in_features == 0: the product is empty and the output is the bias.
   const LinearResult e =
-      Linear(Tensor::Zeros({2, 0}), Tensor::Zeros({3, 0}), Tensor::Full({3}, 2.0));
+      Linear(RawTensor::Zeros({2, 0}), RawTensor::Zeros({3, 0}), RawTensor::Full({3}, 2.0));
   EXPECT_EQ(e.output.to_vector<double>(), std::vector<double>(6, 2.0));
 }
 
@@ -259,8 +259,8 @@ TEST(LinearBackwardTest, MatchesFiniteDifferencesInF64) {
   Generator gen(3);
   for (bool gelu : {false, true}) {
     const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
-    const Tensor x = Randn({2, 3, 5}, gen), w = Randn({4, 5}, gen, kF64, 0.5);
-    const Tensor b = Randn({4}, gen), go = Randn({2, 3, 4}, gen);
+    const RawTensor x = Randn({2, 3, 5}, gen), w = Randn({4, 5}, gen, kF64, 0.5);
+    const RawTensor b = Randn({4}, gen), go = Randn({2, 3, 4}, gen);
     const auto loss = [&] { return Dot(go, Linear(x, w, b, act).output); };
     const LinearResult fwd = Linear(x, w, b, act);
     const LinearGrads g = LinearBackward(go, x, w, fwd.pre_activation, act);
@@ -277,8 +277,8 @@ TEST(LinearBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
   for (DType dtype : {kF32, kF16, kBF16}) {
     for (bool gelu : {false, true}) {
       const Activation act = gelu ? Activation::kGeluTanh : Activation::kNone;
-      const Tensor x = Randn({6, 5}, gen, dtype), w = Randn({4, 5}, gen, dtype, 0.5);
-      const Tensor b = Randn({4}, gen, dtype), go = Randn({6, 4}, gen, dtype);
+      const RawTensor x = Randn({6, 5}, gen, dtype), w = Randn({4, 5}, gen, dtype, 0.5);
+      const RawTensor b = Randn({4}, gen, dtype), go = Randn({6, 4}, gen, dtype);
       const LinearResult fwd = Linear(x, w, b, act);
       const LinearGrads g = LinearBackward(go, x, w, fwd.pre_activation, act);
       // The reference: the f64 op on the same (rounded) values, from the f64 pre-activation.
@@ -298,12 +298,12 @@ TEST(LinearBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
 
 TEST(LinearBackwardTest, OnlyTheRequestedGradients) {
   Generator gen(5);
-  const Tensor x = Randn({3, 2}, gen), w = Randn({4, 2}, gen), go = Randn({3, 4}, gen);
+  const RawTensor x = Randn({3, 2}, gen), w = Randn({4, 2}, gen), go = Randn({3, 4}, gen);
   const LinearGrads none =
-      LinearBackward(go, x, w, Tensor(), Activation::kNone, false, false, false);
+      LinearBackward(go, x, w, RawTensor(), Activation::kNone, false, false, false);
   EXPECT_FALSE(none.grad_input.defined() || none.grad_weight.defined() || none.grad_bias.defined());
   const LinearGrads bias_only =
-      LinearBackward(go, x, w, Tensor(), Activation::kNone, false, false, true);
+      LinearBackward(go, x, w, RawTensor(), Activation::kNone, false, false, true);
   EXPECT_FALSE(bias_only.grad_input.defined() || bias_only.grad_weight.defined());
   ExpectClose(bias_only.grad_bias, Sum(go, {0}), OutputTol(kF64), "grad_bias");
 }
@@ -321,9 +321,9 @@ TEST(AttentionTest, MatchesTheReferenceInEveryDtype) {
   Generator gen(6);
   for (DType dtype : kFloatTypes) {
     for (const AttentionCase& c : kAttentionCases) {
-      const Tensor q = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
-      const Tensor k = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
-      const Tensor v = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
+      const RawTensor q = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
+      const RawTensor k = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
+      const RawTensor v = Randn({c.b, c.h, c.tk, c.d}, gen, dtype);
       const double scale = 1 / std::sqrt(static_cast<double>(c.d));
       const AttentionResult r = ScaledDotProductAttention(q, k, v, c.causal, scale);
       const AttentionRef ref = AttentionReference(q, k, v, c.causal, scale);
@@ -342,9 +342,9 @@ TEST(AttentionTest, MatchesTheReferenceInEveryDtype) {
 
 TEST(AttentionTest, IsStableForLargeScores) {
   // Scores of +-1e4 overflow exp() unless the maximum is subtracted first.
-  const Tensor q = Tensor::FromVector<double>({100, 0, -100, 0}, {1, 1, 2, 2}).to(kF32);
-  const Tensor k = Tensor::FromVector<double>({100, 0, 99, 0}, {1, 1, 2, 2}).to(kF32);
-  const Tensor v = Tensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}).to(kF32);
+  const RawTensor q = RawTensor::FromVector<double>({100, 0, -100, 0}, {1, 1, 2, 2}).to(kF32);
+  const RawTensor k = RawTensor::FromVector<double>({100, 0, 99, 0}, {1, 1, 2, 2}).to(kF32);
+  const RawTensor v = RawTensor::FromVector<double>({1, 2, 3, 4}, {1, 1, 2, 2}).to(kF32);
   const AttentionResult r = ScaledDotProductAttention(q, k, v, false, 1.0);
   const AttentionRef ref = AttentionReference(q, k, v, false, 1.0);
   ExpectClose(r.output, ref.out, OutputTol(kF32), "output");
@@ -354,18 +354,18 @@ TEST(AttentionTest, IsStableForLargeScores) {
 TEST(AttentionTest, NonContiguousHeads) {
   // Heads sliced out of a [B, T, 3, H, D] projection, as a transformer block does.
   Generator gen(7);
-  const Tensor qkv = Randn({2, 4, 3, 2, 8}, gen, kF32);
-  const Tensor q = qkv.select(2, 0).permute({0, 2, 1, 3});
-  const Tensor k = qkv.select(2, 1).permute({0, 2, 1, 3});
-  const Tensor v = qkv.select(2, 2).permute({0, 2, 1, 3});
+  const RawTensor qkv = Randn({2, 4, 3, 2, 8}, gen, kF32);
+  const RawTensor q = qkv.select(2, 0).permute({0, 2, 1, 3});
+  const RawTensor k = qkv.select(2, 1).permute({0, 2, 1, 3});
+  const RawTensor v = qkv.select(2, 2).permute({0, 2, 1, 3});
   ASSERT_FALSE(q.is_contiguous());
   const AttentionResult r = ScaledDotProductAttention(q, k, v, true, 0.25);
   const AttentionRef ref = AttentionReference(q, k, v, true, 0.25);
   ExpectClose(r.output, ref.out, OutputTol(kF32), "output");
-  const AttentionGrads g = ScaledDotProductAttentionBackward(Tensor::Ones(q.shape()), q, k, v,
+  const AttentionGrads g = ScaledDotProductAttentionBackward(RawTensor::Ones(q.shape()), q, k, v,
                                                              r.output, r.stats, true, 0.25);
   const AttentionGrads want = ScaledDotProductAttentionBackward(
-      Tensor::Ones(q.shape(), kF64), q.to(kF64), k.to(kF64), v.to(kF64),
+      RawTensor::Ones(q.shape(), kF64), q.to(kF64), k.to(kF64), v.to(kF64),
       ScaledDotProductAttention(q.to(kF64), k.to(kF64), v.to(kF64), true, 0.25).output,
       ScaledDotProductAttention(q.to(kF64), k.to(kF64), v.to(kF64), true, 0.25).stats, true, 0.25);
   ExpectClose(g.grad_q, want.grad_q, TwoRoundingsTol(kF32), "grad_q");
@@ -376,8 +376,8 @@ TEST(AttentionTest, NonContiguousHeads) {
 TEST(AttentionBackwardTest, MatchesFiniteDifferencesInF64) {
   Generator gen(8);
   for (const AttentionCase& c : kAttentionCases) {
-    const Tensor q = Randn({c.b, c.h, c.tq, c.d}, gen), k = Randn({c.b, c.h, c.tk, c.d}, gen);
-    const Tensor v = Randn({c.b, c.h, c.tk, c.d}, gen), go = Randn({c.b, c.h, c.tq, c.d}, gen);
+    const RawTensor q = Randn({c.b, c.h, c.tq, c.d}, gen), k = Randn({c.b, c.h, c.tk, c.d}, gen);
+    const RawTensor v = Randn({c.b, c.h, c.tk, c.d}, gen), go = Randn({c.b, c.h, c.tq, c.d}, gen);
     const double scale = 0.7;
     const auto loss = [&] {
       return Dot(go, ScaledDotProductAttention(q, k, v, c.causal, scale).output);
@@ -397,12 +397,12 @@ TEST(AttentionBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
   Generator gen(9);
   for (DType dtype : {kF32, kF16, kBF16}) {
     for (bool causal : {false, true}) {
-      const Tensor q = Randn({2, 2, 6, 8}, gen, dtype), k = Randn({2, 2, 6, 8}, gen, dtype);
-      const Tensor v = Randn({2, 2, 6, 8}, gen, dtype), go = Randn({2, 2, 6, 8}, gen, dtype);
+      const RawTensor q = Randn({2, 2, 6, 8}, gen, dtype), k = Randn({2, 2, 6, 8}, gen, dtype);
+      const RawTensor v = Randn({2, 2, 6, 8}, gen, dtype), go = Randn({2, 2, 6, 8}, gen, dtype);
       const AttentionResult fwd = ScaledDotProductAttention(q, k, v, causal, 0.35);
       const AttentionGrads g =
           ScaledDotProductAttentionBackward(go, q, k, v, fwd.output, fwd.stats, causal, 0.35);
-      const Tensor q64 = q.to(kF64), k64 = k.to(kF64), v64 = v.to(kF64);
+      const RawTensor q64 = q.to(kF64), k64 = k.to(kF64), v64 = v.to(kF64);
       const AttentionResult fwd64 = ScaledDotProductAttention(q64, k64, v64, causal, 0.35);
       const AttentionGrads want = ScaledDotProductAttentionBackward(
           go.to(kF64), q64, k64, v64, fwd64.output, fwd64.stats, causal, 0.35);
@@ -419,12 +419,12 @@ TEST(AttentionBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
 
 TEST(AttentionTest, EmptyQueries) {
   const AttentionResult r =
-      ScaledDotProductAttention(Tensor::Zeros({1, 2, 0, 4}), Tensor::Zeros({1, 2, 3, 4}),
-                                Tensor::Zeros({1, 2, 3, 4}), false, 1.0);
+      ScaledDotProductAttention(RawTensor::Zeros({1, 2, 0, 4}), RawTensor::Zeros({1, 2, 3, 4}),
+                                RawTensor::Zeros({1, 2, 3, 4}), false, 1.0);
   EXPECT_EQ(r.output.shape(), (Shape{1, 2, 0, 4}));
   EXPECT_EQ(r.stats.shape(), (Shape{1, 2, 0}));
   const AttentionGrads g = ScaledDotProductAttentionBackward(
-      r.output, Tensor::Zeros({1, 2, 0, 4}), Tensor::Ones({1, 2, 3, 4}), Tensor::Ones({1, 2, 3, 4}),
+      r.output, RawTensor::Zeros({1, 2, 0, 4}), RawTensor::Ones({1, 2, 3, 4}), RawTensor::Ones({1, 2, 3, 4}),
       r.output, r.stats, false, 1.0);
   EXPECT_EQ(g.grad_k.to_vector<double>(), std::vector<double>(24, 0.0));
   EXPECT_EQ(g.grad_v.shape(), (Shape{1, 2, 3, 4}));
@@ -435,8 +435,8 @@ TEST(AttentionTest, EmptyQueries) {
 TEST(LayerNormBackwardTest, MatchesFiniteDifferencesInF64) {
   Generator gen(10);
   for (bool affine : {false, true}) {
-    const Tensor x = Randn({2, 3, 6}, gen, kF64, 2.0), go = Randn({2, 3, 6}, gen);
-    const Tensor w = affine ? Randn({6}, gen) : Tensor(), b = Randn({6}, gen);
+    const RawTensor x = Randn({2, 3, 6}, gen, kF64, 2.0), go = Randn({2, 3, 6}, gen);
+    const RawTensor w = affine ? Randn({6}, gen) : RawTensor(), b = Randn({6}, gen);
     const auto loss = [&] { return Dot(go, LayerNorm(x, w, b, 1e-5).output); };
     const LayerNormResult fwd = LayerNorm(x, w, b, 1e-5);
     const LayerNormGrads g = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w);
@@ -448,7 +448,7 @@ TEST(LayerNormBackwardTest, MatchesFiniteDifferencesInF64) {
       ExpectClose(g.grad_weight, NumericGrad(w, loss), kFiniteDifferenceTol, "grad_weight");
     } else {
       // The weight gradient of an affine layer norm at weight 1: sum of go * xhat.
-      const Tensor ones = Tensor::Ones({6}, kF64);
+      const RawTensor ones = RawTensor::Ones({6}, kF64);
       const auto loss_w = [&] { return Dot(go, LayerNorm(x, ones, b, 1e-5).output); };
       ExpectClose(g.grad_weight, NumericGrad(ones, loss_w), kFiniteDifferenceTol, "grad_weight");
     }
@@ -458,9 +458,9 @@ TEST(LayerNormBackwardTest, MatchesFiniteDifferencesInF64) {
 TEST(LayerNormBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
   Generator gen(11);
   for (DType dtype : {kF32, kF16, kBF16}) {
-    const Tensor x = Randn({4, 16}, gen, dtype), go = Randn({4, 16}, gen, dtype);
-    const Tensor w = Randn({16}, gen, dtype);
-    const LayerNormResult fwd = LayerNorm(x, w, Tensor(), 1e-5);
+    const RawTensor x = Randn({4, 16}, gen, dtype), go = Randn({4, 16}, gen, dtype);
+    const RawTensor w = Randn({16}, gen, dtype);
+    const LayerNormResult fwd = LayerNorm(x, w, RawTensor(), 1e-5);
     const LayerNormGrads g = LayerNormBackward(go, x, fwd.mean, fwd.rstd, w);
     // The reference reads the same f32 statistics, widened.
     const LayerNormGrads want = LayerNormBackward(go.to(kF64), x.to(kF64), fwd.mean.to(kF64),
@@ -473,10 +473,10 @@ TEST(LayerNormBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
 }
 
 TEST(LayerNormBackwardTest, WeightAndBiasGradientsOnlyWhenAsked) {
-  const Tensor x = Tensor::FromVector<double>({1, 2, 4, 8}, {2, 2});
-  const LayerNormResult fwd = LayerNorm(x, Tensor(), Tensor());
-  const LayerNormGrads g = LayerNormBackward(Tensor::Ones({2, 2}, kF64), x, fwd.mean, fwd.rstd,
-                                             Tensor(), /*need_weight_bias=*/false);
+  const RawTensor x = RawTensor::FromVector<double>({1, 2, 4, 8}, {2, 2});
+  const LayerNormResult fwd = LayerNorm(x, RawTensor(), RawTensor());
+  const LayerNormGrads g = LayerNormBackward(RawTensor::Ones({2, 2}, kF64), x, fwd.mean, fwd.rstd,
+                                             RawTensor(), /*need_weight_bias=*/false);
   EXPECT_FALSE(g.grad_weight.defined() || g.grad_bias.defined());
   // A constant upstream gradient has no component across a normalised row.
   ExpectClose(g.grad_input, std::vector<double>(4, 0.0), OutputTol(kF64), "grad_input");
@@ -486,15 +486,15 @@ TEST(LayerNormBackwardTest, WeightAndBiasGradientsOnlyWhenAsked) {
 
 TEST(CrossEntropyWithGradTest, EqualsCrossEntropyAndItsBackward) {
   Generator gen(12);
-  const Tensor targets = Tensor::FromVector<int64_t>({2, -100, 0, 4, 1}, {5});
+  const RawTensor targets = RawTensor::FromVector<int64_t>({2, -100, 0, 4, 1}, {5});
   for (DType dtype : kFloatTypes) {
     for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
-      const Tensor logits = Randn({5, 6}, gen, dtype, 3.0);
+      const RawTensor logits = Randn({5, 6}, gen, dtype, 3.0);
       const CrossEntropyResult r = CrossEntropyWithGrad(logits, targets, -100, reduction, 0.25);
-      const Tensor loss = CrossEntropy(logits, targets, -100, reduction);
-      const Tensor grad_loss = reduction == Reduction::kNone ? Tensor::Full({5}, 0.25, kF64)
-                                                             : Tensor::Scalar(0.25, kF64);
-      const Tensor grad = CrossEntropyBackward(logits, targets, grad_loss, -100, reduction);
+      const RawTensor loss = CrossEntropy(logits, targets, -100, reduction);
+      const RawTensor grad_loss = reduction == Reduction::kNone ? RawTensor::Full({5}, 0.25, kF64)
+                                                             : RawTensor::Scalar(0.25, kF64);
+      const RawTensor grad = CrossEntropyBackward(logits, targets, grad_loss, -100, reduction);
       EXPECT_EQ(r.loss.shape(), loss.shape());
       EXPECT_EQ(r.loss.to_vector<double>(), loss.to_vector<double>()) << DTypeName(dtype);
       EXPECT_EQ(r.grad_logits.to_vector<double>(), grad.to_vector<double>()) << DTypeName(dtype);
@@ -504,12 +504,12 @@ TEST(CrossEntropyWithGradTest, EqualsCrossEntropyAndItsBackward) {
 
 TEST(CrossEntropyWithGradTest, GradientMatchesFiniteDifferencesInF64) {
   Generator gen(13);
-  const Tensor targets = Tensor::FromVector<int32_t>({3, 0, -1, 2}, {4});
+  const RawTensor targets = RawTensor::FromVector<int32_t>({3, 0, -1, 2}, {4});
   for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
-    const Tensor logits = Randn({4, 5}, gen);
+    const RawTensor logits = Randn({4, 5}, gen);
     const double grad_scale = 1024;  // a loss scale
     const auto loss = [&] {
-      const Tensor l = CrossEntropy(logits, targets, -1, reduction);
+      const RawTensor l = CrossEntropy(logits, targets, -1, reduction);
       return grad_scale * Sum(l).item();
     };
     const CrossEntropyResult r = CrossEntropyWithGrad(logits, targets, -1, reduction, grad_scale);
@@ -523,7 +523,7 @@ TEST(CrossEntropyWithGradTest, GradientMatchesFiniteDifferencesInF64) {
 
 TEST(CrossEntropyWithGradTest, AllRowsIgnored) {
   const CrossEntropyResult r = CrossEntropyWithGrad(
-      Tensor::Ones({2, 3}), Tensor::FromVector<int64_t>({-100, -100}, {2}), -100);
+      RawTensor::Ones({2, 3}), RawTensor::FromVector<int64_t>({-100, -100}, {2}), -100);
   EXPECT_TRUE(std::isnan(r.loss.item()));  // 0 / 0, as in PyTorch
   EXPECT_EQ(r.grad_logits.to_vector<double>(), std::vector<double>(6, 0.0));
 }
@@ -532,21 +532,21 @@ TEST(CrossEntropyWithGradTest, AllRowsIgnored) {
 // loss gradient once in f64: exactly the sum's gradient for grad_loss / count.
 TEST(CrossEntropyBackwardTest, MeanDividesTheLossGradientByTheCountOnce) {
   Generator gen(14);
-  const Tensor targets = Tensor::FromVector<int32_t>({1, 7, 0, 7, 2, 3, 7}, {7});
+  const RawTensor targets = RawTensor::FromVector<int32_t>({1, 7, 0, 7, 2, 3, 7}, {7});
   for (DType dtype : kFloatTypes) {
-    const Tensor logits = Randn({7, 4}, gen, dtype, 2.0);
+    const RawTensor logits = Randn({7, 4}, gen, dtype, 2.0);
     for (double g : {1.0, 0.1, -3.0, 65536.0}) {
-      const Tensor mean = CrossEntropyBackward(logits, targets, Tensor::Scalar(g, dtype), 7);
-      const double g_rounded = Tensor::Scalar(g, dtype).item();
-      const Tensor sum = CrossEntropyBackward(logits, targets, Tensor::Scalar(g_rounded / 4, kF64),
+      const RawTensor mean = CrossEntropyBackward(logits, targets, RawTensor::Scalar(g, dtype), 7);
+      const double g_rounded = RawTensor::Scalar(g, dtype).item();
+      const RawTensor sum = CrossEntropyBackward(logits, targets, RawTensor::Scalar(g_rounded / 4, kF64),
                                               7, Reduction::kSum);
       EXPECT_EQ(mean.dtype(), dtype);
       EXPECT_EQ(mean.to_vector<double>(), sum.to_vector<double>()) << Name("g", dtype) << " " << g;
     }
   }
   // Every row ignored: zero rows (the 1 / 0 scale never reaches a row).
-  const Tensor all_ignored = CrossEntropyBackward(
-      Tensor::Ones({2, 3}), Tensor::FromVector<int32_t>({7, 7}, {2}), Tensor::Scalar(1), 7);
+  const RawTensor all_ignored = CrossEntropyBackward(
+      RawTensor::Ones({2, 3}), RawTensor::FromVector<int32_t>({7, 7}, {2}), RawTensor::Scalar(1), 7);
   EXPECT_EQ(all_ignored.to_vector<double>(), std::vector<double>(6, 0.0));
 }
 
@@ -561,63 +561,63 @@ class ForeignDeviceAllocator final : public Allocator {
   Device device() const override { return Device::Cuda(0); }
 };
 
-Tensor OnForeignDevice(const Shape& shape, DType dtype = kF32) {
+RawTensor OnForeignDevice(const Shape& shape, DType dtype = kF32) {
   static ForeignDeviceAllocator* allocator = new ForeignDeviceAllocator;
   auto storage = std::make_shared<Storage>(
       static_cast<size_t>(NumElements(shape)) * ElementSize(dtype), allocator);
-  return Tensor(storage, shape, ContiguousStrides(shape), 0, dtype);
+  return RawTensor(storage, shape, ContiguousStrides(shape), 0, dtype);
 }
 
 TEST(FusedOpErrorsTest, Linear) {
-  const Tensor x = Tensor::Zeros({2, 3}), w = Tensor::Zeros({4, 3});
-  EXPECT_ERROR(Linear(x, Tensor::Zeros({4, 5}), Tensor()),
+  const RawTensor x = RawTensor::Zeros({2, 3}), w = RawTensor::Zeros({4, 3});
+  EXPECT_ERROR(Linear(x, RawTensor::Zeros({4, 5}), RawTensor()),
                "linear: input of shape [2, 3] and weight of shape [4, 5] do not match (expected "
                "weight [out_features, 3])");
-  EXPECT_ERROR(Linear(x, Tensor::Zeros({3}), Tensor()),
+  EXPECT_ERROR(Linear(x, RawTensor::Zeros({3}), RawTensor()),
                "linear: input of shape [2, 3] and weight of shape [3] do not match (expected "
                "weight [out_features, 3])");
-  EXPECT_ERROR(Linear(x, w.to(kF16), Tensor()),
+  EXPECT_ERROR(Linear(x, w.to(kF16), RawTensor()),
                "linear: weight dtype f16 differs from input dtype f32");
-  EXPECT_ERROR(Linear(x, w, Tensor::Zeros({3})),
+  EXPECT_ERROR(Linear(x, w, RawTensor::Zeros({3})),
                "linear: bias of shape [3] does not match weight of shape [4, 3] (expected [4])");
-  EXPECT_ERROR(Linear(x, w, Tensor::Zeros({4}, kF64)),
+  EXPECT_ERROR(Linear(x, w, RawTensor::Zeros({4}, kF64)),
                "linear: bias dtype f64 differs from input dtype f32");
-  EXPECT_ERROR(Linear(Tensor::Scalar(1), w, Tensor()),
+  EXPECT_ERROR(Linear(RawTensor::Scalar(1), w, RawTensor()),
                "linear: expected input [..., in_features], got a 0-d tensor");
-  EXPECT_ERROR(Linear(x.to(kI64), w.to(kI64), Tensor()),
+  EXPECT_ERROR(Linear(x.to(kI64), w.to(kI64), RawTensor()),
                "linear: expected a floating dtype (f32, f64, f16, bf16), got i64");
-  EXPECT_ERROR(Linear(Tensor(), w, Tensor()), "linear: the input is an undefined tensor");
-  EXPECT_ERROR(Linear(x, OnForeignDevice({4, 3}), Tensor()),
+  EXPECT_ERROR(Linear(RawTensor(), w, RawTensor()), "linear: the input is an undefined tensor");
+  EXPECT_ERROR(Linear(x, OnForeignDevice({4, 3}), RawTensor()),
                "linear: expected all tensors on one device, got cpu and cuda:0");
   EXPECT_ERROR(Linear(x, w, OnForeignDevice({4})),
                "linear: expected all tensors on one device, got cpu and cuda:0");
 }
 
 TEST(FusedOpErrorsTest, LinearBackward) {
-  const Tensor x = Tensor::Zeros({2, 3}), w = Tensor::Zeros({4, 3}), go = Tensor::Zeros({2, 4});
-  EXPECT_ERROR(LinearBackward(Tensor::Zeros({2, 3}), x, w, Tensor(), Activation::kNone),
+  const RawTensor x = RawTensor::Zeros({2, 3}), w = RawTensor::Zeros({4, 3}), go = RawTensor::Zeros({2, 4});
+  EXPECT_ERROR(LinearBackward(RawTensor::Zeros({2, 3}), x, w, RawTensor(), Activation::kNone),
                "linear_backward: gradient of shape [2, 3] does not match the output shape [2, 4] "
                "of input [2, 3] and weight [4, 3]");
-  EXPECT_ERROR(LinearBackward(go.to(kBF16), x, w, Tensor(), Activation::kNone),
+  EXPECT_ERROR(LinearBackward(go.to(kBF16), x, w, RawTensor(), Activation::kNone),
                "linear_backward: gradient dtype bf16 differs from input dtype f32");
-  EXPECT_ERROR(LinearBackward(go, x, w, Tensor(), Activation::kGeluTanh),
+  EXPECT_ERROR(LinearBackward(go, x, w, RawTensor(), Activation::kGeluTanh),
                "linear_backward: the pre-activation is an undefined tensor");
-  EXPECT_ERROR(LinearBackward(go, x, w, Tensor::Zeros({2, 4}, kF16), Activation::kGeluTanh),
+  EXPECT_ERROR(LinearBackward(go, x, w, RawTensor::Zeros({2, 4}, kF16), Activation::kGeluTanh),
                "linear_backward: pre-activation [2, 4] f16 does not match the output [2, 4] f32");
-  EXPECT_ERROR(LinearBackward(OnForeignDevice({2, 4}), x, w, Tensor(), Activation::kNone),
+  EXPECT_ERROR(LinearBackward(OnForeignDevice({2, 4}), x, w, RawTensor(), Activation::kNone),
                "linear_backward: expected all tensors on one device, got cpu and cuda:0");
 }
 
 TEST(FusedOpErrorsTest, Attention) {
-  const Tensor q = Tensor::Zeros({1, 2, 3, 4}), k = Tensor::Zeros({1, 2, 5, 4});
-  EXPECT_ERROR(ScaledDotProductAttention(Tensor::Zeros({2, 3, 4}), k, k, false, 1),
+  const RawTensor q = RawTensor::Zeros({1, 2, 3, 4}), k = RawTensor::Zeros({1, 2, 5, 4});
+  EXPECT_ERROR(ScaledDotProductAttention(RawTensor::Zeros({2, 3, 4}), k, k, false, 1),
                "scaled_dot_product_attention: expected q, k and v as [B, H, T, D], got [2, 3, 4], "
                "[1, 2, 5, 4] and [1, 2, 5, 4]");
-  EXPECT_ERROR(ScaledDotProductAttention(q, k, Tensor::Zeros({1, 2, 5, 8}), false, 1),
+  EXPECT_ERROR(ScaledDotProductAttention(q, k, RawTensor::Zeros({1, 2, 5, 8}), false, 1),
                "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 2, 5, 4] and v [1, 2, 5, 8] "
                "do not match (expected k and v [1, 2, Tk, 4])");
-  EXPECT_ERROR(ScaledDotProductAttention(q, Tensor::Zeros({1, 3, 5, 4}),
-                                         Tensor::Zeros({1, 3, 5, 4}), false, 1),
+  EXPECT_ERROR(ScaledDotProductAttention(q, RawTensor::Zeros({1, 3, 5, 4}),
+                                         RawTensor::Zeros({1, 3, 5, 4}), false, 1),
                "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 3, 5, 4] and v [1, 3, 5, 4] "
                "do not match (expected k and v [1, 2, Tk, 4])");
   EXPECT_ERROR(ScaledDotProductAttention(q, k, k, true, 1),
@@ -625,8 +625,8 @@ TEST(FusedOpErrorsTest, Attention) {
                "3 and 5");
   EXPECT_ERROR(ScaledDotProductAttention(q, k.to(kF16), k, false, 1),
                "scaled_dot_product_attention: q, k and v dtypes f32, f16 and f32 differ");
-  EXPECT_ERROR(ScaledDotProductAttention(q, Tensor::Zeros({1, 2, 0, 4}),
-                                         Tensor::Zeros({1, 2, 0, 4}), false, 1),
+  EXPECT_ERROR(ScaledDotProductAttention(q, RawTensor::Zeros({1, 2, 0, 4}),
+                                         RawTensor::Zeros({1, 2, 0, 4}), false, 1),
                "scaled_dot_product_attention: 3 queries attend to no keys (k is [1, 2, 0, 4])");
   EXPECT_ERROR(ScaledDotProductAttention(q, k, k, false, std::numeric_limits<double>::infinity()),
                "scaled_dot_product_attention: scale inf is not finite");
@@ -636,10 +636,10 @@ TEST(FusedOpErrorsTest, Attention) {
 }
 
 TEST(FusedOpErrorsTest, AttentionBackward) {
-  const Tensor q = Tensor::Zeros({1, 2, 3, 4}), k = Tensor::Zeros({1, 2, 5, 4});
-  const Tensor stats = Tensor::Zeros({1, 2, 3});
+  const RawTensor q = RawTensor::Zeros({1, 2, 3, 4}), k = RawTensor::Zeros({1, 2, 5, 4});
+  const RawTensor stats = RawTensor::Zeros({1, 2, 3});
   EXPECT_ERROR(
-      ScaledDotProductAttentionBackward(Tensor::Zeros({1, 2, 3, 5}), q, k, k, q, stats, false, 1),
+      ScaledDotProductAttentionBackward(RawTensor::Zeros({1, 2, 3, 5}), q, k, k, q, stats, false, 1),
       "scaled_dot_product_attention_backward: gradient of shape [1, 2, 3, 5] does not match q of "
       "shape [1, 2, 3, 4]");
   EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q.to(kF64), stats, false, 1),
@@ -648,10 +648,10 @@ TEST(FusedOpErrorsTest, AttentionBackward) {
                "scaled_dot_product_attention_backward: stats [1, 2, 3] f64 do not match [1, 2, 3] "
                "f32 (as the forward returns them)");
   EXPECT_ERROR(
-      ScaledDotProductAttentionBackward(q, q, k, k, q, Tensor::Zeros({1, 2, 3, 1}), false, 1),
+      ScaledDotProductAttentionBackward(q, q, k, k, q, RawTensor::Zeros({1, 2, 3, 1}), false, 1),
       "scaled_dot_product_attention_backward: stats [1, 2, 3, 1] f32 do not match "
       "[1, 2, 3] f32 (as the forward returns them)");
-  EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q, Tensor(), false, 1),
+  EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q, RawTensor(), false, 1),
                "scaled_dot_product_attention_backward: stats is an undefined tensor");
   EXPECT_ERROR(
       ScaledDotProductAttentionBackward(OnForeignDevice({1, 2, 3, 4}), q, k, k, q, stats, false, 1),
@@ -669,42 +669,42 @@ TEST(FusedOpErrorsTest, AttentionScratchOutOfMemoryIsTheAllocatorsError) {
                   "with allocator_may_return_null=1, operator new reports it as fatal) instead of "
                   "throwing std::bad_alloc; the plain build runs this test";
 #endif
-  const Tensor q = Tensor::Zeros({2, 1, int64_t{1} << 23, 1});
+  const RawTensor q = RawTensor::Zeros({2, 1, int64_t{1} << 23, 1});
   EXPECT_ERROR(ScaledDotProductAttention(q, q, q, false, 1),
                "CPU allocator: out of memory allocating 281474976710656 bytes (a kernel's scratch "
                "buffer)");
 }
 
 TEST(FusedOpErrorsTest, LayerNormBackward) {
-  const Tensor x = Tensor::Zeros({2, 3}), mean = Tensor::Zeros({2});
-  EXPECT_ERROR(LayerNormBackward(Tensor::Zeros({3, 2}), x, mean, mean, Tensor()),
+  const RawTensor x = RawTensor::Zeros({2, 3}), mean = RawTensor::Zeros({2});
+  EXPECT_ERROR(LayerNormBackward(RawTensor::Zeros({3, 2}), x, mean, mean, RawTensor()),
                "layer_norm_backward: gradient of shape [3, 2] does not match input of shape "
                "[2, 3]");
-  EXPECT_ERROR(LayerNormBackward(x.to(kF16), x, mean, mean, Tensor()),
+  EXPECT_ERROR(LayerNormBackward(x.to(kF16), x, mean, mean, RawTensor()),
                "layer_norm_backward: gradient dtype f16 differs from input dtype f32");
-  EXPECT_ERROR(LayerNormBackward(x, x, Tensor::Zeros({3}), mean, Tensor()),
+  EXPECT_ERROR(LayerNormBackward(x, x, RawTensor::Zeros({3}), mean, RawTensor()),
                "layer_norm_backward: mean [3] f32 does not match input of shape [2, 3] (expected "
                "[2] f32)");
-  EXPECT_ERROR(LayerNormBackward(x.to(kF64), x.to(kF64), mean.to(kF64), mean, Tensor()),
+  EXPECT_ERROR(LayerNormBackward(x.to(kF64), x.to(kF64), mean.to(kF64), mean, RawTensor()),
                "layer_norm_backward: rstd [2] f32 does not match input of shape [2, 3] (expected "
                "[2] f64)");
-  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, Tensor::Zeros({2})),
+  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, RawTensor::Zeros({2})),
                "layer_norm_backward: weight of shape [2] does not match the last dim of input "
                "[2, 3]");
-  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, Tensor::Zeros({3}, kBF16)),
+  EXPECT_ERROR(LayerNormBackward(x, x, mean, mean, RawTensor::Zeros({3}, kBF16)),
                "layer_norm_backward: weight dtype bf16 differs from input dtype f32");
-  EXPECT_ERROR(LayerNormBackward(x, x, OnForeignDevice({2}), mean, Tensor()),
+  EXPECT_ERROR(LayerNormBackward(x, x, OnForeignDevice({2}), mean, RawTensor()),
                "layer_norm_backward: expected all tensors on one device, got cpu and cuda:0");
 }
 
 TEST(FusedOpErrorsTest, CrossEntropyWithGrad) {
-  const Tensor logits = Tensor::Zeros({2, 3});
-  EXPECT_ERROR(CrossEntropyWithGrad(logits, Tensor::Zeros({3}, kI64)),
+  const RawTensor logits = RawTensor::Zeros({2, 3});
+  EXPECT_ERROR(CrossEntropyWithGrad(logits, RawTensor::Zeros({3}, kI64)),
                "cross_entropy_with_grad: targets of shape [3] do not match logits of shape "
                "[2, 3] (expected [2])");
-  EXPECT_ERROR(CrossEntropyWithGrad(logits, Tensor::Zeros({2}, kF32)),
+  EXPECT_ERROR(CrossEntropyWithGrad(logits, RawTensor::Zeros({2}, kF32)),
                "cross_entropy_with_grad: expected an index dtype (i32 or i64), got f32");
-  EXPECT_ERROR(CrossEntropyWithGrad(Tensor::Zeros({2}), Tensor::Zeros({2}, kI64)),
+  EXPECT_ERROR(CrossEntropyWithGrad(RawTensor::Zeros({2}), RawTensor::Zeros({2}, kI64)),
                "cross_entropy_with_grad: expected logits [N, C], got [2]");
   EXPECT_ERROR(CrossEntropyWithGrad(logits, OnForeignDevice({2}, kI64)),
                "cross_entropy_with_grad: expected all tensors on one device, got cpu and cuda:0");
@@ -712,7 +712,7 @@ TEST(FusedOpErrorsTest, CrossEntropyWithGrad) {
 
 TEST(FusedOpErrorsTest, CrossEntropyBackwardGradientDevice) {
   // The row scales come from grad_loss; on another device the logits' kernel could not read them.
-  const Tensor logits = Tensor::Zeros({2, 3}), targets = Tensor::Zeros({2}, kI64);
+  const RawTensor logits = RawTensor::Zeros({2, 3}), targets = RawTensor::Zeros({2}, kI64);
   for (Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
     EXPECT_ERROR(CrossEntropyBackward(logits, targets, OnForeignDevice({}), -100, reduction),
                  "cross_entropy_backward: expected all tensors on one device, got cpu and cuda:0");

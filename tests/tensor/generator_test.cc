@@ -182,11 +182,11 @@ TEST(GeneratorTest, NextNormalMoments) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor factories
+// RawTensor factories
 
 TEST(RandTest, RandNormalMeanAndStd) {
   Generator gen(0);
-  const Tensor t = RandNormal({100000}, gen);
+  const RawTensor t = RandNormal({100000}, gen);
   EXPECT_EQ(t.dtype(), kF32);
   EXPECT_EQ(t.shape(), Shape{100000});
   const std::vector<double> v = t.to_vector<double>();
@@ -210,7 +210,7 @@ TEST(RandTest, RandNormalMeanAndStd) {
 
 TEST(RandTest, RandNormalValuesAreTheStreamRoundedToDtype) {
   Generator a(77), b(77);
-  const Tensor t = RandNormal({2, 3}, a, 0.5, 0.1);
+  const RawTensor t = RandNormal({2, 3}, a, 0.5, 0.1);
   EXPECT_EQ(t.shape(), (Shape{2, 3}));
   const std::vector<float> v = t.to_vector<float>();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(v[i], static_cast<float>(0.5 + 0.1 * b.NextNormal()));
@@ -218,17 +218,17 @@ TEST(RandTest, RandNormalValuesAreTheStreamRoundedToDtype) {
 
 TEST(RandTest, RandNormalReducedDtypes) {
   Generator a(8), b(8);
-  const Tensor h = RandNormal({1000}, a, 0, 1, kF16);
+  const RawTensor h = RandNormal({1000}, a, 0, 1, kF16);
   EXPECT_EQ(h.dtype(), kF16);
   EXPECT_EQ(h.storage()->nbytes(), 2000u);
   // f16 output == the f64 stream converted (bit for bit).
-  const Tensor ref = RandNormal({1000}, b, 0, 1, kF64).to(kF16);
+  const RawTensor ref = RandNormal({1000}, b, 0, 1, kF64).to(kF16);
   for (int i = 0; i < 1000; ++i) {
     ASSERT_EQ(h.data<Half>()[i].bits, ref.data<Half>()[i].bits) << i;
   }
   EXPECT_TRUE(a.state() == b.state());
   Generator c(8);
-  const Tensor bf = RandNormal({10}, c, 0, 1, kBF16);
+  const RawTensor bf = RandNormal({10}, c, 0, 1, kBF16);
   EXPECT_EQ(bf.dtype(), kBF16);
   // Standard normal draws are tiny in f16 terms: every value is finite and non-degenerate.
   double sum_abs = 0;
@@ -255,7 +255,7 @@ TEST(RandTest, RandNormalErrors) {
 
 TEST(RandTest, RandUniformRange) {
   Generator gen(31), raw(31);
-  const Tensor t = RandUniform({10000}, gen, -2, 3);
+  const RawTensor t = RandUniform({10000}, gen, -2, 3);
   EXPECT_EQ(t.dtype(), kF32);
   const std::vector<float> v = t.to_vector<float>();
   float lo = 10, hi = -10;
@@ -278,7 +278,7 @@ TEST(RandTest, RandUniformRange) {
   EXPECT_EQ(g64.state().offset, 200u);
 
   Generator g16(4);
-  const Tensor h = RandUniform({3, 3}, g16, 1, 2, kF16);
+  const RawTensor h = RandUniform({3, 3}, g16, 1, 2, kF16);
   EXPECT_EQ(h.dtype(), kF16);
   for (float x : h.to_vector<float>()) {
     EXPECT_GE(x, 1.0f);

@@ -64,7 +64,7 @@ constexpr double kF16Subnormal = 5.960464477539063e-08;  // 2^-24
 // largest finite |want|)), described for the first five ("" when all match). NaN matches NaN
 // (any payload), infinities match exactly. Compares values only: the caller checks shapes and
 // dtypes (`want` may be an f64 reference of a 16-bit `got`).
-inline std::string ValueMismatches(const Tensor& want, const Tensor& got, const Tol& tol,
+inline std::string ValueMismatches(const RawTensor& want, const RawTensor& got, const Tol& tol,
                                    double min_scale, const std::string& want_name,
                                    const std::string& got_name) {
   const std::vector<double> w = want.to_vector<double>(), g = got.to_vector<double>();

@@ -52,7 +52,7 @@ double AsDouble(T v) {
 }
 
 // All elements of `t` in row-major order, read through its own shape, strides and offset.
-std::vector<double> Values(const Tensor& t) {
+std::vector<double> Values(const RawTensor& t) {
   std::vector<double> out;
   out.reserve(static_cast<size_t>(t.numel()));
   if (t.numel() == 0) return out;
@@ -76,7 +76,7 @@ std::vector<double> Values(const Tensor& t) {
 }
 
 // The values of `t` broadcast (numpy rules) to `shape`, row-major.
-std::vector<double> BroadcastValues(const Tensor& t, const Shape& shape) {
+std::vector<double> BroadcastValues(const RawTensor& t, const Shape& shape) {
   const std::vector<double> v = Values(t);
   const Shape& ts = t.shape();
   EXPECT_LE(ts.size(), shape.size());
@@ -161,7 +161,7 @@ struct Tol {
 };
 
 // Checks `got` (shape `shape`, dtype `dtype`) against the f64 reference `ref`.
-void ExpectMatches(const Tensor& got, const Shape& shape, DType dtype,
+void ExpectMatches(const RawTensor& got, const Shape& shape, DType dtype,
                    const std::vector<double>& ref, const std::string& what, Tol tol = {}) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_EQ(got.shape(), shape) << what << ": shape " << ShapeToString(got.shape());
@@ -205,7 +205,7 @@ void ExpectMatches(const Tensor& got, const Shape& shape, DType dtype,
   if (failures > 5) ADD_FAILURE() << what << ": " << failures << " mismatches in total";
 }
 
-void ExpectExact(const Tensor& got, const Shape& shape, DType dtype,
+void ExpectExact(const RawTensor& got, const Shape& shape, DType dtype,
                  const std::vector<double>& want, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what;
   ASSERT_EQ(got.shape(), shape) << what;
@@ -225,7 +225,7 @@ void ExpectExact(const Tensor& got, const Shape& shape, DType dtype,
 
 // Values of `shape` and `dtype`: floats uniform in [lo, hi) (normal with stddev hi when
 // normal == true); integer types uniform integers in [lo, hi] (u8 clamps lo to 0; bool is 0/1).
-Tensor Draw(const Shape& shape, DType dtype, Generator& gen, double lo, double hi,
+RawTensor Draw(const Shape& shape, DType dtype, Generator& gen, double lo, double hi,
             bool normal = false) {
   if (IsFloating(dtype)) {
     return normal ? RandNormal(shape, gen, 0, hi, dtype) : RandUniform(shape, gen, lo, hi, dtype);
@@ -235,7 +235,7 @@ Tensor Draw(const Shape& shape, DType dtype, Generator& gen, double lo, double h
   const int64_t n = NumElements(shape);
   std::vector<double> v(static_cast<size_t>(n));
   for (double& x : v) x = std::floor(lo + (hi - lo + 1) * gen.NextUniformDouble());
-  return Tensor::FromVector<double>(v, shape).to(dtype);
+  return RawTensor::FromVector<double>(v, shape).to(dtype);
 }
 
 enum class Layout { kContiguous, kTransposed, kStepped, kExpanded };
@@ -254,12 +254,12 @@ const char* LayoutName(Layout l) {
   return "?";
 }
 
-using Maker = std::function<Tensor(const Shape&)>;
+using Maker = std::function<RawTensor(const Shape&)>;
 
 // A tensor of logical shape `shape` whose values come from `make`, laid out as `layout`:
 // transposed (the last two dims swapped in memory), stepped (every other element along the last
 // dim, at an offset), or expanded (size-1 dims broadcast with stride 0).
-Tensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
+RawTensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
   const size_t nd = shape.size();
   if (layout == Layout::kTransposed && nd < 2) layout = Layout::kStepped;
   switch (layout) {
@@ -268,7 +268,7 @@ Tensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
     case Layout::kTransposed: {
       Shape s = shape;
       std::swap(s[nd - 1], s[nd - 2]);
-      Tensor t = make(s).transpose(-1, -2);
+      RawTensor t = make(s).transpose(-1, -2);
       EXPECT_EQ(t.shape(), shape);
       return t;
     }
@@ -276,7 +276,7 @@ Tensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
       if (nd == 0) return make({3}).select(0, 1);
       Shape s = shape;
       s[nd - 1] = 2 * s[nd - 1] + 1;
-      Tensor t = make(s).slice(-1, 1, s[nd - 1], 2);
+      RawTensor t = make(s).slice(-1, 1, s[nd - 1], 2);
       EXPECT_EQ(t.shape(), shape);
       return t;
     }
@@ -288,7 +288,7 @@ Tensor WithLayout(const Shape& shape, Layout layout, const Maker& make) {
       return make(s).expand(shape);
     }
   }
-  return Tensor();
+  return RawTensor();
 }
 
 const std::vector<Layout> kAllLayouts = {Layout::kContiguous, Layout::kTransposed, Layout::kStepped,
@@ -343,10 +343,10 @@ TEST(BinaryOps, MatchReferenceOnBroadcastAndStridedInputs) {
     for (DType dtype : kFloatTypes) {
       for (const auto& [sa, sb] : kBroadcastPairs) {
         for (const auto& [la, lb] : kLayoutPairs) {
-          const Tensor a = WithLayout(sa, la, [&](const Shape& s) {
+          const RawTensor a = WithLayout(sa, la, [&](const Shape& s) {
             return Draw(s, dtype, gen, spec.a_lo, spec.a_hi, spec.normal);
           });
-          Tensor b = WithLayout(sb, lb, [&](const Shape& s) {
+          RawTensor b = WithLayout(sb, lb, [&](const Shape& s) {
             return Draw(s, dtype, gen, spec.b_lo, spec.b_hi, spec.normal);
           });
           const Shape out_shape = Broadcast2(sa, sb);
@@ -372,9 +372,9 @@ TEST(BinaryOps, IntegerTypesAreExactAndWrap) {
     for (DType dtype : {kI32, kI64, kU8}) {
       for (const auto& [sa, sb] : kBroadcastPairs) {
         for (const auto& [la, lb] : kLayoutPairs) {
-          const Tensor a =
+          const RawTensor a =
               WithLayout(sa, la, [&](const Shape& s) { return Draw(s, dtype, gen, -40, 40); });
-          const Tensor b =
+          const RawTensor b =
               WithLayout(sb, lb, [&](const Shape& s) { return Draw(s, dtype, gen, -40, 40); });
           const Shape out_shape = Broadcast2(sa, sb);
           const std::vector<double> av = BroadcastValues(a, out_shape);
@@ -415,16 +415,16 @@ TEST(BinaryOps, IntegerTypesAreExactAndWrap) {
 TEST(BinaryOps, IntegerOverflowWrapsAroundWithoutUndefinedBehaviour) {
   const int64_t kMax64 = std::numeric_limits<int64_t>::max();
   const int64_t kMin64 = std::numeric_limits<int64_t>::min();
-  const Tensor a = Tensor::FromVector<int64_t>({kMax64, kMin64, kMax64}, {3});
-  const Tensor b = Tensor::FromVector<int64_t>({1, 1, 2}, {3});
+  const RawTensor a = RawTensor::FromVector<int64_t>({kMax64, kMin64, kMax64}, {3});
+  const RawTensor b = RawTensor::FromVector<int64_t>({1, 1, 2}, {3});
   EXPECT_EQ(Add(a, b).to_vector<int64_t>(), (std::vector<int64_t>{kMin64, kMin64 + 1, kMin64 + 1}));
   EXPECT_EQ(Sub(a, b).to_vector<int64_t>(), (std::vector<int64_t>{kMax64 - 1, kMax64, kMax64 - 2}));
   EXPECT_EQ(Mul(a, b).to_vector<int64_t>(), (std::vector<int64_t>{kMax64, kMin64, -2}));
-  const Tensor i32 = Tensor::FromVector<int32_t>({2147483647, -2147483647 - 1}, {2});
+  const RawTensor i32 = RawTensor::FromVector<int32_t>({2147483647, -2147483647 - 1}, {2});
   EXPECT_EQ(AddScalar(i32, 1).to_vector<int32_t>(),
             (std::vector<int32_t>{-2147483647 - 1, -2147483647}));
-  const Tensor u8 = Tensor::FromVector<uint8_t>({3, 250}, {2});
-  EXPECT_EQ(Sub(u8, Tensor::FromVector<uint8_t>({5, 0}, {2})).to_vector<int64_t>(),
+  const RawTensor u8 = RawTensor::FromVector<uint8_t>({3, 250}, {2});
+  EXPECT_EQ(Sub(u8, RawTensor::FromVector<uint8_t>({5, 0}, {2})).to_vector<int64_t>(),
             (std::vector<int64_t>{254, 250}));
   EXPECT_EQ(AddScalar(u8, 10).to_vector<int64_t>(), (std::vector<int64_t>{13, 4}));
 }
@@ -440,8 +440,8 @@ TEST(BinaryOps, DtypePromotion) {
       {kBool, kF16, kF16}, {kU8, kF64, kF64},
   };
   for (const Case& c : cases) {
-    const Tensor a = Draw({2, 3}, c.a, gen, -5, 5);
-    const Tensor b = Draw({3}, c.b, gen, -5, 5);
+    const RawTensor a = Draw({2, 3}, c.a, gen, -5, 5);
+    const RawTensor b = Draw({3}, c.b, gen, -5, 5);
     const std::vector<double> av = BroadcastValues(a, {2, 3}), bv = BroadcastValues(b, {2, 3});
     std::vector<double> sum(6), prod(6);
     for (size_t i = 0; i < 6; ++i) {
@@ -458,7 +458,7 @@ TEST(BinaryOps, ScalarOperandsKeepTheTensorDtype) {
   Generator gen(4);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x =
+      const RawTensor x =
           WithLayout({3, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0.2, 3); });
       const std::vector<double> xv = Values(x);
       struct Case {
@@ -490,36 +490,36 @@ TEST(BinaryOps, ScalarOperandsKeepTheTensorDtype) {
 
 TEST(BinaryOps, PowWithTensorAndScalarExponents) {
   // Negative bases with integral exponents, and the usual special cases.
-  const Tensor base = Tensor::FromVector<double>({-2, -1.5, 0, 3, 4}, {5});
+  const RawTensor base = RawTensor::FromVector<double>({-2, -1.5, 0, 3, 4}, {5});
   ExpectMatches(Pow(base, 3.0), {5}, kF64, {-8, -3.375, 0, 27, 64}, "pow(x, 3)");
   ExpectMatches(Pow(base, 2.0), {5}, kF64, {4, 2.25, 0, 9, 16}, "pow(x, 2)");
   ExpectMatches(Pow(base.to(kF32), 0.0), {5}, kF32, {1, 1, 1, 1, 1}, "pow(x, 0)");
-  ExpectMatches(Pow(Tensor::FromVector<float>({4, 9, 0.25f}, {3}), 0.5), {3}, kF32, {2, 3, 0.5},
+  ExpectMatches(Pow(RawTensor::FromVector<float>({4, 9, 0.25f}, {3}), 0.5), {3}, kF32, {2, 3, 0.5},
                 "pow(x, 0.5)");
-  const std::vector<double> neg_half = Values(Pow(Tensor::FromVector<float>({-4}, {1}), 0.5));
+  const std::vector<double> neg_half = Values(Pow(RawTensor::FromVector<float>({-4}, {1}), 0.5));
   EXPECT_TRUE(std::isnan(neg_half[0]));
-  ExpectMatches(Pow(Tensor::FromVector<float>({0, 2}, {2}), -1.0), {2}, kF32, {kInf, 0.5},
+  ExpectMatches(Pow(RawTensor::FromVector<float>({0, 2}, {2}), -1.0), {2}, kF32, {kInf, 0.5},
                 "pow(x, -1)");
-  // Tensor exponent broadcast over rows.
-  const Tensor b = Tensor::FromVector<float>({2, 3, 4}, {3});
-  const Tensor e = Tensor::FromVector<float>({1, 2, -1}, {3});
+  // RawTensor exponent broadcast over rows.
+  const RawTensor b = RawTensor::FromVector<float>({2, 3, 4}, {3});
+  const RawTensor e = RawTensor::FromVector<float>({1, 2, -1}, {3});
   ExpectMatches(Pow(b.expand({2, 3}), e), {2, 3}, kF32, {2, 9, 0.25, 2, 9, 0.25}, "pow broadcast");
   // f16 and bf16 exponentiation rounds once.
-  ExpectExact(Pow(Tensor::FromVector<float>({3, 10}, {2}, kF16), 2.0), {2}, kF16, {9, 100},
+  ExpectExact(Pow(RawTensor::FromVector<float>({3, 10}, {2}, kF16), 2.0), {2}, kF16, {9, 100},
               "pow f16");
   // 3^7 = 2187 is a tie between 2186 and 2188 in f16 (spacing 2): the even 2188.
   ExpectExact(
-      Pow(Tensor::FromVector<float>({3}, {1}, kF16), Tensor::FromVector<float>({7}, {1}, kF16)),
+      Pow(RawTensor::FromVector<float>({3}, {1}, kF16), RawTensor::FromVector<float>({7}, {1}, kF16)),
       {1}, kF16, {2188}, "pow f16 2187 -> 2188");
   // 3^6 = 729 rounds to 728 in bf16 (spacing 4).
-  ExpectExact(Pow(Tensor::FromVector<float>({3}, {1}, kBF16), 6.0), {1}, kBF16, {728},
+  ExpectExact(Pow(RawTensor::FromVector<float>({3}, {1}, kBF16), 6.0), {1}, kBF16, {728},
               "pow bf16 729 -> 728");
 }
 
 TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
   for (DType dtype : kFloatTypes) {
-    const Tensor a = Tensor::FromVector<double>({kNaN, 1, 2, kNaN, -kInf}, {5}, dtype);
-    const Tensor b = Tensor::FromVector<double>({0, kNaN, 3, kNaN, 5}, {5}, dtype);
+    const RawTensor a = RawTensor::FromVector<double>({kNaN, 1, 2, kNaN, -kInf}, {5}, dtype);
+    const RawTensor b = RawTensor::FromVector<double>({0, kNaN, 3, kNaN, 5}, {5}, dtype);
     ExpectExact(Maximum(a, b), {5}, dtype, {kNaN, kNaN, 3, kNaN, 5}, "maximum");
     ExpectExact(Minimum(a, b), {5}, dtype, {kNaN, kNaN, 2, kNaN, -kInf}, "minimum");
     ExpectExact(Maximum(b, a), {5}, dtype, {kNaN, kNaN, 3, kNaN, 5}, "maximum swapped");
@@ -530,80 +530,80 @@ TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
 TEST(BinaryOps, ReluBackwardIsPyTorchsThresholdBackward) {
   // 0 where y <= 0 (a NaN or infinite gradient there too), the gradient where y > 0 or y is NaN.
   for (DType dtype : kFloatTypes) {
-    const Tensor grad = Tensor::FromVector<double>({1.5, kNaN, kInf, -2, 3, kNaN, 4}, {7}, dtype);
-    const Tensor y = Tensor::FromVector<double>({0, -0.0, -1, 2, kNaN, 5, kInf}, {7}, dtype);
+    const RawTensor grad = RawTensor::FromVector<double>({1.5, kNaN, kInf, -2, 3, kNaN, 4}, {7}, dtype);
+    const RawTensor y = RawTensor::FromVector<double>({0, -0.0, -1, 2, kNaN, 5, kInf}, {7}, dtype);
     ExpectExact(ReluBackward(grad, y), {7}, dtype, {0, 0, 0, -2, 3, kNaN, 4}, "relu_backward");
     // Broadcast and strided operands go through the same rule.
-    const Tensor g2 = Tensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {3, 2}, dtype);
-    const Tensor y2 = Tensor::FromVector<double>({1, -1}, {2}, dtype);
+    const RawTensor g2 = RawTensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {3, 2}, dtype);
+    const RawTensor y2 = RawTensor::FromVector<double>({1, -1}, {2}, dtype);
     ExpectExact(ReluBackward(g2.transpose(0, 1).contiguous().transpose(0, 1), y2), {3, 2}, dtype,
                 {1, 0, 3, 0, 5, 0}, "relu_backward broadcast");
   }
-  const Tensor gi = Tensor::FromVector<int64_t>({7, 8, 9}, {3});
-  const Tensor yi = Tensor::FromVector<int64_t>({0, 1, -1}, {3});
+  const RawTensor gi = RawTensor::FromVector<int64_t>({7, 8, 9}, {3});
+  const RawTensor yi = RawTensor::FromVector<int64_t>({0, 1, -1}, {3});
   EXPECT_EQ(ReluBackward(gi, yi).to_vector<int64_t>(), (std::vector<int64_t>{0, 8, 0}));
 }
 
 TEST(BinaryOps, F16AndBF16RoundToNearestEvenAndOverflowToInf) {
   // 300 * 300 = 90000 is above the f16 maximum 65504.
-  const Tensor x = Tensor::Full({2}, 300, kF16);
+  const RawTensor x = RawTensor::Full({2}, 300, kF16);
   ExpectExact(Mul(x, x), {2}, kF16, {kInf, kInf}, "f16 300 * 300");
   ExpectExact(MulScalar(x, 300), {2}, kF16, {kInf, kInf}, "f16 300 * scalar 300");
   ExpectExact(Mul(Neg(x), x), {2}, kF16, {-kInf, -kInf}, "f16 -300 * 300");
   // The same product fits in bf16 (rounded to 8 significant bits: 90112).
   ExpectExact(Mul(x.to(kBF16), x.to(kBF16)), {2}, kBF16, {90112, 90112}, "bf16 300 * 300");
   // 65504 + d: the exact sum rounds to nearest even; 65520 (halfway to 65536) and above is inf.
-  const Tensor max = Tensor::Full({1}, 65504, kF16);
-  auto add = [&](double d) { return Add(max, Tensor::Full({1}, d, kF16)).item(); };
+  const RawTensor max = RawTensor::Full({1}, 65504, kF16);
+  auto add = [&](double d) { return Add(max, RawTensor::Full({1}, d, kF16)).item(); };
   EXPECT_EQ(add(8), 65504);
   EXPECT_EQ(add(15), 65504);
   EXPECT_EQ(add(16), kInf);
   EXPECT_EQ(add(32), kInf);
   EXPECT_EQ(add(-16), 65472);  // 65488 is a tie between 65472 (even) and 65504 (odd)
-  EXPECT_EQ(Add(Neg(max), Tensor::Full({1}, -16, kF16)).item(), -kInf);
+  EXPECT_EQ(Add(Neg(max), RawTensor::Full({1}, -16, kF16)).item(), -kInf);
   // bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and rounds to the even 1.
-  const Tensor one = Tensor::Full({1}, 1, kBF16);
-  EXPECT_EQ(Add(one, Tensor::Full({1}, 0.00390625, kBF16)).item(), 1.0);
-  EXPECT_EQ(Add(one, Tensor::Full({1}, 0.005859375, kBF16)).item(), 1.0078125);
+  const RawTensor one = RawTensor::Full({1}, 1, kBF16);
+  EXPECT_EQ(Add(one, RawTensor::Full({1}, 0.00390625, kBF16)).item(), 1.0);
+  EXPECT_EQ(Add(one, RawTensor::Full({1}, 0.005859375, kBF16)).item(), 1.0078125);
   // f16 subnormals are produced: 2^-14 / 4 = 2^-16.
-  EXPECT_EQ(Div(Tensor::Full({1}, std::ldexp(1.0, -14), kF16), Tensor::Full({1}, 4, kF16)).item(),
+  EXPECT_EQ(Div(RawTensor::Full({1}, std::ldexp(1.0, -14), kF16), RawTensor::Full({1}, 4, kF16)).item(),
             std::ldexp(1.0, -16));
   // Division by zero.
-  ExpectExact(Div(Tensor::FromVector<float>({1, -1, 0}, {3}, kF16), Tensor::Zeros({3}, kF16)), {3},
+  ExpectExact(Div(RawTensor::FromVector<float>({1, -1, 0}, {3}, kF16), RawTensor::Zeros({3}, kF16)), {3},
               kF16, {kInf, -kInf, kNaN}, "f16 x / 0");
 }
 
 TEST(BinaryOps, OperatorsMatchNamedOps) {
-  const Tensor a = Tensor::FromVector<float>({1, 2, 3}, {3});
-  const Tensor b = Tensor::FromVector<float>({4, 5, 6}, {3});
+  const RawTensor a = RawTensor::FromVector<float>({1, 2, 3}, {3});
+  const RawTensor b = RawTensor::FromVector<float>({4, 5, 6}, {3});
   ExpectExact(a + b, {3}, kF32, {5, 7, 9}, "+");
   ExpectExact(a - b, {3}, kF32, {-3, -3, -3}, "-");
   ExpectExact(a * b, {3}, kF32, {4, 10, 18}, "*");
-  ExpectExact(b / Tensor::FromVector<float>({2, 4, 8}, {3}), {3}, kF32, {2, 1.25, 0.75}, "/");
+  ExpectExact(b / RawTensor::FromVector<float>({2, 4, 8}, {3}), {3}, kF32, {2, 1.25, 0.75}, "/");
   ExpectExact(-a, {3}, kF32, {-1, -2, -3}, "unary -");
 }
 
 TEST(BinaryOps, Errors) {
-  const Tensor a = Tensor::Zeros({2, 3});
-  EXPECT_ERROR(Add(a, Tensor::Zeros({4})), "add: shapes [2, 3] and [4] cannot be broadcast");
-  EXPECT_ERROR(Mul(Tensor::Zeros({2, 1, 3}), Tensor::Zeros({4, 2})),
+  const RawTensor a = RawTensor::Zeros({2, 3});
+  EXPECT_ERROR(Add(a, RawTensor::Zeros({4})), "add: shapes [2, 3] and [4] cannot be broadcast");
+  EXPECT_ERROR(Mul(RawTensor::Zeros({2, 1, 3}), RawTensor::Zeros({4, 2})),
                "mul: shapes [2, 1, 3] and [4, 2] cannot be broadcast");
-  EXPECT_ERROR(Div(Tensor::Zeros({2}, kI64), Tensor::Zeros({2}, kI32)),
+  EXPECT_ERROR(Div(RawTensor::Zeros({2}, kI64), RawTensor::Zeros({2}, kI32)),
                "div: expected floating inputs, got i64 and i32; cast them first");
-  EXPECT_ERROR(Pow(Tensor::Zeros({2}, kI32), Tensor::Zeros({2}, kI32)),
+  EXPECT_ERROR(Pow(RawTensor::Zeros({2}, kI32), RawTensor::Zeros({2}, kI32)),
                "pow: expected floating inputs, got i32 and i32; cast them first");
-  EXPECT_ERROR(Pow(Tensor::Zeros({2}, kI32), 2.0),
+  EXPECT_ERROR(Pow(RawTensor::Zeros({2}, kI32), 2.0),
                "pow: expected a floating tensor, got i32; cast it first");
-  EXPECT_ERROR(BinaryScalar(BinaryOp::kDiv, Tensor::Zeros({2}, kI64), 2.0),
+  EXPECT_ERROR(BinaryScalar(BinaryOp::kDiv, RawTensor::Zeros({2}, kI64), 2.0),
                "div: expected a floating tensor, got i64; cast it first");
-  EXPECT_ERROR(AddScalar(Tensor::Zeros({2}, kI32), 0.5),
+  EXPECT_ERROR(AddScalar(RawTensor::Zeros({2}, kI32), 0.5),
                "add: scalar 0.5 is not an integer, and the tensor is i32; cast it first");
-  EXPECT_ERROR(Add(Tensor::Zeros({2}, kBool), Tensor::Zeros({2}, kBool)),
+  EXPECT_ERROR(Add(RawTensor::Zeros({2}, kBool), RawTensor::Zeros({2}, kBool)),
                "add: not defined for bool tensors; cast them first");
-  EXPECT_ERROR(MulScalar(Tensor::Zeros({2}, kBool), 2),
+  EXPECT_ERROR(MulScalar(RawTensor::Zeros({2}, kBool), 2),
                "mul: not defined for bool tensors; cast them first");
-  EXPECT_ERROR(Add(Tensor(), a), "add: the first input is an undefined tensor");
-  EXPECT_ERROR(Sub(a, Tensor()), "sub: the second input is an undefined tensor");
+  EXPECT_ERROR(Add(RawTensor(), a), "add: the first input is an undefined tensor");
+  EXPECT_ERROR(Sub(a, RawTensor()), "sub: the second input is an undefined tensor");
 }
 
 // ==== Unary ops
@@ -646,7 +646,7 @@ TEST(UnaryOps, MatchReferenceOnStridedInputs) {
     for (DType dtype : kFloatTypes) {
       for (const Shape& shape : shapes) {
         for (Layout layout : kAllLayouts) {
-          const Tensor x = WithLayout(shape, layout, [&](const Shape& s) {
+          const RawTensor x = WithLayout(shape, layout, [&](const Shape& s) {
             return Draw(s, dtype, gen, spec.lo, spec.hi, spec.normal);
           });
           const std::vector<double> xv = Values(x);
@@ -672,7 +672,7 @@ TEST(UnaryOps, IntegerNegAbsRelu) {
     if (!spec.ints) continue;
     for (DType dtype : {kI32, kI64}) {
       for (Layout layout : kAllLayouts) {
-        const Tensor x = WithLayout({4, 5}, layout,
+        const RawTensor x = WithLayout({4, 5}, layout,
                                     [&](const Shape& s) { return Draw(s, dtype, gen, -100, 100); });
         const std::vector<double> xv = Values(x);
         std::vector<double> ref(xv.size());
@@ -684,49 +684,49 @@ TEST(UnaryOps, IntegerNegAbsRelu) {
   }
   // Negating the most negative integer wraps (no signed-overflow UB).
   const int64_t kMin64 = std::numeric_limits<int64_t>::min();
-  const Tensor m = Tensor::FromVector<int64_t>({kMin64, -3}, {2});
+  const RawTensor m = RawTensor::FromVector<int64_t>({kMin64, -3}, {2});
   EXPECT_EQ(Neg(m).to_vector<int64_t>(), (std::vector<int64_t>{kMin64, 3}));
   EXPECT_EQ(Abs(m).to_vector<int64_t>(), (std::vector<int64_t>{kMin64, 3}));
   EXPECT_EQ(Relu(m).to_vector<int64_t>(), (std::vector<int64_t>{0, 0}));
-  const Tensor m32 = Tensor::FromVector<int32_t>({-2147483647 - 1, 7}, {2});
+  const RawTensor m32 = RawTensor::FromVector<int32_t>({-2147483647 - 1, 7}, {2});
   EXPECT_EQ(Neg(m32).to_vector<int32_t>(), (std::vector<int32_t>{-2147483647 - 1, -7}));
 }
 
 TEST(UnaryOps, SpecialValues) {
   for (DType dtype : kFloatTypes) {
-    const Tensor x = Tensor::FromVector<double>({kNaN, kInf, -kInf, 0, -0.0}, {5}, dtype);
+    const RawTensor x = RawTensor::FromVector<double>({kNaN, kInf, -kInf, 0, -0.0}, {5}, dtype);
     ExpectExact(Relu(x), {5}, dtype, {kNaN, kInf, 0, 0, 0}, "relu");
     ExpectExact(Exp(x), {5}, dtype, {kNaN, kInf, 0, 1, 1}, "exp");
     ExpectExact(Tanh(x), {5}, dtype, {kNaN, 1, -1, 0, 0}, "tanh");
     ExpectExact(Sigmoid(x), {5}, dtype, {kNaN, 1, 0, 0.5, 0.5}, "sigmoid");
     ExpectExact(Abs(x), {5}, dtype, {kNaN, kInf, kInf, 0, 0}, "abs");
-    ExpectExact(Log(Tensor::FromVector<double>({0, -1, 1, kInf}, {4}, dtype)), {4}, dtype,
+    ExpectExact(Log(RawTensor::FromVector<double>({0, -1, 1, kInf}, {4}, dtype)), {4}, dtype,
                 {-kInf, kNaN, 0, kInf}, "log");
-    ExpectExact(Sqrt(Tensor::FromVector<double>({-1, 0, 4, kInf}, {4}, dtype)), {4}, dtype,
+    ExpectExact(Sqrt(RawTensor::FromVector<double>({-1, 0, 4, kInf}, {4}, dtype)), {4}, dtype,
                 {kNaN, 0, 2, kInf}, "sqrt");
-    ExpectExact(Gelu(Tensor::FromVector<double>({0, kInf}, {2}, dtype)), {2}, dtype, {0, kInf},
+    ExpectExact(Gelu(RawTensor::FromVector<double>({0, kInf}, {2}, dtype)), {2}, dtype, {0, kInf},
                 "gelu");
     // PyTorch 2.15's silu on the same values: -inf / (1 + inf) is NaN there too.
     ExpectExact(Silu(x), {5}, dtype, {kNaN, kInf, kNaN, 0, 0}, "silu");
   }
   // silu(-1000) is -0 (x / inf) and silu(-1) rounds as PyTorch's: f32 -0.2689414322376251,
   // f16 -0.26904296875, f64 -0.2689414213699951.
-  EXPECT_TRUE(std::signbit(Silu(Tensor::FromVector<float>({-1000.0f}, {1})).to_vector<float>()[0]));
-  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF32)), {1}, kF32, {-0.2689414322376251}, "silu f32");
-  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF16)), {1}, kF16, {-0.26904296875}, "silu f16");
-  ExpectExact(Silu(Tensor::Full({1}, -1.0, kF64)), {1}, kF64, {-0.2689414213699951}, "silu f64");
+  EXPECT_TRUE(std::signbit(Silu(RawTensor::FromVector<float>({-1000.0f}, {1})).to_vector<float>()[0]));
+  ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF32)), {1}, kF32, {-0.2689414322376251}, "silu f32");
+  ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF16)), {1}, kF16, {-0.26904296875}, "silu f16");
+  ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF64)), {1}, kF64, {-0.2689414213699951}, "silu f64");
   // exp overflows f16 at 11.09 (e^11.09 > 65520) but not f32.
-  ExpectExact(Exp(Tensor::Full({1}, 11.25, kF16)), {1}, kF16, {kInf}, "f16 exp overflow");
-  EXPECT_NEAR(Exp(Tensor::Full({1}, 11.25, kF32)).item(), std::exp(11.25), 1e-2);
+  ExpectExact(Exp(RawTensor::Full({1}, 11.25, kF16)), {1}, kF16, {kInf}, "f16 exp overflow");
+  EXPECT_NEAR(Exp(RawTensor::Full({1}, 11.25, kF32)).item(), std::exp(11.25), 1e-2);
   // Sign of zero survives neg and abs.
-  const std::vector<float> z = Neg(Tensor::FromVector<float>({0.0f}, {1})).to_vector<float>();
+  const std::vector<float> z = Neg(RawTensor::FromVector<float>({0.0f}, {1})).to_vector<float>();
   EXPECT_TRUE(std::signbit(z[0]));
-  EXPECT_FALSE(std::signbit(Abs(Tensor::FromVector<float>({-0.0f}, {1})).to_vector<float>()[0]));
+  EXPECT_FALSE(std::signbit(Abs(RawTensor::FromVector<float>({-0.0f}, {1})).to_vector<float>()[0]));
 }
 
 TEST(UnaryOps, GeluVariantsDiffer) {
   // The exact and tanh-approximated GELU differ by ~1e-4 near |x| = 2: both must be their own.
-  const Tensor x = Tensor::FromVector<double>({-3, -2, -1, 0.5, 1, 2, 3}, {7});
+  const RawTensor x = RawTensor::FromVector<double>({-3, -2, -1, 0.5, 1, 2, 3}, {7});
   const std::vector<double> xv = Values(x);
   std::vector<double> exact, approx;
   for (double v : xv) {
@@ -740,17 +740,17 @@ TEST(UnaryOps, GeluVariantsDiffer) {
 }
 
 TEST(UnaryOps, Errors) {
-  EXPECT_ERROR(Exp(Tensor::Zeros({2}, kI64)),
+  EXPECT_ERROR(Exp(RawTensor::Zeros({2}, kI64)),
                "exp: expected a floating dtype (f32, f64, f16, bf16), got i64");
-  EXPECT_ERROR(Log(Tensor::Zeros({2}, kI32)),
+  EXPECT_ERROR(Log(RawTensor::Zeros({2}, kI32)),
                "log: expected a floating dtype (f32, f64, f16, bf16), got i32");
-  EXPECT_ERROR(Sigmoid(Tensor::Zeros({2}, kU8)),
+  EXPECT_ERROR(Sigmoid(RawTensor::Zeros({2}, kU8)),
                "sigmoid: expected a floating dtype (f32, f64, f16, bf16), got u8");
-  EXPECT_ERROR(Gelu(Tensor::Zeros({2}, kBool)),
+  EXPECT_ERROR(Gelu(RawTensor::Zeros({2}, kBool)),
                "gelu: expected a floating dtype (f32, f64, f16, bf16), got bool");
-  EXPECT_ERROR(Neg(Tensor::Zeros({2}, kBool)),
+  EXPECT_ERROR(Neg(RawTensor::Zeros({2}, kBool)),
                "neg: not defined for bool tensors; cast them first");
-  EXPECT_ERROR(Tanh(Tensor()), "tanh: the input is an undefined tensor");
+  EXPECT_ERROR(Tanh(RawTensor()), "tanh: the input is an undefined tensor");
 }
 
 // ==== Comparisons and where ======================================================================
@@ -775,7 +775,7 @@ TEST(CompareOps, MatchReferenceAndReturnBool) {
             return IsFloating(dtype) ? Draw(s, kI32, gen, -3, 3).to(dtype)
                                      : Draw(s, dtype, gen, -3, 3);
           };
-          const Tensor a = WithLayout(sa, la, make), b = WithLayout(sb, lb, make);
+          const RawTensor a = WithLayout(sa, la, make), b = WithLayout(sb, lb, make);
           const Shape out_shape = Broadcast2(sa, sb);
           const std::vector<double> av = BroadcastValues(a, out_shape);
           const std::vector<double> bv = BroadcastValues(b, out_shape);
@@ -790,8 +790,8 @@ TEST(CompareOps, MatchReferenceAndReturnBool) {
 }
 
 TEST(CompareOps, NaNAndMixedDtypes) {
-  const Tensor a = Tensor::FromVector<double>({kNaN, 1, 2, -kInf}, {4});
-  const Tensor b = Tensor::FromVector<double>({kNaN, kNaN, 2, -kInf}, {4});
+  const RawTensor a = RawTensor::FromVector<double>({kNaN, 1, 2, -kInf}, {4});
+  const RawTensor b = RawTensor::FromVector<double>({kNaN, kNaN, 2, -kInf}, {4});
   ExpectExact(Eq(a, b), {4}, kBool, {0, 0, 1, 1}, "eq");
   ExpectExact(Ne(a, b), {4}, kBool, {1, 1, 0, 0}, "ne");
   ExpectExact(Lt(a, b), {4}, kBool, {0, 0, 0, 0}, "lt");
@@ -799,14 +799,14 @@ TEST(CompareOps, NaNAndMixedDtypes) {
   ExpectExact(Gt(a, b), {4}, kBool, {0, 0, 0, 0}, "gt");
   ExpectExact(Ge(a, b), {4}, kBool, {0, 0, 1, 1}, "ge");
   // f16 0.1 and f32 0.1 differ; i64 3 equals f16 3.
-  ExpectExact(Eq(Tensor::Full({1}, 0.1, kF16), Tensor::Full({1}, 0.1, kF32)), {1}, kBool, {0},
+  ExpectExact(Eq(RawTensor::Full({1}, 0.1, kF16), RawTensor::Full({1}, 0.1, kF32)), {1}, kBool, {0},
               "f16 0.1 == f32 0.1");
   // f16 0.1 is 0.0999755859375, below f32 0.1 (0.100000001490116).
-  ExpectExact(Gt(Tensor::Full({1}, 0.1, kF32), Tensor::Full({1}, 0.1, kF16)), {1}, kBool, {1},
+  ExpectExact(Gt(RawTensor::Full({1}, 0.1, kF32), RawTensor::Full({1}, 0.1, kF16)), {1}, kBool, {1},
               "f32 0.1 > f16 0.1");
-  ExpectExact(Eq(Tensor::Full({2}, 3, kI64), Tensor::FromVector<float>({3, 3.5}, {2}, kF16)), {2},
+  ExpectExact(Eq(RawTensor::Full({2}, 3, kI64), RawTensor::FromVector<float>({3, 3.5}, {2}, kF16)), {2},
               kBool, {1, 0}, "i64 vs f16");
-  EXPECT_ERROR(Lt(Tensor::Zeros({2, 3}), Tensor::Zeros({2})),
+  EXPECT_ERROR(Lt(RawTensor::Zeros({2, 3}), RawTensor::Zeros({2})),
                "lt: shapes [2, 3] and [2] cannot be broadcast");
 }
 
@@ -825,12 +825,12 @@ TEST(WhereOp, MatchesReferenceWithBroadcasting) {
       for (size_t l = 0; l < kLayoutPairs.size(); ++l) {
         const auto [la, lb] = kLayoutPairs[l];
         const DType cond_dtype = l % 2 == 0 ? kBool : kU8;
-        const Tensor cond = WithLayout(c.cond, lb, [&](const Shape& s) {
+        const RawTensor cond = WithLayout(c.cond, lb, [&](const Shape& s) {
           return cond_dtype == kU8 ? Draw(s, kU8, gen, 0, 2) : Draw(s, kBool, gen, 0, 1);
         });
-        const Tensor a =
+        const RawTensor a =
             WithLayout(c.a, la, [&](const Shape& s) { return Draw(s, dtype, gen, -50, 50); });
-        const Tensor b =
+        const RawTensor b =
             WithLayout(c.b, lb, [&](const Shape& s) { return Draw(s, dtype, gen, -50, 50); });
         const Shape out_shape = Broadcast2(c.cond, Broadcast2(c.a, c.b));
         const std::vector<double> cv = BroadcastValues(cond, out_shape);
@@ -847,18 +847,18 @@ TEST(WhereOp, MatchesReferenceWithBroadcasting) {
 }
 
 TEST(WhereOp, PromotesAndRejectsBadConditions) {
-  const Tensor cond = Tensor::FromVector<bool>({true, false, true}, {3});
-  const Tensor a = Tensor::FromVector<float>({1.5f, 2.5f, 3.5f}, {3}, kF16);
-  const Tensor b = Tensor::FromVector<float>({-1, -2, -3}, {3});
+  const RawTensor cond = RawTensor::FromVector<bool>({true, false, true}, {3});
+  const RawTensor a = RawTensor::FromVector<float>({1.5f, 2.5f, 3.5f}, {3}, kF16);
+  const RawTensor b = RawTensor::FromVector<float>({-1, -2, -3}, {3});
   ExpectExact(Where(cond, a, b), {3}, kF32, {1.5, -2, 3.5}, "where f16/f32");
-  ExpectExact(Where(cond, Tensor::Full({}, 7, kI32), Tensor::Full({}, 0.25, kF64)), {3}, kF64,
+  ExpectExact(Where(cond, RawTensor::Full({}, 7, kI32), RawTensor::Full({}, 0.25, kF64)), {3}, kF64,
               {7, 0.25, 7}, "where scalars");
-  EXPECT_ERROR(Where(Tensor::Ones({3}), a, b), "where: the condition must be bool or u8, got f32");
-  EXPECT_ERROR(Where(Tensor::Ones({3}, kI64), a, b),
+  EXPECT_ERROR(Where(RawTensor::Ones({3}), a, b), "where: the condition must be bool or u8, got f32");
+  EXPECT_ERROR(Where(RawTensor::Ones({3}, kI64), a, b),
                "where: the condition must be bool or u8, got i64");
-  EXPECT_ERROR(Where(Tensor::Ones({2}, kBool), a, b),
+  EXPECT_ERROR(Where(RawTensor::Ones({2}, kBool), a, b),
                "where: shapes [2] and [3] cannot be broadcast");
-  EXPECT_ERROR(Where(Tensor(), a, b), "where: the condition is an undefined tensor");
+  EXPECT_ERROR(Where(RawTensor(), a, b), "where: the condition is an undefined tensor");
 }
 
 // ==== Reductions =================================================================================
@@ -870,7 +870,7 @@ struct Reduced {
   std::vector<std::vector<double>> groups;  // the reduced values of each output element
 };
 
-Reduced ReduceRef(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+Reduced ReduceRef(const RawTensor& x, std::vector<int64_t> dims, bool keepdim) {
   const int64_t nd = x.dim();
   std::vector<bool> reduced(static_cast<size_t>(nd), dims.empty());
   for (int64_t d : dims) reduced[static_cast<size_t>(d < 0 ? d + nd : d)] = true;
@@ -909,7 +909,7 @@ TEST(Reductions, SumAndMeanMatchReference) {
   Generator gen(9);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x = WithLayout({3, 4, 5}, layout,
+      const RawTensor x = WithLayout({3, 4, 5}, layout,
                                   [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
       for (const auto& dims : kDimLists) {
         for (bool keepdim : {false, true}) {
@@ -940,7 +940,7 @@ TEST(Reductions, IntegerAndBoolSumsGiveI64) {
   Generator gen(10);
   for (DType dtype : {kI32, kI64, kU8, kBool}) {
     for (Layout layout : kAllLayouts) {
-      const Tensor x = WithLayout({3, 4, 5}, layout,
+      const RawTensor x = WithLayout({3, 4, 5}, layout,
                                   [&](const Shape& s) { return Draw(s, dtype, gen, -100, 200); });
       for (const auto& dims : kDimLists) {
         const Reduced r = ReduceRef(x, dims, true);
@@ -956,47 +956,47 @@ TEST(Reductions, IntegerAndBoolSumsGiveI64) {
     }
   }
   // u8 values sum without wrapping at 256; bool counts the true values.
-  EXPECT_EQ(Sum(Tensor::Full({10}, 200, kU8)).item(), 2000);
-  EXPECT_EQ(Sum(Tensor::FromVector<bool>({true, false, true, true}, {4})).item(), 3);
-  EXPECT_EQ(Sum(Tensor::FromVector<bool>({true, false, true, true}, {4})).dtype(), kI64);
-  EXPECT_ERROR(Mean(Tensor::Zeros({3}, kI32)),
+  EXPECT_EQ(Sum(RawTensor::Full({10}, 200, kU8)).item(), 2000);
+  EXPECT_EQ(Sum(RawTensor::FromVector<bool>({true, false, true, true}, {4})).item(), 3);
+  EXPECT_EQ(Sum(RawTensor::FromVector<bool>({true, false, true, true}, {4})).dtype(), kI64);
+  EXPECT_ERROR(Mean(RawTensor::Zeros({3}, kI32)),
                "mean: expected a floating dtype (f32, f64, f16, bf16), got i32");
 }
 
 TEST(Reductions, EdgeShapes) {
   // 0-d input: sum over all dims or dim 0 / -1.
-  const Tensor s = Tensor::Scalar(2.5);
+  const RawTensor s = RawTensor::Scalar(2.5);
   ExpectExact(Sum(s), {}, kF32, {2.5}, "sum 0-d");
   ExpectExact(Sum(s, {0}), {}, kF32, {2.5}, "sum 0-d dim 0");
   ExpectExact(Mean(s, {-1}, true), {}, kF32, {2.5}, "mean 0-d keepdim");
   ExpectExact(Max(s, 0), {}, kF32, {2.5}, "max 0-d");
   ExpectExact(Argmax(s, -1), {}, kI64, {0}, "argmax 0-d");
   // Reducing an empty dim: sum 0, mean NaN; an empty non-reduced dim gives an empty result.
-  const Tensor e = Tensor::Zeros({2, 0});
+  const RawTensor e = RawTensor::Zeros({2, 0});
   ExpectExact(Sum(e, {1}), {2}, kF32, {0, 0}, "sum over empty dim");
   ExpectExact(Mean(e, {1}), {2}, kF32, {kNaN, kNaN}, "mean over empty dim");
   ExpectExact(Sum(e, {0}), {0}, kF32, {}, "sum leaving an empty dim");
   ExpectExact(Sum(e), {}, kF32, {0}, "sum of an empty tensor");
   ExpectExact(Sum(e, {}, true), {1, 1}, kF32, {0}, "sum keepdim all");
-  ExpectExact(Max(Tensor::Zeros({0, 3}), 1), {0}, kF32, {}, "max leaving an empty dim");
+  ExpectExact(Max(RawTensor::Zeros({0, 3}), 1), {0}, kF32, {}, "max leaving an empty dim");
 }
 
 TEST(Reductions, LowPrecisionAccumulatesInF64AndRoundsOnce) {
   // The f16 partial sums 65504 + 65504 overflow f16; the f64 accumulator does not.
-  const Tensor h = Tensor::FromVector<float>({65504, 65504, -65504}, {3}, kF16);
+  const RawTensor h = RawTensor::FromVector<float>({65504, 65504, -65504}, {3}, kF16);
   EXPECT_EQ(Sum(h).item(), 65504);
   // Mean divides the f64 sum: 60000 + 60000 overflows f16 but the mean is 60000.
-  EXPECT_EQ(Mean(Tensor::Full({2}, 60000, kF16)).item(), 60000);
-  EXPECT_EQ(Mean(Tensor::FromVector<float>({65504, 65504, 65504, -65504}, {2, 2}, kF16), {1})
+  EXPECT_EQ(Mean(RawTensor::Full({2}, 60000, kF16)).item(), 60000);
+  EXPECT_EQ(Mean(RawTensor::FromVector<float>({65504, 65504, 65504, -65504}, {2, 2}, kF16), {1})
                 .to_vector<double>(),
             (std::vector<double>{65504, 0}));
   // 4096 ones in f16: a f16 accumulator would stall at 2048.
-  EXPECT_EQ(Sum(Tensor::Ones({4096}, kF16)).item(), 4096);
-  EXPECT_EQ(Mean(Tensor::Ones({4096}, kBF16)).item(), 1);
+  EXPECT_EQ(Sum(RawTensor::Ones({4096}, kF16)).item(), 4096);
+  EXPECT_EQ(Mean(RawTensor::Ones({4096}, kBF16)).item(), 1);
   // bf16: 256 + 1 + 1 = 258 exactly; a bf16 accumulator would give 256.
-  EXPECT_EQ(Sum(Tensor::FromVector<float>({256, 1, 1}, {3}, kBF16)).item(), 258);
+  EXPECT_EQ(Sum(RawTensor::FromVector<float>({256, 1, 1}, {3}, kBF16)).item(), 258);
   // f32 mean is the correctly rounded f64 quotient.
-  const Tensor f = Tensor::FromVector<float>({1, 2, 2}, {3});
+  const RawTensor f = RawTensor::FromVector<float>({1, 2, 2}, {3});
   EXPECT_EQ(Mean(f).item(), static_cast<double>(static_cast<float>(5.0 / 3.0)));
 }
 
@@ -1006,7 +1006,7 @@ TEST(Reductions, MaxAndArgmaxMatchReference) {
   for (DType dtype : dtypes) {
     for (Layout layout : kAllLayouts) {
       // Small integers: ties are common, and argmax must give the first maximum.
-      const Tensor x = WithLayout({3, 4, 5}, layout, [&](const Shape& s) {
+      const RawTensor x = WithLayout({3, 4, 5}, layout, [&](const Shape& s) {
         return IsFloating(dtype) ? Draw(s, kI32, gen, -4, 4).to(dtype) : Draw(s, dtype, gen, -4, 4);
       });
       for (int64_t dim : {0, 1, 2, -1, -3}) {
@@ -1030,7 +1030,7 @@ TEST(Reductions, MaxAndArgmaxMatchReference) {
 
 TEST(Reductions, MaxLetsNaNWin) {
   for (DType dtype : kFloatTypes) {
-    const Tensor x = Tensor::FromVector<double>({1, kNaN, 5, kNaN,            //
+    const RawTensor x = RawTensor::FromVector<double>({1, kNaN, 5, kNaN,            //
                                                  -kInf, -kInf, -kInf, -kInf,  //
                                                  kNaN, 9, 2, 3,               //
                                                  0, 7, 7, kInf},
@@ -1042,7 +1042,7 @@ TEST(Reductions, MaxLetsNaNWin) {
 }
 
 TEST(Reductions, Errors) {
-  const Tensor x = Tensor::Zeros({2, 3, 4});
+  const RawTensor x = RawTensor::Zeros({2, 3, 4});
   EXPECT_ERROR(Sum(x, {1, -2}), "sum: dim 1 appears more than once in [1, -2]");
   EXPECT_ERROR(Mean(x, {0, 0}), "mean: dim 0 appears more than once in [0, 0]");
   EXPECT_ERROR(Mean(x, {5}), "mean: dim 5 is out of range for a tensor with 3 dims");
@@ -1050,22 +1050,22 @@ TEST(Reductions, Errors) {
   EXPECT_ERROR(Sum(x, {-4}), "sum: dim -4 is out of range for a tensor with 3 dims");
   EXPECT_ERROR(Max(x, 3), "max: dim 3 is out of range for a tensor with 3 dims");
   EXPECT_ERROR(Argmax(x, -4), "argmax: dim -4 is out of range for a tensor with 3 dims");
-  EXPECT_ERROR(Max(Tensor::Scalar(1), 1), "max: dim 1 is out of range for a tensor with 0 dims");
-  EXPECT_ERROR(Max(Tensor::Zeros({2, 0}), 1),
+  EXPECT_ERROR(Max(RawTensor::Scalar(1), 1), "max: dim 1 is out of range for a tensor with 0 dims");
+  EXPECT_ERROR(Max(RawTensor::Zeros({2, 0}), 1),
                "max: dim 1 of shape [2, 0] is empty; there is no maximum");
-  EXPECT_ERROR(Argmax(Tensor::Zeros({0, 3}), 0),
+  EXPECT_ERROR(Argmax(RawTensor::Zeros({0, 3}), 0),
                "argmax: dim 0 of shape [0, 3] is empty; there is no maximum");
-  EXPECT_ERROR(Sum(Tensor()), "sum: the input is an undefined tensor");
+  EXPECT_ERROR(Sum(RawTensor()), "sum: the input is an undefined tensor");
 }
 
 // ==== Matmul ====================================================================================
 
 // Reference batched matmul of a [..., m, k] and b [..., k, n] (1-D operands promoted and the
 // result squeezed like the op). `slack` gets sum |a||b| * eps per output element.
-std::vector<double> MatmulRef(const Tensor& a_in, const Tensor& b_in, Shape* out_shape,
+std::vector<double> MatmulRef(const RawTensor& a_in, const RawTensor& b_in, Shape* out_shape,
                               std::vector<double>* abs_sum) {
-  const Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
-  const Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  const RawTensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
+  const RawTensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const Shape batch = Broadcast2(Shape(a.shape().begin(), a.shape().end() - 2),
                                  Shape(b.shape().begin(), b.shape().end() - 2));
@@ -1096,7 +1096,7 @@ std::vector<double> MatmulRef(const Tensor& a_in, const Tensor& b_in, Shape* out
   return out;
 }
 
-void CheckMatmul(const Tensor& a, const Tensor& b, const std::string& what) {
+void CheckMatmul(const RawTensor& a, const RawTensor& b, const std::string& what) {
   Shape shape;
   std::vector<double> abs;
   const std::vector<double> ref = MatmulRef(a, b, &shape, &abs);
@@ -1117,8 +1117,8 @@ TEST(Matmul, TwoDimensionalWithStridedOperands) {
         for (bool swap : {false, true}) {
           const Layout a_layout = swap ? lb : la, b_layout = swap ? la : lb;
           auto make = [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); };
-          const Tensor a = WithLayout({m, k}, a_layout, make);
-          const Tensor b = WithLayout({k, n}, b_layout, make);
+          const RawTensor a = WithLayout({m, k}, a_layout, make);
+          const RawTensor b = WithLayout({k, n}, b_layout, make);
           CheckMatmul(a, b,
                       std::string("matmul ") + DTypeName(dtype) + " " + std::to_string(m) + "x" +
                           std::to_string(k) + "x" + std::to_string(n) + " " + LayoutName(a_layout) +
@@ -1143,9 +1143,9 @@ TEST(Matmul, LargeLowPrecisionProducts) {
           const std::string what = std::string(DTypeName(dtype)) + " " + std::to_string(m) + "x" +
                                    std::to_string(k) + "x" + std::to_string(n) +
                                    (ta ? " a^T" : "") + (tb ? " b^T" : "");
-          const Tensor a = ta ? Draw({k, m}, dtype, gen, -1, 1).transpose(0, 1)
+          const RawTensor a = ta ? Draw({k, m}, dtype, gen, -1, 1).transpose(0, 1)
                               : Draw({m, k}, dtype, gen, -1, 1);
-          const Tensor b = tb ? Draw({n, k}, dtype, gen, -1, 1).transpose(0, 1)
+          const RawTensor b = tb ? Draw({n, k}, dtype, gen, -1, 1).transpose(0, 1)
                               : Draw({k, n}, dtype, gen, -1, 1);
           CheckMatmul(a, b, what);
           const std::vector<double> first = Matmul(a, b).to_vector<double>();
@@ -1153,7 +1153,7 @@ TEST(Matmul, LargeLowPrecisionProducts) {
         }
       }
     }
-    const Tensor a = Draw({3, 40, 72}, dtype, gen, -1, 1), b = Draw({3, 72, 50}, dtype, gen, -1, 1);
+    const RawTensor a = Draw({3, 40, 72}, dtype, gen, -1, 1), b = Draw({3, 72, 50}, dtype, gen, -1, 1);
     CheckMatmul(a, b, std::string(DTypeName(dtype)) + " batch of 3");
   }
 }
@@ -1161,14 +1161,14 @@ TEST(Matmul, LargeLowPrecisionProducts) {
 TEST(Matmul, TransposedViewsGiveTheSameNumbersAsCopies) {
   Generator gen(13);
   for (DType dtype : {kF32, kF64}) {
-    const Tensor at = Draw({6, 5}, dtype, gen, 0, 1, true);  // a = at^T is [5, 6]
-    const Tensor bt = Draw({4, 6}, dtype, gen, 0, 1, true);  // b = bt^T is [6, 4]
-    const Tensor at_copy = at.clone();
-    const Tensor a = at.transpose(0, 1), b = bt.transpose(0, 1);
+    const RawTensor at = Draw({6, 5}, dtype, gen, 0, 1, true);  // a = at^T is [5, 6]
+    const RawTensor bt = Draw({4, 6}, dtype, gen, 0, 1, true);  // b = bt^T is [6, 4]
+    const RawTensor at_copy = at.clone();
+    const RawTensor a = at.transpose(0, 1), b = bt.transpose(0, 1);
     ASSERT_FALSE(a.is_contiguous());
     ASSERT_FALSE(b.is_contiguous());
-    const Tensor copied = Matmul(a.contiguous(), b.contiguous());
-    for (const Tensor& got : {Matmul(a, b), Matmul(a, b.contiguous()), Matmul(a.contiguous(), b)}) {
+    const RawTensor copied = Matmul(a.contiguous(), b.contiguous());
+    for (const RawTensor& got : {Matmul(a, b), Matmul(a, b.contiguous()), Matmul(a.contiguous(), b)}) {
       const std::vector<double> g = Values(got), c = Values(copied);
       ASSERT_EQ(g.size(), c.size());
       for (size_t i = 0; i < g.size(); ++i) {
@@ -1202,8 +1202,8 @@ TEST(Matmul, BatchedWithBroadcastBatchDims) {
       }
     }
     // A batch dim that is neither contiguous nor broadcast: a permuted [3, 2, 4] -> [2, 3, 4].
-    const Tensor a = Draw({3, 2, 4}, dtype, gen, 0, 1, true).permute({1, 0, 2});
-    const Tensor b = Draw({5, 2, 4}, dtype, gen, 0, 1, true).permute({1, 2, 0});  // [2, 4, 5]
+    const RawTensor a = Draw({3, 2, 4}, dtype, gen, 0, 1, true).permute({1, 0, 2});
+    const RawTensor b = Draw({5, 2, 4}, dtype, gen, 0, 1, true).permute({1, 2, 0});  // [2, 4, 5]
     CheckMatmul(a, b, std::string("permuted batch ") + DTypeName(dtype));
   }
 }
@@ -1212,7 +1212,7 @@ TEST(Matmul, OneDimensionalOperands) {
   Generator gen(15);
   for (DType dtype : kFloatTypes) {
     auto make = [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); };
-    const Tensor v = make({4});
+    const RawTensor v = make({4});
     CheckMatmul(v, make({4}), "dot");
     EXPECT_EQ(Matmul(v, make({4})).shape(), Shape{});
     CheckMatmul(v, make({4, 3}), "vector @ matrix");
@@ -1223,8 +1223,8 @@ TEST(Matmul, OneDimensionalOperands) {
                 "stepped vector @ transposed matrix");
   }
   // Exact small case.
-  const Tensor a = Tensor::FromVector<double>({1, 2, 3}, {3});
-  const Tensor m = Tensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {3, 2});
+  const RawTensor a = RawTensor::FromVector<double>({1, 2, 3}, {3});
+  const RawTensor m = RawTensor::FromVector<double>({1, 2, 3, 4, 5, 6}, {3, 2});
   ExpectExact(Matmul(a, a), {}, kF64, {14}, "1-D dot");
   ExpectExact(Matmul(a, m), {2}, kF64, {22, 28}, "1-D @ 2-D");
   ExpectExact(Matmul(m.transpose(0, 1), a), {2}, kF64, {22, 28}, "2-D @ 1-D");
@@ -1234,27 +1234,27 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
   for (DType dtype : kFloatTypes) {
     // The output comes from uninitialised memory: k == 0 must write zeros explicitly.
     for (int rep = 0; rep < 3; ++rep) {
-      ExpectExact(Matmul(Tensor::Ones({3, 0}, dtype), Tensor::Ones({0, 4}, dtype)), {3, 4}, dtype,
+      ExpectExact(Matmul(RawTensor::Ones({3, 0}, dtype), RawTensor::Ones({0, 4}, dtype)), {3, 4}, dtype,
                   std::vector<double>(12, 0), "k == 0");
-      ExpectExact(Matmul(Tensor::Ones({2, 3, 0}, dtype), Tensor::Ones({0, 2}, dtype)), {2, 3, 2},
+      ExpectExact(Matmul(RawTensor::Ones({2, 3, 0}, dtype), RawTensor::Ones({0, 2}, dtype)), {2, 3, 2},
                   dtype, std::vector<double>(12, 0), "batched k == 0");
-      ExpectExact(Matmul(Tensor::Ones({0}, dtype), Tensor::Ones({0}, dtype)), {}, dtype, {0},
+      ExpectExact(Matmul(RawTensor::Ones({0}, dtype), RawTensor::Ones({0}, dtype)), {}, dtype, {0},
                   "empty dot");
     }
-    ExpectExact(Matmul(Tensor::Ones({0, 3}, dtype), Tensor::Ones({3, 4}, dtype)), {0, 4}, dtype, {},
+    ExpectExact(Matmul(RawTensor::Ones({0, 3}, dtype), RawTensor::Ones({3, 4}, dtype)), {0, 4}, dtype, {},
                 "m == 0");
-    ExpectExact(Matmul(Tensor::Ones({2, 3}, dtype), Tensor::Ones({3, 0}, dtype)), {2, 0}, dtype, {},
+    ExpectExact(Matmul(RawTensor::Ones({2, 3}, dtype), RawTensor::Ones({3, 0}, dtype)), {2, 0}, dtype, {},
                 "n == 0");
   }
 }
 
 TEST(Matmul, LowPrecisionRoundsTheF32ProductOnce) {
   // 255 * 257 + 1 * 15 = 65550 is above 65520: the rounded f32 result is inf.
-  const Tensor a = Tensor::FromVector<float>({255, 1}, {1, 2}, kF16);
-  const Tensor b = Tensor::FromVector<float>({257, 15}, {2, 1}, kF16);
+  const RawTensor a = RawTensor::FromVector<float>({255, 1}, {1, 2}, kF16);
+  const RawTensor b = RawTensor::FromVector<float>({257, 15}, {2, 1}, kF16);
   ExpectExact(Matmul(a, b), {1, 1}, kF16, {kInf}, "65535 + 15 -> inf");
-  const Tensor c = Tensor::FromVector<float>({256, -256}, {1, 2}, kF16);
-  const Tensor d = Tensor::FromVector<float>({300, 300}, {2, 1}, kF16);
+  const RawTensor c = RawTensor::FromVector<float>({256, -256}, {1, 2}, kF16);
+  const RawTensor d = RawTensor::FromVector<float>({300, 300}, {2, 1}, kF16);
   // The f32 accumulator sees 76800 - 76800 = 0, not inf - inf.
   ExpectExact(Matmul(c, d), {1, 1}, kF16, {0}, "no intermediate f16 rounding");
   ExpectExact(Matmul(c.to(kBF16), d.to(kBF16)), {1, 1}, kBF16, {0}, "bf16");
@@ -1265,7 +1265,7 @@ TEST(Matmul, Bmm) {
   for (DType dtype : kFloatTypes) {
     auto make = [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); };
     for (const auto& [la, lb] : kLayoutPairs) {
-      const Tensor a = WithLayout({3, 4, 5}, la, make), b = WithLayout({3, 5, 2}, lb, make);
+      const RawTensor a = WithLayout({3, 4, 5}, la, make), b = WithLayout({3, 5, 2}, lb, make);
       Shape shape;
       std::vector<double> abs;
       const std::vector<double> ref = MatmulRef(a, b, &shape, &abs);
@@ -1276,32 +1276,32 @@ TEST(Matmul, Bmm) {
       ExpectMatches(Bmm(a, b), {3, 4, 2}, dtype, ref, std::string("bmm ") + LayoutName(la), tol);
     }
   }
-  EXPECT_ERROR(Bmm(Tensor::Zeros({2, 3, 4}), Tensor::Zeros({3, 4, 5})),
+  EXPECT_ERROR(Bmm(RawTensor::Zeros({2, 3, 4}), RawTensor::Zeros({3, 4, 5})),
                "bmm: expected [b, m, k] and [b, k, n], got [2, 3, 4] and [3, 4, 5]");
-  EXPECT_ERROR(Bmm(Tensor::Zeros({3, 4}), Tensor::Zeros({4, 5})),
+  EXPECT_ERROR(Bmm(RawTensor::Zeros({3, 4}), RawTensor::Zeros({4, 5})),
                "bmm: expected [b, m, k] and [b, k, n], got [3, 4] and [4, 5]");
-  EXPECT_ERROR(Bmm(Tensor::Zeros({2, 3, 4}), Tensor::Zeros({2, 5, 4})),
+  EXPECT_ERROR(Bmm(RawTensor::Zeros({2, 3, 4}), RawTensor::Zeros({2, 5, 4})),
                "bmm: expected [b, m, k] and [b, k, n], got [2, 3, 4] and [2, 5, 4]");
 }
 
 TEST(Matmul, Errors) {
-  EXPECT_ERROR(Matmul(Tensor::Zeros({2, 3}), Tensor::Zeros({4, 5})),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({2, 3}), RawTensor::Zeros({4, 5})),
                "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
-  EXPECT_ERROR(Matmul(Tensor::Zeros({3}), Tensor::Zeros({4})),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({3}), RawTensor::Zeros({4})),
                "matmul: shapes [3] and [4] cannot be multiplied (3 != 4)");
-  EXPECT_ERROR(Matmul(Tensor::Zeros({2, 3}), Tensor::Zeros({3, 4}, kF64)),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({2, 3}), RawTensor::Zeros({3, 4}, kF64)),
                "matmul: dtypes f32 and f64 differ");
-  EXPECT_ERROR(Matmul(Tensor::Zeros({2, 3}, kF16), Tensor::Zeros({3, 4}, kBF16)),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({2, 3}, kF16), RawTensor::Zeros({3, 4}, kBF16)),
                "matmul: dtypes f16 and bf16 differ");
-  EXPECT_ERROR(Matmul(Tensor::Zeros({2, 3}, kI64), Tensor::Zeros({3, 4}, kI64)),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({2, 3}, kI64), RawTensor::Zeros({3, 4}, kI64)),
                "matmul: expected a floating dtype (f32, f64, f16, bf16), got i64");
-  EXPECT_ERROR(Matmul(Tensor::Scalar(1), Tensor::Zeros({3})),
+  EXPECT_ERROR(Matmul(RawTensor::Scalar(1), RawTensor::Zeros({3})),
                "matmul: shapes [] and [3]: 0-d tensors cannot be multiplied");
-  EXPECT_ERROR(Matmul(Tensor::Zeros({2, 3, 4}), Tensor::Zeros({3, 4, 5})),
+  EXPECT_ERROR(Matmul(RawTensor::Zeros({2, 3, 4}), RawTensor::Zeros({3, 4, 5})),
                "matmul: the batch dims of shapes [2, 3, 4] and [3, 4, 5] cannot be broadcast");
-  EXPECT_ERROR(Bmm(Tensor::Zeros({2, 3, 4}), Tensor::Zeros({2, 4, 5}, kF64)),
+  EXPECT_ERROR(Bmm(RawTensor::Zeros({2, 3, 4}), RawTensor::Zeros({2, 4, 5}, kF64)),
                "bmm: dtypes f32 and f64 differ");
-  EXPECT_ERROR(Matmul(Tensor(), Tensor::Zeros({3})),
+  EXPECT_ERROR(Matmul(RawTensor(), RawTensor::Zeros({3})),
                "matmul: the first input is an undefined tensor");
 }
 
@@ -1330,7 +1330,7 @@ TEST(Softmax, MatchesReferenceOverTheLastDim) {
   for (DType dtype : kFloatTypes) {
     for (const Shape& shape : shapes) {
       for (Layout layout : kAllLayouts) {
-        const Tensor x = WithLayout(
+        const RawTensor x = WithLayout(
             shape, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 3, true); });
         const std::vector<double> xv = Values(x);
         const int64_t n = shape.back();
@@ -1353,7 +1353,7 @@ TEST(Softmax, LongRowsMatchReferenceRelatively) {
   Generator gen(29);
   const Shape shape = {2, 50257};
   for (DType dtype : {kF32, kF64}) {
-    const Tensor x = Draw(shape, dtype, gen, -8, 8);
+    const RawTensor x = Draw(shape, dtype, gen, -8, 8);
     const std::vector<double> xv = Values(x);
     Tol tol;
     tol.atol = 0;  // values ~3e-5: the default f32 atol (1e-6) would hide a relative error
@@ -1363,7 +1363,7 @@ TEST(Softmax, LongRowsMatchReferenceRelatively) {
 
 TEST(Softmax, StableForLargeInputsAndInfinities) {
   for (DType dtype : kFloatTypes) {
-    const Tensor x = Tensor::FromVector<double>({1000, 999, -1000,  //
+    const RawTensor x = RawTensor::FromVector<double>({1000, 999, -1000,  //
                                                  -kInf, 0, 1,       //
                                                  -kInf, -kInf, 2,   //
                                                  -1000, -1000, -1000},
@@ -1403,14 +1403,14 @@ TEST(Softmax, StableForLargeInputsAndInfinities) {
     }
   }
   // A row of only -inf has no distribution: NaN, as in PyTorch.
-  const std::vector<double> all_neg = Values(Softmax(Tensor::Full({1, 3}, -kInf)));
+  const std::vector<double> all_neg = Values(Softmax(RawTensor::Full({1, 3}, -kInf)));
   for (double v : all_neg) EXPECT_TRUE(std::isnan(v));
 }
 
 TEST(Softmax, Errors) {
-  EXPECT_ERROR(Softmax(Tensor::Zeros({2, 3}, kI32)),
+  EXPECT_ERROR(Softmax(RawTensor::Zeros({2, 3}, kI32)),
                "softmax: expected a floating dtype (f32, f64, f16, bf16), got i32");
-  EXPECT_ERROR(LogSoftmax(Tensor::Zeros({2, 3}, kI64)),
+  EXPECT_ERROR(LogSoftmax(RawTensor::Zeros({2, 3}, kI64)),
                "log_softmax: expected a floating dtype (f32, f64, f16, bf16), got i64");
 }
 
@@ -1424,13 +1424,13 @@ TEST(LayerNorm, MatchesReferenceWithAndWithoutAffine) {
       const int64_t n = shape.back();
       for (Layout layout : kAllLayouts) {
         for (int affine = 0; affine < 4; ++affine) {
-          const Tensor x = WithLayout(
+          const RawTensor x = WithLayout(
               shape, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
-          const Tensor w =
+          const RawTensor w =
               affine & 1 ? WithLayout({n}, layout,
                                       [&](const Shape& s) { return Draw(s, dtype, gen, 0.5, 1.5); })
-                         : Tensor();
-          const Tensor b = affine & 2 ? Draw({n}, dtype, gen, 0, 1, true) : Tensor();
+                         : RawTensor();
+          const RawTensor b = affine & 2 ? Draw({n}, dtype, gen, 0, 1, true) : RawTensor();
           const double eps = 1e-5;
           const LayerNormResult r = LayerNorm(x, w, b, eps);
           const std::vector<double> xv = Values(x);
@@ -1470,43 +1470,43 @@ TEST(LayerNorm, MatchesReferenceWithAndWithoutAffine) {
 
 TEST(LayerNorm, ConstantRowsAndLargeOffsets) {
   // Variance 0: rstd = 1/sqrt(eps), output = bias.
-  const Tensor x = Tensor::Full({2, 4}, 3.0);
-  const Tensor bias = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
-  const LayerNormResult r = LayerNorm(x, Tensor(), bias, 1e-4);
+  const RawTensor x = RawTensor::Full({2, 4}, 3.0);
+  const RawTensor bias = RawTensor::FromVector<float>({1, 2, 3, 4}, {4});
+  const LayerNormResult r = LayerNorm(x, RawTensor(), bias, 1e-4);
   ExpectExact(r.output, {2, 4}, kF32, {1, 2, 3, 4, 1, 2, 3, 4}, "constant rows");
   ExpectMatches(r.rstd, {2}, kF32, {100, 100}, "rstd of constant rows");
   ExpectExact(r.mean, {2}, kF32, {3, 3}, "mean of constant rows");
   // Two-pass variance: a large common offset does not cancel the spread.
-  const Tensor y = Tensor::FromVector<float>({10000, 10001, 10002, 10003}, {1, 4});
-  const LayerNormResult ry = LayerNorm(y, Tensor(), Tensor(), 0);
+  const RawTensor y = RawTensor::FromVector<float>({10000, 10001, 10002, 10003}, {1, 4});
+  const LayerNormResult ry = LayerNorm(y, RawTensor(), RawTensor(), 0);
   const double sd = std::sqrt(1.25);
   ExpectMatches(ry.output, {1, 4}, kF32, {-1.5 / sd, -0.5 / sd, 0.5 / sd, 1.5 / sd}, "offset");
   ExpectMatches(ry.rstd, {1}, kF32, {1 / sd}, "offset rstd");
 }
 
 TEST(LayerNorm, EmptyLastDimGivesNaNStatistics) {
-  const LayerNormResult r = LayerNorm(Tensor::Zeros({3, 0}), Tensor(), Tensor());
+  const LayerNormResult r = LayerNorm(RawTensor::Zeros({3, 0}), RawTensor(), RawTensor());
   EXPECT_EQ(r.output.shape(), (Shape{3, 0}));
   ASSERT_EQ(r.mean.shape(), (Shape{3}));
   ASSERT_EQ(r.rstd.shape(), (Shape{3}));
   for (double v : r.mean.to_vector<double>()) EXPECT_TRUE(std::isnan(v));
   for (double v : r.rstd.to_vector<double>()) EXPECT_TRUE(std::isnan(v));
-  EXPECT_EQ(Softmax(Tensor::Zeros({3, 0})).shape(), (Shape{3, 0}));
+  EXPECT_EQ(Softmax(RawTensor::Zeros({3, 0})).shape(), (Shape{3, 0}));
 }
 
 TEST(LayerNorm, Errors) {
-  const Tensor x = Tensor::Zeros({2, 4});
-  EXPECT_ERROR(LayerNorm(x, Tensor::Ones({5}), Tensor()),
+  const RawTensor x = RawTensor::Zeros({2, 4});
+  EXPECT_ERROR(LayerNorm(x, RawTensor::Ones({5}), RawTensor()),
                "layer_norm: weight of shape [5] does not match the last dim of input [2, 4]");
-  EXPECT_ERROR(LayerNorm(x, Tensor::Ones({4}), Tensor::Zeros({1, 4})),
+  EXPECT_ERROR(LayerNorm(x, RawTensor::Ones({4}), RawTensor::Zeros({1, 4})),
                "layer_norm: bias of shape [1, 4] does not match the last dim of input [2, 4]");
-  EXPECT_ERROR(LayerNorm(x, Tensor(), Tensor::Zeros({4}, kF64)),
+  EXPECT_ERROR(LayerNorm(x, RawTensor(), RawTensor::Zeros({4}, kF64)),
                "layer_norm: bias dtype f64 differs from input dtype f32");
-  EXPECT_ERROR(LayerNorm(Tensor::Scalar(1), Tensor(), Tensor()),
+  EXPECT_ERROR(LayerNorm(RawTensor::Scalar(1), RawTensor(), RawTensor()),
                "layer_norm: expected at least 1 dim, got a 0-d tensor");
-  EXPECT_ERROR(LayerNorm(Tensor::Zeros({2, 4}, kI32), Tensor(), Tensor()),
+  EXPECT_ERROR(LayerNorm(RawTensor::Zeros({2, 4}, kI32), RawTensor(), RawTensor()),
                "layer_norm: expected a floating dtype (f32, f64, f16, bf16), got i32");
-  EXPECT_ERROR(LayerNorm(x, Tensor(), Tensor(), -1),
+  EXPECT_ERROR(LayerNorm(x, RawTensor(), RawTensor(), -1),
                "layer_norm: eps must be non-negative, got -1");
 }
 
@@ -1517,9 +1517,9 @@ TEST(Embedding, GathersRowsExactly) {
   for (DType dtype : kFloatTypes) {
     for (DType index_dtype : {kI32, kI64}) {
       for (Layout layout : kAllLayouts) {
-        const Tensor weight = WithLayout(
+        const RawTensor weight = WithLayout(
             {10, 6}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); });
-        const Tensor idx = WithLayout(
+        const RawTensor idx = WithLayout(
             {2, 3}, layout, [&](const Shape& s) { return Draw(s, index_dtype, gen, 0, 9); });
         const std::vector<double> wv = Values(weight), iv = Values(idx);
         std::vector<double> want;
@@ -1532,19 +1532,19 @@ TEST(Embedding, GathersRowsExactly) {
     }
   }
   // Repeated indices and a 0-d index.
-  const Tensor w = Tensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
-  ExpectExact(Embedding(w, Tensor::FromVector<int64_t>({2, 0, 2}, {3})), {3, 2}, kF64,
+  const RawTensor w = RawTensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
+  ExpectExact(Embedding(w, RawTensor::FromVector<int64_t>({2, 0, 2}, {3})), {3, 2}, kF64,
               {20, 21, 0, 1, 20, 21}, "repeated");
-  ExpectExact(Embedding(w, Tensor::Full({}, 1, kI32)), {2}, kF64, {10, 11}, "0-d index");
-  ExpectExact(Embedding(w, Tensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "no indices");
+  ExpectExact(Embedding(w, RawTensor::Full({}, 1, kI32)), {2}, kF64, {10, 11}, "0-d index");
+  ExpectExact(Embedding(w, RawTensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "no indices");
 }
 
 TEST(Embedding, BackwardAccumulatesRepeatedIndices) {
   Generator gen(20);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const Tensor idx = Draw({4, 5}, kI64, gen, 0, 6);  // 20 indices into 7 rows: repeats
-      const Tensor grad = WithLayout(
+      const RawTensor idx = Draw({4, 5}, kI64, gen, 0, 6);  // 20 indices into 7 rows: repeats
+      const RawTensor grad = WithLayout(
           {4, 5, 3}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 1, true); });
       const std::vector<double> iv = Values(idx), gv = Values(grad);
       std::vector<double> want(7 * 3, 0);
@@ -1561,34 +1561,34 @@ TEST(Embedding, BackwardAccumulatesRepeatedIndices) {
     }
   }
   // Exact accumulation: four times the same row, and a row never indexed stays zero.
-  const Tensor g = Tensor::Full({4, 2}, 0.25, kF16);
-  ExpectExact(EmbeddingBackward(g, Tensor::Full({4}, 1, kI64), 3), {3, 2}, kF16, {0, 0, 1, 1, 0, 0},
+  const RawTensor g = RawTensor::Full({4, 2}, 0.25, kF16);
+  ExpectExact(EmbeddingBackward(g, RawTensor::Full({4}, 1, kI64), 3), {3, 2}, kF16, {0, 0, 1, 1, 0, 0},
               "repeated index");
   // f16 sums that pass through values above 65504 are accumulated in f32/f64.
-  const Tensor big = Tensor::FromVector<float>({60000, 60000, -60000}, {3, 1}, kF16);
-  ExpectExact(EmbeddingBackward(big, Tensor::Zeros({3}, kI64), 1), {1, 1}, kF16, {60000},
+  const RawTensor big = RawTensor::FromVector<float>({60000, 60000, -60000}, {3, 1}, kF16);
+  ExpectExact(EmbeddingBackward(big, RawTensor::Zeros({3}, kI64), 1), {1, 1}, kF16, {60000},
               "f16 intermediate overflow");
 }
 
 TEST(Embedding, Errors) {
-  const Tensor w = Tensor::Zeros({10, 4});
-  EXPECT_ERROR(Embedding(w, Tensor::FromVector<int64_t>({1, 2, 3, 10}, {4})),
+  const RawTensor w = RawTensor::Zeros({10, 4});
+  EXPECT_ERROR(Embedding(w, RawTensor::FromVector<int64_t>({1, 2, 3, 10}, {4})),
                "embedding: index 10 at position 3 is out of range for 10 rows");
-  EXPECT_ERROR(Embedding(w, Tensor::FromVector<int32_t>({-1}, {1})),
+  EXPECT_ERROR(Embedding(w, RawTensor::FromVector<int32_t>({-1}, {1})),
                "embedding: index -1 at position 0 is out of range for 10 rows");
-  EXPECT_ERROR(Embedding(w, Tensor::Zeros({2})),
+  EXPECT_ERROR(Embedding(w, RawTensor::Zeros({2})),
                "embedding: expected an index dtype (i32 or i64), got f32");
-  EXPECT_ERROR(Embedding(Tensor::Zeros({10}), Tensor::Zeros({2}, kI64)),
+  EXPECT_ERROR(Embedding(RawTensor::Zeros({10}), RawTensor::Zeros({2}, kI64)),
                "embedding: expected a 2-D weight [rows, dim], got [10]");
-  EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::Zeros({3}, kI64), 5),
+  EXPECT_ERROR(EmbeddingBackward(RawTensor::Zeros({2, 4}), RawTensor::Zeros({3}, kI64), 5),
                "embedding_backward: gradient shape [2, 4] does not match indices shape [3] plus "
                "one dim");
   EXPECT_ERROR(
-      EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::FromVector<int64_t>({0, 5}, {2}), 5),
+      EmbeddingBackward(RawTensor::Zeros({2, 4}), RawTensor::FromVector<int64_t>({0, 5}, {2}), 5),
       "embedding_backward: index 5 at position 1 is out of range for 5 rows");
-  EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}), Tensor::Zeros({2}, kI64), -1),
+  EXPECT_ERROR(EmbeddingBackward(RawTensor::Zeros({2, 4}), RawTensor::Zeros({2}, kI64), -1),
                "embedding_backward: num_rows must be non-negative, got -1");
-  EXPECT_ERROR(EmbeddingBackward(Tensor::Zeros({2, 4}, kI32), Tensor::Zeros({2}, kI64), 5),
+  EXPECT_ERROR(EmbeddingBackward(RawTensor::Zeros({2, 4}, kI32), RawTensor::Zeros({2}, kI64), 5),
                "embedding_backward: expected a floating dtype (f32, f64, f16, bf16), got i32");
 }
 
@@ -1600,7 +1600,7 @@ struct CrossEntropyRef {
   int64_t counted = 0;
 };
 
-CrossEntropyRef ReferenceCrossEntropy(const Tensor& logits, const Tensor& targets,
+CrossEntropyRef ReferenceCrossEntropy(const RawTensor& logits, const RawTensor& targets,
                                       int64_t ignore_index) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const std::vector<double> lv = Values(logits), tv = Values(targets);
@@ -1624,10 +1624,10 @@ TEST(CrossEntropy, MatchesReferenceForEveryReduction) {
   for (DType dtype : kFloatTypes) {
     for (Layout layout : {Layout::kContiguous, Layout::kTransposed, Layout::kStepped}) {
       for (int64_t ignore_index : {int64_t{-100}, int64_t{2}}) {
-        const Tensor logits = WithLayout(
+        const RawTensor logits = WithLayout(
             {8, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
         const std::vector<int64_t> t = {0, 4, 2, 1, ignore_index, 3, 2, 4};
-        const Tensor targets = Tensor::FromVector<int64_t>(t, {8});
+        const RawTensor targets = RawTensor::FromVector<int64_t>(t, {8});
         const CrossEntropyRef r = ReferenceCrossEntropy(logits, targets, ignore_index);
         ASSERT_EQ(r.counted, ignore_index == 2 ? 5 : 7);
         double total = 0;
@@ -1638,7 +1638,7 @@ TEST(CrossEntropy, MatchesReferenceForEveryReduction) {
         Tol tol;
         if (dtype == kF16) tol.atol = 2e-3 * 8;
         if (dtype == kBF16) tol.atol = 2e-2 * 8;
-        const Tensor none = CrossEntropy(logits, targets, ignore_index, Reduction::kNone);
+        const RawTensor none = CrossEntropy(logits, targets, ignore_index, Reduction::kNone);
         ExpectMatches(none, {8}, dtype, r.losses, "none " + what);
         ExpectMatches(CrossEntropy(logits, targets, ignore_index, Reduction::kSum), {}, dtype,
                       {total}, "sum " + what, tol);
@@ -1660,8 +1660,8 @@ TEST(CrossEntropy, MatchesReferenceForEveryReduction) {
 }
 
 TEST(CrossEntropy, AllIgnoredAndExtremeLogits) {
-  const Tensor logits = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Tensor ignored = Tensor::Full({2}, -100, kI64);
+  const RawTensor logits = RawTensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const RawTensor ignored = RawTensor::Full({2}, -100, kI64);
   EXPECT_TRUE(std::isnan(CrossEntropy(logits, ignored).item()));
   EXPECT_EQ(CrossEntropy(logits, ignored, -100, Reduction::kSum).item(), 0);
   ExpectExact(CrossEntropy(logits, ignored, -100, Reduction::kNone), {2}, kF32, {0, 0},
@@ -1669,26 +1669,26 @@ TEST(CrossEntropy, AllIgnoredAndExtremeLogits) {
   // Large logits are stable: loss = log(1 + e^-1) for the larger class, accurate to the loss's
   // own precision (not to the precision of 1000).
   for (DType dtype : {kF32, kF64, kF16}) {  // (999 is not a bf16 value)
-    const Tensor big = Tensor::FromVector<double>({1000, 999, -1000, 0}, {2, 2}, dtype);
-    const Tensor t = Tensor::FromVector<int64_t>({0, 1}, {2});
+    const RawTensor big = RawTensor::FromVector<double>({1000, 999, -1000, 0}, {2, 2}, dtype);
+    const RawTensor t = RawTensor::FromVector<int64_t>({0, 1}, {2});
     ExpectMatches(CrossEntropy(big, t, -100, Reduction::kNone), {2}, dtype,
                   {std::log1p(std::exp(-1.0)), 0}, std::string("large logits ") + DTypeName(dtype));
     ExpectMatches(CrossEntropy(big, t), {}, dtype, {std::log1p(std::exp(-1.0)) / 2},
                   std::string("large logits mean ") + DTypeName(dtype));
   }
   // A -inf logit at the target gives an infinite loss.
-  const Tensor neg = Tensor::FromVector<double>({-kInf, 0}, {1, 2});
-  EXPECT_EQ(CrossEntropy(neg, Tensor::Zeros({1}, kI64)).item(), kInf);
-  EXPECT_EQ(CrossEntropy(neg, Tensor::Ones({1}, kI64)).item(), 0);
+  const RawTensor neg = RawTensor::FromVector<double>({-kInf, 0}, {1, 2});
+  EXPECT_EQ(CrossEntropy(neg, RawTensor::Zeros({1}, kI64)).item(), kInf);
+  EXPECT_EQ(CrossEntropy(neg, RawTensor::Ones({1}, kI64)).item(), 0);
 }
 
 TEST(CrossEntropy, BackwardIsSoftmaxMinusOneHotScaled) {
   Generator gen(22);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : {Layout::kContiguous, Layout::kTransposed}) {
-      const Tensor logits = WithLayout(
+      const RawTensor logits = WithLayout(
           {6, 4}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
-      const Tensor targets = Tensor::FromVector<int64_t>({3, -100, 0, 1, 1, 2}, {6});
+      const RawTensor targets = RawTensor::FromVector<int64_t>({3, -100, 0, 1, 1, 2}, {6});
       const CrossEntropyRef r = ReferenceCrossEntropy(logits, targets, -100);
       ASSERT_EQ(r.counted, 5);
       const std::string what = std::string(DTypeName(dtype)) + " " + LayoutName(layout);
@@ -1703,30 +1703,30 @@ TEST(CrossEntropy, BackwardIsSoftmaxMinusOneHotScaled) {
         sum_grad[i] = r.grad[i] * -1.5;
         none_grad[i] = r.grad[i] * row_g[i / 4];
       }
-      ExpectMatches(CrossEntropyBackward(logits, targets, Tensor::Scalar(2.5, dtype)), {6, 4},
+      ExpectMatches(CrossEntropyBackward(logits, targets, RawTensor::Scalar(2.5, dtype)), {6, 4},
                     dtype, mean_grad, "mean " + what, tol);
       ExpectMatches(
-          CrossEntropyBackward(logits, targets, Tensor::Scalar(-1.5), -100, Reduction::kSum),
+          CrossEntropyBackward(logits, targets, RawTensor::Scalar(-1.5), -100, Reduction::kSum),
           {6, 4}, dtype, sum_grad, "sum " + what, tol);
       ExpectMatches(
-          CrossEntropyBackward(logits, targets, Tensor::FromVector<double>(row_g, {6}, dtype), -100,
+          CrossEntropyBackward(logits, targets, RawTensor::FromVector<double>(row_g, {6}, dtype), -100,
                                Reduction::kNone),
           {6, 4}, dtype, none_grad, "none " + what, tol);
     }
   }
   // All rows ignored: zeros, not NaN.
   ExpectExact(
-      CrossEntropyBackward(Tensor::Ones({2, 3}), Tensor::Full({2}, 7, kI64), Tensor::Scalar(1), 7),
+      CrossEntropyBackward(RawTensor::Ones({2, 3}), RawTensor::Full({2}, 7, kI64), RawTensor::Scalar(1), 7),
       {2, 3}, kF32, std::vector<double>(6, 0), "all ignored");
 }
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   Generator gen(23);
-  const Tensor logits = Draw({3, 4}, kF64, gen, 0, 1, true);
-  const Tensor targets = Tensor::FromVector<int32_t>({2, 0, 3}, {3});
+  const RawTensor logits = Draw({3, 4}, kF64, gen, 0, 1, true);
+  const RawTensor targets = RawTensor::FromVector<int32_t>({2, 0, 3}, {3});
   for (Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
     const std::vector<double> analytic =
-        Values(CrossEntropyBackward(logits, targets, Tensor::Scalar(1, kF64), -100, reduction));
+        Values(CrossEntropyBackward(logits, targets, RawTensor::Scalar(1, kF64), -100, reduction));
     std::vector<double> lv = Values(logits);
     const double h = 1e-6;
     for (size_t i = 0; i < lv.size(); ++i) {
@@ -1734,40 +1734,40 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
       plus[i] += h;
       minus[i] -= h;
       const double fp =
-          CrossEntropy(Tensor::FromVector<double>(plus, {3, 4}), targets, -100, reduction).item();
+          CrossEntropy(RawTensor::FromVector<double>(plus, {3, 4}), targets, -100, reduction).item();
       const double fm =
-          CrossEntropy(Tensor::FromVector<double>(minus, {3, 4}), targets, -100, reduction).item();
+          CrossEntropy(RawTensor::FromVector<double>(minus, {3, 4}), targets, -100, reduction).item();
       EXPECT_NEAR(analytic[i], (fp - fm) / (2 * h), 1e-8) << "element " << i;
     }
   }
 }
 
 TEST(CrossEntropy, Errors) {
-  const Tensor logits = Tensor::Zeros({4, 5});
-  EXPECT_ERROR(CrossEntropy(logits, Tensor::FromVector<int64_t>({0, 1, 5, 2}, {4})),
+  const RawTensor logits = RawTensor::Zeros({4, 5});
+  EXPECT_ERROR(CrossEntropy(logits, RawTensor::FromVector<int64_t>({0, 1, 5, 2}, {4})),
                "cross_entropy: target 5 at position 2 is out of range for 5 classes");
-  EXPECT_ERROR(CrossEntropy(logits, Tensor::FromVector<int64_t>({0, -1, 1, 2}, {4})),
+  EXPECT_ERROR(CrossEntropy(logits, RawTensor::FromVector<int64_t>({0, -1, 1, 2}, {4})),
                "cross_entropy: target -1 at position 1 is out of range for 5 classes");
   EXPECT_ERROR(
-      CrossEntropy(logits, Tensor::Zeros({3}, kI64)),
+      CrossEntropy(logits, RawTensor::Zeros({3}, kI64)),
       "cross_entropy: targets of shape [3] do not match logits of shape [4, 5] (expected [4])");
   EXPECT_ERROR(
-      CrossEntropy(logits, Tensor::Zeros({4, 1}, kI64)),
+      CrossEntropy(logits, RawTensor::Zeros({4, 1}, kI64)),
       "cross_entropy: targets of shape [4, 1] do not match logits of shape [4, 5] (expected [4])");
-  EXPECT_ERROR(CrossEntropy(Tensor::Zeros({5}), Tensor::Zeros({5}, kI64)),
+  EXPECT_ERROR(CrossEntropy(RawTensor::Zeros({5}), RawTensor::Zeros({5}, kI64)),
                "cross_entropy: expected logits [N, C], got [5]");
-  EXPECT_ERROR(CrossEntropy(logits, Tensor::Zeros({4})),
+  EXPECT_ERROR(CrossEntropy(logits, RawTensor::Zeros({4})),
                "cross_entropy: expected an index dtype (i32 or i64), got f32");
-  EXPECT_ERROR(CrossEntropy(Tensor::Zeros({4, 5}, kI32), Tensor::Zeros({4}, kI64)),
+  EXPECT_ERROR(CrossEntropy(RawTensor::Zeros({4, 5}, kI32), RawTensor::Zeros({4}, kI64)),
                "cross_entropy: expected a floating dtype (f32, f64, f16, bf16), got i32");
-  EXPECT_ERROR(CrossEntropyBackward(logits, Tensor::FromVector<int64_t>({0, 1, 2, 9}, {4}),
-                                    Tensor::Scalar(1)),
+  EXPECT_ERROR(CrossEntropyBackward(logits, RawTensor::FromVector<int64_t>({0, 1, 2, 9}, {4}),
+                                    RawTensor::Scalar(1)),
                "cross_entropy_backward: target 9 at position 3 is out of range for 5 classes");
-  EXPECT_ERROR(CrossEntropyBackward(logits, Tensor::Zeros({4}, kI64), Tensor::Ones({1}), -100,
+  EXPECT_ERROR(CrossEntropyBackward(logits, RawTensor::Zeros({4}, kI64), RawTensor::Ones({1}), -100,
                                     Reduction::kNone),
                "cross_entropy_backward: expected a loss gradient of shape [4] for reduction none, "
                "got [1]");
-  EXPECT_ERROR(CrossEntropyBackward(logits, Tensor::Zeros({4}, kI64), Tensor::Ones({4})),
+  EXPECT_ERROR(CrossEntropyBackward(logits, RawTensor::Zeros({4}, kI64), RawTensor::Ones({4})),
                "cross_entropy_backward: expected a one-element loss gradient, got shape [4]");
 }
 
@@ -1807,10 +1807,10 @@ TEST(Indexing, GatherMatchesReference) {
       Shape index_shape = {2, 3, 4};
       index_shape[d] = 6;
       for (const auto& [lx, li] : kLayoutPairs) {
-        const Tensor x = WithLayout(x_shape, lx, [&](const Shape& s) {
+        const RawTensor x = WithLayout(x_shape, lx, [&](const Shape& s) {
           return Draw(s, dtype, gen, -5, 5, IsFloating(dtype));
         });
-        const Tensor index = WithLayout(
+        const RawTensor index = WithLayout(
             index_shape, li, [&](const Shape& s) { return Draw(s, kI64, gen, 0, x_shape[d] - 1); });
         const std::vector<double> xv = Values(x), iv = Values(index);
         std::vector<double> want;
@@ -1827,9 +1827,9 @@ TEST(Indexing, GatherMatchesReference) {
     }
   }
   // 0-d input and index; an empty index gives an empty result.
-  ExpectExact(Gather(Tensor::Scalar(7.5, kF64), 0, Tensor::Zeros({}, kI64)), {}, kF64, {7.5},
+  ExpectExact(Gather(RawTensor::Scalar(7.5, kF64), 0, RawTensor::Zeros({}, kI64)), {}, kF64, {7.5},
               "0-d");
-  ExpectExact(Gather(Tensor::Ones({2, 3}), 1, Tensor::Zeros({2, 0}, kI64)), {2, 0}, kF32, {},
+  ExpectExact(Gather(RawTensor::Ones({2, 3}), 1, RawTensor::Zeros({2, 0}, kI64)), {2, 0}, kF32, {},
               "empty index");
 }
 
@@ -1843,13 +1843,13 @@ TEST(Indexing, ScatterAddMatchesReferenceWithRepeatedIndices) {
       Shape src_shape = index_shape;
       src_shape[0] += 1;  // src may be larger than index
       for (const auto& [ls, lsrc] : kLayoutPairs) {
-        const Tensor self = WithLayout(self_shape, ls, [&](const Shape& s) {
+        const RawTensor self = WithLayout(self_shape, ls, [&](const Shape& s) {
           return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
         });
-        const Tensor src = WithLayout(src_shape, lsrc, [&](const Shape& s) {
+        const RawTensor src = WithLayout(src_shape, lsrc, [&](const Shape& s) {
           return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
         });
-        const Tensor index = Draw(index_shape, kI64, gen, 0, self_shape[dim] - 1);
+        const RawTensor index = Draw(index_shape, kI64, gen, 0, self_shape[dim] - 1);
         const std::vector<double> sv = Values(self), srcv = Values(src), iv = Values(index);
         std::vector<double> want = sv;
         for (const auto& pos : Positions(index_shape)) {
@@ -1870,8 +1870,8 @@ TEST(Indexing, ScatterAddMatchesReferenceWithRepeatedIndices) {
   }
   // self is not modified; repeated f16 additions round once (2048 + 1 + 1 = 2050, while
   // adding 1 to 2048 in f16 twice would stay 2048).
-  const Tensor self = Tensor::Full({1, 2}, 2048, kF16);
-  const Tensor out = ScatterAdd(self, 1, Tensor::Zeros({1, 2}, kI64), Tensor::Ones({1, 2}, kF16));
+  const RawTensor self = RawTensor::Full({1, 2}, 2048, kF16);
+  const RawTensor out = ScatterAdd(self, 1, RawTensor::Zeros({1, 2}, kI64), RawTensor::Ones({1, 2}, kF16));
   ExpectExact(out, {1, 2}, kF16, {2050, 2048}, "f16 rounds once");
   ExpectExact(self, {1, 2}, kF16, {2048, 2048}, "self unchanged");
 }
@@ -1883,10 +1883,10 @@ TEST(Indexing, IndexSelectAndIndexAddMatchReference) {
     for (int64_t dim : {0, 1, -1}) {
       const int64_t d = dim < 0 ? dim + 3 : dim;
       for (Layout layout : kAllLayouts) {
-        const Tensor x = WithLayout(x_shape, layout, [&](const Shape& s) {
+        const RawTensor x = WithLayout(x_shape, layout, [&](const Shape& s) {
           return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
         });
-        const Tensor index = Draw({6}, kI32, gen, 0, x_shape[d] - 1);  // repeats
+        const RawTensor index = Draw({6}, kI32, gen, 0, x_shape[d] - 1);  // repeats
         const std::vector<double> xv = Values(x), iv = Values(index);
         Shape out_shape = x_shape;
         out_shape[d] = 6;
@@ -1901,7 +1901,7 @@ TEST(Indexing, IndexSelectAndIndexAddMatchReference) {
         ExpectExact(IndexSelect(x, dim, index), out_shape, dtype, want, "index_select " + what);
 
         // index_add of a src shaped like that result, into x.
-        const Tensor src = WithLayout(out_shape, layout, [&](const Shape& s) {
+        const RawTensor src = WithLayout(out_shape, layout, [&](const Shape& s) {
           return Draw(s, dtype, gen, 0, 9, IsFloating(dtype));
         });
         const std::vector<double> srcv = Values(src);
@@ -1921,54 +1921,54 @@ TEST(Indexing, IndexSelectAndIndexAddMatchReference) {
     }
   }
   // A 0-d index selects one slice and keeps the dim; an empty index gives an empty dim.
-  const Tensor x = Tensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
-  ExpectExact(IndexSelect(x, 0, Tensor::Full({}, 2, kI64)), {1, 2}, kF64, {20, 21}, "0-d index");
-  ExpectExact(IndexSelect(x, 0, Tensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "empty index");
-  ExpectExact(IndexAdd(x, 0, Tensor::Zeros({0}, kI64), Tensor::Zeros({0, 2}, kF64)), {3, 2}, kF64,
+  const RawTensor x = RawTensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
+  ExpectExact(IndexSelect(x, 0, RawTensor::Full({}, 2, kI64)), {1, 2}, kF64, {20, 21}, "0-d index");
+  ExpectExact(IndexSelect(x, 0, RawTensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "empty index");
+  ExpectExact(IndexAdd(x, 0, RawTensor::Zeros({0}, kI64), RawTensor::Zeros({0, 2}, kF64)), {3, 2}, kF64,
               {0, 1, 10, 11, 20, 21}, "empty index_add");
 }
 
 TEST(Indexing, Errors) {
-  const Tensor x = Tensor::Zeros({2, 5});
-  EXPECT_ERROR(Gather(x, 1, Tensor::FromVector<int64_t>({0, 1, 2, 5}, {2, 2})),
+  const RawTensor x = RawTensor::Zeros({2, 5});
+  EXPECT_ERROR(Gather(x, 1, RawTensor::FromVector<int64_t>({0, 1, 2, 5}, {2, 2})),
                "gather: index 5 at position [1, 1] is out of range for dim 1 of size 5");
-  EXPECT_ERROR(Gather(x, 1, Tensor::FromVector<int32_t>({0, -1}, {1, 2})),
+  EXPECT_ERROR(Gather(x, 1, RawTensor::FromVector<int32_t>({0, -1}, {1, 2})),
                "gather: index -1 at position [0, 1] is out of range for dim 1 of size 5");
-  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({2}, kI64)),
+  EXPECT_ERROR(Gather(x, 0, RawTensor::Zeros({2}, kI64)),
                "gather: index of shape [2] and input of shape [2, 5] differ in rank");
-  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({1, 6}, kI64)),
+  EXPECT_ERROR(Gather(x, 0, RawTensor::Zeros({1, 6}, kI64)),
                "gather: index of shape [1, 6] is larger than input of shape [2, 5] at dim 1 (only "
                "dim 0 may be larger)");
-  EXPECT_ERROR(Gather(x, 2, Tensor::Zeros({2, 5}, kI64)),
+  EXPECT_ERROR(Gather(x, 2, RawTensor::Zeros({2, 5}, kI64)),
                "gather: dim 2 is out of range for a tensor with 2 dims");
-  EXPECT_ERROR(Gather(x, 0, Tensor::Zeros({2, 5})),
+  EXPECT_ERROR(Gather(x, 0, RawTensor::Zeros({2, 5})),
                "gather: expected an index dtype (i32 or i64), got f32");
 
-  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::FromVector<int64_t>({7}, {1, 1}), Tensor::Ones({1, 1})),
+  EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::FromVector<int64_t>({7}, {1, 1}), RawTensor::Ones({1, 1})),
                "scatter_add: index 7 at position [0, 0] is out of range for dim 1 of size 5");
-  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({1, 1}, kI64), Tensor::Ones({1, 1}, kF64)),
+  EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({1, 1}, kI64), RawTensor::Ones({1, 1}, kF64)),
                "scatter_add: src dtype f64 differs from self dtype f32");
-  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({2, 2}, kI64), Tensor::Ones({1, 2})),
+  EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({2, 2}, kI64), RawTensor::Ones({1, 2})),
                "scatter_add: index of shape [2, 2] is larger than src of shape [1, 2] or self of "
                "shape [2, 5] at dim 0");
-  EXPECT_ERROR(ScatterAdd(x, 1, Tensor::Zeros({2}, kI64), Tensor::Ones({2})),
+  EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({2}, kI64), RawTensor::Ones({2})),
                "scatter_add: self [2, 5], index [2] and src [2] must have the same rank");
   EXPECT_ERROR(
-      ScatterAdd(Tensor::Zeros({2}, kBool), 0, Tensor::Zeros({2}, kI64), Tensor::Zeros({2}, kBool)),
+      ScatterAdd(RawTensor::Zeros({2}, kBool), 0, RawTensor::Zeros({2}, kI64), RawTensor::Zeros({2}, kBool)),
       "scatter_add: not defined for bool tensors; cast them first");
 
-  EXPECT_ERROR(IndexSelect(x, 1, Tensor::FromVector<int64_t>({0, 4, 7}, {3})),
+  EXPECT_ERROR(IndexSelect(x, 1, RawTensor::FromVector<int64_t>({0, 4, 7}, {3})),
                "index_select: index 7 at position 2 is out of range for dim 1 of size 5");
-  EXPECT_ERROR(IndexSelect(x, 0, Tensor::FromVector<int64_t>({-1}, {1})),
+  EXPECT_ERROR(IndexSelect(x, 0, RawTensor::FromVector<int64_t>({-1}, {1})),
                "index_select: index -1 at position 0 is out of range for dim 0 of size 2");
-  EXPECT_ERROR(IndexSelect(x, 0, Tensor::Zeros({1, 1}, kI64)),
+  EXPECT_ERROR(IndexSelect(x, 0, RawTensor::Zeros({1, 1}, kI64)),
                "index_select: expected a 1-D index, got shape [1, 1]");
-  EXPECT_ERROR(IndexSelect(Tensor::Scalar(1), 0, Tensor::Zeros({1}, kI64)),
+  EXPECT_ERROR(IndexSelect(RawTensor::Scalar(1), 0, RawTensor::Zeros({1}, kI64)),
                "index_select: cannot index a 0-d tensor");
-  EXPECT_ERROR(IndexAdd(x, 0, Tensor::Zeros({3}, kI64), Tensor::Ones({2, 5})),
+  EXPECT_ERROR(IndexAdd(x, 0, RawTensor::Zeros({3}, kI64), RawTensor::Ones({2, 5})),
                "index_add: src of shape [2, 5] does not match self of shape [2, 5] with 3 indices "
                "at dim 0 (expected [3, 5])");
-  EXPECT_ERROR(IndexAdd(x, 0, Tensor::FromVector<int64_t>({2}, {1}), Tensor::Ones({1, 5})),
+  EXPECT_ERROR(IndexAdd(x, 0, RawTensor::FromVector<int64_t>({2}, {1}), RawTensor::Ones({1, 5})),
                "index_add: index 2 at position 0 is out of range for dim 0 of size 2");
 }
 
@@ -1977,10 +1977,10 @@ TEST(Indexing, Errors) {
 TEST(ListOps, AnyNonFinite) {
   EXPECT_FALSE(AnyNonFinite({}));
   for (DType dtype : kFloatTypes) {
-    const Tensor finite = Tensor::FromVector<double>({1, -2, 65504, 0}, {2, 2}, dtype);
-    EXPECT_FALSE(AnyNonFinite({finite, Tensor::Zeros({3}, kF32)})) << DTypeName(dtype);
+    const RawTensor finite = RawTensor::FromVector<double>({1, -2, 65504, 0}, {2, 2}, dtype);
+    EXPECT_FALSE(AnyNonFinite({finite, RawTensor::Zeros({3}, kF32)})) << DTypeName(dtype);
     for (double bad : {kInf, -kInf, kNaN}) {
-      const Tensor t = Tensor::FromVector<double>({1, 2, bad, 4}, {4}, dtype);
+      const RawTensor t = RawTensor::FromVector<double>({1, 2, bad, 4}, {4}, dtype);
       EXPECT_TRUE(AnyNonFinite({finite, t})) << DTypeName(dtype) << " " << bad;
       // Only the elements a view addresses count.
       EXPECT_FALSE(AnyNonFinite({t.slice(0, 0, 4, 3)}));  // elements 0 and 3
@@ -1989,20 +1989,20 @@ TEST(ListOps, AnyNonFinite) {
     }
   }
   // 70000 is finite in f32 but not once rounded to f16.
-  EXPECT_FALSE(AnyNonFinite({Tensor::Full({2}, 70000)}));
-  EXPECT_TRUE(AnyNonFinite({Tensor::Full({2}, 70000).to(kF16)}));
-  EXPECT_FALSE(AnyNonFinite({Tensor::Full({2}, 70000).to(kBF16)}));
+  EXPECT_FALSE(AnyNonFinite({RawTensor::Full({2}, 70000)}));
+  EXPECT_TRUE(AnyNonFinite({RawTensor::Full({2}, 70000).to(kF16)}));
+  EXPECT_FALSE(AnyNonFinite({RawTensor::Full({2}, 70000).to(kBF16)}));
   // Integer tensors are always finite and are skipped, not rejected.
-  EXPECT_FALSE(AnyNonFinite({Tensor::Full({2}, 7, kI64), Tensor::Ones({3}, kBool)}));
-  EXPECT_TRUE(AnyNonFinite({Tensor::Full({2}, 7, kI32), Tensor::Full({1}, kNaN)}));
+  EXPECT_FALSE(AnyNonFinite({RawTensor::Full({2}, 7, kI64), RawTensor::Ones({3}, kBool)}));
+  EXPECT_TRUE(AnyNonFinite({RawTensor::Full({2}, 7, kI32), RawTensor::Full({1}, kNaN)}));
 }
 
 TEST(ListOps, MulScalarInPlace) {
   Generator gen(24);
   for (DType dtype : kFloatTypes) {
-    const Tensor a = Draw({3, 4}, dtype, gen, 0, 1, true);
-    const Tensor base = Draw({4, 6}, dtype, gen, 0, 1, true);
-    const Tensor view = base.transpose(0, 1).slice(0, 0, 6, 2);  // [3, 4], non-contiguous
+    const RawTensor a = Draw({3, 4}, dtype, gen, 0, 1, true);
+    const RawTensor base = Draw({4, 6}, dtype, gen, 0, 1, true);
+    const RawTensor view = base.transpose(0, 1).slice(0, 0, 6, 2);  // [3, 4], non-contiguous
     ASSERT_FALSE(view.is_contiguous());
     const std::vector<double> av = Values(a), bv = Values(base);
     MulScalarInPlace({a, view}, 0.375);
@@ -2016,28 +2016,28 @@ TEST(ListOps, MulScalarInPlace) {
     ExpectMatches(base, {4, 6}, dtype, want_base, "mul_scalar_ through a view");
   }
   // Rounded to the tensor's dtype: f16 300 * 300 overflows.
-  const Tensor h = Tensor::Full({2}, 300, kF16);
+  const RawTensor h = RawTensor::Full({2}, 300, kF16);
   MulScalarInPlace({h}, 300);
   ExpectExact(h, {2}, kF16, {kInf, kInf}, "f16 overflow");
   // Every tensor is validated before any is changed.
-  const Tensor f = Tensor::Ones({2});
-  EXPECT_ERROR(MulScalarInPlace({f, Tensor::Ones({2}, kI32)}, 2),
+  const RawTensor f = RawTensor::Ones({2});
+  EXPECT_ERROR(MulScalarInPlace({f, RawTensor::Ones({2}, kI32)}, 2),
                "mul_scalar_: expected a floating dtype (f32, f64, f16, bf16), got i32");
   ExpectExact(f, {2}, kF32, {1, 1}, "unchanged after error");
 }
 
 TEST(ListOps, NonFiniteCheckAndUnscale) {
-  const Tensor found = Tensor::Zeros({}, kF32);
-  const Tensor inv = Tensor::Scalar(0.25);
-  const Tensor a = Tensor::FromVector<float>({4, -8, 1, 2}, {2, 2});
-  const Tensor b = Tensor::FromVector<float>({8, 16, 32}, {3}, kF16);
+  const RawTensor found = RawTensor::Zeros({}, kF32);
+  const RawTensor inv = RawTensor::Scalar(0.25);
+  const RawTensor a = RawTensor::FromVector<float>({4, -8, 1, 2}, {2, 2});
+  const RawTensor b = RawTensor::FromVector<float>({8, 16, 32}, {3}, kF16);
   NonFiniteCheckAndUnscale({a, b}, found, inv);
   EXPECT_EQ(found.item(), 0);
   ExpectExact(a, {2, 2}, kF32, {1, -2, 0.25, 0.5}, "a unscaled");
   ExpectExact(b, {3}, kF16, {2, 4, 8}, "b unscaled");
   // A non-finite value anywhere sets found_inf; finite values are still scaled.
-  const Tensor base = Tensor::FromVector<double>({1, kInf, 2, 3, kNaN, 4}, {2, 3}, kBF16);
-  const Tensor finite_view = base.slice(1, 0, 3, 2).select(0, 0);  // elements 1, 2 (cols 0, 2)
+  const RawTensor base = RawTensor::FromVector<double>({1, kInf, 2, 3, kNaN, 4}, {2, 3}, kBF16);
+  const RawTensor finite_view = base.slice(1, 0, 3, 2).select(0, 0);  // elements 1, 2 (cols 0, 2)
   NonFiniteCheckAndUnscale({finite_view}, found, inv);
   EXPECT_EQ(found.item(), 0) << "the view does not address the inf";
   ExpectExact(base, {2, 3}, kBF16, {0.25, kInf, 0.5, 3, kNaN, 4}, "only the view scaled");
@@ -2046,35 +2046,35 @@ TEST(ListOps, NonFiniteCheckAndUnscale) {
   ExpectExact(a, {2, 2}, kF32, {0.25, -0.5, 0.0625, 0.125}, "scaled on overflow too");
   ExpectExact(base, {2, 3}, kBF16, {0.0625, kInf, 0.125, 0.75, kNaN, 1}, "transposed view");
   // found_inf accumulates: a clean call afterwards leaves it at 1.
-  NonFiniteCheckAndUnscale({a}, found, Tensor::Scalar(4));
+  NonFiniteCheckAndUnscale({a}, found, RawTensor::Scalar(4));
   EXPECT_EQ(found.item(), 1);
   ExpectExact(a, {2, 2}, kF32, {1, -2, 0.25, 0.5}, "scaled back");
   // -inf in f64, found_inf starting from another value is only ever set to 1.
-  const Tensor found2 = Tensor::Full({1}, 0, kF32);
-  NonFiniteCheckAndUnscale({Tensor::FromVector<double>({-kInf}, {1})}, found2,
-                           Tensor::Full({1}, 2, kF32));
+  const RawTensor found2 = RawTensor::Full({1}, 0, kF32);
+  NonFiniteCheckAndUnscale({RawTensor::FromVector<double>({-kInf}, {1})}, found2,
+                           RawTensor::Full({1}, 2, kF32));
   EXPECT_EQ(found2.item(), 1);
   EXPECT_EQ(found2.shape(), Shape{1});
   // An empty list changes nothing.
-  const Tensor found3 = Tensor::Zeros({});
+  const RawTensor found3 = RawTensor::Zeros({});
   NonFiniteCheckAndUnscale({}, found3, inv);
   EXPECT_EQ(found3.item(), 0);
 }
 
 TEST(ListOps, Errors) {
-  const Tensor t = Tensor::Ones({2});
+  const RawTensor t = RawTensor::Ones({2});
   EXPECT_ERROR(
-      NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}, kF64), Tensor::Scalar(1)),
+      NonFiniteCheckAndUnscale({t}, RawTensor::Zeros({}, kF64), RawTensor::Scalar(1)),
       "non_finite_check_and_unscale: found_inf must be a one-element f32 tensor, got f64 []");
   EXPECT_ERROR(
-      NonFiniteCheckAndUnscale({t}, Tensor::Zeros({}), Tensor::Ones({2})),
+      NonFiniteCheckAndUnscale({t}, RawTensor::Zeros({}), RawTensor::Ones({2})),
       "non_finite_check_and_unscale: inv_scale must be a one-element f32 tensor, got f32 [2]");
   EXPECT_ERROR(
-      NonFiniteCheckAndUnscale({t, Tensor::Ones({2}, kI64)}, Tensor::Zeros({}), Tensor::Scalar(2)),
+      NonFiniteCheckAndUnscale({t, RawTensor::Ones({2}, kI64)}, RawTensor::Zeros({}), RawTensor::Scalar(2)),
       "non_finite_check_and_unscale: expected a floating dtype (f32, f64, f16, bf16), got "
       "i64");
   ExpectExact(t, {2}, kF32, {1, 1}, "unchanged after error");
-  EXPECT_ERROR(AnyNonFinite({t, Tensor()}),
+  EXPECT_ERROR(AnyNonFinite({t, RawTensor()}),
                "non_finite_check: a list element is an undefined tensor");
 }
 
@@ -2097,7 +2097,7 @@ TEST(DropoutMaskTest, EqualsTheSequentialDrawsFromAnyOffset) {
         Generator gen(1234), ref(1234);
         gen.Reserve(skip);
         ref.Reserve(skip);
-        const Tensor mask = DropoutMask({n}, p, gen, kF32, Device::Cpu());
+        const RawTensor mask = DropoutMask({n}, p, gen, kF32, Device::Cpu());
         EXPECT_EQ(Values(mask), SequentialMask(n, p, ref)) << "p " << p << " skip " << skip;
         EXPECT_EQ(gen.state(), ref.state()) << "one draw per element";
       }
@@ -2122,7 +2122,7 @@ TEST(DropoutMaskTest, ThresholdIsExactAtTheEdgesOfA24BitUniform) {
 TEST(DropoutMaskTest, EveryFloatingDtypeShapeAndBadInput) {
   for (DType dtype : {kF32, kF64, kF16, kBF16}) {
     Generator gen(5), ref(5);
-    const Tensor mask = DropoutMask({3, 4, 5}, 0.3, gen, dtype, Device::Cpu());
+    const RawTensor mask = DropoutMask({3, 4, 5}, 0.3, gen, dtype, Device::Cpu());
     EXPECT_EQ(mask.dtype(), dtype);
     EXPECT_EQ(mask.shape(), (Shape{3, 4, 5}));
     EXPECT_EQ(Values(mask), SequentialMask(60, 0.3, ref)) << DTypeName(dtype);

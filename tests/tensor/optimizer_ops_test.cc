@@ -20,15 +20,15 @@
 namespace tg {
 namespace {
 
-bool SameBits(const Tensor& a, const Tensor& b) {
+bool SameBits(const RawTensor& a, const RawTensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
+  const RawTensor x = a.contiguous(), y = b.contiguous();
   return std::memcmp(x.raw_data(), y.raw_data(), x.numel() * ElementSize(x.dtype())) == 0;
 }
 
-std::vector<Tensor> Clones(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(t.clone());
+std::vector<RawTensor> Clones(const std::vector<RawTensor>& ts) {
+  std::vector<RawTensor> out;
+  for (const RawTensor& t : ts) out.push_back(t.clone());
   return out;
 }
 
@@ -44,10 +44,10 @@ class DecliningCpuKernels {
     t.FusedSgd = [](const SgdTensorLists&, const FusedSgdOptions&) {
       return KernelStatus::kNoKernel;
     };
-    t.GlobalGradNorm = [](const Tensor&, const std::vector<Tensor>&, double) {
+    t.GlobalGradNorm = [](const RawTensor&, const std::vector<RawTensor>&, double) {
       return KernelStatus::kNoKernel;
     };
-    t.ClipByNorm = [](const std::vector<Tensor>&, const Tensor&, double) {
+    t.ClipByNorm = [](const std::vector<RawTensor>&, const RawTensor&, double) {
       return KernelStatus::kNoKernel;
     };
     GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(t);
@@ -68,15 +68,15 @@ struct AdamCase {
     for (size_t i = 0; i < dtypes.size(); ++i) {
       const DType d = dtypes[i];
       const DType cd = d == kF64 ? kF64 : kF32;
-      Tensor p = RandNormal({7, 5}, gen, 0, 1, d);
+      RawTensor p = RandNormal({7, 5}, gen, 0, 1, d);
       if (i == 4) p = RandNormal({5, 7}, gen).transpose(0, 1);  // strided
       lists.params.push_back(p);
       lists.grads.push_back(RandNormal({7, 5}, gen, 0, 1, i == 2 ? kF32 : d));
-      lists.exp_avgs.push_back(Tensor::Zeros({7, 5}, cd));
-      lists.exp_avg_sqs.push_back(Tensor::Zeros({7, 5}, cd));
-      if (amsgrad) lists.max_exp_avg_sqs.push_back(Tensor::Zeros({7, 5}, cd));
+      lists.exp_avgs.push_back(RawTensor::Zeros({7, 5}, cd));
+      lists.exp_avg_sqs.push_back(RawTensor::Zeros({7, 5}, cd));
+      if (amsgrad) lists.max_exp_avg_sqs.push_back(RawTensor::Zeros({7, 5}, cd));
     }
-    lists.model_params = {Tensor::Zeros({7, 5}, kBF16), Tensor(), Tensor(), Tensor(), Tensor()};
+    lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(), RawTensor()};
   }
   AdamCase Clone() const {
     AdamCase c = *this;
@@ -84,7 +84,7 @@ struct AdamCase {
     c.lists.exp_avgs = Clones(lists.exp_avgs);
     c.lists.exp_avg_sqs = Clones(lists.exp_avg_sqs);
     c.lists.max_exp_avg_sqs = Clones(lists.max_exp_avg_sqs);
-    c.lists.model_params = {Tensor::Zeros({7, 5}, kBF16), Tensor(), Tensor(), Tensor(), Tensor()};
+    c.lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(), RawTensor()};
     return c;
   }
 };
@@ -136,13 +136,13 @@ TEST(OptimizerOpsTest, DeclinedFusedAdamRunsTheComposedFormWithTheKernelsResult)
   AdamCase declined = kernel.Clone();
   FusedAdamOptions o = AdamOptionsFor(WeightDecay::kDecoupled, true);
   // inv_scale, found_inf and device_step: read on the host by the composed form.
-  o.inv_scale = Tensor::Scalar(1.0 / 384.0, kF32);
-  o.found_inf = Tensor::Zeros({}, kF32);
+  o.inv_scale = RawTensor::Scalar(1.0 / 384.0, kF32);
+  o.found_inf = RawTensor::Zeros({}, kF32);
   for (int step = 1; step <= 2; ++step) {
-    o.device_step = Tensor::Scalar(step - 1, kF64);
+    o.device_step = RawTensor::Scalar(step - 1, kF64);
     FusedAdam(kernel.lists, o);
     EXPECT_EQ(o.device_step.item(), step);
-    o.device_step = Tensor::Scalar(step - 1, kF64);
+    o.device_step = RawTensor::Scalar(step - 1, kF64);
     {
       DecliningCpuKernels declining;
       FusedAdam(declined.lists, o);
@@ -153,7 +153,7 @@ TEST(OptimizerOpsTest, DeclinedFusedAdamRunsTheComposedFormWithTheKernelsResult)
   // found_inf != 0: nothing is written, device_step stays.
   AdamCase skipped = kernel.Clone();
   o.found_inf.fill_(1);
-  o.device_step = Tensor::Scalar(2, kF64);
+  o.device_step = RawTensor::Scalar(2, kF64);
   FusedAdam(skipped.lists, o);
   {
     DecliningCpuKernels declining;
@@ -172,7 +172,7 @@ TEST(OptimizerOpsTest, FusedSgdKernelAndDeclinedCaseMatch) {
     for (DType d : {kF32, kF64, kBF16}) {
       a.params.push_back(RandNormal({33}, gen, 0, 1, d));
       a.grads.push_back(RandNormal({33}, gen, 0, 1, d));
-      a.momentum_buffers.push_back(Tensor::Empty({33}, d == kF64 ? kF64 : kF32));
+      a.momentum_buffers.push_back(RawTensor::Empty({33}, d == kF64 ? kF64 : kF32));
     }
     SgdTensorLists b = a;
     b.params = Clones(a.params);
@@ -197,14 +197,14 @@ TEST(OptimizerOpsTest, FusedSgdKernelAndDeclinedCaseMatch) {
 
 TEST(OptimizerOpsTest, GlobalGradNormAndClipByNormKernelAndDeclinedCaseMatch) {
   Generator gen(8);
-  const std::vector<Tensor> grads = {RandNormal({1000}, gen), RandNormal({64}, gen, 0, 1, kBF16),
+  const std::vector<RawTensor> grads = {RandNormal({1000}, gen), RandNormal({64}, gen, 0, 1, kBF16),
                                      RandNormal({9, 4}, gen, 0, 1, kF64).transpose(0, 1)};
   for (double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
     SCOPED_TRACE(p);
-    const Tensor kernel = GlobalGradNorm(grads, p);
+    const RawTensor kernel = GlobalGradNorm(grads, p);
     EXPECT_EQ(kernel.dtype(), kF64);
     EXPECT_EQ(kernel.dim(), 0);
-    Tensor declined;
+    RawTensor declined;
     {
       DecliningCpuKernels declining;
       declined = GlobalGradNorm(grads, p);
@@ -215,7 +215,7 @@ TEST(OptimizerOpsTest, GlobalGradNormAndClipByNormKernelAndDeclinedCaseMatch) {
       EXPECT_EQ(declined.item(), kernel.item());
     }
   }
-  std::vector<Tensor> nan = Clones(grads);
+  std::vector<RawTensor> nan = Clones(grads);
   nan[1].fill_(std::nan(""));
   EXPECT_TRUE(std::isnan(GlobalGradNorm(nan, 2).item()));
   {
@@ -223,9 +223,9 @@ TEST(OptimizerOpsTest, GlobalGradNormAndClipByNormKernelAndDeclinedCaseMatch) {
     EXPECT_TRUE(std::isnan(GlobalGradNorm(nan, std::numeric_limits<double>::infinity()).item()));
   }
 
-  const Tensor norm = GlobalGradNorm(grads, 2);
+  const RawTensor norm = GlobalGradNorm(grads, 2);
   const double max_norm = norm.item() / 3;
-  std::vector<Tensor> a = Clones(grads), b = Clones(grads), c = Clones(grads);
+  std::vector<RawTensor> a = Clones(grads), b = Clones(grads), c = Clones(grads);
   ClipByNorm(a, norm, max_norm);
   {
     DecliningCpuKernels declining;
@@ -236,24 +236,24 @@ TEST(OptimizerOpsTest, GlobalGradNormAndClipByNormKernelAndDeclinedCaseMatch) {
     EXPECT_TRUE(SameBits(a[i], b[i])) << i;
     EXPECT_TRUE(SameBits(a[i], c[i])) << i;
   }
-  std::vector<Tensor> untouched = Clones(grads);
+  std::vector<RawTensor> untouched = Clones(grads);
   ClipByNorm(untouched, norm, norm.item() * 2);  // clip_coef >= 1
-  ClipByNorm(untouched, Tensor::Scalar(std::numeric_limits<double>::infinity(), kF64), 1);
+  ClipByNorm(untouched, RawTensor::Scalar(std::numeric_limits<double>::infinity(), kF64), 1);
   for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(SameBits(untouched[i], grads[i])) << i;
 }
 
 TEST(OptimizerOpsTest, ErrorsNameTheOp) {
-  const Tensor x = Tensor::Zeros({4});
+  const RawTensor x = RawTensor::Zeros({4});
   AdamTensorLists lists;
   lists.params = {x};
   lists.grads = {x};
   lists.exp_avgs = {x};
-  lists.exp_avg_sqs = {Tensor::Zeros({3})};
+  lists.exp_avg_sqs = {RawTensor::Zeros({3})};
   FusedAdamOptions o;
   o.step = 1;
   EXPECT_TRUE(testing::ThrowsErrorExactly(
       [&] { FusedAdam(lists, o); }, "FusedAdam: exp_avg_sqs[0] has shape [3], its parameter [4]"));
-  lists.exp_avg_sqs = {Tensor::Zeros({4}, kF64)};
+  lists.exp_avg_sqs = {RawTensor::Zeros({4}, kF64)};
   EXPECT_TRUE(testing::ThrowsErrorExactly(
       [&] { FusedAdam(lists, o); },
       "FusedAdam: exp_avg_sqs[0] is f64; expected f32 for a f32 parameter"));
@@ -264,7 +264,7 @@ TEST(OptimizerOpsTest, ErrorsNameTheOp) {
   EXPECT_TRUE(testing::ThrowsErrorExactly([&] { GlobalGradNorm({x}, 0); },
                                           "GlobalGradNorm: norm_type must be > 0 (or inf), got 0"));
   EXPECT_TRUE(testing::ThrowsErrorExactly(
-      [&] { ClipByNorm({x}, Tensor::Zeros({2}), 1); },
+      [&] { ClipByNorm({x}, RawTensor::Zeros({2}), 1); },
       "ClipByNorm: total_norm must be a one-element f64 or f32 tensor, got f32 [2]"));
 }
 

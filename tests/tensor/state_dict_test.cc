@@ -10,7 +10,7 @@ namespace {
 TEST(StateDictTest, MergeAndSubRoundTrip) {
   StateDict inner;
   inner.scalars["step"] = 7;
-  inner.tensors["m"] = Tensor::FromVector<float>({1, 2}, {2});
+  inner.tensors["m"] = RawTensor::FromVector<float>({1, 2}, {2});
   StateDict outer;
   outer.scalars["scale"] = 65536;
   outer.Merge("opt.", inner);

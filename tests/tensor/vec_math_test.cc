@@ -111,7 +111,7 @@ TEST(VecMath, SpecialValues) {
 
 TEST(VecMath, AValueGetsTheSameResultInEveryPositionAndLength) {
   Generator gen(3);
-  const Tensor r = RandNormal({67}, gen);
+  const RawTensor r = RandNormal({67}, gen);
   const std::vector<float> x = r.to_vector<float>();
   std::vector<float> whole(x.size());
   cpu::GeluTanhGradF32(x.data(), whole.data(), 67);
@@ -298,13 +298,13 @@ TEST(VecMath, NormalizeRoundsEachOperationInLayerNormsOrder) {
 
 TEST(VecMath, GeluTanhGradEqualsTheChainOfF32TensorOps) {
   Generator gen(4);
-  const Tensor x = MulScalar(RandNormal({1001}, gen), 3.0);
+  const RawTensor x = MulScalar(RandNormal({1001}, gen), 3.0);
   const double k = 0.7978845608028654, c = 0.044715;
-  const Tensor x2 = Mul(x, x);
-  const Tensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
-  const Tensor left = MulScalar(AddScalar(t, 1), 0.5);
-  const Tensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
-  const Tensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
+  const RawTensor x2 = Mul(x, x);
+  const RawTensor t = Tanh(MulScalar(Add(x, MulScalar(Mul(x2, x), c)), k));
+  const RawTensor left = MulScalar(AddScalar(t, 1), 0.5);
+  const RawTensor du = MulScalar(AddScalar(MulScalar(x2, 3 * c), 1), k);
+  const RawTensor right = Mul(MulScalar(x, 0.5), Mul(AddScalar(Neg(Mul(t, t)), 1), du));
   const std::vector<float> chain = Add(left, right).to_vector<float>();
   const std::vector<float> xv = x.to_vector<float>();
   std::vector<float> fused(xv.size());

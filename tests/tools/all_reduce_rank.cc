@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   }
   const int r = (*pg)->rank(), w = (*pg)->size();
   const float k = r + 1;
-  tg::Tensor t = tg::Tensor::FromVector(std::vector<float>{k, 2 * k, 3 * k}, {3}, tg::kF32);
+  tg::RawTensor t = tg::RawTensor::FromVector(std::vector<float>{k, 2 * k, 3 * k}, {3}, tg::kF32);
   absl::Status s = (*pg)->all_reduce(t, tg::dist::ReduceOp::kSum)->wait();
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());

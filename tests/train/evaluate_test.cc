@@ -26,11 +26,11 @@ TEST(CrossEntropyEvalTest, F16LogitsWhoseSummedLossOverflowsF16) {
   const int64_t rows = 8;
   std::vector<float> values;
   for (int64_t i = 0; i < rows; ++i) values.insert(values.end(), {0.0f, -10000.0f});
-  const Tensor logits = Tensor::FromVector(values, {rows, 2}, kF16);
-  const Tensor targets = Tensor::Full({rows}, 1, kI64);
+  const RawTensor logits = RawTensor::FromVector(values, {rows, 2}, kF16);
+  const RawTensor targets = RawTensor::Full({rows}, 1, kI64);
 
   CrossEntropyEval eval(kF16);
-  const Variable returned = eval.Add([&] { return Variable(logits); }, targets);
+  const Tensor returned = eval.Add([&] { return Tensor(logits); }, targets);
   EXPECT_EQ(returned.dtype(), kF16);  // the logits as the forward made them
   EXPECT_EQ(eval.total(), 80000.0);
   EXPECT_EQ(eval.rows(), rows);
@@ -40,7 +40,7 @@ TEST(CrossEntropyEvalTest, F16LogitsWhoseSummedLossOverflowsF16) {
   // their dtype, which cannot hold the sum.
   nn::CrossEntropyOptions sum;
   sum.reduction = Reduction::kSum;
-  EXPECT_TRUE(std::isinf(nn::CrossEntropyLoss(Variable(logits), targets, sum).item()));
+  EXPECT_TRUE(std::isinf(nn::CrossEntropyLoss(Tensor(logits), targets, sum).item()));
 }
 
 // A bf16 model's logits: the double reference of the same (bf16-exact) logits, to f32 rounding
@@ -63,8 +63,8 @@ TEST(CrossEntropyEvalTest, Bf16LogitsMatchTheDoubleReference) {
       for (float v : classes) lse += std::exp(static_cast<double>(v));
       reference += std::log(lse) - values[i * c + target.back()];
     }
-    const Tensor logits = Tensor::FromVector(values, {rows, c}, kBF16);
-    eval.Add([&] { return Variable(logits); }, Tensor::FromVector(target, {rows}));
+    const RawTensor logits = RawTensor::FromVector(values, {rows, c}, kBF16);
+    eval.Add([&] { return Tensor(logits); }, RawTensor::FromVector(target, {rows}));
   }
   EXPECT_EQ(eval.rows(), 3 * rows);
   EXPECT_NEAR(eval.total(), reference, 1e-6 * reference);
@@ -79,14 +79,14 @@ TEST(CrossEntropyEvalTest, ForwardRunsUnderAutocastWithBatchAndTimeDims) {
   Generator gen(0);
   nn::Linear head(1, 2, gen);
   StateDict weights;
-  weights.tensors["weight"] = Tensor::FromVector(std::vector<float>{0.0f, -1.0f}, {2, 1});
-  weights.tensors["bias"] = Tensor::Zeros({2});
+  weights.tensors["weight"] = RawTensor::FromVector(std::vector<float>{0.0f, -1.0f}, {2, 1});
+  weights.tensors["bias"] = RawTensor::Zeros({2});
   head.load_state_dict(weights);
   head.to(kF16);
-  const Tensor x = Tensor::Full({16, 64, 1}, 10000);  // f32, cast to f16 by autocast
-  const Tensor y = Tensor::Full({16, 64}, 1, kI64);
+  const RawTensor x = RawTensor::Full({16, 64, 1}, 10000);  // f32, cast to f16 by autocast
+  const RawTensor y = RawTensor::Full({16, 64}, 1, kI64);
   CrossEntropyEval eval(kF16);
-  const Variable logits = eval.Add([&] { return head(Variable(x)); }, y);
+  const Tensor logits = eval.Add([&] { return head(Tensor(x)); }, y);
   EXPECT_EQ(logits.dtype(), kF16);
   EXPECT_EQ(eval.total(), 16 * 64 * 10000.0);  // 10.24e6
   EXPECT_EQ(eval.mean(), 10000.0);
@@ -97,9 +97,9 @@ TEST(CrossEntropyEvalTest, F32AndEmpty) {
   NoGradGuard no_grad;
   CrossEntropyEval eval(kF32);
   EXPECT_TRUE(std::isnan(eval.mean()));
-  const Tensor logits = Tensor::FromVector(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}, {1, 4});
-  eval.Add([&] { return Variable(logits); }, Tensor::Full({1}, 2, kI64));
-  eval.Add([&] { return Variable(logits); }, Tensor::Full({1}, 0, kI64));
+  const RawTensor logits = RawTensor::FromVector(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}, {1, 4});
+  eval.Add([&] { return Tensor(logits); }, RawTensor::Full({1}, 2, kI64));
+  eval.Add([&] { return Tensor(logits); }, RawTensor::Full({1}, 0, kI64));
   EXPECT_EQ(eval.rows(), 2);
   EXPECT_NEAR(eval.total(), 2 * std::log(4.0), 1e-6);  // log 4 in f32, twice
   EXPECT_NEAR(eval.mean(), std::log(4.0), 1e-6);

@@ -47,7 +47,7 @@ TEST(RunMainTest, TheTensorAllocatorsErrorAsBefore) {
 #endif
   ::testing::internal::CaptureStderr();
   const int rc = RunMain("train_x", [] {
-    return static_cast<int>(Tensor::Empty({int64_t{1} << 50}).numel());  // 4 PiB of f32
+    return static_cast<int>(RawTensor::Empty({int64_t{1} << 50}).numel());  // 4 PiB of f32
   });
   EXPECT_EQ(rc, 1);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(),

@@ -263,17 +263,17 @@ TEST(CheckSkippedFractionTest, ExitsPastTheFraction) {
 
 TEST(FindNonFiniteTest, NamesTheFirstTensorAndElement) {
   StateDict sd;
-  sd.tensors["a"] = Tensor::FromVector<float>({1, 2}, {2});
-  sd.tensors["b"] = Tensor::FromVector<float>({1, NAN, INFINITY, -INFINITY}, {2, 2});
-  sd.tensors["c"] = Tensor::FromVector<float>({NAN}, {1});
-  sd.tensors["i"] = Tensor::FromVector<int64_t>({1}, {1});
+  sd.tensors["a"] = RawTensor::FromVector<float>({1, 2}, {2});
+  sd.tensors["b"] = RawTensor::FromVector<float>({1, NAN, INFINITY, -INFINITY}, {2, 2});
+  sd.tensors["c"] = RawTensor::FromVector<float>({NAN}, {1});
+  sd.tensors["i"] = RawTensor::FromVector<int64_t>({1}, {1});
   EXPECT_EQ(FindNonFinite(sd),
             "tensor 'b' holds nan at element 1 of 4 (3 of its elements are not finite)");
   sd.tensors.erase("b");
   EXPECT_EQ(FindNonFinite(sd),
             "tensor 'c' holds nan at element 0 of 1 (1 of its elements is not finite)");
   sd.tensors.erase("c");
-  sd.tensors["h"] = Tensor::FromVector<float>({0, INFINITY}, {2}).to(kF16);
+  sd.tensors["h"] = RawTensor::FromVector<float>({0, INFINITY}, {2}).to(kF16);
   EXPECT_EQ(FindNonFinite(sd),
             "tensor 'h' holds inf at element 1 of 2 (1 of its elements is not finite)");
   sd.tensors.erase("h");
@@ -289,10 +289,10 @@ TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
       *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
   optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
   const std::vector<float> before = model->weight().data().to_vector<float>();
-  const Tensor x = RandNormal({4, 3}, gen);
+  const RawTensor x = RandNormal({4, 3}, gen);
   // sqrt(0 * y): the loss is 0, its gradient 0 * inf = NaN.
   StepStats stats = TrainStep(*opt, schedule, kF32, 0,
-                              [&] { return Sum(Sqrt(MulScalar((*model)(Variable(x)), 0.0))); });
+                              [&] { return Sum(Sqrt(MulScalar((*model)(Tensor(x)), 0.0))); });
   EXPECT_EQ(stats.loss, 0);
   EXPECT_TRUE(stats.result.skipped);
   EXPECT_EQ(model->weight().data().to_vector<float>(), before);
@@ -436,9 +436,9 @@ TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
   std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
       *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, precision);
   optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
-  const Tensor x = RandNormal({4, 3}, gen);
+  const RawTensor x = RandNormal({4, 3}, gen);
   StepStats stats = TrainStep(*opt, schedule, kF32, 0,
-                              [&] { return Sum(Sqrt(MulScalar((*model)(Variable(x)), 0.0))); });
+                              [&] { return Sum(Sqrt(MulScalar((*model)(Tensor(x)), 0.0))); });
   EXPECT_TRUE(stats.result.skipped);
   RunState run{*model, *opt, schedule, ExampleSettings(0.001), 10};
   const StepRecord record = run.Advance(stats, 0);
@@ -460,9 +460,9 @@ TEST(TrainStepTest, ZeroWaitOptimizerRecordsTheSkipAndTheScale) {
   amp::MixedPrecisionOptimizer opt(*MakeOptimizer(model->parameters(), OptimizerConfig{}),
                                    *options);
   optim::CosineWithWarmupLr schedule{opt.optimizer(), 0, 10, 1e-4};
-  const Tensor x = RandNormal({4, 3}, gen);
+  const RawTensor x = RandNormal({4, 3}, gen);
   StepStats stats = TrainStep(opt, schedule, kF32, 0,
-                              [&] { return Sum(Sqrt(MulScalar((*model)(Variable(x)), 0.0))); });
+                              [&] { return Sum(Sqrt(MulScalar((*model)(Tensor(x)), 0.0))); });
   EXPECT_TRUE(stats.result.skipped);
   EXPECT_EQ(stats.result.scale, 65536);
   RunState run{*model, opt, schedule, ExampleSettings(0.001), 10};
@@ -476,8 +476,8 @@ TEST(TrainStepTest, ZeroWaitOptimizerRecordsTheSkipAndTheScale) {
 // f16 data parallel divides each rank's loss by the world size and sums the gradients, so that
 // the backward sees the per-row values of one process. The reported loss stays the loss.
 TEST(TrainStepTest, BackwardOnLossOverMicroBatchesTimesSummedRanks) {
-  Variable w(Tensor::FromVector(std::vector<float>{1, 2}, {2}), true);
-  const Variable c(Tensor::FromVector(std::vector<float>{3, 4}, {2}));
+  Tensor w(RawTensor::FromVector(std::vector<float>{1, 2}, {2}), true);
+  const Tensor c(RawTensor::FromVector(std::vector<float>{3, 4}, {2}));
   OptimizerConfig sgd;
   sgd.name = "sgd";
   sgd.momentum = 0;
@@ -514,10 +514,10 @@ struct TinyRun {
   RunState run{*model, *opt, schedule, ExampleSettings(0.001), /*total_steps=*/10};
 
   void Train(int steps) {
-    Tensor x = RandNormal({4, 3}, gen);
+    RawTensor x = RandNormal({4, 3}, gen);
     for (int i = 0; i < steps; ++i) {
       StepStats stats = TrainStep(*opt, schedule, kF32, 0, [&] {
-        return Sum((*model)(Variable(x)) * (*model)(Variable(x)));
+        return Sum((*model)(Tensor(x)) * (*model)(Tensor(x)));
       });
       run.Advance(stats, 0);
     }
@@ -558,7 +558,7 @@ class ResumeValidationTest : public ::testing::Test {
     EXPECT_TRUE(sd.ok());
     std::vector<float> v = sd->tensor(key).to_vector<float>();
     v[index] = value;
-    sd->tensors[key] = Tensor::FromVector<float>(v, sd->tensor(key).shape());
+    sd->tensors[key] = RawTensor::FromVector<float>(v, sd->tensor(key).shape());
     EXPECT_TRUE(io::SaveStateDict(CheckpointPath(dir_), *sd, meta).ok());
     const std::vector<float> before = fresh_.model->weight().data().to_vector<float>();
     std::vector<std::string> changes;
@@ -798,16 +798,16 @@ TEST(ParsePrecisionTest, NamesAndFp8) {
 // terminate the process), and an exception already leaving the scope is not replaced.
 TEST(PrecisionScopeTest, AFailedFp8UpdateIsAnErrorNotATermination) {
   Generator gen(5);
-  Variable w(RandNormal({4, 8}, gen), true);
+  Tensor w(RandNormal({4, 8}, gen), true);
   amp::Fp8Training fp8({w});
   fp8.set_amax_reducer(
       [](std::vector<float>&) { throw Error("all_reduce failed: rank 1 is gone"); });
-  const Tensor x = RandNormal({2, 8}, gen);
+  const RawTensor x = RandNormal({2, 8}, gen);
   bool thrown = false;
   try {
     {
       PrecisionScope scope(ForwardPrecision(kBF16, &fp8));
-      Linear(Variable(x), w);
+      Linear(Tensor(x), w);
     }
   } catch (const Error& e) {
     thrown = std::string(e.what()) == "all_reduce failed: rank 1 is gone";

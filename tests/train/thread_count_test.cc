@@ -42,26 +42,26 @@ std::vector<std::vector<char>> TrainedBytes(const std::string& model_name, DType
   Generator data_gen(0);
   Generator init(1);
   std::shared_ptr<nn::Module> model;
-  std::function<Variable()> loss_fn;
-  Tensor images, labels, x, y;
+  std::function<Tensor()> loss_fn;
+  RawTensor images, labels, x, y;
   if (model_name == "gpt") {
     nn::GptConfig config = nn::GptConfig::Tiny(65);
     const int64_t batch = 32, t = config.block_size;
-    Tensor tokens = Tensor::Empty({batch, t + 1}, kI64);
+    RawTensor tokens = RawTensor::Empty({batch, t + 1}, kI64);
     for (int64_t i = 0; i < tokens.numel(); ++i)
       tokens.data<int64_t>()[i] = data_gen.NextU32() % 65;
     x = tokens.slice(1, 0, t).contiguous();
     y = tokens.slice(1, 1, t + 1).contiguous();
     model = std::make_shared<nn::Gpt>(config, init);
-    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Variable(x)), y); };
+    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(x)), y); };
   } else {
     const int64_t batch = 128;
     images = RandNormal({batch, 1, 28, 28}, data_gen);
-    labels = Tensor::Empty({batch}, kI64);
+    labels = RawTensor::Empty({batch}, kI64);
     for (int64_t i = 0; i < batch; ++i) labels.data<int64_t>()[i] = data_gen.NextU32() % 10;
     model = model_name == "mlp" ? std::static_pointer_cast<nn::Module>(nn::MakeImageMlp(init))
                                 : nn::MakeImageCnn(init);
-    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Variable(images.to(dtype))), labels); };
+    loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(images.to(dtype))), labels); };
   }
   model->to(dtype);
   train::OptimizerConfig opt_config;
@@ -73,8 +73,8 @@ std::vector<std::vector<char>> TrainedBytes(const std::string& model_name, DType
   optim::ConstantLr schedule((*opt)->optimizer());
   for (int i = 0; i < steps; ++i) train::TrainStep(**opt, schedule, dtype, 1.0, loss_fn);
   std::vector<std::vector<char>> bytes;
-  for (const Variable& p : model->parameters()) {
-    Tensor f = p.data().to(kF32).contiguous();
+  for (const Tensor& p : model->parameters()) {
+    RawTensor f = p.data().to(kF32).contiguous();
     bytes.emplace_back(f.numel() * sizeof(float));
     std::memcpy(bytes.back().data(), f.data<float>(), bytes.back().size());
   }
@@ -113,8 +113,8 @@ TEST(ThreadCountProductTest, MatmulGivesTheSameBitsAtOneAndTwoThreads) {
       for (int layout = 0; layout < 4; ++layout) {
         Generator gen(7);
         const bool ta = layout & 1, tb = layout & 2;
-        Tensor a = RandNormal(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, gen).to(dtype);
-        Tensor b = RandNormal(tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, gen).to(dtype);
+        RawTensor a = RandNormal(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, gen).to(dtype);
+        RawTensor b = RandNormal(tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, gen).to(dtype);
         if (ta) a = a.transpose(0, 1);
         if (tb) b = b.transpose(0, 1);
         std::vector<std::vector<char>> results;
@@ -122,7 +122,7 @@ TEST(ThreadCountProductTest, MatmulGivesTheSameBitsAtOneAndTwoThreads) {
           const int saved = omp_get_max_threads();
           cpu::SetThreadGovernor(false);
           omp_set_num_threads(threads);
-          Tensor out = Matmul(a, b).to(kF64).contiguous();
+          RawTensor out = Matmul(a, b).to(kF64).contiguous();
           omp_set_num_threads(saved);
           cpu::SetThreadGovernor(true);
           results.emplace_back(out.numel() * sizeof(double));
@@ -137,16 +137,16 @@ TEST(ThreadCountProductTest, MatmulGivesTheSameBitsAtOneAndTwoThreads) {
 
 // The bytes of `tensors` (each as f64, contiguous) computed by fn() at `threads` threads.
 std::vector<std::vector<char>> BytesAtThreads(int threads,
-                                              const std::function<std::vector<Tensor>()>& fn) {
+                                              const std::function<std::vector<RawTensor>()>& fn) {
   const int saved = omp_get_max_threads();
   cpu::SetThreadGovernor(false);
   omp_set_num_threads(threads);
-  const std::vector<Tensor> tensors = fn();
+  const std::vector<RawTensor> tensors = fn();
   omp_set_num_threads(saved);
   cpu::SetThreadGovernor(true);
   std::vector<std::vector<char>> bytes;
-  for (const Tensor& t : tensors) {
-    const Tensor f = t.to(kF64).contiguous();
+  for (const RawTensor& t : tensors) {
+    const RawTensor f = t.to(kF64).contiguous();
     bytes.emplace_back(f.numel() * sizeof(double));
     std::memcpy(bytes.back().data(), f.data<double>(), bytes.back().size());
   }
@@ -155,7 +155,7 @@ std::vector<std::vector<char>> BytesAtThreads(int threads,
 
 // fn() gives the same bytes at 2, 3 and 4 threads as at 1; `what` names the case.
 void ExpectSameBitsAtEveryThreadCount(const std::string& what,
-                                      const std::function<std::vector<Tensor>()>& fn) {
+                                      const std::function<std::vector<RawTensor>()>& fn) {
   const auto one = BytesAtThreads(1, fn);
   for (int threads : {2, 3, 4}) {
     const auto other = BytesAtThreads(threads, fn);
@@ -180,20 +180,20 @@ TEST(ThreadCountKernelTest, ConvolutionGivesTheSameBitsAtEveryThreadCount) {
                        Case{5, 3, 11, 8, 5, 2, 2}, Case{1, 16, 9, 16, 1, 1, 0}}) {
     for (DType dtype : {kF32, kBF16, kF16, kF64}) {
       Generator gen(3);
-      const Tensor x = RandNormal({c.n, c.c, c.h, c.h}, gen).to(dtype);
-      const Tensor w = RandNormal({c.o, c.c, c.k, c.k}, gen).to(dtype);
-      const Tensor b = RandNormal({c.o}, gen).to(dtype);
+      const RawTensor x = RandNormal({c.n, c.c, c.h, c.h}, gen).to(dtype);
+      const RawTensor w = RandNormal({c.o, c.c, c.k, c.k}, gen).to(dtype);
+      const RawTensor b = RandNormal({c.o}, gen).to(dtype);
       Conv2dParams p;
       p.stride = {c.stride, c.stride};
       p.padding = {c.pad, c.pad};
-      const Tensor y = Conv2d(x, w, b, p);
-      const Tensor g = RandNormal(y.shape(), gen).to(dtype);
+      const RawTensor y = Conv2d(x, w, b, p);
+      const RawTensor g = RandNormal(y.shape(), gen).to(dtype);
       ExpectSameBitsAtEveryThreadCount(
           absl::StrCat("conv ", c.n, "x", c.c, "x", c.h, "x", c.h, " -> ", c.o, " k", c.k, " ",
                        DTypeName(dtype)),
           [&] {
             const Conv2dGrads grads = Conv2dBackward(g, x, w, p);
-            return std::vector<Tensor>{Conv2d(x, w, b, p), grads.grad_input, grads.grad_weight,
+            return std::vector<RawTensor>{Conv2d(x, w, b, p), grads.grad_input, grads.grad_weight,
                                        grads.grad_bias};
           });
     }
@@ -206,17 +206,17 @@ TEST(ThreadCountKernelTest, Fp8CastsAndGemmsGiveTheSameBitsAtEveryThreadCount) {
   for (const Fp8Tiling tiling : {Fp8Tiling::kTensor, Fp8Tiling::k1x128, Fp8Tiling::k128x128}) {
     for (DType out : {kF32, kBF16}) {
       Generator gen(5);
-      const Tensor a = RandNormal({m, k}, gen).to(kBF16);
-      const Tensor b = RandNormal({n, k}, gen).to(kBF16);
+      const RawTensor a = RandNormal({m, k}, gen).to(kBF16);
+      const RawTensor b = RandNormal({n, k}, gen).to(kBF16);
       ExpectSameBitsAtEveryThreadCount(
           absl::StrCat("fp8 ", Fp8TilingName(tiling), " -> ", DTypeName(out)), [&] {
             const Fp8Scales sa = Fp8ScaleFromAmax(Fp8Amax(a, tiling), Fp8ScaleOptions{});
             const Fp8Scales sb = Fp8ScaleFromAmax(Fp8Amax(b, tiling), Fp8ScaleOptions{});
             const Fp8CastResult qa = Fp8Cast(a, sa.scale, tiling, kF8E4M3, true, true);
             const Fp8CastResult qb = Fp8Cast(b, sb.scale, tiling, kF8E4M3);
-            const Tensor y =
-                Fp8Gemm(qa.data, sa.scale_inv, tiling, qb.data, sb.scale_inv, tiling, Tensor(), out);
-            return std::vector<Tensor>{qa.data_t, qa.amax, y};
+            const RawTensor y =
+                Fp8Gemm(qa.data, sa.scale_inv, tiling, qb.data, sb.scale_inv, tiling, RawTensor(), out);
+            return std::vector<RawTensor>{qa.data_t, qa.amax, y};
           });
     }
   }

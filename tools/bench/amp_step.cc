@@ -99,17 +99,17 @@ void Print(const Row& row, double copy_gbs, double unfused_seconds = 0) {
 // A MixedPrecisionOptimizer around AdamW over f16 copies of `init` (f32), with master grads made
 // from `grads` (f16, as if scaled by 65536) through update_master_grads().
 struct AmpModel {
-  std::vector<tg::Variable> params;  // f16
+  std::vector<tg::Tensor> params;  // f16
   std::unique_ptr<tg::amp::MixedPrecisionOptimizer> opt;
 
-  AmpModel(const std::vector<tg::Tensor>& init, const std::vector<tg::Tensor>& grads, bool fused) {
-    for (const tg::Tensor& t : init) params.emplace_back(t.to(tg::kF16), /*requires_grad=*/true);
+  AmpModel(const std::vector<tg::RawTensor>& init, const std::vector<tg::RawTensor>& grads, bool fused) {
+    for (const tg::RawTensor& t : init) params.emplace_back(t.to(tg::kF16), /*requires_grad=*/true);
     tg::optim::AdamWOptions o;
     o.lr = 1e-3;
     o.fused = fused;
     opt = std::make_unique<tg::amp::MixedPrecisionOptimizer>(
         std::make_unique<tg::optim::AdamW>(params, o));
-    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(tg::Variable(grads[i]));
+    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(tg::Tensor(grads[i]));
     opt->update_master_grads();  // master grads = f32(grad) / 65536; stay until zero_grad()
   }
 };
@@ -119,7 +119,7 @@ struct AmpModel {
 int main() {
   tg::Generator gen(0);
   const std::vector<tg::Shape> shapes = ModelShapes();
-  std::vector<tg::Tensor> init, grads16, master_grads;
+  std::vector<tg::RawTensor> init, grads16, master_grads;
   int64_t n = 0, smallest = 1 << 30, largest = 0;
   for (const tg::Shape& s : shapes) {
     init.push_back(tg::RandNormal(s, gen, 0.0, 0.02));
@@ -147,12 +147,12 @@ int main() {
 
   // (b) Non-finite check + unscale of the f32 master grads, fused (one pass over all tensors)
   // and per tensor (AnyNonFinite, then a scale: two passes).
-  const tg::Tensor found_inf = tg::Tensor::Zeros({}, tg::kF32);
+  const tg::RawTensor found_inf = tg::RawTensor::Zeros({}, tg::kF32);
   // Alternating 1/2 and 2 keeps the values (exactly) where they started, whatever the rep count.
-  const tg::Tensor halve = tg::Tensor::Scalar(0.5), twice = tg::Tensor::Scalar(2.0);
+  const tg::RawTensor halve = tg::RawTensor::Scalar(0.5), twice = tg::RawTensor::Scalar(2.0);
   int flip = 0;
   bool any_inf = false;
-  std::vector<tg::Tensor> out_of_place = master_grads;
+  std::vector<tg::RawTensor> out_of_place = master_grads;
   const std::vector<double> b =
       BestSeconds(20, {memcpy_case(unscale_bytes),
                        {[&] {
@@ -161,14 +161,14 @@ int main() {
                        }},
                        {[&] {
                          const double s = (flip++ % 2 == 0) ? 0.5 : 2.0;
-                         for (const tg::Tensor& g : master_grads) {
+                         for (const tg::RawTensor& g : master_grads) {
                            any_inf = tg::AnyNonFinite({g}) || any_inf;
                            tg::MulScalarInPlace({g}, s);
                          }
                        }},
                        {[&] {
                          const double s = (flip++ % 2 == 0) ? 0.5 : 2.0;
-                         for (tg::Tensor& g : out_of_place) {
+                         for (tg::RawTensor& g : out_of_place) {
                            any_inf = tg::AnyNonFinite({g}) || any_inf;
                            g = tg::MulScalar(g, s);
                          }
@@ -191,8 +191,8 @@ int main() {
   AmpModel fused(init, grads16, /*fused=*/true);
   AmpModel unfused(init, grads16, /*fused=*/false);
   tg::amp::MixedPrecisionOptimizer& opt = *fused.opt;
-  const std::vector<tg::Tensor> mg = *opt.inspect_master_grads();
-  const std::vector<tg::Variable>& masters = opt.master_params();
+  const std::vector<tg::RawTensor> mg = *opt.inspect_master_grads();
+  const std::vector<tg::Tensor>& masters = opt.master_params();
   auto step = [](tg::amp::MixedPrecisionOptimizer& o) {
     if (o.step().skipped) std::printf("  (unexpected: skipped step)\n");
   };
@@ -205,8 +205,8 @@ int main() {
                          // step() registers the f16 parameters as model copies: unregister them
                          // so that this case updates the masters alone.
                          for (size_t i = 0; i < masters.size(); ++i) {
-                           masters[i].set_grad(tg::Variable(mg[i]));
-                           opt.optimizer().set_model_copy(masters[i], tg::Tensor());
+                           masters[i].set_grad(tg::Tensor(mg[i]));
+                           opt.optimizer().set_model_copy(masters[i], tg::RawTensor());
                          }
                        }},
                       {[&] {
@@ -218,10 +218,10 @@ int main() {
                        [&] {
                          unfused.opt->zero_grad();
                          for (size_t i = 0; i < unfused.params.size(); ++i) {
-                           unfused.params[i].set_grad(tg::Variable(grads16[i]));
+                           unfused.params[i].set_grad(tg::Tensor(grads16[i]));
                          }
                        }}});
-  for (const tg::Variable& m : masters) m.set_grad(tg::Variable());
+  for (const tg::Tensor& m : masters) m.set_grad(tg::Tensor());
   std::printf(
       "\nMixedPrecisionOptimizer::step(): AdamW on f32 masters of f16 params (30 B/element)\n");
   const double copy_c = PrintBaseline("memcpy (15 B/element: same traffic)", c[0], step_bytes);

@@ -35,23 +35,23 @@ void Report(const char* what, double ns, double target) {
 }  // namespace
 
 int main() {
-  const tg::Tensor one = tg::Tensor::Ones({1});
+  const tg::RawTensor one = tg::RawTensor::Ones({1});
 
   std::printf("recording (1-element f32 tensors, AddScalar chains of 1000 ops)\n");
   {
     const int n = 1000;
-    tg::Variable x(one, true);
+    tg::Tensor x(one, true);
     const double on = BestSeconds(20, [&] {
-      tg::Variable y = x;
+      tg::Tensor y = x;
       for (int i = 0; i < n; ++i) y = tg::AddScalar(y, 1);
     });
     const double off = BestSeconds(20, [&] {
       tg::NoGradGuard no_grad;
-      tg::Variable y = x;
+      tg::Tensor y = x;
       for (int i = 0; i < n; ++i) y = tg::AddScalar(y, 1);
     });
     const double raw = BestSeconds(20, [&] {
-      tg::Tensor y = one;
+      tg::RawTensor y = one;
       for (int i = 0; i < n; ++i) y = tg::AddScalar(y, 1);
     });
     Report("per op, grad on (recorded)", on / n * 1e9, 300);
@@ -62,11 +62,11 @@ int main() {
 
   std::printf("\nbackward through chains of AddScalar nodes\n");
   for (int n : {1000, 10000, 100000}) {
-    tg::Variable x(one, true);
-    std::vector<tg::Variable> roots;
+    tg::Tensor x(one, true);
+    std::vector<tg::Tensor> roots;
     const int reps = n >= 100000 ? 3 : 10;
     for (int r = 0; r < reps; ++r) {
-      tg::Variable y = x;
+      tg::Tensor y = x;
       for (int i = 0; i < n; ++i) y = tg::AddScalar(y, 1);
       roots.push_back(tg::Sum(y));
     }
@@ -79,10 +79,10 @@ int main() {
 
   std::printf("\npost-accumulate-grad hooks (+ one queued callback per backward)\n");
   for (int params : {148, 10000}) {
-    std::vector<tg::Variable> leaves;
+    std::vector<tg::Tensor> leaves;
     for (int i = 0; i < params; ++i) leaves.emplace_back(one, true);
     // loss = sum of all leaves: one AddBackward per leaf plus its AccumulateGrad.
-    tg::Variable loss = leaves[0];
+    tg::Tensor loss = leaves[0];
     for (int i = 1; i < params; ++i) loss = tg::Add(loss, leaves[i]);
     int64_t calls = 0;
     bool queued = false;
@@ -91,7 +91,7 @@ int main() {
       std::vector<tg::HookHandle> handles;
       for (auto& leaf : leaves) {
         for (int h = 0; h < hooks; ++h) {
-          handles.push_back(leaf.register_post_accumulate_grad_hook([&](const tg::Variable&) {
+          handles.push_back(leaf.register_post_accumulate_grad_hook([&](const tg::Tensor&) {
             ++calls;
             if (!queued) {
               queued = true;
@@ -104,7 +104,7 @@ int main() {
     };
     auto backward_ns = [&] {
       const auto start = Clock::now();
-      loss.backward(tg::Variable(), {true});
+      loss.backward(tg::Tensor(), {true});
       return std::chrono::duration<double>(Clock::now() - start).count() * 1e9;
     };
     // The same graph timed without and with k hooks per parameter, back to back, alternating

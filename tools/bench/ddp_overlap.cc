@@ -59,7 +59,7 @@ ABSL_FLAG(bool, rank_worker, false, "internal: this process is a rank started by
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using tg::Variable;
+using tg::Tensor;
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -79,17 +79,17 @@ class ImmediateGroup : public tg::dist::ProcessGroup {
  public:
   ImmediateGroup() : ProcessGroup(0, 1, "immediate", absl::Seconds(1), tg::Device::Cpu()) {}
   const char* backend() const override { return "immediate"; }
-  std::shared_ptr<tg::dist::Work> all_reduce(const tg::Tensor&, tg::dist::ReduceOp) override {
+  std::shared_ptr<tg::dist::Work> all_reduce(const tg::RawTensor&, tg::dist::ReduceOp) override {
     return done_;
   }
-  std::shared_ptr<tg::dist::Work> reduce_scatter(const tg::Tensor&, const tg::Tensor&,
+  std::shared_ptr<tg::dist::Work> reduce_scatter(const tg::RawTensor&, const tg::RawTensor&,
                                                  tg::dist::ReduceOp) override {
     return done_;
   }
-  std::shared_ptr<tg::dist::Work> all_gather(const tg::Tensor&, const tg::Tensor&) override {
+  std::shared_ptr<tg::dist::Work> all_gather(const tg::RawTensor&, const tg::RawTensor&) override {
     return done_;
   }
-  std::shared_ptr<tg::dist::Work> broadcast(const tg::Tensor&, int) override { return done_; }
+  std::shared_ptr<tg::dist::Work> broadcast(const tg::RawTensor&, int) override { return done_; }
   std::shared_ptr<tg::dist::Work> barrier() override { return done_; }
 
  private:
@@ -101,27 +101,27 @@ class ManyParams : public tg::nn::Module {
  public:
   explicit ManyParams(int n) : Module("ManyParams") {
     for (int i = 0; i < n; ++i) {
-      params_.push_back(register_parameter(absl::StrCat("p", i), tg::Tensor::Full({1}, 0.5)));
+      params_.push_back(register_parameter(absl::StrCat("p", i), tg::RawTensor::Full({1}, 0.5)));
     }
   }
-  Variable forward(const Variable&) override {
+  Tensor forward(const Tensor&) override {
     tg::VariableList all(params_.begin(), params_.end());
     return tg::Sum(tg::Cat(all, 0));
   }
 
  private:
-  std::vector<Variable> params_;
+  std::vector<Tensor> params_;
 };
 
 // Best backward time (seconds) of `model` over `reps` backwards; forward and zero_grad untimed.
 double BestBackward(tg::nn::Module& model, int reps, bool set_to_none) {
   double best = 1e30;
-  const std::vector<Variable> params = model.parameters();
+  const std::vector<Tensor> params = model.parameters();
   for (int rep = 0; rep <= reps; ++rep) {
     if (set_to_none) {
-      for (const Variable& p : params) p.set_grad(Variable());
+      for (const Tensor& p : params) p.set_grad(Tensor());
     }
-    Variable loss = model(Variable());
+    Tensor loss = model(Tensor());
     const auto start = Clock::now();
     loss.backward();
     const double s = Since(start);
@@ -168,8 +168,8 @@ struct Trainer {
   std::shared_ptr<tg::nn::Gpt> model;
   std::unique_ptr<tg::optim::AdamW> opt;
   std::unique_ptr<tg::dist::DistributedDataParallel> ddp;
-  std::vector<Variable> params;
-  tg::Tensor flat;  // [all gradient elements] f32, mode (b)
+  std::vector<Tensor> params;
+  tg::RawTensor flat;  // [all gradient elements] f32, mode (b)
 };
 
 int RankMain() {
@@ -194,8 +194,8 @@ int RankMain() {
     o.lr = 1e-3;
     t.opt = std::make_unique<tg::optim::AdamW>(t.params, o);
     int64_t n = 0;
-    for (const Variable& p : t.params) n += p.numel();
-    if (m == kAllReduceAfter) t.flat = tg::Tensor::Empty({n}, tg::kF32);
+    for (const Tensor& p : t.params) n += p.numel();
+    if (m == kAllReduceAfter) t.flat = tg::RawTensor::Empty({n}, tg::kF32);
     if (m == kDdpDefault || m == kDdpSmall) {
       tg::dist::DdpOptions d;
       if (m == kDdpSmall) d.bucket_cap_bytes = small_cap;
@@ -216,24 +216,24 @@ int RankMain() {
   tg::Generator data_gen(7 + pg->rank());
   std::vector<int64_t> tokens(batch * (seq + 1));
   for (int64_t& v : tokens) v = data_gen.NextU32() % config.vocab_size;
-  tg::Tensor all = tg::Tensor::FromVector(tokens, {batch, seq + 1});
-  const tg::Tensor x = all.slice(1, 0, seq).contiguous();
-  const tg::Tensor y = all.slice(1, 1, seq + 1).contiguous();
+  tg::RawTensor all = tg::RawTensor::FromVector(tokens, {batch, seq + 1});
+  const tg::RawTensor x = all.slice(1, 0, seq).contiguous();
+  const tg::RawTensor y = all.slice(1, 1, seq + 1).contiguous();
 
   auto step = [&](int m) {
     Trainer& t = trainers[m];
     t.opt->zero_grad();
-    const Variable logits = t.ddp ? (*t.ddp)(Variable(x)) : (*t.model)(Variable(x));
+    const Tensor logits = t.ddp ? (*t.ddp)(Tensor(x)) : (*t.model)(Tensor(x));
     tg::nn::CrossEntropyLoss(logits, y).backward();
     if (m == kAllReduceAfter) {
       int64_t offset = 0;
-      for (const Variable& p : t.params) {
+      for (const Tensor& p : t.params) {
         t.flat.narrow(0, offset, p.numel()).view(p.shape()).copy_(p.grad().data());
         offset += p.numel();
       }
       TG_DIST_CHECK_OK(pg->all_reduce(t.flat, tg::dist::ReduceOp::kAvg)->wait());
       offset = 0;
-      for (const Variable& p : t.params) {
+      for (const Tensor& p : t.params) {
         p.grad().data().copy_(t.flat.narrow(0, offset, p.numel()).view(p.shape()));
         offset += p.numel();
       }

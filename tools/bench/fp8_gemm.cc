@@ -18,38 +18,38 @@ namespace {
 using tg::bench::BestSeconds;
 
 void Shape(int64_t m, int64_t k, int64_t n, tg::Generator& gen) {
-  const tg::Tensor x = tg::RandNormal({m, k}, gen).to(tg::kBF16);
-  const tg::Tensor w = tg::RandNormal({n, k}, gen).to(tg::kBF16);
-  const tg::Tensor wt = w.transpose(0, 1);
+  const tg::RawTensor x = tg::RandNormal({m, k}, gen).to(tg::kBF16);
+  const tg::RawTensor w = tg::RandNormal({n, k}, gen).to(tg::kBF16);
+  const tg::RawTensor wt = w.transpose(0, 1);
   // Quantized operands with their scales, as a recipe makes them (E4M3 both, 448 / amax).
   tg::Fp8ScaleOptions options;
-  const auto quantize = [&](const tg::Tensor& t, tg::Fp8Tiling tiling, tg::Tensor* data,
-                            tg::Tensor* scale_inv) {
+  const auto quantize = [&](const tg::RawTensor& t, tg::Fp8Tiling tiling, tg::RawTensor* data,
+                            tg::RawTensor* scale_inv) {
     const tg::Fp8Scales s = tg::Fp8ScaleFromAmax(tg::Fp8Amax(t, tiling), options);
     *data = tg::Fp8Cast(t, s.scale, tiling, tg::kF8E4M3).data;
     *scale_inv = s.scale_inv;
   };
-  tg::Tensor xt8, xts, wt8, wts, xb8, xbs, wb8, wbs;
+  tg::RawTensor xt8, xts, wt8, wts, xb8, xbs, wb8, wbs;
   quantize(x, tg::Fp8Tiling::kTensor, &xt8, &xts);
   quantize(w, tg::Fp8Tiling::kTensor, &wt8, &wts);
   quantize(x, tg::Fp8Tiling::k1x128, &xb8, &xbs);
   quantize(w, tg::Fp8Tiling::k128x128, &wb8, &wbs);
 
-  tg::Tensor out;
+  tg::RawTensor out;
   const int reps = 5;
   const double bf16_s = BestSeconds(reps, [&] { out = tg::Matmul(x, wt); });
   const double f32_s = BestSeconds(
       reps, [&, x32 = x.to(tg::kF32), w32 = wt.to(tg::kF32)] { out = tg::Matmul(x32, w32); });
   const double tensor_s = BestSeconds(reps, [&] {
     out = tg::Fp8Gemm(xt8, xts, tg::Fp8Tiling::kTensor, wt8, wts, tg::Fp8Tiling::kTensor,
-                      tg::Tensor(), tg::kBF16);
+                      tg::RawTensor(), tg::kBF16);
   });
   const double block_s = BestSeconds(reps, [&] {
     out = tg::Fp8Gemm(xb8, xbs, tg::Fp8Tiling::k1x128, wb8, wbs, tg::Fp8Tiling::k128x128,
-                      tg::Tensor(), tg::kBF16);
+                      tg::RawTensor(), tg::kBF16);
   });
   // The cast a step adds per activation: x to E4M3 with its transpose and its 1x128 amaxes.
-  const tg::Tensor cast_scale = tg::Tensor::Ones({m, (k + 127) / 128});
+  const tg::RawTensor cast_scale = tg::RawTensor::Ones({m, (k + 127) / 128});
   const double cast_s = BestSeconds(reps, [&] {
     out = tg::Fp8Cast(x, cast_scale, tg::Fp8Tiling::k1x128, tg::kF8E4M3, true, true).data;
   });

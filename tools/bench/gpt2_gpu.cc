@@ -111,8 +111,8 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   nn::Gpt model(config, init);  // on the CPU: the same initial weights as a CPU run
   if (bf16_weights) model.to(kBF16);
   model.to(device);
-  std::vector<Variable> decay, no_decay;
-  for (const Variable& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<Tensor> decay, no_decay;
+  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   optim::AdamWOptions o;
   o.lr = 6e-4;
   o.beta1 = 0.9;
@@ -132,9 +132,9 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   Generator data(7);
   std::vector<int64_t> tokens(static_cast<size_t>(batch * (seq + 1)));
   for (int64_t& t : tokens) t = data.NextU32() % config.vocab_size;
-  const Tensor all = Tensor::FromVector(tokens, {batch, seq + 1});
-  const Tensor x = all.slice(1, 0, seq).contiguous().to(device);
-  const Tensor y = all.slice(1, 1, seq + 1).contiguous().to(device);
+  const RawTensor all = RawTensor::FromVector(tokens, {batch, seq + 1});
+  const RawTensor x = all.slice(1, 0, seq).contiguous().to(device);
+  const RawTensor y = all.slice(1, 1, seq + 1).contiguous().to(device);
 
   // --fp8_recipe: FP8 GEMMs for the blocks' Linear layers (TE's fp8_autocast inside bf16).
   std::unique_ptr<amp::Fp8Training> fp8;
@@ -143,13 +143,13 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
     fo.recipe = amp::ParseFp8Recipe(fp8_recipe);
     fp8 = std::make_unique<amp::Fp8Training>(nn::LinearWeights(model), fo);
   }
-  Variable loss;
+  Tensor loss;
   auto step = [&] {
     opt.zero_grad();
     {
       amp::AutocastGuard autocast(kBF16);
       amp::Fp8Autocast fp8_scope(fp8.get());  // none without --fp8_recipe
-      loss = nn::CrossEntropyLoss(model(Variable(x)), y);
+      loss = nn::CrossEntropyLoss(model(Tensor(x)), y);
     }
     opt.backward(loss);
     opt.step();

@@ -58,11 +58,11 @@ double PyTorchMs(const std::string& path, int threads) {
 }
 
 // 10^7 parameters as a GPT-like mix of tensor sizes: 9 x 10^6 plus 10 x 10^5.
-std::vector<tg::Variable> MakeParams(tg::Generator& gen) {
-  std::vector<tg::Variable> params;
+std::vector<tg::Tensor> MakeParams(tg::Generator& gen) {
+  std::vector<tg::Tensor> params;
   for (int i = 0; i < 9; ++i) params.emplace_back(tg::RandNormal({1000, 1000}, gen, 0, 0.02), true);
   for (int i = 0; i < 10; ++i) params.emplace_back(tg::RandNormal({100000}, gen, 0, 0.02), true);
-  for (const tg::Variable& p : params) p.set_grad(tg::Variable(tg::RandNormal(p.shape(), gen)));
+  for (const tg::Tensor& p : params) p.set_grad(tg::Tensor(tg::RandNormal(p.shape(), gen)));
   return params;
 }
 
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   std::printf("  %-24s %8.2f GB/s  %6.1f ms  (baseline)\n", "memcpy (read + write)", copy_gbs,
               copy_s * 1e3);
   for (bool fused : {true, false}) {
-    const std::vector<tg::Variable> params = MakeParams(gen);
+    const std::vector<tg::Tensor> params = MakeParams(gen);
     tg::optim::AdamWOptions o;
     o.lr = 1e-4;
     o.weight_decay = 0.1;

@@ -1,4 +1,4 @@
-// Tensor op throughput on the CPU, printed next to a baseline measured in the same run:
+// RawTensor op throughput on the CPU, printed next to a baseline measured in the same run:
 // a 512x512x512 f32 matmul (GFLOP/s) against a naive triple loop, and 10^6-element elementwise
 // ops (GB/s moved) against a plain memcpy of the same bytes. Ratios, not timings, are what to
 // compare across machines.
@@ -36,15 +36,15 @@ int main() {
   tg::Generator gen(0);
 
   const int64_t n = 512;
-  const tg::Tensor a = tg::RandNormal({n, n}, gen);
-  const tg::Tensor b = tg::RandNormal({n, n}, gen);
-  tg::Tensor c = tg::Tensor::Empty({n, n});
+  const tg::RawTensor a = tg::RandNormal({n, n}, gen);
+  const tg::RawTensor b = tg::RandNormal({n, n}, gen);
+  tg::RawTensor c = tg::RawTensor::Empty({n, n});
   const double flops = 2.0 * n * n * n;
   const double naive_s =
       BestSeconds(3, [&] { NaiveMatmul(a.data<float>(), b.data<float>(), c.data<float>(), n); });
   const double gemm_s = BestSeconds(10, [&] { c = tg::Matmul(a, b); });
   const double gemm_t_s = BestSeconds(10, [&] { c = tg::Matmul(a.transpose(0, 1), b); });
-  const tg::Tensor ah = a.to(tg::kF16), bh = b.to(tg::kF16);
+  const tg::RawTensor ah = a.to(tg::kF16), bh = b.to(tg::kF16);
   const double gemm_h_s = BestSeconds(5, [&] { c = tg::Matmul(ah, bh); });
   std::printf("matmul 512x512x512\n");
   std::printf("  %-28s %8.2f GFLOP/s  (baseline)\n", "naive i-k-j loop f32",
@@ -57,8 +57,8 @@ int main() {
               naive_s / gemm_h_s);
 
   const int64_t m = 1000000;
-  const tg::Tensor x = tg::RandUniform({m}, gen, 0.5, 2.0);
-  const tg::Tensor y = tg::RandUniform({m}, gen, 0.5, 2.0);
+  const tg::RawTensor x = tg::RandUniform({m}, gen, 0.5, 2.0);
+  const tg::RawTensor y = tg::RandUniform({m}, gen, 0.5, 2.0);
   std::vector<float> dst(m);
   const double bytes2 = 2.0 * m * sizeof(float);  // read one, write one
   const double copy_s =
@@ -66,14 +66,14 @@ int main() {
   const double copy_gbs = bytes2 / copy_s * 1e-9;
   std::printf("\nelementwise, 10^6 f32 elements (GB/s of memory traffic; ratio to memcpy)\n");
   std::printf("  %-28s %8.2f GB/s     (baseline)\n", "memcpy", copy_gbs);
-  tg::Tensor out;
+  tg::RawTensor out;
   struct Case {
     const char* name;
     double bytes;
     std::function<void()> fn;
   };
-  const tg::Tensor xt = x.reshape({1000, 1000}).transpose(0, 1);
-  const tg::Tensor xh = x.to(tg::kF16), yh = y.to(tg::kF16);
+  const tg::RawTensor xt = x.reshape({1000, 1000}).transpose(0, 1);
+  const tg::RawTensor xh = x.to(tg::kF16), yh = y.to(tg::kF16);
   const std::vector<Case> cases = {
       {"add", 3.0 * m * 4, [&] { out = tg::Add(x, y); }},
       {"mul", 3.0 * m * 4, [&] { out = tg::Mul(x, y); }},

@@ -88,7 +88,7 @@ struct Result {
 // fp8_recipe: "" for the dtype alone, else --precision=fp8 with that recipe (the model's Linear
 // weights in FP8, inside bf16 autocast).
 Result Measure(nn::Module& model, DType dtype, const std::string& fp8_recipe, int steps,
-               int64_t items_per_step, const std::function<Variable()>& loss_fn) {
+               int64_t items_per_step, const std::function<Tensor()>& loss_fn) {
   model.to(dtype);
   std::unique_ptr<amp::Fp8Training> fp8;
   if (!fp8_recipe.empty()) {
@@ -286,14 +286,14 @@ int main(int argc, char** argv) {
   train::KeepFreedMemoryInProcess();  // as the training binaries do
   Generator data_gen(0);
   const int64_t batch = 128;
-  Tensor images = RandNormal({batch, 1, 28, 28}, data_gen);
-  Tensor labels = Tensor::Empty({batch}, kI64);
+  RawTensor images = RandNormal({batch, 1, 28, 28}, data_gen);
+  RawTensor labels = RawTensor::Empty({batch}, kI64);
   for (int64_t i = 0; i < batch; ++i) labels.data<int64_t>()[i] = data_gen.NextU32() % 10;
   nn::GptConfig gpt_config = nn::GptConfig::Tiny(65);
   const int64_t gpt_batch = 32, t = gpt_config.block_size;
-  Tensor tokens = Tensor::Empty({gpt_batch, t + 1}, kI64);
+  RawTensor tokens = RawTensor::Empty({gpt_batch, t + 1}, kI64);
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = data_gen.NextU32() % 65;
-  Tensor x = tokens.slice(1, 0, t).contiguous(), y = tokens.slice(1, 1, t + 1).contiguous();
+  RawTensor x = tokens.slice(1, 0, t).contiguous(), y = tokens.slice(1, 1, t + 1).contiguous();
 
   std::printf(
       "train_step: median of %d steps after 3 warm-up steps, %d threads; MLP/CNN batch %lld, GPT "
@@ -323,18 +323,18 @@ int main(int argc, char** argv) {
       }
       Generator init(1);
       std::shared_ptr<nn::Module> model;
-      std::function<Variable()> loss_fn;
+      std::function<Tensor()> loss_fn;
       int64_t items;
       if (std::string(name) == "gpt") {
         model = std::make_shared<nn::Gpt>(gpt_config, init);
-        loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Variable(x)), y); };
+        loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(x)), y); };
         items = gpt_batch * t;
       } else {
         model = std::string(name) == "mlp"
                     ? std::static_pointer_cast<nn::Module>(nn::MakeImageMlp(init))
                     : nn::MakeImageCnn(init);
         loss_fn = [&, dtype] {
-          return nn::CrossEntropyLoss((*model)(Variable(images.to(dtype))), labels);
+          return nn::CrossEntropyLoss((*model)(Tensor(images.to(dtype))), labels);
         };
         items = batch;
       }

@@ -41,7 +41,7 @@ void CheckSameState(const StateDict& a, const StateDict& b, const char* what) {
 void ResumeInto(RunKind kind, const std::string& dir, bool loadable) {
   FuzzRun run = MakeFuzzRun(kind);
   std::vector<std::pair<DType, Shape>> before;
-  for (const Variable& p : run.model->parameters()) before.emplace_back(p.dtype(), p.shape());
+  for (const Tensor& p : run.model->parameters()) before.emplace_back(p.dtype(), p.shape());
 
   std::map<std::string, std::string> metadata;
   std::vector<std::string> changes;
@@ -56,7 +56,7 @@ void ResumeInto(RunKind kind, const std::string& dir, bool loadable) {
   FUZZ_CHECK(run.state->step() >= 0 && run.state->step() <= kFuzzRunSteps &&
                  run.state->skipped() >= 0 && run.state->skipped() <= run.state->step(),
              "resumed counters: step ", run.state->step(), ", skipped ", run.state->skipped());
-  const std::vector<Variable> params = run.model->parameters();
+  const std::vector<Tensor> params = run.model->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     FUZZ_CHECK(params[i].dtype() == before[i].first && params[i].shape() == before[i].second,
                "Resume changed parameter ", i, " to ", Describe(params[i].data()));

@@ -45,12 +45,12 @@ FuzzRun MakeFuzzRun(RunKind kind) {
 train::StepStats TrainFuzzRun(FuzzRun& run) {
   // Small values: f16 gradients times PyTorch's initial scale (65536) stay finite, so the steps
   // are taken and AdamW has moments to checkpoint.
-  const Tensor x = Tensor::FromVector<float>(
+  const RawTensor x = RawTensor::FromVector<float>(
       {0.1f, 0.2f, 0.3f, -0.1f, 0, 0.1f, 0.2f, 0.2f, -0.2f, 0.05f, 0, -0.1f}, {4, 3});
-  const Tensor y = Tensor::FromVector<float>({0.1f, 0, 0, 0.1f, 0.1f, 0.1f, -0.1f, 0}, {4, 2});
+  const RawTensor y = RawTensor::FromVector<float>({0.1f, 0, 0, 0.1f, 0.1f, 0.1f, -0.1f, 0}, {4, 2});
   train::StepStats stats =
       train::TrainStep(*run.optimizer, *run.schedule, run.dtype, /*max_grad_norm=*/1.0,
-                       [&] { return nn::MseLoss((*run.model)(Variable(x.to(run.dtype))), y); });
+                       [&] { return nn::MseLoss((*run.model)(Tensor(x.to(run.dtype))), y); });
   run.state->Advance(stats, 0);
   return stats;
 }

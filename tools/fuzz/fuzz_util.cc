@@ -64,16 +64,16 @@ std::string ReadWholeFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-bool SameTensor(const Tensor& a, const Tensor& b) {
+bool SameTensor(const RawTensor& a, const RawTensor& b) {
   if (a.defined() != b.defined()) return false;
   if (!a.defined()) return true;
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  const RawTensor ca = a.contiguous(), cb = b.contiguous();
   const size_t n = static_cast<size_t>(ca.numel()) * ca.element_size();
   return n == 0 || std::memcmp(ca.raw_data(), cb.raw_data(), n) == 0;
 }
 
-std::string Describe(const Tensor& t) {
+std::string Describe(const RawTensor& t) {
   if (!t.defined()) return "undefined";
   return absl::StrCat(DTypeName(t.dtype()), ShapeToString(t.shape()));
 }

@@ -3,7 +3,7 @@
 // directory for readers that take a path, and byte-exact tensor comparison.
 //
 //   std::string path = tg::fuzz::WriteScratchFile("input.idx", data, size);
-//   absl::StatusOr<tg::Tensor> t = tg::fuzz::NoThrow("ReadIdx", [&] { return ReadIdx(path); });
+//   absl::StatusOr<tg::RawTensor> t = tg::fuzz::NoThrow("ReadIdx", [&] { return ReadIdx(path); });
 //   FUZZ_CHECK(!t.ok() || t->dtype() == tg::kU8, "ReadIdx returned dtype ", ...);
 #ifndef TAPEGRAD_TOOLS_FUZZ_FUZZ_UTIL_H_
 #define TAPEGRAD_TOOLS_FUZZ_FUZZ_UTIL_H_
@@ -55,9 +55,9 @@ std::string ScratchPath(const std::string& name);
 std::string ReadWholeFile(const std::string& path);
 
 // Same dtype, shape and bytes (contiguous CPU tensors, as the readers return).
-bool SameTensor(const Tensor& a, const Tensor& b);
+bool SameTensor(const RawTensor& a, const RawTensor& b);
 // "f32[2, 3]" for messages.
-std::string Describe(const Tensor& t);
+std::string Describe(const RawTensor& t);
 
 }  // namespace tg::fuzz
 

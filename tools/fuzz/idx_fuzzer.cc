@@ -21,8 +21,8 @@ constexpr int64_t kSmallLimit = 64;
 
 void Run(const uint8_t* data, size_t size) {
   const std::string path = WriteScratchFile("input.idx", data, size);
-  absl::StatusOr<Tensor> full = NoThrow("ReadIdx", [&] { return data::ReadIdx(path); });
-  absl::StatusOr<Tensor> small =
+  absl::StatusOr<RawTensor> full = NoThrow("ReadIdx", [&] { return data::ReadIdx(path); });
+  absl::StatusOr<RawTensor> small =
       NoThrow("ReadIdx(small)", [&] { return data::ReadIdx(path, kSmallLimit); });
 
   if (small.ok()) {
@@ -31,7 +31,7 @@ void Run(const uint8_t* data, size_t size) {
     FUZZ_CHECK(full.ok() && SameTensor(*full, *small), "the two limits disagree");
   }
   if (!full.ok()) return;
-  const Tensor& t = *full;
+  const RawTensor& t = *full;
   FUZZ_CHECK(t.dtype() == kU8 && t.is_contiguous() && t.device().is_cpu(), Describe(t));
   FUZZ_CHECK(t.dim() >= 1 && t.dim() <= 4, Describe(t));
   for (int64_t d = 0; d < t.dim(); ++d) FUZZ_CHECK(t.size(d) >= 1, Describe(t));
@@ -48,7 +48,7 @@ void Run(const uint8_t* data, size_t size) {
     FUZZ_CHECK(ReadWholeFile(out) == std::string(reinterpret_cast<const char*>(data), size),
                "WriteIdx does not reproduce the raw file that was read as ", Describe(t));
   }
-  absl::StatusOr<Tensor> back = NoThrow("ReadIdx", [&] { return data::ReadIdx(out); });
+  absl::StatusOr<RawTensor> back = NoThrow("ReadIdx", [&] { return data::ReadIdx(out); });
   FUZZ_CHECK(back.ok() && SameTensor(*back, t), "WriteIdx + ReadIdx round trip");
 }
 

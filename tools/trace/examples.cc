@@ -26,21 +26,21 @@ namespace {
 // post-accumulate-grad hook on w that queues a callback on the outermost task (the way amp and
 // DDP queue their epilogue), and a retained grad.
 std::string Checkpointed(bool reentrant) {
-  Variable x(Tensor::FromVector<float>({1, 2}, {2}), true);
-  Variable w(Tensor::FromVector<float>({0.5, -0.5}, {2}), true);
+  Tensor x(RawTensor::FromVector<float>({1, 2}, {2}), true);
+  Tensor w(RawTensor::FromVector<float>({0.5, -0.5}, {2}), true);
   x.set_name("x");
   w.set_name("w");
   CheckpointOptions options;
   options.reentrant = reentrant;
-  Variable h = Checkpoint([&w](const VariableList& in) { return Tanh(Mul(in[0], w)); }, {x},
+  Tensor h = Checkpoint([&w](const VariableList& in) { return Tanh(Mul(in[0], w)); }, {x},
                           options);
   h.set_name("h");
   h.retain_grad();
-  h.register_hook([](const Variable&) { return Variable(); });
-  w.register_post_accumulate_grad_hook([](const Variable&) {
+  h.register_hook([](const Tensor&) { return Tensor(); });
+  w.register_post_accumulate_grad_hook([](const Tensor&) {
     queue_callback_on_outermost_task([] {});
   });
-  Variable loss = Sum(Mul(h, h));
+  Tensor loss = Sum(Mul(h, h));
   loss.set_name("loss");
   std::string dot = BackwardGraphToDot(loss);
   loss.backward();
@@ -50,16 +50,16 @@ std::string Checkpointed(bool reentrant) {
 // An f16 parameter whose scaled gradient overflows: the master-gradient update finds inf, the
 // step is skipped and the scaler backs off.
 std::string AmpSkippedStep() {
-  Variable w(Tensor::FromVector<float>({1, 2}, {2}, kF16), true);
+  Tensor w(RawTensor::FromVector<float>({1, 2}, {2}, kF16), true);
   w.set_name("w");
-  auto sgd = std::make_unique<optim::SGD>(std::vector<Variable>{w});
+  auto sgd = std::make_unique<optim::SGD>(std::vector<Tensor>{w});
   amp::MixedPrecisionOptimizer opt(std::move(sgd));
   opt.attach();  // a plain backward of the scaled loss runs the master-grad update
   // 60000 * 65536 (the initial scale) overflows f16: the gradient of w is inf.
-  Variable x(Tensor::FromVector<float>({60000, 1}, {2}, kF16));
-  Variable loss = Sum(Mul(w, x));
+  Tensor x(RawTensor::FromVector<float>({60000, 1}, {2}, kF16));
+  Tensor loss = Sum(Mul(w, x));
   loss.set_name("loss");
-  Variable scaled = opt.scale(loss);
+  Tensor scaled = opt.scale(loss);
   std::string dot = BackwardGraphToDot(scaled);
   scaled.backward();
   opt.step();
@@ -85,8 +85,8 @@ absl::StatusOr<std::string> Ddp2Ranks() {
     dist::DdpOptions options;
     options.bucket_cap_bytes = 4;  // one bucket per parameter: two launches per backward
     dist::DistributedDataParallel ddp(model, *pg, options);
-    Variable x(Tensor::FromVector<float>({1.0f + rank, 2}, {1, 2}));
-    Variable loss = Sum(ddp(x));
+    Tensor x(RawTensor::FromVector<float>({1.0f + rank, 2}, {1, 2}));
+    Tensor loss = Sum(ddp(x));
     if (rank == 0) dot = BackwardGraphToDot(loss);
     loss.backward();
   };

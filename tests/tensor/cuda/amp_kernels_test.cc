@@ -46,19 +46,19 @@ using ::tg::testing::ThrowsErrorExactly;
 
 const Device kGpu = Device::Cuda(0);
 
-Tensor ToGpu(const Tensor& t) { return t.to(kGpu); }
-Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()); }
+RawTensor ToGpu(const RawTensor& t) { return t.to(kGpu); }
+RawTensor ToCpu(const RawTensor& t) { return t.to(Device::Cpu()); }
 
 // Same dtype, shape and bit pattern element by element (any two NaNs count as equal: the CPU
 // keeps NaN payloads through f16/bf16 rounding, the GPU's conversions make a canonical NaN).
-::testing::AssertionResult SameBits(const Tensor& expected, const Tensor& actual) {
+::testing::AssertionResult SameBits(const RawTensor& expected, const RawTensor& actual) {
   if (expected.dtype() != actual.dtype() || expected.shape() != actual.shape()) {
     return ::testing::AssertionFailure()
            << "expected " << DTypeName(expected.dtype()) << " " << ShapeToString(expected.shape())
            << ", got " << DTypeName(actual.dtype()) << " " << ShapeToString(actual.shape());
   }
-  const Tensor e = ToCpu(expected).contiguous();
-  const Tensor a = ToCpu(actual).contiguous();
+  const RawTensor e = ToCpu(expected).contiguous();
+  const RawTensor a = ToCpu(actual).contiguous();
   const std::vector<double> ev = e.to_vector<double>();
   const std::vector<double> av = a.to_vector<double>();
   const size_t size = e.element_size();
@@ -86,10 +86,10 @@ TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
   SKIP_WITHOUT_GPU();
   for (const ScalerCase& c : ScalerCases()) {
     const LossScaleState initial = c.make().state();
-    const Tensor state = cuda::UploadScalerState(initial, kGpu);
-    const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
-    const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
-    const Tensor inv_scale = Tensor::Zeros({}, kF32, kGpu);
+    const RawTensor state = cuda::UploadScalerState(initial, kGpu);
+    const RawTensor found_inf = RawTensor::Zeros({}, kF32, kGpu);
+    const RawTensor scale = RawTensor::Zeros({}, kF32, kGpu);
+    const RawTensor inv_scale = RawTensor::Zeros({}, kF32, kGpu);
     cuda::WriteScaleOnDevice(state, scale, inv_scale);
     EXPECT_EQ(scale.item(), static_cast<float>(initial.scale));
     RunScalerCase(
@@ -111,9 +111,9 @@ TEST(CudaAmpKernelsTest, ScalerUpdateOnDeviceMatchesLossScalerForEveryPreset) {
 
 // Tensors of every floating dtype and of sizes around the 64K-element chunk; normal values times
 // `magnitude` (with f16 overflow to inf for large magnitudes, as in real scaled gradients).
-std::vector<Tensor> GradList(uint64_t seed, double magnitude) {
+std::vector<RawTensor> GradList(uint64_t seed, double magnitude) {
   Generator gen(seed);
-  std::vector<Tensor> out;
+  std::vector<RawTensor> out;
   const int64_t sizes[] = {1, 1000, 65536, 65537, 200003, 0, 77};
   const DType dtypes[] = {kF32, kF16, kBF16, kF64, kF16, kF32, kBF16};
   for (size_t i = 0; i < 7; ++i) {
@@ -122,19 +122,19 @@ std::vector<Tensor> GradList(uint64_t seed, double magnitude) {
   return out;
 }
 
-std::vector<Tensor> Clones(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(t.clone());
+std::vector<RawTensor> Clones(const std::vector<RawTensor>& ts) {
+  std::vector<RawTensor> out;
+  for (const RawTensor& t : ts) out.push_back(t.clone());
   return out;
 }
 
-std::vector<Tensor> ToGpu(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(ToGpu(t));
+std::vector<RawTensor> ToGpu(const std::vector<RawTensor>& ts) {
+  std::vector<RawTensor> out;
+  for (const RawTensor& t : ts) out.push_back(ToGpu(t));
   return out;
 }
 
-void Set(const Tensor& t, int64_t index, double value) {
+void Set(const RawTensor& t, int64_t index, double value) {
   t.flatten().slice(0, index, index + 1).fill_(value);
 }
 
@@ -142,14 +142,14 @@ TEST(CudaAmpKernelsTest, NonFiniteCheckAndUnscaleMatchesTheCpuOp) {
   SKIP_WITHOUT_GPU();
   for (int poison = 0; poison < 3; ++poison) {
     SCOPED_TRACE(::testing::Message() << "poison " << poison);
-    std::vector<Tensor> cpu = GradList(11, 1000);
+    std::vector<RawTensor> cpu = GradList(11, 1000);
     if (poison == 1) Set(cpu[4], 70000, std::numeric_limits<double>::infinity());
     if (poison == 2) Set(cpu[2], 65535, std::nan(""));
-    std::vector<Tensor> gpu = ToGpu(cpu);
+    std::vector<RawTensor> gpu = ToGpu(cpu);
     // 1/3 is not a power of two: every product rounds.
-    const Tensor inv = Tensor::Scalar(1.0 / 3.0, kF32);
-    const Tensor found_cpu = Tensor::Zeros({}, kF32);
-    const Tensor found_gpu = Tensor::Zeros({}, kF32, kGpu);
+    const RawTensor inv = RawTensor::Scalar(1.0 / 3.0, kF32);
+    const RawTensor found_cpu = RawTensor::Zeros({}, kF32);
+    const RawTensor found_gpu = RawTensor::Zeros({}, kF32, kGpu);
     NonFiniteCheckAndUnscale(cpu, found_cpu, inv);
     cuda::NonFiniteCheckAndUnscale(gpu, found_gpu, ToGpu(inv));
     EXPECT_EQ(found_gpu.item(), poison == 0 ? 0 : 1);
@@ -160,9 +160,9 @@ TEST(CudaAmpKernelsTest, NonFiniteCheckAndUnscaleMatchesTheCpuOp) {
 
 TEST(CudaAmpKernelsTest, NonFiniteCheckAccumulatesAndReadsOnly) {
   SKIP_WITHOUT_GPU();
-  const std::vector<Tensor> cpu = GradList(12, 1e5);  // 1e5 overflows f16: inf in the f16 ones
-  const std::vector<Tensor> gpu = ToGpu(cpu);
-  const Tensor found = Tensor::Zeros({}, kF32, kGpu);
+  const std::vector<RawTensor> cpu = GradList(12, 1e5);  // 1e5 overflows f16: inf in the f16 ones
+  const std::vector<RawTensor> gpu = ToGpu(cpu);
+  const RawTensor found = RawTensor::Zeros({}, kF32, kGpu);
   cuda::NonFiniteCheck({gpu[0], gpu[3]}, found);  // f32 and f64: finite
   EXPECT_EQ(found.item(), 0);
   cuda::NonFiniteCheck(gpu, found);
@@ -175,13 +175,13 @@ TEST(CudaAmpKernelsTest, NonFiniteCheckAccumulatesAndReadsOnly) {
 TEST(CudaAmpKernelsTest, ManyTensorsSpanSeveralLaunches) {
   SKIP_WITHOUT_GPU();
   Generator gen(13);
-  std::vector<Tensor> cpu;
+  std::vector<RawTensor> cpu;
   for (int i = 0; i < 400; ++i) cpu.push_back(RandNormal({1 + (i * 37) % 3000}, gen).to(kF16));
   Set(cpu[399], 5, std::numeric_limits<double>::infinity());  // in the last launch only
-  const std::vector<Tensor> gpu = ToGpu(cpu);
-  const Tensor inv = Tensor::Scalar(0.125, kF32);
-  const Tensor found = Tensor::Zeros({}, kF32, kGpu);
-  NonFiniteCheckAndUnscale(cpu, Tensor::Zeros({}, kF32), inv);
+  const std::vector<RawTensor> gpu = ToGpu(cpu);
+  const RawTensor inv = RawTensor::Scalar(0.125, kF32);
+  const RawTensor found = RawTensor::Zeros({}, kF32, kGpu);
+  NonFiniteCheckAndUnscale(cpu, RawTensor::Zeros({}, kF32), inv);
   cuda::NonFiniteCheckAndUnscale(gpu, found, ToGpu(inv));
   EXPECT_EQ(found.item(), 1);
   for (size_t i = 0; i < cpu.size(); ++i) ASSERT_TRUE(SameBits(cpu[i], gpu[i])) << i;
@@ -198,7 +198,7 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
     for (double wd : {0.0, 0.1}) {
       SCOPED_TRACE(::testing::Message() << "amsgrad " << amsgrad << " wd " << wd);
       Generator gen(21);
-      std::vector<Variable> params;
+      std::vector<Tensor> params;
       for (int64_t n : {3, 65536 + 100, 1000}) params.emplace_back(RandNormal({n}, gen), true);
       optim::AdamWOptions o;
       o.lr = 1e-2;
@@ -209,11 +209,11 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
       o.amsgrad = amsgrad;
       optim::AdamW cpu(params, o);
       AdamTensorLists lists;
-      for (const Variable& p : params) {
+      for (const Tensor& p : params) {
         lists.params.push_back(ToGpu(p.data()));
-        lists.exp_avgs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
-        lists.exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
-        if (amsgrad) lists.max_exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), kF32, kGpu));
+        lists.exp_avgs.push_back(RawTensor::Zeros(p.shape(), kF32, kGpu));
+        lists.exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), kF32, kGpu));
+        if (amsgrad) lists.max_exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), kF32, kGpu));
       }
       FusedAdamOptions g;
       g.lr = o.lr;
@@ -225,10 +225,10 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
       g.amsgrad = amsgrad;
       for (int step = 1; step <= 5; ++step) {
         lists.grads.clear();
-        for (const Variable& p : params) {
+        for (const Tensor& p : params) {
           // Shrinking gradients from step 3 on: amsgrad's max then differs from v.
-          const Tensor grad = RandNormal(p.shape(), gen, 0, step < 3 ? 1.0 : 0.1);
-          p.set_grad(Variable(grad));
+          const RawTensor grad = RandNormal(p.shape(), gen, 0, step < 3 ? 1.0 : 0.1);
+          p.set_grad(Tensor(grad));
           lists.grads.push_back(ToGpu(grad));
         }
         cpu.step();
@@ -262,11 +262,11 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
 TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   SKIP_WITHOUT_GPU();
   Generator gen(31);
-  const std::vector<Variable> params = {
-      Variable(RandNormal({300, 257}, gen).to(kF16), true),  // two chunks
-      Variable(RandNormal({257}, gen).to(kF16), true),
-      Variable(RandNormal({1000}, gen).to(kBF16), true),
-      Variable(RandNormal({7}, gen), true),  // f32: its own master
+  const std::vector<Tensor> params = {
+      Tensor(RandNormal({300, 257}, gen).to(kF16), true),  // two chunks
+      Tensor(RandNormal({257}, gen).to(kF16), true),
+      Tensor(RandNormal({1000}, gen).to(kBF16), true),
+      Tensor(RandNormal({7}, gen), true),  // f32: its own master
   };
   optim::AdamWOptions o;
   o.lr = 1e-2;
@@ -278,20 +278,20 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   amp::MixedPrecisionOptimizer cpu(std::make_unique<optim::AdamW>(params, o), mo);
 
   AdamTensorLists lists;
-  std::vector<Tensor> model;  // the device copies of the model parameters
+  std::vector<RawTensor> model;  // the device copies of the model parameters
   for (size_t i = 0; i < params.size(); ++i) {
-    const Variable& master = cpu.master_params()[i];
+    const Tensor& master = cpu.master_params()[i];
     lists.params.push_back(ToGpu(master.data()));
-    lists.exp_avgs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
-    lists.exp_avg_sqs.push_back(Tensor::Zeros(master.shape(), kF32, kGpu));
+    lists.exp_avgs.push_back(RawTensor::Zeros(master.shape(), kF32, kGpu));
+    lists.exp_avg_sqs.push_back(RawTensor::Zeros(master.shape(), kF32, kGpu));
     model.push_back(ToGpu(params[i].data()));
-    lists.model_params.push_back(master.is_same(params[i]) ? Tensor() : model.back());
+    lists.model_params.push_back(master.is_same(params[i]) ? RawTensor() : model.back());
   }
-  const Tensor state = cuda::UploadScalerState(cpu.scaler().state(), kGpu);
-  const Tensor scale = Tensor::Zeros({}, kF32, kGpu);
-  const Tensor inv_scale = Tensor::Zeros({}, kF32, kGpu);
-  const Tensor found_inf = Tensor::Zeros({}, kF32, kGpu);
-  const Tensor step = Tensor::Zeros({}, kF64, kGpu);
+  const RawTensor state = cuda::UploadScalerState(cpu.scaler().state(), kGpu);
+  const RawTensor scale = RawTensor::Zeros({}, kF32, kGpu);
+  const RawTensor inv_scale = RawTensor::Zeros({}, kF32, kGpu);
+  const RawTensor found_inf = RawTensor::Zeros({}, kF32, kGpu);
+  const RawTensor step = RawTensor::Zeros({}, kF64, kGpu);
   cuda::WriteScaleOnDevice(state, scale, inv_scale);
   FusedAdamOptions g;
   g.lr = o.lr;
@@ -313,11 +313,11 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
     cpu.zero_grad();
     lists.grads.clear();
     for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor grad =
+      const RawTensor grad =
           RandNormal(params[i].shape(), gen, 0, 0.01 * loss_scale).to(params[i].dtype());
       if (k == 3 && i == 0) Set(grad, 70000, std::numeric_limits<double>::infinity());
       if (k == 6 && i == 3) Set(grad, 2, std::nan(""));
-      params[i].set_grad(Variable(grad.clone()));
+      params[i].set_grad(Tensor(grad.clone()));
       lists.grads.push_back(ToGpu(grad));
     }
     const amp::StepResult r = cpu.step();
@@ -334,7 +334,7 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
     EXPECT_TRUE(SameState(cpu.scaler().state(), cuda::DownloadScalerState(state)));
     for (size_t i = 0; i < params.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "param " << i);
-      const Variable& master = cpu.master_params()[i];
+      const Tensor& master = cpu.master_params()[i];
       ASSERT_TRUE(SameBits(master.data(), lists.params[i]));
       ASSERT_TRUE(
           SameBits(params[i].data(), master.is_same(params[i]) ? lists.params[i] : model[i]));
@@ -353,16 +353,16 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
 TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
   SKIP_WITHOUT_GPU();
   Generator gen(41);
-  const Variable master(RandNormal({5000}, gen), true);
+  const Tensor master(RandNormal({5000}, gen), true);
   optim::AdamWOptions o;
   o.lr = 3e-3;
   o.weight_decay = 0.05;
-  optim::AdamW cpu(std::vector<Variable>{master}, o);
+  optim::AdamW cpu(std::vector<Tensor>{master}, o);
   AdamTensorLists lists;
   lists.params = {ToGpu(master.data())};
-  lists.exp_avgs = {Tensor::Zeros({5000}, kF32, kGpu)};
-  lists.exp_avg_sqs = {Tensor::Zeros({5000}, kF32, kGpu)};
-  const Tensor model = ToGpu(master.data().to(kBF16));
+  lists.exp_avgs = {RawTensor::Zeros({5000}, kF32, kGpu)};
+  lists.exp_avg_sqs = {RawTensor::Zeros({5000}, kF32, kGpu)};
+  const RawTensor model = ToGpu(master.data().to(kBF16));
   lists.model_params = {model};
   FusedAdamOptions g;
   g.lr = o.lr;
@@ -371,13 +371,13 @@ TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
   g.eps = o.eps;
   g.weight_decay = o.weight_decay;
   g.decay = WeightDecay::kDecoupled;
-  const Tensor inv = Tensor::Scalar(1.0 / 384.0, kF32);  // not a power of two
+  const RawTensor inv = RawTensor::Scalar(1.0 / 384.0, kF32);  // not a power of two
   g.inv_scale = ToGpu(inv);
   for (int step = 1; step <= 3; ++step) {
-    const Tensor scaled = RandNormal({5000}, gen, 0, 384).to(kBF16);
-    Tensor grad = scaled.to(kF32);
-    NonFiniteCheckAndUnscale({grad}, Tensor::Zeros({}, kF32), inv);
-    master.set_grad(Variable(grad));
+    const RawTensor scaled = RandNormal({5000}, gen, 0, 384).to(kBF16);
+    RawTensor grad = scaled.to(kF32);
+    NonFiniteCheckAndUnscale({grad}, RawTensor::Zeros({}, kF32), inv);
+    master.set_grad(Tensor(grad));
     cpu.step();
     lists.grads = {ToGpu(scaled)};
     g.step = step;
@@ -389,22 +389,22 @@ TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
 
 // ---- Gradient norm and clipping -----------------------------------------------------------------
 
-std::vector<Variable> WithGrads(const std::vector<Tensor>& grads) {
-  std::vector<Variable> params;
-  for (const Tensor& g : grads) {
-    params.emplace_back(Tensor::Zeros(g.shape(), g.dtype()), true);
-    params.back().set_grad(Variable(g.clone()));
+std::vector<Tensor> WithGrads(const std::vector<RawTensor>& grads) {
+  std::vector<Tensor> params;
+  for (const RawTensor& g : grads) {
+    params.emplace_back(RawTensor::Zeros(g.shape(), g.dtype()), true);
+    params.back().set_grad(Tensor(g.clone()));
   }
   return params;
 }
 
 TEST(CudaAmpKernelsTest, GlobalGradNormMatchesClipGradNorm) {
   SKIP_WITHOUT_GPU();
-  const std::vector<Tensor> cpu = GradList(51, 3);
-  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const std::vector<RawTensor> cpu = GradList(51, 3);
+  const std::vector<RawTensor> gpu = ToGpu(cpu);
   // 2-norm: f64 sums in another order than the CPU's, so about one f32 ulp from it.
   const double two = optim::clip_grad_norm(WithGrads(cpu), 1e30);
-  const Tensor norm2 = GlobalGradNorm(gpu, 2, kF32);
+  const RawTensor norm2 = GlobalGradNorm(gpu, 2, kF32);
   EXPECT_EQ(norm2.dtype(), kF32);
   EXPECT_EQ(norm2.dim(), 0);
   EXPECT_NEAR(norm2.item(), two, two * 1e-6);
@@ -416,15 +416,15 @@ TEST(CudaAmpKernelsTest, GlobalGradNormMatchesClipGradNorm) {
   EXPECT_TRUE(std::isnan(GlobalGradNorm(gpu, 2, kF32).item()));
   EXPECT_TRUE(std::isnan(GlobalGradNorm(gpu, optim::kInfNorm, kF32).item()));
   // Other norm types: the CUDA kernel declines (the op composes them).
-  EXPECT_EQ(KernelsFor(kGpu).GlobalGradNorm(Tensor::Zeros({}, kF64, kGpu), gpu, 1),
+  EXPECT_EQ(KernelsFor(kGpu).GlobalGradNorm(RawTensor::Zeros({}, kF64, kGpu), gpu, 1),
             KernelStatus::kNoKernel);
 }
 
 TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
   SKIP_WITHOUT_GPU();
-  const std::vector<Tensor> cpu = GradList(52, 3);
-  const std::vector<Tensor> gpu = ToGpu(cpu);
-  const Tensor norm = GlobalGradNorm(gpu, 2, kF32);
+  const std::vector<RawTensor> cpu = GradList(52, 3);
+  const std::vector<RawTensor> gpu = ToGpu(cpu);
+  const RawTensor norm = GlobalGradNorm(gpu, 2, kF32);
   const double total = norm.item();
   // Not clipped: max_norm above the norm.
   ClipByNorm(gpu, norm, total * 2);
@@ -433,13 +433,13 @@ TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
   // MulScalarInPlace does.
   const double max_norm = total / 4;
   ClipByNorm(gpu, norm, max_norm);
-  const std::vector<Tensor> expected = Clones(cpu);
+  const std::vector<RawTensor> expected = Clones(cpu);
   MulScalarInPlace(expected, max_norm / (total + 1e-6));
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBits(expected[i], gpu[i])) << i;
   // And close to what clip_grad_norm itself leaves: its coefficient comes from the f64 norm, so
   // it may round differently in f32, and then an element may round to the neighbouring value of
   // its dtype (bf16: up to 2^-7 relative).
-  const std::vector<Variable> params = WithGrads(cpu);
+  const std::vector<Tensor> params = WithGrads(cpu);
   optim::clip_grad_norm(params, max_norm);
   for (size_t i = 0; i < cpu.size(); ++i) {
     const std::vector<double> e = params[i].grad().data().to_vector<double>();
@@ -449,10 +449,10 @@ TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
     }
   }
   // A non-finite norm leaves the gradients alone (clip_grad_norm's refusal).
-  const std::vector<Tensor> before = Clones(cpu);
-  const std::vector<Tensor> gpu2 = ToGpu(cpu);
+  const std::vector<RawTensor> before = Clones(cpu);
+  const std::vector<RawTensor> gpu2 = ToGpu(cpu);
   Set(gpu2[1], 3, std::numeric_limits<double>::infinity());
-  const Tensor clipped_norm = GlobalGradNorm(gpu2, 2, kF32);
+  const RawTensor clipped_norm = GlobalGradNorm(gpu2, 2, kF32);
   ClipByNorm(gpu2, clipped_norm, 1.0);
   EXPECT_TRUE(std::isinf(clipped_norm.item()));
   for (size_t i = 0; i < cpu.size(); ++i) {
@@ -467,17 +467,17 @@ TEST(CudaAmpKernelsTest, ClipByNormScalesLikeClipGradNorm) {
 TEST(CudaAmpKernelsTest, HugeF32GradsHaveTheCpusFiniteNormAndAreClipped) {
   SKIP_WITHOUT_GPU();
   Generator gen(53);
-  const std::vector<Tensor> cpu = {Tensor::FromVector<float>({1e20f, -3e20f, 2.0f}, {3}),
+  const std::vector<RawTensor> cpu = {RawTensor::FromVector<float>({1e20f, -3e20f, 2.0f}, {3}),
                                    RandNormal({70000}, gen, 0, 1e18),
                                    RandNormal({100}, gen).to(kBF16)};
-  const std::vector<Tensor> gpu = ToGpu(cpu);
+  const std::vector<RawTensor> gpu = ToGpu(cpu);
   const double expected = optim::clip_grad_norm(WithGrads(cpu), 1e30);  // not clipped
   ASSERT_TRUE(std::isfinite(expected));
-  const Tensor norm = GlobalGradNorm(gpu, 2, kF32);
+  const RawTensor norm = GlobalGradNorm(gpu, 2, kF32);
   ASSERT_TRUE(std::isfinite(norm.item()));
   EXPECT_NEAR(norm.item(), expected, expected * 1e-6);
   // Both clip to max_norm 1 (coefficients from the f64 and the f32 norm: a few ulps apart).
-  const std::vector<Variable> params = WithGrads(cpu);
+  const std::vector<Tensor> params = WithGrads(cpu);
   optim::clip_grad_norm(params, 1.0);
   ClipByNorm(gpu, norm, 1.0);
   for (size_t i = 0; i < cpu.size(); ++i) {
@@ -494,19 +494,19 @@ TEST(CudaAmpKernelsTest, HugeF32GradsHaveTheCpusFiniteNormAndAreClipped) {
 // ---- Argument checks (no GPU needed: they throw before any CUDA call) ---------------------------
 
 TEST(CudaAmpKernelsTest, RejectsHostTensorsAndBadArguments) {
-  const Tensor x = Tensor::Zeros({4});
-  const Tensor found = Tensor::Zeros({});
+  const RawTensor x = RawTensor::Zeros({4});
+  const RawTensor found = RawTensor::Zeros({});
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { cuda::NonFiniteCheckAndUnscale({x}, found, found); },
       "non_finite_check_and_unscale: tensors[0] is on cpu; expected a CUDA tensor"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::NonFiniteCheck({Tensor()}, found); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::NonFiniteCheck({RawTensor()}, found); },
                                  "non_finite_check: tensors[0] is an undefined tensor"));
   cuda::NonFiniteCheck({}, found);  // nothing to check
   EXPECT_TRUE(
       ThrowsErrorExactly([&] { GlobalGradNorm({}, 2); }, "GlobalGradNorm: tensors is empty"));
   // The CUDA kernels decline what they do not handle before looking at the tensors.
-  EXPECT_EQ(cuda::GlobalGradNorm(Tensor::Zeros({}, kF64), {x}, 3), KernelStatus::kNoKernel);
-  EXPECT_TRUE(ThrowsError([&] { cuda::UpdateScaleOnDevice(x, found, Tensor(), Tensor()); },
+  EXPECT_EQ(cuda::GlobalGradNorm(RawTensor::Zeros({}, kF64), {x}, 3), KernelStatus::kNoKernel);
+  EXPECT_TRUE(ThrowsError([&] { cuda::UpdateScaleOnDevice(x, found, RawTensor(), RawTensor()); },
                           "UpdateScaleOnDevice: expected the scaler state of UploadScalerState"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { cuda::UploadScalerState(LossScaleState{}, Device::Cpu()); },
                                  "UploadScalerState: expected a CUDA device, got cpu"));

@@ -78,20 +78,20 @@ double SubnormalHalfStep(DType dt) {
   }
 }
 
-Tensor Randn(const Shape& shape, DType dtype, uint64_t seed) {
+RawTensor Randn(const Shape& shape, DType dtype, uint64_t seed) {
   Generator gen(seed);
   return RandNormal(shape, gen, 0, 1, dtype);
 }
-Tensor Dev(const Tensor& t) { return t.to(Device::Cuda(0)); }
-Tensor F64(const Tensor& t) { return t.to(Device::Cpu(), kF64).contiguous(); }
-Tensor Scale(const Tensor& t, double s) { return MulScalar(t, s); }
-Tensor T(const Tensor& t) { return t.transpose(-1, -2); }
-double MaxOf(const Tensor& t) {
+RawTensor Dev(const RawTensor& t) { return t.to(Device::Cuda(0)); }
+RawTensor F64(const RawTensor& t) { return t.to(Device::Cpu(), kF64).contiguous(); }
+RawTensor Scale(const RawTensor& t, double s) { return MulScalar(t, s); }
+RawTensor T(const RawTensor& t) { return t.transpose(-1, -2); }
+double MaxOf(const RawTensor& t) {
   const std::vector<double> v = t.to_vector<double>();
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
-void ExpectWithin(const Tensor& got, const Tensor& ref, const Tensor& bound,
+void ExpectWithin(const RawTensor& got, const RawTensor& ref, const RawTensor& bound,
                   const std::string& what) {
   ASSERT_EQ(ShapeToString(got.shape()), ShapeToString(ref.shape())) << what;
   const std::vector<double> g = got.to_vector<double>(), r = ref.to_vector<double>(),
@@ -150,20 +150,20 @@ TEST_P(CudaConvTest, ForwardMatchesCpu) {
   uint64_t seed = 1;
   for (const ConvCase& k : kConvCases) {
     const Window2d g = WindowOf(k);
-    const Tensor x = Randn({k.n, k.c, k.h, k.w}, dt, seed++);
-    const Tensor w = Randn({k.o, k.c, k.kh, k.kw}, dt, seed++);
-    const Tensor b = k.bias ? Randn({k.o}, dt, seed++) : Tensor();
-    const Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow}, dt, Device::Cuda(0));
-    Conv2d(out, Dev(x), Dev(w), k.bias ? Dev(b) : Tensor(), g);
+    const RawTensor x = Randn({k.n, k.c, k.h, k.w}, dt, seed++);
+    const RawTensor w = Randn({k.o, k.c, k.kh, k.kw}, dt, seed++);
+    const RawTensor b = k.bias ? Randn({k.o}, dt, seed++) : RawTensor();
+    const RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow}, dt, Device::Cuda(0));
+    Conv2d(out, Dev(x), Dev(w), k.bias ? Dev(b) : RawTensor(), g);
     Conv2dParams p;
     p.stride = {k.sh, k.sw};
     p.padding = {k.ph, k.pw};
     p.dilation = {k.dh, k.dw};
-    const Tensor ref = tg::Conv2d(F64(x), F64(w), k.bias ? F64(b) : Tensor(), p);
-    const Tensor mag = tg::Conv2d(Abs(F64(x)), Abs(F64(w)), k.bias ? Abs(F64(b)) : Tensor(), p);
+    const RawTensor ref = tg::Conv2d(F64(x), F64(w), k.bias ? F64(b) : RawTensor(), p);
+    const RawTensor mag = tg::Conv2d(Abs(F64(x)), Abs(F64(w)), k.bias ? Abs(F64(b)) : RawTensor(), p);
     // The bias add is one more rounding of the stored convolution (u_io) and of the sum.
     const double k_terms = static_cast<double>(k.c * k.kh * k.kw);
-    const Tensor bound = Add(Scale(mag, 2 * k_terms * AccRoundoff(dt) + Roundoff(dt)),
+    const RawTensor bound = Add(Scale(mag, 2 * k_terms * AccRoundoff(dt) + Roundoff(dt)),
                              Scale(Abs(ref), (k.bias ? 2 : 1) * Roundoff(dt)));
     ExpectWithin(out, ref, bound, Describe(k));
   }
@@ -175,12 +175,12 @@ TEST_P(CudaConvTest, BackwardMatchesCpu) {
   uint64_t seed = 100;
   for (const ConvCase& k : kConvCases) {
     const Window2d g = WindowOf(k);
-    const Tensor x = Randn({k.n, k.c, k.h, k.w}, dt, seed++);
-    const Tensor w = Randn({k.o, k.c, k.kh, k.kw}, dt, seed++);
-    const Tensor gy = Randn({g.n, g.o, g.oh, g.ow}, dt, seed++);
+    const RawTensor x = Randn({k.n, k.c, k.h, k.w}, dt, seed++);
+    const RawTensor w = Randn({k.o, k.c, k.kh, k.kw}, dt, seed++);
+    const RawTensor gy = Randn({g.n, g.o, g.oh, g.ow}, dt, seed++);
     const Device d = Device::Cuda(0);
-    const Tensor gx = Tensor::Empty(x.shape(), dt, d), gw = Tensor::Empty(w.shape(), dt, d),
-                 gb = Tensor::Empty({k.o}, dt, d);
+    const RawTensor gx = RawTensor::Empty(x.shape(), dt, d), gw = RawTensor::Empty(w.shape(), dt, d),
+                 gb = RawTensor::Empty({k.o}, dt, d);
     Conv2dBackward(gx, gw, gb, Dev(gy), Dev(x), Dev(w), g);
     Conv2dParams p;
     p.stride = {k.sh, k.sw};
@@ -202,8 +202,8 @@ TEST_P(CudaConvTest, BackwardMatchesCpu) {
                  "grad_bias, " + Describe(k));
 
     // Only the input gradient (the weight is not read for the others and vice versa).
-    const Tensor gx2 = Tensor::Empty(x.shape(), dt, d);
-    Conv2dBackward(gx2, Tensor(), Tensor(), Dev(gy), Tensor(), Dev(w), g);
+    const RawTensor gx2 = RawTensor::Empty(x.shape(), dt, d);
+    Conv2dBackward(gx2, RawTensor(), RawTensor(), Dev(gy), RawTensor(), Dev(w), g);
     ExpectWithin(gx2, ref.grad_input,
                  Add(Scale(mag.grad_input, 2 * k_input * u), Scale(Abs(ref.grad_input), uo)),
                  "grad_input alone, " + Describe(k));
@@ -217,17 +217,17 @@ TEST_P(CudaConvTest, Tf32ScopeStillMatchesAtTf32Precision) {
   // 2 * 2^-11 relative, on top of the f32 bound.
   const ConvCase k = kConvCases[1];
   const Window2d g = WindowOf(k);
-  const Tensor x = Randn({k.n, k.c, k.h, k.w}, kF32, 7), w = Randn({k.o, k.c, k.kh, k.kw}, kF32, 8);
-  const Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow}, kF32, Device::Cuda(0));
+  const RawTensor x = Randn({k.n, k.c, k.h, k.w}, kF32, 7), w = Randn({k.o, k.c, k.kh, k.kw}, kF32, 8);
+  const RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow}, kF32, Device::Cuda(0));
   {
     AllowTf32Scope tf32;
-    Conv2d(out, Dev(x), Dev(w), Tensor(), g);
+    Conv2d(out, Dev(x), Dev(w), RawTensor(), g);
   }
   Conv2dParams p;
   p.stride = {k.sh, k.sw};
   p.padding = {k.ph, k.pw};
-  const Tensor ref = tg::Conv2d(F64(x), F64(w), Tensor(), p);
-  const Tensor mag = tg::Conv2d(Abs(F64(x)), Abs(F64(w)), Tensor(), p);
+  const RawTensor ref = tg::Conv2d(F64(x), F64(w), RawTensor(), p);
+  const RawTensor mag = tg::Conv2d(Abs(F64(x)), Abs(F64(w)), RawTensor(), p);
   const double k_terms = static_cast<double>(k.c * k.kh * k.kw);
   ExpectWithin(
       out, ref,
@@ -243,12 +243,12 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaConvTest, ::testing::Values(kF32, kF64, kF1
 TEST(CudaConvValidationTest, RejectsCpuTensors) {
   const ConvCase k = kConvCases[0];
   const Window2d g = WindowOf(k);
-  const Tensor x = Tensor::Zeros({k.n, k.c, k.h, k.w}), w = Tensor::Zeros({k.o, k.c, k.kh, k.kw});
-  const Tensor out = Tensor::Empty({g.n, g.o, g.oh, g.ow});
-  EXPECT_TRUE(tg::testing::ThrowsError([&] { Conv2d(out, x, w, Tensor(), g); },
+  const RawTensor x = RawTensor::Zeros({k.n, k.c, k.h, k.w}), w = RawTensor::Zeros({k.o, k.c, k.kh, k.kw});
+  const RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow});
+  EXPECT_TRUE(tg::testing::ThrowsError([&] { Conv2d(out, x, w, RawTensor(), g); },
                                        "conv2d: out is on cpu, expected a CUDA device"));
   EXPECT_TRUE(
-      tg::testing::ThrowsError([&] { Conv2dBackward(Tensor(), Tensor(), Tensor(), out, x, w, g); },
+      tg::testing::ThrowsError([&] { Conv2dBackward(RawTensor(), RawTensor(), RawTensor(), out, x, w, g); },
                                "conv2d_backward: the gradient is on cpu, expected a CUDA device"));
 }
 
@@ -256,32 +256,32 @@ TEST(CudaConvValidationTest, RejectsCpuTensors) {
 // Attention.
 
 // f32 [t, t] with -inf above the diagonal, as an f64 CPU tensor.
-Tensor CausalMask64(int64_t tq, int64_t tk) {
+RawTensor CausalMask64(int64_t tq, int64_t tk) {
   std::vector<double> m(static_cast<size_t>(tq * tk), 0.0);
   for (int64_t i = 0; i < tq; ++i) {
     for (int64_t j = i + 1; j < tk; ++j) m[i * tk + j] = -std::numeric_limits<double>::infinity();
   }
-  return Tensor::FromVector(m, {tq, tk});
+  return RawTensor::FromVector(m, {tq, tk});
 }
 
 // The f64 forward of the same (rounded) inputs, and the bound terms of the file comment.
 struct AttentionRef {
-  Tensor s;      // [B, H, Tq, Tk] scaled, masked scores
-  Tensor lse;    // [B, H, Tq, 1]
-  Tensor p;      // softmax(s)
-  Tensor out;    // p @ v
-  Tensor s_abs;  // [B, H, Tq, 1]: max_j |unmasked score|
+  RawTensor s;      // [B, H, Tq, Tk] scaled, masked scores
+  RawTensor lse;    // [B, H, Tq, 1]
+  RawTensor p;      // softmax(s)
+  RawTensor out;    // p @ v
+  RawTensor s_abs;  // [B, H, Tq, 1]: max_j |unmasked score|
   double eps_s;  // the largest score error bound, 2 D u32 scale max(|q| @ |k|^T)
 };
 
-AttentionRef Forward64(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+AttentionRef Forward64(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                        double scale) {
-  const Tensor q64 = F64(q), k64 = F64(k), v64 = F64(v);
+  const RawTensor q64 = F64(q), k64 = F64(k), v64 = F64(v);
   const int64_t tq = q.size(2), tk = k.size(2), d = q.size(3);
   AttentionRef r;
-  const Tensor raw = Scale(tg::Matmul(q64, T(k64)), scale);
+  const RawTensor raw = Scale(tg::Matmul(q64, T(k64)), scale);
   r.s = causal ? Add(raw, CausalMask64(tq, tk)) : raw;
-  const Tensor mx = Max(r.s, 3, /*keepdim=*/true);
+  const RawTensor mx = Max(r.s, 3, /*keepdim=*/true);
   r.lse = Add(mx, Log(Sum(Exp(Sub(r.s, mx)), {3}, /*keepdim=*/true)));
   r.p = Exp(Sub(r.s, r.lse));
   r.out = tg::Matmul(r.p, v64);
@@ -300,8 +300,8 @@ struct AttentionCase {
 // to the same f64 bounds.
 enum class AttentionImpl { kComposed, kCudnn };
 
-bool RunForward(const Tensor& out, const Tensor& stats, const Tensor& q, const Tensor& k,
-                const Tensor& v, bool causal, double scale, AttentionImpl impl,
+bool RunForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
+                const RawTensor& v, bool causal, double scale, AttentionImpl impl,
                 std::string* why = nullptr) {
   if (impl == AttentionImpl::kCudnn)
     return AttentionForward(out, stats, q, k, v, causal, scale, 0, why);
@@ -311,9 +311,9 @@ bool RunForward(const Tensor& out, const Tensor& stats, const Tensor& q, const T
   return true;
 }
 
-bool RunBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                 const Tensor& stats, bool causal, double scale, AttentionImpl impl,
+bool RunBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
+                 const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
+                 const RawTensor& stats, bool causal, double scale, AttentionImpl impl,
                  std::string* why = nullptr) {
   if (impl == AttentionImpl::kCudnn) {
     return AttentionBackward(dq, dk, dv, dout, q, k, v, out, stats, causal, scale, why);
@@ -359,12 +359,12 @@ const AttentionCase kAttentionCases[] = {
     {2, 1, 9, 23, 16, false}, {1, 4, 128, 128, 64, true},
 };
 
-void CheckForward(const AttentionCase& c, const Tensor& q, const Tensor& k, const Tensor& v,
+void CheckForward(const AttentionCase& c, const RawTensor& q, const RawTensor& k, const RawTensor& v,
                   DType dt, AttentionImpl impl, const std::string& what) {
   const double scale = 1 / std::sqrt(static_cast<double>(c.d));
   const Device dev = Device::Cuda(0);
-  const Tensor out = Tensor::Empty({c.b, c.h, c.tq, c.d}, dt, dev);
-  const Tensor stats = Tensor::Empty({c.b, c.h, c.tq, 1}, kF32, dev);
+  const RawTensor out = RawTensor::Empty({c.b, c.h, c.tq, c.d}, dt, dev);
+  const RawTensor stats = RawTensor::Empty({c.b, c.h, c.tq, 1}, kF32, dev);
   if (impl == AttentionImpl::kCudnn && CudnnForwardDeclined()) {
     std::string why;
     EXPECT_FALSE(RunForward(out, stats, q, k, v, c.causal, scale, impl, &why)) << what;
@@ -375,14 +375,14 @@ void CheckForward(const AttentionCase& c, const Tensor& q, const Tensor& k, cons
   const AttentionRef r = Forward64(q, k, v, c.causal, scale);
   const double uo = Roundoff(dt);
   // Per row, the largest score error: the product's bound plus the rounding of the scaled score.
-  const Tensor row_eps =
+  const RawTensor row_eps =
       Add(Max(Scale(tg::Matmul(Abs(F64(q)), T(Abs(F64(k)))), 2 * c.d * kU32 * scale), 3,
               /*keepdim=*/true),
           Scale(r.s_abs, 2 * kU32));
-  const Tensor pv = tg::Matmul(r.p, Abs(F64(v)));
+  const RawTensor pv = tg::Matmul(r.p, Abs(F64(v)));
   // Relative error of each probability: 2 row_eps (softmax) + 16 u32 (kernel roundings) + u_io
   // (rounding to the data type before the product); then the product (2 Tk u32) and the store.
-  const Tensor rel = AddScalar(Scale(row_eps, 2), 16 * kU32 + uo + 2 * c.tk * kU32);
+  const RawTensor rel = AddScalar(Scale(row_eps, 2), 16 * kU32 + uo + 2 * c.tk * kU32);
   ExpectWithin(out, r.out, Add(Mul(rel, pv), Scale(Abs(r.out), uo)), what + ": out");
   // lse: the score error plus roundings of quantities as large as the scores and the lse.
   ExpectWithin(stats, r.lse, Add(row_eps, Scale(Add(r.s_abs, Abs(r.lse)), 16 * kU32)),
@@ -394,9 +394,9 @@ TEST_P(CudaAttentionTest, ForwardMatchesF64Composition) {
   const auto [dt, impl] = GetParam();
   uint64_t seed = 1;
   for (const AttentionCase& c : kAttentionCases) {
-    const Tensor q = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
-    const Tensor k = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
-    const Tensor v = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
+    const RawTensor q = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
+    const RawTensor k = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
+    const RawTensor v = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
     CheckForward(c, Dev(q), Dev(k), Dev(v), dt, impl, Describe(c, dt, impl));
   }
 }
@@ -407,8 +407,8 @@ TEST_P(CudaAttentionTest, ForwardOnHeadsSlicedFromAProjection) {
   // GPT's layout: qkv [B, T, 3, H, D] -> q, k, v [B, H, T, D] views (strides T*3*H*D, D,
   // 3*H*D, 1), passed without copies.
   const AttentionCase c = {2, 4, 24, 24, 16, true};
-  const Tensor qkv = Dev(Randn({c.b, c.tq, 3, c.h, c.d}, dt, 42));
-  const Tensor heads = qkv.permute({2, 0, 3, 1, 4});
+  const RawTensor qkv = Dev(Randn({c.b, c.tq, 3, c.h, c.d}, dt, 42));
+  const RawTensor heads = qkv.permute({2, 0, 3, 1, 4});
   CheckForward(c, heads.select(0, 0), heads.select(0, 1), heads.select(0, 2), dt, impl,
                Describe(c, dt, impl) + " (strided heads)");
 }
@@ -421,17 +421,17 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
   for (const AttentionCase& c : kAttentionCases) {
     const std::string what = Describe(c, dt, impl);
     const double scale = 1 / std::sqrt(static_cast<double>(c.d));
-    const Tensor q = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
-    const Tensor k = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
-    const Tensor v = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
-    const Tensor dout = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
+    const RawTensor q = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
+    const RawTensor k = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
+    const RawTensor v = Randn({c.b, c.h, c.tk, c.d}, dt, seed++);
+    const RawTensor dout = Randn({c.b, c.h, c.tq, c.d}, dt, seed++);
     // The saved forward results the backward receives: the f64 ones rounded to their storage
     // types (the reference uses exactly these values, so the check isolates the backward).
     const AttentionRef r = Forward64(q, k, v, c.causal, scale);
-    const Tensor out = r.out.to(dt), lse32 = r.lse.to(kF32);
+    const RawTensor out = r.out.to(dt), lse32 = r.lse.to(kF32);
     const Device dev = Device::Cuda(0);
-    const Tensor dq = Tensor::Empty(q.shape(), dt, dev), dk = Tensor::Empty(k.shape(), dt, dev),
-                 dv = Tensor::Empty(v.shape(), dt, dev);
+    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev), dk = RawTensor::Empty(k.shape(), dt, dev),
+                 dv = RawTensor::Empty(v.shape(), dt, dev);
     if (impl == AttentionImpl::kCudnn && CudnnBackwardDeclined(c.tk)) {
       // The fused backward is declined with the phrase (and the reason), never run.
       std::string why;
@@ -445,35 +445,35 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
                 scale, impl);
 
     // Reference in f64 from the same inputs.
-    const Tensor q64 = F64(q), k64 = F64(k), v64 = F64(v), do64 = F64(dout), o64 = F64(out);
-    const Tensor p = Exp(Sub(r.s, F64(lse32)));
-    const Tensor dv_ref = tg::Matmul(T(p), do64);
-    const Tensor dp = tg::Matmul(do64, T(v64));
-    const Tensor delta = Sum(Mul(do64, o64), {3}, /*keepdim=*/true);
-    const Tensor ds = Scale(Mul(p, Sub(dp, delta)), scale);
-    const Tensor dq_ref = tg::Matmul(ds, k64), dk_ref = tg::Matmul(T(ds), q64);
+    const RawTensor q64 = F64(q), k64 = F64(k), v64 = F64(v), do64 = F64(dout), o64 = F64(out);
+    const RawTensor p = Exp(Sub(r.s, F64(lse32)));
+    const RawTensor dv_ref = tg::Matmul(T(p), do64);
+    const RawTensor dp = tg::Matmul(do64, T(v64));
+    const RawTensor delta = Sum(Mul(do64, o64), {3}, /*keepdim=*/true);
+    const RawTensor ds = Scale(Mul(p, Sub(dp, delta)), scale);
+    const RawTensor dq_ref = tg::Matmul(ds, k64), dk_ref = tg::Matmul(T(ds), q64);
 
     // Bounds (file comment): probabilities off by (eps_s + 4 u32) relative and, where they feed
     // dv, by u_io more; dp and delta are D-term products; ds is stored in the data type.
     const double eps = r.eps_s + 2 * kU32 * MaxOf(r.s_abs) + 4 * kU32;
     const int64_t longest = std::max({c.tq, c.tk, c.d});
     const double sub = SubnormalHalfStep(dt);  // each rounding to dt, absolute
-    const Tensor dv_bound = AddScalar(
+    const RawTensor dv_bound = AddScalar(
         Add(Scale(tg::Matmul(T(p), Abs(do64)), eps + u_io + 2 * longest * kU32 + 16 * kU32),
             Scale(Abs(dv_ref), u_io)),
         sub);
     ExpectWithin(dv, dv_ref, dv_bound, what + ": dv");
-    const Tensor dp_mag = tg::Matmul(Abs(do64), T(Abs(v64)));
-    const Tensor delta_mag = Sum(Abs(Mul(do64, o64)), {3}, /*keepdim=*/true);
-    const Tensor ds_bound = Add(Scale(Mul(p, Add(Scale(Abs(Sub(dp, delta)), eps),
+    const RawTensor dp_mag = tg::Matmul(Abs(do64), T(Abs(v64)));
+    const RawTensor delta_mag = Sum(Abs(Mul(do64, o64)), {3}, /*keepdim=*/true);
+    const RawTensor ds_bound = Add(Scale(Mul(p, Add(Scale(Abs(Sub(dp, delta)), eps),
                                                  Scale(Add(dp_mag, delta_mag), 2 * c.d * kU32))),
                                       scale),
                                 AddScalar(Scale(Abs(ds), u_io + 4 * kU32), sub));
-    const Tensor dq_bound = Add(
+    const RawTensor dq_bound = Add(
         Add(tg::Matmul(ds_bound, Abs(k64)), Scale(tg::Matmul(Abs(ds), Abs(k64)), 2 * c.tk * kU32)),
         AddScalar(Scale(Abs(dq_ref), u_io), sub));
     ExpectWithin(dq, dq_ref, dq_bound, what + ": dq");
-    const Tensor dk_bound = Add(Add(tg::Matmul(T(ds_bound), Abs(q64)),
+    const RawTensor dk_bound = Add(Add(tg::Matmul(T(ds_bound), Abs(q64)),
                                     Scale(tg::Matmul(T(Abs(ds)), Abs(q64)), 2 * c.tq * kU32)),
                                 AddScalar(Scale(Abs(dk_ref), u_io), sub));
     ExpectWithin(dk, dk_ref, dk_bound, what + ": dk");
@@ -485,9 +485,9 @@ TEST_P(CudaAttentionTest, RejectsDropoutAndBadShapes) {
   const auto [dt, impl] = GetParam();
   if (impl != AttentionImpl::kCudnn) GTEST_SKIP() << "attention.h's validation";
   const Device dev = Device::Cuda(0);
-  const Tensor q = Tensor::Zeros({1, 2, 8, 16}, dt, dev), k = Tensor::Zeros({1, 2, 6, 16}, dt, dev);
-  const Tensor out = Tensor::Empty({1, 2, 8, 16}, dt, dev);
-  const Tensor stats = Tensor::Empty({1, 2, 8, 1}, kF32, dev);
+  const RawTensor q = RawTensor::Zeros({1, 2, 8, 16}, dt, dev), k = RawTensor::Zeros({1, 2, 6, 16}, dt, dev);
+  const RawTensor out = RawTensor::Empty({1, 2, 8, 16}, dt, dev);
+  const RawTensor stats = RawTensor::Empty({1, 2, 8, 1}, kF32, dev);
   EXPECT_TRUE(tg::testing::ThrowsError(
       [&] { AttentionForward(out, stats, q, k, k, /*causal=*/false, 0.25, 0.1); },
       "attention_forward: attention dropout 0.1 is not supported"));
@@ -497,7 +497,7 @@ TEST_P(CudaAttentionTest, RejectsDropoutAndBadShapes) {
   EXPECT_TRUE(tg::testing::ThrowsError(
       [&] {
         // Statistics in f16 (f32 whatever the inputs' type; the f32 run once passed f32 here).
-        AttentionForward(out, Tensor::Empty({1, 2, 8, 1}, kF16, dev), q, k, k, false, 0.25, 0);
+        AttentionForward(out, RawTensor::Empty({1, 2, 8, 1}, kF16, dev), q, k, k, false, 0.25, 0);
       },
       "attention_forward: softmax_stats is f16, expected f32"));
 }
@@ -525,16 +525,16 @@ TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
   for (const DType dt : {kF16, kBF16}) {
     const AttentionCase c = {2, 3, 40, 40, 32, true};
     const double scale = 1 / std::sqrt(static_cast<double>(c.d));
-    const Tensor q = Dev(Randn({c.b, c.h, c.tq, c.d}, dt, 901));
-    const Tensor k = Dev(Randn({c.b, c.h, c.tk, c.d}, dt, 902));
-    const Tensor v = Dev(Randn({c.b, c.h, c.tk, c.d}, dt, 903));
-    const Tensor dout = Dev(Randn({c.b, c.h, c.tq, c.d}, dt, 904));
+    const RawTensor q = Dev(Randn({c.b, c.h, c.tq, c.d}, dt, 901));
+    const RawTensor k = Dev(Randn({c.b, c.h, c.tk, c.d}, dt, 902));
+    const RawTensor v = Dev(Randn({c.b, c.h, c.tk, c.d}, dt, 903));
+    const RawTensor dout = Dev(Randn({c.b, c.h, c.tq, c.d}, dt, 904));
     const AttentionResult fwd = tg::ScaledDotProductAttention(q, k, v, c.causal, scale);
     const AttentionGrads got = tg::ScaledDotProductAttentionBackward(dout, q, k, v, fwd.output,
                                                                      fwd.stats, c.causal, scale);
     const Device dev = Device::Cuda(0);
-    const Tensor dq = Tensor::Empty(q.shape(), dt, dev), dk = Tensor::Empty(k.shape(), dt, dev),
-                 dv = Tensor::Empty(v.shape(), dt, dev);
+    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev), dk = RawTensor::Empty(k.shape(), dt, dev),
+                 dv = RawTensor::Empty(v.shape(), dt, dev);
     RunBackward(dq, dk, dv, dout, q, k, v, fwd.output, fwd.stats.view({c.b, c.h, c.tq, 1}),
                 c.causal, scale, AttentionImpl::kComposed);
     const std::string what = Describe(c, dt, AttentionImpl::kComposed) + " through tensor/ops";
@@ -559,7 +559,7 @@ TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
 }
 
 TEST(CudaAttentionValidationTest, RejectsCpuTensors) {
-  const Tensor q = Tensor::Zeros({1, 1, 4, 8}), stats = Tensor::Zeros({1, 1, 4, 1});
+  const RawTensor q = RawTensor::Zeros({1, 1, 4, 8}), stats = RawTensor::Zeros({1, 1, 4, 1});
   EXPECT_TRUE(tg::testing::ThrowsError([&] { AttentionForward(q, stats, q, q, q, true, 1.0); },
                                        "attention_forward: q is on cpu, expected a CUDA device"));
 }
@@ -567,19 +567,19 @@ TEST(CudaAttentionValidationTest, RejectsCpuTensors) {
 TEST(CudaAttentionValidationTest, CudnnSupportRules) {
   // Pure checks of dtypes, shapes, strides and alignment: run on CPU tensors.
   std::string why;
-  const Tensor good = Tensor::Zeros({2, 4, 16, 64}, kBF16);
+  const RawTensor good = RawTensor::Zeros({2, 4, 16, 64}, kBF16);
   EXPECT_TRUE(CudnnAttentionSupported({&good}, &why)) << why;
-  const Tensor f32 = Tensor::Zeros({2, 4, 16, 64});
+  const RawTensor f32 = RawTensor::Zeros({2, 4, 16, 64});
   EXPECT_FALSE(CudnnAttentionSupported({&good, &f32}, &why));
   EXPECT_NE(why.find("takes f16 or bf16"), std::string::npos) << why;
-  const Tensor odd = Tensor::Zeros({2, 4, 16, 20}, kF16);
+  const RawTensor odd = RawTensor::Zeros({2, 4, 16, 20}, kF16);
   EXPECT_FALSE(CudnnAttentionSupported({&odd}, &why));
   EXPECT_NE(why.find("multiple of 8"), std::string::npos) << why;
-  const Tensor transposed = Tensor::Zeros({2, 4, 64, 16}, kF16).transpose(2, 3);
+  const RawTensor transposed = RawTensor::Zeros({2, 4, 64, 16}, kF16).transpose(2, 3);
   EXPECT_FALSE(CudnnAttentionSupported({&transposed}, &why));
   EXPECT_NE(why.find("unit stride along D"), std::string::npos) << why;
-  const Tensor shifted =
-      Tensor::Zeros({2 * 4 * 16 * 64 + 1}, kF16).narrow(0, 1, 2 * 4 * 16 * 64).view({2, 4, 16, 64});
+  const RawTensor shifted =
+      RawTensor::Zeros({2 * 4 * 16 * 64 + 1}, kF16).narrow(0, 1, 2 * 4 * 16 * 64).view({2, 4, 16, 64});
   EXPECT_FALSE(CudnnAttentionSupported({&shifted}, &why));
   EXPECT_NE(why.find("16-byte aligned"), std::string::npos) << why;
 }

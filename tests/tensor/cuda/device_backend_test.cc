@@ -41,7 +41,7 @@ struct CopyCall {
 };
 
 // Elementwise through double (exact for the small values used here), any strides.
-void StridedCopy(const Tensor& dst, const Tensor& src) {
+void StridedCopy(const RawTensor& dst, const RawTensor& src) {
   const Shape strides = ContiguousStrides(dst.shape());
   for (int64_t i = 0; i < dst.numel(); ++i) {
     int64_t d_off = 0, s_off = 0;
@@ -73,15 +73,15 @@ class FakeBackend final : public DeviceBackend {
     TG_CHECK(index >= 0 && index < 2, "cuda:", index, " does not exist (fake)");
     return &allocators_[index];
   }
-  void Copy(const Tensor& dst, const Tensor& src) override {
+  void Copy(const RawTensor& dst, const RawTensor& src) override {
     copies.push_back(
         {dst.device(), src.device(), src.shape(), src.strides(), dst.dtype(), src.dtype()});
     EXPECT_EQ(dst.shape(), src.shape());
     StridedCopy(dst, src);
   }
-  void Fill(const Tensor& dst, double value) override {
+  void Fill(const RawTensor& dst, double value) override {
     fills.push_back(value);
-    const Tensor v = Tensor::Scalar(value, kF64).expand(dst.shape());
+    const RawTensor v = RawTensor::Scalar(value, kF64).expand(dst.shape());
     StridedCopy(dst, v);
   }
   void Synchronize(int) override {}
@@ -99,17 +99,17 @@ constexpr char kNoBackend[] = "no CUDA backend in this binary: link //tensor:dev
 TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
   ASSERT_EQ(FindDeviceBackend(DeviceType::kCuda), nullptr);
   EXPECT_TRUE(ThrowsErrorExactly([] { GetDeviceBackend(DeviceType::kCuda); }, kNoBackend));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({2}, kF32, Device::Cuda(0)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Empty({2}, kF32, Device::Cuda(0)); },
                                  std::string("empty: cannot allocate on cuda:0: ") + kNoBackend));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Zeros({2}, kF16, Device::Cuda(1)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Zeros({2}, kF16, Device::Cuda(1)); },
                                  std::string("empty: cannot allocate on cuda:1: ") + kNoBackend));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Ones({2}).to(Device::Cuda(0)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Ones({2}).to(Device::Cuda(0)); },
                                  std::string("to: cannot allocate on cuda:0: ") + kNoBackend));
 
   // A device tensor made without the registry (its allocator directly).
   FakeDeviceAllocator fake(0);
-  const Tensor g(std::make_shared<Storage>(8, &fake), {2}, {1}, 0, kF32);
-  const Tensor h = Tensor::Zeros({2});
+  const RawTensor g(std::make_shared<Storage>(8, &fake), {2}, {1}, 0, kF32);
+  const RawTensor h = RawTensor::Zeros({2});
   EXPECT_TRUE(ThrowsErrorExactly([&] { h.copy_(g); },
                                  std::string("copy_: from cuda:0 to cpu: ") + kNoBackend));
   EXPECT_TRUE(ThrowsErrorExactly([&] { g.copy_(h); },
@@ -119,7 +119,7 @@ TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
   EXPECT_TRUE(ThrowsError([&] { g.select(0, 0).item(); }, kNoBackend));
   EXPECT_TRUE(ThrowsError([&] { g.to_vector<float>(); }, kNoBackend));
   // The CPU keeps working.
-  EXPECT_EQ(Tensor::Full({2}, 3).to_vector<float>(), (std::vector<float>{3, 3}));
+  EXPECT_EQ(RawTensor::Full({2}, 3).to_vector<float>(), (std::vector<float>{3, 3}));
 }
 
 class FakeBackendTest : public ::testing::Test {
@@ -130,20 +130,20 @@ class FakeBackendTest : public ::testing::Test {
 };
 
 TEST_F(FakeBackendTest, EmptyAllocatesThroughTheBackend) {
-  const Tensor t = Tensor::Empty({2, 3}, kF16, Device::Cuda(1));
+  const RawTensor t = RawTensor::Empty({2, 3}, kF16, Device::Cuda(1));
   EXPECT_EQ(t.device(), Device::Cuda(1));
   EXPECT_EQ(t.storage()->allocator(), backend_.allocator(1));
   EXPECT_EQ(t.strides(), (Shape{3, 1}));
   EXPECT_EQ(t.storage()->nbytes(), 12u);
   EXPECT_TRUE(backend_.copies.empty());
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Empty({2}, kF32, Device::Cuda(5)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Empty({2}, kF32, Device::Cuda(5)); },
                                  "empty: cannot allocate on cuda:5: cuda:5 does not exist (fake)"));
 }
 
 TEST_F(FakeBackendTest, ZerosOnesAndFullFillOnTheBackend) {
-  const Tensor z = Tensor::Zeros({2, 2}, kF32, Device::Cuda(0));
-  const Tensor o = Tensor::Ones({3}, kBF16, Device::Cuda(0));
-  const Tensor f = Tensor::Full({2}, -2.5, kF64, Device::Cuda(1));
+  const RawTensor z = RawTensor::Zeros({2, 2}, kF32, Device::Cuda(0));
+  const RawTensor o = RawTensor::Ones({3}, kBF16, Device::Cuda(0));
+  const RawTensor f = RawTensor::Full({2}, -2.5, kF64, Device::Cuda(1));
   EXPECT_EQ(backend_.fills, (std::vector<double>{0, 1, -2.5}));
   EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{0, 0, 0, 0}));
   EXPECT_EQ(o.to_vector<float>(), (std::vector<float>{1, 1, 1}));
@@ -152,8 +152,8 @@ TEST_F(FakeBackendTest, ZerosOnesAndFullFillOnTheBackend) {
 }
 
 TEST_F(FakeBackendTest, ToDeviceCopiesOnceAndReturnsSelfWhenEqual) {
-  const Tensor x = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Tensor g = x.to(Device::Cuda(0));
+  const RawTensor x = RawTensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const RawTensor g = x.to(Device::Cuda(0));
   EXPECT_EQ(g.device(), Device::Cuda(0));
   ASSERT_EQ(backend_.copies.size(), 1u);
   EXPECT_EQ(backend_.copies[0].dst_device, Device::Cuda(0));
@@ -164,7 +164,7 @@ TEST_F(FakeBackendTest, ToDeviceCopiesOnceAndReturnsSelfWhenEqual) {
   EXPECT_EQ(backend_.copies.size(), 1u);
 
   // Device and dtype change in one copy; the backend converts.
-  const Tensor h = x.to(Device::Cuda(1), kF16);
+  const RawTensor h = x.to(Device::Cuda(1), kF16);
   EXPECT_EQ(h.dtype(), kF16);
   ASSERT_EQ(backend_.copies.size(), 2u);
   EXPECT_EQ(backend_.copies[1].dst_dtype, kF16);
@@ -174,17 +174,17 @@ TEST_F(FakeBackendTest, ToDeviceCopiesOnceAndReturnsSelfWhenEqual) {
 }
 
 TEST_F(FakeBackendTest, CopyHandsTheBackendABroadcastSource) {
-  const Tensor dst = Tensor::Zeros({2, 3}, kF32, Device::Cuda(0));
-  dst.copy_(Tensor::FromVector<double>({7, 8, 9}, {3}));
+  const RawTensor dst = RawTensor::Zeros({2, 3}, kF32, Device::Cuda(0));
+  dst.copy_(RawTensor::FromVector<double>({7, 8, 9}, {3}));
   ASSERT_EQ(backend_.copies.size(), 1u);
   EXPECT_EQ(backend_.copies[0].src_shape, (Shape{2, 3}));
   EXPECT_EQ(backend_.copies[0].src_strides, (Shape{0, 1}));
   EXPECT_EQ(backend_.copies[0].src_dtype, kF64);
   EXPECT_EQ(dst.to_vector<float>(), (std::vector<float>{7, 8, 9, 7, 8, 9}));
 
-  EXPECT_TRUE(ThrowsErrorExactly([&] { dst.copy_(Tensor::Zeros({4})); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { dst.copy_(RawTensor::Zeros({4})); },
                                  "copy_: source shape [4] cannot be broadcast to [2, 3]"));
-  const Tensor row = Tensor::Zeros({3}, kF32, Device::Cuda(0));
+  const RawTensor row = RawTensor::Zeros({3}, kF32, Device::Cuda(0));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         row.expand({2, 3}).copy_(dst);
@@ -200,9 +200,9 @@ TEST_F(FakeBackendTest, CopyHandsTheBackendABroadcastSource) {
 }
 
 TEST_F(FakeBackendTest, ViewsCopiesAndHostReads) {
-  const Tensor g = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).to(Device::Cuda(0));
+  const RawTensor g = RawTensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).to(Device::Cuda(0));
   backend_.copies.clear();
-  const Tensor t = g.transpose(0, 1).contiguous();
+  const RawTensor t = g.transpose(0, 1).contiguous();
   EXPECT_EQ(t.device(), Device::Cuda(0));
   ASSERT_EQ(backend_.copies.size(), 1u);
   EXPECT_EQ(backend_.copies[0].src_device, Device::Cuda(0));
@@ -210,10 +210,10 @@ TEST_F(FakeBackendTest, ViewsCopiesAndHostReads) {
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
   EXPECT_TRUE(g.contiguous().shares_storage(g));
 
-  const Tensor c = g.clone();
+  const RawTensor c = g.clone();
   EXPECT_FALSE(c.shares_storage(g));
   EXPECT_EQ(c.device(), Device::Cuda(0));
-  const Tensor i = g.to(kI32);
+  const RawTensor i = g.to(kI32);
   EXPECT_EQ(i.device(), Device::Cuda(0));
   EXPECT_EQ(i.dtype(), kI32);
 
@@ -221,7 +221,7 @@ TEST_F(FakeBackendTest, ViewsCopiesAndHostReads) {
   EXPECT_EQ(g.ToString(), "tensor([[1, 2, 3], [4, 5, 6]], f32, shape=[2, 3], device=cuda:0)");
   EXPECT_EQ(g.ToString(2), "tensor(... 6 elements ..., f32, shape=[2, 3], device=cuda:0)");
 
-  const Tensor host = Tensor::Zeros({3, 2});
+  const RawTensor host = RawTensor::Zeros({3, 2});
   host.transpose(0, 1).copy_(g);  // device -> strided host view
   EXPECT_EQ(host.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
 
@@ -230,10 +230,10 @@ TEST_F(FakeBackendTest, ViewsCopiesAndHostReads) {
 }
 
 TEST_F(FakeBackendTest, CpuWorkNeverReachesTheBackend) {
-  const Tensor x = Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
-  const Tensor y = x.transpose(0, 1).contiguous().to(kF16).clone();
-  Tensor::Zeros({3}).fill_(4);
-  Tensor::Ones({2, 2}).copy_(y);
+  const RawTensor x = RawTensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+  const RawTensor y = x.transpose(0, 1).contiguous().to(kF16).clone();
+  RawTensor::Zeros({3}).fill_(4);
+  RawTensor::Ones({2, 2}).copy_(y);
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{1, 3, 2, 4}));
   EXPECT_EQ(x.select(0, 1).select(0, 0).item(), 3);
   EXPECT_EQ(x.ToString(), "tensor([[1, 2], [3, 4]], f32, shape=[2, 2])");
@@ -250,7 +250,7 @@ TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
   EXPECT_EQ(DeviceCount(DeviceType::kCpu), 1);
   EXPECT_EQ(DeviceCount(DeviceType::kCuda), 0);  // no CUDA backend in this binary
   EXPECT_EQ(CpuAllocator(), cpu->allocator(0));
-  EXPECT_EQ(Tensor::Empty({2}).storage()->allocator(), cpu->allocator(0));
+  EXPECT_EQ(RawTensor::Empty({2}).storage()->allocator(), cpu->allocator(0));
   EXPECT_EQ(&KernelsFor(Device::Cpu()), &cpu->kernels());
   EXPECT_EQ(cpu->CurrentStream(0), nullptr);
   EXPECT_EQ(cpu->preferences().attention_layout, DevicePreferences::AttentionLayout::kTokensMajor);
@@ -259,7 +259,7 @@ TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
       ThrowsErrorExactly([&] { cpu->allocator(1); }, "cpu:1 does not exist (the CPU is device 0)"));
   EXPECT_TRUE(ThrowsErrorExactly(
       [] {
-        Tensor::Empty({2}, kF32, Device{DeviceType::kCpu, 1});
+        RawTensor::Empty({2}, kF32, Device{DeviceType::kCpu, 1});
       },
       "empty: cannot allocate on cpu: cpu:1 does not exist (the CPU "
       "is device 0)"));
@@ -275,9 +275,9 @@ TEST(DeviceRegistryTest, AKernelTableMissingAnEntryIsRefused) {
 
 // What the attention backward kernel was handed, recorded by a wrapper around the CPU's.
 bool grad_out_was_contiguous = false;
-KernelStatus RecordingAttentionBackward(const Tensor& gq, const Tensor& gk, const Tensor& gv,
-                                        const Tensor& go, const Tensor& q, const Tensor& k,
-                                        const Tensor& v, const Tensor& out, const Tensor& stats,
+KernelStatus RecordingAttentionBackward(const RawTensor& gq, const RawTensor& gk, const RawTensor& gv,
+                                        const RawTensor& go, const RawTensor& q, const RawTensor& k,
+                                        const RawTensor& v, const RawTensor& out, const RawTensor& stats,
                                         bool causal, double scale) {
   grad_out_was_contiguous = go.is_contiguous();
   return GetDeviceBackend(DeviceType::kCpu)
@@ -290,12 +290,12 @@ KernelStatus RecordingAttentionBackward(const Tensor& gq, const Tensor& gk, cons
 // contiguous grad_out under one set, a [B, T, H, D] one and a strided grad_out under the other,
 // with the CPU's values either way.
 TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
-  const Tensor q = Tensor::FromVector<float>({0.1f, -0.2f, 0.3f, 0.4f, 0.5f, -0.6f, 0.7f, 0.8f,
+  const RawTensor q = RawTensor::FromVector<float>({0.1f, -0.2f, 0.3f, 0.4f, 0.5f, -0.6f, 0.7f, 0.8f,
                                               -0.9f, 1.0f, 0.2f, 0.3f, -0.4f, 0.5f, 0.6f, -0.7f},
                                              {1, 2, 2, 4});
-  const Tensor k = MulScalar(q, -0.5), v = AddScalar(q, 0.25);
+  const RawTensor k = MulScalar(q, -0.5), v = AddScalar(q, 0.25);
   // A strided gradient: the transpose of a [1, 2, 4, 2] tensor.
-  const Tensor dout = Tensor::FromVector<float>(
+  const RawTensor dout = RawTensor::FromVector<float>(
                           {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, -5, -6, -7, -8}, {1, 2, 4, 2})
                           .transpose(2, 3);
   const AttentionResult want = ScaledDotProductAttention(q, k, v, /*causal=*/true, 0.5);
@@ -312,7 +312,7 @@ TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
     FakeBackend backend(kernels, preferences);
     RegisterDeviceBackend(&backend);
     const Device dev = Device::Cuda(0);
-    const Tensor dq = q.to(dev), dk = k.to(dev), dv = v.to(dev);
+    const RawTensor dq = q.to(dev), dk = k.to(dev), dv = v.to(dev);
     const AttentionResult got = ScaledDotProductAttention(dq, dk, dv, /*causal=*/true, 0.5);
     EXPECT_EQ(got.output.device(), dev);
     EXPECT_EQ(got.output.shape(), (Shape{1, 2, 2, 4}));

@@ -54,13 +54,13 @@ class CudaKernelTest : public ::testing::Test {
   }
 };
 
-Tensor ToGpu(const Tensor& t) { return t.contiguous().to(kGpu); }
-Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()); }
+RawTensor ToGpu(const RawTensor& t) { return t.contiguous().to(kGpu); }
+RawTensor ToCpu(const RawTensor& t) { return t.to(Device::Cpu()); }
 
 // Deterministic values of `dtype`'s range (an LCG, so every run tests the same data). With
 // `specials`, floating tensors get inf, NaN, signed zeros, f16 subnormals and values beyond f16's
 // range at every 7th element, and integer tensors their extremes (arithmetic then wraps).
-Tensor Make(DType dtype, const Shape& shape, uint32_t seed, bool specials = true) {
+RawTensor Make(DType dtype, const Shape& shape, uint32_t seed, bool specials = true) {
   const int64_t n = NumElements(shape);
   std::vector<double> v(static_cast<size_t>(n));
   uint32_t s = seed * 2654435761u + 12345u;
@@ -85,12 +85,12 @@ Tensor Make(DType dtype, const Shape& shape, uint32_t seed, bool specials = true
     }
     v[static_cast<size_t>(i)] = x;
   }
-  return Tensor::FromVector<double>(v, shape).to(dtype);
+  return RawTensor::FromVector<double>(v, shape).to(dtype);
 }
 
 // Raw element bits in row-major order.
-std::vector<uint64_t> Bits(const Tensor& t) {
-  const Tensor c = ToCpu(t).contiguous();
+std::vector<uint64_t> Bits(const RawTensor& t) {
+  const RawTensor c = ToCpu(t).contiguous();
   const size_t size = c.element_size();
   std::vector<uint64_t> bits(static_cast<size_t>(c.numel()), 0);
   const char* p = static_cast<const char*>(c.raw_data());
@@ -98,14 +98,14 @@ std::vector<uint64_t> Bits(const Tensor& t) {
   return bits;
 }
 
-void ExpectSameLayout(const Tensor& expected, const Tensor& actual) {
+void ExpectSameLayout(const RawTensor& expected, const RawTensor& actual) {
   ASSERT_EQ(expected.dtype(), actual.dtype())
       << DTypeName(expected.dtype()) << " vs " << DTypeName(actual.dtype());
   ASSERT_EQ(ShapeToString(expected.shape()), ShapeToString(actual.shape()));
 }
 
 // `actual` (on any device) holds `expected`'s bits; with any_nan a NaN matches any NaN.
-void ExpectExact(const Tensor& expected, const Tensor& actual, bool any_nan = true) {
+void ExpectExact(const RawTensor& expected, const RawTensor& actual, bool any_nan = true) {
   ExpectSameLayout(expected, actual);
   const std::vector<uint64_t> e = Bits(expected), a = Bits(actual);
   const std::vector<double> ev = ToCpu(expected).to_vector<double>();
@@ -126,7 +126,7 @@ int32_t Ordinal16(uint64_t bits) {
 }
 
 // The tolerance of the file comment, for results of libdevice vs glibc transcendentals.
-void ExpectClose(const Tensor& expected, const Tensor& actual) {
+void ExpectClose(const RawTensor& expected, const RawTensor& actual) {
   ExpectSameLayout(expected, actual);
   const DType dtype = expected.dtype();
   const double tol = dtype == kF64 ? 1e-13 : 1e-6;
@@ -153,11 +153,11 @@ void ExpectClose(const Tensor& expected, const Tensor& actual) {
 struct Layout {
   const char* name;
   std::vector<Shape> bases;  // one base per input (the last one repeats for more inputs)
-  std::function<Tensor(const Tensor&, size_t input)> view;
+  std::function<RawTensor(const RawTensor&, size_t input)> view;
   bool misaligned_out = false;
 };
 
-Tensor Identity(const Tensor& t, size_t) { return t; }
+RawTensor Identity(const RawTensor& t, size_t) { return t; }
 
 std::vector<Layout> Layouts() {
   return {
@@ -167,17 +167,17 @@ std::vector<Layout> Layouts() {
       {"scalar operand", {{257}, {}}, Identity},
       {"transposed",
        {{37, 29}, {29, 37}},
-       [](const Tensor& t, size_t input) { return input == 0 ? t.transpose(0, 1) : t; }},
+       [](const RawTensor& t, size_t input) { return input == 0 ? t.transpose(0, 1) : t; }},
       {"sliced with step",
        {{2000}, {999}},
-       [](const Tensor& t, size_t input) { return input == 0 ? t.slice(0, 3, 2000, 2) : t; }},
+       [](const RawTensor& t, size_t input) { return input == 0 ? t.slice(0, 3, 2000, 2) : t; }},
       // Contiguous but one element past an aligned address: the scalar path, output included.
-      {"misaligned", {{1004}}, [](const Tensor& t, size_t) { return t.slice(0, 1, 1004); }, true},
+      {"misaligned", {{1004}}, [](const RawTensor& t, size_t) { return t.slice(0, 1, 1004); }, true},
       {"empty", {{0, 3}}, Identity},
       // Reversed strides do not merge with the contiguous operands: 7 dims, several launches.
       {"7 dims not mergeable",
        {{2, 3, 2, 3, 2, 3, 2}},
-       [](const Tensor& t, size_t input) {
+       [](const RawTensor& t, size_t input) {
          return input == 0 ? t.permute({6, 5, 4, 3, 2, 1, 0}) : t.reshape({2, 3, 2, 3, 2, 3, 2});
        }},
   };
@@ -185,14 +185,14 @@ std::vector<Layout> Layouts() {
 
 // The inputs of one op under a layout, on both devices.
 struct Inputs {
-  std::vector<Tensor> cpu, gpu;
+  std::vector<RawTensor> cpu, gpu;
 };
 
 Inputs MakeInputs(const Layout& layout, const std::vector<DType>& dtypes, uint32_t seed) {
   Inputs in;
   for (size_t k = 0; k < dtypes.size(); ++k) {
     const Shape& shape = layout.bases[std::min(k, layout.bases.size() - 1)];
-    const Tensor base = Make(dtypes[k], shape, seed + static_cast<uint32_t>(k) * 101);
+    const RawTensor base = Make(dtypes[k], shape, seed + static_cast<uint32_t>(k) * 101);
     in.cpu.push_back(layout.view(base, k));
     in.gpu.push_back(layout.view(ToGpu(base), k));
   }
@@ -200,10 +200,10 @@ Inputs MakeInputs(const Layout& layout, const std::vector<DType>& dtypes, uint32
 }
 
 // A GPU output of `shape`, one element past an aligned address when the layout asks for it.
-Tensor GpuOutput(const Layout& layout, const Shape& shape, DType dtype) {
-  if (!layout.misaligned_out) return Tensor::Empty(shape, dtype, kGpu);
+RawTensor GpuOutput(const Layout& layout, const Shape& shape, DType dtype) {
+  if (!layout.misaligned_out) return RawTensor::Empty(shape, dtype, kGpu);
   const int64_t n = NumElements(shape);
-  return Tensor::Empty({n + 1}, dtype, kGpu).slice(0, 1, n + 1).view(shape);
+  return RawTensor::Empty({n + 1}, dtype, kGpu).slice(0, 1, n + 1).view(shape);
 }
 
 bool IsFloatingOnly(UnaryOp op) {
@@ -219,7 +219,7 @@ bool IsExact(UnaryOp op) {
 // Values every conversion must get right: ties in f16/bf16, values that overflow f16, saturate
 // or wrap each integer type, subnormals, signed zeros and NaNs with payloads (signalling ones
 // too, written as bits in the source's own format).
-Tensor ConversionSource(DType dtype) {
+RawTensor ConversionSource(DType dtype) {
   std::vector<double> v = {
       0.0,         -0.0,        1.0,          -1.0,          0.5,    -0.7,    2.5,
       -2.5,        3.5,         127.9,        128.0,         255.6,  256.0,   -129.0,
@@ -229,7 +229,7 @@ Tensor ConversionSource(DType dtype) {
       16777217,    1 + 0x1p-11, 1 + 0x1p-8,   1 + 0x3p-9,    -300.5, 1e-40,   3.4e38,
       1 + 0x1p-24, 4097,        -4097};
   while (v.size() < 301) v.push_back(v[v.size() % 45] * 1.5 + 0.25);  // 301: a vector tail
-  Tensor t = Tensor::FromVector<double>(v, {301}).to(dtype);
+  RawTensor t = RawTensor::FromVector<double>(v, {301}).to(dtype);
   if (dtype == kF64) {
     const uint64_t nans[] = {0x7ff0000000000001ull, 0xfff8000000abcdefull, 0x7ff4000000000000ull};
     for (int k = 0; k < 3; ++k) std::memcpy(t.data<double>() + 50 + k, &nans[k], 8);
@@ -248,35 +248,35 @@ Tensor ConversionSource(DType dtype) {
 
 TEST_F(CudaKernelTest, CopyConvertsEveryDTypePairExactly) {
   for (DType from : kAllDTypes) {
-    const Tensor src = ConversionSource(from);
-    const Tensor src_gpu = ToGpu(src);
+    const RawTensor src = ConversionSource(from);
+    const RawTensor src_gpu = ToGpu(src);
     for (DType to : kAllDTypes) {
       SCOPED_TRACE(absl::StrCat(DTypeName(from), " -> ", DTypeName(to)));
       {
         SCOPED_TRACE("contiguous");
-        const Tensor out = Tensor::Empty(src.shape(), to, kGpu);
+        const RawTensor out = RawTensor::Empty(src.shape(), to, kGpu);
         cuda::Copy(out, src_gpu);
         ExpectExact(src.to(to), out, /*any_nan=*/false);
       }
       {
         SCOPED_TRACE("misaligned source and destination");
-        const Tensor out = Tensor::Empty({301}, to, kGpu).slice(0, 1, 301);
+        const RawTensor out = RawTensor::Empty({301}, to, kGpu).slice(0, 1, 301);
         cuda::Copy(out, src_gpu.slice(0, 1, 301));
         ExpectExact(src.slice(0, 1, 301).to(to), out, false);
       }
       {
         SCOPED_TRACE("transposed source");
-        const Tensor s = src.slice(0, 0, 300).view({12, 25});
-        const Tensor out = Tensor::Empty({25, 12}, to, kGpu);
+        const RawTensor s = src.slice(0, 0, 300).view({12, 25});
+        const RawTensor out = RawTensor::Empty({25, 12}, to, kGpu);
         cuda::Copy(out, src_gpu.slice(0, 0, 300).view({12, 25}).transpose(0, 1));
         ExpectExact(s.transpose(0, 1).contiguous().to(to), out, false);
       }
       {
         SCOPED_TRACE("broadcast source, strided destination");
-        const Tensor row = src.slice(0, 0, 30).view({1, 30});
-        const Tensor cpu_base = Tensor::Zeros({30, 4}, to);
+        const RawTensor row = src.slice(0, 0, 30).view({1, 30});
+        const RawTensor cpu_base = RawTensor::Zeros({30, 4}, to);
         cpu_base.transpose(0, 1).copy_(row.expand({4, 30}));
-        const Tensor gpu_base = ToGpu(Tensor::Zeros({30, 4}, to));
+        const RawTensor gpu_base = ToGpu(RawTensor::Zeros({30, 4}, to));
         cuda::Copy(gpu_base.transpose(0, 1), src_gpu.slice(0, 0, 30).view({1, 30}).expand({4, 30}));
         ExpectExact(cpu_base, gpu_base, false);
       }
@@ -290,7 +290,7 @@ TEST_F(CudaKernelTest, CopySameDTypeAnyLayout) {
     for (const Layout& layout : Layouts()) {
       SCOPED_TRACE(layout.name);
       const Inputs in = MakeInputs(layout, {dtype}, 7);
-      const Tensor out = GpuOutput(layout, in.cpu[0].shape(), dtype);
+      const RawTensor out = GpuOutput(layout, in.cpu[0].shape(), dtype);
       cuda::Copy(out, in.gpu[0]);
       ExpectExact(in.cpu[0].contiguous(), out, /*any_nan=*/false);
     }
@@ -304,9 +304,9 @@ TEST_F(CudaKernelTest, FillMatchesCpuFill) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " fill ", value));
       for (int layout = 0; layout < 3; ++layout) {
         // Contiguous (a memset when all bytes are equal), misaligned, and transposed.
-        const Tensor cpu_base = Make(dtype, {33, 31}, 3);
-        const Tensor gpu_base = ToGpu(cpu_base);
-        auto view = [&](const Tensor& t) {
+        const RawTensor cpu_base = Make(dtype, {33, 31}, 3);
+        const RawTensor gpu_base = ToGpu(cpu_base);
+        auto view = [&](const RawTensor& t) {
           if (layout == 0) return t;
           if (layout == 1) return t.view({33 * 31}).slice(0, 1, 33 * 31 - 2);
           return t.slice(1, 2, 30).transpose(0, 1);
@@ -331,8 +331,8 @@ TEST_F(CudaKernelTest, BinaryMatchesCpu) {
       for (const Layout& layout : Layouts()) {
         SCOPED_TRACE(layout.name);
         const Inputs in = MakeInputs(layout, {dtype, dtype}, 11);
-        const Tensor expected = Binary(op, in.cpu[0], in.cpu[1]);
-        const Tensor out = GpuOutput(layout, expected.shape(), dtype);
+        const RawTensor expected = Binary(op, in.cpu[0], in.cpu[1]);
+        const RawTensor out = GpuOutput(layout, expected.shape(), dtype);
         cuda::Binary(op, out, in.gpu[0], in.gpu[1]);
         if (op == BinaryOp::kPow) {
           ExpectClose(expected, out);
@@ -359,8 +359,8 @@ TEST_F(CudaKernelTest, BinaryScalarMatchesCpu) {
         for (const Layout& layout : Layouts()) {
           SCOPED_TRACE(layout.name);
           const Inputs in = MakeInputs(layout, {dtype}, 13);
-          const Tensor expected = BinaryScalar(op, in.cpu[0], scalar);
-          const Tensor out = GpuOutput(layout, expected.shape(), dtype);
+          const RawTensor expected = BinaryScalar(op, in.cpu[0], scalar);
+          const RawTensor out = GpuOutput(layout, expected.shape(), dtype);
           cuda::BinaryScalar(op, out, in.gpu[0], scalar);
           if (op == BinaryOp::kPow) {
             ExpectClose(expected, out);
@@ -382,8 +382,8 @@ TEST_F(CudaKernelTest, CompareMatchesCpu) {
       for (const Layout& layout : Layouts()) {
         SCOPED_TRACE(layout.name);
         const Inputs in = MakeInputs(layout, {dtype, dtype}, 17);
-        const Tensor expected = Compare(op, in.cpu[0], in.cpu[1]);
-        const Tensor out = GpuOutput(layout, expected.shape(), kBool);
+        const RawTensor expected = Compare(op, in.cpu[0], in.cpu[1]);
+        const RawTensor out = GpuOutput(layout, expected.shape(), kBool);
         cuda::Compare(op, out, in.gpu[0], in.gpu[1]);
         ExpectExact(expected, out);
       }
@@ -402,8 +402,8 @@ TEST_F(CudaKernelTest, UnaryMatchesCpu) {
       for (const Layout& layout : Layouts()) {
         SCOPED_TRACE(layout.name);
         const Inputs in = MakeInputs(layout, {dtype}, 19);
-        const Tensor expected = Unary(op, in.cpu[0]);
-        const Tensor out = GpuOutput(layout, expected.shape(), dtype);
+        const RawTensor expected = Unary(op, in.cpu[0]);
+        const RawTensor out = GpuOutput(layout, expected.shape(), dtype);
         cuda::Unary(op, out, in.gpu[0]);
         if (IsExact(op)) {
           ExpectExact(expected, out);
@@ -422,8 +422,8 @@ TEST_F(CudaKernelTest, WhereMatchesCpu) {
       for (const Layout& layout : Layouts()) {
         SCOPED_TRACE(layout.name);
         const Inputs in = MakeInputs(layout, {cond_dtype, dtype, dtype}, 23);
-        const Tensor expected = Where(in.cpu[0], in.cpu[1], in.cpu[2]);
-        const Tensor out = GpuOutput(layout, expected.shape(), dtype);
+        const RawTensor expected = Where(in.cpu[0], in.cpu[1], in.cpu[2]);
+        const RawTensor out = GpuOutput(layout, expected.shape(), dtype);
         cuda::Where(out, in.gpu[0], in.gpu[1], in.gpu[2]);
         ExpectExact(expected, out, /*any_nan=*/false);
       }
@@ -434,8 +434,8 @@ TEST_F(CudaKernelTest, WhereMatchesCpu) {
 TEST_F(CudaKernelTest, ElementwiseRunsOnTheCurrentStream) {
   cuda::Stream side;
   cuda::StreamGuard guard(side);
-  const Tensor a = Make(kF32, {100000}, 29), b = Make(kF32, {100000}, 31);
-  const Tensor out = Tensor::Empty({100000}, kF32, kGpu);
+  const RawTensor a = Make(kF32, {100000}, 29), b = Make(kF32, {100000}, 31);
+  const RawTensor out = RawTensor::Empty({100000}, kF32, kGpu);
   cuda::Binary(BinaryOp::kMul, out, ToGpu(a), ToGpu(b));
   ExpectExact(Binary(BinaryOp::kMul, a, b), out);
 }
@@ -452,9 +452,9 @@ TEST_F(CudaKernelTest, SumRowsMatchesCpu) {
     for (const Shape& shape : kRowShapes) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", ShapeToString(shape)));
       // Specials only in the short rows, so that most long rows have a finite sum to compare.
-      const Tensor x = Make(dtype, shape, 37, /*specials=*/shape[1] < 100);
-      const Tensor expected = Sum(x, {1});
-      const Tensor out = Tensor::Empty({shape[0]}, expected.dtype(), kGpu);
+      const RawTensor x = Make(dtype, shape, 37, /*specials=*/shape[1] < 100);
+      const RawTensor expected = Sum(x, {1});
+      const RawTensor out = RawTensor::Empty({shape[0]}, expected.dtype(), kGpu);
       cuda::SumRows(out, ToGpu(x));
       if (!IsFloating(dtype)) {
         ExpectExact(expected, out);
@@ -490,8 +490,8 @@ TEST_F(CudaKernelTest, SumRowsMatchesCpu) {
 
 TEST_F(CudaKernelTest, SumRowsOverflowsF16LikeCpu) {
   // 40 x 60000 = 2.4e6: finite in f64, inf once rounded to f16, on both devices.
-  const Tensor x = Tensor::Full({2, 40}, 60000, kF16);
-  const Tensor out = Tensor::Empty({2}, kF16, kGpu);
+  const RawTensor x = RawTensor::Full({2, 40}, 60000, kF16);
+  const RawTensor out = RawTensor::Empty({2}, kF16, kGpu);
   cuda::SumRows(out, ToGpu(x));
   ExpectExact(Sum(x, {1}), out);
   EXPECT_TRUE(std::isinf(ToCpu(out).to_vector<double>()[0]));
@@ -502,19 +502,19 @@ TEST_F(CudaKernelTest, MaxRowsMatchesCpu) {
     for (const Shape& shape : kRowShapes) {
       if (shape[1] == 0) continue;  // no maximum (the dispatch rejects it)
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", ShapeToString(shape)));
-      const Tensor x = Make(dtype, shape, 41, /*specials=*/shape[1] < 100);
-      const Tensor x_gpu = ToGpu(x);
-      const Tensor values = Tensor::Empty({shape[0]}, dtype, kGpu);
-      const Tensor indices = Tensor::Empty({shape[0]}, kI64, kGpu);
+      const RawTensor x = Make(dtype, shape, 41, /*specials=*/shape[1] < 100);
+      const RawTensor x_gpu = ToGpu(x);
+      const RawTensor values = RawTensor::Empty({shape[0]}, dtype, kGpu);
+      const RawTensor indices = RawTensor::Empty({shape[0]}, kI64, kGpu);
       cuda::MaxRows(values, indices, x_gpu);
       ExpectExact(Max(x, 1), values, /*any_nan=*/false);  // the element itself
       ExpectExact(Argmax(x, 1), indices);
       // Either output alone.
-      const Tensor only_values = Tensor::Empty({shape[0]}, dtype, kGpu);
-      cuda::MaxRows(only_values, Tensor(), x_gpu);
+      const RawTensor only_values = RawTensor::Empty({shape[0]}, dtype, kGpu);
+      cuda::MaxRows(only_values, RawTensor(), x_gpu);
       ExpectExact(Max(x, 1), only_values, false);
-      const Tensor only_indices = Tensor::Empty({shape[0]}, kI64, kGpu);
-      cuda::MaxRows(Tensor(), only_indices, x_gpu);
+      const RawTensor only_indices = RawTensor::Empty({shape[0]}, kI64, kGpu);
+      cuda::MaxRows(RawTensor(), only_indices, x_gpu);
       ExpectExact(Argmax(x, 1), only_indices);
     }
   }
@@ -547,9 +547,9 @@ TEST_F(CudaKernelTest, MaxRowsTiesAndNaNs) {
     }
     for (DType dtype : kFloatDTypes) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
-      const Tensor x = Tensor::FromVector<double>(v, {5, n}).to(dtype);
-      const Tensor values = Tensor::Empty({5}, dtype, kGpu);
-      const Tensor indices = Tensor::Empty({5}, kI64, kGpu);
+      const RawTensor x = RawTensor::FromVector<double>(v, {5, n}).to(dtype);
+      const RawTensor values = RawTensor::Empty({5}, dtype, kGpu);
+      const RawTensor indices = RawTensor::Empty({5}, kI64, kGpu);
       cuda::MaxRows(values, indices, ToGpu(x));
       ExpectExact(Max(x, 1), values, /*any_nan=*/false);
       ExpectExact(Argmax(x, 1), indices);
@@ -560,7 +560,7 @@ TEST_F(CudaKernelTest, MaxRowsTiesAndNaNs) {
 // ---- More than 2^32 elements --------------------------------------------------------------------
 
 // One i64 / u8 element of a one-element device tensor.
-int64_t Item(const Tensor& t) { return static_cast<int64_t>(ToCpu(t).to_vector<double>()[0]); }
+int64_t Item(const RawTensor& t) { return static_cast<int64_t>(ToCpu(t).to_vector<double>()[0]); }
 
 // u8 tensors of 2^32 + 38 elements (4 GiB each, 2.5 of them): every element index and byte
 // offset overflows int32 and uint32, the strided path divides 64-bit indices, the vector path
@@ -571,12 +571,12 @@ TEST_F(CudaKernelTest, IndexesBeyond32Bits) {
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   if (free_bytes < (size_t{16} << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
   const int64_t n = (int64_t{1} << 32) + 38;
-  const Tensor a = Tensor::Empty({n}, kU8, kGpu), b = Tensor::Empty({n}, kU8, kGpu);
-  const Tensor sum = Tensor::Empty({1}, kI64, kGpu);
-  const Tensor max_value = Tensor::Empty({1}, kU8, kGpu), argmax = Tensor::Empty({1}, kI64, kGpu);
-  auto expect_reductions = [&](const Tensor& t, int64_t want_sum, int64_t want_max,
+  const RawTensor a = RawTensor::Empty({n}, kU8, kGpu), b = RawTensor::Empty({n}, kU8, kGpu);
+  const RawTensor sum = RawTensor::Empty({1}, kI64, kGpu);
+  const RawTensor max_value = RawTensor::Empty({1}, kU8, kGpu), argmax = RawTensor::Empty({1}, kI64, kGpu);
+  auto expect_reductions = [&](const RawTensor& t, int64_t want_sum, int64_t want_max,
                                int64_t want_argmax) {
-    const Tensor row = t.view({1, t.numel()});
+    const RawTensor row = t.view({1, t.numel()});
     cuda::SumRows(sum, row);
     cuda::MaxRows(max_value, argmax, row);
     EXPECT_EQ(Item(sum), want_sum);
@@ -607,7 +607,7 @@ TEST_F(CudaKernelTest, IndexesBeyond32Bits) {
     cuda::Copy(a.view({half, 2}), b.view({2, half}).transpose(0, 1));
     expect_reductions(a, half * 3 + 4 + 7, 9, n - 1);
     // Column 0 of that (a stride-2 view) is b's first half again.
-    const Tensor column = Tensor::Empty({half}, kU8, kGpu);
+    const RawTensor column = RawTensor::Empty({half}, kU8, kGpu);
     cuda::Copy(column, a.view({half, 2}).select(1, 0));
     expect_reductions(column, half + 4, 5, half - 1);
   }
@@ -616,11 +616,11 @@ TEST_F(CudaKernelTest, IndexesBeyond32Bits) {
 // ---- Non-finite check and scaling --------------------------------------------------------------
 
 // Clean data with one non-finite element at `bad` (none when bad < 0).
-Tensor WithBadElement(DType dtype, int64_t n, int64_t bad, double bad_value) {
+RawTensor WithBadElement(DType dtype, int64_t n, int64_t bad, double bad_value) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 0.25 * static_cast<double>(i % 9) - 1;
   if (bad >= 0) v[static_cast<size_t>(bad)] = bad_value;
-  return Tensor::FromVector<double>(v, {n}).to(dtype);
+  return RawTensor::FromVector<double>(v, {n}).to(dtype);
 }
 
 TEST_F(CudaKernelTest, AnyNonFiniteMatchesCpu) {
@@ -629,19 +629,19 @@ TEST_F(CudaKernelTest, AnyNonFiniteMatchesCpu) {
     // The last element of 1003 lies in the vector tail; 500 in the vectorised part.
     for (int64_t bad : {-1, 0, 500, 1002}) {
       for (double bad_value : {kInf, -kInf, kNaN}) {
-        const Tensor x = WithBadElement(dtype, 1003, bad, bad_value);
+        const RawTensor x = WithBadElement(dtype, 1003, bad, bad_value);
         EXPECT_EQ(cuda::AnyNonFinite(ToGpu(x)), AnyNonFinite({x})) << "bad at " << bad;
         // Misaligned view: skips element 0.
         EXPECT_EQ(cuda::AnyNonFinite(ToGpu(x).slice(0, 1, 1003)), bad > 0) << "bad at " << bad;
       }
     }
     // A strided view sees only its own elements.
-    const Tensor x = WithBadElement(dtype, 1000, 3, kInf).view({100, 10});
+    const RawTensor x = WithBadElement(dtype, 1000, 3, kInf).view({100, 10});
     EXPECT_FALSE(cuda::AnyNonFinite(ToGpu(x).slice(1, 4, 10, 2)));
     EXPECT_TRUE(cuda::AnyNonFinite(ToGpu(x).slice(1, 3, 10, 2)));
-    EXPECT_FALSE(cuda::AnyNonFinite(Tensor::Empty({0}, dtype, kGpu)));
+    EXPECT_FALSE(cuda::AnyNonFinite(RawTensor::Empty({0}, dtype, kGpu)));
   }
-  EXPECT_THROW(cuda::AnyNonFinite(ToGpu(Tensor::Zeros({3}, kI32))), Error);
+  EXPECT_THROW(cuda::AnyNonFinite(ToGpu(RawTensor::Zeros({3}, kI32))), Error);
 }
 
 TEST_F(CudaKernelTest, ScaleInPlaceMatchesCpu) {
@@ -651,9 +651,9 @@ TEST_F(CudaKernelTest, ScaleInPlaceMatchesCpu) {
       for (bool check : {false, true}) {
         for (int layout = 0; layout < 3; ++layout) {
           // Contiguous 1003 (tail), misaligned, transposed (strided write-back).
-          const Tensor cpu_base = Make(dtype, {59, 17}, 43, /*specials=*/layout != 1);
-          const Tensor gpu_base = ToGpu(cpu_base);
-          auto view = [&](const Tensor& t) {
+          const RawTensor cpu_base = Make(dtype, {59, 17}, 43, /*specials=*/layout != 1);
+          const RawTensor gpu_base = ToGpu(cpu_base);
+          auto view = [&](const RawTensor& t) {
             if (layout == 0) return t.view({59 * 17}).slice(0, 0, 1003);
             if (layout == 1) return t.view({59 * 17}).slice(0, 1, 1003);
             return t.transpose(0, 1);
@@ -667,7 +667,7 @@ TEST_F(CudaKernelTest, ScaleInPlaceMatchesCpu) {
       }
     }
   }
-  const Tensor expanded = ToGpu(Tensor::Ones({1, 4}, kF32)).expand({3, 4});
+  const RawTensor expanded = ToGpu(RawTensor::Ones({1, 4}, kF32)).expand({3, 4});
   EXPECT_THROW(cuda::ScaleInPlace(expanded, 2.0, false), Error);
 }
 

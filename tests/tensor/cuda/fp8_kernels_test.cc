@@ -45,11 +45,11 @@ constexpr Fp8Tiling kTilings[] = {Fp8Tiling::kTensor, Fp8Tiling::k1x128, Fp8Tili
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()).contiguous(); }
+RawTensor ToCpu(const RawTensor& t) { return t.to(Device::Cpu()).contiguous(); }
 
 // Same dtype, shape and bytes (no NaN exemption: the FP8 casts give the canonical NaN 0x7f on
 // both devices, and amaxes and scales are never NaN).
-::testing::AssertionResult SameBytes(const Tensor& expected, const Tensor& actual,
+::testing::AssertionResult SameBytes(const RawTensor& expected, const RawTensor& actual,
                                      const std::string& what) {
   if (expected.dtype() != actual.dtype() || expected.shape() != actual.shape()) {
     return ::testing::AssertionFailure()
@@ -57,7 +57,7 @@ Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()).contiguous(); }
            << ShapeToString(expected.shape()) << ", got " << DTypeName(actual.dtype()) << " "
            << ShapeToString(actual.shape());
   }
-  const Tensor e = ToCpu(expected), a = ToCpu(actual);
+  const RawTensor e = ToCpu(expected), a = ToCpu(actual);
   const size_t size = e.element_size();
   const auto* eb = static_cast<const unsigned char*>(e.raw_data());
   const auto* ab = static_cast<const unsigned char*>(a.raw_data());
@@ -79,7 +79,7 @@ Tensor ToCpu(const Tensor& t) { return t.to(Device::Cpu()).contiguous(); }
 // [rows, cols] of `dtype` whose tiles have different magnitudes (2^-20 .. 2^20 by 7-row and
 // 50-column bands), with a zero 1x128 tile, inf, -inf, NaN, -0, values that saturate after
 // scaling and tiny ones (an f16 x turns the largest into inf).
-Tensor Input(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
+RawTensor Input(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> v(rows * cols);
@@ -101,7 +101,7 @@ Tensor Input(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
   set(6, 7, -1.0e6f);
   set(rows - 1, cols - 1, 1.0e-30f);
   set(rows / 2, 0, -kNaN);
-  return Tensor::FromVector<float>(v, {rows, cols}).to(dtype);
+  return RawTensor::FromVector<float>(v, {rows, cols}).to(dtype);
 }
 
 struct Case {
@@ -179,13 +179,13 @@ TEST(Fp8GemmPlanTest, FallbackReasons) {
 
 TEST(CudaFp8KernelsTest, AmaxOfAKnownTensor) {
   SKIP_WITHOUT_GPU();
-  const Tensor x = Tensor::FromVector<float>({1, -3, kNaN, 0.5f, -0.0f, 2}, {2, 3}).to(kGpu);
+  const RawTensor x = RawTensor::FromVector<float>({1, -3, kNaN, 0.5f, -0.0f, 2}, {2, 3}).to(kGpu);
   EXPECT_EQ(ToCpu(Fp8Amax(x, Fp8Tiling::kTensor)).to_vector<float>(), std::vector<float>({3}));
   EXPECT_EQ(ToCpu(Fp8Amax(x, Fp8Tiling::k1x128)).to_vector<float>(), std::vector<float>({3, 2}));
-  const Tensor inf = Tensor::FromVector<float>({kNaN, -kInf}, {1, 2}).to(kGpu);
+  const RawTensor inf = RawTensor::FromVector<float>({kNaN, -kInf}, {1, 2}).to(kGpu);
   EXPECT_EQ(ToCpu(Fp8Amax(inf, Fp8Tiling::k128x128)).to_vector<float>(),
             std::vector<float>({kInf}));
-  const Tensor nan = Tensor::FromVector<float>({kNaN, kNaN}, {1, 2}).to(kGpu);
+  const RawTensor nan = RawTensor::FromVector<float>({kNaN, kNaN}, {1, 2}).to(kGpu);
   EXPECT_EQ(ToCpu(Fp8Amax(nan, Fp8Tiling::kTensor)).to_vector<float>(), std::vector<float>({0}));
 }
 
@@ -194,15 +194,15 @@ TEST(CudaFp8KernelsTest, AmaxMatchesCpu) {
   uint32_t seed = 1;
   for (const Case& c : kCases) {
     for (DType dtype : kInputs) {
-      const Tensor x = Input(c.rows, c.cols, dtype, seed++);
-      const Tensor gx = x.to(kGpu);
+      const RawTensor x = Input(c.rows, c.cols, dtype, seed++);
+      const RawTensor gx = x.to(kGpu);
       for (Fp8Tiling tiling : kTilings) {
         EXPECT_TRUE(SameBytes(Fp8Amax(x, tiling), Fp8Amax(gx, tiling), Label(c, dtype, tiling)));
       }
     }
   }
   // Many blocks combining one per-tensor amax (atomicMax), the largest value in the last one.
-  Tensor big = Input(1024, 1000, kF32, 99);
+  RawTensor big = Input(1024, 1000, kF32, 99);
   big.select(0, 1023).select(0, 999).fill_(7.0e37);
   for (Fp8Tiling tiling : kTilings) {
     EXPECT_TRUE(SameBytes(Fp8Amax(big, tiling), Fp8Amax(big.to(kGpu), tiling),
@@ -212,9 +212,9 @@ TEST(CudaFp8KernelsTest, AmaxMatchesCpu) {
 
 TEST(CudaFp8KernelsTest, ScaleMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  const Tensor amax = Tensor::FromVector<float>(
+  const RawTensor amax = RawTensor::FromVector<float>(
       {0, kInf, kNaN, 1, 3.5f, 448, 1e-30f, 1e-45f, 1e30f, 57344, 2.5e-3f, 3.0e38f}, {3, 4});
-  const Tensor gamax = amax.to(kGpu);
+  const RawTensor gamax = amax.to(kGpu);
   std::vector<Fp8ScaleOptions> options(5);
   options[1].fp8_max = 57344;
   options[2].amax_epsilon = 1e-3f;
@@ -234,15 +234,15 @@ TEST(CudaFp8KernelsTest, CastMatchesCpu) {
   uint32_t seed = 100;
   for (const Case& c : kCases) {
     for (DType dtype : kInputs) {
-      const Tensor x = Input(c.rows, c.cols, dtype, seed++);
-      const Tensor gx = x.to(kGpu);
+      const RawTensor x = Input(c.rows, c.cols, dtype, seed++);
+      const RawTensor gx = x.to(kGpu);
       for (Fp8Tiling tiling : kTilings) {
         for (DType format : {kF8E4M3, kF8E5M2}) {
           Fp8ScaleOptions o;
           o.fp8_max = format == kF8E4M3 ? 448.0f : 57344.0f;
           // TE's scales, then 4x them: the largest values of each tile saturate.
-          const Tensor scale = Fp8ScaleFromAmax(Fp8Amax(x, tiling), o).scale;
-          for (const Tensor& s : {scale, Mul(scale, Tensor::Scalar(4.0))}) {
+          const RawTensor scale = Fp8ScaleFromAmax(Fp8Amax(x, tiling), o).scale;
+          for (const RawTensor& s : {scale, Mul(scale, RawTensor::Scalar(4.0))}) {
             for (bool extras : {false, true}) {
               const std::string label = absl::StrCat(Label(c, dtype, tiling), " -> ",
                                                      DTypeName(format), extras ? " +t +amax" : "");
@@ -288,7 +288,7 @@ constexpr std::pair<DType, DType> kGemmFormats[] = {
     {kF8E4M3, kF8E4M3}, {kF8E4M3, kF8E5M2}, {kF8E5M2, kF8E4M3}};
 
 struct GemmOperands {
-  Tensor a, a_scale_inv, b, b_scale_inv, bias;  // on the CPU
+  RawTensor a, a_scale_inv, b, b_scale_inv, bias;  // on the CPU
 };
 
 // FP8 a [m, k], b [n, k] and their scale_inv grids. integers: values in -4..4 (exact in both
@@ -310,14 +310,14 @@ GemmOperands MakeGemmOperands(const GemmShape& s, std::pair<Fp8Tiling, Fp8Tiling
     const Fp8Tile g = Fp8GridOf(rows, s.k, tiling);
     std::vector<float> v(g.rows * g.cols);
     for (float& x : v) x = integers ? std::ldexp(1.0f, exponent(rng)) : uniform(rng);
-    return Tensor::FromVector<float>(v, {g.rows, g.cols});
+    return RawTensor::FromVector<float>(v, {g.rows, g.cols});
   };
   GemmOperands o;
-  o.a = Tensor::FromVector<float>(values(s.m * s.k), {s.m, s.k}).to(formats.first);
-  o.b = Tensor::FromVector<float>(values(s.n * s.k), {s.n, s.k}).to(formats.second);
+  o.a = RawTensor::FromVector<float>(values(s.m * s.k), {s.m, s.k}).to(formats.first);
+  o.b = RawTensor::FromVector<float>(values(s.n * s.k), {s.n, s.k}).to(formats.second);
   o.a_scale_inv = scales(s.m, tilings.first);
   o.b_scale_inv = scales(s.n, tilings.second);
-  if (bias) o.bias = Tensor::FromVector<float>(values(s.n), {s.n}).to(out);
+  if (bias) o.bias = RawTensor::FromVector<float>(values(s.n), {s.n}).to(out);
   return o;
 }
 
@@ -386,9 +386,9 @@ void ForEachGemm(bool integers, const Check& check) {
                 "[", s.m, ", ", s.n, ", ", s.k, "] ", DTypeName(formats.first), " (",
                 Fp8TilingName(tilings.first), ") x ", DTypeName(formats.second), " (",
                 Fp8TilingName(tilings.second), ") -> ", DTypeName(out), bias ? " + bias" : "");
-            const Tensor got = Fp8Gemm(o.a.to(kGpu), o.a_scale_inv.to(kGpu), tilings.first,
+            const RawTensor got = Fp8Gemm(o.a.to(kGpu), o.a_scale_inv.to(kGpu), tilings.first,
                                        o.b.to(kGpu), o.b_scale_inv.to(kGpu), tilings.second,
-                                       bias ? o.bias.to(kGpu) : Tensor(), out);
+                                       bias ? o.bias.to(kGpu) : RawTensor(), out);
             const Fp8GemmPlan ran = cuda::LastFp8GemmPlan();
             const Fp8GemmPlan planned =
                 PlanFp8Gemm(sm, s.m, s.n, s.k, formats.first, formats.second, tilings.first,
@@ -412,9 +412,9 @@ void ForEachGemm(bool integers, const Check& check) {
 // path (any summation order and the tensor cores' accumulators are exact here).
 TEST(CudaFp8KernelsTest, GemmIsExactForExactSums) {
   SKIP_WITHOUT_GPU();
-  ForEachGemm(true, [](const Tensor& got, const std::vector<double>& ref,
+  ForEachGemm(true, [](const RawTensor& got, const std::vector<double>& ref,
                        const std::vector<double>&, Fp8GemmPlan::Path, const std::string& label) {
-    const Tensor expected = Tensor::FromVector<double>(ref, got.shape()).to(got.dtype());
+    const RawTensor expected = RawTensor::FromVector<double>(ref, got.shape()).to(got.dtype());
     EXPECT_TRUE(SameBytes(expected, got, label));
   });
 }
@@ -437,7 +437,7 @@ TEST(CudaFp8KernelsTest, GemmMatchesF64WithinAccumulationBounds) {
   SKIP_WITHOUT_GPU();
   double worst_f32_ratio[2] = {0, 0};  // per path: the largest |error| / f32 bound
   ForEachGemm(
-      false, [&](const Tensor& got, const std::vector<double>& ref, const std::vector<double>& abs,
+      false, [&](const RawTensor& got, const std::vector<double>& ref, const std::vector<double>& abs,
                  Fp8GemmPlan::Path path, const std::string& label) {
         const std::vector<double> v = got.to_vector<double>();
         const double u_out = got.dtype() == kBF16  ? std::ldexp(1.0, -8)
@@ -473,20 +473,20 @@ TEST(CudaFp8KernelsTest, GemmMatchesF64WithinAccumulationBounds) {
 
 TEST(CudaFp8KernelsTest, GemmArgumentErrors) {
   SKIP_WITHOUT_GPU();
-  const Tensor a = Tensor::Zeros({16, 32}, kF8E5M2, kGpu);
-  const Tensor b = Tensor::Zeros({16, 32}, kF8E5M2, kGpu);
-  const Tensor s = Tensor::Ones({1, 1}, kF32, kGpu);
-  const Tensor out = Tensor::Empty({16, 16}, kF32, kGpu);
+  const RawTensor a = RawTensor::Zeros({16, 32}, kF8E5M2, kGpu);
+  const RawTensor b = RawTensor::Zeros({16, 32}, kF8E5M2, kGpu);
+  const RawTensor s = RawTensor::Ones({1, 1}, kF32, kGpu);
+  const RawTensor out = RawTensor::Empty({16, 16}, kF32, kGpu);
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { cuda::Fp8Gemm(out, a, s, Fp8Tiling::kTensor, b, s, Fp8Tiling::kTensor, Tensor()); },
+      [&] { cuda::Fp8Gemm(out, a, s, Fp8Tiling::kTensor, b, s, Fp8Tiling::kTensor, RawTensor()); },
       "fp8_gemm: a and b are both f8e5m2 (FP8 tensor cores take e4m3 x e4m3, e4m3 x e5m2 and "
       "e5m2 x e4m3)"));
-  const Tensor a4 = Tensor::Zeros({16, 32}, kF8E4M3, kGpu);
+  const RawTensor a4 = RawTensor::Zeros({16, 32}, kF8E4M3, kGpu);
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { cuda::Fp8Gemm(out, a4, s, Fp8Tiling::kTensor, b, s, Fp8Tiling::k1x128, Tensor()); },
+      [&] { cuda::Fp8Gemm(out, a4, s, Fp8Tiling::kTensor, b, s, Fp8Tiling::k1x128, RawTensor()); },
       "fp8_gemm: the tiles along k must agree: a has tensor scales and b 1x128"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { cuda::Fp8Gemm(out, a4, s, Fp8Tiling::k1x128, b, s, Fp8Tiling::k1x128, Tensor()); },
+      [&] { cuda::Fp8Gemm(out, a4, s, Fp8Tiling::k1x128, b, s, Fp8Tiling::k1x128, RawTensor()); },
       "fp8_gemm: a_scale_inv must be a contiguous f32 grid of 16 x 1 (1x128 tiles) on cuda:0, "
       "got f32 [1, 1] on cuda:0"));
 }

@@ -65,7 +65,7 @@ class CudaNnTest : public ::testing::Test {
 
 // Deterministic values in [lo, hi) on the grid of multiples of (hi - lo) / 2^bits (an LCG, so
 // every run tests the same data), converted to `dtype`.
-Tensor Uniform(const Shape& shape, DType dtype, uint32_t seed, double lo = -4, double hi = 4,
+RawTensor Uniform(const Shape& shape, DType dtype, uint32_t seed, double lo = -4, double hi = 4,
                int bits = 16) {
   const int64_t n = NumElements(shape);
   std::vector<double> v(static_cast<size_t>(n));
@@ -76,11 +76,11 @@ Tensor Uniform(const Shape& shape, DType dtype, uint32_t seed, double lo = -4, d
     const double u = std::floor((s >> 8) / 16777216.0 * steps) / steps;  // [0, 1)
     v[i] = lo + (hi - lo) * u;
   }
-  return Tensor::FromVector<double>(v, shape).to(dtype);
+  return RawTensor::FromVector<double>(v, shape).to(dtype);
 }
 
 // Indices in [0, bound) (i64), with `ignored` rows set to ignore_index where asked.
-Tensor Indices(const Shape& shape, int64_t bound, uint32_t seed) {
+RawTensor Indices(const Shape& shape, int64_t bound, uint32_t seed) {
   const int64_t n = NumElements(shape);
   std::vector<int64_t> v(static_cast<size_t>(n));
   uint32_t s = seed * 2246822519u + 7u;
@@ -88,25 +88,25 @@ Tensor Indices(const Shape& shape, int64_t bound, uint32_t seed) {
     s = s * 1664525u + 1013904223u;
     v[i] = static_cast<int64_t>((s >> 8) % static_cast<uint32_t>(bound));
   }
-  return Tensor::FromVector<int64_t>(v, shape);
+  return RawTensor::FromVector<int64_t>(v, shape);
 }
 
 // A contiguous copy of t on the GPU whose first element lies `misalign` elements past the start
 // of its allocation (allocations are at least 512-byte aligned), so misalign = 1 gives rows
 // that start off a 16-byte boundary.
-Tensor Gpu(const Tensor& t, int64_t misalign = 0) {
-  const Tensor buffer = Tensor::Empty({t.numel() + misalign}, t.dtype(), kGpu);
-  const Tensor view = buffer.narrow(0, misalign, t.numel()).view(t.shape());
+RawTensor Gpu(const RawTensor& t, int64_t misalign = 0) {
+  const RawTensor buffer = RawTensor::Empty({t.numel() + misalign}, t.dtype(), kGpu);
+  const RawTensor view = buffer.narrow(0, misalign, t.numel()).view(t.shape());
   if (t.numel() > 0) view.copy_(t.contiguous());
   return view;
 }
 
-Tensor EmptyGpu(const Shape& shape, DType dtype, int64_t misalign = 0) {
-  const Tensor buffer = Tensor::Empty({NumElements(shape) + misalign}, dtype, kGpu);
+RawTensor EmptyGpu(const Shape& shape, DType dtype, int64_t misalign = 0) {
+  const RawTensor buffer = RawTensor::Empty({NumElements(shape) + misalign}, dtype, kGpu);
   return buffer.narrow(0, misalign, NumElements(shape)).view(shape);
 }
 
-Tensor Cpu(const Tensor& t) { return t.to(Device::Cpu()); }
+RawTensor Cpu(const RawTensor& t) { return t.to(Device::Cpu()); }
 
 // ---- Comparisons --------------------------------------------------------------------------------
 
@@ -137,8 +137,8 @@ Tol ForDType(DType dtype, Tol f32, Tol f64) {
 // |actual - expected| <= atol + extra + rtol * |expected| element by element (in f64, on the
 // CPU), where `extra` (f64, broadcast to the shape) adds an element's own absolute slack; NaN
 // matches NaN and infinities must match exactly.
-::testing::AssertionResult AllClose(const Tensor& actual, const Tensor& expected, Tol tol,
-                                    const Tensor& extra = Tensor()) {
+::testing::AssertionResult AllClose(const RawTensor& actual, const RawTensor& expected, Tol tol,
+                                    const RawTensor& extra = RawTensor()) {
   if (actual.shape() != expected.shape()) {
     return ::testing::AssertionFailure() << "shape " << ShapeToString(actual.shape())
                                          << " != " << ShapeToString(expected.shape());
@@ -166,13 +166,13 @@ Tol ForDType(DType dtype, Tol f32, Tol f64) {
 }
 
 // Same dtype, shape and bytes.
-::testing::AssertionResult BitEqual(const Tensor& actual, const Tensor& expected) {
+::testing::AssertionResult BitEqual(const RawTensor& actual, const RawTensor& expected) {
   if (actual.dtype() != expected.dtype() || actual.shape() != expected.shape()) {
     return ::testing::AssertionFailure()
            << DTypeName(actual.dtype()) << ShapeToString(actual.shape()) << " vs "
            << DTypeName(expected.dtype()) << ShapeToString(expected.shape());
   }
-  const Tensor a = Cpu(actual).contiguous(), e = Cpu(expected).contiguous();
+  const RawTensor a = Cpu(actual).contiguous(), e = Cpu(expected).contiguous();
   const auto* pa = static_cast<const unsigned char*>(a.raw_data());
   const auto* pe = static_cast<const unsigned char*>(e.raw_data());
   const size_t es = a.element_size();
@@ -215,8 +215,8 @@ TEST_F(CudaNnTest, DropoutMaskIsTheCpusMask) {
     Generator on_gpu(2024), on_cpu(2024);
     on_gpu.Reserve(c.skip);
     on_cpu.Reserve(c.skip);
-    const Tensor gpu = DropoutMask(c.shape, c.p, on_gpu, c.dtype, kGpu);
-    const Tensor cpu = DropoutMask(c.shape, c.p, on_cpu, c.dtype, Device::Cpu());
+    const RawTensor gpu = DropoutMask(c.shape, c.p, on_gpu, c.dtype, kGpu);
+    const RawTensor cpu = DropoutMask(c.shape, c.p, on_cpu, c.dtype, Device::Cpu());
     EXPECT_TRUE(BitEqual(gpu, cpu)) << DTypeName(c.dtype) << ShapeToString(c.shape) << " skip "
                                     << c.skip << " p " << c.p;
     EXPECT_EQ(on_gpu.state(), on_cpu.state());
@@ -241,12 +241,12 @@ TEST_F(CudaNnTest, SoftmaxAndLogSoftmaxMatchCpu) {
     for (const auto& [rows, n] : shapes) {
       for (int64_t misalign : {0, 1}) {
         SCOPED_TRACE(Label(dtype, rows, n, misalign));
-        const Tensor x = Uniform({rows, n}, dtype, ++seed, -8, 8);
-        const Tensor xg = Gpu(x, misalign);
+        const RawTensor x = Uniform({rows, n}, dtype, ++seed, -8, 8);
+        const RawTensor xg = Gpu(x, misalign);
         for (bool log : {false, true}) {
           const Tol tol = log ? ForDType(dtype, kLogSoftmaxF32, kLogSoftmaxF64)
                               : ForDType(dtype, kSoftmaxF32, kSoftmaxF64);
-          const Tensor out = EmptyGpu({rows, n}, dtype, misalign);
+          const RawTensor out = EmptyGpu({rows, n}, dtype, misalign);
           cuda::Softmax(out, xg, log);
           EXPECT_TRUE(AllClose(Cpu(out), log ? LogSoftmax(x) : Softmax(x), tol)) << "log " << log;
         }
@@ -261,7 +261,7 @@ TEST_F(CudaNnTest, SoftmaxSpecialRowsMatchCpu) {
   for (DType dtype : kFloatDTypes) {
     for (int64_t n : {6, 1500}) {
       SCOPED_TRACE(Label(dtype, 6, n));
-      Tensor x = Uniform({6, n}, kF64, 7, -3, 3);
+      RawTensor x = Uniform({6, n}, kF64, 7, -3, 3);
       x.select(0, 0).fill_(-kInf);
       x.select(0, 1).select(0, 2).fill_(kInf);
       x.select(0, 2).select(0, n - 1).fill_(kNaN);
@@ -273,7 +273,7 @@ TEST_F(CudaNnTest, SoftmaxSpecialRowsMatchCpu) {
       for (bool log : {false, true}) {
         const Tol tol = log ? ForDType(dtype, kLogSoftmaxF32, kLogSoftmaxF64)
                             : ForDType(dtype, kSoftmaxF32, kSoftmaxF64);
-        const Tensor out = EmptyGpu({6, n}, dtype);
+        const RawTensor out = EmptyGpu({6, n}, dtype);
         cuda::Softmax(out, Gpu(x), log);
         EXPECT_TRUE(AllClose(Cpu(out), log ? LogSoftmax(x) : Softmax(x), tol)) << "log " << log;
       }
@@ -300,20 +300,20 @@ TEST_F(CudaNnTest, LayerNormMatchesCpu) {
       for (int affine = 0; affine < 3; ++affine) {  // none, weight only, weight and bias
         const int64_t misalign = affine == 1 ? 1 : 0;
         SCOPED_TRACE(absl::StrCat(Label(dtype, rows, n, misalign), " affine ", affine));
-        Tensor x = Uniform({rows, n}, kF64, ++seed);
+        RawTensor x = Uniform({rows, n}, kF64, ++seed);
         if (rows >= 3) {
           x.select(0, 0).fill_(0.25);                             // var = 0: rstd = 1/sqrt(eps)
           x.select(0, 1).copy_(AddScalar(x.select(0, 1), 1000));  // a large mean
         }
         x = x.to(dtype);
-        const Tensor w = affine >= 1 ? Uniform({n}, dtype, ++seed, 0.5, 1.5) : Tensor();
-        const Tensor b = affine >= 2 ? Uniform({n}, dtype, ++seed) : Tensor();
+        const RawTensor w = affine >= 1 ? Uniform({n}, dtype, ++seed, 0.5, 1.5) : RawTensor();
+        const RawTensor b = affine >= 2 ? Uniform({n}, dtype, ++seed) : RawTensor();
         const LayerNormResult expected = LayerNorm(x, w, b, 1e-5);
         const DType stat = dtype == kF64 ? kF64 : kF32;
-        const Tensor out = EmptyGpu({rows, n}, dtype, misalign);
-        const Tensor mean = EmptyGpu({rows}, stat), rstd = EmptyGpu({rows}, stat);
-        cuda::LayerNorm(out, mean, rstd, Gpu(x, misalign), w.defined() ? Gpu(w) : Tensor(),
-                        b.defined() ? Gpu(b) : Tensor(), 1e-5);
+        const RawTensor out = EmptyGpu({rows, n}, dtype, misalign);
+        const RawTensor mean = EmptyGpu({rows}, stat), rstd = EmptyGpu({rows}, stat);
+        cuda::LayerNorm(out, mean, rstd, Gpu(x, misalign), w.defined() ? Gpu(w) : RawTensor(),
+                        b.defined() ? Gpu(b) : RawTensor(), 1e-5);
         const Tol stats = dtype == kF64 ? kStatsF64 : kStatsF32;
         EXPECT_TRUE(AllClose(Cpu(mean), expected.mean, stats));
         EXPECT_TRUE(AllClose(Cpu(rstd), expected.rstd, stats));
@@ -332,10 +332,10 @@ TEST_F(CudaNnTest, EmbeddingCopiesRowsExactly) {
     for (int64_t dim : {7, 8, 768}) {
       for (bool transposed : {false, true}) {
         SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim, " transposed ", transposed));
-        const Tensor weight = Uniform({50, dim}, dtype, 11, 0, 100);
-        const Tensor idx = Indices({3, 41}, 50, 5);
-        const Tensor wg = transposed ? Gpu(weight.transpose(0, 1)).transpose(0, 1) : Gpu(weight);
-        const Tensor out = EmptyGpu({idx.numel(), dim}, dtype);
+        const RawTensor weight = Uniform({50, dim}, dtype, 11, 0, 100);
+        const RawTensor idx = Indices({3, 41}, 50, 5);
+        const RawTensor wg = transposed ? Gpu(weight.transpose(0, 1)).transpose(0, 1) : Gpu(weight);
+        const RawTensor out = EmptyGpu({idx.numel(), dim}, dtype);
         cuda::Embedding(out, wg, Gpu(idx.reshape({-1})));
         EXPECT_TRUE(BitEqual(Cpu(out), Embedding(weight, idx).reshape({idx.numel(), dim})));
       }
@@ -356,12 +356,12 @@ TEST_F(CudaNnTest, EmbeddingBackwardMatchesCpuAndIsDeterministic) {
         SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim, " bits ", bits));
         std::vector<int64_t> v = Indices({4096}, 100, 17).to_vector<int64_t>();
         for (size_t i = 0; i < v.size(); i += 4) v[i] = v[i + 1] = v[i + 2] = 3;
-        const Tensor idx = Tensor::FromVector<int64_t>(v, {4096});
-        const Tensor grad = Uniform({4096, dim}, dtype, 23, -4, 4, bits);
-        const Tensor expected = EmbeddingBackward(grad, idx, 150);
-        Tensor first;
+        const RawTensor idx = RawTensor::FromVector<int64_t>(v, {4096});
+        const RawTensor grad = Uniform({4096, dim}, dtype, 23, -4, 4, bits);
+        const RawTensor expected = EmbeddingBackward(grad, idx, 150);
+        RawTensor first;
         for (int run = 0; run < 2; ++run) {
-          const Tensor out = Tensor::Zeros({150, dim}, dtype, kGpu);
+          const RawTensor out = RawTensor::Zeros({150, dim}, dtype, kGpu);
           cuda::EmbeddingBackward(out, Gpu(grad), Gpu(idx));
           EXPECT_TRUE(BitEqual(Cpu(out), expected));
           if (run == 0) {
@@ -385,10 +385,10 @@ Tol LossTol(DType dtype) { return ForDType(dtype, kLogSoftmaxF32, kLogSoftmaxF64
 // target p - 1 cancels when p is close to 1, leaving that error relative to |scale| instead of
 // to the result. So the target entries get |scale| * 4e-6 (1e-14 for f64) of absolute slack;
 // all others are compared relatively.
-Tensor TargetSlack(DType dtype, const Tensor& targets, int64_t classes, const Tensor& scale) {
+RawTensor TargetSlack(DType dtype, const RawTensor& targets, int64_t classes, const RawTensor& scale) {
   const int64_t n = targets.size(0);
-  const Tensor onehot =
-      Eq(Tensor::Arange(0, static_cast<double>(classes), 1, kI64).reshape({1, classes}),
+  const RawTensor onehot =
+      Eq(RawTensor::Arange(0, static_cast<double>(classes), 1, kI64).reshape({1, classes}),
          targets.reshape({n, 1}))
           .to(kF64);
   return MulScalar(Mul(onehot, Abs(scale.to(kF64)).reshape({n, 1})), dtype == kF64 ? 1e-14 : 4e-6);
@@ -396,10 +396,10 @@ Tensor TargetSlack(DType dtype, const Tensor& targets, int64_t classes, const Te
 
 // Every 5th row ignored (targets = ignore_index); vocabularies on both row paths, including one
 // that is not a multiple of any vector width (50257, GPT-2's).
-Tensor Targets(int64_t rows, int64_t classes, int64_t ignore_index, uint32_t seed) {
+RawTensor Targets(int64_t rows, int64_t classes, int64_t ignore_index, uint32_t seed) {
   std::vector<int64_t> v = Indices({rows}, classes, seed).to_vector<int64_t>();
   for (int64_t r = 0; r < rows; r += 5) v[r] = ignore_index;
-  return Tensor::FromVector<int64_t>(v, {rows});
+  return RawTensor::FromVector<int64_t>(v, {rows});
 }
 
 TEST_F(CudaNnTest, CrossEntropyAndBackwardMatchCpu) {
@@ -410,10 +410,10 @@ TEST_F(CudaNnTest, CrossEntropyAndBackwardMatchCpu) {
     for (const auto& [rows, classes] : shapes) {
       for (int64_t misalign : {0, 1}) {
         SCOPED_TRACE(Label(dtype, rows, classes, misalign));
-        const Tensor logits = Uniform({rows, classes}, dtype, ++seed, -8, 8);
-        const Tensor targets = Targets(rows, classes, -100, ++seed);
-        const Tensor lg = Gpu(logits, misalign), tg = Gpu(targets);
-        const Tensor losses = EmptyGpu({rows}, dtype);
+        const RawTensor logits = Uniform({rows, classes}, dtype, ++seed, -8, 8);
+        const RawTensor targets = Targets(rows, classes, -100, ++seed);
+        const RawTensor lg = Gpu(logits, misalign), tg = Gpu(targets);
+        const RawTensor losses = EmptyGpu({rows}, dtype);
         const int64_t counted = cuda::CrossEntropy(losses, lg, tg, -100);
         EXPECT_EQ(counted, rows - (rows + 4) / 5);
         const Tol tol = ForDType(dtype, kSoftmaxF32, kSoftmaxF64);
@@ -421,8 +421,8 @@ TEST_F(CudaNnTest, CrossEntropyAndBackwardMatchCpu) {
                              LossTol(dtype)));
 
         // Row scales as the dispatch passes them for Reduction::kNone.
-        const Tensor scale = Uniform({rows}, kF64, ++seed, -2, 2);
-        const Tensor grad = EmptyGpu({rows, classes}, dtype, misalign);
+        const RawTensor scale = Uniform({rows}, kF64, ++seed, -2, 2);
+        const RawTensor grad = EmptyGpu({rows, classes}, dtype, misalign);
         cuda::CrossEntropyBackward(grad, lg, tg, Gpu(scale), -100);
         EXPECT_TRUE(AllClose(Cpu(grad),
                              CrossEntropyBackward(logits, targets, scale, -100, Reduction::kNone),
@@ -436,18 +436,18 @@ TEST_F(CudaNnTest, CrossEntropyAllIgnoredAndLargeLogits) {
   for (DType dtype : kFloatDTypes) {
     SCOPED_TRACE(DTypeName(dtype));
     // A batch where every row is ignored: count 0, zero losses and gradients.
-    const Tensor logits = Uniform({4, 50257}, dtype, 41, -8, 8);
-    const Tensor targets = Tensor::Full({4}, 7, kI64);
-    const Tensor losses = EmptyGpu({4}, dtype);
+    const RawTensor logits = Uniform({4, 50257}, dtype, 41, -8, 8);
+    const RawTensor targets = RawTensor::Full({4}, 7, kI64);
+    const RawTensor losses = EmptyGpu({4}, dtype);
     EXPECT_EQ(cuda::CrossEntropy(losses, Gpu(logits), Gpu(targets), 7), 0);
-    EXPECT_TRUE(BitEqual(Cpu(losses), Tensor::Zeros({4}, dtype)));
-    const Tensor grad = EmptyGpu({4, 50257}, dtype);
-    cuda::CrossEntropyBackward(grad, Gpu(logits), Gpu(targets), Gpu(Tensor::Ones({4}, kF64)), 7);
-    EXPECT_TRUE(BitEqual(Cpu(grad), Tensor::Zeros({4, 50257}, dtype)));
+    EXPECT_TRUE(BitEqual(Cpu(losses), RawTensor::Zeros({4}, dtype)));
+    const RawTensor grad = EmptyGpu({4, 50257}, dtype);
+    cuda::CrossEntropyBackward(grad, Gpu(logits), Gpu(targets), Gpu(RawTensor::Ones({4}, kF64)), 7);
+    EXPECT_TRUE(BitEqual(Cpu(grad), RawTensor::Zeros({4, 50257}, dtype)));
     // Logits around 1000: x[t] - shift is taken before the sum, as on the CPU.
-    const Tensor big = AddScalar(Uniform({3, 1000}, kF64, 43, -1, 1), 1000).to(dtype);
-    const Tensor t = Indices({3}, 1000, 47);
-    const Tensor big_losses = EmptyGpu({3}, dtype);
+    const RawTensor big = AddScalar(Uniform({3, 1000}, kF64, 43, -1, 1), 1000).to(dtype);
+    const RawTensor t = Indices({3}, 1000, 47);
+    const RawTensor big_losses = EmptyGpu({3}, dtype);
     cuda::CrossEntropy(big_losses, Gpu(big), Gpu(t), -100);
     EXPECT_TRUE(
         AllClose(Cpu(big_losses), CrossEntropy(big, t, -100, Reduction::kNone), LossTol(dtype)));
@@ -459,26 +459,26 @@ TEST_F(CudaNnTest, CrossEntropyAllIgnoredAndLargeLogits) {
 // losses and d loss / d logits in f64 composed from tg ops: -log_softmax at the target, and
 // (softmax - onehot) * scale, zero on ignored rows; scale = row_scale, or 1 / (rows not ignored).
 struct CrossEntropyReference {
-  Tensor losses;  // [N] f64
-  Tensor grad;    // [N, C] f64
+  RawTensor losses;  // [N] f64
+  RawTensor grad;    // [N, C] f64
 };
 
-CrossEntropyReference ReferenceSoftmaxCrossEntropy(const Tensor& logits, const Tensor& targets,
-                                                   const Tensor& row_scale, int64_t ignore_index) {
+CrossEntropyReference ReferenceSoftmaxCrossEntropy(const RawTensor& logits, const RawTensor& targets,
+                                                   const RawTensor& row_scale, int64_t ignore_index) {
   const int64_t n = logits.size(0), c = logits.size(1);
-  const Tensor x = logits.to(kF64);
-  const Tensor t = targets.reshape({n, 1});
-  const Tensor valid = Ne(t, Tensor::Scalar(static_cast<double>(ignore_index), kI64));
-  const Tensor safe_t = Where(valid, t, Tensor::Scalar(0, kI64));
-  const Tensor zero = Tensor::Scalar(0, kF64);
-  const Tensor picked = Gather(LogSoftmax(x), 1, safe_t);
-  const Tensor onehot =
-      Eq(Tensor::Arange(0, static_cast<double>(c), 1, kI64).reshape({1, c}), safe_t).to(kF64);
-  Tensor scale;
+  const RawTensor x = logits.to(kF64);
+  const RawTensor t = targets.reshape({n, 1});
+  const RawTensor valid = Ne(t, RawTensor::Scalar(static_cast<double>(ignore_index), kI64));
+  const RawTensor safe_t = Where(valid, t, RawTensor::Scalar(0, kI64));
+  const RawTensor zero = RawTensor::Scalar(0, kF64);
+  const RawTensor picked = Gather(LogSoftmax(x), 1, safe_t);
+  const RawTensor onehot =
+      Eq(RawTensor::Arange(0, static_cast<double>(c), 1, kI64).reshape({1, c}), safe_t).to(kF64);
+  RawTensor scale;
   if (row_scale.defined()) {
     scale = row_scale.reshape({n, 1});
   } else {
-    scale = Tensor::Full({n, 1}, 1.0 / Sum(valid.to(kF64)).item(), kF64);
+    scale = RawTensor::Full({n, 1}, 1.0 / Sum(valid.to(kF64)).item(), kF64);
   }
   return {Where(valid, Neg(picked), zero).reshape({n}),
           Where(valid, Mul(Sub(Softmax(x), onehot), scale), zero)};
@@ -494,26 +494,26 @@ TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedMatchesComposition) {
         const bool scaled = variant & 1, in_place = variant & 2;
         SCOPED_TRACE(
             absl::StrCat(Label(dtype, rows, classes), " scaled ", scaled, " in place ", in_place));
-        const Tensor logits = Uniform({rows, classes}, dtype, ++seed, -8, 8);
-        const Tensor targets = Targets(rows, classes, -1, ++seed);
-        const Tensor scale = scaled ? Uniform({rows}, kF64, ++seed, 0.5, 2) : Tensor();
+        const RawTensor logits = Uniform({rows, classes}, dtype, ++seed, -8, 8);
+        const RawTensor targets = Targets(rows, classes, -1, ++seed);
+        const RawTensor scale = scaled ? Uniform({rows}, kF64, ++seed, 0.5, 2) : RawTensor();
         const CrossEntropyReference ref = ReferenceSoftmaxCrossEntropy(logits, targets, scale, -1);
-        const Tensor lg = Gpu(logits);
-        const Tensor grad = in_place ? lg : EmptyGpu({rows, classes}, dtype);
-        const Tensor losses = EmptyGpu({rows}, dtype);
+        const RawTensor lg = Gpu(logits);
+        const RawTensor grad = in_place ? lg : EmptyGpu({rows, classes}, dtype);
+        const RawTensor losses = EmptyGpu({rows}, dtype);
         cuda::SoftmaxCrossEntropyFused(losses, grad, lg, Gpu(targets),
-                                       scaled ? Gpu(scale) : Tensor(), -1);
+                                       scaled ? Gpu(scale) : RawTensor(), -1);
         // Against the exact (f64) composition of the same (rounded) inputs: the f32 compute
         // error of the softmax path, plus the final rounding for f16/bf16.
         const int64_t counted = rows - (rows + 4) / 5;
-        const Tensor row_scale = scaled ? scale : Tensor::Full({rows}, 1.0 / counted, kF64);
-        const Tensor slack = TargetSlack(dtype, targets, classes, row_scale);
+        const RawTensor row_scale = scaled ? scale : RawTensor::Full({rows}, 1.0 / counted, kF64);
+        const RawTensor slack = TargetSlack(dtype, targets, classes, row_scale);
         EXPECT_TRUE(AllClose(Cpu(losses), ref.losses, LossTol(dtype)));
         EXPECT_TRUE(
             AllClose(Cpu(grad), ref.grad, ForDType(dtype, {1e-5, 1e-12}, {1e-12, 1e-17}), slack));
         // And against the unfused CPU ops in the same dtype.
-        const Tensor grad_loss = scaled ? scale : Tensor::Scalar(1.0, kF64);
-        const Tensor unfused = CrossEntropyBackward(logits, targets, grad_loss, -1,
+        const RawTensor grad_loss = scaled ? scale : RawTensor::Scalar(1.0, kF64);
+        const RawTensor unfused = CrossEntropyBackward(logits, targets, grad_loss, -1,
                                                     scaled ? Reduction::kNone : Reduction::kMean);
         EXPECT_TRUE(AllClose(Cpu(grad), unfused, ForDType(dtype, kSoftmaxF32, kSoftmaxF64), slack));
       }
@@ -524,13 +524,13 @@ TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedMatchesComposition) {
 TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedAllIgnoredGivesZeros) {
   for (DType dtype : kFloatDTypes) {
     SCOPED_TRACE(DTypeName(dtype));
-    const Tensor lg = Gpu(Uniform({3, 50257}, dtype, 61, -8, 8));
-    const Tensor losses = EmptyGpu({3}, dtype);
+    const RawTensor lg = Gpu(Uniform({3, 50257}, dtype, 61, -8, 8));
+    const RawTensor losses = EmptyGpu({3}, dtype);
     // The mean's scale would be 1 / 0; no row uses it.
-    cuda::SoftmaxCrossEntropyFused(losses, lg, lg, Gpu(Tensor::Full({3}, -100, kI64)), Tensor(),
+    cuda::SoftmaxCrossEntropyFused(losses, lg, lg, Gpu(RawTensor::Full({3}, -100, kI64)), RawTensor(),
                                    -100);
-    EXPECT_TRUE(BitEqual(Cpu(losses), Tensor::Zeros({3}, dtype)));
-    EXPECT_TRUE(BitEqual(Cpu(lg), Tensor::Zeros({3, 50257}, dtype)));
+    EXPECT_TRUE(BitEqual(Cpu(losses), RawTensor::Zeros({3}, dtype)));
+    EXPECT_TRUE(BitEqual(Cpu(lg), RawTensor::Zeros({3, 50257}, dtype)));
   }
 }
 
@@ -549,24 +549,24 @@ TEST_F(CudaNnTest, CrossEntropyIndexesLogitsPast2To31Elements) {
     GTEST_SKIP() << "needs 6 GiB of free device memory";
   }
   {
-    const Tensor lg = Tensor::Empty({rows, kClasses}, dtype, kGpu);
+    const RawTensor lg = RawTensor::Empty({rows, kClasses}, dtype, kGpu);
     cuda::Fill(lg, 0.5);
-    const Tensor data = Uniform({tail, kClasses}, dtype, 77, -8, 8);
+    const RawTensor data = Uniform({tail, kClasses}, dtype, 77, -8, 8);
     lg.narrow(0, rows - tail, tail).copy_(Gpu(data));
     std::vector<int64_t> tv(static_cast<size_t>(rows), 1);
     const std::vector<int64_t> tail_targets = {kClasses - 1, 12345, -100, 50000};
     std::copy(tail_targets.begin(), tail_targets.end(), tv.end() - tail);
-    const Tensor targets = Tensor::FromVector<int64_t>(tv, {rows});
-    const Tensor tt = Tensor::FromVector<int64_t>(tail_targets, {tail});
-    const Tensor tg = Gpu(targets);
+    const RawTensor targets = RawTensor::FromVector<int64_t>(tv, {rows});
+    const RawTensor tt = RawTensor::FromVector<int64_t>(tail_targets, {tail});
+    const RawTensor tg = Gpu(targets);
     const int64_t counted = rows - 1;
 
-    const Tensor losses = EmptyGpu({rows}, dtype);
+    const RawTensor losses = EmptyGpu({rows}, dtype);
     EXPECT_EQ(cuda::CrossEntropy(losses, lg, tg, -100), counted);
-    const Tensor fused_losses = EmptyGpu({rows}, dtype);
-    cuda::SoftmaxCrossEntropyFused(fused_losses, lg, lg, tg, Tensor(), -100);
+    const RawTensor fused_losses = EmptyGpu({rows}, dtype);
+    cuda::SoftmaxCrossEntropyFused(fused_losses, lg, lg, tg, RawTensor(), -100);
 
-    const Tensor row_scale = Tensor::Full({tail}, 1.0 / counted, kF64);
+    const RawTensor row_scale = RawTensor::Full({tail}, 1.0 / counted, kF64);
     const CrossEntropyReference ref = ReferenceSoftmaxCrossEntropy(data, tt, row_scale, -100);
     EXPECT_TRUE(AllClose(Cpu(losses.narrow(0, rows - tail, tail)), ref.losses, LossTol(dtype)));
     EXPECT_TRUE(
@@ -575,9 +575,9 @@ TEST_F(CudaNnTest, CrossEntropyIndexesLogitsPast2To31Elements) {
                          ForDType(dtype, {1e-5, 1e-12}, {1e-12, 1e-17}),
                          TargetSlack(dtype, tt, kClasses, row_scale)));
     // A constant row just before the data: log(C) and (1 / C - onehot) / count.
-    const Tensor flat = Tensor::Full({1, kClasses}, 0.5, dtype);
-    const Tensor t1 = Tensor::FromVector<int64_t>({1}, {1});
-    const Tensor s1 = Tensor::Full({1}, 1.0 / counted, kF64);
+    const RawTensor flat = RawTensor::Full({1, kClasses}, 0.5, dtype);
+    const RawTensor t1 = RawTensor::FromVector<int64_t>({1}, {1});
+    const RawTensor s1 = RawTensor::Full({1}, 1.0 / counted, kF64);
     const CrossEntropyReference ref1 = ReferenceSoftmaxCrossEntropy(flat, t1, s1, -100);
     EXPECT_TRUE(AllClose(Cpu(fused_losses.narrow(0, rows - tail - 1, 1)), ref1.losses,
                          LossTol(dtype)));
@@ -591,20 +591,20 @@ TEST_F(CudaNnTest, CrossEntropyIndexesLogitsPast2To31Elements) {
 // ---- Layer-norm backward ------------------------------------------------------------------------
 
 struct LayerNormGrads {
-  Tensor grad_x, grad_weight, grad_bias;  // f64
+  RawTensor grad_x, grad_weight, grad_bias;  // f64
 };
 
 // autograd/ops/nn.cc's LayerNorm backward, in f64 tg ops, from the forward's saved statistics.
-LayerNormGrads ReferenceLayerNormBackward(const Tensor& grad_out, const Tensor& x,
-                                          const Tensor& mean, const Tensor& rstd,
-                                          const Tensor& weight) {
+LayerNormGrads ReferenceLayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                          const RawTensor& mean, const RawTensor& rstd,
+                                          const RawTensor& weight) {
   const int64_t rows = x.size(0), n = x.size(1);
-  const Tensor g = grad_out.to(kF64);
-  const Tensor rs = rstd.to(kF64).reshape({rows, 1});
-  const Tensor xhat = Mul(Sub(x.to(kF64), mean.to(kF64).reshape({rows, 1})), rs);
-  const Tensor dxhat = weight.defined() ? Mul(g, weight.to(kF64).reshape({1, n})) : g;
-  const Tensor centered = Sub(dxhat, Mean(dxhat, {-1}, /*keepdim=*/true));
-  const Tensor dx = Mul(rs, Sub(centered, Mul(xhat, Mean(Mul(dxhat, xhat), {-1}, true))));
+  const RawTensor g = grad_out.to(kF64);
+  const RawTensor rs = rstd.to(kF64).reshape({rows, 1});
+  const RawTensor xhat = Mul(Sub(x.to(kF64), mean.to(kF64).reshape({rows, 1})), rs);
+  const RawTensor dxhat = weight.defined() ? Mul(g, weight.to(kF64).reshape({1, n})) : g;
+  const RawTensor centered = Sub(dxhat, Mean(dxhat, {-1}, /*keepdim=*/true));
+  const RawTensor dx = Mul(rs, Sub(centered, Mul(xhat, Mean(Mul(dxhat, xhat), {-1}, true))));
   return {dx, Sum(Mul(g, xhat), {0}), Sum(g, {0})};
 }
 
@@ -617,19 +617,19 @@ TEST_F(CudaNnTest, LayerNormBackwardMatchesCompositionAndIsDeterministic) {
       for (int variant = 0; variant < 3; ++variant) {
         // 0: everything with a weight; 1: no weight; 2: grad_x only.
         SCOPED_TRACE(absl::StrCat(Label(dtype, rows, n), " variant ", variant));
-        const Tensor x = Uniform({rows, n}, dtype, ++seed);
-        const Tensor w = variant == 1 ? Tensor() : Uniform({n}, dtype, ++seed, 0.5, 1.5);
-        const Tensor grad_out = Uniform({rows, n}, dtype, ++seed, -1, 1);
-        const LayerNormResult fwd = LayerNorm(x, w, Tensor(), 1e-5);
+        const RawTensor x = Uniform({rows, n}, dtype, ++seed);
+        const RawTensor w = variant == 1 ? RawTensor() : Uniform({n}, dtype, ++seed, 0.5, 1.5);
+        const RawTensor grad_out = Uniform({rows, n}, dtype, ++seed, -1, 1);
+        const LayerNormResult fwd = LayerNorm(x, w, RawTensor(), 1e-5);
         const LayerNormGrads ref = ReferenceLayerNormBackward(grad_out, x, fwd.mean, fwd.rstd, w);
         const bool params = variant != 2;
-        Tensor first_gw;
+        RawTensor first_gw;
         for (int run = 0; run < 2; ++run) {
-          const Tensor gx = EmptyGpu({rows, n}, dtype);
-          const Tensor gw = params ? EmptyGpu({n}, dtype) : Tensor();
-          const Tensor gb = params ? EmptyGpu({n}, dtype) : Tensor();
+          const RawTensor gx = EmptyGpu({rows, n}, dtype);
+          const RawTensor gw = params ? EmptyGpu({n}, dtype) : RawTensor();
+          const RawTensor gb = params ? EmptyGpu({n}, dtype) : RawTensor();
           cuda::LayerNormBackward(gx, gw, gb, Gpu(grad_out), Gpu(x), Gpu(fwd.mean), Gpu(fwd.rstd),
-                                  w.defined() ? Gpu(w) : Tensor());
+                                  w.defined() ? Gpu(w) : RawTensor());
           // grad_x: f32 row sums of n terms and a cancelling difference, scaled by rstd (~0.4).
           EXPECT_TRUE(AllClose(Cpu(gx), ref.grad_x, ForDType(dtype, {1e-5, 1e-5}, {1e-12, 1e-13})));
           if (!params) continue;
@@ -657,17 +657,17 @@ TEST_F(CudaNnTest, AddLayerNormMatchesComposition) {
     for (const auto& [rows, n] : shapes) {
       for (bool in_place : {false, true}) {
         SCOPED_TRACE(absl::StrCat(Label(dtype, rows, n), " in place ", in_place));
-        const Tensor a = Uniform({rows, n}, dtype, ++seed);
-        const Tensor b = Uniform({rows, n}, dtype, ++seed);
-        const Tensor w = Uniform({n}, dtype, ++seed, 0.5, 1.5);
-        const Tensor bias = Uniform({n}, dtype, ++seed);
-        const Tensor sum = Add(a, b);
+        const RawTensor a = Uniform({rows, n}, dtype, ++seed);
+        const RawTensor b = Uniform({rows, n}, dtype, ++seed);
+        const RawTensor w = Uniform({n}, dtype, ++seed, 0.5, 1.5);
+        const RawTensor bias = Uniform({n}, dtype, ++seed);
+        const RawTensor sum = Add(a, b);
         const LayerNormResult expected = LayerNorm(sum, w, bias, 1e-5);
-        const Tensor ag = Gpu(a);
-        const Tensor residual = in_place ? ag : EmptyGpu({rows, n}, dtype);
+        const RawTensor ag = Gpu(a);
+        const RawTensor residual = in_place ? ag : EmptyGpu({rows, n}, dtype);
         const DType stat = dtype == kF64 ? kF64 : kF32;
-        const Tensor out = EmptyGpu({rows, n}, dtype);
-        const Tensor mean = EmptyGpu({rows}, stat), rstd = EmptyGpu({rows}, stat);
+        const RawTensor out = EmptyGpu({rows, n}, dtype);
+        const RawTensor mean = EmptyGpu({rows}, stat), rstd = EmptyGpu({rows}, stat);
         cuda::AddLayerNorm(residual, out, mean, rstd, ag, Gpu(b), Gpu(w), Gpu(bias), 1e-5);
         // The sum is one f32 (f64) addition rounded once on both devices: exact.
         EXPECT_TRUE(BitEqual(Cpu(residual), sum));
@@ -684,24 +684,24 @@ TEST_F(CudaNnTest, AddLayerNormMatchesComposition) {
 // ---- Indexing -----------------------------------------------------------------------------------
 
 // x as a strided GPU tensor with x's values: a contiguous copy of a permutation, permuted back.
-Tensor StridedGpu(const Tensor& x) { return Gpu(x.permute({2, 0, 1})).permute({1, 2, 0}); }
+RawTensor StridedGpu(const RawTensor& x) { return Gpu(x.permute({2, 0, 1})).permute({1, 2, 0}); }
 
 TEST_F(CudaNnTest, GatherAndIndexSelectCopyExactly) {
   for (DType dtype : {kF32, kF64, kF16, kBF16, kI32, kI64, kU8, kBool}) {
-    const Tensor x = Uniform({4, 5, 6}, kF64, 71, 0, 3).to(dtype);
+    const RawTensor x = Uniform({4, 5, 6}, kF64, 71, 0, 3).to(dtype);
     for (int64_t dim = 0; dim < 3; ++dim) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim));
       Shape ishape = {3, 4, 5};
       ishape[dim] = 7;  // the indexed dim may be longer than x's
-      const Tensor index = Indices(ishape, x.size(dim), 73 + dim);
-      const Tensor out = EmptyGpu(ishape, dtype);
+      const RawTensor index = Indices(ishape, x.size(dim), 73 + dim);
+      const RawTensor out = EmptyGpu(ishape, dtype);
       cuda::Gather(out, StridedGpu(x), Gpu(index), dim);
       EXPECT_TRUE(BitEqual(Cpu(out), Gather(x, dim, index)));
 
-      const Tensor list = Indices({9}, x.size(dim), 79 + dim);
+      const RawTensor list = Indices({9}, x.size(dim), 79 + dim);
       Shape oshape = x.shape();
       oshape[dim] = 9;
-      const Tensor selected = EmptyGpu(oshape, dtype);
+      const RawTensor selected = EmptyGpu(oshape, dtype);
       cuda::IndexSelect(selected, StridedGpu(x), Gpu(list), dim);
       EXPECT_TRUE(BitEqual(Cpu(selected), IndexSelect(x, dim, list)));
     }
@@ -720,20 +720,20 @@ TEST_F(CudaNnTest, ScatterAddAndIndexAddMatchCpuExactly) {
     };
     for (int64_t dim = 0; dim < 3; ++dim) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dim ", dim));
-      const Tensor self = values({4, 5, 6}, 81 + dim);
+      const RawTensor self = values({4, 5, 6}, 81 + dim);
       Shape ishape = {3, 4, 5};
       ishape[dim] = 9;  // many repeated indices along dim
-      const Tensor index = Indices(ishape, self.size(dim), 83 + dim);
-      const Tensor src = values({9, 9, 9}, 85 + dim);  // larger than index: a corner is read
-      const Tensor out = Gpu(self);
+      const RawTensor index = Indices(ishape, self.size(dim), 83 + dim);
+      const RawTensor src = values({9, 9, 9}, 85 + dim);  // larger than index: a corner is read
+      const RawTensor out = Gpu(self);
       cuda::ScatterAdd(out, Gpu(index), StridedGpu(src), dim);
       EXPECT_TRUE(BitEqual(Cpu(out), ScatterAdd(self, dim, index, src)));
 
-      const Tensor list = Indices({11}, self.size(dim), 87 + dim);
+      const RawTensor list = Indices({11}, self.size(dim), 87 + dim);
       Shape sshape = self.shape();
       sshape[dim] = 11;
-      const Tensor isrc = values(sshape, 89 + dim);
-      const Tensor out2 = Gpu(self);
+      const RawTensor isrc = values(sshape, 89 + dim);
+      const RawTensor out2 = Gpu(self);
       cuda::IndexAdd(out2, Gpu(list), StridedGpu(isrc), dim);
       EXPECT_TRUE(BitEqual(Cpu(out2), IndexAdd(self, dim, list, isrc)));
     }
@@ -773,22 +773,22 @@ TEST_F(CudaNnTest, MaxPool2dMatchesCpuExactly) {
     for (const Geometry& geo : geometries) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " kernel ", geo.k[0], "x", geo.k[1]));
       // Few distinct values (many ties: the first maximum wins) and some NaNs (the last wins).
-      Tensor x = Uniform({2, 3, 9, 10}, kF64, 91, 0, 4, 2);
+      RawTensor x = Uniform({2, 3, 9, 10}, kF64, 91, 0, 4, 2);
       x.select(1, 1).select(1, 4).select(1, 4).fill_(kNaN);
       x.select(1, 1).select(1, 4).select(1, 5).fill_(kNaN);
       x = x.to(dtype);
       const MaxPool2dResult expected = MaxPool2d(x, geo.k, geo.s, geo.p);
       const Window2d g = PoolWindow(x.shape(), geo.k, geo.s, geo.p);
-      const Tensor out = EmptyGpu({g.n, g.c, g.oh, g.ow}, dtype);
-      const Tensor indices = EmptyGpu({g.n, g.c, g.oh, g.ow}, kI64);
+      const RawTensor out = EmptyGpu({g.n, g.c, g.oh, g.ow}, dtype);
+      const RawTensor indices = EmptyGpu({g.n, g.c, g.oh, g.ow}, kI64);
       cuda::MaxPool2d(out, indices, Gpu(x), g);
       EXPECT_TRUE(BitEqual(Cpu(out), expected.output));
       EXPECT_TRUE(BitEqual(Cpu(indices), expected.indices));
 
       // Gradients on the 2^-8 grid: the sums of overlapping windows are exact in f32, so the
       // atomics' order cannot show.
-      const Tensor grad_out = Uniform(expected.output.shape(), dtype, 93, -4, 4, 11);
-      const Tensor grad_in = EmptyGpu(x.shape(), dtype);
+      const RawTensor grad_out = Uniform(expected.output.shape(), dtype, 93, -4, 4, 11);
+      const RawTensor grad_in = EmptyGpu(x.shape(), dtype);
       cuda::MaxPool2dBackward(grad_in, Gpu(grad_out), Gpu(expected.indices));
       EXPECT_TRUE(BitEqual(Cpu(grad_in), MaxPool2dBackward(grad_out, expected.indices, x.shape())));
     }
@@ -798,8 +798,8 @@ TEST_F(CudaNnTest, MaxPool2dMatchesCpuExactly) {
 // ---- Index errors -------------------------------------------------------------------------------
 
 TEST_F(CudaNnTest, IndexErrorsNameTheOpAndTheValue) {
-  const Tensor x = Gpu(Uniform({2, 3}, kF32, 1));
-  const Tensor bad = Gpu(Tensor::FromVector<int64_t>({0, 2, 7, 1, 0, 1}, {2, 3}));
+  const RawTensor x = Gpu(Uniform({2, 3}, kF32, 1));
+  const RawTensor bad = Gpu(RawTensor::FromVector<int64_t>({0, 2, 7, 1, 0, 1}, {2, 3}));
 
   // gather: reported at the next check (the kernel only records it).
   cuda::Gather(EmptyGpu({2, 3}, kF32), x, bad, 1);
@@ -808,38 +808,38 @@ TEST_F(CudaNnTest, IndexErrorsNameTheOpAndTheValue) {
                   "gather: index 7 at position [0, 2] is out of range for dim 1 of size 3"));
   cuda::CheckIndexErrors();  // reported once, then clear
 
-  const Tensor list = Gpu(Tensor::FromVector<int64_t>({1, -1}, {2}));
+  const RawTensor list = Gpu(RawTensor::FromVector<int64_t>({1, -1}, {2}));
   cuda::IndexSelect(EmptyGpu({2, 2}, kF32), x, list, 1);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); },
                           "index_select: index -1 at position 1 is out of range for dim 1 of "
                           "size 3"));
 
-  const Tensor out = Gpu(Tensor::Zeros({2, 3}, kF32));
+  const RawTensor out = Gpu(RawTensor::Zeros({2, 3}, kF32));
   cuda::ScatterAdd(out, bad, x, 1);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); }, "scatter_add: index 7"));
 
-  const Tensor weight = Gpu(Uniform({4, 8}, kF32, 3));
-  const Tensor idx = Gpu(Tensor::FromVector<int64_t>({1, 4, 2}, {3}));
+  const RawTensor weight = Gpu(Uniform({4, 8}, kF32, 3));
+  const RawTensor idx = Gpu(RawTensor::FromVector<int64_t>({1, 4, 2}, {3}));
   cuda::Embedding(EmptyGpu({3, 8}, kF32), weight, idx);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); },
                           "embedding: index 4 at position 1 is out of range for 4 rows"));
-  cuda::EmbeddingBackward(Tensor::Zeros({4, 8}, kF32, kGpu), Gpu(Uniform({3, 8}, kF32, 5)), idx);
+  cuda::EmbeddingBackward(RawTensor::Zeros({4, 8}, kF32, kGpu), Gpu(Uniform({3, 8}, kF32, 5)), idx);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); }, "embedding_backward: index 4"));
 
   // cross_entropy waits for its count anyway, so it throws itself.
-  const Tensor logits = Gpu(Uniform({3, 5}, kF32, 9));
-  const Tensor targets = Gpu(Tensor::FromVector<int64_t>({1, 5, -100}, {3}));
+  const RawTensor logits = Gpu(Uniform({3, 5}, kF32, 9));
+  const RawTensor targets = Gpu(RawTensor::FromVector<int64_t>({1, 5, -100}, {3}));
   EXPECT_TRUE(ThrowsError([&] { cuda::CrossEntropy(EmptyGpu({3}, kF32), logits, targets, -100); },
                           "cross_entropy: target 5 at position 1 is out of range for 5 classes"));
-  cuda::CrossEntropyBackward(EmptyGpu({3, 5}, kF32), logits, targets, Gpu(Tensor::Ones({3}, kF64)),
+  cuda::CrossEntropyBackward(EmptyGpu({3, 5}, kF32), logits, targets, Gpu(RawTensor::Ones({3}, kF64)),
                              -100);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); }, "cross_entropy_backward: target 5"));
-  cuda::SoftmaxCrossEntropyFused(Tensor(), EmptyGpu({3, 5}, kF32), logits, targets, Tensor(), -100);
+  cuda::SoftmaxCrossEntropyFused(RawTensor(), EmptyGpu({3, 5}, kF32), logits, targets, RawTensor(), -100);
   EXPECT_TRUE(
       ThrowsError([] { cuda::CheckIndexErrors(); }, "softmax_cross_entropy_fused: target 5"));
 
-  const Tensor pool_idx = Gpu(Tensor::FromVector<int64_t>({0, 1, 2, 9}, {1, 1, 2, 2}));
-  cuda::MaxPool2dBackward(EmptyGpu({1, 1, 3, 3}, kF32), Gpu(Tensor::Ones({1, 1, 2, 2})), pool_idx);
+  const RawTensor pool_idx = Gpu(RawTensor::FromVector<int64_t>({0, 1, 2, 9}, {1, 1, 2, 2}));
+  cuda::MaxPool2dBackward(EmptyGpu({1, 1, 3, 3}, kF32), Gpu(RawTensor::Ones({1, 1, 2, 2})), pool_idx);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); },
                           "max_pool2d_backward: index 9 at position 3 is out of range for an "
                           "input plane of 3 x 3 elements"));
@@ -847,7 +847,7 @@ TEST_F(CudaNnTest, IndexErrorsNameTheOpAndTheValue) {
   // An unchecked error surfaces at the next index-reading call on the device.
   cuda::Gather(EmptyGpu({2, 3}, kF32), x, bad, 1);
   cuda::Synchronize();
-  const Tensor good = Gpu(Tensor::Zeros({2, 3}, kI64));
+  const RawTensor good = Gpu(RawTensor::Zeros({2, 3}, kI64));
   EXPECT_TRUE(ThrowsError(
       [&] {
         cuda::Gather(EmptyGpu({2, 3}, kF32), x, good, 1);
@@ -859,20 +859,20 @@ TEST_F(CudaNnTest, IndexErrorsNameTheOpAndTheValue) {
 // ---- Argument checks of the fused kernels (no GPU needed) -------------------------------------
 
 TEST(CudaNnFusedArgsTest, RejectHostTensorsAndBadShapes) {
-  const Tensor logits = Tensor::Zeros({2, 3});
-  const Tensor targets = Tensor::Zeros({2}, kI64);
+  const RawTensor logits = RawTensor::Zeros({2, 3});
+  const RawTensor targets = RawTensor::Zeros({2}, kI64);
   EXPECT_TRUE(ThrowsError(
-      [&] { cuda::SoftmaxCrossEntropyFused(Tensor(), logits, logits, targets, Tensor(), -100); },
+      [&] { cuda::SoftmaxCrossEntropyFused(RawTensor(), logits, logits, targets, RawTensor(), -100); },
       "softmax_cross_entropy_fused: logits is on cpu, expected a CUDA device"));
   EXPECT_TRUE(ThrowsError(
       [&] {
-        cuda::LayerNormBackward(Tensor(), Tensor(), Tensor(), logits, Tensor::Zeros({2, 3}, kI32),
-                                Tensor(), Tensor(), Tensor());
+        cuda::LayerNormBackward(RawTensor(), RawTensor(), RawTensor(), logits, RawTensor::Zeros({2, 3}, kI32),
+                                RawTensor(), RawTensor(), RawTensor());
       },
       "layer_norm_backward: x is on cpu, expected a CUDA device"));
   EXPECT_TRUE(ThrowsError(
       [&] {
-        cuda::AddLayerNorm(logits, logits, Tensor(), Tensor(), Tensor(), logits, Tensor(), Tensor(),
+        cuda::AddLayerNorm(logits, logits, RawTensor(), RawTensor(), RawTensor(), logits, RawTensor(), RawTensor(),
                            1e-5);
       },
       "add_layer_norm: a is an undefined tensor"));

@@ -22,17 +22,17 @@ TEST(NoCudaDeviceTest, CreatingACudaTensorThrowsAClearError) {
   EXPECT_EQ(cuda::DeviceCount(), 0);
   EXPECT_TRUE(ThrowsErrorExactly(
       [] {
-        Tensor::Empty({2, 3}, kF32, Device::Cuda(0));
+        RawTensor::Empty({2, 3}, kF32, Device::Cuda(0));
       },
       std::string("empty: cannot allocate on cuda:0: ") + kNoDevice));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Zeros({2}, kF16, Device::Cuda(1)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Zeros({2}, kF16, Device::Cuda(1)); },
                                  std::string("empty: cannot allocate on cuda:1: ") + kNoDevice));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Ones({2}).to(Device::Cuda(0)); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Ones({2}).to(Device::Cuda(0)); },
                                  std::string("to: cannot allocate on cuda:0: ") + kNoDevice));
-  EXPECT_TRUE(ThrowsErrorExactly([] { Tensor::Ones({2}).to(Device::Cuda(0), kBF16); },
+  EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Ones({2}).to(Device::Cuda(0), kBF16); },
                                  std::string("to: cannot allocate on cuda:0: ") + kNoDevice));
   // The CPU is unaffected.
-  EXPECT_EQ(Tensor::Full({2}, 2).to(Device::Cpu()).to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(RawTensor::Full({2}, 2).to(Device::Cpu()).to_vector<float>(), (std::vector<float>{2, 2}));
 }
 
 }  // namespace

@@ -44,7 +44,7 @@
 namespace tg {
 namespace {
 
-using Tensors = std::vector<Tensor>;
+using Tensors = std::vector<RawTensor>;
 
 const Device kGpu = Device::Cuda(0);
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -225,44 +225,44 @@ struct OpRow {
 
 // Inputs. Integers draw from a normal with a wider spread and truncate (values in about
 // [-30, 30], small enough that no product overflows).
-Tensor Normal(const Shape& shape, DType dtype, Generator& gen, double stddev = 1) {
+RawTensor Normal(const Shape& shape, DType dtype, Generator& gen, double stddev = 1) {
   if (IsFloating(dtype)) return RandNormal(shape, gen, 0, stddev, dtype);
   return RandNormal(shape, gen, 0, 10 * stddev, kF64).to(dtype);
 }
-Tensor Uniform(const Shape& shape, DType dtype, Generator& gen, double low, double high) {
+RawTensor Uniform(const Shape& shape, DType dtype, Generator& gen, double low, double high) {
   return RandUniform(shape, gen, low, high, kF64).to(dtype);
 }
 // Small integers (as `dtype`): many equal values, for comparisons and ties.
-Tensor Grid(const Shape& shape, DType dtype, Generator& gen, int64_t levels = 5) {
+RawTensor Grid(const Shape& shape, DType dtype, Generator& gen, int64_t levels = 5) {
   return Uniform(shape, kF64, gen, 0, static_cast<double>(levels)).to(kI64).to(dtype);
 }
 // Indices in [0, bound) as `dtype` (i32/i64).
-Tensor Indices(const Shape& shape, int64_t bound, Generator& gen, DType dtype = kI64) {
+RawTensor Indices(const Shape& shape, int64_t bound, Generator& gen, DType dtype = kI64) {
   return Uniform(shape, kF64, gen, 0, static_cast<double>(bound)).to(kI64).to(dtype);
 }
 // Nonzero values of either sign with |v| in [0.5, 2] (divisors).
-Tensor AwayFromZero(const Shape& shape, DType dtype, Generator& gen) {
-  const Tensor sign = Sub(MulScalar(Grid(shape, kF64, gen, 2), 2), Tensor::Scalar(1, kF64));
+RawTensor AwayFromZero(const Shape& shape, DType dtype, Generator& gen) {
+  const RawTensor sign = Sub(MulScalar(Grid(shape, kF64, gen, 2), 2), RawTensor::Scalar(1, kF64));
   return Mul(sign, Uniform(shape, kF64, gen, 0.5, 2)).to(dtype);
 }
 // The special values of floating arithmetic, and ordinary ones, as `dtype` [2, 8].
-Tensor Specials(DType dtype) {
-  return Tensor::FromVector<double>({kNaN, kInf, -kInf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 65504,
+RawTensor Specials(DType dtype) {
+  return RawTensor::FromVector<double>({kNaN, kInf, -kInf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 65504,
                                      1e-6, -0.75, 7, kInf, kNaN},
                                     {2, 8})
       .to(dtype);
 }
 
 // A copy of `t` with element `i` (row-major) set to `value`.
-Tensor WithValueAt(const Tensor& t, int64_t i, double value) {
-  const Tensor c = t.to(kF64).contiguous().clone();
+RawTensor WithValueAt(const RawTensor& t, int64_t i, double value) {
+  const RawTensor c = t.to(kF64).contiguous().clone();
   c.data<double>()[i] = value;
   return c.to(t.dtype());
 }
 // Softmax rows with infinities and NaN, as `dtype` [5, 4]: a -inf entry, an inf entry, an
 // all -inf row, a NaN entry, and an ordinary row.
-Tensor SoftmaxSpecials(DType dtype) {
-  return Tensor::FromVector<double>({-kInf, 0,     1,    2, kInf, 0, 1,  2, -kInf, -kInf,
+RawTensor SoftmaxSpecials(DType dtype) {
+  return RawTensor::FromVector<double>({-kInf, 0,     1,    2, kInf, 0, 1,  2, -kInf, -kInf,
                                      -kInf, -kInf, kNaN, 0, 1,    2, -1, 3, 0.5,   2},
                                     {5, 4})
       .to(dtype);
@@ -272,7 +272,7 @@ Tensor SoftmaxSpecials(DType dtype) {
 struct Layout {
   std::string name;
   Shape a, b;
-  std::function<Tensor(const Tensor&)> view_a, view_b;
+  std::function<RawTensor(const RawTensor&)> view_a, view_b;
 };
 
 const std::vector<Layout>& Layouts() {
@@ -280,23 +280,23 @@ const std::vector<Layout>& Layouts() {
       {"contiguous [4, 33]",
        {4, 33},
        {4, 33},
-       [](const Tensor& t) { return t; },
-       [](const Tensor& t) { return t; }},
+       [](const RawTensor& t) { return t; },
+       [](const RawTensor& t) { return t; }},
       {"broadcast [4, 1, 33] with [5, 1]",
        {4, 1, 33},
        {5, 1},
-       [](const Tensor& t) { return t; },
-       [](const Tensor& t) { return t; }},
+       [](const RawTensor& t) { return t; },
+       [](const RawTensor& t) { return t; }},
       {"transposed with a stepped slice",
        {33, 4},
        {4, 66},
-       [](const Tensor& t) { return t.transpose(0, 1); },
-       [](const Tensor& t) { return t.slice(1, 0, 66, 2); }},
+       [](const RawTensor& t) { return t.transpose(0, 1); },
+       [](const RawTensor& t) { return t.slice(1, 0, 66, 2); }},
       {"offset by one with a stride-0 expand",
        {5, 34},
        {1, 33},
-       [](const Tensor& t) { return t.narrow(1, 1, 33); },
-       [](const Tensor& t) {
+       [](const RawTensor& t) { return t.narrow(1, 1, 33); },
+       [](const RawTensor& t) {
          return t.expand({5, 33});
        }},
   };
@@ -312,13 +312,13 @@ bool TakesIntegers(UnaryOp op) {
 bool IsTranscendental(UnaryOp op) { return !(TakesIntegers(op) || op == UnaryOp::kSqrt); }
 
 // Operands for `op` that stay in its domain (positive bases and logs, divisors away from 0).
-Tensor FirstOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+RawTensor FirstOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
   return op == BinaryOp::kPow ? Uniform(shape, dtype, gen, 0.25, 3) : Normal(shape, dtype, gen);
 }
-Tensor SecondOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+RawTensor SecondOperand(BinaryOp op, const Shape& shape, DType dtype, Generator& gen) {
   return op == BinaryOp::kDiv ? AwayFromZero(shape, dtype, gen) : Normal(shape, dtype, gen);
 }
-Tensor UnaryOperand(UnaryOp op, const Shape& shape, DType dtype, Generator& gen) {
+RawTensor UnaryOperand(UnaryOp op, const Shape& shape, DType dtype, Generator& gen) {
   if (op == UnaryOp::kLog || op == UnaryOp::kSqrt) return Uniform(shape, dtype, gen, 0.01, 5);
   return Normal(shape, dtype, gen, 2);
 }
@@ -460,7 +460,7 @@ void AddElementwiseRows(std::vector<OpRow>* rows) {
   // The device draws the generator's Philox stream itself: the same 0/1 mask bit for bit, from
   // an offset inside a block of four draws, over a length that ends inside one.
   rows->push_back({"DropoutMask", "p 0.3, [7, 33] from draw 5 of seed 77", kFloats,
-                   [](DType dtype, Generator&) -> Tensors { return {Tensor::Zeros({}, dtype)}; },
+                   [](DType dtype, Generator&) -> Tensors { return {RawTensor::Zeros({}, dtype)}; },
                    [](const Tensors& in) -> Tensors {
                      Generator gen(77);
                      gen.Reserve(5);
@@ -643,7 +643,7 @@ void AddReductionRows(std::vector<OpRow>* rows) {
   rows->push_back({"Sum", "over dim 0 of an empty [0, 5], and every dim of an empty [3, 0]",
                    kFloatsAndInts,
                    [](DType dtype, Generator&) -> Tensors {
-                     return {Tensor::Zeros({0, 5}, dtype), Tensor::Zeros({3, 0}, dtype)};
+                     return {RawTensor::Zeros({0, 5}, dtype), RawTensor::Zeros({3, 0}, dtype)};
                    },
                    [](const Tensors& in) -> Tensors {
                      return {Sum(in[0], {0}), Sum(in[1])};
@@ -651,7 +651,7 @@ void AddReductionRows(std::vector<OpRow>* rows) {
                    &SumTol()});
   rows->push_back({"Mean", "over dim 0 of an empty [0, 5] (NaN)", kFloats,
                    [](DType dtype, Generator&) -> Tensors {
-                     return {Tensor::Zeros({0, 5}, dtype)};
+                     return {RawTensor::Zeros({0, 5}, dtype)};
                    },
                    [](const Tensors& in) -> Tensors { return {Mean(in[0], {0})}; }, &SumTol()});
   for (const char* op : {"Sum", "Mean", "Max", "Argmax"}) {
@@ -712,11 +712,11 @@ void AddMatmulRows(std::vector<OpRow>* rows) {
 }
 
 // Targets [n] in [0, classes) with rows 1 and n - 2 ignored (ignore_index -100).
-Tensor Targets(int64_t n, int64_t classes, Generator& gen, DType dtype = kI64) {
+RawTensor Targets(int64_t n, int64_t classes, Generator& gen, DType dtype = kI64) {
   std::vector<int64_t> t = Indices({n}, classes, gen).to_vector<int64_t>();
   t[1] = -100;
   t[n - 2] = -100;
-  return Tensor::FromVector<int64_t>(t, {n}).to(dtype);
+  return RawTensor::FromVector<int64_t>(t, {n}).to(dtype);
 }
 
 const char* ReductionName(Reduction r) {
@@ -738,7 +738,7 @@ void AddNnRows(std::vector<OpRow>* rows) {
                        return {Normal({5, 33}, dtype, gen, 3)};
                      },
                      [log](const Tensors& in) -> Tensors {
-                       const Tensor x = in[0].transpose(0, 1);
+                       const RawTensor x = in[0].transpose(0, 1);
                        return {log ? LogSoftmax(x) : Softmax(x)};
                      },
                      &SoftmaxTol()});
@@ -764,7 +764,7 @@ void AddNnRows(std::vector<OpRow>* rows) {
                    },
                    [](const Tensors& in) -> Tensors {
                      const LayerNormResult r =
-                         LayerNorm(in[0].transpose(1, 2), Tensor(), Tensor(), 1e-3);
+                         LayerNorm(in[0].transpose(1, 2), RawTensor(), RawTensor(), 1e-3);
                      return {r.output, r.mean, r.rstd};
                    },
                    &NormTol()});
@@ -784,9 +784,9 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      affine ? "[6, 257] with weight" : "[2, 3, 64] without weight", kFloats,
                      [affine](DType dtype, Generator& gen) -> Tensors {
                        const Shape shape = affine ? Shape{6, 257} : Shape{2, 3, 64};
-                       const Tensor x = Normal(shape, dtype, gen, 2);
-                       const Tensor w = affine ? Normal({shape.back()}, dtype, gen) : Tensor();
-                       const LayerNormResult fwd = LayerNorm(x, w, Tensor(), 1e-5);
+                       const RawTensor x = Normal(shape, dtype, gen, 2);
+                       const RawTensor w = affine ? Normal({shape.back()}, dtype, gen) : RawTensor();
+                       const LayerNormResult fwd = LayerNorm(x, w, RawTensor(), 1e-5);
                        return {Normal(shape, dtype, gen), x, fwd.mean, fwd.rstd, w};
                      },
                      [](const Tensors& in) -> Tensors {
@@ -847,7 +847,7 @@ void AddNnRows(std::vector<OpRow>* rows) {
   rows->push_back(
       {"CrossEntropyWithGrad", "all rows ignored (NaN mean, zero gradient)", kFloats,
        [](DType dtype, Generator& gen) -> Tensors {
-         return {Normal({3, 10}, dtype, gen), Tensor::FromVector<int64_t>({-1, -1, -1}, {3})};
+         return {Normal({3, 10}, dtype, gen), RawTensor::FromVector<int64_t>({-1, -1, -1}, {3})};
        },
        [](const Tensors& in) -> Tensors {
          const CrossEntropyResult r = CrossEntropyWithGrad(in[0], in[1], -1);
@@ -918,14 +918,14 @@ void AddWindowRows(std::vector<OpRow>* rows) {
         {"Conv2d", c.name, kFloats,
          [c](DType dtype, Generator& gen) -> Tensors {
            return {Normal(c.x, dtype, gen), Normal(c.w, dtype, gen),
-                   c.bias ? Normal({c.w[0]}, dtype, gen) : Tensor()};
+                   c.bias ? Normal({c.w[0]}, dtype, gen) : RawTensor()};
          },
          [c](const Tensors& in) -> Tensors { return {Conv2d(in[0], in[1], in[2], c.p)}; },
          c.bias ? &ConvBiasTol() : &ConvTol()});
     rows->push_back({"Conv2dBackward", c.name, kFloats,
                      [c](DType dtype, Generator& gen) -> Tensors {
-                       const Tensor x = Normal(c.x, dtype, gen), w = Normal(c.w, dtype, gen);
-                       return {Normal(Conv2d(x, w, Tensor(), c.p).shape(), dtype, gen), x, w};
+                       const RawTensor x = Normal(c.x, dtype, gen), w = Normal(c.w, dtype, gen);
+                       return {Normal(Conv2d(x, w, RawTensor(), c.p).shape(), dtype, gen), x, w};
                      },
                      [c](const Tensors& in) -> Tensors {
                        const Conv2dGrads g = Conv2dBackward(in[0], in[1], in[2], c.p);
@@ -964,7 +964,7 @@ void AddWindowRows(std::vector<OpRow>* rows) {
                    &ExactTol()});
   rows->push_back({"MaxPool2dBackward", "overlapping windows (kernel 3, stride 2)", kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
-                     const Tensor x = Normal({2, 3, 9, 10}, dtype, gen);
+                     const RawTensor x = Normal({2, 3, 9, 10}, dtype, gen);
                      const MaxPool2dResult fwd = MaxPool2d(x, {3, 3}, {2, 2}, {1, 1});
                      return {Normal(fwd.output.shape(), dtype, gen), fwd.indices};
                    },
@@ -979,24 +979,24 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
     const std::string what = finite ? "finite tensors" : "an inf in the second tensor";
     rows->push_back({"AnyNonFinite", what + " and an integer one", kFloats,
                      [finite](DType dtype, Generator& gen) -> Tensors {
-                       Tensor b = Normal({5, 3}, dtype, gen);
+                       RawTensor b = Normal({5, 3}, dtype, gen);
                        if (!finite) b = WithValueAt(b, 7, kInf);
                        return {Normal({37}, dtype, gen), b, Grid({4}, kI32, gen)};
                      },
                      [](const Tensors& in) -> Tensors {
                        // The host answer, as a tensor on the inputs' device.
-                       return {Tensor::Scalar(AnyNonFinite(in) ? 1 : 0, kI64).to(in[0].device())};
+                       return {RawTensor::Scalar(AnyNonFinite(in) ? 1 : 0, kI64).to(in[0].device())};
                      },
                      &ExactTol()});
     rows->push_back({"NonFiniteCheckAndUnscale", what + ", inv_scale 1/1024", kFloats,
                      [finite](DType dtype, Generator& gen) -> Tensors {
-                       Tensor b = Normal({5, 3}, dtype, gen);
+                       RawTensor b = Normal({5, 3}, dtype, gen);
                        if (!finite) b = WithValueAt(b, 7, kInf);
-                       return {Normal({37}, dtype, gen), b, Tensor::Zeros({}, kF32),
-                               Tensor::Full({}, 1.0 / 1024, kF32)};
+                       return {Normal({37}, dtype, gen), b, RawTensor::Zeros({}, kF32),
+                               RawTensor::Full({}, 1.0 / 1024, kF32)};
                      },
                      [](const Tensors& in) -> Tensors {
-                       const Tensor a = in[0].clone(), b = in[1].clone(), found = in[2].clone();
+                       const RawTensor a = in[0].clone(), b = in[1].clone(), found = in[2].clone();
                        NonFiniteCheckAndUnscale({a, b}, found, in[3]);
                        return {a, b, found};
                      },
@@ -1010,7 +1010,7 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
     rows->push_back(
         {op, "PyTorch-like dynamic scaler over 10 steps with 3 overflows", {kU8},
          [](DType, Generator&) -> Tensors {
-           return {Tensor::FromVector<double>({0, 0, 1, 0, 0, 0, 1, 1, 0, 0}, {10}).to(kU8)};
+           return {RawTensor::FromVector<double>({0, 0, 1, 0, 0, 0, 1, 1, 0, 0}, {10}).to(kU8)};
          },
          [](const Tensors& in) -> Tensors {
            const Device device = in[0].device();
@@ -1025,18 +1025,18 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
            init.f32_scale = true;
            init.skip_nonfinite_growth = true;
            init.scale = 65536;
-           const Tensor state = LossScaleStateTensor(init, device);
-           const Tensor flags = in[0].to(Device()), scales = Tensor::Zeros({11}, kF32, device),
-                        invs = Tensor::Zeros({11}, kF32, device);
+           const RawTensor state = LossScaleStateTensor(init, device);
+           const RawTensor flags = in[0].to(Device()), scales = RawTensor::Zeros({11}, kF32, device),
+                        invs = RawTensor::Zeros({11}, kF32, device);
            WriteLossScale(state, scales.narrow(0, 0, 1), invs.narrow(0, 0, 1));
            for (int64_t i = 0; i < 10; ++i) {
-             const Tensor found = Tensor::Full({}, flags.data<uint8_t>()[i], kF32, device);
+             const RawTensor found = RawTensor::Full({}, flags.data<uint8_t>()[i], kF32, device);
              StepLossScale(state, found, scales.narrow(0, i + 1, 1), invs.narrow(0, i + 1, 1));
            }
            const LossScaleState end = ReadLossScaleState(state);
            // The state read back, as a tensor on the state's device like the other outputs.
            return {scales, invs,
-                   Tensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
+                   RawTensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
                                        static_cast<double>(end.iteration)},
                                       {3})
                        .to(device)};
@@ -1048,7 +1048,7 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
                      return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen)};
                    },
                    [](const Tensors& in) -> Tensors {
-                     const Tensor a = in[0].clone(), b = in[1].clone();
+                     const RawTensor a = in[0].clone(), b = in[1].clone();
                      MulScalarInPlace({a, b.transpose(0, 1)}, 0.37);
                      return {a, b};
                    },
@@ -1069,8 +1069,8 @@ const Tols& Fp8GemmTol() {
 }
 
 // x [37, 300] of `dtype` with NaN, inf and -0 in it (edge tiles in both dims).
-Tensor Fp8Input(DType dtype, Generator& gen) {
-  Tensor x = Normal({37, 300}, kF32, gen, 4);
+RawTensor Fp8Input(DType dtype, Generator& gen) {
+  RawTensor x = Normal({37, 300}, kF32, gen, 4);
   x = WithValueAt(x, 0, kNaN);
   x = WithValueAt(x, 301, kInf);
   x = WithValueAt(x, 5000, -0.0);
@@ -1095,7 +1095,7 @@ void AddFp8Rows(std::vector<OpRow>* rows) {
          // The amax is f32 whatever the row's dtype; the dtype picks the draw.
          std::vector<double> v = Abs(Normal({8}, dtype, gen)).to_vector<double>();
          v.insert(v.end(), {0, kInf, kNaN, 1, 3.5, 448, 1e-30, 1e-45, 1e30, 57344, 2.5e-3, 3e38});
-         return {Tensor::FromVector<double>(v, {20}, kF32)};
+         return {RawTensor::FromVector<double>(v, {20}, kF32)};
        },
        [](const Tensors& in) -> Tensors {
          Fp8ScaleOptions e5m2;
@@ -1119,7 +1119,7 @@ void AddFp8Rows(std::vector<OpRow>* rows) {
              Fp8ScaleOptions o;
              o.fp8_max = format == kF8E4M3 ? 448.0f : 57344.0f;
              // 2x TE's scale: each tile's largest values saturate.
-             const Tensor scale = MulScalar(Fp8ScaleFromAmax(Fp8Amax(in[0], t), o).scale, 2);
+             const RawTensor scale = MulScalar(Fp8ScaleFromAmax(Fp8Amax(in[0], t), o).scale, 2);
              const Fp8CastResult r = Fp8Cast(in[0], scale, t, format, true, true);
              out.insert(out.end(), {r.data, r.data_t, r.amax});
            }
@@ -1142,13 +1142,13 @@ void AddFp8Rows(std::vector<OpRow>* rows) {
        },
        [](const Tensors& in) -> Tensors {
          const DType out = in[4].dtype();
-         const Tensor s1 = in[2].narrow(0, 0, 1).narrow(1, 0, 1).contiguous();
-         const Tensor s2 = in[3].narrow(1, 0, 1).contiguous();
+         const RawTensor s1 = in[2].narrow(0, 0, 1).narrow(1, 0, 1).contiguous();
+         const RawTensor s2 = in[3].narrow(1, 0, 1).contiguous();
          return {
              Fp8Gemm(in[0], s1, Fp8Tiling::kTensor, in[1], s2, Fp8Tiling::kTensor, in[4], out),
              Fp8Gemm(in[0], in[2], Fp8Tiling::k1x128, in[1], in[3], Fp8Tiling::k128x128, in[4],
                      out),
-             Fp8Gemm(in[5], s1, Fp8Tiling::kTensor, in[6], s2, Fp8Tiling::kTensor, Tensor(), out)};
+             Fp8Gemm(in[5], s1, Fp8Tiling::kTensor, in[6], s2, Fp8Tiling::kTensor, RawTensor(), out)};
        },
        &Fp8GemmTol()});
 }
@@ -1173,10 +1173,10 @@ void AddFusedRows(std::vector<OpRow>* rows) {
                      [c](DType dtype, Generator& gen) -> Tensors {
                        return {Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen),
                                Normal({c.out, 64}, dtype, gen, 0.125),
-                               c.bias ? Normal({c.out}, dtype, gen) : Tensor()};
+                               c.bias ? Normal({c.out}, dtype, gen) : RawTensor()};
                      },
                      [c](const Tensors& in) -> Tensors {
-                       const Tensor x = c.transposed_x ? in[0].transpose(0, 1) : in[0];
+                       const RawTensor x = c.transposed_x ? in[0].transpose(0, 1) : in[0];
                        const LinearResult r = Linear(x, in[1], in[2], c.act);
                        return {r.output, r.pre_activation};
                      },
@@ -1185,15 +1185,15 @@ void AddFusedRows(std::vector<OpRow>* rows) {
       rows->push_back(
           {"LinearBackward", c.name + (all ? "" : ", only the bias and input gradients"), kFloats,
            [c](DType dtype, Generator& gen) -> Tensors {
-             const Tensor x = Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen);
-             const Tensor w = Normal({c.out, 64}, dtype, gen, 0.125);
-             const Tensor xv = c.transposed_x ? x.transpose(0, 1) : x;
+             const RawTensor x = Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen);
+             const RawTensor w = Normal({c.out, 64}, dtype, gen, 0.125);
+             const RawTensor xv = c.transposed_x ? x.transpose(0, 1) : x;
              const LinearResult fwd =
-                 Linear(xv, w, c.bias ? Normal({c.out}, dtype, gen) : Tensor(), c.act);
+                 Linear(xv, w, c.bias ? Normal({c.out}, dtype, gen) : RawTensor(), c.act);
              return {Normal(fwd.output.shape(), dtype, gen), x, w, fwd.pre_activation};
            },
            [c, all](const Tensors& in) -> Tensors {
-             const Tensor x = c.transposed_x ? in[1].transpose(0, 1) : in[1];
+             const RawTensor x = c.transposed_x ? in[1].transpose(0, 1) : in[1];
              const LinearGrads g = LinearBackward(in[0], x, in[2], in[3], c.act, true, all, true);
              return {g.grad_input, g.grad_weight, g.grad_bias};
            },
@@ -1274,10 +1274,10 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                        AdamTensorLists l;
                        l.params = {in[0].clone(), in[1].clone().transpose(0, 1)};
                        l.grads = {in[2], in[3]};
-                       for (const Tensor& p : l.params) {
-                         l.exp_avgs.push_back(Tensor::Zeros(p.shape(), cd, device));
-                         l.exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), cd, device));
-                         l.max_exp_avg_sqs.push_back(Tensor::Zeros(p.shape(), cd, device));
+                       for (const RawTensor& p : l.params) {
+                         l.exp_avgs.push_back(RawTensor::Zeros(p.shape(), cd, device));
+                         l.exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
+                         l.max_exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
                        }
                        FusedAdamOptions o;
                        o.lr = 1e-2;
@@ -1303,8 +1303,8 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      SgdTensorLists l;
                      l.params = {in[0].clone(), in[1].clone()};
                      l.grads = {in[2], in[3]};
-                     for (const Tensor& p : l.params) {
-                       l.momentum_buffers.push_back(Tensor::Empty(p.shape(), cd, p.device()));
+                     for (const RawTensor& p : l.params) {
+                       l.momentum_buffers.push_back(RawTensor::Empty(p.shape(), cd, p.device()));
                      }
                      FusedSgdOptions o;
                      o.lr = 0.1;
@@ -1337,10 +1337,10 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
   rows->push_back({"ClipByNorm", "norm 40, max_norm 3 (clipped) and 50 (not clipped)", kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
                      return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
-                             Tensor::Scalar(40, kF64)};
+                             RawTensor::Scalar(40, kF64)};
                    },
                    [](const Tensors& in) -> Tensors {
-                     const Tensor a = in[0].clone(), b = in[1].clone(), c = in[0].clone();
+                     const RawTensor a = in[0].clone(), b = in[1].clone(), c = in[0].clone();
                      ClipByNorm({a, b.transpose(0, 1)}, in[2], 3);
                      ClipByNorm({c}, in[2], 50);
                      return {a, b, c};
@@ -1371,12 +1371,12 @@ const std::vector<OpRow>& Table() {
 
 Tensors ToDevice(const Tensors& in, Device device) {
   Tensors out;
-  for (const Tensor& t : in) out.push_back(t.defined() ? t.to(device) : t);
+  for (const RawTensor& t : in) out.push_back(t.defined() ? t.to(device) : t);
   return out;
 }
 
 // Checks one CUDA output against the CPU's; returns a description of the first mismatches.
-std::string Mismatches(const Tensor& cpu, const Tensor& gpu, const Tols& tols) {
+std::string Mismatches(const RawTensor& cpu, const RawTensor& gpu, const Tols& tols) {
   if (cpu.defined() != gpu.defined()) {
     return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on CUDA: ", gpu.defined());
   }

@@ -37,12 +37,12 @@ std::string MakeFile(const std::string& header, const std::string& data) {
   return U64(header.size()) + header + data;
 }
 
-std::string BytesOf(const Tensor& t) {
-  const Tensor c = t.contiguous();
+std::string BytesOf(const RawTensor& t) {
+  const RawTensor c = t.contiguous();
   return std::string(static_cast<const char*>(c.raw_data()), c.numel() * c.element_size());
 }
 
-void ExpectSameTensor(const Tensor& expected, const Tensor& actual, const std::string& name) {
+void ExpectSameTensor(const RawTensor& expected, const RawTensor& actual, const std::string& name) {
   ASSERT_TRUE(actual.defined()) << name;
   EXPECT_EQ(actual.dtype(), expected.dtype()) << name;
   EXPECT_EQ(ShapeToString(actual.shape()), ShapeToString(expected.shape())) << name;
@@ -117,39 +117,39 @@ Safetensors EveryKind() {
     halves.push_back(Half::FromBits(static_cast<uint16_t>(b)));
     bhalves.push_back(BFloat16::FromBits(static_cast<uint16_t>(b)));
   }
-  st.tensors["f16.all"] = Tensor::FromVector<Half>(halves, {256, 256});
-  st.tensors["bf16.all"] = Tensor::FromVector<BFloat16>(bhalves, {65536});
-  st.tensors["f32"] = Tensor::FromVector<float>(
+  st.tensors["f16.all"] = RawTensor::FromVector<Half>(halves, {256, 256});
+  st.tensors["bf16.all"] = RawTensor::FromVector<BFloat16>(bhalves, {65536});
+  st.tensors["f32"] = RawTensor::FromVector<float>(
       {0.1f, -0.0f, std::numeric_limits<float>::infinity(), BitsToFloat(0x7fa00001u),
        BitsToFloat(0xffc12345u), std::numeric_limits<float>::denorm_min(), 3.0f},
       {7});
-  st.tensors["f64"] = Tensor::FromVector<double>(
+  st.tensors["f64"] = RawTensor::FromVector<double>(
       {0.1, -0.0, 1e300, std::numeric_limits<double>::denorm_min(), -1.0 / 3.0, 4.0}, {3, 2});
-  st.tensors["i32"] = Tensor::FromVector<int32_t>(
+  st.tensors["i32"] = RawTensor::FromVector<int32_t>(
       {std::numeric_limits<int32_t>::min(), -1, 0, 1, std::numeric_limits<int32_t>::max()}, {5});
-  st.tensors["i64"] = Tensor::FromVector<int64_t>(
+  st.tensors["i64"] = RawTensor::FromVector<int64_t>(
       {std::numeric_limits<int64_t>::min(), -1, std::numeric_limits<int64_t>::max()}, {1, 3});
   std::vector<uint8_t> bytes;
   for (int i = 0; i < 256; ++i) bytes.push_back(static_cast<uint8_t>(i));
-  st.tensors["u8"] = Tensor::FromVector<uint8_t>(bytes, {2, 2, 64});
-  st.tensors["bool"] = Tensor::FromVector<bool>({true, false, false, true, true}, {5});
+  st.tensors["u8"] = RawTensor::FromVector<uint8_t>(bytes, {2, 2, 64});
+  st.tensors["bool"] = RawTensor::FromVector<bool>({true, false, false, true, true}, {5});
   // Every FP8 code of both formats, NaN codes included (FP8 -> FP8 copies keep the bytes).
   std::vector<uint8_t> codes;
   for (int i = 0; i < 256; ++i) codes.push_back(static_cast<uint8_t>(i));
   for (DType fp8 : {kF8E4M3, kF8E5M2}) {
-    Tensor t = Tensor::Empty({16, 16}, fp8);
+    RawTensor t = RawTensor::Empty({16, 16}, fp8);
     std::memcpy(t.raw_data(), codes.data(), codes.size());
     st.tensors[DTypeName(fp8)] = t;
   }
-  st.tensors["scalar.f64"] = Tensor::Scalar(-2.5, kF64);
-  st.tensors["scalar.bool"] = Tensor::Scalar(1, kBool);
-  st.tensors["empty.f32"] = Tensor::Empty({0, 3}, kF32);
-  st.tensors["empty.bf16"] = Tensor::Empty({4, 0}, kBF16);
-  st.tensors["empty.1d.i64"] = Tensor::Empty({0}, kI64);
-  const Tensor x = Tensor::Arange(0, 24, 1, kF32).view({2, 3, 4});
+  st.tensors["scalar.f64"] = RawTensor::Scalar(-2.5, kF64);
+  st.tensors["scalar.bool"] = RawTensor::Scalar(1, kBool);
+  st.tensors["empty.f32"] = RawTensor::Empty({0, 3}, kF32);
+  st.tensors["empty.bf16"] = RawTensor::Empty({4, 0}, kBF16);
+  st.tensors["empty.1d.i64"] = RawTensor::Empty({0}, kI64);
+  const RawTensor x = RawTensor::Arange(0, 24, 1, kF32).view({2, 3, 4});
   st.tensors["transposed"] = x.transpose(0, 2);             // [4, 3, 2], strided
   st.tensors["sliced"] = x.slice(2, 1, 4, 2).select(0, 1);  // offset + strides
-  st.tensors["expanded"] = Tensor::FromVector<int32_t>({7, 8}, {2, 1}).expand({2, 3});
+  st.tensors["expanded"] = RawTensor::FromVector<int32_t>({7, 8}, {2, 1}).expand({2, 3});
   return st;
 }
 
@@ -173,7 +173,7 @@ TEST(SafetensorsTest, PublishedExampleLoads) {
   ASSERT_TRUE(st.ok()) << st.status();
   ASSERT_EQ(st->tensors.size(), 1u);
   EXPECT_TRUE(st->metadata.empty());
-  const Tensor& t = st->tensors.at("test");
+  const RawTensor& t = st->tensors.at("test");
   EXPECT_EQ(t.dtype(), kI32);
   EXPECT_EQ(ShapeToString(t.shape()), "[2, 2]");
   EXPECT_EQ(t.to_vector<int32_t>(), (std::vector<int32_t>{0, 0, 0, 0}));
@@ -239,7 +239,7 @@ TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
       *SerializeSafetensors(meta),
       U64(72) + R"({"__metadata__":{"crc32:__metadata__":"c82dc889","framework":"pt"}})" + "     ");
 
-  const Tensor values = Tensor::FromVector<float>({0, 1, 2, 3, 4, 5}, {6});
+  const RawTensor values = RawTensor::FromVector<float>({0, 1, 2, 3, 4, 5}, {6});
   Safetensors one;
   one.tensors["attn.0"] = values.view({1, 2, 3});
   EXPECT_EQ(*SerializeSafetensors(one),
@@ -264,16 +264,16 @@ TEST(SafetensorsTest, WriterMatchesReferenceBytes) {
 // element size in the file.
 TEST(SafetensorsTest, WriterLayoutIsContiguousAndAligned) {
   Safetensors st;
-  st.tensors["b"] = Tensor::Ones({3}, kBool);
-  st.tensors["u"] = Tensor::Ones({5}, kU8);
-  st.tensors["h"] = Tensor::Ones({3}, kF16);
-  st.tensors["bh"] = Tensor::Ones({1}, kBF16);
-  st.tensors["f"] = Tensor::Ones({3}, kF32);
-  st.tensors["i"] = Tensor::Ones({1}, kI32);
-  st.tensors["d"] = Tensor::Ones({1}, kF64);
-  st.tensors["l"] = Tensor::Ones({2}, kI64);
-  st.tensors["a_scalar"] = Tensor::Scalar(2, kF64);
-  st.tensors["z_empty"] = Tensor::Empty({0}, kF64);
+  st.tensors["b"] = RawTensor::Ones({3}, kBool);
+  st.tensors["u"] = RawTensor::Ones({5}, kU8);
+  st.tensors["h"] = RawTensor::Ones({3}, kF16);
+  st.tensors["bh"] = RawTensor::Ones({1}, kBF16);
+  st.tensors["f"] = RawTensor::Ones({3}, kF32);
+  st.tensors["i"] = RawTensor::Ones({1}, kI32);
+  st.tensors["d"] = RawTensor::Ones({1}, kF64);
+  st.tensors["l"] = RawTensor::Ones({2}, kI64);
+  st.tensors["a_scalar"] = RawTensor::Scalar(2, kF64);
+  st.tensors["z_empty"] = RawTensor::Empty({0}, kF64);
   st.metadata["k"] = "v";
   const std::string bytes = *SerializeSafetensors(st);
   uint64_t n;
@@ -310,15 +310,15 @@ TEST(SafetensorsTest, WriterLayoutIsContiguousAndAligned) {
 
 TEST(SafetensorsTest, WriterRejectsWhatItCannotStore) {
   Safetensors undefined;
-  undefined.tensors["w"] = Tensor();
+  undefined.tensors["w"] = RawTensor();
   EXPECT_TRUE(HasError(SerializeSafetensors(undefined).status(), absl::StatusCode::kInvalidArgument,
                        "SerializeSafetensors: tensor 'w' is undefined"));
   Safetensors reserved;
-  reserved.tensors["__metadata__"] = Tensor::Zeros({1});
+  reserved.tensors["__metadata__"] = RawTensor::Zeros({1});
   EXPECT_TRUE(HasError(SerializeSafetensors(reserved).status(), absl::StatusCode::kInvalidArgument,
                        "tensor '__metadata__': the name is reserved for the metadata object"));
   Safetensors bad_name;
-  bad_name.tensors["w\xff"] = Tensor::Zeros({1});
+  bad_name.tensors["w\xff"] = RawTensor::Zeros({1});
   EXPECT_TRUE(HasError(SerializeSafetensors(bad_name).status(), absl::StatusCode::kInvalidArgument,
                        "the name is not valid UTF-8"));
   Safetensors bad_meta;
@@ -362,8 +362,8 @@ TEST(SafetensorsTest, StateDictRoundTripIsBitExact) {
   for (size_t i = 0; i < values.size(); ++i) sd.scalars[absl::StrCat("s.", i)] = values[i];
   sd.scalars["nan"] = std::numeric_limits<double>::quiet_NaN();
   sd.scalars["neg_nan"] = -std::numeric_limits<double>::quiet_NaN();
-  sd.tensors["state.0.exp_avg"] = Tensor::FromVector<float>({0.5f, -1e-30f}, {2});
-  sd.tensors["w16"] = Tensor::FromVector<float>({1.5f, 65504.0f}, {2}, kF16);
+  sd.tensors["state.0.exp_avg"] = RawTensor::FromVector<float>({0.5f, -1e-30f}, {2});
+  sd.tensors["w16"] = RawTensor::FromVector<float>({1.5f, 65504.0f}, {2}, kF16);
   ASSERT_TRUE(SaveStateDict(path, sd, {{"format", "tapegrad"}}).ok());
 
   std::map<std::string, std::string> metadata;
@@ -588,11 +588,11 @@ TEST(SafetensorsTest, ReaderAcceptsWhatTheFormatAllows) {
 // parse returns a Status or succeeds, never crashes or throws (run under --config=asan too).
 TEST(SafetensorsTest, TruncationAndHeaderCorruptionNeverCrash) {
   Safetensors st;
-  st.tensors["w"] = Tensor::Arange(0, 6, 1, kF32).view({2, 3});
-  st.tensors["b"] = Tensor::FromVector<bool>({true, false}, {2});
-  st.tensors["h"] = Tensor::Ones({3}, kBF16);
-  st.tensors["s"] = Tensor::Scalar(7, kI64);
-  st.tensors["e"] = Tensor::Empty({0, 2}, kF16);
+  st.tensors["w"] = RawTensor::Arange(0, 6, 1, kF32).view({2, 3});
+  st.tensors["b"] = RawTensor::FromVector<bool>({true, false}, {2});
+  st.tensors["h"] = RawTensor::Ones({3}, kBF16);
+  st.tensors["s"] = RawTensor::Scalar(7, kI64);
+  st.tensors["e"] = RawTensor::Empty({0, 2}, kF16);
   st.metadata["k"] = "v";
   const std::string bytes = *SerializeSafetensors(st);
   uint64_t n;
@@ -727,8 +727,8 @@ TEST(SafetensorsTest, ReferenceWrittenFp8FileLoadsAndWritesInTheSameOrder) {
   const std::string data("\x00\x00\x00\x40\x3c\xfe\x07\x7f\x7b\x80\x01\x42", 12);
   absl::StatusOr<Safetensors> st = ParseSafetensors(U64(header.size()) + header + data);
   ASSERT_TRUE(st.ok()) << st.status();
-  const Tensor& a = st->tensors.at("a");
-  const Tensor& b = st->tensors.at("b");
+  const RawTensor& a = st->tensors.at("a");
+  const RawTensor& b = st->tensors.at("b");
   EXPECT_EQ(a.dtype(), kF8E4M3);
   EXPECT_EQ(b.dtype(), kF8E5M2);
   const std::vector<float> av = a.to_vector<float>();
@@ -868,7 +868,7 @@ TEST(SafetensorsTest, HeaderWithManyTensorsParses) {
   ASSERT_TRUE(st.ok()) << st.status();
   ASSERT_EQ(st->tensors.size(), static_cast<size_t>(kTensors));
   for (int i : {0, 1, 4'999, 50'000, kTensors - 1}) {
-    const Tensor& t = st->tensors.at(absl::StrCat("t", i));
+    const RawTensor& t = st->tensors.at(absl::StrCat("t", i));
     ASSERT_EQ(t.shape(), (Shape{1})) << i;
     EXPECT_EQ(static_cast<const uint8_t*>(t.raw_data())[0], i % 251) << i;
   }
@@ -906,7 +906,7 @@ TEST(SafetensorsTest, HeaderWithManyTensorsParses) {
   ASSERT_EQ(back->tensors.size(), static_cast<size_t>(kTensors));
   EXPECT_TRUE(back->metadata.empty());  // the checksums are consumed, not shown
   for (int i : {0, 77'777, kTensors - 1}) {
-    const Tensor& t = back->tensors.at(absl::StrCat("t", i));
+    const RawTensor& t = back->tensors.at(absl::StrCat("t", i));
     EXPECT_EQ(static_cast<const uint8_t*>(t.raw_data())[0], i % 251) << i;
   }
 }
@@ -914,7 +914,7 @@ TEST(SafetensorsTest, HeaderWithManyTensorsParses) {
 // A valid file made invalid by editing its length field by one: never loads shifted data.
 TEST(SafetensorsTest, HeaderLengthOffByOneIsRefused) {
   Safetensors st;
-  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
+  st.tensors["w"] = RawTensor::FromVector<float>({1, 2, 3, 4}, {4});
   const std::string bytes = *SerializeSafetensors(st);
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
@@ -930,8 +930,8 @@ TEST(SafetensorsTest, HeaderLengthOffByOneIsRefused) {
 
 TEST(SafetensorsTest, ChecksumsAreWrittenVerifiedAndHidden) {
   Safetensors st;
-  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
-  st.tensors["empty"] = Tensor::Empty({0}, kF64);
+  st.tensors["w"] = RawTensor::FromVector<float>({1, 2, 3, 4}, {2, 2});
+  st.tensors["empty"] = RawTensor::Empty({0}, kF64);
   st.metadata["format"] = "pt";
   const std::string bytes = *SerializeSafetensors(st);
   // Python: "%08x" % zlib.crc32(numpy.array([1, 2, 3, 4], "float32").tobytes())
@@ -954,8 +954,8 @@ TEST(SafetensorsTest, ChecksumsAreWrittenVerifiedAndHidden) {
 
 TEST(SafetensorsTest, FlippedDataBitIsRefused) {
   Safetensors st;
-  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
-  st.tensors["b"] = Tensor::FromVector<uint8_t>({7, 8}, {2});
+  st.tensors["w"] = RawTensor::FromVector<float>({1, 2, 3, 4}, {4});
+  st.tensors["b"] = RawTensor::FromVector<uint8_t>({7, 8}, {2});
   std::string bytes = *SerializeSafetensors(st);
   bytes[bytes.size() - 2 - 16 + 5] ^= 0x10;  // in w (F32 first, then U8)
   const std::string path = TestDir() + "/flipped.safetensors";
@@ -976,7 +976,7 @@ TEST(SafetensorsTest, FlippedDataBitIsRefused) {
 // dtype that keeps the layout valid, which no per-tensor CRC sees, is refused.
 TEST(SafetensorsTest, ChangedHeaderValueIsRefused) {
   Safetensors st;
-  st.tensors["w"] = Tensor::FromVector<float>({1, 2, 3, 4}, {4});
+  st.tensors["w"] = RawTensor::FromVector<float>({1, 2, 3, 4}, {4});
   st.metadata["scalar:lr"] = "0.001";
   const std::string bytes = *SerializeSafetensors(st);
   // Python: "%08x" % zlib.crc32(b'{"__metadata__":{"crc32:w":"8ba71454","scalar:lr":"0.001"},'
@@ -1071,7 +1071,7 @@ TEST(SafetensorsTest, LoadDirectoryIsRejected) {
 TEST(SafetensorsTest, CorruptFileNamesThePath) {
   const std::string path = TestDir() + "/cut.safetensors";
   Safetensors st;
-  st.tensors["w"] = Tensor::Ones({4}, kF32);
+  st.tensors["w"] = RawTensor::Ones({4}, kF32);
   const std::string bytes = *SerializeSafetensors(st);
   WriteFile(path, bytes.substr(0, bytes.size() - 1));
   EXPECT_TRUE(HasError(LoadSafetensors(path).status(), absl::StatusCode::kDataLoss,
@@ -1089,11 +1089,11 @@ TEST(SafetensorsTest, SaveReplacesExistingFileAndLeavesNoTempFile) {
   const std::string dir = TestDir();
   const std::string path = dir + "/ckpt.safetensors";
   Safetensors first;
-  first.tensors["w"] = Tensor::Full({1000}, 1.0, kF32);
+  first.tensors["w"] = RawTensor::Full({1000}, 1.0, kF32);
   first.metadata["v"] = "1";
   ASSERT_TRUE(SaveSafetensors(path, first).ok());
   Safetensors second;
-  second.tensors["w"] = Tensor::Full({3}, 2.0, kF64);
+  second.tensors["w"] = RawTensor::Full({3}, 2.0, kF64);
   second.metadata["v"] = "2";
   ASSERT_TRUE(SaveSafetensors(path, second).ok());
   absl::StatusOr<Safetensors> back = LoadSafetensors(path);
@@ -1113,7 +1113,7 @@ TEST(SafetensorsTest, SaveIntoMissingDirectoryFails) {
   const std::string dir = TestDir();
   const std::string path = dir + "/no/such/dir/ckpt.safetensors";
   Safetensors st;
-  st.tensors["w"] = Tensor::Ones({2});
+  st.tensors["w"] = RawTensor::Ones({2});
   const absl::Status status = SaveSafetensors(path, st);
   EXPECT_TRUE(HasError(status, absl::StatusCode::kNotFound,
                        "SaveSafetensors: cannot create '" + path + ".tmp."));
@@ -1132,7 +1132,7 @@ TEST(SafetensorsTest, FailedRenameRemovesTempFile) {
   const std::string path = dir + "/taken";
   fs::create_directory(path);
   Safetensors st;
-  st.tensors["w"] = Tensor::Ones({2});
+  st.tensors["w"] = RawTensor::Ones({2});
   const absl::Status status = SaveSafetensors(path, st);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("SaveSafetensors: rename '" + path + ".tmp."), std::string::npos)
@@ -1147,12 +1147,12 @@ TEST(SafetensorsTest, FailedWriteKeepsPreviousFile) {
   const std::string dir = TestDir();
   const std::string path = dir + "/ckpt.safetensors";
   Safetensors old_st;
-  old_st.tensors["w"] = Tensor::Full({4}, 3.0, kF32);
+  old_st.tensors["w"] = RawTensor::Full({4}, 3.0, kF32);
   ASSERT_TRUE(SaveSafetensors(path, old_st).ok());
   const std::string old_bytes = ReadFile(path);
 
   Safetensors big;
-  big.tensors["w"] = Tensor::Zeros({1 << 18}, kF32);  // 1 MiB
+  big.tensors["w"] = RawTensor::Zeros({1 << 18}, kF32);  // 1 MiB
   rlimit saved;
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
   rlimit limited = saved;
@@ -1268,7 +1268,7 @@ TEST(SafetensorsTest, SaveRemovesStaleTemporaries) {
   WriteFile(stale, std::string(1000, 'x'));
   WriteFile(live, "in progress");
   Safetensors st;
-  st.tensors["w"] = Tensor::Ones({2});
+  st.tensors["w"] = RawTensor::Ones({2});
   ASSERT_TRUE(SaveSafetensors(path, st).ok());
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
