@@ -116,7 +116,7 @@ class AutocastModuleScope {
 };
 
 // The cast cache, type-erased so that this leaf library needs only tensor/: the autograd layer
-// stores its cast Variables here, keyed by the source's identity and the target dtype. Holding
+// stores its cast Tensors here, keyed by the source's identity and the target dtype. Holding
 // `value` keeps the source alive, so a key is never reused while its entry exists.
 std::shared_ptr<const void> LookupCachedCast(const void* source, DType dtype);
 void StoreCachedCast(const void* source, DType dtype, std::shared_ptr<const void> value);

@@ -126,7 +126,7 @@ bool current_task_is_partial();
 //   Backward's inputs); `grads` holds one gradient per variable, undefined where none came.
 // - kAny: at the first gradient of any of them; `grads` holds that one gradient at its
 //   variable's position and undefined elsewhere (PyTorch passes the one tensor: use the
-//   overload below for that signature). Variables that do not require grad are skipped.
+//   overload below for that signature). Tensors that do not require grad are skipped.
 // The handle removes every hook. Unlike PyTorch (which raises there), a leaf passed to
 // Engine::Grad as an input counts as reached in kAll mode: its tensor hooks do run.
 enum class MultiGradMode { kAll, kAny };

@@ -1,4 +1,4 @@
-// Gradcheck: compares the analytical Jacobian (from the engine) of a function of Variables
+// Gradcheck: compares the analytical Jacobian (from the engine) of a function of Tensors
 // with central finite differences, in float64.
 //
 //   GradcheckResult r = Gradcheck([](const VariableList& in) { return Tanh(Mul(in[0], in[1])); },

@@ -1,4 +1,4 @@
-// Differentiable ops on Variables. Each runs the tensor op of the same name (tensor/ops.h)
+// Differentiable ops on Tensors. Each runs the tensor op of the same name (tensor/ops.h)
 // and, when grad mode is on and an input requires grad, records a node whose backward is made
 // of these same ops, so create_graph gives higher-order gradients. Broadcasting inputs get
 // their gradients summed back to their own shapes. Every op here has its entry in the op list
@@ -154,6 +154,29 @@ inline Tensor operator-(const Tensor& a, const Tensor& b) { return Sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return Mul(a, b); }
 inline Tensor operator/(const Tensor& a, const Tensor& b) { return Div(a, b); }
 inline Tensor operator-(const Tensor& x) { return Neg(x); }
+// With a number on either side (autograd/ops/methods.cc): the number kept in the compute
+// precision, the result in the tensor's dtype.
+Tensor operator+(const Tensor& x, double s);
+Tensor operator+(double s, const Tensor& x);
+Tensor operator-(const Tensor& x, double s);
+Tensor operator-(double s, const Tensor& x);
+Tensor operator*(const Tensor& x, double s);
+Tensor operator*(double s, const Tensor& x);
+Tensor operator/(const Tensor& x, double s);
+Tensor operator/(double s, const Tensor& x);
+// Comparisons: bool tensors without history, as libtorch's.
+inline Tensor operator==(const Tensor& a, const Tensor& b) { return a.eq(b); }
+inline Tensor operator!=(const Tensor& a, const Tensor& b) { return a.ne(b); }
+inline Tensor operator<(const Tensor& a, const Tensor& b) { return a.lt(b); }
+inline Tensor operator<=(const Tensor& a, const Tensor& b) { return a.le(b); }
+inline Tensor operator>(const Tensor& a, const Tensor& b) { return a.gt(b); }
+inline Tensor operator>=(const Tensor& a, const Tensor& b) { return a.ge(b); }
+inline Tensor operator==(const Tensor& a, double b) { return a.eq(b); }
+inline Tensor operator!=(const Tensor& a, double b) { return a.ne(b); }
+inline Tensor operator<(const Tensor& a, double b) { return a.lt(b); }
+inline Tensor operator<=(const Tensor& a, double b) { return a.le(b); }
+inline Tensor operator>(const Tensor& a, double b) { return a.gt(b); }
+inline Tensor operator>=(const Tensor& a, double b) { return a.ge(b); }
 
 }  // namespace tg
 

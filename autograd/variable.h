@@ -16,6 +16,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,7 +137,136 @@ class Tensor {
   // Engine::Backward({*this}, {grad}, options).
   void backward(const Tensor& grad = Tensor(), const BackwardOptions& options = {}) const;
 
-  // Identity of the handle (two Variables are the same tensor of the graph).
+  // ---- libtorch's Tensor API (torch::Tensor). Every method below that computes is the recorded
+  // op of autograd/ops.h (defined in autograd/ops/methods.cc): it records history exactly when
+  // that op does. Scalars are doubles, kept in the op's compute precision (f32 for f16/bf16).
+  IntArrayRef sizes() const { return data().shape(); }
+  IntArrayRef strides() const { return data().strides(); }
+  Device device() const { return data().device(); }
+  bool is_cuda() const { return data().device().is_cuda(); }
+  bool is_floating_point() const { return IsFloating(dtype()); }
+  // The value of a one-element tensor as T (a device tensor is copied to the host).
+  template <typename T>
+  T item() const {
+    return static_cast<T>(data().item());
+  }
+  // Leaves only, floating dtypes only (libtorch's requires_grad_).
+  const Tensor& requires_grad_(bool requires_grad = true) const {
+    return set_requires_grad(requires_grad);
+  }
+  // libtorch's signature: retain_graph defaults to create_graph.
+  void backward(const Tensor& grad, std::optional<bool> retain_graph,
+                bool create_graph = false) const {
+    BackwardOptions options;
+    options.create_graph = create_graph;
+    options.retain_graph = retain_graph.value_or(create_graph);
+    backward(grad, options);
+  }
+
+  // Shapes and views (views share storage; see is_view()). Shapes are IntArrayRef: {2, 3}, a
+  // std::vector<int64_t>, or another tensor's sizes().
+  Tensor view(IntArrayRef shape) const;  // throws where the strides need a copy
+  Tensor reshape(IntArrayRef shape) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze() const;  // every size-1 dim
+  Tensor squeeze(int64_t dim) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;  // a matrix's transpose; 0-d and 1-d unchanged
+  Tensor permute(IntArrayRef dims) const;
+  Tensor expand(IntArrayRef shape) const;
+  Tensor contiguous() const;  // *this when contiguous, else a recorded copy (CloneBackward0)
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor slice(int64_t dim = 0, int64_t start = 0,
+               int64_t end = std::numeric_limits<int64_t>::max(), int64_t step = 1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor operator[](int64_t index) const;  // select(0, index)
+
+  // Reductions. max/min over a dim give {values, indices}; argmax/argmin give i64 indices of the
+  // first extreme (NaN counts as one); all/any give bool.
+  Tensor sum() const;
+  Tensor sum(int64_t dim, bool keepdim = false) const;
+  Tensor sum(IntArrayRef dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(int64_t dim, bool keepdim = false) const;
+  Tensor mean(IntArrayRef dims, bool keepdim = false) const;
+  Tensor max() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  Tensor min() const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor argmax() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor argmin() const;
+  Tensor argmin(int64_t dim, bool keepdim = false) const;
+  Tensor all() const;
+  Tensor any() const;
+  Tensor norm() const;  // the 2-norm of all elements, sqrt(sum(x * x))
+
+  // Elementwise.
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor sqrt() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor abs() const;
+  Tensor neg() const;
+  Tensor relu() const;
+  Tensor sigmoid() const;
+  Tensor tanh() const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor clamp(std::optional<double> min, std::optional<double> max = std::nullopt) const;
+  Tensor clamp_min(double min) const;
+  Tensor clamp_max(double max) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;  // mask bool, broadcast
+  Tensor mm(const Tensor& other) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor add(const Tensor& other, double alpha = 1) const;
+  Tensor sub(const Tensor& other, double alpha = 1) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor div(const Tensor& other) const;
+  // Comparisons give bool tensors (no history); against a number, in the tensor's dtype.
+  Tensor eq(const Tensor& other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor eq(double other) const;
+  Tensor ne(double other) const;
+  Tensor lt(double other) const;
+  Tensor le(double other) const;
+  Tensor gt(double other) const;
+  Tensor ge(double other) const;
+
+  // Copies: to() records (a dtype cast or a device copy); clone() is a recorded copy.
+  Tensor to(DType dtype) const;
+  Tensor to(Device device) const;
+  Tensor to(Device device, DType dtype) const;
+  Tensor clone() const;
+
+  // In place, recorded (the version counter moves; refused on a leaf that requires grad while
+  // grad mode is on, as in PyTorch).
+  const Tensor& add_(const Tensor& other, double alpha = 1) const;
+  const Tensor& add_(double other) const;
+  const Tensor& sub_(const Tensor& other, double alpha = 1) const;
+  const Tensor& sub_(double other) const;
+  const Tensor& mul_(const Tensor& other) const;
+  const Tensor& mul_(double other) const;
+  const Tensor& div_(const Tensor& other) const;
+  const Tensor& div_(double other) const;
+  const Tensor& zero_() const;
+  const Tensor& fill_(double value) const;
+  const Tensor& operator+=(const Tensor& other) const;
+  const Tensor& operator+=(double other) const;
+  const Tensor& operator-=(const Tensor& other) const;
+  const Tensor& operator-=(double other) const;
+  const Tensor& operator*=(const Tensor& other) const;
+  const Tensor& operator*=(double other) const;
+  const Tensor& operator/=(const Tensor& other) const;
+  const Tensor& operator/=(double other) const;
+
+  // Identity of the handle (two Tensors are the same tensor of the graph).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const std::shared_ptr<VariableImpl>& impl() const { return impl_; }
   explicit Tensor(std::shared_ptr<VariableImpl> impl) : impl_(std::move(impl)) {}
@@ -185,6 +318,9 @@ Tensor MakeView(Tensor out, const Tensor& input, ViewFn fn);
 // The same for output `index` of `node_name` (Split), an op that returns several views.
 Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name,
                              size_t index);
+
+// Prints as libtorch does (tensor/print.h): the values, then "[ CPUFloatType{2,3} ]".
+std::ostream& operator<<(std::ostream& out, const Tensor& t);
 
 // The variable produced by `grad_fn` (output `output_nr`) holding `data`.
 Tensor MakeNonLeaf(RawTensor data, std::shared_ptr<Node> grad_fn, uint32_t output_nr);

@@ -30,6 +30,12 @@ struct CrossEntropyOptions {
 Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
                           const CrossEntropyOptions& options = {});
 
+// The same with the targets as a tg::Tensor (their data: targets are never differentiated).
+inline Tensor CrossEntropyLoss(const Tensor& logits, const Tensor& targets,
+                               const CrossEntropyOptions& options = {}) {
+  return CrossEntropyLoss(logits, targets.data(), options);
+}
+
 // (prediction - target)^2, reduced; target is not differentiated.
 Tensor MseLoss(const Tensor& prediction, const RawTensor& target,
                  Reduction reduction = Reduction::kMean);

@@ -93,10 +93,10 @@ class Module : public std::enable_shared_from_this<Module> {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   // Converts every floating parameter and buffer (and existing gradients) to `dtype`, in place
-  // on the same Variables, so handles held elsewhere stay valid. Integer buffers are kept.
+  // on the same Tensors, so handles held elsewhere stay valid. Integer buffers are kept.
   void to(DType dtype);
   // Moves every parameter, buffer and existing gradient to `device` (copies; dtypes kept), in
-  // place on the same Variables like to(dtype): an optimizer built afterwards sees the device
+  // place on the same Tensors like to(dtype): an optimizer built afterwards sees the device
   // tensors. Models are built on the CPU (initialisation draws from the host generator, so a
   // model has the same weights on every device) and then moved. Throws tg::Error
   // "<Type>.to(cuda:1): ..." before changing anything when the device cannot be used (no CUDA

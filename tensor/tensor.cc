@@ -14,6 +14,8 @@
 
 namespace tg {
 
+std::ostream& operator<<(std::ostream& out, IntArrayRef dims) { return out << ShapeToString(dims); }
+
 std::string ShapeToString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

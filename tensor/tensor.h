@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,19 @@ namespace tg {
 // Sizes, strides and dim lists. Inline storage for up to 6 dims keeps the copies that every
 // tensor handle and op makes off the heap (this is most of the cost of ops on small tensors).
 using Shape = absl::InlinedVector<int64_t, 6>;
+
+// A read-only list of sizes or dims (libtorch's IntArrayRef): {2, 3}, one number, a Shape, a
+// std::vector<int64_t> or a tensor's sizes(). It refers to the caller's values: a parameter
+// type, not something to keep.
+class IntArrayRef : public absl::Span<const int64_t> {
+ public:
+  using absl::Span<const int64_t>::Span;
+  IntArrayRef(const Shape& s) : Span(s.data(), s.size()) {}  // NOLINT: implicit, as libtorch's
+  IntArrayRef(const int64_t& one) : Span(&one, 1) {}      // NOLINT
+  std::vector<int64_t> vec() const { return std::vector<int64_t>(begin(), end()); }
+};
+// Prints "[2, 3]", as libtorch prints sizes.
+std::ostream& operator<<(std::ostream& out, IntArrayRef dims);
 
 // "[2, 3]"; takes a Shape or a std::vector<int64_t>.
 std::string ShapeToString(absl::Span<const int64_t> shape);

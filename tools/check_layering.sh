@@ -36,12 +36,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-readonly ORDER=(data tools/bazel tensor autograd optim amp nn dataset distributed train tools tests)
+# "(root)" is the root package: //:tapegrad, the umbrella of the public API (tapegrad.h).
+readonly ORDER=(data tools/bazel tensor autograd optim amp nn dataset distributed "(root)" train tools tests)
 # Files outside the device backends that may name CUDA (a path regex, then why).
 readonly DEVICE_BRANCH_ALLOWED=(
   "^distributed/nccl_process_group\.cc$|NCCL runs on CUDA only: the group refuses other devices"
   "^train/data_parallel\.cc$|picks the NCCL process group for CUDA devices (gloo else)"
   "^train/flag_values\.cc$|--device=cuda:N is checked against the CUDA backend's devices"
+  "^autograd/variable\.h$|libtorch's Tensor::is_cuda() query, asked of the tensor, not branched on"
+  "^autograd/factories\.cc$|tg::cuda::device_count() asks the registry how many CUDA devices exist"
 )
 
 edges_file=""

@@ -358,7 +358,7 @@ class Launcher {
     // Everything the child needs is built before fork: it only calls async-signal-safe
     // functions until exec.
     std::vector<std::string> env_strings;
-    const std::vector<std::pair<std::string, std::string>> vars = Variables(r, world);
+    const std::vector<std::pair<std::string, std::string>> vars = Tensors(r, world);
     for (char** e = environ; *e != nullptr; ++e) {
       bool overridden = false;
       for (const auto& [name, value] : vars) {
@@ -419,7 +419,7 @@ class Launcher {
     return true;
   }
 
-  std::vector<std::pair<std::string, std::string>> Variables(const Rank& r, int world) const {
+  std::vector<std::pair<std::string, std::string>> Tensors(const Rank& r, int world) const {
     std::vector<std::pair<std::string, std::string>> vars = {
         {"RANK", absl::StrCat(r.rank)},
         {"WORLD_SIZE", absl::StrCat(world)},

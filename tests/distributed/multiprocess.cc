@@ -53,7 +53,7 @@ int NextCallIndex() {
   return calls++;
 }
 
-// Variables the rank processes must not inherit: test outputs of the parent (gtest would
+// Tensors the rank processes must not inherit: test outputs of the parent (gtest would
 // overwrite them), sharding (the filter picks the test) and our own.
 bool Dropped(const std::string& entry) {
   for (const char* prefix : {"XML_OUTPUT_FILE=",

@@ -63,7 +63,7 @@ TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {
     EXPECT_TRUE(p.data().device() == kGpu);
     EXPECT_TRUE(p.grad().data().device() == kGpu);
   }
-  EXPECT_TRUE(params[0].is_same(m->parameters()[0]));  // the same Variables, moved
+  EXPECT_TRUE(params[0].is_same(m->parameters()[0]));  // the same Tensors, moved
   EXPECT_TRUE(params[0].data().device() == kGpu);
   for (const auto& [name, b] : m->named_buffers()) EXPECT_TRUE(b.device() == kGpu) << name;
   EXPECT_EQ(m->buffer("steps").dtype(), kI64);

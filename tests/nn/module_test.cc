@@ -63,7 +63,7 @@ TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
   for (const auto& e : net->named_modules()) modules.push_back(e.first);
   EXPECT_EQ(modules, (std::vector<std::string>{"", "encoder", "head", "head.0", "head.1"}));
   EXPECT_EQ(net->num_parameters(), 2 + 6 + 2 + 4);
-  // Parameters are the very Variables the layers use, and they require grad.
+  // Parameters are the very Tensors the layers use, and they require grad.
   EXPECT_TRUE(net->parameters()[1].is_same(net->encoder_->weight()));
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad() && p.is_leaf());
   EXPECT_EQ(net->parameters()[1].name(), "weight");
@@ -244,7 +244,7 @@ TEST(ModuleTest, OperatorCallEntersAForwardScope) {
   HookHandle hook =
       net.lin_->register_forward_hook([&](Module&, const Tensor&, const Tensor& y) {
         EXPECT_TRUE(ForwardScope::active());
-        Sum(y).backward(Tensor(), {/*retain_graph=*/true});  // from a forward hook
+        Sum(y).backward(Tensor(), /*retain_graph=*/true);  // from a forward hook
         return Tensor();
       });
   EXPECT_FALSE(ForwardScope::active());

@@ -43,7 +43,7 @@ trap 'rm -rf "$tmp"' EXIT
 fresh() {
   rm -rf "$tmp/repo"
   mkdir -p "$tmp/repo"
-  cp -rL README.md docs tools amp autograd nn optim tensor "$tmp/repo/"
+  cp -rL README.md tapegrad.h docs tools amp autograd nn optim tensor "$tmp/repo/"
   chmod -R u+w "$tmp/repo"
 }
 
