@@ -16,7 +16,7 @@ std::string Pair(const std::array<int64_t, 2>& p) {
 }
 }  // namespace
 
-Conv2d::Conv2d(const Conv2dOptions& options, Generator& gen)
+Conv2dImpl::Conv2dImpl(const Conv2dOptions& options, Generator& gen)
     : Module("Conv2d", /*autocast_scope=*/true), options_(options) {
   const int64_t in_channels = options.in_channels(), out_channels = options.out_channels();
   const std::array<int64_t, 2>& kernel = options.kernel_size();
@@ -36,22 +36,22 @@ Conv2d::Conv2d(const Conv2dOptions& options, Generator& gen)
   }
 }
 
-Tensor Conv2d::forward(const Tensor& x) { return tg::Conv2d(x, weight_, bias_, params_); }
+Tensor Conv2dImpl::forward(const Tensor& x) { return tg::Conv2d(x, weight_, bias_, params_); }
 
-std::string Conv2d::extra_repr() const {
+std::string Conv2dImpl::extra_repr() const {
   return absl::StrCat(options_.in_channels(), ", ", options_.out_channels(),
                       ", kernel=", Pair(options_.kernel_size()), ", stride=", Pair(params_.stride),
                       ", padding=", Pair(params_.padding),
                       ", bias=", bias_.defined() ? "true" : "false");
 }
 
-MaxPool2d::MaxPool2d(const MaxPool2dOptions& options) : Module("MaxPool2d"), options_(options) {}
+MaxPool2dImpl::MaxPool2dImpl(const MaxPool2dOptions& options) : Module("MaxPool2d"), options_(options) {}
 
-Tensor MaxPool2d::forward(const Tensor& x) {
+Tensor MaxPool2dImpl::forward(const Tensor& x) {
   return tg::MaxPool2d(x, options_.kernel_size(), options_.stride(), options_.padding());
 }
 
-std::string MaxPool2d::extra_repr() const {
+std::string MaxPool2dImpl::extra_repr() const {
   return absl::StrCat("kernel=", Pair(options_.kernel_size()),
                       ", stride=", Pair(options_.stride()));
 }

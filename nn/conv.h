@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "autograd/factories.h"
 #include "nn/module.h"
 #include "nn/options.h"
 #include "tensor/generator.h"
@@ -39,12 +40,16 @@ class Conv2dOptions {
 
 // Runs in the autocast dtype when "Conv2d" is in the guard's lower-precision-safe list.
 // Seeding: the weight is drawn from `gen` first, then the bias.
-class Conv2d : public Module {
+class Conv2dImpl : public Module {
  public:
-  Conv2d(const Conv2dOptions& options, Generator& gen);
-  Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
+  Conv2dImpl(const Conv2dOptions& options, Generator& gen);
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
          Generator& gen)  // stride 1, no padding, with a bias
-      : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size), gen) {}
+      : Conv2dImpl(Conv2dOptions(in_channels, out_channels, kernel_size), gen) {}
+  // libtorch's constructors: drawn from the default generator (tg::manual_seed).
+  explicit Conv2dImpl(const Conv2dOptions& options) : Conv2dImpl(options, DefaultGenerator()) {}
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size)
+      : Conv2dImpl(Conv2dOptions(in_channels, out_channels, kernel_size), DefaultGenerator()) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const Tensor& weight() const { return weight_; }  // [out, in, kh, kw]
@@ -56,6 +61,7 @@ class Conv2d : public Module {
   Conv2dParams params_;  // stride, padding and dilation of options_, as tg::Conv2d takes them
   Tensor weight_, bias_;
 };
+TG_MODULE(Conv2d);
 
 // MaxPool2d's options, as torch::nn::MaxPool2dOptions; the stride defaults to the kernel size
 // (PyTorch's default), padding to 0.
@@ -68,10 +74,10 @@ class MaxPool2dOptions {
   TG_ARG(Size2, padding) = {0, 0};
 };
 
-class MaxPool2d : public Module {
+class MaxPool2dImpl : public Module {
  public:
-  explicit MaxPool2d(const MaxPool2dOptions& options);
-  explicit MaxPool2d(Size2 kernel_size) : MaxPool2d(MaxPool2dOptions(kernel_size)) {}
+  explicit MaxPool2dImpl(const MaxPool2dOptions& options);
+  explicit MaxPool2dImpl(Size2 kernel_size) : MaxPool2dImpl(MaxPool2dOptions(kernel_size)) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const MaxPool2dOptions& options() const { return options_; }
@@ -79,6 +85,7 @@ class MaxPool2d : public Module {
  private:
   MaxPool2dOptions options_;
 };
+TG_MODULE(MaxPool2d);
 
 }  // namespace nn
 }  // namespace tg

@@ -148,4 +148,30 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 
 }  // namespace functional
 }  // namespace nn
+
+Tensor dropout(const Tensor& x, double p, bool train) {
+  return nn::functional::dropout(x, nn::functional::DropoutFuncOptions().p(p).training(train));
+}
+Tensor nll_loss(const Tensor& input, const Tensor& target) {
+  return nn::functional::nll_loss(input, target);
+}
+Tensor cross_entropy_loss(const Tensor& input, const Tensor& target) {
+  return nn::functional::cross_entropy(input, target);
+}
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return nn::functional::mse_loss(input, target,
+                                  nn::functional::MSELossFuncOptions().reduction(reduction));
+}
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return nn::functional::l1_loss(input, target,
+                                 nn::functional::L1LossFuncOptions().reduction(reduction));
+}
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction,
+                      double beta) {
+  return nn::functional::smooth_l1_loss(
+      input, target, nn::functional::SmoothL1LossFuncOptions().reduction(reduction).beta(beta));
+}
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target) {
+  return nn::functional::binary_cross_entropy(input, target);
+}
 }  // namespace tg

@@ -112,6 +112,17 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 
 }  // namespace functional
 }  // namespace nn
+
+// libtorch's torch:: forms of the functional ops that programs call without the namespace
+// (torch::dropout(x, p, train), torch::nll_loss(x, y), ...), with its positional arguments.
+Tensor dropout(const Tensor& x, double p, bool train);
+Tensor nll_loss(const Tensor& input, const Tensor& target);
+Tensor cross_entropy_loss(const Tensor& input, const Tensor& target);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = kMean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = kMean);
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = kMean,
+                      double beta = 1.0);
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target);
 }  // namespace tg
 
 #endif  // TAPEGRAD_NN_FUNCTIONAL_H_

@@ -18,7 +18,7 @@ const char* Bool(bool b) { return b ? "true" : "false"; }
 
 // ---- Linear ----------------------------------------------------------------------------------
 
-Linear::Linear(const LinearOptions& options, Generator& gen)
+LinearImpl::LinearImpl(const LinearOptions& options, Generator& gen)
     : Module("Linear", /*autocast_scope=*/true), options_(options) {
   const int64_t in_features = options.in_features(), out_features = options.out_features();
   TG_CHECK(in_features > 0 && out_features > 0,
@@ -33,21 +33,21 @@ Linear::Linear(const LinearOptions& options, Generator& gen)
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return tg::Linear(x, weight_, bias_); }
+Tensor LinearImpl::forward(const Tensor& x) { return tg::Linear(x, weight_, bias_); }
 
-Tensor Linear::ForwardActivated(const Tensor& x, tg::Activation act) {
+Tensor LinearImpl::ForwardActivated(const Tensor& x, tg::Activation act) {
   amp::AutocastModuleScope scope(type_name());  // as operator() does for this layer
   return tg::Linear(x, weight_, bias_, act);
 }
 
-std::string Linear::extra_repr() const {
+std::string LinearImpl::extra_repr() const {
   return absl::StrCat("in=", options_.in_features(), ", out=", options_.out_features(),
                       ", bias=", Bool(bias_.defined()));
 }
 
 // ---- Embedding -------------------------------------------------------------------------------
 
-Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, Generator& gen)
     : Module("Embedding"), num_(num_embeddings), dim_(dim) {
   TG_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
            " x ", dim);
@@ -55,15 +55,15 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
   init::Normal(weight_, gen);
 }
 
-Tensor Embedding::forward(const Tensor& indices) {
+Tensor EmbeddingImpl::forward(const Tensor& indices) {
   return tg::Embedding(weight_, indices.data());
 }
 
-std::string Embedding::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
+std::string EmbeddingImpl::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
 
 // ---- Norms -----------------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
   const int64_t dim = options.dim();
   TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   if (options.elementwise_affine()) {
@@ -72,21 +72,21 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNormImpl::forward(const Tensor& x) {
   return tg::LayerNorm(x, weight_, bias_, options_.eps());
 }
 
-std::string LayerNorm::extra_repr() const {
+std::string LayerNormImpl::extra_repr() const {
   return absl::StrCat(options_.dim(), ", eps=", options_.eps(),
                       ", affine=", Bool(weight_.defined()));
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
   TG_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", RawTensor::Ones({dim}));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) {
+Tensor RMSNormImpl::forward(const Tensor& x) {
   TG_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "RMSNorm: input ", ShapeToString(x.shape()),
            " does not end in ", dim_);
   bool low = x.dtype() == kF16 || x.dtype() == kBF16;
@@ -97,34 +97,34 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return y;
 }
 
-std::string RMSNorm::extra_repr() const { return absl::StrCat(dim_, ", eps=", eps_); }
+std::string RMSNormImpl::extra_repr() const { return absl::StrCat(dim_, ", eps=", eps_); }
 
 // ---- Dropout and activations -----------------------------------------------------------------
 
-Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen) {
+DropoutImpl::DropoutImpl(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen) {
   TG_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
 }
 
-Tensor Dropout::forward(const Tensor& x) {
+Tensor DropoutImpl::forward(const Tensor& x) {
   if (p_ == 0 || !is_training()) return x;
   return tg::Dropout(x, p_, *gen_, /*training=*/true);
 }
 
-std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_); }
+std::string DropoutImpl::extra_repr() const { return absl::StrCat("p=", p_); }
 
-Tensor ReLU::forward(const Tensor& x) { return Relu(x); }
-GELU::GELU(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
+Tensor ReLUImpl::forward(const Tensor& x) { return Relu(x); }
+GELUImpl::GELUImpl(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
   TG_CHECK(tanh_ || options.approximate() == "none",
            "GELU: approximate must be 'none' or 'tanh', got '", options.approximate(), "'");
 }
 
-Tensor GELU::forward(const Tensor& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
-std::string GELU::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
-Tensor Tanh::forward(const Tensor& x) { return tg::Tanh(x); }
+Tensor GELUImpl::forward(const Tensor& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
+std::string GELUImpl::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
+Tensor TanhImpl::forward(const Tensor& x) { return tg::Tanh(x); }
 
-Tensor SiLU::forward(const Tensor& x) { return tg::Silu(x); }
+Tensor SiLUImpl::forward(const Tensor& x) { return tg::Silu(x); }
 
-Tensor Flatten::forward(const Tensor& x) {
+Tensor FlattenImpl::forward(const Tensor& x) {
   int64_t start = start_ < 0 ? start_ + x.dim() : start_;
   TG_CHECK(start >= 0 && start < std::max<int64_t>(x.dim(), 1), "Flatten: start_dim ", start_,
            " is out of range for input ", ShapeToString(x.shape()));
@@ -135,7 +135,7 @@ Tensor Flatten::forward(const Tensor& x) {
   return Reshape(x, shape);
 }
 
-std::string Flatten::extra_repr() const { return absl::StrCat("start_dim=", start_); }
+std::string FlattenImpl::extra_repr() const { return absl::StrCat("start_dim=", start_); }
 
 Tensor Activate(const Tensor& x, Activation activation) {
   switch (activation) {
@@ -197,13 +197,13 @@ Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& optio
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
     layers_.push_back(register_module(
         absl::StrCat("fc", i),
-        std::make_shared<Linear>(LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
+        std::make_shared<LinearImpl>(LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
   }
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "Mlp: dropout ", options.dropout,
              " needs Options::dropout_gen");
     dropout_ = register_module("dropout",
-                               std::make_shared<Dropout>(options.dropout, *options.dropout_gen));
+                               std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
   }
 }
 
@@ -234,7 +234,7 @@ std::string Mlp::extra_repr() const {
 std::vector<Tensor> LinearWeights(Module& root) {
   std::vector<Tensor> weights;
   for (const auto& [name, module] : root.named_modules()) {
-    const auto* linear = dynamic_cast<const Linear*>(module.get());
+    const auto* linear = dynamic_cast<const LinearImpl*>(module.get());
     if (linear == nullptr) continue;
     const Tensor& w = linear->weight();
     const bool seen = std::any_of(weights.begin(), weights.end(), [&](const Tensor& v) {

@@ -4,9 +4,9 @@
 //
 //   tg::Generator gen(0);
 //   auto mlp = std::make_shared<tg::nn::Sequential>(std::vector<std::shared_ptr<tg::nn::Module>>{
-//       std::make_shared<tg::nn::Flatten>(), std::make_shared<tg::nn::Linear>(784, 256, gen),
-//       std::make_shared<tg::nn::ReLU>(),
-//       std::make_shared<tg::nn::Linear>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
+//       std::make_shared<tg::nn::FlattenImpl>(), std::make_shared<tg::nn::LinearImpl>(784, 256, gen),
+//       std::make_shared<tg::nn::ReLUImpl>(),
+//       std::make_shared<tg::nn::LinearImpl>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
 //   tg::Tensor logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
 #ifndef TAPEGRAD_NN_LAYERS_H_
 #define TAPEGRAD_NN_LAYERS_H_
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/factories.h"
 #include "nn/module.h"
 #include "nn/options.h"
 #include "tensor/generator.h"
@@ -40,11 +41,15 @@ class LinearOptions {
 // layer whichever constructor made it.
 //
 //   tg::nn::Linear head(tg::nn::LinearOptions(768, 50304).bias(false), gen);
-class Linear : public Module {
+class LinearImpl : public Module {
  public:
-  Linear(const LinearOptions& options, Generator& gen);
-  Linear(int64_t in_features, int64_t out_features, Generator& gen)  // with a bias
-      : Linear(LinearOptions(in_features, out_features), gen) {}
+  LinearImpl(const LinearOptions& options, Generator& gen);
+  LinearImpl(int64_t in_features, int64_t out_features, Generator& gen)  // with a bias
+      : LinearImpl(LinearOptions(in_features, out_features), gen) {}
+  // libtorch's constructors: drawn from the default generator (tg::manual_seed).
+  explicit LinearImpl(const LinearOptions& options) : LinearImpl(options, DefaultGenerator()) {}
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(LinearOptions(in_features, out_features), DefaultGenerator()) {}
   Tensor forward(const Tensor& x) override;  // [..., in] -> [..., out]
   // act(forward(x)) as one fused op (tg::Linear with an Activation: the GELU in the cuBLASLt
   // epilogue on CUDA), in the layer's autocast module scope like operator(). Forward hooks do
@@ -59,12 +64,16 @@ class Linear : public Module {
   LinearOptions options_;
   Tensor weight_, bias_;
 };
+TG_MODULE(Linear);
 
 // Row lookup: weight [num, dim] ~ N(0, 1). The input holds i32/i64 indices (any shape; wrap a
 // RawTensor in a Tensor without grad) -> [indices..., dim].
-class Embedding : public Module {
+class EmbeddingImpl : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen);
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, Generator& gen);
+  // libtorch's: the default generator (tg::manual_seed).
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim)
+      : EmbeddingImpl(num_embeddings, dim, DefaultGenerator()) {}
   Tensor forward(const Tensor& indices) override;
   std::string extra_repr() const override;
   const Tensor& weight() const { return weight_; }
@@ -73,6 +82,7 @@ class Embedding : public Module {
   int64_t num_, dim_;
   Tensor weight_;
 };
+TG_MODULE(Embedding);
 
 // LayerNorm's options, as torch::nn::LayerNormOptions (over the last dim only):
 // LayerNormOptions(768).eps(1e-6).elementwise_affine(false).
@@ -86,10 +96,10 @@ class LayerNormOptions {
 };
 
 // Normalises over the last dim; weight = 1, bias = 0 ([dim]); computed in f32 under autocast.
-class LayerNorm : public Module {
+class LayerNormImpl : public Module {
  public:
-  explicit LayerNorm(const LayerNormOptions& options);
-  explicit LayerNorm(int64_t dim) : LayerNorm(LayerNormOptions(dim)) {}
+  explicit LayerNormImpl(const LayerNormOptions& options);
+  explicit LayerNormImpl(int64_t dim) : LayerNormImpl(LayerNormOptions(dim)) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   const LayerNormOptions& options() const { return options_; }
@@ -98,13 +108,14 @@ class LayerNorm : public Module {
   LayerNormOptions options_;
   Tensor weight_, bias_;
 };
+TG_MODULE(LayerNorm);
 
 // x / sqrt(mean(x^2 over the last dim) + eps) * weight (weight = 1, [dim]). f16/bf16 inputs are
 // normalised in f32 (as LayerNorm is); the result is f32 under autocast (RMSNorm is on PyTorch's
 // autocast f32 list) and the input's dtype otherwise.
-class RMSNorm : public Module {
+class RMSNormImpl : public Module {
  public:
-  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  explicit RMSNormImpl(int64_t dim, double eps = 1e-6);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
@@ -113,13 +124,16 @@ class RMSNorm : public Module {
   double eps_;
   Tensor weight_;
 };
+TG_MODULE(RMSNorm);
 
 // Zeroes elements with probability p in training mode and scales the rest by 1/(1-p); the
 // identity in eval mode or for p = 0. Draws from `gen`, which must outlive the module (the
 // training binary owns it and saves its state in checkpoints).
-class Dropout : public Module {
+class DropoutImpl : public Module {
  public:
-  Dropout(double p, Generator& gen);
+  DropoutImpl(double p, Generator& gen);
+  // libtorch's: the default generator (tg::manual_seed), p = 0.5 unless given.
+  explicit DropoutImpl(double p = 0.5) : DropoutImpl(p, DefaultGenerator()) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
@@ -127,12 +141,14 @@ class Dropout : public Module {
   double p_;
   Generator* gen_;
 };
+TG_MODULE(Dropout);
 
-class ReLU : public Module {
+class ReLUImpl : public Module {
  public:
-  ReLU() : Module("ReLU") {}
+  ReLUImpl() : Module("ReLU") {}
   Tensor forward(const Tensor& x) override;
 };
+TG_MODULE(ReLU);
 
 // GELU's options, as torch::nn::GELUOptions: GELUOptions().approximate("tanh").
 class GELUOptions {
@@ -141,39 +157,43 @@ class GELUOptions {
 
 // Exact (erf) GELU, or the tanh approximation of GPT-2 with approximate "tanh". Throws tg::Error
 // for another approximate: "GELU: approximate must be 'none' or 'tanh', got 'fast'".
-class GELU : public Module {
+class GELUImpl : public Module {
  public:
-  explicit GELU(const GELUOptions& options = GELUOptions());
+  explicit GELUImpl(const GELUOptions& options = GELUOptions());
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
   bool tanh_;
 };
+TG_MODULE(GELU);
 
-class Tanh : public Module {
+class TanhImpl : public Module {
  public:
-  Tanh() : Module("Tanh") {}
+  TanhImpl() : Module("Tanh") {}
   Tensor forward(const Tensor& x) override;
 };
+TG_MODULE(Tanh);
 
 // x * sigmoid(x), as torch.nn.SiLU (the MLP activation of LLaMA-style models).
-class SiLU : public Module {
+class SiLUImpl : public Module {
  public:
-  SiLU() : Module("SiLU") {}
+  SiLUImpl() : Module("SiLU") {}
   Tensor forward(const Tensor& x) override;
 };
+TG_MODULE(SiLU);
 
 // [d0, d1, ..., dn] -> [d0, ..., d(start-1), product of the rest].
-class Flatten : public Module {
+class FlattenImpl : public Module {
  public:
-  explicit Flatten(int64_t start_dim = 1) : Module("Flatten"), start_(start_dim) {}
+  explicit FlattenImpl(int64_t start_dim = 1) : Module("Flatten"), start_(start_dim) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
  private:
   int64_t start_;
 };
+TG_MODULE(Flatten);
 
 // Runs its children in order; they are named "0", "1", ...
 class Sequential : public Module {
@@ -227,13 +247,13 @@ class Mlp : public Module {
   Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& options);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  const std::shared_ptr<Linear>& layer(size_t i) const { return layers_.at(i); }
+  const std::shared_ptr<LinearImpl>& layer(size_t i) const { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }
 
  private:
   Options options_;
-  std::vector<std::shared_ptr<Linear>> layers_;
-  std::shared_ptr<Dropout> dropout_;
+  std::vector<std::shared_ptr<LinearImpl>> layers_;
+  std::shared_ptr<DropoutImpl> dropout_;
 };
 
 Tensor Activate(const Tensor& x, Activation activation);

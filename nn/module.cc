@@ -1,6 +1,9 @@
 #include "nn/module.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -49,13 +52,37 @@ std::string WithThousands(int64_t n) {
   return out;
 }
 
+// "tg::nn::LinearImpl" -> "Linear", "MyNet" -> "MyNet": a mangled class name demangled, its
+// namespaces dropped and a trailing "Impl" (libtorch's holder convention) removed.
+std::string ClassNameOf(const char* mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(demangled);
+  const size_t colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  return name;
+}
+
 }  // namespace
+
+void ThrowEmptyHolder(const char* type) {
+  throw Error(absl::StrCat("module holder of ", ClassNameOf(type),
+                           " is empty (made from nullptr): assign it a module first, e.g. with "
+                           "register_module"));
+}
 
 Module::Module(std::string type_name, bool autocast_scope)
     : type_name_(std::move(type_name)), autocast_scope_(autocast_scope) {}
 
+const std::string& Module::type_name() const {
+  if (type_name_.empty()) type_name_ = ClassNameOf(typeid(*this).name());
+  return type_name_;
+}
+
 Tensor Module::forward(const Tensor&) {
-  throw Error(absl::StrCat(type_name_, ": this module has no single-input forward(); call its ",
+  throw Error(absl::StrCat(type_name(), ": this module has no single-input forward(); call its ",
                            "parts or its own methods"));
 }
 
@@ -76,7 +103,7 @@ Tensor Module::operator()(const Tensor& input) {
   }
   Tensor out;
   if (autocast_scope_) {
-    amp::AutocastModuleScope scope(type_name_);
+    amp::AutocastModuleScope scope(type_name());
     out = forward(x);
   } else {
     out = forward(x);
@@ -108,18 +135,18 @@ bool Module::has_forward_hooks() const {
 // ---- Registration ----------------------------------------------------------------------------
 
 void Module::CheckNewName(const std::string& name, const char* what) const {
-  TG_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": ", what, " name '",
+  TG_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name(), ": ", what, " name '",
            name, "' must be non-empty and contain no '.'");
   auto taken = [&](const auto& list) {
     return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
   };
-  TG_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": ", what,
+  TG_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name(), ": ", what,
            " name '", name, "' is already registered");
 }
 
 Tensor Module::register_parameter(const std::string& name, RawTensor value, bool requires_grad) {
   CheckNewName(name, "parameter");
-  TG_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
+  TG_CHECK(value.defined(), type_name(), ": parameter '", name, "' is undefined");
   Tensor p(std::move(value), requires_grad);
   p.set_name(name);
   parameters_.emplace_back(name, p);
@@ -128,13 +155,13 @@ Tensor Module::register_parameter(const std::string& name, RawTensor value, bool
 
 void Module::register_buffer(const std::string& name, RawTensor value) {
   CheckNewName(name, "buffer");
-  TG_CHECK(value.defined(), type_name_, ": buffer '", name, "' is undefined");
+  TG_CHECK(value.defined(), type_name(), ": buffer '", name, "' is undefined");
   buffers_.emplace_back(name, std::move(value));
 }
 
 void Module::AddChild(const std::string& name, std::shared_ptr<Module> module) {
   CheckNewName(name, "module");
-  TG_CHECK(module != nullptr, type_name_, ": module '", name, "' is null");
+  TG_CHECK(module != nullptr, type_name(), ": module '", name, "' is null");
   children_.emplace_back(name, std::move(module));
 }
 
@@ -208,14 +235,14 @@ const Tensor& Module::parameter(const std::string& name) const {
   for (const auto& entry : parameters_) {
     if (entry.first == name) return entry.second;
   }
-  throw Error(absl::StrCat(type_name_, ": no parameter '", name, "'"));
+  throw Error(absl::StrCat(type_name(), ": no parameter '", name, "'"));
 }
 
 const RawTensor& Module::buffer(const std::string& name) const {
   for (const auto& entry : buffers_) {
     if (entry.first == name) return entry.second;
   }
-  throw Error(absl::StrCat(type_name_, ": no buffer '", name, "'"));
+  throw Error(absl::StrCat(type_name(), ": no buffer '", name, "'"));
 }
 
 // ---- Modes and conversion --------------------------------------------------------------------
@@ -244,7 +271,7 @@ void Module::ConvertTensors(const std::function<RawTensor(const RawTensor&)>& co
     for (auto& [name, p] : m.parameters_) {
       VariableImpl& impl = *p.impl();
       if (!seen_params.insert(&impl).second) continue;
-      TG_CHECK(impl.grad_fn == nullptr, m.type_name_, ": parameter '", name, "' is not a leaf");
+      TG_CHECK(impl.grad_fn == nullptr, m.type_name(), ": parameter '", name, "' is not a leaf");
       RawTensor converted = convert(impl.data);
       if (converted.shares_storage(impl.data) && converted.dtype() == impl.data.dtype()) continue;
       RawTensor grad = impl.grad.defined() ? convert(impl.grad.data()) : RawTensor();
@@ -268,7 +295,7 @@ void Module::ConvertTensors(const std::function<RawTensor(const RawTensor&)>& co
 }
 
 void Module::to(DType dtype) {
-  TG_CHECK(IsFloating(dtype), type_name_, ".to(", DTypeName(dtype),
+  TG_CHECK(IsFloating(dtype), type_name(), ".to(", DTypeName(dtype),
            "): the target must be a floating dtype");
   ConvertTensors([dtype](const RawTensor& t) {
     return IsFloating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
@@ -281,7 +308,7 @@ void Module::to(Device device) {
     try {
       GetDeviceBackend(device.type)->allocator(device.index);
     } catch (const Error& e) {
-      throw Error(absl::StrCat(type_name_, ".to(", device.ToString(), "): ", e.what()));
+      throw Error(absl::StrCat(type_name(), ".to(", device.ToString(), "): ", e.what()));
     }
   }
   ConvertTensors([device](const RawTensor& t) { return t.to(device); });
@@ -324,7 +351,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   if (!mismatched.empty()) {
     problems.push_back(absl::StrCat("shape mismatch: ", absl::StrJoin(mismatched, "; ")));
   }
-  TG_CHECK(problems.empty(), "load_state_dict(", type_name_, "): ", absl::StrJoin(problems, "; "));
+  TG_CHECK(problems.empty(), "load_state_dict(", type_name(), "): ", absl::StrJoin(problems, "; "));
 
   NoGradGuard no_grad;
   for (auto& [name, t] : targets) {
@@ -337,7 +364,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
 
 void Module::AppendString(const std::string& name, int indent, std::string* out) const {
   std::string pad(indent, ' ');
-  absl::StrAppend(out, pad, name.empty() ? "" : absl::StrCat("(", name, "): "), type_name_, "(",
+  absl::StrAppend(out, pad, name.empty() ? "" : absl::StrCat("(", name, "): "), type_name(), "(",
                   extra_repr());
   int64_t params = num_parameters();
   std::string count = params > 0 ? absl::StrCat("  # ", WithThousands(params), " params") : "";

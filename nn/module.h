@@ -7,14 +7,14 @@
 //   class TwoLayer : public tg::nn::Module {
 //    public:
 //     TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
-//       fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
-//       fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
+//       fc1_ = register_module("fc1", std::make_shared<tg::nn::LinearImpl>(784, 128, gen));
+//       fc2_ = register_module("fc2", std::make_shared<tg::nn::LinearImpl>(128, 10, gen));
 //     }
 //     tg::Tensor forward(const tg::Tensor& x) override {
 //       return (*fc2_)(tg::Relu((*fc1_)(x)));
 //     }
 //    private:
-//     std::shared_ptr<tg::nn::Linear> fc1_, fc2_;
+//     std::shared_ptr<tg::nn::LinearImpl> fc1_, fc2_;
 //   };
 //
 // Call a module with operator(), not forward(): operator() runs the forward pre-hooks, forward(),
@@ -30,6 +30,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,74 @@ namespace tg {
 namespace nn {
 
 class Module;
+
+// libtorch's module holders (torch::nn::ModuleHolder, TORCH_MODULE): `tg::nn::Linear` is a
+// shared_ptr to a `tg::nn::LinearImpl` with the module's constructors, empty when made from
+// nullptr, dereferenced with -> and called with (). One Tensor goes through Module::operator()
+// (hooks, autocast scope) when the module overrides forward(const Tensor&); any other arguments
+// (or a forward of its own signature) go to Impl::forward directly, as in libtorch.
+//
+//   struct NetImpl : tg::nn::Module {
+//     NetImpl() { fc = register_module("fc", tg::nn::Linear(784, 10)); }
+//     tg::Tensor forward(tg::Tensor x) { return fc(x); }
+//     tg::nn::Linear fc{nullptr};
+//   };
+//   TG_MODULE(Net);   // Net net; net(x); net->parameters()
+struct ModuleHolderTag {};
+
+template <typename Impl, typename = void>
+struct OverridesSingleForward : std::false_type {};
+template <typename Impl>
+struct OverridesSingleForward<
+    Impl, std::void_t<decltype(static_cast<Tensor (Impl::*)(const Tensor&)>(&Impl::forward))>>
+    : std::true_type {};
+
+[[noreturn]] void ThrowEmptyHolder(const char* type);
+
+template <typename Impl>
+class ModuleHolder : public ModuleHolderTag {
+ public:
+  using ContainedType = Impl;
+  ModuleHolder(std::nullptr_t) {}  // NOLINT: `tg::nn::Linear fc{nullptr};`
+  ModuleHolder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}  // NOLINT
+  // A new module: ModuleHolder(784, 10) holds std::make_shared<Impl>(784, 10).
+  template <typename... Args,
+            typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...>>>
+  explicit ModuleHolder(Args&&... args)
+      : impl_(std::make_shared<Impl>(std::forward<Args>(args)...)) {}
+
+  Impl* get() const {
+    if (impl_ == nullptr) ThrowEmptyHolder(typeid(Impl).name());
+    return impl_.get();
+  }
+  Impl* operator->() const { return get(); }
+  Impl& operator*() const { return *get(); }
+  const std::shared_ptr<Impl>& ptr() const { return impl_; }
+  bool is_empty() const { return impl_ == nullptr; }
+  explicit operator bool() const { return impl_ != nullptr; }
+  operator std::shared_ptr<Module>() const { return impl_; }  // NOLINT: for containers
+
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) const {
+    if constexpr (sizeof...(Args) == 1 && OverridesSingleForward<Impl>::value &&
+                  (std::is_convertible_v<Args, const Tensor&> && ...)) {
+      return (*get())(std::forward<Args>(args)...);
+    } else {
+      return get()->forward(std::forward<Args>(args)...);
+    }
+  }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Declares the holder `Name` of `Name##Impl` (libtorch's TORCH_MODULE).
+#define TG_MODULE(Name)                                      \
+  class Name : public ::tg::nn::ModuleHolder<Name##Impl> {   \
+   public:                                                   \
+    using ::tg::nn::ModuleHolder<Name##Impl>::ModuleHolder;  \
+    using Impl = Name##Impl;                                 \
+  }
 
 // A pre-hook sees the input and may return a replacement (an undefined return keeps it); a
 // forward hook sees input and output and may return a replacement output. PyTorch's order:
@@ -60,6 +130,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // and are transparent, as in PyTorch (which has no module list), so a user's model class needs
   // no entry in the list.
   explicit Module(std::string type_name, bool autocast_scope = false);
+  // libtorch's default: the type name is the class's own (demangled, without namespaces and
+  // without a trailing "Impl").
+  Module() = default;
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -70,7 +143,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // Hooks + forward (see the file comment).
   Tensor operator()(const Tensor& input);
 
-  const std::string& type_name() const { return type_name_; }
+  const std::string& type_name() const;
+  const std::string& name() const { return type_name(); }  // libtorch's name()
 
   // ---- The tree ----------------------------------------------------------------------------
   // Own parameters, buffers and children in registration order; recurse = false for own only.
@@ -139,6 +213,12 @@ class Module : public std::enable_shared_from_this<Module> {
     AddChild(name, module);
     return module;
   }
+  // The same for a module holder (libtorch's register_module("fc", tg::nn::Linear(3, 4))).
+  template <class H, typename = std::enable_if_t<std::is_base_of_v<ModuleHolderTag, H>>>
+  H register_module(const std::string& name, H holder) {
+    AddChild(name, holder.ptr());
+    return holder;
+  }
 
  private:
   struct Hooks;
@@ -153,7 +233,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void AppendString(const std::string& name, int indent, std::string* out) const;
   void ConvertTensors(const std::function<RawTensor(const RawTensor&)>& convert);
 
-  std::string type_name_;
+  mutable std::string type_name_;  // computed from the class by type_name() when empty
   bool autocast_scope_;
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> parameters_;

@@ -16,18 +16,18 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
            "CausalSelfAttention: n_embd ", options.n_embd,
            " must be a positive multiple of n_head ", options.n_head);
   qkv_ = register_module(
-      "qkv", std::make_shared<Linear>(
+      "qkv", std::make_shared<LinearImpl>(
                  LinearOptions(options.n_embd, 3 * options.n_embd).bias(options.bias), gen));
   proj_ = register_module(
-      "proj", std::make_shared<Linear>(
+      "proj", std::make_shared<LinearImpl>(
                   LinearOptions(options.n_embd, options.n_embd).bias(options.bias), gen));
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "CausalSelfAttention: dropout ", options.dropout,
              " needs AttentionOptions::dropout_gen");
     attn_dropout_ = register_module(
-        "attn_dropout", std::make_shared<Dropout>(options.dropout, *options.dropout_gen));
+        "attn_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
     resid_dropout_ = register_module(
-        "resid_dropout", std::make_shared<Dropout>(options.dropout, *options.dropout_gen));
+        "resid_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
   }
 }
 
@@ -90,9 +90,9 @@ std::string CausalSelfAttention::extra_repr() const {
 
 TransformerBlock::TransformerBlock(const AttentionOptions& options, Generator& gen)
     : Module("TransformerBlock") {
-  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(options.n_embd));
+  ln1_ = register_module("ln1", std::make_shared<LayerNormImpl>(options.n_embd));
   attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(options, gen));
-  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(options.n_embd));
+  ln2_ = register_module("ln2", std::make_shared<LayerNormImpl>(options.n_embd));
   Mlp::Options mlp;
   mlp.activation = Activation::kGeluTanh;
   mlp.bias = options.bias;
@@ -103,7 +103,7 @@ TransformerBlock::TransformerBlock(const AttentionOptions& options, Generator& g
   // GPT-2 applies dropout to the MLP output too; the attention owns its own.
   if (options.dropout > 0) {
     mlp_dropout_ = register_module(
-        "mlp_dropout", std::make_shared<Dropout>(options.dropout, *options.dropout_gen));
+        "mlp_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
   }
 }
 

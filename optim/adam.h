@@ -66,6 +66,8 @@ struct AdamOptions : OptimizerOptions {
   bool fused = true;
 
   AdamOptions() = default;
+  // libtorch's AdamOptions(lr).
+  AdamOptions(double learning_rate) : lr(learning_rate) {}  // NOLINT: implicit, as libtorch's
   AdamOptions(const AdamOptions&) = default;
   AdamOptions& operator=(const AdamOptions&) = default;
   std::unique_ptr<OptimizerOptions> clone() const override;
@@ -82,6 +84,7 @@ struct AdamOptions : OptimizerOptions {
 // AdamW's defaults differ only in weight_decay (PyTorch: 1e-2). Adam and AdamW take either type.
 struct AdamWOptions : AdamOptions {
   AdamWOptions() { weight_decay = 1e-2; }
+  AdamWOptions(double learning_rate) : AdamWOptions() { lr = learning_rate; }  // NOLINT
   explicit AdamWOptions(const AdamOptions& o) : AdamOptions(o) {}  // every field of o
   std::unique_ptr<OptimizerOptions> clone() const override;
   const char* type_name() const override { return "AdamWOptions"; }

@@ -43,6 +43,8 @@ struct SGDOptions : OptimizerOptions {
   bool fused = true;
 
   SGDOptions() = default;
+  // libtorch's SGDOptions(lr): `tg::optim::SGD opt(model->parameters(), 0.01)`.
+  SGDOptions(double learning_rate) : lr(learning_rate) {}  // NOLINT: implicit, as libtorch's
   SGDOptions(const SGDOptions&) = default;
   SGDOptions& operator=(const SGDOptions&) = default;
   std::unique_ptr<OptimizerOptions> clone() const override;

@@ -9,15 +9,15 @@
 class TwoLayer : public tg::nn::Module {
  public:
   explicit TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
-    fc1_ = register_module("fc1", std::make_shared<tg::nn::Linear>(784, 128, gen));
-    fc2_ = register_module("fc2", std::make_shared<tg::nn::Linear>(128, 10, gen));
+    fc1_ = register_module("fc1", std::make_shared<tg::nn::LinearImpl>(784, 128, gen));
+    fc2_ = register_module("fc2", std::make_shared<tg::nn::LinearImpl>(128, 10, gen));
   }
   tg::Tensor forward(const tg::Tensor& x) override {
     return (*fc2_)((*fc1_)(x.view({x.size(0), 784})).relu());
   }
 
  private:
-  std::shared_ptr<tg::nn::Linear> fc1_, fc2_;
+  std::shared_ptr<tg::nn::LinearImpl> fc1_, fc2_;
 };
 
 int main() {

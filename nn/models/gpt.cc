@@ -53,17 +53,17 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
   TG_CHECK(config.dropout == 0 || dropout_gen != nullptr, "Gpt: dropout ", config.dropout,
            " needs a dropout generator");
   wte_ = register_module("wte",
-                         std::make_shared<Embedding>(config.padded_vocab(), config.n_embd, gen));
-  wpe_ = register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen));
+                         std::make_shared<EmbeddingImpl>(config.padded_vocab(), config.n_embd, gen));
+  wpe_ = register_module("wpe", std::make_shared<EmbeddingImpl>(config.block_size, config.n_embd, gen));
   if (config.dropout > 0) {
-    drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout, *dropout_gen));
+    drop_ = register_module("drop", std::make_shared<DropoutImpl>(config.dropout, *dropout_gen));
   }
   AttentionOptions attn{config.n_embd, config.n_head, config.bias, config.dropout, dropout_gen};
   blocks_ = register_module("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < config.n_layer; ++i) {
     blocks_->push_back(std::make_shared<TransformerBlock>(attn, gen));
   }
-  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd));
+  ln_f_ = register_module("ln_f", std::make_shared<LayerNormImpl>(config.n_embd));
 
   // GPT-2's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, and the two
   // projections that write into the residual stream scaled by 1/sqrt(2 n_layer).

@@ -66,10 +66,10 @@ class Gpt : public Module {
 
   GptConfig config_;
   RawTensor positions_;
-  std::shared_ptr<Embedding> wte_, wpe_;
-  std::shared_ptr<Dropout> drop_;
+  std::shared_ptr<EmbeddingImpl> wte_, wpe_;
+  std::shared_ptr<DropoutImpl> drop_;
   std::shared_ptr<ModuleList> blocks_;
-  std::shared_ptr<LayerNorm> ln_f_;
+  std::shared_ptr<LayerNormImpl> ln_f_;
 };
 
 }  // namespace nn

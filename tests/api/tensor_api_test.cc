@@ -257,4 +257,59 @@ TEST(TensorApi, PrintsAsLibtorchDoes) {
   EXPECT_EQ(sizes.str(), "[2, 3]");
 }
 
+
+namespace holders {
+
+struct TwoLayerImpl : tg::nn::Module {
+  TwoLayerImpl() {
+    fc1 = register_module("fc1", tg::nn::Linear(3, 4));
+    fc2 = register_module("fc2", tg::nn::Linear(tg::nn::LinearOptions(4, 2).bias(false)));
+  }
+  tg::Tensor forward(tg::Tensor x) { return fc2(fc1(x).relu()); }
+  tg::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TG_MODULE(TwoLayer);
+
+TEST(ModuleHolders, RegisterCallAndName) {
+  tg::manual_seed(3);
+  TwoLayer net;
+  EXPECT_EQ(net->type_name(), "TwoLayer");
+  EXPECT_EQ(net->fc1->type_name(), "Linear");
+  std::vector<std::string> names;
+  for (const auto& [name, p] : net->named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight"}));
+  // One tensor through a built-in layer's holder runs its forward hooks (Module::operator()).
+  int calls = 0;
+  net->fc1->register_forward_hook(
+      [&calls](tg::nn::Module&, const tg::Tensor&, const tg::Tensor&) {
+        ++calls;
+        return tg::Tensor();
+      });
+  tg::Tensor y = net(tg::ones({5, 3}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(y.sizes().vec(), (std::vector<int64_t>{5, 2}));
+  // The same seed gives the same layers (the default generator, drawn in construction order).
+  tg::manual_seed(3);
+  TwoLayer again;
+  EXPECT_EQ(Values(again->fc1->weight()), Values(net->fc1->weight()));
+  tg::optim::SGD opt(net->parameters(), /*lr=*/0.1);
+  y.sum().backward();
+  opt.step();
+  EXPECT_NE(Values(again->fc1->weight()), Values(net->fc1->weight()));
+}
+
+TEST(ModuleHolders, AnEmptyHolderSaysSo) {
+  tg::nn::Linear empty{nullptr};
+  EXPECT_TRUE(empty.is_empty());
+  try {
+    empty(tg::ones({1, 3}));
+    FAIL() << "an empty holder was called";
+  } catch (const tg::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "module holder of Linear is empty (made from nullptr): assign it a module "
+                 "first, e.g. with register_module");
+  }
+}
+
+}  // namespace holders
 }  // namespace

@@ -66,10 +66,10 @@ class Net : public nn::Module {
   };
   Net(uint64_t seed, Options options) : Module("Net"), options_(options) {
     Generator gen(seed);
-    fc0_ = register_module("fc0", std::make_shared<nn::Linear>(kIn, kHidden, gen));
-    fc1_ = register_module("fc1", std::make_shared<nn::Linear>(kHidden, kHidden, gen));
-    fc2_ = register_module("fc2", std::make_shared<nn::Linear>(kHidden, kOut, gen));
-    extra_ = register_module("extra", std::make_shared<nn::Linear>(kOut, kOut, gen));
+    fc0_ = register_module("fc0", std::make_shared<nn::LinearImpl>(kIn, kHidden, gen));
+    fc1_ = register_module("fc1", std::make_shared<nn::LinearImpl>(kHidden, kHidden, gen));
+    fc2_ = register_module("fc2", std::make_shared<nn::LinearImpl>(kHidden, kOut, gen));
+    extra_ = register_module("extra", std::make_shared<nn::LinearImpl>(kOut, kOut, gen));
   }
   Tensor forward(const Tensor& x) override {
     if (options_.extra_backward_in_forward) {
@@ -93,7 +93,7 @@ class Net : public nn::Module {
 
  private:
   Options options_;
-  std::shared_ptr<nn::Linear> fc0_, fc1_, fc2_, extra_;
+  std::shared_ptr<nn::LinearImpl> fc0_, fc1_, fc2_, extra_;
 };
 
 struct Batch {

@@ -127,7 +127,7 @@ class TiledModel : public nn::Module {
  public:
   explicit TiledModel(DType dtype) : Module("TiledModel") {
     Generator gen(11);
-    body_ = register_module("body", std::make_shared<nn::Linear>(kIn, kHidden, gen));
+    body_ = register_module("body", std::make_shared<nn::LinearImpl>(kIn, kHidden, gen));
     head_ = register_parameter("head", RandNormal({kVocab, kHidden}, gen, 0.0, 0.5));
     if (dtype != kF32) to(dtype);
     body_->register_forward_hook([this](Module&, const Tensor&, const Tensor& out) {
@@ -157,7 +157,7 @@ class TiledModel : public nn::Module {
   bool return_h = false;
 
  private:
-  std::shared_ptr<nn::Linear> body_;
+  std::shared_ptr<nn::LinearImpl> body_;
   Tensor head_;
 };
 

@@ -122,7 +122,7 @@ TEST(GlooMismatch, DdpWithDifferentModels) {
       [](const Rank& me) {
         auto pg = testing::JoinDefaultGroup();
         Generator gen(7);
-        auto model = std::make_shared<nn::Linear>(4, me.rank == 0 ? 8 : 9, gen);
+        auto model = std::make_shared<nn::LinearImpl>(4, me.rank == 0 ? 8 : 9, gen);
         const std::string mine = me.rank == 0 ? "40" : "45";
         const std::string theirs = me.rank == 0 ? "45" : "40";
         EXPECT_TRUE(tg::testing::ThrowsErrorExactly(

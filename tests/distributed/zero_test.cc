@@ -622,7 +622,7 @@ TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
     c.stage = 3;
     auto model = MakeMlp(kF32);
     ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
-    const std::shared_ptr<nn::Linear>& fc0 = model->layer(0);
+    const std::shared_ptr<nn::LinearImpl>& fc0 = model->layer(0);
     const Tensor weight = fc0->weight();
     // Between uses: a 1-element NaN placeholder expanded to [13, 7].
     EXPECT_EQ(weight.shape(), (Shape{kHidden, kIn}));
@@ -681,13 +681,13 @@ class ScaledLinear : public nn::Module {
  public:
   explicit ScaledLinear(uint64_t seed) : Module("ScaledLinear") {
     Generator gen(seed);
-    fc_ = register_module("fc", std::make_shared<nn::Linear>(kIn, kOut, gen));
+    fc_ = register_module("fc", std::make_shared<nn::LinearImpl>(kIn, kOut, gen));
     scale_ = register_parameter("scale", RandNormal({kOut}, gen));
   }
   Tensor forward(const Tensor& x) override { return Mul(Relu((*fc_)(x)), scale_); }
 
  private:
-  std::shared_ptr<nn::Linear> fc_;
+  std::shared_ptr<nn::LinearImpl> fc_;
   Tensor scale_;
 };
 

@@ -38,14 +38,14 @@ std::vector<float> Values(const RawTensor& t) { return t.to_vector<float>(); }
 class WithBuffers : public Module {
  public:
   explicit WithBuffers(Generator& gen) : Module("WithBuffers") {
-    lin_ = register_module("lin", std::make_shared<Linear>(4, 3, gen));
+    lin_ = register_module("lin", std::make_shared<LinearImpl>(4, 3, gen));
     register_buffer("running", RawTensor::Full({3}, 0.5));
     register_buffer("steps", RawTensor::Full({1}, 7, kI64));
   }
   Tensor forward(const Tensor& x) override { return (*lin_)(x); }
 
  private:
-  std::shared_ptr<Linear> lin_;
+  std::shared_ptr<LinearImpl> lin_;
 };
 
 TEST(CudaModuleTest, ToMovesEverythingInPlaceAndBackBitForBit) {

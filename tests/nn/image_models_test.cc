@@ -20,7 +20,7 @@ TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
   Generator gen(0);
   Conv2dParams p;
   p.padding = {1, 1};
-  Conv2d conv(Conv2dOptions(3, 8, {3, 3}).padding({1, 1}), gen);
+  Conv2dImpl conv(Conv2dOptions(3, 8, {3, 3}).padding({1, 1}), gen);
   const double bound = 1 / std::sqrt(3.0 * 3 * 3);
   for (float w : conv.weight().data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
   for (float b : conv.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
@@ -46,7 +46,7 @@ TEST(Conv2dLayerTest, OptionsDefaultsChainingAndTheGeneratorContract) {
   // The same seed draws the same weight with or without a bias (the bias is drawn after it),
   // and the short constructor is the options one.
   Generator g1(3), g2(3), g3(3);
-  Conv2d with(3, 8, {3, 3}, g1), without(o, g2), full(Conv2dOptions(3, 8, {3, 3}), g3);
+  Conv2dImpl with(3, 8, {3, 3}, g1), without(o, g2), full(Conv2dOptions(3, 8, {3, 3}), g3);
   EXPECT_FALSE(without.bias().defined());
   EXPECT_EQ(with.weight().data().to_vector<float>(), without.weight().data().to_vector<float>());
   EXPECT_EQ(with.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
@@ -56,11 +56,11 @@ TEST(Conv2dLayerTest, OptionsDefaultsChainingAndTheGeneratorContract) {
 }
 
 TEST(MaxPool2dLayerTest, StrideDefaultsToTheKernel) {
-  MaxPool2d pool({2, 2});
+  MaxPool2dImpl pool({2, 2});
   EXPECT_EQ(pool.options().stride(), (std::array<int64_t, 2>{2, 2}));
   Tensor x(RawTensor::Arange(0, 16).reshape({1, 1, 4, 4}));
   EXPECT_EQ(pool(x).data().to_vector<float>(), (std::vector<float>{5, 7, 13, 15}));
-  MaxPool2d overlapping(MaxPool2dOptions({2, 2}).stride({1, 1}));
+  MaxPool2dImpl overlapping(MaxPool2dOptions({2, 2}).stride({1, 1}));
   EXPECT_EQ(overlapping(x).data().to_vector<float>(),
             (std::vector<float>{5, 6, 7, 9, 10, 11, 13, 14, 15}));
   EXPECT_EQ(overlapping.extra_repr(), "kernel=(2, 2), stride=(1, 1)");

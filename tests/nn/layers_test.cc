@@ -28,7 +28,7 @@ void ExpectNear(const RawTensor& got, const std::vector<double>& want, double to
 
 TEST(LinearTest, PyTorchInitBoundsAndSeededDeterminism) {
   Generator gen_a(7), gen_b(7);
-  Linear a(300, 20, gen_a), b(300, 20, gen_b);
+  LinearImpl a(300, 20, gen_a), b(300, 20, gen_b);
   const double bound = 1 / std::sqrt(300.0);
   double max_abs = 0;
   for (float w : a.weight().data().to_vector<float>())
@@ -51,7 +51,7 @@ TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
   // One seed, one weight: with or without a bias, through either constructor (the bias is
   // drawn after the weight, so it does not shift the weight's draws).
   Generator g1(11), g2(11), g3(11);
-  Linear plain(5, 4, g1), no_bias(o, g2), full(LinearOptions(5, 4), g3);
+  LinearImpl plain(5, 4, g1), no_bias(o, g2), full(LinearOptions(5, 4), g3);
   EXPECT_FALSE(no_bias.bias().defined());
   EXPECT_EQ(no_bias.parameters().size(), 1u);
   EXPECT_EQ(plain.weight().data().to_vector<float>(), no_bias.weight().data().to_vector<float>());
@@ -68,8 +68,8 @@ TEST(GeluTest, OptionsPickTheFormula) {
   Tensor x(RawTensor::FromVector<float>({-2, 0.5, 2}, {3}));
   EXPECT_EQ(exact(x).data().to_vector<float>(), Gelu(x).data().to_vector<float>());
   EXPECT_EQ(approx(x).data().to_vector<float>(), GeluTanh(x).data().to_vector<float>());
-  EXPECT_EQ(exact.extra_repr(), "");
-  EXPECT_EQ(approx.extra_repr(), "approximate=tanh");
+  EXPECT_EQ(exact->extra_repr(), "");
+  EXPECT_EQ(approx->extra_repr(), "approximate=tanh");
   EXPECT_TRUE(ThrowsErrorExactly([] { GELU bad(GELUOptions().approximate("fast")); },
                                  "GELU: approximate must be 'none' or 'tanh', got 'fast'"));
 }
@@ -91,7 +91,7 @@ TEST(SiluTest, ModuleMatchesPyTorch) {
     EXPECT_NEAR(got[i], want[i], 1.2e-7 * std::abs(want[i])) << i;
     EXPECT_NEAR(grad[i], want_grad[i], 2.4e-7 * std::abs(want_grad[i])) << i;
   }
-  EXPECT_EQ(silu.type_name(), "SiLU");
+  EXPECT_EQ(silu->type_name(), "SiLU");
 }
 
 TEST(LayerNormTest, OptionsDefaultsAndChaining) {
@@ -99,7 +99,7 @@ TEST(LayerNormTest, OptionsDefaultsAndChaining) {
   EXPECT_EQ(d.eps(), 1e-5);
   EXPECT_TRUE(d.elementwise_affine());
   EXPECT_TRUE(d.bias());
-  LayerNorm plain(6), no_bias(LayerNormOptions(6).eps(1e-3).bias(false)),
+  LayerNormImpl plain(6), no_bias(LayerNormOptions(6).eps(1e-3).bias(false)),
       none(LayerNormOptions(6).elementwise_affine(false));
   EXPECT_EQ(plain.parameters().size(), 2u);
   EXPECT_EQ(no_bias.parameters().size(), 1u);
@@ -110,7 +110,7 @@ TEST(LayerNormTest, OptionsDefaultsAndChaining) {
 
 TEST(LinearTest, ForwardIsXWTransposePlusB) {
   Generator gen(1);
-  Linear lin(3, 2, gen);
+  LinearImpl lin(3, 2, gen);
   lin.to(kF64);
   Tensor x(RandNormal({4, 3}, gen, 0, 1, kF64));
   Tensor want = Add(Matmul(x, Transpose(lin.weight(), 0, 1)), lin.bias());
@@ -118,7 +118,7 @@ TEST(LinearTest, ForwardIsXWTransposePlusB) {
 }
 
 TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
-  RMSNorm norm(4, 1e-6);
+  RMSNormImpl norm(4, 1e-6);
   norm.to(kF64);
   Generator gen(2);
   norm.parameter("weight").data().copy_(RawTensor::FromVector<double>({0.5, 1, 2, -1}, {4}));
@@ -136,7 +136,7 @@ TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
   EXPECT_TRUE(r.ok) << r.message;
   // bf16 input: normalised in f32, returned in bf16 without autocast, f32 with it.
   Tensor xb(RawTensor::Ones({2, 4}, kBF16));
-  RMSNorm norm32(4);
+  RMSNormImpl norm32(4);
   EXPECT_EQ(norm32(xb).dtype(), kBF16);
   amp::AutocastGuard autocast(kBF16);
   EXPECT_EQ(norm32(xb).dtype(), kF32);
@@ -144,7 +144,7 @@ TEST(RMSNormTest, MatchesFormulaAndGradchecks) {
 
 TEST(DropoutTest, TrainingScalesSurvivorsAndEvalIsIdentity) {
   Generator gen(3);
-  Dropout drop(0.25, gen);
+  DropoutImpl drop(0.25, gen);
   Tensor x(RawTensor::Ones({10000}));
   std::vector<float> y = drop(x).data().to_vector<float>();
   int zeros = 0;
@@ -165,7 +165,7 @@ TEST(DropoutTest, TrainingScalesSurvivorsAndEvalIsIdentity) {
 TEST(FlattenTest, KeepsLeadingDims) {
   Flatten flat;
   EXPECT_EQ(flat(Tensor(RawTensor::Zeros({2, 1, 28, 28}))).shape(), (Shape{2, 784}));
-  Flatten from2(2);
+  FlattenImpl from2(2);
   EXPECT_EQ(from2(Tensor(RawTensor::Zeros({2, 3, 4, 5}))).shape(), (Shape{2, 3, 20}));
 }
 
@@ -176,8 +176,8 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
   Mlp mlp({4, 8, 3}, gen, options);
   mlp.to(kF64);
   Tensor x(RandNormal({5, 4}, gen, 0, 1, kF64));
-  const Linear& l0 = *mlp.layer(0);
-  const Linear& l1 = *mlp.layer(1);
+  const LinearImpl& l0 = *mlp.layer(0);
+  const LinearImpl& l1 = *mlp.layer(1);
   Tensor want =
       tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
   ExpectNear(mlp(x).data(), want.data().to_vector<double>(), 0);
@@ -288,7 +288,7 @@ TEST(AutocastModulesTest, SafeListDecidesWhereMatmulsRunInLowPrecision) {
   }
   {
     // A container (Sequential) is transparent: its Linear follows the list.
-    Sequential seq({std::make_shared<Linear>(8, 8, gen)});
+    Sequential seq({std::make_shared<LinearImpl>(8, 8, gen)});
     amp::AutocastGuard autocast(kF16, true, {"Linear"});
     EXPECT_EQ(seq(x).dtype(), kF16);
     amp::AutocastGuard none(kF16, true, {});

@@ -29,18 +29,18 @@ class Net : public Module {
     scale_ = register_parameter("scale", RawTensor::Full({2}, 3.0));
     register_buffer("steps", RawTensor::Zeros({1}, kI64));
     register_buffer("running", RawTensor::Ones({2}));
-    encoder_ = register_module("encoder", std::make_shared<Linear>(3, 2, gen));
+    encoder_ = register_module("encoder", std::make_shared<LinearImpl>(3, 2, gen));
     head_ = register_module("head",
                             std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-                                std::make_shared<ReLU>(),
-                                std::make_shared<Linear>(LinearOptions(2, 2).bias(false), gen)}));
+                                std::make_shared<ReLUImpl>(),
+                                std::make_shared<LinearImpl>(LinearOptions(2, 2).bias(false), gen)}));
   }
   Tensor forward(const Tensor& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
   using Module::register_buffer;
   using Module::register_parameter;
 
   Tensor scale_;
-  std::shared_ptr<Linear> encoder_;
+  std::shared_ptr<LinearImpl> encoder_;
   std::shared_ptr<Sequential> head_;
 };
 
@@ -80,7 +80,7 @@ TEST(ModuleTest, RegistrationErrorsNameTheModuleAndKey) {
                                  "Net: parameter name 'a.b' must be non-empty and contain no '.'"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { net.parameter("nope"); }, "Net: no parameter 'nope'"));
   ModuleList list;
-  list.push_back(std::make_shared<ReLU>());
+  list.push_back(std::make_shared<ReLUImpl>());
   EXPECT_TRUE(ThrowsErrorExactly([&] { list.at<Linear>(0); },
                                  "ModuleList: module 0 is a ReLU, not the requested type"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { list(Tensor(RawTensor::Ones({1}))); },
@@ -182,7 +182,7 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
 
 TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
   Generator gen(0);
-  Linear lin(2, 2, gen);
+  LinearImpl lin(2, 2, gen);
   std::vector<std::string> events;
   HookHandle pre1 = lin.register_forward_pre_hook([&](Module& m, const Tensor& x) {
     events.push_back("pre1 " + m.type_name());
@@ -222,7 +222,7 @@ TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
 class BackwardInForward : public Module {
  public:
   explicit BackwardInForward(Generator& gen) : Module("BackwardInForward") {
-    lin_ = register_module("lin", std::make_shared<Linear>(2, 2, gen));
+    lin_ = register_module("lin", std::make_shared<LinearImpl>(2, 2, gen));
   }
   Tensor forward(const Tensor& x) override {
     {
@@ -231,7 +231,7 @@ class BackwardInForward : public Module {
     }
     return (*lin_)(x);
   }
-  std::shared_ptr<Linear> lin_;
+  std::shared_ptr<LinearImpl> lin_;
 };
 
 TEST(ModuleTest, OperatorCallEntersAForwardScope) {

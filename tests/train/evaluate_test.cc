@@ -77,7 +77,7 @@ TEST(CrossEntropyEvalTest, Bf16LogitsMatchTheDoubleReference) {
 TEST(CrossEntropyEvalTest, ForwardRunsUnderAutocastWithBatchAndTimeDims) {
   NoGradGuard no_grad;
   Generator gen(0);
-  nn::Linear head(1, 2, gen);
+  nn::LinearImpl head(1, 2, gen);
   StateDict weights;
   weights.tensors["weight"] = RawTensor::FromVector(std::vector<float>{0.0f, -1.0f}, {2, 1});
   weights.tensors["bias"] = RawTensor::Zeros({2});

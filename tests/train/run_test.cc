@@ -284,7 +284,7 @@ TEST(FindNonFiniteTest, NamesTheFirstTensorAndElement) {
 // skipped (no master weight changes) instead of writing NaN into every weight.
 TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
   Generator gen{0};
-  auto model = std::make_shared<nn::Linear>(3, 2, gen);
+  auto model = std::make_shared<nn::LinearImpl>(3, 2, gen);
   std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
       *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
   optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
@@ -301,7 +301,7 @@ TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
 // --loss_scaler names the presets with their libraries' defaults.
 TEST(MakeMixedPrecisionOptimizerTest, LossScalerPresets) {
   Generator gen{0};
-  nn::Linear model(3, 2, gen);
+  nn::LinearImpl model(3, 2, gen);
   auto made = [&](const std::string& name) {
     PrecisionConfig precision;
     precision.loss_scaler = name;
@@ -430,7 +430,7 @@ TEST(FlagDefaultsTest, BatchSizes) {
 // scaler's update (here an overflow: 65536, then 32768 for the next step).
 TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
   Generator gen{0};
-  auto model = std::make_shared<nn::Linear>(3, 2, gen);
+  auto model = std::make_shared<nn::LinearImpl>(3, 2, gen);
   PrecisionConfig precision;
   precision.loss_scaler = "pytorch";
   std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
@@ -451,7 +451,7 @@ TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
 // 0 before: a skipped step counted as taken, a loss scale of 0 logged).
 TEST(TrainStepTest, ZeroWaitOptimizerRecordsTheSkipAndTheScale) {
   Generator gen{0};
-  auto model = std::make_shared<nn::Linear>(3, 2, gen);
+  auto model = std::make_shared<nn::LinearImpl>(3, 2, gen);
   PrecisionConfig precision;
   precision.loss_scaler = "pytorch";
   absl::StatusOr<amp::MixedPrecisionOptions> options = MakeMixedPrecisionOptions(precision);
@@ -507,7 +507,7 @@ TEST(TrainStepTest, BackwardOnLossOverMicroBatchesTimesSummedRanks) {
 // A one-layer model with its optimizer and schedule, checkpointed after `steps` steps.
 struct TinyRun {
   Generator gen{0};
-  std::shared_ptr<nn::Linear> model = std::make_shared<nn::Linear>(3, 2, gen);
+  std::shared_ptr<nn::LinearImpl> model = std::make_shared<nn::LinearImpl>(3, 2, gen);
   std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
       *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
   optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};

@@ -15,7 +15,7 @@ FuzzRun MakeFuzzRun(RunKind kind) {
   run.dtype = f16 ? kF16 : kF32;
   Generator gen(7);
   run.model = std::make_shared<nn::Sequential>(
-      std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Linear>(3, 2, gen)});
+      std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::LinearImpl>(3, 2, gen)});
   run.model->to(run.dtype);
   train::OptimizerConfig opt;
   opt.name = f16 ? "adamw" : "sgd";

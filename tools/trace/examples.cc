@@ -81,7 +81,7 @@ absl::StatusOr<std::string> Ddp2Ranks() {
       return;
     }
     Generator gen(0);
-    auto model = std::make_shared<nn::Linear>(2, 1, gen);
+    auto model = std::make_shared<nn::LinearImpl>(2, 1, gen);
     dist::DdpOptions options;
     options.bucket_cap_bytes = 4;  // one bucket per parameter: two launches per backward
     dist::DistributedDataParallel ddp(model, *pg, options);
