@@ -6,38 +6,34 @@
 
 #include "tapegrad.h"
 
-class TwoLayer : public tg::nn::Module {
- public:
-  explicit TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
-    fc1_ = register_module("fc1", std::make_shared<tg::nn::LinearImpl>(784, 128, gen));
-    fc2_ = register_module("fc2", std::make_shared<tg::nn::LinearImpl>(128, 10, gen));
+struct TwoLayerImpl : tg::nn::Module {
+  TwoLayerImpl() {
+    fc1 = register_module("fc1", tg::nn::Linear(784, 128));
+    fc2 = register_module("fc2", tg::nn::Linear(128, 10));
   }
   tg::Tensor forward(const tg::Tensor& x) override {
-    return (*fc2_)((*fc1_)(x.view({x.size(0), 784})).relu());
+    return fc2(fc1(x.view({x.size(0), 784})).relu());
   }
-
- private:
-  std::shared_ptr<tg::nn::LinearImpl> fc1_, fc2_;
+  tg::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
+TG_MODULE(TwoLayer);
 
 int main() {
-  tg::Generator gen(0);
-  auto model = std::make_shared<TwoLayer>(gen);
+  tg::manual_seed(0);
+  TwoLayer model;
   model->to(tg::kBFloat16);  // bf16 weights; the optimizer keeps f32 masters
-  tg::optim::AdamWOptions adamw;
-  adamw.lr = 1e-3;
-  tg::amp::MixedPrecisionOptimizer opt(
-      std::make_unique<tg::optim::AdamW>(model->parameters(), adamw));
+  tg::amp::MixedPrecisionOptimizer opt(std::make_unique<tg::optim::AdamW>(
+      model->parameters(), tg::optim::AdamWOptions(1e-3)));
 
   // A batch of 64 random images with random labels (the real loaders: dataset/mnist.h).
-  const tg::Tensor images = tg::randn({64, 1, 28, 28}, gen);
-  const tg::Tensor labels = tg::randint(0, 10, {64}, gen);
+  const tg::Tensor images = tg::randn({64, 1, 28, 28});
+  const tg::Tensor labels = tg::randint(0, 10, {64});
   for (int step = 1; step <= 50; ++step) {
     opt.zero_grad();
     tg::Tensor loss;
     {
       tg::amp::AutocastGuard autocast(tg::kBFloat16);  // matmuls in bf16, the loss in f32
-      loss = tg::nn::CrossEntropyLoss((*model)(images), labels);
+      loss = tg::nn::CrossEntropyLoss(model(images), labels);
     }
     opt.backward(loss);          // master gradients (f16: scaled, then unscaled)
     opt.clip_master_grads(1.0);  // by the global norm
