@@ -23,6 +23,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "autograd/torch_autograd.h"
 #include "autograd/torch_functions.h"
 #include "autograd/variable.h"
 #include "nn/conv.h"

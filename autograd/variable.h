@@ -175,6 +175,9 @@ class Tensor {
   Tensor t() const;  // a matrix's transpose; 0-d and 1-d unchanged
   Tensor permute(IntArrayRef dims) const;
   Tensor expand(IntArrayRef shape) const;
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor view_as(const Tensor& other) const { return view(other.sizes()); }
+  Tensor reshape_as(const Tensor& other) const { return reshape(other.sizes()); }
   Tensor contiguous() const;  // *this when contiguous, else a recorded copy (CloneBackward0)
   Tensor select(int64_t dim, int64_t index) const;
   Tensor slice(int64_t dim = 0, int64_t start = 0,
