@@ -26,6 +26,7 @@
 #include "autograd/torch_autograd.h"
 #include "autograd/torch_functions.h"
 #include "autograd/variable.h"
+#include "dataset/torch_data.h"
 #include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/init.h"
