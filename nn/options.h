@@ -10,15 +10,6 @@
 #ifndef TAPEGRAD_NN_OPTIONS_H_
 #define TAPEGRAD_NN_OPTIONS_H_
 
-#define TG_ARG(T, name)                     \
- public:                                    \
-  auto& name(const T& new_##name) {         \
-    this->name##_ = new_##name;             \
-    return *this;                           \
-  }                                         \
-  const T& name() const { return name##_; } \
-                                            \
- private:                                   \
-  T name##_
+#include "tensor/arg.h"
 
 #endif  // TAPEGRAD_NN_OPTIONS_H_

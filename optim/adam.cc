@@ -56,27 +56,27 @@ std::unique_ptr<OptimizerOptions> AdamWOptions::clone() const {
 }
 
 std::vector<NamedOption> AdamOptions::named() const {
-  return {{"amsgrad", amsgrad ? 1.0 : 0.0},
-          {"beta1", beta1},
-          {"beta2", beta2},
-          {"eps", eps},
-          {"lr", lr},
-          {"weight_decay", weight_decay}};
+  return {{"amsgrad", amsgrad_ ? 1.0 : 0.0},
+          {"beta1", beta1_},
+          {"beta2", beta2_},
+          {"eps", eps_},
+          {"lr", lr_},
+          {"weight_decay", weight_decay_}};
 }
 
 bool AdamOptions::SetNamed(const std::string& name, double value, const std::string& context) {
   if (name == "amsgrad") {
-    amsgrad = NamedBool(name, value, context);
+    amsgrad_ = NamedBool(name, value, context);
   } else if (name == "beta1") {
-    beta1 = value;
+    beta1_ = value;
   } else if (name == "beta2") {
-    beta2 = value;
+    beta2_ = value;
   } else if (name == "eps") {
-    eps = value;
+    eps_ = value;
   } else if (name == "lr") {
-    lr = value;
+    lr_ = value;
   } else if (name == "weight_decay") {
-    weight_decay = value;
+    weight_decay_ = value;
   } else {
     return false;
   }
@@ -94,7 +94,7 @@ Adam::Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
     : Optimizer(name,
                 decoupled ? std::unique_ptr<OptimizerOptions>(new AdamWOptions(defaults))
                           : std::make_unique<AdamOptions>(defaults),
-                defaults.fused),
+                defaults.fused()),
       decoupled_(decoupled) {
   Init(std::move(groups));
 }
@@ -111,19 +111,19 @@ bool Adam::AcceptsOptions(const OptimizerOptions& options) const {
 
 void Adam::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
   const AdamOptions& o = static_cast<const AdamOptions&>(options);
-  TG_CHECK(o.lr >= 0, context, "invalid lr ", o.lr, " (must be >= 0)");
+  TG_CHECK(o.lr() >= 0, context, "invalid lr ", o.lr(), " (must be >= 0)");
   // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN into the weights).
-  TG_CHECK(o.eps > 0, context, "invalid eps ", o.eps, " (must be > 0)");
-  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, context, "invalid beta1 ", o.beta1, " (must be in [0, 1))");
-  TG_CHECK(o.beta2 >= 0 && o.beta2 < 1, context, "invalid beta2 ", o.beta2, " (must be in [0, 1))");
-  TG_CHECK(o.weight_decay >= 0, context, "invalid weight_decay ", o.weight_decay,
+  TG_CHECK(o.eps() > 0, context, "invalid eps ", o.eps(), " (must be > 0)");
+  TG_CHECK(o.beta1() >= 0 && o.beta1() < 1, context, "invalid beta1 ", o.beta1(), " (must be in [0, 1))");
+  TG_CHECK(o.beta2() >= 0 && o.beta2() < 1, context, "invalid beta2 ", o.beta2(), " (must be in [0, 1))");
+  TG_CHECK(o.weight_decay() >= 0, context, "invalid weight_decay ", o.weight_decay(),
            " (must be >= 0)");
 }
 
 Optimizer::StateSpec Adam::ParamStateSpec(const OptimizerOptions& options) const {
   StateSpec spec;
   spec.tensors = {kExpAvg, kExpAvgSq};
-  (static_cast<const AdamOptions&>(options).amsgrad ? spec.tensors : spec.optional_tensors)
+  (static_cast<const AdamOptions&>(options).amsgrad() ? spec.tensors : spec.optional_tensors)
       .push_back(kMaxExpAvgSq);
   spec.scalars = {kStep};
   return spec;
@@ -132,15 +132,15 @@ Optimizer::StateSpec Adam::ParamStateSpec(const OptimizerOptions& options) const
 void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
   const AdamOptions& o = group.options_as<AdamOptions>();
   FusedAdamOptions f;
-  f.lr = o.lr;
-  f.beta1 = o.beta1;
-  f.beta2 = o.beta2;
-  f.eps = o.eps;
-  f.weight_decay = o.weight_decay;
-  f.decay = o.weight_decay == 0 ? WeightDecay::kNone
+  f.lr = o.lr();
+  f.beta1 = o.beta1();
+  f.beta2 = o.beta2();
+  f.eps = o.eps();
+  f.weight_decay = o.weight_decay();
+  f.decay = o.weight_decay() == 0 ? WeightDecay::kNone
             : decoupled_        ? WeightDecay::kDecoupled
                                 : WeightDecay::kL2;
-  f.amsgrad = o.amsgrad;
+  f.amsgrad = o.amsgrad();
   // One call per device and distinct step count (all parameters share the count unless some
   // were added later or skipped steps without a gradient): the op takes the tensors of one
   // device and one step number.
@@ -153,14 +153,14 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
   }
   for (const ParamUpdate& u : updates) {
     const RawTensor& param = u.param.data();
-    const AdamState st = PrepareState(u.state, param, o.amsgrad);
+    const AdamState st = PrepareState(u.state, param, o.amsgrad());
     const Key key(param.device().type, param.device().index, st.step);
     AdamTensorLists& lists = by_step[key];
     lists.params.push_back(param);
     lists.grads.push_back(u.grad);
     lists.exp_avgs.push_back(st.exp_avg);
     lists.exp_avg_sqs.push_back(st.exp_avg_sq);
-    if (o.amsgrad) lists.max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
+    if (o.amsgrad()) lists.max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
     lists.model_params.push_back(u.model_copy);  // undefined: no low-precision copy
     if (u.model_copy.defined()) {
       has_copies[key] = true;

@@ -14,11 +14,8 @@
 //   denom = sqrt(v) / bias_correction2_sqrt + eps
 //   p = p - (m * step_size) / denom
 //
-//   tg::optim::AdamWOptions o;
-//   o.lr = 6e-4;
-//   o.weight_decay = 0.1;
-//   tg::optim::AdamWOptions no_decay = o;
-//   no_decay.weight_decay = 0;
+//   auto o = tg::optim::AdamWOptions(6e-4).betas({0.9, 0.95}).weight_decay(0.1);
+//   auto no_decay = tg::optim::AdamWOptions(o).weight_decay(0);
 //   tg::optim::AdamW opt({tg::optim::ParamGroup(decay_params),
 //                         tg::optim::ParamGroup(no_decay_params, no_decay)}, o);
 //   opt.step();
@@ -47,47 +44,103 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "tensor/arg.h"
 #include "tensor/optimizer_kernels.h"
 
 namespace tg::optim {
 
+// libtorch's chain: AdamOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1); each option read
+// as options.eps(), the betas also one at a time (beta1(), beta2()).
 struct AdamOptions : OptimizerOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;
-  bool amsgrad = false;
+  TG_ARG(double, lr) = 1e-3;
+  TG_ARG(double, eps) = 1e-8;
+  TG_ARG(double, weight_decay) = 0;
+  TG_ARG(bool, amsgrad) = false;
   // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
   // the options it is constructed with; a group's copy ignores it (not a group option).
-  bool fused = true;
+  TG_ARG(bool, fused) = true;
+
+ public:
+  AdamOptions& betas(const std::tuple<double, double>& betas) {
+    std::tie(beta1_, beta2_) = betas;
+    return *this;
+  }
+  std::tuple<double, double> betas() const { return {beta1_, beta2_}; }
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  AdamOptions& beta1(double v) {
+    beta1_ = v;
+    return *this;
+  }
+  AdamOptions& beta2(double v) {
+    beta2_ = v;
+    return *this;
+  }
 
   AdamOptions() = default;
   // libtorch's AdamOptions(lr).
-  AdamOptions(double learning_rate) : lr(learning_rate) {}  // NOLINT: implicit, as libtorch's
+  AdamOptions(double lr) : lr_(lr) {}  // NOLINT: implicit, as libtorch's
   AdamOptions(const AdamOptions&) = default;
   AdamOptions& operator=(const AdamOptions&) = default;
   std::unique_ptr<OptimizerOptions> clone() const override;
   const char* type_name() const override { return "AdamOptions"; }
-  double get_lr() const override { return lr; }
-  void set_lr(double new_lr) override { lr = new_lr; }
+  double get_lr() const override { return lr_; }
+  void set_lr(double new_lr) override { lr_ = new_lr; }
   // amsgrad, beta1, beta2, eps, lr, weight_decay.
   std::vector<NamedOption> named() const override;
 
  protected:
   bool SetNamed(const std::string& name, double value, const std::string& context) override;
+
+ private:
+  double beta1_ = 0.9;
+  double beta2_ = 0.999;
 };
 
 // AdamW's defaults differ only in weight_decay (PyTorch: 1e-2). Adam and AdamW take either type.
 struct AdamWOptions : AdamOptions {
-  AdamWOptions() { weight_decay = 1e-2; }
-  AdamWOptions(double learning_rate) : AdamWOptions() { lr = learning_rate; }  // NOLINT
+  AdamWOptions() { AdamOptions::weight_decay(1e-2); }
+  AdamWOptions(double lr) : AdamWOptions() { AdamOptions::lr(lr); }  // NOLINT: as libtorch's
+  // The chain returns AdamWOptions (the getters are AdamOptions').
+  using AdamOptions::amsgrad;
+  using AdamOptions::beta1;
+  using AdamOptions::beta2;
+  using AdamOptions::betas;
+  using AdamOptions::eps;
+  using AdamOptions::fused;
+  using AdamOptions::lr;
+  using AdamOptions::weight_decay;
+  AdamWOptions& lr(const double& v) { return Set(&AdamOptions::lr, v); }
+  AdamWOptions& eps(const double& v) { return Set(&AdamOptions::eps, v); }
+  AdamWOptions& weight_decay(const double& v) { return Set(&AdamOptions::weight_decay, v); }
+  AdamWOptions& amsgrad(const bool& v) { return Set(&AdamOptions::amsgrad, v); }
+  AdamWOptions& fused(const bool& v) { return Set(&AdamOptions::fused, v); }
+  AdamWOptions& beta1(double v) {
+    AdamOptions::beta1(v);
+    return *this;
+  }
+  AdamWOptions& beta2(double v) {
+    AdamOptions::beta2(v);
+    return *this;
+  }
+  AdamWOptions& betas(const std::tuple<double, double>& v) {
+    AdamOptions::betas(v);
+    return *this;
+  }
   explicit AdamWOptions(const AdamOptions& o) : AdamOptions(o) {}  // every field of o
   std::unique_ptr<OptimizerOptions> clone() const override;
   const char* type_name() const override { return "AdamWOptions"; }
+
+ private:
+  template <typename V>
+  AdamWOptions& Set(AdamOptions& (AdamOptions::*setter)(const V&), const V& v) {
+    (this->*setter)(v);
+    return *this;
+  }
 };
 
 class Adam : public Optimizer {

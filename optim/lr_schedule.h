@@ -1,7 +1,7 @@
 // Learning-rate schedules bound to an Optimizer: each sets every group's lr from that group's
 // base lr (its lr when the schedule was bound) and the schedule step t = last_step().
 //
-//   tg::optim::AdamW opt(params, o);                       // o.lr = 6e-4 is the base lr
+//   tg::optim::AdamW opt(params, tg::optim::AdamWOptions(6e-4));   // 6e-4 is the base lr
 //   tg::optim::CosineWithWarmupLr sched(opt, /*warmup_steps=*/100, /*total_steps=*/5000,
 //                                       /*min_lr=*/6e-5);
 //   for (...) {

@@ -4,13 +4,11 @@
 // per-tensor path of composed tensor ops and a fused multi-tensor path (one pass over memory),
 // bit-identical on the CPU.
 //
-//   tg::optim::AdamWOptions o;
-//   o.lr = 3e-4;
-//   tg::optim::AdamWOptions no_decay = o;
-//   no_decay.weight_decay = 0;
+//   auto o = tg::optim::AdamWOptions(3e-4);
+//   auto no_decay = tg::optim::AdamWOptions(o).weight_decay(0);
 //   tg::optim::AdamW opt({tg::optim::ParamGroup({w1, w2}),          // the defaults: o
 //                         tg::optim::ParamGroup({bias}, no_decay)}, o);
-//   opt.param_groups()[1].options_as<tg::optim::AdamWOptions>().beta2 = 0.95;
+//   opt.param_groups()[1].options_as<tg::optim::AdamWOptions>().beta2(0.95);
 //   loss.backward();
 //   opt.step();                       // params without a grad are skipped
 //   opt.zero_grad();                  // grads become undefined
@@ -20,9 +18,9 @@
 // - Hyper-parameters are typed per optimizer (SGDOptions, AdamOptions, AdamWOptions, as libtorch's
 //   torch::optim::AdamOptions), one copy per group: a group made without options gets a copy of
 //   the optimizer's defaults, a group made with options keeps them whole (libtorch: no merging of
-//   a subset with the defaults; copy the defaults and change a field instead). The fields stay
-//   public members (o.lr = 0.1), not libtorch's chained setters, which would have changed every
-//   caller of the structs for no gain in checking. state_dict stores each under its old name
+//   a subset with the defaults; copy the defaults and change a field instead). Each option is
+//   libtorch's chained setter and getter (SGDOptions(0.1).momentum(0.9), o.lr()), so a libtorch
+//   program's options port unchanged (issue 40). state_dict stores each under its old name
 //   ("param_groups.<g>.lr", booleans 0/1: OptimizerOptions::named()), so checkpoints written when
 //   groups were maps of names to doubles load unchanged.
 // - State tensors are f32 for f16/bf16/f32 parameters and f64 for f64 parameters (PyTorch keeps

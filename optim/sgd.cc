@@ -25,24 +25,24 @@ std::unique_ptr<OptimizerOptions> SGDOptions::clone() const {
 }
 
 std::vector<NamedOption> SGDOptions::named() const {
-  return {{"dampening", dampening},
-          {"lr", lr},
-          {"momentum", momentum},
-          {"nesterov", nesterov ? 1.0 : 0.0},
-          {"weight_decay", weight_decay}};
+  return {{"dampening", dampening_},
+          {"lr", lr_},
+          {"momentum", momentum_},
+          {"nesterov", nesterov_ ? 1.0 : 0.0},
+          {"weight_decay", weight_decay_}};
 }
 
 bool SGDOptions::SetNamed(const std::string& name, double value, const std::string& context) {
   if (name == "dampening") {
-    dampening = value;
+    dampening_ = value;
   } else if (name == "lr") {
-    lr = value;
+    lr_ = value;
   } else if (name == "momentum") {
-    momentum = value;
+    momentum_ = value;
   } else if (name == "nesterov") {
-    nesterov = NamedBool(name, value, context);
+    nesterov_ = NamedBool(name, value, context);
   } else if (name == "weight_decay") {
-    weight_decay = value;
+    weight_decay_ = value;
   } else {
     return false;
   }
@@ -53,7 +53,7 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
     : SGD(OneGroup("SGD", std::move(params)), options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
-    : Optimizer("SGD", std::make_unique<SGDOptions>(defaults), defaults.fused) {
+    : Optimizer("SGD", std::make_unique<SGDOptions>(defaults), defaults.fused()) {
   Init(std::move(groups));
 }
 
@@ -63,19 +63,19 @@ bool SGD::AcceptsOptions(const OptimizerOptions& options) const {
 
 void SGD::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
   const SGDOptions& o = static_cast<const SGDOptions&>(options);
-  TG_CHECK(o.lr >= 0, context, "invalid lr ", o.lr, " (must be >= 0)");
-  TG_CHECK(o.momentum >= 0, context, "invalid momentum ", o.momentum, " (must be >= 0)");
-  TG_CHECK(o.weight_decay >= 0, context, "invalid weight_decay ", o.weight_decay,
+  TG_CHECK(o.lr() >= 0, context, "invalid lr ", o.lr(), " (must be >= 0)");
+  TG_CHECK(o.momentum() >= 0, context, "invalid momentum ", o.momentum(), " (must be >= 0)");
+  TG_CHECK(o.weight_decay() >= 0, context, "invalid weight_decay ", o.weight_decay(),
            " (must be >= 0)");
-  TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), context,
+  TG_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), context,
            "nesterov momentum requires a momentum > 0 and zero dampening, got momentum ",
-           o.momentum, " and dampening ", o.dampening);
+           o.momentum(), " and dampening ", o.dampening());
 }
 
 Optimizer::StateSpec SGD::ParamStateSpec(const OptimizerOptions& options) const {
   StateSpec spec;
   // A buffer made while momentum was on may outlive a change of momentum to 0.
-  (static_cast<const SGDOptions&>(options).momentum != 0 ? spec.tensors : spec.optional_tensors)
+  (static_cast<const SGDOptions&>(options).momentum() != 0 ? spec.tensors : spec.optional_tensors)
       .push_back(kMomentumBuffer);
   return spec;
 }
@@ -87,7 +87,7 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   // (FusedSgdOptions::momentum_buffers_valid: 0 until an update that was not skipped sets it),
   // one per device for the buffers made in this call, so whether the buffer is initialised
   // needs no host decision.
-  if (found_inf.defined() && o.momentum != 0) {
+  if (found_inf.defined() && o.momentum() != 0) {
     std::map<std::pair<DeviceType, int>, RawTensor> made;
     for (const ParamUpdate& u : updates) {
       if (u.state->tensors.count(kMomentumBuffer) != 0) continue;
@@ -109,7 +109,7 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
     const RawTensor& param = u.param.data();
     RawTensor buf, flag;
     bool init_buf = false;
-    if (o.momentum != 0) {
+    if (o.momentum() != 0) {
       auto it = u.state->tensors.find(kMomentumBuffer);
       if (it == u.state->tensors.end()) {
         buf = RawTensor::Empty(param.shape(), StateDType(param.dtype()), param.device());
@@ -132,11 +132,11 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
     if (buf.defined()) l.momentum_buffers.push_back(buf);
   }
   FusedSgdOptions f;
-  f.lr = o.lr;
-  f.weight_decay = o.weight_decay;
-  f.momentum = o.momentum;
-  f.dampening = o.dampening;
-  f.nesterov = o.nesterov;
+  f.lr = o.lr();
+  f.weight_decay = o.weight_decay();
+  f.momentum = o.momentum();
+  f.dampening = o.dampening();
+  f.nesterov = o.nesterov();
   f.found_inf = found_inf;
   for (const auto& [key, l] : lists) {
     f.init_momentum_buffers = std::get<2>(key);

@@ -7,10 +7,7 @@
 //   g = nesterov ? g + momentum * buf : buf        (if momentum != 0)
 //   p = p - lr * g
 //
-//   tg::optim::SGDOptions o;
-//   o.lr = 0.1;
-//   o.momentum = 0.9;
-//   tg::optim::SGD opt(model_params, o);
+//   tg::optim::SGD opt(model_params, tg::optim::SGDOptions(0.1).momentum(0.9));
 //   opt.step();
 //
 // Arithmetic: f32 for f16/bf16/f32 params (f64 for f64); each scalar (lr, momentum,
@@ -29,28 +26,32 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "tensor/arg.h"
 
 namespace tg::optim {
 
+// libtorch's chain: SGDOptions(0.01).momentum(0.9).nesterov(true); each option read as
+// options.momentum().
 struct SGDOptions : OptimizerOptions {
-  double lr = 1e-3;
-  double momentum = 0;
-  double dampening = 0;
-  double weight_decay = 0;
-  bool nesterov = false;  // needs momentum > 0 and dampening == 0 (PyTorch)
+  TG_ARG(double, lr) = 1e-3;
+  TG_ARG(double, momentum) = 0;
+  TG_ARG(double, dampening) = 0;
+  TG_ARG(double, weight_decay) = 0;
+  TG_ARG(bool, nesterov) = false;  // needs momentum > 0 and dampening == 0 (PyTorch)
   // The multi-tensor path; false: composed tensor ops per parameter. The optimizer's, read from
   // the options it is constructed with; a group's copy ignores it (not a group option).
-  bool fused = true;
+  TG_ARG(bool, fused) = true;
 
+ public:
   SGDOptions() = default;
   // libtorch's SGDOptions(lr): `tg::optim::SGD opt(model->parameters(), 0.01)`.
-  SGDOptions(double learning_rate) : lr(learning_rate) {}  // NOLINT: implicit, as libtorch's
+  SGDOptions(double lr) : lr_(lr) {}  // NOLINT: implicit, as libtorch's
   SGDOptions(const SGDOptions&) = default;
   SGDOptions& operator=(const SGDOptions&) = default;
   std::unique_ptr<OptimizerOptions> clone() const override;
   const char* type_name() const override { return "SGDOptions"; }
-  double get_lr() const override { return lr; }
-  void set_lr(double new_lr) override { lr = new_lr; }
+  double get_lr() const override { return lr_; }
+  void set_lr(double new_lr) override { lr_ = new_lr; }
   // dampening, lr, momentum, nesterov, weight_decay.
   std::vector<NamedOption> named() const override;
 

@@ -42,16 +42,16 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vecto
       return groups;
     }
     groups.emplace_back(matrices);
-    options.weight_decay = 0;
+    options.weight_decay(0);
     if (!others.empty()) groups.emplace_back(others, options);
     return groups;
   };
   std::unique_ptr<optim::Optimizer> opt;
   if (config.name == "adamw" || config.name == "adam") {
     optim::AdamWOptions o;
-    o.lr = config.lr;
-    o.weight_decay = config.weight_decay;
-    o.beta2 = config.beta2;
+    o.lr(config.lr);
+    o.weight_decay(config.weight_decay);
+    o.beta2(config.beta2);
     if (config.name == "adamw") {
       opt = std::make_unique<optim::AdamW>(make_groups(o), o);
     } else {
@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vecto
     }
   } else if (config.name == "sgd") {
     optim::SGDOptions o;
-    o.lr = config.lr;
-    o.momentum = config.momentum;
-    o.weight_decay = config.weight_decay;
+    o.lr(config.lr);
+    o.momentum(config.momentum);
+    o.weight_decay(config.weight_decay);
     opt = std::make_unique<optim::SGD>(make_groups(o), o);
   } else {
     return absl::InvalidArgumentError(

@@ -75,13 +75,13 @@ enum class Opt { kAdamW, kSgd };
 std::unique_ptr<optim::Optimizer> MakeOptimizer(Opt which, const Model& m) {
   if (which == Opt::kAdamW) {
     optim::AdamWOptions o;
-    o.lr = 1e-3;
-    o.weight_decay = 0.1;
+    o.lr(1e-3);
+    o.weight_decay(0.1);
     return std::make_unique<optim::AdamW>(m.params(), o);
   }
   optim::SGDOptions o;
-  o.lr = 1e-2;
-  o.momentum = 0.9;
+  o.lr(1e-2);
+  o.momentum(0.9);
   return std::make_unique<optim::SGD>(m.params(), o);
 }
 
@@ -318,11 +318,11 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
   SKIP_WITHOUT_GPU();
   for (bool amsgrad : {false, true}) {
     optim::AdamWOptions o;
-    o.lr = 1e-2;
-    o.weight_decay = 0.1;
-    o.amsgrad = amsgrad;
+    o.lr(1e-2);
+    o.weight_decay(0.1);
+    o.amsgrad(amsgrad);
     optim::AdamWOptions no_decay = o;
-    no_decay.weight_decay = 0;
+    no_decay.weight_decay(0);
     const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
     // Two groups, one without decay, as the training binaries make them.
     optim::AdamW cpu_opt(
@@ -351,8 +351,8 @@ TEST(CudaOptimizerTest, AdamWOnF32CudaParamsIsBitIdenticalToTheCpu) {
 TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
   SKIP_WITHOUT_GPU();
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
+  o.lr(1e-2);
+  o.weight_decay(0.1);
   const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
   optim::AdamW cpu_opt(cpu, o), gpu_opt(gpu, o);
   // Copies for params 0 and 2; param 1 is its own model parameter.
@@ -401,12 +401,12 @@ TEST(CudaOptimizerTest, AdamWGroupsByStepCountWithAndWithoutModelCopies) {
 TEST(CudaOptimizerTest, SgdAndAdamWithL2TakeTheTensorOpsOnTheDevice) {
   SKIP_WITHOUT_GPU();
   optim::SGDOptions so;
-  so.lr = 0.1;
-  so.momentum = 0.9;
-  so.nesterov = true;
-  so.weight_decay = 1e-2;
+  so.lr(0.1);
+  so.momentum(0.9);
+  so.nesterov(true);
+  so.weight_decay(1e-2);
   optim::AdamOptions ao;
-  ao.weight_decay = 1e-2;  // L2: not the fused kernel's decoupled decay
+  ao.weight_decay(1e-2);  // L2: not the fused kernel's decoupled decay
   const std::vector<Tensor> cpu = Params(kCpu), gpu = Params(kGpu);
   optim::SGD cpu_sgd(std::vector<Tensor>{cpu[0], cpu[1]}, so);
   optim::SGD gpu_sgd(std::vector<Tensor>{gpu[0], gpu[1]}, so);

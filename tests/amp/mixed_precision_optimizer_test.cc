@@ -50,7 +50,7 @@ Tensor Loss(const Tensor& y) { return Mean(Mul(y, y)); }
 
 std::unique_ptr<optim::Optimizer> Sgd(const Model& m, double lr = 0.1) {
   optim::SGDOptions o;
-  o.lr = lr;
+  o.lr(lr);
   return std::make_unique<optim::SGD>(m.params(), o);
 }
 
@@ -121,18 +121,18 @@ TEST(MixedPrecisionOptimizerTest, SkipOnDeviceReadsNothingPerStepAndMatchesTheHo
       auto make = [&](const Model& m) -> std::unique_ptr<optim::Optimizer> {
         if (kind == 0) {
           optim::SGDOptions o;
-          o.lr = 0.05;
-          o.momentum = 0.9;
-          o.dampening = 0.25;
-          o.fused = fused;
+          o.lr(0.05);
+          o.momentum(0.9);
+          o.dampening(0.25);
+          o.fused(fused);
           return std::make_unique<optim::SGD>(m.params(), o);
         }
         optim::AdamWOptions o;
-        o.lr = 1e-2;
-        o.fused = fused;
+        o.lr(1e-2);
+        o.fused(fused);
         if (kind == 1) return std::make_unique<optim::Adam>(m.params(), o);
-        o.weight_decay = 0.1;
-        o.amsgrad = true;
+        o.weight_decay(0.1);
+        o.amsgrad(true);
         return std::make_unique<optim::AdamW>(m.params(), o);
       };
       const std::string what = "kind " + std::to_string(kind) + " fused " + std::to_string(fused);
@@ -510,7 +510,7 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   };
   auto adamw = [](const Model& m) {
     optim::AdamWOptions o;
-    o.lr = 1e-2;
+    o.lr(1e-2);
     return std::make_unique<optim::AdamW>(m.params(), o);
   };
   MixedPrecisionOptimizer::Options o;
@@ -570,10 +570,10 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
       Tensor(RandNormal({7}, gen), true),  // f32: its own master
   };
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.beta1 = 0.9;
-  o.beta2 = 0.95;
-  o.weight_decay = 0.1;
+  o.lr(1e-2);
+  o.beta1(0.9);
+  o.beta2(0.95);
+  o.weight_decay(0.1);
   MixedPrecisionOptimizer::Options mo;
   mo.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2.0, 0.5, 2));
   MixedPrecisionOptimizer opt(std::make_unique<optim::AdamW>(params, o), mo);
@@ -592,11 +592,11 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
   const RawTensor found_inf = RawTensor::Zeros({}, kF32);
   WriteLossScale(state, scale, inv_scale);
   FusedAdamOptions f;
-  f.lr = o.lr;
-  f.beta1 = o.beta1;
-  f.beta2 = o.beta2;
-  f.eps = o.eps;
-  f.weight_decay = o.weight_decay;
+  f.lr = o.lr();
+  f.beta1 = o.beta1();
+  f.beta2 = o.beta2();
+  f.eps = o.eps();
+  f.weight_decay = o.weight_decay();
   f.decay = WeightDecay::kDecoupled;
   f.device_step = RawTensor::Zeros({}, kF64);
   f.inv_scale = inv_scale;

@@ -100,8 +100,8 @@ RunResult Train(const char* label, const Task& task, DType dtype,
                 std::shared_ptr<amp::LossScaler> scaler) {
   const Mlp model(dtype);
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.eps = 1e-14;  // see the header comment
+  o.lr(1e-2);
+  o.eps(1e-14);  // see the header comment
   amp::MixedPrecisionOptions mp;
   mp.scaler = std::move(scaler);
   amp::MixedPrecisionOptimizer opt(std::make_unique<optim::AdamW>(model.params(), o), mp);

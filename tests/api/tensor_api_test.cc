@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -309,6 +310,29 @@ TEST(ModuleHolders, AnEmptyHolderSaysSo) {
                  "module holder of Linear is empty (made from nullptr): assign it a module "
                  "first, e.g. with register_module");
   }
+}
+
+TEST(OptimizerOptions, LibtorchChains) {
+  const auto sgd = tg::optim::SGDOptions(0.01).momentum(0.5).nesterov(true).weight_decay(1e-4);
+  EXPECT_EQ(sgd.lr(), 0.01);
+  EXPECT_EQ(sgd.momentum(), 0.5);
+  EXPECT_TRUE(sgd.nesterov());
+  EXPECT_EQ(sgd.weight_decay(), 1e-4);
+  EXPECT_EQ(sgd.dampening(), 0.0);
+  // The chain of AdamWOptions stays AdamWOptions (AdamW takes nothing else).
+  const tg::optim::AdamWOptions adamw =
+      tg::optim::AdamWOptions(1e-3).betas({0.8, 0.9}).weight_decay(0.2).eps(1e-6);
+  EXPECT_EQ(adamw.betas(), std::make_tuple(0.8, 0.9));
+  EXPECT_EQ(adamw.beta2(), 0.9);
+  EXPECT_EQ(adamw.weight_decay(), 0.2);
+  EXPECT_EQ(tg::optim::AdamWOptions().weight_decay(), 1e-2);  // AdamW's default
+  EXPECT_EQ(tg::optim::AdamOptions(2e-3).amsgrad(true).lr(), 2e-3);
+  tg::Tensor w = tg::ones({2}, tg::requires_grad());
+  tg::optim::AdamW opt({w}, tg::optim::AdamWOptions(0.1).weight_decay(0));
+  (w * w).sum().backward();
+  opt.step();
+  // One Adam step moves each weight by lr (m / sqrt(v) = 1 at the first step).
+  EXPECT_NEAR(w.data().to_vector<float>()[0], 0.9f, 1e-6);
 }
 
 }  // namespace holders

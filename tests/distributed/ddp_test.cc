@@ -118,8 +118,8 @@ Tensor MseOf(DistributedDataParallel& ddp, const Batch& b) {
 
 optim::SGDOptions Sgd() {
   optim::SGDOptions o;
-  o.lr = 0.05;
-  o.momentum = 0.9;
+  o.lr(0.05);
+  o.momentum(0.9);
   return o;
 }
 
@@ -686,7 +686,7 @@ TEST(DdpTest, F16OverflowOnOneRankSkipsTheStepOnEveryRank) {
       mp.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch(1024));
       if (reduce_found_inf) mp.reduce_found_inf = MaxFoundInfAcrossRanks(pg);
       optim::SGDOptions sgd;
-      sgd.lr = 0.05;
+      sgd.lr(0.05);
       amp::MixedPrecisionOptimizer opt(std::make_unique<optim::SGD>(model->parameters(), sgd), mp);
       opt.attach();
       constexpr int kOverflowStep = 3;

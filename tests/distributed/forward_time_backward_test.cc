@@ -214,7 +214,7 @@ amp::MixedPrecisionOptions MixedOptions(DType dtype) {
 
 std::unique_ptr<optim::Optimizer> MakeSgd(const std::vector<Tensor>& params) {
   optim::SGDOptions o;
-  o.lr = kLr;
+  o.lr(kLr);
   return std::make_unique<optim::SGD>(params, o);
 }
 

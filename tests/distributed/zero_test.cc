@@ -62,8 +62,8 @@ std::shared_ptr<nn::Mlp> MakeMlp(DType dtype) {
 
 std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Tensor>& params) {
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.01;
+  o.lr(1e-2);
+  o.weight_decay(0.01);
   return std::make_unique<optim::AdamW>(params, o);
 }
 
@@ -75,11 +75,11 @@ std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
     biases.push_back(model.layer(i)->bias());
   }
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
+  o.lr(1e-2);
+  o.weight_decay(0.1);
   optim::AdamWOptions no_decay = o;
-  no_decay.weight_decay = 0;
-  no_decay.lr = 2e-2;
+  no_decay.weight_decay(0);
+  no_decay.lr(2e-2);
   return std::make_unique<optim::AdamW>(
       std::vector<optim::ParamGroup>{optim::ParamGroup(weights),
                                      optim::ParamGroup(biases, no_decay)},
@@ -118,7 +118,7 @@ struct Config {
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
   if (c.sgd) {
     optim::SGDOptions o;
-    o.lr = 0.1;
+    o.lr(0.1);
     return std::make_unique<optim::SGD>(model.parameters(), o);
   }
   return c.two_groups ? MakeGroupedAdamW(model) : MakeAdamW(model.parameters());

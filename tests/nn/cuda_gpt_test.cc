@@ -244,8 +244,8 @@ std::vector<double> TrainLosses(Device device, int steps) {
   model.to(kBF16);
   model.to(device);
   optim::AdamWOptions o;
-  o.lr = 3e-3;
-  o.weight_decay = 0.1;
+  o.lr(3e-3);
+  o.weight_decay(0.1);
   amp::MixedPrecisionOptimizer opt(std::make_unique<optim::AdamW>(model.parameters(), o));
   std::vector<double> losses;
   const Batch b = MakeBatch(11);

@@ -75,8 +75,8 @@ TEST(GptTest, LearnsAFixedSequenceAndSamplesIt) {
   RawTensor x = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8});
   RawTensor y = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin() + 1, seq.end()), {1, 8});
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0;
+  o.lr(1e-2);
+  o.weight_decay(0);
   optim::AdamW opt(model.parameters(), o);
   double first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {

@@ -89,7 +89,7 @@ TEST(ImageModelsTest, CnnLearnsASmallBatch) {
   RawTensor labels =
       RawTensor::FromVector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16});
   optim::AdamOptions o;
-  o.lr = 3e-3;
+  o.lr(3e-3);
   optim::Adam opt(cnn->parameters(), o);
   double first = 0, last = 0;
   for (int step = 0; step < 40; ++step) {

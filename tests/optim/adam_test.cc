@@ -77,29 +77,29 @@ std::vector<float> F(const float (&v)[3]) { return std::vector<float>(v, v + 3);
 
 TEST(AdamTest, TraceMatchesFormula) {
   AdamOptions o;
-  o.lr = 0.01;
+  o.lr(0.01);
   ExpectTrace<Adam>(o, kAdam);
 }
 
 TEST(AdamTest, L2WeightDecayAmsgradTrace) {
   AdamOptions o;
-  o.lr = 0.01;
-  o.weight_decay = 0.001;
-  o.amsgrad = true;
+  o.lr(0.01);
+  o.weight_decay(0.001);
+  o.amsgrad(true);
   ExpectTrace<Adam>(o, kAdamL2Amsgrad);
 }
 
 TEST(AdamTest, AdamWTrace) {
   AdamWOptions o;
-  o.lr = 0.01;
-  o.weight_decay = 0.1;
+  o.lr(0.01);
+  o.weight_decay(0.1);
   ExpectTrace<AdamW>(o, kAdamW);
 }
 
 TEST(AdamTest, AdamWHalfParamsTrace) {
   AdamWOptions o;
-  o.lr = 0.01;
-  o.weight_decay = 0.1;
+  o.lr(0.01);
+  o.weight_decay(0.1);
   ExpectTrace<AdamW>(o, kAdamWHalf, kF16);
 }
 
@@ -108,12 +108,12 @@ TEST(AdamTest, AdamWHalfParamsTrace) {
 TEST(AdamTest, StateAfterTrace) {
   for (bool fused : {true, false}) {
     AdamOptions o;
-    o.lr = 0.01;
-    o.fused = fused;
+    o.lr(0.01);
+    o.fused(fused);
     Tensor p = testing::TraceParam();
     Adam opt(std::vector<Tensor>{p}, o);
-    o.weight_decay = 0.001;
-    o.amsgrad = true;
+    o.weight_decay(0.001);
+    o.amsgrad(true);
     Tensor q = testing::TraceParam();
     Adam ams(std::vector<Tensor>{q}, o);
     for (int k = 0; k < testing::kTraceSteps; ++k) {
@@ -137,9 +137,9 @@ TEST(AdamTest, StateAfterTrace) {
 TEST(AdamTest, F64ParamsComputeInF64) {
   for (bool fused : {true, false}) {
     AdamOptions o;
-    o.lr = 0.01;
-    o.amsgrad = true;
-    o.fused = fused;
+    o.lr(0.01);
+    o.amsgrad(true);
+    o.fused(fused);
     Tensor p = testing::TraceParam(kF64);
     Adam opt(std::vector<Tensor>{p}, o);
     for (int k = 0; k < testing::kTraceSteps; ++k) {
@@ -160,8 +160,8 @@ TEST(AdamTest, F64ParamsComputeInF64) {
 // With weight_decay 0 AdamW is Adam: the decoupled factor is exactly 1.
 TEST(AdamTest, AdamWWithoutDecayIsAdam) {
   AdamWOptions o;
-  o.lr = 0.01;
-  o.weight_decay = 0;
+  o.lr(0.01);
+  o.weight_decay(0);
   ExpectTrace<AdamW>(o, kAdam);
 }
 
@@ -178,7 +178,7 @@ TEST(AdamTest, DefaultsLikePyTorch) {
   EXPECT_FALSE(adam.decoupled_weight_decay());
   EXPECT_EQ(adam.name(), "Adam");
   AdamW adamw(std::vector<Tensor>{p});
-  EXPECT_EQ(dynamic_cast<const AdamWOptions&>(adamw.defaults()).weight_decay, 1e-2);
+  EXPECT_EQ(dynamic_cast<const AdamWOptions&>(adamw.defaults()).weight_decay(), 1e-2);
   EXPECT_TRUE(adamw.decoupled_weight_decay());
   EXPECT_EQ(adamw.name(), "AdamW");
   EXPECT_TRUE(adamw.fused());
@@ -187,11 +187,11 @@ TEST(AdamTest, DefaultsLikePyTorch) {
 TEST(AdamTest, TurningAmsgradOnLaterStartsTheMaximumAtZero) {
   Tensor p = testing::TraceParam();
   AdamOptions o;
-  o.lr = 0.01;
+  o.lr(0.01);
   Adam opt(std::vector<Tensor>{p}, o);
   testing::SetTraceGrad(p, 0, kF32);
   opt.step();
-  opt.param_groups()[0].options_as<AdamOptions>().amsgrad = true;
+  opt.param_groups()[0].options_as<AdamOptions>().amsgrad(true);
   testing::SetTraceGrad(p, 1, kF32);
   opt.step();
   const StateDict& s = *opt.param_state(p);
@@ -219,9 +219,9 @@ TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
       Tensor p(RawTensor::FromVector<float>({0.5f, -1.5f}, {2}), /*requires_grad=*/true);
       Tensor q(RawTensor::FromVector<float>({2.0f, 3.0f}, {2}), /*requires_grad=*/true);
       AdamOptions o;
-      o.lr = 0.1;
-      o.weight_decay = 0.1;
-      o.fused = fused;
+      o.lr(0.1);
+      o.weight_decay(0.1);
+      o.fused(fused);
       std::unique_ptr<Optimizer> opt;
       if (decoupled) {
         AdamWOptions w;
@@ -250,21 +250,21 @@ TEST(AdamTest, ParameterWithoutGradientIsNotStepped) {
 TEST(AdamTest, InvalidOptionsAreNamed) {
   Tensor p = testing::TraceParam();
   AdamOptions o;
-  o.beta1 = 1;
+  o.beta1(1);
   EXPECT_TRUE(
       tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Tensor>{p}, o); },
                                       "Adam: param group 0: invalid beta1 1 (must be in [0, 1))"));
   o = AdamOptions();
-  o.beta2 = -0.5;
+  o.beta2(-0.5);
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] { Adam(std::vector<Tensor>{p}, o); },
       "Adam: param group 0: invalid beta2 -0.5 (must be in [0, 1))"));
   AdamWOptions w;
-  w.eps = -1e-8;
+  w.eps(-1e-8);
   EXPECT_TRUE(
       tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Tensor>{p}, w); },
                                       "AdamW: param group 0: invalid eps -1e-08 (must be > 0)"));
-  w.eps = 0;
+  w.eps(0);
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { AdamW(std::vector<Tensor>{p}, w); },
                                               "AdamW: param group 0: invalid eps 0 (must be > 0)"));
   {  // A boolean can only be out of range in a state dict.
@@ -274,7 +274,7 @@ TEST(AdamTest, InvalidOptionsAreNamed) {
     EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
         [&] { opt.load_state_dict(sd); },
         "AdamW.load_state_dict: param group 0: amsgrad must be 0 or 1, got 2"));
-    EXPECT_FALSE(opt.param_groups()[0].options_as<AdamOptions>().amsgrad);
+    EXPECT_FALSE(opt.param_groups()[0].options_as<AdamOptions>().amsgrad());
   }
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { Adam(std::vector<Tensor>{}); },
                                               "Adam: got an empty parameter list"));

@@ -114,23 +114,23 @@ TEST(FusedTest, SgdEveryOptionCombination) {
         for (double weight_decay : {0.0, 0.01}) {
           if (nesterov && (momentum == 0 || dampening != 0)) continue;
           SGDOptions o;
-          o.lr = 0.1;
-          o.momentum = momentum;
-          o.dampening = dampening;
-          o.nesterov = nesterov;
-          o.weight_decay = weight_decay;
+          o.lr(0.1);
+          o.momentum(momentum);
+          o.dampening(dampening);
+          o.nesterov(nesterov);
+          o.weight_decay(weight_decay);
           ExpectFusedMatchesPerTensor(
               absl::StrCat("SGD momentum ", momentum, " dampening ", dampening, " nesterov ",
                            nesterov, " weight_decay ", weight_decay),
               [o](std::vector<ParamGroup> groups, bool fused) {
                 SGDOptions f = o;
-                f.fused = fused;
+                f.fused(fused);
                 return std::make_unique<SGD>(std::move(groups), f);
               },
               [&] {
                 SGDOptions second = o;
-                second.lr = 0.03;
-                second.weight_decay = 0.05;
+                second.lr(0.03);
+                second.weight_decay(0.05);
                 return second;
               }());
         }
@@ -144,12 +144,12 @@ TEST(FusedTest, AdamAndAdamWEveryOptionCombination) {
     for (bool amsgrad : {false, true}) {
       for (double weight_decay : {0.0, 0.05}) {
         AdamOptions o;
-        o.lr = 0.01;
-        o.beta1 = 0.8;
-        o.beta2 = 0.99;
-        o.eps = 1e-6;
-        o.amsgrad = amsgrad;
-        o.weight_decay = weight_decay;
+        o.lr(0.01);
+        o.beta1(0.8);
+        o.beta2(0.99);
+        o.eps(1e-6);
+        o.amsgrad(amsgrad);
+        o.weight_decay(weight_decay);
         ExpectFusedMatchesPerTensor(
             absl::StrCat(decoupled ? "AdamW" : "Adam", " amsgrad ", amsgrad, " weight_decay ",
                          weight_decay),
@@ -158,18 +158,18 @@ TEST(FusedTest, AdamAndAdamWEveryOptionCombination) {
               if (decoupled) {
                 AdamWOptions w;
                 static_cast<AdamOptions&>(w) = o;
-                w.fused = fused;
+                w.fused(fused);
                 return std::make_unique<AdamW>(std::move(groups), w);
               }
               AdamOptions f = o;
-              f.fused = fused;
+              f.fused(fused);
               return std::make_unique<Adam>(std::move(groups), f);
             },
             [&] {
               AdamOptions second = o;
-              second.lr = 0.002;
-              second.weight_decay = 0.2;
-              second.amsgrad = !amsgrad;
+              second.lr(0.002);
+              second.weight_decay(0.2);
+              second.amsgrad(!amsgrad);
               return second;
             }());
       }
@@ -186,8 +186,8 @@ TEST(FusedTest, NonFiniteGradientsGiveTheSameBits) {
     for (int f = 0; f < 2; ++f) {
       params[f] = {Tensor(RawTensor::FromVector<float>({1, 2, 3, 4}, {4}), true)};
       AdamWOptions o;
-      o.amsgrad = amsgrad;
-      o.fused = f == 0;
+      o.amsgrad(amsgrad);
+      o.fused(f == 0);
       opts[f] = std::make_unique<AdamW>(params[f], o);
     }
     const float inf = std::numeric_limits<float>::infinity();

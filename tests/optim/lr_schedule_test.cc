@@ -21,12 +21,12 @@ struct Fixture {
   Fixture() : opt(MakeGroups(w, b), Defaults()) {}
   static std::vector<ParamGroup> MakeGroups(const Tensor& w, const Tensor& b) {
     SGDOptions second = Defaults();
-    second.lr = 1e-3;
+    second.lr(1e-3);
     return {ParamGroup({w}), ParamGroup({b}, second)};
   }
   static SGDOptions Defaults() {
     SGDOptions o;
-    o.lr = 6e-4;
+    o.lr(6e-4);
     return o;
   }
   std::vector<double> lrs() const {
@@ -81,10 +81,10 @@ TEST(LrScheduleTest, StepLrSequence) {
   }
   // A gamma that is not a power of two: base * pow(0.1, t / 3) (PyTorch's closed form).
   SGDOptions o;
-  o.lr = 0.1;
+  o.lr(0.1);
   Tensor w(RawTensor::Zeros({1}), true);
   SGDOptions half = o;
-  half.lr = 0.5;
+  half.lr(0.5);
   SGD opt({ParamGroup({w}), ParamGroup(std::vector<Tensor>{}, half)}, o);
   StepLr tenth(opt, /*step_size=*/3);
   const double kTenth0[] = {0.1,
@@ -132,7 +132,7 @@ TEST(LrScheduleTest, SkippedStepsDoNotAdvance) {
 TEST(LrScheduleTest, TheOptimizerStepsWithTheScheduledLr) {
   Tensor w(RawTensor::FromVector<float>({1}, {1}), true);
   SGDOptions o;
-  o.lr = 1;
+  o.lr(1);
   SGD opt(std::vector<Tensor>{w}, o);
   StepLr sched(opt, 1, 0.5);  // lr 1, 0.5, 0.25, ...
   for (int k = 0; k < 3; ++k) {

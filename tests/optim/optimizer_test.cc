@@ -46,22 +46,22 @@ void ExpectSameStateDict(const StateDict& a, const StateDict& b) {
 TEST(OptimizerTest, GroupsTakeDefaultsAndKeepOverrides) {
   Tensor w = Param({1, 2}), b = Param({3});
   SGDOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
+  o.lr(0.1);
+  o.momentum(0.9);
   SGDOptions second = o;
-  second.weight_decay = 0.5;
-  second.lr = 0.01;
+  second.weight_decay(0.5);
+  second.lr(0.01);
   SGD opt({ParamGroup({w}), ParamGroup({b}, second)}, o);
-  second.lr = 0.03;  // the group holds a copy
+  second.lr(0.03);  // the group holds a copy
   ASSERT_EQ(opt.param_groups().size(), 2u);
   EXPECT_EQ(opt.param_groups()[0].options().named(), o.named());
   const SGDOptions& got = opt.param_groups()[1].options_as<SGDOptions>();
-  EXPECT_EQ(got.weight_decay, 0.5);
-  EXPECT_EQ(got.lr, 0.01);
-  EXPECT_EQ(got.momentum, 0.9);
+  EXPECT_EQ(got.weight_decay(), 0.5);
+  EXPECT_EQ(got.lr(), 0.01);
+  EXPECT_EQ(got.momentum(), 0.9);
   EXPECT_EQ(opt.param_groups()[1].lr(), 0.01);
   opt.param_groups()[1].set_lr(0.02);
-  EXPECT_EQ(got.lr, 0.02);
+  EXPECT_EQ(got.lr(), 0.02);
   EXPECT_TRUE(ThrowsErrorExactly([&] { opt.param_groups()[0].options_as<AdamOptions>(); },
                                  "param group options are SGDOptions, not AdamOptions"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { ParamGroup({w}).lr(); },
@@ -74,9 +74,9 @@ TEST(OptimizerTest, GroupsTakeDefaultsAndKeepOverrides) {
 
   Tensor c = Param({4});
   SGDOptions third = o;
-  third.momentum = 0;
+  third.momentum(0);
   opt.add_param_group(ParamGroup({c}, third));
-  EXPECT_EQ(opt.param_groups()[2].options_as<SGDOptions>().momentum, 0);
+  EXPECT_EQ(opt.param_groups()[2].options_as<SGDOptions>().momentum(), 0);
   EXPECT_EQ(opt.param_groups()[2].lr(), 0.1);
   Tensor d = Param({5});
   opt.add_param_group(ParamGroup({d}));  // the defaults
@@ -111,7 +111,7 @@ TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {
         AdamOptions nan_lr;
-        nan_lr.lr = std::nan("");
+        nan_lr.lr(std::nan(""));
         Adam({ParamGroup({w}, nan_lr)});
       },
       "Adam: param group 0: option 'lr' is nan"));
@@ -145,8 +145,8 @@ TEST(OptimizerTest, ZeroGradInPlaceKeepsTheTensor) {
 TEST(OptimizerTest, StepSkipsParamsWithoutGradAndBumpsVersions) {
   Tensor w = Param({1, 2}), b = Param({3});
   SGDOptions o;
-  o.lr = 0.5;
-  o.momentum = 0.9;
+  o.lr(0.5);
+  o.momentum(0.9);
   SGD opt(std::vector<Tensor>{w, b}, o);
   EXPECT_FALSE(opt.has_state());
   SetGrad(w, {1, -1});
@@ -182,7 +182,7 @@ TEST(OptimizerTest, StateIsCreatedLazilyInTheComputeDType) {
 TEST(OptimizerTest, ParamGroupsAreMutableBeforeTheFirstStep) {
   Tensor model = Param({1, 2}, kF16);
   SGDOptions o;
-  o.lr = 0.5;
+  o.lr(0.5);
   SGD opt(std::vector<Tensor>{model}, o);
   EXPECT_FALSE(opt.has_state());
   Tensor master(model.data().to(kF32), true);
@@ -207,7 +207,7 @@ TEST(OptimizerTest, StepUsesTheGroupLrAsWritten) {
 TEST(OptimizerTest, StepValidatesEverythingBeforeUpdating) {
   Tensor w = Param({1}), b = Param({2});
   SGDOptions o;
-  o.lr = 1;
+  o.lr(1);
   SGD opt({ParamGroup({w}), ParamGroup({b})}, o);
   SetGrad(w, {1});
   b.set_grad(Tensor(RawTensor::FromVector<int64_t>({1}, {1})));
@@ -243,14 +243,14 @@ struct AdamFixture {
   explicit AdamFixture(bool amsgrad = true) {
     params = {Param({1, 2, 3}), Param({4}), Param({5, 6}, kF16)};
     AdamOptions o;
-    o.lr = 0.1;
-    o.amsgrad = amsgrad;
+    o.lr(0.1);
+    o.amsgrad(amsgrad);
     opt = std::make_unique<Adam>(std::vector<ParamGroup>{ParamGroup({params[0], params[1]}),
                                                          ParamGroup({params[2]},
                                                                     [&] {
                                                                       AdamOptions second = o;
-                                                                      second.weight_decay = 0.5;
-                                                                      second.lr = 0.2;
+                                                                      second.weight_decay(0.5);
+                                                                      second.lr(0.2);
                                                                       return second;
                                                                     }())},
                                  o);
@@ -311,14 +311,14 @@ TEST(OptimizerTest, TypedOptionsLoadAndSaveTheOldKeys) {
   opt.load_state_dict(old);
   const SGDOptions& g0 = opt.param_groups()[0].options_as<SGDOptions>();
   const SGDOptions& g1 = opt.param_groups()[1].options_as<SGDOptions>();
-  EXPECT_EQ(g0.dampening, 0.125);
-  EXPECT_EQ(g0.lr, 0.25);
-  EXPECT_EQ(g0.momentum, 0.5);
-  EXPECT_FALSE(g0.nesterov);
-  EXPECT_EQ(g0.weight_decay, 0.75);
-  EXPECT_EQ(g1.lr, 2);
-  EXPECT_EQ(g1.momentum, 0.9);
-  EXPECT_TRUE(g1.nesterov);
+  EXPECT_EQ(g0.dampening(), 0.125);
+  EXPECT_EQ(g0.lr(), 0.25);
+  EXPECT_EQ(g0.momentum(), 0.5);
+  EXPECT_FALSE(g0.nesterov());
+  EXPECT_EQ(g0.weight_decay(), 0.75);
+  EXPECT_EQ(g1.lr(), 2);
+  EXPECT_EQ(g1.momentum(), 0.9);
+  EXPECT_TRUE(g1.nesterov());
   const StateDict back = opt.state_dict();
   EXPECT_EQ(back.scalars, old.scalars);
   EXPECT_EQ(back.tensors.size(), old.tensors.size());
@@ -370,8 +370,8 @@ TEST(OptimizerTest, StateDictRoundTripContinuesBitIdentically) {
 
 TEST(OptimizerTest, SgdMomentumStateDictRoundTrip) {
   SGDOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
+  o.lr(0.1);
+  o.momentum(0.9);
   Tensor w = Param({1, 2}), w2 = Param({1, 2});
   SGD a(std::vector<Tensor>{w}, o);
   SGD b(std::vector<Tensor>{w2}, o);
@@ -521,17 +521,17 @@ TEST(OptimizerTest, StepWithFoundInfSkipsOnTheDeviceAndKeepsCountsAndMomentum) {
       auto make = [&](const Tensor& p) -> std::unique_ptr<Optimizer> {
         if (kind == 2) {
           SGDOptions o;
-          o.lr = 0.1;
-          o.momentum = 0.9;
-          o.dampening = 0.25;
-          o.fused = fused;
+          o.lr(0.1);
+          o.momentum(0.9);
+          o.dampening(0.25);
+          o.fused(fused);
           return std::make_unique<SGD>(std::vector<Tensor>{p}, o);
         }
         AdamWOptions o;
-        o.lr = 0.01;
-        o.weight_decay = kind == 1 ? 0.1 : 0;
-        o.amsgrad = kind == 1;
-        o.fused = fused;
+        o.lr(0.01);
+        o.weight_decay(kind == 1 ? 0.1 : 0);
+        o.amsgrad(kind == 1);
+        o.fused(fused);
         if (kind == 0) return std::make_unique<Adam>(std::vector<Tensor>{p}, o);
         return std::make_unique<AdamW>(std::vector<Tensor>{p}, o);
       };

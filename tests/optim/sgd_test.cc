@@ -47,25 +47,25 @@ constexpr float kNesterovBuffer[3] = {-0.0475213043f, -0.513374865f, 0.786922336
 
 TEST(SgdTest, PlainTraceMatchesPyTorchFormula) {
   SGDOptions o;
-  o.lr = 0.1;
+  o.lr(0.1);
   ExpectTrace<SGD>(o, kPlain);
 }
 
 TEST(SgdTest, MomentumDampeningWeightDecayTrace) {
   SGDOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
-  o.dampening = 0.1;
-  o.weight_decay = 0.01;
+  o.lr(0.1);
+  o.momentum(0.9);
+  o.dampening(0.1);
+  o.weight_decay(0.01);
   ExpectTrace<SGD>(o, kMomentumDampeningDecay);
 }
 
 TEST(SgdTest, NesterovTrace) {
   SGDOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
-  o.weight_decay = 0.01;
-  o.nesterov = true;
+  o.lr(0.1);
+  o.momentum(0.9);
+  o.weight_decay(0.01);
+  o.nesterov(true);
   ExpectTrace<SGD>(o, kNesterov);
 }
 
@@ -80,12 +80,12 @@ TEST(SgdTest, MomentumBufferStateAndFirstStep) {
        {Case{false, 0.1, kMomentumDampeningDecayBuffer}, Case{true, 0.0, kNesterovBuffer}}) {
     for (bool fused : {true, false}) {
       SGDOptions o;
-      o.lr = 0.1;
-      o.momentum = 0.9;
-      o.dampening = c.dampening;
-      o.weight_decay = 0.01;
-      o.nesterov = c.nesterov;
-      o.fused = fused;
+      o.lr(0.1);
+      o.momentum(0.9);
+      o.dampening(c.dampening);
+      o.weight_decay(0.01);
+      o.nesterov(c.nesterov);
+      o.fused(fused);
       Tensor p = testing::TraceParam();
       SGD opt(std::vector<Tensor>{p}, o);
       testing::SetTraceGrad(p, 0, kF32);
@@ -116,11 +116,11 @@ TEST(SgdTest, PlainSgdKeepsNoBuffer) {
 
 TEST(SgdTest, OptionsRoundTripThroughTheirStateDictNames) {
   SGDOptions o;
-  o.lr = 0.5;
-  o.momentum = 0.8;
-  o.dampening = 0.25;
-  o.weight_decay = 0.125;
-  o.nesterov = true;
+  o.lr(0.5);
+  o.momentum(0.8);
+  o.dampening(0.25);
+  o.weight_decay(0.125);
+  o.nesterov(true);
   const std::vector<NamedOption> named = o.named();
   EXPECT_EQ(named, (std::vector<NamedOption>{{"dampening", 0.25},
                                              {"lr", 0.5},
@@ -129,37 +129,37 @@ TEST(SgdTest, OptionsRoundTripThroughTheirStateDictNames) {
                                              {"weight_decay", 0.125}}));
   SGDOptions back;
   for (const NamedOption& n : named) EXPECT_TRUE(back.set_named(n.name, n.value)) << n.name;
-  EXPECT_EQ(back.lr, 0.5);
-  EXPECT_EQ(back.momentum, 0.8);
-  EXPECT_EQ(back.dampening, 0.25);
-  EXPECT_EQ(back.weight_decay, 0.125);
-  EXPECT_TRUE(back.nesterov);
+  EXPECT_EQ(back.lr(), 0.5);
+  EXPECT_EQ(back.momentum(), 0.8);
+  EXPECT_EQ(back.dampening(), 0.25);
+  EXPECT_EQ(back.weight_decay(), 0.125);
+  EXPECT_TRUE(back.nesterov());
   EXPECT_FALSE(back.set_named("beta1", 0.9));
   EXPECT_EQ(back.named(), named);
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly([&] { back.set_named("nesterov", 0.5, "here: "); },
                                               "here: nesterov must be 0 or 1, got 0.5"));
-  EXPECT_TRUE(back.nesterov);
+  EXPECT_TRUE(back.nesterov());
 }
 
 TEST(SgdTest, InvalidOptionsAreNamed) {
   Tensor p = testing::TraceParam();
   SGDOptions o;
-  o.lr = -0.1;
+  o.lr(-0.1);
   EXPECT_TRUE(
       tg::testing::ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{p}, o); },
                                       "SGD: param group 0: invalid lr -0.1 (must be >= 0)"));
   o = SGDOptions();
-  o.nesterov = true;
+  o.nesterov(true);
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] { SGD(std::vector<Tensor>{p}, o); },
       "SGD: param group 0: nesterov momentum requires a momentum > 0 and zero dampening, got "
       "momentum 0 and dampening 0"));
-  o.momentum = 0.9;
-  o.dampening = 0.1;
+  o.momentum(0.9);
+  o.dampening(0.1);
   EXPECT_TRUE(tg::testing::ThrowsError([&] { SGD(std::vector<Tensor>{p}, o); },
                                        "got momentum 0.9 and dampening 0.1"));
   o = SGDOptions();
-  o.weight_decay = -1;
+  o.weight_decay(-1);
   EXPECT_TRUE(tg::testing::ThrowsErrorExactly(
       [&] { SGD(std::vector<Tensor>{p}, o); },
       "SGD: param group 0: invalid weight_decay -1 (must be >= 0)"));

@@ -40,7 +40,7 @@ inline void SetTraceGrad(const Tensor& p, int k, DType dtype) {
 template <typename Opt, typename Options>
 void ExpectTrace(Options options, const float (&expected)[kTraceSteps][3], DType dtype = kF32) {
   for (bool fused : {true, false}) {
-    options.fused = fused;
+    options.fused(fused);
     Tensor p = TraceParam(dtype);
     Opt opt(std::vector<Tensor>{p}, options);
     for (int k = 0; k < kTraceSteps; ++k) {

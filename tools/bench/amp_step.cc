@@ -105,8 +105,8 @@ struct AmpModel {
   AmpModel(const std::vector<tg::RawTensor>& init, const std::vector<tg::RawTensor>& grads, bool fused) {
     for (const tg::RawTensor& t : init) params.emplace_back(t.to(tg::kF16), /*requires_grad=*/true);
     tg::optim::AdamWOptions o;
-    o.lr = 1e-3;
-    o.fused = fused;
+    o.lr(1e-3);
+    o.fused(fused);
     opt = std::make_unique<tg::amp::MixedPrecisionOptimizer>(
         std::make_unique<tg::optim::AdamW>(params, o));
     for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(tg::Tensor(grads[i]));

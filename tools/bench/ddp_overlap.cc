@@ -191,7 +191,7 @@ int RankMain() {
     t.model = std::make_shared<tg::nn::Gpt>(config, gen);
     t.params = t.model->parameters();
     tg::optim::AdamWOptions o;
-    o.lr = 1e-3;
+    o.lr(1e-3);
     t.opt = std::make_unique<tg::optim::AdamW>(t.params, o);
     int64_t n = 0;
     for (const Tensor& p : t.params) n += p.numel();

@@ -114,13 +114,13 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
   std::vector<Tensor> decay, no_decay;
   for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   optim::AdamWOptions o;
-  o.lr = 6e-4;
-  o.beta1 = 0.9;
-  o.beta2 = 0.95;
-  o.eps = 1e-8;
-  o.weight_decay = 0.1;
+  o.lr(6e-4);
+  o.beta1(0.9);
+  o.beta2(0.95);
+  o.eps(1e-8);
+  o.weight_decay(0.1);
   optim::AdamWOptions no_decay_options = o;
-  no_decay_options.weight_decay = 0;
+  no_decay_options.weight_decay(0);
   // f32 masters for bf16 weights (f32 weights are their own); bf16 gets a constant scale of 1
   // and no overflow check, so a step never reads anything back from the device.
   amp::MixedPrecisionOptimizer opt(std::make_unique<optim::AdamW>(

@@ -95,9 +95,9 @@ int main(int argc, char** argv) {
   for (bool fused : {true, false}) {
     const std::vector<tg::Tensor> params = MakeParams(gen);
     tg::optim::AdamWOptions o;
-    o.lr = 1e-4;
-    o.weight_decay = 0.1;
-    o.fused = fused;
+    o.lr(1e-4);
+    o.weight_decay(0.1);
+    o.fused(fused);
     tg::optim::AdamW opt(params, o);
     const double s = BestSeconds(fused ? 10 : 3, [&] { opt.step(); });
     const double gbs = adamw_bytes / s * 1e-9;

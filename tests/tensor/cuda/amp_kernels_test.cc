@@ -201,12 +201,12 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
       std::vector<Tensor> params;
       for (int64_t n : {3, 65536 + 100, 1000}) params.emplace_back(RandNormal({n}, gen), true);
       optim::AdamWOptions o;
-      o.lr = 1e-2;
-      o.beta1 = 0.9;
-      o.beta2 = 0.95;
-      o.eps = 1e-8;
-      o.weight_decay = wd;
-      o.amsgrad = amsgrad;
+      o.lr(1e-2);
+      o.beta1(0.9);
+      o.beta2(0.95);
+      o.eps(1e-8);
+      o.weight_decay(wd);
+      o.amsgrad(amsgrad);
       optim::AdamW cpu(params, o);
       AdamTensorLists lists;
       for (const Tensor& p : params) {
@@ -216,10 +216,10 @@ TEST(CudaAmpKernelsTest, FusedAdamMatchesCpuAdamW) {
         if (amsgrad) lists.max_exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), kF32, kGpu));
       }
       FusedAdamOptions g;
-      g.lr = o.lr;
-      g.beta1 = o.beta1;
-      g.beta2 = o.beta2;
-      g.eps = o.eps;
+      g.lr = o.lr();
+      g.beta1 = o.beta1();
+      g.beta2 = o.beta2();
+      g.eps = o.eps();
       g.weight_decay = wd;
       g.decay = wd != 0 ? WeightDecay::kDecoupled : WeightDecay::kNone;
       g.amsgrad = amsgrad;
@@ -269,10 +269,10 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
       Tensor(RandNormal({7}, gen), true),  // f32: its own master
   };
   optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.beta1 = 0.9;
-  o.beta2 = 0.95;
-  o.weight_decay = 0.1;
+  o.lr(1e-2);
+  o.beta1(0.9);
+  o.beta2(0.95);
+  o.weight_decay(0.1);
   amp::MixedPrecisionOptimizer::Options mo;
   mo.scaler = std::make_shared<LossScaler>(LossScaler::PyTorch(1024, 2.0, 0.5, 2));
   amp::MixedPrecisionOptimizer cpu(std::make_unique<optim::AdamW>(params, o), mo);
@@ -294,11 +294,11 @@ TEST(CudaAmpKernelsTest, OverflowSkipBackoffMatchesMixedPrecisionOptimizer) {
   const RawTensor step = RawTensor::Zeros({}, kF64, kGpu);
   cuda::WriteScaleOnDevice(state, scale, inv_scale);
   FusedAdamOptions g;
-  g.lr = o.lr;
-  g.beta1 = o.beta1;
-  g.beta2 = o.beta2;
-  g.eps = o.eps;
-  g.weight_decay = o.weight_decay;
+  g.lr = o.lr();
+  g.beta1 = o.beta1();
+  g.beta2 = o.beta2();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
   g.decay = WeightDecay::kDecoupled;
   g.device_step = step;
   g.inv_scale = inv_scale;
@@ -355,8 +355,8 @@ TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
   Generator gen(41);
   const Tensor master(RandNormal({5000}, gen), true);
   optim::AdamWOptions o;
-  o.lr = 3e-3;
-  o.weight_decay = 0.05;
+  o.lr(3e-3);
+  o.weight_decay(0.05);
   optim::AdamW cpu(std::vector<Tensor>{master}, o);
   AdamTensorLists lists;
   lists.params = {ToGpu(master.data())};
@@ -365,11 +365,11 @@ TEST(CudaAmpKernelsTest, FusedAdamUnscalesLowPrecisionGradsInF32) {
   const RawTensor model = ToGpu(master.data().to(kBF16));
   lists.model_params = {model};
   FusedAdamOptions g;
-  g.lr = o.lr;
-  g.beta1 = o.beta1;
-  g.beta2 = o.beta2;
-  g.eps = o.eps;
-  g.weight_decay = o.weight_decay;
+  g.lr = o.lr();
+  g.beta1 = o.beta1();
+  g.beta2 = o.beta2();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
   g.decay = WeightDecay::kDecoupled;
   const RawTensor inv = RawTensor::Scalar(1.0 / 384.0, kF32);  // not a power of two
   g.inv_scale = ToGpu(inv);
