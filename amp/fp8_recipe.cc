@@ -209,8 +209,8 @@ StateDict Fp8DelayedScaling::state_dict() const {
     for (Fp8Role role : kRoles) {
       const Fp8TensorScaling& t = tensor(layer, role);
       sd.scalars[ScaleKey(layer, role)] = t.scale;
-      sd.tensors[HistoryKey(layer, role)] =
-          RawTensor::FromVector<float>(t.amax_history, {static_cast<int64_t>(t.amax_history.size())});
+      sd.tensors[HistoryKey(layer, role)] = RawTensor::FromVector<float>(
+          t.amax_history, {static_cast<int64_t>(t.amax_history.size())});
     }
   }
   return sd;

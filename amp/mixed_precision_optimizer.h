@@ -162,8 +162,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   void ClearAllGrads();
 
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::vector<Tensor> model_;       // the model's parameters
-  std::vector<Tensor> master_;      // f32 copies for f16/bf16, else the same Tensor
+  std::vector<Tensor> model_;            // the model's parameters
+  std::vector<Tensor> master_;           // f32 copies for f16/bf16, else the same Tensor
   std::vector<RawTensor> master_grads_;  // f32 (f64 for f64 params); undefined: none yet
   Device device_;                     // of every parameter
   // The step's mechanics (scaler, found_inf, unscale, clip, skip), shared with ZeroOptimizer.

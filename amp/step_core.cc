@@ -109,7 +109,8 @@ void StepCore::Unscale(const std::vector<RawTensor>& grads) {
   NonFiniteCheckAndUnscale(grads, found_inf_, InvScale());
 }
 
-double StepCore::ClipGradNorm(const std::vector<RawTensor>& grads, double max_norm, double norm_type) {
+double StepCore::ClipGradNorm(const std::vector<RawTensor>& grads, double max_norm,
+                              double norm_type) {
   TG_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   TG_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (or inf), got ", norm_type);
   if (grads.empty() && !hooks_.reduce_norm) return 0;

@@ -132,7 +132,7 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     // Captured before fn draws anything, so the recomputation sees the same random numbers.
     ctx.saved_data["generators"] = GeneratorStates::Capture(generators);
     ctx.saved_data["autocast"] = amp::GetAutocastState();
-    Tensor out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
+    Tensor out = CheckedCall(fn, inputs);    // under no-grad (Function::Apply): nothing saved
     ctx.save_for_backward(inputs);           // version-checked when the backward recomputes
     ctx.saved_data["fn"] = std::move(fn);
     return {out};
@@ -282,7 +282,7 @@ Tensor Unpack(NonReentrantState& s, size_t index) {
 }
 
 Tensor NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
-                                const std::vector<Generator*>& generators) {
+                              const std::vector<Generator*>& generators) {
   auto state = std::make_shared<NonReentrantState>();
   state->fn = std::move(fn);
   state->inputs = DetachInputs(inputs);

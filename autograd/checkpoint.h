@@ -66,7 +66,7 @@ extern const char* const kCheckpointNoGradInputsWarning;
 
 // Returns fn(inputs), recomputing fn during backward instead of keeping what it saves.
 Tensor Checkpoint(CheckpointFn fn, const VariableList& inputs,
-                    const CheckpointOptions& options = {});
+                  const CheckpointOptions& options = {});
 
 }  // namespace tg
 

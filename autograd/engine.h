@@ -135,8 +135,7 @@ HookHandle register_multi_grad_hook(const VariableList& vars,
                                     MultiGradMode mode = MultiGradMode::kAll);
 // kAny with PyTorch's signature: `fn` receives only the first gradient. `mode` must be kAny.
 HookHandle register_multi_grad_hook(const VariableList& vars,
-                                    std::function<void(const Tensor& grad)> fn,
-                                    MultiGradMode mode);
+                                    std::function<void(const Tensor& grad)> fn, MultiGradMode mode);
 
 // Anomaly mode (process-wide): nodes record where they were created, and a backward whose
 // node produces NaN/inf throws naming that node's forward op and its creation site.

@@ -31,9 +31,7 @@ Tensor empty(IntArrayRef shape, const TensorOptions& options) {
   return Tensor(RawTensor::Empty(ToShape(shape), options.dtype(), options.device()),
                 options.requires_grad());
 }
-Tensor zeros(IntArrayRef shape, const TensorOptions& options) {
-  return full(shape, 0, options);
-}
+Tensor zeros(IntArrayRef shape, const TensorOptions& options) { return full(shape, 0, options); }
 Tensor ones(IntArrayRef shape, const TensorOptions& options) { return full(shape, 1, options); }
 Tensor full(IntArrayRef shape, double value, const TensorOptions& options) {
   TG_CHECK(!options.requires_grad() || IsFloating(options.dtype()),
@@ -110,9 +108,7 @@ Tensor zeros_like(const Tensor& t, const TensorOptions& options) {
   return zeros(t.sizes(), options);
 }
 Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), Like(t)); }
-Tensor ones_like(const Tensor& t, const TensorOptions& options) {
-  return ones(t.sizes(), options);
-}
+Tensor ones_like(const Tensor& t, const TensorOptions& options) { return ones(t.sizes(), options); }
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), Like(t)); }
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), Like(t)); }
 Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, Like(t)); }

@@ -26,8 +26,8 @@ namespace tg {
 class TensorOptions {
  public:
   TensorOptions() = default;
-  TensorOptions(DType dtype) : dtype_(dtype) {}  // NOLINT: implicit, as libtorch's
-  TensorOptions(Device device) : device_(device) {}  // NOLINT
+  TensorOptions(DType dtype) : dtype_(dtype) {}              // NOLINT: implicit, as libtorch's
+  TensorOptions(Device device) : device_(device) {}          // NOLINT
   TensorOptions(DeviceType type) : device_(Device(type)) {}  // NOLINT
 
   TensorOptions dtype(DType dtype) const {
@@ -102,8 +102,7 @@ Tensor rand_like(const Tensor& t);
 
 // [start, end) by step; i64 when every bound is an integer type, else f32 (libtorch's default
 // dtype), unless the options name one.
-Tensor ArangeOf(double start, double end, double step, bool integral,
-                const TensorOptions& options);
+Tensor ArangeOf(double start, double end, double step, bool integral, const TensorOptions& options);
 template <typename E, typename = std::enable_if_t<std::is_arithmetic_v<E>>>
 Tensor arange(E end, const TensorOptions& options = {}) {
   return ArangeOf(0, static_cast<double>(end), 1, std::is_integral_v<E>, options);
@@ -118,10 +117,8 @@ template <typename S, typename E, typename P,
           typename = std::enable_if_t<std::is_arithmetic_v<S> && std::is_arithmetic_v<E> &&
                                       std::is_arithmetic_v<P>>>
 Tensor arange(S start, E end, P step, const TensorOptions& options = {}) {
-  return ArangeOf(static_cast<double>(start), static_cast<double>(end),
-                  static_cast<double>(step),
-                  std::is_integral_v<S> && std::is_integral_v<E> && std::is_integral_v<P>,
-                  options);
+  return ArangeOf(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step),
+                  std::is_integral_v<S> && std::is_integral_v<E> && std::is_integral_v<P>, options);
 }
 
 // tg::tensor({1.0, 2.0}) (f32), tg::tensor({1, 2}) (i64), tg::tensor({true, false}) (bool),
@@ -141,8 +138,7 @@ Tensor TensorOfValues(const std::vector<double>& values, const Shape& shape, DTy
 template <typename T>
 Tensor tensor(const std::vector<T>& values, const TensorOptions& options = {}) {
   return TensorOfValues(std::vector<double>(values.begin(), values.end()),
-                        {static_cast<int64_t>(values.size())}, DefaultDTypeOfValues<T>(),
-                        options);
+                        {static_cast<int64_t>(values.size())}, DefaultDTypeOfValues<T>(), options);
 }
 template <typename T>
 Tensor tensor(std::initializer_list<T> values, const TensorOptions& options = {}) {

@@ -453,7 +453,7 @@ VariableList RecordMulti(const char* name, absl::Span<const RawTensor> results,
 }
 
 Tensor Record(const char* name, RawTensor result, const VariableList& inputs,
-                const VariableList& saved, BackwardFn backward, bool save_output) {
+              const VariableList& saved, BackwardFn backward, bool save_output) {
   if (!ShouldRecord(inputs)) return Tensor(std::move(result));
   std::shared_ptr<FunctionNode> node = MakeNode(name, inputs, saved, std::move(backward));
   node->AddInputMetadata(result);

@@ -191,7 +191,7 @@ class SavedVariable {
   bool released_ = false;
   bool is_output_ = false;
   RawTensor data_;
-  Tensor variable_;            // inputs: the variable itself (keeps its history)
+  Tensor variable_;              // inputs: the variable itself (keeps its history)
   std::weak_ptr<Node> grad_fn_;  // outputs: the producing node, held weakly
   uint32_t output_nr_ = 0;
   bool requires_grad_ = false;
@@ -279,7 +279,7 @@ bool ShouldRecord(const VariableList& inputs);
 // kept for backward (and appear in ctx.saved); `save_output` also saves the result (appended
 // last to ctx.saved). Without recording (no grad needed) it only wraps `result`.
 Tensor Record(const char* name, RawTensor result, const VariableList& inputs,
-                const VariableList& saved, BackwardFn backward, bool save_output = false);
+              const VariableList& saved, BackwardFn backward, bool save_output = false);
 // The same with several outputs.
 VariableList RecordMulti(const char* name, absl::Span<const RawTensor> results,
                          const VariableList& inputs, const VariableList& saved,

@@ -82,7 +82,7 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // GELU is applied to the GEMM's output and its derivative taken in one pass in the backward (as
 // Linear's fused epilogue). No second derivative.
 Tensor Fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   const Fp8LinearQuantizers& quantizers, Activation act = Activation::kNone);
+                 const Fp8LinearQuantizers& quantizers, Activation act = Activation::kNone);
 
 // ---- Views and shape ops ----
 Tensor Reshape(const Tensor& x, const Shape& shape);
@@ -107,32 +107,31 @@ Tensor IndexSelect(const Tensor& x, const RawTensor& index);
 Tensor Softmax(const Tensor& x);
 Tensor LogSoftmax(const Tensor& x);
 // weight/bias may be undefined.
-Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   double eps = 1e-5);
+Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor Embedding(const Tensor& weight, const RawTensor& indices);
 Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index = -100,
-                      Reduction reduction = Reduction::kMean);
+                    Reduction reduction = Reduction::kMean);
 // The same loss computed together with d loss / d logits in one pass (tensor/ops.h
 // CrossEntropyWithGrad: on CUDA one kernel, no host synchronisation), which the node keeps
 // instead of the logits; the backward scales it by the loss gradient. First order only: a
 // create_graph backward through it throws (use CrossEntropy). Autocast: like cross_entropy.
 Tensor FusedCrossEntropy(const Tensor& logits, const RawTensor& targets,
-                           int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
+                         int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
 // softmax(scale * q k^T + causal mask) v over heads q [B, H, Tq, D], k and v [B, H, Tk, D]
 // (tensor/ops.h ScaledDotProductAttention): on CUDA cuDNN's fused flash attention where the
 // tensors qualify; the backward recomputes the probabilities from the saved log-sum-exps.
 // Autocast: a low-precision op like matmul. No dropout on the probabilities.
-Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   bool causal, double scale);
+Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                 double scale);
 // 2-D convolution over x [N, C, H, W] with weight [O, C, kh, kw] and bias [O] (optional), and
 // max pooling (tensor/ops.h has the shapes and PyTorch's output-size rule). Under autocast
 // conv2d is a kLowPrecision op like linear (x, weight and bias are cast; the f32 weight's cast is
 // cached); max_pool2d keeps its input's dtype. The gradient of max_pool2d goes to the selected
 // element of each window. Both backwards are differentiable again (create_graph).
 Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-                Conv2dParams p = {});
+              Conv2dParams p = {});
 Tensor MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                   std::array<int64_t, 2> padding = {0, 0});
+                 std::array<int64_t, 2> padding = {0, 0});
 class Generator;
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor Dropout(const Tensor& x, double p, Generator& gen, bool training = true);

@@ -32,10 +32,9 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
   options.create_graph = create_graph;
   options.retain_graph = retain_graph.value_or(create_graph);
   options.allow_unused = allow_unused;
-  const VariableList result = Engine::Grad(VariableList(outputs.begin(), outputs.end()),
-                                           VariableList(inputs.begin(), inputs.end()),
-                                           VariableList(grad_outputs.begin(), grad_outputs.end()),
-                                           options);
+  const VariableList result = Engine::Grad(
+      VariableList(outputs.begin(), outputs.end()), VariableList(inputs.begin(), inputs.end()),
+      VariableList(grad_outputs.begin(), grad_outputs.end()), options);
   return variable_list(result.begin(), result.end());
 }
 
@@ -46,13 +45,20 @@ double IValue::toDouble() const {
 
 const char* IValue::KindName() const {
   switch (value_.index()) {
-    case 0: return "None";
-    case 1: return "double";
-    case 2: return "int";
-    case 3: return "bool";
-    case 4: return "Tensor";
-    case 5: return "string";
-    default: return "int list";
+    case 0:
+      return "None";
+    case 1:
+      return "double";
+    case 2:
+      return "int";
+    case 3:
+      return "bool";
+    case 4:
+      return "Tensor";
+    case 5:
+      return "string";
+    default:
+      return "int list";
   }
 }
 
@@ -103,14 +109,17 @@ std::string FunctionNameOf(const char* mangled) {
 VariableList GradientsOfTensorArguments(const variable_list& grads, size_t num_args,
                                         const std::vector<size_t>& positions, const char* name) {
   TG_CHECK(grads.size() == num_args, name, "Backward: backward returned ", grads.size(),
-           " gradients, expected ", num_args, " (one per argument of forward, undefined for "
+           " gradients, expected ", num_args,
+           " (one per argument of forward, undefined for "
            "the non-Tensor ones)");
   VariableList out;
   for (size_t p : positions) out.push_back(grads[p]);
   for (size_t p = 0; p < num_args; ++p) {
     const bool is_tensor = std::find(positions.begin(), positions.end(), p) != positions.end();
-    TG_CHECK(is_tensor || !grads[p].defined(), name, "Backward: backward returned a gradient for "
-             "argument ", p, ", which is not a Tensor");
+    TG_CHECK(is_tensor || !grads[p].defined(), name,
+             "Backward: backward returned a gradient for "
+             "argument ",
+             p, ", which is not a Tensor");
   }
   return out;
 }

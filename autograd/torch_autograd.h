@@ -50,13 +50,13 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
 class IValue {
  public:
   IValue() = default;
-  IValue(double v) : value_(v) {}                 // NOLINT: implicit, as libtorch's
-  IValue(int64_t v) : value_(v) {}                // NOLINT
-  IValue(int v) : value_(int64_t{v}) {}           // NOLINT
-  IValue(bool v) : value_(v) {}                   // NOLINT
-  IValue(Tensor v) : value_(std::move(v)) {}      // NOLINT
-  IValue(std::string v) : value_(std::move(v)) {}  // NOLINT
-  IValue(const char* v) : value_(std::string(v)) {}  // NOLINT
+  IValue(double v) : value_(v) {}                           // NOLINT: implicit, as libtorch's
+  IValue(int64_t v) : value_(v) {}                          // NOLINT
+  IValue(int v) : value_(int64_t{v}) {}                     // NOLINT
+  IValue(bool v) : value_(v) {}                             // NOLINT
+  IValue(Tensor v) : value_(std::move(v)) {}                // NOLINT
+  IValue(std::string v) : value_(std::move(v)) {}           // NOLINT
+  IValue(const char* v) : value_(std::string(v)) {}         // NOLINT
   IValue(std::vector<int64_t> v) : value_(std::move(v)) {}  // NOLINT
 
   bool isNone() const { return value_.index() == 0; }
@@ -144,8 +144,7 @@ struct Function {
         },
         [](FunctionCtx& function_ctx, const VariableList& grads) {
           AutogradContext ctx(function_ctx);
-          const variable_list out =
-              T::backward(&ctx, variable_list(grads.begin(), grads.end()));
+          const variable_list out = T::backward(&ctx, variable_list(grads.begin(), grads.end()));
           return detail::GradientsOfTensorArguments(out, kNumArgs, ctx.tensor_positions(),
                                                     name.c_str());
         });

@@ -142,8 +142,7 @@ Tensor MakeView(Tensor out, const Tensor& input, ViewFn fn) {
   return out;
 }
 
-Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name,
-                             size_t index) {
+Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name, size_t index) {
   const std::string output = absl::StrCat("Output ", index, " of ", node_name, " is a view and ");
   const std::string rest =
       ". This view is the output of a function that returns multiple views. Such functions do "

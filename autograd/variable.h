@@ -17,11 +17,11 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <ostream>
-#include <tuple>
-#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -286,7 +286,7 @@ class Tensor {
 
 // What a view knows about its base (PyTorch's DifferentiableViewMeta, backward part).
 struct ViewInfo {
-  Tensor base;  // the root base: a view of a view has its base's base
+  Tensor base;    // the root base: a view of a view has its base's base
   ViewFn fn;      // base -> this view: the composition of the view ops from the root base
   // The storage version when grad_fn was last made from the base; grad_fn is remade when the
   // version differs (an in-place op on the base or on a view of it happened since).
@@ -319,8 +319,7 @@ struct VariableImpl {
 // does not share storage (a reshape that copied) is returned as it is. Returns `out`.
 Tensor MakeView(Tensor out, const Tensor& input, ViewFn fn);
 // The same for output `index` of `node_name` (Split), an op that returns several views.
-Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name,
-                             size_t index);
+Tensor MakeMultiOutputView(Tensor out, const Tensor& input, const char* node_name, size_t index);
 
 // Prints as libtorch does (tensor/print.h): the values, then "[ CPUFloatType{2,3} ]".
 std::ostream& operator<<(std::ostream& out, const Tensor& t);

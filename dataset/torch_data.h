@@ -29,8 +29,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/factories.h"
-#include "autograd/torch_functions.h"
 #include "autograd/ops.h"
+#include "autograd/torch_functions.h"
 #include "autograd/variable.h"
 #include "dataset/mnist.h"
 #include "tensor/error.h"
@@ -74,8 +74,8 @@ class Dataset {
 template <typename Source, typename Transform>
 class MapDataset {
  public:
-  using BatchType = decltype(std::declval<Transform&>().apply_batch(
-      std::declval<typename Source::BatchType>()));
+  using BatchType =
+      decltype(std::declval<Transform&>().apply_batch(std::declval<typename Source::BatchType>()));
   MapDataset(Source source, Transform transform)
       : source_(std::move(source)), transform_(std::move(transform)) {}
   BatchType get_batch(const std::vector<size_t>& indices) {
@@ -280,8 +280,8 @@ std::unique_ptr<StatelessDataLoader<DatasetType, Sampler>> make_data_loader(
   const std::optional<size_t> size = dataset.size();
   TG_CHECK(size.has_value(), "make_data_loader: the dataset has no size");
   Sampler sampler(static_cast<int64_t>(*size));
-  return std::make_unique<StatelessDataLoader<DatasetType, Sampler>>(
-      std::move(dataset), std::move(sampler), options);
+  return std::make_unique<StatelessDataLoader<DatasetType, Sampler>>(std::move(dataset),
+                                                                     std::move(sampler), options);
 }
 
 }  // namespace tg::data

@@ -71,7 +71,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                            (bucket_bytes > 0 && bucket_bytes + bytes > options_.bucket_cap_bytes);
     if (start_new) {
       if (!buckets_.empty()) {
-        buckets_.back().buffer = RawTensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
+        buckets_.back().buffer =
+            RawTensor::Zeros({bucket_numel}, params_.back().var.dtype(), device);
       }
       buckets_.emplace_back();
       buckets_.back().first_param = static_cast<int32_t>(params_.size());

@@ -213,15 +213,15 @@ class DistributedDataParallel {
     int32_t bucket = 0;
     int32_t registration_index = 0;  // position in the module's deduplicated parameters
     int64_t offset = 0;              // first element of the slot in the bucket buffer
-    RawTensor slot;                     // view of the bucket buffer with the parameter's shape
-    Tensor grad_view;              // Tensor(slot): becomes .grad after the reduction
+    RawTensor slot;                  // view of the bucket buffer with the parameter's shape
+    Tensor grad_view;                // Tensor(slot): becomes .grad after the reduction
     bool ready = false;              // the slot holds this backward's gradient
     // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) since
     // the last synchronised backward: reduced by the next one even if its hook does not fire.
     bool forward_grad = false;
   };
   struct Bucket {
-    RawTensor buffer;                           // [numel] of the bucket's dtype, on pg_->device()
+    RawTensor buffer;                        // [numel] of the bucket's dtype, on pg_->device()
     int32_t first_param = 0, end_param = 0;  // range in params_
     int32_t pending = 0;                     // parameters not ready yet in this backward
     bool launched = false;

@@ -476,7 +476,7 @@ GlooProcessGroup::~GlooProcessGroup() {
 }
 
 absl::Status GlooProcessGroup::CheckInterface(int rank, const std::string& name,
-                                             const GlooOptions& options) {
+                                              const GlooOptions& options) {
   // gloo looks the interface up itself, but leaks getifaddrs' list when it is missing.
   if (options.iface.empty() || if_nametoindex(options.iface.c_str()) != 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -574,8 +574,8 @@ std::shared_ptr<Work> GlooProcessGroup::all_reduce(const RawTensor& tensor, Redu
                        });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const RawTensor& output, const RawTensor& input,
-                                                       ReduceOp op) {
+std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const RawTensor& output,
+                                                       const RawTensor& input, ReduceOp op) {
   CheckTensor("reduce_scatter", "output", output);
   CheckTensor("reduce_scatter", "input", input);
   CheckChunks("reduce_scatter", "input", input, "output", output);
@@ -606,7 +606,8 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const RawTensor& output, 
                        });
 }
 
-std::shared_ptr<Work> GlooProcessGroup::all_gather(const RawTensor& output, const RawTensor& input) {
+std::shared_ptr<Work> GlooProcessGroup::all_gather(const RawTensor& output,
+                                                   const RawTensor& input) {
   CheckTensor("all_gather", "output", output);
   CheckTensor("all_gather", "input", input);
   CheckChunks("all_gather", "output", output, "input", input);

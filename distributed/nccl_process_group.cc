@@ -649,8 +649,8 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce(const RawTensor& tensor, Redu
                 });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const RawTensor& output, const RawTensor& input,
-                                                       ReduceOp op) {
+std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const RawTensor& output,
+                                                       const RawTensor& input, ReduceOp op) {
   CheckTensor("reduce_scatter", "output", output);
   CheckTensor("reduce_scatter", "input", input);
   CheckChunks("reduce_scatter", "input", input, "output", output);
@@ -688,7 +688,8 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const RawTensor& output, 
                 });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::all_gather(const RawTensor& output, const RawTensor& input) {
+std::shared_ptr<Work> NcclProcessGroup::all_gather(const RawTensor& output,
+                                                   const RawTensor& input) {
   CheckTensor("all_gather", "output", output);
   CheckTensor("all_gather", "input", input);
   CheckChunks("all_gather", "output", output, "input", input);

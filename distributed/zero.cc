@@ -323,13 +323,14 @@ void ZeroOptimizer::InitStage3() {
     f.shard = fulls[fi].narrow(0, rank_ * f.shard_numel, f.shard_numel).clone();
     // An f32 (f64) shard is its own master; f16/bf16 shards get an f32 copy.
     f.master = Tensor(MasterDType(f.dtype) == f.dtype ? f.shard : f.shard.to(kF32),
-                        /*requires_grad=*/true);
+                      /*requires_grad=*/true);
     f.master.set_name(
         absl::StrCat("zero master ", fi, " (", units_[f.unit].name, ", rank ", rank_, ")"));
     for (int i : f.params) {
       Param& p = params_[i];
-      p.placeholder = RawTensor::Full({}, std::numeric_limits<double>::quiet_NaN(), p.dtype, device_)
-                          .expand(p.shape);
+      p.placeholder =
+          RawTensor::Full({}, std::numeric_limits<double>::quiet_NaN(), p.dtype, device_)
+              .expand(p.shape);
       p.var.set_data(p.placeholder);
     }
   }

@@ -326,8 +326,10 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   void FinishBucket(int b);
   void FinishAll();
   void ReduceModelGrads();                                  // stage 1
-  RawTensor GatherFlat(const Flat& f, const RawTensor& shard);    // [shard_numel] -> [numel], collective
-  RawTensor ShardOf(const Flat& f, const RawTensor& full) const;  // [numel] -> this rank's [shard_numel]
+  RawTensor GatherFlat(const Flat& f,
+                       const RawTensor& shard);  // [shard_numel] -> [numel], collective
+  RawTensor ShardOf(const Flat& f,
+                    const RawTensor& full) const;  // [numel] -> this rank's [shard_numel]
   void AllocateGradBuffer(Bucket& bucket);
   void FreeGradBuffer(Bucket& bucket);
   bool HasModelGrads() const;
@@ -355,7 +357,7 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   int rank_ = 0, world_ = 1;
   Device device_;
 
-  std::vector<Tensor> model_;     // optimizer order
+  std::vector<Tensor> model_;       // optimizer order
   std::vector<std::string> names_;  // for errors and layout()
   std::vector<Param> params_;       // parallel to model_
   std::vector<Flat> flats_;

@@ -57,7 +57,7 @@ struct ZeroOptimizer::Param {
   Shape shape;
   DType dtype = kF32;
   bool arrived = false;  // stage 2/3: this backward's gradient is in its bucket
-  RawTensor placeholder;    // stage 3: 1-element NaN storage expanded to `shape`
+  RawTensor placeholder;  // stage 3: 1-element NaN storage expanded to `shape`
   // .grad holds a gradient accumulated by a backward issued in forward (ForwardScope) that no
   // epilogue has taken yet: the next launch of its bucket includes it (see zero.h).
   bool forward_grad = false;
@@ -70,8 +70,8 @@ struct ZeroOptimizer::Bucket {
   int64_t numel = 0;          // padded to a multiple of the world size
   int64_t chunk = 0;          // numel / world: the part each rank owns
   int64_t master_offset = 0;  // where this rank's chunk lives in the flat buffer's master
-  RawTensor grad;                // [numel] reduce dtype, while filling or in flight
-  RawTensor shard_grad;          // [chunk] reduce dtype, the reduce_scatter's output
+  RawTensor grad;             // [numel] reduce dtype, while filling or in flight
+  RawTensor shard_grad;       // [chunk] reduce dtype, the reduce_scatter's output
   std::shared_ptr<Work> work;
   int arrived = 0;
   bool launched = false;
@@ -86,10 +86,10 @@ struct ZeroOptimizer::Flat {
   std::vector<int> buckets;  // buffer order
   int64_t numel = 0;         // padded, all ranks
   int64_t shard_numel = 0;   // this rank's elements
-  RawTensor full;               // [numel] model dtype (stage 3: only while gathered)
-  RawTensor shard;              // stage 3: [shard_numel] model dtype
-  Tensor master;           // [shard_numel] f32 (f64 for f64)
-  RawTensor master_grad;        // [shard_numel] master dtype, or undefined
+  RawTensor full;            // [numel] model dtype (stage 3: only while gathered)
+  RawTensor shard;           // stage 3: [shard_numel] model dtype
+  Tensor master;             // [shard_numel] f32 (f64 for f64)
+  RawTensor master_grad;     // [shard_numel] master dtype, or undefined
 };
 
 struct ZeroOptimizer::Unit {

@@ -45,7 +45,8 @@ std::string Conv2dImpl::extra_repr() const {
                       ", bias=", bias_.defined() ? "true" : "false");
 }
 
-MaxPool2dImpl::MaxPool2dImpl(const MaxPool2dOptions& options) : Module("MaxPool2d"), options_(options) {}
+MaxPool2dImpl::MaxPool2dImpl(const MaxPool2dOptions& options)
+    : Module("MaxPool2d"), options_(options) {}
 
 Tensor MaxPool2dImpl::forward(const Tensor& x) {
   return tg::MaxPool2d(x, options_.kernel_size(), options_.stride(), options_.padding());

@@ -44,7 +44,7 @@ class Conv2dImpl : public Module {
  public:
   Conv2dImpl(const Conv2dOptions& options, Generator& gen);
   Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
-         Generator& gen)  // stride 1, no padding, with a bias
+             Generator& gen)  // stride 1, no padding, with a bias
       : Conv2dImpl(Conv2dOptions(in_channels, out_channels, kernel_size), gen) {}
   // libtorch's constructors: drawn from the default generator (tg::manual_seed).
   explicit Conv2dImpl(const Conv2dOptions& options) : Conv2dImpl(options, DefaultGenerator()) {}

@@ -34,8 +34,10 @@ void CheckSameShape(const char* op, const Tensor& input, const Tensor& target) {
 Tensor relu(const Tensor& x) { return Relu(x); }
 Tensor gelu(const Tensor& x, const GELUFuncOptions& options) {
   const std::string approximate = options.approximate();
-  TG_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or "
-           "'tanh', got '", approximate, "'");
+  TG_CHECK(approximate == "none" || approximate == "tanh",
+           "gelu: approximate must be 'none' or "
+           "'tanh', got '",
+           approximate, "'");
   return approximate == "tanh" ? GeluTanh(x) : Gelu(x);
 }
 Tensor silu(const Tensor& x) { return Silu(x); }
@@ -56,8 +58,7 @@ Tensor dropout(const Tensor& x, const DropoutFuncOptions& options) {
   return dropout(x, options, DefaultGenerator());
 }
 Tensor dropout(const Tensor& x, const DropoutFuncOptions& options, Generator& gen) {
-  TG_CHECK(options.p() >= 0 && options.p() <= 1, "dropout: p must be in [0, 1], got ",
-           options.p());
+  TG_CHECK(options.p() >= 0 && options.p() <= 1, "dropout: p must be in [0, 1], got ", options.p());
   if (!options.training() || options.p() == 0) return x;
   if (options.p() == 1) return MulScalar(x, 0);
   return Dropout(x, options.p(), gen, /*training=*/true);
@@ -84,9 +85,9 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
   if (beta == 0) return Reduce(a, options.reduction());
   const Tensor quadratic = MulScalar(Mul(d, d), 0.5 / beta);
   const Tensor linear = AddScalar(a, -0.5 * beta);
-  return Reduce(Where(tg::Lt(a.data(), RawTensor::Scalar(beta, a.dtype()).to(a.device())),
-                      quadratic, linear),
-                options.reduction());
+  return Reduce(
+      Where(tg::Lt(a.data(), RawTensor::Scalar(beta, a.dtype()).to(a.device())), quadratic, linear),
+      options.reduction());
 }
 
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
@@ -109,8 +110,8 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossFuncOpti
            "nll_loss: target must hold class indices (i64), got ", DTypeName(target.dtype()));
   // -input[i, target[i]] for the rows not ignored; mean over those rows.
   const RawTensor t = target.data().to(kI64);
-  const RawTensor keep = tg::Ne(t, RawTensor::Scalar(static_cast<double>(options.ignore_index()),
-                                                     kI64));
+  const RawTensor keep =
+      tg::Ne(t, RawTensor::Scalar(static_cast<double>(options.ignore_index()), kI64));
   const std::vector<int64_t> ids = t.to_vector<int64_t>();
   const int64_t classes = input.size(1);
   std::vector<int64_t> safe(ids.size());
@@ -141,8 +142,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
            "cross_entropy: label_smoothing is not supported here yet; use "
            "tg::nn::CrossEntropyLoss with CrossEntropyOptions::label_smoothing");
   TG_CHECK(target.dtype() == kI64 || target.dtype() == kI32,
-           "cross_entropy: target must hold class indices (i64), got ",
-           DTypeName(target.dtype()));
+           "cross_entropy: target must hold class indices (i64), got ", DTypeName(target.dtype()));
   return CrossEntropy(input, target.data(), options.ignore_index(), options.reduction());
 }
 
@@ -166,8 +166,7 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   return nn::functional::l1_loss(input, target,
                                  nn::functional::L1LossFuncOptions().reduction(reduction));
 }
-Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction,
-                      double beta) {
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
   return nn::functional::smooth_l1_loss(
       input, target, nn::functional::SmoothL1LossFuncOptions().reduction(reduction).beta(beta));
 }

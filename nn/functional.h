@@ -26,15 +26,15 @@ namespace nn {
 namespace functional {
 
 // A chainable option: `Options().name(value)` sets it, `name()` reads it.
-#define TG_FUNC_OPTION(Owner, type, name, initial)  \
- public:                                            \
-  Owner& name(type value) {                         \
-    name##_ = value;                                \
-    return *this;                                   \
-  }                                                 \
-  type name() const { return name##_; }             \
-                                                    \
- private:                                           \
+#define TG_FUNC_OPTION(Owner, type, name, initial) \
+ public:                                           \
+  Owner& name(type value) {                        \
+    name##_ = value;                               \
+    return *this;                                  \
+  }                                                \
+  type name() const { return name##_; }            \
+                                                   \
+ private:                                          \
   type name##_ = initial;
 
 class MSELossFuncOptions {

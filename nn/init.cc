@@ -60,14 +60,12 @@ const Tensor& Constant(const Tensor& v, double value) {
 const Tensor& Zeros(const Tensor& v) { return Constant(v, 0); }
 const Tensor& Ones(const Tensor& v) { return Constant(v, 1); }
 
-const Tensor& KaimingUniform(const Tensor& v, Generator& gen, double a,
-                               Nonlinearity nonlinearity) {
+const Tensor& KaimingUniform(const Tensor& v, Generator& gen, double a, Nonlinearity nonlinearity) {
   double bound = Gain(nonlinearity, a) * std::sqrt(3.0 / FanInAndOut(v.shape()).first);
   return Uniform(v, gen, -bound, bound);
 }
 
-const Tensor& KaimingNormal(const Tensor& v, Generator& gen, double a,
-                              Nonlinearity nonlinearity) {
+const Tensor& KaimingNormal(const Tensor& v, Generator& gen, double a, Nonlinearity nonlinearity) {
   double stddev = Gain(nonlinearity, a) / std::sqrt(FanInAndOut(v.shape()).first);
   return Normal(v, gen, 0, stddev);
 }

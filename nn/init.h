@@ -34,10 +34,10 @@ const Tensor& Zeros(const Tensor& v);
 const Tensor& Ones(const Tensor& v);
 // U(-b, b) with b = gain * sqrt(3 / fan_in), gain = Gain(nonlinearity, a) (fan_in mode).
 const Tensor& KaimingUniform(const Tensor& v, Generator& gen, double a = 0,
-                               Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
+                             Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
 // N(0, std) with std = gain / sqrt(fan_in).
 const Tensor& KaimingNormal(const Tensor& v, Generator& gen, double a = 0,
-                              Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
+                            Nonlinearity nonlinearity = Nonlinearity::kLeakyRelu);
 // U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)).
 const Tensor& XavierUniform(const Tensor& v, Generator& gen, double gain = 1);
 // N(0, std) with std = gain * sqrt(2 / (fan_in + fan_out)).

@@ -63,7 +63,8 @@ std::string EmbeddingImpl::extra_repr() const { return absl::StrCat(num_, ", ", 
 
 // ---- Norms -----------------------------------------------------------------------------------
 
-LayerNormImpl::LayerNormImpl(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& options)
+    : Module("LayerNorm"), options_(options) {
   const int64_t dim = options.dim();
   TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   if (options.elementwise_affine()) {
@@ -113,7 +114,8 @@ Tensor DropoutImpl::forward(const Tensor& x) {
 std::string DropoutImpl::extra_repr() const { return absl::StrCat("p=", p_); }
 
 Tensor ReLUImpl::forward(const Tensor& x) { return Relu(x); }
-GELUImpl::GELUImpl(const GELUOptions& options) : Module("GELU"), tanh_(options.approximate() == "tanh") {
+GELUImpl::GELUImpl(const GELUOptions& options)
+    : Module("GELU"), tanh_(options.approximate() == "tanh") {
   TG_CHECK(tanh_ || options.approximate() == "none",
            "GELU: approximate must be 'none' or 'tanh', got '", options.approximate(), "'");
 }
@@ -196,14 +198,14 @@ Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& optio
            " sizes");
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
     layers_.push_back(register_module(
-        absl::StrCat("fc", i),
-        std::make_shared<LinearImpl>(LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
+        absl::StrCat("fc", i), std::make_shared<LinearImpl>(
+                                   LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
   }
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "Mlp: dropout ", options.dropout,
              " needs Options::dropout_gen");
-    dropout_ = register_module("dropout",
-                               std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
+    dropout_ = register_module(
+        "dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
   }
 }
 
@@ -237,9 +239,8 @@ std::vector<Tensor> LinearWeights(Module& root) {
     const auto* linear = dynamic_cast<const LinearImpl*>(module.get());
     if (linear == nullptr) continue;
     const Tensor& w = linear->weight();
-    const bool seen = std::any_of(weights.begin(), weights.end(), [&](const Tensor& v) {
-      return v.impl() == w.impl();
-    });
+    const bool seen = std::any_of(weights.begin(), weights.end(),
+                                  [&](const Tensor& v) { return v.impl() == w.impl(); });
     if (!seen) weights.push_back(w);
   }
   return weights;

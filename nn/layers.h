@@ -4,8 +4,8 @@
 //
 //   tg::Generator gen(0);
 //   auto mlp = std::make_shared<tg::nn::Sequential>(std::vector<std::shared_ptr<tg::nn::Module>>{
-//       std::make_shared<tg::nn::FlattenImpl>(), std::make_shared<tg::nn::LinearImpl>(784, 256, gen),
-//       std::make_shared<tg::nn::ReLUImpl>(),
+//       std::make_shared<tg::nn::FlattenImpl>(), std::make_shared<tg::nn::LinearImpl>(784, 256,
+//       gen), std::make_shared<tg::nn::ReLUImpl>(),
 //       std::make_shared<tg::nn::LinearImpl>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
 //   tg::Tensor logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
 #ifndef TAPEGRAD_NN_LAYERS_H_

@@ -8,7 +8,7 @@ namespace tg {
 namespace nn {
 
 Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
-                          const CrossEntropyOptions& options) {
+                        const CrossEntropyOptions& options) {
   TG_CHECK(logits.dim() >= 1, "CrossEntropyLoss: logits must have a class dim, got ",
            ShapeToString(logits.shape()));
   const double eps = options.label_smoothing;
@@ -32,8 +32,8 @@ Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
   Tensor nll = CrossEntropy(flat, flat_targets, options.ignore_index, Reduction::kNone);  // [N]
   Tensor smooth = MulScalar(Mean(LogSoftmax(flat), {-1}), -1.0);  // [N] mean_c(-log p)
   RawTensor keep = Ne(flat_targets, RawTensor::Full({}, static_cast<double>(options.ignore_index),
-                                              flat_targets.dtype(), flat_targets.device()))
-                    .to(smooth.dtype());  // [N] 1 for rows that count
+                                                    flat_targets.dtype(), flat_targets.device()))
+                       .to(smooth.dtype());  // [N] 1 for rows that count
   Tensor per_row = Add(MulScalar(nll, 1 - eps), MulScalar(Mul(smooth, Tensor(keep)), eps));
   switch (options.reduction) {
     case Reduction::kNone:

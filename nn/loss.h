@@ -28,7 +28,7 @@ struct CrossEntropyOptions {
 
 // logits [..., C], targets [...] i32/i64 (leading dims flattened into rows).
 Tensor CrossEntropyLoss(const Tensor& logits, const RawTensor& targets,
-                          const CrossEntropyOptions& options = {});
+                        const CrossEntropyOptions& options = {});
 
 // The same with the targets as a tg::Tensor (their data: targets are never differentiated).
 inline Tensor CrossEntropyLoss(const Tensor& logits, const Tensor& targets,
@@ -38,7 +38,7 @@ inline Tensor CrossEntropyLoss(const Tensor& logits, const Tensor& targets,
 
 // (prediction - target)^2, reduced; target is not differentiated.
 Tensor MseLoss(const Tensor& prediction, const RawTensor& target,
-                 Reduction reduction = Reduction::kMean);
+               Reduction reduction = Reduction::kMean);
 
 }  // namespace nn
 }  // namespace tg

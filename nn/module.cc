@@ -61,7 +61,8 @@ std::string ClassNameOf(const char* mangled) {
   std::free(demangled);
   const size_t colon = name.rfind("::");
   if (colon != std::string::npos) name = name.substr(colon + 2);
-  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0)
+    name.resize(name.size() - 4);
   return name;
 }
 
@@ -266,7 +267,7 @@ void Module::ConvertTensors(const std::function<RawTensor(const RawTensor&)>& co
   std::vector<NewParam> params;
   std::vector<std::pair<RawTensor*, RawTensor>> buffers;
   std::set<const VariableImpl*> seen_params;  // a parameter shared by two modules: once
-  std::set<const RawTensor*> seen_buffers;       // a module reachable twice: its buffers once
+  std::set<const RawTensor*> seen_buffers;    // a module reachable twice: its buffers once
   std::function<void(Module&)> collect = [&](Module& m) {
     for (auto& [name, p] : m.parameters_) {
       VariableImpl& impl = *p.impl();

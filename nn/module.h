@@ -76,8 +76,7 @@ class ModuleHolder : public ModuleHolderTag {
   ModuleHolder(std::nullptr_t) {}  // NOLINT: `tg::nn::Linear fc{nullptr};`
   ModuleHolder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}  // NOLINT
   // A new module: ModuleHolder(784, 10) holds std::make_shared<Impl>(784, 10).
-  template <typename... Args,
-            typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...>>>
+  template <typename... Args, typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...>>>
   explicit ModuleHolder(Args&&... args)
       : impl_(std::make_shared<Impl>(std::forward<Args>(args)...)) {}
 
@@ -107,11 +106,11 @@ class ModuleHolder : public ModuleHolderTag {
 };
 
 // Declares the holder `Name` of `Name##Impl` (libtorch's TORCH_MODULE).
-#define TG_MODULE(Name)                                      \
-  class Name : public ::tg::nn::ModuleHolder<Name##Impl> {   \
-   public:                                                   \
-    using ::tg::nn::ModuleHolder<Name##Impl>::ModuleHolder;  \
-    using Impl = Name##Impl;                                 \
+#define TG_MODULE(Name)                                     \
+  class Name : public ::tg::nn::ModuleHolder<Name##Impl> {  \
+   public:                                                  \
+    using ::tg::nn::ModuleHolder<Name##Impl>::ModuleHolder; \
+    using Impl = Name##Impl;                                \
   }
 
 // A pre-hook sees the input and may return a replacement (an undefined return keeps it); a

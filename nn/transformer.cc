@@ -63,7 +63,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
       return Permute(Reshape(part, {b, t, h, d}), {0, 2, 1, 3});  // [b, h, t, d]
     };
     Tensor y = ScaledDotProductAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                           /*causal=*/true, 1.0 / std::sqrt(double(d)));
+                                         /*causal=*/true, 1.0 / std::sqrt(double(d)));
     y = Reshape(Permute(y, {0, 2, 1, 3}), {b, t, c});
     y = (*proj_)(y);
     if (resid_dropout_ != nullptr) y = (*resid_dropout_)(y);

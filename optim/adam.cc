@@ -114,8 +114,10 @@ void Adam::CheckOptions(const OptimizerOptions& options, const std::string& cont
   TG_CHECK(o.lr() >= 0, context, "invalid lr ", o.lr(), " (must be >= 0)");
   // eps = 0 divides 0 by 0 for an element whose gradients were all 0 (NaN into the weights).
   TG_CHECK(o.eps() > 0, context, "invalid eps ", o.eps(), " (must be > 0)");
-  TG_CHECK(o.beta1() >= 0 && o.beta1() < 1, context, "invalid beta1 ", o.beta1(), " (must be in [0, 1))");
-  TG_CHECK(o.beta2() >= 0 && o.beta2() < 1, context, "invalid beta2 ", o.beta2(), " (must be in [0, 1))");
+  TG_CHECK(o.beta1() >= 0 && o.beta1() < 1, context, "invalid beta1 ", o.beta1(),
+           " (must be in [0, 1))");
+  TG_CHECK(o.beta2() >= 0 && o.beta2() < 1, context, "invalid beta2 ", o.beta2(),
+           " (must be in [0, 1))");
   TG_CHECK(o.weight_decay() >= 0, context, "invalid weight_decay ", o.weight_decay(),
            " (must be >= 0)");
 }
@@ -138,8 +140,8 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
   f.eps = o.eps();
   f.weight_decay = o.weight_decay();
   f.decay = o.weight_decay() == 0 ? WeightDecay::kNone
-            : decoupled_        ? WeightDecay::kDecoupled
-                                : WeightDecay::kL2;
+            : decoupled_          ? WeightDecay::kDecoupled
+                                  : WeightDecay::kL2;
   f.amsgrad = o.amsgrad();
   // One call per device and distinct step count (all parameters share the count unless some
   // were added later or skipped steps without a gradient): the op takes the tensors of one
@@ -234,7 +236,8 @@ void Adam::StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamO
   }
 }
 
-bool Adam::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict* state) const {
+bool Adam::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
+                             StateDict* state) const {
   auto it = device_state->find(kStep);
   if (it == device_state->end()) return true;
   const double count = it->second.item();  // the one host read (a device sync on a GPU)

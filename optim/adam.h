@@ -33,8 +33,8 @@
 // - Weight decay 0 skips the decay terms (PyTorch skips Adam's; AdamW's factor is exactly 1).
 // - Turning amsgrad on after a parameter has stepped starts its max_exp_avg_sq at zero.
 // - With `fused`, each group's parameters of one device and step count go to tg::FusedAdam in one
-//   call (the kernel list's FusedAdam kernel of that device: one pass per parameter; model copies set
-//   with set_model_copy, such as the f16/bf16 models of amp::MixedPrecisionOptimizer's f32
+//   call (the kernel list's FusedAdam kernel of that device: one pass per parameter; model copies
+//   set with set_model_copy, such as the f16/bf16 models of amp::MixedPrecisionOptimizer's f32
 //   masters, are written in the same call). Cases a device's kernel declines (on CUDA: Adam's L2
 //   decay, f64 or f16/bf16 parameters without masters, strided tensors) take the composed tensor
 //   ops on that device, as fused = false does.

@@ -153,7 +153,8 @@ bool Optimizer::has_state() const {
   return !state_.empty();
 }
 
-bool Optimizer::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict*) const {
+bool Optimizer::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
+                                  StateDict*) const {
   device_state->clear();
   return true;
 }

@@ -203,9 +203,9 @@ class Optimizer {
   // One parameter of a step: its data is updated in place.
   struct ParamUpdate {
     Tensor param;
-    RawTensor grad;        // param's shape, any floating dtype
+    RawTensor grad;              // param's shape, any floating dtype
     StateDict* state = nullptr;  // this parameter's state; empty at its first step
-    RawTensor model_copy;  // set_model_copy's tensor, or undefined
+    RawTensor model_copy;        // set_model_copy's tensor, or undefined
     // Set by a StepGroup that wrote model_copy itself; otherwise step() copies afterwards.
     mutable bool model_copy_written = false;
     // step(found_inf)'s flag (undefined for step()): the update writes nothing where it is != 0.

@@ -150,7 +150,8 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   }
 }
 
-bool SGD::DeviceStateToHost(std::map<std::string, RawTensor>* device_state, StateDict* state) const {
+bool SGD::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
+                            StateDict* state) const {
   auto it = device_state->find(kMomentumBuffer);
   if (it == device_state->end()) return true;
   const bool valid = it->second.item() != 0;  // the one host read (a device sync on a GPU)

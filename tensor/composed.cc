@@ -23,7 +23,8 @@ RawTensor GeluTanhGrad(const RawTensor& x) {
   return Add(left, right);
 }
 
-LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act) {
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
+                    Activation act) {
   const DType dtype = x.dtype(), ct = ComputeDType(dtype);
   RawTensor pre = Matmul(x.to(ct), weight.to(ct).transpose(0, 1));
   if (bias.defined()) pre = Add(pre, bias.to(ct));
@@ -82,7 +83,8 @@ AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTenso
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2);
   if (b * h * tq == 0)
-    return {RawTensor::Zeros(q.shape(), dtype, q.device()), RawTensor::Zeros({b, h, tq}, ct, q.device())};
+    return {RawTensor::Zeros(q.shape(), dtype, q.device()),
+            RawTensor::Zeros({b, h, tq}, ct, q.device())};
   const RawTensor s = AttentionScores(q, k, causal, scale);
   const RawTensor max = Max(s, -1, /*keepdim=*/true);
   const RawTensor e = Exp(Sub(s, max));
@@ -92,8 +94,8 @@ AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTenso
 }
 
 AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
-                                 const RawTensor& v, const RawTensor& output, const RawTensor& stats,
-                                 bool causal, double scale) {
+                                 const RawTensor& v, const RawTensor& output,
+                                 const RawTensor& stats, bool causal, double scale) {
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   if (q.numel() == 0) {  // no queries (or empty heads): nothing flows back
     return {RawTensor::Zeros(q.shape(), dtype, q.device()),
@@ -115,8 +117,9 @@ AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, 
 
 // ---- Layer norm ----
 
-LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
-                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias) {
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                 const RawTensor& mean, const RawTensor& rstd,
+                                 const RawTensor& weight, bool need_weight_bias) {
   const DType ct = ComputeDType(x.dtype());
   const int64_t rows = x.size(0);
   // The formulas in the compute dtype (rows of x against [rows, 1] statistics).
@@ -236,7 +239,8 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& o) {
   }
 }
 
-void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type) {
+void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors,
+                    double norm_type) {
   const bool inf_norm = std::isinf(norm_type);
   RawTensor acc = RawTensor::Zeros({}, kF64, norm.device());  // sum of |x|^p, or max |x|
   for (const RawTensor& t : tensors) {
@@ -256,7 +260,8 @@ void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors
   norm.copy_(acc);
 }
 
-void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm) {
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
+                double max_norm) {
   double clip_coef = 1;
   if (ClipCoefficient(total_norm.item(), max_norm, &clip_coef)) {
     MulScalarInPlace(tensors, clip_coef);

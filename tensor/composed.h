@@ -18,7 +18,8 @@ namespace tg::composed {
 DType ComputeDType(DType dtype);
 
 // Linear on x [m, k] (2-D): output and, for act != kNone, the pre-activation.
-LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act);
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
+                    Activation act);
 // Its gradients for grad_out [m, n]; pre is Linear's pre-activation (act != kNone).
 LinearGrads LinearBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
                            const RawTensor& pre, Activation act, bool need_input, bool need_weight,
@@ -29,12 +30,13 @@ RawTensor GeluTanhGrad(const RawTensor& x);
 AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                           double scale);
 AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
-                                 const RawTensor& v, const RawTensor& output, const RawTensor& stats,
-                                 bool causal, double scale);
+                                 const RawTensor& v, const RawTensor& output,
+                                 const RawTensor& stats, bool causal, double scale);
 
 // x and grad_out [rows, n]; mean and rstd [rows] or [rows, 1].
-LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
-                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias);
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                 const RawTensor& mean, const RawTensor& rstd,
+                                 const RawTensor& weight, bool need_weight_bias);
 // residual = a + b, then LayerNorm(residual, weight, bias, eps).
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps);
@@ -54,7 +56,8 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& options);
 void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // Writes the norm into `norm` (0-d f64 or f32 on the tensors' device).
 void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type);
-void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm);
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
+                double max_norm);
 
 }  // namespace tg::composed
 

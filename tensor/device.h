@@ -25,7 +25,7 @@ struct Device {
   constexpr Device(DeviceType type, int index = 0) : type(type), index(index) {}  // NOLINT
   // "cpu", "cuda" (device 0) or "cuda:N", as libtorch's Device(std::string); throws tg::Error
   // naming the string otherwise.
-  Device(const std::string& spec);  // NOLINT: implicit, as libtorch's
+  Device(const std::string& spec);                         // NOLINT: implicit, as libtorch's
   Device(const char* spec) : Device(std::string(spec)) {}  // NOLINT
 
   static Device Cpu() { return Device{DeviceType::kCpu, 0}; }

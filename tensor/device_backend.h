@@ -1,10 +1,10 @@
 // A device is one backend object: its memory (allocator), copies, fill, streams and its kernel
-// table (the kernel list, tensor/kernel_list.inc), plus the preferences the ops ask of it (layouts).
-// Every device, the CPU included, registers one from a static initializer of an alwayslink
-// library in its own sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the tensor core
-// (RawTensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc) find it here and
-// never branch on the device type. A binary without a device's backend gets a tg::Error that says
-// what to link. This is the only registry of devices.
+// table (the kernel list, tensor/kernel_list.inc), plus the preferences the ops ask of it
+// (layouts). Every device, the CPU included, registers one from a static initializer of an
+// alwayslink library in its own sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the
+// tensor core (RawTensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc)
+// find it here and never branch on the device type. A binary without a device's backend gets a
+// tg::Error that says what to link. This is the only registry of devices.
 //
 //   // tensor/cpu/backend.cc
 //   const bool registered = [] {

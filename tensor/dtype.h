@@ -41,8 +41,8 @@ inline constexpr DType kF8E4M3 = DType::kF8E4M3;
 inline constexpr DType kF8E5M2 = DType::kF8E5M2;
 // libtorch's names (torch::kFloat32, torch::kLong, ...).
 inline constexpr DType kFloat32 = kF32, kFloat = kF32, kFloat64 = kF64, kDouble = kF64,
-                       kFloat16 = kF16, kHalf = kF16, kBFloat16 = kBF16, kInt32 = kI32,
-                       kInt = kI32, kInt64 = kI64, kLong = kI64, kUInt8 = kU8, kByte = kU8,
+                       kFloat16 = kF16, kHalf = kF16, kBFloat16 = kBF16, kInt32 = kI32, kInt = kI32,
+                       kInt64 = kI64, kLong = kI64, kUInt8 = kU8, kByte = kU8,
                        kFloat8_e4m3fn = kF8E4M3, kFloat8_e5m2 = kF8E5M2;
 
 inline size_t ElementSize(DType dtype) {

@@ -54,9 +54,9 @@ class Generator {
 
 // Tensors of `shape` drawn from the generator in row-major order; f16/bf16 draw in f32 and round.
 RawTensor RandUniform(const Shape& shape, Generator& gen, double low = 0, double high = 1,
-                   DType dtype = kF32);
+                      DType dtype = kF32);
 RawTensor RandNormal(const Shape& shape, Generator& gen, double mean = 0, double stddev = 1,
-                  DType dtype = kF32);
+                     DType dtype = kF32);
 
 }  // namespace tg
 

@@ -1,9 +1,10 @@
 // The tensor ops: non-differentiable kernels, one dispatch point per op keyed by device (each op
-// named in the op list, tensor/op_list.inc; its kernels in the kernel list, tensor/kernel_list.inc).
-// CPU kernels live in tensor/cpu; the CUDA backend implements the same list. Every op validates
-// shapes, dtypes and devices first and throws tg::Error naming the op and the offending values.
-// Binary ops broadcast (numpy rules) and promote dtypes (PromoteTypes); f16/bf16 compute in f32
-// and round the result, so an overflowing f16 result is inf exactly as on a GPU.
+// named in the op list, tensor/op_list.inc; its kernels in the kernel list,
+// tensor/kernel_list.inc). CPU kernels live in tensor/cpu; the CUDA backend implements the same
+// list. Every op validates shapes, dtypes and devices first and throws tg::Error naming the op and
+// the offending values. Binary ops broadcast (numpy rules) and promote dtypes (PromoteTypes);
+// f16/bf16 compute in f32 and round the result, so an overflowing f16 result is inf exactly as on a
+// GPU.
 //
 //   tg::RawTensor logits = tg::Matmul(x, w);                  // [batch, vocab]
 //   tg::RawTensor loss = tg::CrossEntropy(logits, targets);   // 0-d, mean over non-ignored rows
@@ -32,18 +33,32 @@ RawTensor Unary(UnaryOp op, const RawTensor& x);
 // the result keeps x's dtype.
 RawTensor BinaryScalar(BinaryOp op, const RawTensor& x, double scalar);
 
-inline RawTensor Add(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kAdd, a, b); }
-inline RawTensor Sub(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kSub, a, b); }
-inline RawTensor Mul(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kMul, a, b); }
+inline RawTensor Add(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kAdd, a, b);
+}
+inline RawTensor Sub(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kSub, a, b);
+}
+inline RawTensor Mul(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kMul, a, b);
+}
 // True division; integer inputs are rejected (cast them first).
-inline RawTensor Div(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kDiv, a, b); }
-inline RawTensor Pow(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kPow, a, b); }
+inline RawTensor Div(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kDiv, a, b);
+}
+inline RawTensor Pow(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kPow, a, b);
+}
 inline RawTensor Pow(const RawTensor& a, double exponent) {
   return BinaryScalar(BinaryOp::kPow, a, exponent);
 }
 // Elementwise max/min; NaN in either input gives NaN (torch.maximum/minimum).
-inline RawTensor Maximum(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kMaximum, a, b); }
-inline RawTensor Minimum(const RawTensor& a, const RawTensor& b) { return Binary(BinaryOp::kMinimum, a, b); }
+inline RawTensor Maximum(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kMaximum, a, b);
+}
+inline RawTensor Minimum(const RawTensor& a, const RawTensor& b) {
+  return Binary(BinaryOp::kMinimum, a, b);
+}
 // ReLU's gradient from its output y: grad where y > 0 (or NaN), 0 where y <= 0. One pass.
 inline RawTensor ReluBackward(const RawTensor& grad, const RawTensor& y) {
   return Binary(BinaryOp::kReluBackward, grad, y);
@@ -52,8 +67,12 @@ inline RawTensor ReluBackward(const RawTensor& grad, const RawTensor& y) {
 inline RawTensor GeluTanhBackward(const RawTensor& grad, const RawTensor& x) {
   return Binary(BinaryOp::kGeluTanhBackward, grad, x);
 }
-inline RawTensor AddScalar(const RawTensor& x, double s) { return BinaryScalar(BinaryOp::kAdd, x, s); }
-inline RawTensor MulScalar(const RawTensor& x, double s) { return BinaryScalar(BinaryOp::kMul, x, s); }
+inline RawTensor AddScalar(const RawTensor& x, double s) {
+  return BinaryScalar(BinaryOp::kAdd, x, s);
+}
+inline RawTensor MulScalar(const RawTensor& x, double s) {
+  return BinaryScalar(BinaryOp::kMul, x, s);
+}
 
 inline RawTensor Neg(const RawTensor& x) { return Unary(UnaryOp::kNeg, x); }
 inline RawTensor Abs(const RawTensor& x) { return Unary(UnaryOp::kAbs, x); }
@@ -70,12 +89,24 @@ inline RawTensor Gelu(const RawTensor& x) { return Unary(UnaryOp::kGelu, x); }
 inline RawTensor GeluTanh(const RawTensor& x) { return Unary(UnaryOp::kGeluTanh, x); }
 inline RawTensor Erf(const RawTensor& x) { return Unary(UnaryOp::kErf, x); }
 
-inline RawTensor Eq(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kEq, a, b); }
-inline RawTensor Ne(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kNe, a, b); }
-inline RawTensor Lt(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kLt, a, b); }
-inline RawTensor Le(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kLe, a, b); }
-inline RawTensor Gt(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kGt, a, b); }
-inline RawTensor Ge(const RawTensor& a, const RawTensor& b) { return Compare(CompareOp::kGe, a, b); }
+inline RawTensor Eq(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kEq, a, b);
+}
+inline RawTensor Ne(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kNe, a, b);
+}
+inline RawTensor Lt(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kLt, a, b);
+}
+inline RawTensor Le(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kLe, a, b);
+}
+inline RawTensor Gt(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kGt, a, b);
+}
+inline RawTensor Ge(const RawTensor& a, const RawTensor& b) {
+  return Compare(CompareOp::kGe, a, b);
+}
 
 // cond ? a : b, broadcasting all three; cond is bool (or u8, nonzero = true).
 RawTensor Where(const RawTensor& cond, const RawTensor& a, const RawTensor& b);
@@ -132,12 +163,13 @@ RawTensor EmbeddingBackward(const RawTensor& grad, const RawTensor& indices, int
 // logits [N, C], targets [N] i32/i64 in [0, C) or == ignore_index. Mean averages over the
 // rows that are not ignored (NaN when all are ignored, as in PyTorch). kNone gives [N] with
 // zeros at ignored rows. Result in logits' dtype, computed in f32/f64.
-RawTensor CrossEntropy(const RawTensor& logits, const RawTensor& targets, int64_t ignore_index = -100,
-                    Reduction reduction = Reduction::kMean);
+RawTensor CrossEntropy(const RawTensor& logits, const RawTensor& targets,
+                       int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
 // d loss / d logits for CrossEntropy with the gradient of the (reduced) loss `grad_loss`
 // (0-d for kMean/kSum, [N] for kNone): (softmax - onehot) * grad, zero rows where ignored.
-RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets, const RawTensor& grad_loss,
-                            int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
+RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets,
+                               const RawTensor& grad_loss, int64_t ignore_index = -100,
+                               Reduction reduction = Reduction::kMean);
 
 // ---- Convolution and pooling over [N, C, H, W] (tensor/cpu/conv.cc) ----------------------------
 // PyTorch semantics (torch.nn.functional.conv2d with groups = 1, max_pool2d with dilation 1 and
@@ -155,7 +187,7 @@ struct Conv2dParams {
 // copies) where it has a fast implementation for the shape; f64 and the rest: im2col + OpenBLAS
 // GEMMs (one per chunk of images, or per image when C*kh*kw is small).
 RawTensor Conv2d(const RawTensor& x, const RawTensor& weight, const RawTensor& bias = RawTensor(),
-              Conv2dParams p = {});
+                 Conv2dParams p = {});
 struct Conv2dGrads {
   RawTensor grad_input;   // x's shape; undefined unless need_input
   RawTensor grad_weight;  // weight's shape; undefined unless need_weight
@@ -183,7 +215,8 @@ MaxPool2dResult MaxPool2d(const RawTensor& x, std::array<int64_t, 2> kernel,
                           std::array<int64_t, 2> stride, std::array<int64_t, 2> padding = {0, 0});
 // grad_out [N, C, Ho, Wo] scatter-added at `indices` (i64, grad_out's shape) into zeros of
 // input_shape [N, C, H, W] (accumulated in f32/f64 and rounded once).
-RawTensor MaxPool2dBackward(const RawTensor& grad_out, const RawTensor& indices, const Shape& input_shape);
+RawTensor MaxPool2dBackward(const RawTensor& grad_out, const RawTensor& indices,
+                            const Shape& input_shape);
 
 // ---- Indexing along one dim (PyTorch semantics) ------------------------------------------------
 // Indices are i32/i64 and must lie in [0, size of `dim`) (negative indices are rejected, as in
@@ -196,13 +229,15 @@ RawTensor Gather(const RawTensor& x, int64_t dim, const RawTensor& index);
 // torch.scatter_add: a copy of self with, for dim 1, src[i][j][k] added at
 // [i][index[i][j][k]][k]. index, self and src have one rank; index.size(d) <= src.size(d) for
 // every d and <= self.size(d) for d != dim; src has self's dtype. The adjoint of Gather.
-RawTensor ScatterAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src);
+RawTensor ScatterAdd(const RawTensor& self, int64_t dim, const RawTensor& index,
+                     const RawTensor& src);
 // torch.index_select: the slices index[0], index[1], ... of `dim`; index is 1-D (or 0-d, one
 // index). The result is x's shape with index.numel() at dim.
 RawTensor IndexSelect(const RawTensor& x, int64_t dim, const RawTensor& index);
 // torch.index_add: a copy of self with slice i of src added at slice index[i] of `dim`; src has
 // self's dtype and shape except index.numel() at dim. The adjoint of IndexSelect.
-RawTensor IndexAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src);
+RawTensor IndexAdd(const RawTensor& self, int64_t dim, const RawTensor& index,
+                   const RawTensor& src);
 
 // ---- Lists of tensors (mixed precision) -------------------------------------------------------
 // Whether any element of any floating tensor is inf or NaN; integer tensors are skipped (a
@@ -263,9 +298,9 @@ Fp8CastResult Fp8Cast(const RawTensor& x, const RawTensor& scale, Fp8Tiling tili
 // (+ bias [n] of out_dtype, or undefined), accumulated in f32 and rounded once: the kernel
 // list's Fp8Gemm has the exact rule. a and b are 2-D FP8 (not both f8e5m2) on one device with
 // their scale_inv grids of a_tiling and b_tiling.
-RawTensor Fp8Gemm(const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling, const RawTensor& b,
-               const RawTensor& b_scale_inv, Fp8Tiling b_tiling, const RawTensor& bias,
-               DType out_dtype);
+RawTensor Fp8Gemm(const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+                  const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
+                  const RawTensor& bias, DType out_dtype);
 
 // ---- Fused ops -------------------------------------------------------------------------------
 // Compositions of the ops above that a training step runs often enough to fuse, each an entry of
@@ -279,7 +314,7 @@ RawTensor Fp8Gemm(const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_
 struct LinearResult {
   RawTensor output;          // [..., out], x's dtype
   RawTensor pre_activation;  // x W^T + b (output's shape and dtype), saved for the backward;
-                          // undefined for Activation::kNone
+                             // undefined for Activation::kNone
 };
 // output = act(x @ weight^T + bias) for x [..., in], weight [out, in] and bias [out] (or
 // undefined), all of one floating dtype and device. The product and bias add accumulate in f32
@@ -306,7 +341,7 @@ LinearGrads LinearBackward(const RawTensor& grad_out, const RawTensor& x, const 
 struct AttentionResult {
   RawTensor output;  // [B, H, Tq, D], q's dtype
   RawTensor stats;   // [B, H, Tq] f32 (f64 for f64): each query's log-sum-exp of its scaled, masked
-                  // scores, saved for the backward
+                     // scores, saved for the backward
 };
 // softmax(scale * q @ k^T + mask) @ v for heads q [B, H, Tq, D], k and v [B, H, Tk, D] of one
 // floating dtype and device; the mask is -inf above the diagonal when causal (which needs
@@ -317,8 +352,8 @@ struct AttentionResult {
 // (tensor/cpu/fused_attention.cc); any case a device's kernel declines runs the one composed form
 // of the ops above (tensor/composed.h). The output is laid out as the device's backend prefers
 // (DevicePreferences::attention_layout of tensor/device_backend.h).
-AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                                          bool causal, double scale);
+AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k,
+                                          const RawTensor& v, bool causal, double scale);
 
 struct AttentionGrads {
   RawTensor grad_q, grad_k, grad_v;  // q's, k's and v's shapes and dtype
@@ -346,12 +381,12 @@ struct LayerNormGrads {
 // computed in f32 (f64 for f64) and rounded once. grad_out has x's shape and dtype; weight is
 // [last dim] of x's dtype or undefined. The gradients of weight and bias are returned whenever
 // need_weight_bias, even if the forward had no weight or bias.
-LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
-                                 const RawTensor& rstd, const RawTensor& weight,
-                                 bool need_weight_bias = true);
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                 const RawTensor& mean, const RawTensor& rstd,
+                                 const RawTensor& weight, bool need_weight_bias = true);
 
 struct AddLayerNormResult {
-  RawTensor residual;       // a + b, rounded to their dtype
+  RawTensor residual;    // a + b, rounded to their dtype
   LayerNormResult norm;  // LayerNorm(residual, weight, bias, eps)
 };
 // residual = a + b, then LayerNorm of it, in one pass where the device has the kernel: the
@@ -391,11 +426,13 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // The joint norm (norm_type > 0, or infinity) of every element of the non-empty list `tensors`
 // (floating, one device) as a new 0-d tensor of `dtype` (f64 or f32) on their device, summed in
 // f64; NaN anywhere gives NaN. No host wait on a device.
-RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type, DType dtype = kF64);
+RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type,
+                         DType dtype = kF64);
 // Multiplies every tensor in place by clip_coef = max_norm / (total_norm + 1e-6) (double, rounded
 // to each tensor's compute dtype) when total_norm (0-d f64 or f32 on the tensors' device) is
 // finite and clip_coef < 1; otherwise changes nothing. The decision is taken where the norm lives.
-void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm);
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
+                double max_norm);
 
 // Operators for readable formulas.
 inline RawTensor operator+(const RawTensor& a, const RawTensor& b) { return Add(a, b); }

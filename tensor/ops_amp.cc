@@ -94,7 +94,8 @@ void CheckLossScaleState(const char* op, const RawTensor& state) {
 }
 
 // A one-element f32 tensor on the state's device, or undefined.
-void CheckScaleScalar(const char* op, const char* what, const RawTensor& t, const RawTensor& state) {
+void CheckScaleScalar(const char* op, const char* what, const RawTensor& t,
+                      const RawTensor& state) {
   if (!t.defined()) return;
   CommonDevice(op, {&state, &t});
   TG_CHECK(t.numel() == 1 && t.dtype() == kF32 && t.is_contiguous(), op, ": ", what,
@@ -137,7 +138,8 @@ void WriteLossScale(const RawTensor& state, const RawTensor& scale, const RawTen
   CheckScaleScalar(op, "scale", scale, state);
   CheckScaleScalar(op, "inv_scale", inv_scale, state);
   TG_CHECK(
-      !Declined(KernelsFor(state.device()).LossScaleStep(state, RawTensor(), false, scale, inv_scale)),
+      !Declined(
+          KernelsFor(state.device()).LossScaleStep(state, RawTensor(), false, scale, inv_scale)),
       op, ": no kernel on ", state.device().ToString());
 }
 

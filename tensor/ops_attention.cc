@@ -29,8 +29,8 @@ using composed::ComputeDType;
 namespace {
 
 // Validates q, k, v of attention (shared by the backward).
-void CheckAttentionInputs(const char* op, const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                          bool causal, double scale) {
+void CheckAttentionInputs(const char* op, const RawTensor& q, const RawTensor& k,
+                          const RawTensor& v, bool causal, double scale) {
   CheckDefined(op, q, "q");
   CheckDefined(op, k, "k");
   CheckDefined(op, v, "v");
@@ -63,7 +63,8 @@ RawTensor AttentionTensor(const RawTensor& like, DType dtype) {
     case DevicePreferences::AttentionLayout::kHeadsMajor:
       return RawTensor::Empty(like.shape(), dtype, device);
     case DevicePreferences::AttentionLayout::kTokensMajor:
-      return RawTensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype, device)
+      return RawTensor::Empty({like.size(0), like.size(2), like.size(1), like.size(3)}, dtype,
+                              device)
           .permute({0, 2, 1, 3});
   }
   throw Error("scaled_dot_product_attention: unknown attention layout");
@@ -71,8 +72,8 @@ RawTensor AttentionTensor(const RawTensor& like, DType dtype) {
 
 }  // namespace
 
-AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                                          bool causal, double scale) {
+AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k,
+                                          const RawTensor& v, bool causal, double scale) {
   CheckAttentionInputs("scaled_dot_product_attention", q, k, v, causal, scale);
   if (q.size(0) * q.size(1) * q.size(2) > 0) {
     AttentionResult r{
@@ -110,9 +111,10 @@ AttentionGrads ScaledDotProductAttentionBackward(const RawTensor& grad_out, cons
            ShapeToString(stats_shape), " ", DTypeName(stats_dtype),
            " (as the forward returns them)");
   // Contiguous when the device's kernel asks for it (DevicePreferences), else any strides.
-  const RawTensor dout = GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
-                          ? grad_out.contiguous()
-                          : grad_out;
+  const RawTensor dout =
+      GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
+          ? grad_out.contiguous()
+          : grad_out;
   if (q.numel() > 0) {
     AttentionGrads r{AttentionTensor(q, q.dtype()), AttentionTensor(k, q.dtype()),
                      AttentionTensor(v, q.dtype())};

@@ -69,8 +69,8 @@ void FillWindow(const char* op, const RawTensor& x, const std::array<int64_t, 2>
            ")");
 }
 
-Window2d ConvWindow(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
-                    const Conv2dParams& p) {
+Window2d ConvWindow(const char* op, const RawTensor& x, const RawTensor& weight,
+                    const RawTensor& bias, const Conv2dParams& p) {
   CheckDefined(op, x, "the input");
   CheckDefined(op, weight, "the weight");
   CommonDevice(op, {&x, &weight});
@@ -106,7 +106,8 @@ Window2d ConvWindow(const char* op, const RawTensor& x, const RawTensor& weight,
 
 }  // namespace
 
-RawTensor Conv2d(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Conv2dParams p) {
+RawTensor Conv2d(const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
+                 Conv2dParams p) {
   const Window2d g = ConvWindow("conv2d", x, weight, bias, p);
   RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow}, x.dtype(), x.device());
   KernelsFor(x.device())
@@ -134,9 +135,10 @@ Conv2dGrads Conv2dBackward(const RawTensor& grad_out, const RawTensor& x, const 
   if (need_weight) r.grad_weight = RawTensor::Empty(weight.shape(), x.dtype(), device);
   if (need_bias) r.grad_bias = RawTensor::Empty({g.o}, x.dtype(), device);
   if (need_input || need_weight || need_bias) {
-    KernelsFor(device).Conv2dBackward(
-        r.grad_input, r.grad_weight, r.grad_bias, grad_out.contiguous(),
-        need_weight ? x.contiguous() : RawTensor(), need_input ? weight.contiguous() : RawTensor(), g);
+    KernelsFor(device).Conv2dBackward(r.grad_input, r.grad_weight, r.grad_bias,
+                                      grad_out.contiguous(),
+                                      need_weight ? x.contiguous() : RawTensor(),
+                                      need_input ? weight.contiguous() : RawTensor(), g);
   }
   return r;
 }
@@ -164,7 +166,8 @@ MaxPool2dResult MaxPool2d(const RawTensor& x, std::array<int64_t, 2> kernel,
   return r;
 }
 
-RawTensor MaxPool2dBackward(const RawTensor& grad_out, const RawTensor& indices, const Shape& input_shape) {
+RawTensor MaxPool2dBackward(const RawTensor& grad_out, const RawTensor& indices,
+                            const Shape& input_shape) {
   const char* op = "max_pool2d_backward";
   CheckDefined(op, grad_out, "the gradient");
   CheckDefined(op, indices, "the indices");

@@ -42,7 +42,7 @@ Shape GridShape(int64_t rows, int64_t cols, Fp8Tiling tiling) {
 // t (named `what`) is an f32 grid of `shape`, the `tiling` grid of `of` ("x [4, 300]"), on
 // `device`; returns it contiguous.
 RawTensor CheckGrid(const char* op, const RawTensor& t, const char* what, const Shape& shape,
-                 Fp8Tiling tiling, const std::string& of, Device device) {
+                    Fp8Tiling tiling, const std::string& of, Device device) {
   CheckDefined(op, t, what);
   TG_CHECK(t.dtype() == kF32, op, ": ", what, " must be f32, got ", DTypeName(t.dtype()));
   TG_CHECK(t.shape() == shape, op, ": ", what, " of shape ", ShapeToString(t.shape()),
@@ -86,8 +86,8 @@ Fp8Scales Fp8ScaleFromAmax(const RawTensor& amax_in, const Fp8ScaleOptions& opti
   return r;
 }
 
-Fp8CastResult Fp8Cast(const RawTensor& x_in, const RawTensor& scale_in, Fp8Tiling tiling, DType dtype,
-                      bool transpose, bool amax) {
+Fp8CastResult Fp8Cast(const RawTensor& x_in, const RawTensor& scale_in, Fp8Tiling tiling,
+                      DType dtype, bool transpose, bool amax) {
   const char* op = OpTorchName(OpId::kFp8Cast);
   const RawTensor x = XMatrix(op, x_in);
   TG_CHECK(IsFloat8(dtype), op, ": dtype ", DTypeName(dtype),
@@ -107,8 +107,8 @@ Fp8CastResult Fp8Cast(const RawTensor& x_in, const RawTensor& scale_in, Fp8Tilin
 }
 
 RawTensor Fp8Gemm(const RawTensor& a_in, const RawTensor& a_scale_inv_in, Fp8Tiling a_tiling,
-               const RawTensor& b_in, const RawTensor& b_scale_inv_in, Fp8Tiling b_tiling,
-               const RawTensor& bias_in, DType out_dtype) {
+                  const RawTensor& b_in, const RawTensor& b_scale_inv_in, Fp8Tiling b_tiling,
+                  const RawTensor& bias_in, DType out_dtype) {
   const char* op = OpTorchName(OpId::kFp8Gemm);
   CheckDefined(op, a_in, "a");
   CheckDefined(op, b_in, "b");
@@ -131,10 +131,12 @@ RawTensor Fp8Gemm(const RawTensor& a_in, const RawTensor& a_scale_inv_in, Fp8Til
            ") disagree along k: both must be tensor, or both block tilings (1x128, 128x128)");
   TG_CHECK(out_dtype == kF32 || out_dtype == kBF16 || out_dtype == kF16, op, ": out_dtype is ",
            DTypeName(out_dtype), ": expected f32, bf16 or f16");
-  const RawTensor a_scale_inv = CheckGrid(op, a_scale_inv_in, "a_scale_inv", GridShape(m, k, a_tiling),
-                                       a_tiling, Described("a", a_in), device);
-  const RawTensor b_scale_inv = CheckGrid(op, b_scale_inv_in, "b_scale_inv", GridShape(n, k, b_tiling),
-                                       b_tiling, Described("b", b_in), device);
+  const RawTensor a_scale_inv =
+      CheckGrid(op, a_scale_inv_in, "a_scale_inv", GridShape(m, k, a_tiling), a_tiling,
+                Described("a", a_in), device);
+  const RawTensor b_scale_inv =
+      CheckGrid(op, b_scale_inv_in, "b_scale_inv", GridShape(n, k, b_tiling), b_tiling,
+                Described("b", b_in), device);
   RawTensor bias;
   if (bias_in.defined()) {
     CommonDevice(op, {&a_in, &bias_in});

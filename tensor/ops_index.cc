@@ -42,7 +42,8 @@ RawTensor Gather(const RawTensor& x, int64_t dim, const RawTensor& index) {
   return out;
 }
 
-RawTensor ScatterAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src) {
+RawTensor ScatterAdd(const RawTensor& self, int64_t dim, const RawTensor& index,
+                     const RawTensor& src) {
   const char* op = "scatter_add";
   CheckDefined(op, self, "self");
   CheckDefined(op, index, "the index");
@@ -97,7 +98,8 @@ RawTensor IndexSelect(const RawTensor& x, int64_t dim, const RawTensor& index) {
   return out;
 }
 
-RawTensor IndexAdd(const RawTensor& self, int64_t dim, const RawTensor& index, const RawTensor& src) {
+RawTensor IndexAdd(const RawTensor& self, int64_t dim, const RawTensor& index,
+                   const RawTensor& src) {
   const char* op = "index_add";
   CheckDefined(op, self, "self");
   CheckDefined(op, index, "the index");

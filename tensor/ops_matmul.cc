@@ -73,7 +73,8 @@ using composed::ComputeDType;
 
 // ---- Linear ----
 
-void CheckLinearInputs(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias) {
+void CheckLinearInputs(const char* op, const RawTensor& x, const RawTensor& weight,
+                       const RawTensor& bias) {
   CheckDefined(op, x, "the input");
   CheckDefined(op, weight, "the weight");
   CommonDevice(op, {&x, &weight});
@@ -109,7 +110,8 @@ RawTensor PaddedRows(int64_t rows, int64_t n, DType dtype, Device device) {
 
 }  // namespace
 
-LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, Activation act) {
+LinearResult Linear(const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
+                    Activation act) {
   CheckLinearInputs("linear", x, weight, bias);
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t m = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));

@@ -56,8 +56,8 @@ RawTensor LogSoftmax(const RawTensor& x) { return SoftmaxImpl("log_softmax", x, 
 namespace {
 
 // eps, and weight / bias (each [last dim of x], x's dtype and device, or undefined).
-void CheckLayerNormParams(const char* op, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
-                          double eps) {
+void CheckLayerNormParams(const char* op, const RawTensor& x, const RawTensor& weight,
+                          const RawTensor& bias, double eps) {
   TG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const int64_t n = x.size(-1);
   for (const RawTensor* p : {&weight, &bias}) {
@@ -73,7 +73,8 @@ void CheckLayerNormParams(const char* op, const RawTensor& x, const RawTensor& w
 
 }  // namespace
 
-LayerNormResult LayerNorm(const RawTensor& x, const RawTensor& weight, const RawTensor& bias, double eps) {
+LayerNormResult LayerNorm(const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
+                          double eps) {
   CheckDefined("layer_norm", x, "the input");
   const Device device = CommonDevice("layer_norm", {&x});
   CheckFloating("layer_norm", x.dtype());
@@ -140,7 +141,7 @@ void CheckCrossEntropyInputs(const char* op, const RawTensor& logits, const RawT
 }  // namespace
 
 RawTensor CrossEntropy(const RawTensor& logits, const RawTensor& targets, int64_t ignore_index,
-                    Reduction reduction) {
+                       Reduction reduction) {
   CheckCrossEntropyInputs("cross_entropy", logits, targets);
   const RawTensor t = IndicesI64("cross_entropy", targets);
   RawTensor losses = RawTensor::Empty({logits.size(0)}, logits.dtype(), logits.device());
@@ -154,8 +155,9 @@ RawTensor CrossEntropy(const RawTensor& logits, const RawTensor& targets, int64_
   return BinaryScalar(BinaryOp::kMul, total, scale).to(logits.dtype());
 }
 
-RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets, const RawTensor& grad_loss,
-                            int64_t ignore_index, Reduction reduction) {
+RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets,
+                               const RawTensor& grad_loss, int64_t ignore_index,
+                               Reduction reduction) {
   CheckCrossEntropyInputs("cross_entropy_backward", logits, targets);
   CheckDefined("cross_entropy_backward", grad_loss, "the loss gradient");
   // The row scales are built from grad_loss where it lives and read by the logits' kernel.
@@ -177,7 +179,8 @@ RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets
     // g / count is the one IEEE division the host would do.
     RawTensor g = grad_loss.to(kF64).reshape({1});
     if (reduction == Reduction::kMean) {
-      const RawTensor ignore = RawTensor::Full({}, static_cast<double>(ignore_index), kI64, t.device());
+      const RawTensor ignore =
+          RawTensor::Full({}, static_cast<double>(ignore_index), kI64, t.device());
       g = Div(g, Sum(Ne(t, ignore)).to(kF64));
     }
     row_scale = g.expand({n}).contiguous();
@@ -190,8 +193,9 @@ RawTensor CrossEntropyBackward(const RawTensor& logits, const RawTensor& targets
 
 // ---- Layer norm ----
 
-LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x, const RawTensor& mean,
-                                 const RawTensor& rstd, const RawTensor& weight, bool need_weight_bias) {
+LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                 const RawTensor& mean, const RawTensor& rstd,
+                                 const RawTensor& weight, bool need_weight_bias) {
   const char* op = "layer_norm_backward";
   CheckDefined(op, grad_out, "the gradient");
   CheckDefined(op, x, "the input");

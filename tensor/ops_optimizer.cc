@@ -156,7 +156,8 @@ RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type
   return norm;
 }
 
-void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm, double max_norm) {
+void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
+                double max_norm) {
   const char* op = "ClipByNorm";
   TG_CHECK(max_norm >= 0, op, ": max_norm must be >= 0, got ", max_norm);
   CheckDefined(op, total_norm, "total_norm");

@@ -98,7 +98,8 @@ RawTensor MaxImpl(const char* op, const RawTensor& x, int64_t dim, bool keepdim,
            " is empty; there is no maximum");
   RowsView v = ReduceToRows(op, x, {d}, keepdim);
   RawTensor out = RawTensor::Empty({v.rows.size(0)}, values ? x.dtype() : kI64, device);
-  KernelsFor(device).MaxRows(values ? out : RawTensor(), values ? RawTensor() : out, v.rows.contiguous());
+  KernelsFor(device).MaxRows(values ? out : RawTensor(), values ? RawTensor() : out,
+                             v.rows.contiguous());
   return out.reshape(v.out_shape);
 }
 

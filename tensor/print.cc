@@ -130,16 +130,36 @@ void PrintMatrix(std::ostream& out, const std::vector<double>& v, int64_t rows, 
 std::string LibtorchTypeString(DType dtype, Device device) {
   const char* name = "Float";
   switch (dtype) {
-    case DType::kF32: name = "Float"; break;
-    case DType::kF64: name = "Double"; break;
-    case DType::kF16: name = "Half"; break;
-    case DType::kBF16: name = "BFloat16"; break;
-    case DType::kI32: name = "Int"; break;
-    case DType::kI64: name = "Long"; break;
-    case DType::kU8: name = "Byte"; break;
-    case DType::kBool: name = "Bool"; break;
-    case DType::kF8E4M3: name = "Float8_e4m3fn"; break;
-    case DType::kF8E5M2: name = "Float8_e5m2"; break;
+    case DType::kF32:
+      name = "Float";
+      break;
+    case DType::kF64:
+      name = "Double";
+      break;
+    case DType::kF16:
+      name = "Half";
+      break;
+    case DType::kBF16:
+      name = "BFloat16";
+      break;
+    case DType::kI32:
+      name = "Int";
+      break;
+    case DType::kI64:
+      name = "Long";
+      break;
+    case DType::kU8:
+      name = "Byte";
+      break;
+    case DType::kBool:
+      name = "Bool";
+      break;
+    case DType::kF8E4M3:
+      name = "Float8_e4m3fn";
+      break;
+    case DType::kF8E5M2:
+      name = "Float8_e5m2";
+      break;
   }
   return std::string(device.is_cpu() ? "CPU" : "CUDA") + name + "Type";
 }

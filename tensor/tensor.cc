@@ -130,7 +130,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CheckWritable(const char* op, const Raw
 }  // namespace
 
 RawTensor::RawTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
-               DType dtype)
+                     DType dtype)
     : storage_(std::move(storage)),
       shape_(std::move(shape)),
       strides_(std::move(strides)),
@@ -348,7 +348,7 @@ RawTensor RawTensor::select(int64_t dim, int64_t index) const {
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
   return RawTensor(storage_, std::move(shape), std::move(strides), offset_ + index * strides_[d],
-                dtype_);
+                   dtype_);
 }
 
 RawTensor RawTensor::transpose(int64_t dim0, int64_t dim1) const {

@@ -44,7 +44,7 @@ class IntArrayRef : public absl::Span<const int64_t> {
  public:
   using absl::Span<const int64_t>::Span;
   IntArrayRef(const Shape& s) : Span(s.data(), s.size()) {}  // NOLINT: implicit, as libtorch's
-  IntArrayRef(const int64_t& one) : Span(&one, 1) {}      // NOLINT
+  IntArrayRef(const int64_t& one) : Span(&one, 1) {}         // NOLINT
   std::vector<int64_t> vec() const { return std::vector<int64_t>(begin(), end()); }
 };
 // Prints "[2, 3]", as libtorch prints sizes.
@@ -67,7 +67,8 @@ class RawTensor {
   // An undefined tensor (defined() == false); most methods throw on it.
   RawTensor() = default;
   // A view of `storage`; throws unless every addressed element lies inside the storage.
-  RawTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
+  RawTensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+            DType dtype);
 
   // Uninitialised memory of the given shape (contiguous). A non-CPU device allocates through
   // its backend; throws when the backend is not linked or the device does not exist.
@@ -75,7 +76,7 @@ class RawTensor {
   static RawTensor Zeros(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
   static RawTensor Ones(const Shape& shape, DType dtype = kF32, Device device = Device::Cpu());
   static RawTensor Full(const Shape& shape, double value, DType dtype = kF32,
-                     Device device = Device::Cpu());
+                        Device device = Device::Cpu());
   // A 0-d tensor holding `value`.
   static RawTensor Scalar(double value, DType dtype = kF32);
   // [start, start + step, ...) below `end` (above it for a negative step), like torch.arange.

@@ -15,14 +15,15 @@ namespace {
 void Run(tg::DType dtype) {
   tg::Generator gen(1234);
   const int64_t batch = 8, in = 64, out = 10;
-  const tg::RawTensor x = tg::RandNormal({batch, in}, gen, 0, 1, dtype);             // [8, 64]
-  const tg::RawTensor w = tg::RandNormal({in, out}, gen, 0, 1.0 / 8, dtype);         // [64, 10]
-  const tg::RawTensor b = tg::RandUniform({out}, gen, -0.1, 0.1, dtype);             // [10]
-  const tg::RawTensor targets = tg::RawTensor::Arange(0, batch, 1, tg::kI64);           // [8]
-  const tg::RawTensor h = tg::Gelu(tg::Add(tg::Matmul(x, w), b));                    // [8, 10]
-  const tg::RawTensor normed = tg::LayerNorm(h, tg::RawTensor(), tg::RawTensor()).output;  // [8, 10]
-  const tg::RawTensor probs = tg::Softmax(normed);                                   // [8, 10]
-  const tg::RawTensor loss = tg::CrossEntropy(normed, targets);                      // []
+  const tg::RawTensor x = tg::RandNormal({batch, in}, gen, 0, 1, dtype);       // [8, 64]
+  const tg::RawTensor w = tg::RandNormal({in, out}, gen, 0, 1.0 / 8, dtype);   // [64, 10]
+  const tg::RawTensor b = tg::RandUniform({out}, gen, -0.1, 0.1, dtype);       // [10]
+  const tg::RawTensor targets = tg::RawTensor::Arange(0, batch, 1, tg::kI64);  // [8]
+  const tg::RawTensor h = tg::Gelu(tg::Add(tg::Matmul(x, w), b));              // [8, 10]
+  const tg::RawTensor normed =
+      tg::LayerNorm(h, tg::RawTensor(), tg::RawTensor()).output;  // [8, 10]
+  const tg::RawTensor probs = tg::Softmax(normed);                // [8, 10]
+  const tg::RawTensor loss = tg::CrossEntropy(normed, targets);   // []
   std::printf("%s: logits row 0 %s\n", tg::DTypeName(dtype),
               normed.select(0, 0).ToString().c_str());
   std::printf("%s: softmax row 0 sums to %.6f, argmax %s\n", tg::DTypeName(dtype),

@@ -22,8 +22,8 @@ int main() {
   tg::manual_seed(0);
   TwoLayer model;
   model->to(tg::kBFloat16);  // bf16 weights; the optimizer keeps f32 masters
-  tg::amp::MixedPrecisionOptimizer opt(std::make_unique<tg::optim::AdamW>(
-      model->parameters(), tg::optim::AdamWOptions(1e-3)));
+  tg::amp::MixedPrecisionOptimizer opt(
+      std::make_unique<tg::optim::AdamW>(model->parameters(), tg::optim::AdamWOptions(1e-3)));
 
   // A batch of 64 random images with random labels (the real loaders: dataset/mnist.h).
   const tg::Tensor images = tg::randn({64, 1, 28, 28});

@@ -20,14 +20,14 @@ namespace {
 Tensor Wrap(const RawTensor& t) { return t.defined() ? Tensor(t) : Tensor(); }
 
 Tensor Conv2dGradWeight(const Tensor& g, const Tensor& x, const Shape& weight_shape,
-                          Conv2dParams p);
+                        Conv2dParams p);
 
 // The input gradient of conv2d for output gradient g and weight w; `x` supplies the input's
 // shape and dtype only.
 Tensor Conv2dGradInput(const Tensor& g, const Tensor& w, const RawTensor& x, Conv2dParams p) {
   const RawTensor gx = tg::Conv2dBackward(g.data(), x, w.data(), p, /*need_input=*/true,
-                                       /*need_weight=*/false, /*need_bias=*/false)
-                        .grad_input;
+                                          /*need_weight=*/false, /*need_bias=*/false)
+                           .grad_input;
   return Record("Conv2dGradInputBackward", gx, {g, w}, {g, w},
                 [p](const BackwardContext& ctx) -> VariableList {
                   const Tensor& gg = ctx.grads[0];  // x's shape
@@ -42,13 +42,13 @@ Tensor Conv2dGradInput(const Tensor& g, const Tensor& w, const RawTensor& x, Con
 
 // The weight gradient of conv2d for output gradient g and input x.
 Tensor Conv2dGradWeight(const Tensor& g, const Tensor& x, const Shape& weight_shape,
-                          Conv2dParams p) {
+                        Conv2dParams p) {
   // Only the weight's shape and dtype are read: a broadcast zero stands in for it.
   const RawTensor w_like =
       RawTensor::Zeros({1, 1, 1, 1}, x.dtype(), x.data().device()).expand(weight_shape);
   const RawTensor gw = tg::Conv2dBackward(g.data(), x.data(), w_like, p, /*need_input=*/false,
-                                       /*need_weight=*/true, /*need_bias=*/false)
-                        .grad_weight;
+                                          /*need_weight=*/true, /*need_bias=*/false)
+                           .grad_weight;
   return Record("Conv2dGradWeightBackward", gw, {g, x}, {g, x},
                 [p](const BackwardContext& ctx) -> VariableList {
                   const Tensor& gg = ctx.grads[0];  // the weight's shape
@@ -102,7 +102,7 @@ Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
 }
 
 Tensor MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                   std::array<int64_t, 2> padding) {
+                 std::array<int64_t, 2> padding) {
   MaxPool2dResult r = tg::MaxPool2d(x.data(), kernel, stride, padding);
   const Shape input_shape = x.shape();
   return Record(OpNodeName(OpId::kMaxPool2d), r.output, {x}, {Tensor(r.indices)},

@@ -38,7 +38,7 @@ RawTensor Gemm(const Fp8Operand& a, const Fp8Operand& b, const RawTensor& bias, 
 }  // namespace
 
 Tensor Fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   const Fp8LinearQuantizers& quantizers, Activation act) {
+                 const Fp8LinearQuantizers& quantizers, Activation act) {
   TG_CHECK(quantizers.input && quantizers.weight && quantizers.grad_output, kOp,
            ": every quantizer (input, weight, grad_output) must be set");
   TG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(x.dim() - 1) == weight.size(1), kOp,
@@ -108,8 +108,8 @@ Tensor Fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
       });
 }
 
-std::optional<Tensor> MaybeFp8Linear(const Tensor& x, const Tensor& weight,
-                                       const Tensor& bias, Activation act) {
+std::optional<Tensor> MaybeFp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     Activation act) {
   if constexpr (Fp8PolicyOf(OpId::kLinear) != Fp8Policy::kGemm) return std::nullopt;
   Fp8Scope* scope = CurrentFp8Scope();
   if (scope == nullptr) return std::nullopt;

@@ -12,8 +12,8 @@ namespace tg {
 // act(Fp8Linear(x, weight, bias)) when an FP8 scope (autograd/fp8.h) is installed on this thread
 // and covers `weight` (the parameter as the caller passed it, before autocast); nullopt
 // otherwise: the caller runs Linear as usual. The first line of both Linear ops.
-std::optional<Tensor> MaybeFp8Linear(const Tensor& x, const Tensor& weight,
-                                       const Tensor& bias, Activation act);
+std::optional<Tensor> MaybeFp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     Activation act);
 
 }  // namespace tg
 

@@ -94,15 +94,14 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
       });
 }
 
-Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   bool causal, double scale) {
+Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                 double scale) {
   if (const auto in = AutocastInputs(OpId::kScaledDotProductAttention, q, k, v)) {
     return ScaledDotProductAttention(in[0], in[1], in[2], causal, scale);
   }
   AttentionResult r = tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale);
   return Record(
-      OpNodeName(OpId::kScaledDotProductAttention), r.output, {q, k, v},
-      {q, k, v, Tensor(r.stats)},
+      OpNodeName(OpId::kScaledDotProductAttention), r.output, {q, k, v}, {q, k, v, Tensor(r.stats)},
       [causal, scale](const BackwardContext& ctx) -> VariableList {
         const Tensor& q = ctx.saved[0];
         const Tensor& k = ctx.saved[1];
@@ -135,7 +134,7 @@ Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 Tensor FusedCrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index,
-                           Reduction reduction) {
+                         Reduction reduction) {
   if (const auto in = AutocastInputs(OpId::kFusedCrossEntropy, logits)) {
     return FusedCrossEntropy(in[0], targets, ignore_index, reduction);
   }

@@ -147,8 +147,8 @@ Tensor Snapshot(const Tensor& v) {
 // Writes `value` into self, bumps its version and records the op with self's new value as the
 // output (edges from `inputs`, taken before the rebase); the node becomes self's grad_fn.
 const Tensor& Commit(const char* name, const Tensor& self, const RawTensor& value,
-                       const VariableList& inputs, const VariableList& saved, BackwardFn backward,
-                       bool save_output = false) {
+                     const VariableList& inputs, const VariableList& saved, BackwardFn backward,
+                     bool save_output = false) {
   self.data().copy_(value);
   self.bump_version();
   const Tensor out = Record(name, self.data(), inputs, saved, std::move(backward), save_output);

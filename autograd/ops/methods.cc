@@ -59,7 +59,8 @@ Tensor OverDim(const Tensor& x, int64_t dim, const char* op, F f) {
 
 }  // namespace
 
-// ---- Shapes and views ----------------------------------------------------------------------------
+// ---- Shapes and views
+// ----------------------------------------------------------------------------
 
 Tensor Tensor::view(IntArrayRef shape) const {
   data().view(ToShape(shape));  // throws when the strides do not allow a view (never copies)
@@ -87,9 +88,7 @@ Tensor Tensor::squeeze() const {
   return out.size() == shape().size() ? *this : Reshape(*this, out);
 }
 Tensor Tensor::squeeze(int64_t d) const { return Squeeze(*this, d); }
-Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
-  return Transpose(*this, dim0, dim1);
-}
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const { return Transpose(*this, dim0, dim1); }
 Tensor Tensor::t() const {
   TG_CHECK(dim() <= 2, "t: expects a tensor with at most 2 dims, got ", dim());
   return dim() < 2 ? *this : Transpose(*this, 0, 1);
@@ -106,7 +105,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 }
 Tensor Tensor::operator[](int64_t index) const { return Select(*this, 0, index); }
 
-// ---- Reductions ----------------------------------------------------------------------------------
+// ---- Reductions
+// ----------------------------------------------------------------------------------
 
 Tensor Tensor::sum() const { return Sum(*this); }
 Tensor Tensor::sum(int64_t d, bool keepdim) const { return Sum(*this, {d}, keepdim); }
@@ -131,9 +131,7 @@ std::tuple<Tensor, Tensor> Tensor::min(int64_t d, bool keepdim) const {
   return {Neg(Max(negated, d, keepdim)), Tensor(Argmax(negated.data(), d, keepdim))};
 }
 Tensor Tensor::argmax() const { return Tensor(Argmax(data().reshape({numel()}), 0)); }
-Tensor Tensor::argmax(int64_t d, bool keepdim) const {
-  return Tensor(Argmax(data(), d, keepdim));
-}
+Tensor Tensor::argmax(int64_t d, bool keepdim) const { return Tensor(Argmax(data(), d, keepdim)); }
 Tensor Tensor::argmin() const { return Tensor(Argmax(tg::Neg(data()).reshape({numel()}), 0)); }
 Tensor Tensor::argmin(int64_t d, bool keepdim) const {
   return Tensor(Argmax(tg::Neg(data()), d, keepdim));
@@ -148,7 +146,8 @@ Tensor Tensor::any() const {
 }
 Tensor Tensor::norm() const { return Sqrt(Sum(Mul(*this, *this))); }
 
-// ---- Elementwise ---------------------------------------------------------------------------------
+// ---- Elementwise
+// ---------------------------------------------------------------------------------
 
 Tensor Tensor::pow(double exponent) const { return Pow(*this, exponent); }
 Tensor Tensor::pow(const Tensor& exponent) const { return Pow(*this, exponent); }
@@ -178,12 +177,12 @@ Tensor Tensor::clamp(std::optional<double> min, std::optional<double> max) const
   // torch.clamp's (x equal to a bound keeps its gradient).
   Tensor out = *this;
   if (min.has_value()) {
-    out = Where(tg::Lt(out.data(), CompareOperand(out, *min)), Tensor(RawTensor::Full(
-              shape(), *min, dtype(), device())), out);
+    out = Where(tg::Lt(out.data(), CompareOperand(out, *min)),
+                Tensor(RawTensor::Full(shape(), *min, dtype(), device())), out);
   }
   if (max.has_value()) {
-    out = Where(tg::Gt(out.data(), CompareOperand(out, *max)), Tensor(RawTensor::Full(
-              shape(), *max, dtype(), device())), out);
+    out = Where(tg::Gt(out.data(), CompareOperand(out, *max)),
+                Tensor(RawTensor::Full(shape(), *max, dtype(), device())), out);
   }
   return out;
 }
@@ -199,10 +198,9 @@ Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
   // A copy across devices, differentiable: its gradient is copied back.
   const Device from = this->device();
-  return Record("ToCopyBackward0", data().to(device), {*this}, {},
-                [from](const BackwardContext& ctx) -> VariableList {
-                  return {ctx.grads[0].to(from)};
-                });
+  return Record(
+      "ToCopyBackward0", data().to(device), {*this}, {},
+      [from](const BackwardContext& ctx) -> VariableList { return {ctx.grads[0].to(from)}; });
 }
 Tensor Tensor::to(Device device, DType dtype) const { return to(device).to(dtype); }
 Tensor Tensor::clone() const {
@@ -216,14 +214,27 @@ Tensor Tensor::lt(const Tensor& other) const { return Tensor(tg::Lt(data(), othe
 Tensor Tensor::le(const Tensor& other) const { return Tensor(tg::Le(data(), other.data())); }
 Tensor Tensor::gt(const Tensor& other) const { return Tensor(tg::Gt(data(), other.data())); }
 Tensor Tensor::ge(const Tensor& other) const { return Tensor(tg::Ge(data(), other.data())); }
-Tensor Tensor::eq(double s) const { return Tensor(tg::Eq(AsCompareInput(*this, s), CompareOperand(*this, s))); }
-Tensor Tensor::ne(double s) const { return Tensor(tg::Ne(AsCompareInput(*this, s), CompareOperand(*this, s))); }
-Tensor Tensor::lt(double s) const { return Tensor(tg::Lt(AsCompareInput(*this, s), CompareOperand(*this, s))); }
-Tensor Tensor::le(double s) const { return Tensor(tg::Le(AsCompareInput(*this, s), CompareOperand(*this, s))); }
-Tensor Tensor::gt(double s) const { return Tensor(tg::Gt(AsCompareInput(*this, s), CompareOperand(*this, s))); }
-Tensor Tensor::ge(double s) const { return Tensor(tg::Ge(AsCompareInput(*this, s), CompareOperand(*this, s))); }
+Tensor Tensor::eq(double s) const {
+  return Tensor(tg::Eq(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
+Tensor Tensor::ne(double s) const {
+  return Tensor(tg::Ne(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
+Tensor Tensor::lt(double s) const {
+  return Tensor(tg::Lt(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
+Tensor Tensor::le(double s) const {
+  return Tensor(tg::Le(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
+Tensor Tensor::gt(double s) const {
+  return Tensor(tg::Gt(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
+Tensor Tensor::ge(double s) const {
+  return Tensor(tg::Ge(AsCompareInput(*this, s), CompareOperand(*this, s)));
+}
 
-// ---- Arithmetic ----------------------------------------------------------------------------------
+// ---- Arithmetic
+// ----------------------------------------------------------------------------------
 
 Tensor Tensor::add(const Tensor& other, double alpha) const {
   return alpha == 1 ? Add(*this, other) : Add(*this, MulScalar(other, alpha));

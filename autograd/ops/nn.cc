@@ -126,45 +126,45 @@ Tensor Embedding(const Tensor& weight, const RawTensor& indices) {
 }
 
 Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index,
-                      Reduction reduction) {
+                    Reduction reduction) {
   if (const auto in = AutocastInputs(OpId::kCrossEntropy, logits)) {
     return CrossEntropy(in[0], targets, ignore_index, reduction);
   }
   const RawTensor loss = tg::CrossEntropy(logits.data(), targets, ignore_index, reduction);
-  return Record(OpNodeName(OpId::kCrossEntropy), loss, {logits}, {logits, Tensor(targets)},
-                [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
-                  const Tensor& logits = ctx.saved[0];
-                  const RawTensor& targets = ctx.saved[1].data();
-                  const Tensor& g = ctx.grads[0];
-                  if (!GradMode::is_enabled()) {
-                    // The fused kernel: (softmax - onehot) * the loss gradient of each row.
-                    return {Tensor(tg::CrossEntropyBackward(logits.data(), targets, g.data(),
-                                                              ignore_index, reduction))};
-                  }
-                  // create_graph: the same formula with differentiable ops (softmax depends on
-                  // logits).
-                  const DType ct = ComputeDType(logits.dtype());
-                  const int64_t n = logits.size(0), c = logits.size(1);
-                  const RawTensor t = targets.to(kI64).reshape({n, 1});
-                  const Device device = logits.data().device();
-                  const RawTensor valid =
-                      tg::Ne(t, RawTensor::Full({}, static_cast<double>(ignore_index), kI64, device));
-                  const RawTensor classes =
-                      RawTensor::Arange(0, static_cast<double>(c), 1, kI64).to(device).reshape({1, c});
-                  const RawTensor onehot = tg::Eq(classes, t).to(ct);
-                  Tensor scale = Cast(g, ct);
-                  if (reduction == Reduction::kNone) {
-                    scale = Reshape(scale, {n, 1});
-                  } else if (reduction == Reduction::kMean) {
-                    const double counted = tg::Sum(valid).item();
-                    // No counted rows: every row is ignored and gets zeros, as in the kernel.
-                    scale = MulScalar(scale, counted > 0 ? 1.0 / counted : 0.0);
-                  }
-                  const Tensor p = Softmax(Cast(logits, ct));
-                  const Tensor grad =
-                      Mul(Mul(Sub(p, Tensor(onehot)), Tensor(valid.to(ct))), scale);
-                  return {Cast(grad, logits.dtype())};
-                });
+  return Record(
+      OpNodeName(OpId::kCrossEntropy), loss, {logits}, {logits, Tensor(targets)},
+      [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
+        const Tensor& logits = ctx.saved[0];
+        const RawTensor& targets = ctx.saved[1].data();
+        const Tensor& g = ctx.grads[0];
+        if (!GradMode::is_enabled()) {
+          // The fused kernel: (softmax - onehot) * the loss gradient of each row.
+          return {Tensor(
+              tg::CrossEntropyBackward(logits.data(), targets, g.data(), ignore_index, reduction))};
+        }
+        // create_graph: the same formula with differentiable ops (softmax depends on
+        // logits).
+        const DType ct = ComputeDType(logits.dtype());
+        const int64_t n = logits.size(0), c = logits.size(1);
+        const RawTensor t = targets.to(kI64).reshape({n, 1});
+        const Device device = logits.data().device();
+        const RawTensor valid =
+            tg::Ne(t, RawTensor::Full({}, static_cast<double>(ignore_index), kI64, device));
+        const RawTensor classes =
+            RawTensor::Arange(0, static_cast<double>(c), 1, kI64).to(device).reshape({1, c});
+        const RawTensor onehot = tg::Eq(classes, t).to(ct);
+        Tensor scale = Cast(g, ct);
+        if (reduction == Reduction::kNone) {
+          scale = Reshape(scale, {n, 1});
+        } else if (reduction == Reduction::kMean) {
+          const double counted = tg::Sum(valid).item();
+          // No counted rows: every row is ignored and gets zeros, as in the kernel.
+          scale = MulScalar(scale, counted > 0 ? 1.0 / counted : 0.0);
+        }
+        const Tensor p = Softmax(Cast(logits, ct));
+        const Tensor grad = Mul(Mul(Sub(p, Tensor(onehot)), Tensor(valid.to(ct))), scale);
+        return {Cast(grad, logits.dtype())};
+      });
 }
 
 Tensor Dropout(const Tensor& x, double p, Generator& gen, bool training) {

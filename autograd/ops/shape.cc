@@ -13,8 +13,8 @@ namespace tg {
 namespace {
 
 // Zeros of `shape` with `g` written into slice (dim, start, end, step): the adjoint of Slice.
-Tensor SliceScatter(const Tensor& g, const Shape& shape, int64_t dim, int64_t start,
-                      int64_t end, int64_t step) {
+Tensor SliceScatter(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, int64_t end,
+                    int64_t step) {
   RawTensor out = RawTensor::Zeros(shape, g.dtype(), g.data().device());
   out.slice(dim, start, end, step).copy_(g.data());
   return Record("SliceScatterBackward", out, {g}, {},

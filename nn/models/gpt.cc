@@ -52,9 +52,10 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
            ", block_size ", config.block_size, ", n_layer ", config.n_layer, ")");
   TG_CHECK(config.dropout == 0 || dropout_gen != nullptr, "Gpt: dropout ", config.dropout,
            " needs a dropout generator");
-  wte_ = register_module("wte",
-                         std::make_shared<EmbeddingImpl>(config.padded_vocab(), config.n_embd, gen));
-  wpe_ = register_module("wpe", std::make_shared<EmbeddingImpl>(config.block_size, config.n_embd, gen));
+  wte_ = register_module(
+      "wte", std::make_shared<EmbeddingImpl>(config.padded_vocab(), config.n_embd, gen));
+  wpe_ = register_module("wpe",
+                         std::make_shared<EmbeddingImpl>(config.block_size, config.n_embd, gen));
   if (config.dropout > 0) {
     drop_ = register_module("drop", std::make_shared<DropoutImpl>(config.dropout, *dropout_gen));
   }

@@ -175,8 +175,8 @@ void Col2Im(const T* cols, int64_t images, const Window2d& g, T* grad_x) {
 }
 
 template <typename T>
-void Conv2dImpl(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
-                const Window2d& g) {
+void Conv2dImpl(const RawTensor& out, const RawTensor& x, const RawTensor& weight,
+                const RawTensor& bias, const Window2d& g) {
   const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
   if (out.numel() == 0) return;
   const T* xp = x.data<T>();
@@ -224,8 +224,9 @@ void Conv2dImpl(const RawTensor& out, const RawTensor& x, const RawTensor& weigh
 }
 
 template <typename T>
-void Conv2dBackwardImpl(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_out,
-                        const RawTensor& x, const RawTensor& weight, const Window2d& g) {
+void Conv2dBackwardImpl(const RawTensor& grad_input, const RawTensor& grad_weight,
+                        const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
+                        const Window2d& g) {
   const int64_t K = g.c * g.kh * g.kw, L = g.oh * g.ow, chunk = ImagesPerChunk(g);
   const bool need_input = grad_input.defined(), need_weight = grad_weight.defined();
   T* gip = need_input ? grad_input.data<T>() : nullptr;
@@ -489,7 +490,8 @@ inline void MaxTap(C v, int32_t t, C& value, int32_t& tap) {
 // vectors, which GCC vectorises (a jump on the data-dependent comparison would be mispredicted
 // half the time).
 template <typename T>
-void MaxPool2dImpl(const RawTensor& out, const RawTensor& indices, const RawTensor& x, const Window2d& g) {
+void MaxPool2dImpl(const RawTensor& out, const RawTensor& indices, const RawTensor& x,
+                   const Window2d& g) {
   using C = ComputeType<T>;
   TG_CHECK((g.kh - 1) * g.w + g.kw <= std::numeric_limits<int32_t>::max(), "max_pool2d: a window [",
            g.kh, ", ", g.kw, "] over an input ", g.w, " wide spans more than 2^31 - 1 elements");
@@ -623,8 +625,8 @@ RawTensor ToF32(const RawTensor& t) { return t.defined() ? t.to(kF32) : RawTenso
 
 }  // namespace
 
-void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
-            const Window2d& g) {
+void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight,
+            const RawTensor& bias, const Window2d& g) {
   const DType dtype = out.dtype();
   if (DnnlConvInChunks(
           ConvPass::kForward, dtype, g, bias.defined(),
@@ -647,9 +649,9 @@ void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, c
   }
 }
 
-void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_bias,
-                    const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
-                    const Window2d& g) {
+void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                    const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                    const RawTensor& weight, const Window2d& g) {
   const DType dtype = grad_out.dtype();
   if (grad_bias.defined()) {
     VisitFloating("conv2d_backward", dtype,
@@ -675,7 +677,8 @@ void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, c
       VisitFloating("conv2d_backward", dtype, [](auto) {});
       const RawTensor gi32 = gi.defined() ? RawTensor::Empty(gi.shape(), kF32) : RawTensor();
       const RawTensor gw32 = gw.defined() ? RawTensor::Empty(gw.shape(), kF32) : RawTensor();
-      Conv2dBackward(gi32, gw32, RawTensor(), ToF32(grad_out), gw32.defined() ? ToF32(x) : RawTensor(),
+      Conv2dBackward(gi32, gw32, RawTensor(), ToF32(grad_out),
+                     gw32.defined() ? ToF32(x) : RawTensor(),
                      gi32.defined() ? ToF32(weight) : RawTensor(), g);
       if (gi32.defined()) gi.copy_(gi32);
       if (gw32.defined()) gw.copy_(gw32);
@@ -683,12 +686,14 @@ void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, c
   }
 }
 
-void MaxPool2d(const RawTensor& out, const RawTensor& indices, const RawTensor& x, const Window2d& g) {
+void MaxPool2d(const RawTensor& out, const RawTensor& indices, const RawTensor& x,
+               const Window2d& g) {
   VisitFloating("max_pool2d", x.dtype(),
                 [&](auto tag) { MaxPool2dImpl<decltype(tag)>(out, indices, x, g); });
 }
 
-void MaxPool2dBackward(const RawTensor& grad_input, const RawTensor& grad_out, const RawTensor& indices) {
+void MaxPool2dBackward(const RawTensor& grad_input, const RawTensor& grad_out,
+                       const RawTensor& indices) {
   VisitFloating("max_pool2d_backward", grad_out.dtype(), [&](auto tag) {
     MaxPool2dBackwardImpl<decltype(tag)>(grad_input, grad_out, indices);
   });

@@ -46,8 +46,7 @@ void LoadRows(const T* src, int64_t row_stride, int64_t stride, int64_t rows, in
   for (int64_t r = 0; r < rows; ++r) LoadRow(src + r * row_stride, stride, n, dst + r * n);
 }
 template <typename T, typename C>
-void StoreRows(const C* src, int64_t rows, int64_t n, T* dst, int64_t row_stride,
-               int64_t stride) {
+void StoreRows(const C* src, int64_t rows, int64_t n, T* dst, int64_t row_stride, int64_t stride) {
   if constexpr (std::is_same_v<C, float>) {
     if (stride == 1) return RoundRowsFromF32(src, rows, n, dst, row_stride);
   }

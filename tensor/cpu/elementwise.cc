@@ -16,7 +16,8 @@ namespace tg::cpu {
 namespace {
 
 template <size_t N>
-std::array<Shape, N> RowStrides(const RawTensor& out, const std::array<const RawTensor*, N - 1>& in) {
+std::array<Shape, N> RowStrides(const RawTensor& out,
+                                const std::array<const RawTensor*, N - 1>& in) {
   std::array<Shape, N> s;
   s[0] = BroadcastByteStrides(out, out.shape());
   for (size_t k = 0; k + 1 < N; ++k) s[k + 1] = BroadcastByteStrides(*in[k], out.shape());

@@ -145,8 +145,8 @@ void ReduceRowMax(const float* row_max, int64_t rows, Fp8Tile tile, Fp8Tile grid
 
 // Fp8Amax and Fp8Cast: the cast pass with the amaxes gathered per row, then reduced per tile
 // (1x128 tiles are rows: their row maxima are the amaxes, written in place).
-void CastAndAmax(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax, const RawTensor& x,
-                 const RawTensor& scale, Fp8Tiling tiling) {
+void CastAndAmax(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax,
+                 const RawTensor& x, const RawTensor& scale, Fp8Tiling tiling) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const Fp8Tile tile = Fp8TileOf(rows, cols, tiling), grid = Fp8GridOf(rows, cols, tiling);
   if (rows == 0 || cols == 0) return;
@@ -266,9 +266,9 @@ void StoreTile(float* acc, int64_t acc_ld, const float* bias, int64_t rows, int6
 
 // T: out's type; E: the decoded operands' (bf16 or f32).
 template <typename T, typename E>
-void Fp8GemmTyped(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
-                  const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
-                  const float* bias) {
+void Fp8GemmTyped(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv,
+                  Fp8Tiling a_tiling, const RawTensor& b, const RawTensor& b_scale_inv,
+                  Fp8Tiling b_tiling, const float* bias) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   T* o = out.data<T>();
   ScratchVector<E> ad, bd;
@@ -342,13 +342,14 @@ void Fp8Scale(const RawTensor& scale, const RawTensor& scale_inv, const RawTenso
   }
 }
 
-void Fp8Cast(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax, const RawTensor& x,
-             const RawTensor& scale, Fp8Tiling tiling) {
+void Fp8Cast(const RawTensor& out, const RawTensor& out_t, const RawTensor& amax,
+             const RawTensor& x, const RawTensor& scale, Fp8Tiling tiling) {
   CastAndAmax(out, out_t, amax, x, scale, tiling);
 }
 
-void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
-             const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling, const RawTensor& bias) {
+void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv,
+             Fp8Tiling a_tiling, const RawTensor& b, const RawTensor& b_scale_inv,
+             Fp8Tiling b_tiling, const RawTensor& bias) {
   if (out.numel() == 0) return;
   VisitFloating("fp8_gemm", out.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -18,8 +18,8 @@
 
 namespace tg::cpu {
 
-KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
-                                      const RawTensor& inv_scale) {
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors,
+                                      const RawTensor& found_inf, const RawTensor& inv_scale) {
   const double inv = inv_scale.item();
   bool found = false;
   for (const RawTensor& t : tensors) found = ScaleInPlace(t, inv, true) || found;
@@ -33,8 +33,9 @@ KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, con
 // grad_out * xhat and grad_out in f64 per column, rows in order (deterministic, independent of
 // any blocking), and round once at the end.
 KernelStatus LayerNormBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
-                               const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
-                               const RawTensor& mean, const RawTensor& rstd, const RawTensor& weight) {
+                               const RawTensor& grad_bias, const RawTensor& grad_out,
+                               const RawTensor& x, const RawTensor& mean, const RawTensor& rstd,
+                               const RawTensor& weight) {
   const int64_t rows = x.size(0), n = x.size(1);
   VisitFloating("layer_norm_backward", x.dtype(), [&](auto tag) {
     using T = decltype(tag);

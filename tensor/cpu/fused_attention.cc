@@ -115,8 +115,8 @@ void ForEachQueryBlock(bool causal, int64_t tq, int64_t tk, F f) {
 }
 
 template <typename T>
-void AttentionImpl(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
-                   const RawTensor& v, bool causal, double scale) {
+void AttentionImpl(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+                   const RawTensor& k, const RawTensor& v, bool causal, double scale) {
   using C = ComputeType<T>;
   const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
   const C cscale = static_cast<C>(scale);
@@ -171,10 +171,10 @@ void AttentionImpl(const RawTensor& out, const RawTensor& stats, const RawTensor
 }
 
 template <typename T>
-void AttentionBackwardImpl(const RawTensor& grad_q, const RawTensor& grad_k, const RawTensor& grad_v,
-                           const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
-                           const RawTensor& v, const RawTensor& out, const RawTensor& stats, bool causal,
-                           double scale) {
+void AttentionBackwardImpl(const RawTensor& grad_q, const RawTensor& grad_k,
+                           const RawTensor& grad_v, const RawTensor& grad_out, const RawTensor& q,
+                           const RawTensor& k, const RawTensor& v, const RawTensor& out,
+                           const RawTensor& stats, bool causal, double scale) {
   using C = ComputeType<T>;
   const int64_t nb = q.size(0), nh = q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
   const C cscale = static_cast<C>(scale);
@@ -258,9 +258,9 @@ void AttentionBackwardImpl(const RawTensor& grad_q, const RawTensor& grad_k, con
 
 }  // namespace
 
-KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
-                                       const RawTensor& k, const RawTensor& v, bool causal,
-                                       double scale) {
+KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats,
+                                       const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                       bool causal, double scale) {
   VisitFloating("scaled_dot_product_attention", q.dtype(), [&](auto tag) {
     AttentionImpl<decltype(tag)>(out, stats, q, k, v, causal, scale);
   });
@@ -269,9 +269,9 @@ KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& st
 
 KernelStatus ScaledDotProductAttentionBackward(const RawTensor& grad_q, const RawTensor& grad_k,
                                                const RawTensor& grad_v, const RawTensor& grad_out,
-                                               const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                                               const RawTensor& out, const RawTensor& stats, bool causal,
-                                               double scale) {
+                                               const RawTensor& q, const RawTensor& k,
+                                               const RawTensor& v, const RawTensor& out,
+                                               const RawTensor& stats, bool causal, double scale) {
   VisitFloating("scaled_dot_product_attention_backward", q.dtype(), [&](auto tag) {
     AttentionBackwardImpl<decltype(tag)>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, stats,
                                          causal, scale);

@@ -51,8 +51,8 @@ void ColumnSums(const V* v, int64_t m, int64_t n, double* col) {
 // out [m, n] = act(x [m, k] @ weight [n, k]^T + bias), pre [m, n] (strided rows) = the sum
 // before act, each rounded once to T from the compute type C.
 template <typename T>
-void LinearForwardImpl(const RawTensor& out, const RawTensor& pre, const RawTensor& x, const RawTensor& weight,
-                       const RawTensor& bias, Activation act) {
+void LinearForwardImpl(const RawTensor& out, const RawTensor& pre, const RawTensor& x,
+                       const RawTensor& weight, const RawTensor& bias, Activation act) {
   using C = ComputeType<T>;
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   if (m == 0 || n == 0) return;
@@ -238,8 +238,9 @@ KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const Raw
 }
 
 KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
-                            const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
-                            const RawTensor& weight, const RawTensor& pre, Activation act) {
+                            const RawTensor& grad_bias, const RawTensor& grad_out,
+                            const RawTensor& x, const RawTensor& weight, const RawTensor& pre,
+                            Activation act) {
   VisitFloating("linear_backward", x.dtype(), [&](auto tag) {
     LinearBackwardImpl<decltype(tag)>(grad_input, grad_weight, grad_bias, grad_out, x, weight, pre,
                                       act);

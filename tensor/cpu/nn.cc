@@ -43,8 +43,8 @@ void Softmax(const RawTensor& out, const RawTensor& x, bool log) {
   });
 }
 
-void LayerNorm(const RawTensor& out, const RawTensor& mean, const RawTensor& rstd, const RawTensor& x,
-               const RawTensor& weight, const RawTensor& bias, double eps) {
+void LayerNorm(const RawTensor& out, const RawTensor& mean, const RawTensor& rstd,
+               const RawTensor& x, const RawTensor& weight, const RawTensor& bias, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   VisitFloating("layer_norm", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -126,8 +126,9 @@ int64_t CrossEntropy(const RawTensor& losses, const RawTensor& logits, const Raw
   return counted;
 }
 
-void CrossEntropyBackward(const RawTensor& grad_logits, const RawTensor& logits, const RawTensor& targets,
-                          const RawTensor& row_scale, int64_t ignore_index) {
+void CrossEntropyBackward(const RawTensor& grad_logits, const RawTensor& logits,
+                          const RawTensor& targets, const RawTensor& row_scale,
+                          int64_t ignore_index) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
   const double* scale = row_scale.data<double>();

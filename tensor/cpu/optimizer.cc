@@ -28,8 +28,8 @@ constexpr int64_t kElementsPerThread = int64_t{1} << 15;
 // what the composed form's grad.to(compute dtype) does). With inv_scale (0-d f32, defined), the
 // gradient is a compute-dtype copy multiplied by it (ScaleInPlace: one rounding per element).
 struct FlatParam {
-  RawTensor param;    // contiguous; the parameter itself unless it was a strided view
-  RawTensor grad;     // contiguous, dtype param.dtype() or the compute dtype
+  RawTensor param;  // contiguous; the parameter itself unless it was a strided view
+  RawTensor grad;   // contiguous, dtype param.dtype() or the compute dtype
   bool copy_back;  // param is a copy that must be written back
 
   static FlatParam Make(const RawTensor& param, const RawTensor& grad, const RawTensor& inv_scale) {

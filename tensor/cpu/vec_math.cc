@@ -147,9 +147,9 @@ void RoundToBFloat16(float* x, int64_t n) {
       [&](const float* src, float* dst) {
         const auto u = hn::BitCast(du32, hn::LoadU(df, src));
         const auto upper = hn::ShiftRight<16>(u);
-        const auto rounded = hn::And(
-            hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, hn::Set(du32, 1u)))),
-            hn::Set(du32, 0xffff0000u));
+        const auto rounded =
+            hn::And(hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), hn::And(upper, hn::Set(du32, 1u)))),
+                    hn::Set(du32, 0xffff0000u));
         const auto is_nan =
             hn::Gt(hn::And(u, hn::Set(du32, 0x7fffffffu)), hn::Set(du32, 0x7f800000u));
         const auto empty = hn::Eq(hn::And(upper, hn::Set(du32, 0x7fu)), hn::Zero(du32));

@@ -47,8 +47,8 @@ namespace tg::cuda {
 // the CPU op), and found_inf is set to 1 if any element was inf/NaN before scaling. found_inf
 // is never reset to 0 here, so it accumulates across calls (zero it once per step).
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
-KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors, const RawTensor& found_inf,
-                                      const RawTensor& inv_scale);
+KernelStatus NonFiniteCheckAndUnscale(const std::vector<RawTensor>& tensors,
+                                      const RawTensor& found_inf, const RawTensor& inv_scale);
 // The check alone (read-only): for low-precision gradients that FusedAdam unscales itself, so
 // they are not rounded to f16/bf16 a second time by an in-place unscale.
 void NonFiniteCheck(const std::vector<RawTensor>& tensors, const RawTensor& found_inf);
@@ -72,10 +72,11 @@ LossScaleState DownloadScalerState(const RawTensor& state);
 // undefined: a clean step. scale_out / inv_scale_out (0-d f32, or undefined) then receive the
 // new scale and 1 / scale rounded to f32, exactly what the host facade hands to the loss
 // multiply and to NonFiniteCheckAndUnscale.
-void UpdateScaleOnDevice(const RawTensor& state, const RawTensor& found_inf, const RawTensor& scale_out,
-                         const RawTensor& inv_scale_out);
+void UpdateScaleOnDevice(const RawTensor& state, const RawTensor& found_inf,
+                         const RawTensor& scale_out, const RawTensor& inv_scale_out);
 // Writes scale_out / inv_scale_out from the state without updating it (the first step).
-void WriteScaleOnDevice(const RawTensor& state, const RawTensor& scale_out, const RawTensor& inv_scale_out);
+void WriteScaleOnDevice(const RawTensor& state, const RawTensor& scale_out,
+                        const RawTensor& inv_scale_out);
 
 }  // namespace tg::cuda
 

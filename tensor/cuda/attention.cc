@@ -62,8 +62,8 @@ struct Sizes {
   int64_t b, h, tq, tk, d;
 };
 
-void CheckTensor(const char* op, const RawTensor& t, const char* what, const Shape& shape, DType dtype,
-                 Device device) {
+void CheckTensor(const char* op, const RawTensor& t, const char* what, const Shape& shape,
+                 DType dtype, Device device) {
   TG_CHECK(t.defined(), op, ": ", what, " is undefined");
   TG_CHECK(t.device() == device, op, ": ", what, " is on ", t.device().ToString(), ", expected ",
            device.ToString());
@@ -125,7 +125,8 @@ class SdpaGraph {
   }
   const dnn::Descriptor& Virtual(cudnnDataType_t type, std::vector<int64_t> dims,
                                  std::vector<int64_t> strides) {
-    return graph.RawTensor({next_uid_++, type, std::move(dims), std::move(strides), true, false, 16});
+    return graph.RawTensor(
+        {next_uid_++, type, std::move(dims), std::move(strides), true, false, 16});
   }
   // y = mode(x[, b[, t]]), computed in `compute`; axis for GEN_INDEX.
   void Pointwise(cudnnPointwiseMode_t mode, const dnn::Descriptor& x, const dnn::Descriptor* b,
@@ -480,8 +481,9 @@ void CheckCudnn(const char* op, std::initializer_list<const RawTensor*> tensors)
 }
 
 // Returns false (nothing enqueued, *why set) when cuDNN has no engine for the problem.
-bool CudnnForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
-                  const RawTensor& v, bool causal, double scale, const Sizes& z, std::string* why) {
+bool CudnnForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+                  const RawTensor& k, const RawTensor& v, bool causal, double scale, const Sizes& z,
+                  std::string* why) {
   const char* op = "attention_forward";
   CheckCudnn(op, {&out, &q, &k, &v});
   const int device = q.device().index;
@@ -507,10 +509,10 @@ bool CudnnForward(const RawTensor& out, const RawTensor& stats, const RawTensor&
   return true;
 }
 
-bool CudnnBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
-                   const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
-                   const RawTensor& stats, bool causal, double scale, const Sizes& z,
-                   std::string* why) {
+bool CudnnBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv,
+                   const RawTensor& dout, const RawTensor& q, const RawTensor& k,
+                   const RawTensor& v, const RawTensor& out, const RawTensor& stats, bool causal,
+                   double scale, const Sizes& z, std::string* why) {
   const char* op = "attention_backward";
   CheckCudnn(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out});
   const int device = q.device().index;
@@ -588,8 +590,8 @@ bool CudnnAttentionSupported(std::initializer_list<const RawTensor*> tensors, st
 }
 
 bool AttentionForward(const RawTensor& out, const RawTensor& softmax_stats, const RawTensor& q,
-                      const RawTensor& k, const RawTensor& v, bool causal, double scale, double dropout,
-                      std::string* why) {
+                      const RawTensor& k, const RawTensor& v, bool causal, double scale,
+                      double dropout, std::string* why) {
   const char* op = "attention_forward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   TG_CHECK(dropout == 0, op, ": attention dropout ", dropout,
@@ -601,9 +603,10 @@ bool AttentionForward(const RawTensor& out, const RawTensor& softmax_stats, cons
   return CudnnForward(out, softmax_stats, q, k, v, causal, scale, z, why);
 }
 
-bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
-                       const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
-                       const RawTensor& softmax_stats, bool causal, double scale, std::string* why) {
+bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv,
+                       const RawTensor& dout, const RawTensor& q, const RawTensor& k,
+                       const RawTensor& v, const RawTensor& out, const RawTensor& softmax_stats,
+                       bool causal, double scale, std::string* why) {
   const char* op = "attention_backward";
   const Sizes z = Validate(op, out, softmax_stats, q, k, v, causal, scale);
   const DType dtype = q.dtype();

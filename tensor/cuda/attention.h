@@ -47,10 +47,10 @@ bool AttentionForward(const RawTensor& out, const RawTensor& softmax_stats, cons
 // dq, dk, dv (shapes of q, k, v, their dtype, unit stride along D) are written from dout (out's
 // shape) and the forward's q, k, v, out and softmax_stats, with the forward's causal and scale.
 // Returns false as AttentionForward does.
-bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
-                       const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
-                       const RawTensor& softmax_stats, bool causal, double scale,
-                       std::string* why = nullptr);
+bool AttentionBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv,
+                       const RawTensor& dout, const RawTensor& q, const RawTensor& k,
+                       const RawTensor& v, const RawTensor& out, const RawTensor& softmax_stats,
+                       bool causal, double scale, std::string* why = nullptr);
 
 // Whether the fused kernel accepts these tensors (dtype, head size, strides, alignment);
 // when not, *why (if given) says which rule fails. Pass every tensor of the call (forward: out,

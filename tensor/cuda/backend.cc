@@ -1,8 +1,8 @@
 // The CUDA device backend (tensor/device_backend.h): its allocators (the caching allocator of
 // runtime.h), copies, fill, streams, preferences and kernel table (every entry of the kernel list
 // points at tg::cuda's function of the same name). Registers itself when //tensor/cuda:backend is
-// linked (//tensor:devices links it), so that RawTensor::Empty/Zeros/Full, copy_, fill_, to(Device),
-// contiguous(), clone(), item() and every op work on CUDA tensors.
+// linked (//tensor:devices links it), so that RawTensor::Empty/Zeros/Full, copy_, fill_,
+// to(Device), contiguous(), clone(), item() and every op work on CUDA tensors.
 //
 // Copies (dst and src have one shape; the core broadcast src already):
 //   - on one device: the Copy kernel (a cudaMemcpyAsync for same dtype and both contiguous);

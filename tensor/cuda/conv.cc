@@ -203,7 +203,8 @@ void AddBias(const RawTensor& out, const RawTensor& bias, const Window2d& g, int
 }
 
 // grad_bias [O] = the sum of grad_out [N, O, L] over images and positions.
-void BiasGrad(const RawTensor& grad_bias, const RawTensor& grad_out, const Window2d& g, int device) {
+void BiasGrad(const RawTensor& grad_bias, const RawTensor& grad_out, const Window2d& g,
+              int device) {
   AllowTf32Scope exact(false);  // sums of f32 values, not of their TF32 roundings
   const int64_t L = g.oh * g.ow;
   const DType dtype = grad_out.dtype();
@@ -232,8 +233,8 @@ void CheckCuda(const char* op, const RawTensor& t, const char* what, Device devi
 
 }  // namespace
 
-void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, const RawTensor& bias,
-            const Window2d& g) {
+void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight,
+            const RawTensor& bias, const Window2d& g) {
   const char* op = "conv2d";
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),
            ", expected a CUDA device");
@@ -255,9 +256,9 @@ void Conv2d(const RawTensor& out, const RawTensor& x, const RawTensor& weight, c
   if (bias.defined()) AddBias(out, bias, g, device);
 }
 
-void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight, const RawTensor& grad_bias,
-                    const RawTensor& grad_out, const RawTensor& x, const RawTensor& weight,
-                    const Window2d& g) {
+void Conv2dBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                    const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
+                    const RawTensor& weight, const Window2d& g) {
   const char* op = "conv2d_backward";
   TG_CHECK(grad_out.device().is_cuda(), op, ": the gradient is on ", grad_out.device().ToString(),
            ", expected a CUDA device");

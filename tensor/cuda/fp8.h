@@ -67,9 +67,10 @@ RawTensor Fp8ScalesForCublasLt(const RawTensor& src, Fp8Tiling tiling);
 // acc [m, n] (f32) = (first ? 0 : acc) + partial [m, n] (f32) * (a_scale_inv[a tile of (i, slice)]
 // * b_scale_inv[b tile of (j, slice)]), the scale grids of a_tiling / b_tiling with `slices`
 // columns (1 for kTensor). acc and partial may be the same tensor.
-void Fp8AccumulateSlice(const RawTensor& acc, const RawTensor& partial, const RawTensor& a_scale_inv,
-                        Fp8Tiling a_tiling, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
-                        int64_t slice, bool first);
+void Fp8AccumulateSlice(const RawTensor& acc, const RawTensor& partial,
+                        const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
+                        const RawTensor& b_scale_inv, Fp8Tiling b_tiling, int64_t slice,
+                        bool first);
 
 // out [m, n] (f32, bf16 or f16) = acc [m, n] (f32) + bias [n] (out's dtype, or undefined), added
 // in f32 and rounded once (acc may be out when out is f32).

@@ -194,9 +194,9 @@ bool RunLtFp8(int device, void* d, DType d_dtype, const RawTensor& a, const void
 
 // The bf16 fallback: exact decoding, bf16 GEMMs with f32 output and accumulation, the scales
 // applied to f32 partial sums (per tensor: one product; per block: one per 128-wide k slice).
-void Bf16Fallback(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
-                  const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling,
-                  const RawTensor& bias) {
+void Bf16Fallback(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv,
+                  Fp8Tiling a_tiling, const RawTensor& b, const RawTensor& b_scale_inv,
+                  Fp8Tiling b_tiling, const RawTensor& bias) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const Device device = out.device();
   RawTensor a16 = RawTensor::Empty({m, k}, kBF16, device);
@@ -278,8 +278,9 @@ Fp8GemmPlan PlanFp8Gemm(int sm, int64_t m, int64_t n, int64_t k, DType a_dtype, 
 
 Fp8GemmPlan LastFp8GemmPlan() { return last_plan; }
 
-void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv, Fp8Tiling a_tiling,
-             const RawTensor& b, const RawTensor& b_scale_inv, Fp8Tiling b_tiling, const RawTensor& bias) {
+void Fp8Gemm(const RawTensor& out, const RawTensor& a, const RawTensor& a_scale_inv,
+             Fp8Tiling a_tiling, const RawTensor& b, const RawTensor& b_scale_inv,
+             Fp8Tiling b_tiling, const RawTensor& bias) {
   const char* op = "fp8_gemm";
   TG_CHECK(out.defined() && a.defined() && b.defined(), op, ": out, a and b must be defined");
   TG_CHECK(out.device().is_cuda(), op, ": out is on ", out.device().ToString(),

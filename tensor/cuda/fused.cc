@@ -36,8 +36,9 @@ KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const Raw
 // front of it, and a layer's own backward has none; run on a zero rank-1 product, as before, it
 // took 0.33 ms on the H200 for a [16384, 3072] bf16 gradient, plus a copy of grad_out.)
 KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
-                            const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
-                            const RawTensor& weight, const RawTensor& pre, Activation act) {
+                            const RawTensor& grad_bias, const RawTensor& grad_out,
+                            const RawTensor& x, const RawTensor& weight, const RawTensor& pre,
+                            Activation act) {
   const DType dtype = x.dtype();
   const Device device = x.device();
   const int64_t m = x.size(0), n = weight.size(0);
@@ -65,9 +66,9 @@ KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_w
 
 // cuDNN's fused kernel where the options allow it and the tensors qualify; declined otherwise
 // (the op then runs the composed form of tensor/composed.h, the one every device shares).
-KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
-                                       const RawTensor& k, const RawTensor& v, bool causal,
-                                       double scale) {
+KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats,
+                                       const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                       bool causal, double scale) {
   const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention && CudnnAttentionSupported({&out, &q, &k, &v}, nullptr) &&
       AttentionForward(out, stats4, q, k, v, causal, scale)) {
@@ -78,9 +79,9 @@ KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& st
 
 KernelStatus ScaledDotProductAttentionBackward(const RawTensor& grad_q, const RawTensor& grad_k,
                                                const RawTensor& grad_v, const RawTensor& grad_out,
-                                               const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                                               const RawTensor& out, const RawTensor& stats, bool causal,
-                                               double scale) {
+                                               const RawTensor& q, const RawTensor& k,
+                                               const RawTensor& v, const RawTensor& out,
+                                               const RawTensor& stats, bool causal, double scale) {
   const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention &&
       CudnnAttentionSupported({&grad_q, &grad_k, &grad_v, &grad_out, &q, &k, &v, &out}, nullptr) &&

@@ -309,9 +309,9 @@ Shape BatchByteStrides(const RawTensor& t, int64_t batch_dims) {
 // The shared implementation; every argument is validated by the caller. Returns "" when the
 // product was enqueued, else why cuBLASLt cannot run it (nothing was enqueued then: every batch
 // call shares one problem, so only the first can miss).
-std::string TryGemm(const char* op, const RawTensor& out, RawTensor a, bool transpose_a, RawTensor b,
-                    bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux,
-                    double alpha, double beta) {
+std::string TryGemm(const char* op, const RawTensor& out, RawTensor a, bool transpose_a,
+                    RawTensor b, bool transpose_b, Epilogue epilogue, const RawTensor& bias,
+                    const RawTensor& aux, double alpha, double beta) {
   const int64_t nd = out.dim(), batch_dims = nd - 2;
   const int64_t m = out.size(nd - 2), n = out.size(nd - 1);
   const int64_t k = transpose_a ? a.size(nd - 2) : a.size(nd - 1);
@@ -398,9 +398,9 @@ std::string TryGemm(const char* op, const RawTensor& out, RawTensor a, bool tran
   return failure;
 }
 
-void Gemm(const char* op, const RawTensor& out, const RawTensor& a, bool transpose_a, const RawTensor& b,
-          bool transpose_b, Epilogue epilogue, const RawTensor& bias, const RawTensor& aux, double alpha,
-          double beta) {
+void Gemm(const char* op, const RawTensor& out, const RawTensor& a, bool transpose_a,
+          const RawTensor& b, bool transpose_b, Epilogue epilogue, const RawTensor& bias,
+          const RawTensor& aux, double alpha, double beta) {
   const std::string failure =
       TryGemm(op, out, a, transpose_a, b, transpose_b, epilogue, bias, aux, alpha, beta);
   if (!failure.empty()) throw Error(failure);
@@ -577,17 +577,17 @@ bool TryMatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, con
   };
   switch (epilogue) {
     case Epilogue::kBias: {  // out = P, then out += ones [m, 1] @ bias [1, n]
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(), alpha,
-           beta);
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(),
+           alpha, beta);
       AllowTf32Scope exact(false);
       Gemm(op, out, BroadcastTo(OnesVector(m, out.dtype(), device).view({m, 1}), batch), false,
-           BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, RawTensor(), RawTensor(), 1.0,
-           1.0);
+           BroadcastTo(bias.view({1, n}), batch), false, Epilogue::kNone, RawTensor(), RawTensor(),
+           1.0, 1.0);
       return true;
     }
     case Epilogue::kBgrad: {  // out = P, and bias [.., m, 1] = op(a) [m, k] @ ones [k, 1]
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(), alpha,
-           beta);
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kNone, RawTensor(), RawTensor(),
+           alpha, beta);
       AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(m, 1)), a, transpose_a,
            BroadcastTo(OnesVector(k, in, device).view({k, 1}), batch), false, Epilogue::kNone,
@@ -595,7 +595,8 @@ bool TryMatmulEx(const RawTensor& out, const RawTensor& a, bool transpose_a, con
       return true;
     }
     case Epilogue::kDGeluBgrad: {  // out = dgelu(P), and bias [.., 1, n] = ones [1, m] @ out
-      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, RawTensor(), aux, alpha, beta);
+      Gemm(op, out, a, transpose_a, b, transpose_b, Epilogue::kDGelu, RawTensor(), aux, alpha,
+           beta);
       AllowTf32Scope exact(false);
       Gemm(op, bias.view(with_matrix(1, n)),
            BroadcastTo(OnesVector(m, out.dtype(), device).view({1, m}), batch), false, out, false,

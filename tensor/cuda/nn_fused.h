@@ -41,8 +41,9 @@ namespace tg::cuda {
 //   the count of rows with t_r != ignore_index is computed on the device (no host wait). An
 //   all-ignored batch gives zero gradients and zero losses (the mean itself, 0/0, is the
 //   caller's).
-void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_logits, const RawTensor& logits,
-                              const RawTensor& targets, const RawTensor& row_scale, int64_t ignore_index);
+void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_logits,
+                              const RawTensor& logits, const RawTensor& targets,
+                              const RawTensor& row_scale, int64_t ignore_index);
 
 // The backward of tg::LayerNorm for x [rows, n] (f32, f64, f16 or bf16) from its saved
 // statistics, with xhat = (x - mean) * rstd and dxhat = grad_out * weight (grad_out when weight
@@ -59,8 +60,9 @@ void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_log
 // second kernel adds up in a fixed order: deterministic, no atomics.
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
 KernelStatus LayerNormBackward(const RawTensor& grad_x, const RawTensor& grad_weight,
-                               const RawTensor& grad_bias, const RawTensor& grad_out, const RawTensor& x,
-                               const RawTensor& mean, const RawTensor& rstd, const RawTensor& weight);
+                               const RawTensor& grad_bias, const RawTensor& grad_out,
+                               const RawTensor& x, const RawTensor& mean, const RawTensor& rstd,
+                               const RawTensor& weight);
 
 // residual_out = a + b (rounded to the dtype), then ln_out, mean, rstd =
 // tg::LayerNorm(residual_out, weight, bias, eps), in one kernel: that is
@@ -69,9 +71,10 @@ KernelStatus LayerNormBackward(const RawTensor& grad_x, const RawTensor& grad_we
 // stream update); mean and rstd are [rows] f32 (f64 for f64); weight and bias are [n] of that
 // dtype or undefined; eps >= 0.
 // An entry of the kernel list (tensor/kernel_list.inc): always KernelStatus::kDone.
-KernelStatus AddLayerNorm(const RawTensor& residual_out, const RawTensor& ln_out, const RawTensor& mean,
-                          const RawTensor& rstd, const RawTensor& a, const RawTensor& b,
-                          const RawTensor& weight, const RawTensor& bias, double eps);
+KernelStatus AddLayerNorm(const RawTensor& residual_out, const RawTensor& ln_out,
+                          const RawTensor& mean, const RawTensor& rstd, const RawTensor& a,
+                          const RawTensor& b, const RawTensor& weight, const RawTensor& bias,
+                          double eps);
 
 // grad_in = grad_out * gelu_tanh'(pre), computed in f32 (f64 for f64) with the operations of
 // composed::GeluTanhGrad and rounded once: the first step of a Linear + GELU backward (tg::cuda

@@ -171,7 +171,7 @@ Fp8TrainingOptions Options(Fp8Recipe recipe) {
 TEST(Fp8TrainingTest, DelayedScalingStepsMatchTheReferenceAndTheRecipe) {
   const int64_t m = 6, n = 5, k = 40;
   const RawTensor xt = Random({m, k}, 1, 3.0), wt = Random({n, k}, 2, 0.05),
-               ct = Random({m, n}, 3, 1e-3);
+                  ct = Random({m, n}, 3, 1e-3);
   Tensor x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
   EXPECT_EQ(fp8.format(), Fp8Format::kHybrid);
@@ -286,7 +286,8 @@ TEST(Fp8TrainingTest, LoadStateDictRefusesAnotherRunsState) {
 // Current scaling: every cast's scale is this tensor's own amax (TE's compute_scale_from_amax).
 TEST(Fp8TrainingTest, CurrentScalingMatchesTheReference) {
   const int64_t m = 5, n = 7, k = 33;
-  const RawTensor xt = Random({m, k}, 11, 2.0), wt = Random({n, k}, 12, 0.1), ct = Random({m, n}, 13);
+  const RawTensor xt = Random({m, k}, 11, 2.0), wt = Random({n, k}, 12, 0.1),
+                  ct = Random({m, n}, 13);
   Tensor x(xt, true), w(wt, true);
   Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
   const StepResult r = RunStep(fp8, x, w, ct);

@@ -63,8 +63,9 @@ TEST(LossScaleUpdateTest, LossScaleOpsRejectAStateOfTheWrongShape) {
                           "read_loss_scale_state: expected the loss-scale state of "
                           "LossScaleStateTensor (contiguous u8 ["));
   const RawTensor state = LossScaleStateTensor(LossScaler::PyTorch().state(), Device());
-  EXPECT_TRUE(ThrowsError([&] { StepLossScale(state, RawTensor::Zeros({}, kF64), RawTensor(), RawTensor()); },
-                          "step_loss_scale: found_inf must be a one-element f32 tensor, got f64"));
+  EXPECT_TRUE(ThrowsError(
+      [&] { StepLossScale(state, RawTensor::Zeros({}, kF64), RawTensor(), RawTensor()); },
+      "step_loss_scale: found_inf must be a one-element f32 tensor, got f64"));
 }
 
 TEST(LossScaleUpdateTest, StateRoundTripsThroughTheLossScaler) {

@@ -547,7 +547,8 @@ TEST(MixedPrecisionOptimizerTest, StateDictResumesTheRunBitForBit) {
   StateDict nan_master = saved;
   std::vector<float> m = nan_master.tensor("master.1").to_vector<float>();
   m[0] = NAN;
-  nan_master.tensors["master.1"] = RawTensor::FromVector<float>(m, saved.tensor("master.1").shape());
+  nan_master.tensors["master.1"] =
+      RawTensor::FromVector<float>(m, saved.tensor("master.1").shape());
   const std::vector<std::vector<float>> before = MasterValues(resumed);
   EXPECT_TRUE(ThrowsErrorExactly([&] { resumed.load_state_dict(nan_master); },
                                  "MixedPrecisionOptimizer: load_state_dict: 'master.1' holds a NaN "
@@ -584,7 +585,8 @@ TEST(MixedPrecisionOptimizerTest, MatchesFusedAdamWithDeviceStepInvScaleAndFound
     lists.params.push_back(master.data().clone());
     lists.exp_avgs.push_back(RawTensor::Zeros(master.shape(), kF32));
     lists.exp_avg_sqs.push_back(RawTensor::Zeros(master.shape(), kF32));
-    lists.model_params.push_back(master.is_same(params[i]) ? RawTensor() : params[i].data().clone());
+    lists.model_params.push_back(master.is_same(params[i]) ? RawTensor()
+                                                           : params[i].data().clone());
   }
   const RawTensor state = LossScaleStateTensor(opt.scaler().state(), Device::Cpu());
   const RawTensor scale = RawTensor::Zeros({}, kF32);

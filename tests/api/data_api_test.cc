@@ -64,7 +64,7 @@ TEST(DataApi, RandomSamplerIsAPermutationPerPassFromTheSeed) {
     return passes;
   };
   const auto a = run(5), b = run(5);
-  EXPECT_EQ(a, b);  // reproducible from the seed
+  EXPECT_EQ(a, b);        // reproducible from the seed
   EXPECT_NE(a[0], a[1]);  // a new permutation each pass
   for (auto order : a) {
     std::sort(order.begin(), order.end());
@@ -97,8 +97,8 @@ TEST(DataApi, MnistFromItsFiles) {
   if (!std::filesystem::exists(tg::data::kFashionMnistDir)) {
     GTEST_SKIP() << "no Fashion-MNIST files in " << tg::data::kFashionMnistDir;
   }
-  auto dataset = tg::data::datasets::MNIST(tg::data::kFashionMnistDir,
-                                           tg::data::datasets::MNIST::Mode::kTest);
+  auto dataset =
+      tg::data::datasets::MNIST(tg::data::kFashionMnistDir, tg::data::datasets::MNIST::Mode::kTest);
   EXPECT_EQ(dataset.size().value(), 10000u);
   auto loader = tg::data::make_data_loader<tg::data::samplers::SequentialSampler>(
       std::move(dataset).map(tg::data::transforms::Stack<>()), 64);

@@ -20,10 +20,9 @@ TEST(Functional, SmoothL1LossQuadraticInsideBetaLinearOutside) {
   EXPECT_FLOAT_EQ(loss.item<float>(), (0 + 1.5f + 0.125f + 2.5f) / 4);
   loss.backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<float>{0, 0.25f, 0.125f, -0.25f}));
-  EXPECT_FLOAT_EQ(
-      F::smooth_l1_loss(x, y, F::SmoothL1LossFuncOptions().beta(4).reduction(tg::kSum))
-          .item<float>(),
-      (0 + 0.5f + 0.03125f + 1.125f));
+  EXPECT_FLOAT_EQ(F::smooth_l1_loss(x, y, F::SmoothL1LossFuncOptions().beta(4).reduction(tg::kSum))
+                      .item<float>(),
+                  (0 + 0.5f + 0.03125f + 1.125f));
   EXPECT_EQ(Values(F::smooth_l1_loss(x, y, F::SmoothL1LossFuncOptions().reduction(tg::kNone))),
             (std::vector<float>{0, 1.5f, 0.125f, 2.5f}));
 }
@@ -74,8 +73,7 @@ TEST(Functional, Activations) {
   F::leaky_relu(x, F::LeakyReLUFuncOptions().negative_slope(0.1)).sum().backward();
   EXPECT_EQ(Values(x.grad()), (std::vector<float>{0.1f, 1.0f}));
   EXPECT_EQ(Values(F::relu(x)), (std::vector<float>{0, 3}));
-  EXPECT_EQ(Values(F::gelu(x, F::GELUFuncOptions().approximate("tanh"))),
-            Values(tg::GeluTanh(x)));
+  EXPECT_EQ(Values(F::gelu(x, F::GELUFuncOptions().approximate("tanh"))), Values(tg::GeluTanh(x)));
   EXPECT_THROW(F::gelu(x, F::GELUFuncOptions().approximate("fast")), tg::Error);
   EXPECT_EQ(Values(F::softmax(x, 0)), Values(x.softmax(0)));
   // Dropout: the identity in eval mode, all zeros at p = 1, kept values scaled by 1 / (1 - p).

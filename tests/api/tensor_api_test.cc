@@ -1,8 +1,8 @@
 // tg::Tensor's libtorch API (tapegrad.h): values and gradients of the methods, operators and
 // factories, the in-place rules, the options, and printing, whose expected text libtorch itself
 // printed (testdata/libtorch_print.txt, from golden/print_cases.cc).
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -53,8 +53,7 @@ TEST(TensorApi, ShapesAndViews) {
   EXPECT_EQ(x.flatten().sizes().vec(), (std::vector<int64_t>{24}));
   EXPECT_EQ(x.unsqueeze(0).squeeze().sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
   EXPECT_EQ(x.permute({2, 0, 1}).sizes().vec(), (std::vector<int64_t>{4, 2, 3}));
-  EXPECT_EQ(x.transpose(0, 2).contiguous().view({-1}).sizes().vec(),
-            (std::vector<int64_t>{24}));
+  EXPECT_EQ(x.transpose(0, 2).contiguous().view({-1}).sizes().vec(), (std::vector<int64_t>{24}));
   EXPECT_THROW(x.transpose(0, 2).view({-1}), tg::Error);  // a view would need a copy
   EXPECT_EQ(x[1][2][3].item<float>(), 23.0f);
   EXPECT_EQ(x.select(2, 1).sizes().vec(), (std::vector<int64_t>{2, 3}));
@@ -100,8 +99,8 @@ TEST(TensorApi, ScalarOperandsKeepTheDtypeAndRoundOnce) {
   // bf16 stays bf16: the quotient in f32, rounded once.
   tg::Tensor h = x.to(tg::kBFloat16) / 3;
   EXPECT_EQ(h.dtype(), tg::kBFloat16);
-  EXPECT_EQ(Values(h), Values(tg::tensor({1.0f / 3.0f, 2.0f / 3.0f, 7.0f / 3.0f})
-                                  .to(tg::kBFloat16)));
+  EXPECT_EQ(Values(h),
+            Values(tg::tensor({1.0f / 3.0f, 2.0f / 3.0f, 7.0f / 3.0f}).to(tg::kBFloat16)));
 }
 
 TEST(TensorApi, GradientsOfMethods) {
@@ -258,7 +257,6 @@ TEST(TensorApi, PrintsAsLibtorchDoes) {
   EXPECT_EQ(sizes.str(), "[2, 3]");
 }
 
-
 namespace holders {
 
 struct TwoLayerImpl : tg::nn::Module {
@@ -281,11 +279,10 @@ TEST(ModuleHolders, RegisterCallAndName) {
   EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight"}));
   // One tensor through a built-in layer's holder runs its forward hooks (Module::operator()).
   int calls = 0;
-  net->fc1->register_forward_hook(
-      [&calls](tg::nn::Module&, const tg::Tensor&, const tg::Tensor&) {
-        ++calls;
-        return tg::Tensor();
-      });
+  net->fc1->register_forward_hook([&calls](tg::nn::Module&, const tg::Tensor&, const tg::Tensor&) {
+    ++calls;
+    return tg::Tensor();
+  });
   tg::Tensor y = net(tg::ones({5, 3}));
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(y.sizes().vec(), (std::vector<int64_t>{5, 2}));

@@ -88,7 +88,7 @@ TEST(AutocastTest, TargetDTypeOfEachPolicy) {
 TEST(AutocastTest, InputsAreCastLastToFirst) {
   // Non-leaves, so no cast comes from the cache.
   const Tensor x = MulScalar(Param({2, 3}, 1), 1), w = MulScalar(Param({4, 3}, 2), 1),
-                 b = MulScalar(Param({4}, 3), 1);
+               b = MulScalar(Param({4}, 3), 1);
   AutocastGuard autocast(kBF16);
   const Tensor y = Linear(x, w, b, Activation::kNone);
   ASSERT_EQ(y.dtype(), kBF16);

@@ -75,7 +75,7 @@ TEST(CheckpointSemanticsTest, RecomputationThatSavesMore) {
   Tensor x = Leaf({1.5});
   Tensor out = Checkpoint(
       [&](const VariableList& in) {
-        Tensor y = Mul(in[0], in[0]);      // saves 2
+        Tensor y = Mul(in[0], in[0]);        // saves 2
         if (++calls > 1) y = Mul(y, in[0]);  // the recomputation would save 2 more
         return y;
       },
@@ -203,7 +203,7 @@ TEST(CheckpointSemanticsTest, SavedInputUnpacksAsTheSameVariable) {
   Tensor x = Leaf({2});
   Tensor seen;
   Tensor out = Checkpoint([&](const VariableList& in) { return Keep::Apply({in[0]}, &seen)[0]; },
-                            {x}, NonReentrant());
+                          {x}, NonReentrant());
   Sum(out).backward();
   EXPECT_TRUE(seen.is_same(x));
 }
@@ -216,7 +216,7 @@ TEST(CheckpointSemanticsTest, DoubleBackwardThroughCheckpoint) {
     return Tensor();
   });
   Tensor y = Checkpoint([](const VariableList& in) { return Mul(Mul(in[0], in[0]), in[0]); }, {x},
-                          NonReentrant());
+                        NonReentrant());
   GradOptions options;
   options.create_graph = true;
   Tensor g = Engine::Grad({y}, {x}, {}, options)[0];

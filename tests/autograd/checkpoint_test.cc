@@ -50,7 +50,8 @@ struct TwoLayer {
     Tensor h = GeluTanh(Add(Matmul(x, w1), b1));
     if (use_dropout) {
       // Keep with probability 0.7, scaled: the mask comes from `dropout`.
-      RawTensor keep = tg::Gt(RandUniform(h.shape(), dropout, 0, 1, kF64), RawTensor::Scalar(0.3, kF64));
+      RawTensor keep =
+          tg::Gt(RandUniform(h.shape(), dropout, 0, 1, kF64), RawTensor::Scalar(0.3, kF64));
       h = Mul(h, Tensor(tg::MulScalar(keep.to(kF64), 1 / 0.7)));
     }
     return h;
@@ -339,7 +340,7 @@ TEST(CheckpointTest, RecomputationThatSavesFewerTensorsThrows) {
   bool extra_op = true;
   Tensor x(RawTensor::FromVector<double>({1, 2, 3}, {3}, kF64), /*requires_grad=*/true);
   auto fn = [&](const VariableList& in) {
-    Tensor y = Mul(in[0], in[0]);   // saves 2
+    Tensor y = Mul(in[0], in[0]);     // saves 2
     if (extra_op) y = Mul(y, in[0]);  // saves 2 more
     return Tanh(y);                   // saves its output
   };
@@ -428,11 +429,11 @@ TEST(CheckpointTest, ReentrantWithoutAnInputRequiringGradDoesNotRecord) {
   // only inside fn get no gradient.
   TwoLayer m;
   Tensor h = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
-                          {Input(/*requires_grad=*/false)});
+                        {Input(/*requires_grad=*/false)});
   EXPECT_FALSE(h.requires_grad());
   CheckpointOptions options = NonReentrant();
   Tensor h2 = Checkpoint([&](const VariableList& in) { return m.Linear1(in[0]); },
-                           {Input(/*requires_grad=*/false)}, options);
+                         {Input(/*requires_grad=*/false)}, options);
   EXPECT_TRUE(h2.requires_grad());  // non-reentrant records normally
 }
 

@@ -74,9 +74,8 @@ VariableList ConvInputs(const ConvCase& c, uint64_t seed, DType dtype = kF64) {
 }
 
 Fn ConvFn(const ConvCase& c) {
-  return [c](const VariableList& in) {
-    return Conv2d(in[0], in[1], c.bias ? in[2] : Tensor(), c.p);
-  };
+  return
+      [c](const VariableList& in) { return Conv2d(in[0], in[1], c.bias ? in[2] : Tensor(), c.p); };
 }
 
 // ---- Nodes, saved variables, needed gradients
@@ -227,8 +226,7 @@ TEST(Conv2dTraining, SmallCnnLossDecreases) {
       Tensor(RandNormal({3, 32}, gen, 0, 0.2), true),      Tensor(RawTensor::Zeros({3}), true)};
   const Conv2dParams same = Params({1, 1}, {1, 1}, {1, 1});
   auto forward = [&] {
-    Tensor h =
-        MaxPool2d(Relu(Conv2d(Tensor(images), params[0], params[1], same)), {2, 2}, {2, 2});
+    Tensor h = MaxPool2d(Relu(Conv2d(Tensor(images), params[0], params[1], same)), {2, 2}, {2, 2});
     h = MaxPool2d(Relu(Conv2d(h, params[2], params[3], same)), {2, 2}, {2, 2});
     return CrossEntropy(Linear(Reshape(h, {12, 32}), params[4], params[5]), targets);
   };

@@ -260,7 +260,7 @@ TEST(HookOrderTest, LeafHooksRunInTheDocumentedOrder) {
   Tensor x = Leaf({1, 2, 3, 4}, {4});
   Tensor loss = Sum(x);
   std::shared_ptr<Node> acc = x.gradient_edge_node();
-  x.register_hook([](const Tensor& g) { return AddScalar(g, -2); });  // 1 -> -1
+  x.register_hook([](const Tensor& g) { return AddScalar(g, -2); });    // 1 -> -1
   acc->RegisterPreHook([](const VariableList& g) -> VariableList {      // -> -0.2
     return {MulScalar(g[0], 1.0 / 5)};
   });

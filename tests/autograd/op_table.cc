@@ -102,7 +102,9 @@ RawTensor I64(const std::vector<int64_t>& values, const Shape& shape, const Tens
 }
 
 RawTensor WhereCond(const Tensor& like) {
-  return RawTensor::FromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3}).to(kBool).to(like.data().device());
+  return RawTensor::FromVector<double>({1, 0, 1, 0, 0, 1}, {2, 3})
+      .to(kBool)
+      .to(like.data().device());
 }
 
 // A fresh non-leaf copy of x (in-place ops may not modify a leaf that requires grad).

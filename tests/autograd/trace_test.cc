@@ -381,7 +381,7 @@ TEST(Trace, DeepReentrantBackwardHandsOffAndKeepsTracing) {
   const int depth = Engine::kMaxDepthPerThread + 2;
   std::function<void(int)> nest = [&](int level) {
     EnableGradGuard grad;         // hooks run under no-grad
-    Tensor x = Leaf({1}, "x");  // a leaf: hooks run under no-grad, where ops record nothing
+    Tensor x = Leaf({1}, "x");    // a leaf: hooks run under no-grad, where ops record nothing
     Tensor y = MulScalar(x, 2);
     if (level > 0) {
       x.register_hook([&, level](const Tensor&) {

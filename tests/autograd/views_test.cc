@@ -297,7 +297,7 @@ TEST(Views, SecondOrderThroughCopySlices) {
   const Tensor x = MulScalar(a, 1);
   const Tensor v = Slice(x, 0, 1, 3);
   MulInPlace(v, MulScalar(Slice(a, 0, 1, 3), 1));  // y = a^2 in the region
-  const Tensor loss = Sum(Mul(x, x));            // sum a^2 outside, a^4 inside
+  const Tensor loss = Sum(Mul(x, x));              // sum a^2 outside, a^4 inside
   BackwardOptions options;
   options.create_graph = true;
   loss.backward(Tensor(), options);

@@ -150,7 +150,7 @@ class TiledModel : public nn::Module {
   const Tensor& head() const { return head_; }
 
   // Set before each forward.
-  RawTensor targets;     // [rows, kVocab] f32
+  RawTensor targets;  // [rows, kVocab] f32
   double seed = 1;    // loss scale x the multiplier applied to the loss
   bool hook = false;  // Scenario::hook
   bool tied = false;
@@ -222,7 +222,7 @@ std::unique_ptr<optim::Optimizer> MakeSgd(const std::vector<Tensor>& params) {
 // loss (undefined for step_only: the forward's own backward is all there is).
 template <class Call>
 Tensor Forward(TiledModel& model, Call&& call, const Scenario& sc, int s, int k, DType dtype,
-                 double loss_scale) {
+               double loss_scale) {
   const Batch b = MakeBatch(s, k, dtype);
   const double multiplier = 1.0 / sc.micro;
   model.targets = b.y;
@@ -267,8 +267,7 @@ Outcome Train(Mode mode, const Scenario& sc, DType dtype, const std::shared_ptr<
           opt.backward(loss, defer);
           continue;
         }
-        const Tensor loss =
-            Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
+        const Tensor loss = Forward(*model, call, sc, s, m * world + rank, dtype, opt.loss_scale());
         if (loss.defined()) opt.scale(loss).backward();
       }
       opt.step();

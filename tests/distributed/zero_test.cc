@@ -574,9 +574,9 @@ TEST(ZeroTest, OverflowOnOneRankSkipsTheSameStepOnEveryRank) {
       // Identical parameters on both ranks, and equal to the reference.
       const std::vector<float> mine = Concat(opt.full_parameters());
       RawTensor all = RawTensor::Empty({2 * static_cast<int64_t>(mine.size())});
-      TG_DIST_CHECK_OK(
-          pg->all_gather(all, RawTensor::FromVector<float>(mine, {static_cast<int64_t>(mine.size())}))
-              ->wait());
+      TG_DIST_CHECK_OK(pg->all_gather(all, RawTensor::FromVector<float>(
+                                               mine, {static_cast<int64_t>(mine.size())}))
+                           ->wait());
       const std::vector<float> both = all.to_vector<float>();
       EXPECT_TRUE(std::equal(both.begin(), both.begin() + mine.size(), both.begin() + mine.size()));
       const Outcome ref = TrainReference(2, c);

@@ -72,8 +72,10 @@ TEST(GptTest, LearnsAFixedSequenceAndSamplesIt) {
   // The cyclic sequence 0 1 2 ... 7 0 1 ...: each next token is determined by the current one.
   std::vector<int64_t> seq;
   for (int i = 0; i < 9; ++i) seq.push_back(i % 8);
-  RawTensor x = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8});
-  RawTensor y = RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin() + 1, seq.end()), {1, 8});
+  RawTensor x =
+      RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8});
+  RawTensor y =
+      RawTensor::FromVector<int64_t>(std::vector<int64_t>(seq.begin() + 1, seq.end()), {1, 8});
   optim::AdamWOptions o;
   o.lr(1e-2);
   o.weight_decay(0);

@@ -178,8 +178,7 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
   Tensor x(RandNormal({5, 4}, gen, 0, 1, kF64));
   const LinearImpl& l0 = *mlp.layer(0);
   const LinearImpl& l1 = *mlp.layer(1);
-  Tensor want =
-      tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
+  Tensor want = tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
   ExpectNear(mlp(x).data(), want.data().to_vector<double>(), 0);
   std::vector<std::string> names;
   for (const auto& e : mlp.named_parameters()) names.push_back(e.first);

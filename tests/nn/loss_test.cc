@@ -92,7 +92,8 @@ TEST(CrossEntropyLossTest, AllIgnoredIsNaNAndBadInputsThrow) {
       "CrossEntropyLoss: label_smoothing must be in [0, 1], got 1.5"));
   EXPECT_TRUE(::tg::testing::ThrowsErrorExactly(
       [&] {
-        CrossEntropyLoss(Tensor(RawTensor::Zeros({2, 0})), RawTensor::FromVector<int64_t>({0, 1}, {2}));
+        CrossEntropyLoss(Tensor(RawTensor::Zeros({2, 0})),
+                         RawTensor::FromVector<int64_t>({0, 1}, {2}));
       },
       "CrossEntropyLoss: logits [2, 0] have an empty class dim"));
 }

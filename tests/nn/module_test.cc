@@ -30,10 +30,10 @@ class Net : public Module {
     register_buffer("steps", RawTensor::Zeros({1}, kI64));
     register_buffer("running", RawTensor::Ones({2}));
     encoder_ = register_module("encoder", std::make_shared<LinearImpl>(3, 2, gen));
-    head_ = register_module("head",
-                            std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-                                std::make_shared<ReLUImpl>(),
-                                std::make_shared<LinearImpl>(LinearOptions(2, 2).bias(false), gen)}));
+    head_ = register_module(
+        "head", std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+                    std::make_shared<ReLUImpl>(),
+                    std::make_shared<LinearImpl>(LinearOptions(2, 2).bias(false), gen)}));
   }
   Tensor forward(const Tensor& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
   using Module::register_buffer;
@@ -241,12 +241,11 @@ TEST(ModuleTest, OperatorCallEntersAForwardScope) {
   HookHandle flag = net.lin_->weight().register_post_accumulate_grad_hook([&](const Tensor&) {
     events.push_back(backward_issued_in_forward() ? "in forward" : "user");
   });
-  HookHandle hook =
-      net.lin_->register_forward_hook([&](Module&, const Tensor&, const Tensor& y) {
-        EXPECT_TRUE(ForwardScope::active());
-        Sum(y).backward(Tensor(), /*retain_graph=*/true);  // from a forward hook
-        return Tensor();
-      });
+  HookHandle hook = net.lin_->register_forward_hook([&](Module&, const Tensor&, const Tensor& y) {
+    EXPECT_TRUE(ForwardScope::active());
+    Sum(y).backward(Tensor(), /*retain_graph=*/true);  // from a forward hook
+    return Tensor();
+  });
   EXPECT_FALSE(ForwardScope::active());
   Tensor y = net(Tensor(RawTensor::Ones({1, 2})));
   EXPECT_FALSE(ForwardScope::active());

@@ -52,7 +52,7 @@ std::vector<Tensor> Clone(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     // Keep the layout: a transposed view stays a transposed view.
     RawTensor data = p.data().is_contiguous() ? p.data().clone()
-                                           : p.data().transpose(0, 1).clone().transpose(0, 1);
+                                              : p.data().transpose(0, 1).clone().transpose(0, 1);
     out.emplace_back(data, true);
   }
   return out;

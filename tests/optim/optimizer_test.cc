@@ -98,8 +98,8 @@ TEST(OptimizerTest, BadGroupsAndParamsAreNamed) {
       "of param group 0; a parameter may appear only once"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<ParamGroup>{}); },
                                  "SGD: got an empty list of param groups"));
-  EXPECT_TRUE(ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{}); },
-                                 "SGD: got an empty parameter list"));
+  EXPECT_TRUE(
+      ThrowsErrorExactly([&] { SGD(std::vector<Tensor>{}); }, "SGD: got an empty parameter list"));
   Tensor ints(RawTensor::FromVector<int64_t>({1, 2}, {2}));
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] {

@@ -446,7 +446,8 @@ TEST(Conv2d, Errors) {
   EXPECT_EQ(Conv2d(x, w, RawTensor(), dilated).shape(), (Shape{2, 4, 1, 3}));
   Conv2dParams bad;
   bad.stride = {0, 1};
-  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad), "conv2d: stride must be positive, got [0, 1]");
+  EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad),
+                        "conv2d: stride must be positive, got [0, 1]");
   bad = {};
   bad.padding = {0, -1};
   EXPECT_ERROR_CONTAINS(Conv2d(x, w, RawTensor(), bad),
@@ -537,7 +538,8 @@ TEST(MaxPool2d, TiesPickTheFirstMaximum) {
 
 TEST(MaxPool2d, PaddingIsNeverSelected) {
   // All negative: a zero padding would win; -inf padding does not.
-  const RawTensor x = RawTensor::FromVector<double>({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {1, 1, 3, 3});
+  const RawTensor x =
+      RawTensor::FromVector<double>({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {1, 1, 3, 3});
   const MaxPool2dResult r = MaxPool2d(x, {3, 3}, {2, 2}, {1, 1});
   EXPECT_EQ(Values(r.output), (std::vector<double>{-1, -2, -4, -5}));
   EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 3, 4}));

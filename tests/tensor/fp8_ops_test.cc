@@ -149,7 +149,8 @@ TEST(Fp8AmaxTest, PerTilingAgainstAPlainLoop) {
 
 TEST(Fp8AmaxTest, StridedEmptyAndOneDimensionalInputs) {
   const std::vector<float> values = Values(40 * 200, 3);
-  const RawTensor xt = RawTensor::FromVector(values, {40, 200}).transpose(0, 1);  // [200, 40] strided
+  const RawTensor xt =
+      RawTensor::FromVector(values, {40, 200}).transpose(0, 1);  // [200, 40] strided
   EXPECT_TRUE(SameBits(Fp8Amax(xt, Fp8Tiling::k1x128).to_vector<float>(),
                        Fp8Amax(xt.contiguous(), Fp8Tiling::k1x128).to_vector<float>()));
   // 1-D x is one row.
@@ -385,8 +386,8 @@ TEST(Fp8CastTest, LeadingDimsStridesAndEmptyInputs) {
   EXPECT_EQ(Bytes(Fp8Cast(x, strided, Fp8Tiling::k1x128, kF8E4M3).data),
             Bytes(Fp8Cast(x, grid, Fp8Tiling::k1x128, kF8E4M3).data));
   // Empty x: empty data, transpose and amax (grids [0, 1] and [3, 0]).
-  const Fp8CastResult e = Fp8Cast(RawTensor::Zeros({0, 5}), RawTensor::Zeros({0, 1}), Fp8Tiling::kTensor,
-                                  kF8E4M3, true, true);
+  const Fp8CastResult e = Fp8Cast(RawTensor::Zeros({0, 5}), RawTensor::Zeros({0, 1}),
+                                  Fp8Tiling::kTensor, kF8E4M3, true, true);
   EXPECT_EQ(e.data.shape(), (Shape{0, 5}));
   EXPECT_EQ(e.data_t.shape(), (Shape{5, 0}));
   EXPECT_EQ(e.amax.shape(), (Shape{0, 1}));
@@ -525,7 +526,8 @@ TEST(Fp8GemmTest, EqualsAnF64GemmOfTheDequantizedInputsWithinTheF32Bound) {
       bias_t = RawTensor::FromVector(Values(n, 13), {n}).to(c.out);
       bias = bias_t.to_vector<float>();
     }
-    const RawTensor out = Fp8Gemm(a.data, a.scale_inv, c.at, b.data, b.scale_inv, c.bt, bias_t, c.out);
+    const RawTensor out =
+        Fp8Gemm(a.data, a.scale_inv, c.at, b.data, b.scale_inv, c.bt, bias_t, c.out);
     ASSERT_EQ(out.shape(), (Shape{m, n}));
     ASSERT_EQ(out.dtype(), c.out);
     const std::vector<float> got = out.to_vector<float>();
@@ -567,9 +569,10 @@ TEST(Fp8GemmTest, ExactWhereEveryPartialSumIsExact) {
       block[i * n + j] = bsum + (j == 0 ? 0.5 : -3.0);
     }
   }
-  const std::vector<float> pt = Fp8Gemm(a, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b,
-                                        RawTensor::Full({1, 1}, 0.25), Fp8Tiling::kTensor, bias, kF32)
-                                    .to_vector<float>();
+  const std::vector<float> pt =
+      Fp8Gemm(a, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b, RawTensor::Full({1, 1}, 0.25),
+              Fp8Tiling::kTensor, bias, kF32)
+          .to_vector<float>();
   std::vector<float> sa_flat, sb_flat;
   for (const auto& row : sa_block) sa_flat.insert(sa_flat.end(), row, row + 3);
   sb_flat.assign(sb_block[0], sb_block[0] + 3);
@@ -584,8 +587,8 @@ TEST(Fp8GemmTest, ExactWhereEveryPartialSumIsExact) {
   // A strided a (a transposed view) multiplies as its contiguous copy; m or n of 0 gives an
   // empty result.
   const RawTensor at = a.transpose(0, 1).contiguous().transpose(0, 1);
-  EXPECT_EQ(Fp8Gemm(at, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b, RawTensor::Full({1, 1}, 0.25),
-                    Fp8Tiling::kTensor, bias, kF32)
+  EXPECT_EQ(Fp8Gemm(at, RawTensor::Full({1, 1}, 2), Fp8Tiling::kTensor, b,
+                    RawTensor::Full({1, 1}, 0.25), Fp8Tiling::kTensor, bias, kF32)
                 .to_vector<float>(),
             pt);
   EXPECT_EQ(Fp8Gemm(a.narrow(0, 0, 0), RawTensor::Ones({0, 3}), Fp8Tiling::k1x128, b,
@@ -617,12 +620,12 @@ TEST(Fp8GemmTest, RefusesBadInputs) {
   EXPECT_TRUE(ThrowsErrorExactly(gemm(a.to(kF8E5M2), s, kT, b, s, kT, RawTensor(), kF32),
                                  "fp8_gemm: a and b are both f8e5m2: FP8 GEMMs take e4m3 x e4m3, "
                                  "e4m3 x e5m2 or e5m2 x e4m3"));
-  EXPECT_TRUE(
-      ThrowsErrorExactly(gemm(a, s, kT, RawTensor::Ones({8, 15}).to(kF8E4M3), s, kT, RawTensor(), kF32),
-                         "fp8_gemm: a [m, k] and b [n, k] differ in k: a [4, 16], b [8, 15]"));
-  EXPECT_TRUE(
-      ThrowsErrorExactly(gemm(a.narrow(1, 0, 0), s, kT, b.narrow(1, 0, 0), s, kT, RawTensor(), kF32),
-                         "fp8_gemm: k is 0 (a [4, 0], b [8, 0]): an FP8 GEMM needs k > 0"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      gemm(a, s, kT, RawTensor::Ones({8, 15}).to(kF8E4M3), s, kT, RawTensor(), kF32),
+      "fp8_gemm: a [m, k] and b [n, k] differ in k: a [4, 16], b [8, 15]"));
+  EXPECT_TRUE(ThrowsErrorExactly(
+      gemm(a.narrow(1, 0, 0), s, kT, b.narrow(1, 0, 0), s, kT, RawTensor(), kF32),
+      "fp8_gemm: k is 0 (a [4, 0], b [8, 0]): an FP8 GEMM needs k > 0"));
   EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, s, Fp8Tiling::k1x128, RawTensor(), kF32),
                                  "fp8_gemm: the tilings of a (tensor) and b (1x128) disagree "
                                  "along k: both must be tensor, or both block tilings (1x128, "
@@ -636,11 +639,12 @@ TEST(Fp8GemmTest, RefusesBadInputs) {
   EXPECT_TRUE(ThrowsErrorExactly(gemm(a, s, kT, b, RawTensor(), kT, RawTensor(), kF32),
                                  "fp8_gemm: b_scale_inv is an undefined tensor"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      gemm(a, s, Fp8Tiling::k1x128, b, RawTensor::Ones({1, 1}), Fp8Tiling::k128x128, RawTensor(), kF32),
+      gemm(a, s, Fp8Tiling::k1x128, b, RawTensor::Ones({1, 1}), Fp8Tiling::k128x128, RawTensor(),
+           kF32),
       "fp8_gemm: a_scale_inv of shape [1, 1] does not match the 1x128 grid [4, 1] of a [4, 16]"));
   EXPECT_TRUE(ThrowsErrorExactly(
-      gemm(a, RawTensor::Ones({4, 1}), Fp8Tiling::k1x128, b, RawTensor::Ones({8, 1}), Fp8Tiling::k128x128,
-           RawTensor(), kF32),
+      gemm(a, RawTensor::Ones({4, 1}), Fp8Tiling::k1x128, b, RawTensor::Ones({8, 1}),
+           Fp8Tiling::k128x128, RawTensor(), kF32),
       "fp8_gemm: b_scale_inv of shape [8, 1] does not match the 128x128 grid [1, 1] of b [8, 16]"));
   EXPECT_TRUE(
       ThrowsErrorExactly(gemm(a, s, kT, b, s, kT, RawTensor::Ones({4}), kF32),

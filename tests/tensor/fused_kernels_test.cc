@@ -133,8 +133,8 @@ TEST(FusedLinearTest, ForwardMatchesComposed) {
           const LinearResult got = Linear(x, w, b, act);
           const LinearResult want = composed::Linear(x, w, b, act);
           ExpectClose(got.output, want.output, ComposedTol(dtype), "output " + what);
-          const LinearResult want64 = composed::Linear(
-              x.to(kF64), w.to(kF64), with_bias ? b.to(kF64) : RawTensor(), act);
+          const LinearResult want64 =
+              composed::Linear(x.to(kF64), w.to(kF64), with_bias ? b.to(kF64) : RawTensor(), act);
           ExpectClose(got.output, want64.output, F64RefTol(dtype), "output vs f64 " + what);
           ASSERT_EQ(got.pre_activation.defined(), gelu) << what;
           if (gelu) {
@@ -250,7 +250,7 @@ TEST(FusedAttentionTest, ForwardMatchesComposed) {
   for (DType dtype : kFloatTypes) {
     for (const AttentionCase& c : kAttentionCases) {
       const RawTensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
-                   v = Heads(c, c.tk, gen, dtype);
+                      v = Heads(c, c.tk, gen, dtype);
       const double scale = 1 / std::sqrt(static_cast<double>(c.d));
       const std::string what = Name(CaseName(c), dtype);
       const AttentionResult got = ScaledDotProductAttention(q, k, v, c.causal, scale);
@@ -273,7 +273,7 @@ TEST(FusedAttentionTest, BackwardMatchesComposed) {
   for (DType dtype : kFloatTypes) {
     for (const AttentionCase& c : kAttentionCases) {
       const RawTensor q = Heads(c, c.tq, gen, dtype), k = Heads(c, c.tk, gen, dtype),
-                   v = Heads(c, c.tk, gen, dtype);
+                      v = Heads(c, c.tk, gen, dtype);
       const RawTensor go = Randn({c.b, c.h, c.tq, c.d}, gen, dtype);
       const double scale = 1 / std::sqrt(static_cast<double>(c.d));
       const std::string what = Name(CaseName(c), dtype);
@@ -364,9 +364,8 @@ TEST(FusedLayerNormBackwardTest, MatchesComposed) {
           ExpectClose(got.grad_input.reshape({rows, n}), want.grad_input, ComposedTol(dtype),
                       "grad_input " + what);
           const LayerNormGrads want64 = composed::LayerNormBackward(
-              go.reshape({rows, n}).to(kF64), x.reshape({rows, n}).to(kF64),
-              fwd.mean.to(kF64), fwd.rstd.to(kF64), with_weight ? w.to(kF64) : RawTensor(),
-              need_weight_bias);
+              go.reshape({rows, n}).to(kF64), x.reshape({rows, n}).to(kF64), fwd.mean.to(kF64),
+              fwd.rstd.to(kF64), with_weight ? w.to(kF64) : RawTensor(), need_weight_bias);
           ExpectClose(got.grad_input.reshape({rows, n}), want64.grad_input, F64RefTol(dtype),
                       "grad_input vs f64 " + what);
           EXPECT_EQ(got.grad_weight.defined(), need_weight_bias) << what;
@@ -463,9 +462,9 @@ TEST(FusedSoftmaxCrossEntropyTest, EqualsCrossEntropyAndItsBackward) {
 
 TEST(FusedSoftmaxCrossEntropyTest, AllRowsIgnored) {
   for (DType dtype : kFloatTypes) {
-    const CrossEntropyResult r =
-        CrossEntropyWithGrad(RawTensor::Ones({3, 4}, dtype),
-                             RawTensor::FromVector<int64_t>({-1, -1, -1}, {3}), -1, Reduction::kNone);
+    const CrossEntropyResult r = CrossEntropyWithGrad(
+        RawTensor::Ones({3, 4}, dtype), RawTensor::FromVector<int64_t>({-1, -1, -1}, {3}), -1,
+        Reduction::kNone);
     EXPECT_EQ(r.loss.to_vector<double>(), std::vector<double>(3, 0.0)) << DTypeName(dtype);
     EXPECT_EQ(r.grad_logits.to_vector<double>(), std::vector<double>(12, 0.0))
         << DTypeName(dtype);
@@ -505,7 +504,7 @@ TEST(FusedKernelTableTest, EveryCpuFusedEntryIsDone) {
       EXPECT_EQ(cpu.LinearForward(out, pre, x, w, b, Activation::kGeluTanh), KernelStatus::kDone)
           << what;
       const RawTensor gi = RawTensor::Empty({3, 4}, dtype), gw = RawTensor::Empty({5, 4}, dtype),
-                   gb = RawTensor::Empty({5}, dtype);
+                      gb = RawTensor::Empty({5}, dtype);
       EXPECT_EQ(cpu.LinearBackward(gi, gw, gb, Randn({3, 5}, gen, dtype), x, w, pre,
                                    Activation::kGeluTanh),
                 KernelStatus::kDone)
@@ -513,12 +512,14 @@ TEST(FusedKernelTableTest, EveryCpuFusedEntryIsDone) {
     }
     {
       const RawTensor q = Randn({1, 2, 3, 4}, gen, dtype), k = Randn({1, 2, 3, 4}, gen, dtype),
-                   v = Randn({1, 2, 3, 4}, gen, dtype);
-      const RawTensor out = RawTensor::Empty({1, 2, 3, 4}, dtype), stats = RawTensor::Empty({1, 2, 3}, ct);
+                      v = Randn({1, 2, 3, 4}, gen, dtype);
+      const RawTensor out = RawTensor::Empty({1, 2, 3, 4}, dtype),
+                      stats = RawTensor::Empty({1, 2, 3}, ct);
       EXPECT_EQ(cpu.ScaledDotProductAttention(out, stats, q, k, v, true, 0.5), KernelStatus::kDone)
           << what;
-      const RawTensor gq = RawTensor::Empty(q.shape(), dtype), gk = RawTensor::Empty(k.shape(), dtype),
-                   gv = RawTensor::Empty(v.shape(), dtype);
+      const RawTensor gq = RawTensor::Empty(q.shape(), dtype),
+                      gk = RawTensor::Empty(k.shape(), dtype),
+                      gv = RawTensor::Empty(v.shape(), dtype);
       EXPECT_EQ(cpu.ScaledDotProductAttentionBackward(gq, gk, gv, Randn(q.shape(), gen, dtype), q,
                                                       k, v, out, stats, true, 0.5),
                 KernelStatus::kDone)
@@ -528,12 +529,13 @@ TEST(FusedKernelTableTest, EveryCpuFusedEntryIsDone) {
       const RawTensor x = Randn({3, 6}, gen, dtype), w = Randn({6}, gen, dtype);
       const LayerNormResult fwd = LayerNorm(x, w, RawTensor());
       const RawTensor gi = RawTensor::Empty({3, 6}, dtype), gw = RawTensor::Empty({6}, dtype),
-                   gb = RawTensor::Empty({6}, dtype);
+                      gb = RawTensor::Empty({6}, dtype);
       EXPECT_EQ(cpu.LayerNormBackward(gi, gw, gb, Randn({3, 6}, gen, dtype), x, fwd.mean,
                                       fwd.rstd, w),
                 KernelStatus::kDone)
           << what;
-      const RawTensor residual = RawTensor::Empty({3, 6}, dtype), out = RawTensor::Empty({3, 6}, dtype);
+      const RawTensor residual = RawTensor::Empty({3, 6}, dtype),
+                      out = RawTensor::Empty({3, 6}, dtype);
       const RawTensor mean = RawTensor::Empty({3}, ct), rstd = RawTensor::Empty({3}, ct);
       EXPECT_EQ(cpu.AddLayerNorm(residual, out, mean, rstd, x, Randn({3, 6}, gen, dtype), w,
                                  RawTensor(), 1e-5),

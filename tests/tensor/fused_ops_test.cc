@@ -123,8 +123,8 @@ LinearRef LinearReference(const std::vector<double>& x, const std::vector<double
 struct AttentionRef {
   std::vector<double> out, lse;
 };
-AttentionRef AttentionReference(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
-                                double scale) {
+AttentionRef AttentionReference(const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                bool causal, double scale) {
   const std::vector<double> qv = q.to_vector<double>(), kv = k.to_vector<double>(),
                             vv = v.to_vector<double>();
   const int64_t bh = q.size(0) * q.size(1), tq = q.size(2), tk = k.size(2), d = q.size(3);
@@ -424,8 +424,8 @@ TEST(AttentionTest, EmptyQueries) {
   EXPECT_EQ(r.output.shape(), (Shape{1, 2, 0, 4}));
   EXPECT_EQ(r.stats.shape(), (Shape{1, 2, 0}));
   const AttentionGrads g = ScaledDotProductAttentionBackward(
-      r.output, RawTensor::Zeros({1, 2, 0, 4}), RawTensor::Ones({1, 2, 3, 4}), RawTensor::Ones({1, 2, 3, 4}),
-      r.output, r.stats, false, 1.0);
+      r.output, RawTensor::Zeros({1, 2, 0, 4}), RawTensor::Ones({1, 2, 3, 4}),
+      RawTensor::Ones({1, 2, 3, 4}), r.output, r.stats, false, 1.0);
   EXPECT_EQ(g.grad_k.to_vector<double>(), std::vector<double>(24, 0.0));
   EXPECT_EQ(g.grad_v.shape(), (Shape{1, 2, 3, 4}));
 }
@@ -493,7 +493,7 @@ TEST(CrossEntropyWithGradTest, EqualsCrossEntropyAndItsBackward) {
       const CrossEntropyResult r = CrossEntropyWithGrad(logits, targets, -100, reduction, 0.25);
       const RawTensor loss = CrossEntropy(logits, targets, -100, reduction);
       const RawTensor grad_loss = reduction == Reduction::kNone ? RawTensor::Full({5}, 0.25, kF64)
-                                                             : RawTensor::Scalar(0.25, kF64);
+                                                                : RawTensor::Scalar(0.25, kF64);
       const RawTensor grad = CrossEntropyBackward(logits, targets, grad_loss, -100, reduction);
       EXPECT_EQ(r.loss.shape(), loss.shape());
       EXPECT_EQ(r.loss.to_vector<double>(), loss.to_vector<double>()) << DTypeName(dtype);
@@ -538,15 +538,16 @@ TEST(CrossEntropyBackwardTest, MeanDividesTheLossGradientByTheCountOnce) {
     for (double g : {1.0, 0.1, -3.0, 65536.0}) {
       const RawTensor mean = CrossEntropyBackward(logits, targets, RawTensor::Scalar(g, dtype), 7);
       const double g_rounded = RawTensor::Scalar(g, dtype).item();
-      const RawTensor sum = CrossEntropyBackward(logits, targets, RawTensor::Scalar(g_rounded / 4, kF64),
-                                              7, Reduction::kSum);
+      const RawTensor sum = CrossEntropyBackward(
+          logits, targets, RawTensor::Scalar(g_rounded / 4, kF64), 7, Reduction::kSum);
       EXPECT_EQ(mean.dtype(), dtype);
       EXPECT_EQ(mean.to_vector<double>(), sum.to_vector<double>()) << Name("g", dtype) << " " << g;
     }
   }
   // Every row ignored: zero rows (the 1 / 0 scale never reaches a row).
-  const RawTensor all_ignored = CrossEntropyBackward(
-      RawTensor::Ones({2, 3}), RawTensor::FromVector<int32_t>({7, 7}, {2}), RawTensor::Scalar(1), 7);
+  const RawTensor all_ignored =
+      CrossEntropyBackward(RawTensor::Ones({2, 3}), RawTensor::FromVector<int32_t>({7, 7}, {2}),
+                           RawTensor::Scalar(1), 7);
   EXPECT_EQ(all_ignored.to_vector<double>(), std::vector<double>(6, 0.0));
 }
 
@@ -594,7 +595,8 @@ TEST(FusedOpErrorsTest, Linear) {
 }
 
 TEST(FusedOpErrorsTest, LinearBackward) {
-  const RawTensor x = RawTensor::Zeros({2, 3}), w = RawTensor::Zeros({4, 3}), go = RawTensor::Zeros({2, 4});
+  const RawTensor x = RawTensor::Zeros({2, 3}), w = RawTensor::Zeros({4, 3}),
+                  go = RawTensor::Zeros({2, 4});
   EXPECT_ERROR(LinearBackward(RawTensor::Zeros({2, 3}), x, w, RawTensor(), Activation::kNone),
                "linear_backward: gradient of shape [2, 3] does not match the output shape [2, 4] "
                "of input [2, 3] and weight [4, 3]");
@@ -639,7 +641,8 @@ TEST(FusedOpErrorsTest, AttentionBackward) {
   const RawTensor q = RawTensor::Zeros({1, 2, 3, 4}), k = RawTensor::Zeros({1, 2, 5, 4});
   const RawTensor stats = RawTensor::Zeros({1, 2, 3});
   EXPECT_ERROR(
-      ScaledDotProductAttentionBackward(RawTensor::Zeros({1, 2, 3, 5}), q, k, k, q, stats, false, 1),
+      ScaledDotProductAttentionBackward(RawTensor::Zeros({1, 2, 3, 5}), q, k, k, q, stats, false,
+                                        1),
       "scaled_dot_product_attention_backward: gradient of shape [1, 2, 3, 5] does not match q of "
       "shape [1, 2, 3, 4]");
   EXPECT_ERROR(ScaledDotProductAttentionBackward(q, q, k, k, q.to(kF64), stats, false, 1),

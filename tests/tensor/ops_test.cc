@@ -226,7 +226,7 @@ void ExpectExact(const RawTensor& got, const Shape& shape, DType dtype,
 // Values of `shape` and `dtype`: floats uniform in [lo, hi) (normal with stddev hi when
 // normal == true); integer types uniform integers in [lo, hi] (u8 clamps lo to 0; bool is 0/1).
 RawTensor Draw(const Shape& shape, DType dtype, Generator& gen, double lo, double hi,
-            bool normal = false) {
+               bool normal = false) {
   if (IsFloating(dtype)) {
     return normal ? RandNormal(shape, gen, 0, hi, dtype) : RandUniform(shape, gen, lo, hi, dtype);
   }
@@ -508,9 +508,9 @@ TEST(BinaryOps, PowWithTensorAndScalarExponents) {
   ExpectExact(Pow(RawTensor::FromVector<float>({3, 10}, {2}, kF16), 2.0), {2}, kF16, {9, 100},
               "pow f16");
   // 3^7 = 2187 is a tie between 2186 and 2188 in f16 (spacing 2): the even 2188.
-  ExpectExact(
-      Pow(RawTensor::FromVector<float>({3}, {1}, kF16), RawTensor::FromVector<float>({7}, {1}, kF16)),
-      {1}, kF16, {2188}, "pow f16 2187 -> 2188");
+  ExpectExact(Pow(RawTensor::FromVector<float>({3}, {1}, kF16),
+                  RawTensor::FromVector<float>({7}, {1}, kF16)),
+              {1}, kF16, {2188}, "pow f16 2187 -> 2188");
   // 3^6 = 729 rounds to 728 in bf16 (spacing 4).
   ExpectExact(Pow(RawTensor::FromVector<float>({3}, {1}, kBF16), 6.0), {1}, kBF16, {728},
               "pow bf16 729 -> 728");
@@ -530,7 +530,8 @@ TEST(BinaryOps, MaximumAndMinimumPropagateNaN) {
 TEST(BinaryOps, ReluBackwardIsPyTorchsThresholdBackward) {
   // 0 where y <= 0 (a NaN or infinite gradient there too), the gradient where y > 0 or y is NaN.
   for (DType dtype : kFloatTypes) {
-    const RawTensor grad = RawTensor::FromVector<double>({1.5, kNaN, kInf, -2, 3, kNaN, 4}, {7}, dtype);
+    const RawTensor grad =
+        RawTensor::FromVector<double>({1.5, kNaN, kInf, -2, 3, kNaN, 4}, {7}, dtype);
     const RawTensor y = RawTensor::FromVector<double>({0, -0.0, -1, 2, kNaN, 5, kInf}, {7}, dtype);
     ExpectExact(ReluBackward(grad, y), {7}, dtype, {0, 0, 0, -2, 3, kNaN, 4}, "relu_backward");
     // Broadcast and strided operands go through the same rule.
@@ -566,11 +567,12 @@ TEST(BinaryOps, F16AndBF16RoundToNearestEvenAndOverflowToInf) {
   EXPECT_EQ(Add(one, RawTensor::Full({1}, 0.00390625, kBF16)).item(), 1.0);
   EXPECT_EQ(Add(one, RawTensor::Full({1}, 0.005859375, kBF16)).item(), 1.0078125);
   // f16 subnormals are produced: 2^-14 / 4 = 2^-16.
-  EXPECT_EQ(Div(RawTensor::Full({1}, std::ldexp(1.0, -14), kF16), RawTensor::Full({1}, 4, kF16)).item(),
-            std::ldexp(1.0, -16));
+  EXPECT_EQ(
+      Div(RawTensor::Full({1}, std::ldexp(1.0, -14), kF16), RawTensor::Full({1}, 4, kF16)).item(),
+      std::ldexp(1.0, -16));
   // Division by zero.
-  ExpectExact(Div(RawTensor::FromVector<float>({1, -1, 0}, {3}, kF16), RawTensor::Zeros({3}, kF16)), {3},
-              kF16, {kInf, -kInf, kNaN}, "f16 x / 0");
+  ExpectExact(Div(RawTensor::FromVector<float>({1, -1, 0}, {3}, kF16), RawTensor::Zeros({3}, kF16)),
+              {3}, kF16, {kInf, -kInf, kNaN}, "f16 x / 0");
 }
 
 TEST(BinaryOps, OperatorsMatchNamedOps) {
@@ -672,8 +674,8 @@ TEST(UnaryOps, IntegerNegAbsRelu) {
     if (!spec.ints) continue;
     for (DType dtype : {kI32, kI64}) {
       for (Layout layout : kAllLayouts) {
-        const RawTensor x = WithLayout({4, 5}, layout,
-                                    [&](const Shape& s) { return Draw(s, dtype, gen, -100, 100); });
+        const RawTensor x = WithLayout(
+            {4, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, -100, 100); });
         const std::vector<double> xv = Values(x);
         std::vector<double> ref(xv.size());
         for (size_t i = 0; i < xv.size(); ++i) ref[i] = spec.ref(xv[i]);
@@ -711,7 +713,8 @@ TEST(UnaryOps, SpecialValues) {
   }
   // silu(-1000) is -0 (x / inf) and silu(-1) rounds as PyTorch's: f32 -0.2689414322376251,
   // f16 -0.26904296875, f64 -0.2689414213699951.
-  EXPECT_TRUE(std::signbit(Silu(RawTensor::FromVector<float>({-1000.0f}, {1})).to_vector<float>()[0]));
+  EXPECT_TRUE(
+      std::signbit(Silu(RawTensor::FromVector<float>({-1000.0f}, {1})).to_vector<float>()[0]));
   ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF32)), {1}, kF32, {-0.2689414322376251}, "silu f32");
   ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF16)), {1}, kF16, {-0.26904296875}, "silu f16");
   ExpectExact(Silu(RawTensor::Full({1}, -1.0, kF64)), {1}, kF64, {-0.2689414213699951}, "silu f64");
@@ -804,8 +807,8 @@ TEST(CompareOps, NaNAndMixedDtypes) {
   // f16 0.1 is 0.0999755859375, below f32 0.1 (0.100000001490116).
   ExpectExact(Gt(RawTensor::Full({1}, 0.1, kF32), RawTensor::Full({1}, 0.1, kF16)), {1}, kBool, {1},
               "f32 0.1 > f16 0.1");
-  ExpectExact(Eq(RawTensor::Full({2}, 3, kI64), RawTensor::FromVector<float>({3, 3.5}, {2}, kF16)), {2},
-              kBool, {1, 0}, "i64 vs f16");
+  ExpectExact(Eq(RawTensor::Full({2}, 3, kI64), RawTensor::FromVector<float>({3, 3.5}, {2}, kF16)),
+              {2}, kBool, {1, 0}, "i64 vs f16");
   EXPECT_ERROR(Lt(RawTensor::Zeros({2, 3}), RawTensor::Zeros({2})),
                "lt: shapes [2, 3] and [2] cannot be broadcast");
 }
@@ -853,7 +856,8 @@ TEST(WhereOp, PromotesAndRejectsBadConditions) {
   ExpectExact(Where(cond, a, b), {3}, kF32, {1.5, -2, 3.5}, "where f16/f32");
   ExpectExact(Where(cond, RawTensor::Full({}, 7, kI32), RawTensor::Full({}, 0.25, kF64)), {3}, kF64,
               {7, 0.25, 7}, "where scalars");
-  EXPECT_ERROR(Where(RawTensor::Ones({3}), a, b), "where: the condition must be bool or u8, got f32");
+  EXPECT_ERROR(Where(RawTensor::Ones({3}), a, b),
+               "where: the condition must be bool or u8, got f32");
   EXPECT_ERROR(Where(RawTensor::Ones({3}, kI64), a, b),
                "where: the condition must be bool or u8, got i64");
   EXPECT_ERROR(Where(RawTensor::Ones({2}, kBool), a, b),
@@ -909,8 +913,8 @@ TEST(Reductions, SumAndMeanMatchReference) {
   Generator gen(9);
   for (DType dtype : kFloatTypes) {
     for (Layout layout : kAllLayouts) {
-      const RawTensor x = WithLayout({3, 4, 5}, layout,
-                                  [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
+      const RawTensor x = WithLayout(
+          {3, 4, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, 0, 2, true); });
       for (const auto& dims : kDimLists) {
         for (bool keepdim : {false, true}) {
           const Reduced r = ReduceRef(x, dims, keepdim);
@@ -940,8 +944,8 @@ TEST(Reductions, IntegerAndBoolSumsGiveI64) {
   Generator gen(10);
   for (DType dtype : {kI32, kI64, kU8, kBool}) {
     for (Layout layout : kAllLayouts) {
-      const RawTensor x = WithLayout({3, 4, 5}, layout,
-                                  [&](const Shape& s) { return Draw(s, dtype, gen, -100, 200); });
+      const RawTensor x = WithLayout(
+          {3, 4, 5}, layout, [&](const Shape& s) { return Draw(s, dtype, gen, -100, 200); });
       for (const auto& dims : kDimLists) {
         const Reduced r = ReduceRef(x, dims, true);
         std::vector<double> sum;
@@ -1031,10 +1035,10 @@ TEST(Reductions, MaxAndArgmaxMatchReference) {
 TEST(Reductions, MaxLetsNaNWin) {
   for (DType dtype : kFloatTypes) {
     const RawTensor x = RawTensor::FromVector<double>({1, kNaN, 5, kNaN,            //
-                                                 -kInf, -kInf, -kInf, -kInf,  //
-                                                 kNaN, 9, 2, 3,               //
-                                                 0, 7, 7, kInf},
-                                                {4, 4}, dtype);
+                                                       -kInf, -kInf, -kInf, -kInf,  //
+                                                       kNaN, 9, 2, 3,               //
+                                                       0, 7, 7, kInf},
+                                                      {4, 4}, dtype);
     ExpectExact(Max(x, 1), {4}, dtype, {kNaN, -kInf, kNaN, kInf}, "max rows");
     ExpectExact(Argmax(x, 1), {4}, kI64, {1, 0, 0, 3}, "argmax rows");
     ExpectExact(Argmax(x, 0), {4}, kI64, {2, 0, 3, 0}, "argmax cols");
@@ -1144,16 +1148,17 @@ TEST(Matmul, LargeLowPrecisionProducts) {
                                    std::to_string(k) + "x" + std::to_string(n) +
                                    (ta ? " a^T" : "") + (tb ? " b^T" : "");
           const RawTensor a = ta ? Draw({k, m}, dtype, gen, -1, 1).transpose(0, 1)
-                              : Draw({m, k}, dtype, gen, -1, 1);
+                                 : Draw({m, k}, dtype, gen, -1, 1);
           const RawTensor b = tb ? Draw({n, k}, dtype, gen, -1, 1).transpose(0, 1)
-                              : Draw({k, n}, dtype, gen, -1, 1);
+                                 : Draw({k, n}, dtype, gen, -1, 1);
           CheckMatmul(a, b, what);
           const std::vector<double> first = Matmul(a, b).to_vector<double>();
           EXPECT_EQ(Matmul(a, b).to_vector<double>(), first) << what << ": second call";
         }
       }
     }
-    const RawTensor a = Draw({3, 40, 72}, dtype, gen, -1, 1), b = Draw({3, 72, 50}, dtype, gen, -1, 1);
+    const RawTensor a = Draw({3, 40, 72}, dtype, gen, -1, 1),
+                    b = Draw({3, 72, 50}, dtype, gen, -1, 1);
     CheckMatmul(a, b, std::string(DTypeName(dtype)) + " batch of 3");
   }
 }
@@ -1168,7 +1173,8 @@ TEST(Matmul, TransposedViewsGiveTheSameNumbersAsCopies) {
     ASSERT_FALSE(a.is_contiguous());
     ASSERT_FALSE(b.is_contiguous());
     const RawTensor copied = Matmul(a.contiguous(), b.contiguous());
-    for (const RawTensor& got : {Matmul(a, b), Matmul(a, b.contiguous()), Matmul(a.contiguous(), b)}) {
+    for (const RawTensor& got :
+         {Matmul(a, b), Matmul(a, b.contiguous()), Matmul(a.contiguous(), b)}) {
       const std::vector<double> g = Values(got), c = Values(copied);
       ASSERT_EQ(g.size(), c.size());
       for (size_t i = 0; i < g.size(); ++i) {
@@ -1234,17 +1240,17 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
   for (DType dtype : kFloatTypes) {
     // The output comes from uninitialised memory: k == 0 must write zeros explicitly.
     for (int rep = 0; rep < 3; ++rep) {
-      ExpectExact(Matmul(RawTensor::Ones({3, 0}, dtype), RawTensor::Ones({0, 4}, dtype)), {3, 4}, dtype,
-                  std::vector<double>(12, 0), "k == 0");
-      ExpectExact(Matmul(RawTensor::Ones({2, 3, 0}, dtype), RawTensor::Ones({0, 2}, dtype)), {2, 3, 2},
-                  dtype, std::vector<double>(12, 0), "batched k == 0");
+      ExpectExact(Matmul(RawTensor::Ones({3, 0}, dtype), RawTensor::Ones({0, 4}, dtype)), {3, 4},
+                  dtype, std::vector<double>(12, 0), "k == 0");
+      ExpectExact(Matmul(RawTensor::Ones({2, 3, 0}, dtype), RawTensor::Ones({0, 2}, dtype)),
+                  {2, 3, 2}, dtype, std::vector<double>(12, 0), "batched k == 0");
       ExpectExact(Matmul(RawTensor::Ones({0}, dtype), RawTensor::Ones({0}, dtype)), {}, dtype, {0},
                   "empty dot");
     }
-    ExpectExact(Matmul(RawTensor::Ones({0, 3}, dtype), RawTensor::Ones({3, 4}, dtype)), {0, 4}, dtype, {},
-                "m == 0");
-    ExpectExact(Matmul(RawTensor::Ones({2, 3}, dtype), RawTensor::Ones({3, 0}, dtype)), {2, 0}, dtype, {},
-                "n == 0");
+    ExpectExact(Matmul(RawTensor::Ones({0, 3}, dtype), RawTensor::Ones({3, 4}, dtype)), {0, 4},
+                dtype, {}, "m == 0");
+    ExpectExact(Matmul(RawTensor::Ones({2, 3}, dtype), RawTensor::Ones({3, 0}, dtype)), {2, 0},
+                dtype, {}, "n == 0");
   }
 }
 
@@ -1364,10 +1370,10 @@ TEST(Softmax, LongRowsMatchReferenceRelatively) {
 TEST(Softmax, StableForLargeInputsAndInfinities) {
   for (DType dtype : kFloatTypes) {
     const RawTensor x = RawTensor::FromVector<double>({1000, 999, -1000,  //
-                                                 -kInf, 0, 1,       //
-                                                 -kInf, -kInf, 2,   //
-                                                 -1000, -1000, -1000},
-                                                {4, 3}, dtype);
+                                                       -kInf, 0, 1,       //
+                                                       -kInf, -kInf, 2,   //
+                                                       -1000, -1000, -1000},
+                                                      {4, 3}, dtype);
     const double e1 = std::exp(-1.0);
     std::vector<double> soft = {
         1 / (1 + e1), e1 / (1 + e1), 0,      0, 1 / (1 + std::exp(1.0)), 1 / (1 + e1), 0, 0, 1,
@@ -1562,8 +1568,8 @@ TEST(Embedding, BackwardAccumulatesRepeatedIndices) {
   }
   // Exact accumulation: four times the same row, and a row never indexed stays zero.
   const RawTensor g = RawTensor::Full({4, 2}, 0.25, kF16);
-  ExpectExact(EmbeddingBackward(g, RawTensor::Full({4}, 1, kI64), 3), {3, 2}, kF16, {0, 0, 1, 1, 0, 0},
-              "repeated index");
+  ExpectExact(EmbeddingBackward(g, RawTensor::Full({4}, 1, kI64), 3), {3, 2}, kF16,
+              {0, 0, 1, 1, 0, 0}, "repeated index");
   // f16 sums that pass through values above 65504 are accumulated in f32/f64.
   const RawTensor big = RawTensor::FromVector<float>({60000, 60000, -60000}, {3, 1}, kF16);
   ExpectExact(EmbeddingBackward(big, RawTensor::Zeros({3}, kI64), 1), {1, 1}, kF16, {60000},
@@ -1709,15 +1715,15 @@ TEST(CrossEntropy, BackwardIsSoftmaxMinusOneHotScaled) {
           CrossEntropyBackward(logits, targets, RawTensor::Scalar(-1.5), -100, Reduction::kSum),
           {6, 4}, dtype, sum_grad, "sum " + what, tol);
       ExpectMatches(
-          CrossEntropyBackward(logits, targets, RawTensor::FromVector<double>(row_g, {6}, dtype), -100,
-                               Reduction::kNone),
+          CrossEntropyBackward(logits, targets, RawTensor::FromVector<double>(row_g, {6}, dtype),
+                               -100, Reduction::kNone),
           {6, 4}, dtype, none_grad, "none " + what, tol);
     }
   }
   // All rows ignored: zeros, not NaN.
-  ExpectExact(
-      CrossEntropyBackward(RawTensor::Ones({2, 3}), RawTensor::Full({2}, 7, kI64), RawTensor::Scalar(1), 7),
-      {2, 3}, kF32, std::vector<double>(6, 0), "all ignored");
+  ExpectExact(CrossEntropyBackward(RawTensor::Ones({2, 3}), RawTensor::Full({2}, 7, kI64),
+                                   RawTensor::Scalar(1), 7),
+              {2, 3}, kF32, std::vector<double>(6, 0), "all ignored");
 }
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
@@ -1734,9 +1740,11 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
       plus[i] += h;
       minus[i] -= h;
       const double fp =
-          CrossEntropy(RawTensor::FromVector<double>(plus, {3, 4}), targets, -100, reduction).item();
+          CrossEntropy(RawTensor::FromVector<double>(plus, {3, 4}), targets, -100, reduction)
+              .item();
       const double fm =
-          CrossEntropy(RawTensor::FromVector<double>(minus, {3, 4}), targets, -100, reduction).item();
+          CrossEntropy(RawTensor::FromVector<double>(minus, {3, 4}), targets, -100, reduction)
+              .item();
       EXPECT_NEAR(analytic[i], (fp - fm) / (2 * h), 1e-8) << "element " << i;
     }
   }
@@ -1871,7 +1879,8 @@ TEST(Indexing, ScatterAddMatchesReferenceWithRepeatedIndices) {
   // self is not modified; repeated f16 additions round once (2048 + 1 + 1 = 2050, while
   // adding 1 to 2048 in f16 twice would stay 2048).
   const RawTensor self = RawTensor::Full({1, 2}, 2048, kF16);
-  const RawTensor out = ScatterAdd(self, 1, RawTensor::Zeros({1, 2}, kI64), RawTensor::Ones({1, 2}, kF16));
+  const RawTensor out =
+      ScatterAdd(self, 1, RawTensor::Zeros({1, 2}, kI64), RawTensor::Ones({1, 2}, kF16));
   ExpectExact(out, {1, 2}, kF16, {2050, 2048}, "f16 rounds once");
   ExpectExact(self, {1, 2}, kF16, {2048, 2048}, "self unchanged");
 }
@@ -1924,8 +1933,8 @@ TEST(Indexing, IndexSelectAndIndexAddMatchReference) {
   const RawTensor x = RawTensor::FromVector<double>({0, 1, 10, 11, 20, 21}, {3, 2});
   ExpectExact(IndexSelect(x, 0, RawTensor::Full({}, 2, kI64)), {1, 2}, kF64, {20, 21}, "0-d index");
   ExpectExact(IndexSelect(x, 0, RawTensor::Zeros({0}, kI64)), {0, 2}, kF64, {}, "empty index");
-  ExpectExact(IndexAdd(x, 0, RawTensor::Zeros({0}, kI64), RawTensor::Zeros({0, 2}, kF64)), {3, 2}, kF64,
-              {0, 1, 10, 11, 20, 21}, "empty index_add");
+  ExpectExact(IndexAdd(x, 0, RawTensor::Zeros({0}, kI64), RawTensor::Zeros({0, 2}, kF64)), {3, 2},
+              kF64, {0, 1, 10, 11, 20, 21}, "empty index_add");
 }
 
 TEST(Indexing, Errors) {
@@ -1944,8 +1953,9 @@ TEST(Indexing, Errors) {
   EXPECT_ERROR(Gather(x, 0, RawTensor::Zeros({2, 5})),
                "gather: expected an index dtype (i32 or i64), got f32");
 
-  EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::FromVector<int64_t>({7}, {1, 1}), RawTensor::Ones({1, 1})),
-               "scatter_add: index 7 at position [0, 0] is out of range for dim 1 of size 5");
+  EXPECT_ERROR(
+      ScatterAdd(x, 1, RawTensor::FromVector<int64_t>({7}, {1, 1}), RawTensor::Ones({1, 1})),
+      "scatter_add: index 7 at position [0, 0] is out of range for dim 1 of size 5");
   EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({1, 1}, kI64), RawTensor::Ones({1, 1}, kF64)),
                "scatter_add: src dtype f64 differs from self dtype f32");
   EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({2, 2}, kI64), RawTensor::Ones({1, 2})),
@@ -1953,9 +1963,9 @@ TEST(Indexing, Errors) {
                "shape [2, 5] at dim 0");
   EXPECT_ERROR(ScatterAdd(x, 1, RawTensor::Zeros({2}, kI64), RawTensor::Ones({2})),
                "scatter_add: self [2, 5], index [2] and src [2] must have the same rank");
-  EXPECT_ERROR(
-      ScatterAdd(RawTensor::Zeros({2}, kBool), 0, RawTensor::Zeros({2}, kI64), RawTensor::Zeros({2}, kBool)),
-      "scatter_add: not defined for bool tensors; cast them first");
+  EXPECT_ERROR(ScatterAdd(RawTensor::Zeros({2}, kBool), 0, RawTensor::Zeros({2}, kI64),
+                          RawTensor::Zeros({2}, kBool)),
+               "scatter_add: not defined for bool tensors; cast them first");
 
   EXPECT_ERROR(IndexSelect(x, 1, RawTensor::FromVector<int64_t>({0, 4, 7}, {3})),
                "index_select: index 7 at position 2 is out of range for dim 1 of size 5");
@@ -2069,10 +2079,10 @@ TEST(ListOps, Errors) {
   EXPECT_ERROR(
       NonFiniteCheckAndUnscale({t}, RawTensor::Zeros({}), RawTensor::Ones({2})),
       "non_finite_check_and_unscale: inv_scale must be a one-element f32 tensor, got f32 [2]");
-  EXPECT_ERROR(
-      NonFiniteCheckAndUnscale({t, RawTensor::Ones({2}, kI64)}, RawTensor::Zeros({}), RawTensor::Scalar(2)),
-      "non_finite_check_and_unscale: expected a floating dtype (f32, f64, f16, bf16), got "
-      "i64");
+  EXPECT_ERROR(NonFiniteCheckAndUnscale({t, RawTensor::Ones({2}, kI64)}, RawTensor::Zeros({}),
+                                        RawTensor::Scalar(2)),
+               "non_finite_check_and_unscale: expected a floating dtype (f32, f64, f16, bf16), got "
+               "i64");
   ExpectExact(t, {2}, kF32, {1, 1}, "unchanged after error");
   EXPECT_ERROR(AnyNonFinite({t, RawTensor()}),
                "non_finite_check: a list element is an undefined tensor");

@@ -76,7 +76,8 @@ struct AdamCase {
       lists.exp_avg_sqs.push_back(RawTensor::Zeros({7, 5}, cd));
       if (amsgrad) lists.max_exp_avg_sqs.push_back(RawTensor::Zeros({7, 5}, cd));
     }
-    lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(), RawTensor()};
+    lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(),
+                          RawTensor()};
   }
   AdamCase Clone() const {
     AdamCase c = *this;
@@ -84,7 +85,8 @@ struct AdamCase {
     c.lists.exp_avgs = Clones(lists.exp_avgs);
     c.lists.exp_avg_sqs = Clones(lists.exp_avg_sqs);
     c.lists.max_exp_avg_sqs = Clones(lists.max_exp_avg_sqs);
-    c.lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(), RawTensor()};
+    c.lists.model_params = {RawTensor::Zeros({7, 5}, kBF16), RawTensor(), RawTensor(), RawTensor(),
+                            RawTensor()};
     return c;
   }
 };
@@ -198,7 +200,7 @@ TEST(OptimizerOpsTest, FusedSgdKernelAndDeclinedCaseMatch) {
 TEST(OptimizerOpsTest, GlobalGradNormAndClipByNormKernelAndDeclinedCaseMatch) {
   Generator gen(8);
   const std::vector<RawTensor> grads = {RandNormal({1000}, gen), RandNormal({64}, gen, 0, 1, kBF16),
-                                     RandNormal({9, 4}, gen, 0, 1, kF64).transpose(0, 1)};
+                                        RandNormal({9, 4}, gen, 0, 1, kF64).transpose(0, 1)};
   for (double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
     SCOPED_TRACE(p);
     const RawTensor kernel = GlobalGradNorm(grads, p);

@@ -779,7 +779,8 @@ TEST(TensorTest, ConstructorRejectsViewsOutsideStorage) {
   base.copy_(Iota({6}));
   const RawTensor rev(storage, {3}, {-1}, 2, kF32);
   EXPECT_EQ(rev.to_vector<float>(), (F{2, 1, 0}));
-  EXPECT_EQ(RawTensor(storage, {2, 3}, {-3, -1}, 5, kF32).to_vector<float>(), (F{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(RawTensor(storage, {2, 3}, {-3, -1}, 5, kF32).to_vector<float>(),
+            (F{5, 4, 3, 2, 1, 0}));
   // Other constructor checks.
   EXPECT_TRUE(ThrowsErrorExactly([&] { RawTensor(storage, {2}, {1}, -1, kF32); },
                                  "RawTensor: negative offset -1"));

@@ -97,7 +97,8 @@ TEST(CrossEntropyEvalTest, F32AndEmpty) {
   NoGradGuard no_grad;
   CrossEntropyEval eval(kF32);
   EXPECT_TRUE(std::isnan(eval.mean()));
-  const RawTensor logits = RawTensor::FromVector(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}, {1, 4});
+  const RawTensor logits =
+      RawTensor::FromVector(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}, {1, 4});
   eval.Add([&] { return Tensor(logits); }, RawTensor::Full({1}, 2, kI64));
   eval.Add([&] { return Tensor(logits); }, RawTensor::Full({1}, 0, kI64));
   EXPECT_EQ(eval.rows(), 2);

@@ -516,9 +516,8 @@ struct TinyRun {
   void Train(int steps) {
     RawTensor x = RandNormal({4, 3}, gen);
     for (int i = 0; i < steps; ++i) {
-      StepStats stats = TrainStep(*opt, schedule, kF32, 0, [&] {
-        return Sum((*model)(Tensor(x)) * (*model)(Tensor(x)));
-      });
+      StepStats stats = TrainStep(*opt, schedule, kF32, 0,
+                                  [&] { return Sum((*model)(Tensor(x)) * (*model)(Tensor(x))); });
       run.Advance(stats, 0);
     }
   }

@@ -194,7 +194,7 @@ TEST(ThreadCountKernelTest, ConvolutionGivesTheSameBitsAtEveryThreadCount) {
           [&] {
             const Conv2dGrads grads = Conv2dBackward(g, x, w, p);
             return std::vector<RawTensor>{Conv2d(x, w, b, p), grads.grad_input, grads.grad_weight,
-                                       grads.grad_bias};
+                                          grads.grad_bias};
           });
     }
   }
@@ -214,8 +214,8 @@ TEST(ThreadCountKernelTest, Fp8CastsAndGemmsGiveTheSameBitsAtEveryThreadCount) {
             const Fp8Scales sb = Fp8ScaleFromAmax(Fp8Amax(b, tiling), Fp8ScaleOptions{});
             const Fp8CastResult qa = Fp8Cast(a, sa.scale, tiling, kF8E4M3, true, true);
             const Fp8CastResult qb = Fp8Cast(b, sb.scale, tiling, kF8E4M3);
-            const RawTensor y =
-                Fp8Gemm(qa.data, sa.scale_inv, tiling, qb.data, sb.scale_inv, tiling, RawTensor(), out);
+            const RawTensor y = Fp8Gemm(qa.data, sa.scale_inv, tiling, qb.data, sb.scale_inv,
+                                        tiling, RawTensor(), out);
             return std::vector<RawTensor>{qa.data_t, qa.amax, y};
           });
     }

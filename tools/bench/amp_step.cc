@@ -102,7 +102,8 @@ struct AmpModel {
   std::vector<tg::Tensor> params;  // f16
   std::unique_ptr<tg::amp::MixedPrecisionOptimizer> opt;
 
-  AmpModel(const std::vector<tg::RawTensor>& init, const std::vector<tg::RawTensor>& grads, bool fused) {
+  AmpModel(const std::vector<tg::RawTensor>& init, const std::vector<tg::RawTensor>& grads,
+           bool fused) {
     for (const tg::RawTensor& t : init) params.emplace_back(t.to(tg::kF16), /*requires_grad=*/true);
     tg::optim::AdamWOptions o;
     o.lr(1e-3);

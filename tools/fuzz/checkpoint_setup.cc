@@ -47,7 +47,8 @@ train::StepStats TrainFuzzRun(FuzzRun& run) {
   // are taken and AdamW has moments to checkpoint.
   const RawTensor x = RawTensor::FromVector<float>(
       {0.1f, 0.2f, 0.3f, -0.1f, 0, 0.1f, 0.2f, 0.2f, -0.2f, 0.05f, 0, -0.1f}, {4, 3});
-  const RawTensor y = RawTensor::FromVector<float>({0.1f, 0, 0, 0.1f, 0.1f, 0.1f, -0.1f, 0}, {4, 2});
+  const RawTensor y =
+      RawTensor::FromVector<float>({0.1f, 0, 0, 0.1f, 0.1f, 0.1f, -0.1f, 0}, {4, 2});
   train::StepStats stats =
       train::TrainStep(*run.optimizer, *run.schedule, run.dtype, /*max_grad_norm=*/1.0,
                        [&] { return nn::MseLoss((*run.model)(Tensor(x.to(run.dtype))), y); });

@@ -32,14 +32,12 @@ std::string Checkpointed(bool reentrant) {
   w.set_name("w");
   CheckpointOptions options;
   options.reentrant = reentrant;
-  Tensor h = Checkpoint([&w](const VariableList& in) { return Tanh(Mul(in[0], w)); }, {x},
-                          options);
+  Tensor h = Checkpoint([&w](const VariableList& in) { return Tanh(Mul(in[0], w)); }, {x}, options);
   h.set_name("h");
   h.retain_grad();
   h.register_hook([](const Tensor&) { return Tensor(); });
-  w.register_post_accumulate_grad_hook([](const Tensor&) {
-    queue_callback_on_outermost_task([] {});
-  });
+  w.register_post_accumulate_grad_hook(
+      [](const Tensor&) { queue_callback_on_outermost_task([] {}); });
   Tensor loss = Sum(Mul(h, h));
   loss.set_name("loss");
   std::string dot = BackwardGraphToDot(loss);

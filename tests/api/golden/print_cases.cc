@@ -1,5 +1,6 @@
 // The printing cases of tests/api/tensor_api_test.cc, printed by libtorch itself.
 #include <torch/torch.h>
+
 #include <iostream>
 int main() {
   auto show = [](const char* name, const torch::Tensor& t) {
@@ -19,7 +20,8 @@ int main() {
   show("empty", torch::zeros({0}));
   show("wide", torch::arange(30).reshape({2, 15}).to(torch::kFloat) * 1.5);
   show("int32_big", torch::tensor({int64_t{12345678901}, int64_t{2}}));
-  show("nan_inf", torch::tensor({1.5, std::nan(""), std::numeric_limits<double>::infinity(), -2.0}));
+  show("nan_inf",
+       torch::tensor({1.5, std::nan(""), std::numeric_limits<double>::infinity(), -2.0}));
   show("negatives_int", torch::tensor({-5, 3, 100}));
   show("double", torch::tensor({0.5, 0.25}, torch::kDouble));
   return 0;

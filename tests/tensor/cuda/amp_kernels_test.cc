@@ -468,8 +468,8 @@ TEST(CudaAmpKernelsTest, HugeF32GradsHaveTheCpusFiniteNormAndAreClipped) {
   SKIP_WITHOUT_GPU();
   Generator gen(53);
   const std::vector<RawTensor> cpu = {RawTensor::FromVector<float>({1e20f, -3e20f, 2.0f}, {3}),
-                                   RandNormal({70000}, gen, 0, 1e18),
-                                   RandNormal({100}, gen).to(kBF16)};
+                                      RandNormal({70000}, gen, 0, 1e18),
+                                      RandNormal({100}, gen).to(kBF16)};
   const std::vector<RawTensor> gpu = ToGpu(cpu);
   const double expected = optim::clip_grad_norm(WithGrads(cpu), 1e30);  // not clipped
   ASSERT_TRUE(std::isfinite(expected));

@@ -218,10 +218,10 @@ TEST_P(CudaBlasTest, MatmulExTransposesAlphaBeta) {
       // the accumulator (u_acc |c|) and the result one output rounding.
       const Reference r = Product(a, ta, b, tb);
       const RawTensor ref = Add(Scale(r.value, 0.5), F64(c));
-      const RawTensor bound = Add(
-          Add(Add(Scale(r.mag, 2.0 * k * AccRoundoff(dt) * 0.5), Scale(Abs(F64(c)), AccRoundoff(dt))),
-              Scale(Abs(ref), OutRoundoff(dt))),
-          EpilogueRounding(r, dt, 0.5));
+      const RawTensor bound = Add(Add(Add(Scale(r.mag, 2.0 * k * AccRoundoff(dt) * 0.5),
+                                          Scale(Abs(F64(c)), AccRoundoff(dt))),
+                                      Scale(Abs(ref), OutRoundoff(dt))),
+                                  EpilogueRounding(r, dt, 0.5));
       ExpectWithin(out, ref, bound, absl::StrCat("transpose_a ", ta, ", transpose_b ", tb));
     }
   }
@@ -254,8 +254,9 @@ TEST_P(CudaBlasTest, EpilogueBias) {
     const RawTensor ref = Add(r.value, F64(b));  // b broadcast over rows
     // The bias is added to the f32 accumulator (one more f32 rounding of |ref|), or to the
     // accumulator rounded to the output type (EpilogueRounding).
-    const RawTensor bound = Add(Add(ProductBound({ref, r.mag}, k, dt, dt), Scale(Abs(ref), AccRoundoff(dt))),
-                             EpilogueRounding(r, dt));
+    const RawTensor bound =
+        Add(Add(ProductBound({ref, r.mag}, k, dt, dt), Scale(Abs(ref), AccRoundoff(dt))),
+            EpilogueRounding(r, dt));
     ExpectWithin(y, ref, bound, absl::StrCat("bias epilogue, n = ", n));
   }
 }
@@ -287,8 +288,9 @@ TEST_P(CudaBlasTest, EpilogueBiasGeluSavesItsInput) {
     // epilogue's tanh may be a fast approximation (we allow 1e-4 absolute, relative to 1 +
     // |x|), and the result is rounded once more.
     const RawTensor ref = Map(pre_ref, GeluTanhRef);
-    const RawTensor bound = Add(Add(Scale(pre_bound, 1.13), Scale(Abs(ref), OutRoundoff(dt))),
-                             Scale(Map(pre_ref, [](double v) { return 1 + std::abs(v); }), 1e-4));
+    const RawTensor bound =
+        Add(Add(Scale(pre_bound, 1.13), Scale(Abs(ref), OutRoundoff(dt))),
+            Scale(Map(pre_ref, [](double v) { return 1 + std::abs(v); }), 1e-4));
     ExpectWithin(h, ref, bound, absl::StrCat("bias_gelu output, n = ", n));
 
     // kGelu without bias and without aux (inference).
@@ -323,7 +325,7 @@ TEST_P(CudaBlasTest, EpilogueDGeluWithBiasGradient) {
   // The product's error scaled by |gelu'| <= 1.13, the approximate derivative (1e-4 of the
   // product's magnitude), and the output rounding.
   const RawTensor bound = Add(Add(Scale(ProductBound(r, o, dt, dt), 1.13), Scale(r.mag, 1e-4)),
-                           Scale(Abs(ref), OutRoundoff(dt)));
+                              Scale(Abs(ref), OutRoundoff(dt)));
   ExpectWithin(dpre, ref, bound, "dgelu output");
   // db sums the m rows of the f32 dgelu results: m f32 additions on top of each element's
   // error, then one rounding.
@@ -354,7 +356,7 @@ TEST_P(CudaBlasTest, EpilogueBgradGivesTheBiasGradientOfALinear) {
     const RawTensor dy64 = F64(dy);
     const RawTensor db_ref = tg::Sum(dy64, {0});
     const RawTensor db_bound = Add(Scale(tg::Sum(Abs(dy64), {0}), 2.0 * m * AccRoundoff(dt)),
-                                Scale(Abs(db_ref), OutRoundoff(dt)));
+                                   Scale(Abs(db_ref), OutRoundoff(dt)));
     ExpectWithin(db, db_ref, db_bound, absl::StrCat("bgrad, o = ", o));
   }
 }
@@ -365,7 +367,8 @@ TEST_P(CudaBlasTest, BatchedEpilogues) {
   if (dt == kF64) GTEST_SKIP() << "cuBLASLt epilogues are for f32/f16/bf16";
   // 3-D: one bias for every batch entry in the forward, one bias gradient per entry backward.
   const int64_t bsz = 3, m = 8, k = 16, n = 24;
-  const RawTensor x = Randn({bsz, m, k}, dt, 101), w = Randn({n, k}, dt, 102), b = Randn({n}, dt, 103);
+  const RawTensor x = Randn({bsz, m, k}, dt, 101), w = Randn({n, k}, dt, 102),
+                  b = Randn({n}, dt, 103);
   const RawTensor we = Dev(w).unsqueeze(0).expand({bsz, n, k});
   const RawTensor y = RawTensor::Empty({bsz, m, n}, dt, Device::Cuda(0));
   MatmulEx(y, Dev(x), false, we, true, Epilogue::kBias, Dev(b), RawTensor());
@@ -404,7 +407,7 @@ TEST_P(CudaBlasTest, DGeluOfAnAccumulatedOutputAsLinearBackwardUsesIt) {
   // dy is exact in f32; the approximate derivative (1e-4 of |dy|), the f32 product and the
   // output rounding.
   const RawTensor bound = Add(Add(Scale(Abs(F64(dy)), 1e-4), Scale(Abs(ref), AccRoundoff(dt))),
-                           Scale(Abs(ref), OutRoundoff(dt)));
+                              Scale(Abs(ref), OutRoundoff(dt)));
   const RawTensor zeros = RawTensor::Zeros({m, 1}, dt, Device::Cuda(0));
   const RawTensor ones = OnesVector(n, dt, 0).view({1, n});
   for (bool with_bgrad : {true, false}) {
@@ -476,7 +479,8 @@ TEST_P(CudaBlasTest, EmptyProducts) {
          RawTensor::Empty({0, 4}, dt, Device::Cuda(0)));
   for (double v : out.to_vector<double>()) EXPECT_EQ(v, 0.0);
   // m == 0: nothing to do.
-  Matmul(RawTensor::Empty({0, 4}, dt, Device::Cuda(0)), RawTensor::Empty({0, 5}, dt, Device::Cuda(0)),
+  Matmul(RawTensor::Empty({0, 4}, dt, Device::Cuda(0)),
+         RawTensor::Empty({0, 5}, dt, Device::Cuda(0)),
          RawTensor::Empty({5, 4}, dt, Device::Cuda(0)));
 }
 
@@ -514,7 +518,8 @@ TEST(CudaBlasTf32Test, Tf32ProductsAreWithinTf32Rounding) {
 
 TEST(CudaBlasValidationTest, RejectsCpuTensors) {
   // Runs without a GPU: validation happens before any CUDA call.
-  const RawTensor a = RawTensor::Zeros({2, 3}), b = RawTensor::Zeros({3, 4}), out = RawTensor::Zeros({2, 4});
+  const RawTensor a = RawTensor::Zeros({2, 3}), b = RawTensor::Zeros({3, 4}),
+                  out = RawTensor::Zeros({2, 4});
   EXPECT_TRUE(tg::testing::ThrowsError(
       [&] { MatmulEx(out, a, false, b, false, Epilogue::kNone, RawTensor(), RawTensor()); },
       "matmul_ex: out is on cpu, expected a CUDA device"));
@@ -533,13 +538,17 @@ TEST(CudaBlasValidationTest, RejectsBadShapesAndEpilogueOperands) {
   };
   throws([&] { MatmulEx(out, a, true, b, false, Epilogue::kNone, RawTensor(), RawTensor()); },
          "matmul_ex: out [4, 6], a [4, 8], b [8, 6] (a transposed) do not form");
-  throws([&] { MatmulEx(out, a, false, b.to(kBF16), false, Epilogue::kNone, RawTensor(), RawTensor()); },
-         "matmul_ex: a is f16 but b is bf16");
+  throws(
+      [&] {
+        MatmulEx(out, a, false, b.to(kBF16), false, Epilogue::kNone, RawTensor(), RawTensor());
+      },
+      "matmul_ex: a is f16 but b is bf16");
   throws([&] { MatmulEx(out, a, false, b, false, Epilogue::kBias, RawTensor(), RawTensor()); },
          "matmul_ex: bias is required (epilogue bias)");
   throws(
       [&] {
-        MatmulEx(out, a, false, b, false, Epilogue::kBias, RawTensor::Zeros({4}, kF16, d), RawTensor());
+        MatmulEx(out, a, false, b, false, Epilogue::kBias, RawTensor::Zeros({4}, kF16, d),
+                 RawTensor());
       },
       "matmul_ex: bias [4] does not match [6] for out [4, 6] (epilogue bias)");
   throws([&] { MatmulEx(out, a, false, b, false, Epilogue::kDGelu, RawTensor(), RawTensor()); },
@@ -553,12 +562,13 @@ TEST(CudaBlasValidationTest, RejectsBadShapesAndEpilogueOperands) {
       "multiples of 8");
   throws(
       [&] {
-        MatmulEx(RawTensor::Empty({4, 6}, kBF16, d), a, false, b, false, Epilogue::kNone, RawTensor(),
-                 RawTensor());
+        MatmulEx(RawTensor::Empty({4, 6}, kBF16, d), a, false, b, false, Epilogue::kNone,
+                 RawTensor(), RawTensor());
       },
       "matmul_ex: out is bf16 for f16 inputs");
   // A forward GELU epilogue writes aux: a batch-broadcast aux is rejected.
-  const RawTensor a3 = RawTensor::Zeros({2, 4, 8}, kF16, d), b3 = RawTensor::Zeros({2, 8, 8}, kF16, d);
+  const RawTensor a3 = RawTensor::Zeros({2, 4, 8}, kF16, d),
+                  b3 = RawTensor::Zeros({2, 8, 8}, kF16, d);
   throws(
       [&] {
         MatmulEx(RawTensor::Empty({2, 4, 8}, kF16, d), a3, false, b3, false, Epilogue::kGelu,

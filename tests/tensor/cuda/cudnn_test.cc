@@ -160,11 +160,12 @@ TEST_P(CudaConvTest, ForwardMatchesCpu) {
     p.padding = {k.ph, k.pw};
     p.dilation = {k.dh, k.dw};
     const RawTensor ref = tg::Conv2d(F64(x), F64(w), k.bias ? F64(b) : RawTensor(), p);
-    const RawTensor mag = tg::Conv2d(Abs(F64(x)), Abs(F64(w)), k.bias ? Abs(F64(b)) : RawTensor(), p);
+    const RawTensor mag =
+        tg::Conv2d(Abs(F64(x)), Abs(F64(w)), k.bias ? Abs(F64(b)) : RawTensor(), p);
     // The bias add is one more rounding of the stored convolution (u_io) and of the sum.
     const double k_terms = static_cast<double>(k.c * k.kh * k.kw);
     const RawTensor bound = Add(Scale(mag, 2 * k_terms * AccRoundoff(dt) + Roundoff(dt)),
-                             Scale(Abs(ref), (k.bias ? 2 : 1) * Roundoff(dt)));
+                                Scale(Abs(ref), (k.bias ? 2 : 1) * Roundoff(dt)));
     ExpectWithin(out, ref, bound, Describe(k));
   }
 }
@@ -179,8 +180,8 @@ TEST_P(CudaConvTest, BackwardMatchesCpu) {
     const RawTensor w = Randn({k.o, k.c, k.kh, k.kw}, dt, seed++);
     const RawTensor gy = Randn({g.n, g.o, g.oh, g.ow}, dt, seed++);
     const Device d = Device::Cuda(0);
-    const RawTensor gx = RawTensor::Empty(x.shape(), dt, d), gw = RawTensor::Empty(w.shape(), dt, d),
-                 gb = RawTensor::Empty({k.o}, dt, d);
+    const RawTensor gx = RawTensor::Empty(x.shape(), dt, d),
+                    gw = RawTensor::Empty(w.shape(), dt, d), gb = RawTensor::Empty({k.o}, dt, d);
     Conv2dBackward(gx, gw, gb, Dev(gy), Dev(x), Dev(w), g);
     Conv2dParams p;
     p.stride = {k.sh, k.sw};
@@ -217,7 +218,8 @@ TEST_P(CudaConvTest, Tf32ScopeStillMatchesAtTf32Precision) {
   // 2 * 2^-11 relative, on top of the f32 bound.
   const ConvCase k = kConvCases[1];
   const Window2d g = WindowOf(k);
-  const RawTensor x = Randn({k.n, k.c, k.h, k.w}, kF32, 7), w = Randn({k.o, k.c, k.kh, k.kw}, kF32, 8);
+  const RawTensor x = Randn({k.n, k.c, k.h, k.w}, kF32, 7),
+                  w = Randn({k.o, k.c, k.kh, k.kw}, kF32, 8);
   const RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow}, kF32, Device::Cuda(0));
   {
     AllowTf32Scope tf32;
@@ -243,13 +245,14 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaConvTest, ::testing::Values(kF32, kF64, kF1
 TEST(CudaConvValidationTest, RejectsCpuTensors) {
   const ConvCase k = kConvCases[0];
   const Window2d g = WindowOf(k);
-  const RawTensor x = RawTensor::Zeros({k.n, k.c, k.h, k.w}), w = RawTensor::Zeros({k.o, k.c, k.kh, k.kw});
+  const RawTensor x = RawTensor::Zeros({k.n, k.c, k.h, k.w}),
+                  w = RawTensor::Zeros({k.o, k.c, k.kh, k.kw});
   const RawTensor out = RawTensor::Empty({g.n, g.o, g.oh, g.ow});
   EXPECT_TRUE(tg::testing::ThrowsError([&] { Conv2d(out, x, w, RawTensor(), g); },
                                        "conv2d: out is on cpu, expected a CUDA device"));
-  EXPECT_TRUE(
-      tg::testing::ThrowsError([&] { Conv2dBackward(RawTensor(), RawTensor(), RawTensor(), out, x, w, g); },
-                               "conv2d_backward: the gradient is on cpu, expected a CUDA device"));
+  EXPECT_TRUE(tg::testing::ThrowsError(
+      [&] { Conv2dBackward(RawTensor(), RawTensor(), RawTensor(), out, x, w, g); },
+      "conv2d_backward: the gradient is on cpu, expected a CUDA device"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,9 +303,9 @@ struct AttentionCase {
 // to the same f64 bounds.
 enum class AttentionImpl { kComposed, kCudnn };
 
-bool RunForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q, const RawTensor& k,
-                const RawTensor& v, bool causal, double scale, AttentionImpl impl,
-                std::string* why = nullptr) {
+bool RunForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q,
+                const RawTensor& k, const RawTensor& v, bool causal, double scale,
+                AttentionImpl impl, std::string* why = nullptr) {
   if (impl == AttentionImpl::kCudnn)
     return AttentionForward(out, stats, q, k, v, causal, scale, 0, why);
   const AttentionResult r = composed::Attention(q, k, v, causal, scale);
@@ -311,10 +314,10 @@ bool RunForward(const RawTensor& out, const RawTensor& stats, const RawTensor& q
   return true;
 }
 
-bool RunBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv, const RawTensor& dout,
-                 const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
-                 const RawTensor& stats, bool causal, double scale, AttentionImpl impl,
-                 std::string* why = nullptr) {
+bool RunBackward(const RawTensor& dq, const RawTensor& dk, const RawTensor& dv,
+                 const RawTensor& dout, const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                 const RawTensor& out, const RawTensor& stats, bool causal, double scale,
+                 AttentionImpl impl, std::string* why = nullptr) {
   if (impl == AttentionImpl::kCudnn) {
     return AttentionBackward(dq, dk, dv, dout, q, k, v, out, stats, causal, scale, why);
   }
@@ -359,8 +362,8 @@ const AttentionCase kAttentionCases[] = {
     {2, 1, 9, 23, 16, false}, {1, 4, 128, 128, 64, true},
 };
 
-void CheckForward(const AttentionCase& c, const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                  DType dt, AttentionImpl impl, const std::string& what) {
+void CheckForward(const AttentionCase& c, const RawTensor& q, const RawTensor& k,
+                  const RawTensor& v, DType dt, AttentionImpl impl, const std::string& what) {
   const double scale = 1 / std::sqrt(static_cast<double>(c.d));
   const Device dev = Device::Cuda(0);
   const RawTensor out = RawTensor::Empty({c.b, c.h, c.tq, c.d}, dt, dev);
@@ -430,8 +433,9 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
     const AttentionRef r = Forward64(q, k, v, c.causal, scale);
     const RawTensor out = r.out.to(dt), lse32 = r.lse.to(kF32);
     const Device dev = Device::Cuda(0);
-    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev), dk = RawTensor::Empty(k.shape(), dt, dev),
-                 dv = RawTensor::Empty(v.shape(), dt, dev);
+    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev),
+                    dk = RawTensor::Empty(k.shape(), dt, dev),
+                    dv = RawTensor::Empty(v.shape(), dt, dev);
     if (impl == AttentionImpl::kCudnn && CudnnBackwardDeclined(c.tk)) {
       // The fused backward is declined with the phrase (and the reason), never run.
       std::string why;
@@ -466,16 +470,16 @@ TEST_P(CudaAttentionTest, BackwardMatchesF64Composition) {
     const RawTensor dp_mag = tg::Matmul(Abs(do64), T(Abs(v64)));
     const RawTensor delta_mag = Sum(Abs(Mul(do64, o64)), {3}, /*keepdim=*/true);
     const RawTensor ds_bound = Add(Scale(Mul(p, Add(Scale(Abs(Sub(dp, delta)), eps),
-                                                 Scale(Add(dp_mag, delta_mag), 2 * c.d * kU32))),
-                                      scale),
-                                AddScalar(Scale(Abs(ds), u_io + 4 * kU32), sub));
+                                                    Scale(Add(dp_mag, delta_mag), 2 * c.d * kU32))),
+                                         scale),
+                                   AddScalar(Scale(Abs(ds), u_io + 4 * kU32), sub));
     const RawTensor dq_bound = Add(
         Add(tg::Matmul(ds_bound, Abs(k64)), Scale(tg::Matmul(Abs(ds), Abs(k64)), 2 * c.tk * kU32)),
         AddScalar(Scale(Abs(dq_ref), u_io), sub));
     ExpectWithin(dq, dq_ref, dq_bound, what + ": dq");
     const RawTensor dk_bound = Add(Add(tg::Matmul(T(ds_bound), Abs(q64)),
-                                    Scale(tg::Matmul(T(Abs(ds)), Abs(q64)), 2 * c.tq * kU32)),
-                                AddScalar(Scale(Abs(dk_ref), u_io), sub));
+                                       Scale(tg::Matmul(T(Abs(ds)), Abs(q64)), 2 * c.tq * kU32)),
+                                   AddScalar(Scale(Abs(dk_ref), u_io), sub));
     ExpectWithin(dk, dk_ref, dk_bound, what + ": dk");
   }
 }
@@ -485,7 +489,8 @@ TEST_P(CudaAttentionTest, RejectsDropoutAndBadShapes) {
   const auto [dt, impl] = GetParam();
   if (impl != AttentionImpl::kCudnn) GTEST_SKIP() << "attention.h's validation";
   const Device dev = Device::Cuda(0);
-  const RawTensor q = RawTensor::Zeros({1, 2, 8, 16}, dt, dev), k = RawTensor::Zeros({1, 2, 6, 16}, dt, dev);
+  const RawTensor q = RawTensor::Zeros({1, 2, 8, 16}, dt, dev),
+                  k = RawTensor::Zeros({1, 2, 6, 16}, dt, dev);
   const RawTensor out = RawTensor::Empty({1, 2, 8, 16}, dt, dev);
   const RawTensor stats = RawTensor::Empty({1, 2, 8, 1}, kF32, dev);
   EXPECT_TRUE(tg::testing::ThrowsError(
@@ -533,8 +538,9 @@ TEST(CudaAttentionOpsTest, DeclinedFusedBackwardFallsBackToComposed) {
     const AttentionGrads got = tg::ScaledDotProductAttentionBackward(dout, q, k, v, fwd.output,
                                                                      fwd.stats, c.causal, scale);
     const Device dev = Device::Cuda(0);
-    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev), dk = RawTensor::Empty(k.shape(), dt, dev),
-                 dv = RawTensor::Empty(v.shape(), dt, dev);
+    const RawTensor dq = RawTensor::Empty(q.shape(), dt, dev),
+                    dk = RawTensor::Empty(k.shape(), dt, dev),
+                    dv = RawTensor::Empty(v.shape(), dt, dev);
     RunBackward(dq, dk, dv, dout, q, k, v, fwd.output, fwd.stats.view({c.b, c.h, c.tq, 1}),
                 c.causal, scale, AttentionImpl::kComposed);
     const std::string what = Describe(c, dt, AttentionImpl::kComposed) + " through tensor/ops";
@@ -578,8 +584,9 @@ TEST(CudaAttentionValidationTest, CudnnSupportRules) {
   const RawTensor transposed = RawTensor::Zeros({2, 4, 64, 16}, kF16).transpose(2, 3);
   EXPECT_FALSE(CudnnAttentionSupported({&transposed}, &why));
   EXPECT_NE(why.find("unit stride along D"), std::string::npos) << why;
-  const RawTensor shifted =
-      RawTensor::Zeros({2 * 4 * 16 * 64 + 1}, kF16).narrow(0, 1, 2 * 4 * 16 * 64).view({2, 4, 16, 64});
+  const RawTensor shifted = RawTensor::Zeros({2 * 4 * 16 * 64 + 1}, kF16)
+                                .narrow(0, 1, 2 * 4 * 16 * 64)
+                                .view({2, 4, 16, 64});
   EXPECT_FALSE(CudnnAttentionSupported({&shifted}, &why));
   EXPECT_NE(why.find("16-byte aligned"), std::string::npos) << why;
 }

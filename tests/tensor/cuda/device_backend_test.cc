@@ -275,10 +275,11 @@ TEST(DeviceRegistryTest, AKernelTableMissingAnEntryIsRefused) {
 
 // What the attention backward kernel was handed, recorded by a wrapper around the CPU's.
 bool grad_out_was_contiguous = false;
-KernelStatus RecordingAttentionBackward(const RawTensor& gq, const RawTensor& gk, const RawTensor& gv,
-                                        const RawTensor& go, const RawTensor& q, const RawTensor& k,
-                                        const RawTensor& v, const RawTensor& out, const RawTensor& stats,
-                                        bool causal, double scale) {
+KernelStatus RecordingAttentionBackward(const RawTensor& gq, const RawTensor& gk,
+                                        const RawTensor& gv, const RawTensor& go,
+                                        const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                                        const RawTensor& out, const RawTensor& stats, bool causal,
+                                        double scale) {
   grad_out_was_contiguous = go.is_contiguous();
   return GetDeviceBackend(DeviceType::kCpu)
       ->kernels()
@@ -290,14 +291,15 @@ KernelStatus RecordingAttentionBackward(const RawTensor& gq, const RawTensor& gk
 // contiguous grad_out under one set, a [B, T, H, D] one and a strided grad_out under the other,
 // with the CPU's values either way.
 TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
-  const RawTensor q = RawTensor::FromVector<float>({0.1f, -0.2f, 0.3f, 0.4f, 0.5f, -0.6f, 0.7f, 0.8f,
-                                              -0.9f, 1.0f, 0.2f, 0.3f, -0.4f, 0.5f, 0.6f, -0.7f},
-                                             {1, 2, 2, 4});
+  const RawTensor q =
+      RawTensor::FromVector<float>({0.1f, -0.2f, 0.3f, 0.4f, 0.5f, -0.6f, 0.7f, 0.8f, -0.9f, 1.0f,
+                                    0.2f, 0.3f, -0.4f, 0.5f, 0.6f, -0.7f},
+                                   {1, 2, 2, 4});
   const RawTensor k = MulScalar(q, -0.5), v = AddScalar(q, 0.25);
   // A strided gradient: the transpose of a [1, 2, 4, 2] tensor.
   const RawTensor dout = RawTensor::FromVector<float>(
-                          {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, -5, -6, -7, -8}, {1, 2, 4, 2})
-                          .transpose(2, 3);
+                             {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, -5, -6, -7, -8}, {1, 2, 4, 2})
+                             .transpose(2, 3);
   const AttentionResult want = ScaledDotProductAttention(q, k, v, /*causal=*/true, 0.5);
   const AttentionGrads want_grads = ScaledDotProductAttentionBackward(
       dout, q, k, v, want.output, want.stats, /*causal=*/true, 0.5);

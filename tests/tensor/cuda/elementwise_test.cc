@@ -172,7 +172,10 @@ std::vector<Layout> Layouts() {
        {{2000}, {999}},
        [](const RawTensor& t, size_t input) { return input == 0 ? t.slice(0, 3, 2000, 2) : t; }},
       // Contiguous but one element past an aligned address: the scalar path, output included.
-      {"misaligned", {{1004}}, [](const RawTensor& t, size_t) { return t.slice(0, 1, 1004); }, true},
+      {"misaligned",
+       {{1004}},
+       [](const RawTensor& t, size_t) { return t.slice(0, 1, 1004); },
+       true},
       {"empty", {{0, 3}}, Identity},
       // Reversed strides do not merge with the contiguous operands: 7 dims, several launches.
       {"7 dims not mergeable",
@@ -573,7 +576,8 @@ TEST_F(CudaKernelTest, IndexesBeyond32Bits) {
   const int64_t n = (int64_t{1} << 32) + 38;
   const RawTensor a = RawTensor::Empty({n}, kU8, kGpu), b = RawTensor::Empty({n}, kU8, kGpu);
   const RawTensor sum = RawTensor::Empty({1}, kI64, kGpu);
-  const RawTensor max_value = RawTensor::Empty({1}, kU8, kGpu), argmax = RawTensor::Empty({1}, kI64, kGpu);
+  const RawTensor max_value = RawTensor::Empty({1}, kU8, kGpu),
+                  argmax = RawTensor::Empty({1}, kI64, kGpu);
   auto expect_reductions = [&](const RawTensor& t, int64_t want_sum, int64_t want_max,
                                int64_t want_argmax) {
     const RawTensor row = t.view({1, t.numel()});

@@ -387,8 +387,8 @@ void ForEachGemm(bool integers, const Check& check) {
                 Fp8TilingName(tilings.first), ") x ", DTypeName(formats.second), " (",
                 Fp8TilingName(tilings.second), ") -> ", DTypeName(out), bias ? " + bias" : "");
             const RawTensor got = Fp8Gemm(o.a.to(kGpu), o.a_scale_inv.to(kGpu), tilings.first,
-                                       o.b.to(kGpu), o.b_scale_inv.to(kGpu), tilings.second,
-                                       bias ? o.bias.to(kGpu) : RawTensor(), out);
+                                          o.b.to(kGpu), o.b_scale_inv.to(kGpu), tilings.second,
+                                          bias ? o.bias.to(kGpu) : RawTensor(), out);
             const Fp8GemmPlan ran = cuda::LastFp8GemmPlan();
             const Fp8GemmPlan planned =
                 PlanFp8Gemm(sm, s.m, s.n, s.k, formats.first, formats.second, tilings.first,
@@ -437,8 +437,8 @@ TEST(CudaFp8KernelsTest, GemmMatchesF64WithinAccumulationBounds) {
   SKIP_WITHOUT_GPU();
   double worst_f32_ratio[2] = {0, 0};  // per path: the largest |error| / f32 bound
   ForEachGemm(
-      false, [&](const RawTensor& got, const std::vector<double>& ref, const std::vector<double>& abs,
-                 Fp8GemmPlan::Path path, const std::string& label) {
+      false, [&](const RawTensor& got, const std::vector<double>& ref,
+                 const std::vector<double>& abs, Fp8GemmPlan::Path path, const std::string& label) {
         const std::vector<double> v = got.to_vector<double>();
         const double u_out = got.dtype() == kBF16  ? std::ldexp(1.0, -8)
                              : got.dtype() == kF16 ? std::ldexp(1.0, -11)

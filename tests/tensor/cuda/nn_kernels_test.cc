@@ -66,7 +66,7 @@ class CudaNnTest : public ::testing::Test {
 // Deterministic values in [lo, hi) on the grid of multiples of (hi - lo) / 2^bits (an LCG, so
 // every run tests the same data), converted to `dtype`.
 RawTensor Uniform(const Shape& shape, DType dtype, uint32_t seed, double lo = -4, double hi = 4,
-               int bits = 16) {
+                  int bits = 16) {
   const int64_t n = NumElements(shape);
   std::vector<double> v(static_cast<size_t>(n));
   uint32_t s = seed * 2654435761u + 12345u;
@@ -385,7 +385,8 @@ Tol LossTol(DType dtype) { return ForDType(dtype, kLogSoftmaxF32, kLogSoftmaxF64
 // target p - 1 cancels when p is close to 1, leaving that error relative to |scale| instead of
 // to the result. So the target entries get |scale| * 4e-6 (1e-14 for f64) of absolute slack;
 // all others are compared relatively.
-RawTensor TargetSlack(DType dtype, const RawTensor& targets, int64_t classes, const RawTensor& scale) {
+RawTensor TargetSlack(DType dtype, const RawTensor& targets, int64_t classes,
+                      const RawTensor& scale) {
   const int64_t n = targets.size(0);
   const RawTensor onehot =
       Eq(RawTensor::Arange(0, static_cast<double>(classes), 1, kI64).reshape({1, classes}),
@@ -463,8 +464,10 @@ struct CrossEntropyReference {
   RawTensor grad;    // [N, C] f64
 };
 
-CrossEntropyReference ReferenceSoftmaxCrossEntropy(const RawTensor& logits, const RawTensor& targets,
-                                                   const RawTensor& row_scale, int64_t ignore_index) {
+CrossEntropyReference ReferenceSoftmaxCrossEntropy(const RawTensor& logits,
+                                                   const RawTensor& targets,
+                                                   const RawTensor& row_scale,
+                                                   int64_t ignore_index) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const RawTensor x = logits.to(kF64);
   const RawTensor t = targets.reshape({n, 1});
@@ -513,8 +516,8 @@ TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedMatchesComposition) {
             AllClose(Cpu(grad), ref.grad, ForDType(dtype, {1e-5, 1e-12}, {1e-12, 1e-17}), slack));
         // And against the unfused CPU ops in the same dtype.
         const RawTensor grad_loss = scaled ? scale : RawTensor::Scalar(1.0, kF64);
-        const RawTensor unfused = CrossEntropyBackward(logits, targets, grad_loss, -1,
-                                                    scaled ? Reduction::kNone : Reduction::kMean);
+        const RawTensor unfused = CrossEntropyBackward(
+            logits, targets, grad_loss, -1, scaled ? Reduction::kNone : Reduction::kMean);
         EXPECT_TRUE(AllClose(Cpu(grad), unfused, ForDType(dtype, kSoftmaxF32, kSoftmaxF64), slack));
       }
     }
@@ -527,8 +530,8 @@ TEST_F(CudaNnTest, SoftmaxCrossEntropyFusedAllIgnoredGivesZeros) {
     const RawTensor lg = Gpu(Uniform({3, 50257}, dtype, 61, -8, 8));
     const RawTensor losses = EmptyGpu({3}, dtype);
     // The mean's scale would be 1 / 0; no row uses it.
-    cuda::SoftmaxCrossEntropyFused(losses, lg, lg, Gpu(RawTensor::Full({3}, -100, kI64)), RawTensor(),
-                                   -100);
+    cuda::SoftmaxCrossEntropyFused(losses, lg, lg, Gpu(RawTensor::Full({3}, -100, kI64)),
+                                   RawTensor(), -100);
     EXPECT_TRUE(BitEqual(Cpu(losses), RawTensor::Zeros({3}, dtype)));
     EXPECT_TRUE(BitEqual(Cpu(lg), RawTensor::Zeros({3, 50257}, dtype)));
   }
@@ -831,15 +834,17 @@ TEST_F(CudaNnTest, IndexErrorsNameTheOpAndTheValue) {
   const RawTensor targets = Gpu(RawTensor::FromVector<int64_t>({1, 5, -100}, {3}));
   EXPECT_TRUE(ThrowsError([&] { cuda::CrossEntropy(EmptyGpu({3}, kF32), logits, targets, -100); },
                           "cross_entropy: target 5 at position 1 is out of range for 5 classes"));
-  cuda::CrossEntropyBackward(EmptyGpu({3, 5}, kF32), logits, targets, Gpu(RawTensor::Ones({3}, kF64)),
-                             -100);
+  cuda::CrossEntropyBackward(EmptyGpu({3, 5}, kF32), logits, targets,
+                             Gpu(RawTensor::Ones({3}, kF64)), -100);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); }, "cross_entropy_backward: target 5"));
-  cuda::SoftmaxCrossEntropyFused(RawTensor(), EmptyGpu({3, 5}, kF32), logits, targets, RawTensor(), -100);
+  cuda::SoftmaxCrossEntropyFused(RawTensor(), EmptyGpu({3, 5}, kF32), logits, targets, RawTensor(),
+                                 -100);
   EXPECT_TRUE(
       ThrowsError([] { cuda::CheckIndexErrors(); }, "softmax_cross_entropy_fused: target 5"));
 
   const RawTensor pool_idx = Gpu(RawTensor::FromVector<int64_t>({0, 1, 2, 9}, {1, 1, 2, 2}));
-  cuda::MaxPool2dBackward(EmptyGpu({1, 1, 3, 3}, kF32), Gpu(RawTensor::Ones({1, 1, 2, 2})), pool_idx);
+  cuda::MaxPool2dBackward(EmptyGpu({1, 1, 3, 3}, kF32), Gpu(RawTensor::Ones({1, 1, 2, 2})),
+                          pool_idx);
   EXPECT_TRUE(ThrowsError([] { cuda::CheckIndexErrors(); },
                           "max_pool2d_backward: index 9 at position 3 is out of range for an "
                           "input plane of 3 x 3 elements"));
@@ -862,18 +867,21 @@ TEST(CudaNnFusedArgsTest, RejectHostTensorsAndBadShapes) {
   const RawTensor logits = RawTensor::Zeros({2, 3});
   const RawTensor targets = RawTensor::Zeros({2}, kI64);
   EXPECT_TRUE(ThrowsError(
-      [&] { cuda::SoftmaxCrossEntropyFused(RawTensor(), logits, logits, targets, RawTensor(), -100); },
+      [&] {
+        cuda::SoftmaxCrossEntropyFused(RawTensor(), logits, logits, targets, RawTensor(), -100);
+      },
       "softmax_cross_entropy_fused: logits is on cpu, expected a CUDA device"));
   EXPECT_TRUE(ThrowsError(
       [&] {
-        cuda::LayerNormBackward(RawTensor(), RawTensor(), RawTensor(), logits, RawTensor::Zeros({2, 3}, kI32),
-                                RawTensor(), RawTensor(), RawTensor());
+        cuda::LayerNormBackward(RawTensor(), RawTensor(), RawTensor(), logits,
+                                RawTensor::Zeros({2, 3}, kI32), RawTensor(), RawTensor(),
+                                RawTensor());
       },
       "layer_norm_backward: x is on cpu, expected a CUDA device"));
   EXPECT_TRUE(ThrowsError(
       [&] {
-        cuda::AddLayerNorm(logits, logits, RawTensor(), RawTensor(), RawTensor(), logits, RawTensor(), RawTensor(),
-                           1e-5);
+        cuda::AddLayerNorm(logits, logits, RawTensor(), RawTensor(), RawTensor(), logits,
+                           RawTensor(), RawTensor(), 1e-5);
       },
       "add_layer_norm: a is an undefined tensor"));
 }

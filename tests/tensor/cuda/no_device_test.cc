@@ -32,7 +32,8 @@ TEST(NoCudaDeviceTest, CreatingACudaTensorThrowsAClearError) {
   EXPECT_TRUE(ThrowsErrorExactly([] { RawTensor::Ones({2}).to(Device::Cuda(0), kBF16); },
                                  std::string("to: cannot allocate on cuda:0: ") + kNoDevice));
   // The CPU is unaffected.
-  EXPECT_EQ(RawTensor::Full({2}, 2).to(Device::Cpu()).to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(RawTensor::Full({2}, 2).to(Device::Cpu()).to_vector<float>(),
+            (std::vector<float>{2, 2}));
 }
 
 }  // namespace

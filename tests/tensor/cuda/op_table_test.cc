@@ -247,9 +247,9 @@ RawTensor AwayFromZero(const Shape& shape, DType dtype, Generator& gen) {
 }
 // The special values of floating arithmetic, and ordinary ones, as `dtype` [2, 8].
 RawTensor Specials(DType dtype) {
-  return RawTensor::FromVector<double>({kNaN, kInf, -kInf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 65504,
-                                     1e-6, -0.75, 7, kInf, kNaN},
-                                    {2, 8})
+  return RawTensor::FromVector<double>({kNaN, kInf, -kInf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0,
+                                        65504, 1e-6, -0.75, 7, kInf, kNaN},
+                                       {2, 8})
       .to(dtype);
 }
 
@@ -263,8 +263,8 @@ RawTensor WithValueAt(const RawTensor& t, int64_t i, double value) {
 // all -inf row, a NaN entry, and an ordinary row.
 RawTensor SoftmaxSpecials(DType dtype) {
   return RawTensor::FromVector<double>({-kInf, 0,     1,    2, kInf, 0, 1,  2, -kInf, -kInf,
-                                     -kInf, -kInf, kNaN, 0, 1,    2, -1, 3, 0.5,   2},
-                                    {5, 4})
+                                        -kInf, -kInf, kNaN, 0, 1,    2, -1, 3, 0.5,   2},
+                                       {5, 4})
       .to(dtype);
 }
 
@@ -785,7 +785,8 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      [affine](DType dtype, Generator& gen) -> Tensors {
                        const Shape shape = affine ? Shape{6, 257} : Shape{2, 3, 64};
                        const RawTensor x = Normal(shape, dtype, gen, 2);
-                       const RawTensor w = affine ? Normal({shape.back()}, dtype, gen) : RawTensor();
+                       const RawTensor w =
+                           affine ? Normal({shape.back()}, dtype, gen) : RawTensor();
                        const LayerNormResult fwd = LayerNorm(x, w, RawTensor(), 1e-5);
                        return {Normal(shape, dtype, gen), x, fwd.mean, fwd.rstd, w};
                      },
@@ -985,7 +986,8 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
                      },
                      [](const Tensors& in) -> Tensors {
                        // The host answer, as a tensor on the inputs' device.
-                       return {RawTensor::Scalar(AnyNonFinite(in) ? 1 : 0, kI64).to(in[0].device())};
+                       return {
+                           RawTensor::Scalar(AnyNonFinite(in) ? 1 : 0, kI64).to(in[0].device())};
                      },
                      &ExactTol()});
     rows->push_back({"NonFiniteCheckAndUnscale", what + ", inv_scale 1/1024", kFloats,
@@ -1008,7 +1010,9 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
   for (const char* op : {"StepLossScale", "WriteLossScale", "LossScaleStateTensor",
                          "ReadLossScaleState"}) {
     rows->push_back(
-        {op, "PyTorch-like dynamic scaler over 10 steps with 3 overflows", {kU8},
+        {op,
+         "PyTorch-like dynamic scaler over 10 steps with 3 overflows",
+         {kU8},
          [](DType, Generator&) -> Tensors {
            return {RawTensor::FromVector<double>({0, 0, 1, 0, 0, 0, 1, 1, 0, 0}, {10}).to(kU8)};
          },
@@ -1026,8 +1030,9 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
            init.skip_nonfinite_growth = true;
            init.scale = 65536;
            const RawTensor state = LossScaleStateTensor(init, device);
-           const RawTensor flags = in[0].to(Device()), scales = RawTensor::Zeros({11}, kF32, device),
-                        invs = RawTensor::Zeros({11}, kF32, device);
+           const RawTensor flags = in[0].to(Device()),
+                           scales = RawTensor::Zeros({11}, kF32, device),
+                           invs = RawTensor::Zeros({11}, kF32, device);
            WriteLossScale(state, scales.narrow(0, 0, 1), invs.narrow(0, 0, 1));
            for (int64_t i = 0; i < 10; ++i) {
              const RawTensor found = RawTensor::Full({}, flags.data<uint8_t>()[i], kF32, device);
@@ -1035,11 +1040,12 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
            }
            const LossScaleState end = ReadLossScaleState(state);
            // The state read back, as a tensor on the state's device like the other outputs.
-           return {scales, invs,
-                   RawTensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
-                                       static_cast<double>(end.iteration)},
-                                      {3})
-                       .to(device)};
+           return {
+               scales, invs,
+               RawTensor::FromVector<double>({end.scale, static_cast<double>(end.growth_tracker),
+                                              static_cast<double>(end.iteration)},
+                                             {3})
+                   .to(device)};
          },
          &ExactTol()});
   }
@@ -1144,11 +1150,11 @@ void AddFp8Rows(std::vector<OpRow>* rows) {
          const DType out = in[4].dtype();
          const RawTensor s1 = in[2].narrow(0, 0, 1).narrow(1, 0, 1).contiguous();
          const RawTensor s2 = in[3].narrow(1, 0, 1).contiguous();
-         return {
-             Fp8Gemm(in[0], s1, Fp8Tiling::kTensor, in[1], s2, Fp8Tiling::kTensor, in[4], out),
-             Fp8Gemm(in[0], in[2], Fp8Tiling::k1x128, in[1], in[3], Fp8Tiling::k128x128, in[4],
-                     out),
-             Fp8Gemm(in[5], s1, Fp8Tiling::kTensor, in[6], s2, Fp8Tiling::kTensor, RawTensor(), out)};
+         return {Fp8Gemm(in[0], s1, Fp8Tiling::kTensor, in[1], s2, Fp8Tiling::kTensor, in[4], out),
+                 Fp8Gemm(in[0], in[2], Fp8Tiling::k1x128, in[1], in[3], Fp8Tiling::k128x128, in[4],
+                         out),
+                 Fp8Gemm(in[5], s1, Fp8Tiling::kTensor, in[6], s2, Fp8Tiling::kTensor, RawTensor(),
+                         out)};
        },
        &Fp8GemmTol()});
 }
@@ -1185,7 +1191,8 @@ void AddFusedRows(std::vector<OpRow>* rows) {
       rows->push_back(
           {"LinearBackward", c.name + (all ? "" : ", only the bias and input gradients"), kFloats,
            [c](DType dtype, Generator& gen) -> Tensors {
-             const RawTensor x = Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen);
+             const RawTensor x =
+                 Normal(c.transposed_x ? Shape{64, 10} : Shape{2, 5, 64}, dtype, gen);
              const RawTensor w = Normal({c.out, 64}, dtype, gen, 0.125);
              const RawTensor xv = c.transposed_x ? x.transpose(0, 1) : x;
              const LinearResult fwd =
@@ -1334,18 +1341,18 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      },
                      n.tol});
   }
-  rows->push_back({"ClipByNorm", "norm 40, max_norm 3 (clipped) and 50 (not clipped)", kFloats,
-                   [](DType dtype, Generator& gen) -> Tensors {
-                     return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
-                             RawTensor::Scalar(40, kF64)};
-                   },
-                   [](const Tensors& in) -> Tensors {
-                     const RawTensor a = in[0].clone(), b = in[1].clone(), c = in[0].clone();
-                     ClipByNorm({a, b.transpose(0, 1)}, in[2], 3);
-                     ClipByNorm({c}, in[2], 50);
-                     return {a, b, c};
-                   },
-                   &ScaleTol()});
+  rows->push_back(
+      {"ClipByNorm", "norm 40, max_norm 3 (clipped) and 50 (not clipped)", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen), RawTensor::Scalar(40, kF64)};
+       },
+       [](const Tensors& in) -> Tensors {
+         const RawTensor a = in[0].clone(), b = in[1].clone(), c = in[0].clone();
+         ClipByNorm({a, b.transpose(0, 1)}, in[2], 3);
+         ClipByNorm({c}, in[2], 50);
+         return {a, b, c};
+       },
+       &ScaleTol()});
 }
 
 const std::vector<OpRow>& Table() {
