@@ -44,7 +44,7 @@ Tensor eye(int64_t n, const TensorOptions& options) {
   TG_CHECK(n >= 0, "eye: n must be non-negative, got ", n);
   std::vector<double> values(static_cast<size_t>(n * n), 0.0);
   for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i * n + i)] = 1;
-  return TensorOfValues(values, {n, n}, kF32, options);
+  return TensorOfValues(values, Shape{n, n}, kF32, options);
 }
 
 Tensor randn(IntArrayRef shape, const TensorOptions& options) {
@@ -119,12 +119,20 @@ Tensor ArangeOf(double start, double end, double step, bool integral,
                 const TensorOptions& options) {
   TG_CHECK(step != 0, "arange: step must be nonzero");
   TG_CHECK(std::isfinite(start) && std::isfinite(end), "arange: bounds must be finite");
+  // The values are made in f64: integers are exact only up to 2^53.
+  TG_CHECK(!integral || (std::fabs(start) <= 0x1p53 && std::fabs(end) <= 0x1p53),
+           "arange: integer bounds beyond 2^53 (", start, ", ", end, ") are not supported");
   const TensorOptions o = options.has_dtype() ? options : options.dtype(integral ? kI64 : kF32);
   // RawTensor::Arange in f64 (exact for integers), then the options' dtype.
   return MakeFactoryResult(RawTensor::Arange(start, end, step, kF64), o);
 }
 
 Tensor TensorOfValues(const std::vector<double>& values, const Shape& shape, DType dtype,
+                      const TensorOptions& options) {
+  const TensorOptions o = options.has_dtype() ? options : options.dtype(dtype);
+  return MakeFactoryResult(RawTensor::FromVector(values, shape), o);
+}
+Tensor TensorOfValues(const std::vector<int64_t>& values, const Shape& shape, DType dtype,
                       const TensorOptions& options) {
   const TensorOptions o = options.has_dtype() ? options : options.dtype(dtype);
   return MakeFactoryResult(RawTensor::FromVector(values, shape), o);

@@ -133,12 +133,20 @@ constexpr DType DefaultDTypeOfValues() {
     return kF32;
   }
 }
+// The values as a tensor of `shape`: integers through i64 and the rest through f64, so that every
+// i64 value is exact (also beyond 2^53).
 Tensor TensorOfValues(const std::vector<double>& values, const Shape& shape, DType dtype,
                       const TensorOptions& options);
+Tensor TensorOfValues(const std::vector<int64_t>& values, const Shape& shape, DType dtype,
+                      const TensorOptions& options);
+template <typename T>
+using ValueStorageOf =
+    std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int64_t, double>;
 template <typename T>
 Tensor tensor(const std::vector<T>& values, const TensorOptions& options = {}) {
-  return TensorOfValues(std::vector<double>(values.begin(), values.end()),
-                        {static_cast<int64_t>(values.size())}, DefaultDTypeOfValues<T>(), options);
+  return TensorOfValues(std::vector<ValueStorageOf<T>>(values.begin(), values.end()),
+                        {static_cast<int64_t>(values.size())}, DefaultDTypeOfValues<T>(),
+                        options);
 }
 template <typename T>
 Tensor tensor(std::initializer_list<T> values, const TensorOptions& options = {}) {
@@ -147,7 +155,7 @@ Tensor tensor(std::initializer_list<T> values, const TensorOptions& options = {}
 template <typename T>
 Tensor tensor(std::initializer_list<std::initializer_list<T>> rows,
               const TensorOptions& options = {}) {
-  std::vector<double> values;
+  std::vector<ValueStorageOf<T>> values;
   const int64_t cols = rows.size() == 0 ? 0 : static_cast<int64_t>(rows.begin()->size());
   for (const auto& row : rows) {
     TG_CHECK(static_cast<int64_t>(row.size()) == cols, "tensor: rows of different lengths (",
@@ -160,7 +168,8 @@ Tensor tensor(std::initializer_list<std::initializer_list<T>> rows,
 // A 0-d tensor from one number.
 template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
 Tensor scalar_tensor(T value, const TensorOptions& options = {}) {
-  return TensorOfValues({static_cast<double>(value)}, {}, DefaultDTypeOfValues<T>(), options);
+  return TensorOfValues(std::vector<ValueStorageOf<T>>{static_cast<ValueStorageOf<T>>(value)},
+                        {}, DefaultDTypeOfValues<T>(), options);
 }
 
 namespace cuda {

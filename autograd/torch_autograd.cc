@@ -1,9 +1,6 @@
 #include "autograd/torch_autograd.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -96,15 +93,6 @@ std::vector<size_t>& AutogradContext::tensor_positions() {
 
 namespace detail {
 
-std::string FunctionNameOf(const char* mangled) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
-  std::free(demangled);
-  const size_t colon = name.rfind("::");
-  if (colon != std::string::npos) name = name.substr(colon + 2);
-  return name;  // CustomFunctionNode names the node "<name>Backward"
-}
 
 VariableList GradientsOfTensorArguments(const variable_list& grads, size_t num_args,
                                         const std::vector<size_t>& positions, const char* name) {

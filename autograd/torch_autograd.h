@@ -31,6 +31,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/variable.h"
+#include "tensor/class_name.h"
 #include "tensor/error.h"
 
 namespace tg::autograd {
@@ -115,8 +116,6 @@ void CollectTensor(const A& arg, size_t position, VariableList* inputs,
 }
 inline VariableList AsList(const Tensor& t) { return {t}; }
 inline VariableList AsList(const variable_list& ts) { return VariableList(ts.begin(), ts.end()); }
-// "MulConstant" from the function's class (its node is "MulConstantBackward").
-std::string FunctionNameOf(const char* mangled);
 VariableList GradientsOfTensorArguments(const variable_list& grads, size_t num_args,
                                         const std::vector<size_t>& positions, const char* name);
 }  // namespace detail
@@ -128,7 +127,7 @@ template <class T>
 struct Function {
   template <typename... Args>
   static auto apply(Args&&... args) {
-    static const std::string name = detail::FunctionNameOf(typeid(T).name());
+    static const std::string name = UnqualifiedClassName(typeid(T).name());
     VariableList inputs;
     std::vector<size_t> positions;
     size_t position = 0;

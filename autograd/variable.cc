@@ -1,6 +1,7 @@
 #include "autograd/variable.h"
 
 #include <atomic>
+#include <cmath>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -48,6 +49,23 @@ void Tensor::ThrowUndefined(const char* what) {
 const RawTensor& Tensor::data() const {
   CheckDefined("data");
   return impl_->data;
+}
+
+int64_t Tensor::ItemAsInteger(int64_t lo, uint64_t hi) const {
+  const RawTensor& d = data();
+  const double x = d.item();  // checks that there is one element
+  int64_t v;
+  if (IsFloating(d.dtype())) {
+    // [-2^63, 2^63): the doubles that convert to int64 (truncating toward zero, as C++ does).
+    TG_CHECK(std::isfinite(x) && x >= -0x1p63 && x < 0x1p63, "item: ", x,
+             " is not a value of an integer type");
+    v = static_cast<int64_t>(x);
+  } else {
+    v = d.to_vector<int64_t>()[0];  // exact, also beyond 2^53
+  }
+  TG_CHECK(v >= lo && (v < 0 || static_cast<uint64_t>(v) <= hi), "item: ", v,
+           " does not fit the requested integer type [", lo, ", ", hi, "]");
+  return v;
 }
 
 void Tensor::set_data(const RawTensor& data) const {

@@ -22,6 +22,7 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -145,11 +146,20 @@ class Tensor {
   Device device() const { return data().device(); }
   bool is_cuda() const { return data().device().is_cuda(); }
   bool is_floating_point() const { return IsFloating(dtype()); }
-  // The value of a one-element tensor as T (a device tensor is copied to the host).
+  // The value of a one-element tensor as T (a device tensor is copied to the host). An integer
+  // T reads i32/i64 tensors exactly (no trip through double) and refuses a floating value that
+  // is not finite or does not fit T (tg::Error), rather than returning a wrong number.
   template <typename T>
   T item() const {
-    return static_cast<T>(data().item());
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      return static_cast<T>(ItemAsInteger(std::numeric_limits<T>::min(),
+                                          std::numeric_limits<T>::max()));
+    } else {
+      return static_cast<T>(data().item());
+    }
   }
+  // item<T>()'s integer read: the value, checked to lie in [lo, hi].
+  int64_t ItemAsInteger(int64_t lo, uint64_t hi) const;
   // Leaves only, floating dtypes only (libtorch's requires_grad_).
   const Tensor& requires_grad_(bool requires_grad = true) const {
     return set_requires_grad(requires_grad);

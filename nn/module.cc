@@ -1,9 +1,6 @@
 #include "nn/module.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -12,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/class_name.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
 
@@ -52,17 +50,11 @@ std::string WithThousands(int64_t n) {
   return out;
 }
 
-// "tg::nn::LinearImpl" -> "Linear", "MyNet" -> "MyNet": a mangled class name demangled, its
-// namespaces dropped and a trailing "Impl" (libtorch's holder convention) removed.
+// "tg::nn::LinearImpl" -> "Linear", "MyNet" -> "MyNet": the class's own name without a
+// trailing "Impl" (libtorch's holder convention).
 std::string ClassNameOf(const char* mangled) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
-  std::free(demangled);
-  const size_t colon = name.rfind("::");
-  if (colon != std::string::npos) name = name.substr(colon + 2);
-  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0)
-    name.resize(name.size() - 4);
+  std::string name = UnqualifiedClassName(mangled);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
   return name;
 }
 

@@ -188,6 +188,21 @@ TEST(TensorApi, FactoriesAndOptions) {
   EXPECT_FALSE(tg::allclose(tg::tensor({1.0, std::nan("")}), tg::tensor({1.0, std::nan("")})));
 }
 
+TEST(TensorApi, ItemNeverReturnsAWrongInteger) {
+  // Exact beyond 2^53 (no trip through double): 2^53 + 1.
+  EXPECT_EQ(tg::scalar_tensor(int64_t{9007199254740993}).item<int64_t>(), 9007199254740993);
+  EXPECT_EQ(tg::scalar_tensor(2.75).item<int>(), 2);  // truncation, as a C++ cast
+  try {
+    tg::scalar_tensor(std::nan("")).item<int64_t>();
+    FAIL() << "NaN is no integer";
+  } catch (const tg::Error& e) {
+    EXPECT_STREQ(e.what(), "item: nan is not a value of an integer type");
+  }
+  EXPECT_THROW(tg::scalar_tensor(int64_t{300}).item<uint8_t>(), tg::Error);
+  EXPECT_THROW(tg::scalar_tensor(int64_t{-1}).item<uint32_t>(), tg::Error);
+  EXPECT_THROW(tg::ones({2}).item<float>(), tg::Error);  // not one element
+}
+
 TEST(TensorApi, Devices) {
   EXPECT_EQ(tg::Device("cpu"), tg::Device(tg::kCPU));
   EXPECT_EQ(tg::Device("cuda:1"), tg::Device(tg::kCUDA, 1));
