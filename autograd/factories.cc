@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "autograd/ops.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
 
@@ -19,6 +20,23 @@ Generator& DefaultGenerator() {
 }
 
 void manual_seed(uint64_t seed) { DefaultGenerator().set_seed(seed); }
+
+// In place through CopyInPlace, so the in-place rules and the version counter are copy_'s; the
+// draws are made in f32 (f64 for an f64 tensor) and converted once.
+const Tensor& Tensor::uniform_(double from, double to) const {
+  TG_CHECK(IsFloating(dtype()), "uniform_: needs a floating tensor, got ", DTypeName(dtype()));
+  TG_CHECK(from <= to, "uniform_: from (", from, ") must not exceed to (", to, ")");
+  const DType draw = dtype() == kF64 ? kF64 : kF32;
+  return CopyInPlace(*this,
+                     Tensor(RandUniform(shape(), DefaultGenerator(), from, to, draw).to(device())));
+}
+const Tensor& Tensor::normal_(double mean, double std) const {
+  TG_CHECK(IsFloating(dtype()), "normal_: needs a floating tensor, got ", DTypeName(dtype()));
+  TG_CHECK(std >= 0, "normal_: std must be non-negative, got ", std);
+  const DType draw = dtype() == kF64 ? kF64 : kF32;
+  return CopyInPlace(*this,
+                     Tensor(RandNormal(shape(), DefaultGenerator(), mean, std, draw).to(device())));
+}
 
 Tensor MakeFactoryResult(const RawTensor& data, const TensorOptions& options) {
   RawTensor out = data.to(options.device(), options.dtype());

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -85,6 +87,11 @@ inline Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0) {
 inline Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0) {
   return Stack(VariableList(xs.begin(), xs.end()), dim);
 }
+// torch::equal: the same sizes and the same values (NaN equals nothing), compared in f64.
+inline bool equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  return a.data().to_vector<double>() == b.data().to_vector<double>();
+}
 // Whether |a - b| <= atol + rtol |b| everywhere (a and b broadcast), compared in f64 without
 // history; NaN is never close, equal infinities are.
 inline bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8) {
@@ -96,6 +103,14 @@ inline bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, doubl
     if (!(std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]))) return false;
   }
   return true;
+}
+
+// c10::str: its arguments streamed into one string (tg::str("sample-", 3, ".pt")).
+template <typename... Args>
+std::string str(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
 }
 
 }  // namespace tg

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -33,6 +34,9 @@ namespace tg {
 class Node;
 class Tensor;
 struct VariableImpl;
+namespace indexing {
+class TensorIndex;  // autograd/indexing.h
+}  // namespace indexing
 
 // Gradients and inputs of one node: inline storage for the common one- and two-element lists.
 using VariableList = absl::InlinedVector<Tensor, 2>;
@@ -270,6 +274,20 @@ class Tensor {
   const Tensor& div_(double other) const;
   const Tensor& zero_() const;
   const Tensor& fill_(double value) const;
+  const Tensor& copy_(const Tensor& src) const;  // src broadcast and converted to this dtype
+  // Refills with draws from the default generator (tg::manual_seed): U[from, to) and
+  // N(mean, std), as an in-place op whose source needs no gradient (defined with the default
+  // generator in autograd/factories.cc).
+  const Tensor& uniform_(double from = 0, double to = 1) const;
+  const Tensor& normal_(double mean = 0, double std = 1) const;
+  // libtorch's indexing (autograd/indexing.h): x.index({Slice(), 0}), x.index({"...", None}),
+  // x.index_put_({Slice(0, 2)}, value).
+  Tensor index(std::initializer_list<indexing::TensorIndex> indices) const;
+  Tensor index(const std::vector<indexing::TensorIndex>& indices) const;
+  const Tensor& index_put_(std::initializer_list<indexing::TensorIndex> indices,
+                           const Tensor& value) const;
+  const Tensor& index_put_(std::initializer_list<indexing::TensorIndex> indices,
+                           double value) const;
   const Tensor& operator+=(const Tensor& other) const;
   const Tensor& operator+=(double other) const;
   const Tensor& operator-=(const Tensor& other) const;

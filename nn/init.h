@@ -2,8 +2,8 @@
 // the same seed is bit-identical). The formulas are PyTorch's torch.nn.init.
 //
 //   tg::Generator gen(0);
-//   tg::nn::init::KaimingUniform(linear->weight(), gen, /*a=*/std::sqrt(5.0));
-//   tg::nn::init::Zeros(linear->bias());
+//   tg::nn::init::KaimingUniform(linear->weight, gen, /*a=*/std::sqrt(5.0));
+//   tg::nn::init::Zeros(linear->bias);
 #ifndef TAPEGRAD_NN_INIT_H_
 #define TAPEGRAD_NN_INIT_H_
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "nn/functional.h"
 #include "nn/init.h"
 #include "tensor/error.h"
 
@@ -25,24 +26,24 @@ LinearImpl::LinearImpl(const LinearOptions& options, Generator& gen)
            "Linear: sizes must be positive, got in=", in_features, " out=", out_features);
   double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   // kaiming_uniform(a = sqrt(5)) as PyTorch's reset_parameters: the same bound 1/sqrt(in).
-  weight_ = register_parameter("weight", RawTensor::Empty({out_features, in_features}));
-  init::KaimingUniform(weight_, gen, std::sqrt(5.0));
+  weight = register_parameter("weight", RawTensor::Empty({out_features, in_features}));
+  init::KaimingUniform(weight, gen, std::sqrt(5.0));
   if (options.bias()) {
-    bias_ = register_parameter("bias", RawTensor::Empty({out_features}));
-    init::Uniform(bias_, gen, -bound, bound);
+    bias = register_parameter("bias", RawTensor::Empty({out_features}));
+    init::Uniform(bias, gen, -bound, bound);
   }
 }
 
-Tensor LinearImpl::forward(const Tensor& x) { return tg::Linear(x, weight_, bias_); }
+Tensor LinearImpl::forward(const Tensor& x) { return tg::Linear(x, weight, bias); }
 
 Tensor LinearImpl::ForwardActivated(const Tensor& x, tg::Activation act) {
   amp::AutocastModuleScope scope(type_name());  // as operator() does for this layer
-  return tg::Linear(x, weight_, bias_, act);
+  return tg::Linear(x, weight, bias, act);
 }
 
 std::string LinearImpl::extra_repr() const {
   return absl::StrCat("in=", options_.in_features(), ", out=", options_.out_features(),
-                      ", bias=", Bool(bias_.defined()));
+                      ", bias=", Bool(bias.defined()));
 }
 
 // ---- Embedding -------------------------------------------------------------------------------
@@ -51,40 +52,47 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, Generator& gen
     : Module("Embedding"), num_(num_embeddings), dim_(dim) {
   TG_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
            " x ", dim);
-  weight_ = register_parameter("weight", RawTensor::Empty({num_embeddings, dim}));
-  init::Normal(weight_, gen);
+  weight = register_parameter("weight", RawTensor::Empty({num_embeddings, dim}));
+  init::Normal(weight, gen);
 }
 
 Tensor EmbeddingImpl::forward(const Tensor& indices) {
-  return tg::Embedding(weight_, indices.data());
+  return tg::Embedding(weight, indices.data());
 }
 
 std::string EmbeddingImpl::extra_repr() const { return absl::StrCat(num_, ", ", dim_); }
 
 // ---- Norms -----------------------------------------------------------------------------------
 
+int64_t OneNormalizedDim(const std::vector<int64_t>& normalized_shape) {
+  TG_CHECK(normalized_shape.size() == 1, "LayerNorm: normalized_shape ",
+           ShapeToString(normalized_shape),
+           " is not supported; tapegrad normalizes over the last dim only (give one size)");
+  return normalized_shape[0];
+}
+
 LayerNormImpl::LayerNormImpl(const LayerNormOptions& options)
     : Module("LayerNorm"), options_(options) {
   const int64_t dim = options.dim();
   TG_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   if (options.elementwise_affine()) {
-    weight_ = register_parameter("weight", RawTensor::Ones({dim}));
-    if (options.bias()) bias_ = register_parameter("bias", RawTensor::Zeros({dim}));
+    weight = register_parameter("weight", RawTensor::Ones({dim}));
+    if (options.bias()) bias = register_parameter("bias", RawTensor::Zeros({dim}));
   }
 }
 
 Tensor LayerNormImpl::forward(const Tensor& x) {
-  return tg::LayerNorm(x, weight_, bias_, options_.eps());
+  return tg::LayerNorm(x, weight, bias, options_.eps());
 }
 
 std::string LayerNormImpl::extra_repr() const {
   return absl::StrCat(options_.dim(), ", eps=", options_.eps(),
-                      ", affine=", Bool(weight_.defined()));
+                      ", affine=", Bool(weight.defined()));
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
   TG_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
-  weight_ = register_parameter("weight", RawTensor::Ones({dim}));
+  weight = register_parameter("weight", RawTensor::Ones({dim}));
 }
 
 Tensor RMSNormImpl::forward(const Tensor& x) {
@@ -93,7 +101,7 @@ Tensor RMSNormImpl::forward(const Tensor& x) {
   bool low = x.dtype() == kF16 || x.dtype() == kBF16;
   Tensor xf = low ? Cast(x, kF32) : x;
   Tensor ms = Mean(Mul(xf, xf), {-1}, /*keepdim=*/true);
-  Tensor y = Mul(Mul(xf, Pow(AddScalar(ms, eps_), -0.5)), weight_);
+  Tensor y = Mul(Mul(xf, Pow(AddScalar(ms, eps_), -0.5)), weight);
   if (low && !amp::AutocastEnabled()) y = Cast(y, x.dtype());
   return y;
 }
@@ -113,6 +121,17 @@ Tensor DropoutImpl::forward(const Tensor& x) {
 
 std::string DropoutImpl::extra_repr() const { return absl::StrCat("p=", p_); }
 
+Dropout2dImpl::Dropout2dImpl(double p, Generator& gen) : Module("Dropout2d"), p_(p), gen_(&gen) {
+  TG_CHECK(p >= 0 && p <= 1, "Dropout2d: p must be in [0, 1], got ", p);
+}
+
+Tensor Dropout2dImpl::forward(const Tensor& x) {
+  if (p_ == 0 || !is_training()) return x;
+  return functional::dropout2d(x, functional::Dropout2dFuncOptions().p(p_).training(true), *gen_);
+}
+
+std::string Dropout2dImpl::extra_repr() const { return absl::StrCat("p=", p_); }
+
 Tensor ReLUImpl::forward(const Tensor& x) { return Relu(x); }
 GELUImpl::GELUImpl(const GELUOptions& options)
     : Module("GELU"), tanh_(options.approximate() == "tanh") {
@@ -123,6 +142,18 @@ GELUImpl::GELUImpl(const GELUOptions& options)
 Tensor GELUImpl::forward(const Tensor& x) { return tanh_ ? GeluTanh(x) : Gelu(x); }
 std::string GELUImpl::extra_repr() const { return tanh_ ? "approximate=tanh" : ""; }
 Tensor TanhImpl::forward(const Tensor& x) { return tg::Tanh(x); }
+Tensor SigmoidImpl::forward(const Tensor& x) { return tg::Sigmoid(x); }
+Tensor LeakyReLUImpl::forward(const Tensor& x) {
+  return functional::leaky_relu(
+      x, functional::LeakyReLUFuncOptions().negative_slope(options_.negative_slope()));
+}
+std::string LeakyReLUImpl::extra_repr() const {
+  return absl::StrCat("negative_slope=", options_.negative_slope());
+}
+Tensor SoftmaxImpl::forward(const Tensor& x) { return x.softmax(dim_); }
+std::string SoftmaxImpl::extra_repr() const { return absl::StrCat("dim=", dim_); }
+Tensor LogSoftmaxImpl::forward(const Tensor& x) { return x.log_softmax(dim_); }
+std::string LogSoftmaxImpl::extra_repr() const { return absl::StrCat("dim=", dim_); }
 
 Tensor SiLUImpl::forward(const Tensor& x) { return tg::Silu(x); }
 
@@ -151,43 +182,6 @@ Tensor Activate(const Tensor& x, Activation activation) {
       return tg::Tanh(x);
   }
   return x;
-}
-
-// ---- Containers ------------------------------------------------------------------------------
-
-Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) : Sequential() {
-  for (const auto& m : modules) push_back(m);
-}
-
-void Sequential::push_back(std::shared_ptr<Module> module) {
-  modules_.push_back(register_module(std::to_string(modules_.size()), std::move(module)));
-}
-
-const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
-  TG_CHECK(i < modules_.size(), "Sequential: index ", i, " out of range (size ", modules_.size(),
-           ")");
-  return modules_[i];
-}
-
-Tensor Sequential::forward(const Tensor& x) {
-  Tensor h = x;
-  for (const auto& m : modules_) h = (*m)(h);
-  return h;
-}
-
-void ModuleList::push_back(std::shared_ptr<Module> module) {
-  modules_.push_back(register_module(std::to_string(modules_.size()), std::move(module)));
-}
-
-const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
-  TG_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range (size ", modules_.size(),
-           ")");
-  return modules_[i];
-}
-
-void ModuleList::CheckCast(size_t i, bool ok) const {
-  TG_CHECK(ok, "ModuleList: module ", i, " is a ", modules_[i]->type_name(),
-           ", not the requested type");
 }
 
 // ---- Mlp -------------------------------------------------------------------------------------
@@ -238,7 +232,7 @@ std::vector<Tensor> LinearWeights(Module& root) {
   for (const auto& [name, module] : root.named_modules()) {
     const auto* linear = dynamic_cast<const LinearImpl*>(module.get());
     if (linear == nullptr) continue;
-    const Tensor& w = linear->weight();
+    const Tensor& w = linear->weight;
     const bool seen = std::any_of(weights.begin(), weights.end(),
                                   [&](const Tensor& v) { return v.impl() == w.impl(); });
     if (!seen) weights.push_back(w);

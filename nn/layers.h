@@ -1,13 +1,12 @@
-// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, Flatten, and the
-// containers Sequential and ModuleList, plus an MLP. Initialisation follows PyTorch's defaults and
-// draws from the tg::Generator passed to the constructor.
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout and Dropout2d, activations,
+// Flatten, plus an MLP (the containers are nn/container.h, included here). Initialisation follows
+// PyTorch's defaults and draws from the default generator (tg::manual_seed) or from the
+// tg::Generator passed to the constructor. Parameters are public members, as in libtorch
+// (`fc->weight`, `fc->bias`).
 //
-//   tg::Generator gen(0);
-//   auto mlp = std::make_shared<tg::nn::Sequential>(std::vector<std::shared_ptr<tg::nn::Module>>{
-//       std::make_shared<tg::nn::FlattenImpl>(), std::make_shared<tg::nn::LinearImpl>(784, 256,
-//       gen), std::make_shared<tg::nn::ReLUImpl>(),
-//       std::make_shared<tg::nn::LinearImpl>(tg::nn::LinearOptions(256, 10).bias(false), gen)});
-//   tg::Tensor logits = (*mlp)(images);   // [batch, 1, 28, 28] -> [batch, 10]
+//   tg::nn::Sequential mlp(tg::nn::Flatten(), tg::nn::Linear(784, 256), tg::nn::ReLU(),
+//                          tg::nn::Linear(tg::nn::LinearOptions(256, 10).bias(false)));
+//   tg::Tensor logits = mlp->forward(images);   // [batch, 1, 28, 28] -> [batch, 10]
 #ifndef TAPEGRAD_NN_LAYERS_H_
 #define TAPEGRAD_NN_LAYERS_H_
 
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "autograd/factories.h"
+#include "nn/container.h"
 #include "nn/module.h"
 #include "nn/options.h"
 #include "tensor/generator.h"
@@ -56,13 +56,13 @@ class LinearImpl : public Module {
   // not run: containers use it only for layers without hooks (has_forward_hooks()).
   Tensor ForwardActivated(const Tensor& x, tg::Activation act);
   std::string extra_repr() const override;
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }  // undefined without bias
   const LinearOptions& options() const { return options_; }
+
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out]; undefined without bias
 
  private:
   LinearOptions options_;
-  Tensor weight_, bias_;
 };
 TG_MODULE(Linear);
 
@@ -76,19 +76,24 @@ class EmbeddingImpl : public Module {
       : EmbeddingImpl(num_embeddings, dim, DefaultGenerator()) {}
   Tensor forward(const Tensor& indices) override;
   std::string extra_repr() const override;
-  const Tensor& weight() const { return weight_; }
+
+  Tensor weight;  // [num_embeddings, dim]
 
  private:
   int64_t num_, dim_;
-  Tensor weight_;
 };
 TG_MODULE(Embedding);
+
+int64_t OneNormalizedDim(const std::vector<int64_t>& normalized_shape);
 
 // LayerNorm's options, as torch::nn::LayerNormOptions (over the last dim only):
 // LayerNormOptions(768).eps(1e-6).elementwise_affine(false).
 class LayerNormOptions {
  public:
   explicit LayerNormOptions(int64_t dim) : dim_(dim) {}
+  // libtorch's form, LayerNormOptions({768}): one normalized dim (the last) is supported.
+  explicit LayerNormOptions(const std::vector<int64_t>& normalized_shape)
+      : dim_(OneNormalizedDim(normalized_shape)) {}
   TG_ARG(int64_t, dim);
   TG_ARG(double, eps) = 1e-5;
   TG_ARG(bool, elementwise_affine) = true;  // false: no weight and no bias
@@ -104,9 +109,10 @@ class LayerNormImpl : public Module {
   std::string extra_repr() const override;
   const LayerNormOptions& options() const { return options_; }
 
+  Tensor weight, bias;  // [dim]; undefined without elementwise_affine (bias: or without bias)
+
  private:
   LayerNormOptions options_;
-  Tensor weight_, bias_;
 };
 TG_MODULE(LayerNorm);
 
@@ -119,12 +125,23 @@ class RMSNormImpl : public Module {
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
+  Tensor weight;  // [dim]
+
  private:
   int64_t dim_;
   double eps_;
-  Tensor weight_;
 };
 TG_MODULE(RMSNorm);
+
+// Dropout's options, as torch::nn::DropoutOptions (Dropout2dOptions is the same class):
+// Dropout(0.2), Dropout(DropoutOptions().p(0.2)).
+class DropoutOptions {
+ public:
+  DropoutOptions(double p = 0.5) : p_(p) {}  // NOLINT: implicit, as libtorch's
+  TG_ARG(double, p);
+  TG_ARG(bool, inplace) = false;  // accepted; the result is computed out of place
+};
+using Dropout2dOptions = DropoutOptions;
 
 // Zeroes elements with probability p in training mode and scales the rest by 1/(1-p); the
 // identity in eval mode or for p = 0. Draws from `gen`, which must outlive the module (the
@@ -133,7 +150,8 @@ class DropoutImpl : public Module {
  public:
   DropoutImpl(double p, Generator& gen);
   // libtorch's: the default generator (tg::manual_seed), p = 0.5 unless given.
-  explicit DropoutImpl(double p = 0.5) : DropoutImpl(p, DefaultGenerator()) {}
+  explicit DropoutImpl(const DropoutOptions& options = DropoutOptions())
+      : DropoutImpl(options.p(), DefaultGenerator()) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
@@ -142,6 +160,23 @@ class DropoutImpl : public Module {
   Generator* gen_;
 };
 TG_MODULE(Dropout);
+
+// Zeroes whole channels (x[n, c, ...]) with probability p in training mode and scales the rest
+// by 1/(1-p) (torch.nn.Dropout2d, also for [N, C, L] and [C, H, W] as PyTorch treats them: the
+// channel is dim 1 of a 4-D input, dim 0 of a 3-D one); the identity in eval mode.
+class Dropout2dImpl : public Module {
+ public:
+  Dropout2dImpl(double p, Generator& gen);
+  explicit Dropout2dImpl(const Dropout2dOptions& options = Dropout2dOptions())
+      : Dropout2dImpl(options.p(), DefaultGenerator()) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+TG_MODULE(Dropout2d);
 
 class ReLUImpl : public Module {
  public:
@@ -167,6 +202,53 @@ class GELUImpl : public Module {
   bool tanh_;
 };
 TG_MODULE(GELU);
+
+// LeakyReLU's options, as torch::nn::LeakyReLUOptions().negative_slope(0.2).
+class LeakyReLUOptions {
+  TG_ARG(double, negative_slope) = 0.01;
+  TG_ARG(bool, inplace) = false;  // accepted; the result is computed out of place
+};
+
+class LeakyReLUImpl : public Module {
+ public:
+  explicit LeakyReLUImpl(const LeakyReLUOptions& options = LeakyReLUOptions())
+      : Module("LeakyReLU"), options_(options) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  LeakyReLUOptions options_;
+};
+TG_MODULE(LeakyReLU);
+
+class SigmoidImpl : public Module {
+ public:
+  SigmoidImpl() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) override;
+};
+TG_MODULE(Sigmoid);
+
+// Softmax / LogSoftmax over `dim` (torch::nn::Softmax(1), LogSoftmax(SoftmaxOptions(1))).
+class SoftmaxImpl : public Module {
+ public:
+  explicit SoftmaxImpl(int64_t dim) : Module("Softmax"), dim_(dim) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t dim_;
+};
+TG_MODULE(Softmax);
+class LogSoftmaxImpl : public Module {
+ public:
+  explicit LogSoftmaxImpl(int64_t dim) : Module("LogSoftmax"), dim_(dim) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t dim_;
+};
+TG_MODULE(LogSoftmax);
 
 class TanhImpl : public Module {
  public:
@@ -194,40 +276,6 @@ class FlattenImpl : public Module {
   int64_t start_;
 };
 TG_MODULE(Flatten);
-
-// Runs its children in order; they are named "0", "1", ...
-class Sequential : public Module {
- public:
-  Sequential() : Module("Sequential") {}
-  explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
-  void push_back(std::shared_ptr<Module> module);
-  size_t size() const { return modules_.size(); }
-  const std::shared_ptr<Module>& operator[](size_t i) const;
-  Tensor forward(const Tensor& x) override;
-
- private:
-  std::vector<std::shared_ptr<Module>> modules_;
-};
-
-// A list of modules named "0", "1", ... with no forward of its own (the owner iterates).
-class ModuleList : public Module {
- public:
-  ModuleList() : Module("ModuleList") {}
-  void push_back(std::shared_ptr<Module> module);
-  size_t size() const { return modules_.size(); }
-  const std::shared_ptr<Module>& operator[](size_t i) const;
-  // The i-th module as M; throws tg::Error if it is another type.
-  template <class M>
-  std::shared_ptr<M> at(size_t i) const {
-    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
-    CheckCast(i, m != nullptr);
-    return m;
-  }
-
- private:
-  void CheckCast(size_t i, bool ok) const;
-  std::vector<std::shared_ptr<Module>> modules_;
-};
 
 enum class Activation { kRelu, kGelu, kGeluTanh, kTanh };
 

@@ -9,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "optim/optimizer.h"
 #include "tensor/class_name.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
@@ -65,6 +66,8 @@ void ThrowEmptyHolder(const char* type) {
                            " is empty (made from nullptr): assign it a module first, e.g. with "
                            "register_module"));
 }
+
+void Module::zero_grad(bool set_to_none) { optim::ZeroGrads(parameters(), set_to_none); }
 
 Module::Module(std::string type_name, bool autocast_scope)
     : type_name_(std::move(type_name)), autocast_scope_(autocast_scope) {}
@@ -181,9 +184,9 @@ void Module::CollectModules(const std::string& prefix,
   }
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+OrderedDict<std::string, Tensor> Module::named_parameters(bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> all;
-  if (!recurse) return parameters_;
+  if (!recurse) return OrderedDict<std::string, Tensor>(parameters_);
   CollectParameters("", &all);
   // A module reachable twice (shared) lists its parameters once, under the first name.
   std::vector<std::pair<std::string, Tensor>> unique;
@@ -191,7 +194,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurs
   for (auto& entry : all) {
     if (seen.insert(entry.second.impl().get()).second) unique.push_back(std::move(entry));
   }
-  return unique;
+  return OrderedDict<std::string, Tensor>(std::move(unique));
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -200,22 +203,22 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
   return out;
 }
 
-std::vector<std::pair<std::string, RawTensor>> Module::named_buffers(bool recurse) const {
-  if (!recurse) return buffers_;
+OrderedDict<std::string, RawTensor> Module::named_buffers(bool recurse) const {
+  if (!recurse) return OrderedDict<std::string, RawTensor>(buffers_);
   std::vector<std::pair<std::string, RawTensor>> out;
   CollectBuffers("", &out);
-  return out;
+  return OrderedDict<std::string, RawTensor>(std::move(out));
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
-  return children_;
+OrderedDict<std::string, std::shared_ptr<Module>> Module::named_children() const {
+  return OrderedDict<std::string, std::shared_ptr<Module>>(children_);
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
+OrderedDict<std::string, std::shared_ptr<Module>> Module::named_modules() {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
   out.emplace_back("", shared_from_this());
   CollectModules("", &out);
-  return out;
+  return OrderedDict<std::string, std::shared_ptr<Module>>(std::move(out));
 }
 
 int64_t Module::num_parameters() const {

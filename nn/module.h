@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "autograd/variable.h"
+#include "nn/ordered_dict.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/state_dict.h"
@@ -69,6 +70,13 @@ struct OverridesSingleForward<
 
 [[noreturn]] void ThrowEmptyHolder(const char* type);
 
+// Whether Args is one holder of type Holder (or derived from it): a copy of the holder, not the
+// argument of a new module (Sequential(seq) copies the handle, as in libtorch).
+template <typename Holder, typename... Args>
+struct IsSelfCopy : std::false_type {};
+template <typename Holder, typename Arg>
+struct IsSelfCopy<Holder, Arg> : std::is_base_of<Holder, std::decay_t<Arg>> {};
+
 template <typename Impl>
 class ModuleHolder : public ModuleHolderTag {
  public:
@@ -76,7 +84,9 @@ class ModuleHolder : public ModuleHolderTag {
   ModuleHolder(std::nullptr_t) {}  // NOLINT: `tg::nn::Linear fc{nullptr};`
   ModuleHolder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}  // NOLINT
   // A new module: ModuleHolder(784, 10) holds std::make_shared<Impl>(784, 10).
-  template <typename... Args, typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...>>>
+  template <typename... Args,
+            typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...> &&
+                                        !IsSelfCopy<ModuleHolder, Args...>::value>>
   explicit ModuleHolder(Args&&... args)
       : impl_(std::make_shared<Impl>(std::forward<Args>(args)...)) {}
 
@@ -148,11 +158,16 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- The tree ----------------------------------------------------------------------------
   // Own parameters, buffers and children in registration order; recurse = false for own only.
   std::vector<Tensor> parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, RawTensor>> named_buffers(bool recurse = true) const;
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  // As libtorch's, named_* return an OrderedDict (nn/ordered_dict.h: items with key()/value()
+  // that are also std::pairs, looked up by position or by name).
+  OrderedDict<std::string, Tensor> named_parameters(bool recurse = true) const;
+  OrderedDict<std::string, RawTensor> named_buffers(bool recurse = true) const;
+  OrderedDict<std::string, std::shared_ptr<Module>> named_children() const;
   // This module (name "") and every descendant, depth first in registration order.
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
+  OrderedDict<std::string, std::shared_ptr<Module>> named_modules();
+  // Every parameter's gradient set to undefined (set_to_none) or zeroed, as libtorch's
+  // Module::zero_grad (optim/optimizer.h: ZeroGrads).
+  void zero_grad(bool set_to_none = true);
   // Number of parameter elements (shared parameters counted once).
   int64_t num_parameters() const;
 
@@ -233,7 +248,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void ConvertTensors(const std::function<RawTensor(const RawTensor&)>& convert);
 
   mutable std::string type_name_;  // computed from the class by type_name() when empty
-  bool autocast_scope_;
+  bool autocast_scope_ = false;
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, RawTensor>> buffers_;

@@ -75,7 +75,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = part(0), k = part(1), v = part(2);
   Tensor scores = MulScalar(Bmm(q, Transpose(k, 1, 2)), 1.0 / std::sqrt(double(d)));
   scores = Add(scores, Tensor(CausalMask(t, x.data().device())));  // [b*h, t, t]
-  Tensor att = Softmax(scores);
+  Tensor att = tg::Softmax(scores);
   if (attn_dropout_ != nullptr) att = (*attn_dropout_)(att);
   Tensor y = Bmm(att, v);  // [b*h, t, d]
   y = Reshape(Permute(Reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b, t, c});

@@ -289,26 +289,28 @@ void Optimizer::step(const RawTensor& found_inf) {
   }
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
-  for (const ParamGroup& group : groups_) {
-    for (const Tensor& p : group.params) {
-      if (!p.defined()) continue;
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      if (set_to_none) {
-        p.set_grad(Tensor());
-        continue;
-      }
-      // Like PyTorch's zero_grad(set_to_none=False): a grad with history (create_graph) is
-      // detached first, then zeroed in place.
-      if (!grad.is_leaf()) {
-        grad = grad.detach();
-        p.set_grad(grad);
-      }
-      grad.data().zero_();
-      grad.bump_version();
+void ZeroGrads(const std::vector<Tensor>& params, bool set_to_none) {
+  for (const Tensor& p : params) {
+    if (!p.defined()) continue;
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+      continue;
     }
+    // Like PyTorch's zero_grad(set_to_none=False): a grad with history (create_graph) is
+    // detached first, then zeroed in place.
+    if (!grad.is_leaf()) {
+      grad = grad.detach();
+      p.set_grad(grad);
+    }
+    grad.data().zero_();
+    grad.bump_version();
   }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (const ParamGroup& group : groups_) ZeroGrads(group.params, set_to_none);
 }
 
 StateDict Optimizer::state_dict() const {

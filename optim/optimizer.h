@@ -86,6 +86,10 @@ class OptimizerOptions {
 
 class Optimizer;
 
+// Each gradient set to undefined (set_to_none) or zeroed in place (after detaching one that has
+// history), as PyTorch's zero_grad; what Optimizer::zero_grad and Module::zero_grad do.
+void ZeroGrads(const std::vector<Tensor>& params, bool set_to_none = true);
+
 struct ParamGroup {
   ParamGroup() = default;
   // A group that takes the optimizer's defaults when it is added.

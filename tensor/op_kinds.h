@@ -43,7 +43,8 @@ enum class UnaryOp { TG_UNARY_OPS(TG_UNARY_OP_ENUMERATOR) };
 #define TG_UNARY_OP_VALUE(name) UnaryOp::name,
 inline constexpr UnaryOp kAllUnaryOps[] = {TG_UNARY_OPS(TG_UNARY_OP_VALUE)};
 #undef TG_UNARY_OP_VALUE
-enum class Reduction { kNone, kMean, kSum };
+// None/Mean/Sum: libtorch's spellings (tg::Reduction::Sum, as at::Reduction::Sum).
+enum class Reduction { kNone, kMean, kSum, None = kNone, Mean = kMean, Sum = kSum };
 // The activation a Linear applies to its pre-activation: none, or GELU in its tanh form
 // (GeluTanh), the form cuBLASLt's epilogue computes.
 enum class Activation { kNone, kGeluTanh };

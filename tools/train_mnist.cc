@@ -207,7 +207,7 @@ int Main() {
 
   // ---- Model and optimizer.
   Generator init_gen(absl::GetFlag(FLAGS_seed));
-  std::shared_ptr<nn::Sequential> model =
+  nn::Sequential model =
       model_name == "cnn" ? nn::MakeImageCnn(init_gen) : nn::MakeImageMlp(init_gen);
   // Built on the CPU, then moved (see train::CheckDevice); the optimizer comes after the move.
   model->to(dtype);

@@ -60,7 +60,7 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
     drop_ = register_module("drop", std::make_shared<DropoutImpl>(config.dropout, *dropout_gen));
   }
   AttentionOptions attn{config.n_embd, config.n_head, config.bias, config.dropout, dropout_gen};
-  blocks_ = register_module("blocks", std::make_shared<ModuleList>());
+  blocks_ = register_module("blocks", ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
     blocks_->push_back(std::make_shared<TransformerBlock>(attn, gen));
   }
@@ -83,7 +83,7 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
 }
 
 const RawTensor& Gpt::Positions(int64_t t) {
-  const Device device = wpe_->weight().data().device();
+  const Device device = wpe_->weight.data().device();
   if (!positions_.defined() || positions_.size(0) != t || positions_.device() != device) {
     // Made on the host and copied once per length and device: an upload in every step would
     // wait for the device each time.
@@ -101,9 +101,9 @@ Tensor Gpt::forward(const Tensor& tokens) {
   Tensor positions(Positions(t));
   Tensor x = Add((*wte_)(tokens), (*wpe_)(positions));  // [b, t, c] + [t, c]
   if (drop_ != nullptr) x = (*drop_)(x);
-  for (size_t i = 0; i < blocks_->size(); ++i) x = (*(*blocks_)[i])(x);
+  for (const auto& block : *blocks_) x = (*block)(x);
   x = (*ln_f_)(x);
-  Tensor logits = tg::Linear(x, wte_->weight());  // tied head: [b, t, padded_vocab]
+  Tensor logits = tg::Linear(x, wte_->weight);  // tied head: [b, t, padded_vocab]
   if (config_.padded_vocab() != config_.vocab_size) {
     logits = Slice(logits, 2, 0, config_.vocab_size);
   }
@@ -136,7 +136,7 @@ std::vector<int64_t> Gpt::Generate(const std::vector<int64_t>& prompt, int64_t n
         std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
     std::vector<int64_t> context(out.begin() + start, out.end());
     const int64_t t = static_cast<int64_t>(context.size());
-    const RawTensor ids = RawTensor::FromVector(context, {1, t}).to(wte_->weight().data().device());
+    const RawTensor ids = RawTensor::FromVector(context, {1, t}).to(wte_->weight.data().device());
     RawTensor logits = forward(Tensor(ids)).data();
     std::vector<float> last = logits.select(1, t - 1).to_vector<float>();  // [v]
     // softmax(last / temperature) over the top_k entries (all when top_k <= 0).

@@ -68,7 +68,7 @@ class Gpt : public Module {
   RawTensor positions_;
   std::shared_ptr<EmbeddingImpl> wte_, wpe_;
   std::shared_ptr<DropoutImpl> drop_;
-  std::shared_ptr<ModuleList> blocks_;
+  ModuleList blocks_{nullptr};
   std::shared_ptr<LayerNormImpl> ln_f_;
 };
 

@@ -6,37 +6,35 @@
 namespace tg {
 namespace nn {
 
-std::shared_ptr<Sequential> MakeImageMlp(Generator& gen, const std::vector<int64_t>& hidden,
-                                         int64_t classes) {
-  auto net = std::make_shared<Sequential>();
-  net->push_back(std::make_shared<FlattenImpl>());
+Sequential MakeImageMlp(Generator& gen, const std::vector<int64_t>& hidden, int64_t classes) {
+  Sequential net;
+  net->push_back(Flatten());
   int64_t in = 28 * 28;
   for (int64_t h : hidden) {
-    net->push_back(std::make_shared<LinearImpl>(in, h, gen));
-    net->push_back(std::make_shared<ReLUImpl>());
+    net->push_back(Linear(in, h, gen));
+    net->push_back(ReLU());
     in = h;
   }
-  net->push_back(std::make_shared<LinearImpl>(in, classes, gen));
+  net->push_back(Linear(in, classes, gen));
   return net;
 }
 
-std::shared_ptr<Sequential> MakeImageCnn(Generator& gen, const std::vector<int64_t>& channels,
-                                         int64_t classes) {
+Sequential MakeImageCnn(Generator& gen, const std::vector<int64_t>& channels, int64_t classes) {
   TG_CHECK(!channels.empty() && channels.size() <= 4, "MakeImageCnn: 1 to 4 conv stages, got ",
            channels.size());
-  auto net = std::make_shared<Sequential>();
+  Sequential net;
   int64_t in = 1, side = 28;
   for (int64_t c : channels) {
-    net->push_back(std::make_shared<Conv2dImpl>(Conv2dOptions(in, c, {3, 3}).padding({1, 1}), gen));
-    net->push_back(std::make_shared<ReLUImpl>());
-    net->push_back(std::make_shared<MaxPool2dImpl>(std::array<int64_t, 2>{2, 2}));
+    net->push_back(Conv2d(Conv2dOptions(in, c, 3).padding(1), gen));
+    net->push_back(ReLU());
+    net->push_back(MaxPool2d(2));
     in = c;
     side /= 2;
   }
-  net->push_back(std::make_shared<FlattenImpl>());
-  net->push_back(std::make_shared<LinearImpl>(in * side * side, 128, gen));
-  net->push_back(std::make_shared<ReLUImpl>());
-  net->push_back(std::make_shared<LinearImpl>(128, classes, gen));
+  net->push_back(Flatten());
+  net->push_back(Linear(in * side * side, 128, gen));
+  net->push_back(ReLU());
+  net->push_back(Linear(128, classes, gen));
   return net;
 }
 

@@ -304,11 +304,11 @@ TEST(ModuleHolders, RegisterCallAndName) {
   // The same seed gives the same layers (the default generator, drawn in construction order).
   tg::manual_seed(3);
   TwoLayer again;
-  EXPECT_EQ(Values(again->fc1->weight()), Values(net->fc1->weight()));
+  EXPECT_EQ(Values(again->fc1->weight), Values(net->fc1->weight));
   tg::optim::SGD opt(net->parameters(), /*lr=*/0.1);
   y.sum().backward();
   opt.step();
-  EXPECT_NE(Values(again->fc1->weight()), Values(net->fc1->weight()));
+  EXPECT_NE(Values(again->fc1->weight), Values(net->fc1->weight));
 }
 
 TEST(ModuleHolders, AnEmptyHolderSaysSo) {

@@ -74,8 +74,8 @@ class Net : public nn::Module {
   Tensor forward(const Tensor& x) override {
     if (options_.extra_backward_in_forward) {
       EnableGradGuard grad;
-      const Tensor& w = extra_->weight();
-      Add(Sum(Mul(w, w)), Sum(extra_->bias())).backward();
+      const Tensor& w = extra_->weight;
+      Add(Sum(Mul(w, w)), Sum(extra_->bias)).backward();
     }
     Tensor h = Relu((*fc0_)(x));
     if (options_.checkpoint_fc1) {

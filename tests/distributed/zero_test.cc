@@ -71,8 +71,8 @@ std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Tensor>& params) {
 std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
   std::vector<Tensor> weights, biases;
   for (size_t i = 0; i < model.num_layers(); ++i) {
-    weights.push_back(model.layer(i)->weight());
-    biases.push_back(model.layer(i)->bias());
+    weights.push_back(model.layer(i)->weight);
+    biases.push_back(model.layer(i)->bias);
   }
   optim::AdamWOptions o;
   o.lr(1e-2);
@@ -173,7 +173,7 @@ amp::MixedPrecisionOptions MixedOptions(const Config& c) {
 
 // A tensor hook on fc0.weight that makes its last element inf while *armed.
 HookHandle InjectInf(nn::Mlp& model, const bool* armed) {
-  return model.layer(0)->weight().register_hook([armed](const Tensor& g) -> Tensor {
+  return model.layer(0)->weight.register_hook([armed](const Tensor& g) -> Tensor {
     if (!*armed) return Tensor();
     RawTensor t = g.data().clone();
     t.view({t.numel()}).narrow(0, t.numel() - 1, 1).fill_(std::numeric_limits<double>::infinity());
@@ -623,7 +623,7 @@ TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
     auto model = MakeMlp(kF32);
     ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
     const std::shared_ptr<nn::LinearImpl>& fc0 = model->layer(0);
-    const Tensor weight = fc0->weight();
+    const Tensor weight = fc0->weight;
     // Between uses: a 1-element NaN placeholder expanded to [13, 7].
     EXPECT_EQ(weight.shape(), (Shape{kHidden, kIn}));
     EXPECT_EQ(weight.data().storage()->nbytes(), 4u);
@@ -1086,11 +1086,11 @@ TEST(ZeroTest, ErrorsNameTheProblem) {
     ZeroOptimizer opt(pg, MakeAdamW(m->parameters()));
     opt.backward(Loss(*m, 0, 0, kF32), amp::MasterBackwardOptions{false, false});
     opt.backward(Loss(*m, 0, 1, kF32), amp::MasterBackwardOptions{false, false});
-    EXPECT_TRUE(m->layer(0)->weight().grad().defined());
+    EXPECT_TRUE(m->layer(0)->weight.grad().defined());
     EXPECT_EQ(opt.stats().reduce_scatters, 0);
     EXPECT_FALSE(opt.step().skipped);
     EXPECT_EQ(opt.stats().reduce_scatters, 1);
-    EXPECT_FALSE(m->layer(0)->weight().grad().defined());
+    EXPECT_FALSE(m->layer(0)->weight.grad().defined());
   }
 }
 

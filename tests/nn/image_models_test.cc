@@ -22,12 +22,12 @@ TEST(Conv2dLayerTest, InitBoundsAndForwardEqualsTheOp) {
   p.padding = {1, 1};
   Conv2dImpl conv(Conv2dOptions(3, 8, {3, 3}).padding({1, 1}), gen);
   const double bound = 1 / std::sqrt(3.0 * 3 * 3);
-  for (float w : conv.weight().data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
-  for (float b : conv.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
-  EXPECT_EQ(conv.weight().shape(), (Shape{8, 3, 3, 3}));
+  for (float w : conv.weight.data().to_vector<float>()) EXPECT_LE(std::fabs(w), bound);
+  for (float b : conv.bias.data().to_vector<float>()) EXPECT_LE(std::fabs(b), bound);
+  EXPECT_EQ(conv.weight.shape(), (Shape{8, 3, 3, 3}));
   Tensor x(RandNormal({2, 3, 5, 5}, gen));
   EXPECT_EQ(conv(x).data().to_vector<float>(),
-            tg::Conv2d(x, conv.weight(), conv.bias(), p).data().to_vector<float>());
+            tg::Conv2d(x, conv.weight, conv.bias, p).data().to_vector<float>());
   EXPECT_EQ(conv.extra_repr(), "3, 8, kernel=(3, 3), stride=(1, 1), padding=(1, 1), bias=true");
   amp::AutocastGuard autocast(kBF16);
   EXPECT_EQ(conv(x).dtype(), kBF16);
@@ -47,9 +47,9 @@ TEST(Conv2dLayerTest, OptionsDefaultsChainingAndTheGeneratorContract) {
   // and the short constructor is the options one.
   Generator g1(3), g2(3), g3(3);
   Conv2dImpl with(3, 8, {3, 3}, g1), without(o, g2), full(Conv2dOptions(3, 8, {3, 3}), g3);
-  EXPECT_FALSE(without.bias().defined());
-  EXPECT_EQ(with.weight().data().to_vector<float>(), without.weight().data().to_vector<float>());
-  EXPECT_EQ(with.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
+  EXPECT_FALSE(without.bias.defined());
+  EXPECT_EQ(with.weight.data().to_vector<float>(), without.weight.data().to_vector<float>());
+  EXPECT_EQ(with.bias.data().to_vector<float>(), full.bias.data().to_vector<float>());
   EXPECT_EQ(without.extra_repr(), "3, 8, kernel=(3, 3), stride=(2, 2), padding=(1, 0), bias=false");
   Tensor x(RandNormal({1, 3, 5, 5}, g1));
   EXPECT_EQ(without(x).shape(), (Shape{1, 8, 3, 2}));

@@ -31,13 +31,13 @@ TEST(LinearTest, PyTorchInitBoundsAndSeededDeterminism) {
   LinearImpl a(300, 20, gen_a), b(300, 20, gen_b);
   const double bound = 1 / std::sqrt(300.0);
   double max_abs = 0;
-  for (float w : a.weight().data().to_vector<float>())
+  for (float w : a.weight.data().to_vector<float>())
     max_abs = std::max(max_abs, std::fabs(double(w)));
   EXPECT_LE(max_abs, bound);
   EXPECT_GT(max_abs, 0.95 * bound);  // uniform over the whole range
-  for (float v : a.bias().data().to_vector<float>()) EXPECT_LE(std::fabs(v), bound);
-  EXPECT_EQ(a.weight().data().to_vector<float>(), b.weight().data().to_vector<float>());
-  EXPECT_EQ(a.bias().data().to_vector<float>(), b.bias().data().to_vector<float>());
+  for (float v : a.bias.data().to_vector<float>()) EXPECT_LE(std::fabs(v), bound);
+  EXPECT_EQ(a.weight.data().to_vector<float>(), b.weight.data().to_vector<float>());
+  EXPECT_EQ(a.bias.data().to_vector<float>(), b.bias.data().to_vector<float>());
 }
 
 TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
@@ -52,10 +52,10 @@ TEST(LinearTest, OptionsDefaultsChainingAndTheGeneratorContract) {
   // drawn after the weight, so it does not shift the weight's draws).
   Generator g1(11), g2(11), g3(11);
   LinearImpl plain(5, 4, g1), no_bias(o, g2), full(LinearOptions(5, 4), g3);
-  EXPECT_FALSE(no_bias.bias().defined());
+  EXPECT_FALSE(no_bias.bias.defined());
   EXPECT_EQ(no_bias.parameters().size(), 1u);
-  EXPECT_EQ(plain.weight().data().to_vector<float>(), no_bias.weight().data().to_vector<float>());
-  EXPECT_EQ(plain.bias().data().to_vector<float>(), full.bias().data().to_vector<float>());
+  EXPECT_EQ(plain.weight.data().to_vector<float>(), no_bias.weight.data().to_vector<float>());
+  EXPECT_EQ(plain.bias.data().to_vector<float>(), full.bias.data().to_vector<float>());
   EXPECT_EQ(no_bias.extra_repr(), "in=5, out=4, bias=false");
   EXPECT_EQ(no_bias.options().out_features(), 4);
   EXPECT_TRUE(ThrowsErrorExactly([&] { Linear bad(LinearOptions(0, 3), g1); },
@@ -113,7 +113,7 @@ TEST(LinearTest, ForwardIsXWTransposePlusB) {
   LinearImpl lin(3, 2, gen);
   lin.to(kF64);
   Tensor x(RandNormal({4, 3}, gen, 0, 1, kF64));
-  Tensor want = Add(Matmul(x, Transpose(lin.weight(), 0, 1)), lin.bias());
+  Tensor want = Add(Matmul(x, Transpose(lin.weight, 0, 1)), lin.bias);
   ExpectNear(lin(x).data(), want.data().to_vector<double>(), 1e-15);
 }
 
@@ -178,7 +178,7 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
   Tensor x(RandNormal({5, 4}, gen, 0, 1, kF64));
   const LinearImpl& l0 = *mlp.layer(0);
   const LinearImpl& l1 = *mlp.layer(1);
-  Tensor want = tg::Linear(tg::Tanh(tg::Linear(x, l0.weight(), l0.bias())), l1.weight(), l1.bias());
+  Tensor want = tg::Linear(tg::Tanh(tg::Linear(x, l0.weight, l0.bias)), l1.weight, l1.bias);
   ExpectNear(mlp(x).data(), want.data().to_vector<double>(), 0);
   std::vector<std::string> names;
   for (const auto& e : mlp.named_parameters()) names.push_back(e.first);
@@ -189,7 +189,7 @@ TEST(MlpTest, ComposesLinearLayersWithActivationsBetween) {
 std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const RawTensor& x,
                                        int64_t h) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / h;
-  std::vector<double> qkv = tg::Linear(Tensor(x), attn.qkv()->weight(), attn.qkv()->bias())
+  std::vector<double> qkv = tg::Linear(Tensor(x), attn.qkv()->weight, attn.qkv()->bias)
                                 .data()
                                 .to_vector<double>();  // [b, t, 3c]
   std::vector<double> y(b * t * c, 0.0);
@@ -218,9 +218,7 @@ std::vector<double> ReferenceAttention(const CausalSelfAttention& attn, const Ra
     }
   }
   RawTensor yt = RawTensor::FromVector<double>(y, {b, t, c});
-  return tg::Linear(Tensor(yt), attn.proj()->weight(), attn.proj()->bias())
-      .data()
-      .to_vector<double>();
+  return tg::Linear(Tensor(yt), attn.proj()->weight, attn.proj()->bias).data().to_vector<double>();
 }
 
 TEST(AttentionTest, MatchesPerHeadReferenceAndIsCausal) {
@@ -251,7 +249,7 @@ TEST(AttentionTest, GradchecksInputAndWeights) {
   CausalSelfAttention attn({/*n_embd=*/4, /*n_head=*/2}, gen);
   attn.to(kF64);
   Tensor x(RandNormal({2, 3, 4}, gen, 0, 1, kF64), true);
-  Tensor w = attn.qkv()->weight();
+  Tensor w = attn.qkv()->weight;
   GradcheckResult r = Gradcheck([&](const VariableList& in) { return attn(in[0]); }, {x, w});
   EXPECT_TRUE(r.ok) << r.message;
 }
@@ -287,7 +285,7 @@ TEST(AutocastModulesTest, SafeListDecidesWhereMatmulsRunInLowPrecision) {
   }
   {
     // A container (Sequential) is transparent: its Linear follows the list.
-    Sequential seq({std::make_shared<LinearImpl>(8, 8, gen)});
+    Sequential seq(Linear(8, 8, gen));
     amp::AutocastGuard autocast(kF16, true, {"Linear"});
     EXPECT_EQ(seq(x).dtype(), kF16);
     amp::AutocastGuard none(kF16, true, {});

@@ -30,10 +30,8 @@ class Net : public Module {
     register_buffer("steps", RawTensor::Zeros({1}, kI64));
     register_buffer("running", RawTensor::Ones({2}));
     encoder_ = register_module("encoder", std::make_shared<LinearImpl>(3, 2, gen));
-    head_ = register_module(
-        "head", std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-                    std::make_shared<ReLUImpl>(),
-                    std::make_shared<LinearImpl>(LinearOptions(2, 2).bias(false), gen)}));
+    head_ =
+        register_module("head", Sequential(ReLU(), Linear(LinearOptions(2, 2).bias(false), gen)));
   }
   Tensor forward(const Tensor& x) override { return (*head_)(Mul((*encoder_)(x), scale_)); }
   using Module::register_buffer;
@@ -41,7 +39,7 @@ class Net : public Module {
 
   Tensor scale_;
   std::shared_ptr<LinearImpl> encoder_;
-  std::shared_ptr<Sequential> head_;
+  Sequential head_{nullptr};
 };
 
 std::vector<std::string> Names(const std::vector<std::pair<std::string, Tensor>>& list) {
@@ -64,7 +62,7 @@ TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
   EXPECT_EQ(modules, (std::vector<std::string>{"", "encoder", "head", "head.0", "head.1"}));
   EXPECT_EQ(net->num_parameters(), 2 + 6 + 2 + 4);
   // Parameters are the very Tensors the layers use, and they require grad.
-  EXPECT_TRUE(net->parameters()[1].is_same(net->encoder_->weight()));
+  EXPECT_TRUE(net->parameters()[1].is_same(net->encoder_->weight));
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad() && p.is_leaf());
   EXPECT_EQ(net->parameters()[1].name(), "weight");
 }
@@ -80,8 +78,8 @@ TEST(ModuleTest, RegistrationErrorsNameTheModuleAndKey) {
                                  "Net: parameter name 'a.b' must be non-empty and contain no '.'"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { net.parameter("nope"); }, "Net: no parameter 'nope'"));
   ModuleList list;
-  list.push_back(std::make_shared<ReLUImpl>());
-  EXPECT_TRUE(ThrowsErrorExactly([&] { list.at<Linear>(0); },
+  list->push_back(ReLU());
+  EXPECT_TRUE(ThrowsErrorExactly([&] { list->at<LinearImpl>(0); },
                                  "ModuleList: module 0 is a ReLU, not the requested type"));
   EXPECT_TRUE(ThrowsErrorExactly([&] { list(Tensor(RawTensor::Ones({1}))); },
                                  "ModuleList: this module has no single-input forward(); call "
@@ -100,7 +98,7 @@ TEST(ModuleTest, TrainEvalReachesEveryDescendant) {
 TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
   Generator gen(0);
   auto net = std::make_shared<Net>(gen);
-  Tensor w = net->encoder_->weight();
+  Tensor w = net->encoder_->weight;
   std::vector<float> before = w.data().to_vector<float>();
   Tensor x(RawTensor::Ones({4, 3}));
   Sum((*net)(x)).backward();
@@ -120,7 +118,7 @@ TEST(ModuleTest, ToDtypeConvertsInPlaceAndKeepsHandles) {
 TEST(ModuleTest, ToAnUnusableDeviceThrowsBeforeMovingAnything) {
   Generator gen(0);
   auto net = std::make_shared<Net>(gen);
-  Tensor w = net->encoder_->weight();
+  Tensor w = net->encoder_->weight;
   const RawTensor before = w.data();
   // No machine has 100 GPUs; without a GPU (or without the CUDA backend) cuda:0 fails the same
   // way, with the reason after the prefix.
@@ -138,9 +136,9 @@ TEST(ModuleTest, StateDictRoundTripIsExact) {
   a->buffer("steps").fill_(7);
   StateDict sd = a->state_dict();
   EXPECT_EQ(sd.tensors.size(), 6u);
-  Tensor bw = b->encoder_->weight();
+  Tensor bw = b->encoder_->weight;
   b->load_state_dict(sd);
-  EXPECT_TRUE(bw.is_same(b->encoder_->weight()));  // loaded in place
+  EXPECT_TRUE(bw.is_same(b->encoder_->weight));  // loaded in place
   for (const auto& [name, t] : b->state_dict().tensors) {
     EXPECT_EQ(t.to_vector<double>(), sd.tensor(name).to_vector<double>()) << name;
     EXPECT_FALSE(t.shares_storage(sd.tensor(name))) << name;
@@ -153,7 +151,7 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
   Generator gen(0);
   auto net = std::make_shared<Net>(gen);
   StateDict sd = net->state_dict();
-  std::vector<float> before = net->encoder_->weight().data().to_vector<float>();
+  std::vector<float> before = net->encoder_->weight.data().to_vector<float>();
   StateDict bad;
   bad.tensors = sd.tensors;
   bad.tensors.erase("head.1.weight");
@@ -166,7 +164,7 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
       "load_state_dict(Net): missing keys: head.1.weight, steps; unexpected keys: extra.weight; "
       "shape mismatch: encoder.weight: checkpoint [3, 2] vs model [2, 3]; scale: checkpoint [3] "
       "vs model [2]"));
-  EXPECT_EQ(net->encoder_->weight().data().to_vector<float>(), before);
+  EXPECT_EQ(net->encoder_->weight.data().to_vector<float>(), before);
   // Non-strict ignores missing and unexpected keys but never loads a wrong shape.
   EXPECT_TRUE(ThrowsErrorExactly(
       [&] { net->load_state_dict(bad, /*strict=*/false); },
@@ -177,7 +175,7 @@ TEST(ModuleTest, StrictLoadListsEveryProblemAndChangesNothing) {
   partial.tensors["unknown"] = RawTensor::Ones({1});
   net->load_state_dict(partial, /*strict=*/false);
   EXPECT_EQ(net->scale_.data().to_vector<float>(), (std::vector<float>{5, 5}));
-  EXPECT_EQ(net->encoder_->weight().data().to_vector<float>(), before);
+  EXPECT_EQ(net->encoder_->weight.data().to_vector<float>(), before);
 }
 
 TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
@@ -197,7 +195,7 @@ TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
     return AddScalar(y, 100.0);
   });
   Tensor x(RawTensor::FromVector<float>({1, 1}, {1, 2}));
-  Tensor expected = tg::Linear(MulScalar(x, 2.0), lin.weight(), lin.bias());
+  Tensor expected = tg::Linear(MulScalar(x, 2.0), lin.weight, lin.bias);
   Tensor y = lin(x);
   EXPECT_EQ(events, (std::vector<std::string>{"pre1 Linear", "pre2 2.000000", "post 2.000000"}));
   std::vector<float> got = y.data().to_vector<float>(), want = expected.data().to_vector<float>();
@@ -209,7 +207,7 @@ TEST(ModuleTest, ForwardHooksRunInOrderReplaceAndRemove) {
   y = lin(x);
   EXPECT_EQ(events, std::vector<std::string>{"pre2 1.000000"});
   EXPECT_EQ(y.data().to_vector<float>(),
-            tg::Linear(x, lin.weight(), lin.bias()).data().to_vector<float>());
+            tg::Linear(x, lin.weight, lin.bias).data().to_vector<float>());
   // forward() called directly bypasses the hooks.
   events.clear();
   lin.forward(x);
@@ -227,7 +225,7 @@ class BackwardInForward : public Module {
   Tensor forward(const Tensor& x) override {
     {
       EnableGradGuard grad;
-      Sum(Mul(lin_->weight(), lin_->weight())).backward();  // an auxiliary backward
+      Sum(Mul(lin_->weight, lin_->weight)).backward();  // an auxiliary backward
     }
     return (*lin_)(x);
   }
@@ -238,7 +236,7 @@ TEST(ModuleTest, OperatorCallEntersAForwardScope) {
   Generator gen(0);
   BackwardInForward net(gen);
   std::vector<std::string> events;
-  HookHandle flag = net.lin_->weight().register_post_accumulate_grad_hook([&](const Tensor&) {
+  HookHandle flag = net.lin_->weight.register_post_accumulate_grad_hook([&](const Tensor&) {
     events.push_back(backward_issued_in_forward() ? "in forward" : "user");
   });
   HookHandle hook = net.lin_->register_forward_hook([&](Module&, const Tensor&, const Tensor& y) {

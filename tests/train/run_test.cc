@@ -288,14 +288,14 @@ TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
   std::unique_ptr<amp::MixedPrecisionOptimizer> opt =
       *MakeMixedPrecisionOptimizer(model->parameters(), OptimizerConfig{}, PrecisionConfig{});
   optim::CosineWithWarmupLr schedule{opt->optimizer(), 0, 10, 1e-4};
-  const std::vector<float> before = model->weight().data().to_vector<float>();
+  const std::vector<float> before = model->weight.data().to_vector<float>();
   const RawTensor x = RandNormal({4, 3}, gen);
   // sqrt(0 * y): the loss is 0, its gradient 0 * inf = NaN.
   StepStats stats = TrainStep(*opt, schedule, kF32, 0,
                               [&] { return Sum(Sqrt(MulScalar((*model)(Tensor(x)), 0.0))); });
   EXPECT_EQ(stats.loss, 0);
   EXPECT_TRUE(stats.result.skipped);
-  EXPECT_EQ(model->weight().data().to_vector<float>(), before);
+  EXPECT_EQ(model->weight.data().to_vector<float>(), before);
 }
 
 // --loss_scaler names the presets with their libraries' defaults.
@@ -540,12 +540,12 @@ class ResumeValidationTest : public ::testing::Test {
     EXPECT_TRUE(sd.ok());
     sd->scalars[key] = value;
     EXPECT_TRUE(io::SaveStateDict(CheckpointPath(dir_), *sd, meta).ok());
-    const std::vector<float> before = fresh_.model->weight().data().to_vector<float>();
+    const std::vector<float> before = fresh_.model->weight.data().to_vector<float>();
     std::vector<std::string> changes;
     absl::StatusOr<StateDict> r = fresh_.run.Resume(dir_, {}, &meta, &changes);
     if (!r.ok()) {  // nothing restored
       EXPECT_EQ(fresh_.run.step(), 0);
-      EXPECT_EQ(fresh_.model->weight().data().to_vector<float>(), before);
+      EXPECT_EQ(fresh_.model->weight.data().to_vector<float>(), before);
     }
     return r.status();
   }
@@ -559,12 +559,12 @@ class ResumeValidationTest : public ::testing::Test {
     v[index] = value;
     sd->tensors[key] = RawTensor::FromVector<float>(v, sd->tensor(key).shape());
     EXPECT_TRUE(io::SaveStateDict(CheckpointPath(dir_), *sd, meta).ok());
-    const std::vector<float> before = fresh_.model->weight().data().to_vector<float>();
+    const std::vector<float> before = fresh_.model->weight.data().to_vector<float>();
     std::vector<std::string> changes;
     absl::StatusOr<StateDict> r = fresh_.run.Resume(dir_, {}, &meta, &changes);
     if (!r.ok()) {
       EXPECT_EQ(fresh_.run.step(), 0);
-      EXPECT_EQ(fresh_.model->weight().data().to_vector<float>(), before);
+      EXPECT_EQ(fresh_.model->weight.data().to_vector<float>(), before);
     }
     return r.status();
   }
@@ -685,7 +685,7 @@ TEST(RunStateSaveTest, NonFiniteStateIsNotWritten) {
   std::ifstream in(CheckpointPath(dir), std::ios::binary);
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   run.Train(1);
-  run.model->bias().data().fill_(NAN);
+  run.model->bias.data().fill_(NAN);
   const absl::Status s = run.run.Save(dir, {}, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), "not writing a checkpoint to " + dir +

@@ -59,8 +59,7 @@ std::vector<std::vector<char>> TrainedBytes(const std::string& model_name, DType
     images = RandNormal({batch, 1, 28, 28}, data_gen);
     labels = RawTensor::Empty({batch}, kI64);
     for (int64_t i = 0; i < batch; ++i) labels.data<int64_t>()[i] = data_gen.NextU32() % 10;
-    model = model_name == "mlp" ? std::static_pointer_cast<nn::Module>(nn::MakeImageMlp(init))
-                                : nn::MakeImageCnn(init);
+    model = (model_name == "mlp" ? nn::MakeImageMlp(init) : nn::MakeImageCnn(init)).ptr();
     loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(images.to(dtype))), labels); };
   }
   model->to(dtype);

@@ -330,9 +330,8 @@ int main(int argc, char** argv) {
         loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(x)), y); };
         items = gpt_batch * t;
       } else {
-        model = std::string(name) == "mlp"
-                    ? std::static_pointer_cast<nn::Module>(nn::MakeImageMlp(init))
-                    : nn::MakeImageCnn(init);
+        model =
+            (std::string(name) == "mlp" ? nn::MakeImageMlp(init) : nn::MakeImageCnn(init)).ptr();
         loss_fn = [&, dtype] {
           return nn::CrossEntropyLoss((*model)(Tensor(images.to(dtype))), labels);
         };

@@ -14,8 +14,7 @@ FuzzRun MakeFuzzRun(RunKind kind) {
   FuzzRun run;
   run.dtype = f16 ? kF16 : kF32;
   Generator gen(7);
-  run.model = std::make_shared<nn::Sequential>(
-      std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::LinearImpl>(3, 2, gen)});
+  run.model = nn::Sequential(nn::Linear(3, 2, gen));
   run.model->to(run.dtype);
   train::OptimizerConfig opt;
   opt.name = f16 ? "adamw" : "sgd";

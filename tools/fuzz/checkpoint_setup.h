@@ -27,7 +27,7 @@ inline constexpr RunKind kRunKinds[] = {RunKind::kF16AdamW, RunKind::kF32Sgd};
 
 struct FuzzRun {
   DType dtype = kF32;
-  std::shared_ptr<nn::Sequential> model;
+  nn::Sequential model{nullptr};
   std::unique_ptr<amp::MixedPrecisionOptimizer> optimizer;
   std::unique_ptr<optim::CosineWithWarmupLr> schedule;
   // Settings: model (fixed), precision (fixed), optimizer (fixed), lr (overridable).
