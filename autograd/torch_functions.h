@@ -81,6 +81,22 @@ inline Tensor squeeze(const Tensor& x, int64_t dim) { return x.squeeze(dim); }
 inline Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return Where(cond.data(), a, b);
 }
+// The index tensors of these take no gradient (integer tensors), as in libtorch; each is the
+// recorded op of autograd/ops.h, which takes the index's data.
+// torch::gather: out[i][j] = x[i][index[i][j]] along dim (index i64/i32 of x's rank).
+inline Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  return Gather(x, dim, index.data());
+}
+// torch::index_select: the entries of x along dim at the 1-D index's positions.
+inline Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const int64_t d = WrapDim("index_select", dim, x.dim());
+  if (d == 0) return IndexSelect(x, index.data());
+  return Transpose(IndexSelect(Transpose(x, 0, d), index.data()), 0, d);
+}
+// torch::embedding(weight, indices): rows of weight [num, dim] -> [indices..., dim].
+inline Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  return Embedding(weight, indices.data());
+}
 inline Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0) {
   return Cat(VariableList(xs.begin(), xs.end()), dim);
 }

@@ -191,15 +191,14 @@ Mlp::Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& optio
   TG_CHECK(sizes.size() >= 2, "Mlp: needs at least an input and an output size, got ", sizes.size(),
            " sizes");
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-    layers_.push_back(register_module(
-        absl::StrCat("fc", i), std::make_shared<LinearImpl>(
-                                   LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
+    layers_.push_back(
+        register_module(absl::StrCat("fc", i),
+                        Linear(LinearOptions(sizes[i], sizes[i + 1]).bias(options.bias), gen)));
   }
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "Mlp: dropout ", options.dropout,
              " needs Options::dropout_gen");
-    dropout_ = register_module(
-        "dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
+    dropout_ = register_module("dropout", Dropout(options.dropout, *options.dropout_gen));
   }
 }
 
@@ -214,10 +213,10 @@ Tensor Mlp::forward(const Tensor& x) {
         !layers_[i]->has_forward_hooks()) {
       h = layers_[i]->ForwardActivated(h, tg::Activation::kGeluTanh);
     } else {
-      h = (*layers_[i])(h);
+      h = layers_[i](h);
       if (hidden) h = Activate(h, options_.activation);
     }
-    if (hidden && dropout_ != nullptr) h = (*dropout_)(h);
+    if (hidden && !dropout_.is_empty()) h = dropout_(h);
   }
   return h;
 }

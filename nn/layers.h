@@ -295,13 +295,13 @@ class Mlp : public Module {
   Mlp(const std::vector<int64_t>& sizes, Generator& gen, const Options& options);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  const std::shared_ptr<LinearImpl>& layer(size_t i) const { return layers_.at(i); }
+  const Linear& layer(size_t i) const { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }
 
  private:
   Options options_;
-  std::vector<std::shared_ptr<LinearImpl>> layers_;
-  std::shared_ptr<DropoutImpl> dropout_;
+  std::vector<Linear> layers_;
+  Dropout dropout_{nullptr};
 };
 
 Tensor Activate(const Tensor& x, Activation activation);

@@ -1,28 +1,25 @@
 // Module: the unit models are written in. A module registers its parameters, buffers and child
 // modules by name in its constructor and computes in forward(); names nest with dots
 // ("blocks.0.attn.qkv.weight"), so parameters(), state_dict() and to() reach the whole tree.
-// In the spirit of libtorch's C++ frontend, without the holder machinery: modules are plain
-// classes held by std::shared_ptr.
+// As libtorch's C++ frontend, a model is a class `XImpl` with a holder `X` (TG_MODULE below):
 //
-//   class TwoLayer : public tg::nn::Module {
-//    public:
-//     TwoLayer(tg::Generator& gen) : Module("TwoLayer") {
-//       fc1_ = register_module("fc1", std::make_shared<tg::nn::LinearImpl>(784, 128, gen));
-//       fc2_ = register_module("fc2", std::make_shared<tg::nn::LinearImpl>(128, 10, gen));
+//   struct TwoLayerImpl : tg::nn::Module {
+//     TwoLayerImpl() {
+//       fc1 = register_module("fc1", tg::nn::Linear(784, 128));
+//       fc2 = register_module("fc2", tg::nn::Linear(128, 10));
 //     }
-//     tg::Tensor forward(const tg::Tensor& x) override {
-//       return (*fc2_)(tg::Relu((*fc1_)(x)));
-//     }
-//    private:
-//     std::shared_ptr<tg::nn::LinearImpl> fc1_, fc2_;
+//     tg::Tensor forward(const tg::Tensor& x) override { return fc2(tg::relu(fc1(x))); }
+//     tg::nn::Linear fc1{nullptr}, fc2{nullptr};
 //   };
+//   TG_MODULE(TwoLayer);   // TwoLayer net; net(x); net->parameters()
 //
-// Call a module with operator(), not forward(): operator() runs the forward pre-hooks, forward(),
-// then the forward hooks, and (for layers that opt in, see Options::autocast_scope) enters the
-// autocast module scope that implements amp's lower-precision-safe module list. All of it runs
-// inside a tg::ForwardScope (autograd/engine.h): a backward started by the forward or a hook is
-// flagged as issued in forward, so the post-backward epilogues of amp, DDP and ZeRO wait for the
-// user's backward (the gradients it accumulates are kept and included there).
+// Call a module with operator() (or its holder's), not forward(): operator() runs the forward
+// pre-hooks, forward(), then the forward hooks, and (for layers that opt in, see
+// Options::autocast_scope) enters the autocast module scope that implements amp's
+// lower-precision-safe module list. All of it runs inside a tg::ForwardScope (autograd/engine.h): a
+// backward started by the forward or a hook is flagged as issued in forward, so the post-backward
+// epilogues of amp, DDP and ZeRO wait for the user's backward (the gradients it accumulates are
+// kept and included there).
 #ifndef TAPEGRAD_NN_MODULE_H_
 #define TAPEGRAD_NN_MODULE_H_
 

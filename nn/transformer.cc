@@ -16,18 +16,15 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
            "CausalSelfAttention: n_embd ", options.n_embd,
            " must be a positive multiple of n_head ", options.n_head);
   qkv_ = register_module(
-      "qkv", std::make_shared<LinearImpl>(
-                 LinearOptions(options.n_embd, 3 * options.n_embd).bias(options.bias), gen));
+      "qkv", Linear(LinearOptions(options.n_embd, 3 * options.n_embd).bias(options.bias), gen));
   proj_ = register_module(
-      "proj", std::make_shared<LinearImpl>(
-                  LinearOptions(options.n_embd, options.n_embd).bias(options.bias), gen));
+      "proj", Linear(LinearOptions(options.n_embd, options.n_embd).bias(options.bias), gen));
   if (options.dropout > 0) {
     TG_CHECK(options.dropout_gen != nullptr, "CausalSelfAttention: dropout ", options.dropout,
              " needs AttentionOptions::dropout_gen");
-    attn_dropout_ = register_module(
-        "attn_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
-    resid_dropout_ = register_module(
-        "resid_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
+    attn_dropout_ = register_module("attn_dropout", Dropout(options.dropout, *options.dropout_gen));
+    resid_dropout_ =
+        register_module("resid_dropout", Dropout(options.dropout, *options.dropout_gen));
   }
 }
 
@@ -50,8 +47,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            ShapeToString(x.shape()), " is not [batch, seq, ", options_.n_embd, "]");
   const int64_t b = x.size(0), t = x.size(1), c = options_.n_embd, h = options_.n_head;
   const int64_t d = c / h;
-  Tensor qkv = (*qkv_)(x);  // [b, t, 3c]
-  const bool attn_dropout = attn_dropout_ != nullptr && is_training();
+  Tensor qkv = qkv_(x);  // [b, t, 3c]
+  const bool attn_dropout = !attn_dropout_.is_empty() && is_training();
   if (!attn_dropout) {
     // One fused attention (the kernel list's ScaledDotProductAttention: cuDNN's flash attention on
     // CUDA where the heads qualify, a one-pass kernel per head on the CPU) on strided views of
@@ -65,8 +62,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
     Tensor y = ScaledDotProductAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                          /*causal=*/true, 1.0 / std::sqrt(double(d)));
     y = Reshape(Permute(y, {0, 2, 1, 3}), {b, t, c});
-    y = (*proj_)(y);
-    if (resid_dropout_ != nullptr) y = (*resid_dropout_)(y);
+    y = proj_(y);
+    if (!resid_dropout_.is_empty()) y = resid_dropout_(y);
     return y;
   }
   // [b, t, 3, h, d] -> [3, b, h, t, d]; each of q, k, v as [b*h, t, d].
@@ -76,11 +73,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor scores = MulScalar(Bmm(q, Transpose(k, 1, 2)), 1.0 / std::sqrt(double(d)));
   scores = Add(scores, Tensor(CausalMask(t, x.data().device())));  // [b*h, t, t]
   Tensor att = tg::Softmax(scores);
-  if (attn_dropout_ != nullptr) att = (*attn_dropout_)(att);
+  if (!attn_dropout_.is_empty()) att = attn_dropout_(att);
   Tensor y = Bmm(att, v);  // [b*h, t, d]
   y = Reshape(Permute(Reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b, t, c});
-  y = (*proj_)(y);
-  if (resid_dropout_ != nullptr) y = (*resid_dropout_)(y);
+  y = proj_(y);
+  if (!resid_dropout_.is_empty()) y = resid_dropout_(y);
   return y;
 }
 
@@ -90,9 +87,9 @@ std::string CausalSelfAttention::extra_repr() const {
 
 TransformerBlock::TransformerBlock(const AttentionOptions& options, Generator& gen)
     : Module("TransformerBlock") {
-  ln1_ = register_module("ln1", std::make_shared<LayerNormImpl>(options.n_embd));
+  ln1_ = register_module("ln1", LayerNorm(options.n_embd));
   attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(options, gen));
-  ln2_ = register_module("ln2", std::make_shared<LayerNormImpl>(options.n_embd));
+  ln2_ = register_module("ln2", LayerNorm(options.n_embd));
   Mlp::Options mlp;
   mlp.activation = Activation::kGeluTanh;
   mlp.bias = options.bias;
@@ -102,15 +99,14 @@ TransformerBlock::TransformerBlock(const AttentionOptions& options, Generator& g
           std::vector<int64_t>{options.n_embd, 4 * options.n_embd, options.n_embd}, gen, mlp));
   // GPT-2 applies dropout to the MLP output too; the attention owns its own.
   if (options.dropout > 0) {
-    mlp_dropout_ = register_module(
-        "mlp_dropout", std::make_shared<DropoutImpl>(options.dropout, *options.dropout_gen));
+    mlp_dropout_ = register_module("mlp_dropout", Dropout(options.dropout, *options.dropout_gen));
   }
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  Tensor h = Add(x, (*attn_)((*ln1_)(x)));
-  Tensor m = (*mlp_)((*ln2_)(h));
-  if (mlp_dropout_ != nullptr) m = (*mlp_dropout_)(m);
+  Tensor h = Add(x, (*attn_)(ln1_(x)));
+  Tensor m = (*mlp_)(ln2_(h));
+  if (!mlp_dropout_.is_empty()) m = mlp_dropout_(m);
   return Add(h, m);
 }
 

@@ -36,16 +36,16 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(const AttentionOptions& options, Generator& gen);
   Tensor forward(const Tensor& x) override;  // [batch, seq, n_embd] -> same
   std::string extra_repr() const override;
-  const std::shared_ptr<LinearImpl>& qkv() const { return qkv_; }
-  const std::shared_ptr<LinearImpl>& proj() const { return proj_; }
+  const Linear& qkv() const { return qkv_; }
+  const Linear& proj() const { return proj_; }
 
  private:
   // [seq, seq] f32 on `device`: 0 on and below the diagonal, -inf above.
   const RawTensor& CausalMask(int64_t seq, Device device);
 
   AttentionOptions options_;
-  std::shared_ptr<LinearImpl> qkv_, proj_;
-  std::shared_ptr<DropoutImpl> attn_dropout_, resid_dropout_;
+  Linear qkv_{nullptr}, proj_{nullptr};
+  Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};
   RawTensor mask_;  // cached for the last sequence length and device
 };
 
@@ -58,10 +58,10 @@ class TransformerBlock : public Module {
   const std::shared_ptr<Mlp>& mlp() const { return mlp_; }
 
  private:
-  std::shared_ptr<LayerNormImpl> ln1_, ln2_;
+  LayerNorm ln1_{nullptr}, ln2_{nullptr};
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Mlp> mlp_;
-  std::shared_ptr<DropoutImpl> mlp_dropout_;
+  Dropout mlp_dropout_{nullptr};
 };
 
 }  // namespace nn

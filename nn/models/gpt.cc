@@ -52,19 +52,17 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
            ", block_size ", config.block_size, ", n_layer ", config.n_layer, ")");
   TG_CHECK(config.dropout == 0 || dropout_gen != nullptr, "Gpt: dropout ", config.dropout,
            " needs a dropout generator");
-  wte_ = register_module(
-      "wte", std::make_shared<EmbeddingImpl>(config.padded_vocab(), config.n_embd, gen));
-  wpe_ = register_module("wpe",
-                         std::make_shared<EmbeddingImpl>(config.block_size, config.n_embd, gen));
+  wte_ = register_module("wte", Embedding(config.padded_vocab(), config.n_embd, gen));
+  wpe_ = register_module("wpe", Embedding(config.block_size, config.n_embd, gen));
   if (config.dropout > 0) {
-    drop_ = register_module("drop", std::make_shared<DropoutImpl>(config.dropout, *dropout_gen));
+    drop_ = register_module("drop", Dropout(config.dropout, *dropout_gen));
   }
   AttentionOptions attn{config.n_embd, config.n_head, config.bias, config.dropout, dropout_gen};
   blocks_ = register_module("blocks", ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
     blocks_->push_back(std::make_shared<TransformerBlock>(attn, gen));
   }
-  ln_f_ = register_module("ln_f", std::make_shared<LayerNormImpl>(config.n_embd));
+  ln_f_ = register_module("ln_f", LayerNorm(config.n_embd));
 
   // GPT-2's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, and the two
   // projections that write into the residual stream scaled by 1/sqrt(2 n_layer).
@@ -99,10 +97,10 @@ Tensor Gpt::forward(const Tensor& tokens) {
   TG_CHECK(t >= 1 && t <= config_.block_size, "Gpt: sequence length ", t, " exceeds block_size ",
            config_.block_size);
   Tensor positions(Positions(t));
-  Tensor x = Add((*wte_)(tokens), (*wpe_)(positions));  // [b, t, c] + [t, c]
-  if (drop_ != nullptr) x = (*drop_)(x);
+  Tensor x = Add(wte_(tokens), wpe_(positions));  // [b, t, c] + [t, c]
+  if (!drop_.is_empty()) x = drop_(x);
   for (const auto& block : *blocks_) x = (*block)(x);
-  x = (*ln_f_)(x);
+  x = ln_f_(x);
   Tensor logits = tg::Linear(x, wte_->weight);  // tied head: [b, t, padded_vocab]
   if (config_.padded_vocab() != config_.vocab_size) {
     logits = Slice(logits, 2, 0, config_.vocab_size);

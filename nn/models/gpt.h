@@ -66,10 +66,10 @@ class Gpt : public Module {
 
   GptConfig config_;
   RawTensor positions_;
-  std::shared_ptr<EmbeddingImpl> wte_, wpe_;
-  std::shared_ptr<DropoutImpl> drop_;
+  Embedding wte_{nullptr}, wpe_{nullptr};
+  Dropout drop_{nullptr};
   ModuleList blocks_{nullptr};
-  std::shared_ptr<LayerNormImpl> ln_f_;
+  LayerNorm ln_f_{nullptr};
 };
 
 }  // namespace nn

@@ -622,7 +622,7 @@ TEST(ZeroTest, Stage3KeepsNoFullParameterAfterForwardAndBackward) {
     c.stage = 3;
     auto model = MakeMlp(kF32);
     ZeroOptimizer opt(pg, MakeAdamW(model->parameters()), MakeZeroOptions(c, model));
-    const std::shared_ptr<nn::LinearImpl>& fc0 = model->layer(0);
+    const nn::Linear& fc0 = model->layer(0);
     const Tensor weight = fc0->weight;
     // Between uses: a 1-element NaN placeholder expanded to [13, 7].
     EXPECT_EQ(weight.shape(), (Shape{kHidden, kIn}));
