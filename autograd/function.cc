@@ -32,16 +32,45 @@ void FunctionCtx::mark_non_differentiable(const VariableList& outputs) {
   non_differentiable_.insert(non_differentiable_.end(), outputs.begin(), outputs.end());
 }
 
+void FunctionCtx::mark_dirty(const VariableList& inputs) {
+  dirty_.insert(dirty_.end(), inputs.begin(), inputs.end());
+}
+
+namespace {
+
+constexpr char kTwiceMessage[] =
+    "trying to differentiate twice a function that was marked with @once_differentiable";
+
+// The grad_fn of a once-differentiable function's gradients under create_graph (PyTorch's
+// DelayedError): reaching it in a backward is the error.
+class DelayedErrorNode : public Node {
+ public:
+  explicit DelayedErrorNode(std::string function) : function_(std::move(function)) {}
+  VariableList Apply(VariableList) override {
+    throw Error(absl::StrCat(function_, ": ", kTwiceMessage));
+  }
+  std::string name() const override { return "Error"; }  // PyTorch's DelayedError node
+
+ private:
+  std::string function_;
+};
+
+}  // namespace
+
 // ---- CustomFunctionNode ------------------------------------------------------------------------
 
-CustomFunctionNode::CustomFunctionNode(std::string name, CustomBackwardFn backward)
-    : name_(std::move(name)), backward_(std::move(backward)) {
+CustomFunctionNode::CustomFunctionNode(std::string name, CustomBackwardFn backward,
+                                       bool once_differentiable)
+    : name_(std::move(name)),
+      backward_(std::move(backward)),
+      once_differentiable_(once_differentiable) {
   ctx_.node_ = this;
 }
 
 VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableList& inputs,
                                                const CustomForwardFn& forward,
-                                               CustomBackwardFn backward) {
+                                               CustomBackwardFn backward,
+                                               bool once_differentiable) {
   const bool record = ShouldRecord(inputs);
   // The node exists before Forward runs (as in PyTorch, where ctx is the node), so Forward
   // fills the ctx that Backward will see; without recording a throwaway ctx serves.
@@ -49,8 +78,8 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
   FunctionCtx unrecorded;
   FunctionCtx* ctx = &unrecorded;
   if (record) {
-    node =
-        std::make_shared<CustomFunctionNode>(absl::StrCat(name, "Backward"), std::move(backward));
+    node = std::make_shared<CustomFunctionNode>(absl::StrCat(name, "Backward"), std::move(backward),
+                                                once_differentiable);
     ctx = &node->ctx_;
   }
   ctx->needs_input_grad_.resize(inputs.size());
@@ -69,6 +98,29 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     TG_CHECK(outputs[i].defined(), "function ", name, ": Forward returned an undefined output ", i);
+  }
+  // Dirty inputs: each must be an input and an output; each is checked as an in-place op's self
+  // is, and its version counts the write.
+  std::vector<bool> output_is_dirty(outputs.size(), false);
+  for (const Tensor& d : ctx->dirty_) {
+    const bool is_input =
+        std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) { return in.is_same(d); });
+    TG_CHECK(is_input, "function ", name, ": mark_dirty was given a tensor that is not an input");
+    bool returned = false;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].is_same(d)) output_is_dirty[i] = returned = true;
+    }
+    TG_CHECK(returned, "function ", name,
+             ": Some elements marked as dirty during the forward method were not returned as "
+             "output. The inputs that are modified inplace must all be outputs of the Function.");
+    if (record) {
+      TG_CHECK(!(d.is_leaf() && d.requires_grad()), "function ", name,
+               ": a leaf Variable that requires grad has been used in an in-place operation.");
+      TG_CHECK(!d.is_view(), "function ", name,
+               ": mark_dirty of a view while recording is not supported (no CopySlices for "
+               "custom functions); make the function work on the base, or clone the view");
+    }
+    d.bump_version();  // as PyTorch's, on top of any bump of the write itself
   }
   if (!record) return outputs;
 
@@ -92,7 +144,13 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
     const RawTensor& data = outputs[i].data();
     node->AddInputMetadata(data);
     // Integer outputs cannot carry gradients (PyTorch treats them as non-differentiable too).
-    if (is_marked(outputs[i]) || !IsFloating(data.dtype())) {
+    if (output_is_dirty[i]) {
+      // The input itself becomes this output: its history is rebased onto the node.
+      if (!is_marked(outputs[i]) && IsFloating(data.dtype())) {
+        RebaseHistory(outputs[i], node, static_cast<uint32_t>(i));
+      }
+      results.push_back(outputs[i]);
+    } else if (is_marked(outputs[i]) || !IsFloating(data.dtype())) {
       results.emplace_back(data);
     } else {
       results.push_back(MakeNonLeaf(data, node, static_cast<uint32_t>(i)));
@@ -117,18 +175,45 @@ VariableList CustomFunctionNode::ApplyFunction(const char* name, const VariableL
   }
   ctx->to_save_.clear();
   ctx->non_differentiable_.clear();
+  ctx->dirty_.clear();
   return results;
 }
 
 VariableList CustomFunctionNode::Apply(VariableList grads) {
   // Outputs that received no gradient (or cannot) count as zeros (materialize_grads).
-  for (size_t i = 0; i < grads.size(); ++i) {
+  for (size_t i = 0; i < grads.size() && ctx_.materialize_grads_; ++i) {
     if (!grads[i].defined()) {
       const InputMetadata& m = input_metadata()[i];
       grads[i] = Tensor(RawTensor::Zeros(m.shape, m.dtype, m.device));
     }
   }
-  VariableList result = backward_(ctx_, grads);
+  VariableList result;
+  if (once_differentiable_) {
+    const bool create_graph = GradMode::is_enabled();
+    {
+      NoGradGuard no_grad;
+      result = backward_(ctx_, grads);
+    }
+    // Under create_graph, gradients that would depend on grads requiring grad get a node that
+    // refuses a second differentiation (edges to those grads, as PyTorch's DelayedError).
+    const bool any = std::any_of(grads.begin(), grads.end(),
+                                 [](const Tensor& g) { return g.defined() && g.requires_grad(); });
+    if (create_graph && any) {
+      auto delayed = std::make_shared<DelayedErrorNode>(name_);
+      for (const Tensor& g : grads) {
+        delayed->mutable_next_edges().push_back(g.defined() && g.requires_grad()
+                                                    ? Edge{g.gradient_edge_node(), g.output_nr()}
+                                                    : Edge{});
+      }
+      for (size_t i = 0; i < result.size(); ++i) {
+        if (!result[i].defined()) continue;
+        const uint32_t nr = delayed->AddInputMetadata(result[i].data());
+        result[i] = MakeNonLeaf(result[i].data(), delayed, nr);
+      }
+    }
+  } else {
+    result = backward_(ctx_, grads);
+  }
   const auto& edges = next_edges();
   TG_CHECK(result.size() == edges.size(), "function ", name_,
            " returned an incorrect number of gradients (expected ", edges.size(), ", got ",

@@ -79,14 +79,10 @@ bool AutogradContext::needs_input_grad(size_t i) const {
   }
   return false;  // not a Tensor argument
 }
-void AutogradContext::mark_dirty(const variable_list&) {
-  throw Error("AutogradContext::mark_dirty: in-place custom functions are not supported yet");
+void AutogradContext::mark_dirty(const variable_list& inputs) {
+  ctx_.mark_dirty(VariableList(inputs.begin(), inputs.end()));
 }
-void AutogradContext::set_materialize_grads(bool) {
-  throw Error(
-      "AutogradContext::set_materialize_grads: not supported yet (gradients always arrive "
-      "materialised)");
-}
+void AutogradContext::set_materialize_grads(bool value) { ctx_.set_materialize_grads(value); }
 std::vector<size_t>& AutogradContext::tensor_positions() {
   return Slot<std::vector<size_t>>(ctx_, kPositions);
 }

@@ -92,7 +92,7 @@ class AutogradContext {
   // Whether the Tensor argument at position `i` of forward (counting every argument, as
   // libtorch does) requires a gradient.
   bool needs_input_grad(size_t i) const;
-  // Not supported by tapegrad's custom functions yet (issue 41): these throw tg::Error.
+  // In-place custom functions and undefined gradients (autograd/function.h says the rules).
   void mark_dirty(const variable_list& inputs);
   void set_materialize_grads(bool value);
 

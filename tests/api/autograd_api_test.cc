@@ -152,4 +152,129 @@ TEST(AutogradApi, SavedDataKinds) {
   }
 }
 
+// set_materialize_grads(false): the gradient of an output nothing used arrives undefined (the
+// default would give zeros). PyTorch 2.15 prints x.grad = [2., 2.] and "None" for the second.
+struct TwoOutputs : public Function<TwoOutputs> {
+  static variable_list forward(AutogradContext* ctx, tg::Tensor x) {
+    ctx->set_materialize_grads(false);
+    return {x * 2, x * 3};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    ctx->saved_data["second_defined"] = grads[1].defined();
+    tg::Tensor g = grads[0] * 2;
+    if (grads[1].defined()) g = g + grads[1] * 3;
+    return {g};
+  }
+};
+
+TEST(AutogradApi, SetMaterializeGradsFalseLeavesUnusedGradientsUndefined) {
+  tg::Tensor x = tg::ones({2}, tg::requires_grad());
+  variable_list out = TwoOutputs::apply(x);
+  out[0].sum().backward();
+  EXPECT_EQ(Values(x.grad()), (std::vector<float>{2, 2}));
+  EXPECT_FALSE(out[0].grad_fn() == nullptr);
+}
+
+// mark_dirty: forward doubles its input in place and returns it; the input becomes the output
+// (the same tensor), its version counts the write, its history is the function's node, and the
+// gradient flows through it (PyTorch 2.15: a.grad = [2., 2., 2.], y is b; its version +1 for
+// mark_dirty, +2 when forward also used an in-place op, as here it writes the data directly).
+struct DoubleInPlace : public Function<DoubleInPlace> {
+  static tg::Tensor forward(AutogradContext* ctx, tg::Tensor x) {
+    x.data().copy_(tg::MulScalar(x.data(), 2.0));  // in place on the data
+    ctx->mark_dirty({x});
+    return x;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0] * 2}; }
+};
+
+struct DirtyButNotReturned : public Function<DirtyButNotReturned> {
+  static tg::Tensor forward(AutogradContext* ctx, tg::Tensor x) {
+    ctx->mark_dirty({x});
+    return x * 1;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0]}; }
+};
+
+TEST(AutogradApi, MarkDirtyRebasesTheInputOntoTheFunction) {
+  tg::Tensor a = tg::ones({3}, tg::requires_grad());
+  tg::Tensor b = a * 1;
+  const uint64_t version = b.version();
+  tg::Tensor y = DoubleInPlace::apply(b);
+  EXPECT_TRUE(y.is_same(b));
+  EXPECT_EQ(b.version(), version + 1);
+  EXPECT_EQ(b.grad_fn()->name(), "DoubleInPlaceBackward");
+  EXPECT_EQ(Values(b), (std::vector<float>{2, 2, 2}));
+  y.sum().backward();
+  EXPECT_EQ(Values(a.grad()), (std::vector<float>{2, 2, 2}));
+  try {
+    DoubleInPlace::apply(a);
+    FAIL() << "a leaf that requires grad was modified in place";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "a leaf Variable that requires grad has been used in an in-place operation."),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    DirtyButNotReturned::apply(a * 1);
+    FAIL() << "a dirty input that is not returned";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Some elements marked as dirty during the forward "
+                                         "method were not returned as output."),
+              std::string::npos)
+        << e.what();
+  }
+  // As in PyTorch, the refused call's forward already ran: a was doubled before the check.
+  EXPECT_EQ(Values(a), (std::vector<float>{2, 2, 2}));
+  {
+    tg::NoGradGuard no_grad;  // nothing recorded: a leaf may be modified
+    tg::Tensor z = DoubleInPlace::apply(a);
+    EXPECT_TRUE(z.is_same(a));
+    EXPECT_EQ(Values(a), (std::vector<float>{4, 4, 4}));
+  }
+}
+
+// Python's @once_differentiable, as tapegrad's kOnceDifferentiable: the first backward works;
+// under create_graph its result carries the error only when a gradient fed to it requires grad
+// (PyTorch's rule: otherwise the result simply has no history).
+struct CubeOnce : tg::Function<CubeOnce> {
+  static constexpr const char* kName = "CubeOnce";
+  static constexpr bool kOnceDifferentiable = true;
+  static tg::VariableList Forward(tg::FunctionCtx& ctx, const tg::VariableList& in) {
+    ctx.save_for_backward({in[0]});
+    return {in[0] * in[0] * in[0]};
+  }
+  static tg::VariableList Backward(tg::FunctionCtx& ctx, const tg::VariableList& grads) {
+    const tg::Tensor x = ctx.saved_variables()[0];
+    EXPECT_FALSE(tg::GradMode::is_enabled());  // run under no-grad
+    return {grads[0] * x * x * 3};
+  }
+};
+
+TEST(AutogradApi, OnceDifferentiableRefusesASecondDerivative) {
+  tg::Tensor x = tg::tensor({2.0}, tg::requires_grad());
+  tg::Tensor y = CubeOnce::Apply({x})[0];
+  tg::Tensor g = tg::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  EXPECT_EQ(g.item<float>(), 12.0f);
+  EXPECT_FALSE(g.requires_grad());
+  tg::Tensor v = tg::ones({1}, tg::requires_grad());
+  tg::Tensor h = tg::autograd::grad({y}, {x}, {v}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  EXPECT_EQ(h.item<float>(), 12.0f);
+  EXPECT_TRUE(h.requires_grad());
+  EXPECT_EQ(h.grad_fn()->name(), "Error");  // PyTorch: torch::autograd::Error
+  try {
+    h.backward();
+    FAIL() << "a second derivative through a once-differentiable function";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trying to differentiate twice a function that was "
+                                         "marked with @once_differentiable"),
+              std::string::npos)
+        << e.what();
+  }
+  tg::Tensor x2 = tg::tensor({2.0}, tg::requires_grad());
+  CubeOnce::Apply({x2})[0].backward();  // without create_graph: a plain gradient
+  EXPECT_EQ(x2.grad().item<float>(), 12.0f);
+}
+
 }  // namespace
