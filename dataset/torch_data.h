@@ -10,19 +10,29 @@
 //   for (auto& batch : *loader) { ... batch.data [64, 1, 28, 28], batch.target [64] ... }
 //
 // A user's dataset derives from tg::data::datasets::Dataset<Self> (or
-// Dataset<Self, Example<...>>) and implements get(index) and size(). The loader runs in the
-// calling thread (DataLoaderOptions::workers is accepted and ignored): batches come in the
-// sampler's order, so a run is reproducible from tg::manual_seed alone. RandomSampler draws
-// its permutation from the default generator when it is reset (each pass over the loader).
+// Dataset<Self, Example<...>>) and implements get(index) and size(). Batches come in the
+// sampler's order, so a run is reproducible from tg::manual_seed alone: the sampler draws in the
+// calling thread (RandomSampler its permutation from the default generator when it is reset,
+// each pass over the loader), and with DataLoaderOptions().workers(n) n threads make the batches
+// ahead (at most max_jobs, default 2n, in flight) while the loop consumes them in order, the
+// same batches as without workers (libtorch's enforce_ordering). With workers, get() is called
+// from several threads at once and must allow it (libtorch's rule too); an exception it throws
+// reaches the loop at that batch.
 #ifndef TAPEGRAD_DATASET_TORCH_DATA_H_
 #define TAPEGRAD_DATASET_TORCH_DATA_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -205,8 +215,12 @@ struct DataLoaderOptions {
     batch_size_ = v;
     return *this;
   }
-  DataLoaderOptions& workers(size_t v) {  // accepted; batches are made in the calling thread
+  DataLoaderOptions& workers(size_t v) {  // threads that make batches ahead; 0: the caller's
     workers_ = v;
+    return *this;
+  }
+  DataLoaderOptions& max_jobs(size_t v) {  // batches in flight with workers (0: 2 * workers)
+    max_jobs_ = v;
     return *this;
   }
   DataLoaderOptions& drop_last(bool v) {
@@ -215,10 +229,11 @@ struct DataLoaderOptions {
   }
   size_t batch_size() const { return batch_size_; }
   size_t workers() const { return workers_; }
+  size_t max_jobs() const { return max_jobs_ != 0 ? max_jobs_ : 2 * workers_; }
   bool drop_last() const { return drop_last_; }
 
  private:
-  size_t batch_size_ = 1, workers_ = 0;
+  size_t batch_size_ = 1, workers_ = 0, max_jobs_ = 0;
   bool drop_last_ = false;
 };
 
@@ -250,28 +265,120 @@ class StatelessDataLoader {
    private:
     void Advance() {
       batch_.reset();
-      auto indices = loader_->sampler_.next(loader_->options_.batch_size());
-      if (!indices) return;
-      if (loader_->options_.drop_last() && indices->size() < loader_->options_.batch_size()) {
+      if (loader_->workers_ != nullptr) {
+        batch_ = loader_->workers_->Next();
         return;
       }
-      batch_ = loader_->dataset_.get_batch(*indices);
+      auto indices = loader_->NextIndices();
+      if (indices) batch_ = loader_->dataset_.get_batch(*indices);
     }
     StatelessDataLoader* loader_;
     std::optional<BatchType> batch_;
   };
 
   Iterator begin() {
+    workers_.reset();  // a pass left unfinished: its threads stop first
     sampler_.reset();
+    if (options_.workers() > 0) workers_ = std::make_unique<Workers>(this);
     return Iterator(this, false);
   }
   Iterator end() { return Iterator(this, true); }
   const DataLoaderOptions& options() const { return options_; }
 
  private:
+  // The next batch's indices from the sampler (nullopt at the end; a short last batch is the end
+  // with drop_last).
+  std::optional<std::vector<size_t>> NextIndices() {
+    auto indices = sampler_.next(options_.batch_size());
+    if (indices && options_.drop_last() && indices->size() < options_.batch_size()) return {};
+    return indices;
+  }
+
+  // One pass's worker threads: jobs numbered in sampler order, results delivered in that order.
+  class Workers {
+   public:
+    explicit Workers(StatelessDataLoader* loader) : loader_(loader) {
+      for (size_t i = 0; i < loader->options_.max_jobs() && Submit(); ++i) {
+      }
+      for (size_t i = 0; i < loader->options_.workers(); ++i)
+        threads_.emplace_back([this] { Run(); });
+    }
+    ~Workers() {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      for (std::thread& t : threads_) t.join();
+    }
+    // The next batch in order (nullopt at the end); rethrows a worker's exception.
+    std::optional<BatchType> Next() {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (next_ == submitted_) return std::nullopt;
+      done_cv_.wait(lock, [&] { return results_.count(next_) != 0; });
+      Result result = std::move(results_.at(next_));
+      results_.erase(next_++);
+      lock.unlock();
+      if (result.error) std::rethrow_exception(result.error);
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        Submit();  // keep max_jobs in flight (the sampler is drawn on this thread)
+      }
+      cv_.notify_one();
+      return std::move(result.batch);
+    }
+
+   private:
+    struct Result {
+      std::optional<BatchType> batch;
+      std::exception_ptr error;
+    };
+    // Queues the sampler's next indices; false at the end. Called with mu_ held (or before the
+    // threads exist).
+    bool Submit() {
+      auto indices = loader_->NextIndices();
+      if (!indices) return false;
+      jobs_.emplace_back(submitted_++, std::move(*indices));
+      return true;
+    }
+    void Run() {
+      for (;;) {
+        std::pair<size_t, std::vector<size_t>> job;
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+          if (stop_) return;
+          job = std::move(jobs_.front());
+          jobs_.pop_front();
+        }
+        Result result;
+        try {
+          result.batch = loader_->dataset_.get_batch(job.second);
+        } catch (...) {
+          result.error = std::current_exception();
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          results_.emplace(job.first, std::move(result));
+        }
+        done_cv_.notify_all();
+      }
+    }
+
+    StatelessDataLoader* loader_;
+    std::mutex mu_;
+    std::condition_variable cv_, done_cv_;
+    std::deque<std::pair<size_t, std::vector<size_t>>> jobs_;
+    std::map<size_t, Result> results_;
+    size_t submitted_ = 0, next_ = 0;
+    bool stop_ = false;
+    std::vector<std::thread> threads_;
+  };
+
   DatasetType dataset_;
   Sampler sampler_;
   DataLoaderOptions options_;
+  std::unique_ptr<Workers> workers_;  // declared last: its threads stop before the rest goes
 };
 
 template <typename Sampler = samplers::RandomSampler, typename DatasetType>

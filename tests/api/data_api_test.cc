@@ -74,6 +74,57 @@ TEST(DataApi, RandomSamplerIsAPermutationPerPassFromTheSeed) {
   }
 }
 
+// Example i, or an error for index 13.
+class FailsAt13 : public tg::data::datasets::Dataset<FailsAt13> {
+ public:
+  tg::data::Example<> get(size_t index) override {
+    TG_CHECK(index != 13, "FailsAt13: example 13 is broken");
+    return {tg::tensor({static_cast<double>(index)}), tg::tensor({static_cast<int64_t>(index)})};
+  }
+  std::optional<size_t> size() const override { return 40; }
+};
+
+TEST(DataApi, WorkersGiveTheSameBatchesInTheSameOrder) {
+  auto targets = [](size_t workers, size_t max_jobs, bool drop_last) {
+    tg::manual_seed(7);
+    auto loader = tg::data::make_data_loader<tg::data::samplers::RandomSampler>(
+        Squares(103).map(tg::data::transforms::Stack<>()),
+        tg::data::DataLoaderOptions().batch_size(8).workers(workers).max_jobs(max_jobs).drop_last(
+            drop_last));
+    std::vector<int64_t> out;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (auto& batch : *loader) {
+        for (int64_t t : batch.target.data().to_vector<int64_t>()) out.push_back(t);
+        out.push_back(-1);  // batch boundary
+      }
+    }
+    return out;
+  };
+  const std::vector<int64_t> serial = targets(0, 0, false);
+  EXPECT_EQ(targets(1, 0, false), serial);
+  EXPECT_EQ(targets(3, 0, false), serial);
+  EXPECT_EQ(targets(2, 1, false), serial);
+  EXPECT_EQ(targets(2, 0, true), targets(0, 0, true));
+  EXPECT_NE(targets(2, 0, true), serial);  // drop_last dropped the 7 left over each pass
+}
+
+TEST(DataApi, AWorkersExceptionReachesTheLoopAtItsBatch) {
+  auto loader = tg::data::make_data_loader<tg::data::samplers::SequentialSampler>(
+      FailsAt13().map(tg::data::transforms::Stack<>()),
+      tg::data::DataLoaderOptions().batch_size(4).workers(2));
+  int batches = 0;
+  try {
+    for (auto& batch : *loader) {
+      (void)batch;
+      ++batches;
+    }
+    FAIL() << "example 13 throws";
+  } catch (const tg::Error& e) {
+    EXPECT_STREQ(e.what(), "FailsAt13: example 13 is broken");
+  }
+  EXPECT_EQ(batches, 3);  // batches 0-2 (indices 0-11) came first
+}
+
 TEST(DataApi, TransformsApplyPerExample) {
   auto loader = tg::data::make_data_loader<tg::data::samplers::SequentialSampler>(
       Squares(3)
