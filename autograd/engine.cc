@@ -396,49 +396,82 @@ void ExecuteWithHandOff(GraphTask& task,
 }
 
 // Builds the task for roots/grad_outputs: validation, root gradients, dependencies.
+// Where a backward starts or a gradient is captured: a tensor's gradient edge, or a
+// GradientEdge given as such (its metadata from the node's input).
+struct EdgePoint {
+  std::shared_ptr<Node> node;
+  uint32_t output_nr = 0;
+  InputMetadata meta;
+  std::string name;  // " (the tensor's name)" or ""
+};
+
+EdgePoint PointOf(const char* op, const char* what, size_t i, const Tensor& t,
+                  const char* missing) {
+  TG_CHECK(t.defined(), op, ": ", what, " ", i, " is undefined");
+  EdgePoint p;
+  p.name = t.name().empty() ? "" : " (" + t.name() + ")";
+  p.node = t.gradient_edge_node();
+  TG_CHECK(p.node != nullptr, op, ": ", what, " ", i, p.name, missing);
+  p.output_nr = t.output_nr();
+  p.meta = InputMetadata{t.shape(), t.dtype(), t.data().device()};
+  return p;
+}
+
+EdgePoint PointOf(const char* op, const char* what, size_t i, const GradientEdge& e) {
+  TG_CHECK(e.node != nullptr, op, ": ", what, " ", i, " is a GradientEdge without a node");
+  TG_CHECK(e.output_nr < e.node->num_inputs(), op, ": ", what, " ", i, " is a GradientEdge to ",
+           "input ", e.output_nr, " of ", e.node->name(), ", which has ", e.node->num_inputs());
+  return EdgePoint{e.node, e.output_nr, e.node->input_metadata()[e.output_nr], ""};
+}
+
 std::vector<std::pair<Node*, VariableList>> PrepareTask(GraphTask& task, const char* op,
-                                                        const VariableList& roots,
+                                                        const std::vector<EdgePoint>& roots,
                                                         const VariableList& grad_outputs) {
   TG_CHECK(!roots.empty(), op, ": no roots given");
   TG_CHECK(grad_outputs.empty() || grad_outputs.size() == roots.size(), op, ": ", roots.size(),
            " roots but ", grad_outputs.size(), " grad_outputs");
   std::vector<std::pair<Node*, VariableList>> root_grads;
   for (size_t i = 0; i < roots.size(); ++i) {
-    const Tensor& root = roots[i];
-    TG_CHECK(root.defined(), op, ": root ", i, " is undefined");
-    std::shared_ptr<Node> node = root.gradient_edge_node();
-    TG_CHECK(node != nullptr, op, ": root ", i, root.name().empty() ? "" : " (" + root.name() + ")",
-             " does not require grad and has no grad_fn");
+    const EdgePoint& root = roots[i];
+    const std::shared_ptr<Node>& node = root.node;
     Tensor g = grad_outputs.empty() ? Tensor() : grad_outputs[i];
     if (g.defined()) {
-      TG_CHECK(g.shape() == root.shape(), op, ": grad_output ", i, " has shape ",
+      TG_CHECK(g.shape() == root.meta.shape, op, ": grad_output ", i, " has shape ",
                ShapeToString(g.shape()), " but root ", i, " has shape ",
-               ShapeToString(root.shape()));
+               ShapeToString(root.meta.shape));
       // PyTorch's validate_outputs on the roots: a gradient on another device is moved when
       // it is 0-d and refused otherwise; one of another dtype is cast to the root's dtype
       // (differentiable when it requires grad, as PyTorch's grad.to(dtype)).
-      if (g.data().device() != root.data().device()) {
+      if (g.data().device() != root.meta.device) {
         TG_CHECK(g.dim() == 0, op, ": grad_output ", i, " is on ", g.data().device().ToString(),
-                 " but root ", i, " is on ", root.data().device().ToString());
-        g = Tensor(g.data().to(root.data().device()));
+                 " but root ", i, " is on ", root.meta.device.ToString());
+        g = Tensor(g.data().to(root.meta.device));
       }
-      if (g.dtype() != root.dtype()) g = CastGrad(g, root.dtype());
+      if (g.dtype() != root.meta.dtype) g = CastGrad(g, root.meta.dtype);
     } else {
-      TG_CHECK(root.numel() == 1, op,
+      TG_CHECK(NumElements(root.meta.shape) == 1, op,
                ": a gradient can be implied only for one-element roots; "
                "root ",
-               i, " has shape ", ShapeToString(root.shape()), ", pass its grad_output");
+               i, " has shape ", ShapeToString(root.meta.shape), ", pass its grad_output");
       // On the root's device: the whole backward then runs there (a CPU seed would make the
       // first node mix devices).
-      g = Tensor(RawTensor::Ones(root.shape(), root.dtype(), root.data().device()));
+      g = Tensor(RawTensor::Ones(root.meta.shape, root.meta.dtype, root.meta.device));
     }
     VariableList grads(node->num_inputs());
-    grads[root.output_nr()] = g;
+    grads[root.output_nr] = g;
     root_grads.emplace_back(node.get(), std::move(grads));
-    task.roots.push_back(std::move(node));
+    task.roots.push_back(node);
   }
   ComputeDependencies(task);
   return root_grads;
+}
+
+std::vector<EdgePoint> RootPoints(const char* op, const VariableList& roots) {
+  std::vector<EdgePoint> points;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    points.push_back(PointOf(op, "root", i, roots[i], " does not require grad and has no grad_fn"));
+  }
+  return points;
 }
 
 void InitTask(GraphTask& task, bool keep_graph, bool create_graph) {
@@ -461,7 +494,7 @@ void Engine::Backward(const VariableList& roots, const VariableList& grad_output
            "forward (a tiled loss) outside the checkpointed function, or use Engine::Grad() there");
   GraphTask task;
   InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
-  auto root_grads = PrepareTask(task, "backward", roots, grad_outputs);
+  auto root_grads = PrepareTask(task, "backward", RootPoints("backward", roots), grad_outputs);
   if (options.inputs != nullptr) {
     TG_CHECK(!options.inputs->empty(), "backward: inputs was given but is empty");
     task.partial = true;
@@ -483,8 +516,10 @@ void Engine::Backward(const VariableList& roots, const VariableList& grad_output
   ExecuteWithHandOff(task, root_grads);
 }
 
-VariableList Engine::Grad(const VariableList& outputs, const VariableList& inputs,
-                          const VariableList& grad_outputs, const GradOptions& options) {
+namespace {
+
+VariableList RunGrad(const std::vector<EdgePoint>& outputs, const std::vector<EdgePoint>& inputs,
+                     const VariableList& grad_outputs, const GradOptions& options) {
   TG_CHECK(!inputs.empty(), "grad: no inputs given");
   GraphTask task;
   InitTask(task, options.retain_graph || options.create_graph, options.create_graph);
@@ -495,21 +530,17 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
   task.captured.resize(inputs.size());
   std::vector<bool> reachable(inputs.size(), false);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TG_CHECK(inputs[i].defined(), "grad: input ", i, " is undefined");
-    std::shared_ptr<Node> node = inputs[i].gradient_edge_node();
-    TG_CHECK(node != nullptr, "grad: input ", i,
-             inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")",
-             " does not require grad");
+    const std::shared_ptr<Node>& node = inputs[i].node;
     reachable[i] = task.Find(node.get()) != nullptr;
     targets.push_back(node.get());
-    task.captures.push_back({node.get(), inputs[i].output_nr(), i});
-    task.keep_alive.push_back(std::move(node));
+    task.captures.push_back({node.get(), inputs[i].output_nr, i});
+    task.keep_alive.push_back(node);
   }
   ComputeNeeded(task, /*needed=*/{}, /*captured=*/targets);
   ExecuteWithHandOff(task, root_grads);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (task.captured[i].defined() || options.allow_unused) continue;
-    const std::string name = inputs[i].name().empty() ? "" : " (" + inputs[i].name() + ")";
+    const std::string& name = inputs[i].name;
     TG_CHECK(reachable[i], "grad: input ", i, name,
              " is not used by the outputs; pass allow_unused=true to get an undefined gradient");
     // As PyTorch: what allow_unused allows is an undefined result, however it came about.
@@ -520,6 +551,39 @@ VariableList Engine::Grad(const VariableList& outputs, const VariableList& input
         "allow_unused=true to get an undefined gradient"));
   }
   return task.captured;
+}
+
+}  // namespace
+
+VariableList Engine::Grad(const VariableList& outputs, const VariableList& inputs,
+                          const VariableList& grad_outputs, const GradOptions& options) {
+  std::vector<EdgePoint> points;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    points.push_back(PointOf("grad", "input", i, inputs[i], " does not require grad"));
+  }
+  return RunGrad(RootPoints("grad", outputs), points, grad_outputs, options);
+}
+
+VariableList Engine::GradEdges(const std::vector<GradTarget>& outputs,
+                               const std::vector<GradTarget>& inputs,
+                               const VariableList& grad_outputs, const GradOptions& options) {
+  auto points = [](const std::vector<GradTarget>& targets, const char* what, const char* missing) {
+    std::vector<EdgePoint> out;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      out.push_back(targets[i].is_edge() ? PointOf("grad", what, i, targets[i].edge())
+                                         : PointOf("grad", what, i, targets[i].tensor(), missing));
+    }
+    return out;
+  };
+  return RunGrad(points(outputs, "root", " does not require grad and has no grad_fn"),
+                 points(inputs, "input", " does not require grad"), grad_outputs, options);
+}
+
+GradientEdge get_gradient_edge(const Tensor& t) {
+  TG_CHECK(t.defined() && t.requires_grad(),
+           "get_gradient_edge: It is not possible to get the gradient edge for a Tensor that "
+           "does not require gradients");
+  return GradientEdge{t.gradient_edge_node(), t.output_nr()};
 }
 
 int64_t current_graph_task_id() { return current_task ? current_task->id : -1; }

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "autograd/node.h"
 #include "autograd/variable.h"
@@ -29,6 +31,35 @@ struct GradOptions {
   // do not depend on it, or every path to it carries none (a custom function's Backward
   // returned an undefined gradient on the way), as PyTorch.
   bool allow_unused = false;
+};
+
+// PyTorch's torch.autograd.graph.GradientEdge: the place where a tensor's gradient enters the
+// graph (its grad_fn and output number, or a leaf's AccumulateGrad), which stays valid after
+// the tensor is gone. As Engine::Grad's input it captures the gradient there, as the tensor
+// would; as an output it starts the backward there (Engine::GradEdges). Pipeline schedules
+// (zero-bubble) split a backward with it: first the gradient of an activation, then from that
+// activation's edge the weights' gradients.
+struct GradientEdge {
+  std::shared_ptr<Node> node;
+  uint32_t output_nr = 0;
+};
+// Throws "get_gradient_edge: It is not possible to get the gradient edge for a Tensor that does
+// not require gradients" (PyTorch's message) for one that does not.
+GradientEdge get_gradient_edge(const Tensor& t);
+
+// A tensor or a GradientEdge, for Engine::Grad's outputs and inputs.
+class GradTarget {
+ public:
+  GradTarget(Tensor t) : tensor_(std::move(t)) {}                      // NOLINT: implicit
+  GradTarget(GradientEdge e) : edge_(std::move(e)), is_edge_(true) {}  // NOLINT
+  bool is_edge() const { return is_edge_; }
+  const Tensor& tensor() const { return tensor_; }
+  const GradientEdge& edge() const { return edge_; }
+
+ private:
+  Tensor tensor_;
+  GradientEdge edge_;
+  bool is_edge_ = false;
 };
 
 class Engine {
@@ -47,6 +78,14 @@ class Engine {
   // node does not run; otherwise before them, and the node runs (PyTorch's order).
   static VariableList Grad(const VariableList& outputs, const VariableList& inputs,
                            const VariableList& grad_outputs = {}, const GradOptions& options = {});
+  // Grad with GradientEdges among the outputs (a grad_output is implied only for one element,
+  // as for tensors) or the inputs
+  // (PyTorch's torch.autograd.grad takes either; a name of its own keeps braced lists of
+  // tensors unambiguous).
+  static VariableList GradEdges(const std::vector<GradTarget>& outputs,
+                                const std::vector<GradTarget>& inputs,
+                                const VariableList& grad_outputs = {},
+                                const GradOptions& options = {});
 
   // Nested tasks beyond this many on one thread continue on a fresh thread.
   static constexpr int kMaxDepthPerThread = 48;

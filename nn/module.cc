@@ -1,14 +1,18 @@
 #include "nn/module.h"
 
 #include <algorithm>
+#include <any>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/warning.h"
 #include "optim/optimizer.h"
 #include "tensor/class_name.h"
 #include "tensor/device_backend.h"
@@ -21,6 +25,9 @@ struct Module::Hooks {
   uint64_t next_id = 0;
   std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
   std::vector<std::pair<uint64_t, ForwardHook>> post;
+  std::set<uint64_t> always_call;  // ids of forward hooks with always_call
+  std::vector<std::pair<uint64_t, BackwardPreHook>> backward_pre;
+  std::vector<std::pair<uint64_t, BackwardHook>> backward;
 };
 
 namespace {
@@ -28,9 +35,15 @@ namespace {
 // H is Module::Hooks (deduced, as the type is private to Module).
 template <class H, class List>
 HookHandle AddHook(const std::shared_ptr<H>& hooks, List* list,
-                   typename List::value_type::second_type hook) {
+                   typename List::value_type::second_type hook, bool prepend = false,
+                   uint64_t* id_out = nullptr) {
   uint64_t id = hooks->next_id++;
-  list->emplace_back(id, std::move(hook));
+  if (id_out != nullptr) *id_out = id;
+  if (prepend) {
+    list->emplace(list->begin(), id, std::move(hook));
+  } else {
+    list->emplace_back(id, std::move(hook));
+  }
   std::weak_ptr<H> weak = hooks;
   return HookHandle([weak, list, id] {
     if (auto alive = weak.lock()) {
@@ -57,6 +70,83 @@ std::string ClassNameOf(const char* mangled) {
   std::string name = UnqualifiedClassName(mangled);
   if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
   return name;
+}
+
+// One call's module backward hooks (PyTorch's torch.utils.hooks.BackwardHook): the hooks
+// registered at the call, and the grad_output captured at the output's identity node until the
+// input's identity node hands it to the hooks.
+struct BackwardHookState {
+  Module* module;
+  std::vector<BackwardPreHook> pre;
+  std::vector<BackwardHook> hooks;
+  bool input_requires_grad = false;
+  std::optional<VariableList> grad_outputs;
+};
+
+// The identity custom function both sides pass through; gradients are not materialised, so the
+// hooks see undefined ones where none flows.
+struct BackwardHookFunction : Function<BackwardHookFunction> {
+  static constexpr const char* kName = "BackwardHookFunction";
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in,
+                              std::shared_ptr<BackwardHookState> input_side) {
+    ctx.set_materialize_grads(false);
+    if (input_side != nullptr) ctx.saved_data["state"] = std::move(input_side);
+    return {Tensor(in[0].data())};
+  }
+  static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
+    auto it = ctx.saved_data.find("state");
+    if (it == ctx.saved_data.end()) return grads;  // the output side: its pre-hook did the work
+    auto state = std::any_cast<std::shared_ptr<BackwardHookState>>(it->second);
+    if (!state->grad_outputs.has_value()) return grads;  // no grad_output came: PyTorch skips
+    VariableList res = grads;
+    for (const BackwardHook& hook : state->hooks) {
+      VariableList out = hook(*state->module, res, *state->grad_outputs);
+      if (out.empty()) continue;
+      TG_CHECK(out.size() == res.size(),
+               "Backward hook returned an invalid number of grad_input, got ", out.size(),
+               ", but expected ", res.size());
+      res = std::move(out);
+    }
+    state->grad_outputs.reset();
+    return res;
+  }
+};
+
+// The output side: a pre-hook of the output's identity node captures grad_output and runs the
+// pre-hooks; when the input needs no gradient it runs the hooks there too.
+NodePreHook OutputSideHook(std::shared_ptr<BackwardHookState> state) {
+  return [state](const VariableList& grad_output) -> VariableList {
+    state->grad_outputs = grad_output;
+    for (const BackwardPreHook& pre : state->pre) {
+      VariableList replaced = pre(*state->module, *state->grad_outputs);
+      if (replaced.empty()) continue;
+      TG_CHECK(replaced.size() == state->grad_outputs->size(),
+               "Backward pre hook returned an invalid number of grad_output, got ", replaced.size(),
+               ", but expected ", state->grad_outputs->size());
+      state->grad_outputs = std::move(replaced);
+    }
+    VariableList local = *state->grad_outputs;
+    if (!state->input_requires_grad) {
+      if (!state->hooks.empty()) {
+        Warn(
+            "Full backward hook is firing when gradients are computed with respect to module "
+            "outputs since no inputs require gradients. See "
+            "https://docs.pytorch.org/docs/main/generated/torch.nn.Module.html"
+            "#torch.nn.Module.register_full_backward_hook for more details.");
+      }
+      const VariableList grad_inputs(1);
+      for (const BackwardHook& hook : state->hooks) {
+        const VariableList res = hook(*state->module, grad_inputs, *state->grad_outputs);
+        const bool none =
+            std::all_of(res.begin(), res.end(), [](const Tensor& t) { return !t.defined(); });
+        TG_CHECK(none,
+                 "Backward hook for Modules where no input requires gradient should always "
+                 "return None or None for all gradients.");
+      }
+      state->grad_outputs.reset();
+    }
+    return local;
+  };
 }
 
 }  // namespace
@@ -90,26 +180,67 @@ Tensor Module::operator()(const Tensor& input) {
   // is inherited from its parent task, not read from the scope.
   ForwardScope forward_scope;
   Tensor x = input;
-  if (hooks_ != nullptr) {
-    auto pre = hooks_->pre;  // a hook may remove itself
-    for (auto& [id, hook] : pre) {
-      Tensor replaced = hook(*this, x);
-      if (replaced.defined()) x = std::move(replaced);
-    }
-  }
   Tensor out;
-  if (autocast_scope_) {
-    amp::AutocastModuleScope scope(type_name());
-    out = forward(x);
-  } else {
-    out = forward(x);
-  }
-  if (hooks_ != nullptr) {
-    auto post = hooks_->post;
-    for (auto& [id, hook] : post) {
-      Tensor replaced = hook(*this, x, out);
-      if (replaced.defined()) out = std::move(replaced);
+  std::shared_ptr<BackwardHookState> backward;
+  std::vector<uint64_t> called;  // forward hooks that ran (for always_call after a throw)
+  try {
+    if (hooks_ != nullptr) {
+      auto pre = hooks_->pre;  // a hook may remove itself
+      for (auto& [id, hook] : pre) {
+        Tensor replaced = hook(*this, x);
+        if (replaced.defined()) x = std::move(replaced);
+      }
     }
+    // Module backward hooks: the input through its identity node (PyTorch's setup_input_hook).
+    if (hooks_ != nullptr && (!hooks_->backward_pre.empty() || !hooks_->backward.empty()) &&
+        GradMode::is_enabled()) {
+      backward = std::make_shared<BackwardHookState>();
+      backward->module = this;
+      for (const auto& [id, hook] : hooks_->backward_pre) backward->pre.push_back(hook);
+      for (const auto& [id, hook] : hooks_->backward) backward->hooks.push_back(hook);
+      backward->input_requires_grad = x.defined() && x.requires_grad();
+      if (backward->input_requires_grad) x = BackwardHookFunction::Apply({x}, backward)[0];
+    }
+    if (autocast_scope_) {
+      amp::AutocastModuleScope scope(type_name());
+      out = forward(x);
+    } else {
+      out = forward(x);
+    }
+    if (hooks_ != nullptr) {
+      auto post = hooks_->post;
+      for (auto& [id, hook] : post) {
+        called.push_back(id);
+        Tensor replaced = hook(*this, x, out);
+        if (replaced.defined()) out = std::move(replaced);
+      }
+    }
+  } catch (...) {
+    // PyTorch: the always_call hooks that did not run yet run now, with no output; an exception
+    // they throw is dropped with a warning, the original one goes on.
+    if (hooks_ != nullptr && !hooks_->always_call.empty()) {
+      auto post = hooks_->post;
+      for (auto& [id, hook] : post) {
+        if (hooks_->always_call.count(id) == 0 ||
+            std::find(called.begin(), called.end(), id) != called.end()) {
+          continue;
+        }
+        try {
+          hook(*this, x, Tensor());
+        } catch (const std::exception& e) {
+          Warn(
+              absl::StrCat("module forward hook with ``always_call=True`` raised an exception "
+                           "that was silenced as another error was raised in forward: ",
+                           e.what()));
+        }
+      }
+    }
+    throw;
+  }
+  // The output through its identity node (PyTorch's setup_output_hook, after forward hooks).
+  if (backward != nullptr && out.defined() && out.requires_grad()) {
+    out = BackwardHookFunction::Apply({out}, std::shared_ptr<BackwardHookState>())[0];
+    out.grad_fn()->RegisterPreHook(OutputSideHook(backward));
   }
   return out;
 }
@@ -119,13 +250,27 @@ HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
   return AddHook(hooks_, &hooks_->pre, std::move(hook));
 }
 
-HookHandle Module::register_forward_hook(ForwardHook hook) {
+HookHandle Module::register_forward_hook(ForwardHook hook, const ForwardHookOptions& options) {
   if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
-  return AddHook(hooks_, &hooks_->post, std::move(hook));
+  uint64_t id = 0;
+  HookHandle handle = AddHook(hooks_, &hooks_->post, std::move(hook), options.prepend, &id);
+  if (options.always_call) hooks_->always_call.insert(id);
+  return handle;
+}
+
+HookHandle Module::register_full_backward_pre_hook(BackwardPreHook hook) {
+  if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
+  return AddHook(hooks_, &hooks_->backward_pre, std::move(hook));
+}
+
+HookHandle Module::register_full_backward_hook(BackwardHook hook) {
+  if (hooks_ == nullptr) hooks_ = std::make_shared<Hooks>();
+  return AddHook(hooks_, &hooks_->backward, std::move(hook));
 }
 
 bool Module::has_forward_hooks() const {
-  return hooks_ != nullptr && (!hooks_->pre.empty() || !hooks_->post.empty());
+  return hooks_ != nullptr && (!hooks_->pre.empty() || !hooks_->post.empty() ||
+                               !hooks_->backward_pre.empty() || !hooks_->backward.empty());
 }
 
 // ---- Registration ----------------------------------------------------------------------------

@@ -126,6 +126,30 @@ class ModuleHolder : public ModuleHolderTag {
 using ForwardPreHook = std::function<Tensor(Module& module, const Tensor& input)>;
 using ForwardHook =
     std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+// PyTorch's register_forward_hook(prepend=, always_call=): prepend puts the hook before those
+// already registered; always_call runs it even when forward (or an earlier forward hook) throws,
+// with an undefined output, before the exception goes on (an exception of the hook itself is
+// then dropped with a warning, as PyTorch silences it).
+struct ForwardHookOptions {
+  bool prepend = false;
+  bool always_call = false;
+};
+// Module backward hooks (PyTorch's register_full_backward_pre_hook / register_full_backward_hook):
+// the module's input and output pass through identity nodes ("BackwardHookFunctionBackward"),
+// so the hooks see the gradients with respect to the module's output (grad_output) and input
+// (grad_input), one entry each (tapegrad modules take one tensor), undefined where none flows.
+// A pre-hook may return a replacement grad_output and a hook a replacement grad_input (an empty
+// list keeps them; a list of another length throws PyTorch's "Backward pre hook returned an
+// invalid number of grad_output, got 2, but expected 1" / "Backward hook returned an invalid
+// number of grad_input, ..."). When the input does not require grad, the hooks run as soon as
+// grad_output is known, with an undefined grad_input, must not return a gradient, and PyTorch's
+// warning "Full backward hook is firing when gradients are computed with respect to module
+// outputs since no inputs require gradients. ..." is given. The hooks registered when the
+// module is called are the ones that run for that call; the module must outlive its backward.
+using BackwardPreHook =
+    std::function<VariableList(Module& module, const VariableList& grad_output)>;
+using BackwardHook = std::function<VariableList(Module& module, const VariableList& grad_input,
+                                                const VariableList& grad_output)>;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:
@@ -200,9 +224,11 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- Hooks -------------------------------------------------------------------------------
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
-  HookHandle register_forward_hook(ForwardHook hook);
-  // Whether any forward pre-hook or hook is registered (a container may then not fuse this
-  // module's output with the next op, since the hooks must see it).
+  HookHandle register_forward_hook(ForwardHook hook, const ForwardHookOptions& options = {});
+  HookHandle register_full_backward_pre_hook(BackwardPreHook hook);
+  HookHandle register_full_backward_hook(BackwardHook hook);
+  // Whether any hook that operator() runs is registered (forward pre-hooks and hooks, module
+  // backward hooks): a container may then not fuse this module's output with the next op.
   bool has_forward_hooks() const;
 
   // A readable summary of the tree with each module's parameter count, e.g.

@@ -277,4 +277,45 @@ TEST(AutogradApi, OnceDifferentiableRefusesASecondDerivative) {
   EXPECT_EQ(x2.grad().item<float>(), 12.0f);
 }
 
+// GradientEdge: a backward split as zero-bubble pipeline schedules split it, first the
+// activation's gradient, then from the activation's edge the weight's; PyTorch 2.15 prints
+// dh = [2, -3, 13], dw = [2, -6, 39], dx (through x's leaf edge) = [1, 3, 26], and no .grad.
+TEST(AutogradApi, GradientEdgesSplitABackward) {
+  tg::Tensor x = tg::tensor({1.0, 2.0, 3.0}, tg::requires_grad());
+  tg::Tensor w = tg::tensor({0.5, -1.0, 2.0}, tg::requires_grad());
+  tg::Tensor h = x * w;
+  tg::Tensor y = (h * h).sum() + h.sum();
+  const tg::GradientEdge e = tg::get_gradient_edge(h);
+  tg::GradOptions retain;
+  retain.retain_graph = true;
+  const tg::Tensor dh = tg::Engine::GradEdges({y}, {e}, {}, retain)[0];
+  EXPECT_EQ(Values(dh), (std::vector<float>{2, -3, 13}));
+  const tg::Tensor dw = tg::Engine::GradEdges({e}, {w}, {dh}, retain)[0];
+  EXPECT_EQ(Values(dw), (std::vector<float>{2, -6, 39}));
+  const tg::Tensor dx = tg::Engine::GradEdges({y}, {tg::get_gradient_edge(x)}, {}, retain)[0];
+  EXPECT_EQ(Values(dx), (std::vector<float>{1, 3, 26}));
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  h = tg::Tensor();  // the edge outlives the tensor
+  EXPECT_EQ(Values(tg::Engine::GradEdges({e}, {x}, {dh}, retain)[0]),
+            (std::vector<float>{1, 3, 26}));
+  try {
+    tg::Engine::GradEdges({e}, {w}, {}, retain);
+    FAIL() << "a 3-element edge needs its grad_output";
+  } catch (const tg::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("a gradient can be implied only for one-element roots"),
+              std::string::npos)
+        << err.what();
+  }
+  try {
+    tg::get_gradient_edge(tg::ones({2}));
+    FAIL() << "no edge for a tensor without grad";
+  } catch (const tg::Error& err) {
+    EXPECT_NE(std::string(err.what())
+                  .find("It is not possible to get the gradient edge for a "
+                        "Tensor that does not require gradients"),
+              std::string::npos);
+  }
+}
+
 }  // namespace
