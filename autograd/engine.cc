@@ -242,9 +242,17 @@ void RunNodeBody(GraphTask& task, Node* node, NodeState& state,
   }
   if (!is_accumulate) ValidateOutputs(*node, outputs);
   if (AnomalyMode::is_enabled()) CheckFiniteForAnomaly(*node, outputs);
-  if (node->has_post_hooks()) node->RunPostHooks(outputs, grads);
-  if (!task.keep_graph) node->ReleaseSaved();
   const auto& edges = node->next_edges();
+  if (node->has_post_hooks()) {
+    // PyTorch's post-hooks see None for the inputs the task does not compute: those that need
+    // no gradient (no edge) and, in a partial task, those whose node the task does not reach.
+    VariableList shown = outputs;
+    for (size_t i = 0; i < shown.size() && i < edges.size(); ++i) {
+      if (!edges[i].valid() || !task.Find(edges[i].fn.get())->reached()) shown[i] = Tensor();
+    }
+    node->RunPostHooks(shown, grads);
+  }
+  if (!task.keep_graph) node->ReleaseSaved();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!edges[i].valid()) continue;
     Node* next = edges[i].fn.get();

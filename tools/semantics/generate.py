@@ -1,0 +1,93 @@
+"""Seeded random autograd scenarios for the differential oracle (tools/semantics/README.md).
+
+    python3 tools/semantics/generate.py 0 2000 > scenarios.jsonl   # seeds 0..1999, one per line
+
+Each scenario is one JSON object (the format of tools/semantics/README.md): f64 leaves, a few
+elementwise ops over them, hooks of every kind the format has, and one backward (backward() or
+grad() with inputs). The same seed always gives the same scenario (Python's random.Random).
+"""
+import json
+import random
+import sys
+
+UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "custom_double"]
+BINARY = ["add", "sub", "mul"]
+
+
+def scenario(seed):
+    r = random.Random(seed)
+    n = r.choice([1, 2, 3])
+    leaves = []
+    for i in range(r.randint(1, 3)):
+        leaves.append({
+            "name": "l%d" % i,
+            "values": [round(r.uniform(-1, 1), 3) for _ in range(n)],
+            "requires_grad": i == 0 or r.random() < 0.8,
+        })
+    names = [l["name"] for l in leaves]
+    needs_grad = {l["name"]: l["requires_grad"] for l in leaves}
+    ops = []
+    for k in range(r.randint(1, 6)):
+        out = "t%d" % k
+        kind = r.choice(UNARY + BINARY)
+        if kind in BINARY:
+            op = {"out": out, "op": kind, "args": [r.choice(names), r.choice(names)]}
+        else:
+            op = {"out": out, "op": kind, "args": [r.choice(names)]}
+            if kind == "mul_scalar":
+                op["scalar"] = r.choice([0.5, 2.0, -1.5])
+        if r.random() < 0.15 and kind not in ("view",):
+            op["inplace_mul"] = r.choice([2.0, -0.5])  # then out.mul_(c)
+        ops.append(op)
+        names.append(out)
+        needs_grad[out] = any(needs_grad[a] for a in op["args"])
+    # The root: the sum of the last tensor that requires grad (l0 does), plus sometimes another
+    # one's (two paths).
+    root = [[n for n in names if needs_grad[n]][-1]]
+    if len(names) > 2 and r.random() < 0.5:
+        root.append(r.choice(names[:-1]))
+    hooks = []
+    for h in range(r.randint(0, 6)):
+        kind = r.choice(["tensor", "tensor", "retain_grad", "post_acc", "node_pre", "node_post",
+                         "callback", "multi_all", "multi_any", "nested", "raise"])
+        if kind == "raise" and r.random() < 0.7:
+            kind = "tensor"  # errors end the scenario: keep them rarer
+        hook = {"kind": kind, "on": r.choice(names)}
+        if kind == "tensor":
+            hook["scale"] = r.choice([1.0, 1.0, 2.0, -1.0])
+        if kind in ("multi_all", "multi_any"):
+            hook["with"] = r.choice(names)
+        hooks.append(hook)
+    grad_leaves = [l["name"] for l in leaves if l["requires_grad"]]
+    roll = r.random()
+    if roll < 0.5:
+        backward = {"api": "backward"}
+    elif roll < 0.6:
+        backward = {"api": "backward_twice"}  # retain_graph, then a second backward
+    elif roll < 0.7:
+        k = r.randint(1, len(grad_leaves))
+        backward = {"api": "backward_inputs", "inputs": r.sample(grad_leaves, k)}
+    else:
+        k = r.randint(1, len(grad_leaves))
+        backward = {"api": "grad", "inputs": r.sample(grad_leaves, k)}
+    if backward["api"] == "grad":
+        # A multi_all hook over a leaf that grad() takes as an input: PyTorch raises ("A leaf
+        # node was passed to _will_engine_execute_node ..."), tapegrad counts the leaf as reached
+        # (a deliberate difference, docs/semantics.md); the generator leaves it out.
+        leaf_inputs = set(backward["inputs"])
+        for hook in hooks:
+            if hook["kind"] == "multi_all" and ({hook["on"], hook["with"]} & leaf_inputs):
+                hook.clear()
+                hook.update({"kind": "tensor", "on": backward["inputs"][0], "scale": 1.0})
+    return {"id": seed, "leaves": leaves, "ops": ops, "root": root, "hooks": hooks,
+            "backward": backward}
+
+
+def main():
+    first, count = int(sys.argv[1]), int(sys.argv[2])
+    for seed in range(first, first + count):
+        print(json.dumps(scenario(seed), separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
