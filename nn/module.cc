@@ -83,71 +83,76 @@ struct BackwardHookState {
   std::optional<VariableList> grad_outputs;
 };
 
-// The identity custom function both sides pass through; gradients are not materialised, so the
-// hooks see undefined ones where none flows.
+// The output side: when the output's identity node runs (after the output's tensor hooks and
+// the node's pre-hooks, where PyTorch runs it too), capture grad_output and run the pre-hooks;
+// when the input needs no gradient, run the hooks there too. Returns the grad_output to pass on.
+VariableList OutputSide(BackwardHookState& state, const VariableList& grad_output) {
+  state.grad_outputs = grad_output;
+  for (const BackwardPreHook& pre : state.pre) {
+    VariableList replaced = pre(*state.module, *state.grad_outputs);
+    if (replaced.empty()) continue;
+    TG_CHECK(replaced.size() == state.grad_outputs->size(),
+             "Backward pre hook returned an invalid number of grad_output, got ", replaced.size(),
+             ", but expected ", state.grad_outputs->size());
+    state.grad_outputs = std::move(replaced);
+  }
+  VariableList local = *state.grad_outputs;
+  if (!state.input_requires_grad) {
+    if (!state.hooks.empty()) {
+      Warn(
+          "Full backward hook is firing when gradients are computed with respect to module "
+          "outputs since no inputs require gradients. See "
+          "https://docs.pytorch.org/docs/main/generated/torch.nn.Module.html"
+          "#torch.nn.Module.register_full_backward_hook for more details.");
+    }
+    const VariableList grad_inputs(1);
+    for (const BackwardHook& hook : state.hooks) {
+      const VariableList res = hook(*state.module, grad_inputs, *state.grad_outputs);
+      const bool none =
+          std::all_of(res.begin(), res.end(), [](const Tensor& t) { return !t.defined(); });
+      TG_CHECK(none,
+               "Backward hook for Modules where no input requires gradient should always return "
+               "None or None for all gradients.");
+    }
+    state.grad_outputs.reset();
+  }
+  return local;
+}
+
+// The input side: run the hooks with grad_input (PyTorch: a post-hook of the input's identity
+// node) and pass on what they return.
+VariableList InputSide(BackwardHookState& state, const VariableList& grad_input) {
+  if (!state.grad_outputs.has_value()) return grad_input;  // no grad_output came: PyTorch skips
+  VariableList res = grad_input;
+  for (const BackwardHook& hook : state.hooks) {
+    VariableList out = hook(*state.module, res, *state.grad_outputs);
+    if (out.empty()) continue;
+    TG_CHECK(out.size() == res.size(),
+             "Backward hook returned an invalid number of grad_input, got ", out.size(),
+             ", but expected ", res.size());
+    res = std::move(out);
+  }
+  state.grad_outputs.reset();
+  return res;
+}
+
+// The identity custom function both sides pass through ("BackwardHookFunctionBackward", as
+// PyTorch's); gradients are not materialised, so the hooks see undefined ones where none flows.
 struct BackwardHookFunction : Function<BackwardHookFunction> {
   static constexpr const char* kName = "BackwardHookFunction";
   static VariableList Forward(FunctionCtx& ctx, const VariableList& in,
-                              std::shared_ptr<BackwardHookState> input_side) {
+                              std::shared_ptr<BackwardHookState> state, bool output_side) {
     ctx.set_materialize_grads(false);
-    if (input_side != nullptr) ctx.saved_data["state"] = std::move(input_side);
+    ctx.saved_data["state"] = std::move(state);
+    ctx.saved_data["output_side"] = output_side;
     return {Tensor(in[0].data())};
   }
   static VariableList Backward(FunctionCtx& ctx, const VariableList& grads) {
-    auto it = ctx.saved_data.find("state");
-    if (it == ctx.saved_data.end()) return grads;  // the output side: its pre-hook did the work
-    auto state = std::any_cast<std::shared_ptr<BackwardHookState>>(it->second);
-    if (!state->grad_outputs.has_value()) return grads;  // no grad_output came: PyTorch skips
-    VariableList res = grads;
-    for (const BackwardHook& hook : state->hooks) {
-      VariableList out = hook(*state->module, res, *state->grad_outputs);
-      if (out.empty()) continue;
-      TG_CHECK(out.size() == res.size(),
-               "Backward hook returned an invalid number of grad_input, got ", out.size(),
-               ", but expected ", res.size());
-      res = std::move(out);
-    }
-    state->grad_outputs.reset();
-    return res;
+    auto state = std::any_cast<std::shared_ptr<BackwardHookState>>(ctx.saved_data.at("state"));
+    return std::any_cast<bool>(ctx.saved_data.at("output_side")) ? OutputSide(*state, grads)
+                                                                 : InputSide(*state, grads);
   }
 };
-
-// The output side: a pre-hook of the output's identity node captures grad_output and runs the
-// pre-hooks; when the input needs no gradient it runs the hooks there too.
-NodePreHook OutputSideHook(std::shared_ptr<BackwardHookState> state) {
-  return [state](const VariableList& grad_output) -> VariableList {
-    state->grad_outputs = grad_output;
-    for (const BackwardPreHook& pre : state->pre) {
-      VariableList replaced = pre(*state->module, *state->grad_outputs);
-      if (replaced.empty()) continue;
-      TG_CHECK(replaced.size() == state->grad_outputs->size(),
-               "Backward pre hook returned an invalid number of grad_output, got ", replaced.size(),
-               ", but expected ", state->grad_outputs->size());
-      state->grad_outputs = std::move(replaced);
-    }
-    VariableList local = *state->grad_outputs;
-    if (!state->input_requires_grad) {
-      if (!state->hooks.empty()) {
-        Warn(
-            "Full backward hook is firing when gradients are computed with respect to module "
-            "outputs since no inputs require gradients. See "
-            "https://docs.pytorch.org/docs/main/generated/torch.nn.Module.html"
-            "#torch.nn.Module.register_full_backward_hook for more details.");
-      }
-      const VariableList grad_inputs(1);
-      for (const BackwardHook& hook : state->hooks) {
-        const VariableList res = hook(*state->module, grad_inputs, *state->grad_outputs);
-        const bool none =
-            std::all_of(res.begin(), res.end(), [](const Tensor& t) { return !t.defined(); });
-        TG_CHECK(none,
-                 "Backward hook for Modules where no input requires gradient should always "
-                 "return None or None for all gradients.");
-      }
-      state->grad_outputs.reset();
-    }
-    return local;
-  };
-}
 
 }  // namespace
 
@@ -199,7 +204,9 @@ Tensor Module::operator()(const Tensor& input) {
       for (const auto& [id, hook] : hooks_->backward_pre) backward->pre.push_back(hook);
       for (const auto& [id, hook] : hooks_->backward) backward->hooks.push_back(hook);
       backward->input_requires_grad = x.defined() && x.requires_grad();
-      if (backward->input_requires_grad) x = BackwardHookFunction::Apply({x}, backward)[0];
+      if (backward->input_requires_grad) {
+        x = BackwardHookFunction::Apply({x}, backward, /*output_side=*/false)[0];
+      }
     }
     if (autocast_scope_) {
       amp::AutocastModuleScope scope(type_name());
@@ -239,8 +246,7 @@ Tensor Module::operator()(const Tensor& input) {
   }
   // The output through its identity node (PyTorch's setup_output_hook, after forward hooks).
   if (backward != nullptr && out.defined() && out.requires_grad()) {
-    out = BackwardHookFunction::Apply({out}, std::shared_ptr<BackwardHookState>())[0];
-    out.grad_fn()->RegisterPreHook(OutputSideHook(backward));
+    out = BackwardHookFunction::Apply({out}, backward, /*output_side=*/true)[0];
   }
   return out;
 }

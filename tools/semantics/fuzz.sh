@@ -18,7 +18,7 @@ total=0 found=0
 while [ "$SECONDS" -lt "$end" ]; do
   python3 tools/semantics/generate.py "$seed" 2000 > "$work/s.jsonl"
   "$py" tools/semantics/run_pytorch.py "$work/s.jsonl" > "$work/p.txt"
-  "$runner" "$work/s.jsonl" > "$work/t.txt"
+  "$runner" "$work/s.jsonl" > "$work/t.txt" 2>/dev/null
   bash tools/semantics/compare.sh "$work/p.txt" "$work/t.txt" > "$work/c.txt"
   for id in $(awk '/^scenario [0-9]+:/{ sub(":", "", $2); print $2 }' "$work/c.txt"); do
     sed -n "$((id - seed + 1))p" "$work/s.jsonl" >> tools/semantics/found.jsonl

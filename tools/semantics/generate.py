@@ -10,7 +10,8 @@ import json
 import random
 import sys
 
-UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "custom_double"]
+UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "custom_double", "checkpoint",
+         "module"]
 BINARY = ["add", "sub", "mul"]
 
 
@@ -36,7 +37,13 @@ def scenario(seed):
             op = {"out": out, "op": kind, "args": [r.choice(names)]}
             if kind == "mul_scalar":
                 op["scalar"] = r.choice([0.5, 2.0, -1.5])
-        if r.random() < 0.15 and kind not in ("view",):
+            if kind == "checkpoint":
+                op["reentrant"] = r.random() < 0.5
+            if kind == "module":
+                # A module y = tanh(x) * 2 with backward pre-hooks / hooks that observe or scale.
+                op["pre_scale"] = r.choice([None, 1.0, 3.0])
+                op["hook_scale"] = r.choice([None, 1.0, 0.5])
+        if r.random() < 0.15 and kind not in ("view", "checkpoint", "module"):
             op["inplace_mul"] = r.choice([2.0, -0.5])  # then out.mul_(c)
         ops.append(op)
         names.append(out)
@@ -67,18 +74,23 @@ def scenario(seed):
     elif roll < 0.7:
         k = r.randint(1, len(grad_leaves))
         backward = {"api": "backward_inputs", "inputs": r.sample(grad_leaves, k)}
+    elif roll < 0.8:
+        # grad() of the root with respect to GradientEdges of tensors that require grad.
+        candidates = [n for n in names if needs_grad[n]]
+        k = r.randint(1, min(2, len(candidates)))
+        backward = {"api": "grad_edges", "inputs": r.sample(candidates, k)}
     else:
         k = r.randint(1, len(grad_leaves))
         backward = {"api": "grad", "inputs": r.sample(grad_leaves, k)}
-    if backward["api"] == "grad":
+    if backward["api"] in ("grad", "grad_edges"):
         # A multi_all hook over a leaf that grad() takes as an input: PyTorch raises ("A leaf
         # node was passed to _will_engine_execute_node ..."), tapegrad counts the leaf as reached
         # (a deliberate difference, docs/semantics.md); the generator leaves it out.
-        leaf_inputs = set(backward["inputs"])
+        leaf_inputs = set(backward["inputs"]) & {l["name"] for l in leaves}
         for hook in hooks:
             if hook["kind"] == "multi_all" and ({hook["on"], hook["with"]} & leaf_inputs):
                 hook.clear()
-                hook.update({"kind": "tensor", "on": backward["inputs"][0], "scale": 1.0})
+                hook.update({"kind": "tensor", "on": sorted(leaf_inputs)[0], "scale": 1.0})
     return {"id": seed, "leaves": leaves, "ops": ops, "root": root, "hooks": hooks,
             "backward": backward}
 

@@ -5,8 +5,22 @@ events in the format tools/semantics:runner prints for tapegrad.
 """
 import json
 import sys
+import warnings
 
 import torch
+import torch.utils.checkpoint
+
+# Every warning is an event (its text a comment), each time it is raised.
+warnings.simplefilter("always")
+CURRENT = [None]  # the running scenario's event list
+
+
+def _record_warning(message, category, filename, lineno, file=None, line=None):
+    CURRENT[0].append("warning")
+    CURRENT[0].append("# " + str(message).splitlines()[0])
+
+
+warnings.showwarning = _record_warning
 
 
 # The named deliberate differences (docs/semantics.md, "The differential oracle"), applied here to
@@ -32,7 +46,33 @@ class Double(torch.autograd.Function):
         return g * 2
 
 
+class Module(torch.nn.Module):
+    """y = tanh(x) * 2, with the module backward hooks the op asks for."""
+
+    def __init__(self, op, tag, ev):
+        super().__init__()
+        if op["pre_scale"] is not None:
+            c = op["pre_scale"]
+            def pre(mod, go, tag=tag, c=c):
+                ev("module_pre", tag, " ".join(fmt(g) for g in go))
+                return None if c == 1.0 else tuple(g * c if g is not None else None for g in go)
+            self.register_full_backward_pre_hook(pre)
+        if op["hook_scale"] is not None:
+            c = op["hook_scale"]
+            def hook(mod, gi, go, tag=tag, c=c):
+                ev("module_hook", tag, " ".join(fmt(g) for g in gi), "|",
+                   " ".join(fmt(g) for g in go))
+                if c == 1.0 or gi[0] is None:
+                    return None
+                return tuple(g * c for g in gi)
+            self.register_full_backward_hook(hook)
+
+    def forward(self, x):
+        return torch.tanh(x) * 2
+
+
 def run(s, out):
+    CURRENT[0] = out
     ev = lambda *parts: out.append(" ".join(str(p) for p in parts))
     aux = torch.tensor([1.5], dtype=torch.float64, requires_grad=True)  # for nested backwards
     t = {}
@@ -54,6 +94,11 @@ def run(s, out):
             elif kind == "clone": y = a[0].clone()
             elif kind == "view": y = a[0].view(-1)
             elif kind == "custom_double": y = Double.apply(a[0])
+            elif kind == "checkpoint":
+                y = torch.utils.checkpoint.checkpoint(lambda v: torch.tanh(v) * v, a[0],
+                                                      use_reentrant=op["reentrant"])
+            elif kind == "module":
+                y = Module(op, op["out"], ev)(a[0])
             else: raise ValueError(kind)
             if "inplace_mul" in op:
                 y.mul_(op["inplace_mul"])
@@ -147,7 +192,10 @@ def run(s, out):
                 if h["kind"] == "retain_grad" and not x.is_leaf and x.requires_grad:
                     ev("retained", "%s#%d" % (h["on"], i), fmt(x.grad))
         else:
-            res = torch.autograd.grad(root, [t[n] for n in b["inputs"]], allow_unused=True)
+            inputs = [t[n] for n in b["inputs"]]
+            if b["api"] == "grad_edges":
+                inputs = [torch.autograd.graph.get_gradient_edge(x) for x in inputs]
+            res = torch.autograd.grad(root, inputs, allow_unused=True)
             for name, g in zip(b["inputs"], res):
                 ev("result", name, fmt(g))
             for leaf in s["leaves"]:

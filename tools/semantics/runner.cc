@@ -13,12 +13,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
+#include "autograd/warning.h"
+#include "nn/module.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -52,7 +55,39 @@ struct Double : Function<Double> {
   }
 };
 
+// run_pytorch.py's Module: y = tanh(x) * 2, with the backward hooks the op asks for.
+struct TanhTwice : nn::Module {
+  TanhTwice(const Json& op, const std::string& tag, std::vector<std::string>& ev) {
+    if (!op["pre_scale"].is_null()) {
+      const double c = op["pre_scale"];
+      register_full_backward_pre_hook([&ev, tag, c](Module&, const VariableList& go) {
+        ev.push_back("module_pre " + tag + " " + FmtAll(go));
+        if (c == 1.0) return VariableList();
+        VariableList scaled;
+        for (const Tensor& g : go) scaled.push_back(g.defined() ? MulScalar(g, c) : Tensor());
+        return scaled;
+      });
+    }
+    if (!op["hook_scale"].is_null()) {
+      const double c = op["hook_scale"];
+      register_full_backward_hook(
+          [&ev, tag, c](Module&, const VariableList& gi, const VariableList& go) {
+            ev.push_back("module_hook " + tag + " " + FmtAll(gi) + " | " + FmtAll(go));
+            if (c == 1.0 || !gi[0].defined()) return VariableList();
+            return VariableList{MulScalar(gi[0], c)};
+          });
+    }
+  }
+  Tensor forward(const Tensor& x) override { return MulScalar(Tanh(x), 2.0); }
+};
+
 void Run(const Json& s, std::vector<std::string>& ev) {
+  // Every warning is an event (its text a comment), as run_pytorch.py records them.
+  WarningHandlerGuard warnings([&ev](const std::string& message) {
+    ev.push_back("warning");
+    ev.push_back("# " + message.substr(0, message.find('\n')));
+  });
+  std::vector<std::shared_ptr<nn::Module>> modules;  // alive until the backward ran
   // The leaf nested backwards accumulate into (as in run_pytorch.py).
   const Tensor aux(RawTensor::FromVector<double>({1.5}, {1}), /*requires_grad=*/true);
   std::map<std::string, Tensor> t;
@@ -67,28 +102,37 @@ void Run(const Json& s, std::vector<std::string>& ev) {
       for (const Json& name : op["args"]) a.push_back(t.at(name.get<std::string>()));
       const std::string kind = op["op"];
       Tensor y;
-      if (kind == "add")
+      if (kind == "add") {
         y = Add(a[0], a[1]);
-      else if (kind == "sub")
+      } else if (kind == "sub") {
         y = Sub(a[0], a[1]);
-      else if (kind == "mul")
+      } else if (kind == "mul") {
         y = Mul(a[0], a[1]);
-      else if (kind == "tanh")
+      } else if (kind == "tanh") {
         y = Tanh(a[0]);
-      else if (kind == "exp")
+      } else if (kind == "exp") {
         y = Exp(a[0]);
-      else if (kind == "neg")
+      } else if (kind == "neg") {
         y = Neg(a[0]);
-      else if (kind == "mul_scalar")
+      } else if (kind == "mul_scalar") {
         y = MulScalar(a[0], op["scalar"].get<double>());
-      else if (kind == "clone")
+      } else if (kind == "clone") {
         y = a[0].clone();
-      else if (kind == "view")
+      } else if (kind == "view") {
         y = a[0].view({-1});
-      else if (kind == "custom_double")
+      } else if (kind == "custom_double") {
         y = Double::Apply({a[0]})[0];
-      else
+      } else if (kind == "checkpoint") {
+        CheckpointOptions options;
+        options.reentrant = op["reentrant"].get<bool>();
+        y = Checkpoint([](const VariableList& in) { return Mul(Tanh(in[0]), in[0]); }, {a[0]},
+                       options);
+      } else if (kind == "module") {
+        modules.push_back(std::make_shared<TanhTwice>(op, op["out"].get<std::string>(), ev));
+        y = (*modules.back())(a[0]);
+      } else {
         throw Error("runner: unknown op " + kind);
+      }
       if (op.contains("inplace_mul")) y.mul_(op["inplace_mul"].get<double>());
       t[op["out"]] = y;
     }
@@ -204,11 +248,18 @@ void Run(const Json& s, std::vector<std::string>& ev) {
         }
       }
     } else {
-      VariableList inputs;
-      for (const Json& name : b["inputs"]) inputs.push_back(t.at(name.get<std::string>()));
+      std::vector<GradTarget> inputs;
+      for (const Json& name : b["inputs"]) {
+        const Tensor& x = t.at(name.get<std::string>());
+        if (api == "grad_edges") {
+          inputs.emplace_back(get_gradient_edge(x));
+        } else {
+          inputs.emplace_back(x);
+        }
+      }
       GradOptions options;
       options.allow_unused = true;
-      const VariableList res = Engine::Grad({root}, inputs, {}, options);
+      const VariableList res = Engine::GradEdges({root}, inputs, {}, options);
       for (size_t i = 0; i < res.size(); ++i) {
         ev.push_back("result " + b["inputs"][i].get<std::string>() + " " + Fmt(res[i]));
       }
