@@ -26,6 +26,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/indexing.h"
 #include "autograd/ops.h"
+#include "autograd/save_on_cpu.h"
 #include "autograd/torch_autograd.h"
 #include "autograd/torch_functions.h"
 #include "autograd/variable.h"

@@ -1,6 +1,7 @@
 // tg::autograd (autograd/torch_autograd.h): libtorch's "Autograd in C++" tutorial, its custom
 // functions and higher-order gradients, ported by the two replacements; gradients compared
 // with the built-in ops' exactly.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -316,6 +317,30 @@ TEST(AutogradApi, GradientEdgesSplitABackward) {
                         "Tensor that does not require gradients"),
               std::string::npos);
   }
+}
+
+// save_on_cpu: the same gradients as without it; on the CPU the saved tensors are the tensors
+// themselves, so a saved input unpacks as the input (its hooks fire as usual).
+TEST(AutogradApi, SaveOnCpuGivesTheSameGradients) {
+  auto run = [](bool offload) {
+    tg::Tensor x = tg::tensor({0.5, -1.0, 2.0}, tg::requires_grad());
+    tg::Tensor w = tg::tensor({1.5, 0.25, -0.5}, tg::requires_grad());
+    int hook_calls = 0;
+    x.register_hook([&](const tg::Tensor&) {
+      ++hook_calls;
+      return tg::Tensor();
+    });
+    tg::Tensor y;
+    {
+      std::optional<tg::SaveOnCpu> guard;
+      if (offload) guard.emplace();
+      y = (x.exp() * w * x).sum();
+    }
+    y.backward();
+    EXPECT_EQ(hook_calls, 1);
+    return std::make_pair(Values(x.grad()), Values(w.grad()));
+  };
+  EXPECT_EQ(run(true), run(false));
 }
 
 }  // namespace
