@@ -25,6 +25,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/indexing.h"
+#include "autograd/mutation_on_saved.h"
 #include "autograd/ops.h"
 #include "autograd/save_on_cpu.h"
 #include "autograd/torch_autograd.h"

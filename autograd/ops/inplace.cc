@@ -15,6 +15,7 @@
 // self's storage) are snapshots: copies attached at the original's place in the graph, so the
 // formula stays differentiable under create_graph.
 #include "autograd/grad_mode.h"
+#include "autograd/mutation_on_saved.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "tensor/op_list.h"
@@ -25,6 +26,7 @@ namespace {
 // PyTorch's check_inplace: `other` (may be undefined) is the op's other differentiable input.
 void CheckInPlaceAllowed(const char* op, const Tensor& self, const Tensor& other = Tensor()) {
   TG_CHECK(self.defined(), op, ": self is undefined");
+  internal::BeforeInPlaceWrite(self);  // allow_mutation_on_saved_tensors copies first
   if (!GradMode::is_enabled()) return;
   const bool records = self.requires_grad() || (other.defined() && other.requires_grad());
   if (records && self.is_view()) {

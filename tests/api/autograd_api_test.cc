@@ -343,4 +343,45 @@ TEST(AutogradApi, SaveOnCpuGivesTheSameGradients) {
   EXPECT_EQ(run(true), run(false));
 }
 
+// allow_mutation_on_saved_tensors: PyTorch 2.15 prints a.grad = [4.7182817459106445,
+// 11.389056205749512, 26.08553695678711] (2 b + exp(b) of b before the write) and refuses a
+// backward after the context closed.
+TEST(AutogradApi, AllowMutationOnSavedTensorsUsesTheValueBeforeTheWrite) {
+  {
+    tg::AllowMutationOnSavedTensors allow;
+    tg::Tensor a = tg::tensor({1.0, 2.0, 3.0}, tg::requires_grad());
+    tg::Tensor b = a.clone();
+    tg::Tensor out = (b * b).sum() + b.exp().sum();
+    b.mul_(2);
+    out.backward();
+    const std::vector<float> want = {4.7182817459106445f, 11.389056205749512f, 26.08553695678711f};
+    EXPECT_EQ(Values(a.grad()), want);
+    EXPECT_EQ(Values(b), (std::vector<float>{2, 4, 6}));
+  }
+  tg::Tensor out;
+  tg::Tensor b;
+  {
+    tg::AllowMutationOnSavedTensors allow;
+    tg::Tensor a = tg::tensor({1.0, 2.0, 3.0}, tg::requires_grad());
+    b = a.clone();
+    out = (b * b).sum();
+  }
+  b.mul_(2);
+  try {
+    out.backward();
+    FAIL() << "a backward after the context closed";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Trying to backward outside of the "
+                                         "'allow_mutation_on_saved_tensors' context"),
+              std::string::npos)
+        << e.what();
+  }
+  // Without the guard the version counter refuses the backward, as PyTorch does.
+  tg::Tensor a = tg::tensor({1.0, 2.0, 3.0}, tg::requires_grad());
+  tg::Tensor c = a.clone();
+  tg::Tensor plain = (c * c).sum();
+  c.mul_(2);
+  EXPECT_THROW(plain.backward(), tg::Error);
+}
+
 }  // namespace
