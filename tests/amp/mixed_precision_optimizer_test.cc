@@ -13,7 +13,10 @@
 
 #include "autograd/checkpoint.h"
 #include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "nn/module.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tensor/generator.h"
@@ -448,6 +451,51 @@ TEST(MixedPrecisionOptimizerTest, BackwardIssuedInsideForwardDoesNotTriggerTheEp
   EXPECT_TRUE(m.s.grad().defined());  // left to the model
   m.s.set_grad(Tensor());
   opt.scale(Loss(m.Forward(Inputs(kF16, 2)))).backward();
+  EXPECT_EQ(opt.master_grad_updates(), 1);
+  EXPECT_EQ(MasterGrads(opt), FacadeMasterGrads(false));
+}
+
+// The epilogue with module backward hooks present (their identity nodes in the graph, hooks
+// that replace nothing) and with a custom function that runs a backward of its own inside its
+// forward: once per user backward, with the same master gradients.
+struct HiddenLayer : nn::Module {
+  explicit HiddenLayer(const Model& m) : m(m) {}
+  Tensor forward(const Tensor& x) override { return m.Hidden(x); }
+  const Model& m;
+};
+
+struct AuxiliaryBackward : Function<AuxiliaryBackward> {
+  static constexpr const char* kName = "AuxiliaryBackward";
+  static VariableList Forward(FunctionCtx&, const VariableList& in, const Tensor& s) {
+    EnableGradGuard grad;
+    Sum(Mul(s, s)).backward();  // issued in forward: not the user's backward
+    return {in[0].clone()};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) { return grads; }
+};
+
+TEST(MixedPrecisionOptimizerTest, ModuleBackwardHooksAndABackwardInsideForwardRunTheEpilogueOnce) {
+  Model m(kF16, 1);
+  MixedPrecisionOptimizer opt(Sgd(m), Scaled(1024));
+  opt.attach();
+  HiddenLayer layer(m);
+  int pre = 0, hooks = 0;
+  layer.register_full_backward_pre_hook([&](nn::Module&, const VariableList&) {
+    ++pre;
+    return VariableList();
+  });
+  layer.register_full_backward_hook([&](nn::Module&, const VariableList&, const VariableList&) {
+    ++hooks;
+    EXPECT_EQ(opt.master_grad_updates(), 0);  // the epilogue comes after the whole backward
+    return VariableList();
+  });
+  const Tensor x(Inputs(kF16, 2).data(), /*requires_grad=*/true);
+  const Tensor h = AuxiliaryBackward::Apply({layer(x)}, m.s)[0];
+  EXPECT_EQ(opt.master_grad_updates(), 0);  // the auxiliary backward did not trigger it
+  m.s.set_grad(Tensor());                   // what the auxiliary backward left
+  opt.scale(Loss(Mul(h, m.s))).backward();
+  EXPECT_EQ(pre, 1);
+  EXPECT_EQ(hooks, 1);
   EXPECT_EQ(opt.master_grad_updates(), 1);
   EXPECT_EQ(MasterGrads(opt), FacadeMasterGrads(false));
 }
