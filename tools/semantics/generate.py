@@ -10,8 +10,8 @@ import json
 import random
 import sys
 
-UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "custom_double", "checkpoint",
-         "module"]
+UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "narrow", "custom_double",
+         "checkpoint", "module"]
 BINARY = ["add", "sub", "mul"]
 
 
@@ -27,6 +27,7 @@ def scenario(seed):
         })
     names = [l["name"] for l in leaves]
     needs_grad = {l["name"]: l["requires_grad"] for l in leaves}
+    module_view = {}  # a module's output, or a view of one (see below)
     ops = []
     for k in range(r.randint(1, 6)):
         out = "t%d" % k
@@ -43,7 +44,15 @@ def scenario(seed):
                 # A module y = tanh(x) * 2 with backward pre-hooks / hooks that observe or scale.
                 op["pre_scale"] = r.choice([None, 1.0, 3.0])
                 op["hook_scale"] = r.choice([None, 1.0, 0.5])
-        if r.random() < 0.15 and kind not in ("view", "checkpoint", "module"):
+        # In place on an op's output; on a view (view, narrow) it writes into the base (PyTorch's
+        # CopySlices), refused for a view of a leaf that requires grad.
+        # A module with backward hooks returns a custom function's output: PyTorch refuses an
+        # in-place op on a view of it, tapegrad rebases it (a deliberate difference,
+        # docs/semantics.md), so the generator does not write into one.
+        into_module = kind in ("view", "narrow") and module_view.get(op["args"][0], False)
+        module_view[out] = kind == "module" or into_module
+        if r.random() < (0.3 if kind in ("view", "narrow") else 0.15) and kind not in (
+                "checkpoint", "module") and not into_module:
             op["inplace_mul"] = r.choice([2.0, -0.5])  # then out.mul_(c)
         ops.append(op)
         names.append(out)

@@ -25,9 +25,9 @@ warnings.showwarning = _record_warning
 
 # The named deliberate differences (docs/semantics.md, "The differential oracle"), applied here to
 # PyTorch's events and noted in a comment line of the output.
-SCALAR_ARITY = ("scalar-arity: PyTorch's tensor-by-number ops (x * 2.0, x.mul_(2.0)) record the "
-                "number as a second input whose grad_input is always None; tapegrad's MulScalar "
-                "node has one input")
+SCALAR_ARITY = ("scalar-arity: PyTorch's tensor-by-number ops (x * 2.0, x.mul_(2.0), and the "
+                "CopySlices over such an in-place op on a view) record the number as one more "
+                "input whose grad_input is always None; tapegrad's MulScalar node has one input")
 
 
 def fmt(t):
@@ -93,6 +93,7 @@ def run(s, out):
             elif kind == "mul_scalar": y = a[0] * op["scalar"]
             elif kind == "clone": y = a[0].clone()
             elif kind == "view": y = a[0].view(-1)
+            elif kind == "narrow": y = a[0].narrow(0, 0, 1)
             elif kind == "custom_double": y = Double.apply(a[0])
             elif kind == "checkpoint":
                 y = torch.utils.checkpoint.checkpoint(lambda v: torch.tanh(v) * v, a[0],
@@ -103,7 +104,14 @@ def run(s, out):
             if "inplace_mul" in op:
                 y.mul_(op["inplace_mul"])
             t[op["out"]] = y
-            scalar_node[op["out"]] = kind == "mul_scalar" or "inplace_mul" in op
+            # (a module without backward hooks ends in its "* 2")
+            scalar_node[op["out"]] = (kind == "mul_scalar" or "inplace_mul" in op or (
+                kind == "module" and op["pre_scale"] is None and op["hook_scale"] is None))
+            if "inplace_mul" in op and y._base is not None:
+                # The write went into the base: its grad_fn is a CopySlices over the scalar op.
+                for name, v in t.items():
+                    if v is y._base:
+                        scalar_node[name] = True
         callbacks = [0]
         for i, h in enumerate(s["hooks"]):
             x = t[h["on"]]

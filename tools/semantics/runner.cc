@@ -120,6 +120,8 @@ void Run(const Json& s, std::vector<std::string>& ev) {
         y = a[0].clone();
       } else if (kind == "view") {
         y = a[0].view({-1});
+      } else if (kind == "narrow") {
+        y = a[0].narrow(0, 0, 1);
       } else if (kind == "custom_double") {
         y = Double::Apply({a[0]})[0];
       } else if (kind == "checkpoint") {
