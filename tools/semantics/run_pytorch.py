@@ -30,6 +30,12 @@ SCALAR_ARITY = ("scalar-arity: PyTorch's tensor-by-number ops (x * 2.0, x.mul_(2
                 "input whose grad_input is always None; tapegrad's MulScalar node has one input")
 
 
+GRAD_ALIASING = ("grad-aliasing: PyTorch's AccumulateGrad keeps an incoming gradient as .grad "
+                 "without a copy, so two leaves can hold views of one buffer and a later backward's "
+                 "in-place accumulation into one changes the other; tapegrad's .grad never "
+                 "aliases another's (run_pytorch.py clones them before the second backward)")
+
+
 def fmt(t):
     if t is None:
         return "None"
@@ -105,8 +111,10 @@ def run(s, out):
                 y.mul_(op["inplace_mul"])
             t[op["out"]] = y
             # (a module without backward hooks ends in its "* 2")
-            scalar_node[op["out"]] = (kind == "mul_scalar" or "inplace_mul" in op or (
-                kind == "module" and op["pre_scale"] is None and op["hook_scale"] is None))
+            # (an in-place op on a view leaves the view a view node: its base gets the CopySlices)
+            scalar_node[op["out"]] = (
+                kind == "mul_scalar" or ("inplace_mul" in op and y._base is None) or (
+                    kind == "module" and op["pre_scale"] is None and op["hook_scale"] is None))
             if "inplace_mul" in op and y._base is not None:
                 # The write went into the base: its grad_fn is a CopySlices over the scalar op.
                 for name, v in t.items():
@@ -187,6 +195,16 @@ def run(s, out):
         if b["api"] in ("backward", "backward_twice", "backward_inputs"):
             if b["api"] == "backward_twice":
                 root.backward(retain_graph=True)
+                grads = [t[l["name"]].grad for l in s["leaves"]]
+                storages = [g.untyped_storage().data_ptr() for g in grads if g is not None]
+                if len(storages) != len(set(storages)):
+                    # PyTorch kept views of one gradient buffer as two leaves' .grad: the second
+                    # backward's in-place accumulation into one would change the other.
+                    ev("#", "deliberate difference", GRAD_ALIASING)
+                    for l in s["leaves"]:
+                        g = t[l["name"]].grad
+                        if g is not None:
+                            t[l["name"]].grad = g.clone()
                 ev("second")
                 root.backward()
             elif b["api"] == "backward_inputs":
