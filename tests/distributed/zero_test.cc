@@ -113,6 +113,9 @@ struct Config {
   bool sgd = false;             // plain SGD (linear in the gradient: a clip difference shows)
   bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
   bool skip_on_device = false;  // amp::MixedPrecisionOptions::skip_on_device (the zero-wait step)
+  // Module backward pre-hooks and hooks on every layer (observing: they replace nothing), so the
+  // graph holds their identity nodes; the epilogue must still run once per backward.
+  bool module_hooks = false;
 };
 
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
@@ -131,6 +134,7 @@ struct Outcome {
   int64_t skipped = 0;
   double scale = 0;
   int64_t host_reads = 0;      // amp::StepCore::host_reads(): found_inf and norm reads
+  int64_t module_hook_calls = 0;  // backward pre-hook and hook calls (Config::module_hooks)
   std::vector<float> masters;  // the f32 masters ("master.<i>" of state_dict), f16/bf16 models
 };
 
@@ -181,6 +185,25 @@ HookHandle InjectInf(nn::Mlp& model, const bool* armed) {
   });
 }
 
+// Config::module_hooks: a counting backward pre-hook and hook on every layer of `model`.
+std::vector<HookHandle> AddModuleHooks(const Config& c, nn::Mlp& model, int64_t* calls) {
+  std::vector<HookHandle> handles;
+  if (!c.module_hooks) return handles;
+  for (size_t i = 0; i < model.num_layers(); ++i) {
+    handles.push_back(
+        model.layer(i)->register_full_backward_pre_hook([calls](nn::Module&, const VariableList&) {
+          ++*calls;
+          return VariableList();
+        }));
+    handles.push_back(model.layer(i)->register_full_backward_hook(
+        [calls](nn::Module&, const VariableList&, const VariableList&) {
+          ++*calls;
+          return VariableList();
+        }));
+  }
+  return handles;
+}
+
 ZeroOptions MakeZeroOptions(const Config& c, std::shared_ptr<nn::Module> model) {
   ZeroOptions zo;
   zo.stage = c.stage;
@@ -198,6 +221,7 @@ Outcome TrainZero(const std::shared_ptr<ProcessGroup>& pg, const Config& c) {
   bool armed = false;
   HookHandle inject = InjectInf(*model, &armed);
   Outcome out;
+  const std::vector<HookHandle> module_hooks = AddModuleHooks(c, *model, &out.module_hook_calls);
   for (int s = 0; s < c.steps; ++s) {
     opt.zero_grad();
     for (int m = 0; m < c.micro; ++m) {
@@ -231,6 +255,7 @@ Outcome TrainReference(int world, const Config& c) {
   bool armed = false;
   HookHandle inject = InjectInf(*model, &armed);
   Outcome out;
+  const std::vector<HookHandle> module_hooks = AddModuleHooks(c, *model, &out.module_hook_calls);
   out.initial = Concat(opt.model_params());
   for (int s = 0; s < c.steps; ++s) {
     opt.zero_grad();
@@ -297,6 +322,10 @@ void ExpectMatchesReference(int world, const Config& c, double tol, double norm_
     }
     EXPECT_EQ(zero.skipped, ref.skipped);
     EXPECT_EQ(zero.scale, ref.scale);
+    if (c.module_hooks) {  // 2 layers x (pre-hook + hook) per backward, as many backwards
+      EXPECT_EQ(zero.module_hook_calls, int64_t{4} * c.steps * c.micro);
+      EXPECT_EQ(ref.module_hook_calls, int64_t{4} * c.steps * c.micro * world);
+    }
     // The parameters moved (the comparison is not vacuous).
     EXPECT_GT(MaxAbsDiff(ref.params, ref.initial), 0.05);
   });
@@ -344,6 +373,19 @@ TEST(ZeroTest, Stage3MatchesDataParallelTraining) {
   c.two_groups = true;  // two flat buffers per unit
   c.plain_backward = true;
   ExpectMatchesReference(4, c, 0.0, 1e-12);
+}
+
+// Module backward hooks on every layer (their identity nodes in the graph) leave every stage's
+// epilogue once per backward and the training identical to the reference's.
+TEST(ZeroTest, EveryStageWithModuleBackwardHooks) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    Config c;
+    c.stage = stage;
+    c.module_hooks = true;
+    ExpectMatchesReference(2, c, 0.0, 1e-12);
+    c.plain_backward = true;
+    ExpectMatchesReference(2, c, 0.0, 1e-12);
+  }
 }
 
 // A world size that is not a power of two (3 ranks: one flat buffer of 174 elements in shards of
