@@ -43,25 +43,38 @@ Tensor Sub(const Tensor& a, const Tensor& b) {
                 });
 }
 
+// The shape of forward input i, from the node its gradient goes to (valid when ctx.needs(i)):
+// for an operand the node did not save.
+const Shape& InputShape(const BackwardContext& ctx, size_t i) {
+  const Edge& e = ctx.edges[i];
+  return e.fn->input_metadata()[e.input_nr].shape;
+}
+
+// As PyTorch's derivatives.yaml: each operand is saved only when the other one's gradient needs
+// it, so an in-place write into an operand nothing needs does not break the backward (the
+// differential oracle found the difference: tools/semantics).
 Tensor Mul(const Tensor& a, const Tensor& b) {
-  return Record(OpNodeName(OpId::kMul), tg::Mul(a.data(), b.data()), {a, b}, {a, b},
+  return Record(OpNodeName(OpId::kMul), tg::Mul(a.data(), b.data()), {a, b},
+                {b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor()},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
                   const Tensor& a = ctx.saved[0];
                   const Tensor& b = ctx.saved[1];
-                  return {ctx.needs(0) ? Reduce(Mul(g, b), a) : Tensor(),
-                          ctx.needs(1) ? Reduce(Mul(g, a), b) : Tensor()};
+                  return {ctx.needs(0) ? SumTo(Mul(g, b), InputShape(ctx, 0)) : Tensor(),
+                          ctx.needs(1) ? SumTo(Mul(g, a), InputShape(ctx, 1)) : Tensor()};
                 });
 }
 
 Tensor Div(const Tensor& a, const Tensor& b) {
-  return Record(OpNodeName(OpId::kDiv), tg::Div(a.data(), b.data()), {a, b}, {a, b},
+  // b is needed by both gradients; a only by b's (PyTorch's derivatives.yaml).
+  return Record(OpNodeName(OpId::kDiv), tg::Div(a.data(), b.data()), {a, b},
+                {b.requires_grad() ? a : Tensor(), b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
                   const Tensor& a = ctx.saved[0];
                   const Tensor& b = ctx.saved[1];
                   // d(a/b)/da = 1/b, d(a/b)/db = -a/b^2
-                  return {ctx.needs(0) ? Reduce(Div(g, b), a) : Tensor(),
+                  return {ctx.needs(0) ? SumTo(Div(g, b), InputShape(ctx, 0)) : Tensor(),
                           ctx.needs(1) ? Reduce(Neg(Div(Mul(g, a), Mul(b, b))), b) : Tensor()};
                 });
 }
