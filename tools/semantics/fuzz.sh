@@ -4,7 +4,8 @@
 # PyTorch (the venv of tools/bench/setup_pytorch_venv.sh) and in tapegrad, and appends every
 # scenario that differs to tools/semantics/found.jsonl, until SECONDS have passed. Build the
 # runner first (bazel build //tools/semantics:runner). A found scenario, once understood (fixed,
-# or named in docs/semantics.md), joins the committed seeds.
+# or named in docs/semantics.md), joins tests/semantics/testdata/reproducers.jsonl (then run
+# tools/semantics/regenerate.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 seconds=$1
