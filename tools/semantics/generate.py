@@ -11,7 +11,7 @@ import random
 import sys
 
 UNARY = ["tanh", "exp", "neg", "mul_scalar", "clone", "view", "narrow", "custom_double",
-         "checkpoint", "module"]
+         "custom_dirty", "checkpoint", "module"]
 BINARY = ["add", "sub", "mul"]
 
 
@@ -37,6 +37,14 @@ def scenario(seed):
             op = {"out": out, "op": kind, "args": [r.choice(names), r.choice(names)]}
         else:
             op = {"out": out, "op": kind, "args": [r.choice(names)]}
+            arg = op["args"][0]
+            if kind == "custom_dirty" and (
+                    module_view.get(arg, False) or view_depth[arg] > 0 or
+                    (arg in view_depth and arg.startswith("l") and r.random() < 0.9)):
+                # In place on a view (tapegrad refuses a dirty view while recording, PyTorch
+                # rebases its base) or on a module output with hooks (PyTorch refuses it): both
+                # deliberate differences (docs/semantics.md); a leaf (both refuse) is kept rare.
+                kind = op["op"] = "custom_double"
             if kind == "mul_scalar":
                 op["scalar"] = r.choice([0.5, 2.0, -1.5])
             if kind == "checkpoint":
@@ -50,10 +58,13 @@ def scenario(seed):
         # A module with backward hooks returns a custom function's output: PyTorch refuses an
         # in-place op on a view of it, tapegrad rebases it (a deliberate difference,
         # docs/semantics.md), so the generator does not write into one.
-        into_module = kind in ("view", "narrow") and module_view.get(op["args"][0], False)
+        into_module = kind in ("view", "narrow", "custom_dirty") and module_view.get(
+            op["args"][0], False)
         module_view[out] = kind == "module" or into_module
-        if r.random() < (0.3 if kind in ("view", "narrow") else 0.15) and kind not in (
-                "checkpoint", "module") and not into_module:
+        on_view = kind in ("view", "narrow")
+        of_leaf = op["args"][0].startswith("l")  # an error in both libraries: kept rare
+        if r.random() < ((0.05 if of_leaf else 0.3) if on_view else 0.15) and kind not in (
+                "checkpoint", "module", "custom_dirty") and not into_module:
             op["inplace_mul"] = r.choice([2.0, -0.5])  # then out.mul_(c)
         ops.append(op)
         names.append(out)
@@ -67,7 +78,8 @@ def scenario(seed):
     hooks = []
     for h in range(r.randint(0, 6)):
         kind = r.choice(["tensor", "tensor", "retain_grad", "post_acc", "node_pre", "node_post",
-                         "callback", "multi_all", "multi_any", "nested", "raise"])
+                         "callback", "multi_all", "multi_any", "nested", "callback_nested",
+                         "raise"])
         if kind == "raise" and r.random() < 0.7:
             kind = "tensor"  # errors end the scenario: keep them rarer
         hook = {"kind": kind, "on": r.choice(names)}

@@ -52,6 +52,20 @@ class Double(torch.autograd.Function):
         return g * 2
 
 
+class DirtyDouble(torch.autograd.Function):
+    """Doubles its input in place and returns it (mark_dirty)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
 class Module(torch.nn.Module):
     """y = tanh(x) * 2, with the module backward hooks the op asks for."""
 
@@ -101,6 +115,7 @@ def run(s, out):
             elif kind == "view": y = a[0].view(-1)
             elif kind == "narrow": y = a[0].narrow(0, 0, 1)
             elif kind == "custom_double": y = Double.apply(a[0])
+            elif kind == "custom_dirty": y = DirtyDouble.apply(a[0])
             elif kind == "checkpoint":
                 y = torch.utils.checkpoint.checkpoint(lambda v: torch.tanh(v) * v, a[0],
                                                       use_reentrant=op["reentrant"])
@@ -115,6 +130,8 @@ def run(s, out):
             scalar_node[op["out"]] = (
                 kind == "mul_scalar" or ("inplace_mul" in op and y._base is None) or (
                     kind == "module" and op["pre_scale"] is None and op["hook_scale"] is None))
+            if kind == "custom_dirty":  # the input itself now has the function's node
+                scalar_node[op["args"][0]] = False
             if "inplace_mul" in op and y._base is not None:
                 # The write went into the base: its grad_fn is a CopySlices over the scalar op.
                 for name, v in t.items():
@@ -157,6 +174,14 @@ def run(s, out):
                     with torch.enable_grad():  # hooks run with grad mode off
                         (aux * aux).sum().backward()
                     ev("nested", tag, fmt(aux.grad))
+                x.register_hook(hook)
+            elif kind == "callback_nested":
+                def hook(g, tag=tag):
+                    def callback():
+                        with torch.enable_grad():
+                            (aux * aux).sum().backward()
+                        ev("callback_nested", tag, fmt(aux.grad))
+                    torch.autograd.Variable._execution_engine.queue_callback(callback)
                 x.register_hook(hook)
             elif kind == "raise":
                 def hook(g, tag=tag):

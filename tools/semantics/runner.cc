@@ -81,6 +81,19 @@ struct TanhTwice : nn::Module {
   Tensor forward(const Tensor& x) override { return MulScalar(Tanh(x), 2.0); }
 };
 
+// run_pytorch.py's DirtyDouble: doubles its input in place and returns it (mark_dirty).
+struct DirtyDouble : Function<DirtyDouble> {
+  static constexpr const char* kName = "DirtyDouble";
+  static VariableList Forward(FunctionCtx& ctx, const VariableList& in) {
+    in[0].mul_(2.0);  // under no-grad, as PyTorch's forward
+    ctx.mark_dirty({in[0]});
+    return {in[0]};
+  }
+  static VariableList Backward(FunctionCtx&, const VariableList& grads) {
+    return {MulScalar(grads[0], 2.0)};
+  }
+};
+
 void Run(const Json& s, std::vector<std::string>& ev) {
   // Every warning is an event (its text a comment), as run_pytorch.py records them.
   WarningHandlerGuard warnings([&ev](const std::string& message) {
@@ -124,6 +137,8 @@ void Run(const Json& s, std::vector<std::string>& ev) {
         y = a[0].narrow(0, 0, 1);
       } else if (kind == "custom_double") {
         y = Double::Apply({a[0]})[0];
+      } else if (kind == "custom_dirty") {
+        y = DirtyDouble::Apply({a[0]})[0];
       } else if (kind == "checkpoint") {
         CheckpointOptions options;
         options.reentrant = op["reentrant"].get<bool>();
@@ -181,6 +196,15 @@ void Run(const Json& s, std::vector<std::string>& ev) {
           EnableGradGuard grad;  // hooks run with grad mode off
           Sum(Mul(aux, aux)).backward();
           ev.push_back("nested " + tag + " " + Fmt(aux.grad()));
+          return Tensor();
+        });
+      } else if (kind == "callback_nested") {
+        x.register_hook([&ev, tag, aux](const Tensor&) {
+          queue_callback([&ev, tag, aux] {
+            EnableGradGuard grad;
+            Sum(Mul(aux, aux)).backward();
+            ev.push_back("callback_nested " + tag + " " + Fmt(aux.grad()));
+          });
           return Tensor();
         });
       } else if (kind == "raise") {
