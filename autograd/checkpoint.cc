@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/autocast.h"
-#include "autograd/fp8.h"
 #include "autograd/engine.h"
+#include "autograd/fp8.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/trace.h"
@@ -132,8 +132,8 @@ struct CheckpointFunction : Function<CheckpointFunction> {
     // Captured before fn draws anything, so the recomputation sees the same random numbers.
     ctx.saved_data["generators"] = GeneratorStates::Capture(generators);
     ctx.saved_data["autocast"] = amp::GetAutocastState();
-    Tensor out = CheckedCall(fn, inputs);    // under no-grad (Function::Apply): nothing saved
-    ctx.save_for_backward(inputs);           // version-checked when the backward recomputes
+    Tensor out = CheckedCall(fn, inputs);  // under no-grad (Function::Apply): nothing saved
+    ctx.save_for_backward(inputs);         // version-checked when the backward recomputes
     ctx.saved_data["fn"] = std::move(fn);
     return {out};
   }
@@ -173,6 +173,14 @@ struct CheckpointFunction : Function<CheckpointFunction> {
 
 // ---- Non-reentrant ---------------------------------------------------------------------------
 
+// What one recomputation serves: a GraphExecGroup, or else one graph task (PyTorch keys its
+// recomputations the same way).
+struct RecomputeKey {
+  bool group;
+  int64_t id;
+  bool operator==(const RecomputeKey& o) const { return group == o.group && id == o.id; }
+};
+
 struct SavedMetadata {
   Shape shape;
   DType dtype;
@@ -192,10 +200,11 @@ struct NonReentrantState {
   std::vector<uint64_t> input_versions;
   GeneratorStates generators;
   amp::AutocastState autocast;               // at the forward, re-established for the recomputation
+  CheckpointContext recompute_context;       // entered around each recomputation (or empty)
   std::vector<SavedMetadata> forward_saved;  // what the forward packed, by pack index
-  int64_t recomputed_task = -1;              // the graph task `recomputed` belongs to
-  VariableList recomputed;                   // by pack index; emptied as entries are unpacked
-  std::vector<bool> unpacked;                // by pack index: handed out in recomputed_task
+  std::optional<RecomputeKey> recomputed_for;  // what `recomputed` was recomputed for
+  VariableList recomputed;                     // by pack index; emptied as entries are unpacked
+  std::vector<bool> unpacked;                  // by pack index: handed out for recomputed_for
 };
 
 // Thrown by the recomputation's pack hook once it has every tensor the forward saved (PyTorch's
@@ -232,6 +241,7 @@ void Recompute(NonReentrantState& s) {
               "checkpoint: a tensor saved during the recomputation was unpacked; "
               "backward through the recomputed graph is not supported");
         });
+    const std::shared_ptr<void> context = s.recompute_context ? s.recompute_context() : nullptr;
     try {
       CheckedCall(s.fn, s.inputs);
     } catch (const StopRecomputation&) {
@@ -261,20 +271,29 @@ void Recompute(NonReentrantState& s) {
 }
 
 Tensor Unpack(NonReentrantState& s, size_t index) {
+  // One recomputation per graph task serves all of the segment's saved tensors, or, under a
+  // GraphExecGroup, one per group; a new task (a second backward with retain_graph, or Grad())
+  // recomputes again, and so does every unpack outside backward and outside a group (PyTorch
+  // gives each of those a fresh id). An entry is handed out once and then dropped, so memory goes
+  // back as the backward moves through the segment.
+  const int64_t group = current_graph_exec_group();
   const int64_t task = current_graph_task_id();
-  // One recomputation per graph task serves all of the segment's saved tensors; a new task
-  // (a second backward with retain_graph, or Grad()) recomputes again, and so does every
-  // unpack outside backward (PyTorch gives each of those a fresh id). An entry is handed out
-  // once and then dropped, so memory goes back as the backward moves through the segment.
-  if (task < 0 || task != s.recomputed_task) {
-    s.recomputed_task = -1;  // until the recomputation succeeds
+  const std::optional<RecomputeKey> key =
+      group >= 0  ? std::optional<RecomputeKey>(RecomputeKey{true, group})
+      : task >= 0 ? std::optional<RecomputeKey>(RecomputeKey{false, task})
+                  : std::nullopt;
+  if (!key.has_value() || !s.recomputed_for.has_value() || !(*s.recomputed_for == *key)) {
+    s.recomputed_for.reset();  // until the recomputation succeeds
     Recompute(s);
-    s.recomputed_task = task;
+    s.recomputed_for = key;
   }
   // PyTorch's CheckpointError: the entry is gone; recomputing the segment again would hide it.
   TG_CHECK(!s.unpacked[index], "checkpoint: unpack is being triggered for saved tensor ", index,
-           ", which was already unpacked once in this backward; if you call "
-           "FunctionCtx::saved_variables() in backward, call it only once");
+           ", which was already unpacked once in this backward",
+           group >= 0 ? " (under one GraphExecGroup, the backward calls must need disjoint saved "
+                        "tensors)"
+                      : "",
+           "; if you call FunctionCtx::saved_variables() in backward, call it only once");
   s.unpacked[index] = true;
   Tensor v = std::move(s.recomputed[index]);
   s.recomputed[index] = Tensor();
@@ -282,8 +301,12 @@ Tensor Unpack(NonReentrantState& s, size_t index) {
 }
 
 Tensor NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
-                              const std::vector<Generator*>& generators) {
+                              const std::vector<Generator*>& generators,
+                              const CheckpointContextFn& context_fn) {
   auto state = std::make_shared<NonReentrantState>();
+  CheckpointContexts contexts;
+  if (context_fn) contexts = context_fn();
+  state->recompute_context = std::move(contexts.recompute);
   state->fn = std::move(fn);
   state->inputs = DetachInputs(inputs);
   for (const Tensor& in : inputs) {
@@ -300,7 +323,13 @@ Tensor NonReentrantCheckpoint(CheckpointFn fn, const VariableList& inputs,
         return Unpack(*state, std::any_cast<size_t>(packed));
       });
   const uint64_t first = Node::next_sequence_nr();
-  Tensor out = CheckedCall(state->fn, inputs);
+  Tensor out;
+  {
+    // As in PyTorch, the forward context is entered only when the forward records.
+    const std::shared_ptr<void> context =
+        contexts.forward && GradMode::is_enabled() ? contexts.forward() : nullptr;
+    out = CheckedCall(state->fn, inputs);
+  }
   MarkRecomputed(out, first);
   return out;
 }
@@ -329,8 +358,11 @@ Tensor Checkpoint(CheckpointFn fn, const VariableList& inputs, const CheckpointO
   }
   if (!options.reentrant.has_value()) Warn(kCheckpointReentrancyWarning);
   if (!options.reentrant.value_or(true)) {
-    return NonReentrantCheckpoint(std::move(fn), inputs, options.generators);
+    return NonReentrantCheckpoint(std::move(fn), inputs, options.generators, options.context_fn);
   }
+  TG_CHECK(options.context_fn == nullptr,
+           "checkpoint: CheckpointOptions::context_fn (selective checkpointing) works only with "
+           "reentrant = false");
   // PyTorch's check_backward_validity (use_reentrant=True only).
   if (std::none_of(inputs.begin(), inputs.end(),
                    [](const Tensor& in) { return in.requires_grad(); })) {

@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "autograd/autocast.h"
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/trace.h"
 #include "tensor/error.h"
@@ -80,6 +81,7 @@ struct GraphTask {
 
 thread_local GraphTask* current_task = nullptr;
 thread_local int thread_nesting = 0;  // nested tasks running on this thread
+thread_local int64_t graph_exec_group = -1;
 
 struct ReadyEntry {
   uint64_t sequence_nr;
@@ -382,6 +384,8 @@ void ExecuteWithHandOff(GraphTask& task,
   GraphTask* parent = current_task;
   const bool grad_mode = GradMode::is_enabled();
   const amp::AutocastState autocast = amp::GetAutocastState();
+  const int64_t group = graph_exec_group;
+  const OpDispatchModeGuard::Entry* const dispatch_modes = dispatch_internal::Top();
   std::exception_ptr error;
   TraceScope* trace = trace_internal::current;  // the worker records into the caller's trace
   if (trace != nullptr) trace_internal::HandOff(task.id);
@@ -393,6 +397,8 @@ void ExecuteWithHandOff(GraphTask& task,
     current_task = parent;
     GradMode::set_enabled(grad_mode);
     amp::AutocastStateGuard autocast_state(autocast);  // the caller's thread-local state
+    graph_exec_group = group;
+    const dispatch_internal::ScopedTop dispatch(dispatch_modes);
     try {
       Execute(task, root_grads);
     } catch (...) {
@@ -595,6 +601,10 @@ GradientEdge get_gradient_edge(const Tensor& t) {
 }
 
 int64_t current_graph_task_id() { return current_task ? current_task->id : -1; }
+
+int64_t current_graph_exec_group() { return graph_exec_group; }
+
+void set_current_graph_exec_group(int64_t id) { graph_exec_group = id; }
 
 int current_reentrant_depth() { return current_task ? current_task->depth : -1; }
 

@@ -93,6 +93,10 @@ class Engine {
 
 // The innermost running graph task's id on this thread, -1 outside backward.
 int64_t current_graph_task_id();
+// The id of the GraphExecGroup (autograd/checkpoint.h) alive on this thread, -1 for none; a
+// backward handed off to a fresh thread carries it there. Set only by GraphExecGroup.
+int64_t current_graph_exec_group();
+void set_current_graph_exec_group(int64_t id);
 // 0 for a task started outside backward, parent depth + 1 for a nested one; -1 outside.
 int current_reentrant_depth();
 // Appends to the current task's final callbacks; throws

@@ -38,8 +38,13 @@ constexpr const char* CastPolicyName(CastPolicy policy) {
 // What an FP8 scope does to an op (tensor/op_list.inc has the meaning of each).
 enum class Fp8Policy { kGemm, kNone };
 
+// Whether the op dispatches (autograd/dispatch_mode.h), and if so what selective activation
+// checkpointing does with its output when the policy leaves it to the op list
+// (tensor/op_list.inc has the meaning of each).
+enum class CheckpointDefault { kSave, kRecompute, kNone };
+
 enum class OpId {
-#define TG_OP(name, differentiable, tensor_op, autocast, fp8, torch_name) k##name,
+#define TG_OP(name, differentiable, tensor_op, autocast, fp8, checkpoint, torch_name) k##name,
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
@@ -53,13 +58,14 @@ struct OpInfo {
   bool tensor_op;          // a dispatch function of tensor/ops.h
   CastPolicy autocast;
   Fp8Policy fp8;
+  CheckpointDefault checkpoint;
 };
 
 // clang-format off
 inline constexpr OpInfo kOpList[] = {
-#define TG_OP(name, differentiable, tensor_op, autocast, fp8, torch_name) \
+#define TG_OP(name, differentiable, tensor_op, autocast, fp8, checkpoint, torch_name) \
   OpInfo{OpId::k##name, #name, #name "Backward", torch_name, differentiable, tensor_op, \
-         CastPolicy::autocast, Fp8Policy::fp8},
+         CastPolicy::autocast, Fp8Policy::fp8, CheckpointDefault::checkpoint},
 #include "tensor/op_list.inc"
 #undef TG_OP
 };
@@ -70,6 +76,7 @@ inline constexpr size_t kOpCount = sizeof(kOpList) / sizeof(kOpList[0]);
 constexpr const OpInfo& OpInfoOf(OpId id) { return kOpList[static_cast<size_t>(id)]; }
 constexpr CastPolicy AutocastPolicyOf(OpId id) { return OpInfoOf(id).autocast; }
 constexpr Fp8Policy Fp8PolicyOf(OpId id) { return OpInfoOf(id).fp8; }
+constexpr CheckpointDefault CheckpointDefaultOf(OpId id) { return OpInfoOf(id).checkpoint; }
 constexpr const char* OpName(OpId id) { return OpInfoOf(id).name; }
 constexpr const char* OpNodeName(OpId id) { return OpInfoOf(id).node_name; }
 constexpr const char* OpTorchName(OpId id) { return OpInfoOf(id).torch_name; }
@@ -85,8 +92,9 @@ constexpr const OpInfo* FindOp(std::string_view name) {
 namespace op_list_internal {
 
 // The list's own rules, checked when this header compiles: entries in OpId order, every op in
-// at least one of the two APIs, and an autocast policy only where autocast can apply it (the
-// differentiable ops; a tensor op's inputs are cast by the autograd op that calls it).
+// at least one of the two APIs, and an autocast policy and a checkpoint default only where they
+// can apply (the differentiable ops; a tensor op's inputs are cast, and its call dispatched, by
+// the autograd op that calls it).
 constexpr bool WellFormed() {
   for (size_t i = 0; i < kOpCount; ++i) {
     const OpInfo& op = kOpList[i];
@@ -98,13 +106,15 @@ constexpr bool WellFormed() {
         (!op.differentiable || op.autocast != CastPolicy::kLowPrecision)) {
       return false;
     }
+    if (!op.differentiable && op.checkpoint != CheckpointDefault::kNone) return false;
   }
   return true;
 }
 static_assert(WellFormed(),
               "tensor/op_list.inc: an entry is neither differentiable nor a tensor op, has no "
               "torch name, is not differentiable but has an autocast policy other than kNone, or "
-              "has the fp8 policy kGemm without being a differentiable kLowPrecision (GEMM) op");
+              "has the fp8 policy kGemm without being a differentiable kLowPrecision (GEMM) op, or "
+              "is not differentiable but has a checkpoint default other than kNone");
 
 }  // namespace op_list_internal
 }  // namespace tg

@@ -8,6 +8,7 @@
 //   grad_weight(g, x) = conv2d_w^T g   -> d/dg: conv2d(x, gg),   d/dx: grad_input(g, w = gg)
 // max_pool2d saves its argmax indices; its gradient scatters into them, and the gradient of that
 // scatter is a gather at the same indices.
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -81,8 +82,11 @@ Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
   if (const auto in = AutocastInputs(OpId::kConv2d, x, weight, bias)) {
     return Conv2d(in[0], in[1], in[2], p);
   }
-  const RawTensor out =
-      tg::Conv2d(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(), p);
+  const RawTensor out = Dispatch<OpId::kConv2d>(
+      [&] {
+        return tg::Conv2d(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(), p);
+      },
+      x, weight, bias);
   return Record(OpNodeName(OpId::kConv2d), out, {x, weight, bias}, {x, weight},
                 [p](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
@@ -103,7 +107,8 @@ Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
 
 Tensor MaxPool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                  std::array<int64_t, 2> padding) {
-  MaxPool2dResult r = tg::MaxPool2d(x.data(), kernel, stride, padding);
+  const MaxPool2dResult r = Dispatch<OpId::kMaxPool2d>(
+      [&] { return tg::MaxPool2d(x.data(), kernel, stride, padding); }, x);
   const Shape input_shape = x.shape();
   return Record(OpNodeName(OpId::kMaxPool2d), r.output, {x}, {Tensor(r.indices)},
                 [input_shape](const BackwardContext& ctx) -> VariableList {

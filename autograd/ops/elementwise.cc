@@ -2,6 +2,7 @@
 // themselves, so they record when create_graph is on.
 #include <cmath>
 
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -26,7 +27,8 @@ Tensor ScalarLike(const Tensor& x, double v) { return Tensor(ScalarTensor(v, x.d
 Tensor Add(const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
   return Record(
-      OpNodeName(OpId::kAdd), tg::Add(a.data(), b.data()), {a, b}, {},
+      OpNodeName(OpId::kAdd),
+      Dispatch<OpId::kAdd>([&] { return tg::Add(a.data(), b.data()); }, a, b), {a, b}, {},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
         const Tensor& g = ctx.grads[0];
         return {ctx.needs(0) ? SumTo(g, sa) : Tensor(), ctx.needs(1) ? SumTo(g, sb) : Tensor()};
@@ -35,7 +37,8 @@ Tensor Add(const Tensor& a, const Tensor& b) {
 
 Tensor Sub(const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
-  return Record(OpNodeName(OpId::kSub), tg::Sub(a.data(), b.data()), {a, b}, {},
+  return Record(OpNodeName(OpId::kSub),
+                Dispatch<OpId::kSub>([&] { return tg::Sub(a.data(), b.data()); }, a, b), {a, b}, {},
                 [sa, sb](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
                   return {ctx.needs(0) ? SumTo(g, sa) : Tensor(),
@@ -54,7 +57,8 @@ const Shape& InputShape(const BackwardContext& ctx, size_t i) {
 // it, so an in-place write into an operand nothing needs does not break the backward (the
 // differential oracle found the difference: tools/semantics).
 Tensor Mul(const Tensor& a, const Tensor& b) {
-  return Record(OpNodeName(OpId::kMul), tg::Mul(a.data(), b.data()), {a, b},
+  return Record(OpNodeName(OpId::kMul),
+                Dispatch<OpId::kMul>([&] { return tg::Mul(a.data(), b.data()); }, a, b), {a, b},
                 {b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor()},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
@@ -67,7 +71,8 @@ Tensor Mul(const Tensor& a, const Tensor& b) {
 
 Tensor Div(const Tensor& a, const Tensor& b) {
   // b is needed by both gradients; a only by b's (PyTorch's derivatives.yaml).
-  return Record(OpNodeName(OpId::kDiv), tg::Div(a.data(), b.data()), {a, b},
+  return Record(OpNodeName(OpId::kDiv),
+                Dispatch<OpId::kDiv>([&] { return tg::Div(a.data(), b.data()); }, a, b), {a, b},
                 {b.requires_grad() ? a : Tensor(), b},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
@@ -81,8 +86,9 @@ Tensor Div(const Tensor& a, const Tensor& b) {
 
 Tensor Pow(const Tensor& a, const Tensor& b) {
   if (const auto in = AutocastInputs(OpId::kPow, a, b)) return Pow(in[0], in[1]);
-  return Record(OpNodeName(OpId::kPow), tg::Pow(a.data(), b.data()), {a, b}, {a, b},
-                [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kPow),
+                Dispatch<OpId::kPow>([&] { return tg::Pow(a.data(), b.data()); }, a, b), {a, b},
+                {a, b}, [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
                   const Tensor& a = ctx.saved[0];
                   const Tensor& b = ctx.saved[1];
@@ -102,7 +108,8 @@ Tensor Pow(const Tensor& a, const Tensor& b) {
 
 Tensor Pow(const Tensor& x, double exponent) {
   if (const auto in = AutocastInputs(OpId::kPow, x)) return Pow(in[0], exponent);
-  return Record("PowScalarBackward", tg::Pow(x.data(), exponent), {x}, {x},
+  return Record("PowScalarBackward",
+                Dispatch<OpId::kPow>([&] { return tg::Pow(x.data(), exponent); }, x), {x}, {x},
                 [exponent](const BackwardContext& ctx) -> VariableList {
                   const Tensor& x = ctx.saved[0];
                   if (exponent == 0) return {MulScalar(ctx.grads[0], 0)};
@@ -111,25 +118,28 @@ Tensor Pow(const Tensor& x, double exponent) {
 }
 
 Tensor AddScalar(const Tensor& x, double s) {
-  return Record(OpNodeName(OpId::kAddScalar), tg::AddScalar(x.data(), s), {x}, {},
+  return Record(OpNodeName(OpId::kAddScalar),
+                Dispatch<OpId::kAddScalar>([&] { return tg::AddScalar(x.data(), s); }, x), {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {ctx.grads[0]}; });
 }
 
 Tensor MulScalar(const Tensor& x, double s) {
   return Record(
-      OpNodeName(OpId::kMulScalar), tg::MulScalar(x.data(), s), {x}, {},
+      OpNodeName(OpId::kMulScalar),
+      Dispatch<OpId::kMulScalar>([&] { return tg::MulScalar(x.data(), s); }, x), {x}, {},
       [s](const BackwardContext& ctx) -> VariableList { return {MulScalar(ctx.grads[0], s)}; });
 }
 
 Tensor Neg(const Tensor& x) {
-  return Record(OpNodeName(OpId::kNeg), tg::Neg(x.data()), {x}, {},
+  return Record(OpNodeName(OpId::kNeg), Dispatch<OpId::kNeg>([&] { return tg::Neg(x.data()); }, x),
+                {x}, {},
                 [](const BackwardContext& ctx) -> VariableList { return {Neg(ctx.grads[0])}; });
 }
 
 Tensor Exp(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kExp, x)) return Exp(in[0]);
   return Record(
-      OpNodeName(OpId::kExp), tg::Exp(x.data()), {x}, {},
+      OpNodeName(OpId::kExp), Dispatch<OpId::kExp>([&] { return tg::Exp(x.data()); }, x), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         return {Mul(ctx.grads[0], ctx.saved[0])};  // saved[0] is the result
       },
@@ -139,13 +149,14 @@ Tensor Exp(const Tensor& x) {
 Tensor Log(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kLog, x)) return Log(in[0]);
   return Record(
-      OpNodeName(OpId::kLog), tg::Log(x.data()), {x}, {x},
+      OpNodeName(OpId::kLog), Dispatch<OpId::kLog>([&] { return tg::Log(x.data()); }, x), {x}, {x},
       [](const BackwardContext& ctx) -> VariableList { return {Div(ctx.grads[0], ctx.saved[0])}; });
 }
 
 Tensor Sqrt(const Tensor& x) {
   return Record(
-      OpNodeName(OpId::kSqrt), tg::Sqrt(x.data()), {x}, {},
+      OpNodeName(OpId::kSqrt), Dispatch<OpId::kSqrt>([&] { return tg::Sqrt(x.data()); }, x), {x},
+      {},
       [](const BackwardContext& ctx) -> VariableList {
         // d sqrt(x) = 1 / (2 sqrt(x))
         return {Div(ctx.grads[0], MulScalar(ctx.saved[0], 2))};
@@ -155,7 +166,8 @@ Tensor Sqrt(const Tensor& x) {
 
 Tensor Tanh(const Tensor& x) {
   return Record(
-      OpNodeName(OpId::kTanh), tg::Tanh(x.data()), {x}, {},
+      OpNodeName(OpId::kTanh), Dispatch<OpId::kTanh>([&] { return tg::Tanh(x.data()); }, x), {x},
+      {},
       [](const BackwardContext& ctx) -> VariableList {
         const Tensor& y = ctx.saved[0];
         return {Mul(ctx.grads[0], AddScalar(Neg(Mul(y, y)), 1))};  // 1 - y^2
@@ -165,7 +177,8 @@ Tensor Tanh(const Tensor& x) {
 
 Tensor Sigmoid(const Tensor& x) {
   return Record(
-      OpNodeName(OpId::kSigmoid), tg::Sigmoid(x.data()), {x}, {},
+      OpNodeName(OpId::kSigmoid),
+      Dispatch<OpId::kSigmoid>([&] { return tg::Sigmoid(x.data()); }, x), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         const Tensor& y = ctx.saved[0];
         return {Mul(ctx.grads[0], Mul(y, AddScalar(Neg(y), 1)))};  // y (1 - y)
@@ -174,7 +187,8 @@ Tensor Sigmoid(const Tensor& x) {
 }
 
 Tensor Silu(const Tensor& x) {
-  return Record(OpNodeName(OpId::kSilu), tg::Silu(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kSilu),
+                Dispatch<OpId::kSilu>([&] { return tg::Silu(x.data()); }, x), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& x = ctx.saved[0];
                   const Tensor s = Sigmoid(x);
@@ -185,7 +199,8 @@ Tensor Silu(const Tensor& x) {
 
 Tensor Relu(const Tensor& x) {
   return Record(
-      OpNodeName(OpId::kRelu), tg::Relu(x.data()), {x}, {},
+      OpNodeName(OpId::kRelu), Dispatch<OpId::kRelu>([&] { return tg::Relu(x.data()); }, x), {x},
+      {},
       [](const BackwardContext& ctx) -> VariableList {
         return {ReluBackward(ctx.grads[0], ctx.saved[0])};
       },
@@ -193,15 +208,17 @@ Tensor Relu(const Tensor& x) {
 }
 
 Tensor ReluBackward(const Tensor& grad, const Tensor& y) {
-  return Record(OpNodeName(OpId::kReluBackward), tg::ReluBackward(grad.data(), y.data()), {grad},
-                {y}, [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kReluBackward),
+                Dispatch<OpId::kReluBackward>(
+                    [&] { return tg::ReluBackward(grad.data(), y.data()); }, grad, y),
+                {grad}, {y}, [](const BackwardContext& ctx) -> VariableList {
                   return {ReluBackward(ctx.grads[0], ctx.saved[0])};
                 });
 }
 
 Tensor Erf(const Tensor& x) {
-  return Record(OpNodeName(OpId::kErf), tg::Erf(x.data()), {x}, {x},
-                [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kErf), Dispatch<OpId::kErf>([&] { return tg::Erf(x.data()); }, x),
+                {x}, {x}, [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& x = ctx.saved[0];
                   const double k2OverSqrtPi = 1.1283791670955126;
                   return {Mul(ctx.grads[0], MulScalar(Exp(Neg(Mul(x, x))), k2OverSqrtPi))};
@@ -209,7 +226,8 @@ Tensor Erf(const Tensor& x) {
 }
 
 Tensor Gelu(const Tensor& x) {
-  return Record(OpNodeName(OpId::kGelu), tg::Gelu(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kGelu),
+                Dispatch<OpId::kGelu>([&] { return tg::Gelu(x.data()); }, x), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   // d/dx x Phi(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
                   const Tensor& x = ctx.saved[0];
@@ -221,7 +239,8 @@ Tensor Gelu(const Tensor& x) {
 }
 
 Tensor GeluTanh(const Tensor& x) {
-  return Record(OpNodeName(OpId::kGeluTanh), tg::GeluTanh(x.data()), {x}, {x},
+  return Record(OpNodeName(OpId::kGeluTanh),
+                Dispatch<OpId::kGeluTanh>([&] { return tg::GeluTanh(x.data()); }, x), {x}, {x},
                 [](const BackwardContext& ctx) -> VariableList {
                   const Tensor& x = ctx.saved[0];
                   // One pass in the compute dtype (tensor/elementwise_formulas.h has the
@@ -243,8 +262,8 @@ Tensor GeluTanh(const Tensor& x) {
 }
 
 Tensor Abs(const Tensor& x) {
-  return Record(OpNodeName(OpId::kAbs), tg::Abs(x.data()), {x}, {x},
-                [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kAbs), Dispatch<OpId::kAbs>([&] { return tg::Abs(x.data()); }, x),
+                {x}, {x}, [](const BackwardContext& ctx) -> VariableList {
                   // sign(x), 0 at 0 (as in PyTorch)
                   const RawTensor& x = ctx.saved[0].data();
                   const RawTensor zero = ScalarTensor(0, x);
@@ -256,8 +275,10 @@ Tensor Abs(const Tensor& x) {
 
 Tensor Where(const RawTensor& cond, const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
-  return Record(OpNodeName(OpId::kWhere), tg::Where(cond, a.data(), b.data()), {a, b},
-                {Tensor(cond)}, [sa, sb](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kWhere),
+                Dispatch<OpId::kWhere>([&] { return tg::Where(cond, a.data(), b.data()); },
+                                       Tensor(cond), a, b),
+                {a, b}, {Tensor(cond)}, [sa, sb](const BackwardContext& ctx) -> VariableList {
                   const Tensor& g = ctx.grads[0];
                   const RawTensor& c = ctx.saved[0].data();
                   const Tensor zero(ScalarTensor(0, g.data()));
@@ -271,7 +292,8 @@ Tensor Cast(const Tensor& x, DType dtype) {
   if (!IsFloating(dtype)) return Tensor(x.data().to(dtype));  // integers carry no gradient
   const DType from = x.dtype();
   return Record(
-      OpNodeName(OpId::kCast), x.data().to(dtype), {x}, {},
+      OpNodeName(OpId::kCast), Dispatch<OpId::kCast>([&] { return x.data().to(dtype); }, x), {x},
+      {},
       [from](const BackwardContext& ctx) -> VariableList { return {Cast(ctx.grads[0], from)}; });
 }
 

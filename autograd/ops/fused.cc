@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -55,8 +56,12 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   if (const auto in = AutocastInputs(OpId::kLinear, x, weight, bias)) {
     return Linear(in[0], in[1], in[2], act);
   }
-  LinearResult r = tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(),
-                              act);  // validates
+  const LinearResult r = Dispatch<OpId::kLinear>(
+      [&] {
+        return tg::Linear(x.data(), weight.data(), bias.defined() ? bias.data() : RawTensor(),
+                          act);  // validates
+      },
+      x, weight, bias);
   // Edges in PyTorch's addmm order (bias, input, weight): the engine runs a ready AccumulateGrad
   // first, in the order its node lists them, so a layer's bias gradient arrives before its
   // weight's, as in PyTorch (DDP and ZeRO lay their buckets out in that order).
@@ -99,7 +104,9 @@ Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   if (const auto in = AutocastInputs(OpId::kScaledDotProductAttention, q, k, v)) {
     return ScaledDotProductAttention(in[0], in[1], in[2], causal, scale);
   }
-  AttentionResult r = tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale);
+  const AttentionResult r = Dispatch<OpId::kScaledDotProductAttention>(
+      [&] { return tg::ScaledDotProductAttention(q.data(), k.data(), v.data(), causal, scale); }, q,
+      k, v);
   return Record(
       OpNodeName(OpId::kScaledDotProductAttention), r.output, {q, k, v}, {q, k, v, Tensor(r.stats)},
       [causal, scale](const BackwardContext& ctx) -> VariableList {
@@ -140,12 +147,17 @@ Tensor FusedCrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t
   }
   // Without a gradient to compute this is the plain loss.
   if (!ShouldRecord({logits})) {
-    return Tensor(tg::CrossEntropy(logits.data(), targets, ignore_index, reduction));
+    return Tensor(Dispatch<OpId::kFusedCrossEntropy>(
+        [&] { return tg::CrossEntropy(logits.data(), targets, ignore_index, reduction); }, logits,
+        Tensor(targets)));
   }
   // d loss / d logits for a loss gradient of 1, computed by the same pass as the loss; the
   // backward only scales it. Saving it instead of the logits lets the logits go right away.
-  CrossEntropyResult r =
-      tg::CrossEntropyWithGrad(logits.data(), targets, ignore_index, reduction, 1.0);
+  const CrossEntropyResult r = Dispatch<OpId::kFusedCrossEntropy>(
+      [&] {
+        return tg::CrossEntropyWithGrad(logits.data(), targets, ignore_index, reduction, 1.0);
+      },
+      logits, Tensor(targets));
   return Record(
       OpNodeName(OpId::kFusedCrossEntropy), r.loss, {logits}, {Tensor(r.grad_logits)},
       [reduction](const BackwardContext& ctx) -> VariableList {

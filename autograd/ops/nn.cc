@@ -8,6 +8,7 @@
 // differentiable ops so that second derivatives are right rather than silently missing terms.
 #include <cmath>
 
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -43,7 +44,8 @@ Tensor EmbeddingDense(const Tensor& g, const RawTensor& indices, int64_t rows) {
 Tensor Softmax(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kSoftmax, x)) return Softmax(in[0]);
   return Record(
-      OpNodeName(OpId::kSoftmax), tg::Softmax(x.data()), {x}, {},
+      OpNodeName(OpId::kSoftmax),
+      Dispatch<OpId::kSoftmax>([&] { return tg::Softmax(x.data()); }, x), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         // dx = y * (g - sum(g * y)) over the last dim.
         const DType ct = ComputeDType(ctx.saved[0].dtype());
@@ -58,7 +60,8 @@ Tensor Softmax(const Tensor& x) {
 Tensor LogSoftmax(const Tensor& x) {
   if (const auto in = AutocastInputs(OpId::kLogSoftmax, x)) return LogSoftmax(in[0]);
   return Record(
-      OpNodeName(OpId::kLogSoftmax), tg::LogSoftmax(x.data()), {x}, {},
+      OpNodeName(OpId::kLogSoftmax),
+      Dispatch<OpId::kLogSoftmax>([&] { return tg::LogSoftmax(x.data()); }, x), {x}, {},
       [](const BackwardContext& ctx) -> VariableList {
         // dx = g - softmax(x) * sum(g) over the last dim; softmax = exp(y).
         const DType ct = ComputeDType(ctx.saved[0].dtype());
@@ -74,8 +77,12 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   if (const auto in = AutocastInputs(OpId::kLayerNorm, x, weight, bias)) {
     return LayerNorm(in[0], in[1], in[2], eps);
   }
-  LayerNormResult r = tg::LayerNorm(x.data(), weight.defined() ? weight.data() : RawTensor(),
-                                    bias.defined() ? bias.data() : RawTensor(), eps);
+  const LayerNormResult r = Dispatch<OpId::kLayerNorm>(
+      [&] {
+        return tg::LayerNorm(x.data(), weight.defined() ? weight.data() : RawTensor(),
+                             bias.defined() ? bias.data() : RawTensor(), eps);
+      },
+      x, weight, bias);
   return Record(OpNodeName(OpId::kLayerNorm), r.output, {x, weight, bias},
                 {x, weight, Tensor(r.mean), Tensor(r.rstd)},
                 [eps](const BackwardContext& ctx) -> VariableList {
@@ -117,7 +124,8 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 }
 
 Tensor Embedding(const Tensor& weight, const RawTensor& indices) {
-  const RawTensor out = tg::Embedding(weight.data(), indices);  // validates
+  const RawTensor out = Dispatch<OpId::kEmbedding>(
+      [&] { return tg::Embedding(weight.data(), indices); }, weight, Tensor(indices));  // validates
   const int64_t rows = weight.size(0);
   return Record(OpNodeName(OpId::kEmbedding), out, {weight}, {Tensor(indices)},
                 [rows](const BackwardContext& ctx) -> VariableList {
@@ -130,7 +138,9 @@ Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t igno
   if (const auto in = AutocastInputs(OpId::kCrossEntropy, logits)) {
     return CrossEntropy(in[0], targets, ignore_index, reduction);
   }
-  const RawTensor loss = tg::CrossEntropy(logits.data(), targets, ignore_index, reduction);
+  const RawTensor loss = Dispatch<OpId::kCrossEntropy>(
+      [&] { return tg::CrossEntropy(logits.data(), targets, ignore_index, reduction); }, logits,
+      Tensor(targets));
   return Record(
       OpNodeName(OpId::kCrossEntropy), loss, {logits}, {logits, Tensor(targets)},
       [ignore_index, reduction](const BackwardContext& ctx) -> VariableList {
@@ -179,10 +189,12 @@ Tensor Dropout(const Tensor& x, double p, Generator& gen, bool training) {
   // elements a CPU run drops (and checkpoints resume it), without an upload.
   const RawTensor mask = tg::DropoutMask(x.shape(), p, gen, x.dtype(), x.data().device());
   const double scale = 1.0 / (1.0 - p);
-  return Record(OpNodeName(OpId::kDropout), tg::MulScalar(tg::Mul(x.data(), mask), scale), {x},
-                {Tensor(mask)}, [scale](const BackwardContext& ctx) -> VariableList {
-                  return {MulScalar(Mul(ctx.grads[0], ctx.saved[0]), scale)};
-                });
+  return Record(
+      OpNodeName(OpId::kDropout),
+      Dispatch<OpId::kDropout>([&] { return tg::MulScalar(tg::Mul(x.data(), mask), scale); }, x),
+      {x}, {Tensor(mask)}, [scale](const BackwardContext& ctx) -> VariableList {
+        return {MulScalar(Mul(ctx.grads[0], ctx.saved[0]), scale)};
+      });
 }
 
 }  // namespace tg

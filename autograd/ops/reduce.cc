@@ -1,6 +1,7 @@
 // Differentiable reductions and matmul.
 #include <algorithm>
 
+#include "autograd/dispatch_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/ops/autocast_inputs.h"
@@ -28,7 +29,8 @@ Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   if (const auto in = AutocastInputs(OpId::kSum, x)) return Sum(in[0], dims, keepdim);
   const Shape in_shape = x.shape();
   const Shape kept = KeptShape(in_shape, dims);
-  return Record(OpNodeName(OpId::kSum), tg::Sum(x.data(), dims, keepdim), {x}, {},
+  return Record(OpNodeName(OpId::kSum),
+                Dispatch<OpId::kSum>([&] { return tg::Sum(x.data(), dims, keepdim); }, x), {x}, {},
                 [in_shape, kept](const BackwardContext& ctx) -> VariableList {
                   return {Expand(Reshape(ctx.grads[0], kept), in_shape)};
                 });
@@ -42,8 +44,9 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const double scale = NumElements(in_shape) == 0 ? 0.0
                                                   : static_cast<double>(count) /
                                                         static_cast<double>(NumElements(in_shape));
-  return Record(OpNodeName(OpId::kMean), tg::Mean(x.data(), dims, keepdim), {x}, {},
-                [in_shape, kept, scale](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kMean),
+                Dispatch<OpId::kMean>([&] { return tg::Mean(x.data(), dims, keepdim); }, x), {x},
+                {}, [in_shape, kept, scale](const BackwardContext& ctx) -> VariableList {
                   return {Expand(Reshape(MulScalar(ctx.grads[0], scale), kept), in_shape)};
                 });
 }
@@ -52,8 +55,14 @@ Tensor Max(const Tensor& x, int64_t dim, bool keepdim) {
   constexpr const char* kOp = OpTorchName(OpId::kMax);
   const Shape in_shape = x.shape();
   const int64_t d = WrapDim(kOp, dim, x.dim());
-  const RawTensor index = tg::Argmax(x.data(), d, /*keepdim=*/true);
-  return Record(OpNodeName(OpId::kMax), tg::Max(x.data(), d, keepdim), {x}, {Tensor(index)},
+  const std::vector<RawTensor> r = Dispatch<OpId::kMax>(
+      [&] {
+        return std::vector<RawTensor>{tg::Max(x.data(), d, keepdim),
+                                      tg::Argmax(x.data(), d, /*keepdim=*/true)};
+      },
+      x);
+  const RawTensor& index = r[1];
+  return Record(OpNodeName(OpId::kMax), r[0], {x}, {Tensor(index)},
                 [in_shape, d](const BackwardContext& ctx) -> VariableList {
                   // Scatter the gradient to the arg-max: a one-hot mask times the broadcast grad.
                   // The mask is scattered where the index lives (ones at the arg-max along d),
@@ -94,7 +103,8 @@ Tensor Matmul(const Tensor& a, const Tensor& b) {
   if (const auto in = AutocastInputs(OpId::kMatmul, a, b)) return Matmul(in[0], in[1]);
   const Shape sa = a.shape(), sb = b.shape();
   return Record(
-      OpNodeName(OpId::kMatmul), tg::Matmul(a.data(), b.data()), {a, b}, {a, b},
+      OpNodeName(OpId::kMatmul),
+      Dispatch<OpId::kMatmul>([&] { return tg::Matmul(a.data(), b.data()); }, a, b), {a, b}, {a, b},
       [sa, sb](const BackwardContext& ctx) -> VariableList {
         Tensor g = ctx.grads[0];
         Tensor a = ctx.saved[0], b = ctx.saved[1];

@@ -5,6 +5,7 @@
 // a shorter last chunk, gather/index_select reject negative indices).
 #include <algorithm>
 
+#include "autograd/dispatch_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "tensor/op_list.h"
@@ -120,11 +121,16 @@ Tensor Cat(const VariableList& xs, int64_t dim) {
     dtypes.push_back(xs[i].dtype());
     dtype = PromoteTypes(dtype, xs[i].dtype());  // torch.cat promotes like binary ops
   }
-  RawTensor out = RawTensor::Empty(out_shape, dtype, xs[0].data().device());
-  for (size_t i = 0, offset = 0; i < xs.size(); offset += sizes[i], ++i) {
-    out.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
-        .copy_(xs[i].data());
-  }
+  const RawTensor out = DispatchList<OpId::kCat>(
+      [&] {
+        RawTensor result = RawTensor::Empty(out_shape, dtype, xs[0].data().device());
+        for (size_t i = 0, offset = 0; i < xs.size(); offset += sizes[i], ++i) {
+          result.slice(d, static_cast<int64_t>(offset), static_cast<int64_t>(offset) + sizes[i])
+              .copy_(xs[i].data());
+        }
+        return result;
+      },
+      xs);
   return Record(OpNodeName(OpId::kCat), out, xs, {},
                 [d, sizes, dtypes](const BackwardContext& ctx) -> VariableList {
                   VariableList grads(sizes.size());
@@ -178,7 +184,8 @@ VariableList Split(const Tensor& x, int64_t split_size, int64_t dim) {
 
 Tensor Gather(const Tensor& x, int64_t dim, const RawTensor& index) {
   constexpr const char* kOp = OpTorchName(OpId::kGather);
-  const RawTensor out = tg::Gather(x.data(), dim, index);  // validates
+  const RawTensor out = Dispatch<OpId::kGather>([&] { return tg::Gather(x.data(), dim, index); }, x,
+                                                Tensor(index));  // validates
   const int64_t d = WrapDim(kOp, dim, x.dim());
   const Shape in_shape = x.shape();
   return Record(OpNodeName(OpId::kGather), out, {x}, {Tensor(index)},
@@ -188,7 +195,8 @@ Tensor Gather(const Tensor& x, int64_t dim, const RawTensor& index) {
 }
 
 Tensor IndexSelect(const Tensor& x, const RawTensor& index) {
-  const RawTensor out = tg::IndexSelect(x.data(), 0, index);  // validates
+  const RawTensor out = Dispatch<OpId::kIndexSelect>(
+      [&] { return tg::IndexSelect(x.data(), 0, index); }, x, Tensor(index));  // validates
   const Shape in_shape = x.shape();
   return Record(OpNodeName(OpId::kIndexSelect), out, {x}, {Tensor(index)},
                 [in_shape](const BackwardContext& ctx) -> VariableList {

@@ -427,7 +427,7 @@ TEST(MixedPrecisionOptimizerTest, ReentrantCheckpointRunsTheEpilogueOnceAfterAll
         Tensor out = m.Hidden(in[0]);
         return out;
       },
-      {x}, CheckpointOptions{/*reentrant=*/true, {}});
+      {x}, CheckpointOptions{/*reentrant=*/true, {}, {}});
   HookHandle probe = m.w.register_post_accumulate_grad_hook([&](const Tensor&) {
     EXPECT_EQ(current_reentrant_depth(), 1);
     updates_seen_in_nested_task = static_cast<int>(opt.master_grad_updates());

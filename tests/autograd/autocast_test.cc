@@ -211,7 +211,7 @@ TEST(AutocastTest, CheckpointRecomputesUnderTheForwardsState) {
     for (const Tensor& v : {x, w1, w2}) v.set_grad(Tensor());
     {
       AutocastGuard autocast(kF16);
-      ckpt_loss = Sum(Checkpoint(segment, {x}, CheckpointOptions{reentrant, {}}));
+      ckpt_loss = Sum(Checkpoint(segment, {x}, CheckpointOptions{reentrant, {}, {}}));
     }
     EXPECT_EQ(ckpt_loss.item(), plain_loss.item());
     ckpt_loss.backward();

@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/autocast.h"
+#include "autograd/checkpoint.h"
+#include "autograd/dispatch_mode.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
@@ -191,6 +193,93 @@ TEST(OpTableAutocast, EveryRowFollowsTheOpListPolicy) {
         }
       });
       EXPECT_EQ(error, "");
+    }
+  }
+}
+
+// ---- (d) Dispatch and selective checkpointing -------------------------------------------------
+
+// Records the ops of the calls that reach it and runs them.
+class RecordingMode : public OpDispatchMode {
+ public:
+  DispatchResult Call(OpId op, const VariableList&,
+                      const std::function<DispatchResult()>& run) override {
+    ops.push_back(op);
+    return run();
+  }
+  std::vector<OpId> ops;
+};
+
+// Every row of a dispatched op (its checkpoint column is not kNone) reaches a mode with that op:
+// the column is what a selective checkpoint policy can name, so an op that forgot Dispatch fails.
+TEST(OpTableDispatch, EveryDispatchedOpReachesTheMode) {
+  for (const OpRow& row : OpTable()) {
+    const OpInfo* op = FindOp(row.op);
+    if (op == nullptr || op->checkpoint == CheckpointDefault::kNone) continue;
+    SCOPED_TRACE(Describe(row));
+    const VariableList inputs = MakeInputs(row, SeedOf(row));
+    RecordingMode mode;
+    {
+      const OpDispatchModeGuard guard(&mode);
+      row.run(inputs);
+    }
+    EXPECT_NE(std::find(mode.ops.begin(), mode.ops.end(), op->id), mode.ops.end());
+  }
+}
+
+// Every row inside a non-reentrant checkpoint, with every dispatched call kept and with every one
+// recomputed, gives the bits of the row without checkpointing; when everything is kept, the
+// recomputation runs no dispatched kernel at all. A row of an in-place op modifies an output it
+// keeps, which the recomputation refuses (as PyTorch does) unless allow_cache_entry_mutation.
+TEST(OpTableSelectiveCheckpoint, KeepAllAndRecomputeAllMatchNoCheckpointBitForBit) {
+  for (const OpRow& row : OpTable()) {
+    if (FindOp(row.op) == nullptr) continue;
+    for (const bool keep : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(Describe(row), keep ? ", every call kept" : ", none kept"));
+      const std::string error = ErrorOf([&] {
+        const VariableList plain = OutputAndGrads(row.run, MakeInputs(row, SeedOf(row)));
+        RecordingMode recomputed;  // below the selective mode in each recomputation
+        CheckpointOptions options;
+        options.reentrant = false;
+        options.context_fn = [keep, &recomputed] {
+          CheckpointContexts selective = CreateSelectiveCheckpointContexts(
+              [keep](const SelectiveCheckpointContext&, OpId, const VariableList&) {
+                return keep ? CheckpointPolicy::kMustSave : CheckpointPolicy::kMustRecompute;
+              });
+          CheckpointContexts c;
+          c.forward = selective.forward;
+          c.recompute = [selective, &recomputed]() -> std::shared_ptr<void> {
+            struct Entered {
+              OpDispatchModeGuard below;
+              std::shared_ptr<void> inner;
+            };
+            return std::shared_ptr<Entered>(
+                new Entered{OpDispatchModeGuard(&recomputed), selective.recompute()});
+          };
+          return c;
+        };
+        const Fn checkpointed = [&row, &options](const VariableList& in) {
+          return Checkpoint(row.run, in, options);
+        };
+        const VariableList selective = OutputAndGrads(checkpointed, MakeInputs(row, SeedOf(row)));
+        ASSERT_EQ(selective.size(), plain.size());
+        for (size_t i = 0; i < plain.size(); ++i) {
+          SCOPED_TRACE(i == 0 ? std::string("output") : absl::StrCat("gradient ", i - 1));
+          ASSERT_EQ(selective[i].defined(), plain[i].defined());
+          if (!plain[i].defined()) continue;
+          EXPECT_EQ(selective[i].data().to_vector<double>(), plain[i].data().to_vector<double>());
+        }
+        if (keep) {
+          EXPECT_EQ(recomputed.ops.size(), 0u);
+        }
+      });
+      if (keep && row.op.find("InPlace") != std::string::npos) {
+        EXPECT_NE(error.find("kept by the selective checkpoint policy, was modified in place"),
+                  std::string::npos)
+            << error;
+      } else {
+        EXPECT_EQ(error, "");
+      }
     }
   }
 }

@@ -80,7 +80,7 @@ class Net : public nn::Module {
     Tensor h = Relu((*fc0_)(x));
     if (options_.checkpoint_fc1) {
       h = Checkpoint([this](const VariableList& in) { return Relu((*fc1_)(in[0])); }, {h},
-                     CheckpointOptions{/*reentrant=*/true, {}});
+                     CheckpointOptions{/*reentrant=*/true, {}, {}});
     } else {
       h = Relu((*fc1_)(h));
     }
