@@ -13,6 +13,7 @@
 #include "autograd/fp8.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/selective_checkpoint.h"
 #include "autograd/trace.h"
 #include "autograd/warning.h"
 #include "tensor/error.h"
@@ -233,7 +234,10 @@ void Recompute(NonReentrantState& s) {
     SavedTensorHooks recorder(
         [&saved, expected](const Tensor& v) -> std::any {
           saved.push_back(v.detach());
-          if (saved.size() == expected) throw StopRecomputation{};
+          if (saved.size() == expected) {
+            selective_internal::StoppedAt(v);
+            throw StopRecomputation{};
+          }
           return std::any();
         },
         [](const std::any&) -> Tensor {
@@ -244,6 +248,7 @@ void Recompute(NonReentrantState& s) {
     const std::shared_ptr<void> context = s.recompute_context ? s.recompute_context() : nullptr;
     try {
       CheckedCall(s.fn, s.inputs);
+      selective_internal::Finished();
     } catch (const StopRecomputation&) {
     }
   });

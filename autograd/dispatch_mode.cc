@@ -13,6 +13,12 @@ OpDispatchModeGuard::OpDispatchModeGuard(OpDispatchMode* mode) : entry_{mode, to
 
 OpDispatchModeGuard::~OpDispatchModeGuard() { top = entry_.below; }
 
+void NotifyInPlaceWrite(const Tensor& self) {
+  for (const OpDispatchModeGuard::Entry* e = top; e != nullptr; e = e->below) {
+    e->mode->BeforeInPlaceWrite(self);
+  }
+}
+
 namespace dispatch_internal {
 
 const OpDispatchModeGuard::Entry* Top() { return top; }

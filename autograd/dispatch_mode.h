@@ -51,7 +51,13 @@ class OpDispatchMode {
   // current ones (see OpDispatchModeGuard).
   virtual DispatchResult Call(OpId op, const VariableList& inputs,
                               const std::function<DispatchResult()>& run) = 0;
+  // An in-place op is about to write into `self` (in-place ops are not dispatched; a mode that
+  // hands out tensors it keeps may need to know). Every installed mode is told, topmost first.
+  virtual void BeforeInPlaceWrite(const Tensor& /*self*/) {}
 };
+
+// Tells the installed modes that an in-place op is about to write into `self`.
+void NotifyInPlaceWrite(const Tensor& self);
 
 // Installs `mode` on this thread for the guard's lifetime, above the modes installed before
 // (PyTorch's mode stack): a dispatched call goes to the topmost mode, and while a mode handles a

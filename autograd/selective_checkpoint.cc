@@ -1,9 +1,13 @@
 // Selective activation checkpointing (autograd/checkpoint.h): two op dispatch modes sharing one
 // store of the outputs a policy keeps, and GraphExecGroup.
+#include "autograd/selective_checkpoint.h"
+
 #include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -73,7 +77,8 @@ constexpr const char* kNondeterministicHint =
     "; the checkpointed function must call the same ops in the same order in the forward and "
     "in the recomputation (it may not depend on state that changed in between)";
 
-// A recomputation: kept calls hand their result back (once), the others run again.
+// A recomputation: kept calls hand their result back (once), the others run again. The last
+// call is provisional (selective_checkpoint.h).
 class CachedMode : public OpDispatchMode {
  public:
   CachedMode(std::shared_ptr<SelectiveStore> store, bool allow_mutation)
@@ -81,6 +86,7 @@ class CachedMode : public OpDispatchMode {
 
   DispatchResult Call(OpId op, const VariableList& /*inputs*/,
                       const std::function<DispatchResult()>& run) override {
+    MakeFinal();
     const size_t index = next_index_[op]++;
     const auto it = store_->calls.find(op);
     TG_CHECK(it != store_->calls.end(), "checkpoint: the recomputation called ", OpTorchName(op),
@@ -89,42 +95,88 @@ class CachedMode : public OpDispatchMode {
              " ", index + 1, " times, the checkpointed forward ", it->second.size(),
              kNondeterministicHint);
     StoredCall& call = it->second[index];
-    switch (call.state) {
-      case StoredCall::State::kRecompute:
-        return run();
-      case StoredCall::State::kTaken:
-        throw Error(absl::StrCat(
-            "checkpoint: a second recomputation of a selectively checkpointed segment reached ",
-            OpTorchName(op), " (call ", index + 1,
-            "), whose kept output the first one already took: a segment under a selective "
-            "policy can be backpropagated through once; run the backward calls of one step "
-            "under one GraphExecGroup to recompute once for all of them"));
-      case StoredCall::State::kKept:
-        break;
+    if (call.state == StoredCall::State::kRecompute) return run();
+    last_ = Last{&call, call.state, call.result, ""};
+    if (call.state == StoredCall::State::kTaken) {
+      last_->error = absl::StrCat(
+          "checkpoint: a second recomputation of a selectively checkpointed segment reached ",
+          OpTorchName(op), " (call ", index + 1,
+          "), whose kept output the first one already took: a segment under a selective policy "
+          "can be backpropagated through once; run the backward calls of one step under one "
+          "GraphExecGroup to recompute once for all of them");
+      last_->result = run();  // a stand-in, unless the error becomes final
+      last_->handed_out_versions = VersionsOf(last_->result.tensors);
+      return last_->result;
     }
     if (!allow_mutation_) {
       const std::vector<uint64_t> now = VersionsOf(call.result.tensors);
-      for (size_t i = 0; i < now.size(); ++i) {
-        TG_CHECK(now[i] == call.versions[i], "checkpoint: output ", i, " of ", OpTorchName(op),
-                 " (call ", index + 1,
-                 "), kept by the selective checkpoint policy, was modified in place after the "
-                 "forward (version ",
-                 call.versions[i], ", now ", now[i],
-                 "); pass allow_cache_entry_mutation = true to "
-                 "CreateSelectiveCheckpointContexts to allow it");
+      for (size_t i = 0; i < now.size() && last_->error.empty(); ++i) {
+        if (now[i] == call.versions[i]) continue;
+        last_->error = absl::StrCat(
+            "checkpoint: output ", i, " of ", OpTorchName(op), " (call ", index + 1,
+            "), kept by the selective checkpoint policy, was modified in place after the "
+            "forward (version ",
+            call.versions[i], ", now ", now[i],
+            "); pass allow_cache_entry_mutation = true to CreateSelectiveCheckpointContexts to "
+            "allow it");
       }
     }
     call.state = StoredCall::State::kTaken;
-    DispatchResult result = std::move(call.result);
     call.result = DispatchResult();
-    return result;
+    last_->handed_out_versions = VersionsOf(last_->result.tensors);
+    return last_->result;
+  }
+
+  // Nothing may write into what the last call handed out while it can still be undone.
+  void BeforeInPlaceWrite(const Tensor& /*self*/) override { MakeFinal(); }
+
+  // The recomputation stopped on `tensor`: on an input of the last call (PyTorch would not have
+  // run it) that call is undone, on one of its outputs it is final; so it is when what it handed
+  // out was written into since (a custom function's in-place write, which no mode sees).
+  void StoppedAt(const Tensor& tensor) {
+    if (!last_.has_value()) return;
+    if (VersionsOf(last_->result.tensors) != last_->handed_out_versions) {
+      MakeFinal();
+      return;
+    }
+    const bool output = std::any_of(
+        last_->result.tensors.begin(), last_->result.tensors.end(),
+        [&](const RawTensor& t) { return t.defined() && t.storage() == tensor.data().storage(); });
+    if (output) {
+      MakeFinal();
+      return;
+    }
+    last_->call->state = last_->state;
+    if (last_->state == StoredCall::State::kKept) last_->call->result = std::move(last_->result);
+    last_.reset();
+  }
+
+  void MakeFinal() {
+    if (!last_.has_value()) return;
+    const std::string error = std::move(last_->error);
+    last_.reset();
+    if (!error.empty()) throw Error(error);
   }
 
  private:
+  // The last call that took (or tried to take) a kept output, until it is final.
+  struct Last {
+    StoredCall* call;
+    StoredCall::State state;  // before the call
+    DispatchResult result;    // what it handed out
+    std::string error;        // raised when the call becomes final
+    std::vector<uint64_t> handed_out_versions = {};
+  };
+
   std::shared_ptr<SelectiveStore> store_;
   bool allow_mutation_;
   std::map<OpId, size_t> next_index_;  // calls of each op so far in this recomputation
+  std::optional<Last> last_;
 };
+
+// The selective recompute mode entered on this thread, innermost first (recomputations do not
+// nest, but a recomputation may run checkpointed segments' forwards).
+thread_local CachedMode* active_recompute = nullptr;
 
 // Installs `mode` while what it returns is alive.
 std::shared_ptr<void> Enter(std::shared_ptr<OpDispatchMode> mode) {
@@ -169,8 +221,18 @@ CheckpointContexts CreateSelectiveCheckpointContexts(CheckpointPolicyFn policy,
     return Enter(std::make_shared<CachingMode>(policy, store));
   };
   // A fresh mode per recomputation: its call counts start at zero.
-  contexts.recompute = [store, allow_cache_entry_mutation] {
-    return Enter(std::make_shared<CachedMode>(store, allow_cache_entry_mutation));
+  contexts.recompute = [store, allow_cache_entry_mutation]() -> std::shared_ptr<void> {
+    struct Active {
+      std::shared_ptr<void> entered;
+      CachedMode* previous = nullptr;
+      ~Active() { active_recompute = previous; }
+    };
+    auto mode = std::make_shared<CachedMode>(store, allow_cache_entry_mutation);
+    auto active = std::make_shared<Active>();
+    active->previous = active_recompute;
+    active_recompute = mode.get();
+    active->entered = Enter(std::move(mode));
+    return active;
   };
   return contexts;
 }
@@ -192,6 +254,18 @@ CheckpointContexts CreateSelectiveCheckpointContexts(const std::vector<OpId>& op
       },
       allow_cache_entry_mutation);
 }
+
+namespace selective_internal {
+
+void StoppedAt(const Tensor& last) {
+  if (active_recompute != nullptr) active_recompute->StoppedAt(last);
+}
+
+void Finished() {
+  if (active_recompute != nullptr) active_recompute->MakeFinal();
+}
+
+}  // namespace selective_internal
 
 GraphExecGroup::GraphExecGroup() : id_(next_group_id.fetch_add(1)) {
   TG_CHECK(current_graph_exec_group() < 0, "GraphExecGroup: groups cannot be nested (group ",

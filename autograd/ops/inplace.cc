@@ -14,6 +14,7 @@
 // Values a backward formula needs from before the write (mul_'s self, or an `other` that shares
 // self's storage) are snapshots: copies attached at the original's place in the graph, so the
 // formula stays differentiable under create_graph.
+#include "autograd/dispatch_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/mutation_on_saved.h"
 #include "autograd/node.h"
@@ -27,6 +28,7 @@ namespace {
 void CheckInPlaceAllowed(const char* op, const Tensor& self, const Tensor& other = Tensor()) {
   TG_CHECK(self.defined(), op, ": self is undefined");
   internal::BeforeInPlaceWrite(self);  // allow_mutation_on_saved_tensors copies first
+  NotifyInPlaceWrite(self);            // a selective recomputation's kept output, say
   if (!GradMode::is_enabled()) return;
   const bool records = self.requires_grad() || (other.defined() && other.requires_grad());
   if (records && self.is_view()) {

@@ -166,3 +166,15 @@ try:
                context_fn=lambda: create_selective_checkpoint_contexts([]))
 except ValueError as e:
     report("ReentrantRefusesContextFn", error=str(e))
+
+# LastKeptOpIsNeverTaken: fn(v) = tanh(v) * v with the mul kept; the recomputation stops on the
+# mul's saved inputs, before the mul, so its kept output is never taken: modifying it after the
+# forward and backpropagating twice are both fine.
+x = leaf(3, 1, (3,))
+out = checkpoint(lambda v: torch.tanh(v) * v, x, use_reentrant=False,
+                 context_fn=lambda: create_selective_checkpoint_contexts([torch.ops.aten.mul.Tensor]))
+out.mul_(2)
+out.sum().backward(retain_graph=True)
+first = flat(x.grad)
+out.sum().backward()
+report("LastKeptOpIsNeverTaken", first=first, second=flat(x.grad))

@@ -325,6 +325,21 @@ TEST(SelectiveCheckpointTest, AllowCacheEntryMutationUsesTheModifiedOutputAsPyTo
                           72.47194434910395, 17.465321726987348, 6.520280493233255});
 }
 
+// The recomputation of tanh(v) * v stops on the mul's saved operands, so, as in PyTorch (which
+// packs an op's inputs before running it), the mul is not taken: its kept output may be modified
+// after the forward, and the segment backpropagated through twice.
+TEST(SelectiveCheckpointTest, TheLastKeptOpIsNeverTaken) {
+  const Tensor x = LeafOf(3, 1, {3});
+  Tensor out =
+      Checkpoint([](const VariableList& in) { return Mul(Tanh(in[0]), in[0]); }, {x},
+                 NonReentrant([] { return CreateSelectiveCheckpointContexts({OpId::kMul}); }));
+  out.mul_(2.0);
+  Sum(out).backward(Tensor(), /*retain_graph=*/true);
+  ExpectValues(x.grad(), {-2.363136995139582, 2.165176617196572, -0.9598447492106073});
+  Sum(out).backward();
+  ExpectValues(x.grad(), {-4.726273990279164, 4.330353234393144, -1.9196894984212145});
+}
+
 TEST(SelectiveCheckpointTest, ARecomputationCallingAnotherOpIsAnError) {
   const Tensor x = LeafOf(6, 1, {2, 3});
   int calls = 0;

@@ -49,6 +49,9 @@ def scenario(seed):
                 op["scalar"] = r.choice([0.5, 2.0, -1.5])
             if kind == "checkpoint":
                 op["reentrant"] = r.random() < 0.5
+                if not op["reentrant"] and r.random() < 0.5:
+                    # A selective policy: the ops of the segment whose outputs are kept.
+                    op["keep"] = r.choice([["tanh"], ["mul"], ["tanh", "mul"], []])
             if kind == "module":
                 # A module y = tanh(x) * 2 with backward pre-hooks / hooks that observe or scale.
                 op["pre_scale"] = r.choice([None, 1.0, 3.0])

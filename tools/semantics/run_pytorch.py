@@ -3,6 +3,7 @@ events in the format tools/semantics:runner prints for tapegrad.
 
     python3 tools/semantics/run_pytorch.py scenarios.jsonl > pytorch_events.txt
 """
+import functools
 import json
 import sys
 import warnings
@@ -117,8 +118,14 @@ def run(s, out):
             elif kind == "custom_double": y = Double.apply(a[0])
             elif kind == "custom_dirty": y = DirtyDouble.apply(a[0])
             elif kind == "checkpoint":
+                extra = {}
+                if "keep" in op:
+                    keep = [{"tanh": torch.ops.aten.tanh.default,
+                             "mul": torch.ops.aten.mul.Tensor}[k] for k in op["keep"]]
+                    extra["context_fn"] = functools.partial(
+                        torch.utils.checkpoint.create_selective_checkpoint_contexts, keep)
                 y = torch.utils.checkpoint.checkpoint(lambda v: torch.tanh(v) * v, a[0],
-                                                      use_reentrant=op["reentrant"])
+                                                      use_reentrant=op["reentrant"], **extra)
             elif kind == "module":
                 y = Module(op, op["out"], ev)(a[0])
             else: raise ValueError(kind)

@@ -142,6 +142,13 @@ void Run(const Json& s, std::vector<std::string>& ev) {
       } else if (kind == "checkpoint") {
         CheckpointOptions options;
         options.reentrant = op["reentrant"].get<bool>();
+        if (op.contains("keep")) {  // a selective policy: the outputs of these ops are kept
+          std::vector<OpId> keep;
+          for (const auto& k : op["keep"]) {
+            keep.push_back(k.get<std::string>() == "tanh" ? OpId::kTanh : OpId::kMul);
+          }
+          options.context_fn = [keep] { return CreateSelectiveCheckpointContexts(keep); };
+        }
         y = Checkpoint([](const VariableList& in) { return Mul(Tanh(in[0]), in[0]); }, {a[0]},
                        options);
       } else if (kind == "module") {
