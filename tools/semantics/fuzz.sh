@@ -5,13 +5,14 @@
 # scenario that differs to tools/semantics/found.jsonl, until SECONDS have passed. Build the
 # runner first (bazel build //tools/semantics:runner). A found scenario, once understood (fixed,
 # or named in docs/semantics.md), joins tests/semantics/testdata/reproducers.jsonl (then run
-# tools/semantics/regenerate.sh).
+# tools/semantics/regenerate.sh). RUNNER=path runs another copy of the runner, so that builds
+# made meanwhile (which replace bazel-bin's) do not change it under the run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 seconds=$1
 seed=${2:-1000000}
 py=$(bash tools/bench/setup_pytorch_venv.sh | tail -n 1)
-runner=bazel-bin/tools/semantics/runner
+runner=${RUNNER:-bazel-bin/tools/semantics/runner}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 end=$((SECONDS + seconds))
