@@ -25,7 +25,6 @@
 // tokenizer_config.json: AutoTokenizer.from_pretrained(DIR)) and declares no end-of-text token.
 // --steps=0 with --init_from converts only: no data is read and nothing is trained.
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -38,7 +37,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -48,22 +46,15 @@
 #include "nn/models/gpt.h"
 #include "nn/models/gpt2_io.h"
 #include "optim/lr_schedule.h"
-#include "tensor/kernel_options.h"
 #include "train/checkpoint.h"
-#include "train/data_parallel.h"
-#include "train/divergence.h"
 #include "train/evaluate.h"
 #include "train/flag_values.h"
 #include "train/flags.h"
 #include "train/fp8_setup.h"
-#include "train/metrics.h"
-#include "train/optimizer_setup.h"
-#include "train/progress.h"
 #include "train/resume_flag.h"
+#include "train/run.h"
 #include "train/run_main.h"
 #include "train/run_settings.h"
-#include "train/run_state.h"
-#include "train/stop_signal.h"
 #include "train/train_step.h"
 #include "train/user_path.h"
 
@@ -245,32 +236,20 @@ absl::Status CheckFlags() {
 }
 
 int Main() {
-  train::KeepFreedMemoryInProcess();
-  train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
-  absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
-  if (!device_or.ok()) return Fail(device_or.status());
-  KernelOptions kernel_options;
-  kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
-  kernel_options.cudnn_attention = absl::GetFlag(FLAGS_cudnn_attention);
-  SetKernelOptions(kernel_options);
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  // The world size, the batch split across it, the ranks, the first lines (threads, --resume).
-  train::RunStartOptions start_options;
-  start_options.parallel = {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank),
-                            absl::GetFlag(FLAGS_rdzv), absl::GetFlag(FLAGS_zero_stage),
-                            absl::GetFlag(FLAGS_grad_accum_steps)};
-  start_options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  start_options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  start_options.default_batch_size = 32;
-  start_options.resume = absl::GetFlag(FLAGS_resume);
-  start_options.checkpoint_dir = ckpt_dir;
-  absl::StatusOr<train::RunStart> start = train::StartRun(start_options, *device_or);
-  if (!start.ok()) return Fail(start.status());
-  const train::BatchSizes batch_sizes = start->batch;
-  train::DataParallel& dp = *start->dp;
-  const Device device = dp.device();
-  const bool resume = start->resume;
+  train::RunOptions run_options;
+  run_options.program = "train_gpt";
+  run_options.kernels.cudnn_attention = absl::GetFlag(FLAGS_cudnn_attention);
+  run_options.default_batch_size = 32;
+  run_options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  run_options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  run_options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  run_options.overrides = absl::GetFlag(FLAGS_override);
+  absl::StatusOr<std::unique_ptr<train::Run>> run_or = train::Run::Start(run_options);
+  if (!run_or.ok()) return Fail(run_or.status());
+  train::Run& run = **run_or;
+  train::DataParallel& dp = run.dp();
+  const Device device = run.device();
 
   // ---- Pretrained weights (their shape fixes the model's).
   std::optional<nn::Gpt2Checkpoint> init;
@@ -388,7 +367,7 @@ int Main() {
   // Every token of both splits, before anything trains (naming the file and the offset).
   if (absl::Status s = data::CheckVocabulary(*loaded, config.vocab_size); !s.ok()) return Fail(s);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const int64_t batch_size = batch_sizes.global;
+  const int64_t batch_size = run.batch().global;
   data::TokenBatcher batches(std::move(split.train), batch_size, seq_len, seed + 1);
   data::TokenBatcher val(std::move(split.val), batch_size, seq_len, seed + 2);
 
@@ -400,15 +379,20 @@ int Main() {
   if (init) model->load_state_dict(init->weights);
   model->to(dtype);
   model->to(device);
-  train::OptimizerConfig opt_config;
-  opt_config.name = absl::GetFlag(FLAGS_optimizer);
-  opt_config.lr = absl::GetFlag(FLAGS_lr);
-  opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  opt_config.beta2 = absl::GetFlag(FLAGS_beta2);
+  train::PrepareOptions prepare;
+  prepare.precision = *precision_or;
+  prepare.optimizer.name = absl::GetFlag(FLAGS_optimizer);
+  prepare.optimizer.lr = absl::GetFlag(FLAGS_lr);
+  prepare.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  prepare.optimizer.beta2 = absl::GetFlag(FLAGS_beta2);
   const int64_t total_steps = absl::GetFlag(FLAGS_steps);
+  prepare.total_steps = total_steps;
+  prepare.schedule = [total_steps](optim::Optimizer& opt) {
+    return std::make_unique<optim::CosineWithWarmupLr>(opt, WarmupSteps(), total_steps, MinLr());
+  };
 
   // The run's settings: what a checkpoint and the other ranks must agree with.
-  train::RunSettings settings;
+  train::RunSettings& settings = run.settings();
   settings.Add("vocab", static_cast<double>(config.vocab_size), /*fixed=*/true);
   settings.Add("n_layer", static_cast<double>(config.n_layer), true);
   settings.Add("n_head", static_cast<double>(config.n_head), true);
@@ -422,96 +406,53 @@ int Main() {
     settings.Add("fp8_head", absl::GetFlag(FLAGS_fp8_head) ? "yes" : "no", true);
   }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
-  settings.Add("optimizer", opt_config.name, true);
+  settings.Add("optimizer", prepare.optimizer.name, true);
   settings.Add("seed", absl::StrCat(seed), true);
   settings.Add("data", data_path, /*fixed=*/false);
   settings.Add("val_data", train::ResolveUserPath(absl::GetFlag(FLAGS_val_data)), false);
   settings.Add("dropout", config.dropout, false);
   settings.Add("steps", static_cast<double>(total_steps), false);
-  settings.Add("lr", opt_config.lr, false);
+  settings.Add("lr", prepare.optimizer.lr, false);
   settings.Add("min_lr", MinLr(), false);
   settings.Add("warmup_steps", static_cast<double>(WarmupSteps()), false);
-  settings.Add("weight_decay", opt_config.weight_decay, false);
-  settings.Add("beta2", opt_config.beta2, false);
+  settings.Add("weight_decay", prepare.optimizer.weight_decay, false);
+  settings.Add("beta2", prepare.optimizer.beta2, false);
   settings.Add("grad_clip", absl::GetFlag(FLAGS_grad_clip), false);
-  absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
-  if (!overrides.ok()) return Fail(overrides.status());
-  // Ranks that disagree would fail inside a collective (or train different things): compared
-  // before DDP's first broadcast.
-  if (absl::Status s = dp.CheckSameRun(
-          train::RunFingerprint(settings, *model,
-                                {absl::StrCat("resume=", resume ? "yes" : "no"),
-                                 absl::StrCat("train_tokens=", batches.num_tokens()),
-                                 absl::StrCat("val_tokens=", val.num_tokens()),
-                                 absl::StrCat("zero_stage=", dp.zero_stage()),
-                                 absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
-      !s.ok()) {
-    return Fail(s);
-  }
+  prepare.data_fingerprint = {absl::StrCat("train_tokens=", batches.num_tokens()),
+                              absl::StrCat("val_tokens=", val.num_tokens())};
   // ZeRO stage 3 units: each transformer block, then the model (the embeddings, whose wte is
   // also the tied output head, and the final norm, gathered around the whole forward).
-  std::vector<std::shared_ptr<nn::Module>> units;
   for (const auto& [name, m] : model->named_modules()) {
     if (absl::StartsWith(name, "blocks.") && name.find('.', 7) == std::string::npos) {
-      units.push_back(m);
+      prepare.zero_units.push_back(m);
     }
   }
-  units.push_back(model);
-  dp.Wrap(model, units);  // before the optimizer: DDP's gradient epilogue runs before its own
-  if (resume && dp.sharded_parameters()) {
-    // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
-    if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
-        !s.ok()) {
-      return Fail(s);
-    }
-  }
+  prepare.zero_units.push_back(model);
   // --precision=fp8: the Linear weights of the blocks in FP8; the tied head (wte, also the token
   // embedding's table, which stays a lookup) only with --fp8_head, as Transformer Engine's recipes
   // leave the output layer in higher precision.
-  std::vector<Tensor> fp8_weights = nn::LinearWeights(*model);
-  if (absl::GetFlag(FLAGS_fp8_head)) {
-    if (!precision_or->fp8) {
-      return Fail(absl::InvalidArgumentError("--fp8_head needs --precision=fp8"));
+  const bool fp8_precision = precision_or->fp8;
+  prepare.fp8_weights = [&model, fp8_precision]() -> absl::StatusOr<std::vector<Tensor>> {
+    std::vector<Tensor> weights = nn::LinearWeights(*model);
+    if (absl::GetFlag(FLAGS_fp8_head)) {
+      if (!fp8_precision) return absl::InvalidArgumentError("--fp8_head needs --precision=fp8");
+      for (const auto& [name, p] : model->named_parameters()) {
+        if (name == "wte.weight") weights.push_back(p);
+      }
     }
-    for (const auto& [name, p] : model->named_parameters()) {
-      if (name == "wte.weight") fp8_weights.push_back(p);
-    }
-  }
-  absl::StatusOr<std::unique_ptr<amp::Fp8Training>> fp8_or =
-      train::MakeFp8Training(*precision_or, std::move(fp8_weights), dp.AmaxReducer());
-  if (!fp8_or.ok()) return Fail(fp8_or.status());
-  amp::Fp8Training* fp8 = fp8_or->get();
-  const train::ForwardPrecision forward_precision(dtype, fp8);
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
-  auto opt_or = dp.MakeOptimizer(opt_config, precision);
-  if (!opt_or.ok()) return Fail(opt_or.status());
-  amp::TrainingOptimizer& opt = **opt_or;
-  optim::CosineWithWarmupLr schedule(opt.optimizer(), WarmupSteps(), total_steps, MinLr());
-
-  // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
-  // them, into a directory checked before the first step.
-  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
-  if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
-  train::RunState run(*model, opt, schedule, settings, total_steps);
-  run.set_sharding(dp.sharding());
-  std::vector<std::string> changes;
-  if (resume) {
-    std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
-    if (!ckpt.ok()) return Fail(ckpt.status());
-    if (fp8 != nullptr) {
-      if (absl::Status s = train::LoadFp8State(*ckpt, ckpt_dir, *fp8); !s.ok()) return Fail(s);
-    }
+    return weights;
+  };
+  prepare.resume_data = [&](const StateDict&, std::map<std::string, std::string>& meta) {
+    const std::string& ckpt_dir = run.checkpoint_dir();
     // A text run's ids are indices into its characters: text with other characters (allowed by
     // --override=data, and possible with the same count) would give every id another meaning.
     if (tokenizer && meta["vocab"] != tokenizer->vocab()) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "cannot resume from ", ckpt_dir, ": the checkpoint's characters (metadata 'vocab', ",
           meta["vocab"].size(), " bytes) differ from those of ", data_path, " (",
           tokenizer->vocab().size(),
           " bytes): its token ids would stand for other characters; resume with text made of "
-          "the same characters")));
+          "the same characters"));
     }
     // The generators' states; their seeds must be this run's (the offset is any position).
     auto generator_state = [&](const char* key,
@@ -523,122 +464,65 @@ int Main() {
                        "'; expected a generator state <seed>:<offset> with seed ", gen_seed));
     };
     absl::StatusOr<Generator::State> batch_state = generator_state("batches", seed + 1);
-    if (!batch_state.ok()) return Fail(batch_state.status());
+    if (!batch_state.ok()) return batch_state.status();
     absl::StatusOr<Generator::State> drop_state = generator_state("dropout", seed + 3);
-    if (!drop_state.ok()) return Fail(drop_state.status());
+    if (!drop_state.ok()) return drop_state.status();
     batches.set_state(*batch_state);
     // The data generator must stand where this step's batch begins (a replay from the seed).
     if (!(batches.state() == batches.StateAfter(run.step()))) {
-      return Fail(absl::DataLossError(
+      return absl::DataLossError(
           absl::StrCat("cannot resume from ", ckpt_dir, ": metadata 'batches' is '",
                        meta["batches"], "', but step ", run.step(), " begins at '",
-                       train::GeneratorStateToString(batches.StateAfter(run.step())), "'")));
+                       train::GeneratorStateToString(batches.StateAfter(run.step())), "'"));
     }
     dropout_gen.set_state(*drop_state);
-    train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
-  }
+    return absl::OkStatus();
+  };
   // The data order and dropout draws live in generators, saved as exact "seed:offset" text.
-  auto metadata = [&] {
+  prepare.metadata = [&] {
     std::map<std::string, std::string> meta = {
         {"batches", train::GeneratorStateToString(batches.state())},
         {"dropout", train::GeneratorStateToString(dropout_gen.state())}};
     if (tokenizer) meta["vocab"] = tokenizer->vocab();
     return meta;
   };
+  prepare.metric_columns = {"val_loss"};
+  prepare.throughput_unit = "tok/s";
+  prepare.batch_items = "sequences";
+  prepare.training_line_tail =
+      absl::StrCat(" (", batches.num_tokens(), " train / ", val.num_tokens(), " val tokens)");
+  prepare.loaded_from = train::ResolveUserPath(absl::GetFlag(FLAGS_init_from));
+  if (absl::Status s = run.Prepare(model, std::move(prepare)); !s.ok()) return Fail(s);
 
-  // ---- Metrics and progress.
-  std::optional<train::MetricsWriter> metrics;
-  const std::vector<std::string> metric_columns = train::WithFp8Columns({"val_loss"}, fp8);
-  if (absl::Status s = train::OpenMetrics(
-          dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-          resume ? std::optional<int64_t>(run.step()) : std::nullopt, metric_columns, &metrics);
-      !s.ok()) {
-    return Fail(s);
-  }
-  train::ProgressOptions progress_options;
-  progress_options.total_steps = total_steps;
-  progress_options.print_every = absl::GetFlag(FLAGS_print_every);
-  progress_options.unit = "tok/s";
-  progress_options.out = dp.log();
-  train::ProgressReporter progress(progress_options);
-  if (!changes.empty()) {
-    progress.Println(absl::StrCat("resuming with changed settings (--override): ",
-                                  absl::StrJoin(changes, ", ")));
-  }
-  // What --batch_size means (the global batch, not nanoGPT's micro-batch): the first output line,
-  // or the second after the
-  // --override changes of a resumed run.
-  progress.Println(batch_sizes.Describe("sequences"));
-  progress.Println(
-      absl::StrCat(model->to_string(), "training ", settings.ToString(), " (", batches.num_tokens(),
-                   " train / ", val.num_tokens(), " val tokens)",
-                   run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
-  train::DivergenceCheck divergence(opt.scaler().options().dynamic,
-                                    absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (resume) {
-    divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
-  } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
-    divergence.set_loaded_from(train::ResolveUserPath(absl::GetFlag(FLAGS_init_from)), 0);
-  }
-
-  // ---- Training.
+  // ---- Training: each rank reads only its rows of the global batch, on the host; each
+  // micro-batch is copied to the device.
   const int64_t tokens_per_step = batch_size * seq_len;
-  const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
   const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
-  double last_time = progress.ElapsedSeconds(), val_loss = NAN;
+  double val_loss = NAN;
   while (run.step() < total_steps) {
-    // Each rank reads only its rows of the global batch, on the host; each micro-batch is
-    // copied to the device.
     data::TokenBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
-    train::StepStats stats = train::TrainStep(
-        opt, schedule, forward_precision, absl::GetFlag(FLAGS_grad_clip),
+    train::StepRecord record = run.Step(
         [&](int64_t k) {
           return nn::CrossEntropyLoss(dp.Forward(*model, Tensor(dp.Micro(batch.x, k).to(device))),
                                       dp.Micro(batch.y, k).to(device));
         },
-        dp.accumulation());
-    const train::DataParallel::Agreement agreed =
-        dp.Agree(stats.loss, train::StopSignal::signal_number());
-    stats.loss = agreed.mean_loss;
-    train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
+        tokens_per_step, absl::GetFlag(FLAGS_grad_clip));
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step * tokens_per_step) / batches.num_tokens();
-    record.items_per_second = tokens_per_step / std::max(1e-9, record.elapsed_seconds - last_time);
     std::map<std::string, double> extras;
-    // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
-    if ((dp.is_main() || dp.sharded_parameters()) &&
+    if (run.evaluates_here() &&
         ((eval_every > 0 && step % eval_every == 0) || step == total_steps)) {
       val_loss =
-          Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), forward_precision, device);
+          Evaluate(*model, val, absl::GetFlag(FLAGS_eval_batches), run.forward_precision(), device);
       extras["val_loss"] = val_loss;
-      progress.Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
+      run.progress().Println(absl::StrFormat("step %d: val loss %.4f", step, val_loss));
     }
-    if (fp8 != nullptr) train::AddFp8Metrics(*fp8, extras);
-    progress.Report(record);
-    last_time = progress.ElapsedSeconds();  // evaluation time is not training throughput
-    if (metrics) {
-      absl::Status s = metrics->Write(record, extras);
-      if (!s.ok()) return Fail(s);
-    }
-    // A diverged run stops before its state could overwrite the last good checkpoint.
-    if (absl::Status s = divergence.Check(step, stats.loss, stats.result.skipped); !s.ok()) {
-      progress.Finish();
-      return Fail(s);
-    }
-    const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
-    if ((every > 0 && step % every == 0) || step == total_steps) {
-      absl::Status s = run.Save(save_dir, train::Fp8State(fp8), metadata());
-      if (!s.ok()) return Fail(s);
-    }
-    if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    train::StopRequest stop = agreed.stop;  // a single process also stops at once on its own
-    if (!dp.distributed()) stop.signal = train::StopSignal::signal_number();
-    if (stop.signal != 0) {
-      return run.SaveAndStop(save_dir, train::Fp8State(fp8), metadata(), progress, stop);
+    if (std::optional<int> exit = run.EndStep(record, extras, /*save=*/step == total_steps)) {
+      return *exit;
     }
   }
-  progress.Finish();
-  if (!dp.is_main() && !dp.sharded_parameters()) return 0;
+  run.FinishProgress();
+  if (!run.evaluates_here()) return 0;
   if (dp.is_main()) {
     if (!export_dir.empty()) {
       if (tokenizer) export_options.char_vocab = tokenizer->vocab();
@@ -652,11 +536,7 @@ int Main() {
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
   }
   // A run that skipped most of its steps did not train: no successful exit.
-  if (absl::Status s = train::CheckSkippedFraction(run.step(), run.skipped(),
-                                                   absl::GetFlag(FLAGS_max_skipped_fraction));
-      !s.ok()) {
-    return Fail(s);
-  }
+  if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
 
   // ---- Sample, starting from the first validation token.
   const int64_t n_sample = absl::GetFlag(FLAGS_sample_tokens);
@@ -666,7 +546,7 @@ int Main() {
     std::vector<int64_t> out;
     {
       // A low-precision model runs under autocast, as in training and evaluation.
-      train::PrecisionScope precision(forward_precision, /*update_fp8=*/false);
+      train::PrecisionScope precision(run.forward_precision(), /*update_fp8=*/false);
       out = model->Generate(prompt, n_sample, sample_gen, absl::GetFlag(FLAGS_temperature),
                             absl::GetFlag(FLAGS_top_k));
     }

@@ -19,7 +19,6 @@
 // (softmax/cross-entropy in f32), and for f16 scale the loss dynamically (PyTorch's scaler by
 // default; --loss_scaler picks Megatron's, DeepSpeed's or Apex's).
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -30,7 +29,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -39,23 +37,16 @@
 #include "nn/loss.h"
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
-#include "tensor/kernel_options.h"
 #include "tensor/ops.h"
 #include "train/checkpoint.h"
-#include "train/data_parallel.h"
-#include "train/divergence.h"
 #include "train/evaluate.h"
 #include "train/flag_values.h"
 #include "train/flags.h"
 #include "train/fp8_setup.h"
-#include "train/metrics.h"
-#include "train/optimizer_setup.h"
-#include "train/progress.h"
 #include "train/resume_flag.h"
+#include "train/run.h"
 #include "train/run_main.h"
 #include "train/run_settings.h"
-#include "train/run_state.h"
-#include "train/stop_signal.h"
 #include "train/train_step.h"
 #include "train/user_path.h"
 
@@ -149,31 +140,19 @@ absl::Status CheckFlags() {
 }
 
 int Main() {
-  train::KeepFreedMemoryInProcess();
-  train::StopSignal::Install();
   if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
-  absl::StatusOr<Device> device_or = train::CheckDevice(absl::GetFlag(FLAGS_device));
-  if (!device_or.ok()) return Fail(device_or.status());
-  KernelOptions kernel_options;
-  kernel_options.allow_tf32 = absl::GetFlag(FLAGS_tf32);
-  SetKernelOptions(kernel_options);
-  const std::string ckpt_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_checkpoint_dir));
-  // The world size, the batch split across it, the ranks, the first lines (threads, --resume).
-  train::RunStartOptions start_options;
-  start_options.parallel = {absl::GetFlag(FLAGS_world_size), absl::GetFlag(FLAGS_rank),
-                            absl::GetFlag(FLAGS_rdzv), absl::GetFlag(FLAGS_zero_stage),
-                            absl::GetFlag(FLAGS_grad_accum_steps)};
-  start_options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  start_options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  start_options.default_batch_size = 128;
-  start_options.resume = absl::GetFlag(FLAGS_resume);
-  start_options.checkpoint_dir = ckpt_dir;
-  absl::StatusOr<train::RunStart> start = train::StartRun(start_options, *device_or);
-  if (!start.ok()) return Fail(start.status());
-  const train::BatchSizes batch_sizes = start->batch;
-  train::DataParallel& dp = *start->dp;
-  const Device device = dp.device();
-  const bool resume = start->resume;
+  train::RunOptions run_options;
+  run_options.program = "train_mnist";
+  run_options.default_batch_size = 128;
+  run_options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  run_options.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  run_options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  run_options.overrides = absl::GetFlag(FLAGS_override);
+  absl::StatusOr<std::unique_ptr<train::Run>> run_or = train::Run::Start(run_options);
+  if (!run_or.ok()) return Fail(run_or.status());
+  train::Run& run = **run_or;
+  train::DataParallel& dp = run.dp();
+  const Device device = run.device();
   absl::StatusOr<train::Precision> precision_or =
       train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision_or.ok()) return Fail(precision_or.status());
@@ -201,221 +180,117 @@ int Main() {
     train_set->labels = train_set->labels.narrow(0, 0, limit);
   }
   data::BatcherOptions batching;
-  batching.batch_size = batch_sizes.global;
+  batching.batch_size = run.batch().global;
   batching.seed = absl::GetFlag(FLAGS_seed) + 1;
   data::ImageBatcher batches(train_set->images, train_set->labels, batching);
+  const int64_t per_epoch = batches.batches_per_epoch();
 
-  // ---- Model and optimizer.
+  // ---- Model: built on the CPU, then moved (see train::CheckDevice).
   Generator init_gen(absl::GetFlag(FLAGS_seed));
   nn::Sequential model =
       model_name == "cnn" ? nn::MakeImageCnn(init_gen) : nn::MakeImageMlp(init_gen);
-  // Built on the CPU, then moved (see train::CheckDevice); the optimizer comes after the move.
   model->to(dtype);
   model->to(device);
-  train::OptimizerConfig opt_config;
-  opt_config.name = absl::GetFlag(FLAGS_optimizer);
-  opt_config.lr = absl::GetFlag(FLAGS_lr);
-  opt_config.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  const int64_t default_epochs = model_name == "cnn" ? 4 : 10;
-  const int64_t epochs =
-      absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs) : default_epochs;
+  train::PrepareOptions prepare;
+  prepare.precision = *precision_or;
+  prepare.optimizer.name = absl::GetFlag(FLAGS_optimizer);
+  prepare.optimizer.lr = absl::GetFlag(FLAGS_lr);
+  prepare.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  const int64_t epochs = absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs)
+                                                         : (model_name == "cnn" ? 4 : 10);
+  prepare.total_steps = epochs * per_epoch;
+  prepare.schedule = [&](optim::Optimizer& opt) {
+    return std::make_unique<optim::CosineWithWarmupLr>(opt, /*warmup_steps=*/0, prepare.total_steps,
+                                                       /*min_lr=*/prepare.optimizer.lr / 10);
+  };
 
   // The run's settings: what a checkpoint and the other ranks must agree with.
-  train::RunSettings settings;
+  train::RunSettings& settings = run.settings();
   settings.Add("model", model_name, /*fixed=*/true);
   settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
   train::AddFp8Settings(*precision_or, settings);
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
-  settings.Add("optimizer", opt_config.name, true);
+  settings.Add("optimizer", prepare.optimizer.name, true);
   settings.Add("batch_size", static_cast<double>(batching.batch_size), true);
   settings.Add("train_limit", static_cast<double>(limit), true);
   settings.Add("seed", absl::StrCat(absl::GetFlag(FLAGS_seed)), true);
   settings.Add("epochs", static_cast<double>(epochs), /*fixed=*/false);
-  settings.Add("lr", opt_config.lr, false);
-  settings.Add("weight_decay", opt_config.weight_decay, false);
-  absl::StatusOr<std::vector<std::string>> overrides =
-      settings.ParseOverrides(absl::GetFlag(FLAGS_override), resume);
-  if (!overrides.ok()) return Fail(overrides.status());
-  // Ranks that disagree would fail inside a collective (or train different things): compared
-  // before DDP's first broadcast.
-  if (absl::Status s = dp.CheckSameRun(
-          train::RunFingerprint(settings, *model,
-                                {absl::StrCat("resume=", resume ? "yes" : "no"),
-                                 absl::StrCat("train_images=", train_set->images.size(0)),
-                                 absl::StrCat("test_images=", test_set->images.size(0)),
-                                 absl::StrCat("zero_stage=", dp.zero_stage()),
-                                 absl::StrCat("grad_accum_steps=", dp.grad_accum_steps())}));
-      !s.ok()) {
-    return Fail(s);
-  }
-  dp.Wrap(model);  // before the optimizer: DDP's gradient epilogue runs before its own
-  if (resume && dp.sharded_parameters()) {
-    // ZeRO stage 3 shards the weights it is built with: the checkpoint's come first.
-    if (absl::Status s = train::LoadModelForResume(ckpt_dir, settings, *overrides, *model);
-        !s.ok()) {
-      return Fail(s);
-    }
-  }
+  settings.Add("lr", prepare.optimizer.lr, false);
+  settings.Add("weight_decay", prepare.optimizer.weight_decay, false);
+  prepare.data_fingerprint = {absl::StrCat("train_images=", train_set->images.size(0)),
+                              absl::StrCat("test_images=", test_set->images.size(0))};
   // --precision=fp8: every Linear layer's GEMMs in FP8 (the MLP's three, the CNN's classifier).
-  absl::StatusOr<std::unique_ptr<amp::Fp8Training>> fp8_or =
-      train::MakeFp8Training(*precision_or, nn::LinearWeights(*model), dp.AmaxReducer());
-  if (!fp8_or.ok()) return Fail(fp8_or.status());
-  amp::Fp8Training* fp8 = fp8_or->get();
-  const train::ForwardPrecision forward_precision(dtype, fp8);
-  train::PrecisionConfig precision{dtype, absl::GetFlag(FLAGS_loss_scaler), dp.ReduceFoundInf()};
-  auto opt_or = dp.MakeOptimizer(opt_config, precision);
-  if (!opt_or.ok()) return Fail(opt_or.status());
-  amp::TrainingOptimizer& opt = **opt_or;
-  const int64_t total_steps = epochs * batches.batches_per_epoch();
-  optim::CosineWithWarmupLr schedule(opt.optimizer(), /*warmup_steps=*/0, total_steps,
-                                     /*min_lr=*/opt_config.lr / 10);
-
-  // ---- Checkpoints and resume. Every rank resumes from the checkpoint; only rank 0 writes
-  // them, into a directory checked before the first step.
-  const std::string save_dir = dp.is_main() ? ckpt_dir : "";
-  if (absl::Status s = train::PrepareCheckpointDir(save_dir); !s.ok()) return Fail(s);
-  train::RunState run(*model, opt, schedule, settings, total_steps);
-  run.set_sharding(dp.sharding());
-  const int64_t per_epoch = batches.batches_per_epoch();
-  std::vector<std::string> changes;
-  if (resume) {
-    std::map<std::string, std::string> meta;
-    absl::StatusOr<StateDict> ckpt = run.Resume(ckpt_dir, *overrides, &meta, &changes);
-    if (!ckpt.ok()) return Fail(ckpt.status());
-    if (fp8 != nullptr) {
-      if (absl::Status s = train::LoadFp8State(*ckpt, ckpt_dir, *fp8); !s.ok()) return Fail(s);
-    }
+  prepare.fp8_weights = [&]() -> absl::StatusOr<std::vector<Tensor>> {
+    return nn::LinearWeights(*model);
+  };
+  prepare.resume_data = [&](const StateDict& ckpt, std::map<std::string, std::string>&) {
+    const std::string& dir = run.checkpoint_dir();
     try {
-      batches.load_state_dict(ckpt->Sub("data."));
+      batches.load_state_dict(ckpt.Sub("data."));
     } catch (const Error& e) {
-      return Fail(
-          absl::DataLossError(absl::StrCat("cannot resume from ", ckpt_dir, ": ", e.what())));
+      return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
     }
     // The data position must be the one the step count says (one batch per step).
     const data::IndexBatcher::State at = batches.state();
     const int64_t data_step = at.epoch * per_epoch + at.position / batching.batch_size;
     if (data_step != run.step()) {
-      return Fail(absl::DataLossError(absl::StrCat(
-          "cannot resume from ", ckpt_dir, ": the data position (epoch ", at.epoch, ", example ",
-          at.position, ") is that of step ", data_step, ", but 'step' is ", run.step())));
+      return absl::DataLossError(absl::StrCat(
+          "cannot resume from ", dir, ": the data position (epoch ", at.epoch, ", example ",
+          at.position, ") is that of step ", data_step, ", but 'step' is ", run.step()));
     }
     // The data order's generator must stand where this epoch starts (a replay from the seed).
     if (!(at.epoch_start == batches.indices().EpochStart(at.epoch))) {
-      return Fail(absl::DataLossError(absl::StrCat(
-          "cannot resume from ", ckpt_dir, ": the data order's generator state is ",
+      return absl::DataLossError(absl::StrCat(
+          "cannot resume from ", dir, ": the data order's generator state is ",
           train::GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch, " starts at ",
-          train::GeneratorStateToString(batches.indices().EpochStart(at.epoch)))));
+          train::GeneratorStateToString(batches.indices().EpochStart(at.epoch))));
     }
-    train::ApplyOptimizerOverrides(opt_config, *overrides, opt, schedule);
-  }
-  auto extra = [&] {
-    StateDict d = train::Fp8State(fp8);
+    return absl::OkStatus();
+  };
+  prepare.data_state = [&] {
+    StateDict d;
     d.Merge("data.", batches.state_dict());
     return d;
   };
+  prepare.metric_columns = {"test_loss", "test_acc"};
+  prepare.throughput_unit = "img/s";
+  prepare.batch_items = "images";
+  prepare.training_line_tail = absl::StrCat(": ", prepare.total_steps, " steps");
+  if (absl::Status s = run.Prepare(model.ptr(), std::move(prepare)); !s.ok()) return Fail(s);
 
-  // ---- Metrics and progress.
-  std::optional<train::MetricsWriter> metrics;
-  const std::vector<std::string> metric_columns =
-      train::WithFp8Columns({"test_loss", "test_acc"}, fp8);
-  if (absl::Status s =
-          train::OpenMetrics(dp.is_main() ? absl::GetFlag(FLAGS_metrics) : "",
-                             resume ? std::optional<int64_t>(run.step()) : std::nullopt,
-                             metric_columns, &metrics);
-      !s.ok()) {
-    return Fail(s);
-  }
-  train::ProgressOptions progress_options;
-  progress_options.total_steps = total_steps;
-  progress_options.print_every = absl::GetFlag(FLAGS_print_every);
-  progress_options.unit = "img/s";
-  progress_options.out = dp.log();
-  train::ProgressReporter progress(progress_options);
-  if (!changes.empty()) {
-    progress.Println(absl::StrCat("resuming with changed settings (--override): ",
-                                  absl::StrJoin(changes, ", ")));
-  }
-  // What --batch_size means (the global batch, not a per-pass micro-batch): the first output line,
-  // or the second after the
-  // --override changes of a resumed run.
-  progress.Println(batch_sizes.Describe("images"));
-  progress.Println(absl::StrCat(
-      model->to_string(), "training ", settings.ToString(), ": ", total_steps, " steps",
-      run.step() > 0 ? absl::StrCat(", resuming after step ", run.step()) : ""));
-
-  // ---- Training.
-  train::DivergenceCheck divergence(opt.scaler().options().dynamic,
-                                    absl::GetFlag(FLAGS_max_skipped_in_a_row));
-  if (resume) {
-    divergence.set_loaded_from(train::CheckpointPath(ckpt_dir), run.step());
-  }
-  const int64_t stop_at = absl::GetFlag(FLAGS_stop_at_step);
-  double last_report = progress.ElapsedSeconds();
-  while (run.step() < total_steps) {
-    // Each rank reads only its rows of the global batch, on the host; each micro-batch is
-    // copied (converted) to the device.
+  // ---- Training: each rank reads only its rows of the global batch, on the host; each
+  // micro-batch is copied (converted) to the device.
+  while (run.step() < run.total_steps()) {
     data::ImageBatcher::Batch batch = batches.Next(dp.rank(), dp.world_size());
-    train::StepStats stats = train::TrainStep(
-        opt, schedule, forward_precision, /*max_grad_norm=*/0,
+    train::StepRecord record = run.Step(
         [&](int64_t k) {
           return nn::CrossEntropyLoss(
               dp.Forward(*model, Tensor(dp.Micro(batch.images, k).to(device, dtype))),
               dp.Micro(batch.labels, k).to(device));
         },
-        dp.accumulation());
-    const train::DataParallel::Agreement agreed =
-        dp.Agree(stats.loss, train::StopSignal::signal_number());
-    stats.loss = agreed.mean_loss;
-    train::StepRecord record = run.Advance(stats, progress.ElapsedSeconds());
+        static_cast<int64_t>(batch.indices.size()), /*max_grad_norm=*/0);
     const int64_t step = run.step();
     record.epoch = static_cast<double>(step) / per_epoch;
-    record.items_per_second = static_cast<double>(batch.indices.size()) /
-                              std::max(1e-9, record.elapsed_seconds - last_report);
-    std::map<std::string, double> extras;
     const bool epoch_end = step % per_epoch == 0;
-    // Stage 3: a forward is a collective, so every rank evaluates (rank 0 reports).
-    if ((dp.is_main() || dp.sharded_parameters()) && (epoch_end || step == total_steps)) {
-      Eval test = Evaluate(*model, *test_set, forward_precision, device);
+    std::map<std::string, double> extras;
+    if (run.evaluates_here() && (epoch_end || step == run.total_steps())) {
+      const Eval test = Evaluate(*model, *test_set, run.forward_precision(), device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
-      progress.Println(absl::StrFormat("epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s",
-                                       step / per_epoch, test.loss, 100 * test.accuracy,
-                                       progress.ElapsedSeconds()));
+      run.progress().Println(absl::StrFormat(
+          "epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s", step / per_epoch, test.loss,
+          100 * test.accuracy, run.progress().ElapsedSeconds()));
     }
-    progress.Report(record);
-    last_report = progress.ElapsedSeconds();  // evaluation time is not training throughput
-    if (fp8 != nullptr) train::AddFp8Metrics(*fp8, extras);
-    if (metrics) {
-      absl::Status s = metrics->Write(record, extras);
-      if (!s.ok()) return Fail(s);
-    }
-    // A diverged run stops before its state could overwrite the last good checkpoint.
-    if (absl::Status s = divergence.Check(step, stats.loss, stats.result.skipped); !s.ok()) {
-      progress.Finish();
-      return Fail(s);
-    }
-    const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
-    if (epoch_end || (every > 0 && step % every == 0)) {
-      absl::Status s = run.Save(save_dir, extra(), {});
-      if (!s.ok()) return Fail(s);
-    }
-    if (stop_at > 0 && step == stop_at) raise(SIGTERM);
-    train::StopRequest stop = agreed.stop;  // a single process also stops at once on its own
-    if (!dp.distributed()) stop.signal = train::StopSignal::signal_number();
-    if (stop.signal != 0) return run.SaveAndStop(save_dir, extra(), {}, progress, stop);
+    if (std::optional<int> exit = run.EndStep(record, extras, /*save=*/epoch_end)) return *exit;
   }
-  progress.Finish();
-  if (!dp.is_main() && !dp.sharded_parameters()) return 0;
-  Eval test = Evaluate(*model, *test_set, forward_precision, device);
+  run.FinishProgress();
+  if (!run.evaluates_here()) return 0;
+  const Eval test = Evaluate(*model, *test_set, run.forward_precision(), device);
   if (!dp.is_main()) return 0;
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
               static_cast<long long>(run.skipped()));
   // A run that skipped most of its steps did not train: no successful exit.
-  if (absl::Status s = train::CheckSkippedFraction(run.step(), run.skipped(),
-                                                   absl::GetFlag(FLAGS_max_skipped_fraction));
-      !s.ok()) {
-    return Fail(s);
-  }
+  if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
   return 0;
 }
 
