@@ -4,7 +4,7 @@
 //
 //   tg::amp::Fp8TrainingOptions o;
 //   o.recipe = tg::amp::Fp8Recipe::kDelayed;               // or kCurrent, kBlock
-//   tg::amp::Fp8Training fp8(tg::nn::Fp8LinearWeights(model), o);
+//   tg::amp::Fp8Training fp8(tg::nn::LinearWeights(*model), o);
 //   for (...) {
 //     tg::Tensor loss;
 //     {

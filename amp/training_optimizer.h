@@ -2,7 +2,7 @@
 // scaling, backward into (f32) master gradients, clipping by the global norm, an
 // overflow-skipping step and a checkpointable state. amp::MixedPrecisionOptimizer implements it
 // in one process (or with DDP), dist::ZeroOptimizer with its state sharded across ranks, so a
-// training loop (tools/train) is written once for both:
+// training loop (train::Run, train/run.h) is written once for both:
 //
 //   void Step(tg::amp::TrainingOptimizer& opt, const tg::Tensor& loss) {
 //     opt.zero_grad();

@@ -103,7 +103,7 @@
 //   itself never overflows (both backends sum f16 in f32 and round once, process_group.h), so
 //   a step is skipped only where some rank's local gradient overflowed. With each rank's loss
 //   its local mean, the local backward's per-row values are world times those of one process
-//   on the global batch and may overflow where that one's do not; tools/train therefore divides
+//   on the global batch and may overflow where that one's do not; train::DataParallel therefore divides
 //   each rank's f16 loss by the world size and uses reduce_op kSum (same per-row values, same
 //   skipped steps as one process: tests/tools:data_parallel_test).
 // - Thread safety: one backward at a time (the engine runs a backward's hooks sequentially).

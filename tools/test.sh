@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, checks the package layering
-# (tools/check_layering.sh), runs the whole test suite with Bazel, and ends with one line
-# "N passed, N failed, N skipped" counted from Bazel's per-target test results plus the layering
-# check, which counts as one test (so a layering violation fails the command like a failed test).
+# (tools/check_layering.sh) and the names in comments and docs (tools/check_names.sh), runs the
+# whole test suite with Bazel, and ends with one line "N passed, N failed, N skipped" counted from
+# Bazel's per-target test results plus the two checks, each counted as one test (so a layering
+# violation or a stale name fails the command like a failed test).
 # Extra arguments go to `bazel test` (e.g. tools/test.sh --config=asan).
 #
 # No target passes by skipping (tools/test_summary.sh counts): a target that Bazel reports PASSED
@@ -20,6 +21,8 @@ bash tools/setup.sh || exit 1
 # Before the tests, so that a violation is printed where it is seen; the tests still run.
 bash tools/check_layering.sh
 layering_status=$?
+bash tools/check_names.sh
+names_status=$?
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -37,6 +40,12 @@ if [ "$layering_status" -eq 0 ]; then
 else
   failed=$((failed + 1))
   echo "tools/check_layering.sh FAILED (its output is above)"
+fi
+if [ "$names_status" -eq 0 ]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "tools/check_names.sh FAILED (its output is above)"
 fi
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$status" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -3,7 +3,7 @@
 // CUDA, cuBLAS(Lt), cuDNN and NCCL goes through.
 //
 // Errors: each TG_*_CHECK throws tg::Error "<file>:<line>: <call> failed: <error name>:
-// <library's error string>", e.g. "tensor/cuda/copy.cc:42: cudaMemcpyAsync(dst, src, n, kind,
+// <library's error string>", e.g. "tensor/cuda/backend.cc:42: cudaMemcpyAsync(dst, src, n, kind,
 // stream) failed: cudaErrorInvalidValue: invalid argument", so a failure names where it
 // happened and why.
 //
