@@ -1,6 +1,7 @@
 // Choices among kernels that a user may need to change, as explicit options of the API (the
-// training binaries expose them as --cudnn_attention and --tf32). The library never reads an
-// environment variable to choose a kernel.
+// training binaries expose them as --cudnn_attention and --tf32, tools/bench:train_step the
+// governor as --cpu_thread_governor). The library never reads an environment variable to choose
+// a kernel.
 //
 //   tg::KernelOptions options;
 //   options.allow_tf32 = true;            // f32 products on CUDA may use TF32 tensor cores
@@ -19,6 +20,10 @@ struct KernelOptions {
   // like torch.backends.cuda.matmul.allow_tf32; off by default so that CUDA results compare
   // with the CPU's at f32 tolerances. A thread's tg::cuda::AllowTf32Scope overrides it there.
   bool allow_tf32 = false;
+  // The CPU thread governor (tensor/cpu/thread_governor.h): parallel regions use fewer threads
+  // while other processes hold this process's cores. Results are the same bits either way (every
+  // kernel is thread-count invariant); off: every region uses omp_get_max_threads().
+  bool cpu_thread_governor = true;
 };
 
 // The process-wide options: set them before training starts (reads and writes are atomic, but

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <string>
 
+#include "tensor/kernel_options.h"
+
 namespace tg::cpu {
 namespace {
 
@@ -91,8 +93,6 @@ struct Governor {
   int up_votes = 0;
 
   Governor() {
-    const char* env = std::getenv("TG_THREAD_GOVERNOR");
-    if (env != nullptr && std::string(env) == "0") on = false;
     if (BusySecondsOfOwnCpus() < 0 || OwnCpuSeconds() < 0) on = false;
   }
 
@@ -149,7 +149,10 @@ int NextRegionThreads(int max_threads, int cpus, int current, const LoadWindow& 
 int RegionThreads() {
   const int max_threads = omp_get_max_threads();
   Governor& g = TheGovernor();
-  if (max_threads <= 1 || !g.on.load(std::memory_order_relaxed)) return max_threads;
+  if (max_threads <= 1 || !g.on.load(std::memory_order_relaxed) ||
+      !GetKernelOptions().cpu_thread_governor) {
+    return max_threads;
+  }
   // The coarse clock (a few ms of resolution, half the cost of steady_clock) is enough to
   // start 50 ms windows; a window's own length is measured with steady_clock.
   timespec ts;
@@ -164,14 +167,19 @@ int RegionThreads() {
 }
 
 void SetThreadGovernor(bool on) {
+  KernelOptions options = GetKernelOptions();
+  options.cpu_thread_governor = on;
+  SetKernelOptions(options);
   Governor& g = TheGovernor();
   std::lock_guard<std::mutex> lock(g.mu);
-  g.on = on && BusySecondsOfOwnCpus() >= 0;
+  g.on = BusySecondsOfOwnCpus() >= 0;
   g.threads = 1 << 20;
   g.have_last = false;
   g.up_votes = 0;
 }
 
-bool ThreadGovernorOn() { return TheGovernor().on.load(); }
+bool ThreadGovernorOn() {
+  return TheGovernor().on.load() && GetKernelOptions().cpu_thread_governor;
+}
 
 }  // namespace tg::cpu

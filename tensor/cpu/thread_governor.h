@@ -15,8 +15,8 @@
 // count at once and raises it after two windows in a row agree. Results do not depend on the
 // count: every kernel gives the same bits at any thread count (docs/cpu.md, Determinism).
 //
-// It is on by default; TG_THREAD_GOVERNOR=0 in the environment (read once) or
-// SetThreadGovernor(false) turns it off, and the count is then omp_get_max_threads() as before.
+// It is on by default; KernelOptions::cpu_thread_governor = false (tensor/kernel_options.h) turns
+// it off, and the count is then omp_get_max_threads() as before.
 // Where /proc/stat cannot be read it stays off. What it cannot see: a CPU quota (cgroup cpu.max)
 // without other processes on the CPUs, which throttles without showing their time.
 #ifndef TAPEGRAD_TENSOR_CPU_THREAD_GOVERNOR_H_
@@ -27,7 +27,8 @@ namespace tg::cpu {
 // The threads a parallel region started now uses: omp_get_max_threads(), capped by the governor.
 int RegionThreads();
 
-// Turns the governor on or off for the process (off: RegionThreads() == omp_get_max_threads()).
+// Sets KernelOptions::cpu_thread_governor (off: RegionThreads() == omp_get_max_threads()) and
+// starts the governor's windows afresh (for tests).
 void SetThreadGovernor(bool on);
 bool ThreadGovernorOn();
 

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/kernel_options.h"
 
 namespace tg::cpu {
 namespace {
@@ -86,6 +87,23 @@ TEST(ThreadGovernorTest, OffMeansOmpMaxThreads) {
   SetThreadGovernor(true);
   omp_set_num_threads(1);
   EXPECT_EQ(RegionThreads(), 1);
+}
+
+// The governor's switch is the kernel option (no environment variable).
+TEST(ThreadGovernorTest, TheKernelOptionSwitchesIt) {
+  omp_set_num_threads(3);
+  SetThreadGovernor(true);
+  const bool available = ThreadGovernorOn();  // false where /proc/stat cannot be read
+  KernelOptions options = GetKernelOptions();
+  EXPECT_TRUE(options.cpu_thread_governor);
+  options.cpu_thread_governor = false;
+  SetKernelOptions(options);
+  EXPECT_FALSE(ThreadGovernorOn());
+  EXPECT_EQ(RegionThreads(), 3);
+  options.cpu_thread_governor = true;
+  SetKernelOptions(options);
+  EXPECT_EQ(ThreadGovernorOn(), available);
+  omp_set_num_threads(1);
 }
 
 // Busy processes on every CPU this process may use: the count drops to 1 within a few windows.

@@ -9,6 +9,7 @@
 #   tools/bench/load_share.sh                      # mlp and cnn in f32, 3 rounds
 #   MODELS=mlp,gpt REPS=5 tools/bench/load_share.sh
 #   GOMP_SPINCOUNT=1000 tools/bench/load_share.sh  # another libgomp wait policy, for comparison
+#   THREAD_GOVERNOR=false tools/bench/load_share.sh  # train_step --cpu_thread_governor=false
 #
 # Extra flags for bazel go in BAZEL_FLAGS (e.g. --config=cpu). Prints the CPU model and core
 # count first; runs on any Linux with bash and awk.
@@ -22,7 +23,7 @@ steps="${STEPS:-20}"
 threads=2
 cores="$(nproc)"
 echo "$(lscpu | sed -n 's/^Model name: *//p'), ${cores} cores; ${threads} threads; models ${models};" \
-  "${reps} rounds; steps ${steps}; TG_THREAD_GOVERNOR=${TG_THREAD_GOVERNOR:-unset} GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
+  "${reps} rounds; steps ${steps}; thread governor ${THREAD_GOVERNOR:-true} GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
 
 busy=()
 stop_busy() { [ "${#busy[@]}" -eq 0 ] || kill "${busy[@]}" 2>/dev/null || true; busy=(); }
@@ -31,7 +32,8 @@ trap stop_busy EXIT
 # step_ms MODEL: the median over REPS rounds of train_step's median ms/step.
 step_ms() {
   for _ in $(seq "${reps}"); do
-    OMP_NUM_THREADS="${threads}" "${bin}" --models="$1" --dtypes=f32 --steps="${steps}" 2>&1 |
+    OMP_NUM_THREADS="${threads}" "${bin}" --models="$1" --dtypes=f32 --steps="${steps}" \
+      --cpu_thread_governor="${THREAD_GOVERNOR:-true}" 2>&1 |
       awk -v m="$1" '$1 == m { print $3 }'
   done | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }

@@ -27,6 +27,10 @@
 // summary.
 //
 // The inputs are random (same shapes and cost as the real data); the step median is reported.
+#include "train/train_step.h"
+
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,8 +44,6 @@
 #include <string>
 #include <vector>
 
-#include <omp.h>
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "amp/fp8.h"
@@ -53,14 +55,17 @@
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
+#include "tensor/kernel_options.h"
 #include "tensor/profile.h"
 #include "tools/bench/core_latency.h"
 #include "train/flag_values.h"
 #include "train/optimizer_setup.h"
 #include "train/run_main.h"
-#include "train/train_step.h"
 
 ABSL_FLAG(int, steps, 10, "timed steps per configuration (after 3 warm-up steps)");
+ABSL_FLAG(bool, cpu_thread_governor, true,
+          "the CPU thread governor (KernelOptions::cpu_thread_governor; false: every parallel "
+          "region uses OMP_NUM_THREADS threads)");
 ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),
           "models to time (mlp, cnn, gpt)");
 ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
@@ -171,10 +176,10 @@ std::map<std::string, PyTorchRow> ReadPyTorchJson(const std::string& path, int t
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_string() ||
-        !j.contains("dtype") || !j["dtype"].is_string() || !j.contains("threads") ||
-        !j["threads"].is_number_integer() || !j.contains("ms_per_step") ||
-        !j["ms_per_step"].is_number() || !(j["ms_per_step"].get<double>() > 0) ||
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_string() || !j.contains("dtype") ||
+        !j["dtype"].is_string() || !j.contains("threads") || !j["threads"].is_number_integer() ||
+        !j.contains("ms_per_step") || !j["ms_per_step"].is_number() ||
+        !(j["ms_per_step"].get<double>() > 0) ||
         (j.contains("variant") && !j["variant"].is_string()) ||
         (j.contains("core_ns") && !ProbesValid(j["core_ns"]))) {
       std::fprintf(stderr, "train_step: %s line %d is not a train_step_pytorch.py record\n",
@@ -207,19 +212,22 @@ nlohmann::json ProbesJson(const std::vector<double>& ns) {
 void Row(const char* model, const std::string& precision, int threads, const Result& r,
          const Result& f32, const char* unit, const std::map<std::string, PyTorchRow>& pytorch,
          std::ofstream* json_out) {
-  std::printf("%-5s %-12s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)"
-              "  cores %.0f/%.0f ns",
-              model, precision.c_str(), r.ms_per_step, r.items_per_second, unit,
-              f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops, r.core_ns[0],
-              r.core_ns[1]);
-  nlohmann::json record = {{"model", model},        {"dtype", precision},
-                           {"threads", threads},    {"ms_per_step", r.ms_per_step},
+  std::printf(
+      "%-5s %-12s %9.2f ms/step %10.0f %s  x%.2f vs f32   GEMM %4.1f%% (%.1f GFLOP/s)"
+      "  cores %.0f/%.0f ns",
+      model, precision.c_str(), r.ms_per_step, r.items_per_second, unit,
+      f32.ms_per_step / r.ms_per_step, 100 * r.gemm_share, r.gemm_gflops, r.core_ns[0],
+      r.core_ns[1]);
+  nlohmann::json record = {{"model", model},
+                           {"dtype", precision},
+                           {"threads", threads},
+                           {"ms_per_step", r.ms_per_step},
                            {"core_ns", ProbesJson(r.core_ns)}};
   const auto it = pytorch.find(std::string(model) + "/" + precision);
   if (it != pytorch.end() && !it->second.empty()) {
-    const auto best = std::min_element(
-        it->second.begin(), it->second.end(),
-        [](const auto& a, const auto& b) { return a.second.ms < b.second.ms; });
+    const auto best =
+        std::min_element(it->second.begin(), it->second.end(),
+                         [](const auto& a, const auto& b) { return a.second.ms < b.second.ms; });
     const double ratio = r.ms_per_step / best->second.ms;
     // Every variant's probes with ours: a variant timed in the other placement could have been
     // the fastest, or not, in ours.
@@ -256,6 +264,9 @@ void Row(const char* model, const std::string& precision, int threads, const Res
 int main(int argc, char** argv) {
   using namespace tg;
   absl::ParseCommandLine(argc, argv);
+  tg::KernelOptions kernel_options = tg::GetKernelOptions();
+  kernel_options.cpu_thread_governor = absl::GetFlag(FLAGS_cpu_thread_governor);
+  tg::SetKernelOptions(kernel_options);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int threads = omp_get_max_threads();
   for (const std::string& name : absl::GetFlag(FLAGS_models)) {
@@ -313,12 +324,15 @@ int main(int argc, char** argv) {
         return 1;
       }
       const DType dtype = parsed->dtype;
-      const std::string fp8_recipe =
-          !parsed->fp8 ? "" : slash == std::string::npos ? "delayed" : dtype_name.substr(slash + 1);
+      const std::string fp8_recipe = !parsed->fp8                 ? ""
+                                     : slash == std::string::npos ? "delayed"
+                                                                  : dtype_name.substr(slash + 1);
       if (!fp8_recipe.empty() && fp8_recipe != "delayed" && fp8_recipe != "current" &&
           fp8_recipe != "block") {
-        std::fprintf(stderr, "train_step: unknown FP8 recipe in '%s' (expected delayed, current "
-                     "or block)\n", dtype_name.c_str());
+        std::fprintf(stderr,
+                     "train_step: unknown FP8 recipe in '%s' (expected delayed, current "
+                     "or block)\n",
+                     dtype_name.c_str());
         return 1;
       }
       Generator init(1);
