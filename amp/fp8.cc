@@ -279,10 +279,18 @@ void Fp8Training::Update(bool forward) {
   }
 }
 
-void Fp8Training::FinishForward() { Update(/*forward=*/true); }
+constexpr const char* kForwardUpdateOwed =
+    "amp::Fp8Autocast: a forward's FP8 update did not run: call Finish() on the Fp8Autocast at "
+    "the end of the forward (or Fp8Training::FinishForward() after its scope)";
+
+void Fp8Training::FinishForward() {
+  forward_update_owed_ = false;
+  Update(/*forward=*/true);
+}
 
 void Fp8Training::FinishBackward() {
   backward_task_ = -1;
+  TG_CHECK(!forward_update_owed_, kForwardUpdateOwed);
   Update(/*forward=*/false);
 }
 
@@ -344,20 +352,34 @@ void Fp8Training::load_state_dict(const StateDict& state) {
   ++generation_;
 }
 
+// `training`, once it owes no forward update (a new forward must not start before the last
+// one's update).
+Fp8Training* Fp8Autocast::NothingOwed(Fp8Training* training) {
+  TG_CHECK(training == nullptr || !training->forward_update_owed_, kForwardUpdateOwed);
+  return training;
+}
+
 Fp8Autocast::Fp8Autocast(Fp8Training* training, bool update)
     : training_(training),
-      guard_(training),
+      guard_(NothingOwed(training)),
       update_(update),
       uncaught_(std::uncaught_exceptions()) {}
 
-Fp8Autocast::~Fp8Autocast() noexcept(false) {
-  // While an exception leaves the scope no update runs (it would hide the exception if it threw):
-  // the amaxes of the casts that did run stay recorded and join the next update's.
+void Fp8Autocast::Finish() {
+  TG_CHECK(update_, "amp::Fp8Autocast::Finish: this scope was made with update = false");
+  TG_CHECK(!finished_, "amp::Fp8Autocast::Finish: called twice in one scope");
+  finished_ = true;
+  if (training_ != nullptr) training_->FinishForward();
+}
+
+Fp8Autocast::~Fp8Autocast() {
+  // While an exception leaves the scope no update is owed: the amaxes of the casts that did run
+  // stay recorded and join the next update's.
   if (training_ == nullptr || std::uncaught_exceptions() != uncaught_) return;
-  if (update_) {
-    training_->FinishForward();
-  } else {
+  if (!update_) {
     training_->DiscardPending();
+  } else if (!finished_) {
+    training_->forward_update_owed_ = true;
   }
 }
 

@@ -103,8 +103,9 @@ class Fp8Training final : public Fp8Scope {
   // Fp8Scope: the quantizers of a covered weight (matched by identity), else nullopt.
   std::optional<Fp8LinearQuantizers> LinearQuantizers(const Tensor& weight) override;
 
-  // Delayed scaling's updates (no-ops for the other recipes); Fp8Autocast and the backward
-  // callback call them, tests may too.
+  // Delayed scaling's updates (no-ops for the other recipes); Fp8Autocast::Finish and the
+  // backward callback call them, tests may too. FinishBackward throws while a forward's update
+  // is owed (see Fp8Autocast).
   void FinishForward();
   void FinishBackward();
   // Drops the amaxes recorded since the last update (a forward that must not move the scales:
@@ -141,30 +142,48 @@ class Fp8Training final : public Fp8Scope {
   Fp8DelayedScaling::AmaxReducer reducer_;
   int64_t generation_ = 0;      // bumped by every update: the quantizers' device scales refresh
   int64_t backward_task_ = -1;  // the graph task whose end runs FinishBackward
+  bool forward_update_owed_ = false;  // an Fp8Autocast scope ended without its update
+  friend class Fp8Autocast;
 };
 
 // TE's fp8_autocast: installs `training` on this thread for the guard's lifetime (enabled =
-// false installs none, so Linears inside run as usual); at exit (unless an exception is leaving
-// the scope) calls training.FinishForward(), which may throw (a reducer's error), or with
-// update = false training.DiscardPending() (evaluation: the casts use the scales, and the scales
-// stay as they are).
+// false installs none, so Linears inside run as usual). The forward's update is an explicit call,
+// Finish(), at the end of the forward (TE runs it at the scope's exit; here it may throw, a
+// reducer's error, which a destructor must not):
 //
-// Hold it directly (a local or a member), not in std::optional or a smart pointer: their
-// destructors are noexcept, so an update that throws there would terminate the process. A null
-// training (the pointer form) installs none, for code whose FP8 is optional.
+//   {
+//     tg::amp::Fp8Autocast on(fp8);
+//     loss = model(x);
+//     on.Finish();  // delayed scaling's forward update (a no-op for the other recipes)
+//   }
+//
+// A scope with update = true that ends without Finish() (and without an exception leaving it)
+// leaves the update owed: the next Fp8Autocast over the same training, and the backward's
+// update, throw tg::Error saying so, so a missing update is never silent; calling
+// training.FinishForward() after the scope pays it too. With update = false the scope's exit
+// drops the amaxes it recorded (evaluation: the casts use the scales, which stay as they are).
+// When an exception leaves the scope, the amaxes of the casts that did run join the next update.
+// The destructor never throws, so the guard may live in a std::optional. A null training (the
+// pointer form) installs none, for code whose FP8 is optional.
 class Fp8Autocast {
  public:
   explicit Fp8Autocast(Fp8Training& training, bool enabled = true, bool update = true)
       : Fp8Autocast(enabled ? &training : nullptr, update) {}
   explicit Fp8Autocast(Fp8Training* training, bool update = true);
-  ~Fp8Autocast() noexcept(false);
+  ~Fp8Autocast();
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
 
+  // The forward's update (training.FinishForward()); once per scope, with update = true.
+  void Finish();
+
  private:
+  static Fp8Training* NothingOwed(Fp8Training* training);
+
   Fp8Training* training_;
   Fp8ScopeGuard guard_;
   bool update_;
+  bool finished_ = false;
   int uncaught_;
 };
 

@@ -7,6 +7,7 @@
 //   {
 //     amp::Fp8Autocast on(fp8);                     // installs it on this thread
 //     loss = model.forward(x);                      // covered Linears run Fp8Linear
+//     on.Finish();                                  // the forward's scale update
 //   }
 //   loss.backward();
 //

@@ -36,6 +36,7 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
       {
         PrecisionScope scope(precision);
         loss = loss_fn(k);
+        scope.Finish();
       }
       // One micro-batch: the loss as it is (bit for bit the unaccumulated step).
       amp::MasterBackwardOptions options;

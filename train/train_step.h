@@ -34,6 +34,9 @@ class PrecisionScope {
   // The autocast guard is entered before the FP8 scope (members are initialised in order).
   explicit PrecisionScope(const ForwardPrecision& precision, bool update_fp8 = true)
       : guard_(MakeGuard(precision.dtype)), fp8_(precision.fp8, update_fp8) {}
+  // The end of a training forward: FP8's forward update (amp::Fp8Autocast::Finish), inside
+  // autocast. Not for update_fp8 = false.
+  void Finish() { fp8_.Finish(); }
 
  private:
   static std::optional<amp::AutocastGuard> MakeGuard(DType dtype) {
@@ -42,9 +45,7 @@ class PrecisionScope {
   }
 
   std::optional<amp::AutocastGuard> guard_;
-  // A member, not an optional (whose noexcept destructor would turn a failed amax reduction into
-  // std::terminate); destroyed first: its update runs inside autocast.
-  amp::Fp8Autocast fp8_;
+  amp::Fp8Autocast fp8_;  // destroyed first: it ends inside autocast
 };
 
 struct StepStats {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,7 @@ StepResult RunStep(Fp8Training& fp8, const Tensor& x, const Tensor& w, const Raw
   {
     Fp8Autocast on(fp8);
     y = Linear(x, w);
+    on.Finish();
   }
   Sum(Mul(y, Tensor(c))).backward();
   return {y.data().to_vector<float>(), x.grad().data().to_vector<float>(),
@@ -211,6 +213,7 @@ TEST(Fp8TrainingTest, DelayedScalingReducesEveryPassOnceBeforeUpdating) {
   {
     Fp8Autocast on(fp8);
     h = Linear(Linear(Tensor(x0), w0), w1);
+    on.Finish();
   }
   ASSERT_EQ(seen.size(), 1u);
   ASSERT_EQ(seen[0].size(), 4u);
@@ -361,6 +364,7 @@ TEST(Fp8TrainingTest, InfInTheInputOrTheGradientIsNotHiddenBySaturation) {
     {
       Fp8Autocast on(fp8);
       y = Linear(Tensor(xt), w);
+      on.Finish();
     }
     // Per tensor the whole output is NaN (one scale for all); per 1x128 tile only the row whose
     // tile held the inf.
@@ -375,6 +379,7 @@ TEST(Fp8TrainingTest, InfInTheInputOrTheGradientIsNotHiddenBySaturation) {
     {
       Fp8Autocast on(fp8);
       y = Linear(Tensor(Random({3, 8}, 32)), w);
+      on.Finish();
     }
     Sum(Mul(y, Tensor(ct))).backward();
     EXPECT_FALSE(AllFinite(w.grad().data()));
@@ -405,6 +410,7 @@ TEST(Fp8TrainingTest, TheEventTraceShowsUpdatesAndCasts) {
     {
       Fp8Autocast on(fp8);
       y = Linear(Tensor(xt), w);
+      on.Finish();
     }
     Sum(y).backward();
     EXPECT_THAT(Fp8Events(trace.events()),
@@ -466,6 +472,7 @@ TEST(Fp8TrainingTest, UnderAutocastTheOutputIsLowPrecisionAndTheMasterGradF32) {
     AutocastGuard autocast(kBF16);
     Fp8Autocast on(fp8);
     y = Linear(x, w, b);
+    on.Finish();
   }
   EXPECT_EQ(y.dtype(), kBF16);
   Sum(y).backward();
@@ -528,10 +535,42 @@ TEST(Fp8TrainingTest, BackwardAfterTheTrainingIsGoneFailsClearly) {
     Fp8Training fp8({w}, Options(Fp8Recipe::kCurrent));
     Fp8Autocast on(fp8);
     y = Linear(Tensor(Random({3, 4}, 29)), w);
+    on.Finish();
   }
   EXPECT_TRUE(ThrowsError([&] { Sum(y).backward(); },
                           "FP8 quantizer (layer 0, grad_output): its Fp8Training was destroyed "
                           "before this cast"));
+}
+
+// The forward's update is an explicit call: a scope that ends without it leaves the update owed,
+// and the next scope and the backward's update say so; the guard itself never throws from its
+// destructor, so it may live in a std::optional.
+TEST(Fp8TrainingTest, AForwardWithoutFinishLeavesItsUpdateOwed) {
+  Tensor w(Random({4, 8}, 40), true);
+  Fp8Training fp8({w}, Options(Fp8Recipe::kDelayed));
+  Tensor y;
+  {
+    std::optional<Fp8Autocast> on(std::in_place, fp8);
+    y = Linear(Tensor(Random({3, 8}, 41)), w);
+  }
+  const char* owed =
+      "amp::Fp8Autocast: a forward's FP8 update did not run: call Finish() on the "
+      "Fp8Autocast at the end of the forward (or Fp8Training::FinishForward() "
+      "after its scope)";
+  EXPECT_TRUE(ThrowsErrorExactly([&] { Fp8Autocast again(fp8); }, owed));
+  EXPECT_TRUE(ThrowsError([&] { Sum(y).backward(); }, owed));
+  fp8.FinishForward();  // pays it
+  {
+    Fp8Autocast on(fp8);
+    y = Linear(Tensor(Random({3, 8}, 42)), w);
+    on.Finish();
+    EXPECT_TRUE(ThrowsErrorExactly([&] { on.Finish(); },
+                                   "amp::Fp8Autocast::Finish: called twice in one scope"));
+  }
+  Sum(y).backward();
+  Fp8Autocast eval(fp8, /*enabled=*/true, /*update=*/false);
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { eval.Finish(); }, "amp::Fp8Autocast::Finish: this scope was made with update = false"));
 }
 
 }  // namespace

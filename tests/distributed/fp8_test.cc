@@ -47,6 +47,7 @@ TEST(Fp8DataParallelTest, DelayedScalingStateIsTheSameOnEveryRank) {
       amp::Fp8Autocast on(fp8);
       h0 = Linear(Tensor(InputOf(r.rank)), w0);
       y = Linear(h0, w1);
+      on.Finish();
     }
     // The forward update used the largest input amax of any rank (the last rank's).
     const float largest = Amax(InputOf(r.world_size - 1));

@@ -150,6 +150,7 @@ Result Measure(int64_t batch, int64_t seq, bool bf16_weights, Device device) {
       amp::AutocastGuard autocast(kBF16);
       amp::Fp8Autocast fp8_scope(fp8.get());  // none without --fp8_recipe
       loss = nn::CrossEntropyLoss(model(Tensor(x)), y);
+      fp8_scope.Finish();
     }
     opt.backward(loss);
     opt.step();
