@@ -47,23 +47,12 @@
 //   unscale is one multi-tensor op (tg::NonFiniteCheckAndUnscale); AdamW (and Adam without
 //   weight decay) updates all masters of a group in one tg::FusedAdam call that also writes the
 //   f16/bf16 model parameters in the same pass (other optimizers update the masters and copy).
-//   A dynamic scaler that this optimizer updates is mirrored with the tensors (its state() as a
-//   tg::LossScaleStateTensor): tg::StepLossScale moves it in step() with the very function that
-//   LossScaler::update runs (tensor/loss_scale_update.h), so bit for bit, and the next unscale
-//   reads the new 1/scale where the tensors are, without a host read on a GPU. The host scaler
-//   is updated alongside from the one found_inf read, so loss_scale(), scaler() and
-//   state_dict() never wait for a device; a change of the host scaler made outside step()
-//   (load_state_dict, a caller's own update) is copied over before the next use. The only
-//   host<->device synchronisation of a step on a GPU is that found_inf read (skip reporting, the
-//   LR schedule's skip rule); clip_master_grads adds one read of the norm. Constant scalers need
-//   no mirrored state: the scale is a kernel argument.
-// - Options::skip_on_device (off by default) removes that read: the skip is decided on the
-//   device (optim::Optimizer::step(found_inf)), the scaler moves only there, the loss is scaled
-//   by the device scale, and loss_scale(), scaler(), skipped_steps(), state_dict() and
-//   StepResult::was_skipped()/used_scale() read the device when called (a sync each; the
-//   StepResult's skipped/scale fields are not filled). Same bits as the host-decided step. The
-//   one thing it cannot do is on_skip's clearing of the model .grad after a skipped step:
-//   zero_grad() before the next backward does it (as every training loop calls it).
+//   The scale and its counters live in one place, the host LossScaler: step() updates it from
+//   the one found_inf read, and an unscale gets 1/scale as a fill (a kernel argument, never an
+//   upload), so loss_scale(), scaler() and state_dict() never wait for a device and there is
+//   no second copy to keep in step. The only host<->device synchronisation of a step on a GPU
+//   is that found_inf read (skip reporting, the LR schedule's skip rule); clip_master_grads
+//   adds one read of the norm.
 // - bf16 (and f32) models default to a constant scale of 1 and no skipping (check_non_finite
 //   off); f16 models default to PyTorch's dynamic scaler with skipping.
 #ifndef TAPEGRAD_AMP_MIXED_PRECISION_OPTIMIZER_H_
@@ -146,10 +135,6 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   const std::vector<Tensor>& master_params() const { return master_; }
   // The parameters' device (every parameter is on it).
   Device device() const { return device_; }
-  // With a dynamic scaler updated here: the mirrored copy of the scaler's state, on the
-  // parameters' device (tg::ReadLossScaleState reads it; a synchronisation on a GPU). Undefined
-  // otherwise. For tests.
-  const RawTensor& device_scaler_state() const { return core_->device_scaler_state(); }
   // Counters for tests and logs.
   int64_t master_grad_updates() const { return master_grad_updates_; }
   // The mechanics of the step (shared with dist::ZeroOptimizer): its skip and host-read counts.

@@ -11,15 +11,13 @@
 //   double norm = core.ClipGradNorm(grads, 1.0, 2.0);  // the norm over all ranks, then the clip
 //   amp::StepResult r = core.Step(pieces, optimizer, on_skip, on_update);  // then the scaler
 //
-// Host reads per step (a device synchronisation each on a GPU): Step reads found_inf once, after
-// the reduce_found_inf hook, when check_non_finite is on (f16 and dynamic scalers by default),
-// nothing otherwise (bf16/f32), and nothing with skip_on_device (the skip and the scaler update
-// are decided on the device; the host scaler is read back only when asked for); ClipGradNorm reads
-// the norm once (its return value) -- with the reduce_norm hook it reads the rank's partial norm
-// once and the reduced one once. The scaler is updated on the host from that one read and, for a
-// dynamic scaler updated here, mirrored on the device (tensor/ops.h StepLossScale runs
-// tensor/loss_scale_update.h's function there), so InvScale() hands the next unscale its 1/scale
-// without an upload.
+// The loss scaler has one truth: the host LossScaler. Step reads found_inf once (after the
+// reduce_found_inf hook) when check_non_finite is on (f16 and dynamic scalers by default), and
+// nothing otherwise (bf16/f32); that one read decides the skip and the scaler's update, on the
+// host, with every preset's exact rule. The device never holds scaler state: Unscale hands the
+// kernel 1/scale as a fill (a kernel argument, no upload, no wait), so nothing is synchronised
+// by hand. ClipGradNorm reads the norm once (its return value) -- with the reduce_norm hook it
+// reads the rank's partial norm once and the reduced one once.
 #ifndef TAPEGRAD_AMP_STEP_CORE_H_
 #define TAPEGRAD_AMP_STEP_CORE_H_
 
@@ -51,17 +49,6 @@ struct MixedPrecisionOptions {
   // Set by data-parallel training: makes found_inf (0-d f32, 0 or 1) the max over all ranks, in
   // place, so that every rank skips the same steps.
   std::function<void(const RawTensor& found_inf)> reduce_found_inf;
-  // The zero-wait step: found_inf is never read by the host during a step. The optimizer skips
-  // on the device (optim::Optimizer::step(found_inf)), the dynamic scaler moves on the device
-  // (StepLossScale with the device found_inf), and the loss is multiplied by the device scale,
-  // so an f16 step on a GPU has no host wait (ClipGradNorm's norm, when clipping, still is one
-  // read). The host learns the scale, the skipped count and each step's outcome only when
-  // asked (loss_scale(), scaler(), skipped_steps(), state_dict(), StepResult::was_skipped()):
-  // each such read waits for the device. Results are the bits of the host-decided step. Needs
-  // a dynamic scaler that this optimizer updates (update_scaler true; the f16 default) and
-  // check_non_finite not set to false; throws tg::Error otherwise. Off by default: the training
-  // binaries keep the host-decided step, which logs every step's outcome.
-  bool skip_on_device = false;
 };
 
 // A piece of master weights that this process (rank) owns and steps: the master Tensor that
@@ -96,8 +83,8 @@ class StepCore {
 
   // loss (any floating dtype) cast to f32 and multiplied by the current scale (recorded).
   Tensor Scale(const Tensor& loss) const;
-  // 1 / scale as a 0-d f32 tensor on the device (the device scaler's own when there is one).
-  RawTensor InvScale();
+  // 1 / scale as a 0-d f32 tensor on the device (a fill from the host scaler).
+  RawTensor InvScale() const;
   // Divides every tensor (f32/f64, owned by the caller) by the scale in place, in one fused pass
   // that also records inf/NaN in found_inf (which accumulates until Step or ClearFoundInf).
   void Unscale(const std::vector<RawTensor>& grads);
@@ -115,7 +102,7 @@ class StepCore {
   // as its master's .grad (and its model copy registered), `optimizer` steps, the .grads are
   // released again and on_update() runs (the owner publishes the new masters: bumps the model's
   // versions, all-gathers the shards). Then the scaler is updated once (unless update_scaler is
-  // false) on the host and on the device mirror, and found_inf is cleared.
+  // false) on the host, and found_inf is cleared.
   StepResult Step(const std::vector<MasterPiece>& pieces, optim::Optimizer& optimizer,
                   const std::function<void()>& on_skip, const std::function<void()>& on_update);
 
@@ -123,55 +110,21 @@ class StepCore {
   void ClearFoundInf() { found_inf_.zero_(); }
   const RawTensor& found_inf() const { return found_inf_; }
 
-  // The host scaler. With skip_on_device it is brought up to date from the device first when a
-  // step moved it (one host read, a device sync on a GPU): call it to log or checkpoint, not per
-  // step. Changes made through the returned reference reach the device at the next step.
-  LossScaler& scaler() {
-    SyncHostScaler();
-    return *scaler_;
-  }
-  const LossScaler& scaler() const {
-    SyncHostScaler();
-    return *scaler_;
-  }
-  const std::shared_ptr<LossScaler>& shared_scaler() const {
-    SyncHostScaler();
-    return scaler_;
-  }
+  // The host scaler, the one truth of the scale and its counters. Changes made through the
+  // returned reference (load_state_dict, a caller's own update) are what the next step uses.
+  LossScaler& scaler() { return *scaler_; }
+  const LossScaler& scaler() const { return *scaler_; }
+  const std::shared_ptr<LossScaler>& shared_scaler() const { return scaler_; }
   bool check_non_finite() const { return check_non_finite_; }
-  bool skip_on_device() const { return skip_on_device_; }
   bool update_scaler() const { return update_scaler_; }
   Device device() const { return device_; }
-  // With a dynamic scaler updated here: its mirrored state on the device (tg::ReadLossScaleState
-  // reads it); undefined otherwise.
-  const RawTensor& device_scaler_state() const { return scaler_state_; }
-  // Steps skipped; with skip_on_device, counted on the device and read here (a host read).
-  int64_t skipped_steps() const;
+  int64_t skipped_steps() const { return skipped_steps_; }
   // The values this core has read back to the host (found_inf in Step, the norm in
   // ClipGradNorm): each a device synchronisation on a GPU. For tests and logs.
   int64_t host_reads() const { return host_reads_; }
 
  private:
-  // The host scaler's state that the device state was last made equal to.
-  struct ScalerCounters {
-    double scale = 0;
-    int64_t growth_tracker = 0, hysteresis_tracker = 0, clean_streak = 0, iteration = 0;
-    bool operator==(const ScalerCounters& o) const {
-      return scale == o.scale && growth_tracker == o.growth_tracker &&
-             hysteresis_tracker == o.hysteresis_tracker && clean_streak == o.clean_streak &&
-             iteration == o.iteration;
-    }
-  };
-  ScalerCounters HostCounters() const;
-  // Uploads the host scaler to the device unless the device state already mirrors it (or the
-  // device is ahead: skip_on_device steps moved it since the host last read it).
-  void SyncDeviceScaler() const;
-  // skip_on_device: loads the device scaler state into the host scaler when steps moved it.
-  void SyncHostScaler() const;
   void UpdateScaler(bool found_inf, double scale_used);
-  // Step with skip_on_device: no host read.
-  StepResult StepOnDevice(const std::vector<MasterPiece>& pieces, optim::Optimizer& optimizer,
-                          const std::function<void()>& on_update);
 
   std::shared_ptr<LossScaler> scaler_;
   bool check_non_finite_;
@@ -179,20 +132,8 @@ class StepCore {
   Device device_;
   StepCoreHooks hooks_;
   RawTensor found_inf_;  // 0-d f32 on device_
-  // A dynamic scaler updated here: the scaler's state (LossScaleStateTensor's u8 tensor), the
-  // scale and 1/scale (0-d f32) it writes, a constant 1 for overflowed steps, and the host state
-  // they mirror.
-  bool device_scaler_ = false;
-  bool skip_on_device_ = false;
-  // Mutable: the const readers (scaler(), Scale) bring the two copies of the scaler together.
-  mutable RawTensor scaler_state_, scale_t_, inv_scale_t_, found_one_;
-  mutable ScalerCounters mirrored_;
-  // skip_on_device: the device state moved since the host scaler last read it.
-  mutable bool host_behind_ = false;
-  // skip_on_device: steps skipped on the device (0-d f64), added to skipped_steps_ when read.
-  mutable RawTensor device_skipped_;
-  mutable int64_t skipped_steps_ = 0;
-  mutable int64_t host_reads_ = 0;
+  int64_t skipped_steps_ = 0;
+  int64_t host_reads_ = 0;
 };
 
 }  // namespace amp

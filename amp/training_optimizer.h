@@ -52,14 +52,6 @@ struct MasterBackwardOptions {
 struct StepResult {
   bool skipped = false;  // found_inf: the parameters did not change
   double scale = 0;      // the loss scale this step's gradients were computed with
-  // With MixedPrecisionOptions::skip_on_device the host does not know the two above (skipped
-  // is false, scale 0): these device copies hold them (0-d f32), read by was_skipped() and
-  // used_scale() (a device sync each). Undefined otherwise.
-  RawTensor device_found_inf, device_scale;
-  bool was_skipped() const {
-    return device_found_inf.defined() ? device_found_inf.item() != 0 : skipped;
-  }
-  double used_scale() const { return device_scale.defined() ? device_scale.item() : scale; }
 };
 
 class TrainingOptimizer {

@@ -95,8 +95,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
 
   // The step's mechanics are amp::StepCore's, on this rank's shards; the two cross-rank
   // reductions are the hooks. found_inf's local value is counted on the device (stats() reads it
-  // lazily), so a step keeps StepCore's one host read (none with skip_on_device: the
-  // all-reduced found_inf goes to the optimizer on the device).
+  // lazily), so a step keeps StepCore's one host read.
   local_overflows_ = RawTensor::Zeros({}, kF32, device_);
   amp::StepCoreHooks hooks;
   hooks.reduce_found_inf = [this](const RawTensor& found_inf) {

@@ -149,10 +149,6 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
   using Key = std::tuple<DeviceType, int, double>;  // (device, step)
   std::map<Key, AdamTensorLists> by_step;
   std::map<Key, bool> has_copies;
-  if (!updates.empty() && updates[0].found_inf.defined()) {
-    StepGroupOnDevice(updates, f);
-    return;
-  }
   for (const ParamUpdate& u : updates) {
     const RawTensor& param = u.param.data();
     const AdamState st = PrepareState(u.state, param, o.amsgrad());
@@ -178,74 +174,6 @@ void Adam::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
       composed::FusedAdam(lists, f);  // PyTorch's _single_tensor_adam: several passes per param
     }
   }
-}
-
-void Adam::StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamOptions f) {
-  // The step count of each parameter is a 0-d f64 on its device (FusedAdam's device_step:
-  // incremented by the kernel unless found_inf is set); parameters whose count is made in this
-  // call, from the same host count, share one, so the update stays one call per device.
-  std::map<std::tuple<DeviceType, int, double>, RawTensor> made;
-  for (const ParamUpdate& u : updates) {
-    const RawTensor& param = u.param.data();
-    const DType cd = StateDType(param.dtype());
-    for (const char* key : {kExpAvg, kExpAvgSq}) {
-      if (u.state->tensors.count(key) == 0) {
-        u.state->tensors[key] = RawTensor::Zeros(param.shape(), cd, param.device());
-      }
-    }
-    if (f.amsgrad && u.state->tensors.count(kMaxExpAvgSq) == 0) {
-      u.state->tensors[kMaxExpAvgSq] = RawTensor::Zeros(param.shape(), cd, param.device());
-    }
-    if (u.device_state->count(kStep) != 0) continue;
-    // The host count (absent before the first step) is the start; it stays in `state` (stale)
-    // until DeviceStateToHost overwrites it, which tells a loaded count from none.
-    const double start = u.state->has_scalar(kStep) ? u.state->scalar(kStep) : 0;
-    RawTensor& t = made[{param.device().type, param.device().index, start}];
-    if (!t.defined()) t = RawTensor::Full({}, start, kF64, param.device());  // a fill, no upload
-    (*u.device_state)[kStep] = t;
-  }
-  UnshareDeviceState(updates, kStep);
-  std::map<const void*, AdamTensorLists> by_count;
-  std::map<const void*, RawTensor> counts;
-  std::map<const void*, bool> has_copies;
-  for (const ParamUpdate& u : updates) {
-    const RawTensor& count = u.device_state->at(kStep);
-    const void* id = count.raw_data();
-    counts[id] = count;
-    AdamTensorLists& lists = by_count[id];
-    lists.params.push_back(u.param.data());
-    lists.grads.push_back(u.grad);
-    lists.exp_avgs.push_back(u.state->tensors.at(kExpAvg));
-    lists.exp_avg_sqs.push_back(u.state->tensors.at(kExpAvgSq));
-    if (f.amsgrad) lists.max_exp_avg_sqs.push_back(u.state->tensors.at(kMaxExpAvgSq));
-    lists.model_params.push_back(u.model_copy);
-    if (u.model_copy.defined()) {
-      has_copies[id] = true;
-      u.model_copy_written = true;
-    }
-  }
-  f.found_inf = updates[0].found_inf;
-  for (auto& [id, lists] : by_count) {
-    if (!has_copies[id]) lists.model_params.clear();
-    f.device_step = counts[id];
-    if (fused()) {
-      FusedAdam(lists, f);
-    } else {
-      composed::FusedAdam(lists, f);
-    }
-  }
-}
-
-bool Adam::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                             StateDict* state) const {
-  auto it = device_state->find(kStep);
-  if (it == device_state->end()) return true;
-  const double count = it->second.item();  // the one host read (a device sync on a GPU)
-  device_state->erase(it);
-  // Made by steps that were all skipped: no state, as the host-decided path would have none.
-  if (count == 0 && !state->has_scalar(kStep)) return false;
-  state->scalars[kStep] = count;
-  return true;
 }
 
 }  // namespace tg::optim

@@ -158,13 +158,8 @@ class Adam : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-  bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                         StateDict* state) const override;
 
  private:
-  // step(found_inf): the step counts on the device (FusedAdamOptions::device_step).
-  void StepGroupOnDevice(const std::vector<ParamUpdate>& updates, FusedAdamOptions f);
-
   bool decoupled_;
 };
 

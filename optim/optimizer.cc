@@ -149,66 +149,16 @@ void Optimizer::set_model_copy(const Tensor& param, const RawTensor& copy) {
 }
 
 bool Optimizer::has_state() const {
-  StateToHost();
   return !state_.empty();
-}
-
-bool Optimizer::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                                  StateDict*) const {
-  device_state->clear();
-  return true;
-}
-
-void Optimizer::StateToHost() const {
-  if (!device_state_) return;
-  for (auto it = state_.begin(); it != state_.end();) {
-    Entry& e = it->second;
-    if (!e.device_state.empty() && !DeviceStateToHost(&e.device_state, &e.state)) {
-      it = state_.erase(it);
-      continue;
-    }
-    ++it;
-  }
-  device_state_ = false;
-}
-
-void Optimizer::UnshareDeviceState(const std::vector<ParamUpdate>& updates,
-                                   const std::string& key) {
-  // Holders per counter (by its storage): in this call, and in the whole optimizer.
-  std::map<const void*, size_t> in_call, held;
-  for (const ParamUpdate& u : updates) {
-    auto it = u.device_state->find(key);
-    if (it != u.device_state->end()) ++in_call[it->second.raw_data()];
-  }
-  if (in_call.empty()) return;
-  for (const auto& [impl, e] : state_) {
-    auto it = e.device_state.find(key);
-    if (it != e.device_state.end()) ++held[it->second.raw_data()];
-  }
-  std::map<const void*, RawTensor> copies;
-  for (const ParamUpdate& u : updates) {
-    auto it = u.device_state->find(key);
-    if (it == u.device_state->end()) continue;
-    const void* id = it->second.raw_data();
-    if (in_call[id] == held[id]) continue;
-    auto [c, inserted] = copies.emplace(id, RawTensor());
-    if (inserted) c->second = it->second.clone();
-    it->second = c->second;
-  }
 }
 
 const StateDict* Optimizer::param_state(const Tensor& param) const {
   if (!param.defined()) return nullptr;
-  StateToHost();
   auto it = state_.find(param.impl().get());
   return it == state_.end() ? nullptr : &it->second.state;
 }
 
-void Optimizer::step() { step(RawTensor()); }
-
-void Optimizer::step(const RawTensor& found_inf) {
-  // A host-decided step continues from host counters.
-  if (!found_inf.defined()) StateToHost();
+void Optimizer::step() {
   // Validate everything before changing anything.
   std::unordered_map<const VariableImpl*, std::pair<size_t, size_t>> seen;
   std::vector<std::vector<std::pair<Tensor, RawTensor>>> work(groups_.size());
@@ -247,14 +197,6 @@ void Optimizer::step(const RawTensor& found_inf) {
                    "state_dict into one made there");
         }
       }
-      if (found_inf.defined()) {
-        TG_CHECK(found_inf.numel() == 1 && found_inf.dtype() == kF32, name_,
-                 ".step: found_inf must be a one-element f32 tensor, got ",
-                 DTypeName(found_inf.dtype()), " ", ShapeToString(found_inf.shape()));
-        TG_CHECK(found_inf.device() == p.data().device(), name_, ".step: found_inf is on ",
-                 found_inf.device().ToString(), " but ", ParamName(g, i), " is on ",
-                 p.data().device().ToString());
-      }
       work[g].emplace_back(p, gd);
     }
   }
@@ -263,15 +205,11 @@ void Optimizer::step(const RawTensor& found_inf) {
     std::vector<ParamUpdate> updates;
     updates.reserve(work[g].size());
     for (auto& [p, grad] : work[g]) {
-      Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict(), {}}).first->second;
+      Entry& entry = state_.try_emplace(p.impl().get(), Entry{p, StateDict()}).first->second;
       ParamUpdate u;
       u.param = p;
       u.grad = grad;
       u.state = &entry.state;
-      if (found_inf.defined()) {
-        u.found_inf = found_inf;
-        u.device_state = &entry.device_state;
-      }
       if (!model_copies_.empty()) {
         auto it = model_copies_.find(p.impl().get());
         if (it != model_copies_.end()) u.model_copy = it->second;
@@ -279,9 +217,6 @@ void Optimizer::step(const RawTensor& found_inf) {
       updates.push_back(std::move(u));
     }
     StepGroup(groups_[g], updates);
-    if (found_inf.defined()) {
-      for (const ParamUpdate& u : updates) device_state_ |= !u.device_state->empty();
-    }
     for (const ParamUpdate& u : updates) {
       u.param.bump_version();
       if (u.model_copy.defined() && !u.model_copy_written) u.model_copy.copy_(u.param.data());
@@ -314,7 +249,6 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 StateDict Optimizer::state_dict() const {
-  StateToHost();
   StateDict sd;
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -433,7 +367,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     for (const std::string& key : spec.scalars) {
       TG_CHECK(state_scalars[id].count(key) != 0, op, "missing scalar '", sp, key, "'");
     }
-    Entry entry{p, StateDict(), {}};
+    Entry entry{p, StateDict()};
     for (const std::string& key : state_tensors[id]) {
       TG_CHECK(allowed_tensors.count(key) != 0, op, "unexpected tensor '", sp, key, "'");
       const RawTensor& t = sd.tensor(sp + key);
@@ -465,7 +399,6 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   // Commit.
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options_ = std::move(new_options[g]);
   state_ = std::move(new_state);
-  device_state_ = false;
 }
 
 }  // namespace tg::optim

@@ -151,18 +151,6 @@ class Optimizer {
   // p.grad().data() and updates p.data() in place, bumping p's version. Everything is validated
   // before any parameter changes (options, dtypes, shapes, duplicates).
   void step();
-  // The same update with the skip decided where the parameters live: found_inf (a one-element
-  // f32 tensor on the parameters' device, e.g. amp::StepCore's; nonzero = skip) is read by the
-  // update's kernels, never by the host, so a step that overflowed writes nothing and costs no
-  // host wait on a GPU. The counters a skip must not move live on the device meanwhile: Adam's
-  // per-parameter "step" (its bias correction) and whether SGD's momentum buffer holds a value
-  // (a skipped first step leaves it without one). They come back to the host, one read each,
-  // when the state is looked at (state_dict, param_state, has_state) or when step() runs
-  // without found_inf; state_dict() is then exactly what the host-decided path would have
-  // written (a parameter whose every step was skipped has no state). Versions are bumped and
-  // model copies written (unchanged values when skipped) as by step(). An undefined found_inf
-  // is step(). Throws tg::Error for a found_inf of the wrong dtype, size or device.
-  void step(const RawTensor& found_inf);
   // set_to_none: every grad becomes undefined; otherwise grad data is zeroed in place.
   void zero_grad(bool set_to_none = true);
 
@@ -174,11 +162,10 @@ class Optimizer {
   // The options a group added without options gets a copy of.
   const OptimizerOptions& defaults() const { return *defaults_; }
 
-  // Whether any parameter has state, i.e. the optimizer has stepped (or loaded a state). After
-  // step(found_inf): reads the device counters back (see step(found_inf)).
+  // Whether any parameter has state, i.e. the optimizer has stepped (or loaded a state).
   bool has_state() const;
   // The state of `param` (its tensors and scalars, e.g. "exp_avg", "step"); null before its
-  // first step. After step(found_inf): reads the device counters back first.
+  // first step.
   const StateDict* param_state(const Tensor& param) const;
 
   // Keys like PyTorch, parameters numbered 0, 1, ... across groups in order:
@@ -212,11 +199,6 @@ class Optimizer {
     RawTensor model_copy;        // set_model_copy's tensor, or undefined
     // Set by a StepGroup that wrote model_copy itself; otherwise step() copies afterwards.
     mutable bool model_copy_written = false;
-    // step(found_inf)'s flag (undefined for step()): the update writes nothing where it is != 0.
-    RawTensor found_inf;
-    // This parameter's counters that live on the device while steps are skipped there (0-d
-    // tensors on its device, keyed like its state; see DeviceStateToHost). Empty after step().
-    std::map<std::string, RawTensor>* device_state = nullptr;
   };
   // The state entries a parameter of `group` has once it stepped (checked by load_state_dict):
   // required ones must all be present; optional ones may be.
@@ -236,29 +218,14 @@ class Optimizer {
   virtual StateSpec ParamStateSpec(const OptimizerOptions& options) const = 0;
   // Whether `options` is this optimizer's type (the defaults' type or one derived from it).
   virtual bool AcceptsOptions(const OptimizerOptions& options) const = 0;
-  // Updates `updates` (the params of `group` that have a grad). fused() picks the path. With
-  // step(found_inf) every update carries found_inf and its device_state.
+  // Updates `updates` (the params of `group` that have a grad). fused() picks the path.
   virtual void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) = 0;
-  // Moves a parameter's device counters (device_state, emptied) into its host `state`: one read
-  // each. Returns false when the parameter never stepped (every step(found_inf) that would
-  // have made its state was skipped): the base then drops the state, as if it had none. The
-  // default (an optimizer that keeps no device counters) has none to move.
-  virtual bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                                 StateDict* state) const;
-  // Device counters are shared by the parameters that made them in one call (one kernel call
-  // moves one counter). Before a call moves the counter `key` of `updates`, gives those
-  // updates that share it with a parameter not in `updates` a copy of their own (a device
-  // copy, no host wait), so every counter is moved by exactly the parameters holding it.
-  void UnshareDeviceState(const std::vector<ParamUpdate>& updates, const std::string& key);
 
  private:
   struct Entry {
     Tensor param;  // keeps the key alive (no address reuse), as PyTorch's state dict does
     StateDict state;
-    std::map<std::string, RawTensor> device_state;  // ParamUpdate::device_state
   };
-  // Every entry's device counters to the host (DeviceStateToHost); no-op without any.
-  void StateToHost() const;
   // The type, non-finite values, then CheckOptions; errors start with `context`.
   void CheckValues(const OptimizerOptions& options, const std::string& context) const;
   void CheckParam(const Tensor& p, size_t group, size_t index) const;
@@ -267,9 +234,7 @@ class Optimizer {
   std::unique_ptr<OptimizerOptions> defaults_;
   bool fused_;
   std::vector<ParamGroup> groups_;
-  // Mutable: the const readers bring device counters back to the host first (StateToHost).
-  mutable std::unordered_map<const VariableImpl*, Entry> state_;
-  mutable bool device_state_ = false;  // some entry has device counters
+  std::unordered_map<const VariableImpl*, Entry> state_;
   std::unordered_map<const VariableImpl*, RawTensor> model_copies_;
 };
 

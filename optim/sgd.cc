@@ -82,32 +82,13 @@ Optimizer::StateSpec SGD::ParamStateSpec(const OptimizerOptions& options) const 
 
 void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
   const SGDOptions& o = group.options_as<SGDOptions>();
-  const RawTensor found_inf = updates.empty() ? RawTensor() : updates[0].found_inf;
-  // step(found_inf): a buffer made while a skip is decided on the device gets a flag there
-  // (FusedSgdOptions::momentum_buffers_valid: 0 until an update that was not skipped sets it),
-  // one per device for the buffers made in this call, so whether the buffer is initialised
-  // needs no host decision.
-  if (found_inf.defined() && o.momentum() != 0) {
-    std::map<std::pair<DeviceType, int>, RawTensor> made;
-    for (const ParamUpdate& u : updates) {
-      if (u.state->tensors.count(kMomentumBuffer) != 0) continue;
-      const RawTensor& param = u.param.data();
-      u.state->tensors[kMomentumBuffer] =
-          RawTensor::Zeros(param.shape(), StateDType(param.dtype()), param.device());
-      RawTensor& flag = made[{param.device().type, param.device().index}];
-      if (!flag.defined()) flag = RawTensor::Zeros({}, kF32, param.device());
-      (*u.device_state)[kMomentumBuffer] = flag;
-    }
-    UnshareDeviceState(updates, kMomentumBuffer);
-  }
-  // One call per device and buffer state (new buffers are set to the gradient; flagged ones as
-  // their flag says): the op takes the tensors of one device.
-  using Key = std::tuple<DeviceType, int, bool, const void*>;  // (device, init, flag)
+  // One call per device and buffer state (new buffers are set to the gradient): the op takes
+  // the tensors of one device.
+  using Key = std::tuple<DeviceType, int, bool>;  // (device, init)
   std::map<Key, SgdTensorLists> lists;
-  std::map<Key, RawTensor> flags;
   for (const ParamUpdate& u : updates) {
     const RawTensor& param = u.param.data();
-    RawTensor buf, flag;
+    RawTensor buf;
     bool init_buf = false;
     if (o.momentum() != 0) {
       auto it = u.state->tensors.find(kMomentumBuffer);
@@ -118,14 +99,8 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
       } else {
         buf = it->second;
       }
-      if (u.device_state != nullptr) {
-        auto f = u.device_state->find(kMomentumBuffer);
-        if (f != u.device_state->end()) flag = f->second;
-      }
     }
-    const Key key(param.device().type, param.device().index, init_buf,
-                  flag.defined() ? flag.raw_data() : nullptr);
-    if (flag.defined()) flags[key] = flag;
+    const Key key(param.device().type, param.device().index, init_buf);
     SgdTensorLists& l = lists[key];
     l.params.push_back(param);
     l.grads.push_back(u.grad);
@@ -137,30 +112,14 @@ void SGD::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& upd
   f.momentum = o.momentum();
   f.dampening = o.dampening();
   f.nesterov = o.nesterov();
-  f.found_inf = found_inf;
   for (const auto& [key, l] : lists) {
     f.init_momentum_buffers = std::get<2>(key);
-    auto flag = flags.find(key);
-    f.momentum_buffers_valid = flag != flags.end() ? flag->second : RawTensor();
     if (fused()) {
       FusedSgd(l, f);  // the device's one-pass kernel, or the composed ops where it declines
     } else {
       composed::FusedSgd(l, f);  // PyTorch's _single_tensor_sgd: several passes per parameter
     }
   }
-}
-
-bool SGD::DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                            StateDict* state) const {
-  auto it = device_state->find(kMomentumBuffer);
-  if (it == device_state->end()) return true;
-  const bool valid = it->second.item() != 0;  // the one host read (a device sync on a GPU)
-  device_state->erase(it);
-  if (valid) return true;
-  // Made by steps that were all skipped: no buffer (and no state unless it holds more), as the
-  // host-decided path would have.
-  state->tensors.erase(kMomentumBuffer);
-  return !state->tensors.empty() || !state->scalars.empty();
 }
 
 }  // namespace tg::optim

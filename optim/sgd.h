@@ -71,8 +71,6 @@ class SGD : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-  bool DeviceStateToHost(std::map<std::string, RawTensor>* device_state,
-                         StateDict* state) const override;
 };
 
 }  // namespace tg::optim

@@ -116,7 +116,7 @@ struct FusedSgdOptions {
   // 0-d f32 on the params' device, or undefined: whether the buffers hold a value, decided where
   // it lives (no host wait): 0 acts as init_momentum_buffers, and the update sets it to 1 unless
   // it was skipped. With it, a first step that is skipped on the device leaves the buffers
-  // without a value, and the next one still initialises them (optim::SGD's step(found_inf)).
+  // without a value, and the next one still initialises them.
   // Only with momentum != 0 and init_momentum_buffers false.
   RawTensor momentum_buffers_valid;
   // 0-d f32 on the params' device, or undefined: when it is != 0 nothing is written (neither the

@@ -54,11 +54,6 @@ StepStats TrainStep(amp::TrainingOptimizer& opt, optim::LrSchedule& schedule,
   stats.loss = n == 1 ? loss_sum : loss_sum / static_cast<double>(n);
   stats.grad_norm = opt.clip_master_grads(max_grad_norm > 0 ? max_grad_norm : INFINITY);
   stats.result = opt.step();
-  // A zero-wait optimizer (skip_on_device) leaves skipped/scale unfilled; the run's schedule,
-  // skip count and metrics need them every step, so read them here (a sync each in that mode,
-  // plain fields otherwise).
-  stats.result.skipped = stats.result.was_skipped();
-  stats.result.scale = stats.result.used_scale();
   stats.loss_scale_next = opt.scaler().scale();
   schedule.step(stats.result.skipped);
   return stats;

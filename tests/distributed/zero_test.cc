@@ -112,7 +112,6 @@ struct Config {
   bool two_groups = false;      // MakeGroupedAdamW
   bool sgd = false;             // plain SGD (linear in the gradient: a clip difference shows)
   bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
-  bool skip_on_device = false;  // amp::MixedPrecisionOptions::skip_on_device (the zero-wait step)
   // Module backward pre-hooks and hooks on every layer (observing: they replace nothing), so the
   // graph holds their identity nodes; the epilogue must still run once per backward.
   bool module_hooks = false;
@@ -171,7 +170,6 @@ amp::MixedPrecisionOptions MixedOptions(const Config& c) {
   if (c.init_scale > 0) {
     o.scaler = std::make_shared<amp::LossScaler>(amp::LossScaler::PyTorch(c.init_scale));
   }
-  o.skip_on_device = c.skip_on_device;
   return o;
 }
 
@@ -502,30 +500,6 @@ TEST(ZeroTest, OneRankRunsTheSingleProcessStepCore) {
       EXPECT_EQ(zero.host_reads, 2 * c.steps) << "stage " << stage;
       EXPECT_EQ(ref.host_reads, 2 * c.steps);
       EXPECT_GT(MaxAbsDiff(ref.params, MakeMlpParams(c.dtype)), 1e-3);  // not vacuous
-    });
-    ExpectAllSucceeded(results);
-  }
-}
-
-// The zero-wait step (skip_on_device) under ZeroOptimizer: the rank's found_inf is all-reduced on
-// the device and handed to the optimizer, so a step reads nothing back but the clip's norm (one
-// host read per step instead of two), and the run is the host-decided single-process run bit for
-// bit: the skipped step, the scale, the f16 parameters and the f32 masters.
-TEST(ZeroTest, SkipOnDeviceReadsOnlyTheNormAndMatchesTheHostDecidedRun) {
-  for (int stage = 1; stage <= 3; ++stage) {
-    auto results = RunRanks(1, [&](const Rank&) {
-      auto pg = testing::JoinDefaultGroup();
-      Config c = StepCoreConfig(stage);
-      const Outcome ref = TrainReference(1, c);
-      c.skip_on_device = true;
-      const Outcome zero = TrainZero(pg, c);
-      EXPECT_EQ(ref.skipped, 1);
-      EXPECT_EQ(zero.skipped, ref.skipped) << "stage " << stage;
-      EXPECT_EQ(zero.scale, ref.scale) << "stage " << stage;
-      EXPECT_EQ(MaxAbsDiff(zero.params, ref.params), 0.0) << "stage " << stage;
-      EXPECT_EQ(zero.masters, ref.masters) << "stage " << stage;  // f32, bit for bit
-      EXPECT_EQ(zero.host_reads, c.steps) << "stage " << stage;   // the norms only
-      EXPECT_EQ(ref.host_reads, 2 * c.steps);
     });
     ExpectAllSucceeded(results);
   }

@@ -446,32 +446,6 @@ TEST(TrainStepTest, RecordsTheScaleUsedAndTheNextOne) {
   EXPECT_EQ(record.loss_scale_next, 32768);
 }
 
-// A zero-wait optimizer (skip_on_device) leaves StepResult's skipped and scale unfilled; TrainStep
-// reads them, so the schedule, the skip count and the metrics row stay right (they were false and
-// 0 before: a skipped step counted as taken, a loss scale of 0 logged).
-TEST(TrainStepTest, ZeroWaitOptimizerRecordsTheSkipAndTheScale) {
-  Generator gen{0};
-  auto model = std::make_shared<nn::LinearImpl>(3, 2, gen);
-  PrecisionConfig precision;
-  precision.loss_scaler = "pytorch";
-  absl::StatusOr<amp::MixedPrecisionOptions> options = MakeMixedPrecisionOptions(precision);
-  ASSERT_TRUE(options.ok()) << options.status();
-  options->skip_on_device = true;
-  amp::MixedPrecisionOptimizer opt(*MakeOptimizer(model->parameters(), OptimizerConfig{}),
-                                   *options);
-  optim::CosineWithWarmupLr schedule{opt.optimizer(), 0, 10, 1e-4};
-  const RawTensor x = RandNormal({4, 3}, gen);
-  StepStats stats = TrainStep(opt, schedule, kF32, 0,
-                              [&] { return Sum(Sqrt(MulScalar((*model)(Tensor(x)), 0.0))); });
-  EXPECT_TRUE(stats.result.skipped);
-  EXPECT_EQ(stats.result.scale, 65536);
-  RunState run{*model, opt, schedule, ExampleSettings(0.001), 10};
-  const StepRecord record = run.Advance(stats, 0);
-  EXPECT_EQ(record.loss_scale, 65536);
-  EXPECT_EQ(record.loss_scale_next, 32768);
-  EXPECT_EQ(record.skipped_steps, 1);
-}
-
 // With accumulation, the backward runs on loss / (micro_batches * summed_ranks): train/'s
 // f16 data parallel divides each rank's loss by the world size and sums the gradients, so that
 // the backward sees the per-row values of one process. The reported loss stays the loss.
