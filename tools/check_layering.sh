@@ -164,7 +164,7 @@ while IFS= read -r hit; do
     tensor/cpu/* | tensor/cuda/* | tests/* | tensor/device.h | tensor/device_backend.*) continue ;;
   esac
   code=${code%%//*}  # a comment may name a device
-  if [[ "$file" =~ ^tensor/(ops_[a-z_]+|composed|ops)\.(cc|h)$ ]]; then
+  if [[ "$file" =~ ^tensor/(ops_[a-z0-9_]+|composed|ops)\.(cc|h)$ ]]; then
     # The ops ask the backend for every device choice, the CPU's included.
     [[ "$code" =~ DeviceType::|is_cuda\(\)|is_cpu\(\) ]] || continue
     report "${file}:${line}: an op branches on the device: ask the backend (DevicePreferences of tensor/device_backend.h)"
