@@ -91,14 +91,13 @@ constexpr const OpInfo* FindOp(std::string_view name) {
 
 namespace op_list_internal {
 
-// The list's own rules, checked when this header compiles: entries in OpId order, every op in
-// at least one of the two APIs, and an autocast policy and a checkpoint default only where they
-// can apply (the differentiable ops; a tensor op's inputs are cast, and its call dispatched, by
-// the autograd op that calls it).
+// The list's own rules, checked when this header compiles: every op in at least one of the two
+// APIs, and an autocast policy and a checkpoint default only where they can apply (the
+// differentiable ops; a tensor op's inputs are cast, and its call dispatched, by
+// the autograd op that calls it). That kOpList[i] is the entry of OpId i is not checked: both
+// are expanded from op_list.inc in one pass order, so it holds by construction.
 constexpr bool WellFormed() {
-  for (size_t i = 0; i < kOpCount; ++i) {
-    const OpInfo& op = kOpList[i];
-    if (static_cast<size_t>(op.id) != i) return false;
+  for (const OpInfo& op : kOpList) {
     if (!op.differentiable && !op.tensor_op) return false;
     if (op.torch_name[0] == '\0') return false;
     if (!op.differentiable && op.autocast != CastPolicy::kNone) return false;
