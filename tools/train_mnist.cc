@@ -18,36 +18,27 @@
 // master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
 // (softmax/cross-entropy in f32), and for f16 scale the loss dynamically (PyTorch's scaler by
 // default; --loss_scaler picks Megatron's, DeepSpeed's or Apex's).
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "autograd/autocast.h"
-#include "autograd/grad_mode.h"
-#include "autograd/ops.h"
 #include "dataset/loader.h"
 #include "dataset/mnist.h"
 #include "nn/loss.h"
 #include "nn/models/image.h"
 #include "optim/lr_schedule.h"
-#include "tensor/ops.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/flag_values.h"
 #include "train/flags.h"
 #include "train/fp8_setup.h"
-#include "train/resume_flag.h"
 #include "train/run.h"
 #include "train/run_main.h"
-#include "train/run_settings.h"
-#include "train/train_step.h"
 #include "train/user_path.h"
 
 // This binary's own flags; the ones it shares with train_gpt (--optimizer, --precision, --device,
@@ -79,64 +70,23 @@ namespace {
 
 int Fail(const absl::Status& status) { return train::Fail("train_mnist", status); }
 
-struct Eval {
-  double loss = 0;
-  double accuracy = 0;
-};
-
-// Loss and accuracy over a whole split, in eval mode and without recording.
-Eval Evaluate(nn::Module& model, const data::MnistData& split,
-              const train::ForwardPrecision& precision, Device device) {
-  const DType dtype = precision.dtype;
-  NoGradGuard no_grad;
-  model.eval();
-  const int64_t n = split.images.size(0), chunk = 1000;
-  // The forward and the loss under the run's autocast: the loss in f32, summed in f64.
-  train::CrossEntropyEval loss(precision);
-  int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    RawTensor images = split.images.narrow(0, start, len).to(device, dtype);
-    RawTensor labels = split.labels.narrow(0, start, len);
-    const Tensor logits = loss.Add([&] { return model(Tensor(images)); }, labels.to(device));
-    std::vector<int64_t> predicted = Argmax(logits.data(), 1).to_vector<int64_t>();
-    std::vector<int64_t> truth = labels.to_vector<int64_t>();
-    for (int64_t i = 0; i < len; ++i) correct += predicted[i] == truth[i];
-  }
-  model.train();
-  return {loss.mean(), static_cast<double>(correct) / n};
-}
-
-// Every numeric flag against its documented range (the flags' help texts).
+// Every numeric flag against its documented range (the flags' help texts); the batch flags only
+// when given (their defaults follow from the other flags).
 absl::Status CheckFlags() {
   constexpr double kMaxCount = 1e12;
-  // The batch flags only when given (their defaults follow from the other flags).
-  for (const auto& [name, flag] : {std::pair<const char*, std::optional<int64_t>>{
-                                       "batch_size", absl::GetFlag(FLAGS_batch_size)},
-                                   {"micro_batch_size", absl::GetFlag(FLAGS_micro_batch_size)}}) {
-    if (!flag) continue;
-    if (absl::Status s = train::CheckFlagRanges({{name, static_cast<double>(*flag), 1, 1e6}});
-        !s.ok()) {
-      return s;
-    }
-  }
-  return train::CheckFlagRanges({
+  std::vector<train::FlagRange> own = {
       {"epochs", static_cast<double>(absl::GetFlag(FLAGS_epochs)), 0, 1e5},
       {"lr", absl::GetFlag(FLAGS_lr), 0, 1e3, train::FlagRange::Open::kMin},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), 0, 1e3},
       {"checkpoint_every", static_cast<double>(absl::GetFlag(FLAGS_checkpoint_every)), 0,
        kMaxCount},
-      {"max_skipped_in_a_row", static_cast<double>(absl::GetFlag(FLAGS_max_skipped_in_a_row)), 0,
-       kMaxCount},
-      {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
-      {"world_size", static_cast<double>(absl::GetFlag(FLAGS_world_size)), 0, 65536},
-      {"rank", static_cast<double>(absl::GetFlag(FLAGS_rank)), -1, 65535},
-      {"zero_stage", static_cast<double>(absl::GetFlag(FLAGS_zero_stage)), 0, 3},
-      {"grad_accum_steps", static_cast<double>(absl::GetFlag(FLAGS_grad_accum_steps)), 1, 1e6},
-      {"train_limit", static_cast<double>(absl::GetFlag(FLAGS_train_limit)), 0, kMaxCount},
-      {"print_every", static_cast<double>(absl::GetFlag(FLAGS_print_every)), 1, kMaxCount},
-      {"stop_at_step", static_cast<double>(absl::GetFlag(FLAGS_stop_at_step)), 0, kMaxCount},
-  });
+      {"train_limit", static_cast<double>(absl::GetFlag(FLAGS_train_limit)), 0, kMaxCount}};
+  for (const auto& [name, flag] : {std::pair<const char*, std::optional<int64_t>>{
+                                       "batch_size", absl::GetFlag(FLAGS_batch_size)},
+                                   {"micro_batch_size", absl::GetFlag(FLAGS_micro_batch_size)}}) {
+    if (flag) own.push_back({name, static_cast<double>(*flag), 1, 1e6});
+  }
+  return train::CheckFlagsAndShared(std::move(own));
 }
 
 int Main() {
@@ -224,28 +174,7 @@ int Main() {
     return nn::LinearWeights(*model);
   };
   prepare.resume_data = [&](const StateDict& ckpt, std::map<std::string, std::string>&) {
-    const std::string& dir = run.checkpoint_dir();
-    try {
-      batches.load_state_dict(ckpt.Sub("data."));
-    } catch (const Error& e) {
-      return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
-    }
-    // The data position must be the one the step count says (one batch per step).
-    const data::IndexBatcher::State at = batches.state();
-    const int64_t data_step = at.epoch * per_epoch + at.position / batching.batch_size;
-    if (data_step != run.step()) {
-      return absl::DataLossError(absl::StrCat(
-          "cannot resume from ", dir, ": the data position (epoch ", at.epoch, ", example ",
-          at.position, ") is that of step ", data_step, ", but 'step' is ", run.step()));
-    }
-    // The data order's generator must stand where this epoch starts (a replay from the seed).
-    if (!(at.epoch_start == batches.indices().EpochStart(at.epoch))) {
-      return absl::DataLossError(absl::StrCat(
-          "cannot resume from ", dir, ": the data order's generator state is ",
-          train::GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch, " starts at ",
-          train::GeneratorStateToString(batches.indices().EpochStart(at.epoch))));
-    }
-    return absl::OkStatus();
+    return train::RestoreImageBatcher(batches, ckpt, run.step(), run.checkpoint_dir());
   };
   prepare.data_state = [&] {
     StateDict d;
@@ -274,7 +203,8 @@ int Main() {
     const bool epoch_end = step % per_epoch == 0;
     std::map<std::string, double> extras;
     if (run.evaluates_here() && (epoch_end || step == run.total_steps())) {
-      const Eval test = Evaluate(*model, *test_set, run.forward_precision(), device);
+      const train::ClassifierEval test = train::EvaluateClassifier(
+        *model, test_set->images, test_set->labels, run.forward_precision(), device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       run.progress().Println(absl::StrFormat(
           "epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s", step / per_epoch, test.loss,
@@ -284,7 +214,8 @@ int Main() {
   }
   run.FinishProgress();
   if (!run.evaluates_here()) return 0;
-  const Eval test = Evaluate(*model, *test_set, run.forward_precision(), device);
+  const train::ClassifierEval test = train::EvaluateClassifier(
+        *model, test_set->images, test_set->labels, run.forward_precision(), device);
   if (!dp.is_main()) return 0;
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
@@ -298,10 +229,8 @@ int Main() {
 }  // namespace tg
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:");
-  tg::train::ShowSharedFlagsInHelp(__FILE__);  // --help lists train/flags.cc's flags too
-  tg::train::NormalizeResumeArgs(argc, argv);  // a bare --resume (a ResumeFlag, not a bool)
-  absl::ParseCommandLine(argc, argv);
+  tg::train::ParseCommandLine(
+      argc, argv, "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:",
+      __FILE__);
   return tg::train::RunMain("train_mnist", tg::Main);
 }

@@ -111,4 +111,28 @@ absl::StatusOr<StateDict> LoadCheckpoint(const std::string& dir,
   return io::LoadStateDict(CheckpointPath(dir), metadata);
 }
 
+absl::Status RestoreImageBatcher(data::ImageBatcher& batches, const StateDict& checkpoint,
+                                 int64_t step, const std::string& dir) {
+  try {
+    batches.load_state_dict(checkpoint.Sub("data."));
+  } catch (const Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot resume from ", dir, ": ", e.what()));
+  }
+  const data::IndexBatcher::State at = batches.state();
+  const int64_t data_step =
+      at.epoch * batches.batches_per_epoch() + at.position / batches.indices().batch_size();
+  if (data_step != step) {
+    return absl::DataLossError(absl::StrCat(
+        "cannot resume from ", dir, ": the data position (epoch ", at.epoch, ", example ",
+        at.position, ") is that of step ", data_step, ", but 'step' is ", step));
+  }
+  if (!(at.epoch_start == batches.indices().EpochStart(at.epoch))) {
+    return absl::DataLossError(
+        absl::StrCat("cannot resume from ", dir, ": the data order's generator state is ",
+                     GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch,
+                     " starts at ", GeneratorStateToString(batches.indices().EpochStart(at.epoch))));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tg::train

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dataset/loader.h"
 #include "tensor/generator.h"
 #include "tensor/state_dict.h"
 
@@ -21,6 +22,13 @@ StateDict ToHost(const StateDict& state);
 // The generator state as metadata text ("seed:offset", exact for every 64-bit value).
 std::string GeneratorStateToString(const Generator::State& state);
 absl::StatusOr<Generator::State> GeneratorStateFromString(const std::string& text);
+
+// An image run's data position from a checkpoint's "data." entries, checked against the step
+// count (one batch per step: epoch * batches_per_epoch + position / batch_size must be `step`)
+// and against the seed (the order's generator must stand where that epoch starts, a replay from
+// the seed). DataLoss naming `dir` and the numbers otherwise; `batches` is then unspecified.
+absl::Status RestoreImageBatcher(data::ImageBatcher& batches, const StateDict& checkpoint,
+                                 int64_t step, const std::string& dir);
 
 // One checkpoint file: tensors and scalars of `state` (prefixed by the caller: "model.",
 // "optim.", "data.", ...) and string metadata (configuration, generator states). Written to a

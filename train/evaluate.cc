@@ -1,7 +1,10 @@
 #include "train/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "autograd/grad_mode.h"
 #include "nn/loss.h"
 #include "tensor/ops.h"
 #include "train/train_step.h"
@@ -23,6 +26,27 @@ Tensor CrossEntropyEval::Add(const std::function<Tensor()>& forward, const RawTe
 
 double CrossEntropyEval::mean() const {
   return rows_ > 0 ? total_ / static_cast<double>(rows_) : NAN;
+}
+
+ClassifierEval EvaluateClassifier(nn::Module& model, const RawTensor& images,
+                                  const RawTensor& labels, const ForwardPrecision& precision,
+                                  Device device) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t n = images.size(0), chunk = 1000;
+  CrossEntropyEval loss(precision);
+  int64_t correct = 0;
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    RawTensor x = images.narrow(0, start, len).to(device, precision.dtype);
+    RawTensor y = labels.narrow(0, start, len);
+    const Tensor logits = loss.Add([&] { return model(Tensor(x)); }, y.to(device));
+    std::vector<int64_t> predicted = Argmax(logits.data(), 1).to_vector<int64_t>();
+    std::vector<int64_t> truth = y.to_vector<int64_t>();
+    for (int64_t i = 0; i < len; ++i) correct += predicted[i] == truth[i];
+  }
+  model.train();
+  return {loss.mean(), static_cast<double>(correct) / n};
 }
 
 }  // namespace tg::train

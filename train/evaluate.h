@@ -21,6 +21,8 @@
 #include <functional>
 
 #include "autograd/variable.h"
+#include "nn/module.h"
+#include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 #include "train/train_step.h"
@@ -47,6 +49,18 @@ class CrossEntropyEval {
   double total_ = 0;
   int64_t rows_ = 0;
 };
+
+// Loss and accuracy of a classifier over a whole split (`images` [N, ...] and `labels` [N] on the
+// CPU), in chunks of 1000 rows converted to the run's dtype and `device`, in eval mode and without
+// recording; the loss under the run's autocast (CrossEntropyEval), the accuracy the fraction of
+// rows whose argmax is the label. The model is back in training mode afterwards.
+struct ClassifierEval {
+  double loss = 0;
+  double accuracy = 0;
+};
+ClassifierEval EvaluateClassifier(nn::Module& model, const RawTensor& images,
+                                  const RawTensor& labels, const ForwardPrecision& precision,
+                                  Device device);
 
 }  // namespace tg::train
 

@@ -1,10 +1,16 @@
 #include "train/flags.h"
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
 ABSL_FLAG(std::string, precision, "f32",
@@ -56,15 +62,60 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "0: never)");
 
 namespace tg::train {
+namespace {
 
-void ShowSharedFlagsInHelp(const char* main_file) {
+std::vector<std::string>& GivenFlags() {
+  static std::vector<std::string> given;
+  return given;
+}
+
+}  // namespace
+
+void ParseCommandLine(int argc, char** argv, const char* usage, const char* main_file) {
+  absl::SetProgramUsageMessage(usage);
   const std::string main(main_file);
   absl::FlagsUsageConfig config;
   // A flag's file as absl records it: __FILE__ where ABSL_FLAG is written.
-  auto shown = [main](absl::string_view file) { return file == main || file == __FILE__; };
+  auto shown = [main](absl::string_view file) {
+    return file == main || absl::StartsWith(file, "train/");
+  };
   config.contains_helpshort_flags = shown;
   config.contains_help_flags = shown;
   absl::SetFlagsUsageConfig(config);
+  NormalizeResumeArgs(argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;  // the rest are positional
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    GivenFlags().emplace_back(arg.substr(0, arg.find('=')));
+  }
+  absl::ParseCommandLine(argc, argv);
+}
+
+bool FlagGiven(absl::string_view name) {
+  for (const std::string& given : GivenFlags()) {
+    if (given == name) return true;
+  }
+  return false;
+}
+
+absl::Status CheckFlagsAndShared(std::vector<FlagRange> own) {
+  constexpr double kMaxCount = 1e12;
+  auto count = [](const absl::Flag<int64_t>& flag) {
+    return static_cast<double>(absl::GetFlag(flag));
+  };
+  own.insert(own.end(),
+             {
+                 {"max_skipped_in_a_row", count(FLAGS_max_skipped_in_a_row), 0, kMaxCount},
+                 {"max_skipped_fraction", absl::GetFlag(FLAGS_max_skipped_fraction), 0, 1},
+                 {"world_size", count(FLAGS_world_size), 0, 65536},
+                 {"rank", count(FLAGS_rank), -1, 65535},
+                 {"zero_stage", count(FLAGS_zero_stage), 0, 3},
+                 {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
+                 {"print_every", count(FLAGS_print_every), 1, kMaxCount},
+                 {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
+             });
+  return CheckFlagRanges(own);
 }
 
 }  // namespace tg::train

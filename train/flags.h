@@ -9,7 +9,7 @@
 // a definition here would have changed one binary's default or --help.
 //
 //   int main(int argc, char** argv) {
-//     tg::train::ShowSharedFlagsInHelp(__FILE__);  // before absl::ParseCommandLine
+//     tg::train::ParseCommandLine(argc, argv, "Trains ... Flags:", __FILE__);
 //     ...
 //   }
 #ifndef TAPEGRAD_TRAIN_FLAGS_H_
@@ -17,8 +17,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "train/flag_values.h"
 #include "train/resume_flag.h"
 
 ABSL_DECLARE_FLAG(std::string, optimizer);
@@ -44,11 +48,22 @@ ABSL_DECLARE_FLAG(int64_t, stop_at_step);
 
 namespace tg::train {
 
-// absl's --help and --helpshort list only the flags of the binary's main file (`main_file`,
-// __FILE__ of the file with main()); this makes them list the shared flags of flags.cc too, so
-// --help shows every flag of the binary as it did when each binary defined them. Call before
-// absl::ParseCommandLine.
-void ShowSharedFlagsInHelp(const char* main_file);
+// The command line of a training binary, parsed: `usage` as absl's program usage message;
+// --help and --helpshort list the flags of `main_file` (__FILE__ of the file with main()) and
+// of every train/ file linked in (absl shows only the main file's unless told); a bare --resume
+// (a ResumeFlag, not a bool) normalised; the flags given on the command line recorded
+// (FlagGiven).
+void ParseCommandLine(int argc, char** argv, const char* usage, const char* main_file);
+
+// Whether --`name` was given on the command line, not just left at its default (--n_head with
+// --init_from is the head count of a file without config.json only when the user gave it). Read
+// from argv before absl parses it (this abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
+// private); a value from --flagfile counts as not given.
+bool FlagGiven(absl::string_view name);
+
+// The binary's own numeric flags (`own`, checked first) and the shared ones of this file against
+// their documented ranges (CheckFlagRanges: the first one outside its range).
+absl::Status CheckFlagsAndShared(std::vector<FlagRange> own);
 
 }  // namespace tg::train
 

@@ -3,7 +3,9 @@
 # each binary lists them under "Flags from train/flags.cc:", that block is the same text in both
 # (one name, default and help text), neither binary's own file defines one of them again, and
 # --help still lists every flag of each binary (absl shows only the main file's flags unless told;
-# train::ShowSharedFlagsInHelp tells it). Exact flag lists.
+# train::ParseCommandLine tells it). The flags of every language-model trainer are defined once
+# in train/language_model.cc, linked into train_gpt and not into train_mnist (which has no --steps
+# to ignore). Exact flag lists.
 set -uo pipefail
 
 train_mnist="$1"
@@ -18,14 +20,16 @@ loss_scaler max_skipped_fraction max_skipped_in_a_row metrics optimizer precisio
 rdzv resume stop_at_step tf32 world_size zero_stage"
 own_mnist="batch_size checkpoint_every data_dir epochs lr micro_batch_size model override seed
 train_limit weight_decay"
-own_gpt="batch_size beta2 block_size checkpoint_every cudnn_attention data dropout eval_batches
-eval_every export_hf fp8_head grad_clip init_from lr micro_batch_size min_lr n_embd n_head n_layer override
-sample_tokens seed steps temperature top_k val_data warmup_steps weight_decay"
+own_gpt="cudnn_attention export_hf fp8_head init_from n_embd n_head n_layer"
+language_model="batch_size beta2 block_size checkpoint_every data dropout eval_batches eval_every
+grad_clip lr micro_batch_size min_lr override sample_tokens seed steps temperature top_k val_data
+warmup_steps weight_decay"
 
 # block HELP FILE: the text of the "Flags from FILE:" block of a --help output.
 block() {
   awk -v want="  Flags from $2:" '
     /^  Flags from / { on = ($0 == want); next }
+    /^[^ ]/ { on = 0 }
     on { print }' "$1"
 }
 # names: the flag names of a block on stdin, sorted, one line.
@@ -37,8 +41,8 @@ expect() {
 sorted() { tr ' \n' '\n\n' <<<"$1" | grep -v '^$' | sort | tr '\n' ' ' | sed 's/ $//'; }
 
 for bin in mnist gpt; do
-  exe=$train_mnist own=$own_mnist
-  [ "$bin" = gpt ] && exe=$train_gpt own=$own_gpt
+  exe=$train_mnist own=$own_mnist lm=""
+  [ "$bin" = gpt ] && exe=$train_gpt own=$own_gpt lm=$language_model
   rc=0
   "$exe" --help >"$tmp/$bin.help" 2>&1 || rc=$?
   # absl's --help exits 1 after printing (it stops the program).
@@ -49,8 +53,10 @@ for bin in mnist gpt; do
     "$(names <"$tmp/$bin.shared")" "$(sorted "$shared")"
   expect "train_$bin: tools/train_$bin.cc defines only its own" \
     "$(names <"$tmp/$bin.own")" "$(sorted "$own")"
+  expect "train_$bin: train/language_model.cc defines the language-model flags" \
+    "$(block "$tmp/$bin.help" train/language_model.cc | names)" "$(sorted "$lm")"
   expect "train_$bin: --help lists every flag" \
-    "$(names <"$tmp/$bin.help")" "$(sorted "$shared $own")"
+    "$(names <"$tmp/$bin.help")" "$(sorted "$shared $own $lm")"
 done
 if cmp -s "$tmp/mnist.shared" "$tmp/gpt.shared"; then
   echo "ok   the shared flags read the same in both binaries (defaults and help texts)"
