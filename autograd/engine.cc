@@ -14,6 +14,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/trace.h"
 #include "tensor/error.h"
+#include "tensor/op_list.h"
 #include "tensor/ops.h"
 
 namespace tg {
@@ -96,7 +97,7 @@ Tensor SumGrads(const Tensor& a, const Tensor& b) {
   if (!b.defined()) return a;
   RawTensor sum = tg::Add(a.data(), b.data());
   if (!ShouldRecord({a, b})) return Tensor(std::move(sum));
-  return Record("AddBackward", sum, {a, b}, {}, [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kAdd), sum, {a, b}, {}, [](const BackwardContext& ctx) -> VariableList {
     return {ctx.grads[0], ctx.grads[0]};
   });
 }
@@ -106,7 +107,7 @@ Tensor CastGrad(const Tensor& g, DType dtype) {
   RawTensor cast = g.data().to(dtype);
   if (!ShouldRecord({g})) return Tensor(std::move(cast));
   const DType from = g.dtype();
-  return Record("CastBackward", std::move(cast), {g}, {},
+  return Record(OpNodeName(OpId::kCast), std::move(cast), {g}, {},
                 [from](const BackwardContext& ctx) -> VariableList {
                   return {CastGrad(ctx.grads[0], from)};
                 });

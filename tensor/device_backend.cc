@@ -3,6 +3,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include "tensor/error.h"
 
@@ -11,12 +12,11 @@ namespace {
 
 // Constant-initialised, so a backend's static initializer may register before or after any
 // other static initializer of the binary runs.
-constexpr int kNumDeviceTypes = 2;
 std::atomic<DeviceBackend*> backends[kNumDeviceTypes] = {};
 
-int Slot(DeviceType type) {
-  const int slot = static_cast<int>(type);
-  TG_CHECK(slot >= 0 && slot < kNumDeviceTypes, "device backend: unknown device type ", slot);
+size_t Slot(DeviceType type) {
+  const auto slot = static_cast<size_t>(type);
+  TG_CHECK(slot < kNumDeviceTypes, "device backend: unknown device type ", slot);
   return slot;
 }
 
@@ -32,16 +32,6 @@ const KernelTable* KeepTable(const KernelTable& table) {
   std::lock_guard<std::mutex> lock(*mu);
   kept->push_back(table);
   return &kept->back();
-}
-
-const char* LinkHint(DeviceType type) {
-  switch (type) {
-    case DeviceType::kCpu:
-      return "no CPU backend in this binary: link //tensor:core";
-    case DeviceType::kCuda:
-      return "no CUDA backend in this binary: link //tensor:devices";
-  }
-  return "no backend for this device type";
 }
 
 }  // namespace
@@ -69,8 +59,27 @@ DeviceBackend* FindDeviceBackend(DeviceType type) {
 
 DeviceBackend* GetDeviceBackend(DeviceType type) {
   DeviceBackend* backend = FindDeviceBackend(type);
-  TG_CHECK(backend != nullptr, LinkHint(type));
+  TG_CHECK(backend != nullptr, "no ", DeviceTypeDisplayName(type),
+           " backend in this binary: link ", DeviceTypeLinkTarget(type));
   return backend;
+}
+
+std::vector<DeviceType> RegisteredDeviceTypes() {
+  std::vector<DeviceType> types;
+  for (DeviceType type : kAllDeviceTypes) {
+    if (FindDeviceBackend(type) != nullptr) types.push_back(type);
+  }
+  return types;
+}
+
+std::vector<Device> DevicesToTestAgainstTheCpu() {
+  std::vector<Device> devices;
+  for (DeviceType type : RegisteredDeviceTypes()) {
+    if (type == DeviceType::kCpu) continue;
+    const int n = DeviceCount(type);
+    if (n > 0) devices.push_back(Device(type, 0));
+  }
+  return devices;
 }
 
 int DeviceCount(DeviceType type) {

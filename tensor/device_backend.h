@@ -19,6 +19,7 @@
 #define TAPEGRAD_TENSOR_DEVICE_BACKEND_H_
 
 #include <atomic>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tensor/kernel_table.h"
@@ -95,6 +96,12 @@ DeviceBackend* GetDeviceBackend(DeviceType type);
 
 // How many devices of `type` this binary can use: 0 when its backend is not linked.
 int DeviceCount(DeviceType type);
+// The device types whose backend this binary has, in the order of TG_DEVICE_TYPES (the CPU
+// first).
+std::vector<DeviceType> RegisteredDeviceTypes();
+// Device 0 of every registered type other than the CPU that has one: what a test compares with
+// the CPU (the op tables, as ggml's test-backend-ops runs every backend).
+std::vector<Device> DevicesToTestAgainstTheCpu();
 
 }  // namespace tg
 

@@ -1,77 +1,27 @@
 #include "tensor/op_kinds.h"
 
+#include <cstddef>
+
 namespace tg {
+namespace {
 
-const char* BinaryOpName(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::kAdd:
-      return "add";
-    case BinaryOp::kSub:
-      return "sub";
-    case BinaryOp::kMul:
-      return "mul";
-    case BinaryOp::kDiv:
-      return "div";
-    case BinaryOp::kPow:
-      return "pow";
-    case BinaryOp::kMaximum:
-      return "maximum";
-    case BinaryOp::kMinimum:
-      return "minimum";
-    case BinaryOp::kReluBackward:
-      return "relu_backward";
-    case BinaryOp::kGeluTanhBackward:
-      return "gelu_tanh_backward";
-  }
-  return "binary";
+#define TG_OP_KIND_NAME(name, text) text,
+constexpr const char* kBinaryOpNames[] = {TG_BINARY_OPS(TG_OP_KIND_NAME)};
+constexpr const char* kCompareOpNames[] = {TG_COMPARE_OPS(TG_OP_KIND_NAME)};
+constexpr const char* kUnaryOpNames[] = {TG_UNARY_OPS(TG_OP_KIND_NAME)};
+#undef TG_OP_KIND_NAME
+
+// The name of op in names, or fallback for a value outside the enum (a cast from a bad int).
+template <typename Op, std::size_t N>
+const char* KindName(Op op, const char* const (&names)[N], const char* fallback) {
+  const auto i = static_cast<std::size_t>(op);
+  return i < N ? names[i] : fallback;
 }
 
-const char* CompareOpName(CompareOp op) {
-  switch (op) {
-    case CompareOp::kEq:
-      return "eq";
-    case CompareOp::kNe:
-      return "ne";
-    case CompareOp::kLt:
-      return "lt";
-    case CompareOp::kLe:
-      return "le";
-    case CompareOp::kGt:
-      return "gt";
-    case CompareOp::kGe:
-      return "ge";
-  }
-  return "compare";
-}
+}  // namespace
 
-const char* UnaryOpName(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kNeg:
-      return "neg";
-    case UnaryOp::kAbs:
-      return "abs";
-    case UnaryOp::kExp:
-      return "exp";
-    case UnaryOp::kLog:
-      return "log";
-    case UnaryOp::kSqrt:
-      return "sqrt";
-    case UnaryOp::kTanh:
-      return "tanh";
-    case UnaryOp::kSigmoid:
-      return "sigmoid";
-    case UnaryOp::kRelu:
-      return "relu";
-    case UnaryOp::kGeluTanh:
-      return "gelu_tanh";
-    case UnaryOp::kGelu:
-      return "gelu";
-    case UnaryOp::kErf:
-      return "erf";
-    case UnaryOp::kSilu:
-      return "silu";
-  }
-  return "unary";
-}
+const char* BinaryOpName(BinaryOp op) { return KindName(op, kBinaryOpNames, "binary"); }
+const char* CompareOpName(CompareOp op) { return KindName(op, kCompareOpNames, "compare"); }
+const char* UnaryOpName(UnaryOp op) { return KindName(op, kUnaryOpNames, "unary"); }
 
 }  // namespace tg

@@ -7,41 +7,57 @@
 
 namespace tg {
 
+// Each kind list is written once, as (enumerator, name): the enum, its kAll array (which the
+// tensor op table runs, so a kind without a formula or a row fails there) and its name
+// (BinaryOpName, ... in op_kinds.cc) are expanded from it.
+//
 // kReluBackward(grad, y): 0 where y <= 0, else grad (PyTorch's threshold_backward at 0: a NaN y
 // passes the gradient, and a NaN gradient where y <= 0 gives 0). kGeluTanhBackward(grad, x):
 // grad * d gelu_tanh(x) / dx in the compute dtype, rounded once (floating inputs only).
-enum class BinaryOp {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMaximum,
-  kMinimum,
-  kReluBackward,
-  kGeluTanhBackward
-};
-enum class CompareOp { kEq, kNe, kLt, kLe, kGt, kGe };
-// The unary kinds, written once: the enum and kAllUnaryOps (which the tensor op table runs, so a
-// kind without a formula or a row fails there) both expand this list. kSilu: x * sigmoid(x).
-#define TG_UNARY_OPS(X) \
-  X(kNeg)               \
-  X(kAbs)               \
-  X(kExp)               \
-  X(kLog)               \
-  X(kSqrt)              \
-  X(kTanh)              \
-  X(kSigmoid)           \
-  X(kRelu)              \
-  X(kGeluTanh)          \
-  X(kGelu)              \
-  X(kErf)               \
-  X(kSilu)
-#define TG_UNARY_OP_ENUMERATOR(name) name,
-enum class UnaryOp { TG_UNARY_OPS(TG_UNARY_OP_ENUMERATOR) };
-#undef TG_UNARY_OP_ENUMERATOR
-#define TG_UNARY_OP_VALUE(name) UnaryOp::name,
+#define TG_BINARY_OPS(X)              \
+  X(kAdd, "add")                      \
+  X(kSub, "sub")                      \
+  X(kMul, "mul")                      \
+  X(kDiv, "div")                      \
+  X(kPow, "pow")                      \
+  X(kMaximum, "maximum")              \
+  X(kMinimum, "minimum")              \
+  X(kReluBackward, "relu_backward")   \
+  X(kGeluTanhBackward, "gelu_tanh_backward")
+#define TG_COMPARE_OPS(X) \
+  X(kEq, "eq")            \
+  X(kNe, "ne")            \
+  X(kLt, "lt")            \
+  X(kLe, "le")            \
+  X(kGt, "gt")            \
+  X(kGe, "ge")
+// kSilu: x * sigmoid(x).
+#define TG_UNARY_OPS(X)      \
+  X(kNeg, "neg")             \
+  X(kAbs, "abs")             \
+  X(kExp, "exp")             \
+  X(kLog, "log")             \
+  X(kSqrt, "sqrt")           \
+  X(kTanh, "tanh")           \
+  X(kSigmoid, "sigmoid")     \
+  X(kRelu, "relu")           \
+  X(kGeluTanh, "gelu_tanh")  \
+  X(kGelu, "gelu")           \
+  X(kErf, "erf")             \
+  X(kSilu, "silu")
+#define TG_OP_KIND_ENUMERATOR(name, text) name,
+enum class BinaryOp { TG_BINARY_OPS(TG_OP_KIND_ENUMERATOR) };
+enum class CompareOp { TG_COMPARE_OPS(TG_OP_KIND_ENUMERATOR) };
+enum class UnaryOp { TG_UNARY_OPS(TG_OP_KIND_ENUMERATOR) };
+#undef TG_OP_KIND_ENUMERATOR
+#define TG_BINARY_OP_VALUE(name, text) BinaryOp::name,
+#define TG_COMPARE_OP_VALUE(name, text) CompareOp::name,
+#define TG_UNARY_OP_VALUE(name, text) UnaryOp::name,
+inline constexpr BinaryOp kAllBinaryOps[] = {TG_BINARY_OPS(TG_BINARY_OP_VALUE)};
+inline constexpr CompareOp kAllCompareOps[] = {TG_COMPARE_OPS(TG_COMPARE_OP_VALUE)};
 inline constexpr UnaryOp kAllUnaryOps[] = {TG_UNARY_OPS(TG_UNARY_OP_VALUE)};
+#undef TG_BINARY_OP_VALUE
+#undef TG_COMPARE_OP_VALUE
 #undef TG_UNARY_OP_VALUE
 // None/Mean/Sum: libtorch's spellings (tg::Reduction::Sum, as at::Reduction::Sum).
 enum class Reduction { kNone, kMean, kSum, None = kNone, Mean = kMean, Sum = kSum };

@@ -161,7 +161,7 @@ std::string LibtorchTypeString(DType dtype, Device device) {
       name = "Float8_e5m2";
       break;
   }
-  return std::string(device.is_cpu() ? "CPU" : "CUDA") + name + "Type";
+  return std::string(DeviceTypeDisplayName(device.type)) + name + "Type";
 }
 
 std::ostream& PrintLikeLibtorch(std::ostream& out, const RawTensor& t, int64_t linesize) {

@@ -19,13 +19,17 @@
 # excluded); external repositories (@absl, @cuda, ...) are not checked.
 #
 # Inside tensor/, the device boundary (docs/architecture.md):
+#   - the device sub-packages are tensor/<name> for every device type of the list in
+#     tensor/device.h (TG_DEVICE_TYPES: tensor/cpu, tensor/cuda; a new device is checked by being
+#     listed there);
 #   - the tensor core (every target of //tensor except the linking targets //tensor:core and
 #     //tensor:devices, which add the CPU's and the other devices' backends) depends on no device
-#     sub-package, and no file of tensor/ includes a header of tensor/cpu or tensor/cuda;
-#   - tensor/cpu and tensor/cuda do not depend on each other (targets or includes).
-# Device branches: outside the device backends (tensor/cpu, tensor/cuda, the registry in
-# tensor/device.h and tensor/device_backend.*) and tests/, no code compares a device with CUDA
-# (`DeviceType::kCuda`, `is_cuda()`): the ops ask the backend (DevicePreferences) instead. The
+#     sub-package, and no file of tensor/ includes a header of one;
+#   - no two device sub-packages depend on each other (targets or includes).
+# Device branches: outside the device backends (the device sub-packages, the registry in
+# tensor/device.h and tensor/device_backend.*) and tests/, no code compares a device with a
+# device type other than the CPU (`DeviceType::kCuda`, `is_cuda()`, and the same for every listed
+# type): the ops ask the backend (DevicePreferences) instead. The
 # CPU (`is_cpu()`) is the host, and code may ask whether memory is host memory, except the ops
 # (tensor/ops_*.cc, tensor/composed.*), which branch on no device at all. The few files that must
 # name CUDA are in DEVICE_BRANCH_ALLOWED below, each with its reason.
@@ -42,10 +46,23 @@ readonly ORDER=(data tools/bazel tensor autograd optim amp nn dataset distribute
 readonly DEVICE_BRANCH_ALLOWED=(
   "^distributed/nccl_process_group\.cc$|NCCL runs on CUDA only: the group refuses other devices"
   "^train/data_parallel\.cc$|picks the NCCL process group for CUDA devices (gloo else)"
-  "^train/flag_values\.cc$|--device=cuda:N is checked against the CUDA backend's devices"
   "^autograd/variable\.h$|libtorch's Tensor::is_cuda() query, asked of the tensor, not branched on"
   "^autograd/factories\.cc$|tg::cuda::device_count() asks the registry how many CUDA devices exist"
 )
+
+# The device types, from the one list of them (tensor/device.h): names (cpu cuda) and
+# enumerators (kCpu kCuda).
+mapfile -t DEVICE_NAMES < <(grep -oP '^\s*X\(k[A-Za-z0-9]+, "\K[a-z0-9_]+' tensor/device.h)
+mapfile -t DEVICE_ENUMS < <(grep -oP '^\s*X\(\Kk[A-Za-z0-9]+(?=, ")' tensor/device.h)
+if [ "${#DEVICE_NAMES[@]}" -lt 2 ] || [ "${#DEVICE_NAMES[@]}" -ne "${#DEVICE_ENUMS[@]}" ] ||
+   [ "${DEVICE_NAMES[0]}" != cpu ]; then
+  echo "check_layering: cannot read the device list (TG_DEVICE_TYPES) of tensor/device.h" >&2
+  exit 2
+fi
+device_alt=$(IFS='|'; echo "${DEVICE_NAMES[*]}")                  # cpu|cuda
+other_enums=$(IFS='|'; echo "${DEVICE_ENUMS[*]:1}")               # kCuda
+other_queries=$(printf 'is_%s\\(\\)|' "${DEVICE_NAMES[@]:1}")    # is_cuda\(\)|
+other_branch="DeviceType::(${other_enums})|${other_queries%|}"
 
 edges_file=""
 src="."
@@ -76,30 +93,35 @@ else
 fi
 
 # 1. Targets: the package order, and the device sub-packages of tensor/.
-awk -v order="${ORDER[*]}" '
+awk -v order="${ORDER[*]}" -v devices="${DEVICE_NAMES[*]}" '
     function package_of(label,    p) {
       p = substr(label, 3)                  # drop the leading //
       if (p ~ /^tools\/bazel[\/:]/) return "tools/bazel"
       sub(/[\/:].*/, "", p)                 # keep the top-level directory
       return p == "" ? "(root)" : p
     }
-    # tensor/cpu, tensor/cuda (and their sub-packages), the tensor core, or "" outside tensor/.
-    function tensor_part(label) {
-      if (label ~ /^\/\/tensor\/cpu[\/:]/) return "tensor/cpu"
-      if (label ~ /^\/\/tensor\/cuda[\/:]/) return "tensor/cuda"
+    # tensor/<device> (and its sub-packages), the tensor core, or "" outside tensor/.
+    function tensor_part(label,    i) {
+      for (i = 1; i <= ndev; ++i) {
+        if (index(label, "//tensor/" dev[i] "/") == 1 || index(label, "//tensor/" dev[i] ":") == 1)
+          return "tensor/" dev[i]
+      }
       if (label ~ /^\/\/tensor:/) return "core"
       return ""
     }
-    BEGIN { n = split(order, names, " "); for (i = 1; i <= n; ++i) floor[names[i]] = i }
+    BEGIN {
+      n = split(order, names, " "); for (i = 1; i <= n; ++i) floor[names[i]] = i
+      ndev = split(devices, dev, " ")
+    }
     NF >= 2 {
       from = package_of($1); to = package_of($2)
       if (from == "tensor" && to == "tensor") {
         a = tensor_part($1); b = tensor_part($2)
-        if (a == "core" && (b == "tensor/cpu" || b == "tensor/cuda") &&
+        if (a == "core" && b ~ /^tensor\// &&
             $1 != "//tensor:core" && $1 != "//tensor:devices") {
           printf "%s -> %s (the tensor core depends on %s: only //tensor:core and //tensor:devices link device backends)\n", $1, $2, b
           ++violations
-        } else if ((a == "tensor/cpu" && b == "tensor/cuda") || (a == "tensor/cuda" && b == "tensor/cpu")) {
+        } else if (a ~ /^tensor\// && b ~ /^tensor\// && a != b) {
           printf "%s -> %s (%s depends on %s: device sub-packages must not depend on each other)\n", $1, $2, a, b
           ++violations
         }
@@ -136,14 +158,17 @@ while IFS= read -r hit; do
   [ -z "$hit" ] && continue
   file=${hit%%:*}
   case "$file" in
-    tensor/cpu/*) [[ "$hit" == *'"tensor/cuda/'* ]] &&
-      report "${hit%%:#*} (tensor/cpu includes tensor/cuda: device sub-packages must not depend on each other)" ;;
-    tensor/cuda/*) [[ "$hit" == *'"tensor/cpu/'* ]] &&
-      report "${hit%%:#*} (tensor/cuda includes tensor/cpu: device sub-packages must not depend on each other)" ;;
-    tensor/*/*) ;;
+    tensor/*/*)
+      own=${file#tensor/}
+      own=${own%%/*}
+      included=${hit#*\"tensor/}
+      included=${included%%/*}
+      if [ "$own" != "$included" ] && [[ " ${DEVICE_NAMES[*]} " == *" $own "* ]]; then
+        report "${hit%%:#*} (tensor/${own} includes tensor/${included}: device sub-packages must not depend on each other)"
+      fi ;;
     tensor/*) report "${hit%%:#*} (the tensor core includes a device sub-package's header)" ;;
   esac
-done < <(cd "$src" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"tensor/(cpu|cuda)/' \
+done < <(cd "$src" && grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]+\"tensor/(${device_alt})/" \
   --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' --include='*.inc' tensor \
   2>/dev/null)
 
@@ -161,19 +186,22 @@ while IFS= read -r hit; do
   line=${rest%%:*}
   code=${rest#*:}
   case "$file" in
-    tensor/cpu/* | tensor/cuda/* | tests/* | tensor/device.h | tensor/device_backend.*) continue ;;
+    tests/* | tensor/device.h | tensor/device_backend.*) continue ;;
+    tensor/*/*)
+      sub=${file#tensor/}
+      [[ " ${DEVICE_NAMES[*]} " == *" ${sub%%/*} "* ]] && continue ;;
   esac
   code=${code%%//*}  # a comment may name a device
   if [[ "$file" =~ ^tensor/(ops_[a-z0-9_]+|composed|ops)\.(cc|h)$ ]]; then
     # The ops ask the backend for every device choice, the CPU's included.
-    [[ "$code" =~ DeviceType::|is_cuda\(\)|is_cpu\(\) ]] || continue
+    [[ "$code" =~ DeviceType::|is_(${device_alt})\(\) ]] || continue
     report "${file}:${line}: an op branches on the device: ask the backend (DevicePreferences of tensor/device_backend.h)"
     continue
   fi
-  [[ "$code" =~ DeviceType::kCuda|is_cuda\(\) ]] || continue
+  [[ "$code" =~ $other_branch ]] || continue
   allowed "$file" && continue
   report "${file}:${line}: a device branch (DeviceType::kCuda / is_cuda()) outside the device backends: ask the backend (tensor/device_backend.h), or add the file to DEVICE_BRANCH_ALLOWED with its reason"
-done < <(cd "$src" && grep -rnE 'DeviceType::|is_cuda\(\)|is_cpu\(\)' --include='*.h' --include='*.cc' \
+done < <(cd "$src" && grep -rnE "DeviceType::|is_(${device_alt})\\(\\)" --include='*.h' --include='*.cc' \
   --include='*.cu' --include='*.cuh' --include='*.inc' . 2>/dev/null | sed 's#^\./##')
 
 if [ "$sources_status" -ne 0 ]; then

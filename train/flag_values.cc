@@ -1,6 +1,7 @@
 #include "train/flag_values.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,25 +14,18 @@
 namespace tg::train {
 
 absl::StatusOr<Device> CheckDevice(const std::string& device) {
-  if (device == "cpu") return Device::Cpu();
-  int index = 0;
-  if (device != "cuda") {
-    const absl::string_view prefix = "cuda:";
-    const absl::string_view rest = absl::string_view(device).substr(
-        absl::StartsWith(device, prefix) ? prefix.size() : device.size());
-    if (!absl::StartsWith(device, prefix) || rest.empty() || rest.size() > 4 ||
-        !absl::SimpleAtoi(rest, &index) || index < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device=", device, ": expected cpu, cuda or cuda:N"));
-    }
+  const std::optional<Device> d = Device::Parse(device);
+  if (!d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", device, ": expected ", Device::Specs()));
   }
-  const Device d = Device::Cuda(index);
+  if (d->is_cpu()) return *d;
   try {
-    GetDeviceBackend(DeviceType::kCuda)->allocator(index);  // throws naming why not
+    GetDeviceBackend(d->type)->allocator(d->index);  // throws naming why not
   } catch (const Error& e) {
     return absl::FailedPreconditionError(absl::StrCat("--device=", device, ": ", e.what()));
   }
-  return d;
+  return *d;
 }
 
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {

@@ -37,7 +37,7 @@ Tensor SelectScatter(const Tensor& g, const Shape& shape, int64_t dim, int64_t i
 // Zeros of `shape` with `g` scatter-added along `dim` at `index`: the adjoint of Gather.
 Tensor ScatterAddInto(const Tensor& g, const Shape& shape, int64_t dim, const RawTensor& index) {
   const RawTensor zeros = RawTensor::Zeros(shape, g.dtype(), g.data().device());
-  return Record("ScatterAddBackward", tg::ScatterAdd(zeros, dim, index, g.data()), {g},
+  return Record(OpNodeName(OpId::kScatterAdd), tg::ScatterAdd(zeros, dim, index, g.data()), {g},
                 {Tensor(index)}, [dim](const BackwardContext& ctx) -> VariableList {
                   return {Gather(ctx.grads[0], dim, ctx.saved[0].data())};
                 });
@@ -46,7 +46,7 @@ Tensor ScatterAddInto(const Tensor& g, const Shape& shape, int64_t dim, const Ra
 // Zeros of `shape` with the rows of `g` added at rows `index`: the adjoint of IndexSelect.
 Tensor IndexAddInto(const Tensor& g, const Shape& shape, const RawTensor& index) {
   const RawTensor zeros = RawTensor::Zeros(shape, g.dtype(), g.data().device());
-  return Record("IndexAddBackward", tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Tensor(index)},
+  return Record(OpNodeName(OpId::kIndexAdd), tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Tensor(index)},
                 [](const BackwardContext& ctx) -> VariableList {
                   return {IndexSelect(ctx.grads[0], ctx.saved[0].data())};
                 });

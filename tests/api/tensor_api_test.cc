@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -215,6 +216,16 @@ TEST(TensorApi, Devices) {
   }
   EXPECT_THROW(tg::Device("cuda:"), tg::Error);
   EXPECT_THROW(tg::Device("cuda:-1"), tg::Error);
+  // Device::Parse: the same grammar without throwing, every name from the device list.
+  EXPECT_EQ(tg::Device::Parse("cuda:12"), tg::Device(tg::kCUDA, 12));
+  EXPECT_EQ(tg::Device::Parse("cpu:0"), tg::Device::Cpu());
+  for (const char* bad : {"", "cpu:1", "cuda:", "cuda:x", "cuda:1x", "cuda0", "CUDA", "cuda:-1",
+                          "cuda:1234567890", " cuda"}) {
+    EXPECT_EQ(tg::Device::Parse(bad), std::nullopt) << bad;
+  }
+  EXPECT_EQ(tg::Device::Specs(), "cpu, cuda or cuda:N");
+  EXPECT_EQ(tg::Device(tg::kCUDA, 3).ToString(), "cuda:3");
+  EXPECT_STREQ(tg::DeviceTypeDisplayName(tg::kCUDA), "CUDA");
   EXPECT_EQ(tg::ones({1}).device(), tg::Device(tg::kCPU));
   EXPECT_EQ(tg::cuda::is_available(), tg::cuda::device_count() > 0);
 }

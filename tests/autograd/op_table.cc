@@ -69,7 +69,7 @@ Tols DefaultCuda() {
   t.bf16 = {kBF16Ulp + 1e-5, 2 * kBF16Ulp};
   t.why =
       "forward and backward are compositions of tensor ops whose CUDA kernels match the CPU's "
-      "within 1e-5 in f32 (tests/tensor/cuda/op_table_test.cc: the matmul, softmax and norm "
+      "within 1e-5 in f32 (tests/tensor/op_table_test.cc: the matmul, softmax and norm "
       "bounds); 16-bit results of those f32 values may round to neighbouring values once per "
       "op: one ulp relative plus two of the largest magnitude";
   return t;
@@ -311,7 +311,7 @@ void AddNnRows(std::vector<OpRow>& t) {
   attention.f16.atol += 2 * kF16Ulp;
   attention.bf16.atol += 2 * kBF16Ulp;
   attention.why =
-      "as tests/tensor/cuda/op_table_test.cc's attention rows: f32 sums in different orders "
+      "as tests/tensor/op_table_test.cc's attention rows: f32 sums in different orders "
       "(2e-5); in 16 bits cuDNN rounds the probabilities blockwise: two more ulp per term";
   t.push_back(Row("ScaledDotProductAttention", "causal",
                   {{{2, 2, 3, 4}}, {{2, 2, 3, 4}}, {{2, 2, 3, 4}}},
@@ -325,7 +325,7 @@ void AddNnRows(std::vector<OpRow>& t) {
   const Tols conv = ReductionCuda(
       2e-5,
       "convolution: cuDNN engines vs im2col + OpenBLAS, f32 accumulation over up to 162 terms in "
-      "different orders (tests/tensor/cuda/op_table_test.cc's bound)");
+      "different orders (tests/tensor/op_table_test.cc's bound)");
   struct ConvCase {
     std::string name;
     Shape x, w;

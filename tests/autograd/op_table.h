@@ -12,7 +12,7 @@
 //   - CUDA against the CPU, forward and gradients (skips without a GPU);
 // and checks that every differentiable op of the op list has a row and every row names one, so a
 // new op is one row here.
-// The tensor-level ops (tensor/ops.h) have their own table, tests/tensor/cuda/op_table_test.cc;
+// The tensor-level ops (tensor/ops.h) have their own table, tests/tensor/op_table_test.cc;
 // both use the tolerance types of tests/tensor/op_table_support.h.
 //
 //   for (const OpRow& row : OpTable()) {
@@ -66,7 +66,7 @@ struct OpRow {
   // atol relative to the largest |f64 value|).
   Tols low_precision;
   // CUDA against the CPU, forward and gradients, in f32/f16/bf16 (atol relative to
-  // max(1, largest |CPU value|), as in tests/tensor/cuda/op_table_test.cc).
+  // max(1, largest |CPU value|), as in tests/tensor/op_table_test.cc).
   Tols cuda;
 
   OpRow& WithGradcheck(double eps, double atol, double rtol, std::string why);

@@ -1,9 +1,9 @@
 // Every row of the differentiable-op table (tests/autograd/op_table.h) through the f64
 // gradcheck (first and second order), f16/bf16 against f64 and the autocast policy of the op
 // list (tensor/op_list.inc), on the CPU; and the table against the op list, so a differentiable
-// op without a row fails here.
-// CUDA against the CPU: op_table_cuda_test.cc. The tensor-level ops have
-// tests/tensor/cuda/op_table_test.cc.
+// op without a row fails here. The same rows on every registered device against the CPU:
+// op_table_devices_test.cc. The tensor-level ops have
+// tests/tensor/op_table_test.cc.
 #include "tests/autograd/op_table.h"
 
 #include <algorithm>

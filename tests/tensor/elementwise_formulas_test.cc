@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -45,10 +48,7 @@ TEST(ElementwiseFormulasTest, CpuUnaryKernelsAreTheSharedFormulas) {
 }
 
 TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
-  for (const BinaryOp op :
-       {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow,
-        BinaryOp::kMaximum, BinaryOp::kMinimum, BinaryOp::kReluBackward,
-        BinaryOp::kGeluTanhBackward}) {
+  for (const BinaryOp op : kAllBinaryOps) {
     for (const double a : kValues) {
       const RawTensor x = RawTensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
       const std::vector<double> got =
@@ -71,9 +71,22 @@ TEST(ElementwiseFormulasTest, CpuBinaryKernelsAreTheSharedFormulas) {
             std::numeric_limits<int64_t>::min());
 }
 
+// Every kind has its own name, the one its list gives.
+TEST(ElementwiseFormulasTest, KindNamesComeFromTheLists) {
+  std::set<std::string> names;
+  for (BinaryOp op : kAllBinaryOps) names.insert(BinaryOpName(op));
+  for (CompareOp op : kAllCompareOps) names.insert(CompareOpName(op));
+  for (UnaryOp op : kAllUnaryOps) names.insert(UnaryOpName(op));
+  EXPECT_EQ(names.size(), std::size(kAllBinaryOps) + std::size(kAllCompareOps) +
+                              std::size(kAllUnaryOps));
+  EXPECT_STREQ(BinaryOpName(BinaryOp::kGeluTanhBackward), "gelu_tanh_backward");
+  EXPECT_STREQ(CompareOpName(CompareOp::kGe), "ge");
+  EXPECT_STREQ(UnaryOpName(UnaryOp::kSilu), "silu");
+  EXPECT_STREQ(UnaryOpName(static_cast<UnaryOp>(999)), "unary");
+}
+
 TEST(ElementwiseFormulasTest, CpuCompareKernelsAreTheSharedFormulas) {
-  for (const CompareOp op : {CompareOp::kEq, CompareOp::kNe, CompareOp::kLt, CompareOp::kLe,
-                             CompareOp::kGt, CompareOp::kGe}) {
+  for (const CompareOp op : kAllCompareOps) {
     for (const double a : kValues) {
       const RawTensor x = RawTensor::FromVector(kValues, {static_cast<int64_t>(kValues.size())});
       const std::vector<double> got =

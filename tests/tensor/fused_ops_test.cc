@@ -4,7 +4,7 @@
 // Forward values are checked against straightforward f64 loops over the inputs' values (after
 // rounding to their dtype), backward values in f64 against central finite differences of the
 // forward op, and the f32/f16/bf16 gradients against the f64 op on the same values. The error
-// text for bad shapes, dtypes and devices is pinned exactly. tests/tensor/cuda/op_table_test.cc
+// text for bad shapes, dtypes and devices is pinned exactly. tests/tensor/op_table_test.cc
 // compares the CUDA implementations with these.
 //
 // Tolerances, relative to the largest reference magnitude of the output (products and sums

@@ -1,4 +1,4 @@
-// What the two op tables share: tests/tensor/cuda/op_table_test.cc (every op of tensor/ops.h,
+// What the two op tables share: tests/tensor/op_table_test.cc (every op of tensor/ops.h,
 // CUDA against the CPU) and tests/autograd/op_table.h (every differentiable op of autograd/ops.h:
 // f64 gradcheck, f16/bf16 against f64, autocast policy, CUDA against the CPU). Tolerances are per
 // dtype and always carry their reason. Both tables enumerate the op list (tensor/op_list.inc):

@@ -1,4 +1,8 @@
-// Every op of tensor/ops.h on CUDA against the same op on the CPU, from one table. Its sibling,
+// Every op of tensor/ops.h on every registered device against the same op on the CPU, from one
+// table (as ggml's test-backend-ops runs every backend): the devices are the binary's backends
+// (tensor/device_backend.h: DevicesToTestAgainstTheCpu), so a new device's backend, linked into
+// //tensor:devices, is tested by registering it. The tolerances were measured on CUDA, the one
+// such device today; a new device whose kernels round differently states its own. Its sibling,
 // tests/autograd/op_table.h, is the table of the differentiable ops (autograd/ops.h): f64
 // gradcheck, f16/bf16, autocast policy and CUDA against the CPU of forward and gradients; the two
 // share their tolerance types (tests/tensor/op_table_support.h).
@@ -34,7 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/device_backend.h"
 #include "tensor/generator.h"
 #include "tensor/op_list.h"
 #include "tensor/ops.h"
@@ -46,7 +50,6 @@ namespace {
 
 using Tensors = std::vector<RawTensor>;
 
-const Device kGpu = Device::Cuda(0);
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -324,10 +327,7 @@ RawTensor UnaryOperand(UnaryOp op, const Shape& shape, DType dtype, Generator& g
 }
 
 void AddElementwiseRows(std::vector<OpRow>* rows) {
-  const BinaryOp binary_ops[] = {BinaryOp::kAdd,     BinaryOp::kSub, BinaryOp::kMul,
-                                 BinaryOp::kDiv,     BinaryOp::kPow, BinaryOp::kMaximum,
-                                 BinaryOp::kMinimum, BinaryOp::kGeluTanhBackward};
-  for (BinaryOp op : binary_ops) {
+  for (BinaryOp op : kAllBinaryOps) {  // every kind of tensor/op_kinds.h
     const Tols* tol = op == BinaryOp::kPow || op == BinaryOp::kGeluTanhBackward
                           ? &TranscendentalTol()
                           : &ExactTol();
@@ -378,9 +378,7 @@ void AddElementwiseRows(std::vector<OpRow>* rows) {
                      [op](const Tensors& in) -> Tensors { return {BinaryScalar(op, in[0], 0.37)}; },
                      tol});
   }
-  const CompareOp compare_ops[] = {CompareOp::kEq, CompareOp::kNe, CompareOp::kLt,
-                                   CompareOp::kLe, CompareOp::kGt, CompareOp::kGe};
-  for (CompareOp op : compare_ops) {
+  for (CompareOp op : kAllCompareOps) {
     for (const Layout& l : Layouts()) {
       rows->push_back({"Compare", absl::StrCat(CompareOpName(op), " ", l.name), kFloatsAndInts,
                        [l](DType dtype, Generator& gen) -> Tensors {
@@ -1382,42 +1380,57 @@ Tensors ToDevice(const Tensors& in, Device device) {
   return out;
 }
 
-// Checks one CUDA output against the CPU's; returns a description of the first mismatches.
-std::string Mismatches(const RawTensor& cpu, const RawTensor& gpu, const Tols& tols) {
-  if (cpu.defined() != gpu.defined()) {
-    return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on CUDA: ", gpu.defined());
+// Checks one device output against the CPU's; returns a description of the first mismatches.
+std::string Mismatches(const RawTensor& cpu, const RawTensor& out, Device device,
+                       const Tols& tols) {
+  const std::string name = DeviceTypeDisplayName(device.type);
+  if (cpu.defined() != out.defined()) {
+    return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on ", name, ": ",
+                        out.defined());
   }
   if (!cpu.defined()) return "";
-  if (!gpu.device().is_cuda())
-    return "the CUDA run returned a tensor on " + gpu.device().ToString();
-  if (cpu.shape() != gpu.shape() || cpu.dtype() != gpu.dtype()) {
-    return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", CUDA ",
-                        ShapeToString(gpu.shape()), " ", DTypeName(gpu.dtype()));
+  if (out.device() != device) {
+    return absl::StrCat("the ", name, " run returned a tensor on ", out.device().ToString());
+  }
+  if (cpu.shape() != out.shape() || cpu.dtype() != out.dtype()) {
+    return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", ",
+                        name, " ", ShapeToString(out.shape()), " ", DTypeName(out.dtype()));
   }
   // atol is relative to max(1, the output's largest |CPU value|).
-  return testing::ValueMismatches(cpu, gpu, tols.For(cpu.dtype()), 1, "CPU", "CUDA");
+  return testing::ValueMismatches(cpu, out, tols.For(cpu.dtype()), 1, "CPU", name);
 }
 
-TEST(OpTableTest, EveryOpMatchesTheCpu) {
-  if (!cuda::Available()) GTEST_SKIP() << "no CUDA device";
+TEST(OpTableTest, EveryOpOnEveryDeviceMatchesTheCpu) {
+  const std::vector<Device> devices = DevicesToTestAgainstTheCpu();
+  if (devices.empty()) {
+    std::string registered;
+    for (DeviceType type : RegisteredDeviceTypes()) {
+      absl::StrAppend(&registered, registered.empty() ? "" : ", ", DeviceTypeName(type), " (",
+                      DeviceCount(type), ")");
+    }
+    GTEST_SKIP() << "no device besides the CPU; registered (devices): " << registered;
+  }
   const std::vector<OpRow>& table = Table();
-  for (size_t r = 0; r < table.size(); ++r) {
-    const OpRow& row = table[r];
-    for (DType dtype : row.dtypes) {
-      const std::string what = absl::StrCat(row.op, ": ", row.name, " (", DTypeName(dtype), ")");
-      try {
-        Generator gen(1000 + r);
-        const Tensors in = row.inputs(dtype, gen);
-        const Tensors cpu = row.run(in);
-        const Tensors gpu = row.run(ToDevice(in, kGpu));
-        ASSERT_EQ(cpu.size(), gpu.size()) << what;
-        for (size_t i = 0; i < cpu.size(); ++i) {
-          const std::string m = Mismatches(cpu[i], gpu[i], *row.tol);
-          EXPECT_TRUE(m.empty()) << what << ", output " << i << ": " << m
-                                 << "\n  tolerance: " << row.tol->why;
+  for (const Device device : devices) {
+    for (size_t r = 0; r < table.size(); ++r) {
+      const OpRow& row = table[r];
+      for (DType dtype : row.dtypes) {
+        const std::string what = absl::StrCat(device.ToString(), ": ", row.op, ": ", row.name,
+                                              " (", DTypeName(dtype), ")");
+        try {
+          Generator gen(1000 + r);
+          const Tensors in = row.inputs(dtype, gen);
+          const Tensors cpu = row.run(in);
+          const Tensors out = row.run(ToDevice(in, device));
+          ASSERT_EQ(cpu.size(), out.size()) << what;
+          for (size_t i = 0; i < cpu.size(); ++i) {
+            const std::string m = Mismatches(cpu[i], out[i], device, *row.tol);
+            EXPECT_TRUE(m.empty()) << what << ", output " << i << ": " << m
+                                   << "\n  tolerance: " << row.tol->why;
+          }
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << what << " threw: " << e.what();
         }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << what << " threw: " << e.what();
       }
     }
   }
