@@ -1,14 +1,17 @@
-// A device is one backend object: its memory (allocator), copies, fill, streams and its kernel
-// table (the kernel list, tensor/kernel_list.inc), plus the preferences the ops ask of it
-// (layouts). Every device, the CPU included, registers one from a static initializer of an
-// alwayslink library in its own sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the
-// tensor core (RawTensor::Empty, copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc)
-// find it here and never branch on the device type. A binary without a device's backend gets a
-// tg::Error that says what to link. This is the only registry of devices.
+// A device's memory side: one backend object per device type with its allocators, copies, fill
+// and streams. Its kernels are the other half, registered next to it (tensor/kernel_table.h:
+// RegisterKernels, with the preferences the ops ask of the device), so the tensor core, which
+// allocates, copies and fills through this header, sees no kernel and no op. Every device, the
+// CPU included, registers both from a static initializer of an alwayslink library in its own
+// sub-package (tensor/cpu/backend.cc, tensor/cuda/backend.cc); the tensor core (RawTensor::Empty,
+// copy_, fill_, to(Device), item()) and the ops (tensor/ops_*.cc) find them there and never
+// branch on the device type. A binary without a device's backend gets a tg::Error that says what
+// to link. This is the only registry of devices.
 //
 //   // tensor/cpu/backend.cc
 //   const bool registered = [] {
-//     tg::RegisterDeviceBackend(new CpuBackend(MakeKernelTable(), preferences));
+//     tg::RegisterDeviceBackend(new CpuBackend());
+//     tg::RegisterKernels(tg::DeviceType::kCpu, MakeKernelTable(), preferences);
 //     return true;
 //   }();
 //   // tensor/ops_elementwise.cc
@@ -18,46 +21,21 @@
 #ifndef TAPEGRAD_TENSOR_DEVICE_BACKEND_H_
 #define TAPEGRAD_TENSOR_DEVICE_BACKEND_H_
 
-#include <atomic>
-#include <vector>
-
 #include "tensor/device.h"
-#include "tensor/kernel_table.h"
 #include "tensor/storage.h"
 
 namespace tg {
 
 class RawTensor;
 
-// How a device wants the ops to lay out what they allocate for its kernels. Asked by the ops
-// (tensor/ops_*.cc) instead of branching on the device, so a new device states its choice.
-struct DevicePreferences {
-  // The memory order of the [B, H, T, D] tensors attention allocates (its output and the q/k/v
-  // gradients). kHeadsMajor: contiguous [B, H, T, D]. kTokensMajor: memory [B, T, H, D] (a
-  // permuted view, as PyTorch's CPU flash attention lays out its output), so that merging the
-  // heads back into [B, T, H * D] is a view rather than a copy.
-  enum class AttentionLayout { kHeadsMajor, kTokensMajor };
-  AttentionLayout attention_layout = AttentionLayout::kHeadsMajor;
-  // Whether the attention backward kernel is given grad_out contiguous (a copy when it is not);
-  // false: the kernel reads any strides.
-  bool attention_grad_out_contiguous = true;
-};
-
 class DeviceBackend {
  public:
-  // `kernels` must have every entry of the kernel list (RegisterDeviceBackend checks).
-  DeviceBackend(DeviceType type, const KernelTable& kernels, DevicePreferences preferences);
+  explicit DeviceBackend(DeviceType type) : type_(type) {}
   virtual ~DeviceBackend() = default;
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
 
   DeviceType type() const { return type_; }
-  // The device's implementation of the kernel list.
-  const KernelTable& kernels() const { return *kernels_.load(std::memory_order_acquire); }
-  // Replaces the kernel table (copied; the old one stays valid for threads still reading it).
-  // Tests install declining kernels this way.
-  void ReplaceKernels(const KernelTable& kernels);
-  const DevicePreferences& preferences() const { return preferences_; }
 
   // How many devices of this type the machine has (0: none usable; the CPU has 1).
   virtual int DeviceCount() = 0;
@@ -79,12 +57,9 @@ class DeviceBackend {
 
  private:
   const DeviceType type_;
-  std::atomic<const KernelTable*> kernels_;
-  const DevicePreferences preferences_;
 };
 
 // Installs `backend` (never destroyed) for backend->type(); a later registration replaces it.
-// Throws tg::Error "kernel table: no kernel for <name>" when its table misses an entry.
 void RegisterDeviceBackend(DeviceBackend* backend);
 // Removes the backend of `type` (tests install and remove fakes).
 void UnregisterDeviceBackend(DeviceType type);
@@ -96,12 +71,6 @@ DeviceBackend* GetDeviceBackend(DeviceType type);
 
 // How many devices of `type` this binary can use: 0 when its backend is not linked.
 int DeviceCount(DeviceType type);
-// The device types whose backend this binary has, in the order of TG_DEVICE_TYPES (the CPU
-// first).
-std::vector<DeviceType> RegisteredDeviceTypes();
-// Device 0 of every registered type other than the CPU that has one: what a test compares with
-// the CPU (the op tables, as ggml's test-backend-ops runs every backend).
-std::vector<Device> DevicesToTestAgainstTheCpu();
 
 }  // namespace tg
 

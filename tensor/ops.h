@@ -351,7 +351,7 @@ struct AttentionResult {
 // aligned strides); on the CPU a fused kernel per (batch, head) with the same rounding points
 // (tensor/cpu/fused_attention.cc); any case a device's kernel declines runs the one composed form
 // of the ops above (tensor/composed.h). The output is laid out as the device's backend prefers
-// (DevicePreferences::attention_layout of tensor/device_backend.h).
+// (DevicePreferences::attention_layout of tensor/kernel_table.h).
 AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k,
                                           const RawTensor& v, bool causal, double scale);
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "tensor/composed.h"
-#include "tensor/device_backend.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 #include "tensor/ops_internal.h"
@@ -59,7 +58,7 @@ void CheckAttentionInputs(const char* op, const RawTensor& q, const RawTensor& k
 // order its device's backend prefers (DevicePreferences::attention_layout).
 RawTensor AttentionTensor(const RawTensor& like, DType dtype) {
   const Device device = like.device();
-  switch (GetDeviceBackend(device.type)->preferences().attention_layout) {
+  switch (PreferencesFor(device).attention_layout) {
     case DevicePreferences::AttentionLayout::kHeadsMajor:
       return RawTensor::Empty(like.shape(), dtype, device);
     case DevicePreferences::AttentionLayout::kTokensMajor:
@@ -112,7 +111,7 @@ AttentionGrads ScaledDotProductAttentionBackward(const RawTensor& grad_out, cons
            " (as the forward returns them)");
   // Contiguous when the device's kernel asks for it (DevicePreferences), else any strides.
   const RawTensor dout =
-      GetDeviceBackend(q.device().type)->preferences().attention_grad_out_contiguous
+      PreferencesFor(q.device()).attention_grad_out_contiguous
           ? grad_out.contiguous()
           : grad_out;
   if (q.numel() > 0) {

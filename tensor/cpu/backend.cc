@@ -17,6 +17,7 @@
 #include "tensor/cpu/vec_math.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
+#include "tensor/kernel_table.h"
 #include "tensor/strided_loop.h"
 #include "tensor/tensor.h"
 
@@ -127,7 +128,7 @@ constexpr DevicePreferences kCpuPreferences = {
 
 class CpuBackend final : public DeviceBackend {
  public:
-  CpuBackend() : DeviceBackend(DeviceType::kCpu, MakeKernelTable(), kCpuPreferences) {}
+  CpuBackend() : DeviceBackend(DeviceType::kCpu) {}
 
   int DeviceCount() override { return 1; }
 
@@ -158,6 +159,7 @@ class CpuBackend final : public DeviceBackend {
 
 [[maybe_unused]] const bool registered = [] {
   RegisterDeviceBackend(new CpuBackend());
+  RegisterKernels(DeviceType::kCpu, MakeKernelTable(), kCpuPreferences);
   return true;
 }();
 

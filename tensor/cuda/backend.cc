@@ -31,6 +31,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_backend.h"
 #include "tensor/error.h"
+#include "tensor/kernel_table.h"
 #include "tensor/tensor.h"
 
 namespace tg::cuda {
@@ -139,7 +140,7 @@ constexpr DevicePreferences kCudaPreferences = {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend() : DeviceBackend(DeviceType::kCuda, MakeKernelTable(), kCudaPreferences) {}
+  CudaBackend() : DeviceBackend(DeviceType::kCuda) {}
 
   int DeviceCount() override { return tg::cuda::DeviceCount(); }
 
@@ -191,6 +192,7 @@ class CudaBackend final : public DeviceBackend {
 
 [[maybe_unused]] const bool registered = [] {
   RegisterDeviceBackend(new CudaBackend());
+  RegisterKernels(DeviceType::kCuda, MakeKernelTable(), kCudaPreferences);
   return true;
 }();
 

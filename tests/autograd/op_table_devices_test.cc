@@ -1,5 +1,5 @@
 // Every row of the differentiable-op table (tests/autograd/op_table.h) on every registered device
-// besides the CPU (tensor/device_backend.h: DevicesToTestAgainstTheCpu; CUDA today) against the
+// besides the CPU (tensor/kernel_table.h: DevicesToTestAgainstTheCpu; CUDA today) against the
 // CPU: the output and the gradients of every input, in f32, f16 and bf16, within the row's device
 // tolerance (OpRow::cuda, measured on CUDA). Skips when the binary has no such device; the
 // CPU-side drivers of the same table are op_table_test.cc.
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/ops.h"
 #include "gtest/gtest.h"
-#include "tensor/device_backend.h"
+#include "tensor/kernel_table.h"
 #include "tests/autograd/op_table.h"
 #include "tests/tensor/op_table_support.h"
 

@@ -1,6 +1,6 @@
 // Every op of tensor/ops.h on every registered device against the same op on the CPU, from one
 // table (as ggml's test-backend-ops runs every backend): the devices are the binary's backends
-// (tensor/device_backend.h: DevicesToTestAgainstTheCpu), so a new device's backend, linked into
+// (tensor/kernel_table.h: DevicesToTestAgainstTheCpu), so a new device's backend, linked into
 // //tensor:devices, is tested by registering it. The tolerances were measured on CUDA, the one
 // such device today; a new device whose kernels round differently states its own. Its sibling,
 // tests/autograd/op_table.h, is the table of the differentiable ops (autograd/ops.h): f64
@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tensor/device_backend.h"
+#include "tensor/kernel_table.h"
 #include "tensor/generator.h"
 #include "tensor/op_list.h"
 #include "tensor/ops.h"

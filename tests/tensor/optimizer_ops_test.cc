@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/composed.h"
-#include "tensor/device_backend.h"
+#include "tensor/kernel_table.h"
 #include "tensor/generator.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
@@ -50,9 +50,9 @@ class DecliningCpuKernels {
     t.ClipByNorm = [](const std::vector<RawTensor>&, const RawTensor&, double) {
       return KernelStatus::kNoKernel;
     };
-    GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(t);
+    ReplaceKernels(DeviceType::kCpu, t);
   }
-  ~DecliningCpuKernels() { GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(saved_); }
+  ~DecliningCpuKernels() { ReplaceKernels(DeviceType::kCpu, saved_); }
 
  private:
   KernelTable saved_;

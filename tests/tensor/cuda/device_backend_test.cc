@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/convert.h"
+#include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
@@ -61,13 +62,14 @@ void StridedCopy(const RawTensor& dst, const RawTensor& src) {
   }
 }
 
-// The CPU's kernels work on the fake "cuda" tensors (host memory); the preferences are given.
+// The fake "cuda" device's memory (host memory); the kernels registered with it (Install) are the
+// CPU's, which work on such tensors, and its preferences are given.
 class FakeBackend final : public DeviceBackend {
  public:
   explicit FakeBackend(DevicePreferences preferences = DevicePreferences())
-      : FakeBackend(GetDeviceBackend(DeviceType::kCpu)->kernels(), preferences) {}
+      : FakeBackend(KernelsFor(Device::Cpu()), preferences) {}
   FakeBackend(const KernelTable& kernels, DevicePreferences preferences)
-      : DeviceBackend(DeviceType::kCuda, kernels, preferences) {}
+      : DeviceBackend(DeviceType::kCuda), kernels(kernels), preferences(preferences) {}
   int DeviceCount() override { return 2; }
   Allocator* allocator(int index) override {
     TG_CHECK(index >= 0 && index < 2, "cuda:", index, " does not exist (fake)");
@@ -87,6 +89,18 @@ class FakeBackend final : public DeviceBackend {
   void Synchronize(int) override {}
   void* CurrentStream(int) override { return nullptr; }
 
+  // Registers this memory backend and its kernels as CUDA's; Remove undoes both.
+  void Install() {
+    RegisterDeviceBackend(this);
+    RegisterKernels(DeviceType::kCuda, kernels, preferences);
+  }
+  static void Remove() {
+    UnregisterDeviceBackend(DeviceType::kCuda);
+    UnregisterKernels(DeviceType::kCuda);
+  }
+
+  KernelTable kernels;
+  DevicePreferences preferences;
   std::vector<CopyCall> copies;
   std::vector<double> fills;
 
@@ -124,8 +138,8 @@ TEST(DeviceBackendTest, WithoutABackendEveryCudaPathSaysWhatToLink) {
 
 class FakeBackendTest : public ::testing::Test {
  protected:
-  void SetUp() override { RegisterDeviceBackend(&backend_); }
-  void TearDown() override { UnregisterDeviceBackend(DeviceType::kCuda); }
+  void SetUp() override { backend_.Install(); }
+  void TearDown() override { FakeBackend::Remove(); }
   FakeBackend backend_;
 };
 
@@ -241,6 +255,24 @@ TEST_F(FakeBackendTest, CpuWorkNeverReachesTheBackend) {
   EXPECT_TRUE(backend_.fills.empty());
 }
 
+// Memory and kernels are registered apart: a device with memory only allocates, copies and
+// fills (the tensor core needs nothing else), while an op on it says what to link, and the op
+// tables do not count it as a device to test. With its kernels it is tested against the CPU.
+TEST(DeviceRegistryTest, MemoryWorksWithoutKernelsAndOpsSayWhatToLink) {
+  FakeBackend backend;
+  RegisterDeviceBackend(&backend);
+  const RawTensor t = RawTensor::Full({3}, 2, kF32, Device::Cuda(0));
+  EXPECT_EQ(t.to(Device::Cpu()).to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  EXPECT_TRUE(ThrowsErrorExactly([&] { KernelsFor(t.device()); }, kNoBackend));
+  EXPECT_EQ(RegisteredDeviceTypes(), std::vector<DeviceType>{DeviceType::kCpu});
+  RegisterKernels(DeviceType::kCuda, backend.kernels, backend.preferences);
+  EXPECT_EQ(RegisteredDeviceTypes(),
+            (std::vector<DeviceType>{DeviceType::kCpu, DeviceType::kCuda}));
+  EXPECT_EQ(DevicesToTestAgainstTheCpu(), std::vector<Device>{Device::Cuda(0)});
+  EXPECT_EQ(Add(t, t).to(Device::Cpu()).to_vector<float>(), (std::vector<float>{4, 4, 4}));
+  FakeBackend::Remove();
+}
+
 // The CPU is a backend like any other: registered by its sub-package (tensor/cpu/backend.cc),
 // with its allocator, kernel table, stream (none) and preferences, all asked of the registry.
 TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
@@ -251,10 +283,13 @@ TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
   EXPECT_EQ(DeviceCount(DeviceType::kCuda), 0);  // no CUDA backend in this binary
   EXPECT_EQ(CpuAllocator(), cpu->allocator(0));
   EXPECT_EQ(RawTensor::Empty({2}).storage()->allocator(), cpu->allocator(0));
-  EXPECT_EQ(&KernelsFor(Device::Cpu()), &cpu->kernels());
+  EXPECT_TRUE(HasKernels(DeviceType::kCpu));
+  EXPECT_EQ(RegisteredDeviceTypes(), std::vector<DeviceType>{DeviceType::kCpu});
+  EXPECT_TRUE(DevicesToTestAgainstTheCpu().empty());
   EXPECT_EQ(cpu->CurrentStream(0), nullptr);
-  EXPECT_EQ(cpu->preferences().attention_layout, DevicePreferences::AttentionLayout::kTokensMajor);
-  EXPECT_FALSE(cpu->preferences().attention_grad_out_contiguous);
+  EXPECT_EQ(PreferencesFor(Device::Cpu()).attention_layout,
+            DevicePreferences::AttentionLayout::kTokensMajor);
+  EXPECT_FALSE(PreferencesFor(Device::Cpu()).attention_grad_out_contiguous);
   EXPECT_TRUE(
       ThrowsErrorExactly([&] { cpu->allocator(1); }, "cpu:1 does not exist (the CPU is device 0)"));
   EXPECT_TRUE(ThrowsErrorExactly(
@@ -266,9 +301,9 @@ TEST(DeviceRegistryTest, TheCpuIsRegisteredLikeAnyDevice) {
 }
 
 TEST(DeviceRegistryTest, AKernelTableMissingAnEntryIsRefused) {
-  KernelTable table = GetDeviceBackend(DeviceType::kCpu)->kernels();
+  KernelTable table = KernelsFor(Device::Cpu());
   table.Matmul = nullptr;
-  EXPECT_TRUE(ThrowsErrorExactly([&] { GetDeviceBackend(DeviceType::kCpu)->ReplaceKernels(table); },
+  EXPECT_TRUE(ThrowsErrorExactly([&] { ReplaceKernels(DeviceType::kCpu, table); },
                                  "kernel table: no kernel for Matmul"));
   EXPECT_NE(KernelsFor(Device::Cpu()).Matmul, nullptr);  // the CPU's table is unchanged
 }
@@ -281,8 +316,7 @@ KernelStatus RecordingAttentionBackward(const RawTensor& gq, const RawTensor& gk
                                         const RawTensor& out, const RawTensor& stats, bool causal,
                                         double scale) {
   grad_out_was_contiguous = go.is_contiguous();
-  return GetDeviceBackend(DeviceType::kCpu)
-      ->kernels()
+  return KernelsFor(Device::Cpu())
       .ScaledDotProductAttentionBackward(gq, gk, gv, go, q, k, v, out, stats, causal, scale);
 }
 
@@ -303,7 +337,7 @@ TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
   const AttentionResult want = ScaledDotProductAttention(q, k, v, /*causal=*/true, 0.5);
   const AttentionGrads want_grads = ScaledDotProductAttentionBackward(
       dout, q, k, v, want.output, want.stats, /*causal=*/true, 0.5);
-  KernelTable kernels = GetDeviceBackend(DeviceType::kCpu)->kernels();
+  KernelTable kernels = KernelsFor(Device::Cpu());
   kernels.ScaledDotProductAttentionBackward = &RecordingAttentionBackward;
   for (const auto layout : {DevicePreferences::AttentionLayout::kHeadsMajor,
                             DevicePreferences::AttentionLayout::kTokensMajor}) {
@@ -312,7 +346,7 @@ TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
     preferences.attention_layout = layout;
     preferences.attention_grad_out_contiguous = heads_major;
     FakeBackend backend(kernels, preferences);
-    RegisterDeviceBackend(&backend);
+    backend.Install();
     const Device dev = Device::Cuda(0);
     const RawTensor dq = q.to(dev), dk = k.to(dev), dv = v.to(dev);
     const AttentionResult got = ScaledDotProductAttention(dq, dk, dv, /*causal=*/true, 0.5);
@@ -328,7 +362,7 @@ TEST(DevicePreferencesTest, AttentionLayoutAndGradOutComeFromTheBackend) {
     EXPECT_EQ(grads.grad_q.strides(), got.output.strides());
     EXPECT_EQ(grads.grad_q.to_vector<float>(), want_grads.grad_q.to_vector<float>());
     EXPECT_EQ(grads.grad_v.to_vector<float>(), want_grads.grad_v.to_vector<float>());
-    UnregisterDeviceBackend(DeviceType::kCuda);
+    FakeBackend::Remove();
   }
 }
 
