@@ -16,7 +16,6 @@
 #include <array>
 #include <vector>
 
-#include "autograd/fp8.h"
 #include "autograd/variable.h"
 #include "tensor/ops.h"
 
@@ -72,17 +71,6 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // (tensor/cpu/fused_linear.cc). The pre-activation is saved for the GELU's backward. Autocast:
 // like linear.
 Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
-
-// Linear with FP8 GEMMs (autograd/ops/fp8_linear.cc has the formulas): the forward and both
-// backward GEMMs read FP8 operands cast by `quantizers` (autograd/fp8.h; the recipes of
-// amp/fp8.h make them) and accumulate in f32; the output has the dtype autocast gives Linear
-// (x's dtype without autocast), the gradients their inputs' dtypes. f32, bf16 or f16 tensors.
-// Linear runs it by itself for the weights of an installed FP8 scope (the op list's
-// Fp8Policy::kGemm); call it directly to choose the quantizers yourself. With act = kGeluTanh the
-// GELU is applied to the GEMM's output and its derivative taken in one pass in the backward (as
-// Linear's fused epilogue). No second derivative.
-Tensor Fp8Linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                 const Fp8LinearQuantizers& quantizers, Activation act = Activation::kNone);
 
 // ---- Views and shape ops ----
 Tensor Reshape(const Tensor& x, const Shape& shape);

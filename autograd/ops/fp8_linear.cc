@@ -21,6 +21,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/ops/fp8_linear.h"
 #include "tensor/op_list.h"
 #include "tensor/ops.h"
 
