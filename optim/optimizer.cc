@@ -111,7 +111,12 @@ void Optimizer::CheckParam(const Tensor& p, size_t g, size_t i) const {
            " is not a leaf; optimizers update leaves (detach() it)");
   TG_CHECK(IsFloating(p.dtype()), name_, ": ", ParamName(g, i), " has dtype ", DTypeName(p.dtype()),
            "; only floating parameters can be optimized");
+  const std::string refused = RefuseShape(p.shape());
+  TG_CHECK(refused.empty(), name_, ": ", ParamName(g, i), " has shape ", ShapeToString(p.shape()),
+           ": ", refused);
 }
+
+std::string Optimizer::RefuseShape(const Shape&) const { return ""; }
 
 void Optimizer::add_param_group(ParamGroup group) {
   const size_t g = groups_.size();

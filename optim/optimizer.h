@@ -220,6 +220,10 @@ class Optimizer {
   virtual bool AcceptsOptions(const OptimizerOptions& options) const = 0;
   // Updates `updates` (the params of `group` that have a grad). fused() picks the path.
   virtual void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) = 0;
+  // The shapes the optimizer takes: "" for `shape`, else why not (Muon: "Muon only supports 2-D
+  // parameters"). Asked of every parameter when a group is added and at every step, before
+  // anything changes. Every shape by default.
+  virtual std::string RefuseShape(const Shape& shape) const;
 
  private:
   struct Entry {

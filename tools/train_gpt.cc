@@ -222,8 +222,8 @@ int Main() {
   settings.Add("n_layer", static_cast<double>(config->n_layer), true);
   settings.Add("n_head", static_cast<double>(config->n_head), true);
   settings.Add("n_embd", static_cast<double>(config->n_embd), true);
-  std::vector<std::pair<std::string, std::string>> fp8_settings;
-  if (precision->fp8) fp8_settings.push_back({"fp8_head", absl::GetFlag(FLAGS_fp8_head) ? "yes" : "no"});
+  const std::vector<std::pair<std::string, std::string>> fp8_settings = {
+      {"fp8_head", absl::GetFlag(FLAGS_fp8_head) ? "yes" : "no"}};  // an FP8 run's only
   train::AddLanguageModelSettings(settings, seq_len, config->block_size, batch_size, *precision,
                                   config->dropout, fp8_settings);
 

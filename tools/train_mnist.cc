@@ -1,23 +1,12 @@
 // Trains an image classifier (a small CNN, or an MLP) on Fashion-MNIST and reports test
-// accuracy: the README's main job (on the CPU; --device=cuda trains on a GPU).
+// accuracy: the README's main job. It holds the model, the data and the loop; train::Run
+// (train/run.h) does the rest. docs/training.md has the flags, precision and checkpoints,
+// docs/distributed.md the data-parallel and ZeRO runs.
 //
 //   bazel run -c opt //tools:train_mnist                                  # CNN, f32, 4 epochs
-//   bazel run -c opt //tools:train_mnist -- --model=mlp                   # MLP, 10 epochs
 //   bazel run -c opt //tools:train_mnist -- --model=mlp --precision=f16   # f16 + dynamic scaling
-//   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --metrics=mnist.csv
 //   bazel run -c opt //tools:train_mnist -- --checkpoint_dir=ckpt --resume  # after Ctrl-C
 //   bazel run -c opt //tools:launch -- --nproc=2 -- bazel-bin/tools/train_mnist --world_size=2
-//
-// Data parallel (--world_size=N under tools:launch): each rank reads only its rows of every
-// global batch of --batch_size images, gradients averaged by DistributedDataParallel
-// (--zero_stage=0) or sharded by ZeRO (--zero_stage=1|2|3), so the run follows the
-// single-process one; rank 0 prints, writes metrics and checkpoints (which resume at any stage
-// and world size). --grad_accum_steps=N: N micro-batches per optimizer step.
-//
-// Precision: f32 trains f32 weights. f16/bf16 keep the model's weights in that dtype with f32
-// master weights in the optimizer (amp::MixedPrecisionOptimizer), run the forward under autocast
-// (softmax/cross-entropy in f32), and for f16 scale the loss dynamically (PyTorch's scaler by
-// default; --loss_scaler picks Megatron's, DeepSpeed's or Apex's).
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -157,10 +146,7 @@ int Main() {
   // The run's settings: what a checkpoint and the other ranks must agree with.
   train::RunSettings& settings = run.settings();
   settings.Add("model", model_name, /*fixed=*/true);
-  settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
-  train::AddFp8Settings(*precision_or, settings);
-  settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
-  settings.Add("optimizer", prepare.optimizer.name, true);
+  train::AddPrecisionSettings(*precision_or, settings);
   settings.Add("batch_size", static_cast<double>(batching.batch_size), true);
   settings.Add("train_limit", static_cast<double>(limit), true);
   settings.Add("seed", absl::StrCat(absl::GetFlag(FLAGS_seed)), true);

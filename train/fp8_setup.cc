@@ -73,12 +73,18 @@ absl::Status LoadFp8State(const StateDict& checkpoint, const std::string& dir,
   return absl::OkStatus();
 }
 
-void AddFp8Settings(const Precision& precision, RunSettings& settings) {
-  if (!precision.fp8) return;
-  settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), /*fixed=*/true);
-  settings.Add("fp8_amax_history_len",
-               static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
-  settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+void AddPrecisionSettings(const Precision& precision, RunSettings& settings,
+                          const std::vector<std::pair<std::string, std::string>>& fp8_settings) {
+  settings.Add("precision", absl::GetFlag(FLAGS_precision), /*fixed=*/true);
+  if (precision.fp8) {
+    settings.Add("fp8_recipe", absl::GetFlag(FLAGS_fp8_recipe), true);
+    settings.Add("fp8_amax_history_len",
+                 static_cast<double>(absl::GetFlag(FLAGS_fp8_amax_history_len)), true);
+    settings.Add("fp8_margin", static_cast<double>(absl::GetFlag(FLAGS_fp8_margin)), true);
+    for (const auto& [name, value] : fp8_settings) settings.Add(name, value, true);
+  }
+  settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
+  settings.Add("optimizer", absl::GetFlag(FLAGS_optimizer), true);
 }
 
 std::vector<std::string> WithFp8Columns(std::vector<std::string> columns,

@@ -241,11 +241,7 @@ void AddLanguageModelSettings(
   settings.Add("block_size", static_cast<double>(seq_len), /*fixed=*/true);
   settings.Add("n_positions", static_cast<double>(n_positions), true);
   settings.Add("batch_size", static_cast<double>(batch_size), true);
-  settings.Add("precision", absl::GetFlag(FLAGS_precision), true);
-  AddFp8Settings(precision, settings);
-  for (const auto& [name, value] : fp8_settings) settings.Add(name, value, true);
-  settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
-  settings.Add("optimizer", absl::GetFlag(FLAGS_optimizer), true);
+  AddPrecisionSettings(precision, settings, fp8_settings);
   settings.Add("seed", absl::StrCat(absl::GetFlag(FLAGS_seed)), true);
   settings.Add("data", ResolveUserPath(absl::GetFlag(FLAGS_data)), /*fixed=*/false);
   settings.Add("val_data", ResolveUserPath(absl::GetFlag(FLAGS_val_data)), false);

@@ -1,0 +1,186 @@
+#include "optim/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace tg::optim {
+namespace {
+
+constexpr char kMomentumBuffer[] = "momentum_buffer";
+
+std::vector<ParamGroup> OneGroup(std::vector<Tensor> params) {
+  TG_CHECK(!params.empty(), "Muon: got an empty parameter list");
+  return {ParamGroup(std::move(params))};
+}
+
+// PyTorch's lerp: a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), in a's dtype, with w
+// rounded to that dtype first (torch's opmath weight; 1 - w is then exact for w in [0.5, 1]).
+// torch fuses each product and sum (one rounding); here they round apart, one ulp at most.
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double w) {
+  const double wr = RawTensor::Scalar(w, kF64).to(a.dtype()).to(kF64).item();
+  const RawTensor diff = Sub(b, a);
+  return std::abs(wr) < 0.5 ? Add(a, MulScalar(diff, wr)) : Sub(b, MulScalar(diff, 1 - wr));
+}
+
+// f32 for the 16-bit dtypes and f32, f64 for f64: where the iteration's products are summed.
+DType AccumulationDType(DType ns_dtype) { return ns_dtype == kF64 ? kF64 : kF32; }
+
+}  // namespace
+
+std::unique_ptr<OptimizerOptions> MuonOptions::clone() const {
+  return std::make_unique<MuonOptions>(*this);
+}
+
+std::vector<NamedOption> MuonOptions::named() const {
+  return {{"adjust_lr_fn", static_cast<double>(adjust_lr_fn_)},
+          {"eps", eps_},
+          {"lr", lr_},
+          {"momentum", momentum_},
+          {"nesterov", nesterov_ ? 1.0 : 0.0},
+          {"ns_a", ns_a_},
+          {"ns_b", ns_b_},
+          {"ns_c", ns_c_},
+          {"ns_steps", static_cast<double>(ns_steps_)},
+          {"weight_decay", weight_decay_}};
+}
+
+bool MuonOptions::SetNamed(const std::string& name, double value, const std::string& context) {
+  if (name == "adjust_lr_fn") {
+    TG_CHECK(value == 0 || value == 1 || value == 2, context,
+             "adjust_lr_fn must be 0 (original), 1 (match_rms_adamw) or 2 (spectral_unclamped), "
+             "got ",
+             value);
+    adjust_lr_fn_ = static_cast<MuonAdjustLr>(static_cast<int>(value));
+  } else if (name == "eps") {
+    eps_ = value;
+  } else if (name == "lr") {
+    lr_ = value;
+  } else if (name == "momentum") {
+    momentum_ = value;
+  } else if (name == "nesterov") {
+    nesterov_ = NamedBool(name, value, context);
+  } else if (name == "ns_a") {
+    ns_a_ = value;
+  } else if (name == "ns_b") {
+    ns_b_ = value;
+  } else if (name == "ns_c") {
+    ns_c_ = value;
+  } else if (name == "ns_steps") {
+    TG_CHECK(value == std::floor(value) && value >= 0 && value < 100, context,
+             "ns_steps must be an integer in 0..99, got ", value);
+    ns_steps_ = static_cast<int64_t>(value);
+  } else if (name == "weight_decay") {
+    weight_decay_ = value;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c,
+                           int64_t ns_steps, double eps, DType ns_dtype) {
+  TG_CHECK(update.dim() == 2, "Muon: the Newton-Schulz iteration takes a 2-D matrix, got ",
+           ShapeToString(update.shape()));
+  TG_CHECK(ns_steps >= 0 && ns_steps < 100, "Muon: ns_steps must be in 0..99, got ", ns_steps);
+  TG_CHECK(IsFloating(ns_dtype) && ns_dtype != kF8E4M3 && ns_dtype != kF8E5M2,
+           "Muon: ns_dtype must be bf16, f16, f32 or f64, got ", DTypeName(ns_dtype));
+  const DType acc = AccumulationDType(ns_dtype);
+  const bool tall = update.size(0) > update.size(1);
+  RawTensor x = update.to(ns_dtype);
+  if (tall) x = x.transpose(0, 1);
+  // The Frobenius norm of the rounded matrix, rounded to ns_dtype (torch's norm of a bf16 tensor
+  // is a bf16), at least eps rounded likewise.
+  const RawTensor xa = x.to(acc);
+  const double sum_sq = Sum(Mul(xa, xa)).to(kF64).item();
+  const double norm = RawTensor::Scalar(std::sqrt(sum_sq), kF64).to(ns_dtype).to(kF64).item();
+  const double floor = RawTensor::Scalar(eps, kF64).to(ns_dtype).to(kF64).item();
+  x = Div(x, RawTensor::Scalar(std::max(norm, floor), ns_dtype).to(x.device()));
+  for (int64_t step = 0; step < ns_steps; ++step) {
+    const RawTensor xs = x.to(acc);
+    const RawTensor gram = Matmul(xs, xs.transpose(0, 1)).to(ns_dtype).to(acc);
+    const RawTensor update_b =
+        Add(MulScalar(gram, b), MulScalar(Matmul(gram, gram), c)).to(ns_dtype).to(acc);
+    x = Add(MulScalar(xs, a), Matmul(update_b, xs)).to(ns_dtype);
+  }
+  return tall ? x.transpose(0, 1).contiguous() : x;
+}
+
+double MuonAdjustedLr(double lr, MuonAdjustLr fn, int64_t rows, int64_t cols) {
+  const double ratio = static_cast<double>(rows) / static_cast<double>(cols);
+  switch (fn) {
+    case MuonAdjustLr::kOriginal:
+      return lr * std::sqrt(std::max(1.0, ratio));
+    case MuonAdjustLr::kMatchRmsAdamW:
+      return lr * 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+    case MuonAdjustLr::kSpectralUnclamped:
+      return lr * std::sqrt(ratio);
+  }
+  return lr;
+}
+
+Muon::Muon(std::vector<Tensor> params, const MuonOptions& options)
+    : Muon(OneGroup(std::move(params)), options) {}
+
+Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& defaults)
+    : Optimizer("Muon", std::make_unique<MuonOptions>(defaults), /*fused=*/false),
+      ns_dtype_(defaults.ns_dtype()) {
+  TG_CHECK(IsFloating(ns_dtype_) && ns_dtype_ != kF8E4M3 && ns_dtype_ != kF8E5M2,
+           "Muon: ns_dtype must be bf16, f16, f32 or f64, got ", DTypeName(ns_dtype_));
+  Init(std::move(groups));
+}
+
+bool Muon::AcceptsOptions(const OptimizerOptions& options) const {
+  return dynamic_cast<const MuonOptions*>(&options) != nullptr;
+}
+
+void Muon::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
+  const MuonOptions& o = static_cast<const MuonOptions&>(options);
+  TG_CHECK(o.lr() >= 0, context, "invalid lr ", o.lr(), " (must be >= 0)");
+  TG_CHECK(o.momentum() >= 0, context, "invalid momentum ", o.momentum(), " (must be >= 0)");
+  TG_CHECK(o.weight_decay() >= 0, context, "invalid weight_decay ", o.weight_decay(),
+           " (must be >= 0)");
+  TG_CHECK(o.eps() >= 0, context, "invalid eps ", o.eps(), " (must be >= 0)");
+  TG_CHECK(o.ns_steps() >= 0 && o.ns_steps() < 100, context, "invalid ns_steps ", o.ns_steps(),
+           " (must be in 0..99)");
+}
+
+std::string Muon::RefuseShape(const Shape& shape) const {
+  if (shape.size() == 2) return "";
+  return "Muon only supports 2-D parameters (give embeddings' other parameters, biases and norms "
+         "to AdamW)";
+}
+
+Optimizer::StateSpec Muon::ParamStateSpec(const OptimizerOptions&) const {
+  StateSpec spec;
+  spec.tensors.push_back(kMomentumBuffer);
+  return spec;
+}
+
+void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
+  const MuonOptions& o = group.options_as<MuonOptions>();
+  for (const ParamUpdate& u : updates) {
+    const RawTensor& param = u.param.data();
+    const DType compute = StateDType(param.dtype());
+    auto it = u.state->tensors.find(kMomentumBuffer);
+    if (it == u.state->tensors.end()) {
+      it = u.state->tensors.emplace(kMomentumBuffer, RawTensor::Zeros(param.shape(), compute,
+                                                                      param.device()))
+               .first;
+    }
+    const RawTensor& buf = it->second;
+    const RawTensor grad = u.grad.to(compute);
+    buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
+    const RawTensor update = o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
+    const RawTensor ortho = MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(),
+                                             o.eps(), ns_dtype_);
+    const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
+    const RawTensor decayed = MulScalar(param.to(compute), 1 - o.lr() * o.weight_decay());
+    param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));
+  }
+}
+
+}  // namespace tg::optim
