@@ -1,0 +1,165 @@
+#include "nn/models/llama.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/ops.h"
+#include "nn/init.h"
+#include "tensor/error.h"
+
+namespace tg::nn {
+namespace {
+
+Linear MakeLinear(int64_t in, int64_t out, bool bias, const LlamaConfig& c, Generator& gen) {
+  Linear l(LinearOptions(in, out).bias(bias), gen);
+  init::Normal(l->weight, gen, 0, c.initializer_range);
+  if (bias) init::Zeros(l->bias);
+  return l;
+}
+
+void Check(const LlamaConfig& c) {
+  TG_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
+               c.num_hidden_layers > 0 && c.num_attention_heads > 0,
+           "LlamaConfig: vocab_size, hidden_size, intermediate_size, num_hidden_layers and "
+           "num_attention_heads must be positive");
+  TG_CHECK(c.num_key_value_heads >= 0 && c.num_attention_heads % c.kv_heads() == 0,
+           "LlamaConfig: num_attention_heads ", c.num_attention_heads,
+           " must be a multiple of num_key_value_heads ", c.kv_heads());
+  TG_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
+           "LlamaConfig: hidden_size ", c.hidden_size, " is not a multiple of num_attention_heads ",
+           c.num_attention_heads, " (give head_dim)");
+  TG_CHECK(c.head_size() % 2 == 0, "LlamaConfig: head_dim ", c.head_size(),
+           " must be even (rotary embeddings rotate pairs)");
+  TG_CHECK(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps),
+           "LlamaConfig: rms_norm_eps must be positive, got ", c.rms_norm_eps);
+}
+
+}  // namespace
+
+LlamaRmsNorm::LlamaRmsNorm(int64_t dim, double eps) : Module("LlamaRMSNorm"), eps_(eps) {
+  weight = register_parameter("weight", RawTensor::Ones({dim}));
+}
+
+Tensor LlamaRmsNorm::forward(const Tensor& x) {
+  const Tensor h = Cast(x, kF32);
+  const Tensor variance = Mean(Mul(h, h), {-1}, /*keepdim=*/true);
+  const Tensor normed = Mul(h, Pow(AddScalar(variance, eps_), -0.5));
+  return Mul(weight, Cast(normed, x.dtype()));
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator& gen)
+    : Module("LlamaAttention", /*autocast_scope=*/true), config_(c) {
+  const int64_t d = c.head_size();
+  q_proj_ = register_module(
+      "q_proj", MakeLinear(c.hidden_size, c.num_attention_heads * d, c.attention_bias, c, gen));
+  k_proj_ = register_module(
+      "k_proj", MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
+  v_proj_ = register_module(
+      "v_proj", MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
+  o_proj_ = register_module(
+      "o_proj", MakeLinear(c.num_attention_heads * d, c.hidden_size, c.o_proj_bias, c, gen));
+}
+
+Tensor LlamaAttention::Forward(const Tensor& x, const RopeTables& rope) {
+  const int64_t b = x.size(0), t = x.size(1), d = config_.head_size();
+  const int64_t heads = config_.num_attention_heads, kv = config_.kv_heads();
+  auto split = [&](const Tensor& y, int64_t n) {  // [b, t, n d] -> [b, n, t, d]
+    return Transpose(Reshape(y, {b, t, n, d}), 1, 2);
+  };
+  const Tensor q = ApplyRotary(split(q_proj_(x), heads), rope);
+  Tensor k = ApplyRotary(split(k_proj_(x), kv), rope);
+  Tensor v = split(v_proj_(x), kv);
+  if (kv != heads) {  // repeat_kv: key/value head j serves query heads j * rep .. j * rep + rep - 1
+    const int64_t rep = heads / kv;
+    auto repeat = [&](const Tensor& y) {
+      return Reshape(Expand(Unsqueeze(y, 2), {b, kv, rep, t, d}), {b, heads, t, d});
+    };
+    k = repeat(k);
+    v = repeat(v);
+  }
+  const Tensor out = ScaledDotProductAttention(q, k, v, /*causal=*/true,
+                                               1.0 / std::sqrt(static_cast<double>(d)));
+  return o_proj_(Reshape(Transpose(out, 1, 2), {b, t, heads * d}));
+}
+
+LlamaMlp::LlamaMlp(const LlamaConfig& c, Generator& gen) : Module("LlamaMLP") {
+  gate_proj_ = register_module(
+      "gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
+  up_proj_ = register_module(
+      "up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
+  down_proj_ = register_module(
+      "down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, c, gen));
+}
+
+Tensor LlamaMlp::forward(const Tensor& x) {
+  return down_proj_(Mul(Silu(gate_proj_(x)), up_proj_(x)));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen)
+    : Module("LlamaDecoderLayer") {
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(c, gen));
+  mlp_ = register_module("mlp", std::make_shared<LlamaMlp>(c, gen));
+  input_layernorm_ =
+      register_module("input_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm_ = register_module(
+      "post_attention_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Tensor LlamaDecoderLayer::Forward(const Tensor& x, const RopeTables& rope) {
+  const Tensor h = Add(x, self_attn_->Forward((*input_layernorm_)(x), rope));
+  return Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& c, Generator& gen)
+    : Module("LlamaModel"), config_(c), inv_freq_(RopeInverseFrequencies(c.head_size(), c.rope)) {
+  embed_tokens_ = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size, gen));
+  init::Normal(embed_tokens_->weight, gen, 0, c.initializer_range);
+  layers_ = register_module("layers", ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c, gen));
+  }
+  norm_ = register_module("norm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+const RopeTables& LlamaModel::Rope(int64_t seq, Device device, DType dtype) {
+  if (!rope_.cos.defined() || rope_.cos.size(0) != seq || rope_.cos.device() != device ||
+      rope_.cos.dtype() != dtype) {
+    const RopeTables t = RopeCosSin(inv_freq_, seq, dtype);
+    rope_ = {t.cos.to(device), t.sin.to(device)};
+  }
+  return rope_;
+}
+
+Tensor LlamaModel::forward(const Tensor& tokens) {
+  TG_CHECK(tokens.dim() == 2, "Llama: tokens must be [batch, seq], got ",
+           ShapeToString(tokens.shape()));
+  Tensor x = embed_tokens_(tokens);
+  const RopeTables& rope = Rope(tokens.size(1), x.data().device(), x.dtype());
+  for (const auto& layer : *layers_) {
+    x = static_cast<LlamaDecoderLayer&>(*layer).Forward(x, rope);
+  }
+  return (*norm_)(x);
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Generator& gen)
+    : Module("LlamaForCausalLM"), config_(c) {
+  Check(c);
+  model_ = register_module("model", std::make_shared<LlamaModel>(c, gen));
+  if (!c.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head", MakeLinear(c.hidden_size, c.vocab_size, false, c, gen));
+  }
+}
+
+Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
+  const Tensor h = (*model_)(tokens);
+  return lm_head_.is_empty() ? tg::Linear(h, model_->embed_tokens()->weight) : lm_head_(h);
+}
+
+std::string LlamaForCausalLM::extra_repr() const {
+  return absl::StrCat("vocab=", config_.vocab_size, ", hidden=", config_.hidden_size,
+                      ", layers=", config_.num_hidden_layers, ", heads=",
+                      config_.num_attention_heads, ", kv_heads=", config_.kv_heads(),
+                      ", head_dim=", config_.head_size());
+}
+
+}  // namespace tg::nn
