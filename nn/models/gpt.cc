@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/init.h"
+#include "nn/sampling.h"
 #include "tensor/error.h"
 
 namespace tg {
@@ -116,50 +115,10 @@ std::string Gpt::extra_repr() const {
 
 std::vector<int64_t> Gpt::Generate(const std::vector<int64_t>& prompt, int64_t new_tokens,
                                    Generator& gen, double temperature, int64_t top_k) {
-  TG_CHECK(!prompt.empty(), "Gpt::Generate: the prompt is empty");
-  TG_CHECK(temperature > 0, "Gpt::Generate: temperature must be positive, got ", temperature);
-  for (int64_t token : prompt) {
-    TG_CHECK(token >= 0 && token < config_.vocab_size, "Gpt::Generate: prompt token ", token,
-             " is outside the vocabulary [0, ", config_.vocab_size, ")");
-  }
-  const bool was_training = is_training();
-  eval();
-  NoGradGuard no_grad;
-  std::vector<int64_t> out = prompt;
-  const int64_t v = config_.vocab_size;
-  std::vector<double> probs(v);
-  std::vector<int64_t> order(v);
-  for (int64_t step = 0; step < new_tokens; ++step) {
-    const int64_t start =
-        std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
-    std::vector<int64_t> context(out.begin() + start, out.end());
-    const int64_t t = static_cast<int64_t>(context.size());
-    const RawTensor ids = RawTensor::FromVector(context, {1, t}).to(wte_->weight.data().device());
-    RawTensor logits = forward(Tensor(ids)).data();
-    std::vector<float> last = logits.select(1, t - 1).to_vector<float>();  // [v]
-    // softmax(last / temperature) over the top_k entries (all when top_k <= 0).
-    std::iota(order.begin(), order.end(), 0);
-    int64_t keep = top_k > 0 ? std::min(top_k, v) : v;
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                      [&](int64_t a, int64_t b) { return last[a] > last[b]; });
-    double max_logit = last[order[0]] / temperature, total = 0;
-    for (int64_t i = 0; i < keep; ++i) {
-      probs[i] = std::exp(last[order[i]] / temperature - max_logit);
-      total += probs[i];
-    }
-    double u = gen.NextUniformDouble() * total;
-    int64_t pick = keep - 1;
-    for (int64_t i = 0; i < keep; ++i) {
-      u -= probs[i];
-      if (u < 0) {
-        pick = i;
-        break;
-      }
-    }
-    out.push_back(order[pick]);
-  }
-  train(was_training);
-  return out;
+  return SampleTokens(
+      *this, [this](const Tensor& ids) { return forward(ids); }, wte_->weight.data().device(),
+      config_.vocab_size, config_.block_size, prompt, new_tokens, gen, temperature, top_k,
+      "Gpt::Generate");
 }
 
 }  // namespace nn

@@ -1,10 +1,12 @@
 #include "nn/models/llama.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "autograd/ops.h"
 #include "nn/init.h"
+#include "nn/sampling.h"
 #include "tensor/error.h"
 
 namespace tg::nn {
@@ -47,8 +49,9 @@ Tensor LlamaRmsNorm::forward(const Tensor& x) {
   return Mul(weight, Cast(normed, x.dtype()));
 }
 
-LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator& gen)
-    : Module("LlamaAttention", /*autocast_scope=*/true), config_(c) {
+LlamaAttention::LlamaAttention(const LlamaConfig& c, std::shared_ptr<const LlamaRopeState> rope,
+                               Generator& gen)
+    : Module("LlamaAttention", /*autocast_scope=*/true), config_(c), rope_(std::move(rope)) {
   const int64_t d = c.head_size();
   q_proj_ = register_module(
       "q_proj", MakeLinear(c.hidden_size, c.num_attention_heads * d, c.attention_bias, c, gen));
@@ -60,7 +63,8 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, Generator& gen)
       "o_proj", MakeLinear(c.num_attention_heads * d, c.hidden_size, c.o_proj_bias, c, gen));
 }
 
-Tensor LlamaAttention::Forward(const Tensor& x, const RopeTables& rope) {
+Tensor LlamaAttention::forward(const Tensor& x) {
+  const RopeTables& rope = rope_->tables;
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_size();
   const int64_t heads = config_.num_attention_heads, kv = config_.kv_heads();
   auto split = [&](const Tensor& y, int64_t n) {  // [b, t, n d] -> [b, n, t, d]
@@ -95,9 +99,10 @@ Tensor LlamaMlp::forward(const Tensor& x) {
   return down_proj_(Mul(Silu(gate_proj_(x)), up_proj_(x)));
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen)
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c,
+                                     std::shared_ptr<const LlamaRopeState> rope, Generator& gen)
     : Module("LlamaDecoderLayer") {
-  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(c, gen));
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(c, std::move(rope), gen));
   mlp_ = register_module("mlp", std::make_shared<LlamaMlp>(c, gen));
   input_layernorm_ =
       register_module("input_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
@@ -105,39 +110,38 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen)
       "post_attention_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaDecoderLayer::Forward(const Tensor& x, const RopeTables& rope) {
-  const Tensor h = Add(x, self_attn_->Forward((*input_layernorm_)(x), rope));
+Tensor LlamaDecoderLayer::forward(const Tensor& x) {
+  const Tensor h = Add(x, (*self_attn_)((*input_layernorm_)(x)));
   return Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& c, Generator& gen)
-    : Module("LlamaModel"), config_(c), inv_freq_(RopeInverseFrequencies(c.head_size(), c.rope)) {
+    : Module("LlamaModel"),
+      config_(c),
+      inv_freq_(RopeInverseFrequencies(c.head_size(), c.rope)),
+      rope_(std::make_shared<LlamaRopeState>()) {
   embed_tokens_ = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size, gen));
   init::Normal(embed_tokens_->weight, gen, 0, c.initializer_range);
   layers_ = register_module("layers", ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c, gen));
+    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c, rope_, gen));
   }
   norm_ = register_module("norm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
-}
-
-const RopeTables& LlamaModel::Rope(int64_t seq, Device device, DType dtype) {
-  if (!rope_.cos.defined() || rope_.cos.size(0) != seq || rope_.cos.device() != device ||
-      rope_.cos.dtype() != dtype) {
-    const RopeTables t = RopeCosSin(inv_freq_, seq, dtype);
-    rope_ = {t.cos.to(device), t.sin.to(device)};
-  }
-  return rope_;
 }
 
 Tensor LlamaModel::forward(const Tensor& tokens) {
   TG_CHECK(tokens.dim() == 2, "Llama: tokens must be [batch, seq], got ",
            ShapeToString(tokens.shape()));
   Tensor x = embed_tokens_(tokens);
-  const RopeTables& rope = Rope(tokens.size(1), x.data().device(), x.dtype());
-  for (const auto& layer : *layers_) {
-    x = static_cast<LlamaDecoderLayer&>(*layer).Forward(x, rope);
+  const int64_t seq = tokens.size(1);
+  const Device device = x.data().device();
+  RopeTables& t = rope_->tables;
+  if (!t.cos.defined() || t.cos.size(0) != seq || t.cos.device() != device ||
+      t.cos.dtype() != x.dtype()) {
+    const RopeTables fresh = RopeCosSin(inv_freq_, seq, x.dtype());
+    t = {fresh.cos.to(device), fresh.sin.to(device)};
   }
+  for (const auto& layer : *layers_) x = (*layer)(x);
   return (*norm_)(x);
 }
 
@@ -153,6 +157,16 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, Generator& gen)
 Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
   const Tensor h = (*model_)(tokens);
   return lm_head_.is_empty() ? tg::Linear(h, model_->embed_tokens()->weight) : lm_head_(h);
+}
+
+std::vector<int64_t> LlamaForCausalLM::Generate(const std::vector<int64_t>& prompt,
+                                                int64_t new_tokens, Generator& gen,
+                                                double temperature, int64_t top_k) {
+  return SampleTokens(
+      *this, [this](const Tensor& ids) { return forward(ids); },
+      model_->embed_tokens()->weight.data().device(), config_.vocab_size,
+      config_.max_position_embeddings, prompt, new_tokens, gen, temperature, top_k,
+      "LlamaForCausalLM::Generate");
 }
 
 std::string LlamaForCausalLM::extra_repr() const {

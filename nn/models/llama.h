@@ -13,14 +13,15 @@
 //   auto model = std::make_shared<tg::nn::LlamaForCausalLM>(c, gen);
 //   tg::Tensor logits = (*model)(tokens);   // tokens i64 [batch, seq] -> [batch, seq, vocab]
 //
-// Not here yet: the config.json and checkpoint-directory reader, the export, the training
-// binary, fused kernels (RMSNorm, rotary, SwiGLU are composed of differentiable ops).
+// tools/train_llama.cc trains it. Not here yet: the config.json and checkpoint-directory reader,
+// the export, fused kernels (RMSNorm, rotary, SwiGLU are composed of differentiable ops).
 #ifndef TAPEGRAD_NN_MODELS_LLAMA_H_
 #define TAPEGRAD_NN_MODELS_LLAMA_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "nn/container.h"
 #include "nn/layers.h"
@@ -64,14 +65,22 @@ class LlamaRmsNorm : public Module {
   double eps_;
 };
 
+// The rotary tables of the sequence being run, which LlamaModel sets before its layers run and
+// every attention reads (so that each module is called through operator(), with its hooks:
+// ZeRO stage 3 gathers a layer's parameters in them).
+struct LlamaRopeState {
+  RopeTables tables;
+};
+
 class LlamaAttention : public Module {
  public:
-  LlamaAttention(const LlamaConfig& config, Generator& gen);
-  // x [batch, seq, hidden] with the rotary tables of seq -> [batch, seq, hidden].
-  Tensor Forward(const Tensor& x, const RopeTables& rope);
+  LlamaAttention(const LlamaConfig& config, std::shared_ptr<const LlamaRopeState> rope,
+                 Generator& gen);
+  Tensor forward(const Tensor& x) override;  // [batch, seq, hidden] -> same
 
  private:
   LlamaConfig config_;
+  std::shared_ptr<const LlamaRopeState> rope_;
   Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 
@@ -86,8 +95,9 @@ class LlamaMlp : public Module {
 
 class LlamaDecoderLayer : public Module {
  public:
-  LlamaDecoderLayer(const LlamaConfig& config, Generator& gen);
-  Tensor Forward(const Tensor& x, const RopeTables& rope);
+  LlamaDecoderLayer(const LlamaConfig& config, std::shared_ptr<const LlamaRopeState> rope,
+                    Generator& gen);
+  Tensor forward(const Tensor& x) override;
 
  private:
   std::shared_ptr<LlamaAttention> self_attn_;
@@ -103,13 +113,12 @@ class LlamaModel : public Module {
   const Embedding& embed_tokens() const { return embed_tokens_; }
 
  private:
-  const RopeTables& Rope(int64_t seq, Device device, DType dtype);
   LlamaConfig config_;
   RawTensor inv_freq_;
   Embedding embed_tokens_{nullptr};
   ModuleList layers_{nullptr};
   std::shared_ptr<LlamaRmsNorm> norm_;
-  RopeTables rope_;  // cached for the last (seq, device, dtype)
+  std::shared_ptr<LlamaRopeState> rope_;  // for the last (seq, device, dtype)
 };
 
 class LlamaForCausalLM : public Module {
@@ -118,6 +127,9 @@ class LlamaForCausalLM : public Module {
   LlamaForCausalLM(const LlamaConfig& config, Generator& gen);
   Tensor forward(const Tensor& tokens) override;  // i64 [batch, seq] -> [batch, seq, vocab]
   const LlamaConfig& config() const { return config_; }
+  // As Gpt::Generate (nn/sampling.h), with a context of max_position_embeddings tokens.
+  std::vector<int64_t> Generate(const std::vector<int64_t>& prompt, int64_t new_tokens,
+                                Generator& gen, double temperature = 1.0, int64_t top_k = 0);
   std::string extra_repr() const override;
 
  private:
