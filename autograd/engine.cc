@@ -97,9 +97,10 @@ Tensor SumGrads(const Tensor& a, const Tensor& b) {
   if (!b.defined()) return a;
   RawTensor sum = tg::Add(a.data(), b.data());
   if (!ShouldRecord({a, b})) return Tensor(std::move(sum));
-  return Record(OpNodeName(OpId::kAdd), sum, {a, b}, {}, [](const BackwardContext& ctx) -> VariableList {
-    return {ctx.grads[0], ctx.grads[0]};
-  });
+  return Record(OpNodeName(OpId::kAdd), sum, {a, b}, {},
+                [](const BackwardContext& ctx) -> VariableList {
+                  return {ctx.grads[0], ctx.grads[0]};
+                });
 }
 
 // g cast to `dtype`; recorded (so differentiable) when g requires grad and grad mode is on.

@@ -103,9 +103,9 @@
 //   itself never overflows (both backends sum f16 in f32 and round once, process_group.h), so
 //   a step is skipped only where some rank's local gradient overflowed. With each rank's loss
 //   its local mean, the local backward's per-row values are world times those of one process
-//   on the global batch and may overflow where that one's do not; train::DataParallel therefore divides
-//   each rank's f16 loss by the world size and uses reduce_op kSum (same per-row values, same
-//   skipped steps as one process: tests/tools:data_parallel_test).
+//   on the global batch and may overflow where that one's do not; train::DataParallel therefore
+//   divides each rank's f16 loss by the world size and uses reduce_op kSum (same per-row values,
+//   same skipped steps as one process: tests/tools:data_parallel_test).
 // - Thread safety: one backward at a time (the engine runs a backward's hooks sequentially).
 //   The object must outlive every backward through its module; it cannot be copied or moved.
 #ifndef TAPEGRAD_DISTRIBUTED_DDP_H_

@@ -187,8 +187,8 @@ struct ZeroOptions {
   // Reduce f16/bf16 gradients in f32.
   bool reduce_in_f32 = false;
   // kAvg (the gradient of the mean of the ranks' losses) or kSum (for losses that are already
-  // divided by the world size: the training binaries' f16 runs, whose backward then sees the per-row
-  // values of one process on the global batch).
+  // divided by the world size: the training binaries' f16 runs, whose backward then sees the
+  // per-row values of one process on the global batch).
   ReduceOp reduce_op = ReduceOp::kAvg;
   // Broadcast rank 0's parameter values at construction (all ranks start equal).
   bool broadcast_parameters = true;

@@ -16,27 +16,34 @@ float F(double v) { return static_cast<float>(v); }
 }  // namespace
 
 RawTensor RopeInverseFrequencies(int64_t head_dim, const RopeConfig& c) {
-  TG_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary embedding: head_dim must be positive and "
-           "even, got ", head_dim);
-  TG_CHECK(std::isfinite(c.theta) && c.theta > 1, "rotary embedding: rope_theta must be a finite "
-           "number above 1, got ", c.theta);
+  TG_CHECK(head_dim > 0 && head_dim % 2 == 0,
+           "rotary embedding: head_dim must be positive and "
+           "even, got ",
+           head_dim);
+  TG_CHECK(std::isfinite(c.theta) && c.theta > 1,
+           "rotary embedding: rope_theta must be a finite "
+           "number above 1, got ",
+           c.theta);
   const bool llama3 = c.scaling == RopeScaling::kLlama3;
   if (llama3) {
-    TG_CHECK(std::isfinite(c.factor) && c.factor >= 1, "rotary embedding: rope_scaling factor "
-             "must be at least 1, got ", c.factor);
+    TG_CHECK(std::isfinite(c.factor) && c.factor >= 1,
+             "rotary embedding: rope_scaling factor "
+             "must be at least 1, got ",
+             c.factor);
     TG_CHECK(std::isfinite(c.high_freq_factor) && c.low_freq_factor > 0 &&
                  c.low_freq_factor < c.high_freq_factor,
              "rotary embedding: rope_scaling needs 0 < low_freq_factor < high_freq_factor, got ",
              c.low_freq_factor, " and ", c.high_freq_factor);
-    TG_CHECK(c.original_max_position_embeddings >= 1, "rotary embedding: rope_scaling "
+    TG_CHECK(c.original_max_position_embeddings >= 1,
+             "rotary embedding: rope_scaling "
              "original_max_position_embeddings must be at least 1, got ",
              c.original_max_position_embeddings);
   }
   const float base = F(c.theta), factor = F(c.factor);
-  const float low_wavelen = F(static_cast<double>(c.original_max_position_embeddings) /
-                              c.low_freq_factor);
-  const float high_wavelen = F(static_cast<double>(c.original_max_position_embeddings) /
-                               c.high_freq_factor);
+  const float low_wavelen =
+      F(static_cast<double>(c.original_max_position_embeddings) / c.low_freq_factor);
+  const float high_wavelen =
+      F(static_cast<double>(c.original_max_position_embeddings) / c.high_freq_factor);
   const float old_len = F(static_cast<double>(c.original_max_position_embeddings));
   const float low = F(c.low_freq_factor), span = F(c.high_freq_factor - c.low_freq_factor);
   const float two_pi = F(2 * M_PI);
@@ -64,9 +71,10 @@ RawTensor RopeInverseFrequencies(int64_t head_dim, const RopeConfig& c) {
 }
 
 RopeTables RopeCosSin(const RawTensor& inv_freq, int64_t seq_len, DType dtype) {
-  TG_CHECK(inv_freq.dim() == 1 && inv_freq.dtype() == kF32, "rotary embedding: inv_freq must be "
-           "f32 [head_dim / 2], got ", DTypeName(inv_freq.dtype()), " ",
-           ShapeToString(inv_freq.shape()));
+  TG_CHECK(inv_freq.dim() == 1 && inv_freq.dtype() == kF32,
+           "rotary embedding: inv_freq must be "
+           "f32 [head_dim / 2], got ",
+           DTypeName(inv_freq.dtype()), " ", ShapeToString(inv_freq.shape()));
   TG_CHECK(seq_len >= 0, "rotary embedding: seq_len must be >= 0, got ", seq_len);
   const std::vector<float> inv = inv_freq.to(Device::Cpu()).to_vector<float>();
   const int64_t half = static_cast<int64_t>(inv.size()), dim = 2 * half;
@@ -97,8 +105,10 @@ Tensor ApplyRotary(const Tensor& x, const RopeTables& tables) {
   TG_CHECK(x.dim() >= 2, "rotary embedding: expected x [..., T, head_dim], got ",
            ShapeToString(x.shape()));
   const Shape want = {x.size(-2), x.size(-1)};
-  TG_CHECK(tables.cos.shape() == want && tables.sin.shape() == want, "rotary embedding: cos and "
-           "sin are ", ShapeToString(tables.cos.shape()), " and ", ShapeToString(tables.sin.shape()),
+  TG_CHECK(tables.cos.shape() == want && tables.sin.shape() == want,
+           "rotary embedding: cos and "
+           "sin are ",
+           ShapeToString(tables.cos.shape()), " and ", ShapeToString(tables.sin.shape()),
            ", x needs ", ShapeToString(want));
   const Device device = x.data().device();
   const Tensor cos(tables.cos.to(device, x.dtype())), sin(tables.sin.to(device, x.dtype()));

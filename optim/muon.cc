@@ -81,8 +81,8 @@ bool MuonOptions::SetNamed(const std::string& name, double value, const std::str
   return true;
 }
 
-RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c,
-                           int64_t ns_steps, double eps, DType ns_dtype) {
+RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c, int64_t ns_steps,
+                           double eps, DType ns_dtype) {
   TG_CHECK(update.dim() == 2, "Muon: the Newton-Schulz iteration takes a 2-D matrix, got ",
            ShapeToString(update.shape()));
   TG_CHECK(ns_steps >= 0 && ns_steps < 100, "Muon: ns_steps must be in 0..99, got ", ns_steps);
@@ -167,16 +167,16 @@ void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
     const DType compute = StateDType(param.dtype());
     auto it = u.state->tensors.find(kMomentumBuffer);
     if (it == u.state->tensors.end()) {
-      it = u.state->tensors.emplace(kMomentumBuffer, RawTensor::Zeros(param.shape(), compute,
-                                                                      param.device()))
+      it = u.state->tensors
+               .emplace(kMomentumBuffer, RawTensor::Zeros(param.shape(), compute, param.device()))
                .first;
     }
     const RawTensor& buf = it->second;
     const RawTensor grad = u.grad.to(compute);
     buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
     const RawTensor update = o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
-    const RawTensor ortho = MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(),
-                                             o.eps(), ns_dtype_);
+    const RawTensor ortho =
+        MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype_);
     const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
     const RawTensor decayed = MulScalar(param.to(compute), 1 - o.lr() * o.weight_decay());
     param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));

@@ -103,8 +103,8 @@ class Muon : public Optimizer {
 
 // The orthogonalised update of `update` ([rows, cols], any floating dtype) in `ns_dtype`, as
 // Muon's step computes it (NewtonSchulz above); the result has ns_dtype.
-RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c,
-                           int64_t ns_steps, double eps, DType ns_dtype);
+RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c, int64_t ns_steps,
+                           double eps, DType ns_dtype);
 // The learning rate Muon applies to a parameter of shape [rows, cols].
 double MuonAdjustedLr(double lr, MuonAdjustLr fn, int64_t rows, int64_t cols);
 

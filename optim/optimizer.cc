@@ -153,9 +153,7 @@ void Optimizer::set_model_copy(const Tensor& param, const RawTensor& copy) {
   model_copies_[param.impl().get()] = copy;
 }
 
-bool Optimizer::has_state() const {
-  return !state_.empty();
-}
+bool Optimizer::has_state() const { return !state_.empty(); }
 
 const StateDict* Optimizer::param_state(const Tensor& param) const {
   if (!param.defined()) return nullptr;

@@ -24,8 +24,8 @@
 namespace tg {
 
 //   X(enumerator, name, display name, the Bazel target that links its backend)
-#define TG_DEVICE_TYPES(X)                     \
-  X(kCpu, "cpu", "CPU", "//tensor:core")       \
+#define TG_DEVICE_TYPES(X)               \
+  X(kCpu, "cpu", "CPU", "//tensor:core") \
   X(kCuda, "cuda", "CUDA", "//tensor:devices")
 
 #define TG_DEVICE_TYPE_ENUMERATOR(e, name, display, target) e,

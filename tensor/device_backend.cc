@@ -35,8 +35,8 @@ DeviceBackend* FindDeviceBackend(DeviceType type) {
 
 DeviceBackend* GetDeviceBackend(DeviceType type) {
   DeviceBackend* backend = FindDeviceBackend(type);
-  TG_CHECK(backend != nullptr, "no ", DeviceTypeDisplayName(type),
-           " backend in this binary: link ", DeviceTypeLinkTarget(type));
+  TG_CHECK(backend != nullptr, "no ", DeviceTypeDisplayName(type), " backend in this binary: link ",
+           DeviceTypeLinkTarget(type));
   return backend;
 }
 

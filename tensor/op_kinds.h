@@ -14,15 +14,15 @@ namespace tg {
 // kReluBackward(grad, y): 0 where y <= 0, else grad (PyTorch's threshold_backward at 0: a NaN y
 // passes the gradient, and a NaN gradient where y <= 0 gives 0). kGeluTanhBackward(grad, x):
 // grad * d gelu_tanh(x) / dx in the compute dtype, rounded once (floating inputs only).
-#define TG_BINARY_OPS(X)              \
-  X(kAdd, "add")                      \
-  X(kSub, "sub")                      \
-  X(kMul, "mul")                      \
-  X(kDiv, "div")                      \
-  X(kPow, "pow")                      \
-  X(kMaximum, "maximum")              \
-  X(kMinimum, "minimum")              \
-  X(kReluBackward, "relu_backward")   \
+#define TG_BINARY_OPS(X)            \
+  X(kAdd, "add")                    \
+  X(kSub, "sub")                    \
+  X(kMul, "mul")                    \
+  X(kDiv, "div")                    \
+  X(kPow, "pow")                    \
+  X(kMaximum, "maximum")            \
+  X(kMinimum, "minimum")            \
+  X(kReluBackward, "relu_backward") \
   X(kGeluTanhBackward, "gelu_tanh_backward")
 #define TG_COMPARE_OPS(X) \
   X(kEq, "eq")            \
@@ -32,18 +32,18 @@ namespace tg {
   X(kGt, "gt")            \
   X(kGe, "ge")
 // kSilu: x * sigmoid(x).
-#define TG_UNARY_OPS(X)      \
-  X(kNeg, "neg")             \
-  X(kAbs, "abs")             \
-  X(kExp, "exp")             \
-  X(kLog, "log")             \
-  X(kSqrt, "sqrt")           \
-  X(kTanh, "tanh")           \
-  X(kSigmoid, "sigmoid")     \
-  X(kRelu, "relu")           \
-  X(kGeluTanh, "gelu_tanh")  \
-  X(kGelu, "gelu")           \
-  X(kErf, "erf")             \
+#define TG_UNARY_OPS(X)     \
+  X(kNeg, "neg")            \
+  X(kAbs, "abs")            \
+  X(kExp, "exp")            \
+  X(kLog, "log")            \
+  X(kSqrt, "sqrt")          \
+  X(kTanh, "tanh")          \
+  X(kSigmoid, "sigmoid")    \
+  X(kRelu, "relu")          \
+  X(kGeluTanh, "gelu_tanh") \
+  X(kGelu, "gelu")          \
+  X(kErf, "erf")            \
   X(kSilu, "silu")
 #define TG_OP_KIND_ENUMERATOR(name, text) name,
 enum class BinaryOp { TG_BINARY_OPS(TG_OP_KIND_ENUMERATOR) };

@@ -111,9 +111,7 @@ AttentionGrads ScaledDotProductAttentionBackward(const RawTensor& grad_out, cons
            " (as the forward returns them)");
   // Contiguous when the device's kernel asks for it (DevicePreferences), else any strides.
   const RawTensor dout =
-      PreferencesFor(q.device()).attention_grad_out_contiguous
-          ? grad_out.contiguous()
-          : grad_out;
+      PreferencesFor(q.device()).attention_grad_out_contiguous ? grad_out.contiguous() : grad_out;
   if (q.numel() > 0) {
     AttentionGrads r{AttentionTensor(q, q.dtype()), AttentionTensor(k, q.dtype()),
                      AttentionTensor(v, q.dtype())};

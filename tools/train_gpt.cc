@@ -129,9 +129,9 @@ absl::StatusOr<nn::GptConfig> MakeConfig(const std::optional<nn::Gpt2Checkpoint>
       return s;
     }
     if (seq_len > config.block_size) {
-      return absl::InvalidArgumentError(absl::StrCat("--block_size=", seq_len,
-                                                     " exceeds the context of --init_from=",
-                                                     init_from, " (", config.block_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--block_size=", seq_len, " exceeds the context of --init_from=", init_from,
+                       " (", config.block_size, ")"));
     }
     return config;
   }
@@ -147,8 +147,8 @@ absl::StatusOr<nn::GptConfig> MakeConfig(const std::optional<nn::Gpt2Checkpoint>
   config.n_embd = NEmbd();
   config.dropout = absl::GetFlag(FLAGS_dropout);
   if (config.n_embd % config.n_head != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--n_embd=", config.n_embd, " is not a multiple of --n_head=", config.n_head));
   }
   return config;
 }
@@ -198,8 +198,8 @@ int Main() {
       train::ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) return Fail(precision.status());
   // Of training; the default never exceeds the context of --init_from's file.
-  const int64_t seq_len = train::SequenceLength(
-      init ? std::optional<int64_t>(init->config.block_size) : std::nullopt);
+  const int64_t seq_len =
+      train::SequenceLength(init ? std::optional<int64_t>(init->config.block_size) : std::nullopt);
   absl::StatusOr<nn::GptConfig> config = MakeConfig(init, data, seq_len);
   if (!config.ok()) return Fail(config.status());
   const int64_t batch_size = run.batch().global;
@@ -276,10 +276,10 @@ int Main() {
   }
   // A run that skipped most of its steps did not train: no successful exit.
   if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
-  train::Sample(run, data, [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen,
-                               double temperature, int64_t top_k) {
-    return model->Generate(prompt, n, gen, temperature, top_k);
-  });
+  train::Sample(
+      run, data,
+      [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
+          int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
   return 0;
 }
 
@@ -288,7 +288,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   tg::train::ParseCommandLine(
-      argc, argv, "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:",
-      __FILE__);
+      argc, argv,
+      "Trains a GPT on a text file or llm.c token shards and prints a sample. Flags:", __FILE__);
   return tg::train::RunMain("train_gpt", tg::Main);
 }

@@ -155,10 +155,10 @@ int Main() {
                 static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
   }
   if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
-  train::Sample(run, data, [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen,
-                               double temperature, int64_t top_k) {
-    return model->Generate(prompt, n, gen, temperature, top_k);
-  });
+  train::Sample(
+      run, data,
+      [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
+          int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
   return 0;
 }
 

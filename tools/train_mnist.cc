@@ -190,7 +190,7 @@ int Main() {
     std::map<std::string, double> extras;
     if (run.evaluates_here() && (epoch_end || step == run.total_steps())) {
       const train::ClassifierEval test = train::EvaluateClassifier(
-        *model, test_set->images, test_set->labels, run.forward_precision(), device);
+          *model, test_set->images, test_set->labels, run.forward_precision(), device);
       extras = {{"test_loss", test.loss}, {"test_acc", test.accuracy}};
       run.progress().Println(absl::StrFormat(
           "epoch %d: test loss %.4f, test accuracy %.2f%% at %.1f s", step / per_epoch, test.loss,
@@ -201,7 +201,7 @@ int Main() {
   run.FinishProgress();
   if (!run.evaluates_here()) return 0;
   const train::ClassifierEval test = train::EvaluateClassifier(
-        *model, test_set->images, test_set->labels, run.forward_precision(), device);
+      *model, test_set->images, test_set->labels, run.forward_precision(), device);
   if (!dp.is_main()) return 0;
   std::printf("test accuracy %.2f%% (test loss %.4f) after %lld steps, %lld skipped\n",
               100 * test.accuracy, test.loss, static_cast<long long>(run.step()),
@@ -216,7 +216,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   tg::train::ParseCommandLine(
-      argc, argv, "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:",
-      __FILE__);
+      argc, argv,
+      "Trains a CNN or an MLP on Fashion-MNIST and reports test accuracy. Flags:", __FILE__);
   return tg::train::RunMain("train_mnist", tg::Main);
 }

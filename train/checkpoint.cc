@@ -127,10 +127,10 @@ absl::Status RestoreImageBatcher(data::ImageBatcher& batches, const StateDict& c
         at.position, ") is that of step ", data_step, ", but 'step' is ", step));
   }
   if (!(at.epoch_start == batches.indices().EpochStart(at.epoch))) {
-    return absl::DataLossError(
-        absl::StrCat("cannot resume from ", dir, ": the data order's generator state is ",
-                     GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch,
-                     " starts at ", GeneratorStateToString(batches.indices().EpochStart(at.epoch))));
+    return absl::DataLossError(absl::StrCat(
+        "cannot resume from ", dir, ": the data order's generator state is ",
+        GeneratorStateToString(at.epoch_start), ", but epoch ", at.epoch, " starts at ",
+        GeneratorStateToString(batches.indices().EpochStart(at.epoch))));
   }
   return absl::OkStatus();
 }

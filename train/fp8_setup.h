@@ -40,8 +40,9 @@ absl::Status LoadFp8State(const StateDict& checkpoint, const std::string& dir,
 // The precision settings of the run, all fixed on resume and all from the shared flags:
 // precision, then for FP8 fp8_recipe, fp8_amax_history_len, fp8_margin and the model's own
 // `fp8_settings` (name, value), then loss_scaler and optimizer.
-void AddPrecisionSettings(const Precision& precision, RunSettings& settings,
-                          const std::vector<std::pair<std::string, std::string>>& fp8_settings = {});
+void AddPrecisionSettings(
+    const Precision& precision, RunSettings& settings,
+    const std::vector<std::pair<std::string, std::string>>& fp8_settings = {});
 
 // `columns` followed by Fp8MetricsColumns() when fp8 is an FP8 run's training (not null).
 std::vector<std::string> WithFp8Columns(std::vector<std::string> columns,

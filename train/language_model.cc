@@ -146,19 +146,17 @@ absl::Status LanguageModelData::CheckPretrained(const std::string& init_from, in
                                                 const std::string& char_vocab) const {
   const std::optional<data::CharTokenizer>& text = tokenizer();
   if (text && text->vocab_size() != vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, " is text (", text->vocab_size(), " distinct bytes); --init_from=",
-                     init_from, " has a vocabulary of ", vocab_size,
-                     ": train it on token shards (.bin) of its tokenizer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, " is text (", text->vocab_size(), " distinct bytes); --init_from=", init_from,
+        " has a vocabulary of ", vocab_size, ": train it on token shards (.bin) of its tokenizer"));
   }
   // A character-level export (its vocab.json) says which byte each id stands for: text of other
   // characters, even as many, would give every id another meaning.
   if (text && !char_vocab.empty() && char_vocab != text->vocab()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, " is text whose characters differ from those of --init_from=",
-                     init_from,
-                     " (its vocab.json): its token ids would stand for other characters; train "
-                     "it on text made of the same characters"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, " is text whose characters differ from those of --init_from=", init_from,
+        " (its vocab.json): its token ids would stand for other characters; train "
+        "it on text made of the same characters"));
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,8 @@
 // transposed operands (saved in FP8: a quarter of an f32 activation's memory); the output
 // gradient is cast in the backward. The gradient is the straight-through one (the quantization's
 // own derivative, zero almost everywhere, is not taken), so the op has no second derivative.
+#include "autograd/ops/fp8_linear.h"
+
 #include <memory>
 #include <optional>
 
@@ -21,7 +23,6 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
-#include "autograd/ops/fp8_linear.h"
 #include "tensor/op_list.h"
 #include "tensor/ops.h"
 

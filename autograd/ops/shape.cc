@@ -46,8 +46,8 @@ Tensor ScatterAddInto(const Tensor& g, const Shape& shape, int64_t dim, const Ra
 // Zeros of `shape` with the rows of `g` added at rows `index`: the adjoint of IndexSelect.
 Tensor IndexAddInto(const Tensor& g, const Shape& shape, const RawTensor& index) {
   const RawTensor zeros = RawTensor::Zeros(shape, g.dtype(), g.data().device());
-  return Record(OpNodeName(OpId::kIndexAdd), tg::IndexAdd(zeros, 0, index, g.data()), {g}, {Tensor(index)},
-                [](const BackwardContext& ctx) -> VariableList {
+  return Record(OpNodeName(OpId::kIndexAdd), tg::IndexAdd(zeros, 0, index, g.data()), {g},
+                {Tensor(index)}, [](const BackwardContext& ctx) -> VariableList {
                   return {IndexSelect(ctx.grads[0], ctx.saved[0].data())};
                 });
 }

@@ -55,10 +55,10 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, std::shared_ptr<const Llama
   const int64_t d = c.head_size();
   q_proj_ = register_module(
       "q_proj", MakeLinear(c.hidden_size, c.num_attention_heads * d, c.attention_bias, c, gen));
-  k_proj_ = register_module(
-      "k_proj", MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
-  v_proj_ = register_module(
-      "v_proj", MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
+  k_proj_ = register_module("k_proj",
+                            MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
+  v_proj_ = register_module("v_proj",
+                            MakeLinear(c.hidden_size, c.kv_heads() * d, c.attention_bias, c, gen));
   o_proj_ = register_module(
       "o_proj", MakeLinear(c.num_attention_heads * d, c.hidden_size, c.o_proj_bias, c, gen));
 }
@@ -81,18 +81,18 @@ Tensor LlamaAttention::forward(const Tensor& x) {
     k = repeat(k);
     v = repeat(v);
   }
-  const Tensor out = ScaledDotProductAttention(q, k, v, /*causal=*/true,
-                                               1.0 / std::sqrt(static_cast<double>(d)));
+  const Tensor out =
+      ScaledDotProductAttention(q, k, v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(d)));
   return o_proj_(Reshape(Transpose(out, 1, 2), {b, t, heads * d}));
 }
 
 LlamaMlp::LlamaMlp(const LlamaConfig& c, Generator& gen) : Module("LlamaMLP") {
-  gate_proj_ = register_module(
-      "gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
-  up_proj_ = register_module(
-      "up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
-  down_proj_ = register_module(
-      "down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, c, gen));
+  gate_proj_ = register_module("gate_proj",
+                               MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
+  up_proj_ = register_module("up_proj",
+                             MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, c, gen));
+  down_proj_ = register_module("down_proj",
+                               MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, c, gen));
 }
 
 Tensor LlamaMlp::forward(const Tensor& x) {
@@ -102,10 +102,11 @@ Tensor LlamaMlp::forward(const Tensor& x) {
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c,
                                      std::shared_ptr<const LlamaRopeState> rope, Generator& gen)
     : Module("LlamaDecoderLayer") {
-  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(c, std::move(rope), gen));
+  self_attn_ =
+      register_module("self_attn", std::make_shared<LlamaAttention>(c, std::move(rope), gen));
   mlp_ = register_module("mlp", std::make_shared<LlamaMlp>(c, gen));
-  input_layernorm_ =
-      register_module("input_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
+  input_layernorm_ = register_module("input_layernorm",
+                                     std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm_ = register_module(
       "post_attention_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
 }
@@ -171,8 +172,8 @@ std::vector<int64_t> LlamaForCausalLM::Generate(const std::vector<int64_t>& prom
 
 std::string LlamaForCausalLM::extra_repr() const {
   return absl::StrCat("vocab=", config_.vocab_size, ", hidden=", config_.hidden_size,
-                      ", layers=", config_.num_hidden_layers, ", heads=",
-                      config_.num_attention_heads, ", kv_heads=", config_.kv_heads(),
+                      ", layers=", config_.num_hidden_layers,
+                      ", heads=", config_.num_attention_heads, ", kv_heads=", config_.kv_heads(),
                       ", head_dim=", config_.head_size());
 }
 

@@ -42,14 +42,16 @@ struct LlamaConfig {
   int64_t head_dim = 0;             // 0: hidden_size / num_attention_heads
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
-  RopeConfig rope;                  // rope_theta, rope_scaling
+  RopeConfig rope;  // rope_theta, rope_scaling
   bool tie_word_embeddings = false;
-  bool attention_bias = false;      // q, k, v and o projections (Llama); Qwen2: q, k, v only
+  bool attention_bias = false;  // q, k, v and o projections (Llama); Qwen2: q, k, v only
   bool o_proj_bias = false;
   bool mlp_bias = false;
   double initializer_range = 0.02;  // N(0, initializer_range) for every Linear and the embedding
 
-  int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 

@@ -52,8 +52,8 @@ TEST(OpTableDevices, EveryRowForwardAndGradientsMatchTheCpu) {
           EXPECT_EQ(out[i].data().device(), device) << what << " " << output;
           EXPECT_EQ(out[i].dtype(), cpu[i].dtype()) << what << " " << output;
           ASSERT_EQ(out[i].shape(), cpu[i].shape()) << what << " " << output;
-          const std::string m = ValueMismatches(cpu[i].data(), out[i].data().to(Device::Cpu()),
-                                                tol, 1, "CPU", name);
+          const std::string m =
+              ValueMismatches(cpu[i].data(), out[i].data().to(Device::Cpu()), tol, 1, "CPU", name);
           EXPECT_TRUE(m.empty()) << what << " " << output << ":" << m
                                  << "\n  tolerance: " << row.cuda.why;
         }

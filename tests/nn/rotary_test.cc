@@ -16,6 +16,7 @@
 namespace tg::nn {
 namespace {
 
+// clang-format off
 // torch 2.15.0+cu132, transformers 5.24.0, tests/nn/rotary_reference.py
 const std::vector<double> kInvFreqDefault = {1.0, 0.3162277638912201, 0.10000000149011612,
     0.03162277862429619, 0.009999999776482582, 0.003162277862429619, 0.0010000000474974513,
@@ -214,6 +215,7 @@ const std::vector<double> kRotatedBf16 = {0.0, 0.1298828125, 0.2578125, 0.380859
     0.45703125, 0.609375, 0.71875, 0.8046875, 0.875, 0.97265625, -0.98828125, -0.07421875, 0.40625,
     0.62109375, 0.74609375, 0.8359375, 0.90234375, 0.0634765625, 0.330078125, 1.1015625, 1.078125,
     1.015625, 0.95703125, 0.8984375, 0.828125};
+// clang-format on
 
 constexpr int64_t kHeadDim = 16, kHeads = 2, kT = 6;
 
@@ -223,8 +225,8 @@ void ExpectUlps(const std::vector<double>& got, const std::vector<double>& want,
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
     const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(want[i]), 0x1p-24)) - 23);
-    EXPECT_LE(std::abs(got[i] - want[i]), ulps * ulp) << what << " [" << i << "]: " << got[i]
-                                                      << " vs " << want[i];
+    EXPECT_LE(std::abs(got[i] - want[i]), ulps * ulp)
+        << what << " [" << i << "]: " << got[i] << " vs " << want[i];
   }
 }
 
@@ -240,13 +242,13 @@ RopeConfig Llama3(int64_t original) {
 // vectorised powf: one f32 ulp apart at most; every other step is one f32 operation in the same
 // order as transformers' tensor arithmetic.
 TEST(RotaryTest, InverseFrequenciesAreTransformers) {
-  ExpectUlps(RopeInverseFrequencies(kHeadDim, RopeConfig()).to_vector<double>(),
-             kInvFreqDefault, 1, "default");
-  ExpectUlps(RopeInverseFrequencies(kHeadDim, Llama3(8192)).to_vector<double>(), kInvFreqLlama3,
-             1, "llama3");
+  ExpectUlps(RopeInverseFrequencies(kHeadDim, RopeConfig()).to_vector<double>(), kInvFreqDefault, 1,
+             "default");
+  ExpectUlps(RopeInverseFrequencies(kHeadDim, Llama3(8192)).to_vector<double>(), kInvFreqLlama3, 1,
+             "llama3");
   // original 16: the 8 wavelengths 2 pi / inv_freq fall on both sides of 16 / 4 and 16 / 1.
-  ExpectUlps(RopeInverseFrequencies(kHeadDim, Llama3(16)).to_vector<double>(),
-             kInvFreqLlama3Short, 2, "llama3, original 16");
+  ExpectUlps(RopeInverseFrequencies(kHeadDim, Llama3(16)).to_vector<double>(), kInvFreqLlama3Short,
+             2, "llama3, original 16");
 }
 
 // cos and sin in double rounded to f32 against torch's f32 cos/sin (within 1 ulp); bf16 tables
@@ -299,8 +301,9 @@ TEST(RotaryTest, GradcheckF64) {
   const RopeTables t = RopeCosSin(RopeInverseFrequencies(8, RopeConfig()), 3, kF64);
   const GradcheckResult r = Gradcheck(
       [&t](const VariableList& in) { return ApplyRotary(in[0], t); },
-      {Tensor(RawTensor::FromVector<double>(std::vector<double>(2 * 3 * 8, 0.25), {2, 3, 8})
-                  .to(kF64), true)});
+      {Tensor(
+          RawTensor::FromVector<double>(std::vector<double>(2 * 3 * 8, 0.25), {2, 3, 8}).to(kF64),
+          true)});
   EXPECT_TRUE(r.ok) << r.max_error;
 }
 
@@ -315,7 +318,9 @@ TEST(RotaryTest, BadArgumentsAreRefused) {
       "rotary embedding: rope_scaling needs 0 < low_freq_factor < high_freq_factor, got 4 and 4"));
   const RopeTables t = RopeCosSin(RopeInverseFrequencies(8, RopeConfig()), 3, kF32);
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { ApplyRotary(Tensor(RawTensor::Zeros({2, 4, 8})), t); },
+      [&] {
+        ApplyRotary(Tensor(RawTensor::Zeros({2, 4, 8})), t);
+      },
       "rotary embedding: cos and sin are [3, 8] and [3, 8], x needs [4, 8]"));
 }
 

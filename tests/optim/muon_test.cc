@@ -24,6 +24,7 @@ namespace {
 
 using testing::ThrowsErrorExactly;
 
+// clang-format off
 // torch 2.15.0+cu132, tests/optim/muon_reference.py
 // DefaultsF64: {'lr': 0.02}
 const std::vector<std::vector<double>> kDefaultsF64 = {
@@ -77,6 +78,7 @@ const std::vector<std::vector<double>> kDefaultsBf16IterationF32Params = {
      -0.05061740428209305, 0.3130774199962616, 0.5070255994796753, 0.4490295648574829,
      0.4317324161529541, 0.47688233852386475, 0.26701462268829346, -0.06258697807788849},
 };
+// clang-format on
 
 const std::vector<std::vector<int64_t>> kShapes = {{3, 5}, {6, 4}};
 constexpr int kSteps = 3;
@@ -142,20 +144,19 @@ TEST(MuonTest, DefaultsMatchTorchWithAnF64Iteration) {
 }
 
 TEST(MuonTest, PlainMomentumAndMatchRmsAdamWMatchTorch) {
-  ExpectNear(RunMuon(kF64, F64Iteration(0.01)
-                           .momentum(0.9)
-                           .nesterov(false)
-                           .weight_decay(0.01)
-                           .adjust_lr_fn(MuonAdjustLr::kMatchRmsAdamW)),
-             kPlainMomentumMatchRmsAdamWF64, 1e-12);
+  ExpectNear(
+      RunMuon(kF64,
+              F64Iteration(0.01).momentum(0.9).nesterov(false).weight_decay(0.01).adjust_lr_fn(
+                  MuonAdjustLr::kMatchRmsAdamW)),
+      kPlainMomentumMatchRmsAdamWF64, 1e-12);
 }
 
 TEST(MuonTest, SpectralUnclampedTwoNewtonSchulzStepsMatchTorch) {
-  ExpectNear(RunMuon(kF64, F64Iteration(0.05)
-                           .adjust_lr_fn(MuonAdjustLr::kSpectralUnclamped)
-                           .ns_steps(2)
-                           .eps(1e-3)),
-             kSpectralUnclampedTwoStepsF64, 1e-12);
+  ExpectNear(
+      RunMuon(
+          kF64,
+          F64Iteration(0.05).adjust_lr_fn(MuonAdjustLr::kSpectralUnclamped).ns_steps(2).eps(1e-3)),
+      kSpectralUnclampedTwoStepsF64, 1e-12);
 }
 
 // torch's bf16 iteration on f32 parameters. On the machine the literals were printed on (AMD
@@ -178,7 +179,9 @@ TEST(MuonTest, AdjustedLearningRates) {
 TEST(MuonTest, OnlyTwoDimensionalParametersAreTaken) {
   const Tensor bias(RawTensor::Zeros({5}), true);
   EXPECT_TRUE(ThrowsErrorExactly(
-      [&] { Muon opt({Params(kF32)[0], bias}); },
+      [&] {
+        Muon opt({Params(kF32)[0], bias});
+      },
       "Muon: param 1 of param group 0 has shape [5]: Muon only supports 2-D parameters (give "
       "embeddings' other parameters, biases and norms to AdamW)"));
   Muon opt(Params(kF32));
@@ -240,8 +243,7 @@ TEST(MuonTest, InsideTheMixedPrecisionStepMastersMoveAndSkippedStepsChangeNothin
   for (size_t k = 0; k < model.size(); ++k) {
     EXPECT_EQ(opt.master_params()[k].data().to_vector<float>(),
               reference[k].data().to_vector<float>());
-    EXPECT_EQ(model[k].data().to_vector<float>(),
-              reference[k].data().to(kBF16).to_vector<float>());
+    EXPECT_EQ(model[k].data().to_vector<float>(), reference[k].data().to(kBF16).to_vector<float>());
   }
   // An overflow: skipped, and Muon's state is as it was.
   const StateDict before = opt.state_dict();

@@ -77,8 +77,8 @@ TEST(ElementwiseFormulasTest, KindNamesComeFromTheLists) {
   for (BinaryOp op : kAllBinaryOps) names.insert(BinaryOpName(op));
   for (CompareOp op : kAllCompareOps) names.insert(CompareOpName(op));
   for (UnaryOp op : kAllUnaryOps) names.insert(UnaryOpName(op));
-  EXPECT_EQ(names.size(), std::size(kAllBinaryOps) + std::size(kAllCompareOps) +
-                              std::size(kAllUnaryOps));
+  EXPECT_EQ(names.size(),
+            std::size(kAllBinaryOps) + std::size(kAllCompareOps) + std::size(kAllUnaryOps));
   EXPECT_STREQ(BinaryOpName(BinaryOp::kGeluTanhBackward), "gelu_tanh_backward");
   EXPECT_STREQ(CompareOpName(CompareOp::kGe), "ge");
   EXPECT_STREQ(UnaryOpName(UnaryOp::kSilu), "silu");

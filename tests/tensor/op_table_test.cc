@@ -39,8 +39,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tensor/device_backend.h"
-#include "tensor/kernel_table.h"
 #include "tensor/generator.h"
+#include "tensor/kernel_table.h"
 #include "tensor/op_list.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -59,7 +59,8 @@ const std::vector<DType> kFloatsAndInts = {kF32, kF64, kF16, kBF16, kI32, kI64};
 
 // ---- Tolerances -------------------------------------------------------------------------------
 
-// Tol, Tols and the 16-bit ulps are shared with the autograd op table (tests/tensor/op_table_support.h).
+// Tol, Tols and the 16-bit ulps are shared with the autograd op table
+// (tests/tensor/op_table_support.h).
 using testing::kBF16Ulp;
 using testing::kF16Subnormal;
 using testing::kF16Ulp;
@@ -1006,8 +1007,8 @@ void AddMixedPrecisionRows(std::vector<OpRow>* rows) {
   // The loss-scale state machine where the state lives: PyTorch's dynamic scaler (f32 scale,
   // growth 2 every 2 clean steps, backoff 0.5) through a sequence of found_inf flags; every step's
   // scale and 1/scale, then the state read back. One row covers the four loss-scale ops.
-  for (const char* op : {"StepLossScale", "WriteLossScale", "LossScaleStateTensor",
-                         "ReadLossScaleState"}) {
+  for (const char* op :
+       {"StepLossScale", "WriteLossScale", "LossScaleStateTensor", "ReadLossScaleState"}) {
     rows->push_back(
         {op,
          "PyTorch-like dynamic scaler over 10 steps with 3 overflows",
@@ -1268,36 +1269,35 @@ void AddFusedRows(std::vector<OpRow>* rows) {
 void AddOptimizerRows(std::vector<OpRow>* rows) {
   for (WeightDecay decay : {WeightDecay::kDecoupled, WeightDecay::kL2}) {
     const std::string what = decay == WeightDecay::kL2 ? "L2 decay" : "decoupled decay";
-    rows->push_back({"FusedAdam", "two steps, amsgrad, " + what + ", one transposed parameter",
-                     kFloats,
-                     [](DType dtype, Generator& gen) -> Tensors {
-                       return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen),
-                               Normal({37}, dtype, gen), Normal({5, 6}, dtype, gen)};
-                     },
-                     [decay](const Tensors& in) -> Tensors {
-                       const Device device = in[0].device();
-                       const DType cd = in[0].dtype() == kF64 ? kF64 : kF32;
-                       AdamTensorLists l;
-                       l.params = {in[0].clone(), in[1].clone().transpose(0, 1)};
-                       l.grads = {in[2], in[3]};
-                       for (const RawTensor& p : l.params) {
-                         l.exp_avgs.push_back(RawTensor::Zeros(p.shape(), cd, device));
-                         l.exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
-                         l.max_exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
-                       }
-                       FusedAdamOptions o;
-                       o.lr = 1e-2;
-                       o.weight_decay = 0.1;
-                       o.decay = decay;
-                       o.amsgrad = true;
-                       for (int64_t step = 1; step <= 2; ++step) {
-                         o.step = step;
-                         FusedAdam(l, o);
-                       }
-                       return {l.params[0], l.params[1], l.exp_avgs[1], l.exp_avg_sqs[1],
-                               l.max_exp_avg_sqs[1]};
-                     },
-                     &ExactTol()});
+    rows->push_back(
+        {"FusedAdam", "two steps, amsgrad, " + what + ", one transposed parameter", kFloats,
+         [](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({37}, dtype, gen), Normal({6, 5}, dtype, gen), Normal({37}, dtype, gen),
+                   Normal({5, 6}, dtype, gen)};
+         },
+         [decay](const Tensors& in) -> Tensors {
+           const Device device = in[0].device();
+           const DType cd = in[0].dtype() == kF64 ? kF64 : kF32;
+           AdamTensorLists l;
+           l.params = {in[0].clone(), in[1].clone().transpose(0, 1)};
+           l.grads = {in[2], in[3]};
+           for (const RawTensor& p : l.params) {
+             l.exp_avgs.push_back(RawTensor::Zeros(p.shape(), cd, device));
+             l.exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
+             l.max_exp_avg_sqs.push_back(RawTensor::Zeros(p.shape(), cd, device));
+           }
+           FusedAdamOptions o;
+           o.lr = 1e-2;
+           o.weight_decay = 0.1;
+           o.decay = decay;
+           o.amsgrad = true;
+           for (int64_t step = 1; step <= 2; ++step) {
+             o.step = step;
+             FusedAdam(l, o);
+           }
+           return {l.params[0], l.params[1], l.exp_avgs[1], l.exp_avg_sqs[1], l.max_exp_avg_sqs[1]};
+         },
+         &ExactTol()});
   }
   rows->push_back({"FusedSgd", "two steps, Nesterov momentum and weight decay", kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
@@ -1386,16 +1386,15 @@ std::string Mismatches(const RawTensor& cpu, const RawTensor& out, Device device
                        const Tols& tols) {
   const std::string name = DeviceTypeDisplayName(device.type);
   if (cpu.defined() != out.defined()) {
-    return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on ", name, ": ",
-                        out.defined());
+    return absl::StrCat("defined on the CPU: ", cpu.defined(), ", on ", name, ": ", out.defined());
   }
   if (!cpu.defined()) return "";
   if (out.device() != device) {
     return absl::StrCat("the ", name, " run returned a tensor on ", out.device().ToString());
   }
   if (cpu.shape() != out.shape() || cpu.dtype() != out.dtype()) {
-    return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", ",
-                        name, " ", ShapeToString(out.shape()), " ", DTypeName(out.dtype()));
+    return absl::StrCat("CPU ", ShapeToString(cpu.shape()), " ", DTypeName(cpu.dtype()), ", ", name,
+                        " ", ShapeToString(out.shape()), " ", DTypeName(out.dtype()));
   }
   // atol is relative to max(1, the output's largest |CPU value|).
   return testing::ValueMismatches(cpu, out, tols.For(cpu.dtype()), 1, "CPU", name);
@@ -1416,8 +1415,8 @@ TEST(OpTableTest, EveryOpOnEveryDeviceMatchesTheCpu) {
     for (size_t r = 0; r < table.size(); ++r) {
       const OpRow& row = table[r];
       for (DType dtype : row.dtypes) {
-        const std::string what = absl::StrCat(device.ToString(), ": ", row.op, ": ", row.name,
-                                              " (", DTypeName(dtype), ")");
+        const std::string what = absl::StrCat(device.ToString(), ": ", row.op, ": ", row.name, " (",
+                                              DTypeName(dtype), ")");
         try {
           Generator gen(1000 + r);
           const Tensors in = row.inputs(dtype, gen);
@@ -1426,8 +1425,8 @@ TEST(OpTableTest, EveryOpOnEveryDeviceMatchesTheCpu) {
           ASSERT_EQ(cpu.size(), out.size()) << what;
           for (size_t i = 0; i < cpu.size(); ++i) {
             const std::string m = Mismatches(cpu[i], out[i], device, *row.tol);
-            EXPECT_TRUE(m.empty()) << what << ", output " << i << ": " << m
-                                   << "\n  tolerance: " << row.tol->why;
+            EXPECT_TRUE(m.empty())
+                << what << ", output " << i << ": " << m << "\n  tolerance: " << row.tol->why;
           }
         } catch (const std::exception& e) {
           ADD_FAILURE() << what << " threw: " << e.what();

@@ -10,7 +10,6 @@
 
 #include "gtest/gtest.h"
 #include "tensor/composed.h"
-#include "tensor/kernel_table.h"
 #include "tensor/generator.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
