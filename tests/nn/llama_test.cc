@@ -1,7 +1,8 @@
-// nn::LlamaForCausalLM against transformers' LlamaForCausalLM (transformers 5.24, torch 2.15): a
-// tiny model with grouped-query attention saved by tests/nn/llama_reference.py loads under
-// transformers' names, and gives its logits, loss and every parameter's gradient. Also the
-// config checks, tied heads and the bf16 forward's dtypes.
+// nn::LlamaForCausalLM against transformers' LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k
+// and v) and MistralForCausalLM without a sliding window (transformers 5.24, torch 2.15): a tiny
+// model of each with grouped-query attention, saved by tests/nn/llama_reference.py, loads under
+// transformers' names and gives its logits, loss and every parameter's gradient. Also the config
+// checks, tied heads and the bf16 forward's dtypes.
 #include "nn/models/llama.h"
 
 #include <algorithm>
@@ -17,7 +18,6 @@
 namespace tg::nn {
 namespace {
 
-constexpr char kDir[] = "tests/nn/testdata/llama_tiny/";
 
 LlamaConfig TinyConfig() {
   LlamaConfig c;
@@ -39,8 +39,9 @@ RawTensor Tokens() {
   return RawTensor::FromVector<int64_t>(v, {2, 6});
 }
 
-io::Safetensors Load(const std::string& name) {
-  absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(kDir + name);
+io::Safetensors Load(const std::string& dir, const std::string& name) {
+  absl::StatusOr<io::Safetensors> st =
+      io::LoadSafetensors("tests/nn/testdata/" + dir + "/" + name);
   EXPECT_TRUE(st.ok()) << st.status();
   return st.ok() ? *st : io::Safetensors();
 }
@@ -60,14 +61,23 @@ double RelativeError(const RawTensor& a, const RawTensor& b) {
 // f32 on both sides; the sums (matmuls, softmax, mean) run in other orders and transformers'
 // eager attention materialises the scores where this one runs the fused kernel: a few f32
 // rounding errors of O(1) values through two layers, far below 1e-5.
-TEST(LlamaTest, TransformersWeightsGiveItsLogitsLossAndGradients) {
+struct Family {
+  const char* dir;
+  bool qkv_bias;
+};
+
+class LlamaFamilyTest : public ::testing::TestWithParam<Family> {};
+
+TEST_P(LlamaFamilyTest, TransformersWeightsGiveItsLogitsLossAndGradients) {
   Generator gen(0);
-  LlamaForCausalLM model(TinyConfig(), gen);
-  const io::Safetensors weights = Load("model.safetensors");
+  LlamaConfig config = TinyConfig();
+  config.attention_bias = GetParam().qkv_bias;  // Qwen2's: q, k and v; o_proj has none
+  LlamaForCausalLM model(config, gen);
+  const io::Safetensors weights = Load(GetParam().dir, "model.safetensors");
   StateDict sd;
   sd.tensors = weights.tensors;
   model.load_state_dict(sd);  // strict: every transformers name, nothing else
-  const io::Safetensors expected = Load("expected.safetensors");
+  const io::Safetensors expected = Load(GetParam().dir, "expected.safetensors");
 
   const Tensor logits = model(Tensor(Tokens()));
   ASSERT_EQ(logits.shape(), (Shape{2, 6, 32}));
@@ -84,8 +94,16 @@ TEST(LlamaTest, TransformersWeightsGiveItsLogitsLossAndGradients) {
     EXPECT_LT(RelativeError(p.grad().data(), expected.tensors.at("grad." + name)), 1e-5) << name;
     ++checked;
   }
-  EXPECT_EQ(checked, 2 + 2 * 9 + 1);  // embed, lm_head; per layer 7 linears + 2 norms; norm
+  // embed, lm_head; per layer 7 linears (+ 3 biases) and 2 norms; the final norm.
+  EXPECT_EQ(checked, 2 + 2 * (9 + (GetParam().qkv_bias ? 3 : 0)) + 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, LlamaFamilyTest,
+                         ::testing::Values(Family{"llama_tiny", false}, Family{"qwen2_tiny", true},
+                                           Family{"mistral_tiny", false}),
+                         [](const ::testing::TestParamInfo<Family>& info) {
+                           return std::string(info.param.dir);
+                         });
 
 TEST(LlamaTest, TiedHeadUsesTheEmbeddingAndBf16KeepsItsDtype) {
   LlamaConfig c = TinyConfig();
