@@ -16,11 +16,6 @@ constexpr char kExpAvg[] = "exp_avg";
 constexpr char kExpAvgSq[] = "exp_avg_sq";
 constexpr char kMaxExpAvgSq[] = "max_exp_avg_sq";
 
-std::vector<ParamGroup> OneGroup(const char* name, std::vector<Tensor> params) {
-  TG_CHECK(!params.empty(), name, ": got an empty parameter list");
-  return {ParamGroup(std::move(params))};
-}
-
 // The state of a parameter, created at its first step (zeros, compute dtype).
 struct AdamState {
   RawTensor exp_avg, exp_avg_sq, max_exp_avg_sq;  // [param shape] StateDType(param); last: amsgrad

@@ -12,11 +12,6 @@ namespace {
 
 constexpr char kMomentumBuffer[] = "momentum_buffer";
 
-std::vector<ParamGroup> OneGroup(std::vector<Tensor> params) {
-  TG_CHECK(!params.empty(), "Muon: got an empty parameter list");
-  return {ParamGroup(std::move(params))};
-}
-
 // PyTorch's lerp: a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), in a's dtype, with w
 // rounded to that dtype first (torch's opmath weight; 1 - w is then exact for w in [0.5, 1]).
 // torch fuses each product and sum (one rounding); here they round apart, one ulp at most.
@@ -123,7 +118,7 @@ double MuonAdjustedLr(double lr, MuonAdjustLr fn, int64_t rows, int64_t cols) {
 }
 
 Muon::Muon(std::vector<Tensor> params, const MuonOptions& options)
-    : Muon(OneGroup(std::move(params)), options) {}
+    : Muon(OneGroup("Muon", std::move(params)), options) {}
 
 Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& defaults)
     : Optimizer("Muon", std::make_unique<MuonOptions>(defaults), /*fused=*/false),

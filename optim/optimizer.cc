@@ -118,6 +118,11 @@ void Optimizer::CheckParam(const Tensor& p, size_t g, size_t i) const {
 
 std::string Optimizer::RefuseShape(const Shape&) const { return ""; }
 
+std::vector<ParamGroup> Optimizer::OneGroup(const char* name, std::vector<Tensor> params) {
+  TG_CHECK(!params.empty(), name, ": got an empty parameter list");
+  return {ParamGroup(std::move(params))};
+}
+
 void Optimizer::add_param_group(ParamGroup group) {
   const size_t g = groups_.size();
   if (!group.has_options()) group.options_ = defaults_->clone();

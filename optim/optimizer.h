@@ -209,6 +209,9 @@ class Optimizer {
   };
 
   Optimizer(std::string name, std::unique_ptr<OptimizerOptions> defaults, bool fused);
+  // One group holding `params`, for the constructors that take a parameter list; throws tg::Error
+  // "<name>: got an empty parameter list" for an empty one.
+  static std::vector<ParamGroup> OneGroup(const char* name, std::vector<Tensor> params);
   // Adds the groups (called at the end of a subclass constructor, when CheckOptions works).
   void Init(std::vector<ParamGroup> groups);
 

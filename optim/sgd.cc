@@ -13,11 +13,6 @@ namespace {
 
 constexpr char kMomentumBuffer[] = "momentum_buffer";
 
-std::vector<ParamGroup> OneGroup(const char* name, std::vector<Tensor> params) {
-  TG_CHECK(!params.empty(), name, ": got an empty parameter list");
-  return {ParamGroup(std::move(params))};
-}
-
 }  // namespace
 
 std::unique_ptr<OptimizerOptions> SGDOptions::clone() const {

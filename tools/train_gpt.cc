@@ -262,24 +262,21 @@ int Main() {
     return *exit;
   }
   if (!run.evaluates_here()) return 0;
-  if (dp.is_main()) {
-    if (!export_dir.empty()) {
-      if (data.tokenizer()) export_options.char_vocab = data.tokenizer()->vocab();
-      if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir, export_options); !s.ok()) {
-        return Fail(s);
-      }
-      std::printf("exported %s/model.safetensors and config.json%s\n", export_dir.c_str(),
-                  data.tokenizer() ? " (with the characters' tokenizer: vocab.json)" : "");
+  if (dp.is_main() && !export_dir.empty()) {
+    if (data.tokenizer()) export_options.char_vocab = data.tokenizer()->vocab();
+    if (absl::Status s = nn::ExportGpt2Hf(*model, export_dir, export_options); !s.ok()) {
+      return Fail(s);
     }
-    std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
-                static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
+    std::printf("exported %s/model.safetensors and config.json%s\n", export_dir.c_str(),
+                data.tokenizer() ? " (with the characters' tokenizer: vocab.json)" : "");
   }
-  // A run that skipped most of its steps did not train: no successful exit.
-  if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
-  train::Sample(
-      run, data,
-      [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
-          int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
+  if (absl::Status s = train::FinishLanguageModel(
+          run, data, val_loss,
+          [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
+              int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
+      !s.ok()) {
+    return Fail(s);
+  }
   return 0;
 }
 

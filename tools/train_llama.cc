@@ -150,15 +150,13 @@ int Main() {
     return *exit;
   }
   if (!run.evaluates_here()) return 0;
-  if (run.dp().is_main()) {
-    std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
-                static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
+  if (absl::Status s = train::FinishLanguageModel(
+          run, data, val_loss,
+          [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
+              int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
+      !s.ok()) {
+    return Fail(s);
   }
-  if (absl::Status s = run.CheckSkipped(); !s.ok()) return Fail(s);
-  train::Sample(
-      run, data,
-      [&](const std::vector<int64_t>& prompt, int64_t n, Generator& gen, double temperature,
-          int64_t top_k) { return model->Generate(prompt, n, gen, temperature, top_k); });
   return 0;
 }
 

@@ -317,6 +317,9 @@ std::optional<int> TrainLanguageModel(Run& run, nn::Module& model, LanguageModel
   return std::nullopt;
 }
 
+namespace {
+
+// --sample_tokens tokens printed by rank 0 (FinishLanguageModel).
 void Sample(Run& run, const LanguageModelData& data, const GenerateFn& generate) {
   const int64_t n_sample = absl::GetFlag(FLAGS_sample_tokens);
   if (n_sample <= 0) return;
@@ -339,6 +342,19 @@ void Sample(Run& run, const LanguageModelData& data, const GenerateFn& generate)
     for (int64_t t : out) std::printf("%lld ", static_cast<long long>(t));
     std::printf("\n");
   }
+}
+
+}  // namespace
+
+absl::Status FinishLanguageModel(Run& run, const LanguageModelData& data, double val_loss,
+                                 const GenerateFn& generate) {
+  if (run.dp().is_main()) {
+    std::printf("val loss %.4f after %lld steps, %lld skipped\n", val_loss,
+                static_cast<long long>(run.step()), static_cast<long long>(run.skipped()));
+  }
+  if (absl::Status s = run.CheckSkipped(); !s.ok()) return s;
+  Sample(run, data, generate);
+  return absl::OkStatus();
 }
 
 }  // namespace tg::train

@@ -139,12 +139,16 @@ double EvaluateLanguageModel(nn::Module& model, const data::TokenBatcher& val, i
 std::optional<int> TrainLanguageModel(Run& run, nn::Module& model, LanguageModelData& data,
                                       double* val_loss);
 
-// --sample_tokens tokens from the first validation token (--temperature, --top_k, --seed + 4),
-// under the run's precision; rank 0 prints them as text or as GPT-2 token ids. `generate`:
-// (prompt, tokens, generator, temperature, top_k) -> the sampled tokens.
+// The end of a language-model run that trained here (after the model's own exports): rank 0
+// prints "val loss X after N steps, K skipped"; a run that skipped most of its steps did not
+// train and returns the error (no successful exit); otherwise --sample_tokens tokens from the
+// first validation token (--temperature, --top_k, --seed + 4), under the run's precision, which
+// rank 0 prints as text or as GPT-2 token ids. `generate`: (prompt, tokens, generator,
+// temperature, top_k) -> the sampled tokens.
 using GenerateFn = std::function<std::vector<int64_t>(const std::vector<int64_t>&, int64_t,
                                                       Generator&, double, int64_t)>;
-void Sample(Run& run, const LanguageModelData& data, const GenerateFn& generate);
+absl::Status FinishLanguageModel(Run& run, const LanguageModelData& data, double val_loss,
+                                 const GenerateFn& generate);
 
 }  // namespace tg::train
 
