@@ -239,18 +239,23 @@ int Main() {
     }
   }
   prepare.zero_units.push_back(model);
-  // --precision=fp8: the Linear weights of the blocks in FP8; the tied head (wte, also the token
-  // embedding's table, which stays a lookup) only with --fp8_head, as Transformer Engine's recipes
-  // leave the output layer in higher precision.
+  // --precision=fp8: the Linear weights of the blocks in FP8; the head (wte, also the token
+  // embedding's table, which stays a lookup; or an untied lm_head) only with --fp8_head, as
+  // Transformer Engine's recipes leave the output layer in higher precision.
   const bool fp8_precision = precision->fp8;
   prepare.fp8_weights = [&model, fp8_precision]() -> absl::StatusOr<std::vector<Tensor>> {
-    std::vector<Tensor> weights = nn::LinearWeights(*model);
-    if (absl::GetFlag(FLAGS_fp8_head)) {
-      if (!fp8_precision) return absl::InvalidArgumentError("--fp8_head needs --precision=fp8");
-      for (const auto& [name, p] : model->named_parameters()) {
-        if (name == "wte.weight") weights.push_back(p);
-      }
+    const bool fp8_head = absl::GetFlag(FLAGS_fp8_head);
+    if (fp8_head && !fp8_precision) {
+      return absl::InvalidArgumentError("--fp8_head needs --precision=fp8");
     }
+    const Tensor head =
+        model->named_parameters()[model->config().tie_word_embeddings ? "wte.weight"
+                                                                      : "lm_head.weight"];
+    std::vector<Tensor> weights;
+    for (const Tensor& w : nn::LinearWeights(*model)) {
+      if (!w.is_same(head)) weights.push_back(w);
+    }
+    if (fp8_head) weights.push_back(head);
     return weights;
   };
   prepare.loaded_from = init_from;

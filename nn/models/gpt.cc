@@ -40,7 +40,8 @@ int64_t GptConfig::NumParameters() const {
   // Per block: two LayerNorms (weight + bias), qkv, proj, and the 4x MLP.
   const int64_t block = 2 * 2 * c + (3 * c * c + b * 3 * c) + (c * c + b * c) +
                         (4 * c * c + b * 4 * c) + (4 * c * c + b * c);
-  return padded_vocab() * c + block_size * c + n_layer * block + 2 * c;
+  const int64_t head = tie_word_embeddings ? 0 : padded_vocab() * c;
+  return padded_vocab() * c + block_size * c + n_layer * block + 2 * c + head;
 }
 
 Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
@@ -62,6 +63,10 @@ Gpt::Gpt(const GptConfig& config, Generator& gen, Generator* dropout_gen)
     blocks_->push_back(std::make_shared<TransformerBlock>(attn, gen));
   }
   ln_f_ = register_module("ln_f", LayerNorm(config.n_embd));
+  if (!config.tie_word_embeddings) {
+    lm_head_ = register_module(
+        "lm_head", Linear(LinearOptions(config.n_embd, config.padded_vocab()).bias(false), gen));
+  }
 
   // GPT-2's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, and the two
   // projections that write into the residual stream scaled by 1/sqrt(2 n_layer).
@@ -100,7 +105,8 @@ Tensor Gpt::forward(const Tensor& tokens) {
   if (!drop_.is_empty()) x = drop_(x);
   for (const auto& block : *blocks_) x = (*block)(x);
   x = ln_f_(x);
-  Tensor logits = tg::Linear(x, wte_->weight);  // tied head: [b, t, padded_vocab]
+  // [b, t, padded_vocab]
+  Tensor logits = tg::Linear(x, lm_head_.is_empty() ? wte_->weight : lm_head_->weight);
   if (config_.padded_vocab() != config_.vocab_size) {
     logits = Slice(logits, 2, 0, config_.vocab_size);
   }
@@ -110,7 +116,8 @@ Tensor Gpt::forward(const Tensor& tokens) {
 std::string Gpt::extra_repr() const {
   return absl::StrCat("vocab=", config_.vocab_size, ", block_size=", config_.block_size,
                       ", n_layer=", config_.n_layer, ", n_head=", config_.n_head,
-                      ", n_embd=", config_.n_embd);
+                      ", n_embd=", config_.n_embd,
+                      config_.tie_word_embeddings ? "" : ", untied head");
 }
 
 std::vector<int64_t> Gpt::Generate(const std::vector<int64_t>& prompt, int64_t new_tokens,

@@ -1,5 +1,6 @@
 // GPT: token + position embeddings, n_layer pre-LN transformer blocks, a final LayerNorm and an
-// output head tied to the token embedding (GPT-2's architecture, as in nanoGPT and llm.c).
+// output head tied to the token embedding (GPT-2's architecture, as in nanoGPT and llm.c), or
+// a head of its own ("lm_head.weight") with tie_word_embeddings false, as transformers allows.
 // Configurable from a tiny character model up to GPT-2 124M.
 //
 //   tg::Generator gen(1337);
@@ -33,13 +34,15 @@ struct GptConfig {
   int64_t n_embd = 128;
   double dropout = 0;
   bool bias = true;
+  // The output head is wte's weight (GPT-2); false: its own [padded_vocab, n_embd] matrix.
+  bool tie_word_embeddings = true;
 
   // A character-level model that trains on a CPU in minutes.
   static GptConfig Tiny(int64_t vocab_size);
   // GPT-2 small: 12 layers, 12 heads, 768 wide, vocab 50257 padded to 50304, context 1024.
   static GptConfig Gpt2Small();
   int64_t padded_vocab() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
-  // Parameters of the model this config builds (the tied head counted once): 124,475,904 for
+  // Parameters of the model this config builds (a tied head counted once): 124,475,904 for
   // Gpt2Small.
   int64_t NumParameters() const;
 };
@@ -70,6 +73,7 @@ class Gpt : public Module {
   Dropout drop_{nullptr};
   ModuleList blocks_{nullptr};
   LayerNorm ln_f_{nullptr};
+  Linear lm_head_{nullptr};  // untied configs only
 };
 
 }  // namespace nn

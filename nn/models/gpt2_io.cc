@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "nn/models/hf_files.h"
 #include "tensor/io/fd.h"
 #include "tensor/io/safetensors.h"
 
@@ -31,24 +31,18 @@ using io::Fd;
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the llm.c checkpoint reader assumes a little-endian host");
 
-using Json = nlohmann::json;
+using hf::DirName;
+using hf::Json;
+using hf::Quote;
+
+constexpr char kCaller[] = "LoadGpt2Checkpoint";
 
 constexpr int64_t kLlmcHeaderInts = 256;
 constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // config.json of a GPT-2 is about 1 KB; anything far larger is not one.
 constexpr int64_t kMaxConfigJsonBytes = 1 << 20;
-constexpr int64_t kMaxIndexJsonBytes = 64 << 20;
 constexpr int64_t kGpt2VocabSize = 50257;  // GPT-2's BPE; <|endoftext|> is 50256
 constexpr double kLayerNormEps = 1e-5;     // tapegrad's LayerNorm default, GPT-2's value
-
-std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
-
-std::string DirName(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -98,51 +92,13 @@ absl::Status CheckPadOption(const Gpt2LoadOptions& options) {
 // ---------------------------------------------------------------------------------------------
 // Files
 
-// Opens a regular file for reading; its size goes to *size.
-absl::StatusOr<int> OpenRegular(const std::string& what, const std::string& path, int64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(what, ": cannot open ", Quote(path)));
-  struct stat info;
-  if (::fstat(fd, &info) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(what, ": cannot stat ", Quote(path)));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", Quote(path), " is not a regular file"));
-  }
-  *size = static_cast<int64_t>(info.st_size);
-  return fd;
-}
-
-// Reads exactly n bytes at `offset`; DataLoss when the file ends first.
-absl::Status ReadAt(int fd, int64_t offset, int64_t n, void* dst, const std::string& where) {
-  char* p = static_cast<char*>(dst);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 30)),
-                              static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return absl::ErrnoToStatus(errno, absl::StrCat(where, ": read at byte ", offset));
-    if (r == 0) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": the file ended at byte ", offset, " (truncated while reading)"));
-    }
-    p += r;
-    offset += r;
-    n -= r;
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------------------------
 // llm.c
 
 absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadOptions& options) {
   const std::string where = absl::StrCat("llm.c checkpoint ", Quote(path));
   int64_t size = 0;
-  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
+  absl::StatusOr<int> fd_or = hf::OpenRegular(kCaller, path, &size);
   if (!fd_or.ok()) return fd_or.status();
   Fd fd(*fd_or);
   if (size < kLlmcHeaderBytes) {
@@ -151,7 +107,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
                                             "-byte header"));
   }
   int32_t header[kLlmcHeaderInts];
-  if (absl::Status s = ReadAt(fd.get(), 0, kLlmcHeaderBytes, header, where); !s.ok()) return s;
+  if (absl::Status s = hf::ReadAt(fd.get(), 0, kLlmcHeaderBytes, header, where); !s.ok()) return s;
   if (header[0] != kLlmcModelMagic) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": bad magic ", header[0],
                                                    " in header[0]; expected ", kLlmcModelMagic,
@@ -241,7 +197,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
   for (const Param& p : params) {
     RawTensor t = RawTensor::Empty(p.shape, bf16 ? kBF16 : kF32);
     const int64_t n = elem_bytes * t.numel();
-    if (absl::Status s = ReadAt(fd.get(), offset, n, t.raw_data(), where); !s.ok()) return s;
+    if (absl::Status s = hf::ReadAt(fd.get(), offset, n, t.raw_data(), where); !s.ok()) return s;
     offset += n;
     // bf16 -> f32 is exact (the 16 bits become the top half of the f32).
     read[p.name] = bf16 ? t.to(kF32) : t;
@@ -283,31 +239,11 @@ absl::StatusOr<Gpt2Checkpoint> LoadLlmc(const std::string& path, const Gpt2LoadO
 // ---------------------------------------------------------------------------------------------
 // HuggingFace
 
-// The JSON document of the small file `path` (config.json, a shard index, vocab.json): at most
-// `max_bytes` (else InvalidArgument "<where> has N bytes; <kind> has at most M"), valid JSON.
-absl::StatusOr<Json> ReadJsonFile(const std::string& path, const std::string& where,
-                                  int64_t max_bytes, const char* kind) {
-  int64_t size = 0;
-  absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
-  if (!fd_or.ok()) return fd_or.status();
-  Fd fd(*fd_or);
-  if (size > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " has ", size, " bytes; ", kind, " has at most ", max_bytes));
-  }
-  std::string text(static_cast<size_t>(size), '\0');
-  if (absl::Status s = ReadAt(fd.get(), 0, size, text.data(), where); !s.ok()) return s;
-  try {
-    return Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " is not valid JSON: ", e.what()));
-  }
-}
-
 // The fields of config.json that matter here; -1 where absent.
 struct HfConfig {
   bool present = false;
   int64_t n_layer = -1, n_head = -1, n_embd = -1, n_positions = -1, vocab_size = -1;
+  bool tie_word_embeddings = true;  // false: lm_head.weight is the head, not wte
   Gpt2HfSettings settings;  // dropouts and token ids, carried to an export
 };
 
@@ -321,7 +257,7 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
   }
   const std::string where = absl::StrCat("config ", Quote(path));
   absl::StatusOr<Json> json =
-      ReadJsonFile(path, where, kMaxConfigJsonBytes, "a GPT-2 config.json");
+      hf::ReadJsonFile(kCaller, path, where, kMaxConfigJsonBytes, "a GPT-2 config.json");
   if (!json.ok()) return json.status();
   const Json& j = *json;
   if (!j.is_object()) {
@@ -398,21 +334,26 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
   if (const Json* f = field("scale_attn_by_inverse_layer_idx"); f && *f != false) {
     return refuse("scale_attn_by_inverse_layer_idx", *f, "false");
   }
-  if (const Json* f = field("tie_word_embeddings"); f && *f != true) {
-    return refuse("tie_word_embeddings", *f, "true (the output head is the token embedding)");
+  if (const Json* f = field("reorder_and_upcast_attn"); f && *f != false) {
+    return refuse("reorder_and_upcast_attn", *f,
+                  "false (attention scores in the model's dtype, scaled before the product)");
+  }
+  if (const Json* f = field("tie_word_embeddings")) {
+    if (!f->is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": 'tie_word_embeddings' is ",
+                                                     f->dump(), "; expected true or false"));
+    }
+    out.tie_word_embeddings = f->get<bool>();
   }
   return out;
 }
 
 std::string ShapeText(const Shape& s) { return ShapeToString(s); }
 
-std::string ReadCharVocab(const std::string& path, int64_t vocab_size);  // below
-
 // The tensors of `path` (one safetensors file, or the index of sharded ones, already read into
 // `st`) as a GPT-2, with config.json beside `path`.
-absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io::Safetensors> st,
+absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, io::Safetensors st,
                                       const std::string& format, const Gpt2LoadOptions& options) {
-  if (!st.ok()) return st.status();
   const std::string where = absl::StrCat("GPT-2 safetensors ", Quote(path));
   const std::string config_path = absl::StrCat(DirName(path), "/config.json");
   absl::StatusOr<HfConfig> hf_config = ReadHfConfig(config_path);
@@ -422,7 +363,7 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   std::map<std::string, RawTensor> tensors;
   RawTensor lm_head;
   std::set<int64_t> layers;
-  for (auto& [full_name, tensor] : st->tensors) {
+  for (auto& [full_name, tensor] : st.tensors) {
     absl::string_view name = full_name;
     absl::ConsumePrefix(&name, "transformer.");
     if (name == "lm_head.weight") {
@@ -548,7 +489,8 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
   ckpt.hf_settings = hc.settings;
   GptConfig& config = ckpt.config;
   config.vocab_size = hc.vocab_size > 0 ? hc.vocab_size : rows;
-  ckpt.char_vocab = ReadCharVocab(absl::StrCat(DirName(path), "/vocab.json"), config.vocab_size);
+  ckpt.char_vocab =
+      hf::ReadCharVocab(kCaller, absl::StrCat(DirName(path), "/vocab.json"), config.vocab_size);
   for (int64_t* id : {&ckpt.hf_settings.bos_token_id, &ckpt.hf_settings.eos_token_id}) {
     if (*id >= config.vocab_size) *id = -1;  // not a token of this model: not carried
   }
@@ -593,187 +535,36 @@ absl::StatusOr<Gpt2Checkpoint> LoadHf(const std::string& path, absl::StatusOr<io
                        ShapeText(t.shape()), " (not part of GPT-2 with ", n_layer, " layers)"));
     }
   }
-  // The output head is tied to wte; a file with its own head must hold the same values.
-  if (lm_head.defined()) {
-    if (lm_head.shape() != Shape{rows, c}) {
+  // A tied head is wte: a file with its own head must hold the same values. An untied head
+  // (config.json's tie_word_embeddings false) is lm_head.weight, padded as wte is.
+  if (lm_head.defined() && lm_head.shape() != Shape{rows, c}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tensor 'lm_head.weight' has shape ", ShapeText(lm_head.shape()),
+                     "; expected ", ShapeText({rows, c}), " (the rows of wte.weight)"));
+  }
+  if (!hc.tie_word_embeddings) {
+    if (!lm_head.defined()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor 'lm_head.weight' has shape ", ShapeText(lm_head.shape()),
-                       "; expected ", ShapeText({rows, c}), " (tied to wte.weight)"));
+          absl::StrCat(where, ": missing tensor 'lm_head.weight' (", Quote(config_path),
+                       " has 'tie_word_embeddings' false: the head is not the token embedding)"));
     }
+    config.tie_word_embeddings = false;
+    RawTensor head = PadRows(lm_head.to(kF32), config.padded_vocab_size);
+    if (head.shares_storage(lm_head)) head = head.clone();
+    if (config.padded_vocab_size > config.vocab_size) {
+      head.narrow(0, config.vocab_size, config.padded_vocab_size - config.vocab_size).zero_();
+    }
+    w.tensors["lm_head.weight"] = head;
+  } else if (lm_head.defined()) {
     const std::vector<float> head = lm_head.to(kF32).to_vector<float>();
     const std::vector<float> emb = wte->to_vector<float>();
     if (head != emb) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": 'lm_head.weight' differs from 'wte.weight'; tapegrad's GPT ties them"));
+          where, ": 'lm_head.weight' differs from 'wte.weight', and ", Quote(config_path),
+          " does not say 'tie_word_embeddings': false; tapegrad's GPT ties them unless it does"));
     }
   }
   return ckpt;
-}
-
-// model.safetensors.index.json of save_pretrained(max_shard_size=...): its shards read and
-// checked against the map, then loaded as one file.
-absl::StatusOr<Gpt2Checkpoint> LoadHfSharded(const std::string& index_path,
-                                             const Gpt2LoadOptions& options) {
-  const std::string where = absl::StrCat("sharded checkpoint index ", Quote(index_path));
-  // About 100 bytes per tensor: a few hundred KB for the largest GPT-2s.
-  absl::StatusOr<Json> json = ReadJsonFile(index_path, where, kMaxIndexJsonBytes, "an index");
-  if (!json.ok()) return json.status();
-  const Json& j = *json;
-  auto map_it = j.is_object() ? j.find("weight_map") : j.end();
-  if (map_it == j.end() || !map_it->is_object() || map_it->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " has no 'weight_map' object {tensor name: shard file} with at least one tensor"));
-  }
-  // shard file -> the tensors the map puts there.
-  std::map<std::string, std::set<std::string>> shards;
-  for (const auto& [name, shard] : map_it->items()) {
-    if (!shard.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": weight_map['", name, "'] is ",
-                                                     shard.dump(), "; expected a file name"));
-    }
-    const std::string file = shard.get<std::string>();
-    // A plain name inside the directory: the index must not reach other files.
-    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-        file.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": weight_map['", name, "'] is ", shard.dump(),
-                       "; a shard must be a file name in the index's directory (no '/', no '..')"));
-    }
-    shards[file].insert(name);
-  }
-  // Every shard first, then the checks, so that a tensor in the wrong shard is named as such.
-  const std::string dir = DirName(index_path);
-  std::map<std::string, io::Safetensors> read;
-  for (const auto& [file, names] : shards) {
-    absl::StatusOr<io::Safetensors> st = io::LoadSafetensors(absl::StrCat(dir, "/", file));
-    if (!st.ok()) {
-      return absl::Status(st.status().code(), absl::StrCat(where, ": shard ", Quote(file), ": ",
-                                                           st.status().message()));
-    }
-    read[file] = std::move(*st);
-  }
-  io::Safetensors merged;
-  for (auto& [file, st] : read) {
-    for (auto& [name, tensor] : st.tensors) {
-      auto in_map = map_it->find(name);
-      if (in_map == map_it->end()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": shard ", Quote(file),
-                                                       " holds tensor ", Quote(name),
-                                                       ", which weight_map does not list"));
-      }
-      if (in_map->get<std::string>() != file) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": tensor ", Quote(name), " is in shard ", Quote(file),
-                         " but weight_map puts it in ", Quote(in_map->get<std::string>()),
-                         " (each tensor must be in exactly one shard)"));
-      }
-      merged.tensors[name] = std::move(tensor);
-    }
-  }
-  for (const auto& [file, names] : shards) {
-    for (const std::string& name : names) {
-      if (merged.tensors.count(name) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": weight_map puts tensor ",
-                                                       Quote(name), " in shard ", Quote(file),
-                                                       ", which does not hold it"));
-      }
-    }
-  }
-  return LoadHf(index_path, std::move(merged),
-                absl::StrCat("HuggingFace safetensors, ", shards.size(), " shard",
-                             shards.size() == 1 ? "" : "s"),
-                options);
-}
-
-bool IsFile(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
-}
-
-// What a PyTorch pickle gets: the way to the format read here.
-absl::Status PyTorchPickleError(const std::string& path, const std::string& dir) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "LoadGpt2Checkpoint: ", Quote(path),
-      " is a PyTorch pickle (pytorch_model.bin), which tapegrad does not read (unpickling runs "
-      "code); convert it to safetensors with transformers: python -c \"from transformers import "
-      "GPT2LMHeadModel as M; M.from_pretrained('",
-      dir, "').save_pretrained('", dir,
-      "', safe_serialization=True)\" (writes model.safetensors beside it)"));
-}
-
-// GPT-2's byte-level BPE writes every byte as a printable character (bytes_to_unicode in its
-// tokenizer): the printable bytes '!'..'~', 0xA1..0xAC and 0xAE..0xFF stand for themselves, the
-// other 68 bytes, in increasing order, for U+0100, U+0101, ... (space is U+0120 'Ġ', newline
-// U+010A 'Ċ'). Returned as UTF-8.
-std::string ByteLevelChar(unsigned char byte) {
-  auto printable = [](int b) {
-    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  };
-  int code = byte;
-  if (!printable(byte)) {
-    code = 256;
-    for (int b = 0; b < byte; ++b) code += printable(b) ? 0 : 1;
-  }
-  std::string out;
-  if (code < 0x80) {
-    out.push_back(static_cast<char>(code));
-  } else {  // two UTF-8 bytes cover code points up to U+07FF
-    out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  }
-  return out;
-}
-
-// A character-level model's tokenizer as transformers' GPT2Tokenizer files: every byte of the
-// vocabulary is a token (no merges), token i the byte vocab[i], no special tokens (a
-// character-level vocabulary has no end-of-text token; declaring one would add an id the model
-// does not have).
-std::vector<std::pair<std::string, std::string>> CharTokenizerFiles(const std::string& vocab,
-                                                                    const GptConfig& config) {
-  Json ids = Json::object();
-  for (size_t i = 0; i < vocab.size(); ++i) {
-    ids[ByteLevelChar(static_cast<unsigned char>(vocab[i]))] = static_cast<int64_t>(i);
-  }
-  Json tokenizer_config = {
-      {"tokenizer_class", "GPT2Tokenizer"},
-      {"model_max_length", config.block_size},
-      {"add_prefix_space", false},
-      {"bos_token", nullptr},
-      {"eos_token", nullptr},
-      {"unk_token", nullptr},
-      {"pad_token", nullptr},
-      {"clean_up_tokenization_spaces", false},
-  };
-  return {{"vocab.json", ids.dump(2) + "\n"},
-          {"merges.txt", "#version: 0.2\n"},
-          {"tokenizer_config.json", tokenizer_config.dump(2) + "\n"}};
-}
-
-// The character vocabulary of a vocab.json that CharTokenizerFiles wrote: its keys are GPT-2
-// byte-level characters of single bytes and its ids 0..vocab_size-1, each once. Anything else
-// (GPT-2's BPE vocabulary, a missing or unreadable file) gives "": not a character-level model.
-std::string ReadCharVocab(const std::string& path, int64_t vocab_size) {
-  // A character vocabulary has at most 256 entries of a few bytes; GPT-2's BPE one is ~1 MB.
-  constexpr int64_t kMaxCharVocabJsonBytes = 16 << 10;
-  if (vocab_size < 1 || vocab_size > 256) return "";
-  absl::StatusOr<Json> json = ReadJsonFile(path, path, kMaxCharVocabJsonBytes, "vocab.json");
-  if (!json.ok() || !json->is_object() || static_cast<int64_t>(json->size()) != vocab_size) {
-    return "";
-  }
-  const Json& j = *json;
-  std::map<std::string, unsigned char> byte_of;
-  for (int b = 0; b < 256; ++b) byte_of[ByteLevelChar(static_cast<unsigned char>(b))] = b;
-  std::string vocab(static_cast<size_t>(vocab_size), '\0');
-  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
-  for (const auto& [key, id] : j.items()) {
-    const auto byte = byte_of.find(key);
-    if (byte == byte_of.end() || !id.is_number_integer()) return "";
-    const int64_t i = id.get<int64_t>();
-    if (i < 0 || i >= vocab_size || seen[i]) return "";
-    seen[i] = true;
-    vocab[i] = static_cast<char>(byte->second);
-  }
-  return vocab;
 }
 
 }  // namespace
@@ -781,41 +572,25 @@ std::string ReadCharVocab(const std::string& path, int64_t vocab_size) {
 absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
                                                   const Gpt2LoadOptions& options) {
   if (absl::Status s = CheckPadOption(options); !s.ok()) return s;
-  struct stat info;
-  if (::stat(path.c_str(), &info) != 0) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("LoadGpt2Checkpoint: cannot open ", Quote(path)));
-  }
-  if (S_ISDIR(info.st_mode)) {
-    const std::string single = absl::StrCat(path, "/model.safetensors");
-    const std::string index = absl::StrCat(path, "/model.safetensors.index.json");
-    if (!IsFile(single) && IsFile(index)) return LoadHfSharded(index, options);
-    if (!IsFile(single)) {
-      for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"}) {
-        if (IsFile(absl::StrCat(path, "/", pickle))) {
-          return PyTorchPickleError(absl::StrCat(path, "/", pickle), path);
-        }
-      }
-    }
-    return LoadHf(single, io::LoadSafetensors(single), "HuggingFace safetensors", options);
-  }
-  if (absl::EndsWith(path, ".safetensors.index.json")) return LoadHfSharded(path, options);
-  int32_t magic = 0;
-  if (info.st_size >= 4) {
+  // An llm.c file: a regular file that starts with its magic, or any non-pickle named ".bin".
+  if (hf::IsFile(path) && !absl::EndsWith(path, ".safetensors.index.json")) {
     int64_t size = 0;
-    absl::StatusOr<int> fd_or = OpenRegular("LoadGpt2Checkpoint", path, &size);
+    absl::StatusOr<int> fd_or = hf::OpenRegular(kCaller, path, &size);
     if (!fd_or.ok()) return fd_or.status();
     Fd fd(*fd_or);
-    if (absl::Status s = ReadAt(fd.get(), 0, 4, &magic, path); !s.ok()) return s;
+    int32_t magic = 0;
+    if (size >= 4) {
+      if (absl::Status s = hf::ReadAt(fd.get(), 0, 4, &magic, path); !s.ok()) return s;
+    }
+    absl::StatusOr<bool> pickle = hf::IsPyTorchPickle(kCaller, path);
+    if (!pickle.ok()) return pickle.status();
+    if (!*pickle && (magic == kLlmcModelMagic || absl::EndsWith(path, ".bin"))) {
+      return LoadLlmc(path, options);
+    }
   }
-  // torch.save writes a zip archive ("PK\3\4"); older ones a bare pickle (protocol 2: 0x80 0x02).
-  char head[4];
-  std::memcpy(head, &magic, 4);
-  if (std::memcmp(head, "PK\3\4", 4) == 0 || (head[0] == '\x80' && head[1] == '\x02')) {
-    return PyTorchPickleError(path, DirName(path));
-  }
-  if (magic == kLlmcModelMagic || absl::EndsWith(path, ".bin")) return LoadLlmc(path, options);
-  return LoadHf(path, io::LoadSafetensors(path), "HuggingFace safetensors", options);
+  absl::StatusOr<hf::Tensors> files = hf::ReadTensors(kCaller, path, "GPT2LMHeadModel");
+  if (!files.ok()) return files.status();
+  return LoadHf(files->path, std::move(files->st), files->format, options);
 }
 
 StateDict Gpt2HfStateDict(const Gpt& model) {
@@ -842,6 +617,10 @@ StateDict Gpt2HfStateDict(const Gpt& model) {
   }
   sd.tensors["ln_f.weight"] = get("ln_f.weight");
   sd.tensors["ln_f.bias"] = get("ln_f.bias");
+  if (!config.tie_word_embeddings) {
+    sd.tensors["lm_head.weight"] =
+        get("lm_head.weight").narrow(0, 0, config.vocab_size).contiguous();
+  }
   return sd;
 }
 
@@ -876,7 +655,7 @@ std::string Gpt2HfConfigJson(const GptConfig& config, const Gpt2HfSettings& sett
       {"resid_pdrop", pdrop(settings.resid_pdrop)},
       {"scale_attn_by_inverse_layer_idx", false},
       {"scale_attn_weights", true},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", config.tie_word_embeddings},
       {"dtype", "float32"},
       {"use_cache", true},
       {"vocab_size", config.vocab_size},
@@ -896,26 +675,15 @@ absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir,
         absl::StrCat("ExportGpt2Hf: char_vocab has ", options.char_vocab.size(),
                      " characters; the model's vocab_size is ", model.config().vocab_size));
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("ExportGpt2Hf: cannot create ", Quote(dir)));
-  }
-  struct stat info;
-  if (::stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ExportGpt2Hf: ", Quote(dir), " is not a directory"));
-  }
   io::Safetensors st;
-  // save_pretrained's names for GPT2LMHeadModel (the tied lm_head left out).
-  for (auto& [name, t] : Gpt2HfStateDict(model).tensors) st.tensors["transformer." + name] = t;
-  st.metadata["format"] = "pt";  // transformers refuses safetensors files without it
-  if (absl::Status s = io::SaveSafetensors(dir + "/model.safetensors", st); !s.ok()) return s;
-  if (char_level) {
-    for (const auto& [name, text] : CharTokenizerFiles(options.char_vocab, model.config())) {
-      if (absl::Status s = io::SaveFileAtomically(dir + "/" + name, text); !s.ok()) return s;
-    }
+  // save_pretrained's names for GPT2LMHeadModel (a tied lm_head left out).
+  for (auto& [name, t] : Gpt2HfStateDict(model).tensors) {
+    st.tensors[name == "lm_head.weight" ? name : "transformer." + name] = t;
   }
-  return io::SaveFileAtomically(dir + "/config.json",
-                                Gpt2HfConfigJson(model.config(), options.settings, char_level));
+  std::vector<std::pair<std::string, std::string>> files;
+  if (char_level) files = hf::CharTokenizerFiles(options.char_vocab, model.config().block_size);
+  files.emplace_back("config.json", Gpt2HfConfigJson(model.config(), options.settings, char_level));
+  return hf::WriteModelDirectory("ExportGpt2Hf", dir, std::move(st), files);
 }
 
 }  // namespace nn

@@ -16,14 +16,16 @@
 //   h.i.mlp.c_fc.weight [C, 4C] + bias [4C], h.i.mlp.c_proj.weight [4C, C] + bias [C].
 // transformers' Conv1D keeps its weight as [in, out], the transpose of our Linear's [out, in]:
 // every c_* weight is transposed on the way in and out. lm_head.weight is tied to wte (absent in
-// save_pretrained files; when present it must equal wte). The causal-mask buffers older files
-// hold (h.i.attn.bias, h.i.attn.masked_bias) are ignored; any other tensor is refused. Tensors may
-// be F32, F16 or BF16 (converted to f32). n_layer, n_embd, vocabulary and n_positions come from
-// the shapes; n_head from config.json next to the file (its other fields must agree with the
-// shapes, and its activation, layer-norm epsilon and attention options must be the ones
-// tapegrad's GPT computes), else from Gpt2LoadOptions::n_head. Without either the file is refused:
-// the head count is not in the tensors' shapes, and a guess (n_embd / 64) that is wrong loads a
-// different model without any error (logits off by 0.02 for a model of head size 32).
+// save_pretrained files; when present it must equal wte), unless config.json says
+// "tie_word_embeddings": false: then it is the model's own head (GptConfig::tie_word_embeddings).
+// The causal-mask buffers older files hold (h.i.attn.bias, h.i.attn.masked_bias) are ignored; any
+// other tensor is refused. Tensors may be F32, F16 or BF16 (converted to f32). n_layer, n_embd,
+// vocabulary and n_positions come from the shapes; n_head from config.json next to the file (its
+// other fields must agree with the shapes, and its activation, layer-norm epsilon and attention
+// options, reorder_and_upcast_attn among them, must be the ones tapegrad's GPT computes), else from
+// Gpt2LoadOptions::n_head. Without either the file is refused: the head count is not in the
+// tensors' shapes, and a guess (n_embd / 64) that is wrong loads a different model without any
+// error (logits off by 0.02 for a model of head size 32).
 //
 // Sharded files (save_pretrained(max_shard_size=...)): a directory with
 // model.safetensors.index.json {"metadata": {...}, "weight_map": {tensor: shard file}} and its
@@ -128,20 +130,21 @@ absl::StatusOr<Gpt2Checkpoint> LoadGpt2Checkpoint(const std::string& path,
                                                   const Gpt2LoadOptions& options = {});
 
 // The HuggingFace state dict of `model` (names without "transformer.", Conv1D weights
-// transposed, wte cut to vocab_size rows, no lm_head.weight), f32 on the CPU.
+// transposed, wte cut to vocab_size rows, lm_head.weight only for an untied head), f32 on the CPU.
 StateDict Gpt2HfStateDict(const Gpt& model);
 // The config.json transformers' GPT2Config reads for `model` (n_layer, n_head, n_embd,
 // n_positions, n_ctx, vocab_size, activation_function "gelu_new", layer_norm_epsilon 1e-5,
-// model_type "gpt2", architectures ["GPT2LMHeadModel"], tie_word_embeddings true,
+// model_type "gpt2", architectures ["GPT2LMHeadModel"], tie_word_embeddings as the model's,
 // resid/embd/attn_pdrop, bos/eos_token_id): the dropouts and token ids as `settings` says, no
 // bos/eos when `char_level`.
 std::string Gpt2HfConfigJson(const GptConfig& config, const Gpt2HfSettings& settings = {},
                              bool char_level = false);
 // Writes <dir>/model.safetensors (metadata "format": "pt", which transformers requires) and
-// <dir>/config.json, each to a temporary file renamed over the target; creates `dir` (one level)
-// when missing. The model may be on any device and in any dtype (written as f32). Requires a
-// model without biases-off (config.bias) variants: InvalidArgument otherwise. With
-// options.char_vocab also the tokenizer files (see Gpt2ExportOptions).
+// <dir>/config.json, each to a temporary file renamed over the target; creates `dir` and the
+// directories above it when missing, as save_pretrained does. The model may be on any device and in
+// any dtype (written as f32). Requires a model without biases-off (config.bias) variants:
+// InvalidArgument otherwise. With options.char_vocab also the tokenizer files (see
+// Gpt2ExportOptions).
 absl::Status ExportGpt2Hf(const Gpt& model, const std::string& dir,
                           const Gpt2ExportOptions& options = {});
 

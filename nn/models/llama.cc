@@ -32,6 +32,8 @@ void Check(const LlamaConfig& c) {
            c.num_attention_heads, " (give head_dim)");
   TG_CHECK(c.head_size() % 2 == 0, "LlamaConfig: head_dim ", c.head_size(),
            " must be even (rotary embeddings rotate pairs)");
+  TG_CHECK(c.sliding_window >= 0, "LlamaConfig: sliding_window must be >= 0, got ",
+           c.sliding_window);
   TG_CHECK(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps),
            "LlamaConfig: rms_norm_eps must be positive, got ", c.rms_norm_eps);
 }
@@ -133,8 +135,11 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator& gen)
 Tensor LlamaModel::forward(const Tensor& tokens) {
   TG_CHECK(tokens.dim() == 2, "Llama: tokens must be [batch, seq], got ",
            ShapeToString(tokens.shape()));
-  Tensor x = embed_tokens_(tokens);
   const int64_t seq = tokens.size(1);
+  TG_CHECK(config_.sliding_window == 0 || seq <= config_.sliding_window, "Llama: sequence length ",
+           seq, " exceeds sliding_window ", config_.sliding_window,
+           " (full causal attention equals the sliding window only up to its length)");
+  Tensor x = embed_tokens_(tokens);
   const Device device = x.data().device();
   RopeTables& t = rope_->tables;
   if (!t.cos.defined() || t.cos.size(0) != seq || t.cos.device() != device ||

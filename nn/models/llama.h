@@ -13,8 +13,9 @@
 //   auto model = std::make_shared<tg::nn::LlamaForCausalLM>(c, gen);
 //   tg::Tensor logits = (*model)(tokens);   // tokens i64 [batch, seq] -> [batch, seq, vocab]
 //
-// tools/train_llama.cc trains it. Not here yet: the config.json and checkpoint-directory reader,
-// the export, fused kernels (RMSNorm, rotary, SwiGLU are composed of differentiable ops).
+// tools/train_llama.cc trains it; nn/models/llama_io.h reads and writes transformers checkpoint
+// directories. Not here yet: fused kernels (RMSNorm, rotary, SwiGLU are composed of
+// differentiable ops).
 #ifndef TAPEGRAD_NN_MODELS_LLAMA_H_
 #define TAPEGRAD_NN_MODELS_LLAMA_H_
 
@@ -48,6 +49,10 @@ struct LlamaConfig {
   bool o_proj_bias = false;
   bool mlp_bias = false;
   double initializer_range = 0.02;  // N(0, initializer_range) for every Linear and the embedding
+  // Mistral's sliding_window: a token attends to at most this many (itself included); 0: none.
+  // Full causal attention equals it for sequences of at most this many tokens, and the forward
+  // refuses longer ones (a banded mask is not computed here).
+  int64_t sliding_window = 0;
 
   int64_t kv_heads() const {
     return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;

@@ -26,6 +26,7 @@
 #include "nn/models/gpt.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
+#include "tensor/ops.h"
 
 namespace tg {
 namespace nn {
@@ -452,6 +453,16 @@ TEST(Gpt2IoTest, HfErrors) {
               kInvalid, "n_embd 16 is not a multiple of n_head 3");
   ExpectError(LoadEdited("config_act", no_edit, ConfigWith("\"gelu_new\"", "\"relu\"")), kInvalid,
               "'activation_function' is \"relu\"; tapegrad's GPT computes \"gelu_new\"");
+  ExpectError(LoadEdited("config_reorder", no_edit,
+                         ConfigWith("\"reorder_and_upcast_attn\": false",
+                                    "\"reorder_and_upcast_attn\": true")),
+              kInvalid,
+              "'reorder_and_upcast_attn' is true; tapegrad's GPT computes false (attention scores "
+              "in the model's dtype, scaled before the product)");
+  ExpectError(
+      LoadEdited("config_untied", no_edit,
+                 ConfigWith("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false")),
+      kInvalid, "missing tensor 'lm_head.weight' (");
   ExpectError(LoadEdited("config_json", no_edit, "{\"n_layer\": "), kInvalid, "is not valid JSON");
   ExpectError(LoadEdited("config_type", no_edit, "{\"n_head\": \"two\"}"), kInvalid,
               "'n_head' is \"two\"; expected a positive integer");
@@ -466,6 +477,37 @@ TEST(Gpt2IoTest, HfErrors) {
       << truncated.status();
   ExpectError(LoadGpt2Checkpoint(TmpDir("empty_dir")), absl::StatusCode::kNotFound,
               "model.safetensors");
+}
+
+// transformers allows GPT-2 with its own head (tie_word_embeddings false): it loads into an untied
+// Gpt, whose logits use lm_head.weight, and exports back with it into a nested new directory.
+TEST(Gpt2IoTest, UntiedHeadLoadsAndExports) {
+  absl::StatusOr<Gpt2Checkpoint> untied = LoadEdited(
+      "untied",
+      [](io::Safetensors& st) {
+        st.tensors["lm_head.weight"] = MulScalar(st.tensors.at("transformer.wte.weight"), 0.5);
+      },
+      ConfigWith("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false"));
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  EXPECT_FALSE(untied->config.tie_word_embeddings);
+  std::unique_ptr<Gpt> model = Build(*untied);
+  absl::StatusOr<Gpt2Checkpoint> tied = LoadGpt2Checkpoint(kTinyDir);
+  ASSERT_TRUE(tied.ok());
+  // Halving the head halves every logit: the head is lm_head.weight, not wte.
+  const std::vector<float> half = Logits(*model).to_vector<float>();
+  const std::vector<float> full = Logits(*Build(*tied)).to_vector<float>();
+  ASSERT_EQ(half.size(), full.size());
+  for (size_t i = 0; i < half.size(); ++i) EXPECT_NEAR(half[i], 0.5f * full[i], 1e-5) << i;
+
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/untied_export/a/b");
+  ASSERT_TRUE(ExportGpt2Hf(*model, dir).ok());
+  EXPECT_NE(ReadText(dir + "/config.json").find("\"tie_word_embeddings\": false"),
+            std::string::npos);
+  absl::StatusOr<Gpt2Checkpoint> back = LoadGpt2Checkpoint(dir);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->config.tie_word_embeddings);
+  EXPECT_EQ(back->weights.tensor("lm_head.weight").to_vector<float>(),
+            untied->weights.tensor("lm_head.weight").to_vector<float>());
 }
 
 // llm.c's bf16 file (version 5, what its CUDA trainer loads by default) and its f32 twin (version
