@@ -94,6 +94,12 @@ Adam::Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
   Init(std::move(groups));
 }
 
+Adam::Adam(const char* name, bool decoupled, std::unique_ptr<OptimizerOptions> defaults, bool fused)
+    : Optimizer(name, std::move(defaults), fused), decoupled_(decoupled) {}
+
+AdamW::AdamW(const char* name, std::unique_ptr<OptimizerOptions> defaults, bool fused)
+    : Adam(name, /*decoupled=*/true, std::move(defaults), fused) {}
+
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : Adam("AdamW", true, OneGroup("AdamW", std::move(params)), options) {}
 

@@ -153,6 +153,8 @@ class Adam : public Optimizer {
  protected:
   Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups,
        const AdamOptions& defaults);
+  // Without Init (AdamW's protected constructor).
+  Adam(const char* name, bool decoupled, std::unique_ptr<OptimizerOptions> defaults, bool fused);
 
   void CheckOptions(const OptimizerOptions& options, const std::string& context) const override;
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
@@ -167,6 +169,11 @@ class AdamW : public Adam {
  public:
   explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
   explicit AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults = {});
+
+ protected:
+  // For an optimizer that steps some of its groups as AdamW (MuonWithAdamW): `defaults` of its
+  // own type, `fused` for the AdamW groups; the derived constructor calls Init.
+  AdamW(const char* name, std::unique_ptr<OptimizerOptions> defaults, bool fused);
 };
 
 }  // namespace tg::optim

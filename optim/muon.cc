@@ -133,7 +133,10 @@ bool Muon::AcceptsOptions(const OptimizerOptions& options) const {
 }
 
 void Muon::CheckOptions(const OptimizerOptions& options, const std::string& context) const {
-  const MuonOptions& o = static_cast<const MuonOptions&>(options);
+  CheckMuonOptions(static_cast<const MuonOptions&>(options), context);
+}
+
+void Muon::CheckMuonOptions(const MuonOptions& o, const std::string& context) {
   TG_CHECK(o.lr() >= 0, context, "invalid lr ", o.lr(), " (must be >= 0)");
   TG_CHECK(o.momentum() >= 0, context, "invalid momentum ", o.momentum(), " (must be >= 0)");
   TG_CHECK(o.weight_decay() >= 0, context, "invalid weight_decay ", o.weight_decay(),
@@ -143,20 +146,29 @@ void Muon::CheckOptions(const OptimizerOptions& options, const std::string& cont
            " (must be in 0..99)");
 }
 
-std::string Muon::RefuseShape(const Shape& shape) const {
+std::string Muon::RefuseShape(const OptimizerOptions&, const Shape& shape) const {
+  return RefuseMuonShape(shape);
+}
+
+std::string Muon::RefuseMuonShape(const Shape& shape) {
   if (shape.size() == 2) return "";
   return "Muon only supports 2-D parameters (give embeddings' other parameters, biases and norms "
          "to AdamW)";
 }
 
-Optimizer::StateSpec Muon::ParamStateSpec(const OptimizerOptions&) const {
+Optimizer::StateSpec Muon::ParamStateSpec(const OptimizerOptions&) const { return MuonStateSpec(); }
+
+Optimizer::StateSpec Muon::MuonStateSpec() {
   StateSpec spec;
   spec.tensors.push_back(kMomentumBuffer);
   return spec;
 }
 
 void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
-  const MuonOptions& o = group.options_as<MuonOptions>();
+  StepMuon(group.options_as<MuonOptions>(), ns_dtype_, updates);
+}
+
+void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<ParamUpdate>& updates) {
   for (const ParamUpdate& u : updates) {
     const RawTensor& param = u.param.data();
     const DType compute = StateDType(param.dtype());
@@ -171,10 +183,54 @@ void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
     buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
     const RawTensor update = o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
     const RawTensor ortho =
-        MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype_);
+        MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
     const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
     const RawTensor decayed = MulScalar(param.to(compute), 1 - o.lr() * o.weight_decay());
     param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));
+  }
+}
+
+MuonWithAdamW::MuonWithAdamW(std::vector<ParamGroup> groups, const MuonOptions& muon_defaults,
+                             bool adamw_fused)
+    : AdamW("MuonWithAdamW", std::make_unique<MuonOptions>(muon_defaults), adamw_fused),
+      ns_dtype_(muon_defaults.ns_dtype()) {
+  TG_CHECK(IsFloating(ns_dtype_) && ns_dtype_ != kF8E4M3 && ns_dtype_ != kF8E5M2,
+           "MuonWithAdamW: ns_dtype must be bf16, f16, f32 or f64, got ", DTypeName(ns_dtype_));
+  Init(std::move(groups));
+}
+
+namespace {
+const MuonOptions* AsMuon(const OptimizerOptions& options) {
+  return dynamic_cast<const MuonOptions*>(&options);
+}
+}  // namespace
+
+bool MuonWithAdamW::AcceptsOptions(const OptimizerOptions& options) const {
+  return AsMuon(options) != nullptr || dynamic_cast<const AdamWOptions*>(&options) != nullptr;
+}
+
+void MuonWithAdamW::CheckOptions(const OptimizerOptions& options,
+                                 const std::string& context) const {
+  if (const MuonOptions* muon = AsMuon(options)) {
+    Muon::CheckMuonOptions(*muon, context);
+  } else {
+    AdamW::CheckOptions(options, context);
+  }
+}
+
+Optimizer::StateSpec MuonWithAdamW::ParamStateSpec(const OptimizerOptions& options) const {
+  return AsMuon(options) ? Muon::MuonStateSpec() : AdamW::ParamStateSpec(options);
+}
+
+std::string MuonWithAdamW::RefuseShape(const OptimizerOptions& options, const Shape& shape) const {
+  return AsMuon(options) ? Muon::RefuseMuonShape(shape) : "";
+}
+
+void MuonWithAdamW::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
+  if (const MuonOptions* muon = AsMuon(group.options())) {
+    Muon::StepMuon(*muon, ns_dtype_, updates);
+  } else {
+    AdamW::StepGroup(group, updates);
   }
 }
 

@@ -22,12 +22,17 @@
 // lr * sqrt(A / B) (Bernstein's).
 //
 // Muon takes 2-D parameters only (the hidden matrices); embeddings, the output head, norms and
-// biases go to AdamW in a second optimizer, as torch.optim.Muon's documentation sets it up:
+// biases go to AdamW. Either in a second optimizer, as torch.optim.Muon's documentation sets it
+// up, or in one MuonWithAdamW, whose groups step with Muon or AdamW by their options' type (one
+// step(), one state_dict, one LR schedule over every group: what the training binaries use):
 //
 //   std::vector<tg::Tensor> matrices, others;   // e.g. p.dim() == 2 and not an embedding/head
 //   tg::optim::Muon muon(matrices, tg::optim::MuonOptions(0.02).momentum(0.95));
 //   tg::optim::AdamW adamw(others, tg::optim::AdamWOptions(3e-4).weight_decay(0.01));
 //   ... loss.backward(); muon.step(); adamw.step();
+//
+//   tg::optim::MuonWithAdamW opt({tg::optim::ParamGroup(matrices, tg::optim::MuonOptions(0.02)),
+//                                 tg::optim::ParamGroup(others, tg::optim::AdamWOptions(3e-4))});
 //
 // Arithmetic outside the iteration: f32 for f16/bf16/f32 parameters (f64 for f64); each scalar
 // (1 - momentum, 1 - lr * weight_decay, the adjusted lr; computed in double) is rounded to the
@@ -39,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/adam.h"
 #include "optim/optimizer.h"
 #include "tensor/arg.h"
 #include "tensor/dtype.h"
@@ -83,6 +89,8 @@ struct MuonOptions : OptimizerOptions {
   bool SetNamed(const std::string& name, double value, const std::string& context) override;
 };
 
+class MuonWithAdamW;
+
 class Muon : public Optimizer {
  public:
   // One group holding `params`: every one 2-D (throws tg::Error naming the first that is not,
@@ -95,7 +103,37 @@ class Muon : public Optimizer {
   StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
   bool AcceptsOptions(const OptimizerOptions& options) const override;
   void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
-  std::string RefuseShape(const Shape& shape) const override;
+  std::string RefuseShape(const OptimizerOptions& options, const Shape& shape) const override;
+
+ private:
+  friend class MuonWithAdamW;  // steps its Muon groups with these
+  static void CheckMuonOptions(const MuonOptions& o, const std::string& context);
+  static void StepMuon(const MuonOptions& o, DType ns_dtype,
+                       const std::vector<ParamUpdate>& updates);
+  static StateSpec MuonStateSpec();
+  static std::string RefuseMuonShape(const Shape& shape);
+
+  DType ns_dtype_;
+};
+
+// Muon and AdamW in one optimizer: a group with MuonOptions steps with Muon (2-D parameters only;
+// its state "momentum_buffer"), a group with AdamWOptions with AdamW (fused as `muon_defaults`'
+// companion `adamw_fused` says; its state "exp_avg", "exp_avg_sq", "step"); a group added without
+// options gets a copy of `muon_defaults`. The Newton-Schulz dtype is muon_defaults.ns_dtype().
+// state_dict holds each group's options under their own names, so a checkpoint records which
+// group is which; load_state_dict refuses a state whose group types differ (the option names do).
+class MuonWithAdamW : public AdamW {
+ public:
+  explicit MuonWithAdamW(std::vector<ParamGroup> groups, const MuonOptions& muon_defaults = {},
+                         bool adamw_fused = true);
+
+ protected:
+  void CheckOptions(const OptimizerOptions& options, const std::string& context) const override;
+  StateSpec ParamStateSpec(const OptimizerOptions& options) const override;
+  bool AcceptsOptions(const OptimizerOptions& options) const override;
+  void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) override;
+  std::string RefuseShape(const OptimizerOptions& options, const Shape& shape) const override;
+  std::string AcceptedOptions() const override { return "MuonOptions or AdamWOptions"; }
 
  private:
   DType ns_dtype_;

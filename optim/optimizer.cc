@@ -98,25 +98,28 @@ void Optimizer::Init(std::vector<ParamGroup> groups) {
 
 void Optimizer::CheckValues(const OptimizerOptions& options, const std::string& context) const {
   TG_CHECK(AcceptsOptions(options), context, "options are ", options.type_name(), "; ", name_,
-           " takes ", defaults_->type_name());
+           " takes ", AcceptedOptions());
   for (const NamedOption& o : options.named()) {
     TG_CHECK(std::isfinite(o.value), context, "option '", o.name, "' is ", o.value);
   }
   CheckOptions(options, context);
 }
 
-void Optimizer::CheckParam(const Tensor& p, size_t g, size_t i) const {
+void Optimizer::CheckParam(const Tensor& p, const OptimizerOptions& options, size_t g,
+                           size_t i) const {
   TG_CHECK(p.defined(), name_, ": ", ParamName(g, i), " is undefined");
   TG_CHECK(p.is_leaf(), name_, ": ", ParamName(g, i),
            " is not a leaf; optimizers update leaves (detach() it)");
   TG_CHECK(IsFloating(p.dtype()), name_, ": ", ParamName(g, i), " has dtype ", DTypeName(p.dtype()),
            "; only floating parameters can be optimized");
-  const std::string refused = RefuseShape(p.shape());
+  const std::string refused = RefuseShape(options, p.shape());
   TG_CHECK(refused.empty(), name_, ": ", ParamName(g, i), " has shape ", ShapeToString(p.shape()),
            ": ", refused);
 }
 
-std::string Optimizer::RefuseShape(const Shape&) const { return ""; }
+std::string Optimizer::RefuseShape(const OptimizerOptions&, const Shape&) const { return ""; }
+
+std::string Optimizer::AcceptedOptions() const { return defaults_->type_name(); }
 
 std::vector<ParamGroup> Optimizer::OneGroup(const char* name, std::vector<Tensor> params) {
   TG_CHECK(!params.empty(), name, ": got an empty parameter list");
@@ -135,7 +138,7 @@ void Optimizer::add_param_group(ParamGroup group) {
     }
   }
   for (size_t i = 0; i < group.params.size(); ++i) {
-    CheckParam(group.params[i], g, i);
+    CheckParam(group.params[i], group.options(), g, i);
     auto [it, inserted] = seen.emplace(group.params[i].impl().get(), std::make_pair(g, i));
     TG_CHECK(inserted, name_, ": ", ParamName(g, i), " is the same variable as ",
              ParamName(it->second.first, it->second.second), "; a parameter may appear only once");
@@ -177,7 +180,7 @@ void Optimizer::step() {
     CheckValues(group.options(), context);  // the type and value ranges
     for (size_t i = 0; i < group.params.size(); ++i) {
       const Tensor& p = group.params[i];
-      CheckParam(p, g, i);
+      CheckParam(p, group.options(), g, i);
       auto [it, inserted] = seen.emplace(p.impl().get(), std::make_pair(g, i));
       TG_CHECK(inserted, name_, ".step: ", ParamName(g, i), " is the same variable as ",
                ParamName(it->second.first, it->second.second),
@@ -364,7 +367,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
              " but no param has that id ('", sp, "...')");
     const auto [g, i] = where->second;
     const Tensor& p = groups_[g].params[i];
-    CheckParam(p, g, i);
+    CheckParam(p, *new_options[g], g, i);
     const StateSpec spec = ParamStateSpec(*new_options[g]);
     const DType want = StateDType(p.dtype());
     std::set<std::string> allowed_tensors(spec.tensors.begin(), spec.tensors.end());

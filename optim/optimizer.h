@@ -223,10 +223,12 @@ class Optimizer {
   virtual bool AcceptsOptions(const OptimizerOptions& options) const = 0;
   // Updates `updates` (the params of `group` that have a grad). fused() picks the path.
   virtual void StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) = 0;
-  // The shapes the optimizer takes: "" for `shape`, else why not (Muon: "Muon only supports 2-D
-  // parameters"). Asked of every parameter when a group is added and at every step, before
-  // anything changes. Every shape by default.
-  virtual std::string RefuseShape(const Shape& shape) const;
+  // The shapes the optimizer takes in a group of `options`: "" for `shape`, else why not (Muon:
+  // "Muon only supports 2-D parameters"). Asked of every parameter when a group is added, at
+  // every step and at load_state_dict, before anything changes. Every shape by default.
+  virtual std::string RefuseShape(const OptimizerOptions& options, const Shape& shape) const;
+  // The options types AcceptsOptions takes, for messages: the defaults' type by default.
+  virtual std::string AcceptedOptions() const;
 
  private:
   struct Entry {
@@ -235,7 +237,8 @@ class Optimizer {
   };
   // The type, non-finite values, then CheckOptions; errors start with `context`.
   void CheckValues(const OptimizerOptions& options, const std::string& context) const;
-  void CheckParam(const Tensor& p, size_t group, size_t index) const;
+  void CheckParam(const Tensor& p, const OptimizerOptions& options, size_t group,
+                  size_t index) const;
 
   std::string name_;
   std::unique_ptr<OptimizerOptions> defaults_;

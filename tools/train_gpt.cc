@@ -230,6 +230,12 @@ int Main() {
   train::PrepareOptions prepare;
   prepare.precision = *precision;
   train::SetLanguageModelOptimizer(prepare);  // weight decay on matrices only, as nanoGPT
+  // --optimizer=muon: the embeddings and the head stay with AdamW.
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (name == "wte.weight" || name == "wpe.weight" || name == "lm_head.weight") {
+      prepare.optimizer.adamw_matrices.push_back(p);
+    }
+  }
   data.Install(run, dropout_gen, prepare);
   // ZeRO stage 3 units: each transformer block, then the model (the embeddings, whose wte is
   // also the tied output head, and the final norm, gathered around the whole forward).

@@ -268,6 +268,12 @@ int Main() {
   train::PrepareOptions prepare;
   prepare.precision = *precision;
   train::SetLanguageModelOptimizer(prepare);  // weight decay on matrices only
+  // --optimizer=muon: the embedding and the head stay with AdamW.
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+      prepare.optimizer.adamw_matrices.push_back(p);
+    }
+  }
   data.Install(run, dropout_gen, prepare);
   // ZeRO stage 3 units: each decoder layer, then the model (embedding, final norm, head).
   for (const auto& [name, m] : model->named_modules()) {

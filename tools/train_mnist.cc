@@ -135,6 +135,10 @@ int Main() {
   prepare.optimizer.name = absl::GetFlag(FLAGS_optimizer);
   prepare.optimizer.lr = absl::GetFlag(FLAGS_lr);
   prepare.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  // --optimizer=muon: the classifier (the last Linear layer) stays with AdamW, as a model's head.
+  for (const Tensor& p : model->parameters()) {
+    if (p.dim() == 2) prepare.optimizer.adamw_matrices = {p};
+  }
   const int64_t epochs = absl::GetFlag(FLAGS_epochs) > 0 ? absl::GetFlag(FLAGS_epochs)
                                                          : (model_name == "cnn" ? 4 : 10);
   prepare.total_steps = epochs * per_epoch;

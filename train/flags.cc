@@ -12,7 +12,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw | adam | sgd");
+ABSL_FLAG(std::string, optimizer, "adamw",
+          "adamw | adam | sgd | muon (Muon for the hidden matrices with the --muon_* flags, AdamW "
+          "with --lr for the embeddings, the output layer, biases and norms)");
+ABSL_FLAG(
+    double, muon_lr, 0.02,
+    "with --optimizer=muon: the hidden matrices' learning rate, (0, 1e3] (scheduled as --lr)");
+ABSL_FLAG(double, muon_momentum, 0.95, "with --optimizer=muon: Muon's momentum, [0, 1)");
+ABSL_FLAG(bool, muon_nesterov, true, "with --optimizer=muon: Nesterov momentum");
+ABSL_FLAG(int64_t, muon_ns_steps, 5, "with --optimizer=muon: Newton-Schulz iterations, 0..99");
+ABSL_FLAG(std::string, muon_adjust_lr, "original",
+          "with --optimizer=muon: original (lr sqrt(max(1, rows / cols)), Keller Jordan's) | "
+          "match_rms_adamw (0.2 lr sqrt(max(rows, cols)), Moonshot's: the AdamW lr fits) | "
+          "spectral_unclamped (lr sqrt(rows / cols))");
 ABSL_FLAG(std::string, precision, "f32",
           "f32 | f16 | bf16 | fp8 (bf16 with the Linear layers' GEMMs in FP8: --fp8_recipe)");
 ABSL_FLAG(std::string, fp8_recipe, "delayed",
@@ -114,8 +126,21 @@ absl::Status CheckFlagsAndShared(std::vector<FlagRange> own) {
                  {"grad_accum_steps", count(FLAGS_grad_accum_steps), 1, 1e6},
                  {"print_every", count(FLAGS_print_every), 1, kMaxCount},
                  {"stop_at_step", count(FLAGS_stop_at_step), 0, kMaxCount},
+                 {"muon_lr", absl::GetFlag(FLAGS_muon_lr), 0, 1e3, FlagRange::Open::kMin},
+                 {"muon_momentum", absl::GetFlag(FLAGS_muon_momentum), 0, 1, FlagRange::Open::kMax},
+                 {"muon_ns_steps", count(FLAGS_muon_ns_steps), 0, 99},
              });
   return CheckFlagRanges(own);
+}
+
+MuonConfig MuonFlags() {
+  MuonConfig c;
+  c.lr = absl::GetFlag(FLAGS_muon_lr);
+  c.momentum = absl::GetFlag(FLAGS_muon_momentum);
+  c.nesterov = absl::GetFlag(FLAGS_muon_nesterov);
+  c.ns_steps = absl::GetFlag(FLAGS_muon_ns_steps);
+  c.adjust_lr = absl::GetFlag(FLAGS_muon_adjust_lr);
+  return c;
 }
 
 }  // namespace tg::train

@@ -23,9 +23,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "train/flag_values.h"
+#include "train/optimizer_setup.h"
 #include "train/resume_flag.h"
 
 ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(double, muon_lr);
+ABSL_DECLARE_FLAG(double, muon_momentum);
+ABSL_DECLARE_FLAG(bool, muon_nesterov);
+ABSL_DECLARE_FLAG(int64_t, muon_ns_steps);
+ABSL_DECLARE_FLAG(std::string, muon_adjust_lr);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, fp8_recipe);
 ABSL_DECLARE_FLAG(int64_t, fp8_amax_history_len);
@@ -64,6 +70,9 @@ bool FlagGiven(absl::string_view name);
 // The binary's own numeric flags (`own`, checked first) and the shared ones of this file against
 // their documented ranges (CheckFlagRanges: the first one outside its range).
 absl::Status CheckFlagsAndShared(std::vector<FlagRange> own);
+
+// The --muon_* flags (Run::Prepare puts them into the OptimizerConfig of every run).
+MuonConfig MuonFlags();
 
 }  // namespace tg::train
 

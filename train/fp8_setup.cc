@@ -85,6 +85,13 @@ void AddPrecisionSettings(const Precision& precision, RunSettings& settings,
   }
   settings.Add("loss_scaler", absl::GetFlag(FLAGS_loss_scaler), true);
   settings.Add("optimizer", absl::GetFlag(FLAGS_optimizer), true);
+  if (absl::GetFlag(FLAGS_optimizer) == "muon") {  // its lr may change on resume (--override)
+    settings.Add("muon_lr", absl::GetFlag(FLAGS_muon_lr), /*fixed=*/false);
+    settings.Add("muon_momentum", absl::GetFlag(FLAGS_muon_momentum), true);
+    settings.Add("muon_nesterov", absl::GetFlag(FLAGS_muon_nesterov) ? "yes" : "no", true);
+    settings.Add("muon_ns_steps", static_cast<double>(absl::GetFlag(FLAGS_muon_ns_steps)), true);
+    settings.Add("muon_adjust_lr", absl::GetFlag(FLAGS_muon_adjust_lr), true);
+  }
 }
 
 std::vector<std::string> WithFp8Columns(std::vector<std::string> columns,

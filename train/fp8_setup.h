@@ -39,7 +39,8 @@ absl::Status LoadFp8State(const StateDict& checkpoint, const std::string& dir,
 
 // The precision settings of the run, all fixed on resume and all from the shared flags:
 // precision, then for FP8 fp8_recipe, fp8_amax_history_len, fp8_margin and the model's own
-// `fp8_settings` (name, value), then loss_scaler and optimizer.
+// `fp8_settings` (name, value), then loss_scaler and optimizer (with muon its --muon_* settings,
+// of which muon_lr may change on resume).
 void AddPrecisionSettings(
     const Precision& precision, RunSettings& settings,
     const std::vector<std::pair<std::string, std::string>>& fp8_settings = {});

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "amp/loss_scaler.h"
 #include "optim/adam.h"
+#include "optim/muon.h"
 #include "optim/sgd.h"
 
 namespace tg::train {
@@ -16,16 +17,81 @@ void ApplyOptimizerOverrides(const OptimizerConfig& config,
     return std::find(overrides.begin(), overrides.end(), name) != overrides.end();
   };
   std::vector<optim::ParamGroup>& groups = opt.optimizer().param_groups();
+  std::vector<double> base_lrs = schedule.base_lrs();
   for (size_t g = 0; g < groups.size(); ++g) {
-    // With decay_matrices_only, group 1 holds the parameters that are never decayed.
-    if (overridden("weight_decay") && !(config.decay_matrices_only && g > 0)) {
+    const bool muon = dynamic_cast<const optim::MuonOptions*>(&groups[g].options()) != nullptr;
+    // With decay_matrices_only, the group of the vectors (biases, norms) is never decayed.
+    const bool never_decayed =
+        config.decay_matrices_only && std::any_of(groups[g].params.begin(), groups[g].params.end(),
+                                                  [](const Tensor& p) { return p.dim() < 2; });
+    if (overridden("weight_decay") && !never_decayed) {
       groups[g].options().set_named("weight_decay", config.weight_decay);
     }
     // Only optimizers with a beta2 (set_named changes nothing for the others).
     if (overridden("beta2")) groups[g].options().set_named("beta2", config.beta2);
+    if (muon ? overridden("muon_lr") : overridden("lr")) {
+      base_lrs[g] = muon ? config.muon.lr : config.lr;
+    }
   }
-  if (overridden("lr")) schedule.set_base_lrs(std::vector<double>(groups.size(), config.lr));
+  if (overridden("lr") || overridden("muon_lr")) schedule.set_base_lrs(base_lrs);
 }
+
+namespace {
+
+absl::StatusOr<optim::MuonAdjustLr> ParseAdjustLr(const std::string& name) {
+  if (name == "original") return optim::MuonAdjustLr::kOriginal;
+  if (name == "match_rms_adamw") return optim::MuonAdjustLr::kMatchRmsAdamW;
+  if (name == "spectral_unclamped") return optim::MuonAdjustLr::kSpectralUnclamped;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown Muon adjust_lr '", name,
+                   "' (expected original, match_rms_adamw or spectral_unclamped)"));
+}
+
+// --optimizer=muon: the hidden matrices under Muon, the rest under AdamW (see the header).
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeMuon(const std::vector<Tensor>& params,
+                                                           const OptimizerConfig& config) {
+  absl::StatusOr<optim::MuonAdjustLr> adjust = ParseAdjustLr(config.muon.adjust_lr);
+  if (!adjust.ok()) return adjust.status();
+  auto listed = [&](const Tensor& p) {
+    for (const Tensor& a : config.adamw_matrices) {
+      if (a.is_same(p)) return true;
+    }
+    return false;
+  };
+  std::vector<Tensor> hidden, adamw_matrices, rest;
+  for (const Tensor& p : params) {
+    if (p.dim() == 2 && !listed(p)) {
+      hidden.push_back(p);
+    } else if (p.dim() >= 2 && config.decay_matrices_only) {
+      adamw_matrices.push_back(p);
+    } else {
+      rest.push_back(p);
+    }
+  }
+  if (hidden.empty()) {
+    return absl::InvalidArgumentError(
+        "--optimizer=muon: the model has no hidden 2-D matrices for Muon (every 2-D parameter is "
+        "an embedding or the output head)");
+  }
+  optim::MuonOptions muon;
+  muon.lr(config.muon.lr)
+      .momentum(config.muon.momentum)
+      .nesterov(config.muon.nesterov)
+      .ns_steps(config.muon.ns_steps)
+      .adjust_lr_fn(*adjust)
+      .weight_decay(config.weight_decay);
+  optim::AdamWOptions adamw;
+  adamw.lr(config.lr).beta2(config.beta2).weight_decay(config.weight_decay);
+  std::vector<optim::ParamGroup> groups;
+  groups.emplace_back(hidden, muon);
+  if (!adamw_matrices.empty()) groups.emplace_back(adamw_matrices, adamw);
+  if (config.decay_matrices_only) adamw.weight_decay(0);
+  if (!rest.empty()) groups.emplace_back(rest, adamw);
+  return std::unique_ptr<optim::Optimizer>(
+      std::make_unique<optim::MuonWithAdamW>(std::move(groups), muon));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Tensor>& params,
                                                                 const OptimizerConfig& config) {
@@ -46,6 +112,7 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vecto
     if (!others.empty()) groups.emplace_back(others, options);
     return groups;
   };
+  if (config.name == "muon") return MakeMuon(params, config);
   std::unique_ptr<optim::Optimizer> opt;
   if (config.name == "adamw" || config.name == "adam") {
     optim::AdamWOptions o;
@@ -66,7 +133,7 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vecto
     opt = std::make_unique<optim::SGD>(make_groups(o), o);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam or sgd)"));
+        absl::StrCat("unknown optimizer '", config.name, "' (expected adamw, adam, sgd or muon)"));
   }
   return opt;
 }

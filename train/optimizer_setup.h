@@ -19,15 +19,28 @@
 
 namespace tg::train {
 
+// --optimizer=muon's Muon half (the --muon_* flags).
+struct MuonConfig {
+  double lr = 0.02;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t ns_steps = 5;
+  std::string adjust_lr = "original";  // original | match_rms_adamw | spectral_unclamped
+};
+
 struct OptimizerConfig {
-  std::string name = "adamw";  // adamw | adam | sgd
-  double lr = 1e-3;
-  double weight_decay = 0;
-  double momentum = 0.9;  // sgd
-  double beta2 = 0.999;   // adam, adamw
+  std::string name = "adamw";  // adamw | adam | sgd | muon
+  double lr = 1e-3;            // muon: AdamW's
+  double weight_decay = 0;     // muon: Muon's and AdamW's decayed group's
+  double momentum = 0.9;       // sgd
+  double beta2 = 0.999;        // adam, adamw, muon's AdamW
   // Weight decay only on parameters with 2 or more dims (matrices, embeddings, conv kernels),
   // none on biases and norm weights: nanoGPT's and llm.c's grouping. Group 0 holds the decayed.
   bool decay_matrices_only = true;
+  MuonConfig muon;
+  // muon: the 2-D parameters that are not hidden layers' matrices (embeddings, the output
+  // head), which stay with AdamW as in every Muon recipe; the binary names them.
+  std::vector<Tensor> adamw_matrices;
 };
 
 struct PrecisionConfig {
@@ -43,7 +56,12 @@ struct PrecisionConfig {
 };
 
 // The optimizer named by `config` over `params` (with decay_matrices_only: group 0 the matrices,
-// group 1 the rest, without weight decay). InvalidArgument names an unknown optimizer.
+// group 1 the rest, without weight decay). "muon": an optim::MuonWithAdamW of group 0 the hidden
+// matrices (the 2-D parameters not in config.adamw_matrices) under Muon (config.muon, the
+// weight decay), then AdamW (lr, beta2) over adamw_matrices with the weight decay and over the
+// rest without (with decay_matrices_only; else one AdamW group of the rest, decayed); the
+// Newton-Schulz iteration in bf16, torch's. InvalidArgument names an unknown optimizer or
+// adjust_lr, or a muon run without hidden matrices.
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::vector<Tensor>& params,
                                                                 const OptimizerConfig& config);
 // The MixedPrecisionOptions of `precision` (the scaler preset, reduce_found_inf).
@@ -59,8 +77,9 @@ absl::StatusOr<std::unique_ptr<amp::MixedPrecisionOptimizer>> MakeMixedPrecision
     const PrecisionConfig& precision);
 
 // After a resume with --override: applies the overridden optimizer settings of `config` ("lr":
-// the schedule's base lr of every group; "weight_decay": the decayed groups; "beta2") that the
-// checkpoint's optimizer and schedule state replaced. Other settings take effect by themselves.
+// the schedule's base lr of every group, Muon's excepted; "muon_lr": that of the Muon groups;
+// "weight_decay": the decayed groups; "beta2") that the checkpoint's optimizer and schedule
+// state replaced. Other settings take effect by themselves.
 void ApplyOptimizerOverrides(const OptimizerConfig& config,
                              const std::vector<std::string>& overrides, amp::TrainingOptimizer& opt,
                              optim::LrSchedule& schedule);

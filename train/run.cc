@@ -77,6 +77,7 @@ absl::Status Run::Prepare(std::shared_ptr<nn::Module> model, PrepareOptions opti
   forward_precision_.emplace(options_.precision.dtype, fp8_.get());
   PrecisionConfig precision{options_.precision.dtype, absl::GetFlag(FLAGS_loss_scaler),
                             dp.ReduceFoundInf()};
+  options_.optimizer.muon = MuonFlags();
   absl::StatusOr<std::unique_ptr<amp::TrainingOptimizer>> opt =
       dp.MakeOptimizer(options_.optimizer, precision);
   if (!opt.ok()) return opt.status();

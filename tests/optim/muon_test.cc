@@ -16,6 +16,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "gtest/gtest.h"
+#include "optim/sgd.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/throws.h"
 
@@ -254,6 +255,77 @@ TEST(MuonTest, InsideTheMixedPrecisionStepMastersMoveAndSkippedStepsChangeNothin
   for (const auto& [key, t] : before.tensors) {
     EXPECT_EQ(after.tensors.at(key).to_vector<double>(), t.to_vector<double>()) << key;
   }
+}
+
+// The hybrid in one object: its Muon group steps as Muon, its AdamW groups as AdamW, bit for bit
+// as the two optimizers apart; one state_dict holds both and resumes exactly.
+TEST(MuonWithAdamWTest, StepsEachGroupAsItsOwnOptimizerWould) {
+  auto make = [] {
+    std::vector<Tensor> p = Params(kF32);                           // [3, 5] and [6, 4]: Muon's
+    p.push_back(Tensor(RawTensor::Arange(0, 5, 1, kF32), true));    // a bias: AdamW's, no decay
+    p.push_back(Tensor(RawTensor::Full({3, 4}, 0.5, kF32), true));  // an embedding: AdamW's
+    return p;
+  };
+  auto set_grads = [](std::vector<Tensor>& p, int t) {
+    SetGrads({p[0], p[1]}, t);  // the matrices
+    for (size_t k = 2; k < p.size(); ++k) {
+      p[k].set_grad(Tensor(MulScalar(RawTensor::Ones(p[k].shape()), 0.1 * (t + 1) * (k + 1))));
+    }
+  };
+  const MuonOptions muon = MuonOptions(0.02).ns_dtype(kF32);
+  const AdamWOptions decayed = AdamWOptions(3e-3).weight_decay(0.1);
+  const AdamWOptions no_decay = AdamWOptions(decayed).weight_decay(0);
+  std::vector<Tensor> a = make(), b = make();
+  MuonWithAdamW hybrid(
+      {ParamGroup({a[0], a[1]}, muon), ParamGroup({a[3]}, decayed), ParamGroup({a[2]}, no_decay)},
+      muon);
+  Muon alone_muon({b[0], b[1]}, muon);
+  AdamW alone_adamw({ParamGroup({b[3]}, decayed), ParamGroup({b[2]}, no_decay)}, decayed);
+  for (int t = 0; t < 3; ++t) {
+    set_grads(a, t);
+    set_grads(b, t);
+    hybrid.step();
+    alone_muon.step();
+    alone_adamw.step();
+  }
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(a[k].data().to_vector<float>(), b[k].data().to_vector<float>()) << k;
+  }
+  const StateDict sd = hybrid.state_dict();
+  EXPECT_EQ(sd.tensors.count("state.0.momentum_buffer"), 1u);
+  EXPECT_EQ(sd.tensors.count("state.2.exp_avg"), 1u);
+  EXPECT_EQ(sd.scalars.at("param_groups.0.ns_steps"), 5);
+  EXPECT_EQ(sd.scalars.at("param_groups.1.beta2"), 0.999);
+
+  // A fresh hybrid loads it; the next step equals the uninterrupted one's.
+  std::vector<Tensor> c = make();
+  for (size_t k = 0; k < c.size(); ++k) c[k].data().copy_(b[k].data());
+  MuonWithAdamW resumed(
+      {ParamGroup({c[0], c[1]}, muon), ParamGroup({c[3]}, decayed), ParamGroup({c[2]}, no_decay)},
+      muon);
+  resumed.load_state_dict(sd);
+  set_grads(a, 3);
+  set_grads(c, 3);
+  hybrid.step();
+  resumed.step();
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(c[k].data().to_vector<float>(), a[k].data().to_vector<float>()) << k;
+  }
+}
+
+TEST(MuonWithAdamWTest, MuonGroupsTakeMatricesAndEveryGroupItsType) {
+  const Tensor bias(RawTensor::Zeros({5}), true);
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { MuonWithAdamW opt({ParamGroup({bias}, MuonOptions())}); },
+      "MuonWithAdamW: param 0 of param group 0 has shape [5]: Muon only supports 2-D parameters "
+      "(give embeddings' other parameters, biases and norms to AdamW)"));
+  // A group without options is a Muon group; an AdamW group takes any shape.
+  MuonWithAdamW opt({ParamGroup(Params(kF32)), ParamGroup({bias}, AdamWOptions())});
+  EXPECT_NO_THROW(opt.param_groups()[0].options_as<MuonOptions>());
+  EXPECT_TRUE(ThrowsErrorExactly(
+      [&] { opt.add_param_group(ParamGroup({Tensor(RawTensor::Zeros({2}), true)}, SGDOptions())); },
+      "MuonWithAdamW: param group 2: options are SGDOptions; MuonWithAdamW takes MuonOptions or "
+      "AdamWOptions"));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "autograd/ops.h"
 #include "nn/layers.h"
 #include "optim/lr_schedule.h"
+#include "optim/muon.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
 #include "train/checkpoint.h"
@@ -296,6 +297,57 @@ TEST(MakeMixedPrecisionOptimizerTest, F32StepsOnNonFiniteGradientsAreSkipped) {
   EXPECT_EQ(stats.loss, 0);
   EXPECT_TRUE(stats.result.skipped);
   EXPECT_EQ(model->weight.data().to_vector<float>(), before);
+}
+
+// --optimizer=muon: group 0 the hidden matrices under Muon, then AdamW over the named matrices
+// (decayed) and the vectors (not); --override's lr and muon_lr reach their own groups only.
+TEST(MakeOptimizerTest, MuonTakesTheHiddenMatricesAndAdamWTheRest) {
+  const Tensor hidden(RawTensor::Zeros({4, 3}), true), embedding(RawTensor::Zeros({5, 4}), true);
+  const Tensor bias(RawTensor::Zeros({4}), true);
+  OptimizerConfig config;
+  config.name = "muon";
+  config.lr = 1e-3;
+  config.weight_decay = 0.1;
+  config.muon.lr = 0.05;
+  config.muon.adjust_lr = "match_rms_adamw";
+  config.adamw_matrices = {embedding};
+  std::unique_ptr<optim::Optimizer> opt = *MakeOptimizer({embedding, hidden, bias}, config);
+  std::vector<optim::ParamGroup>& groups = opt->param_groups();
+  ASSERT_EQ(groups.size(), 3u);
+  const optim::MuonOptions& muon = groups[0].options_as<optim::MuonOptions>();
+  EXPECT_TRUE(groups[0].params[0].is_same(hidden));
+  EXPECT_EQ(muon.lr(), 0.05);
+  EXPECT_EQ(muon.weight_decay(), 0.1);
+  EXPECT_EQ(muon.adjust_lr_fn(), optim::MuonAdjustLr::kMatchRmsAdamW);
+  EXPECT_TRUE(groups[1].params[0].is_same(embedding));
+  EXPECT_EQ(groups[1].options_as<optim::AdamWOptions>().weight_decay(), 0.1);
+  EXPECT_TRUE(groups[2].params[0].is_same(bias));
+  EXPECT_EQ(groups[2].options_as<optim::AdamWOptions>().weight_decay(), 0);
+  EXPECT_EQ(groups[2].lr(), 1e-3);
+
+  amp::MixedPrecisionOptimizer mp(std::move(opt), amp::MixedPrecisionOptions{});
+  optim::CosineWithWarmupLr schedule{mp.optimizer(), 0, 10, 0};
+  config.lr = 2e-3;
+  config.muon.lr = 0.07;
+  config.weight_decay = 0.2;
+  ApplyOptimizerOverrides(config, {"muon_lr", "weight_decay"}, mp, schedule);
+  EXPECT_EQ(schedule.base_lrs(), (std::vector<double>{0.07, 1e-3, 1e-3}));
+  const std::vector<optim::ParamGroup>& after = mp.optimizer().param_groups();
+  EXPECT_EQ(after[0].options_as<optim::MuonOptions>().weight_decay(), 0.2);
+  EXPECT_EQ(after[1].options_as<optim::AdamWOptions>().weight_decay(), 0.2);
+  EXPECT_EQ(after[2].options_as<optim::AdamWOptions>().weight_decay(), 0);
+  ApplyOptimizerOverrides(config, {"lr"}, mp, schedule);
+  EXPECT_EQ(schedule.base_lrs(), (std::vector<double>{0.07, 2e-3, 2e-3}));
+
+  config.adamw_matrices = {hidden, embedding};
+  EXPECT_EQ(MakeOptimizer({embedding, hidden, bias}, config).status().message(),
+            "--optimizer=muon: the model has no hidden 2-D matrices for Muon (every 2-D "
+            "parameter is an embedding or the output head)");
+  config.adamw_matrices = {};
+  config.muon.adjust_lr = "rms";
+  EXPECT_EQ(MakeOptimizer({hidden}, config).status().message(),
+            "unknown Muon adjust_lr 'rms' (expected original, match_rms_adamw or "
+            "spectral_unclamped)");
 }
 
 // --loss_scaler names the presets with their libraries' defaults.
