@@ -2,7 +2,9 @@
 // pass over memory per parameter) against the per-tensor path (composed tensor ops, several
 // passes), each in GB/s of the minimal memory traffic of an AdamW step (read p, g, m, v; write
 // p, m, v: 28 bytes per parameter) and as a fraction of a memcpy measured in the same run.
-// Ratios, not timings, are what to compare across machines.
+// Ratios, not timings, are what to compare across machines. Then a Muon step (torch.optim.Muon's
+// defaults: bf16 Newton-Schulz, 5 iterations, Nesterov) over 8 f32 matrices, 4 x [256, 256] and
+// 4 x [256, 1024], against PyTorch's when the file has it.
 //
 //   bazel run -c opt //tools/bench:optim_step
 //   bazel run -c opt //tools/bench:optim_step -- --pytorch_json=FILE   # + PyTorch's fused AdamW
@@ -23,10 +25,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "nlohmann/json.hpp"
-
 #include "autograd/variable.h"
+#include "nlohmann/json.hpp"
 #include "optim/adam.h"
+#include "optim/muon.h"
 #include "tensor/generator.h"
 #include "tensor/tensor.h"
 #include "tools/bench/timing.h"
@@ -39,8 +41,9 @@ namespace {
 
 using tg::bench::BestSeconds;
 
-// PyTorch's fused AdamW ms/step at `threads` from optim_step_pytorch.py's lines; 0 when absent.
-double PyTorchMs(const std::string& path, int threads) {
+// PyTorch's ms/step of `optimizer` ("adamw_fused", "muon") at `threads` from
+// optim_step_pytorch.py's lines; 0 when absent.
+double PyTorchMs(const std::string& path, int threads, const std::string& optimizer) {
   std::ifstream in(path);
   if (!in) {
     std::fprintf(stderr, "optim_step: cannot read --pytorch_json=%s\n", path.c_str());
@@ -49,7 +52,8 @@ double PyTorchMs(const std::string& path, int threads) {
   std::string line;
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.value("threads", -1) == threads && j.contains("ms_per_step") &&
+    if (j.is_object() && j.value("threads", -1) == threads &&
+        j.value("optimizer", std::string()) == optimizer && j.contains("ms_per_step") &&
         j["ms_per_step"].is_number()) {
       return j["ms_per_step"].get<double>();
     }
@@ -72,7 +76,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int threads = omp_get_max_threads();
   const std::string pytorch_json = absl::GetFlag(FLAGS_pytorch_json);
-  const double pytorch_ms = pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads);
+  const double pytorch_ms =
+      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "adamw_fused");
+  const double pytorch_muon_ms =
+      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "muon");
   if (!pytorch_json.empty() && pytorch_ms <= 0) {
     std::fprintf(stderr, "optim_step: %s has no record at %d threads\n", pytorch_json.c_str(),
                  threads);
@@ -108,6 +115,20 @@ int main(int argc, char** argv) {
                   "PyTorch AdamW fused", adamw_bytes / (pytorch_ms * 1e-3) * 1e-9, pytorch_ms,
                   s * 1e3 / pytorch_ms);
     }
+  }
+  // Muon: the matrices of a small transformer's hidden layers.
+  std::vector<tg::Tensor> matrices;
+  for (int i = 0; i < 8; ++i) {
+    matrices.emplace_back(tg::RandNormal({256, i < 4 ? 256 : 1024}, gen, 0, 0.02), true);
+    matrices.back().set_grad(tg::Tensor(tg::RandNormal(matrices.back().shape(), gen)));
+  }
+  tg::optim::Muon muon(matrices, tg::optim::MuonOptions(0.02));
+  const double muon_s = BestSeconds(10, [&] { muon.step(); });
+  std::printf("Muon step, 4 x [256, 256] + 4 x [256, 1024] f32, bf16 Newton-Schulz x5\n");
+  std::printf("  %-24s %6.2f ms\n", "Muon", muon_s * 1e3);
+  if (pytorch_muon_ms > 0) {
+    std::printf("  %-24s %6.2f ms  ratio %.2f (tapegrad / torch.optim.Muon)\n", "torch.optim.Muon",
+                pytorch_muon_ms, muon_s * 1e3 / pytorch_muon_ms);
   }
   return 0;
 }

@@ -53,6 +53,7 @@
 #include "nn/loss.h"
 #include "nn/models/gpt.h"
 #include "nn/models/image.h"
+#include "nn/models/llama.h"
 #include "optim/lr_schedule.h"
 #include "tensor/generator.h"
 #include "tensor/kernel_options.h"
@@ -67,7 +68,7 @@ ABSL_FLAG(bool, cpu_thread_governor, true,
           "the CPU thread governor (KernelOptions::cpu_thread_governor; false: every parallel "
           "region uses OMP_NUM_THREADS threads)");
 ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"mlp", "cnn", "gpt"}),
-          "models to time (mlp, cnn, gpt)");
+          "models to time (mlp, cnn, gpt, llama: train_llama's default decoder)");
 ABSL_FLAG(std::vector<std::string>, dtypes, std::vector<std::string>({"f32", "f16", "bf16"}),
           "precisions to time (f32, f16, bf16, fp8/delayed, fp8/current, fp8/block); f32 is the "
           "reference of the 'vs f32' column when timed");
@@ -270,8 +271,8 @@ int main(int argc, char** argv) {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int threads = omp_get_max_threads();
   for (const std::string& name : absl::GetFlag(FLAGS_models)) {
-    if (name != "mlp" && name != "cnn" && name != "gpt") {
-      std::fprintf(stderr, "train_step: unknown model '%s' (expected mlp, cnn or gpt)\n",
+    if (name != "mlp" && name != "cnn" && name != "gpt" && name != "llama") {
+      std::fprintf(stderr, "train_step: unknown model '%s' (expected mlp, cnn, gpt or llama)\n",
                    name.c_str());
       return 1;
     }
@@ -305,6 +306,17 @@ int main(int argc, char** argv) {
   RawTensor tokens = RawTensor::Empty({gpt_batch, t + 1}, kI64);
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = data_gen.NextU32() % 65;
   RawTensor x = tokens.slice(1, 0, t).contiguous(), y = tokens.slice(1, 1, t + 1).contiguous();
+  // train_llama's default decoder: 2 layers, 64 wide, 4 query heads on 2 key/value heads, SwiGLU
+  // 192, RMSNorm eps 1e-5, untied head (tools/bench/train_step_pytorch.py's TinyLlama).
+  nn::LlamaConfig llama_config;
+  llama_config.vocab_size = 65;
+  llama_config.hidden_size = 64;
+  llama_config.intermediate_size = 192;
+  llama_config.num_hidden_layers = 2;
+  llama_config.num_attention_heads = 4;
+  llama_config.num_key_value_heads = 2;
+  llama_config.max_position_embeddings = t;
+  llama_config.rms_norm_eps = 1e-5;
 
   std::printf(
       "train_step: median of %d steps after 3 warm-up steps, %d threads; MLP/CNN batch %lld, GPT "
@@ -339,8 +351,13 @@ int main(int argc, char** argv) {
       std::shared_ptr<nn::Module> model;
       std::function<Tensor()> loss_fn;
       int64_t items;
-      if (std::string(name) == "gpt") {
-        model = std::make_shared<nn::Gpt>(gpt_config, init);
+      const bool language = std::string(name) == "gpt" || std::string(name) == "llama";
+      if (language) {
+        if (std::string(name) == "gpt") {
+          model = std::make_shared<nn::Gpt>(gpt_config, init);
+        } else {
+          model = std::make_shared<nn::LlamaForCausalLM>(llama_config, init);
+        }
         loss_fn = [&] { return nn::CrossEntropyLoss((*model)(Tensor(x)), y); };
         items = gpt_batch * t;
       } else {
@@ -353,8 +370,7 @@ int main(int argc, char** argv) {
       }
       Result r = Measure(*model, dtype, fp8_recipe, steps, items, loss_fn);
       if (dtype == kF32) f32 = r;
-      Row(name, dtype_name, threads, r, f32, name == std::string("gpt") ? "tok/s" : "img/s",
-          pytorch, &json_out);
+      Row(name, dtype_name, threads, r, f32, language ? "tok/s" : "img/s", pytorch, &json_out);
     }
   }
   return 0;

@@ -14,7 +14,7 @@ row only with timings taken in the same placement of the VM's CPUs.
 
 Variants (--variants, default all three; `--no-compile` drops compile, which takes a while):
   eager     today's models as written: the GPT's attention is F.scaled_dot_product_attention.
-  composed  the GPT only ("eager_composed_attention"): attention composed from plain ops
+  composed  the GPT and the Llama ("eager_composed_attention"): attention composed from plain ops
             (q @ k^T * scale, causal mask, softmax, @ v), which on some CPUs beats the fused SDPA
             kernel (issue 32: bf16 SDPA on a CPU without AMX is 2.2x slower). Not run for the
             MLP and CNN, which have no attention.
@@ -120,6 +120,95 @@ class TinyGpt(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
+class RmsNorm(nn.Module):
+    """transformers' LlamaRMSNorm: the variance in f32, the normalised value back in x's dtype,
+    then times the weight."""
+
+    def __init__(self, c, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaLayer(nn.Module):
+    """nn/models/llama.cc's LlamaDecoderLayer: RMSNorm, rotary q and k, grouped-query causal
+    attention, SwiGLU MLP, no biases."""
+
+    def __init__(self, c, n_head, n_kv, inter, composed_attention=False):
+        super().__init__()
+        self.n_head, self.n_kv, self.d = n_head, n_kv, c // n_head
+        self.composed_attention = composed_attention
+        self.input_layernorm = RmsNorm(c)
+        self.q_proj = nn.Linear(c, n_head * self.d, bias=False)
+        self.k_proj = nn.Linear(c, n_kv * self.d, bias=False)
+        self.v_proj = nn.Linear(c, n_kv * self.d, bias=False)
+        self.o_proj = nn.Linear(n_head * self.d, c, bias=False)
+        self.post_attention_layernorm = RmsNorm(c)
+        self.gate_proj = nn.Linear(c, inter, bias=False)
+        self.up_proj = nn.Linear(c, inter, bias=False)
+        self.down_proj = nn.Linear(inter, c, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, c = x.shape
+        h = self.input_layernorm(x)
+        heads = lambda z, n: z.view(b, t, n, self.d).transpose(1, 2)
+        q = heads(self.q_proj(h), self.n_head)
+        k = heads(self.k_proj(h), self.n_kv)
+        v = heads(self.v_proj(h), self.n_kv)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = self.n_head // self.n_kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if self.composed_attention:
+            y = composed_causal_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o_proj(y.transpose(1, 2).reshape(b, t, c))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class TinyLlama(nn.Module):
+    """train_llama's default: 2 layers, 64 wide, 4 query heads on 2 key/value heads, SwiGLU 192,
+    rope_theta 1e4, untied head; N(0, 0.02) weights, as nn/models/llama.cc."""
+
+    def __init__(self, vocab=65, block=64, n_layer=2, n_head=4, n_kv=2, c=64, inter=192,
+                 composed_attention=False):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, c)
+        self.layers = nn.ModuleList(
+            LlamaLayer(c, n_head, n_kv, inter, composed_attention) for _ in range(n_layer))
+        self.norm = RmsNorm(c)
+        self.lm_head = nn.Linear(c, vocab, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0, 0.02)
+        d = c // n_head
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(block, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.embed_tokens(idx)
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
 DTYPES = {"f32": None, "f16": torch.float16, "bf16": torch.bfloat16}
 # --variants names -> the "variant" field of the JSON lines.
 VARIANTS = {"eager": "eager", "composed": "eager_composed_attention", "compile": "compile"}
@@ -168,7 +257,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
-    parser.add_argument("--models", default="mlp,cnn,gpt")
+    parser.add_argument("--models", default="mlp,cnn,gpt", help="mlp, cnn, gpt, llama")
     parser.add_argument("--dtypes", default="f32,f16,bf16")
     parser.add_argument("--variants", default="eager,composed,compile",
                         help="comma-separated subset of eager, composed (GPT only), compile")
@@ -197,11 +286,14 @@ def main():
             torch.set_num_threads(threads)
             rows = itertools.product(args.models.split(","), args.dtypes.split(","), variants)
             for name, dtype, variant in rows:
-                if variant == "composed" and name != "gpt":
+                language = name in ("gpt", "llama")
+                if variant == "composed" and not language:
                     continue  # no attention to compose: the same as eager
                 torch.manual_seed(1)
                 if name == "gpt":
                     model = TinyGpt(composed_attention=variant == "composed")
+                elif name == "llama":
+                    model = TinyLlama(composed_attention=variant == "composed")
                 else:
                     model = image_mlp() if name == "mlp" else image_cnn()
                 if variant == "compile":
@@ -209,7 +301,7 @@ def main():
                     run = torch.compile(model)
                 else:
                     run = model
-                if name == "gpt":
+                if language:
                     loss = lambda: F.cross_entropy(run(x).flatten(0, 1), y.flatten())
                 else:
                     loss = lambda: F.cross_entropy(run(images), labels)
