@@ -108,6 +108,9 @@ inline std::vector<RawTensor> ResultTensors(const RawTensor& r) { return {r}; }
 inline std::vector<RawTensor> ResultTensors(const LayerNormResult& r) {
   return {r.output, r.mean, r.rstd};
 }
+inline std::vector<RawTensor> ResultTensors(const LlamaRmsNormResult& r) {
+  return {r.output, r.rstd};
+}
 inline std::vector<RawTensor> ResultTensors(const MaxPool2dResult& r) {
   return {r.output, r.indices};
 }

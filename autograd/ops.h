@@ -96,6 +96,11 @@ Tensor Softmax(const Tensor& x);
 Tensor LogSoftmax(const Tensor& x);
 // weight/bias may be undefined.
 Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// transformers' LlamaRMSNorm over the last dim (tensor/ops.h LlamaRmsNorm): weight * round_x(h *
+// rsqrt(mean(h^2) + eps)) with h = x in f32 (f64 for f64), in promote(weight, x)'s dtype; one
+// kernel forward and backward where the device has it. Differentiable in x and weight, to any
+// order.
+Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps);
 Tensor Embedding(const Tensor& weight, const RawTensor& indices);
 Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index = -100,
                     Reduction reduction = Reduction::kMean);

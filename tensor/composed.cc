@@ -138,6 +138,35 @@ LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
   return r;
 }
 
+LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, double eps) {
+  const DType ct = ComputeDType(x.dtype());
+  const RawTensor h64 = x.to(kF64);
+  const RawTensor rstd =
+      Pow(AddScalar(Mean(Mul(h64, h64), {1}, /*keepdim=*/true), eps), -0.5).to(ct);  // [rows, 1]
+  const RawTensor normed = Mul(x.to(ct), rstd).to(x.dtype());
+  const DType out = PromoteTypes(weight.dtype(), x.dtype());
+  return {Mul(weight.to(out), normed.to(out)), rstd.reshape({x.size(0)})};
+}
+
+LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                       const RawTensor& rstd, const RawTensor& weight,
+                                       bool need_weight) {
+  const DType ct = ComputeDType(x.dtype());
+  const RawTensor h = x.to(ct), r = rstd.reshape({x.size(0), 1}).to(ct);
+  const RawTensor g = grad_out.to(ct);
+  const RawTensor dn = Mul(g, weight.to(ct));
+  // sum(dn * h) / n in f64, then rstd^3 times it in ct.
+  const RawTensor dot = Mean(Mul(dn.to(kF64), h.to(kF64)), {1}, /*keepdim=*/true).to(ct);
+  const RawTensor s = Mul(Mul(Mul(r, r), r), dot);
+  LlamaRmsNormGrads out;
+  out.grad_input = Sub(Mul(r, dn), Mul(h, s)).to(x.dtype());
+  if (need_weight) {
+    const RawTensor normed = Mul(h, r).to(x.dtype()).to(ct);
+    out.grad_weight = Sum(Mul(g.to(kF64), normed.to(kF64)), {0}).to(weight.dtype());
+  }
+  return out;
+}
+
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps) {
   AddLayerNormResult r;

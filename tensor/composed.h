@@ -37,6 +37,11 @@ AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, 
 LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
                                  const RawTensor& mean, const RawTensor& rstd,
                                  const RawTensor& weight, bool need_weight_bias);
+// LlamaRmsNorm of x and its backward (tensor/ops.h), of tensor ops (x as rows [rows, n]).
+LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, double eps);
+LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                       const RawTensor& rstd, const RawTensor& weight,
+                                       bool need_weight);
 // residual = a + b, then LayerNorm(residual, weight, bias, eps).
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps);

@@ -385,6 +385,28 @@ LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
                                  const RawTensor& mean, const RawTensor& rstd,
                                  const RawTensor& weight, bool need_weight_bias = true);
 
+// transformers' LlamaRMSNorm over the last dim of x (any floating dtype): h = x in the compute
+// dtype (f32; f64 for f64), rstd = 1 / sqrt(mean(h^2) + eps), output = weight * round_x(h * rstd)
+// in promote(weight, x)'s dtype (a bf16 model rounds the normalised value and the product apart, as
+// transformers does; f32 weights under autocast give f32). weight [n] floating, eps > 0 finite.
+// One pass per row where the device has the kernel (weight of x's dtype), else the composed ops.
+struct LlamaRmsNormResult {
+  RawTensor output;  // x's shape
+  RawTensor rstd;    // x's shape without the last dim, the compute dtype
+};
+LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, double eps);
+struct LlamaRmsNormGrads {
+  RawTensor grad_input;   // x's shape and dtype
+  RawTensor grad_weight;  // weight's shape and dtype; undefined unless need_weight
+};
+// The gradients of LlamaRmsNorm from its saved rstd (the normalised value's rounding passes the
+// gradient through, as a cast does): dn = grad_out * weight, grad_input = rstd * dn - h * rstd^3
+// * mean(dn * h), grad_weight = the sum over rows of grad_out * round_x(h * rstd). grad_out has
+// the output's shape and dtype.
+LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                       const RawTensor& rstd, const RawTensor& weight,
+                                       bool need_weight = true);
+
 struct AddLayerNormResult {
   RawTensor residual;    // a + b, rounded to their dtype
   LayerNormResult norm;  // LayerNorm(residual, weight, bias, eps)

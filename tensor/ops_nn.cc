@@ -243,6 +243,77 @@ LayerNormGrads LayerNormBackward(const RawTensor& grad_out, const RawTensor& x,
   return r;
 }
 
+namespace {
+
+// weight [n] floating of x's device for x [..., n] floating, eps > 0 finite.
+void CheckLlamaRmsNorm(const char* op, const RawTensor& x, const RawTensor& weight, double eps) {
+  CheckDefined(op, x, "the input");
+  CheckDefined(op, weight, "the weight");
+  CommonDevice(op, {&x, &weight});
+  CheckFloating(op, x.dtype());
+  CheckFloating(op, weight.dtype());
+  TG_CHECK(x.dim() >= 1, op, ": expected at least 1 dim, got a 0-d tensor");
+  TG_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), op, ": weight of shape ",
+           ShapeToString(weight.shape()), " does not match the last dim of the input of shape ",
+           ShapeToString(x.shape()));
+  TG_CHECK(eps > 0 && std::isfinite(eps), op, ": eps must be positive and finite, got ", eps);
+}
+
+}  // namespace
+
+LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, double eps) {
+  const char* op = "llama_rms_norm";
+  CheckLlamaRmsNorm(op, x, weight, eps);
+  const Device device = x.device();
+  const RawTensor rows = AsRows(x);
+  LlamaRmsNormResult r;
+  if (weight.dtype() == x.dtype()) {
+    r = {RawTensor::Empty(rows.shape(), x.dtype(), device),
+         RawTensor::Empty({rows.size(0)}, ComputeDType(x.dtype()), device)};
+  }
+  if (weight.dtype() != x.dtype() ||
+      Declined(KernelsFor(device).LlamaRmsNorm(r.output, r.rstd, rows, weight.contiguous(), eps))) {
+    r = composed::LlamaRmsNorm(rows, weight, eps);
+  }
+  r.output = r.output.reshape(x.shape());
+  r.rstd = r.rstd.reshape(Shape(x.shape().begin(), x.shape().end() - 1));
+  return r;
+}
+
+LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
+                                       const RawTensor& rstd, const RawTensor& weight,
+                                       bool need_weight) {
+  const char* op = "llama_rms_norm_backward";
+  CheckLlamaRmsNorm(op, x, weight, 1.0);
+  CheckDefined(op, grad_out, "the gradient");
+  CheckDefined(op, rstd, "rstd");
+  const Device device = CommonDevice(op, {&x, &grad_out, &rstd});
+  const DType out_dtype = PromoteTypes(weight.dtype(), x.dtype());
+  TG_CHECK(grad_out.shape() == x.shape() && grad_out.dtype() == out_dtype, op, ": gradient ",
+           ShapeToString(grad_out.shape()), " ", DTypeName(grad_out.dtype()),
+           " does not match the output ", ShapeToString(x.shape()), " ", DTypeName(out_dtype));
+  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  const DType ct = ComputeDType(x.dtype());
+  TG_CHECK(rstd.shape() == stat_shape && rstd.dtype() == ct, op, ": rstd ",
+           ShapeToString(rstd.shape()), " ", DTypeName(rstd.dtype()),
+           " does not match the input of shape ", ShapeToString(x.shape()), " (expected ",
+           ShapeToString(stat_shape), " ", DTypeName(ct), ")");
+  const RawTensor xr = AsRows(x), gr = AsRows(grad_out).contiguous();
+  const RawTensor rstd_r = rstd.contiguous().reshape({xr.size(0)});
+  LlamaRmsNormGrads r;
+  if (weight.dtype() == x.dtype()) {
+    r.grad_input = RawTensor::Empty(xr.shape(), x.dtype(), device);
+    if (need_weight) r.grad_weight = RawTensor::Empty(weight.shape(), weight.dtype(), device);
+  }
+  if (weight.dtype() != x.dtype() ||
+      Declined(KernelsFor(device).LlamaRmsNormBackward(r.grad_input, r.grad_weight, gr, xr, rstd_r,
+                                                       weight.contiguous()))) {
+    r = composed::LlamaRmsNormBackward(gr, xr, rstd_r, weight, need_weight);
+  }
+  r.grad_input = r.grad_input.reshape(x.shape());
+  return r;
+}
+
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps) {
   const char* op = "add_layer_norm";

@@ -123,6 +123,45 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
                 });
 }
 
+Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps) {
+  TG_CHECK(x.defined() && weight.defined(), OpTorchName(OpId::kLlamaRmsNorm),
+           ": the input and the weight must be defined");
+  const LlamaRmsNormResult r = Dispatch<OpId::kLlamaRmsNorm>(
+      [&] { return tg::LlamaRmsNorm(x.data(), weight.data(), eps); }, x, weight);
+  return Record(OpNodeName(OpId::kLlamaRmsNorm), r.output, {x, weight}, {x, weight, Tensor(r.rstd)},
+                [eps](const BackwardContext& ctx) -> VariableList {
+                  const Tensor& x = ctx.saved[0];
+                  const Tensor& w = ctx.saved[1];
+                  if (!GradMode::is_enabled()) {
+                    // The fused tensor op: the formulas below in one pass per row where the device
+                    // has it.
+                    const LlamaRmsNormGrads g = tg::LlamaRmsNormBackward(
+                        ctx.grads[0].data(), x.data(), ctx.saved[2].data(), w.data(), ctx.needs(1));
+                    return {ctx.needs(0) ? Tensor(g.grad_input) : Tensor(),
+                            ctx.needs(1) ? Tensor(g.grad_weight) : Tensor()};
+                  }
+                  // create_graph: rstd recomputed with differentiable ops, so that second
+                  // derivatives see how it depends on x (the saved one is a constant).
+                  const DType ct = ComputeDType(x.dtype());
+                  const Tensor h = Cast(x, ct);
+                  const Tensor g = Cast(ctx.grads[0], ct);
+                  const Tensor rstd =
+                      Pow(AddScalar(Mean(Mul(h, h), {-1}, /*keepdim=*/true), eps), -0.5);
+                  Tensor gx, gw;
+                  if (ctx.needs(0)) {
+                    // dx = rstd * dn - h * rstd^3 * mean(dn * h), dn = g * w.
+                    const Tensor dn = Mul(g, Cast(w, ct));
+                    const Tensor dot = Mean(Mul(dn, h), {-1}, true);
+                    gx = Cast(Sub(Mul(rstd, dn), Mul(h, Mul(Pow(rstd, 3), dot))), x.dtype());
+                  }
+                  if (ctx.needs(1)) {
+                    const Tensor normed = Cast(Cast(Mul(h, rstd), x.dtype()), ct);
+                    gw = Cast(SumLeading(Mul(g, normed)), w.dtype());
+                  }
+                  return {gx, gw};
+                });
+}
+
 Tensor Embedding(const Tensor& weight, const RawTensor& indices) {
   const RawTensor out = Dispatch<OpId::kEmbedding>(
       [&] { return tg::Embedding(weight.data(), indices); }, weight, Tensor(indices));  // validates

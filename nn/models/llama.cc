@@ -44,12 +44,7 @@ LlamaRmsNorm::LlamaRmsNorm(int64_t dim, double eps) : Module("LlamaRMSNorm"), ep
   weight = register_parameter("weight", RawTensor::Ones({dim}));
 }
 
-Tensor LlamaRmsNorm::forward(const Tensor& x) {
-  const Tensor h = Cast(x, kF32);
-  const Tensor variance = Mean(Mul(h, h), {-1}, /*keepdim=*/true);
-  const Tensor normed = Mul(h, Pow(AddScalar(variance, eps_), -0.5));
-  return Mul(weight, Cast(normed, x.dtype()));
-}
+Tensor LlamaRmsNorm::forward(const Tensor& x) { return ::tg::LlamaRmsNorm(x, weight, eps_); }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c, std::shared_ptr<const LlamaRopeState> rope,
                                Generator& gen)

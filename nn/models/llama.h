@@ -14,8 +14,8 @@
 //   tg::Tensor logits = (*model)(tokens);   // tokens i64 [batch, seq] -> [batch, seq, vocab]
 //
 // tools/train_llama.cc trains it; nn/models/llama_io.h reads and writes transformers checkpoint
-// directories. Not here yet: fused kernels (RMSNorm, rotary, SwiGLU are composed of
-// differentiable ops).
+// directories. RMSNorm is one op (tg::LlamaRmsNorm: a CPU kernel forward and backward, the
+// composed ops on CUDA); rotary embeddings and SwiGLU are composed of differentiable ops.
 #ifndef TAPEGRAD_NN_MODELS_LLAMA_H_
 #define TAPEGRAD_NN_MODELS_LLAMA_H_
 

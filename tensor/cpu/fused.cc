@@ -5,11 +5,13 @@
 // once; add + layer norm and softmax + cross-entropy reuse the row routines of the plain kernels
 // (rows.h), so their results are bit-identical to the composition of those kernels.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/convert_rows.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
@@ -103,6 +105,89 @@ KernelStatus LayerNormBackward(const RawTensor& grad_input, const RawTensor& gra
         gb[i] = Convert<T>(gb_acc[i]);
       }
     }
+  });
+  return KernelStatus::kDone;
+}
+
+// LlamaRMSNorm per row (kernel_list.inc's arithmetic): the row widened to C, the sum of squares
+// in f64 (SumF64's order), rstd = 1 / sqrt(sum / n + eps) rounded to C; normed = round_T(h *
+// rstd), out = round_T(w * normed). Rows in parallel, each row's arithmetic on one thread.
+KernelStatus LlamaRmsNorm(const RawTensor& out, const RawTensor& rstd, const RawTensor& x,
+                          const RawTensor& weight, double eps) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  VisitFloating("llama_rms_norm", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* xs = x.data<T>();
+    const T* ws = weight.data<T>();
+    T* o = out.data<T>();
+    C* rs = rstd.data<C>();
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      std::vector<C> buffer(n), w(n);
+      for (int64_t i = 0; i < n; ++i) w[i] = static_cast<C>(Widen(ws[i]));
+      for (int64_t r = begin; r < end; ++r) {
+        const C* h = RowAs<C>(xs + r * n, n, buffer.data());
+        const double ss = SumF64(n, [&](int64_t i) {
+          const double v = static_cast<double>(h[i]);
+          return v * v;
+        });
+        const C inv = static_cast<C>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+        rs[r] = inv;
+        T* orow = o + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          const C normed = static_cast<C>(Widen(Convert<T>(h[i] * inv)));
+          orow[i] = Convert<T>(w[i] * normed);
+        }
+      }
+    });
+  });
+  return KernelStatus::kDone;
+}
+
+// Its backward, in C per row: dn = g * w, dot = sum(dn * h) / n (f64 products and sum, rounded
+// to C), s = rstd^3 * dot, grad_input = round_T(rstd * dn - h * s); grad_weight per column, the
+// rows in order in f64 (the same bits at any thread count), rounded once.
+KernelStatus LlamaRmsNormBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                                  const RawTensor& grad_out, const RawTensor& x,
+                                  const RawTensor& rstd, const RawTensor& weight) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  VisitFloating("llama_rms_norm_backward", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* xs = x.data<T>();
+    const T* go = grad_out.data<T>();
+    const T* ws = weight.data<T>();
+    const C* rs = rstd.data<C>();
+    T* gi = grad_input.data<T>();
+    ParallelFor(rows, RowsPerThread(n), [&](int64_t begin, int64_t end) {
+      std::vector<C> hbuf(n), gbuf(n), w(n), dn(n);
+      for (int64_t i = 0; i < n; ++i) w[i] = static_cast<C>(Widen(ws[i]));
+      for (int64_t r = begin; r < end; ++r) {
+        const C* h = RowAs<C>(xs + r * n, n, hbuf.data());
+        const C* g = RowAs<C>(go + r * n, n, gbuf.data());
+        for (int64_t i = 0; i < n; ++i) dn[i] = g[i] * w[i];
+        const double dot64 = SumF64(
+            n, [&](int64_t i) { return static_cast<double>(dn[i]) * static_cast<double>(h[i]); });
+        const C inv = rs[r];
+        const C s = ((inv * inv) * inv) * static_cast<C>(dot64 / static_cast<double>(n));
+        T* row = gi + r * n;
+        for (int64_t i = 0; i < n; ++i) row[i] = Convert<T>(inv * dn[i] - h[i] * s);
+      }
+    });
+    if (!grad_weight.defined()) return;
+    T* gw = grad_weight.data<T>();
+    ParallelFor(n, 16, [&](int64_t c0, int64_t c1) {
+      std::vector<double> acc(c1 - c0, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const C inv = rs[r];
+        for (int64_t c = c0; c < c1; ++c) {
+          const C h = static_cast<C>(Widen(xs[r * n + c]));
+          const C normed = static_cast<C>(Widen(Convert<T>(h * inv)));
+          acc[c - c0] += static_cast<double>(Widen(go[r * n + c])) * static_cast<double>(normed);
+        }
+      }
+      for (int64_t c = c0; c < c1; ++c) gw[c] = Convert<T>(acc[c - c0]);
+    });
   });
   return KernelStatus::kDone;
 }

@@ -14,6 +14,16 @@
 
 namespace tg::cuda {
 
+// LlamaRMSNorm: no CUDA kernel yet; the composed ops (tensor/composed.cc) run on the device.
+KernelStatus LlamaRmsNorm(const RawTensor&, const RawTensor&, const RawTensor&, const RawTensor&,
+                          double) {
+  return KernelStatus::kNoKernel;
+}
+KernelStatus LlamaRmsNormBackward(const RawTensor&, const RawTensor&, const RawTensor&,
+                                  const RawTensor&, const RawTensor&, const RawTensor&) {
+  return KernelStatus::kNoKernel;
+}
+
 // One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
 // pre-activation (aux). cuBLASLt has no GELU epilogue for f64.
 KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const RawTensor& x,

@@ -276,6 +276,10 @@ void AddNnRows(std::vector<OpRow>& t) {
                   [](In in) { return LayerNorm(in[0], Tensor(), Tensor()); }));
   t.push_back(Row("LayerNorm", "weight only, 1-D, eps 1e-3", {{{5}, -2, 2}, {{5}, 0.5, 1.5}},
                   [](In in) { return LayerNorm(in[0], in[1], Tensor(), 1e-3); }));
+  t.push_back(Row("LlamaRmsNorm", "", {{{2, 2, 4}, -2, 2}, {{4}, 0.5, 1.5}},
+                  [](In in) { return LlamaRmsNorm(in[0], in[1], 1e-6); }));
+  t.push_back(Row("LlamaRmsNorm", "1-D, eps 1e-2", {{{5}, -2, 2}, {{5}, 0.5, 1.5}},
+                  [](In in) { return LlamaRmsNorm(in[0], in[1], 1e-2); }));
   t.push_back(Row("Embedding", "repeated indices", {{{5, 3}}}, [](In in) {
     return Embedding(in[0], I64({4, 0, 4, 2, 1, 4}, {2, 3}, in[0]));
   }));

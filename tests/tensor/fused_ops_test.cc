@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/composed.h"
 #include "tensor/error.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
@@ -480,6 +481,43 @@ TEST(LayerNormBackwardTest, WeightAndBiasGradientsOnlyWhenAsked) {
   EXPECT_FALSE(g.grad_weight.defined() || g.grad_bias.defined());
   // A constant upstream gradient has no component across a normalised row.
   ExpectClose(g.grad_input, std::vector<double>(4, 0.0), OutputTol(kF64), "grad_input");
+}
+
+// ---- LlamaRMSNorm -------------------------------------------------------------------------------
+
+TEST(LlamaRmsNormTest, TheKernelMatchesTheComposedOpsAndFiniteDifferences) {
+  Generator gen(12);
+  // f64: the kernel's gradients against finite differences of its own forward.
+  const RawTensor x = Randn({2, 3, 6}, gen, kF64, 2.0), go = Randn({2, 3, 6}, gen);
+  const RawTensor w = Randn({6}, gen);
+  const auto loss = [&] { return Dot(go, LlamaRmsNorm(x, w, 1e-6).output); };
+  const LlamaRmsNormResult fwd = LlamaRmsNorm(x, w, 1e-6);
+  const LlamaRmsNormGrads g = LlamaRmsNormBackward(go, x, fwd.rstd, w);
+  ExpectClose(g.grad_input, NumericGrad(x, loss), kFiniteDifferenceTol, "grad_input");
+  ExpectClose(g.grad_weight, NumericGrad(w, loss), kFiniteDifferenceTol, "grad_weight");
+  // Every dtype: the CPU kernel (a weight of x's dtype) against the composed ops on the same
+  // values; the sums differ in order only, so f32 agrees to a few ulps and f16/bf16 to one
+  // rounding of their own.
+  for (DType dtype : {kF64, kF32, kF16, kBF16}) {
+    const RawTensor xd = Randn({5, 33}, gen, dtype, 2.0), gd = Randn({5, 33}, gen, dtype);
+    const RawTensor wd = Randn({33}, gen, dtype);
+    const LlamaRmsNormResult kernel = LlamaRmsNorm(xd, wd, 1e-5);
+    const LlamaRmsNormResult composed = composed::LlamaRmsNorm(xd, wd, 1e-5);
+    EXPECT_EQ(kernel.output.dtype(), dtype);
+    ExpectClose(kernel.output, composed.output, OutputTol(dtype), Name("output", dtype));
+    ExpectClose(kernel.rstd, composed.rstd, OutputTol(dtype), Name("rstd", dtype));
+    const LlamaRmsNormGrads kg = LlamaRmsNormBackward(gd, xd, kernel.rstd, wd);
+    const LlamaRmsNormGrads cg = composed::LlamaRmsNormBackward(gd, xd, kernel.rstd, wd, true);
+    ExpectClose(kg.grad_input, cg.grad_input, OutputTol(dtype), Name("grad_input", dtype));
+    ExpectClose(kg.grad_weight, cg.grad_weight, OutputTol(dtype), Name("grad_weight", dtype));
+  }
+  // An f32 weight on bf16 input (autocast's case) gives f32, through the composed ops.
+  const RawTensor xb = Randn({3, 8}, gen, kBF16), wf = Randn({8}, gen, kF32);
+  EXPECT_EQ(LlamaRmsNorm(xb, wf, 1e-5).output.dtype(), kF32);
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { LlamaRmsNorm(xb, Randn({7}, gen, kF32), 1e-5); },
+      "llama_rms_norm: weight of shape [7] does not match the last dim of the input of shape "
+      "[3, 8]"));
 }
 
 // ---- Cross-entropy with its gradient ------------------------------------------------------------

@@ -768,6 +768,42 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      return {r.output, r.mean, r.rstd};
                    },
                    &NormTol()});
+  rows->push_back({"LlamaRmsNorm", "[2, 3, 257] with a weight of the input's dtype", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 3, 257}, dtype, gen, 2), Normal({257}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const LlamaRmsNormResult r = LlamaRmsNorm(in[0], in[1], 1e-6);
+                     return {r.output, r.rstd};
+                   },
+                   &NormTol()});
+  rows->push_back({"LlamaRmsNorm", "[6, 64] transposed view, an f32 weight (composed)", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({64, 6}, dtype, gen, 2), Normal({64}, kF32, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const LlamaRmsNormResult r = LlamaRmsNorm(in[0].transpose(0, 1), in[1], 1e-5);
+                     return {r.output, r.rstd};
+                   },
+                   &NormTol()});
+  for (bool need_weight : {true, false}) {
+    rows->push_back({"LlamaRmsNormBackward",
+                     need_weight ? "[6, 257] with the weight's gradient" : "[2, 3, 64] input only",
+                     kFloats,
+                     [need_weight](DType dtype, Generator& gen) -> Tensors {
+                       const Shape shape = need_weight ? Shape{6, 257} : Shape{2, 3, 64};
+                       const RawTensor x = Normal(shape, dtype, gen, 2);
+                       const RawTensor w = Normal({shape.back()}, dtype, gen);
+                       const LlamaRmsNormResult fwd = LlamaRmsNorm(x, w, 1e-6);
+                       return {Normal(shape, dtype, gen), x, fwd.rstd, w};
+                     },
+                     [need_weight](const Tensors& in) -> Tensors {
+                       const LlamaRmsNormGrads g =
+                           LlamaRmsNormBackward(in[0], in[1], in[2], in[3], need_weight);
+                       return {g.grad_input, g.grad_weight};
+                     },
+                     &NormTol()});
+  }
   rows->push_back({"AddLayerNorm", "[2, 3, 257] residual + block output, with weight and bias",
                    kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
