@@ -101,6 +101,9 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 // kernel forward and backward where the device has it. Differentiable in x and weight, to any
 // order.
 Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps);
+// Rotary embeddings in rotate_half layout (tensor/ops.h RotaryEmbedding): x [..., T, d] times the
+// constant tables cos, sin [T, d] of x's dtype and device; differentiable in x, to any order.
+Tensor RotaryEmbedding(const Tensor& x, const RawTensor& cos, const RawTensor& sin);
 Tensor Embedding(const Tensor& weight, const RawTensor& indices);
 Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index = -100,
                     Reduction reduction = Reduction::kMean);

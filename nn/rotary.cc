@@ -111,8 +111,10 @@ Tensor ApplyRotary(const Tensor& x, const RopeTables& tables) {
            ShapeToString(tables.cos.shape()), " and ", ShapeToString(tables.sin.shape()),
            ", x needs ", ShapeToString(want));
   const Device device = x.data().device();
-  const Tensor cos(tables.cos.to(device, x.dtype())), sin(tables.sin.to(device, x.dtype()));
-  return Add(Mul(x, cos), Mul(RotateHalf(x), sin));
+  // One op (a kernel forward and backward where the device has it) with the bits of
+  // Add(Mul(x, cos), Mul(RotateHalf(x), sin)).
+  return ::tg::RotaryEmbedding(x, tables.cos.to(device, x.dtype()),
+                               tables.sin.to(device, x.dtype()));
 }
 
 }  // namespace tg::nn

@@ -53,7 +53,7 @@ RopeTables RopeCosSin(const RawTensor& inv_freq, int64_t seq_len, DType dtype);
 Tensor RotateHalf(const Tensor& x);
 // x * cos + RotateHalf(x) * sin for x [..., T, head_dim] (cos and sin [T, head_dim] broadcast
 // over the leading dims, moved to x's device), in x's dtype, each product and the sum rounded
-// as torch's ops round them (differentiable in x).
+// as torch's ops round them (differentiable in x): one op, tg::RotaryEmbedding.
 Tensor ApplyRotary(const Tensor& x, const RopeTables& tables);
 
 }  // namespace tg::nn

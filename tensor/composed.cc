@@ -167,6 +167,29 @@ LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTenso
   return out;
 }
 
+namespace {
+
+// cat(-y[..., h:], y[..., :h]) for the last dim of 2h.
+RawTensor RotateHalfRaw(const RawTensor& y) {
+  const int64_t h = y.size(-1) / 2, last = y.dim() - 1;
+  RawTensor out = RawTensor::Empty(y.shape(), y.dtype(), y.device());
+  out.narrow(last, 0, h).copy_(Neg(y.narrow(last, h, h)));
+  out.narrow(last, h, h).copy_(y.narrow(last, 0, h));
+  return out;
+}
+
+}  // namespace
+
+RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin) {
+  return Add(Mul(x, cos), Mul(RotateHalfRaw(x), sin));
+}
+
+RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,
+                                  const RawTensor& sin) {
+  // rotate_half's transpose is -rotate_half: (y[h:], -y[:h]).
+  return Add(Mul(grad_out, cos), Neg(RotateHalfRaw(Mul(grad_out, sin))));
+}
+
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps) {
   AddLayerNormResult r;

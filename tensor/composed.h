@@ -42,6 +42,10 @@ LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, dou
 LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
                                        const RawTensor& rstd, const RawTensor& weight,
                                        bool need_weight);
+// RotaryEmbedding and its backward (tensor/ops.h) of tensor ops.
+RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin);
+RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,
+                                  const RawTensor& sin);
 // residual = a + b, then LayerNorm(residual, weight, bias, eps).
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps);

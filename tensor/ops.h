@@ -407,6 +407,16 @@ LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTenso
                                        const RawTensor& rstd, const RawTensor& weight,
                                        bool need_weight = true);
 
+// Rotary embeddings in transformers' rotate_half layout: x [..., T, d] (floating, d even) times
+// cos, sin [T, d] (x's dtype and device): out = x * cos + rotate_half(x) * sin with
+// rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]), each product and the sum rounded to x's dtype
+// (the three tensor ops' bits), contiguous. One pass where the device has the kernel.
+RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin);
+// Its gradient for grad_out (x's shape and dtype): grad_out * cos - rotate_half(grad_out * sin),
+// rounded as the tensor ops' backward rounds it.
+RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,
+                                  const RawTensor& sin);
+
 struct AddLayerNormResult {
   RawTensor residual;    // a + b, rounded to their dtype
   LayerNormResult norm;  // LayerNorm(residual, weight, bias, eps)

@@ -314,6 +314,62 @@ LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTenso
   return r;
 }
 
+namespace {
+
+// x [..., T, d] floating with d even; cos and sin [T, d] of x's dtype and device.
+void CheckRotary(const char* op, const RawTensor& x, const RawTensor& cos, const RawTensor& sin) {
+  CheckDefined(op, x, "the input");
+  CheckDefined(op, cos, "cos");
+  CheckDefined(op, sin, "sin");
+  CommonDevice(op, {&x, &cos, &sin});
+  CheckFloating(op, x.dtype());
+  TG_CHECK(x.dim() >= 2 && x.size(-1) % 2 == 0, op, ": expected x [..., T, d] with d even, got ",
+           ShapeToString(x.shape()));
+  const Shape want = {x.size(-2), x.size(-1)};
+  TG_CHECK(cos.shape() == want && sin.shape() == want && cos.dtype() == x.dtype() &&
+               sin.dtype() == x.dtype(),
+           op, ": cos and sin are ", ShapeToString(cos.shape()), " ", DTypeName(cos.dtype()),
+           " and ", ShapeToString(sin.shape()), " ", DTypeName(sin.dtype()), "; x needs ",
+           ShapeToString(want), " ", DTypeName(x.dtype()));
+}
+
+}  // namespace
+
+RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin) {
+  const char* op = "rotary_embedding";
+  CheckRotary(op, x, cos, sin);
+  // The kernel reads [lead, T, d] with a unit last stride; other layouts are made contiguous.
+  const int64_t t = x.size(-2), d = x.size(-1);
+  const RawTensor xs = x.strides().back() == 1 || d == 1 ? x : x.contiguous();
+  RawTensor out = RawTensor::Empty(x.shape(), x.dtype(), x.device());
+  const int64_t lead = x.numel() / std::max<int64_t>(1, t * d);
+  if (x.numel() == 0) return out;
+  if (Declined(KernelsFor(x.device())
+                   .RotaryEmbedding(out.reshape({lead, t, d}), xs, cos.contiguous(),
+                                    sin.contiguous()))) {
+    out = composed::RotaryEmbedding(x, cos, sin);
+  }
+  return out;
+}
+
+RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,
+                                  const RawTensor& sin) {
+  const char* op = "rotary_embedding_backward";
+  CheckRotary(op, grad_out, cos, sin);
+  const int64_t t = grad_out.size(-2), d = grad_out.size(-1);
+  if (grad_out.numel() == 0)
+    return RawTensor::Empty(grad_out.shape(), grad_out.dtype(), grad_out.device());
+  const int64_t lead = grad_out.numel() / (t * d);
+  const RawTensor g = grad_out.contiguous().reshape({lead, t, d});
+  RawTensor out = RawTensor::Empty(grad_out.shape(), grad_out.dtype(), grad_out.device());
+  if (Declined(KernelsFor(grad_out.device())
+                   .RotaryEmbeddingBackward(out.reshape({lead, t, d}), g, cos.contiguous(),
+                                            sin.contiguous()))) {
+    out = composed::RotaryEmbeddingBackward(grad_out, cos, sin);
+  }
+  return out;
+}
+
 AddLayerNormResult AddLayerNorm(const RawTensor& a, const RawTensor& b, const RawTensor& weight,
                                 const RawTensor& bias, double eps) {
   const char* op = "add_layer_norm";

@@ -162,6 +162,28 @@ Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps) {
                 });
 }
 
+Tensor RotaryEmbedding(const Tensor& x, const RawTensor& cos, const RawTensor& sin) {
+  TG_CHECK(x.defined(), OpTorchName(OpId::kRotaryEmbedding), ": the input must be defined");
+  const RawTensor out = Dispatch<OpId::kRotaryEmbedding>(
+      [&] { return tg::RotaryEmbedding(x.data(), cos, sin); }, x, Tensor(cos), Tensor(sin));
+  return Record(
+      OpNodeName(OpId::kRotaryEmbedding), out, {x}, {Tensor(cos), Tensor(sin)},
+      [](const BackwardContext& ctx) -> VariableList {
+        const Tensor& cos = ctx.saved[0];
+        const Tensor& sin = ctx.saved[1];
+        if (!GradMode::is_enabled()) {
+          return {Tensor(tg::RotaryEmbeddingBackward(ctx.grads[0].data(), cos.data(), sin.data()))};
+        }
+        // create_graph: the gradient is linear in g, g * cos - rotate_half(g * sin),
+        // written with differentiable ops.
+        const Tensor& g = ctx.grads[0];
+        const Tensor gs = Mul(g, sin);
+        const int64_t h = g.size(-1) / 2;
+        const Tensor rot = Cat({Neg(Narrow(gs, -1, h, h)), Narrow(gs, -1, 0, h)}, -1);
+        return {Sub(Mul(g, cos), rot)};
+      });
+}
+
 Tensor Embedding(const Tensor& weight, const RawTensor& indices) {
   const RawTensor out = Dispatch<OpId::kEmbedding>(
       [&] { return tg::Embedding(weight.data(), indices); }, weight, Tensor(indices));  // validates

@@ -14,8 +14,9 @@
 //   tg::Tensor logits = (*model)(tokens);   // tokens i64 [batch, seq] -> [batch, seq, vocab]
 //
 // tools/train_llama.cc trains it; nn/models/llama_io.h reads and writes transformers checkpoint
-// directories. RMSNorm is one op (tg::LlamaRmsNorm: a CPU kernel forward and backward, the
-// composed ops on CUDA); rotary embeddings and SwiGLU are composed of differentiable ops.
+// directories. RMSNorm and the rotary embeddings are one op each (tg::LlamaRmsNorm,
+// tg::RotaryEmbedding: CPU kernels forward and backward, the composed ops on CUDA); SwiGLU is
+// composed of differentiable ops.
 #ifndef TAPEGRAD_NN_MODELS_LLAMA_H_
 #define TAPEGRAD_NN_MODELS_LLAMA_H_
 

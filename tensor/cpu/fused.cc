@@ -192,6 +192,79 @@ KernelStatus LlamaRmsNormBackward(const RawTensor& grad_input, const RawTensor& 
   return KernelStatus::kDone;
 }
 
+// Rotary embedding per row of d values at position t: the products and the sum rounded to T as
+// Mul, Mul and Add round them (so the composed ops' bits). Rows in parallel; x's rows found
+// through its strides (a unit last stride).
+KernelStatus RotaryEmbedding(const RawTensor& out, const RawTensor& x, const RawTensor& cos,
+                             const RawTensor& sin) {
+  const int64_t rank = x.dim(), t_len = x.size(-2), d = x.size(-1), h = d / 2;
+  const int64_t rows = out.size(0) * t_len;
+  VisitFloating("rotary_embedding", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* xs = x.data<T>();
+    const T* cs = cos.data<T>();
+    const T* sn = sin.data<T>();
+    T* o = out.data<T>();
+    auto round = [](C v) { return static_cast<C>(Widen(Convert<T>(v))); };
+    ParallelFor(rows, RowsPerThread(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        int64_t offset = 0, rest = r;
+        for (int64_t k = rank - 2; k >= 0; --k) {
+          offset += (rest % x.size(k)) * x.strides()[k];
+          rest /= x.size(k);
+        }
+        const int64_t t = r % t_len;
+        const T* xr = xs + offset;
+        const T* cr = cs + t * d;
+        const T* sr = sn + t * d;
+        T* orow = o + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const C xi = static_cast<C>(Widen(xr[i]));
+          const C rot =
+              i < h ? -static_cast<C>(Widen(xr[i + h])) : static_cast<C>(Widen(xr[i - h]));
+          const C a = round(xi * static_cast<C>(Widen(cr[i])));
+          const C b = round(rot * static_cast<C>(Widen(sr[i])));
+          orow[i] = Convert<T>(a + b);
+        }
+      }
+    });
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus RotaryEmbeddingBackward(const RawTensor& grad_input, const RawTensor& grad_out,
+                                     const RawTensor& cos, const RawTensor& sin) {
+  const int64_t t_len = grad_out.size(1), d = grad_out.size(2), h = d / 2;
+  const int64_t rows = grad_out.size(0) * t_len;
+  VisitFloating("rotary_embedding_backward", grad_out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* gs = grad_out.data<T>();
+    const T* cs = cos.data<T>();
+    const T* sn = sin.data<T>();
+    T* o = grad_input.data<T>();
+    auto round = [](C v) { return static_cast<C>(Widen(Convert<T>(v))); };
+    ParallelFor(rows, RowsPerThread(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t t = r % t_len;
+        const T* gr = gs + r * d;
+        const T* cr = cs + t * d;
+        const T* sr = sn + t * d;
+        T* orow = o + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const C a = round(static_cast<C>(Widen(gr[i])) * static_cast<C>(Widen(cr[i])));
+          // (g sin) moved back through rotate_half: + at i < h from i + h, - at i >= h from i - h.
+          const int64_t j = i < h ? i + h : i - h;
+          const C gs_j = round(static_cast<C>(Widen(gr[j])) * static_cast<C>(Widen(sr[j])));
+          orow[i] = Convert<T>(a + (i < h ? gs_j : -gs_j));
+        }
+      }
+    });
+  });
+  return KernelStatus::kDone;
+}
+
 // Per row: residual = round(a + b), then LayerNormRow on the rounded residual -- the same
 // arithmetic as Add followed by the LayerNorm kernel, in one pass over a and b.
 KernelStatus AddLayerNorm(const RawTensor& residual, const RawTensor& out, const RawTensor& mean,

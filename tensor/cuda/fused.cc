@@ -23,6 +23,15 @@ KernelStatus LlamaRmsNormBackward(const RawTensor&, const RawTensor&, const RawT
                                   const RawTensor&, const RawTensor&, const RawTensor&) {
   return KernelStatus::kNoKernel;
 }
+// Rotary embeddings likewise.
+KernelStatus RotaryEmbedding(const RawTensor&, const RawTensor&, const RawTensor&,
+                             const RawTensor&) {
+  return KernelStatus::kNoKernel;
+}
+KernelStatus RotaryEmbeddingBackward(const RawTensor&, const RawTensor&, const RawTensor&,
+                                     const RawTensor&) {
+  return KernelStatus::kNoKernel;
+}
 
 // One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
 // pre-activation (aux). cuBLASLt has no GELU epilogue for f64.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -280,6 +281,18 @@ void AddNnRows(std::vector<OpRow>& t) {
                   [](In in) { return LlamaRmsNorm(in[0], in[1], 1e-6); }));
   t.push_back(Row("LlamaRmsNorm", "1-D, eps 1e-2", {{{5}, -2, 2}, {{5}, 0.5, 1.5}},
                   [](In in) { return LlamaRmsNorm(in[0], in[1], 1e-2); }));
+  t.push_back(Row("RotaryEmbedding", "[2, 3, 4]", {{{2, 3, 4}, -2, 2}}, [](In in) {
+    // Positions 0, 1, 2 at frequencies 0.3 and 0.7, as RopeCosSin lays them out.
+    std::vector<double> c, s;
+    for (int t = 0; t < 3; ++t) {
+      for (double f : {0.3, 0.7, 0.3, 0.7}) {
+        c.push_back(std::cos(t * f));
+        s.push_back(std::sin(t * f));
+      }
+    }
+    return RotaryEmbedding(in[0], RawTensor::FromVector(c, {3, 4}).to(in[0].dtype()),
+                           RawTensor::FromVector(s, {3, 4}).to(in[0].dtype()));
+  }));
   t.push_back(Row("Embedding", "repeated indices", {{{5, 3}}}, [](In in) {
     return Embedding(in[0], I64({4, 0, 4, 2, 1, 4}, {2, 3}, in[0]));
   }));

@@ -520,6 +520,26 @@ TEST(LlamaRmsNormTest, TheKernelMatchesTheComposedOpsAndFiniteDifferences) {
       "[3, 8]"));
 }
 
+TEST(RotaryEmbeddingTest, TheKernelHasTheComposedOpsBits) {
+  Generator gen(13);
+  for (DType dtype : {kF64, kF32, kF16, kBF16}) {
+    const RawTensor x = Randn({2, 5, 3, 8}, gen, dtype, 2.0).transpose(1, 2);  // [2, 3, 5, 8]
+    const RawTensor cos = Randn({5, 8}, gen, dtype), sin = Randn({5, 8}, gen, dtype);
+    const RawTensor g = Randn({2, 3, 5, 8}, gen, dtype);
+    EXPECT_EQ(RotaryEmbedding(x, cos, sin).to_vector<double>(),
+              composed::RotaryEmbedding(x, cos, sin).to_vector<double>())
+        << DTypeName(dtype);
+    EXPECT_EQ(RotaryEmbeddingBackward(g, cos, sin).to_vector<double>(),
+              composed::RotaryEmbeddingBackward(g, cos, sin).to_vector<double>())
+        << DTypeName(dtype);
+  }
+  // The rotation: x = (1, 2, 3, 4) at angle pi/2 (cos 0, sin 1) is rotate_half(x) = (-3, -4, 1, 2).
+  const RawTensor x = RawTensor::FromVector<float>({1, 2, 3, 4}, {1, 4});
+  EXPECT_EQ(
+      RotaryEmbedding(x, RawTensor::Zeros({1, 4}), RawTensor::Ones({1, 4})).to_vector<float>(),
+      (std::vector<float>{-3, -4, 1, 2}));
+}
+
 // ---- Cross-entropy with its gradient ------------------------------------------------------------
 
 TEST(CrossEntropyWithGradTest, EqualsCrossEntropyAndItsBackward) {

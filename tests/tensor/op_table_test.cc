@@ -804,6 +804,23 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      },
                      &NormTol()});
   }
+  rows->push_back({"RotaryEmbedding", "[2, 3, 5, 16] heads-major view of [2, 5, 3, 16]", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 5, 3, 16}, dtype, gen, 2), Normal({5, 16}, dtype, gen),
+                             Normal({5, 16}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     return {RotaryEmbedding(in[0].transpose(1, 2), in[1], in[2])};
+                   },
+                   &NormTol()});
+  rows->push_back(
+      {"RotaryEmbeddingBackward", "[4, 7, 8]", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({4, 7, 8}, dtype, gen, 2), Normal({7, 8}, dtype, gen),
+                 Normal({7, 8}, dtype, gen)};
+       },
+       [](const Tensors& in) -> Tensors { return {RotaryEmbeddingBackward(in[0], in[1], in[2])}; },
+       &NormTol()});
   rows->push_back({"AddLayerNorm", "[2, 3, 257] residual + block output, with weight and bias",
                    kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
