@@ -16,8 +16,9 @@ failures=0
 fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 
 shared="checkpoint_dir device fp8_amax_history_len fp8_margin fp8_recipe grad_accum_steps
-loss_scaler max_skipped_fraction max_skipped_in_a_row metrics optimizer precision print_every rank
-rdzv resume stop_at_step tf32 world_size zero_stage"
+loss_scaler max_skipped_fraction max_skipped_in_a_row metrics muon_adjust_lr muon_lr muon_momentum
+muon_nesterov muon_ns_steps optimizer precision print_every rank rdzv resume stop_at_step tf32
+world_size zero_stage"
 own_mnist="batch_size checkpoint_every data_dir epochs lr micro_batch_size model override seed
 train_limit weight_decay"
 own_gpt="cudnn_attention export_hf fp8_head init_from n_embd n_head n_layer"
@@ -65,7 +66,8 @@ else
   diff "$tmp/mnist.shared" "$tmp/gpt.shared"
 fi
 # A default that is printed: the shared flags keep the defaults they had in each binary.
-for want in '--optimizer (adamw | adam | sgd); default: "adamw";' \
+for want in '--optimizer (adamw | adam | sgd | muon (Muon for the hidden matrices with' \
+  'biases and norms)); default: "adamw";' '--muon_lr (with --optimizer=muon:' \
   '--device (cpu | cuda | cuda:N); default: "cpu";' '--fp8_recipe (with --precision=fp8: delayed' '--fp8_margin (with --fp8_recipe=delayed:'; do
   if grep -qF -- "$want" "$tmp/gpt.shared"; then echo "ok   $want"; else fail "no '$want'"; fi
 done
