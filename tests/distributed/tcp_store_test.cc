@@ -122,7 +122,8 @@ TEST(TcpStore, SetGetAddWaitAcrossClients) {
   ASSERT_TRUE(a->Set("empty", "").ok());
   EXPECT_EQ(*b->Get("empty", absl::Seconds(1)), "");
   const std::string big(1 << 20, 'x');
-  ASSERT_TRUE(a->Set("big", big).ok());
+  const absl::Status big_set = a->Set("big", big);
+  ASSERT_TRUE(big_set.ok()) << big_set;
   EXPECT_EQ(*b->Get("big", absl::Seconds(1)), big);
 
   // Wait / Get block until another client sets the key.
