@@ -172,12 +172,7 @@ int Main() {
 
   // ---- Pretrained weights (their shape fixes the model's).
   const std::string export_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_export_hf));
-  if (!export_dir.empty() && dp.sharded_parameters()) {
-    return Fail(absl::InvalidArgumentError(
-        "--export_hf needs the whole model on rank 0, which --zero_stage=3 shards: train with "
-        "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
-        "--world_size=1"));
-  }
+  if (absl::Status s = train::CheckExportable(run, export_dir); !s.ok()) return Fail(s);
   nn::Gpt2ExportOptions export_options;
   std::optional<nn::Gpt2Checkpoint> init;
   if (!init_from.empty()) {

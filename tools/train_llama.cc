@@ -180,12 +180,7 @@ int Main() {
 
   train::DataParallel& dp = run.dp();
   const std::string export_dir = train::ResolveUserPath(absl::GetFlag(FLAGS_export_hf));
-  if (!export_dir.empty() && dp.sharded_parameters()) {
-    return Fail(absl::InvalidArgumentError(
-        "--export_hf needs the whole model on rank 0, which --zero_stage=3 shards: train with "
-        "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
-        "--world_size=1"));
-  }
+  if (absl::Status s = train::CheckExportable(run, export_dir); !s.ok()) return Fail(s);
   std::optional<nn::LlamaCheckpoint> init;
   nn::LlamaExportOptions export_options;
   export_options.settings.family = *arch;

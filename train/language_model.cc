@@ -142,6 +142,14 @@ absl::StatusOr<std::unique_ptr<LanguageModelData>> LanguageModelData::Load() {
   return data;
 }
 
+absl::Status CheckExportable(Run& run, const std::string& export_dir) {
+  if (export_dir.empty() || !run.dp().sharded_parameters()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "--export_hf needs the whole model on rank 0, which --zero_stage=3 shards: train with "
+      "--checkpoint_dir, then export from the checkpoint with --resume --zero_stage=0 "
+      "--world_size=1");
+}
+
 absl::Status LanguageModelData::CheckPretrained(const std::string& init_from, int64_t vocab_size,
                                                 const std::string& char_vocab) const {
   const std::optional<data::CharTokenizer>& text = tokenizer();

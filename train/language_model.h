@@ -66,6 +66,10 @@ namespace tg::train {
 // conversion of pretrained weights).
 absl::Status CheckLanguageModelFlags(std::vector<FlagRange> model_flags, bool steps_may_be_zero);
 
+// --export_hf=`export_dir` (empty: none) against the run: InvalidArgument under ZeRO stage 3,
+// which leaves no rank with the whole model, naming the way to export from a checkpoint.
+absl::Status CheckExportable(Run& run, const std::string& export_dir);
+
 // Run::Start's options from the flags (the global batch of 32 sequences by default).
 RunOptions LanguageModelRunOptions(const char* program);
 
