@@ -8,6 +8,7 @@ set -euo pipefail
 
 train_llama="$1"
 data="$(cd "$2" && pwd)"  # tests/nn/testdata
+launch="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
@@ -82,6 +83,14 @@ refused "--export_dtype=f8: expected f32, bf16 or f16" --init_from="$llama" --st
 refused "--block_size=65 exceeds the context of --init_from=$data/hf_mistral_f16 (64: its sliding_window)" \
   --init_from="$data/hf_mistral_f16" --data="$shard" --block_size=65
 refused "$text is text (" --init_from="$llama" --data="$text"
+
+# ZeRO stage 3 leaves no rank with the whole model: the export is refused before training.
+rc=0
+"$launch" --nproc=2 -- "$train_llama" --data="$text" --steps=1 --world_size=2 --zero_stage=3 \
+  --export_hf="$tmp/z" >"$tmp/z.log" 2>&1 || rc=$?
+if [ "$rc" -eq 0 ] || ! grep -qF "export_hf needs the whole model on rank 0, which --zero_stage=3 shards" "$tmp/z.log"; then
+  fail "ZeRO stage 3 with --export_hf: exit $rc"; cat "$tmp/z.log"
+fi
 
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all llama init/export checks passed"
