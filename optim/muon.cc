@@ -21,9 +21,6 @@ RawTensor Lerp(const RawTensor& a, const RawTensor& b, double w) {
   return std::abs(wr) < 0.5 ? Add(a, MulScalar(diff, wr)) : Sub(b, MulScalar(diff, 1 - wr));
 }
 
-// f32 for the 16-bit dtypes and f32, f64 for f64: where the iteration's products are summed.
-DType AccumulationDType(DType ns_dtype) { return ns_dtype == kF64 ? kF64 : kF32; }
-
 }  // namespace
 
 std::unique_ptr<OptimizerOptions> MuonOptions::clone() const {
@@ -76,32 +73,59 @@ bool MuonOptions::SetNamed(const std::string& name, double value, const std::str
   return true;
 }
 
-RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c, int64_t ns_steps,
-                           double eps, DType ns_dtype) {
+namespace {
+
+void CheckNewtonSchulz(const RawTensor& update, int64_t ns_steps, DType ns_dtype) {
   TG_CHECK(update.dim() == 2, "Muon: the Newton-Schulz iteration takes a 2-D matrix, got ",
            ShapeToString(update.shape()));
   TG_CHECK(ns_steps >= 0 && ns_steps < 100, "Muon: ns_steps must be in 0..99, got ", ns_steps);
   TG_CHECK(IsFloating(ns_dtype) && ns_dtype != kF8E4M3 && ns_dtype != kF8E5M2,
            "Muon: ns_dtype must be bf16, f16, f32 or f64, got ", DTypeName(ns_dtype));
-  const DType acc = AccumulationDType(ns_dtype);
-  const bool tall = update.size(0) > update.size(1);
-  RawTensor x = update.to(ns_dtype);
-  if (tall) x = x.transpose(0, 1);
-  // The Frobenius norm of the rounded matrix, rounded to ns_dtype (torch's norm of a bf16 tensor
-  // is a bf16), at least eps rounded likewise.
-  const RawTensor xa = x.to(acc);
-  const double sum_sq = Sum(Mul(xa, xa)).to(kF64).item();
-  const double norm = RawTensor::Scalar(std::sqrt(sum_sq), kF64).to(ns_dtype).to(kF64).item();
-  const double floor = RawTensor::Scalar(eps, kF64).to(ns_dtype).to(kF64).item();
-  x = Div(x, RawTensor::Scalar(std::max(norm, floor), ns_dtype).to(x.device()));
-  for (int64_t step = 0; step < ns_steps; ++step) {
-    const RawTensor xs = x.to(acc);
-    const RawTensor gram = Matmul(xs, xs.transpose(0, 1)).to(ns_dtype).to(acc);
-    const RawTensor update_b =
-        Add(MulScalar(gram, b), MulScalar(Matmul(gram, gram), c)).to(ns_dtype).to(acc);
-    x = Add(MulScalar(xs, a), Matmul(update_b, xs)).to(ns_dtype);
+}
+
+// A tall matrix goes through the iteration transposed (torch's choice: the Gram matrix is then
+// the smaller one).
+bool Tall(const RawTensor& update) { return update.size(0) > update.size(1); }
+
+}  // namespace
+
+std::vector<RawTensor> MuonNewtonSchulz(const std::vector<RawTensor>& updates, double a, double b,
+                                        double c, int64_t ns_steps, double eps, DType ns_dtype) {
+  for (const RawTensor& u : updates) CheckNewtonSchulz(u, ns_steps, ns_dtype);
+  std::vector<RawTensor> out(updates.size());
+  std::vector<bool> done(updates.size(), false);
+  for (size_t first = 0; first < updates.size(); ++first) {
+    if (done[first]) continue;
+    // The matrices of first's oriented shape and device, in list order.
+    const Shape shape = updates[first].shape();
+    const Device device = updates[first].device();
+    std::vector<size_t> members;
+    for (size_t i = first; i < updates.size(); ++i) {
+      if (!done[i] && updates[i].shape() == shape && updates[i].device() == device) {
+        members.push_back(i);
+        done[i] = true;
+      }
+    }
+    const bool tall = Tall(updates[first]);
+    const int64_t m = tall ? shape[1] : shape[0], n = tall ? shape[0] : shape[1];
+    const RawTensor batch =
+        RawTensor::Empty({static_cast<int64_t>(members.size()), m, n}, ns_dtype, device);
+    for (size_t k = 0; k < members.size(); ++k) {
+      const RawTensor& u = updates[members[k]];
+      batch.select(0, static_cast<int64_t>(k)).copy_(tall ? u.transpose(0, 1) : u);
+    }
+    const RawTensor ortho = NewtonSchulz(batch, a, b, c, ns_steps, eps);
+    for (size_t k = 0; k < members.size(); ++k) {
+      const RawTensor o = ortho.select(0, static_cast<int64_t>(k));
+      out[members[k]] = tall ? o.transpose(0, 1).contiguous() : o;
+    }
   }
-  return tall ? x.transpose(0, 1).contiguous() : x;
+  return out;
+}
+
+RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c, int64_t ns_steps,
+                           double eps, DType ns_dtype) {
+  return MuonNewtonSchulz(std::vector<RawTensor>{update}, a, b, c, ns_steps, eps, ns_dtype)[0];
 }
 
 double MuonAdjustedLr(double lr, MuonAdjustLr fn, int64_t rows, int64_t cols) {
@@ -169,6 +193,9 @@ void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
 }
 
 void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<ParamUpdate>& updates) {
+  // The momentum of every parameter, then the group's matrices orthogonalised together (those of
+  // one shape in one batch), then the parameters.
+  std::vector<RawTensor> directions;
   for (const ParamUpdate& u : updates) {
     const RawTensor& param = u.param.data();
     const DType compute = StateDType(param.dtype());
@@ -181,12 +208,16 @@ void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<Para
     const RawTensor& buf = it->second;
     const RawTensor grad = u.grad.to(compute);
     buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
-    const RawTensor update = o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
-    const RawTensor ortho =
-        MuonNewtonSchulz(update, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
+    directions.push_back(o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf);
+  }
+  const std::vector<RawTensor> ortho =
+      MuonNewtonSchulz(directions, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const RawTensor& param = updates[i].param.data();
+    const DType compute = StateDType(param.dtype());
     const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
     const RawTensor decayed = MulScalar(param.to(compute), 1 - o.lr() * o.weight_decay());
-    param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));
+    param.copy_(Sub(decayed, MulScalar(ortho[i].to(compute), lr)));
   }
 }
 

@@ -140,9 +140,14 @@ class MuonWithAdamW : public AdamW {
 };
 
 // The orthogonalised update of `update` ([rows, cols], any floating dtype) in `ns_dtype`, as
-// Muon's step computes it (NewtonSchulz above); the result has ns_dtype.
+// Muon's step computes it (the NewtonSchulz op of tensor/ops.h; a tall matrix transposed there
+// and back); the result has ns_dtype.
 RawTensor MuonNewtonSchulz(const RawTensor& update, double a, double b, double c, int64_t ns_steps,
                            double eps, DType ns_dtype);
+// The same for each of `updates`, those of one shape and device in one batch of the op: each
+// result equals the one-matrix call's.
+std::vector<RawTensor> MuonNewtonSchulz(const std::vector<RawTensor>& updates, double a, double b,
+                                        double c, int64_t ns_steps, double eps, DType ns_dtype);
 // The learning rate Muon applies to a parameter of shape [rows, cols].
 double MuonAdjustedLr(double lr, MuonAdjustLr fn, int64_t rows, int64_t cols);
 

@@ -312,6 +312,25 @@ void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors
   norm.copy_(acc);
 }
 
+// The kernel list's NewtonSchulz in tensor ops: every product of 16-bit matrices is a product of
+// their exact f32 widenings (one rounding per element, as the kernel's), batched.
+RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
+                       double eps) {
+  const DType dtype = x.dtype(), ct = ComputeDType(dtype);
+  const RawTensor x64 = x.to(kF64);
+  const RawTensor sum_sq = Sum(Mul(x64, x64), {1, 2}, /*keepdim=*/true).to(ct).to(kF64);
+  const RawTensor floor = RawTensor::Scalar(eps, kF64).to(dtype).to(x.device());
+  RawTensor ortho = Div(x, Maximum(Sqrt(sum_sq).to(dtype), floor));
+  for (int64_t step = 0; step < ns_steps; ++step) {
+    const RawTensor xs = ortho.to(ct);
+    const RawTensor gram = Bmm(xs, xs.transpose(1, 2)).to(dtype).to(ct);
+    const RawTensor update =
+        Add(MulScalar(gram, b), MulScalar(Bmm(gram, gram), c)).to(dtype).to(ct);
+    ortho = Add(MulScalar(xs, a), Bmm(update, xs)).to(dtype);
+  }
+  return ortho.contiguous();
+}
+
 void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,
                 double max_norm) {
   double clip_coef = 1;

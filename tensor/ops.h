@@ -460,6 +460,14 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // f64; NaN anywhere gives NaN. No host wait on a device.
 RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type,
                          DType dtype = kF64);
+// Muon's Newton-Schulz orthogonalisation (torch.optim.Muon's, optim/muon.h) of every matrix of x
+// [batch, m, n] (floating, not FP8; m <= n: a tall matrix arrives transposed) in x's dtype, as
+// the kernel list's NewtonSchulz computes it: the matrices of one shape go through the iteration
+// together. Returns a new contiguous tensor of x's shape and dtype. Throws tg::Error naming the
+// op for another rank, a tall matrix, a dtype it does not take, ns_steps outside 0..99 or a
+// non-finite coefficient or eps.
+RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
+                       double eps);
 // Multiplies every tensor in place by clip_coef = max_norm / (total_norm + 1e-6) (double, rounded
 // to each tensor's compute dtype) when total_norm (0-d f64 or f32 on the tensors' device) is
 // finite and clip_coef < 1; otherwise changes nothing. The decision is taken where the norm lives.

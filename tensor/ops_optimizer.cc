@@ -1,4 +1,4 @@
-// The optimizer multi-tensor ops of tensor/ops.h (FusedAdam, FusedSgd, GlobalGradNorm,
+// The optimizer ops of tensor/ops.h (FusedAdam, FusedSgd, GlobalGradNorm, NewtonSchulz,
 // ClipByNorm): list validation, then the device's kernel or the composed form.
 #include <algorithm>
 #include <cmath>
@@ -154,6 +154,30 @@ RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type
     composed::GlobalGradNorm(norm, tensors, norm_type);
   }
   return norm;
+}
+
+RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
+                       double eps) {
+  const char* op = "newton_schulz";
+  CheckDefined(op, x, "the input");
+  CheckFloating(op, x.dtype());
+  TG_CHECK(x.dtype() != kF8E4M3 && x.dtype() != kF8E5M2, op,
+           ": takes bf16, f16, f32 or f64 matrices, got ", DTypeName(x.dtype()));
+  TG_CHECK(x.dim() == 3, op, ": expected a batch of matrices [batch, m, n], got ",
+           ShapeToString(x.shape()));
+  TG_CHECK(x.size(1) <= x.size(2), op,
+           ": expected wide matrices (m <= n; transpose a tall one), got ",
+           ShapeToString(x.shape()));
+  TG_CHECK(ns_steps >= 0 && ns_steps < 100, op, ": ns_steps must be in 0..99, got ", ns_steps);
+  TG_CHECK(std::isfinite(a) && std::isfinite(b) && std::isfinite(c), op,
+           ": the coefficients must be finite, got (", a, ", ", b, ", ", c, ")");
+  TG_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  const RawTensor in = x.contiguous();
+  const RawTensor out = RawTensor::Empty(x.shape(), x.dtype(), x.device());
+  if (Declined(KernelsFor(x.device()).NewtonSchulz(out, in, a, b, c, ns_steps, eps))) {
+    return composed::NewtonSchulz(in, a, b, c, ns_steps, eps);
+  }
+  return out;
 }
 
 void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,

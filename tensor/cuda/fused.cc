@@ -33,6 +33,13 @@ KernelStatus RotaryEmbeddingBackward(const RawTensor&, const RawTensor&, const R
   return KernelStatus::kNoKernel;
 }
 
+// Muon's Newton-Schulz iteration: no CUDA kernel of its own yet; the composed form runs the batch
+// through batched cuBLAS products (Bmm) on the device.
+KernelStatus NewtonSchulz(const RawTensor&, const RawTensor&, double, double, double, int64_t,
+                          double) {
+  return KernelStatus::kNoKernel;
+}
+
 // One cuBLASLt product with the bias (+ GELU) epilogue; the GELU epilogues also store the
 // pre-activation (aux). cuBLASLt has no GELU epilogue for f64.
 KernelStatus LinearForward(const RawTensor& out, const RawTensor& pre, const RawTensor& x,

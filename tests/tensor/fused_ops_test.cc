@@ -783,4 +783,114 @@ TEST(FusedOpErrorsTest, CrossEntropyBackwardGradientDevice) {
 }
 
 }  // namespace
+// ---- NewtonSchulz ------------------------------------------------------------------------------
+
+// Muon's iteration in plain f64 loops over one matrix [m, n], row-major.
+std::vector<double> NewtonSchulzReference(std::vector<double> x, int64_t m, int64_t n, double a,
+                                          double b, double c, int steps, double eps) {
+  double sum = 0;
+  for (double v : x) sum += v * v;
+  const double norm = std::max(std::sqrt(sum), eps);
+  for (double& v : x) v /= norm;
+  auto product = [](const std::vector<double>& p, const std::vector<double>& q, int64_t rows,
+                    int64_t inner, int64_t cols, bool q_transposed) {
+    std::vector<double> r(static_cast<size_t>(rows * cols), 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < inner; ++k) {
+          s += p[i * inner + k] * (q_transposed ? q[j * inner + k] : q[k * cols + j]);
+        }
+        r[i * cols + j] = s;
+      }
+    }
+    return r;
+  };
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<double> g = product(x, x, m, n, m, true);
+    const std::vector<double> gg = product(g, g, m, m, m, false);
+    std::vector<double> u(g.size());
+    for (size_t i = 0; i < u.size(); ++i) u[i] = b * g[i] + c * gg[i];
+    const std::vector<double> ux = product(u, x, m, m, n, false);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = a * x[i] + ux[i];
+  }
+  return x;
+}
+
+constexpr double kNsA = 3.4445, kNsB = -4.775, kNsC = 2.0315;  // torch.optim.Muon's
+
+// Shapes across the kernel's 64-row blocks: one block, a partial last block, a square matrix.
+const std::vector<Shape> kNewtonSchulzShapes = {{2, 5, 9}, {3, 130, 200}, {1, 70, 70}};
+
+TEST(NewtonSchulzTest, F64MatchesPlainLoops) {
+  Generator gen(21);
+  for (const Shape& shape : kNewtonSchulzShapes) {
+    const RawTensor x = Randn(shape, gen, kF64);
+    const RawTensor got = NewtonSchulz(x, kNsA, kNsB, kNsC, 5, 1e-7);
+    EXPECT_EQ(got.shape(), shape);
+    const int64_t mn = shape[1] * shape[2];
+    const std::vector<double> all = x.to_vector<double>();
+    std::vector<double> want;
+    for (int64_t i = 0; i < shape[0]; ++i) {
+      const std::vector<double> one = NewtonSchulzReference(
+          std::vector<double>(all.begin() + i * mn, all.begin() + (i + 1) * mn), shape[1], shape[2],
+          kNsA, kNsB, kNsC, 5, 1e-7);
+      want.insert(want.end(), one.begin(), one.end());
+    }
+    ExpectClose(got, want, OutputTol(kF64), "f64 " + ShapeToString(shape));
+  }
+}
+
+// The CPU kernel against the composed ops: the same formula with the products summed by other
+// libraries (oneDNN or OpenBLAS in blocks, against OpenBLAS's batched products) in other orders,
+// and the norm's f64 sum in another order. Normalised (no step) and after one step, f32 agrees to
+// a few ulps and f16/bf16 to one rounding of their own; five steps compound: a 16-bit element
+// whose one-step values straddle a rounding boundary moves the next step's products by its ulp.
+TEST(NewtonSchulzTest, TheKernelMatchesTheComposedOps) {
+  Generator gen(22);
+  for (DType dtype : {kF64, kF32, kF16, kBF16}) {
+    for (const Shape& shape : kNewtonSchulzShapes) {
+      const RawTensor x = Randn(shape, gen, dtype);
+      const std::string what = Name(ShapeToString(shape).c_str(), dtype);
+      for (int steps : {0, 1, 5}) {
+        const RawTensor got = NewtonSchulz(x, kNsA, kNsB, kNsC, steps, 1e-7);
+        EXPECT_EQ(got.dtype(), dtype);
+        const Tol tol = steps <= 1 ? OutputTol(dtype) : TwoRoundingsTol(dtype);
+        ExpectClose(got, composed::NewtonSchulz(x, kNsA, kNsB, kNsC, steps, 1e-7), tol,
+                    what + " steps " + std::to_string(steps));
+      }
+    }
+  }
+}
+
+// A batch gives each matrix the bits of its call alone; eps floors the norm; misuse is refused.
+TEST(NewtonSchulzTest, BatchMembersAreIndependentAndMisuseIsRefused) {
+  Generator gen(23);
+  const RawTensor x = Randn({3, 130, 200}, gen, kBF16);
+  const RawTensor batch = NewtonSchulz(x, kNsA, kNsB, kNsC, 5, 1e-7);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(batch.select(0, i).to_vector<double>(),
+              NewtonSchulz(x.narrow(0, i, 1), kNsA, kNsB, kNsC, 5, 1e-7).to_vector<double>())
+        << "matrix " << i;
+  }
+  // A zero matrix divided by eps stays zero (no NaN).
+  const RawTensor zeros = NewtonSchulz(RawTensor::Zeros({1, 2, 3}), kNsA, kNsB, kNsC, 5, 1e-7);
+  EXPECT_EQ(zeros.to_vector<double>(), std::vector<double>(6, 0.0));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] {
+        NewtonSchulz(Randn({1, 4, 3}, gen, kF32), kNsA, kNsB, kNsC, 5, 1e-7);
+      },
+      "newton_schulz: expected wide matrices (m <= n; transpose a tall one), got [1, 4, 3]"));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] {
+        NewtonSchulz(Randn({4, 3}, gen, kF32), kNsA, kNsB, kNsC, 5, 1e-7);
+      },
+      "newton_schulz: expected a batch of matrices [batch, m, n], got [4, 3]"));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] {
+        NewtonSchulz(Randn({1, 3, 4}, gen, kF32), kNsA, kNsB, kNsC, 100, 1e-7);
+      },
+      "newton_schulz: ns_steps must be in 0..99, got 100"));
+}
+
 }  // namespace tg

@@ -1393,6 +1393,22 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      },
                      n.tol});
   }
+  {
+    static const Tols* ns_tol = new Tols(RoundedIntermediate(
+        Computed(1e-12, 1e-5,
+                 "Newton-Schulz: products of 70 and 100 terms summed in other orders (CPU blocks "
+                 "of oneDNN/OpenBLAS, CUDA batched cuBLAS), one step"),
+        2, 2, "G and U are rounded to the dtype before the products that use them"));
+    rows->push_back({"NewtonSchulz", "[2, 70, 100], one step, torch.optim.Muon's coefficients",
+                     kFloats,
+                     [](DType dtype, Generator& gen) -> Tensors {
+                       return {Normal({2, 70, 100}, dtype, gen)};
+                     },
+                     [](const Tensors& in) -> Tensors {
+                       return {NewtonSchulz(in[0], 3.4445, -4.775, 2.0315, 1, 1e-7)};
+                     },
+                     ns_tol});
+  }
   rows->push_back(
       {"ClipByNorm", "norm 40, max_norm 3 (clipped) and 50 (not clipped)", kFloats,
        [](DType dtype, Generator& gen) -> Tensors {

@@ -166,6 +166,18 @@ void ExpectSameBitsAtEveryThreadCount(const std::string& what,
   }
 }
 
+// Muon's Newton-Schulz iteration (tensor/cpu/newton_schulz.cc) in every dtype: its blocks of rows,
+// each one single-threaded product, on a batch of matrices with a partial last block.
+TEST(ThreadCountKernelTest, NewtonSchulzGivesTheSameBitsAtEveryThreadCount) {
+  for (DType dtype : {kF32, kF64, kF16, kBF16}) {
+    Generator gen(9);
+    const RawTensor x = RandNormal({3, 130, 200}, gen).to(dtype);
+    ExpectSameBitsAtEveryThreadCount(absl::StrCat("newton_schulz ", DTypeName(dtype)), [&] {
+      return std::vector<RawTensor>{NewtonSchulz(x, 3.4445, -4.775, 2.0315, 5, 1e-7)};
+    });
+  }
+}
+
 // Convolution alone, forward and the three gradients, in every dtype, on the CNN's shapes and
 // on batches that are not a multiple of the minibatch chunk (conv.cc), at 1-4 threads: oneDNN's
 // primitives (f32, bf16 where the CPU multiplies bf16) and the im2col + GEMM code (f64, f16 and

@@ -126,6 +126,14 @@ int main(int argc, char** argv) {
   const double muon_s = BestSeconds(10, [&] { muon.step(); });
   std::printf("Muon step, 4 x [256, 256] + 4 x [256, 1024] f32, bf16 Newton-Schulz x5\n");
   std::printf("  %-24s %6.2f ms\n", "Muon", muon_s * 1e3);
+  // Of which the iteration itself: the same matrices, one batch per shape, as the step runs it.
+  std::vector<tg::RawTensor> directions;
+  for (const tg::Tensor& m : matrices) directions.push_back(m.grad().data());
+  const double ns_s = BestSeconds(10, [&] {
+    tg::optim::MuonNewtonSchulz(directions, 3.4445, -4.775, 2.0315, 5, 1e-7, tg::kBF16);
+  });
+  std::printf("  %-24s %6.2f ms  (%.0f%% of the step)\n", "of which Newton-Schulz", ns_s * 1e3,
+              100 * ns_s / muon_s);
   if (pytorch_muon_ms > 0) {
     std::printf("  %-24s %6.2f ms  ratio %.2f (tapegrad / torch.optim.Muon)\n", "torch.optim.Muon",
                 pytorch_muon_ms, muon_s * 1e3 / pytorch_muon_ms);

@@ -1,0 +1,187 @@
+// Muon's Newton-Schulz iteration on the CPU (tensor/kernel_list.inc: NewtonSchulz). The matrices of
+// the batch go through each phase of an iteration together, split into blocks of rows whose
+// products are each one single-threaded library call (oneDNN where it multiplies the dtype, else
+// OpenBLAS on widened operands), spread over the threads; a block's call and its operands depend
+// on the shape alone, so the bits do not depend on the thread count. The symmetric G = X X^T and
+// U = b G + c G G are computed for one triangle of blocks (a row block against the columns from
+// its first row on) and mirrored: at m = 256, 10 of the 16 blocks' products.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/convert.h"
+#include "tensor/cpu/convert_rows.h"
+#include "tensor/cpu/dnnl.h"
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/rows.h"
+#include "tensor/cpu/vec_math.h"
+
+namespace tg::cpu {
+namespace {
+
+// Rows per block, from m alone.
+constexpr int64_t kBlockRows = 64;
+
+// `rows` rows of `cols` values at stride `ld`, widened (exactly) to f32 and packed.
+template <typename T>
+ScratchVector<float> WidenedRows(const T* p, int64_t rows, int64_t cols, int64_t ld) {
+  ScratchVector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) WidenToF32(p + r * ld, out.data() + r * cols, cols);
+  return out;
+}
+
+// c [pm, pn] (ldc) = a [pm, pk] (lda) @ b, with b [pk, pn] (ldb) or, with tb, b [pn, pk]
+// transposed; summed in ComputeType<T> and not rounded to T. Called single-threaded.
+template <typename T>
+void BlockProduct(bool tb, int64_t pm, int64_t pn, int64_t pk, const T* a, int64_t lda, const T* b,
+                  int64_t ldb, ComputeType<T>* c, int64_t ldc) {
+  GemmTiming timing(pm, pn, pk);
+  const CBLAS_TRANSPOSE transb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, transb, pm, pn, pk, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+  } else {
+    if (DnnlMatmul(DTypeOf<T>(), DType::kF32, false, tb, pm, pn, pk, a, lda, b, ldb, c, ldc)) {
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, transb, pm, pn, pk, 1.0f, a, lda, b, ldb, 0.0f, c,
+                  ldc);
+    } else {
+      const ScratchVector<float> wa = WidenedRows(a, pm, pk, lda);
+      const int64_t b_rows = tb ? pn : pk, b_cols = tb ? pk : pn;
+      const ScratchVector<float> wb = WidenedRows(b, b_rows, b_cols, ldb);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, transb, pm, pn, pk, 1.0f, wa.data(), pk, wb.data(),
+                  b_cols, 0.0f, c, ldc);
+    }
+  }
+}
+
+template <typename T>
+void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b, double c,
+                    int64_t ns_steps, double eps) {
+  using C = ComputeType<T>;
+  const int64_t batch = x.size(0), m = x.size(1), n = x.size(2);
+  if (batch == 0 || m == 0) return;
+  const int64_t mn = m * n, mm = m * m;
+  const T* src = static_cast<const T*>(x.raw_data());
+  T* const dst = static_cast<T*>(out.raw_data());
+
+  // X = x / max(norm, eps), the norm's squares exact in f64 and summed in SumF64's order.
+  const C floor = static_cast<C>(Widen(Convert<T>(eps)));
+  ParallelFor(batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = src + i * mn;
+      double sum = 0;
+      if constexpr (std::is_same_v<T, double>) {
+        sum = SumF64(mn, [&](int64_t j) { return xi[j] * xi[j]; });
+      } else {
+        ScratchVector<float> widened(static_cast<size_t>(kIsReduced<T> ? mn : 0));
+        sum = SumSquaredDeviationsF64(RowAs<float>(xi, mn, widened.data()), mn, 0.0);
+      }
+      const C norm =
+          static_cast<C>(Widen(Convert<T>(std::sqrt(static_cast<double>(static_cast<C>(sum))))));
+      const C denom = std::isnan(norm) ? norm : std::max(norm, floor);
+      T* out_i = dst + i * mn;
+      for (int64_t j = 0; j < mn; ++j) {
+        out_i[j] = Convert<T>(static_cast<C>(static_cast<C>(Widen(xi[j])) / denom));
+      }
+    }
+  });
+  if (ns_steps == 0) return;
+
+  // Tasks are (matrix, row block) pairs. A triangle's blocks shrink with their first row, so they
+  // are ordered first, last, second, second to last, ...: ParallelFor's contiguous shares then
+  // get equal work.
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  std::vector<int64_t> order;
+  for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
+    order.push_back(lo);
+    if (hi != lo) order.push_back(hi);
+  }
+  // fn(matrix, first row, rows, scratch) for every task.
+  auto for_each_block = [&](auto&& fn) {
+    ParallelFor(batch * blocks, 1, [&](int64_t begin, int64_t end) {
+      const LibraryThreads single(1);
+      ScratchVector<C> scratch;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t r0 = order[static_cast<size_t>(t % blocks)] * kBlockRows;
+        fn(t / blocks, r0, std::min(kBlockRows, m - r0), scratch);
+      }
+    });
+  };
+  // Rounds row segment r, j in [r, m), of a symmetric matrix from `row` (C values) into s[r, j]
+  // and mirrors it into s[j, r].
+  auto store_symmetric_row = [&](T* s, int64_t r, const C* row) {
+    StoreRow(row, m - r, s + r * m + r, 1);
+    for (int64_t j = r + 1; j < m; ++j) s[j * m + r] = s[r * m + j];
+  };
+  ScratchVector<T> next(static_cast<size_t>(batch * mn)), gram(static_cast<size_t>(batch * mm)),
+      update(static_cast<size_t>(batch * mm));
+  const C ca = static_cast<C>(a), cb = static_cast<C>(b), cc = static_cast<C>(c);
+  T* cur = dst;
+  T* nxt = next.data();
+  for (int64_t step = 0; step < ns_steps; ++step) {
+    // G = X X^T.
+    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+      const T* xi = cur + i * mn;
+      const int64_t cols = m - r0;
+      acc.resize(static_cast<size_t>(rows * cols));
+      BlockProduct<T>(true, rows, cols, n, xi + r0 * n, n, xi + r0 * n, n, acc.data(), cols);
+      for (int64_t r = r0; r < r0 + rows; ++r) {
+        store_symmetric_row(gram.data() + i * mm, r, acc.data() + (r - r0) * cols + (r - r0));
+      }
+    });
+    // U = b G + c G G.
+    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+      const T* g = gram.data() + i * mm;
+      const int64_t cols = m - r0;
+      acc.resize(static_cast<size_t>(rows * cols));
+      BlockProduct<T>(false, rows, cols, m, g + r0 * m, m, g + r0, m, acc.data(), cols);
+      ScratchVector<C> row(static_cast<size_t>(cols));
+      for (int64_t r = r0; r < r0 + rows; ++r) {
+        const int64_t len = m - r;
+        const C* cgg = acc.data() + (r - r0) * cols + (r - r0);
+        LoadRow(g + r * m + r, 1, len, row.data());
+        for (int64_t j = 0; j < len; ++j) {
+          const C bg = cb * row[j];
+          const C p = cc * cgg[j];
+          row[j] = bg + p;
+        }
+        store_symmetric_row(update.data() + i * mm, r, row.data());
+      }
+    });
+    // X = a X + U X, into the other buffer.
+    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+      const T* xi = cur + i * mn;
+      acc.resize(static_cast<size_t>(rows * n));
+      BlockProduct<T>(false, rows, n, m, update.data() + i * mm + r0 * m, m, xi, n, acc.data(), n);
+      ScratchVector<C> row(static_cast<size_t>(n));
+      for (int64_t r = 0; r < rows; ++r) {
+        const C* ux = acc.data() + r * n;
+        LoadRow(xi + (r0 + r) * n, 1, n, row.data());
+        for (int64_t j = 0; j < n; ++j) {
+          const C ax = ca * row[j];
+          row[j] = ax + ux[j];
+        }
+        StoreRow(row.data(), n, nxt + i * mn + (r0 + r) * n, 1);
+      }
+    });
+    std::swap(cur, nxt);
+  }
+  if (cur != dst) std::copy(cur, cur + batch * mn, dst);
+}
+
+}  // namespace
+
+KernelStatus NewtonSchulz(const RawTensor& out, const RawTensor& x, double a, double b, double c,
+                          int64_t ns_steps, double eps) {
+  VisitFloating("NewtonSchulz", x.dtype(),
+                [&](auto tag) { NewtonSchulzOf<decltype(tag)>(out, x, a, b, c, ns_steps, eps); });
+  return KernelStatus::kDone;
+}
+
+}  // namespace tg::cpu
