@@ -216,7 +216,9 @@ void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<Para
     const RawTensor& param = updates[i].param.data();
     const DType compute = StateDType(param.dtype());
     const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
-    const RawTensor decayed = MulScalar(param.to(compute), 1 - o.lr() * o.weight_decay());
+    // Without decay the factor is 1, whose product changes no value: the pass is skipped.
+    const double keep = 1 - o.lr() * o.weight_decay();
+    const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
     param.copy_(Sub(decayed, MulScalar(ortho[i].to(compute), lr)));
   }
 }
