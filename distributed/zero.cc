@@ -17,6 +17,7 @@
 #include "autograd/ops.h"
 #include "autograd/trace.h"
 #include "distributed/zero_internal.h"
+#include "optim/muon.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -122,6 +123,55 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<ProcessGroup> pg,
     }
   }
   InstallHooks();
+  InitMuonSharding();
+}
+
+// ---- Muon's sharding (optim/muon.h) ------------------------------------------------------------
+
+class ZeroOptimizer::MuonShards : public optim::MuonSharding {
+ public:
+  explicit MuonShards(ZeroOptimizer& zero) : zero_(zero) {
+    for (size_t fi = 0; fi < zero.flats_.size(); ++fi) {
+      const Flat& f = zero.flats_[fi];
+      Layout layout;
+      layout.full_numel = f.numel;
+      for (int i : f.params) {
+        layout.matrices.push_back({zero.params_[i].offset, zero.params_[i].shape});
+      }
+      for (int b : f.buckets) {
+        const Bucket& bucket = zero.buckets_[b];
+        layout.chunks.push_back(
+            {bucket.start + zero.rank_ * bucket.chunk, bucket.chunk, bucket.master_offset});
+      }
+      flat_of_[f.master.impl().get()] = fi;
+      layouts_.push_back(std::move(layout));
+    }
+  }
+  int rank() const override { return zero_.rank_; }
+  int world() const override { return zero_.world_; }
+  const Layout& layout(const Tensor& shard) const override { return layouts_[Find(shard)]; }
+  RawTensor Gather(const Tensor& shard, const RawTensor& values) const override {
+    return zero_.GatherFlat(zero_.flats_[Find(shard)], values);
+  }
+  void Broadcast(const RawTensor& buffer, int root) const override {
+    TG_DIST_CHECK_OK(zero_.pg_->broadcast(buffer, root)->wait());
+  }
+
+ private:
+  size_t Find(const Tensor& shard) const {
+    const auto it = flat_of_.find(shard.impl().get());
+    TG_CHECK(it != flat_of_.end(), kName, ": Muon stepped a tensor that is not a master shard");
+    return it->second;
+  }
+  ZeroOptimizer& zero_;
+  std::unordered_map<const VariableImpl*, size_t> flat_of_;
+  std::vector<Layout> layouts_;
+};
+
+void ZeroOptimizer::InitMuonSharding() {
+  if (auto* muon = dynamic_cast<optim::MuonShardable*>(optimizer_.get())) {
+    muon->set_muon_sharding(std::make_shared<MuonShards>(*this));
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() {

@@ -146,6 +146,9 @@
 //   DistributedDataParallel. Stage 2/3 release every .grad in their hook, so hooks registered
 //   after the optimizer's, and the caller after backward, see no .grad (stage 1: until the
 //   epilogue of the backward).
+// - A wrapped optim::Muon or MuonWithAdamW steps whole matrices through the optim::MuonSharding
+//   this object gives it (optim/muon.h): the momentum on the shards, each matrix orthogonalised
+//   by one owner rank and broadcast; one process's bits, each matrix once per step.
 // - state_dict() is world-size independent (amp::MixedPrecisionOptimizer's format, gathered from
 //   the shards), so a checkpoint moves between world sizes, stages and a single process.
 #ifndef TAPEGRAD_DISTRIBUTED_ZERO_H_
@@ -309,7 +312,11 @@ class ZeroOptimizer : public amp::TrainingOptimizer {
   struct Flat;
   struct Unit;
   struct ParamRef;
+  class MuonShards;
 
+  // A Muon (or MuonWithAdamW) wrapped here gets the layout of the flat buffers and the
+  // collectives it needs (optim/muon.h: MuonSharding).
+  void InitMuonSharding();
   void InitStage12();
   void InitStage3();
   void InstallHooks();

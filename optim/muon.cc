@@ -171,11 +171,11 @@ void Muon::CheckMuonOptions(const MuonOptions& o, const std::string& context) {
 }
 
 std::string Muon::RefuseShape(const OptimizerOptions&, const Shape& shape) const {
-  return RefuseMuonShape(shape);
+  return RefuseMuonShape(shape, sharding_ != nullptr);
 }
 
-std::string Muon::RefuseMuonShape(const Shape& shape) {
-  if (shape.size() == 2) return "";
+std::string Muon::RefuseMuonShape(const Shape& shape, bool sharded) {
+  if (shape.size() == 2 || (sharded && shape.size() == 1)) return "";
   return "Muon only supports 2-D parameters (give embeddings' other parameters, biases and norms "
          "to AdamW)";
 }
@@ -189,37 +189,130 @@ Optimizer::StateSpec Muon::MuonStateSpec() {
 }
 
 void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
-  StepMuon(group.options_as<MuonOptions>(), ns_dtype_, updates);
+  StepMuon(group.options_as<MuonOptions>(), ns_dtype_, updates, sharding_.get(), &orthogonalised_);
 }
 
-void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<ParamUpdate>& updates) {
+// Its buffer is created at the first step; elementwise, so a shard's direction is the matching
+// part of the whole parameter's.
+RawTensor Muon::MomentumDirection(const MuonOptions& o, const ParamUpdate& u) {
+  const RawTensor& param = u.param.data();
+  const DType compute = StateDType(param.dtype());
+  auto it = u.state->tensors.find(kMomentumBuffer);
+  if (it == u.state->tensors.end()) {
+    it = u.state->tensors
+             .emplace(kMomentumBuffer, RawTensor::Zeros(param.shape(), compute, param.device()))
+             .first;
+  }
+  const RawTensor& buf = it->second;
+  const RawTensor grad = u.grad.to(compute);
+  buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
+  return o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
+}
+
+namespace {
+
+// param = param * (1 - lr * weight_decay) - lr_adjusted * ortho, on `param` (a whole parameter
+// or a run of a shard) with `ortho` of its shape.
+void ApplyUpdate(const MuonOptions& o, const RawTensor& param, const RawTensor& ortho,
+                 const Shape& matrix_shape) {
+  const DType compute = StateDType(param.dtype());
+  const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), matrix_shape[0], matrix_shape[1]);
+  // Without decay the factor is 1, whose product changes no value: the pass is skipped.
+  const double keep = 1 - o.lr() * o.weight_decay();
+  const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
+  param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));
+}
+
+}  // namespace
+
+void Muon::StepMuonSharded(const MuonOptions& o, DType ns_dtype,
+                           const std::vector<ParamUpdate>& updates, const MuonSharding& sharding,
+                           int64_t* count) {
+  // (1, 2) The directions of every flat buffer, whole.
+  std::vector<RawTensor> full;
+  for (const ParamUpdate& u : updates) {
+    full.push_back(sharding.Gather(u.param, MomentumDirection(o, u).to(ns_dtype)));
+  }
+  // (3) Owners, the same on every rank.
+  struct Job {
+    size_t update;
+    const MuonSharding::Matrix* matrix;
+    int owner;
+  };
+  std::vector<Job> jobs;
+  std::vector<double> load(static_cast<size_t>(sharding.world()), 0.0);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    for (const MuonSharding::Matrix& m : sharding.layout(updates[i].param).matrices) {
+      const double small = static_cast<double>(std::min(m.shape[0], m.shape[1]));
+      const double large = static_cast<double>(std::max(m.shape[0], m.shape[1]));
+      const int owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[static_cast<size_t>(owner)] += small * small * large;
+      jobs.push_back({i, &m, owner});
+    }
+  }
+  std::vector<RawTensor> mine;
+  for (const Job& j : jobs) {
+    if (j.owner != sharding.rank()) continue;
+    mine.push_back(full[j.update]
+                       .narrow(0, j.matrix->offset, NumElements(j.matrix->shape))
+                       .reshape(j.matrix->shape));
+  }
+  const std::vector<RawTensor> ortho =
+      MuonNewtonSchulz(mine, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
+  *count += static_cast<int64_t>(ortho.size());
+  // (4) Each owner's results, packed in job order, to every rank, into the full buffers (the
+  // directions are not needed any more).
+  for (int root = 0; root < sharding.world(); ++root) {
+    int64_t total = 0;
+    for (const Job& j : jobs) total += j.owner == root ? NumElements(j.matrix->shape) : 0;
+    if (total == 0) continue;
+    const RawTensor packed = RawTensor::Empty({total}, ns_dtype, full[0].device());
+    int64_t at = 0;
+    size_t k = 0;
+    for (const Job& j : jobs) {
+      if (j.owner != root) continue;
+      const int64_t n = NumElements(j.matrix->shape);
+      if (root == sharding.rank()) packed.narrow(0, at, n).copy_(ortho[k++].reshape({n}));
+      at += n;
+    }
+    sharding.Broadcast(packed, root);
+    at = 0;
+    for (const Job& j : jobs) {
+      if (j.owner != root) continue;
+      const int64_t n = NumElements(j.matrix->shape);
+      full[j.update].narrow(0, j.matrix->offset, n).copy_(packed.narrow(0, at, n));
+      at += n;
+    }
+  }
+  // (5) Each shard element of a matrix, with that matrix's learning rate.
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const MuonSharding::Layout& layout = sharding.layout(updates[i].param);
+    const RawTensor& shard = updates[i].param.data();
+    for (const MuonSharding::Matrix& m : layout.matrices) {
+      const int64_t end = m.offset + NumElements(m.shape);
+      for (const MuonSharding::Chunk& c : layout.chunks) {
+        const int64_t lo = std::max(c.start, m.offset), hi = std::min(c.start + c.size, end);
+        if (lo >= hi) continue;
+        ApplyUpdate(o, shard.narrow(0, c.shard_offset + (lo - c.start), hi - lo),
+                    full[i].narrow(0, lo, hi - lo), m.shape);
+      }
+    }
+  }
+}
+
+void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<ParamUpdate>& updates,
+                    const MuonSharding* sharding, int64_t* count) {
+  if (sharding != nullptr) return StepMuonSharded(o, ns_dtype, updates, *sharding, count);
   // The momentum of every parameter, then the group's matrices orthogonalised together (those of
   // one shape in one batch), then the parameters.
   std::vector<RawTensor> directions;
-  for (const ParamUpdate& u : updates) {
-    const RawTensor& param = u.param.data();
-    const DType compute = StateDType(param.dtype());
-    auto it = u.state->tensors.find(kMomentumBuffer);
-    if (it == u.state->tensors.end()) {
-      it = u.state->tensors
-               .emplace(kMomentumBuffer, RawTensor::Zeros(param.shape(), compute, param.device()))
-               .first;
-    }
-    const RawTensor& buf = it->second;
-    const RawTensor grad = u.grad.to(compute);
-    buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
-    directions.push_back(o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf);
-  }
+  for (const ParamUpdate& u : updates) directions.push_back(MomentumDirection(o, u));
   const std::vector<RawTensor> ortho =
       MuonNewtonSchulz(directions, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
+  *count += static_cast<int64_t>(ortho.size());
   for (size_t i = 0; i < updates.size(); ++i) {
     const RawTensor& param = updates[i].param.data();
-    const DType compute = StateDType(param.dtype());
-    const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), param.size(0), param.size(1));
-    // Without decay the factor is 1, whose product changes no value: the pass is skipped.
-    const double keep = 1 - o.lr() * o.weight_decay();
-    const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
-    param.copy_(Sub(decayed, MulScalar(ortho[i].to(compute), lr)));
+    ApplyUpdate(o, param, ortho[i], param.shape());
   }
 }
 
@@ -256,12 +349,12 @@ Optimizer::StateSpec MuonWithAdamW::ParamStateSpec(const OptimizerOptions& optio
 }
 
 std::string MuonWithAdamW::RefuseShape(const OptimizerOptions& options, const Shape& shape) const {
-  return AsMuon(options) ? Muon::RefuseMuonShape(shape) : "";
+  return AsMuon(options) ? Muon::RefuseMuonShape(shape, sharding_ != nullptr) : "";
 }
 
 void MuonWithAdamW::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& updates) {
   if (const MuonOptions* muon = AsMuon(group.options())) {
-    Muon::StepMuon(*muon, ns_dtype_, updates);
+    Muon::StepMuon(*muon, ns_dtype_, updates, sharding_.get(), &orthogonalised_);
   } else {
     AdamW::StepGroup(group, updates);
   }

@@ -40,8 +40,10 @@
 #ifndef TAPEGRAD_OPTIM_MUON_H_
 #define TAPEGRAD_OPTIM_MUON_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/adam.h"
@@ -89,9 +91,65 @@ struct MuonOptions : OptimizerOptions {
   bool SetNamed(const std::string& name, double value, const std::string& context) override;
 };
 
+// Muon on the flat master shards of ZeRO (distributed/zero.h sets it on the optimizer it wraps):
+// each parameter of a Muon group is then a 1-D shard of a flat buffer of whole matrices, and a
+// step (1) runs the momentum and Nesterov lerps on the shard (elementwise: the single process's
+// bits), (2) gathers the directions, rounded to ns_dtype, into full flat buffers, (3) has each
+// matrix orthogonalised by one rank, its owner (the matrices in group order, each to the rank
+// with the least Newton-Schulz work so far, m^2 n for an m x n iterate, ties to the lowest rank),
+// which batches its matrices by shape, (4) broadcasts each owner's results to every rank, and (5)
+// applies them to the shard elements. Every rank computes the same owners, so the collectives
+// match; each matrix is orthogonalised once per step in the whole group, with the bits of one
+// process (the iteration's bits do not depend on the batch it is in). The implementer describes
+// the layout and runs the collectives.
+class MuonSharding {
+ public:
+  struct Matrix {
+    int64_t offset = 0;  // first element in the full flat buffer
+    Shape shape;         // the parameter's [rows, cols]
+  };
+  struct Chunk {
+    int64_t start = 0;         // first element in the full flat buffer
+    int64_t size = 0;          // elements
+    int64_t shard_offset = 0;  // where they are in this rank's shard
+  };
+  struct Layout {
+    int64_t full_numel = 0;
+    std::vector<Matrix> matrices;
+    std::vector<Chunk> chunks;  // this rank's
+  };
+  virtual ~MuonSharding() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // The layout of the flat buffer that `shard` (a group parameter) is this rank's part of;
+  // throws tg::Error for a tensor that is not such a shard.
+  virtual const Layout& layout(const Tensor& shard) const = 0;
+  // The full flat buffer [full_numel] whose chunks are every rank's `values` (this rank's,
+  // shaped as `shard`, of any dtype): an all-gather, issued by every rank.
+  virtual RawTensor Gather(const Tensor& shard, const RawTensor& values) const = 0;
+  // Rank `root`'s `buffer` into every rank's: a broadcast, issued by every rank.
+  virtual void Broadcast(const RawTensor& buffer, int root) const = 0;
+};
+
+// What Muon and MuonWithAdamW share for ZeRO: the sharding of their Muon groups, and how many
+// matrices this object has orthogonalised (on this rank; over every step so far).
+class MuonShardable {
+ public:
+  // Null: the parameters are whole matrices (the default).
+  void set_muon_sharding(std::shared_ptr<const MuonSharding> sharding) {
+    sharding_ = std::move(sharding);
+  }
+  int64_t orthogonalised_matrices() const { return orthogonalised_; }
+
+ protected:
+  ~MuonShardable() = default;
+  std::shared_ptr<const MuonSharding> sharding_;
+  int64_t orthogonalised_ = 0;
+};
+
 class MuonWithAdamW;
 
-class Muon : public Optimizer {
+class Muon : public Optimizer, public MuonShardable {
  public:
   // One group holding `params`: every one 2-D (throws tg::Error naming the first that is not,
   // and on an empty list).
@@ -108,10 +166,18 @@ class Muon : public Optimizer {
  private:
   friend class MuonWithAdamW;  // steps its Muon groups with these
   static void CheckMuonOptions(const MuonOptions& o, const std::string& context);
+  // Steps `updates` (whole matrices, or shards when `sharding` is set), adding the matrices this
+  // rank orthogonalised to *count.
   static void StepMuon(const MuonOptions& o, DType ns_dtype,
-                       const std::vector<ParamUpdate>& updates);
+                       const std::vector<ParamUpdate>& updates, const MuonSharding* sharding,
+                       int64_t* count);
+  static void StepMuonSharded(const MuonOptions& o, DType ns_dtype,
+                              const std::vector<ParamUpdate>& updates, const MuonSharding& sharding,
+                              int64_t* count);
+  // The momentum step of one parameter and the direction Muon orthogonalises.
+  static RawTensor MomentumDirection(const MuonOptions& o, const ParamUpdate& u);
   static StateSpec MuonStateSpec();
-  static std::string RefuseMuonShape(const Shape& shape);
+  static std::string RefuseMuonShape(const Shape& shape, bool sharded);
 
   DType ns_dtype_;
 };
@@ -122,7 +188,7 @@ class Muon : public Optimizer {
 // options gets a copy of `muon_defaults`. The Newton-Schulz dtype is muon_defaults.ns_dtype().
 // state_dict holds each group's options under their own names, so a checkpoint records which
 // group is which; load_state_dict refuses a state whose group types differ (the option names do).
-class MuonWithAdamW : public AdamW {
+class MuonWithAdamW : public AdamW, public MuonShardable {
  public:
   explicit MuonWithAdamW(std::vector<ParamGroup> groups, const MuonOptions& muon_defaults = {},
                          bool adamw_fused = true);

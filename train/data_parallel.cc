@@ -155,14 +155,6 @@ absl::StatusOr<std::unique_ptr<amp::TrainingOptimizer>> DataParallel::MakeOptimi
     if (!mp.ok()) return mp.status();
     return std::unique_ptr<amp::TrainingOptimizer>(std::move(*mp));
   }
-  if (config.name == "muon") {
-    // ZeRO shards each parameter's state across the ranks, and Muon orthogonalises whole
-    // matrices: each would need one rank to gather, orthogonalise and scatter its matrix.
-    return absl::UnimplementedError(absl::StrCat(
-        "--optimizer=muon with --zero_stage=", zero_stage_,
-        " is not implemented (ZeRO shards every matrix, and Muon orthogonalises whole ones); "
-        "train with --zero_stage=0 (DDP: every rank computes the same update)"));
-  }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> opt =
       train::MakeOptimizer(model_->parameters(), config);
   if (!opt.ok()) return opt.status();

@@ -32,6 +32,7 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "optim/adam.h"
+#include "optim/muon.h"
 #include "optim/sgd.h"
 #include "tensor/generator.h"
 #include "tensor/io/safetensors.h"
@@ -111,13 +112,27 @@ struct Config {
   int inf_rank = 0;
   bool two_groups = false;      // MakeGroupedAdamW
   bool sgd = false;             // plain SGD (linear in the gradient: a clip difference shows)
+  bool muon = false;            // MuonWithAdamW: the weights to Muon, the biases to AdamW
   bool plain_backward = false;  // opt.scale(loss).backward() instead of opt.backward(loss)
   // Module backward pre-hooks and hooks on every layer (observing: they replace nothing), so the
   // graph holds their identity nodes; the epilogue must still run once per backward.
   bool module_hooks = false;
 };
 
+std::unique_ptr<optim::Optimizer> MakeMuonWithAdamW(const nn::Mlp& model) {
+  std::vector<Tensor> weights, biases;
+  for (size_t i = 0; i < model.num_layers(); ++i) {
+    weights.push_back(model.layer(i)->weight);
+    biases.push_back(model.layer(i)->bias);
+  }
+  optim::AdamWOptions adamw;
+  adamw.lr(1e-2);
+  return std::make_unique<optim::MuonWithAdamW>(std::vector<optim::ParamGroup>{
+      optim::ParamGroup(weights, optim::MuonOptions(0.02)), optim::ParamGroup(biases, adamw)});
+}
+
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const nn::Mlp& model, const Config& c) {
+  if (c.muon) return MakeMuonWithAdamW(model);
   if (c.sgd) {
     optim::SGDOptions o;
     o.lr(0.1);
@@ -371,6 +386,44 @@ TEST(ZeroTest, Stage3MatchesDataParallelTraining) {
   c.two_groups = true;  // two flat buffers per unit
   c.plain_backward = true;
   ExpectMatchesReference(4, c, 0.0, 1e-12);
+}
+
+// Muon (the weights; AdamW for the biases) under every stage on 2 and 4 ranks: the training is
+// one process's bit for bit (the momentum runs on the shards, each matrix is orthogonalised by
+// its owner and its result broadcast), and each of the two matrices is orthogonalised once per
+// step in the whole group: by rank 0 (the 13 x 7 weight, the larger iteration) and rank 1.
+TEST(ZeroTest, MuonMatchesOneProcessAndOrthogonalisesEachMatrixOnce) {
+  for (int stage : {1, 2, 3}) {
+    Config c;
+    c.stage = stage;
+    c.muon = true;
+    c.bucket_cap_bytes = stage == 2 ? 64 : c.bucket_cap_bytes;  // stage 2: a bucket per matrix
+    ExpectMatchesReference(2, c, 0.0, 1e-12);
+    ExpectMatchesReference(4, c, 0.0, 1e-12);
+  }
+  for (int stage : {1, 3}) {
+    Config c;
+    c.stage = stage;
+    c.muon = true;
+    c.steps = 3;
+    auto results = RunRanks(2, [&](const Rank& r) {
+      auto pg = testing::JoinDefaultGroup();
+      auto model = MakeMlp(c.dtype);
+      ZeroOptimizer opt(pg, MakeOptimizer(*model, c), MakeZeroOptions(c, model));
+      for (int s = 0; s < c.steps; ++s) {
+        opt.zero_grad();
+        opt.backward(Loss(*model, s, r.rank, c.dtype));
+        opt.step();
+      }
+      const int64_t mine =
+          dynamic_cast<optim::MuonWithAdamW&>(opt.optimizer()).orthogonalised_matrices();
+      EXPECT_EQ(mine, c.steps) << "stage " << stage << ", rank " << r.rank;
+      const RawTensor total = RawTensor::Scalar(static_cast<double>(mine), kF64);
+      TG_DIST_CHECK_OK(pg->all_reduce(total, ReduceOp::kSum)->wait());
+      EXPECT_EQ(total.item(), 2.0 * c.steps) << "stage " << stage;
+    });
+    ExpectAllSucceeded(results);
+  }
 }
 
 // Module backward hooks on every layer (their identity nodes in the graph) leave every stage's
@@ -826,9 +879,17 @@ void TrainReferenceSteps(amp::MixedPrecisionOptimizer& opt, nn::Module& model, i
   }
 }
 
-void LoadParameters(nn::Module& model, const std::vector<RawTensor>& values) {
+// `values` in optimizer order: the model's order, or with Muon the weights, then the biases
+// (MakeMuonWithAdamW's groups).
+void LoadParameters(nn::Mlp& model, const std::vector<RawTensor>& values, bool muon = false) {
   NoGradGuard no_grad;
-  const std::vector<Tensor> params = model.parameters();
+  std::vector<Tensor> params;
+  if (muon) {
+    for (size_t i = 0; i < model.num_layers(); ++i) params.push_back(model.layer(i)->weight);
+    for (size_t i = 0; i < model.num_layers(); ++i) params.push_back(model.layer(i)->bias);
+  } else {
+    params = model.parameters();
+  }
   ASSERT_EQ(params.size(), values.size());
   for (size_t i = 0; i < params.size(); ++i) params[i].data().copy_(values[i]);
 }
@@ -868,14 +929,16 @@ void ExpectSameState(const StateDict& a, const StateDict& b, const std::string& 
 // steps: bit for bit in f32 (see Stage1MatchesDataParallelTraining), within the f16 reduction's
 // rounding in f16.
 TEST(ZeroTest, StateDictResumesExactlyAndIsTheSingleProcessOne) {
-  for (int run = 0; run < 6; ++run) {
+  for (int run = 0; run < 9; ++run) {  // f32, f16, then f32 with Muon (its momentum buffers)
     const int stage = 1 + run % 3;
-    const DType dtype = run < 3 ? kF32 : kF16;
-    auto results = RunRanks(2, [stage, dtype](const Rank&) {
+    const DType dtype = run < 3 || run >= 6 ? kF32 : kF16;
+    const bool muon = run >= 6;
+    auto results = RunRanks(2, [stage, dtype, muon](const Rank&) {
       auto pg = testing::JoinDefaultGroup();
       Config c;
       c.stage = stage;
       c.dtype = dtype;
+      c.muon = muon;
       c.init_scale = 1024;
       if (stage == 2) c.bucket_cap_bytes = 64;  // several buckets: shards are not contiguous
       auto whole_model = MakeMlp(c.dtype);
@@ -894,14 +957,14 @@ TEST(ZeroTest, StateDictResumesExactlyAndIsTheSingleProcessOne) {
       ExpectSameState(saved, ref.state_dict(), "ZeRO vs single process", dtype == kF32 ? 0 : 2e-3);
 
       auto resumed_model = MakeMlp(c.dtype);
-      LoadParameters(*resumed_model, saved_params);  // before: stage 3 shards at construction
+      LoadParameters(*resumed_model, saved_params, muon);  // before: stage 3 shards at construction
       ZeroOptimizer resumed(pg, MakeOptimizer(*resumed_model, c),
                             MakeZeroOptions(c, resumed_model));
       resumed.load_state_dict(saved);
       ExpectSameState(resumed.state_dict(), saved, "after load_state_dict");
       TrainZeroSteps(resumed, *resumed_model, *pg, c, 4, 8);
       EXPECT_EQ(Concat(resumed.full_parameters()), Concat(whole.full_parameters()))
-          << "stage " << stage << " " << DTypeName(dtype);
+          << "stage " << stage << " " << DTypeName(dtype) << (muon ? " Muon" : "");
       EXPECT_EQ(resumed.loss_scale(), whole.loss_scale());
     });
     ExpectAllSucceeded(results);
