@@ -68,13 +68,20 @@ std::unique_ptr<optim::Optimizer> MakeAdamW(const std::vector<Tensor>& params) {
   return std::make_unique<optim::AdamW>(params, o);
 }
 
+// The layers' weights and biases, each in layer order.
+struct WeightsAndBiases {
+  explicit WeightsAndBiases(const nn::Mlp& model) {
+    for (size_t i = 0; i < model.num_layers(); ++i) {
+      weights.push_back(model.layer(i)->weight);
+      biases.push_back(model.layer(i)->bias);
+    }
+  }
+  std::vector<Tensor> weights, biases;
+};
+
 // Two groups: weights with decay 0.1, biases without (and a larger lr).
 std::unique_ptr<optim::Optimizer> MakeGroupedAdamW(const nn::Mlp& model) {
-  std::vector<Tensor> weights, biases;
-  for (size_t i = 0; i < model.num_layers(); ++i) {
-    weights.push_back(model.layer(i)->weight);
-    biases.push_back(model.layer(i)->bias);
-  }
+  const auto [weights, biases] = WeightsAndBiases(model);
   optim::AdamWOptions o;
   o.lr(1e-2);
   o.weight_decay(0.1);
@@ -120,11 +127,7 @@ struct Config {
 };
 
 std::unique_ptr<optim::Optimizer> MakeMuonWithAdamW(const nn::Mlp& model) {
-  std::vector<Tensor> weights, biases;
-  for (size_t i = 0; i < model.num_layers(); ++i) {
-    weights.push_back(model.layer(i)->weight);
-    biases.push_back(model.layer(i)->bias);
-  }
+  const auto [weights, biases] = WeightsAndBiases(model);
   optim::AdamWOptions adamw;
   adamw.lr(1e-2);
   return std::make_unique<optim::MuonWithAdamW>(std::vector<optim::ParamGroup>{
@@ -883,12 +886,11 @@ void TrainReferenceSteps(amp::MixedPrecisionOptimizer& opt, nn::Module& model, i
 // (MakeMuonWithAdamW's groups).
 void LoadParameters(nn::Mlp& model, const std::vector<RawTensor>& values, bool muon = false) {
   NoGradGuard no_grad;
-  std::vector<Tensor> params;
+  std::vector<Tensor> params = model.parameters();
   if (muon) {
-    for (size_t i = 0; i < model.num_layers(); ++i) params.push_back(model.layer(i)->weight);
-    for (size_t i = 0; i < model.num_layers(); ++i) params.push_back(model.layer(i)->bias);
-  } else {
-    params = model.parameters();
+    const WeightsAndBiases split(model);
+    params = split.weights;
+    params.insert(params.end(), split.biases.begin(), split.biases.end());
   }
   ASSERT_EQ(params.size(), values.size());
   for (size_t i = 0; i < params.size(); ++i) params[i].data().copy_(values[i]);
