@@ -69,6 +69,10 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
   const int64_t mn = m * n, mm = m * m;
   const T* src = static_cast<const T*>(x.raw_data());
   T* const dst = static_cast<T*>(out.raw_data());
+  // The iterate alternates between dst and `next`, starting where the last step writes dst.
+  ScratchVector<T> next(static_cast<size_t>(ns_steps > 0 ? batch * mn : 0));
+  T* cur = ns_steps % 2 == 1 ? next.data() : dst;
+  T* nxt = ns_steps % 2 == 1 ? dst : next.data();
 
   // X = x / max(norm, eps), the norm's squares exact in f64 and summed in SumF64's order.
   const C floor = static_cast<C>(Widen(Convert<T>(eps)));
@@ -85,7 +89,7 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
       const C norm =
           static_cast<C>(Widen(Convert<T>(std::sqrt(static_cast<double>(static_cast<C>(sum))))));
       const C denom = std::isnan(norm) ? norm : std::max(norm, floor);
-      T* out_i = dst + i * mn;
+      T* out_i = cur + i * mn;
       for (int64_t j = 0; j < mn; ++j) {
         out_i[j] = Convert<T>(static_cast<C>(static_cast<C>(Widen(xi[j])) / denom));
       }
@@ -93,23 +97,23 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
   });
   if (ns_steps == 0) return;
 
-  // Tasks are (matrix, row block) pairs. A triangle's blocks shrink with their first row, so they
-  // are ordered first, last, second, second to last, ...: ParallelFor's contiguous shares then
-  // get equal work.
-  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
-  std::vector<int64_t> order;
-  for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
-    order.push_back(lo);
-    if (hi != lo) order.push_back(hi);
-  }
-  // fn(matrix, first row, rows, scratch) for every task.
-  auto for_each_block = [&](auto&& fn) {
+  // fn(matrix, first row, rows, scratch) for every (matrix, block of `block_rows` rows), the
+  // tasks spread over the threads. A triangle's blocks shrink with their first row, so they are
+  // ordered first, last, second, second to last, ...: ParallelFor's contiguous shares then get
+  // equal work.
+  auto for_each_block = [&](int64_t block_rows, auto&& fn) {
+    const int64_t blocks = (m + block_rows - 1) / block_rows;
+    std::vector<int64_t> order;
+    for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
+      order.push_back(lo);
+      if (hi != lo) order.push_back(hi);
+    }
     ParallelFor(batch * blocks, 1, [&](int64_t begin, int64_t end) {
       const LibraryThreads single(1);
       ScratchVector<C> scratch;
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t r0 = order[static_cast<size_t>(t % blocks)] * kBlockRows;
-        fn(t / blocks, r0, std::min(kBlockRows, m - r0), scratch);
+        const int64_t r0 = order[static_cast<size_t>(t % blocks)] * block_rows;
+        fn(t / blocks, r0, std::min(block_rows, m - r0), scratch);
       }
     });
   };
@@ -119,14 +123,12 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
     StoreRow(row, m - r, s + r * m + r, 1);
     for (int64_t j = r + 1; j < m; ++j) s[j * m + r] = s[r * m + j];
   };
-  ScratchVector<T> next(static_cast<size_t>(batch * mn)), gram(static_cast<size_t>(batch * mm)),
-      update(static_cast<size_t>(batch * mm));
+  ScratchVector<T> gram(static_cast<size_t>(batch * mm)), update(static_cast<size_t>(batch * mm));
   const C ca = static_cast<C>(a), cb = static_cast<C>(b), cc = static_cast<C>(c);
-  T* cur = dst;
-  T* nxt = next.data();
+
   for (int64_t step = 0; step < ns_steps; ++step) {
     // G = X X^T.
-    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
       const T* xi = cur + i * mn;
       const int64_t cols = m - r0;
       acc.resize(static_cast<size_t>(rows * cols));
@@ -136,7 +138,7 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
       }
     });
     // U = b G + c G G.
-    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
       const T* g = gram.data() + i * mm;
       const int64_t cols = m - r0;
       acc.resize(static_cast<size_t>(rows * cols));
@@ -155,7 +157,7 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
       }
     });
     // X = a X + U X, into the other buffer.
-    for_each_block([&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
       const T* xi = cur + i * mn;
       acc.resize(static_cast<size_t>(rows * n));
       BlockProduct<T>(false, rows, n, m, update.data() + i * mm + r0 * m, m, xi, n, acc.data(), n);
@@ -172,7 +174,6 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
     });
     std::swap(cur, nxt);
   }
-  if (cur != dst) std::copy(cur, cur + batch * mn, dst);
 }
 
 }  // namespace
