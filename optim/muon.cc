@@ -12,15 +12,6 @@ namespace {
 
 constexpr char kMomentumBuffer[] = "momentum_buffer";
 
-// PyTorch's lerp: a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), in a's dtype, with w
-// rounded to that dtype first (torch's opmath weight; 1 - w is then exact for w in [0.5, 1]).
-// torch fuses each product and sum (one rounding); here they round apart, one ulp at most.
-RawTensor Lerp(const RawTensor& a, const RawTensor& b, double w) {
-  const double wr = RawTensor::Scalar(w, kF64).to(a.dtype()).to(kF64).item();
-  const RawTensor diff = Sub(b, a);
-  return std::abs(wr) < 0.5 ? Add(a, MulScalar(diff, wr)) : Sub(b, MulScalar(diff, 1 - wr));
-}
-
 }  // namespace
 
 std::unique_ptr<OptimizerOptions> MuonOptions::clone() const {
@@ -220,7 +211,10 @@ void ApplyUpdate(const MuonOptions& o, const RawTensor& param, const RawTensor& 
   // Without decay the factor is 1, whose product changes no value: the pass is skipped.
   const double keep = 1 - o.lr() * o.weight_decay();
   const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
-  param.copy_(Sub(decayed, MulScalar(ortho.to(compute), lr)));
+  // torch's param.add_(update, alpha=-lr): one fused rounding in the dtype the two promote to
+  // (f32 for a bf16 update, f64 for an f64 one, then rounded to the parameter's).
+  const DType sum = PromoteTypes(compute, ortho.dtype());
+  param.copy_(AddScaled(decayed.to(sum), ortho.to(sum), -lr));
 }
 
 }  // namespace

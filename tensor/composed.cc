@@ -312,6 +312,11 @@ void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors
   norm.copy_(acc);
 }
 
+// The product and the sum rounded apart (no fused multiply-add among the tensor ops).
+RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
+  return Add(a, MulScalar(b, alpha));
+}
+
 // The kernel list's NewtonSchulz in tensor ops: every product of 16-bit matrices is a product of
 // their exact f32 widenings (one rounding per element, as the kernel's), batched.
 RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,

@@ -460,6 +460,13 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // f64; NaN anywhere gives NaN. No host wait on a device.
 RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type,
                          DType dtype = kF64);
+// a + alpha * b rounded once (a fused multiply-add), as PyTorch's CPU `add(a, b, alpha=...)`:
+// a and b floating, of one dtype, device and shape; the result has theirs. On a device without
+// the fused kernel (CUDA today) the composed form rounds the product and the sum apart.
+RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
+// PyTorch's lerp, a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), with w rounded to the
+// compute dtype, b - a rounded, and the rest one AddScaled (torch's CPU kernel fuses it).
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight);
 // Muon's Newton-Schulz orthogonalisation (torch.optim.Muon's, optim/muon.h) of every matrix of x
 // [batch, m, n] (floating, not FP8; m <= n: a tall matrix arrives transposed) in x's dtype, as
 // the kernel list's NewtonSchulz computes it: the matrices of one shape go through the iteration

@@ -156,6 +156,31 @@ RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type
   return norm;
 }
 
+RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
+  const char* op = "add_scaled";
+  CheckDefined(op, a, "the first input");
+  CheckDefined(op, b, "the second input");
+  const Device device = CommonDevice(op, {&a, &b});
+  CheckFloating(op, a.dtype());
+  TG_CHECK(a.dtype() == b.dtype() && a.shape() == b.shape(), op,
+           ": expected inputs of one dtype and shape, got ", DTypeName(a.dtype()), " ",
+           ShapeToString(a.shape()), " and ", DTypeName(b.dtype()), " ", ShapeToString(b.shape()));
+  TG_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
+  const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
+  if (Declined(KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha))) {
+    return composed::AddScaled(a, b, alpha);
+  }
+  return out;
+}
+
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight) {
+  const DType ct = ComputeDType(a.dtype());
+  const double w = RawTensor::Scalar(weight, kF64).to(ct).to(kF64).item();
+  const RawTensor diff = Sub(b, a);
+  // 1 - w is exact in the compute dtype for w in [0.5, 1].
+  return std::abs(w) < 0.5 ? AddScaled(a, diff, w) : AddScaled(b, diff, -(1 - w));
+}
+
 RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
                        double eps) {
   const char* op = "newton_schulz";

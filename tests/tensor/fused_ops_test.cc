@@ -783,6 +783,60 @@ TEST(FusedOpErrorsTest, CrossEntropyBackwardGradientDevice) {
 }
 
 }  // namespace
+// ---- AddScaled and Lerp
+// --------------------------------------------------------------------------
+
+// One rounding: equal to std::fma in the compute dtype (f32 for f16/bf16, then rounded once), on
+// values where a product and a sum rounded apart differ; torch's lerp on both sides of w = 0.5.
+TEST(AddScaledTest, RoundsOnceAsAFusedMultiplyAdd) {
+  Generator gen(31);
+  for (DType dtype : {kF32, kF64, kBF16, kF16}) {
+    const RawTensor a = Randn({1000}, gen, dtype), b = Randn({1000}, gen, dtype);
+    const double alpha = 0.1;
+    const std::vector<double> got = AddScaled(a, b, alpha).to_vector<double>();
+    const std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
+    int twice = 0;
+    for (size_t i = 0; i < va.size(); ++i) {
+      double want = 0, apart = 0;
+      if (dtype == kF64) {
+        want = std::fma(alpha, vb[i], va[i]);
+        apart = va[i] + alpha * vb[i];
+      } else {
+        const float s = static_cast<float>(alpha);
+        const float fa = static_cast<float>(va[i]), fb = static_cast<float>(vb[i]);
+        want = RawTensor::Scalar(std::fma(s, fb, fa), kF32).to(dtype).item();
+        apart = RawTensor::Scalar(fa + s * fb, kF32).to(dtype).item();
+      }
+      EXPECT_EQ(got[i], want) << DTypeName(dtype) << " [" << i << "]";
+      twice += apart != want;
+    }
+    if (dtype == kF32 || dtype == kF64) {
+      EXPECT_GT(twice, 0) << DTypeName(dtype);  // not vacuous
+    }
+  }
+  // A strided input is taken as its values.
+  const RawTensor m = Randn({4, 6}, gen, kF32);
+  EXPECT_EQ(AddScaled(m.transpose(0, 1), m.transpose(0, 1), 2.0).to_vector<double>(),
+            AddScaled(m.transpose(0, 1).contiguous(), m.transpose(0, 1).contiguous(), 2.0)
+                .to_vector<double>());
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { AddScaled(Randn({3}, gen, kF32), Randn({3}, gen, kF64), 1.0); },
+      "add_scaled: expected inputs of one dtype and shape, got f32 [3] and f64 [3]"));
+}
+
+TEST(LerpTest, IsTorchsLerp) {
+  // torch.lerp(a, b, w) on f32 values, printed by torch 2.15 (CPU):
+  //   torch.lerp(torch.tensor([0.1, -2.5, 3.0]), torch.tensor([1.7, 0.3, -1.1]), w)
+  const RawTensor a = RawTensor::FromVector<float>({0.1f, -2.5f, 3.0f}, {3});
+  const RawTensor b = RawTensor::FromVector<float>({1.7f, 0.3f, -1.1f}, {3});
+  const auto f32 = [](const RawTensor& t) { return t.to_vector<float>(); };
+  // w = 0.05 (a + w (b - a)) and w = 0.95 (b - (b - a) (1 - w)).
+  EXPECT_EQ(f32(Lerp(a, b, 0.05)),
+            (std::vector<float>{0.18000000715255737f, -2.359999895095825f, 2.7950000762939453f}));
+  EXPECT_EQ(f32(Lerp(a, b, 0.95)),
+            (std::vector<float>{1.6200000047683716f, 0.15999998152256012f, -0.8949999809265137f}));
+}
+
 // ---- NewtonSchulz ------------------------------------------------------------------------------
 
 // Muon's iteration in plain f64 loops over one matrix [m, n], row-major.

@@ -1393,6 +1393,14 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      },
                      n.tol});
   }
+  rows->push_back({"AddScaled", "[3, 70] + -0.37 x [3, 70]", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({3, 70}, dtype, gen), Normal({3, 70}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors { return {AddScaled(in[0], in[1], -0.37)}; },
+                   new Tols(Computed(2.3e-16, 1.2e-7,
+                                     "AddScaled: the CPU rounds once (a fused multiply-add), "
+                                     "CUDA's composed form twice: one ulp"))});
   {
     static const Tols* ns_tol = new Tols(RoundedIntermediate(
         Computed(1e-12, 1e-5,
