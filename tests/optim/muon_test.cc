@@ -18,12 +18,13 @@
 #include "gtest/gtest.h"
 #include "optim/sgd.h"
 #include "tensor/tensor.h"
+#include "tests/optim/muon_trace_inputs.h"
 #include "tests/tensor/throws.h"
 
 namespace tg::optim {
 namespace {
 
-using testing::ThrowsErrorExactly;
+using ::tg::testing::ThrowsErrorExactly;
 
 // clang-format off
 // torch 2.15.0+cu132, tests/optim/muon_reference.py
@@ -168,6 +169,30 @@ TEST(MuonTest, SpectralUnclampedTwoNewtonSchulzStepsMatchTorch) {
 // step; the bound allows one such flip in each of the 3 steps.
 TEST(MuonTest, TheBf16IterationMatchesTorchWithinBf16Rounding) {
   ExpectNear(RunMuon(kF32, MuonOptions(0.02)), kDefaultsBf16IterationF32Params, 5e-4);
+}
+
+// 1000 steps on the inputs of tests/optim/muon_trace_inputs.h with an f64 iteration: every
+// parameter and momentum buffer equals torch.optim.Muon's bit for bit (torch's lerp and
+// add_(alpha) round once; so do Lerp and AddScaled). The fingerprints (FNV-1a of the bits) were
+// printed by `muon_trace_compare.py --fingerprint` (torch 2.15.0+cu132, CPU).
+TEST(MuonTest, ThousandStepF64TracesAreTorchsBitForBit) {
+  const struct {
+    bool nesterov;
+    MuonAdjustLr adjust;
+    uint64_t torch;
+  } cases[] = {{true, MuonAdjustLr::kOriginal, 0x463e31af73cc7a38ull},
+               {false, MuonAdjustLr::kMatchRmsAdamW, 0xfaa220f31ff630f7ull}};
+  for (const auto& c : cases) {
+    const std::vector<Tensor> params = testing::MuonTraceParams();
+    Muon opt(params, MuonOptions(0.02).nesterov(c.nesterov).adjust_lr_fn(c.adjust).ns_dtype(kF64));
+    testing::RunMuonTrace(opt, params, 1000);
+    std::vector<RawTensor> tensors;
+    for (const Tensor& p : params) {
+      tensors.push_back(p.data());
+      tensors.push_back(opt.param_state(p)->tensors.at("momentum_buffer"));
+    }
+    EXPECT_EQ(testing::Fingerprint(tensors), c.torch) << "nesterov " << c.nesterov;
+  }
 }
 
 TEST(MuonTest, AdjustedLearningRates) {

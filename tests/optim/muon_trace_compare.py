@@ -8,7 +8,7 @@ for Nesterov on and off, the original and match_rms_adamw learning rates, and th
   ~/.cache/tapegrad/torch-venv/bin/python tests/optim/muon_trace_compare.py \\
       bazel-bin/tests/optim/muon_trace --steps 1000
 
-Inputs: a [16, 40] and a [48, 24] parameter at p[i][j] = 0.5 sin(1.3 i + 0.7 j + k), gradients
+Inputs (tests/optim/muon_trace_inputs.h): a [16, 40] and a [48, 24] parameter at p[i][j] = 0.5 sin(1.3 i + 0.7 j + k), gradients
 g_t[i][j] = cos(0.9 i - 1.1 j + 0.5 t + k), both computed in f64 and rounded to f32; lr 0.02 and
 torch's other defaults. Prints, per case and tensor, how many elements differ and the largest
 difference in f32 ulps and in value. A manual check (torch is not needed by the build or the tests).
@@ -78,8 +78,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--fingerprint", action="store_true",
+                        help="print the FNV-1a fingerprints muon_test.cc pins (f64 iteration)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.fingerprint:
+        for nesterov, adjust in ((True, "original"), (False, "match_rms_adamw")):
+            ref = torch_run(args.steps, nesterov, adjust, "f64")
+            h = 14695981039346656037
+            for key in ("param 0", "momentum 0", "param 1", "momentum 1"):
+                for v in ref[key]:
+                    for byte in struct.pack("<f", v):
+                        h = ((h ^ byte) * 1099511628211) % (1 << 64)
+            print(f"nesterov {int(nesterov)} {adjust}: 0x{h:016x}")
+        return
     print(f"torch {torch.__version__}, {args.steps} steps")
     for ns in ("f64", "bf16"):
         for nesterov in (True, False):
