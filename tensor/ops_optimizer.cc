@@ -1,5 +1,5 @@
-// The optimizer ops of tensor/ops.h (FusedAdam, FusedSgd, GlobalGradNorm, NewtonSchulz,
-// ClipByNorm): list validation, then the device's kernel or the composed form.
+// The optimizer ops of tensor/ops.h (FusedAdam, FusedSgd, GlobalGradNorm, AddScaled and Lerp,
+// NewtonSchulz, ClipByNorm): validation, then the device's kernel or the composed form.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

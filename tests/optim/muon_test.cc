@@ -162,8 +162,8 @@ TEST(MuonTest, SpectralUnclampedTwoNewtonSchulzStepsMatchTorch) {
 }
 
 // torch's bf16 iteration on f32 parameters. On the machine the literals were printed on (AMD
-// EPYC, AVX-512 BF16) every bf16 value of the iteration agreed and the parameters differ in 2 of
-// 39 entries by one f32 ulp (3e-8: torch fuses p - lr o into one rounding, here two). Both sum
+// EPYC, AVX-512 BF16) every bf16 value of the iteration agreed (the parameter update rounds
+// once on both sides since AddScaled). Both sum
 // the products in the GEMM's order, which another CPU may change, flipping an entry of the
 // update o (|o| < 1.5) by one bf16 ulp (<= 2^-7): that moves a parameter by lr 2^-7 = 1.6e-4 per
 // step; the bound allows one such flip in each of the 3 steps.
