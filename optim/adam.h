@@ -4,10 +4,10 @@
 // only) and the per-parameter step count t ("step"):
 //
 //   t = t + 1
-//   g = g + weight_decay * p                       (Adam, if weight_decay != 0)
+//   g = fma(weight_decay, p, g)                    (Adam, if weight_decay != 0)
 //   p = p * (1 - lr * weight_decay)                (AdamW, if weight_decay != 0)
-//   m = m * beta1 + g * (1 - beta1)
-//   v = v * beta2 + (g * (1 - beta2)) * g
+//   m = lerp(m, g, 1 - beta1)                      (torch's lerp: fma(w, g - m, m) for w < 0.5)
+//   v = fma(g * (1 - beta2), g, v * beta2)
 //   vmax = maximum(vmax, v); use vmax for v below  (amsgrad; NaN propagates)
 //   step_size = lr / (1 - beta1^t)                           (host, double)
 //   bias_correction2_sqrt = sqrt(1 - beta2^t)                (host, double)
@@ -21,10 +21,11 @@
 //   opt.step();
 //
 // Decisions:
-// - The moments use m*beta1 + g*(1-beta1), the form of PyTorch's fused CUDA Adam (and of the
-//   Adam paper), not _single_tensor_adam's m.lerp_(g, 1-beta1): one rounding fewer, and no
-//   branch on the weight. PyTorch's own CPU kernels use FMA in places, so no formula would
-//   match PyTorch's last bit on every path anyway.
+// - Every operation is the one torch 2.15's CPU _single_tensor_adam performs, with its roundings
+//   (measured element by element: its grad.add(p, alpha), lerp_ and addcmul_ are fused
+//   multiply-adds, written fma above; its addcdiv_ rounds value * m before the division), so
+//   AdamW traces equal torch's bit for bit given the same square roots. torch's CPU f32 sqrt is
+//   not correctly rounded (up to 0.75 ulp); ours is (docs/mixed_precision.md has the traces).
 // - Host scalars (1 - beta^t, step_size, sqrt of bias correction, 1 - lr*wd, 1 - beta) are
 //   computed in double like Python floats and rounded once to the compute type (f32 for
 //   f16/bf16/f32 params, f64 for f64) where they meet a tensor; every tensor operation rounds

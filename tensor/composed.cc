@@ -230,10 +230,12 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
     RawTensor p = param.to(cd);  // [param shape] compute dtype
     RawTensor g = lists.grads[i].to(cd);
     if (o.inv_scale.defined()) g = MulScalar(g, o.inv_scale.item());
-    if (o.decay == WeightDecay::kL2) g = Add(g, MulScalar(p, o.weight_decay));
+    // The fused multiply-adds are the op tg::AddScaled (one rounding on every device with the
+    // kernel), not this file's two-rounding form.
+    if (o.decay == WeightDecay::kL2) g = tg::AddScaled(g, p, o.weight_decay);
     if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, scalars.decay);
-    exp_avg.copy_(Add(MulScalar(exp_avg, o.beta1), MulScalar(g, 1 - o.beta1)));
-    exp_avg_sq.copy_(Add(MulScalar(exp_avg_sq, o.beta2), Mul(MulScalar(g, 1 - o.beta2), g)));
+    exp_avg.copy_(tg::Lerp(exp_avg, g, 1 - o.beta1));
+    exp_avg_sq.copy_(tg::Addcmul(MulScalar(exp_avg_sq, o.beta2), g, g, 1 - o.beta2));
     RawTensor v = exp_avg_sq;
     if (o.amsgrad) {
       const RawTensor& max_exp_avg_sq = lists.max_exp_avg_sqs[i];
@@ -315,6 +317,9 @@ void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors
 // The product and the sum rounded apart (no fused multiply-add among the tensor ops).
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   return Add(a, MulScalar(b, alpha));
+}
+RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value) {
+  return Add(self, Mul(MulScalar(t1, value), t2));
 }
 
 // The kernel list's NewtonSchulz in tensor ops: every product of 16-bit matrices is a product of

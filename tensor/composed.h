@@ -66,6 +66,7 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 // Writes the norm into `norm` (0-d f64 or f32 on the tensors' device).
 void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type);
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
+RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value);
 RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
                        double eps);
 void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,

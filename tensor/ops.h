@@ -461,9 +461,13 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type,
                          DType dtype = kF64);
 // a + alpha * b rounded once (a fused multiply-add), as PyTorch's CPU `add(a, b, alpha=...)`:
-// a and b floating, of one dtype, device and shape; the result has theirs. On a device without
-// the fused kernel (CUDA today) the composed form rounds the product and the sum apart.
+// a and b floating, of one dtype, device and shape; the result has theirs. (The CPU and CUDA
+// have the fused kernel; on a device without it the composed form rounds twice.)
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
+// PyTorch's CPU addcmul, self + value * t1 * t2 as fma(round(value * t1), t2, self) in the
+// compute dtype (f16/bf16: in f32, rounded once at the end): three floating tensors of one dtype,
+// device and shape; the result has theirs.
+RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value);
 // PyTorch's lerp, a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), with w rounded to the
 // compute dtype, b - a rounded, and the rest one AddScaled (torch's CPU kernel fuses it).
 RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight);

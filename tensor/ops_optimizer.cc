@@ -156,19 +156,52 @@ RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type
   return norm;
 }
 
+namespace {
+
+// The checks of AddScaled and Addcmul: defined floating inputs of one device, dtype and shape.
+Device CheckFmaInputs(const char* op, std::initializer_list<const RawTensor*> inputs) {
+  static const char* const kNames[] = {"the first input", "the second input", "the third input"};
+  size_t k = 0;
+  for (const RawTensor* t : inputs) CheckDefined(op, *t, kNames[k++]);
+  const Device device = CommonDevice(op, inputs);
+  const RawTensor& first = **inputs.begin();
+  CheckFloating(op, first.dtype());
+  for (const RawTensor* t : inputs) {
+    TG_CHECK(t->dtype() == first.dtype() && t->shape() == first.shape(), op,
+             ": expected inputs of one dtype and shape, got ", DTypeName(first.dtype()), " ",
+             ShapeToString(first.shape()), " and ", DTypeName(t->dtype()), " ",
+             ShapeToString(t->shape()));
+  }
+  return device;
+}
+
+}  // namespace
+
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   const char* op = "add_scaled";
-  CheckDefined(op, a, "the first input");
-  CheckDefined(op, b, "the second input");
-  const Device device = CommonDevice(op, {&a, &b});
-  CheckFloating(op, a.dtype());
-  TG_CHECK(a.dtype() == b.dtype() && a.shape() == b.shape(), op,
-           ": expected inputs of one dtype and shape, got ", DTypeName(a.dtype()), " ",
-           ShapeToString(a.shape()), " and ", DTypeName(b.dtype()), " ", ShapeToString(b.shape()));
+  const Device device = CheckFmaInputs(op, {&a, &b});
   TG_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
   const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
-  if (Declined(KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha))) {
+  if (Declined(
+          KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha, RawTensor()))) {
     return composed::AddScaled(a, b, alpha);
+  }
+  return out;
+}
+
+RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value) {
+  const char* op = "addcmul";
+  const Device device = CheckFmaInputs(op, {&self, &t1, &t2});
+  TG_CHECK(std::isfinite(value), op, ": value must be finite, got ", value);
+  const DType ct = ComputeDType(self.dtype());
+  if (ct != self.dtype()) {  // f16/bf16: torch computes in f32 and rounds once at the end
+    return Addcmul(self.to(ct), t1.to(ct), t2.to(ct), value).to(self.dtype());
+  }
+  const RawTensor scaled = MulScalar(t1, value).contiguous();
+  const RawTensor out = RawTensor::Empty(self.shape(), self.dtype(), device);
+  if (Declined(
+          KernelsFor(device).AddScaled(out, self.contiguous(), t2.contiguous(), 1.0, scaled))) {
+    return composed::Addcmul(self, t1, t2, value);
   }
   return out;
 }

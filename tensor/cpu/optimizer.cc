@@ -1,8 +1,8 @@
 // The optimizer entries of the kernel list (tensor/kernel_list.inc: FusedAdam, FusedSgd,
 // GlobalGradNorm, ClipByNorm) on the CPU: one pass over each parameter's memory, the update's
 // operations in the kernel list's order on one element at a time. Every case is handled (kDone).
-// Built with -ffp-contract=off (BUILD): no a*b+c may become an FMA, so the loops round exactly
-// like the composed forms.
+// Built with -ffp-contract=off (BUILD): no a*b+c may become an FMA unless written as std::fma, so
+// the loops round exactly like the composed forms.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -83,11 +83,13 @@ void WithFlag(bool b, Fn&& fn) {
 
 // ---- Adam ----
 
-// Compute-type scalars of the Adam loop, each rounded once from its double.
+// Compute-type scalars of the Adam loop, each rounded once from its double. The first moment's
+// lerp towards g with weight w = 1 - beta1 is m = fma(lerp_weight, g - m, lerp_from_end ? g : m)
+// with lerp_weight = w, or -(1 - w) from the end when |w| >= 0.5 (exact there).
 template <typename C>
 struct AdamScalars {
-  C weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
-      bias_correction2_sqrt;
+  C weight_decay, decay, lerp_weight, beta2, one_minus_beta2, eps, step_size, bias_correction2_sqrt;
+  bool lerp_from_end;
 };
 
 template <typename T, typename G, typename C, WeightDecay kDecay, bool kAmsgrad>
@@ -100,24 +102,24 @@ void AdamLoop(T* p, const G* g, C* m, C* v, C* vmax, int64_t n, const AdamScalar
                                                                                    : 0),
                               s.weight_decay,
                               s.decay,
-                              s.beta1,
-                              s.one_minus_beta1,
+                              s.lerp_weight,
                               s.beta2,
                               s.one_minus_beta2,
                               s.eps,
                               s.step_size,
-                              s.bias_correction2_sqrt};
+                              s.bias_correction2_sqrt,
+                              s.lerp_from_end};
       AdamF32(p + begin, g + begin, m + begin, v + begin, end - begin, vs);
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
       C pv = Convert<C>(p[i]);
       C gv = Convert<C>(g[i]);
-      if constexpr (kDecay == WeightDecay::kL2) gv = gv + pv * s.weight_decay;
+      if constexpr (kDecay == WeightDecay::kL2) gv = std::fma(s.weight_decay, pv, gv);
       if constexpr (kDecay == WeightDecay::kDecoupled) pv = pv * s.decay;
-      const C mv = m[i] * s.beta1 + gv * s.one_minus_beta1;
+      const C mv = std::fma(s.lerp_weight, gv - m[i], s.lerp_from_end ? gv : m[i]);
       m[i] = mv;
-      C vv = v[i] * s.beta2 + (gv * s.one_minus_beta2) * gv;
+      C vv = std::fma(gv * s.one_minus_beta2, gv, v[i] * s.beta2);
       v[i] = vv;
       if constexpr (kAmsgrad) {
         const C a = vmax[i];  // maximum(vmax, v) exactly as the Maximum kernel: NaN wins
@@ -187,8 +189,9 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
       AdamScalars<C> s;
       s.weight_decay = static_cast<C>(o.weight_decay);
       s.decay = static_cast<C>(scalars.decay);
-      s.beta1 = static_cast<C>(o.beta1);
-      s.one_minus_beta1 = static_cast<C>(1 - o.beta1);
+      const C w = static_cast<C>(1 - o.beta1);
+      s.lerp_from_end = !(std::abs(w) < C(0.5));
+      s.lerp_weight = s.lerp_from_end ? -(C(1) - w) : w;
       s.beta2 = static_cast<C>(o.beta2);
       s.one_minus_beta2 = static_cast<C>(1 - o.beta2);
       s.eps = static_cast<C>(o.eps);

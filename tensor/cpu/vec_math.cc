@@ -322,14 +322,33 @@ HWY_INLINE V Sqrt(V x) {
   return hn::Sqrt(x);
 }
 
+// a * b + c rounded once: the FMA instruction where the target has one, else glibc's exact fma
+// lane by lane (hn::MulAdd would round twice there).
+inline float Fma(float a, float b, float c) { return std::fma(a, b, c); }
+template <class V>
+HWY_INLINE V Fma(V a, V b, V c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a, b, c);
+#else
+  const hn::DFromV<V> d;
+  HWY_ALIGN float la[HWY_MAX_BYTES / sizeof(float)], lb[HWY_MAX_BYTES / sizeof(float)],
+      lc[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(a, d, la);
+  hn::Store(b, d, lb);
+  hn::Store(c, d, lc);
+  for (size_t k = 0; k < hn::Lanes(d); ++k) la[k] = std::fma(la[k], lb[k], lc[k]);
+  return hn::Load(d, la);
+#endif
+}
+
 // The Adam element update on a vector or a scalar (hn::Mul etc. on Vec, plain operators on
-// float): the same operations in the same order either way.
+// float): the same operations in the same order either way (tensor/kernel_list.inc's FusedAdam).
 template <int kDecay, class V, class S>
-HWY_INLINE void AdamElement(V& p, V g, V& m, V& v, const S& s) {
-  if constexpr (kDecay == 1) g = g + p * s.weight_decay;
+HWY_INLINE void AdamElement(V& p, V g, V& m, V& v, const S& s, bool lerp_from_end) {
+  if constexpr (kDecay == 1) g = Fma(s.weight_decay, p, g);
   if constexpr (kDecay == 2) p = p * s.decay;
-  m = m * s.beta1 + g * s.one_minus_beta1;
-  v = v * s.beta2 + (g * s.one_minus_beta2) * g;
+  m = Fma(s.lerp_weight, g - m, lerp_from_end ? g : m);
+  v = Fma(g * s.one_minus_beta2, g, v * s.beta2);
   const V denom = Sqrt(v) / s.bias_correction2_sqrt + s.eps;
   p = p - (m * s.step_size) / denom;
 }
@@ -337,31 +356,25 @@ HWY_INLINE void AdamElement(V& p, V g, V& m, V& v, const S& s) {
 // The scalars as vectors (for AdamElement on vectors).
 template <class V>
 struct AdamVecScalars {
-  V weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
-      bias_correction2_sqrt;
+  V weight_decay, decay, lerp_weight, beta2, one_minus_beta2, eps, step_size, bias_correction2_sqrt;
 };
 
 template <int kDecay>
 void AdamLoop(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
-  const AdamVecScalars<V> vs{hn::Set(d, s.weight_decay),
-                             hn::Set(d, s.decay),
-                             hn::Set(d, s.beta1),
-                             hn::Set(d, s.one_minus_beta1),
-                             hn::Set(d, s.beta2),
-                             hn::Set(d, s.one_minus_beta2),
-                             hn::Set(d, s.eps),
-                             hn::Set(d, s.step_size),
-                             hn::Set(d, s.bias_correction2_sqrt)};
+  const AdamVecScalars<V> vs{hn::Set(d, s.weight_decay),    hn::Set(d, s.decay),
+                             hn::Set(d, s.lerp_weight),     hn::Set(d, s.beta2),
+                             hn::Set(d, s.one_minus_beta2), hn::Set(d, s.eps),
+                             hn::Set(d, s.step_size),       hn::Set(d, s.bias_correction2_sqrt)};
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {  // two vectors at a time: two divide chains
     V p0 = hn::LoadU(d, p + i), m0 = hn::LoadU(d, m + i), v0 = hn::LoadU(d, v + i);
     V p1 = hn::LoadU(d, p + i + lanes), m1 = hn::LoadU(d, m + i + lanes),
       v1 = hn::LoadU(d, v + i + lanes);
-    AdamElement<kDecay>(p0, hn::LoadU(d, g + i), m0, v0, vs);
-    AdamElement<kDecay>(p1, hn::LoadU(d, g + i + lanes), m1, v1, vs);
+    AdamElement<kDecay>(p0, hn::LoadU(d, g + i), m0, v0, vs, s.lerp_from_end);
+    AdamElement<kDecay>(p1, hn::LoadU(d, g + i + lanes), m1, v1, vs, s.lerp_from_end);
     hn::StoreU(p0, d, p + i);
     hn::StoreU(m0, d, m + i);
     hn::StoreU(v0, d, v + i);
@@ -371,12 +384,12 @@ void AdamLoop(float* p, const float* g, float* m, float* v, int64_t n, const Ada
   }
   for (; i + lanes <= n; i += lanes) {
     V pv = hn::LoadU(d, p + i), mv = hn::LoadU(d, m + i), vv = hn::LoadU(d, v + i);
-    AdamElement<kDecay>(pv, hn::LoadU(d, g + i), mv, vv, vs);
+    AdamElement<kDecay>(pv, hn::LoadU(d, g + i), mv, vv, vs, s.lerp_from_end);
     hn::StoreU(pv, d, p + i);
     hn::StoreU(mv, d, m + i);
     hn::StoreU(vv, d, v + i);
   }
-  for (; i < n; ++i) AdamElement<kDecay>(p[i], g[i], m[i], v[i], s);
+  for (; i < n; ++i) AdamElement<kDecay>(p[i], g[i], m[i], v[i], s, s.lerp_from_end);
 }
 
 void Adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s) {

@@ -70,13 +70,16 @@ void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4
 void Fp8ToF32(const uint8_t* in, float* out, int64_t n, bool e4m3);
 
 // One Adam/AdamW update of n f32 parameters with f32 gradients and state (no AMSGrad), the
-// operations of tensor/cpu/optimizer.cc's AdamLoop in its order, each rounded to f32 (no FMA):
-// the same bits as that loop. weight_decay_kind: 0 none, 1 L2 (added to the gradient), 2
-// decoupled (p scaled by decay first).
+// operations of tensor/cpu/optimizer.cc's AdamLoop in its order, each rounded to f32 (the fused
+// multiply-adds of the kernel list's FusedAdam, and no other): the same bits as that loop.
+// weight_decay_kind: 0 none, 1 L2 (added to the gradient), 2 decoupled (p scaled by decay
+// first). The first moment is m = fma(lerp_weight, g - m, lerp_from_end ? g : m) (torch's lerp
+// towards g with weight 1 - beta1: lerp_weight is that weight, or -(1 - weight) from the end).
 struct AdamF32Scalars {
   int weight_decay_kind;
-  float weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
+  float weight_decay, decay, lerp_weight, beta2, one_minus_beta2, eps, step_size,
       bias_correction2_sqrt;
+  bool lerp_from_end;
 };
 void AdamF32(float* p, const float* g, float* m, float* v, int64_t n, const AdamF32Scalars& s);
 

@@ -33,11 +33,6 @@ KernelStatus RotaryEmbeddingBackward(const RawTensor&, const RawTensor&, const R
   return KernelStatus::kNoKernel;
 }
 
-// AddScaled: no fused CUDA kernel yet; the composed form (two roundings) runs on the device.
-KernelStatus AddScaled(const RawTensor&, const RawTensor&, const RawTensor&, double) {
-  return KernelStatus::kNoKernel;
-}
-
 // Muon's Newton-Schulz iteration: no CUDA kernel of its own yet; the composed form runs the batch
 // through batched cuBLAS products (Bmm) on the device.
 KernelStatus NewtonSchulz(const RawTensor&, const RawTensor&, double, double, double, int64_t,

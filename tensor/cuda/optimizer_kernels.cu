@@ -9,7 +9,8 @@
 //   are written in the same pass) with f32/f16/bf16 gradients, no or decoupled weight decay, all
 //   tensors contiguous; declines (kNoKernel) L2 decay, f64 and f16/bf16 parameters and strided
 //   tensors. Each arithmetic step is one correctly rounded IEEE operation (__fmul_rn, __fadd_rn,
-//   __fdiv_rn, __fsqrt_rn) in the kernel list's order, so the result equals the CPU kernel bit for
+//   __fdiv_rn, __fsqrt_rn, and __fmaf_rn where the kernel list writes fma) in the kernel list's
+//   order, so the result equals the CPU kernel bit for
 //   bit. With device_step, the bias corrections are computed on the device in double; CUDA's
 //   double pow is not correctly rounded (2 ulp documented; glibc's is within 1), so step_size and
 //   sqrt(1 - beta2^t) equal the host's f32 scalars unless a double lands within those few ulps of
@@ -54,9 +55,8 @@ bool AllContiguous(const std::vector<RawTensor>& tensors) {
 // tensor/optimizer_kernels.h), rounded on the host from the same doubles; with device_step,
 // step_size and bias_correction2_sqrt are recomputed per block from lr, beta1, beta2 and *step.
 struct AdamWArgs {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
-      bias_correction2_sqrt;
-  bool apply_decay;
+  float decay, lerp_weight, beta2, one_minus_beta2, eps, step_size, bias_correction2_sqrt;
+  bool apply_decay, lerp_from_end;  // the first moment's lerp as the CPU's (AdamScalars)
   double lr, beta1_d, beta2_d;
   const double* step;  // device step count (updates done so far), or null
   const float* inv_scale;
@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(kThreads)
     if (a.inv_scale != nullptr) gv = __fmul_rn(gv, inv_scale);  // the master grad's unscale
     float pv = p[i];
     if (a.apply_decay) pv = __fmul_rn(pv, a.decay);
-    const float mv = __fadd_rn(__fmul_rn(m[i], a.beta1), __fmul_rn(gv, a.one_minus_beta1));
+    const float mv = __fmaf_rn(a.lerp_weight, __fsub_rn(gv, m[i]), a.lerp_from_end ? gv : m[i]);
     m[i] = mv;
-    float vv = __fadd_rn(__fmul_rn(v[i], a.beta2), __fmul_rn(__fmul_rn(gv, a.one_minus_beta2), gv));
+    float vv = __fmaf_rn(__fmul_rn(gv, a.one_minus_beta2), gv, __fmul_rn(v[i], a.beta2));
     v[i] = vv;
     if constexpr (kAmsgrad) {
       const float x = vmax[i];  // maximum(vmax, v) as the CPU's Maximum kernel: NaN wins
@@ -296,8 +296,9 @@ KernelStatus FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) 
   // The CPU kernel's scalars: doubles, each rounded once to f32.
   a.decay = static_cast<float>(o.DecayFactor());
   a.apply_decay = o.decay == WeightDecay::kDecoupled;
-  a.beta1 = static_cast<float>(o.beta1);
-  a.one_minus_beta1 = static_cast<float>(1 - o.beta1);
+  const float w = static_cast<float>(1 - o.beta1);
+  a.lerp_from_end = !(std::abs(w) < 0.5f);
+  a.lerp_weight = a.lerp_from_end ? -(1.0f - w) : w;
   a.beta2 = static_cast<float>(o.beta2);
   a.one_minus_beta2 = static_cast<float>(1 - o.beta2);
   a.eps = static_cast<float>(o.eps);

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "optim/sgd.h"
 #include "tensor/tensor.h"
-#include "tests/optim/muon_trace_inputs.h"
+#include "tests/optim/torch_trace_inputs.h"
 #include "tests/tensor/throws.h"
 
 namespace tg::optim {
@@ -171,10 +171,10 @@ TEST(MuonTest, TheBf16IterationMatchesTorchWithinBf16Rounding) {
   ExpectNear(RunMuon(kF32, MuonOptions(0.02)), kDefaultsBf16IterationF32Params, 5e-4);
 }
 
-// 1000 steps on the inputs of tests/optim/muon_trace_inputs.h with an f64 iteration: every
+// 1000 steps on the inputs of tests/optim/torch_trace_inputs.h with an f64 iteration: every
 // parameter and momentum buffer equals torch.optim.Muon's bit for bit (torch's lerp and
 // add_(alpha) round once; so do Lerp and AddScaled). The fingerprints (FNV-1a of the bits) were
-// printed by `muon_trace_compare.py --fingerprint` (torch 2.15.0+cu132, CPU).
+// printed by `torch_trace_compare.py --fingerprint` (torch 2.15.0+cu132, CPU).
 TEST(MuonTest, ThousandStepF64TracesAreTorchsBitForBit) {
   const struct {
     bool nesterov;
@@ -183,9 +183,9 @@ TEST(MuonTest, ThousandStepF64TracesAreTorchsBitForBit) {
   } cases[] = {{true, MuonAdjustLr::kOriginal, 0x463e31af73cc7a38ull},
                {false, MuonAdjustLr::kMatchRmsAdamW, 0xfaa220f31ff630f7ull}};
   for (const auto& c : cases) {
-    const std::vector<Tensor> params = testing::MuonTraceParams();
+    const std::vector<Tensor> params = testing::TorchTraceParams();
     Muon opt(params, MuonOptions(0.02).nesterov(c.nesterov).adjust_lr_fn(c.adjust).ns_dtype(kF64));
-    testing::RunMuonTrace(opt, params, 1000);
+    testing::RunTorchTrace(opt, params, 1000);
     std::vector<RawTensor> tensors;
     for (const Tensor& p : params) {
       tensors.push_back(p.data());

@@ -9,9 +9,12 @@ stored f16 parameter) with struct.pack, and prints the expected values as C++ li
 
 A Python float operation on two f32 values, rounded once to f32, is the correctly rounded f32
 result for + - * / and sqrt (double has more than 2*24+2 bits), so the reference reproduces
-IEEE f32 arithmetic exactly. Host scalars (1 - beta^t, lr / bias_correction1, ...) are Python
-floats (double), rounded to f32 where they meet a tensor, as in the C++ code.
+IEEE f32 arithmetic exactly. A fused multiply-add (Adam's, written fma in optim/adam.h) is
+computed exactly with fractions and rounded once. Host scalars (1 - beta^t, lr /
+bias_correction1, ...) are Python floats (double), rounded to f32 where they meet a tensor, as in
+the C++ code.
 """
+from fractions import Fraction
 import math
 import struct
 
@@ -26,6 +29,23 @@ def f16(x):
 
 def ident(x):
     return x
+
+
+def _f32_neighbours(y):
+    b = struct.unpack('<I', struct.pack('<f', y))[0]
+    return [struct.unpack('<f', struct.pack('<I', n))[0] for n in (b - 1, b + 1) if 0 <= n < 1 << 32]
+
+
+def fma(a, b, c, r):
+    """a * b + c rounded once by r (f32 or ident: f64), exactly (no double rounding)."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    y = float(exact)  # correctly rounded to double
+    if r is ident:
+        return y
+    candidates = [r(y)] + _f32_neighbours(r(y))
+    # the nearest; a tie goes to the even significand
+    return min(candidates, key=lambda x: (abs(Fraction(x) - exact),
+                                          struct.unpack('<I', struct.pack('<f', x))[0] & 1))
 
 
 P0 = [0.5, -1.25, 2.0]
@@ -80,11 +100,15 @@ def adam(lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False,
             g = grad_round(grad(k, j))
             pj = p[j]
             if weight_decay != 0 and not decoupled:
-                g = r(g + r(pj * r(weight_decay)))
+                g = fma(r(weight_decay), pj, g, r)
             if weight_decay != 0 and decoupled:
                 pj = r(pj * r(1 - lr * weight_decay))
-            m[j] = r(r(m[j] * r(beta1)) + r(g * r(1 - beta1)))
-            v[j] = r(r(v[j] * r(beta2)) + r(r(g * r(1 - beta2)) * g))
+            w = r(1 - beta1)  # torch's lerp of m towards g
+            if abs(w) < 0.5:
+                m[j] = fma(w, r(g - m[j]), m[j], r)
+            else:
+                m[j] = fma(-(1 - w), r(g - m[j]), g, r)
+            v[j] = fma(r(g * r(1 - beta2)), g, r(v[j] * r(beta2)), r)
             vv = v[j]
             if amsgrad:
                 vmax[j] = max(vmax[j], v[j])

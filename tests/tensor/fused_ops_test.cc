@@ -824,6 +824,41 @@ TEST(AddScaledTest, RoundsOnceAsAFusedMultiplyAdd) {
       "add_scaled: expected inputs of one dtype and shape, got f32 [3] and f64 [3]"));
 }
 
+// torch's CPU addcmul: fma(round(value * t1), t2, self), one rounding after the product's; f32
+// and f64, and f16/bf16 computed so in f32 and rounded once.
+TEST(AddcmulTest, RoundsTheScaledFactorThenOnce) {
+  Generator gen(32);
+  for (DType dtype : {kF32, kF64, kBF16, kF16}) {
+    const RawTensor s = Randn({1000}, gen, dtype), t1 = Randn({1000}, gen, dtype),
+                    t2 = Randn({1000}, gen, dtype);
+    const double value = 0.001;
+    const std::vector<double> got = Addcmul(s, t1, t2, value).to_vector<double>();
+    const std::vector<double> vs = s.to_vector<double>(), v1 = t1.to_vector<double>(),
+                              v2 = t2.to_vector<double>();
+    int twice = 0;
+    for (size_t i = 0; i < vs.size(); ++i) {
+      double want = 0, apart = 0;
+      if (dtype == kF64) {
+        want = std::fma(value * v1[i], v2[i], vs[i]);
+        apart = vs[i] + (value * v1[i]) * v2[i];
+      } else {
+        const float scaled = static_cast<float>(value) * static_cast<float>(v1[i]);
+        const float f2 = static_cast<float>(v2[i]), fs = static_cast<float>(vs[i]);
+        want = RawTensor::Scalar(std::fma(scaled, f2, fs), kF32).to(dtype).item();
+        apart = RawTensor::Scalar(fs + scaled * f2, kF32).to(dtype).item();
+      }
+      EXPECT_EQ(got[i], want) << DTypeName(dtype) << " [" << i << "]";
+      twice += apart != want;
+    }
+    if (dtype == kF32 || dtype == kF64) {
+      EXPECT_GT(twice, 0) << DTypeName(dtype);  // not vacuous
+    }
+  }
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { Addcmul(Randn({3}, gen, kF32), Randn({3}, gen, kF32), Randn({2}, gen, kF32), 1.0); },
+      "addcmul: expected inputs of one dtype and shape, got f32 [3] and f32 [2]"));
+}
+
 TEST(LerpTest, IsTorchsLerp) {
   // torch.lerp(a, b, w) on f32 values, printed by torch 2.15 (CPU):
   //   torch.lerp(torch.tensor([0.1, -2.5, 3.0]), torch.tensor([1.7, 0.3, -1.1]), w)

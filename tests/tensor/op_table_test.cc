@@ -1398,9 +1398,15 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                      return {Normal({3, 70}, dtype, gen), Normal({3, 70}, dtype, gen)};
                    },
                    [](const Tensors& in) -> Tensors { return {AddScaled(in[0], in[1], -0.37)}; },
-                   new Tols(Computed(2.3e-16, 1.2e-7,
-                                     "AddScaled: the CPU rounds once (a fused multiply-add), "
-                                     "CUDA's composed form twice: one ulp"))});
+                   &ExactTol()});
+  rows->push_back(
+      {"Addcmul", "[3, 70] + 0.001 x [3, 70] x [3, 70]", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({3, 70}, dtype, gen), Normal({3, 70}, dtype, gen),
+                 Normal({3, 70}, dtype, gen)};
+       },
+       [](const Tensors& in) -> Tensors { return {Addcmul(in[0], in[1], in[2], 0.001)}; },
+       &ExactTol()});
   {
     static const Tols* ns_tol = new Tols(RoundedIntermediate(
         Computed(1e-12, 1e-5,
