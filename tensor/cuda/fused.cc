@@ -14,25 +14,6 @@
 
 namespace tg::cuda {
 
-// LlamaRMSNorm: no CUDA kernel yet; the composed ops (tensor/composed.cc) run on the device.
-KernelStatus LlamaRmsNorm(const RawTensor&, const RawTensor&, const RawTensor&, const RawTensor&,
-                          double) {
-  return KernelStatus::kNoKernel;
-}
-KernelStatus LlamaRmsNormBackward(const RawTensor&, const RawTensor&, const RawTensor&,
-                                  const RawTensor&, const RawTensor&, const RawTensor&) {
-  return KernelStatus::kNoKernel;
-}
-// Rotary embeddings likewise.
-KernelStatus RotaryEmbedding(const RawTensor&, const RawTensor&, const RawTensor&,
-                             const RawTensor&) {
-  return KernelStatus::kNoKernel;
-}
-KernelStatus RotaryEmbeddingBackward(const RawTensor&, const RawTensor&, const RawTensor&,
-                                     const RawTensor&) {
-  return KernelStatus::kNoKernel;
-}
-
 // Muon's Newton-Schulz iteration: no CUDA kernel of its own yet; the composed form runs the batch
 // through batched cuBLAS products (Bmm) on the device.
 KernelStatus NewtonSchulz(const RawTensor&, const RawTensor&, double, double, double, int64_t,

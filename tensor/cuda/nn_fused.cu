@@ -1,4 +1,5 @@
-// The fused kernels of tensor/cuda/nn_fused.h. They share the row machinery of nn.cu
+// The fused kernels of tensor/cuda/nn_fused.h, and the kernel list's LlamaRmsNorm and
+// RotaryEmbedding (with their backwards) on CUDA. They share the row machinery of nn.cu
 // (tensor/cuda/nn_common.cuh): one warp per row up to 1024 elements, one block per row beyond,
 // 128-bit loads after a scalar head, statistics in f32 (f64 for f64).
 //
@@ -10,6 +11,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/cuda/nn_common.cuh"
 #include "tensor/cuda/nn_fused.h"
 #include "tensor/cuda/runtime.h"
@@ -258,6 +260,162 @@ __global__ void AddLayerNormKernel(T* residual, T* out, Acc<T>* mean, Acc<T>* rs
   }
 }
 
+// ---- LlamaRMSNorm -----------------------------------------------------------------------------
+
+// The CPU kernel's arithmetic (tensor/cpu/fused.cc) per row: the squares summed in f64 (in the
+// group's order, so the sum agrees with the CPU's to f64 rounding before rstd's one rounding to
+// C), rstd = 1 / sqrt(sum / n + eps) in double, out = round(w * round(h * rstd)).
+template <typename T, bool kWarp>
+__global__ void LlamaRmsNormKernel(T* out, Acc<T>* rstd, const T* x, const T* w, int64_t rows,
+                                   int64_t n, double eps) {
+  using C = Acc<T>;
+  __shared__ double smem[32];
+  const RowGroup<kWarp> g{};
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const T* row = x + r * n;
+    const int64_t head = RowHead(row, n);
+    double ss = 0;
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C v[W];
+      LoadN<W>(row + i, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+    });
+    ss = GroupAllReduce<kWarp>(ss, SumOp{}, 0.0, smem);
+    const C inv = static_cast<C>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+    if (g.tid() == 0) rstd[r] = inv;
+    T* orow = out + r * n;
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C v[W], wv[W];
+      LoadN<W>(row + i, v);
+      LoadStrided<W>(w + i, 1, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] = wv[k] * ToCompute(ConvertTo<T>(v[k] * inv));
+      StoreN<W>(orow + i, v);
+    });
+  }
+}
+
+// grad_input per row, as the CPU kernel: dn = g w, dot = sum(dn h) in f64 (then / n, rounded to
+// C), s = rstd^3 dot, grad_input = round(rstd dn - h s).
+template <typename T, bool kWarp>
+__global__ void LlamaRmsNormBackwardKernel(T* grad_input, const T* grad_out, const T* x,
+                                           const Acc<T>* rstd, const T* w, int64_t rows,
+                                           int64_t n) {
+  using C = Acc<T>;
+  __shared__ double smem[32];
+  const RowGroup<kWarp> g{};
+  for (int64_t r = g.first(); r < rows; r += g.stride()) {
+    const T* xrow = x + r * n;
+    const T* grow = grad_out + r * n;
+    const int64_t head = RowHead(xrow, n);
+    double dot = 0;
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C hv[W], gv[W], wv[W];
+      LoadN<W>(xrow + i, hv);
+      LoadN<W>(grow + i, gv);
+      LoadStrided<W>(w + i, 1, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        dot += static_cast<double>(gv[k] * wv[k]) * static_cast<double>(hv[k]);
+      }
+    });
+    dot = GroupAllReduce<kWarp>(dot, SumOp{}, 0.0, smem);
+    const C inv = rstd[r];
+    const C s = ((inv * inv) * inv) * static_cast<C>(dot / static_cast<double>(n));
+    T* orow = grad_input + r * n;
+    ForRow<T>(n, head, g.tid(), g.size(), [&](int64_t i, auto width) {
+      constexpr int W = decltype(width)::value;
+      C hv[W], gv[W], wv[W];
+      LoadN<W>(xrow + i, hv);
+      LoadN<W>(grow + i, gv);
+      LoadStrided<W>(w + i, 1, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) hv[k] = inv * (gv[k] * wv[k]) - hv[k] * s;
+      StoreN<W>(orow + i, hv);
+    });
+    // The next row's head may map an element to another thread of the group.
+    g.Sync();
+  }
+}
+
+// grad_weight[j] = round(sum over the rows, in order, of grad_out * round(h * rstd)) in f64: one
+// thread per column walking the rows in the CPU kernel's order (so its bits), the loads of
+// consecutive columns coalesced across a warp.
+template <typename T>
+__global__ void LlamaRmsNormWeightGradKernel(T* grad_weight, const T* grad_out, const T* x,
+                                             const Acc<T>* rstd, int64_t rows, int64_t n) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  double acc = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Acc<T> normed = ToCompute(ConvertTo<T>(ToCompute(x[r * n + j]) * rstd[r]));
+    acc += static_cast<double>(ToCompute(grad_out[r * n + j])) * static_cast<double>(normed);
+  }
+  grad_weight[j] = ConvertTo<T>(acc);
+}
+
+// ---- Rotary embedding -------------------------------------------------------------------------
+
+// The leading dims of x [..., T, d] (all but the last): sizes and element strides, for the rows'
+// offsets (x may be a strided view with a unit last stride).
+constexpr int kRotaryMaxDims = 8;
+struct RotaryRows {
+  int dims;
+  int64_t size[kRotaryMaxDims];
+  int64_t stride[kRotaryMaxDims];
+};
+
+// One thread per output element, with the CPU kernel's roundings: out = round(round(x cos) +
+// round(rot sin)), rot = (-x[h:], x[:h]).
+template <typename T>
+__global__ void RotaryEmbeddingKernel(T* out, const T* x, const T* cos, const T* sin,
+                                      RotaryRows rows, int64_t count, int64_t t_len, int64_t d) {
+  const int64_t h = d / 2;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d, t = r % t_len;
+    int64_t offset = 0, rest = r;
+    for (int k = rows.dims - 1; k >= 0; --k) {
+      offset += (rest % rows.size[k]) * rows.stride[k];
+      rest /= rows.size[k];
+    }
+    const T* xr = x + offset;
+    const Acc<T> rot = i < h ? -ToCompute(xr[i + h]) : ToCompute(xr[i - h]);
+    const Acc<T> a = ToCompute(ConvertTo<T>(ToCompute(xr[i]) * ToCompute(cos[t * d + i])));
+    const Acc<T> b = ToCompute(ConvertTo<T>(rot * ToCompute(sin[t * d + i])));
+    out[e] = ConvertTo<T>(a + b);
+  }
+}
+
+// Its backward on a contiguous grad_out [lead, T, d]: round(round(g cos) +- round(g_j sin_j)),
+// (g sin) moved back through rotate_half: + at i < h from i + h, - at i >= h from i - h.
+template <typename T>
+__global__ void RotaryEmbeddingBackwardKernel(T* grad_input, const T* grad_out, const T* cos,
+                                              const T* sin, int64_t count, int64_t t_len,
+                                              int64_t d) {
+  const int64_t h = d / 2;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d, t = r % t_len;
+    const T* gr = grad_out + r * d;
+    const Acc<T> a = ToCompute(ConvertTo<T>(ToCompute(gr[i]) * ToCompute(cos[t * d + i])));
+    const int64_t j = i < h ? i + h : i - h;
+    const Acc<T> gs = ToCompute(ConvertTo<T>(ToCompute(gr[j]) * ToCompute(sin[t * d + j])));
+    grad_input[e] = ConvertTo<T>(a + (i < h ? gs : -gs));
+  }
+}
+
+constexpr int kElementThreads = 256;
+
+unsigned ElementBlocks(int64_t count) {
+  return static_cast<unsigned>(
+      std::min<int64_t>((count + kElementThreads - 1) / kElementThreads, int64_t{1} << 20));
+}
+
 }  // namespace
 
 void SoftmaxCrossEntropyFused(const RawTensor& losses, const RawTensor& grad_logits, const RawTensor& logits,
@@ -413,6 +571,123 @@ KernelStatus AddLayerNorm(const RawTensor& residual_out, const RawTensor& ln_out
           res, o, m, rs, ap, bp, w, 1, bi, 1, rows, n, eps);
     });
     TG_CUDA_CHECK_LAUNCH("AddLayerNormKernel");
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus LlamaRmsNorm(const RawTensor& out, const RawTensor& rstd, const RawTensor& x,
+                          const RawTensor& weight, double eps) {
+  const char* op = "llama_rms_norm";
+  const Device device = RowsDevice(op, "x", x);
+  const int64_t rows = x.size(0), n = x.size(1);
+  const DType dtype = x.dtype();
+  CheckTensor(op, "x", x, device, x.shape(), dtype);
+  CheckTensor(op, "weight", weight, device, {n}, dtype);
+  CheckTensor(op, "out", out, device, x.shape(), dtype);
+  CheckTensor(op, "rstd", rstd, device, {rows}, StatDType(dtype));
+  if (rows == 0) return KernelStatus::kDone;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = CurrentStream(device.index);
+  VisitDeviceFloating(op, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = Acc<T>;
+    auto* o = static_cast<T*>(out.raw_data());
+    auto* rs = static_cast<C*>(rstd.raw_data());
+    const auto* xp = static_cast<const T*>(x.raw_data());
+    const auto* w = static_cast<const T*>(weight.raw_data());
+    LaunchRows(PlanRows<T>(rows, n), [&](auto warp, const RowPlan& plan) {
+      LlamaRmsNormKernel<T, decltype(warp)::value>
+          <<<plan.blocks, plan.threads, 0, stream>>>(o, rs, xp, w, rows, n, eps);
+    });
+    TG_CUDA_CHECK_LAUNCH("LlamaRmsNormKernel");
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus LlamaRmsNormBackward(const RawTensor& grad_input, const RawTensor& grad_weight,
+                                  const RawTensor& grad_out, const RawTensor& x,
+                                  const RawTensor& rstd, const RawTensor& weight) {
+  const char* op = "llama_rms_norm_backward";
+  const Device device = RowsDevice(op, "x", x);
+  const int64_t rows = x.size(0), n = x.size(1);
+  const DType dtype = x.dtype();
+  CheckTensor(op, "x", x, device, x.shape(), dtype);
+  CheckTensor(op, "grad_out", grad_out, device, x.shape(), dtype);
+  CheckTensor(op, "rstd", rstd, device, {rows}, StatDType(dtype));
+  CheckTensor(op, "weight", weight, device, {n}, dtype);
+  CheckTensor(op, "grad_input", grad_input, device, x.shape(), dtype);
+  if (grad_weight.defined()) CheckTensor(op, "grad_weight", grad_weight, device, {n}, dtype);
+  CheckAliasing(op, "grad_input", grad_input, "x", x);
+  CheckAliasing(op, "grad_input", grad_input, "grad_out", grad_out);
+  if (n == 0) return KernelStatus::kDone;
+  DeviceGuard guard(device.index);
+  const cudaStream_t stream = CurrentStream(device.index);
+  VisitDeviceFloating(op, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = Acc<T>;
+    auto* gi = static_cast<T*>(grad_input.raw_data());
+    const auto* go = static_cast<const T*>(grad_out.raw_data());
+    const auto* xp = static_cast<const T*>(x.raw_data());
+    const auto* rs = static_cast<const C*>(rstd.raw_data());
+    const auto* w = static_cast<const T*>(weight.raw_data());
+    // The weight gradient reads x and grad_out first: grad_input may be one of them.
+    if (grad_weight.defined()) {
+      LlamaRmsNormWeightGradKernel<T><<<ElementBlocks(n), kElementThreads, 0, stream>>>(
+          static_cast<T*>(grad_weight.raw_data()), go, xp, rs, rows, n);
+      TG_CUDA_CHECK_LAUNCH("LlamaRmsNormWeightGradKernel");
+    }
+    if (rows == 0) return;
+    LaunchRows(PlanRows<T>(rows, n), [&](auto warp, const RowPlan& plan) {
+      LlamaRmsNormBackwardKernel<T, decltype(warp)::value>
+          <<<plan.blocks, plan.threads, 0, stream>>>(gi, go, xp, rs, w, rows, n);
+    });
+    TG_CUDA_CHECK_LAUNCH("LlamaRmsNormBackwardKernel");
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus RotaryEmbedding(const RawTensor& out, const RawTensor& x, const RawTensor& cos,
+                             const RawTensor& sin) {
+  const char* op = "rotary_embedding";
+  const int64_t rank = x.dim();
+  if (rank - 1 > kRotaryMaxDims) return KernelStatus::kNoKernel;  // the composed ops run
+  const int64_t t_len = x.size(-2), d = x.size(-1), count = out.numel();
+  if (count == 0) return KernelStatus::kDone;
+  RotaryRows rows{};
+  rows.dims = static_cast<int>(rank - 1);
+  for (int64_t k = 0; k < rank - 1; ++k) {
+    rows.size[k] = x.size(k);
+    rows.stride[k] = x.strides()[static_cast<size_t>(k)];
+  }
+  const int device = out.device().index;
+  DeviceGuard guard(device);
+  const cudaStream_t stream = CurrentStream(device);
+  VisitDeviceFloating(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    RotaryEmbeddingKernel<T><<<ElementBlocks(count), kElementThreads, 0, stream>>>(
+        static_cast<T*>(out.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<const T*>(cos.raw_data()), static_cast<const T*>(sin.raw_data()), rows, count,
+        t_len, d);
+    TG_CUDA_CHECK_LAUNCH("RotaryEmbeddingKernel");
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus RotaryEmbeddingBackward(const RawTensor& grad_input, const RawTensor& grad_out,
+                                     const RawTensor& cos, const RawTensor& sin) {
+  const char* op = "rotary_embedding_backward";
+  const int64_t t_len = grad_out.size(1), d = grad_out.size(2), count = grad_out.numel();
+  if (count == 0) return KernelStatus::kDone;
+  const int device = grad_out.device().index;
+  DeviceGuard guard(device);
+  const cudaStream_t stream = CurrentStream(device);
+  VisitDeviceFloating(op, grad_out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    RotaryEmbeddingBackwardKernel<T><<<ElementBlocks(count), kElementThreads, 0, stream>>>(
+        static_cast<T*>(grad_input.raw_data()), static_cast<const T*>(grad_out.raw_data()),
+        static_cast<const T*>(cos.raw_data()), static_cast<const T*>(sin.raw_data()), count, t_len,
+        d);
+    TG_CUDA_CHECK_LAUNCH("RotaryEmbeddingBackwardKernel");
   });
   return KernelStatus::kDone;
 }
