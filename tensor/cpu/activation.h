@@ -1,5 +1,6 @@
-// exp, tanh, tanh-GELU and its derivative over rows of values in the compute type C (float or
-// double), shared by the elementwise kernels (UnaryOp::kExp, kTanh, kGeluTanh), the softmax and
+// exp, tanh, tanh-GELU and its derivative, sigmoid and SiLU over rows of values in the compute
+// type C (float or double), shared by the elementwise kernels (UnaryOp::kExp, kTanh, kGeluTanh,
+// kSigmoid, kSilu), the softmax and
 // cross-entropy rows (rows.h), attention (fused_attention.cc) and the fused Linear kernels
 // (fused_linear.cc), so that a fused kernel rounds exactly like the composed ops it replaces
 // (a fused Linear + GELU like GeluTanh(Matmul + bias)). float rows go through the vectorised forms
@@ -42,6 +43,28 @@ inline void GeluTanhGradRow(const float* x, float* y, int64_t n) { GeluTanhGradF
 
 inline void ExpRow(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)) and silu(x) = x / (1 + exp(-x)) (the formulas of
+// tensor/elementwise_formulas.h) with ExpRow's exp, in blocks; y may be x.
+template <bool kSilu, typename C>
+void SigmoidOrSiluRow(const C* x, C* y, int64_t n) {
+  constexpr int64_t kChunk = 256;
+  C e[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = n - i < kChunk ? n - i : kChunk;
+    for (int64_t j = 0; j < len; ++j) e[j] = -x[i + j];
+    ExpRow(e, e, len);
+    for (int64_t j = 0; j < len; ++j) y[i + j] = (kSilu ? x[i + j] : C(1)) / (C(1) + e[j]);
+  }
+}
+template <typename C>
+void SigmoidRow(const C* x, C* y, int64_t n) {
+  SigmoidOrSiluRow<false>(x, y, n);
+}
+template <typename C>
+void SiluRow(const C* x, C* y, int64_t n) {
+  SigmoidOrSiluRow<true>(x, y, n);
 }
 inline void TanhRow(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);

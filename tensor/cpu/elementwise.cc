@@ -127,7 +127,8 @@ void Map1(const RawTensor& out, const RawTensor& x, F f) {
                 });
 }
 
-// out = row_fn(x) for a unary op with a row form (tensor/cpu/activation.h: tanh, GELU-tanh): the
+// out = row_fn(x) for a unary op with a row form (tensor/cpu/activation.h: exp, tanh, GELU-tanh,
+// sigmoid, SiLU): the
 // values go through row_fn in blocks of the compute type C, widened from T and rounded back, so
 // every layout and dtype gets the row form's value for each element.
 template <typename T, typename RowFn>
@@ -232,8 +233,8 @@ void GeluTanhBackwardRows(const RawTensor& out, const RawTensor& grad, const Raw
                 });
 }
 
-// exp, tanh and GELU-tanh of floating types take the row forms (MapRows with activation.h)
-// instead: ForUnaryOp never instantiates them.
+// exp, tanh, GELU-tanh, sigmoid and SiLU of floating types take the row forms (MapRows with
+// activation.h) instead: ForUnaryOp never instantiates them.
 template <typename C>
 C ApplyUnary(UnaryOp op, C x) {
   return elementwise::ApplyUnary<HostMath>(op, x);
@@ -250,15 +251,15 @@ void ForUnaryOp(UnaryOp op, Fn&& run) {
     TG_UNARY_CASE(kAbs)
     TG_UNARY_CASE(kLog)
     TG_UNARY_CASE(kSqrt)
-    TG_UNARY_CASE(kSigmoid)
     TG_UNARY_CASE(kRelu)
     TG_UNARY_CASE(kGelu)
     TG_UNARY_CASE(kErf)
-    TG_UNARY_CASE(kSilu)
 #undef TG_UNARY_CASE
     case UnaryOp::kExp:
     case UnaryOp::kTanh:
     case UnaryOp::kGeluTanh:
+    case UnaryOp::kSigmoid:
+    case UnaryOp::kSilu:
       break;  // row forms: MapRows (Unary)
   }
 }
@@ -326,6 +327,12 @@ void Unary(UnaryOp op, const RawTensor& out, const RawTensor& x) {
       }
       if (op == UnaryOp::kGeluTanh) {
         return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { GeluTanhRow(v, o, n); });
+      }
+      if (op == UnaryOp::kSigmoid) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { SigmoidRow(v, o, n); });
+      }
+      if (op == UnaryOp::kSilu) {
+        return MapRows<T>(out, x, [](const C* v, C* o, int64_t n) { SiluRow(v, o, n); });
       }
     }
     ForUnaryOp<T>(op, [&](auto f) { Map1<T, T>(out, x, f); });
