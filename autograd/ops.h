@@ -104,6 +104,9 @@ Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps);
 // Rotary embeddings in rotate_half layout (tensor/ops.h RotaryEmbedding): x [..., T, d] times the
 // constant tables cos, sin [T, d] of x's dtype and device; differentiable in x, to any order.
 Tensor RotaryEmbedding(const Tensor& x, const RawTensor& cos, const RawTensor& sin);
+// SwiGLU's gated product silu(gate) * up (tensor/ops.h Swiglu: the bits of Silu then Mul, one
+// pass forward and one backward where the device has the kernels); mixed dtypes promote.
+Tensor Swiglu(const Tensor& gate, const Tensor& up);
 Tensor Embedding(const Tensor& weight, const RawTensor& indices);
 Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t ignore_index = -100,
                     Reduction reduction = Reduction::kMean);

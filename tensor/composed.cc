@@ -180,6 +180,15 @@ RawTensor RotateHalfRaw(const RawTensor& y) {
 
 }  // namespace
 
+RawTensor Swiglu(const RawTensor& gate, const RawTensor& up) { return Mul(Silu(gate), up); }
+
+// Mul's backward (grad_out * up, grad_out * silu(gate)), then Silu's: grad * s (1 + g (1 - s)).
+SwigluGrads SwigluBackward(const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up) {
+  const RawTensor s = Sigmoid(gate);
+  const RawTensor silu_grad = Mul(s, AddScalar(Mul(gate, AddScalar(Neg(s), 1)), 1));
+  return {Mul(Mul(grad_out, up), silu_grad), Mul(grad_out, Silu(gate))};
+}
+
 RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin) {
   return Add(Mul(x, cos), Mul(RotateHalfRaw(x), sin));
 }

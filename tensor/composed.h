@@ -42,6 +42,9 @@ LlamaRmsNormResult LlamaRmsNorm(const RawTensor& x, const RawTensor& weight, dou
 LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTensor& x,
                                        const RawTensor& rstd, const RawTensor& weight,
                                        bool need_weight);
+// Swiglu and its backward (tensor/ops.h) of tensor ops (inputs of one dtype and shape).
+RawTensor Swiglu(const RawTensor& gate, const RawTensor& up);
+SwigluGrads SwigluBackward(const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up);
 // RotaryEmbedding and its backward (tensor/ops.h) of tensor ops.
 RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTensor& sin);
 RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,

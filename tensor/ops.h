@@ -417,6 +417,18 @@ RawTensor RotaryEmbedding(const RawTensor& x, const RawTensor& cos, const RawTen
 RawTensor RotaryEmbeddingBackward(const RawTensor& grad_out, const RawTensor& cos,
                                   const RawTensor& sin);
 
+// SwiGLU's gated product silu(gate) * up (Llama's MLP: down(silu(gate(x)) * up(x))) with the bits
+// of Mul(Silu(gate), up), in one pass where the device has the kernel. gate and up floating of one
+// shape and device; mixed dtypes promote (as Mul's).
+RawTensor Swiglu(const RawTensor& gate, const RawTensor& up);
+struct SwigluGrads {
+  RawTensor grad_gate;  // gate's shape and dtype
+  RawTensor grad_up;    // up's shape and dtype
+};
+// Its gradients for grad_out (the output's shape), with the bits of Mul's and Silu's backward
+// formulas (autograd/ops/elementwise.cc), in one pass where the device has the kernel.
+SwigluGrads SwigluBackward(const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up);
+
 struct AddLayerNormResult {
   RawTensor residual;    // a + b, rounded to their dtype
   LayerNormResult norm;  // LayerNorm(residual, weight, bias, eps)

@@ -316,6 +316,50 @@ LlamaRmsNormGrads LlamaRmsNormBackward(const RawTensor& grad_out, const RawTenso
 
 namespace {
 
+// gate and up (and grad_out) defined, floating, of one shape and device; returns the dtype they
+// promote to.
+DType CheckSwiglu(const char* op, std::initializer_list<const RawTensor*> inputs) {
+  static const char* const kNames[] = {"the gate", "the up projection", "the gradient"};
+  size_t k = 0;
+  for (const RawTensor* t : inputs) CheckDefined(op, *t, kNames[k++]);
+  CommonDevice(op, inputs);
+  const RawTensor& first = **inputs.begin();
+  DType dtype = first.dtype();
+  for (const RawTensor* t : inputs) {
+    CheckFloating(op, t->dtype());
+    TG_CHECK(t->shape() == first.shape(), op, ": expected inputs of one shape, got ",
+             ShapeToString(first.shape()), " and ", ShapeToString(t->shape()));
+    dtype = PromoteTypes(dtype, t->dtype());
+  }
+  return dtype;
+}
+
+}  // namespace
+
+RawTensor Swiglu(const RawTensor& gate, const RawTensor& up) {
+  const char* op = "swiglu";
+  const DType dtype = CheckSwiglu(op, {&gate, &up});
+  const RawTensor g = gate.to(dtype).contiguous(), u = up.to(dtype).contiguous();
+  RawTensor out = RawTensor::Empty(g.shape(), dtype, g.device());
+  if (Declined(KernelsFor(g.device()).Swiglu(out, g, u))) out = composed::Swiglu(g, u);
+  return out;
+}
+
+SwigluGrads SwigluBackward(const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up) {
+  const char* op = "swiglu_backward";
+  const DType dtype = CheckSwiglu(op, {&gate, &up, &grad_out});
+  const RawTensor g = gate.to(dtype).contiguous(), u = up.to(dtype).contiguous();
+  const RawTensor dy = grad_out.to(dtype).contiguous();
+  SwigluGrads r{RawTensor::Empty(g.shape(), dtype, g.device()),
+                RawTensor::Empty(g.shape(), dtype, g.device())};
+  if (Declined(KernelsFor(g.device()).SwigluBackward(r.grad_gate, r.grad_up, dy, g, u))) {
+    r = composed::SwigluBackward(dy, g, u);
+  }
+  return {r.grad_gate.to(gate.dtype()), r.grad_up.to(up.dtype())};
+}
+
+namespace {
+
 // x [..., T, d] floating with d even; cos and sin [T, d] of x's dtype and device.
 void CheckRotary(const char* op, const RawTensor& x, const RawTensor& cos, const RawTensor& sin) {
   CheckDefined(op, x, "the input");

@@ -162,6 +162,35 @@ Tensor LlamaRmsNorm(const Tensor& x, const Tensor& weight, double eps) {
                 });
 }
 
+Tensor Swiglu(const Tensor& gate, const Tensor& up) {
+  TG_CHECK(gate.defined() && up.defined(), OpTorchName(OpId::kSwiglu),
+           ": the gate and the up projection must be defined");
+  const RawTensor out =
+      Dispatch<OpId::kSwiglu>([&] { return tg::Swiglu(gate.data(), up.data()); }, gate, up);
+  return Record(OpNodeName(OpId::kSwiglu), out, {gate, up}, {gate, up},
+                [](const BackwardContext& ctx) -> VariableList {
+                  const Tensor& gate = ctx.saved[0];
+                  const Tensor& up = ctx.saved[1];
+                  const Tensor& grad = ctx.grads[0];
+                  if (!GradMode::is_enabled()) {  // the fused tensor op, the same bits
+                    const SwigluGrads g = tg::SwigluBackward(grad.data(), gate.data(), up.data());
+                    return {ctx.needs(0) ? Tensor(g.grad_gate) : Tensor(),
+                            ctx.needs(1) ? Tensor(g.grad_up) : Tensor()};
+                  }
+                  // create_graph: Mul's and Silu's backward in differentiable ops.
+                  const DType dtype = PromoteTypes(gate.dtype(), up.dtype());
+                  const Tensor g = Cast(gate, dtype), u = Cast(up, dtype);
+                  Tensor gg, gu;
+                  if (ctx.needs(0)) {
+                    const Tensor s = Sigmoid(g);
+                    gg = Mul(Mul(grad, u), Mul(s, AddScalar(Mul(g, AddScalar(Neg(s), 1)), 1)));
+                    gg = Cast(gg, gate.dtype());
+                  }
+                  if (ctx.needs(1)) gu = Cast(Mul(grad, Silu(g)), up.dtype());
+                  return {gg, gu};
+                });
+}
+
 Tensor RotaryEmbedding(const Tensor& x, const RawTensor& cos, const RawTensor& sin) {
   TG_CHECK(x.defined(), OpTorchName(OpId::kRotaryEmbedding), ": the input must be defined");
   const RawTensor out = Dispatch<OpId::kRotaryEmbedding>(

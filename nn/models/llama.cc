@@ -92,9 +92,7 @@ LlamaMlp::LlamaMlp(const LlamaConfig& c, Generator& gen) : Module("LlamaMLP") {
                                MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, c, gen));
 }
 
-Tensor LlamaMlp::forward(const Tensor& x) {
-  return down_proj_(Mul(Silu(gate_proj_(x)), up_proj_(x)));
-}
+Tensor LlamaMlp::forward(const Tensor& x) { return down_proj_(Swiglu(gate_proj_(x), up_proj_(x))); }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c,
                                      std::shared_ptr<const LlamaRopeState> rope, Generator& gen)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tensor/convert.h"
+#include "tensor/cpu/activation.h"
 #include "tensor/cpu/convert_rows.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
@@ -187,6 +188,79 @@ KernelStatus LlamaRmsNormBackward(const RawTensor& grad_input, const RawTensor& 
         }
       }
       for (int64_t c = c0; c < c1; ++c) gw[c] = Convert<T>(acc[c - c0]);
+    });
+  });
+  return KernelStatus::kDone;
+}
+
+// SwiGLU forward and backward in blocks of kSwigluBlock elements of the compute type, each value
+// rounded to T where the composed ops (Silu, Sigmoid and the elementwise Mul/AddScalar whose
+// passes these are) round it: the same bits, silu and sigmoid through activation.h's rows as the
+// Unary kernel's. The conversions go through the vectorised row conversions (convert_rows.h).
+constexpr int64_t kSwigluBlock = 256;
+
+KernelStatus Swiglu(const RawTensor& out, const RawTensor& gate, const RawTensor& up) {
+  VisitFloating("swiglu", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* g = gate.data<T>();
+    const T* u = up.data<T>();
+    T* o = out.data<T>();
+    ParallelFor(out.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+      C gb[kSwigluBlock], ub[kSwigluBlock], s[kSwigluBlock];
+      for (int64_t i = begin; i < end; i += kSwigluBlock) {
+        const int64_t len = std::min(kSwigluBlock, end - i);
+        const C* uw = RowAs<C>(u + i, len, ub);
+        // f32 and f64 write their output directly.
+        C* y = std::is_same_v<T, C> ? reinterpret_cast<C*>(o + i) : s;
+        SiluRow(RowAs<C>(g + i, len, gb), y, len);
+        RoundRow<T>(y, len);
+        for (int64_t j = 0; j < len; ++j) y[j] *= uw[j];
+        if constexpr (!std::is_same_v<T, C>) StoreRow(s, len, o + i, 1);
+      }
+    });
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus SwigluBackward(const RawTensor& grad_gate, const RawTensor& grad_up,
+                            const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up) {
+  VisitFloating("swiglu_backward", gate.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = ComputeType<T>;
+    const T* g = gate.data<T>();
+    const T* u = up.data<T>();
+    const T* dy = grad_out.data<T>();
+    T* gg = grad_gate.data<T>();
+    T* gu = grad_up.data<T>();
+    ParallelFor(gate.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+      C xb[kSwigluBlock], db[kSwigluBlock], w[kSwigluBlock], s[kSwigluBlock], t[kSwigluBlock];
+      for (int64_t i = begin; i < end; i += kSwigluBlock) {
+        const int64_t len = std::min(kSwigluBlock, end - i);
+        const C* x = RowAs<C>(g + i, len, xb);
+        const C* d = RowAs<C>(dy + i, len, db);
+        LoadRow(u + i, 1, len, w);
+        // grad_up = dy * round(silu(g)).
+        SiluRow(x, t, len);
+        RoundRow<T>(t, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = d[j] * t[j];
+        StoreRow(t, len, gu + i, 1);
+        // grad_gate = round(dy * u) * round(s * round(round(g * round(1 - s)) + 1)).
+        SigmoidRow(x, s, len);
+        RoundRow<T>(s, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = -s[j] + C(1);
+        RoundRow<T>(t, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = x[j] * t[j];
+        RoundRow<T>(t, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = t[j] + C(1);
+        RoundRow<T>(t, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = s[j] * t[j];
+        RoundRow<T>(t, len);
+        for (int64_t j = 0; j < len; ++j) w[j] = d[j] * w[j];
+        RoundRow<T>(w, len);
+        for (int64_t j = 0; j < len; ++j) t[j] = w[j] * t[j];
+        StoreRow(t, len, gg + i, 1);
+      }
     });
   });
   return KernelStatus::kDone;

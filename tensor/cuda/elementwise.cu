@@ -151,6 +151,39 @@ struct AddScaledFactorFn {
   }
 };
 
+// SwiGLU with the roundings of Mul(Silu(gate), up) on this device (tensor/kernel_list.inc).
+template <typename T>
+__device__ __forceinline__ DeviceCompute<T> RoundedTo(DeviceCompute<T> v) {
+  return ToCompute(ConvertTo<T>(v));
+}
+template <typename T>
+struct SwigluFn {
+  __device__ T operator()(T gate, T up) const {
+    const DeviceCompute<T> s = RoundedTo<T>(ApplyUnary(UnaryOp::kSilu, ToCompute(gate)));
+    return ConvertTo<T>(s * ToCompute(up));
+  }
+};
+
+// Its backward: Mul's, then Silu's formula (grad * s (1 + g (1 - s))), each rounded where the
+// composed ops round; contiguous tensors, one thread per element.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SwigluBackwardKernel(T* grad_gate, T* grad_up, const T* grad_out, const T* gate, const T* up,
+                         int64_t n) {
+  using C = DeviceCompute<T>;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const C x = ToCompute(gate[i]), d = ToCompute(grad_out[i]);
+    const C s = RoundedTo<T>(ApplyUnary(UnaryOp::kSigmoid, x));
+    const C one_minus = RoundedTo<T>(-s + C(1));
+    const C t = RoundedTo<T>(RoundedTo<T>(x * one_minus) + C(1));
+    const C silu_grad = RoundedTo<T>(s * t);
+    const C grad_silu = RoundedTo<T>(d * ToCompute(up[i]));
+    grad_gate[i] = ConvertTo<T>(grad_silu * silu_grad);
+    grad_up[i] = ConvertTo<T>(d * RoundedTo<T>(ApplyUnary(UnaryOp::kSilu, x)));
+  }
+}
+
 // B: the unsigned integer of the element size; the condition is bool or u8 (nonzero = true).
 template <typename B>
 struct WhereFn {
@@ -452,6 +485,34 @@ KernelStatus AddScaled(const RawTensor& out, const RawTensor& a, const RawTensor
       LaunchElementwise<T, T, T>(op, out, {&a, &b},
                                  AddScaledFn<T>{static_cast<DeviceCompute<T>>(alpha)});
     }
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus Swiglu(const RawTensor& out, const RawTensor& gate, const RawTensor& up) {
+  const char* op = "swiglu";
+  const DeviceGuard guard(out.device().index);
+  VisitDeviceFloating(op, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    LaunchElementwise<T, T, T>(op, out, {&gate, &up}, SwigluFn<T>{});
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus SwigluBackward(const RawTensor& grad_gate, const RawTensor& grad_up,
+                            const RawTensor& grad_out, const RawTensor& gate, const RawTensor& up) {
+  const char* op = "swiglu_backward";
+  const int64_t n = gate.numel();
+  if (n == 0) return KernelStatus::kDone;
+  const DeviceGuard guard(gate.device().index);
+  const cudaStream_t stream = StreamOf(gate);
+  VisitDeviceFloating(op, gate.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    SwigluBackwardKernel<T><<<BlocksFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(grad_gate.raw_data()), static_cast<T*>(grad_up.raw_data()),
+        static_cast<const T*>(grad_out.raw_data()), static_cast<const T*>(gate.raw_data()),
+        static_cast<const T*>(up.raw_data()), n);
+    TG_CUDA_CHECK_LAUNCH("SwigluBackwardKernel");
   });
   return KernelStatus::kDone;
 }

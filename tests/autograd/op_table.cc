@@ -157,6 +157,8 @@ void AddElementwiseRows(std::vector<OpRow>& t) {
   t.push_back(Row("Tanh", "", {{{2, 3}, -2, 2}}, [](In in) { return Tanh(in[0]); }));
   t.push_back(Row("Sigmoid", "", {{{2, 3}, -2, 2}}, [](In in) { return Sigmoid(in[0]); }));
   t.push_back(Row("Silu", "", {{{2, 3}, -3, 3}}, [](In in) { return Silu(in[0]); }));
+  t.push_back(Row("Swiglu", "", {{{2, 3}, -3, 3}, {{2, 3}, -2, 2}},
+                  [](In in) { return Swiglu(in[0], in[1]); }));
   t.push_back(Row("Relu", "", {{{2, 3}, -1, 1, kAway}}, [](In in) { return Relu(in[0]); }));
   // y's own gradient through ReluBackward is 0 (not an edge); the product makes y an input.
   t.push_back(Row("ReluBackward", "times y", {{{2, 3}}, {{2, 3}, -1, 1, kAway}},

@@ -859,6 +859,37 @@ TEST(AddcmulTest, RoundsTheScaledFactorThenOnce) {
       "addcmul: expected inputs of one dtype and shape, got f32 [3] and f32 [2]"));
 }
 
+// ---- Swiglu
+// ---------------------------------------------------------------------------------------
+
+// The fused forward and backward give the bits of the composed tensor ops they replace (Silu then
+// Mul; Mul's backward then Silu's), on sizes split over several threads and blocks.
+TEST(SwigluTest, FusedKernelsAreTheComposedOpsBits) {
+  Generator gen(33);
+  for (DType dtype : {kF32, kF64, kBF16, kF16}) {
+    for (int64_t n : {int64_t{7}, int64_t{70001}}) {
+      const RawTensor g = RandNormal({n}, gen, 0, 3, dtype), u = Randn({n}, gen, dtype),
+                      dy = Randn({n}, gen, dtype);
+      EXPECT_EQ(Swiglu(g, u).to_vector<double>(), Mul(Silu(g), u).to_vector<double>())
+          << DTypeName(dtype) << " " << n;
+      const SwigluGrads grads = SwigluBackward(dy, g, u);
+      const RawTensor s = Sigmoid(g);
+      const RawTensor silu_grad = Mul(s, AddScalar(Mul(g, AddScalar(Neg(s), 1)), 1));
+      EXPECT_EQ(grads.grad_gate.to_vector<double>(), Mul(Mul(dy, u), silu_grad).to_vector<double>())
+          << DTypeName(dtype) << " " << n;
+      EXPECT_EQ(grads.grad_up.to_vector<double>(), Mul(dy, Silu(g)).to_vector<double>())
+          << DTypeName(dtype) << " " << n;
+    }
+  }
+  // Mixed dtypes promote; shapes must match.
+  const RawTensor g16 = Randn({4}, gen, kBF16), u32 = Randn({4}, gen, kF32);
+  EXPECT_EQ(Swiglu(g16, u32).dtype(), kF32);
+  EXPECT_EQ(SwigluBackward(Randn({4}, gen, kF32), g16, u32).grad_gate.dtype(), kBF16);
+  EXPECT_TRUE(
+      testing::ThrowsErrorExactly([&] { Swiglu(Randn({3}, gen, kF32), Randn({2}, gen, kF32)); },
+                                  "swiglu: expected inputs of one shape, got [3] and [2]"));
+}
+
 TEST(LerpTest, IsTorchsLerp) {
   // torch.lerp(a, b, w) on f32 values, printed by torch 2.15 (CPU):
   //   torch.lerp(torch.tensor([0.1, -2.5, 3.0]), torch.tensor([1.7, 0.3, -1.1]), w)

@@ -804,6 +804,23 @@ void AddNnRows(std::vector<OpRow>* rows) {
                      },
                      &NormTol()});
   }
+  rows->push_back(
+      {"Swiglu", "[3, 257] gate, a transposed up", kFloats,
+       [](DType dtype, Generator& gen) -> Tensors {
+         return {Normal({3, 257}, dtype, gen, 3), Normal({257, 3}, dtype, gen)};
+       },
+       [](const Tensors& in) -> Tensors { return {Swiglu(in[0], in[1].transpose(0, 1))}; },
+       &TranscendentalTol()});
+  rows->push_back({"SwigluBackward", "[2, 3, 100]", kFloats,
+                   [](DType dtype, Generator& gen) -> Tensors {
+                     return {Normal({2, 3, 100}, dtype, gen), Normal({2, 3, 100}, dtype, gen, 3),
+                             Normal({2, 3, 100}, dtype, gen)};
+                   },
+                   [](const Tensors& in) -> Tensors {
+                     const SwigluGrads g = SwigluBackward(in[0], in[1], in[2]);
+                     return {g.grad_gate, g.grad_up};
+                   },
+                   &TranscendentalTol()});
   rows->push_back({"RotaryEmbedding", "[2, 3, 5, 16] heads-major view of [2, 5, 3, 16]", kFloats,
                    [](DType dtype, Generator& gen) -> Tensors {
                      return {Normal({2, 5, 3, 16}, dtype, gen, 2), Normal({5, 16}, dtype, gen),

@@ -1,7 +1,7 @@
 // RawTensor op throughput on the CPU, printed next to a baseline measured in the same run:
 // a 512x512x512 f32 matmul (GFLOP/s) against a naive triple loop, and 10^6-element elementwise
-// ops (GB/s moved) against a plain memcpy of the same bytes. Ratios, not timings, are what to
-// compare across machines.
+// ops (GB/s moved) against a plain memcpy of the same bytes, with the fused SwiGLU next to the
+// composed ops it replaces. Ratios, not timings, are what to compare across machines.
 //
 //   bazel run -c opt //tools/bench:tensor_ops
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "tensor/generator.h"
@@ -74,6 +75,15 @@ int main() {
   };
   const tg::RawTensor xt = x.reshape({1000, 1000}).transpose(0, 1);
   const tg::RawTensor xh = x.to(tg::kF16), yh = y.to(tg::kF16);
+  const tg::RawTensor xb = x.to(tg::kBF16), yb = y.to(tg::kBF16);
+  // SwiGLU's backward as the composed ops compute it (Mul's, then Silu's formula).
+  const auto swiglu_backward_composed = [](const tg::RawTensor& dy, const tg::RawTensor& g,
+                                           const tg::RawTensor& u) {
+    const tg::RawTensor s = tg::Sigmoid(g);
+    const tg::RawTensor silu_grad =
+        tg::Mul(s, tg::AddScalar(tg::Mul(g, tg::AddScalar(tg::Neg(s), 1)), 1));
+    return std::make_pair(tg::Mul(tg::Mul(dy, u), silu_grad), tg::Mul(dy, tg::Silu(g)));
+  };
   const std::vector<Case> cases = {
       {"add", 3.0 * m * 4, [&] { out = tg::Add(x, y); }},
       {"mul", 3.0 * m * 4, [&] { out = tg::Mul(x, y); }},
@@ -92,6 +102,15 @@ int main() {
        [&] {
          out = tg::Softmax(x.reshape({1000, 1000}));
        }},
+      // SwiGLU fused and as the ops it replaces (the same bits), counted at the fused bytes.
+      {"swiglu f32", 3.0 * m * 4, [&] { out = tg::Swiglu(x, y); }},
+      {"  silu(x) * y f32", 3.0 * m * 4, [&] { out = tg::Mul(tg::Silu(x), y); }},
+      {"swiglu bf16", 3.0 * m * 2, [&] { out = tg::Swiglu(xb, yb); }},
+      {"  silu(x) * y bf16", 3.0 * m * 2, [&] { out = tg::Mul(tg::Silu(xb), yb); }},
+      {"swiglu_backward bf16", 5.0 * m * 2,
+       [&] { out = tg::SwigluBackward(yb, xb, yb).grad_gate; }},
+      {"  composed backward bf16", 5.0 * m * 2,
+       [&] { out = swiglu_backward_composed(yb, xb, yb).first; }},
   };
   for (const Case& cs : cases) {
     const double s = BestSeconds(20, cs.fn);
