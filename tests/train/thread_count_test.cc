@@ -178,6 +178,23 @@ TEST(ThreadCountKernelTest, NewtonSchulzGivesTheSameBitsAtEveryThreadCount) {
   }
 }
 
+// The elementwise kernels with row forms and fused multiply-adds (sigmoid and SiLU through the
+// vectorised exp, Swiglu forward and backward, AddScaled's Addcmul) on sizes split at different
+// places by different thread counts: each element's value depends on nothing else.
+TEST(ThreadCountKernelTest, ElementwiseRowFormsGiveTheSameBitsAtEveryThreadCount) {
+  for (DType dtype : {kF32, kF64, kF16, kBF16}) {
+    Generator gen(10);
+    const RawTensor g = RandNormal({100003}, gen, 0, 3).to(dtype);
+    const RawTensor u = RandNormal({100003}, gen).to(dtype);
+    const RawTensor dy = RandNormal({100003}, gen).to(dtype);
+    ExpectSameBitsAtEveryThreadCount(absl::StrCat("elementwise ", DTypeName(dtype)), [&] {
+      const SwigluGrads grads = SwigluBackward(dy, g, u);
+      return std::vector<RawTensor>{Sigmoid(g),      Silu(g),       Swiglu(g, u),
+                                    grads.grad_gate, grads.grad_up, Addcmul(g, u, dy, 0.001)};
+    });
+  }
+}
+
 // Convolution alone, forward and the three gradients, in every dtype, on the CNN's shapes and
 // on batches that are not a multiple of the minibatch chunk (conv.cc), at 1-4 threads: oneDNN's
 // primitives (f32, bf16 where the CPU multiplies bf16) and the im2col + GEMM code (f64, f16 and
