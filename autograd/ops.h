@@ -116,7 +116,8 @@ Tensor CrossEntropy(const Tensor& logits, const RawTensor& targets, int64_t igno
 // create_graph backward through it throws (use CrossEntropy). Autocast: like cross_entropy.
 Tensor FusedCrossEntropy(const Tensor& logits, const RawTensor& targets,
                          int64_t ignore_index = -100, Reduction reduction = Reduction::kMean);
-// softmax(scale * q k^T + causal mask) v over heads q [B, H, Tq, D], k and v [B, H, Tk, D]
+// softmax(scale * q k^T + causal mask) v over heads q [B, H, Tq, D], k and v [B, Hkv, Tk, D]
+// with Hkv dividing H (grouped-query attention, no repeated copies on the CPU)
 // (tensor/ops.h ScaledDotProductAttention): on CUDA cuDNN's fused flash attention where the
 // tensors qualify; the backward recomputes the probabilities from the saved log-sum-exps.
 // Autocast: a low-precision op like matmul. No dropout on the probabilities.

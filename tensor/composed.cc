@@ -74,12 +74,22 @@ RawTensor AttentionScores(const RawTensor& q, const RawTensor& k, bool causal, d
   return s;
 }
 
+// Grouped-query attention's key/value heads [B, Hkv, T, D] repeated for the `heads` query heads
+// (head j serves query heads j * rep .. j * rep + rep - 1, transformers' repeat_kv).
+RawTensor RepeatHeads(const RawTensor& x, int64_t heads) {
+  const int64_t b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, heads / kv, t, d}).reshape({b, heads, t, d});
+}
+
 }  // namespace
 
 // Masked scores are -inf and give probability 0; the diagonal is never masked, so each row's
 // maximum is finite.
 AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTensor& v, bool causal,
                           double scale) {
+  if (k.size(1) != q.size(1)) {
+    return Attention(q, RepeatHeads(k, q.size(1)), RepeatHeads(v, q.size(1)), causal, scale);
+  }
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2);
   if (b * h * tq == 0)
@@ -96,6 +106,14 @@ AttentionResult Attention(const RawTensor& q, const RawTensor& k, const RawTenso
 AttentionGrads AttentionBackward(const RawTensor& grad_out, const RawTensor& q, const RawTensor& k,
                                  const RawTensor& v, const RawTensor& output,
                                  const RawTensor& stats, bool causal, double scale) {
+  if (k.size(1) != q.size(1)) {  // the repeated heads' gradients summed per key/value head
+    AttentionGrads r = AttentionBackward(grad_out, q, RepeatHeads(k, q.size(1)),
+                                         RepeatHeads(v, q.size(1)), output, stats, causal, scale);
+    const Shape grouped = {k.size(0), k.size(1), q.size(1) / k.size(1), k.size(2), k.size(3)};
+    r.grad_k = Sum(r.grad_k.reshape(grouped), {2});
+    r.grad_v = Sum(r.grad_v.reshape(grouped), {2});
+    return r;
+  }
   const DType dtype = q.dtype(), ct = ComputeDType(dtype);
   if (q.numel() == 0) {  // no queries (or empty heads): nothing flows back
     return {RawTensor::Zeros(q.shape(), dtype, q.device()),

@@ -343,15 +343,16 @@ struct AttentionResult {
   RawTensor stats;   // [B, H, Tq] f32 (f64 for f64): each query's log-sum-exp of its scaled, masked
                      // scores, saved for the backward
 };
-// softmax(scale * q @ k^T + mask) @ v for heads q [B, H, Tq, D], k and v [B, H, Tk, D] of one
-// floating dtype and device; the mask is -inf above the diagonal when causal (which needs
-// Tq == Tk). Scores and softmax are computed in f32 (f64 for f64), and the probabilities are
-// rounded to the input dtype before they multiply v, as flash attention does. On CUDA it runs
-// cuDNN's fused kernel when the tensors qualify (f16/bf16, head size a multiple of 8 up to 128,
-// aligned strides); on the CPU a fused kernel per (batch, head) with the same rounding points
-// (tensor/cpu/fused_attention.cc); any case a device's kernel declines runs the one composed form
-// of the ops above (tensor/composed.h). The output is laid out as the device's backend prefers
-// (DevicePreferences::attention_layout of tensor/kernel_table.h).
+// softmax(scale * q @ k^T + mask) @ v for heads q [B, H, Tq, D], k and v [B, Hkv, Tk, D] of one
+// floating dtype and device, Hkv dividing H (grouped-query attention: key/value head j serves
+// query heads j * H/Hkv .. (j + 1) * H/Hkv - 1, the bits of repeating them); the mask is -inf above
+// the diagonal when causal (which needs Tq == Tk). Scores and softmax are computed in f32 (f64 for
+// f64), and the probabilities are rounded to the input dtype before they multiply v, as flash
+// attention does. On CUDA it runs cuDNN's fused kernel when the tensors qualify (f16/bf16, head
+// size a multiple of 8 up to 128, aligned strides); on the CPU a fused kernel per (batch, head)
+// with the same rounding points (tensor/cpu/fused_attention.cc); any case a device's kernel
+// declines runs the one composed form of the ops above (tensor/composed.h). The output is laid out
+// as the device's backend prefers (DevicePreferences::attention_layout of tensor/kernel_table.h).
 AttentionResult ScaledDotProductAttention(const RawTensor& q, const RawTensor& k,
                                           const RawTensor& v, bool causal, double scale);
 

@@ -41,11 +41,12 @@ void CheckAttentionInputs(const char* op, const RawTensor& q, const RawTensor& k
   TG_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
            ": expected q, k and v as [B, H, T, D], got ", ShapeToString(q.shape()), ", ",
            ShapeToString(k.shape()), " and ", ShapeToString(v.shape()));
-  TG_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
-               k.size(3) == q.size(3),
+  // Grouped-query attention: k and v may have fewer heads, a divisor of q's.
+  const bool heads_ok = k.size(1) == q.size(1) || (k.size(1) > 0 && q.size(1) % k.size(1) == 0);
+  TG_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && heads_ok && k.size(3) == q.size(3),
            op, ": q ", ShapeToString(q.shape()), ", k ", ShapeToString(k.shape()), " and v ",
-           ShapeToString(v.shape()), " do not match (expected k and v [", q.size(0), ", ",
-           q.size(1), ", Tk, ", q.size(3), "])");
+           ShapeToString(v.shape()), " do not match (expected k and v [", q.size(0), ", Hkv, Tk, ",
+           q.size(3), "] with Hkv dividing ", q.size(1), ")");
   const int64_t tq = q.size(2), tk = k.size(2);
   TG_CHECK(!causal || tq == tk, op, ": causal attention needs as many queries as keys, got ", tq,
            " and ", tk);

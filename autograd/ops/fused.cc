@@ -127,15 +127,29 @@ Tensor ScaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
         // create_graph: softmax attention's backward with differentiable ops, in the compute
         // dtype, from probabilities recomputed with differentiable ops.
         const DType dtype = q.dtype(), ct = ComputeDType(dtype);
-        const Tensor qc = Cast(q, ct), kc = Cast(k, ct), vc = Cast(v, ct), gc = Cast(g, ct);
+        const int64_t nb = q.size(0), nh = q.size(1), nkv = k.size(1), tk = k.size(2),
+                      d = k.size(3);
+        // Grouped-query heads: k and v repeated for their query heads, the gradients summed
+        // back over each group.
+        auto repeat = [&](const Tensor& x) {
+          if (nkv == nh) return x;
+          return Reshape(Expand(Unsqueeze(x, 2), {nb, nkv, nh / nkv, tk, d}), {nb, nh, tk, d});
+        };
+        auto group_sum = [&](const Tensor& x) {
+          if (nkv == nh) return x;
+          return Sum(Reshape(x, {nb, nkv, nh / nkv, tk, d}), {2});
+        };
+        const Tensor qc = Cast(q, ct), kc = repeat(Cast(k, ct)), vc = repeat(Cast(v, ct)),
+                     gc = Cast(g, ct);
         Tensor s = MulScalar(Matmul(qc, Transpose(kc, 2, 3)), scale);
         if (causal) s = Add(s, Tensor(CausalMaskTensor(q.size(2), ct, q.data().device())));
         const Tensor p = Softmax(s);
         const Tensor dp = Matmul(gc, Transpose(vc, 2, 3));
         const Tensor ds =
             MulScalar(Mul(p, Sub(dp, Sum(Mul(dp, p), {-1}, /*keepdim=*/true))), scale);
-        return {Cast(Matmul(ds, kc), dtype), Cast(Matmul(Transpose(ds, 2, 3), qc), dtype),
-                Cast(Matmul(Transpose(p, 2, 3), gc), dtype)};
+        return {Cast(Matmul(ds, kc), dtype),
+                Cast(group_sum(Matmul(Transpose(ds, 2, 3), qc)), dtype),
+                Cast(group_sum(Matmul(Transpose(p, 2, 3), gc)), dtype)};
       },
       /*save_output=*/true);
 }

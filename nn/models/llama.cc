@@ -68,16 +68,10 @@ Tensor LlamaAttention::forward(const Tensor& x) {
     return Transpose(Reshape(y, {b, t, n, d}), 1, 2);
   };
   const Tensor q = ApplyRotary(split(q_proj_(x), heads), rope);
-  Tensor k = ApplyRotary(split(k_proj_(x), kv), rope);
-  Tensor v = split(v_proj_(x), kv);
-  if (kv != heads) {  // repeat_kv: key/value head j serves query heads j * rep .. j * rep + rep - 1
-    const int64_t rep = heads / kv;
-    auto repeat = [&](const Tensor& y) {
-      return Reshape(Expand(Unsqueeze(y, 2), {b, kv, rep, t, d}), {b, heads, t, d});
-    };
-    k = repeat(k);
-    v = repeat(v);
-  }
+  // Grouped-query attention: the attention op reads key/value head j for query heads j * rep ..
+  // j * rep + rep - 1 (transformers' repeat_kv) without repeating them.
+  const Tensor k = ApplyRotary(split(k_proj_(x), kv), rope);
+  const Tensor v = split(v_proj_(x), kv);
   const Tensor out =
       ScaledDotProductAttention(q, k, v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(d)));
   return o_proj_(Reshape(Transpose(out, 1, 2), {b, t, heads * d}));

@@ -76,6 +76,8 @@ KernelStatus LinearBackward(const RawTensor& grad_input, const RawTensor& grad_w
 KernelStatus ScaledDotProductAttention(const RawTensor& out, const RawTensor& stats,
                                        const RawTensor& q, const RawTensor& k, const RawTensor& v,
                                        bool causal, double scale) {
+  // Grouped-query heads (k, v with fewer heads than q): the composed form repeats them.
+  if (k.size(1) != q.size(1)) return KernelStatus::kNoKernel;
   const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention && CudnnAttentionSupported({&out, &q, &k, &v}, nullptr) &&
       AttentionForward(out, stats4, q, k, v, causal, scale)) {
@@ -89,6 +91,7 @@ KernelStatus ScaledDotProductAttentionBackward(const RawTensor& grad_q, const Ra
                                                const RawTensor& q, const RawTensor& k,
                                                const RawTensor& v, const RawTensor& out,
                                                const RawTensor& stats, bool causal, double scale) {
+  if (k.size(1) != q.size(1)) return KernelStatus::kNoKernel;  // as the forward
   const RawTensor stats4 = stats.view({q.size(0), q.size(1), q.size(2), 1});
   if (GetKernelOptions().cudnn_attention &&
       CudnnAttentionSupported({&grad_q, &grad_k, &grad_v, &grad_out, &q, &k, &v, &out}, nullptr) &&

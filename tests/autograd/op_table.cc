@@ -336,6 +336,10 @@ void AddNnRows(std::vector<OpRow>& t) {
                   {{{2, 2, 3, 4}}, {{2, 2, 3, 4}}, {{2, 2, 3, 4}}},
                   [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], true, 0.5); })
                   .WithCuda(attention));
+  t.push_back(Row("ScaledDotProductAttention", "grouped-query, 4 query heads on 2",
+                  {{{1, 4, 3, 4}}, {{1, 2, 3, 4}}, {{1, 2, 3, 4}}},
+                  [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], true, 0.5); })
+                  .WithCuda(attention));
   t.push_back(Row("ScaledDotProductAttention", "cross, Tq 2 and Tk 4",
                   {{{1, 2, 2, 3}}, {{1, 2, 4, 3}}, {{1, 2, 4, 3}}},
                   [](In in) { return ScaledDotProductAttention(in[0], in[1], in[2], false, 0.7); })

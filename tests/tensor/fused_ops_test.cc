@@ -418,6 +418,34 @@ TEST(AttentionBackwardTest, LowPrecisionMatchesF64OnTheSameValues) {
   }
 }
 
+// Grouped-query attention (4 query heads on 2 key/value heads) has the bits of attention over the
+// repeated heads, forward and backward (the repeated heads' gradients summed as Sum sums them).
+TEST(AttentionTest, GroupedQueryHeadsAreTheRepeatedHeadsBits) {
+  Generator gen(34);
+  for (DType dtype : {kF32, kF64, kBF16}) {
+    for (bool causal : {true, false}) {
+      const RawTensor q = Randn({2, 4, 6, 8}, gen, dtype), k = Randn({2, 2, 6, 8}, gen, dtype),
+                      v = Randn({2, 2, 6, 8}, gen, dtype), dy = Randn({2, 4, 6, 8}, gen, dtype);
+      auto repeat = [](const RawTensor& x) {
+        return x.unsqueeze(2).expand({2, 2, 2, 6, 8}).reshape({2, 4, 6, 8});
+      };
+      const AttentionResult g = ScaledDotProductAttention(q, k, v, causal, 0.3);
+      const AttentionResult r = ScaledDotProductAttention(q, repeat(k), repeat(v), causal, 0.3);
+      EXPECT_EQ(g.output.to_vector<double>(), r.output.to_vector<double>());
+      const AttentionGrads gg =
+          ScaledDotProductAttentionBackward(dy, q, k, v, g.output, g.stats, causal, 0.3);
+      const AttentionGrads rg = ScaledDotProductAttentionBackward(dy, q, repeat(k), repeat(v),
+                                                                  r.output, r.stats, causal, 0.3);
+      EXPECT_EQ(gg.grad_q.to_vector<double>(), rg.grad_q.to_vector<double>());
+      EXPECT_EQ(gg.grad_k.shape(), k.shape());
+      EXPECT_EQ(gg.grad_k.to_vector<double>(),
+                Sum(rg.grad_k.reshape({2, 2, 2, 6, 8}), {2}).to_vector<double>());
+      EXPECT_EQ(gg.grad_v.to_vector<double>(),
+                Sum(rg.grad_v.reshape({2, 2, 2, 6, 8}), {2}).to_vector<double>());
+    }
+  }
+}
+
 TEST(AttentionTest, EmptyQueries) {
   const AttentionResult r =
       ScaledDotProductAttention(RawTensor::Zeros({1, 2, 0, 4}), RawTensor::Zeros({1, 2, 3, 4}),
@@ -675,11 +703,11 @@ TEST(FusedOpErrorsTest, Attention) {
                "[1, 2, 5, 4] and [1, 2, 5, 4]");
   EXPECT_ERROR(ScaledDotProductAttention(q, k, RawTensor::Zeros({1, 2, 5, 8}), false, 1),
                "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 2, 5, 4] and v [1, 2, 5, 8] "
-               "do not match (expected k and v [1, 2, Tk, 4])");
+               "do not match (expected k and v [1, Hkv, Tk, 4] with Hkv dividing 2)");
   EXPECT_ERROR(ScaledDotProductAttention(q, RawTensor::Zeros({1, 3, 5, 4}),
                                          RawTensor::Zeros({1, 3, 5, 4}), false, 1),
                "scaled_dot_product_attention: q [1, 2, 3, 4], k [1, 3, 5, 4] and v [1, 3, 5, 4] "
-               "do not match (expected k and v [1, 2, Tk, 4])");
+               "do not match (expected k and v [1, Hkv, Tk, 4] with Hkv dividing 2)");
   EXPECT_ERROR(ScaledDotProductAttention(q, k, k, true, 1),
                "scaled_dot_product_attention: causal attention needs as many queries as keys, got "
                "3 and 5");
