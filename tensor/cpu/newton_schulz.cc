@@ -1,10 +1,12 @@
-// Muon's Newton-Schulz iteration on the CPU (tensor/kernel_list.inc: NewtonSchulz). The matrices of
-// the batch go through each phase of an iteration together, split into blocks of rows whose
-// products are each one single-threaded library call (oneDNN where it multiplies the dtype, else
-// OpenBLAS on widened operands), spread over the threads; a block's call and its operands depend
-// on the shape alone, so the bits do not depend on the thread count. The symmetric G = X X^T and
+// Muon's Newton-Schulz iteration on the CPU (tensor/kernel_list.inc: NewtonSchulz). Each product
+// of an iteration is split into blocks of rows, each one single-threaded library call (oneDNN
+// where it multiplies the dtype, else OpenBLAS on widened operands); a block's call and its
+// operands depend on the shape alone, so the bits do not depend on the thread count. The threads
+// take whole matrices of the batch when the matrices share them evenly (each matrix's iterations
+// then run without a barrier), else the blocks of each phase. The symmetric G = X X^T and
 // U = b G + c G G are computed for one triangle of blocks (a row block against the columns from
-// its first row on) and mirrored: at m = 256, 10 of the 16 blocks' products.
+// its first row on; G rounded by the library where it can) and mirrored: at m = 256, 10 of the
+// 16 blocks' products.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cpu/rows.h"
+#include "tensor/cpu/thread_governor.h"
 #include "tensor/cpu/vec_math.h"
 
 namespace tg::cpu {
@@ -60,6 +63,24 @@ void BlockProduct(bool tb, int64_t pm, int64_t pn, int64_t pk, const T* a, int64
   }
 }
 
+// The same product rounded once to T and written to c (ldc) directly where the library can
+// (the sums' bits are BlockProduct's), else through `acc`.
+template <typename T>
+void RoundedBlockProduct(bool tb, int64_t pm, int64_t pn, int64_t pk, const T* a, int64_t lda,
+                         const T* b, int64_t ldb, T* c, int64_t ldc,
+                         ScratchVector<ComputeType<T>>& acc) {
+  if constexpr (std::is_same_v<T, double>) {
+    BlockProduct<T>(tb, pm, pn, pk, a, lda, b, ldb, c, ldc);
+  } else {
+    if (DnnlMatmul(DTypeOf<T>(), DTypeOf<T>(), false, tb, pm, pn, pk, a, lda, b, ldb, c, ldc)) {
+      return;
+    }
+    acc.resize(static_cast<size_t>(pm * pn));
+    BlockProduct<T>(tb, pm, pn, pk, a, lda, b, ldb, acc.data(), pn);
+    for (int64_t r = 0; r < pm; ++r) StoreRow(acc.data() + r * pn, pn, c + r * ldc, 1);
+  }
+}
+
 template <typename T>
 void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b, double c,
                     int64_t ns_steps, double eps) {
@@ -89,90 +110,117 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
       const C norm =
           static_cast<C>(Widen(Convert<T>(std::sqrt(static_cast<double>(static_cast<C>(sum))))));
       const C denom = std::isnan(norm) ? norm : std::max(norm, floor);
-      T* out_i = cur + i * mn;
-      for (int64_t j = 0; j < mn; ++j) {
-        out_i[j] = Convert<T>(static_cast<C>(static_cast<C>(Widen(xi[j])) / denom));
+      // Row by row, widened to C, divided and rounded back to T.
+      ScratchVector<C> row(static_cast<size_t>(n));
+      for (int64_t r = 0; r < m; ++r) {
+        LoadRow(xi + r * n, 1, n, row.data());
+        for (int64_t j = 0; j < n; ++j) row[j] /= denom;
+        StoreRow(row.data(), n, cur + i * mn + r * n, 1);
       }
     }
   });
   if (ns_steps == 0) return;
 
-  // fn(matrix, first row, rows, scratch) for every (matrix, block of `block_rows` rows), the
-  // tasks spread over the threads. A triangle's blocks shrink with their first row, so they are
-  // ordered first, last, second, second to last, ...: ParallelFor's contiguous shares then get
-  // equal work.
-  auto for_each_block = [&](int64_t block_rows, auto&& fn) {
+  // fn(matrix, first row, rows, scratch) for every (matrix in [i0, i1), block of `block_rows`
+  // rows), the tasks spread over the threads (on the calling thread alone inside a parallel
+  // region). A triangle's blocks shrink with their first row, so they are ordered first, last,
+  // second, second to last, ...: ParallelFor's contiguous shares then get equal work.
+  auto for_each_block = [&](int64_t i0, int64_t i1, int64_t block_rows, auto&& fn) {
     const int64_t blocks = (m + block_rows - 1) / block_rows;
     std::vector<int64_t> order;
     for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
       order.push_back(lo);
       if (hi != lo) order.push_back(hi);
     }
-    ParallelFor(batch * blocks, 1, [&](int64_t begin, int64_t end) {
+    ParallelFor((i1 - i0) * blocks, 1, [&](int64_t begin, int64_t end) {
       const LibraryThreads single(1);
       ScratchVector<C> scratch;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t r0 = order[static_cast<size_t>(t % blocks)] * block_rows;
-        fn(t / blocks, r0, std::min(block_rows, m - r0), scratch);
+        fn(i0 + t / blocks, r0, std::min(block_rows, m - r0), scratch);
       }
     });
   };
-  // Rounds row segment r, j in [r, m), of a symmetric matrix from `row` (C values) into s[r, j]
-  // and mirrors it into s[j, r].
-  auto store_symmetric_row = [&](T* s, int64_t r, const C* row) {
-    StoreRow(row, m - r, s + r * m + r, 1);
-    for (int64_t j = r + 1; j < m; ++j) s[j * m + r] = s[r * m + j];
+  // Mirrors the rows [r0, r0 + rows) of a symmetric matrix s, stored from their diagonal on,
+  // into s[j, r] column by column, so that the writes are contiguous.
+  auto mirror_rows = [&](T* s, int64_t r0, int64_t rows) {
+    for (int64_t j = r0 + 1; j < m; ++j) {
+      const int64_t r_end = std::min(r0 + rows, j);
+      for (int64_t r = r0; r < r_end; ++r) s[j * m + r] = s[r * m + j];
+    }
   };
   ScratchVector<T> gram(static_cast<size_t>(batch * mm)), update(static_cast<size_t>(batch * mm));
   const C ca = static_cast<C>(a), cb = static_cast<C>(b), cc = static_cast<C>(c);
 
-  for (int64_t step = 0; step < ns_steps; ++step) {
-    // G = X X^T.
-    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
-      const T* xi = cur + i * mn;
-      const int64_t cols = m - r0;
-      acc.resize(static_cast<size_t>(rows * cols));
-      BlockProduct<T>(true, rows, cols, n, xi + r0 * n, n, xi + r0 * n, n, acc.data(), cols);
-      for (int64_t r = r0; r < r0 + rows; ++r) {
-        store_symmetric_row(gram.data() + i * mm, r, acc.data() + (r - r0) * cols + (r - r0));
-      }
+  // The ns_steps iterations of the matrices [i0, i1).
+  auto iterate = [&](int64_t i0, int64_t i1) {
+    T* cur_i = cur;
+    T* nxt_i = nxt;
+    for (int64_t step = 0; step < ns_steps; ++step) {
+      // G = X X^T.
+      for_each_block(i0, i1, kBlockRows,
+                     [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+                       const T* xi = cur_i + i * mn;
+                       T* gi = gram.data() + i * mm;
+                       RoundedBlockProduct<T>(true, rows, m - r0, n, xi + r0 * n, n, xi + r0 * n, n,
+                                              gi + r0 * m + r0, m, acc);
+                       mirror_rows(gi, r0, rows);
+                     });
+      // U = b G + c G G.
+      for_each_block(
+          i0, i1, kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+            const T* g = gram.data() + i * mm;
+            const int64_t cols = m - r0;
+            acc.resize(static_cast<size_t>(rows * cols));
+            BlockProduct<T>(false, rows, cols, m, g + r0 * m, m, g + r0, m, acc.data(), cols);
+            ScratchVector<C> row(static_cast<size_t>(cols));
+            for (int64_t r = r0; r < r0 + rows; ++r) {
+              const int64_t len = m - r;
+              C* cgg = acc.data() + (r - r0) * cols + (r - r0);
+              LoadRow(g + r * m + r, 1, len, row.data());
+              for (int64_t j = 0; j < len; ++j) {
+                const C bg = cb * row[j];
+                const C p = cc * cgg[j];
+                cgg[j] = bg + p;
+              }
+            }
+            T* ui = update.data() + i * mm;
+            for (int64_t r = r0; r < r0 + rows; ++r) {
+              StoreRow(acc.data() + (r - r0) * cols + (r - r0), m - r, ui + r * m + r, 1);
+            }
+            mirror_rows(ui, r0, rows);
+          });
+      // X = a X + U X, into the other buffer.
+      for_each_block(i0, i1, kBlockRows,
+                     [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+                       const T* xi = cur_i + i * mn;
+                       acc.resize(static_cast<size_t>(rows * n));
+                       BlockProduct<T>(false, rows, n, m, update.data() + i * mm + r0 * m, m, xi, n,
+                                       acc.data(), n);
+                       ScratchVector<C> row(static_cast<size_t>(n));
+                       for (int64_t r = 0; r < rows; ++r) {
+                         const C* ux = acc.data() + r * n;
+                         LoadRow(xi + (r0 + r) * n, 1, n, row.data());
+                         for (int64_t j = 0; j < n; ++j) {
+                           const C ax = ca * row[j];
+                           row[j] = ax + ux[j];
+                         }
+                         StoreRow(row.data(), n, nxt_i + i * mn + (r0 + r) * n, 1);
+                       }
+                     });
+      std::swap(cur_i, nxt_i);
+    }
+  };
+  // Each block's products and roundings are the same whichever thread runs them, so only the
+  // schedule depends on the thread count: whole matrices per thread when they share the threads
+  // evenly (no barrier between the 3 ns_steps phases), else the blocks of each phase.
+  const int threads = RegionThreads();
+  if (threads > 1 && (batch % threads == 0 || batch >= 4 * threads)) {
+    ParallelFor(batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) iterate(i, i + 1);
     });
-    // U = b G + c G G.
-    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
-      const T* g = gram.data() + i * mm;
-      const int64_t cols = m - r0;
-      acc.resize(static_cast<size_t>(rows * cols));
-      BlockProduct<T>(false, rows, cols, m, g + r0 * m, m, g + r0, m, acc.data(), cols);
-      ScratchVector<C> row(static_cast<size_t>(cols));
-      for (int64_t r = r0; r < r0 + rows; ++r) {
-        const int64_t len = m - r;
-        const C* cgg = acc.data() + (r - r0) * cols + (r - r0);
-        LoadRow(g + r * m + r, 1, len, row.data());
-        for (int64_t j = 0; j < len; ++j) {
-          const C bg = cb * row[j];
-          const C p = cc * cgg[j];
-          row[j] = bg + p;
-        }
-        store_symmetric_row(update.data() + i * mm, r, row.data());
-      }
-    });
-    // X = a X + U X, into the other buffer.
-    for_each_block(kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
-      const T* xi = cur + i * mn;
-      acc.resize(static_cast<size_t>(rows * n));
-      BlockProduct<T>(false, rows, n, m, update.data() + i * mm + r0 * m, m, xi, n, acc.data(), n);
-      ScratchVector<C> row(static_cast<size_t>(n));
-      for (int64_t r = 0; r < rows; ++r) {
-        const C* ux = acc.data() + r * n;
-        LoadRow(xi + (r0 + r) * n, 1, n, row.data());
-        for (int64_t j = 0; j < n; ++j) {
-          const C ax = ca * row[j];
-          row[j] = ax + ux[j];
-        }
-        StoreRow(row.data(), n, nxt + i * mn + (r0 + r) * n, 1);
-      }
-    });
-    std::swap(cur, nxt);
+  } else {
+    iterate(0, batch);
   }
 }
 

@@ -167,7 +167,8 @@ void ExpectSameBitsAtEveryThreadCount(const std::string& what,
 }
 
 // Muon's Newton-Schulz iteration (tensor/cpu/newton_schulz.cc) in every dtype: its blocks of rows,
-// each one single-threaded product, on a batch of matrices with a partial last block.
+// each one single-threaded product, on a batch of matrices with a partial last block (3 matrices:
+// scheduled by matrix at 3 threads, by block at 2 and 4).
 TEST(ThreadCountKernelTest, NewtonSchulzGivesTheSameBitsAtEveryThreadCount) {
   for (DType dtype : {kF32, kF64, kF16, kBF16}) {
     Generator gen(9);

@@ -36,6 +36,7 @@
 ABSL_FLAG(std::string, pytorch_json, "",
           "JSON lines of tools/bench/optim_step_pytorch.py: PyTorch's fused AdamW at this run's "
           "thread count, and the ratio");
+ABSL_FLAG(std::string, only, "", "run one benchmark only: adamw or muon (default: both)");
 
 namespace {
 
@@ -70,21 +71,9 @@ std::vector<tg::Tensor> MakeParams(tg::Generator& gen) {
   return params;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const int threads = omp_get_max_threads();
-  const std::string pytorch_json = absl::GetFlag(FLAGS_pytorch_json);
-  const double pytorch_ms =
-      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "adamw_fused");
-  const double pytorch_muon_ms =
-      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "muon");
-  if (!pytorch_json.empty() && pytorch_ms <= 0) {
-    std::fprintf(stderr, "optim_step: %s has no record at %d threads\n", pytorch_json.c_str(),
-                 threads);
-    return 1;
-  }
+// AdamW fused and per-tensor over MakeParams' tensors, against a memcpy and PyTorch's fused AdamW
+// (`pytorch_ms`, 0: none).
+void BenchAdamW(int threads, double pytorch_ms) {
   tg::Generator gen(0);
   const int64_t n = 10000000;
   const double adamw_bytes = 28.0 * n;
@@ -116,7 +105,12 @@ int main(int argc, char** argv) {
                   s * 1e3 / pytorch_ms);
     }
   }
-  // Muon: the matrices of a small transformer's hidden layers.
+}
+
+// A Muon step over a small transformer's hidden matrices, against torch.optim.Muon's
+// (`pytorch_muon_ms`, 0: none).
+void BenchMuon(double pytorch_muon_ms) {
+  tg::Generator gen(1);
   std::vector<tg::Tensor> matrices;
   for (int i = 0; i < 8; ++i) {
     matrices.emplace_back(tg::RandNormal({256, i < 4 ? 256 : 1024}, gen, 0, 0.02), true);
@@ -138,5 +132,29 @@ int main(int argc, char** argv) {
     std::printf("  %-24s %6.2f ms  ratio %.2f (tapegrad / torch.optim.Muon)\n", "torch.optim.Muon",
                 pytorch_muon_ms, muon_s * 1e3 / pytorch_muon_ms);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int threads = omp_get_max_threads();
+  const std::string pytorch_json = absl::GetFlag(FLAGS_pytorch_json);
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "adamw" && only != "muon") {
+    std::fprintf(stderr, "optim_step: --only=%s: expected adamw or muon\n", only.c_str());
+    return 1;
+  }
+  const double pytorch_ms =
+      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "adamw_fused");
+  const double pytorch_muon_ms =
+      pytorch_json.empty() ? 0 : PyTorchMs(pytorch_json, threads, "muon");
+  if (!pytorch_json.empty() && (only == "muon" ? pytorch_muon_ms : pytorch_ms) <= 0) {
+    std::fprintf(stderr, "optim_step: %s has no record at %d threads\n", pytorch_json.c_str(),
+                 threads);
+    return 1;
+  }
+  if (only != "muon") BenchAdamW(threads, pytorch_ms);
+  if (only != "adamw") BenchMuon(pytorch_muon_ms);
   return 0;
 }
