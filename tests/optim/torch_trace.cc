@@ -9,6 +9,7 @@
 // Output: one line per tensor, "param K", or the state tensor's torch name and K
 // ("momentum_buffer K", "exp_avg K", ...), followed by the f32 bit patterns of its elements in
 // row-major order (8 hex digits each).
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -77,12 +78,15 @@ int Run(int argc, char** argv) {
   const std::string kind = argv[1];
   TG_CHECK(kind == "muon" || kind == "adam" || kind == "adamw",
            "torch_trace: the optimizer must be muon, adam or adamw, got ", kind);
-  const int steps = std::atoi(argv[2]);
-  TG_CHECK(steps >= 0, "torch_trace: STEPS must be >= 0, got ", argv[2]);
+  char* end = nullptr;
+  errno = 0;
+  const long steps = std::strtol(argv[2], &end, 10);
+  TG_CHECK(*argv[2] != '\0' && *end == '\0' && errno == 0 && steps >= 0 && steps <= 1000000,
+           "torch_trace: STEPS must be an integer in [0, 1000000], got ", argv[2]);
   const std::vector<tg::Tensor> params = tg::optim::testing::TorchTraceParams();
   const std::unique_ptr<tg::optim::Optimizer> opt =
       kind == "muon" ? MakeMuon(params, argc, argv) : MakeAdam(params, kind == "adamw", argc, argv);
-  tg::optim::testing::RunTorchTrace(*opt, params, steps);
+  tg::optim::testing::RunTorchTrace(*opt, params, static_cast<int>(steps));
   for (size_t k = 0; k < params.size(); ++k) {
     Print("param", k, params[k].data());
     for (const auto& [name, tensor] : opt->param_state(params[k])->tensors) Print(name, k, tensor);
