@@ -63,8 +63,9 @@ void BlockProduct(bool tb, int64_t pm, int64_t pn, int64_t pk, const T* a, int64
   }
 }
 
-// The same product rounded once to T and written to c (ldc) directly where the library can
-// (the sums' bits are BlockProduct's), else through `acc`.
+// The same product's f32 (f64) sums rounded once to T, written to c (ldc) by the library where
+// it can, else through `acc`. Which path runs depends on the dtype and the CPU alone (DnnlMatmul
+// takes or declines a bf16 result exactly where it takes or declines an f32 one).
 template <typename T>
 void RoundedBlockProduct(bool tb, int64_t pm, int64_t pn, int64_t pk, const T* a, int64_t lda,
                          const T* b, int64_t ldb, T* c, int64_t ldc,
@@ -213,7 +214,7 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
   };
   // Each block's products and roundings are the same whichever thread runs them, so only the
   // schedule depends on the thread count: whole matrices per thread when they share the threads
-  // evenly (no barrier between the 3 ns_steps phases), else the blocks of each phase.
+  // evenly (no barrier between the 3 * ns_steps phases), else the blocks of each phase.
   const int threads = RegionThreads();
   if (threads > 1 && (batch % threads == 0 || batch >= 4 * threads)) {
     ParallelFor(batch, 1, [&](int64_t begin, int64_t end) {
