@@ -196,7 +196,7 @@ RawTensor Muon::MomentumDirection(const MuonOptions& o, const ParamUpdate& u) {
   }
   const RawTensor& buf = it->second;
   const RawTensor grad = u.grad.to(compute);
-  buf.copy_(Lerp(buf, grad, 1 - o.momentum()));
+  LerpInPlace(buf, grad, 1 - o.momentum());  // torch: buf.lerp_(grad, 1 - momentum)
   return o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
 }
 
@@ -210,10 +210,15 @@ void ApplyUpdate(const MuonOptions& o, const RawTensor& param, const RawTensor& 
   const double lr = MuonAdjustedLr(o.lr(), o.adjust_lr_fn(), matrix_shape[0], matrix_shape[1]);
   // Without decay the factor is 1, whose product changes no value: the pass is skipped.
   const double keep = 1 - o.lr() * o.weight_decay();
-  const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
   // torch's param.add_(update, alpha=-lr): one fused rounding in the dtype the two promote to
   // (f32 for a bf16 update, f64 for an f64 one, then rounded to the parameter's).
   const DType sum = PromoteTypes(compute, ortho.dtype());
+  if (param.dtype() == sum) {  // torch's two in-place passes, param.mul_ then param.add_
+    if (keep != 1) MulScalarInPlace({param}, keep);
+    AddScaledInPlace(param, ortho.to(sum), -lr);
+    return;
+  }
+  const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
   param.copy_(AddScaled(decayed.to(sum), ortho.to(sum), -lr));
 }
 

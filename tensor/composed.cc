@@ -261,7 +261,7 @@ void FusedAdam(const AdamTensorLists& lists, const FusedAdamOptions& o) {
     // kernel), not this file's two-rounding form.
     if (o.decay == WeightDecay::kL2) g = tg::AddScaled(g, p, o.weight_decay);
     if (o.decay == WeightDecay::kDecoupled) p = MulScalar(p, scalars.decay);
-    exp_avg.copy_(tg::Lerp(exp_avg, g, 1 - o.beta1));
+    LerpInPlace(exp_avg, g, 1 - o.beta1);
     exp_avg_sq.copy_(tg::Addcmul(MulScalar(exp_avg_sq, o.beta2), g, g, 1 - o.beta2));
     RawTensor v = exp_avg_sq;
     if (o.amsgrad) {
@@ -344,6 +344,16 @@ void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors
 // The product and the sum rounded apart (no fused multiply-add among the tensor ops).
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   return Add(a, MulScalar(b, alpha));
+}
+// torch's lerp in the compute dtype (f16/bf16 widened, rounded once at the end) with b - a
+// rounded and the rest one tg::AddScaled (fused where the device has the kernel).
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight) {
+  const DType ct = ComputeDType(a.dtype());
+  if (ct != a.dtype()) return composed::Lerp(a.to(ct), b.to(ct), weight).to(a.dtype());
+  const double w = RawTensor::Scalar(weight, kF64).to(ct).item();
+  const RawTensor diff = Sub(b, a);
+  // 1 - w is exact in the compute dtype for w in [0.5, 1].
+  return std::abs(w) < 0.5 ? tg::AddScaled(a, diff, w) : tg::AddScaled(b, diff, -(1 - w));
 }
 RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value) {
   return Add(self, Mul(MulScalar(t1, value), t2));

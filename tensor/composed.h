@@ -70,6 +70,7 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 void GlobalGradNorm(const RawTensor& norm, const std::vector<RawTensor>& tensors, double norm_type);
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
 RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value);
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight);
 RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,
                        double eps);
 void ClipByNorm(const std::vector<RawTensor>& tensors, const RawTensor& total_norm,

@@ -481,9 +481,15 @@ RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
 // compute dtype (f16/bf16: in f32, rounded once at the end): three floating tensors of one dtype,
 // device and shape; the result has theirs.
 RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value);
-// PyTorch's lerp, a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), with w rounded to the
-// compute dtype, b - a rounded, and the rest one AddScaled (torch's CPU kernel fuses it).
+// PyTorch's lerp, a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), in the compute dtype
+// (f16/bf16 widened, rounded once at the end) with w rounded to it, b - a rounded, and the rest
+// one fused multiply-add (torch's CPU kernel); inputs as AddScaled's, weight finite.
 RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight);
+// torch's in-place forms, self.add_(b, alpha=alpha) and self.lerp_(end, weight): AddScaled and
+// Lerp written into self (the same bits), in one pass where self is contiguous and the other
+// input does not partly overlap it, else through a new tensor copied in.
+void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha);
+void LerpInPlace(const RawTensor& self, const RawTensor& end, double weight);
 // Muon's Newton-Schulz orthogonalisation (torch.optim.Muon's, optim/muon.h) of every matrix of x
 // [batch, m, n] (floating, not FP8; m <= n: a tall matrix arrives transposed) in x's dtype, as
 // the kernel list's NewtonSchulz computes it: the matrices of one shape go through the iteration

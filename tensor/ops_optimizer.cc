@@ -207,11 +207,47 @@ RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t
 }
 
 RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight) {
-  const DType ct = ComputeDType(a.dtype());
-  const double w = RawTensor::Scalar(weight, kF64).to(ct).to(kF64).item();
-  const RawTensor diff = Sub(b, a);
-  // 1 - w is exact in the compute dtype for w in [0.5, 1].
-  return std::abs(w) < 0.5 ? AddScaled(a, diff, w) : AddScaled(b, diff, -(1 - w));
+  const char* op = "lerp";
+  const Device device = CheckFmaInputs(op, {&a, &b});
+  TG_CHECK(std::isfinite(weight), op, ": weight must be finite, got ", weight);
+  const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
+  if (Declined(KernelsFor(device).Lerp(out, a.contiguous(), b.contiguous(), weight))) {
+    return composed::Lerp(a, b, weight);
+  }
+  return out;
+}
+
+namespace {
+
+// Whether `self` can be written by a kernel reading `other` in the same pass: self contiguous,
+// and other either in another storage or exactly self's elements (an elementwise kernel reads
+// each element before it writes it; a shifted view of the same storage would read written ones).
+bool WritableInOnePass(const RawTensor& self, const RawTensor& other) {
+  if (!self.is_contiguous()) return false;
+  if (self.storage() != other.storage()) return true;
+  return other.is_contiguous() && other.raw_data() == self.raw_data();
+}
+
+}  // namespace
+
+void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha) {
+  const char* op = "add_scaled_";
+  const Device device = CheckFmaInputs(op, {&self, &b});
+  TG_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
+  if (!WritableInOnePass(self, b) ||
+      Declined(KernelsFor(device).AddScaled(self, self, b.contiguous(), alpha, RawTensor()))) {
+    self.copy_(AddScaled(self, b, alpha));
+  }
+}
+
+void LerpInPlace(const RawTensor& self, const RawTensor& end, double weight) {
+  const char* op = "lerp_";
+  const Device device = CheckFmaInputs(op, {&self, &end});
+  TG_CHECK(std::isfinite(weight), op, ": weight must be finite, got ", weight);
+  if (!WritableInOnePass(self, end) ||
+      Declined(KernelsFor(device).Lerp(self, self, end.contiguous(), weight))) {
+    self.copy_(Lerp(self, end, weight));
+  }
 }
 
 RawTensor NewtonSchulz(const RawTensor& x, double a, double b, double c, int64_t ns_steps,

@@ -150,6 +150,16 @@ struct AddScaledFactorFn {
     return ConvertTo<T>(Fma(ToCompute(s), ToCompute(b), ToCompute(a)));
   }
 };
+// torch's lerp: fma(s, b - a, base) with base = a (s = w, |w| < 0.5) or b (s = -(1 - w)).
+template <typename T>
+struct LerpFn {
+  DeviceCompute<T> s;
+  bool from_b;
+  __device__ T operator()(T a, T b) const {
+    const DeviceCompute<T> ca = ToCompute(a), cb = ToCompute(b);
+    return ConvertTo<T>(Fma(s, cb - ca, from_b ? cb : ca));
+  }
+};
 
 // SwiGLU with the roundings of Mul(Silu(gate), up) on this device (tensor/kernel_list.inc).
 template <typename T>
@@ -485,6 +495,19 @@ KernelStatus AddScaled(const RawTensor& out, const RawTensor& a, const RawTensor
       LaunchElementwise<T, T, T>(op, out, {&a, &b},
                                  AddScaledFn<T>{static_cast<DeviceCompute<T>>(alpha)});
     }
+  });
+  return KernelStatus::kDone;
+}
+
+KernelStatus Lerp(const RawTensor& out, const RawTensor& a, const RawTensor& b, double weight) {
+  const char* op = "lerp";
+  const DeviceGuard guard(out.device().index);
+  VisitDeviceFloating(op, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = DeviceCompute<T>;
+    const C w = static_cast<C>(weight);
+    const bool from_b = !(std::abs(w) < C(0.5));
+    LaunchElementwise<T, T, T>(op, out, {&a, &b}, LerpFn<T>{from_b ? -(C(1) - w) : w, from_b});
   });
   return KernelStatus::kDone;
 }

@@ -931,6 +931,85 @@ TEST(LerpTest, IsTorchsLerp) {
             (std::vector<float>{1.6200000047683716f, 0.15999998152256012f, -0.8949999809265137f}));
 }
 
+// The kernel against the formula in the compute type (f32 for f16/bf16, one rounding at the end)
+// with std::fma, on both sides of |w| = 0.5 and on sizes split over several threads and blocks;
+// rounding b - a to bf16 first (what the composed form did before it widened) is not the same.
+TEST(LerpTest, OneFusedMultiplyAddOfTheDifferenceInTheComputeType) {
+  Generator gen(34);
+  for (DType dtype : {kF32, kF64, kBF16, kF16}) {
+    for (int64_t n : {int64_t{7}, int64_t{70001}}) {
+      const RawTensor a = Randn({n}, gen, dtype), b = Randn({n}, gen, dtype);
+      const std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
+      for (double w : {0.05, -0.3, 0.5, 0.95, 1.7, -2.0}) {
+        const std::vector<double> got = Lerp(a, b, w).to_vector<double>();
+        int narrow_differs = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t k = static_cast<size_t>(i);
+          double want = 0;
+          if (dtype == kF64) {
+            const double d = vb[k] - va[k];
+            want = std::abs(w) < 0.5 ? std::fma(w, d, va[k]) : std::fma(-(1 - w), d, vb[k]);
+          } else {
+            const float fw = static_cast<float>(w), fa = static_cast<float>(va[k]),
+                        fb = static_cast<float>(vb[k]), d = fb - fa;
+            const float r = std::abs(fw) < 0.5f ? std::fma(fw, d, fa) : std::fma(-(1 - fw), d, fb);
+            want = RawTensor::Scalar(r, kF32).to(dtype).item();
+            const float dn = static_cast<float>(RawTensor::Scalar(d, kF32).to(dtype).item());
+            const float rn =
+                std::abs(fw) < 0.5f ? std::fma(fw, dn, fa) : std::fma(-(1 - fw), dn, fb);
+            narrow_differs += RawTensor::Scalar(rn, kF32).to(dtype).item() != want;
+          }
+          ASSERT_EQ(got[k], want) << DTypeName(dtype) << " n=" << n << " w=" << w << " [" << i
+                                  << "]";
+        }
+        if (dtype == kBF16 && n > 7) {
+          EXPECT_GT(narrow_differs, 0) << w;  // not vacuous
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { Lerp(Randn({3}, gen, kF32), Randn({3}, gen, kF32), std::nan("")); },
+      "lerp: weight must be finite, got nan"));
+}
+
+// In place: the out-of-place op's bits, for a contiguous self (one pass), a strided one, the
+// other input being self itself, and a shifted view of self's own storage (which one pass
+// would read after writing).
+TEST(LerpTest, InPlaceFormsGiveTheOutOfPlaceBits) {
+  Generator gen(35);
+  const auto values = [](const RawTensor& t) { return t.to_vector<double>(); };
+  for (DType dtype : {kF32, kF64, kBF16}) {
+    const RawTensor a = Randn({5, 40001}, gen, dtype), b = Randn({5, 40001}, gen, dtype);
+    for (double w : {0.1, 0.9}) {
+      RawTensor self = a.clone();
+      LerpInPlace(self, b, w);
+      EXPECT_EQ(values(self), values(Lerp(a, b, w))) << DTypeName(dtype) << " w=" << w;
+    }
+    RawTensor self = a.clone();
+    AddScaledInPlace(self, b, -0.37);
+    EXPECT_EQ(values(self), values(AddScaled(a, b, -0.37))) << DTypeName(dtype);
+    const RawTensor same = a.clone();
+    LerpInPlace(same, same, 0.3);
+    EXPECT_EQ(values(same), values(a)) << DTypeName(dtype);
+  }
+  const RawTensor m = Randn({6, 4}, gen, kF32), e = Randn({4, 6}, gen, kF32);
+  const RawTensor strided = m.clone().transpose(0, 1);
+  LerpInPlace(strided, e, 0.2);
+  EXPECT_EQ(values(strided), values(Lerp(m.transpose(0, 1), e, 0.2)));
+  const RawTensor buf = Randn({101}, gen, kF32);
+  const RawTensor head = buf.narrow(0, 0, 100), tail = buf.narrow(0, 1, 100);
+  const RawTensor want = AddScaled(head.clone(), tail.clone(), 0.5);
+  AddScaledInPlace(head, tail, 0.5);
+  EXPECT_EQ(values(head), values(want));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { LerpInPlace(Randn({3}, gen, kF32), Randn({2}, gen, kF32), 0.5); },
+      "lerp_: expected inputs of one dtype and shape, got f32 [3] and f32 [2]"));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { AddScaledInPlace(Randn({3}, gen, kF32), Randn({3}, gen, kF64), 0.5); },
+      "add_scaled_: expected inputs of one dtype and shape, got f32 [3] and f64 [3]"));
+}
+
 // ---- NewtonSchulz ------------------------------------------------------------------------------
 
 // Muon's iteration in plain f64 loops over one matrix [m, n], row-major.

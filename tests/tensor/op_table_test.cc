@@ -1416,6 +1416,14 @@ void AddOptimizerRows(std::vector<OpRow>* rows) {
                    },
                    [](const Tensors& in) -> Tensors { return {AddScaled(in[0], in[1], -0.37)}; },
                    &ExactTol()});
+  for (double w : {0.1, 0.9}) {
+    rows->push_back(
+        {"Lerp", "lerp([3, 70], [3, 70], " + std::to_string(w).substr(0, 3) + ")", kFloats,
+         [](DType dtype, Generator& gen) -> Tensors {
+           return {Normal({3, 70}, dtype, gen), Normal({3, 70}, dtype, gen)};
+         },
+         [w](const Tensors& in) -> Tensors { return {Lerp(in[0], in[1], w)}; }, &ExactTol()});
+  }
   rows->push_back(
       {"Addcmul", "[3, 70] + 0.001 x [3, 70] x [3, 70]", kFloats,
        [](DType dtype, Generator& gen) -> Tensors {
