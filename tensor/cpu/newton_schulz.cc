@@ -1,6 +1,7 @@
 // Muon's Newton-Schulz iteration on the CPU (tensor/kernel_list.inc: NewtonSchulz). Each product
-// of an iteration is split into blocks of rows, each one single-threaded library call (oneDNN
-// where it multiplies the dtype, else OpenBLAS on widened operands); a block's call and its
+// of an iteration is split into blocks (of rows for G and U, of columns of X for U X), each one
+// single-threaded library call (oneDNN where it multiplies the dtype, else OpenBLAS on widened
+// operands); a block's call and its
 // operands depend on the shape alone, so the bits do not depend on the thread count. The threads
 // take whole matrices of the batch when the matrices share them evenly (each matrix's iterations
 // then run without a barrier), else the blocks of each phase. The symmetric G = X X^T and
@@ -26,8 +27,9 @@
 namespace tg::cpu {
 namespace {
 
-// Rows per block, from m alone.
+// Rows per block of G and U, columns per block of U X: the blocks follow the shape alone.
 constexpr int64_t kBlockRows = 64;
+constexpr int64_t kBlockCols = 512;
 
 // `rows` rows of `cols` values at stride `ld`, widened (exactly) to f32 and packed.
 template <typename T>
@@ -122,26 +124,35 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
   });
   if (ns_steps == 0) return;
 
-  // fn(matrix, first row, rows, scratch) for every (matrix in [i0, i1), block of `block_rows`
-  // rows), the tasks spread over the threads (on the calling thread alone inside a parallel
-  // region). A triangle's blocks shrink with their first row, so they are ordered first, last,
-  // second, second to last, ...: ParallelFor's contiguous shares then get equal work.
-  auto for_each_block = [&](int64_t i0, int64_t i1, int64_t block_rows, auto&& fn) {
-    const int64_t blocks = (m + block_rows - 1) / block_rows;
-    std::vector<int64_t> order;
-    for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
-      order.push_back(lo);
-      if (hi != lo) order.push_back(hi);
-    }
+  // fn(matrix, first, count, scratch) for every matrix in [i0, i1) and every block [first,
+  // first + count) of rows or columns: `starts` (each block `size` long, the last one clipped
+  // to `extent`). The tasks are spread over the threads (on the calling thread alone inside a
+  // parallel region).
+  auto for_each_block = [&](int64_t i0, int64_t i1, const std::vector<int64_t>& starts,
+                            int64_t size, int64_t extent, auto&& fn) {
+    const int64_t blocks = static_cast<int64_t>(starts.size());
     ParallelFor((i1 - i0) * blocks, 1, [&](int64_t begin, int64_t end) {
       const LibraryThreads single(1);
       ScratchVector<C> scratch;
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t r0 = order[static_cast<size_t>(t % blocks)] * block_rows;
-        fn(i0 + t / blocks, r0, std::min(block_rows, m - r0), scratch);
+        const int64_t first = starts[static_cast<size_t>(t % blocks)];
+        fn(i0 + t / blocks, first, std::min(size, extent - first), scratch);
       }
     });
   };
+  // The row blocks of the triangles G and U. They shrink with their first row, so they are
+  // ordered first, last, second, second to last, ...: ParallelFor's contiguous shares then get
+  // equal work.
+  std::vector<int64_t> triangle_rows;
+  for (int64_t lo = 0, hi = (m - 1) / kBlockRows; lo <= hi; ++lo, --hi) {
+    triangle_rows.push_back(lo * kBlockRows);
+    if (hi != lo) triangle_rows.push_back(hi * kBlockRows);
+  }
+  // The column blocks of U X: each multiplies all of U by a block of X's columns, so X is read
+  // (packed) once per product rather than once per block of rows.
+  const int64_t block_cols = std::min(n, kBlockCols);
+  std::vector<int64_t> column_starts;
+  for (int64_t j = 0; j < n; j += block_cols) column_starts.push_back(j);
   // Mirrors the rows [r0, r0 + rows) of a symmetric matrix s, stored from their diagonal on,
   // into s[j, r] column by column, so that the writes are contiguous.
   auto mirror_rows = [&](T* s, int64_t r0, int64_t rows) {
@@ -159,7 +170,7 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
     T* nxt_i = nxt;
     for (int64_t step = 0; step < ns_steps; ++step) {
       // G = X X^T.
-      for_each_block(i0, i1, kBlockRows,
+      for_each_block(i0, i1, triangle_rows, kBlockRows, m,
                      [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
                        const T* xi = cur_i + i * mn;
                        T* gi = gram.data() + i * mm;
@@ -169,7 +180,8 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
                      });
       // U = b G + c G G.
       for_each_block(
-          i0, i1, kBlockRows, [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
+          i0, i1, triangle_rows, kBlockRows, m,
+          [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
             const T* g = gram.data() + i * mm;
             const int64_t cols = m - r0;
             acc.resize(static_cast<size_t>(rows * cols));
@@ -191,22 +203,22 @@ void NewtonSchulzOf(const RawTensor& out, const RawTensor& x, double a, double b
             }
             mirror_rows(ui, r0, rows);
           });
-      // X = a X + U X, into the other buffer.
-      for_each_block(i0, i1, kBlockRows,
-                     [&](int64_t i, int64_t r0, int64_t rows, ScratchVector<C>& acc) {
-                       const T* xi = cur_i + i * mn;
-                       acc.resize(static_cast<size_t>(rows * n));
-                       BlockProduct<T>(false, rows, n, m, update.data() + i * mm + r0 * m, m, xi, n,
-                                       acc.data(), n);
-                       ScratchVector<C> row(static_cast<size_t>(n));
-                       for (int64_t r = 0; r < rows; ++r) {
-                         const C* ux = acc.data() + r * n;
-                         LoadRow(xi + (r0 + r) * n, 1, n, row.data());
-                         for (int64_t j = 0; j < n; ++j) {
+      // X = a X + U X, into the other buffer, by blocks of columns.
+      for_each_block(i0, i1, column_starts, block_cols, n,
+                     [&](int64_t i, int64_t j0, int64_t cols, ScratchVector<C>& acc) {
+                       const T* xi = cur_i + i * mn + j0;
+                       acc.resize(static_cast<size_t>(m * cols));
+                       BlockProduct<T>(false, m, cols, m, update.data() + i * mm, m, xi, n,
+                                       acc.data(), cols);
+                       ScratchVector<C> row(static_cast<size_t>(cols));
+                       for (int64_t r = 0; r < m; ++r) {
+                         const C* ux = acc.data() + r * cols;
+                         LoadRow(xi + r * n, 1, cols, row.data());
+                         for (int64_t j = 0; j < cols; ++j) {
                            const C ax = ca * row[j];
                            row[j] = ax + ux[j];
                          }
-                         StoreRow(row.data(), n, nxt_i + i * mn + (r0 + r) * n, 1);
+                         StoreRow(row.data(), cols, nxt_i + i * mn + r * n + j0, 1);
                        }
                      });
       std::swap(cur_i, nxt_i);

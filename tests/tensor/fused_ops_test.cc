@@ -1047,7 +1047,9 @@ std::vector<double> NewtonSchulzReference(std::vector<double> x, int64_t m, int6
 constexpr double kNsA = 3.4445, kNsB = -4.775, kNsC = 2.0315;  // torch.optim.Muon's
 
 // Shapes across the kernel's 64-row blocks: one block, a partial last block, a square matrix.
-const std::vector<Shape> kNewtonSchulzShapes = {{2, 5, 9}, {3, 130, 200}, {1, 70, 70}};
+// Partial last blocks of rows (130 = 64 + 64 + 2) and of columns (1100 = 512 + 512 + 76).
+const std::vector<Shape> kNewtonSchulzShapes = {
+    {2, 5, 9}, {3, 130, 200}, {1, 70, 70}, {2, 20, 1100}};
 
 TEST(NewtonSchulzTest, F64MatchesPlainLoops) {
   Generator gen(21);

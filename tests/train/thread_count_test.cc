@@ -166,16 +166,19 @@ void ExpectSameBitsAtEveryThreadCount(const std::string& what,
   }
 }
 
-// Muon's Newton-Schulz iteration (tensor/cpu/newton_schulz.cc) in every dtype: its blocks of rows,
-// each one single-threaded product, on a batch of matrices with a partial last block (3 matrices:
-// scheduled by matrix at 3 threads, by block at 2 and 4).
+// Muon's Newton-Schulz iteration (tensor/cpu/newton_schulz.cc) in every dtype: its blocks of rows
+// and of columns, each one single-threaded product, on batches with a partial last block of rows
+// (3 matrices of 130 rows: scheduled by matrix at 3 threads, by block at 2 and 4) and of columns
+// (2 matrices of 1100 columns: 512 + 512 + 76; by matrix at 2 and 4 threads, by block at 3).
 TEST(ThreadCountKernelTest, NewtonSchulzGivesTheSameBitsAtEveryThreadCount) {
   for (DType dtype : {kF32, kF64, kF16, kBF16}) {
-    Generator gen(9);
-    const RawTensor x = RandNormal({3, 130, 200}, gen).to(dtype);
-    ExpectSameBitsAtEveryThreadCount(absl::StrCat("newton_schulz ", DTypeName(dtype)), [&] {
-      return std::vector<RawTensor>{NewtonSchulz(x, 3.4445, -4.775, 2.0315, 5, 1e-7)};
-    });
+    for (const Shape& shape : {Shape{3, 130, 200}, Shape{2, 40, 1100}}) {
+      Generator gen(9);
+      const RawTensor x = RandNormal(shape, gen).to(dtype);
+      ExpectSameBitsAtEveryThreadCount(
+          absl::StrCat("newton_schulz ", DTypeName(dtype), " ", ShapeToString(shape)),
+          [&] { return std::vector<RawTensor>{NewtonSchulz(x, 3.4445, -4.775, 2.0315, 5, 1e-7)}; });
+    }
   }
 }
 
