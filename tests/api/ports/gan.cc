@@ -72,13 +72,13 @@ std::pair<float, float> TrainStep(Generator& g, tg::nn::Sequential& d, tg::optim
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: gan STEPS CHECKPOINT_DIR\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: gan STEPS CHECKPOINT_DIR [SEED]\n");
     return 2;
   }
   const int steps = std::atoi(argv[1]);
   const std::string dir = argv[2];
-  tg::manual_seed(0);
+  tg::manual_seed(argc == 4 ? std::atoll(argv[3]) : 0);
   Generator g;
   tg::nn::Sequential d = MakeDiscriminator();
   tg::optim::Adam g_opt(g->parameters(), tg::optim::AdamOptions(2e-3).betas({0.5, 0.999}));
