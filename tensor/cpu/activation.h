@@ -46,7 +46,8 @@ inline void ExpRow(const double* x, double* y, int64_t n) {
 }
 
 // sigmoid(x) = 1 / (1 + exp(-x)) and silu(x) = x / (1 + exp(-x)) (the formulas of
-// tensor/elementwise_formulas.h) with ExpRow's exp, in blocks; y may be x.
+// tensor/elementwise_formulas.h) with ExpRow's exp, in blocks; y may be x. (For float rows the
+// vectorised forms below compute the same operations.)
 template <bool kSilu, typename C>
 void SigmoidOrSiluRow(const C* x, C* y, int64_t n) {
   constexpr int64_t kChunk = 256;
@@ -58,14 +59,11 @@ void SigmoidOrSiluRow(const C* x, C* y, int64_t n) {
     for (int64_t j = 0; j < len; ++j) y[i + j] = (kSilu ? x[i + j] : C(1)) / (C(1) + e[j]);
   }
 }
-template <typename C>
-void SigmoidRow(const C* x, C* y, int64_t n) {
-  SigmoidOrSiluRow<false>(x, y, n);
-}
-template <typename C>
-void SiluRow(const C* x, C* y, int64_t n) {
-  SigmoidOrSiluRow<true>(x, y, n);
-}
+// float rows in vectors (vec_math.h: the same operations, so the same bits).
+inline void SigmoidRow(const float* x, float* y, int64_t n) { SigmoidF32(x, y, n); }
+inline void SiluRow(const float* x, float* y, int64_t n) { SiluF32(x, y, n); }
+inline void SigmoidRow(const double* x, double* y, int64_t n) { SigmoidOrSiluRow<false>(x, y, n); }
+inline void SiluRow(const double* x, double* y, int64_t n) { SigmoidOrSiluRow<true>(x, y, n); }
 inline void TanhRow(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
 }

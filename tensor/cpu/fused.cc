@@ -196,7 +196,9 @@ KernelStatus LlamaRmsNormBackward(const RawTensor& grad_input, const RawTensor& 
 // SwiGLU forward and backward in blocks of kSwigluBlock elements of the compute type, each value
 // rounded to T where the composed ops (Silu, Sigmoid and the elementwise Mul/AddScalar whose
 // passes these are) round it: the same bits, silu and sigmoid through activation.h's rows as the
-// Unary kernel's. The conversions go through the vectorised row conversions (convert_rows.h).
+// Unary kernel's. The conversions go through the vectorised row conversions (convert_rows.h); f32
+// runs vec_math.h's SwigluF32 and SwigluGradF32, the same operations in vectors (one exp for
+// the gradient's silu and sigmoid).
 constexpr int64_t kSwigluBlock = 256;
 
 KernelStatus Swiglu(const RawTensor& out, const RawTensor& gate, const RawTensor& up) {
@@ -207,6 +209,10 @@ KernelStatus Swiglu(const RawTensor& out, const RawTensor& gate, const RawTensor
     const T* u = up.data<T>();
     T* o = out.data<T>();
     ParallelFor(out.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<T, float>) {
+        SwigluF32(g + begin, u + begin, o + begin, end - begin);  // the same operations
+        return;
+      }
       C gb[kSwigluBlock], ub[kSwigluBlock], s[kSwigluBlock];
       for (int64_t i = begin; i < end; i += kSwigluBlock) {
         const int64_t len = std::min(kSwigluBlock, end - i);
@@ -234,6 +240,10 @@ KernelStatus SwigluBackward(const RawTensor& grad_gate, const RawTensor& grad_up
     T* gg = grad_gate.data<T>();
     T* gu = grad_up.data<T>();
     ParallelFor(gate.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<T, float>) {
+        SwigluGradF32(g + begin, u + begin, dy + begin, gg + begin, gu + begin, end - begin);
+        return;
+      }
       C xb[kSwigluBlock], db[kSwigluBlock], w[kSwigluBlock], s[kSwigluBlock], t[kSwigluBlock];
       for (int64_t i = begin; i < end; i += kSwigluBlock) {
         const int64_t len = std::min(kSwigluBlock, end - i);

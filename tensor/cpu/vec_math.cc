@@ -9,6 +9,7 @@
 // clang-format on
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -70,6 +71,25 @@ struct GeluTanhGradOp {
   }
 };
 
+// exp(-x) as ExpF32 computes it on the negated values, then sigmoid 1 / (1 + exp(-x)) and SiLU
+// x / (1 + exp(-x)) (tensor/elementwise_formulas.h), one division each.
+template <class D, class V>
+V ExpOfNegated(D d, V x) {
+  return ExpOp()(d, hn::Neg(x));
+}
+struct SigmoidOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    return hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), ExpOfNegated(d, x)));
+  }
+};
+struct SiluOp {
+  template <class D, class V>
+  V operator()(D d, V x) const {
+    return hn::Div(x, hn::Add(hn::Set(d, 1.0f), ExpOfNegated(d, x)));
+  }
+};
+
 // y[i] = op(x[i]): whole vectors, then the tail through one zero-padded vector.
 template <class Op>
 void Map(const float* x, float* y, int64_t n, Op op) {
@@ -83,6 +103,38 @@ void Map(const float* x, float* y, int64_t n, Op op) {
     std::memcpy(tail, x + i, bytes);
     hn::Store(op(d, hn::Load(d, tail)), d, tail);
     std::memcpy(y + i, tail, bytes);
+  }
+}
+
+// fn(d, x, y) on the vectors of kIn inputs (x) into kOut outputs (y) of n elements: whole vectors,
+// then the tail through zero-padded vectors (as Map).
+template <size_t kIn, size_t kOut, class Fn>
+void MapVectors(const std::array<const float*, kIn>& in, const std::array<float*, kOut>& out,
+                int64_t n, Fn fn) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  std::array<V, kIn> x;
+  std::array<V, kOut> y;
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (size_t k = 0; k < kIn; ++k) x[k] = hn::LoadU(d, in[k] + i);
+    fn(d, x, y);
+    for (size_t k = 0; k < kOut; ++k) hn::StoreU(y[k], d, out[k] + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)];
+    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
+    for (size_t k = 0; k < kIn; ++k) {
+      std::memset(tail, 0, sizeof(tail));
+      std::memcpy(tail, in[k] + i, bytes);
+      x[k] = hn::Load(d, tail);
+    }
+    fn(d, x, y);
+    for (size_t k = 0; k < kOut; ++k) {
+      hn::Store(y[k], d, tail);
+      std::memcpy(out[k] + i, tail, bytes);
+    }
   }
 }
 
@@ -786,6 +838,25 @@ void Exp(const float* x, float* y, int64_t n) { Map(x, y, n, ExpOp()); }
 void Tanh(const float* x, float* y, int64_t n) { Map(x, y, n, TanhOp()); }
 void GeluTanh(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhOp()); }
 void GeluTanhGrad(const float* x, float* y, int64_t n) { Map(x, y, n, GeluTanhGradOp()); }
+void Sigmoid(const float* x, float* y, int64_t n) { Map(x, y, n, SigmoidOp()); }
+void Silu(const float* x, float* y, int64_t n) { Map(x, y, n, SiluOp()); }
+void Swiglu(const float* gate, const float* up, float* y, int64_t n) {
+  MapVectors<2, 1>({gate, up}, {y}, n, [](auto d, const auto& x, auto& out) {
+    out[0] = hn::Mul(SiluOp()(d, x[0]), x[1]);
+  });
+}
+// grad_up = dy silu(g); grad_gate = (dy u) (s ((g (1 - s)) + 1)), s = sigmoid(g): one exp for both.
+void SwigluGrad(const float* gate, const float* up, const float* dy, float* grad_gate,
+                float* grad_up, int64_t n) {
+  MapVectors<3, 2>({gate, up, dy}, {grad_gate, grad_up}, n, [](auto d, const auto& x, auto& out) {
+    const auto one = hn::Set(d, 1.0f);
+    const auto denom = hn::Add(one, ExpOfNegated(d, x[0]));
+    out[1] = hn::Mul(x[2], hn::Div(x[0], denom));
+    const auto s = hn::Div(one, denom);
+    const auto t = hn::Mul(s, hn::Add(hn::Mul(x[0], hn::Add(hn::Neg(s), one)), one));
+    out[0] = hn::Mul(hn::Mul(x[2], x[1]), t);
+  });
+}
 
 }  // namespace tg::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -813,6 +884,10 @@ HWY_EXPORT(LayerNormParamGrads);
 HWY_EXPORT(Tanh);
 HWY_EXPORT(GeluTanh);
 HWY_EXPORT(GeluTanhGrad);
+HWY_EXPORT(Sigmoid);
+HWY_EXPORT(Silu);
+HWY_EXPORT(Swiglu);
+HWY_EXPORT(SwigluGrad);
 HWY_EXPORT(ScaleToFp8);
 HWY_EXPORT(Fp8ToFloat);
 HWY_EXPORT(SmallGemm);
@@ -875,6 +950,15 @@ void TanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Tanh)(x
 void GeluTanhF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluTanh)(x, y, n); }
 void GeluTanhGradF32(const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(GeluTanhGrad)(x, y, n);
+}
+void SigmoidF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Sigmoid)(x, y, n); }
+void SiluF32(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Silu)(x, y, n); }
+void SwigluF32(const float* gate, const float* up, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Swiglu)(gate, up, y, n);
+}
+void SwigluGradF32(const float* gate, const float* up, const float* dy, float* grad_gate,
+                   float* grad_up, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SwigluGrad)(gate, up, dy, grad_gate, grad_up, n);
 }
 void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3) {
   HWY_DYNAMIC_DISPATCH(ScaleToFp8)(x, scale, out, n, e4m3);

@@ -62,6 +62,17 @@ void GeluTanhF32(const float* x, float* y, int64_t n);
 // operations and order of composed::GeluTanhGrad (each rounded to f32, no FMA), tanh as TanhF32:
 // equal bit for bit to that chain of f32 tensor ops.
 void GeluTanhGradF32(const float* x, float* y, int64_t n);
+// sigmoid 1 / (1 + exp(-x)) and SiLU x / (1 + exp(-x)) with ExpF32's exp of the negated value,
+// each operation rounded to f32.
+void SigmoidF32(const float* x, float* y, int64_t n);
+void SiluF32(const float* x, float* y, int64_t n);
+// SwiGLU y = silu(gate) up, and its gradients from dy: grad_up = dy silu(gate), grad_gate =
+// (dy up) (s ((gate (1 - s)) + 1)) with s = sigmoid(gate), SiluF32's and SigmoidF32's values from
+// one exp, each operation rounded to f32: the bits of those ops composed with Mul and AddScalar.
+// No output may overlap an input.
+void SwigluF32(const float* gate, const float* up, float* y, int64_t n);
+void SwigluGradF32(const float* gate, const float* up, const float* dy, float* grad_gate,
+                   float* grad_up, int64_t n);
 // out[i] = the saturating FP8 cast (tensor/float8.h's kSatFinite: e4m3fn when e4m3, else e5m2)
 // of x[i] * scale (one f32 product): FloatToE4M3Bits / FloatToE5M2Bits bit for bit.
 void ScaleToFp8F32(const float* x, float scale, uint8_t* out, int64_t n, bool e4m3);

@@ -1,6 +1,7 @@
 // The vectorised float math of tensor/cpu/vec_math.h: accuracy against f64 libm, special values,
 // the same result for a value in any position of any length (tails included), and the GELU
-// derivative equal bit for bit to the chain of f32 tensor ops it stands for.
+// derivative, sigmoid, SiLU and SwiGLU equal bit for bit to the chains of f32 tensor ops they
+// stand for.
 #include "tensor/cpu/vec_math.h"
 
 #include <algorithm>
@@ -127,6 +128,69 @@ TEST(VecMath, AValueGetsTheSameResultInEveryPositionAndLength) {
   std::vector<float> in_place = x;
   cpu::GeluTanhGradF32(in_place.data(), in_place.data(), 67);
   EXPECT_EQ(in_place, whole);
+}
+
+// Bit patterns, every NaN as one pattern: which operand's NaN an x86 instruction passes on
+// depends on the order the compiler gives a commutative operation's operands, so a NaN's sign
+// is not part of a result.
+std::vector<uint32_t> Bits(const std::vector<float>& x) {
+  std::vector<uint32_t> bits(x.size());
+  std::memcpy(bits.data(), x.data(), x.size() * sizeof(float));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) bits[i] = 0x7fc00000u;
+  }
+  return bits;
+}
+
+// Sigmoid, SiLU and SwiGLU with its gradients in vectors equal, bit for bit and at every length
+// (tails included), the scalar f32 chains of the composed ops: e = exp(-x) by ExpF32, then one
+// rounding per operation.
+TEST(VecMath, SigmoidSiluAndSwigluAreTheScalarChainsBitForBit) {
+  Generator gen(6);
+  std::vector<float> g = RandNormal({61}, gen, 0, 6).to_vector<float>();
+  const std::vector<float> special = {kNaN,   kInf,  -kInf,  0.0f,   -0.0f,   30.0f,
+                                      -30.0f, 88.8f, -88.8f, 1e-30f, -104.0f, 104.0f};
+  g.insert(g.end(), special.begin(), special.end());
+  const int64_t n = static_cast<int64_t>(g.size());
+  const std::vector<float> u = RandNormal({n}, gen).to_vector<float>();
+  const std::vector<float> dy = RandNormal({n}, gen).to_vector<float>();
+  std::vector<float> e(g.size());
+  for (size_t i = 0; i < g.size(); ++i) e[i] = -g[i];
+  cpu::ExpF32(e.data(), e.data(), n);
+  std::vector<float> sigmoid(g.size()), silu(g.size()), swiglu(g.size()), grad_gate(g.size()),
+      grad_up(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float s = 1.0f / (1.0f + e[i]);
+    sigmoid[i] = s;
+    silu[i] = g[i] / (1.0f + e[i]);
+    swiglu[i] = silu[i] * u[i];
+    grad_up[i] = dy[i] * silu[i];
+    const float one_minus_s = -s + 1.0f;
+    const float gs = g[i] * one_minus_s;
+    const float t = s * (gs + 1.0f);
+    grad_gate[i] = (dy[i] * u[i]) * t;
+  }
+  for (int64_t start = 0; start < 9; ++start) {
+    for (int64_t len = 1; start + len <= n; len += 5) {
+      auto part = [&](const std::vector<float>& v) {
+        return Bits({v.begin() + start, v.begin() + start + len});
+      };
+      std::vector<float> a(len), b(len);
+      cpu::SigmoidF32(g.data() + start, a.data(), len);
+      ASSERT_EQ(Bits(a), part(sigmoid)) << "sigmoid, start " << start << " length " << len;
+      cpu::SiluF32(g.data() + start, a.data(), len);
+      ASSERT_EQ(Bits(a), part(silu)) << "silu, start " << start << " length " << len;
+      cpu::SwigluF32(g.data() + start, u.data() + start, a.data(), len);
+      ASSERT_EQ(Bits(a), part(swiglu)) << "swiglu, start " << start << " length " << len;
+      cpu::SwigluGradF32(g.data() + start, u.data() + start, dy.data() + start, a.data(), b.data(),
+                         len);
+      ASSERT_EQ(Bits(a), part(grad_gate)) << "grad_gate, start " << start << " length " << len;
+      ASSERT_EQ(Bits(b), part(grad_up)) << "grad_up, start " << start << " length " << len;
+    }
+  }
+  std::vector<float> in_place = g;
+  cpu::SiluF32(in_place.data(), in_place.data(), n);
+  EXPECT_EQ(Bits(in_place), Bits(silu));
 }
 
 TEST(VecMath, MaxIsTheLargestOrTheFirstNaNAtEveryLengthAndPosition) {
