@@ -292,24 +292,32 @@ KernelStatus RotaryEmbedding(const RawTensor& out, const RawTensor& x, const Raw
     T* o = out.data<T>();
     auto round = [](C v) { return static_cast<C>(Widen(Convert<T>(v))); };
     ParallelFor(rows, RowsPerThread(d), [&](int64_t begin, int64_t end) {
+      // The index of row `begin` over x's leading dimensions (the last of them is t), then
+      // counted up row by row.
+      std::vector<int64_t> index(static_cast<size_t>(rank - 1));
+      for (int64_t k = rank - 2, rest = begin; k >= 0; --k) {
+        index[k] = rest % x.size(k);
+        rest /= x.size(k);
+      }
       for (int64_t r = begin; r < end; ++r) {
-        int64_t offset = 0, rest = r;
-        for (int64_t k = rank - 2; k >= 0; --k) {
-          offset += (rest % x.size(k)) * x.strides()[k];
-          rest /= x.size(k);
-        }
-        const int64_t t = r % t_len;
+        int64_t offset = 0;
+        for (int64_t k = 0; k < rank - 1; ++k) offset += index[k] * x.strides()[k];
+        const int64_t t = index[rank - 2];
         const T* xr = xs + offset;
         const T* cr = cs + t * d;
         const T* sr = sn + t * d;
         T* orow = o + r * d;
-        for (int64_t i = 0; i < d; ++i) {
-          const C xi = static_cast<C>(Widen(xr[i]));
-          const C rot =
-              i < h ? -static_cast<C>(Widen(xr[i + h])) : static_cast<C>(Widen(xr[i - h]));
-          const C a = round(xi * static_cast<C>(Widen(cr[i])));
+        // x cos + rotate_half(x) sin, rotate_half(x)[i] = -x[i + h] below h, x[i - h] above.
+        auto element = [&](int64_t i, C rot) {
+          const C a = round(static_cast<C>(Widen(xr[i])) * static_cast<C>(Widen(cr[i])));
           const C b = round(rot * static_cast<C>(Widen(sr[i])));
           orow[i] = Convert<T>(a + b);
+        };
+        for (int64_t i = 0; i < h; ++i) element(i, -static_cast<C>(Widen(xr[i + h])));
+        for (int64_t i = h; i < d; ++i) element(i, static_cast<C>(Widen(xr[i - h])));
+        for (int64_t k = rank - 2; k >= 0; --k) {
+          if (++index[k] < x.size(k)) break;
+          index[k] = 0;
         }
       }
     });
@@ -336,13 +344,15 @@ KernelStatus RotaryEmbeddingBackward(const RawTensor& grad_input, const RawTenso
         const T* cr = cs + t * d;
         const T* sr = sn + t * d;
         T* orow = o + r * d;
-        for (int64_t i = 0; i < d; ++i) {
+        // g cos + (g sin) moved back through rotate_half: + at i < h from i + h, - at i >= h
+        // from i - h.
+        auto element = [&](int64_t i, int64_t j, bool plus) {
           const C a = round(static_cast<C>(Widen(gr[i])) * static_cast<C>(Widen(cr[i])));
-          // (g sin) moved back through rotate_half: + at i < h from i + h, - at i >= h from i - h.
-          const int64_t j = i < h ? i + h : i - h;
           const C gs_j = round(static_cast<C>(Widen(gr[j])) * static_cast<C>(Widen(sr[j])));
-          orow[i] = Convert<T>(a + (i < h ? gs_j : -gs_j));
-        }
+          orow[i] = Convert<T>(a + (plus ? gs_j : -gs_j));
+        };
+        for (int64_t i = 0; i < h; ++i) element(i, i + h, true);
+        for (int64_t i = h; i < d; ++i) element(i, i - h, false);
       }
     });
   });
