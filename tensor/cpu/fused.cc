@@ -128,10 +128,13 @@ KernelStatus LlamaRmsNorm(const RawTensor& out, const RawTensor& rstd, const Raw
       for (int64_t i = 0; i < n; ++i) w[i] = static_cast<C>(Widen(ws[i]));
       for (int64_t r = begin; r < end; ++r) {
         const C* h = RowAs<C>(xs + r * n, n, buffer.data());
-        const double ss = SumF64(n, [&](int64_t i) {
-          const double v = static_cast<double>(h[i]);
-          return v * v;
-        });
+        // The squares' f64 sum in SumF64's order (for float the vectorised form: its bits).
+        double ss;
+        if constexpr (std::is_same_v<C, float>) {
+          ss = SumSquaredDeviationsF64(h, n, 0.0);
+        } else {
+          ss = SumF64(n, [&](int64_t i) { return h[i] * h[i]; });
+        }
         const C inv = static_cast<C>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
         rs[r] = inv;
         T* orow = o + r * n;
