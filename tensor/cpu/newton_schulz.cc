@@ -1,10 +1,10 @@
 // Muon's Newton-Schulz iteration on the CPU (tensor/kernel_list.inc: NewtonSchulz). Each product
 // of an iteration is split into blocks (of rows for G and U, of columns of X for U X), each one
 // single-threaded library call (oneDNN where it multiplies the dtype, else OpenBLAS on widened
-// operands); a block's call and its
-// operands depend on the shape alone, so the bits do not depend on the thread count. The threads
-// take whole matrices of the batch when the matrices share them evenly (each matrix's iterations
-// then run without a barrier), else the blocks of each phase. The symmetric G = X X^T and
+// operands); a block's call and its operands depend on the shape alone, so the bits do not
+// depend on the thread count. The threads take whole matrices of the batch when the matrices
+// share them evenly (each matrix's iterations then run without a barrier), else the blocks of
+// each phase. The symmetric G = X X^T and
 // U = b G + c G G are computed for one triangle of blocks (a row block against the columns from
 // its first row on; G rounded by the library where it can) and mirrored: at m = 256, 10 of the
 // 16 blocks' products.
