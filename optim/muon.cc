@@ -185,7 +185,7 @@ void Muon::StepGroup(const ParamGroup& group, const std::vector<ParamUpdate>& up
 
 // Its buffer is created at the first step; elementwise, so a shard's direction is the matching
 // part of the whole parameter's.
-RawTensor Muon::MomentumDirection(const MuonOptions& o, const ParamUpdate& u) {
+RawTensor Muon::MomentumDirection(const MuonOptions& o, const ParamUpdate& u, DType dtype) {
   const RawTensor& param = u.param.data();
   const DType compute = StateDType(param.dtype());
   auto it = u.state->tensors.find(kMomentumBuffer);
@@ -197,7 +197,8 @@ RawTensor Muon::MomentumDirection(const MuonOptions& o, const ParamUpdate& u) {
   const RawTensor& buf = it->second;
   const RawTensor grad = u.grad.to(compute);
   LerpInPlace(buf, grad, 1 - o.momentum());  // torch: buf.lerp_(grad, 1 - momentum)
-  return o.nesterov() ? Lerp(grad, buf, o.momentum()) : buf;
+  // torch: grad.lerp(buf, momentum) or buf, then .bfloat16() for the iteration.
+  return o.nesterov() ? Lerp(grad, buf, o.momentum(), dtype) : buf.to(dtype);
 }
 
 namespace {
@@ -213,13 +214,13 @@ void ApplyUpdate(const MuonOptions& o, const RawTensor& param, const RawTensor& 
   // torch's param.add_(update, alpha=-lr): one fused rounding in the dtype the two promote to
   // (f32 for a bf16 update, f64 for an f64 one, then rounded to the parameter's).
   const DType sum = PromoteTypes(compute, ortho.dtype());
-  if (param.dtype() == sum) {  // torch's two in-place passes, param.mul_ then param.add_
-    if (keep != 1) MulScalarInPlace({param}, keep);
-    AddScaledInPlace(param, ortho.to(sum), -lr);
+  // (ortho, narrower than the sum or of its dtype, is widened in AddScaled's pass.)
+  if (param.dtype() == sum) {  // torch's param.mul_ then param.add_, in one pass
+    AddScaledInPlace(param, ortho, -lr, keep);
     return;
   }
   const RawTensor decayed = keep == 1 ? param.to(compute) : MulScalar(param.to(compute), keep);
-  param.copy_(AddScaled(decayed.to(sum), ortho.to(sum), -lr));
+  param.copy_(AddScaled(decayed.to(sum), ortho, -lr));
 }
 
 }  // namespace
@@ -230,7 +231,7 @@ void Muon::StepMuonSharded(const MuonOptions& o, DType ns_dtype,
   // (1, 2) The directions of every flat buffer, whole.
   std::vector<RawTensor> full;
   for (const ParamUpdate& u : updates) {
-    full.push_back(sharding.Gather(u.param, MomentumDirection(o, u).to(ns_dtype)));
+    full.push_back(sharding.Gather(u.param, MomentumDirection(o, u, ns_dtype)));
   }
   // (3) Owners, the same on every rank.
   struct Job {
@@ -305,7 +306,7 @@ void Muon::StepMuon(const MuonOptions& o, DType ns_dtype, const std::vector<Para
   // The momentum of every parameter, then the group's matrices orthogonalised together (those of
   // one shape in one batch), then the parameters.
   std::vector<RawTensor> directions;
-  for (const ParamUpdate& u : updates) directions.push_back(MomentumDirection(o, u));
+  for (const ParamUpdate& u : updates) directions.push_back(MomentumDirection(o, u, ns_dtype));
   const std::vector<RawTensor> ortho =
       MuonNewtonSchulz(directions, o.ns_a(), o.ns_b(), o.ns_c(), o.ns_steps(), o.eps(), ns_dtype);
   *count += static_cast<int64_t>(ortho.size());

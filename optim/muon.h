@@ -174,8 +174,9 @@ class Muon : public Optimizer, public MuonShardable {
   static void StepMuonSharded(const MuonOptions& o, DType ns_dtype,
                               const std::vector<ParamUpdate>& updates, const MuonSharding& sharding,
                               int64_t* count);
-  // The momentum step of one parameter and the direction Muon orthogonalises.
-  static RawTensor MomentumDirection(const MuonOptions& o, const ParamUpdate& u);
+  // The momentum step of one parameter and the direction Muon orthogonalises, rounded to `dtype`
+  // (the iteration's; in the same pass as Nesterov's lerp where the device can).
+  static RawTensor MomentumDirection(const MuonOptions& o, const ParamUpdate& u, DType dtype);
   static StateSpec MuonStateSpec();
   static std::string RefuseMuonShape(const Shape& shape, bool sharded);
 

@@ -474,8 +474,9 @@ void FusedSgd(const SgdTensorLists& lists, const FusedSgdOptions& options);
 RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type,
                          DType dtype = kF64);
 // a + alpha * b rounded once (a fused multiply-add), as PyTorch's CPU `add(a, b, alpha=...)`:
-// a and b floating, of one dtype, device and shape; the result has theirs. (The CPU and CUDA
-// have the fused kernel; on a device without it the composed form rounds twice.)
+// a and b floating, of one device and shape, b of a's dtype or a narrower one that promotes to
+// it (widened exactly, as torch adds a bf16 tensor to an f32 one); the result has a's. (The CPU
+// and CUDA have the fused kernel; on a device without it the composed form rounds twice.)
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
 // PyTorch's CPU addcmul, self + value * t1 * t2 as fma(round(value * t1), t2, self) in the
 // compute dtype (f16/bf16: in f32, rounded once at the end): three floating tensors of one dtype,
@@ -483,12 +484,19 @@ RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha);
 RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t2, double value);
 // PyTorch's lerp, a + w (b - a) for |w| < 0.5, else b - (b - a) (1 - w), in the compute dtype
 // (f16/bf16 widened, rounded once at the end) with w rounded to it, b - a rounded, and the rest
-// one fused multiply-add (torch's CPU kernel); inputs as AddScaled's, weight finite.
+// one fused multiply-add (torch's CPU kernel); a and b floating, of one dtype, device and shape,
+// weight finite.
 RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight);
+// Lerp(a, b, weight).to(dtype) for a floating dtype, in one pass where the device can (the CPU,
+// from f32 or f64 to a narrower dtype: one rounding of the f32 or f64 value).
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight, DType dtype);
 // torch's in-place forms, self.add_(b, alpha=alpha) and self.lerp_(end, weight): AddScaled and
 // Lerp written into self (the same bits), in one pass where self is contiguous and the other
-// input does not partly overlap it, else through a new tensor copied in.
-void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha);
+// input does not partly overlap it, else through a new tensor copied in. With self_scale != 1,
+// self.mul_(self_scale).add_(b, alpha=alpha): self scaled as MulScalarInPlace scales it first,
+// in the same pass where the device can (the CPU, for f32 and f64).
+void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha,
+                      double self_scale = 1);
 void LerpInPlace(const RawTensor& self, const RawTensor& end, double weight);
 // Muon's Newton-Schulz orthogonalisation (torch.optim.Muon's, optim/muon.h) of every matrix of x
 // [batch, m, n] (floating, not FP8; m <= n: a tall matrix arrives transposed) in x's dtype, as

@@ -177,14 +177,30 @@ Device CheckFmaInputs(const char* op, std::initializer_list<const RawTensor*> in
 
 }  // namespace
 
+// AddScaled's checks: a and b defined floating tensors of one device and shape, b of a's dtype
+// or a narrower one that promotes to it.
+Device CheckAddScaledInputs(const char* op, const RawTensor& a, const RawTensor& b) {
+  CheckDefined(op, a, "the first input");
+  CheckDefined(op, b, "the second input");
+  const Device device = CommonDevice(op, {&a, &b});
+  CheckFloating(op, a.dtype());
+  CheckFloating(op, b.dtype());
+  TG_CHECK(a.shape() == b.shape() && PromoteTypes(a.dtype(), b.dtype()) == a.dtype(), op,
+           ": expected a second input of the first's shape and of its dtype or a narrower one, "
+           "got ",
+           DTypeName(a.dtype()), " ", ShapeToString(a.shape()), " and ", DTypeName(b.dtype()), " ",
+           ShapeToString(b.shape()));
+  return device;
+}
+
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   const char* op = "add_scaled";
-  const Device device = CheckFmaInputs(op, {&a, &b});
+  const Device device = CheckAddScaledInputs(op, a, b);
   TG_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
   const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
-  if (Declined(
-          KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha, RawTensor()))) {
-    return composed::AddScaled(a, b, alpha);
+  if (Declined(KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha, RawTensor(),
+                                            1))) {
+    return composed::AddScaled(a, b.to(a.dtype()), alpha);
   }
   return out;
 }
@@ -200,19 +216,25 @@ RawTensor Addcmul(const RawTensor& self, const RawTensor& t1, const RawTensor& t
   const RawTensor scaled = MulScalar(t1, value).contiguous();
   const RawTensor out = RawTensor::Empty(self.shape(), self.dtype(), device);
   if (Declined(
-          KernelsFor(device).AddScaled(out, self.contiguous(), t2.contiguous(), 1.0, scaled))) {
+          KernelsFor(device).AddScaled(out, self.contiguous(), t2.contiguous(), 1.0, scaled, 1))) {
     return composed::Addcmul(self, t1, t2, value);
   }
   return out;
 }
 
 RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight) {
+  return Lerp(a, b, weight, a.defined() ? a.dtype() : kF32);
+}
+
+RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight, DType dtype) {
   const char* op = "lerp";
   const Device device = CheckFmaInputs(op, {&a, &b});
   TG_CHECK(std::isfinite(weight), op, ": weight must be finite, got ", weight);
-  const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
+  CheckFloating(op, dtype);
+  const RawTensor out = RawTensor::Empty(a.shape(), dtype, device);
   if (Declined(KernelsFor(device).Lerp(out, a.contiguous(), b.contiguous(), weight))) {
-    return composed::Lerp(a, b, weight);
+    const RawTensor value = composed::Lerp(a, b, weight);
+    return dtype == a.dtype() ? value : value.to(dtype);
   }
   return out;
 }
@@ -230,12 +252,20 @@ bool WritableInOnePass(const RawTensor& self, const RawTensor& other) {
 
 }  // namespace
 
-void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha) {
+void AddScaledInPlace(const RawTensor& self, const RawTensor& b, double alpha, double self_scale) {
   const char* op = "add_scaled_";
-  const Device device = CheckFmaInputs(op, {&self, &b});
+  const Device device = CheckAddScaledInputs(op, self, b);
   TG_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
+  TG_CHECK(std::isfinite(self_scale), op, ": self_scale must be finite, got ", self_scale);
+  const KernelTable& kernels = KernelsFor(device);
+  // A b in self's storage must see self scaled first: then two passes.
+  if (WritableInOnePass(self, b) && (self_scale == 1 || self.storage() != b.storage()) &&
+      !Declined(kernels.AddScaled(self, self, b.contiguous(), alpha, RawTensor(), self_scale))) {
+    return;
+  }
+  if (self_scale != 1) MulScalarInPlace({self}, self_scale);
   if (!WritableInOnePass(self, b) ||
-      Declined(KernelsFor(device).AddScaled(self, self, b.contiguous(), alpha, RawTensor()))) {
+      Declined(kernels.AddScaled(self, self, b.contiguous(), alpha, RawTensor(), 1))) {
     self.copy_(AddScaled(self, b, alpha));
   }
 }

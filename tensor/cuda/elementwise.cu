@@ -484,8 +484,10 @@ void GeluTanhBackward(const RawTensor& grad_in, const RawTensor& grad_out, const
 }
 
 KernelStatus AddScaled(const RawTensor& out, const RawTensor& a, const RawTensor& b, double alpha,
-                       const RawTensor& factor) {
+                       const RawTensor& factor, double a_scale) {
   const char* op = "add_scaled";
+  // Mixed dtypes and a scaled a: the composed form (b widened, a scaled first).
+  if (b.dtype() != out.dtype() || a_scale != 1) return KernelStatus::kNoKernel;
   const DeviceGuard guard(out.device().index);
   VisitDeviceFloating(op, out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -501,6 +503,7 @@ KernelStatus AddScaled(const RawTensor& out, const RawTensor& a, const RawTensor
 
 KernelStatus Lerp(const RawTensor& out, const RawTensor& a, const RawTensor& b, double weight) {
   const char* op = "lerp";
+  if (a.dtype() != out.dtype()) return KernelStatus::kNoKernel;  // mixed: composed (then cast)
   const DeviceGuard guard(out.device().index);
   VisitDeviceFloating(op, out.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -849,7 +849,37 @@ TEST(AddScaledTest, RoundsOnceAsAFusedMultiplyAdd) {
                 .to_vector<double>());
   EXPECT_TRUE(testing::ThrowsErrorExactly(
       [&] { AddScaled(Randn({3}, gen, kF32), Randn({3}, gen, kF64), 1.0); },
-      "add_scaled: expected inputs of one dtype and shape, got f32 [3] and f64 [3]"));
+      "add_scaled: expected a second input of the first's shape and of its dtype or a narrower "
+      "one, got f32 [3] and f64 [3]"));
+}
+
+// A narrower b is widened exactly in the same pass (torch's f32 add of a bf16 tensor): the bits
+// of b.to(a's dtype) added, out of place and in place, on sizes split over threads and blocks.
+// b of a dtype that does not promote to a's is refused.
+TEST(AddScaledTest, ANarrowerSecondInputIsWidenedExactly) {
+  Generator gen(36);
+  const auto values = [](const RawTensor& t) { return t.to_vector<double>(); };
+  for (const auto& [wide, narrow] : std::vector<std::pair<DType, DType>>{
+           {kF32, kBF16}, {kF32, kF16}, {kF64, kF32}, {kF64, kBF16}}) {
+    for (int64_t n : {int64_t{7}, int64_t{70001}}) {
+      const RawTensor a = Randn({n}, gen, wide), b = Randn({n}, gen, narrow);
+      const std::vector<double> want = values(AddScaled(a, b.to(wide), -0.37));
+      const RawTensor got = AddScaled(a, b, -0.37);
+      EXPECT_EQ(got.dtype(), wide);
+      EXPECT_EQ(values(got), want) << DTypeName(wide) << " + " << DTypeName(narrow) << " " << n;
+      const RawTensor self = a.clone();
+      AddScaledInPlace(self, b, -0.37);
+      EXPECT_EQ(values(self), want) << DTypeName(wide) << " += " << DTypeName(narrow) << " " << n;
+    }
+  }
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { AddScaled(Randn({3}, gen, kF16), Randn({3}, gen, kBF16), 1.0); },
+      "add_scaled: expected a second input of the first's shape and of its dtype or a narrower "
+      "one, got f16 [3] and bf16 [3]"));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { AddScaledInPlace(Randn({3}, gen, kF32), Randn({2}, gen, kBF16), 1.0); },
+      "add_scaled_: expected a second input of the first's shape and of its dtype or a narrower "
+      "one, got f32 [3] and bf16 [2]"));
 }
 
 // torch's CPU addcmul: fma(round(value * t1), t2, self), one rounding after the product's; f32
@@ -973,6 +1003,63 @@ TEST(LerpTest, OneFusedMultiplyAddOfTheDifferenceInTheComputeType) {
       "lerp: weight must be finite, got nan"));
 }
 
+// With a scale of self: the bits of MulScalarInPlace then AddScaledInPlace (torch's
+// self.mul_(k).add_(b, alpha=alpha)), for each dtype, a narrower b, and b being self itself (which
+// must see self scaled).
+TEST(AddScaledTest, InPlaceWithAScaleOfSelfIsTheTwoPassesBits) {
+  Generator gen(38);
+  const auto values = [](const RawTensor& t) { return t.to_vector<double>(); };
+  for (const auto& [dtype, b_dtype] : std::vector<std::pair<DType, DType>>{
+           {kF32, kF32}, {kF32, kBF16}, {kF64, kF64}, {kBF16, kBF16}, {kF16, kF16}}) {
+    for (int64_t n : {int64_t{7}, int64_t{70001}}) {
+      const RawTensor a = Randn({n}, gen, dtype), b = Randn({n}, gen, b_dtype);
+      const RawTensor want = a.clone();
+      MulScalarInPlace({want}, 0.998);
+      AddScaledInPlace(want, b, -0.02);
+      const RawTensor got = a.clone();
+      AddScaledInPlace(got, b, -0.02, 0.998);
+      EXPECT_EQ(values(got), values(want))
+          << DTypeName(dtype) << " " << DTypeName(b_dtype) << " " << n;
+    }
+  }
+  const RawTensor a = Randn({1000}, gen, kF32);
+  const RawTensor want = a.clone();
+  MulScalarInPlace({want}, 0.5);
+  AddScaledInPlace(want, want, 3.0);
+  const RawTensor got = a.clone();
+  AddScaledInPlace(got, got, 3.0, 0.5);
+  EXPECT_EQ(values(got), values(want));
+  EXPECT_EQ(values(got), values(MulScalar(a, 2.0)));  // (a / 2) + 3 (a / 2), exact
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { AddScaledInPlace(Randn({3}, gen, kF32), Randn({3}, gen, kF32), 1.0, INFINITY); },
+      "add_scaled_: self_scale must be finite, got inf"));
+}
+
+// In another dtype: the bits of Lerp(a, b, w).to(dtype) (in one pass from f32 to bf16 or f16 and
+// from f64 to f32: one rounding), on both sides of |w| = 0.5 and on sizes split over threads and
+// blocks; a bf16 lerp is rounded to bf16 before it is widened.
+TEST(LerpTest, ToAnotherDTypeIsTheLerpRoundedOnce) {
+  Generator gen(37);
+  for (const auto& [from, to] : std::vector<std::pair<DType, DType>>{
+           {kF32, kBF16}, {kF32, kF16}, {kF64, kF32}, {kBF16, kF32}, {kF32, kF32}}) {
+    for (int64_t n : {int64_t{7}, int64_t{70001}}) {
+      const RawTensor a = Randn({n}, gen, from), b = Randn({n}, gen, from);
+      for (double w : {0.05, 0.95}) {
+        const RawTensor got = Lerp(a, b, w, to);
+        EXPECT_EQ(got.dtype(), to);
+        EXPECT_EQ(got.to_vector<double>(), Lerp(a, b, w).to(to).to_vector<double>())
+            << DTypeName(from) << " -> " << DTypeName(to) << " n=" << n << " w=" << w;
+      }
+    }
+  }
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { Lerp(Randn({3}, gen, kF32), Randn({3}, gen, kF32), 0.5, kI64); },
+      "lerp: expected a floating dtype (f32, f64, f16, bf16), got i64"));
+  EXPECT_TRUE(testing::ThrowsErrorExactly(
+      [&] { Lerp(Randn({3}, gen, kF32), Randn({3}, gen, kF32), 0.5, kF8E4M3); },
+      "lerp: expected a floating dtype (f32, f64, f16, bf16), got f8e4m3"));
+}
+
 // In place: the out-of-place op's bits, for a contiguous self (one pass), a strided one, the
 // other input being self itself, and a shifted view of self's own storage (which one pass
 // would read after writing).
@@ -1007,7 +1094,8 @@ TEST(LerpTest, InPlaceFormsGiveTheOutOfPlaceBits) {
       "lerp_: expected inputs of one dtype and shape, got f32 [3] and f32 [2]"));
   EXPECT_TRUE(testing::ThrowsErrorExactly(
       [&] { AddScaledInPlace(Randn({3}, gen, kF32), Randn({3}, gen, kF64), 0.5); },
-      "add_scaled_: expected inputs of one dtype and shape, got f32 [3] and f64 [3]"));
+      "add_scaled_: expected a second input of the first's shape and of its dtype or a narrower "
+      "one, got f32 [3] and f64 [3]"));
 }
 
 // ---- NewtonSchulz ------------------------------------------------------------------------------

@@ -128,6 +128,17 @@ void BenchMuon(double pytorch_muon_ms) {
   });
   std::printf("  %-24s %6.2f ms  (%.0f%% of the step)\n", "of which Newton-Schulz", ns_s * 1e3,
               100 * ns_s / muon_s);
+  // The rest: the same step with ns_steps = 0 (momentum, Nesterov, the batches and their
+  // normalisation, the decay and the update), on copies of the matrices.
+  std::vector<tg::Tensor> copies;
+  for (const tg::Tensor& m : matrices) {
+    copies.emplace_back(m.data().clone(), true);
+    copies.back().set_grad(tg::Tensor(m.grad().data().clone()));
+  }
+  tg::optim::Muon rest(copies, tg::optim::MuonOptions(0.02).ns_steps(0));
+  const double rest_s = BestSeconds(10, [&] { rest.step(); });
+  std::printf("  %-24s %6.2f ms  (%.0f%% of the step)\n", "the step with ns_steps 0", rest_s * 1e3,
+              100 * rest_s / muon_s);
   if (pytorch_muon_ms > 0) {
     std::printf("  %-24s %6.2f ms  ratio %.2f (tapegrad / torch.optim.Muon)\n", "torch.optim.Muon",
                 pytorch_muon_ms, muon_s * 1e3 / pytorch_muon_ms);
