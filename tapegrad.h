@@ -12,8 +12,9 @@
 // user-facing handle (autograd/variable.h), with libtorch's methods and operators; factories
 // and tg::TensorOptions (autograd/factories.h); free functions (autograd/torch_functions.h);
 // NoGradGuard; custom functions (autograd/function.h); indexing (autograd/indexing.h); nn
-// modules, containers, losses and init; tg::save/tg::load (nn/serialize.h); optimizers and
-// libtorch's schedulers; mixed precision (amp/, with PyTorch's GradScaler).
+// modules, containers, losses and init; tg::save/tg::load (nn/serialize.h); optimizers (and
+// torch.optim.Muon, optim/muon.h) and libtorch's schedulers; mixed precision (amp/, with
+// PyTorch's GradScaler).
 #ifndef TAPEGRAD_TAPEGRAD_H_
 #define TAPEGRAD_TAPEGRAD_H_
 
@@ -45,6 +46,7 @@
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "optim/lr_scheduler.h"
+#include "optim/muon.h"
 #include "optim/sgd.h"
 #include "tensor/print.h"
 

@@ -1,6 +1,6 @@
 // The module-level API of issue 40 that module_cases_test does not print: containers and
-// OrderedDict, Dropout2d, the layers' errors, tg::save/tg::load and tg::amp::GradScaler, each
-// against the rule of libtorch / PyTorch it follows (messages included).
+// OrderedDict, Dropout2d, the layers' errors, tg::save/tg::load, tg::amp::GradScaler and Muon,
+// each against the rule of libtorch / PyTorch it follows (messages included).
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -178,6 +178,35 @@ TEST(Serialize, ModuleOptimizerAndTensorsRoundTrip) {
             std::string::npos);
   EXPECT_NE(ErrorOf([&] { tg::load(wrong, dir + "missing.st"); }).find("tg::load(Linear, \""),
             std::string::npos);
+}
+
+// Muon through the one header, set up as torch's documentation does: a Linear's weight to Muon,
+// its bias to AdamW, in one MuonWithAdamW. With momentum 0 the direction is the gradient itself,
+// so the weight moves by exactly -lr times the Newton-Schulz iterate of its gradient (bf16,
+// torch's coefficients), widened; the bias takes AdamW's step; a 1-D parameter given to Muon is
+// refused with the rule.
+TEST(MuonApi, MuonWithAdamWStepsTheWeightWithMuonAndTheBiasWithAdamW) {
+  tg::manual_seed(3);
+  nn::Linear fc(8, 4);
+  const tg::Tensor x = tg::randn({5, 8});
+  fc(x).pow(2).sum().backward();
+  const tg::RawTensor w0 = fc->weight.data().clone(), b0 = fc->bias.data().clone();
+  const tg::RawTensor g = fc->weight.grad().data().clone();
+  tg::optim::MuonWithAdamW opt(
+      {tg::optim::ParamGroup({fc->weight},
+                             tg::optim::MuonOptions(0.02).momentum(0).weight_decay(0)),
+       tg::optim::ParamGroup({fc->bias}, tg::optim::AdamWOptions(1e-3))});
+  opt.step();
+  const tg::RawTensor ortho =
+      tg::optim::MuonNewtonSchulz(g, 3.4445, -4.775, 2.0315, 5, 1e-7, tg::kBF16);
+  // [4, 8]: the original adjustment is lr * sqrt(max(1, 4 / 8)) = lr.
+  EXPECT_EQ(fc->weight.data().to_vector<float>(),
+            tg::AddScaled(w0, ortho.to(tg::kF32), -0.02).to_vector<float>());
+  EXPECT_NE(fc->bias.data().to_vector<float>(), b0.to_vector<float>());
+  EXPECT_EQ(opt.param_state(fc->bias)->tensors.count("exp_avg"), 1u);
+  EXPECT_EQ(opt.param_state(fc->weight)->tensors.count("momentum_buffer"), 1u);
+  const std::string refused = ErrorOf([&] { tg::optim::Muon muon({fc->bias}, 0.02); });
+  EXPECT_NE(refused.find("Muon only supports 2-D parameters"), std::string::npos) << refused;
 }
 
 // Parameters whose gradients are set by hand, for the scaler's rules.
