@@ -200,7 +200,9 @@ RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   const RawTensor out = RawTensor::Empty(a.shape(), a.dtype(), device);
   if (Declined(KernelsFor(device).AddScaled(out, a.contiguous(), b.contiguous(), alpha, RawTensor(),
                                             1))) {
-    return composed::AddScaled(a, b.to(a.dtype()), alpha);
+    // A device without the mixed form may have the fused one: b widened first (exact).
+    return b.dtype() != a.dtype() ? AddScaled(a, b.to(a.dtype()), alpha)
+                                  : composed::AddScaled(a, b, alpha);
   }
   return out;
 }
@@ -233,8 +235,8 @@ RawTensor Lerp(const RawTensor& a, const RawTensor& b, double weight, DType dtyp
   CheckFloating(op, dtype);
   const RawTensor out = RawTensor::Empty(a.shape(), dtype, device);
   if (Declined(KernelsFor(device).Lerp(out, a.contiguous(), b.contiguous(), weight))) {
-    const RawTensor value = composed::Lerp(a, b, weight);
-    return dtype == a.dtype() ? value : value.to(dtype);
+    // A device without the mixed form may have the one-dtype kernel: then the cast.
+    return dtype == a.dtype() ? composed::Lerp(a, b, weight) : Lerp(a, b, weight).to(dtype);
   }
   return out;
 }
