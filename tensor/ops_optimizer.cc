@@ -158,7 +158,7 @@ RawTensor GlobalGradNorm(const std::vector<RawTensor>& tensors, double norm_type
 
 namespace {
 
-// The checks of AddScaled and Addcmul: defined floating inputs of one device, dtype and shape.
+// The checks of Addcmul and Lerp: defined floating inputs of one device, dtype and shape.
 Device CheckFmaInputs(const char* op, std::initializer_list<const RawTensor*> inputs) {
   static const char* const kNames[] = {"the first input", "the second input", "the third input"};
   size_t k = 0;
@@ -175,8 +175,6 @@ Device CheckFmaInputs(const char* op, std::initializer_list<const RawTensor*> in
   return device;
 }
 
-}  // namespace
-
 // AddScaled's checks: a and b defined floating tensors of one device and shape, b of a's dtype
 // or a narrower one that promotes to it.
 Device CheckAddScaledInputs(const char* op, const RawTensor& a, const RawTensor& b) {
@@ -192,6 +190,8 @@ Device CheckAddScaledInputs(const char* op, const RawTensor& a, const RawTensor&
            ShapeToString(b.shape()));
   return device;
 }
+
+}  // namespace
 
 RawTensor AddScaled(const RawTensor& a, const RawTensor& b, double alpha) {
   const char* op = "add_scaled";

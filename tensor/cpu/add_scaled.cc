@@ -1,10 +1,10 @@
 // AddScaled and Lerp on the CPU (tensor/kernel_list.inc): out = fma(s, b, a) per element with
 // s = alpha or factor[i] (and a, or a times its scale rounded for f32 and f64), and torch's lerp
 // as one such fused multiply-add of b - a; one rounding in the compute type (then one to
-// f16/bf16). The fused multiply-add is the CPU's own where it
-// has one (chosen at run time: loops compiled for AVX2 + FMA), else glibc's fma, which is exact
-// too. out may be an input: each element is read before it is written. Mixed dtypes (a bf16 b
-// added to f32, an f32 lerp rounded to bf16) are widened and rounded in the same pass.
+// f16/bf16). The fused multiply-add is the CPU's own where it has one (chosen at run time: loops
+// compiled for AVX2 + FMA), else glibc's fma, which is exact too. out may be an input: each element
+// is read before it is written. Mixed dtypes (a bf16 b added to f32, an f32 lerp rounded to bf16)
+// are widened and rounded in the same pass.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
